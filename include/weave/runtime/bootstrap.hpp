@@ -1,0 +1,35 @@
+// Bootstrap: the ranks of one node find each other over Unix-domain sockets named by the job
+// id (two jobs on one node never collide), exchange small host data and file descriptors.
+#pragma once
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+#include "weave/runtime/launch.hpp"
+
+namespace weave::runtime {
+
+class Bootstrap {
+ public:
+  // Connects all local ranks; throws weave::Error (naming the missing ranks) after `timeout`.
+  explicit Bootstrap(const LaunchInfo& info, std::chrono::milliseconds timeout = std::chrono::seconds(60));
+  ~Bootstrap();
+  Bootstrap(const Bootstrap&) = delete;
+  Bootstrap& operator=(const Bootstrap&) = delete;
+
+  int rank() const;
+  int world() const;
+  // `all` receives world * bytes: rank r's `mine` at offset r * bytes.
+  void all_gather(const void* mine, void* all, size_t bytes);
+  void barrier();
+  // Every rank contributes one fd; returns world fds, entry r received from rank r (own entry is
+  // a dup of `fd`). The caller owns and closes all returned fds.
+  std::vector<int> all_gather_fd(int fd);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace weave::runtime

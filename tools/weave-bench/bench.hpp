@@ -1,0 +1,127 @@
+// weave-bench plumbing: subcommand registry, options, JSON lines, event timing.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "weave/common/error.hpp"
+
+namespace weave::bench {
+
+// Command-line options after the subcommand: `--key value` pairs and bare `--flag`s.
+struct Args {
+  std::map<std::string, std::string> kv;
+  bool has(const std::string& k) const { return kv.count(k) != 0; }
+  std::string get(const std::string& k, const std::string& dflt = "") const {
+    auto it = kv.find(k);
+    return it == kv.end() ? dflt : it->second;
+  }
+  long long get_int(const std::string& k, long long dflt) const {
+    return has(k) ? std::stoll(get(k)) : dflt;
+  }
+};
+
+using Fn = std::function<int(const Args&)>;
+struct Entry {
+  std::string help;
+  Fn fn;
+};
+inline std::map<std::string, Entry>& registry() {
+  static std::map<std::string, Entry> r;
+  return r;
+}
+struct Register {
+  Register(const char* name, const char* help, Fn fn) { registry()[name] = {help, std::move(fn)}; }
+};
+#define WEAVE_BENCH(name, help, fn) static ::weave::bench::Register weave_bench_reg_##name(#name, help, fn)
+
+// One JSON object per line; values are numbers, booleans or strings.
+class JsonLine {
+ public:
+  JsonLine& add(const std::string& k, const std::string& v) { return raw(k, quote(v)); }
+  JsonLine& add(const std::string& k, const char* v) { return raw(k, quote(v)); }
+  JsonLine& add(const std::string& k, bool v) { return raw(k, v ? "true" : "false"); }
+  JsonLine& add(const std::string& k, double v) {
+    std::ostringstream s;
+    s.precision(6);
+    s << v;
+    return raw(k, s.str());
+  }
+  JsonLine& add(const std::string& k, long long v) { return raw(k, std::to_string(v)); }
+  JsonLine& add(const std::string& k, int v) { return raw(k, std::to_string(v)); }
+  JsonLine& add(const std::string& k, size_t v) { return raw(k, std::to_string(v)); }
+  std::string str() const { return "{" + body_ + "}"; }
+
+ private:
+  JsonLine& raw(const std::string& k, const std::string& v) {
+    if (!body_.empty()) body_ += ", ";
+    body_ += quote(k) + ": " + v;
+    return *this;
+  }
+  static std::string quote(const std::string& s) {
+    std::string o = "\"";
+    for (char c : s) {
+      if (c == '"' || c == '\\') o += '\\';
+      o += c;
+    }
+    return o + "\"";
+  }
+  std::string body_;
+};
+
+// Appends JSON lines to --json FILE when given (only the writer rank should call write()).
+class JsonSink {
+ public:
+  explicit JsonSink(const Args& a) {
+    if (a.has("json")) {
+      f_ = std::make_unique<std::ofstream>(a.get("json"), std::ios::app);
+      WEAVE_CHECK(f_->good(), "cannot open --json file ", a.get("json"));
+    }
+  }
+  void write(const JsonLine& j) {
+    if (f_) (*f_) << j.str() << "\n" << std::flush;
+  }
+
+ private:
+  std::unique_ptr<std::ofstream> f_;
+};
+
+inline double median(std::vector<double> v) {
+  WEAVE_CHECK(!v.empty(), "median of nothing");
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Median over `repeats` of the mean time (µs) of `iters` back-to-back calls of fn on stream,
+// after `warmup` calls. fn enqueues work on the stream.
+template <class F>
+double time_us(cudaStream_t stream, F&& fn, int warmup = 5, int iters = 20, int repeats = 5) {
+  for (int i = 0; i < warmup; ++i) fn();
+  cudaEvent_t a, b;
+  WEAVE_CUDA_CHECK(cudaEventCreate(&a));
+  WEAVE_CUDA_CHECK(cudaEventCreate(&b));
+  std::vector<double> t;
+  for (int r = 0; r < repeats; ++r) {
+    WEAVE_CUDA_CHECK(cudaEventRecord(a, stream));
+    for (int i = 0; i < iters; ++i) fn();
+    WEAVE_CUDA_CHECK(cudaEventRecord(b, stream));
+    WEAVE_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    WEAVE_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(1e3 * ms / iters);
+  }
+  WEAVE_CUDA_CHECK(cudaEventDestroy(a));
+  WEAVE_CUDA_CHECK(cudaEventDestroy(b));
+  return median(t);
+}
+
+}  // namespace weave::bench

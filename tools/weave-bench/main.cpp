@@ -1,0 +1,43 @@
+// weave-bench SUBCOMMAND [--key value | --flag]...: each kernel against its baselines,
+// correctness first, then timing; a table on stdout, JSON lines to --json FILE.
+#include <cstdio>
+#include <cstring>
+#include <exception>
+
+#include "bench.hpp"
+
+using namespace weave::bench;
+
+static void usage() {
+  std::fprintf(stderr, "usage: weave-bench SUBCOMMAND [--json FILE] [options]\nsubcommands:\n");
+  for (auto& [name, e] : registry()) std::fprintf(stderr, "  %-12s %s\n", name.c_str(), e.help.c_str());
+}
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+    usage();
+    return argc < 2 ? 2 : 0;
+  }
+  auto it = registry().find(argv[1]);
+  if (it == registry().end()) {
+    std::fprintf(stderr, "weave-bench: unknown subcommand '%s'\n", argv[1]);
+    usage();
+    return 2;
+  }
+  Args a;
+  for (int i = 2; i < argc; ++i) {
+    if (std::strncmp(argv[i], "--", 2) != 0) {
+      std::fprintf(stderr, "weave-bench: unexpected argument '%s'\n", argv[i]);
+      return 2;
+    }
+    std::string k = argv[i] + 2;
+    if (i + 1 < argc && std::strncmp(argv[i + 1], "--", 2) != 0) a.kv[k] = argv[++i];
+    else a.kv[k] = "";
+  }
+  try {
+    return it->second.fn(a);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
+}
