@@ -1,0 +1,127 @@
+// Communicator: this rank's place in the job, its GPU, the symmetric heap mapped by every local
+// peer, registered external buffers, signal sets, and the error path of device-side timeouts.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "weave/config.hpp"
+#include "weave/runtime/bootstrap.hpp"
+#include "weave/runtime/launch.hpp"
+#include "weave/signal_types.hpp"
+
+namespace weave::runtime {
+
+struct CommOptions {
+  size_t heap_bytes = 0;             // 0: $WEAVE_HEAP_BYTES, else 1 GiB; rounded up to the VMM granularity
+  double wait_timeout_s = -1;        // < 0: $WEAVE_WAIT_TIMEOUT_S, else 5 s; 0: waits never time out
+  bool multicast = false;            // weave has no multicast path; asking for it is an error
+  std::chrono::milliseconds bootstrap_timeout{60000};
+};
+
+using PeerPtrs = std::array<void*, kMaxWorld>;
+
+class SignalSet;
+
+class Communicator {
+ public:
+  explicit Communicator(CommOptions opt = {});
+  Communicator(const LaunchInfo& info, CommOptions opt);
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const;
+  int world() const;
+  int local_rank() const;
+  int device() const;
+  const cudaDeviceProp& props() const;
+  int sm_count() const { return props().multiProcessorCount; }
+  size_t smem_optin() const { return props().sharedMemPerBlockOptin; }
+  Bootstrap& bootstrap();
+
+  // Symmetric heap. Collective: every rank calls alloc/free with the same sizes in the same
+  // order (alloc checks the sizes agree) and gets the same offset.
+  void* alloc(size_t bytes, size_t align = 256);
+  void free(void* ptr);
+  size_t heap_bytes() const;
+  size_t heap_used() const;
+
+  // External device memory (cudaMalloc'd) made addressable by every rank through CUDA IPC.
+  // Collective; deregister on every rank before freeing it.
+  void register_buffer(void* ptr, size_t bytes);
+  void deregister_buffer(void* ptr);
+
+  // Per-rank addresses of [ptr, ptr + bytes), which must lie in the heap or in a registered
+  // buffer; otherwise throws with a message saying so (before anything is launched).
+  PeerPtrs peers(const void* ptr, size_t bytes) const;
+
+  // A named set of monotonic counters in the heap (zeroed once, at creation). Collective.
+  SignalSet signals(const std::string& name, int count);
+
+  // All ranks check that `values` agree (e.g. a shape); throws naming `what` and the ranks.
+  void check_same(const std::string& what, const std::vector<long long>& values);
+
+  // Synchronizes `stream` and turns any device error into weave::Error; a timed-out wait
+  // becomes an error that prints who waited for what. Afterwards the communicator is unusable.
+  void sync(cudaStream_t stream = nullptr);
+  void barrier();  // host-side barrier of all ranks (device work is not included)
+
+  // Device-visible parts of the wait diagnostics.
+  WaitRecord* wait_record() const;
+  unsigned long long wait_timeout_ns() const;
+  int name_id(const std::string& name);
+  const std::string& signal_name(int id) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// A typed RAII view of one collective heap allocation.
+template <class T>
+class SymmetricTensor {
+ public:
+  SymmetricTensor(Communicator& c, size_t n) : c_(&c), n_(n), p_(static_cast<T*>(c.alloc(n * sizeof(T)))) {}
+  ~SymmetricTensor() {
+    if (p_) c_->free(p_);
+  }
+  SymmetricTensor(SymmetricTensor&& o) noexcept : c_(o.c_), n_(o.n_), p_(o.p_) { o.p_ = nullptr; }
+  SymmetricTensor(const SymmetricTensor&) = delete;
+  SymmetricTensor& operator=(const SymmetricTensor&) = delete;
+  T* data() const { return p_; }
+  size_t size() const { return n_; }
+  size_t bytes() const { return n_ * sizeof(T); }
+
+ private:
+  Communicator* c_;
+  size_t n_;
+  T* p_;
+};
+
+// Host side of a signal set: the counters' heap allocation and the round number kernels wait for.
+class SignalSet {
+ public:
+  SignalSet(Communicator& c, const std::string& name, int count);
+  ~SignalSet();
+  SignalSet(SignalSet&& o) noexcept;
+  SignalSet(const SignalSet&) = delete;
+  SignalSet& operator=(const SignalSet&) = delete;
+  signals view() const { return view_; }
+  // The next round number (1, 2, ...): counters are never reset, a launch waits for multiples.
+  unsigned long long next_round() { return ++round_; }
+  unsigned long long round() const { return round_; }
+  int count() const { return view_.count; }
+
+ private:
+  Communicator* c_;
+  signals view_{};
+  unsigned long long round_ = 0;
+};
+
+}  // namespace weave::runtime

@@ -1,0 +1,32 @@
+// Plain data shared by host and device for signals (no device code: host compilers include it).
+#pragma once
+#include "weave/config.hpp"
+
+namespace weave {
+
+// Written by the first wait that times out; host-mapped so the host can read it after the trap
+// has killed the context.
+struct WaitRecord {
+  int timed_out;  // 0 until a wait expires
+  int rank;
+  int name_id;  // which signal set (the host keeps the names)
+  int index;
+  unsigned long long expected;
+  unsigned long long observed;
+  int block, thread;
+};
+
+// Device view of a signal set: `count` counters per rank, peer-mapped.
+template <int MaxWorld = kMaxWorld>
+struct signals_view {
+  unsigned long long* ptr[MaxWorld];
+  int world;
+  int rank;
+  int count;
+  int name_id;
+  unsigned long long timeout_ns;  // 0 = wait forever
+  WaitRecord* record;             // host-mapped
+};
+using signals = signals_view<>;
+
+}  // namespace weave

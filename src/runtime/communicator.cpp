@@ -1,0 +1,427 @@
+#include "weave/runtime/communicator.hpp"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+
+#include "weave/common/driver.hpp"
+#include "weave/common/error.hpp"
+#include "weave/runtime/allocator.hpp"
+
+namespace weave::runtime {
+
+namespace {
+
+size_t env_size(const char* name, size_t dflt) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return dflt;
+  char* end = nullptr;
+  unsigned long long x = std::strtoull(v, &end, 10);
+  std::string unit = end ? end : "";
+  size_t mul = unit.empty() ? 1 : unit == "K" || unit == "KiB" ? 1ull << 10 : unit == "M" || unit == "MiB" ? 1ull << 20
+                                 : unit == "G" || unit == "GiB"  ? 1ull << 30 : 0;
+  WEAVE_CHECK(end != v && mul != 0 && x > 0, name, "='", v, "' is not a size (e.g. 1073741824, 512M, 2G)");
+  return x * mul;
+}
+
+double env_seconds(const char* name, double dflt) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return dflt;
+  char* end = nullptr;
+  double x = std::strtod(v, &end);
+  WEAVE_CHECK(end != v && *end == 0 && x >= 0, name, "='", v, "' is not a number of seconds >= 0");
+  return x;
+}
+
+// The variables the GPU hosts set to forbid NVLink multicast; any one of them wins.
+std::string multicast_disabled_by() {
+  auto is = [](const char* n, const char* val) {
+    const char* v = std::getenv(n);
+    return v && std::strcmp(v, val) == 0;
+  };
+  if (is("NCCL_NVLS_ENABLE", "0")) return "NCCL_NVLS_ENABLE=0";
+  if (is("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")) return "TORCH_SYMM_MEM_DISABLE_MULTICAST=1";
+  if (is("NVSHMEM_DISABLE_NVLS", "1")) return "NVSHMEM_DISABLE_NVLS=1";
+  return "";
+}
+
+std::atomic<int> g_instance{0};
+
+struct Registration {
+  char* local;
+  size_t bytes;
+  PeerPtrs ptrs{};
+  std::vector<void*> opened;  // peer bases from cudaIpcOpenMemHandle, closed on deregister
+};
+
+struct IpcMsg {
+  cudaIpcMemHandle_t handle;
+  unsigned long long offset, bytes;
+};
+
+}  // namespace
+
+struct Communicator::Impl {
+  LaunchInfo info;
+  CommOptions opt;
+  int device = -1;
+  cudaDeviceProp props{};
+  std::unique_ptr<Bootstrap> boot;
+  // heap
+  size_t heap_size = 0;
+  CUdeviceptr va = 0;  // world * heap_size, rank r's heap at va + r * heap_size
+  std::vector<CUmemGenericAllocationHandle> handles;
+  std::vector<bool> mapped;
+  std::unique_ptr<OffsetAllocator> alloc;
+  std::vector<Registration> regs;
+  // diagnostics
+  WaitRecord* record_host = nullptr;
+  WaitRecord* record_dev = nullptr;
+  unsigned long long timeout_ns = 0;
+  std::vector<std::string> names;
+  bool broken = false;
+  std::string broken_why;
+
+  void check_usable() const {
+    WEAVE_CHECK(!broken, "communicator is unusable after an earlier error: ", broken_why);
+  }
+  char* base(int r) const { return reinterpret_cast<char*>(va + size_t(r) * heap_size); }
+  void teardown() noexcept;
+};
+
+void Communicator::Impl::teardown() noexcept {
+  for (auto& r : regs)
+    for (void* p : r.opened) cudaIpcCloseMemHandle(p);
+  regs.clear();
+  const Driver* d = nullptr;
+  try {
+    d = &drv();
+  } catch (...) {
+  }
+  if (d && va) {
+    for (size_t r = 0; r < mapped.size(); ++r)
+      if (mapped[r]) d->memUnmap(va + r * heap_size, heap_size);
+    d->memAddressFree(va, heap_size * info.world);
+  }
+  if (d)
+    for (auto h : handles)
+      if (h) d->memRelease(h);
+  handles.clear();
+  va = 0;
+  if (record_host) cudaFreeHost(record_host);
+  record_host = nullptr;
+}
+
+Communicator::Communicator(CommOptions opt) : Communicator(detect_launch(), opt) {}
+
+Communicator::Communicator(const LaunchInfo& info, CommOptions opt) : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.info = info;
+  m.opt = opt;
+  WEAVE_CHECK(info.world >= 1 && info.world <= kMaxWorld, "world size ", info.world, " is outside 1..", kMaxWorld,
+              " (the compile-time maximum of one NVLink domain)");
+  WEAVE_CHECK(info.local_world == info.world, "multi-node jobs are not supported yet (world ", info.world,
+              ", ", info.local_world, " ranks on this node)");
+  if (opt.multicast) {
+    std::string off = multicast_disabled_by();
+    WEAVE_CHECK(off.empty(), "NVLink multicast requested but disabled on this machine by ", off);
+    WEAVE_CHECK(false, "NVLink multicast requested, but weave has no multicast path; run without it");
+  }
+  int ndev = 0;
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess) ndev = 0;
+  WEAVE_CHECK(info.local_world <= ndev, "world of ", info.local_world, " ranks on this node is larger than the ", ndev,
+              " visible GPU(s)");
+  m.device = info.local_rank;
+  WEAVE_CUDA_CHECK(cudaSetDevice(m.device));
+  WEAVE_CUDA_CHECK(cudaGetDeviceProperties(&m.props, m.device));
+  WEAVE_CHECK(m.props.major >= 9, "GPU ", m.device, " (", m.props.name, ") has compute capability ", m.props.major,
+              ".", m.props.minor, "; weave needs Hopper (9.0)");
+
+  // Preflight: every pair of this node's GPUs must reach each other.
+  for (int i = 0; i < info.local_world; ++i)
+    for (int j = 0; j < info.local_world; ++j) {
+      if (i == j) continue;
+      int ok = 0;
+      WEAVE_CUDA_CHECK(cudaDeviceCanAccessPeer(&ok, i, j));
+      WEAVE_CHECK(ok, "GPU ", i, " cannot access GPU ", j, " as a peer; weave needs peer access between every pair");
+    }
+  const Driver& d = drv();
+  CUdevice cudev;
+  WEAVE_CU_CHECK(d.deviceGet(&cudev, m.device));
+  int vmm = 0, fdok = 0;
+  WEAVE_CU_CHECK(d.deviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, cudev));
+  WEAVE_CU_CHECK(d.deviceGetAttribute(&fdok, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, cudev));
+  WEAVE_CHECK(vmm && fdok, "GPU ", m.device, " lacks virtual memory management with POSIX fd handles");
+
+  m.timeout_ns = static_cast<unsigned long long>(
+      1e9 * (opt.wait_timeout_s >= 0 ? opt.wait_timeout_s : env_seconds("WEAVE_WAIT_TIMEOUT_S", 5.0)));
+  try {
+    WEAVE_CUDA_CHECK(cudaHostAlloc(&m.record_host, sizeof(WaitRecord), cudaHostAllocMapped));
+    std::memset(m.record_host, 0, sizeof(WaitRecord));
+    WEAVE_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&m.record_dev), m.record_host, 0));
+
+    // Each communicator instance gets its own socket name, so back-to-back instances never meet
+    // a stale listener. Every rank creates communicators in the same order.
+    LaunchInfo bi = info;
+    bi.job_id += "-c" + std::to_string(g_instance.fetch_add(1));
+    m.boot = std::make_unique<Bootstrap>(bi, opt.bootstrap_timeout);
+
+    // The heap: one VMM allocation per rank, exported once as a POSIX fd, mapped by every rank.
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = m.device;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    size_t gran = 0;
+    WEAVE_CU_CHECK(d.memGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+    size_t want = opt.heap_bytes ? opt.heap_bytes : env_size("WEAVE_HEAP_BYTES", size_t(1) << 30);
+    m.heap_size = (want + gran - 1) / gran * gran;
+    check_same("symmetric heap size", {static_cast<long long>(m.heap_size)});
+
+    const int W = info.world;
+    m.handles.assign(W, 0);
+    m.mapped.assign(W, false);
+    WEAVE_CU_CHECK(d.memCreate(&m.handles[info.rank], m.heap_size, &prop, 0));
+    int fd = -1;
+    WEAVE_CU_CHECK(d.memExportToShareableHandle(&fd, m.handles[info.rank], CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+    std::vector<int> fds;
+    try {
+      fds = m.boot->all_gather_fd(fd);
+    } catch (...) {
+      close(fd);
+      throw;
+    }
+    close(fd);
+    std::exception_ptr err;
+    for (int r = 0; r < W; ++r) {
+      if (r != info.rank && !err) {
+        CUresult res = d.memImportFromShareableHandle(&m.handles[r], reinterpret_cast<void*>(static_cast<uintptr_t>(fds[r])),
+                                                      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        if (res != CUDA_SUCCESS)
+          err = std::make_exception_ptr(Error(detail::concat("weave: importing rank ", r, "'s heap failed: ",
+                                                             driver_error_string(res))));
+      }
+      close(fds[r]);
+    }
+    if (err) std::rethrow_exception(err);
+    WEAVE_CU_CHECK(d.memAddressReserve(&m.va, m.heap_size * W, gran, 0, 0));
+    for (int r = 0; r < W; ++r) {
+      WEAVE_CU_CHECK(d.memMap(m.va + size_t(r) * m.heap_size, m.heap_size, 0, m.handles[r], 0));
+      m.mapped[r] = true;
+    }
+    CUmemAccessDesc acc{};
+    acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    acc.location.id = m.device;
+    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    WEAVE_CU_CHECK(d.memSetAccess(m.va, m.heap_size * W, &acc, 1));
+    m.alloc = std::make_unique<OffsetAllocator>(m.heap_size);
+    m.boot->barrier();
+  } catch (...) {
+    m.teardown();
+    throw;
+  }
+}
+
+Communicator::~Communicator() {
+  Impl& m = *impl_;
+  // No rank unmaps while a peer may still be using the memory.
+  if (!m.broken && m.boot) {
+    try {
+      cudaDeviceSynchronize();
+      m.boot->barrier();
+    } catch (...) {
+    }
+  }
+  m.teardown();
+}
+
+int Communicator::rank() const { return impl_->info.rank; }
+int Communicator::world() const { return impl_->info.world; }
+int Communicator::local_rank() const { return impl_->info.local_rank; }
+int Communicator::device() const { return impl_->device; }
+const cudaDeviceProp& Communicator::props() const { return impl_->props; }
+Bootstrap& Communicator::bootstrap() { return *impl_->boot; }
+size_t Communicator::heap_bytes() const { return impl_->heap_size; }
+size_t Communicator::heap_used() const { return impl_->alloc->used(); }
+WaitRecord* Communicator::wait_record() const { return impl_->record_dev; }
+unsigned long long Communicator::wait_timeout_ns() const { return impl_->timeout_ns; }
+
+void* Communicator::alloc(size_t bytes, size_t align) {
+  Impl& m = *impl_;
+  m.check_usable();
+  check_same("symmetric alloc (bytes, align)", {static_cast<long long>(bytes), static_cast<long long>(align)});
+  return m.base(m.info.rank) + m.alloc->alloc(bytes, align);
+}
+
+void Communicator::free(void* ptr) {
+  Impl& m = *impl_;
+  char* p = static_cast<char*>(ptr);
+  char* b = m.base(m.info.rank);
+  WEAVE_CHECK(p >= b && p < b + m.heap_size, "free of ", ptr, ", which is not in the symmetric heap");
+  m.alloc->free(size_t(p - b));
+}
+
+void Communicator::check_same(const std::string& what, const std::vector<long long>& values) {
+  Impl& m = *impl_;
+  const int W = m.info.world;
+  // A length prefix makes vectors of different lengths disagree instead of misaligning.
+  const size_t n = 16;
+  WEAVE_CHECK(values.size() < n, "check_same: at most ", n - 1, " values");
+  std::vector<long long> mine(n, 0), all(n * W);
+  mine[0] = static_cast<long long>(values.size());
+  for (size_t i = 0; i < values.size(); ++i) mine[i + 1] = values[i];
+  m.boot->all_gather(mine.data(), all.data(), n * sizeof(long long));
+  auto render = [&](int r) {
+    std::string s = "(";
+    for (long long i = 0; i < all[r * n]; ++i) s += (i ? ", " : "") + std::to_string(all[r * n + 1 + i]);
+    return s + ")";
+  };
+  for (int r = 0; r < W; ++r)
+    if (!std::equal(all.begin() + r * n, all.begin() + (r + 1) * n, all.begin()))
+      throw Error(detail::concat("weave: ", what, " differs across ranks: rank 0 has ", render(0), ", rank ", r,
+                                 " has ", render(r)));
+}
+
+PeerPtrs Communicator::peers(const void* ptr, size_t bytes) const {
+  const Impl& m = *impl_;
+  m.check_usable();
+  PeerPtrs out{};
+  const char* p = static_cast<const char*>(ptr);
+  const char* b = m.base(m.info.rank);
+  if (p >= b && p < b + m.heap_size) {
+    size_t off = size_t(p - b);
+    WEAVE_CHECK(m.alloc->contains(off, bytes), "buffer ", ptr, " (", bytes,
+                " bytes) is in the symmetric heap but not inside one live allocation");
+    for (int r = 0; r < m.info.world; ++r) out[r] = m.base(r) + off;
+    return out;
+  }
+  for (const Registration& g : m.regs)
+    if (p >= g.local && p + bytes <= g.local + g.bytes) {
+      for (int r = 0; r < m.info.world; ++r) out[r] = static_cast<char*>(g.ptrs[r]) + (p - g.local);
+      return out;
+    }
+  throw Error(detail::concat("weave: buffer ", ptr, " (", bytes,
+                             " bytes) is neither in the symmetric heap nor registered; allocate it with "
+                             "Communicator::alloc or call Communicator::register_buffer first"));
+}
+
+void Communicator::register_buffer(void* ptr, size_t bytes) {
+  Impl& m = *impl_;
+  m.check_usable();
+  WEAVE_CHECK(ptr && bytes, "register_buffer: null pointer or zero bytes");
+  const char* b = m.base(m.info.rank);
+  WEAVE_CHECK(!(static_cast<char*>(ptr) >= b && static_cast<char*>(ptr) < b + m.heap_size),
+              "register_buffer: ", ptr, " is in the symmetric heap already");
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  WEAVE_CU_CHECK(drv().memGetAddressRange(&base, &size, reinterpret_cast<CUdeviceptr>(ptr)));
+  const size_t off = reinterpret_cast<CUdeviceptr>(ptr) - base;
+  WEAVE_CHECK(off + bytes <= size, "register_buffer: [", ptr, ", +", bytes, ") runs past its allocation (", size,
+              " bytes from ", reinterpret_cast<void*>(base), ")");
+  IpcMsg mine{};
+  cudaError_t e = cudaIpcGetMemHandle(&mine.handle, reinterpret_cast<void*>(base));
+  WEAVE_CHECK(e == cudaSuccess, "register_buffer: cudaIpcGetMemHandle failed for ", ptr, ": ", cudaGetErrorString(e),
+              " (only cudaMalloc'd memory can be registered)");
+  mine.offset = off;
+  mine.bytes = bytes;
+  check_same("register_buffer bytes", {static_cast<long long>(bytes)});
+  std::vector<IpcMsg> all(m.info.world);
+  m.boot->all_gather(&mine, all.data(), sizeof(IpcMsg));
+  Registration g{static_cast<char*>(ptr), bytes, {}, {}};
+  try {
+    for (int r = 0; r < m.info.world; ++r) {
+      if (r == m.info.rank) {
+        g.ptrs[r] = ptr;
+        continue;
+      }
+      void* pb = nullptr;
+      WEAVE_CUDA_CHECK(cudaIpcOpenMemHandle(&pb, all[r].handle, cudaIpcMemLazyEnablePeerAccess));
+      g.opened.push_back(pb);
+      g.ptrs[r] = static_cast<char*>(pb) + all[r].offset;
+    }
+  } catch (...) {
+    for (void* p : g.opened) cudaIpcCloseMemHandle(p);
+    throw;
+  }
+  m.regs.push_back(std::move(g));
+}
+
+void Communicator::deregister_buffer(void* ptr) {
+  Impl& m = *impl_;
+  for (auto it = m.regs.begin(); it != m.regs.end(); ++it)
+    if (it->local == ptr) {
+      for (void* p : it->opened) WEAVE_CUDA_CHECK(cudaIpcCloseMemHandle(p));
+      m.regs.erase(it);
+      return;
+    }
+  throw Error(detail::concat("weave: deregister_buffer: ", ptr, " is not registered"));
+}
+
+int Communicator::name_id(const std::string& name) {
+  auto& n = impl_->names;
+  for (size_t i = 0; i < n.size(); ++i)
+    if (n[i] == name) return static_cast<int>(i);
+  n.push_back(name);
+  return static_cast<int>(n.size() - 1);
+}
+
+const std::string& Communicator::signal_name(int id) const {
+  static const std::string unknown = "?";
+  return id >= 0 && size_t(id) < impl_->names.size() ? impl_->names[id] : unknown;
+}
+
+SignalSet Communicator::signals(const std::string& name, int count) { return SignalSet(*this, name, count); }
+
+void Communicator::sync(cudaStream_t stream) {
+  Impl& m = *impl_;
+  m.check_usable();
+  cudaError_t e = cudaStreamSynchronize(stream);
+  const WaitRecord& r = *m.record_host;
+  if (r.timed_out) {
+    m.broken = true;
+    m.broken_why = detail::concat("wait timed out on rank ", r.rank, ": signal '", signal_name(r.name_id), "'[",
+                                  r.index, "] expected >= ", r.expected, ", observed ", r.observed, " (block ",
+                                  r.block, ", thread ", r.thread, ", timeout ", m.timeout_ns / 1e9, " s)");
+    throw Error("weave: " + m.broken_why);
+  }
+  if (e != cudaSuccess) {
+    m.broken = true;
+    m.broken_why = detail::concat("device error on rank ", m.info.rank, ": ", cudaGetErrorName(e), " (",
+                                  cudaGetErrorString(e), ")");
+    throw Error("weave: " + m.broken_why);
+  }
+}
+
+void Communicator::barrier() { impl_->boot->barrier(); }
+
+SignalSet::SignalSet(Communicator& c, const std::string& name, int count) : c_(&c) {
+  WEAVE_CHECK(count > 0, "signal set '", name, "' needs at least one counter");
+  void* p = c.alloc(sizeof(unsigned long long) * count, 256);
+  try {
+    WEAVE_CUDA_CHECK(cudaMemset(p, 0, sizeof(unsigned long long) * count));
+    WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
+    c.barrier();  // nobody signals into counters a peer has not zeroed yet
+  } catch (...) {
+    c.free(p);
+    throw;
+  }
+  PeerPtrs pp = c.peers(p, sizeof(unsigned long long) * count);
+  for (int r = 0; r < c.world(); ++r) view_.ptr[r] = static_cast<unsigned long long*>(pp[r]);
+  view_.world = c.world();
+  view_.rank = c.rank();
+  view_.count = count;
+  view_.name_id = c.name_id(name);
+  view_.timeout_ns = c.wait_timeout_ns();
+  view_.record = c.wait_record();
+}
+
+SignalSet::SignalSet(SignalSet&& o) noexcept : c_(o.c_), view_(o.view_), round_(o.round_) { o.c_ = nullptr; }
+
+SignalSet::~SignalSet() {
+  if (c_) c_->free(view_.ptr[view_.rank]);
+}
+
+}  // namespace weave::runtime

@@ -1,0 +1,77 @@
+// The heap's sub-allocator: deterministic offsets, alignment, coalescing, exhaustion errors.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+#include "weave/common/error.hpp"
+#include "weave/runtime/allocator.hpp"
+
+using weave::runtime::OffsetAllocator;
+
+TEST(OffsetAllocator, AlignsAndDoesNotOverlap) {
+  OffsetAllocator a(1 << 20);
+  std::vector<std::pair<size_t, size_t>> live;
+  std::mt19937 rng(std::random_device{}());
+  for (int i = 0; i < 200; ++i) {
+    size_t bytes = 1 + rng() % 3000, align = size_t(1) << (rng() % 11);
+    size_t off = a.alloc(bytes, align);
+    EXPECT_EQ(off % align, 0u);
+    EXPECT_LE(off + bytes, a.capacity());
+    for (auto& [o, b] : live) EXPECT_TRUE(off + bytes <= o || o + b <= off) << "overlap";
+    EXPECT_TRUE(a.contains(off, bytes));
+    live.push_back({off, bytes});
+    if (rng() % 3 == 0) {
+      size_t k = rng() % live.size();
+      a.free(live[k].first);
+      EXPECT_FALSE(a.contains(live[k].first, 1));
+      live.erase(live.begin() + k);
+    }
+  }
+}
+
+TEST(OffsetAllocator, SameCallsSameOffsets) {
+  // Two "ranks" doing the same sequence get identical offsets: the basis of collective-free alloc.
+  OffsetAllocator a(1 << 24), b(1 << 24);
+  std::mt19937 rng(12345);
+  std::vector<size_t> la, lb;
+  for (int i = 0; i < 500; ++i) {
+    if (!la.empty() && rng() % 4 == 0) {
+      size_t k = rng() % la.size();
+      a.free(la[k]);
+      b.free(lb[k]);
+      la.erase(la.begin() + k);
+      lb.erase(lb.begin() + k);
+    } else {
+      size_t bytes = 1 + rng() % 100000;
+      la.push_back(a.alloc(bytes, 256));
+      lb.push_back(b.alloc(bytes, 256));
+      ASSERT_EQ(la.back(), lb.back());
+    }
+  }
+}
+
+TEST(OffsetAllocator, CoalescesToFullCapacity) {
+  OffsetAllocator a(4096);
+  size_t x = a.alloc(1000, 16), y = a.alloc(1000, 16), z = a.alloc(1000, 16);
+  a.free(y);
+  a.free(x);
+  a.free(z);
+  EXPECT_EQ(a.used(), 0u);
+  EXPECT_EQ(a.largest_free(), 4096u);
+  EXPECT_EQ(a.alloc(4096, 1), 0u);
+}
+
+TEST(OffsetAllocator, ClearErrors) {
+  OffsetAllocator a(4096);
+  EXPECT_THROW(a.alloc(0, 16), weave::Error);
+  EXPECT_THROW(a.alloc(16, 3), weave::Error);
+  EXPECT_THROW(a.free(123), weave::Error);
+  a.alloc(4000, 16);
+  try {
+    a.alloc(200, 16);
+    FAIL() << "no exhaustion error";
+  } catch (const weave::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("heap exhausted"), std::string::npos) << e.what();
+  }
+}

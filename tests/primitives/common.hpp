@@ -1,0 +1,93 @@
+// Shared pieces of the multi-rank GPU tests: one communicator per process, a job-wide seed,
+// host-side reference data regenerable for any rank.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "weave/common/error.hpp"
+#include "weave/runtime/communicator.hpp"
+
+namespace wt {
+
+inline std::unique_ptr<weave::runtime::Communicator>& comm_slot() {
+  static std::unique_ptr<weave::runtime::Communicator> c;
+  return c;
+}
+inline weave::runtime::Communicator& comm() {
+  auto& c = comm_slot();
+  if (!c) {
+    weave::runtime::CommOptions o;
+    o.heap_bytes = size_t(256) << 20;
+    c = std::make_unique<weave::runtime::Communicator>(o);
+  }
+  return *c;
+}
+
+// A seed that is fresh every run and identical on every rank (rank 0 draws, everyone gets it).
+inline uint64_t job_seed() {
+  uint64_t mine = std::random_device{}() * 0x9E3779B97F4A7C15ull ^ std::random_device{}();
+  std::vector<uint64_t> all(comm().world());
+  comm().bootstrap().all_gather(&mine, all.data(), sizeof mine);
+  return all[0];
+}
+
+template <class T>
+inline float to_f(T x) {
+  if constexpr (std::is_same_v<T, float>) return x;
+  else if constexpr (std::is_same_v<T, __half>) return __half2float(x);
+  else return __bfloat162float(x);
+}
+template <class T>
+inline T from_f(float x) {
+  if constexpr (std::is_same_v<T, float>) return x;
+  else if constexpr (std::is_same_v<T, __half>) return __float2half_rn(x);
+  else return __float2bfloat16_rn(x);
+}
+template <class T>
+inline uint32_t bits(T x) {
+  uint32_t b = 0;
+  std::memcpy(&b, &x, sizeof(T));
+  return b;
+}
+template <class T>
+inline T poison() {  // a NaN in every format, easy to spot
+  T x;
+  std::memset(&x, 0xff, sizeof(T));
+  return x;
+}
+
+// rows x ld values, uniform in [-1, 1], from (seed, stream): any rank can regenerate any rank's data.
+template <class T>
+inline std::vector<T> random_matrix(uint64_t seed, uint64_t stream, size_t n) {
+  std::mt19937_64 rng(seed ^ (stream * 0xD1B54A32D192ED03ull));
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<T> v(n);
+  for (auto& x : v) x = from_f<T>(u(rng));
+  return v;
+}
+
+template <class T>
+inline void to_device(T* d, const std::vector<T>& h) {
+  WEAVE_CUDA_CHECK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+}
+template <class T>
+inline std::vector<T> to_host(const T* d, size_t n) {
+  std::vector<T> h(n);
+  WEAVE_CUDA_CHECK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return h;
+}
+
+// Device work done and every rank past this point.
+inline void settle() {
+  comm().sync();
+  comm().barrier();
+}
+
+}  // namespace wt

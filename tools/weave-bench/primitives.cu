@@ -1,0 +1,171 @@
+// weave-bench primitives: TMA store / store-add bandwidth to a peer against issuing blocks and
+// message (tile) size, one-way signal latency (ping-pong) and barrier latency, under weave-run.
+#include <cuda_bf16.h>
+
+#include <cstdio>
+#include <vector>
+
+#include "bench.hpp"
+#include "weave/runtime/communicator.hpp"
+#include "weave/runtime/pgl_host.hpp"
+#include "weave/signal.cuh"
+#include "weave/store.cuh"
+
+namespace {
+
+using namespace weave;
+using bf16 = __nv_bfloat16;
+
+// Each block streams its share of the destination's tiles to rank `dst` from one shared tile.
+template <bool Add>
+__global__ void stream_tiles(const __grid_constant__ pgl<bf16> p, int dst) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* tile = reinterpret_cast<bf16*>(smem);
+  const int n = p.tile_rows * p.tile_cols;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) tile[i] = __float2bfloat16(1.0f / 1024);
+  fence_smem_for_tma();
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  const int tc = p.tiles_c(), total = p.tiles_r() * tc;
+  for (int t = blockIdx.x; t < total; t += gridDim.x) {
+    if constexpr (Add) store_add_async(p, dst, tile, t / tc, t % tc);
+    else store_async(p, dst, tile, t / tc, t % tc);
+  }
+  store_wait();
+}
+
+// Ping-pong between ranks 0 and 1; result: ns per one-way signal, measured on rank 0.
+__global__ void ping_pong(signals s, unsigned long long base, int iters, int warm, unsigned long long* ns) {
+  if (threadIdx.x != 0) return;
+  unsigned long long t0 = 0;
+  for (int i = 1; i <= iters; ++i) {
+    if (i == warm + 1) t0 = detail::globaltimer();
+    if (s.rank == 0) {
+      signal(s, 1, 0);
+      wait(s, 0, base + i);
+    } else if (s.rank == 1) {
+      wait(s, 0, base + i);
+      signal(s, 0, 0);
+    }
+  }
+  *ns = (detail::globaltimer() - t0) / (2ull * (iters - warm));
+}
+
+__global__ void barriers(signals s, unsigned long long base_round, int iters, int warm, unsigned long long* ns) {
+  if (threadIdx.x != 0) return;
+  unsigned long long t0 = 0;
+  for (int i = 1; i <= iters; ++i) {
+    if (i == warm + 1) t0 = detail::globaltimer();
+    barrier(s, 0, base_round + i);
+  }
+  *ns = (detail::globaltimer() - t0) / (iters - warm);
+}
+
+int run(const bench::Args& a) {
+  runtime::CommOptions o;
+  const size_t buf_bytes = size_t(a.get_int("mib", 256)) << 20;
+  o.heap_bytes = buf_bytes + (size_t(64) << 20);
+  runtime::Communicator c(o);
+  WEAVE_CHECK(c.world() >= 2, "weave-bench primitives needs at least 2 ranks (weave-run -n 2)");
+  bench::JsonSink json(a);
+  const bool lead = c.rank() == 0;
+  cudaStream_t st;
+  WEAVE_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+
+  const int cols = 4096, rows = static_cast<int>(buf_bytes / (cols * sizeof(bf16)));
+  runtime::SymmetricTensor<bf16> buf(c, size_t(rows) * cols);
+  WEAVE_CUDA_CHECK(cudaMemset(buf.data(), 0, buf.bytes()));
+  WEAVE_CUDA_CHECK(cudaFuncSetAttribute(stream_tiles<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, 128 << 10));
+  WEAVE_CUDA_CHECK(cudaFuncSetAttribute(stream_tiles<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, 128 << 10));
+  struct Tile { int r, c; };
+  const std::vector<Tile> tiles = {{16, 64}, {64, 64}, {128, 128}, {256, 128}, {256, 256}};
+  std::vector<int> blocks;
+  for (int b = 1; b < c.sm_count(); b *= 2) blocks.push_back(b);
+  blocks.push_back(c.sm_count());
+
+  if (lead)
+    std::printf("TMA %s to rank 1 from rank 0 (others idle), %zu MiB per launch, GB/s\n", "store / store-add",
+                buf_bytes >> 20);
+  if (lead) {
+    std::printf("%-10s", "msg bytes");
+    for (int b : blocks) std::printf(" %11d", b);
+    std::printf("   (blocks)\n");
+  }
+  for (int add = 0; add < 2; ++add)
+    for (const Tile& t : tiles) {
+      auto p = runtime::make_pgl<bf16>(c, buf.data(), rows, cols, cols, t.r, t.c);
+      const int smem = t.r * t.c * sizeof(bf16);
+      if (lead) std::printf("%-4s %5d", add ? "add" : "st", smem);
+      c.barrier();
+      for (int b : blocks) {
+        double us = 0;
+        if (lead) {
+          auto launch = [&] {
+            if (add) stream_tiles<true><<<b, 128, smem, st>>>(p, 1);
+            else stream_tiles<false><<<b, 128, smem, st>>>(p, 1);
+          };
+          us = bench::time_us(st, launch, 2, 5, 3);
+          WEAVE_CUDA_CHECK(cudaGetLastError());
+          double gbs = buf_bytes / us / 1e3;
+          std::printf(" %11.1f", gbs);
+          std::fflush(stdout);
+          json.write(bench::JsonLine()
+                         .add("kernel", add ? "tma_store_add" : "tma_store")
+                         .add("impl", "weave")
+                         .add("dtype", "bf16")
+                         .add("world", c.world())
+                         .add("blocks", b)
+                         .add("msg_bytes", smem)
+                         .add("bytes", buf_bytes)
+                         .add("time_us", us)
+                         .add("gbs", gbs));
+        }
+      }
+      c.sync(st);
+      c.barrier();
+      if (lead) std::printf("\n");
+    }
+
+  unsigned long long* ns = nullptr;
+  WEAVE_CUDA_CHECK(cudaMalloc(&ns, sizeof(unsigned long long)));
+  const int iters = static_cast<int>(a.get_int("iters", 20000)), warm = 1000;
+  {
+    auto s = c.signals("ping", 1);
+    c.barrier();
+    ping_pong<<<1, 32, 0, st>>>(s.view(), 0, iters, warm, ns);
+    WEAVE_CUDA_CHECK(cudaGetLastError());
+    c.sync(st);
+    unsigned long long h = 0;
+    WEAVE_CUDA_CHECK(cudaMemcpy(&h, ns, sizeof h, cudaMemcpyDeviceToHost));
+    if (lead) {
+      std::printf("one-way signal latency (ping-pong rank 0 <-> 1, %d round trips): %.2f us\n", iters - warm, h / 1e3);
+      json.write(bench::JsonLine().add("kernel", "signal").add("impl", "weave").add("world", c.world())
+                     .add("latency_us", h / 1e3));
+    }
+  }
+  {
+    auto s = c.signals("barrier", 1);
+    c.barrier();
+    barriers<<<1, 32, 0, st>>>(s.view(), 0, iters, warm, ns);
+    WEAVE_CUDA_CHECK(cudaGetLastError());
+    c.sync(st);
+    unsigned long long h = 0;
+    WEAVE_CUDA_CHECK(cudaMemcpy(&h, ns, sizeof h, cudaMemcpyDeviceToHost));
+    std::vector<unsigned long long> all(c.world());
+    c.bootstrap().all_gather(&h, all.data(), sizeof h);
+    unsigned long long worst = 0;
+    for (auto x : all) worst = x > worst ? x : worst;
+    if (lead) {
+      std::printf("barrier latency (%d ranks, slowest rank): %.2f us\n", c.world(), worst / 1e3);
+      json.write(bench::JsonLine().add("kernel", "barrier").add("impl", "weave").add("world", c.world())
+                     .add("latency_us", worst / 1e3));
+    }
+  }
+  WEAVE_CUDA_CHECK(cudaFree(ns));
+  WEAVE_CUDA_CHECK(cudaStreamDestroy(st));
+  return 0;
+}
+
+}  // namespace
+
+WEAVE_BENCH(primitives, "TMA store/store-add bandwidth to a peer, signal and barrier latency (2+ ranks)", run);
