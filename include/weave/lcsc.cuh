@@ -1,0 +1,260 @@
+// The LCSC program template (ParallelKittens): loader, consumer, storer, communicator.
+//
+// A kernel is a struct K that supplies the roles and its types; this template owns everything
+// they share: the persistent grid (one block per SM; the SM count is read from the device),
+// warp specialisation, the shared-memory stage ring with its full/empty mbarriers and phase
+// bits, the output hand-off between consumers and storer, and the split of the grid into
+// compute blocks and `num_comm_sms` communicator blocks.
+//
+// Block layout (compute blocks): warpgroup 0 is the producer (warp 0 lane 0 = loader, warp 1
+// lane 0 = storer; the producer keeps K::kProducerRegs registers), warpgroups 1..K::kConsumers
+// are consumers (K::kConsumerRegs registers each). Work item w (an output tile) is handled by
+// compute block w % compute_blocks; every role of that block walks the same sequence.
+//
+// What K provides:
+//   using Globals;                      kernel parameters, passed as a __grid_constant__
+//   struct Stage;                       one pipeline stage of input tiles (alignas(1024))
+//   struct Output;                      the output staging tile (consumers write, storer reads)
+//   struct ConsumerState;               registers of one consumer warpgroup
+//   kStages, kConsumers, kProducerRegs, kConsumerRegs
+//   kStageTxBytes                       TMA bytes that complete one stage's `full` barrier
+//   kReleaseLag                         0: a stage is released after consume(); 1: after the
+//                                       next consume() (one wgmma batch stays in flight)
+//   host:   static int num_work(const Globals&)
+//   device: num_work(g), num_iters(g, w)
+//           prologue(g)                                   loader thread, once
+//           load(g, Stage&, Mbarrier& full, w, it)        loader thread
+//           consume(g, ConsumerState&, Stage&, w, it, c)  consumer warpgroup c
+//           drain(ConsumerState&)                         consumer: all its async math done
+//           finish(g, ConsumerState&, Output&, w, c)      consumer: registers -> Output
+//           store(g, Output&, w)                          storer thread; async bulk stores
+//           communicator(g, void* smem, i, n)             all threads of comm block i of n
+#pragma once
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+
+#include "weave/common/error.hpp"
+#include "weave/tile/mbarrier.cuh"
+#include "weave/tile/proxy.cuh"
+#include "weave/tile/swizzle.hpp"
+#include "weave/tile/tma.cuh"
+#include "weave/tile/warpgroup.cuh"
+
+namespace weave::lcsc {
+
+struct Config {
+  int num_comm_sms = 0;        // blocks beyond the compute ones run K::communicator
+  int max_compute_blocks = 0;  // 0: every SM not given to the communicator
+  bool balance_waves = true;   // same number of waves with fewer blocks when that is possible
+};
+
+template <class K>
+struct SharedStorage {
+  typename K::Stage stage[K::kStages];
+  typename K::Output out;
+  tile::Mbarrier full[K::kStages];
+  tile::Mbarrier empty[K::kStages];
+  tile::Mbarrier out_full;
+  tile::Mbarrier out_empty;
+};
+
+template <class K>
+constexpr size_t shared_bytes() {
+  return sizeof(SharedStorage<K>) + tile::kSwizzleAlign;  // slack to align the dynamic base
+}
+
+// The grid as a pure function of (work, device, config): the CPU tests call it directly.
+struct Plan {
+  int compute_blocks = 0;
+  int comm_blocks = 0;
+  int grid() const { return compute_blocks + comm_blocks; }
+};
+
+inline Plan make_plan(long long work, int sm_count, const Config& cfg, size_t smem_bytes, size_t smem_limit) {
+  WEAVE_CHECK(sm_count >= 1, "lcsc: device reports ", sm_count, " SMs");
+  WEAVE_CHECK(cfg.num_comm_sms >= 0, "lcsc: num_comm_sms must be >= 0, got ", cfg.num_comm_sms);
+  WEAVE_CHECK(cfg.num_comm_sms < sm_count, "lcsc: num_comm_sms = ", cfg.num_comm_sms,
+              " leaves no compute SM on a device with ", sm_count, " SMs");
+  WEAVE_CHECK(cfg.max_compute_blocks >= 0, "lcsc: max_compute_blocks must be >= 0");
+  WEAVE_CHECK(smem_bytes <= smem_limit, "lcsc: kernel needs ", smem_bytes,
+              " bytes of shared memory per block but the device allows at most ", smem_limit,
+              " (reduce the stages or the tile size)");
+  WEAVE_CHECK(work >= 0, "lcsc: negative work count");
+  Plan p;
+  p.comm_blocks = cfg.num_comm_sms;
+  long long avail = sm_count - cfg.num_comm_sms;
+  if (cfg.max_compute_blocks > 0 && cfg.max_compute_blocks < avail) avail = cfg.max_compute_blocks;
+  long long cb = work < avail ? work : avail;
+  if (cfg.balance_waves && cb > 0) {
+    const long long waves = (work + cb - 1) / cb;
+    cb = (work + waves - 1) / waves;
+  }
+  p.compute_blocks = static_cast<int>(cb);
+  return p;
+}
+
+struct DeviceInfo {
+  int sm_count = 0;
+  size_t smem_optin = 0;
+};
+
+// Read once per device from the device itself; never assumed.
+inline DeviceInfo device_info(int dev) {
+  static constexpr int kMax = 64;
+  static DeviceInfo cache[kMax];
+  static std::atomic<bool> ready[kMax];
+  WEAVE_CHECK(dev >= 0 && dev < kMax, "lcsc: device ordinal ", dev, " out of range");
+  if (!ready[dev].load(std::memory_order_acquire)) {
+    DeviceInfo d;
+    int v = 0;
+    WEAVE_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+    d.sm_count = v;
+    WEAVE_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    d.smem_optin = static_cast<size_t>(v);
+    cache[dev] = d;
+    ready[dev].store(true, std::memory_order_release);
+  }
+  return cache[dev];
+}
+
+namespace detail {
+
+template <class K>
+__device__ __forceinline__ SharedStorage<K>& shared_storage(uint8_t* raw) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(raw);
+  const uintptr_t aligned = (a + tile::kSwizzleAlign - 1) & ~uintptr_t(tile::kSwizzleAlign - 1);
+  return *reinterpret_cast<SharedStorage<K>*>(aligned);
+}
+
+template <class K>
+__device__ __forceinline__ void run_loader(const typename K::Globals& g, SharedStorage<K>& s, int compute_blocks) {
+  tile::PipeState<K::kStages> ps;
+  K::prologue(g);
+  const int work = K::num_work(g);
+  for (int w = blockIdx.x; w < work; w += compute_blocks) {
+    const int iters = K::num_iters(g, w);
+    for (int it = 0; it < iters; ++it) {
+      s.empty[ps.index].wait(ps.phase ^ 1);
+      s.full[ps.index].arrive_expect_tx(K::kStageTxBytes);
+      K::load(g, s.stage[ps.index], s.full[ps.index], w, it);
+      ps.advance();
+    }
+  }
+}
+
+template <class K>
+__device__ __forceinline__ void release(SharedStorage<K>& s, uint32_t index) {
+  __syncwarp();
+  if (tile::lane_id() == 0) s.empty[index].arrive();
+}
+
+template <class K>
+__device__ __forceinline__ void run_consumer(const typename K::Globals& g, SharedStorage<K>& s, int compute_blocks,
+                                             int c) {
+  tile::PipeState<K::kStages> ps;
+  uint32_t out_phase = 0;
+  typename K::ConsumerState st;
+  const int work = K::num_work(g);
+  for (int w = blockIdx.x; w < work; w += compute_blocks) {
+    const int iters = K::num_iters(g, w);
+    uint32_t prev = 0;
+    for (int it = 0; it < iters; ++it) {
+      s.full[ps.index].wait(ps.phase);
+      K::consume(g, st, s.stage[ps.index], w, it, c);
+      if constexpr (K::kReleaseLag == 1) {
+        if (it > 0) release<K>(s, prev);
+        prev = ps.index;
+      } else {
+        release<K>(s, ps.index);
+      }
+      ps.advance();
+    }
+    K::drain(st);
+    if constexpr (K::kReleaseLag == 1)
+      if (iters > 0) release<K>(s, prev);
+    s.out_empty.wait(out_phase ^ 1);
+    K::finish(g, st, s.out, w, c);
+    tile::fence_proxy_async_shared();  // the storer's TMA (async proxy) reads what we wrote
+    __syncwarp();
+    if (tile::lane_id() == 0) s.out_full.arrive();
+    out_phase ^= 1;
+  }
+}
+
+template <class K>
+__device__ __forceinline__ void run_storer(const typename K::Globals& g, SharedStorage<K>& s, int compute_blocks) {
+  uint32_t out_phase = 0;
+  const int work = K::num_work(g);
+  for (int w = blockIdx.x; w < work; w += compute_blocks) {
+    s.out_full.wait(out_phase);
+    K::store(g, s.out, w);
+    tile::tma::commit_group();
+    tile::tma::wait_group_read<0>();
+    s.out_empty.arrive();
+    out_phase ^= 1;
+  }
+  tile::tma::wait_group<0>();
+}
+
+}  // namespace detail
+
+template <class K>
+__global__ void __launch_bounds__(128 * (1 + K::kConsumers), 1)
+    lcsc_kernel(const __grid_constant__ typename K::Globals g, const int compute_blocks) {
+  extern __shared__ __align__(16) uint8_t lcsc_smem[];
+  if (static_cast<int>(blockIdx.x) >= compute_blocks) {
+    const int i = blockIdx.x - compute_blocks;
+    K::communicator(g, &detail::shared_storage<K>(lcsc_smem), i, static_cast<int>(gridDim.x) - compute_blocks);
+    return;
+  }
+  auto& s = detail::shared_storage<K>(lcsc_smem);
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < K::kStages; ++i) {
+      s.full[i].init(1);
+      s.empty[i].init(4 * K::kConsumers);  // one arrival per consumer warp
+    }
+    s.out_full.init(4 * K::kConsumers);
+    s.out_empty.init(1);
+    tile::fence_barrier_init();
+  }
+  __syncthreads();
+  const int wg = tile::warpgroup_index();
+  if (wg == 0) {
+    tile::warpgroup_reg_dealloc<K::kProducerRegs>();
+    const int warp = tile::warp_in_warpgroup();
+    if (warp == 0) {
+      if (tile::lane_id() == 0) detail::run_loader<K>(g, s, compute_blocks);
+    } else if (warp == 1) {
+      if (tile::lane_id() == 0) detail::run_storer<K>(g, s, compute_blocks);
+    }
+  } else {
+    tile::warpgroup_reg_alloc<K::kConsumerRegs>();
+    detail::run_consumer<K>(g, s, compute_blocks, wg - 1);
+  }
+}
+
+// Computes the grid, raises the shared-memory limit, validates the config, launches.
+// Returns the plan it launched (grid 0: nothing to do, nothing launched).
+template <class K>
+Plan launch(const typename K::Globals& g, const Config& cfg, cudaStream_t stream) {
+  int dev = 0;
+  WEAVE_CUDA_CHECK(cudaGetDevice(&dev));
+  const DeviceInfo info = device_info(dev);
+  constexpr size_t smem = shared_bytes<K>();
+  const Plan p = make_plan(K::num_work(g), info.sm_count, cfg, smem, info.smem_optin);
+  if (p.grid() == 0) return p;
+  static std::atomic<uint64_t> raised{0};  // per device ordinal < 64
+  if (!(raised.load(std::memory_order_relaxed) & (1ull << dev))) {
+    WEAVE_CUDA_CHECK(cudaFuncSetAttribute(lcsc_kernel<K>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(smem)));
+    raised.fetch_or(1ull << dev, std::memory_order_relaxed);
+  }
+  lcsc_kernel<K><<<p.grid(), 128 * (1 + K::kConsumers), smem, stream>>>(g, p.compute_blocks);
+  WEAVE_CUDA_CHECK(cudaGetLastError());
+  return p;
+}
+
+}  // namespace weave::lcsc

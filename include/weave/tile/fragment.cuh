@@ -1,0 +1,59 @@
+// Register fragment <-> shared tile moves with stmatrix/ldmatrix (8x8 16-bit matrices; each
+// thread passes the address of one 16-byte row: lanes 8i..8i+7 address matrix i).
+#pragma once
+#include <cstdint>
+
+#include "weave/tile/mbarrier.cuh"
+#include "weave/tile/swizzle.hpp"
+#include "weave/tile/types.cuh"
+
+namespace weave::tile {
+
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+}
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r0),
+               "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr)
+               : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2,
+                                                  uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr)
+               : "memory");
+}
+
+// Writes one warpgroup's 64xN fp32 accumulator (wgmma layout) as 16-bit T into a shared tile
+// stored as N/64 column blocks, each `block_rows` rows of 128 bytes with the 128B swizzle (the
+// layout a TMA store with a {64, block_rows} box and SWIZZLE_128B reads). `row0` is the
+// warpgroup's first row inside the block. The swizzle makes the eight 16-byte rows of each
+// stmatrix land in eight different bank groups.
+template <class T, int N>
+__device__ __forceinline__ void store_accumulator_swizzled(void* tile, int block_rows, int row0, const float (&d)[N / 2]) {
+  static_assert(N % 64 == 0, "column blocks of 64");
+  const int lane = threadIdx.x & 31;
+  const int warp = (threadIdx.x / 32) % 4;
+  const int mat = lane / 8;  // which of the 4 matrices this lane addresses
+  const int row = row0 + warp * 16 + (mat & 1) * 8 + (lane & 7);
+  const uint32_t base = smem_u32(tile);
+#pragma unroll
+  for (int j = 0; j < N / 8; j += 2) {  // two 8-column blocks per stmatrix.x4
+    const int col = 8 * (j + (mat >> 1));
+    const uint32_t blk = static_cast<uint32_t>(col / 64) * static_cast<uint32_t>(block_rows) * 128u;
+    const uint32_t off = swizzled_offset(Swizzle::B128, row, (col % 64) * 2);
+    stmatrix_x4(base + blk + off, pack2<T>(d[4 * j + 0], d[4 * j + 1]), pack2<T>(d[4 * j + 2], d[4 * j + 3]),
+                pack2<T>(d[4 * j + 4], d[4 * j + 5]), pack2<T>(d[4 * j + 6], d[4 * j + 7]));
+  }
+}
+
+}  // namespace weave::tile

@@ -1,0 +1,55 @@
+// Device side of TMA: tile loads that complete on an mbarrier, tile stores and reduce-adds
+// from shared memory, and the bulk-group waits. One thread issues each of these.
+#pragma once
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "weave/tile/mbarrier.cuh"
+
+namespace weave::tile::tma {
+
+__device__ __forceinline__ void prefetch(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+// Coordinates are in elements, innermost first (column, row).
+__device__ __forceinline__ void load_2d(void* dst, const CUtensorMap* map, Mbarrier* bar, int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(
+          smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar->addr()), "r"(c0), "r"(c1)
+      : "memory");
+}
+
+__device__ __forceinline__ void store_2d(const CUtensorMap* map, const void* src, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group [%0, {%2, %3}], [%1];" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(smem_u32(src)), "r"(c0), "r"(c1)
+               : "memory");
+}
+
+// Element-wise add into global memory (performed at L2; bf16/fp16/fp32).
+__device__ __forceinline__ void reduce_add_2d(const CUtensorMap* map, const void* src, int c0, int c1) {
+  asm volatile("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3}], [%1];" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(smem_u32(src)), "r"(c0), "r"(c1)
+               : "memory");
+}
+
+__device__ __forceinline__ void commit_group() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+
+// At most N committed groups still reading their shared-memory source (the buffer may then be
+// overwritten; the global writes may still be in flight).
+template <int N>
+__device__ __forceinline__ void wait_group_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
+// At most N committed groups whose global writes are incomplete: what must precede a signal
+// that tells another agent the data is there.
+template <int N>
+__device__ __forceinline__ void wait_group() {
+  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(N) : "memory");
+}
+
+}  // namespace weave::tile::tma

@@ -1,0 +1,155 @@
+// Test and benchmark support for the GEMM: random fills, poisoning, the relative Frobenius
+// error, and the cuBLASLt baseline (bf16 in/out, fp32 compute). Include from .cu files that
+// link CUDA::cublasLt; the library itself does not use it.
+#pragma once
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "gemm/layout.hpp"
+#include "weave/common/error.hpp"
+
+#define WEAVE_CUBLAS_CHECK(expr)                                                               \
+  do {                                                                                         \
+    cublasStatus_t s_ = (expr);                                                                \
+    WEAVE_CHECK(s_ == CUBLAS_STATUS_SUCCESS, #expr, " failed: cublas status ", static_cast<int>(s_)); \
+  } while (0)
+
+namespace weave::gemm::ref {
+
+__device__ __forceinline__ uint64_t mix(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  return x ^ (x >> 33);
+}
+
+__global__ void fill_uniform_kernel(__nv_bfloat16* p, size_t n, uint64_t seed, float scale) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const float u = static_cast<float>(mix(seed * 0x9e3779b97f4a7c15ull + i) >> 40) * (1.0f / 16777216.0f);
+    p[i] = __float2bfloat16((2.f * u - 1.f) * scale);
+  }
+}
+__global__ void fill_bits_kernel(uint16_t* p, size_t n, uint16_t bits) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    p[i] = bits;
+}
+// sums[0] += (x - r)^2, sums[1] += r^2, sums[2] += 1 per non-finite x.
+__global__ void error_kernel(const __nv_bfloat16* x, const __nv_bfloat16* r, size_t n, double* sums) {
+  double e = 0, s = 0, bad = 0;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const double a = __bfloat162float(x[i]), b = __bfloat162float(r[i]);
+    if (!isfinite(a)) bad += 1;
+    else e += (a - b) * (a - b);
+    s += b * b;
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    e += __shfl_xor_sync(0xffffffff, e, o);
+    s += __shfl_xor_sync(0xffffffff, s, o);
+    bad += __shfl_xor_sync(0xffffffff, bad, o);
+  }
+  if ((threadIdx.x & 31) == 0) {
+    atomicAdd(&sums[0], e);
+    atomicAdd(&sums[1], s);
+    atomicAdd(&sums[2], bad);
+  }
+}
+
+inline void fill_uniform(__nv_bfloat16* p, size_t n, uint64_t seed, float scale = 1.f, cudaStream_t st = nullptr) {
+  fill_uniform_kernel<<<1024, 256, 0, st>>>(p, n, seed, scale);
+  WEAVE_CUDA_CHECK(cudaGetLastError());
+}
+// 0xFFFF is a bf16 NaN: an element the kernel failed to write makes the error NaN.
+inline void poison(__nv_bfloat16* p, size_t n, cudaStream_t st = nullptr) {
+  fill_bits_kernel<<<1024, 256, 0, st>>>(reinterpret_cast<uint16_t*>(p), n, 0xFFFF);
+  WEAVE_CUDA_CHECK(cudaGetLastError());
+}
+
+// ||x - ref||_F / ||ref||_F; NaN when x has any non-finite element.
+inline double rel_error(const __nv_bfloat16* x, const __nv_bfloat16* r, size_t n, cudaStream_t st = nullptr) {
+  double* d = nullptr;
+  WEAVE_CUDA_CHECK(cudaMalloc(&d, 3 * sizeof(double)));
+  WEAVE_CUDA_CHECK(cudaMemsetAsync(d, 0, 3 * sizeof(double), st));
+  error_kernel<<<1024, 256, 0, st>>>(x, r, n, d);
+  WEAVE_CUDA_CHECK(cudaGetLastError());
+  double h[3];
+  WEAVE_CUDA_CHECK(cudaMemcpyAsync(h, d, sizeof h, cudaMemcpyDeviceToHost, st));
+  WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
+  WEAVE_CUDA_CHECK(cudaFree(d));
+  if (h[2] > 0) return NAN;
+  return h[1] > 0 ? std::sqrt(h[0] / h[1]) : std::sqrt(h[0]);
+}
+
+// C (M x N row-major) = A * B (+ C), through cuBLASLt. Row-major C is column-major C^T = B^T A^T,
+// so cuBLAS sees m = N, n = M with B as its first operand.
+class CublasLt {
+ public:
+  CublasLt() {
+    WEAVE_CUBLAS_CHECK(cublasLtCreate(&h_));
+    WEAVE_CUDA_CHECK(cudaMalloc(&ws_, kWorkspace));
+  }
+  ~CublasLt() {
+    release();
+    cudaFree(ws_);
+    cublasLtDestroy(h_);
+  }
+  CublasLt(const CublasLt&) = delete;
+  CublasLt& operator=(const CublasLt&) = delete;
+
+  void run(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C, int M, int N, int K, BLayout bl,
+           bool accumulate, cudaStream_t st) {
+    prepare(M, N, K, bl);
+    const float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
+    WEAVE_CUBLAS_CHECK(cublasLtMatmul(h_, op_, &alpha, B, lb_, A, la_, &beta, C, lc_, C, lc_, &algo_, ws_, kWorkspace,
+                                      st));
+  }
+
+ private:
+  void prepare(int M, int N, int K, BLayout bl) {
+    if (op_ && M == M_ && N == N_ && K == K_ && bl == bl_) return;
+    release();
+    M_ = M, N_ = N, K_ = K, bl_ = bl;
+    WEAVE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t ta = bl == BLayout::NK ? CUBLAS_OP_T : CUBLAS_OP_N, tb = CUBLAS_OP_N;
+    WEAVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    WEAVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    if (bl == BLayout::NK)
+      WEAVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb_, CUDA_R_16BF, K, N, K));  // stored N x K row-major
+    else
+      WEAVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb_, CUDA_R_16BF, N, K, N));
+    WEAVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la_, CUDA_R_16BF, K, M, K));
+    WEAVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc_, CUDA_R_16BF, N, M, N));
+    cublasLtMatmulPreference_t pref;
+    WEAVE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    size_t ws = kWorkspace;
+    WEAVE_CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    cublasLtMatmulHeuristicResult_t res{};
+    int found = 0;
+    WEAVE_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(h_, op_, lb_, la_, lc_, lc_, pref, 1, &res, &found));
+    cublasLtMatmulPreferenceDestroy(pref);
+    WEAVE_CHECK(found > 0, "cuBLASLt found no algorithm for ", M, "x", N, "x", K);
+    algo_ = res.algo;
+  }
+  void release() {
+    if (op_) cublasLtMatmulDescDestroy(op_);
+    if (la_) cublasLtMatrixLayoutDestroy(la_);
+    if (lb_) cublasLtMatrixLayoutDestroy(lb_);
+    if (lc_) cublasLtMatrixLayoutDestroy(lc_);
+    op_ = nullptr, la_ = lb_ = lc_ = nullptr;
+  }
+  static constexpr size_t kWorkspace = 64ull << 20;
+  cublasLtHandle_t h_{};
+  void* ws_ = nullptr;
+  cublasLtMatmulDesc_t op_ = nullptr;
+  cublasLtMatrixLayout_t la_ = nullptr, lb_ = nullptr, lc_ = nullptr;
+  cublasLtMatmulAlgo_t algo_{};
+  int M_ = 0, N_ = 0, K_ = 0;
+  BLayout bl_ = BLayout::KN;
+};
+
+}  // namespace weave::gemm::ref
