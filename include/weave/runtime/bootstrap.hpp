@@ -20,6 +20,9 @@ class Bootstrap {
 
   int rank() const;
   int world() const;
+  // Collectives: every rank calls the same ones in the same order with the same sizes (checked).
+  // They wait without a time limit, but a peer that exits makes them throw instead of hanging;
+  // after an error in a collective the bootstrap is unusable on every rank (later calls throw).
   // `all` receives world * bytes: rank r's `mine` at offset r * bytes.
   void all_gather(const void* mine, void* all, size_t bytes);
   void barrier();

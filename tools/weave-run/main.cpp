@@ -1,0 +1,300 @@
+// weave-run: start N ranks of PROG on this machine, one GPU each (rank r uses device r). If one
+// rank fails, stop the others and exit non-zero naming it. See usage() for the options.
+#include <cuda_runtime.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/random.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+extern char** environ;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int kMaxRanks = 64;
+constexpr auto kGrace = std::chrono::seconds(3);  // SIGTERM to SIGKILL
+
+int usage(const char* why) {
+  if (why) std::fprintf(stderr, "weave-run: %s\n", why);
+  std::fprintf(stderr,
+               "usage: weave-run [-n N] [--no-gpu] [--skip-missing-gpus] [--count-gpus] [--timeout SECONDS] [--] "
+               "PROG [ARGS...]\n"
+               "  -n N                 ranks to start, 1..%d (default: the number of visible GPUs)\n"
+               "  --no-gpu             do not check that N GPUs are visible (CPU-only programs)\n"
+               "  --skip-missing-gpus  with fewer than N GPUs, print 'skipped' and exit 77\n"
+               "  --count-gpus         print the number of visible GPUs and exit\n"
+               "  --timeout SECONDS    stop all ranks after this wall time and exit 124\n",
+               kMaxRanks);
+  return why ? 2 : 0;
+}
+
+int visible_gpus() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;  // no driver or no device
+  return n;
+}
+
+bool parse_int(const char* s, int& out) {
+  char* end = nullptr;
+  errno = 0;
+  long v = std::strtol(s, &end, 10);
+  if (errno || end == s || *end || v < -1000000 || v > 1000000) return false;
+  out = static_cast<int>(v);
+  return true;
+}
+
+std::string signal_name(int sig) {
+  const char* abbrev = sigabbrev_np(sig);
+  return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
+}
+
+std::string make_job_id() {
+  char host[256] = "host";
+  gethostname(host, sizeof host - 1);
+  unsigned long long rnd = 0;
+  if (getrandom(&rnd, sizeof rnd, 0) != sizeof rnd)
+    rnd = static_cast<unsigned long long>(Clock::now().time_since_epoch().count());
+  char buf[400];
+  std::snprintf(buf, sizeof buf, "%s-%d-%016llx", host, static_cast<int>(getpid()), rnd);
+  return buf;
+}
+
+struct Rank {
+  pid_t pid = -1;
+  bool alive = false;
+};
+
+class Job {
+ public:
+  Job(int n, std::vector<char*> argv, double timeout_s) : ranks_(n), argv_(std::move(argv)), timeout_s_(timeout_s) {}
+
+  int run() {
+    sigset_t wanted;
+    sigemptyset(&wanted);
+    for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaddset(&wanted, s);
+    sigprocmask(SIG_BLOCK, &wanted, &old_mask_);
+    signal(SIGCHLD, SIG_DFL);  // an inherited SIG_IGN would auto-reap the ranks
+
+    const std::string job_id = make_job_id();
+    for (int r = 0; r < static_cast<int>(ranks_.size()); ++r) {
+      if (!start(r, job_id)) {
+        stop(1, SIGTERM);
+        break;
+      }
+    }
+    const auto started = Clock::now();
+    while (alive() > 0) {
+      auto now = Clock::now();
+      if (timeout_s_ > 0 && !stopping_ && now - started >= std::chrono::duration<double>(timeout_s_)) {
+        std::fprintf(stderr, "weave-run: timeout: ranks still running after --timeout %g s; stopping them\n", timeout_s_);
+        stop(124, SIGTERM);
+      }
+      if (stopping_ && !killed_ && now >= kill_at_) {
+        for (size_t r = 0; r < ranks_.size(); ++r)
+          if (ranks_[r].alive) {
+            std::fprintf(stderr, "weave-run: rank %zu (pid %d) still running %lld s after SIGTERM; sending SIGKILL\n", r,
+                         ranks_[r].pid, static_cast<long long>(kGrace.count()));
+            killpg(ranks_[r].pid, SIGKILL);
+          }
+        killed_ = true;
+      }
+      siginfo_t info;
+      timespec wait = next_wake(started);
+      int sig = sigtimedwait(&wanted, &info, &wait);
+      if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
+        if (!stopping_) {
+          std::fprintf(stderr, "weave-run: received %s; forwarding it to the ranks\n", signal_name(sig).c_str());
+          stop(128 + sig, sig);
+        } else {
+          kill_at_ = Clock::now();  // a second request: do not wait for the grace period
+        }
+      }
+      reap();
+    }
+    return exit_code_;
+  }
+
+ private:
+  bool start(int r, const std::string& job_id) {
+    // Everything the child needs is prepared before fork: the child only calls async-signal-safe
+    // functions (the CUDA runtime may have started threads in this process).
+    std::vector<std::string> env_own = {
+        "WEAVE_RANK=" + std::to_string(r),
+        "WEAVE_WORLD_SIZE=" + std::to_string(ranks_.size()),
+        "WEAVE_LOCAL_RANK=" + std::to_string(r),
+        "WEAVE_LOCAL_WORLD_SIZE=" + std::to_string(ranks_.size()),
+        "WEAVE_JOB_ID=" + job_id,
+    };
+    std::vector<char*> envp;
+    for (char** e = environ; *e; ++e) {
+      bool ours = false;
+      for (auto& o : env_own) ours |= std::strncmp(*e, o.c_str(), o.find('=') + 1) == 0;
+      if (!ours) envp.push_back(*e);
+    }
+    for (auto& o : env_own) envp.push_back(o.data());
+    envp.push_back(nullptr);
+    std::string fail_msg = "weave-run: rank " + std::to_string(r) + ": cannot execute '" + argv_[0] + "': ";
+    const bool tty_stdin = isatty(STDIN_FILENO);
+    const pid_t parent = getpid();
+
+    pid_t pid = fork();
+    if (pid < 0) {
+      std::fprintf(stderr, "weave-run: fork for rank %d failed: %s\n", r, std::strerror(errno));
+      return false;
+    }
+    if (pid == 0) {
+      setpgid(0, 0);  // own group: stopping a rank also stops what it started
+      prctl(PR_SET_PDEATHSIG, SIGKILL);  // weave-run killed outright must not leave ranks behind
+      if (getppid() != parent) _exit(1);
+      // Ranks are not in the terminal's foreground group: a read from the tty would stop them.
+      if (tty_stdin) {
+        int null_fd = open("/dev/null", O_RDONLY);
+        if (null_fd >= 0) dup2(null_fd, STDIN_FILENO);
+      }
+      sigprocmask(SIG_SETMASK, &old_mask_, nullptr);
+      execvpe(argv_[0], argv_.data(), envp.data());
+      int e = errno;
+      const char* why = strerror(e);
+      (void)!write(STDERR_FILENO, fail_msg.data(), fail_msg.size());
+      (void)!write(STDERR_FILENO, why, std::strlen(why));
+      (void)!write(STDERR_FILENO, "\n", 1);
+      _exit(127);
+    }
+    setpgid(pid, pid);  // also here, so the group exists before we might signal it
+    ranks_[r] = {pid, true};
+    return true;
+  }
+
+  int alive() const {
+    int n = 0;
+    for (auto& r : ranks_) n += r.alive;
+    return n;
+  }
+
+  void stop(int code, int sig) {
+    stopping_ = true;
+    exit_code_ = code;
+    kill_at_ = Clock::now() + kGrace;
+    for (auto& r : ranks_)
+      if (r.alive) killpg(r.pid, sig);
+  }
+
+  void reap() {
+    int status;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+      for (size_t r = 0; r < ranks_.size(); ++r) {
+        if (ranks_[r].pid != pid || !ranks_[r].alive) continue;
+        ranks_[r].alive = false;
+        bool failed = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+        if (!failed || stopping_) break;
+        int code;
+        if (WIFSIGNALED(status)) {
+          std::fprintf(stderr, "weave-run: rank %zu (pid %d) killed by signal %s\n", r, pid,
+                       signal_name(WTERMSIG(status)).c_str());
+          code = 128 + WTERMSIG(status);
+        } else {
+          std::fprintf(stderr, "weave-run: rank %zu (pid %d) exited with status %d\n", r, pid, WEXITSTATUS(status));
+          code = WEXITSTATUS(status);
+        }
+        if (alive() > 0) std::fprintf(stderr, "weave-run: stopping the other %d rank(s)\n", alive());
+        stop(code, SIGTERM);
+      }
+    }
+  }
+
+  timespec next_wake(Clock::time_point started) const {
+    auto wake = Clock::now() + std::chrono::seconds(1);
+    if (stopping_ && !killed_) wake = std::min(wake, kill_at_);
+    if (timeout_s_ > 0 && !stopping_)
+      wake = std::min(wake, started + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s_)));
+    auto ns = std::max<long long>(std::chrono::duration_cast<std::chrono::nanoseconds>(wake - Clock::now()).count(), 0);
+    return {static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+  }
+
+  std::vector<Rank> ranks_;
+  std::vector<char*> argv_;
+  double timeout_s_;
+  sigset_t old_mask_{};
+  bool stopping_ = false, killed_ = false;
+  int exit_code_ = 0;
+  Clock::time_point kill_at_{};
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int n = -1;
+  bool no_gpu = false, skip_missing = false, count_gpus = false;
+  double timeout_s = 0;
+  int i = 1;
+  for (; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--") {
+      ++i;
+      break;
+    }
+    if (a == "-h" || a == "--help") return usage(nullptr);
+    if (a == "-n" || a == "--timeout") {
+      if (i + 1 >= argc) return usage((a + " needs a value").c_str());
+      const char* v = argv[++i];
+      if (a == "-n") {
+        if (!parse_int(v, n) || n < 1 || n > kMaxRanks)
+          return usage(("-n needs an integer from 1 to " + std::to_string(kMaxRanks) + ", got '" + v + "'").c_str());
+      } else {
+        char* end = nullptr;
+        timeout_s = std::strtod(v, &end);
+        if (end == v || *end || !(timeout_s > 0)) return usage(("--timeout needs seconds > 0, got '" + std::string(v) + "'").c_str());
+      }
+    } else if (a == "--no-gpu") {
+      no_gpu = true;
+    } else if (a == "--skip-missing-gpus") {
+      skip_missing = true;
+    } else if (a == "--count-gpus") {
+      count_gpus = true;
+    } else if (a.size() > 1 && a[0] == '-') {
+      return usage(("unknown option '" + a + "'").c_str());
+    } else {
+      break;
+    }
+  }
+  if (count_gpus) {
+    std::printf("%d\n", visible_gpus());
+    return 0;
+  }
+  if (i >= argc) return usage("missing PROG");
+
+  const int gpus = (no_gpu && n > 0) ? 0 : visible_gpus();
+  if (n < 0) {
+    n = gpus;
+    if (n < 1 && skip_missing) {
+      std::printf("weave-run: skipped: no GPUs visible\n");
+      return 77;
+    }
+    if (n < 1) return usage("no GPUs visible: pass -n N (with --no-gpu for CPU-only programs)");
+  }
+  if (!no_gpu && n > gpus) {
+    if (skip_missing) {
+      std::printf("weave-run: skipped: %d ranks need %d GPUs, %d visible\n", n, n, gpus);
+      return 77;
+    }
+    std::fprintf(stderr, "weave-run: %d ranks need %d GPUs, only %d visible\n", n, n, gpus);
+    return 2;
+  }
+
+  std::vector<char*> prog(argv + i, argv + argc);
+  prog.push_back(nullptr);
+  std::fflush(stdout);  // the children must not inherit unflushed output
+  return Job(n, std::move(prog), timeout_s).run();
+}
