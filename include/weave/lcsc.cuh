@@ -20,14 +20,16 @@
 //   kStageTxBytes                       TMA bytes that complete one stage's `full` barrier
 //   kReleaseLag                         0: a stage is released after consume(); 1: after the
 //                                       next consume() (one wgmma batch stays in flight)
+//   kOutputParts                        the output tile goes through Output in this many parts
+//                                       (a smaller staging buffer leaves room for more stages)
 //   host:   static int num_work(const Globals&)
 //   device: num_work(g), num_iters(g, w)
 //           prologue(g)                                   loader thread, once
 //           load(g, Stage&, Mbarrier& full, w, it)        loader thread
 //           consume(g, ConsumerState&, Stage&, w, it, c)  consumer warpgroup c
 //           drain(ConsumerState&)                         consumer: all its async math done
-//           finish(g, ConsumerState&, Output&, w, c)      consumer: registers -> Output
-//           store(g, Output&, w)                          storer thread; async bulk stores
+//           finish(g, ConsumerState&, Output&, w, c, p)   consumer: registers -> Output, part p
+//           store(g, Output&, w, p)                       storer thread; async bulk stores
 //           communicator(g, void* smem, i, n)             all threads of comm block i of n
 #pragma once
 #include <cuda_runtime.h>
@@ -175,12 +177,15 @@ __device__ __forceinline__ void run_consumer(const typename K::Globals& g, Share
     K::drain(st);
     if constexpr (K::kReleaseLag == 1)
       if (iters > 0) release<K>(s, prev);
-    s.out_empty.wait(out_phase ^ 1);
-    K::finish(g, st, s.out, w, c);
-    tile::fence_proxy_async_shared();  // the storer's TMA (async proxy) reads what we wrote
-    __syncwarp();
-    if (tile::lane_id() == 0) s.out_full.arrive();
-    out_phase ^= 1;
+#pragma unroll 1
+    for (int part = 0; part < K::kOutputParts; ++part) {
+      s.out_empty.wait(out_phase ^ 1);
+      K::finish(g, st, s.out, w, c, part);
+      tile::fence_proxy_async_shared();  // the storer's TMA (async proxy) reads what we wrote
+      __syncwarp();
+      if (tile::lane_id() == 0) s.out_full.arrive();
+      out_phase ^= 1;
+    }
   }
 }
 
@@ -189,12 +194,14 @@ __device__ __forceinline__ void run_storer(const typename K::Globals& g, SharedS
   uint32_t out_phase = 0;
   const int work = K::num_work(g);
   for (int w = blockIdx.x; w < work; w += compute_blocks) {
-    s.out_full.wait(out_phase);
-    K::store(g, s.out, w);
-    tile::tma::commit_group();
-    tile::tma::wait_group_read<0>();
-    s.out_empty.arrive();
-    out_phase ^= 1;
+    for (int part = 0; part < K::kOutputParts; ++part) {
+      s.out_full.wait(out_phase);
+      K::store(g, s.out, w, part);
+      tile::tma::commit_group();
+      tile::tma::wait_group_read<0>();
+      s.out_empty.arrive();
+      out_phase ^= 1;
+    }
   }
   tile::tma::wait_group<0>();
 }

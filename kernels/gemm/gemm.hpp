@@ -8,7 +8,9 @@
 
 namespace weave::gemm {
 
-enum class Tile : int { Auto = 0, M128N256 = 1, M128N128 = 2 };
+// M128N256S4: 128x256 with 4 stages and the output staged in two halves (more stages, a short
+// consumer wait between the halves).
+enum class Tile : int { Auto = 0, M128N256 = 1, M128N128 = 2, M128N256S4 = 3 };
 
 struct Options {
   bool accumulate = false;  // C += A * B instead of C = A * B
@@ -26,7 +28,7 @@ lcsc::Plan gemm(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C
 // Pure functions (CPU-tested).
 void validate_shape(int M, int N, int K);
 Tile choose_tile(int M, int N, int K, int sm_count);
-int default_group_m(Tile t);
+int default_group_m(Tile t, int K);
 const char* tile_name(Tile t);
 
 }  // namespace weave::gemm

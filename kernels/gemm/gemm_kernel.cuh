@@ -29,7 +29,7 @@ struct GemmGlobals {
   int accumulate;
 };
 
-template <int BN_, BLayout L, int Stages>
+template <int BN_, BLayout L, int Stages, int OutParts = 1>
 struct GemmKernel {
   using bf16 = tile::bf16;
   using Globals = GemmGlobals;
@@ -39,15 +39,18 @@ struct GemmKernel {
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = 232;  // (40 + 2 * 232) * 128 = 64,512 of 65,536
   static constexpr int kReleaseLag = 1;
+  static constexpr int kOutputParts = OutParts;
+  static constexpr int kPartCols = BN_ / OutParts;
   static constexpr uint32_t kStageTxBytes = (BM + BN) * BK * sizeof(bf16);
   static_assert(BN % 64 == 0 && BN <= 256, "BN in 64..256, multiple of 64");
+  static_assert(kPartCols % 64 == 0 && kPartCols * OutParts == BN, "output parts of whole 64-column blocks");
 
   struct alignas(1024) Stage {
     bf16 a[BM * BK];  // 128 rows of 128 B (K-major, swizzled)
     bf16 b[BN * BK];  // NK: BN rows of 128 B; KN: BN/64 blocks of 64 K-rows x 128 B (N-major)
   };
   struct alignas(1024) Output {
-    bf16 c[BM * BN];  // BN/64 blocks of 128 rows x 128 B, swizzled
+    bf16 c[BM * kPartCols];  // kPartCols/64 blocks of 128 rows x 128 B, swizzled
   };
   struct ConsumerState {
     float d[BN / 2];
@@ -101,15 +104,25 @@ struct GemmKernel {
     tile::wgmma::fence_operands(st.d);
   }
 
-  static __device__ __forceinline__ void finish(const Globals&, ConsumerState& st, Output& o, int, int c) {
-    tile::store_accumulator_swizzled<bf16, BN>(o.c, BM, c * 64, st.d);
+  template <int P>
+  static __device__ __forceinline__ void finish_part(ConsumerState& st, Output& o, int c) {
+    tile::store_accumulator_swizzled<bf16, BN, P * kPartCols, kPartCols>(o.c, BM, c * 64, st.d);
+  }
+  static __device__ __forceinline__ void finish(const Globals&, ConsumerState& st, Output& o, int, int c, int part) {
+    if constexpr (OutParts == 1) {
+      finish_part<0>(st, o, c);
+    } else {
+      static_assert(OutParts == 2, "1 or 2 output parts");
+      if (part == 0) finish_part<0>(st, o, c);
+      else finish_part<1>(st, o, c);
+    }
   }
 
-  static __device__ __forceinline__ void store(const Globals& g, Output& o, int w) {
+  static __device__ __forceinline__ void store(const Globals& g, Output& o, int w, int part) {
     const TileCoord t = coord(g, w);
 #pragma unroll
-    for (int j = 0; j < BN / 64; ++j) {
-      const int n = t.n * BN + 64 * j;
+    for (int j = 0; j < kPartCols / 64; ++j) {
+      const int n = t.n * BN + part * kPartCols + 64 * j;
       if (n >= g.N) break;
       if (g.accumulate)
         tile::tma::reduce_add_2d(&g.c, o.c + j * BM * 64, n, t.m * BM);

@@ -99,7 +99,7 @@ void run_case(gemm::ref::CublasLt& lt, Case cs, gemm::BLayout bl, gemm::Tile til
 }
 
 const gemm::BLayout kLayouts[] = {gemm::BLayout::KN, gemm::BLayout::NK};
-const gemm::Tile kTiles[] = {gemm::Tile::M128N256, gemm::Tile::M128N128};
+const gemm::Tile kTiles[] = {gemm::Tile::M128N256, gemm::Tile::M128N128, gemm::Tile::M128N256S4};
 
 }  // namespace
 

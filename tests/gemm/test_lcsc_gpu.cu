@@ -27,7 +27,8 @@ struct ToyGlobals {
 template <int Stages, int StageBytes>
 struct Toy {
   using Globals = ToyGlobals;
-  static constexpr int kStages = Stages, kConsumers = 2, kProducerRegs = 40, kConsumerRegs = 232, kReleaseLag = 1;
+  static constexpr int kStages = Stages, kConsumers = 2, kProducerRegs = 40, kConsumerRegs = 232, kReleaseLag = 1,
+                       kOutputParts = 2;
   static constexpr uint32_t kStageTxBytes = 0;
   struct alignas(1024) Stage {
     unsigned char bytes[StageBytes];
@@ -47,14 +48,15 @@ struct Toy {
     st.n = it;
   }
   static __device__ void drain(ConsumerState&) {}
-  static __device__ void finish(const Globals& g, ConsumerState&, Output& o, int w, int c) {
+  static __device__ void finish(const Globals& g, ConsumerState&, Output& o, int w, int c, int p) {
     if (threadIdx.x % 128 == 0) {
-      o.v[c] = w;
+      o.v[c] = w * 2 + p;
       atomicAdd(&g.finishes[w], 1);
     }
   }
-  static __device__ void store(const Globals& g, Output& o, int w) {
-    if (o.v[0] == w && o.v[1] == w) atomicAdd(&g.stores[w], 1);  // saw both consumers' hand-off
+  static __device__ void store(const Globals& g, Output& o, int w, int p) {
+    // Counts only hand-offs where both consumers' part p is visible.
+    if (o.v[0] == w * 2 + p && o.v[1] == w * 2 + p) atomicAdd(&g.stores[w], 1);
     g.store_blk[w] = blockIdx.x;
   }
   static __device__ void communicator(const Globals& g, void*, int i, int n) {
@@ -102,8 +104,8 @@ TEST(Lcsc, RolesAndSplit) {
       for (int w = 0; w < work; ++w) {
         EXPECT_EQ(loads[w], iters);
         EXPECT_EQ(cons[w], 2 * iters);
-        EXPECT_EQ(fin[w], 2);
-        EXPECT_EQ(st[w], 1);
+        EXPECT_EQ(fin[w], 4);  // 2 consumers x 2 output parts
+        EXPECT_EQ(st[w], 2);
         EXPECT_EQ(blk[w], w % p.compute_blocks);  // compute blocks only, in the documented order
       }
       for (int i = 0; i < sms; ++i) {

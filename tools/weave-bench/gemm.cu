@@ -3,7 +3,7 @@
 // output poisoned first), then timing with rotated inputs when they would fit in L2.
 //
 //   weave-bench gemm [--json FILE] [--shapes MxNxK,...] [--layout kn|nk] [--tile auto|256|128]
-//                    [--group G] [--comm 0,8,16,32] [--target-ms T]
+//                    [--group G] [--comm 0,8,16,32] [--target-ms T] [--no-balance]
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -69,6 +69,8 @@ int run_gemm_bench(const Args& args) {
   gemm::Tile tile = gemm::Tile::Auto;
   if (args.get("tile") == "256") tile = gemm::Tile::M128N256;
   if (args.get("tile") == "128") tile = gemm::Tile::M128N128;
+  if (args.get("tile") == "256s4") tile = gemm::Tile::M128N256S4;
+  const bool balance = !args.has("no-balance");
   const int group = static_cast<int>(args.get_int("group", 0));
   const std::vector<int> comms = parse_ints(args.get("comm", "0"));
   const double target_ms = std::stod(args.get("target-ms", "60"));
@@ -138,6 +140,7 @@ int run_gemm_bench(const Args& args) {
       o.tile = tile;
       o.group_m = group;
       o.lcsc.num_comm_sms = comm;
+      o.lcsc.balance_waves = balance;
       int dev_sms = prop.multiProcessorCount;
       const gemm::Tile used = tile == gemm::Tile::Auto ? gemm::choose_tile(s.M, s.N, s.K, dev_sms) : tile;
       gemm::ref::poison(d.c, nc);
@@ -183,5 +186,5 @@ int run_gemm_bench(const Args& args) {
 
 }  // namespace
 
-WEAVE_BENCH(gemm, "bf16 GEMM: weave vs cuBLASLt (--shapes MxNxK,... --layout kn|nk --tile auto|256|128 --comm 0,8)",
+WEAVE_BENCH(gemm, "bf16 GEMM: weave vs cuBLASLt (--shapes MxNxK,... --layout kn|nk --tile auto|256|128|256s4 --group G --comm 0,8 --no-balance)",
             run_gemm_bench);

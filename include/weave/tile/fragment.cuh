@@ -38,17 +38,18 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t& r0, u
 // layout a TMA store with a {64, block_rows} box and SWIZZLE_128B reads). `row0` is the
 // warpgroup's first row inside the block. The swizzle makes the eight 16-byte rows of each
 // stmatrix land in eight different bank groups.
-template <class T, int N>
+// Columns [C0, C0 + CN) of the accumulator go to the tile's blocks 0 .. CN/64 - 1.
+template <class T, int N, int C0 = 0, int CN = N>
 __device__ __forceinline__ void store_accumulator_swizzled(void* tile, int block_rows, int row0, const float (&d)[N / 2]) {
-  static_assert(N % 64 == 0, "column blocks of 64");
+  static_assert(C0 % 64 == 0 && CN % 64 == 0 && C0 + CN <= N, "column blocks of 64");
   const int lane = threadIdx.x & 31;
   const int warp = (threadIdx.x / 32) % 4;
   const int mat = lane / 8;  // which of the 4 matrices this lane addresses
   const int row = row0 + warp * 16 + (mat & 1) * 8 + (lane & 7);
   const uint32_t base = smem_u32(tile);
 #pragma unroll
-  for (int j = 0; j < N / 8; j += 2) {  // two 8-column blocks per stmatrix.x4
-    const int col = 8 * (j + (mat >> 1));
+  for (int j = C0 / 8; j < (C0 + CN) / 8; j += 2) {  // two 8-column blocks per stmatrix.x4
+    const int col = 8 * (j + (mat >> 1)) - C0;
     const uint32_t blk = static_cast<uint32_t>(col / 64) * static_cast<uint32_t>(block_rows) * 128u;
     const uint32_t off = swizzled_offset(Swizzle::B128, row, (col % 64) * 2);
     stmatrix_x4(base + blk + off, pack2<T>(d[4 * j + 0], d[4 * j + 1]), pack2<T>(d[4 * j + 2], d[4 * j + 3]),
