@@ -9,10 +9,9 @@
 #include <cstdint>
 
 #include "weave/pgl.cuh"
+#include "weave/types.hpp"
 
 namespace weave {
-
-enum class ReduceOp : int { sum = 0, max = 1, min = 2 };
 
 namespace detail {
 __device__ __forceinline__ float to_f32(float x) { return x; }

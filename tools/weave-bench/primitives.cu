@@ -78,7 +78,18 @@ int run(const bench::Args& a) {
   WEAVE_CUDA_CHECK(cudaFuncSetAttribute(stream_tiles<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, 128 << 10));
   WEAVE_CUDA_CHECK(cudaFuncSetAttribute(stream_tiles<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, 128 << 10));
   struct Tile { int r, c; };
-  const std::vector<Tile> tiles = {{16, 64}, {64, 64}, {128, 128}, {256, 128}, {256, 256}};
+  std::vector<Tile> tiles = {{16, 64}, {64, 64}, {16, 256}, {128, 128}, {256, 128}, {256, 256}};
+  if (a.has("tiles")) {  // e.g. --tiles 64x64,16x256
+    tiles.clear();
+    std::string spec = a.get("tiles");
+    for (size_t pos = 0; pos < spec.size();) {
+      size_t end = spec.find(',', pos), x = spec.find('x', pos);
+      if (end == std::string::npos) end = spec.size();
+      WEAVE_CHECK(x != std::string::npos && x < end, "--tiles takes ROWSxCOLS[,ROWSxCOLS...], got '", spec, "'");
+      tiles.push_back({std::stoi(spec.substr(pos, x - pos)), std::stoi(spec.substr(x + 1, end - x - 1))});
+      pos = end + 1;
+    }
+  }
   std::vector<int> blocks;
   for (int b = 1; b < c.sm_count(); b *= 2) blocks.push_back(b);
   blocks.push_back(c.sm_count());
@@ -87,7 +98,7 @@ int run(const bench::Args& a) {
     std::printf("TMA %s to rank 1 from rank 0 (others idle), %zu MiB per launch, GB/s\n", "store / store-add",
                 buf_bytes >> 20);
   if (lead) {
-    std::printf("%-10s", "msg bytes");
+    std::printf("%-18s", "tile   msg bytes");
     for (int b : blocks) std::printf(" %11d", b);
     std::printf("   (blocks)\n");
   }
@@ -95,7 +106,7 @@ int run(const bench::Args& a) {
     for (const Tile& t : tiles) {
       auto p = runtime::make_pgl<bf16>(c, buf.data(), rows, cols, cols, t.r, t.c);
       const int smem = t.r * t.c * sizeof(bf16);
-      if (lead) std::printf("%-4s %5d", add ? "add" : "st", smem);
+      if (lead) std::printf("%-4s %3dx%-3d %6d", add ? "add" : "st", t.r, t.c, smem);
       c.barrier();
       for (int b : blocks) {
         double us = 0;

@@ -1,0 +1,187 @@
+// Host entry of the collectives: validate, plan, launch one kernel per call.
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "collectives/collectives.hpp"
+#include "collectives/kernel.cuh"
+#include "collectives/plan.hpp"
+#include "weave/common/error.hpp"
+
+namespace weave::coll {
+
+namespace {
+
+// Per rank and call, one-shot pulls (W-1) x bytes; two-shot moves 2 (W-1)/W x bytes in two
+// directions. Below this size the single phase wins (measured; docs in README.md).
+constexpr size_t kOneShotMaxBytes = size_t(512) << 10;
+// Bytes of work per block: enough blocks to keep many peer accesses in flight at small sizes.
+constexpr long long kBlockBytes = 16 << 10;
+
+int largest_vec(std::initializer_list<long long> v, int elt) {
+  int vec = 16;
+  for (long long x : v)
+    while (vec > elt && x % vec) vec /= 2;
+  return vec;
+}
+
+}  // namespace
+
+struct Collectives::Impl {
+  runtime::Communicator& comm;
+  runtime::SignalSet sig;
+  int blocks_max;  // the smallest SM count of all ranks: every rank launches the same grid
+  unsigned long long arrived = 0, done = 0;
+  AllReduceAlgo algo = AllReduceAlgo::automatic;
+  std::vector<long long> last_sig;  // the last call's arguments, checked across ranks when they change
+
+  explicit Impl(runtime::Communicator& c) : comm(c), sig(c.signals("collectives", 2)) {
+    std::vector<int> sms(c.world());
+    int mine = c.sm_count();
+    c.bootstrap().all_gather(&mine, sms.data(), sizeof mine);
+    blocks_max = *std::min_element(sms.begin(), sms.end());
+  }
+
+  void check_args(const std::vector<long long>& a) {
+    if (a == last_sig) return;
+    comm.check_same("collective arguments (kind, dtype, op, shape, dim)", a);
+    last_sig = a;
+  }
+
+  // `work` (bytes) must be the same on every rank: it sizes the grid, and every rank must know
+  // every rank's grid to count the "done" signals it waits for.
+  void launch(const Plan& plan, const void* in, size_t in_bytes, void* out, size_t out_bytes, DType t, ReduceOp op,
+              long long work, cudaStream_t s) {
+    const int W = comm.world(), elt = static_cast<int>(dtype_size(t));
+    const runtime::PeerPtrs pin = comm.peers(in, in_bytes);
+    const runtime::PeerPtrs pout = comm.peers(out, out_bytes);
+    Launch L{};
+    unsigned long long total = 0;
+    for (int j = 0; j < plan.n; ++j) {
+      const Xfer& x = plan.x[j];
+      DevXfer& d = L.x[L.n++];
+      d.nsrc = x.nsrc;
+      d.ndst = x.ndst;
+      for (int i = 0; i < x.nsrc; ++i) d.src[i] = static_cast<const char*>(pin[x.src_rank[i]]) + x.src_off;
+      for (int i = 0; i < x.ndst; ++i) d.dst[i] = static_cast<char*>(pout[x.dst_rank[i]]) + x.dst_off;
+      d.vec = largest_vec({reinterpret_cast<long long>(d.src[0]), reinterpret_cast<long long>(d.dst[0]), x.row_bytes,
+                           x.src_pitch, x.dst_pitch, x.src_outer_pitch, x.dst_outer_pitch},
+                          elt);
+      const unsigned long long upr = x.row_bytes / d.vec, units = upr * x.rows * x.outer;
+      WEAVE_CHECK(units < (1ull << 32), "collective transfer of ", units, " units of ", d.vec,
+                  " bytes is too large for one launch");
+      d.upr = static_cast<unsigned>(upr);
+      d.rows = static_cast<unsigned>(x.rows);
+      d.units = units;
+      d.src_outer_pitch = x.src_outer_pitch;
+      d.dst_outer_pitch = x.dst_outer_pitch;
+      d.src_pitch = x.src_pitch;
+      d.dst_pitch = x.dst_pitch;
+      total += units;
+    }
+    const int blocks = static_cast<int>(std::clamp<long long>((work + kBlockBytes - 1) / kBlockBytes, 1, blocks_max));
+    arrived += arrivals_per_call(W);
+    done += dones_per_call(W, blocks);
+    L.sig = sig.view();
+    L.arrive_expect = arrived;
+    L.done_expect = done;
+    dispatch(L, blocks, t, op, s);
+  }
+
+  void ulysses(bool to_head, const void* in, void* out, long long B, long long S, long long H,
+               long long D, DType t, cudaStream_t s) {
+    const int W = comm.world(), r = comm.rank(), elt = static_cast<int>(dtype_size(t));
+    WEAVE_CHECK(B >= 0 && S >= 0 && H > 0 && D > 0, "all_to_all: bad shape B=", B, " S=", S, " H=", H, " D=", D);
+    WEAVE_CHECK(H % W == 0, "all_to_all: ", H, " heads do not divide among ", W, " ranks");
+    check_args({3 + (to_head ? 1 : 0), static_cast<long long>(t), B, S, H, D});
+    if (B == 0 || S == 0) return;
+    const long long seq_part = B * shard(S, W, r).size * H * D * elt, head_part = B * S * (H / W) * D * elt;
+    const long long in_bytes = to_head ? seq_part : head_part, out_bytes = to_head ? head_part : seq_part;
+    launch(plan_ulysses(to_head, B, S, H, D, elt, W, r), in, std::max<long long>(in_bytes, 1), out,
+             std::max<long long>(out_bytes, 1), t, ReduceOp::sum, B * S * H * D * elt / W, s);
+  }
+
+  void dispatch(const Launch& L, int blocks, DType t, ReduceOp op, cudaStream_t s) {
+#define WEAVE_COLL_LAUNCH(T, OP) collective_kernel<T, OP><<<blocks, kThreads, 0, s>>>(L)
+    auto by_op = [&](auto tag) {
+      using T = decltype(tag);
+      if (op == ReduceOp::sum) WEAVE_COLL_LAUNCH(T, ReduceOp::sum);
+      else if (op == ReduceOp::max) WEAVE_COLL_LAUNCH(T, ReduceOp::max);
+      else WEAVE_COLL_LAUNCH(T, ReduceOp::min);
+    };
+#undef WEAVE_COLL_LAUNCH
+    if (t == DType::bf16) by_op(__nv_bfloat16{});
+    else if (t == DType::fp16) by_op(__half{});
+    else by_op(float{});
+    WEAVE_CUDA_CHECK(cudaGetLastError());
+  }
+};
+
+Collectives::Collectives(runtime::Communicator& comm) : impl_(std::make_unique<Impl>(comm)) {}
+Collectives::~Collectives() = default;
+
+void Collectives::set_all_reduce_algo(AllReduceAlgo a) { impl_->algo = a; }
+
+AllReduceAlgo Collectives::all_reduce_algo(size_t bytes, bool in_place) const {
+  if (in_place) return AllReduceAlgo::two_shot;  // one-shot would overwrite what peers still read
+  if (impl_->algo != AllReduceAlgo::automatic) return impl_->algo;
+  return bytes <= kOneShotMaxBytes ? AllReduceAlgo::one_shot : AllReduceAlgo::two_shot;
+}
+
+namespace {
+std::vector<long long> shape_args(int kind, DType t, ReduceOp op, const Shape& s, int dim) {
+  return {kind, static_cast<long long>(t), static_cast<long long>(op), s.ndim, s.d[0], s.d[1], s.d[2], s.d[3], dim};
+}
+void check_shape(const Shape& s, int dim) {
+  WEAVE_CHECK(s.ndim >= 1 && s.ndim <= 4, "collective: tensors have 1 to 4 dimensions, got ", s.ndim);
+  for (int i = 0; i < s.ndim; ++i) WEAVE_CHECK(s.d[i] >= 0, "collective: negative dimension ", s.d[i]);
+  WEAVE_CHECK(dim >= 0 && dim < s.ndim, "collective: dim ", dim, " outside 0..", s.ndim - 1);
+}
+}  // namespace
+
+void Collectives::all_reduce(const void* in, void* out, size_t count, DType t, ReduceOp op, cudaStream_t s) {
+  Impl& m = *impl_;
+  m.check_args({100, static_cast<long long>(t), static_cast<long long>(op), static_cast<long long>(count)});
+  if (count == 0) return;
+  const long long bytes = static_cast<long long>(count * dtype_size(t));
+  const bool two = all_reduce_algo(bytes, in == out) == AllReduceAlgo::two_shot;
+  const int W = m.comm.world();
+  m.launch(plan_all_reduce(two, bytes, W, m.comm.rank()), in, bytes, out, bytes, t, op, two ? bytes / W : bytes, s);
+}
+
+void Collectives::all_gather(const void* in, void* out, const Shape& full, int dim, DType t, cudaStream_t s) {
+  Impl& m = *impl_;
+  check_shape(full, dim);
+  m.check_args(shape_args(1, t, ReduceOp::sum, full, dim));
+  const int W = m.comm.world(), r = m.comm.rank(), elt = static_cast<int>(dtype_size(t));
+  const long long n = full.numel();
+  if (n == 0) return;
+  const long long mine = n / full.d[dim] * shard(full.d[dim], W, r).size;
+  m.launch(plan_all_gather(full, dim, elt, W, r), in, std::max<long long>(mine * elt, 1), out, n * elt, t,
+           ReduceOp::sum, n * elt, s);
+}
+
+void Collectives::reduce_scatter(const void* in, void* out, const Shape& full, int dim, DType t, ReduceOp op,
+                                 cudaStream_t s) {
+  Impl& m = *impl_;
+  check_shape(full, dim);
+  m.check_args(shape_args(2, t, op, full, dim));
+  const int W = m.comm.world(), r = m.comm.rank(), elt = static_cast<int>(dtype_size(t));
+  const long long n = full.numel();
+  if (n == 0) return;
+  const long long mine = n / full.d[dim] * shard(full.d[dim], W, r).size;
+  m.launch(plan_reduce_scatter(full, dim, elt, W, r), in, n * elt, out, std::max<long long>(mine * elt, 1), t, op,
+           n * elt / W, s);
+}
+
+void Collectives::all_to_all_seq_to_head(const void* in, void* out, long long B, long long S, long long H, long long D,
+                                         DType t, cudaStream_t s) {
+  impl_->ulysses(true, in, out, B, S, H, D, t, s);
+}
+void Collectives::all_to_all_head_to_seq(const void* in, void* out, long long B, long long S, long long H, long long D,
+                                         DType t, cudaStream_t s) {
+  impl_->ulysses(false, in, out, B, S, H, D, t, s);
+}
+
+}  // namespace weave::coll

@@ -1,0 +1,70 @@
+// Collectives on symmetric buffers, written on weave's primitives: all_reduce, all_gather and
+// reduce_scatter along any dimension of a 1-4-D tensor (in the final layout, no transposes), and
+// the Ulysses all-to-all. Every call is collective: all ranks call it with the same arguments
+// (checked) on buffers in the symmetric heap or registered with the communicator (checked).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <memory>
+
+#include "weave/runtime/communicator.hpp"
+#include "weave/types.hpp"
+
+namespace weave::coll {
+
+// A row-major tensor shape of 1 to 4 dimensions, innermost last.
+struct Shape {
+  int ndim = 1;
+  long long d[4] = {1, 1, 1, 1};
+  long long numel() const {
+    long long n = 1;
+    for (int i = 0; i < ndim; ++i) n *= d[i];
+    return n;
+  }
+};
+
+// How a dimension of n elements is split over `world` ranks: the first n % world ranks get one
+// more. Used by all_gather, reduce_scatter and the Ulysses sequence split.
+struct Range {
+  long long begin, size;
+};
+__host__ __device__ inline Range shard(long long n, int world, int r) {
+  const long long q = n / world, rem = n % world;
+  return {r * q + (r < rem ? r : rem), q + (r < rem ? 1 : 0)};
+}
+
+// all_reduce algorithms: one-shot (every rank reads every input: one phase, (W-1)x the bytes per
+// rank) and two-shot (each rank reduces 1/W of the elements and writes them to every rank).
+enum class AllReduceAlgo : int { automatic = 0, one_shot = 1, two_shot = 2 };
+
+class Collectives {
+ public:
+  // Collective: allocates the signal sets and scratch it needs in the communicator's heap.
+  explicit Collectives(runtime::Communicator& comm);
+  ~Collectives();
+
+  // out[i] = op over ranks of in[i], `count` elements; in == out is in place.
+  void all_reduce(const void* in, void* out, size_t count, DType t, ReduceOp op, cudaStream_t s);
+  // Overrides the per-size choice (for benchmarks and tests). In place always uses two-shot.
+  void set_all_reduce_algo(AllReduceAlgo a);
+  // The algorithm all_reduce picks for `bytes` per rank with the current setting.
+  AllReduceAlgo all_reduce_algo(size_t bytes, bool in_place) const;
+
+  // The full tensor has shape `full`; along `dim` rank r owns shard(full.d[dim], world, r).
+  // all_gather: `in` is this rank's shard (shape `full` with d[dim] = its shard size), `out` the full tensor.
+  void all_gather(const void* in, void* out, const Shape& full, int dim, DType t, cudaStream_t s);
+  // reduce_scatter: `in` is a full tensor on every rank, `out` this rank's shard of the reduction.
+  void reduce_scatter(const void* in, void* out, const Shape& full, int dim, DType t, ReduceOp op, cudaStream_t s);
+
+  // Ulysses: (B, S/W, H, D) -> (B, S, H/W, D) and back; S split by shard(S, W, r), H % W == 0.
+  void all_to_all_seq_to_head(const void* in, void* out, long long B, long long S, long long H, long long D, DType t,
+                              cudaStream_t s);
+  void all_to_all_head_to_seq(const void* in, void* out, long long B, long long S, long long H, long long D, DType t,
+                              cudaStream_t s);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace weave::coll

@@ -1,0 +1,134 @@
+// One persistent kernel runs any collective's plan: strided copies and element-wise reductions
+// over peer-mapped buffers with 16-byte loads and stores, framed by an "arrived" signal (no rank
+// touches a peer's buffers before that peer reached the call) and a "done" signal (no rank
+// finishes before every peer finished reading its input and writing its output).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "collectives/plan.hpp"
+#include "weave/reduce.cuh"
+#include "weave/signal.cuh"
+
+namespace weave::coll {
+
+struct DevXfer {
+  const char* src[kMaxWorld];
+  char* dst[kMaxWorld];
+  int nsrc, ndst;
+  int vec;                 // bytes per unit: 16, or the element size where alignment forbids 16
+  unsigned upr;            // units per row
+  unsigned rows;           // rows per outer step
+  unsigned long long units;  // outer * rows * upr
+  long long src_outer_pitch, dst_outer_pitch, src_pitch, dst_pitch;
+};
+
+struct Launch {
+  DevXfer x[kMaxXfers];
+  int n;
+  signals sig;  // counter 0: arrived, 1: done
+  unsigned long long arrive_expect, done_expect;
+};
+
+inline constexpr int kThreads = 256;  // 256 x 2 units: no spills at 8 sources (ptxas -v)
+inline constexpr int kUnroll = 2;
+
+namespace detail {
+
+__device__ __forceinline__ void unit_addr(const DevXfer& x, unsigned long long u, long long& so, long long& dof) {
+  if (x.rows == 1 && x.units == x.upr) {  // one contiguous row: no division
+    so = dof = static_cast<long long>(u) * x.vec;
+    return;
+  }
+  const unsigned idx = static_cast<unsigned>(u);
+  const unsigned row_lin = idx / x.upr, col = idx - row_lin * x.upr;
+  const unsigned o = row_lin / x.rows, row = row_lin - o * x.rows;
+  so = o * x.src_outer_pitch + row * x.src_pitch + static_cast<long long>(col) * x.vec;
+  dof = o * x.dst_outer_pitch + row * x.dst_pitch + static_cast<long long>(col) * x.vec;
+}
+
+template <class V>
+__device__ __forceinline__ V load(const char* p) {
+  if constexpr (sizeof(V) == 16) return __ldcg(reinterpret_cast<const int4*>(p));
+  else return *reinterpret_cast<const V*>(p);
+}
+
+// Processes `cnt` (<= kUnroll) units u0, u0 + stride, ... of transfer x; all loads are issued
+// before the first use so that several peer loads are in flight per thread.
+template <class T, ReduceOp Op, class V>
+__device__ __forceinline__ void run_units(const DevXfer& x, unsigned long long u0, unsigned long long stride, int cnt) {
+  constexpr int E = sizeof(V) / sizeof(T);
+  long long so[kUnroll], dof[kUnroll];
+  V v[kUnroll][kMaxWorld];
+#pragma unroll
+  for (int k = 0; k < kUnroll; ++k)
+    if (k < cnt) {
+      unit_addr(x, u0 + k * stride, so[k], dof[k]);
+#pragma unroll
+      for (int r = 0; r < kMaxWorld; ++r)
+        if (r < x.nsrc) v[k][r] = load<V>(x.src[r] + so[k]);
+    }
+#pragma unroll
+  for (int k = 0; k < kUnroll; ++k) {
+    if (k >= cnt) break;
+    V out = v[k][0];
+    if (x.nsrc > 1) {
+      float acc[E];
+      const T* e0 = reinterpret_cast<const T*>(&v[k][0]);
+#pragma unroll
+      for (int i = 0; i < E; ++i) acc[i] = weave::detail::to_f32(e0[i]);
+#pragma unroll
+      for (int r = 1; r < kMaxWorld; ++r) {
+        if (r >= x.nsrc) break;
+        const T* e = reinterpret_cast<const T*>(&v[k][r]);
+#pragma unroll
+        for (int i = 0; i < E; ++i) acc[i] = weave::detail::combine<Op>(acc[i], weave::detail::to_f32(e[i]));
+      }
+      T* o = reinterpret_cast<T*>(&out);
+#pragma unroll
+      for (int i = 0; i < E; ++i) o[i] = weave::detail::from_f32<T>(acc[i]);
+    }
+#pragma unroll
+    for (int d = 0; d < kMaxWorld; ++d) {
+      if (d >= x.ndst) break;
+      *reinterpret_cast<V*>(x.dst[d] + dof[k]) = out;
+    }
+  }
+}
+
+template <class T, ReduceOp Op, class V>
+__device__ __forceinline__ void run_xfer(const DevXfer& x, unsigned long long begin, unsigned long long end) {
+  // This block's share of [begin, end): thread-strided, kUnroll units per step.
+  const unsigned long long stride = static_cast<unsigned long long>(gridDim.x) * blockDim.x;
+  for (unsigned long long u = begin + blockIdx.x * blockDim.x + threadIdx.x; u < end; u += stride * kUnroll) {
+    const unsigned long long left = (end - u + stride - 1) / stride;
+    run_units<T, Op, V>(x, u, stride, left < kUnroll ? static_cast<int>(left) : kUnroll);
+  }
+}
+
+}  // namespace detail
+
+template <class T, ReduceOp Op>
+__global__ void __launch_bounds__(kThreads) collective_kernel(const __grid_constant__ Launch L) {
+  if (threadIdx.x == 0) {
+    if (blockIdx.x == 0) signal_all(L.sig, 0);
+    wait(L.sig, 0, L.arrive_expect);
+  }
+  __syncthreads();
+  for (int j = 0; j < L.n; ++j) {
+    const DevXfer& x = L.x[j];
+    if (x.vec == 16) detail::run_xfer<T, Op, int4>(x, 0, x.units);
+    else if (x.vec == 8) detail::run_xfer<T, Op, int2>(x, 0, x.units);
+    else if (x.vec == 4 && sizeof(T) <= 4) detail::run_xfer<T, Op, int>(x, 0, x.units);
+    else detail::run_xfer<T, Op, T>(x, 0, x.units);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    signal_all(L.sig, 1);
+    if (blockIdx.x == 0) wait(L.sig, 1, L.done_expect);
+  }
+}
+
+}  // namespace weave::coll

@@ -1,0 +1,250 @@
+// The collectives' schedules, executed on the CPU for W = 2..8 and ragged shapes: every output
+// element of every rank written exactly once and with the right value, every access inside its
+// buffer, and every wait's expected count equal to the signals sent to it.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "collectives/plan.hpp"
+
+using namespace weave::coll;
+
+namespace {
+
+// Executes rank r's plan on per-rank int32 buffers (elt = 4): copies move bytes, reductions sum.
+struct Sim {
+  std::vector<std::vector<int32_t>> in, out;
+  std::vector<std::vector<int>> writes;  // per rank, per output element
+
+  void run(const Plan& p) {
+    for (int j = 0; j < p.n; ++j) {
+      const Xfer& x = p.x[j];
+      ASSERT_GE(x.nsrc, 1);
+      ASSERT_GE(x.ndst, 1);
+      ASSERT_EQ(x.row_bytes % 4, 0);
+      for (long long o = 0; o < x.outer; ++o)
+        for (long long row = 0; row < x.rows; ++row)
+          for (long long b = 0; b < x.row_bytes; b += 4) {
+            const long long so = x.src_off + o * x.src_outer_pitch + row * x.src_pitch + b;
+            const long long dof = x.dst_off + o * x.dst_outer_pitch + row * x.dst_pitch + b;
+            int64_t v = 0;
+            for (int i = 0; i < x.nsrc; ++i) {
+              auto& src = in[x.src_rank[i]];
+              ASSERT_LT(so / 4, static_cast<long long>(src.size())) << "read past the input";
+              v += src[so / 4];
+            }
+            for (int i = 0; i < x.ndst; ++i) {
+              auto& dst = out[x.dst_rank[i]];
+              ASSERT_LT(dof / 4, static_cast<long long>(dst.size())) << "write past the output";
+              dst[dof / 4] = static_cast<int32_t>(v);
+              writes[x.dst_rank[i]][dof / 4]++;
+            }
+          }
+    }
+  }
+  void init(int W, long long in_elems, const std::vector<long long>& out_elems, std::mt19937& rng) {
+    in.assign(W, {});
+    out.assign(W, {});
+    writes.assign(W, {});
+    for (int r = 0; r < W; ++r) {
+      in[r].resize(in_elems);
+      for (auto& e : in[r]) e = static_cast<int32_t>(rng() % 1000);
+      out[r].assign(out_elems[r], -1);
+      writes[r].assign(out_elems[r], 0);
+    }
+  }
+  void expect_written_once() {
+    for (size_t r = 0; r < writes.size(); ++r)
+      for (size_t i = 0; i < writes[r].size(); ++i)
+        ASSERT_EQ(writes[r][i], 1) << "rank " << r << " output element " << i;
+  }
+};
+
+Shape random_shape(std::mt19937& rng) {
+  Shape s;
+  s.ndim = 1 + rng() % 4;
+  for (int i = 0; i < s.ndim; ++i) s.d[i] = 1 + rng() % (s.ndim <= 2 ? 40 : 9);
+  return s;
+}
+
+// Index of (i0..i3) in a row-major tensor of shape s.
+long long flat(const Shape& s, const long long* i) {
+  long long f = 0;
+  for (int k = 0; k < s.ndim; ++k) f = f * s.d[k] + i[k];
+  return f;
+}
+
+template <class F>
+void for_each_index(const Shape& s, F&& f) {
+  long long i[4] = {0, 0, 0, 0};
+  const long long n = s.numel();
+  for (long long c = 0; c < n; ++c) {
+    f(i);
+    for (int k = s.ndim - 1; k >= 0; --k) {
+      if (++i[k] < s.d[k]) break;
+      i[k] = 0;
+    }
+  }
+}
+
+}  // namespace
+
+TEST(Shard, CoversTheDimensionInOrder) {
+  for (int W = 1; W <= 8; ++W)
+    for (long long n = 0; n < 50; ++n) {
+      long long next = 0;
+      for (int r = 0; r < W; ++r) {
+        Range g = shard(n, W, r);
+        EXPECT_EQ(g.begin, next);
+        EXPECT_GE(g.size, n / W);
+        EXPECT_LE(g.size, n / W + 1);
+        next += g.size;
+      }
+      EXPECT_EQ(next, n);
+    }
+}
+
+TEST(Schedule, AllReduceOneAndTwoShot) {
+  std::mt19937 rng(1);
+  for (int W = 2; W <= 8; ++W)
+    for (long long count : {1ll, 3ll, 4ll, 5ll, 31ll, 100ll, 1000ll, 4099ll}) {
+      for (bool two : {false, true}) {
+        Sim sim;
+        sim.init(W, count, std::vector<long long>(W, count), rng);
+        for (int r = 0; r < W; ++r) sim.run(plan_all_reduce(two, count * 4, W, r));
+        sim.expect_written_once();
+        for (int r = 0; r < W; ++r)
+          for (long long i = 0; i < count; ++i) {
+            int64_t want = 0;
+            for (int q = 0; q < W; ++q) want += sim.in[q][i];
+            ASSERT_EQ(sim.out[r][i], want) << "W=" << W << " count=" << count << " two_shot=" << two;
+          }
+      }
+    }
+}
+
+TEST(Schedule, AllGatherAnyDim) {
+  std::mt19937 rng(2);
+  for (int W = 2; W <= 8; ++W)
+    for (int trial = 0; trial < 60; ++trial) {
+      Shape full = random_shape(rng);
+      const int dim = rng() % full.ndim;
+      // Each rank's input is its shard of a global tensor G; the output must be G on every rank.
+      std::vector<int32_t> G(full.numel());
+      for (auto& g : G) g = static_cast<int32_t>(rng());
+      Sim sim;
+      sim.init(W, 0, std::vector<long long>(W, full.numel()), rng);
+      for (int r = 0; r < W; ++r) {
+        Shape sh = full;
+        const Range g = shard(full.d[dim], W, r);
+        sh.d[dim] = g.size;
+        sim.in[r].assign(sh.numel(), 0);
+        for_each_index(sh, [&](const long long* i) {
+          long long j[4] = {i[0], i[1], i[2], i[3]};
+          j[dim] += g.begin;
+          sim.in[r][flat(sh, i)] = G[flat(full, j)];
+        });
+      }
+      for (int r = 0; r < W; ++r) sim.run(plan_all_gather(full, dim, 4, W, r));
+      sim.expect_written_once();
+      for (int r = 0; r < W; ++r) ASSERT_EQ(sim.out[r], G) << "W=" << W << " dim=" << dim;
+    }
+}
+
+TEST(Schedule, ReduceScatterAnyDim) {
+  std::mt19937 rng(3);
+  for (int W = 2; W <= 8; ++W)
+    for (int trial = 0; trial < 60; ++trial) {
+      Shape full = random_shape(rng);
+      const int dim = rng() % full.ndim;
+      std::vector<long long> outn(W);
+      for (int r = 0; r < W; ++r) outn[r] = full.numel() / full.d[dim] * shard(full.d[dim], W, r).size;
+      Sim sim;
+      sim.init(W, full.numel(), outn, rng);
+      for (int r = 0; r < W; ++r) sim.run(plan_reduce_scatter(full, dim, 4, W, r));
+      sim.expect_written_once();
+      for (int r = 0; r < W; ++r) {
+        Shape sh = full;
+        const Range g = shard(full.d[dim], W, r);
+        sh.d[dim] = g.size;
+        for_each_index(sh, [&](const long long* i) {
+          long long j[4] = {i[0], i[1], i[2], i[3]};
+          j[dim] += g.begin;
+          int64_t want = 0;
+          for (int q = 0; q < W; ++q) want += sim.in[q][flat(full, j)];
+          ASSERT_EQ(sim.out[r][flat(sh, i)], want) << "W=" << W << " dim=" << dim;
+        });
+      }
+    }
+}
+
+TEST(Schedule, UlyssesBothWaysRoundTrip) {
+  std::mt19937 rng(4);
+  for (int W = 2; W <= 8; ++W)
+    for (long long S : {1ll, 7ll, 16ll, 33ll})
+      for (long long B : {1ll, 3ll}) {
+        const long long H = W * (1 + rng() % 3), D = 1 + rng() % 5;
+        // Global Q of (B, S, H, D); rank r holds rows shard(S, W, r) with all heads.
+        Shape g{4, {B, S, H, D}};
+        std::vector<int32_t> Q(g.numel());
+        for (auto& q : Q) q = static_cast<int32_t>(rng());
+        Sim a;
+        std::vector<long long> head_n(W, B * S * (H / W) * D);
+        a.init(W, 0, head_n, rng);
+        for (int r = 0; r < W; ++r) {
+          const Range rs = shard(S, W, r);
+          Shape sh{4, {B, rs.size, H, D}};
+          a.in[r].assign(sh.numel(), 0);
+          for_each_index(sh, [&](const long long* i) {
+            long long j[4] = {i[0], i[1] + rs.begin, i[2], i[3]};
+            a.in[r][flat(sh, i)] = Q[flat(g, j)];
+          });
+        }
+        for (int r = 0; r < W; ++r) a.run(plan_ulysses(true, B, S, H, D, 4, W, r));
+        a.expect_written_once();
+        for (int r = 0; r < W; ++r) {
+          Shape oh{4, {B, S, H / W, D}};
+          for_each_index(oh, [&](const long long* i) {
+            long long j[4] = {i[0], i[1], i[2] + r * (H / W), i[3]};
+            ASSERT_EQ(a.out[r][flat(oh, i)], Q[flat(g, j)]) << "seq_to_head W=" << W;
+          });
+        }
+        // And back: the head-sharded result returns to the original sequence shards.
+        Sim b;
+        std::vector<long long> seq_n(W);
+        for (int r = 0; r < W; ++r) seq_n[r] = B * shard(S, W, r).size * H * D;
+        b.init(W, 0, seq_n, rng);
+        b.in = a.out;
+        for (int r = 0; r < W; ++r) b.run(plan_ulysses(false, B, S, H, D, 4, W, r));
+        b.expect_written_once();
+        for (int r = 0; r < W; ++r) ASSERT_EQ(b.out[r], a.in[r]) << "head_to_seq W=" << W;
+      }
+}
+
+// The kernel's protocol: per call, block 0 of every rank signals "arrived" to every rank and
+// every block of every rank signals "done" to every rank; each rank waits for the running totals
+// the host computes with arrivals_per_call / dones_per_call. Grids vary from call to call.
+TEST(Schedule, WaitsExpectExactlyTheSignalsSent) {
+  std::mt19937 rng(5);
+  for (int W = 2; W <= 8; ++W) {
+    std::vector<unsigned long long> arrived(W, 0), done(W, 0);
+    unsigned long long expect_arrive = 0, expect_done = 0;
+    for (int call = 0; call < 100; ++call) {
+      const int blocks = 1 + rng() % 132;
+      for (int r = 0; r < W; ++r)
+        for (int b = 0; b < blocks; ++b)
+          for (int q = 0; q < W; ++q) {
+            if (b == 0) arrived[q]++;
+            done[q]++;
+          }
+      expect_arrive += arrivals_per_call(W);
+      expect_done += dones_per_call(W, blocks);
+      for (int q = 0; q < W; ++q) {
+        ASSERT_EQ(arrived[q], expect_arrive);
+        ASSERT_EQ(done[q], expect_done);
+      }
+    }
+  }
+}
