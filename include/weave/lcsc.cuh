@@ -22,6 +22,11 @@
 //                                       next consume() (one wgmma batch stays in flight)
 //   kOutputParts                        the output tile goes through Output in this many parts
 //                                       (a smaller staging buffer leaves room for more stages)
+//   kClusterSize (optional, default 1)  CTAs per cluster. Work items are then per cluster: every
+//                                       CTA of a cluster walks the same items and stages, a
+//                                       stage is free only when the consumers of all CTAs of
+//                                       the cluster released it (the loaders may multicast),
+//                                       and num_comm_sms must be a multiple of it.
 //   host:   static int num_work(const Globals&)
 //   device: num_work(g), num_iters(g, w)
 //           prologue(g)                                   loader thread, once
@@ -35,10 +40,12 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <type_traits>
 #include <cstdint>
 #include <cstdio>
 
 #include "weave/common/error.hpp"
+#include "weave/tile/cluster.cuh"
 #include "weave/tile/mbarrier.cuh"
 #include "weave/tile/proxy.cuh"
 #include "weave/tile/swizzle.hpp"
@@ -51,7 +58,19 @@ struct Config {
   int num_comm_sms = 0;        // blocks beyond the compute ones run K::communicator
   int max_compute_blocks = 0;  // 0: every SM not given to the communicator
   bool balance_waves = true;   // same number of waves with fewer blocks when that is possible
+  int max_clusters = 0;        // clustered kernels: 0 = cudaOccupancyMaxActiveClusters, > 0 overrides
 };
+
+template <class K, class = void>
+struct ClusterSizeOf {
+  static constexpr int value = 1;
+};
+template <class K>
+struct ClusterSizeOf<K, std::void_t<decltype(K::kClusterSize)>> {
+  static constexpr int value = K::kClusterSize;
+};
+template <class K>
+constexpr int cluster_size_v = ClusterSizeOf<K>::value;
 
 template <class K>
 struct SharedStorage {
@@ -75,7 +94,13 @@ struct Plan {
   int grid() const { return compute_blocks + comm_blocks; }
 };
 
-inline Plan make_plan(long long work, int sm_count, const Config& cfg, size_t smem_bytes, size_t smem_limit) {
+// `work` counts work items of one cluster of `cluster` CTAs; `max_clusters` (0 = no limit) is
+// how many such clusters the device can hold at once.
+inline Plan make_plan(long long work, int sm_count, const Config& cfg, size_t smem_bytes, size_t smem_limit,
+                      int cluster = 1, int max_clusters = 0) {
+  WEAVE_CHECK(cluster >= 1, "lcsc: cluster size must be >= 1");
+  WEAVE_CHECK(cfg.num_comm_sms % cluster == 0, "lcsc: num_comm_sms = ", cfg.num_comm_sms,
+              " must be a multiple of the kernel's cluster size ", cluster);
   WEAVE_CHECK(sm_count >= 1, "lcsc: device reports ", sm_count, " SMs");
   WEAVE_CHECK(cfg.num_comm_sms >= 0, "lcsc: num_comm_sms must be >= 0, got ", cfg.num_comm_sms);
   WEAVE_CHECK(cfg.num_comm_sms < sm_count, "lcsc: num_comm_sms = ", cfg.num_comm_sms,
@@ -87,14 +112,18 @@ inline Plan make_plan(long long work, int sm_count, const Config& cfg, size_t sm
   WEAVE_CHECK(work >= 0, "lcsc: negative work count");
   Plan p;
   p.comm_blocks = cfg.num_comm_sms;
-  long long avail = sm_count - cfg.num_comm_sms;
-  if (cfg.max_compute_blocks > 0 && cfg.max_compute_blocks < avail) avail = cfg.max_compute_blocks;
-  long long cb = work < avail ? work : avail;
-  if (cfg.balance_waves && cb > 0) {
-    const long long waves = (work + cb - 1) / cb;
-    cb = (work + waves - 1) / waves;
+  long long avail = (sm_count - cfg.num_comm_sms) / cluster;  // in clusters
+  if (max_clusters > 0 && max_clusters - cfg.num_comm_sms / cluster < avail)
+    avail = max_clusters - cfg.num_comm_sms / cluster;
+  if (cfg.max_compute_blocks > 0 && cfg.max_compute_blocks / cluster < avail) avail = cfg.max_compute_blocks / cluster;
+  WEAVE_CHECK(avail >= 1, "lcsc: no room for a compute cluster of ", cluster, " CTAs next to ", cfg.num_comm_sms,
+              " communicator blocks");
+  long long cc = work < avail ? work : avail;
+  if (cfg.balance_waves && cc > 0) {
+    const long long waves = (work + cc - 1) / cc;
+    cc = (work + waves - 1) / waves;
   }
-  p.compute_blocks = static_cast<int>(cb);
+  p.compute_blocks = static_cast<int>(cc * cluster);
   return p;
 }
 
@@ -131,12 +160,22 @@ __device__ __forceinline__ SharedStorage<K>& shared_storage(uint8_t* raw) {
   return *reinterpret_cast<SharedStorage<K>*>(aligned);
 }
 
+// This CTA's first work item and the stride: work is dealt out per cluster.
+template <class K>
+__device__ __forceinline__ int first_work() {
+  return static_cast<int>(blockIdx.x) / cluster_size_v<K>;
+}
+template <class K>
+__device__ __forceinline__ int work_stride(int compute_blocks) {
+  return compute_blocks / cluster_size_v<K>;
+}
+
 template <class K>
 __device__ __forceinline__ void run_loader(const typename K::Globals& g, SharedStorage<K>& s, int compute_blocks) {
   tile::PipeState<K::kStages> ps;
   K::prologue(g);
   const int work = K::num_work(g);
-  for (int w = blockIdx.x; w < work; w += compute_blocks) {
+  for (int w = first_work<K>(); w < work; w += work_stride<K>(compute_blocks)) {
     const int iters = K::num_iters(g, w);
     for (int it = 0; it < iters; ++it) {
       s.empty[ps.index].wait(ps.phase ^ 1);
@@ -150,7 +189,14 @@ __device__ __forceinline__ void run_loader(const typename K::Globals& g, SharedS
 template <class K>
 __device__ __forceinline__ void release(SharedStorage<K>& s, uint32_t index) {
   __syncwarp();
-  if (tile::lane_id() == 0) s.empty[index].arrive();
+  if (tile::lane_id() == 0) {
+    if constexpr (cluster_size_v<K> == 1) {
+      s.empty[index].arrive();
+    } else {
+#pragma unroll
+      for (int r = 0; r < cluster_size_v<K>; ++r) tile::cluster::arrive_remote(s.empty[index], r);
+    }
+  }
 }
 
 template <class K>
@@ -160,7 +206,7 @@ __device__ __forceinline__ void run_consumer(const typename K::Globals& g, Share
   uint32_t out_phase = 0;
   typename K::ConsumerState st;
   const int work = K::num_work(g);
-  for (int w = blockIdx.x; w < work; w += compute_blocks) {
+  for (int w = first_work<K>(); w < work; w += work_stride<K>(compute_blocks)) {
     const int iters = K::num_iters(g, w);
     uint32_t prev = 0;
     for (int it = 0; it < iters; ++it) {
@@ -193,7 +239,7 @@ template <class K>
 __device__ __forceinline__ void run_storer(const typename K::Globals& g, SharedStorage<K>& s, int compute_blocks) {
   uint32_t out_phase = 0;
   const int work = K::num_work(g);
-  for (int w = blockIdx.x; w < work; w += compute_blocks) {
+  for (int w = first_work<K>(); w < work; w += work_stride<K>(compute_blocks)) {
     for (int part = 0; part < K::kOutputParts; ++part) {
       s.out_full.wait(out_phase);
       K::store(g, s.out, w, part);
@@ -217,17 +263,19 @@ __global__ void __launch_bounds__(128 * (1 + K::kConsumers), 1)
     K::communicator(g, &detail::shared_storage<K>(lcsc_smem), i, static_cast<int>(gridDim.x) - compute_blocks);
     return;
   }
+  constexpr int C = cluster_size_v<K>;
   auto& s = detail::shared_storage<K>(lcsc_smem);
   if (threadIdx.x == 0) {
     for (int i = 0; i < K::kStages; ++i) {
       s.full[i].init(1);
-      s.empty[i].init(4 * K::kConsumers);  // one arrival per consumer warp
+      s.empty[i].init(4 * K::kConsumers * C);  // one arrival per consumer warp of the cluster
     }
     s.out_full.init(4 * K::kConsumers);
     s.out_empty.init(1);
     tile::fence_barrier_init();
   }
-  __syncthreads();
+  if constexpr (C > 1) tile::cluster::sync();  // peers arrive on our barriers from here on
+  else __syncthreads();
   const int wg = tile::warpgroup_index();
   if (wg == 0) {
     tile::warpgroup_reg_dealloc<K::kProducerRegs>();
@@ -241,6 +289,8 @@ __global__ void __launch_bounds__(128 * (1 + K::kConsumers), 1)
     tile::warpgroup_reg_alloc<K::kConsumerRegs>();
     detail::run_consumer<K>(g, s, compute_blocks, wg - 1);
   }
+  // No CTA leaves while a peer may still arrive on its barriers or multicast into it.
+  if constexpr (C > 1) tile::cluster::sync();
 }
 
 // Computes the grid, raises the shared-memory limit, validates the config, launches.
@@ -251,15 +301,53 @@ Plan launch(const typename K::Globals& g, const Config& cfg, cudaStream_t stream
   WEAVE_CUDA_CHECK(cudaGetDevice(&dev));
   const DeviceInfo info = device_info(dev);
   constexpr size_t smem = shared_bytes<K>();
-  const Plan p = make_plan(K::num_work(g), info.sm_count, cfg, smem, info.smem_optin);
-  if (p.grid() == 0) return p;
+  constexpr int C = cluster_size_v<K>;
+  constexpr int threads = 128 * (1 + K::kConsumers);
+  WEAVE_CHECK(smem <= info.smem_optin, "lcsc: kernel needs ", smem,
+              " bytes of shared memory per block but the device allows at most ", info.smem_optin,
+              " (reduce the stages or the tile size)");
   static std::atomic<uint64_t> raised{0};  // per device ordinal < 64
-  if (!(raised.load(std::memory_order_relaxed) & (1ull << dev))) {
+  static int max_clusters[64] = {};
+  if (!(raised.load(std::memory_order_acquire) & (1ull << dev))) {
     WEAVE_CUDA_CHECK(cudaFuncSetAttribute(lcsc_kernel<K>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(smem)));
-    raised.fetch_or(1ull << dev, std::memory_order_relaxed);
+    if constexpr (C > 1) {
+      cudaLaunchConfig_t q{};
+      cudaLaunchAttribute a{};
+      a.id = cudaLaunchAttributeClusterDimension;
+      a.val.clusterDim.x = C;
+      a.val.clusterDim.y = a.val.clusterDim.z = 1;
+      q.gridDim = dim3(C * info.sm_count);
+      q.blockDim = dim3(threads);
+      q.dynamicSmemBytes = smem;
+      q.attrs = &a;
+      q.numAttrs = 1;
+      int n = 0;
+      WEAVE_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, lcsc_kernel<K>, &q));
+      WEAVE_CHECK(n >= 1, "lcsc: the device cannot hold one cluster of ", C, " blocks of this kernel");
+      max_clusters[dev] = n;
+    }
+    raised.fetch_or(1ull << dev, std::memory_order_release);
   }
-  lcsc_kernel<K><<<p.grid(), 128 * (1 + K::kConsumers), smem, stream>>>(g, p.compute_blocks);
+  const Plan p = make_plan(K::num_work(g), info.sm_count, cfg, smem, info.smem_optin, C,
+                           cfg.max_clusters > 0 ? cfg.max_clusters : max_clusters[dev]);
+  if (p.grid() == 0) return p;
+  if constexpr (C == 1) {
+    lcsc_kernel<K><<<p.grid(), threads, smem, stream>>>(g, p.compute_blocks);
+  } else {
+    cudaLaunchConfig_t q{};
+    cudaLaunchAttribute a{};
+    a.id = cudaLaunchAttributeClusterDimension;
+    a.val.clusterDim.x = C;
+    a.val.clusterDim.y = a.val.clusterDim.z = 1;
+    q.gridDim = dim3(p.grid());
+    q.blockDim = dim3(threads);
+    q.dynamicSmemBytes = smem;
+    q.stream = stream;
+    q.attrs = &a;
+    q.numAttrs = 1;
+    WEAVE_CUDA_CHECK(cudaLaunchKernelEx(&q, lcsc_kernel<K>, g, p.compute_blocks));
+  }
   WEAVE_CUDA_CHECK(cudaGetLastError());
   return p;
 }

@@ -18,6 +18,9 @@ using Small = GemmKernel<128, L, 5>;
 // 4 x 48 KB + a 32 KB half-tile staging buffer = 224 KB.
 template <BLayout L>
 using Deep = GemmKernel<256, L, 4, 2>;
+// Big in clusters of 2 along M with B multicast.
+template <BLayout L>
+using Pair = GemmKernel<256, L, 3, 1, 2>;
 
 template <class Kern>
 lcsc::Plan run(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C, int M, int N, int K, BLayout bl,
@@ -26,7 +29,7 @@ lcsc::Plan run(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C,
   GemmGlobals g{};
   g.a = tile::encode(tile::tma_2d(A, M, K, K, Kern::BM, 64, Swizzle::B128));
   if (bl == BLayout::NK)
-    g.b = tile::encode(tile::tma_2d(B, N, K, K, Kern::BN, 64, Swizzle::B128));
+    g.b = tile::encode(tile::tma_2d(B, N, K, K, Kern::kBRowsPerCta, 64, Swizzle::B128));
   else
     g.b = tile::encode(tile::tma_2d(B, K, N, N, 64, 64, Swizzle::B128));
   g.c = tile::encode(tile::tma_2d(static_cast<const __nv_bfloat16*>(C), M, N, N, Kern::BM, 64, Swizzle::B128));
@@ -53,6 +56,7 @@ const char* tile_name(Tile t) {
     case Tile::M128N256: return "128x256";
     case Tile::M128N128: return "128x128";
     case Tile::M128N256S4: return "128x256s4";
+    case Tile::M128N256C2: return "128x256c2";
     default: return "auto";
   }
 }
@@ -87,6 +91,9 @@ lcsc::Plan gemm(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C
   }
   const int group_m = opt.group_m > 0 ? opt.group_m : default_group_m(t, K);
   const bool nk = bl == BLayout::NK;
+  if (t == Tile::M128N256C2)
+    return nk ? run<Pair<BLayout::NK>>(A, B, C, M, N, K, bl, opt, group_m, stream)
+              : run<Pair<BLayout::KN>>(A, B, C, M, N, K, bl, opt, group_m, stream);
   if (t == Tile::M128N256S4)
     return nk ? run<Deep<BLayout::NK>>(A, B, C, M, N, K, bl, opt, group_m, stream)
               : run<Deep<BLayout::KN>>(A, B, C, M, N, K, bl, opt, group_m, stream);

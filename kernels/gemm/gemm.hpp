@@ -10,7 +10,8 @@ namespace weave::gemm {
 
 // M128N256S4: 128x256 with 4 stages and the output staged in two halves (more stages, a short
 // consumer wait between the halves).
-enum class Tile : int { Auto = 0, M128N256 = 1, M128N128 = 2, M128N256S4 = 3 };
+// M128N256C2: 128x256 in 2-CTA clusters along M that share B through TMA multicast.
+enum class Tile : int { Auto = 0, M128N256 = 1, M128N128 = 2, M128N256S4 = 3, M128N256C2 = 4 };
 
 struct Options {
   bool accumulate = false;  // C += A * B instead of C = A * B

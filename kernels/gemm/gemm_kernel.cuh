@@ -7,11 +7,16 @@
 // packs the accumulators to bf16, stmatrix-es them into a swizzled staging tile and the storer
 // thread writes it with TMA stores (reduce-add stores for C +=), while the consumers go on to
 // the next tile.
+//
+// Cluster = 2: the two CTAs of a cluster compute vertically adjacent tiles (tile rows 2i and
+// 2i+1, same tile column), so they need the same B panel. Each loads its own A and half of B,
+// multicasting that half into both CTAs: B crosses L2 -> SM once per pair.
 #pragma once
 #include <cuda.h>
 
 #include "gemm/layout.hpp"
 #include "gemm/scheduler.hpp"
+#include "weave/tile/cluster.cuh"
 #include "weave/tile/fragment.cuh"
 #include "weave/tile/mbarrier.cuh"
 #include "weave/tile/tma.cuh"
@@ -29,7 +34,7 @@ struct GemmGlobals {
   int accumulate;
 };
 
-template <int BN_, BLayout L, int Stages, int OutParts = 1>
+template <int BN_, BLayout L, int Stages, int OutParts = 1, int Cluster = 1>
 struct GemmKernel {
   using bf16 = tile::bf16;
   using Globals = GemmGlobals;
@@ -40,6 +45,9 @@ struct GemmKernel {
   static constexpr int kConsumerRegs = 232;  // (40 + 2 * 232) * 128 = 64,512 of 65,536
   static constexpr int kReleaseLag = 1;
   static constexpr int kOutputParts = OutParts;
+  static constexpr int kClusterSize = Cluster;
+  static constexpr int kBRowsPerCta = BN_ / Cluster;  // NK: B rows each CTA loads (and multicasts)
+  static_assert(Cluster == 1 || Cluster == 2, "clusters of 1 or 2 along M");
   static constexpr int kPartCols = BN_ / OutParts;
   static constexpr uint32_t kStageTxBytes = (BM + BN) * BK * sizeof(bf16);
   static_assert(BN % 64 == 0 && BN <= 256, "BN in 64..256, multiple of 64");
@@ -56,10 +64,17 @@ struct GemmKernel {
     float d[BN / 2];
   };
 
-  static __host__ __device__ int num_work(const Globals& g) { return g.tiles_m * g.tiles_n; }
+  static __host__ __device__ int num_work(const Globals& g) { return (g.tiles_m + Cluster - 1) / Cluster * g.tiles_n; }
   static __device__ __forceinline__ int num_iters(const Globals& g, int) { return (g.K + BK - 1) / BK; }
   static __device__ __forceinline__ TileCoord coord(const Globals& g, int w) {
-    return grouped_tile(w, g.tiles_m, g.tiles_n, g.group_m);
+    if constexpr (Cluster == 1) {
+      return grouped_tile(w, g.tiles_m, g.tiles_n, g.group_m);
+    } else {
+      const int group = g.group_m / Cluster > 0 ? g.group_m / Cluster : 1;
+      TileCoord t = grouped_tile(w, (g.tiles_m + Cluster - 1) / Cluster, g.tiles_n, group);
+      t.m = t.m * Cluster + static_cast<int>(tile::cluster::ctarank());
+      return t;  // t.m may equal tiles_m (odd tile rows): loads zero-fill, the store is skipped
+    }
   }
 
   static __device__ __forceinline__ void prologue(const Globals& g) {
@@ -72,11 +87,24 @@ struct GemmKernel {
     const TileCoord t = coord(g, w);
     const int k0 = it * BK;
     tile::tma::load_2d(s.a, &g.a, &full, k0, t.m * BM);
-    if constexpr (L == BLayout::NK) {
-      tile::tma::load_2d(s.b, &g.b, &full, k0, t.n * BN);
-    } else {
+    if constexpr (Cluster == 1) {
+      if constexpr (L == BLayout::NK) {
+        tile::tma::load_2d(s.b, &g.b, &full, k0, t.n * BN);
+      } else {
 #pragma unroll
-      for (int j = 0; j < BN / 64; ++j) tile::tma::load_2d(s.b + j * 64 * BK, &g.b, &full, t.n * BN + 64 * j, k0);
+        for (int j = 0; j < BN / 64; ++j) tile::tma::load_2d(s.b + j * 64 * BK, &g.b, &full, t.n * BN + 64 * j, k0);
+      }
+    } else {
+      const int r = static_cast<int>(tile::cluster::ctarank());
+      constexpr uint16_t all = (1u << Cluster) - 1;
+      if constexpr (L == BLayout::NK) {
+        tile::tma::load_2d_multicast(s.b + r * kBRowsPerCta * BK, &g.b, &full, k0, t.n * BN + r * kBRowsPerCta, all);
+      } else {
+        constexpr int per = BN / 64 / Cluster;
+#pragma unroll
+        for (int j = r * per; j < (r + 1) * per; ++j)
+          tile::tma::load_2d_multicast(s.b + j * 64 * BK, &g.b, &full, t.n * BN + 64 * j, k0, all);
+      }
     }
   }
 
@@ -120,6 +148,7 @@ struct GemmKernel {
 
   static __device__ __forceinline__ void store(const Globals& g, Output& o, int w, int part) {
     const TileCoord t = coord(g, w);
+    if (t.m >= g.tiles_m) return;
 #pragma unroll
     for (int j = 0; j < kPartCols / 64; ++j) {
       const int n = t.n * BN + part * kPartCols + 64 * j;

@@ -85,6 +85,21 @@ TEST(LcscPlan, SplitIsExact) {
   EXPECT_EQ(lcsc::make_plan(2048, 132, nob, 0, 1).compute_blocks, 132);
 }
 
+TEST(LcscPlan, Clusters) {
+  lcsc::Config c;
+  c.num_comm_sms = 8;
+  // 1024 cluster work items, 132 SMs, clusters of 2, at most 66 clusters resident.
+  const lcsc::Plan p = lcsc::make_plan(1024, 132, c, 0, 1, 2, 66);
+  EXPECT_EQ(p.compute_blocks % 2, 0);
+  EXPECT_EQ(p.comm_blocks, 8);
+  EXPECT_LE(p.grid(), 132);
+  // The occupancy limit on clusters wins over the SM count.
+  EXPECT_LE(lcsc::make_plan(1024, 132, {}, 0, 1, 2, 60).compute_blocks, 120);
+  c.num_comm_sms = 3;
+  EXPECT_NE(error_of([&] { lcsc::make_plan(10, 132, c, 0, 1, 2, 66); }).find("multiple of the kernel's cluster size"),
+            std::string::npos);
+}
+
 TEST(LcscPlan, RejectsBadConfigs) {
   lcsc::Config c;
   c.num_comm_sms = 132;

@@ -99,7 +99,8 @@ void run_case(gemm::ref::CublasLt& lt, Case cs, gemm::BLayout bl, gemm::Tile til
 }
 
 const gemm::BLayout kLayouts[] = {gemm::BLayout::KN, gemm::BLayout::NK};
-const gemm::Tile kTiles[] = {gemm::Tile::M128N256, gemm::Tile::M128N128, gemm::Tile::M128N256S4};
+const gemm::Tile kTiles[] = {gemm::Tile::M128N256, gemm::Tile::M128N128, gemm::Tile::M128N256S4,
+                             gemm::Tile::M128N256C2};
 
 }  // namespace
 
@@ -131,11 +132,13 @@ TEST(Gemm, Accumulate) {
 TEST(Gemm, WithCommunicatorSms) {
   gemm::ref::CublasLt lt;
   for (int comm : {1, 8, 16, 32}) run_case(lt, {2048, 3072, 1024}, gemm::BLayout::KN, gemm::Tile::Auto, false, comm, false);
+  for (int comm : {2, 16}) run_case(lt, {2048, 3072, 1024}, gemm::BLayout::NK, gemm::Tile::M128N256C2, false, comm, false);
 }
 
 TEST(Gemm, LargeSquare) {
   gemm::ref::CublasLt lt;
   for (auto bl : kLayouts) run_case(lt, {8192, 8192, 8192}, bl, gemm::Tile::Auto, false, 0, false);
+  for (auto bl : kLayouts) run_case(lt, {8192, 8192, 8192}, bl, gemm::Tile::M128N256C2, false, 0, false);
 }
 
 TEST(Gemm, RejectsBadInput) {

@@ -70,6 +70,7 @@ int run_gemm_bench(const Args& args) {
   if (args.get("tile") == "256") tile = gemm::Tile::M128N256;
   if (args.get("tile") == "128") tile = gemm::Tile::M128N128;
   if (args.get("tile") == "256s4") tile = gemm::Tile::M128N256S4;
+  if (args.get("tile") == "256c2") tile = gemm::Tile::M128N256C2;
   const bool balance = !args.has("no-balance");
   const int group = static_cast<int>(args.get_int("group", 0));
   const std::vector<int> comms = parse_ints(args.get("comm", "0"));
@@ -141,10 +142,11 @@ int run_gemm_bench(const Args& args) {
       o.group_m = group;
       o.lcsc.num_comm_sms = comm;
       o.lcsc.balance_waves = balance;
+      o.lcsc.max_clusters = static_cast<int>(args.get_int("max-clusters", 0));
       int dev_sms = prop.multiProcessorCount;
       const gemm::Tile used = tile == gemm::Tile::Auto ? gemm::choose_tile(s.M, s.N, s.K, dev_sms) : tile;
       gemm::ref::poison(d.c, nc);
-      gemm::gemm(d.a[0], d.b[0], d.c, s.M, s.N, s.K, bl, o, st);
+      const lcsc::Plan plan = gemm::gemm(d.a[0], d.b[0], d.c, s.M, s.N, s.K, bl, o, st);
       WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
       const double err = gemm::ref::rel_error(d.c, d.r, nc, st);
       const bool ok = std::isfinite(err) && err < 6e-3;
@@ -161,8 +163,8 @@ int run_gemm_bench(const Args& args) {
         log_ratio_sum += std::log(ratio);
         ++n_ratio;
       }
-      std::printf("%-20s %-6s %-8s %5d %10.1f %9.1f %7.3f %9.2e%s\n", name, "weave", gemm::tile_name(used), comm, t, tf,
-                  ratio, err, ok ? "" : "  WRONG");
+      std::printf("%-20s %-6s %-8s %5d %10.1f %9.1f %7.3f %9.2e %4d blocks%s\n", name, "weave", gemm::tile_name(used),
+                  comm, t, tf, ratio, err, plan.compute_blocks, ok ? "" : "  WRONG");
       sink.write(JsonLine()
                      .add("kernel", "gemm")
                      .add("impl", "weave")
@@ -173,6 +175,7 @@ int run_gemm_bench(const Args& args) {
                      .add("layout", bl == gemm::BLayout::KN ? "kn" : "nk")
                      .add("tile", gemm::tile_name(used))
                      .add("num_comm_sms", comm)
+                     .add("compute_blocks", plan.compute_blocks)
                      .add("time_us", t)
                      .add("tflops", tf)
                      .add("ratio_vs_cublas", ratio)
@@ -186,5 +189,5 @@ int run_gemm_bench(const Args& args) {
 
 }  // namespace
 
-WEAVE_BENCH(gemm, "bf16 GEMM: weave vs cuBLASLt (--shapes MxNxK,... --layout kn|nk --tile auto|256|128|256s4 --group G --comm 0,8 --no-balance)",
+WEAVE_BENCH(gemm, "bf16 GEMM: weave vs cuBLASLt (--shapes MxNxK,... --layout kn|nk --tile auto|256|128|256s4|256c2 --group G --comm 0,8 --no-balance)",
             run_gemm_bench);

@@ -1,5 +1,6 @@
 // The tile substrate (layer 1): everything a Hopper kernel body needs, none of it third-party.
 #pragma once
+#include "weave/tile/cluster.cuh"
 #include "weave/tile/fragment.cuh"
 #include "weave/tile/mbarrier.cuh"
 #include "weave/tile/proxy.cuh"

@@ -22,6 +22,17 @@ __device__ __forceinline__ void load_2d(void* dst, const CUtensorMap* map, Mbarr
       : "memory");
 }
 
+// The same box lands at the same shared-memory offset in every CTA of `cta_mask`, and
+// completes bytes on the barrier at the same offset in each of them.
+__device__ __forceinline__ void load_2d_multicast(void* dst, const CUtensorMap* map, Mbarrier* bar, int c0, int c1,
+                                                  uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, "
+      "{%3, %4}], [%2], %5;" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar->addr()), "r"(c0), "r"(c1), "h"(cta_mask)
+      : "memory");
+}
+
 __device__ __forceinline__ void store_2d(const CUtensorMap* map, const void* src, int c0, int c1) {
   asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group [%0, {%2, %3}], [%1];" ::"l"(
                    reinterpret_cast<uint64_t>(map)),
