@@ -13,7 +13,7 @@ using bf16 = __nv_bfloat16;
 __global__ void pass_tile(const __grid_constant__ pgl<bf16> buf, signals s, unsigned long long round) {
   __shared__ __align__(128) bf16 tile[64 * 64];
   for (int i = threadIdx.x; i < 64 * 64; i += blockDim.x) tile[i] = __float2bfloat16(buf.rank + 1);
-  fence_smem_for_tma();
+  tile::fence_proxy_async_shared();
   __syncthreads();
   if (threadIdx.x == 0) {
     const int next = (buf.rank + 1) % buf.world;

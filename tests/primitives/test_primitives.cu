@@ -34,7 +34,7 @@ __global__ void send_tiles(const __grid_constant__ pgl<T> dst, const T* src, int
       int r = R * dst.tile_rows + i / dst.tile_cols, c = C * dst.tile_cols + i % dst.tile_cols;
       tile[i] = (r < dst.rows && c < dst.cols) ? src[r * dst.ld + c] : T(0);
     }
-    fence_smem_for_tma();
+    tile::fence_proxy_async_shared();
     __syncthreads();
     if (threadIdx.x == 0) {
       for (int r = 0; r < dst.world; ++r) {
@@ -208,16 +208,16 @@ void reduce_test() {
 // Rank r sends `iters` rounds to rank r+1: TMA-store a tile holding the round number, wait for
 // the write to complete, signal; the receiver waits, reads the tile with ordinary loads, counts
 // stale elements, and acknowledges so the slot can be reused.
-__global__ void ping_ring(const __grid_constant__ pgl<int> slot, signals s, unsigned long long base, int iters,
+__global__ void ping_ring(const __grid_constant__ pgl<float> slot, signals s, unsigned long long base, int iters,
                           int* stale) {
-  __shared__ __align__(128) int tile[kTR * kTC / 4];
+  __shared__ __align__(128) float tile[kTR * kTC / 4];
   const int W = slot.world, me = slot.rank, next = (me + 1) % W;
   if (blockIdx.x == 0) {  // producer
     for (int it = 1; it <= iters; ++it) {
       if (threadIdx.x == 0 && it > 1) wait(s, 1, base + it - 1);  // next rank consumed round it-1
       __syncthreads();
-      for (int i = threadIdx.x; i < kTR * kTC / 4; i += blockDim.x) tile[i] = it * 7 + me;
-      fence_smem_for_tma();
+      for (int i = threadIdx.x; i < kTR * kTC / 4; i += blockDim.x) tile[i] = float(it * 7 + me);
+      tile::fence_proxy_async_shared();
       __syncthreads();
       if (threadIdx.x == 0) {
         store_async(slot, next, tile, 0, 0);
@@ -231,8 +231,8 @@ __global__ void ping_ring(const __grid_constant__ pgl<int> slot, signals s, unsi
       if (threadIdx.x == 0) wait(s, 0, base + it);
       __syncthreads();
       int bad = 0;
-      const volatile int* data = slot.ptr[me];
-      for (int i = threadIdx.x; i < kTR * kTC / 4; i += blockDim.x) bad += data[i] != it * 7 + prev;
+      const volatile float* data = slot.ptr[me];
+      for (int i = threadIdx.x; i < kTR * kTC / 4; i += blockDim.x) bad += data[i] != float(it * 7 + prev);
       if (bad) atomicAdd(stale, bad);
       __syncthreads();
       if (threadIdx.x == 0) signal(s, prev, 1);
@@ -277,9 +277,9 @@ TEST(Reduce, MinFp32) { reduce_test<ReduceOp::min, float>(); }
 
 TEST(Signal, DataWrittenBeforeSignalIsWhatTheWaiterReads) {
   auto& c = comm();
-  runtime::SymmetricTensor<int> slot(c, kTR * kTC / 4);
+  runtime::SymmetricTensor<float> slot(c, kTR * kTC / 4);
   auto s = c.signals("ping", 2);
-  auto p = make_pgl<int>(c, slot.data(), 16, kTR * kTC / 64, kTR * kTC / 64, 16, kTR * kTC / 64);
+  auto p = make_pgl<float>(c, slot.data(), 16, kTR * kTC / 64, kTR * kTC / 64, 16, kTR * kTC / 64);
   int* stale = nullptr;
   WEAVE_CUDA_CHECK(cudaMalloc(&stale, sizeof(int)));
   WEAVE_CUDA_CHECK(cudaMemset(stale, 0, sizeof(int)));
@@ -360,10 +360,10 @@ TEST(BadInput, RejectedBeforeLaunch) {
   WEAVE_CUDA_CHECK(cudaMalloc(&foreign, 1 << 20));
   expect_error([&] { make_pgl<T>(c, foreign, 64, 64, 64, 64, 64); }, "neither in the symmetric heap nor registered");
   runtime::SymmetricTensor<T> buf(c, 1 << 16);
-  expect_error([&] { make_pgl<T>(c, buf.data() + 1, 64, 64, 64, 64, 64); }, "not 16-byte aligned");
+  expect_error([&] { make_pgl<T>(c, buf.data() + 1, 64, 64, 64, 64, 64); }, "16-byte aligned");
   expect_error([&] { make_pgl<T>(c, buf.data(), 64, 60, 60, 64, 64); }, "row pitch");
-  expect_error([&] { make_pgl<T>(c, buf.data(), 64, 64, 64, 64, 4); }, "tile row");
-  expect_error([&] { make_pgl<T>(c, buf.data(), 64, 64, 64, 300, 64); }, "outside TMA");
+  expect_error([&] { make_pgl<T>(c, buf.data(), 64, 64, 64, 64, 4); }, "inner box");
+  expect_error([&] { make_pgl<T>(c, buf.data(), 64, 64, 64, 300, 64); }, "box dimensions");
   expect_error([&] { make_pgl<T>(c, buf.data(), 2048, 64, 64, 64, 64); }, "not inside one live allocation");
   expect_error([&] { c.check_same("shape", {1000, c.rank() == 0 ? 776 : 777}); }, "shape differs across ranks");
   expect_error([&] { c.alloc(size_t(1) << 40); }, "heap exhausted");

@@ -23,7 +23,7 @@ __global__ void stream_tiles(const __grid_constant__ pgl<bf16> p, int dst) {
   bf16* tile = reinterpret_cast<bf16*>(smem);
   const int n = p.tile_rows * p.tile_cols;
   for (int i = threadIdx.x; i < n; i += blockDim.x) tile[i] = __float2bfloat16(1.0f / 1024);
-  fence_smem_for_tma();
+  tile::fence_proxy_async_shared();
   __syncthreads();
   if (threadIdx.x != 0) return;
   const int tc = p.tiles_c(), total = p.tiles_r() * tc;
