@@ -1,0 +1,450 @@
+// weave::coll::Collectives on 2+ ranks (run through weave-run) against NCCL, on fresh random
+// inputs each run: every collective, dtype and reduction, shapes whose dimensions do not divide
+// by the world size (some ranks owning nothing included), in place and out of place. Outputs are
+// poisoned first and followed by guard elements that must stay poisoned; out-of-place inputs must
+// come back unchanged. Then 1000 back-to-back calls with changing inputs, checked without host
+// synchronization; cudaMalloc'd buffers registered with the communicator; and bad input (buffers
+// neither in the heap nor registered, arguments that differ across ranks, impossible shapes)
+// rejected with weave::Error before anything is launched. (A difference that follows an
+// identical call is test_collectives_mismatch.)
+//
+// Every rank runs the same calls in the same order (failures are EXPECTs, never early returns),
+// so one rank's failure does not leave its peers waiting in a collective.
+#include "common.hpp"
+
+using namespace ct;
+
+namespace {
+
+struct GatherCase {
+  Shape full;
+  int dim;
+};
+// Every dimension of 1- to 4-D tensors; sizes odd or prime, so few divide by the world size, and
+// some smaller than it (ranks with an empty shard).
+std::vector<GatherCase> gather_cases() {
+  std::vector<GatherCase> v = {{shape({777001}), 0},    {shape({1}), 0},        {shape({1000, 777}), 0},
+                               {shape({1000, 777}), 1}, {shape({4, 1, 33}), 1}, {shape({2, 3, 5}), 2}};
+  for (int d = 0; d < 3; ++d) v.push_back({shape({5, 999, 67}), d});
+  for (int d = 0; d < 4; ++d) v.push_back({shape({3, 37, 11, 131}), d});
+  return v;
+}
+
+struct UlyssesCase {
+  long long B, S, H, D;
+};
+// H is a multiple of the world size (the API requires it); S mostly is not.
+std::vector<UlyssesCase> ulysses_cases() {
+  const long long W = comm().world();
+  return {{1, 1001, 2 * W, 37}, {3, 257, W, 64}, {2, 3, 3 * W, 8}, {2, 4 * W, W, 128}};
+}
+
+// ---------------------------------------------------------------------------------------------
+void all_reduce_case(long long count, DType t, ReduceOp op, bool in_place) {
+  Ctx& x = ctx();
+  const int W = comm().world(), me = comm().rank();
+  const uint64_t seed = case_seed();
+  Buf in(count, t), out(in_place ? 0 : count, t), want(count, t, false);
+  void* o = in_place ? in.p : out.p;
+  ref::fill(in.p, count, t, seed, me, Values::uniform, x.s);
+  settle();
+  x.nccl.all_reduce(in.p, want.p, count, t, op, x.s);
+  x.coll.all_reduce(in.p, o, count, t, op, x.s);
+  settle();
+  const OutMap m = ref::map_all_reduce(count, W, me);
+  auto r = verify(o, want.p, m, t, seed, op);
+  EXPECT_TRUE(r.ok()) << "differs from NCCL: " << r.str();
+  r = verify(want.p, nullptr, m, t, seed, op);
+  EXPECT_TRUE(r.ok()) << "the NCCL reference itself is off (test harness bug): " << r.str();
+  if (!in_place) {
+    r = verify(in.p, nullptr, ref::map_input(count, W, me), t, seed);
+    EXPECT_TRUE(r.ok()) << "out-of-place call changed its input: " << r.str();
+  }
+  EXPECT_EQ(guard_touched(o, count, t), 0u) << "wrote past the end of the output";
+  settle();
+}
+
+TEST(Collectives, AllReduce) {
+  const long long counts[] = {0, 1, 2, 7, 777, 65537, 1000 * 777 + 1, (1 << 21) + 3};
+  const coll::AllReduceAlgo algos[] = {coll::AllReduceAlgo::automatic, coll::AllReduceAlgo::one_shot,
+                                       coll::AllReduceAlgo::two_shot};
+  for (auto algo : algos) {
+    ctx().coll.set_all_reduce_algo(algo);
+    for (DType t : kTypes)
+      for (ReduceOp op : kOps)
+        for (long long n : counts)
+          for (bool in_place : {false, true}) {
+            SCOPED_TRACE(std::string("all_reduce ") + dtype_name(t) + " " + op_name(op) + " count " +
+                         std::to_string(n) + (in_place ? " in place" : " out of place") + " algo " +
+                         std::to_string(static_cast<int>(algo)) + " rank " + std::to_string(comm().rank()));
+            all_reduce_case(n, t, op, in_place);
+          }
+  }
+  ctx().coll.set_all_reduce_algo(coll::AllReduceAlgo::automatic);
+}
+
+// In place means NCCL's convention: `in` is this rank's shard inside `out`, which requires the
+// shard to be contiguous there (every dimension before `dim` of size 1).
+void all_gather_case(const Shape& full, int dim, DType t, bool in_place) {
+  Ctx& x = ctx();
+  const int W = comm().world(), me = comm().rank();
+  const uint64_t seed = case_seed();
+  const long long n = full.numel(), mine = ref::shard_numel(full, dim, W, me), e = dtype_size(t);
+  const ref::Split sp = ref::split(full, dim);
+  Buf out(n, t), in(in_place ? 0 : max_shard_numel(full, dim), t), want(n, t, false);
+  char* i = in_place ? out.p + sp.outer * coll::shard(sp.n, W, me).begin * sp.inner * e : in.p;
+  ref::fill(i, mine, t, seed, me, Values::uniform, x.s);
+  settle();
+  x.nccl.all_gather(i, want.p, full, dim, t, x.s);
+  x.coll.all_gather(i, out.p, full, dim, t, x.s);
+  settle();
+  const OutMap m = ref::map_all_gather(full, dim, W, me);
+  auto r = verify(out.p, want.p, m, t, seed);
+  EXPECT_TRUE(r.ok()) << "differs from NCCL: " << r.str();
+  r = verify(want.p, nullptr, m, t, seed);
+  EXPECT_TRUE(r.ok()) << "the NCCL reference itself is off (test harness bug): " << r.str();
+  if (!in_place) {
+    r = verify(in.p, nullptr, ref::map_input(mine, W, me), t, seed);
+    EXPECT_TRUE(r.ok()) << "out-of-place call changed its input: " << r.str();
+    EXPECT_EQ(guard_touched(in.p, max_shard_numel(full, dim), t), 0u) << "wrote past the end of the input";
+  }
+  EXPECT_EQ(guard_touched(out.p, n, t), 0u) << "wrote past the end of the output";
+  settle();
+}
+
+TEST(Collectives, AllGather) {
+  for (DType t : kTypes)
+    for (const auto& c : gather_cases()) {
+      SCOPED_TRACE(std::string("all_gather ") + dtype_name(t) + " " + str(c.full) + " dim " + std::to_string(c.dim) +
+                   " rank " + std::to_string(comm().rank()));
+      all_gather_case(c.full, c.dim, t, false);
+    }
+}
+
+TEST(Collectives, AllGatherInPlace) {
+  for (DType t : kTypes)
+    for (const auto& c : gather_cases()) {
+      if (ref::split(c.full, c.dim).outer != 1) continue;
+      SCOPED_TRACE(std::string("all_gather in place ") + dtype_name(t) + " " + str(c.full) + " dim " +
+                   std::to_string(c.dim) + " rank " + std::to_string(comm().rank()));
+      all_gather_case(c.full, c.dim, t, true);
+    }
+}
+
+// In place: `out` is this rank's shard inside `in` (NCCL's convention; needs outer == 1).
+void reduce_scatter_case(const Shape& full, int dim, DType t, ReduceOp op, bool in_place) {
+  Ctx& x = ctx();
+  const int W = comm().world(), me = comm().rank();
+  const uint64_t seed = case_seed();
+  const long long n = full.numel(), mine = ref::shard_numel(full, dim, W, me), e = dtype_size(t);
+  const ref::Split sp = ref::split(full, dim);
+  Buf in(n, t), out(in_place ? 0 : max_shard_numel(full, dim), t), want(mine, t, false);
+  char* o = in_place ? in.p + sp.outer * coll::shard(sp.n, W, me).begin * sp.inner * e : out.p;
+  ref::fill(in.p, n, t, seed, me, Values::uniform, x.s);
+  settle();
+  x.nccl.reduce_scatter(in.p, want.p, full, dim, t, op, x.s);
+  x.coll.reduce_scatter(in.p, o, full, dim, t, op, x.s);
+  settle();
+  const OutMap m = ref::map_reduce_scatter(full, dim, W, me);
+  auto r = verify(o, want.p, m, t, seed, op);
+  EXPECT_TRUE(r.ok()) << "differs from NCCL: " << r.str();
+  r = verify(want.p, nullptr, m, t, seed, op);
+  EXPECT_TRUE(r.ok()) << "the NCCL reference itself is off (test harness bug): " << r.str();
+  if (!in_place) {
+    r = verify(in.p, nullptr, ref::map_input(n, W, me), t, seed);
+    EXPECT_TRUE(r.ok()) << "out-of-place call changed its input: " << r.str();
+    EXPECT_EQ(guard_touched(out.p, mine, t), 0u) << "wrote past the end of the output";
+  }
+  EXPECT_EQ(guard_touched(in.p, n, t), 0u) << "wrote past the end of the input";
+  settle();
+}
+
+TEST(Collectives, ReduceScatter) {
+  for (DType t : kTypes)
+    for (ReduceOp op : kOps)
+      for (const auto& c : gather_cases()) {
+        SCOPED_TRACE(std::string("reduce_scatter ") + dtype_name(t) + " " + op_name(op) + " " + str(c.full) + " dim " +
+                     std::to_string(c.dim) + " rank " + std::to_string(comm().rank()));
+        reduce_scatter_case(c.full, c.dim, t, op, false);
+      }
+}
+
+TEST(Collectives, ReduceScatterInPlace) {
+  for (DType t : kTypes)
+    for (const auto& c : gather_cases()) {
+      if (ref::split(c.full, c.dim).outer != 1) continue;
+      SCOPED_TRACE(std::string("reduce_scatter in place ") + dtype_name(t) + " " + str(c.full) + " dim " +
+                   std::to_string(c.dim) + " rank " + std::to_string(comm().rank()));
+      reduce_scatter_case(c.full, c.dim, t, ReduceOp::sum, true);
+    }
+}
+
+void ulysses_case(const UlyssesCase& u, bool to_head, DType t) {
+  Ctx& x = ctx();
+  const int W = comm().world(), me = comm().rank();
+  const uint64_t seed = case_seed();
+  const long long seq_part = u.B * coll::shard(u.S, W, me).size * u.H * u.D;
+  const long long seq_max = u.B * coll::shard(u.S, W, 0).size * u.H * u.D;  // rank 0's part is the largest
+  const long long head_part = u.B * u.S * (u.H / W) * u.D;
+  const long long in_n = to_head ? seq_part : head_part, out_n = to_head ? head_part : seq_part;
+  Buf in(to_head ? seq_max : head_part, t), out(to_head ? head_part : seq_max, t), want(out_n, t, false);
+  ref::fill(in.p, in_n, t, seed, me, Values::uniform, x.s);
+  settle();
+  if (to_head) {
+    x.nccl.all_to_all_seq_to_head(in.p, want.p, u.B, u.S, u.H, u.D, t, x.s);
+    x.coll.all_to_all_seq_to_head(in.p, out.p, u.B, u.S, u.H, u.D, t, x.s);
+  } else {
+    x.nccl.all_to_all_head_to_seq(in.p, want.p, u.B, u.S, u.H, u.D, t, x.s);
+    x.coll.all_to_all_head_to_seq(in.p, out.p, u.B, u.S, u.H, u.D, t, x.s);
+  }
+  settle();
+  const OutMap m = ref::map_ulysses(to_head, u.B, u.S, u.H, u.D, W, me);
+  auto r = verify(out.p, want.p, m, t, seed);
+  EXPECT_TRUE(r.ok()) << "differs from NCCL: " << r.str();
+  r = verify(want.p, nullptr, m, t, seed);
+  EXPECT_TRUE(r.ok()) << "the NCCL reference itself is off (test harness bug): " << r.str();
+  r = verify(in.p, nullptr, ref::map_input(in_n, W, me), t, seed);
+  EXPECT_TRUE(r.ok()) << "changed its input: " << r.str();
+  EXPECT_EQ(guard_touched(out.p, out_n, t), 0u) << "wrote past the end of the output";
+  settle();
+}
+
+TEST(Collectives, UlyssesAllToAll) {
+  for (DType t : kTypes)
+    for (const auto& u : ulysses_cases())
+      for (bool to_head : {true, false}) {
+        SCOPED_TRACE(std::string(to_head ? "seq_to_head " : "head_to_seq ") + dtype_name(t) + " B" +
+                     std::to_string(u.B) + " S" + std::to_string(u.S) + " H" + std::to_string(u.H) + " D" +
+                     std::to_string(u.D) + " rank " + std::to_string(comm().rank()));
+        ulysses_case(u, to_head, t);
+      }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1000 calls in a row on one stream with no host synchronization, the inputs rewritten before
+// each call (integers, so every result is exact), each output checked on the device as it comes.
+// A call that returns while a peer still reads its buffers shows up as wrong elements here.
+constexpr int kIters = 1000;
+
+TEST(Collectives, BackToBack) {
+  Ctx& x = ctx();
+  const int W = comm().world(), me = comm().rank();
+  const Shape full = shape({1000, 777});
+  const UlyssesCase u{2, 1001, 2LL * W, 64};
+  auto report = [&](const char* what, DType t) {
+    auto r = x.check.result(x.s);
+    EXPECT_TRUE(r.ok()) << what << " " << dtype_name(t) << " rank " << me << ": " << r.str();
+    settle();
+  };
+  for (DType t : kTypes) {
+    const uint64_t seed = case_seed();
+    // all_reduce: a one-shot-sized and a two-shot-sized count; out of place and in place alternately.
+    for (long long count : {1001LL, 1000LL * 777 + 1}) {
+      Buf a(count, t), b(count, t);
+      x.check.reset(x.s);
+      settle();
+      for (int it = 0; it < kIters; ++it) {
+        const uint64_t s = seed + it;
+        ref::fill(a.p, count, t, s, me, Values::integers, x.s);
+        void* o = it % 2 ? a.p : b.p;
+        x.coll.all_reduce(a.p, o, count, t, ReduceOp::sum, x.s);
+        x.check.check(o, nullptr, ref::map_all_reduce(count, W, me), t, s, Values::integers, ReduceOp::sum, 0, x.s,
+                      it + 1);
+      }
+      report("all_reduce back to back", t);
+    }
+    {  // all_gather and reduce_scatter along the non-contiguous dimension
+      Buf shard_buf(max_shard_numel(full, 1), t), full_buf(full.numel(), t), shard_out(max_shard_numel(full, 1), t);
+      const long long mine = ref::shard_numel(full, 1, W, me);
+      x.check.reset(x.s);
+      settle();
+      for (int it = 0; it < kIters; ++it) {
+        const uint64_t s = seed + 7 * it;
+        ref::fill(shard_buf.p, mine, t, s, me, Values::integers, x.s);
+        x.coll.all_gather(shard_buf.p, full_buf.p, full, 1, t, x.s);
+        x.check.check(full_buf.p, nullptr, ref::map_all_gather(full, 1, W, me), t, s, Values::integers, ReduceOp::sum,
+                      0, x.s, it + 1);
+      }
+      report("all_gather back to back", t);
+      x.check.reset(x.s);
+      settle();
+      for (int it = 0; it < kIters; ++it) {
+        const uint64_t s = seed + 11 * it;
+        ref::fill(full_buf.p, full.numel(), t, s, me, Values::integers, x.s);
+        x.coll.reduce_scatter(full_buf.p, shard_out.p, full, 1, t, ReduceOp::sum, x.s);
+        x.check.check(shard_out.p, nullptr, ref::map_reduce_scatter(full, 1, W, me), t, s, Values::integers,
+                      ReduceOp::sum, 0, x.s, it + 1);
+      }
+      report("reduce_scatter back to back", t);
+    }
+    {  // Ulysses there and back: the round trip must give each rank its own input again
+      const long long seq_part = u.B * coll::shard(u.S, W, me).size * u.H * u.D;
+      const long long seq_max = u.B * coll::shard(u.S, W, 0).size * u.H * u.D;
+      const long long head_part = u.B * u.S * (u.H / W) * u.D;
+      Buf seq(seq_max, t), head(head_part, t), back(seq_max, t);
+      x.check.reset(x.s);
+      settle();
+      for (int it = 0; it < kIters; ++it) {
+        const uint64_t s = seed + 13 * it;
+        ref::fill(seq.p, seq_part, t, s, me, Values::integers, x.s);
+        x.coll.all_to_all_seq_to_head(seq.p, head.p, u.B, u.S, u.H, u.D, t, x.s);
+        x.check.check(head.p, nullptr, ref::map_ulysses(true, u.B, u.S, u.H, u.D, W, me), t, s, Values::integers,
+                      ReduceOp::sum, 0, x.s, it + 1);
+        x.coll.all_to_all_head_to_seq(head.p, back.p, u.B, u.S, u.H, u.D, t, x.s);
+        x.check.check(back.p, nullptr, ref::map_input(seq_part, W, me), t, s, Values::integers, ReduceOp::sum, 0, x.s,
+                      it + 1);
+      }
+      report("Ulysses all_to_all round trip back to back", t);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// cudaMalloc'd buffers registered with the communicator work like heap buffers.
+TEST(Collectives, RegisteredBuffers) {
+  Ctx& x = ctx();
+  const int W = comm().world(), me = comm().rank();
+  const DType t = DType::bf16;
+  const Shape full = shape({1000, 777});
+  const long long n = full.numel(), shard_max = max_shard_numel(full, 1), mine = ref::shard_numel(full, 1, W, me);
+  Buf shard_in(shard_max, t, false), full_buf(n, t, false), shard_out(shard_max, t, false), want(n, t, false);
+  for (Buf* b : {&shard_in, &full_buf, &shard_out}) comm().register_buffer(b->p, b->bytes);
+  uint64_t seed = case_seed();
+  ref::fill(shard_in.p, mine, t, seed, me, Values::uniform, x.s);
+  settle();
+  x.nccl.all_gather(shard_in.p, want.p, full, 1, t, x.s);
+  x.coll.all_gather(shard_in.p, full_buf.p, full, 1, t, x.s);
+  settle();
+  auto r = verify(full_buf.p, want.p, ref::map_all_gather(full, 1, W, me), t, seed);
+  EXPECT_TRUE(r.ok()) << "all_gather on registered buffers differs from NCCL: " << r.str();
+
+  seed = case_seed();
+  ref::fill(full_buf.p, n, t, seed, me, Values::uniform, x.s);
+  settle();
+  x.nccl.reduce_scatter(full_buf.p, want.p, full, 1, t, ReduceOp::sum, x.s);
+  x.coll.reduce_scatter(full_buf.p, shard_out.p, full, 1, t, ReduceOp::sum, x.s);
+  settle();
+  r = verify(shard_out.p, want.p, ref::map_reduce_scatter(full, 1, W, me), t, seed);
+  EXPECT_TRUE(r.ok()) << "reduce_scatter on registered buffers differs from NCCL: " << r.str();
+
+  x.nccl.all_reduce(full_buf.p, want.p, n, t, ReduceOp::sum, x.s);
+  x.coll.all_reduce(full_buf.p, full_buf.p, n, t, ReduceOp::sum, x.s);
+  settle();
+  r = verify(full_buf.p, want.p, ref::map_all_reduce(n, W, me), t, seed);
+  EXPECT_TRUE(r.ok()) << "in-place all_reduce on a registered buffer differs from NCCL: " << r.str();
+  for (Buf* b : {&shard_in, &full_buf, &shard_out}) comm().deregister_buffer(b->p);
+  settle();
+}
+
+// A small valid all_gather, checked: the communicator and the collectives still work.
+void still_works(const char* after) {
+  SCOPED_TRACE(std::string("valid call after: ") + after);
+  all_gather_case(shape({999, 5}), 0, DType::fp32, false);
+}
+
+TEST(Collectives, RejectsUnregisteredBuffers) {
+  const int W = comm().world();
+  const DType t = DType::bf16;
+  const Shape full = shape({1000, 777});
+  const long long n = full.numel(), shard = max_shard_numel(full, 1);
+  const UlyssesCase u{2, 1001, 2LL * W, 64};
+  const long long seq = u.B * coll::shard(u.S, W, 0).size * u.H * u.D, head = u.B * u.S * (u.H / W) * u.D;
+  Buf heap_full(n, t), heap_shard(shard, t), heap_seq(seq, t), heap_head(head, t);
+  Buf loose_full(n, t, false), loose_shard(shard, t, false), loose_seq(seq, t, false), loose_head(head, t, false);
+  settle();
+  auto& c = ctx().coll;
+  cudaStream_t s = ctx().s;
+  const char* needle = "registered";
+  expect_rejected("all_reduce, unregistered input", needle,
+                  [&] { c.all_reduce(loose_full.p, heap_full.p, n, t, ReduceOp::sum, s); }, {&heap_full});
+  expect_rejected("all_reduce, unregistered output", needle,
+                  [&] { c.all_reduce(heap_full.p, loose_full.p, n, t, ReduceOp::sum, s); }, {&loose_full});
+  expect_rejected("all_reduce in place, unregistered", needle,
+                  [&] { c.all_reduce(loose_full.p, loose_full.p, n, t, ReduceOp::sum, s); }, {&loose_full});
+  expect_rejected("all_gather, unregistered input", needle,
+                  [&] { c.all_gather(loose_shard.p, heap_full.p, full, 1, t, s); }, {&heap_full});
+  expect_rejected("all_gather, unregistered output", needle,
+                  [&] { c.all_gather(heap_shard.p, loose_full.p, full, 1, t, s); }, {&loose_full});
+  expect_rejected("reduce_scatter, unregistered input", needle,
+                  [&] { c.reduce_scatter(loose_full.p, heap_shard.p, full, 1, t, ReduceOp::sum, s); }, {&heap_shard});
+  expect_rejected("reduce_scatter, unregistered output", needle,
+                  [&] { c.reduce_scatter(heap_full.p, loose_shard.p, full, 1, t, ReduceOp::sum, s); }, {&loose_shard});
+  expect_rejected("seq_to_head, unregistered input", needle,
+                  [&] { c.all_to_all_seq_to_head(loose_seq.p, heap_head.p, u.B, u.S, u.H, u.D, t, s); }, {&heap_head});
+  expect_rejected("seq_to_head, unregistered output", needle,
+                  [&] { c.all_to_all_seq_to_head(heap_seq.p, loose_head.p, u.B, u.S, u.H, u.D, t, s); }, {&loose_head});
+  expect_rejected("head_to_seq, unregistered input", needle,
+                  [&] { c.all_to_all_head_to_seq(loose_head.p, heap_seq.p, u.B, u.S, u.H, u.D, t, s); }, {&heap_seq});
+  expect_rejected("head_to_seq, unregistered output", needle,
+                  [&] { c.all_to_all_head_to_seq(heap_head.p, loose_seq.p, u.B, u.S, u.H, u.D, t, s); }, {&loose_seq});
+  still_works("unregistered buffers");
+}
+
+// Arguments that differ across ranks: every rank must get the error. Buffers are large enough for
+// every rank's arguments, so only the disagreement itself can be the reason. Consecutive calls
+// differ on every rank, so an implementation that re-checks only changed arguments still checks.
+TEST(Collectives, RejectsArgumentsThatDifferAcrossRanks) {
+  const int W = comm().world(), me = comm().rank();
+  const bool odd = me != 0;  // rank 0 against the others
+  const Shape full = shape({1000, 777}), wider = shape({1000, 778});
+  const long long big = wider.numel() + 64;
+  const UlyssesCase u{2, 1001, 2LL * W, 64};
+  const long long seq_big = u.B * (u.S + W) * u.H * u.D;
+  Buf a(big, DType::fp32), b(big, DType::fp32), sa(seq_big, DType::fp32), sb(seq_big, DType::fp32);
+  settle();
+  auto& c = ctx().coll;
+  cudaStream_t s = ctx().s;
+  const char* needle = "differ";
+  expect_rejected("all_reduce, count differs", needle,
+                  [&] { c.all_reduce(a.p, b.p, 1000 + me, DType::bf16, ReduceOp::sum, s); }, {&b});
+  expect_rejected("all_reduce, dtype differs", needle,
+                  [&] { c.all_reduce(a.p, b.p, 1002, odd ? DType::fp16 : DType::bf16, ReduceOp::sum, s); }, {&b});
+  expect_rejected("all_reduce, op differs", needle,
+                  [&] { c.all_reduce(a.p, b.p, 999, DType::fp32, odd ? ReduceOp::max : ReduceOp::sum, s); }, {&b});
+  expect_rejected("all_gather, shape differs", needle,
+                  [&] { c.all_gather(a.p, b.p, odd ? wider : full, 1, DType::bf16, s); }, {&b});
+  expect_rejected("all_gather, dtype differs", needle,
+                  [&] { c.all_gather(a.p, b.p, full, 0, odd ? DType::fp16 : DType::bf16, s); }, {&b});
+  expect_rejected("all_gather, dim differs", needle, [&] { c.all_gather(a.p, b.p, full, odd ? 0 : 1, DType::fp32, s); },
+                  {&b});
+  expect_rejected("reduce_scatter, op differs", needle,
+                  [&] { c.reduce_scatter(a.p, b.p, full, 0, DType::bf16, odd ? ReduceOp::min : ReduceOp::sum, s); },
+                  {&b});
+  expect_rejected("reduce_scatter, shape differs", needle,
+                  [&] { c.reduce_scatter(a.p, b.p, odd ? wider : full, 1, DType::fp16, ReduceOp::sum, s); }, {&b});
+  expect_rejected("seq_to_head, S differs", needle,
+                  [&] { c.all_to_all_seq_to_head(sa.p, sb.p, u.B, u.S + me, u.H, u.D, DType::bf16, s); }, {&sb});
+  expect_rejected("head_to_seq, dtype differs", needle,
+                  [&] { c.all_to_all_head_to_seq(sa.p, sb.p, u.B, u.S, u.H, u.D, odd ? DType::fp16 : DType::bf16, s); },
+                  {&sb});
+  still_works("arguments that differ across ranks");
+}
+
+TEST(Collectives, RejectsImpossibleShapes) {
+  const int W = comm().world();
+  const DType t = DType::fp32;
+  Buf a(1 << 20, t), b(1 << 20, t);
+  settle();
+  auto& c = ctx().coll;
+  cudaStream_t s = ctx().s;
+  Shape five = shape({2, 2, 2, 2});
+  five.ndim = 5;
+  Shape none = shape({4});
+  none.ndim = 0;
+  const char* any = "";  // any message: these are local checks with no fixed wording
+  expect_rejected("all_gather, dim == ndim", any, [&] { c.all_gather(a.p, b.p, shape({10, 10}), 2, t, s); }, {&b});
+  expect_rejected("all_gather, dim < 0", any, [&] { c.all_gather(a.p, b.p, shape({10, 10}), -1, t, s); }, {&b});
+  expect_rejected("reduce_scatter, 5 dimensions", any,
+                  [&] { c.reduce_scatter(a.p, b.p, five, 0, t, ReduceOp::sum, s); }, {&b});
+  expect_rejected("all_gather, 0 dimensions", any, [&] { c.all_gather(a.p, b.p, none, 0, t, s); }, {&b});
+  expect_rejected("all_gather, negative size", any, [&] { c.all_gather(a.p, b.p, shape({10, -3}), 0, t, s); }, {&b});
+  expect_rejected("seq_to_head, H not a multiple of the world size", any,
+                  [&] { c.all_to_all_seq_to_head(a.p, b.p, 1, 16, W + 1, 8, t, s); }, {&b});
+  expect_rejected("head_to_seq, H not a multiple of the world size", any,
+                  [&] { c.all_to_all_head_to_seq(a.p, b.p, 1, 16, 2 * W - 1, 8, t, s); }, {&b});
+  expect_rejected("all_reduce, output buffer too small", "",
+                  [&] { c.all_reduce(a.p, b.p, 1 << 21, t, ReduceOp::sum, s); }, {&b});
+  still_works("impossible shapes");
+}
+
+}  // namespace

@@ -1,0 +1,409 @@
+// weave-bench collectives: weave::coll::Collectives against NCCL in the same run, under weave-run.
+// For each collective, size (bytes per rank) and layout: weave's output is first checked against
+// NCCL's on the same random input, then both are timed (CUDA events, warm-up, median of repeats,
+// the slowest rank's time). Where a rank's piece is not contiguous in the final layout, the NCCL
+// column includes the copies a user would need (bench/nccl_ref.cuh). Bus bandwidth follows NCCL's
+// PERFORMANCE.md: all_reduce algbw x 2(W-1)/W; all_gather, reduce_scatter and all_to_all
+// algbw x (W-1)/W, with algbw from the full (gathered) size, the full reduce_scatter input and
+// the per-rank all_to_all input.
+//
+//   weave-run -n 2 -- weave-bench collectives [--sizes 1M,8M,64M,256M,1G] [--dtypes bf16]
+//       [--kernels all_reduce,all_gather,reduce_scatter,all_to_all] [--ops sum] [--cols 4096]
+//       [--ulysses B,H,D] [--ar-algo auto|one_shot|two_shot] [--target-ms 25] [--repeats 5]
+//       [--json FILE]
+//
+// --sizes is bytes per rank of each collective's input (K, M, G suffixes: powers of 1024). Without
+// it, all_reduce also runs 64K and 256K (latency). 2-D layouts are rows x cols (--cols), gathered
+// or scattered along dim 0 (contiguous pieces) and along dim 1 (strided pieces).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "../../bench/nccl_ref.cuh"
+#include "bench.hpp"
+#include "collectives/collectives.hpp"
+#include "weave/runtime/communicator.hpp"
+
+namespace {
+
+using namespace weave;
+using coll::Shape;
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> v;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) v.push_back(item);
+  return v;
+}
+
+long long parse_bytes(const std::string& s) {
+  size_t pos = 0;
+  const double x = std::stod(s, &pos);
+  const std::string suf = s.substr(pos);
+  double mul = 1;
+  if (suf == "K" || suf == "k" || suf == "KiB")
+    mul = 1 << 10;
+  else if (suf == "M" || suf == "m" || suf == "MiB")
+    mul = 1 << 20;
+  else if (suf == "G" || suf == "g" || suf == "GiB")
+    mul = double(1 << 30);
+  else
+    WEAVE_CHECK(suf.empty() || suf == "B", "bad size '", s, "' (want e.g. 64K, 8M, 1G)");
+  const long long b = static_cast<long long>(x * mul);
+  WEAVE_CHECK(b > 0, "size '", s, "' must be positive");
+  return b;
+}
+
+DType parse_dtype(const std::string& s) {
+  if (s == "bf16") return DType::bf16;
+  if (s == "fp16") return DType::fp16;
+  WEAVE_CHECK(s == "fp32", "bad dtype '", s, "' (bf16, fp16, fp32)");
+  return DType::fp32;
+}
+ReduceOp parse_op(const std::string& s) {
+  if (s == "sum") return ReduceOp::sum;
+  if (s == "max") return ReduceOp::max;
+  WEAVE_CHECK(s == "min", "bad op '", s, "' (sum, max, min)");
+  return ReduceOp::min;
+}
+
+std::string shape_str(const Shape& s) {
+  std::string o;
+  for (int i = 0; i < s.ndim; ++i) o += (i ? "x" : "") + std::to_string(s.d[i]);
+  return o;
+}
+std::string size_str(double bytes) {
+  char b[32];
+  if (bytes >= (1 << 30))
+    std::snprintf(b, sizeof b, "%gG", bytes / (1 << 30));
+  else if (bytes >= (1 << 20))
+    std::snprintf(b, sizeof b, "%gM", bytes / (1 << 20));
+  else
+    std::snprintf(b, sizeof b, "%gK", bytes / (1 << 10));
+  return b;
+}
+
+// One benchmark row: a collective on one shape, with everything needed to call weave and NCCL,
+// check weave's output, and turn a time into bandwidth.
+struct Case {
+  std::string kernel, layout;
+  DType t = DType::bf16;
+  ReduceOp op = ReduceOp::sum;
+  Shape shape;                            // all_reduce: 1-D; gathers: the full tensor; all_to_all: (B, S, H, D)
+  int dim = -1;                           // gathered/scattered dimension (all_to_all: the one gathered in the output)
+  long long in_elems = 0, out_elems = 0;  // on this rank
+  long long in_max = 0, out_max = 0;      // over ranks (buffers are symmetric)
+  double per_rank_bytes = 0;              // nominal input bytes per rank (JSON `bytes`)
+  double alg_bytes = 0;                   // NCCL's size for algbw
+  double bus_factor = 1;
+  bool nccl_copies = false;  // the NCCL column includes layout copies
+};
+
+long long max_over_ranks(int W, const std::function<long long(int)>& f) {
+  long long m = 0;
+  for (int r = 0; r < W; ++r) m = std::max(m, f(r));
+  return m;
+}
+
+Case all_reduce_case(long long bytes, DType t, ReduceOp op, int W) {
+  Case c;
+  c.kernel = "all_reduce", c.layout = "flat", c.t = t, c.op = op;
+  const long long n = std::max<long long>(1, bytes / dtype_size(t));
+  c.shape.ndim = 1, c.shape.d[0] = n;
+  c.in_elems = c.out_elems = c.in_max = c.out_max = n;
+  c.per_rank_bytes = c.alg_bytes = double(n) * dtype_size(t);
+  c.bus_factor = 2.0 * (W - 1) / W;
+  return c;
+}
+
+// all_gather: `bytes` is the per-rank shard; reduce_scatter: `bytes` is the full (per-rank) input.
+Case gather_case(bool gather, long long bytes, int dim, long long cols, DType t, ReduceOp op, int W, int me) {
+  Case c;
+  c.kernel = gather ? "all_gather" : "reduce_scatter";
+  c.layout = "dim" + std::to_string(dim);
+  c.t = t, c.op = op, c.dim = dim;
+  const long long e = dtype_size(t), full_elems = std::max<long long>(cols, (gather ? W * bytes : bytes) / e);
+  c.shape.ndim = 2;
+  c.shape.d[0] = std::max<long long>(1, full_elems / cols), c.shape.d[1] = cols;
+  if (dim == 0 && c.shape.d[0] % W) c.shape.d[0] += W - c.shape.d[0] % W;  // whole rows per rank
+  const long long n = c.shape.numel();
+  auto shard = [&](int r) { return ref::shard_numel(c.shape, dim, W, r); };
+  c.in_elems = gather ? shard(me) : n;
+  c.out_elems = gather ? n : shard(me);
+  c.in_max = gather ? max_over_ranks(W, shard) : n;
+  c.out_max = gather ? n : max_over_ranks(W, shard);
+  c.per_rank_bytes = double(gather ? n / W : n) * e;
+  c.alg_bytes = double(n) * e;
+  c.bus_factor = double(W - 1) / W;
+  c.nccl_copies = dim != 0;
+  return c;
+}
+
+Case ulysses_case(bool to_head, long long bytes, long long B, long long H, long long D, DType t, int W, int me) {
+  Case c;
+  c.kernel = "all_to_all", c.layout = to_head ? "seq_to_head" : "head_to_seq";
+  c.t = t, c.dim = to_head ? 1 : 2;
+  const long long e = dtype_size(t);
+  if (H % W) H += W - H % W;  // the API needs whole heads per rank
+  const long long s_per = std::max<long long>(1, bytes / (e * B * H * D));
+  const long long S = s_per * W;
+  c.shape.ndim = 4, c.shape.d[0] = B, c.shape.d[1] = S, c.shape.d[2] = H, c.shape.d[3] = D;
+  const long long seq = B * coll::shard(S, W, me).size * H * D, head = B * S * (H / W) * D;
+  c.in_elems = to_head ? seq : head;
+  c.out_elems = to_head ? head : seq;
+  c.in_max = c.out_max = std::max(B * coll::shard(S, W, 0).size * H * D, head);
+  c.per_rank_bytes = c.alg_bytes = double(B * S * H * D / W) * e;
+  c.bus_factor = double(W - 1) / W;
+  c.nccl_copies = true;
+  return c;
+}
+
+ref::OutMap out_map(const Case& c, int W, int me) {
+  if (c.kernel == "all_reduce") return ref::map_all_reduce(c.out_elems, W, me);
+  if (c.kernel == "all_gather") return ref::map_all_gather(c.shape, c.dim, W, me);
+  if (c.kernel == "reduce_scatter") return ref::map_reduce_scatter(c.shape, c.dim, W, me);
+  return ref::map_ulysses(c.layout == "seq_to_head", c.shape.d[0], c.shape.d[1], c.shape.d[2], c.shape.d[3], W, me);
+}
+
+// Calls the collective of `c` with weave (nccl == nullptr) or with the NCCL reference.
+void call(const Case& c, coll::Collectives* w, ref::NcclCollectives* nccl, const void* in, void* out, cudaStream_t s) {
+  const auto& d = c.shape.d;
+  if (c.kernel == "all_reduce") {
+    if (w)
+      w->all_reduce(in, out, c.out_elems, c.t, c.op, s);
+    else
+      nccl->all_reduce(in, out, c.out_elems, c.t, c.op, s);
+  } else if (c.kernel == "all_gather") {
+    if (w)
+      w->all_gather(in, out, c.shape, c.dim, c.t, s);
+    else
+      nccl->all_gather(in, out, c.shape, c.dim, c.t, s);
+  } else if (c.kernel == "reduce_scatter") {
+    if (w)
+      w->reduce_scatter(in, out, c.shape, c.dim, c.t, c.op, s);
+    else
+      nccl->reduce_scatter(in, out, c.shape, c.dim, c.t, c.op, s);
+  } else if (c.layout == "seq_to_head") {
+    if (w)
+      w->all_to_all_seq_to_head(in, out, d[0], d[1], d[2], d[3], c.t, s);
+    else
+      nccl->all_to_all_seq_to_head(in, out, d[0], d[1], d[2], d[3], c.t, s);
+  } else {
+    if (w)
+      w->all_to_all_head_to_seq(in, out, d[0], d[1], d[2], d[3], c.t, s);
+    else
+      nccl->all_to_all_head_to_seq(in, out, d[0], d[1], d[2], d[3], c.t, s);
+  }
+}
+
+template <class T>
+std::vector<T> gather_all(runtime::Communicator& comm, T mine) {
+  std::vector<T> all(comm.world());
+  comm.bootstrap().all_gather(&mine, all.data(), sizeof(T));
+  return all;
+}
+
+int run(const bench::Args& a) {
+  // Which cases, from the options; every rank builds the same list.
+  const bool custom_sizes = a.has("sizes");
+  std::vector<long long> sizes;
+  for (const auto& s : split_list(a.get("sizes", "1M,8M,64M,256M,1G"))) sizes.push_back(parse_bytes(s));
+  std::vector<long long> ar_sizes = sizes;
+  if (!custom_sizes) ar_sizes.insert(ar_sizes.begin(), {64 << 10, 256 << 10});
+  std::vector<DType> dtypes;
+  for (const auto& s : split_list(a.get("dtypes", "bf16"))) dtypes.push_back(parse_dtype(s));
+  std::vector<ReduceOp> ops;
+  for (const auto& s : split_list(a.get("ops", "sum"))) ops.push_back(parse_op(s));
+  const auto kernels = split_list(a.get("kernels", "all_reduce,all_gather,reduce_scatter,all_to_all"));
+  for (const auto& k : kernels)
+    WEAVE_CHECK(k == "all_reduce" || k == "all_gather" || k == "reduce_scatter" || k == "all_to_all",
+                "bad --kernels entry '", k, "'");
+  const long long cols = a.get_int("cols", 4096);
+  const auto uly = split_list(a.get("ulysses", "2,32,128"));
+  WEAVE_CHECK(uly.size() == 3, "--ulysses takes B,H,D");
+  const long long uB = std::stoll(uly[0]), uH = std::stoll(uly[1]), uD = std::stoll(uly[2]);
+  const double target_ms = std::stod(a.get("target-ms", "25"));
+  const int repeats = static_cast<int>(a.get_int("repeats", 5));
+  const std::string ar_algo = a.get("ar-algo", "auto");
+  WEAVE_CHECK(ar_algo == "auto" || ar_algo == "one_shot" || ar_algo == "two_shot", "bad --ar-algo '", ar_algo, "'");
+
+  const runtime::LaunchInfo li = runtime::detect_launch();
+  WEAVE_CHECK(li.world >= 2,
+              "weave-bench collectives needs at least 2 ranks (weave-run -n 2 -- weave-bench collectives)");
+  const int W = li.world, me = li.rank;
+  auto want = [&](const char* k) { return std::find(kernels.begin(), kernels.end(), k) != kernels.end(); };
+  std::vector<Case> cases;
+  for (DType t : dtypes) {
+    if (want("all_reduce"))
+      for (ReduceOp op : ops)
+        for (long long b : ar_sizes) cases.push_back(all_reduce_case(b, t, op, W));
+    for (int g = 0; g < 2; ++g) {
+      if (!want(g ? "reduce_scatter" : "all_gather")) continue;
+      for (ReduceOp op : g ? ops : std::vector<ReduceOp>{ReduceOp::sum})
+        for (int dim : {0, 1})
+          for (long long b : sizes) cases.push_back(gather_case(g == 0, b, dim, cols, t, op, W, me));
+    }
+    if (want("all_to_all"))
+      for (bool to_head : {true, false})
+        for (long long b : sizes) cases.push_back(ulysses_case(to_head, b, uB, uH, uD, t, W, me));
+  }
+  WEAVE_CHECK(!cases.empty(), "nothing to run");
+
+  // One pair of heap buffers for the largest case (reused by every case), plus room for the
+  // collectives' own heap needs.
+  size_t in_bytes = 0, out_bytes = 0;
+  for (const Case& c : cases) {
+    in_bytes = std::max(in_bytes, size_t(c.in_max) * dtype_size(c.t));
+    out_bytes = std::max(out_bytes, size_t(c.out_max) * dtype_size(c.t));
+  }
+  runtime::CommOptions o;
+  o.heap_bytes = in_bytes + out_bytes + (size_t(a.get_int("heap-slack-mib", 256)) << 20);
+  runtime::Communicator comm(li, o);
+  const bool lead = me == 0;
+  std::optional<bench::JsonSink> json;
+  if (lead) json.emplace(a);
+  cudaStream_t st;
+  WEAVE_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  coll::Collectives weave_coll(comm);
+  if (ar_algo != "auto")
+    weave_coll.set_all_reduce_algo(ar_algo == "one_shot" ? coll::AllReduceAlgo::one_shot
+                                                         : coll::AllReduceAlgo::two_shot);
+  ref::NcclCollectives nccl(comm);
+  ref::Checker checker;
+  void* in = comm.alloc(in_bytes);
+  void* out = comm.alloc(out_bytes);
+  void* ref_out = nullptr;
+  WEAVE_CUDA_CHECK(cudaMalloc(&ref_out, out_bytes));
+  const uint64_t seed = ref::mix64(gather_all<uint64_t>(comm, std::random_device{}() * 0x9E3779B97F4A7C15ull)[0]);
+
+  if (lead) {
+    std::printf(
+        "collectives: weave vs NCCL, %d ranks, %s, %zu cases; bus GB/s per NCCL's definitions, ratio = "
+        "weave / NCCL\n",
+        W, comm.props().name, cases.size());
+    std::printf("%-14s %-11s %-5s %-4s %-18s %8s %10s %9s %10s %9s %7s %s\n", "kernel", "layout", "dtype", "op",
+                "shape", "per-rank", "weave_us", "weave_bw", "nccl_us", "nccl_bw", "ratio", "check");
+    std::fflush(stdout);
+  }
+  bool all_ok = true;
+  std::map<std::string, std::pair<double, int>> log_ratio;  // kernel/layout -> (sum of log ratio, count)
+  for (size_t k = 0; k < cases.size(); ++k) {
+    const Case& c = cases[k];
+    const bool reduction = c.kernel == "all_reduce" || c.kernel == "reduce_scatter";
+    if (lead) {
+      std::printf("%-14s %-11s %-5s %-4s %-18s %8s ", c.kernel.c_str(), c.layout.c_str(), dtype_name(c.t),
+                  reduction ? op_name(c.op) : "-", shape_str(c.shape).c_str(), size_str(c.per_rank_bytes).c_str());
+      std::fflush(stdout);
+    }
+    // Correctness: the same random input to both, weave's output poisoned first.
+    ref::fill(in, c.in_elems, c.t, seed + k, me, ref::Values::uniform, st);
+    WEAVE_CUDA_CHECK(cudaMemsetAsync(out, 0xff, c.out_max * dtype_size(c.t), st));
+    comm.sync(st);
+    comm.barrier();
+    std::string err;
+    unsigned long long bad = 0;
+    bool threw = false;  // weave refused or failed: nothing to time
+    try {
+      call(c, nullptr, &nccl, in, ref_out, st);
+      call(c, &weave_coll, nullptr, in, out, st);
+      comm.sync(st);
+      checker.reset(st);
+      checker.check(out, ref_out, out_map(c, W, me), c.t, seed + k, ref::Values::uniform, c.op, ref::sum_rtol(c.t, W),
+                    st);
+      const auto r = checker.result(st);
+      bad = r.bad;
+      if (!r.ok()) err = "rank " + std::to_string(me) + ": " + r.str();
+    } catch (const weave::Error& e) {
+      err = e.what();
+      bad = 1;
+      threw = true;
+    }
+    const auto bads = gather_all<unsigned long long>(comm, bad);
+    const bool ok = std::all_of(bads.begin(), bads.end(), [](unsigned long long b) { return b == 0; });
+    all_ok = all_ok && ok;
+
+    // Timing: the same number of calls on every rank (derived from the size alone), slowest rank.
+    // Inputs are not rotated at small sizes: both sides read the same L2-resident input, as in
+    // nccl-tests, whose figures HARDWARE.md quotes.
+    const double guess_us = 15 + c.alg_bytes / 100e3;  // ~100 GB/s: only sizes the loop
+    const int iters = static_cast<int>(std::clamp(target_ms * 1e3 / guess_us, 1.0, 1000.0));
+    auto timed = [&](coll::Collectives* w, void* o) {
+      comm.barrier();
+      const double us = bench::time_us(
+          st, [&] { call(c, w, w ? nullptr : &nccl, in, o, st); }, 3, iters, repeats);
+      comm.sync(st);
+      const auto all = gather_all<double>(comm, us);
+      return *std::max_element(all.begin(), all.end());
+    };
+    const auto threw_any = gather_all<int>(comm, threw ? 1 : 0);
+    const bool time_weave = std::none_of(threw_any.begin(), threw_any.end(), [](int x) { return x; });
+    const double t_weave = time_weave ? timed(&weave_coll, out) : NAN;
+    const double t_nccl = timed(nullptr, ref_out);
+
+    auto bw = [&](double us) { return c.alg_bytes / us / 1e3; };  // GB/s
+    const double ratio = t_nccl / t_weave;
+    if (lead) {
+      std::printf("%10.1f %9.1f %10.1f %9.1f %7.3f %s\n", t_weave, bw(t_weave) * c.bus_factor, t_nccl,
+                  bw(t_nccl) * c.bus_factor, ratio, ok ? "ok" : "WRONG");
+      if (!err.empty()) std::printf("    %s\n", err.c_str());
+      std::fflush(stdout);
+      if (std::isfinite(ratio)) {
+        auto& lr = log_ratio[c.kernel + " " + c.layout];
+        lr.first += std::log(ratio), lr.second += 1;
+      }
+      for (int impl = 0; impl < 2; ++impl) {
+        // A weave call that threw gets a row with zero time and bandwidth, correct false, and the error.
+        const double t = impl == 0 && !time_weave ? 0 : impl == 0 ? t_weave : t_nccl;
+        bench::JsonLine j;
+        j.add("kernel", c.kernel)
+            .add("impl", impl == 0 ? "weave" : "nccl")
+            .add("dtype", dtype_name(c.t))
+            .add("layout", c.layout)
+            .add("shape", shape_str(c.shape))
+            .add("dim", c.dim)
+            .add("world", W)
+            .add("bytes", static_cast<long long>(c.per_rank_bytes))
+            .add("time_us", t)
+            .add("algbw_gbs", t > 0 ? bw(t) : 0.0)
+            .add("busbw_gbs", t > 0 ? bw(t) * c.bus_factor : 0.0)
+            .add("correct", impl == 0 ? ok : true)
+            .add("iters", iters);
+        if (reduction) j.add("op", op_name(c.op));
+        if (impl == 0 && time_weave) j.add("ratio_vs_nccl", ratio);
+        if (impl == 0 && !err.empty()) j.add("error", err);
+        if (impl == 1) j.add("includes_copies", c.nccl_copies);
+        json->write(j);
+      }
+    }
+    if (!err.empty() && !lead) std::fprintf(stderr, "weave-bench collectives: %s\n", err.c_str());
+  }
+  if (lead) {
+    std::printf("geomean ratio weave/NCCL:");
+    for (const auto& [name, lr] : log_ratio) std::printf("  %s %.3f", name.c_str(), std::exp(lr.first / lr.second));
+    std::printf("\n%s\n", all_ok ? "all results match NCCL" : "SOME RESULTS DIFFER FROM NCCL (see WRONG rows)");
+  }
+  comm.sync(st);
+  comm.barrier();
+  WEAVE_CUDA_CHECK(cudaFree(ref_out));
+  comm.free(out);
+  comm.free(in);
+  WEAVE_CUDA_CHECK(cudaStreamDestroy(st));
+  return all_ok ? 0 : 1;
+}
+
+}  // namespace
+
+WEAVE_BENCH(collectives,
+            "all_reduce / all_gather / reduce_scatter / Ulysses all_to_all: weave vs NCCL (--sizes 1M,1G --dtypes "
+            "bf16,fp16,fp32 --kernels ... --ops sum,max,min --cols N --ulysses B,H,D --ar-algo auto|one_shot|two_shot "
+            "--target-ms T --repeats R)",
+            run);
