@@ -54,6 +54,9 @@ class Collectives {
   // all_gather: `in` is this rank's shard (shape `full` with d[dim] = its shard size), `out` the full tensor.
   void all_gather(const void* in, void* out, const Shape& full, int dim, DType t, cudaStream_t s);
   // reduce_scatter: `in` is a full tensor on every rank, `out` this rank's shard of the reduction.
+  // In place (NCCL's convention): all_gather's `in` may be this rank's slice of `out`, and
+  // reduce_scatter's `out` this rank's slice of `in`, where that slice is contiguous (dim 0, or
+  // every dimension before `dim` of size 1).
   void reduce_scatter(const void* in, void* out, const Shape& full, int dim, DType t, ReduceOp op, cudaStream_t s);
 
   // Ulysses: (B, S/W, H, D) -> (B, S, H/W, D) and back; S split by shard(S, W, r), H % W == 0.

@@ -1,8 +1,12 @@
 #include "weave/runtime/communicator.hpp"
 
+#include <signal.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <thread>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -57,6 +61,19 @@ struct Registration {
   std::vector<void*> opened;  // peer bases from cudaIpcOpenMemHandle, closed on deregister
 };
 
+// A page per rank in host shared memory (memfd, shared once over the bootstrap) where each rank
+// posts the values of its n-th check_same call: comparing arguments across ranks costs a few
+// cache-line transfers instead of a socket round trip, so it can run on every collective call.
+constexpr int kCheckValues = 16;
+struct MailSlot {
+  std::atomic<unsigned long long> seq;
+  long long values[kCheckValues];
+};
+struct Mailbox {
+  MailSlot slot[4];  // a rank is at most one call ahead of any peer that has not checked yet
+};
+static_assert(sizeof(Mailbox) <= 4096 && std::atomic<unsigned long long>::is_always_lock_free);
+
 struct IpcMsg {
   cudaIpcMemHandle_t handle;
   unsigned long long offset, bytes;
@@ -77,6 +94,10 @@ struct Communicator::Impl {
   std::vector<bool> mapped;
   std::unique_ptr<OffsetAllocator> alloc;
   std::vector<Registration> regs;
+  // check_same
+  std::vector<Mailbox*> mail;
+  std::vector<long long> pids;
+  unsigned long long check_seq = 0;
   // diagnostics
   WaitRecord* record_host = nullptr;
   WaitRecord* record_dev = nullptr;
@@ -93,6 +114,9 @@ struct Communicator::Impl {
 };
 
 void Communicator::Impl::teardown() noexcept {
+  for (Mailbox* m : mail)
+    if (m) munmap(m, 4096);
+  mail.clear();
   for (auto& r : regs)
     for (void* p : r.opened) cudaIpcCloseMemHandle(p);
   regs.clear();
@@ -168,6 +192,30 @@ Communicator::Communicator(const LaunchInfo& info, CommOptions opt) : impl_(std:
     LaunchInfo bi = info;
     bi.job_id += "-c" + std::to_string(g_instance.fetch_add(1));
     m.boot = std::make_unique<Bootstrap>(bi, opt.bootstrap_timeout);
+    {
+      int fd = memfd_create("weave-check", MFD_CLOEXEC);
+      if (fd < 0 || ftruncate(fd, 4096) != 0) {
+        if (fd >= 0) close(fd);
+        throw Error(detail::concat("weave: memfd for cross-rank checks: ", std::strerror(errno)));
+      }
+      std::vector<int> fds;
+      try {
+        fds = m.boot->all_gather_fd(fd);
+      } catch (...) {
+        close(fd);
+        throw;
+      }
+      close(fd);
+      for (int f : fds) {
+        void* p = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, f, 0);
+        close(f);
+        WEAVE_CHECK(p != MAP_FAILED, "mmap of a peer's check page failed: ", std::strerror(errno));
+        m.mail.push_back(static_cast<Mailbox*>(p));
+      }
+      long long pid = getpid();
+      m.pids.resize(info.world);
+      m.boot->all_gather(&pid, m.pids.data(), sizeof pid);
+    }
 
     // The heap: one VMM allocation per rank, exported once as a POSIX fd, mapped by every rank.
     CUmemAllocationProp prop{};
@@ -268,19 +316,34 @@ void Communicator::check_same(const std::string& what, const std::vector<long lo
   Impl& m = *impl_;
   const int W = m.info.world;
   // A length prefix makes vectors of different lengths disagree instead of misaligning.
-  const size_t n = 16;
-  WEAVE_CHECK(values.size() < n, "check_same: at most ", n - 1, " values");
-  std::vector<long long> mine(n, 0), all(n * W);
-  mine[0] = static_cast<long long>(values.size());
-  for (size_t i = 0; i < values.size(); ++i) mine[i + 1] = values[i];
-  m.boot->all_gather(mine.data(), all.data(), n * sizeof(long long));
+  WEAVE_CHECK(values.size() < kCheckValues, "check_same: at most ", kCheckValues - 1, " values");
+  const unsigned long long n = ++m.check_seq;
+  MailSlot& mine = m.mail[m.info.rank]->slot[n % 4];
+  mine.values[0] = static_cast<long long>(values.size());
+  for (int i = 1; i < kCheckValues; ++i) mine.values[i] = size_t(i) <= values.size() ? values[i - 1] : 0;
+  mine.seq.store(n, std::memory_order_release);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int r = 0; r < W; ++r) {
+    const MailSlot& s = m.mail[r]->slot[n % 4];
+    for (long spins = 0; s.seq.load(std::memory_order_acquire) != n; ++spins) {
+      if (spins < 20000) continue;
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      if (spins % 2000 != 0) continue;
+      if (kill(static_cast<pid_t>(m.pids[r]), 0) != 0 && errno == ESRCH)
+        throw Error(detail::concat("weave: rank ", r, " (pid ", m.pids[r], ") exited before checking ", what));
+      if (std::chrono::steady_clock::now() - t0 > std::chrono::minutes(5))
+        throw Error(detail::concat("weave: rank ", r, " did not reach the check of ", what, " within 5 minutes"));
+    }
+  }
   auto render = [&](int r) {
+    const long long* v = m.mail[r]->slot[n % 4].values;
     std::string s = "(";
-    for (long long i = 0; i < all[r * n]; ++i) s += (i ? ", " : "") + std::to_string(all[r * n + 1 + i]);
+    for (long long i = 0; i < v[0] && i + 1 < kCheckValues; ++i) s += (i ? ", " : "") + std::to_string(v[i + 1]);
     return s + ")";
   };
-  for (int r = 0; r < W; ++r)
-    if (!std::equal(all.begin() + r * n, all.begin() + (r + 1) * n, all.begin()))
+  const long long* v0 = m.mail[0]->slot[n % 4].values;
+  for (int r = 1; r < W; ++r)
+    if (!std::equal(v0, v0 + kCheckValues, m.mail[r]->slot[n % 4].values))
       throw Error(detail::concat("weave: ", what, " differs across ranks: rank 0 has ", render(0), ", rank ", r,
                                  " has ", render(r)));
 }

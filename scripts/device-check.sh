@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# On a GPU machine, from the repo root with a carried build/ (built elsewhere at /work/main):
+# the GPU tests through CTest, the launchers' compatibility, and the benchmarks. Logs in $OUT.
+# Usage: scripts/device-check.sh [tests] [launchers] [bench:SUB,...]
+set -u
+OUT=${OUT:-/tmp/weave-out}; mkdir -p "$OUT"
+root=$PWD
+# CTest files hold the build's absolute paths: make them resolve here.
+[ "$root" = /work/main ] || { mkdir -p /work; [ -e /work/main ] || ln -s "$root" /work/main; }
+bin=/work/main/build/bin
+for step in "$@"; do
+  case $step in
+    tests)
+      (cd /work/main/build && timeout 500 ctest -L 'gpu' --output-on-failure 2>&1 | tee "$OUT/ctest.log" | tail -40) ;;
+    launchers)
+      { echo "== torchrun"; timeout 60 torchrun --nproc_per_node=2 --no-python "$bin/example_pass_tile" 2>&1 | grep -v -i warn
+        echo "torchrun rc=${PIPESTATUS[0]}"
+        echo "== mpirun"; timeout 60 mpirun --allow-run-as-root -np 2 "$bin/example_pass_tile" 2>&1 | tail -5
+        echo "mpirun rc=${PIPESTATUS[0]}"; } | tee "$OUT/launchers.log" ;;
+    bench:*)
+      for sub in $(echo "${step#bench:}" | tr , ' '); do
+        n=2; [ "$sub" = gemm ] && n=1
+        timeout 400 "$bin/weave-run" -n $n -- "$bin/weave-bench" "$sub" --json "$OUT/$sub.json" 2>&1 | tee "$OUT/$sub.log"
+      done ;;
+  esac
+done
