@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# On a GPU machine, from the repo root with a carried build/ (built elsewhere at /work/main):
+# On a GPU machine, from the repo root with a carried build/ configured elsewhere at
+# $WEAVE_BUILD_ROOT (default /work/main):
 # the GPU tests through CTest, the launchers' compatibility, and the benchmarks. Logs in $OUT.
 # Usage: scripts/device-check.sh [tests] [launchers] [bench:SUB,...]
 set -u
 OUT=${OUT:-/tmp/weave-out}; mkdir -p "$OUT"
 root=$PWD
+B=${WEAVE_BUILD_ROOT:-/work/main}
 # CTest files hold the build's absolute paths: make them resolve here.
-[ "$root" = /work/main ] || { mkdir -p /work; [ -e /work/main ] || ln -s "$root" /work/main; }
-bin=/work/main/build/bin
+[ "$root" = "$B" ] || { mkdir -p "$(dirname "$B")"; [ -e "$B" ] || ln -s "$root" "$B"; }
+bin=$B/build/bin
 for step in "$@"; do
   case $step in
     tests)
-      (cd /work/main/build && timeout 500 ctest -L 'gpu' --output-on-failure 2>&1 | tee "$OUT/ctest.log" | tail -40) ;;
+      (cd "$B/build" && timeout 500 ctest -L 'gpu' --output-on-failure 2>&1 | tee "$OUT/ctest.log" | tail -40) ;;
     launchers)
       { echo "== torchrun"; timeout 60 torchrun --nproc_per_node=2 --no-python "$bin/example_pass_tile" 2>&1 | grep -v -i warn
         echo "torchrun rc=${PIPESTATUS[0]}"
