@@ -16,8 +16,9 @@ namespace {
 // Per rank and call, one-shot pulls (W-1) x bytes; two-shot moves 2 (W-1)/W x bytes in two
 // directions. Below this size the single phase wins (measured; docs in README.md).
 constexpr size_t kOneShotMaxBytes = size_t(512) << 10;
-// Bytes of work per block: enough blocks to keep many peer accesses in flight at small sizes.
-constexpr long long kBlockBytes = 16 << 10;
+// Bytes of work per block: one 16-byte unit per thread and step, so that small calls spread
+// over many SMs and finish in one round trip of peer accesses.
+constexpr long long kBlockBytes = kThreads * 16;
 
 int largest_vec(std::initializer_list<long long> v, int elt) {
   int vec = 16;
@@ -78,7 +79,14 @@ struct Collectives::Impl {
       d.dst_pitch = x.dst_pitch;
       total += units;
     }
-    const int blocks = static_cast<int>(std::clamp<long long>((work + kBlockBytes - 1) / kBlockBytes, 1, blocks_max));
+    const int blocks = std::max(kMaxXfers, static_cast<int>(std::clamp<long long>(
+                                                (work + kBlockBytes - 1) / kBlockBytes, 1, blocks_max)));
+    int begin[kMaxXfers], count[kMaxXfers];
+    assign_blocks(plan, comm.rank(), blocks, begin, count);
+    for (int j = 0; j < L.n; ++j) {
+      L.x[j].block_begin = begin[j];
+      L.x[j].blocks = count[j];
+    }
     arrived += arrivals_per_call(W);
     done += dones_per_call(W, blocks);
     L.sig = sig.view();

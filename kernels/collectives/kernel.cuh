@@ -23,6 +23,7 @@ struct DevXfer {
   unsigned rows;           // rows per outer step
   unsigned long long units;  // outer * rows * upr
   long long src_outer_pitch, dst_outer_pitch, src_pitch, dst_pitch;
+  int block_begin, blocks;  // the blocks of the grid that run this transfer
 };
 
 struct Launch {
@@ -98,11 +99,12 @@ __device__ __forceinline__ void run_units(const DevXfer& x, unsigned long long u
   }
 }
 
+// Block `b` of the transfer's `x.blocks` takes a thread-strided share, kUnroll units per step.
 template <class T, ReduceOp Op, class V>
-__device__ __forceinline__ void run_xfer(const DevXfer& x, unsigned long long begin, unsigned long long end) {
-  // This block's share of [begin, end): thread-strided, kUnroll units per step.
-  const unsigned long long stride = static_cast<unsigned long long>(gridDim.x) * blockDim.x;
-  for (unsigned long long u = begin + blockIdx.x * blockDim.x + threadIdx.x; u < end; u += stride * kUnroll) {
+__device__ __forceinline__ void run_xfer(const DevXfer& x, int b) {
+  const unsigned long long stride = static_cast<unsigned long long>(x.blocks) * blockDim.x, end = x.units;
+  for (unsigned long long u = static_cast<unsigned long long>(b) * blockDim.x + threadIdx.x; u < end;
+       u += stride * kUnroll) {
     const unsigned long long left = (end - u + stride - 1) / stride;
     run_units<T, Op, V>(x, u, stride, left < kUnroll ? static_cast<int>(left) : kUnroll);
   }
@@ -117,12 +119,16 @@ __global__ void __launch_bounds__(kThreads) collective_kernel(const __grid_const
     wait(L.sig, 0, L.arrive_expect);
   }
   __syncthreads();
+  // Transfers run side by side on disjoint block groups, so that a rank's local copy overlaps
+  // its NVLink traffic instead of queueing behind it.
   for (int j = 0; j < L.n; ++j) {
     const DevXfer& x = L.x[j];
-    if (x.vec == 16) detail::run_xfer<T, Op, int4>(x, 0, x.units);
-    else if (x.vec == 8) detail::run_xfer<T, Op, int2>(x, 0, x.units);
-    else if (x.vec == 4 && sizeof(T) <= 4) detail::run_xfer<T, Op, int>(x, 0, x.units);
-    else detail::run_xfer<T, Op, T>(x, 0, x.units);
+    const int b = static_cast<int>(blockIdx.x) - x.block_begin;
+    if (b < 0 || b >= x.blocks) continue;
+    if (x.vec == 16) detail::run_xfer<T, Op, int4>(x, b);
+    else if (x.vec == 8) detail::run_xfer<T, Op, int2>(x, b);
+    else if (x.vec == 4 && sizeof(T) <= 4) detail::run_xfer<T, Op, int>(x, b);
+    else detail::run_xfer<T, Op, T>(x, b);
   }
   __syncthreads();
   if (threadIdx.x == 0) {

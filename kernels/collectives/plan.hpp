@@ -150,6 +150,30 @@ __host__ __device__ inline Plan plan_ulysses(bool seq_to_head, long long B, long
   return p;
 }
 
+// Splits `blocks` (>= plan.n) among the plan's transfers in proportion to their cost: bytes,
+// weighted up for every source or destination on another rank (NVLink is the scarce resource).
+// Every transfer gets at least one block; the counts sum to `blocks` exactly.
+__host__ __device__ inline void assign_blocks(const Plan& p, int rank, int blocks, int* begin, int* count) {
+  double cost[kMaxXfers], total = 0;
+  for (int j = 0; j < p.n; ++j) {
+    const Xfer& x = p.x[j];
+    int remote = 0;
+    for (int i = 0; i < x.nsrc; ++i) remote += x.src_rank[i] != rank;
+    for (int i = 0; i < x.ndst; ++i) remote += x.dst_rank[i] != rank;
+    cost[j] = static_cast<double>(x.outer * x.rows * x.row_bytes) * (1 + 4 * remote);
+    total += cost[j];
+  }
+  int given = 0;
+  for (int j = 0; j < p.n; ++j) {
+    const int left = blocks - given - (p.n - 1 - j);  // keep one for each later transfer
+    int c = j == p.n - 1 ? left : static_cast<int>(total > 0 ? cost[j] / total * blocks : 1);
+    c = c < 1 ? 1 : c > left ? left : c;
+    begin[j] = given;
+    count[j] = c;
+    given += c;
+  }
+}
+
 // Per call, every rank's block 0 signals "arrived" to every rank and every block of every rank
 // signals "done" to every rank (after its reads and writes): what each rank waits for.
 __host__ __device__ inline unsigned long long arrivals_per_call(int world) { return world; }
