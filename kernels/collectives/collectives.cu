@@ -79,14 +79,7 @@ struct Collectives::Impl {
       d.dst_pitch = x.dst_pitch;
       total += units;
     }
-    const int blocks = std::max(kMaxXfers, static_cast<int>(std::clamp<long long>(
-                                                (work + kBlockBytes - 1) / kBlockBytes, 1, blocks_max)));
-    int begin[kMaxXfers], count[kMaxXfers];
-    assign_blocks(plan, comm.rank(), blocks, begin, count);
-    for (int j = 0; j < L.n; ++j) {
-      L.x[j].block_begin = begin[j];
-      L.x[j].blocks = count[j];
-    }
+    const int blocks = static_cast<int>(std::clamp<long long>((work + kBlockBytes - 1) / kBlockBytes, 1, blocks_max));
     arrived += arrivals_per_call(W);
     done += dones_per_call(W, blocks);
     L.sig = sig.view();

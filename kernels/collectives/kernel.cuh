@@ -23,7 +23,6 @@ struct DevXfer {
   unsigned rows;           // rows per outer step
   unsigned long long units;  // outer * rows * upr
   long long src_outer_pitch, dst_outer_pitch, src_pitch, dst_pitch;
-  int block_begin, blocks;  // the blocks of the grid that run this transfer
 };
 
 struct Launch {
@@ -33,8 +32,14 @@ struct Launch {
   unsigned long long arrive_expect, done_expect;
 };
 
-inline constexpr int kThreads = 256;  // 256 x 2 units: no spills at 8 sources (ptxas -v)
-inline constexpr int kUnroll = 2;
+// 256 threads x 2 units: no spills at 8 sources (ptxas -v). Overridable at build time only, for
+// the experiments in docs/perf-notes.md.
+#ifndef WEAVE_COLL_THREADS
+#define WEAVE_COLL_THREADS 256
+#define WEAVE_COLL_UNROLL 2
+#endif
+inline constexpr int kThreads = WEAVE_COLL_THREADS;
+inline constexpr int kUnroll = WEAVE_COLL_UNROLL;
 
 namespace detail {
 
@@ -99,11 +104,11 @@ __device__ __forceinline__ void run_units(const DevXfer& x, unsigned long long u
   }
 }
 
-// Block `b` of the transfer's `x.blocks` takes a thread-strided share, kUnroll units per step.
+// The grid takes a thread-strided share of the transfer's units, kUnroll units per step.
 template <class T, ReduceOp Op, class V>
-__device__ __forceinline__ void run_xfer(const DevXfer& x, int b) {
-  const unsigned long long stride = static_cast<unsigned long long>(x.blocks) * blockDim.x, end = x.units;
-  for (unsigned long long u = static_cast<unsigned long long>(b) * blockDim.x + threadIdx.x; u < end;
+__device__ __forceinline__ void run_xfer(const DevXfer& x) {
+  const unsigned long long stride = static_cast<unsigned long long>(gridDim.x) * blockDim.x, end = x.units;
+  for (unsigned long long u = static_cast<unsigned long long>(blockIdx.x) * blockDim.x + threadIdx.x; u < end;
        u += stride * kUnroll) {
     const unsigned long long left = (end - u + stride - 1) / stride;
     run_units<T, Op, V>(x, u, stride, left < kUnroll ? static_cast<int>(left) : kUnroll);
@@ -119,16 +124,14 @@ __global__ void __launch_bounds__(kThreads) collective_kernel(const __grid_const
     wait(L.sig, 0, L.arrive_expect);
   }
   __syncthreads();
-  // Transfers run side by side on disjoint block groups, so that a rank's local copy overlaps
-  // its NVLink traffic instead of queueing behind it.
+  // Transfers run one after the other on the whole grid, in the plan's order (remote first,
+  // staggered by rank). Running them side by side on block groups measured slower (perf-notes).
   for (int j = 0; j < L.n; ++j) {
     const DevXfer& x = L.x[j];
-    const int b = static_cast<int>(blockIdx.x) - x.block_begin;
-    if (b < 0 || b >= x.blocks) continue;
-    if (x.vec == 16) detail::run_xfer<T, Op, int4>(x, b);
-    else if (x.vec == 8) detail::run_xfer<T, Op, int2>(x, b);
-    else if (x.vec == 4 && sizeof(T) <= 4) detail::run_xfer<T, Op, int>(x, b);
-    else detail::run_xfer<T, Op, T>(x, b);
+    if (x.vec == 16) detail::run_xfer<T, Op, int4>(x);
+    else if (x.vec == 8) detail::run_xfer<T, Op, int2>(x);
+    else if (x.vec == 4 && sizeof(T) <= 4) detail::run_xfer<T, Op, int>(x);
+    else detail::run_xfer<T, Op, T>(x);
   }
   __syncthreads();
   if (threadIdx.x == 0) {

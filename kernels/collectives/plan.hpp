@@ -78,6 +78,10 @@ __host__ __device__ inline Plan plan_all_reduce(bool two_shot, long long bytes, 
   return p;
 }
 
+// Destinations in the order rank r serves them: r+1, r+2, ..., r itself last. At any moment the
+// ranks push to different peers, and the local copy, which needs no NVLink, comes last.
+__host__ __device__ inline int staggered(int r, int k, int world) { return (r + 1 + k) % world; }
+
 // all_gather along `dim`: rank r pushes its shard (outer, mid_r, inner) into every rank's output
 // at mid offset begin_r.
 __host__ __device__ inline Plan plan_all_gather(const Shape& full, int dim, int elt, int world, int r) {
@@ -85,7 +89,8 @@ __host__ __device__ inline Plan plan_all_gather(const Shape& full, int dim, int 
   const detail::Split3 v = detail::split3(full, dim);
   const Range sh = shard(v.mid, world, r);
   if (sh.size == 0 || v.outer == 0 || v.inner == 0) return p;
-  for (int q = 0; q < world; ++q) {
+  for (int k = 0; k < world; ++k) {
+    const int q = staggered(r, k, world);
     Xfer& x = p.x[p.n++];
     x.src_rank[x.nsrc++] = r;
     x.dst_rank[x.ndst++] = q;
@@ -122,7 +127,8 @@ __host__ __device__ inline Plan plan_ulysses(bool seq_to_head, long long B, long
                                              int elt, int world, int r) {
   Plan p;
   const long long Hq = H / world, piece = Hq * D * elt;
-  for (int q = 0; q < world; ++q) {
+  for (int k = 0; k < world; ++k) {
+    const int q = staggered(r, k, world);
     const Range rs = shard(S, world, seq_to_head ? r : q);  // the sequence rows that move
     if (rs.size == 0 || B == 0 || piece == 0) continue;
     Xfer& x = p.x[p.n++];
@@ -148,30 +154,6 @@ __host__ __device__ inline Plan plan_ulysses(bool seq_to_head, long long B, long
     }
   }
   return p;
-}
-
-// Splits `blocks` (>= plan.n) among the plan's transfers in proportion to their cost: bytes,
-// weighted up for every source or destination on another rank (NVLink is the scarce resource).
-// Every transfer gets at least one block; the counts sum to `blocks` exactly.
-__host__ __device__ inline void assign_blocks(const Plan& p, int rank, int blocks, int* begin, int* count) {
-  double cost[kMaxXfers], total = 0;
-  for (int j = 0; j < p.n; ++j) {
-    const Xfer& x = p.x[j];
-    int remote = 0;
-    for (int i = 0; i < x.nsrc; ++i) remote += x.src_rank[i] != rank;
-    for (int i = 0; i < x.ndst; ++i) remote += x.dst_rank[i] != rank;
-    cost[j] = static_cast<double>(x.outer * x.rows * x.row_bytes) * (1 + 4 * remote);
-    total += cost[j];
-  }
-  int given = 0;
-  for (int j = 0; j < p.n; ++j) {
-    const int left = blocks - given - (p.n - 1 - j);  // keep one for each later transfer
-    int c = j == p.n - 1 ? left : static_cast<int>(total > 0 ? cost[j] / total * blocks : 1);
-    c = c < 1 ? 1 : c > left ? left : c;
-    begin[j] = given;
-    count[j] = c;
-    given += c;
-  }
 }
 
 // Per call, every rank's block 0 signals "arrived" to every rank and every block of every rank

@@ -249,26 +249,15 @@ TEST(Schedule, WaitsExpectExactlyTheSignalsSent) {
   }
 }
 
-TEST(Schedule, BlocksSplitExactlyWithOneForEveryTransfer) {
-  std::mt19937 rng(6);
-  for (int W = 2; W <= 8; ++W)
-    for (int trial = 0; trial < 200; ++trial) {
-      Shape full = random_shape(rng);
-      const int dim = rng() % full.ndim, r = rng() % W;
-      const Plan plans[] = {plan_all_gather(full, dim, 2, W, r), plan_reduce_scatter(full, dim, 2, W, r),
-                            plan_all_reduce(trial % 2, full.numel() * 2, W, r),
-                            plan_ulysses(trial % 2, 2, full.d[0], W * 2, 8, 2, W, r)};
-      for (const Plan& p : plans) {
-        const int blocks = kMaxXfers + rng() % 200;
-        int begin[kMaxXfers], count[kMaxXfers];
-        assign_blocks(p, r, blocks, begin, count);
-        int next = 0;
-        for (int j = 0; j < p.n; ++j) {
-          ASSERT_EQ(begin[j], next);
-          ASSERT_GE(count[j], 1);
-          next += count[j];
-        }
-        if (p.n) ASSERT_EQ(next, blocks) << "every block of the grid belongs to one transfer";
-      }
+TEST(Schedule, StaggeredOrderServesEveryRankOnceLocalLast) {
+  for (int W = 1; W <= 8; ++W)
+    for (int r = 0; r < W; ++r) {
+      std::vector<int> seen(W, 0);
+      for (int k = 0; k < W; ++k) seen[staggered(r, k, W)]++;
+      for (int q = 0; q < W; ++q) ASSERT_EQ(seen[q], 1);
+      ASSERT_EQ(staggered(r, W - 1, W), r);
+      // At step k no two ranks push to the same destination.
+      for (int k = 0; k < W; ++k)
+        for (int r2 = 0; r2 < r; ++r2) ASSERT_NE(staggered(r, k, W), staggered(r2, k, W));
     }
 }
