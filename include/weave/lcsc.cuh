@@ -36,6 +36,8 @@
 //           finish(g, ConsumerState&, Output&, w, c, p)   consumer: registers -> Output, part p
 //           store(g, Output&, w, p)                       storer thread; async bulk stores
 //           communicator(g, void* smem, i, n)             all threads of comm block i of n
+//           store_done(g, compute_blocks) (optional)      storer thread, after its last store
+//                                                        completed (fused kernels: final signals)
 #pragma once
 #include <cuda_runtime.h>
 
@@ -71,6 +73,12 @@ struct ClusterSizeOf<K, std::void_t<decltype(K::kClusterSize)>> {
 };
 template <class K>
 constexpr int cluster_size_v = ClusterSizeOf<K>::value;
+
+// Optional storer epilogue (K::store_done): absent in the plain GEMM, which compiles to nothing.
+template <class K, class = void>
+struct HasStoreDone : std::false_type {};
+template <class K>
+struct HasStoreDone<K, std::void_t<decltype(&K::store_done)>> : std::true_type {};
 
 template <class K>
 struct SharedStorage {
@@ -250,6 +258,7 @@ __device__ __forceinline__ void run_storer(const typename K::Globals& g, SharedS
     }
   }
   tile::tma::wait_group<0>();
+  if constexpr (HasStoreDone<K>::value) K::store_done(g, compute_blocks);
 }
 
 }  // namespace detail

@@ -1,0 +1,71 @@
+// Tuner: picks a kernel's variant and num_comm_sms per (kernel, shape, world, device) key by a
+// bounded search over the candidates the kernel offers, on first use of the key. Progress is
+// printed (rank 0, stderr); the winner is kept in memory and in a JSON file, by default
+// $XDG_CACHE_HOME/weave/tuner.json (else ~/.cache/weave/tuner.json; $WEAVE_TUNER_CACHE names
+// another file, "off" disables the file). A corrupt or unreadable file is reported and replaced,
+// never fatal. Kernels take an explicit num_comm_sms that bypasses the tuner.
+#pragma once
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace weave::runtime {
+
+class Communicator;
+
+struct TuneCandidate {
+  int variant = 0;
+  int num_comm_sms = 0;
+  bool operator==(const TuneCandidate& o) const { return variant == o.variant && num_comm_sms == o.num_comm_sms; }
+};
+
+struct TuneResult {
+  TuneCandidate choice;
+  double time_us = 0;       // the slowest rank's time of the winner when it was measured
+  bool from_cache = false;  // memory or file, no search this time
+};
+
+// "kernel|d0xd1x...|wW|device": the cache key (device: name and SM count).
+std::string tune_key(const std::string& kernel, const std::vector<long long>& shape, int world,
+                     const std::string& device);
+
+class Tuner {
+ public:
+  // The process-wide tuner on default_path().
+  static Tuner& global();
+  // "" = default_path(); "off" = memory only.
+  explicit Tuner(std::string cache_file = "");
+
+  static std::string default_path();
+  const std::string& path() const { return path_; }
+  void set_verbose(bool v) { verbose_ = v; }
+
+  // The cached choice for `key`, or the search: every candidate is measured by `measure_us`
+  // (this rank's time in µs; it runs the kernel). With a communicator the call is collective:
+  // every rank passes the same key and candidates, rank 0's cache decides hit or miss, times are
+  // combined as the maximum over ranks, so every rank returns the same choice.
+  TuneResult choose(Communicator* comm, const std::string& key, const std::vector<TuneCandidate>& candidates,
+                    const std::function<double(const TuneCandidate&)>& measure_us);
+
+  // Memory, then the file.
+  bool lookup(const std::string& key, TuneResult* out);
+  // Memory, and the file when `write_file` (read-merge-write through a temporary and rename).
+  void remember(const std::string& key, const TuneResult& r, bool write_file = true);
+  void forget_memory();  // tests: drop the in-memory cache
+
+  // The file format (pure; tested on the CPU). parse() returns false and says why for text that
+  // is not a tuner cache; `out` then holds nothing.
+  static bool parse(const std::string& text, std::map<std::string, TuneResult>* out, std::string* error);
+  static std::string serialize(const std::map<std::string, TuneResult>& entries);
+
+ private:
+  std::map<std::string, TuneResult> read_file(bool warn);
+  std::string path_;
+  bool verbose_ = true;
+  std::mutex mu_;
+  std::map<std::string, TuneResult> mem_;
+};
+
+}  // namespace weave::runtime

@@ -1,0 +1,84 @@
+// Host side of AllGather + GEMM: validation, shape check, per-owner maps, signals, tuner.
+#include "ag_gemm/ag_gemm.hpp"
+#include "ag_gemm/ag_gemm_kernel.cuh"
+#include "weave/lcsc.cuh"
+#include "weave/runtime/tuner.hpp"
+
+namespace weave::tp {
+
+struct AgGemm::Impl {
+  runtime::Communicator& c;
+  ArgCheck check;
+  ShapeSignals sig{"tp.ag_gemm"};
+  explicit Impl(runtime::Communicator& cc) : c(cc) {}
+};
+
+AgGemm::AgGemm(runtime::Communicator& c) : impl_(std::make_unique<Impl>(c)) {}
+AgGemm::~AgGemm() = default;
+
+std::vector<int> AgGemm::comm_sms_candidates(int M, int K, int W, int sm_count) {
+  (void)K;
+  const int row_tiles = (shard(M, W, 0).size + kBM - 1) / kBM;  // more blocks than row tiles idle
+  std::vector<int> v;
+  for (int n : {2, 4, 8, 12, 16, 24, 32})
+    if (n <= row_tiles && n < sm_count / 2) v.push_back(n);
+  if (v.empty()) v.push_back(1);
+  return v;
+}
+
+LaunchInfo AgGemm::launch(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf16* C, int M, int N, int K,
+                          int ncomm, cudaStream_t s) {
+  Impl& m = *impl_;
+  const int W = m.c.world(), rank = m.c.rank();
+  AgGlobals g{};
+  g.L = make_layout(M, N, W, default_group_m(K));
+  const runtime::PeerPtrs pp = m.c.peers(a_gathered, size_t(M) * K * sizeof(bf16));
+  const Range mine = shard(M, W, rank);
+  for (int q = 0; q < W; ++q) {
+    const Range sq = shard(M, W, q);
+    const bf16* src = q == rank ? a_shard : a_gathered + size_t(sq.begin) * K;
+    g.asrc[q] = map_128x64(src, sq.size, K, K);
+    g.cdst[q] = map_128x64(C + size_t(sq.begin) * N, sq.size, N, N);
+    g.gdst[q] = map_128x64(static_cast<const bf16*>(pp[q]) + size_t(mine.begin) * K, mine.size, K, K);
+  }
+  g.copy_local = a_shard != a_gathered + size_t(mine.begin) * K;
+  g.b = map_b_kn(B, K, N);
+  g.M = M, g.N = N, g.K = K;
+  g.tiles_m = g.L.row_tiles(), g.tiles_n = g.L.tiles_n, g.group_m = g.L.group_m, g.accumulate = 0;
+  g.rank = rank;
+  const std::vector<int> counts = {ag_ready_count(g.L), 1};
+  runtime::SignalSet& rd = m.sig.get(m.c, {M, N, K}, counts, 0);
+  runtime::SignalSet& ar = m.sig.get(m.c, {M, N, K}, counts, 1);
+  g.ready = rd.view();
+  g.arrive = ar.view();
+  g.ready_round = rd.next_round();
+  g.arrive_round = ar.next_round();
+  lcsc::Config cfg;
+  cfg.num_comm_sms = ncomm;
+  const lcsc::Plan p = lcsc::launch<AgKernel>(g, cfg, s);
+  return {ncomm, p.compute_blocks, false};
+}
+
+LaunchInfo AgGemm::run(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf16* C, int M, int N, int K,
+                       const Options& o, cudaStream_t s) {
+  Impl& m = *impl_;
+  validate("ag_gemm", M, N, K);
+  WEAVE_CHECK(a_shard && a_gathered && B && C, "ag_gemm: null pointer");
+  WEAVE_CHECK(M >= m.c.world(), "ag_gemm: M = ", M, " gives some rank no rows (world ", m.c.world(), ")");
+  m.check(m.c, "ag_gemm shape (M, N, K)", {M, N, K});
+  if (o.num_comm_sms >= 0) {
+    WEAVE_CHECK(o.num_comm_sms >= 1, "ag_gemm: the push kernel needs num_comm_sms >= 1 (got ", o.num_comm_sms, ")");
+    return launch(a_shard, a_gathered, B, C, M, N, K, o.num_comm_sms, s);
+  }
+  std::vector<runtime::TuneCandidate> cands;
+  for (int n : comm_sms_candidates(M, K, m.c.world(), m.c.sm_count())) cands.push_back({0, n});
+  const std::string key = runtime::tune_key("ag_gemm", {M, N, K}, m.c.world(), device_key(m.c));
+  const runtime::TuneResult r = runtime::Tuner::global().choose(&m.c, key, cands, [&](const runtime::TuneCandidate& t) {
+    return time_launches(s, [&] { launch(a_shard, a_gathered, B, C, M, N, K, t.num_comm_sms, s); });
+  });
+  LaunchInfo li = launch(a_shard, a_gathered, B, C, M, N, K, r.choice.num_comm_sms, s);
+  li.tuned = true;
+  return li;
+}
+
+}  // namespace weave::tp

@@ -1,0 +1,28 @@
+// GEMM + all-reduce (README.md): out = sum over ranks of A_q * B_q on every rank.
+#pragma once
+#include <memory>
+
+#include "tp_common/host.hpp"
+
+namespace weave::tp {
+
+class GemmAR {
+ public:
+  explicit GemmAR(runtime::Communicator& c);
+  ~GemmAR();
+  GemmAR(const GemmAR&) = delete;
+  GemmAR& operator=(const GemmAR&) = delete;
+
+  // Collective. A: M x K, B: K x N row-major (any device memory); out: symmetric M x N, receives
+  // the sum (also the kernel's staging buffer: its previous contents do not matter).
+  LaunchInfo run(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, const Options& o = {},
+                 cudaStream_t s = nullptr);
+  static std::vector<int> comm_sms_candidates(int M, int N, int W, int sm_count);
+
+ private:
+  LaunchInfo launch(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, int ncomm, cudaStream_t s);
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace weave::tp

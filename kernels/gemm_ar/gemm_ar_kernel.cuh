@@ -1,0 +1,91 @@
+// GEMM + all-reduce, inter-SM: the GEMM kernel writes each tile to this rank's buffer and
+// signals the tile's owner; the owner's communicator blocks reduce the tile over all ranks
+// (16-byte peer loads, fp32, rank order 0..W-1: bit-identical on every rank) and write the sum
+// into every rank's buffer, then signal `done` everywhere. README.md counts the lines.
+#pragma once
+#include "gemm/gemm_kernel.cuh"
+#include "tp_common/schedule.hpp"
+#include "weave/signal.cuh"
+#include "weave/store.cuh"
+
+namespace weave::tp {
+
+struct ArGlobals : gemm::GemmGlobals {  // c: this rank's buffer (M x N), the output in place
+  __nv_bfloat16* buf[kMaxWorld];          // every rank's buffer, as mapped here
+  signals ready;                          // ready[w] on the owner: ranks whose tile w is written
+  signals done;                           // done[0]: tiles whose sum reached this rank
+  ArLayout L;
+  int rank;
+  unsigned long long ready_round, done_round;
+};
+
+struct ArKernel : gemm::GemmKernel<256, gemm::BLayout::KN, 3> {
+  using Base = gemm::GemmKernel<256, gemm::BLayout::KN, 3>;
+  using Globals = ArGlobals;
+  static constexpr int kUnroll = 2;  // 16-byte chunks per thread in flight, times W loads each
+
+  static __device__ __forceinline__ void store(const ArGlobals& g, Output& o, int w, int part) {
+    Base::store(g, o, w, part);
+    tile::tma::commit_group();
+    store_wait();
+    signal(g.ready, ar_owner(g.L, w), w);
+  }
+
+  static __device__ __forceinline__ void reduce_tile(const ArGlobals& g, int w) {
+    const gemm::TileCoord t = gemm::grouped_tile(w, g.L.tiles_m, g.L.tiles_n, g.L.group_m);
+    const int r0 = t.m * kBM, c0 = t.n * kBN;
+    const int nr = min(kBM, g.M - r0), ncv = min(kBN, g.N - c0) / 8;  // rows, 16-byte chunks per row
+    const int total = nr * ncv, W = g.L.W;
+    for (int base = threadIdx.x; base < total; base += blockDim.x * kUnroll) {
+      int4 v[kUnroll][kMaxWorld];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int e = base + u * blockDim.x;
+        if (e >= total) break;
+        const long long off = static_cast<long long>(r0 + e / ncv) * g.N + c0 + (e % ncv) * 8;
+#pragma unroll
+        for (int r = 0; r < kMaxWorld; ++r)
+          if (r < W) v[u][r] = __ldcg(reinterpret_cast<const int4*>(g.buf[r] + off));
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int e = base + u * blockDim.x;
+        if (e >= total) break;
+        const long long off = static_cast<long long>(r0 + e / ncv) * g.N + c0 + (e % ncv) * 8;
+        float acc[8];
+        const __nv_bfloat16* x0 = reinterpret_cast<const __nv_bfloat16*>(&v[u][0]);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[i] = __bfloat162float(x0[i]);
+#pragma unroll
+        for (int r = 1; r < kMaxWorld; ++r) {
+          if (r >= W) break;
+          const __nv_bfloat16* x = reinterpret_cast<const __nv_bfloat16*>(&v[u][r]);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[i] += __bfloat162float(x[i]);
+        }
+        int4 out;
+        __nv_bfloat16* o = reinterpret_cast<__nv_bfloat16*>(&out);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) o[i] = __float2bfloat16_rn(acc[i]);
+#pragma unroll
+        for (int r = 0; r < kMaxWorld; ++r)
+          if (r < W) *reinterpret_cast<int4*>(g.buf[r] + off) = out;
+      }
+    }
+  }
+
+  static __device__ __forceinline__ void communicator(const ArGlobals& g, void*, int c, int nc) {
+    for (int k = 0;; ++k) {
+      const int w = ar_comm_tile(g.L, g.rank, c, nc, k);
+      if (w < 0) break;
+      if (threadIdx.x == 0) wait(g.ready, w, g.ready_round * ar_ready_expected(g.L));
+      __syncthreads();
+      reduce_tile(g, w);
+      __syncthreads();
+      if (threadIdx.x == 0) signal_all(g.done, 0);
+    }
+    if (c == 0 && threadIdx.x == 0) wait(g.done, 0, g.done_round * ar_done_expected(g.L));
+  }
+};
+
+}  // namespace weave::tp

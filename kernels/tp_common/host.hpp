@@ -1,0 +1,126 @@
+// Host pieces shared by the tensor-parallel fused kernels: options, the cross-rank argument
+// check (only when the arguments change), growable signal sets, TMA maps on 128-row tiles.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tp_common/schedule.hpp"
+#include "weave/common/error.hpp"
+#include "weave/runtime/communicator.hpp"
+#include "weave/tile/tma.hpp"
+
+namespace weave::tp {
+
+using bf16 = __nv_bfloat16;
+
+struct Options {
+  // < 0: the tuner picks (cached per kernel, shape, world and device); >= 0 fixes the number of
+  // communicator SMs (ag_gemm and gemm_ar need >= 1; gemm_rs is intra-SM and uses 0).
+  int num_comm_sms = -1;
+};
+
+// What the last launch used (for benchmarks and tests).
+struct LaunchInfo {
+  int num_comm_sms = 0;
+  int compute_blocks = 0;
+  bool tuned = false;  // the choice came from the tuner (cache or search)
+};
+
+// Compares `vals` across ranks only when they differ from this rank's previous call (a mismatch
+// is an error on every rank, before anything is launched). Collective whenever vals change; all
+// ranks change their arguments together in a correct program.
+class ArgCheck {
+ public:
+  void operator()(runtime::Communicator& c, const std::string& what, const std::vector<long long>& vals) {
+    if (vals == last_) return;
+    c.check_same(what, vals);
+    last_ = vals;
+  }
+
+ private:
+  std::vector<long long> last_;
+};
+
+// The counters of one kernel, one set per distinct shape. A launch's expected counts are
+// `round * per_round` with per_round a function of the shape, so a set only ever serves one
+// shape (a set reused for another shape would hold a running total that round * per_round does
+// not describe). Sets live as long as the kernel object; creating one is collective, and every
+// rank creates it at the same call because the shapes are checked to agree.
+class ShapeSignals {
+ public:
+  explicit ShapeSignals(std::string name) : name_(std::move(name)) {}
+  // Set `which` (< counts.size()) for `shape`, with counts[which] counters.
+  runtime::SignalSet& get(runtime::Communicator& c, const std::vector<long long>& shape,
+                          const std::vector<int>& counts, int which) {
+    auto it = sets_.find(shape);
+    if (it == sets_.end()) {
+      std::vector<std::unique_ptr<runtime::SignalSet>> v;
+      for (size_t i = 0; i < counts.size(); ++i)
+        v.push_back(std::make_unique<runtime::SignalSet>(
+            c.signals(name_ + "." + std::to_string(gen_) + "." + std::to_string(i), counts[i])));
+      ++gen_;
+      it = sets_.emplace(shape, std::move(v)).first;
+    }
+    return *it->second.at(which);
+  }
+
+ private:
+  std::string name_;
+  int gen_ = 0;
+  std::map<std::vector<long long>, std::vector<std::unique_ptr<runtime::SignalSet>>> sets_;
+};
+
+// A rows x cols row-major bf16 matrix read or written in 128 x 64 boxes with the 128-byte
+// swizzle (the GEMM's operand and output staging layout). rows may be 0 (an empty shard): the
+// map then covers one row that no tile ever touches.
+inline CUtensorMap map_128x64(const bf16* p, long long rows, long long cols, long long ld) {
+  return tile::encode(tile::tma_2d(p, rows > 0 ? rows : 1, cols, ld, kBM, 64, tile::Swizzle::B128));
+}
+// B (K x N, row-major) in 64 x 64 boxes, as the GEMM's KN layout reads it.
+inline CUtensorMap map_b_kn(const bf16* p, long long K, long long N) {
+  return tile::encode(tile::tma_2d(p, K, N, N, 64, 64, tile::Swizzle::B128));
+}
+
+inline int default_group_m(int K) { return K <= 2048 ? 16 : 8; }
+
+inline void validate(const char* who, int M, int N, int K) {
+  WEAVE_CHECK(M >= 1 && N >= 1 && K >= 1, who, ": M, N, K must be positive, got ", M, " x ", N, " x ", K);
+  WEAVE_CHECK(K % 8 == 0, who, ": K = ", K, " is not a multiple of 8 (TMA needs 16-byte row pitches)");
+  WEAVE_CHECK(N % 8 == 0, who, ": N = ", N, " is not a multiple of 8 (TMA needs 16-byte row pitches)");
+}
+
+}  // namespace weave::tp
+
+namespace weave::tp {
+
+// Mean µs of `iters` launches after `warmup` (the tuner's measurement; the caller's stream).
+template <class F>
+double time_launches(cudaStream_t s, F&& launch, int warmup = 1, int iters = 3) {
+  for (int i = 0; i < warmup; ++i) launch();
+  cudaEvent_t a, b;
+  WEAVE_CUDA_CHECK(cudaEventCreate(&a));
+  WEAVE_CUDA_CHECK(cudaEventCreate(&b));
+  WEAVE_CUDA_CHECK(cudaEventRecord(a, s));
+  for (int i = 0; i < iters; ++i) launch();
+  WEAVE_CUDA_CHECK(cudaEventRecord(b, s));
+  WEAVE_CUDA_CHECK(cudaEventSynchronize(b));
+  float ms = 0;
+  WEAVE_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+  WEAVE_CUDA_CHECK(cudaEventDestroy(a));
+  WEAVE_CUDA_CHECK(cudaEventDestroy(b));
+  return 1e3 * ms / iters;
+}
+
+inline std::string device_key(const runtime::Communicator& c) {
+  std::string n = c.props().name;
+  for (auto& ch : n)
+    if (ch == ' ' || ch == '|') ch = '_';
+  return n + "_" + std::to_string(c.sm_count()) + "sm";
+}
+
+}  // namespace weave::tp

@@ -1,0 +1,324 @@
+// The tuner: bounded search, in-memory and JSON-file cache (see tuner.hpp).
+#include "weave/runtime/tuner.hpp"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "weave/common/error.hpp"
+#include "weave/runtime/communicator.hpp"
+
+namespace weave::runtime {
+
+std::string tune_key(const std::string& kernel, const std::vector<long long>& shape, int world,
+                     const std::string& device) {
+  std::string k = kernel + "|";
+  for (size_t i = 0; i < shape.size(); ++i) k += (i ? "x" : "") + std::to_string(shape[i]);
+  return k + "|w" + std::to_string(world) + "|" + device;
+}
+
+Tuner& Tuner::global() {
+  static Tuner t;
+  return t;
+}
+
+Tuner::Tuner(std::string cache_file) : path_(cache_file.empty() ? default_path() : std::move(cache_file)) {}
+
+std::string Tuner::default_path() {
+  if (const char* e = std::getenv("WEAVE_TUNER_CACHE"); e && *e) return e;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/weave/tuner.json";
+  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/weave/tuner.json";
+  return "off";
+}
+
+// ---- a small JSON reader for the cache's shape: objects, strings, numbers (others skipped) ----
+namespace {
+struct Reader {
+  const std::string& s;
+  size_t i = 0;
+  std::string err;
+  void ws() {
+    while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
+  }
+  bool fail(const std::string& m) {
+    if (err.empty()) err = m + " at byte " + std::to_string(i);
+    return false;
+  }
+  bool lit(char c) {
+    ws();
+    if (i < s.size() && s[i] == c) {
+      ++i;
+      return true;
+    }
+    return fail(std::string("expected '") + c + "'");
+  }
+  bool str(std::string* out) {
+    ws();
+    if (i >= s.size() || s[i] != '"') return fail("expected a string");
+    ++i;
+    out->clear();
+    while (i < s.size() && s[i] != '"') {
+      if (s[i] == '\\') {
+        if (++i >= s.size()) break;
+        const char c = s[i];
+        out->push_back(c == 'n' ? '\n' : c == 't' ? '\t' : c);
+      } else {
+        out->push_back(s[i]);
+      }
+      ++i;
+    }
+    if (i >= s.size()) return fail("unterminated string");
+    ++i;
+    return true;
+  }
+  bool num(double* out) {
+    ws();
+    const char* b = s.c_str() + i;
+    char* e = nullptr;
+    errno = 0;
+    const double v = std::strtod(b, &e);
+    if (e == b || errno) return fail("expected a number");
+    i += static_cast<size_t>(e - b);
+    *out = v;
+    return true;
+  }
+  bool skip() {  // any value
+    ws();
+    if (i >= s.size()) return fail("unexpected end");
+    const char c = s[i];
+    if (c == '"') {
+      std::string t;
+      return str(&t);
+    }
+    if (c == '{' || c == '[') {
+      const char close = c == '{' ? '}' : ']';
+      ++i;
+      ws();
+      if (i < s.size() && s[i] == close) return ++i, true;
+      for (;;) {
+        if (c == '{') {
+          std::string k;
+          if (!str(&k) || !lit(':')) return false;
+        }
+        if (!skip()) return false;
+        ws();
+        if (i < s.size() && s[i] == ',') {
+          ++i;
+          continue;
+        }
+        return lit(close);
+      }
+    }
+    for (const char* w : {"true", "false", "null"})
+      if (s.compare(i, std::strlen(w), w) == 0) return i += std::strlen(w), true;
+    double d;
+    return num(&d);
+  }
+  // { "k": value, ... } calling f(key) for each value
+  template <class F>
+  bool object(F&& f) {
+    if (!lit('{')) return false;
+    ws();
+    if (i < s.size() && s[i] == '}') return ++i, true;
+    for (;;) {
+      std::string k;
+      if (!str(&k) || !lit(':') || !f(k)) return false;
+      ws();
+      if (i < s.size() && s[i] == ',') {
+        ++i;
+        continue;
+      }
+      return lit('}');
+    }
+  }
+};
+}  // namespace
+
+bool Tuner::parse(const std::string& text, std::map<std::string, TuneResult>* out, std::string* error) {
+  Reader r{text};
+  std::map<std::string, TuneResult> got;
+  bool have_entries = false;
+  double version = 0;
+  const bool ok = r.object([&](const std::string& k) {
+    if (k == "version") return r.num(&version);
+    if (k != "entries") return r.skip();
+    have_entries = true;
+    return r.object([&](const std::string& key) {
+      TuneResult t;
+      bool has_sms = false;
+      const bool e_ok = r.object([&](const std::string& f) {
+        double v = 0;
+        if (f == "variant") return r.num(&v) && (t.choice.variant = static_cast<int>(v), true);
+        if (f == "num_comm_sms") return r.num(&v) && (t.choice.num_comm_sms = static_cast<int>(v), has_sms = true);
+        if (f == "time_us") return r.num(&t.time_us);
+        return r.skip();
+      });
+      if (!e_ok) return false;
+      if (!has_sms || t.choice.num_comm_sms < 0) return r.fail("entry '" + key + "' has no valid num_comm_sms");
+      got[key] = t;
+      return true;
+    });
+  });
+  r.ws();
+  std::string why;
+  if (!ok) why = r.err;
+  else if (r.i != text.size()) why = "trailing characters at byte " + std::to_string(r.i);
+  else if (version != 1) why = "unsupported version " + std::to_string(version);
+  else if (!have_entries) why = "no \"entries\" object";
+  if (!why.empty()) {
+    if (error) *error = why;
+    out->clear();
+    return false;
+  }
+  *out = std::move(got);
+  return true;
+}
+
+std::string Tuner::serialize(const std::map<std::string, TuneResult>& entries) {
+  std::ostringstream o;
+  o << "{\n  \"version\": 1,\n  \"entries\": {";
+  bool first = true;
+  for (const auto& [k, v] : entries) {
+    std::string q;
+    for (char c : k) {
+      if (c == '"' || c == '\\') q += '\\';
+      q += c;
+    }
+    char t[64];
+    std::snprintf(t, sizeof t, "%.3f", v.time_us);
+    o << (first ? "\n" : ",\n") << "    \"" << q << "\": {\"variant\": " << v.choice.variant
+      << ", \"num_comm_sms\": " << v.choice.num_comm_sms << ", \"time_us\": " << t << "}";
+    first = false;
+  }
+  o << (first ? "}\n}\n" : "\n  }\n}\n");
+  return o.str();
+}
+
+std::map<std::string, TuneResult> Tuner::read_file(bool warn) {
+  std::map<std::string, TuneResult> m;
+  if (path_ == "off") return m;
+  std::ifstream f(path_);
+  if (!f) return m;
+  std::stringstream ss;
+  ss << f.rdbuf();
+  std::string err;
+  if (!parse(ss.str(), &m, &err) && warn)
+    std::fprintf(stderr, "weave tuner: ignoring corrupt cache %s (%s); it will be rewritten\n", path_.c_str(),
+                 err.c_str());
+  return m;
+}
+
+bool Tuner::lookup(const std::string& key, TuneResult* out) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = mem_.find(key);
+  if (it == mem_.end()) {
+    auto file = read_file(true);
+    auto f = file.find(key);
+    if (f == file.end()) return false;
+    it = mem_.emplace(key, f->second).first;
+  }
+  *out = it->second;
+  out->from_cache = true;
+  return true;
+}
+
+static void make_dirs(const std::string& dir) {
+  for (size_t p = 1; p <= dir.size(); ++p)
+    if (p == dir.size() || dir[p] == '/') {
+      const std::string d = dir.substr(0, p);
+      if (mkdir(d.c_str(), 0755) != 0 && errno != EEXIST) return;
+    }
+}
+
+void Tuner::remember(const std::string& key, const TuneResult& r, bool write_file) {
+  std::lock_guard<std::mutex> g(mu_);
+  TuneResult v = r;
+  v.from_cache = false;
+  mem_[key] = v;
+  if (!write_file || path_ == "off") return;
+  auto file = read_file(false);
+  file[key] = v;
+  const size_t slash = path_.rfind('/');
+  if (slash != std::string::npos) make_dirs(path_.substr(0, slash));
+  const std::string tmp = path_ + ".tmp." + std::to_string(getpid());
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    if (!f) {
+      std::fprintf(stderr, "weave tuner: cannot write %s; keeping the choice in memory only\n", tmp.c_str());
+      return;
+    }
+    f << serialize(file);
+  }
+  if (std::rename(tmp.c_str(), path_.c_str()) != 0) {
+    std::fprintf(stderr, "weave tuner: cannot replace %s: %s\n", path_.c_str(), std::strerror(errno));
+    std::remove(tmp.c_str());
+  }
+}
+
+void Tuner::forget_memory() {
+  std::lock_guard<std::mutex> g(mu_);
+  mem_.clear();
+}
+
+TuneResult Tuner::choose(Communicator* comm, const std::string& key, const std::vector<TuneCandidate>& cands,
+                         const std::function<double(const TuneCandidate&)>& measure_us) {
+  WEAVE_CHECK(!cands.empty(), "tuner: no candidates for ", key);
+  {  // Every rank learns a choice at the same call, so an in-memory hit needs no communication.
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = mem_.find(key);
+    if (it != mem_.end()) {
+      TuneResult r = it->second;
+      r.from_cache = true;
+      return r;
+    }
+  }
+  const int rank = comm ? comm->rank() : 0, world = comm ? comm->world() : 1;
+  if (comm) comm->check_same("tuner candidates for " + key, {static_cast<long long>(cands.size())});
+  // Rank 0's cache decides, so every rank takes the same branch.
+  struct Hit {
+    int found, variant, sms;
+    double t;
+  } mine{0, 0, 0, 0};
+  TuneResult cached;
+  if (rank == 0 && lookup(key, &cached)) mine = {1, cached.choice.variant, cached.choice.num_comm_sms, cached.time_us};
+  if (comm) {
+    std::vector<Hit> all(world);
+    comm->bootstrap().all_gather(&mine, all.data(), sizeof(Hit));
+    mine = all[0];
+  }
+  if (mine.found) {
+    TuneResult r{{mine.variant, mine.sms}, mine.t, true};
+    if (rank != 0) remember(key, r, false);
+    return r;
+  }
+  const bool talk = verbose_ && rank == 0;
+  if (talk) std::fprintf(stderr, "weave tuner: %s: searching %zu candidates\n", key.c_str(), cands.size());
+  TuneResult best;
+  best.time_us = -1;
+  for (size_t c = 0; c < cands.size(); ++c) {
+    double t = measure_us(cands[c]);
+    if (comm) {
+      std::vector<double> all(world);
+      comm->bootstrap().all_gather(&t, all.data(), sizeof t);
+      for (double x : all) t = x > t ? x : t;
+    }
+    if (talk)
+      std::fprintf(stderr, "weave tuner:   [%zu/%zu] variant %d, num_comm_sms %3d: %10.1f us\n", c + 1, cands.size(),
+                   cands[c].variant, cands[c].num_comm_sms, t);
+    if (best.time_us < 0 || t < best.time_us) best = {cands[c], t, false};
+  }
+  remember(key, best, rank == 0);
+  if (talk)
+    std::fprintf(stderr, "weave tuner: %s: chose variant %d, num_comm_sms %d (%.1f us); cache %s\n", key.c_str(),
+                 best.choice.variant, best.choice.num_comm_sms, best.time_us, path_.c_str());
+  return best;
+}
+
+}  // namespace weave::runtime

@@ -1,0 +1,280 @@
+// CPU tests of the tensor-parallel schedules (kernels/tp_common/schedule.hpp) for W = 2..8 and of
+// the tuner's cache (include/weave/runtime/tuner.hpp). Each schedule is executed on the CPU for
+// every rank and block: every output tile is produced once per contributing rank, every wait's
+// expected count equals the signals sent to it, and no wait depends on work scheduled after it.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <tuple>
+#include <vector>
+
+#include "tp_common/schedule.hpp"
+#include "weave/lcsc.cuh"
+#include "weave/runtime/tuner.hpp"
+
+using namespace weave::tp;
+
+namespace {
+
+const int kMs[] = {1, 7, 128, 300, 1000, 3000, 4096, 8192 + 5};
+const int kNs[] = {8, 256, 1000, 2048, 4096};
+const int kSms[] = {132, 78};
+const int kComm[] = {0, 1, 4, 16, 32};
+
+int blocks_for(long long work, int sms, int ncomm) {
+  weave::lcsc::Config cfg;
+  cfg.num_comm_sms = ncomm;
+  return weave::lcsc::make_plan(work, sms, cfg, 1, 1).compute_blocks;
+}
+
+}  // namespace
+
+TEST(TpSchedule, ShardsCoverRowsAndVirtualTilesCoverShards) {
+  for (int W = 2; W <= 8; ++W)
+    for (int M : kMs) {
+      int next = 0;
+      const Layout L = make_layout(M, 256, W, 8);
+      for (int q = 0; q < W; ++q) {
+        const Range s = shard(M, W, q);
+        EXPECT_EQ(s.begin, next);
+        next += s.size;
+        EXPECT_GE(L.tm[q] * kBM, s.size);
+        EXPECT_LT((L.tm[q] - 1) * kBM, s.size > 0 ? s.size : 1);
+        EXPECT_EQ(L.off[q + 1] - L.off[q], L.tm[q]);
+      }
+      EXPECT_EQ(next, M);
+    }
+}
+
+TEST(TpSchedule, GemmRsEveryTileOnceAndSignalsMatchWaits) {
+  for (int W = 2; W <= 8; ++W)
+    for (int M : kMs)
+      for (int N : kNs)
+        for (int gm : {8, 16}) {
+          if (M < W) continue;
+          const Layout L = make_layout(M, N, W, gm);
+          // contributions[(owner, i, n)] = {rank -> (plain, add)}
+          std::map<std::tuple<int, int, int>, std::map<int, std::pair<int, int>>> contrib;
+          std::map<std::pair<int, int>, unsigned long long> sent;      // (dst rank, idx) -> signals
+          std::map<std::pair<int, int>, int> sent_phase;               // producer's phase
+          std::vector<std::tuple<int, int, unsigned long long, int>> waits;  // (rank, idx, expected, phase)
+          for (int r = 0; r < W; ++r)
+            for (int w = 0; w < L.work(); ++w) {
+              const Item t = item(L, r, w);
+              ASSERT_GE(t.i, 0);
+              ASSERT_LT(t.i, L.tm[t.owner]);
+              ASSERT_LT(t.n, L.tiles_n);
+              const Range s = shard(M, W, t.owner);
+              ASSERT_GE(t.a_row, s.begin);
+              ASSERT_LT(t.a_row, s.begin + s.size);
+              auto& c = contrib[{t.owner, t.i, t.n}][r];
+              const int idx = rs_ready_index(L, t);
+              ASSERT_GE(idx, 0);
+              ASSERT_LT(idx, rs_ready_count(L));
+              if (t.owner == r) {
+                ++c.first;
+                EXPECT_EQ(t.phase, 0) << "own tiles come first";
+                for (int p = 0; p < W; ++p)
+                  if (p != r) {
+                    sent[{p, idx}] += 1;
+                    sent_phase[{p, idx}] = t.phase;
+                  }
+              } else {
+                ++c.second;
+                EXPECT_GE(t.phase, 1);
+                waits.emplace_back(r, idx, rs_ready_expected(), t.phase);
+              }
+            }
+          long long tiles = 0;
+          for (auto& [k, by] : contrib) {
+            ++tiles;
+            ASSERT_EQ(static_cast<int>(by.size()), W) << "every rank contributes to every tile";
+            for (auto& [r, pa] : by) {
+              if (r == std::get<0>(k)) EXPECT_EQ(pa, std::make_pair(1, 0));
+              else EXPECT_EQ(pa, std::make_pair(0, 1));
+            }
+          }
+          EXPECT_EQ(tiles, L.work());
+          for (auto& [r, idx, exp, phase] : waits) {
+            EXPECT_EQ(sent[std::make_pair(r, idx)], exp) << "W=" << W << " M=" << M << " N=" << N;
+            EXPECT_LT(sent_phase[std::make_pair(r, idx)], phase) << "a wait on work scheduled after it";
+          }
+          EXPECT_EQ(waits.size(), sent.size());
+          for (int sms : kSms) {
+            const int blocks = blocks_for(L.work(), sms, 0);
+            for (int q = 0; q < W; ++q) {
+              unsigned long long adds = 0;
+              for (int p = 0; p < W; ++p)
+                for (int b = 0; b < blocks; ++b) adds += rs_block_adds(L, p, b, blocks, q);
+              EXPECT_EQ(adds, rs_done_expected(L, q));
+            }
+          }
+        }
+}
+
+TEST(TpSchedule, AgGemmEveryTileOncePushesMatchWaits) {
+  for (int W = 2; W <= 8; ++W)
+    for (int M : kMs)
+      for (int N : {8, 1000, 4096})
+        for (int nc : kComm) {
+          if (M < W || nc == 0) continue;
+          const Layout L = make_layout(M, N, W, 16);
+          std::map<std::pair<int, int>, unsigned long long> sent;  // (dst, idx)
+          const int K = 64 * (1 + (M + N) % 40);  // K boxes from 1 to 40: slices 1, 2, 4 or 8
+          const int P = ag_slices(K);
+          EXPECT_EQ(((K + 63) / 64) % P, 0);
+          for (int q = 0; q < W; ++q)  // communicator blocks of owner q, as the kernel walks them
+            for (int c = 0; c < nc; ++c)
+              for (int u = c; u < ag_units(L, q, K); u += nc) {
+                const int i = u / P;
+                ASSERT_LT(i, L.tm[q]);
+                for (int d = 0; d < W; ++d)
+                  if (d != q) sent[{d, L.off[q] + i}] += 1;
+              }
+          for (int r = 0; r < W; ++r) {
+            std::set<std::tuple<int, int, int>> seen;
+            int waits = 0;
+            for (int w = 0; w < L.work(); ++w) {
+              const Item t = item(L, r, w);
+              EXPECT_TRUE(seen.insert({t.owner, t.i, t.n}).second) << "tile computed twice";
+              EXPECT_EQ(t.owner == r, t.phase == 0) << "local rows first";
+              if (t.owner != r) {
+                ++waits;
+                ASSERT_LT(t.vrow, ag_ready_count(L));
+                EXPECT_EQ(sent[std::make_pair(r, t.vrow)], ag_ready_expected(K));
+              }
+            }
+            EXPECT_EQ(static_cast<int>(seen.size()), L.work());
+            (void)waits;
+          }
+          // Every pushed row tile is waited for by someone (so the gathered A is complete when
+          // the kernel ends), and each exactly once per destination.
+          for (auto& [k, v] : sent) EXPECT_EQ(v, static_cast<unsigned long long>(P));
+          EXPECT_EQ(sent.size(), size_t(W - 1) * L.row_tiles());
+        }
+}
+
+TEST(TpSchedule, GemmArOwnersReduceEachTileOnce) {
+  for (int W = 2; W <= 8; ++W)
+    for (int M : kMs)
+      for (int N : kNs)
+        for (int nc : kComm) {
+          if (nc == 0) continue;
+          const ArLayout L = make_ar_layout(M, N, W, 8);
+          std::vector<int> reduced(L.work(), 0);
+          for (int r = 0; r < W; ++r)
+            for (int c = 0; c < nc; ++c)
+              for (int k = 0;; ++k) {
+                const int w = ar_comm_tile(L, r, c, nc, k);
+                if (w < 0) break;
+                EXPECT_EQ(ar_owner(L, w), r);
+                EXPECT_EQ(ar_reducer_block(L, w, nc), c);
+                ++reduced[w];
+              }
+          for (int w = 0; w < L.work(); ++w) EXPECT_EQ(reduced[w], 1) << "tile " << w;
+          // ready[w] on the owner: one signal from each rank's storer (each computes every tile).
+          EXPECT_EQ(ar_ready_expected(L), static_cast<unsigned long long>(W));
+          // done on each rank: one signal per reduced tile.
+          long long dn = 0;
+          for (int w = 0; w < L.work(); ++w) dn += reduced[w];
+          EXPECT_EQ(static_cast<unsigned long long>(dn), ar_done_expected(L));
+        }
+}
+
+// ---- tuner cache ----------------------------------------------------------------------------
+namespace {
+std::string temp_path(const char* tag) {
+  return "/tmp/weave_tuner_test_" + std::to_string(getpid()) + "_" + tag + "/sub/tuner.json";
+}
+std::string slurp(const std::string& p) {
+  std::ifstream f(p);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+}  // namespace
+
+TEST(Tuner, ParseSerializeRoundTrip) {
+  std::map<std::string, weave::runtime::TuneResult> m;
+  m["ag_gemm|4096x2048x4096|w2|H200_132sm"] = {{0, 16}, 123.5, false};
+  m["we\"ird|1|w8|x"] = {{1, 4}, 7, false};
+  std::map<std::string, weave::runtime::TuneResult> back;
+  std::string err;
+  ASSERT_TRUE(weave::runtime::Tuner::parse(weave::runtime::Tuner::serialize(m), &back, &err)) << err;
+  ASSERT_EQ(back.size(), 2u);
+  EXPECT_EQ(back["ag_gemm|4096x2048x4096|w2|H200_132sm"].choice.num_comm_sms, 16);
+  EXPECT_EQ(back["we\"ird|1|w8|x"].choice.variant, 1);
+  EXPECT_NEAR(back["ag_gemm|4096x2048x4096|w2|H200_132sm"].time_us, 123.5, 1e-3);
+  for (const char* bad : {"", "{", "garbage", "{\"version\": 1}", "{\"version\": 2, \"entries\": {}}",
+                          "{\"version\": 1, \"entries\": {\"k\": {\"variant\": 0}}}",
+                          "{\"version\": 1, \"entries\": {}} trailing"}) {
+    std::map<std::string, weave::runtime::TuneResult> x;
+    EXPECT_FALSE(weave::runtime::Tuner::parse(bad, &x, &err)) << bad;
+    EXPECT_TRUE(x.empty());
+  }
+}
+
+TEST(Tuner, SearchesOnceThenUsesMemoryAndFile) {
+  const std::string path = temp_path("search");
+  std::remove(path.c_str());
+  weave::runtime::Tuner t(path);
+  t.set_verbose(false);
+  std::vector<weave::runtime::TuneCandidate> c = {{0, 4}, {0, 8}, {0, 16}};
+  int calls = 0;
+  auto measure = [&](const weave::runtime::TuneCandidate& x) {
+    ++calls;
+    return x.num_comm_sms == 8 ? 10.0 : 20.0;
+  };
+  auto r = t.choose(nullptr, "k|1|w1|d", c, measure);
+  EXPECT_EQ(calls, 3);
+  EXPECT_EQ(r.choice.num_comm_sms, 8);
+  EXPECT_FALSE(r.from_cache);
+  r = t.choose(nullptr, "k|1|w1|d", c, measure);
+  EXPECT_EQ(calls, 3);
+  EXPECT_TRUE(r.from_cache);
+  EXPECT_EQ(r.choice.num_comm_sms, 8);
+  // A new process (a fresh tuner on the same file) reads the winner back.
+  weave::runtime::Tuner t2(path);
+  t2.set_verbose(false);
+  r = t2.choose(nullptr, "k|1|w1|d", c, measure);
+  EXPECT_EQ(calls, 3);
+  EXPECT_TRUE(r.from_cache);
+  EXPECT_EQ(r.choice.num_comm_sms, 8);
+  EXPECT_NE(slurp(path).find("\"num_comm_sms\": 8"), std::string::npos);
+}
+
+TEST(Tuner, CorruptFileIsReportedAndReplaced) {
+  const std::string path = temp_path("corrupt");
+  weave::runtime::Tuner t(path);
+  t.set_verbose(false);
+  t.remember("a|1|w2|d", {{0, 4}, 1.0, false});  // creates the folders
+  { std::ofstream(path, std::ios::trunc) << "{\"version\": 1, \"entries\": {\"a|1|w2|d\": {\"num_comm_sms\": "; }
+  weave::runtime::Tuner t2(path);
+  t2.set_verbose(false);
+  weave::runtime::TuneResult r;
+  EXPECT_FALSE(t2.lookup("a|1|w2|d", &r));  // truncated file: ignored, not fatal
+  int calls = 0;
+  r = t2.choose(nullptr, "b|2|w2|d", {{0, 2}, {0, 6}}, [&](const weave::runtime::TuneCandidate& x) {
+    ++calls;
+    return static_cast<double>(x.num_comm_sms);
+  });
+  EXPECT_EQ(calls, 2);
+  EXPECT_EQ(r.choice.num_comm_sms, 2);
+  std::map<std::string, weave::runtime::TuneResult> back;
+  std::string err;
+  EXPECT_TRUE(weave::runtime::Tuner::parse(slurp(path), &back, &err)) << err;  // rewritten, valid
+  EXPECT_EQ(back.count("b|2|w2|d"), 1u);
+  weave::runtime::TuneResult kept;
+  EXPECT_TRUE(weave::runtime::Tuner("off").parse(slurp(path), &back, &err));
+  (void)kept;
+}
+
+TEST(Tuner, KeyNamesKernelShapeWorldDevice) {
+  EXPECT_EQ(weave::runtime::tune_key("gemm_rs", {16384, 16384, 512}, 2, "H200_132sm"), "gemm_rs|16384x16384x512|w2|H200_132sm");
+  EXPECT_EQ(weave::runtime::tune_key("gemm_rs", {1, 2}, 8, "d"), "gemm_rs|1x2|w8|d");
+}

@@ -1,0 +1,346 @@
+// weave-bench tp: the tensor-parallel fused kernels (ag_gemm, gemm_rs, gemm_ar) against weave's
+// own GEMM alone on the same local shape (the ceiling) and cuBLAS + NCCL unfused, in one run,
+// under weave-run. Shapes (world W): AG+GEMM local GEMM S x (S/W) x S after gathering A;
+// GEMM+RS and GEMM+AR local GEMM S x S x (S/W). The slowest rank's time decides.
+//   --sizes 2048,4096,...    --kernels ag_gemm,gemm_rs,gemm_ar    --num-comm-sms N (no tuner)
+//   --sweep 0,4,8,16,32,64   (ag_gemm and gemm_ar at --sweep-sizes, default 4096,16384)
+//   --table3                 (gemm_rs M = N = 16384, K_local 512..8192: overlap fraction)
+#include <cuda_bf16.h>
+
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "ag_gemm/ag_gemm.hpp"
+#include "bench.hpp"
+#include "gemm/gemm.hpp"
+#include <cublas_v2.h>
+#include "gemm_ar/gemm_ar.hpp"
+#include "gemm_rs/gemm_rs.hpp"
+#include "tp_common/nccl_baseline.hpp"
+#include "weave/runtime/communicator.hpp"
+
+namespace {
+
+using namespace weave;
+using tp::bf16;
+
+// Bench-local helpers (gemm/reference.cuh defines its kernels in the header, and weave-bench's
+// gemm.cu already includes it: one definition per binary).
+__device__ __forceinline__ uint64_t hash64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+__global__ void tp_fill(bf16* p, size_t n, uint64_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    p[i] = __float2bfloat16(float(hash64(seed ^ hash64(i)) >> 40) * (2.0f / 16777216.0f) - 1.0f);
+}
+__global__ void tp_poison(uint16_t* p, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) p[i] = 0xFFFF;
+}
+__global__ void tp_err(const bf16* x, const bf16* r, size_t n, double* s) {
+  double e = 0, m = 0, bad = 0;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const double a = __bfloat162float(x[i]), b = __bfloat162float(r[i]);
+    if (!isfinite(a)) bad += 1;
+    else e += (a - b) * (a - b);
+    m += b * b;
+  }
+  atomicAdd(&s[0], e);
+  atomicAdd(&s[1], m);
+  atomicAdd(&s[2], bad);
+}
+namespace gref {
+void fill_uniform(bf16* p, size_t n, uint64_t seed, cudaStream_t st = nullptr) {
+  tp_fill<<<1024, 256, 0, st>>>(p, n, seed);
+  WEAVE_CUDA_CHECK(cudaGetLastError());
+}
+void poison(bf16* p, size_t n, cudaStream_t st = nullptr) {
+  tp_poison<<<1024, 256, 0, st>>>(reinterpret_cast<uint16_t*>(p), n);
+  WEAVE_CUDA_CHECK(cudaGetLastError());
+}
+double rel_error(const bf16* x, const bf16* r, size_t n, cudaStream_t st) {
+  double* d = nullptr;
+  WEAVE_CUDA_CHECK(cudaMalloc(&d, 3 * sizeof(double)));
+  WEAVE_CUDA_CHECK(cudaMemsetAsync(d, 0, 3 * sizeof(double), st));
+  tp_err<<<1024, 256, 0, st>>>(x, r, n, d);
+  double h[3];
+  WEAVE_CUDA_CHECK(cudaMemcpyAsync(h, d, sizeof h, cudaMemcpyDeviceToHost, st));
+  WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
+  WEAVE_CUDA_CHECK(cudaFree(d));
+  if (h[2] > 0) return NAN;
+  return h[1] > 0 ? std::sqrt(h[0] / h[1]) : std::sqrt(h[0]);
+}
+// cuBLAS: C (M x N, row-major) = A (M x K) * B (K x N, row-major), fp32 accumulation.
+class CublasLt {
+ public:
+  CublasLt() { WEAVE_CHECK(cublasCreate(&h_) == CUBLAS_STATUS_SUCCESS, "cublasCreate failed"); }
+  ~CublasLt() { cublasDestroy(h_); }
+  void run(const bf16* A, const bf16* B, bf16* C, int M, int N, int K, gemm::BLayout, bool, cudaStream_t st) {
+    const float one = 1.f, zero = 0.f;
+    cublasSetStream(h_, st);
+    const cublasStatus_t s = cublasGemmEx(h_, CUBLAS_OP_N, CUBLAS_OP_N, N, M, K, &one, B, CUDA_R_16BF, N, A,
+                                          CUDA_R_16BF, K, &zero, C, CUDA_R_16BF, N, CUBLAS_COMPUTE_32F,
+                                          CUBLAS_GEMM_DEFAULT);
+    WEAVE_CHECK(s == CUBLAS_STATUS_SUCCESS, "cublasGemmEx failed: ", static_cast<int>(s));
+  }
+
+ private:
+  cublasHandle_t h_{};
+};
+}  // namespace gref
+
+std::vector<long long> parse_list(const std::string& s) {
+  std::vector<long long> v;
+  std::stringstream ss(s);
+  std::string x;
+  while (std::getline(ss, x, ','))
+    if (!x.empty()) v.push_back(std::stoll(x));
+  return v;
+}
+std::vector<std::string> parse_names(const std::string& s) {
+  std::vector<std::string> v;
+  std::stringstream ss(s);
+  std::string x;
+  while (std::getline(ss, x, ','))
+    if (!x.empty()) v.push_back(x);
+  return v;
+}
+
+struct Ctx {
+  runtime::Communicator& c;
+  tp::NcclBaseline& nccl;
+  gref::CublasLt& blas;
+  bench::JsonSink& json;
+  cudaStream_t st;
+  int W, rank;
+};
+
+// Slowest rank's time: each rank times its loop (after a host barrier), the maximum is taken.
+template <class F>
+double timed(Ctx& x, int S, F&& fn) {
+  const int iters = S >= 16384 ? 4 : S >= 8192 ? 10 : 20, repeats = S >= 16384 ? 3 : 5;
+  fn();
+  WEAVE_CUDA_CHECK(cudaStreamSynchronize(x.st));
+  x.c.barrier();
+  double t = bench::time_us(x.st, fn, 2, iters, repeats);
+  std::vector<double> all(x.W);
+  x.c.bootstrap().all_gather(&t, all.data(), sizeof t);
+  for (double v : all) t = v > t ? v : t;
+  return t;
+}
+
+bool all_ok(Ctx& x, bool ok) {
+  int mine = ok ? 1 : 0;
+  std::vector<int> all(x.W);
+  x.c.bootstrap().all_gather(&mine, all.data(), sizeof mine);
+  for (int v : all) ok = ok && v;
+  return ok;
+}
+
+struct Row {
+  std::string kernel, impl;
+  int S, M, N, K;
+  double us;
+  int ncomm;
+  bool correct;
+  double err;
+};
+
+void emit(Ctx& x, const Row& r, const char* extra_key = nullptr, double extra = 0) {
+  const double tf = 2.0 * r.M * r.N * r.K / (r.us * 1e-6) / 1e12;
+  if (x.rank == 0) {
+    bench::JsonLine j;
+    j.add("kernel", r.kernel).add("impl", r.impl).add("S", r.S).add("M", r.M).add("N", r.N).add("K", r.K);
+    j.add("world", x.W).add("time_us", r.us).add("tflops", tf).add("num_comm_sms", r.ncomm).add("correct", r.correct);
+    j.add("rel_err", r.err);
+    if (extra_key) j.add(extra_key, extra);
+    x.json.write(j);
+  }
+}
+
+// One kernel at one size: GEMM alone, fused, cuBLAS + NCCL; returns the fused row.
+Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print, bool baselines = true,
+            int K_override = 0) {
+  const int W = x.W, r = x.rank;
+  const bool ag = kernel == "ag_gemm";
+  const int M = S, N = ag ? S / W : S, K = ag ? S : (K_override ? K_override : S / W);
+  const uint64_t seed = 12345 + 7919 * r;
+  tp::Options o;
+  o.num_comm_sms = fixed_comm;
+  Row fused{kernel, "weave", S, M, N, K, 0, 0, false, 0}, alone = fused, base = fused;
+  alone.impl = "weave-gemm-alone";
+  base.impl = "cublas+nccl";
+  bf16 *A = nullptr, *B = nullptr, *Cref = nullptr, *Cloc = nullptr;
+  WEAVE_CUDA_CHECK(cudaMalloc(&B, size_t(K) * N * sizeof(bf16)));
+  gref::fill_uniform(B, size_t(K) * N, seed + 2);
+  if (ag) {
+    const tp::Range sh = tp::shard(M, W, r);
+    bf16* G = static_cast<bf16*>(x.c.alloc(size_t(M) * K * sizeof(bf16)));
+    bf16 *Ash, *Gref;
+    WEAVE_CUDA_CHECK(cudaMalloc(&Ash, size_t(sh.size) * K * sizeof(bf16)));
+    WEAVE_CUDA_CHECK(cudaMalloc(&Gref, size_t(M) * K * sizeof(bf16)));
+    WEAVE_CUDA_CHECK(cudaMalloc(&Cref, size_t(M) * N * sizeof(bf16)));
+    WEAVE_CUDA_CHECK(cudaMalloc(&Cloc, size_t(M) * N * sizeof(bf16)));
+    gref::fill_uniform(Ash, size_t(sh.size) * K, seed + 1);
+    tp::AgGemm op(x.c);
+    auto ref = [&] {
+      WEAVE_TP_NCCL_CHECK(ncclAllGather(Ash, Gref, size_t(sh.size) * K, ncclBfloat16, x.nccl.get(), x.st));
+      x.blas.run(Gref, B, Cref, M, N, K, gemm::BLayout::KN, false, x.st);
+    };
+    tp::LaunchInfo li{};
+    auto fused_fn = [&] { li = op.run(Ash, G, B, Cloc, M, N, K, o, x.st); };
+    gref::poison(Cloc, size_t(M) * N, x.st);
+    fused_fn();
+    ref();
+    const double eg = gref::rel_error(G, Gref, size_t(M) * K, x.st), ec = gref::rel_error(Cloc, Cref, size_t(M) * N, x.st);
+    fused.err = ec;
+    fused.correct = all_ok(x, eg == 0.0 && ec < 1e-2);
+    fused.us = timed(x, S, fused_fn);
+    fused.ncomm = li.num_comm_sms;
+    if (baselines) {
+      base.us = timed(x, S, ref);
+      base.correct = true;
+      gemm::Options go;
+      alone.us = timed(x, S, [&] { gemm::gemm(Gref, B, Cref, M, N, K, gemm::BLayout::KN, go, x.st); });
+      alone.correct = true;
+    }
+    WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
+    x.c.barrier();
+    x.c.free(G);
+    cudaFree(Ash);
+    cudaFree(Gref);
+  } else {
+    const bool rs = kernel == "gemm_rs";
+    WEAVE_CUDA_CHECK(cudaMalloc(&A, size_t(M) * K * sizeof(bf16)));
+    WEAVE_CUDA_CHECK(cudaMalloc(&Cref, size_t(M) * N * sizeof(bf16)));
+    WEAVE_CUDA_CHECK(cudaMalloc(&Cloc, size_t(M) * N * sizeof(bf16)));
+    gref::fill_uniform(A, size_t(M) * K, seed + 1);
+    const size_t out_n = rs ? tp::GemmRS::out_elems(M, N, W) : size_t(M) * N;
+    bf16* out = static_cast<bf16*>(x.c.alloc(out_n * sizeof(bf16)));
+    const tp::Range sh = tp::shard(M, W, r);
+    tp::GemmRS rsop(x.c);
+    tp::GemmAR arop(x.c);
+    tp::LaunchInfo li{};
+    auto fused_fn = [&] {
+      if (rs) li = rsop.run(A, B, out, M, N, K, o, x.st);
+      else li = arop.run(A, B, out, M, N, K, o, x.st);
+    };
+    // Unfused: the local GEMM, then NCCL (reduce-scatter of equal row blocks, or all-reduce).
+    bf16* rsout = Cloc;
+    auto ref = [&] {
+      x.blas.run(A, B, Cref, M, N, K, gemm::BLayout::KN, false, x.st);
+      if (rs) WEAVE_TP_NCCL_CHECK(ncclReduceScatter(Cref, rsout, size_t(M / W) * N, ncclBfloat16, ncclSum, x.nccl.get(), x.st));
+      else WEAVE_TP_NCCL_CHECK(ncclAllReduce(Cref, Cref, size_t(M) * N, ncclBfloat16, ncclSum, x.nccl.get(), x.st));
+    };
+    gref::poison(out, out_n, x.st);
+    fused_fn();
+    ref();
+    const double e = rs ? gref::rel_error(out, rsout, size_t(sh.size) * N, x.st) : gref::rel_error(out, Cref, size_t(M) * N, x.st);
+    fused.err = e;
+    fused.correct = all_ok(x, e < 1e-2);
+    fused.us = timed(x, S, fused_fn);
+    fused.ncomm = li.num_comm_sms;
+    if (baselines) {
+      base.us = timed(x, S, ref);
+      base.correct = true;
+      gemm::Options go;
+      alone.us = timed(x, S, [&] { gemm::gemm(A, B, Cref, M, N, K, gemm::BLayout::KN, go, x.st); });
+      alone.correct = true;
+    }
+    WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
+    x.c.barrier();
+    x.c.free(out);
+    cudaFree(A);
+  }
+  cudaFree(B);
+  cudaFree(Cref);
+  cudaFree(Cloc);
+  if (baselines) {
+    emit(x, alone);
+    emit(x, base);
+  }
+  emit(x, fused);
+  if (print && x.rank == 0) {
+    auto tf = [&](double us) { return 2.0 * M * N * K / (us * 1e-6) / 1e12; };
+    if (baselines)
+      std::printf("| %s | %d | %dx%dx%d | %.1f / %.0f | %.1f / %.0f | %.1f / %.0f | %d | %.3f | %.3f | %s %.1e |\n",
+                  kernel.c_str(), S, M, N, K, alone.us, tf(alone.us), base.us, tf(base.us), fused.us, tf(fused.us),
+                  fused.ncomm, fused.us > 0 ? alone.us / fused.us : 0, fused.us > 0 ? base.us / fused.us : 0,
+                  fused.correct ? "ok" : "WRONG", fused.err);
+    else
+      std::printf("| %s | %d | %dx%dx%d | %d | %.1f | %.0f | %s |\n", kernel.c_str(), S, M, N, K, fused.ncomm, fused.us,
+                  tf(fused.us), fused.correct ? "ok" : "WRONG");
+    std::fflush(stdout);
+  }
+  if (baselines) fused.err = alone.us;  // hand the GEMM-alone time to Table 3
+  return fused;
+}
+
+int run(const bench::Args& a) {
+  const auto sizes = parse_list(a.get("sizes", "2048,4096,8192,16384"));
+  const auto kernels = parse_names(a.get("kernels", "ag_gemm,gemm_rs,gemm_ar"));
+  const int fixed = static_cast<int>(a.get_int("num-comm-sms", -1));
+  long long maxS = 0;
+  for (long long s : sizes) maxS = s > maxS ? s : maxS;
+  if (a.has("table3") || a.has("sweep")) maxS = maxS > 16384 ? maxS : 16384;
+  runtime::CommOptions co;
+  co.heap_bytes = size_t(maxS) * maxS * 2 + (size_t(256) << 20);
+  runtime::Communicator c(co);
+  tp::NcclBaseline nccl(c);
+  gref::CublasLt blas;
+  bench::JsonSink json(a);
+  cudaStream_t st;
+  WEAVE_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  Ctx x{c, nccl, blas, json, st, c.world(), c.rank()};
+  if (x.rank == 0) {
+    std::printf("weave-bench tp: world %d, %s, %d SMs; times in us (slowest rank) / TFLOP/s of the local GEMM\n", x.W,
+                c.props().name, c.sm_count());
+    std::printf("| kernel | S | local MxNxK | GEMM alone | cuBLAS+NCCL | weave fused | comm SMs | fused/alone | fused/cuBLAS+NCCL | check |\n|---|---|---|---|---|---|---|---|---|---|\n");
+  }
+  if (!a.has("only-extra"))
+    for (const auto& k : kernels)
+      for (long long S : sizes) run_one(x, k, static_cast<int>(S), fixed, true);
+  if (a.has("sweep")) {
+    const auto counts = parse_list(a.get("sweep").empty() ? "0,4,8,16,32,64" : a.get("sweep"));
+    const auto ss = parse_list(a.get("sweep-sizes", "4096,16384"));
+    if (x.rank == 0) std::printf("\nnum_comm_sms sweep\n| kernel | S | local MxNxK | comm SMs | us | TFLOP/s | check |\n|---|---|---|---|---|---|---|\n");
+    for (const char* k : {"ag_gemm", "gemm_ar"})
+      for (long long S : ss)
+        for (long long n : counts) {
+          if (n == 0) {  // both kernels here are inter-SM; 0 communicator SMs is not a valid config
+            if (x.rank == 0) std::printf("| %s | %lld | - | 0 | n/a (inter-SM kernel needs >= 1) | | |\n", k, S);
+            continue;
+          }
+          Row r = run_one(x, k, static_cast<int>(S), static_cast<int>(n), true, false);
+          (void)r;
+        }
+  }
+  if (a.has("table3")) {
+    const double Bw = 370e9;  // usable NVLink bandwidth per direction (shared/HARDWARE.md)
+    if (x.rank == 0)
+      std::printf("\nTable 3: GEMM+RS, M = N = 16384, world %d\n| K_local | GEMM alone us | fused us | non-overlapped (fused-alone)/fused | R TFLOP/s | predicted K >= s*R/(2B) |\n|---|---|---|---|---|---|\n", x.W);
+    for (int K : {512, 1024, 2048, 4096, 8192}) {
+      Row r = run_one(x, "gemm_rs", 16384, -1, false, true, K);
+      const double alone = r.err, R = 2.0 * 16384.0 * 16384.0 * K / (alone * 1e-6);
+      const double frac = (r.us - alone) / r.us, thr = 2.0 * R / (2.0 * Bw);
+      if (x.rank == 0) {
+        std::printf("| %d | %.1f | %.1f | %.3f | %.0f | %.0f |\n", K, alone, r.us, frac, R / 1e12, thr);
+        std::fflush(stdout);
+        json.write(bench::JsonLine().add("kernel", "gemm_rs").add("impl", "table3").add("M", 16384).add("N", 16384)
+                       .add("K", K).add("world", x.W).add("alone_us", alone).add("fused_us", r.us)
+                       .add("non_overlapped", frac).add("k_threshold", thr));
+      }
+    }
+  }
+  WEAVE_CUDA_CHECK(cudaStreamDestroy(st));
+  return 0;
+}
+
+}  // namespace
+
+WEAVE_BENCH(tp, "TP fused kernels (ag_gemm, gemm_rs, gemm_ar) vs GEMM alone and cuBLAS+NCCL (2+ ranks)", run);
