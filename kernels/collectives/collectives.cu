@@ -18,7 +18,10 @@ namespace {
 constexpr size_t kOneShotMaxBytes = size_t(512) << 10;
 // Bytes of work per block: one 16-byte unit per thread and step, so that small calls spread
 // over many SMs and finish in one round trip of peer accesses.
-constexpr long long kBlockBytes = kThreads * 16;
+template <class S>
+constexpr long long block_bytes() {
+  return S::Threads * 16;
+}
 
 int largest_vec(std::initializer_list<long long> v, int elt) {
   int vec = 16;
@@ -79,13 +82,21 @@ struct Collectives::Impl {
       d.dst_pitch = x.dst_pitch;
       total += units;
     }
-    const int blocks = static_cast<int>(std::clamp<long long>((work + kBlockBytes - 1) / kBlockBytes, 1, blocks_max));
+    bool copy = true;
+    for (int j = 0; j < plan.n; ++j) copy = copy && plan.x[j].nsrc == 1;
+    const long long per_block = copy ? block_bytes<CopyShape>() : block_bytes<ReduceShape>();
+    const int blocks = static_cast<int>(std::clamp<long long>((work + per_block - 1) / per_block, 1, blocks_max));
     arrived += arrivals_per_call(W);
     done += dones_per_call(W, blocks);
     L.sig = sig.view();
     L.arrive_expect = arrived;
     L.done_expect = done;
-    dispatch(L, blocks, t, op, s);
+    if (copy) {  // bytes are bytes: one instantiation serves every dtype
+      collective_kernel<__nv_bfloat16, ReduceOp::sum, CopyShape><<<blocks, CopyShape::Threads, 0, s>>>(L);
+      WEAVE_CUDA_CHECK(cudaGetLastError());
+    } else {
+      dispatch(L, blocks, t, op, s);
+    }
   }
 
   void ulysses(bool to_head, const void* in, void* out, long long B, long long S, long long H,
@@ -102,7 +113,7 @@ struct Collectives::Impl {
   }
 
   void dispatch(const Launch& L, int blocks, DType t, ReduceOp op, cudaStream_t s) {
-#define WEAVE_COLL_LAUNCH(T, OP) collective_kernel<T, OP><<<blocks, kThreads, 0, s>>>(L)
+#define WEAVE_COLL_LAUNCH(T, OP) collective_kernel<T, OP, ReduceShape><<<blocks, ReduceShape::Threads, 0, s>>>(L)
     auto by_op = [&](auto tag) {
       using T = decltype(tag);
       if (op == ReduceOp::sum) WEAVE_COLL_LAUNCH(T, ReduceOp::sum);

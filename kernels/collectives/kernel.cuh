@@ -32,14 +32,19 @@ struct Launch {
   unsigned long long arrive_expect, done_expect;
 };
 
-// 256 threads x 2 units: no spills at 8 sources (ptxas -v). Overridable at build time only, for
-// the experiments in docs/perf-notes.md.
-#ifndef WEAVE_COLL_THREADS
-#define WEAVE_COLL_THREADS 256
-#define WEAVE_COLL_UNROLL 2
+// Two kernel shapes. Reductions hold up to 8 sources' vectors per unit: 256 threads x 2 units is
+// what fits without spills (ptxas -v). Copies hold one: more threads keep more peer stores in
+// flight (512 measured +6 % over 256 on all_gather, perf-notes). Overridable at build time only,
+// for those experiments.
+#ifndef WEAVE_COLL_COPY_THREADS
+#define WEAVE_COLL_COPY_THREADS 1024
 #endif
-inline constexpr int kThreads = WEAVE_COLL_THREADS;
-inline constexpr int kUnroll = WEAVE_COLL_UNROLL;
+template <int MaxSrc_, int Threads_, int Unroll_>
+struct KernelShape {
+  static constexpr int MaxSrc = MaxSrc_, Threads = Threads_, Unroll = Unroll_;
+};
+using ReduceShape = KernelShape<kMaxWorld, 256, 2>;
+using CopyShape = KernelShape<1, WEAVE_COLL_COPY_THREADS, 2>;
 
 namespace detail {
 
@@ -61,32 +66,32 @@ __device__ __forceinline__ V load(const char* p) {
   else return *reinterpret_cast<const V*>(p);
 }
 
-// Processes `cnt` (<= kUnroll) units u0, u0 + stride, ... of transfer x; all loads are issued
+// Processes `cnt` (<= Unroll) units u0, u0 + stride, ... of transfer x; all loads are issued
 // before the first use so that several peer loads are in flight per thread.
-template <class T, ReduceOp Op, class V>
+template <class T, ReduceOp Op, class S, class V>
 __device__ __forceinline__ void run_units(const DevXfer& x, unsigned long long u0, unsigned long long stride, int cnt) {
-  constexpr int E = sizeof(V) / sizeof(T);
+  constexpr int E = sizeof(V) / sizeof(T), kUnroll = S::Unroll, kSrc = S::MaxSrc;
   long long so[kUnroll], dof[kUnroll];
-  V v[kUnroll][kMaxWorld];
+  V v[kUnroll][kSrc];
 #pragma unroll
   for (int k = 0; k < kUnroll; ++k)
     if (k < cnt) {
       unit_addr(x, u0 + k * stride, so[k], dof[k]);
 #pragma unroll
-      for (int r = 0; r < kMaxWorld; ++r)
+      for (int r = 0; r < kSrc; ++r)
         if (r < x.nsrc) v[k][r] = load<V>(x.src[r] + so[k]);
     }
 #pragma unroll
   for (int k = 0; k < kUnroll; ++k) {
     if (k >= cnt) break;
     V out = v[k][0];
-    if (x.nsrc > 1) {
+    if (kSrc > 1 && x.nsrc > 1) {
       float acc[E];
       const T* e0 = reinterpret_cast<const T*>(&v[k][0]);
 #pragma unroll
       for (int i = 0; i < E; ++i) acc[i] = weave::detail::to_f32(e0[i]);
 #pragma unroll
-      for (int r = 1; r < kMaxWorld; ++r) {
+      for (int r = 1; r < kSrc; ++r) {
         if (r >= x.nsrc) break;
         const T* e = reinterpret_cast<const T*>(&v[k][r]);
 #pragma unroll
@@ -105,20 +110,22 @@ __device__ __forceinline__ void run_units(const DevXfer& x, unsigned long long u
 }
 
 // The grid takes a thread-strided share of the transfer's units, kUnroll units per step.
-template <class T, ReduceOp Op, class V>
+template <class T, ReduceOp Op, class S, class V>
 __device__ __forceinline__ void run_xfer(const DevXfer& x) {
+  constexpr int kUnroll = S::Unroll;
   const unsigned long long stride = static_cast<unsigned long long>(gridDim.x) * blockDim.x, end = x.units;
   for (unsigned long long u = static_cast<unsigned long long>(blockIdx.x) * blockDim.x + threadIdx.x; u < end;
        u += stride * kUnroll) {
     const unsigned long long left = (end - u + stride - 1) / stride;
-    run_units<T, Op, V>(x, u, stride, left < kUnroll ? static_cast<int>(left) : kUnroll);
+    run_units<T, Op, S, V>(x, u, stride, left < kUnroll ? static_cast<int>(left) : kUnroll);
   }
 }
 
 }  // namespace detail
 
-template <class T, ReduceOp Op>
-__global__ void __launch_bounds__(kThreads) collective_kernel(const __grid_constant__ Launch L) {
+// S: ReduceShape, or CopyShape for plans whose transfers all have one source.
+template <class T, ReduceOp Op, class S>
+__global__ void __launch_bounds__(S::Threads) collective_kernel(const __grid_constant__ Launch L) {
   if (threadIdx.x == 0) {
     if (blockIdx.x == 0) signal_all(L.sig, 0);
     wait(L.sig, 0, L.arrive_expect);
@@ -128,10 +135,10 @@ __global__ void __launch_bounds__(kThreads) collective_kernel(const __grid_const
   // staggered by rank). Running them side by side on block groups measured slower (perf-notes).
   for (int j = 0; j < L.n; ++j) {
     const DevXfer& x = L.x[j];
-    if (x.vec == 16) detail::run_xfer<T, Op, int4>(x);
-    else if (x.vec == 8) detail::run_xfer<T, Op, int2>(x);
-    else if (x.vec == 4 && sizeof(T) <= 4) detail::run_xfer<T, Op, int>(x);
-    else detail::run_xfer<T, Op, T>(x);
+    if (x.vec == 16) detail::run_xfer<T, Op, S, int4>(x);
+    else if (x.vec == 8) detail::run_xfer<T, Op, S, int2>(x);
+    else if (x.vec == 4 && sizeof(T) <= 4) detail::run_xfer<T, Op, S, int>(x);
+    else detail::run_xfer<T, Op, S, T>(x);
   }
   __syncthreads();
   if (threadIdx.x == 0) {
