@@ -27,7 +27,7 @@ std::vector<int> AgGemm::comm_sms_candidates(int M, int K, int W, int sm_count) 
 }
 
 LaunchInfo AgGemm::launch(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf16* C, int M, int N, int K,
-                          int ncomm, cudaStream_t s) {
+                          int ncomm, int variant, cudaStream_t s) {
   Impl& m = *impl_;
   const int W = m.c.world(), rank = m.c.rank();
   AgGlobals g{};
@@ -39,13 +39,16 @@ LaunchInfo AgGemm::launch(const bf16* a_shard, bf16* a_gathered, const bf16* B, 
     const bf16* src = q == rank ? a_shard : a_gathered + size_t(sq.begin) * K;
     g.asrc[q] = map_128x64(src, sq.size, K, K);
     g.cdst[q] = map_128x64(C + size_t(sq.begin) * N, sq.size, N, N);
-    g.gdst[q] = map_128x64(static_cast<const bf16*>(pp[q]) + size_t(mine.begin) * K, mine.size, K, K);
+    g.gdst[q] = static_cast<bf16*>(pp[q]) + size_t(mine.begin) * K;
   }
+  g.shard = a_shard;
+  WEAVE_CHECK(reinterpret_cast<uintptr_t>(a_shard) % 16 == 0, "ag_gemm: a_shard must be 16-byte aligned");
   g.copy_local = a_shard != a_gathered + size_t(mine.begin) * K;
   g.b = map_b_kn(B, K, N);
   g.M = M, g.N = N, g.K = K;
   g.tiles_m = g.L.row_tiles(), g.tiles_n = g.L.tiles_n, g.group_m = g.L.group_m, g.accumulate = 0;
   g.rank = rank;
+  g.push = variant;
   const std::vector<int> counts = {ag_ready_count(g.L), 1};
   runtime::SignalSet& rd = m.sig.get(m.c, {M, N, K}, counts, 0);
   runtime::SignalSet& ar = m.sig.get(m.c, {M, N, K}, counts, 1);
@@ -56,7 +59,7 @@ LaunchInfo AgGemm::launch(const bf16* a_shard, bf16* a_gathered, const bf16* B, 
   lcsc::Config cfg;
   cfg.num_comm_sms = ncomm;
   const lcsc::Plan p = lcsc::launch<AgKernel>(g, cfg, s);
-  return {ncomm, p.compute_blocks, false};
+  return {ncomm, p.compute_blocks, false, variant};
 }
 
 LaunchInfo AgGemm::run(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf16* C, int M, int N, int K,
@@ -68,15 +71,18 @@ LaunchInfo AgGemm::run(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf1
   m.check(m.c, "ag_gemm shape (M, N, K)", {M, N, K});
   if (o.num_comm_sms >= 0) {
     WEAVE_CHECK(o.num_comm_sms >= 1, "ag_gemm: the push kernel needs num_comm_sms >= 1 (got ", o.num_comm_sms, ")");
-    return launch(a_shard, a_gathered, B, C, M, N, K, o.num_comm_sms, s);
+    WEAVE_CHECK(o.variant >= -1 && o.variant <= 1, "ag_gemm: variant ", o.variant, " is not 0 (TMA push) or 1 (register push)");
+    return launch(a_shard, a_gathered, B, C, M, N, K, o.num_comm_sms, o.variant < 0 ? 0 : o.variant, s);
   }
   std::vector<runtime::TuneCandidate> cands;
-  for (int n : comm_sms_candidates(M, K, m.c.world(), m.c.sm_count())) cands.push_back({0, n});
+  for (int v = 0; v < 2; ++v)
+    if (o.variant < 0 || o.variant == v)
+      for (int n : comm_sms_candidates(M, K, m.c.world(), m.c.sm_count())) cands.push_back({v, n});
   const std::string key = runtime::tune_key("ag_gemm", {M, N, K}, m.c.world(), device_key(m.c));
   const runtime::TuneResult r = runtime::Tuner::global().choose(&m.c, key, cands, [&](const runtime::TuneCandidate& t) {
-    return time_launches(s, [&] { launch(a_shard, a_gathered, B, C, M, N, K, t.num_comm_sms, s); });
+    return time_launches(s, [&] { launch(a_shard, a_gathered, B, C, M, N, K, t.num_comm_sms, t.variant, s); });
   });
-  LaunchInfo li = launch(a_shard, a_gathered, B, C, M, N, K, r.choice.num_comm_sms, s);
+  LaunchInfo li = launch(a_shard, a_gathered, B, C, M, N, K, r.choice.num_comm_sms, r.choice.variant, s);
   li.tuned = true;
   return li;
 }

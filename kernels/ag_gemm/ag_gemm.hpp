@@ -23,7 +23,7 @@ class AgGemm {
 
  private:
   LaunchInfo launch(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf16* C, int M, int N, int K, int ncomm,
-                    cudaStream_t s);
+                    int variant, cudaStream_t s);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -4,6 +4,7 @@
 // communicator below and the wait in load(); README.md counts the lines.
 #pragma once
 #include "gemm/gemm_kernel.cuh"
+#include "weave/lcsc.cuh"
 #include "tp_common/schedule.hpp"
 #include "weave/signal.cuh"
 #include "weave/store.cuh"
@@ -13,19 +14,22 @@ namespace weave::tp {
 struct AgGlobals : gemm::GemmGlobals {
   CUtensorMap asrc[kMaxWorld];  // A rows of owner q as this rank reads them (own: the input)
   CUtensorMap cdst[kMaxWorld];  // C rows of owner q (local output)
-  CUtensorMap gdst[kMaxWorld];  // rank p's gathered A, this rank's shard rows (push targets)
   signals ready;                // ready[off[q] + i]: owner q's row tile i is in our gathered A
   signals arrive;               // arrive[0]: ranks that entered this call (buffers free to write)
+  const __nv_bfloat16* shard;           // this rank's rows (contiguous, shard rows x K)
+  __nv_bfloat16* gdst[kMaxWorld];       // rank p's gathered A at this rank's first row (push targets)
   Layout L;
   int rank;
   int copy_local;  // the input is not already in place in the gathered buffer
+  int push;        // 0: TMA bulk copies by one thread; 1: 16-byte register copies by all threads
   unsigned long long ready_round, arrive_round;
 };
 
 struct AgKernel : gemm::GemmKernel<256, gemm::BLayout::KN, 3> {
   using Base = gemm::GemmKernel<256, gemm::BLayout::KN, 3>;
   using Globals = AgGlobals;
-  static constexpr int kCopySlots = 8;            // 16 KB boxes in flight per communicator block
+  static constexpr int kCopySlots = 12;  // 16 KB boxes per communicator block (loads run ahead)
+  static constexpr int kInFlight = 6;    // of which stores still reading shared memory
   static constexpr uint32_t kBoxBytes = kBM * 64 * 2;
 
   static __host__ __device__ int num_work(const AgGlobals& g) { return g.L.work(); }
@@ -54,9 +58,60 @@ struct AgKernel : gemm::GemmKernel<256, gemm::BLayout::KN, 3> {
     }
   }
 
-  // One thread per communicator block: row tiles c, c + n, ... of this rank's shard, 128 x 64
-  // boxes through a ring of shared-memory slots, each box stored to every destination.
+  // 1-D bulk copies (cp.async.bulk): the shard's rows are contiguous at the source and in every
+  // destination, so the push is a memcpy in 16 KB pieces (long NVLink writes, not 128-byte rows).
+  static __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, tile::Mbarrier* bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     tile::smem_u32(dst)),
+                 "l"(src), "r"(bytes), "r"(bar->addr())
+                 : "memory");
+  }
+  static __device__ __forceinline__ void bulk_store(void* dst, const void* src, uint32_t bytes) {
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(tile::smem_u32(src)),
+                 "r"(bytes)
+                 : "memory");
+  }
+
+  // One thread per communicator block: units c, c + n, ... of this rank's shard (unit = a K-slice
+  // of a 128-row tile, i.e. a contiguous byte range split into 16 KB pieces), each piece loaded
+  // once and stored to every destination; after a unit, its ready signal to every peer.
+  // Variant 1: every thread copies 16-byte vectors (local loads, peer stores); stores need no
+  // completion wait per piece, only the block barrier and the signal's release after each unit.
+  static __device__ __forceinline__ void push_registers(const AgGlobals& g, int c, int nc) {
+    if (threadIdx.x == 0) {
+      if (c == 0) signal_all(g.arrive, 0);
+      wait(g.arrive, 0, g.arrive_round * g.L.W);
+    }
+    __syncthreads();
+    constexpr int U = 4;
+    const int units = ag_units(g.L, g.rank, g.K), P = ag_slices(g.K);
+    const int4* src = reinterpret_cast<const int4*>(g.shard);
+    for (int u = c; u < units; u += nc) {
+      long long b0, b1;
+      ag_unit_bytes(g.L, g.rank, g.K, u, &b0, &b1);
+      const long long v0 = b0 / 16, v1 = b1 / 16;
+      for (long long v = v0 + threadIdx.x; v < v1; v += U * blockDim.x) {
+        int4 x[U];
+#pragma unroll
+        for (int k = 0; k < U; ++k)
+          if (v + k * blockDim.x < v1) x[k] = __ldcs(src + v + k * blockDim.x);
+        for (int d = 0; d < g.L.W; ++d) {
+          if (d == g.rank && !g.copy_local) continue;
+          int4* dst = reinterpret_cast<int4*>(g.gdst[d]);
+#pragma unroll
+          for (int k = 0; k < U; ++k)
+            if (v + k * blockDim.x < v1) dst[v + k * blockDim.x] = x[k];
+        }
+      }
+      __syncthreads();
+      if (threadIdx.x == 0)
+        for (int d = 0; d < g.L.W; ++d)
+          if (d != g.rank) signal(g.ready, d, g.L.off[g.rank] + u / P);
+    }
+  }
+
   static __device__ __forceinline__ void communicator(const AgGlobals& g, void* smem, int c, int nc) {
+    if (g.push == 1) return push_registers(g, c, nc);
     if (threadIdx.x != 0) return;
     uint8_t* buf = static_cast<uint8_t*>(smem);
     tile::Mbarrier* bar = reinterpret_cast<tile::Mbarrier*>(buf + kCopySlots * kBoxBytes);
@@ -65,37 +120,68 @@ struct AgKernel : gemm::GemmKernel<256, gemm::BLayout::KN, 3> {
     if (c == 0) signal_all(g.arrive, 0);
     wait(g.arrive, 0, g.arrive_round * g.L.W);  // every peer's previous call is over
     tile::fence_proxy_async_global();
-    const int kc = (g.K + 63) / 64, P = ag_slices(g.K), per = kc / P;  // boxes per unit
-    const int units = ag_units(g.L, g.rank, g.K);
-    const int mine = units > c ? (units - c + nc - 1) / nc : 0;
-    const long long total = static_cast<long long>(mine) * per;
-    // Box x of this block: unit c + nc * (x / per), box (x % per) of the unit's K slice.
-    auto row_of = [&](long long x) { return (c + nc * static_cast<int>(x / per)) / P; };
-    auto col_of = [&](long long x) { return ((c + nc * static_cast<int>(x / per)) % P) * per + static_cast<int>(x % per); };
-    auto issue = [&](long long x) {
-      const int s = static_cast<int>(x % kCopySlots);
-      bar[s].arrive_expect_tx(kBoxBytes);
-      tile::tma::load_2d(buf + s * kBoxBytes, &g.asrc[g.rank], &bar[s], col_of(x) * 64, row_of(x) * kBM);
-    };
-    for (long long x = 0; x < total && x < kCopySlots; ++x) issue(x);
-    for (long long x = 0; x < total; ++x) {
-      const int s = static_cast<int>(x % kCopySlots), i = row_of(x), k = col_of(x);
-      bar[s].wait(static_cast<uint32_t>((x / kCopySlots) & 1));
+    const int P = ag_slices(g.K), units = ag_units(g.L, g.rank, g.K);
+    auto range = [&](int u, long long* b0, long long* b1) { ag_unit_bytes(g.L, g.rank, g.K, u, b0, b1); };
+    auto signal_unit = [&](int u) {
       for (int d = 0; d < g.L.W; ++d)
-        if (d != g.rank || g.copy_local) tile::tma::store_2d(&g.gdst[d], buf + s * kBoxBytes, k * 64, i * kBM);
-      tile::tma::commit_group();
-      if (x % per == per - 1) {  // the unit is complete everywhere: tell each peer
-        store_wait();
-        for (int d = 0; d < g.L.W; ++d)
-          if (d != g.rank) signal(g.ready, d, g.L.off[g.rank] + i);
+        if (d != g.rank) signal(g.ready, d, g.L.off[g.rank] + u / P);
+    };
+    // Load and store cursors walk the same pieces: units c, c + nc, ..., 16 KB at a time.
+    int u_load = c - nc, u_store = c - nc;
+    long long off_load = 0, end_load = 0, off_store = 0, end_store = 0;
+    auto advance_load = [&]() {
+      for (u_load += nc; u_load < units; u_load += nc) {
+        range(u_load, &off_load, &end_load);
+        if (end_load > off_load) return;
       }
-      if (x >= 1 && x - 1 + kCopySlots < total) {  // slot of box x-1 is read: refill it
-        tile::tma::wait_group_read<1>();
-        issue(x - 1 + kCopySlots);
+    };
+    auto advance_store = [&]() {  // empty units (short last row tile) are signalled at once
+      for (u_store += nc; u_store < units; u_store += nc) {
+        range(u_store, &off_store, &end_store);
+        if (end_store > off_store) return;
+        signal_unit(u_store);
+      }
+    };
+    long long issued = 0, done = 0;
+    auto next_load = [&]() {
+      if (u_load >= units) return;
+      const uint32_t n = static_cast<uint32_t>(end_load - off_load < kBoxBytes ? end_load - off_load : kBoxBytes);
+      const int s = static_cast<int>(issued % kCopySlots);
+      bar[s].arrive_expect_tx(n);
+      bulk_load(buf + s * kBoxBytes, reinterpret_cast<const uint8_t*>(g.shard) + off_load, n, &bar[s]);
+      ++issued;
+      if ((off_load += n) >= end_load) advance_load();
+    };
+    advance_load();
+    advance_store();
+    while (issued < kCopySlots && u_load < units) next_load();
+    while (done < issued) {
+      const int s = static_cast<int>(done % kCopySlots);
+      bar[s].wait(static_cast<uint32_t>((done / kCopySlots) & 1));
+      const uint32_t n = static_cast<uint32_t>(end_store - off_store < kBoxBytes ? end_store - off_store : kBoxBytes);
+      for (int d = 0; d < g.L.W; ++d)
+        if (d != g.rank || g.copy_local)
+          bulk_store(reinterpret_cast<uint8_t*>(g.gdst[d]) + off_store, buf + s * kBoxBytes, n);
+      tile::tma::commit_group();
+      ++done;
+      if ((off_store += n) >= end_store) {  // the unit is complete everywhere: tell each peer
+        store_wait();
+        signal_unit(u_store);
+        advance_store();
+      }
+      // Refill the slot of the oldest piece whose stores may still be reading shared memory.
+      const long long y = done - kInFlight;
+      if (y >= 0 && issued == y + kCopySlots && u_load < units) {
+        tile::tma::wait_group_read<kInFlight - 1>();
+        next_load();
       }
     }
     store_wait();
   }
 };
+
+static_assert(AgKernel::kCopySlots * AgKernel::kBoxBytes + AgKernel::kCopySlots * sizeof(tile::Mbarrier) <=
+                  sizeof(lcsc::SharedStorage<AgKernel>),
+              "the communicator's copy ring must fit in the kernel's shared memory");
 
 }  // namespace weave::tp

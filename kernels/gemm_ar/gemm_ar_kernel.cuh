@@ -22,7 +22,6 @@ struct ArGlobals : gemm::GemmGlobals {  // c: this rank's buffer (M x N), the ou
 struct ArKernel : gemm::GemmKernel<256, gemm::BLayout::KN, 3> {
   using Base = gemm::GemmKernel<256, gemm::BLayout::KN, 3>;
   using Globals = ArGlobals;
-  static constexpr int kUnroll = 2;  // 16-byte chunks per thread in flight, times W loads each
 
   static __device__ __forceinline__ void store(const ArGlobals& g, Output& o, int w, int part) {
     Base::store(g, o, w, part);
@@ -31,7 +30,10 @@ struct ArKernel : gemm::GemmKernel<256, gemm::BLayout::KN, 3> {
     signal(g.ready, ar_owner(g.L, w), w);
   }
 
-  static __device__ __forceinline__ void reduce_tile(const ArGlobals& g, int w) {
+  // MW: world bound of the unrolled loads; U: 16-byte chunks per thread in flight (U * MW loads).
+  template <int MW, int U>
+  static __device__ __forceinline__ void reduce_tile_t(const ArGlobals& g, int w) {
+    constexpr int kUnroll = U, kMaxWorld = MW;
     const gemm::TileCoord t = gemm::grouped_tile(w, g.L.tiles_m, g.L.tiles_n, g.L.group_m);
     const int r0 = t.m * kBM, c0 = t.n * kBN;
     const int nr = min(kBM, g.M - r0), ncv = min(kBN, g.N - c0) / 8;  // rows, 16-byte chunks per row
@@ -72,6 +74,12 @@ struct ArKernel : gemm::GemmKernel<256, gemm::BLayout::KN, 3> {
           if (r < W) *reinterpret_cast<int4*>(g.buf[r] + off) = out;
       }
     }
+  }
+
+  static __device__ __forceinline__ void reduce_tile(const ArGlobals& g, int w) {
+    if (g.L.W <= 2) reduce_tile_t<2, 4>(g, w);
+    else if (g.L.W <= 4) reduce_tile_t<4, 2>(g, w);
+    else reduce_tile_t<8, 1>(g, w);
   }
 
   static __device__ __forceinline__ void communicator(const ArGlobals& g, void*, int c, int nc) {

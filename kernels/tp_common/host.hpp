@@ -22,6 +22,9 @@ struct Options {
   // < 0: the tuner picks (cached per kernel, shape, world and device); >= 0 fixes the number of
   // communicator SMs (ag_gemm and gemm_ar need >= 1; gemm_rs is intra-SM and uses 0).
   int num_comm_sms = -1;
+  // ag_gemm's push: -1 = the tuner picks (with num_comm_sms < 0) or 0; 0 = TMA bulk copies by one
+  // thread per communicator block; 1 = 16-byte register copies by all its threads.
+  int variant = -1;
 };
 
 // What the last launch used (for benchmarks and tests).
@@ -29,6 +32,7 @@ struct LaunchInfo {
   int num_comm_sms = 0;
   int compute_blocks = 0;
   bool tuned = false;  // the choice came from the tuner (cache or search)
+  int variant = 0;
 };
 
 // Compares `vals` across ranks only when they differ from this rank's previous call (a mismatch

@@ -102,14 +102,27 @@ __host__ __device__ inline unsigned long long rs_done_expected(const Layout& L, 
 // loader waits for ready[vrow] == slices (per launch) before the first load of a peer tile.
 __host__ __device__ inline int ag_slices(int K) {
   const int kc = (K + 63) / 64;
-  for (int p = 8; p > 1; p /= 2)
-    if (kc % p == 0) return p;
+  for (int p = 8; p > 1; p /= 2)  // slices of >= 16 boxes: a slice ends in a full write drain
+    if (kc % p == 0 && kc / p >= 16) return p;
   return 1;
 }
 __host__ __device__ inline int ag_ready_count(const Layout& L) { return L.row_tiles(); }
 __host__ __device__ inline unsigned long long ag_ready_expected(int K) { return ag_slices(K); }
 // Units of rank r's shard that communicator block c of n_comm copies: c, c + n_comm, ...
 __host__ __device__ inline int ag_units(const Layout& L, int r, int K) { return L.tm[r] * ag_slices(K); }
+
+// Bytes [b0, b1) of rank r's shard (rows x K bf16, contiguous) that unit u carries: row tile
+// u / slices (rows clipped to the shard), slice u % slices of it, 16-byte aligned; may be empty.
+__host__ __device__ inline void ag_unit_bytes(const Layout& L, int r, int K, int u, long long* b0, long long* b1) {
+  const int P = ag_slices(K), rows = shard(L.M, L.W, r).size;
+  const long long row_bytes = 2LL * K;
+  const long long r0 = static_cast<long long>(u / P) * kBM, r1 = r0 + kBM < rows ? r0 + kBM : rows;
+  const long long lo = r0 * row_bytes, hi = r1 * row_bytes;
+  const long long step = ((hi - lo + P - 1) / P + 15) / 16 * 16;
+  const long long a = lo + (u % P) * step, b = a + step;
+  *b0 = a < hi ? a : hi;
+  *b1 = b < hi ? b : hi;
+}
 
 // ---- gemm_ar (inter-SM) -------------------------------------------------------------------
 // Plain GEMM tiling of the full M x N output (tile w in gemm::grouped_tile order). Tile w is

@@ -3,6 +3,7 @@
 // with changing inputs, and shapes that differ across ranks rejected before any launch.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <functional>
@@ -90,7 +91,8 @@ TEST(TpGpu, AgGemmMatchesCublasNccl) {
   const uint64_t seed = wt::job_seed();
   weave::tp::AgGemm ag(c);
   for (const Shape& s : kShapes) {
-    for (int ncomm : {-1, 1, 4, 16}) {
+    for (int cfg = 0; cfg < 7; ++cfg) {  // tuner, then (variant, num_comm_sms) fixed
+      const int ncomm = cfg == 0 ? -1 : std::array<int, 3>{1, 4, 16}[(cfg - 1) % 3], variant = cfg == 0 ? -1 : (cfg - 1) / 3;
       for (int in_place = 0; in_place < 2; ++in_place) {
         const int W = c.world(), r = c.rank();
         const auto sh = shard(s.M, W, r);
@@ -109,6 +111,7 @@ TEST(TpGpu, AgGemmMatchesCublasNccl) {
         gref::poison(C.p, C.n);
         weave::tp::Options o;
         o.num_comm_sms = ncomm;
+        o.variant = variant;
         const auto li = ag.run(src, G.p, B.p, C.p, s.M, s.N, s.K, o);
         wt::settle();
         WEAVE_TP_NCCL_CHECK(ncclGroupStart());
@@ -122,7 +125,7 @@ TEST(TpGpu, AgGemmMatchesCublasNccl) {
         const double eg = gref::rel_error(G.p, refg.p, refg.n), ec = gref::rel_error(C.p, refc.p, refc.n);
         EXPECT_EQ(eg, 0.0) << "gathered A " << s.M << "x" << s.K << " ncomm " << ncomm << " in_place " << in_place;
         EXPECT_LT(ec, kTol) << "ag_gemm " << s.M << "x" << s.N << "x" << s.K << " ncomm " << ncomm << " (ran "
-                            << li.num_comm_sms << ") in_place " << in_place;
+                            << li.num_comm_sms << ", variant " << li.variant << ") in_place " << in_place;
         wt::settle();
       }
     }
@@ -181,7 +184,9 @@ TEST(TpGpu, TwoHundredLaunchesChangingInputs) {
     ref_all_reduce(ref.p, ref.n);
     gref::error_kernel<<<64, 256>>>(out.p, ref.p + size_t(sh.begin) * N, size_t(sh.size) * N, sums);
     // ag_gemm (C into `ref`'s twin: reuse out as C is fine, it is only local here)
-    ag.run(Ash.p, G.p, B.p, out.p, M, N, K, o4);
+    weave::tp::Options oa = o4;
+    oa.variant = it % 2;  // both push variants
+    ag.run(Ash.p, G.p, B.p, out.p, M, N, K, oa);
     WEAVE_TP_NCCL_CHECK(ncclGroupStart());
     for (int q = 0; q < W; ++q) {
       const auto sq = shard(M, W, q);

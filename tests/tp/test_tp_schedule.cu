@@ -128,6 +128,20 @@ TEST(TpSchedule, AgGemmEveryTileOncePushesMatchWaits) {
           const int K = 64 * (1 + (M + N) % 40);  // K boxes from 1 to 40: slices 1, 2, 4 or 8
           const int P = ag_slices(K);
           EXPECT_EQ(((K + 63) / 64) % P, 0);
+          for (int q = 0; q < W; ++q) {  // the units' byte ranges tile the shard exactly
+            long long next = 0;
+            for (int u = 0; u < ag_units(L, q, K); ++u) {
+              long long b0, b1;
+              ag_unit_bytes(L, q, K, u, &b0, &b1);
+              EXPECT_EQ(b0 % 16, 0);
+              EXPECT_EQ(b1 % 16, 0);
+              if (b1 > b0) {
+                EXPECT_EQ(b0, next);
+                next = b1;
+              }
+            }
+            EXPECT_EQ(next, 2LL * K * shard(M, W, q).size);
+          }
           for (int q = 0; q < W; ++q)  // communicator blocks of owner q, as the kernel walks them
             for (int c = 0; c < nc; ++c)
               for (int u = c; u < ag_units(L, q, K); u += nc) {

@@ -149,6 +149,7 @@ struct Row {
   int ncomm;
   bool correct;
   double err;
+  int variant = 0;
 };
 
 void emit(Ctx& x, const Row& r, const char* extra_key = nullptr, double extra = 0) {
@@ -157,7 +158,7 @@ void emit(Ctx& x, const Row& r, const char* extra_key = nullptr, double extra = 
     bench::JsonLine j;
     j.add("kernel", r.kernel).add("impl", r.impl).add("S", r.S).add("M", r.M).add("N", r.N).add("K", r.K);
     j.add("world", x.W).add("time_us", r.us).add("tflops", tf).add("num_comm_sms", r.ncomm).add("correct", r.correct);
-    j.add("rel_err", r.err);
+    j.add("rel_err", r.err).add("variant", r.variant);
     if (extra_key) j.add(extra_key, extra);
     x.json.write(j);
   }
@@ -165,13 +166,14 @@ void emit(Ctx& x, const Row& r, const char* extra_key = nullptr, double extra = 
 
 // One kernel at one size: GEMM alone, fused, cuBLAS + NCCL; returns the fused row.
 Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print, bool baselines = true,
-            int K_override = 0) {
+            int K_override = 0, int variant = -1) {
   const int W = x.W, r = x.rank;
   const bool ag = kernel == "ag_gemm";
   const int M = S, N = ag ? S / W : S, K = ag ? S : (K_override ? K_override : S / W);
   const uint64_t seed = 12345 + 7919 * r;
   tp::Options o;
   o.num_comm_sms = fixed_comm;
+  o.variant = variant;
   Row fused{kernel, "weave", S, M, N, K, 0, 0, false, 0}, alone = fused, base = fused;
   alone.impl = "weave-gemm-alone";
   base.impl = "cublas+nccl";
@@ -202,6 +204,7 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
     fused.correct = all_ok(x, eg == 0.0 && ec < 1e-2);
     fused.us = timed(x, S, fused_fn);
     fused.ncomm = li.num_comm_sms;
+    fused.variant = li.variant;
     if (baselines) {
       base.us = timed(x, S, ref);
       base.correct = true;
@@ -268,13 +271,13 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
   if (print && x.rank == 0) {
     auto tf = [&](double us) { return 2.0 * M * N * K / (us * 1e-6) / 1e12; };
     if (baselines)
-      std::printf("| %s | %d | %dx%dx%d | %.1f / %.0f | %.1f / %.0f | %.1f / %.0f | %d | %.3f | %.3f | %s %.1e |\n",
+      std::printf("| %s | %d | %dx%dx%d | %.1f / %.0f | %.1f / %.0f | %.1f / %.0f | %d (v%d) | %.3f | %.3f | %s %.1e |\n",
                   kernel.c_str(), S, M, N, K, alone.us, tf(alone.us), base.us, tf(base.us), fused.us, tf(fused.us),
-                  fused.ncomm, fused.us > 0 ? alone.us / fused.us : 0, fused.us > 0 ? base.us / fused.us : 0,
+                  fused.ncomm, fused.variant, fused.us > 0 ? alone.us / fused.us : 0, fused.us > 0 ? base.us / fused.us : 0,
                   fused.correct ? "ok" : "WRONG", fused.err);
     else
-      std::printf("| %s | %d | %dx%dx%d | %d | %.1f | %.0f | %s |\n", kernel.c_str(), S, M, N, K, fused.ncomm, fused.us,
-                  tf(fused.us), fused.correct ? "ok" : "WRONG");
+      std::printf("| %s | %d | %dx%dx%d | %d | %d | %.1f | %.0f | %s |\n", kernel.c_str(), S, M, N, K, fused.variant,
+                  fused.ncomm, fused.us, tf(fused.us), fused.correct ? "ok" : "WRONG");
     std::fflush(stdout);
   }
   if (baselines) fused.err = alone.us;  // hand the GEMM-alone time to Table 3
@@ -285,6 +288,7 @@ int run(const bench::Args& a) {
   const auto sizes = parse_list(a.get("sizes", "2048,4096,8192,16384"));
   const auto kernels = parse_names(a.get("kernels", "ag_gemm,gemm_rs,gemm_ar"));
   const int fixed = static_cast<int>(a.get_int("num-comm-sms", -1));
+  const int variant = static_cast<int>(a.get_int("variant", -1));
   long long maxS = 0;
   for (long long s : sizes) maxS = s > maxS ? s : maxS;
   if (a.has("table3") || a.has("sweep")) maxS = maxS > 16384 ? maxS : 16384;
@@ -304,11 +308,11 @@ int run(const bench::Args& a) {
   }
   if (!a.has("only-extra"))
     for (const auto& k : kernels)
-      for (long long S : sizes) run_one(x, k, static_cast<int>(S), fixed, true);
+      for (long long S : sizes) run_one(x, k, static_cast<int>(S), fixed, true, true, 0, variant);
   if (a.has("sweep")) {
     const auto counts = parse_list(a.get("sweep").empty() ? "0,4,8,16,32,64" : a.get("sweep"));
     const auto ss = parse_list(a.get("sweep-sizes", "4096,16384"));
-    if (x.rank == 0) std::printf("\nnum_comm_sms sweep\n| kernel | S | local MxNxK | comm SMs | us | TFLOP/s | check |\n|---|---|---|---|---|---|---|\n");
+    if (x.rank == 0) std::printf("\nnum_comm_sms sweep\n| kernel | S | local MxNxK | variant | comm SMs | us | TFLOP/s | check |\n|---|---|---|---|---|---|---|---|\n");
     for (const char* k : {"ag_gemm", "gemm_ar"})
       for (long long S : ss)
         for (long long n : counts) {
@@ -316,8 +320,8 @@ int run(const bench::Args& a) {
             if (x.rank == 0) std::printf("| %s | %lld | - | 0 | n/a (inter-SM kernel needs >= 1) | | |\n", k, S);
             continue;
           }
-          Row r = run_one(x, k, static_cast<int>(S), static_cast<int>(n), true, false);
-          (void)r;
+          for (int v = 0; v < (std::string(k) == "ag_gemm" ? 2 : 1); ++v)
+            run_one(x, k, static_cast<int>(S), static_cast<int>(n), true, false, 0, v);
         }
   }
   if (a.has("table3")) {
