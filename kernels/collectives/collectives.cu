@@ -13,6 +13,9 @@ namespace weave::coll {
 
 namespace {
 
+// Per rank and call, one-shot pulls (W-1) x bytes; two-shot moves 2 (W-1)/W x bytes in two
+// directions. Below this size the single phase wins (measured; docs in README.md).
+constexpr size_t kOneShotMaxBytes = size_t(512) << 10;
 // Bytes of work per block: one 16-byte unit per thread and step, so that small calls spread
 // over many SMs and finish in one round trip of peer accesses.
 template <class S>
@@ -27,36 +30,6 @@ int largest_vec(std::initializer_list<long long> v, int elt) {
   return vec;
 }
 
-// A transfer's geometry with resolved source and destination addresses.
-DevXfer to_dev(const Xfer& x, const char* const* src, char* const* dst, int elt) {
-  DevXfer d{};
-  d.nsrc = x.nsrc;
-  d.ndst = x.ndst;
-  long long vec_args_src = 0, vec_args_dst = 0;
-  for (int i = 0; i < x.nsrc; ++i) {
-    d.src[i] = src[i];
-    vec_args_src |= reinterpret_cast<long long>(src[i]);
-  }
-  for (int i = 0; i < x.ndst; ++i) {
-    d.dst[i] = dst[i];
-    vec_args_dst |= reinterpret_cast<long long>(dst[i]);
-  }
-  d.vec = largest_vec({vec_args_src, vec_args_dst, x.row_bytes, x.src_pitch, x.dst_pitch, x.src_outer_pitch,
-                       x.dst_outer_pitch},
-                      elt);
-  const unsigned long long upr = x.row_bytes / d.vec, units = upr * x.rows * x.outer;
-  WEAVE_CHECK(units < (1ull << 32), "collective transfer of ", units, " units of ", d.vec,
-              " bytes is too large for one launch");
-  d.upr = static_cast<unsigned>(upr);
-  d.rows = static_cast<unsigned>(x.rows);
-  d.units = units;
-  d.src_outer_pitch = x.src_outer_pitch;
-  d.dst_outer_pitch = x.dst_outer_pitch;
-  d.src_pitch = x.src_pitch;
-  d.dst_pitch = x.dst_pitch;
-  return d;
-}
-
 }  // namespace
 
 struct Collectives::Impl {
@@ -66,12 +39,7 @@ struct Collectives::Impl {
   unsigned long long arrived = 0, done = 0;
   AllReduceAlgo algo = AllReduceAlgo::automatic;
 
-  // push all_reduce: scratch[parity][source rank] on every rank, and the running signal totals
-  runtime::SymmetricTensor<char> scratch;
-  unsigned long long push_calls = 0, ready = 0, consumed_hist[3] = {0, 0, 0};
-
-  explicit Impl(runtime::Communicator& c)
-      : comm(c), sig(c.signals("collectives", 4)), scratch(c, 2 * c.world() * kPushMaxBytes) {
+  explicit Impl(runtime::Communicator& c) : comm(c), sig(c.signals("collectives", 2)) {
     std::vector<int> sms(c.world());
     int mine = c.sm_count();
     c.bootstrap().all_gather(&mine, sms.data(), sizeof mine);
@@ -91,13 +59,28 @@ struct Collectives::Impl {
     const runtime::PeerPtrs pin = comm.peers(in, in_bytes);
     const runtime::PeerPtrs pout = comm.peers(out, out_bytes);
     Launch L{};
+    unsigned long long total = 0;
     for (int j = 0; j < plan.n; ++j) {
       const Xfer& x = plan.x[j];
-      const char* src[kMaxWorld];
-      char* dst[kMaxWorld];
-      for (int i = 0; i < x.nsrc; ++i) src[i] = static_cast<const char*>(pin[x.src_rank[i]]) + x.src_off;
-      for (int i = 0; i < x.ndst; ++i) dst[i] = static_cast<char*>(pout[x.dst_rank[i]]) + x.dst_off;
-      L.x[L.n++] = to_dev(x, src, dst, elt);
+      DevXfer& d = L.x[L.n++];
+      d.nsrc = x.nsrc;
+      d.ndst = x.ndst;
+      for (int i = 0; i < x.nsrc; ++i) d.src[i] = static_cast<const char*>(pin[x.src_rank[i]]) + x.src_off;
+      for (int i = 0; i < x.ndst; ++i) d.dst[i] = static_cast<char*>(pout[x.dst_rank[i]]) + x.dst_off;
+      d.vec = largest_vec({reinterpret_cast<long long>(d.src[0]), reinterpret_cast<long long>(d.dst[0]), x.row_bytes,
+                           x.src_pitch, x.dst_pitch, x.src_outer_pitch, x.dst_outer_pitch},
+                          elt);
+      const unsigned long long upr = x.row_bytes / d.vec, units = upr * x.rows * x.outer;
+      WEAVE_CHECK(units < (1ull << 32), "collective transfer of ", units, " units of ", d.vec,
+                  " bytes is too large for one launch");
+      d.upr = static_cast<unsigned>(upr);
+      d.rows = static_cast<unsigned>(x.rows);
+      d.units = units;
+      d.src_outer_pitch = x.src_outer_pitch;
+      d.dst_outer_pitch = x.dst_outer_pitch;
+      d.src_pitch = x.src_pitch;
+      d.dst_pitch = x.dst_pitch;
+      total += units;
     }
     bool copy = true;
     for (int j = 0; j < plan.n; ++j) copy = copy && plan.x[j].nsrc == 1;
@@ -105,7 +88,6 @@ struct Collectives::Impl {
     const int blocks = static_cast<int>(std::clamp<long long>((work + per_block - 1) / per_block, 1, blocks_max));
     arrived += arrivals_per_call(W);
     done += dones_per_call(W, blocks);
-    L.split = L.n;
     L.sig = sig.view();
     L.arrive_expect = arrived;
     L.done_expect = done;
@@ -130,52 +112,6 @@ struct Collectives::Impl {
              std::max<long long>(out_bytes, 1), t, ReduceOp::sum, B * S * H * D * elt / W, s);
   }
 
-  // all_reduce by push: this rank's input goes into slot [parity][rank] of every rank's scratch,
-  // then each rank reduces its W local slots into its output.
-  void push_all_reduce(const void* in, void* out, long long bytes, DType t, ReduceOp op, cudaStream_t s) {
-    const int W = comm.world(), me = comm.rank(), elt = static_cast<int>(dtype_size(t));
-    comm.peers(in, bytes);  // same rules as every collective: heap or registered buffers
-    comm.peers(out, bytes);
-    const int parity = static_cast<int>(push_calls % 2);
-    const runtime::PeerPtrs sp = comm.peers(scratch.data(), scratch.bytes());
-    auto slot = [&](int rank_of_copy, int src) {
-      return static_cast<char*>(sp[rank_of_copy]) + (size_t(parity) * W + src) * Collectives::kPushMaxBytes;
-    };
-    Xfer x;
-    x.row_bytes = bytes;
-    Launch L{};
-    {  // push: my input -> slot [parity][me] on every rank
-      x.nsrc = 1;
-      x.ndst = W;
-      const char* src[1] = {static_cast<const char*>(in)};
-      char* dst[kMaxWorld];
-      for (int q = 0; q < W; ++q) dst[q] = slot(staggered(me, q, W), me);
-      L.x[L.n++] = to_dev(x, src, dst, elt);
-    }
-    {  // reduce: my W slots -> my output
-      x.nsrc = W;
-      x.ndst = 1;
-      const char* src[kMaxWorld];
-      for (int r = 0; r < W; ++r) src[r] = slot(me, r);
-      char* dst[1] = {static_cast<char*>(out)};
-      L.x[L.n++] = to_dev(x, src, dst, elt);
-    }
-    const long long per_block = block_bytes<ReduceShape>();
-    const int blocks = static_cast<int>(std::clamp<long long>((bytes + per_block - 1) / per_block, 1, blocks_max));
-    // consumed_hist[k]: the consumed total after the push call k calls back (0: this one).
-    consumed_hist[2] = consumed_hist[1];
-    consumed_hist[1] = consumed_hist[0];
-    consumed_hist[0] += dones_per_call(W, blocks);
-    ready += dones_per_call(W, blocks);
-    ++push_calls;
-    L.split = 1;
-    L.push = true;
-    L.sig = sig.view();
-    L.ready_expect = ready;
-    L.consumed_expect = consumed_hist[2];
-    dispatch(L, blocks, t, op, s);
-  }
-
   void dispatch(const Launch& L, int blocks, DType t, ReduceOp op, cudaStream_t s) {
 #define WEAVE_COLL_LAUNCH(T, OP) collective_kernel<T, OP, ReduceShape><<<blocks, ReduceShape::Threads, 0, s>>>(L)
     auto by_op = [&](auto tag) {
@@ -198,11 +134,9 @@ Collectives::~Collectives() = default;
 void Collectives::set_all_reduce_algo(AllReduceAlgo a) { impl_->algo = a; }
 
 AllReduceAlgo Collectives::all_reduce_algo(size_t bytes, bool in_place) const {
-  AllReduceAlgo a = impl_->algo;
-  if (a == AllReduceAlgo::automatic) a = bytes <= kPushMaxBytes ? AllReduceAlgo::push : AllReduceAlgo::two_shot;
-  if (a == AllReduceAlgo::push && bytes > kPushMaxBytes) a = AllReduceAlgo::two_shot;  // scratch is that large
-  if (a == AllReduceAlgo::one_shot && in_place) a = AllReduceAlgo::two_shot;  // would overwrite what peers read
-  return a;
+  if (in_place) return AllReduceAlgo::two_shot;  // one-shot would overwrite what peers still read
+  if (impl_->algo != AllReduceAlgo::automatic) return impl_->algo;
+  return bytes <= kOneShotMaxBytes ? AllReduceAlgo::one_shot : AllReduceAlgo::two_shot;
 }
 
 namespace {
@@ -221,9 +155,7 @@ void Collectives::all_reduce(const void* in, void* out, size_t count, DType t, R
   m.check_args({100, static_cast<long long>(t), static_cast<long long>(op), static_cast<long long>(count)});
   if (count == 0) return;
   const long long bytes = static_cast<long long>(count * dtype_size(t));
-  const AllReduceAlgo algo = all_reduce_algo(bytes, in == out);
-  if (algo == AllReduceAlgo::push) return m.push_all_reduce(in, out, bytes, t, op, s);
-  const bool two = algo == AllReduceAlgo::two_shot;
+  const bool two = all_reduce_algo(bytes, in == out) == AllReduceAlgo::two_shot;
   const int W = m.comm.world();
   m.launch(plan_all_reduce(two, bytes, W, m.comm.rank()), in, bytes, out, bytes, t, op, two ? bytes / W : bytes, s);
 }

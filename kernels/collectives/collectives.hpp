@@ -33,22 +33,19 @@ __host__ __device__ inline Range shard(long long n, int world, int r) {
   return {r * q + (r < rem ? r : rem), q + (r < rem ? 1 : 0)};
 }
 
-// all_reduce algorithms: one-shot (every rank reads every input: (W-1)x the bytes per rank),
-// two-shot (each rank reduces 1/W of the elements and writes them to every rank), and push
-// (every rank writes its input into every rank's scratch, then reduces locally: one signal phase;
-// up to Collectives::kPushMaxBytes).
-enum class AllReduceAlgo : int { automatic = 0, one_shot = 1, two_shot = 2, push = 3 };
+// all_reduce algorithms: one-shot (every rank reads every input: one phase, (W-1)x the bytes per
+// rank) and two-shot (each rank reduces 1/W of the elements and writes them to every rank).
+enum class AllReduceAlgo : int { automatic = 0, one_shot = 1, two_shot = 2 };
 
 class Collectives {
  public:
-  static constexpr size_t kPushMaxBytes = size_t(1) << 20;
   // Collective: allocates the signal sets and scratch it needs in the communicator's heap.
   explicit Collectives(runtime::Communicator& comm);
   ~Collectives();
 
   // out[i] = op over ranks of in[i], `count` elements; in == out is in place.
   void all_reduce(const void* in, void* out, size_t count, DType t, ReduceOp op, cudaStream_t s);
-  // Overrides the per-size choice (for benchmarks and tests). In place never uses one-shot.
+  // Overrides the per-size choice (for benchmarks and tests). In place always uses two-shot.
   void set_all_reduce_algo(AllReduceAlgo a);
   // The algorithm all_reduce picks for `bytes` per rank with the current setting.
   AllReduceAlgo all_reduce_algo(size_t bytes, bool in_place) const;

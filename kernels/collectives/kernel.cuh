@@ -25,18 +25,11 @@ struct DevXfer {
   long long src_outer_pitch, dst_outer_pitch, src_pitch, dst_pitch;
 };
 
-// Two protocols. Direct: transfers touch the callers' buffers on peers, so every rank waits for
-// all to arrive before and to be done after. Push: transfers [0, split) write only into the
-// library's scratch on peers (one parity slot per call, reused two calls later once every rank
-// has consumed it), every rank meets at "ready", transfers [split, n) read the local scratch:
-// one signal phase on the critical path instead of two.
 struct Launch {
   DevXfer x[kMaxXfers];
   int n;
-  int split;  // push: transfers before the ready meeting
-  bool push;
-  signals sig;  // counters: 0 arrived, 1 done, 2 ready, 3 consumed
-  unsigned long long arrive_expect, done_expect, ready_expect, consumed_expect;
+  signals sig;  // counter 0: arrived, 1: done
+  unsigned long long arrive_expect, done_expect;
 };
 
 // Two kernel shapes. Reductions hold up to 8 sources' vectors per unit: 256 threads x 2 units is
@@ -131,50 +124,26 @@ __device__ __forceinline__ void run_xfer(const DevXfer& x) {
 }  // namespace detail
 
 // S: ReduceShape, or CopyShape for plans whose transfers all have one source.
-namespace detail {
-// Transfers run one after the other on the whole grid, in the plan's order (remote first,
-// staggered by rank). Running them side by side on block groups measured slower (perf-notes).
-template <class T, ReduceOp Op, class S>
-__device__ __forceinline__ void run_range(const Launch& L, int begin, int end) {
-  for (int j = begin; j < end; ++j) {
-    const DevXfer& x = L.x[j];
-    if (x.vec == 16) run_xfer<T, Op, S, int4>(x);
-    else if (x.vec == 8) run_xfer<T, Op, S, int2>(x);
-    else if (x.vec == 4 && sizeof(T) <= 4) run_xfer<T, Op, S, int>(x);
-    else run_xfer<T, Op, S, T>(x);
-  }
-}
-}  // namespace detail
-
 template <class T, ReduceOp Op, class S>
 __global__ void __launch_bounds__(S::Threads) collective_kernel(const __grid_constant__ Launch L) {
   if (threadIdx.x == 0) {
-    if (L.push) {
-      wait(L.sig, 3, L.consumed_expect);  // every rank consumed this parity's slot two calls ago
-    } else {
-      if (blockIdx.x == 0) signal_all(L.sig, 0);
-      wait(L.sig, 0, L.arrive_expect);
-    }
+    if (blockIdx.x == 0) signal_all(L.sig, 0);
+    wait(L.sig, 0, L.arrive_expect);
   }
   __syncthreads();
-  detail::run_range<T, Op, S>(L, 0, L.push ? L.split : L.n);
-  if (L.push) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      signal_all(L.sig, 2);
-      wait(L.sig, 2, L.ready_expect);
-    }
-    __syncthreads();
-    detail::run_range<T, Op, S>(L, L.split, L.n);
+  // Transfers run one after the other on the whole grid, in the plan's order (remote first,
+  // staggered by rank). Running them side by side on block groups measured slower (perf-notes).
+  for (int j = 0; j < L.n; ++j) {
+    const DevXfer& x = L.x[j];
+    if (x.vec == 16) detail::run_xfer<T, Op, S, int4>(x);
+    else if (x.vec == 8) detail::run_xfer<T, Op, S, int2>(x);
+    else if (x.vec == 4 && sizeof(T) <= 4) detail::run_xfer<T, Op, S, int>(x);
+    else detail::run_xfer<T, Op, S, T>(x);
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    if (L.push) {
-      signal_all(L.sig, 3);
-    } else {
-      signal_all(L.sig, 1);
-      if (blockIdx.x == 0) wait(L.sig, 1, L.done_expect);
-    }
+    signal_all(L.sig, 1);
+    if (blockIdx.x == 0) wait(L.sig, 1, L.done_expect);
   }
 }
 
