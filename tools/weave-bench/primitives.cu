@@ -2,6 +2,7 @@
 // message (tile) size, one-way signal latency (ping-pong) and barrier latency, under weave-run.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <vector>
 
@@ -136,6 +137,30 @@ int run(const bench::Args& a) {
       c.barrier();
       if (lead) std::printf("\n");
     }
+
+  // Every rank streams to the next one at the same time: the per-direction ceiling that
+  // all-reduce and the other collectives, which load both directions of NVLink, work under.
+  {
+    auto p = runtime::make_pgl<bf16>(c, buf.data(), rows, cols, cols, 128, 128);
+    const int smem = 128 * 128 * sizeof(bf16), next = (c.rank() + 1) % c.world();
+    if (lead) std::printf("%-18s", "both directions");
+    for (int b : blocks) {
+      c.barrier();
+      const double us = bench::time_us(st, [&] { stream_tiles<false><<<b, 128, smem, st>>>(p, next); }, 2, 5, 3);
+      WEAVE_CUDA_CHECK(cudaGetLastError());
+      std::vector<double> all(c.world());
+      c.bootstrap().all_gather(&us, all.data(), sizeof us);
+      const double worst = *std::max_element(all.begin(), all.end()), gbs = buf_bytes / worst / 1e3;
+      if (lead) {
+        std::printf(" %11.1f", gbs);
+        std::fflush(stdout);
+        json.write(bench::JsonLine().add("kernel", "tma_store_bidir").add("impl", "weave").add("dtype", "bf16")
+                       .add("world", c.world()).add("blocks", b).add("msg_bytes", smem).add("bytes", buf_bytes)
+                       .add("time_us", worst).add("gbs", gbs));
+      }
+    }
+    if (lead) std::printf("   (GB/s per direction, slowest rank)\n");
+  }
 
   unsigned long long* ns = nullptr;
   WEAVE_CUDA_CHECK(cudaMalloc(&ns, sizeof(unsigned long long)));
