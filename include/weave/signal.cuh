@@ -41,30 +41,46 @@ __device__ __forceinline__ void signal_all(const signals& s, int index, unsigned
   for (int r = 0; r < s.world; ++r) detail::red_relaxed_sys_add(s.ptr[r] + index, value);
 }
 
+namespace detail {
+// The first waiter to expire records who waited for what; every expired waiter traps. The host
+// turns the record into an error (Communicator::sync).
+__device__ __noinline__ inline void wait_expired(const signals& s, int index, unsigned long long expected,
+                                                 unsigned long long observed) {
+  if (atomicCAS(&s.record->timed_out, 0, 1) == 0) {
+    s.record->rank = s.rank;
+    s.record->name_id = s.name_id;
+    s.record->index = index;
+    s.record->expected = expected;
+    s.record->observed = observed;
+    s.record->block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    s.record->thread = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+    __threadfence_system();
+  }
+  __trap();
+}
+
+// Spins on `ready()`, which returns whether the awaited value arrived; after the set's timeout
+// reports (index, expected, observed()) and traps.
+template <class Ready, class Observed>
+__device__ __forceinline__ void poll(const signals& s, int index, unsigned long long expected, Ready&& ready,
+                                     Observed&& observed) {
+  if (ready()) return;
+  const unsigned long long t0 = globaltimer();
+  for (unsigned spins = 1;; ++spins) {
+    if (ready()) return;
+    if (s.timeout_ns && (spins & 255) == 0 && globaltimer() - t0 > s.timeout_ns)
+      wait_expired(s, index, expected, observed());
+  }
+}
+}  // namespace detail
+
 // Polls this rank's counter `index` until it is >= expected (acquire, system scope). On timeout
 // records who waited for what and traps; the host turns the record into an error.
 __device__ __forceinline__ void wait(const signals& s, int index, unsigned long long expected) {
   const unsigned long long* p = s.ptr[s.rank] + index;
-  unsigned long long v = detail::ld_acquire_sys(p);
-  if (v >= expected) return;
-  const unsigned long long t0 = detail::globaltimer();
-  for (unsigned spins = 1;; ++spins) {
-    v = detail::ld_acquire_sys(p);
-    if (v >= expected) return;
-    if (s.timeout_ns && (spins & 255) == 0 && detail::globaltimer() - t0 > s.timeout_ns) {
-      if (atomicCAS(&s.record->timed_out, 0, 1) == 0) {
-        s.record->rank = s.rank;
-        s.record->name_id = s.name_id;
-        s.record->index = index;
-        s.record->expected = expected;
-        s.record->observed = v;
-        s.record->block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-        s.record->thread = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
-        __threadfence_system();
-      }
-      __trap();
-    }
-  }
+  unsigned long long v = 0;
+  detail::poll(
+      s, index, expected, [&] { return (v = detail::ld_acquire_sys(p)) >= expected; }, [&] { return v; });
 }
 
 // All ranks meet at counter `index`: each signals every rank once, then waits until all `world`

@@ -6,6 +6,7 @@
 
 #include "collectives/collectives.hpp"
 #include "collectives/kernel.cuh"
+#include "collectives/ll.cuh"
 #include "collectives/plan.hpp"
 #include "weave/common/error.hpp"
 
@@ -16,6 +17,8 @@ namespace {
 // Per rank and call, one-shot pulls (W-1) x bytes; two-shot moves 2 (W-1)/W x bytes in two
 // directions. Below this size the single phase wins (measured; docs in README.md).
 constexpr size_t kOneShotMaxBytes = size_t(512) << 10;
+// LL doubles the bytes on the link; below this size its saved signal phases win (measured).
+constexpr size_t kLLAutoMaxBytes = size_t(1) << 20;
 // Bytes of work per block: one 16-byte unit per thread and step, so that small calls spread
 // over many SMs and finish in one round trip of peer accesses.
 template <class S>
@@ -39,7 +42,20 @@ struct Collectives::Impl {
   unsigned long long arrived = 0, done = 0;
   AllReduceAlgo algo = AllReduceAlgo::automatic;
 
-  explicit Impl(runtime::Communicator& c) : comm(c), sig(c.signals("collectives", 2)) {
+  // LL all_reduce: scratch[parity][source rank] of 8-byte lines on every rank, zeroed once.
+  runtime::SymmetricTensor<unsigned long long> ll_scratch;
+  runtime::SignalSet ll_sig;  // names the LL flags in timeout diagnostics ("from rank" = index)
+  unsigned ll_calls = 0;
+  static constexpr size_t kLLLines = Collectives::kLLMaxBytes / 4;
+
+  explicit Impl(runtime::Communicator& c)
+      : comm(c),
+        sig(c.signals("collectives", 2)),
+        ll_scratch(c, 2 * c.world() * kLLLines),
+        ll_sig(c.signals("LL all_reduce flag from rank", 1)) {
+    WEAVE_CUDA_CHECK(cudaMemset(ll_scratch.data(), 0, ll_scratch.bytes()));
+    WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
+    c.barrier();  // no peer writes a line before every rank zeroed its scratch
     std::vector<int> sms(c.world());
     int mine = c.sm_count();
     c.bootstrap().all_gather(&mine, sms.data(), sizeof mine);
@@ -112,6 +128,37 @@ struct Collectives::Impl {
              std::max<long long>(out_bytes, 1), t, ReduceOp::sum, B * S * H * D * elt / W, s);
   }
 
+  void ll_all_reduce(const void* in, void* out, long long bytes, DType t, ReduceOp op, cudaStream_t s) {
+    const int W = comm.world(), me = comm.rank();
+    comm.peers(in, bytes);  // the same rules as every collective: heap or registered buffers
+    comm.peers(out, bytes);
+    if (++ll_calls == 0) ++ll_calls;  // 0 is the zeroed scratch's flag
+    const size_t parity = ll_calls & 1;
+    const runtime::PeerPtrs sp = comm.peers(ll_scratch.data(), ll_scratch.bytes());
+    LLArgs a{};
+    a.in = static_cast<const unsigned char*>(in);
+    a.out = static_cast<unsigned char*>(out);
+    for (int r = 0; r < W; ++r) {
+      a.slot[r] = static_cast<unsigned long long*>(sp[r]) + (parity * W + me) * kLLLines;
+      a.mine[r] = ll_scratch.data() + (parity * W + r) * kLLLines;
+    }
+    a.bytes = bytes;
+    a.flag = ll_calls;
+    a.sig = ll_sig.view();
+    const long long words = (bytes + 3) / 4;
+    const int blocks = static_cast<int>(std::clamp<long long>((words + kLLThreads - 1) / kLLThreads, 1, blocks_max));
+    auto by_op = [&](auto tag) {
+      using T = decltype(tag);
+      if (op == ReduceOp::sum) ll_all_reduce_kernel<T, ReduceOp::sum><<<blocks, kLLThreads, 0, s>>>(a);
+      else if (op == ReduceOp::max) ll_all_reduce_kernel<T, ReduceOp::max><<<blocks, kLLThreads, 0, s>>>(a);
+      else ll_all_reduce_kernel<T, ReduceOp::min><<<blocks, kLLThreads, 0, s>>>(a);
+    };
+    if (t == DType::bf16) by_op(__nv_bfloat16{});
+    else if (t == DType::fp16) by_op(__half{});
+    else by_op(float{});
+    WEAVE_CUDA_CHECK(cudaGetLastError());
+  }
+
   void dispatch(const Launch& L, int blocks, DType t, ReduceOp op, cudaStream_t s) {
 #define WEAVE_COLL_LAUNCH(T, OP) collective_kernel<T, OP, ReduceShape><<<blocks, ReduceShape::Threads, 0, s>>>(L)
     auto by_op = [&](auto tag) {
@@ -133,10 +180,16 @@ Collectives::~Collectives() = default;
 
 void Collectives::set_all_reduce_algo(AllReduceAlgo a) { impl_->algo = a; }
 
-AllReduceAlgo Collectives::all_reduce_algo(size_t bytes, bool in_place) const {
-  if (in_place) return AllReduceAlgo::two_shot;  // one-shot would overwrite what peers still read
-  if (impl_->algo != AllReduceAlgo::automatic) return impl_->algo;
-  return bytes <= kOneShotMaxBytes ? AllReduceAlgo::one_shot : AllReduceAlgo::two_shot;
+AllReduceAlgo Collectives::all_reduce_algo(size_t bytes, bool in_place, bool aligned4) const {
+  AllReduceAlgo a = impl_->algo;
+  const bool ll_ok = bytes <= kLLMaxBytes && aligned4;
+  if (a == AllReduceAlgo::automatic)
+    a = ll_ok && bytes <= kLLAutoMaxBytes     ? AllReduceAlgo::ll
+        : bytes <= kOneShotMaxBytes ? AllReduceAlgo::one_shot
+                                    : AllReduceAlgo::two_shot;
+  if (a == AllReduceAlgo::ll && !ll_ok) a = AllReduceAlgo::two_shot;
+  if (a == AllReduceAlgo::one_shot && in_place) a = AllReduceAlgo::two_shot;  // would overwrite what peers read
+  return a;
 }
 
 namespace {
@@ -155,7 +208,10 @@ void Collectives::all_reduce(const void* in, void* out, size_t count, DType t, R
   m.check_args({100, static_cast<long long>(t), static_cast<long long>(op), static_cast<long long>(count)});
   if (count == 0) return;
   const long long bytes = static_cast<long long>(count * dtype_size(t));
-  const bool two = all_reduce_algo(bytes, in == out) == AllReduceAlgo::two_shot;
+  const bool aligned4 = reinterpret_cast<uintptr_t>(in) % 4 == 0 && reinterpret_cast<uintptr_t>(out) % 4 == 0;
+  const AllReduceAlgo algo = all_reduce_algo(bytes, in == out, aligned4);
+  if (algo == AllReduceAlgo::ll) return m.ll_all_reduce(in, out, bytes, t, op, s);
+  const bool two = algo == AllReduceAlgo::two_shot;
   const int W = m.comm.world();
   m.launch(plan_all_reduce(two, bytes, W, m.comm.rank()), in, bytes, out, bytes, t, op, two ? bytes / W : bytes, s);
 }

@@ -34,21 +34,25 @@ __host__ __device__ inline Range shard(long long n, int world, int r) {
 }
 
 // all_reduce algorithms: one-shot (every rank reads every input: one phase, (W-1)x the bytes per
-// rank) and two-shot (each rank reduces 1/W of the elements and writes them to every rank).
-enum class AllReduceAlgo : int { automatic = 0, one_shot = 1, two_shot = 2 };
+// rank), two-shot (each rank reduces 1/W of the elements and writes them to every rank), and LL
+// (every rank writes its input, with a flag in every 8-byte line, into every rank's scratch: no
+// signal phase, twice the bytes; up to Collectives::kLLMaxBytes, 4-byte aligned buffers).
+enum class AllReduceAlgo : int { automatic = 0, one_shot = 1, two_shot = 2, ll = 3 };
 
 class Collectives {
  public:
+  static constexpr size_t kLLMaxBytes = size_t(1) << 20;
   // Collective: allocates the signal sets and scratch it needs in the communicator's heap.
   explicit Collectives(runtime::Communicator& comm);
   ~Collectives();
 
   // out[i] = op over ranks of in[i], `count` elements; in == out is in place.
   void all_reduce(const void* in, void* out, size_t count, DType t, ReduceOp op, cudaStream_t s);
-  // Overrides the per-size choice (for benchmarks and tests). In place always uses two-shot.
+  // Overrides the per-size choice (for benchmarks and tests). In place never uses one-shot; LL
+  // falls back where the size or alignment does not allow it.
   void set_all_reduce_algo(AllReduceAlgo a);
   // The algorithm all_reduce picks for `bytes` per rank with the current setting.
-  AllReduceAlgo all_reduce_algo(size_t bytes, bool in_place) const;
+  AllReduceAlgo all_reduce_algo(size_t bytes, bool in_place, bool aligned4 = true) const;
 
   // The full tensor has shape `full`; along `dim` rank r owns shard(full.d[dim], world, r).
   // all_gather: `in` is this rank's shard (shape `full` with d[dim] = its shard size), `out` the full tensor.

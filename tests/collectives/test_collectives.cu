@@ -67,7 +67,7 @@ void all_reduce_case(long long count, DType t, ReduceOp op, bool in_place) {
 TEST(Collectives, AllReduce) {
   const long long counts[] = {0, 1, 2, 7, 777, 65537, 1000 * 777 + 1, (1 << 21) + 3};
   const coll::AllReduceAlgo algos[] = {coll::AllReduceAlgo::automatic, coll::AllReduceAlgo::one_shot,
-                                       coll::AllReduceAlgo::two_shot};
+                                       coll::AllReduceAlgo::two_shot, coll::AllReduceAlgo::ll};
   for (auto algo : algos) {
     ctx().coll.set_all_reduce_algo(algo);
     for (DType t : kTypes)

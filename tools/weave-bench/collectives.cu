@@ -9,7 +9,7 @@
 //
 //   weave-run -n 2 -- weave-bench collectives [--sizes 1M,8M,64M,256M,1G] [--dtypes bf16]
 //       [--kernels all_reduce,all_gather,reduce_scatter,all_to_all] [--ops sum] [--cols 4096]
-//       [--ulysses B,H,D] [--ar-algo auto|one_shot|two_shot] [--target-ms 25] [--repeats 5]
+//       [--ulysses B,H,D] [--ar-algo auto|one_shot|two_shot|ll] [--target-ms 25] [--repeats 5]
 //       [--json FILE]
 //
 // --sizes is bytes per rank of each collective's input (K, M, G suffixes: powers of 1024). Without
@@ -234,7 +234,8 @@ int run(const bench::Args& a) {
   const double target_ms = std::stod(a.get("target-ms", "25"));
   const int repeats = static_cast<int>(a.get_int("repeats", 5));
   const std::string ar_algo = a.get("ar-algo", "auto");
-  WEAVE_CHECK(ar_algo == "auto" || ar_algo == "one_shot" || ar_algo == "two_shot", "bad --ar-algo '", ar_algo, "'");
+  WEAVE_CHECK(ar_algo == "auto" || ar_algo == "one_shot" || ar_algo == "two_shot" || ar_algo == "ll",
+              "bad --ar-algo '", ar_algo, "'");
 
   const runtime::LaunchInfo li = runtime::detect_launch();
   WEAVE_CHECK(li.world >= 2,
@@ -276,6 +277,7 @@ int run(const bench::Args& a) {
   coll::Collectives weave_coll(comm);
   if (ar_algo != "auto")
     weave_coll.set_all_reduce_algo(ar_algo == "one_shot" ? coll::AllReduceAlgo::one_shot
+                                   : ar_algo == "ll"     ? coll::AllReduceAlgo::ll
                                                          : coll::AllReduceAlgo::two_shot);
   ref::NcclCollectives nccl(comm);
   ref::Checker checker;
@@ -404,6 +406,6 @@ int run(const bench::Args& a) {
 
 WEAVE_BENCH(collectives,
             "all_reduce / all_gather / reduce_scatter / Ulysses all_to_all: weave vs NCCL (--sizes 1M,1G --dtypes "
-            "bf16,fp16,fp32 --kernels ... --ops sum,max,min --cols N --ulysses B,H,D --ar-algo auto|one_shot|two_shot "
+            "bf16,fp16,fp32 --kernels ... --ops sum,max,min --cols N --ulysses B,H,D --ar-algo auto|one_shot|two_shot|ll "
             "--target-ms T --repeats R)",
             run);
