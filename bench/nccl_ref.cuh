@@ -1,5 +1,5 @@
 // The reference side of the collectives tests and of `weave-bench collectives`:
-//  - an NCCL communicator made from weave's bootstrap;
+//  - (nccl_comm.hpp: an NCCL communicator made from weave's bootstrap);
 //  - NcclCollectives: what weave::coll::Collectives does, done with NCCL plus the copies a user
 //    needs when a rank's piece is not contiguous in the final layout (the bench times these too);
 //  - deterministic inputs (a hash of seed, rank and index) so any rank can recompute any rank's
@@ -26,15 +26,7 @@
 #include "weave/config.hpp"
 #include "weave/runtime/communicator.hpp"
 #include "weave/types.hpp"
-
-#define WEAVE_NCCL_CHECK(expr)                                                                                        \
-  do {                                                                                                                \
-    ncclResult_t r_ = (expr);                                                                                         \
-    if (r_ != ncclSuccess)                                                                                            \
-      ::weave::detail::fail(                                                                                          \
-          __FILE__, __LINE__,                                                                                         \
-          ::weave::detail::concat(#expr, " failed: ", ncclGetErrorString(r_), " (", ncclGetLastError(nullptr), ")")); \
-  } while (0)
+#include "nccl_comm.hpp"
 
 namespace weave::ref {
 
@@ -43,40 +35,6 @@ inline ncclDataType_t nccl_type(DType t) {
 }
 inline ncclRedOp_t nccl_op(ReduceOp o) { return o == ReduceOp::sum ? ncclSum : o == ReduceOp::max ? ncclMax : ncclMin; }
 
-// ---------------------------------------------------------------------------------------------
-// NCCL communicator over the same ranks as a weave communicator.
-class NcclComm {
- public:
-  explicit NcclComm(runtime::Communicator& c) {
-    // NVLink multicast must stay off on the shared GPU machines (HARDWARE.md). The variable is
-    // set there already; set it where it is missing, never override what the machine says.
-    setenv("NCCL_NVLS_ENABLE", "0", 0);
-    ncclUniqueId id{};
-    if (c.rank() == 0) WEAVE_NCCL_CHECK(ncclGetUniqueId(&id));
-    // Raw bytes: nvcc 13's front end crashes on std::vector of the anonymous ncclUniqueId struct.
-    std::vector<char> all(c.world() * sizeof id);
-    c.bootstrap().all_gather(&id, all.data(), sizeof id);
-    std::memcpy(&id, all.data(), sizeof id);  // rank 0's
-    WEAVE_NCCL_CHECK(ncclCommInitRank(&comm_, c.world(), id, c.rank()));
-  }
-  ~NcclComm() {
-    if (!comm_) return;
-    // Finalize and destroy wait for every rank. After a device error (a timed-out weave wait
-    // traps) the peers may never get there: abort, which is local.
-    if (cudaDeviceSynchronize() != cudaSuccess) {
-      ncclCommAbort(comm_);
-    } else {
-      ncclCommFinalize(comm_);
-      ncclCommDestroy(comm_);
-    }
-  }
-  NcclComm(const NcclComm&) = delete;
-  NcclComm& operator=(const NcclComm&) = delete;
-  ncclComm_t get() const { return comm_; }
-
- private:
-  ncclComm_t comm_ = nullptr;
-};
 
 // ---------------------------------------------------------------------------------------------
 // Batched 2-D copies (rows x width bytes, any pitches): the layout changes around NCCL calls.
@@ -327,7 +285,7 @@ class NcclCollectives {
   }
 
   runtime::Communicator& c_;
-  NcclComm nccl_;
+  bench::NcclComm nccl_;
   int sms_;
   char* staging_[2] = {nullptr, nullptr};
   long long size_[2] = {0, 0};

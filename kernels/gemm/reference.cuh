@@ -20,6 +20,8 @@
 
 namespace weave::gemm::ref {
 
+// The kernels are static: every translation unit that includes this header gets its own copy.
+
 __device__ __forceinline__ uint64_t mix(uint64_t x) {
   x ^= x >> 33;
   x *= 0xff51afd7ed558ccdull;
@@ -28,18 +30,18 @@ __device__ __forceinline__ uint64_t mix(uint64_t x) {
   return x ^ (x >> 33);
 }
 
-__global__ void fill_uniform_kernel(__nv_bfloat16* p, size_t n, uint64_t seed, float scale) {
+static __global__ void fill_uniform_kernel(__nv_bfloat16* p, size_t n, uint64_t seed, float scale) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     const float u = static_cast<float>(mix(seed * 0x9e3779b97f4a7c15ull + i) >> 40) * (1.0f / 16777216.0f);
     p[i] = __float2bfloat16((2.f * u - 1.f) * scale);
   }
 }
-__global__ void fill_bits_kernel(uint16_t* p, size_t n, uint16_t bits) {
+static __global__ void fill_bits_kernel(uint16_t* p, size_t n, uint16_t bits) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
     p[i] = bits;
 }
 // sums[0] += (x - r)^2, sums[1] += r^2, sums[2] += 1 per non-finite x.
-__global__ void error_kernel(const __nv_bfloat16* x, const __nv_bfloat16* r, size_t n, double* sums) {
+static __global__ void error_kernel(const __nv_bfloat16* x, const __nv_bfloat16* r, size_t n, double* sums) {
   double e = 0, s = 0, bad = 0;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     const double a = __bfloat162float(x[i]), b = __bfloat162float(r[i]);

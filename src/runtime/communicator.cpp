@@ -54,6 +54,18 @@ std::string multicast_disabled_by() {
 
 std::atomic<int> g_instance{0};
 
+// Every rank's fd, entry r from rank r; our own `fd` is closed either way (the caller owns the rest).
+std::vector<int> share_fd(Bootstrap& boot, int fd) {
+  try {
+    std::vector<int> fds = boot.all_gather_fd(fd);
+    close(fd);
+    return fds;
+  } catch (...) {
+    close(fd);
+    throw;
+  }
+}
+
 struct Registration {
   char* local;
   size_t bytes;
@@ -198,15 +210,7 @@ Communicator::Communicator(const LaunchInfo& info, CommOptions opt) : impl_(std:
         if (fd >= 0) close(fd);
         throw Error(detail::concat("weave: memfd for cross-rank checks: ", std::strerror(errno)));
       }
-      std::vector<int> fds;
-      try {
-        fds = m.boot->all_gather_fd(fd);
-      } catch (...) {
-        close(fd);
-        throw;
-      }
-      close(fd);
-      for (int f : fds) {
+      for (int f : share_fd(*m.boot, fd)) {
         void* p = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, f, 0);
         close(f);
         WEAVE_CHECK(p != MAP_FAILED, "mmap of a peer's check page failed: ", std::strerror(errno));
@@ -235,14 +239,7 @@ Communicator::Communicator(const LaunchInfo& info, CommOptions opt) : impl_(std:
     WEAVE_CU_CHECK(d.memCreate(&m.handles[info.rank], m.heap_size, &prop, 0));
     int fd = -1;
     WEAVE_CU_CHECK(d.memExportToShareableHandle(&fd, m.handles[info.rank], CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
-    std::vector<int> fds;
-    try {
-      fds = m.boot->all_gather_fd(fd);
-    } catch (...) {
-      close(fd);
-      throw;
-    }
-    close(fd);
+    const std::vector<int> fds = share_fd(*m.boot, fd);
     std::exception_ptr err;
     for (int r = 0; r < W; ++r) {
       if (r != info.rank && !err) {

@@ -14,7 +14,7 @@
 #include "gemm/reference.cuh"
 #include "gemm_ar/gemm_ar.hpp"
 #include "gemm_rs/gemm_rs.hpp"
-#include "tp_common/nccl_baseline.hpp"
+#include "../../bench/nccl_comm.hpp"
 
 using weave::tp::bf16;
 using weave::tp::shard;
@@ -39,8 +39,8 @@ struct Sym {
   ~Sym() { wt::comm().free(p); }
 };
 
-weave::tp::NcclBaseline& nccl() {
-  static weave::tp::NcclBaseline n(wt::comm());
+weave::bench::NcclComm& nccl() {
+  static weave::bench::NcclComm n(wt::comm());
   return n;
 }
 gref::CublasLt& blas() {
@@ -57,7 +57,7 @@ struct Shape {
 const Shape kShapes[] = {{3000, 1000, 1000}, {4096, 2048, 1024}, {1000, 264, 512}, {257, 8, 64}, {2048, 4096, 4096}};
 
 void ref_all_reduce(bf16* p, size_t n) {
-  WEAVE_TP_NCCL_CHECK(ncclAllReduce(p, p, n, ncclBfloat16, ncclSum, nccl().get(), nullptr));
+  WEAVE_NCCL_CHECK(ncclAllReduce(p, p, n, ncclBfloat16, ncclSum, nccl().get(), nullptr));
 }
 
 }  // namespace
@@ -114,13 +114,13 @@ TEST(TpGpu, AgGemmMatchesCublasNccl) {
         o.variant = variant;
         const auto li = ag.run(src, G.p, B.p, C.p, s.M, s.N, s.K, o);
         wt::settle();
-        WEAVE_TP_NCCL_CHECK(ncclGroupStart());
+        WEAVE_NCCL_CHECK(ncclGroupStart());
         for (int q = 0; q < W; ++q) {
           const auto sq = shard(s.M, W, q);
-          WEAVE_TP_NCCL_CHECK(ncclBroadcast(Ash.p, refg.p + size_t(sq.begin) * s.K, size_t(sq.size) * s.K, ncclBfloat16,
+          WEAVE_NCCL_CHECK(ncclBroadcast(Ash.p, refg.p + size_t(sq.begin) * s.K, size_t(sq.size) * s.K, ncclBfloat16,
                                             q, nccl().get(), nullptr));
         }
-        WEAVE_TP_NCCL_CHECK(ncclGroupEnd());
+        WEAVE_NCCL_CHECK(ncclGroupEnd());
         blas().run(refg.p, B.p, refc.p, s.M, s.N, s.K, weave::gemm::BLayout::KN, false, nullptr);
         const double eg = gref::rel_error(G.p, refg.p, refg.n), ec = gref::rel_error(C.p, refc.p, refc.n);
         EXPECT_EQ(eg, 0.0) << "gathered A " << s.M << "x" << s.K << " ncomm " << ncomm << " in_place " << in_place;
@@ -187,13 +187,13 @@ TEST(TpGpu, TwoHundredLaunchesChangingInputs) {
     weave::tp::Options oa = o4;
     oa.variant = it % 2;  // both push variants
     ag.run(Ash.p, G.p, B.p, out.p, M, N, K, oa);
-    WEAVE_TP_NCCL_CHECK(ncclGroupStart());
+    WEAVE_NCCL_CHECK(ncclGroupStart());
     for (int q = 0; q < W; ++q) {
       const auto sq = shard(M, W, q);
-      WEAVE_TP_NCCL_CHECK(ncclBroadcast(Ash.p, refg.p + size_t(sq.begin) * K, size_t(sq.size) * K, ncclBfloat16, q,
+      WEAVE_NCCL_CHECK(ncclBroadcast(Ash.p, refg.p + size_t(sq.begin) * K, size_t(sq.size) * K, ncclBfloat16, q,
                                         nccl().get(), nullptr));
     }
-    WEAVE_TP_NCCL_CHECK(ncclGroupEnd());
+    WEAVE_NCCL_CHECK(ncclGroupEnd());
     blas().run(refg.p, B.p, ref.p, M, N, K, weave::gemm::BLayout::KN, false, nullptr);
     gref::error_kernel<<<64, 256>>>(out.p, ref.p, ref.n, sums + 3);
     // gemm_ar

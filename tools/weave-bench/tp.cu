@@ -16,10 +16,10 @@
 #include "ag_gemm/ag_gemm.hpp"
 #include "bench.hpp"
 #include "gemm/gemm.hpp"
-#include <cublas_v2.h>
 #include "gemm_ar/gemm_ar.hpp"
 #include "gemm_rs/gemm_rs.hpp"
-#include "tp_common/nccl_baseline.hpp"
+#include "../../bench/nccl_comm.hpp"
+#include "gemm/reference.cuh"
 #include "weave/runtime/communicator.hpp"
 
 namespace {
@@ -27,72 +27,7 @@ namespace {
 using namespace weave;
 using tp::bf16;
 
-// Bench-local helpers (gemm/reference.cuh defines its kernels in the header, and weave-bench's
-// gemm.cu already includes it: one definition per binary).
-__device__ __forceinline__ uint64_t hash64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-__global__ void tp_fill(bf16* p, size_t n, uint64_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    p[i] = __float2bfloat16(float(hash64(seed ^ hash64(i)) >> 40) * (2.0f / 16777216.0f) - 1.0f);
-}
-__global__ void tp_poison(uint16_t* p, size_t n) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) p[i] = 0xFFFF;
-}
-__global__ void tp_err(const bf16* x, const bf16* r, size_t n, double* s) {
-  double e = 0, m = 0, bad = 0;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    const double a = __bfloat162float(x[i]), b = __bfloat162float(r[i]);
-    if (!isfinite(a)) bad += 1;
-    else e += (a - b) * (a - b);
-    m += b * b;
-  }
-  atomicAdd(&s[0], e);
-  atomicAdd(&s[1], m);
-  atomicAdd(&s[2], bad);
-}
-namespace gref {
-void fill_uniform(bf16* p, size_t n, uint64_t seed, cudaStream_t st = nullptr) {
-  tp_fill<<<1024, 256, 0, st>>>(p, n, seed);
-  WEAVE_CUDA_CHECK(cudaGetLastError());
-}
-void poison(bf16* p, size_t n, cudaStream_t st = nullptr) {
-  tp_poison<<<1024, 256, 0, st>>>(reinterpret_cast<uint16_t*>(p), n);
-  WEAVE_CUDA_CHECK(cudaGetLastError());
-}
-double rel_error(const bf16* x, const bf16* r, size_t n, cudaStream_t st) {
-  double* d = nullptr;
-  WEAVE_CUDA_CHECK(cudaMalloc(&d, 3 * sizeof(double)));
-  WEAVE_CUDA_CHECK(cudaMemsetAsync(d, 0, 3 * sizeof(double), st));
-  tp_err<<<1024, 256, 0, st>>>(x, r, n, d);
-  double h[3];
-  WEAVE_CUDA_CHECK(cudaMemcpyAsync(h, d, sizeof h, cudaMemcpyDeviceToHost, st));
-  WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
-  WEAVE_CUDA_CHECK(cudaFree(d));
-  if (h[2] > 0) return NAN;
-  return h[1] > 0 ? std::sqrt(h[0] / h[1]) : std::sqrt(h[0]);
-}
-// cuBLAS: C (M x N, row-major) = A (M x K) * B (K x N, row-major), fp32 accumulation.
-class CublasLt {
- public:
-  CublasLt() { WEAVE_CHECK(cublasCreate(&h_) == CUBLAS_STATUS_SUCCESS, "cublasCreate failed"); }
-  ~CublasLt() { cublasDestroy(h_); }
-  void run(const bf16* A, const bf16* B, bf16* C, int M, int N, int K, gemm::BLayout, bool, cudaStream_t st) {
-    const float one = 1.f, zero = 0.f;
-    cublasSetStream(h_, st);
-    const cublasStatus_t s = cublasGemmEx(h_, CUBLAS_OP_N, CUBLAS_OP_N, N, M, K, &one, B, CUDA_R_16BF, N, A,
-                                          CUDA_R_16BF, K, &zero, C, CUDA_R_16BF, N, CUBLAS_COMPUTE_32F,
-                                          CUBLAS_GEMM_DEFAULT);
-    WEAVE_CHECK(s == CUBLAS_STATUS_SUCCESS, "cublasGemmEx failed: ", static_cast<int>(s));
-  }
-
- private:
-  cublasHandle_t h_{};
-};
-}  // namespace gref
+namespace gref = gemm::ref;
 
 std::vector<long long> parse_list(const std::string& s) {
   std::vector<long long> v;
@@ -113,7 +48,7 @@ std::vector<std::string> parse_names(const std::string& s) {
 
 struct Ctx {
   runtime::Communicator& c;
-  tp::NcclBaseline& nccl;
+  bench::NcclComm& nccl;
   gref::CublasLt& blas;
   bench::JsonSink& json;
   cudaStream_t st;
@@ -191,7 +126,7 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
     gref::fill_uniform(Ash, size_t(sh.size) * K, seed + 1);
     tp::AgGemm op(x.c);
     auto ref = [&] {
-      WEAVE_TP_NCCL_CHECK(ncclAllGather(Ash, Gref, size_t(sh.size) * K, ncclBfloat16, x.nccl.get(), x.st));
+      WEAVE_NCCL_CHECK(ncclAllGather(Ash, Gref, size_t(sh.size) * K, ncclBfloat16, x.nccl.get(), x.st));
       x.blas.run(Gref, B, Cref, M, N, K, gemm::BLayout::KN, false, x.st);
     };
     tp::LaunchInfo li{};
@@ -237,8 +172,8 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
     bf16* rsout = Cloc;
     auto ref = [&] {
       x.blas.run(A, B, Cref, M, N, K, gemm::BLayout::KN, false, x.st);
-      if (rs) WEAVE_TP_NCCL_CHECK(ncclReduceScatter(Cref, rsout, size_t(M / W) * N, ncclBfloat16, ncclSum, x.nccl.get(), x.st));
-      else WEAVE_TP_NCCL_CHECK(ncclAllReduce(Cref, Cref, size_t(M) * N, ncclBfloat16, ncclSum, x.nccl.get(), x.st));
+      if (rs) WEAVE_NCCL_CHECK(ncclReduceScatter(Cref, rsout, size_t(M / W) * N, ncclBfloat16, ncclSum, x.nccl.get(), x.st));
+      else WEAVE_NCCL_CHECK(ncclAllReduce(Cref, Cref, size_t(M) * N, ncclBfloat16, ncclSum, x.nccl.get(), x.st));
     };
     gref::poison(out, out_n, x.st);
     fused_fn();
@@ -295,7 +230,7 @@ int run(const bench::Args& a) {
   runtime::CommOptions co;
   co.heap_bytes = size_t(maxS) * maxS * 2 + (size_t(256) << 20);
   runtime::Communicator c(co);
-  tp::NcclBaseline nccl(c);
+  bench::NcclComm nccl(c);
   gref::CublasLt blas;
   bench::JsonSink json(a);
   cudaStream_t st;
