@@ -8,7 +8,6 @@ namespace weave::tp {
 
 struct AgGemm::Impl {
   runtime::Communicator& c;
-  ArgCheck check;
   ShapeSignals sig{"tp.ag_gemm"};
   explicit Impl(runtime::Communicator& cc) : c(cc) {}
 };
@@ -68,7 +67,7 @@ LaunchInfo AgGemm::run(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf1
   validate("ag_gemm", M, N, K);
   WEAVE_CHECK(a_shard && a_gathered && B && C, "ag_gemm: null pointer");
   WEAVE_CHECK(M >= m.c.world(), "ag_gemm: M = ", M, " gives some rank no rows (world ", m.c.world(), ")");
-  m.check(m.c, "ag_gemm shape (M, N, K)", {M, N, K});
+  m.c.check_same("ag_gemm shape (M, N, K)", {M, N, K});  // every call: a shared-page compare
   if (o.num_comm_sms >= 0) {
     WEAVE_CHECK(o.num_comm_sms >= 1, "ag_gemm: the push kernel needs num_comm_sms >= 1 (got ", o.num_comm_sms, ")");
     WEAVE_CHECK(o.variant >= -1 && o.variant <= 1, "ag_gemm: variant ", o.variant, " is not 0 (TMA push) or 1 (register push)");

@@ -8,7 +8,6 @@ namespace weave::tp {
 
 struct GemmAR::Impl {
   runtime::Communicator& c;
-  ArgCheck check;
   ShapeSignals sig{"tp.gemm_ar"};
   explicit Impl(runtime::Communicator& cc) : c(cc) {}
 };
@@ -56,7 +55,7 @@ LaunchInfo GemmAR::run(const bf16* A, const bf16* B, bf16* out, int M, int N, in
   Impl& m = *impl_;
   validate("gemm_ar", M, N, K);
   WEAVE_CHECK(A && B && out, "gemm_ar: null pointer");
-  m.check(m.c, "gemm_ar shape (M, N, K)", {M, N, K});
+  m.c.check_same("gemm_ar shape (M, N, K)", {M, N, K});  // every call: a shared-page compare
   if (o.num_comm_sms >= 0) {
     WEAVE_CHECK(o.num_comm_sms >= 1, "gemm_ar: the inter-SM kernel needs num_comm_sms >= 1 (got ", o.num_comm_sms,
                 ")");

@@ -7,7 +7,6 @@ namespace weave::tp {
 
 struct GemmRS::Impl {
   runtime::Communicator& c;
-  ArgCheck check;
   ShapeSignals sig{"tp.gemm_rs"};
   explicit Impl(runtime::Communicator& cc) : c(cc) {}
 };
@@ -22,7 +21,7 @@ LaunchInfo GemmRS::run(const bf16* A, const bf16* B, bf16* out, int M, int N, in
   WEAVE_CHECK(A && B && out, "gemm_rs: null pointer");
   WEAVE_CHECK(o.num_comm_sms <= 0, "gemm_rs: the intra-SM kernel uses no communicator SMs (num_comm_sms = ",
               o.num_comm_sms, ")");
-  m.check(m.c, "gemm_rs shape (M, N, K)", {M, N, K});
+  m.c.check_same("gemm_rs shape (M, N, K)", {M, N, K});  // every call: a shared-page compare
   const int W = m.c.world(), rank = m.c.rank();
   RsGlobals g{};
   g.L = make_layout(M, N, W, default_group_m(K));

@@ -35,21 +35,6 @@ struct LaunchInfo {
   int variant = 0;
 };
 
-// Compares `vals` across ranks only when they differ from this rank's previous call (a mismatch
-// is an error on every rank, before anything is launched). Collective whenever vals change; all
-// ranks change their arguments together in a correct program.
-class ArgCheck {
- public:
-  void operator()(runtime::Communicator& c, const std::string& what, const std::vector<long long>& vals) {
-    if (vals == last_) return;
-    c.check_same(what, vals);
-    last_ = vals;
-  }
-
- private:
-  std::vector<long long> last_;
-};
-
 // The counters of one kernel, one set per distinct shape. A launch's expected counts are
 // `round * per_round` with per_round a function of the shape, so a set only ever serves one
 // shape (a set reused for another shape would hold a running total that round * per_round does
