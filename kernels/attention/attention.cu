@@ -1,0 +1,131 @@
+// Host side of the attention forward: validation, tensor maps, tile order, launch. The kernel
+// instantiations (D 64 / 128, ping-pong on / off) live here so that users compile none of them.
+#include <cmath>
+
+#include "attention/attention.hpp"
+#include "attention/attention_kernel.cuh"
+#include "weave/common/error.hpp"
+#include "weave/lcsc.cuh"
+#include "weave/tile/tma.hpp"
+
+namespace weave::attention {
+
+namespace {
+
+// A (B, S, H, D) bf16 tensor as the 4-D TMA map {D, H, S, B} read in boxes of `rows`
+// sequence positions x 64 head-dim elements of one (batch, head).
+CUtensorMap map_bshd(const void* base, const Shape& s, int H, uint32_t rows) {
+  tile::TmaParams p;
+  p.type = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  p.elem_bytes = 2;
+  p.rank = 4;
+  p.dims[0] = static_cast<uint64_t>(s.D);
+  p.dims[1] = static_cast<uint64_t>(H);
+  p.dims[2] = static_cast<uint64_t>(s.S);
+  p.dims[3] = static_cast<uint64_t>(s.B);
+  p.strides[0] = static_cast<uint64_t>(s.D) * 2;
+  p.strides[1] = static_cast<uint64_t>(H) * s.D * 2;
+  p.strides[2] = static_cast<uint64_t>(s.S) * H * s.D * 2;
+  p.box[0] = 64;
+  p.box[1] = 1;
+  p.box[2] = rows;
+  p.box[3] = 1;
+  p.swizzle = tile::Swizzle::B128;
+  p.base = base;
+  WEAVE_CHECK(p.strides[2] < (1ull << 40), "attention: tensor too large for TMA (batch stride ", p.strides[2],
+              " bytes)");
+  return tile::encode(p);
+}
+
+
+template <class K>
+void launch(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, __nv_bfloat16* o, float* lse,
+            const Shape& s, const Options& opt, cudaStream_t stream) {
+  int dev = 0;
+  WEAVE_CUDA_CHECK(cudaGetDevice(&dev));
+  const lcsc::DeviceInfo info = lcsc::device_info(dev);
+  WEAVE_CHECK(K::kSmemBytes <= info.smem_optin, "attention: kernel needs ", K::kSmemBytes,
+              " bytes of shared memory per block but the device allows ", info.smem_optin);
+  static int l2_cache[64] = {};
+  if (dev < 64 && l2_cache[dev] == 0) WEAVE_CUDA_CHECK(cudaDeviceGetAttribute(&l2_cache[dev], cudaDevAttrL2CacheSize, dev));
+  const int l2 = dev < 64 ? l2_cache[dev] : 50 << 20;
+
+  AttnGlobals g{};
+  g.q = map_bshd(q, s, s.Hq, K::BM);
+  g.k = map_bshd(k, s, s.Hkv, K::BN);
+  g.v = map_bshd(v, s, s.Hkv, K::BN);
+  g.o = map_bshd(o, s, s.Hq, 64);
+  g.lse = lse;
+  g.B = s.B;
+  g.S = s.S;
+  g.Hq = s.Hq;
+  g.Hkv = s.Hkv;
+  g.group = s.Hq / s.Hkv;
+  g.m_blocks = (s.S + K::BM - 1) / K::BM;
+  // Heads whose K and V (together) fit in half of L2 run side by side; query blocks vary
+  // slowest inside a section, so the CTAs in flight share a few heads' K/V.
+  const double kv_bytes_per_head = 2.0 * s.S * s.D * 2 / g.group;
+  int G = static_cast<int>(0.5 * l2 / kv_bytes_per_head);
+  G = G < 1 ? 1 : (G > 16 ? 16 : G);
+  g.heads_per_section = G;
+  g.scale = opt.softmax_scale > 0.f ? opt.softmax_scale : 1.f / std::sqrt(static_cast<float>(s.D));
+  g.scale_log2 = g.scale * 1.4426950408889634f;
+  g.causal = opt.causal ? 1 : 0;
+
+  const long long grid = static_cast<long long>(g.m_blocks) * s.B * s.Hq;
+  WEAVE_CHECK(grid < (1ll << 31), "attention: too many tiles (", grid, ")");
+  static bool attr_set[64] = {};
+  if (dev >= 64 || !attr_set[dev]) {
+    WEAVE_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<K>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(K::kSmemBytes)));
+    if (dev < 64) attr_set[dev] = true;
+  }
+  attention_kernel<K><<<static_cast<unsigned>(grid), K::kThreads, K::kSmemBytes, stream>>>(g);
+  WEAVE_CUDA_CHECK(cudaGetLastError());
+}
+
+template <int D>
+void dispatch(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, __nv_bfloat16* o, float* lse,
+              const Shape& s, const Options& opt, cudaStream_t stream) {
+  constexpr int stages = 2;
+  if (opt.pingpong)
+    launch<AttnKernel<D, kBlockN, stages, true>>(q, k, v, o, lse, s, opt, stream);
+  else
+    launch<AttnKernel<D, kBlockN, stages, false>>(q, k, v, o, lse, s, opt, stream);
+}
+
+}  // namespace
+
+void validate(const Shape& s, const void* q, const void* k, const void* v, const void* o, const void* lse) {
+  WEAVE_CHECK(s.B >= 1 && s.S >= 1 && s.Hq >= 1 && s.Hkv >= 1, "attention: B, S, Hq, Hkv must be positive, got B=",
+              s.B, " S=", s.S, " Hq=", s.Hq, " Hkv=", s.Hkv);
+  WEAVE_CHECK(s.D == 64 || s.D == 128, "attention: head dim D must be 64 or 128, got ", s.D);
+  WEAVE_CHECK(s.Hq % s.Hkv == 0, "attention: Hq = ", s.Hq, " is not a multiple of Hkv = ", s.Hkv,
+              " (grouped-query attention)");
+  WEAVE_CHECK(q && k && v && o, "attention: null Q, K, V or O");
+  auto aligned = [](const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; };
+  WEAVE_CHECK(aligned(q, 16) && aligned(k, 16) && aligned(v, 16) && aligned(o, 16),
+              "attention: Q, K, V and O must be 16-byte aligned (TMA)");
+  WEAVE_CHECK(aligned(lse, 4), "attention: LSE must be 4-byte aligned");
+}
+
+int num_kv_blocks(int S, int m_block, bool causal) {
+  const int rows = causal ? std::min(S, (m_block + 1) * kBlockM) : S;
+  return (rows + kBlockN - 1) / kBlockN;
+}
+
+double flops(const Shape& s, bool causal) {
+  const double f = 4.0 * s.B * double(s.S) * s.S * s.Hq * s.D;
+  return causal ? f / 2 : f;
+}
+
+void forward(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, __nv_bfloat16* o, float* lse,
+             const Shape& s, const Options& opt, cudaStream_t stream) {
+  validate(s, q, k, v, o, lse);
+  WEAVE_CHECK(opt.softmax_scale >= 0.f && std::isfinite(opt.softmax_scale),
+              "attention: softmax_scale must be finite and >= 0 (0 = 1/sqrt(D)), got ", opt.softmax_scale);
+  if (s.D == 64) dispatch<64>(q, k, v, o, lse, s, opt, stream);
+  else dispatch<128>(q, k, v, o, lse, s, opt, stream);
+}
+
+}  // namespace weave::attention
