@@ -17,7 +17,16 @@ struct Options {
   bool causal = false;        // key j attends query i only when j <= i
   float softmax_scale = 0.f;  // 0: 1/sqrt(D)
   bool pingpong = true;       // the two consumer warpgroups take turns issuing their GEMMs
+  // Persistent: one CTA per SM taking tiles from an atomic counter (longest first for causal),
+  // the next tile's Q and first K loading under this tile's epilogue. PerTile: one CTA per
+  // tile. Auto: persistent only where it measured faster (D = 128, non-causal, S <= 4096;
+  // README.md).
+  enum class Schedule : int { Auto = 0, Persistent = 1, PerTile = 2 };
+  Schedule schedule = Schedule::Auto;
 };
+
+// The schedule Auto picks for a shape.
+Options::Schedule auto_schedule(const Shape& s, bool causal);
 
 // O and LSE (LSE may be null: not written). Throws weave::Error before launching for D not
 // in {64, 128}, Hq not a multiple of Hkv, non-positive sizes, null or misaligned pointers

@@ -42,13 +42,18 @@ struct AttnGlobals {
   int heads_per_section;  // tile order: sections of this many (b, h) heads, query blocks slowest
   float scale, scale_log2;
   int causal;
+  int total_tiles;  // m_blocks * B * Hq
+  int* counter;     // persistent: tiles handed out past the first gridDim.x (zeroed before launch)
 };
 
-template <int D_, int BN_, int Stages_, bool PingPong_>
+template <int D_, int BN_, int Stages_, bool PingPong_, bool Persistent_>
 struct AttnKernel {
   using bf16 = tile::bf16;
   static constexpr int D = D_, BM = 128, BN = BN_, kStages = Stages_;
   static constexpr bool kPingPong = PingPong_;
+  // Persistent: one CTA per SM takes tiles from an atomic counter; O is staged in its own
+  // buffer so the next tile's Q (and first K) load while this tile's last P.V and epilogue run.
+  static constexpr bool kPersistent = Persistent_;
   static constexpr int kThreads = 384;
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // (24 + 2 * 240) * 128 = 64,512
   static constexpr int kDBlocks = D / 64;
@@ -60,8 +65,11 @@ struct AttnKernel {
     bf16 q[BM * D];             // D/64 blocks of BM rows x 128 B (swizzled); then the O staging tile
     bf16 k[kStages][BN * D];    // D/64 blocks of BN rows x 128 B
     bf16 v[kStages][BN * D];
-    tile::Mbarrier q_full;
+    bf16 o[kPersistent ? BM * D : 8];  // persistent: O staging (D/64 blocks of BM rows x 128 B)
+    tile::Mbarrier q_full, q_empty;
     tile::Mbarrier k_full[kStages], k_empty[kStages], v_full[kStages], v_empty[kStages];
+    tile::Mbarrier sched_full[2], sched_empty[2];
+    int tile_id[2];
   };
   static constexpr size_t kSmemBytes = sizeof(Smem) + 1024;  // + alignment slack
 
@@ -81,16 +89,13 @@ struct AttnKernel {
     return (rows + BN - 1) / BN;
   }
 
-  static __device__ __forceinline__ void producer(const AttnGlobals& g, Smem& sm, int mb, int bh) {
+  // One tile's loads. K_0 goes first: its stage frees early, so in a persistent CTA it lands
+  // while the previous tile's epilogue runs; Q waits until the consumers' last QK^T is done.
+  static __device__ __forceinline__ void produce_tile(const AttnGlobals& g, Smem& sm, int mb, int bh,
+                                                      tile::PipeState<kStages>& ks, tile::PipeState<kStages>& vs,
+                                                      uint32_t& q_phase) {
     const int b = bh / g.Hq, h = bh - b * g.Hq, hk = h / g.group;
     const int n_max = kv_blocks(g, mb);
-    tile::tma::prefetch(&g.q);
-    tile::tma::prefetch(&g.k);
-    tile::tma::prefetch(&g.v);
-    sm.q_full.arrive_expect_tx(kQBytes);
-#pragma unroll
-    for (int j = 0; j < kDBlocks; ++j) tile::tma::load_4d(sm.q + j * BM * 64, &g.q, &sm.q_full, 64 * j, h, mb * BM, b);
-    tile::PipeState<kStages> ks, vs;
     for (int n = 0; n < n_max; ++n) {
       sm.k_empty[ks.index].wait(ks.phase ^ 1);
       sm.k_full[ks.index].arrive_expect_tx(kKVBytes);
@@ -98,12 +103,47 @@ struct AttnKernel {
       for (int j = 0; j < kDBlocks; ++j)
         tile::tma::load_4d(sm.k[ks.index] + j * BN * 64, &g.k, &sm.k_full[ks.index], 64 * j, hk, n * BN, b);
       ks.advance();
+      if (n == 0) {
+        sm.q_empty.wait(q_phase ^ 1);
+        q_phase ^= 1;
+        sm.q_full.arrive_expect_tx(kQBytes);
+#pragma unroll
+        for (int j = 0; j < kDBlocks; ++j)
+          tile::tma::load_4d(sm.q + j * BM * 64, &g.q, &sm.q_full, 64 * j, h, mb * BM, b);
+      }
       sm.v_empty[vs.index].wait(vs.phase ^ 1);
       sm.v_full[vs.index].arrive_expect_tx(kKVBytes);
 #pragma unroll
       for (int j = 0; j < kDBlocks; ++j)
         tile::tma::load_4d(sm.v[vs.index] + j * BN * 64, &g.v, &sm.v_full[vs.index], 64 * j, hk, n * BN, b);
       vs.advance();
+    }
+  }
+
+  static __device__ __forceinline__ void producer(const AttnGlobals& g, Smem& sm) {
+    tile::tma::prefetch(&g.q);
+    tile::tma::prefetch(&g.k);
+    tile::tma::prefetch(&g.v);
+    tile::PipeState<kStages> ks, vs;
+    uint32_t q_phase = 0;
+    if constexpr (!kPersistent) {
+      int mb, bh;
+      tile_coord(g, static_cast<int>(blockIdx.x), mb, bh);
+      produce_tile(g, sm, mb, bh, ks, vs, q_phase);
+    } else {
+      tile::PipeState<2> sched;
+      int t = static_cast<int>(blockIdx.x);
+      while (true) {
+        sm.sched_empty[sched.index].wait(sched.phase ^ 1);
+        sm.tile_id[sched.index] = t;  // >= total_tiles: the consumers stop
+        sm.sched_full[sched.index].arrive();
+        sched.advance();
+        if (t >= g.total_tiles) break;
+        int mb, bh;
+        tile_coord(g, t, mb, bh);
+        produce_tile(g, sm, mb, bh, ks, vs, q_phase);
+        t = static_cast<int>(gridDim.x) + atomicAdd(g.counter, 1);
+      }
     }
   }
 
@@ -189,7 +229,9 @@ struct AttnKernel {
     if constexpr (kPingPong) tile::named_barrier_arrive(2 + (1 - c), 256);
   }
 
-  static __device__ __forceinline__ void consumer(const AttnGlobals& g, Smem& sm, int c, int mb, int bh) {
+  static __device__ __forceinline__ void consume_tile(const AttnGlobals& g, Smem& sm, int c, int mb, int bh,
+                                                      tile::PipeState<kStages>& ks, tile::PipeState<kStages>& vs,
+                                                      uint32_t& q_phase) {
     const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
     const int b = bh / g.Hq, h = bh - b * g.Hq;
     const int row0 = mb * BM + c * 64 + warp * 16 + lane / 4;  // this thread's rows: row0, row0 + 8
@@ -205,11 +247,9 @@ struct AttnKernel {
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
-    tile::PipeState<kStages> ks, vs;
 
-    if constexpr (kPingPong)
-      if (c == 1) tile::named_barrier_arrive(2, 256);  // consumer 0 issues first
-    sm.q_full.wait(0);
+    sm.q_full.wait(q_phase);
+    q_phase ^= 1;
 
     // Key block 0: S only.
     sm.k_full[ks.index].wait(ks.phase);
@@ -264,6 +304,8 @@ struct AttnKernel {
       pack(p, s);
     }
 
+    release(sm.q_empty);  // every QK^T of this tile is done: the next Q may land
+
     // Last P.V.
     sm.v_full[vs.index].wait(vs.phase);
     turn_wait(c);
@@ -275,8 +317,6 @@ struct AttnKernel {
     tile::wgmma::fence_operands(o);
     release(sm.v_empty[vs.index]);
     vs.advance();
-    if constexpr (kPingPong)
-      if (c == 0) tile::named_barrier_sync(2, 256);  // consumer 1's last pass
 
     // Epilogue.
     float inv[2];
@@ -292,14 +332,17 @@ struct AttnKernel {
         o[4 * j + 2 * r] *= inv[r];
         o[4 * j + 2 * r + 1] *= inv[r];
       }
-    // Rows c*64.. of the Q tile: only this warpgroup's wgmmas read them, and those are done.
-    tile::store_accumulator_swizzled<bf16, D>(sm.q, BM, c * 64, o);
+    // Non-persistent: rows c*64.. of the Q tile (only this warpgroup's wgmmas read them, and
+    // those are done). Persistent: the O buffer, once this warpgroup's previous store has read it.
+    bf16* stage = kPersistent ? sm.o : sm.q;
+    if constexpr (kPersistent) tile::named_barrier_sync(4 + c, 128);
+    tile::store_accumulator_swizzled<bf16, D>(stage, BM, c * 64, o);
     tile::fence_proxy_async_shared();
     tile::named_barrier_sync(4 + c, 128);
     if (tid == 0 && wg_row_min < g.S) {
 #pragma unroll
       for (int j = 0; j < kDBlocks; ++j)
-        tile::tma::store_4d(&g.o, sm.q + j * BM * 64 + c * 64 * 64, 64 * j, h, wg_row_min, b);
+        tile::tma::store_4d(&g.o, stage + j * BM * 64 + c * 64 * 64, 64 * j, h, wg_row_min, b);
       tile::tma::commit_group();
     }
     if (g.lse != nullptr && lane % 4 == 0) {
@@ -311,6 +354,32 @@ struct AttnKernel {
     }
     if (tid == 0 && wg_row_min < g.S) tile::tma::wait_group_read<0>();  // the staging tile must outlive the store's reads
   }
+
+  static __device__ __forceinline__ void consumer(const AttnGlobals& g, Smem& sm, int c) {
+    tile::PipeState<kStages> ks, vs;
+    uint32_t q_phase = 0;
+    if constexpr (kPingPong)
+      if (c == 1) tile::named_barrier_arrive(2, 256);  // consumer 0 issues first
+    if constexpr (!kPersistent) {
+      int mb, bh;
+      tile_coord(g, static_cast<int>(blockIdx.x), mb, bh);
+      consume_tile(g, sm, c, mb, bh, ks, vs, q_phase);
+    } else {
+      tile::PipeState<2> sched;
+      while (true) {
+        sm.sched_full[sched.index].wait(sched.phase);
+        const int t = *static_cast<volatile int*>(&sm.tile_id[sched.index]);
+        release(sm.sched_empty[sched.index]);
+        sched.advance();
+        if (t >= g.total_tiles) break;
+        int mb, bh;
+        tile_coord(g, t, mb, bh);
+        consume_tile(g, sm, c, mb, bh, ks, vs, q_phase);
+      }
+    }
+    if constexpr (kPingPong)
+      if (c == 0) tile::named_barrier_sync(2, 256);  // consumer 1's last pass
+  }
 };
 
 template <class K>
@@ -318,10 +387,13 @@ __global__ void __launch_bounds__(K::kThreads, 1) attention_kernel(const __grid_
   extern __shared__ __align__(16) uint8_t attn_smem[];
   const uintptr_t a = reinterpret_cast<uintptr_t>(attn_smem);
   auto& sm = *reinterpret_cast<typename K::Smem*>((a + 1023) & ~uintptr_t(1023));
-  int mb, bh;
-  K::tile_coord(g, static_cast<int>(blockIdx.x), mb, bh);
   if (threadIdx.x == 0) {
     sm.q_full.init(1);
+    sm.q_empty.init(8);  // one arrival per consumer warp
+    for (int i = 0; i < 2; ++i) {
+      sm.sched_full[i].init(1);
+      sm.sched_empty[i].init(8);
+    }
     for (int i = 0; i < K::kStages; ++i) {
       sm.k_full[i].init(1);
       sm.v_full[i].init(1);
@@ -334,10 +406,10 @@ __global__ void __launch_bounds__(K::kThreads, 1) attention_kernel(const __grid_
   const int wg = tile::warpgroup_index();
   if (wg == 0) {
     tile::warpgroup_reg_dealloc<K::kProducerRegs>();
-    if (tile::warp_in_warpgroup() == 0 && tile::lane_id() == 0) K::producer(g, sm, mb, bh);
+    if (tile::warp_in_warpgroup() == 0 && tile::lane_id() == 0) K::producer(g, sm);
   } else {
     tile::warpgroup_reg_alloc<K::kConsumerRegs>();
-    K::consumer(g, sm, wg - 1, mb, bh);
+    K::consumer(g, sm, wg - 1);
   }
 }
 

@@ -18,7 +18,7 @@ for s in $steps; do
         rc=$?
         [ $rc -ne 0 ] && tests_ok=0
         echo "$t rc=$rc: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/$t.log" | tr '\n' ' ')"
-        grep -E "Failure|error|Expected|Which is|case B|pp  :|nopp:" "$OUT/$t.log" | head -40
+        grep -E "Failure|error|Expected|Which is|case B|pp  |nopp" "$OUT/$t.log" | head -90
       done ;;
     sass)
       cuobjdump --dump-sass "$B/weave-bench" > "$OUT/sass_all.txt" 2>&1
@@ -32,7 +32,7 @@ for s in $steps; do
       rm -f "$OUT/sass_all.txt" ;;
     bench)
       if [ $tests_ok -eq 1 ]; then
-        timeout -s KILL 90 "$B/weave-bench" attention --variant "${ATTN_VARIANT:-both}" --json "$OUT/attention.jsonl" 2>&1 | tee "$OUT/bench.txt"
+        timeout -s KILL 90 "$B/weave-bench" attention --variants "${ATTN_VARIANTS:-persistent,pingpong,basic}" --json "$OUT/attention.jsonl" 2>&1 | tee "$OUT/bench.txt"
         echo "bench rc=${PIPESTATUS[0]}"
       else
         echo "bench skipped: tests failed"

@@ -51,3 +51,11 @@ TEST(AttentionCpu, Flops) {
   EXPECT_DOUBLE_EQ(attention::flops(s, false), 4.0 * 4 * 4096.0 * 4096 * 16 * 128);
   EXPECT_DOUBLE_EQ(attention::flops(s, true), 2.0 * 4 * 4096.0 * 4096 * 16 * 128);
 }
+
+TEST(AttentionCpu, AutoSchedule) {
+  using Sch = attention::Options::Schedule;
+  EXPECT_EQ(attention::auto_schedule(Shape{16, 4096, 16, 16, 128}, false), Sch::Persistent);
+  EXPECT_EQ(attention::auto_schedule(Shape{16, 4096, 16, 16, 128}, true), Sch::PerTile);
+  EXPECT_EQ(attention::auto_schedule(Shape{8, 8192, 16, 16, 128}, false), Sch::PerTile);
+  EXPECT_EQ(attention::auto_schedule(Shape{16, 4096, 16, 16, 64}, false), Sch::PerTile);
+}

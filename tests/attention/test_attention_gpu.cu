@@ -1,6 +1,7 @@
 // Attention forward against a float64 CPU reference on small random cases: ragged S (not a
 // multiple of the 128-row tiles), causal and not, grouped-query heads, D 64 and 128, the
-// softmax-scale option, ping-pong on and off. O and LSE are poisoned first (NaN) and followed
+// softmax-scale option, ping-pong on and off, persistent and one CTA per tile (with more tiles
+// than SMs, so persistent CTAs take several). O and LSE are poisoned first (NaN) and followed
 // by guard words that must survive; every valid element is checked.
 #include <gtest/gtest.h>
 
@@ -96,8 +97,9 @@ void run_case(const Case& c) {
   WEAVE_CUDA_CHECK(cudaMemcpy(dq.p, q.data(), nq * 2, cudaMemcpyHostToDevice));
   WEAVE_CUDA_CHECK(cudaMemcpy(dk.p, k.data(), nk * 2, cudaMemcpyHostToDevice));
   WEAVE_CUDA_CHECK(cudaMemcpy(dv.p, v.data(), nk * 2, cudaMemcpyHostToDevice));
-  for (bool pp : {true, false}) {
-    SCOPED_TRACE(pp ? "pingpong" : "no pingpong");
+  for (int variant = 0; variant < 4; ++variant) {
+    const bool pp = variant & 1, persistent = variant & 2;
+    SCOPED_TRACE(testing::Message() << (pp ? "pingpong" : "no pingpong") << (persistent ? " persistent" : ""));
     std::vector<uint16_t> ob(nq + kGuard, 0xFFFF);  // bf16 NaN
     std::vector<uint32_t> lb(nl + kGuard, 0xFFFFFFFFu);
     for (size_t i = nq; i < ob.size(); ++i) ob[i] = kGuardBits;
@@ -108,6 +110,7 @@ void run_case(const Case& c) {
     opt.causal = c.causal;
     opt.softmax_scale = c.scale;
     opt.pingpong = pp;
+    opt.schedule = persistent ? attention::Options::Schedule::Persistent : attention::Options::Schedule::PerTile;
     attention::forward(dq.p, dk.p, dv.p, dout.p, dl.p, Shape{c.B, c.S, c.Hq, c.Hkv, c.D}, opt);
     WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<bf16> out(nq + kGuard);
@@ -153,7 +156,7 @@ void run_case(const Case& c) {
     EXPECT_LT(rel, 1e-2) << "relative Frobenius error of O";
     EXPECT_LT(max_err, 2e-2) << "max abs error of O";
     EXPECT_LT(lse_err, 2e-3) << "max relative error of LSE";
-    std::printf("  %s: O rel %.2e max %.2e, LSE %.2e, bad %zu/%zu guard %zu\n", pp ? "pp  " : "nopp", rel, max_err,
+    std::printf("  %s%s: O rel %.2e max %.2e, LSE %.2e, bad %zu/%zu guard %zu\n", pp ? "pp  " : "nopp", persistent ? " persistent" : " per-tile  ", rel, max_err,
                 lse_err, bad, bad_lse, guard_hit);
   }
 }
@@ -175,6 +178,16 @@ TEST(AttentionGpu, LongerSequences) {
   const std::vector<Case> cases = {
       {1, 1000, 4, 1, 128, true, 0}, {1, 777, 2, 1, 128, false, 0}, {1, 1000, 4, 1, 64, false, 0},
       {1, 1031, 2, 2, 64, true, 0},
+  };
+  for (const Case& c : cases) run_case(c);
+}
+
+// More tiles than SMs: persistent CTAs run several tiles each (Q reloads, O staging reuse,
+// the tile counter).
+TEST(AttentionGpu, ManyTiles) {
+  const std::vector<Case> cases = {
+      {2, 700, 16, 4, 64, false, 0},
+      {2, 520, 16, 8, 128, true, 0},
   };
   for (const Case& c : cases) run_case(c);
 }

@@ -6,7 +6,10 @@
 //
 //   weave-bench attention [--json FILE] [--seqs 4096,8192,16384,32768] [--tokens 65536]
 //                         [--heads 16] [--kv-heads H] [--d 64,128] [--causal 0,1]
-//                         [--variant pp|nopp|both] [--target-ms T]
+//                         [--variants auto,persistent,pingpong,basic] [--target-ms T]
+// Variants: auto = the library default (Options::Schedule::Auto, ping-pong); persistent =
+// ping-pong + persistent CTAs; pingpong = one CTA per tile with ping-pong; basic = one CTA per
+// tile, no ping-pong.
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -92,12 +95,17 @@ int run_attention_bench(const Args& args) {
   const long long tokens = args.get_int("tokens", 65536);
   const int H = static_cast<int>(args.get_int("heads", 16));
   const int Hkv = static_cast<int>(args.get_int("kv-heads", H));
-  const std::string variant = args.get("variant", "pp");
   const double target_ms = std::stod(args.get("target-ms", "40"));
-  std::vector<bool> pps;
-  if (variant == "pp" || variant == "both") pps.push_back(true);
-  if (variant == "nopp" || variant == "both") pps.push_back(false);
-  WEAVE_CHECK(!pps.empty(), "--variant must be pp, nopp or both");
+  std::vector<std::string> variants;
+  {
+    std::stringstream ss(args.get("variants", "auto"));
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+      WEAVE_CHECK(item == "auto" || item == "persistent" || item == "pingpong" || item == "basic",
+                  "unknown variant '", item, "' (auto, persistent, pingpong, basic)");
+      variants.push_back(item);
+    }
+  }
 
   int dev = 0;
   WEAVE_CUDA_CHECK(cudaGetDevice(&dev));
@@ -105,7 +113,7 @@ int run_attention_bench(const Args& args) {
   WEAVE_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
   std::printf("attention forward bf16, %lld tokens, H=%d (kv %d), device %s, %d SMs\n", tokens, H, Hkv, prop.name,
               prop.multiProcessorCount);
-  std::printf("%4s %6s %3s %7s %-6s %-5s %10s %9s %9s %9s\n", "D", "S", "B", "causal", "impl", "var", "time_us",
+  std::printf("%4s %6s %3s %7s %-6s %-10s %10s %9s %9s %9s\n", "D", "S", "B", "causal", "impl", "var", "time_us",
               "TFLOP/s", "o_err", "lse_err");
   cudaStream_t st = nullptr;
   unsigned long long* dbad = nullptr;
@@ -127,10 +135,13 @@ int run_attention_bench(const Args& args) {
       gemm::ref::fill_uniform(k, nk, 12 + S + D);
       gemm::ref::fill_uniform(v, nk, 13 + S + D);
       for (int causal : causals)
-        for (bool pp : pps) {
+        for (const std::string& var : variants) {
           attention::Options opt;
           opt.causal = causal != 0;
-          opt.pingpong = pp;
+          opt.pingpong = var != "basic";
+          opt.schedule = var == "auto"         ? attention::Options::Schedule::Auto
+                         : var == "persistent" ? attention::Options::Schedule::Persistent
+                                               : attention::Options::Schedule::PerTile;
           gemm::ref::poison(o, nq);
           WEAVE_CUDA_CHECK(cudaMemset(lse, 0xFF, nl * 4));
           attention::forward(q, k, v, o, lse, sh, opt, st);
@@ -146,13 +157,13 @@ int run_attention_bench(const Args& args) {
           const int iters = std::max(2, std::min(100, static_cast<int>(target_ms * 1e-3 / (flop / 550e12))));
           const double t = time_us(st, [&] { attention::forward(q, k, v, o, lse, sh, opt, st); }, 2, iters, 3);
           const double tf = flop / t * 1e-6;
-          std::printf("%4d %6d %3d %7d %-6s %-5s %10.1f %9.1f %9.2e %9.2e%s\n", D, S, B, causal, "weave",
-                      pp ? "pp" : "nopp", t, tf, o_err, l_err, ok ? "" : (bad ? "  NONFINITE" : "  WRONG"));
+          std::printf("%4d %6d %3d %7d %-6s %-10s %10.1f %9.1f %9.2e %9.2e%s\n", D, S, B, causal, "weave",
+                      var.c_str(), t, tf, o_err, l_err, ok ? "" : (bad ? "  NONFINITE" : "  WRONG"));
           std::fflush(stdout);
           sink.write(JsonLine()
                          .add("kernel", "attention")
                          .add("impl", "weave")
-                         .add("variant", pp ? "pingpong" : "no-pingpong")
+                         .add("variant", var)
                          .add("B", B)
                          .add("S", S)
                          .add("H", H)
@@ -176,5 +187,5 @@ int run_attention_bench(const Args& args) {
 
 WEAVE_BENCH(attention,
             "attention forward, single GPU (--seqs 4096,... --tokens 65536 --heads 16 --kv-heads H --d 64,128 "
-            "--causal 0,1 --variant pp|nopp|both)",
+            "--causal 0,1 --variants auto,persistent,pingpong,basic)",
             run_attention_bench);
