@@ -17,22 +17,7 @@ import math
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-
-def time_us(fn, iters, repeats=3, warmup=2):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(iters):
-            fn()
-        b.record()
-        b.synchronize()
-        times.append(1e3 * a.elapsed_time(b) / iters)
-    times.sort()
-    return times[len(times) // 2]
+from torch_timing import median_us
 
 
 def check(q, k, v, out, causal, samples=4):
@@ -73,7 +58,7 @@ def bench(args):
                     err = check(q, k, v, out, causal)
                     flop = 4.0 * B * S * S * H * D / (2 if causal else 1)
                     iters = max(2, min(100, int(args.target_ms * 1e-3 / (flop / 550e12))))
-                    t = time_us(fn, iters)
+                    t = median_us(fn, iters)
                 tf = flop / t * 1e-6
                 ok = math.isfinite(err) and err < 2e-2
                 print(f"{D:>4} {S:>6} {B:>3} {causal:>7} {t:>10.1f} {tf:>9.1f} {err:>9.2e}{'' if ok else '  WRONG'}",

@@ -21,24 +21,12 @@ os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.distributed._symmetric_memory as symm_mem  # noqa: E402
+from torch_timing import median_us  # noqa: E402
 
 
-def slowest_us(fn, iters, repeats=3, warmup=3):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        dist.barrier()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(iters):
-            fn()
-        b.record()
-        b.synchronize()
-        times.append(1e3 * a.elapsed_time(b) / iters)
-    times.sort()
-    t = torch.tensor([times[len(times) // 2]], device="cuda")
+def slowest_us(fn, iters):
+    """The slowest rank's median time (us)."""
+    t = torch.tensor([median_us(fn, iters, warmup=3, before_repeat=dist.barrier)], device="cuda")
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.item()
 

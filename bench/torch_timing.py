@@ -1,0 +1,23 @@
+"""CUDA-event timing shared by the PyTorch baseline scripts (torch_attention.py, torch_tp.py)."""
+import torch
+
+
+def median_us(fn, iters, repeats=3, warmup=2, before_repeat=None):
+    """Median over `repeats` of the mean time (us) of `iters` back-to-back calls of fn, after
+    `warmup` calls. `before_repeat` (e.g. a process-group barrier) runs before each repeat."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        if before_repeat:
+            before_repeat()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(iters):
+            fn()
+        b.record()
+        b.synchronize()
+        times.append(1e3 * a.elapsed_time(b) / iters)
+    times.sort()
+    return times[len(times) // 2]
