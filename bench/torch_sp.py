@@ -1,0 +1,298 @@
+#!/usr/bin/env python3
+"""Unfused sequence-parallel baselines for `weave-bench sp`, merged into the same JSON-lines file.
+
+What a PyTorch user writes without weave, timed on the same shapes:
+- ring attention ("ring_attention", impl "unfused"): per step, the K/V chunk moves to the next
+  rank with NCCL send/recv (torch.distributed.batch_isend_irecv, which runs on NCCL's own stream
+  and so overlaps the attention of the current chunk), cuDNN attention (with its log-sum-exp) on
+  the current chunk, and an fp32 LSE merge. Zigzag sharding for causal (rank r holds chunks r and
+  2W-1-r of 2W, the same split as weave::sp::chunk_range), contiguous otherwise.
+- Ulysses ("ulysses", impl "unfused"): one NCCL all_to_all of the stacked Q/K/V (with the
+  permute copies it needs), cuDNN SDPA on (B, S, H/W, D), all_to_all back (and its copies).
+
+    torchrun --nproc_per_node 2 bench/torch_sp.py --json sp.jsonl [--seqs 8192,...,131072]
+
+Every configuration is checked first: sampled query rows of the final output (and, for ring, its
+LSE) against float64 on the gathered sequence. Times are the slowest rank's median. TFLOP/s counts
+the useful FLOPs 4*B*S^2*H*D (halved for causal); `tflops` is the total over the W GPUs and
+`tflops_per_gpu` = tflops / W. `--device cpu` runs the same algorithms with gloo and a float
+reference attention (used to test this script on machines without a GPU).
+"""
+import argparse
+import json
+import math
+import os
+
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # never multicast on the shared machines
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from torch_timing import median_us  # noqa: E402
+
+
+# ---- sharding (mirrors kernels/ring_attention/schedule: near-equal chunks, first S % n get +1)
+
+def chunk_rows(S, n, c):
+    base, extra = divmod(S, n)
+    return base + (1 if c < extra else 0), c * base + min(c, extra)
+
+
+def ring_chunks(S, W, rank, zigzag):
+    """[(global begin, rows)] of the chunks rank holds, in storage order."""
+    if zigzag:
+        out = []
+        for c in (rank, 2 * W - 1 - rank):
+            rows, begin = chunk_rows(S, 2 * W, c)
+            out.append((begin, rows))
+        return out
+    rows, begin = chunk_rows(S, W, rank)
+    return [(begin, rows)]
+
+
+# ---- one attention call with its log-sum-exp. q, k, v: (B, S, H, D); returns out (B, Sq, H, D)
+# and lse (B, H, Sq) fp32 (natural log, scale included).
+
+def attn_cudnn(q, k, v, causal):
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+    res = torch.ops.aten._scaled_dot_product_cudnn_attention(qt, kt, vt, None, True, 0.0, causal, False)
+    out, lse = res[0], res[1]
+    B, H, Sq = qt.shape[0], qt.shape[1], qt.shape[2]
+    return out.transpose(1, 2), lse.reshape(B, H, Sq).float()
+
+
+def attn_reference(q, k, v, causal):
+    qt, kt, vt = (x.transpose(1, 2).float() for x in (q, k, v))
+    s = qt @ kt.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        Sq, Sk = s.shape[-2], s.shape[-1]
+        s = s.masked_fill(torch.ones(Sq, Sk, dtype=torch.bool).triu(1 + Sk - Sq), float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    out = torch.softmax(s, dim=-1) @ vt
+    return out.transpose(1, 2).to(q.dtype), lse
+
+
+def sdpa(q, k, v, causal, use_cudnn):
+    """The plain (no LSE) attention the Ulysses baseline uses: cuDNN SDPA on the GPU."""
+    if not use_cudnn:
+        return attn_reference(q, k, v, causal)[0]
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+        return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal).transpose(1, 2)
+
+
+# ---- the unfused ring
+
+def merge(out, lse, rows, out_p, lse_p):
+    """out[:, rows] and lse[..., rows] <- the LSE-weighted combination with a partial result."""
+    o, l = out[:, rows], lse[:, :, rows]
+    new = torch.logaddexp(l, lse_p)
+    wa = torch.exp(l - new).transpose(1, 2).unsqueeze(-1)
+    wb = torch.exp(lse_p - new).transpose(1, 2).unsqueeze(-1)
+    out[:, rows] = o * wa + out_p.float() * wb
+    lse[:, :, rows] = new
+
+
+def ring_forward(q, k, v, S, causal, zigzag, attn):
+    rank, W = dist.get_rank(), dist.get_world_size()
+    B, L, H, D = q.shape
+    mine = ring_chunks(S, W, rank, zigzag)
+    out = torch.empty(B, L, H, D, dtype=torch.float32, device=q.device)
+    lse = torch.empty(B, H, L, dtype=torch.float32, device=q.device)
+    k_cur, v_cur = k, v
+    for step in range(W):
+        src = (rank - step) % W
+        reqs = []
+        if step < W - 1:
+            nxt = (rank - step - 1) % W  # whose chunk arrives for the next step
+            n_rows = sum(r for _, r in ring_chunks(S, W, nxt, zigzag))
+            k_next = torch.empty(B, n_rows, H, D, dtype=k.dtype, device=k.device)
+            v_next = torch.empty_like(k_next)
+            ops = [dist.P2POp(dist.isend, k_cur, (rank + 1) % W), dist.P2POp(dist.isend, v_cur, (rank + 1) % W),
+                   dist.P2POp(dist.irecv, k_next, (rank - 1) % W), dist.P2POp(dist.irecv, v_next, (rank - 1) % W)]
+            reqs = dist.batch_isend_irecv(ops)
+        if step == 0:
+            # The local chunks in storage order are in global order, so plain causal is exact.
+            o_p, l_p = attn(q, k_cur, v_cur, causal)
+            out.copy_(o_p.float())
+            lse.copy_(l_p)
+        elif not causal:
+            o_p, l_p = attn(q, k_cur, v_cur, False)
+            merge(out, lse, slice(0, L), o_p, l_p)
+        elif zigzag:
+            first = mine[0][1]
+            if src < rank:  # both my chunks see src's first chunk fully, none of its second
+                rows0 = ring_chunks(S, W, src, True)[0][1]
+                o_p, l_p = attn(q, k_cur[:, :rows0], v_cur[:, :rows0], False)
+                merge(out, lse, slice(0, L), o_p, l_p)
+            else:  # only my second chunk sees src's chunks, both fully
+                o_p, l_p = attn(q[:, first:], k_cur, v_cur, False)
+                merge(out, lse, slice(first, L), o_p, l_p)
+        elif src < rank:  # contiguous causal: earlier ranks fully visible, later ones not at all
+            o_p, l_p = attn(q, k_cur, v_cur, False)
+            merge(out, lse, slice(0, L), o_p, l_p)
+        for r in reqs:
+            r.wait()
+        if step < W - 1:
+            k_cur, v_cur = k_next, v_next
+    return out.to(q.dtype), lse
+
+
+# ---- the unfused Ulysses (S % W == 0, H % W == 0)
+
+def ulysses_forward(q, k, v, causal, use_cudnn):
+    W = dist.get_world_size()
+    B, L, H, D = q.shape
+    Hg = H // W
+    # (B, L, H, D) x3 -> (W, 3, B, L, Hg, D): destination rank first, as all_to_all_single splits.
+    qkv = torch.stack([x.view(B, L, W, Hg, D) for x in (q, k, v)]).permute(3, 0, 1, 2, 4, 5).contiguous()
+    recv = torch.empty_like(qkv)
+    dist.all_to_all_single(recv, qkv)
+    # recv[s] = rank s's rows for my heads -> (3, B, S, Hg, D)
+    full = recv.permute(1, 2, 0, 3, 4, 5).reshape(3, B, W * L, Hg, D)
+    o = sdpa(full[0], full[1], full[2], causal, use_cudnn)  # (B, S, Hg, D)
+    send = o.reshape(B, W, L, Hg, D).permute(1, 0, 2, 3, 4).contiguous()
+    back = torch.empty_like(send)
+    dist.all_to_all_single(back, send)
+    # back[g] = head group g of my rows -> (B, L, H, D)
+    return back.permute(1, 2, 0, 3, 4).reshape(B, L, H, D)
+
+
+# ---- checks against float64 on the gathered sequence
+
+def gather_seq(x, S, chunks_of):
+    """The full (B, S, H, D) sequence from every rank's shard (chunks_of(rank) = [(begin, rows)])."""
+    W = dist.get_world_size()
+    sizes = [sum(r for _, r in chunks_of(s)) for s in range(W)]
+    pad = torch.zeros(x.shape[0], max(sizes), *x.shape[2:], dtype=x.dtype, device=x.device)
+    pad[:, :x.shape[1]] = x  # ragged shards: all_gather needs equal sizes
+    parts = [torch.empty_like(pad) for _ in range(W)]
+    dist.all_gather(parts, pad)
+    full = torch.empty(x.shape[0], S, *x.shape[2:], dtype=x.dtype, device=x.device)
+    for s in range(W):
+        off = 0
+        for begin, rows in chunks_of(s):
+            full[:, begin:begin + rows] = parts[s][:, off:off + rows]
+            off += rows
+    return full
+
+
+def check_rows(q, kf, vf, out, lse, row_pos, causal, seed, samples=6):
+    """Max abs error of sampled rows of out (and relative error of lse) against float64.
+    q, out: local (B, L, H, D); kf, vf: gathered (B, S, H, D); row_pos[i] = global position."""
+    B, L, H, D = q.shape
+    g = torch.Generator().manual_seed(seed)
+    o_err = l_err = 0.0
+    for t in range(samples):
+        b = int(torch.randint(B, (1,), generator=g))
+        h = int(torch.randint(H, (1,), generator=g))
+        i = L - 1 if t == 0 else 0 if t == 1 else int(torch.randint(L, (1,), generator=g))
+        n = row_pos[i] + 1 if causal else kf.shape[1]
+        s = (kf[b, :n, h].double() @ q[b, i, h].double()) / math.sqrt(D)
+        ref_l = torch.logsumexp(s, 0)
+        ref = torch.softmax(s, 0) @ vf[b, :n, h].double()
+        o_err = max(o_err, (out[b, i, h].double() - ref).abs().max().item())
+        if lse is not None:
+            l_err = max(l_err, abs(lse[b, h, i].item() - ref_l.item()) / max(1.0, abs(ref_l.item())))
+    return o_err, l_err
+
+
+def slowest_us(fn, iters, warmup):
+    t = torch.tensor([median_us(fn, iters, warmup=warmup, before_repeat=dist.barrier)], device=DEVICE)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+DEVICE = "cuda"
+
+
+def main():
+    global DEVICE
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--seqs", default="8192,16384,32768,65536,131072", help="total sequence lengths")
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--heads-ring", type=int, default=16)
+    ap.add_argument("--heads-ulysses", type=int, default=32)
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--causal", default="0,1")
+    ap.add_argument("--kernels", default="ring_attention,ulysses")
+    ap.add_argument("--target-ms", type=float, default=200.0, help="timed work per repeat")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    args = ap.parse_args()
+    DEVICE = args.device
+    dist.init_process_group("nccl" if DEVICE == "cuda" else "gloo")
+    rank, W = dist.get_rank(), dist.get_world_size()
+    use_cudnn = DEVICE == "cuda"
+    if use_cudnn:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+        attn = attn_cudnn
+        who = f"cuDNN {torch.backends.cudnn.version()}, torch {torch.__version__}, {torch.cuda.get_device_name()}"
+    else:
+        attn = attn_reference
+        who = f"float reference attention on the CPU, torch {torch.__version__}"
+    if rank == 0:
+        print(f"unfused sequence parallel baselines, {W} ranks, {who}", flush=True)
+        print(f"{'kernel':<15} {'S':>7} {'B':>2} {'H':>3} {'causal':>6} {'time_us':>11} {'TF/s/GPU':>9} "
+              f"{'o_err':>9} {'lse_err':>9}", flush=True)
+    rows, all_ok = [], True
+    B, D = args.batch, args.head_dim
+    for kernel in args.kernels.split(","):
+        H = args.heads_ring if kernel == "ring_attention" else args.heads_ulysses
+        for S in [int(s) for s in args.seqs.split(",") if s]:
+            for causal in [bool(int(c)) for c in args.causal.split(",")]:
+                zigzag = causal
+                if kernel == "ring_attention":
+                    chunks_of = lambda r: ring_chunks(S, W, r, zigzag)  # noqa: E731
+                else:
+                    if S % W or H % W:
+                        raise SystemExit(f"ulysses baseline needs S and H divisible by W (S={S}, H={H}, W={W})")
+                    chunks_of = lambda r: [(r * S // W, S // W)]  # noqa: E731
+                mine = chunks_of(rank)
+                L = sum(r for _, r in mine)
+                row_pos = [p for begin, rows_ in mine for p in range(begin, begin + rows_)]
+                torch.manual_seed(1000 + 17 * rank + S)
+                q, k, v = (torch.empty(B, L, H, D, device=DEVICE, dtype=torch.bfloat16).uniform_(-1, 1)
+                           for _ in range(3))
+                if kernel == "ring_attention":
+                    fn = lambda: ring_forward(q, k, v, S, causal, zigzag, attn)  # noqa: E731
+                    out, lse = fn()
+                else:
+                    fn = lambda: ulysses_forward(q, k, v, causal, use_cudnn)  # noqa: E731
+                    out, lse = fn(), None
+                kf, vf = gather_seq(k, S, chunks_of), gather_seq(v, S, chunks_of)
+                o_err, l_err = check_rows(q, kf, vf, out, lse, row_pos, causal, seed=S + rank)
+                del kf, vf
+                ok = math.isfinite(o_err) and o_err < 2e-2 and math.isfinite(l_err) and l_err < 2e-3
+                flag = torch.tensor([0.0 if ok else 1.0], device=DEVICE)
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+                ok = flag.item() == 0.0
+                all_ok = all_ok and ok
+                flop = 4.0 * B * S * S * H * D / (2 if causal else 1)
+                est_us = flop / W / 400e12 * 1e6
+                iters = max(1, min(50, int(args.target_ms * 1e3 / est_us)))
+                t = slowest_us(fn, iters, warmup=1 if est_us > 1e5 else 2)
+                tf = flop / t * 1e-6
+                if rank == 0:
+                    print(f"{kernel:<15} {S:>7} {B:>2} {H:>3} {int(causal):>6} {t:>11.1f} {tf / W:>9.1f} "
+                          f"{o_err:>9.2e} {l_err:>9.2e}{'' if ok else '  WRONG'}", flush=True)
+                rows.append(dict(kernel=kernel, impl="unfused", B=B, S=S, H=H, H_kv=H, D=D, causal=causal, world=W,
+                                 sharding="zigzag" if (kernel == "ring_attention" and zigzag) else "contiguous",
+                                 time_us=t, tflops=tf, tflops_per_gpu=tf / W, o_max_err=o_err, lse_rel_err=l_err,
+                                 correct=ok, torch=torch.__version__,
+                                 cudnn=torch.backends.cudnn.version() if use_cudnn else None))
+                del q, k, v, out, lse
+                if use_cudnn:
+                    torch.cuda.empty_cache()
+    if rank == 0 and args.json:
+        with open(args.json, "a") as f:
+            for r in rows:
+                f.write(json.dumps(r) + "\n")
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0 if all_ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
