@@ -11,6 +11,7 @@ What a PyTorch user writes without weave, timed on the same shapes:
   permute copies it needs), cuDNN SDPA on (B, S, H/W, D), all_to_all back (and its copies).
 
     torchrun --nproc_per_node 2 bench/torch_sp.py --json sp.jsonl [--seqs 8192,...,131072]
+    python3 bench/torch_sp.py --report sp.jsonl     # weave / unfused table (after weave-bench sp)
 
 Every configuration is checked first: sampled query rows of the final output (and, for ring, its
 LSE) against float64 on the gathered sequence. Times are the slowest rank's median. TFLOP/s counts
@@ -25,10 +26,13 @@ import os
 
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # never multicast on the shared machines
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+try:
+    import torch
+    import torch.distributed as dist
 
-from torch_timing import median_us  # noqa: E402
+    from torch_timing import median_us
+except ImportError:  # --report needs no torch
+    torch = None
 
 
 # ---- sharding (mirrors kernels/ring_attention/schedule: near-equal chunks, first S % n get +1)
@@ -207,6 +211,27 @@ def slowest_us(fn, iters, warmup):
 DEVICE = "cuda"
 
 
+def report(path):
+    """The ratio table of a JSON file holding weave-bench sp rows and this script's rows."""
+    rows = [json.loads(line) for line in open(path) if line.strip()]
+    rows = [r for r in rows if r.get("kernel") in ("ring_attention", "ulysses")]
+    by = {}
+    for r in rows:
+        by[(r["kernel"], r["S"], bool(r["causal"]), r["impl"])] = r
+    keys = sorted({(r["kernel"], r["S"], bool(r["causal"])) for r in rows})
+    print("| kernel | S | causal | weave TF/s/GPU | unfused TF/s/GPU | weave/unfused | 1-GPU weave TF/s | "
+          "weave per GPU / 1-GPU | comm SMs | correct |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for k in keys:
+        w, u, g = (by.get(k + (i,)) for i in ("weave", "unfused", "weave-1gpu"))
+        f = lambda r, key: f"{r[key]:.1f}" if r else "-"  # noqa: E731
+        ratio = f"{u['time_us'] / w['time_us']:.3f}" if (w and u) else "-"
+        per = f"{w['tflops_per_gpu'] / g['tflops_per_gpu']:.3f}" if (w and g) else "-"
+        ok = all(r["correct"] for r in (w, u, g) if r)
+        print(f"| {k[0]} | {k[1]} | {int(k[2])} | {f(w, 'tflops_per_gpu')} | {f(u, 'tflops_per_gpu')} | {ratio} | "
+              f"{f(g, 'tflops_per_gpu')} | {per} | {w.get('num_comm_sms', '-') if w else '-'} | {ok} |")
+
+
 def main():
     global DEVICE
     ap = argparse.ArgumentParser()
@@ -220,7 +245,11 @@ def main():
     ap.add_argument("--kernels", default="ring_attention,ulysses")
     ap.add_argument("--target-ms", type=float, default=200.0, help="timed work per repeat")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--report", default=None, help="print the weave / unfused table of a merged JSON file and exit")
     args = ap.parse_args()
+    if args.report:
+        report(args.report)
+        return 0
     DEVICE = args.device
     dist.init_process_group("nccl" if DEVICE == "cuda" else "gloo")
     rank, W = dist.get_rank(), dist.get_world_size()
