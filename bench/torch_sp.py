@@ -65,6 +65,13 @@ def attn_cudnn(q, k, v, causal):
     return out.transpose(1, 2), lse.reshape(B, H, Sq).float()
 
 
+def attn_flash(q, k, v, causal):
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+    res = torch.ops.aten._scaled_dot_product_flash_attention(qt, kt, vt, 0.0, causal, False)
+    B, H, Sq = qt.shape[0], qt.shape[1], qt.shape[2]
+    return res[0].transpose(1, 2), res[1].reshape(B, H, Sq).float()
+
+
 def attn_reference(q, k, v, causal):
     qt, kt, vt = (x.transpose(1, 2).float() for x in (q, k, v))
     s = qt @ kt.transpose(-1, -2) / math.sqrt(q.shape[-1])
@@ -245,6 +252,8 @@ def main():
     ap.add_argument("--kernels", default="ring_attention,ulysses")
     ap.add_argument("--target-ms", type=float, default=200.0, help="timed work per repeat")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--ring-attn", default="cudnn", choices=["cudnn", "flash"],
+                    help="attention-with-LSE op of the unfused ring (cuDNN, or FlashAttention-2)")
     ap.add_argument("--report", default=None, help="print the weave / unfused table of a merged JSON file and exit")
     args = ap.parse_args()
     if args.report:
@@ -256,8 +265,9 @@ def main():
     use_cudnn = DEVICE == "cuda"
     if use_cudnn:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
-        attn = attn_cudnn
-        who = f"cuDNN {torch.backends.cudnn.version()}, torch {torch.__version__}, {torch.cuda.get_device_name()}"
+        attn = attn_cudnn if args.ring_attn == "cudnn" else attn_flash
+        who = (f"ring attention op {args.ring_attn}, cuDNN {torch.backends.cudnn.version()}, torch {torch.__version__}, "
+               f"{torch.cuda.get_device_name()}")
     else:
         attn = attn_reference
         who = f"float reference attention on the CPU, torch {torch.__version__}"
@@ -310,6 +320,8 @@ def main():
                                  sharding="zigzag" if (kernel == "ring_attention" and zigzag) else "contiguous",
                                  time_us=t, tflops=tf, tflops_per_gpu=tf / W, o_max_err=o_err, lse_rel_err=l_err,
                                  correct=ok, torch=torch.__version__,
+                                 attention_op=(args.ring_attn if kernel == "ring_attention" else "cudnn-sdpa")
+                                 if use_cudnn else "reference",
                                  cudnn=torch.backends.cudnn.version() if use_cudnn else None))
                 del q, k, v, out, lse
                 if use_cudnn:
