@@ -6,39 +6,14 @@
 
 #include "attention/attention.hpp"
 #include "attention/attention_kernel.cuh"
+#include "attention/gathered.hpp"
 #include "weave/common/error.hpp"
 #include "weave/lcsc.cuh"
 #include "weave/tile/tma.hpp"
 
 namespace weave::attention {
 
-namespace {
-
-// A (B, S, H, D) bf16 tensor as the 4-D TMA map {D, H, S, B} read in boxes of `rows`
-// sequence positions x 64 head-dim elements of one (batch, head).
-CUtensorMap map_bshd(const void* base, const Shape& s, int H, uint32_t rows) {
-  tile::TmaParams p;
-  p.type = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-  p.elem_bytes = 2;
-  p.rank = 4;
-  p.dims[0] = static_cast<uint64_t>(s.D);
-  p.dims[1] = static_cast<uint64_t>(H);
-  p.dims[2] = static_cast<uint64_t>(s.S);
-  p.dims[3] = static_cast<uint64_t>(s.B);
-  p.strides[0] = static_cast<uint64_t>(s.D) * 2;
-  p.strides[1] = static_cast<uint64_t>(H) * s.D * 2;
-  p.strides[2] = static_cast<uint64_t>(s.S) * H * s.D * 2;
-  p.box[0] = 64;
-  p.box[1] = 1;
-  p.box[2] = rows;
-  p.box[3] = 1;
-  p.swizzle = tile::Swizzle::B128;
-  p.base = base;
-  WEAVE_CHECK(p.strides[2] < (1ull << 40), "attention: tensor too large for TMA (batch stride ", p.strides[2],
-              " bytes)");
-  return tile::encode(p);
-}
-
+namespace detail {
 
 // Tile counters of the persistent kernel: a pool per device, used round-robin and zeroed on
 // the caller's stream before each launch, so forwards in flight at once on different streams
@@ -59,6 +34,30 @@ int* tile_counter(int dev, cudaStream_t stream) {
   return c;
 }
 
+int l2_bytes(int dev) {
+  static int l2_cache[64] = {};
+  if (dev < 64 && l2_cache[dev] == 0) WEAVE_CUDA_CHECK(cudaDeviceGetAttribute(&l2_cache[dev], cudaDevAttrL2CacheSize, dev));
+  return dev < 64 ? l2_cache[dev] : 50 << 20;
+}
+
+// Heads whose K and V (together) fit in half of L2 run side by side; query blocks vary
+// slowest inside a section, so the CTAs in flight share a few heads' K/V.
+int heads_per_section(int l2, long long S, int D, int group) {
+  const double kv_bytes_per_head = 2.0 * S * D * 2 / group;
+  int G = static_cast<int>(0.5 * l2 / kv_bytes_per_head);
+  return G < 1 ? 1 : (G > 16 ? 16 : G);
+}
+
+}  // namespace detail
+
+namespace {
+
+// A (B, S, H, D) bf16 tensor as the 4-D TMA map {D, H, S, B} read in boxes of `rows`
+// sequence positions x 64 head-dim elements of one (batch, head).
+CUtensorMap map_bshd(const void* base, const Shape& s, int H, uint32_t rows) {
+  return map_rows(base, s.D, H, s.S, s.B, static_cast<long long>(s.S) * H * s.D, 64, 1, rows, true);
+}
+
 template <class K>
 void launch(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, __nv_bfloat16* o, float* lse,
             const Shape& s, const Options& opt, cudaStream_t stream) {
@@ -67,9 +66,7 @@ void launch(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16*
   const lcsc::DeviceInfo info = lcsc::device_info(dev);
   WEAVE_CHECK(K::kSmemBytes <= info.smem_optin, "attention: kernel needs ", K::kSmemBytes,
               " bytes of shared memory per block but the device allows ", info.smem_optin);
-  static int l2_cache[64] = {};
-  if (dev < 64 && l2_cache[dev] == 0) WEAVE_CUDA_CHECK(cudaDeviceGetAttribute(&l2_cache[dev], cudaDevAttrL2CacheSize, dev));
-  const int l2 = dev < 64 ? l2_cache[dev] : 50 << 20;
+  const int l2 = detail::l2_bytes(dev);
 
   AttnGlobals g{};
   g.q = map_bshd(q, s, s.Hq, K::BM);
@@ -83,12 +80,7 @@ void launch(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16*
   g.Hkv = s.Hkv;
   g.group = s.Hq / s.Hkv;
   g.m_blocks = (s.S + K::BM - 1) / K::BM;
-  // Heads whose K and V (together) fit in half of L2 run side by side; query blocks vary
-  // slowest inside a section, so the CTAs in flight share a few heads' K/V.
-  const double kv_bytes_per_head = 2.0 * s.S * s.D * 2 / g.group;
-  int G = static_cast<int>(0.5 * l2 / kv_bytes_per_head);
-  G = G < 1 ? 1 : (G > 16 ? 16 : G);
-  g.heads_per_section = G;
+  g.heads_per_section = detail::heads_per_section(l2, s.S, s.D, g.group);
   g.scale = opt.softmax_scale > 0.f ? opt.softmax_scale : 1.f / std::sqrt(static_cast<float>(s.D));
   g.scale_log2 = g.scale * 1.4426950408889634f;
   g.causal = opt.causal ? 1 : 0;
@@ -99,7 +91,7 @@ void launch(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16*
   long long grid = tiles;
   if constexpr (K::kPersistent) {
     grid = std::min<long long>(tiles, info.sm_count);
-    g.counter = tile_counter(dev, stream);
+    g.counter = detail::tile_counter(dev, stream);
   }
   static bool attr_set[64] = {};
   if (dev >= 64 || !attr_set[dev]) {

@@ -1,0 +1,82 @@
+// Host side of the gathered attention kernel: maps, push boxes, launch (two instantiations:
+// D = 64 and 128, ping-pong on).
+#include <algorithm>
+
+#include "attention/gathered.hpp"
+#include "attention/gathered_kernel.cuh"
+#include "weave/common/error.hpp"
+#include "weave/lcsc.cuh"
+#include "weave/tile/tma.hpp"
+
+namespace weave::attention {
+
+CUtensorMap map_rows(const void* base, int D, int H, long long rows, int B, long long batch_stride, uint32_t box_d,
+                     uint32_t box_h, uint32_t box_rows, bool swizzle) {
+  tile::TmaParams p;
+  p.type = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  p.elem_bytes = 2;
+  p.rank = 4;
+  p.dims[0] = static_cast<uint64_t>(D);
+  p.dims[1] = static_cast<uint64_t>(H);
+  p.dims[2] = static_cast<uint64_t>(rows);
+  p.dims[3] = static_cast<uint64_t>(B);
+  p.strides[0] = static_cast<uint64_t>(D) * 2;
+  p.strides[1] = static_cast<uint64_t>(H) * D * 2;
+  p.strides[2] = static_cast<uint64_t>(batch_stride) * 2;
+  p.box[0] = box_d;
+  p.box[1] = box_h;
+  p.box[2] = box_rows;
+  p.box[3] = 1;
+  p.swizzle = swizzle ? tile::Swizzle::B128 : tile::Swizzle::None;
+  p.base = base;
+  WEAVE_CHECK(p.strides[2] < (1ull << 40), "attention: tensor too large for TMA (batch stride ", p.strides[2],
+              " bytes)");
+  WEAVE_CHECK(reinterpret_cast<uintptr_t>(base) % 16 == 0, "attention: TMA base must be 16-byte aligned");
+  return tile::encode(p);
+}
+
+void push_box(int D, int heads, int* box_heads, int* box_rows) {
+  *box_heads = std::min(heads, 8);
+  *box_rows = std::min(256, 16384 / (2 * D * *box_heads));
+}
+
+namespace {
+template <class K>
+void launch_k(GatheredGlobals& g, int dev, const lcsc::DeviceInfo& info, cudaStream_t stream) {
+  WEAVE_CHECK(K::kSmemBytes <= info.smem_optin, "attention: kernel needs ", K::kSmemBytes,
+              " bytes of shared memory per block but the device allows ", info.smem_optin);
+  for (int t = 0; t < g.n_push; ++t)
+    WEAVE_CHECK(g.push[t].box_bytes <= K::kBoxMax, "attention: push box of ", g.push[t].box_bytes, " bytes");
+  static bool attr_set[64] = {};
+  if (dev >= 64 || !attr_set[dev]) {
+    WEAVE_CUDA_CHECK(cudaFuncSetAttribute(gathered_attention_kernel<K>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(K::kSmemBytes)));
+    if (dev < 64) attr_set[dev] = true;
+  }
+  gathered_attention_kernel<K><<<static_cast<unsigned>(info.sm_count), K::kThreads, K::kSmemBytes, stream>>>(g);
+  WEAVE_CUDA_CHECK(cudaGetLastError());
+}
+}  // namespace
+
+void launch_gathered(GatheredGlobals& g, int D, cudaStream_t stream) {
+  int dev = 0;
+  WEAVE_CUDA_CHECK(cudaGetDevice(&dev));
+  const lcsc::DeviceInfo info = lcsc::device_info(dev);
+  WEAVE_CHECK(g.num_comm >= 1 && g.num_comm <= info.sm_count / 2, "attention: num_comm_sms = ", g.num_comm,
+              " must be in [1, ", info.sm_count / 2, "]");
+  g.m_blocks = 0;
+  for (int i = 0; i < g.n_qchunks; ++i) {
+    g.q_mblocks[i] = (g.q_rows[i] + gathered::kBlockRows - 1) / gathered::kBlockRows;
+    g.m_blocks += g.q_mblocks[i];
+  }
+  if (g.n_qchunks < 2) g.q_mblocks[1] = 0;
+  g.heads_per_section = detail::heads_per_section(detail::l2_bytes(dev), g.S, D, g.group);
+  const long long tiles = static_cast<long long>(g.m_blocks) * g.B * g.H;
+  WEAVE_CHECK(tiles < (1ll << 31), "attention: too many tiles (", tiles, ")");
+  g.total_tiles = static_cast<int>(tiles);
+  g.counter = detail::tile_counter(dev, stream);
+  if (D == 64) launch_k<GatheredKernel<64, true>>(g, dev, info, stream);
+  else launch_k<GatheredKernel<128, true>>(g, dev, info, stream);
+}
+
+}  // namespace weave::attention

@@ -1,0 +1,85 @@
+// Host-visible parameters of the gathered attention kernel (gathered_kernel.cuh) and the host
+// helpers ring and Ulysses attention build them with (gathered.cu).
+#pragma once
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "weave/config.hpp"
+#include "weave/signal_types.hpp"
+
+namespace weave::attention {
+
+constexpr int kMaxPushTensors = 3;
+
+// One tensor this rank pushes: boxes {D, box_heads, box_rows, 1} of its own chunk i's rows
+// (chunk-relative row coordinates in both maps, so each map clips at the chunk's end).
+struct PushTensor {
+  CUtensorMap src[2];             // own chunk i of the local input
+  CUtensorMap dst[kMaxWorld][2];  // rank d's gathered buffer, rows of own chunk i
+  int head0[kMaxWorld];           // source head of destination d's head 0
+  int heads[kMaxWorld];           // heads destination d needs
+  int box_heads, box_rows;
+  uint32_t box_bytes;
+};
+
+struct GatheredGlobals {
+  // Compute side.
+  CUtensorMap q[2];          // per query chunk, chunk-relative rows; boxes {64, 1, 128, 1}
+  CUtensorMap k, v;          // gathered (B, S, Hkv_g, D), global rows; boxes {64, 1, 128, 1}
+  CUtensorMap o[kMaxWorld];  // output targets (ring: per query chunk; Ulysses: per owner rank)
+  int n_qchunks;
+  int q_begin[2], q_rows[2], q_mblocks[2];
+  int q_lse_off[2];             // local row of the chunk's first row (LSE index)
+  int n_otargets, o_by_owner;   // o_by_owner: every target intersecting a tile half gets its rows
+  int o_begin[kMaxWorld], o_rows[kMaxWorld];
+  float* lse;                   // (B, H, lse_rows) or null
+  int lse_rows;
+  int B, S, H;                  // S: the whole sequence; H: query heads computed here
+  int group, head_base, kv_base;  // global head = head_base + h; gathered kv head = global / group - kv_base
+  int m_blocks;                 // query blocks over all query chunks
+  int heads_per_section;
+  float scale, scale_log2;
+  int causal;
+  int total_tiles;
+  int* counter;
+  // Readiness: counter_index(b, g, s) expects ready_round * chunks_in_slice(S, n_chunks, s).
+  signals ready;
+  unsigned long long ready_round;
+  int groups, group_heads, slices, n_chunks;
+  int wait_q;  // Q tiles are gathered too (Ulysses)
+  // Communicators.
+  int num_comm, rank, world;
+  signals arrive;  // arrive[0]: ranks in this call (every gathered buffer is free)
+  unsigned long long arrive_round;
+  int n_mine, mine[2];  // this rank's chunks
+  int n_push;
+  PushTensor push[kMaxPushTensors];
+  // Ulysses completion: odone[0] on rank p counts O stores into p.
+  int count_o;
+  signals odone;
+  unsigned long long odone_expected;
+};
+
+// A (B, rows, H, D) bf16 tensor whose batches are `batch_stride` elements apart, as a 4-D TMA
+// map {D, H, rows, B} read or written in boxes {box_d, box_h, box_rows, 1}; 128-byte swizzle
+// when `swizzle` (attention operand tiles), none otherwise (plain copies).
+CUtensorMap map_rows(const void* base, int D, int H, long long rows, int B, long long batch_stride, uint32_t box_d,
+                     uint32_t box_h, uint32_t box_rows, bool swizzle);
+
+// Box shape for pushing `heads` heads of D: at most 8 heads, 16 KB.
+void push_box(int D, int heads, int* box_heads, int* box_rows);
+
+// Fills the tile order (m_blocks, sections, total_tiles, counter) and launches on every SM of
+// the current device: g.num_comm communicator CTAs and the rest compute. D is 64 or 128.
+void launch_gathered(GatheredGlobals& g, int D, cudaStream_t stream);
+
+}  // namespace weave::attention
+
+namespace weave::attention::detail {
+// Shared with the single-GPU launch (attention.cu).
+int* tile_counter(int dev, cudaStream_t stream);  // a zeroed tile counter from a per-device pool
+int l2_bytes(int dev);
+int heads_per_section(int l2, long long S, int D, int group);  // heads whose K/V fit in half of L2
+}  // namespace weave::attention::detail

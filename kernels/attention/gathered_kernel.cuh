@@ -1,0 +1,395 @@
+// Attention over a gathered sequence with readiness waits: the one kernel behind ring attention
+// and Ulysses attention (kernels/ring_attention, kernels/ulysses; schedule in
+// gathered_schedule.hpp).
+//
+// One persistent launch, grid = SM count, one CTA per SM:
+//   - CTAs [0, num_comm) are communicators: one thread per CTA pushes this rank's rows of K and
+//     V (ring) or of Q, K and V restricted to each destination's heads (Ulysses) into every
+//     rank's gathered buffers (global row order), with TMA box loads into a ring of shared-
+//     memory slots and TMA box stores to the destination, then per (batch, head group, slice)
+//     store_wait and a release signal to the destination's readiness counter.
+//   - the other CTAs run the FA3-class pipeline of attention_kernel.cuh (its GEMM, mask and
+//     softmax pieces are reused as they are): a query tile iterates its visible key blocks of
+//     the gathered K/V in global order, and the producer thread waits (acquire, with the
+//     weave timeout) for the counter of each slice before the slice's first load. Masks are
+//     decided by global positions (query chunks need not start at a block boundary).
+//   - O goes to the tile's own chunk (ring, with LSE) or, tile half by tile half, to every rank
+//     owning some of its rows (Ulysses; a TMA map per owner clips to exactly its rows); owners
+//     then count the stores they received ("o_done") and one communicator waits for them, so
+//     when the kernel ends on a rank its output is complete.
+// The single-GPU kernel is not built from this file: it stays as measured.
+#pragma once
+#include "attention/attention_kernel.cuh"
+#include "attention/gathered.hpp"
+#include "attention/gathered_schedule.hpp"
+#include "weave/signal.cuh"
+#include "weave/store.cuh"
+
+namespace weave::attention {
+
+template <int D_, bool PingPong_>
+struct GatheredKernel {
+  using Base = AttnKernel<D_, 128, 2, PingPong_, true>;
+  using bf16 = tile::bf16;
+  static constexpr int D = D_, BM = Base::BM, BN = Base::BN, kStages = Base::kStages, kDBlocks = Base::kDBlocks;
+  static constexpr int kThreads = Base::kThreads;
+  static constexpr uint32_t kQBytes = Base::kQBytes, kKVBytes = Base::kKVBytes;
+  static_assert(BM == gathered::kBlockRows && BN == gathered::kBlockRows, "tiles and key blocks are 128 rows");
+
+  struct alignas(1024) Smem {
+    bf16 q[BM * D];
+    bf16 k[kStages][BN * D];
+    bf16 v[kStages][BN * D];
+    bf16 o[BM * D];
+    tile::Mbarrier q_full, q_empty;
+    tile::Mbarrier k_full[kStages], k_empty[kStages], v_full[kStages], v_empty[kStages];
+    tile::Mbarrier sched_full[2], sched_empty[2];
+    int tile_id[2];
+    int ocount[2][kMaxWorld];  // O stores per owner, per consumer
+  };
+  static constexpr size_t kSmemBytes = sizeof(Smem) + 1024;
+  // Communicator copy ring: 16 KB boxes in the space of the tile buffers.
+  static constexpr uint32_t kBoxMax = 16384;
+  static constexpr int kSlots = (BM * D + 2 * kStages * BN * D + BM * D) * 2 / kBoxMax;
+  static constexpr int kAhead = kSlots / 2;
+  static_assert(kSlots >= 4, "copy ring");
+
+  struct Tile {
+    int ci, mb, b, h;
+    int qb, qe;  // global rows [qb, qe) of the tile that exist
+  };
+  static __device__ __forceinline__ Tile tile_at(const GatheredGlobals& g, int id) {
+    const int heads = g.B * g.H, G = g.heads_per_section, per = G * g.m_blocks;
+    const int sec = id / per, r = id - sec * per;
+    const int in_sec = min(G, heads - sec * G);
+    int mb = r / in_sec;
+    const int bh = sec * G + (r - mb * in_sec);
+    if (g.causal) mb = g.m_blocks - 1 - mb;  // the latest rows (longest tiles) first
+    Tile t;
+    t.ci = mb >= g.q_mblocks[0] ? 1 : 0;
+    t.mb = mb - (t.ci ? g.q_mblocks[0] : 0);
+    t.b = bh / g.H;
+    t.h = bh - t.b * g.H;
+    t.qb = g.q_begin[t.ci] + t.mb * BM;
+    t.qe = min(t.qb + BM, g.q_begin[t.ci] + g.q_rows[t.ci]);
+    return t;
+  }
+  static __device__ __forceinline__ int kv_head(const GatheredGlobals& g, int h) {
+    return (g.head_base + h) / g.group - g.kv_base;
+  }
+  // Blocks until slice s of (b, kv head group) is in the gathered buffers.
+  static __device__ __forceinline__ void wait_slice(const GatheredGlobals& g, int ctr0, int s) {
+    wait(g.ready, ctr0 + s, g.ready_round * gathered::chunks_in_slice(g.S, g.n_chunks, s));
+    tile::fence_proxy_async_global();  // TMA reads what the peers' TMA wrote
+  }
+
+  static __device__ __forceinline__ void produce_tile(const GatheredGlobals& g, Smem& sm, const Tile& t,
+                                                      tile::PipeState<kStages>& ks, tile::PipeState<kStages>& vs,
+                                                      uint32_t& q_phase) {
+    const int hk = kv_head(g, t.h);
+    const int ctr0 = gathered::counter_index(t.b, hk / g.group_heads, 0, g.groups, g.slices);
+    const int n_max = gathered::visible_blocks(g.S, t.qe, g.causal != 0);
+    int waited = -1;  // slices [0, waited] are known ready
+    for (int n = 0; n < n_max; ++n) {
+      const int s = gathered::slice_of_block(n);
+      if (s > waited) {
+        wait_slice(g, ctr0, s);
+        waited = s;
+      }
+      sm.k_empty[ks.index].wait(ks.phase ^ 1);
+      sm.k_full[ks.index].arrive_expect_tx(kKVBytes);
+#pragma unroll
+      for (int j = 0; j < kDBlocks; ++j)
+        tile::tma::load_4d(sm.k[ks.index] + j * BN * 64, &g.k, &sm.k_full[ks.index], 64 * j, hk, n * BN, t.b);
+      ks.advance();
+      if (n == 0) {
+        if (g.wait_q) wait_slice(g, ctr0, t.qb / gathered::kSliceRows);
+        sm.q_empty.wait(q_phase ^ 1);
+        q_phase ^= 1;
+        sm.q_full.arrive_expect_tx(kQBytes);
+#pragma unroll
+        for (int j = 0; j < kDBlocks; ++j)
+          tile::tma::load_4d(sm.q + j * BM * 64, &g.q[t.ci], &sm.q_full, 64 * j, t.h, t.mb * BM, t.b);
+      }
+      sm.v_empty[vs.index].wait(vs.phase ^ 1);
+      sm.v_full[vs.index].arrive_expect_tx(kKVBytes);
+#pragma unroll
+      for (int j = 0; j < kDBlocks; ++j)
+        tile::tma::load_4d(sm.v[vs.index] + j * BN * 64, &g.v, &sm.v_full[vs.index], 64 * j, hk, n * BN, t.b);
+      vs.advance();
+    }
+  }
+
+  static __device__ __forceinline__ void producer(const GatheredGlobals& g, Smem& sm) {
+    tile::tma::prefetch(&g.k);
+    tile::tma::prefetch(&g.v);
+    tile::PipeState<kStages> ks, vs;
+    tile::PipeState<2> sched;
+    uint32_t q_phase = 0;
+    const int compute = static_cast<int>(gridDim.x) - g.num_comm;
+    int id = static_cast<int>(blockIdx.x) - g.num_comm;
+    while (true) {
+      sm.sched_empty[sched.index].wait(sched.phase ^ 1);
+      sm.tile_id[sched.index] = id;
+      sm.sched_full[sched.index].arrive();
+      sched.advance();
+      if (id >= g.total_tiles) break;
+      produce_tile(g, sm, tile_at(g, id), ks, vs, q_phase);
+      id = compute + atomicAdd(g.counter, 1);
+    }
+  }
+
+  static __device__ __forceinline__ void consume_tile(const GatheredGlobals& g, Smem& sm, int c, const Tile& t,
+                                                      tile::PipeState<kStages>& ks, tile::PipeState<kStages>& vs,
+                                                      uint32_t& q_phase) {
+    const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+    const int row0 = t.qb + c * 64 + warp * 16 + lane / 4;  // global rows row0, row0 + 8
+    const int wg_row_min = t.qb + c * 64;
+    const bool causal = g.causal != 0;
+    const int n_max = gathered::visible_blocks(g.S, t.qe, causal);
+    const float sl2 = g.scale_log2;
+    const uint32_t q_addr = tile::smem_u32(sm.q) + c * 64 * 128;
+
+    float s[BN / 2], o[D / 2];
+    uint32_t p[BN / 4];
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+
+    sm.q_full.wait(q_phase);
+    q_phase ^= 1;
+
+    sm.k_full[ks.index].wait(ks.phase);
+    Base::turn_wait(c);
+    tile::wgmma::fence();
+    Base::issue_qk(s, q_addr, tile::smem_u32(sm.k[ks.index]));
+    tile::wgmma::commit_group();
+    Base::turn_pass(c);
+    tile::wgmma::wait_group<0>();
+    tile::wgmma::fence_operands(s);
+    Base::release(sm.k_empty[ks.index]);
+    ks.advance();
+    {
+      if (gathered::block_needs_mask(g.S, 0, wg_row_min, causal)) Base::mask(s, 0, row0, g.S, causal);
+      float rs[2], corr[2];
+      Base::softmax(s, m, rs, corr, sl2);
+      l[0] = rs[0];
+      l[1] = rs[1];
+      Base::pack(p, s);
+    }
+
+    for (int n = 1; n < n_max; ++n) {
+      sm.k_full[ks.index].wait(ks.phase);
+      sm.v_full[vs.index].wait(vs.phase);
+      Base::turn_wait(c);
+      tile::wgmma::fence();
+      Base::issue_qk(s, q_addr, tile::smem_u32(sm.k[ks.index]));
+      tile::wgmma::commit_group();
+      Base::issue_pv(o, p, tile::smem_u32(sm.v[vs.index]));
+      tile::wgmma::commit_group();
+      Base::turn_pass(c);
+      tile::wgmma::wait_group<1>();
+      tile::wgmma::fence_operands(s);
+      Base::release(sm.k_empty[ks.index]);
+      ks.advance();
+      if (gathered::block_needs_mask(g.S, n, wg_row_min, causal)) Base::mask(s, n * BN, row0, g.S, causal);
+      float rs[2], corr[2];
+      Base::softmax(s, m, rs, corr, sl2);
+      tile::wgmma::wait_group<0>();
+      tile::wgmma::fence_operands(o);
+      Base::release(sm.v_empty[vs.index]);
+      vs.advance();
+#pragma unroll
+      for (int r = 0; r < 2; ++r) l[r] = l[r] * corr[r] + rs[r];
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          o[4 * j + 2 * r] *= corr[r];
+          o[4 * j + 2 * r + 1] *= corr[r];
+        }
+      Base::pack(p, s);
+    }
+
+    Base::release(sm.q_empty);
+
+    sm.v_full[vs.index].wait(vs.phase);
+    Base::turn_wait(c);
+    tile::wgmma::fence();
+    Base::issue_pv(o, p, tile::smem_u32(sm.v[vs.index]));
+    tile::wgmma::commit_group();
+    Base::turn_pass(c);
+    tile::wgmma::wait_group<0>();
+    tile::wgmma::fence_operands(o);
+    Base::release(sm.v_empty[vs.index]);
+    vs.advance();
+
+    float inv[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      l[r] = tile::quad_sum(l[r]);
+      inv[r] = l[r] > 0.f ? 1.f / l[r] : 0.f;
+    }
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        o[4 * j + 2 * r] *= inv[r];
+        o[4 * j + 2 * r + 1] *= inv[r];
+      }
+    tile::named_barrier_sync(4 + c, 128);  // this warpgroup's previous store has read the staging tile
+    tile::store_accumulator_swizzled<bf16, D>(sm.o, BM, c * 64, o);
+    tile::fence_proxy_async_shared();
+    tile::named_barrier_sync(4 + c, 128);
+    const int hi = min(wg_row_min + 64, t.qe);
+    if (tid == 0 && wg_row_min < hi) {
+      for (int x = 0; x < g.n_otargets; ++x) {
+        if (!g.o_by_owner && x != t.ci) continue;
+        if (g.o_begin[x] >= hi || g.o_begin[x] + g.o_rows[x] <= wg_row_min) continue;
+        // Rows outside target x (before or after it) are clipped by its map.
+#pragma unroll
+        for (int j = 0; j < kDBlocks; ++j)
+          tile::tma::store_4d(&g.o[x], sm.o + j * BM * 64 + c * 64 * 64, 64 * j, g.head_base + t.h,
+                              wg_row_min - g.o_begin[x], t.b);
+        if (g.count_o) ++sm.ocount[c][x];
+      }
+      tile::tma::commit_group();
+    }
+    if (g.lse != nullptr && lane % 4 == 0) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = row0 + 8 * r;
+        if (row < t.qe)
+          g.lse[(static_cast<size_t>(t.b) * g.H + t.h) * g.lse_rows + g.q_lse_off[t.ci] + (row - g.q_begin[t.ci])] =
+              m[r] * g.scale + logf(l[r]);
+      }
+    }
+    if (tid == 0 && wg_row_min < hi) tile::tma::wait_group_read<0>();
+  }
+
+  static __device__ __forceinline__ void consumer(const GatheredGlobals& g, Smem& sm, int c) {
+    tile::PipeState<kStages> ks, vs;
+    tile::PipeState<2> sched;
+    uint32_t q_phase = 0;
+    if constexpr (PingPong_)
+      if (c == 1) tile::named_barrier_arrive(2, 256);
+    while (true) {
+      sm.sched_full[sched.index].wait(sched.phase);
+      const int id = *static_cast<volatile int*>(&sm.tile_id[sched.index]);
+      Base::release(sm.sched_empty[sched.index]);
+      sched.advance();
+      if (id >= g.total_tiles) break;
+      consume_tile(g, sm, c, tile_at(g, id), ks, vs, q_phase);
+    }
+    if constexpr (PingPong_)
+      if (c == 0) tile::named_barrier_sync(2, 256);
+    if (g.count_o && threadIdx.x % 128 == 0) {
+      store_wait();  // the O stores are in the owners' memory before they are counted
+      for (int x = 0; x < g.n_otargets; ++x)
+        if (sm.ocount[c][x] > 0) signal(g.odone, x, 0, static_cast<unsigned long long>(sm.ocount[c][x]));
+    }
+  }
+
+  // One thread: units c, c + nc, ... of the push plan; per unit every (tensor, destination,
+  // head box, row box) is loaded into a slot and stored to the destination, then the unit's
+  // counter is signalled on every destination.
+  static __device__ __forceinline__ void communicator(const GatheredGlobals& g, uint8_t* buf, int c, int nc) {
+    if (threadIdx.x != 0) return;
+    tile::Mbarrier* bar = reinterpret_cast<tile::Mbarrier*>(buf + kSlots * kBoxMax);
+    for (int i = 0; i < kSlots; ++i) bar[i].init(1);
+    tile::fence_barrier_init();
+    if (c == 0) signal_all(g.arrive, 0);
+    wait(g.arrive, 0, g.arrive_round * static_cast<unsigned long long>(g.world));  // all ranks left the previous call
+    tile::fence_proxy_async_global();
+    const int units = gathered::num_units(g.B, g.groups, g.slices, g.n_mine);
+    long long loads = 0, stores = 0;
+    for (int u = c; u < units; u += nc) {
+      const gathered::Unit x = gathered::unit_at(u, g.groups, g.slices, g.n_mine);
+      const gathered::Rows pc = gathered::piece(g.S, g.n_chunks, g.mine[x.i], x.s);
+      if (pc.rows == 0) continue;
+      const int r_lo = static_cast<int>(pc.begin - gathered::split(g.S, g.n_chunks, g.mine[x.i]).begin);
+      const int r_hi = r_lo + static_cast<int>(pc.rows);
+      const int h_lo = x.g * g.group_heads;
+      struct Cursor {
+        int t, j, h, r;
+      };
+      auto dest = [&](const Cursor& k) { return (g.rank + k.j) % g.world; };
+      auto h_end = [&](const Cursor& k) { return min(g.push[k.t].heads[dest(k)], h_lo + g.group_heads); };
+      auto next = [&](Cursor& k) {
+        k.r += g.push[k.t].box_rows;
+        if (k.r < r_hi) return;
+        k.r = r_lo;
+        k.h += g.push[k.t].box_heads;
+        if (k.h < h_end(k)) return;
+        k.h = h_lo;
+        if (++k.j == g.world) {
+          k.j = 0;
+          ++k.t;
+        }
+      };
+      Cursor ld{0, 0, h_lo, r_lo}, st{0, 0, h_lo, r_lo};
+      while (st.t < g.n_push) {
+        while (ld.t < g.n_push && loads < stores + kAhead) {
+          tile::tma::wait_group_read<kSlots - kAhead - 1>();  // the slot's previous store has read it
+          const int slot = static_cast<int>(loads % kSlots);
+          const PushTensor& pt = g.push[ld.t];
+          bar[slot].arrive_expect_tx(pt.box_bytes);
+          tile::tma::load_4d(buf + slot * kBoxMax, &pt.src[x.i], &bar[slot], 0, pt.head0[dest(ld)] + ld.h, ld.r, x.b);
+          ++loads;
+          next(ld);
+        }
+        const int slot = static_cast<int>(stores % kSlots);
+        bar[slot].wait(static_cast<uint32_t>((stores / kSlots) & 1));
+        tile::tma::store_4d(&g.push[st.t].dst[dest(st)][x.i], buf + slot * kBoxMax, 0, st.h, st.r, x.b);
+        tile::tma::commit_group();
+        ++stores;
+        next(st);
+      }
+      store_wait();
+      const int ctr = gathered::counter_index(x.b, x.g, x.s, g.groups, g.slices);
+      for (int d = 0; d < g.world; ++d) signal(g.ready, d, ctr);
+    }
+    store_wait();
+    if (c == 0 && g.count_o) wait(g.odone, 0, g.odone_expected);  // every owner-bound O tile of this rank landed
+  }
+};
+
+template <class K>
+__global__ void __launch_bounds__(K::kThreads, 1) gathered_attention_kernel(const __grid_constant__ GatheredGlobals g) {
+  extern __shared__ __align__(16) uint8_t gathered_smem[];
+  const uintptr_t a = reinterpret_cast<uintptr_t>(gathered_smem);
+  uint8_t* base = reinterpret_cast<uint8_t*>((a + 1023) & ~uintptr_t(1023));
+  if (static_cast<int>(blockIdx.x) < g.num_comm) {
+    K::communicator(g, base, static_cast<int>(blockIdx.x), g.num_comm);
+    return;
+  }
+  auto& sm = *reinterpret_cast<typename K::Smem*>(base);
+  if (threadIdx.x == 0) {
+    sm.q_full.init(1);
+    sm.q_empty.init(8);
+    for (int i = 0; i < 2; ++i) {
+      sm.sched_full[i].init(1);
+      sm.sched_empty[i].init(8);
+    }
+    for (int i = 0; i < K::kStages; ++i) {
+      sm.k_full[i].init(1);
+      sm.v_full[i].init(1);
+      sm.k_empty[i].init(8);
+      sm.v_empty[i].init(8);
+    }
+    for (int c = 0; c < 2; ++c)
+      for (int x = 0; x < kMaxWorld; ++x) sm.ocount[c][x] = 0;
+    tile::fence_barrier_init();
+  }
+  __syncthreads();
+  const int wg = tile::warpgroup_index();
+  if (wg == 0) {
+    tile::warpgroup_reg_dealloc<K::Base::kProducerRegs>();
+    if (tile::warp_in_warpgroup() == 0 && tile::lane_id() == 0) K::producer(g, sm);
+  } else {
+    tile::warpgroup_reg_alloc<K::Base::kConsumerRegs>();
+    K::consumer(g, sm, wg - 1);
+  }
+}
+
+}  // namespace weave::attention

@@ -1,0 +1,188 @@
+// Host side of ring attention: validation, the cross-rank check, gathered K/V buffers and
+// signal sets per shape, maps, tuner. The kernel is attention/gathered_kernel.cuh.
+#include <cmath>
+#include <cstring>
+
+#include "attention/gathered.hpp"
+#include "ring_attention/ring_attention.hpp"
+#include "ring_attention/schedule.hpp"
+#include "tp_common/host.hpp"
+#include "weave/runtime/tuner.hpp"
+
+namespace weave::sp {
+
+namespace gs = attention::gathered;
+
+int chunks_per_rank(Sharding sh) { return ring::chunks_per_rank(sh == Sharding::Zigzag); }
+ChunkRange chunk_range(long long S, int W, Sharding sh, int rank, int i) {
+  const gs::Rows r = ring::chunk(S, W, sh == Sharding::Zigzag, rank, i);
+  return {r.begin, r.rows};
+}
+long long local_rows(long long S, int W, Sharding sh, int rank) {
+  return ring::local_rows(S, W, sh == Sharding::Zigzag, rank);
+}
+
+// Gathered buffers in the symmetric heap, grown (collectively) when a shape needs more.
+struct GatherBuffer {
+  runtime::Communicator& c;
+  void* p = nullptr;
+  size_t bytes = 0;
+  explicit GatherBuffer(runtime::Communicator& cc) : c(cc) {}
+  ~GatherBuffer() {
+    if (p) c.free(p);
+  }
+  void* get(size_t need) {
+    if (need > bytes) {
+      if (p) {
+        WEAVE_CUDA_CHECK(cudaDeviceSynchronize());  // no kernel of this rank still reads it
+        c.barrier();                                // nor writes into a peer's (theirs are done too)
+        c.free(p);
+      }
+      p = c.alloc(need, 1024);
+      bytes = need;
+    }
+    return p;
+  }
+};
+
+struct RingAttention::Impl {
+  runtime::Communicator& c;
+  tp::ShapeSignals sig{"sp.ring"};
+  GatherBuffer kv;
+  explicit Impl(runtime::Communicator& cc) : c(cc), kv(cc) {}
+  RingLaunchInfo launch(const bf16* q, const bf16* k, const bf16* v, bf16* o, float* lse, const RingShape& s,
+                        const RingOptions& opt, int ncomm, cudaStream_t stream);
+};
+
+RingAttention::RingAttention(runtime::Communicator& c) : impl_(std::make_unique<Impl>(c)) {}
+RingAttention::~RingAttention() = default;
+
+namespace {
+
+void validate(const RingShape& s, const RingOptions& o, int W, const void* q, const void* k, const void* v,
+              const void* out, const void* lse) {
+  WEAVE_CHECK(s.B >= 1 && s.Hq >= 1 && s.Hkv >= 1, "ring_attention: B, Hq, Hkv must be positive, got B=", s.B,
+              " Hq=", s.Hq, " Hkv=", s.Hkv);
+  WEAVE_CHECK(s.D == 64 || s.D == 128, "ring_attention: head dim D must be 64 or 128, got ", s.D);
+  WEAVE_CHECK(s.Hq % s.Hkv == 0, "ring_attention: Hq = ", s.Hq, " is not a multiple of Hkv = ", s.Hkv);
+  WEAVE_CHECK(o.sharding == Sharding::Zigzag || o.sharding == Sharding::Contiguous, "ring_attention: bad sharding ",
+              static_cast<int>(o.sharding));
+  const int n = ring::num_chunks(W, o.sharding == Sharding::Zigzag);
+  WEAVE_CHECK(s.S >= n && s.S < (1ll << 30), "ring_attention: S = ", s.S, " must be in [", n,
+              " (one row per chunk), 2^30)");
+  WEAVE_CHECK(o.softmax_scale >= 0.f && std::isfinite(o.softmax_scale),
+              "ring_attention: softmax_scale must be finite and >= 0 (0 = 1/sqrt(D)), got ", o.softmax_scale);
+  WEAVE_CHECK(q && k && v && out, "ring_attention: null q, k, v or o");
+  auto aligned = [](const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; };
+  WEAVE_CHECK(aligned(q, 16) && aligned(k, 16) && aligned(v, 16) && aligned(out, 16),
+              "ring_attention: q, k, v and o must be 16-byte aligned (TMA)");
+  WEAVE_CHECK(aligned(lse, 4), "ring_attention: lse must be 4-byte aligned");
+}
+
+}  // namespace
+
+RingLaunchInfo RingAttention::Impl::launch(const bf16* q, const bf16* k, const bf16* v, bf16* o, float* lse,
+                                           const RingShape& s, const RingOptions& opt, int ncomm, cudaStream_t stream) {
+  Impl& m = *this;
+  const int W = m.c.world(), r = m.c.rank(), zz = opt.sharding == Sharding::Zigzag ? 1 : 0;
+  const int S = static_cast<int>(s.S), D = s.D, Hq = s.Hq, Hkv = s.Hkv;
+  const long long L = ring::local_rows(S, W, zz, r);
+  const size_t kv_elems = size_t(s.B) * S * Hkv * D;
+  bf16* gk = static_cast<bf16*>(m.kv.get(2 * kv_elems * sizeof(bf16)));
+  bf16* gv = gk + kv_elems;
+  const runtime::PeerPtrs pk = m.c.peers(gk, 2 * kv_elems * sizeof(bf16));
+
+  attention::GatheredGlobals g{};
+  const int nmine = ring::chunks_per_rank(zz);
+  g.n_qchunks = nmine;
+  g.n_otargets = nmine;
+  g.o_by_owner = 0;
+  for (int i = 0; i < nmine; ++i) {
+    const gs::Rows ch = ring::chunk(S, W, zz, r, i);
+    const long long off = ring::local_offset(S, W, zz, r, i);
+    g.q_begin[i] = static_cast<int>(ch.begin);
+    g.q_rows[i] = static_cast<int>(ch.rows);
+    g.q_lse_off[i] = static_cast<int>(off);
+    g.q[i] = attention::map_rows(q + off * Hq * D, D, Hq, ch.rows, s.B, L * Hq * D, 64, 1, 128, true);
+    g.o[i] = attention::map_rows(o + off * Hq * D, D, Hq, ch.rows, s.B, L * Hq * D, 64, 1, 64, true);
+    g.o_begin[i] = static_cast<int>(ch.begin);
+    g.o_rows[i] = static_cast<int>(ch.rows);
+    g.mine[i] = ring::chunk_id(W, zz, r, i);
+  }
+  g.k = attention::map_rows(gk, D, Hkv, S, s.B, static_cast<long long>(S) * Hkv * D, 64, 1, 128, true);
+  g.v = attention::map_rows(gv, D, Hkv, S, s.B, static_cast<long long>(S) * Hkv * D, 64, 1, 128, true);
+  g.lse = lse;
+  g.lse_rows = static_cast<int>(L);
+  g.B = s.B, g.S = S, g.H = Hq;
+  g.group = Hq / Hkv, g.head_base = 0, g.kv_base = 0;
+  g.scale = opt.softmax_scale > 0.f ? opt.softmax_scale : 1.f / std::sqrt(static_cast<float>(D));
+  g.scale_log2 = g.scale * 1.4426950408889634f;
+  g.causal = opt.causal ? 1 : 0;
+
+  int bh = 0, br = 0;
+  attention::push_box(D, Hkv, &bh, &br);
+  g.group_heads = bh;
+  g.groups = (Hkv + bh - 1) / bh;
+  g.slices = gs::num_slices(S);
+  g.n_chunks = ring::num_chunks(W, zz);
+  g.wait_q = 0;
+  g.num_comm = ncomm, g.rank = r, g.world = W;
+  g.n_mine = nmine;
+  g.n_push = 2;
+  for (int t = 0; t < 2; ++t) {
+    attention::PushTensor& pt = g.push[t];
+    const bf16* src = t == 0 ? k : v;
+    const size_t dst_off = t == 0 ? 0 : kv_elems;
+    pt.box_heads = bh, pt.box_rows = br;
+    pt.box_bytes = static_cast<uint32_t>(2 * D * bh * br);
+    for (int i = 0; i < nmine; ++i) {
+      const gs::Rows ch = ring::chunk(S, W, zz, r, i);
+      const long long off = ring::local_offset(S, W, zz, r, i);
+      pt.src[i] = attention::map_rows(src + off * Hkv * D, D, Hkv, ch.rows, s.B, L * Hkv * D, D, bh, br, false);
+      for (int d = 0; d < W; ++d)
+        pt.dst[d][i] = attention::map_rows(static_cast<bf16*>(pk[d]) + dst_off + ch.begin * Hkv * D, D, Hkv, ch.rows,
+                                           s.B, static_cast<long long>(S) * Hkv * D, D, bh, br, false);
+    }
+    for (int d = 0; d < W; ++d) pt.head0[d] = 0, pt.heads[d] = Hkv;
+  }
+  const std::vector<long long> key = {s.B, S, Hq, Hkv, D, zz};
+  const std::vector<int> counts = {s.B * g.groups * g.slices, 1};
+  runtime::SignalSet& rd = m.sig.get(m.c, key, counts, 0);
+  runtime::SignalSet& ar = m.sig.get(m.c, key, counts, 1);
+  g.ready = rd.view();
+  g.arrive = ar.view();
+  g.ready_round = rd.next_round();
+  g.arrive_round = ar.next_round();
+  g.count_o = 0;
+  attention::launch_gathered(g, D, stream);
+  return {ncomm, m.c.sm_count() - ncomm, false};
+}
+
+RingLaunchInfo RingAttention::forward(const bf16* q, const bf16* k, const bf16* v, bf16* o, float* lse,
+                                      const RingShape& s, const RingOptions& opt, cudaStream_t stream) {
+  Impl& m = *impl_;
+  const int W = m.c.world();
+  validate(s, opt, W, q, k, v, o, lse);
+  int scale_bits = 0;
+  std::memcpy(&scale_bits, &opt.softmax_scale, sizeof scale_bits);
+  m.c.check_same("ring_attention (B, S, Hq, Hkv, D, causal, sharding, scale, num_comm_sms)",
+                 {s.B, s.S, s.Hq, s.Hkv, s.D, opt.causal, static_cast<int>(opt.sharding), scale_bits,
+                  opt.num_comm_sms});
+  if (opt.num_comm_sms >= 0) {
+    WEAVE_CHECK(opt.num_comm_sms >= 1, "ring_attention: num_comm_sms must be >= 1 (got ", opt.num_comm_sms, ")");
+    return m.launch(q, k, v, o, lse, s, opt, opt.num_comm_sms, stream);
+  }
+  std::vector<runtime::TuneCandidate> cands;
+  for (int n : {2, 4, 8})
+    if (n <= m.c.sm_count() / 2) cands.push_back({0, n});
+  const std::string key = runtime::tune_key(
+      "ring_attention", {s.B, s.S, s.Hq, s.Hkv, s.D, opt.causal, static_cast<int>(opt.sharding)}, W, tp::device_key(m.c));
+  const runtime::TuneResult t = runtime::Tuner::global().choose(&m.c, key, cands, [&](const runtime::TuneCandidate& c) {
+    return tp::time_launches(stream, [&] { m.launch(q, k, v, o, lse, s, opt, c.num_comm_sms, stream); });
+  });
+  RingLaunchInfo li = m.launch(q, k, v, o, lse, s, opt, t.choice.num_comm_sms, stream);
+  li.tuned = true;
+  return li;
+}
+
+}  // namespace weave::sp

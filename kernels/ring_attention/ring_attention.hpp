@@ -1,0 +1,72 @@
+// Ring attention forward (sequence parallel, README.md): the sequence is sharded across the W
+// ranks; every rank keeps its queries and attends to every rank's keys and values, in one
+// persistent kernel per call (communicator SMs move K/V chunks, compute SMs run the attention
+// pipeline on chunks as they become ready). Backward is not implemented.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <memory>
+
+#include "weave/runtime/communicator.hpp"
+
+namespace weave::sp {
+
+using bf16 = __nv_bfloat16;
+
+// How the total sequence S is split over W ranks (pure, CPU-tested, shared with the benchmark
+// and the tests). The sequence is cut into `chunks(W)` chunks of near-equal length (the first
+// S % chunks get one row more); rank r holds the chunks `chunk_of(r, i)`, i < chunks_per_rank,
+// stored back to back in that order.
+enum class Sharding : int {
+  Contiguous = 0,  // chunk r: rank r holds rows [r*S/W, (r+1)*S/W)
+  Zigzag = 1,      // 2W chunks; rank r holds chunks r and 2W-1-r (balanced causal work)
+};
+struct ChunkRange {
+  long long begin = 0, rows = 0;  // global rows [begin, begin + rows)
+};
+int chunks_per_rank(Sharding sh);
+ChunkRange chunk_range(long long S, int W, Sharding sh, int rank, int i);  // i < chunks_per_rank
+long long local_rows(long long S, int W, Sharding sh, int rank);            // sum of its chunks
+
+struct RingShape {
+  int B = 1;
+  long long S = 1;  // total sequence over all ranks
+  int Hq = 1, Hkv = 1, D = 128;
+};
+
+struct RingOptions {
+  bool causal = false;
+  float softmax_scale = 0.f;  // 0: 1/sqrt(D)
+  Sharding sharding = Sharding::Zigzag;
+  int num_comm_sms = -1;  // < 0: the tuner picks (cached per shape, world, device)
+};
+
+struct RingLaunchInfo {
+  int num_comm_sms = 0;
+  int compute_blocks = 0;
+  bool tuned = false;
+};
+
+class RingAttention {
+ public:
+  explicit RingAttention(runtime::Communicator& c);
+  ~RingAttention();
+  RingAttention(const RingAttention&) = delete;
+  RingAttention& operator=(const RingAttention&) = delete;
+
+  // Collective. This rank's shard of the sequence in `sharding` order:
+  //   q (B, L, Hq, D), k and v (B, L, Hkv, D), o (B, L, Hq, D) bf16 contiguous, L = local_rows();
+  //   lse (B, Hq, L) fp32 or null: natural-log softmax denominator of each query row over the
+  //   whole sequence, scale included (same convention as weave::attention::forward).
+  // k and v must be addressable by peers (symmetric heap or registered). Shapes, options and
+  // dtypes are checked across ranks; bad input throws weave::Error before any launch.
+  RingLaunchInfo forward(const bf16* q, const bf16* k, const bf16* v, bf16* o, float* lse, const RingShape& s,
+                         const RingOptions& opt = {}, cudaStream_t stream = nullptr);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace weave::sp

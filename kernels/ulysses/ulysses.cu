@@ -1,0 +1,172 @@
+// Host side of Ulysses attention: validation, the cross-rank check, gathered Q/K/V buffers and
+// signal sets per shape, per-owner O maps, tuner. The kernel is attention/gathered_kernel.cuh.
+#include <cmath>
+#include <cstring>
+
+#include "attention/gathered.hpp"
+#include "tp_common/host.hpp"
+#include "ulysses/schedule.hpp"
+#include "ulysses/ulysses.hpp"
+#include "weave/runtime/tuner.hpp"
+
+namespace weave::sp {
+
+namespace gs = attention::gathered;
+
+RowShard ulysses_shard(long long S, int W, int rank) {
+  const gs::Rows r = uly::shard(S, W, rank);
+  return {r.begin, r.rows};
+}
+
+struct Ulysses::Impl {
+  runtime::Communicator& c;
+  tp::ShapeSignals sig{"sp.ulysses"};
+  void* buf = nullptr;  // gathered Q, K, V (symmetric heap), grown collectively
+  size_t bytes = 0;
+  explicit Impl(runtime::Communicator& cc) : c(cc) {}
+  ~Impl() {
+    if (buf) c.free(buf);
+  }
+  void* get(size_t need) {
+    if (need > bytes) {
+      if (buf) {
+        WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
+        c.barrier();
+        c.free(buf);
+      }
+      buf = c.alloc(need, 1024);
+      bytes = need;
+    }
+    return buf;
+  }
+  UlyssesLaunchInfo launch(const bf16* q, const bf16* k, const bf16* v, bf16* o, const UlyssesShape& s,
+                           const UlyssesOptions& opt, int ncomm, cudaStream_t stream);
+};
+
+Ulysses::Ulysses(runtime::Communicator& c) : impl_(std::make_unique<Impl>(c)) {}
+Ulysses::~Ulysses() = default;
+
+namespace {
+
+void validate(const UlyssesShape& s, const UlyssesOptions& o, int W, const void* q, const void* k, const void* v,
+              const void* out) {
+  WEAVE_CHECK(s.B >= 1 && s.Hq >= 1 && s.Hkv >= 1, "ulysses: B, Hq, Hkv must be positive, got B=", s.B, " Hq=", s.Hq,
+              " Hkv=", s.Hkv);
+  WEAVE_CHECK(s.D == 64 || s.D == 128, "ulysses: head dim D must be 64 or 128, got ", s.D);
+  WEAVE_CHECK(s.Hq % s.Hkv == 0, "ulysses: Hq = ", s.Hq, " is not a multiple of Hkv = ", s.Hkv);
+  WEAVE_CHECK(s.Hq % W == 0, "ulysses: Hq = ", s.Hq, " query heads cannot be split over ", W,
+              " ranks (Hq must be a multiple of the world size)");
+  WEAVE_CHECK(s.S >= W && s.S < (1ll << 30), "ulysses: S = ", s.S, " must be in [", W, " (one row per rank), 2^30)");
+  WEAVE_CHECK(o.softmax_scale >= 0.f && std::isfinite(o.softmax_scale),
+              "ulysses: softmax_scale must be finite and >= 0 (0 = 1/sqrt(D)), got ", o.softmax_scale);
+  WEAVE_CHECK(q && k && v && out, "ulysses: null q, k, v or o");
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  WEAVE_CHECK(aligned(q) && aligned(k) && aligned(v) && aligned(out), "ulysses: q, k, v and o must be 16-byte aligned");
+}
+
+}  // namespace
+
+UlyssesLaunchInfo Ulysses::Impl::launch(const bf16* q, const bf16* k, const bf16* v, bf16* o, const UlyssesShape& s,
+                                        const UlyssesOptions& opt, int ncomm, cudaStream_t stream) {
+  Impl& m = *this;
+  const int W = m.c.world(), r = m.c.rank();
+  const int S = static_cast<int>(s.S), D = s.D, Hq = s.Hq, Hkv = s.Hkv;
+  const int hp = uly::q_heads(Hq, W), hkm = uly::kv_heads_max(Hq, Hkv, W);
+  const gs::Rows mine = uly::shard(S, W, r);
+  const long long L = mine.rows;
+  const size_t q_elems = size_t(s.B) * S * hp * D, kv_elems = size_t(s.B) * S * hkm * D;
+  const size_t bytes = (q_elems + 2 * kv_elems) * sizeof(bf16);
+  bf16* gq = static_cast<bf16*>(m.get(bytes));
+  bf16* gk = gq + q_elems;
+  bf16* gv = gk + kv_elems;
+  const runtime::PeerPtrs pg = m.c.peers(gq, bytes);
+  const runtime::PeerPtrs po = m.c.peers(o, size_t(s.B) * L * Hq * D * sizeof(bf16));
+
+  attention::GatheredGlobals g{};
+  g.n_qchunks = 1;
+  g.q_begin[0] = 0, g.q_rows[0] = S, g.q_lse_off[0] = 0;
+  g.q[0] = attention::map_rows(gq, D, hp, S, s.B, static_cast<long long>(S) * hp * D, 64, 1, 128, true);
+  g.k = attention::map_rows(gk, D, hkm, S, s.B, static_cast<long long>(S) * hkm * D, 64, 1, 128, true);
+  g.v = attention::map_rows(gv, D, hkm, S, s.B, static_cast<long long>(S) * hkm * D, 64, 1, 128, true);
+  g.n_otargets = W, g.o_by_owner = 1;
+  for (int p = 0; p < W; ++p) {
+    const gs::Rows sp = uly::shard(S, W, p);
+    g.o[p] = attention::map_rows(po[p], D, Hq, sp.rows, s.B, sp.rows * Hq * D, 64, 1, 64, true);
+    g.o_begin[p] = static_cast<int>(sp.begin);
+    g.o_rows[p] = static_cast<int>(sp.rows);
+  }
+  g.lse = nullptr;
+  g.lse_rows = 0;
+  g.B = s.B, g.S = S, g.H = hp;
+  g.group = Hq / Hkv, g.head_base = r * hp, g.kv_base = uly::kv_first(Hq, Hkv, W, r);
+  g.scale = opt.softmax_scale > 0.f ? opt.softmax_scale : 1.f / std::sqrt(static_cast<float>(D));
+  g.scale_log2 = g.scale * 1.4426950408889634f;
+  g.causal = opt.causal ? 1 : 0;
+  g.groups = 1, g.group_heads = 1 << 20;
+  g.slices = gs::num_slices(S);
+  g.n_chunks = W;
+  g.wait_q = 1;
+  g.num_comm = ncomm, g.rank = r, g.world = W;
+  g.n_mine = 1, g.mine[0] = r;
+  g.n_push = 3;
+  for (int t = 0; t < 3; ++t) {
+    attention::PushTensor& pt = g.push[t];
+    const bool isq = t == 0;
+    const int Hsrc = isq ? Hq : Hkv, Hdst = isq ? hp : hkm;
+    const bf16* src = t == 0 ? q : (t == 1 ? k : v);
+    const size_t dst_off = t == 0 ? 0 : (t == 1 ? q_elems : q_elems + kv_elems);
+    int bh = 0, br = 0;
+    attention::push_box(D, Hdst, &bh, &br);
+    pt.box_heads = bh, pt.box_rows = br;
+    pt.box_bytes = static_cast<uint32_t>(2 * D * bh * br);
+    pt.src[0] = attention::map_rows(src, D, Hsrc, L, s.B, L * Hsrc * D, D, bh, br, false);
+    for (int d = 0; d < W; ++d) {
+      pt.dst[d][0] = attention::map_rows(static_cast<bf16*>(pg[d]) + dst_off + mine.begin * Hdst * D, D, Hdst, L, s.B,
+                                         static_cast<long long>(S) * Hdst * D, D, bh, br, false);
+      pt.head0[d] = isq ? d * hp : uly::kv_first(Hq, Hkv, W, d);
+      pt.heads[d] = isq ? hp : uly::kv_count(Hq, Hkv, W, d);
+    }
+  }
+  const std::vector<long long> key = {s.B, S, Hq, Hkv, D};
+  const std::vector<int> counts = {s.B * g.slices, 1, 1};
+  runtime::SignalSet& rd = m.sig.get(m.c, key, counts, 0);
+  runtime::SignalSet& ar = m.sig.get(m.c, key, counts, 1);
+  runtime::SignalSet& od = m.sig.get(m.c, key, counts, 2);
+  g.ready = rd.view();
+  g.arrive = ar.view();
+  g.odone = od.view();
+  g.ready_round = rd.next_round();
+  g.arrive_round = ar.next_round();
+  g.count_o = 1;
+  g.odone_expected = od.next_round() * static_cast<unsigned long long>(uly::o_stores(S, W, s.B, Hq, r));
+  attention::launch_gathered(g, D, stream);
+  return {ncomm, m.c.sm_count() - ncomm, false};
+}
+
+UlyssesLaunchInfo Ulysses::forward(const bf16* q, const bf16* k, const bf16* v, bf16* o, const UlyssesShape& s,
+                                   const UlyssesOptions& opt, cudaStream_t stream) {
+  Impl& m = *impl_;
+  const int W = m.c.world();
+  validate(s, opt, W, q, k, v, o);
+  int scale_bits = 0;
+  std::memcpy(&scale_bits, &opt.softmax_scale, sizeof scale_bits);
+  m.c.check_same("ulysses (B, S, Hq, Hkv, D, causal, scale, num_comm_sms)",
+                 {s.B, s.S, s.Hq, s.Hkv, s.D, opt.causal, scale_bits, opt.num_comm_sms});
+  if (opt.num_comm_sms >= 0) {
+    WEAVE_CHECK(opt.num_comm_sms >= 1, "ulysses: num_comm_sms must be >= 1 (got ", opt.num_comm_sms, ")");
+    return m.launch(q, k, v, o, s, opt, opt.num_comm_sms, stream);
+  }
+  std::vector<runtime::TuneCandidate> cands;
+  for (int n : {2, 4, 8})
+    if (n <= m.c.sm_count() / 2) cands.push_back({0, n});
+  const std::string key =
+      runtime::tune_key("ulysses", {s.B, s.S, s.Hq, s.Hkv, s.D, opt.causal}, W, tp::device_key(m.c));
+  const runtime::TuneResult t = runtime::Tuner::global().choose(&m.c, key, cands, [&](const runtime::TuneCandidate& c) {
+    return tp::time_launches(stream, [&] { m.launch(q, k, v, o, s, opt, c.num_comm_sms, stream); });
+  });
+  UlyssesLaunchInfo li = m.launch(q, k, v, o, s, opt, t.choice.num_comm_sms, stream);
+  li.tuned = true;
+  return li;
+}
+
+}  // namespace weave::sp

@@ -1,0 +1,62 @@
+// Ulysses attention forward (sequence parallel, README.md): input sharded by sequence rows,
+// attention computed by head groups. The all-to-all to (S, H/W), the attention and the
+// all-to-all back run in one kernel: no collective kernel, no reshape copies. Backward is not
+// implemented.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <memory>
+
+#include "weave/runtime/communicator.hpp"
+
+namespace weave::sp {
+
+using bf16 = __nv_bfloat16;
+
+struct UlyssesShape {
+  int B = 1;
+  long long S = 1;  // total sequence; rank r holds rows shard(S, W, r) (first S % W ranks +1 row)
+  int Hq = 1, Hkv = 1, D = 128;
+};
+
+struct UlyssesOptions {
+  bool causal = false;
+  float softmax_scale = 0.f;  // 0: 1/sqrt(D)
+  int num_comm_sms = -1;      // < 0: the tuner picks
+};
+
+struct UlyssesLaunchInfo {
+  int num_comm_sms = 0;
+  int compute_blocks = 0;
+  bool tuned = false;
+};
+
+// Rows of the total sequence rank r holds: [begin, begin + rows).
+struct RowShard {
+  long long begin = 0, rows = 0;
+};
+RowShard ulysses_shard(long long S, int W, int rank);
+
+class Ulysses {
+ public:
+  explicit Ulysses(runtime::Communicator& c);
+  ~Ulysses();
+  Ulysses(const Ulysses&) = delete;
+  Ulysses& operator=(const Ulysses&) = delete;
+
+  // Collective. q (B, L, Hq, D), k and v (B, L, Hkv, D), o (B, L, Hq, D), bf16 contiguous,
+  // L = ulysses_shard(S, W, rank).rows. Rank r computes query heads [r*Hq/W, (r+1)*Hq/W) over the
+  // whole sequence and writes each O tile straight into the rank that owns its rows. Hq not a
+  // multiple of W is rejected; Hkv < W (GQA) replicates K/V heads. q, k, v and o must be
+  // addressable by peers (symmetric heap or registered). Throws weave::Error before any launch
+  // on bad input or shapes that differ across ranks.
+  UlyssesLaunchInfo forward(const bf16* q, const bf16* k, const bf16* v, bf16* o, const UlyssesShape& s,
+                            const UlyssesOptions& opt = {}, cudaStream_t stream = nullptr);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace weave::sp
