@@ -2,6 +2,7 @@
 // helpers ring and Ulysses attention build them with (gathered.cu).
 #pragma once
 #include <cuda.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -34,6 +35,8 @@ struct GatheredGlobals {
   int q_lse_off[2];             // local row of the chunk's first row (LSE index)
   int n_otargets, o_by_owner;   // o_by_owner: every target intersecting a tile half gets its rows
   int o_begin[kMaxWorld], o_rows[kMaxWorld];
+  __nv_bfloat16* o_ptr[kMaxWorld];  // o_by_owner: each owner's O (B, o_rows, o_heads, D), as mapped here
+  int o_heads;
   float* lse;                   // (B, H, lse_rows) or null
   int lse_rows;
   int B, S, H;                  // S: the whole sequence; H: query heads computed here

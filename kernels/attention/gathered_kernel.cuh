@@ -246,14 +246,34 @@ struct GatheredKernel {
       for (int x = 0; x < g.n_otargets; ++x) {
         if (!g.o_by_owner && x != t.ci) continue;
         if (g.o_begin[x] >= hi || g.o_begin[x] + g.o_rows[x] <= wg_row_min) continue;
-        // Rows outside target x (before or after it) are clipped by its map.
+        // The target holding the half's first row takes a TMA store (rows past its end are
+        // clipped by its map); a target starting inside the half is written from registers
+        // below (a TMA box cannot start before a tensor's first row).
+        if (g.o_begin[x] <= wg_row_min) {
 #pragma unroll
-        for (int j = 0; j < kDBlocks; ++j)
-          tile::tma::store_4d(&g.o[x], sm.o + j * BM * 64 + c * 64 * 64, 64 * j, g.head_base + t.h,
-                              wg_row_min - g.o_begin[x], t.b);
+          for (int j = 0; j < kDBlocks; ++j)
+            tile::tma::store_4d(&g.o[x], sm.o + j * BM * 64 + c * 64 * 64, 64 * j, g.head_base + t.h,
+                                wg_row_min - g.o_begin[x], t.b);
+        }
         if (g.count_o) ++sm.ocount[c][x];
       }
       tile::tma::commit_group();
+    }
+    if (g.o_by_owner) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = row0 + 8 * r;
+        if (row >= hi) continue;
+        for (int x = 0; x < g.n_otargets; ++x) {
+          if (g.o_begin[x] <= wg_row_min || row < g.o_begin[x] || row >= g.o_begin[x] + g.o_rows[x]) continue;
+          bf16* dst = g.o_ptr[x] +
+                      ((static_cast<size_t>(t.b) * g.o_rows[x] + (row - g.o_begin[x])) * g.o_heads + g.head_base + t.h) * D +
+                      2 * (lane % 4);
+#pragma unroll
+          for (int j = 0; j < D / 8; ++j)
+            *reinterpret_cast<uint32_t*>(dst + 8 * j) = tile::pack2<bf16>(o[4 * j + 2 * r], o[4 * j + 2 * r + 1]);
+        }
+      }
     }
     if (g.lse != nullptr && lane % 4 == 0) {
 #pragma unroll
@@ -283,6 +303,7 @@ struct GatheredKernel {
     }
     if constexpr (PingPong_)
       if (c == 0) tile::named_barrier_sync(2, 256);
+    if (g.count_o) tile::named_barrier_sync(4 + c, 128);  // the warpgroup's register-path O stores are issued
     if (g.count_o && threadIdx.x % 128 == 0) {
       store_wait();  // the O stores are in the owners' memory before they are counted
       for (int x = 0; x < g.n_otargets; ++x)

@@ -88,10 +88,11 @@ UlyssesLaunchInfo Ulysses::Impl::launch(const bf16* q, const bf16* k, const bf16
   g.q[0] = attention::map_rows(gq, D, hp, S, s.B, static_cast<long long>(S) * hp * D, 64, 1, 128, true);
   g.k = attention::map_rows(gk, D, hkm, S, s.B, static_cast<long long>(S) * hkm * D, 64, 1, 128, true);
   g.v = attention::map_rows(gv, D, hkm, S, s.B, static_cast<long long>(S) * hkm * D, 64, 1, 128, true);
-  g.n_otargets = W, g.o_by_owner = 1;
+  g.n_otargets = W, g.o_by_owner = 1, g.o_heads = Hq;
   for (int p = 0; p < W; ++p) {
     const gs::Rows sp = uly::shard(S, W, p);
     g.o[p] = attention::map_rows(po[p], D, Hq, sp.rows, s.B, sp.rows * Hq * D, 64, 1, 64, true);
+    g.o_ptr[p] = static_cast<bf16*>(po[p]);
     g.o_begin[p] = static_cast<int>(sp.begin);
     g.o_rows[p] = static_cast<int>(sp.rows);
   }
