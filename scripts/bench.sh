@@ -12,7 +12,7 @@ stamp=$(date +%Y%m%d-%H%M%S)
 json="bench/results/bench-$stamp.json"
 echo "weave: benchmark suite on $n GPU(s), JSON lines in $json"
 status=0
-for sub in ${WEAVE_BENCH_SUITE:-primitives collectives gemm attention tp}; do
+for sub in ${WEAVE_BENCH_SUITE:-primitives collectives gemm attention tp sp}; do
   if [ "$sub" = gemm ] || [ "$sub" = attention ]; then
     "$bin/weave-run" -n 1 -- "$bin/weave-bench" "$sub" --json "$json" || status=1
   elif [ "$n" -ge 2 ]; then

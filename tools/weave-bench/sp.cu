@@ -178,11 +178,12 @@ int run_sp(const bench::Args& args) {
   for (long long S : seqs) maxS = std::max(maxS, S);
   const int maxH = std::max(Hr, Hu);
   // Inputs and output (4 tensors of B x S_local x H x D) plus the kernels' gathered buffers (at
-  // most Q, K and V over the whole sequence), kept per shape by the kernel objects.
+  // most Q, K and V over the whole sequence; they grow with S), each doubled for the first-fit
+  // heap's fragmentation as sizes grow.
   const runtime::LaunchInfo li = runtime::detect_launch();
   const size_t full = size_t(B) * maxS * maxH * D * 2;
   runtime::CommOptions co;
-  co.heap_bytes = 4 * full / std::max(1, li.world) + 2 * 3 * full + (size_t(512) << 20);
+  co.heap_bytes = 2 * (4 * full / std::max(1, li.world) + 3 * full) + (size_t(512) << 20);
   co.wait_timeout_s = 120;  // one 128K-token call runs for seconds
   runtime::Communicator comm(li, co);
   const int W = comm.world(), rank = comm.rank();
