@@ -2,6 +2,8 @@
 """Plots `weave-bench collectives --json` output: one PNG per collective (and world size), bus GB/s
 against bytes per rank, weave (solid) and NCCL (dashed) per layout, with the NVLink ceiling that
 `weave-bench primitives --json` measured (the best TMA store rate to a peer) as a horizontal line.
+Rows of `weave-bench tp --sweep` give tp_num_comm_sms.png: time against num_comm_sms for each
+(kernel, S), one line per push variant, with the tuner's pick and the GEMM alone as lines.
 
     python3 bench/plot.py collectives.json [primitives.json ...] --out DIR [--ceiling GBS]
 
@@ -63,6 +65,16 @@ def size_label(b):
     return f"{b}"
 
 
+def label_axes(ax, ticks, tick_labels, xlabel, ylabel, title):
+    ax.set_xticks(ticks)
+    ax.set_xticklabels(tick_labels)
+    ax.minorticks_off()
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(bottom=0)
+    ax.set_title(title, fontsize=10)
+
+
 def plot(rows, out_dir, ceiling):
     import matplotlib
 
@@ -77,7 +89,7 @@ def plot(rows, out_dir, ceiling):
         key = (r["kernel"], r.get("world"), r.get("impl"), r.get("layout"), r.get("dtype"), r.get("op"), r["bytes"])
         latest[key] = r
     if not latest:
-        sys.exit("plot.py: no collective rows (kernel all_reduce/all_gather/reduce_scatter/all_to_all) in the input")
+        return []
 
     by_plot = defaultdict(list)
     for (kernel, world, *_), r in latest.items():
@@ -113,14 +125,9 @@ def plot(rows, out_dir, ceiling):
                        label=f"NVLink ceiling {ceiling:.0f} GB/s (TMA store to a peer)")
         ax.set_xscale("log", base=2)
         ticks = sorted(all_bytes)
-        ax.set_xticks(ticks)
-        ax.set_xticklabels([size_label(b) for b in ticks])
-        ax.minorticks_off()
-        ax.set_xlabel("bytes per rank (input)")
-        ax.set_ylabel("bus bandwidth, GB/s")
-        ax.set_ylim(bottom=0)
         dtypes = sorted({r.get("dtype", "?") for r in rs})
-        ax.set_title(f"{TITLES[kernel]}\n{world} ranks, {', '.join(dtypes)}", fontsize=10)
+        label_axes(ax, ticks, [size_label(b) for b in ticks], "bytes per rank (input)", "bus bandwidth, GB/s",
+                   f"{TITLES[kernel]}\n{world} ranks, {', '.join(dtypes)}")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8, loc="best")
         fig.tight_layout()
@@ -132,6 +139,61 @@ def plot(rows, out_dir, ceiling):
     return written
 
 
+def plot_tp_sweep(rows, out_dir):
+    """tp_num_comm_sms.png from the sweep rows of `weave-bench tp --sweep` (none: no file)."""
+    sweep = {}
+    ref = {}  # (kernel, S, impl) -> tuned "weave" row or "weave-gemm-alone"
+    for r in rows:
+        if r.get("kernel") not in ("ag_gemm", "gemm_ar") or r.get("time_us", 0) <= 0:
+            continue
+        if r.get("sweep"):
+            sweep[(r["kernel"], r["S"], r.get("variant", 0), r["num_comm_sms"])] = r
+        elif r.get("impl") in ("weave", "weave-gemm-alone"):
+            ref[(r["kernel"], r["S"], r["impl"])] = r
+    if not sweep:
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = sorted({(k, s) for k, s, _, _ in sweep}, key=lambda p: (p[0] != "ag_gemm", p[1]))
+    ncol = min(2, len(panels))
+    nrow = (len(panels) + ncol - 1) // ncol
+    fig, axes = plt.subplots(nrow, ncol, figsize=(6 * ncol, 4 * nrow), squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    names = {
+        "ag_gemm": {0: "v0 TMA push (comm SMs)", 1: "v1 register push (comm SMs)",
+                    2: "v2 TMA push, idle producer warps", 3: "v3 register push, producer warps of every block",
+                    4: "v4 ... of every 2nd block", 5: "v5 ... of every 4th block", 6: "v6 ... of every 8th block"},
+        "gemm_ar": {0: "v0 inter-SM reduce (comm SMs)", 1: "v1 intra-SM reduce-add by the storers"},
+    }
+    for ax, (kernel, S) in zip(axes.flat, panels):
+        for v in sorted({v for k, s, v, _ in sweep if (k, s) == (kernel, S)}):
+            pts = sorted((n, r["time_us"]) for (k, s, vv, n), r in sweep.items() if (k, s, vv) == (kernel, S, v))
+            label = names.get(kernel, {}).get(v, f"v{v}")
+            ax.plot(*zip(*pts), marker="o" if len(pts) > 1 else "D", markersize=5, label=label)
+        tuned = ref.get((kernel, S, "weave"))
+        if tuned:
+            ax.axhline(tuned["time_us"], color="green", linestyle="--", linewidth=1,
+                       label=f"tuner: v{tuned.get('variant', 0)}, {tuned['num_comm_sms']} SMs")
+        alone = ref.get((kernel, S, "weave-gemm-alone"))
+        if alone:
+            ax.axhline(alone["time_us"], color="black", linestyle=":", linewidth=1, label="GEMM alone")
+        ax.set_xscale("symlog", linthresh=4)
+        ticks = sorted({n for k, s, _, n in sweep if (k, s) == (kernel, S)})
+        label_axes(ax, ticks, [str(t) for t in ticks], "num_comm_sms", "time, us (slowest rank)", f"{kernel}, S = {S}")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, "tp_num_comm_sms.png")
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return [path]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("json", nargs="+", help="JSON-lines files from weave-bench collectives (and primitives)")
@@ -140,10 +202,14 @@ def main():
     args = ap.parse_args()
     rows = read_rows(args.json)
     ceiling = args.ceiling if args.ceiling else ceiling_of(rows)
-    if ceiling is None:
+    if ceiling is None and any(r.get("kernel") in COLLECTIVES for r in rows):
         print("plot.py: no tma_store rows (weave-bench primitives --json) and no --ceiling: plotting without "
               "the NVLink line", file=sys.stderr)
-    for path in plot(rows, args.out, ceiling):
+    written = plot(rows, args.out, ceiling) + plot_tp_sweep(rows, args.out)
+    if not written:
+        sys.exit("plot.py: no collective rows (all_reduce/all_gather/reduce_scatter/all_to_all) and no "
+                 "`weave-bench tp --sweep` rows in the input")
+    for path in written:
         print(path)
 
 

@@ -5,7 +5,7 @@ Times torch.ops.symm_mem.fused_all_gather_matmul (AG+GEMM, local GEMM S x S/W x 
 gathering A) and torch.ops.symm_mem.fused_matmul_reduce_scatter (GEMM+RS, local GEMM
 S x S x S/W) for the sizes weave-bench uses. Run on the GPU machine:
 
-    torchrun --nproc_per_node 2 bench/torch_tp.py --json tp.jsonl [--sizes 2048,4096,8192,16384]
+    torchrun --nproc_per_node 2 bench/torch_tp.py --json tp.jsonl [--sizes 2048,4096,8192,16384,32768]
 
 Rank 0 appends one line per (kernel, S) with impl "torch-symm-mem"; the slowest rank's time counts.
 Correctness is checked against all_gather + matmul (and matmul + reduce_scatter) in torch.
@@ -41,7 +41,7 @@ def rel_err(x, ref):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
-    ap.add_argument("--sizes", default="2048,4096,8192,16384")
+    ap.add_argument("--sizes", default="2048,4096,8192,16384,32768")
     args = ap.parse_args()
     dist.init_process_group("nccl")
     rank, W = dist.get_rank(), dist.get_world_size()

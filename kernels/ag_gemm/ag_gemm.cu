@@ -48,16 +48,19 @@ LaunchInfo AgGemm::launch(const bf16* a_shard, bf16* a_gathered, const bf16* B, 
   g.tiles_m = g.L.row_tiles(), g.tiles_n = g.L.tiles_n, g.group_m = g.L.group_m, g.accumulate = 0;
   g.rank = rank;
   g.push = variant;
+  g.slices = variant >= 2 ? ag_slices_aux(g.L, K) : ag_slices(K);
   const std::vector<int> counts = {ag_ready_count(g.L), 1};
-  runtime::SignalSet& rd = m.sig.get(m.c, {M, N, K}, counts, 0);
-  runtime::SignalSet& ar = m.sig.get(m.c, {M, N, K}, counts, 1);
+  // One set per (shape, P): a launch sends P signals per row tile, and the expectation
+  // round * P only holds on a set that every launch feeds with the same P.
+  runtime::SignalSet& rd = m.sig.get(m.c, {M, N, K, g.slices}, counts, 0);
+  runtime::SignalSet& ar = m.sig.get(m.c, {M, N, K, g.slices}, counts, 1);
   g.ready = rd.view();
   g.arrive = ar.view();
   g.ready_round = rd.next_round();
   g.arrive_round = ar.next_round();
   lcsc::Config cfg;
   cfg.num_comm_sms = ncomm;
-  const lcsc::Plan p = lcsc::launch<AgKernel>(g, cfg, s);
+  const lcsc::Plan p = aux::launch<AgKernel>(g, cfg, s);
   return {ncomm, p.compute_blocks, false, variant};
 }
 
@@ -68,12 +71,18 @@ LaunchInfo AgGemm::run(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf1
   WEAVE_CHECK(a_shard && a_gathered && B && C, "ag_gemm: null pointer");
   WEAVE_CHECK(M >= m.c.world(), "ag_gemm: M = ", M, " gives some rank no rows (world ", m.c.world(), ")");
   m.c.check_same("ag_gemm shape (M, N, K)", {M, N, K});  // every call: a shared-page compare
+  WEAVE_CHECK(o.variant >= -1 && o.variant <= 6, "ag_gemm: variant ", o.variant,
+              " is not 0 (TMA push by communicator SMs), 1 (register push by communicator SMs), 2 (TMA push by "
+              "the compute blocks' idle producer warps) or 3..6 (register push by those of every 2^(v-3)-th block)");
   if (o.num_comm_sms >= 0) {
-    WEAVE_CHECK(o.num_comm_sms >= 1, "ag_gemm: the push kernel needs num_comm_sms >= 1 (got ", o.num_comm_sms, ")");
-    WEAVE_CHECK(o.variant >= -1 && o.variant <= 1, "ag_gemm: variant ", o.variant, " is not 0 (TMA push) or 1 (register push)");
-    return launch(a_shard, a_gathered, B, C, M, N, K, o.num_comm_sms, o.variant < 0 ? 0 : o.variant, s);
+    const int v = o.variant >= 0 ? o.variant : o.num_comm_sms == 0 ? 2 : 0;
+    WEAVE_CHECK((v >= 2) == (o.num_comm_sms == 0), "ag_gemm: variant ", v, " with num_comm_sms = ", o.num_comm_sms,
+                " (variants 2..6 use no communicator SMs, variants 0 and 1 need >= 1)");
+    return launch(a_shard, a_gathered, B, C, M, N, K, o.num_comm_sms, v, s);
   }
   std::vector<runtime::TuneCandidate> cands;
+  for (int v : {2, 3, 4, 5, 6})
+    if (o.variant < 0 || o.variant == v) cands.push_back({v, 0});
   for (int v = 0; v < 2; ++v)
     if (o.variant < 0 || o.variant == v)
       for (int n : comm_sms_candidates(M, K, m.c.world(), m.c.sm_count())) cands.push_back({v, n});

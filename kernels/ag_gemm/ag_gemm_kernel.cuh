@@ -1,10 +1,11 @@
-// AllGather + GEMM, inter-SM push: communicator blocks TMA-copy this rank's A shard into every
-// peer's gathered A (128-row tiles cut into K slices, a ready signal per slice); the GEMM's
-// loader waits for a peer row tile's ready before its first load. The communication is the
-// communicator below and the wait in load(); README.md counts the lines.
+// AllGather + GEMM: this rank's A shard is pushed into every peer's gathered A (128-row tiles
+// cut into byte slices, a ready signal per slice) by communicator blocks (inter-SM, variants 0
+// and 1) or by the idle producer warps of the compute blocks (variants 2..6, no communicator SM;
+// tp_common/lcsc_aux.cuh); the GEMM's loader waits for a peer row tile's ready before its first
+// load. The communication is the pushes below and the wait in load(); README.md counts the lines.
 #pragma once
 #include "gemm/gemm_kernel.cuh"
-#include "weave/lcsc.cuh"
+#include "tp_common/lcsc_aux.cuh"
 #include "tp_common/schedule.hpp"
 #include "weave/signal.cuh"
 #include "weave/store.cuh"
@@ -21,16 +22,25 @@ struct AgGlobals : gemm::GemmGlobals {
   Layout L;
   int rank;
   int copy_local;  // the input is not already in place in the gathered buffer
-  int push;        // 0: TMA bulk copies by one thread; 1: 16-byte register copies by all threads
+  int push;        // 0: TMA bulk copies by one thread; 1: 16-byte register copies by all threads;
+                   // 2: TMA bulk copies by one aux thread of every compute block; 3..6: register
+                   // copies by the 64 aux threads of every 2^(push-3)-th compute block
+  int slices;      // P: units per row tile (ag_slices or ag_slices_aux)
   unsigned long long ready_round, arrive_round;
 };
 
 struct AgKernel : gemm::GemmKernel<256, gemm::BLayout::KN, 3> {
   using Base = gemm::GemmKernel<256, gemm::BLayout::KN, 3>;
   using Globals = AgGlobals;
-  static constexpr int kCopySlots = 12;  // 16 KB boxes per communicator block (loads run ahead)
+  static constexpr int kCopySlots = 12;  // 16 KB pieces per communicator block (loads run ahead)
   static constexpr int kInFlight = 6;    // of which stores still reading shared memory
   static constexpr uint32_t kBoxBytes = kBM * 64 * 2;
+  static constexpr int kAuxSlots = 2;          // the aux push: what fits beside the GEMM's 208 KB
+  static constexpr uint32_t kAuxPiece = 8192;  // double-buffered 8 KB pieces
+  struct AuxShared {
+    alignas(128) uint8_t buf[kAuxSlots * kAuxPiece];
+    tile::Mbarrier bar[kAuxSlots];
+  };
 
   static __host__ __device__ int num_work(const AgGlobals& g) { return g.L.work(); }
 
@@ -39,7 +49,7 @@ struct AgKernel : gemm::GemmKernel<256, gemm::BLayout::KN, 3> {
   static __device__ __forceinline__ void load(const AgGlobals& g, Stage& s, tile::Mbarrier& full, int w, int it) {
     const Item t = item(g.L, g.rank, w);
     if (it == 0 && t.owner != g.rank) {
-      wait(g.ready, t.vrow, g.ready_round * ag_ready_expected(g.K));
+      wait(g.ready, t.vrow, g.ready_round * ag_ready_expected(g.slices));
       tile::fence_proxy_async_global();  // TMA reads what the peer's TMA wrote
     }
     const int k0 = it * BK;
@@ -72,61 +82,62 @@ struct AgKernel : gemm::GemmKernel<256, gemm::BLayout::KN, 3> {
                  : "memory");
   }
 
-  // One thread per communicator block: units c, c + n, ... of this rank's shard (unit = a K-slice
-  // of a 128-row tile, i.e. a contiguous byte range split into 16 KB pieces), each piece loaded
-  // once and stored to every destination; after a unit, its ready signal to every peer.
-  // Variant 1: every thread copies 16-byte vectors (local loads, peer stores); stores need no
-  // completion wait per piece, only the block barrier and the signal's release after each unit.
-  static __device__ __forceinline__ void push_registers(const AgGlobals& g, int c, int nc) {
-    if (threadIdx.x == 0) {
+  // Register push (variants 1 and 3): threads t of nt (the whole communicator block, or the 64
+  // aux threads of a compute block) copy 16-byte vectors of units c, c + nc, ... (local loads,
+  // peer stores); stores need no completion wait per piece, only the barrier `sync` and the
+  // signal's release after each unit.
+  template <int U, class Sync>
+  static __device__ __forceinline__ void push_registers(const AgGlobals& g, int c, int nc, int t, int nt, Sync&& sync) {
+    if (t == 0) {
       if (c == 0) signal_all(g.arrive, 0);
       wait(g.arrive, 0, g.arrive_round * g.L.W);
     }
-    __syncthreads();
-    constexpr int U = 4;
-    const int units = ag_units(g.L, g.rank, g.K), P = ag_slices(g.K);
+    sync();
+    const int P = g.slices, units = ag_units(g.L, g.rank, P);
     const int4* src = reinterpret_cast<const int4*>(g.shard);
     for (int u = c; u < units; u += nc) {
       long long b0, b1;
-      ag_unit_bytes(g.L, g.rank, g.K, u, &b0, &b1);
+      ag_unit_bytes(g.L, g.rank, g.K, P, u, &b0, &b1);
       const long long v0 = b0 / 16, v1 = b1 / 16;
-      for (long long v = v0 + threadIdx.x; v < v1; v += U * blockDim.x) {
+      for (long long v = v0 + t; v < v1; v += U * nt) {
         int4 x[U];
 #pragma unroll
         for (int k = 0; k < U; ++k)
-          if (v + k * blockDim.x < v1) x[k] = __ldcs(src + v + k * blockDim.x);
+          if (v + k * nt < v1) x[k] = __ldcs(src + v + k * nt);
         for (int d = 0; d < g.L.W; ++d) {
           if (d == g.rank && !g.copy_local) continue;
           int4* dst = reinterpret_cast<int4*>(g.gdst[d]);
 #pragma unroll
           for (int k = 0; k < U; ++k)
-            if (v + k * blockDim.x < v1) dst[v + k * blockDim.x] = x[k];
+            if (v + k * nt < v1) dst[v + k * nt] = x[k];
         }
       }
-      __syncthreads();
-      if (threadIdx.x == 0)
+      sync();
+      if (t == 0)
         for (int d = 0; d < g.L.W; ++d)
           if (d != g.rank) signal(g.ready, d, g.L.off[g.rank] + u / P);
     }
   }
 
-  static __device__ __forceinline__ void communicator(const AgGlobals& g, void* smem, int c, int nc) {
-    if (g.push == 1) return push_registers(g, c, nc);
-    if (threadIdx.x != 0) return;
-    uint8_t* buf = static_cast<uint8_t*>(smem);
-    tile::Mbarrier* bar = reinterpret_cast<tile::Mbarrier*>(buf + kCopySlots * kBoxBytes);
-    for (int s = 0; s < kCopySlots; ++s) bar[s].init(1);
+  // One thread: units c, c + nc, ... of this rank's shard, each a contiguous byte range moved in
+  // Piece-byte bulk copies through Slots shared-memory slots (loads run ahead, InFlight stores
+  // may still be reading), each piece loaded once and stored to every destination; after a
+  // unit, store_wait() and its ready signal to every peer.
+  template <int Slots, int InFlight, uint32_t Piece>
+  static __device__ __forceinline__ void push_tma(const AgGlobals& g, uint8_t* buf, tile::Mbarrier* bar, int c,
+                                                  int nc) {
+    for (int s = 0; s < Slots; ++s) bar[s].init(1);
     tile::fence_barrier_init();
     if (c == 0) signal_all(g.arrive, 0);
     wait(g.arrive, 0, g.arrive_round * g.L.W);  // every peer's previous call is over
     tile::fence_proxy_async_global();
-    const int P = ag_slices(g.K), units = ag_units(g.L, g.rank, g.K);
-    auto range = [&](int u, long long* b0, long long* b1) { ag_unit_bytes(g.L, g.rank, g.K, u, b0, b1); };
+    const int P = g.slices, units = ag_units(g.L, g.rank, P);
+    auto range = [&](int u, long long* b0, long long* b1) { ag_unit_bytes(g.L, g.rank, g.K, P, u, b0, b1); };
     auto signal_unit = [&](int u) {
       for (int d = 0; d < g.L.W; ++d)
         if (d != g.rank) signal(g.ready, d, g.L.off[g.rank] + u / P);
     };
-    // Load and store cursors walk the same pieces: units c, c + nc, ..., 16 KB at a time.
+    // Load and store cursors walk the same pieces: units c, c + nc, ..., Piece bytes at a time.
     int u_load = c - nc, u_store = c - nc;
     long long off_load = 0, end_load = 0, off_store = 0, end_store = 0;
     auto advance_load = [&]() {
@@ -145,23 +156,23 @@ struct AgKernel : gemm::GemmKernel<256, gemm::BLayout::KN, 3> {
     long long issued = 0, done = 0;
     auto next_load = [&]() {
       if (u_load >= units) return;
-      const uint32_t n = static_cast<uint32_t>(end_load - off_load < kBoxBytes ? end_load - off_load : kBoxBytes);
-      const int s = static_cast<int>(issued % kCopySlots);
+      const uint32_t n = static_cast<uint32_t>(end_load - off_load < Piece ? end_load - off_load : Piece);
+      const int s = static_cast<int>(issued % Slots);
       bar[s].arrive_expect_tx(n);
-      bulk_load(buf + s * kBoxBytes, reinterpret_cast<const uint8_t*>(g.shard) + off_load, n, &bar[s]);
+      bulk_load(buf + s * Piece, reinterpret_cast<const uint8_t*>(g.shard) + off_load, n, &bar[s]);
       ++issued;
       if ((off_load += n) >= end_load) advance_load();
     };
     advance_load();
     advance_store();
-    while (issued < kCopySlots && u_load < units) next_load();
+    while (issued < Slots && u_load < units) next_load();
     while (done < issued) {
-      const int s = static_cast<int>(done % kCopySlots);
-      bar[s].wait(static_cast<uint32_t>((done / kCopySlots) & 1));
-      const uint32_t n = static_cast<uint32_t>(end_store - off_store < kBoxBytes ? end_store - off_store : kBoxBytes);
+      const int s = static_cast<int>(done % Slots);
+      bar[s].wait(static_cast<uint32_t>((done / Slots) & 1));
+      const uint32_t n = static_cast<uint32_t>(end_store - off_store < Piece ? end_store - off_store : Piece);
       for (int d = 0; d < g.L.W; ++d)
         if (d != g.rank || g.copy_local)
-          bulk_store(reinterpret_cast<uint8_t*>(g.gdst[d]) + off_store, buf + s * kBoxBytes, n);
+          bulk_store(reinterpret_cast<uint8_t*>(g.gdst[d]) + off_store, buf + s * Piece, n);
       tile::tma::commit_group();
       ++done;
       if ((off_store += n) >= end_store) {  // the unit is complete everywhere: tell each peer
@@ -170,13 +181,38 @@ struct AgKernel : gemm::GemmKernel<256, gemm::BLayout::KN, 3> {
         advance_store();
       }
       // Refill the slot of the oldest piece whose stores may still be reading shared memory.
-      const long long y = done - kInFlight;
-      if (y >= 0 && issued == y + kCopySlots && u_load < units) {
-        tile::tma::wait_group_read<kInFlight - 1>();
+      const long long y = done - InFlight;
+      if (y >= 0 && issued == y + Slots && u_load < units) {
+        tile::tma::wait_group_read<InFlight - 1>();
         next_load();
       }
     }
     store_wait();
+  }
+
+  static __device__ __forceinline__ void communicator(const AgGlobals& g, void* smem, int c, int nc) {
+    if (g.push == 1)
+      return push_registers<4>(g, c, nc, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x),
+                               [] { __syncthreads(); });
+    if (threadIdx.x != 0) return;
+    uint8_t* buf = static_cast<uint8_t*>(smem);
+    push_tma<kCopySlots, kInFlight, kBoxBytes>(g, buf, reinterpret_cast<tile::Mbarrier*>(buf + kCopySlots * kBoxBytes),
+                                               c, nc);
+  }
+
+  // Variants 2..6: the producer's idle warps of compute blocks push units while the blocks
+  // compute (their own rows come first): v2 by one thread of every block with bulk copies; v3+s
+  // by the 64 threads of every 2^s-th block with register copies (no TMA, no shared memory;
+  // fewer pushers spread the same bytes over more of the kernel).
+  static __device__ __forceinline__ void aux(const AgGlobals& g, AuxShared& a, int compute_blocks, int t) {
+    const int b = static_cast<int>(blockIdx.x);
+    if (g.push == 2 && t == 0) push_tma<kAuxSlots, 1, kAuxPiece>(g, a.buf, a.bar, b, compute_blocks);
+    if (g.push >= 3) {
+      const int stride = ag_aux_stride(g.push);
+      if (b % stride == 0)
+        push_registers<4>(g, b / stride, ag_aux_pushers(compute_blocks, g.push), t, 64,
+                          [] { tile::named_barrier_sync(1, 64); });
+    }
   }
 };
 

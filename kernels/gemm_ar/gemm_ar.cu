@@ -9,6 +9,7 @@ namespace weave::tp {
 struct GemmAR::Impl {
   runtime::Communicator& c;
   ShapeSignals sig{"tp.gemm_ar"};
+  ShapeSignals sig_intra{"tp.gemm_ar_intra"};
   explicit Impl(runtime::Communicator& cc) : c(cc) {}
 };
 
@@ -24,10 +25,11 @@ std::vector<int> GemmAR::comm_sms_candidates(int M, int N, int W, int sm_count) 
   return v;
 }
 
-LaunchInfo GemmAR::launch(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, int ncomm, cudaStream_t s) {
+LaunchInfo GemmAR::launch(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, int ncomm, int variant,
+                          cudaStream_t s) {
   Impl& m = *impl_;
   const int W = m.c.world(), rank = m.c.rank();
-  ArGlobals g{};
+  ArIntraGlobals g{};
   g.L = make_ar_layout(M, N, W, default_group_m(K));
   const runtime::PeerPtrs pp = m.c.peers(out, size_t(M) * N * sizeof(bf16));
   for (int q = 0; q < W; ++q) g.buf[q] = static_cast<bf16*>(pp[q]);
@@ -37,17 +39,24 @@ LaunchInfo GemmAR::launch(const bf16* A, const bf16* B, bf16* out, int M, int N,
   g.M = M, g.N = N, g.K = K;
   g.tiles_m = g.L.tiles_m, g.tiles_n = g.L.tiles_n, g.group_m = g.L.group_m, g.accumulate = 0;
   g.rank = rank;
-  const std::vector<int> counts = {g.L.work(), 1};
-  runtime::SignalSet& rd = m.sig.get(m.c, {M, N, K}, counts, 0);
-  runtime::SignalSet& dn = m.sig.get(m.c, {M, N, K}, counts, 1);
+  ShapeSignals& sig = variant == 1 ? m.sig_intra : m.sig;
+  const std::vector<int> counts = {variant == 1 ? ar_intra_ready_count(g.L) : g.L.work(), 1};
+  runtime::SignalSet& rd = sig.get(m.c, {M, N, K}, counts, 0);
+  runtime::SignalSet& dn = sig.get(m.c, {M, N, K}, counts, 1);
   g.ready = rd.view();
   g.done = dn.view();
   g.ready_round = rd.next_round();
   g.done_round = dn.next_round();
   lcsc::Config cfg;
   cfg.num_comm_sms = ncomm;
-  const lcsc::Plan p = lcsc::launch<ArKernel>(g, cfg, s);
-  return {ncomm, p.compute_blocks, false};
+  lcsc::Plan p;
+  if (variant == 1) {
+    for (int q = 0; q < W; ++q) g.out[q] = map_128x64(g.buf[q], M, N, N);
+    p = lcsc::launch<ArIntraKernel>(g, cfg, s);
+  } else {
+    p = lcsc::launch<ArKernel>(g, cfg, s);
+  }
+  return {ncomm, p.compute_blocks, false, variant};
 }
 
 LaunchInfo GemmAR::run(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, const Options& o,
@@ -56,18 +65,23 @@ LaunchInfo GemmAR::run(const bf16* A, const bf16* B, bf16* out, int M, int N, in
   validate("gemm_ar", M, N, K);
   WEAVE_CHECK(A && B && out, "gemm_ar: null pointer");
   m.c.check_same("gemm_ar shape (M, N, K)", {M, N, K});  // every call: a shared-page compare
+  WEAVE_CHECK(o.variant >= -1 && o.variant <= 1, "gemm_ar: variant ", o.variant,
+              " is not 0 (inter-SM, communicator SMs reduce) or 1 (intra-SM, storers reduce-add)");
   if (o.num_comm_sms >= 0) {
-    WEAVE_CHECK(o.num_comm_sms >= 1, "gemm_ar: the inter-SM kernel needs num_comm_sms >= 1 (got ", o.num_comm_sms,
-                ")");
-    return launch(A, B, out, M, N, K, o.num_comm_sms, s);
+    const int v = o.variant >= 0 ? o.variant : o.num_comm_sms == 0 ? 1 : 0;
+    WEAVE_CHECK((v == 1) == (o.num_comm_sms == 0), "gemm_ar: variant ", v, " with num_comm_sms = ", o.num_comm_sms,
+                " (the intra-SM variant 1 uses none, the inter-SM variant 0 needs >= 1)");
+    return launch(A, B, out, M, N, K, o.num_comm_sms, v, s);
   }
   std::vector<runtime::TuneCandidate> cands;
-  for (int n : comm_sms_candidates(M, N, m.c.world(), m.c.sm_count())) cands.push_back({0, n});
+  if (o.variant < 0 || o.variant == 1) cands.push_back({1, 0});
+  if (o.variant <= 0)
+    for (int n : comm_sms_candidates(M, N, m.c.world(), m.c.sm_count())) cands.push_back({0, n});
   const std::string key = runtime::tune_key("gemm_ar", {M, N, K}, m.c.world(), device_key(m.c));
   const runtime::TuneResult r = runtime::Tuner::global().choose(&m.c, key, cands, [&](const runtime::TuneCandidate& t) {
-    return time_launches(s, [&] { launch(A, B, out, M, N, K, t.num_comm_sms, s); });
+    return time_launches(s, [&] { launch(A, B, out, M, N, K, t.num_comm_sms, t.variant, s); });
   });
-  LaunchInfo li = launch(A, B, out, M, N, K, r.choice.num_comm_sms, s);
+  LaunchInfo li = launch(A, B, out, M, N, K, r.choice.num_comm_sms, r.choice.variant, s);
   li.tuned = true;
   return li;
 }

@@ -1,7 +1,9 @@
-// GEMM + all-reduce, inter-SM: the GEMM kernel writes each tile to this rank's buffer and
-// signals the tile's owner; the owner's communicator blocks reduce the tile over all ranks
+// GEMM + all-reduce. Inter-SM (ArKernel): the GEMM kernel writes each tile to this rank's buffer
+// and signals the tile's owner; the owner's communicator blocks reduce the tile over all ranks
 // (16-byte peer loads, fp32, rank order 0..W-1: bit-identical on every rank) and write the sum
-// into every rank's buffer, then signal `done` everywhere. README.md counts the lines.
+// into every rank's buffer, then signal `done` everywhere. Intra-SM (ArIntraKernel): the storer
+// stores its tile locally, then reduce-adds it into every peer's (schedule.hpp). README.md counts
+// the lines.
 #pragma once
 #include "gemm/gemm_kernel.cuh"
 #include "tp_common/schedule.hpp"
@@ -93,6 +95,52 @@ struct ArKernel : gemm::GemmKernel<256, gemm::BLayout::KN, 3> {
       if (threadIdx.x == 0) signal_all(g.done, 0);
     }
     if (c == 0 && threadIdx.x == 0) wait(g.done, 0, g.done_round * ar_done_expected(g.L));
+  }
+};
+
+// Intra-SM: no communicator SM; the storer does the communication (schedule.hpp, gemm_ar intra).
+struct ArIntraGlobals : ArGlobals {
+  CUtensorMap out[kMaxWorld];  // every rank's buffer (M x N), 128 x 64 boxes
+};
+
+struct ArIntraKernel : gemm::GemmKernel<256, gemm::BLayout::KN, 3> {
+  using Base = gemm::GemmKernel<256, gemm::BLayout::KN, 3>;
+  using Globals = ArIntraGlobals;
+
+  static __device__ __forceinline__ void store(const ArIntraGlobals& g, Output& o, int w, int) {
+    const gemm::TileCoord t = coord(g, w);
+    const int W = g.L.W;
+    for (int k = 0; k < W; ++k) {  // k = 0: own plain store; then peers rank+1, rank+2, ...
+      const int d = g.rank + k < W ? g.rank + k : g.rank + k - W;
+      if (k > 0) {
+        wait(g.ready, ar_intra_ready_index(g.L, w, d), g.ready_round * ar_intra_ready_expected());
+        tile::fence_proxy_async_global();  // our async-proxy adds follow d's store
+      }
+#pragma unroll
+      for (int j = 0; j < BN / 64; ++j) {
+        const int n = t.n * BN + 64 * j;
+        if (n >= g.N) break;
+        if (k == 0) tile::tma::store_2d(&g.out[d], o.c + j * BM * 64, n, t.m * BM);
+        else tile::tma::reduce_add_2d(&g.out[d], o.c + j * BM * 64, n, t.m * BM);
+      }
+      tile::tma::commit_group();
+      if (k == 0) {
+        store_wait();
+        weave::detail::fence_release_sys();
+        for (int p = 0; p < W; ++p)
+          if (p != g.rank) weave::detail::red_relaxed_sys_add(g.ready.ptr[p] + ar_intra_ready_index(g.L, w, g.rank), 1);
+      }
+    }
+  }
+
+  // This block's adds are complete (the template waited): tell each peer how many it received;
+  // block 0 then waits until every peer's adds into this rank's output landed.
+  static __device__ __forceinline__ void store_done(const ArIntraGlobals& g, int compute_blocks) {
+    const int b = static_cast<int>(blockIdx.x);
+    const int n = ar_intra_block_tiles(g.L, b, compute_blocks);
+    for (int d = 0; d < g.L.W; ++d)
+      if (d != g.rank && n > 0) signal(g.done, d, 0, static_cast<unsigned long long>(n));
+    if (b == 0) wait(g.done, 0, g.done_round * ar_intra_done_expected(g.L));
   }
 };
 

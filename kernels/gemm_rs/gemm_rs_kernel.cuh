@@ -1,8 +1,10 @@
 // GEMM + reduce-scatter, intra-SM: the GEMM kernel (gemm/gemm_kernel.cuh) whose storer sends
-// every finished tile to the rank that owns its rows. The communication is the storer below
-// (store + store_done) and the per-owner loads; README.md counts the lines.
+// every finished tile to the rank that owns its rows; variant 1 also zeroes the own output with
+// the producer's idle warps (tp_common/lcsc_aux.cuh). The communication is the storer below
+// (store + store_done), aux, and the per-owner loads; README.md counts the lines.
 #pragma once
 #include "gemm/gemm_kernel.cuh"
+#include "tp_common/lcsc_aux.cuh"
 #include "tp_common/schedule.hpp"
 #include "weave/signal.cuh"
 #include "weave/store.cuh"
@@ -11,16 +13,21 @@ namespace weave::tp {
 
 struct RsGlobals : gemm::GemmGlobals {
   CUtensorMap out[kMaxWorld];  // owner q's output (its shard's rows x N), 128 x 64 boxes
-  signals ready;               // ready[tile] on a peer: the owner's own partial is in place
+  signals ready;               // v0: ready[tile] on a peer: the owner's own partial is in place
+  signals zeroed;              // v1: zeroed[q]: blocks of rank q that zeroed their slice
   signals done;                // done[0] on an owner: tiles its peers added (running total)
   Layout L;
   int rank;
-  unsigned long long ready_round, done_round;
+  int variant;                 // 0: owner first, plain own stores; 1: zero first, all reduce-adds
+  __nv_bfloat16* own;          // this rank's output (v1 zeroes it)
+  long long own_elems;
+  unsigned long long ready_round, zeroed_round, done_round;
 };
 
 struct RsKernel : gemm::GemmKernel<256, gemm::BLayout::KN, 3> {
   using Base = gemm::GemmKernel<256, gemm::BLayout::KN, 3>;
   using Globals = RsGlobals;
+  struct AuxShared {};
 
   static __host__ __device__ int num_work(const RsGlobals& g) { return g.L.work(); }
 
@@ -31,20 +38,39 @@ struct RsKernel : gemm::GemmKernel<256, gemm::BLayout::KN, 3> {
 
   // A rows of the owner's shard (rows past it are computed and then clipped by the store).
   static __device__ __forceinline__ void load(const RsGlobals& g, Stage& s, tile::Mbarrier& full, int w, int it) {
-    const Item t = item(g.L, g.rank, w);
+    const Item t = rs_order(g.L, g.rank, w, g.variant);
     const int k0 = it * BK;
     tile::tma::load_2d(s.a, &g.a, &full, k0, t.a_row);
 #pragma unroll
     for (int j = 0; j < BN / 64; ++j) tile::tma::load_2d(s.b + j * 64 * BK, &g.b, &full, t.n * BN + 64 * j, k0);
   }
 
-  // Own tile: plain store (overwrites last call's result), writes complete, then ready on every
-  // peer. Peer's tile: wait for the owner's ready, then reduce-add into the owner's output.
+  // v1: the 64 aux threads zero this block's slice of the own output, then one system-scope
+  // release tells every rank (their reduce-adds, an async proxy, follow an acquire + proxy fence).
+  static __device__ __forceinline__ void aux(const RsGlobals& g, AuxShared&, int compute_blocks, int t) {
+    if (g.variant != 1) return;
+    long long e0, e1;
+    rs_zero_range(g.own_elems, static_cast<int>(blockIdx.x), compute_blocks, &e0, &e1);
+    int4* p = reinterpret_cast<int4*>(g.own);
+    for (long long v = e0 / 8 + t; v < e1 / 8; v += 64) p[v] = make_int4(0, 0, 0, 0);
+    tile::named_barrier_sync(1, 64);
+    if (t == 0) signal_all(g.zeroed, g.rank);
+  }
+
+  // v0: own tile: plain store (overwrites last call's result), writes complete, then ready on
+  // every peer; peer's tile: wait for the owner's ready, then reduce-add into the owner's output.
+  // v1: before the block's first add, every rank's zeroing is complete; then every tile is a
+  // reduce-add into its owner's output.
   static __device__ __forceinline__ void store(const RsGlobals& g, Output& o, int w, int) {
-    const Item t = item(g.L, g.rank, w);
-    const bool own = t.owner == g.rank;
+    const Item t = rs_order(g.L, g.rank, w, g.variant);
+    const bool own = t.owner == g.rank && g.variant == 0;
     const int idx = rs_ready_index(g.L, t);
-    if (!own) {
+    if (g.variant == 1) {
+      if (w == static_cast<int>(blockIdx.x)) {
+        for (int q = 0; q < g.L.W; ++q) wait(g.zeroed, q, g.zeroed_round * rs_zeroed_expected(gridDim.x));
+        tile::fence_proxy_async_global();
+      }
+    } else if (!own) {
       wait(g.ready, idx, g.ready_round * rs_ready_expected());
       tile::fence_proxy_async_global();  // our async-proxy adds follow the owner's store
     }
@@ -69,7 +95,7 @@ struct RsKernel : gemm::GemmKernel<256, gemm::BLayout::KN, 3> {
   static __device__ __forceinline__ void store_done(const RsGlobals& g, int compute_blocks) {
     const int b = static_cast<int>(blockIdx.x);
     for (int q = 0; q < g.L.W; ++q) {
-      const int n = rs_block_adds(g.L, g.rank, b, compute_blocks, q);
+      const int n = rs_block_adds(g.L, g.rank, b, compute_blocks, q, g.variant);
       if (n > 0) signal(g.done, q, 0, static_cast<unsigned long long>(n));
     }
     if (b == 0) wait(g.done, 0, g.done_round * rs_done_expected(g.L, g.rank));

@@ -74,47 +74,127 @@ __host__ __device__ inline Item item(const Layout& L, int rank, int w) {
 }
 
 // ---- gemm_rs (intra-SM) -------------------------------------------------------------------
-// The owner writes its own partial of each of its tiles with a plain TMA store (so the output
-// is overwritten each call), then signals `ready[tile]` on every peer; a peer store-adds its
-// partial into the owner's output only after that signal. Each block then tells each owner how
-// many tiles it added (`done`), and the owner's kernel ends only after all of them landed.
+// Two variants; the tuner picks.
+// Variant 0, owner first (order item()): the owner writes its own partial of each of its tiles
+// with a plain TMA store (so the output is overwritten each call), then signals `ready[tile]`
+// on every peer; a peer store-adds its partial into the owner's output only after that signal.
+// Own tiles come first, so every wait is on phase-0 work that never waits.
+// Variant 1, zero first (order rs_item()): the producer's idle warps of every block zero a
+// slice of the rank's own output at kernel start and signal `zeroed[rank]` on every rank; every
+// contribution, own ones included, is a reduce-add, issued after the block's first tile once
+// every rank's zeroing is complete (zeroed[q] == compute blocks per launch). No per-tile wait,
+// and own and peer tiles interleave, so the traffic spreads over the whole kernel.
+// Both: each block then tells each owner how many tiles it added there (`done`); the owner's
+// kernel ends only after all of them landed, so the next call's stores (or zeroing) cannot race
+// the previous call's adds.
+//
+// rs_item: position W*j + k is owner (rank + k) mod W, that owner's j-th tile (grouped raster
+// inside the shard). Shards differ by at most one row tile, so owners have T_lo or T_hi tiles;
+// past W*T_lo only the n_hi owners with T_hi remain.
+struct RsSplit {
+  int hi;    // the larger row-tile count of a shard
+  int t_lo;  // tiles every owner has
+  int n_hi;  // owners with hi row tiles
+};
+__host__ __device__ inline RsSplit rs_split(const Layout& L) {
+  int lo = L.tm[0], hi = L.tm[0], n_hi = 0;
+  for (int q = 1; q < L.W; ++q) {
+    lo = L.tm[q] < lo ? L.tm[q] : lo;
+    hi = L.tm[q] > hi ? L.tm[q] : hi;
+  }
+  for (int q = 0; q < L.W; ++q) n_hi += L.tm[q] == hi;
+  return {hi, lo * L.tiles_n, n_hi};
+}
+__host__ __device__ inline Item rs_item(const Layout& L, int rank, int w) {
+  const RsSplit sp = rs_split(L);
+  int j, k;
+  if (w < L.W * sp.t_lo) {
+    j = w / L.W, k = w % L.W;
+  } else {
+    const int x = w - L.W * sp.t_lo;
+    j = sp.t_lo + x / sp.n_hi;
+    int m = x % sp.n_hi;
+    for (k = 0;; ++k) {  // the m-th owner (in k order) that still has tiles
+      const int q = rank + k < L.W ? rank + k : rank + k - L.W;
+      if (L.tm[q] == sp.hi && m-- == 0) break;
+    }
+  }
+  const int q = rank + k < L.W ? rank + k : rank + k - L.W;
+  const gemm::TileCoord t = gemm::grouped_tile(j, L.tm[q], L.tiles_n, L.group_m);
+  Item it;
+  it.phase = k, it.owner = q, it.i = t.m, it.n = t.n, it.vrow = L.off[q] + t.m;
+  it.a_row = shard(L.M, L.W, q).begin + t.m * kBM;
+  return it;
+}
+// The w-th tile of rank `rank` in variant v's order.
+__host__ __device__ inline Item rs_order(const Layout& L, int rank, int w, int v) {
+  return v == 1 ? rs_item(L, rank, w) : item(L, rank, w);
+}
 __host__ __device__ inline int rs_ready_index(const Layout& L, const Item& t) { return t.vrow * L.tiles_n + t.n; }
 __host__ __device__ inline int rs_ready_count(const Layout& L) { return L.work(); }
-// ready[idx] on a peer receives exactly one signal per launch (from the owner).
+// Variant 0: ready[idx] on a peer receives exactly one signal per launch (from the owner).
 __host__ __device__ inline unsigned long long rs_ready_expected() { return 1; }
-// Tiles block `b` of `blocks` adds into owner q's output (the value of its one `done` signal).
-__host__ __device__ inline int rs_block_adds(const Layout& L, int rank, int b, int blocks, int q) {
+// Variant 1: zeroed[q] receives one signal per compute block of rank q per launch.
+__host__ __device__ inline unsigned long long rs_zeroed_expected(int compute_blocks) { return compute_blocks; }
+// Elements [e0, e1) of the own output (rows x N, 16-byte multiples) that block b of `blocks` zeroes.
+__host__ __device__ inline void rs_zero_range(long long elems, int b, int blocks, long long* e0, long long* e1) {
+  const long long chunks = elems / 8, per = (chunks + blocks - 1) / blocks;
+  const long long a = b * per < chunks ? b * per : chunks, e = a + per < chunks ? a + per : chunks;
+  *e0 = 8 * a, *e1 = 8 * e;
+}
+// Tiles block `b` of `blocks` adds into peer q's output in variant v (the value of its one
+// `done` signal).
+__host__ __device__ inline int rs_block_adds(const Layout& L, int rank, int b, int blocks, int q, int v) {
   if (q == rank) return 0;
   int n = 0;
   for (int w = b; w < L.work(); w += blocks)
-    if (item(L, rank, w).owner == q) ++n;
+    if (rs_order(L, rank, w, v).owner == q) ++n;
   return n;
 }
 __host__ __device__ inline unsigned long long rs_done_expected(const Layout& L, int q) {
   return static_cast<unsigned long long>(L.W - 1) * L.owner_tiles(q);
 }
 
-// ---- ag_gemm (inter-SM push) --------------------------------------------------------------
-// Each row tile of rank r's shard is cut along K into ag_slices(K) equal slices of 64-column
-// boxes; unit u = i * slices + p is row tile i, slice p. Communicator block c of rank r copies
-// units c, c + n_comm, ... (row tile 0's slices first, spread over all blocks) into every peer's
-// gathered A, and after each unit signals `ready[off[r] + i]` on that peer. A compute block's
-// loader waits for ready[vrow] == slices (per launch) before the first load of a peer tile.
+// ---- ag_gemm (push) ------------------------------------------------------------------------
+// Each row tile of rank r's shard (contiguous bytes: rows x K bf16) is cut into P equal byte
+// slices; unit u = i * P + p is row tile i, slice p. A pusher c of n (a communicator block, or
+// the aux warps of compute block c) copies units c, c + n, ... (row tile 0's slices first,
+// spread over all pushers) into every peer's gathered A, and after each unit signals
+// `ready[off[r] + i]` on that peer. A compute block's loader waits for ready[vrow] == P (per
+// launch) before the first load of a peer tile.
+// P for the communicator-SM pushes: slices of >= 16 boxes of 128 x 64, so a slice ends in a full
+// write drain.
 __host__ __device__ inline int ag_slices(int K) {
   const int kc = (K + 63) / 64;
-  for (int p = 8; p > 1; p /= 2)  // slices of >= 16 boxes: a slice ends in a full write drain
+  for (int p = 8; p > 1; p /= 2)
     if (kc % p == 0 && kc / p >= 16) return p;
   return 1;
 }
+// P for the aux-warp push (every compute block pushes): about 256 units, so that the first
+// batch of units (one per block) covers the first row tiles, each unit >= 8 KB.
+__host__ __device__ inline int ag_slices_aux(const Layout& L, int K) {
+  int tm = 1;
+  for (int q = 0; q < L.W; ++q) tm = L.tm[q] > tm ? L.tm[q] : tm;
+  int p = (256 + tm - 1) / tm;
+  const int cap = K / 32 > 1 ? K / 32 : 1;  // 128 rows x K x 2 bytes / P >= 8 KB
+  return p < cap ? p : cap;
+}
+// Aux-warp register push, variant v >= 3: blocks 0, s, 2s, ... of the compute blocks push
+// (s = 2^(v-3)), as pushers 0, 1, 2, ...
+__host__ __device__ inline int ag_aux_stride(int v) { return 1 << (v - 3); }
+__host__ __device__ inline int ag_aux_pushers(int compute_blocks, int v) {
+  return (compute_blocks + ag_aux_stride(v) - 1) / ag_aux_stride(v);
+}
 __host__ __device__ inline int ag_ready_count(const Layout& L) { return L.row_tiles(); }
-__host__ __device__ inline unsigned long long ag_ready_expected(int K) { return ag_slices(K); }
-// Units of rank r's shard that communicator block c of n_comm copies: c, c + n_comm, ...
-__host__ __device__ inline int ag_units(const Layout& L, int r, int K) { return L.tm[r] * ag_slices(K); }
+__host__ __device__ inline unsigned long long ag_ready_expected(int P) { return P; }
+__host__ __device__ inline int ag_units(const Layout& L, int r, int P) { return L.tm[r] * P; }
 
-// Bytes [b0, b1) of rank r's shard (rows x K bf16, contiguous) that unit u carries: row tile
-// u / slices (rows clipped to the shard), slice u % slices of it, 16-byte aligned; may be empty.
-__host__ __device__ inline void ag_unit_bytes(const Layout& L, int r, int K, int u, long long* b0, long long* b1) {
-  const int P = ag_slices(K), rows = shard(L.M, L.W, r).size;
+// Bytes [b0, b1) of rank r's shard (rows x K bf16, contiguous) that unit u of P slices per row
+// tile carries: row tile u / P (rows clipped to the shard), slice u % P of it, 16-byte aligned;
+// may be empty.
+__host__ __device__ inline void ag_unit_bytes(const Layout& L, int r, int K, int P, int u, long long* b0,
+                                              long long* b1) {
+  const int rows = shard(L.M, L.W, r).size;
   const long long row_bytes = 2LL * K;
   const long long r0 = static_cast<long long>(u / P) * kBM, r1 = r0 + kBM < rows ? r0 + kBM : rows;
   const long long lo = r0 * row_bytes, hi = r1 * row_bytes;
@@ -150,5 +230,23 @@ __host__ __device__ inline int ar_comm_tile(const ArLayout& L, int r, int c, int
 }
 __host__ __device__ inline unsigned long long ar_ready_expected(const ArLayout& L) { return L.W; }
 __host__ __device__ inline unsigned long long ar_done_expected(const ArLayout& L) { return L.work(); }
+
+// gemm_ar intra-SM (no communicator SM): every rank walks all tiles in the same order. At tile w
+// the storer plain-stores its partial into its own output, then signals ready[w * W + rank] on
+// every peer; then, for each peer d, waits for ready[w * W + d] (d's partial is in place) and
+// reduce-adds its partial into d's output. A rank signals before it waits at the same position,
+// so every wait depends only on work at that position or earlier (deadlock-free). Each block
+// tells each peer how many tiles it added there (`done`); a rank's call ends when every peer's
+// adds into its output landed, so the next call's plain stores cannot race them.
+__host__ __device__ inline int ar_intra_ready_index(const ArLayout& L, int w, int from) { return w * L.W + from; }
+__host__ __device__ inline int ar_intra_ready_count(const ArLayout& L) { return L.work() * L.W; }
+__host__ __device__ inline unsigned long long ar_intra_ready_expected() { return 1; }
+// Tiles block b of `blocks` computes (and adds into every peer's output).
+__host__ __device__ inline int ar_intra_block_tiles(const ArLayout& L, int b, int blocks) {
+  return b < L.work() ? (L.work() - 1 - b) / blocks + 1 : 0;
+}
+__host__ __device__ inline unsigned long long ar_intra_done_expected(const ArLayout& L) {
+  return static_cast<unsigned long long>(L.W - 1) * L.work();
+}
 
 }  // namespace weave::tp

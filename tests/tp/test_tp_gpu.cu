@@ -72,17 +72,21 @@ TEST(TpGpu, GemmRsMatchesCublasNccl) {
     Sym out(weave::tp::GemmRS::out_elems(s.M, s.N, W));
     gref::fill_uniform(A.p, A.n, seed_for(seed, 1));
     gref::fill_uniform(B.p, B.n, seed_for(seed, 2));
-    for (int rep = 0; rep < 3; ++rep) {  // repeated launches on a poisoned output
-      gref::poison(out.p, weave::tp::GemmRS::out_elems(s.M, s.N, W));
-      rs.run(A.p, B.p, out.p, s.M, s.N, s.K);
-      wt::settle();
-    }
     blas().run(A.p, B.p, ref.p, s.M, s.N, s.K, weave::gemm::BLayout::KN, false, nullptr);
     ref_all_reduce(ref.p, ref.n);
     const auto sh = shard(s.M, W, r);
-    const double e = gref::rel_error(out.p, ref.p + size_t(sh.begin) * s.N, size_t(sh.size) * s.N);
-    EXPECT_LT(e, kTol) << "gemm_rs " << s.M << "x" << s.N << "x" << s.K << " rank " << r;
-    wt::settle();
+    for (int variant : {-1, 0, 1, 0}) {  // tuner, owner first, zero first, and back
+      weave::tp::Options o;
+      o.variant = variant;
+      for (int rep = 0; rep < 3; ++rep) {  // repeated launches on a poisoned output
+        gref::poison(out.p, weave::tp::GemmRS::out_elems(s.M, s.N, W));
+        rs.run(A.p, B.p, out.p, s.M, s.N, s.K, o);
+        wt::settle();
+      }
+      const double e = gref::rel_error(out.p, ref.p + size_t(sh.begin) * s.N, size_t(sh.size) * s.N);
+      EXPECT_LT(e, kTol) << "gemm_rs " << s.M << "x" << s.N << "x" << s.K << " variant " << variant << " rank " << r;
+      wt::settle();
+    }
   }
 }
 
@@ -91,8 +95,9 @@ TEST(TpGpu, AgGemmMatchesCublasNccl) {
   const uint64_t seed = wt::job_seed();
   weave::tp::AgGemm ag(c);
   for (const Shape& s : kShapes) {
-    for (int cfg = 0; cfg < 7; ++cfg) {  // tuner, then (variant, num_comm_sms) fixed
-      const int ncomm = cfg == 0 ? -1 : std::array<int, 3>{1, 4, 16}[(cfg - 1) % 3], variant = cfg == 0 ? -1 : (cfg - 1) / 3;
+    for (int cfg = 0; cfg < 12; ++cfg) {  // tuner, then (variant, num_comm_sms) fixed; 7..11: variants 2..6
+      int ncomm = cfg == 0 ? -1 : std::array<int, 3>{1, 4, 16}[(cfg - 1) % 3], variant = cfg == 0 ? -1 : (cfg - 1) / 3;
+      if (cfg >= 7) ncomm = 0, variant = cfg - 5;
       for (int in_place = 0; in_place < 2; ++in_place) {
         const int W = c.world(), r = c.rank();
         const auto sh = shard(s.M, W, r);
@@ -137,7 +142,7 @@ TEST(TpGpu, GemmArMatchesCublasNccl) {
   const uint64_t seed = wt::job_seed();
   weave::tp::GemmAR ar(c);
   for (const Shape& s : kShapes) {
-    for (int ncomm : {-1, 1, 8, 33}) {
+    for (int ncomm : {-1, 0, 1, 8, 33}) {  // 0: the intra-SM variant
       Dev A(size_t(s.M) * s.K), B(size_t(s.K) * s.N), ref(size_t(s.M) * s.N);
       Sym out(size_t(s.M) * s.N);
       gref::fill_uniform(A.p, A.n, seed_for(seed, 5));
@@ -179,13 +184,16 @@ TEST(TpGpu, TwoHundredLaunchesChangingInputs) {
     gref::fill_uniform(B.p, B.n, seed_for(seed, 1000 + it));
     gref::fill_uniform(Ash.p, Ash.n, seed_for(seed, 5000 + it));
     // gemm_rs
-    rs.run(A.p, B.p, out.p, M, N, K);
+    weave::tp::Options ors;
+    ors.variant = it % 2;  // both variants, alternating on the same output
+    rs.run(A.p, B.p, out.p, M, N, K, ors);
     blas().run(A.p, B.p, ref.p, M, N, K, weave::gemm::BLayout::KN, false, nullptr);
     ref_all_reduce(ref.p, ref.n);
     gref::error_kernel<<<64, 256>>>(out.p, ref.p + size_t(sh.begin) * N, size_t(sh.size) * N, sums);
     // ag_gemm (C into `ref`'s twin: reuse out as C is fine, it is only local here)
     weave::tp::Options oa = o4;
-    oa.variant = it % 2;  // both push variants
+    oa.variant = it % 7;  // every push variant (2..6: no communicator SM)
+    if (oa.variant >= 2) oa.num_comm_sms = 0;
     ag.run(Ash.p, G.p, B.p, out.p, M, N, K, oa);
     WEAVE_NCCL_CHECK(ncclGroupStart());
     for (int q = 0; q < W; ++q) {
@@ -197,7 +205,9 @@ TEST(TpGpu, TwoHundredLaunchesChangingInputs) {
     blas().run(refg.p, B.p, ref.p, M, N, K, weave::gemm::BLayout::KN, false, nullptr);
     gref::error_kernel<<<64, 256>>>(out.p, ref.p, ref.n, sums + 3);
     // gemm_ar
-    ar.run(A.p, B.p, out.p, M, N, K, o4);
+    weave::tp::Options or_ = o4;
+    if (it % 2) or_.num_comm_sms = 0;  // both variants (odd: intra-SM)
+    ar.run(A.p, B.p, out.p, M, N, K, or_);
     blas().run(A.p, B.p, ref.p, M, N, K, weave::gemm::BLayout::KN, false, nullptr);
     ref_all_reduce(ref.p, ref.n);
     gref::error_kernel<<<64, 256>>>(out.p, ref.p, ref.n, sums + 6);

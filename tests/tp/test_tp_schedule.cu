@@ -52,69 +52,87 @@ TEST(TpSchedule, ShardsCoverRowsAndVirtualTilesCoverShards) {
 }
 
 TEST(TpSchedule, GemmRsEveryTileOnceAndSignalsMatchWaits) {
-  for (int W = 2; W <= 8; ++W)
-    for (int M : kMs)
-      for (int N : kNs)
-        for (int gm : {8, 16}) {
-          if (M < W) continue;
-          const Layout L = make_layout(M, N, W, gm);
-          // contributions[(owner, i, n)] = {rank -> (plain, add)}
-          std::map<std::tuple<int, int, int>, std::map<int, std::pair<int, int>>> contrib;
-          std::map<std::pair<int, int>, unsigned long long> sent;      // (dst rank, idx) -> signals
-          std::map<std::pair<int, int>, int> sent_phase;               // producer's phase
-          std::vector<std::tuple<int, int, unsigned long long, int>> waits;  // (rank, idx, expected, phase)
-          for (int r = 0; r < W; ++r)
-            for (int w = 0; w < L.work(); ++w) {
-              const Item t = item(L, r, w);
-              ASSERT_GE(t.i, 0);
-              ASSERT_LT(t.i, L.tm[t.owner]);
-              ASSERT_LT(t.n, L.tiles_n);
-              const Range s = shard(M, W, t.owner);
-              ASSERT_GE(t.a_row, s.begin);
-              ASSERT_LT(t.a_row, s.begin + s.size);
-              auto& c = contrib[{t.owner, t.i, t.n}][r];
-              const int idx = rs_ready_index(L, t);
-              ASSERT_GE(idx, 0);
-              ASSERT_LT(idx, rs_ready_count(L));
-              if (t.owner == r) {
-                ++c.first;
-                EXPECT_EQ(t.phase, 0) << "own tiles come first";
-                for (int p = 0; p < W; ++p)
-                  if (p != r) {
-                    sent[{p, idx}] += 1;
-                    sent_phase[{p, idx}] = t.phase;
-                  }
-              } else {
-                ++c.second;
-                EXPECT_GE(t.phase, 1);
-                waits.emplace_back(r, idx, rs_ready_expected(), t.phase);
+  for (int v = 0; v < 2; ++v)  // 0: owner first, 1: zero first
+    for (int W = 2; W <= 8; ++W)
+      for (int M : kMs)
+        for (int N : kNs)
+          for (int gm : {8, 16}) {
+            if (M < W) continue;
+            const Layout L = make_layout(M, N, W, gm);
+            // contributions[(owner, i, n)] = {rank -> (plain, add)}
+            std::map<std::tuple<int, int, int>, std::map<int, std::pair<int, int>>> contrib;
+            std::map<std::pair<int, int>, unsigned long long> sent;  // (dst rank, idx) -> signals
+            std::map<std::pair<int, int>, int> sent_phase;           // producer's phase
+            std::vector<std::tuple<int, int, unsigned long long, int>> waits;  // (rank, idx, expected, phase)
+            for (int r = 0; r < W; ++r)
+              for (int w = 0; w < L.work(); ++w) {
+                const Item t = rs_order(L, r, w, v);
+                ASSERT_GE(t.i, 0);
+                ASSERT_LT(t.i, L.tm[t.owner]);
+                ASSERT_LT(t.n, L.tiles_n);
+                ASSERT_EQ(t.owner, (r + t.phase) % W);
+                const Range s = shard(M, W, t.owner);
+                ASSERT_GE(t.a_row, s.begin);
+                ASSERT_LT(t.a_row, s.begin + s.size);
+                auto& c = contrib[{t.owner, t.i, t.n}][r];
+                const int idx = rs_ready_index(L, t);
+                ASSERT_GE(idx, 0);
+                ASSERT_LT(idx, rs_ready_count(L));
+                if (v == 1) {  // zero first: every contribution is an add, no per-tile wait
+                  ++c.second;
+                  if (w < W * rs_split(L).t_lo) EXPECT_EQ(t.phase, w % W) << "own and peer tiles interleave";
+                } else if (t.owner == r) {
+                  ++c.first;
+                  EXPECT_EQ(t.phase, 0) << "own tiles come first";
+                  for (int p = 0; p < W; ++p)
+                    if (p != r) {
+                      sent[{p, idx}] += 1;
+                      sent_phase[{p, idx}] = t.phase;
+                    }
+                } else {
+                  ++c.second;
+                  EXPECT_GE(t.phase, 1);
+                  waits.emplace_back(r, idx, rs_ready_expected(), t.phase);
+                }
+              }
+            long long tiles = 0;
+            for (auto& [k, by] : contrib) {
+              ++tiles;
+              ASSERT_EQ(static_cast<int>(by.size()), W) << "every rank contributes to every tile";
+              for (auto& [r, pa] : by) {
+                if (v == 0 && r == std::get<0>(k)) EXPECT_EQ(pa, std::make_pair(1, 0));
+                else EXPECT_EQ(pa, std::make_pair(0, 1));
               }
             }
-          long long tiles = 0;
-          for (auto& [k, by] : contrib) {
-            ++tiles;
-            ASSERT_EQ(static_cast<int>(by.size()), W) << "every rank contributes to every tile";
-            for (auto& [r, pa] : by) {
-              if (r == std::get<0>(k)) EXPECT_EQ(pa, std::make_pair(1, 0));
-              else EXPECT_EQ(pa, std::make_pair(0, 1));
+            EXPECT_EQ(tiles, L.work());
+            for (auto& [r, idx, exp, phase] : waits) {
+              EXPECT_EQ(sent[std::make_pair(r, idx)], exp) << "W=" << W << " M=" << M << " N=" << N;
+              EXPECT_LT(sent_phase[std::make_pair(r, idx)], phase) << "a wait on work scheduled after it";
+            }
+            EXPECT_EQ(waits.size(), sent.size());
+            for (int sms : kSms) {
+              const int blocks = blocks_for(L.work(), sms, 0);
+              for (int q = 0; q < W; ++q) {
+                unsigned long long adds = 0;
+                for (int p = 0; p < W; ++p)
+                  for (int b = 0; b < blocks; ++b) adds += rs_block_adds(L, p, b, blocks, q, v);
+                EXPECT_EQ(adds, rs_done_expected(L, q));
+                if (v == 1) {  // the blocks' zero ranges cover the owner's output exactly once
+                  const long long elems = static_cast<long long>(shard(M, W, q).size) * N;
+                  long long next = 0;
+                  for (int b = 0; b < blocks; ++b) {
+                    long long e0, e1;
+                    rs_zero_range(elems, b, blocks, &e0, &e1);
+                    EXPECT_EQ(e0, next);
+                    EXPECT_GE(e1, e0);
+                    next = e1;
+                  }
+                  EXPECT_EQ(next, elems);
+                  EXPECT_EQ(rs_zeroed_expected(blocks), static_cast<unsigned long long>(blocks));
+                }
+              }
             }
           }
-          EXPECT_EQ(tiles, L.work());
-          for (auto& [r, idx, exp, phase] : waits) {
-            EXPECT_EQ(sent[std::make_pair(r, idx)], exp) << "W=" << W << " M=" << M << " N=" << N;
-            EXPECT_LT(sent_phase[std::make_pair(r, idx)], phase) << "a wait on work scheduled after it";
-          }
-          EXPECT_EQ(waits.size(), sent.size());
-          for (int sms : kSms) {
-            const int blocks = blocks_for(L.work(), sms, 0);
-            for (int q = 0; q < W; ++q) {
-              unsigned long long adds = 0;
-              for (int p = 0; p < W; ++p)
-                for (int b = 0; b < blocks; ++b) adds += rs_block_adds(L, p, b, blocks, q);
-              EXPECT_EQ(adds, rs_done_expected(L, q));
-            }
-          }
-        }
 }
 
 TEST(TpSchedule, AgGemmEveryTileOncePushesMatchWaits) {
@@ -122,17 +140,28 @@ TEST(TpSchedule, AgGemmEveryTileOncePushesMatchWaits) {
     for (int M : kMs)
       for (int N : {8, 1000, 4096})
         for (int nc : kComm) {
-          if (M < W || nc == 0) continue;
+          if (M < W) continue;
           const Layout L = make_layout(M, N, W, 16);
           std::map<std::pair<int, int>, unsigned long long> sent;  // (dst, idx)
           const int K = 64 * (1 + (M + N) % 40);  // K boxes from 1 to 40: slices 1, 2, 4 or 8
-          const int P = ag_slices(K);
-          EXPECT_EQ(((K + 63) / 64) % P, 0);
+          // nc = 0: the aux-warp pushes (variants 2..6; the variant from the shape), one pusher
+          // per 2^(v-3)-th compute block (v2: every block); else nc communicator blocks.
+          const int v = 2 + (M + N) % 5, blocks = blocks_for(L.work(), 132, 0);
+          const int P = nc == 0 ? ag_slices_aux(L, K) : ag_slices(K);
+          const int pushers = nc > 0 ? nc : v == 2 ? blocks : ag_aux_pushers(blocks, v);
+          if (nc == 0 && v >= 3) {  // the pushing blocks are exactly pushers 0..n-1
+            int n = 0;
+            for (int b = 0; b < blocks; ++b)
+              if (b % ag_aux_stride(v) == 0) EXPECT_EQ(b / ag_aux_stride(v), n++);
+            EXPECT_EQ(n, pushers);
+          }
+          ASSERT_GE(P, 1);
+          if (nc > 0) EXPECT_EQ(((K + 63) / 64) % P, 0);
           for (int q = 0; q < W; ++q) {  // the units' byte ranges tile the shard exactly
             long long next = 0;
-            for (int u = 0; u < ag_units(L, q, K); ++u) {
+            for (int u = 0; u < ag_units(L, q, P); ++u) {
               long long b0, b1;
-              ag_unit_bytes(L, q, K, u, &b0, &b1);
+              ag_unit_bytes(L, q, K, P, u, &b0, &b1);
               EXPECT_EQ(b0 % 16, 0);
               EXPECT_EQ(b1 % 16, 0);
               if (b1 > b0) {
@@ -142,9 +171,9 @@ TEST(TpSchedule, AgGemmEveryTileOncePushesMatchWaits) {
             }
             EXPECT_EQ(next, 2LL * K * shard(M, W, q).size);
           }
-          for (int q = 0; q < W; ++q)  // communicator blocks of owner q, as the kernel walks them
-            for (int c = 0; c < nc; ++c)
-              for (int u = c; u < ag_units(L, q, K); u += nc) {
+          for (int q = 0; q < W; ++q)  // pushers of owner q, as the kernel walks them
+            for (int c = 0; c < pushers; ++c)
+              for (int u = c; u < ag_units(L, q, P); u += pushers) {
                 const int i = u / P;
                 ASSERT_LT(i, L.tm[q]);
                 for (int d = 0; d < W; ++d)
@@ -160,7 +189,7 @@ TEST(TpSchedule, AgGemmEveryTileOncePushesMatchWaits) {
               if (t.owner != r) {
                 ++waits;
                 ASSERT_LT(t.vrow, ag_ready_count(L));
-                EXPECT_EQ(sent[std::make_pair(r, t.vrow)], ag_ready_expected(K));
+                EXPECT_EQ(sent[std::make_pair(r, t.vrow)], ag_ready_expected(P));
               }
             }
             EXPECT_EQ(static_cast<int>(seen.size()), L.work());
@@ -198,6 +227,47 @@ TEST(TpSchedule, GemmArOwnersReduceEachTileOnce) {
           for (int w = 0; w < L.work(); ++w) dn += reduced[w];
           EXPECT_EQ(static_cast<unsigned long long>(dn), ar_done_expected(L));
         }
+}
+
+TEST(TpSchedule, GemmArIntraSignalsMatchWaits) {
+  for (int W = 2; W <= 8; ++W)
+    for (int M : kMs)
+      for (int N : kNs) {
+        const ArLayout L = make_ar_layout(M, N, W, 8);
+        // Every rank walks every tile: one ready signal per (tile, source) to each other rank,
+        // read by exactly one wait there at the same position (after the waiter's own signal).
+        std::map<std::pair<int, int>, unsigned long long> sent;  // (dst, idx)
+        std::map<std::pair<int, int>, int> waited;
+        for (int r = 0; r < W; ++r)
+          for (int w = 0; w < L.work(); ++w)
+            for (int k = 0; k < W; ++k) {
+              const int d = (r + k) % W;
+              if (k == 0) {
+                for (int p = 0; p < W; ++p)
+                  if (p != r) sent[{p, ar_intra_ready_index(L, w, r)}] += 1;
+              } else {
+                ++waited[{r, ar_intra_ready_index(L, w, d)}];
+              }
+            }
+        for (auto& [k, n] : waited) {
+          EXPECT_EQ(n, 1);
+          EXPECT_LT(k.second, ar_intra_ready_count(L));
+          EXPECT_EQ(sent[k], ar_intra_ready_expected());
+        }
+        EXPECT_EQ(sent.size(), waited.size());
+        for (int sms : kSms) {
+          const int blocks = blocks_for(L.work(), sms, 0);
+          unsigned long long adds = 0;  // adds into one rank: every block of every peer
+          for (int p = 1; p < W; ++p)
+            for (int b = 0; b < blocks; ++b) {
+              int n = 0;
+              for (int w = b; w < L.work(); w += blocks) ++n;
+              EXPECT_EQ(ar_intra_block_tiles(L, b, blocks), n);
+              adds += n;
+            }
+          EXPECT_EQ(adds, ar_intra_done_expected(L));
+        }
+      }
 }
 
 // ---- tuner cache ----------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 // own GEMM alone on the same local shape (the ceiling) and cuBLAS + NCCL unfused, in one run,
 // under weave-run. Shapes (world W): AG+GEMM local GEMM S x (S/W) x S after gathering A;
 // GEMM+RS and GEMM+AR local GEMM S x S x (S/W). The slowest rank's time decides.
-//   --sizes 2048,4096,...    --kernels ag_gemm,gemm_rs,gemm_ar    --num-comm-sms N (no tuner)
+//   --sizes 2048,...,32768   --kernels ag_gemm,gemm_rs,gemm_ar    --num-comm-sms N (no tuner)
 //   --sweep 0,4,8,16,32,64   (ag_gemm and gemm_ar at --sweep-sizes, default 4096,16384)
 //   --table3                 (gemm_rs M = N = 16384, K_local 512..8192: overlap fraction)
 #include <cuda_bf16.h>
@@ -183,6 +183,7 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
     fused.correct = all_ok(x, e < 1e-2);
     fused.us = timed(x, S, fused_fn);
     fused.ncomm = li.num_comm_sms;
+    fused.variant = li.variant;
     if (baselines) {
       base.us = timed(x, S, ref);
       base.correct = true;
@@ -202,7 +203,7 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
     emit(x, alone);
     emit(x, base);
   }
-  emit(x, fused);
+  emit(x, fused, baselines ? nullptr : "sweep", 1);  // sweep rows: a fixed num_comm_sms / variant
   if (print && x.rank == 0) {
     auto tf = [&](double us) { return 2.0 * M * N * K / (us * 1e-6) / 1e12; };
     if (baselines)
@@ -220,7 +221,7 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
 }
 
 int run(const bench::Args& a) {
-  const auto sizes = parse_list(a.get("sizes", "2048,4096,8192,16384"));
+  const auto sizes = parse_list(a.get("sizes", "2048,4096,8192,16384,32768"));
   const auto kernels = parse_names(a.get("kernels", "ag_gemm,gemm_rs,gemm_ar"));
   const int fixed = static_cast<int>(a.get_int("num-comm-sms", -1));
   const int variant = static_cast<int>(a.get_int("variant", -1));
@@ -251,12 +252,11 @@ int run(const bench::Args& a) {
     for (const char* k : {"ag_gemm", "gemm_ar"})
       for (long long S : ss)
         for (long long n : counts) {
-          if (n == 0) {  // both kernels here are inter-SM; 0 communicator SMs is not a valid config
-            if (x.rank == 0) std::printf("| %s | %lld | - | 0 | n/a (inter-SM kernel needs >= 1) | | |\n", k, S);
-            continue;
-          }
-          for (int v = 0; v < (std::string(k) == "ag_gemm" ? 2 : 1); ++v)
-            run_one(x, k, static_cast<int>(S), static_cast<int>(n), true, false, 0, v);
+          const bool ag = std::string(k) == "ag_gemm";
+          if (n == 0)  // the intra-SM variants: ag_gemm's aux-warp pushes 2..6, gemm_ar's 1
+            for (int v = ag ? 2 : 1; v <= (ag ? 6 : 1); ++v) run_one(x, k, static_cast<int>(S), 0, true, false, 0, v);
+          else
+            for (int v = 0; v < (ag ? 2 : 1); ++v) run_one(x, k, static_cast<int>(S), static_cast<int>(n), true, false, 0, v);
         }
   }
   if (a.has("table3")) {
