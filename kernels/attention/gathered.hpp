@@ -57,6 +57,7 @@ struct GatheredGlobals {
   signals arrive;  // arrive[0]: ranks in this call (every gathered buffer is free)
   unsigned long long arrive_round;
   int n_mine, mine[2];  // this rank's chunks
+  int skip_self;        // the host copied this rank's own rows into its gathered buffers already
   int n_push;
   PushTensor push[kMaxPushTensors];
   // Ulysses completion: odone[0] on rank p counts O stores into p.

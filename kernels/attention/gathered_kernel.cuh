@@ -36,6 +36,10 @@ struct GatheredKernel {
   static constexpr uint32_t kQBytes = Base::kQBytes, kKVBytes = Base::kKVBytes;
   static_assert(BM == gathered::kBlockRows && BN == gathered::kBlockRows, "tiles and key blocks are 128 rows");
 
+  // A slice once seen ready stays ready for the rest of the launch: the producer remembers, per
+  // (batch, head group), up to which slice it has seen, so later tiles of the same heads skip
+  // the system-scope polls (one per slice and tile otherwise: 256 per tile at S = 128K).
+  static constexpr int kWaitCache = 512;
   struct alignas(1024) Smem {
     bf16 q[BM * D];
     bf16 k[kStages][BN * D];
@@ -46,12 +50,16 @@ struct GatheredKernel {
     tile::Mbarrier sched_full[2], sched_empty[2];
     int tile_id[2];
     int ocount[2][kMaxWorld];  // O stores per owner, per consumer
+    int waited[kWaitCache];    // producer: slices of counter row (b, group) already seen ready
   };
   static constexpr size_t kSmemBytes = sizeof(Smem) + 1024;
   // Communicator copy ring: 16 KB boxes in the space of the tile buffers.
   static constexpr uint32_t kBoxMax = 16384;
   static constexpr int kSlots = (BM * D + 2 * kStages * BN * D + BM * D) * 2 / kBoxMax;
-  static constexpr int kAhead = kSlots / 2;
+  // Loads (local HBM) run at most kAhead boxes ahead of the stores; the other slots hold stores
+  // still reading shared memory, which for a peer-bound store lasts until NVLink has taken the
+  // data: measured, more stores in flight (not more loads) is what raises a CTA's push rate.
+  static constexpr int kAhead = kSlots / 3;
   static_assert(kSlots >= 4, "copy ring");
 
   struct Tile {
@@ -79,7 +87,8 @@ struct GatheredKernel {
   }
   // Blocks until slice s of (b, kv head group) is in the gathered buffers.
   static __device__ __forceinline__ void wait_slice(const GatheredGlobals& g, int ctr0, int s) {
-    wait(g.ready, ctr0 + s, g.ready_round * gathered::chunks_in_slice(g.S, g.n_chunks, s));
+    const int own = g.skip_self ? gathered::own_chunks_in_slice(g.S, g.n_chunks, s, g.mine, g.n_mine) : 0;
+    wait(g.ready, ctr0 + s, g.ready_round * (gathered::chunks_in_slice(g.S, g.n_chunks, s) - own));
     tile::fence_proxy_async_global();  // TMA reads what the peers' TMA wrote
   }
 
@@ -87,14 +96,17 @@ struct GatheredKernel {
                                                       tile::PipeState<kStages>& ks, tile::PipeState<kStages>& vs,
                                                       uint32_t& q_phase) {
     const int hk = kv_head(g, t.h);
-    const int ctr0 = gathered::counter_index(t.b, hk / g.group_heads, 0, g.groups, g.slices);
+    const int row = t.b * g.groups + hk / g.group_heads;
+    const int ctr0 = row * g.slices;
     const int n_max = gathered::visible_blocks(g.S, t.qe, g.causal != 0);
-    int waited = -1;  // slices [0, waited] are known ready
+    const bool cached = row < kWaitCache;
+    int waited = cached ? sm.waited[row] : -1;  // slices [0, waited] are known ready
     for (int n = 0; n < n_max; ++n) {
       const int s = gathered::slice_of_block(n);
       if (s > waited) {
         wait_slice(g, ctr0, s);
         waited = s;
+        if (cached) sm.waited[row] = s;
       }
       sm.k_empty[ks.index].wait(ks.phase ^ 1);
       sm.k_full[ks.index].arrive_expect_tx(kKVBytes);
@@ -103,7 +115,7 @@ struct GatheredKernel {
         tile::tma::load_4d(sm.k[ks.index] + j * BN * 64, &g.k, &sm.k_full[ks.index], 64 * j, hk, n * BN, t.b);
       ks.advance();
       if (n == 0) {
-        if (g.wait_q) wait_slice(g, ctr0, t.qb / gathered::kSliceRows);
+        if (g.wait_q && t.qb / gathered::kSliceRows > waited) wait_slice(g, ctr0, t.qb / gathered::kSliceRows);
         sm.q_empty.wait(q_phase ^ 1);
         q_phase ^= 1;
         sm.q_full.arrive_expect_tx(kQBytes);
@@ -135,7 +147,9 @@ struct GatheredKernel {
       sched.advance();
       if (id >= g.total_tiles) break;
       produce_tile(g, sm, tile_at(g, id), ks, vs, q_phase);
-      id = compute + atomicAdd(g.counter, 1);
+      // Non-causal tiles are all equally long: a fixed round-robin keeps the CTAs in step over
+      // the same heads' K/V (L2); causal tiles come from the counter, longest first.
+      id = g.causal ? compute + atomicAdd(g.counter, 1) : id + compute;
     }
   }
 
@@ -314,7 +328,7 @@ struct GatheredKernel {
   // One thread: units c, c + nc, ... of the push plan; per unit every (tensor, destination,
   // head box, row box) is loaded into a slot and stored to the destination, then the unit's
   // counter is signalled on every destination.
-  static __device__ __forceinline__ void communicator(const GatheredGlobals& g, uint8_t* buf, int c, int nc) {
+  static __device__ __noinline__ void communicator(const GatheredGlobals& g, uint8_t* buf, int c, int nc) {
     if (threadIdx.x != 0) return;
     tile::Mbarrier* bar = reinterpret_cast<tile::Mbarrier*>(buf + kSlots * kBoxMax);
     for (int i = 0; i < kSlots; ++i) bar[i].init(1);
@@ -323,6 +337,7 @@ struct GatheredKernel {
     wait(g.arrive, 0, g.arrive_round * static_cast<unsigned long long>(g.world));  // all ranks left the previous call
     tile::fence_proxy_async_global();
     const int units = gathered::num_units(g.B, g.groups, g.slices, g.n_mine);
+    const int j0 = g.skip_self ? 1 : 0;  // destinations rank + j0, ..., rank + W - 1 (mod W)
     long long loads = 0, stores = 0;
     for (int u = c; u < units; u += nc) {
       const gathered::Unit x = gathered::unit_at(u, g.groups, g.slices, g.n_mine);
@@ -344,12 +359,12 @@ struct GatheredKernel {
         if (k.h < h_end(k)) return;
         k.h = h_lo;
         if (++k.j == g.world) {
-          k.j = 0;
+          k.j = j0;
           ++k.t;
         }
       };
-      Cursor ld{0, 0, h_lo, r_lo}, st{0, 0, h_lo, r_lo};
-      while (st.t < g.n_push) {
+      Cursor ld{0, j0, h_lo, r_lo}, st{0, j0, h_lo, r_lo};
+      while (st.t < g.n_push && j0 < g.world) {
         while (ld.t < g.n_push && loads < stores + kAhead) {
           tile::tma::wait_group_read<kSlots - kAhead - 1>();  // the slot's previous store has read it
           const int slot = static_cast<int>(loads % kSlots);
@@ -368,7 +383,7 @@ struct GatheredKernel {
       }
       store_wait();
       const int ctr = gathered::counter_index(x.b, x.g, x.s, g.groups, g.slices);
-      for (int d = 0; d < g.world; ++d) signal(g.ready, d, ctr);
+      for (int j = j0; j < g.world; ++j) signal(g.ready, (g.rank + j) % g.world, ctr);
     }
     store_wait();
     if (c == 0 && g.count_o) wait(g.odone, 0, g.odone_expected);  // every owner-bound O tile of this rank landed
@@ -400,6 +415,7 @@ __global__ void __launch_bounds__(K::kThreads, 1) gathered_attention_kernel(cons
     }
     for (int c = 0; c < 2; ++c)
       for (int x = 0; x < kMaxWorld; ++x) sm.ocount[c][x] = 0;
+    for (int i = 0; i < K::kWaitCache; ++i) sm.waited[i] = -1;
     tile::fence_barrier_init();
   }
   __syncthreads();

@@ -43,12 +43,21 @@ __host__ __device__ inline int chunks_in_slice(long long S, int n, int s) {
   const Rows r = slice_rows(S, s);
   return chunk_of_row(S, n, r.end() - 1) - chunk_of_row(S, n, r.begin) + 1;
 }
+// Of those, the chunks in `mine[0..nmine)` (a rank that fills its own rows itself, before the
+// launch, expects only its peers' signals).
+__host__ __device__ inline int own_chunks_in_slice(long long S, int n, int s, const int* mine, int nmine);
 // The rows chunk c sends into slice s (rows == 0: none).
 __host__ __device__ inline Rows piece(long long S, int n, int c, int s) {
   const Rows ch = split(S, n, c), sl = slice_rows(S, s);
   const long long b = ch.begin > sl.begin ? ch.begin : sl.begin;
   const long long e = ch.end() < sl.end() ? ch.end() : sl.end();
   return {b, e > b ? e - b : 0};
+}
+
+__host__ __device__ inline int own_chunks_in_slice(long long S, int n, int s, const int* mine, int nmine) {
+  int k = 0;
+  for (int i = 0; i < nmine; ++i) k += piece(S, n, mine[i], s).rows > 0 ? 1 : 0;
+  return k;
 }
 
 // Readiness counters: ((b * groups) + g) * slices + s.

@@ -128,6 +128,18 @@ RingLaunchInfo RingAttention::Impl::launch(const bf16* q, const bf16* k, const b
   g.wait_q = 0;
   g.num_comm = ncomm, g.rank = r, g.world = W;
   g.n_mine = nmine;
+  // This rank's own rows go into its gathered buffers by the copy engine before the launch (the
+  // communicators' NVLink pushes then carry only peer-bound data); nobody else writes them.
+  g.skip_self = 1;
+  for (int i = 0; i < nmine; ++i) {
+    const gs::Rows ch = ring::chunk(S, W, zz, r, i);
+    const long long off = ring::local_offset(S, W, zz, r, i);
+    const size_t row = size_t(Hkv) * D * sizeof(bf16);
+    for (int t = 0; t < 2; ++t)
+      WEAVE_CUDA_CHECK(cudaMemcpy2DAsync((t ? gv : gk) + ch.begin * Hkv * D, size_t(S) * row,
+                                         (t ? v : k) + off * Hkv * D, size_t(L) * row, ch.rows * row, s.B,
+                                         cudaMemcpyDeviceToDevice, stream));
+  }
   g.n_push = 2;
   for (int t = 0; t < 2; ++t) {
     attention::PushTensor& pt = g.push[t];
@@ -173,8 +185,8 @@ RingLaunchInfo RingAttention::forward(const bf16* q, const bf16* k, const bf16* 
     return m.launch(q, k, v, o, lse, s, opt, opt.num_comm_sms, stream);
   }
   std::vector<runtime::TuneCandidate> cands;
-  for (int n : {2, 4, 8})
-    if (n <= m.c.sm_count() / 2) cands.push_back({0, n});
+  for (int n : {4, 8, 16})
+    if (n <= m.c.sm_count() / 4) cands.push_back({0, n});
   const std::string key = runtime::tune_key(
       "ring_attention", {s.B, s.S, s.Hq, s.Hkv, s.D, opt.causal, static_cast<int>(opt.sharding)}, W, tp::device_key(m.c));
   const runtime::TuneResult t = runtime::Tuner::global().choose(&m.c, key, cands, [&](const runtime::TuneCandidate& c) {

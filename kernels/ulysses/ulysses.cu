@@ -109,6 +109,7 @@ UlyssesLaunchInfo Ulysses::Impl::launch(const bf16* q, const bf16* k, const bf16
   g.wait_q = 1;
   g.num_comm = ncomm, g.rank = r, g.world = W;
   g.n_mine = 1, g.mine[0] = r;
+  g.skip_self = 0;  // the own head slice is pushed like the others (strided: one 2-D copy per batch otherwise)
   g.n_push = 3;
   for (int t = 0; t < 3; ++t) {
     attention::PushTensor& pt = g.push[t];
@@ -158,8 +159,8 @@ UlyssesLaunchInfo Ulysses::forward(const bf16* q, const bf16* k, const bf16* v, 
     return m.launch(q, k, v, o, s, opt, opt.num_comm_sms, stream);
   }
   std::vector<runtime::TuneCandidate> cands;
-  for (int n : {2, 4, 8})
-    if (n <= m.c.sm_count() / 2) cands.push_back({0, n});
+  for (int n : {4, 8, 16})
+    if (n <= m.c.sm_count() / 4) cands.push_back({0, n});
   const std::string key =
       runtime::tune_key("ulysses", {s.B, s.S, s.Hq, s.Hkv, s.D, opt.causal}, W, tp::device_key(m.c));
   const runtime::TuneResult t = runtime::Tuner::global().choose(&m.c, key, cands, [&](const runtime::TuneCandidate& c) {

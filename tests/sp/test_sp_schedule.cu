@@ -151,7 +151,8 @@ TEST(SpSchedule, WaitsExpectExactlyThePushedSignalsAndPushesCoverRowsOnce) {
   for (int W = 2; W <= 8; ++W)
     for (long long S : kS)
       for (int zz : {-1, 0, 1})
-        for (int groups : {1, 3}) {
+        for (int groups : {1, 3})
+          for (int skip_self : {0, 1}) {  // 1: a rank's own rows are copied locally before the launch
           const Case c{W, S, zz};
           const int n = n_chunks(c);
           if (S < n) continue;
@@ -177,6 +178,7 @@ TEST(SpSchedule, WaitsExpectExactlyThePushedSignalsAndPushesCoverRowsOnce) {
               ASSERT_GE(p.begin, sl.begin);
               ASSERT_LE(p.end(), sl.end());
               for (int d = 0; d < W; ++d) {
+                if (skip_self && d == r) continue;
                 ++sig[{d, gs::counter_index(x.b, x.g, x.s, groups, slices)}];
                 auto& v = cover[{d, x.b, x.g}];
                 v.resize(S, 0);
@@ -187,10 +189,17 @@ TEST(SpSchedule, WaitsExpectExactlyThePushedSignalsAndPushesCoverRowsOnce) {
           for (int d = 0; d < W; ++d)
             for (int b = 0; b < B; ++b)
               for (int g = 0; g < groups; ++g) {
-                for (int s = 0; s < slices; ++s)
-                  ASSERT_EQ((sig[{d, gs::counter_index(b, g, s, groups, slices)}]), gs::chunks_in_slice(S, n, s))
+                const std::vector<int> ids = own_chunk_ids(c, d);
+                for (int s = 0; s < slices; ++s) {
+                  const int own = skip_self ? gs::own_chunks_in_slice(S, n, s, ids.data(), int(ids.size())) : 0;
+                  ASSERT_EQ((sig[{d, gs::counter_index(b, g, s, groups, slices)}]), gs::chunks_in_slice(S, n, s) - own)
                       << "W " << W << " S " << S << " slice " << s;
-                const auto& v = cover[{d, b, g}];
+                }
+                auto& v = cover[{d, b, g}];
+                v.resize(S, 0);
+                if (skip_self)
+                  for (const gs::Rows& ch : own_chunks(c, d))
+                    for (long long i = ch.begin; i < ch.end(); ++i) ++v[i];
                 ASSERT_EQ(static_cast<long long>(v.size()), S);
                 for (long long i = 0; i < S; ++i) ASSERT_EQ(v[i], 1) << "row " << i;
               }
