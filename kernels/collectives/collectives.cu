@@ -19,11 +19,29 @@ namespace {
 constexpr size_t kOneShotMaxBytes = size_t(512) << 10;
 // LL doubles the bytes on the link; below this size its saved signal phases win (measured).
 constexpr size_t kLLAutoMaxBytes = size_t(1) << 20;
+// The same trade for all_gather (largest shard's bytes) and reduce_scatter (largest output slab).
+constexpr size_t kLLGatherAutoMaxBytes = size_t(512) << 10;
+constexpr size_t kLLScatterAutoMaxBytes = size_t(512) << 10;
 // Bytes of work per block: one 16-byte unit per thread and step, so that small calls spread
 // over many SMs and finish in one round trip of peer accesses.
 template <class S>
 constexpr long long block_bytes() {
   return S::Threads * 16;
+}
+
+// launch.template operator()<T, Op>() for the element type of t and the reduction op, then the
+// launch error check: one place that turns runtime (dtype, op) into kernel instantiations.
+template <class F>
+void by_type_and_op(DType t, ReduceOp op, F&& launch) {
+  auto with_type = [&]<class T>() {
+    if (op == ReduceOp::sum) launch.template operator()<T, ReduceOp::sum>();
+    else if (op == ReduceOp::max) launch.template operator()<T, ReduceOp::max>();
+    else launch.template operator()<T, ReduceOp::min>();
+  };
+  if (t == DType::bf16) with_type.template operator()<__nv_bfloat16>();
+  else if (t == DType::fp16) with_type.template operator()<__half>();
+  else with_type.template operator()<float>();
+  WEAVE_CUDA_CHECK(cudaGetLastError());
 }
 
 int largest_vec(std::initializer_list<long long> v, int elt) {
@@ -41,8 +59,10 @@ struct Collectives::Impl {
   int blocks_max;  // the smallest SM count of all ranks: every rank launches the same grid
   unsigned long long arrived = 0, done = 0;
   AllReduceAlgo algo = AllReduceAlgo::automatic;
+  ShardAlgo ag_algo = ShardAlgo::automatic, rs_algo = ShardAlgo::automatic;
 
-  // LL all_reduce: scratch[parity][source rank] of 8-byte lines on every rank, zeroed once.
+  // LL: scratch[parity][source rank] of 8-byte lines on every rank, zeroed once; one call counter
+  // for all LL kinds (the reuse argument in ll.cuh).
   runtime::SymmetricTensor<unsigned long long> ll_scratch;
   runtime::SignalSet ll_sig;  // names the LL flags in timeout diagnostics ("from rank" = index)
   unsigned ll_calls = 0;
@@ -52,7 +72,7 @@ struct Collectives::Impl {
       : comm(c),
         sig(c.signals("collectives", 2)),
         ll_scratch(c, 2 * c.world() * kLLLines),
-        ll_sig(c.signals("LL all_reduce flag from rank", 1)) {
+        ll_sig(c.signals("LL collective flag from rank", 1)) {
     WEAVE_CUDA_CHECK(cudaMemset(ll_scratch.data(), 0, ll_scratch.bytes()));
     WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
     c.barrier();  // no peer writes a line before every rank zeroed its scratch
@@ -98,9 +118,12 @@ struct Collectives::Impl {
       d.dst_pitch = x.dst_pitch;
       total += units;
     }
-    bool copy = true;
-    for (int j = 0; j < plan.n; ++j) copy = copy && plan.x[j].nsrc == 1;
-    const long long per_block = copy ? block_bytes<CopyShape>() : block_bytes<ReduceShape>();
+    int max_src = 0;
+    for (int j = 0; j < plan.n; ++j) max_src = std::max(max_src, plan.x[j].nsrc);
+    const bool copy = max_src == 1, pair = max_src == 2;
+    const long long per_block = copy   ? block_bytes<CopyShape>()
+                                : pair ? block_bytes<PairShape>()
+                                       : block_bytes<ReduceShape>();
     const int blocks = static_cast<int>(std::clamp<long long>((work + per_block - 1) / per_block, 1, blocks_max));
     arrived += arrivals_per_call(W);
     done += dones_per_call(W, blocks);
@@ -110,8 +133,10 @@ struct Collectives::Impl {
     if (copy) {  // bytes are bytes: one instantiation serves every dtype
       collective_kernel<__nv_bfloat16, ReduceOp::sum, CopyShape><<<blocks, CopyShape::Threads, 0, s>>>(L);
       WEAVE_CUDA_CHECK(cudaGetLastError());
+    } else if (pair) {
+      dispatch<PairShape>(L, blocks, t, op, s);
     } else {
-      dispatch(L, blocks, t, op, s);
+      dispatch<ReduceShape>(L, blocks, t, op, s);
     }
   }
 
@@ -128,50 +153,59 @@ struct Collectives::Impl {
              std::max<long long>(out_bytes, 1), t, ReduceOp::sum, B * S * H * D * elt / W, s);
   }
 
-  void ll_all_reduce(const void* in, void* out, long long bytes, DType t, ReduceOp op, cudaStream_t s) {
+  // The next LL call's arguments: its buffers (checked like every collective's: heap or
+  // registered), its flag, and its slots: slot[q] is where this rank's lines for rank q go (in
+  // q's scratch), mine[r] where rank r's lines for this rank arrive.
+  template <class Args>
+  Args ll_next(const void* in, size_t in_bytes, void* out, size_t out_bytes) {
+    comm.peers(in, in_bytes);
+    comm.peers(out, out_bytes);
+    Args a{};
+    a.in = static_cast<const unsigned char*>(in);
+    a.out = static_cast<unsigned char*>(out);
     const int W = comm.world(), me = comm.rank();
-    comm.peers(in, bytes);  // the same rules as every collective: heap or registered buffers
-    comm.peers(out, bytes);
     if (++ll_calls == 0) ++ll_calls;  // 0 is the zeroed scratch's flag
     const size_t parity = ll_calls & 1;
     const runtime::PeerPtrs sp = comm.peers(ll_scratch.data(), ll_scratch.bytes());
-    LLArgs a{};
-    a.in = static_cast<const unsigned char*>(in);
-    a.out = static_cast<unsigned char*>(out);
     for (int r = 0; r < W; ++r) {
       a.slot[r] = static_cast<unsigned long long*>(sp[r]) + (parity * W + me) * kLLLines;
       a.mine[r] = ll_scratch.data() + (parity * W + r) * kLLLines;
     }
-    a.bytes = bytes;
     a.flag = ll_calls;
     a.sig = ll_sig.view();
-    const long long words = (bytes + 3) / 4;
-    const int blocks = static_cast<int>(std::clamp<long long>((words + kLLThreads - 1) / kLLThreads, 1, blocks_max));
-    auto by_op = [&](auto tag) {
-      using T = decltype(tag);
-      if (op == ReduceOp::sum) ll_all_reduce_kernel<T, ReduceOp::sum><<<blocks, kLLThreads, 0, s>>>(a);
-      else if (op == ReduceOp::max) ll_all_reduce_kernel<T, ReduceOp::max><<<blocks, kLLThreads, 0, s>>>(a);
-      else ll_all_reduce_kernel<T, ReduceOp::min><<<blocks, kLLThreads, 0, s>>>(a);
-    };
-    if (t == DType::bf16) by_op(__nv_bfloat16{});
-    else if (t == DType::fp16) by_op(__half{});
-    else by_op(float{});
-    WEAVE_CUDA_CHECK(cudaGetLastError());
+    return a;
+  }
+  int ll_blocks(long long lines) const {
+    return static_cast<int>(std::clamp<long long>((lines + kLLThreads - 1) / kLLThreads, 1, blocks_max));
   }
 
+  void ll_all_reduce(const void* in, void* out, long long bytes, DType t, ReduceOp op, cudaStream_t s) {
+    LLArgs a = ll_next<LLArgs>(in, bytes, out, bytes);
+    a.bytes = bytes;
+    const int blocks = ll_blocks((bytes + 3) / 4);
+    by_type_and_op(t, op,
+                   [&]<class T, ReduceOp Op>() { ll_all_reduce_kernel<T, Op><<<blocks, kLLThreads, 0, s>>>(a); });
+  }
+
+  // LL all_gather (gather) or reduce_scatter; the grid covers one rank's share of the lines.
+  void ll_shard(bool gather, const LLPlan& plan, const void* in, size_t in_bytes, void* out, size_t out_bytes, DType t,
+                ReduceOp op, cudaStream_t s) {
+    LLShardArgs a = ll_next<LLShardArgs>(in, in_bytes, out, out_bytes);
+    a.plan = plan;
+    const int blocks = ll_blocks(plan.max_lines);
+    if (gather) {
+      ll_all_gather_kernel<<<blocks, kLLThreads, 0, s>>>(a);
+      WEAVE_CUDA_CHECK(cudaGetLastError());
+    } else {
+      by_type_and_op(t, op,
+                     [&]<class T, ReduceOp Op>() { ll_reduce_scatter_kernel<T, Op><<<blocks, kLLThreads, 0, s>>>(a); });
+    }
+  }
+
+  template <class S>
   void dispatch(const Launch& L, int blocks, DType t, ReduceOp op, cudaStream_t s) {
-#define WEAVE_COLL_LAUNCH(T, OP) collective_kernel<T, OP, ReduceShape><<<blocks, ReduceShape::Threads, 0, s>>>(L)
-    auto by_op = [&](auto tag) {
-      using T = decltype(tag);
-      if (op == ReduceOp::sum) WEAVE_COLL_LAUNCH(T, ReduceOp::sum);
-      else if (op == ReduceOp::max) WEAVE_COLL_LAUNCH(T, ReduceOp::max);
-      else WEAVE_COLL_LAUNCH(T, ReduceOp::min);
-    };
-#undef WEAVE_COLL_LAUNCH
-    if (t == DType::bf16) by_op(__nv_bfloat16{});
-    else if (t == DType::fp16) by_op(__half{});
-    else by_op(float{});
-    WEAVE_CUDA_CHECK(cudaGetLastError());
+    by_type_and_op(t, op,
+                   [&]<class T, ReduceOp Op>() { collective_kernel<T, Op, S><<<blocks, S::Threads, 0, s>>>(L); });
   }
 };
 
@@ -193,8 +227,22 @@ AllReduceAlgo Collectives::all_reduce_algo(size_t bytes, bool in_place, bool ali
 }
 
 namespace {
-std::vector<long long> shape_args(int kind, DType t, ReduceOp op, const Shape& s, int dim) {
-  return {kind, static_cast<long long>(t), static_cast<long long>(op), s.ndim, s.d[0], s.d[1], s.d[2], s.d[3], dim};
+std::vector<long long> shape_args(int kind, DType t, ReduceOp op, const Shape& s, int dim, ShardAlgo algo) {
+  return {kind, static_cast<long long>(t), static_cast<long long>(op), s.ndim, s.d[0], s.d[1], s.d[2], s.d[3], dim,
+          static_cast<long long>(algo)};
+}
+bool aligned4(const void* a, const void* b) {
+  return reinterpret_cast<uintptr_t>(a) % 4 == 0 && reinterpret_cast<uintptr_t>(b) % 4 == 0;
+}
+// LL for a shard collective: an allowed shape, every rank's shard (all_gather) or slab
+// (reduce_scatter) within the scratch slot, and within the automatic limit unless forced.
+ShardAlgo shard_algo(ShardAlgo a, size_t auto_max, const Shape& full, int dim, DType t, int world, bool aligned) {
+  const int elt = static_cast<int>(dtype_size(t));
+  const size_t largest = full.numel() / std::max<long long>(full.d[dim], 1) * shard(full.d[dim], world, 0).size * elt;
+  const bool ll_ok = aligned && ll_shape_ok(full, dim, elt, world) && largest <= Collectives::kLLMaxBytes;
+  if (a == ShardAlgo::automatic) a = ll_ok && largest <= auto_max ? ShardAlgo::ll : ShardAlgo::direct;
+  if (a == ShardAlgo::ll && !ll_ok) a = ShardAlgo::direct;
+  return a;
 }
 void check_shape(const Shape& s, int dim) {
   WEAVE_CHECK(s.ndim >= 1 && s.ndim <= 4, "collective: tensors have 1 to 4 dimensions, got ", s.ndim);
@@ -205,11 +253,12 @@ void check_shape(const Shape& s, int dim) {
 
 void Collectives::all_reduce(const void* in, void* out, size_t count, DType t, ReduceOp op, cudaStream_t s) {
   Impl& m = *impl_;
-  m.check_args({100, static_cast<long long>(t), static_cast<long long>(op), static_cast<long long>(count)});
-  if (count == 0) return;
   const long long bytes = static_cast<long long>(count * dtype_size(t));
-  const bool aligned4 = reinterpret_cast<uintptr_t>(in) % 4 == 0 && reinterpret_cast<uintptr_t>(out) % 4 == 0;
-  const AllReduceAlgo algo = all_reduce_algo(bytes, in == out, aligned4);
+  const AllReduceAlgo algo = all_reduce_algo(bytes, in == out, aligned4(in, out));
+  // The algorithm is compared too: it depends on local pointers, and ranks must agree on it.
+  m.check_args({100, static_cast<long long>(t), static_cast<long long>(op), static_cast<long long>(count),
+                static_cast<long long>(algo)});
+  if (count == 0) return;
   if (algo == AllReduceAlgo::ll) return m.ll_all_reduce(in, out, bytes, t, op, s);
   const bool two = algo == AllReduceAlgo::two_shot;
   const int W = m.comm.world();
@@ -219,11 +268,15 @@ void Collectives::all_reduce(const void* in, void* out, size_t count, DType t, R
 void Collectives::all_gather(const void* in, void* out, const Shape& full, int dim, DType t, cudaStream_t s) {
   Impl& m = *impl_;
   check_shape(full, dim);
-  m.check_args(shape_args(1, t, ReduceOp::sum, full, dim));
+  const ShardAlgo algo = all_gather_algo(full, dim, t, aligned4(in, out));
+  m.check_args(shape_args(1, t, ReduceOp::sum, full, dim, algo));
   const int W = m.comm.world(), r = m.comm.rank(), elt = static_cast<int>(dtype_size(t));
   const long long n = full.numel();
   if (n == 0) return;
   const long long mine = n / full.d[dim] * shard(full.d[dim], W, r).size;
+  if (algo == ShardAlgo::ll)
+    return m.ll_shard(true, plan_ll_all_gather(full, dim, elt, W, r), in, std::max<long long>(mine * elt, 1), out,
+                      n * elt, t, ReduceOp::sum, s);
   m.launch(plan_all_gather(full, dim, elt, W, r), in, std::max<long long>(mine * elt, 1), out, n * elt, t,
            ReduceOp::sum, n * elt, s);
 }
@@ -232,13 +285,26 @@ void Collectives::reduce_scatter(const void* in, void* out, const Shape& full, i
                                  cudaStream_t s) {
   Impl& m = *impl_;
   check_shape(full, dim);
-  m.check_args(shape_args(2, t, op, full, dim));
+  const ShardAlgo algo = reduce_scatter_algo(full, dim, t, aligned4(in, out));
+  m.check_args(shape_args(2, t, op, full, dim, algo));
   const int W = m.comm.world(), r = m.comm.rank(), elt = static_cast<int>(dtype_size(t));
   const long long n = full.numel();
   if (n == 0) return;
   const long long mine = n / full.d[dim] * shard(full.d[dim], W, r).size;
+  if (algo == ShardAlgo::ll)
+    return m.ll_shard(false, plan_ll_reduce_scatter(full, dim, elt, W, r), in, n * elt, out,
+                      std::max<long long>(mine * elt, 1), t, op, s);
   m.launch(plan_reduce_scatter(full, dim, elt, W, r), in, n * elt, out, std::max<long long>(mine * elt, 1), t, op,
            n * elt / W, s);
+}
+
+void Collectives::set_all_gather_algo(ShardAlgo a) { impl_->ag_algo = a; }
+void Collectives::set_reduce_scatter_algo(ShardAlgo a) { impl_->rs_algo = a; }
+ShardAlgo Collectives::all_gather_algo(const Shape& full, int dim, DType t, bool aligned) const {
+  return shard_algo(impl_->ag_algo, kLLGatherAutoMaxBytes, full, dim, t, impl_->comm.world(), aligned);
+}
+ShardAlgo Collectives::reduce_scatter_algo(const Shape& full, int dim, DType t, bool aligned) const {
+  return shard_algo(impl_->rs_algo, kLLScatterAutoMaxBytes, full, dim, t, impl_->comm.world(), aligned);
 }
 
 void Collectives::all_to_all_seq_to_head(const void* in, void* out, long long B, long long S, long long H, long long D,

@@ -39,6 +39,12 @@ __host__ __device__ inline Range shard(long long n, int world, int r) {
 // signal phase, twice the bytes; up to Collectives::kLLMaxBytes, 4-byte aligned buffers).
 enum class AllReduceAlgo : int { automatic = 0, one_shot = 1, two_shot = 2, ll = 3 };
 
+// all_gather / reduce_scatter algorithms: direct (peers' user buffers read or written in place,
+// framed by an arrival and a completion signal phase) and LL (flagged lines through the library's
+// scratch, no signal phase, twice the bytes; for shards up to Collectives::kLLMaxBytes whose rows
+// are whole 4-byte words, on 4-byte aligned buffers).
+enum class ShardAlgo : int { automatic = 0, direct = 1, ll = 2 };
+
 class Collectives {
  public:
   static constexpr size_t kLLMaxBytes = size_t(1) << 20;
@@ -62,6 +68,13 @@ class Collectives {
   // reduce_scatter's `out` this rank's slice of `in`, where that slice is contiguous (dim 0, or
   // every dimension before `dim` of size 1).
   void reduce_scatter(const void* in, void* out, const Shape& full, int dim, DType t, ReduceOp op, cudaStream_t s);
+  // Override the per-size choice (benchmarks and tests); LL falls back to direct where the shape,
+  // size or alignment does not allow it.
+  void set_all_gather_algo(ShardAlgo a);
+  void set_reduce_scatter_algo(ShardAlgo a);
+  // The algorithm each picks for this call with the current setting.
+  ShardAlgo all_gather_algo(const Shape& full, int dim, DType t, bool aligned4 = true) const;
+  ShardAlgo reduce_scatter_algo(const Shape& full, int dim, DType t, bool aligned4 = true) const;
 
   // Ulysses: (B, S/W, H, D) -> (B, S, H/W, D) and back; S split by shard(S, W, r), H % W == 0.
   void all_to_all_seq_to_head(const void* in, void* out, long long B, long long S, long long H, long long D, DType t,

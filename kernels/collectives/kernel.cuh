@@ -32,7 +32,7 @@ struct Launch {
   unsigned long long arrive_expect, done_expect;
 };
 
-// Two kernel shapes. Reductions hold up to 8 sources' vectors per unit: 256 threads x 2 units is
+// Three kernel shapes. Reductions hold up to 8 sources' vectors per unit: 256 threads x 2 units is
 // what fits without spills (ptxas -v). Copies hold one: more threads keep more peer stores in
 // flight (512 measured +6 % over 256 on all_gather, perf-notes). Overridable at build time only,
 // for those experiments.
@@ -44,6 +44,10 @@ struct KernelShape {
   static constexpr int MaxSrc = MaxSrc_, Threads = Threads_, Unroll = Unroll_;
 };
 using ReduceShape = KernelShape<kMaxWorld, 256, 2>;
+// Reductions over two sources (every reduction on 2 ranks): the registers freed by the missing
+// six sources hold more units, so twice the threads with twice the units keep 4x the peer loads
+// in flight per SM (measured +1-3 % at 64 MiB-1 GiB, no change at <= 8 MiB, perf-notes).
+using PairShape = KernelShape<2, 512, 4>;
 using CopyShape = KernelShape<1, WEAVE_COLL_COPY_THREADS, 2>;
 
 namespace detail {
@@ -123,7 +127,7 @@ __device__ __forceinline__ void run_xfer(const DevXfer& x) {
 
 }  // namespace detail
 
-// S: ReduceShape, or CopyShape for plans whose transfers all have one source.
+// S: ReduceShape, PairShape for plans with two sources at most, CopyShape for one source.
 template <class T, ReduceOp Op, class S>
 __global__ void __launch_bounds__(S::Threads) collective_kernel(const __grid_constant__ Launch L) {
   if (threadIdx.x == 0) {

@@ -1,15 +1,18 @@
-// LL ("low latency") all-reduce for small inputs. Every rank writes its input into every peer's
-// scratch as 8-byte lines {4 data bytes, 4 flag bytes}; an aligned 8-byte store is single-copy
-// atomic, so a reader that sees this call's flag in a line sees the line's data too: no fence and
-// no signal phase, only the stores' flight. The price is twice the bytes on the link, so it wins
-// only while latency, not bandwidth, decides.
+// LL ("low latency") all-reduce, all-gather and reduce-scatter for small inputs. Every rank
+// writes its input into every peer's scratch as 8-byte lines {4 data bytes, 4 flag bytes}; an
+// aligned 8-byte store is single-copy atomic, so a reader that sees this call's flag in a line
+// sees the line's data too: no fence and no signal phase, only the stores' flight. The price is
+// twice the bytes on the link, so it wins only while latency, not bandwidth, decides.
 //
 // Scratch reuse: slot [parity][source] is rewritten two LL calls later. A rank that starts call
 // n+2 has finished call n+1, whose data every peer wrote in its own call n+1, after its call n
-// (and so its reads of the slot) ended: no extra synchronization is needed.
+// (and so its reads of the slot) ended: no extra synchronization is needed. This holds across
+// the three kinds because every LL call sends at least one line to every peer and waits for at
+// least one from every peer (LLPlan), and all kinds count calls with one counter.
 #pragma once
 #include <cstdint>
 
+#include "collectives/plan.hpp"
 #include "weave/config.hpp"
 #include "weave/reduce.cuh"
 #include "weave/signal.cuh"
@@ -24,6 +27,17 @@ struct LLArgs {
   long long bytes;                            // input bytes (a multiple of the element size)
   unsigned flag;                              // this call's number; never 0
   signals sig;                                // rank, world, and the timeout diagnostics
+};
+
+// all_gather / reduce_scatter: what moves is described by the plan (plan.hpp), in words.
+struct LLShardArgs {
+  const unsigned char* in;
+  unsigned char* out;
+  unsigned long long* slot[kMaxWorld];
+  const unsigned long long* mine[kMaxWorld];
+  LLPlan plan;
+  unsigned flag;
+  signals sig;
 };
 
 inline constexpr int kLLThreads = 512;
@@ -82,6 +96,85 @@ __global__ void __launch_bounds__(kLLThreads) ll_all_reduce_kernel(const __grid_
 #pragma unroll
     for (int j = 0; j < E; ++j) o[j] = weave::detail::from_f32<T>(acc[j]);
     detail::ll_store(a.out, i, a.bytes, w);
+  }
+}
+
+namespace detail {
+__device__ __forceinline__ uint32_t ld_word(const unsigned char* base, const WordRegion& g, long long i) {
+  return *reinterpret_cast<const uint32_t*>(base + g.byte(i));
+}
+__device__ __forceinline__ void st_word(unsigned char* base, const WordRegion& g, long long i, uint32_t w) {
+  *reinterpret_cast<uint32_t*>(base + g.byte(i)) = w;
+}
+// Rank `from`'s line i of this call (polled until its flag is this call's).
+__device__ __forceinline__ uint32_t ll_receive(const signals& sig, const unsigned long long* p, int from,
+                                               unsigned flag) {
+  unsigned long long line = 0;
+  weave::detail::poll(
+      sig, from, flag, [&] { return static_cast<unsigned>((line = ld_relaxed_sys(p)) >> 32) == flag; },
+      [&] { return line >> 32; });
+  return static_cast<uint32_t>(line);
+}
+__device__ __forceinline__ long long ll_first() {
+  return static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ long long ll_stride() { return static_cast<long long>(gridDim.x) * blockDim.x; }
+}  // namespace detail
+
+// all_gather: my input to every peer as lines (and into my own output), then every peer's lines
+// into my output at that peer's place. Bytes are bytes: one instantiation serves every dtype.
+__global__ void __launch_bounds__(kLLThreads) ll_all_gather_kernel(const __grid_constant__ LLShardArgs a) {
+  const int W = a.sig.world, me = a.sig.rank;
+  const LLPlan& p = a.plan;
+  const long long n = p.place[me].words(), lines = n > 0 ? n : 1;
+  for (long long i = detail::ll_first(); i < lines; i += detail::ll_stride()) {
+    const uint32_t w = i < n ? detail::ld_word(a.in, p.send[me], i) : 0;
+    const unsigned long long line = static_cast<unsigned long long>(a.flag) << 32 | w;
+    for (int k = 0; k < W - 1; ++k) detail::st_relaxed_sys(a.slot[(me + 1 + k) % W] + i, line);
+    if (i < n) detail::st_word(a.out, p.place[me], i, w);
+  }
+  for (int k = 0; k < W - 1; ++k) {
+    const int q = (me + 1 + k) % W;
+    const long long nq = p.place[q].words();
+    for (long long i = detail::ll_first(); i < p.lines_from[q]; i += detail::ll_stride()) {
+      const uint32_t w = detail::ll_receive(a.sig, a.mine[q] + i, q, a.flag);
+      if (i < nq) detail::st_word(a.out, p.place[q], i, w);
+    }
+  }
+}
+
+// reduce_scatter: rank q's slab of my input to rank q as lines, then my slab reduced over ranks
+// 0..W-1 in order (fp32, the direct path's order) into my contiguous output.
+template <class T, ReduceOp Op>
+__global__ void __launch_bounds__(kLLThreads) ll_reduce_scatter_kernel(const __grid_constant__ LLShardArgs a) {
+  constexpr int E = 4 / sizeof(T);
+  const int W = a.sig.world, me = a.sig.rank;
+  const LLPlan& p = a.plan;
+  for (int k = 0; k < W - 1; ++k) {
+    const int q = (me + 1 + k) % W;
+    const long long nq = p.send[q].words();
+    for (long long i = detail::ll_first(); i < p.lines_to[q]; i += detail::ll_stride()) {
+      const uint32_t w = i < nq ? detail::ld_word(a.in, p.send[q], i) : 0;
+      detail::st_relaxed_sys(a.slot[q] + i, static_cast<unsigned long long>(a.flag) << 32 | w);
+    }
+  }
+  const long long n = p.own.words(), lines = n > 0 ? n : 1;
+  for (long long i = detail::ll_first(); i < lines; i += detail::ll_stride()) {
+    float acc[E];
+    for (int r = 0; r < W; ++r) {
+      const uint32_t w = r == me ? (i < n ? detail::ld_word(a.in, p.own, i) : 0)
+                                 : detail::ll_receive(a.sig, a.mine[r] + i, r, a.flag);
+      const T* e = reinterpret_cast<const T*>(&w);
+#pragma unroll
+      for (int j = 0; j < E; ++j)
+        acc[j] = r == 0 ? weave::detail::to_f32(e[j]) : weave::detail::combine<Op>(acc[j], weave::detail::to_f32(e[j]));
+    }
+    if (i >= n) continue;
+    uint32_t w;
+    T* o = reinterpret_cast<T*>(&w);
+#pragma unroll
+    for (int j = 0; j < E; ++j) o[j] = weave::detail::from_f32<T>(acc[j]);
+    reinterpret_cast<uint32_t*>(a.out)[i] = w;
   }
 }
 

@@ -27,7 +27,39 @@ std::vector<GatherCase> gather_cases() {
                                {shape({1000, 777}), 1}, {shape({4, 1, 33}), 1}, {shape({2, 3, 5}), 2}};
   for (int d = 0; d < 3; ++d) v.push_back({shape({5, 999, 67}), d});
   for (int d = 0; d < 4; ++d) v.push_back({shape({3, 37, 11, 131}), d});
+  // Shapes the LL path takes in 16-bit types too (every shard row a whole number of 4-byte words),
+  // ragged across ranks, one with an empty shard, and around the switch points: with 512-byte
+  // rows (bf16/fp16) the largest shard is 512 KiB at W*1024 rows (LL under automatic), one row
+  // more (direct under automatic), 1 MiB at W*2048 rows (the most LL takes), one row more (direct
+  // even when LL is asked for). fp32 doubles every size: the same points from the other side.
+  const long long W = comm().world();
+  v.push_back({shape({1001, 258}), 0});
+  v.push_back({shape({1001, 2 * W * 65}), 1});
+  v.push_back({shape({7, 2 * W * 3 + 2, 10}), 1});
+  v.push_back({shape({1, 64}), 0});
+  for (long long rows : {W * 1024, W * 1024 + 1, W * 2048, W * 2048 + 1}) v.push_back({shape({rows, 256}), 0});
+  for (long long rows : {512LL, 513LL}) v.push_back({shape({rows, 2 * W * 256}), 1});
   return v;
+}
+// Every all_gather / reduce_scatter case runs with each setting; LL falls back to direct where
+// the shape or size does not allow it (the cases above include both sides).
+const coll::ShardAlgo kShardAlgos[] = {coll::ShardAlgo::automatic, coll::ShardAlgo::direct, coll::ShardAlgo::ll};
+// fn(trace, dtype, case) for every setting (set through `set`, automatic again afterwards),
+// dtype and case; in place only where the shard is contiguous (NCCL's convention).
+template <class Set, class F>
+void for_shard_cases(const char* what, Set&& set, bool in_place, F&& fn) {
+  for (auto algo : kShardAlgos) {
+    set(algo);
+    const char* name = algo == coll::ShardAlgo::automatic ? "auto" : algo == coll::ShardAlgo::direct ? "direct" : "ll";
+    for (DType t : kTypes)
+      for (const auto& c : gather_cases()) {
+        if (in_place && ref::split(c.full, c.dim).outer != 1) continue;
+        fn(std::string(what) + (in_place ? " in place " : " ") + dtype_name(t) + " " + str(c.full) + " dim " +
+               std::to_string(c.dim) + " algo " + name + " rank " + std::to_string(comm().rank()),
+           t, c);
+      }
+  }
+  set(coll::ShardAlgo::automatic);
 }
 
 struct UlyssesCase {
@@ -113,22 +145,12 @@ void all_gather_case(const Shape& full, int dim, DType t, bool in_place) {
 }
 
 TEST(Collectives, AllGather) {
-  for (DType t : kTypes)
-    for (const auto& c : gather_cases()) {
-      SCOPED_TRACE(std::string("all_gather ") + dtype_name(t) + " " + str(c.full) + " dim " + std::to_string(c.dim) +
-                   " rank " + std::to_string(comm().rank()));
-      all_gather_case(c.full, c.dim, t, false);
-    }
-}
-
-TEST(Collectives, AllGatherInPlace) {
-  for (DType t : kTypes)
-    for (const auto& c : gather_cases()) {
-      if (ref::split(c.full, c.dim).outer != 1) continue;
-      SCOPED_TRACE(std::string("all_gather in place ") + dtype_name(t) + " " + str(c.full) + " dim " +
-                   std::to_string(c.dim) + " rank " + std::to_string(comm().rank()));
-      all_gather_case(c.full, c.dim, t, true);
-    }
+  for (bool in_place : {false, true})
+    for_shard_cases("all_gather", [](coll::ShardAlgo a) { ctx().coll.set_all_gather_algo(a); }, in_place,
+                    [&](const std::string& trace, DType t, const GatherCase& c) {
+                      SCOPED_TRACE(trace);
+                      all_gather_case(c.full, c.dim, t, in_place);
+                    });
 }
 
 // In place: `out` is this rank's shard inside `in` (NCCL's convention; needs outer == 1).
@@ -160,23 +182,17 @@ void reduce_scatter_case(const Shape& full, int dim, DType t, ReduceOp op, bool 
 }
 
 TEST(Collectives, ReduceScatter) {
-  for (DType t : kTypes)
-    for (ReduceOp op : kOps)
-      for (const auto& c : gather_cases()) {
-        SCOPED_TRACE(std::string("reduce_scatter ") + dtype_name(t) + " " + op_name(op) + " " + str(c.full) + " dim " +
-                     std::to_string(c.dim) + " rank " + std::to_string(comm().rank()));
-        reduce_scatter_case(c.full, c.dim, t, op, false);
-      }
-}
-
-TEST(Collectives, ReduceScatterInPlace) {
-  for (DType t : kTypes)
-    for (const auto& c : gather_cases()) {
-      if (ref::split(c.full, c.dim).outer != 1) continue;
-      SCOPED_TRACE(std::string("reduce_scatter in place ") + dtype_name(t) + " " + str(c.full) + " dim " +
-                   std::to_string(c.dim) + " rank " + std::to_string(comm().rank()));
-      reduce_scatter_case(c.full, c.dim, t, ReduceOp::sum, true);
+  auto set = [](coll::ShardAlgo a) { ctx().coll.set_reduce_scatter_algo(a); };
+  for_shard_cases("reduce_scatter", set, false, [](const std::string& trace, DType t, const GatherCase& c) {
+    for (ReduceOp op : kOps) {
+      SCOPED_TRACE(trace + " " + op_name(op));
+      reduce_scatter_case(c.full, c.dim, t, op, false);
     }
+  });
+  for_shard_cases("reduce_scatter", set, true, [](const std::string& trace, DType t, const GatherCase& c) {
+    SCOPED_TRACE(trace);
+    reduce_scatter_case(c.full, c.dim, t, ReduceOp::sum, true);
+  });
 }
 
 void ulysses_case(const UlyssesCase& u, bool to_head, DType t) {
@@ -276,6 +292,46 @@ TEST(Collectives, BackToBack) {
                       ReduceOp::sum, 0, x.s, it + 1);
       }
       report("reduce_scatter back to back", t);
+    }
+    {  // The three LL kinds interleaved (one call counter, one scratch): all_gather and
+       // reduce_scatter along a strided dimension, all_reduce, and an all_gather in which a rank
+       // owns nothing (it still sends its flag lines).
+      auto& c = x.coll;
+      c.set_all_gather_algo(coll::ShardAlgo::ll);
+      c.set_reduce_scatter_algo(coll::ShardAlgo::ll);
+      c.set_all_reduce_algo(coll::AllReduceAlgo::ll);
+      const Shape ls = shape({1001, 2LL * W * 65}), tiny = shape({1, 64});
+      const long long mine = ref::shard_numel(ls, 1, W, me), tmine = ref::shard_numel(tiny, 0, W, me);
+      EXPECT_EQ(c.all_gather_algo(ls, 1, t), coll::ShardAlgo::ll);
+      EXPECT_EQ(c.reduce_scatter_algo(ls, 1, t), coll::ShardAlgo::ll);
+      EXPECT_EQ(c.all_gather_algo(tiny, 0, t), coll::ShardAlgo::ll);
+      Buf sh(max_shard_numel(ls, 1), t), full_buf(ls.numel(), t), sh_out(max_shard_numel(ls, 1), t);
+      Buf ar(4099, t), ar_out(4099, t), tin(64, t), tout(64, t);
+      x.check.reset(x.s);
+      settle();
+      for (int it = 0; it < kIters; ++it) {
+        const uint64_t s = seed + 17 * it;
+        ref::fill(sh.p, mine, t, s, me, Values::integers, x.s);
+        c.all_gather(sh.p, full_buf.p, ls, 1, t, x.s);
+        x.check.check(full_buf.p, nullptr, ref::map_all_gather(ls, 1, W, me), t, s, Values::integers, ReduceOp::sum, 0,
+                      x.s, it + 1);
+        ref::fill(full_buf.p, ls.numel(), t, s + 1, me, Values::integers, x.s);
+        c.reduce_scatter(full_buf.p, sh_out.p, ls, 1, t, ReduceOp::sum, x.s);
+        x.check.check(sh_out.p, nullptr, ref::map_reduce_scatter(ls, 1, W, me), t, s + 1, Values::integers,
+                      ReduceOp::sum, 0, x.s, it + 1);
+        ref::fill(ar.p, 4099, t, s + 2, me, Values::integers, x.s);
+        c.all_reduce(ar.p, ar_out.p, 4099, t, ReduceOp::sum, x.s);
+        x.check.check(ar_out.p, nullptr, ref::map_all_reduce(4099, W, me), t, s + 2, Values::integers, ReduceOp::sum, 0,
+                      x.s, it + 1);
+        ref::fill(tin.p, tmine, t, s + 3, me, Values::integers, x.s);
+        c.all_gather(tin.p, tout.p, tiny, 0, t, x.s);
+        x.check.check(tout.p, nullptr, ref::map_all_gather(tiny, 0, W, me), t, s + 3, Values::integers, ReduceOp::sum,
+                      0, x.s, it + 1);
+      }
+      report("LL all_gather / reduce_scatter / all_reduce interleaved back to back", t);
+      c.set_all_gather_algo(coll::ShardAlgo::automatic);
+      c.set_reduce_scatter_algo(coll::ShardAlgo::automatic);
+      c.set_all_reduce_algo(coll::AllReduceAlgo::automatic);
     }
     {  // Ulysses there and back: the round trip must give each rank its own input again
       const long long seq_part = u.B * coll::shard(u.S, W, me).size * u.H * u.D;

@@ -261,3 +261,172 @@ TEST(Schedule, StaggeredOrderServesEveryRankOnceLocalLast) {
         for (int r2 = 0; r2 < r; ++r2) ASSERT_NE(staggered(r, k, W), staggered(r2, k, W));
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// LL all_gather / reduce_scatter: executed on bytes for W = 2..8, 2- and 4-byte elements, ragged
+// shapes the LL path accepts (some ranks owning nothing). Every line a rank polls was written by
+// its sender in this call (the counts agree, and are >= 1 for every pair: the scratch-reuse
+// argument), every output word is written exactly once, and the values are the gather / the
+// half-word-wise sum.
+namespace {
+
+struct LLSim {
+  int W;
+  std::vector<std::vector<uint16_t>> in, out;  // half-words
+  std::vector<std::vector<int>> writes;        // per output word
+  // scratch[q][p]: lines rank p wrote for rank q this call (value, written)
+  std::vector<std::vector<std::vector<std::pair<uint32_t, bool>>>> scratch;
+
+  uint32_t word(const std::vector<uint16_t>& b, long long byte) {
+    EXPECT_EQ(byte % 4, 0);
+    return b.at(byte / 2) | static_cast<uint32_t>(b.at(byte / 2 + 1)) << 16;
+  }
+  void put(int r, long long byte, uint32_t w) {
+    ASSERT_EQ(byte % 4, 0);
+    ASSERT_LT(byte / 2 + 1, static_cast<long long>(out[r].size()));
+    out[r][byte / 2] = static_cast<uint16_t>(w);
+    out[r][byte / 2 + 1] = static_cast<uint16_t>(w >> 16);
+    writes[r][byte / 4]++;
+  }
+  // Phase 1 of every rank (writes into peers' scratch), then phase 2 (reads), as the kernel does.
+  void send(int r, const LLPlan& p) {
+    for (int q = 0; q < W; ++q) {
+      if (q == r) {
+        ASSERT_EQ(p.lines_to[q], 0);
+        continue;
+      }
+      ASSERT_GE(p.lines_to[q], 1) << "rank " << r << " sends nothing to " << q;
+      ASSERT_LE(p.lines_to[q], p.max_lines);
+      auto& slot = scratch[q][r];
+      slot.assign(p.lines_to[q], {0, false});
+      for (long long i = 0; i < p.lines_to[q]; ++i)
+        slot[i] = {i < p.send[q].words() ? word(in[r], p.send[q].byte(i)) : 0u, true};
+    }
+  }
+  uint32_t receive(int q, int from, long long i) {
+    const auto& slot = scratch[q][from];
+    EXPECT_LT(i, static_cast<long long>(slot.size())) << "rank " << q << " polls a line " << from << " never writes";
+    if (i >= static_cast<long long>(slot.size())) return 0;
+    EXPECT_TRUE(slot[i].second);
+    return slot[i].first;
+  }
+};
+
+struct Geometry {
+  long long outer, mid, inner;
+};
+Geometry geometry(const Shape& s, int dim) {
+  Geometry g{1, s.d[dim], 1};
+  for (int i = 0; i < dim; ++i) g.outer *= s.d[i];
+  for (int i = dim + 1; i < s.ndim; ++i) g.inner *= s.d[i];
+  return g;
+}
+
+// fn(W, elt, full, dim) on random shapes the LL path accepts, W = 2..8, 2- and 4-byte elements;
+// checks that enough of them were found.
+template <class F>
+void for_ll_shapes(unsigned seed, F&& fn) {
+  std::mt19937 rng(seed);
+  int tested = 0;
+  for (int W = 2; W <= 8; ++W)
+    for (int elt : {2, 4})
+      for (int trial = 0; trial < 60; ++trial) {
+        Shape full = random_shape(rng);
+        const int dim = rng() % full.ndim;
+        if (!ll_shape_ok(full, dim, elt, W)) continue;
+        ++tested;
+        fn(W, elt, full, dim, rng);
+        if (::testing::Test::HasFatalFailure()) return;
+      }
+  EXPECT_GT(tested, 300);
+}
+
+}  // namespace
+
+TEST(Schedule, LLAllGatherAnyDim) {
+  for_ll_shapes(6, [](int W, int elt, const Shape& full, int dim, std::mt19937& rng) {
+    const Geometry g = geometry(full, dim);
+    const long long row = g.inner * elt, full_bytes = full.numel() * elt;
+    std::vector<uint16_t> G(full_bytes / 2 + 1);
+    for (auto& x : G) x = static_cast<uint16_t>(rng());
+    LLSim sim{W};
+    sim.in.assign(W, {});
+    sim.out.assign(W, std::vector<uint16_t>(full_bytes / 2 + 2, 0xffff));
+    sim.writes.assign(W, std::vector<int>(full_bytes / 4 + 1, 0));
+    sim.scratch.assign(W, std::vector<std::vector<std::pair<uint32_t, bool>>>(W));
+    std::vector<LLPlan> plan;
+    for (int r = 0; r < W; ++r) {
+      plan.push_back(plan_ll_all_gather(full, dim, elt, W, r));
+      const Range sh = shard(g.mid, W, r);
+      sim.in[r].assign(g.outer * sh.size * row / 2 + 2, 0);  // rank r's shard, contiguous
+      for (long long o = 0; o < g.outer; ++o)
+        for (long long b = 0; b < sh.size * row; b += 2)
+          sim.in[r][(o * sh.size * row + b) / 2] = G[(o * g.mid * row + sh.begin * row + b) / 2];
+    }
+    for (int r = 0; r < W; ++r) sim.send(r, plan[r]);
+    for (int q = 0; q < W; ++q) {
+      const LLPlan& p = plan[q];
+      for (long long i = 0; i < p.place[q].words(); ++i)
+        sim.put(q, p.place[q].byte(i), sim.word(sim.in[q], p.send[q].byte(i)));
+      for (int f = 0; f < W; ++f) {
+        if (f == q) continue;
+        ASSERT_EQ(p.lines_from[f], plan[f].lines_to[q]) << "W=" << W << " rank " << q << " from " << f;
+        for (long long i = 0; i < p.lines_from[f]; ++i) {
+          const uint32_t w = sim.receive(q, f, i);
+          if (i < p.place[f].words()) sim.put(q, p.place[f].byte(i), w);
+        }
+      }
+    }
+    for (int q = 0; q < W; ++q) {
+      for (long long w = 0; w < full_bytes / 4; ++w) ASSERT_EQ(sim.writes[q][w], 1) << "W=" << W << " rank " << q;
+      for (long long h = 0; h < full_bytes / 2; ++h) ASSERT_EQ(sim.out[q][h], G[h]) << "W=" << W << " rank " << q;
+    }
+  });
+}
+
+TEST(Schedule, LLReduceScatterAnyDim) {
+  for_ll_shapes(7, [](int W, int elt, const Shape& full, int dim, std::mt19937& rng) {
+    const Geometry g = geometry(full, dim);
+    const long long row = g.inner * elt, full_bytes = full.numel() * elt;
+    LLSim sim{W};
+    sim.in.assign(W, std::vector<uint16_t>(full_bytes / 2 + 2));
+    for (auto& v : sim.in)
+      for (auto& x : v) x = static_cast<uint16_t>(rng());
+    sim.out.assign(W, {});
+    sim.writes.assign(W, {});
+    sim.scratch.assign(W, std::vector<std::vector<std::pair<uint32_t, bool>>>(W));
+    std::vector<LLPlan> plan;
+    for (int r = 0; r < W; ++r) {
+      plan.push_back(plan_ll_reduce_scatter(full, dim, elt, W, r));
+      const long long mine = g.outer * shard(g.mid, W, r).size * row;
+      sim.out[r].assign(mine / 2 + 2, 0xffff);
+      sim.writes[r].assign(mine / 4 + 1, 0);
+    }
+    for (int r = 0; r < W; ++r) sim.send(r, plan[r]);
+    for (int q = 0; q < W; ++q) {
+      const LLPlan& p = plan[q];
+      for (int f = 0; f < W; ++f)
+        if (f != q) ASSERT_EQ(p.lines_from[f], plan[f].lines_to[q]) << "W=" << W << " rank " << q << " from " << f;
+      const long long n = p.own.words();
+      for (long long i = 0; i < std::max(n, 1ll); ++i) {
+        uint16_t acc[2] = {0, 0};
+        for (int r = 0; r < W; ++r) {
+          const uint32_t w = r == q ? (i < n ? sim.word(sim.in[q], p.own.byte(i)) : 0u) : sim.receive(q, r, i);
+          acc[0] = static_cast<uint16_t>(acc[0] + (w & 0xffff));
+          acc[1] = static_cast<uint16_t>(acc[1] + (w >> 16));
+        }
+        if (i < n) sim.put(q, 4 * i, acc[0] | static_cast<uint32_t>(acc[1]) << 16);
+      }
+      // Independent of the plan: the shard's rows out of the full tensors, half-word sums.
+      const Range sh = shard(g.mid, W, q);
+      for (long long w = 0; w < g.outer * sh.size * row / 4; ++w) ASSERT_EQ(sim.writes[q][w], 1);
+      for (long long o = 0; o < g.outer; ++o)
+        for (long long b = 0; b < sh.size * row; b += 2) {
+          uint16_t want = 0;
+          for (int r = 0; r < W; ++r)
+            want = static_cast<uint16_t>(want + sim.in[r][(o * g.mid * row + sh.begin * row + b) / 2]);
+          ASSERT_EQ(sim.out[q][(o * sh.size * row + b) / 2], want) << "W=" << W << " rank " << q;
+        }
+    }
+  });
+}

@@ -9,13 +9,15 @@
 //
 //   weave-run -n 2 -- weave-bench collectives [--sizes 1M,8M,64M,256M,1G] [--dtypes bf16]
 //       [--kernels all_reduce,all_gather,reduce_scatter,all_to_all] [--ops sum] [--cols 4096]
-//       [--ulysses B,H,D] [--ar-algo auto|one_shot|two_shot|ll] [--target-ms 25] [--repeats 5]
-//       [--json FILE]
+//       [--ulysses B,H,D] [--ar-algo auto|one_shot|two_shot|ll] [--ag-algo auto|direct|ll]
+//       [--rs-algo auto|direct|ll] [--target-ms 25] [--repeats 5] [--host-us] [--json FILE]
 //
 // --sizes is bytes per rank of each collective's input (K, M, G suffixes: powers of 1024). Without
-// it, all_reduce also runs 64K and 256K (latency). 2-D layouts are rows x cols (--cols), gathered
-// or scattered along dim 0 (contiguous pieces) and along dim 1 (strided pieces).
+// it, all_reduce, all_gather and reduce_scatter also run 64K and 256K (latency). 2-D layouts are
+// rows x cols (--cols), gathered or scattered along dim 0 (contiguous pieces) and along dim 1
+// (strided pieces).
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -205,6 +207,18 @@ void call(const Case& c, coll::Collectives* w, ref::NcclCollectives* nccl, const
   }
 }
 
+// The path weave takes for this case (JSON `algo`; empty for all_to_all, which has one).
+std::string algo_name(const Case& c, const coll::Collectives& w) {
+  if (c.kernel == "all_reduce") {
+    static const char* names[] = {"auto", "one_shot", "two_shot", "ll"};
+    return names[static_cast<int>(w.all_reduce_algo(c.out_elems * dtype_size(c.t), false))];
+  }
+  if (c.kernel != "all_gather" && c.kernel != "reduce_scatter") return "";
+  const coll::ShardAlgo a =
+      c.kernel == "all_gather" ? w.all_gather_algo(c.shape, c.dim, c.t) : w.reduce_scatter_algo(c.shape, c.dim, c.t);
+  return a == coll::ShardAlgo::ll ? "ll" : "direct";
+}
+
 template <class T>
 std::vector<T> gather_all(runtime::Communicator& comm, T mine) {
   std::vector<T> all(comm.world());
@@ -217,8 +231,8 @@ int run(const bench::Args& a) {
   const bool custom_sizes = a.has("sizes");
   std::vector<long long> sizes;
   for (const auto& s : split_list(a.get("sizes", "1M,8M,64M,256M,1G"))) sizes.push_back(parse_bytes(s));
-  std::vector<long long> ar_sizes = sizes;
-  if (!custom_sizes) ar_sizes.insert(ar_sizes.begin(), {64 << 10, 256 << 10});
+  std::vector<long long> small_sizes = sizes;  // all_reduce, all_gather, reduce_scatter
+  if (!custom_sizes) small_sizes.insert(small_sizes.begin(), {64 << 10, 256 << 10});
   std::vector<DType> dtypes;
   for (const auto& s : split_list(a.get("dtypes", "bf16"))) dtypes.push_back(parse_dtype(s));
   std::vector<ReduceOp> ops;
@@ -236,6 +250,12 @@ int run(const bench::Args& a) {
   const std::string ar_algo = a.get("ar-algo", "auto");
   WEAVE_CHECK(ar_algo == "auto" || ar_algo == "one_shot" || ar_algo == "two_shot" || ar_algo == "ll",
               "bad --ar-algo '", ar_algo, "'");
+  auto shard_algo = [&](const char* opt) {
+    const std::string v = a.get(opt, "auto");
+    WEAVE_CHECK(v == "auto" || v == "direct" || v == "ll", "bad --", opt, " '", v, "' (auto, direct, ll)");
+    return v == "direct" ? coll::ShardAlgo::direct : v == "ll" ? coll::ShardAlgo::ll : coll::ShardAlgo::automatic;
+  };
+  const coll::ShardAlgo ag_algo = shard_algo("ag-algo"), rs_algo = shard_algo("rs-algo");
 
   const runtime::LaunchInfo li = runtime::detect_launch();
   WEAVE_CHECK(li.world >= 2,
@@ -246,12 +266,12 @@ int run(const bench::Args& a) {
   for (DType t : dtypes) {
     if (want("all_reduce"))
       for (ReduceOp op : ops)
-        for (long long b : ar_sizes) cases.push_back(all_reduce_case(b, t, op, W));
+        for (long long b : small_sizes) cases.push_back(all_reduce_case(b, t, op, W));
     for (int g = 0; g < 2; ++g) {
       if (!want(g ? "reduce_scatter" : "all_gather")) continue;
       for (ReduceOp op : g ? ops : std::vector<ReduceOp>{ReduceOp::sum})
         for (int dim : {0, 1})
-          for (long long b : sizes) cases.push_back(gather_case(g == 0, b, dim, cols, t, op, W, me));
+          for (long long b : small_sizes) cases.push_back(gather_case(g == 0, b, dim, cols, t, op, W, me));
     }
     if (want("all_to_all"))
       for (bool to_head : {true, false})
@@ -279,6 +299,8 @@ int run(const bench::Args& a) {
     weave_coll.set_all_reduce_algo(ar_algo == "one_shot" ? coll::AllReduceAlgo::one_shot
                                    : ar_algo == "ll"     ? coll::AllReduceAlgo::ll
                                                          : coll::AllReduceAlgo::two_shot);
+  weave_coll.set_all_gather_algo(ag_algo);
+  weave_coll.set_reduce_scatter_algo(rs_algo);
   ref::NcclCollectives nccl(comm);
   ref::Checker checker;
   void* in = comm.alloc(in_bytes);
@@ -292,8 +314,8 @@ int run(const bench::Args& a) {
         "collectives: weave vs NCCL, %d ranks, %s, %zu cases; bus GB/s per NCCL's definitions, ratio = "
         "weave / NCCL\n",
         W, comm.props().name, cases.size());
-    std::printf("%-14s %-11s %-5s %-4s %-18s %8s %10s %9s %10s %9s %7s %s\n", "kernel", "layout", "dtype", "op",
-                "shape", "per-rank", "weave_us", "weave_bw", "nccl_us", "nccl_bw", "ratio", "check");
+    std::printf("%-14s %-11s %-5s %-4s %-18s %8s %10s %9s %10s %9s %7s %-5s %s\n", "kernel", "layout", "dtype", "op",
+                "shape", "per-rank", "weave_us", "weave_bw", "nccl_us", "nccl_bw", "ratio", "check", "algo");
     std::fflush(stdout);
   }
   bool all_ok = true;
@@ -350,12 +372,29 @@ int run(const bench::Args& a) {
     const bool time_weave = std::none_of(threw_any.begin(), threw_any.end(), [](int x) { return x; });
     const double t_weave = time_weave ? timed(&weave_coll, out) : NAN;
     const double t_nccl = timed(nullptr, ref_out);
+    // --host-us: the host's time to issue one call (the same loop, host clock, no event). When it
+    // is as long as the device time per call, the host, not the GPU, sets the pace.
+    auto host_us = [&](coll::Collectives* w, void* o) {
+      comm.barrier();
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < iters; ++i) call(c, w, w ? nullptr : &nccl, in, o, st);
+      const auto dt = std::chrono::steady_clock::now() - t0;
+      const double us = std::chrono::duration<double, std::micro>(dt).count() / iters;
+      comm.sync(st);
+      const auto all = gather_all<double>(comm, us);
+      return *std::max_element(all.begin(), all.end());
+    };
+    const bool want_host = a.has("host-us") && time_weave;
+    const double h_weave = want_host ? host_us(&weave_coll, out) : NAN;
+    const double h_nccl = want_host ? host_us(nullptr, ref_out) : NAN;
 
     auto bw = [&](double us) { return c.alg_bytes / us / 1e3; };  // GB/s
+    const std::string algo = algo_name(c, weave_coll);
     const double ratio = t_nccl / t_weave;
     if (lead) {
-      std::printf("%10.1f %9.1f %10.1f %9.1f %7.3f %s\n", t_weave, bw(t_weave) * c.bus_factor, t_nccl,
-                  bw(t_nccl) * c.bus_factor, ratio, ok ? "ok" : "WRONG");
+      std::printf("%10.1f %9.1f %10.1f %9.1f %7.3f %-5s %s\n", t_weave, bw(t_weave) * c.bus_factor, t_nccl,
+                  bw(t_nccl) * c.bus_factor, ratio, ok ? "ok" : "WRONG", algo.c_str());
+      if (want_host) std::printf("    host us per call: weave %.1f, nccl %.1f\n", h_weave, h_nccl);
       if (!err.empty()) std::printf("    %s\n", err.c_str());
       std::fflush(stdout);
       if (std::isfinite(ratio)) {
@@ -381,8 +420,10 @@ int run(const bench::Args& a) {
             .add("iters", iters);
         if (reduction) j.add("op", op_name(c.op));
         if (impl == 0 && time_weave) j.add("ratio_vs_nccl", ratio);
+        if (impl == 0 && !algo.empty()) j.add("algo", algo);
         if (impl == 0 && !err.empty()) j.add("error", err);
         if (impl == 1) j.add("includes_copies", c.nccl_copies);
+        if (want_host) j.add("host_us", impl == 0 ? h_weave : h_nccl);
         json->write(j);
       }
     }
@@ -407,5 +448,6 @@ int run(const bench::Args& a) {
 WEAVE_BENCH(collectives,
             "all_reduce / all_gather / reduce_scatter / Ulysses all_to_all: weave vs NCCL (--sizes 1M,1G --dtypes "
             "bf16,fp16,fp32 --kernels ... --ops sum,max,min --cols N --ulysses B,H,D --ar-algo auto|one_shot|two_shot|ll "
+            "--ag-algo auto|direct|ll --rs-algo auto|direct|ll --host-us "
             "--target-ms T --repeats R)",
             run);
