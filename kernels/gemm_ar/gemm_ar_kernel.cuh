@@ -6,6 +6,7 @@
 // the lines.
 #pragma once
 #include "gemm/gemm_kernel.cuh"
+#include "tp_common/reduce_tile.cuh"
 #include "tp_common/schedule.hpp"
 #include "weave/signal.cuh"
 #include "weave/store.cuh"
@@ -32,56 +33,12 @@ struct ArKernel : gemm::GemmKernel<256, gemm::BLayout::KN, 3> {
     signal(g.ready, ar_owner(g.L, w), w);
   }
 
-  // MW: world bound of the unrolled loads; U: 16-byte chunks per thread in flight (U * MW loads).
-  template <int MW, int U>
-  static __device__ __forceinline__ void reduce_tile_t(const ArGlobals& g, int w) {
-    constexpr int kUnroll = U, kMaxWorld = MW;
+  // The owner's reduction of tile w: every rank's partial into every rank's buffer.
+  static __device__ __forceinline__ void reduce_tile(const ArGlobals& g, int w) {
     const gemm::TileCoord t = gemm::grouped_tile(w, g.L.tiles_m, g.L.tiles_n, g.L.group_m);
     const int r0 = t.m * kBM, c0 = t.n * kBN;
-    const int nr = min(kBM, g.M - r0), ncv = min(kBN, g.N - c0) / 8;  // rows, 16-byte chunks per row
-    const int total = nr * ncv, W = g.L.W;
-    for (int base = threadIdx.x; base < total; base += blockDim.x * kUnroll) {
-      int4 v[kUnroll][kMaxWorld];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int e = base + u * blockDim.x;
-        if (e >= total) break;
-        const long long off = static_cast<long long>(r0 + e / ncv) * g.N + c0 + (e % ncv) * 8;
-#pragma unroll
-        for (int r = 0; r < kMaxWorld; ++r)
-          if (r < W) v[u][r] = __ldcg(reinterpret_cast<const int4*>(g.buf[r] + off));
-      }
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int e = base + u * blockDim.x;
-        if (e >= total) break;
-        const long long off = static_cast<long long>(r0 + e / ncv) * g.N + c0 + (e % ncv) * 8;
-        float acc[8];
-        const __nv_bfloat16* x0 = reinterpret_cast<const __nv_bfloat16*>(&v[u][0]);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) acc[i] = __bfloat162float(x0[i]);
-#pragma unroll
-        for (int r = 1; r < kMaxWorld; ++r) {
-          if (r >= W) break;
-          const __nv_bfloat16* x = reinterpret_cast<const __nv_bfloat16*>(&v[u][r]);
-#pragma unroll
-          for (int i = 0; i < 8; ++i) acc[i] += __bfloat162float(x[i]);
-        }
-        int4 out;
-        __nv_bfloat16* o = reinterpret_cast<__nv_bfloat16*>(&out);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) o[i] = __float2bfloat16_rn(acc[i]);
-#pragma unroll
-        for (int r = 0; r < kMaxWorld; ++r)
-          if (r < W) *reinterpret_cast<int4*>(g.buf[r] + off) = out;
-      }
-    }
-  }
-
-  static __device__ __forceinline__ void reduce_tile(const ArGlobals& g, int w) {
-    if (g.L.W <= 2) reduce_tile_t<2, 4>(g, w);
-    else if (g.L.W <= 4) reduce_tile_t<4, 2>(g, w);
-    else reduce_tile_t<8, 1>(g, w);
+    const long long off = static_cast<long long>(r0) * g.N + c0;
+    tp::reduce_tile(g.buf, g.L.W, off, g.buf, g.L.W, off, min(kBM, g.M - r0), min(kBN, g.N - c0) / 8, g.N);
   }
 
   static __device__ __forceinline__ void communicator(const ArGlobals& g, void*, int c, int nc) {

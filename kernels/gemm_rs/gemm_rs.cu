@@ -9,13 +9,33 @@ namespace weave::tp {
 struct GemmRS::Impl {
   runtime::Communicator& c;
   ShapeSignals sig{"tp.gemm_rs"};
+  bf16* scratch = nullptr;  // v2: this rank's partials (M x N), symmetric
+  size_t scratch_bytes = 0;
   explicit Impl(runtime::Communicator& cc) : c(cc) {}
+  ~Impl() {
+    if (!scratch) return;
+    cudaDeviceSynchronize();  // no launch of ours still writes it (peers' reads ended with our calls)
+    c.free(scratch);
+  }
+  // Collective (every rank picks v2 for the same shapes in the same order).
+  bf16* scratch_for(size_t bytes, cudaStream_t s) {
+    if (bytes > scratch_bytes) {
+      if (scratch) {
+        WEAVE_CUDA_CHECK(cudaStreamSynchronize(s));
+        c.free(scratch);
+      }
+      scratch = static_cast<bf16*>(c.alloc(bytes));
+      scratch_bytes = bytes;
+    }
+    return scratch;
+  }
 };
 
 GemmRS::GemmRS(runtime::Communicator& c) : impl_(std::make_unique<Impl>(c)) {}
 GemmRS::~GemmRS() = default;
 
-LaunchInfo GemmRS::launch(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, int variant, cudaStream_t s) {
+LaunchInfo GemmRS::launch(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, int variant, int ncomm,
+                          cudaStream_t s) {
   Impl& m = *impl_;
   const int W = m.c.world(), rank = m.c.rank();
   RsGlobals g{};
@@ -33,6 +53,15 @@ LaunchInfo GemmRS::launch(const bf16* A, const bf16* B, bf16* out, int M, int N,
   g.variant = variant;
   g.own = out;
   g.own_elems = static_cast<long long>(shard(M, W, rank).size) * N;
+  if (variant == 2) {
+    bf16* scr = m.scratch_for(size_t(M) * N * sizeof(bf16), s);
+    const runtime::PeerPtrs sp = m.c.peers(scr, size_t(M) * N * sizeof(bf16));
+    for (int q = 0; q < W; ++q) {
+      const Range sq = shard(M, W, q);
+      g.scr[q] = static_cast<bf16*>(sp[q]);
+      g.sc[q] = map_128x64(scr + size_t(sq.begin) * N, sq.size, N, N);
+    }
+  }
   // One set per (shape, variant): each launch's expectations are round * per_round of its variant.
   const std::vector<int> counts = {rs_ready_count(g.L), W, 1};
   ShapeSignals& sg = m.sig;
@@ -46,9 +75,9 @@ LaunchInfo GemmRS::launch(const bf16* A, const bf16* B, bf16* out, int M, int N,
   g.zeroed_round = zr.next_round();
   g.done_round = dn.next_round();
   lcsc::Config cfg;
-  cfg.num_comm_sms = 0;
+  cfg.num_comm_sms = variant == 2 ? ncomm : 0;
   const lcsc::Plan p = aux::launch<RsKernel>(g, cfg, s);
-  return {0, p.compute_blocks, false, variant};
+  return {cfg.num_comm_sms, p.compute_blocks, false, variant};
 }
 
 LaunchInfo GemmRS::run(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, const Options& o,
@@ -56,19 +85,26 @@ LaunchInfo GemmRS::run(const bf16* A, const bf16* B, bf16* out, int M, int N, in
   Impl& m = *impl_;
   validate("gemm_rs", M, N, K);
   WEAVE_CHECK(A && B && out, "gemm_rs: null pointer");
-  WEAVE_CHECK(o.num_comm_sms <= 0, "gemm_rs: the intra-SM kernel uses no communicator SMs (num_comm_sms = ",
-              o.num_comm_sms, ")");
-  WEAVE_CHECK(o.variant >= -1 && o.variant <= 1, "gemm_rs: variant ", o.variant,
-              " is not 0 (owner first) or 1 (zero first)");
+  WEAVE_CHECK(o.variant >= -1 && o.variant <= 2, "gemm_rs: variant ", o.variant,
+              " is not 0 (owner first), 1 (zero first) or 2 (inter-SM)");
   WEAVE_CHECK(reinterpret_cast<uintptr_t>(out) % 16 == 0, "gemm_rs: out must be 16-byte aligned");
   m.c.check_same("gemm_rs shape (M, N, K)", {M, N, K});  // every call: a shared-page compare
-  if (o.variant >= 0) return launch(A, B, out, M, N, K, o.variant, s);
-  const std::vector<runtime::TuneCandidate> cands = {{0, 0}, {1, 0}};
+  if (o.variant >= 0 || o.num_comm_sms >= 0) {
+    const int v = o.variant >= 0 ? o.variant : o.num_comm_sms > 0 ? 2 : 0;
+    const int n = o.num_comm_sms < 0 ? (v == 2 ? 8 : 0) : o.num_comm_sms;
+    WEAVE_CHECK((v == 2) == (n > 0), "gemm_rs: variant ", v, " with num_comm_sms = ", n,
+                " (the inter-SM variant 2 needs >= 1, the intra-SM variants 0 and 1 use none)");
+    return launch(A, B, out, M, N, K, v, n, s);
+  }
+  std::vector<runtime::TuneCandidate> cands = {{0, 0}, {1, 0}};
+  const int row_tiles = (shard(M, m.c.world(), 0).size + kBM - 1) / kBM;
+  for (int n : {4, 8, 16, 32})
+    if (n <= row_tiles * ((N + kBN - 1) / kBN) && n < m.c.sm_count() / 2) cands.push_back({2, n});
   const std::string key = runtime::tune_key("gemm_rs", {M, N, K}, m.c.world(), device_key(m.c));
   const runtime::TuneResult r = runtime::Tuner::global().choose(&m.c, key, cands, [&](const runtime::TuneCandidate& t) {
-    return time_launches(s, [&] { launch(A, B, out, M, N, K, t.variant, s); });
+    return time_launches(s, [&] { launch(A, B, out, M, N, K, t.variant, t.num_comm_sms, s); });
   });
-  LaunchInfo li = launch(A, B, out, M, N, K, r.choice.variant, s);
+  LaunchInfo li = launch(A, B, out, M, N, K, r.choice.variant, r.choice.num_comm_sms, s);
   li.tuned = true;
   return li;
 }

@@ -17,13 +17,16 @@ class GemmRS {
   // device memory; out: symmetric (heap or registered) with room for out_elems(M, N, W) elements;
   // receives this rank's rows (shard(M, W, rank).size x N, row-major). The output is overwritten,
   // never accumulated: nothing is assumed about its previous contents. Options::variant: 0 =
-  // owner first, 1 = zero first (README.md), -1 = the tuner picks; num_comm_sms must be <= 0.
+  // owner first, 1 = zero first (intra-SM), 2 = inter-SM (num_comm_sms communicator SMs reduce
+  // from an internal M x N symmetric scratch; num_comm_sms > 0 alone selects it); -1 with
+  // num_comm_sms < 0: the tuner picks (README.md).
   LaunchInfo run(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, const Options& o = {},
                  cudaStream_t s = nullptr);
   static size_t out_elems(int M, int N, int W) { return size_t(shard(M, W, 0).size) * N; }
 
  private:
-  LaunchInfo launch(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, int variant, cudaStream_t s);
+  LaunchInfo launch(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, int variant, int ncomm,
+                    cudaStream_t s);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -1,10 +1,13 @@
-// GEMM + reduce-scatter, intra-SM: the GEMM kernel (gemm/gemm_kernel.cuh) whose storer sends
-// every finished tile to the rank that owns its rows; variant 1 also zeroes the own output with
-// the producer's idle warps (tp_common/lcsc_aux.cuh). The communication is the storer below
-// (store + store_done), aux, and the per-owner loads; README.md counts the lines.
+// GEMM + reduce-scatter: the GEMM kernel (gemm/gemm_kernel.cuh). Intra-SM (variants 0, 1): its
+// storer sends every finished tile to the rank that owns its rows; variant 1 also zeroes the own
+// output with the producer's idle warps (tp_common/lcsc_aux.cuh). Inter-SM (variant 2): tiles go
+// to a local scratch and the owner's communicator blocks reduce them. The communication is the
+// storer below (store + store_done), aux, communicator and the per-owner loads; README.md counts
+// the lines.
 #pragma once
 #include "gemm/gemm_kernel.cuh"
 #include "tp_common/lcsc_aux.cuh"
+#include "tp_common/reduce_tile.cuh"
 #include "tp_common/schedule.hpp"
 #include "weave/signal.cuh"
 #include "weave/store.cuh"
@@ -18,8 +21,11 @@ struct RsGlobals : gemm::GemmGlobals {
   signals done;                // done[0] on an owner: tiles its peers added (running total)
   Layout L;
   int rank;
-  int variant;                 // 0: owner first, plain own stores; 1: zero first, all reduce-adds
-  __nv_bfloat16* own;          // this rank's output (v1 zeroes it)
+  int variant;                 // 0: owner first, plain own stores; 1: zero first, all reduce-adds;
+                               // 2: inter-SM (scratch + communicator reduce)
+  __nv_bfloat16* own;          // this rank's output (v1 zeroes it, v2's reducers write it)
+  CUtensorMap sc[kMaxWorld];   // v2: owner q's rows of this rank's scratch, 128 x 64 boxes
+  __nv_bfloat16* scr[kMaxWorld];  // v2: every rank's scratch (M x N), as mapped here
   long long own_elems;
   unsigned long long ready_round, zeroed_round, done_round;
 };
@@ -63,6 +69,18 @@ struct RsKernel : gemm::GemmKernel<256, gemm::BLayout::KN, 3> {
   // reduce-add into its owner's output.
   static __device__ __forceinline__ void store(const RsGlobals& g, Output& o, int w, int) {
     const Item t = rs_order(g.L, g.rank, w, g.variant);
+    if (g.variant == 2) {  // inter-SM: the tile into the local scratch, then ready on its owner
+#pragma unroll
+      for (int j = 0; j < BN / 64; ++j) {
+        const int n = t.n * BN + 64 * j;
+        if (n >= g.N) break;
+        tile::tma::store_2d(&g.sc[t.owner], o.c + j * BM * 64, n, t.i * BM);
+      }
+      tile::tma::commit_group();
+      store_wait();
+      signal(g.ready, t.owner, rs_ready_index(g.L, t));
+      return;
+    }
     const bool own = t.owner == g.rank && g.variant == 0;
     const int idx = rs_ready_index(g.L, t);
     if (g.variant == 1) {
@@ -93,6 +111,7 @@ struct RsKernel : gemm::GemmKernel<256, gemm::BLayout::KN, 3> {
   // All this block's adds are complete (the template waited): tell each owner how many; the
   // owner's block 0 then waits for every peer's adds, so the output is final when we return.
   static __device__ __forceinline__ void store_done(const RsGlobals& g, int compute_blocks) {
+    if (g.variant == 2) return;  // the communicator blocks end the call
     const int b = static_cast<int>(blockIdx.x);
     for (int q = 0; q < g.L.W; ++q) {
       const int n = rs_block_adds(g.L, g.rank, b, compute_blocks, q, g.variant);
@@ -101,7 +120,25 @@ struct RsKernel : gemm::GemmKernel<256, gemm::BLayout::KN, 3> {
     if (b == 0) wait(g.done, 0, g.done_round * rs_done_expected(g.L, g.rank));
   }
 
-  static __device__ __forceinline__ void communicator(const RsGlobals&, void*, int, int) {}
+  // v2: communicator block c of n reduces this rank's tiles j = c, c + n, ... (in the order the
+  // storers finish them) from every rank's scratch into the output, then tells every rank; block
+  // 0 ends the call when every owner consumed every tile (its scratch is free again).
+  static __device__ __forceinline__ void communicator(const RsGlobals& g, void*, int c, int nc) {
+    const Range sh = shard(g.M, g.L.W, g.rank);
+    for (int j = c; j < g.L.owner_tiles(g.rank); j += nc) {
+      const gemm::TileCoord t = gemm::grouped_tile(j, g.L.tm[g.rank], g.L.tiles_n, g.L.group_m);
+      if (threadIdx.x == 0)
+        wait(g.ready, (g.L.off[g.rank] + t.m) * g.L.tiles_n + t.n, g.ready_round * rs_inter_ready_expected(g.L));
+      __syncthreads();
+      const int c0 = t.n * kBN;
+      const long long rows = static_cast<long long>(t.m) * kBM;
+      reduce_tile(g.scr, g.L.W, (sh.begin + rows) * g.N + c0, &g.own, 1, rows * g.N + c0,
+                  min(kBM, sh.size - t.m * kBM), min(kBN, g.N - c0) / 8, g.N);
+      __syncthreads();
+      if (threadIdx.x == 0) signal_all(g.done, 0);
+    }
+    if (c == 0 && threadIdx.x == 0) wait(g.done, 0, g.done_round * rs_inter_done_expected(g.L));
+  }
 };
 
 }  // namespace weave::tp

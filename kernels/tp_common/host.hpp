@@ -20,14 +20,13 @@ using bf16 = __nv_bfloat16;
 
 struct Options {
   // < 0: the tuner picks (cached per kernel, shape, world and device); >= 0 fixes the number of
-  // communicator SMs (ag_gemm: 0 = its intra-SM variant 2; gemm_ar needs >= 1; gemm_rs is
-  // intra-SM and uses 0).
+  // communicator SMs (0 = an intra-SM variant; > 0 an inter-SM one).
   int num_comm_sms = -1;
   // Which variant (-1: the tuner picks with num_comm_sms < 0, else the default for the count).
   // ag_gemm: 0 = TMA bulk push by communicator blocks; 1 = 16-byte register push by them; 2 =
   // TMA bulk push by an idle producer warp of every compute block (num_comm_sms = 0, the
   // default for 0); 3..6 = register push by those warps of every 2^(v-3)-th compute block.
-  // gemm_rs: 0 = owner first, 1 = zero first.
+  // gemm_rs: 0 = owner first, 1 = zero first, 2 = inter-SM (num_comm_sms > 0, the default for > 0).
   // gemm_ar: 0 = inter-SM, 1 = intra-SM (num_comm_sms = 0, the default for 0).
   int variant = -1;
 };

@@ -126,10 +126,20 @@ __host__ __device__ inline Item rs_item(const Layout& L, int rank, int w) {
   it.a_row = shard(L.M, L.W, q).begin + t.m * kBM;
   return it;
 }
+// Variant 2, inter-SM: every rank walks the same order (rs_item as rank 0 sees it: owners
+// interleaved) and plain-stores each tile into its local scratch (M x N), then signals
+// ready[tile] on the owner; the owner's communicator block j mod n_comm waits for W signals,
+// sums the tile over every rank's scratch (fp32, rank order) into its output and signals `done`
+// on every rank. A rank's call ends when done reached all tiles (nobody still reads its
+// scratch). Compute never waits; communicator blocks wait only on storers.
 // The w-th tile of rank `rank` in variant v's order.
 __host__ __device__ inline Item rs_order(const Layout& L, int rank, int w, int v) {
-  return v == 1 ? rs_item(L, rank, w) : item(L, rank, w);
+  return v == 1 ? rs_item(L, rank, w) : v == 2 ? rs_item(L, 0, w) : item(L, rank, w);
 }
+// Variant 2: ready[idx] on the owner receives one signal from every rank per launch; done[0] on
+// every rank one per tile of every owner.
+__host__ __device__ inline unsigned long long rs_inter_ready_expected(const Layout& L) { return L.W; }
+__host__ __device__ inline unsigned long long rs_inter_done_expected(const Layout& L) { return L.work(); }
 __host__ __device__ inline int rs_ready_index(const Layout& L, const Item& t) { return t.vrow * L.tiles_n + t.n; }
 __host__ __device__ inline int rs_ready_count(const Layout& L) { return L.work(); }
 // Variant 0: ready[idx] on a peer receives exactly one signal per launch (from the owner).

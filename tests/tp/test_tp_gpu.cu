@@ -75,16 +75,20 @@ TEST(TpGpu, GemmRsMatchesCublasNccl) {
     blas().run(A.p, B.p, ref.p, s.M, s.N, s.K, weave::gemm::BLayout::KN, false, nullptr);
     ref_all_reduce(ref.p, ref.n);
     const auto sh = shard(s.M, W, r);
-    for (int variant : {-1, 0, 1, 0}) {  // tuner, owner first, zero first, and back
+    // (variant, num_comm_sms): tuner, owner first, zero first, inter-SM (8 and 1 communicator
+    // SMs), and back to owner first on the same output
+    for (auto [variant, ncomm] : {std::pair{-1, -1}, {0, -1}, {1, -1}, {2, 8}, {-1, 1}, {0, -1}}) {
       weave::tp::Options o;
       o.variant = variant;
+      o.num_comm_sms = ncomm;
       for (int rep = 0; rep < 3; ++rep) {  // repeated launches on a poisoned output
         gref::poison(out.p, weave::tp::GemmRS::out_elems(s.M, s.N, W));
         rs.run(A.p, B.p, out.p, s.M, s.N, s.K, o);
         wt::settle();
       }
       const double e = gref::rel_error(out.p, ref.p + size_t(sh.begin) * s.N, size_t(sh.size) * s.N);
-      EXPECT_LT(e, kTol) << "gemm_rs " << s.M << "x" << s.N << "x" << s.K << " variant " << variant << " rank " << r;
+      EXPECT_LT(e, kTol) << "gemm_rs " << s.M << "x" << s.N << "x" << s.K << " variant " << variant << " ncomm "
+                         << ncomm << " rank " << r;
       wt::settle();
     }
   }
@@ -185,7 +189,7 @@ TEST(TpGpu, TwoHundredLaunchesChangingInputs) {
     gref::fill_uniform(Ash.p, Ash.n, seed_for(seed, 5000 + it));
     // gemm_rs
     weave::tp::Options ors;
-    ors.variant = it % 2;  // both variants, alternating on the same output
+    ors.variant = it % 3;  // every variant, alternating on the same output (2: 8 communicator SMs)
     rs.run(A.p, B.p, out.p, M, N, K, ors);
     blas().run(A.p, B.p, ref.p, M, N, K, weave::gemm::BLayout::KN, false, nullptr);
     ref_all_reduce(ref.p, ref.n);

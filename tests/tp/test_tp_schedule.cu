@@ -52,7 +52,7 @@ TEST(TpSchedule, ShardsCoverRowsAndVirtualTilesCoverShards) {
 }
 
 TEST(TpSchedule, GemmRsEveryTileOnceAndSignalsMatchWaits) {
-  for (int v = 0; v < 2; ++v)  // 0: owner first, 1: zero first
+  for (int v = 0; v < 3; ++v)  // 0: owner first, 1: zero first, 2: inter-SM
     for (int W = 2; W <= 8; ++W)
       for (int M : kMs)
         for (int N : kNs)
@@ -64,13 +64,14 @@ TEST(TpSchedule, GemmRsEveryTileOnceAndSignalsMatchWaits) {
             std::map<std::pair<int, int>, unsigned long long> sent;  // (dst rank, idx) -> signals
             std::map<std::pair<int, int>, int> sent_phase;           // producer's phase
             std::vector<std::tuple<int, int, unsigned long long, int>> waits;  // (rank, idx, expected, phase)
+            std::map<std::pair<int, int>, unsigned long long> inter_ready;      // v2: (owner, idx)
             for (int r = 0; r < W; ++r)
               for (int w = 0; w < L.work(); ++w) {
                 const Item t = rs_order(L, r, w, v);
                 ASSERT_GE(t.i, 0);
                 ASSERT_LT(t.i, L.tm[t.owner]);
                 ASSERT_LT(t.n, L.tiles_n);
-                ASSERT_EQ(t.owner, (r + t.phase) % W);
+                ASSERT_EQ(t.owner, v == 2 ? t.phase : (r + t.phase) % W);  // v2: one order for all ranks
                 const Range s = shard(M, W, t.owner);
                 ASSERT_GE(t.a_row, s.begin);
                 ASSERT_LT(t.a_row, s.begin + s.size);
@@ -78,7 +79,11 @@ TEST(TpSchedule, GemmRsEveryTileOnceAndSignalsMatchWaits) {
                 const int idx = rs_ready_index(L, t);
                 ASSERT_GE(idx, 0);
                 ASSERT_LT(idx, rs_ready_count(L));
-                if (v == 1) {  // zero first: every contribution is an add, no per-tile wait
+                if (v == 2) {  // inter-SM: a plain store into the local scratch, ready on the owner
+                  ++c.first;
+                  EXPECT_EQ(rs_order(L, 0, w, 2).owner, t.owner) << "every rank walks the same order";
+                  inter_ready[{t.owner, idx}] += 1;
+                } else if (v == 1) {  // zero first: every contribution is an add, no per-tile wait
                   ++c.second;
                   if (w < W * rs_split(L).t_lo) EXPECT_EQ(t.phase, w % W) << "own and peer tiles interleave";
                 } else if (t.owner == r) {
@@ -100,7 +105,7 @@ TEST(TpSchedule, GemmRsEveryTileOnceAndSignalsMatchWaits) {
               ++tiles;
               ASSERT_EQ(static_cast<int>(by.size()), W) << "every rank contributes to every tile";
               for (auto& [r, pa] : by) {
-                if (v == 0 && r == std::get<0>(k)) EXPECT_EQ(pa, std::make_pair(1, 0));
+                if (v == 2 || (v == 0 && r == std::get<0>(k))) EXPECT_EQ(pa, std::make_pair(1, 0));
                 else EXPECT_EQ(pa, std::make_pair(0, 1));
               }
             }
@@ -110,6 +115,23 @@ TEST(TpSchedule, GemmRsEveryTileOnceAndSignalsMatchWaits) {
               EXPECT_LT(sent_phase[std::make_pair(r, idx)], phase) << "a wait on work scheduled after it";
             }
             EXPECT_EQ(waits.size(), sent.size());
+            if (v == 2) {  // each owner's communicator blocks reduce each of its tiles once, after W signals
+              for (int nc : {1, 4, 16}) {
+                std::map<std::pair<int, int>, int> reduced;
+                for (int q = 0; q < W; ++q)
+                  for (int c = 0; c < nc; ++c)
+                    for (int j = c; j < L.owner_tiles(q); j += nc) {
+                      const weave::gemm::TileCoord t = weave::gemm::grouped_tile(j, L.tm[q], L.tiles_n, gm);
+                      const int idx = (L.off[q] + t.m) * L.tiles_n + t.n;
+                      EXPECT_EQ(inter_ready[std::make_pair(q, idx)], rs_inter_ready_expected(L));
+                      ++reduced[{q, idx}];
+                    }
+                EXPECT_EQ(reduced.size(), inter_ready.size());
+                for (auto& [k, n] : reduced) EXPECT_EQ(n, 1);
+                EXPECT_EQ(static_cast<unsigned long long>(reduced.size()), rs_inter_done_expected(L));
+              }
+              continue;
+            }
             for (int sms : kSms) {
               const int blocks = blocks_for(L.work(), sms, 0);
               for (int q = 0; q < W; ++q) {

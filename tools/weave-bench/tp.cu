@@ -229,7 +229,7 @@ int run(const bench::Args& a) {
   for (long long s : sizes) maxS = s > maxS ? s : maxS;
   if (a.has("table3") || a.has("sweep")) maxS = maxS > 16384 ? maxS : 16384;
   runtime::CommOptions co;
-  co.heap_bytes = size_t(maxS) * maxS * 2 + (size_t(256) << 20);
+  co.heap_bytes = 3 * size_t(maxS) * maxS * 2 + (size_t(256) << 20);  // + gemm_rs v2's M x N scratch
   runtime::Communicator c(co);
   bench::NcclComm nccl(c);
   gref::CublasLt blas;
