@@ -23,6 +23,10 @@ struct PushTensor {
   int heads[kMaxWorld];           // heads destination d needs
   int box_heads, box_rows;
   uint32_t box_bytes;
+  // Contiguous mode (GatheredGlobals::contig): chunk i's first row in the local input and in
+  // rank d's gathered buffer.
+  const uint8_t* src_ptr[2];
+  uint8_t* dst_ptr[kMaxWorld][2];
 };
 
 struct GatheredGlobals {
@@ -33,6 +37,7 @@ struct GatheredGlobals {
   int n_qchunks;
   int q_begin[2], q_rows[2], q_mblocks[2];
   int q_lse_off[2];             // local row of the chunk's first row (LSE index)
+  int start_row[2];             // key row a tile of the chunk visits first (gathered_schedule.hpp)
   int n_otargets, o_by_owner;   // o_by_owner: every target intersecting a tile half gets its rows
   int o_begin[kMaxWorld], o_rows[kMaxWorld];
   __nv_bfloat16* o_ptr[kMaxWorld];  // o_by_owner: each owner's O (B, o_rows, o_heads, D), as mapped here
@@ -60,6 +65,10 @@ struct GatheredGlobals {
   int skip_self;        // the host copied this rank's own rows into its gathered buffers already
   int n_push;
   PushTensor push[kMaxPushTensors];
+  // Contiguous mode: a piece (b, rows of one chunk, all heads) is one byte range at
+  // b * src_bstride (+ rows * row_bytes) in the source and b * dst_bstride in the destination.
+  int contig;
+  long long src_bstride, dst_bstride, row_bytes;
   // Ulysses completion: odone[0] on rank p counts O stores into p.
   int count_o;
   signals odone;

@@ -99,14 +99,17 @@ struct GatheredKernel {
     const int row = t.b * g.groups + hk / g.group_heads;
     const int ctr0 = row * g.slices;
     const int n_max = gathered::visible_blocks(g.S, t.qe, g.causal != 0);
+    const int start = gathered::first_block(g.start_row[t.ci], n_max);
     const bool cached = row < kWaitCache;
-    int waited = cached ? sm.waited[row] : -1;  // slices [0, waited] are known ready
-    for (int n = 0; n < n_max; ++n) {
+    int ready = cached ? sm.waited[row] : -1;  // slices [0, ready] are known ready
+    int last = -1;                             // the slice waited for last
+    for (int i = 0; i < n_max; ++i) {
+      const int n = gathered::block_at(i, start, n_max);
       const int s = gathered::slice_of_block(n);
-      if (s > waited) {
+      if (s > ready && s != last) {
         wait_slice(g, ctr0, s);
-        waited = s;
-        if (cached) sm.waited[row] = s;
+        last = s;
+        if (s == ready + 1) ready = s;
       }
       sm.k_empty[ks.index].wait(ks.phase ^ 1);
       sm.k_full[ks.index].arrive_expect_tx(kKVBytes);
@@ -114,8 +117,9 @@ struct GatheredKernel {
       for (int j = 0; j < kDBlocks; ++j)
         tile::tma::load_4d(sm.k[ks.index] + j * BN * 64, &g.k, &sm.k_full[ks.index], 64 * j, hk, n * BN, t.b);
       ks.advance();
-      if (n == 0) {
-        if (g.wait_q && t.qb / gathered::kSliceRows > waited) wait_slice(g, ctr0, t.qb / gathered::kSliceRows);
+      if (i == 0) {
+        const int qs = t.qb / gathered::kSliceRows;
+        if (g.wait_q && qs > ready && qs != last) wait_slice(g, ctr0, qs);
         sm.q_empty.wait(q_phase ^ 1);
         q_phase ^= 1;
         sm.q_full.arrive_expect_tx(kQBytes);
@@ -130,6 +134,8 @@ struct GatheredKernel {
         tile::tma::load_4d(sm.v[vs.index] + j * BN * 64, &g.v, &sm.v_full[vs.index], 64 * j, hk, n * BN, t.b);
       vs.advance();
     }
+    // Every visible block's slice was seen ready by now.
+    if (cached) sm.waited[row] = max(ready, gathered::slice_of_block(n_max - 1));
   }
 
   static __device__ __forceinline__ void producer(const GatheredGlobals& g, Smem& sm) {
@@ -161,6 +167,7 @@ struct GatheredKernel {
     const int wg_row_min = t.qb + c * 64;
     const bool causal = g.causal != 0;
     const int n_max = gathered::visible_blocks(g.S, t.qe, causal);
+    const int start = gathered::first_block(g.start_row[t.ci], n_max);
     const float sl2 = g.scale_log2;
     const uint32_t q_addr = tile::smem_u32(sm.q) + c * 64 * 128;
 
@@ -184,7 +191,7 @@ struct GatheredKernel {
     Base::release(sm.k_empty[ks.index]);
     ks.advance();
     {
-      if (gathered::block_needs_mask(g.S, 0, wg_row_min, causal)) Base::mask(s, 0, row0, g.S, causal);
+      if (gathered::block_needs_mask(g.S, start, wg_row_min, causal)) Base::mask(s, start * BN, row0, g.S, causal);
       float rs[2], corr[2];
       Base::softmax(s, m, rs, corr, sl2);
       l[0] = rs[0];
@@ -192,7 +199,8 @@ struct GatheredKernel {
       Base::pack(p, s);
     }
 
-    for (int n = 1; n < n_max; ++n) {
+    for (int i = 1; i < n_max; ++i) {
+      const int n = gathered::block_at(i, start, n_max);
       sm.k_full[ks.index].wait(ks.phase);
       sm.v_full[vs.index].wait(vs.phase);
       Base::turn_wait(c);
@@ -325,6 +333,19 @@ struct GatheredKernel {
     }
   }
 
+  // 1-D bulk copies (no tensor map): a contiguous piece moves in long NVLink writes.
+  static __device__ __forceinline__ void bulk_load(void* dst, const uint8_t* src, uint32_t bytes, tile::Mbarrier* bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     tile::smem_u32(dst)),
+                 "l"(src), "r"(bytes), "r"(bar->addr())
+                 : "memory");
+  }
+  static __device__ __forceinline__ void bulk_store(uint8_t* dst, const void* src, uint32_t bytes) {
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(tile::smem_u32(src)),
+                 "r"(bytes)
+                 : "memory");
+  }
+
   // One thread: units c, c + nc, ... of the push plan; per unit every (tensor, destination,
   // head box, row box) is loaded into a slot and stored to the destination, then the unit's
   // counter is signalled on every destination.
@@ -346,37 +367,61 @@ struct GatheredKernel {
       const int r_lo = static_cast<int>(pc.begin - gathered::split(g.S, g.n_chunks, g.mine[x.i]).begin);
       const int r_hi = r_lo + static_cast<int>(pc.rows);
       const int h_lo = x.g * g.group_heads;
+      // Box mode: (tensor t, destination j, head box h, row box r). Contiguous mode (the piece
+      // is one byte range in source and destination): r is a byte offset, h unused.
       struct Cursor {
-        int t, j, h, r;
+        int t, j, h;
+        long long r;
       };
       auto dest = [&](const Cursor& k) { return (g.rank + k.j) % g.world; };
       auto h_end = [&](const Cursor& k) { return min(g.push[k.t].heads[dest(k)], h_lo + g.group_heads); };
+      const long long c_bytes = static_cast<long long>(r_hi - r_lo) * g.row_bytes;
+      auto c_off = [&](const Cursor& k, long long bstride) { return x.b * bstride + r_lo * g.row_bytes + k.r; };
+      auto c_len = [&](const Cursor& k) { return static_cast<uint32_t>(min(static_cast<long long>(kBoxMax), c_bytes - k.r)); };
       auto next = [&](Cursor& k) {
-        k.r += g.push[k.t].box_rows;
-        if (k.r < r_hi) return;
-        k.r = r_lo;
-        k.h += g.push[k.t].box_heads;
-        if (k.h < h_end(k)) return;
-        k.h = h_lo;
+        if (g.contig) {
+          k.r += kBoxMax;
+          if (k.r < c_bytes) return;
+          k.r = 0;
+        } else {
+          k.r += g.push[k.t].box_rows;
+          if (k.r < r_hi) return;
+          k.r = r_lo;
+          k.h += g.push[k.t].box_heads;
+          if (k.h < h_end(k)) return;
+          k.h = h_lo;
+        }
         if (++k.j == g.world) {
           k.j = j0;
           ++k.t;
         }
       };
-      Cursor ld{0, j0, h_lo, r_lo}, st{0, j0, h_lo, r_lo};
+      const long long r0 = g.contig ? 0 : r_lo;
+      Cursor ld{0, j0, h_lo, r0}, st{0, j0, h_lo, r0};
       while (st.t < g.n_push && j0 < g.world) {
         while (ld.t < g.n_push && loads < stores + kAhead) {
           tile::tma::wait_group_read<kSlots - kAhead - 1>();  // the slot's previous store has read it
           const int slot = static_cast<int>(loads % kSlots);
           const PushTensor& pt = g.push[ld.t];
-          bar[slot].arrive_expect_tx(pt.box_bytes);
-          tile::tma::load_4d(buf + slot * kBoxMax, &pt.src[x.i], &bar[slot], 0, pt.head0[dest(ld)] + ld.h, ld.r, x.b);
+          if (g.contig) {
+            const uint32_t n = c_len(ld);
+            bar[slot].arrive_expect_tx(n);
+            bulk_load(buf + slot * kBoxMax, pt.src_ptr[x.i] + c_off(ld, g.src_bstride), n, &bar[slot]);
+          } else {
+            bar[slot].arrive_expect_tx(pt.box_bytes);
+            tile::tma::load_4d(buf + slot * kBoxMax, &pt.src[x.i], &bar[slot], 0, pt.head0[dest(ld)] + ld.h,
+                               static_cast<int>(ld.r), x.b);
+          }
           ++loads;
           next(ld);
         }
         const int slot = static_cast<int>(stores % kSlots);
         bar[slot].wait(static_cast<uint32_t>((stores / kSlots) & 1));
-        tile::tma::store_4d(&g.push[st.t].dst[dest(st)][x.i], buf + slot * kBoxMax, 0, st.h, st.r, x.b);
+        if (g.contig)
+          bulk_store(g.push[st.t].dst_ptr[dest(st)][x.i] + c_off(st, g.dst_bstride), buf + slot * kBoxMax, c_len(st));
+        else
+          tile::tma::store_4d(&g.push[st.t].dst[dest(st)][x.i], buf + slot * kBoxMax, 0, st.h, static_cast<int>(st.r),
+                              x.b);
         tile::tma::commit_group();
         ++stores;
         next(st);

@@ -65,14 +65,22 @@ __host__ __device__ inline int counter_index(int b, int g, int s, int groups, in
   return (b * groups + g) * slices + s;
 }
 
-// Key blocks a query tile with global rows [q_begin, q_end) visits, in visiting order 0..n-1
-// (block i = global key rows [128 i, 128 i + 128)): all of S, or for causal only those up to
-// the tile's last row. The counter a key block waits for is its slice (block / kSliceBlocks).
+// Key blocks a query tile with global rows [q_begin, q_end) visits (block i = global key rows
+// [128 i, 128 i + 128)): all of S, or for causal only those up to the tile's last row. The counter a key block waits for is its slice (block / kSliceBlocks).
 __host__ __device__ inline int visible_blocks(long long S, long long q_end, bool causal) {
   const long long rows = causal ? (q_end < S ? q_end : S) : S;
   return static_cast<int>((rows + kBlockRows - 1) / kBlockRows);
 }
 __host__ __device__ inline int slice_of_block(int n) { return n / kSliceBlocks; }
+// Visiting order (online softmax does not care): blocks start, ..., n - 1, 0, ..., start - 1,
+// where start holds `start_row`, a row whose K/V this rank has first (ring: the tile's own
+// chunk, copied before the launch; Ulysses: its own shard), so tiles begin on local data while
+// the peers' pushes are still arriving.
+__host__ __device__ inline int first_block(long long start_row, int n) {
+  const int b = static_cast<int>(start_row / kBlockRows);
+  return b < n ? b : 0;
+}
+__host__ __device__ inline int block_at(int i, int start, int n) { return i + start < n ? i + start : i + start - n; }
 
 // A key block needs the mask when it runs past S, or (causal) some key in it lies after the
 // first query row of `row_min` (a 64-row consumer half).

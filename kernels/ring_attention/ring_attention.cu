@@ -103,6 +103,7 @@ RingLaunchInfo RingAttention::Impl::launch(const bf16* q, const bf16* k, const b
     g.q_begin[i] = static_cast<int>(ch.begin);
     g.q_rows[i] = static_cast<int>(ch.rows);
     g.q_lse_off[i] = static_cast<int>(off);
+    g.start_row[i] = static_cast<int>(ch.begin);
     g.q[i] = attention::map_rows(q + off * Hq * D, D, Hq, ch.rows, s.B, L * Hq * D, 64, 1, 128, true);
     g.o[i] = attention::map_rows(o + off * Hq * D, D, Hq, ch.rows, s.B, L * Hq * D, 64, 1, 64, true);
     g.o_begin[i] = static_cast<int>(ch.begin);
@@ -119,10 +120,15 @@ RingLaunchInfo RingAttention::Impl::launch(const bf16* q, const bf16* k, const b
   g.scale_log2 = g.scale * 1.4426950408889634f;
   g.causal = opt.causal ? 1 : 0;
 
-  int bh = 0, br = 0;
-  attention::push_box(D, Hkv, &bh, &br);
-  g.group_heads = bh;
-  g.groups = (Hkv + bh - 1) / bh;
+  // One head group: a piece (batch, rows of a chunk, all kv heads) is contiguous at both ends,
+  // so it moves as 1-D bulk copies in 16 KB pieces (long NVLink writes; tensor boxes of 2 KB
+  // rows measured ~10 GB/s per communicator CTA, README.md).
+  g.group_heads = Hkv;
+  g.groups = 1;
+  g.contig = 1;
+  g.row_bytes = static_cast<long long>(Hkv) * D * 2;
+  g.src_bstride = L * g.row_bytes;
+  g.dst_bstride = static_cast<long long>(S) * g.row_bytes;
   g.slices = gs::num_slices(S);
   g.n_chunks = ring::num_chunks(W, zz);
   g.wait_q = 0;
@@ -145,15 +151,12 @@ RingLaunchInfo RingAttention::Impl::launch(const bf16* q, const bf16* k, const b
     attention::PushTensor& pt = g.push[t];
     const bf16* src = t == 0 ? k : v;
     const size_t dst_off = t == 0 ? 0 : kv_elems;
-    pt.box_heads = bh, pt.box_rows = br;
-    pt.box_bytes = static_cast<uint32_t>(2 * D * bh * br);
     for (int i = 0; i < nmine; ++i) {
       const gs::Rows ch = ring::chunk(S, W, zz, r, i);
       const long long off = ring::local_offset(S, W, zz, r, i);
-      pt.src[i] = attention::map_rows(src + off * Hkv * D, D, Hkv, ch.rows, s.B, L * Hkv * D, D, bh, br, false);
+      pt.src_ptr[i] = reinterpret_cast<const uint8_t*>(src + off * Hkv * D);
       for (int d = 0; d < W; ++d)
-        pt.dst[d][i] = attention::map_rows(static_cast<bf16*>(pk[d]) + dst_off + ch.begin * Hkv * D, D, Hkv, ch.rows,
-                                           s.B, static_cast<long long>(S) * Hkv * D, D, bh, br, false);
+        pt.dst_ptr[d][i] = reinterpret_cast<uint8_t*>(static_cast<bf16*>(pk[d]) + dst_off + ch.begin * Hkv * D);
     }
     for (int d = 0; d < W; ++d) pt.head0[d] = 0, pt.heads[d] = Hkv;
   }

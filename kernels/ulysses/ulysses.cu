@@ -85,6 +85,7 @@ UlyssesLaunchInfo Ulysses::Impl::launch(const bf16* q, const bf16* k, const bf16
   attention::GatheredGlobals g{};
   g.n_qchunks = 1;
   g.q_begin[0] = 0, g.q_rows[0] = S, g.q_lse_off[0] = 0;
+  g.start_row[0] = static_cast<int>(mine.begin);
   g.q[0] = attention::map_rows(gq, D, hp, S, s.B, static_cast<long long>(S) * hp * D, 64, 1, 128, true);
   g.k = attention::map_rows(gk, D, hkm, S, s.B, static_cast<long long>(S) * hkm * D, 64, 1, 128, true);
   g.v = attention::map_rows(gv, D, hkm, S, s.B, static_cast<long long>(S) * hkm * D, 64, 1, 128, true);

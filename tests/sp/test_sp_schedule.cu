@@ -1,7 +1,8 @@
 // CPU tests of the sequence-parallel schedules (attention/gathered_schedule.hpp,
 // ring_attention/schedule.hpp, ulysses/schedule.hpp) for W = 2..8, ragged S, causal and not,
 // both ring shardings and Ulysses: every query row is computed by exactly one tile, every tile
-// visits every key block a row of it can see exactly once and never a block none can see, the
+// visits (in its rotated order) every key block a row of it can see exactly once and never a
+// block none can see, the
 // mask runs wherever a key must be hidden, every counter's expected count equals the signals
 // the push plans send it, pushes cover every gathered row exactly once, and the only wait that
 // depends on compute (Ulysses' o_done) expects exactly the stores the compute makes.
@@ -60,6 +61,13 @@ void check_tile(long long S, long long qb, long long qe, bool causal) {
     ASSERT_LT(last_key / 128, nv) << "row " << i << " misses keys";
   }
   ASSERT_LE(nv, all);
+  // The visiting order (starting at the tile's own rows, or any row) is a permutation.
+  for (long long start_row : {0LL, qb, qe - 1, S - 1}) {
+    std::vector<int> seen(nv, 0);
+    const int st = gs::first_block(start_row, nv);
+    for (int i = 0; i < nv; ++i) ++seen[gs::block_at(i, st, nv)];
+    for (int x : seen) ASSERT_EQ(x, 1) << "start row " << start_row;
+  }
   // No visited block is invisible to every row of the tile.
   if (causal) ASSERT_LE(static_cast<long long>(nv - 1) * 128, qe - 1);
   for (long long half = qb; half < qe; half += 64) {
