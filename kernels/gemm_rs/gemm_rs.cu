@@ -39,10 +39,7 @@ LaunchInfo GemmRS::launch(const bf16* A, const bf16* B, bf16* out, int M, int N,
   Impl& m = *impl_;
   const int W = m.c.world(), rank = m.c.rank();
   RsGlobals g{};
-  // Variant 1 runs W owners' tiles side by side: group_m / W rows of each keeps the A panels
-  // resident in L2 at the single-owner footprint.
-  const int gm = default_group_m(K);
-  g.L = make_layout(M, N, W, variant == 1 ? (gm / W > 1 ? gm / W : 1) : gm);
+  g.L = make_layout(M, N, W, default_group_m(K));
   const runtime::PeerPtrs pp = m.c.peers(out, out_elems(M, N, W) * sizeof(bf16));
   g.a = map_128x64(A, M, K, K);
   g.b = map_b_kn(B, K, N);
