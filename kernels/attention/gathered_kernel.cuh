@@ -57,8 +57,8 @@ struct GatheredKernel {
   static constexpr uint32_t kBoxMax = 16384;
   static constexpr int kSlots = (BM * D + 2 * kStages * BN * D + BM * D) * 2 / kBoxMax;
   // Loads (local HBM) run at most kAhead boxes ahead of the stores; the other slots hold stores
-  // still reading shared memory, which for a peer-bound store lasts until NVLink has taken the
-  // data: measured, more stores in flight (not more loads) is what raises a CTA's push rate.
+  // still reading shared memory (for a peer-bound store, until NVLink has taken the data).
+  // A third, a half and three quarters for loads measured within run-to-run noise (README).
   static constexpr int kAhead = kSlots / 3;
   static_assert(kSlots >= 4, "copy ring");
 
@@ -153,9 +153,7 @@ struct GatheredKernel {
       sched.advance();
       if (id >= g.total_tiles) break;
       produce_tile(g, sm, tile_at(g, id), ks, vs, q_phase);
-      // Non-causal tiles are all equally long: a fixed round-robin keeps the CTAs in step over
-      // the same heads' K/V (L2); causal tiles come from the counter, longest first.
-      id = g.causal ? compute + atomicAdd(g.counter, 1) : id + compute;
+      id = compute + atomicAdd(g.counter, 1);
     }
   }
 

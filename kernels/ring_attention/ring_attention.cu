@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "attention/gather_buffer.hpp"
 #include "attention/gathered.hpp"
 #include "ring_attention/ring_attention.hpp"
 #include "ring_attention/schedule.hpp"
@@ -22,33 +23,10 @@ long long local_rows(long long S, int W, Sharding sh, int rank) {
   return ring::local_rows(S, W, sh == Sharding::Zigzag, rank);
 }
 
-// Gathered buffers in the symmetric heap, grown (collectively) when a shape needs more.
-struct GatherBuffer {
-  runtime::Communicator& c;
-  void* p = nullptr;
-  size_t bytes = 0;
-  explicit GatherBuffer(runtime::Communicator& cc) : c(cc) {}
-  ~GatherBuffer() {
-    if (p) c.free(p);
-  }
-  void* get(size_t need) {
-    if (need > bytes) {
-      if (p) {
-        WEAVE_CUDA_CHECK(cudaDeviceSynchronize());  // no kernel of this rank still reads it
-        c.barrier();                                // nor writes into a peer's (theirs are done too)
-        c.free(p);
-      }
-      p = c.alloc(need, 1024);
-      bytes = need;
-    }
-    return p;
-  }
-};
-
 struct RingAttention::Impl {
   runtime::Communicator& c;
   tp::ShapeSignals sig{"sp.ring"};
-  GatherBuffer kv;
+  attention::GatherBuffer kv;  // gathered K then V
   explicit Impl(runtime::Communicator& cc) : c(cc), kv(cc) {}
   RingLaunchInfo launch(const bf16* q, const bf16* k, const bf16* v, bf16* o, float* lse, const RingShape& s,
                         const RingOptions& opt, int ncomm, cudaStream_t stream);

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "attention/gather_buffer.hpp"
 #include "attention/gathered.hpp"
 #include "tp_common/host.hpp"
 #include "ulysses/schedule.hpp"
@@ -21,24 +22,8 @@ RowShard ulysses_shard(long long S, int W, int rank) {
 struct Ulysses::Impl {
   runtime::Communicator& c;
   tp::ShapeSignals sig{"sp.ulysses"};
-  void* buf = nullptr;  // gathered Q, K, V (symmetric heap), grown collectively
-  size_t bytes = 0;
-  explicit Impl(runtime::Communicator& cc) : c(cc) {}
-  ~Impl() {
-    if (buf) c.free(buf);
-  }
-  void* get(size_t need) {
-    if (need > bytes) {
-      if (buf) {
-        WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
-        c.barrier();
-        c.free(buf);
-      }
-      buf = c.alloc(need, 1024);
-      bytes = need;
-    }
-    return buf;
-  }
+  attention::GatherBuffer buf;  // gathered Q, K, V
+  explicit Impl(runtime::Communicator& cc) : c(cc), buf(cc) {}
   UlyssesLaunchInfo launch(const bf16* q, const bf16* k, const bf16* v, bf16* o, const UlyssesShape& s,
                            const UlyssesOptions& opt, int ncomm, cudaStream_t stream);
 };
@@ -76,7 +61,7 @@ UlyssesLaunchInfo Ulysses::Impl::launch(const bf16* q, const bf16* k, const bf16
   const long long L = mine.rows;
   const size_t q_elems = size_t(s.B) * S * hp * D, kv_elems = size_t(s.B) * S * hkm * D;
   const size_t bytes = (q_elems + 2 * kv_elems) * sizeof(bf16);
-  bf16* gq = static_cast<bf16*>(m.get(bytes));
+  bf16* gq = static_cast<bf16*>(m.buf.get(bytes));
   bf16* gk = gq + q_elems;
   bf16* gv = gk + kv_elems;
   const runtime::PeerPtrs pg = m.c.peers(gq, bytes);

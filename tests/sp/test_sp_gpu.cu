@@ -234,6 +234,34 @@ TEST(SpGpu, UlyssesMatchesSingleGpuAttention) {
   run_ulysses({1, 1000, 4, 4, 128}, true, -1, seed + 200);  // the tuner's pick
 }
 
+namespace {
+
+using Ranges = std::vector<std::pair<long long, long long>>;
+
+// This rank's rows of both input sets' q, k, v on the device: in[3 * set + {0, 1, 2}].
+std::vector<std::unique_ptr<Dev>> upload(const Full (&f)[2], const Ranges& ranges) {
+  std::vector<std::unique_ptr<Dev>> in;
+  for (int s = 0; s < 2; ++s)
+    for (const auto* t : {&f[s].q, &f[s].k, &f[s].v}) {
+      const int H = t == &f[s].q ? f[s].Hq : f[s].Hkv;
+      const auto rows = take_rows(*t, f[s].B, f[s].S, H, f[s].D, ranges);
+      in.push_back(std::make_unique<Dev>(rows.size() * 2));
+      wt::to_device(in.back()->as<bf16>(), rows);
+    }
+  return in;
+}
+
+// Launch i's output (copied aside into hist) against reference i % 2 of a (B, S, Hq, D) output.
+void check_history(const Dev& hist, size_t on, int N, const Ref (&ref)[2], int B, int S, int Hq, int D,
+                   const Ranges& ranges, const std::string& what) {
+  const auto all = wt::to_host(hist.as<bf16>(), on * N);
+  for (int i = 0; i < N && !::testing::Test::HasFailure(); ++i)
+    expect_close(std::vector<bf16>(all.begin() + i * on, all.begin() + (i + 1) * on),
+                 take_rows(ref[i % 2].o, B, S, Hq, D, ranges), (what + std::to_string(i)).c_str());
+}
+
+}  // namespace
+
 // 50 launches without a host sync in between, inputs alternating between two sets; each
 // launch's output is copied aside on the stream and checked.
 TEST(SpGpu, BackToBackLaunchesAlternatingInputs) {
@@ -245,14 +273,7 @@ TEST(SpGpu, BackToBackLaunchesAlternatingInputs) {
   {  // ring, zigzag, causal
     const auto ranges = ring_ranges(S, W, weave::sp::Sharding::Zigzag, r);
     const Ref ref[2] = {reference(f[0], true), reference(f[1], true)};
-    std::vector<std::unique_ptr<Dev>> in;
-    for (int s = 0; s < 2; ++s)
-      for (const auto* t : {&f[s].q, &f[s].k, &f[s].v}) {
-        const int H = t == &f[s].q ? Hq : Hkv;
-        const auto rows = take_rows(*t, B, S, H, D, ranges);
-        in.push_back(std::make_unique<Dev>(rows.size() * 2));
-        wt::to_device(in.back()->as<bf16>(), rows);
-      }
+    const auto in = upload(f, ranges);
     const long long L = weave::sp::local_rows(S, W, weave::sp::Sharding::Zigzag, r);
     const size_t on = size_t(B) * L * Hq * D;
     Dev o(on * 2), lse(size_t(B) * Hq * L * 4), hist(on * 2 * N);
@@ -268,23 +289,13 @@ TEST(SpGpu, BackToBackLaunchesAlternatingInputs) {
       WEAVE_CUDA_CHECK(cudaMemcpyAsync(hist.as<bf16>() + i * on, o.p, on * 2, cudaMemcpyDeviceToDevice));
     }
     wt::settle();
-    const auto all = wt::to_host(hist.as<bf16>(), on * N);
-    for (int i = 0; i < N && !HasFailure(); ++i)
-      expect_close(std::vector<bf16>(all.begin() + i * on, all.begin() + (i + 1) * on),
-                   take_rows(ref[i % 2].o, B, S, Hq, D, ranges), ("ring launch " + std::to_string(i)).c_str());
+    check_history(hist, on, N, ref, B, S, Hq, D, ranges, "ring launch ");
   }
   {  // Ulysses, non-causal
     const auto sh = weave::sp::ulysses_shard(S, W, r);
     const std::vector<std::pair<long long, long long>> ranges = {{sh.begin, sh.rows}};
     const Ref ref[2] = {reference(f[0], false), reference(f[1], false)};
-    std::vector<std::unique_ptr<Dev>> in;
-    for (int s = 0; s < 2; ++s)
-      for (const auto* t : {&f[s].q, &f[s].k, &f[s].v}) {
-        const int H = t == &f[s].q ? Hq : Hkv;
-        const auto rows = take_rows(*t, B, S, H, D, ranges);
-        in.push_back(std::make_unique<Dev>(rows.size() * 2));
-        wt::to_device(in.back()->as<bf16>(), rows);
-      }
+    const auto in = upload(f, ranges);
     const size_t on = size_t(B) * sh.rows * Hq * D, omax = size_t(B) * (S / W + 1) * Hq * D;
     Sym o(omax * 2);
     Dev hist(on * 2 * N);
@@ -298,10 +309,7 @@ TEST(SpGpu, BackToBackLaunchesAlternatingInputs) {
       WEAVE_CUDA_CHECK(cudaMemcpyAsync(hist.as<bf16>() + i * on, o.p, on * 2, cudaMemcpyDeviceToDevice));
     }
     wt::settle();
-    const auto all = wt::to_host(hist.as<bf16>(), on * N);
-    for (int i = 0; i < N && !HasFailure(); ++i)
-      expect_close(std::vector<bf16>(all.begin() + i * on, all.begin() + (i + 1) * on),
-                   take_rows(ref[i % 2].o, B, S, Hq, D, ranges), ("ulysses launch " + std::to_string(i)).c_str());
+    check_history(hist, on, N, ref, B, S, Hq, D, ranges, "ulysses launch ");
   }
 }
 

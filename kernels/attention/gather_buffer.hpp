@@ -1,0 +1,39 @@
+// One symmetric-heap buffer that a sequence-parallel kernel object gathers into, grown
+// (collectively: every rank calls get() with the same size, the shapes being checked equal
+// across ranks first) when a shape needs more than it has.
+#pragma once
+#include <cuda_runtime.h>
+
+#include "weave/common/error.hpp"
+#include "weave/runtime/communicator.hpp"
+
+namespace weave::attention {
+
+class GatherBuffer {
+ public:
+  explicit GatherBuffer(runtime::Communicator& c) : c_(c) {}
+  ~GatherBuffer() {
+    if (p_) c_.free(p_);
+  }
+  GatherBuffer(const GatherBuffer&) = delete;
+  GatherBuffer& operator=(const GatherBuffer&) = delete;
+  void* get(size_t need) {
+    if (need > bytes_) {
+      if (p_) {
+        WEAVE_CUDA_CHECK(cudaDeviceSynchronize());  // no kernel of this rank still reads it
+        c_.barrier();                                // nor writes into a peer's (theirs are done too)
+        c_.free(p_);
+      }
+      p_ = c_.alloc(need, 1024);
+      bytes_ = need;
+    }
+    return p_;
+  }
+
+ private:
+  runtime::Communicator& c_;
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+}  // namespace weave::attention
