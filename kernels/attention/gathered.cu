@@ -40,6 +40,9 @@ void push_box(int D, int heads, int* box_heads, int* box_rows) {
   *box_rows = std::min(256, 16384 / (2 * D * *box_heads));
 }
 
+// Passed by value as a __grid_constant__ parameter (W up to kMaxWorld: ~9.5 KB of tensor maps).
+static_assert(sizeof(GatheredGlobals) <= 32764, "kernel parameters are limited to 32764 bytes");
+
 namespace {
 template <class K>
 void launch_k(GatheredGlobals& g, int dev, const lcsc::DeviceInfo& info, cudaStream_t stream) {
