@@ -59,17 +59,28 @@ __device__ __noinline__ inline void wait_expired(const signals& s, int index, un
   __trap();
 }
 
-// Spins on `ready()`, which returns whether the awaited value arrived; after the set's timeout
-// reports (index, expected, observed()) and traps.
+// Spins on `ready()`, which returns whether the awaited value arrived; once the observed value
+// has not changed for the set's timeout, reports (index, expected, observed()) and traps. The
+// clock restarts whenever the observed value moves: a wait that counts the work of a whole
+// kernel (e.g. output tiles landing for seconds) is progress, not a hang.
 template <class Ready, class Observed>
 __device__ __forceinline__ void poll(const signals& s, int index, unsigned long long expected, Ready&& ready,
                                      Observed&& observed) {
   if (ready()) return;
-  const unsigned long long t0 = globaltimer();
+  unsigned long long t0 = globaltimer();
+  auto last = observed();
   for (unsigned spins = 1;; ++spins) {
     if (ready()) return;
-    if (s.timeout_ns && (spins & 255) == 0 && globaltimer() - t0 > s.timeout_ns)
-      wait_expired(s, index, expected, observed());
+    if (s.timeout_ns && (spins & 255) == 0) {
+      const unsigned long long now = globaltimer();
+      const auto seen = observed();
+      if (seen != last) {
+        last = seen;
+        t0 = now;
+      } else if (now - t0 > s.timeout_ns) {
+        wait_expired(s, index, expected, seen);
+      }
+    }
   }
 }
 }  // namespace detail
