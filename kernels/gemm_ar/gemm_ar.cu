@@ -79,7 +79,7 @@ LaunchInfo GemmAR::run(const bf16* A, const bf16* B, bf16* out, int M, int N, in
     for (int n : comm_sms_candidates(M, N, m.c.world(), m.c.sm_count())) cands.push_back({0, n});
   const std::string key = runtime::tune_key("gemm_ar", {M, N, K}, m.c.world(), device_key(m.c));
   const runtime::TuneResult r = runtime::Tuner::global().choose(&m.c, key, cands, [&](const runtime::TuneCandidate& t) {
-    return time_launches(s, [&] { launch(A, B, out, M, N, K, t.num_comm_sms, t.variant, s); });
+    return time_launches(s, [&] { launch(A, B, out, M, N, K, t.num_comm_sms, t.variant, s); }, 1, tune_iters(M, N, K));
   });
   LaunchInfo li = launch(A, B, out, M, N, K, r.choice.num_comm_sms, r.choice.variant, s);
   li.tuned = true;

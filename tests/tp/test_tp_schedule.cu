@@ -13,6 +13,7 @@
 #include <tuple>
 #include <vector>
 
+#include "tp_common/host.hpp"
 #include "tp_common/schedule.hpp"
 #include "weave/lcsc.cuh"
 #include "weave/runtime/tuner.hpp"
@@ -392,6 +393,14 @@ TEST(Tuner, CorruptFileIsReportedAndReplaced) {
   weave::runtime::TuneResult kept;
   EXPECT_TRUE(weave::runtime::Tuner("off").parse(slurp(path), &back, &err));
   (void)kept;
+}
+
+TEST(Tuner, SampleLengthScalesWithTheShape) {
+  EXPECT_EQ(tune_iters(1000, 512, 256), 50);             // a few us: capped
+  EXPECT_EQ(tune_iters(16384, 16384, 8192), 3);          // ms per launch: the minimum
+  const int n = tune_iters(4096, 2048, 4096);            // ~115 us per launch: ~2 ms per sample
+  EXPECT_GE(n, 10);
+  EXPECT_LE(n, 25);
 }
 
 TEST(Tuner, KeyNamesKernelShapeWorldDevice) {
