@@ -22,6 +22,7 @@
 #include "attention/attention.hpp"
 #include "bench.hpp"
 #include "gemm/reference.cuh"
+#include "nonfinite.cuh"
 
 using namespace weave;
 using namespace weave::bench;
@@ -29,20 +30,6 @@ using bf16 = __nv_bfloat16;
 
 namespace {
 
-std::vector<int> ints(const std::string& s) {
-  std::vector<int> v;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) v.push_back(std::stoi(item));
-  return v;
-}
-
-__global__ void count_nonfinite(const bf16* x, size_t n, unsigned long long* bad) {
-  unsigned long long c = 0;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    c += !isfinite(__bfloat162float(x[i]));
-  if (c) atomicAdd(bad, c);
-}
 
 // Max abs error of sampled O rows and max relative error of their LSE against float64.
 void check_rows(const bf16* q, const bf16* k, const bf16* v, const bf16* o, const float* lse,
@@ -89,9 +76,9 @@ void check_rows(const bf16* q, const bf16* k, const bf16* v, const bf16* o, cons
 
 int run_attention_bench(const Args& args) {
   JsonSink sink(args);
-  const auto seqs = ints(args.get("seqs", "4096,8192,16384,32768"));
-  const auto ds = ints(args.get("d", "128,64"));
-  const auto causals = ints(args.get("causal", "0,1"));
+  const auto seqs = args.numbers("seqs", "4096,8192,16384,32768");
+  const auto ds = args.numbers("d", "128,64");
+  const auto causals = args.numbers("causal", "0,1");
   const long long tokens = args.get_int("tokens", 65536);
   const int H = static_cast<int>(args.get_int("heads", 16));
   const int Hkv = static_cast<int>(args.get_int("kv-heads", H));
@@ -116,11 +103,10 @@ int run_attention_bench(const Args& args) {
   std::printf("%4s %6s %3s %7s %-6s %-10s %10s %9s %9s %9s\n", "D", "S", "B", "causal", "impl", "var", "time_us",
               "TFLOP/s", "o_err", "lse_err");
   cudaStream_t st = nullptr;
-  unsigned long long* dbad = nullptr;
-  WEAVE_CUDA_CHECK(cudaMalloc(&dbad, sizeof(unsigned long long)));
   bool all_ok = true;
-  for (int D : ds)
-    for (int S : seqs) {
+  for (const long long D_ : ds)
+    for (const long long S_ : seqs) {
+      const int D = static_cast<int>(D_), S = static_cast<int>(S_);
       const int B = static_cast<int>(std::max(1LL, tokens / S));
       const attention::Shape sh{B, S, H, Hkv, D};
       const size_t nq = size_t(B) * S * H * D, nk = size_t(B) * S * Hkv * D, nl = size_t(B) * H * S;
@@ -134,7 +120,8 @@ int run_attention_bench(const Args& args) {
       gemm::ref::fill_uniform(q, nq, 11 + S + D);
       gemm::ref::fill_uniform(k, nk, 12 + S + D);
       gemm::ref::fill_uniform(v, nk, 13 + S + D);
-      for (int causal : causals)
+      for (const long long causal_ : causals) {
+        const int causal = static_cast<int>(causal_);
         for (const std::string& var : variants) {
           attention::Options opt;
           opt.causal = causal != 0;
@@ -145,10 +132,7 @@ int run_attention_bench(const Args& args) {
           gemm::ref::poison(o, nq);
           WEAVE_CUDA_CHECK(cudaMemset(lse, 0xFF, nl * 4));
           attention::forward(q, k, v, o, lse, sh, opt, st);
-          WEAVE_CUDA_CHECK(cudaMemsetAsync(dbad, 0, sizeof(unsigned long long), st));
-          count_nonfinite<<<264, 256, 0, st>>>(o, nq, dbad);
-          unsigned long long bad = 0;
-          WEAVE_CUDA_CHECK(cudaMemcpy(&bad, dbad, sizeof bad, cudaMemcpyDeviceToHost));
+          const unsigned long long bad = count_nonfinite(o, nq, st);
           double o_err = 0, l_err = 0;
           check_rows(q, k, v, o, lse, sh, opt.causal, o_err, l_err);
           const bool ok = bad == 0 && o_err < 2e-2 && l_err < 2e-3;
@@ -177,9 +161,9 @@ int run_attention_bench(const Args& args) {
                          .add("lse_rel_err", l_err)
                          .add("correct", ok));
         }
+      }
       cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(o), cudaFree(lse);
     }
-  cudaFree(dbad);
   return all_ok ? 0 : 1;
 }
 

@@ -27,6 +27,20 @@ struct Args {
   long long get_int(const std::string& k, long long dflt) const {
     return has(k) ? std::stoll(get(k)) : dflt;
   }
+  // Comma-separated values of `k` (or of `dflt`), empty items skipped.
+  std::vector<std::string> names(const std::string& k, const std::string& dflt) const {
+    std::vector<std::string> v;
+    std::stringstream ss(get(k, dflt));
+    std::string x;
+    while (std::getline(ss, x, ','))
+      if (!x.empty()) v.push_back(x);
+    return v;
+  }
+  std::vector<long long> numbers(const std::string& k, const std::string& dflt) const {
+    std::vector<long long> v;
+    for (const std::string& x : names(k, dflt)) v.push_back(std::stoll(x));
+    return v;
+  }
 };
 
 using Fn = std::function<int(const Args&)>;

@@ -43,13 +43,6 @@ std::vector<Shape> parse_shapes(const std::string& s) {
   }
   return v;
 }
-std::vector<int> parse_ints(const std::string& s) {
-  std::vector<int> v;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) v.push_back(std::stoi(item));
-  return v;
-}
 
 struct Sets {
   std::vector<bf16*> a, b;
@@ -73,7 +66,8 @@ int run_gemm_bench(const Args& args) {
   if (args.get("tile") == "256c2") tile = gemm::Tile::M128N256C2;
   const bool balance = !args.has("no-balance");
   const int group = static_cast<int>(args.get_int("group", 0));
-  const std::vector<int> comms = parse_ints(args.get("comm", "0"));
+  std::vector<int> comms;
+  for (long long c : args.numbers("comm", "0")) comms.push_back(static_cast<int>(c));
   const double target_ms = std::stod(args.get("target-ms", "60"));
 
   int dev = 0, l2 = 0;

@@ -24,6 +24,7 @@
 #include "attention/attention.hpp"
 #include "bench.hpp"
 #include "gemm/reference.cuh"
+#include "nonfinite.cuh"
 #include "ring_attention/ring_attention.hpp"
 #include "ulysses/ulysses.hpp"
 #include "weave/runtime/communicator.hpp"
@@ -32,22 +33,6 @@ using namespace weave;
 using bf16 = __nv_bfloat16;
 
 namespace {
-
-std::vector<long long> longs(const std::string& s) {
-  std::vector<long long> v;
-  std::stringstream ss(s);
-  std::string x;
-  while (std::getline(ss, x, ','))
-    if (!x.empty()) v.push_back(std::stoll(x));
-  return v;
-}
-
-__global__ void count_nonfinite(const bf16* x, size_t n, unsigned long long* bad) {
-  unsigned long long c = 0;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    c += !isfinite(__bfloat162float(x[i]));
-  if (c) atomicAdd(bad, c);
-}
 
 // Where a rank's local rows sit in the global sequence: (global begin, rows) per stored chunk.
 using Chunks = std::vector<sp::ChunkRange>;
@@ -156,8 +141,8 @@ bool everywhere(runtime::Communicator& c, bool ok) {
 
 int run_sp(const bench::Args& args) {
   bench::JsonSink sink(args);
-  const auto seqs = longs(args.get("seqs", "8192,16384,32768,65536,131072"));
-  const auto causals = longs(args.get("causal", "0,1"));
+  const auto seqs = args.numbers("seqs", "8192,16384,32768,65536,131072");
+  const auto causals = args.numbers("causal", "0,1");
   const int B = static_cast<int>(args.get_int("batch", 4));
   const int Hr = static_cast<int>(args.get_int("heads-ring", 16));
   const int Hu = static_cast<int>(args.get_int("heads-ulysses", 32));
@@ -165,15 +150,9 @@ int run_sp(const bench::Args& args) {
   const int fixed_comm = static_cast<int>(args.get_int("num-comm-sms", -1));
   const bool single = args.get_int("single", 1) != 0;
   const double target_ms = std::stod(args.get("target-ms", "200"));
-  std::vector<std::string> kernels;
-  {
-    std::stringstream ss(args.get("kernels", "ring_attention,ulysses"));
-    std::string x;
-    while (std::getline(ss, x, ',')) {
-      WEAVE_CHECK(x == "ring_attention" || x == "ulysses", "unknown kernel '", x, "' (ring_attention, ulysses)");
-      kernels.push_back(x);
-    }
-  }
+  const auto kernels = args.names("kernels", "ring_attention,ulysses");
+  for (const std::string& x : kernels)
+    WEAVE_CHECK(x == "ring_attention" || x == "ulysses", "unknown kernel '", x, "' (ring_attention, ulysses)");
   long long maxS = 0;
   for (long long S : seqs) maxS = std::max(maxS, S);
   const int maxH = std::max(Hr, Hu);
@@ -190,8 +169,6 @@ int run_sp(const bench::Args& args) {
   sp::RingAttention ring(comm);
   sp::Ulysses uly(comm);
   cudaStream_t st = nullptr;
-  unsigned long long* dbad = nullptr;
-  WEAVE_CUDA_CHECK(cudaMalloc(&dbad, sizeof(unsigned long long)));
   if (rank == 0) {
     std::printf("weave-bench sp: world %d, %s, %d SMs, B=%d D=%d, heads ring %d / ulysses %d\n", W,
                 comm.props().name, comm.sm_count(), B, D, Hr, Hu);
@@ -245,16 +222,28 @@ int run_sp(const bench::Args& args) {
         }
         comm.sync(st);
         comm.barrier();  // every rank's output is complete before anyone reads peers' K/V rows
-        WEAVE_CUDA_CHECK(cudaMemset(dbad, 0, sizeof(unsigned long long)));
-        count_nonfinite<<<264, 256>>>(o.data(), n, dbad);
-        unsigned long long bad = 0;
-        WEAVE_CUDA_CHECK(cudaMemcpy(&bad, dbad, sizeof bad, cudaMemcpyDeviceToHost));
+        const unsigned long long bad = bench::count_nonfinite(o.data(), n);
         double o_err = 0, l_err = 0;
         check_rows(comm, cf, q.data(), k.data(), v.data(), o.data(), kernel == "ring_attention" ? lse : nullptr, o_err,
                    l_err);
         const bool ok = everywhere(comm, bad == 0 && o_err < 2e-2 && l_err < 2e-3);
         all_ok = all_ok && ok;
         const double flop = 4.0 * B * double(S) * double(S) * H * D / (cf.causal ? 2 : 1);
+        auto row = [&](const char* impl, int world, double us) {
+          return bench::JsonLine()
+              .add("kernel", kernel)
+              .add("impl", impl)
+              .add("B", B)
+              .add("S", S)
+              .add("H", H)
+              .add("H_kv", H)
+              .add("D", D)
+              .add("causal", cf.causal)
+              .add("world", world)
+              .add("time_us", us)
+              .add("tflops", flop / us * 1e-6)
+              .add("tflops_per_gpu", flop / us * 1e-6 / world);
+        };
         const double est_us = flop / W / 500e12 * 1e6;
         const int iters = std::max(1, std::min(50, static_cast<int>(target_ms * 1e3 / est_us)));
         comm.barrier();
@@ -266,24 +255,13 @@ int run_sp(const bench::Args& args) {
           std::printf("%-15s %-10s %7lld %3d %6d %11.1f %9.1f %9.2e %9.2e %5d%s\n", kernel.c_str(), "weave", S, H,
                       int(causal), t, tf / W, o_err, l_err, ncomm, ok ? "" : "  WRONG");
           std::fflush(stdout);
-          sink.write(bench::JsonLine()
-                         .add("kernel", kernel)
-                         .add("impl", "weave")
-                         .add("B", B)
-                         .add("S", S)
-                         .add("H", H)
-                         .add("H_kv", H)
-                         .add("D", D)
-                         .add("causal", cf.causal)
-                         .add("world", W)
+          sink.write(row("weave", W, t)
                          .add("sharding", kernel == "ring_attention" ? (cf.causal ? "zigzag" : "contiguous")
                                                                      : "contiguous")
-                         .add("time_us", t)
-                         .add("tflops", tf)
-                         .add("tflops_per_gpu", tf / W)
                          .add("num_comm_sms", ncomm)
                          .add("o_max_err", o_err)
                          .add("lse_rel_err", l_err)
+                         .add("check", "sampled rows vs float64")
                          .add("correct", ok));
         }
         cudaFree(lse);
@@ -303,34 +281,23 @@ int run_sp(const bench::Args& args) {
           ao.causal = cf.causal;
           const double est1 = flop / 500e12 * 1e6;
           const int it1 = std::max(1, std::min(50, static_cast<int>(target_ms * 1e3 / est1)));
+          gemm::ref::poison(o1, n1);
           comm.barrier();
           double t1 = bench::time_us(
               st, [&] { attention::forward(q1, k1, v1, o1, nullptr, s1, ao, st); }, est1 > 1e5 ? 1 : 2, it1,
               est1 > 1e6 ? 1 : 3);  // a reference taking seconds per call is timed once
           t1 = slowest(comm, t1);
+          const bool ok1 = everywhere(comm, bench::count_nonfinite(o1, n1) == 0);  // poisoned before: every row written
+          all_ok = all_ok && ok1;
           const double tf1 = flop / t1 * 1e-6;
           if (rank == 0) {
             std::printf("%-15s %-10s %7lld %3d %6d %11.1f %9.1f\n", kernel.c_str(), "weave-1gpu", S, H, int(causal), t1,
                         tf1);
-            sink.write(bench::JsonLine()
-                           .add("kernel", kernel)
-                           .add("impl", "weave-1gpu")
-                           .add("B", B)
-                           .add("S", S)
-                           .add("H", H)
-                           .add("H_kv", H)
-                           .add("D", D)
-                           .add("causal", cf.causal)
-                           .add("world", 1)
-                           .add("time_us", t1)
-                           .add("tflops", tf1)
-                           .add("tflops_per_gpu", tf1)
-                           .add("correct", true));
+            sink.write(row("weave-1gpu", 1, t1).add("check", "output finite").add("correct", ok1));
           }
           cudaFree(q1), cudaFree(k1), cudaFree(v1), cudaFree(o1);
         }
       }
-  cudaFree(dbad);
   if (rank == 0) std::printf(all_ok ? "all results correct\n" : "SOME RESULTS WRONG\n");
   return all_ok ? 0 : 1;
 }

@@ -29,22 +29,6 @@ using tp::bf16;
 
 namespace gref = gemm::ref;
 
-std::vector<long long> parse_list(const std::string& s) {
-  std::vector<long long> v;
-  std::stringstream ss(s);
-  std::string x;
-  while (std::getline(ss, x, ','))
-    if (!x.empty()) v.push_back(std::stoll(x));
-  return v;
-}
-std::vector<std::string> parse_names(const std::string& s) {
-  std::vector<std::string> v;
-  std::stringstream ss(s);
-  std::string x;
-  while (std::getline(ss, x, ','))
-    if (!x.empty()) v.push_back(x);
-  return v;
-}
 
 struct Ctx {
   runtime::Communicator& c;
@@ -221,8 +205,8 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
 }
 
 int run(const bench::Args& a) {
-  const auto sizes = parse_list(a.get("sizes", "2048,4096,8192,16384,32768"));
-  const auto kernels = parse_names(a.get("kernels", "ag_gemm,gemm_rs,gemm_ar"));
+  const auto sizes = a.numbers("sizes", "2048,4096,8192,16384,32768");
+  const auto kernels = a.names("kernels", "ag_gemm,gemm_rs,gemm_ar");
   const int fixed = static_cast<int>(a.get_int("num-comm-sms", -1));
   const int variant = static_cast<int>(a.get_int("variant", -1));
   long long maxS = 0;
@@ -246,8 +230,9 @@ int run(const bench::Args& a) {
     for (const auto& k : kernels)
       for (long long S : sizes) run_one(x, k, static_cast<int>(S), fixed, true, true, 0, variant);
   if (a.has("sweep")) {
-    const auto counts = parse_list(a.get("sweep").empty() ? "0,4,8,16,32,64" : a.get("sweep"));
-    const auto ss = parse_list(a.get("sweep-sizes", "4096,16384"));
+    auto counts = a.numbers("sweep", "");
+    if (counts.empty()) counts = {0, 4, 8, 16, 32, 64};  // bare --sweep
+    const auto ss = a.numbers("sweep-sizes", "4096,16384");
     if (x.rank == 0) std::printf("\nnum_comm_sms sweep\n| kernel | S | local MxNxK | variant | comm SMs | us | TFLOP/s | check |\n|---|---|---|---|---|---|---|---|\n");
     for (const char* k : {"ag_gemm", "gemm_ar"})
       for (long long S : ss)
