@@ -7,7 +7,8 @@
 //     V (ring) or of Q, K and V restricted to each destination's heads (Ulysses) into every
 //     rank's gathered buffers (global row order), with TMA box loads into a ring of shared-
 //     memory slots and TMA box stores to the destination, then per (batch, head group, slice)
-//     store_wait and a release signal to the destination's readiness counter.
+//     store_wait and a release signal to the destination's readiness counter. Then they join
+//     the compute, taking tiles from the same counter.
 //   - the other CTAs run the FA3-class pipeline of attention_kernel.cuh (its GEMM, mask and
 //     softmax pieces are reused as they are): a query tile iterates its visible key blocks of
 //     the gathered K/V in global order, and the producer thread waits (acquire, with the
@@ -15,7 +16,7 @@
 //     decided by global positions (query chunks need not start at a block boundary).
 //   - O goes to the tile's own chunk (ring, with LSE) or, tile half by tile half, to every rank
 //     owning some of its rows (Ulysses; a TMA map per owner clips to exactly its rows); owners
-//     then count the stores they received ("o_done") and one communicator waits for them, so
+//     then count the stores they received ("o_done") and CTA 0 waits for them at its end, so
 //     when the kernel ends on a rank its output is complete.
 // The single-GPU kernel is not built from this file: it stays as measured.
 #pragma once
@@ -145,7 +146,10 @@ struct GatheredKernel {
     tile::PipeState<2> sched;
     uint32_t q_phase = 0;
     const int compute = static_cast<int>(gridDim.x) - g.num_comm;
-    int id = static_cast<int>(blockIdx.x) - g.num_comm;
+    // A communicator CTA computes once its pushes are done, taking its first tile from the
+    // counter like every later one.
+    int id = static_cast<int>(blockIdx.x) < g.num_comm ? compute + atomicAdd(g.counter, 1)
+                                                       : static_cast<int>(blockIdx.x) - g.num_comm;
     while (true) {
       sm.sched_empty[sched.index].wait(sched.phase ^ 1);
       sm.tile_id[sched.index] = id;
@@ -328,6 +332,9 @@ struct GatheredKernel {
       store_wait();  // the O stores are in the owners' memory before they are counted
       for (int x = 0; x < g.n_otargets; ++x)
         if (sm.ocount[c][x] > 0) signal(g.odone, x, 0, static_cast<unsigned long long>(sm.ocount[c][x]));
+      // Every owner-bound O tile of every rank has landed here before this CTA (so the kernel)
+      // ends: one waiter per rank, after its own signals (the other consumer's come regardless).
+      if (blockIdx.x == 0 && c == 0) wait(g.odone, 0, g.odone_expected);
     }
   }
 
@@ -429,7 +436,12 @@ struct GatheredKernel {
       for (int j = j0; j < g.world; ++j) signal(g.ready, (g.rank + j) % g.world, ctr);
     }
     store_wait();
-    if (c == 0 && g.count_o) wait(g.odone, 0, g.odone_expected);  // every owner-bound O tile of this rank landed
+  }
+  // The copy ring's barriers, before the compute role reuses their memory.
+  static __device__ __forceinline__ void retire_communicator(uint8_t* buf) {
+    if (threadIdx.x != 0) return;
+    tile::Mbarrier* bar = reinterpret_cast<tile::Mbarrier*>(buf + kSlots * kBoxMax);
+    for (int i = 0; i < kSlots; ++i) bar[i].inval();
   }
 };
 
@@ -439,8 +451,12 @@ __global__ void __launch_bounds__(K::kThreads, 1) gathered_attention_kernel(cons
   const uintptr_t a = reinterpret_cast<uintptr_t>(gathered_smem);
   uint8_t* base = reinterpret_cast<uint8_t*>((a + 1023) & ~uintptr_t(1023));
   if (static_cast<int>(blockIdx.x) < g.num_comm) {
+    // Communicators push first, then join the compute: at long sequences the pushes take a few
+    // percent of the kernel and the SMs would otherwise idle for the rest.
     K::communicator(g, base, static_cast<int>(blockIdx.x), g.num_comm);
-    return;
+    __syncthreads();
+    K::retire_communicator(base);
+    __syncthreads();
   }
   auto& sm = *reinterpret_cast<typename K::Smem*>(base);
   if (threadIdx.x == 0) {

@@ -20,6 +20,10 @@ struct alignas(8) Mbarrier {
   __device__ __forceinline__ void init(uint32_t count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(addr()), "r"(count) : "memory");
   }
+  // Before the barrier's memory serves another purpose (including another barrier).
+  __device__ __forceinline__ void inval() {
+    asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(addr()) : "memory");
+  }
   __device__ __forceinline__ void arrive() {
     asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" ::"r"(addr()) : "memory");
   }
