@@ -157,14 +157,17 @@ struct Collectives::Impl {
   // registered), its flag, and its slots: slot[q] is where this rank's lines for rank q go (in
   // q's scratch), mine[r] where rank r's lines for this rank arrive.
   template <class Args>
-  Args ll_next(const void* in, size_t in_bytes, void* out, size_t out_bytes) {
+  Args ll_next(const void* in, size_t in_bytes, void* out, size_t out_bytes, cudaStream_t s) {
     comm.peers(in, in_bytes);
     comm.peers(out, out_bytes);
     Args a{};
     a.in = static_cast<const unsigned char*>(in);
     a.out = static_cast<unsigned char*>(out);
     const int W = comm.world(), me = comm.rank();
-    if (++ll_calls == 0) ++ll_calls;  // 0 is the zeroed scratch's flag
+    bool restart = false;
+    const unsigned flag = ll_next_flag(ll_calls, &restart);  // every rank restarts at the same call
+    if (restart) ll_restart(s);
+    ll_calls = flag;
     const size_t parity = ll_calls & 1;
     const runtime::PeerPtrs sp = comm.peers(ll_scratch.data(), ll_scratch.bytes());
     for (int r = 0; r < W; ++r) {
@@ -175,12 +178,22 @@ struct Collectives::Impl {
     a.sig = ll_sig.view();
     return a;
   }
+  // Once every 2^32 - 1 LL calls (plan.hpp, ll_next_flag): every rank's earlier LL calls have
+  // ended (their stream, which orders them, drained; then the barrier) before any rank zeroes its
+  // scratch, and every scratch is zeroed before any rank writes a line again.
+  void ll_restart(cudaStream_t s) {
+    WEAVE_CUDA_CHECK(cudaStreamSynchronize(s));
+    comm.barrier();
+    WEAVE_CUDA_CHECK(cudaMemsetAsync(ll_scratch.data(), 0, ll_scratch.bytes(), s));
+    WEAVE_CUDA_CHECK(cudaStreamSynchronize(s));
+    comm.barrier();
+  }
   int ll_blocks(long long lines) const {
     return static_cast<int>(std::clamp<long long>((lines + kLLThreads - 1) / kLLThreads, 1, blocks_max));
   }
 
   void ll_all_reduce(const void* in, void* out, long long bytes, DType t, ReduceOp op, cudaStream_t s) {
-    LLArgs a = ll_next<LLArgs>(in, bytes, out, bytes);
+    LLArgs a = ll_next<LLArgs>(in, bytes, out, bytes, s);
     a.bytes = bytes;
     const int blocks = ll_blocks((bytes + 3) / 4);
     by_type_and_op(t, op,
@@ -190,7 +203,7 @@ struct Collectives::Impl {
   // LL all_gather (gather) or reduce_scatter; the grid covers one rank's share of the lines.
   void ll_shard(bool gather, const LLPlan& plan, const void* in, size_t in_bytes, void* out, size_t out_bytes, DType t,
                 ReduceOp op, cudaStream_t s) {
-    LLShardArgs a = ll_next<LLShardArgs>(in, in_bytes, out, out_bytes);
+    LLShardArgs a = ll_next<LLShardArgs>(in, in_bytes, out, out_bytes, s);
     a.plan = plan;
     const int blocks = ll_blocks(plan.max_lines);
     if (gather) {

@@ -243,6 +243,16 @@ __host__ __device__ inline LLPlan plan_ll_reduce_scatter(const Shape& full, int 
   return p;
 }
 
+// LL flags are the call's number: 32 bits, never 0 (the zeroed scratch's). After flag 0xFFFFFFFF
+// the numbers come back: a line written 2^32 calls ago and not rewritten since would pass for the
+// new call's, and 0xFFFFFFFF -> 1 would give two calls in a row the same slot parity (the reuse
+// argument in ll.cuh needs them to alternate). So that call restarts the numbering at 1, and the
+// host first drains every rank's LL calls and zeroes every scratch (*restart = true).
+__host__ __device__ inline unsigned ll_next_flag(unsigned last, bool* restart) {
+  *restart = last == 0xFFFFFFFFu;
+  return *restart ? 1u : last + 1;
+}
+
 // Per call, every rank's block 0 signals "arrived" to every rank and every block of every rank
 // signals "done" to every rank (after its reads and writes): what each rank waits for.
 __host__ __device__ inline unsigned long long arrivals_per_call(int world) { return world; }

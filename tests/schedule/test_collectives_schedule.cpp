@@ -430,3 +430,34 @@ TEST(Schedule, LLReduceScatterAnyDim) {
     }
   });
 }
+
+// LL flags: never 0, consecutive calls alternate slot parity, and no flag repeats without a
+// restart (a scratch zeroing): the numbering wraps only through a restart, back to 1.
+TEST(Schedule, LLFlagsAlternateParityAndRestartBeforeRepeating) {
+  bool restart = true;
+  unsigned f = ll_next_flag(0, &restart);  // the first call after the scratch was zeroed
+  EXPECT_EQ(f, 1u);
+  EXPECT_FALSE(restart);
+  for (unsigned last : {1u, 2u, 12345u, 0x7FFFFFFFu, 0x80000000u, 0xFFFFFFFDu, 0xFFFFFFFEu}) {
+    const unsigned next = ll_next_flag(last, &restart);
+    EXPECT_FALSE(restart) << last;
+    EXPECT_NE(next, 0u);
+    EXPECT_EQ(next, last + 1);
+    EXPECT_NE(next & 1, last & 1) << "two calls in a row on one slot parity";
+  }
+  // 0xFFFFFFFF -> 1 keeps the parity: allowed only because the restart drains and zeroes first.
+  f = ll_next_flag(0xFFFFFFFFu, &restart);
+  EXPECT_TRUE(restart);
+  EXPECT_EQ(f, 1u);
+  // The sequence across the wrap, as the host drives it: 2^32 - 1 distinct flags per epoch.
+  unsigned last = 0xFFFFFFF0u;
+  int restarts = 0;
+  for (int i = 0; i < 40; ++i) {
+    const unsigned next = ll_next_flag(last, &restart);
+    restarts += restart;
+    EXPECT_NE(next, 0u);
+    if (!restart) EXPECT_NE(next & 1, last & 1);
+    last = next;
+  }
+  EXPECT_EQ(restarts, 1);
+}
