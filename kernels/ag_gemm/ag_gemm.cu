@@ -41,7 +41,6 @@ LaunchInfo AgGemm::launch(const bf16* a_shard, bf16* a_gathered, const bf16* B, 
     g.gdst[q] = static_cast<bf16*>(pp[q]) + size_t(mine.begin) * K;
   }
   g.shard = a_shard;
-  WEAVE_CHECK(reinterpret_cast<uintptr_t>(a_shard) % 16 == 0, "ag_gemm: a_shard must be 16-byte aligned");
   g.copy_local = a_shard != a_gathered + size_t(mine.begin) * K;
   g.b = map_b_kn(B, K, N);
   g.M = M, g.N = N, g.K = K;
@@ -68,9 +67,17 @@ LaunchInfo AgGemm::run(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf1
                        const Options& o, cudaStream_t s) {
   Impl& m = *impl_;
   validate("ag_gemm", M, N, K);
-  WEAVE_CHECK(a_shard && a_gathered && B && C, "ag_gemm: null pointer");
+  check_operands("ag_gemm", {{"a_shard", a_shard}, {"a_gathered", a_gathered}, {"B", B}, {"C", C}});
   WEAVE_CHECK(M >= m.c.world(), "ag_gemm: M = ", M, " gives some rank no rows (world ", m.c.world(), ")");
-  m.c.check_same("ag_gemm shape (M, N, K)", {M, N, K});  // every call: a shared-page compare
+  {  // in place means exactly this rank's rows of a_gathered: elsewhere in it, peers' pushes overwrite the input
+    const Range mine = shard(M, m.c.world(), m.c.rank());
+    const uintptr_t a = reinterpret_cast<uintptr_t>(a_shard), g = reinterpret_cast<uintptr_t>(a_gathered);
+    const uintptr_t own = g + uintptr_t(mine.begin) * K * sizeof(bf16);
+    const bool apart = a + uintptr_t(mine.size) * K * sizeof(bf16) <= g || a >= g + uintptr_t(M) * K * sizeof(bf16);
+    WEAVE_CHECK(a == own || apart, "ag_gemm: a_shard overlaps a_gathered without being this rank's rows of it (rows ",
+                mine.begin, "..", mine.begin + mine.size - 1, ")");
+  }
+  m.c.check_same("ag_gemm arguments (M, N, K, num_comm_sms, variant)", checked_args(M, N, K, o));  // every call
   WEAVE_CHECK(o.variant >= -1 && o.variant <= 6, "ag_gemm: variant ", o.variant,
               " is not 0 (TMA push by communicator SMs), 1 (register push by communicator SMs), 2 (TMA push by "
               "the compute blocks' idle producer warps) or 3..6 (register push by those of every 2^(v-3)-th block)");
@@ -86,7 +93,7 @@ LaunchInfo AgGemm::run(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf1
   for (int v = 0; v < 2; ++v)
     if (o.variant < 0 || o.variant == v)
       for (int n : comm_sms_candidates(M, K, m.c.world(), m.c.sm_count())) cands.push_back({v, n});
-  const std::string key = runtime::tune_key("ag_gemm", {M, N, K}, m.c.world(), device_key(m.c));
+  const std::string key = runtime::tune_key(tune_name("ag_gemm", o.variant), {M, N, K}, m.c.world(), device_key(m.c));
   const runtime::TuneResult r = runtime::Tuner::global().choose(&m.c, key, cands, [&](const runtime::TuneCandidate& t) {
     return time_launches(s, [&] { launch(a_shard, a_gathered, B, C, M, N, K, t.num_comm_sms, t.variant, s); }, 1,
                          tune_iters(M, N, K));

@@ -63,8 +63,8 @@ LaunchInfo GemmAR::run(const bf16* A, const bf16* B, bf16* out, int M, int N, in
                        cudaStream_t s) {
   Impl& m = *impl_;
   validate("gemm_ar", M, N, K);
-  WEAVE_CHECK(A && B && out, "gemm_ar: null pointer");
-  m.c.check_same("gemm_ar shape (M, N, K)", {M, N, K});  // every call: a shared-page compare
+  check_operands("gemm_ar", {{"A", A}, {"B", B}, {"out", out}});
+  m.c.check_same("gemm_ar arguments (M, N, K, num_comm_sms, variant)", checked_args(M, N, K, o));  // every call
   WEAVE_CHECK(o.variant >= -1 && o.variant <= 1, "gemm_ar: variant ", o.variant,
               " is not 0 (inter-SM, communicator SMs reduce) or 1 (intra-SM, storers reduce-add)");
   if (o.num_comm_sms >= 0) {
@@ -77,7 +77,7 @@ LaunchInfo GemmAR::run(const bf16* A, const bf16* B, bf16* out, int M, int N, in
   if (o.variant < 0 || o.variant == 1) cands.push_back({1, 0});
   if (o.variant <= 0)
     for (int n : comm_sms_candidates(M, N, m.c.world(), m.c.sm_count())) cands.push_back({0, n});
-  const std::string key = runtime::tune_key("gemm_ar", {M, N, K}, m.c.world(), device_key(m.c));
+  const std::string key = runtime::tune_key(tune_name("gemm_ar", o.variant), {M, N, K}, m.c.world(), device_key(m.c));
   const runtime::TuneResult r = runtime::Tuner::global().choose(&m.c, key, cands, [&](const runtime::TuneCandidate& t) {
     return time_launches(s, [&] { launch(A, B, out, M, N, K, t.num_comm_sms, t.variant, s); }, 1, tune_iters(M, N, K));
   });

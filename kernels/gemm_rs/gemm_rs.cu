@@ -81,11 +81,10 @@ LaunchInfo GemmRS::run(const bf16* A, const bf16* B, bf16* out, int M, int N, in
                        cudaStream_t s) {
   Impl& m = *impl_;
   validate("gemm_rs", M, N, K);
-  WEAVE_CHECK(A && B && out, "gemm_rs: null pointer");
+  check_operands("gemm_rs", {{"A", A}, {"B", B}, {"out", out}});
   WEAVE_CHECK(o.variant >= -1 && o.variant <= 2, "gemm_rs: variant ", o.variant,
               " is not 0 (owner first), 1 (zero first) or 2 (inter-SM)");
-  WEAVE_CHECK(reinterpret_cast<uintptr_t>(out) % 16 == 0, "gemm_rs: out must be 16-byte aligned");
-  m.c.check_same("gemm_rs shape (M, N, K)", {M, N, K});  // every call: a shared-page compare
+  m.c.check_same("gemm_rs arguments (M, N, K, num_comm_sms, variant)", checked_args(M, N, K, o));  // every call
   if (o.variant >= 0 || o.num_comm_sms >= 0) {
     const int v = o.variant >= 0 ? o.variant : o.num_comm_sms > 0 ? 2 : 0;
     const int n = o.num_comm_sms < 0 ? (v == 2 ? 8 : 0) : o.num_comm_sms;
@@ -97,7 +96,7 @@ LaunchInfo GemmRS::run(const bf16* A, const bf16* B, bf16* out, int M, int N, in
   const int row_tiles = (shard(M, m.c.world(), 0).size + kBM - 1) / kBM;
   for (int n : {4, 8, 16, 32})
     if (n <= row_tiles * ((N + kBN - 1) / kBN) && n < m.c.sm_count() / 2) cands.push_back({2, n});
-  const std::string key = runtime::tune_key("gemm_rs", {M, N, K}, m.c.world(), device_key(m.c));
+  const std::string key = runtime::tune_key(tune_name("gemm_rs", o.variant), {M, N, K}, m.c.world(), device_key(m.c));
   const runtime::TuneResult r = runtime::Tuner::global().choose(&m.c, key, cands, [&](const runtime::TuneCandidate& t) {
     return time_launches(s, [&] { launch(A, B, out, M, N, K, t.variant, t.num_comm_sms, s); }, 1, tune_iters(M, N, K));
   });

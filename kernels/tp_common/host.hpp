@@ -4,9 +4,12 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tp_common/schedule.hpp"
@@ -79,7 +82,31 @@ inline CUtensorMap map_b_kn(const bf16* p, long long K, long long N) {
   return tile::encode(tile::tma_2d(p, K, N, N, 64, 64, tile::Swizzle::B128));
 }
 
+// The kernel name in the tuner's key: a call that restricts the variant (Options::variant >= 0)
+// searches and caches apart from an unrestricted one, so that neither gets a cached choice the
+// other excluded (a search over all variants must not answer a call that asked for variant 0).
+inline std::string tune_name(const std::string& kernel, int variant) {
+  return variant < 0 ? kernel : kernel + ".v" + std::to_string(variant);
+}
+
+// Options take part in the cross-rank check: ranks with different variants would feed different
+// signal sets (hang, or a wait met early: a wrong answer), and one rank tuning while another does
+// not would leave the tuner's collective search alone.
+inline std::vector<long long> checked_args(int M, int N, int K, const Options& o) {
+  return {M, N, K, o.num_comm_sms, o.variant};
+}
+
 inline int default_group_m(int K) { return K <= 2048 ? 16 : 8; }
+
+// Every operand is read or written by TMA: non-null and 16-byte aligned. Checked before the
+// cross-rank check: a pointer bad on one rank only is then an error there (and a check_same
+// timeout on its peers), not a TMA-map failure after its peers launched and wait for it.
+inline void check_operands(const char* who, std::initializer_list<std::pair<const char*, const void*>> ops) {
+  for (const auto& [name, p] : ops) {
+    WEAVE_CHECK(p != nullptr, who, ": ", name, " is a null pointer");
+    WEAVE_CHECK(reinterpret_cast<uintptr_t>(p) % 16 == 0, who, ": ", name, " is not 16-byte aligned (TMA needs it)");
+  }
+}
 
 inline void validate(const char* who, int M, int N, int K) {
   WEAVE_CHECK(M >= 1 && N >= 1 && K >= 1, who, ": M, N, K must be positive, got ", M, " x ", N, " x ", K);

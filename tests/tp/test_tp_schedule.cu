@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <set>
 #include <sstream>
@@ -406,4 +407,45 @@ TEST(Tuner, SampleLengthScalesWithTheShape) {
 TEST(Tuner, KeyNamesKernelShapeWorldDevice) {
   EXPECT_EQ(weave::runtime::tune_key("gemm_rs", {16384, 16384, 512}, 2, "H200_132sm"), "gemm_rs|16384x16384x512|w2|H200_132sm");
   EXPECT_EQ(weave::runtime::tune_key("gemm_rs", {1, 2}, 8, "d"), "gemm_rs|1x2|w8|d");
+}
+
+// A variant-restricted call tunes apart from an unrestricted one (neither may answer the other
+// with a choice it excluded); the unrestricted name stays the plain kernel name (existing caches).
+TEST(Tuner, VariantRestrictedCallsHaveTheirOwnKey) {
+  EXPECT_EQ(tune_name("ag_gemm", -1), "ag_gemm");
+  std::set<std::string> keys;
+  for (int v = -1; v <= 6; ++v)
+    EXPECT_TRUE(keys.insert(weave::runtime::tune_key(tune_name("ag_gemm", v), {4096, 2048, 4096}, 2, "d")).second) << v;
+}
+
+// The cross-rank check covers the options: ranks with different variants or communicator SM
+// counts would feed different signal sets.
+TEST(TpHost, CheckedArgumentsIncludeTheOptions) {
+  Options a, b;
+  b.variant = 0;
+  EXPECT_NE(checked_args(4096, 2048, 4096, a), checked_args(4096, 2048, 4096, b));
+  b = a;
+  b.num_comm_sms = 4;
+  EXPECT_NE(checked_args(4096, 2048, 4096, a), checked_args(4096, 2048, 4096, b));
+  EXPECT_NE(checked_args(4096, 2048, 4096, a), checked_args(4096, 2048, 4104, a));
+  EXPECT_EQ(checked_args(4096, 2048, 4096, a), checked_args(4096, 2048, 4096, a));
+}
+
+// Operands are checked (non-null, 16-byte aligned for TMA) on the host before any cross-rank
+// step, with an error that names the operand.
+TEST(TpHost, OperandsNullOrMisalignedRejectedByName) {
+  alignas(16) static unsigned char buf[64];
+  EXPECT_NO_THROW(check_operands("gemm_rs", {{"A", buf}, {"B", buf + 16}, {"out", buf + 32}}));
+  auto message = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const weave::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  std::string m = message([&] { check_operands("gemm_ar", {{"A", buf}, {"B", nullptr}, {"out", buf}}); });
+  EXPECT_NE(m.find("gemm_ar: B is a null pointer"), std::string::npos) << m;
+  m = message([&] { check_operands("ag_gemm", {{"a_shard", buf}, {"C", buf + 8}}); });
+  EXPECT_NE(m.find("ag_gemm: C is not 16-byte aligned"), std::string::npos) << m;
 }
