@@ -5,6 +5,7 @@
 
 #include "attention/gather_buffer.hpp"
 #include "attention/gathered.hpp"
+#include "attention/sp_call.hpp"
 #include "ring_attention/ring_attention.hpp"
 #include "ring_attention/schedule.hpp"
 #include "tp_common/host.hpp"
@@ -27,6 +28,12 @@ struct RingAttention::Impl {
   runtime::Communicator& c;
   tp::ShapeSignals sig{"sp.ring"};
   attention::GatherBuffer kv;  // gathered K then V
+  attention::CallOrder order;
+  // The layout of the previous call's gathered buffers. A causal call ends on a rank before the
+  // peers' pushes of rows past its queries (it never waits for them) have landed; those land
+  // where a different layout may put this rank's own rows, which the next call copies in before
+  // its kernel, so a change of layout first drains every rank.
+  std::vector<long long> last_key;
   explicit Impl(runtime::Communicator& cc) : c(cc), kv(cc) {}
   RingLaunchInfo launch(const bf16* q, const bf16* k, const bf16* v, bf16* o, float* lse, const RingShape& s,
                         const RingOptions& opt, int ncomm, cudaStream_t stream);
@@ -35,29 +42,40 @@ struct RingAttention::Impl {
 RingAttention::RingAttention(runtime::Communicator& c) : impl_(std::make_unique<Impl>(c)) {}
 RingAttention::~RingAttention() = default;
 
-namespace {
+namespace detail {
 
-void validate(const RingShape& s, const RingOptions& o, int W, const void* q, const void* k, const void* v,
-              const void* out, const void* lse) {
-  WEAVE_CHECK(s.B >= 1 && s.Hq >= 1 && s.Hkv >= 1, "ring_attention: B, Hq, Hkv must be positive, got B=", s.B,
-              " Hq=", s.Hq, " Hkv=", s.Hkv);
-  WEAVE_CHECK(s.D == 64 || s.D == 128, "ring_attention: head dim D must be 64 or 128, got ", s.D);
-  WEAVE_CHECK(s.Hq % s.Hkv == 0, "ring_attention: Hq = ", s.Hq, " is not a multiple of Hkv = ", s.Hkv);
-  WEAVE_CHECK(o.sharding == Sharding::Zigzag || o.sharding == Sharding::Contiguous, "ring_attention: bad sharding ",
-              static_cast<int>(o.sharding));
-  const int n = ring::num_chunks(W, o.sharding == Sharding::Zigzag);
-  WEAVE_CHECK(s.S >= n && s.S < (1ll << 30), "ring_attention: S = ", s.S, " must be in [", n,
-              " (one row per chunk), 2^30)");
-  WEAVE_CHECK(o.softmax_scale >= 0.f && std::isfinite(o.softmax_scale),
-              "ring_attention: softmax_scale must be finite and >= 0 (0 = 1/sqrt(D)), got ", o.softmax_scale);
-  WEAVE_CHECK(q && k && v && out, "ring_attention: null q, k, v or o");
-  auto aligned = [](const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; };
-  WEAVE_CHECK(aligned(q, 16) && aligned(k, 16) && aligned(v, 16) && aligned(out, 16),
-              "ring_attention: q, k, v and o must be 16-byte aligned (TMA)");
-  WEAVE_CHECK(aligned(lse, 4), "ring_attention: lse must be 4-byte aligned");
+std::string ring_input_problem(const RingShape& s, const RingOptions& o, int W, int rank, int sm_count, const void* q,
+                               const void* k, const void* v, const void* out, const void* lse) {
+  try {
+    attention::check_common("ring_attention", s.B, s.Hq, s.Hkv, s.D, o.softmax_scale, o.num_comm_sms, sm_count, q, k,
+                            v, out);
+    WEAVE_CHECK(o.sharding == Sharding::Zigzag || o.sharding == Sharding::Contiguous, "ring_attention: bad sharding ",
+                static_cast<int>(o.sharding));
+    const int zz = o.sharding == Sharding::Zigzag ? 1 : 0;
+    const int n = ring::num_chunks(W, zz);
+    WEAVE_CHECK(s.S >= n && s.S < (1ll << 30), "ring_attention: S = ", s.S, " must be in [", n,
+                " (one row per chunk), 2^30)");
+    WEAVE_CHECK(reinterpret_cast<uintptr_t>(lse) % 4 == 0, "ring_attention: lse must be 4-byte aligned");
+    // The communicators read k and v while the tiles write o and lse; a tile reads its query
+    // rows before it writes their output, so o may be q itself (in place) but not overlap it
+    // otherwise.
+    const long long L = ring::local_rows(s.S, W, zz, rank);
+    const size_t nq = size_t(s.B) * L * s.Hq * s.D * 2, nkv = size_t(s.B) * L * s.Hkv * s.D * 2;
+    const size_t nl = lse ? size_t(s.B) * s.Hq * L * 4 : 0;
+    WEAVE_CHECK(!attention::overlap(out, nq, k, nkv) && !attention::overlap(out, nq, v, nkv),
+                "ring_attention: o overlaps k or v (they are read while o is written)");
+    WEAVE_CHECK(out == q || !attention::overlap(out, nq, q, nq),
+                "ring_attention: o overlaps q without being q (in place is allowed, a shifted overlap is not)");
+    WEAVE_CHECK(!attention::overlap(lse, nl, q, nq) && !attention::overlap(lse, nl, k, nkv) &&
+                    !attention::overlap(lse, nl, v, nkv) && !attention::overlap(lse, nl, out, nq),
+                "ring_attention: lse overlaps q, k, v or o");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return {};
 }
 
-}  // namespace
+}  // namespace detail
 
 RingLaunchInfo RingAttention::Impl::launch(const bf16* q, const bf16* k, const bf16* v, bf16* o, float* lse,
                                            const RingShape& s, const RingOptions& opt, int ncomm, cudaStream_t stream) {
@@ -65,6 +83,13 @@ RingLaunchInfo RingAttention::Impl::launch(const bf16* q, const bf16* k, const b
   const int W = m.c.world(), r = m.c.rank(), zz = opt.sharding == Sharding::Zigzag ? 1 : 0;
   const int S = static_cast<int>(s.S), D = s.D, Hq = s.Hq, Hkv = s.Hkv;
   const long long L = ring::local_rows(S, W, zz, r);
+  const std::vector<long long> key = {s.B, S, Hq, Hkv, D, zz};
+  if (!m.last_key.empty() && key != m.last_key) {  // every rank: the shapes agree
+    WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
+    m.c.barrier();
+  }
+  m.last_key = key;
+  m.order.before(stream);
   const size_t kv_elems = size_t(s.B) * S * Hkv * D;
   bf16* gk = static_cast<bf16*>(m.kv.get(2 * kv_elems * sizeof(bf16)));
   bf16* gv = gk + kv_elems;
@@ -138,16 +163,20 @@ RingLaunchInfo RingAttention::Impl::launch(const bf16* q, const bf16* k, const b
     }
     for (int d = 0; d < W; ++d) pt.head0[d] = 0, pt.heads[d] = Hkv;
   }
-  const std::vector<long long> key = {s.B, S, Hq, Hkv, D, zz};
   const std::vector<int> counts = {s.B * g.groups * g.slices, 1};
   runtime::SignalSet& rd = m.sig.get(m.c, key, counts, 0);
   runtime::SignalSet& ar = m.sig.get(m.c, key, counts, 1);
   g.ready = rd.view();
   g.arrive = ar.view();
-  g.ready_round = rd.next_round();
-  g.arrive_round = ar.next_round();
+  // A round is taken only by a launched kernel: a launch rejected on every rank (e.g. by
+  // launch_gathered's checks) must not leave the next call waiting for a round nobody signals.
+  g.ready_round = rd.round() + 1;
+  g.arrive_round = ar.round() + 1;
   g.count_o = 0;
   attention::launch_gathered(g, D, stream);
+  rd.next_round();
+  ar.next_round();
+  m.order.after(stream);
   return {ncomm, m.c.sm_count() - ncomm, false};
 }
 
@@ -155,16 +184,13 @@ RingLaunchInfo RingAttention::forward(const bf16* q, const bf16* k, const bf16* 
                                       const RingShape& s, const RingOptions& opt, cudaStream_t stream) {
   Impl& m = *impl_;
   const int W = m.c.world();
-  validate(s, opt, W, q, k, v, o, lse);
   int scale_bits = 0;
   std::memcpy(&scale_bits, &opt.softmax_scale, sizeof scale_bits);
-  m.c.check_same("ring_attention (B, S, Hq, Hkv, D, causal, sharding, scale, num_comm_sms)",
-                 {s.B, s.S, s.Hq, s.Hkv, s.D, opt.causal, static_cast<int>(opt.sharding), scale_bits,
-                  opt.num_comm_sms});
-  if (opt.num_comm_sms >= 0) {
-    WEAVE_CHECK(opt.num_comm_sms >= 1, "ring_attention: num_comm_sms must be >= 1 (got ", opt.num_comm_sms, ")");
-    return m.launch(q, k, v, o, lse, s, opt, opt.num_comm_sms, stream);
-  }
+  attention::check_call(m.c, "ring_attention (B, S, Hq, Hkv, D, causal, sharding, scale, num_comm_sms)",
+                        {s.B, s.S, s.Hq, s.Hkv, s.D, opt.causal, static_cast<int>(opt.sharding), scale_bits,
+                         opt.num_comm_sms},
+                        detail::ring_input_problem(s, opt, W, m.c.rank(), m.c.sm_count(), q, k, v, o, lse));
+  if (opt.num_comm_sms >= 0) return m.launch(q, k, v, o, lse, s, opt, opt.num_comm_sms, stream);
   std::vector<runtime::TuneCandidate> cands;
   for (int n : {4, 8, 16})
     if (n <= m.c.sm_count() / 4) cands.push_back({0, n});

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <memory>
+#include <string>
 
 #include "weave/runtime/communicator.hpp"
 
@@ -59,8 +60,10 @@ class RingAttention {
   //   q (B, L, Hq, D), k and v (B, L, Hkv, D), o (B, L, Hq, D) bf16 contiguous, L = local_rows();
   //   lse (B, Hq, L) fp32 or null: natural-log softmax denominator of each query row over the
   //   whole sequence, scale included (same convention as weave::attention::forward).
-  // k and v must be addressable by peers (symmetric heap or registered). Shapes, options and
-  // dtypes are checked across ranks; bad input throws weave::Error before any launch.
+  // q, k, v, o and lse may be any device memory of this rank (only this rank reads or writes
+  // them; the K/V exchange goes through the object's own symmetric buffers); o may be q itself
+  // (in place) but must not overlap k, v or lse. Shapes, options and dtypes are checked across
+  // ranks; bad input on any rank throws weave::Error on every rank before any launch.
   RingLaunchInfo forward(const bf16* q, const bf16* k, const bf16* v, bf16* o, float* lse, const RingShape& s,
                          const RingOptions& opt = {}, cudaStream_t stream = nullptr);
 
@@ -68,5 +71,13 @@ class RingAttention {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+namespace detail {
+// What is wrong with one rank's arguments of RingAttention::forward (empty: nothing), checked
+// on every rank before any launch; `rank` and `sm_count` are this rank's. Exposed for the CPU
+// tests.
+std::string ring_input_problem(const RingShape& s, const RingOptions& o, int W, int rank, int sm_count, const void* q,
+                               const void* k, const void* v, const void* out, const void* lse);
+}  // namespace detail
 
 }  // namespace weave::sp

@@ -5,6 +5,7 @@
 
 #include "attention/gather_buffer.hpp"
 #include "attention/gathered.hpp"
+#include "attention/sp_call.hpp"
 #include "tp_common/host.hpp"
 #include "ulysses/schedule.hpp"
 #include "ulysses/ulysses.hpp"
@@ -23,6 +24,7 @@ struct Ulysses::Impl {
   runtime::Communicator& c;
   tp::ShapeSignals sig{"sp.ulysses"};
   attention::GatherBuffer buf;  // gathered Q, K, V
+  attention::CallOrder order;
   explicit Impl(runtime::Communicator& cc) : c(cc), buf(cc) {}
   UlyssesLaunchInfo launch(const bf16* q, const bf16* k, const bf16* v, bf16* o, const UlyssesShape& s,
                            const UlyssesOptions& opt, int ncomm, cudaStream_t stream);
@@ -31,22 +33,36 @@ struct Ulysses::Impl {
 Ulysses::Ulysses(runtime::Communicator& c) : impl_(std::make_unique<Impl>(c)) {}
 Ulysses::~Ulysses() = default;
 
+namespace detail {
+
+std::string ulysses_input_problem(const UlyssesShape& s, const UlyssesOptions& o, int W, int rank, int sm_count,
+                                  const void* q, const void* k, const void* v, const void* out) {
+  try {
+    attention::check_common("ulysses", s.B, s.Hq, s.Hkv, s.D, o.softmax_scale, o.num_comm_sms, sm_count, q, k, v, out);
+    WEAVE_CHECK(s.Hq % W == 0, "ulysses: Hq = ", s.Hq, " query heads cannot be split over ", W,
+                " ranks (Hq must be a multiple of the world size)");
+    WEAVE_CHECK(s.S >= W && s.S < (1ll << 30), "ulysses: S = ", s.S, " must be in [", W,
+                " (one row per rank), 2^30)");
+    // Peers write this rank's o while its communicators still read q, k and v.
+    const long long L = uly::shard(s.S, W, rank).rows;
+    const size_t nq = size_t(s.B) * L * s.Hq * s.D * 2, nkv = size_t(s.B) * L * s.Hkv * s.D * 2;
+    WEAVE_CHECK(!attention::overlap(out, nq, q, nq) && !attention::overlap(out, nq, k, nkv) &&
+                    !attention::overlap(out, nq, v, nkv),
+                "ulysses: o overlaps q, k or v (peers write o while q, k, v are still being read)");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return {};
+}
+
+}  // namespace detail
+
 namespace {
 
-void validate(const UlyssesShape& s, const UlyssesOptions& o, int W, const void* q, const void* k, const void* v,
-              const void* out) {
-  WEAVE_CHECK(s.B >= 1 && s.Hq >= 1 && s.Hkv >= 1, "ulysses: B, Hq, Hkv must be positive, got B=", s.B, " Hq=", s.Hq,
-              " Hkv=", s.Hkv);
-  WEAVE_CHECK(s.D == 64 || s.D == 128, "ulysses: head dim D must be 64 or 128, got ", s.D);
-  WEAVE_CHECK(s.Hq % s.Hkv == 0, "ulysses: Hq = ", s.Hq, " is not a multiple of Hkv = ", s.Hkv);
-  WEAVE_CHECK(s.Hq % W == 0, "ulysses: Hq = ", s.Hq, " query heads cannot be split over ", W,
-              " ranks (Hq must be a multiple of the world size)");
-  WEAVE_CHECK(s.S >= W && s.S < (1ll << 30), "ulysses: S = ", s.S, " must be in [", W, " (one row per rank), 2^30)");
-  WEAVE_CHECK(o.softmax_scale >= 0.f && std::isfinite(o.softmax_scale),
-              "ulysses: softmax_scale must be finite and >= 0 (0 = 1/sqrt(D)), got ", o.softmax_scale);
-  WEAVE_CHECK(q && k && v && out, "ulysses: null q, k, v or o");
-  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  WEAVE_CHECK(aligned(q) && aligned(k) && aligned(v) && aligned(out), "ulysses: q, k, v and o must be 16-byte aligned");
+// The bytes of o every rank's peers may write: the largest shard's (B, rows, Hq, D), so every
+// rank checks the same extent of the symmetric allocation and all agree whether it fits.
+size_t o_bytes(const UlyssesShape& s, int W) {
+  return size_t(s.B) * uly::shard(s.S, W, 0).rows * s.Hq * s.D * sizeof(bf16);
 }
 
 }  // namespace
@@ -59,13 +75,14 @@ UlyssesLaunchInfo Ulysses::Impl::launch(const bf16* q, const bf16* k, const bf16
   const int hp = uly::q_heads(Hq, W), hkm = uly::kv_heads_max(Hq, Hkv, W);
   const gs::Rows mine = uly::shard(S, W, r);
   const long long L = mine.rows;
+  m.order.before(stream);
   const size_t q_elems = size_t(s.B) * S * hp * D, kv_elems = size_t(s.B) * S * hkm * D;
   const size_t bytes = (q_elems + 2 * kv_elems) * sizeof(bf16);
   bf16* gq = static_cast<bf16*>(m.buf.get(bytes));
   bf16* gk = gq + q_elems;
   bf16* gv = gk + kv_elems;
   const runtime::PeerPtrs pg = m.c.peers(gq, bytes);
-  const runtime::PeerPtrs po = m.c.peers(o, size_t(s.B) * L * Hq * D * sizeof(bf16));
+  const runtime::PeerPtrs po = m.c.peers(o, o_bytes(s, W));
 
   attention::GatheredGlobals g{};
   g.n_qchunks = 1;
@@ -123,11 +140,17 @@ UlyssesLaunchInfo Ulysses::Impl::launch(const bf16* q, const bf16* k, const bf16
   g.ready = rd.view();
   g.arrive = ar.view();
   g.odone = od.view();
-  g.ready_round = rd.next_round();
-  g.arrive_round = ar.next_round();
+  // A round is taken only by a launched kernel: a launch rejected on every rank must not leave
+  // the next call waiting for a round nobody signals.
+  g.ready_round = rd.round() + 1;
+  g.arrive_round = ar.round() + 1;
   g.count_o = 1;
-  g.odone_expected = od.next_round() * static_cast<unsigned long long>(uly::o_stores(S, W, s.B, Hq, r));
+  g.odone_expected = (od.round() + 1) * static_cast<unsigned long long>(uly::o_stores(S, W, s.B, Hq, r));
   attention::launch_gathered(g, D, stream);
+  rd.next_round();
+  ar.next_round();
+  od.next_round();
+  m.order.after(stream);
   return {ncomm, m.c.sm_count() - ncomm, false};
 }
 
@@ -135,15 +158,20 @@ UlyssesLaunchInfo Ulysses::forward(const bf16* q, const bf16* k, const bf16* v, 
                                    const UlyssesOptions& opt, cudaStream_t stream) {
   Impl& m = *impl_;
   const int W = m.c.world();
-  validate(s, opt, W, q, k, v, o);
+  std::string problem = detail::ulysses_input_problem(s, opt, W, m.c.rank(), m.c.sm_count(), q, k, v, o);
+  if (problem.empty()) {
+    try {
+      m.c.peers(o, o_bytes(s, W));
+    } catch (const Error& e) {
+      problem = std::string(e.what()) +
+                " (ulysses: o must be in the symmetric heap or registered, with room for the largest shard)";
+    }
+  }
   int scale_bits = 0;
   std::memcpy(&scale_bits, &opt.softmax_scale, sizeof scale_bits);
-  m.c.check_same("ulysses (B, S, Hq, Hkv, D, causal, scale, num_comm_sms)",
-                 {s.B, s.S, s.Hq, s.Hkv, s.D, opt.causal, scale_bits, opt.num_comm_sms});
-  if (opt.num_comm_sms >= 0) {
-    WEAVE_CHECK(opt.num_comm_sms >= 1, "ulysses: num_comm_sms must be >= 1 (got ", opt.num_comm_sms, ")");
-    return m.launch(q, k, v, o, s, opt, opt.num_comm_sms, stream);
-  }
+  attention::check_call(m.c, "ulysses (B, S, Hq, Hkv, D, causal, scale, num_comm_sms)",
+                        {s.B, s.S, s.Hq, s.Hkv, s.D, opt.causal, scale_bits, opt.num_comm_sms}, problem);
+  if (opt.num_comm_sms >= 0) return m.launch(q, k, v, o, s, opt, opt.num_comm_sms, stream);
   std::vector<runtime::TuneCandidate> cands;
   for (int n : {4, 8, 16})
     if (n <= m.c.sm_count() / 4) cands.push_back({0, n});

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <memory>
+#include <string>
 
 #include "weave/runtime/communicator.hpp"
 
@@ -48,9 +49,11 @@ class Ulysses {
   // Collective. q (B, L, Hq, D), k and v (B, L, Hkv, D), o (B, L, Hq, D), bf16 contiguous,
   // L = ulysses_shard(S, W, rank).rows. Rank r computes query heads [r*Hq/W, (r+1)*Hq/W) over the
   // whole sequence and writes each O tile straight into the rank that owns its rows. Hq not a
-  // multiple of W is rejected; Hkv < W (GQA) replicates K/V heads. q, k, v and o must be
-  // addressable by peers (symmetric heap or registered). Throws weave::Error before any launch
-  // on bad input or shapes that differ across ranks.
+  // multiple of W is rejected; Hkv < W (GQA) replicates K/V heads. o must be addressable by
+  // peers (symmetric heap or registered, at the same offset on every rank) with room for the
+  // largest shard, B * ceil(S / W) * Hq * D elements, and must not overlap q, k or v; q, k, v
+  // may be any device memory of this rank. Bad input on any rank, or shapes that differ across
+  // ranks, throws weave::Error on every rank before any launch.
   UlyssesLaunchInfo forward(const bf16* q, const bf16* k, const bf16* v, bf16* o, const UlyssesShape& s,
                             const UlyssesOptions& opt = {}, cudaStream_t stream = nullptr);
 
@@ -58,5 +61,13 @@ class Ulysses {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+namespace detail {
+// What is wrong with one rank's arguments of Ulysses::forward (empty: nothing), checked on every
+// rank before any launch (forward also checks that o is peer-addressable with room for the
+// largest shard); `rank` and `sm_count` are this rank's. Exposed for the CPU tests.
+std::string ulysses_input_problem(const UlyssesShape& s, const UlyssesOptions& o, int W, int rank, int sm_count,
+                                  const void* q, const void* k, const void* v, const void* out);
+}  // namespace detail
 
 }  // namespace weave::sp

@@ -5,11 +5,14 @@
 // block none can see, the
 // mask runs wherever a key must be hidden, every counter's expected count equals the signals
 // the push plans send it, pushes cover every gathered row exactly once, and the only wait that
-// depends on compute (Ulysses' o_done) expects exactly the stores the compute makes.
+// depends on compute (Ulysses' o_done) expects exactly the stores the compute makes. Plus the
+// host validation of one rank's arguments (bad shapes, options, pointers, overlaps).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <map>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "ring_attention/ring_attention.hpp"
@@ -251,4 +254,114 @@ TEST(SpSchedule, UlyssesHeadsAndCompletionCounts) {
               }
       for (int p = 0; p < W; ++p) ASSERT_EQ(got[p], uly::o_stores(S, W, B, Hq, p)) << "W " << W << " S " << S;
     }
+}
+
+// Host validation (ring_attention.cu, ulysses.cu): what one rank finds wrong with its own
+// arguments, before any launch. forward() makes it a collective error (every rank throws), so
+// a rank never launches a kernel that waits for a peer that threw. Fake, never dereferenced,
+// addresses far apart stand for separate buffers.
+namespace {
+
+const char* fake(int i, uintptr_t plus = 0) { return reinterpret_cast<const char*>((uintptr_t(i + 1) << 40) + plus); }
+constexpr int kSms = 132;
+
+bool mentions(const std::string& problem, const char* what) { return problem.find(what) != std::string::npos; }
+
+}  // namespace
+
+TEST(SpValidation, RingRejectsBadArgumentsAndAcceptsGoodOnes) {
+  using weave::sp::detail::ring_input_problem;
+  using weave::sp::RingOptions;
+  using weave::sp::RingShape;
+  using weave::sp::Sharding;
+  const char *q = fake(0), *k = fake(1), *v = fake(2), *o = fake(3), *lse = fake(4);
+  for (int W = 2; W <= 8; ++W)
+    for (Sharding sh : {Sharding::Zigzag, Sharding::Contiguous})
+      for (int r = 0; r < W; ++r) {
+        RingOptions opt;
+        opt.sharding = sh;
+        const RingShape s{2, 3001, 8, 2, 128};
+        ASSERT_EQ(ring_input_problem(s, opt, W, r, kSms, q, k, v, o, lse), "") << "W " << W << " r " << r;
+        ASSERT_EQ(ring_input_problem(s, opt, W, r, kSms, q, k, v, o, nullptr), "");
+        ASSERT_EQ(ring_input_problem(s, opt, W, r, kSms, q, k, v, q, lse), "") << "in place (o = q) is allowed";
+        // The shortest sequence: one row per chunk.
+        const int n = sh == Sharding::Zigzag ? 2 * W : W;
+        ASSERT_EQ(ring_input_problem({1, n, 2, 2, 64}, opt, W, r, kSms, q, k, v, o, lse), "");
+        ASSERT_TRUE(mentions(ring_input_problem({1, n - 1, 2, 2, 64}, opt, W, r, kSms, q, k, v, o, lse), "S = "));
+        // o over k or v (read by the pushes while o is written), shifted over q, lse over o.
+        const long long L = weave::sp::local_rows(s.S, W, sh, r);
+        const size_t o_bytes = size_t(s.B) * L * s.Hq * s.D * 2, kv_bytes = size_t(s.B) * L * s.Hkv * s.D * 2;
+        ASSERT_TRUE(mentions(ring_input_problem(s, opt, W, r, kSms, q, k, v, k + kv_bytes - 16, lse), "overlaps k"));
+        ASSERT_EQ(ring_input_problem(s, opt, W, r, kSms, q, k, v, k + kv_bytes, lse), "") << "adjacent: no overlap";
+        ASSERT_TRUE(mentions(ring_input_problem(s, opt, W, r, kSms, q, k, v, v - o_bytes + 16, lse), "overlaps k"));
+        ASSERT_EQ(ring_input_problem(s, opt, W, r, kSms, q, k, v, v - o_bytes, lse), "");
+        ASSERT_TRUE(mentions(ring_input_problem(s, opt, W, r, kSms, q, k, v, q + 16, lse), "overlaps q"));
+        ASSERT_TRUE(mentions(ring_input_problem(s, opt, W, r, kSms, q, k, v, o, o + o_bytes - 4), "lse overlaps"));
+      }
+  const RingShape s{1, 1000, 4, 2, 64};
+  const int W = 2;
+  RingOptions opt;
+  auto problem = [&](const RingShape& sh, const RingOptions& op, const void* qq = nullptr) {
+    return ring_input_problem(sh, op, W, 0, kSms, qq ? qq : q, k, v, o, lse);
+  };
+  EXPECT_TRUE(mentions(problem({1, 1000, 4, 2, 96}, opt), "head dim"));
+  EXPECT_TRUE(mentions(problem({1, 1000, 3, 2, 64}, opt), "not a multiple"));
+  EXPECT_TRUE(mentions(problem({0, 1000, 4, 2, 64}, opt), "positive"));
+  EXPECT_TRUE(mentions(problem({1, 1ll << 30, 4, 2, 64}, opt), "2^30"));
+  EXPECT_TRUE(mentions(problem(s, opt, fake(0, 8)), "16-byte aligned"));
+  EXPECT_TRUE(mentions(ring_input_problem(s, opt, W, 0, kSms, q, k, v, o, fake(4, 2)), "4-byte aligned"));
+  EXPECT_TRUE(mentions(ring_input_problem(s, opt, W, 0, kSms, q, nullptr, v, o, lse), "null"));
+  RingOptions bad = opt;
+  bad.softmax_scale = -1.f;
+  EXPECT_TRUE(mentions(problem(s, bad), "softmax_scale"));
+  bad = opt;
+  bad.softmax_scale = std::nanf("");
+  EXPECT_TRUE(mentions(problem(s, bad), "softmax_scale"));
+  bad = opt;
+  bad.sharding = static_cast<Sharding>(7);
+  EXPECT_TRUE(mentions(problem(s, bad), "sharding"));
+  // num_comm_sms: < 0 (tuner) or 1 .. half the SMs (launch_gathered's bound, now checked before
+  // any round is taken).
+  for (int nc : {-1, 1, kSms / 2}) {
+    bad = opt;
+    bad.num_comm_sms = nc;
+    EXPECT_EQ(problem(s, bad), "") << nc;
+  }
+  for (int nc : {0, kSms / 2 + 1, kSms}) {
+    bad = opt;
+    bad.num_comm_sms = nc;
+    EXPECT_TRUE(mentions(problem(s, bad), "num_comm_sms")) << nc;
+  }
+}
+
+TEST(SpValidation, UlyssesRejectsBadArgumentsAndAcceptsGoodOnes) {
+  using weave::sp::detail::ulysses_input_problem;
+  using weave::sp::UlyssesOptions;
+  using weave::sp::UlyssesShape;
+  const char *q = fake(0), *k = fake(1), *v = fake(2), *o = fake(3);
+  const UlyssesOptions opt;
+  for (int W = 2; W <= 8; ++W)
+    for (int r = 0; r < W; ++r) {
+      const UlyssesShape s{2, 3001, 2 * W, 1, 128};  // Hkv = 1 < W: replicated kv head
+      ASSERT_EQ(ulysses_input_problem(s, opt, W, r, kSms, q, k, v, o), "") << "W " << W << " r " << r;
+      ASSERT_EQ(ulysses_input_problem({1, W, W, W, 64}, opt, W, r, kSms, q, k, v, o), "");
+      ASSERT_TRUE(mentions(ulysses_input_problem({1, W - 1, W, W, 64}, opt, W, r, kSms, q, k, v, o), "S = "));
+      ASSERT_TRUE(mentions(ulysses_input_problem({1, 1000, W + 1, 1, 64}, opt, W, r, kSms, q, k, v, o),
+                           "multiple of the world size"));
+      // Peers write o while q, k, v are still being pushed: no overlap at all, not even o = q.
+      const size_t o_bytes = size_t(s.B) * weave::sp::ulysses_shard(s.S, W, r).rows * s.Hq * s.D * 2;
+      ASSERT_TRUE(mentions(ulysses_input_problem(s, opt, W, r, kSms, q, k, v, q), "overlaps"));
+      ASSERT_TRUE(mentions(ulysses_input_problem(s, opt, W, r, kSms, q, k, v, k - o_bytes + 16), "overlaps"));
+      ASSERT_EQ(ulysses_input_problem(s, opt, W, r, kSms, q, k, v, k - o_bytes), "");
+      ASSERT_TRUE(mentions(ulysses_input_problem(s, opt, W, r, kSms, q, k, v, v + 16), "overlaps"));
+    }
+  const UlyssesShape s{1, 1000, 4, 2, 64};
+  EXPECT_TRUE(mentions(ulysses_input_problem({1, 1000, 4, 2, 96}, opt, 2, 0, kSms, q, k, v, o), "head dim"));
+  EXPECT_TRUE(mentions(ulysses_input_problem(s, opt, 2, 0, kSms, q, k, fake(2, 4), o), "16-byte aligned"));
+  EXPECT_TRUE(mentions(ulysses_input_problem(s, opt, 2, 0, kSms, q, k, v, nullptr), "null"));
+  for (int nc : {0, kSms / 2 + 1}) {
+    UlyssesOptions bad;
+    bad.num_comm_sms = nc;
+    EXPECT_TRUE(mentions(ulysses_input_problem(s, bad, 2, 0, kSms, q, k, v, o), "num_comm_sms")) << nc;
+  }
 }
