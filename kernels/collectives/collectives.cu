@@ -51,6 +51,14 @@ int largest_vec(std::initializer_list<long long> v, int elt) {
   return vec;
 }
 
+// Element-aligned buffers (each rank checks its own, before the cross-rank check, so a peer's
+// misaligned buffer is an error on that peer, never a faulting access here).
+void check_aligned(const char* who, const void* in, const void* out, DType t) {
+  const uintptr_t e = dtype_size(t);
+  WEAVE_CHECK(reinterpret_cast<uintptr_t>(in) % e == 0 && reinterpret_cast<uintptr_t>(out) % e == 0, who,
+              ": buffers must be aligned to the element size (", e, " bytes), got in ", in, ", out ", out);
+}
+
 }  // namespace
 
 struct Collectives::Impl {
@@ -103,9 +111,11 @@ struct Collectives::Impl {
       d.ndst = x.ndst;
       for (int i = 0; i < x.nsrc; ++i) d.src[i] = static_cast<const char*>(pin[x.src_rank[i]]) + x.src_off;
       for (int i = 0; i < x.ndst; ++i) d.dst[i] = static_cast<char*>(pout[x.dst_rank[i]]) + x.dst_off;
-      d.vec = largest_vec({reinterpret_cast<long long>(d.src[0]), reinterpret_cast<long long>(d.dst[0]), x.row_bytes,
-                           x.src_pitch, x.dst_pitch, x.src_outer_pitch, x.dst_outer_pitch},
-                          elt);
+      d.vec = largest_vec({x.row_bytes, x.src_pitch, x.dst_pitch, x.src_outer_pitch, x.dst_outer_pitch}, elt);
+      // Every rank's pointer, not only the first: a registered buffer may sit at another offset
+      // modulo 16 on a peer, and a vector access there would fault.
+      for (int i = 0; i < x.nsrc; ++i) d.vec = std::min(d.vec, largest_vec({reinterpret_cast<long long>(d.src[i])}, elt));
+      for (int i = 0; i < x.ndst; ++i) d.vec = std::min(d.vec, largest_vec({reinterpret_cast<long long>(d.dst[i])}, elt));
       const unsigned long long upr = x.row_bytes / d.vec, units = upr * x.rows * x.outer;
       WEAVE_CHECK(units < (1ull << 32), "collective transfer of ", units, " units of ", d.vec,
                   " bytes is too large for one launch");
@@ -145,6 +155,7 @@ struct Collectives::Impl {
     const int W = comm.world(), r = comm.rank(), elt = static_cast<int>(dtype_size(t));
     WEAVE_CHECK(B >= 0 && S >= 0 && H > 0 && D > 0, "all_to_all: bad shape B=", B, " S=", S, " H=", H, " D=", D);
     WEAVE_CHECK(H % W == 0, "all_to_all: ", H, " heads do not divide among ", W, " ranks");
+    check_aligned("all_to_all", in, out, t);
     check_args({3 + (to_head ? 1 : 0), static_cast<long long>(t), B, S, H, D});
     if (B == 0 || S == 0) return;
     const long long seq_part = B * shard(S, W, r).size * H * D * elt, head_part = B * S * (H / W) * D * elt;
@@ -266,6 +277,7 @@ void check_shape(const Shape& s, int dim) {
 
 void Collectives::all_reduce(const void* in, void* out, size_t count, DType t, ReduceOp op, cudaStream_t s) {
   Impl& m = *impl_;
+  check_aligned("all_reduce", in, out, t);
   const long long bytes = static_cast<long long>(count * dtype_size(t));
   const AllReduceAlgo algo = all_reduce_algo(bytes, in == out, aligned4(in, out));
   // The algorithm is compared too: it depends on local pointers, and ranks must agree on it.
@@ -281,6 +293,7 @@ void Collectives::all_reduce(const void* in, void* out, size_t count, DType t, R
 void Collectives::all_gather(const void* in, void* out, const Shape& full, int dim, DType t, cudaStream_t s) {
   Impl& m = *impl_;
   check_shape(full, dim);
+  check_aligned("all_gather", in, out, t);
   const ShardAlgo algo = all_gather_algo(full, dim, t, aligned4(in, out));
   m.check_args(shape_args(1, t, ReduceOp::sum, full, dim, algo));
   const int W = m.comm.world(), r = m.comm.rank(), elt = static_cast<int>(dtype_size(t));
@@ -298,6 +311,7 @@ void Collectives::reduce_scatter(const void* in, void* out, const Shape& full, i
                                  cudaStream_t s) {
   Impl& m = *impl_;
   check_shape(full, dim);
+  check_aligned("reduce_scatter", in, out, t);
   const ShardAlgo algo = reduce_scatter_algo(full, dim, t, aligned4(in, out));
   m.check_args(shape_args(2, t, op, full, dim, algo));
   const int W = m.comm.world(), r = m.comm.rank(), elt = static_cast<int>(dtype_size(t));
