@@ -140,14 +140,26 @@ RingLaunchInfo RingAttention::Impl::launch(const bf16* q, const bf16* k, const b
   // This rank's own rows go into its gathered buffers by the copy engine before the launch (the
   // communicators' NVLink pushes then carry only peer-bound data); nobody else writes them.
   g.skip_self = 1;
+  // One 2-D copy per chunk and tensor, or one copy per batch where the gathered buffer's batch
+  // pitch exceeds the largest pitch memory copies accept (cudaDeviceProp::memPitch, typically
+  // 2^31 - 1 bytes: S * Hkv * D * 2 reaches it at S = 1M with Hkv * D = 1024).
+  const size_t row = size_t(Hkv) * D * sizeof(bf16), dpitch = size_t(S) * row, spitch = size_t(L) * row;
+  const bool per_batch = s.B == 1 || dpitch > m.c.props().memPitch;
   for (int i = 0; i < nmine; ++i) {
     const gs::Rows ch = ring::chunk(S, W, zz, r, i);
     const long long off = ring::local_offset(S, W, zz, r, i);
-    const size_t row = size_t(Hkv) * D * sizeof(bf16);
-    for (int t = 0; t < 2; ++t)
-      WEAVE_CUDA_CHECK(cudaMemcpy2DAsync((t ? gv : gk) + ch.begin * Hkv * D, size_t(S) * row,
-                                         (t ? v : k) + off * Hkv * D, size_t(L) * row, ch.rows * row, s.B,
-                                         cudaMemcpyDeviceToDevice, stream));
+    for (int t = 0; t < 2; ++t) {
+      char* dst = reinterpret_cast<char*>((t ? gv : gk) + ch.begin * Hkv * D);
+      const char* src = reinterpret_cast<const char*>((t ? v : k) + off * Hkv * D);
+      if (per_batch) {
+        for (int b = 0; b < s.B; ++b)
+          WEAVE_CUDA_CHECK(cudaMemcpyAsync(dst + b * dpitch, src + b * spitch, ch.rows * row,
+                                           cudaMemcpyDeviceToDevice, stream));
+      } else {
+        WEAVE_CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, ch.rows * row, s.B, cudaMemcpyDeviceToDevice,
+                                           stream));
+      }
+    }
   }
   g.n_push = 2;
   for (int t = 0; t < 2; ++t) {
