@@ -13,7 +13,16 @@ class GatherBuffer {
  public:
   explicit GatherBuffer(runtime::Communicator& c) : c_(c) {}
   ~GatherBuffer() {
-    if (p_) c_.free(p_);
+    if (!p_) return;
+    // A causal ring call can end on this rank while peers are still pushing rows it never reads
+    // into this buffer: every rank drains before the memory goes back to the heap. Best effort
+    // (a destructor must not throw; a broken job has already reported its error).
+    try {
+      WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
+      c_.barrier();
+    } catch (...) {
+    }
+    c_.free(p_);
   }
   GatherBuffer(const GatherBuffer&) = delete;
   GatherBuffer& operator=(const GatherBuffer&) = delete;

@@ -316,18 +316,20 @@ TEST(SpGpu, BackToBackLaunchesAlternatingInputs) {
 TEST(SpGpu, BadInputRejectedBeforeLaunch) {
   auto& comm = wt::comm();
   const int r = comm.rank(), W = comm.world();
-  Sym buf(size_t(1) << 20);
-  bf16* p = buf.as<bf16>();
+  // Separate q, k, v, o (o in the heap for Ulysses), so each call fails for the reason named
+  // beside it and not for aliasing.
+  Sym bq(size_t(1) << 20), bk(size_t(1) << 20), bv(size_t(1) << 20), bo(size_t(1) << 20);
+  bf16 *q = bq.as<bf16>(), *k = bk.as<bf16>(), *v = bv.as<bf16>(), *o = bo.as<bf16>();
   weave::sp::RingAttention ra(comm);
   weave::sp::Ulysses u(comm);
   // Shapes that differ across ranks: every rank throws (nothing launched).
-  EXPECT_THROW(ra.forward(p, p, p, p, nullptr, {1, 512 + r, 2, 2, 64}), weave::Error);
-  EXPECT_THROW(u.forward(p, p, p, p, {1, 512 + r, 2, 2, 64}), weave::Error);
+  EXPECT_THROW(ra.forward(q, k, v, o, nullptr, {1, 512 + r, 2, 2, 64}), weave::Error);
+  EXPECT_THROW(u.forward(q, k, v, o, {1, 512 + r, 2, 2, 64}), weave::Error);
   // Hq not a multiple of W.
-  EXPECT_THROW(u.forward(p, p, p, p, {1, 512, W + 1, 1, 64}), weave::Error);
+  EXPECT_THROW(u.forward(q, k, v, o, {1, 512, W + 1, 1, 64}), weave::Error);
   // Bad D, GQA ratio, too short a sequence.
-  EXPECT_THROW(ra.forward(p, p, p, p, nullptr, {1, 512, 2, 2, 96}), weave::Error);
-  EXPECT_THROW(ra.forward(p, p, p, p, nullptr, {1, 512, 3, 2, 64}), weave::Error);
-  EXPECT_THROW(ra.forward(p, p, p, p, nullptr, {1, 2 * W - 1, 2, 2, 64}), weave::Error);
+  EXPECT_THROW(ra.forward(q, k, v, o, nullptr, {1, 512, 2, 2, 96}), weave::Error);
+  EXPECT_THROW(ra.forward(q, k, v, o, nullptr, {1, 512, 3, 2, 64}), weave::Error);
+  EXPECT_THROW(ra.forward(q, k, v, o, nullptr, {1, 2 * W - 1, 2, 2, 64}), weave::Error);
   wt::settle();
 }
