@@ -66,21 +66,21 @@ LaunchInfo AgGemm::launch(const bf16* a_shard, bf16* a_gathered, const bf16* B, 
 LaunchInfo AgGemm::run(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf16* C, int M, int N, int K,
                        const Options& o, cudaStream_t s) {
   Impl& m = *impl_;
-  validate("ag_gemm", M, N, K);
-  check_operands("ag_gemm", {{"a_shard", a_shard}, {"a_gathered", a_gathered}, {"B", B}, {"C", C}});
-  WEAVE_CHECK(M >= m.c.world(), "ag_gemm: M = ", M, " gives some rank no rows (world ", m.c.world(), ")");
-  {  // in place means exactly this rank's rows of a_gathered: elsewhere in it, peers' pushes overwrite the input
-    const Range mine = shard(M, m.c.world(), m.c.rank());
-    const uintptr_t a = reinterpret_cast<uintptr_t>(a_shard), g = reinterpret_cast<uintptr_t>(a_gathered);
-    const uintptr_t own = g + uintptr_t(mine.begin) * K * sizeof(bf16);
-    const bool apart = a + uintptr_t(mine.size) * K * sizeof(bf16) <= g || a >= g + uintptr_t(M) * K * sizeof(bf16);
-    WEAVE_CHECK(a == own || apart, "ag_gemm: a_shard overlaps a_gathered without being this rank's rows of it (rows ",
-                mine.begin, "..", mine.begin + mine.size - 1, ")");
-  }
-  m.c.check_same("ag_gemm arguments (M, N, K, num_comm_sms, variant)", checked_args(M, N, K, o));  // every call
-  WEAVE_CHECK(o.variant >= -1 && o.variant <= 6, "ag_gemm: variant ", o.variant,
-              " is not 0 (TMA push by communicator SMs), 1 (register push by communicator SMs), 2 (TMA push by "
-              "the compute blocks' idle producer warps) or 3..6 (register push by those of every 2^(v-3)-th block)");
+  check_tp_call(m.c, "ag_gemm", M, N, K, o, {{"a_shard", a_shard}, {"a_gathered", a_gathered}, {"B", B}, {"C", C}}, 6,
+                "0 (TMA push by communicator SMs), 1 (register push by communicator SMs), 2 (TMA push by the compute "
+                "blocks' idle producer warps) or 3..6 (register push by those of every 2^(v-3)-th block)",
+                [&] {
+                  WEAVE_CHECK(M >= m.c.world(), "ag_gemm: M = ", M, " gives some rank no rows (world ", m.c.world(),
+                              ")");
+                  // In place means exactly this rank's rows of a_gathered: elsewhere in it, peers'
+                  // pushes would overwrite the input.
+                  const Range mine = shard(M, m.c.world(), m.c.rank());
+                  const size_t row = size_t(K) * sizeof(bf16);
+                  const bool own = a_shard == a_gathered + size_t(mine.begin) * K;
+                  WEAVE_CHECK(own || !attention::overlap(a_shard, mine.size * row, a_gathered, M * row),
+                              "ag_gemm: a_shard overlaps a_gathered without being this rank's rows of it (rows ",
+                              mine.begin, "..", mine.begin + mine.size - 1, ")");
+                });
   if (o.num_comm_sms >= 0) {
     const int v = o.variant >= 0 ? o.variant : o.num_comm_sms == 0 ? 2 : 0;
     WEAVE_CHECK((v >= 2) == (o.num_comm_sms == 0), "ag_gemm: variant ", v, " with num_comm_sms = ", o.num_comm_sms,

@@ -62,11 +62,8 @@ LaunchInfo GemmAR::launch(const bf16* A, const bf16* B, bf16* out, int M, int N,
 LaunchInfo GemmAR::run(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, const Options& o,
                        cudaStream_t s) {
   Impl& m = *impl_;
-  validate("gemm_ar", M, N, K);
-  check_operands("gemm_ar", {{"A", A}, {"B", B}, {"out", out}});
-  m.c.check_same("gemm_ar arguments (M, N, K, num_comm_sms, variant)", checked_args(M, N, K, o));  // every call
-  WEAVE_CHECK(o.variant >= -1 && o.variant <= 1, "gemm_ar: variant ", o.variant,
-              " is not 0 (inter-SM, communicator SMs reduce) or 1 (intra-SM, storers reduce-add)");
+  check_tp_call(m.c, "gemm_ar", M, N, K, o, {{"A", A}, {"B", B}, {"out", out}}, 1,
+                "0 (inter-SM, communicator SMs reduce) or 1 (intra-SM, storers reduce-add)", [] {});
   if (o.num_comm_sms >= 0) {
     const int v = o.variant >= 0 ? o.variant : o.num_comm_sms == 0 ? 1 : 0;
     WEAVE_CHECK((v == 1) == (o.num_comm_sms == 0), "gemm_ar: variant ", v, " with num_comm_sms = ", o.num_comm_sms,

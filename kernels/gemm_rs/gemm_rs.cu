@@ -80,11 +80,8 @@ LaunchInfo GemmRS::launch(const bf16* A, const bf16* B, bf16* out, int M, int N,
 LaunchInfo GemmRS::run(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, const Options& o,
                        cudaStream_t s) {
   Impl& m = *impl_;
-  validate("gemm_rs", M, N, K);
-  check_operands("gemm_rs", {{"A", A}, {"B", B}, {"out", out}});
-  WEAVE_CHECK(o.variant >= -1 && o.variant <= 2, "gemm_rs: variant ", o.variant,
-              " is not 0 (owner first), 1 (zero first) or 2 (inter-SM)");
-  m.c.check_same("gemm_rs arguments (M, N, K, num_comm_sms, variant)", checked_args(M, N, K, o));  // every call
+  check_tp_call(m.c, "gemm_rs", M, N, K, o, {{"A", A}, {"B", B}, {"out", out}}, 2,
+                "0 (owner first), 1 (zero first) or 2 (inter-SM)", [] {});
   if (o.variant >= 0 || o.num_comm_sms >= 0) {
     const int v = o.variant >= 0 ? o.variant : o.num_comm_sms > 0 ? 2 : 0;
     const int n = o.num_comm_sms < 0 ? (v == 2 ? 8 : 0) : o.num_comm_sms;

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "attention/sp_call.hpp"  // check_call: every rank rejects a call together
 #include "tp_common/schedule.hpp"
 #include "weave/common/error.hpp"
 #include "weave/runtime/communicator.hpp"
@@ -108,10 +109,48 @@ inline void check_operands(const char* who, std::initializer_list<std::pair<cons
   }
 }
 
+// num_comm_sms as lcsc::make_plan accepts it, checked before a launch takes its signal rounds:
+// make_plan throwing after next_round() would leave every later call of that shape waiting for
+// a round that no kernel fed.
+inline void check_comm_sms(const char* who, int num_comm_sms, int sm_count) {
+  WEAVE_CHECK(num_comm_sms < sm_count, who, ": num_comm_sms = ", num_comm_sms, " leaves no compute SM (the device has ",
+              sm_count, ")");
+}
+
+// What is wrong with this rank's own arguments ("" when nothing): `checks` runs the checks that
+// can fail on one rank alone; attention::check_call then makes every rank reject the call.
+template <class F>
+std::string local_problem(F&& checks) {
+  try {
+    checks();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return {};
+}
+
 inline void validate(const char* who, int M, int N, int K) {
   WEAVE_CHECK(M >= 1 && N >= 1 && K >= 1, who, ": M, N, K must be positive, got ", M, " x ", N, " x ", K);
   WEAVE_CHECK(K % 8 == 0, who, ": K = ", K, " is not a multiple of 8 (TMA needs 16-byte row pitches)");
   WEAVE_CHECK(N % 8 == 0, who, ": N = ", N, " is not a multiple of 8 (TMA needs 16-byte row pitches)");
+}
+
+// The start of every TP call: this rank's own checks (shape, operands, variant in 0..max_variant
+// as `variants` describes them, num_comm_sms, then `more`), and the cross-rank check of the
+// shape and options, which every rank fails together when any rank found a problem.
+template <class F>
+void check_tp_call(runtime::Communicator& c, const char* who, int M, int N, int K, const Options& o,
+                   std::initializer_list<std::pair<const char*, const void*>> ops, int max_variant,
+                   const char* variants, F&& more) {
+  const std::string problem = local_problem([&] {
+    validate(who, M, N, K);
+    check_operands(who, ops);
+    WEAVE_CHECK(o.variant >= -1 && o.variant <= max_variant, who, ": variant ", o.variant, " is not ", variants);
+    check_comm_sms(who, o.num_comm_sms, c.sm_count());
+    more();
+  });
+  attention::check_call(c, std::string(who) + " arguments (M, N, K, num_comm_sms, variant)", checked_args(M, N, K, o),
+                        problem);
 }
 
 }  // namespace weave::tp

@@ -449,3 +449,23 @@ TEST(TpHost, OperandsNullOrMisalignedRejectedByName) {
   m = message([&] { check_operands("ag_gemm", {{"a_shard", buf}, {"C", buf + 8}}); });
   EXPECT_NE(m.find("ag_gemm: C is not 16-byte aligned"), std::string::npos) << m;
 }
+
+// check_comm_sms rejects exactly what lcsc::make_plan rejects, so a launch never throws after it
+// took its signal rounds; local_problem turns a failed local check into the rank's message.
+TEST(TpHost, CommSmsCheckedLikeThePlanBeforeRoundsAreTaken) {
+  for (int sms : kSms)
+    for (int n : {-1, 0, 1, sms / 2, sms - 1, sms, sms + 7}) {
+      weave::lcsc::Config cfg;
+      cfg.num_comm_sms = n < 0 ? 0 : n;  // < 0 never reaches the plan: the tuner picks
+      bool plan_ok = true;
+      try {
+        weave::lcsc::make_plan(1000, sms, cfg, 1, 1);
+      } catch (const weave::Error&) {
+        plan_ok = false;
+      }
+      const std::string p = local_problem([&] { check_comm_sms("gemm_rs", n, sms); });
+      EXPECT_EQ(p.empty(), plan_ok) << "sms " << sms << " num_comm_sms " << n << ": " << p;
+      if (!p.empty()) EXPECT_NE(p.find("gemm_rs: num_comm_sms = "), std::string::npos) << p;
+    }
+  EXPECT_EQ(local_problem([] {}), "");
+}
