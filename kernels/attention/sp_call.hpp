@@ -52,6 +52,18 @@ inline void check_call(runtime::Communicator& c, const std::string& what, std::v
   if (!problem.empty()) throw Error(problem);
 }
 
+// What is wrong with this rank's own arguments ("" when nothing): `checks` runs the checks that
+// can fail on one rank alone (weave::Error), for check_call's `problem`.
+template <class F>
+std::string local_problem(F&& checks) {
+  try {
+    checks();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return {};
+}
+
 // One call in flight per object (its gathered buffers and counters serve one call at a time):
 // a call on another stream than the previous call's first waits for that call's kernel.
 class CallOrder {

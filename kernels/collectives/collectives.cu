@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "attention/sp_call.hpp"  // check_call, local_problem: every rank rejects a call together
 #include "collectives/collectives.hpp"
 #include "collectives/kernel.cuh"
 #include "collectives/ll.cuh"
@@ -59,6 +60,18 @@ void check_aligned(const char* who, const void* in, const void* out, DType t) {
               ": buffers must be aligned to the element size (", e, " bytes), got in ", in, ", out ", out);
 }
 
+std::vector<long long> shape_args(int kind, DType t, ReduceOp op, const Shape& s, int dim, ShardAlgo algo) {
+  return {kind, static_cast<long long>(t), static_cast<long long>(op), s.ndim, s.d[0], s.d[1], s.d[2], s.d[3], dim,
+          static_cast<long long>(algo)};
+}
+bool aligned4(const void* a, const void* b) {
+  return reinterpret_cast<uintptr_t>(a) % 4 == 0 && reinterpret_cast<uintptr_t>(b) % 4 == 0;
+}
+void check_shape(const Shape& s, int dim) {
+  WEAVE_CHECK(s.ndim >= 1 && s.ndim <= 4, "collective: tensors have 1 to 4 dimensions, got ", s.ndim);
+  for (int i = 0; i < s.ndim; ++i) WEAVE_CHECK(s.d[i] >= 0, "collective: negative dimension ", s.d[i]);
+  WEAVE_CHECK(dim >= 0 && dim < s.ndim, "collective: dim ", dim, " outside 0..", s.ndim - 1);
+}
 }  // namespace
 
 struct Collectives::Impl {
@@ -90,9 +103,12 @@ struct Collectives::Impl {
     blocks_max = *std::min_element(sms.begin(), sms.end());
   }
 
-  // Every call: the check is a few host cache-line transfers (Communicator::check_same).
-  void check_args(const std::vector<long long>& a) {
-    comm.check_same("collective arguments (kind, dtype, op, shape, dim)", a);
+  // Every call: the arguments compared across ranks (a few host cache-line transfers,
+  // Communicator::check_same), with whether this rank found a `problem` in its own (shape,
+  // alignment, buffers in the heap or registered): every rank then rejects the call together,
+  // where a rank throwing alone would leave its peers' kernels waiting for it until the timeout.
+  void check_args(const std::vector<long long>& a, const std::string& problem) {
+    attention::check_call(comm, "collective arguments (kind, dtype, op, shape, dim)", a, problem);
   }
 
   // `work` (bytes) must be the same on every rank: it sizes the grid, and every rank must know
@@ -153,15 +169,45 @@ struct Collectives::Impl {
   void ulysses(bool to_head, const void* in, void* out, long long B, long long S, long long H,
                long long D, DType t, cudaStream_t s) {
     const int W = comm.world(), r = comm.rank(), elt = static_cast<int>(dtype_size(t));
-    WEAVE_CHECK(B >= 0 && S >= 0 && H > 0 && D > 0, "all_to_all: bad shape B=", B, " S=", S, " H=", H, " D=", D);
-    WEAVE_CHECK(H % W == 0, "all_to_all: ", H, " heads do not divide among ", W, " ranks");
-    check_aligned("all_to_all", in, out, t);
-    check_args({3 + (to_head ? 1 : 0), static_cast<long long>(t), B, S, H, D});
+    long long in_bytes = 0, out_bytes = 0;
+    check_args({3 + (to_head ? 1 : 0), static_cast<long long>(t), B, S, H, D}, attention::local_problem([&] {
+                 WEAVE_CHECK(B >= 0 && S >= 0 && H > 0 && D > 0, "all_to_all: bad shape B=", B, " S=", S, " H=", H,
+                             " D=", D);
+                 WEAVE_CHECK(H % W == 0, "all_to_all: ", H, " heads do not divide among ", W, " ranks");
+                 check_aligned("all_to_all", in, out, t);
+                 if (B == 0 || S == 0) return;
+                 const long long seq_part = B * shard(S, W, r).size * H * D * elt,
+                                 head_part = B * S * (H / W) * D * elt;
+                 in_bytes = to_head ? seq_part : head_part, out_bytes = to_head ? head_part : seq_part;
+                 comm.peers(in, std::max<long long>(in_bytes, 1));
+                 comm.peers(out, std::max<long long>(out_bytes, 1));
+               }));
     if (B == 0 || S == 0) return;
-    const long long seq_part = B * shard(S, W, r).size * H * D * elt, head_part = B * S * (H / W) * D * elt;
-    const long long in_bytes = to_head ? seq_part : head_part, out_bytes = to_head ? head_part : seq_part;
     launch(plan_ulysses(to_head, B, S, H, D, elt, W, r), in, std::max<long long>(in_bytes, 1), out,
              std::max<long long>(out_bytes, 1), t, ReduceOp::sum, B * S * H * D * elt / W, s);
+  }
+
+  // all_gather (gather) / reduce_scatter: this rank's checks (shape, alignment, the algorithm
+  // that `pick` chooses, buffers in the heap or registered), then the cross-rank check. n: the
+  // full tensor's elements, mine: this rank's shard's.
+  template <class Pick>
+  ShardAlgo check_shard_call(bool gather, const void* in, const void* out, const Shape& full, int dim, DType t,
+                             ReduceOp op, long long& n, long long& mine, Pick&& pick) {
+    const int elt = static_cast<int>(dtype_size(t));
+    ShardAlgo algo = ShardAlgo::direct;
+    const std::string problem = attention::local_problem([&] {
+      check_shape(full, dim);
+      check_aligned(gather ? "all_gather" : "reduce_scatter", in, out, t);
+      algo = pick();
+      n = full.numel();
+      if (n == 0) return;
+      mine = n / full.d[dim] * shard(full.d[dim], comm.world(), comm.rank()).size;
+      const long long full_bytes = n * elt, shard_bytes = std::max<long long>(mine * elt, 1);
+      comm.peers(in, gather ? shard_bytes : full_bytes);
+      comm.peers(out, gather ? full_bytes : shard_bytes);
+    });
+    check_args(shape_args(gather ? 1 : 2, t, op, full, dim, algo), problem);
+    return algo;
   }
 
   // The next LL call's arguments: its buffers (checked like every collective's: heap or
@@ -251,13 +297,6 @@ AllReduceAlgo Collectives::all_reduce_algo(size_t bytes, bool in_place, bool ali
 }
 
 namespace {
-std::vector<long long> shape_args(int kind, DType t, ReduceOp op, const Shape& s, int dim, ShardAlgo algo) {
-  return {kind, static_cast<long long>(t), static_cast<long long>(op), s.ndim, s.d[0], s.d[1], s.d[2], s.d[3], dim,
-          static_cast<long long>(algo)};
-}
-bool aligned4(const void* a, const void* b) {
-  return reinterpret_cast<uintptr_t>(a) % 4 == 0 && reinterpret_cast<uintptr_t>(b) % 4 == 0;
-}
 // LL for a shard collective: an allowed shape, every rank's shard (all_gather) or slab
 // (reduce_scatter) within the scratch slot, and within the automatic limit unless forced.
 ShardAlgo shard_algo(ShardAlgo a, size_t auto_max, const Shape& full, int dim, DType t, int world, bool aligned) {
@@ -268,21 +307,21 @@ ShardAlgo shard_algo(ShardAlgo a, size_t auto_max, const Shape& full, int dim, D
   if (a == ShardAlgo::ll && !ll_ok) a = ShardAlgo::direct;
   return a;
 }
-void check_shape(const Shape& s, int dim) {
-  WEAVE_CHECK(s.ndim >= 1 && s.ndim <= 4, "collective: tensors have 1 to 4 dimensions, got ", s.ndim);
-  for (int i = 0; i < s.ndim; ++i) WEAVE_CHECK(s.d[i] >= 0, "collective: negative dimension ", s.d[i]);
-  WEAVE_CHECK(dim >= 0 && dim < s.ndim, "collective: dim ", dim, " outside 0..", s.ndim - 1);
-}
 }  // namespace
 
 void Collectives::all_reduce(const void* in, void* out, size_t count, DType t, ReduceOp op, cudaStream_t s) {
   Impl& m = *impl_;
-  check_aligned("all_reduce", in, out, t);
   const long long bytes = static_cast<long long>(count * dtype_size(t));
   const AllReduceAlgo algo = all_reduce_algo(bytes, in == out, aligned4(in, out));
   // The algorithm is compared too: it depends on local pointers, and ranks must agree on it.
   m.check_args({100, static_cast<long long>(t), static_cast<long long>(op), static_cast<long long>(count),
-                static_cast<long long>(algo)});
+                static_cast<long long>(algo)},
+               attention::local_problem([&] {
+                 check_aligned("all_reduce", in, out, t);
+                 if (count == 0) return;
+                 m.comm.peers(in, bytes);
+                 m.comm.peers(out, bytes);
+               }));
   if (count == 0) return;
   if (algo == AllReduceAlgo::ll) return m.ll_all_reduce(in, out, bytes, t, op, s);
   const bool two = algo == AllReduceAlgo::two_shot;
@@ -292,14 +331,12 @@ void Collectives::all_reduce(const void* in, void* out, size_t count, DType t, R
 
 void Collectives::all_gather(const void* in, void* out, const Shape& full, int dim, DType t, cudaStream_t s) {
   Impl& m = *impl_;
-  check_shape(full, dim);
-  check_aligned("all_gather", in, out, t);
-  const ShardAlgo algo = all_gather_algo(full, dim, t, aligned4(in, out));
-  m.check_args(shape_args(1, t, ReduceOp::sum, full, dim, algo));
   const int W = m.comm.world(), r = m.comm.rank(), elt = static_cast<int>(dtype_size(t));
-  const long long n = full.numel();
+  long long n = 0, mine = 0;
+  const ShardAlgo algo = m.check_shard_call(true, in, out, full, dim, t, ReduceOp::sum, n, mine, [&] {
+    return all_gather_algo(full, dim, t, aligned4(in, out));
+  });
   if (n == 0) return;
-  const long long mine = n / full.d[dim] * shard(full.d[dim], W, r).size;
   if (algo == ShardAlgo::ll)
     return m.ll_shard(true, plan_ll_all_gather(full, dim, elt, W, r), in, std::max<long long>(mine * elt, 1), out,
                       n * elt, t, ReduceOp::sum, s);
@@ -310,14 +347,12 @@ void Collectives::all_gather(const void* in, void* out, const Shape& full, int d
 void Collectives::reduce_scatter(const void* in, void* out, const Shape& full, int dim, DType t, ReduceOp op,
                                  cudaStream_t s) {
   Impl& m = *impl_;
-  check_shape(full, dim);
-  check_aligned("reduce_scatter", in, out, t);
-  const ShardAlgo algo = reduce_scatter_algo(full, dim, t, aligned4(in, out));
-  m.check_args(shape_args(2, t, op, full, dim, algo));
   const int W = m.comm.world(), r = m.comm.rank(), elt = static_cast<int>(dtype_size(t));
-  const long long n = full.numel();
+  long long n = 0, mine = 0;
+  const ShardAlgo algo = m.check_shard_call(false, in, out, full, dim, t, op, n, mine, [&] {
+    return reduce_scatter_algo(full, dim, t, aligned4(in, out));
+  });
   if (n == 0) return;
-  const long long mine = n / full.d[dim] * shard(full.d[dim], W, r).size;
   if (algo == ShardAlgo::ll)
     return m.ll_shard(false, plan_ll_reduce_scatter(full, dim, elt, W, r), in, n * elt, out,
                       std::max<long long>(mine * elt, 1), t, op, s);

@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "attention/sp_call.hpp"  // check_call: every rank rejects a call together
+#include "attention/sp_call.hpp"  // check_call, local_problem: every rank rejects a call together
 #include "tp_common/schedule.hpp"
 #include "weave/common/error.hpp"
 #include "weave/runtime/communicator.hpp"
@@ -117,18 +117,6 @@ inline void check_comm_sms(const char* who, int num_comm_sms, int sm_count) {
               sm_count, ")");
 }
 
-// What is wrong with this rank's own arguments ("" when nothing): `checks` runs the checks that
-// can fail on one rank alone; attention::check_call then makes every rank reject the call.
-template <class F>
-std::string local_problem(F&& checks) {
-  try {
-    checks();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return {};
-}
-
 inline void validate(const char* who, int M, int N, int K) {
   WEAVE_CHECK(M >= 1 && N >= 1 && K >= 1, who, ": M, N, K must be positive, got ", M, " x ", N, " x ", K);
   WEAVE_CHECK(K % 8 == 0, who, ": K = ", K, " is not a multiple of 8 (TMA needs 16-byte row pitches)");
@@ -142,7 +130,7 @@ template <class F>
 void check_tp_call(runtime::Communicator& c, const char* who, int M, int N, int K, const Options& o,
                    std::initializer_list<std::pair<const char*, const void*>> ops, int max_variant,
                    const char* variants, F&& more) {
-  const std::string problem = local_problem([&] {
+  const std::string problem = attention::local_problem([&] {
     validate(who, M, N, K);
     check_operands(who, ops);
     WEAVE_CHECK(o.variant >= -1 && o.variant <= max_variant, who, ": variant ", o.variant, " is not ", variants);

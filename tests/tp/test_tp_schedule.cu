@@ -463,9 +463,9 @@ TEST(TpHost, CommSmsCheckedLikeThePlanBeforeRoundsAreTaken) {
       } catch (const weave::Error&) {
         plan_ok = false;
       }
-      const std::string p = local_problem([&] { check_comm_sms("gemm_rs", n, sms); });
+      const std::string p = weave::attention::local_problem([&] { check_comm_sms("gemm_rs", n, sms); });
       EXPECT_EQ(p.empty(), plan_ok) << "sms " << sms << " num_comm_sms " << n << ": " << p;
       if (!p.empty()) EXPECT_NE(p.find("gemm_rs: num_comm_sms = "), std::string::npos) << p;
     }
-  EXPECT_EQ(local_problem([] {}), "");
+  EXPECT_EQ(weave::attention::local_problem([] {}), "");
 }
