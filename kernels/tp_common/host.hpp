@@ -99,9 +99,9 @@ inline std::vector<long long> checked_args(int M, int N, int K, const Options& o
 
 inline int default_group_m(int K) { return K <= 2048 ? 16 : 8; }
 
-// Every operand is read or written by TMA: non-null and 16-byte aligned. Checked before the
-// cross-rank check: a pointer bad on one rank only is then an error there (and a check_same
-// timeout on its peers), not a TMA-map failure after its peers launched and wait for it.
+// Every operand is read or written by TMA: non-null and 16-byte aligned. Part of a call's own
+// checks (check_tp_call), so a pointer bad on one rank only fails every rank before any launch,
+// not a TMA-map failure on that rank after its peers launched and wait for it.
 inline void check_operands(const char* who, std::initializer_list<std::pair<const char*, const void*>> ops) {
   for (const auto& [name, p] : ops) {
     WEAVE_CHECK(p != nullptr, who, ": ", name, " is a null pointer");
