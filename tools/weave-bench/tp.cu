@@ -97,6 +97,19 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
   alone.impl = "weave-gemm-alone";
   base.impl = "cublas+nccl";
   bf16 *A = nullptr, *B = nullptr, *Cref = nullptr, *Cloc = nullptr;
+  // Times the checked fused call (the launch info it fills is read after the timing), then, with
+  // baselines, cuBLAS + NCCL and weave's GEMM alone on the same local shape.
+  auto measure = [&](auto& fused_fn, auto& ref, auto&& alone_fn, const tp::LaunchInfo& li) {
+    fused.us = timed(x, S, fused_fn);
+    fused.ncomm = li.num_comm_sms;
+    fused.variant = li.variant;
+    if (baselines) {
+      base.us = timed(x, S, ref);
+      base.correct = true;
+      alone.us = timed(x, S, alone_fn);
+      alone.correct = true;
+    }
+  };
   WEAVE_CUDA_CHECK(cudaMalloc(&B, size_t(K) * N * sizeof(bf16)));
   gref::fill_uniform(B, size_t(K) * N, seed + 2);
   if (ag) {
@@ -121,16 +134,7 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
     const double eg = gref::rel_error(G, Gref, size_t(M) * K, x.st), ec = gref::rel_error(Cloc, Cref, size_t(M) * N, x.st);
     fused.err = ec;
     fused.correct = all_ok(x, eg == 0.0 && ec < 1e-2);
-    fused.us = timed(x, S, fused_fn);
-    fused.ncomm = li.num_comm_sms;
-    fused.variant = li.variant;
-    if (baselines) {
-      base.us = timed(x, S, ref);
-      base.correct = true;
-      gemm::Options go;
-      alone.us = timed(x, S, [&] { gemm::gemm(Gref, B, Cref, M, N, K, gemm::BLayout::KN, go, x.st); });
-      alone.correct = true;
-    }
+    measure(fused_fn, ref, [&] { gemm::gemm(Gref, B, Cref, M, N, K, gemm::BLayout::KN, {}, x.st); }, li);
     WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
     x.c.barrier();
     x.c.free(G);
@@ -165,16 +169,7 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
     const double e = rs ? gref::rel_error(out, rsout, size_t(sh.size) * N, x.st) : gref::rel_error(out, Cref, size_t(M) * N, x.st);
     fused.err = e;
     fused.correct = all_ok(x, e < 1e-2);
-    fused.us = timed(x, S, fused_fn);
-    fused.ncomm = li.num_comm_sms;
-    fused.variant = li.variant;
-    if (baselines) {
-      base.us = timed(x, S, ref);
-      base.correct = true;
-      gemm::Options go;
-      alone.us = timed(x, S, [&] { gemm::gemm(A, B, Cref, M, N, K, gemm::BLayout::KN, go, x.st); });
-      alone.correct = true;
-    }
+    measure(fused_fn, ref, [&] { gemm::gemm(A, B, Cref, M, N, K, gemm::BLayout::KN, {}, x.st); }, li);
     WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
     x.c.barrier();
     x.c.free(out);
