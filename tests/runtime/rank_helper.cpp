@@ -73,6 +73,12 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (mode == "bootstrap") return check_bootstrap(li);
+    if (mode == "cascade") {
+      // The target fails first but takes a while to exit (a CUDA context teardown); the others
+      // notice at once (a closed bootstrap socket) and exit before it with status 9.
+      std::this_thread::sleep_for(std::chrono::milliseconds(li.rank == target ? 600 : 200));
+      return li.rank == target ? code : 9;
+    }
     if (mode == "stubborn") signal(SIGTERM, SIG_IGN);
     if (li.rank == target) {
       std::this_thread::sleep_for(std::chrono::milliseconds(200));

@@ -120,6 +120,17 @@ TEST(WeaveRun, FailingRankStopsTheOthers) {
   EXPECT_LT(r.seconds, 5) << "the sleeping ranks were not stopped promptly";
 }
 
+TEST(WeaveRun, RanksFailingWhileOthersSettleAreReported) {
+  // The rank reaped first is not the one with the diagnostic; it must not be killed before it
+  // exits with its own status, and both exits are reported.
+  Result r = weave_run({"--no-gpu", "-n", "3", "helper", "cascade", "0", "3"});
+  EXPECT_NE(r.status, 0) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(weave-run: rank 0 \(pid \d+\) exited with status 3)"))) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(weave-run: rank [12] \(pid \d+\) exited with status 9)"))) << r.out;
+  EXPECT_FALSE(contains(r.out, "killed by signal")) << r.out;
+  EXPECT_LT(r.seconds, 5) << r.out;
+}
+
 TEST(WeaveRun, KilledRankStopsTheOthers) {
   Result r = weave_run({"--no-gpu", "-n", "3", "helper", "kill", "2"});
   EXPECT_EQ(r.status, 128 + SIGKILL) << r.out;

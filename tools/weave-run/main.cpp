@@ -24,6 +24,11 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr int kMaxRanks = 64;
 constexpr auto kGrace = std::chrono::seconds(3);  // SIGTERM to SIGKILL
+// After a rank fails, the others get this long to exit on their own before SIGTERM: a failure
+// usually fails its peers too (a closed bootstrap socket), and the one that failed first may
+// still be tearing down its CUDA context, so the launcher would otherwise report whichever rank
+// it happened to reap first and kill the one that holds the actual diagnostic.
+constexpr auto kSettle = std::chrono::seconds(1);
 
 int usage(const char* why) {
   if (why) std::fprintf(stderr, "weave-run: %s\n", why);
@@ -100,7 +105,13 @@ class Job {
         std::fprintf(stderr, "weave-run: timeout: ranks still running after --timeout %g s; stopping them\n", timeout_s_);
         stop(124, SIGTERM);
       }
-      if (stopping_ && !killed_ && now >= kill_at_) {
+      if (stopping_ && !termed_ && now >= term_at_) {
+        for (auto& rk : ranks_)
+          if (rk.alive) killpg(rk.pid, term_sig_);
+        termed_ = true;
+        kill_at_ = hurry_ ? now : now + kGrace;
+      }
+      if (stopping_ && termed_ && !killed_ && now >= kill_at_) {
         for (size_t r = 0; r < ranks_.size(); ++r)
           if (ranks_[r].alive) {
             std::fprintf(stderr, "weave-run: rank %zu (pid %d) still running %lld s after SIGTERM; sending SIGKILL\n", r,
@@ -117,7 +128,8 @@ class Job {
           std::fprintf(stderr, "weave-run: received %s; forwarding it to the ranks\n", signal_name(sig).c_str());
           stop(128 + sig, sig);
         } else {
-          kill_at_ = Clock::now();  // a second request: do not wait for the grace period
+          hurry_ = true;  // a second request: do not wait for the settle or grace periods
+          term_at_ = kill_at_ = Clock::now();
         }
       }
       reap();
@@ -182,12 +194,17 @@ class Job {
     return n;
   }
 
-  void stop(int code, int sig) {
+  // `settle`: give the other ranks kSettle to exit on their own (a rank failed) before `sig`.
+  void stop(int code, int sig, bool settle = false) {
     stopping_ = true;
     exit_code_ = code;
-    kill_at_ = Clock::now() + kGrace;
+    term_sig_ = sig;
+    term_at_ = Clock::now() + (settle ? std::chrono::duration_cast<Clock::duration>(kSettle) : Clock::duration(0));
+    if (settle) return;
     for (auto& r : ranks_)
       if (r.alive) killpg(r.pid, sig);
+    termed_ = true;
+    kill_at_ = Clock::now() + kGrace;
   }
 
   void reap() {
@@ -198,7 +215,10 @@ class Job {
         if (ranks_[r].pid != pid || !ranks_[r].alive) continue;
         ranks_[r].alive = false;
         bool failed = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
-        if (!failed || stopping_) break;
+        // Ranks that fail on their own while the others settle are reported too; those ended
+        // by the launcher's own signal are not.
+        if (!failed || (stopping_ && termed_)) break;
+        const bool first = !stopping_;
         int code;
         if (WIFSIGNALED(status)) {
           std::fprintf(stderr, "weave-run: rank %zu (pid %d) killed by signal %s\n", r, pid,
@@ -208,15 +228,19 @@ class Job {
           std::fprintf(stderr, "weave-run: rank %zu (pid %d) exited with status %d\n", r, pid, WEXITSTATUS(status));
           code = WEXITSTATUS(status);
         }
-        if (alive() > 0) std::fprintf(stderr, "weave-run: stopping the other %d rank(s)\n", alive());
-        stop(code, SIGTERM);
+        if (!first) break;
+        if (alive() > 0)
+          std::fprintf(stderr, "weave-run: stopping the other %d rank(s) (SIGTERM unless they exit within %lld s)\n",
+                       alive(), static_cast<long long>(kSettle.count()));
+        stop(code, SIGTERM, true);
       }
     }
   }
 
   timespec next_wake(Clock::time_point started) const {
     auto wake = Clock::now() + std::chrono::seconds(1);
-    if (stopping_ && !killed_) wake = std::min(wake, kill_at_);
+    if (stopping_ && !termed_) wake = std::min(wake, term_at_);
+    if (stopping_ && termed_ && !killed_) wake = std::min(wake, kill_at_);
     if (timeout_s_ > 0 && !stopping_)
       wake = std::min(wake, started + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s_)));
     auto ns = std::max<long long>(std::chrono::duration_cast<std::chrono::nanoseconds>(wake - Clock::now()).count(), 0);
@@ -227,7 +251,9 @@ class Job {
   std::vector<char*> argv_;
   double timeout_s_;
   sigset_t old_mask_{};
-  bool stopping_ = false, killed_ = false;
+  bool stopping_ = false, termed_ = false, killed_ = false, hurry_ = false;
+  int term_sig_ = SIGTERM;
+  Clock::time_point term_at_{};
   int exit_code_ = 0;
   Clock::time_point kill_at_{};
 };
