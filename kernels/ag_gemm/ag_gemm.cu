@@ -1,6 +1,7 @@
 // Host side of AllGather + GEMM: validation, shape check, per-owner maps, signals, tuner.
 #include "ag_gemm/ag_gemm.hpp"
 #include "ag_gemm/ag_gemm_kernel.cuh"
+#include "ag_gemm/copy_engine.hpp"
 #include "weave/lcsc.cuh"
 #include "weave/runtime/tuner.hpp"
 
@@ -9,7 +10,9 @@ namespace weave::tp {
 struct AgGemm::Impl {
   runtime::Communicator& c;
   ShapeSignals sig{"tp.ag_gemm"};
-  explicit Impl(runtime::Communicator& cc) : c(cc) {}
+  CopyEnginePush ce;
+  const bool ce_ok;
+  explicit Impl(runtime::Communicator& cc) : c(cc), ce_ok(CopyEnginePush::supported(cc.device())) {}
 };
 
 AgGemm::AgGemm(runtime::Communicator& c) : impl_(std::make_unique<Impl>(c)) {}
@@ -47,29 +50,45 @@ LaunchInfo AgGemm::launch(const bf16* a_shard, bf16* a_gathered, const bf16* B, 
   g.tiles_m = g.L.row_tiles(), g.tiles_n = g.L.tiles_n, g.group_m = g.L.group_m, g.accumulate = 0;
   g.rank = rank;
   g.push = variant;
-  g.slices = variant >= 2 ? ag_slices_aux(g.L, K) : ag_slices(K);
-  const std::vector<int> counts = {ag_ready_count(g.L), 1};
+  const bool ce = variant == kAgCopyEngine;
+  g.slices = ce ? 1 : variant >= 2 ? ag_slices_aux(g.L, K) : ag_slices(K);
   // One set per (shape, P): a launch sends P signals per row tile, and the expectation
-  // round * P only holds on a set that every launch feeds with the same P.
-  runtime::SignalSet& rd = m.sig.get(m.c, {M, N, K, g.slices}, counts, 0);
-  runtime::SignalSet& ar = m.sig.get(m.c, {M, N, K, g.slices}, counts, 1);
+  // round * P only holds on a set that every launch feeds with the same P. The copy engine's
+  // ready counters are set, not added to, and its arrive set has one slot per rank: its own key
+  // (P = 0 marks it; real P are >= 1).
+  const std::vector<long long> key = {M, N, K, ce ? 0 : g.slices};
+  const std::vector<int> counts = {ag_ready_count(g.L), ce ? W : 1};
+  runtime::SignalSet& rd = m.sig.get(m.c, key, counts, 0);
+  runtime::SignalSet& ar = m.sig.get(m.c, key, counts, 1);
   g.ready = rd.view();
   g.arrive = ar.view();
   g.ready_round = rd.next_round();
   g.arrive_round = ar.next_round();
+  if (ce) {
+    void* dst[kMaxWorld] = {};
+    for (int q = 0; q < W; ++q) dst[q] = g.gdst[q];
+    m.ce.push(g.L, rank, K, a_shard, dst, g.copy_local ? a_gathered + size_t(mine.begin) * K : nullptr, g.ready,
+              g.arrive, g.ready_round, ag_ready_expected(g.slices), s);
+  }
   lcsc::Config cfg;
   cfg.num_comm_sms = ncomm;
   const lcsc::Plan p = aux::launch<AgKernel>(g, cfg, s);
+  if (ce) m.ce.join(s);
   return {ncomm, p.compute_blocks, false, variant};
 }
 
 LaunchInfo AgGemm::run(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf16* C, int M, int N, int K,
                        const Options& o, cudaStream_t s) {
   Impl& m = *impl_;
-  check_tp_call(m.c, "ag_gemm", M, N, K, o, {{"a_shard", a_shard}, {"a_gathered", a_gathered}, {"B", B}, {"C", C}}, 6,
+  check_tp_call(m.c, "ag_gemm", M, N, K, o, {{"a_shard", a_shard}, {"a_gathered", a_gathered}, {"B", B}, {"C", C}},
+                kAgCopyEngine,
                 "0 (TMA push by communicator SMs), 1 (register push by communicator SMs), 2 (TMA push by the compute "
-                "blocks' idle producer warps) or 3..6 (register push by those of every 2^(v-3)-th block)",
+                "blocks' idle producer warps), 3..6 (register push by those of every 2^(v-3)-th block) or 7 (copy "
+                "engine)",
                 [&] {
+                  WEAVE_CHECK(o.variant != kAgCopyEngine || m.ce_ok,
+                              "ag_gemm: variant 7 (copy engine) needs 64-bit stream memory operations, which this "
+                              "device or driver does not offer (CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS)");
                   WEAVE_CHECK(M >= m.c.world(), "ag_gemm: M = ", M, " gives some rank no rows (world ", m.c.world(),
                               ")");
                   // In place means exactly this rank's rows of a_gathered: elsewhere in it, peers'
@@ -84,12 +103,12 @@ LaunchInfo AgGemm::run(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf1
   if (o.num_comm_sms >= 0) {
     const int v = o.variant >= 0 ? o.variant : o.num_comm_sms == 0 ? 2 : 0;
     WEAVE_CHECK((v >= 2) == (o.num_comm_sms == 0), "ag_gemm: variant ", v, " with num_comm_sms = ", o.num_comm_sms,
-                " (variants 2..6 use no communicator SMs, variants 0 and 1 need >= 1)");
+                " (variants 2..7 use no communicator SMs, variants 0 and 1 need >= 1)");
     return launch(a_shard, a_gathered, B, C, M, N, K, o.num_comm_sms, v, s);
   }
   std::vector<runtime::TuneCandidate> cands;
-  for (int v : {2, 3, 4, 5, 6})
-    if (o.variant < 0 || o.variant == v) cands.push_back({v, 0});
+  for (int v : {2, 3, 4, 5, 6, kAgCopyEngine})
+    if ((o.variant < 0 || o.variant == v) && (v != kAgCopyEngine || m.ce_ok)) cands.push_back({v, 0});
   for (int v = 0; v < 2; ++v)
     if (o.variant < 0 || o.variant == v)
       for (int n : comm_sms_candidates(M, K, m.c.world(), m.c.sm_count())) cands.push_back({v, n});

@@ -12,6 +12,10 @@
 
 namespace weave::tp {
 
+// Variant 7: no SM pushes; the host's copy-engine stream (copy_engine.hpp) sets the ready
+// counters, one per row tile (P = 1), and the kernel only waits for them.
+constexpr int kAgCopyEngine = 7;
+
 struct AgGlobals : gemm::GemmGlobals {
   CUtensorMap asrc[kMaxWorld];  // A rows of owner q as this rank reads them (own: the input)
   CUtensorMap cdst[kMaxWorld];  // C rows of owner q (local output)
@@ -24,7 +28,8 @@ struct AgGlobals : gemm::GemmGlobals {
   int copy_local;  // the input is not already in place in the gathered buffer
   int push;        // 0: TMA bulk copies by one thread; 1: 16-byte register copies by all threads;
                    // 2: TMA bulk copies by one aux thread of every compute block; 3..6: register
-                   // copies by the 64 aux threads of every 2^(push-3)-th compute block
+                   // copies by the 64 aux threads of every 2^(push-3)-th compute block; 7: none
+                   // (kAgCopyEngine)
   int slices;      // P: units per row tile (ag_slices or ag_slices_aux)
   unsigned long long ready_round, arrive_round;
 };
@@ -207,7 +212,7 @@ struct AgKernel : gemm::GemmKernel<256, gemm::BLayout::KN, 3> {
   static __device__ __forceinline__ void aux(const AgGlobals& g, AuxShared& a, int compute_blocks, int t) {
     const int b = static_cast<int>(blockIdx.x);
     if (g.push == 2 && t == 0) push_tma<kAuxSlots, 1, kAuxPiece>(g, a.buf, a.bar, b, compute_blocks);
-    if (g.push >= 3) {
+    if (g.push >= 3 && g.push < kAgCopyEngine) {
       const int stride = ag_aux_stride(g.push);
       if (b % stride == 0)
         push_registers<4>(g, b / stride, ag_aux_pushers(compute_blocks, g.push), t, 64,

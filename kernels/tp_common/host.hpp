@@ -29,7 +29,8 @@ struct Options {
   // Which variant (-1: the tuner picks with num_comm_sms < 0, else the default for the count).
   // ag_gemm: 0 = TMA bulk push by communicator blocks; 1 = 16-byte register push by them; 2 =
   // TMA bulk push by an idle producer warp of every compute block (num_comm_sms = 0, the
-  // default for 0); 3..6 = register push by those warps of every 2^(v-3)-th compute block.
+  // default for 0); 3..6 = register push by those warps of every 2^(v-3)-th compute block; 7 =
+  // copy engine (cudaMemcpyAsync on a side stream and stream memory writes; num_comm_sms = 0).
   // gemm_rs: 0 = owner first, 1 = zero first, 2 = inter-SM (num_comm_sms > 0, the default for > 0).
   // gemm_ar: 0 = inter-SM, 1 = intra-SM (num_comm_sms = 0, the default for 0).
   int variant = -1;

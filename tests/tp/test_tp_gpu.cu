@@ -99,7 +99,7 @@ TEST(TpGpu, AgGemmMatchesCublasNccl) {
   const uint64_t seed = wt::job_seed();
   weave::tp::AgGemm ag(c);
   for (const Shape& s : kShapes) {
-    for (int cfg = 0; cfg < 12; ++cfg) {  // tuner, then (variant, num_comm_sms) fixed; 7..11: variants 2..6
+    for (int cfg = 0; cfg < 13; ++cfg) {  // tuner, then (variant, num_comm_sms) fixed; 7..12: variants 2..7
       int ncomm = cfg == 0 ? -1 : std::array<int, 3>{1, 4, 16}[(cfg - 1) % 3], variant = cfg == 0 ? -1 : (cfg - 1) / 3;
       if (cfg >= 7) ncomm = 0, variant = cfg - 5;
       for (int in_place = 0; in_place < 2; ++in_place) {
@@ -196,7 +196,7 @@ TEST(TpGpu, TwoHundredLaunchesChangingInputs) {
     gref::error_kernel<<<64, 256>>>(out.p, ref.p + size_t(sh.begin) * N, size_t(sh.size) * N, sums);
     // ag_gemm (C into `ref`'s twin: reuse out as C is fine, it is only local here)
     weave::tp::Options oa = o4;
-    oa.variant = it % 7;  // every push variant (2..6: no communicator SM)
+    oa.variant = it % 8;  // every push variant (2..7: no communicator SM; 7 the copy engine)
     if (oa.variant >= 2) oa.num_comm_sms = 0;
     ag.run(Ash.p, G.p, B.p, out.p, M, N, K, oa);
     WEAVE_NCCL_CHECK(ncclGroupStart());

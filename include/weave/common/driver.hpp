@@ -29,6 +29,8 @@ struct Driver {
   decltype(&::cuMemGetAddressRange) memGetAddressRange = nullptr;
   decltype(&::cuPointerGetAttribute) pointerGetAttribute = nullptr;
   decltype(&::cuTensorMapEncodeTiled) tensorMapEncodeTiled = nullptr;
+  decltype(&::cuStreamWaitValue64) streamWaitValue64 = nullptr;
+  decltype(&::cuStreamWriteValue64) streamWriteValue64 = nullptr;
 };
 
 namespace detail {
@@ -62,6 +64,8 @@ inline Driver load_driver() {
     load("cuMemGetAddressRange", d.memGetAddressRange);
     load("cuPointerGetAttribute", d.pointerGetAttribute);
     load("cuTensorMapEncodeTiled", d.tensorMapEncodeTiled);
+    load("cuStreamWaitValue64", d.streamWaitValue64);
+    load("cuStreamWriteValue64", d.streamWriteValue64);
   return d;
 }
 }  // namespace detail
