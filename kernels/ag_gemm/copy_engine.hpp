@@ -1,8 +1,10 @@
 // ag_gemm variant 7: the A shard travels by copy engine instead of by SMs. Every SM computes;
-// a side stream copies this rank's shard into each peer's gathered A one 128-row tile at a time
-// (cudaMemcpyAsync) and after each tile sets that tile's ready counter in the peer with a
-// stream memory write, which the GEMM's loader waits for exactly as for the SM pushes. The
-// stream write fences the copy before it, so a loader that sees the counter reads the rows.
+// side streams copy this rank's shard into each peer's gathered A one 128-row tile at a time
+// (cudaMemcpyAsync) and after each tile set that tile's ready counter in the peer with a stream
+// memory write, which the GEMM's loader waits for exactly as for the SM pushes. The stream write
+// fences the copy before it, so a loader that sees the counter reads the rows. Tiles go round
+// robin over kStreams streams: one copy of a 1-2 MB tile reaches only 100-160 GB/s (per-copy
+// latency, shared/HARDWARE.md), several in flight approach the link's ~390.
 //
 // Buffer reuse across calls: before writing into a peer, the side stream sets this rank's
 // "entered call k" slot in every peer and waits until every peer set its slot here, i.e. every
@@ -26,10 +28,15 @@ namespace weave::tp {
 class CopyEnginePush {
  public:
   CopyEnginePush() = default;
+  static constexpr int kStreams = 4;
+
   ~CopyEnginePush() {
-    if (side_) cudaStreamDestroy(side_);
+    for (int k = 0; k < kStreams; ++k) {
+      if (side_[k]) cudaStreamDestroy(side_[k]);
+      if (out_[k]) cudaEventDestroy(out_[k]);
+    }
     if (in_) cudaEventDestroy(in_);
-    if (out_) cudaEventDestroy(out_);
+    if (entered_) cudaEventDestroy(entered_);
   }
   CopyEnginePush(const CopyEnginePush&) = delete;
   CopyEnginePush& operator=(const CopyEnginePush&) = delete;
@@ -59,13 +66,16 @@ class CopyEnginePush {
     const size_t row_bytes = size_t(K) * 2;
     const Range mine = shard(L.M, W, rank);
     WEAVE_CUDA_CHECK(cudaEventRecord(in_, s));
-    WEAVE_CUDA_CHECK(cudaStreamWaitEvent(side_, in_, 0));
+    WEAVE_CUDA_CHECK(cudaStreamWaitEvent(side_[0], in_, 0));
     for (int d = 0; d < W; ++d)
-      if (d != rank) write(arrive.ptr[d] + rank, round);
+      if (d != rank) write(side_[0], arrive.ptr[d] + rank, round);
     for (int d = 0; d < W; ++d)
       if (d != rank)
-        WEAVE_CU_CHECK(drv().streamWaitValue64(side_, reinterpret_cast<CUdeviceptr>(arrive.ptr[rank] + d), round,
+        WEAVE_CU_CHECK(drv().streamWaitValue64(side_[0], reinterpret_cast<CUdeviceptr>(arrive.ptr[rank] + d), round,
                                                CU_STREAM_WAIT_VALUE_GEQ));
+    WEAVE_CUDA_CHECK(cudaEventRecord(entered_, side_[0]));
+    for (int k = 1; k < kStreams; ++k) WEAVE_CUDA_CHECK(cudaStreamWaitEvent(side_[k], entered_, 0));
+    int next = 0;
     // Peer d meets this rank's rows at phase (rank - d) mod W of its schedule: push in that order.
     for (int phase = 1; phase < W; ++phase) {
       const int d = (rank - phase + W) % W;
@@ -73,36 +83,44 @@ class CopyEnginePush {
         const long long r0 = static_cast<long long>(i) * kBM;
         const long long rows = mine.size - r0 < kBM ? mine.size - r0 : kBM;
         const size_t off = size_t(r0) * row_bytes;
+        cudaStream_t st = side_[next++ % kStreams];
         WEAVE_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(gdst[d]) + off, static_cast<const char*>(src) + off,
-                                         size_t(rows) * row_bytes, cudaMemcpyDeviceToDevice, side_));
-        write(ready.ptr[d] + L.off[rank] + i, round * expected_per_round);
+                                         size_t(rows) * row_bytes, cudaMemcpyDeviceToDevice, st));
+        write(st, ready.ptr[d] + L.off[rank] + i, round * expected_per_round);
       }
     }
     if (own_dst)
-      WEAVE_CUDA_CHECK(cudaMemcpyAsync(own_dst, src, size_t(mine.size) * row_bytes, cudaMemcpyDeviceToDevice, side_));
-    WEAVE_CUDA_CHECK(cudaEventRecord(out_, side_));
+      WEAVE_CUDA_CHECK(cudaMemcpyAsync(own_dst, src, size_t(mine.size) * row_bytes, cudaMemcpyDeviceToDevice,
+                                       side_[next % kStreams]));
+    for (int k = 0; k < kStreams; ++k) WEAVE_CUDA_CHECK(cudaEventRecord(out_[k], side_[k]));
   }
 
-  void join(cudaStream_t s) { WEAVE_CUDA_CHECK(cudaStreamWaitEvent(s, out_, 0)); }
+  void join(cudaStream_t s) {
+    for (int k = 0; k < kStreams; ++k) WEAVE_CUDA_CHECK(cudaStreamWaitEvent(s, out_[k], 0));
+  }
 
  private:
   void ensure() {
-    if (side_) return;
+    if (side_[0]) return;
     int lo = 0, hi = 0;
     WEAVE_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
     // Highest priority: the copies are few and short, and the kernel waits for them.
-    WEAVE_CUDA_CHECK(cudaStreamCreateWithPriority(&side_, cudaStreamNonBlocking, hi));
+    for (int k = 0; k < kStreams; ++k) {
+      WEAVE_CUDA_CHECK(cudaStreamCreateWithPriority(&side_[k], cudaStreamNonBlocking, hi));
+      WEAVE_CUDA_CHECK(cudaEventCreateWithFlags(&out_[k], cudaEventDisableTiming));
+    }
     WEAVE_CUDA_CHECK(cudaEventCreateWithFlags(&in_, cudaEventDisableTiming));
-    WEAVE_CUDA_CHECK(cudaEventCreateWithFlags(&out_, cudaEventDisableTiming));
+    WEAVE_CUDA_CHECK(cudaEventCreateWithFlags(&entered_, cudaEventDisableTiming));
   }
 
-  void write(unsigned long long* addr, unsigned long long value) {
-    WEAVE_CU_CHECK(drv().streamWriteValue64(side_, reinterpret_cast<CUdeviceptr>(addr), value,
+  static void write(cudaStream_t st, unsigned long long* addr, unsigned long long value) {
+    WEAVE_CU_CHECK(drv().streamWriteValue64(st, reinterpret_cast<CUdeviceptr>(addr), value,
                                             CU_STREAM_WRITE_VALUE_DEFAULT));
   }
 
-  cudaStream_t side_ = nullptr;
-  cudaEvent_t in_ = nullptr, out_ = nullptr;
+  cudaStream_t side_[kStreams] = {};
+  cudaEvent_t out_[kStreams] = {};
+  cudaEvent_t in_ = nullptr, entered_ = nullptr;
 };
 
 }  // namespace weave::tp
