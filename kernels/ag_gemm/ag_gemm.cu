@@ -85,7 +85,7 @@ LaunchInfo AgGemm::run(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf1
                 "0 (TMA push by communicator SMs), 1 (register push by communicator SMs), 2 (TMA push by the compute "
                 "blocks' idle producer warps), 3..6 (register push by those of every 2^(v-3)-th block) or 7 (copy "
                 "engine)",
-                [&] {
+                s, [&] {
                   WEAVE_CHECK(o.variant != kAgCopyEngine || m.ce_ok,
                               "ag_gemm: variant 7 (copy engine) needs 64-bit stream memory operations, which this "
                               "device or driver does not offer (CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS)");

@@ -52,6 +52,17 @@ inline void check_call(runtime::Communicator& c, const std::string& what, std::v
   if (!problem.empty()) throw Error(problem);
 }
 
+// Stream capture is rejected: a call takes its signal rounds on the host when it is enqueued, so
+// a replayed graph would wait for rounds already met (reading whatever is in the buffers) or
+// never sent. Part of a call's local checks, so every rank rejects it together.
+inline void check_not_capturing(const char* who, cudaStream_t s) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  WEAVE_CUDA_CHECK(cudaStreamIsCapturing(s, &st));
+  WEAVE_CHECK(st == cudaStreamCaptureStatusNone, who,
+              ": the stream is capturing a CUDA graph; weave calls cannot be captured (each call's signal rounds "
+              "are fixed when it is enqueued, so a replay would reuse them): call it outside the capture");
+}
+
 // What is wrong with this rank's own arguments ("" when nothing): `checks` runs the checks that
 // can fail on one rank alone (weave::Error), for check_call's `problem`.
 template <class F>

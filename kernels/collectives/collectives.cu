@@ -171,6 +171,7 @@ struct Collectives::Impl {
     const int W = comm.world(), r = comm.rank(), elt = static_cast<int>(dtype_size(t));
     long long in_bytes = 0, out_bytes = 0;
     check_args({3 + (to_head ? 1 : 0), static_cast<long long>(t), B, S, H, D}, attention::local_problem([&] {
+                 attention::check_not_capturing("all_to_all", s);
                  WEAVE_CHECK(B >= 0 && S >= 0 && H > 0 && D > 0, "all_to_all: bad shape B=", B, " S=", S, " H=", H,
                              " D=", D);
                  WEAVE_CHECK(H % W == 0, "all_to_all: ", H, " heads do not divide among ", W, " ranks");
@@ -192,10 +193,11 @@ struct Collectives::Impl {
   // full tensor's elements, mine: this rank's shard's.
   template <class Pick>
   ShardAlgo check_shard_call(bool gather, const void* in, const void* out, const Shape& full, int dim, DType t,
-                             ReduceOp op, long long& n, long long& mine, Pick&& pick) {
+                             ReduceOp op, long long& n, long long& mine, cudaStream_t s, Pick&& pick) {
     const int elt = static_cast<int>(dtype_size(t));
     ShardAlgo algo = ShardAlgo::direct;
     const std::string problem = attention::local_problem([&] {
+      attention::check_not_capturing(gather ? "all_gather" : "reduce_scatter", s);
       check_shape(full, dim);
       check_aligned(gather ? "all_gather" : "reduce_scatter", in, out, t);
       algo = pick();
@@ -317,6 +319,7 @@ void Collectives::all_reduce(const void* in, void* out, size_t count, DType t, R
   m.check_args({100, static_cast<long long>(t), static_cast<long long>(op), static_cast<long long>(count),
                 static_cast<long long>(algo)},
                attention::local_problem([&] {
+                 attention::check_not_capturing("all_reduce", s);
                  check_aligned("all_reduce", in, out, t);
                  if (count == 0) return;
                  m.comm.peers(in, bytes);
@@ -333,7 +336,7 @@ void Collectives::all_gather(const void* in, void* out, const Shape& full, int d
   Impl& m = *impl_;
   const int W = m.comm.world(), r = m.comm.rank(), elt = static_cast<int>(dtype_size(t));
   long long n = 0, mine = 0;
-  const ShardAlgo algo = m.check_shard_call(true, in, out, full, dim, t, ReduceOp::sum, n, mine, [&] {
+  const ShardAlgo algo = m.check_shard_call(true, in, out, full, dim, t, ReduceOp::sum, n, mine, s, [&] {
     return all_gather_algo(full, dim, t, aligned4(in, out));
   });
   if (n == 0) return;
@@ -349,7 +352,7 @@ void Collectives::reduce_scatter(const void* in, void* out, const Shape& full, i
   Impl& m = *impl_;
   const int W = m.comm.world(), r = m.comm.rank(), elt = static_cast<int>(dtype_size(t));
   long long n = 0, mine = 0;
-  const ShardAlgo algo = m.check_shard_call(false, in, out, full, dim, t, op, n, mine, [&] {
+  const ShardAlgo algo = m.check_shard_call(false, in, out, full, dim, t, op, n, mine, s, [&] {
     return reduce_scatter_algo(full, dim, t, aligned4(in, out));
   });
   if (n == 0) return;

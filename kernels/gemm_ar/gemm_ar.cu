@@ -63,7 +63,7 @@ LaunchInfo GemmAR::run(const bf16* A, const bf16* B, bf16* out, int M, int N, in
                        cudaStream_t s) {
   Impl& m = *impl_;
   check_tp_call(m.c, "gemm_ar", M, N, K, o, {{"A", A}, {"B", B}, {"out", out}}, 1,
-                "0 (inter-SM, communicator SMs reduce) or 1 (intra-SM, storers reduce-add)", [] {});
+                "0 (inter-SM, communicator SMs reduce) or 1 (intra-SM, storers reduce-add)", s, [] {});
   if (o.num_comm_sms >= 0) {
     const int v = o.variant >= 0 ? o.variant : o.num_comm_sms == 0 ? 1 : 0;
     WEAVE_CHECK((v == 1) == (o.num_comm_sms == 0), "gemm_ar: variant ", v, " with num_comm_sms = ", o.num_comm_sms,

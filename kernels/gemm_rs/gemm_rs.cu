@@ -81,7 +81,7 @@ LaunchInfo GemmRS::run(const bf16* A, const bf16* B, bf16* out, int M, int N, in
                        cudaStream_t s) {
   Impl& m = *impl_;
   check_tp_call(m.c, "gemm_rs", M, N, K, o, {{"A", A}, {"B", B}, {"out", out}}, 2,
-                "0 (owner first), 1 (zero first) or 2 (inter-SM)", [] {});
+                "0 (owner first), 1 (zero first) or 2 (inter-SM)", s, [] {});
   if (o.variant >= 0 || o.num_comm_sms >= 0) {
     const int v = o.variant >= 0 ? o.variant : o.num_comm_sms > 0 ? 2 : 0;
     const int n = o.num_comm_sms < 0 ? (v == 2 ? 8 : 0) : o.num_comm_sms;

@@ -94,8 +94,10 @@ inline std::string tune_name(const std::string& kernel, int variant) {
 // Options take part in the cross-rank check: ranks with different variants would feed different
 // signal sets (hang, or a wait met early: a wrong answer), and one rank tuning while another does
 // not would leave the tuner's collective search alone.
-inline std::vector<long long> checked_args(int M, int N, int K, const Options& o) {
-  return {M, N, K, o.num_comm_sms, o.variant};
+// The SM count is compared too: the schedules size their grids from it, and gemm_rs v1 counts
+// the zeroing blocks of every rank from its own.
+inline std::vector<long long> checked_args(int M, int N, int K, const Options& o, int sm_count) {
+  return {M, N, K, o.num_comm_sms, o.variant, sm_count};
 }
 
 inline int default_group_m(int K) { return K <= 2048 ? 16 : 8; }
@@ -130,16 +132,17 @@ inline void validate(const char* who, int M, int N, int K) {
 template <class F>
 void check_tp_call(runtime::Communicator& c, const char* who, int M, int N, int K, const Options& o,
                    std::initializer_list<std::pair<const char*, const void*>> ops, int max_variant,
-                   const char* variants, F&& more) {
+                   const char* variants, cudaStream_t s, F&& more) {
   const std::string problem = attention::local_problem([&] {
+    attention::check_not_capturing(who, s);
     validate(who, M, N, K);
     check_operands(who, ops);
     WEAVE_CHECK(o.variant >= -1 && o.variant <= max_variant, who, ": variant ", o.variant, " is not ", variants);
     check_comm_sms(who, o.num_comm_sms, c.sm_count());
     more();
   });
-  attention::check_call(c, std::string(who) + " arguments (M, N, K, num_comm_sms, variant)", checked_args(M, N, K, o),
-                        problem);
+  attention::check_call(c, std::string(who) + " arguments (M, N, K, num_comm_sms, variant, SM count)",
+                        checked_args(M, N, K, o, c.sm_count()), problem);
 }
 
 }  // namespace weave::tp

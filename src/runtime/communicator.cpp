@@ -193,7 +193,7 @@ Communicator::Communicator(const LaunchInfo& info, CommOptions opt) : impl_(std:
   WEAVE_CHECK(vmm && fdok, "GPU ", m.device, " lacks virtual memory management with POSIX fd handles");
 
   m.timeout_ns = static_cast<unsigned long long>(
-      1e9 * (opt.wait_timeout_s >= 0 ? opt.wait_timeout_s : env_seconds("WEAVE_WAIT_TIMEOUT_S", 5.0)));
+      1e9 * (opt.wait_timeout_s >= 0 ? opt.wait_timeout_s : env_seconds("WEAVE_WAIT_TIMEOUT_S", kDefaultWaitTimeoutS)));
   try {
     WEAVE_CUDA_CHECK(cudaHostAlloc(&m.record_host, sizeof(WaitRecord), cudaHostAllocMapped));
     std::memset(m.record_host, 0, sizeof(WaitRecord));

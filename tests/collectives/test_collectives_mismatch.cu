@@ -4,6 +4,9 @@
 // arguments changed lets the repeating rank launch alone; this test then fails (no error on that
 // rank, whose kernel waits for peers that never come until the wait times out) instead of passing.
 // It has its own binary so that such a failure cannot disturb test_collectives.
+#include <functional>
+#include <string>
+
 #include "common.hpp"
 
 using namespace ct;
@@ -30,6 +33,41 @@ TEST(Collectives, RejectsDifferenceAfterAnIdenticalCall) {
   settle();
   r = verify(b.p, nullptr, ref::map_all_gather(full, 0, W, me), DType::bf16, seed);
   EXPECT_TRUE(r.ok()) << "the valid all_gather after the rejected one: " << r.str();
+}
+
+// A call on a stream capturing a CUDA graph is rejected on every rank (a replay would reuse the
+// call's flags and rounds), and nothing is enqueued into the graph.
+TEST(Collectives, RejectsGraphCapture) {
+  const Shape full = shape({1000, 777});
+  Buf a(full.numel(), DType::bf16), b(full.numel(), DType::bf16);
+  WEAVE_CUDA_CHECK(cudaMemsetAsync(b.p, 0xff, b.bytes, ctx().s));
+  settle();
+  cudaStream_t cap;
+  WEAVE_CUDA_CHECK(cudaStreamCreateWithFlags(&cap, cudaStreamNonBlocking));
+  auto captured = [&](const char* what, const std::function<void()>& call) {
+    WEAVE_CUDA_CHECK(cudaStreamBeginCapture(cap, cudaStreamCaptureModeRelaxed));
+    std::string msg;
+    try {
+      call();
+    } catch (const weave::Error& e) {
+      msg = e.what();
+    }
+    cudaGraph_t g = nullptr;
+    WEAVE_CUDA_CHECK(cudaStreamEndCapture(cap, &g));
+    size_t nodes = 0;
+    if (g) {
+      WEAVE_CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &nodes));
+      WEAVE_CUDA_CHECK(cudaGraphDestroy(g));
+    }
+    EXPECT_NE(msg.find("capturing a CUDA graph"), std::string::npos) << what << ": " << msg;
+    EXPECT_EQ(nodes, 0u) << what << ": something was enqueued into the graph";
+  };
+  captured("all_reduce", [&] { ctx().coll.all_reduce(a.p, b.p, full.numel(), DType::bf16, ReduceOp::sum, cap); });
+  captured("all_gather", [&] { ctx().coll.all_gather(a.p, b.p, full, 0, DType::bf16, cap); });
+  captured("reduce_scatter", [&] { ctx().coll.reduce_scatter(b.p, a.p, full, 0, DType::bf16, ReduceOp::sum, cap); });
+  WEAVE_CUDA_CHECK(cudaStreamDestroy(cap));
+  comm().barrier();
+  EXPECT_EQ(unpoisoned(b.p, b.bytes), 0u) << "a rejected call wrote its output";
 }
 
 }  // namespace

@@ -252,3 +252,46 @@ TEST(TpGpu, MismatchedShapesAcrossRanksRejected) {
   expect_reject([&] { ar.run(A.p, B.p, out.p, M, N, K, o); }, "gemm_ar");
   wt::settle();
 }
+
+// A call on a stream that is capturing a CUDA graph is rejected on every rank before anything
+// is enqueued (a replay would reuse the call's signal rounds), for every TP kernel.
+TEST(TpGpu, GraphCaptureRejected) {
+  auto& c = wt::comm();
+  const int M = 512, K = 256, N = 512;
+  Dev A(size_t(M) * K), B(size_t(K) * N), C(size_t(M) * N);
+  Sym G(size_t(M) * K), out(size_t(M) * N);
+  weave::tp::GemmRS rs(c);
+  weave::tp::AgGemm ag(c);
+  weave::tp::GemmAR ar(c);
+  weave::tp::Options o;
+  o.num_comm_sms = 4;
+  o.variant = 0;
+  cudaStream_t st;
+  WEAVE_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  auto expect_reject = [&](const std::function<void()>& call, const char* what) {
+    WEAVE_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
+    std::string msg;
+    try {
+      call();
+    } catch (const weave::Error& e) {
+      msg = e.what();
+    }
+    cudaGraph_t graph = nullptr;
+    WEAVE_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
+    if (graph) WEAVE_CUDA_CHECK(cudaGraphDestroy(graph));
+    EXPECT_NE(msg.find("capturing a CUDA graph"), std::string::npos) << what << ": " << msg;
+    EXPECT_NE(msg.find(what), std::string::npos) << msg;
+  };
+  const auto sh = shard(M, c.world(), c.rank());
+  expect_reject([&] { rs.run(A.p, B.p, out.p, M, N, K, o, st); }, "gemm_rs");
+  expect_reject([&] { ag.run(G.p + size_t(sh.begin) * K, G.p, B.p, C.p, M, N, K, o, st); }, "ag_gemm");
+  expect_reject([&] { ar.run(A.p, B.p, out.p, M, N, K, o, st); }, "gemm_ar");
+  // The objects still work afterwards (nothing was enqueued, no round was taken).
+  gref::fill_uniform(A.p, A.n, 7);
+  gref::fill_uniform(B.p, B.n, 8);
+  WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
+  ar.run(A.p, B.p, out.p, M, N, K, o, st);
+  WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
+  WEAVE_CUDA_CHECK(cudaStreamDestroy(st));
+  wt::settle();
+}

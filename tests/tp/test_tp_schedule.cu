@@ -418,17 +418,18 @@ TEST(Tuner, VariantRestrictedCallsHaveTheirOwnKey) {
     EXPECT_TRUE(keys.insert(weave::runtime::tune_key(tune_name("ag_gemm", v), {4096, 2048, 4096}, 2, "d")).second) << v;
 }
 
-// The cross-rank check covers the options: ranks with different variants or communicator SM
-// counts would feed different signal sets.
+// The cross-rank check covers the options and the SM count: ranks with different variants or
+// communicator SM counts would feed different signal sets, and grids are sized from the SM count.
 TEST(TpHost, CheckedArgumentsIncludeTheOptions) {
   Options a, b;
   b.variant = 0;
-  EXPECT_NE(checked_args(4096, 2048, 4096, a), checked_args(4096, 2048, 4096, b));
+  EXPECT_NE(checked_args(4096, 2048, 4096, a, 132), checked_args(4096, 2048, 4096, b, 132));
   b = a;
   b.num_comm_sms = 4;
-  EXPECT_NE(checked_args(4096, 2048, 4096, a), checked_args(4096, 2048, 4096, b));
-  EXPECT_NE(checked_args(4096, 2048, 4096, a), checked_args(4096, 2048, 4104, a));
-  EXPECT_EQ(checked_args(4096, 2048, 4096, a), checked_args(4096, 2048, 4096, a));
+  EXPECT_NE(checked_args(4096, 2048, 4096, a, 132), checked_args(4096, 2048, 4096, b, 132));
+  EXPECT_NE(checked_args(4096, 2048, 4096, a, 132), checked_args(4096, 2048, 4104, a, 132));
+  EXPECT_NE(checked_args(4096, 2048, 4096, a, 132), checked_args(4096, 2048, 4096, a, 114));
+  EXPECT_EQ(checked_args(4096, 2048, 4096, a, 132), checked_args(4096, 2048, 4096, a, 132));
 }
 
 // Operands are checked (non-null, 16-byte aligned for TMA) on the host before any cross-rank

@@ -17,9 +17,14 @@
 
 namespace weave::runtime {
 
+// Device waits give up after this long without progress: long enough for a rank to run minutes
+// behind its peers (a rank-0-only evaluation, a checkpoint write), as NCCL's watchdog allows,
+// short enough that a real hang ends with a diagnostic instead of a silent stall.
+constexpr double kDefaultWaitTimeoutS = 600.0;
+
 struct CommOptions {
   size_t heap_bytes = 0;             // 0: $WEAVE_HEAP_BYTES, else 1 GiB; rounded up to the VMM granularity
-  double wait_timeout_s = -1;        // < 0: $WEAVE_WAIT_TIMEOUT_S, else 5 s; 0: waits never time out
+  double wait_timeout_s = -1;        // < 0: $WEAVE_WAIT_TIMEOUT_S, else kDefaultWaitTimeoutS; 0: never
   bool multicast = false;            // weave has no multicast path; asking for it is an error
   std::chrono::milliseconds bootstrap_timeout{60000};
 };
