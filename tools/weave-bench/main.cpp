@@ -24,6 +24,11 @@ int main(int argc, char** argv) {
     usage();
     return 2;
   }
+  for (int i = 2; i < argc; ++i)
+    if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {  // no GPU needed
+      std::printf("weave-bench %s: %s\n", argv[1], it->second.help.c_str());
+      return 0;
+    }
   Args a;
   for (int i = 2; i < argc; ++i) {
     if (std::strncmp(argv[i], "--", 2) != 0) {

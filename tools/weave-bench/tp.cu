@@ -262,4 +262,8 @@ int run(const bench::Args& a) {
 
 }  // namespace
 
-WEAVE_BENCH(tp, "TP fused kernels (ag_gemm, gemm_rs, gemm_ar) vs GEMM alone and cuBLAS+NCCL (2+ ranks)", run);
+WEAVE_BENCH(tp,
+            "TP fused kernels (ag_gemm, gemm_rs, gemm_ar) vs GEMM alone and cuBLAS+NCCL, 2+ ranks (--sizes "
+            "2048,...,32768 --kernels ag_gemm,gemm_rs,gemm_ar --num-comm-sms N --variant V --sweep 0,4,...,64 "
+            "--sweep-sizes 4096,16384 --table3 --only-extra)",
+            run);
