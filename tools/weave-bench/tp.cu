@@ -8,6 +8,7 @@
 #include <cuda_bf16.h>
 
 #include <cmath>
+#include <functional>
 #include <cstdio>
 #include <sstream>
 #include <string>
@@ -51,6 +52,34 @@ double timed(Ctx& x, int S, F&& fn) {
   x.c.bootstrap().all_gather(&t, all.data(), sizeof t);
   for (double v : all) t = v > t ? v : t;
   return t;
+}
+
+// Several implementations timed in turns (one repeat of each, then the next round), median per
+// implementation, slowest rank: clock and power drift during a run lands on all of them alike
+// instead of on whichever was timed last (measuring each in a block moved the same fused
+// configuration by 5-10 % against GEMM alone, docs/perf-notes.md).
+std::vector<double> timed_turns(Ctx& x, int S, const std::vector<std::function<void()>>& fns) {
+  const int iters = S >= 16384 ? 4 : S >= 8192 ? 10 : 20, repeats = S >= 16384 ? 3 : 5;
+  for (const auto& fn : fns) {
+    fn();
+    WEAVE_CUDA_CHECK(cudaStreamSynchronize(x.st));
+  }
+  x.c.barrier();
+  std::vector<std::vector<double>> t(fns.size());
+  for (int rep = 0; rep < repeats; ++rep)
+    for (size_t i = 0; i < fns.size(); ++i) {
+      t[i].push_back(bench::time_us(x.st, fns[i], 1, iters, 1));
+      x.c.barrier();  // every rank starts the next implementation together
+    }
+  std::vector<double> out;
+  for (auto& v : t) {
+    double m = bench::median(v);
+    std::vector<double> all(x.W);
+    x.c.bootstrap().all_gather(&m, all.data(), sizeof m);
+    for (double y : all) m = y > m ? y : m;
+    out.push_back(m);
+  }
+  return out;
 }
 
 bool all_ok(Ctx& x, bool ok) {
@@ -100,15 +129,15 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
   // Times the checked fused call (the launch info it fills is read after the timing), then, with
   // baselines, cuBLAS + NCCL and weave's GEMM alone on the same local shape.
   auto measure = [&](auto& fused_fn, auto& ref, auto&& alone_fn, const tp::LaunchInfo& li) {
-    fused.us = timed(x, S, fused_fn);
+    if (baselines) {
+      const std::vector<double> t = timed_turns(x, S, {fused_fn, ref, alone_fn});
+      fused.us = t[0], base.us = t[1], alone.us = t[2];
+      base.correct = alone.correct = true;
+    } else {
+      fused.us = timed(x, S, fused_fn);
+    }
     fused.ncomm = li.num_comm_sms;
     fused.variant = li.variant;
-    if (baselines) {
-      base.us = timed(x, S, ref);
-      base.correct = true;
-      alone.us = timed(x, S, alone_fn);
-      alone.correct = true;
-    }
   };
   WEAVE_CUDA_CHECK(cudaMalloc(&B, size_t(K) * N * sizeof(bf16)));
   gref::fill_uniform(B, size_t(K) * N, seed + 2);
