@@ -34,6 +34,12 @@ struct GatheredKernel {
   using bf16 = tile::bf16;
   static constexpr int D = D_, BM = Base::BM, BN = Base::BN, kStages = Base::kStages, kDBlocks = Base::kDBlocks;
   static constexpr int kThreads = Base::kThreads;
+  // Register split (setmaxnreg): the consumers need ~190 (SASS), so 224 leaves them room, and the
+  // producer gets 56 instead of the single-GPU kernel's 24, where its readiness bookkeeping
+  // (slice cache, rotated key order, per-chunk Q maps) spilled the per-key-block loop's state to
+  // local memory. Together exactly the 168 x 384 registers the launch allocates.
+  static constexpr int kProducerRegs = 56, kConsumerRegs = 224;
+  static_assert((kProducerRegs + 2 * kConsumerRegs) * 128 == 168 * kThreads, "register split");
   static constexpr uint32_t kQBytes = Base::kQBytes, kKVBytes = Base::kKVBytes;
   static_assert(BM == gathered::kBlockRows && BN == gathered::kBlockRows, "tiles and key blocks are 128 rows");
 
@@ -86,63 +92,87 @@ struct GatheredKernel {
   static __device__ __forceinline__ int kv_head(const GatheredGlobals& g, int h) {
     return (g.head_base + h) / g.group - g.kv_base;
   }
-  // Blocks until slice s of (b, kv head group) is in the gathered buffers.
+  // Blocks until slice s of (b, kv head group) is in the gathered buffers. Out of line: it
+  // runs once per slice and (b, group) per CTA, and its 64-bit chunk arithmetic inlined into the
+  // 24-register producer spilled the per-key-block loop's state to local memory.
   static __device__ __forceinline__ void wait_slice(const GatheredGlobals& g, int ctr0, int s) {
     const int own = g.skip_self ? gathered::own_chunks_in_slice(g.S, g.n_chunks, s, g.mine, g.n_mine) : 0;
     wait(g.ready, ctr0 + s, g.ready_round * (gathered::chunks_in_slice(g.S, g.n_chunks, s) - own));
     tile::fence_proxy_async_global();  // TMA reads what the peers' TMA wrote
   }
 
+  // Key block n of K or V (one of the two rings) into stage st (K and V advance together: one
+  // state serves both rings).
+  static __device__ __forceinline__ void load_block(const CUtensorMap* map, bf16 (&buf)[kStages][BN * D],
+                                                    tile::Mbarrier (&empty)[kStages], tile::Mbarrier (&full)[kStages],
+                                                    const tile::PipeState<kStages>& st, int hk, int n, int b) {
+    empty[st.index].wait(st.phase ^ 1);
+    full[st.index].arrive_expect_tx(kKVBytes);
+#pragma unroll
+    for (int j = 0; j < kDBlocks; ++j)
+      tile::tma::load_4d(buf[st.index] + j * BN * 64, map, &full[st.index], 64 * j, hk, n * BN, b);
+  }
+  static __device__ __forceinline__ void load_k(const GatheredGlobals& g, Smem& sm, const tile::PipeState<kStages>& st,
+                                                int hk, int n, int b) {
+    load_block(&g.k, sm.k, sm.k_empty, sm.k_full, st, hk, n, b);
+  }
+  static __device__ __forceinline__ void load_v(const GatheredGlobals& g, Smem& sm, const tile::PipeState<kStages>& st,
+                                                int hk, int n, int b) {
+    load_block(&g.v, sm.v, sm.v_empty, sm.v_full, st, hk, n, b);
+  }
+
+  // One tile's loads: the first key block, Q, then the rest in rotated order. Slices are waited
+  // for at their first visited block only while some slice of the tile is not yet known ready
+  // (a CTA's first tile of a (batch, group)); the other tiles run a loop with no readiness code,
+  // which keeps the 24-register producer's per-block path free of local-memory spills.
   static __device__ __forceinline__ void produce_tile(const GatheredGlobals& g, Smem& sm, const Tile& t,
-                                                      tile::PipeState<kStages>& ks, tile::PipeState<kStages>& vs,
-                                                      uint32_t& q_phase) {
+                                                      tile::PipeState<kStages>& st, uint32_t& q_phase) {
     const int hk = kv_head(g, t.h);
     const int row = t.b * g.groups + hk / g.group_heads;
-    const int ctr0 = row * g.slices;
     const int n_max = gathered::visible_blocks(g.S, t.qe, g.causal != 0);
     const int start = gathered::first_block(g.start_row[t.ci], n_max);
     const bool cached = row < kWaitCache;
-    int ready = cached ? sm.waited[row] : -1;  // slices [0, ready] are known ready
-    int last = -1;                             // the slice waited for last
-    for (int i = 0; i < n_max; ++i) {
-      const int n = gathered::block_at(i, start, n_max);
-      const int s = gathered::slice_of_block(n);
-      if (s > ready && s != last) {
-        wait_slice(g, ctr0, s);
-        last = s;
-        if (s == ready + 1) ready = s;
+    const int ready = cached ? sm.waited[row] : -1;  // slices [0, ready] are known ready
+    const int last = gathered::slice_of_block(n_max - 1);
+    if (gathered::slice_of_block(start) > ready) wait_slice(g, row * g.slices, gathered::slice_of_block(start));
+    load_k(g, sm, st, hk, start, t.b);
+    const int qs = t.qb / gathered::kSliceRows;
+    if (g.wait_q && qs > ready) wait_slice(g, row * g.slices, qs);
+    sm.q_empty.wait(q_phase ^ 1);
+    q_phase ^= 1;
+    sm.q_full.arrive_expect_tx(kQBytes);
+#pragma unroll
+    for (int j = 0; j < kDBlocks; ++j)
+      tile::tma::load_4d(sm.q + j * BM * 64, &g.q[t.ci], &sm.q_full, 64 * j, t.h, t.mb * BM, t.b);
+    load_v(g, sm, st, hk, start, t.b);
+    st.advance();
+    int n = start + 1 == n_max ? 0 : start + 1;
+    if (last <= ready) {
+      for (int i = 1; i < n_max; ++i) {
+        load_k(g, sm, st, hk, n, t.b);
+        load_v(g, sm, st, hk, n, t.b);
+        st.advance();
+        if (++n == n_max) n = 0;
       }
-      sm.k_empty[ks.index].wait(ks.phase ^ 1);
-      sm.k_full[ks.index].arrive_expect_tx(kKVBytes);
-#pragma unroll
-      for (int j = 0; j < kDBlocks; ++j)
-        tile::tma::load_4d(sm.k[ks.index] + j * BN * 64, &g.k, &sm.k_full[ks.index], 64 * j, hk, n * BN, t.b);
-      ks.advance();
-      if (i == 0) {
-        const int qs = t.qb / gathered::kSliceRows;
-        if (g.wait_q && qs > ready && qs != last) wait_slice(g, ctr0, qs);
-        sm.q_empty.wait(q_phase ^ 1);
-        q_phase ^= 1;
-        sm.q_full.arrive_expect_tx(kQBytes);
-#pragma unroll
-        for (int j = 0; j < kDBlocks; ++j)
-          tile::tma::load_4d(sm.q + j * BM * 64, &g.q[t.ci], &sm.q_full, 64 * j, t.h, t.mb * BM, t.b);
+    } else {
+      for (int i = 1; i < n_max; ++i) {
+        // A block starting a slice (slice(start) is polled again after the wrap; it is ready).
+        if (n % gathered::kSliceBlocks == 0 && gathered::slice_of_block(n) > ready)
+          wait_slice(g, row * g.slices, gathered::slice_of_block(n));
+        load_k(g, sm, st, hk, n, t.b);
+        load_v(g, sm, st, hk, n, t.b);
+        st.advance();
+        if (++n == n_max) n = 0;
       }
-      sm.v_empty[vs.index].wait(vs.phase ^ 1);
-      sm.v_full[vs.index].arrive_expect_tx(kKVBytes);
-#pragma unroll
-      for (int j = 0; j < kDBlocks; ++j)
-        tile::tma::load_4d(sm.v[vs.index] + j * BN * 64, &g.v, &sm.v_full[vs.index], 64 * j, hk, n * BN, t.b);
-      vs.advance();
+      // Every visible block's slice was seen ready by now.
+      if (cached) sm.waited[row] = last;
     }
-    // Every visible block's slice was seen ready by now.
-    if (cached) sm.waited[row] = max(ready, gathered::slice_of_block(n_max - 1));
   }
 
   static __device__ __forceinline__ void producer(const GatheredGlobals& g, Smem& sm) {
     tile::tma::prefetch(&g.k);
     tile::tma::prefetch(&g.v);
-    tile::PipeState<kStages> ks, vs;
+    tile::PipeState<kStages> st;
     tile::PipeState<2> sched;
     uint32_t q_phase = 0;
     const int compute = static_cast<int>(gridDim.x) - g.num_comm;
@@ -156,7 +186,7 @@ struct GatheredKernel {
       sm.sched_full[sched.index].arrive();
       sched.advance();
       if (id >= g.total_tiles) break;
-      produce_tile(g, sm, tile_at(g, id), ks, vs, q_phase);
+      produce_tile(g, sm, tile_at(g, id), st, q_phase);
       id = compute + atomicAdd(g.counter, 1);
     }
   }
@@ -319,7 +349,12 @@ struct GatheredKernel {
       if (c == 1) tile::named_barrier_arrive(2, 256);
     while (true) {
       sm.sched_full[sched.index].wait(sched.phase);
-      const int id = *static_cast<volatile int*>(&sm.tile_id[sched.index]);
+      // Broadcast from lane 0 so the compiler knows the id is warp-uniform: the tile's
+      // coordinates, key-block count, stage indices and wgmma descriptors then stay in uniform
+      // registers, as in the per-tile single-GPU kernel. A plain shared-memory load made them
+      // per-thread: an R2UR per descriptor between the HGMMAs and ~5 % more instructions per key
+      // block on the softmax's critical path (SASS, perf-notes).
+      const int id = __shfl_sync(0xffffffff, *static_cast<volatile int*>(&sm.tile_id[sched.index]), 0);
       Base::release(sm.sched_empty[sched.index]);
       sched.advance();
       if (id >= g.total_tiles) break;
@@ -480,10 +515,10 @@ __global__ void __launch_bounds__(K::kThreads, 1) gathered_attention_kernel(cons
   __syncthreads();
   const int wg = tile::warpgroup_index();
   if (wg == 0) {
-    tile::warpgroup_reg_dealloc<K::Base::kProducerRegs>();
+    tile::warpgroup_reg_dealloc<K::kProducerRegs>();
     if (tile::warp_in_warpgroup() == 0 && tile::lane_id() == 0) K::producer(g, sm);
   } else {
-    tile::warpgroup_reg_alloc<K::Base::kConsumerRegs>();
+    tile::warpgroup_reg_alloc<K::kConsumerRegs>();
     K::consumer(g, sm, wg - 1);
   }
 }
