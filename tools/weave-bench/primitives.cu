@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "bench.hpp"
+#include "weave/common/driver.hpp"
 #include "weave/runtime/communicator.hpp"
 #include "weave/runtime/pgl_host.hpp"
 #include "weave/signal.cuh"
@@ -60,6 +61,97 @@ __global__ void barriers(signals s, unsigned long long base_round, int iters, in
     barrier(s, 0, base_round + i);
   }
   *ns = (detail::globaltimer() - t0) / (iters - warm);
+}
+
+// What the copy-engine paths (ag_gemm v7) are built from: cudaMemcpyAsync from local memory into
+// a peer's heap (as mapped here) by message size, on 1 and 4 streams, and the one-way latency of
+// a stream memory write into a peer's counter answered by a stream wait (ping-pong, no kernel).
+void copy_engine(runtime::Communicator& c, bench::JsonSink& json, void* heap_buf, size_t buf_bytes) {
+  const bool lead = c.rank() == 0;
+  constexpr int kStreams = 4;
+  cudaStream_t ss[kStreams];
+  for (auto& x : ss) WEAVE_CUDA_CHECK(cudaStreamCreateWithFlags(&x, cudaStreamNonBlocking));
+  void* src = nullptr;
+  WEAVE_CUDA_CHECK(cudaMalloc(&src, buf_bytes));
+  WEAVE_CUDA_CHECK(cudaMemset(src, 1, buf_bytes));
+  char* dst = static_cast<char*>(c.peers(heap_buf, buf_bytes)[1 % c.world()]);
+  if (lead) std::printf("copy engine, rank 0 -> rank 1's heap (cudaMemcpyAsync), GB/s by message size\n");
+  for (size_t msg : {size_t(1) << 20, size_t(2) << 20, size_t(8) << 20, size_t(32) << 20, size_t(128) << 20}) {
+    if (msg > buf_bytes) break;
+    for (int ns : {1, kStreams}) {
+      double us = 0;
+      if (lead) {
+        // `total` bytes in `msg` pieces, round robin over ns streams, joined on ss[0].
+        const size_t total = std::min(buf_bytes, std::max(msg * 8, size_t(64) << 20));
+        cudaEvent_t fork, join[kStreams];
+        WEAVE_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+        for (auto& e : join) WEAVE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+        auto launch = [&] {
+          WEAVE_CUDA_CHECK(cudaEventRecord(fork, ss[0]));
+          for (int k = 1; k < ns; ++k) WEAVE_CUDA_CHECK(cudaStreamWaitEvent(ss[k], fork, 0));
+          int k = 0;
+          for (size_t off = 0; off < total; off += msg, k = (k + 1) % ns)
+            WEAVE_CUDA_CHECK(cudaMemcpyAsync(dst + off, static_cast<char*>(src) + off, std::min(msg, total - off),
+                                             cudaMemcpyDeviceToDevice, ss[k]));
+          for (int j = 1; j < ns; ++j) {
+            WEAVE_CUDA_CHECK(cudaEventRecord(join[j], ss[j]));
+            WEAVE_CUDA_CHECK(cudaStreamWaitEvent(ss[0], join[j], 0));
+          }
+        };
+        us = bench::time_us(ss[0], launch, 2, 5, 3);
+        const double gbs = total / us / 1e3;
+        std::printf("  %4zu MiB pieces, %d stream(s): %7.1f GB/s (%.1f us per %zu MiB)\n", msg >> 20, ns, gbs, us,
+                    total >> 20);
+        json.write(bench::JsonLine().add("kernel", "copy_engine").add("impl", "cuda").add("world", c.world())
+                       .add("streams", ns).add("msg_bytes", static_cast<long long>(msg))
+                       .add("bytes", static_cast<long long>(total)).add("time_us", us).add("gbs", gbs));
+        WEAVE_CUDA_CHECK(cudaEventDestroy(fork));
+        for (auto& e : join) WEAVE_CUDA_CHECK(cudaEventDestroy(e));
+      }
+      c.barrier();
+    }
+  }
+  // Stream-memop ping-pong between ranks 0 and 1 (others idle).
+  auto sig = c.signals("stream memop ping", 1);
+  const signals v = sig.view();
+  const int iters = 2000;
+  double us = 0;
+  c.barrier();
+  if (c.rank() < 2) {
+    cudaEvent_t a, b;
+    WEAVE_CUDA_CHECK(cudaEventCreate(&a));
+    WEAVE_CUDA_CHECK(cudaEventCreate(&b));
+    const int peer = 1 - c.rank();
+    WEAVE_CUDA_CHECK(cudaEventRecord(a, ss[0]));
+    for (int i = 1; i <= iters; ++i) {
+      auto wr = [&] {
+        WEAVE_CU_CHECK(drv().streamWriteValue64(ss[0], reinterpret_cast<CUdeviceptr>(v.ptr[peer]), i,
+                                                CU_STREAM_WRITE_VALUE_DEFAULT));
+      };
+      auto wt = [&] {
+        WEAVE_CU_CHECK(drv().streamWaitValue64(ss[0], reinterpret_cast<CUdeviceptr>(v.ptr[c.rank()]), i,
+                                               CU_STREAM_WAIT_VALUE_GEQ));
+      };
+      if (c.rank() == 0) wr(), wt();
+      else wt(), wr();
+    }
+    WEAVE_CUDA_CHECK(cudaEventRecord(b, ss[0]));
+    WEAVE_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    WEAVE_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    us = 1e3 * ms / (2.0 * iters);
+    WEAVE_CUDA_CHECK(cudaEventDestroy(a));
+    WEAVE_CUDA_CHECK(cudaEventDestroy(b));
+  }
+  if (lead) {
+    std::printf("stream memory op one-way latency (cuStreamWriteValue64 into the peer, cuStreamWaitValue64 here, "
+                "%d round trips): %.2f us\n", iters, us);
+    json.write(bench::JsonLine().add("kernel", "stream_memop_signal").add("impl", "cuda").add("world", c.world())
+                   .add("latency_us", us));
+  }
+  c.barrier();
+  WEAVE_CUDA_CHECK(cudaFree(src));
+  for (auto& x : ss) WEAVE_CUDA_CHECK(cudaStreamDestroy(x));
 }
 
 int run(const bench::Args& a) {
@@ -199,9 +291,13 @@ int run(const bench::Args& a) {
   }
   WEAVE_CUDA_CHECK(cudaFree(ns));
   WEAVE_CUDA_CHECK(cudaStreamDestroy(st));
+  copy_engine(c, json, buf.data(), buf.bytes());
   return 0;
 }
 
 }  // namespace
 
-WEAVE_BENCH(primitives, "TMA store/store-add bandwidth to a peer, signal and barrier latency (2+ ranks)", run);
+WEAVE_BENCH(primitives,
+            "TMA store/store-add bandwidth to a peer, signal and barrier latency, copy engine into a peer's heap and "
+            "stream-memop latency (2+ ranks; --mib 256 --tiles RxC,... --iters N)",
+            run);
