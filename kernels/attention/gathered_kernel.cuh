@@ -231,8 +231,9 @@ struct GatheredKernel {
       Base::pack(p, s);
     }
 
+    int n = start;  // gathered::block_at(i, start, n_max), kept incrementally
     for (int i = 1; i < n_max; ++i) {
-      const int n = gathered::block_at(i, start, n_max);
+      if (++n == n_max) n = 0;
       sm.k_full[ks.index].wait(ks.phase);
       sm.v_full[vs.index].wait(vs.phase);
       Base::turn_wait(c);

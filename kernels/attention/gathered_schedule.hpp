@@ -83,9 +83,10 @@ __host__ __device__ inline int first_block(long long start_row, int n) {
 __host__ __device__ inline int block_at(int i, int start, int n) { return i + start < n ? i + start : i + start - n; }
 
 // A key block needs the mask when it runs past S, or (causal) some key in it lies after the
-// first query row of `row_min` (a 64-row consumer half).
-__host__ __device__ inline bool block_needs_mask(long long S, int n, long long row_min, bool causal) {
-  const long long end = static_cast<long long>(n + 1) * kBlockRows;
+// first query row of `row_min` (a 64-row consumer half). 32-bit: it runs once per key block in
+// the consumers' critical path, and the callers hold S < 2^30 (ring and Ulysses reject more).
+__host__ __device__ inline bool block_needs_mask(int S, int n, int row_min, bool causal) {
+  const int end = (n + 1) * kBlockRows;
   return end > S || (causal && end - 1 > row_min);
 }
 
