@@ -1,10 +1,15 @@
 // ag_gemm variant 7: the A shard travels by copy engine instead of by SMs. Every SM computes;
-// side streams copy this rank's shard into each peer's gathered A one 128-row tile at a time
-// (cudaMemcpyAsync) and after each tile set that tile's ready counter in the peer with a stream
-// memory write, which the GEMM's loader waits for exactly as for the SM pushes. The stream write
-// fences the copy before it, so a loader that sees the counter reads the rows. Tiles go round
-// robin over kStreams streams: one copy of a 1-2 MB tile reaches only 100-160 GB/s (per-copy
-// latency, shared/HARDWARE.md), several in flight approach the link's ~390.
+// a side stream copies this rank's shard into each peer's gathered A in chunks of whole 128-row
+// tiles (cudaMemcpyAsync) and after each chunk sets its tiles' ready counters in the peer with
+// stream memory writes, which the GEMM's loader waits for exactly as for the SM pushes. Each
+// write fences the copies before it (the default flag), so a loader that sees a counter reads
+// the rows.
+//
+// Chunks of about kChunkBytes: measured on 2 x H200 (weave-bench primitives), a copy into a
+// peer's heap reaches 204 GB/s in 1 MiB pieces, 268 in 2 MiB, 348 in 8 MiB and 393 in 128 MiB,
+// the same on 1 or 4 streams, and a stream write + wait crosses in ~7 us; per-tile copies with a
+// fenced write each made every call ~100 us slower than GEMM alone at S = 4096. The kernel
+// starts on its own rows, so the first peer rows are needed only after 1/W of the GEMM.
 //
 // Buffer reuse across calls: before writing into a peer, the side stream sets this rank's
 // "entered call k" slot in every peer and waits until every peer set its slot here, i.e. every
@@ -16,8 +21,6 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
-#include <vector>
-
 #include "tp_common/schedule.hpp"
 #include "weave/common/driver.hpp"
 #include "weave/common/error.hpp"
@@ -27,16 +30,13 @@ namespace weave::tp {
 
 class CopyEnginePush {
  public:
-  CopyEnginePush() = default;
-  static constexpr int kStreams = 4;
+  static constexpr size_t kChunkBytes = size_t(8) << 20;
 
+  CopyEnginePush() = default;
   ~CopyEnginePush() {
-    for (int k = 0; k < kStreams; ++k) {
-      if (side_[k]) cudaStreamDestroy(side_[k]);
-      if (out_[k]) cudaEventDestroy(out_[k]);
-    }
+    if (side_) cudaStreamDestroy(side_);
     if (in_) cudaEventDestroy(in_);
-    if (entered_) cudaEventDestroy(entered_);
+    if (out_) cudaEventDestroy(out_);
   }
   CopyEnginePush(const CopyEnginePush&) = delete;
   CopyEnginePush& operator=(const CopyEnginePush&) = delete;
@@ -54,6 +54,12 @@ class CopyEnginePush {
     }
   }
 
+  // Row tiles per chunk for rows of `row_bytes`: about kChunkBytes, at least one.
+  static int tiles_per_chunk(size_t row_bytes) {
+    const size_t tile = row_bytes * kBM;
+    return tile >= kChunkBytes ? 1 : static_cast<int>(kChunkBytes / tile);
+  }
+
   // Enqueues the pushes of call `round` (the round the kernel waits for: ready[off[rank] + i] on
   // every peer >= round * expected_per_round). `src`: this rank's rows (rows x K, contiguous);
   // gdst[d]: rank d's gathered A at this rank's first row, as mapped here; own_dst: this rank's
@@ -66,61 +72,52 @@ class CopyEnginePush {
     const size_t row_bytes = size_t(K) * 2;
     const Range mine = shard(L.M, W, rank);
     WEAVE_CUDA_CHECK(cudaEventRecord(in_, s));
-    WEAVE_CUDA_CHECK(cudaStreamWaitEvent(side_[0], in_, 0));
+    WEAVE_CUDA_CHECK(cudaStreamWaitEvent(side_, in_, 0));
     for (int d = 0; d < W; ++d)
-      if (d != rank) write(side_[0], arrive.ptr[d] + rank, round);
+      if (d != rank) write(arrive.ptr[d] + rank, round);
     for (int d = 0; d < W; ++d)
       if (d != rank)
-        WEAVE_CU_CHECK(drv().streamWaitValue64(side_[0], reinterpret_cast<CUdeviceptr>(arrive.ptr[rank] + d), round,
+        WEAVE_CU_CHECK(drv().streamWaitValue64(side_, reinterpret_cast<CUdeviceptr>(arrive.ptr[rank] + d), round,
                                                CU_STREAM_WAIT_VALUE_GEQ));
-    WEAVE_CUDA_CHECK(cudaEventRecord(entered_, side_[0]));
-    for (int k = 1; k < kStreams; ++k) WEAVE_CUDA_CHECK(cudaStreamWaitEvent(side_[k], entered_, 0));
-    int next = 0;
+    const int per = tiles_per_chunk(row_bytes), tiles = L.tm[rank];
     // Peer d meets this rank's rows at phase (rank - d) mod W of its schedule: push in that order.
     for (int phase = 1; phase < W; ++phase) {
       const int d = (rank - phase + W) % W;
-      for (int i = 0; i < L.tm[rank]; ++i) {
-        const long long r0 = static_cast<long long>(i) * kBM;
-        const long long rows = mine.size - r0 < kBM ? mine.size - r0 : kBM;
+      for (int i0 = 0; i0 < tiles; i0 += per) {
+        const int i1 = i0 + per < tiles ? i0 + per : tiles;
+        const long long r0 = static_cast<long long>(i0) * kBM;
+        const long long r1 = static_cast<long long>(i1) * kBM < mine.size ? static_cast<long long>(i1) * kBM : mine.size;
         const size_t off = size_t(r0) * row_bytes;
-        cudaStream_t st = side_[next++ % kStreams];
         WEAVE_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(gdst[d]) + off, static_cast<const char*>(src) + off,
-                                         size_t(rows) * row_bytes, cudaMemcpyDeviceToDevice, st));
-        write(st, ready.ptr[d] + L.off[rank] + i, round * expected_per_round);
+                                         size_t(r1 - r0) * row_bytes, cudaMemcpyDeviceToDevice, side_));
+        for (int i = i0; i < i1; ++i) write(ready.ptr[d] + L.off[rank] + i, round * expected_per_round);
       }
     }
     if (own_dst)
-      WEAVE_CUDA_CHECK(cudaMemcpyAsync(own_dst, src, size_t(mine.size) * row_bytes, cudaMemcpyDeviceToDevice,
-                                       side_[next % kStreams]));
-    for (int k = 0; k < kStreams; ++k) WEAVE_CUDA_CHECK(cudaEventRecord(out_[k], side_[k]));
+      WEAVE_CUDA_CHECK(cudaMemcpyAsync(own_dst, src, size_t(mine.size) * row_bytes, cudaMemcpyDeviceToDevice, side_));
+    WEAVE_CUDA_CHECK(cudaEventRecord(out_, side_));
   }
 
-  void join(cudaStream_t s) {
-    for (int k = 0; k < kStreams; ++k) WEAVE_CUDA_CHECK(cudaStreamWaitEvent(s, out_[k], 0));
-  }
+  void join(cudaStream_t s) { WEAVE_CUDA_CHECK(cudaStreamWaitEvent(s, out_, 0)); }
 
  private:
   void ensure() {
-    if (side_[0]) return;
+    if (side_) return;
     int lo = 0, hi = 0;
     WEAVE_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
-    // Highest priority: the copies are few and short, and the kernel waits for them.
-    for (int k = 0; k < kStreams; ++k) {
-      WEAVE_CUDA_CHECK(cudaStreamCreateWithPriority(&side_[k], cudaStreamNonBlocking, hi));
-      WEAVE_CUDA_CHECK(cudaEventCreateWithFlags(&out_[k], cudaEventDisableTiming));
-    }
+    // Highest priority: the copies are few and the kernel waits for them.
+    WEAVE_CUDA_CHECK(cudaStreamCreateWithPriority(&side_, cudaStreamNonBlocking, hi));
     WEAVE_CUDA_CHECK(cudaEventCreateWithFlags(&in_, cudaEventDisableTiming));
-    WEAVE_CUDA_CHECK(cudaEventCreateWithFlags(&entered_, cudaEventDisableTiming));
+    WEAVE_CUDA_CHECK(cudaEventCreateWithFlags(&out_, cudaEventDisableTiming));
   }
 
-  static void write(cudaStream_t st, unsigned long long* addr, unsigned long long value) {
-    WEAVE_CU_CHECK(drv().streamWriteValue64(st, reinterpret_cast<CUdeviceptr>(addr), value,
+  void write(unsigned long long* addr, unsigned long long value) {
+    WEAVE_CU_CHECK(drv().streamWriteValue64(side_, reinterpret_cast<CUdeviceptr>(addr), value,
                                             CU_STREAM_WRITE_VALUE_DEFAULT));
   }
 
-  cudaStream_t side_[kStreams] = {};
-  cudaEvent_t out_[kStreams] = {};
-  cudaEvent_t in_ = nullptr, entered_ = nullptr;
+  cudaStream_t side_ = nullptr;
+  cudaEvent_t in_ = nullptr, out_ = nullptr;
 };
 
 }  // namespace weave::tp

@@ -14,6 +14,7 @@
 #include <tuple>
 #include <vector>
 
+#include "ag_gemm/copy_engine.hpp"
 #include "tp_common/host.hpp"
 #include "tp_common/schedule.hpp"
 #include "weave/lcsc.cuh"
@@ -469,4 +470,15 @@ TEST(TpHost, CommSmsCheckedLikeThePlanBeforeRoundsAreTaken) {
       if (!p.empty()) EXPECT_NE(p.find("gemm_rs: num_comm_sms = "), std::string::npos) << p;
     }
   EXPECT_EQ(weave::attention::local_problem([] {}), "");
+}
+
+// ag_gemm v7 copies whole row tiles in chunks of about 8 MiB (the copy engine's rate by message
+// size), at least one tile per chunk.
+TEST(TpHost, CopyEngineChunks) {
+  using weave::tp::CopyEnginePush;
+  EXPECT_EQ(CopyEnginePush::tiles_per_chunk(4096 * 2), 8);    // 1 MiB tiles
+  EXPECT_EQ(CopyEnginePush::tiles_per_chunk(8192 * 2), 4);    // 2 MiB tiles
+  EXPECT_EQ(CopyEnginePush::tiles_per_chunk(32768 * 2), 1);   // 8 MiB tiles
+  EXPECT_EQ(CopyEnginePush::tiles_per_chunk(65536 * 2), 1);   // larger than a chunk
+  EXPECT_EQ(CopyEnginePush::tiles_per_chunk(1000 * 2), 32);   // 250 KiB tiles: 32 = 8 MiB / 250 KiB, rounded down
 }
