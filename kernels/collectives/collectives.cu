@@ -1,6 +1,7 @@
 // Host entry of the collectives: validate, plan, launch one kernel per call.
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -9,6 +10,7 @@
 #include "collectives/kernel.cuh"
 #include "collectives/ll.cuh"
 #include "collectives/plan.hpp"
+#include "collectives/push.cuh"
 #include "weave/common/error.hpp"
 
 namespace weave::coll {
@@ -20,6 +22,8 @@ namespace {
 constexpr size_t kOneShotMaxBytes = size_t(512) << 10;
 // LL doubles the bytes on the link; below this size its saved signal phases win (measured).
 constexpr size_t kLLAutoMaxBytes = size_t(1) << 20;
+// From here on the push all_reduce beats two-shot (measured; README.md).
+constexpr size_t kPushAutoMinBytes = size_t(32) << 20;
 // The same trade for all_gather (largest shard's bytes) and reduce_scatter (largest output slab).
 constexpr size_t kLLGatherAutoMaxBytes = size_t(512) << 10;
 constexpr size_t kLLScatterAutoMaxBytes = size_t(512) << 10;
@@ -64,6 +68,10 @@ std::vector<long long> shape_args(int kind, DType t, ReduceOp op, const Shape& s
   return {kind, static_cast<long long>(t), static_cast<long long>(op), s.ndim, s.d[0], s.d[1], s.d[2], s.d[3], dim,
           static_cast<long long>(algo)};
 }
+// Scratch bytes per (block, source) and step of the push all_reduce: on 2 ranks 32 KiB (4 units
+// per thread of PairShape), at more ranks 16 KiB (each link carries 1/W, and the scratch grows
+// with W - 1): 12.4 MiB at W = 2, 43 MiB at W = 8 with 132 blocks.
+long long push_slot_bytes(int world) { return world <= 2 ? 32 << 10 : 16 << 10; }
 bool aligned4(const void* a, const void* b) {
   return reinterpret_cast<uintptr_t>(a) % 4 == 0 && reinterpret_cast<uintptr_t>(b) % 4 == 0;
 }
@@ -88,6 +96,12 @@ struct Collectives::Impl {
   runtime::SignalSet ll_sig;  // names the LL flags in timeout diagnostics ("from rank" = index)
   unsigned ll_calls = 0;
   static constexpr size_t kLLLines = Collectives::kLLMaxBytes / 4;
+
+  // Push all_reduce: scratch and counters made by the first push call (every rank takes the
+  // same path, checked), so that objects which never push do not hold 12-43 MiB of heap.
+  std::optional<runtime::SymmetricTensor<char>> push_scratch;
+  std::optional<runtime::SignalSet> push_sig;
+  unsigned long long push_steps = 0;  // every push counter's total so far
 
   explicit Impl(runtime::Communicator& c)
       : comm(c),
@@ -274,6 +288,38 @@ struct Collectives::Impl {
     }
   }
 
+  // Push all_reduce on blocks_max blocks (every call runs every block: the counters' totals stay
+  // one number, push_steps).
+  void push_all_reduce(const void* in, void* out, long long bytes, DType t, ReduceOp op, cudaStream_t s) {
+    const int W = comm.world(), elt = static_cast<int>(dtype_size(t));
+    const long long slot = push_slot_bytes(W);
+    if (!push_scratch) {
+      push_scratch.emplace(comm, std::max<long long>(push_scratch_bytes(W, blocks_max, slot), 256));
+      push_sig.emplace(comm.signals("push all_reduce (data: block*W+src, free: (blocks+block)*W+dst)",
+                                    2 * blocks_max * W));
+    }
+    const bool pair = W <= PairShape::MaxSrc;
+    const long long granule = 16LL * (pair ? PairShape::Threads : ReduceShape::Threads);
+    PushArgs a{};
+    a.in = static_cast<const char*>(in);
+    const runtime::PeerPtrs pout = comm.peers(out, bytes);
+    const runtime::PeerPtrs ps = comm.peers(push_scratch->data(), push_scratch->bytes());
+    a.vec = largest_vec({reinterpret_cast<long long>(in)}, elt);
+    for (int q = 0; q < W; ++q) {
+      a.out[q] = static_cast<char*>(pout[q]);
+      a.scratch[q] = static_cast<char*>(ps[q]);
+      a.vec = std::min(a.vec, largest_vec({reinterpret_cast<long long>(pout[q])}, elt));
+    }
+    a.plan = plan_push_all_reduce(bytes, W, blocks_max, slot, granule);
+    a.sig = push_sig->view();
+    a.base = push_steps;
+    push_steps += a.plan.steps;
+    by_type_and_op(t, op, [&]<class T, ReduceOp Op>() {
+      if (pair) push_all_reduce_kernel<T, Op, PairShape><<<blocks_max, PairShape::Threads, 0, s>>>(a);
+      else push_all_reduce_kernel<T, Op, ReduceShape><<<blocks_max, ReduceShape::Threads, 0, s>>>(a);
+    });
+  }
+
   template <class S>
   void dispatch(const Launch& L, int blocks, DType t, ReduceOp op, cudaStream_t s) {
     by_type_and_op(t, op,
@@ -290,9 +336,10 @@ AllReduceAlgo Collectives::all_reduce_algo(size_t bytes, bool in_place, bool ali
   AllReduceAlgo a = impl_->algo;
   const bool ll_ok = bytes <= kLLMaxBytes && aligned4;
   if (a == AllReduceAlgo::automatic)
-    a = ll_ok && bytes <= kLLAutoMaxBytes     ? AllReduceAlgo::ll
-        : bytes <= kOneShotMaxBytes ? AllReduceAlgo::one_shot
-                                    : AllReduceAlgo::two_shot;
+    a = ll_ok && bytes <= kLLAutoMaxBytes ? AllReduceAlgo::ll
+        : bytes <= kOneShotMaxBytes       ? AllReduceAlgo::one_shot
+        : bytes >= kPushAutoMinBytes      ? AllReduceAlgo::push
+                                          : AllReduceAlgo::two_shot;
   if (a == AllReduceAlgo::ll && !ll_ok) a = AllReduceAlgo::two_shot;
   if (a == AllReduceAlgo::one_shot && in_place) a = AllReduceAlgo::two_shot;  // would overwrite what peers read
   return a;
@@ -327,6 +374,7 @@ void Collectives::all_reduce(const void* in, void* out, size_t count, DType t, R
                }));
   if (count == 0) return;
   if (algo == AllReduceAlgo::ll) return m.ll_all_reduce(in, out, bytes, t, op, s);
+  if (algo == AllReduceAlgo::push) return m.push_all_reduce(in, out, bytes, t, op, s);
   const bool two = algo == AllReduceAlgo::two_shot;
   const int W = m.comm.world();
   m.launch(plan_all_reduce(two, bytes, W, m.comm.rank()), in, bytes, out, bytes, t, op, two ? bytes / W : bytes, s);

@@ -78,6 +78,84 @@ __host__ __device__ inline Plan plan_all_reduce(bool two_shot, long long bytes, 
   return p;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Push all_reduce (push.cuh): the two-shot split (rank q owns slab q), but the reduce-scatter
+// half pushes instead of pulling: rank r stores slab q of its input into rank q's scratch, q
+// reduces its own slab with what arrived (local memory) and pushes the result into every
+// output, as two-shot's second half. Stores reach the link's ceiling, peer loads do not
+// (perf-notes). Every rank runs the same grid of `blocks` blocks; block b of every rank handles
+// the same piece of every slab at step k, so block b pairs with block b of every peer: its own
+// counters, its own scratch slots, no grid-wide synchronization. Steps are pipelined: iteration
+// i pushes step i and reduces step i - kPushLag. Scratch is a ring of kPushSlots slots per
+// (block, source); a slot is rewritten only after its reader signalled it free.
+struct PushPlan {
+  long long slab[kMaxWorld + 1] = {};  // rank q owns bytes [slab[q], slab[q + 1]); the last ends at `bytes`
+  long long chunk = 0;                 // bytes per block and step: a multiple of 16, <= slot_bytes
+  long long slot_bytes = 0;            // scratch bytes per slot
+  int blocks = 0, steps = 0;
+};
+
+inline constexpr int kPushSlots = 3;
+inline constexpr int kPushLag = 1;
+// At least this many steps per call while the chunk can shrink (to its granule): fewer would
+// leave the pipeline's first push and last reduction unhidden for most of the call.
+inline constexpr int kPushMinSteps = 4;
+
+// slot_bytes: the most a step moves per block (the scratch layout); granule: the chunk's
+// multiple (one 16-byte unit per thread of the kernel).
+__host__ __device__ inline PushPlan plan_push_all_reduce(long long bytes, int world, int blocks, long long slot_bytes,
+                                                         long long granule) {
+  PushPlan p;
+  p.blocks = blocks;
+  p.slot_bytes = slot_bytes;
+  const long long n16 = bytes / 16;
+  long long largest = 0;
+  for (int q = 0; q < world; ++q) p.slab[q] = shard(n16, world, q).begin * 16;
+  p.slab[world] = bytes;
+  for (int q = 0; q < world; ++q) largest = largest > p.slab[q + 1] - p.slab[q] ? largest : p.slab[q + 1] - p.slab[q];
+  p.chunk = largest / (blocks * kPushMinSteps) / granule * granule;  // rounded down: >= kPushMinSteps steps
+  p.chunk = p.chunk < granule ? granule : p.chunk > slot_bytes ? slot_bytes : p.chunk;
+  const long long per_step = p.chunk * blocks;
+  p.steps = static_cast<int>(largest > 0 ? (largest + per_step - 1) / per_step : 1);
+  return p;
+}
+
+// The bytes of slab q that block b handles at step k (may be empty): steps sweep the slab in
+// order, the blocks side by side within a step.
+__host__ __device__ inline Range push_piece(const PushPlan& p, int q, int b, int k) {
+  const long long begin = (static_cast<long long>(k) * p.blocks + b) * p.chunk, size = p.slab[q + 1] - p.slab[q];
+  const long long n = size - begin;
+  if (n <= 0) return {p.slab[q + 1], 0};
+  return {p.slab[q] + begin, n < p.chunk ? n : p.chunk};
+}
+
+// Scratch on every rank: [slot][source][block] of slot_bytes; the source index skips the owner.
+__host__ __device__ inline long long push_scratch_bytes(int world, int blocks, long long slot_bytes) {
+  return static_cast<long long>(kPushSlots) * (world - 1) * blocks * slot_bytes;
+}
+// Where source rank `src` writes global step `step` of block b in rank dst's scratch.
+__host__ __device__ inline long long push_slot(const PushPlan& p, int world, int src, int dst, int b,
+                                               unsigned long long step) {
+  const long long slot = static_cast<long long>(step % kPushSlots), from = (src - dst - 1 + world) % world;
+  return ((slot * (world - 1) + from) * p.blocks + b) * p.slot_bytes;
+}
+
+// Counters on every rank (2 * blocks * world): data[b][src] counts the steps src's block b pushed
+// here; free[b][dst] the steps dst's block b reduced from this rank's pushes (and, the signal
+// coming after its output stores, wrote into this rank's output). Both advance by `steps` per
+// call; `base` is the total before the call (every call runs every block).
+__host__ __device__ inline int push_data_counter(int b, int src, int world) { return b * world + src; }
+__host__ __device__ inline int push_free_counter(int b, int dst, int world, int blocks) {
+  return (blocks + b) * world + dst;
+}
+// Iteration i pushes step i (i < steps) once slot (base + i) % kPushSlots is free: its reader
+// reduced step i - kPushSlots (nothing to wait for while this is <= base).
+__host__ __device__ inline unsigned long long push_free_expect(unsigned long long base, int i) {
+  return base + i + 1 >= static_cast<unsigned long long>(kPushSlots) ? base + i + 1 - kPushSlots : 0;
+}
+// Iteration i reduces step j = i - kPushLag once every source pushed it.
+__host__ __device__ inline unsigned long long push_data_expect(unsigned long long base, int j) { return base + j + 1; }
+
 // Destinations in the order rank r serves them: r+1, r+2, ..., r itself last. At any moment the
 // ranks push to different peers, and the local copy, which needs no NVLink, comes last.
 __host__ __device__ inline int staggered(int r, int k, int world) { return (r + 1 + k) % world; }

@@ -99,12 +99,19 @@ void all_reduce_case(long long count, DType t, ReduceOp op, bool in_place) {
 TEST(Collectives, AllReduce) {
   const long long counts[] = {0, 1, 2, 7, 777, 65537, 1000 * 777 + 1, (1 << 21) + 3};
   const coll::AllReduceAlgo algos[] = {coll::AllReduceAlgo::automatic, coll::AllReduceAlgo::one_shot,
-                                       coll::AllReduceAlgo::two_shot, coll::AllReduceAlgo::ll};
+                                       coll::AllReduceAlgo::two_shot, coll::AllReduceAlgo::ll,
+                                       coll::AllReduceAlgo::push};
+  // Push pipelines a call in steps of up to 32 KiB per block: these counts take 5-8 steps, more
+  // than the scratch ring's slots, on an odd count (the tail past the last 16-byte unit).
+  const long long push_counts[] = {(1 << 24) + 7, 9000001};
   for (auto algo : algos) {
     ctx().coll.set_all_reduce_algo(algo);
+    std::vector<long long> ns(std::begin(counts), std::end(counts));
+    if (algo == coll::AllReduceAlgo::push || algo == coll::AllReduceAlgo::automatic)
+      ns.insert(ns.end(), std::begin(push_counts), std::end(push_counts));
     for (DType t : kTypes)
       for (ReduceOp op : kOps)
-        for (long long n : counts)
+        for (long long n : ns)
           for (bool in_place : {false, true}) {
             SCOPED_TRACE(std::string("all_reduce ") + dtype_name(t) + " " + op_name(op) + " count " +
                          std::to_string(n) + (in_place ? " in place" : " out of place") + " algo " +
@@ -269,6 +276,24 @@ TEST(Collectives, BackToBack) {
       }
       report("all_reduce back to back", t);
     }
+    // Push: one step per call (the ring's slots reused across calls) and 6-8 steps per call.
+    x.coll.set_all_reduce_algo(coll::AllReduceAlgo::push);
+    for (long long count : {1000LL * 777 + 1, (1LL << 23) + 5}) {
+      Buf a(count, t), b(count, t);
+      x.check.reset(x.s);
+      settle();
+      const int iters = count > (1 << 20) ? 100 : kIters;
+      for (int it = 0; it < iters; ++it) {
+        const uint64_t s = seed + 3 * it;
+        ref::fill(a.p, count, t, s, me, Values::integers, x.s);
+        void* o = it % 2 ? a.p : b.p;
+        x.coll.all_reduce(a.p, o, count, t, ReduceOp::sum, x.s);
+        x.check.check(o, nullptr, ref::map_all_reduce(count, W, me), t, s, Values::integers, ReduceOp::sum, 0, x.s,
+                      it + 1);
+      }
+      report("push all_reduce back to back", t);
+    }
+    x.coll.set_all_reduce_algo(coll::AllReduceAlgo::automatic);
     {  // all_gather and reduce_scatter along the non-contiguous dimension
       Buf shard_buf(max_shard_numel(full, 1), t), full_buf(full.numel(), t), shard_out(max_shard_numel(full, 1), t);
       const long long mine = ref::shard_numel(full, 1, W, me);

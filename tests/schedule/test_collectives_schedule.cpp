@@ -461,3 +461,181 @@ TEST(Schedule, LLFlagsAlternateParityAndRestartBeforeRepeating) {
   }
   EXPECT_EQ(restarts, 1);
 }
+
+// ---------------------------------------------------------------------------------------------
+// The push all_reduce's pipeline (push.cuh) as a state machine per (rank, block), advanced one
+// phase at a time in random order, the waits and signals of the kernel standing for themselves:
+// a phase runs only once its waits pass on the counters the signals built. Checked: no deadlock,
+// no slot rewritten before its reader signalled it free (nor read before its data arrived), every
+// output word written once with the sum (in place too, where peers' writes land in the inputs),
+// and the exit waits and final counters equal exactly the signals sent. Several calls in a row
+// carry the counters' totals over, as the host's push_steps does.
+class PushSim {
+ public:
+  PushSim(int W, int blocks, long long slot_bytes, std::mt19937& rng) : W_(W), blocks_(blocks), slot_(slot_bytes), rng_(rng) {
+    ctr_.assign(W, std::vector<unsigned long long>(2 * blocks * W, 0));
+    const long long slots = push_scratch_bytes(W, blocks, slot_bytes) / slot_bytes;
+    scratch_.assign(W, std::vector<int32_t>(slots * slot_bytes / 4, 0));
+    tag_.assign(W, std::vector<long long>(slots, -1));
+    reading_.assign(W, std::vector<int>(slots, 0));
+  }
+
+  void call(long long bytes, long long granule, bool in_place) {
+    p_ = plan_push_all_reduce(bytes, W_, blocks_, slot_, granule);
+    ASSERT_GE(p_.steps, 1);
+    ASSERT_EQ(p_.chunk % 16, 0);
+    ASSERT_LE(p_.chunk, slot_);
+    const long long words = bytes / 4;
+    in_.assign(W_, std::vector<int32_t>(words));
+    out_.assign(W_, std::vector<int32_t>(in_place ? 0 : words, -1));
+    writes_.assign(W_, std::vector<int>(words, 0));
+    std::vector<int64_t> want(words, 0);
+    for (int r = 0; r < W_; ++r)
+      for (long long i = 0; i < words; ++i) {
+        in_[r][i] = static_cast<int32_t>(rng_() % 1000);
+        want[i] += in_[r][i];
+      }
+    in_place_ = in_place;
+    struct State {
+      int i = 0, phase = 0;
+    };
+    std::vector<State> st(W_ * blocks_);
+    int left = W_ * blocks_;
+    while (left > 0) {
+      std::vector<int> ready;
+      for (int u = 0; u < W_ * blocks_; ++u)
+        if (st[u].phase != 4 && can_run(u / blocks_, u % blocks_, st[u].i, st[u].phase)) ready.push_back(u);
+      ASSERT_FALSE(ready.empty()) << "deadlock: no block can move";
+      const int u = ready[rng_() % ready.size()];
+      State& s = st[u];
+      run(u / blocks_, u % blocks_, s.i, s.phase);
+      if (::testing::Test::HasFatalFailure()) return;
+      if (s.phase == 3) s.phase = 4, --left;
+      else if (s.phase == 2) s.phase = ++s.i < p_.steps + kPushLag ? 0 : 3;
+      else ++s.phase;
+    }
+    base_ += p_.steps;
+    for (int r = 0; r < W_; ++r)
+      for (int c = 0; c < 2 * blocks_ * W_; ++c) {
+        const bool own = c % W_ == r;  // nobody signals itself
+        ASSERT_EQ(ctr_[r][c], own ? 0 : base_) << "counter " << c << " on rank " << r;
+      }
+    for (int r = 0; r < W_; ++r)
+      for (long long i = 0; i < words; ++i) {
+        ASSERT_EQ(writes_[r][i], 1) << "rank " << r << " output word " << i;
+        ASSERT_EQ(result(r)[i], want[i]) << "rank " << r << " output word " << i;
+      }
+  }
+
+ private:
+  std::vector<int32_t>& result(int r) { return in_place_ ? in_[r] : out_[r]; }
+  int peer(int r, int k) const { return staggered(r, k, W_); }
+  bool can_run(int r, int b, int i, int phase) const {
+    for (int k = 0; k + 1 < W_; ++k) {
+      const int q = peer(r, k);
+      if (phase == 0 && i < p_.steps && ctr_[r][push_free_counter(b, q, W_, blocks_)] < push_free_expect(base_, i))
+        return false;
+      if (phase == 1 && i >= kPushLag &&
+          ctr_[r][push_data_counter(b, q, W_)] < push_data_expect(base_, i - kPushLag))
+        return false;
+      if (phase == 3 && ctr_[r][push_free_counter(b, q, W_, blocks_)] < base_ + p_.steps) return false;
+    }
+    return true;
+  }
+  void run(int r, int b, int i, int phase) {
+    const int j = i - kPushLag;
+    if (phase == 0 && i < p_.steps)
+      for (int k = 0; k + 1 < W_; ++k) {  // push step i of peer q's slab into q's scratch
+        const int q = peer(r, k);
+        const Range pc = push_piece(p_, q, b, i);
+        const long long off = push_slot(p_, W_, r, q, b, base_ + i), s = off / slot_;
+        ASSERT_EQ(off % slot_, 0);
+        ASSERT_LE(pc.size, slot_);
+        ASSERT_LE(pc.begin + pc.size, p_.slab[q + 1]) << "piece past its slab";
+        ASSERT_EQ(reading_[q][s], 0) << "slot rewritten while its reader still uses it";
+        for (long long x = 0; x < pc.size; x += 4) scratch_[q][(off + x) / 4] = in_[r][(pc.begin + x) / 4];
+        tag_[q][s] = static_cast<long long>(base_ + i);
+      }
+    if (phase == 1 && j >= 0) {  // reduce step j of the own slab into every output
+      const Range pc = push_piece(p_, r, b, j);
+      for (int k = 0; k + 1 < W_; ++k) {
+        const long long s = push_slot(p_, W_, peer(r, k), r, b, base_ + j) / slot_;
+        ASSERT_EQ(tag_[r][s], static_cast<long long>(base_ + j)) << "slot holds another step than the one reduced";
+        reading_[r][s] = 1;
+      }
+      for (long long x = 0; x < pc.size; x += 4) {
+        int64_t v = 0;
+        for (int q = 0; q < W_; ++q)
+          v += q == r ? in_[r][(pc.begin + x) / 4]
+                      : scratch_[r][(push_slot(p_, W_, q, r, b, base_ + j) + x) / 4];
+        for (int q = 0; q < W_; ++q) {
+          result(q)[(pc.begin + x) / 4] = static_cast<int32_t>(v);
+          writes_[q][(pc.begin + x) / 4]++;
+        }
+      }
+    }
+    if (phase == 2)
+      for (int k = 0; k + 1 < W_; ++k) {
+        const int q = peer(r, k);
+        if (i < p_.steps) ctr_[q][push_data_counter(b, r, W_)]++;
+        if (j >= 0) {
+          ctr_[q][push_free_counter(b, r, W_, blocks_)]++;
+          reading_[r][push_slot(p_, W_, q, r, b, base_ + j) / slot_] = 0;
+        }
+      }
+  }
+
+  int W_, blocks_;
+  long long slot_;
+  std::mt19937& rng_;
+  PushPlan p_;
+  unsigned long long base_ = 0;
+  bool in_place_ = false;
+  std::vector<std::vector<unsigned long long>> ctr_;
+  std::vector<std::vector<int32_t>> scratch_, in_, out_;
+  std::vector<std::vector<long long>> tag_;
+  std::vector<std::vector<int>> reading_, writes_;
+};
+
+TEST(Schedule, PushAllReducePipeline) {
+  std::mt19937 rng(9);
+  for (int W = 2; W <= 8; ++W)
+    for (int blocks : {1, 2, 3, 5})
+      for (long long slot : {16ll, 48ll, 64ll}) {
+        SCOPED_TRACE("W=" + std::to_string(W) + " blocks=" + std::to_string(blocks) + " slot=" + std::to_string(slot));
+        PushSim sim(W, blocks, slot, rng);
+        // Ragged sizes (not multiples of 16, of W, or of the chunk), some slabs empty, several
+        // calls on the same counters and scratch, in place and not.
+        for (long long bytes : {4ll, 12ll, 16ll * W - 4, 16ll * W + 4, 1004ll, 4ll * static_cast<long long>(1 + rng() % 3000), 64ll * W * 7 + 12})
+          for (bool in_place : {false, true}) {
+            sim.call(bytes, 16, in_place);
+            if (::testing::Test::HasFatalFailure()) return;
+          }
+      }
+}
+
+// The plan on the real grid: chunks are whole granules within the slot, every slab byte in
+// exactly one (block, step) piece, and at least kPushMinSteps steps where the chunk could shrink.
+TEST(Schedule, PushPlanCoversEverySlab) {
+  for (int W = 2; W <= 8; ++W)
+    for (long long bytes : {16ll, 1000002ll, (8ll << 20) + 6, (64ll << 20) + 2, (1ll << 30) + 14}) {
+      const long long slot = W <= 2 ? 32 << 10 : 16 << 10, granule = W <= 2 ? 8192 : 4096;
+      const PushPlan p = plan_push_all_reduce(bytes, W, 132, slot, granule);
+      EXPECT_EQ(p.chunk % granule, 0);
+      EXPECT_LE(p.chunk, slot);
+      EXPECT_EQ(p.slab[0], 0);
+      EXPECT_EQ(p.slab[W], bytes);
+      for (int q = 0; q < W; ++q) {
+        EXPECT_EQ(p.slab[q] % 16, 0);
+        long long covered = 0;
+        for (int k = 0; k < p.steps; ++k)
+          for (int b = 0; b < 132; ++b) {
+            const Range pc = push_piece(p, q, b, k);
+            if (pc.size) EXPECT_EQ(pc.begin, p.slab[q] + covered) << "pieces out of order";
+            covered += pc.size;
+          }
+        EXPECT_EQ(covered, p.slab[q + 1] - p.slab[q]);
+        if (p.chunk > granule) EXPECT_GE(p.steps, kPushMinSteps);
+      }
+    }
+}

@@ -9,7 +9,7 @@
 //
 //   weave-run -n 2 -- weave-bench collectives [--sizes 1M,8M,64M,256M,1G] [--dtypes bf16]
 //       [--kernels all_reduce,all_gather,reduce_scatter,all_to_all] [--ops sum] [--cols 4096]
-//       [--ulysses B,H,D] [--ar-algo auto|one_shot|two_shot|ll] [--ag-algo auto|direct|ll]
+//       [--ulysses B,H,D] [--ar-algo auto|one_shot|two_shot|ll|push] [--ag-algo auto|direct|ll]
 //       [--rs-algo auto|direct|ll] [--target-ms 25] [--repeats 5] [--host-us] [--json FILE]
 //
 // --sizes is bytes per rank of each collective's input (K, M, G suffixes: powers of 1024). Without
@@ -210,7 +210,7 @@ void call(const Case& c, coll::Collectives* w, ref::NcclCollectives* nccl, const
 // The path weave takes for this case (JSON `algo`; empty for all_to_all, which has one).
 std::string algo_name(const Case& c, const coll::Collectives& w) {
   if (c.kernel == "all_reduce") {
-    static const char* names[] = {"auto", "one_shot", "two_shot", "ll"};
+    static const char* names[] = {"auto", "one_shot", "two_shot", "ll", "push"};
     return names[static_cast<int>(w.all_reduce_algo(c.out_elems * dtype_size(c.t), false))];
   }
   if (c.kernel != "all_gather" && c.kernel != "reduce_scatter") return "";
@@ -248,7 +248,8 @@ int run(const bench::Args& a) {
   const double target_ms = std::stod(a.get("target-ms", "25"));
   const int repeats = static_cast<int>(a.get_int("repeats", 5));
   const std::string ar_algo = a.get("ar-algo", "auto");
-  WEAVE_CHECK(ar_algo == "auto" || ar_algo == "one_shot" || ar_algo == "two_shot" || ar_algo == "ll",
+  WEAVE_CHECK(ar_algo == "auto" || ar_algo == "one_shot" || ar_algo == "two_shot" || ar_algo == "ll" ||
+                  ar_algo == "push",
               "bad --ar-algo '", ar_algo, "'");
   auto shard_algo = [&](const char* opt) {
     const std::string v = a.get(opt, "auto");
@@ -298,6 +299,7 @@ int run(const bench::Args& a) {
   if (ar_algo != "auto")
     weave_coll.set_all_reduce_algo(ar_algo == "one_shot" ? coll::AllReduceAlgo::one_shot
                                    : ar_algo == "ll"     ? coll::AllReduceAlgo::ll
+                                   : ar_algo == "push"   ? coll::AllReduceAlgo::push
                                                          : coll::AllReduceAlgo::two_shot);
   weave_coll.set_all_gather_algo(ag_algo);
   weave_coll.set_reduce_scatter_algo(rs_algo);
@@ -447,7 +449,7 @@ int run(const bench::Args& a) {
 
 WEAVE_BENCH(collectives,
             "all_reduce / all_gather / reduce_scatter / Ulysses all_to_all: weave vs NCCL (--sizes 1M,1G --dtypes "
-            "bf16,fp16,fp32 --kernels ... --ops sum,max,min --cols N --ulysses B,H,D --ar-algo auto|one_shot|two_shot|ll "
+            "bf16,fp16,fp32 --kernels ... --ops sum,max,min --cols N --ulysses B,H,D --ar-algo auto|one_shot|two_shot|ll|push "
             "--ag-algo auto|direct|ll --rs-algo auto|direct|ll --host-us "
             "--target-ms T --repeats R)",
             run);
