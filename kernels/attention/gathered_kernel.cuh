@@ -92,9 +92,8 @@ struct GatheredKernel {
   static __device__ __forceinline__ int kv_head(const GatheredGlobals& g, int h) {
     return (g.head_base + h) / g.group - g.kv_base;
   }
-  // Blocks until slice s of (b, kv head group) is in the gathered buffers. Out of line: it
-  // runs once per slice and (b, group) per CTA, and its 64-bit chunk arithmetic inlined into the
-  // 24-register producer spilled the per-key-block loop's state to local memory.
+  // Blocks until slice s of (b, kv head group) is in the gathered buffers (a CTA's first tile of
+  // each (b, group) only: see produce_tile).
   static __device__ __forceinline__ void wait_slice(const GatheredGlobals& g, int ctr0, int s) {
     const int own = g.skip_self ? gathered::own_chunks_in_slice(g.S, g.n_chunks, s, g.mine, g.n_mine) : 0;
     wait(g.ready, ctr0 + s, g.ready_round * (gathered::chunks_in_slice(g.S, g.n_chunks, s) - own));
@@ -123,8 +122,7 @@ struct GatheredKernel {
 
   // One tile's loads: the first key block, Q, then the rest in rotated order. Slices are waited
   // for at their first visited block only while some slice of the tile is not yet known ready
-  // (a CTA's first tile of a (batch, group)); the other tiles run a loop with no readiness code,
-  // which keeps the 24-register producer's per-block path free of local-memory spills.
+  // (a CTA's first tile of a (batch, group)); the other tiles run a loop with no readiness code.
   static __device__ __forceinline__ void produce_tile(const GatheredGlobals& g, Smem& sm, const Tile& t,
                                                       tile::PipeState<kStages>& st, uint32_t& q_phase) {
     const int hk = kv_head(g, t.h);
