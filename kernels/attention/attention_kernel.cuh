@@ -368,7 +368,10 @@ struct AttnKernel {
       tile::PipeState<2> sched;
       while (true) {
         sm.sched_full[sched.index].wait(sched.phase);
-        const int t = *static_cast<volatile int*>(&sm.tile_id[sched.index]);
+        // Broadcast from lane 0: a value the compiler knows is warp-uniform keeps the tile's
+        // coordinates, stage indices and wgmma descriptors in uniform registers (no R2UR before
+        // every HGMMA; the gathered kernel measured +3 % from the same change).
+        const int t = __shfl_sync(0xffffffff, *static_cast<volatile int*>(&sm.tile_id[sched.index]), 0);
         release(sm.sched_empty[sched.index]);
         sched.advance();
         if (t >= g.total_tiles) break;
