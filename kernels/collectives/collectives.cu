@@ -1,5 +1,6 @@
 // Host entry of the collectives: validate, plan, launch one kernel per call.
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -68,10 +69,18 @@ std::vector<long long> shape_args(int kind, DType t, ReduceOp op, const Shape& s
   return {kind, static_cast<long long>(t), static_cast<long long>(op), s.ndim, s.d[0], s.d[1], s.d[2], s.d[3], dim,
           static_cast<long long>(algo)};
 }
-// Scratch bytes per (block, source) and step of the push all_reduce: on 2 ranks 32 KiB (4 units
-// per thread of PairShape), at more ranks 16 KiB (each link carries 1/W, and the scratch grows
-// with W - 1): 12.4 MiB at W = 2, 43 MiB at W = 8 with 132 blocks.
-long long push_slot_bytes(int world) { return world <= 2 ? 32 << 10 : 16 << 10; }
+// Scratch bytes per (pipe, source) and step of the push all_reduce: on 2 ranks 2 KiB (4 units
+// per lane of PairShape), at more ranks 1 KiB (each link carries 1/W, and the scratch grows with
+// W - 1): 12.4 MiB at W = 2, 21.7 MiB at W = 8 with 132 SMs. $WEAVE_COLL_PUSH_SLOT_BYTES
+// overrides it (experiments; compared across ranks).
+long long push_slot_bytes(int world) {
+  if (const char* e = std::getenv("WEAVE_COLL_PUSH_SLOT_BYTES"); e && *e) {
+    const long long v = std::atoll(e);
+    WEAVE_CHECK(v >= 512 && v % 512 == 0, "WEAVE_COLL_PUSH_SLOT_BYTES must be a multiple of 512, got '", e, "'");
+    return v;
+  }
+  return world <= 2 ? 2048 : 1024;
+}
 bool aligned4(const void* a, const void* b) {
   return reinterpret_cast<uintptr_t>(a) % 4 == 0 && reinterpret_cast<uintptr_t>(b) % 4 == 0;
 }
@@ -98,16 +107,18 @@ struct Collectives::Impl {
   static constexpr size_t kLLLines = Collectives::kLLMaxBytes / 4;
 
   // Push all_reduce: scratch and counters made by the first push call (every rank takes the
-  // same path, checked), so that objects which never push do not hold 12-43 MiB of heap.
+  // same path, checked), so that objects which never push do not hold 12-22 MiB of heap.
   std::optional<runtime::SymmetricTensor<char>> push_scratch;
   std::optional<runtime::SignalSet> push_sig;
   unsigned long long push_steps = 0;  // every push counter's total so far
+  long long push_slot;                 // scratch bytes per (pipe, source, slot)
 
   explicit Impl(runtime::Communicator& c)
       : comm(c),
         sig(c.signals("collectives", 2)),
         ll_scratch(c, 2 * c.world() * kLLLines),
-        ll_sig(c.signals("LL collective flag from rank", 1)) {
+        ll_sig(c.signals("LL collective flag from rank", 1)),
+        push_slot(push_slot_bytes(c.world())) {
     WEAVE_CUDA_CHECK(cudaMemset(ll_scratch.data(), 0, ll_scratch.bytes()));
     WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
     c.barrier();  // no peer writes a line before every rank zeroed its scratch
@@ -288,18 +299,16 @@ struct Collectives::Impl {
     }
   }
 
-  // Push all_reduce on blocks_max blocks (every call runs every block: the counters' totals stay
-  // one number, push_steps).
+  // Push all_reduce on blocks_max blocks, one pipe per warp (every call runs every pipe: the
+  // counters' totals stay one number, push_steps).
   void push_all_reduce(const void* in, void* out, long long bytes, DType t, ReduceOp op, cudaStream_t s) {
     const int W = comm.world(), elt = static_cast<int>(dtype_size(t));
-    const long long slot = push_slot_bytes(W);
-    if (!push_scratch) {
-      push_scratch.emplace(comm, std::max<long long>(push_scratch_bytes(W, blocks_max, slot), 256));
-      push_sig.emplace(comm.signals("push all_reduce (data: block*W+src, free: (blocks+block)*W+dst)",
-                                    2 * blocks_max * W));
-    }
     const bool pair = W <= PairShape::MaxSrc;
-    const long long granule = 16LL * (pair ? PairShape::Threads : ReduceShape::Threads);
+    const int pipes = blocks_max * (pair ? PairShape::Threads : ReduceShape::Threads) / 32;
+    if (!push_scratch) {
+      push_scratch.emplace(comm, std::max<long long>(push_scratch_bytes(W, pipes, push_slot), 256));
+      push_sig.emplace(comm.signals("push all_reduce (data: pipe*W+src, free: (pipes+pipe)*W+dst)", 2 * pipes * W));
+    }
     PushArgs a{};
     a.in = static_cast<const char*>(in);
     const runtime::PeerPtrs pout = comm.peers(out, bytes);
@@ -310,7 +319,7 @@ struct Collectives::Impl {
       a.scratch[q] = static_cast<char*>(ps[q]);
       a.vec = std::min(a.vec, largest_vec({reinterpret_cast<long long>(pout[q])}, elt));
     }
-    a.plan = plan_push_all_reduce(bytes, W, blocks_max, slot, granule);
+    a.plan = plan_push_all_reduce(bytes, W, pipes, push_slot, 16 * 32);
     a.sig = push_sig->view();
     a.base = push_steps;
     push_steps += a.plan.steps;
@@ -364,7 +373,7 @@ void Collectives::all_reduce(const void* in, void* out, size_t count, DType t, R
   const AllReduceAlgo algo = all_reduce_algo(bytes, in == out, aligned4(in, out));
   // The algorithm is compared too: it depends on local pointers, and ranks must agree on it.
   m.check_args({100, static_cast<long long>(t), static_cast<long long>(op), static_cast<long long>(count),
-                static_cast<long long>(algo)},
+                static_cast<long long>(algo), m.push_slot},
                attention::local_problem([&] {
                  attention::check_not_capturing("all_reduce", s);
                  check_aligned("all_reduce", in, out, t);

@@ -83,16 +83,18 @@ __host__ __device__ inline Plan plan_all_reduce(bool two_shot, long long bytes, 
 // half pushes instead of pulling: rank r stores slab q of its input into rank q's scratch, q
 // reduces its own slab with what arrived (local memory) and pushes the result into every
 // output, as two-shot's second half. Stores reach the link's ceiling, peer loads do not
-// (perf-notes). Every rank runs the same grid of `blocks` blocks; block b of every rank handles
-// the same piece of every slab at step k, so block b pairs with block b of every peer: its own
-// counters, its own scratch slots, no grid-wide synchronization. Steps are pipelined: iteration
-// i pushes step i and reduces step i - kPushLag. Scratch is a ring of kPushSlots slots per
-// (block, source); a slot is rewritten only after its reader signalled it free.
+// (perf-notes). The work is split over `pipes` independent pipelines (one per warp of the grid;
+// every rank runs the same grid): pipe p of every rank handles the same piece of every slab at
+// step k, so pipe p pairs with pipe p of every peer through its own counters and scratch slots.
+// No pipe waits for another (a block-wide barrier before each signal would make every SM stall
+// for its stores' acknowledgements at about the same moment). Steps are pipelined: iteration i
+// pushes step i and reduces step i - kPushLag. Scratch is a ring of kPushSlots slots per (pipe,
+// source); a slot is rewritten only after its reader signalled it free.
 struct PushPlan {
   long long slab[kMaxWorld + 1] = {};  // rank q owns bytes [slab[q], slab[q + 1]); the last ends at `bytes`
-  long long chunk = 0;                 // bytes per block and step: a multiple of 16, <= slot_bytes
+  long long chunk = 0;                 // bytes per pipe and step: a multiple of 16, <= slot_bytes
   long long slot_bytes = 0;            // scratch bytes per slot
-  int blocks = 0, steps = 0;
+  int pipes = 0, steps = 0;
 };
 
 inline constexpr int kPushSlots = 3;
@@ -101,52 +103,52 @@ inline constexpr int kPushLag = 1;
 // leave the pipeline's first push and last reduction unhidden for most of the call.
 inline constexpr int kPushMinSteps = 4;
 
-// slot_bytes: the most a step moves per block (the scratch layout); granule: the chunk's
-// multiple (one 16-byte unit per thread of the kernel).
-__host__ __device__ inline PushPlan plan_push_all_reduce(long long bytes, int world, int blocks, long long slot_bytes,
+// slot_bytes: the most a step moves per pipe (the scratch layout); granule: the chunk's
+// multiple (one 16-byte unit per lane).
+__host__ __device__ inline PushPlan plan_push_all_reduce(long long bytes, int world, int pipes, long long slot_bytes,
                                                          long long granule) {
   PushPlan p;
-  p.blocks = blocks;
+  p.pipes = pipes;
   p.slot_bytes = slot_bytes;
   const long long n16 = bytes / 16;
   long long largest = 0;
   for (int q = 0; q < world; ++q) p.slab[q] = shard(n16, world, q).begin * 16;
   p.slab[world] = bytes;
   for (int q = 0; q < world; ++q) largest = largest > p.slab[q + 1] - p.slab[q] ? largest : p.slab[q + 1] - p.slab[q];
-  p.chunk = largest / (blocks * kPushMinSteps) / granule * granule;  // rounded down: >= kPushMinSteps steps
+  p.chunk = largest / (pipes * kPushMinSteps) / granule * granule;  // rounded down: >= kPushMinSteps steps
   p.chunk = p.chunk < granule ? granule : p.chunk > slot_bytes ? slot_bytes : p.chunk;
-  const long long per_step = p.chunk * blocks;
+  const long long per_step = p.chunk * pipes;
   p.steps = static_cast<int>(largest > 0 ? (largest + per_step - 1) / per_step : 1);
   return p;
 }
 
-// The bytes of slab q that block b handles at step k (may be empty): steps sweep the slab in
-// order, the blocks side by side within a step.
-__host__ __device__ inline Range push_piece(const PushPlan& p, int q, int b, int k) {
-  const long long begin = (static_cast<long long>(k) * p.blocks + b) * p.chunk, size = p.slab[q + 1] - p.slab[q];
+// The bytes of slab q that pipe e handles at step k (may be empty): steps sweep the slab in
+// order, the pipes side by side within a step.
+__host__ __device__ inline Range push_piece(const PushPlan& p, int q, int e, int k) {
+  const long long begin = (static_cast<long long>(k) * p.pipes + e) * p.chunk, size = p.slab[q + 1] - p.slab[q];
   const long long n = size - begin;
   if (n <= 0) return {p.slab[q + 1], 0};
   return {p.slab[q] + begin, n < p.chunk ? n : p.chunk};
 }
 
-// Scratch on every rank: [slot][source][block] of slot_bytes; the source index skips the owner.
-__host__ __device__ inline long long push_scratch_bytes(int world, int blocks, long long slot_bytes) {
-  return static_cast<long long>(kPushSlots) * (world - 1) * blocks * slot_bytes;
+// Scratch on every rank: [slot][source][pipe] of slot_bytes; the source index skips the owner.
+__host__ __device__ inline long long push_scratch_bytes(int world, int pipes, long long slot_bytes) {
+  return static_cast<long long>(kPushSlots) * (world - 1) * pipes * slot_bytes;
 }
-// Where source rank `src` writes global step `step` of block b in rank dst's scratch.
-__host__ __device__ inline long long push_slot(const PushPlan& p, int world, int src, int dst, int b,
+// Where source rank `src` writes global step `step` of pipe e in rank dst's scratch.
+__host__ __device__ inline long long push_slot(const PushPlan& p, int world, int src, int dst, int e,
                                                unsigned long long step) {
   const long long slot = static_cast<long long>(step % kPushSlots), from = (src - dst - 1 + world) % world;
-  return ((slot * (world - 1) + from) * p.blocks + b) * p.slot_bytes;
+  return ((slot * (world - 1) + from) * p.pipes + e) * p.slot_bytes;
 }
 
-// Counters on every rank (2 * blocks * world): data[b][src] counts the steps src's block b pushed
-// here; free[b][dst] the steps dst's block b reduced from this rank's pushes (and, the signal
+// Counters on every rank (2 * pipes * world): data[e][src] counts the steps src's pipe e pushed
+// here; free[e][dst] the steps dst's pipe e reduced from this rank's pushes (and, the signal
 // coming after its output stores, wrote into this rank's output). Both advance by `steps` per
-// call; `base` is the total before the call (every call runs every block).
-__host__ __device__ inline int push_data_counter(int b, int src, int world) { return b * world + src; }
-__host__ __device__ inline int push_free_counter(int b, int dst, int world, int blocks) {
-  return (blocks + b) * world + dst;
+// call; `base` is the total before the call (every call runs every pipe).
+__host__ __device__ inline int push_data_counter(int e, int src, int world) { return e * world + src; }
+__host__ __device__ inline int push_free_counter(int e, int dst, int world, int pipes) {
+  return (pipes + e) * world + dst;
 }
 // Iteration i pushes step i (i < steps) once slot (base + i) % kPushSlots is free: its reader
 // reduced step i - kPushSlots (nothing to wait for while this is <= base).

@@ -1,11 +1,13 @@
 // Push all_reduce for large inputs: two-shot with both halves made of stores (plan.hpp,
-// PushPlan). Block b of every rank runs the same pipeline over its pieces of the slabs:
+// PushPlan). Every warp of the grid is one pipe and runs the same pipeline over its pieces of
+// the slabs:
 //   iteration i: push step i of every peer's slab into that peer's scratch slot (once the slot is
 //   free), then reduce step i - kPushLag of the own slab (own input + what the peers pushed, all
 //   local) into every rank's output, then one system-scope fence and the two signals.
-// The pairs (block b of rank r, block b of rank q) synchronize through their own counters, so no
-// block ever waits for the whole grid. Only the owner reads its input: in place is safe because
-// rank q writes slab q of rank r's buffer only after r pushed (read) that piece.
+// Pipe e of rank r synchronizes only with pipe e of its peers, through its own counters: warps
+// never wait for their block, so while one warp waits for its stores' acknowledgements (the
+// fence) the others of its SM keep the link busy. Only the owner reads its input: in place is
+// safe because rank q writes slab q of rank r's buffer only after r pushed (read) that piece.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -24,7 +26,7 @@ struct PushArgs {
   PushPlan plan;
   signals sig;                  // push_data_counter / push_free_counter
   unsigned long long base;      // steps run by earlier calls (every counter's total before this call)
-  int vec;                      // 16, or less where a rank's buffers are not 16-byte aligned
+  int vec;                      // 16, or less where this rank's input or an output is not 16-byte aligned
 };
 
 namespace detail {
@@ -42,20 +44,21 @@ __device__ __forceinline__ V load_cg(const char* p) {
   }
 }
 
-// dst[d][x] = op over s of src[s][x] for the `bytes` bytes of one piece, on the whole block, in
-// V-sized units (every pointer V-aligned), the last bytes % sizeof(V) element by element. Loads
+// dst[d][x] = op over s of src[s][x] for the `bytes` bytes of one piece, on one warp, in V-sized
+// units (every pointer V-aligned), the last bytes % sizeof(V) element by element. Loads
 // bypass L1: the scratch is rewritten by peers between steps. Sources in rank order, so the
 // result is the same bits whichever rank computes it.
 template <class T, ReduceOp Op, class S, class V>
 __device__ __forceinline__ void move_piece(const char* const* src, int nsrc, char* const* dst, int ndst,
                                            long long bytes) {
-  constexpr int E = sizeof(V) / sizeof(T), kUnroll = S::Unroll, kSrc = S::MaxSrc;
+  constexpr int E = sizeof(V) / sizeof(T), kUnroll = S::Unroll, kSrc = S::MaxSrc, kLanes = 32;
+  const int lane = threadIdx.x % kLanes;
   const long long units = bytes / static_cast<long long>(sizeof(V));
-  for (long long u0 = threadIdx.x; u0 < units; u0 += static_cast<long long>(S::Threads) * kUnroll) {
+  for (long long u0 = lane; u0 < units; u0 += kLanes * kUnroll) {
     V v[kUnroll][kSrc];
 #pragma unroll
     for (int k = 0; k < kUnroll; ++k) {
-      const long long u = u0 + k * S::Threads;
+      const long long u = u0 + k * kLanes;
       if (u < units) {
 #pragma unroll
         for (int r = 0; r < kSrc; ++r)
@@ -64,7 +67,7 @@ __device__ __forceinline__ void move_piece(const char* const* src, int nsrc, cha
     }
 #pragma unroll
     for (int k = 0; k < kUnroll; ++k) {
-      const long long u = u0 + k * S::Threads;
+      const long long u = u0 + k * kLanes;
       if (u >= units) break;
       V out = v[k][0];
       if (kSrc > 1 && nsrc > 1) {
@@ -91,7 +94,7 @@ __device__ __forceinline__ void move_piece(const char* const* src, int nsrc, cha
     }
   }
   if constexpr (sizeof(V) > sizeof(T)) {
-    for (long long x = units * sizeof(V) + threadIdx.x * sizeof(T); x < bytes; x += S::Threads * sizeof(T)) {
+    for (long long x = units * sizeof(V) + lane * sizeof(T); x < bytes; x += kLanes * sizeof(T)) {
       float acc = weave::detail::to_f32(load_cg<T>(src[0] + x));
       for (int r = 1; r < nsrc; ++r) acc = weave::detail::combine<Op>(acc, weave::detail::to_f32(load_cg<T>(src[r] + x)));
       for (int d = 0; d < ndst; ++d) *reinterpret_cast<T*>(dst[d] + x) = weave::detail::from_f32<T>(acc);
@@ -110,60 +113,62 @@ __device__ __forceinline__ void move_piece_vec(int vec, const char* const* src, 
 
 }  // namespace detail
 
-// Grid: plan.blocks blocks of S::Threads (S::MaxSrc >= world: the reduction's sources are every rank).
+// Grid: plan.pipes / (S::Threads / 32) blocks of S::Threads (S::MaxSrc >= world: the
+// reduction's sources are every rank).
 template <class T, ReduceOp Op, class S>
 __global__ void __launch_bounds__(S::Threads) push_all_reduce_kernel(const __grid_constant__ PushArgs a) {
   const PushPlan& p = a.plan;
-  const int W = a.sig.world, me = a.sig.rank, b = blockIdx.x;
+  const int W = a.sig.world, me = a.sig.rank, e = blockIdx.x * (S::Threads / 32) + threadIdx.x / 32;
+  const bool lead = threadIdx.x % 32 == 0;
   for (int i = 0; i < p.steps + kPushLag; ++i) {
     const bool push = i < p.steps;
     const int j = i - kPushLag;
     if (push) {
-      if (threadIdx.x == 0)
+      if (lead)
         for (int k = 0; k + 1 < W; ++k)
-          wait(a.sig, push_free_counter(b, staggered(me, k, W), W, p.blocks), push_free_expect(a.base, i));
-      __syncthreads();
+          wait(a.sig, push_free_counter(e, staggered(me, k, W), W, p.pipes), push_free_expect(a.base, i));
+      __syncwarp();
       for (int k = 0; k + 1 < W; ++k) {  // peers in staggered order: at any moment ranks push to different peers
         const int q = staggered(me, k, W);
-        const Range pc = push_piece(p, q, b, i);
+        const Range pc = push_piece(p, q, e, i);
         const char* src = a.in + pc.begin;
-        char* dst = a.scratch[q] + push_slot(p, W, me, q, b, a.base + i);
+        char* dst = a.scratch[q] + push_slot(p, W, me, q, e, a.base + i);
         detail::move_piece_vec<T, Op, S>(a.vec, &src, 1, &dst, 1, pc.size);
       }
     }
     if (j >= 0) {
-      if (threadIdx.x == 0)
+      if (lead)
         for (int k = 0; k + 1 < W; ++k)
-          wait(a.sig, push_data_counter(b, staggered(me, k, W), W), push_data_expect(a.base, j));
-      __syncthreads();
-      const Range pc = push_piece(p, me, b, j);
+          wait(a.sig, push_data_counter(e, staggered(me, k, W), W), push_data_expect(a.base, j));
+      __syncwarp();
+      const Range pc = push_piece(p, me, e, j);
       const char* src[kMaxWorld];
       char* dst[kMaxWorld];
 #pragma unroll
       for (int r = 0; r < kMaxWorld; ++r)
         if (r < W) {
-          src[r] = r == me ? a.in + pc.begin : a.scratch[me] + push_slot(p, W, r, me, b, a.base + j);
+          src[r] = r == me ? a.in + pc.begin : a.scratch[me] + push_slot(p, W, r, me, e, a.base + j);
           dst[r] = a.out[staggered(me, r, W)] + pc.begin;  // itself last
         }
       detail::move_piece_vec<T, Op, S>(a.vec, src, W, dst, W, pc.size);
     }
-    __syncthreads();
+    __syncwarp();
     // One fence covers this iteration's pushes (data), its reads of the scratch and its output
-    // stores (free): a MEMBAR.SYS per iteration and block, not per signal.
-    if (threadIdx.x == 0) {
+    // stores (free): one MEMBAR.SYS per warp and iteration, not per signal.
+    if (lead) {
       weave::detail::fence_release_sys();
       for (int k = 0; k + 1 < W; ++k) {
         const int q = staggered(me, k, W);
-        if (push) weave::detail::red_relaxed_sys_add(a.sig.ptr[q] + push_data_counter(b, me, W), 1);
-        if (j >= 0) weave::detail::red_relaxed_sys_add(a.sig.ptr[q] + push_free_counter(b, me, W, p.blocks), 1);
+        if (push) weave::detail::red_relaxed_sys_add(a.sig.ptr[q] + push_data_counter(e, me, W), 1);
+        if (j >= 0) weave::detail::red_relaxed_sys_add(a.sig.ptr[q] + push_free_counter(e, me, W, p.pipes), 1);
       }
     }
   }
-  // Every peer's block b has reduced all it got from here and finished writing into this rank's
-  // output: the call is complete on this rank when every block passed this wait.
-  if (threadIdx.x == 0)
+  // Every peer's pipe e has reduced all it got from here and finished writing into this rank's
+  // output: the call is complete on this rank when every pipe passed this wait.
+  if (lead)
     for (int k = 0; k + 1 < W; ++k)
-      wait(a.sig, push_free_counter(b, staggered(me, k, W), W, p.blocks), a.base + p.steps);
+      wait(a.sig, push_free_counter(e, staggered(me, k, W), W, p.pipes), a.base + p.steps);
 }
 
 }  // namespace weave::coll

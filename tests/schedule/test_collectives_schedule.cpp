@@ -463,7 +463,7 @@ TEST(Schedule, LLFlagsAlternateParityAndRestartBeforeRepeating) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The push all_reduce's pipeline (push.cuh) as a state machine per (rank, block), advanced one
+// The push all_reduce's pipeline (push.cuh) as a state machine per (rank, pipe), advanced one
 // phase at a time in random order, the waits and signals of the kernel standing for themselves:
 // a phase runs only once its waits pass on the counters the signals built. Checked: no deadlock,
 // no slot rewritten before its reader signalled it free (nor read before its data arrived), every
@@ -472,16 +472,16 @@ TEST(Schedule, LLFlagsAlternateParityAndRestartBeforeRepeating) {
 // carry the counters' totals over, as the host's push_steps does.
 class PushSim {
  public:
-  PushSim(int W, int blocks, long long slot_bytes, std::mt19937& rng) : W_(W), blocks_(blocks), slot_(slot_bytes), rng_(rng) {
-    ctr_.assign(W, std::vector<unsigned long long>(2 * blocks * W, 0));
-    const long long slots = push_scratch_bytes(W, blocks, slot_bytes) / slot_bytes;
+  PushSim(int W, int pipes, long long slot_bytes, std::mt19937& rng) : W_(W), pipes_(pipes), slot_(slot_bytes), rng_(rng) {
+    ctr_.assign(W, std::vector<unsigned long long>(2 * pipes * W, 0));
+    const long long slots = push_scratch_bytes(W, pipes, slot_bytes) / slot_bytes;
     scratch_.assign(W, std::vector<int32_t>(slots * slot_bytes / 4, 0));
     tag_.assign(W, std::vector<long long>(slots, -1));
     reading_.assign(W, std::vector<int>(slots, 0));
   }
 
   void call(long long bytes, long long granule, bool in_place) {
-    p_ = plan_push_all_reduce(bytes, W_, blocks_, slot_, granule);
+    p_ = plan_push_all_reduce(bytes, W_, pipes_, slot_, granule);
     ASSERT_GE(p_.steps, 1);
     ASSERT_EQ(p_.chunk % 16, 0);
     ASSERT_LE(p_.chunk, slot_);
@@ -499,16 +499,16 @@ class PushSim {
     struct State {
       int i = 0, phase = 0;
     };
-    std::vector<State> st(W_ * blocks_);
-    int left = W_ * blocks_;
+    std::vector<State> st(W_ * pipes_);
+    int left = W_ * pipes_;
     while (left > 0) {
       std::vector<int> ready;
-      for (int u = 0; u < W_ * blocks_; ++u)
-        if (st[u].phase != 4 && can_run(u / blocks_, u % blocks_, st[u].i, st[u].phase)) ready.push_back(u);
+      for (int u = 0; u < W_ * pipes_; ++u)
+        if (st[u].phase != 4 && can_run(u / pipes_, u % pipes_, st[u].i, st[u].phase)) ready.push_back(u);
       ASSERT_FALSE(ready.empty()) << "deadlock: no block can move";
       const int u = ready[rng_() % ready.size()];
       State& s = st[u];
-      run(u / blocks_, u % blocks_, s.i, s.phase);
+      run(u / pipes_, u % pipes_, s.i, s.phase);
       if (::testing::Test::HasFatalFailure()) return;
       if (s.phase == 3) s.phase = 4, --left;
       else if (s.phase == 2) s.phase = ++s.i < p_.steps + kPushLag ? 0 : 3;
@@ -516,7 +516,7 @@ class PushSim {
     }
     base_ += p_.steps;
     for (int r = 0; r < W_; ++r)
-      for (int c = 0; c < 2 * blocks_ * W_; ++c) {
+      for (int c = 0; c < 2 * pipes_ * W_; ++c) {
         const bool own = c % W_ == r;  // nobody signals itself
         ASSERT_EQ(ctr_[r][c], own ? 0 : base_) << "counter " << c << " on rank " << r;
       }
@@ -533,12 +533,12 @@ class PushSim {
   bool can_run(int r, int b, int i, int phase) const {
     for (int k = 0; k + 1 < W_; ++k) {
       const int q = peer(r, k);
-      if (phase == 0 && i < p_.steps && ctr_[r][push_free_counter(b, q, W_, blocks_)] < push_free_expect(base_, i))
+      if (phase == 0 && i < p_.steps && ctr_[r][push_free_counter(b, q, W_, pipes_)] < push_free_expect(base_, i))
         return false;
       if (phase == 1 && i >= kPushLag &&
           ctr_[r][push_data_counter(b, q, W_)] < push_data_expect(base_, i - kPushLag))
         return false;
-      if (phase == 3 && ctr_[r][push_free_counter(b, q, W_, blocks_)] < base_ + p_.steps) return false;
+      if (phase == 3 && ctr_[r][push_free_counter(b, q, W_, pipes_)] < base_ + p_.steps) return false;
     }
     return true;
   }
@@ -579,13 +579,13 @@ class PushSim {
         const int q = peer(r, k);
         if (i < p_.steps) ctr_[q][push_data_counter(b, r, W_)]++;
         if (j >= 0) {
-          ctr_[q][push_free_counter(b, r, W_, blocks_)]++;
+          ctr_[q][push_free_counter(b, r, W_, pipes_)]++;
           reading_[r][push_slot(p_, W_, q, r, b, base_ + j) / slot_] = 0;
         }
       }
   }
 
-  int W_, blocks_;
+  int W_, pipes_;
   long long slot_;
   std::mt19937& rng_;
   PushPlan p_;
@@ -600,10 +600,10 @@ class PushSim {
 TEST(Schedule, PushAllReducePipeline) {
   std::mt19937 rng(9);
   for (int W = 2; W <= 8; ++W)
-    for (int blocks : {1, 2, 3, 5})
+    for (int pipes : {1, 2, 3, 5})
       for (long long slot : {16ll, 48ll, 64ll}) {
-        SCOPED_TRACE("W=" + std::to_string(W) + " blocks=" + std::to_string(blocks) + " slot=" + std::to_string(slot));
-        PushSim sim(W, blocks, slot, rng);
+        SCOPED_TRACE("W=" + std::to_string(W) + " pipes=" + std::to_string(pipes) + " slot=" + std::to_string(slot));
+        PushSim sim(W, pipes, slot, rng);
         // Ragged sizes (not multiples of 16, of W, or of the chunk), some slabs empty, several
         // calls on the same counters and scratch, in place and not.
         for (long long bytes : {4ll, 12ll, 16ll * W - 4, 16ll * W + 4, 1004ll, 4ll * static_cast<long long>(1 + rng() % 3000), 64ll * W * 7 + 12})
@@ -614,13 +614,15 @@ TEST(Schedule, PushAllReducePipeline) {
       }
 }
 
-// The plan on the real grid: chunks are whole granules within the slot, every slab byte in
-// exactly one (block, step) piece, and at least kPushMinSteps steps where the chunk could shrink.
+// The plan on the real grid (132 SMs x 16 warps): chunks are whole granules within the slot,
+// every slab byte in exactly one (pipe, step) piece, and at least kPushMinSteps steps where the
+// chunk could shrink.
 TEST(Schedule, PushPlanCoversEverySlab) {
   for (int W = 2; W <= 8; ++W)
     for (long long bytes : {16ll, 1000002ll, (8ll << 20) + 6, (64ll << 20) + 2, (1ll << 30) + 14}) {
-      const long long slot = W <= 2 ? 32 << 10 : 16 << 10, granule = W <= 2 ? 8192 : 4096;
-      const PushPlan p = plan_push_all_reduce(bytes, W, 132, slot, granule);
+      const int pipes = W <= 2 ? 132 * 16 : 132 * 8;
+      const long long slot = W <= 2 ? 2048 : 1024, granule = 512;
+      const PushPlan p = plan_push_all_reduce(bytes, W, pipes, slot, granule);
       EXPECT_EQ(p.chunk % granule, 0);
       EXPECT_LE(p.chunk, slot);
       EXPECT_EQ(p.slab[0], 0);
@@ -629,7 +631,7 @@ TEST(Schedule, PushPlanCoversEverySlab) {
         EXPECT_EQ(p.slab[q] % 16, 0);
         long long covered = 0;
         for (int k = 0; k < p.steps; ++k)
-          for (int b = 0; b < 132; ++b) {
+          for (int b = 0; b < pipes; ++b) {
             const Range pc = push_piece(p, q, b, k);
             if (pc.size) EXPECT_EQ(pc.begin, p.slab[q] + covered) << "pieces out of order";
             covered += pc.size;
