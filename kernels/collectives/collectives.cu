@@ -81,6 +81,16 @@ long long push_slot_bytes(int world) {
   }
   return world <= 2 ? 2048 : 1024;
 }
+// Slots per (pipe, source): 3 lets a step's pushes land while the two before are still read.
+// $WEAVE_COLL_PUSH_SLOTS overrides it (experiments; compared across ranks).
+int push_slots() {
+  if (const char* e = std::getenv("WEAVE_COLL_PUSH_SLOTS"); e && *e) {
+    const int v = std::atoi(e);
+    WEAVE_CHECK(v >= kPushLag + 1 && v <= 16, "WEAVE_COLL_PUSH_SLOTS must be in ", kPushLag + 1, "..16, got '", e, "'");
+    return v;
+  }
+  return 3;
+}
 bool aligned4(const void* a, const void* b) {
   return reinterpret_cast<uintptr_t>(a) % 4 == 0 && reinterpret_cast<uintptr_t>(b) % 4 == 0;
 }
@@ -112,13 +122,15 @@ struct Collectives::Impl {
   std::optional<runtime::SignalSet> push_sig;
   unsigned long long push_steps = 0;  // every push counter's total so far
   long long push_slot;                 // scratch bytes per (pipe, source, slot)
+  int push_nslots;                     // slots per (pipe, source)
 
   explicit Impl(runtime::Communicator& c)
       : comm(c),
         sig(c.signals("collectives", 2)),
         ll_scratch(c, 2 * c.world() * kLLLines),
         ll_sig(c.signals("LL collective flag from rank", 1)),
-        push_slot(push_slot_bytes(c.world())) {
+        push_slot(push_slot_bytes(c.world())),
+        push_nslots(push_slots()) {
     WEAVE_CUDA_CHECK(cudaMemset(ll_scratch.data(), 0, ll_scratch.bytes()));
     WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
     c.barrier();  // no peer writes a line before every rank zeroed its scratch
@@ -306,7 +318,7 @@ struct Collectives::Impl {
     const bool pair = W <= PairShape::MaxSrc;
     const int pipes = blocks_max * (pair ? PairShape::Threads : ReduceShape::Threads) / 32;
     if (!push_scratch) {
-      push_scratch.emplace(comm, std::max<long long>(push_scratch_bytes(W, pipes, push_slot), 256));
+      push_scratch.emplace(comm, std::max<long long>(push_scratch_bytes(W, pipes, push_slot, push_nslots), 256));
       push_sig.emplace(comm.signals("push all_reduce (data: pipe*W+src, free: (pipes+pipe)*W+dst)", 2 * pipes * W));
     }
     PushArgs a{};
@@ -319,7 +331,7 @@ struct Collectives::Impl {
       a.scratch[q] = static_cast<char*>(ps[q]);
       a.vec = std::min(a.vec, largest_vec({reinterpret_cast<long long>(pout[q])}, elt));
     }
-    a.plan = plan_push_all_reduce(bytes, W, pipes, push_slot, 16 * 32);
+    a.plan = plan_push_all_reduce(bytes, W, pipes, push_slot, push_nslots, 16 * 32);
     a.sig = push_sig->view();
     a.base = push_steps;
     push_steps += a.plan.steps;
@@ -373,7 +385,7 @@ void Collectives::all_reduce(const void* in, void* out, size_t count, DType t, R
   const AllReduceAlgo algo = all_reduce_algo(bytes, in == out, aligned4(in, out));
   // The algorithm is compared too: it depends on local pointers, and ranks must agree on it.
   m.check_args({100, static_cast<long long>(t), static_cast<long long>(op), static_cast<long long>(count),
-                static_cast<long long>(algo), m.push_slot},
+                static_cast<long long>(algo), m.push_slot, m.push_nslots},
                attention::local_problem([&] {
                  attention::check_not_capturing("all_reduce", s);
                  check_aligned("all_reduce", in, out, t);

@@ -88,16 +88,16 @@ __host__ __device__ inline Plan plan_all_reduce(bool two_shot, long long bytes, 
 // step k, so pipe p pairs with pipe p of every peer through its own counters and scratch slots.
 // No pipe waits for another (a block-wide barrier before each signal would make every SM stall
 // for its stores' acknowledgements at about the same moment). Steps are pipelined: iteration i
-// pushes step i and reduces step i - kPushLag. Scratch is a ring of kPushSlots slots per (pipe,
+// pushes step i and reduces step i - kPushLag. Scratch is a ring of `slots` slots per (pipe,
 // source); a slot is rewritten only after its reader signalled it free.
 struct PushPlan {
   long long slab[kMaxWorld + 1] = {};  // rank q owns bytes [slab[q], slab[q + 1]); the last ends at `bytes`
   long long chunk = 0;                 // bytes per pipe and step: a multiple of 16, <= slot_bytes
   long long slot_bytes = 0;            // scratch bytes per slot
+  int slots = 0;                       // slots per (pipe, source), >= kPushLag + 1
   int pipes = 0, steps = 0;
 };
 
-inline constexpr int kPushSlots = 3;
 inline constexpr int kPushLag = 1;
 // At least this many steps per call while the chunk can shrink (to its granule): fewer would
 // leave the pipeline's first push and last reduction unhidden for most of the call.
@@ -106,10 +106,11 @@ inline constexpr int kPushMinSteps = 4;
 // slot_bytes: the most a step moves per pipe (the scratch layout); granule: the chunk's
 // multiple (one 16-byte unit per lane).
 __host__ __device__ inline PushPlan plan_push_all_reduce(long long bytes, int world, int pipes, long long slot_bytes,
-                                                         long long granule) {
+                                                         int slots, long long granule) {
   PushPlan p;
   p.pipes = pipes;
   p.slot_bytes = slot_bytes;
+  p.slots = slots;
   const long long n16 = bytes / 16;
   long long largest = 0;
   for (int q = 0; q < world; ++q) p.slab[q] = shard(n16, world, q).begin * 16;
@@ -132,13 +133,13 @@ __host__ __device__ inline Range push_piece(const PushPlan& p, int q, int e, int
 }
 
 // Scratch on every rank: [slot][source][pipe] of slot_bytes; the source index skips the owner.
-__host__ __device__ inline long long push_scratch_bytes(int world, int pipes, long long slot_bytes) {
-  return static_cast<long long>(kPushSlots) * (world - 1) * pipes * slot_bytes;
+__host__ __device__ inline long long push_scratch_bytes(int world, int pipes, long long slot_bytes, int slots) {
+  return static_cast<long long>(slots) * (world - 1) * pipes * slot_bytes;
 }
 // Where source rank `src` writes global step `step` of pipe e in rank dst's scratch.
 __host__ __device__ inline long long push_slot(const PushPlan& p, int world, int src, int dst, int e,
                                                unsigned long long step) {
-  const long long slot = static_cast<long long>(step % kPushSlots), from = (src - dst - 1 + world) % world;
+  const long long slot = static_cast<long long>(step % p.slots), from = (src - dst - 1 + world) % world;
   return ((slot * (world - 1) + from) * p.pipes + e) * p.slot_bytes;
 }
 
@@ -150,10 +151,10 @@ __host__ __device__ inline int push_data_counter(int e, int src, int world) { re
 __host__ __device__ inline int push_free_counter(int e, int dst, int world, int pipes) {
   return (pipes + e) * world + dst;
 }
-// Iteration i pushes step i (i < steps) once slot (base + i) % kPushSlots is free: its reader
-// reduced step i - kPushSlots (nothing to wait for while this is <= base).
-__host__ __device__ inline unsigned long long push_free_expect(unsigned long long base, int i) {
-  return base + i + 1 >= static_cast<unsigned long long>(kPushSlots) ? base + i + 1 - kPushSlots : 0;
+// Iteration i pushes step i (i < steps) once slot (base + i) % slots is free: its reader
+// reduced step i - slots (nothing to wait for while this is <= base).
+__host__ __device__ inline unsigned long long push_free_expect(const PushPlan& p, unsigned long long base, int i) {
+  return base + i + 1 >= static_cast<unsigned long long>(p.slots) ? base + i + 1 - p.slots : 0;
 }
 // Iteration i reduces step j = i - kPushLag once every source pushed it.
 __host__ __device__ inline unsigned long long push_data_expect(unsigned long long base, int j) { return base + j + 1; }

@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(S::Threads) push_all_reduce_kernel(const __gri
     if (push) {
       if (lead)
         for (int k = 0; k + 1 < W; ++k)
-          wait(a.sig, push_free_counter(e, staggered(me, k, W), W, p.pipes), push_free_expect(a.base, i));
+          wait(a.sig, push_free_counter(e, staggered(me, k, W), W, p.pipes), push_free_expect(p, a.base, i));
       __syncwarp();
       for (int k = 0; k + 1 < W; ++k) {  // peers in staggered order: at any moment ranks push to different peers
         const int q = staggered(me, k, W);

@@ -472,16 +472,17 @@ TEST(Schedule, LLFlagsAlternateParityAndRestartBeforeRepeating) {
 // carry the counters' totals over, as the host's push_steps does.
 class PushSim {
  public:
-  PushSim(int W, int pipes, long long slot_bytes, std::mt19937& rng) : W_(W), pipes_(pipes), slot_(slot_bytes), rng_(rng) {
+  PushSim(int W, int pipes, long long slot_bytes, int slots, std::mt19937& rng)
+      : W_(W), pipes_(pipes), slots_(slots), slot_(slot_bytes), rng_(rng) {
     ctr_.assign(W, std::vector<unsigned long long>(2 * pipes * W, 0));
-    const long long slots = push_scratch_bytes(W, pipes, slot_bytes) / slot_bytes;
-    scratch_.assign(W, std::vector<int32_t>(slots * slot_bytes / 4, 0));
-    tag_.assign(W, std::vector<long long>(slots, -1));
-    reading_.assign(W, std::vector<int>(slots, 0));
+    const long long regions = push_scratch_bytes(W, pipes, slot_bytes, slots) / slot_bytes;
+    scratch_.assign(W, std::vector<int32_t>(regions * slot_bytes / 4, 0));
+    tag_.assign(W, std::vector<long long>(regions, -1));
+    reading_.assign(W, std::vector<int>(regions, 0));
   }
 
   void call(long long bytes, long long granule, bool in_place) {
-    p_ = plan_push_all_reduce(bytes, W_, pipes_, slot_, granule);
+    p_ = plan_push_all_reduce(bytes, W_, pipes_, slot_, slots_, granule);
     ASSERT_GE(p_.steps, 1);
     ASSERT_EQ(p_.chunk % 16, 0);
     ASSERT_LE(p_.chunk, slot_);
@@ -533,7 +534,7 @@ class PushSim {
   bool can_run(int r, int b, int i, int phase) const {
     for (int k = 0; k + 1 < W_; ++k) {
       const int q = peer(r, k);
-      if (phase == 0 && i < p_.steps && ctr_[r][push_free_counter(b, q, W_, pipes_)] < push_free_expect(base_, i))
+      if (phase == 0 && i < p_.steps && ctr_[r][push_free_counter(b, q, W_, pipes_)] < push_free_expect(p_, base_, i))
         return false;
       if (phase == 1 && i >= kPushLag &&
           ctr_[r][push_data_counter(b, q, W_)] < push_data_expect(base_, i - kPushLag))
@@ -585,7 +586,7 @@ class PushSim {
       }
   }
 
-  int W_, pipes_;
+  int W_, pipes_, slots_;
   long long slot_;
   std::mt19937& rng_;
   PushPlan p_;
@@ -601,17 +602,21 @@ TEST(Schedule, PushAllReducePipeline) {
   std::mt19937 rng(9);
   for (int W = 2; W <= 8; ++W)
     for (int pipes : {1, 2, 3, 5})
-      for (long long slot : {16ll, 48ll, 64ll}) {
-        SCOPED_TRACE("W=" + std::to_string(W) + " pipes=" + std::to_string(pipes) + " slot=" + std::to_string(slot));
-        PushSim sim(W, pipes, slot, rng);
-        // Ragged sizes (not multiples of 16, of W, or of the chunk), some slabs empty, several
-        // calls on the same counters and scratch, in place and not.
-        for (long long bytes : {4ll, 12ll, 16ll * W - 4, 16ll * W + 4, 1004ll, 4ll * static_cast<long long>(1 + rng() % 3000), 64ll * W * 7 + 12})
-          for (bool in_place : {false, true}) {
-            sim.call(bytes, 16, in_place);
-            if (::testing::Test::HasFatalFailure()) return;
-          }
-      }
+      for (long long slot : {16ll, 48ll, 64ll})
+        for (int slots : {kPushLag + 1, 3, 4}) {
+          SCOPED_TRACE("W=" + std::to_string(W) + " pipes=" + std::to_string(pipes) + " slot=" + std::to_string(slot) +
+                       " slots=" + std::to_string(slots));
+          PushSim sim(W, pipes, slot, slots, rng);
+          // Ragged sizes (not multiples of 16, of W, or of the chunk), some slabs empty, several
+          // calls on the same counters and scratch, in place and not.
+          const long long sizes[] = {4, 12, 16ll * W - 4, 16ll * W + 4, 1004, 4 * static_cast<long long>(1 + rng() % 3000),
+                                     64ll * W * 7 + 12};
+          for (long long bytes : sizes)
+            for (bool in_place : {false, true}) {
+              sim.call(bytes, 16, in_place);
+              if (::testing::Test::HasFatalFailure()) return;
+            }
+        }
 }
 
 // The plan on the real grid (132 SMs x 16 warps): chunks are whole granules within the slot,
@@ -622,7 +627,7 @@ TEST(Schedule, PushPlanCoversEverySlab) {
     for (long long bytes : {16ll, 1000002ll, (8ll << 20) + 6, (64ll << 20) + 2, (1ll << 30) + 14}) {
       const int pipes = W <= 2 ? 132 * 16 : 132 * 8;
       const long long slot = W <= 2 ? 2048 : 1024, granule = 512;
-      const PushPlan p = plan_push_all_reduce(bytes, W, pipes, slot, granule);
+      const PushPlan p = plan_push_all_reduce(bytes, W, pipes, slot, 3, granule);
       EXPECT_EQ(p.chunk % granule, 0);
       EXPECT_LE(p.chunk, slot);
       EXPECT_EQ(p.slab[0], 0);
