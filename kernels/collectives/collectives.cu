@@ -23,8 +23,9 @@ namespace {
 constexpr size_t kOneShotMaxBytes = size_t(512) << 10;
 // LL doubles the bytes on the link; below this size its saved signal phases win (measured).
 constexpr size_t kLLAutoMaxBytes = size_t(1) << 20;
-// From here on the push all_reduce beats two-shot (measured; README.md).
-constexpr size_t kPushAutoMinBytes = size_t(32) << 20;
+// From here on the push all_reduce beats two-shot on 2 ranks (measured: equal at 64 MiB, 3-5 %
+// faster from 128 MiB, 10 % slower at 32 MiB; README.md).
+constexpr size_t kPushAutoMinBytes = size_t(64) << 20;
 // The same trade for all_gather (largest shard's bytes) and reduce_scatter (largest output slab).
 constexpr size_t kLLGatherAutoMaxBytes = size_t(512) << 10;
 constexpr size_t kLLScatterAutoMaxBytes = size_t(512) << 10;
@@ -69,27 +70,30 @@ std::vector<long long> shape_args(int kind, DType t, ReduceOp op, const Shape& s
   return {kind, static_cast<long long>(t), static_cast<long long>(op), s.ndim, s.d[0], s.d[1], s.d[2], s.d[3], dim,
           static_cast<long long>(algo)};
 }
-// Scratch bytes per (pipe, source) and step of the push all_reduce: on 2 ranks 2 KiB (4 units
-// per lane of PairShape), at more ranks 1 KiB (each link carries 1/W, and the scratch grows with
-// W - 1): 12.4 MiB at W = 2, 21.7 MiB at W = 8 with 132 SMs. $WEAVE_COLL_PUSH_SLOT_BYTES
-// overrides it (experiments; compared across ranks).
-long long push_slot_bytes(int world) {
-  if (const char* e = std::getenv("WEAVE_COLL_PUSH_SLOT_BYTES"); e && *e) {
-    const long long v = std::atoll(e);
-    WEAVE_CHECK(v >= 512 && v % 512 == 0, "WEAVE_COLL_PUSH_SLOT_BYTES must be a multiple of 512, got '", e, "'");
-    return v;
-  }
-  return world <= 2 ? 2048 : 1024;
+// The push all_reduce's scratch: per (pipe, source) `slots` slots of `slot_bytes`; one pipe per
+// warp (PairShape's 512 threads on 2 ranks, ReduceShape's 256 on more). Defaults (measured,
+// README): on 2 ranks 8 KiB x 2 slots, 33 MiB with 132 SMs (1-2 KiB slots lose 5-15 % of the
+// bandwidth: every step pays a fence per warp); at more ranks, not measured, 2 KiB x 2 (29 MiB
+// at W = 8). $WEAVE_COLL_PUSH_SLOT_BYTES and $WEAVE_COLL_PUSH_SLOTS override them for
+// experiments (compared across ranks with the call's arguments).
+struct PushConfig {
+  long long slot_bytes;
+  int slots, threads;
+};
+long long env_int(const char* name, long long fallback) {
+  const char* e = std::getenv(name);
+  return e && *e ? std::atoll(e) : fallback;
 }
-// Slots per (pipe, source): 3 lets a step's pushes land while the two before are still read.
-// $WEAVE_COLL_PUSH_SLOTS overrides it (experiments; compared across ranks).
-int push_slots() {
-  if (const char* e = std::getenv("WEAVE_COLL_PUSH_SLOTS"); e && *e) {
-    const int v = std::atoi(e);
-    WEAVE_CHECK(v >= kPushLag + 1 && v <= 16, "WEAVE_COLL_PUSH_SLOTS must be in ", kPushLag + 1, "..16, got '", e, "'");
-    return v;
-  }
-  return 3;
+PushConfig push_config(int world) {
+  PushConfig c;
+  c.slot_bytes = env_int("WEAVE_COLL_PUSH_SLOT_BYTES", world <= 2 ? 8192 : 2048);
+  c.slots = static_cast<int>(env_int("WEAVE_COLL_PUSH_SLOTS", 2));
+  c.threads = world <= PairShape::MaxSrc ? PairShape::Threads : ReduceShape::Threads;
+  WEAVE_CHECK(c.slot_bytes >= 512 && c.slot_bytes % 512 == 0, "WEAVE_COLL_PUSH_SLOT_BYTES must be a multiple of 512, got ",
+              c.slot_bytes);
+  WEAVE_CHECK(c.slots >= kPushLag + 1 && c.slots <= 16, "WEAVE_COLL_PUSH_SLOTS must be in ", kPushLag + 1, "..16, got ",
+              c.slots);
+  return c;
 }
 bool aligned4(const void* a, const void* b) {
   return reinterpret_cast<uintptr_t>(a) % 4 == 0 && reinterpret_cast<uintptr_t>(b) % 4 == 0;
@@ -121,16 +125,14 @@ struct Collectives::Impl {
   std::optional<runtime::SymmetricTensor<char>> push_scratch;
   std::optional<runtime::SignalSet> push_sig;
   unsigned long long push_steps = 0;  // every push counter's total so far
-  long long push_slot;                 // scratch bytes per (pipe, source, slot)
-  int push_nslots;                     // slots per (pipe, source)
+  PushConfig push;
 
   explicit Impl(runtime::Communicator& c)
       : comm(c),
         sig(c.signals("collectives", 2)),
         ll_scratch(c, 2 * c.world() * kLLLines),
         ll_sig(c.signals("LL collective flag from rank", 1)),
-        push_slot(push_slot_bytes(c.world())),
-        push_nslots(push_slots()) {
+        push(push_config(c.world())) {
     WEAVE_CUDA_CHECK(cudaMemset(ll_scratch.data(), 0, ll_scratch.bytes()));
     WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
     c.barrier();  // no peer writes a line before every rank zeroed its scratch
@@ -314,11 +316,9 @@ struct Collectives::Impl {
   // Push all_reduce on blocks_max blocks, one pipe per warp (every call runs every pipe: the
   // counters' totals stay one number, push_steps).
   void push_all_reduce(const void* in, void* out, long long bytes, DType t, ReduceOp op, cudaStream_t s) {
-    const int W = comm.world(), elt = static_cast<int>(dtype_size(t));
-    const bool pair = W <= PairShape::MaxSrc;
-    const int pipes = blocks_max * (pair ? PairShape::Threads : ReduceShape::Threads) / 32;
+    const int W = comm.world(), elt = static_cast<int>(dtype_size(t)), pipes = blocks_max * push.threads / 32;
     if (!push_scratch) {
-      push_scratch.emplace(comm, std::max<long long>(push_scratch_bytes(W, pipes, push_slot, push_nslots), 256));
+      push_scratch.emplace(comm, std::max<long long>(push_scratch_bytes(W, pipes, push.slot_bytes, push.slots), 256));
       push_sig.emplace(comm.signals("push all_reduce (data: pipe*W+src, free: (pipes+pipe)*W+dst)", 2 * pipes * W));
     }
     PushArgs a{};
@@ -331,13 +331,15 @@ struct Collectives::Impl {
       a.scratch[q] = static_cast<char*>(ps[q]);
       a.vec = std::min(a.vec, largest_vec({reinterpret_cast<long long>(pout[q])}, elt));
     }
-    a.plan = plan_push_all_reduce(bytes, W, pipes, push_slot, push_nslots, 16 * 32);
+    a.plan = plan_push_all_reduce(bytes, W, pipes, push.slot_bytes, push.slots, 16 * 32);
     a.sig = push_sig->view();
     a.base = push_steps;
     push_steps += a.plan.steps;
     by_type_and_op(t, op, [&]<class T, ReduceOp Op>() {
-      if (pair) push_all_reduce_kernel<T, Op, PairShape><<<blocks_max, PairShape::Threads, 0, s>>>(a);
-      else push_all_reduce_kernel<T, Op, ReduceShape><<<blocks_max, ReduceShape::Threads, 0, s>>>(a);
+      if (W <= PairShape::MaxSrc)
+        push_all_reduce_kernel<T, Op, PairShape><<<blocks_max, PairShape::Threads, 0, s>>>(a);
+      else
+        push_all_reduce_kernel<T, Op, ReduceShape><<<blocks_max, ReduceShape::Threads, 0, s>>>(a);
     });
   }
 
@@ -356,10 +358,12 @@ void Collectives::set_all_reduce_algo(AllReduceAlgo a) { impl_->algo = a; }
 AllReduceAlgo Collectives::all_reduce_algo(size_t bytes, bool in_place, bool aligned4) const {
   AllReduceAlgo a = impl_->algo;
   const bool ll_ok = bytes <= kLLMaxBytes && aligned4;
+  // Push only where it was measured (2 ranks).
+  const bool push_ok = impl_->comm.world() == 2 && bytes >= kPushAutoMinBytes;
   if (a == AllReduceAlgo::automatic)
     a = ll_ok && bytes <= kLLAutoMaxBytes ? AllReduceAlgo::ll
         : bytes <= kOneShotMaxBytes       ? AllReduceAlgo::one_shot
-        : bytes >= kPushAutoMinBytes      ? AllReduceAlgo::push
+        : push_ok                         ? AllReduceAlgo::push
                                           : AllReduceAlgo::two_shot;
   if (a == AllReduceAlgo::ll && !ll_ok) a = AllReduceAlgo::two_shot;
   if (a == AllReduceAlgo::one_shot && in_place) a = AllReduceAlgo::two_shot;  // would overwrite what peers read
@@ -385,7 +389,7 @@ void Collectives::all_reduce(const void* in, void* out, size_t count, DType t, R
   const AllReduceAlgo algo = all_reduce_algo(bytes, in == out, aligned4(in, out));
   // The algorithm is compared too: it depends on local pointers, and ranks must agree on it.
   m.check_args({100, static_cast<long long>(t), static_cast<long long>(op), static_cast<long long>(count),
-                static_cast<long long>(algo), m.push_slot, m.push_nslots},
+                static_cast<long long>(algo), m.push.slot_bytes, m.push.slots},
                attention::local_problem([&] {
                  attention::check_not_capturing("all_reduce", s);
                  check_aligned("all_reduce", in, out, t);

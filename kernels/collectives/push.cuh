@@ -87,7 +87,7 @@ __device__ __forceinline__ void move_piece(const char* const* src, int nsrc, cha
         for (int i = 0; i < E; ++i) o[i] = weave::detail::from_f32<T>(acc[i]);
       }
 #pragma unroll
-      for (int d = 0; d < kMaxWorld; ++d) {
+      for (int d = 0; d < kSrc; ++d) {  // as many destinations as sources: every rank
         if (d >= ndst) break;
         *reinterpret_cast<V*>(dst[d] + u * sizeof(V)) = out;
       }
@@ -142,10 +142,10 @@ __global__ void __launch_bounds__(S::Threads) push_all_reduce_kernel(const __gri
           wait(a.sig, push_data_counter(e, staggered(me, k, W), W), push_data_expect(a.base, j));
       __syncwarp();
       const Range pc = push_piece(p, me, e, j);
-      const char* src[kMaxWorld];
-      char* dst[kMaxWorld];
+      const char* src[S::MaxSrc];
+      char* dst[S::MaxSrc];
 #pragma unroll
-      for (int r = 0; r < kMaxWorld; ++r)
+      for (int r = 0; r < S::MaxSrc; ++r)
         if (r < W) {
           src[r] = r == me ? a.in + pc.begin : a.scratch[me] + push_slot(p, W, r, me, e, a.base + j);
           dst[r] = a.out[staggered(me, r, W)] + pc.begin;  // itself last

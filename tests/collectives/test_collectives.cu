@@ -101,8 +101,9 @@ TEST(Collectives, AllReduce) {
   const coll::AllReduceAlgo algos[] = {coll::AllReduceAlgo::automatic, coll::AllReduceAlgo::one_shot,
                                        coll::AllReduceAlgo::two_shot, coll::AllReduceAlgo::ll,
                                        coll::AllReduceAlgo::push};
-  // Push pipelines a call in steps of up to 32 KiB per block: these counts take 5-8 steps, more
-  // than the scratch ring's slots, on an odd count (the tail past the last 16-byte unit).
+  // Push pipelines a call in steps per warp: these counts take 5-6 steps, more than the scratch
+  // ring's slots, on an odd count (the tail past the last 16-byte unit); fp32's first is 64 MiB,
+  // where automatic takes push on 2 ranks.
   const long long push_counts[] = {(1 << 24) + 7, 9000001};
   for (auto algo : algos) {
     ctx().coll.set_all_reduce_algo(algo);
@@ -120,6 +121,10 @@ TEST(Collectives, AllReduce) {
           }
   }
   ctx().coll.set_all_reduce_algo(coll::AllReduceAlgo::automatic);
+  // Automatic takes push only where it was measured faster: 2 ranks, >= 64 MiB.
+  EXPECT_EQ(ctx().coll.all_reduce_algo(size_t(64) << 20, false),
+            comm().world() == 2 ? coll::AllReduceAlgo::push : coll::AllReduceAlgo::two_shot);
+  EXPECT_EQ(ctx().coll.all_reduce_algo(size_t(32) << 20, true), coll::AllReduceAlgo::two_shot);
 }
 
 // In place means NCCL's convention: `in` is this rank's shard inside `out`, which requires the
