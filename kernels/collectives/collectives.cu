@@ -313,14 +313,40 @@ struct Collectives::Impl {
     }
   }
 
+  int push_pipes() const { return blocks_max * push.threads / 32; }
+  // Bytes the first push call allocates: the scratch and the counters, each rounded to 256.
+  long long push_heap_bytes() const {
+    const int W = comm.world();
+    auto round = [](long long b) { return (std::max<long long>(b, 1) + 255) / 256 * 256; };
+    return round(push_scratch_bytes(W, push_pipes(), push.slot_bytes, push.slots)) +
+           round(2LL * push_pipes() * W * static_cast<long long>(sizeof(unsigned long long)));
+  }
+  bool push_fits() const {
+    return push_scratch || static_cast<long long>(comm.heap_bytes() - comm.heap_used()) >= push_heap_bytes();
+  }
+
+  // Makes the scratch and counters on the first push call (collective: every rank calls it at the
+  // same call). An allocation failure is the same on every rank (the heap's state is); with
+  // `may_fail` (automatic chose push) it means "take two-shot", else it is the caller's error.
+  bool push_ready(bool may_fail) {
+    if (push_scratch) return true;
+    const int W = comm.world(), pipes = push_pipes();
+    try {
+      push_scratch.emplace(comm, std::max<long long>(push_scratch_bytes(W, pipes, push.slot_bytes, push.slots), 256));
+      push_sig.emplace(comm.signals("push all_reduce (data: pipe*W+src, free: (pipes+pipe)*W+dst)", 2 * pipes * W));
+    } catch (const Error&) {
+      push_sig.reset();
+      push_scratch.reset();
+      if (!may_fail) throw;
+      return false;
+    }
+    return true;
+  }
+
   // Push all_reduce on blocks_max blocks, one pipe per warp (every call runs every pipe: the
   // counters' totals stay one number, push_steps).
   void push_all_reduce(const void* in, void* out, long long bytes, DType t, ReduceOp op, cudaStream_t s) {
-    const int W = comm.world(), elt = static_cast<int>(dtype_size(t)), pipes = blocks_max * push.threads / 32;
-    if (!push_scratch) {
-      push_scratch.emplace(comm, std::max<long long>(push_scratch_bytes(W, pipes, push.slot_bytes, push.slots), 256));
-      push_sig.emplace(comm.signals("push all_reduce (data: pipe*W+src, free: (pipes+pipe)*W+dst)", 2 * pipes * W));
-    }
+    const int W = comm.world(), elt = static_cast<int>(dtype_size(t)), pipes = push_pipes();
     PushArgs a{};
     a.in = static_cast<const char*>(in);
     const runtime::PeerPtrs pout = comm.peers(out, bytes);
@@ -358,8 +384,10 @@ void Collectives::set_all_reduce_algo(AllReduceAlgo a) { impl_->algo = a; }
 AllReduceAlgo Collectives::all_reduce_algo(size_t bytes, bool in_place, bool aligned4) const {
   AllReduceAlgo a = impl_->algo;
   const bool ll_ok = bytes <= kLLMaxBytes && aligned4;
-  // Push only where it was measured (2 ranks).
-  const bool push_ok = impl_->comm.world() == 2 && bytes >= kPushAutoMinBytes;
+  // Push only where it was measured (2 ranks), and only if its scratch exists or fits in the heap:
+  // automatic must not turn a call two-shot can make into an allocation failure. The heap's
+  // state is the same on every rank (allocations are collective), so every rank decides alike.
+  const bool push_ok = impl_->comm.world() == 2 && bytes >= kPushAutoMinBytes && impl_->push_fits();
   if (a == AllReduceAlgo::automatic)
     a = ll_ok && bytes <= kLLAutoMaxBytes ? AllReduceAlgo::ll
         : bytes <= kOneShotMaxBytes       ? AllReduceAlgo::one_shot
@@ -399,8 +427,9 @@ void Collectives::all_reduce(const void* in, void* out, size_t count, DType t, R
                }));
   if (count == 0) return;
   if (algo == AllReduceAlgo::ll) return m.ll_all_reduce(in, out, bytes, t, op, s);
-  if (algo == AllReduceAlgo::push) return m.push_all_reduce(in, out, bytes, t, op, s);
-  const bool two = algo == AllReduceAlgo::two_shot;
+  if (algo == AllReduceAlgo::push && m.push_ready(m.algo == AllReduceAlgo::automatic))
+    return m.push_all_reduce(in, out, bytes, t, op, s);
+  const bool two = algo != AllReduceAlgo::one_shot;
   const int W = m.comm.world();
   m.launch(plan_all_reduce(two, bytes, W, m.comm.rank()), in, bytes, out, bytes, t, op, two ? bytes / W : bytes, s);
 }

@@ -127,6 +127,48 @@ TEST(Collectives, AllReduce) {
   EXPECT_EQ(ctx().coll.all_reduce_algo(size_t(32) << 20, true), coll::AllReduceAlgo::two_shot);
 }
 
+// Automatic takes push only if its scratch (33 MiB on 2 ranks) exists or fits in the heap: with
+// a fresh object and the heap filled up, a 64 MiB all_reduce runs two-shot, correctly; once room
+// is made, push (on 2 ranks). Both checked against NCCL.
+TEST(Collectives, AutomaticPushNeedsRoomInTheHeap) {
+  Ctx& x = ctx();
+  const int W = comm().world(), me = comm().rank();
+  const DType t = DType::bf16;
+  const long long count = (32LL << 20) + 3, bytes = count * 2;
+  Buf in(count, t), out(count, t), want(count, t, false);
+  coll::Collectives fresh(comm());
+  auto check = [&](coll::AllReduceAlgo expect, const char* what) {
+    SCOPED_TRACE(std::string(what) + " rank " + std::to_string(me));
+    EXPECT_EQ(fresh.all_reduce_algo(bytes, false), expect);
+    const uint64_t seed = case_seed();
+    ref::fill(in.p, count, t, seed, me, Values::uniform, x.s);
+    WEAVE_CUDA_CHECK(cudaMemsetAsync(out.p, 0xff, out.bytes, x.s));
+    settle();
+    x.nccl.all_reduce(in.p, want.p, count, t, ReduceOp::sum, x.s);
+    fresh.all_reduce(in.p, out.p, count, t, ReduceOp::sum, x.s);
+    settle();
+    auto r = verify(out.p, want.p, ref::map_all_reduce(count, W, me), t, seed);
+    EXPECT_TRUE(r.ok()) << "differs from NCCL: " << r.str();
+    EXPECT_EQ(guard_touched(out.p, count, t), 0u) << "wrote past the end of the output";
+  };
+  // Fill the heap (allocations are collective and fail alike on every rank): big pieces, then
+  // 1 MiB ones, so what is left is below 1 MiB per free range.
+  std::vector<void*> filler;
+  for (size_t piece : {size_t(64) << 20, size_t(1) << 20})
+    for (;;) {
+      try {
+        filler.push_back(comm().alloc(piece));
+      } catch (const weave::Error&) {
+        break;
+      }
+    }
+  ASSERT_LT(comm().heap_bytes() - comm().heap_used(), size_t(32) << 20) << "heap too fragmented to fill";
+  check(coll::AllReduceAlgo::two_shot, "heap full");
+  for (void* f : filler) comm().free(f);
+  check(W == 2 ? coll::AllReduceAlgo::push : coll::AllReduceAlgo::two_shot, "heap with room");
+  settle();
+}
+
 // In place means NCCL's convention: `in` is this rank's shard inside `out`, which requires the
 // shard to be contiguous there (every dimension before `dim` of size 1).
 void all_gather_case(const Shape& full, int dim, DType t, bool in_place) {
