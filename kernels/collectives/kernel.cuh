@@ -70,11 +70,36 @@ __device__ __forceinline__ V load(const char* p) {
   else return *reinterpret_cast<const V*>(p);
 }
 
+// The element-wise reduction of v[0..n-1] (n <= Src), in fp32 and rank order (bit-identical on
+// every rank that reduces the same data); v[0] itself for one source.
+template <class T, ReduceOp Op, int Src, class V>
+__device__ __forceinline__ V reduce_vec(const V* v, int n) {
+  constexpr int E = sizeof(V) / sizeof(T);
+  V out = v[0];
+  if (Src > 1 && n > 1) {
+    float acc[E];
+    const T* e0 = reinterpret_cast<const T*>(&v[0]);
+#pragma unroll
+    for (int i = 0; i < E; ++i) acc[i] = weave::detail::to_f32(e0[i]);
+#pragma unroll
+    for (int r = 1; r < Src; ++r) {
+      if (r >= n) break;
+      const T* e = reinterpret_cast<const T*>(&v[r]);
+#pragma unroll
+      for (int i = 0; i < E; ++i) acc[i] = weave::detail::combine<Op>(acc[i], weave::detail::to_f32(e[i]));
+    }
+    T* o = reinterpret_cast<T*>(&out);
+#pragma unroll
+    for (int i = 0; i < E; ++i) o[i] = weave::detail::from_f32<T>(acc[i]);
+  }
+  return out;
+}
+
 // Processes `cnt` (<= Unroll) units u0, u0 + stride, ... of transfer x; all loads are issued
 // before the first use so that several peer loads are in flight per thread.
 template <class T, ReduceOp Op, class S, class V>
 __device__ __forceinline__ void run_units(const DevXfer& x, unsigned long long u0, unsigned long long stride, int cnt) {
-  constexpr int E = sizeof(V) / sizeof(T), kUnroll = S::Unroll, kSrc = S::MaxSrc;
+  constexpr int kUnroll = S::Unroll, kSrc = S::MaxSrc;
   long long so[kUnroll], dof[kUnroll];
   V v[kUnroll][kSrc];
 #pragma unroll
@@ -88,23 +113,7 @@ __device__ __forceinline__ void run_units(const DevXfer& x, unsigned long long u
 #pragma unroll
   for (int k = 0; k < kUnroll; ++k) {
     if (k >= cnt) break;
-    V out = v[k][0];
-    if (kSrc > 1 && x.nsrc > 1) {
-      float acc[E];
-      const T* e0 = reinterpret_cast<const T*>(&v[k][0]);
-#pragma unroll
-      for (int i = 0; i < E; ++i) acc[i] = weave::detail::to_f32(e0[i]);
-#pragma unroll
-      for (int r = 1; r < kSrc; ++r) {
-        if (r >= x.nsrc) break;
-        const T* e = reinterpret_cast<const T*>(&v[k][r]);
-#pragma unroll
-        for (int i = 0; i < E; ++i) acc[i] = weave::detail::combine<Op>(acc[i], weave::detail::to_f32(e[i]));
-      }
-      T* o = reinterpret_cast<T*>(&out);
-#pragma unroll
-      for (int i = 0; i < E; ++i) o[i] = weave::detail::from_f32<T>(acc[i]);
-    }
+    const V out = reduce_vec<T, Op, kSrc>(v[k], x.nsrc);
 #pragma unroll
     for (int d = 0; d < kMaxWorld; ++d) {
       if (d >= x.ndst) break;

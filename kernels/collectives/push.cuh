@@ -51,7 +51,7 @@ __device__ __forceinline__ V load_cg(const char* p) {
 template <class T, ReduceOp Op, class S, class V>
 __device__ __forceinline__ void move_piece(const char* const* src, int nsrc, char* const* dst, int ndst,
                                            long long bytes) {
-  constexpr int E = sizeof(V) / sizeof(T), kUnroll = S::Unroll, kSrc = S::MaxSrc, kLanes = 32;
+  constexpr int kUnroll = S::Unroll, kSrc = S::MaxSrc, kLanes = 32;
   const int lane = threadIdx.x % kLanes;
   const long long units = bytes / static_cast<long long>(sizeof(V));
   for (long long u0 = lane; u0 < units; u0 += kLanes * kUnroll) {
@@ -69,23 +69,7 @@ __device__ __forceinline__ void move_piece(const char* const* src, int nsrc, cha
     for (int k = 0; k < kUnroll; ++k) {
       const long long u = u0 + k * kLanes;
       if (u >= units) break;
-      V out = v[k][0];
-      if (kSrc > 1 && nsrc > 1) {
-        float acc[E];
-        const T* e0 = reinterpret_cast<const T*>(&v[k][0]);
-#pragma unroll
-        for (int i = 0; i < E; ++i) acc[i] = weave::detail::to_f32(e0[i]);
-#pragma unroll
-        for (int r = 1; r < kSrc; ++r) {
-          if (r >= nsrc) break;
-          const T* e = reinterpret_cast<const T*>(&v[k][r]);
-#pragma unroll
-          for (int i = 0; i < E; ++i) acc[i] = weave::detail::combine<Op>(acc[i], weave::detail::to_f32(e[i]));
-        }
-        T* o = reinterpret_cast<T*>(&out);
-#pragma unroll
-        for (int i = 0; i < E; ++i) o[i] = weave::detail::from_f32<T>(acc[i]);
-      }
+      const V out = reduce_vec<T, Op, kSrc>(v[k], nsrc);
 #pragma unroll
       for (int d = 0; d < kSrc; ++d) {  // as many destinations as sources: every rank
         if (d >= ndst) break;

@@ -308,12 +308,24 @@ TEST(Collectives, BackToBack) {
   };
   for (DType t : kTypes) {
     const uint64_t seed = case_seed();
-    // all_reduce: a one-shot-sized and a two-shot-sized count; out of place and in place alternately.
-    for (long long count : {1001LL, 1000LL * 777 + 1}) {
+    // all_reduce: a one-shot-sized and a two-shot-sized count, then push with one step per call
+    // (the ring's slots reused from call to call) and with 6-8 steps; out of place and in place
+    // alternately.
+    struct Run {
+      coll::AllReduceAlgo algo;
+      long long count;
+      int iters;
+    };
+    for (const Run& run : {Run{coll::AllReduceAlgo::automatic, 1001, kIters},
+                           Run{coll::AllReduceAlgo::automatic, 1000LL * 777 + 1, kIters},
+                           Run{coll::AllReduceAlgo::push, 1000LL * 777 + 1, kIters},
+                           Run{coll::AllReduceAlgo::push, (1LL << 23) + 5, 100}}) {
+      const long long count = run.count;
+      x.coll.set_all_reduce_algo(run.algo);
       Buf a(count, t), b(count, t);
       x.check.reset(x.s);
       settle();
-      for (int it = 0; it < kIters; ++it) {
+      for (int it = 0; it < run.iters; ++it) {
         const uint64_t s = seed + it;
         ref::fill(a.p, count, t, s, me, Values::integers, x.s);
         void* o = it % 2 ? a.p : b.p;
@@ -321,24 +333,7 @@ TEST(Collectives, BackToBack) {
         x.check.check(o, nullptr, ref::map_all_reduce(count, W, me), t, s, Values::integers, ReduceOp::sum, 0, x.s,
                       it + 1);
       }
-      report("all_reduce back to back", t);
-    }
-    // Push: one step per call (the ring's slots reused across calls) and 6-8 steps per call.
-    x.coll.set_all_reduce_algo(coll::AllReduceAlgo::push);
-    for (long long count : {1000LL * 777 + 1, (1LL << 23) + 5}) {
-      Buf a(count, t), b(count, t);
-      x.check.reset(x.s);
-      settle();
-      const int iters = count > (1 << 20) ? 100 : kIters;
-      for (int it = 0; it < iters; ++it) {
-        const uint64_t s = seed + 3 * it;
-        ref::fill(a.p, count, t, s, me, Values::integers, x.s);
-        void* o = it % 2 ? a.p : b.p;
-        x.coll.all_reduce(a.p, o, count, t, ReduceOp::sum, x.s);
-        x.check.check(o, nullptr, ref::map_all_reduce(count, W, me), t, s, Values::integers, ReduceOp::sum, 0, x.s,
-                      it + 1);
-      }
-      report("push all_reduce back to back", t);
+      report(run.algo == coll::AllReduceAlgo::push ? "push all_reduce back to back" : "all_reduce back to back", t);
     }
     x.coll.set_all_reduce_algo(coll::AllReduceAlgo::automatic);
     {  // all_gather and reduce_scatter along the non-contiguous dimension
