@@ -34,11 +34,12 @@ __host__ __device__ inline Range shard(long long n, int world, int r) {
 }
 
 // all_reduce algorithms: one-shot (every rank reads every input: one phase, (W-1)x the bytes per
-// rank), two-shot (each rank reduces 1/W of the elements and writes them to every rank), and LL
+// rank), two-shot (each rank reduces 1/W of the elements and writes them to every rank), LL
 // (every rank writes its input, with a flag in every 8-byte line, into every rank's scratch: no
 // signal phase, twice the bytes; up to Collectives::kLLMaxBytes, 4-byte aligned buffers), and
 // push (two-shot whose first half stores each slab into its owner's scratch instead of the owner
-// loading it, pipelined per block through a bounded scratch ring; for large inputs).
+// loading it, pipelined per warp through a bounded scratch ring made by the first push call;
+// for large inputs).
 enum class AllReduceAlgo : int { automatic = 0, one_shot = 1, two_shot = 2, ll = 3, push = 4 };
 
 // all_gather / reduce_scatter algorithms: direct (peers' user buffers read or written in place,
