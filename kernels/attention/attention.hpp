@@ -19,8 +19,7 @@ struct Options {
   bool pingpong = true;       // the two consumer warpgroups take turns issuing their GEMMs
   // Persistent: one CTA per SM taking tiles from an atomic counter (longest first for causal),
   // the next tile's Q and first K loading under this tile's epilogue. PerTile: one CTA per
-  // tile. Auto: persistent only where it measured faster (D = 128, non-causal, S <= 4096;
-  // README.md).
+  // tile. Auto: persistent only where it measured faster (D = 128, S <= 8192; README.md).
   enum class Schedule : int { Auto = 0, Persistent = 1, PerTile = 2 };
   Schedule schedule = Schedule::Auto;
 };

@@ -55,7 +55,9 @@ TEST(AttentionCpu, Flops) {
 TEST(AttentionCpu, AutoSchedule) {
   using Sch = attention::Options::Schedule;
   EXPECT_EQ(attention::auto_schedule(Shape{16, 4096, 16, 16, 128}, false), Sch::Persistent);
-  EXPECT_EQ(attention::auto_schedule(Shape{16, 4096, 16, 16, 128}, true), Sch::PerTile);
-  EXPECT_EQ(attention::auto_schedule(Shape{8, 8192, 16, 16, 128}, false), Sch::PerTile);
+  EXPECT_EQ(attention::auto_schedule(Shape{16, 4096, 16, 16, 128}, true), Sch::Persistent);
+  EXPECT_EQ(attention::auto_schedule(Shape{8, 8192, 16, 16, 128}, false), Sch::Persistent);
+  EXPECT_EQ(attention::auto_schedule(Shape{8, 8192, 16, 16, 128}, true), Sch::Persistent);
+  EXPECT_EQ(attention::auto_schedule(Shape{4, 16384, 16, 16, 128}, false), Sch::PerTile);
   EXPECT_EQ(attention::auto_schedule(Shape{16, 4096, 16, 16, 64}, false), Sch::PerTile);
 }
