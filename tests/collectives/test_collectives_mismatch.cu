@@ -45,20 +45,7 @@ TEST(Collectives, RejectsGraphCapture) {
   cudaStream_t cap;
   WEAVE_CUDA_CHECK(cudaStreamCreateWithFlags(&cap, cudaStreamNonBlocking));
   auto captured = [&](const char* what, const std::function<void()>& call) {
-    WEAVE_CUDA_CHECK(cudaStreamBeginCapture(cap, cudaStreamCaptureModeRelaxed));
-    std::string msg;
-    try {
-      call();
-    } catch (const weave::Error& e) {
-      msg = e.what();
-    }
-    cudaGraph_t g = nullptr;
-    WEAVE_CUDA_CHECK(cudaStreamEndCapture(cap, &g));
-    size_t nodes = 0;
-    if (g) {
-      WEAVE_CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &nodes));
-      WEAVE_CUDA_CHECK(cudaGraphDestroy(g));
-    }
+    const auto [msg, nodes] = wt::under_capture(cap, call);
     EXPECT_NE(msg.find("capturing a CUDA graph"), std::string::npos) << what << ": " << msg;
     EXPECT_EQ(nodes, 0u) << what << ": something was enqueued into the graph";
   };

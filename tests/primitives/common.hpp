@@ -9,6 +9,8 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "weave/common/error.hpp"
@@ -82,6 +84,27 @@ inline std::vector<T> to_host(const T* d, size_t n) {
   std::vector<T> h(n);
   WEAVE_CUDA_CHECK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
   return h;
+}
+
+// Runs `call` while `s` captures a CUDA graph (relaxed mode); returns the weave::Error message
+// it threw ("" if none) and how many nodes the capture recorded.
+template <class F>
+inline std::pair<std::string, size_t> under_capture(cudaStream_t s, F&& call) {
+  WEAVE_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+  std::string msg;
+  try {
+    call();
+  } catch (const weave::Error& e) {
+    msg = e.what();
+  }
+  cudaGraph_t g = nullptr;
+  WEAVE_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+  size_t nodes = 0;
+  if (g) {
+    WEAVE_CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &nodes));
+    WEAVE_CUDA_CHECK(cudaGraphDestroy(g));
+  }
+  return {msg, nodes};
 }
 
 // Device work done and every rank past this point.

@@ -269,18 +269,10 @@ TEST(TpGpu, GraphCaptureRejected) {
   cudaStream_t st;
   WEAVE_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   auto expect_reject = [&](const std::function<void()>& call, const char* what) {
-    WEAVE_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
-    std::string msg;
-    try {
-      call();
-    } catch (const weave::Error& e) {
-      msg = e.what();
-    }
-    cudaGraph_t graph = nullptr;
-    WEAVE_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
-    if (graph) WEAVE_CUDA_CHECK(cudaGraphDestroy(graph));
+    const auto [msg, nodes] = wt::under_capture(st, call);
     EXPECT_NE(msg.find("capturing a CUDA graph"), std::string::npos) << what << ": " << msg;
     EXPECT_NE(msg.find(what), std::string::npos) << msg;
+    EXPECT_EQ(nodes, 0u) << what << ": something was enqueued into the graph";
   };
   const auto sh = shard(M, c.world(), c.rank());
   expect_reject([&] { rs.run(A.p, B.p, out.p, M, N, K, o, st); }, "gemm_rs");
