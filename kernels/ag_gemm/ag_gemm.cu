@@ -11,6 +11,7 @@ struct AgGemm::Impl {
   runtime::Communicator& c;
   ShapeSignals sig{"tp.ag_gemm"};
   CopyEnginePush ce;
+  attention::CallOrder order;
   const bool ce_ok;
   explicit Impl(runtime::Communicator& cc) : c(cc), ce_ok(CopyEnginePush::supported(cc.device())) {}
 };
@@ -31,6 +32,7 @@ std::vector<int> AgGemm::comm_sms_candidates(int M, int K, int W, int sm_count) 
 LaunchInfo AgGemm::launch(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf16* C, int M, int N, int K,
                           int ncomm, int variant, cudaStream_t s) {
   Impl& m = *impl_;
+  m.order.before(s);
   const int W = m.c.world(), rank = m.c.rank();
   AgGlobals g{};
   g.L = make_layout(M, N, W, default_group_m(K));
@@ -74,6 +76,7 @@ LaunchInfo AgGemm::launch(const bf16* a_shard, bf16* a_gathered, const bf16* B, 
   cfg.num_comm_sms = ncomm;
   const lcsc::Plan p = aux::launch<AgKernel>(g, cfg, s);
   if (ce) m.ce.join(s);
+  m.order.after(s);
   return {ncomm, p.compute_blocks, false, variant};
 }
 

@@ -118,6 +118,9 @@ struct Collectives::Impl {
   runtime::SymmetricTensor<unsigned long long> ll_scratch;
   runtime::SignalSet ll_sig;  // names the LL flags in timeout diagnostics ("from rank" = index)
   unsigned ll_calls = 0;
+  // Calls run in issue order on the device even across streams: the LL scratch parity, the
+  // push ring's step totals and the direct path's signal totals all assume it.
+  attention::CallOrder order;
   static constexpr size_t kLLLines = Collectives::kLLMaxBytes / 4;
 
   // Push all_reduce: scratch and counters made by the first push call (every rank takes the
@@ -223,8 +226,10 @@ struct Collectives::Impl {
                  comm.peers(out, std::max<long long>(out_bytes, 1));
                }));
     if (B == 0 || S == 0) return;
+    order.before(s);
     launch(plan_ulysses(to_head, B, S, H, D, elt, W, r), in, std::max<long long>(in_bytes, 1), out,
-             std::max<long long>(out_bytes, 1), t, ReduceOp::sum, B * S * H * D * elt / W, s);
+           std::max<long long>(out_bytes, 1), t, ReduceOp::sum, B * S * H * D * elt / W, s);
+    order.after(s);
   }
 
   // all_gather (gather) / reduce_scatter: this rank's checks (shape, alignment, the algorithm
@@ -426,12 +431,17 @@ void Collectives::all_reduce(const void* in, void* out, size_t count, DType t, R
                  m.comm.peers(out, bytes);
                }));
   if (count == 0) return;
-  if (algo == AllReduceAlgo::ll) return m.ll_all_reduce(in, out, bytes, t, op, s);
-  if (algo == AllReduceAlgo::push && m.push_ready(m.algo == AllReduceAlgo::automatic))
-    return m.push_all_reduce(in, out, bytes, t, op, s);
-  const bool two = algo != AllReduceAlgo::one_shot;
-  const int W = m.comm.world();
-  m.launch(plan_all_reduce(two, bytes, W, m.comm.rank()), in, bytes, out, bytes, t, op, two ? bytes / W : bytes, s);
+  m.order.before(s);
+  if (algo == AllReduceAlgo::ll) {
+    m.ll_all_reduce(in, out, bytes, t, op, s);
+  } else if (algo == AllReduceAlgo::push && m.push_ready(m.algo == AllReduceAlgo::automatic)) {
+    m.push_all_reduce(in, out, bytes, t, op, s);
+  } else {
+    const bool two = algo != AllReduceAlgo::one_shot;
+    const int W = m.comm.world();
+    m.launch(plan_all_reduce(two, bytes, W, m.comm.rank()), in, bytes, out, bytes, t, op, two ? bytes / W : bytes, s);
+  }
+  m.order.after(s);
 }
 
 void Collectives::all_gather(const void* in, void* out, const Shape& full, int dim, DType t, cudaStream_t s) {
@@ -442,11 +452,14 @@ void Collectives::all_gather(const void* in, void* out, const Shape& full, int d
     return all_gather_algo(full, dim, t, aligned4(in, out));
   });
   if (n == 0) return;
+  m.order.before(s);
   if (algo == ShardAlgo::ll)
-    return m.ll_shard(true, plan_ll_all_gather(full, dim, elt, W, r), in, std::max<long long>(mine * elt, 1), out,
-                      n * elt, t, ReduceOp::sum, s);
-  m.launch(plan_all_gather(full, dim, elt, W, r), in, std::max<long long>(mine * elt, 1), out, n * elt, t,
-           ReduceOp::sum, n * elt, s);
+    m.ll_shard(true, plan_ll_all_gather(full, dim, elt, W, r), in, std::max<long long>(mine * elt, 1), out, n * elt, t,
+               ReduceOp::sum, s);
+  else
+    m.launch(plan_all_gather(full, dim, elt, W, r), in, std::max<long long>(mine * elt, 1), out, n * elt, t,
+             ReduceOp::sum, n * elt, s);
+  m.order.after(s);
 }
 
 void Collectives::reduce_scatter(const void* in, void* out, const Shape& full, int dim, DType t, ReduceOp op,
@@ -458,11 +471,14 @@ void Collectives::reduce_scatter(const void* in, void* out, const Shape& full, i
     return reduce_scatter_algo(full, dim, t, aligned4(in, out));
   });
   if (n == 0) return;
+  m.order.before(s);
   if (algo == ShardAlgo::ll)
-    return m.ll_shard(false, plan_ll_reduce_scatter(full, dim, elt, W, r), in, n * elt, out,
-                      std::max<long long>(mine * elt, 1), t, op, s);
-  m.launch(plan_reduce_scatter(full, dim, elt, W, r), in, n * elt, out, std::max<long long>(mine * elt, 1), t, op,
-           n * elt / W, s);
+    m.ll_shard(false, plan_ll_reduce_scatter(full, dim, elt, W, r), in, n * elt, out,
+               std::max<long long>(mine * elt, 1), t, op, s);
+  else
+    m.launch(plan_reduce_scatter(full, dim, elt, W, r), in, n * elt, out, std::max<long long>(mine * elt, 1), t, op,
+             n * elt / W, s);
+  m.order.after(s);
 }
 
 void Collectives::set_all_gather_algo(ShardAlgo a) { impl_->ag_algo = a; }

@@ -10,6 +10,7 @@ struct GemmAR::Impl {
   runtime::Communicator& c;
   ShapeSignals sig{"tp.gemm_ar"};
   ShapeSignals sig_intra{"tp.gemm_ar_intra"};
+  attention::CallOrder order;
   explicit Impl(runtime::Communicator& cc) : c(cc) {}
 };
 
@@ -28,6 +29,7 @@ std::vector<int> GemmAR::comm_sms_candidates(int M, int N, int W, int sm_count) 
 LaunchInfo GemmAR::launch(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, int ncomm, int variant,
                           cudaStream_t s) {
   Impl& m = *impl_;
+  m.order.before(s);
   const int W = m.c.world(), rank = m.c.rank();
   ArIntraGlobals g{};
   g.L = make_ar_layout(M, N, W, default_group_m(K));
@@ -56,6 +58,7 @@ LaunchInfo GemmAR::launch(const bf16* A, const bf16* B, bf16* out, int M, int N,
   } else {
     p = lcsc::launch<ArKernel>(g, cfg, s);
   }
+  m.order.after(s);
   return {ncomm, p.compute_blocks, false, variant};
 }
 

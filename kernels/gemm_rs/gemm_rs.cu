@@ -11,6 +11,7 @@ struct GemmRS::Impl {
   ShapeSignals sig{"tp.gemm_rs"};
   bf16* scratch = nullptr;  // v2: this rank's partials (M x N), symmetric
   size_t scratch_bytes = 0;
+  attention::CallOrder order;
   explicit Impl(runtime::Communicator& cc) : c(cc) {}
   ~Impl() {
     if (!scratch) return;
@@ -37,6 +38,7 @@ GemmRS::~GemmRS() = default;
 LaunchInfo GemmRS::launch(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, int variant, int ncomm,
                           cudaStream_t s) {
   Impl& m = *impl_;
+  m.order.before(s);
   const int W = m.c.world(), rank = m.c.rank();
   RsGlobals g{};
   g.L = make_layout(M, N, W, default_group_m(K));
@@ -74,6 +76,7 @@ LaunchInfo GemmRS::launch(const bf16* A, const bf16* B, bf16* out, int M, int N,
   lcsc::Config cfg;
   cfg.num_comm_sms = variant == 2 ? ncomm : 0;
   const lcsc::Plan p = aux::launch<RsKernel>(g, cfg, s);
+  m.order.after(s);
   return {cfg.num_comm_sms, p.compute_blocks, false, variant};
 }
 

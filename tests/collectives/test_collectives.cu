@@ -424,6 +424,46 @@ TEST(Collectives, BackToBack) {
 
 // ---------------------------------------------------------------------------------------------
 // cudaMalloc'd buffers registered with the communicator work like heap buffers.
+// One object called alternately on two streams with no synchronisation between the calls, for
+// each all_reduce path (LL, two-shot, push): every call must wait for the object's previous one
+// (scratch parity, ring steps, signal totals), so every output equals its own reference.
+TEST(Collectives, OneObjectOnTwoStreams) {
+  Ctx& x = ctx();
+  const int W = comm().world(), me = comm().rank();
+  cudaStream_t st[2];
+  for (auto& s : st) WEAVE_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  struct Case {
+    coll::AllReduceAlgo algo;
+    long long count;
+  };
+  for (const Case& c : {Case{coll::AllReduceAlgo::ll, 40001}, Case{coll::AllReduceAlgo::two_shot, 1000003},
+                        Case{coll::AllReduceAlgo::push, 3000017}}) {
+    x.coll.set_all_reduce_algo(c.algo);
+    constexpr int kCalls = 6;
+    std::vector<std::unique_ptr<Buf>> in, out;
+    std::vector<uint64_t> seeds;
+    for (int i = 0; i < kCalls; ++i) {
+      seeds.push_back(case_seed());
+      in.push_back(std::make_unique<Buf>(c.count, DType::bf16));
+      out.push_back(std::make_unique<Buf>(c.count, DType::bf16));
+      ref::fill(in[i]->p, c.count, DType::bf16, seeds[i], me, Values::uniform, x.s);
+    }
+    settle();
+    for (int i = 0; i < kCalls; ++i)
+      x.coll.all_reduce(in[i]->p, out[i]->p, c.count, DType::bf16, ReduceOp::sum, st[i % 2]);
+    for (auto& s : st) WEAVE_CUDA_CHECK(cudaStreamSynchronize(s));
+    settle();
+    for (int i = 0; i < kCalls; ++i) {
+      auto r = verify(out[i]->p, nullptr, ref::map_all_reduce(c.count, W, me), DType::bf16, seeds[i]);
+      EXPECT_TRUE(r.ok()) << "algo " << static_cast<int>(c.algo) << " call " << i << " on stream " << i % 2 << ": "
+                          << r.str();
+    }
+    settle();
+  }
+  x.coll.set_all_reduce_algo(coll::AllReduceAlgo::automatic);
+  for (auto& s : st) WEAVE_CUDA_CHECK(cudaStreamDestroy(s));
+}
+
 TEST(Collectives, RegisteredBuffers) {
   Ctx& x = ctx();
   const int W = comm().world(), me = comm().rank();
