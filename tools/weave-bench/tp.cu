@@ -40,22 +40,8 @@ struct Ctx {
   int W, rank;
 };
 
-// Slowest rank's time: each rank times its loop (after a host barrier), the maximum is taken.
-template <class F>
-double timed(Ctx& x, int S, F&& fn) {
-  const int iters = S >= 16384 ? 4 : S >= 8192 ? 10 : 20, repeats = S >= 16384 ? 3 : 5;
-  fn();
-  WEAVE_CUDA_CHECK(cudaStreamSynchronize(x.st));
-  x.c.barrier();
-  double t = bench::time_us(x.st, fn, 2, iters, repeats);
-  std::vector<double> all(x.W);
-  x.c.bootstrap().all_gather(&t, all.data(), sizeof t);
-  for (double v : all) t = v > t ? v : t;
-  return t;
-}
-
-// Several implementations timed in turns (one repeat of each, then the next round), median per
-// implementation, slowest rank: clock and power drift during a run lands on all of them alike
+// Implementations timed in turns (one repeat of each, then the next round), median per
+// implementation, slowest rank (each rank times its loop after a host barrier): clock and power drift during a run lands on all of them alike
 // instead of on whichever was timed last (measuring each in a block moved the same fused
 // configuration by 5-10 % against GEMM alone, docs/perf-notes.md).
 std::vector<double> timed_turns(Ctx& x, int S, const std::vector<std::function<void()>>& fns) {
@@ -134,7 +120,7 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
       fused.us = t[0], base.us = t[1], alone.us = t[2];
       base.correct = alone.correct = true;
     } else {
-      fused.us = timed(x, S, fused_fn);
+      fused.us = timed_turns(x, S, {fused_fn})[0];
     }
     fused.ncomm = li.num_comm_sms;
     fused.variant = li.variant;
