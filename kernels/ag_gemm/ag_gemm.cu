@@ -115,14 +115,9 @@ LaunchInfo AgGemm::run(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf1
   for (int v = 0; v < 2; ++v)
     if (o.variant < 0 || o.variant == v)
       for (int n : comm_sms_candidates(M, K, m.c.world(), m.c.sm_count())) cands.push_back({v, n});
-  const std::string key = runtime::tune_key(tune_name("ag_gemm", o.variant), {M, N, K}, m.c.world(), device_key(m.c));
-  const runtime::TuneResult r = runtime::Tuner::global().choose(&m.c, key, cands, [&](const runtime::TuneCandidate& t) {
-    return time_launches(s, [&] { launch(a_shard, a_gathered, B, C, M, N, K, t.num_comm_sms, t.variant, s); }, 1,
-                         tune_iters(M, N, K));
+  return tuned_launch(m.c, "ag_gemm", o, M, N, K, cands, s, [&](const runtime::TuneCandidate& t) {
+    return launch(a_shard, a_gathered, B, C, M, N, K, t.num_comm_sms, t.variant, s);
   });
-  LaunchInfo li = launch(a_shard, a_gathered, B, C, M, N, K, r.choice.num_comm_sms, r.choice.variant, s);
-  li.tuned = true;
-  return li;
 }
 
 }  // namespace weave::tp

@@ -72,7 +72,7 @@ std::vector<long long> shape_args(int kind, DType t, ReduceOp op, const Shape& s
 }
 // The push all_reduce's scratch: per (pipe, source) `slots` slots of `slot_bytes`; one pipe per
 // warp (PairShape's 512 threads on 2 ranks, ReduceShape's 256 on more). Defaults (measured,
-// README): on 2 ranks 8 KiB x 2 slots, 33 MiB with 132 SMs (1-2 KiB slots lose 5-15 % of the
+// README): on 2 ranks 8 KiB x 2 slots, 33 MiB on an H200 (1-2 KiB slots lose 5-15 % of the
 // bandwidth: every step pays a fence per warp); at more ranks, not measured, 2 KiB x 2 (29 MiB
 // at W = 8). $WEAVE_COLL_PUSH_SLOT_BYTES and $WEAVE_COLL_PUSH_SLOTS override them for
 // experiments (compared across ranks with the call's arguments).

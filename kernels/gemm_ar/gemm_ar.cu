@@ -77,13 +77,9 @@ LaunchInfo GemmAR::run(const bf16* A, const bf16* B, bf16* out, int M, int N, in
   if (o.variant < 0 || o.variant == 1) cands.push_back({1, 0});
   if (o.variant <= 0)
     for (int n : comm_sms_candidates(M, N, m.c.world(), m.c.sm_count())) cands.push_back({0, n});
-  const std::string key = runtime::tune_key(tune_name("gemm_ar", o.variant), {M, N, K}, m.c.world(), device_key(m.c));
-  const runtime::TuneResult r = runtime::Tuner::global().choose(&m.c, key, cands, [&](const runtime::TuneCandidate& t) {
-    return time_launches(s, [&] { launch(A, B, out, M, N, K, t.num_comm_sms, t.variant, s); }, 1, tune_iters(M, N, K));
+  return tuned_launch(m.c, "gemm_ar", o, M, N, K, cands, s, [&](const runtime::TuneCandidate& t) {
+    return launch(A, B, out, M, N, K, t.num_comm_sms, t.variant, s);
   });
-  LaunchInfo li = launch(A, B, out, M, N, K, r.choice.num_comm_sms, r.choice.variant, s);
-  li.tuned = true;
-  return li;
 }
 
 }  // namespace weave::tp

@@ -96,13 +96,9 @@ LaunchInfo GemmRS::run(const bf16* A, const bf16* B, bf16* out, int M, int N, in
   const int row_tiles = (shard(M, m.c.world(), 0).size + kBM - 1) / kBM;
   for (int n : {4, 8, 16, 32})
     if (n <= row_tiles * ((N + kBN - 1) / kBN) && n < m.c.sm_count() / 2) cands.push_back({2, n});
-  const std::string key = runtime::tune_key(tune_name("gemm_rs", o.variant), {M, N, K}, m.c.world(), device_key(m.c));
-  const runtime::TuneResult r = runtime::Tuner::global().choose(&m.c, key, cands, [&](const runtime::TuneCandidate& t) {
-    return time_launches(s, [&] { launch(A, B, out, M, N, K, t.variant, t.num_comm_sms, s); }, 1, tune_iters(M, N, K));
+  return tuned_launch(m.c, "gemm_rs", o, M, N, K, cands, s, [&](const runtime::TuneCandidate& t) {
+    return launch(A, B, out, M, N, K, t.variant, t.num_comm_sms, s);
   });
-  LaunchInfo li = launch(A, B, out, M, N, K, r.choice.variant, r.choice.num_comm_sms, s);
-  li.tuned = true;
-  return li;
 }
 
 }  // namespace weave::tp

@@ -16,6 +16,7 @@
 #include "tp_common/schedule.hpp"
 #include "weave/common/error.hpp"
 #include "weave/runtime/communicator.hpp"
+#include "weave/runtime/tuner.hpp"
 #include "weave/tile/tma.hpp"
 
 namespace weave::tp {
@@ -181,6 +182,21 @@ inline std::string device_key(const runtime::Communicator& c) {
   for (auto& ch : n)
     if (ch == ' ' || ch == '|') ch = '_';
   return n + "_" + std::to_string(c.sm_count()) + "sm";
+}
+
+// A TP call's tuner path: the search (or the cached choice) over `cands` under the key (kernel
+// and its variant restriction, M x N x K, world, device), then the chosen launch. `launch(t)`
+// enqueues one call with candidate t and returns its LaunchInfo.
+template <class F>
+LaunchInfo tuned_launch(runtime::Communicator& c, const char* kernel, const Options& o, int M, int N, int K,
+                        const std::vector<runtime::TuneCandidate>& cands, cudaStream_t s, F&& launch) {
+  const std::string key = runtime::tune_key(tune_name(kernel, o.variant), {M, N, K}, c.world(), device_key(c));
+  const runtime::TuneResult r = runtime::Tuner::global().choose(&c, key, cands, [&](const runtime::TuneCandidate& t) {
+    return time_launches(s, [&] { launch(t); }, 1, tune_iters(M, N, K));
+  });
+  LaunchInfo li = launch(r.choice);
+  li.tuned = true;
+  return li;
 }
 
 }  // namespace weave::tp
