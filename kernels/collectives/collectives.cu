@@ -10,6 +10,7 @@
 #include "collectives/collectives.hpp"
 #include "collectives/kernel.cuh"
 #include "collectives/ll.cuh"
+#include "collectives/ll128.cuh"
 #include "collectives/plan.hpp"
 #include "collectives/push.cuh"
 #include "weave/common/error.hpp"
@@ -22,13 +23,18 @@ namespace {
 // directions. Below this size the single phase wins (measured; docs in README.md).
 constexpr size_t kOneShotMaxBytes = size_t(512) << 10;
 // LL doubles the bytes on the link; below this size its saved signal phases win (measured).
-constexpr size_t kLLAutoMaxBytes = size_t(1) << 20;
+constexpr size_t kLLAutoMaxBytes = size_t(256) << 10;
 // From here on the push all_reduce beats two-shot on 2 ranks (measured: equal at 64 MiB, 3-5 %
 // faster from 128 MiB, 10 % slower at 32 MiB; README.md).
 constexpr size_t kPushAutoMinBytes = size_t(64) << 20;
 // The same trade for all_gather (largest shard's bytes) and reduce_scatter (largest output slab).
 constexpr size_t kLLGatherAutoMaxBytes = size_t(512) << 10;
-constexpr size_t kLLScatterAutoMaxBytes = size_t(512) << 10;
+constexpr size_t kLLScatterAutoMaxBytes = size_t(256) << 10;
+// LL128 (3 % more bytes, no signal phase) up to these sizes where it fits its scratch; the
+// protocols above take the sizes below their own limits. all_gather's direct path (one phase of
+// plain stores each way) is as fast from 2 MiB shards on.
+constexpr size_t kLL128AutoMaxBytes = size_t(8) << 20;
+constexpr size_t kLL128GatherAutoMaxBytes = size_t(1) << 20;
 // Bytes of work per block: one 16-byte unit per thread and step, so that small calls spread
 // over many SMs and finish in one round trip of peer accesses.
 template <class S>
@@ -122,6 +128,19 @@ struct Collectives::Impl {
   // push ring's step totals and the direct path's signal totals all assume it.
   attention::CallOrder order;
   static constexpr size_t kLLLines = Collectives::kLLMaxBytes / 4;
+
+  // LL128 steps a warp sends ahead of the one it receives ($WEAVE_LL128_LAG for experiments).
+  int ll128_lag = [] {
+    const long long v = env_int("WEAVE_LL128_LAG", 1);
+    WEAVE_CHECK(v >= 1 && v <= 64, "WEAVE_LL128_LAG must be in 1..64, got ", v);
+    return static_cast<int>(v);
+  }();
+  // LL128: scratch[parity][source] of 128-byte lines, made (zeroed) by the first LL128 call, so
+  // that objects which never take it do not hold ~33 MiB of heap; same counter as LL.
+  std::optional<runtime::SymmetricTensor<unsigned long long>> ll128_scratch;
+  size_t ll128_slot_words() const {
+    return static_cast<size_t>(ll_lines(Collectives::ll128_max_bytes(comm.world()) / 4, kLL128Words)) * 16;
+  }
 
   // Push all_reduce: scratch and counters made by the first push call (every rank takes the
   // same path, checked), so that objects which never push do not hold 12-22 MiB of heap.
@@ -260,7 +279,8 @@ struct Collectives::Impl {
   // registered), its flag, and its slots: slot[q] is where this rank's lines for rank q go (in
   // q's scratch), mine[r] where rank r's lines for this rank arrive.
   template <class Args>
-  Args ll_next(const void* in, size_t in_bytes, void* out, size_t out_bytes, cudaStream_t s) {
+  Args ll_next(const void* in, size_t in_bytes, void* out, size_t out_bytes, cudaStream_t s,
+               runtime::SymmetricTensor<unsigned long long>& scratch, size_t slot_words) {
     comm.peers(in, in_bytes);
     comm.peers(out, out_bytes);
     Args a{};
@@ -272,10 +292,10 @@ struct Collectives::Impl {
     if (restart) ll_restart(s);
     ll_calls = flag;
     const size_t parity = ll_calls & 1;
-    const runtime::PeerPtrs sp = comm.peers(ll_scratch.data(), ll_scratch.bytes());
+    const runtime::PeerPtrs sp = comm.peers(scratch.data(), scratch.bytes());
     for (int r = 0; r < W; ++r) {
-      a.slot[r] = static_cast<unsigned long long*>(sp[r]) + (parity * W + me) * kLLLines;
-      a.mine[r] = ll_scratch.data() + (parity * W + r) * kLLLines;
+      a.slot[r] = static_cast<unsigned long long*>(sp[r]) + (parity * W + me) * slot_words;
+      a.mine[r] = scratch.data() + (parity * W + r) * slot_words;
     }
     a.flag = ll_calls;
     a.sig = ll_sig.view();
@@ -288,6 +308,7 @@ struct Collectives::Impl {
     WEAVE_CUDA_CHECK(cudaStreamSynchronize(s));
     comm.barrier();
     WEAVE_CUDA_CHECK(cudaMemsetAsync(ll_scratch.data(), 0, ll_scratch.bytes(), s));
+    if (ll128_scratch) WEAVE_CUDA_CHECK(cudaMemsetAsync(ll128_scratch->data(), 0, ll128_scratch->bytes(), s));
     WEAVE_CUDA_CHECK(cudaStreamSynchronize(s));
     comm.barrier();
   }
@@ -296,7 +317,7 @@ struct Collectives::Impl {
   }
 
   void ll_all_reduce(const void* in, void* out, long long bytes, DType t, ReduceOp op, cudaStream_t s) {
-    LLArgs a = ll_next<LLArgs>(in, bytes, out, bytes, s);
+    LLArgs a = ll_next<LLArgs>(in, bytes, out, bytes, s, ll_scratch, kLLLines);
     a.bytes = bytes;
     const int blocks = ll_blocks((bytes + 3) / 4);
     by_type_and_op(t, op,
@@ -306,7 +327,7 @@ struct Collectives::Impl {
   // LL all_gather (gather) or reduce_scatter; the grid covers one rank's share of the lines.
   void ll_shard(bool gather, const LLPlan& plan, const void* in, size_t in_bytes, void* out, size_t out_bytes, DType t,
                 ReduceOp op, cudaStream_t s) {
-    LLShardArgs a = ll_next<LLShardArgs>(in, in_bytes, out, out_bytes, s);
+    LLShardArgs a = ll_next<LLShardArgs>(in, in_bytes, out, out_bytes, s, ll_scratch, kLLLines);
     a.plan = plan;
     const int blocks = ll_blocks(plan.max_lines);
     if (gather) {
@@ -315,6 +336,53 @@ struct Collectives::Impl {
     } else {
       by_type_and_op(t, op,
                      [&]<class T, ReduceOp Op>() { ll_reduce_scatter_kernel<T, Op><<<blocks, kLLThreads, 0, s>>>(a); });
+    }
+  }
+
+  // LL128 scratch bytes (2 parities x world sources) and whether it exists or fits in the heap.
+  long long ll128_heap_bytes() const {
+    return static_cast<long long>(2 * comm.world() * ll128_slot_words() * sizeof(unsigned long long));
+  }
+  bool ll128_fits() const {
+    return ll128_scratch || static_cast<long long>(comm.heap_bytes() - comm.heap_used()) >= ll128_heap_bytes();
+  }
+  // Makes the LL128 scratch on the first LL128 call (collective; every rank decided alike),
+  // zeroed on every rank before any rank writes a line into it.
+  void ll128_ready(cudaStream_t s) {
+    if (ll128_scratch) return;
+    ll128_scratch.emplace(comm, 2 * comm.world() * ll128_slot_words());
+    WEAVE_CUDA_CHECK(cudaMemsetAsync(ll128_scratch->data(), 0, ll128_scratch->bytes(), s));
+    WEAVE_CUDA_CHECK(cudaStreamSynchronize(s));
+    comm.barrier();
+  }
+  int ll128_blocks(long long lines) const {
+    constexpr int lines_per_block = kLL128Threads / kLL128Pieces;
+    return static_cast<int>(std::clamp<long long>((lines + lines_per_block - 1) / lines_per_block, 1, blocks_max));
+  }
+  void ll128_all_reduce(const void* in, void* out, long long bytes, DType t, ReduceOp op, cudaStream_t s) {
+    ll128_ready(s);
+    LLArgs a = ll_next<LLArgs>(in, bytes, out, bytes, s, *ll128_scratch, ll128_slot_words());
+    a.bytes = bytes;
+    a.lag = ll128_lag;
+    const int blocks = ll128_blocks(ll_lines((bytes + 3) / 4, kLL128Words));
+    by_type_and_op(t, op, [&]<class T, ReduceOp Op>() {
+      ll128_all_reduce_kernel<T, Op><<<blocks, kLL128Threads, 0, s>>>(a);
+    });
+  }
+  void ll128_shard(bool gather, const LLPlan& plan, const void* in, size_t in_bytes, void* out, size_t out_bytes,
+                   DType t, ReduceOp op, cudaStream_t s) {
+    ll128_ready(s);
+    LLShardArgs a = ll_next<LLShardArgs>(in, in_bytes, out, out_bytes, s, *ll128_scratch, ll128_slot_words());
+    a.plan = plan;
+    a.lag = ll128_lag;
+    const int blocks = ll128_blocks(plan.max_lines);
+    if (gather) {
+      ll128_all_gather_kernel<<<blocks, kLL128Threads, 0, s>>>(a);
+      WEAVE_CUDA_CHECK(cudaGetLastError());
+    } else {
+      by_type_and_op(t, op, [&]<class T, ReduceOp Op>() {
+        ll128_reduce_scatter_kernel<T, Op><<<blocks, kLL128Threads, 0, s>>>(a);
+      });
     }
   }
 
@@ -393,25 +461,35 @@ AllReduceAlgo Collectives::all_reduce_algo(size_t bytes, bool in_place, bool ali
   // automatic must not turn a call two-shot can make into an allocation failure. The heap's
   // state is the same on every rank (allocations are collective), so every rank decides alike.
   const bool push_ok = impl_->comm.world() == 2 && bytes >= kPushAutoMinBytes && impl_->push_fits();
+  const bool ll128_ok = bytes <= ll128_max_bytes(impl_->comm.world()) && aligned4 && impl_->ll128_fits();
   if (a == AllReduceAlgo::automatic)
-    a = ll_ok && bytes <= kLLAutoMaxBytes ? AllReduceAlgo::ll
-        : bytes <= kOneShotMaxBytes       ? AllReduceAlgo::one_shot
-        : push_ok                         ? AllReduceAlgo::push
-                                          : AllReduceAlgo::two_shot;
+    a = ll_ok && bytes <= kLLAutoMaxBytes          ? AllReduceAlgo::ll
+        : ll128_ok && bytes <= kLL128AutoMaxBytes ? AllReduceAlgo::ll128
+        : bytes <= kOneShotMaxBytes               ? AllReduceAlgo::one_shot
+        : push_ok                                 ? AllReduceAlgo::push
+                                                  : AllReduceAlgo::two_shot;
   if (a == AllReduceAlgo::ll && !ll_ok) a = AllReduceAlgo::two_shot;
+  if (a == AllReduceAlgo::ll128 && !ll128_ok) a = AllReduceAlgo::two_shot;
   if (a == AllReduceAlgo::one_shot && in_place) a = AllReduceAlgo::two_shot;  // would overwrite what peers read
   return a;
 }
 
 namespace {
-// LL for a shard collective: an allowed shape, every rank's shard (all_gather) or slab
+// LL or LL128 for a shard collective: an allowed shape, every rank's shard (all_gather) or slab
 // (reduce_scatter) within the scratch slot, and within the automatic limit unless forced.
-ShardAlgo shard_algo(ShardAlgo a, size_t auto_max, const Shape& full, int dim, DType t, int world, bool aligned) {
+ShardAlgo shard_algo(ShardAlgo a, size_t auto_max, size_t ll128_auto_max, const Shape& full, int dim, DType t,
+                     int world, bool aligned, bool ll128_fits) {
   const int elt = static_cast<int>(dtype_size(t));
   const size_t largest = full.numel() / std::max<long long>(full.d[dim], 1) * shard(full.d[dim], world, 0).size * elt;
-  const bool ll_ok = aligned && ll_shape_ok(full, dim, elt, world) && largest <= Collectives::kLLMaxBytes;
-  if (a == ShardAlgo::automatic) a = ll_ok && largest <= auto_max ? ShardAlgo::ll : ShardAlgo::direct;
+  const bool shape_ok = aligned && ll_shape_ok(full, dim, elt, world);
+  const bool ll_ok = shape_ok && largest <= Collectives::kLLMaxBytes;
+  const bool ll128_ok = shape_ok && ll128_fits && largest <= Collectives::ll128_max_bytes(world);
+  if (a == ShardAlgo::automatic)
+    a = ll_ok && largest <= auto_max                ? ShardAlgo::ll
+        : ll128_ok && largest <= ll128_auto_max ? ShardAlgo::ll128
+                                                    : ShardAlgo::direct;
   if (a == ShardAlgo::ll && !ll_ok) a = ShardAlgo::direct;
+  if (a == ShardAlgo::ll128 && !ll128_ok) a = ShardAlgo::direct;
   return a;
 }
 }  // namespace
@@ -434,6 +512,8 @@ void Collectives::all_reduce(const void* in, void* out, size_t count, DType t, R
   m.order.before(s);
   if (algo == AllReduceAlgo::ll) {
     m.ll_all_reduce(in, out, bytes, t, op, s);
+  } else if (algo == AllReduceAlgo::ll128) {
+    m.ll128_all_reduce(in, out, bytes, t, op, s);
   } else if (algo == AllReduceAlgo::push && m.push_ready(m.algo == AllReduceAlgo::automatic)) {
     m.push_all_reduce(in, out, bytes, t, op, s);
   } else {
@@ -456,6 +536,9 @@ void Collectives::all_gather(const void* in, void* out, const Shape& full, int d
   if (algo == ShardAlgo::ll)
     m.ll_shard(true, plan_ll_all_gather(full, dim, elt, W, r), in, std::max<long long>(mine * elt, 1), out, n * elt, t,
                ReduceOp::sum, s);
+  else if (algo == ShardAlgo::ll128)
+    m.ll128_shard(true, plan_ll_all_gather(full, dim, elt, W, r, kLL128Words), in, std::max<long long>(mine * elt, 1),
+                  out, n * elt, t, ReduceOp::sum, s);
   else
     m.launch(plan_all_gather(full, dim, elt, W, r), in, std::max<long long>(mine * elt, 1), out, n * elt, t,
              ReduceOp::sum, n * elt, s);
@@ -475,6 +558,9 @@ void Collectives::reduce_scatter(const void* in, void* out, const Shape& full, i
   if (algo == ShardAlgo::ll)
     m.ll_shard(false, plan_ll_reduce_scatter(full, dim, elt, W, r), in, n * elt, out,
                std::max<long long>(mine * elt, 1), t, op, s);
+  else if (algo == ShardAlgo::ll128)
+    m.ll128_shard(false, plan_ll_reduce_scatter(full, dim, elt, W, r, kLL128Words), in, n * elt, out,
+                  std::max<long long>(mine * elt, 1), t, op, s);
   else
     m.launch(plan_reduce_scatter(full, dim, elt, W, r), in, n * elt, out, std::max<long long>(mine * elt, 1), t, op,
              n * elt / W, s);
@@ -484,10 +570,14 @@ void Collectives::reduce_scatter(const void* in, void* out, const Shape& full, i
 void Collectives::set_all_gather_algo(ShardAlgo a) { impl_->ag_algo = a; }
 void Collectives::set_reduce_scatter_algo(ShardAlgo a) { impl_->rs_algo = a; }
 ShardAlgo Collectives::all_gather_algo(const Shape& full, int dim, DType t, bool aligned) const {
-  return shard_algo(impl_->ag_algo, kLLGatherAutoMaxBytes, full, dim, t, impl_->comm.world(), aligned);
+  return shard_algo(impl_->ag_algo, kLLGatherAutoMaxBytes, kLL128GatherAutoMaxBytes, full, dim, t, impl_->comm.world(),
+                    aligned,
+                    impl_->ll128_fits());
 }
 ShardAlgo Collectives::reduce_scatter_algo(const Shape& full, int dim, DType t, bool aligned) const {
-  return shard_algo(impl_->rs_algo, kLLScatterAutoMaxBytes, full, dim, t, impl_->comm.world(), aligned);
+  return shard_algo(impl_->rs_algo, kLLScatterAutoMaxBytes, kLL128AutoMaxBytes, full, dim, t, impl_->comm.world(),
+                    aligned,
+                    impl_->ll128_fits());
 }
 
 void Collectives::all_to_all_seq_to_head(const void* in, void* out, long long B, long long S, long long H, long long D,

@@ -39,18 +39,23 @@ __host__ __device__ inline Range shard(long long n, int world, int r) {
 // signal phase, twice the bytes; up to Collectives::kLLMaxBytes, 4-byte aligned buffers), and
 // push (two-shot whose first half stores each slab into its owner's scratch instead of the owner
 // loading it, pipelined per warp through a bounded scratch ring made by the first push call;
-// for large inputs).
-enum class AllReduceAlgo : int { automatic = 0, one_shot = 1, two_shot = 2, ll = 3, push = 4 };
+// for large inputs), and LL128 (LL with one flag per 128-byte line: 3 % more bytes instead of
+// twice, in a scratch made by the first LL128 call; up to Collectives::ll128_max_bytes).
+enum class AllReduceAlgo : int { automatic = 0, one_shot = 1, two_shot = 2, ll = 3, push = 4, ll128 = 5 };
 
 // all_gather / reduce_scatter algorithms: direct (peers' user buffers read or written in place,
 // framed by an arrival and a completion signal phase) and LL (flagged lines through the library's
 // scratch, no signal phase, twice the bytes; for shards up to Collectives::kLLMaxBytes whose rows
-// are whole 4-byte words, on 4-byte aligned buffers).
-enum class ShardAlgo : int { automatic = 0, direct = 1, ll = 2 };
+// are whole 4-byte words, on 4-byte aligned buffers), and LL128 (the same with one flag per 128-byte
+// line, for shards up to Collectives::ll128_max_bytes).
+enum class ShardAlgo : int { automatic = 0, direct = 1, ll = 2, ll128 = 3 };
 
 class Collectives {
  public:
   static constexpr size_t kLLMaxBytes = size_t(1) << 20;
+  // The most bytes one LL128 call sends to one peer (all_reduce: the input; all_gather: a shard;
+  // reduce_scatter: a slab): 16 MiB / world, so that the scratch is ~33 MiB at any world size.
+  static size_t ll128_max_bytes(int world) { return (size_t(16) << 20) / world / 4 * 4; }
   // Collective: allocates the signal sets and scratch it needs in the communicator's heap.
   explicit Collectives(runtime::Communicator& comm);
   ~Collectives();

@@ -27,6 +27,7 @@ struct LLArgs {
   long long bytes;                            // input bytes (a multiple of the element size)
   unsigned flag;                              // this call's number; never 0
   signals sig;                                // rank, world, and the timeout diagnostics
+  int lag;                                    // LL128 only: steps sent ahead of the one received
 };
 
 // all_gather / reduce_scatter: what moves is described by the plan (plan.hpp), in words.
@@ -38,6 +39,7 @@ struct LLShardArgs {
   LLPlan plan;
   unsigned flag;
   signals sig;
+  int lag;  // LL128 only, as in LLArgs
 };
 
 inline constexpr int kLLThreads = 512;

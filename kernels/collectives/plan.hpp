@@ -249,6 +249,7 @@ struct WordRegion {
 // Every rank sends at least one line to every peer and polls at least one from every peer, even
 // where a shard is empty: the scratch-reuse argument (ll.cuh) needs every LL call to hear from
 // every peer. A line past a region's words carries only the flag.
+// `wpl` data words per line: 1 for LL (8-byte lines), kLL128Words for LL128 (128-byte lines).
 struct LLPlan {
   WordRegion send[kMaxWorld];  // words of my input that go to rank q (all_gather: my whole input)
   long long lines_to[kMaxWorld] = {}, lines_from[kMaxWorld] = {};  // per peer, >= 1; 0 for myself
@@ -278,6 +279,17 @@ __host__ __device__ inline WordRegion contiguous_words(long long words) {
 __host__ __device__ inline long long at_least_one(long long n) { return n > 0 ? n : 1; }
 }  // namespace detail
 
+// LL128 line layout (ll128.cuh): a 128-byte line is 8 lanes x 4 words; lane j's word k holds data
+// word 8k + j of the line, so that the 8 lanes of a group read or write 8 consecutive words per
+// step (32 contiguous bytes), and lane 7's word 3 holds the flag. 31 data words per line.
+inline constexpr int kLL128Words = 31;
+// Data word (in line units) that lane j, word k of a line carries; -1 for the flag.
+__host__ __device__ constexpr int ll128_slot_word(int j, int k) { return 8 * k + j < kLL128Words ? 8 * k + j : -1; }
+// Lines that carry `words` data words with `wpl` words per line; at least one (a flag-only line).
+__host__ __device__ inline long long ll_lines(long long words, int wpl) {
+  return detail::at_least_one((words + wpl - 1) / wpl);
+}
+
 // Whether LL can carry this shape: every rank's shard row a whole number of 4-byte words (then so
 // are every offset and pitch, which are sums of them).
 __host__ __device__ inline bool ll_shape_ok(const Shape& full, int dim, int elt, int world) {
@@ -289,37 +301,40 @@ __host__ __device__ inline bool ll_shape_ok(const Shape& full, int dim, int elt,
 
 namespace detail {
 // Every rank's slab of the full tensor as words into g[], and the plan's largest slot (>= 1 line).
-__host__ __device__ inline void ll_slabs(LLPlan& p, WordRegion* g, const Shape& full, int dim, int elt, int world) {
+__host__ __device__ inline void ll_slabs(LLPlan& p, WordRegion* g, const Shape& full, int dim, int elt, int world,
+                                         int wpl) {
   const Split3 v = split3(full, dim);
   for (int q = 0; q < world; ++q) {
     g[q] = slab_words(v, elt, world, q);
-    p.max_lines = p.max_lines > g[q].words() ? p.max_lines : g[q].words();
+    const long long lines = ll_lines(g[q].words(), wpl);
+    p.max_lines = p.max_lines > lines ? p.max_lines : lines;
   }
-  p.max_lines = at_least_one(p.max_lines);
 }
 }  // namespace detail
 
 // all_gather: rank r's contiguous input to every peer; rank p's lines land in p's slab.
-__host__ __device__ inline LLPlan plan_ll_all_gather(const Shape& full, int dim, int elt, int world, int r) {
+__host__ __device__ inline LLPlan plan_ll_all_gather(const Shape& full, int dim, int elt, int world, int r,
+                                                     int wpl = 1) {
   LLPlan p;
-  detail::ll_slabs(p, p.place, full, dim, elt, world);
+  detail::ll_slabs(p, p.place, full, dim, elt, world, wpl);
   const long long mine = p.place[r].words();
   for (int q = 0; q < world; ++q) {
     p.send[q] = detail::contiguous_words(mine);
-    p.lines_to[q] = q == r ? 0 : detail::at_least_one(mine);
-    p.lines_from[q] = q == r ? 0 : detail::at_least_one(p.place[q].words());
+    p.lines_to[q] = q == r ? 0 : ll_lines(mine, wpl);
+    p.lines_from[q] = q == r ? 0 : ll_lines(p.place[q].words(), wpl);
   }
   return p;
 }
 
 // reduce_scatter: rank q's slab of rank r's input to rank q; r reduces its own slab.
-__host__ __device__ inline LLPlan plan_ll_reduce_scatter(const Shape& full, int dim, int elt, int world, int r) {
+__host__ __device__ inline LLPlan plan_ll_reduce_scatter(const Shape& full, int dim, int elt, int world, int r,
+                                                         int wpl = 1) {
   LLPlan p;
-  detail::ll_slabs(p, p.send, full, dim, elt, world);
+  detail::ll_slabs(p, p.send, full, dim, elt, world, wpl);
   p.own = p.send[r];
   for (int q = 0; q < world; ++q) {
-    p.lines_to[q] = q == r ? 0 : detail::at_least_one(p.send[q].words());
-    p.lines_from[q] = q == r ? 0 : detail::at_least_one(p.own.words());
+    p.lines_to[q] = q == r ? 0 : ll_lines(p.send[q].words(), wpl);
+    p.lines_from[q] = q == r ? 0 : ll_lines(p.own.words(), wpl);
   }
   return p;
 }

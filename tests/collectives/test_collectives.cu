@@ -43,14 +43,18 @@ std::vector<GatherCase> gather_cases() {
 }
 // Every all_gather / reduce_scatter case runs with each setting; LL falls back to direct where
 // the shape or size does not allow it (the cases above include both sides).
-const coll::ShardAlgo kShardAlgos[] = {coll::ShardAlgo::automatic, coll::ShardAlgo::direct, coll::ShardAlgo::ll};
+const coll::ShardAlgo kShardAlgos[] = {coll::ShardAlgo::automatic, coll::ShardAlgo::direct, coll::ShardAlgo::ll,
+                                       coll::ShardAlgo::ll128};
 // fn(trace, dtype, case) for every setting (set through `set`, automatic again afterwards),
 // dtype and case; in place only where the shard is contiguous (NCCL's convention).
 template <class Set, class F>
 void for_shard_cases(const char* what, Set&& set, bool in_place, F&& fn) {
   for (auto algo : kShardAlgos) {
     set(algo);
-    const char* name = algo == coll::ShardAlgo::automatic ? "auto" : algo == coll::ShardAlgo::direct ? "direct" : "ll";
+    const char* name = algo == coll::ShardAlgo::automatic ? "auto"
+                       : algo == coll::ShardAlgo::direct  ? "direct"
+                       : algo == coll::ShardAlgo::ll      ? "ll"
+                                                          : "ll128";
     for (DType t : kTypes)
       for (const auto& c : gather_cases()) {
         if (in_place && ref::split(c.full, c.dim).outer != 1) continue;
@@ -100,7 +104,7 @@ TEST(Collectives, AllReduce) {
   const long long counts[] = {0, 1, 2, 7, 777, 65537, 1000 * 777 + 1, (1 << 21) + 3};
   const coll::AllReduceAlgo algos[] = {coll::AllReduceAlgo::automatic, coll::AllReduceAlgo::one_shot,
                                        coll::AllReduceAlgo::two_shot, coll::AllReduceAlgo::ll,
-                                       coll::AllReduceAlgo::push};
+                                       coll::AllReduceAlgo::push, coll::AllReduceAlgo::ll128};
   // Push pipelines a call in steps per warp: these counts take 5-6 steps, more than the scratch
   // ring's slots, on an odd count (the tail past the last 16-byte unit); fp32's first is 64 MiB,
   // where automatic takes push on 2 ranks.
@@ -110,6 +114,9 @@ TEST(Collectives, AllReduce) {
     std::vector<long long> ns(std::begin(counts), std::end(counts));
     if (algo == coll::AllReduceAlgo::push || algo == coll::AllReduceAlgo::automatic)
       ns.insert(ns.end(), std::begin(push_counts), std::end(push_counts));
+    // LL128: several steps per warp on an odd count (bf16 6 MB; fp32 past the 2-rank limit, so
+    // it falls back to two-shot).
+    if (algo == coll::AllReduceAlgo::ll128) ns.push_back(3000001);
     for (DType t : kTypes)
       for (ReduceOp op : kOps)
         for (long long n : ns)
@@ -400,6 +407,47 @@ TEST(Collectives, BackToBack) {
       c.set_reduce_scatter_algo(coll::ShardAlgo::automatic);
       c.set_all_reduce_algo(coll::AllReduceAlgo::automatic);
     }
+    {  // LL128 beside LL (one call counter, two scratch regions): LL128 all_gather and
+       // reduce_scatter along a strided dimension, an LL all_reduce, then an LL128 all_reduce of
+       // several steps per warp, in place on odd iterations; each output checked.
+      auto& c = x.coll;
+      c.set_all_gather_algo(coll::ShardAlgo::ll128);
+      c.set_reduce_scatter_algo(coll::ShardAlgo::ll128);
+      const Shape ls = shape({1001, 2LL * W * 65});
+      const long long mine = ref::shard_numel(ls, 1, W, me), big = 1000LL * 777 + 1;
+      EXPECT_EQ(c.all_gather_algo(ls, 1, t), coll::ShardAlgo::ll128);
+      EXPECT_EQ(c.reduce_scatter_algo(ls, 1, t), coll::ShardAlgo::ll128);
+      Buf sh(max_shard_numel(ls, 1), t), full_buf(ls.numel(), t), sh_out(max_shard_numel(ls, 1), t);
+      Buf ar(4099, t), ar_out(4099, t), bin(big, t), bout(big, t);
+      x.check.reset(x.s);
+      settle();
+      for (int it = 0; it < kIters; ++it) {
+        const uint64_t s = seed + 19 * it;
+        ref::fill(sh.p, mine, t, s, me, Values::integers, x.s);
+        c.all_gather(sh.p, full_buf.p, ls, 1, t, x.s);
+        x.check.check(full_buf.p, nullptr, ref::map_all_gather(ls, 1, W, me), t, s, Values::integers, ReduceOp::sum, 0,
+                      x.s, it + 1);
+        ref::fill(full_buf.p, ls.numel(), t, s + 1, me, Values::integers, x.s);
+        c.reduce_scatter(full_buf.p, sh_out.p, ls, 1, t, ReduceOp::sum, x.s);
+        x.check.check(sh_out.p, nullptr, ref::map_reduce_scatter(ls, 1, W, me), t, s + 1, Values::integers,
+                      ReduceOp::sum, 0, x.s, it + 1);
+        c.set_all_reduce_algo(coll::AllReduceAlgo::ll);
+        ref::fill(ar.p, 4099, t, s + 2, me, Values::integers, x.s);
+        c.all_reduce(ar.p, ar_out.p, 4099, t, ReduceOp::sum, x.s);
+        x.check.check(ar_out.p, nullptr, ref::map_all_reduce(4099, W, me), t, s + 2, Values::integers, ReduceOp::sum, 0,
+                      x.s, it + 1);
+        c.set_all_reduce_algo(coll::AllReduceAlgo::ll128);
+        ref::fill(bin.p, big, t, s + 3, me, Values::integers, x.s);
+        void* o = it % 2 ? bin.p : bout.p;
+        c.all_reduce(bin.p, o, big, t, ReduceOp::sum, x.s);
+        x.check.check(o, nullptr, ref::map_all_reduce(big, W, me), t, s + 3, Values::integers, ReduceOp::sum, 0, x.s,
+                      it + 1);
+      }
+      report("LL128 all_gather / reduce_scatter / all_reduce with LL interleaved back to back", t);
+      c.set_all_gather_algo(coll::ShardAlgo::automatic);
+      c.set_reduce_scatter_algo(coll::ShardAlgo::automatic);
+      c.set_all_reduce_algo(coll::AllReduceAlgo::automatic);
+    }
     {  // Ulysses there and back: the round trip must give each rank its own input again
       const long long seq_part = u.B * coll::shard(u.S, W, me).size * u.H * u.D;
       const long long seq_max = u.B * coll::shard(u.S, W, 0).size * u.H * u.D;
@@ -437,7 +485,7 @@ TEST(Collectives, OneObjectOnTwoStreams) {
     long long count;
   };
   for (const Case& c : {Case{coll::AllReduceAlgo::ll, 40001}, Case{coll::AllReduceAlgo::two_shot, 1000003},
-                        Case{coll::AllReduceAlgo::push, 3000017}}) {
+                        Case{coll::AllReduceAlgo::push, 3000017}, Case{coll::AllReduceAlgo::ll128, 1000003}}) {
     x.coll.set_all_reduce_algo(c.algo);
     constexpr int kCalls = 6;
     std::vector<std::unique_ptr<Buf>> in, out;

@@ -270,8 +270,9 @@ TEST(Schedule, StaggeredOrderServesEveryRankOnceLocalLast) {
 // half-word-wise sum.
 namespace {
 
+// Lines carry `wpl` words (1: LL, kLL128Words: LL128); the scratch is simulated word by word.
 struct LLSim {
-  int W;
+  int W, wpl;
   std::vector<std::vector<uint16_t>> in, out;  // half-words
   std::vector<std::vector<int>> writes;        // per output word
   // scratch[q][p]: lines rank p wrote for rank q this call (value, written)
@@ -297,9 +298,12 @@ struct LLSim {
       }
       ASSERT_GE(p.lines_to[q], 1) << "rank " << r << " sends nothing to " << q;
       ASSERT_LE(p.lines_to[q], p.max_lines);
+      // Enough lines for the words, and no line beyond the one that carries the last word.
+      ASSERT_GE(p.lines_to[q] * wpl, p.send[q].words());
+      ASSERT_LT((p.lines_to[q] - 1) * wpl, std::max(p.send[q].words(), 1ll));
       auto& slot = scratch[q][r];
-      slot.assign(p.lines_to[q], {0, false});
-      for (long long i = 0; i < p.lines_to[q]; ++i)
+      slot.assign(p.lines_to[q] * wpl, {0, false});
+      for (long long i = 0; i < p.lines_to[q] * wpl; ++i)
         slot[i] = {i < p.send[q].words() ? word(in[r], p.send[q].byte(i)) : 0u, true};
     }
   }
@@ -322,41 +326,42 @@ Geometry geometry(const Shape& s, int dim) {
   return g;
 }
 
-// fn(W, elt, full, dim) on random shapes the LL path accepts, W = 2..8, 2- and 4-byte elements;
-// checks that enough of them were found.
+// fn(W, elt, full, dim, rng, wpl) on random shapes the LL path accepts, W = 2..8, 2- and 4-byte
+// elements, LL and LL128 lines; checks that enough of them were found.
 template <class F>
 void for_ll_shapes(unsigned seed, F&& fn) {
   std::mt19937 rng(seed);
   int tested = 0;
-  for (int W = 2; W <= 8; ++W)
-    for (int elt : {2, 4})
-      for (int trial = 0; trial < 60; ++trial) {
-        Shape full = random_shape(rng);
-        const int dim = rng() % full.ndim;
-        if (!ll_shape_ok(full, dim, elt, W)) continue;
-        ++tested;
-        fn(W, elt, full, dim, rng);
-        if (::testing::Test::HasFatalFailure()) return;
-      }
-  EXPECT_GT(tested, 300);
+  for (int wpl : {1, kLL128Words})
+    for (int W = 2; W <= 8; ++W)
+      for (int elt : {2, 4})
+        for (int trial = 0; trial < 60; ++trial) {
+          Shape full = random_shape(rng);
+          const int dim = rng() % full.ndim;
+          if (!ll_shape_ok(full, dim, elt, W)) continue;
+          ++tested;
+          fn(W, elt, full, dim, rng, wpl);
+          if (::testing::Test::HasFatalFailure()) return;
+        }
+  EXPECT_GT(tested, 600);
 }
 
 }  // namespace
 
 TEST(Schedule, LLAllGatherAnyDim) {
-  for_ll_shapes(6, [](int W, int elt, const Shape& full, int dim, std::mt19937& rng) {
+  for_ll_shapes(6, [](int W, int elt, const Shape& full, int dim, std::mt19937& rng, int wpl) {
     const Geometry g = geometry(full, dim);
     const long long row = g.inner * elt, full_bytes = full.numel() * elt;
     std::vector<uint16_t> G(full_bytes / 2 + 1);
     for (auto& x : G) x = static_cast<uint16_t>(rng());
-    LLSim sim{W};
+    LLSim sim{W, wpl};
     sim.in.assign(W, {});
     sim.out.assign(W, std::vector<uint16_t>(full_bytes / 2 + 2, 0xffff));
     sim.writes.assign(W, std::vector<int>(full_bytes / 4 + 1, 0));
     sim.scratch.assign(W, std::vector<std::vector<std::pair<uint32_t, bool>>>(W));
     std::vector<LLPlan> plan;
     for (int r = 0; r < W; ++r) {
-      plan.push_back(plan_ll_all_gather(full, dim, elt, W, r));
+      plan.push_back(plan_ll_all_gather(full, dim, elt, W, r, wpl));
       const Range sh = shard(g.mid, W, r);
       sim.in[r].assign(g.outer * sh.size * row / 2 + 2, 0);  // rank r's shard, contiguous
       for (long long o = 0; o < g.outer; ++o)
@@ -371,7 +376,7 @@ TEST(Schedule, LLAllGatherAnyDim) {
       for (int f = 0; f < W; ++f) {
         if (f == q) continue;
         ASSERT_EQ(p.lines_from[f], plan[f].lines_to[q]) << "W=" << W << " rank " << q << " from " << f;
-        for (long long i = 0; i < p.lines_from[f]; ++i) {
+        for (long long i = 0; i < p.lines_from[f] * wpl; ++i) {
           const uint32_t w = sim.receive(q, f, i);
           if (i < p.place[f].words()) sim.put(q, p.place[f].byte(i), w);
         }
@@ -385,10 +390,10 @@ TEST(Schedule, LLAllGatherAnyDim) {
 }
 
 TEST(Schedule, LLReduceScatterAnyDim) {
-  for_ll_shapes(7, [](int W, int elt, const Shape& full, int dim, std::mt19937& rng) {
+  for_ll_shapes(7, [](int W, int elt, const Shape& full, int dim, std::mt19937& rng, int wpl) {
     const Geometry g = geometry(full, dim);
     const long long row = g.inner * elt, full_bytes = full.numel() * elt;
-    LLSim sim{W};
+    LLSim sim{W, wpl};
     sim.in.assign(W, std::vector<uint16_t>(full_bytes / 2 + 2));
     for (auto& v : sim.in)
       for (auto& x : v) x = static_cast<uint16_t>(rng());
@@ -397,7 +402,7 @@ TEST(Schedule, LLReduceScatterAnyDim) {
     sim.scratch.assign(W, std::vector<std::vector<std::pair<uint32_t, bool>>>(W));
     std::vector<LLPlan> plan;
     for (int r = 0; r < W; ++r) {
-      plan.push_back(plan_ll_reduce_scatter(full, dim, elt, W, r));
+      plan.push_back(plan_ll_reduce_scatter(full, dim, elt, W, r, wpl));
       const long long mine = g.outer * shard(g.mid, W, r).size * row;
       sim.out[r].assign(mine / 2 + 2, 0xffff);
       sim.writes[r].assign(mine / 4 + 1, 0);
@@ -408,7 +413,8 @@ TEST(Schedule, LLReduceScatterAnyDim) {
       for (int f = 0; f < W; ++f)
         if (f != q) ASSERT_EQ(p.lines_from[f], plan[f].lines_to[q]) << "W=" << W << " rank " << q << " from " << f;
       const long long n = p.own.words();
-      for (long long i = 0; i < std::max(n, 1ll); ++i) {
+      ASSERT_GE(p.lines_from[(q + 1) % W] * wpl, n);
+      for (long long i = 0; i < p.lines_from[(q + 1) % W] * wpl; ++i) {
         uint16_t acc[2] = {0, 0};
         for (int r = 0; r < W; ++r) {
           const uint32_t w = r == q ? (i < n ? sim.word(sim.in[q], p.own.byte(i)) : 0u) : sim.receive(q, r, i);
@@ -429,6 +435,35 @@ TEST(Schedule, LLReduceScatterAnyDim) {
         }
     }
   });
+}
+
+// LL128 line layout: the 8 lanes x 4 words of a line carry data words 0..30 once each, in runs
+// of 8 consecutive words per word index k (what makes a group's loads and stores contiguous),
+// and the flag in lane 7's last word, where no data word ever lands.
+TEST(Schedule, LL128LineLayout) {
+  std::vector<int> seen(kLL128Words, 0);
+  int flags = 0;
+  for (int j = 0; j < 8; ++j)
+    for (int k = 0; k < 4; ++k) {
+      const int w = ll128_slot_word(j, k);
+      if (w < 0) {
+        ++flags;
+        EXPECT_TRUE(j == 7 && k == 3) << "flag at lane " << j << " word " << k;
+        continue;
+      }
+      ASSERT_LT(w, kLL128Words);
+      ++seen[w];
+      if (j > 0 && ll128_slot_word(j - 1, k) >= 0) EXPECT_EQ(w, ll128_slot_word(j - 1, k) + 1);
+    }
+  EXPECT_EQ(flags, 1);
+  for (int w = 0; w < kLL128Words; ++w) EXPECT_EQ(seen[w], 1) << "data word " << w;
+  // Lines for a word count: enough, none spare, at least one.
+  for (long long n : {0ll, 1ll, 30ll, 31ll, 32ll, 62ll, 63ll, 1000003ll}) {
+    const long long l = ll_lines(n, kLL128Words);
+    EXPECT_GE(l, 1);
+    EXPECT_GE(l * kLL128Words, n);
+    EXPECT_LT((l - 1) * kLL128Words, std::max(n, 1ll));
+  }
 }
 
 // LL flags: never 0, consecutive calls alternate slot parity, and no flag repeats without a

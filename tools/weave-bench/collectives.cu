@@ -9,8 +9,8 @@
 //
 //   weave-run -n 2 -- weave-bench collectives [--sizes 1M,8M,64M,256M,1G] [--dtypes bf16]
 //       [--kernels all_reduce,all_gather,reduce_scatter,all_to_all] [--ops sum] [--cols 4096]
-//       [--ulysses B,H,D] [--ar-algo auto|one_shot|two_shot|ll|push] [--ag-algo auto|direct|ll]
-//       [--rs-algo auto|direct|ll] [--target-ms 25] [--repeats 5] [--host-us] [--json FILE]
+//       [--ulysses B,H,D] [--ar-algo auto|one_shot|two_shot|ll|push|ll128] [--ag-algo auto|direct|ll|ll128]
+//       [--rs-algo auto|direct|ll|ll128] [--target-ms 25] [--repeats 5] [--host-us] [--json FILE]
 //
 // --sizes is bytes per rank of each collective's input (K, M, G suffixes: powers of 1024). Without
 // it, all_reduce, all_gather and reduce_scatter also run 64K and 256K (latency). 2-D layouts are
@@ -210,13 +210,13 @@ void call(const Case& c, coll::Collectives* w, ref::NcclCollectives* nccl, const
 // The path weave takes for this case (JSON `algo`; empty for all_to_all, which has one).
 std::string algo_name(const Case& c, const coll::Collectives& w) {
   if (c.kernel == "all_reduce") {
-    static const char* names[] = {"auto", "one_shot", "two_shot", "ll", "push"};
+    static const char* names[] = {"auto", "one_shot", "two_shot", "ll", "push", "ll128"};
     return names[static_cast<int>(w.all_reduce_algo(c.out_elems * dtype_size(c.t), false))];
   }
   if (c.kernel != "all_gather" && c.kernel != "reduce_scatter") return "";
   const coll::ShardAlgo a =
       c.kernel == "all_gather" ? w.all_gather_algo(c.shape, c.dim, c.t) : w.reduce_scatter_algo(c.shape, c.dim, c.t);
-  return a == coll::ShardAlgo::ll ? "ll" : "direct";
+  return a == coll::ShardAlgo::ll ? "ll" : a == coll::ShardAlgo::ll128 ? "ll128" : "direct";
 }
 
 template <class T>
@@ -249,12 +249,16 @@ int run(const bench::Args& a) {
   const int repeats = static_cast<int>(a.get_int("repeats", 5));
   const std::string ar_algo = a.get("ar-algo", "auto");
   WEAVE_CHECK(ar_algo == "auto" || ar_algo == "one_shot" || ar_algo == "two_shot" || ar_algo == "ll" ||
-                  ar_algo == "push",
+                  ar_algo == "push" || ar_algo == "ll128",
               "bad --ar-algo '", ar_algo, "'");
   auto shard_algo = [&](const char* opt) {
     const std::string v = a.get(opt, "auto");
-    WEAVE_CHECK(v == "auto" || v == "direct" || v == "ll", "bad --", opt, " '", v, "' (auto, direct, ll)");
-    return v == "direct" ? coll::ShardAlgo::direct : v == "ll" ? coll::ShardAlgo::ll : coll::ShardAlgo::automatic;
+    WEAVE_CHECK(v == "auto" || v == "direct" || v == "ll" || v == "ll128", "bad --", opt, " '", v,
+                "' (auto, direct, ll, ll128)");
+    return v == "direct" ? coll::ShardAlgo::direct
+           : v == "ll"   ? coll::ShardAlgo::ll
+           : v == "ll128" ? coll::ShardAlgo::ll128
+                          : coll::ShardAlgo::automatic;
   };
   const coll::ShardAlgo ag_algo = shard_algo("ag-algo"), rs_algo = shard_algo("rs-algo");
 
@@ -300,6 +304,7 @@ int run(const bench::Args& a) {
     weave_coll.set_all_reduce_algo(ar_algo == "one_shot" ? coll::AllReduceAlgo::one_shot
                                    : ar_algo == "ll"     ? coll::AllReduceAlgo::ll
                                    : ar_algo == "push"   ? coll::AllReduceAlgo::push
+                                   : ar_algo == "ll128"  ? coll::AllReduceAlgo::ll128
                                                          : coll::AllReduceAlgo::two_shot);
   weave_coll.set_all_gather_algo(ag_algo);
   weave_coll.set_reduce_scatter_algo(rs_algo);
@@ -449,7 +454,7 @@ int run(const bench::Args& a) {
 
 WEAVE_BENCH(collectives,
             "all_reduce / all_gather / reduce_scatter / Ulysses all_to_all: weave vs NCCL (--sizes 1M,1G --dtypes "
-            "bf16,fp16,fp32 --kernels ... --ops sum,max,min --cols N --ulysses B,H,D --ar-algo auto|one_shot|two_shot|ll|push "
-            "--ag-algo auto|direct|ll --rs-algo auto|direct|ll --host-us "
+            "bf16,fp16,fp32 --kernels ... --ops sum,max,min --cols N --ulysses B,H,D --ar-algo auto|one_shot|two_shot|ll|push|ll128 "
+            "--ag-algo auto|direct|ll|ll128 --rs-algo auto|direct|ll|ll128 --host-us "
             "--target-ms T --repeats R)",
             run);

@@ -1,0 +1,281 @@
+// LL128 all-reduce, all-gather and reduce-scatter for small and medium inputs. LL (ll.cuh) puts a
+// flag in every 8-byte line, which doubles the bytes and sends them as 8-byte writes. Here a line
+// is 128 bytes, written by 8 lanes of a warp in one 16-byte-per-lane store and read back the same
+// way, with one 4-byte flag (plan.hpp, ll128_slot_word): 31 of 32 words are data. It relies on
+// what NCCL's LL128 protocol relies on over NVLink: an aligned 128-byte line written by one warp
+// store is seen whole by one warp load of the line, so a reader that sees this call's flag in the
+// line sees the line's data too. No fence, no signal phase; 3 % more bytes than the data.
+//
+// Scratch: its own region, slot [parity][source], reused under LL's argument (ll.cuh): the
+// parity and the flag come from the one counter of all LL-family calls, and every LL128 call
+// sends at least one line to every peer and waits for at least one from every peer.
+//
+// Work split: warp w of the grid takes steps s = 0, 1, ...; step s covers 4 lines, one per 8-lane
+// group, lines 4 (s * warps + w) + group. Each warp sends step s, then receives step s - lag: its
+// peer twin sent those lines `lag` steps ago, so the receive rarely waits, and the flight of the
+// last steps is the only latency left at the end. Any lag >= 1 is deadlock-free: a warp waits
+// only for steps its twin sends before waiting itself.
+#pragma once
+#include <cstdint>
+
+#include "collectives/ll.cuh"
+#include "collectives/plan.hpp"
+#include "weave/reduce.cuh"
+#include "weave/signal.cuh"
+
+namespace weave::coll {
+
+inline constexpr int kLL128Threads = 512;
+// 16-byte pieces of a line: a line is 8 of them.
+inline constexpr int kLL128Pieces = 8;
+
+namespace detail {
+
+__device__ __forceinline__ void st_piece(uint4* p, const uint4& v) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+__device__ __forceinline__ uint4 ld_piece(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+__device__ __forceinline__ uint32_t& at(uint4& v, int k) { return (&v.x)[k]; }
+
+// Byte offsets of a region's words for increasing word indices: one division for a lane's first
+// word of a line, then carries. WordRegion::byte divides per word, and a lane touches 4-8 words of
+// up to two regions per line: that arithmetic alone is tens of microseconds per 8 MiB on the SMs.
+struct WordWalker {
+  const WordRegion& g;
+  long long i = -1, row = 0, col = 0;
+  __device__ explicit WordWalker(const WordRegion& r) : g(r) {}
+  __device__ long long byte(long long to) {
+    if (i < 0) {
+      row = to / g.wpr;
+      col = to - row * g.wpr;
+    } else {
+      col += to - i;
+      while (col >= g.wpr) col -= g.wpr, ++row;
+    }
+    i = to;
+    return g.off + row * g.pitch + col * 4;
+  }
+  __device__ uint32_t load(const unsigned char* base, long long to) {
+    return *reinterpret_cast<const uint32_t*>(base + byte(to));
+  }
+  __device__ void store(unsigned char* base, long long to, uint32_t w) {
+    *reinterpret_cast<uint32_t*>(base + byte(to)) = w;
+  }
+};
+
+struct LL128Lane {
+  long long warp, warps;  // this warp in the grid, warps in the grid
+  int group, j;           // 8-lane group in the warp (0..3), lane in the group (0..7)
+  __device__ LL128Lane() {
+    const long long t = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+    warp = t >> 5;
+    warps = (static_cast<long long>(gridDim.x) * blockDim.x) >> 5;
+    group = (threadIdx.x & 31) >> 3;
+    j = threadIdx.x & 7;
+  }
+  __device__ long long line(long long step) const { return (step * warps + warp) * 4 + group; }
+  // Steps this warp takes to cover `lines` lines (warp-uniform).
+  __device__ long long steps(long long lines) const {
+    const long long quads = (lines + 3) / 4;
+    return quads > warp ? (quads - warp + warps - 1) / warps : 0;
+  }
+};
+
+// This lane's piece of line L: data words from word(i) (i < n), the flag in lane 7's last word.
+template <class Word>
+__device__ __forceinline__ uint4 pack(const LL128Lane& l, long long L, long long n, unsigned flag, Word&& word) {
+  uint4 v;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int w = ll128_slot_word(l.j, k);
+    const long long i = L * kLL128Words + w;
+    at(v, k) = w >= 0 && i < n ? word(i) : 0u;
+  }
+  if (l.j == 7) v.w = flag;
+  return v;
+}
+template <class Store>
+__device__ __forceinline__ void unpack(const LL128Lane& l, long long L, long long n, const uint4& v, Store&& store) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int w = ll128_slot_word(l.j, k);
+    const long long i = L * kLL128Words + w;
+    if (w >= 0 && i < n) store(i, (&v.x)[k]);
+  }
+}
+
+// The piece of line `L` of rank `from`'s slot `slot` (lines it wrote for this rank), once the
+// line carries this call's flag; warp-collective (every lane calls it; `active` false for a group
+// without a line this step). Times out like every weave wait, naming the rank.
+__device__ __forceinline__ uint4 receive(const signals& sig, const LL128Lane& l, const uint4* slot, long long L,
+                                         bool active, int from, unsigned flag) {
+  const uint4* p = slot + L * kLL128Pieces + l.j;
+  const int flag_lane = (threadIdx.x & 31) | 7;
+  uint4 v = make_uint4(0, 0, 0, 0);
+  bool ok = !active;
+  unsigned seen = flag;
+  weave::detail::poll(
+      sig, from, flag,
+      [&] {
+        if (!ok) v = ld_piece(p);
+        const unsigned f = __shfl_sync(0xffffffffu, v.w, flag_lane);
+        if (!ok) ok = f == flag, seen = f;
+        return __all_sync(0xffffffffu, ok) != 0;
+      },
+      [&] { return __reduce_min_sync(0xffffffffu, seen); });
+  return v;
+}
+
+template <class T, ReduceOp Op>
+__device__ __forceinline__ void fold(float (&acc)[4][4 / sizeof(T)], const uint4& v, bool first) {
+  constexpr int E = 4 / sizeof(T);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const uint32_t w = (&v.x)[k];
+    const T* e = reinterpret_cast<const T*>(&w);
+#pragma unroll
+    for (int i = 0; i < E; ++i) {
+      const float x = weave::detail::to_f32(e[i]);
+      acc[k][i] = first ? x : weave::detail::combine<Op>(acc[k][i], x);
+    }
+  }
+}
+template <class T>
+__device__ __forceinline__ uint4 unfold(const float (&acc)[4][4 / sizeof(T)]) {
+  constexpr int E = 4 / sizeof(T);
+  uint4 v;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    T* o = reinterpret_cast<T*>(&at(v, k));
+#pragma unroll
+    for (int i = 0; i < E; ++i) o[i] = weave::detail::from_f32<T>(acc[k][i]);
+  }
+  return v;
+}
+__device__ __forceinline__ uint4* ll128_slot(unsigned long long* p) { return reinterpret_cast<uint4*>(p); }
+__device__ __forceinline__ const uint4* ll128_slot(const unsigned long long* p) {
+  return reinterpret_cast<const uint4*>(p);
+}
+
+}  // namespace detail
+
+// all_reduce, one-shot through the peers' scratch: my input to every peer as lines, then every
+// position reduced over ranks 0..W-1 in order (fp32; the same bits on every rank). In place is
+// safe: a lane reads its input words before it writes the same output words, and no peer reads
+// my buffers.
+template <class T, ReduceOp Op>
+__global__ void __launch_bounds__(kLL128Threads) ll128_all_reduce_kernel(const __grid_constant__ LLArgs a) {
+  const int W = a.sig.world, me = a.sig.rank;
+  const detail::LL128Lane l;
+  const long long n = (a.bytes + 3) / 4, lines = ll_lines(n, kLL128Words), steps = l.steps(lines);
+  auto word = [&](long long i) { return detail::ll_load(a.in, i, a.bytes); };
+  const int lag = a.lag;
+  for (long long s = 0; s < steps + lag; ++s) {
+    if (s < steps) {
+      const long long L = l.line(s);
+      if (L < lines) {
+        const uint4 v = detail::pack(l, L, n, a.flag, word);
+        for (int k = 1; k < W; ++k)
+          detail::st_piece(detail::ll128_slot(a.slot[(me + k) % W]) + L * kLL128Pieces + l.j, v);
+      }
+    }
+    if (s < lag) continue;
+    const long long L = l.line(s - lag);
+    const bool active = L < lines;
+    float acc[4][4 / sizeof(T)];
+    for (int r = 0; r < W; ++r) {
+      const uint4 v = r == me ? (active ? detail::pack(l, L, n, 0, word) : make_uint4(0, 0, 0, 0))
+                              : detail::receive(a.sig, l, detail::ll128_slot(a.mine[r]), L, active, r, a.flag);
+      detail::fold<T, Op>(acc, v, r == 0);
+    }
+    if (active)
+      detail::unpack(l, L, n, detail::unfold<T>(acc),
+                     [&](long long i, uint32_t w) { detail::ll_store(a.out, i, a.bytes, w); });
+  }
+}
+
+// all_gather: my input to every peer as lines (and into my own output), then every peer's lines
+// into my output at that peer's place.
+__global__ void __launch_bounds__(kLL128Threads) ll128_all_gather_kernel(const __grid_constant__ LLShardArgs a) {
+  const int W = a.sig.world, me = a.sig.rank;
+  const LLPlan& p = a.plan;
+  const detail::LL128Lane l;
+  const long long n = p.place[me].words(), mine_lines = ll_lines(n, kLL128Words), steps = l.steps(p.max_lines);
+  const int lag = a.lag;
+  for (long long s = 0; s < steps + lag; ++s) {
+    if (s < steps) {
+      const long long L = l.line(s);
+      if (L < mine_lines) {
+        detail::WordWalker src(p.send[me]), own(p.place[me]);
+        const uint4 v = detail::pack(l, L, n, a.flag, [&](long long i) {
+          const uint32_t w = src.load(a.in, i);
+          own.store(a.out, i, w);
+          return w;
+        });
+        for (int k = 1; k < W; ++k)
+          detail::st_piece(detail::ll128_slot(a.slot[(me + k) % W]) + L * kLL128Pieces + l.j, v);
+      }
+    }
+    if (s < lag) continue;
+    const long long L = l.line(s - lag);
+    for (int k = 1; k < W; ++k) {
+      const int q = (me + k) % W;
+      const bool active = L < p.lines_from[q];
+      const uint4 v = detail::receive(a.sig, l, detail::ll128_slot(a.mine[q]), L, active, q, a.flag);
+      if (active) {
+        detail::WordWalker dst(p.place[q]);
+        detail::unpack(l, L, p.place[q].words(), v, [&](long long i, uint32_t w) { dst.store(a.out, i, w); });
+      }
+    }
+  }
+}
+
+// reduce_scatter: rank q's slab of my input to rank q as lines, then my slab reduced over ranks
+// 0..W-1 in order (fp32) into my contiguous output.
+template <class T, ReduceOp Op>
+__global__ void __launch_bounds__(kLL128Threads) ll128_reduce_scatter_kernel(const __grid_constant__ LLShardArgs a) {
+  const int W = a.sig.world, me = a.sig.rank;
+  const LLPlan& p = a.plan;
+  const detail::LL128Lane l;
+  const long long n = p.own.words(), steps = l.steps(p.max_lines);
+  const long long own_lines = ll_lines(n, kLL128Words);
+  const int lag = a.lag;
+  for (long long s = 0; s < steps + lag; ++s) {
+    if (s < steps) {
+      const long long L = l.line(s);
+      for (int k = 1; k < W; ++k) {
+        const int q = (me + k) % W;
+        if (L >= p.lines_to[q]) continue;
+        detail::WordWalker src(p.send[q]);
+        const uint4 v =
+            detail::pack(l, L, p.send[q].words(), a.flag, [&](long long i) { return src.load(a.in, i); });
+        detail::st_piece(detail::ll128_slot(a.slot[q]) + L * kLL128Pieces + l.j, v);
+      }
+    }
+    if (s < lag) continue;
+    const long long L = l.line(s - lag);
+    const bool active = L < own_lines;
+    float acc[4][4 / sizeof(T)];
+    for (int r = 0; r < W; ++r) {
+      detail::WordWalker src(p.own);
+      const uint4 v =
+          r == me ? (active ? detail::pack(l, L, n, 0, [&](long long i) { return src.load(a.in, i); })
+                            : make_uint4(0, 0, 0, 0))
+                  : detail::receive(a.sig, l, detail::ll128_slot(a.mine[r]), L, active, r, a.flag);
+      detail::fold<T, Op>(acc, v, r == 0);
+    }
+    if (active)
+      detail::unpack(l, L, n, detail::unfold<T>(acc),
+                     [&](long long i, uint32_t w) { reinterpret_cast<uint32_t*>(a.out)[i] = w; });
+  }
+}
+
+}  // namespace weave::coll
