@@ -2,6 +2,7 @@
 #include "ag_gemm/ag_gemm.hpp"
 #include "ag_gemm/ag_gemm_kernel.cuh"
 #include "ag_gemm/copy_engine.hpp"
+#include "gemm/gemm.hpp"
 #include "weave/lcsc.cuh"
 #include "weave/runtime/tuner.hpp"
 
@@ -52,7 +53,7 @@ LaunchInfo AgGemm::launch(const bf16* a_shard, bf16* a_gathered, const bf16* B, 
   g.tiles_m = g.L.row_tiles(), g.tiles_n = g.L.tiles_n, g.group_m = g.L.group_m, g.accumulate = 0;
   g.rank = rank;
   g.push = variant;
-  const bool ce = variant == kAgCopyEngine;
+  const bool ce = variant == kAgCopyEngine || variant == kAgShardGemms;
   g.slices = ce ? 1 : variant >= 2 ? ag_slices_aux(g.L, K) : ag_slices(K);
   // One set per (shape, P): a launch sends P signals per row tile, and the expectation
   // round * P only holds on a set that every launch feeds with the same P. The copy engine's
@@ -70,7 +71,26 @@ LaunchInfo AgGemm::launch(const bf16* a_shard, bf16* a_gathered, const bf16* B, 
     void* dst[kMaxWorld] = {};
     for (int q = 0; q < W; ++q) dst[q] = g.gdst[q];
     m.ce.push(g.L, rank, K, a_shard, dst, g.copy_local ? a_gathered + size_t(mine.begin) * K : nullptr, g.ready,
-              g.arrive, g.ready_round, ag_ready_expected(g.slices), s);
+              g.arrive, g.ready_round, ag_ready_expected(g.slices), variant == kAgCopyEngine, s);
+  }
+  if (variant == kAgShardGemms) {
+    // Own rows from the input, then peer q's rows in the order the peers push to this rank (peer
+    // q at its phase (q - rank) mod W), each after its shard's last counter (written after all of
+    // the shard's copies, so it covers the shard). All on `s`: running the peers' GEMMs on a
+    // second stream, to fill the own GEMM's last wave, measured 2-6 % slower (perf-notes).
+    gemm::gemm(a_shard, B, C + size_t(mine.begin) * N, mine.size, N, K, gemm::BLayout::KN, {}, s);
+    for (int p = 1; p < W; ++p) {
+      const int q = (rank + p) % W;
+      const Range sq = shard(M, W, q);
+      unsigned long long* last = g.ready.ptr[rank] + g.L.off[q] + g.L.tm[q] - 1;
+      WEAVE_CU_CHECK(drv().streamWaitValue64(s, reinterpret_cast<CUdeviceptr>(last),
+                                             g.ready_round * ag_ready_expected(g.slices), CU_STREAM_WAIT_VALUE_GEQ));
+      gemm::gemm(a_gathered + size_t(sq.begin) * K, B, C + size_t(sq.begin) * N, sq.size, N, K, gemm::BLayout::KN,
+                 {}, s);
+    }
+    m.ce.join(s);
+    m.order.after(s);
+    return {0, m.c.sm_count(), false, variant};
   }
   lcsc::Config cfg;
   cfg.num_comm_sms = ncomm;
@@ -84,14 +104,14 @@ LaunchInfo AgGemm::run(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf1
                        const Options& o, cudaStream_t s) {
   Impl& m = *impl_;
   check_tp_call(m.c, "ag_gemm", M, N, K, o, {{"a_shard", a_shard}, {"a_gathered", a_gathered}, {"B", B}, {"C", C}},
-                kAgCopyEngine,
+                kAgShardGemms,
                 "0 (TMA push by communicator SMs), 1 (register push by communicator SMs), 2 (TMA push by the compute "
-                "blocks' idle producer warps), 3..6 (register push by those of every 2^(v-3)-th block) or 7 (copy "
-                "engine)",
+                "blocks' idle producer warps), 3..6 (register push by those of every 2^(v-3)-th block), 7 (copy "
+                "engine) or 8 (copy engine, one GEMM per shard)",
                 s, [&] {
-                  WEAVE_CHECK(o.variant != kAgCopyEngine || m.ce_ok,
-                              "ag_gemm: variant 7 (copy engine) needs 64-bit stream memory operations, which this "
-                              "device or driver does not offer (CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS)");
+                  WEAVE_CHECK(o.variant < kAgCopyEngine || m.ce_ok, "ag_gemm: variant ", o.variant,
+                              " (copy engine) needs 64-bit stream memory operations, which this device or driver "
+                              "does not offer (CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS)");
                   WEAVE_CHECK(M >= m.c.world(), "ag_gemm: M = ", M, " gives some rank no rows (world ", m.c.world(),
                               ")");
                   // In place means exactly this rank's rows of a_gathered: elsewhere in it, peers'
@@ -106,12 +126,18 @@ LaunchInfo AgGemm::run(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf1
   if (o.num_comm_sms >= 0) {
     const int v = o.variant >= 0 ? o.variant : o.num_comm_sms == 0 ? 2 : 0;
     WEAVE_CHECK((v >= 2) == (o.num_comm_sms == 0), "ag_gemm: variant ", v, " with num_comm_sms = ", o.num_comm_sms,
-                " (variants 2..7 use no communicator SMs, variants 0 and 1 need >= 1)");
+                " (variants 2..8 use no communicator SMs, variants 0 and 1 need >= 1)");
     return launch(a_shard, a_gathered, B, C, M, N, K, o.num_comm_sms, v, s);
   }
+  // The copy-engine variants only for shards of at least one copy chunk: below it the copy engine
+  // runs well under the link's rate and the stream-memory handshake (~7 us each way) weighs; at
+  // S = 2048 (4 MiB shards) the tuner's short samples ranked variant 8 first (48.7 us) and it
+  // measured 80 us in the benchmark's turns.
+  const bool ce_worth = size_t(shard(M, m.c.world(), 0).size) * K * sizeof(bf16) >= CopyEnginePush::kChunkBytes;
   std::vector<runtime::TuneCandidate> cands;
-  for (int v : {2, 3, 4, 5, 6, kAgCopyEngine})
-    if ((o.variant < 0 || o.variant == v) && (v != kAgCopyEngine || m.ce_ok)) cands.push_back({v, 0});
+  for (int v : {2, 3, 4, 5, 6, kAgCopyEngine, kAgShardGemms})
+    if ((o.variant < 0 || o.variant == v) && (v < kAgCopyEngine || (m.ce_ok && (ce_worth || o.variant == v))))
+      cands.push_back({v, 0});
   for (int v = 0; v < 2; ++v)
     if (o.variant < 0 || o.variant == v)
       for (int n : comm_sms_candidates(M, K, m.c.world(), m.c.sm_count())) cands.push_back({v, n});

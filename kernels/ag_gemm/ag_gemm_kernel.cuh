@@ -15,6 +15,10 @@ namespace weave::tp {
 // Variant 7: no SM pushes; the host's copy-engine stream (copy_engine.hpp) sets the ready
 // counters, one per row tile (P = 1), and the kernel only waits for them.
 constexpr int kAgCopyEngine = 7;
+// Variant 8: the same copy-engine pushes, and no fused kernel: one plain GEMM per shard (own rows
+// first, each peer's rows after the stream waits for its last row tile's counter), as torch's
+// symm_mem does with cuBLAS. Host only (ag_gemm.cu).
+constexpr int kAgShardGemms = 8;
 
 struct AgGlobals : gemm::GemmGlobals {
   CUtensorMap asrc[kMaxWorld];  // A rows of owner q as this rank reads them (own: the input)

@@ -63,10 +63,14 @@ class CopyEnginePush {
   // Enqueues the pushes of call `round` (the round the kernel waits for: ready[off[rank] + i] on
   // every peer >= round * expected_per_round). `src`: this rank's rows (rows x K, contiguous);
   // gdst[d]: rank d's gathered A at this rank's first row, as mapped here; own_dst: this rank's
-  // rows of its own gathered A, or null when the shard is already there. Returns after
+  // rows of its own gathered A, or null when the shard is already there. per_tile: every row
+  // tile's counter is set (the fused kernel waits per tile), after chunks of about kChunkBytes;
+  // otherwise (a waiter per shard) one copy per peer, the fastest size for the copy engine, and
+  // only the shard's last tile's counter (each write fences the copies before it). Returns after
   // enqueueing; the caller launches the kernel on `s`, then calls join(s).
   void push(const Layout& L, int rank, int K, const void* src, void* const* gdst, void* own_dst, signals ready,
-            signals arrive, unsigned long long round, unsigned long long expected_per_round, cudaStream_t s) {
+            signals arrive, unsigned long long round, unsigned long long expected_per_round, bool per_tile,
+            cudaStream_t s) {
     ensure();
     const int W = L.W;
     const size_t row_bytes = size_t(K) * 2;
@@ -79,7 +83,7 @@ class CopyEnginePush {
       if (d != rank)
         WEAVE_CU_CHECK(drv().streamWaitValue64(side_, reinterpret_cast<CUdeviceptr>(arrive.ptr[rank] + d), round,
                                                CU_STREAM_WAIT_VALUE_GEQ));
-    const int per = tiles_per_chunk(row_bytes), tiles = L.tm[rank];
+    const int tiles = L.tm[rank], per = per_tile ? tiles_per_chunk(row_bytes) : tiles;
     // Peer d meets this rank's rows at phase (rank - d) mod W of its schedule: push in that order.
     for (int phase = 1; phase < W; ++phase) {
       const int d = (rank - phase + W) % W;
@@ -90,7 +94,7 @@ class CopyEnginePush {
         const size_t off = size_t(r0) * row_bytes;
         WEAVE_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(gdst[d]) + off, static_cast<const char*>(src) + off,
                                          size_t(r1 - r0) * row_bytes, cudaMemcpyDeviceToDevice, side_));
-        for (int i = i0; i < i1; ++i) write(ready.ptr[d] + L.off[rank] + i, round * expected_per_round);
+        for (int i = per_tile ? i0 : i1 - 1; i < i1; ++i) write(ready.ptr[d] + L.off[rank] + i, round * expected_per_round);
       }
     }
     if (own_dst)

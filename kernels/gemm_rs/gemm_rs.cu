@@ -1,10 +1,26 @@
 // Host side of GEMM + reduce-scatter: validation, the cross-rank shape check, maps, signals,
-// the tuner (variant 0 owner first, 1 zero first).
+// the tuner (variant 0 owner first, 1 zero first, 2 inter-SM, 3 one GEMM per owner).
+#include "gemm/gemm.hpp"
 #include "gemm_rs/gemm_rs.hpp"
 #include "gemm_rs/gemm_rs_kernel.cuh"
 #include "weave/runtime/tuner.hpp"
 
 namespace weave::tp {
+
+namespace {
+// Variant 3's cross-rank steps between its GEMMs, one thread: optionally add 1 to counter
+// `index_dst` of rank `dst` (after the previous kernels on the stream: their stores, local and
+// to peers, are complete), then wait until this rank's counter `index_wait` reaches `expected`
+// (0: no wait), with weave's timeout diagnostics.
+__global__ void rs_step_kernel(const __grid_constant__ signals s, int dst, int index_dst, int index_wait,
+                               unsigned long long expected) {
+  if (dst >= 0) {
+    detail::fence_release_sys();
+    signal(s, dst, index_dst);
+  }
+  if (expected) wait(s, index_wait, expected);
+}
+}  // namespace
 
 struct GemmRS::Impl {
   runtime::Communicator& c;
@@ -40,6 +56,11 @@ LaunchInfo GemmRS::launch(const bf16* A, const bf16* B, bf16* out, int M, int N,
   Impl& m = *impl_;
   m.order.before(s);
   const int W = m.c.world(), rank = m.c.rank();
+  if (variant == kRsShardGemms) {
+    launch_shard_gemms(A, B, out, M, N, K, s);
+    m.order.after(s);
+    return {0, m.c.sm_count(), false, variant};
+  }
   RsGlobals g{};
   g.L = make_layout(M, N, W, default_group_m(K));
   const runtime::PeerPtrs pp = m.c.peers(out, out_elems(M, N, W) * sizeof(bf16));
@@ -80,19 +101,55 @@ LaunchInfo GemmRS::launch(const bf16* A, const bf16* B, bf16* out, int M, int N,
   return {cfg.num_comm_sms, p.compute_blocks, false, variant};
 }
 
+// Variant 3: plain GEMMs chained across ranks, no fused kernel. Step t = 1..W-1: rank r computes
+// the rows of owner q = r - t (mod W) into q's output, stored at t = 1 and added at t >= 2 (the
+// GEMM's C += A * B), then tells rank r + 1, whose next step targets the same owner; last, its
+// own rows, added to what the W - 1 peers left in its output. Before its first step, rank r waits
+// until owner r - 1 entered this call (so that call's output is free to overwrite); the chain
+// carries that to the later steps. At W = 2: one GEMM into the peer, one signal each way, one GEMM
+// with C += A * B.
+void GemmRS::launch_shard_gemms(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, cudaStream_t s) {
+  Impl& m = *impl_;
+  const int W = m.c.world(), rank = m.c.rank(), next = (rank + 1) % W;
+  const runtime::PeerPtrs pp = m.c.peers(out, out_elems(M, N, W) * sizeof(bf16));
+  runtime::SignalSet& st = m.sig.get(m.c, {M, N, K, kRsShardGemms}, {2}, 0);  // 0: entered, 1: steps done
+  const unsigned long long round = st.next_round(), steps = W - 1;
+  const signals sv = st.view();
+  auto step = [&](int dst, int index_dst, int index_wait, unsigned long long expected) {
+    rs_step_kernel<<<1, 1, 0, s>>>(sv, dst, index_dst, index_wait, expected);
+    WEAVE_CUDA_CHECK(cudaGetLastError());
+  };
+  gemm::Options add;
+  add.accumulate = true;
+  if (W > 1) step(next, 0, 0, round);
+  for (unsigned long long t = 1; t <= steps; ++t) {
+    const int q = static_cast<int>((rank - static_cast<long long>(t) + W) % W);
+    const Range sq = shard(M, W, q);
+    if (t >= 2) step(-1, 0, 1, (round - 1) * steps + t - 1);
+    gemm::gemm(A + size_t(sq.begin) * K, B, static_cast<bf16*>(pp[q]), sq.size, N, K, gemm::BLayout::KN,
+               t == 1 ? gemm::Options{} : add, s);
+    step(next, 1, 1, t == steps ? round * steps : 0);
+  }
+  const Range mine = shard(M, W, rank);
+  gemm::gemm(A + size_t(mine.begin) * K, B, out, mine.size, N, K, gemm::BLayout::KN, W > 1 ? add : gemm::Options{}, s);
+}
+
 LaunchInfo GemmRS::run(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, const Options& o,
                        cudaStream_t s) {
   Impl& m = *impl_;
-  check_tp_call(m.c, "gemm_rs", M, N, K, o, {{"A", A}, {"B", B}, {"out", out}}, 2,
-                "0 (owner first), 1 (zero first) or 2 (inter-SM)", s, [] {});
+  check_tp_call(m.c, "gemm_rs", M, N, K, o, {{"A", A}, {"B", B}, {"out", out}}, kRsShardGemms,
+                "0 (owner first), 1 (zero first), 2 (inter-SM) or 3 (one GEMM per owner)", s, [&] {
+                  WEAVE_CHECK(M >= m.c.world(), "gemm_rs: M = ", M, " gives some rank no rows (world ", m.c.world(),
+                              ")");
+                });
   if (o.variant >= 0 || o.num_comm_sms >= 0) {
     const int v = o.variant >= 0 ? o.variant : o.num_comm_sms > 0 ? 2 : 0;
     const int n = o.num_comm_sms < 0 ? (v == 2 ? 8 : 0) : o.num_comm_sms;
     WEAVE_CHECK((v == 2) == (n > 0), "gemm_rs: variant ", v, " with num_comm_sms = ", n,
-                " (the inter-SM variant 2 needs >= 1, the intra-SM variants 0 and 1 use none)");
+                " (the inter-SM variant 2 needs >= 1, variants 0, 1 and 3 use none)");
     return launch(A, B, out, M, N, K, v, n, s);
   }
-  std::vector<runtime::TuneCandidate> cands = {{0, 0}, {1, 0}};
+  std::vector<runtime::TuneCandidate> cands = {{0, 0}, {1, 0}, {kRsShardGemms, 0}};
   const int row_tiles = (shard(M, m.c.world(), 0).size + kBM - 1) / kBM;
   for (int n : {4, 8, 16, 32})
     if (n <= row_tiles * ((N + kBN - 1) / kBN) && n < m.c.sm_count() / 2) cands.push_back({2, n});

@@ -6,6 +6,9 @@
 
 namespace weave::tp {
 
+// gemm_rs variant 3: one plain GEMM per owner, chained across ranks (gemm_rs.cu).
+constexpr int kRsShardGemms = 3;
+
 class GemmRS {
  public:
   explicit GemmRS(runtime::Communicator& c);
@@ -18,7 +21,8 @@ class GemmRS {
   // receives this rank's rows (shard(M, W, rank).size x N, row-major). The output is overwritten,
   // never accumulated: nothing is assumed about its previous contents. Options::variant: 0 =
   // owner first, 1 = zero first (intra-SM), 2 = inter-SM (num_comm_sms communicator SMs reduce
-  // from an internal M x N symmetric scratch; num_comm_sms > 0 alone selects it); -1 with
+  // from an internal M x N symmetric scratch; num_comm_sms > 0 alone selects it), 3 = one plain
+  // GEMM per owner chained across ranks (each adds into the owner's output); -1 with
   // num_comm_sms < 0: the tuner picks (README.md).
   LaunchInfo run(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, const Options& o = {},
                  cudaStream_t s = nullptr);
@@ -27,6 +31,7 @@ class GemmRS {
  private:
   LaunchInfo launch(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, int variant, int ncomm,
                     cudaStream_t s);
+  void launch_shard_gemms(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, cudaStream_t s);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

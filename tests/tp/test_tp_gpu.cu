@@ -78,8 +78,8 @@ TEST(TpGpu, GemmRsMatchesCublasNccl) {
     ref_all_reduce(ref.p, ref.n);
     const auto sh = shard(s.M, W, r);
     // (variant, num_comm_sms): tuner, owner first, zero first, inter-SM (8 and 1 communicator
-    // SMs), and back to owner first on the same output
-    for (auto [variant, ncomm] : {std::pair{-1, -1}, {0, -1}, {1, -1}, {2, 8}, {-1, 1}, {0, -1}}) {
+    // SMs), one GEMM per owner, and back to owner first on the same output
+    for (auto [variant, ncomm] : {std::pair{-1, -1}, {0, -1}, {1, -1}, {2, 8}, {-1, 1}, {3, -1}, {0, -1}}) {
       weave::tp::Options o;
       o.variant = variant;
       o.num_comm_sms = ncomm;
@@ -101,7 +101,7 @@ TEST(TpGpu, AgGemmMatchesCublasNccl) {
   const uint64_t seed = wt::job_seed();
   weave::tp::AgGemm ag(c);
   for (const Shape& s : kShapes) {
-    for (int cfg = 0; cfg < 13; ++cfg) {  // tuner, then (variant, num_comm_sms) fixed; 7..12: variants 2..7
+    for (int cfg = 0; cfg < 14; ++cfg) {  // tuner, then (variant, num_comm_sms) fixed; 7..13: variants 2..8
       int ncomm = cfg == 0 ? -1 : std::array<int, 3>{1, 4, 16}[(cfg - 1) % 3], variant = cfg == 0 ? -1 : (cfg - 1) / 3;
       if (cfg >= 7) ncomm = 0, variant = cfg - 5;
       for (int in_place = 0; in_place < 2; ++in_place) {
@@ -191,14 +191,14 @@ TEST(TpGpu, TwoHundredLaunchesChangingInputs) {
     gref::fill_uniform(Ash.p, Ash.n, seed_for(seed, 5000 + it));
     // gemm_rs
     weave::tp::Options ors;
-    ors.variant = it % 3;  // every variant, alternating on the same output (2: 8 communicator SMs)
+    ors.variant = it % 4;  // every variant, alternating on the same output (2: 8 communicator SMs)
     rs.run(A.p, B.p, out.p, M, N, K, ors);
     blas().run(A.p, B.p, ref.p, M, N, K, weave::gemm::BLayout::KN, false, nullptr);
     ref_all_reduce(ref.p, ref.n);
     gref::error_kernel<<<64, 256>>>(out.p, ref.p + size_t(sh.begin) * N, size_t(sh.size) * N, sums);
     // ag_gemm (C into `ref`'s twin: reuse out as C is fine, it is only local here)
     weave::tp::Options oa = o4;
-    oa.variant = it % 8;  // every push variant (2..7: no communicator SM; 7 the copy engine)
+    oa.variant = it % 9;  // every variant (2..8: no communicator SM; 7 and 8 the copy engine)
     if (oa.variant >= 2) oa.num_comm_sms = 0;
     ag.run(Ash.p, G.p, B.p, out.p, M, N, K, oa);
     WEAVE_NCCL_CHECK(ncclGroupStart());
@@ -314,7 +314,7 @@ TEST(TpGpu, OneObjectOnTwoStreams) {
   cudaStream_t st[2];
   for (auto& x : st) WEAVE_CUDA_CHECK(cudaStreamCreateWithFlags(&x, cudaStreamNonBlocking));
   wt::settle();
-  for (int v : {0, 2, 7}) {  // communicator push, aux-warp push, copy engine
+  for (int v : {0, 2, 7, 8}) {  // communicator push, aux-warp push, copy engine, copy engine + GEMM per shard
     weave::tp::Options o;
     o.variant = v;
     o.num_comm_sms = v == 0 ? 4 : 0;
@@ -353,6 +353,23 @@ TEST(TpGpu, OneObjectOnTwoStreams) {
   ref_all_reduce(ref1.p, ref1.n);
   EXPECT_LT(gref::rel_error(out0.p, ref0.p, ref0.n), kTol) << "gemm_ar, stream 0";
   EXPECT_LT(gref::rel_error(out1.p, ref1.p, ref1.n), kTol) << "gemm_ar, stream 1";
+  // gemm_rs, owner first and one GEMM per owner (whose steps signal across ranks from the
+  // streams): the same alternation, each output its own reference's rows.
+  weave::tp::GemmRS rs(c);
+  for (int v : {0, weave::tp::kRsShardGemms}) {
+    gref::poison(out0.p, size_t(M) * N);
+    gref::poison(out1.p, size_t(M) * N);
+    wt::settle();
+    weave::tp::Options orv;
+    orv.variant = v;
+    for (int i = 0; i < calls; ++i) rs.run(i % 2 ? A1.p : A0.p, B.p, i % 2 ? out1.p : out0.p, M, N, K, orv, st[i % 2]);
+    for (auto& x : st) WEAVE_CUDA_CHECK(cudaStreamSynchronize(x));
+    wt::settle();
+    EXPECT_LT(gref::rel_error(out0.p, ref0.p + size_t(sh.begin) * N, size_t(sh.size) * N), kTol)
+        << "gemm_rs v" << v << ", stream 0";
+    EXPECT_LT(gref::rel_error(out1.p, ref1.p + size_t(sh.begin) * N, size_t(sh.size) * N), kTol)
+        << "gemm_rs v" << v << ", stream 1";
+  }
   for (auto& x : st) WEAVE_CUDA_CHECK(cudaStreamDestroy(x));
   wt::settle();
 }

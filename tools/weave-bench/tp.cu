@@ -45,15 +45,20 @@ struct Ctx {
 // instead of on whichever was timed last (measuring each in a block moved the same fused
 // configuration by 5-10 % against GEMM alone, docs/perf-notes.md).
 std::vector<double> timed_turns(Ctx& x, int S, const std::vector<std::function<void()>>& fns) {
-  const int iters = S >= 16384 ? 4 : S >= 8192 ? 10 : 20, repeats = S >= 16384 ? 3 : 5;
+  const int iters = S >= 16384 ? 4 : S >= 8192 ? 10 : 20, repeats = S >= 16384 ? 3 : 6;
   for (const auto& fn : fns) {
     fn();
     WEAVE_CUDA_CHECK(cudaStreamSynchronize(x.st));
   }
   x.c.barrier();
   std::vector<std::vector<double>> t(fns.size());
+  // The order rotates from one repeat to the next, so that each implementation follows each
+  // other one equally often. In a fixed order GEMM alone always ran right after cuBLAS + NCCL's
+  // lighter load, and the fused kernels measured 2-8 % slower in the table than in the tuner's
+  // back-to-back samples (perf-notes, session 4); the predecessor is the suspect.
   for (int rep = 0; rep < repeats; ++rep)
-    for (size_t i = 0; i < fns.size(); ++i) {
+    for (size_t k = 0; k < fns.size(); ++k) {
+      const size_t i = (k + rep) % fns.size();
       t[i].push_back(bench::time_us(x.st, fns[i], 1, iters, 1));
       x.c.barrier();  // every rank starts the next implementation together
     }
