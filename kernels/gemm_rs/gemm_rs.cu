@@ -113,7 +113,7 @@ void GemmRS::launch_shard_gemms(const bf16* A, const bf16* B, bf16* out, int M, 
   const int W = m.c.world(), rank = m.c.rank(), next = (rank + 1) % W;
   const runtime::PeerPtrs pp = m.c.peers(out, out_elems(M, N, W) * sizeof(bf16));
   runtime::SignalSet& st = m.sig.get(m.c, {M, N, K, kRsShardGemms}, {2}, 0);  // 0: entered, 1: steps done
-  const unsigned long long round = st.next_round(), steps = W - 1;
+  const unsigned long long round = st.next_round();
   const signals sv = st.view();
   auto step = [&](int dst, int index_dst, int index_wait, unsigned long long expected) {
     rs_step_kernel<<<1, 1, 0, s>>>(sv, dst, index_dst, index_wait, expected);
@@ -122,13 +122,13 @@ void GemmRS::launch_shard_gemms(const bf16* A, const bf16* B, bf16* out, int M, 
   gemm::Options add;
   add.accumulate = true;
   if (W > 1) step(next, 0, 0, round);
-  for (unsigned long long t = 1; t <= steps; ++t) {
-    const int q = static_cast<int>((rank - static_cast<long long>(t) + W) % W);
+  for (int t = 1; t <= W - 1; ++t) {
+    const int q = rs_chain_owner(rank, t, W);
     const Range sq = shard(M, W, q);
-    if (t >= 2) step(-1, 0, 1, (round - 1) * steps + t - 1);
+    if (t >= 2) step(-1, 0, 1, rs_chain_expected(round, t, W));
     gemm::gemm(A + size_t(sq.begin) * K, B, static_cast<bf16*>(pp[q]), sq.size, N, K, gemm::BLayout::KN,
                t == 1 ? gemm::Options{} : add, s);
-    step(next, 1, 1, t == steps ? round * steps : 0);
+    step(next, 1, 1, t == W - 1 ? rs_chain_expected(round, W, W) : 0);
   }
   const Range mine = shard(M, W, rank);
   gemm::gemm(A + size_t(mine.begin) * K, B, out, mine.size, N, K, gemm::BLayout::KN, W > 1 ? add : gemm::Options{}, s);

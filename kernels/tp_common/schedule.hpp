@@ -165,6 +165,18 @@ __host__ __device__ inline unsigned long long rs_done_expected(const Layout& L, 
   return static_cast<unsigned long long>(L.W - 1) * L.owner_tiles(q);
 }
 
+// ---- gemm_rs v3 (one plain GEMM per owner, chained; host only, gemm_rs.cu) -----------------
+// Rank r's steps t = 1 .. W-1 compute owner rs_chain_owner(r, t)'s rows into that owner's output
+// (a plain store at t = 1, C += A * B after), then add 1 to counter 1 of rank r + 1; step W is
+// its own rows (C += A * B). Counter 0 of rank r + 1 gets 1 when rank r enters a call ("my
+// output is free"); rank r waits for counter 0 >= round before step 1. Before step t >= 2 and
+// before step W, rank r waits for counter 1 >= rs_chain_expected(round, t, W): rank r - 1 has
+// finished its step t - 1, which targeted the same owner.
+__host__ __device__ inline int rs_chain_owner(int rank, int t, int W) { return ((rank - t) % W + W) % W; }
+__host__ __device__ inline unsigned long long rs_chain_expected(unsigned long long round, int t, int W) {
+  return (round - 1) * static_cast<unsigned long long>(W - 1) + static_cast<unsigned long long>(t - 1);
+}
+
 // ---- ag_gemm (push) ------------------------------------------------------------------------
 // Each row tile of rank r's shard (contiguous bytes: rows x K bf16) is cut into P equal byte
 // slices; unit u = i * P + p is row tile i, slice p. A pusher c of n (a communicator block, or

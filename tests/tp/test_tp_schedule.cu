@@ -9,6 +9,8 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <random>
+#include <array>
 #include <set>
 #include <sstream>
 #include <tuple>
@@ -225,6 +227,91 @@ TEST(TpSchedule, AgGemmEveryTileOncePushesMatchWaits) {
           for (auto& [k, v] : sent) EXPECT_EQ(v, static_cast<unsigned long long>(P));
           EXPECT_EQ(sent.size(), size_t(W - 1) * L.row_tiles());
         }
+}
+
+// gemm_rs v3 (one plain GEMM per owner, chained): every rank's stream as a sequence of ops
+// (signal, wait, GEMM into an owner's output), run in random interleavings for several calls in a
+// row, W = 2..8. Checked: no deadlock; each owner's output is written, per call, first plainly by
+// rank q + 1 (step 1), then added to by every other rank in chain order and last by q itself, so
+// it ends as the sum of all W contributions; no rank writes an owner's output before that owner
+// entered the call (its previous call, own add included, is over); the counters end at what the
+// waits expected.
+TEST(TpSchedule, GemmRsChainWritesEachOutputInOrder) {
+  using weave::tp::rs_chain_expected;
+  using weave::tp::rs_chain_owner;
+  struct Op {
+    enum Kind { signal, wait, write } kind;
+    int rank_or_owner, index;
+    unsigned long long expected;
+    bool plain;
+    int call;
+  };
+  std::mt19937 rng(11);
+  for (int W = 2; W <= 8; ++W)
+    for (int trial = 0; trial < 40; ++trial) {
+      const int calls = 3;
+      std::vector<std::vector<Op>> prog(W);
+      for (int r = 0; r < W; ++r) {
+        const int next = (r + 1) % W;
+        for (int k = 1; k <= calls; ++k) {
+          auto& p = prog[r];
+          p.push_back({Op::signal, next, 0, 0, false, k});
+          p.push_back({Op::wait, r, 0, static_cast<unsigned long long>(k), false, k});
+          for (int t = 1; t <= W - 1; ++t) {
+            if (t >= 2) p.push_back({Op::wait, r, 1, rs_chain_expected(k, t, W), false, k});
+            p.push_back({Op::write, rs_chain_owner(r, t, W), 0, 0, t == 1, k});
+            p.push_back({Op::signal, next, 1, 0, false, k});
+            if (t == W - 1) p.push_back({Op::wait, r, 1, rs_chain_expected(k, W, W), false, k});
+          }
+          p.push_back({Op::write, r, 0, 0, false, k});
+        }
+      }
+      std::vector<size_t> pc(W, 0);
+      std::vector<std::array<unsigned long long, 2>> ctr(W, {0, 0});
+      std::vector<long long> value(W, -1);            // owner's output: sum of contributions (ids)
+      std::vector<int> writes(W, 0), out_call(W, 0);  // writes this call, the call they belong to
+      std::vector<int> entered(W, 0);                 // the call each rank's stream has reached
+      for (;;) {
+        std::vector<int> runnable;
+        bool done = true;
+        for (int r = 0; r < W; ++r) {
+          if (pc[r] == prog[r].size()) continue;
+          done = false;
+          const Op& o = prog[r][pc[r]];
+          if (o.kind != Op::wait || ctr[r][o.index] >= o.expected) runnable.push_back(r);
+        }
+        if (done) break;
+        ASSERT_FALSE(runnable.empty()) << "deadlock at W = " << W;
+        const int r = runnable[rng() % runnable.size()];
+        const Op& o = prog[r][pc[r]++];
+        entered[r] = o.call;
+        if (o.kind == Op::signal) {
+          ++ctr[o.rank_or_owner][o.index];
+        } else if (o.kind == Op::write) {
+          const int q = o.rank_or_owner;
+          ASSERT_GE(entered[q], o.call) << "rank " << r << " writes owner " << q << "'s output of call " << o.call
+                                        << " before " << q << " entered it (W = " << W << ")";
+          const int contribution = o.call * 100 + r;
+          if (o.plain) {
+            ASSERT_EQ(r, (q + 1) % W);
+            if (out_call[q]) ASSERT_EQ(writes[q], W) << "previous call's adds not all in, owner " << q;
+            value[q] = contribution, writes[q] = 1, out_call[q] = o.call;
+          } else {
+            ASSERT_EQ(out_call[q], o.call) << "an add before the call's plain store, owner " << q;
+            ASSERT_EQ(r, (q + 1 + writes[q]) % W) << "adds out of chain order, owner " << q;
+            value[q] += contribution, ++writes[q];
+          }
+        }
+      }
+      for (int q = 0; q < W; ++q) {
+        long long want = 0;
+        for (int r = 0; r < W; ++r) want += calls * 100 + r;
+        EXPECT_EQ(writes[q], W);
+        EXPECT_EQ(value[q], want) << "W = " << W << " owner " << q;
+        EXPECT_EQ(ctr[q][0], static_cast<unsigned long long>(calls));
+        EXPECT_EQ(ctr[q][1], rs_chain_expected(calls, W, W));
+      }
+    }
 }
 
 TEST(TpSchedule, GemmArOwnersReduceEachTileOnce) {
