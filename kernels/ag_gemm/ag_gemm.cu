@@ -3,6 +3,7 @@
 #include "ag_gemm/ag_gemm_kernel.cuh"
 #include "ag_gemm/copy_engine.hpp"
 #include "gemm/gemm.hpp"
+#include "tp_common/signal_wait.cuh"
 #include "weave/lcsc.cuh"
 #include "weave/runtime/tuner.hpp"
 
@@ -82,9 +83,7 @@ LaunchInfo AgGemm::launch(const bf16* a_shard, bf16* a_gathered, const bf16* B, 
     for (int p = 1; p < W; ++p) {
       const int q = (rank + p) % W;
       const Range sq = shard(M, W, q);
-      unsigned long long* last = g.ready.ptr[rank] + g.L.off[q] + g.L.tm[q] - 1;
-      WEAVE_CU_CHECK(drv().streamWaitValue64(s, reinterpret_cast<CUdeviceptr>(last),
-                                             g.ready_round * ag_ready_expected(g.slices), CU_STREAM_WAIT_VALUE_GEQ));
+      signal_wait(s, g.ready, -1, 0, g.L.off[q] + g.L.tm[q] - 1, g.ready_round * ag_ready_expected(g.slices));
       gemm::gemm(a_gathered + size_t(sq.begin) * K, B, C + size_t(sq.begin) * N, sq.size, N, K, gemm::BLayout::KN,
                  {}, s);
     }

@@ -3,24 +3,11 @@
 #include "gemm/gemm.hpp"
 #include "gemm_rs/gemm_rs.hpp"
 #include "gemm_rs/gemm_rs_kernel.cuh"
+#include "tp_common/signal_wait.cuh"
 #include "weave/runtime/tuner.hpp"
 
 namespace weave::tp {
 
-namespace {
-// Variant 3's cross-rank steps between its GEMMs, one thread: optionally add 1 to counter
-// `index_dst` of rank `dst` (after the previous kernels on the stream: their stores, local and
-// to peers, are complete), then wait until this rank's counter `index_wait` reaches `expected`
-// (0: no wait), with weave's timeout diagnostics.
-__global__ void rs_step_kernel(const __grid_constant__ signals s, int dst, int index_dst, int index_wait,
-                               unsigned long long expected) {
-  if (dst >= 0) {
-    detail::fence_release_sys();
-    signal(s, dst, index_dst);
-  }
-  if (expected) wait(s, index_wait, expected);
-}
-}  // namespace
 
 struct GemmRS::Impl {
   runtime::Communicator& c;
@@ -116,8 +103,7 @@ void GemmRS::launch_shard_gemms(const bf16* A, const bf16* B, bf16* out, int M, 
   const unsigned long long round = st.next_round();
   const signals sv = st.view();
   auto step = [&](int dst, int index_dst, int index_wait, unsigned long long expected) {
-    rs_step_kernel<<<1, 1, 0, s>>>(sv, dst, index_dst, index_wait, expected);
-    WEAVE_CUDA_CHECK(cudaGetLastError());
+    signal_wait(s, sv, dst, index_dst, index_wait, expected);
   };
   gemm::Options add;
   add.accumulate = true;
