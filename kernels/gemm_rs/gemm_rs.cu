@@ -1,12 +1,31 @@
 // Host side of GEMM + reduce-scatter: validation, the cross-rank shape check, maps, signals,
 // the tuner (variant 0 owner first, 1 zero first, 2 inter-SM, 3 one GEMM per owner).
+#include "ag_gemm/copy_engine.hpp"  // CopyEnginePush::supported
 #include "gemm/gemm.hpp"
 #include "gemm_rs/gemm_rs.hpp"
 #include "gemm_rs/gemm_rs_kernel.cuh"
+#include "tp_common/reduce_tile.cuh"
 #include "tp_common/signal_wait.cuh"
+#include "weave/common/driver.hpp"
 #include "weave/runtime/tuner.hpp"
 
 namespace weave::tp {
+
+namespace {
+// Variant 4's sum: out (rows x N) = sources in rank order (one of them `out` itself), rows split
+// over the blocks.
+struct SumArgs {
+  __nv_bfloat16* src[kMaxWorld];
+  __nv_bfloat16* dst[1];
+  int nsrc, rows, rows_per_block, ncv;
+  long long ld;
+};
+__global__ void __launch_bounds__(256) rs_sum_kernel(const __grid_constant__ SumArgs a) {
+  const int r0 = blockIdx.x * a.rows_per_block;
+  const int nr = a.rows - r0 < a.rows_per_block ? a.rows - r0 : a.rows_per_block;
+  if (nr > 0) reduce_tile_rows<kMaxWorld, 2>(a.src, a.nsrc, r0 * a.ld, a.dst, 1, r0 * a.ld, nr, a.ncv, a.ld);
+}
+}  // namespace
 
 
 struct GemmRS::Impl {
@@ -15,11 +34,50 @@ struct GemmRS::Impl {
   bf16* scratch = nullptr;  // v2: this rank's partials (M x N), symmetric
   size_t scratch_bytes = 0;
   attention::CallOrder order;
-  explicit Impl(runtime::Communicator& cc) : c(cc) {}
+  // v4: partials for the peers (local), the peers' partials for this rank (symmetric, one slot
+  // per peer), the copy engine's stream and its events.
+  bf16* send = nullptr;
+  bf16* recv = nullptr;
+  size_t send_bytes = 0, recv_bytes = 0;
+  cudaStream_t side = nullptr;
+  cudaEvent_t ev[kMaxWorld + 1] = {};
+  const bool ce_ok;
+  explicit Impl(runtime::Communicator& cc) : c(cc), ce_ok(CopyEnginePush::supported(cc.device())) {}
   ~Impl() {
-    if (!scratch) return;
-    cudaDeviceSynchronize();  // no launch of ours still writes it (peers' reads ended with our calls)
-    c.free(scratch);
+    if (scratch || recv || send) cudaDeviceSynchronize();  // no launch or copy of ours still uses them
+    if (scratch) c.free(scratch);
+    if (recv) c.free(recv);
+    if (send) cudaFree(send);
+    if (side) cudaStreamDestroy(side);
+    for (cudaEvent_t e : ev)
+      if (e) cudaEventDestroy(e);
+  }
+  // v4's heap bytes for this shape: W - 1 slots of the largest shard.
+  static size_t recv_need(int M, int N, int W) { return size_t(W - 1) * shard(M, W, 0).size * N * sizeof(bf16); }
+  bool recv_fits(int M, int N) const {
+    const size_t need = recv_need(M, N, c.world());
+    return need <= recv_bytes || c.heap_bytes() - c.heap_used() >= need;
+  }
+  // Collective (every rank takes v4 for the same shapes in the same order).
+  void v4_buffers(int M, int N, cudaStream_t s) {
+    const size_t need = recv_need(M, N, c.world());
+    if (need > recv_bytes) {
+      WEAVE_CUDA_CHECK(cudaStreamSynchronize(s));
+      if (side) WEAVE_CUDA_CHECK(cudaStreamSynchronize(side));
+      c.barrier();  // no peer still copies into the old slots
+      if (recv) c.free(recv);
+      recv = static_cast<bf16*>(c.alloc(need));
+      recv_bytes = need;
+      if (send) WEAVE_CUDA_CHECK(cudaFree(send));
+      WEAVE_CUDA_CHECK(cudaMalloc(&send, need));
+      send_bytes = need;
+    }
+    if (!side) {
+      int lo = 0, hi = 0;
+      WEAVE_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
+      WEAVE_CUDA_CHECK(cudaStreamCreateWithPriority(&side, cudaStreamNonBlocking, hi));
+      for (cudaEvent_t& e : ev) WEAVE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    }
   }
   // Collective (every rank picks v2 for the same shapes in the same order).
   bf16* scratch_for(size_t bytes, cudaStream_t s) {
@@ -43,6 +101,11 @@ LaunchInfo GemmRS::launch(const bf16* A, const bf16* B, bf16* out, int M, int N,
   Impl& m = *impl_;
   m.order.before(s);
   const int W = m.c.world(), rank = m.c.rank();
+  if (variant == kRsCopyEngine) {
+    launch_copy_engine(A, B, out, M, N, K, s);
+    m.order.after(s);
+    return {0, m.c.sm_count(), false, variant};
+  }
   if (variant == kRsShardGemms) {
     launch_shard_gemms(A, B, out, M, N, K, s);
     m.order.after(s);
@@ -120,22 +183,97 @@ void GemmRS::launch_shard_gemms(const bf16* A, const bf16* B, bf16* out, int M, 
   gemm::gemm(A + size_t(mine.begin) * K, B, out, mine.size, N, K, gemm::BLayout::KN, W > 1 ? add : gemm::Options{}, s);
 }
 
+// Variant 4: the peers' rows as plain local GEMMs into `send` (slot of owner q), each copied by
+// the copy engine into q's `recv` slot for this rank, then a stream write of q's ready[this
+// rank]; the own rows as a plain GEMM into `out` while the copies run; then, once every peer's
+// partial is here (one-thread waits with timeout diagnostics), `out` = the sum of the W partials
+// in rank order. Before its first copy the side stream tells every peer this rank entered the
+// call and waits for theirs (each peer's previous call, whose sum read its recv slots, is over).
+// Slots: rank p's partial for owner q sits in q's recv slot (p - q - 1) mod W.
+void GemmRS::launch_copy_engine(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, cudaStream_t s) {
+  Impl& m = *impl_;
+  const int W = m.c.world(), rank = m.c.rank();
+  if (W == 1) {  // nothing to move or sum
+    gemm::gemm(A, B, out, M, N, K, gemm::BLayout::KN, {}, s);
+    return;
+  }
+  m.v4_buffers(M, N, s);
+  const size_t slot = size_t(shard(M, W, 0).size) * N;
+  const runtime::PeerPtrs pr = m.c.peers(m.recv, m.recv_bytes);
+  runtime::SignalSet& st = m.sig.get(m.c, {M, N, K, kRsCopyEngine}, {W, W}, 0);  // entered, ready; by sender
+  runtime::SignalSet& rd = m.sig.get(m.c, {M, N, K, kRsCopyEngine}, {W, W}, 1);
+  const unsigned long long round = st.next_round();
+  rd.next_round();
+  const signals sv = st.view(), rv = rd.view();
+  auto write = [&](unsigned long long* addr) {
+    WEAVE_CU_CHECK(drv().streamWriteValue64(m.side, reinterpret_cast<CUdeviceptr>(addr), round,
+                                            CU_STREAM_WRITE_VALUE_DEFAULT));
+  };
+  WEAVE_CUDA_CHECK(cudaEventRecord(m.ev[0], s));
+  WEAVE_CUDA_CHECK(cudaStreamWaitEvent(m.side, m.ev[0], 0));
+  for (int q = 0; q < W; ++q)
+    if (q != rank) write(sv.ptr[q] + rank);
+  for (int q = 0; q < W; ++q)
+    if (q != rank)
+      WEAVE_CU_CHECK(drv().streamWaitValue64(m.side, reinterpret_cast<CUdeviceptr>(sv.ptr[rank] + q), round,
+                                             CU_STREAM_WAIT_VALUE_GEQ));
+  for (int t = 1; t < W; ++t) {
+    const int q = (rank + t) % W;
+    const Range sq = shard(M, W, q);
+    bf16* part = m.send + size_t(t - 1) * slot;
+    gemm::gemm(A + size_t(sq.begin) * K, B, part, sq.size, N, K, gemm::BLayout::KN, {}, s);
+    WEAVE_CUDA_CHECK(cudaEventRecord(m.ev[t], s));
+    WEAVE_CUDA_CHECK(cudaStreamWaitEvent(m.side, m.ev[t], 0));
+    bf16* dst = static_cast<bf16*>(pr[q]) + size_t((rank - q - 1 + W) % W) * slot;
+    WEAVE_CUDA_CHECK(cudaMemcpyAsync(dst, part, size_t(sq.size) * N * sizeof(bf16), cudaMemcpyDeviceToDevice, m.side));
+    write(rv.ptr[q] + rank);
+  }
+  const Range mine = shard(M, W, rank);
+  gemm::gemm(A + size_t(mine.begin) * K, B, out, mine.size, N, K, gemm::BLayout::KN, {}, s);
+  SumArgs a{};
+  for (int p = 0; p < W; ++p) {
+    if (p != rank) signal_wait(s, rv, -1, 0, p, round);
+    a.src[p] = p == rank ? out : m.recv + size_t((p - rank - 1 + W) % W) * slot;
+  }
+  a.dst[0] = out;
+  a.nsrc = W;
+  a.rows = mine.size;
+  a.rows_per_block = 16;
+  a.ncv = N / 8;
+  a.ld = N;
+  rs_sum_kernel<<<(mine.size + a.rows_per_block - 1) / a.rows_per_block, 256, 0, s>>>(a);
+  WEAVE_CUDA_CHECK(cudaGetLastError());
+  // The next call's GEMMs rewrite `send`: the copies out of it come first.
+  WEAVE_CUDA_CHECK(cudaEventRecord(m.ev[kMaxWorld], m.side));
+  WEAVE_CUDA_CHECK(cudaStreamWaitEvent(s, m.ev[kMaxWorld], 0));
+}
+
 LaunchInfo GemmRS::run(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, const Options& o,
                        cudaStream_t s) {
   Impl& m = *impl_;
-  check_tp_call(m.c, "gemm_rs", M, N, K, o, {{"A", A}, {"B", B}, {"out", out}}, kRsShardGemms,
-                "0 (owner first), 1 (zero first), 2 (inter-SM) or 3 (one GEMM per owner)", s, [&] {
+  check_tp_call(m.c, "gemm_rs", M, N, K, o, {{"A", A}, {"B", B}, {"out", out}}, kRsCopyEngine,
+                "0 (owner first), 1 (zero first), 2 (inter-SM), 3 (one GEMM per owner) or 4 (copy engine)", s, [&] {
                   WEAVE_CHECK(M >= m.c.world(), "gemm_rs: M = ", M, " gives some rank no rows (world ", m.c.world(),
                               ")");
+                  WEAVE_CHECK(o.variant != kRsCopyEngine || m.recv_fits(M, N), "gemm_rs: variant 4 needs ",
+                              Impl::recv_need(M, N, m.c.world()), " bytes of the symmetric heap for the peers' "
+                              "partials; ", m.c.heap_bytes() - m.c.heap_used(), " are free");
+                  WEAVE_CHECK(o.variant != kRsCopyEngine || m.ce_ok,
+                              "gemm_rs: variant 4 needs 64-bit stream memory operations");
                 });
   if (o.variant >= 0 || o.num_comm_sms >= 0) {
     const int v = o.variant >= 0 ? o.variant : o.num_comm_sms > 0 ? 2 : 0;
     const int n = o.num_comm_sms < 0 ? (v == 2 ? 8 : 0) : o.num_comm_sms;
     WEAVE_CHECK((v == 2) == (n > 0), "gemm_rs: variant ", v, " with num_comm_sms = ", n,
-                " (the inter-SM variant 2 needs >= 1, variants 0, 1 and 3 use none)");
+                " (the inter-SM variant 2 needs >= 1, variants 0, 1, 3 and 4 use none)");
     return launch(A, B, out, M, N, K, v, n, s);
   }
   std::vector<runtime::TuneCandidate> cands = {{0, 0}, {1, 0}, {kRsShardGemms, 0}};
+  // The copy engine only for partials of at least one of its chunks (as ag_gemm: below, it runs
+  // well under the link's rate; at S = 2048, 4 MiB partials, variant 4 measured 81.7 us against
+  // 41.5-48.6 for variants 3 and 0).
+  const bool ce_worth = size_t(shard(M, m.c.world(), 0).size) * N * sizeof(bf16) >= CopyEnginePush::kChunkBytes;
+  if (ce_worth && m.recv_fits(M, N) && m.ce_ok) cands.push_back({kRsCopyEngine, 0});
   const int row_tiles = (shard(M, m.c.world(), 0).size + kBM - 1) / kBM;
   for (int n : {4, 8, 16, 32})
     if (n <= row_tiles * ((N + kBN - 1) / kBN) && n < m.c.sm_count() / 2) cands.push_back({2, n});

@@ -8,6 +8,8 @@ namespace weave::tp {
 
 // gemm_rs variant 3: one plain GEMM per owner, chained across ranks (gemm_rs.cu).
 constexpr int kRsShardGemms = 3;
+// gemm_rs variant 4: local GEMMs, the peers' partials moved by the copy engine, then a sum.
+constexpr int kRsCopyEngine = 4;
 
 class GemmRS {
  public:
@@ -22,8 +24,9 @@ class GemmRS {
   // never accumulated: nothing is assumed about its previous contents. Options::variant: 0 =
   // owner first, 1 = zero first (intra-SM), 2 = inter-SM (num_comm_sms communicator SMs reduce
   // from an internal M x N symmetric scratch; num_comm_sms > 0 alone selects it), 3 = one plain
-  // GEMM per owner chained across ranks (each adds into the owner's output); -1 with
-  // num_comm_sms < 0: the tuner picks (README.md).
+  // GEMM per owner chained across ranks (each adds into the owner's output), 4 = plain local
+  // GEMMs whose partials the copy engine moves to their owners, summed there (needs (W - 1) x
+  // shard rows x N of free symmetric heap); -1 with num_comm_sms < 0: the tuner picks (README.md).
   LaunchInfo run(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, const Options& o = {},
                  cudaStream_t s = nullptr);
   static size_t out_elems(int M, int N, int W) { return size_t(shard(M, W, 0).size) * N; }
@@ -32,6 +35,7 @@ class GemmRS {
   LaunchInfo launch(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, int variant, int ncomm,
                     cudaStream_t s);
   void launch_shard_gemms(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, cudaStream_t s);
+  void launch_copy_engine(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, cudaStream_t s);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
