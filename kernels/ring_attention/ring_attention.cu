@@ -198,10 +198,12 @@ RingLaunchInfo RingAttention::forward(const bf16* q, const bf16* k, const bf16* 
   const int W = m.c.world();
   int scale_bits = 0;
   std::memcpy(&scale_bits, &opt.softmax_scale, sizeof scale_bits);
+  std::string problem = attention::local_problem([&] { attention::check_not_capturing("ring_attention", stream); });
+  if (problem.empty()) problem = detail::ring_input_problem(s, opt, W, m.c.rank(), m.c.sm_count(), q, k, v, o, lse);
   attention::check_call(m.c, "ring_attention (B, S, Hq, Hkv, D, causal, sharding, scale, num_comm_sms)",
                         {s.B, s.S, s.Hq, s.Hkv, s.D, opt.causal, static_cast<int>(opt.sharding), scale_bits,
                          opt.num_comm_sms},
-                        detail::ring_input_problem(s, opt, W, m.c.rank(), m.c.sm_count(), q, k, v, o, lse));
+                        problem);
   if (opt.num_comm_sms >= 0) return m.launch(q, k, v, o, lse, s, opt, opt.num_comm_sms, stream);
   std::vector<runtime::TuneCandidate> cands;
   for (int n : {4, 8, 16})

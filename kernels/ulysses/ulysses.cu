@@ -158,7 +158,8 @@ UlyssesLaunchInfo Ulysses::forward(const bf16* q, const bf16* k, const bf16* v, 
                                    const UlyssesOptions& opt, cudaStream_t stream) {
   Impl& m = *impl_;
   const int W = m.c.world();
-  std::string problem = detail::ulysses_input_problem(s, opt, W, m.c.rank(), m.c.sm_count(), q, k, v, o);
+  std::string problem = attention::local_problem([&] { attention::check_not_capturing("ulysses", stream); });
+  if (problem.empty()) problem = detail::ulysses_input_problem(s, opt, W, m.c.rank(), m.c.sm_count(), q, k, v, o);
   if (problem.empty()) {
     try {
       m.c.peers(o, o_bytes(s, W));

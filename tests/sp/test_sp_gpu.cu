@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <cstdlib>
 #include <vector>
 
@@ -333,5 +334,41 @@ TEST(SpGpu, BadInputRejectedBeforeLaunch) {
   EXPECT_THROW(ra.forward(q, k, v, o, nullptr, {1, 512, 2, 2, 96}), weave::Error);
   EXPECT_THROW(ra.forward(q, k, v, o, nullptr, {1, 512, 3, 2, 64}), weave::Error);
   EXPECT_THROW(ra.forward(q, k, v, o, nullptr, {1, 2 * W - 1, 2, 2, 64}), weave::Error);
+  wt::settle();
+}
+
+// A call on a stream that is capturing a CUDA graph is rejected on every rank with nothing
+// captured (its signal rounds are fixed when it is enqueued: a replay would reuse them), and
+// the objects work afterwards.
+TEST(SpGpu, GraphCaptureRejected) {
+  auto& comm = wt::comm();
+  const int W = comm.world();
+  const weave::sp::RingShape rs{1, 256 * W, 2, 2, 64};
+  const weave::sp::UlyssesShape us{1, 256 * W, 2 * W, 2 * W, 64};
+  Sym bq(size_t(1) << 20), bk(size_t(1) << 20), bv(size_t(1) << 20), bo(size_t(1) << 20), bl(size_t(1) << 20);
+  bf16 *q = bq.as<bf16>(), *k = bk.as<bf16>(), *v = bv.as<bf16>(), *o = bo.as<bf16>();
+  weave::sp::RingAttention ra(comm);
+  weave::sp::Ulysses u(comm);
+  weave::sp::RingOptions ro;
+  ro.num_comm_sms = 4;
+  weave::sp::UlyssesOptions uo;
+  uo.num_comm_sms = 4;
+  cudaStream_t st;
+  WEAVE_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  auto expect_reject = [&](const std::function<void()>& call, const char* what) {
+    const auto [msg, nodes] = wt::under_capture(st, call);
+    EXPECT_NE(msg.find("capturing a CUDA graph"), std::string::npos) << what << ": " << msg;
+    EXPECT_NE(msg.find(what), std::string::npos) << msg;
+    EXPECT_EQ(nodes, 0u) << what << ": something was enqueued into the graph";
+  };
+  expect_reject([&] { ra.forward(q, k, v, o, bl.as<float>(), rs, ro, st); }, "ring_attention");
+  expect_reject([&] { u.forward(q, k, v, o, us, uo, st); }, "ulysses");
+  WEAVE_CUDA_CHECK(cudaMemsetAsync(q, 0, size_t(1) << 20, st));
+  WEAVE_CUDA_CHECK(cudaMemsetAsync(k, 0, size_t(1) << 20, st));
+  WEAVE_CUDA_CHECK(cudaMemsetAsync(v, 0, size_t(1) << 20, st));
+  ra.forward(q, k, v, o, bl.as<float>(), rs, ro, st);
+  u.forward(q, k, v, o, us, uo, st);
+  WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
+  WEAVE_CUDA_CHECK(cudaStreamDestroy(st));
   wt::settle();
 }
