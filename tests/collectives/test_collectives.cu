@@ -367,62 +367,28 @@ TEST(Collectives, BackToBack) {
       }
       report("reduce_scatter back to back", t);
     }
-    {  // The three LL kinds interleaved (one call counter, one scratch): all_gather and
-       // reduce_scatter along a strided dimension, all_reduce, and an all_gather in which a rank
-       // owns nothing (it still sends its flag lines).
+    // The LL-family kinds interleaved, LL then LL128 (one call counter, one scratch region each):
+    // all_gather and reduce_scatter along a strided dimension and an LL all_reduce in both
+    // passes; then in the LL pass an all_gather in which a rank owns nothing (it still sends its
+    // flag lines), in the LL128 pass an LL128 all_reduce of several steps per warp, in place on
+    // odd iterations. Every output checked.
+    for (const coll::ShardAlgo proto : {coll::ShardAlgo::ll, coll::ShardAlgo::ll128}) {
       auto& c = x.coll;
-      c.set_all_gather_algo(coll::ShardAlgo::ll);
-      c.set_reduce_scatter_algo(coll::ShardAlgo::ll);
-      c.set_all_reduce_algo(coll::AllReduceAlgo::ll);
+      const bool ll128 = proto == coll::ShardAlgo::ll128;
+      c.set_all_gather_algo(proto);
+      c.set_reduce_scatter_algo(proto);
       const Shape ls = shape({1001, 2LL * W * 65}), tiny = shape({1, 64});
       const long long mine = ref::shard_numel(ls, 1, W, me), tmine = ref::shard_numel(tiny, 0, W, me);
-      EXPECT_EQ(c.all_gather_algo(ls, 1, t), coll::ShardAlgo::ll);
-      EXPECT_EQ(c.reduce_scatter_algo(ls, 1, t), coll::ShardAlgo::ll);
-      EXPECT_EQ(c.all_gather_algo(tiny, 0, t), coll::ShardAlgo::ll);
+      const long long big = 1000LL * 777 + 1;
+      EXPECT_EQ(c.all_gather_algo(ls, 1, t), proto);
+      EXPECT_EQ(c.reduce_scatter_algo(ls, 1, t), proto);
+      if (!ll128) EXPECT_EQ(c.all_gather_algo(tiny, 0, t), coll::ShardAlgo::ll);
       Buf sh(max_shard_numel(ls, 1), t), full_buf(ls.numel(), t), sh_out(max_shard_numel(ls, 1), t);
-      Buf ar(4099, t), ar_out(4099, t), tin(64, t), tout(64, t);
+      Buf ar(4099, t), ar_out(4099, t), tin(64, t), tout(64, t), bin(ll128 ? big : 1, t), bout(ll128 ? big : 1, t);
       x.check.reset(x.s);
       settle();
       for (int it = 0; it < kIters; ++it) {
-        const uint64_t s = seed + 17 * it;
-        ref::fill(sh.p, mine, t, s, me, Values::integers, x.s);
-        c.all_gather(sh.p, full_buf.p, ls, 1, t, x.s);
-        x.check.check(full_buf.p, nullptr, ref::map_all_gather(ls, 1, W, me), t, s, Values::integers, ReduceOp::sum, 0,
-                      x.s, it + 1);
-        ref::fill(full_buf.p, ls.numel(), t, s + 1, me, Values::integers, x.s);
-        c.reduce_scatter(full_buf.p, sh_out.p, ls, 1, t, ReduceOp::sum, x.s);
-        x.check.check(sh_out.p, nullptr, ref::map_reduce_scatter(ls, 1, W, me), t, s + 1, Values::integers,
-                      ReduceOp::sum, 0, x.s, it + 1);
-        ref::fill(ar.p, 4099, t, s + 2, me, Values::integers, x.s);
-        c.all_reduce(ar.p, ar_out.p, 4099, t, ReduceOp::sum, x.s);
-        x.check.check(ar_out.p, nullptr, ref::map_all_reduce(4099, W, me), t, s + 2, Values::integers, ReduceOp::sum, 0,
-                      x.s, it + 1);
-        ref::fill(tin.p, tmine, t, s + 3, me, Values::integers, x.s);
-        c.all_gather(tin.p, tout.p, tiny, 0, t, x.s);
-        x.check.check(tout.p, nullptr, ref::map_all_gather(tiny, 0, W, me), t, s + 3, Values::integers, ReduceOp::sum,
-                      0, x.s, it + 1);
-      }
-      report("LL all_gather / reduce_scatter / all_reduce interleaved back to back", t);
-      c.set_all_gather_algo(coll::ShardAlgo::automatic);
-      c.set_reduce_scatter_algo(coll::ShardAlgo::automatic);
-      c.set_all_reduce_algo(coll::AllReduceAlgo::automatic);
-    }
-    {  // LL128 beside LL (one call counter, two scratch regions): LL128 all_gather and
-       // reduce_scatter along a strided dimension, an LL all_reduce, then an LL128 all_reduce of
-       // several steps per warp, in place on odd iterations; each output checked.
-      auto& c = x.coll;
-      c.set_all_gather_algo(coll::ShardAlgo::ll128);
-      c.set_reduce_scatter_algo(coll::ShardAlgo::ll128);
-      const Shape ls = shape({1001, 2LL * W * 65});
-      const long long mine = ref::shard_numel(ls, 1, W, me), big = 1000LL * 777 + 1;
-      EXPECT_EQ(c.all_gather_algo(ls, 1, t), coll::ShardAlgo::ll128);
-      EXPECT_EQ(c.reduce_scatter_algo(ls, 1, t), coll::ShardAlgo::ll128);
-      Buf sh(max_shard_numel(ls, 1), t), full_buf(ls.numel(), t), sh_out(max_shard_numel(ls, 1), t);
-      Buf ar(4099, t), ar_out(4099, t), bin(big, t), bout(big, t);
-      x.check.reset(x.s);
-      settle();
-      for (int it = 0; it < kIters; ++it) {
-        const uint64_t s = seed + 19 * it;
+        const uint64_t s = seed + (ll128 ? 19 : 17) * it;
         ref::fill(sh.p, mine, t, s, me, Values::integers, x.s);
         c.all_gather(sh.p, full_buf.p, ls, 1, t, x.s);
         x.check.check(full_buf.p, nullptr, ref::map_all_gather(ls, 1, W, me), t, s, Values::integers, ReduceOp::sum, 0,
@@ -436,14 +402,23 @@ TEST(Collectives, BackToBack) {
         c.all_reduce(ar.p, ar_out.p, 4099, t, ReduceOp::sum, x.s);
         x.check.check(ar_out.p, nullptr, ref::map_all_reduce(4099, W, me), t, s + 2, Values::integers, ReduceOp::sum, 0,
                       x.s, it + 1);
-        c.set_all_reduce_algo(coll::AllReduceAlgo::ll128);
-        ref::fill(bin.p, big, t, s + 3, me, Values::integers, x.s);
-        void* o = it % 2 ? bin.p : bout.p;
-        c.all_reduce(bin.p, o, big, t, ReduceOp::sum, x.s);
-        x.check.check(o, nullptr, ref::map_all_reduce(big, W, me), t, s + 3, Values::integers, ReduceOp::sum, 0, x.s,
-                      it + 1);
+        if (ll128) {
+          c.set_all_reduce_algo(coll::AllReduceAlgo::ll128);
+          ref::fill(bin.p, big, t, s + 3, me, Values::integers, x.s);
+          void* o = it % 2 ? bin.p : bout.p;
+          c.all_reduce(bin.p, o, big, t, ReduceOp::sum, x.s);
+          x.check.check(o, nullptr, ref::map_all_reduce(big, W, me), t, s + 3, Values::integers, ReduceOp::sum, 0, x.s,
+                        it + 1);
+        } else {
+          ref::fill(tin.p, tmine, t, s + 3, me, Values::integers, x.s);
+          c.all_gather(tin.p, tout.p, tiny, 0, t, x.s);
+          x.check.check(tout.p, nullptr, ref::map_all_gather(tiny, 0, W, me), t, s + 3, Values::integers,
+                        ReduceOp::sum, 0, x.s, it + 1);
+        }
       }
-      report("LL128 all_gather / reduce_scatter / all_reduce with LL interleaved back to back", t);
+      report(ll128 ? "LL128 all_gather / reduce_scatter / all_reduce with LL interleaved back to back"
+                   : "LL all_gather / reduce_scatter / all_reduce interleaved back to back",
+             t);
       c.set_all_gather_algo(coll::ShardAlgo::automatic);
       c.set_reduce_scatter_algo(coll::ShardAlgo::automatic);
       c.set_all_reduce_algo(coll::AllReduceAlgo::automatic);

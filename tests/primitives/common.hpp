@@ -107,6 +107,16 @@ inline std::pair<std::string, size_t> under_capture(cudaStream_t s, F&& call) {
   return {msg, nodes};
 }
 
+// Expects `call`, issued on `s` while it captures a CUDA graph, to throw weave's capture error
+// naming `what`, with nothing enqueued into the graph.
+template <class F>
+inline void expect_capture_rejected(cudaStream_t s, const char* what, F&& call) {
+  const auto [msg, nodes] = under_capture(s, call);
+  EXPECT_NE(msg.find("capturing a CUDA graph"), std::string::npos) << what << ": " << msg;
+  EXPECT_NE(msg.find(what), std::string::npos) << msg;
+  EXPECT_EQ(nodes, 0u) << what << ": something was enqueued into the graph";
+}
+
 // Device work done and every rank past this point.
 inline void settle() {
   comm().sync();
