@@ -15,7 +15,7 @@ struct AgGemm::Impl {
   CopyEnginePush ce;
   attention::CallOrder order;
   const bool ce_ok;
-  explicit Impl(runtime::Communicator& cc) : c(cc), ce_ok(CopyEnginePush::supported(cc.device())) {}
+  explicit Impl(runtime::Communicator& cc) : c(cc), ce_ok(CopyEngine::supported(cc.device())) {}
 };
 
 AgGemm::AgGemm(runtime::Communicator& c) : impl_(std::make_unique<Impl>(c)) {}
@@ -132,7 +132,7 @@ LaunchInfo AgGemm::run(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf1
   // runs well under the link's rate and the stream-memory handshake (~7 us each way) weighs; at
   // S = 2048 (4 MiB shards) the tuner's short samples ranked variant 8 first (48.7 us) and it
   // measured 80 us in the benchmark's turns.
-  const bool ce_worth = size_t(shard(M, m.c.world(), 0).size) * K * sizeof(bf16) >= CopyEnginePush::kChunkBytes;
+  const bool ce_worth = size_t(shard(M, m.c.world(), 0).size) * K * sizeof(bf16) >= CopyEngine::kChunkBytes;
   std::vector<runtime::TuneCandidate> cands;
   for (int v : {2, 3, 4, 5, 6, kAgCopyEngine, kAgShardGemms})
     if ((o.variant < 0 || o.variant == v) && (v < kAgCopyEngine || (m.ce_ok && (ce_worth || o.variant == v))))

@@ -1,12 +1,11 @@
 // Host side of GEMM + reduce-scatter: validation, the cross-rank shape check, maps, signals,
 // the tuner (variant 0 owner first, 1 zero first, 2 inter-SM, 3 one GEMM per owner).
-#include "ag_gemm/copy_engine.hpp"  // CopyEnginePush::supported
 #include "gemm/gemm.hpp"
 #include "gemm_rs/gemm_rs.hpp"
 #include "gemm_rs/gemm_rs_kernel.cuh"
+#include "tp_common/copy_engine.hpp"
 #include "tp_common/reduce_tile.cuh"
 #include "tp_common/signal_wait.cuh"
-#include "weave/common/driver.hpp"
 #include "weave/runtime/tuner.hpp"
 
 namespace weave::tp {
@@ -35,22 +34,18 @@ struct GemmRS::Impl {
   size_t scratch_bytes = 0;
   attention::CallOrder order;
   // v4: partials for the peers (local), the peers' partials for this rank (symmetric, one slot
-  // per peer), the copy engine's stream and its events.
+  // per peer), the copy engine.
   bf16* send = nullptr;
   bf16* recv = nullptr;
   size_t send_bytes = 0, recv_bytes = 0;
-  cudaStream_t side = nullptr;
-  cudaEvent_t ev[kMaxWorld + 1] = {};
+  CopyEngine ce;
   const bool ce_ok;
-  explicit Impl(runtime::Communicator& cc) : c(cc), ce_ok(CopyEnginePush::supported(cc.device())) {}
+  explicit Impl(runtime::Communicator& cc) : c(cc), ce_ok(CopyEngine::supported(cc.device())) {}
   ~Impl() {
     if (scratch || recv || send) cudaDeviceSynchronize();  // no launch or copy of ours still uses them
     if (scratch) c.free(scratch);
     if (recv) c.free(recv);
     if (send) cudaFree(send);
-    if (side) cudaStreamDestroy(side);
-    for (cudaEvent_t e : ev)
-      if (e) cudaEventDestroy(e);
   }
   // v4's heap bytes for this shape: W - 1 slots of the largest shard.
   static size_t recv_need(int M, int N, int W) { return size_t(W - 1) * shard(M, W, 0).size * N * sizeof(bf16); }
@@ -62,21 +57,14 @@ struct GemmRS::Impl {
   void v4_buffers(int M, int N, cudaStream_t s) {
     const size_t need = recv_need(M, N, c.world());
     if (need > recv_bytes) {
-      WEAVE_CUDA_CHECK(cudaStreamSynchronize(s));
-      if (side) WEAVE_CUDA_CHECK(cudaStreamSynchronize(side));
-      c.barrier();  // no peer still copies into the old slots
+      WEAVE_CUDA_CHECK(cudaDeviceSynchronize());  // the caller's and the copy engine's streams
+      c.barrier();                                // no peer still copies into the old slots
       if (recv) c.free(recv);
       recv = static_cast<bf16*>(c.alloc(need));
       recv_bytes = need;
       if (send) WEAVE_CUDA_CHECK(cudaFree(send));
       WEAVE_CUDA_CHECK(cudaMalloc(&send, need));
       send_bytes = need;
-    }
-    if (!side) {
-      int lo = 0, hi = 0;
-      WEAVE_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
-      WEAVE_CUDA_CHECK(cudaStreamCreateWithPriority(&side, cudaStreamNonBlocking, hi));
-      for (cudaEvent_t& e : ev) WEAVE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     }
   }
   // Collective (every rank picks v2 for the same shapes in the same order).
@@ -205,28 +193,17 @@ void GemmRS::launch_copy_engine(const bf16* A, const bf16* B, bf16* out, int M, 
   const unsigned long long round = st.next_round();
   rd.next_round();
   const signals sv = st.view(), rv = rd.view();
-  auto write = [&](unsigned long long* addr) {
-    WEAVE_CU_CHECK(drv().streamWriteValue64(m.side, reinterpret_cast<CUdeviceptr>(addr), round,
-                                            CU_STREAM_WRITE_VALUE_DEFAULT));
-  };
-  WEAVE_CUDA_CHECK(cudaEventRecord(m.ev[0], s));
-  WEAVE_CUDA_CHECK(cudaStreamWaitEvent(m.side, m.ev[0], 0));
-  for (int q = 0; q < W; ++q)
-    if (q != rank) write(sv.ptr[q] + rank);
-  for (int q = 0; q < W; ++q)
-    if (q != rank)
-      WEAVE_CU_CHECK(drv().streamWaitValue64(m.side, reinterpret_cast<CUdeviceptr>(sv.ptr[rank] + q), round,
-                                             CU_STREAM_WAIT_VALUE_GEQ));
+  m.ce.after(s);
+  m.ce.enter(sv, rank, W, round);
   for (int t = 1; t < W; ++t) {
     const int q = (rank + t) % W;
     const Range sq = shard(M, W, q);
     bf16* part = m.send + size_t(t - 1) * slot;
     gemm::gemm(A + size_t(sq.begin) * K, B, part, sq.size, N, K, gemm::BLayout::KN, {}, s);
-    WEAVE_CUDA_CHECK(cudaEventRecord(m.ev[t], s));
-    WEAVE_CUDA_CHECK(cudaStreamWaitEvent(m.side, m.ev[t], 0));
-    bf16* dst = static_cast<bf16*>(pr[q]) + size_t((rank - q - 1 + W) % W) * slot;
-    WEAVE_CUDA_CHECK(cudaMemcpyAsync(dst, part, size_t(sq.size) * N * sizeof(bf16), cudaMemcpyDeviceToDevice, m.side));
-    write(rv.ptr[q] + rank);
+    m.ce.after(s);
+    m.ce.copy(static_cast<bf16*>(pr[q]) + size_t((rank - q - 1 + W) % W) * slot, part,
+              size_t(sq.size) * N * sizeof(bf16));
+    m.ce.set(rv.ptr[q] + rank, round);
   }
   const Range mine = shard(M, W, rank);
   gemm::gemm(A + size_t(mine.begin) * K, B, out, mine.size, N, K, gemm::BLayout::KN, {}, s);
@@ -243,9 +220,7 @@ void GemmRS::launch_copy_engine(const bf16* A, const bf16* B, bf16* out, int M, 
   a.ld = N;
   rs_sum_kernel<<<(mine.size + a.rows_per_block - 1) / a.rows_per_block, 256, 0, s>>>(a);
   WEAVE_CUDA_CHECK(cudaGetLastError());
-  // The next call's GEMMs rewrite `send`: the copies out of it come first.
-  WEAVE_CUDA_CHECK(cudaEventRecord(m.ev[kMaxWorld], m.side));
-  WEAVE_CUDA_CHECK(cudaStreamWaitEvent(s, m.ev[kMaxWorld], 0));
+  m.ce.join(s);  // the next call's GEMMs rewrite `send`: the copies out of it come first
 }
 
 LaunchInfo GemmRS::run(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, const Options& o,
@@ -272,7 +247,7 @@ LaunchInfo GemmRS::run(const bf16* A, const bf16* B, bf16* out, int M, int N, in
   // The copy engine only for partials of at least one of its chunks (as ag_gemm: below, it runs
   // well under the link's rate; at S = 2048, 4 MiB partials, variant 4 measured 81.7 us against
   // 41.5-48.6 for variants 3 and 0).
-  const bool ce_worth = size_t(shard(M, m.c.world(), 0).size) * N * sizeof(bf16) >= CopyEnginePush::kChunkBytes;
+  const bool ce_worth = size_t(shard(M, m.c.world(), 0).size) * N * sizeof(bf16) >= CopyEngine::kChunkBytes;
   if (ce_worth && m.recv_fits(M, N) && m.ce_ok) cands.push_back({kRsCopyEngine, 0});
   const int row_tiles = (shard(M, m.c.world(), 0).size + kBM - 1) / kBM;
   for (int n : {4, 8, 16, 32})
