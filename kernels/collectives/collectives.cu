@@ -312,14 +312,16 @@ struct Collectives::Impl {
     WEAVE_CUDA_CHECK(cudaStreamSynchronize(s));
     comm.barrier();
   }
-  int ll_blocks(long long lines) const {
-    return static_cast<int>(std::clamp<long long>((lines + kLLThreads - 1) / kLLThreads, 1, blocks_max));
+  // Blocks for `lines` lines at `per_block` lines per block (LL: one per thread; LL128: one per
+  // 8 threads), at most one per SM.
+  int line_blocks(long long lines, int per_block) const {
+    return static_cast<int>(std::clamp<long long>((lines + per_block - 1) / per_block, 1, blocks_max));
   }
 
   void ll_all_reduce(const void* in, void* out, long long bytes, DType t, ReduceOp op, cudaStream_t s) {
     LLArgs a = ll_next<LLArgs>(in, bytes, out, bytes, s, ll_scratch, kLLLines);
     a.bytes = bytes;
-    const int blocks = ll_blocks((bytes + 3) / 4);
+    const int blocks = line_blocks((bytes + 3) / 4, kLLThreads);
     by_type_and_op(t, op,
                    [&]<class T, ReduceOp Op>() { ll_all_reduce_kernel<T, Op><<<blocks, kLLThreads, 0, s>>>(a); });
   }
@@ -329,7 +331,7 @@ struct Collectives::Impl {
                 ReduceOp op, cudaStream_t s) {
     LLShardArgs a = ll_next<LLShardArgs>(in, in_bytes, out, out_bytes, s, ll_scratch, kLLLines);
     a.plan = plan;
-    const int blocks = ll_blocks(plan.max_lines);
+    const int blocks = line_blocks(plan.max_lines, kLLThreads);
     if (gather) {
       ll_all_gather_kernel<<<blocks, kLLThreads, 0, s>>>(a);
       WEAVE_CUDA_CHECK(cudaGetLastError());
@@ -355,16 +357,13 @@ struct Collectives::Impl {
     WEAVE_CUDA_CHECK(cudaStreamSynchronize(s));
     comm.barrier();
   }
-  int ll128_blocks(long long lines) const {
-    constexpr int lines_per_block = kLL128Threads / kLL128Pieces;
-    return static_cast<int>(std::clamp<long long>((lines + lines_per_block - 1) / lines_per_block, 1, blocks_max));
-  }
+  static constexpr int kLL128LinesPerBlock = kLL128Threads / kLL128Pieces;
   void ll128_all_reduce(const void* in, void* out, long long bytes, DType t, ReduceOp op, cudaStream_t s) {
     ll128_ready(s);
     LLArgs a = ll_next<LLArgs>(in, bytes, out, bytes, s, *ll128_scratch, ll128_slot_words());
     a.bytes = bytes;
     a.lag = ll128_lag;
-    const int blocks = ll128_blocks(ll_lines((bytes + 3) / 4, kLL128Words));
+    const int blocks = line_blocks(ll_lines((bytes + 3) / 4, kLL128Words), kLL128LinesPerBlock);
     by_type_and_op(t, op, [&]<class T, ReduceOp Op>() {
       ll128_all_reduce_kernel<T, Op><<<blocks, kLL128Threads, 0, s>>>(a);
     });
@@ -375,7 +374,7 @@ struct Collectives::Impl {
     LLShardArgs a = ll_next<LLShardArgs>(in, in_bytes, out, out_bytes, s, *ll128_scratch, ll128_slot_words());
     a.plan = plan;
     a.lag = ll128_lag;
-    const int blocks = ll128_blocks(plan.max_lines);
+    const int blocks = line_blocks(plan.max_lines, kLL128LinesPerBlock);
     if (gather) {
       ll128_all_gather_kernel<<<blocks, kLL128Threads, 0, s>>>(a);
       WEAVE_CUDA_CHECK(cudaGetLastError());

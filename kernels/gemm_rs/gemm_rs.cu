@@ -37,7 +37,7 @@ struct GemmRS::Impl {
   // per peer), the copy engine.
   bf16* send = nullptr;
   bf16* recv = nullptr;
-  size_t send_bytes = 0, recv_bytes = 0;
+  size_t recv_bytes = 0;  // `send` has the same size
   CopyEngine ce;
   const bool ce_ok;
   explicit Impl(runtime::Communicator& cc) : c(cc), ce_ok(CopyEngine::supported(cc.device())) {}
@@ -64,7 +64,6 @@ struct GemmRS::Impl {
       recv_bytes = need;
       if (send) WEAVE_CUDA_CHECK(cudaFree(send));
       WEAVE_CUDA_CHECK(cudaMalloc(&send, need));
-      send_bytes = need;
     }
   }
   // Collective (every rank picks v2 for the same shapes in the same order).
