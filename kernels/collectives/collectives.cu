@@ -14,6 +14,7 @@
 #include "collectives/plan.hpp"
 #include "collectives/push.cuh"
 #include "weave/common/error.hpp"
+#include "weave/pdl.cuh"
 
 namespace weave::coll {
 
@@ -218,8 +219,7 @@ struct Collectives::Impl {
     L.arrive_expect = arrived;
     L.done_expect = done;
     if (copy) {  // bytes are bytes: one instantiation serves every dtype
-      collective_kernel<__nv_bfloat16, ReduceOp::sum, CopyShape><<<blocks, CopyShape::Threads, 0, s>>>(L);
-      WEAVE_CUDA_CHECK(cudaGetLastError());
+      launch_pdl(collective_kernel<__nv_bfloat16, ReduceOp::sum, CopyShape>, blocks, CopyShape::Threads, s, L);
     } else if (pair) {
       dispatch<PairShape>(L, blocks, t, op, s);
     } else {
@@ -323,7 +323,7 @@ struct Collectives::Impl {
     a.bytes = bytes;
     const int blocks = line_blocks((bytes + 3) / 4, kLLThreads);
     by_type_and_op(t, op,
-                   [&]<class T, ReduceOp Op>() { ll_all_reduce_kernel<T, Op><<<blocks, kLLThreads, 0, s>>>(a); });
+                   [&]<class T, ReduceOp Op>() { launch_pdl(ll_all_reduce_kernel<T, Op>, blocks, kLLThreads, s, a); });
   }
 
   // LL all_gather (gather) or reduce_scatter; the grid covers one rank's share of the lines.
@@ -333,11 +333,11 @@ struct Collectives::Impl {
     a.plan = plan;
     const int blocks = line_blocks(plan.max_lines, kLLThreads);
     if (gather) {
-      ll_all_gather_kernel<<<blocks, kLLThreads, 0, s>>>(a);
+      launch_pdl(ll_all_gather_kernel, blocks, kLLThreads, s, a);
       WEAVE_CUDA_CHECK(cudaGetLastError());
     } else {
       by_type_and_op(t, op,
-                     [&]<class T, ReduceOp Op>() { ll_reduce_scatter_kernel<T, Op><<<blocks, kLLThreads, 0, s>>>(a); });
+                     [&]<class T, ReduceOp Op>() { launch_pdl(ll_reduce_scatter_kernel<T, Op>, blocks, kLLThreads, s, a); });
     }
   }
 
@@ -365,7 +365,7 @@ struct Collectives::Impl {
     a.lag = ll128_lag;
     const int blocks = line_blocks(ll_lines((bytes + 3) / 4, kLL128Words), kLL128LinesPerBlock);
     by_type_and_op(t, op, [&]<class T, ReduceOp Op>() {
-      ll128_all_reduce_kernel<T, Op><<<blocks, kLL128Threads, 0, s>>>(a);
+      launch_pdl(ll128_all_reduce_kernel<T, Op>, blocks, kLL128Threads, s, a);
     });
   }
   void ll128_shard(bool gather, const LLPlan& plan, const void* in, size_t in_bytes, void* out, size_t out_bytes,
@@ -376,11 +376,11 @@ struct Collectives::Impl {
     a.lag = ll128_lag;
     const int blocks = line_blocks(plan.max_lines, kLL128LinesPerBlock);
     if (gather) {
-      ll128_all_gather_kernel<<<blocks, kLL128Threads, 0, s>>>(a);
+      launch_pdl(ll128_all_gather_kernel, blocks, kLL128Threads, s, a);
       WEAVE_CUDA_CHECK(cudaGetLastError());
     } else {
       by_type_and_op(t, op, [&]<class T, ReduceOp Op>() {
-        ll128_reduce_scatter_kernel<T, Op><<<blocks, kLL128Threads, 0, s>>>(a);
+        launch_pdl(ll128_reduce_scatter_kernel<T, Op>, blocks, kLL128Threads, s, a);
       });
     }
   }
@@ -435,16 +435,16 @@ struct Collectives::Impl {
     push_steps += a.plan.steps;
     by_type_and_op(t, op, [&]<class T, ReduceOp Op>() {
       if (W <= PairShape::MaxSrc)
-        push_all_reduce_kernel<T, Op, PairShape><<<blocks_max, PairShape::Threads, 0, s>>>(a);
+        launch_pdl(push_all_reduce_kernel<T, Op, PairShape>, blocks_max, PairShape::Threads, s, a);
       else
-        push_all_reduce_kernel<T, Op, ReduceShape><<<blocks_max, ReduceShape::Threads, 0, s>>>(a);
+        launch_pdl(push_all_reduce_kernel<T, Op, ReduceShape>, blocks_max, ReduceShape::Threads, s, a);
     });
   }
 
   template <class S>
   void dispatch(const Launch& L, int blocks, DType t, ReduceOp op, cudaStream_t s) {
     by_type_and_op(t, op,
-                   [&]<class T, ReduceOp Op>() { collective_kernel<T, Op, S><<<blocks, S::Threads, 0, s>>>(L); });
+                   [&]<class T, ReduceOp Op>() { launch_pdl(collective_kernel<T, Op, S>, blocks, S::Threads, s, L); });
   }
 };
 

@@ -10,6 +10,7 @@
 
 #include "collectives/plan.hpp"
 #include "weave/reduce.cuh"
+#include "weave/pdl.cuh"
 #include "weave/signal.cuh"
 
 namespace weave::coll {
@@ -139,6 +140,7 @@ __device__ __forceinline__ void run_xfer(const DevXfer& x) {
 // S: ReduceShape, PairShape for plans with two sources at most, CopyShape for one source.
 template <class T, ReduceOp Op, class S>
 __global__ void __launch_bounds__(S::Threads) collective_kernel(const __grid_constant__ Launch L) {
+  pdl_enter();
   if (threadIdx.x == 0) {
     if (blockIdx.x == 0) signal_all(L.sig, 0);
     wait(L.sig, 0, L.arrive_expect);

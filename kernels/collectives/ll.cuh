@@ -15,6 +15,7 @@
 #include "collectives/plan.hpp"
 #include "weave/config.hpp"
 #include "weave/reduce.cuh"
+#include "weave/pdl.cuh"
 #include "weave/signal.cuh"
 
 namespace weave::coll {
@@ -66,6 +67,7 @@ __device__ __forceinline__ void st_relaxed_sys(unsigned long long* p, unsigned l
 
 template <class T, ReduceOp Op>
 __global__ void __launch_bounds__(kLLThreads) ll_all_reduce_kernel(const __grid_constant__ LLArgs a) {
+  pdl_enter();
   constexpr int E = 4 / sizeof(T);
   const int W = a.sig.world, me = a.sig.rank;
   const long long words = (a.bytes + 3) / 4, stride = static_cast<long long>(gridDim.x) * blockDim.x;
@@ -126,6 +128,7 @@ __device__ __forceinline__ long long ll_stride() { return static_cast<long long>
 // all_gather: my input to every peer as lines (and into my own output), then every peer's lines
 // into my output at that peer's place. Bytes are bytes: one instantiation serves every dtype.
 __global__ void __launch_bounds__(kLLThreads) ll_all_gather_kernel(const __grid_constant__ LLShardArgs a) {
+  pdl_enter();
   const int W = a.sig.world, me = a.sig.rank;
   const LLPlan& p = a.plan;
   const long long n = p.place[me].words(), lines = n > 0 ? n : 1;
@@ -149,6 +152,7 @@ __global__ void __launch_bounds__(kLLThreads) ll_all_gather_kernel(const __grid_
 // 0..W-1 in order (fp32, the direct path's order) into my contiguous output.
 template <class T, ReduceOp Op>
 __global__ void __launch_bounds__(kLLThreads) ll_reduce_scatter_kernel(const __grid_constant__ LLShardArgs a) {
+  pdl_enter();
   constexpr int E = 4 / sizeof(T);
   const int W = a.sig.world, me = a.sig.rank;
   const LLPlan& p = a.plan;

@@ -21,6 +21,7 @@
 #include "collectives/ll.cuh"
 #include "collectives/plan.hpp"
 #include "weave/reduce.cuh"
+#include "weave/pdl.cuh"
 #include "weave/signal.cuh"
 
 namespace weave::coll {
@@ -173,6 +174,7 @@ __device__ __forceinline__ const uint4* ll128_slot(const unsigned long long* p) 
 // my buffers.
 template <class T, ReduceOp Op>
 __global__ void __launch_bounds__(kLL128Threads) ll128_all_reduce_kernel(const __grid_constant__ LLArgs a) {
+  pdl_enter();
   const int W = a.sig.world, me = a.sig.rank;
   const detail::LL128Lane l;
   const long long n = (a.bytes + 3) / 4, lines = ll_lines(n, kLL128Words), steps = l.steps(lines);
@@ -205,6 +207,7 @@ __global__ void __launch_bounds__(kLL128Threads) ll128_all_reduce_kernel(const _
 // all_gather: my input to every peer as lines (and into my own output), then every peer's lines
 // into my output at that peer's place.
 __global__ void __launch_bounds__(kLL128Threads) ll128_all_gather_kernel(const __grid_constant__ LLShardArgs a) {
+  pdl_enter();
   const int W = a.sig.world, me = a.sig.rank;
   const LLPlan& p = a.plan;
   const detail::LL128Lane l;
@@ -242,6 +245,7 @@ __global__ void __launch_bounds__(kLL128Threads) ll128_all_gather_kernel(const _
 // 0..W-1 in order (fp32) into my contiguous output.
 template <class T, ReduceOp Op>
 __global__ void __launch_bounds__(kLL128Threads) ll128_reduce_scatter_kernel(const __grid_constant__ LLShardArgs a) {
+  pdl_enter();
   const int W = a.sig.world, me = a.sig.rank;
   const LLPlan& p = a.plan;
   const detail::LL128Lane l;

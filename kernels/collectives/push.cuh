@@ -15,6 +15,7 @@
 #include "collectives/kernel.cuh"
 #include "collectives/plan.hpp"
 #include "weave/reduce.cuh"
+#include "weave/pdl.cuh"
 #include "weave/signal.cuh"
 
 namespace weave::coll {
@@ -101,6 +102,7 @@ __device__ __forceinline__ void move_piece_vec(int vec, const char* const* src, 
 // reduction's sources are every rank).
 template <class T, ReduceOp Op, class S>
 __global__ void __launch_bounds__(S::Threads) push_all_reduce_kernel(const __grid_constant__ PushArgs a) {
+  pdl_enter();
   const PushPlan& p = a.plan;
   const int W = a.sig.world, me = a.sig.rank, e = blockIdx.x * (S::Threads / 32) + threadIdx.x / 32;
   const bool lead = threadIdx.x % 32 == 0;

@@ -10,7 +10,8 @@
 //   weave-run -n 2 -- weave-bench collectives [--sizes 1M,8M,64M,256M,1G] [--dtypes bf16]
 //       [--kernels all_reduce,all_gather,reduce_scatter,all_to_all] [--ops sum] [--cols 4096]
 //       [--ulysses B,H,D] [--ar-algo auto|one_shot|two_shot|ll|push|ll128] [--ag-algo auto|direct|ll|ll128]
-//       [--rs-algo auto|direct|ll|ll128] [--target-ms 25] [--repeats 5] [--host-us] [--json FILE]
+//       [--rs-algo auto|direct|ll|ll128] [--target-ms 25] [--repeats 5] [--host-us] [--gpu-us]
+//       [--host-breakdown] [--json FILE]
 //
 // --sizes is bytes per rank of each collective's input (K, M, G suffixes: powers of 1024). Without
 // it, all_reduce, all_gather and reduce_scatter also run 64K and 256K (latency). 2-D layouts are
@@ -31,12 +32,34 @@
 #include "../../bench/nccl_ref.cuh"
 #include "bench.hpp"
 #include "collectives/collectives.hpp"
+#include "weave/pdl.cuh"
 #include "weave/runtime/communicator.hpp"
 
 namespace {
 
 using namespace weave;
 using coll::Shape;
+
+// Keeps the stream busy for `ns` so that the host can enqueue a whole timed loop ahead of it.
+__global__ void hold_kernel(unsigned long long ns) {
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    __nanosleep(1000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < ns);
+}
+
+// Launch-cost probes for --host-breakdown: the same parameter sizes as a small and a large call.
+struct SmallArgs {
+  unsigned long long w[8];
+};
+struct LargeArgs {
+  unsigned long long w[256];
+};
+template <class A>
+__global__ void empty_kernel(A) {}
+__global__ void pdl_empty_kernel(SmallArgs) { pdl_enter(); }
 
 std::vector<std::string> split_list(const std::string& s) {
   std::vector<std::string> v;
@@ -226,6 +249,68 @@ std::vector<T> gather_all(runtime::Communicator& comm, T mine) {
   return all;
 }
 
+// --host-breakdown: the host's time (µs, slowest rank) of each piece a small call is made of,
+// each in its own loop, so that cuts to the host path are aimed at what costs.
+void host_breakdown(runtime::Communicator& comm, cudaStream_t st, void* in, bool lead) {
+  constexpr int n = 1000;
+  cudaEvent_t ev;
+  WEAVE_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  auto per_call = [&](const char* what, auto&& fn) {
+    comm.sync(st);
+    comm.barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < n; ++i) fn();
+    const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / n;
+    comm.sync(st);
+    const auto all = gather_all<double>(comm, us);
+    if (lead) std::printf("  host %-44s %6.2f us\n", what, *std::max_element(all.begin(), all.end()));
+  };
+  if (lead) std::printf("host cost per call of each piece (%d calls each):\n", n);
+  per_call("cudaStreamIsCapturing", [&] {
+    cudaStreamCaptureStatus cs;
+    WEAVE_CUDA_CHECK(cudaStreamIsCapturing(st, &cs));
+  });
+  per_call("cudaGetLastError", [&] { WEAVE_CUDA_CHECK(cudaGetLastError()); });
+  per_call("Communicator::check_same (11 values)", [&] {
+    comm.check_same("breakdown", {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11});
+  });
+  per_call("Communicator::peers (heap buffer)", [&] { (void)comm.peers(in, 1 << 20); });
+  per_call("cudaEventRecord", [&] { WEAVE_CUDA_CHECK(cudaEventRecord(ev, st)); });
+  per_call("cudaStreamWaitEvent", [&] { WEAVE_CUDA_CHECK(cudaStreamWaitEvent(st, ev, 0)); });
+  per_call("launch, 64-byte parameters", [&] { empty_kernel<<<1, 32, 0, st>>>(SmallArgs{}); });
+  per_call("launch, 2048-byte parameters", [&] { empty_kernel<<<1, 32, 0, st>>>(LargeArgs{}); });
+  per_call("launch, 2048-byte parameters, 132 x 512 grid", [&] { empty_kernel<<<132, 512, 0, st>>>(LargeArgs{}); });
+  per_call("launch_pdl, 64-byte parameters", [&] { launch_pdl(pdl_empty_kernel, 1, 32, st, SmallArgs{}); });
+  // The device's time per kernel of a chain of short kernels enqueued ahead (a hold kernel first):
+  // the gap that programmatic dependent launch removes, and whether an event between kernels
+  // (CallOrder records one after every call) keeps it.
+  auto chain = [&](const char* what, auto&& fn) {
+    constexpr int k = 200;
+    cudaEvent_t a0, a1;
+    WEAVE_CUDA_CHECK(cudaEventCreate(&a0));
+    WEAVE_CUDA_CHECK(cudaEventCreate(&a1));
+    comm.sync(st);
+    hold_kernel<<<1, 1, 0, st>>>(2000000ull);
+    WEAVE_CUDA_CHECK(cudaEventRecord(a0, st));
+    for (int i = 0; i < k; ++i) fn();
+    WEAVE_CUDA_CHECK(cudaEventRecord(a1, st));
+    WEAVE_CUDA_CHECK(cudaEventSynchronize(a1));
+    float ms = 0;
+    WEAVE_CUDA_CHECK(cudaEventElapsedTime(&ms, a0, a1));
+    WEAVE_CUDA_CHECK(cudaEventDestroy(a0));
+    WEAVE_CUDA_CHECK(cudaEventDestroy(a1));
+    const auto all = gather_all<double>(comm, 1e3 * ms / k);
+    if (lead) std::printf("  gpu  %-44s %6.2f us\n", what, *std::max_element(all.begin(), all.end()));
+  };
+  chain("chain of 132 x 512 kernels", [&] { empty_kernel<<<132, 512, 0, st>>>(SmallArgs{}); });
+  chain("chain of 132 x 512 PDL kernels", [&] { launch_pdl(pdl_empty_kernel, 132, 512, st, SmallArgs{}); });
+  chain("chain of 132 x 512 PDL kernels, event between", [&] {
+    launch_pdl(pdl_empty_kernel, 132, 512, st, SmallArgs{});
+    WEAVE_CUDA_CHECK(cudaEventRecord(ev, st));
+  });
+  WEAVE_CUDA_CHECK(cudaEventDestroy(ev));
+}
+
 int run(const bench::Args& a) {
   // Which cases, from the options; every rank builds the same list.
   const bool custom_sizes = a.has("sizes");
@@ -325,6 +410,10 @@ int run(const bench::Args& a) {
                 "shape", "per-rank", "weave_us", "weave_bw", "nccl_us", "nccl_bw", "ratio", "check", "algo");
     std::fflush(stdout);
   }
+  cudaEvent_t ev0, ev1;
+  WEAVE_CUDA_CHECK(cudaEventCreate(&ev0));
+  WEAVE_CUDA_CHECK(cudaEventCreate(&ev1));
+  if (a.has("host-breakdown")) host_breakdown(comm, st, in, lead);
   bool all_ok = true;
   std::map<std::string, std::pair<double, int>> log_ratio;  // kernel/layout -> (sum of log ratio, count)
   for (size_t k = 0; k < cases.size(); ++k) {
@@ -394,6 +483,30 @@ int run(const bench::Args& a) {
     const bool want_host = a.has("host-us") && time_weave;
     const double h_weave = want_host ? host_us(&weave_coll, out) : NAN;
     const double h_nccl = want_host ? host_us(nullptr, ref_out) : NAN;
+    // --gpu-us: the device's time per call with the host out of the way: a hold kernel keeps the
+    // stream busy while the host enqueues every timed call, so the events see back-to-back kernels.
+    auto gpu_us = [&](coll::Collectives* w, void* o) {
+      const int n = std::min(iters, 200);  // stays inside the launch queue
+      for (int i = 0; i < 3; ++i) call(c, w, w ? nullptr : &nccl, in, o, st);
+      comm.sync(st);
+      comm.barrier();
+      std::vector<double> t;
+      for (int r = 0; r < repeats; ++r) {
+        hold_kernel<<<1, 1, 0, st>>>(static_cast<unsigned long long>(n) * 40000ull + 200000ull);
+        WEAVE_CUDA_CHECK(cudaEventRecord(ev0, st));
+        for (int i = 0; i < n; ++i) call(c, w, w ? nullptr : &nccl, in, o, st);
+        WEAVE_CUDA_CHECK(cudaEventRecord(ev1, st));
+        WEAVE_CUDA_CHECK(cudaEventSynchronize(ev1));
+        float ms = 0;
+        WEAVE_CUDA_CHECK(cudaEventElapsedTime(&ms, ev0, ev1));
+        t.push_back(1e3 * ms / n);
+      }
+      const auto all = gather_all<double>(comm, bench::median(t));
+      return *std::max_element(all.begin(), all.end());
+    };
+    const bool want_gpu = a.has("gpu-us") && time_weave;
+    const double g_weave = want_gpu ? gpu_us(&weave_coll, out) : NAN;
+    const double g_nccl = want_gpu ? gpu_us(nullptr, ref_out) : NAN;
 
     auto bw = [&](double us) { return c.alg_bytes / us / 1e3; };  // GB/s
     const std::string algo = algo_name(c, weave_coll);
@@ -402,6 +515,7 @@ int run(const bench::Args& a) {
       std::printf("%10.1f %9.1f %10.1f %9.1f %7.3f %-5s %s\n", t_weave, bw(t_weave) * c.bus_factor, t_nccl,
                   bw(t_nccl) * c.bus_factor, ratio, ok ? "ok" : "WRONG", algo.c_str());
       if (want_host) std::printf("    host us per call: weave %.1f, nccl %.1f\n", h_weave, h_nccl);
+      if (want_gpu) std::printf("    gpu us per call (host ahead): weave %.1f, nccl %.1f\n", g_weave, g_nccl);
       if (!err.empty()) std::printf("    %s\n", err.c_str());
       std::fflush(stdout);
       if (std::isfinite(ratio)) {
@@ -431,6 +545,7 @@ int run(const bench::Args& a) {
         if (impl == 0 && !err.empty()) j.add("error", err);
         if (impl == 1) j.add("includes_copies", c.nccl_copies);
         if (want_host) j.add("host_us", impl == 0 ? h_weave : h_nccl);
+        if (want_gpu) j.add("gpu_us", impl == 0 ? g_weave : g_nccl);
         json->write(j);
       }
     }
@@ -443,6 +558,8 @@ int run(const bench::Args& a) {
   }
   comm.sync(st);
   comm.barrier();
+  WEAVE_CUDA_CHECK(cudaEventDestroy(ev0));
+  WEAVE_CUDA_CHECK(cudaEventDestroy(ev1));
   WEAVE_CUDA_CHECK(cudaFree(ref_out));
   comm.free(out);
   comm.free(in);
@@ -455,6 +572,6 @@ int run(const bench::Args& a) {
 WEAVE_BENCH(collectives,
             "all_reduce / all_gather / reduce_scatter / Ulysses all_to_all: weave vs NCCL (--sizes 1M,1G --dtypes "
             "bf16,fp16,fp32 --kernels ... --ops sum,max,min --cols N --ulysses B,H,D --ar-algo auto|one_shot|two_shot|ll|push|ll128 "
-            "--ag-algo auto|direct|ll|ll128 --rs-algo auto|direct|ll|ll128 --host-us "
+            "--ag-algo auto|direct|ll|ll128 --rs-algo auto|direct|ll|ll128 --host-us --gpu-us --host-breakdown "
             "--target-ms T --repeats R)",
             run);

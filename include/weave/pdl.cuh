@@ -1,0 +1,50 @@
+// Programmatic dependent launch (PDL): a kernel launched with launch_pdl may be scheduled while
+// the kernel before it on the stream is still running; pdl_enter() holds every thread until that
+// kernel has completed and its writes are visible, then lets the next PDL kernel be scheduled.
+// What it saves is the launch latency between back-to-back short kernels (block scheduling and
+// kernel setup overlap the previous kernel's tail): the whole fixed cost of a small collective is
+// a few microseconds, and about one of them is that gap (docs/perf-notes.md, session 5).
+//
+// Rule for a PDL kernel: pdl_enter() before its first global memory access. A kernel that never
+// calls it is still correct (the wait is implicit at its exit for the next one), but loses the
+// overlap. $WEAVE_PDL=0 launches without the attribute (A/B measurements, escape hatch).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdlib>
+#include <utility>
+
+#include "weave/common/error.hpp"
+
+namespace weave {
+
+__device__ __forceinline__ void pdl_enter() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+inline bool pdl_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("WEAVE_PDL");
+    return !(e && e[0] == '0');
+  }();
+  return on;
+}
+
+// kernel<<<grid, block, 0, s>>>(args...) with programmatic stream serialization allowed, then the
+// launch error check.
+template <class... KArgs, class... Args>
+void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, cudaStream_t s, Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.stream = s;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  WEAVE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
+}  // namespace weave
