@@ -31,6 +31,11 @@
 //   device: num_work(g), num_iters(g, w)
 //           prologue(g)                                   loader thread, once
 //           load(g, Stage&, Mbarrier& full, w, it)        loader thread
+//           tile_of(g, w) (optional)                      loader thread, once per work item; then
+//                                                        load(g, Stage&, full, tile_of(g, w), it):
+//                                                        what a tile's loads need, worked out once
+//                                                        (per K step it measured up to 25 % of a
+//                                                        fused GEMM's time, perf-notes session 5)
 //           consume(g, ConsumerState&, Stage&, w, it, c)  consumer warpgroup c
 //           drain(ConsumerState&)                         consumer: all its async math done
 //           finish(g, ConsumerState&, Output&, w, c, p)   consumer: registers -> Output, part p
@@ -79,6 +84,12 @@ template <class K, class = void>
 struct HasStoreDone : std::false_type {};
 template <class K>
 struct HasStoreDone<K, std::void_t<decltype(&K::store_done)>> : std::true_type {};
+
+// Optional per-tile load state (K::tile_of): absent in the plain GEMM, whose tile coordinate is cheap.
+template <class K, class = void>
+struct HasTileOf : std::false_type {};
+template <class K>
+struct HasTileOf<K, std::void_t<decltype(&K::tile_of)>> : std::true_type {};
 
 template <class K>
 struct SharedStorage {
@@ -185,10 +196,14 @@ __device__ __forceinline__ void run_loader(const typename K::Globals& g, SharedS
   const int work = K::num_work(g);
   for (int w = first_work<K>(); w < work; w += work_stride<K>(compute_blocks)) {
     const int iters = K::num_iters(g, w);
+    auto t = [&] {
+      if constexpr (HasTileOf<K>::value) return K::tile_of(g, w);
+      else return w;
+    }();
     for (int it = 0; it < iters; ++it) {
       s.empty[ps.index].wait(ps.phase ^ 1);
       s.full[ps.index].arrive_expect_tx(K::kStageTxBytes);
-      K::load(g, s.stage[ps.index], s.full[ps.index], w, it);
+      K::load(g, s.stage[ps.index], s.full[ps.index], t, it);
       ps.advance();
     }
   }

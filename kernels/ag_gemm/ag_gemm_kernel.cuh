@@ -55,12 +55,20 @@ struct AgKernel : gemm::GemmKernel<256, gemm::BLayout::KN, 3> {
 
   static __device__ __forceinline__ void prologue(const AgGlobals& g) { tile::tma::prefetch(&g.b); }
 
-  static __device__ __forceinline__ void load(const AgGlobals& g, Stage& s, tile::Mbarrier& full, int w, int it) {
+  // A peer's row tile is loaded once it has arrived (per-row-tile readiness).
+  struct LoadTile {
+    int owner, i, n;
+  };
+  static __device__ __forceinline__ LoadTile tile_of(const AgGlobals& g, int w) {
     const Item t = item(g.L, g.rank, w);
-    if (it == 0 && t.owner != g.rank) {
+    if (t.owner != g.rank) {
       wait(g.ready, t.vrow, g.ready_round * ag_ready_expected(g.slices));
       tile::fence_proxy_async_global();  // TMA reads what the peer's TMA wrote
     }
+    return {t.owner, t.i, t.n};
+  }
+  static __device__ __forceinline__ void load(const AgGlobals& g, Stage& s, tile::Mbarrier& full, const LoadTile& t,
+                                              int it) {
     const int k0 = it * BK;
     tile::tma::load_2d(s.a, &g.asrc[t.owner], &full, k0, t.i * BM);
 #pragma unroll

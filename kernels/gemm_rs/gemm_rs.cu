@@ -1,5 +1,6 @@
 // Host side of GEMM + reduce-scatter: validation, the cross-rank shape check, maps, signals,
-// the tuner (variant 0 owner first, 1 zero first, 2 inter-SM, 3 one GEMM per owner).
+// the tuner (variant 0 owner first, 1 zero first, 2 inter-SM, 3 one GEMM per owner, 4 copy
+// engine, 5 the chain of 3 as one kernel).
 #include "gemm/gemm.hpp"
 #include "gemm_rs/gemm_rs.hpp"
 #include "gemm_rs/gemm_rs_kernel.cuh"
@@ -225,8 +226,10 @@ void GemmRS::launch_copy_engine(const bf16* A, const bf16* B, bf16* out, int M, 
 LaunchInfo GemmRS::run(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, const Options& o,
                        cudaStream_t s) {
   Impl& m = *impl_;
-  check_tp_call(m.c, "gemm_rs", M, N, K, o, {{"A", A}, {"B", B}, {"out", out}}, kRsCopyEngine,
-                "0 (owner first), 1 (zero first), 2 (inter-SM), 3 (one GEMM per owner) or 4 (copy engine)", s, [&] {
+  check_tp_call(m.c, "gemm_rs", M, N, K, o, {{"A", A}, {"B", B}, {"out", out}}, kRsChain,
+                "0 (owner first), 1 (zero first), 2 (inter-SM), 3 (one GEMM per owner), 4 (copy engine) or 5 "
+                "(chained owners, one kernel)",
+                s, [&] {
                   WEAVE_CHECK(M >= m.c.world(), "gemm_rs: M = ", M, " gives some rank no rows (world ", m.c.world(),
                               ")");
                   WEAVE_CHECK(o.variant != kRsCopyEngine || m.recv_fits(M, N), "gemm_rs: variant 4 needs ",
@@ -239,10 +242,10 @@ LaunchInfo GemmRS::run(const bf16* A, const bf16* B, bf16* out, int M, int N, in
     const int v = o.variant >= 0 ? o.variant : o.num_comm_sms > 0 ? 2 : 0;
     const int n = o.num_comm_sms < 0 ? (v == 2 ? 8 : 0) : o.num_comm_sms;
     WEAVE_CHECK((v == 2) == (n > 0), "gemm_rs: variant ", v, " with num_comm_sms = ", n,
-                " (the inter-SM variant 2 needs >= 1, variants 0, 1, 3 and 4 use none)");
+                " (the inter-SM variant 2 needs >= 1, variants 0, 1, 3, 4 and 5 use none)");
     return launch(A, B, out, M, N, K, v, n, s);
   }
-  std::vector<runtime::TuneCandidate> cands = {{0, 0}, {1, 0}, {kRsShardGemms, 0}};
+  std::vector<runtime::TuneCandidate> cands = {{0, 0}, {1, 0}, {kRsShardGemms, 0}, {kRsChain, 0}};
   // The copy engine only for partials of at least one of its chunks (as ag_gemm: below, it runs
   // well under the link's rate; at S = 2048, 4 MiB partials, variant 4 measured 81.7 us against
   // 41.5-48.6 for variants 3 and 0).

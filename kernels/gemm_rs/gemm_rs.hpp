@@ -10,6 +10,8 @@ namespace weave::tp {
 constexpr int kRsShardGemms = 3;
 // gemm_rs variant 4: local GEMMs, the peers' partials moved by the copy engine, then a sum.
 constexpr int kRsCopyEngine = 4;
+// gemm_rs variant 5: variant 3's chain in one fused kernel (no GEMM boundary between the steps).
+constexpr int kRsChain = 5;
 
 class GemmRS {
  public:
@@ -26,7 +28,8 @@ class GemmRS {
   // from an internal M x N symmetric scratch; num_comm_sms > 0 alone selects it), 3 = one plain
   // GEMM per owner chained across ranks (each adds into the owner's output), 4 = plain local
   // GEMMs whose partials the copy engine moves to their owners, summed there (needs (W - 1) x
-  // shard rows x N of free symmetric heap); -1 with num_comm_sms < 0: the tuner picks (README.md).
+  // shard rows x N of free symmetric heap), 5 = variant 3's chain as one kernel (per-tile readiness
+  // instead of GEMM boundaries); -1 with num_comm_sms < 0: the tuner picks (README.md).
   LaunchInfo run(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, const Options& o = {},
                  cudaStream_t s = nullptr);
   static size_t out_elems(int M, int N, int W) { return size_t(shard(M, W, 0).size) * N; }

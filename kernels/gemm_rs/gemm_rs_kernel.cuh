@@ -17,12 +17,14 @@ namespace weave::tp {
 struct RsGlobals : gemm::GemmGlobals {
   CUtensorMap out[kMaxWorld];  // owner q's output (its shard's rows x N), 128 x 64 boxes
   signals ready;               // v0: ready[tile] on a peer: the owner's own partial is in place
+                               // v5: ready[tile] on rank r + 1: rank r's contribution is in place
   signals zeroed;              // v1: zeroed[q]: blocks of rank q that zeroed their slice
+                               // v5: zeroed[0] on rank r + 1: rank r entered the call
   signals done;                // done[0] on an owner: tiles its peers added (running total)
   Layout L;
   int rank;
   int variant;                 // 0: owner first, plain own stores; 1: zero first, all reduce-adds;
-                               // 2: inter-SM (scratch + communicator reduce)
+                               // 2: inter-SM (scratch + communicator reduce); 5: chained owners
   __nv_bfloat16* own;          // this rank's output (v1 zeroes it, v2's reducers write it)
   CUtensorMap sc[kMaxWorld];   // v2: owner q's rows of this rank's scratch, 128 x 64 boxes
   __nv_bfloat16* scr[kMaxWorld];  // v2: every rank's scratch (M x N), as mapped here
@@ -43,8 +45,15 @@ struct RsKernel : gemm::GemmKernel<256, gemm::BLayout::KN, 3> {
   }
 
   // A rows of the owner's shard (rows past it are computed and then clipped by the store).
-  static __device__ __forceinline__ void load(const RsGlobals& g, Stage& s, tile::Mbarrier& full, int w, int it) {
+  struct LoadTile {
+    int a_row, n;
+  };
+  static __device__ __forceinline__ LoadTile tile_of(const RsGlobals& g, int w) {
     const Item t = rs_order(g.L, g.rank, w, g.variant);
+    return {t.a_row, t.n};
+  }
+  static __device__ __forceinline__ void load(const RsGlobals& g, Stage& s, tile::Mbarrier& full, const LoadTile& t,
+                                              int it) {
     const int k0 = it * BK;
     tile::tma::load_2d(s.a, &g.a, &full, k0, t.a_row);
 #pragma unroll
@@ -54,6 +63,10 @@ struct RsKernel : gemm::GemmKernel<256, gemm::BLayout::KN, 3> {
   // v1: the 64 aux threads zero this block's slice of the own output, then one system-scope
   // release tells every rank (their reduce-adds, an async proxy, follow an acquire + proxy fence).
   static __device__ __forceinline__ void aux(const RsGlobals& g, AuxShared&, int compute_blocks, int t) {
+    if (g.variant == 5) {  // this call's output is free: rank + 1's step 1 may store into it
+      if (blockIdx.x == 0 && t == 0 && g.L.W > 1) signal(g.zeroed, (g.rank + 1) % g.L.W, 0);
+      return;
+    }
     if (g.variant != 1) return;
     long long e0, e1;
     rs_zero_range(g.own_elems, static_cast<int>(blockIdx.x), compute_blocks, &e0, &e1);
@@ -69,6 +82,10 @@ struct RsKernel : gemm::GemmKernel<256, gemm::BLayout::KN, 3> {
   // reduce-add into its owner's output.
   static __device__ __forceinline__ void store(const RsGlobals& g, Output& o, int w, int) {
     const Item t = rs_order(g.L, g.rank, w, g.variant);
+    if (g.variant == 5) {
+      store_chain(g, o, w, t);
+      return;
+    }
     if (g.variant == 2) {  // inter-SM: the tile into the local scratch, then ready on its owner
 #pragma unroll
       for (int j = 0; j < BN / 64; ++j) {
@@ -108,10 +125,63 @@ struct RsKernel : gemm::GemmKernel<256, gemm::BLayout::KN, 3> {
     }
   }
 
+  // v5 (schedule.hpp, rs_chain_item): step 1 stores into owner r - 1's output once it entered the
+  // call; every later step adds onto what rank r - 1 left there (ready[tile]); steps before the
+  // own one tell rank r + 1 when their store or add has landed. That signal lags one tile: it
+  // goes out once the next tile's store is issued (or before the storer waits, or at the end), so
+  // the storer never holds the staging tile while a remote store completes; the peer needs the
+  // signal only in its own step, half a kernel later at W = 2.
+  static __device__ __forceinline__ int& chain_pending() {
+    __shared__ int tile;  // ready index of the storer's store not yet signalled, or -1
+    return tile;
+  }
+  static __device__ __forceinline__ void chain_signal(const RsGlobals& g, int idx) {
+    weave::detail::fence_release_sys();
+    weave::detail::red_relaxed_sys_add(g.ready.ptr[(g.rank + 1) % g.L.W] + idx, 1);
+  }
+  static __device__ __forceinline__ void chain_flush(const RsGlobals& g) {
+    int& pending = chain_pending();
+    if (pending < 0) return;
+    store_wait();
+    chain_signal(g, pending);
+    pending = -1;
+  }
+  static __device__ __forceinline__ void store_chain(const RsGlobals& g, Output& o, int w, const Item& t) {
+    const int W = g.L.W, idx = rs_ready_index(g.L, t);
+    const bool first = t.phase == 1 && W > 1;
+    int& pending = chain_pending();
+    if (w == static_cast<int>(blockIdx.x)) {
+      pending = -1;
+      if (first) wait(g.zeroed, 0, g.zeroed_round);
+    }
+    if (!first && W > 1) {
+      chain_flush(g);  // nobody waits on us while we wait
+      wait(g.ready, idx, g.ready_round);
+      tile::fence_proxy_async_global();  // our async-proxy add follows rank r - 1's
+    }
+#pragma unroll
+    for (int j = 0; j < BN / 64; ++j) {
+      const int n = t.n * BN + 64 * j;
+      if (n >= g.N) break;
+      if (first || W == 1) tile::tma::store_2d(&g.out[t.owner], o.c + j * BM * 64, n, t.i * BM);
+      else tile::tma::reduce_add_2d(&g.out[t.owner], o.c + j * BM * 64, n, t.i * BM);
+    }
+    if (t.phase < W) {
+      tile::tma::commit_group();
+      if (pending >= 0) {  // every group but this tile's is complete: the previous tile landed
+        tile::tma::wait_group<1>();
+        chain_signal(g, pending);
+      }
+      pending = idx;
+    }
+  }
+
   // All this block's adds are complete (the template waited): tell each owner how many; the
   // owner's block 0 then waits for every peer's adds, so the output is final when we return.
   static __device__ __forceinline__ void store_done(const RsGlobals& g, int compute_blocks) {
-    if (g.variant == 2) return;  // the communicator blocks end the call
+    // v2: the communicator blocks end the call; v5: the own adds, last, waited for every peer's.
+    if (g.variant == 5 && static_cast<int>(blockIdx.x) < num_work(g)) chain_flush(g);  // (had a tile)
+    if (g.variant == 2 || g.variant == 5) return;
     const int b = static_cast<int>(blockIdx.x);
     for (int q = 0; q < g.L.W; ++q) {
       const int n = rs_block_adds(g.L, g.rank, b, compute_blocks, q, g.variant);

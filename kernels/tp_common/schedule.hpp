@@ -49,7 +49,7 @@ __host__ __device__ inline Layout make_layout(int M, int N, int W, int group_m) 
 
 // One output tile of a row-sharded kernel, as rank `rank` meets it.
 struct Item {
-  int phase;  // 0: the rank's own shard; k: owner (rank + k) mod W
+  int phase;  // 0: the rank's own shard; k: owner (rank + k) mod W (gemm_rs v5: the chain step)
   int owner;  // whose rows
   int i;      // row tile inside the owner's shard
   int n;      // tile column
@@ -132,9 +132,31 @@ __host__ __device__ inline Item rs_item(const Layout& L, int rank, int w) {
 // sums the tile over every rank's scratch (fp32, rank order) into its output and signals `done`
 // on every rank. A rank's call ends when done reached all tiles (nobody still reads its
 // scratch). Compute never waits; communicator blocks wait only on storers.
+// Variant 5, the v3 chain in one kernel (order rs_chain_item()): rank r walks owner r - 1's tiles
+// (step 1), then r - 2's, ..., its own last (step W). Step 1 plain-stores into the owner's output
+// once owner r - 1 signalled `entered` (its previous call is over); a later step, the own one
+// included, first waits for ready[tile] >= round: rank r - 1's step t - 1 on the same owner, the
+// signal every step t < W sends to rank r + 1 after its store or add completed.
+// Owner of rank `rank`'s step t = 1..W (step W: rank itself); variants 3 and 5.
+__host__ __device__ inline int rs_chain_owner(int rank, int t, int W) { return ((rank - t) % W + W) % W; }
+__host__ __device__ inline Item rs_chain_item(const Layout& L, int rank, int w) {
+  int t = 1, q = rs_chain_owner(rank, 1, L.W);
+  while (w >= L.owner_tiles(q)) {
+    w -= L.owner_tiles(q);
+    q = rs_chain_owner(rank, ++t, L.W);
+  }
+  const gemm::TileCoord c = gemm::grouped_tile(w, L.tm[q], L.tiles_n, L.group_m);
+  Item it;
+  it.phase = t, it.owner = q, it.i = c.m, it.n = c.n, it.vrow = L.off[q] + c.m;
+  it.a_row = shard(L.M, L.W, q).begin + c.m * kBM;
+  return it;
+}
 // The w-th tile of rank `rank` in variant v's order.
 __host__ __device__ inline Item rs_order(const Layout& L, int rank, int w, int v) {
-  return v == 1 ? rs_item(L, rank, w) : v == 2 ? rs_item(L, 0, w) : item(L, rank, w);
+  return v == 1   ? rs_item(L, rank, w)
+         : v == 2 ? rs_item(L, 0, w)
+         : v == 5 ? rs_chain_item(L, rank, w)
+                  : item(L, rank, w);
 }
 // Variant 2: ready[idx] on the owner receives one signal from every rank per launch; done[0] on
 // every rank one per tile of every owner.
@@ -172,7 +194,6 @@ __host__ __device__ inline unsigned long long rs_done_expected(const Layout& L, 
 // output is free"); rank r waits for counter 0 >= round before step 1. Before step t >= 2 and
 // before step W, rank r waits for counter 1 >= rs_chain_expected(round, t, W): rank r - 1 has
 // finished its step t - 1, which targeted the same owner.
-__host__ __device__ inline int rs_chain_owner(int rank, int t, int W) { return ((rank - t) % W + W) % W; }
 __host__ __device__ inline unsigned long long rs_chain_expected(unsigned long long round, int t, int W) {
   return (round - 1) * static_cast<unsigned long long>(W - 1) + static_cast<unsigned long long>(t - 1);
 }

@@ -78,8 +78,10 @@ TEST(TpGpu, GemmRsMatchesCublasNccl) {
     ref_all_reduce(ref.p, ref.n);
     const auto sh = shard(s.M, W, r);
     // (variant, num_comm_sms): tuner, owner first, zero first, inter-SM (8 and 1 communicator
-    // SMs), one GEMM per owner, copy engine, and back to owner first on the same output
-    for (auto [variant, ncomm] : {std::pair{-1, -1}, {0, -1}, {1, -1}, {2, 8}, {-1, 1}, {3, -1}, {4, -1}, {0, -1}}) {
+    // SMs), one GEMM per owner, copy engine, the chain kernel, and back to owner first on the
+    // same output
+    for (auto [variant, ncomm] :
+         {std::pair{-1, -1}, {0, -1}, {1, -1}, {2, 8}, {-1, 1}, {3, -1}, {4, -1}, {5, -1}, {0, -1}}) {
       weave::tp::Options o;
       o.variant = variant;
       o.num_comm_sms = ncomm;
@@ -191,7 +193,7 @@ TEST(TpGpu, TwoHundredLaunchesChangingInputs) {
     gref::fill_uniform(Ash.p, Ash.n, seed_for(seed, 5000 + it));
     // gemm_rs
     weave::tp::Options ors;
-    ors.variant = it % 5;  // every variant, alternating on the same output (2: 8 communicator SMs)
+    ors.variant = it % 6;  // every variant, alternating on the same output (2: 8 communicator SMs)
     rs.run(A.p, B.p, out.p, M, N, K, ors);
     blas().run(A.p, B.p, ref.p, M, N, K, weave::gemm::BLayout::KN, false, nullptr);
     ref_all_reduce(ref.p, ref.n);
@@ -347,10 +349,10 @@ TEST(TpGpu, OneObjectOnTwoStreams) {
   ref_all_reduce(ref1.p, ref1.n);
   EXPECT_LT(gref::rel_error(out0.p, ref0.p, ref0.n), kTol) << "gemm_ar, stream 0";
   EXPECT_LT(gref::rel_error(out1.p, ref1.p, ref1.n), kTol) << "gemm_ar, stream 1";
-  // gemm_rs, owner first, one GEMM per owner and the copy engine (whose steps signal across ranks
-  // from the streams): the same alternation, each output its own reference's rows.
+  // gemm_rs, owner first, one GEMM per owner, the copy engine (whose steps signal across ranks
+  // from the streams) and the chain kernel: the same alternation, each output its own reference's rows.
   weave::tp::GemmRS rs(c);
-  for (int v : {0, weave::tp::kRsShardGemms, weave::tp::kRsCopyEngine}) {
+  for (int v : {0, weave::tp::kRsShardGemms, weave::tp::kRsCopyEngine, weave::tp::kRsChain}) {
     gref::poison(out0.p, size_t(M) * N);
     gref::poison(out1.p, size_t(M) * N);
     wt::settle();

@@ -314,6 +314,118 @@ TEST(TpSchedule, GemmRsChainWritesEachOutputInOrder) {
     }
 }
 
+// Variant 5 (the chain in one kernel) run tile by tile: `blocks` storers per rank walk their
+// tiles in rs_chain_item order, with the kernel's waits and (lagged) signals, in random interleavings and
+// over several calls (a rank's next kernel starts when all its blocks ended). Each output tile
+// gets one plain store from rank owner + 1 after the owner entered the call, then the adds of
+// owner + 2, ... and the owner's own last; every wait's expected count is what was sent to it.
+TEST(TpSchedule, GemmRsChainKernelWritesEachTileInOrder) {
+  std::mt19937 rng(5);
+  for (int W = 1; W <= 8; ++W)
+    for (int M : {W, 300, 1000 + W})
+      for (int N : {256, 1000}) {
+        if (M < W) continue;
+        const Layout L = make_layout(M, N, W, 8);
+        for (int blocks : {1, 3, 7}) {
+          const int calls = 3, R = L.work();
+          // per rank: entered counter, ready[idx]; per owner tile (vrow, n): writes this call, call
+          std::vector<unsigned long long> entered(W, 0);
+          std::vector<std::vector<unsigned long long>> ready(W, std::vector<unsigned long long>(R, 0));
+          std::vector<int> writes(R, 0), tile_call(R, 0), last_writer(R, -1);
+          std::vector<int> call(W, 1), ended(W, 0), kernel_started(W, 0);
+          std::vector<std::vector<int>> next_w(W, std::vector<int>(blocks));
+          const int idle = blocks > R ? blocks - R : 0;  // blocks without a tile end at once
+          for (int r = 0; r < W; ++r) {
+            ended[r] = idle;
+            for (int b = 0; b < blocks; ++b) next_w[r][b] = b;
+          }
+          std::vector<std::vector<bool>> waited(W, std::vector<bool>(R, false));
+          // the kernel's lagged signal: per block, the tile stored but not yet signalled (-1: none);
+          // it goes out after the next tile's store, before a wait, or at the block's end
+          std::vector<std::vector<int>> pending(W, std::vector<int>(blocks, -1));
+          for (;;) {
+            std::vector<std::pair<int, int>> runnable;  // (rank, block); block -1: the kernel starts
+            bool all_done = true;
+            for (int r = 0; r < W; ++r) {
+              if (call[r] > calls) continue;
+              all_done = false;
+              if (kernel_started[r] < call[r]) {
+                runnable.emplace_back(r, -1);
+                continue;
+              }
+              for (int b = 0; b < blocks; ++b) {
+                const int w = next_w[r][b];
+                if (w >= R) continue;
+                const Item t = rs_order(L, r, w, 5);
+                const bool first = t.phase == 1 && W > 1;
+                const int idx = rs_ready_index(L, t);
+                bool ok = true;
+                if (first && w == b) ok = entered[r] >= static_cast<unsigned long long>(call[r]);
+                if (!first && W > 1) ok = pending[r][b] >= 0 || ready[r][idx] >= static_cast<unsigned long long>(call[r]);
+                if (ok) runnable.emplace_back(r, b);
+              }
+            }
+            if (all_done) break;
+            ASSERT_FALSE(runnable.empty()) << "deadlock at W = " << W << " M = " << M << " N = " << N;
+            const auto [r, b] = runnable[rng() % runnable.size()];
+            if (b < 0) {  // the kernel's aux warps: entered on rank r + 1
+              kernel_started[r] = call[r];
+              if (W > 1) ++entered[(r + 1) % W];
+              continue;
+            }
+            const int w = next_w[r][b];
+            const Item t = rs_order(L, r, w, 5);
+            const int idx = rs_ready_index(L, t), q = t.owner;
+            if (t.phase > 1 && W > 1 && pending[r][b] >= 0) {  // the flush before the wait
+              ++ready[(r + 1) % W][pending[r][b]];
+              pending[r][b] = -1;
+              continue;
+            }
+            ASSERT_EQ(q, rs_chain_owner(r, t.phase, W));
+            ASSERT_EQ(t.phase == W, q == r) << "the own rows come last";
+            const Range sh = shard(M, W, q);
+            ASSERT_GE(t.a_row, sh.begin);
+            ASSERT_LT(t.a_row, sh.begin + sh.size);
+            if (t.phase > 1) waited[r][idx] = true;
+            if (t.phase == 1) {  // plain store: the owner is in this call, the last call's adds are in
+              ASSERT_GE(kernel_started[q], call[r]) << "store into owner " << q << " before it entered the call";
+              if (tile_call[idx]) ASSERT_EQ(writes[idx], W) << "previous call's adds not all in";
+              writes[idx] = 1, tile_call[idx] = call[r];
+            } else {
+              ASSERT_EQ(tile_call[idx], call[r]) << "an add before the call's plain store";
+              ASSERT_EQ(last_writer[idx], (r - 1 + W) % W) << "adds out of chain order";
+              ++writes[idx];
+            }
+            last_writer[idx] = r;
+            if (t.phase < W) {
+              if (pending[r][b] >= 0) ++ready[(r + 1) % W][pending[r][b]];
+              pending[r][b] = idx;
+            }
+            next_w[r][b] += blocks;
+            if (next_w[r][b] >= R && pending[r][b] >= 0) {  // store_done's flush
+              ++ready[(r + 1) % W][pending[r][b]];
+              pending[r][b] = -1;
+            }
+            if (next_w[r][b] >= R && ++ended[r] == blocks) {  // the rank's kernel ended
+              ended[r] = idle;
+              ++call[r];
+              for (int bb = 0; bb < blocks; ++bb) next_w[r][bb] = call[r] > calls ? R : bb;
+            }
+          }
+          for (int i = 0; i < R; ++i) {
+            EXPECT_EQ(writes[i], W) << "tile " << i;
+            EXPECT_EQ(tile_call[i], calls);
+          }
+          for (int r = 0; r < W; ++r) {
+            EXPECT_EQ(entered[r], W > 1 ? static_cast<unsigned long long>(calls) : 0ull);
+            for (int i = 0; i < R; ++i)
+              EXPECT_EQ(ready[r][i], waited[r][i] ? static_cast<unsigned long long>(calls) : 0ull)
+                  << "rank " << r << " ready[" << i << "]: signals sent != the count its wait expects";
+          }
+        }
+      }
+}
+
 TEST(TpSchedule, GemmArOwnersReduceEachTileOnce) {
   for (int W = 2; W <= 8; ++W)
     for (int M : kMs)

@@ -175,6 +175,18 @@ int run_gemm_bench(const Args& args) {
                      .add("ratio_vs_cublas", ratio)
                      .add("rel_err", err)
                      .add("correct", ok));
+      if (args.has("accumulate")) {  // C += A * B: the epilogue's reduce-add stores instead of plain ones
+        gemm::Options oa = o;
+        oa.accumulate = true;
+        it = 0;
+        auto acc_call = [&] {
+          gemm::gemm(d.a[it % nsets], d.b[it % nsets], d.c, s.M, s.N, s.K, bl, oa, st);
+          ++it;
+        };
+        const double ta = time_us(st, acc_call, 3, iters, 5);
+        std::printf("%-20s %-6s %-8s %5d %10.1f %9.1f %7.3f   (C += A*B)\n", name, "weave+", gemm::tile_name(used), comm,
+                    ta, flop / ta * 1e-6, t_cublas / ta);
+      }
     }
   }
   if (n_ratio > 0) std::printf("geomean weave/cuBLAS over %d shapes: %.3f\n", n_ratio, std::exp(log_ratio_sum / n_ratio));
@@ -183,5 +195,5 @@ int run_gemm_bench(const Args& args) {
 
 }  // namespace
 
-WEAVE_BENCH(gemm, "bf16 GEMM: weave vs cuBLASLt (--shapes MxNxK,... --layout kn|nk --tile auto|256|128|256s4|256c2 --group G --comm 0,8 --no-balance)",
+WEAVE_BENCH(gemm, "bf16 GEMM: weave vs cuBLASLt (--shapes MxNxK,... --layout kn|nk --tile auto|256|128|256s4|256c2 --group G --comm 0,8 --no-balance --accumulate)",
             run_gemm_bench);
