@@ -83,8 +83,10 @@ struct GemmKernel {
     tile::tma::prefetch(&g.c);
   }
 
-  static __device__ __forceinline__ void load(const Globals& g, Stage& s, tile::Mbarrier& full, int w, int it) {
-    const TileCoord t = coord(g, w);
+  // The tile's coordinate once per tile, not per K step (lcsc.cuh, tile_of).
+  static __device__ __forceinline__ TileCoord tile_of(const Globals& g, int w) { return coord(g, w); }
+  static __device__ __forceinline__ void load(const Globals& g, Stage& s, tile::Mbarrier& full, const TileCoord& t,
+                                              int it) {
     const int k0 = it * BK;
     tile::tma::load_2d(s.a, &g.a, &full, k0, t.m * BM);
     if constexpr (Cluster == 1) {
