@@ -166,7 +166,9 @@ def plot_tp_sweep(rows, out_dir):
     names = {
         "ag_gemm": {0: "v0 TMA push (comm SMs)", 1: "v1 register push (comm SMs)",
                     2: "v2 TMA push, idle producer warps", 3: "v3 register push, producer warps of every block",
-                    4: "v4 ... of every 2nd block", 5: "v5 ... of every 4th block", 6: "v6 ... of every 8th block"},
+                    4: "v4 ... of every 2nd block", 5: "v5 ... of every 4th block", 6: "v6 ... of every 8th block",
+                    7: "v7 copy-engine push, fused GEMM", 8: "v8 copy-engine push, GEMM per shard",
+                    9: "v9 all_gather, then GEMM"},
         "gemm_ar": {0: "v0 inter-SM reduce (comm SMs)", 1: "v1 intra-SM reduce-add by the storers"},
     }
     for ax, (kernel, S) in zip(axes.flat, panels):

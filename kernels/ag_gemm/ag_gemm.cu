@@ -2,6 +2,7 @@
 #include "ag_gemm/ag_gemm.hpp"
 #include "ag_gemm/ag_gemm_kernel.cuh"
 #include "ag_gemm/copy_engine.hpp"
+#include "collectives/collectives.hpp"
 #include "gemm/gemm.hpp"
 #include "tp_common/signal_wait.cuh"
 #include "weave/lcsc.cuh"
@@ -15,7 +16,16 @@ struct AgGemm::Impl {
   CopyEnginePush ce;
   attention::CallOrder order;
   const bool ce_ok;
+  // v9's all_gather, made by the first v9 call (every rank takes v9 for the same shapes in the
+  // same order), so that objects which never take it hold none of its heap.
+  std::unique_ptr<coll::Collectives> coll;
   explicit Impl(runtime::Communicator& cc) : c(cc), ce_ok(CopyEngine::supported(cc.device())) {}
+  // Heap a Collectives object takes at construction: its LL scratch (2 parities x W sources of
+  // kLLMaxBytes / 4 8-byte lines) and a margin for its signal sets.
+  bool coll_fits() const {
+    const size_t need = 2 * size_t(c.world()) * (coll::Collectives::kLLMaxBytes / 4) * 8 + (size_t(1) << 20);
+    return coll || c.heap_bytes() - c.heap_used() >= need;
+  }
 };
 
 AgGemm::AgGemm(runtime::Communicator& c) : impl_(std::make_unique<Impl>(c)) {}
@@ -36,6 +46,21 @@ LaunchInfo AgGemm::launch(const bf16* a_shard, bf16* a_gathered, const bf16* B, 
   Impl& m = *impl_;
   m.order.before(s);
   const int W = m.c.world(), rank = m.c.rank();
+  if (variant == kAgGatherGemm) {
+    // The own rows into place first (a_shard may be any device memory; the all_gather reads
+    // symmetric buffers), then the all_gather in place and the GEMM on the gathered A.
+    const Range mine = shard(M, W, rank);
+    bf16* own = a_gathered + size_t(mine.begin) * K;
+    if (a_shard != own)
+      WEAVE_CUDA_CHECK(cudaMemcpyAsync(own, a_shard, size_t(mine.size) * K * sizeof(bf16), cudaMemcpyDeviceToDevice, s));
+    if (!m.coll) m.coll = std::make_unique<coll::Collectives>(m.c);
+    coll::Shape full;
+    full.ndim = 2, full.d[0] = M, full.d[1] = K;
+    m.coll->all_gather(own, a_gathered, full, 0, DType::bf16, s);
+    gemm::gemm(a_gathered, B, C, M, N, K, gemm::BLayout::KN, {}, s);
+    m.order.after(s);
+    return {0, m.c.sm_count(), false, variant};
+  }
   AgGlobals g{};
   g.L = make_layout(M, N, W, default_group_m(K));
   const runtime::PeerPtrs pp = m.c.peers(a_gathered, size_t(M) * K * sizeof(bf16));
@@ -103,12 +128,16 @@ LaunchInfo AgGemm::run(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf1
                        const Options& o, cudaStream_t s) {
   Impl& m = *impl_;
   check_tp_call(m.c, "ag_gemm", M, N, K, o, {{"a_shard", a_shard}, {"a_gathered", a_gathered}, {"B", B}, {"C", C}},
-                kAgShardGemms,
+                kAgGatherGemm,
                 "0 (TMA push by communicator SMs), 1 (register push by communicator SMs), 2 (TMA push by the compute "
                 "blocks' idle producer warps), 3..6 (register push by those of every 2^(v-3)-th block), 7 (copy "
-                "engine) or 8 (copy engine, one GEMM per shard)",
+                "engine), 8 (copy engine, one GEMM per shard) or 9 (all_gather, then one GEMM)",
                 s, [&] {
-                  WEAVE_CHECK(o.variant < kAgCopyEngine || m.ce_ok, "ag_gemm: variant ", o.variant,
+                  WEAVE_CHECK(o.variant != kAgGatherGemm || m.coll_fits(), "ag_gemm: variant 9 needs ",
+                              "room in the symmetric heap for the all_gather's scratch; ",
+                              m.c.heap_bytes() - m.c.heap_used(), " bytes are free");
+                  WEAVE_CHECK(o.variant < kAgCopyEngine || o.variant == kAgGatherGemm || m.ce_ok, "ag_gemm: variant ",
+                              o.variant,
                               " (copy engine) needs 64-bit stream memory operations, which this device or driver "
                               "does not offer (CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS)");
                   WEAVE_CHECK(M >= m.c.world(), "ag_gemm: M = ", M, " gives some rank no rows (world ", m.c.world(),
@@ -137,6 +166,7 @@ LaunchInfo AgGemm::run(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf1
   for (int v : {2, 3, 4, 5, 6, kAgCopyEngine, kAgShardGemms})
     if ((o.variant < 0 || o.variant == v) && (v < kAgCopyEngine || (m.ce_ok && (ce_worth || o.variant == v))))
       cands.push_back({v, 0});
+  if ((o.variant < 0 || o.variant == kAgGatherGemm) && m.coll_fits()) cands.push_back({kAgGatherGemm, 0});
   for (int v = 0; v < 2; ++v)
     if (o.variant < 0 || o.variant == v)
       for (int n : comm_sms_candidates(M, K, m.c.world(), m.c.sm_count())) cands.push_back({v, n});

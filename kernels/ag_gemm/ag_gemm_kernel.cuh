@@ -19,6 +19,10 @@ constexpr int kAgCopyEngine = 7;
 // first, each peer's rows after the stream waits for its last row tile's counter), as torch's
 // symm_mem does with cuBLAS. Host only (ag_gemm.cu).
 constexpr int kAgShardGemms = 8;
+// Variant 9: no overlap: weave's all_gather (kernels/collectives, its fastest path for the
+// shard's size) into a_gathered, then one plain GEMM. For small shapes, where the fused kernels'
+// per-call costs exceed what overlapping saves. Host only (ag_gemm.cu).
+constexpr int kAgGatherGemm = 9;
 
 struct AgGlobals : gemm::GemmGlobals {
   CUtensorMap asrc[kMaxWorld];  // A rows of owner q as this rank reads them (own: the input)

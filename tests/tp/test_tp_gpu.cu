@@ -103,7 +103,7 @@ TEST(TpGpu, AgGemmMatchesCublasNccl) {
   const uint64_t seed = wt::job_seed();
   weave::tp::AgGemm ag(c);
   for (const Shape& s : kShapes) {
-    for (int cfg = 0; cfg < 14; ++cfg) {  // tuner, then (variant, num_comm_sms) fixed; 7..13: variants 2..8
+    for (int cfg = 0; cfg < 15; ++cfg) {  // tuner, then (variant, num_comm_sms) fixed; 7..14: variants 2..9
       int ncomm = cfg == 0 ? -1 : std::array<int, 3>{1, 4, 16}[(cfg - 1) % 3], variant = cfg == 0 ? -1 : (cfg - 1) / 3;
       if (cfg >= 7) ncomm = 0, variant = cfg - 5;
       for (int in_place = 0; in_place < 2; ++in_place) {
@@ -200,7 +200,7 @@ TEST(TpGpu, TwoHundredLaunchesChangingInputs) {
     gref::error_kernel<<<64, 256>>>(out.p, ref.p + size_t(sh.begin) * N, size_t(sh.size) * N, sums);
     // ag_gemm (C into `ref`'s twin: reuse out as C is fine, it is only local here)
     weave::tp::Options oa = o4;
-    oa.variant = it % 9;  // every variant (2..8: no communicator SM; 7 and 8 the copy engine)
+    oa.variant = it % 10;  // every variant (2..9: no communicator SM; 7 and 8 the copy engine, 9 all_gather)
     if (oa.variant >= 2) oa.num_comm_sms = 0;
     ag.run(Ash.p, G.p, B.p, out.p, M, N, K, oa);
     WEAVE_NCCL_CHECK(ncclGroupStart());
@@ -310,7 +310,8 @@ TEST(TpGpu, OneObjectOnTwoStreams) {
   cudaStream_t st[2];
   for (auto& x : st) WEAVE_CUDA_CHECK(cudaStreamCreateWithFlags(&x, cudaStreamNonBlocking));
   wt::settle();
-  for (int v : {0, 2, 7, 8}) {  // communicator push, aux-warp push, copy engine, copy engine + GEMM per shard
+  for (int v : {0, 2, 7, 8, 9}) {  // communicator push, aux-warp push, copy engine, copy engine + GEMM per
+                                    // shard, all_gather + GEMM
     weave::tp::Options o;
     o.variant = v;
     o.num_comm_sms = v == 0 ? 4 : 0;

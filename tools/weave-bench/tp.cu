@@ -253,8 +253,9 @@ int run(const bench::Args& a) {
       for (long long S : ss)
         for (long long n : counts) {
           const bool ag = std::string(k) == "ag_gemm";
-          if (n == 0)  // no communicator SM: ag_gemm's aux-warp pushes 2..6 and copy engine 7, 8, gemm_ar's 1
-            for (int v = ag ? 2 : 1; v <= (ag ? 8 : 1); ++v) run_one(x, k, static_cast<int>(S), 0, true, false, 0, v);
+          if (n == 0)  // no communicator SM: ag_gemm's aux-warp pushes 2..6, copy engine 7, 8, all_gather 9;
+                       // gemm_ar's 1
+            for (int v = ag ? 2 : 1; v <= (ag ? 9 : 1); ++v) run_one(x, k, static_cast<int>(S), 0, true, false, 0, v);
           else
             for (int v = 0; v < (ag ? 2 : 1); ++v) run_one(x, k, static_cast<int>(S), static_cast<int>(n), true, false, 0, v);
         }
