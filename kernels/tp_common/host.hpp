@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "weave/common/event_time.hpp"
 #include "attention/sp_call.hpp"  // check_call, local_problem: every rank rejects a call together
 #include "tp_common/schedule.hpp"
 #include "weave/common/error.hpp"
@@ -154,18 +155,7 @@ namespace weave::tp {
 template <class F>
 double time_launches(cudaStream_t s, F&& launch, int warmup = 1, int iters = 3) {
   for (int i = 0; i < warmup; ++i) launch();
-  cudaEvent_t a, b;
-  WEAVE_CUDA_CHECK(cudaEventCreate(&a));
-  WEAVE_CUDA_CHECK(cudaEventCreate(&b));
-  WEAVE_CUDA_CHECK(cudaEventRecord(a, s));
-  for (int i = 0; i < iters; ++i) launch();
-  WEAVE_CUDA_CHECK(cudaEventRecord(b, s));
-  WEAVE_CUDA_CHECK(cudaEventSynchronize(b));
-  float ms = 0;
-  WEAVE_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-  WEAVE_CUDA_CHECK(cudaEventDestroy(a));
-  WEAVE_CUDA_CHECK(cudaEventDestroy(b));
-  return 1e3 * ms / iters;
+  return events_us(s, [] {}, launch, iters);
 }
 
 // Launches per tuner sample for an M x N x K GEMM: about 2 ms of work (at ~600 TFLOP/s), 3 to

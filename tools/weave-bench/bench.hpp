@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "weave/common/error.hpp"
+#include "weave/common/event_time.hpp"
 
 namespace weave::bench {
 
@@ -120,21 +121,8 @@ inline double median(std::vector<double> v) {
 template <class F>
 double time_us(cudaStream_t stream, F&& fn, int warmup = 5, int iters = 20, int repeats = 5) {
   for (int i = 0; i < warmup; ++i) fn();
-  cudaEvent_t a, b;
-  WEAVE_CUDA_CHECK(cudaEventCreate(&a));
-  WEAVE_CUDA_CHECK(cudaEventCreate(&b));
   std::vector<double> t;
-  for (int r = 0; r < repeats; ++r) {
-    WEAVE_CUDA_CHECK(cudaEventRecord(a, stream));
-    for (int i = 0; i < iters; ++i) fn();
-    WEAVE_CUDA_CHECK(cudaEventRecord(b, stream));
-    WEAVE_CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    WEAVE_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(1e3 * ms / iters);
-  }
-  WEAVE_CUDA_CHECK(cudaEventDestroy(a));
-  WEAVE_CUDA_CHECK(cudaEventDestroy(b));
+  for (int r = 0; r < repeats; ++r) t.push_back(weave::events_us(stream, [] {}, fn, iters));
   return median(t);
 }
 

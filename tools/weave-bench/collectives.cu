@@ -50,6 +50,8 @@ __global__ void hold_kernel(unsigned long long ns) {
   } while (t - t0 < ns);
 }
 
+void hold(cudaStream_t st, unsigned long long ns) { hold_kernel<<<1, 1, 0, st>>>(ns); }
+
 // Launch-cost probes for --host-breakdown: the same parameter sizes as a small and a large call.
 struct SmallArgs {
   unsigned long long w[8];
@@ -284,22 +286,10 @@ void host_breakdown(runtime::Communicator& comm, cudaStream_t st, void* in, bool
   // The device's time per kernel of a chain of short kernels enqueued ahead (a hold kernel first):
   // the gap that programmatic dependent launch removes, and whether an event between kernels
   // (CallOrder records one after every call) keeps it.
-  auto chain = [&](const char* what, auto&& fn) {
-    constexpr int k = 200;
-    cudaEvent_t a0, a1;
-    WEAVE_CUDA_CHECK(cudaEventCreate(&a0));
-    WEAVE_CUDA_CHECK(cudaEventCreate(&a1));
+  auto chain = [&](const char* what, const std::function<void()>& fn) {
     comm.sync(st);
-    hold_kernel<<<1, 1, 0, st>>>(2000000ull);
-    WEAVE_CUDA_CHECK(cudaEventRecord(a0, st));
-    for (int i = 0; i < k; ++i) fn();
-    WEAVE_CUDA_CHECK(cudaEventRecord(a1, st));
-    WEAVE_CUDA_CHECK(cudaEventSynchronize(a1));
-    float ms = 0;
-    WEAVE_CUDA_CHECK(cudaEventElapsedTime(&ms, a0, a1));
-    WEAVE_CUDA_CHECK(cudaEventDestroy(a0));
-    WEAVE_CUDA_CHECK(cudaEventDestroy(a1));
-    const auto all = gather_all<double>(comm, 1e3 * ms / k);
+    const double us = weave::events_us(st, [&] { hold(st, 2000000ull); }, fn, 200);
+    const auto all = gather_all<double>(comm, us);
     if (lead) std::printf("  gpu  %-44s %6.2f us\n", what, *std::max_element(all.begin(), all.end()));
   };
   chain("chain of 132 x 512 kernels", [&] { empty_kernel<<<132, 512, 0, st>>>(SmallArgs{}); });
@@ -410,9 +400,6 @@ int run(const bench::Args& a) {
                 "shape", "per-rank", "weave_us", "weave_bw", "nccl_us", "nccl_bw", "ratio", "check", "algo");
     std::fflush(stdout);
   }
-  cudaEvent_t ev0, ev1;
-  WEAVE_CUDA_CHECK(cudaEventCreate(&ev0));
-  WEAVE_CUDA_CHECK(cudaEventCreate(&ev1));
   if (a.has("host-breakdown")) host_breakdown(comm, st, in, lead);
   bool all_ok = true;
   std::map<std::string, std::pair<double, int>> log_ratio;  // kernel/layout -> (sum of log ratio, count)
@@ -491,16 +478,11 @@ int run(const bench::Args& a) {
       comm.sync(st);
       comm.barrier();
       std::vector<double> t;
-      for (int r = 0; r < repeats; ++r) {
-        hold_kernel<<<1, 1, 0, st>>>(static_cast<unsigned long long>(n) * 40000ull + 200000ull);
-        WEAVE_CUDA_CHECK(cudaEventRecord(ev0, st));
-        for (int i = 0; i < n; ++i) call(c, w, w ? nullptr : &nccl, in, o, st);
-        WEAVE_CUDA_CHECK(cudaEventRecord(ev1, st));
-        WEAVE_CUDA_CHECK(cudaEventSynchronize(ev1));
-        float ms = 0;
-        WEAVE_CUDA_CHECK(cudaEventElapsedTime(&ms, ev0, ev1));
-        t.push_back(1e3 * ms / n);
-      }
+      const unsigned long long hold_ns = static_cast<unsigned long long>(n) * 40000ull + 200000ull;
+      for (int r = 0; r < repeats; ++r)
+        t.push_back(weave::events_us(
+            st, [&] { hold(st, hold_ns); }, [&] { call(c, w, w ? nullptr : &nccl, in, o, st); },
+            n));
       const auto all = gather_all<double>(comm, bench::median(t));
       return *std::max_element(all.begin(), all.end());
     };
@@ -558,8 +540,6 @@ int run(const bench::Args& a) {
   }
   comm.sync(st);
   comm.barrier();
-  WEAVE_CUDA_CHECK(cudaEventDestroy(ev0));
-  WEAVE_CUDA_CHECK(cudaEventDestroy(ev1));
   WEAVE_CUDA_CHECK(cudaFree(ref_out));
   comm.free(out);
   comm.free(in);

@@ -1,0 +1,30 @@
+// Device time of enqueued work, measured with CUDA events: the one timing loop of the tuner and
+// the benchmarks.
+#pragma once
+#include <cuda_runtime.h>
+
+#include "weave/common/error.hpp"
+
+namespace weave {
+
+// Mean time (µs) per call of `iters` calls of fn on `stream`, between two events recorded after
+// `before()` has enqueued whatever should precede them (nothing, or a kernel that holds the
+// stream while the host enqueues the whole loop).
+template <class B, class F>
+double events_us(cudaStream_t stream, B&& before, F&& fn, int iters) {
+  cudaEvent_t a, b;
+  WEAVE_CUDA_CHECK(cudaEventCreate(&a));
+  WEAVE_CUDA_CHECK(cudaEventCreate(&b));
+  before();
+  WEAVE_CUDA_CHECK(cudaEventRecord(a, stream));
+  for (int i = 0; i < iters; ++i) fn();
+  WEAVE_CUDA_CHECK(cudaEventRecord(b, stream));
+  WEAVE_CUDA_CHECK(cudaEventSynchronize(b));
+  float ms = 0;
+  WEAVE_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+  WEAVE_CUDA_CHECK(cudaEventDestroy(a));
+  WEAVE_CUDA_CHECK(cudaEventDestroy(b));
+  return 1e3 * ms / iters;
+}
+
+}  // namespace weave
