@@ -7,6 +7,7 @@
 //   --table3                 (gemm_rs M = N = 16384, K_local 512..8192: overlap fraction)
 #include <cuda_bf16.h>
 
+#include <chrono>
 #include <cmath>
 #include <functional>
 #include <cstdio>
@@ -38,6 +39,7 @@ struct Ctx {
   bench::JsonSink& json;
   cudaStream_t st;
   int W, rank;
+  bool host_us = false;  // --host-us: also the host's time to issue one fused call
 };
 
 // Implementations timed in turns (one repeat of each, then the next round), median per
@@ -129,6 +131,16 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
     }
     fused.ncomm = li.num_comm_sms;
     fused.variant = li.variant;
+    if (x.host_us) {  // the same calls on the host clock: when this is the time per call, the host sets the pace
+      constexpr int n = 20;
+      x.c.sync(x.st);
+      x.c.barrier();
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < n; ++i) fused_fn();
+      const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / n;
+      x.c.sync(x.st);
+      if (x.rank == 0) std::printf("    %s S=%d host us per fused call (rank 0): %.1f (device %.1f)\n", kernel.c_str(), S, us, fused.us);
+    }
   };
   WEAVE_CUDA_CHECK(cudaMalloc(&B, size_t(K) * N * sizeof(bf16)));
   gref::fill_uniform(B, size_t(K) * N, seed + 2);
@@ -236,6 +248,7 @@ int run(const bench::Args& a) {
   cudaStream_t st;
   WEAVE_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   Ctx x{c, nccl, blas, json, st, c.world(), c.rank()};
+  x.host_us = a.has("host-us");
   if (x.rank == 0) {
     std::printf("weave-bench tp: world %d, %s, %d SMs; times in us (slowest rank) / TFLOP/s of the local GEMM\n", x.W,
                 c.props().name, c.sm_count());
@@ -286,5 +299,5 @@ int run(const bench::Args& a) {
 WEAVE_BENCH(tp,
             "TP fused kernels (ag_gemm, gemm_rs, gemm_ar) vs GEMM alone and cuBLAS+NCCL, 2+ ranks (--sizes "
             "2048,...,32768 --kernels ag_gemm,gemm_rs,gemm_ar --num-comm-sms N --variant V --sweep 0,4,...,64 "
-            "--sweep-sizes 4096,16384 --table3 --only-extra)",
+            "--sweep-sizes 4096,16384 --table3 --only-extra --host-us)",
             run);
