@@ -85,7 +85,7 @@ struct HasStoreDone : std::false_type {};
 template <class K>
 struct HasStoreDone<K, std::void_t<decltype(&K::store_done)>> : std::true_type {};
 
-// Optional per-tile load state (K::tile_of): absent in the plain GEMM, whose tile coordinate is cheap.
+// Optional per-tile load state (K::tile_of); without it, load receives the work index w.
 template <class K, class = void>
 struct HasTileOf : std::false_type {};
 template <class K>

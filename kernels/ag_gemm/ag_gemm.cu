@@ -20,10 +20,9 @@ struct AgGemm::Impl {
   // same order), so that objects which never take it hold none of its heap.
   std::unique_ptr<coll::Collectives> coll;
   explicit Impl(runtime::Communicator& cc) : c(cc), ce_ok(CopyEngine::supported(cc.device())) {}
-  // Heap a Collectives object takes at construction: its LL scratch (2 parities x W sources of
-  // kLLMaxBytes / 4 8-byte lines) and a margin for its signal sets.
+  // Heap a Collectives object takes at construction, and a margin for its signal sets.
   bool coll_fits() const {
-    const size_t need = 2 * size_t(c.world()) * (coll::Collectives::kLLMaxBytes / 4) * 8 + (size_t(1) << 20);
+    const size_t need = coll::Collectives::scratch_bytes(c.world()) + (size_t(1) << 20);
     return coll || c.heap_bytes() - c.heap_used() >= need;
   }
 };

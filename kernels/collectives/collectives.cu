@@ -153,7 +153,7 @@ struct Collectives::Impl {
   explicit Impl(runtime::Communicator& c)
       : comm(c),
         sig(c.signals("collectives", 2)),
-        ll_scratch(c, 2 * c.world() * kLLLines),
+        ll_scratch(c, Collectives::scratch_bytes(c.world()) / sizeof(unsigned long long)),
         ll_sig(c.signals("LL collective flag from rank", 1)),
         push(push_config(c.world())) {
     WEAVE_CUDA_CHECK(cudaMemset(ll_scratch.data(), 0, ll_scratch.bytes()));

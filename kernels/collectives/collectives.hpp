@@ -58,6 +58,9 @@ class Collectives {
   static size_t ll128_max_bytes(int world) { return (size_t(16) << 20) / world / 4 * 4; }
   // Collective: allocates the signal sets and scratch it needs in the communicator's heap.
   explicit Collectives(runtime::Communicator& comm);
+  // Heap bytes the constructor's scratch takes at this world size (the LL scratch: 2 parities x
+  // world sources of kLLMaxBytes / 4 8-byte lines); later LL128 and push calls add their own.
+  static size_t scratch_bytes(int world) { return 2 * size_t(world) * (kLLMaxBytes / 4) * 8; }
   ~Collectives();
 
   // out[i] = op over ranks of in[i], `count` elements; in == out is in place.

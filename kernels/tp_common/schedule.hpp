@@ -57,6 +57,16 @@ struct Item {
   int a_row;  // first global row
 };
 
+// The Item for owner q's j-th tile (grouped rasterisation inside the shard, gemm/scheduler.hpp),
+// met at `phase`: one place for every order below.
+__host__ __device__ inline Item owner_item(const Layout& L, int phase, int q, int j) {
+  const gemm::TileCoord t = gemm::grouped_tile(j, L.tm[q], L.tiles_n, L.group_m);
+  Item it;
+  it.phase = phase, it.owner = q, it.i = t.m, it.n = t.n, it.vrow = L.off[q] + t.m;
+  it.a_row = shard(L.M, L.W, q).begin + t.m * kBM;
+  return it;
+}
+
 // Rank `rank`'s w-th output tile: its own shard first, then owners rank+1, rank+2, ... (mod W);
 // inside a shard, grouped rasterisation (gemm/scheduler.hpp).
 __host__ __device__ inline Item item(const Layout& L, int rank, int w) {
@@ -66,11 +76,7 @@ __host__ __device__ inline Item item(const Layout& L, int rank, int w) {
     ++k;
     q = rank + k < L.W ? rank + k : rank + k - L.W;
   }
-  const gemm::TileCoord t = gemm::grouped_tile(w, L.tm[q], L.tiles_n, L.group_m);
-  Item it;
-  it.phase = k, it.owner = q, it.i = t.m, it.n = t.n, it.vrow = L.off[q] + t.m;
-  it.a_row = shard(L.M, L.W, q).begin + t.m * kBM;
-  return it;
+  return owner_item(L, k, q, w);
 }
 
 // ---- gemm_rs (intra-SM) -------------------------------------------------------------------
@@ -119,12 +125,7 @@ __host__ __device__ inline Item rs_item(const Layout& L, int rank, int w) {
       if (L.tm[q] == sp.hi && m-- == 0) break;
     }
   }
-  const int q = rank + k < L.W ? rank + k : rank + k - L.W;
-  const gemm::TileCoord t = gemm::grouped_tile(j, L.tm[q], L.tiles_n, L.group_m);
-  Item it;
-  it.phase = k, it.owner = q, it.i = t.m, it.n = t.n, it.vrow = L.off[q] + t.m;
-  it.a_row = shard(L.M, L.W, q).begin + t.m * kBM;
-  return it;
+  return owner_item(L, k, rank + k < L.W ? rank + k : rank + k - L.W, j);
 }
 // Variant 2, inter-SM: every rank walks the same order (rs_item as rank 0 sees it: owners
 // interleaved) and plain-stores each tile into its local scratch (M x N), then signals
@@ -145,11 +146,7 @@ __host__ __device__ inline Item rs_chain_item(const Layout& L, int rank, int w) 
     w -= L.owner_tiles(q);
     q = rs_chain_owner(rank, ++t, L.W);
   }
-  const gemm::TileCoord c = gemm::grouped_tile(w, L.tm[q], L.tiles_n, L.group_m);
-  Item it;
-  it.phase = t, it.owner = q, it.i = c.m, it.n = c.n, it.vrow = L.off[q] + c.m;
-  it.a_row = shard(L.M, L.W, q).begin + c.m * kBM;
-  return it;
+  return owner_item(L, t, q, w);
 }
 // The w-th tile of rank `rank` in variant v's order.
 __host__ __device__ inline Item rs_order(const Layout& L, int rank, int w, int v) {
