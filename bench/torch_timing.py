@@ -5,9 +5,10 @@ import time
 import torch
 
 
-def median_us(fn, iters, repeats=3, warmup=2, before_repeat=None):
+def median_us(fn, iters, repeats=3, warmup=2, before_repeat=None, warm_each=0):
     """Median over `repeats` of the mean time (us) of `iters` back-to-back calls of fn, after
-    `warmup` calls. `before_repeat` (e.g. a process-group barrier) runs before each repeat."""
+    `warmup` calls. `before_repeat` (e.g. a process-group barrier) runs before each repeat, then
+    `warm_each` untimed calls."""
     cuda = torch.cuda.is_available()
     for _ in range(warmup):
         fn()
@@ -17,6 +18,8 @@ def median_us(fn, iters, repeats=3, warmup=2, before_repeat=None):
     for _ in range(repeats):
         if before_repeat:
             before_repeat()
+        for _ in range(warm_each):
+            fn()
         if cuda:
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()

@@ -14,6 +14,7 @@ NVLink multicast stays off (TORCH_SYMM_MEM_DISABLE_MULTICAST is set where missin
 import argparse
 import json
 import os
+import time
 
 os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
@@ -24,9 +25,21 @@ import torch.distributed._symmetric_memory as symm_mem  # noqa: E402
 from torch_timing import median_us  # noqa: E402
 
 
-def slowest_us(fn, iters):
-    """The slowest rank's median time (us)."""
-    t = torch.tensor([median_us(fn, iters, warmup=3, before_repeat=dist.barrier)], device="cuda")
+def slowest_us(fn):
+    """The slowest rank's median time (us), sampled as weave-bench tp's timed_turns does: from the
+    slowest rank's first call, ~100 ms of warm-up calls then ~50 ms of timed calls per sample (the
+    power cap's steady state), 6 samples."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    first = torch.tensor([1e6 * (time.perf_counter() - t0)], device="cuda")
+    dist.all_reduce(first, op=dist.ReduceOp.MAX)
+    first = max(first.item(), 1.0)
+    iters = int(min(max(50e3 / first, 1), 1000))
+    warm = int(min(max(100e3 / first, 1), 2000))
+    t = torch.tensor([median_us(fn, iters, repeats=6, warmup=0, before_repeat=dist.barrier, warm_each=warm)],
+                     device="cuda")
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.item()
 
@@ -52,7 +65,6 @@ def main():
     rows = []
     torch.manual_seed(1234 + rank)
     for S in [int(s) for s in args.sizes.split(",") if s]:
-        iters = 4 if S >= 16384 else 10 if S >= 8192 else 20
         # AG+GEMM: A shard (S/W x S), B (S x S/W).
         M, N, K = S, S // W, S
         a_sh = torch.rand(M // W, K, device="cuda", dtype=torch.bfloat16) * 2 - 1
@@ -65,7 +77,7 @@ def main():
             full = torch.empty(M, K, device="cuda", dtype=torch.bfloat16)
             dist.all_gather_into_tensor(full, a_sh)
             e = max(rel_err(ag, full), rel_err(outs[0], full @ b))
-            row.update(time_us=slowest_us(f, iters), correct=bool(e < 1e-2), rel_err=e)
+            row.update(time_us=slowest_us(f), correct=bool(e < 1e-2), rel_err=e)
         except Exception as ex:  # report, keep going
             row.update(time_us=float("nan"), correct=False, error=f"{type(ex).__name__}: {str(ex)[:200]}")
         rows.append(row)
@@ -81,7 +93,7 @@ def main():
             ref = torch.empty(M // W, N, device="cuda", dtype=torch.bfloat16)
             dist.reduce_scatter_tensor(ref, a @ b2)
             e = rel_err(out, ref)
-            row.update(time_us=slowest_us(f, iters), correct=bool(e < 1e-2), rel_err=e)
+            row.update(time_us=slowest_us(f), correct=bool(e < 1e-2), rel_err=e)
         except Exception as ex:
             row.update(time_us=float("nan"), correct=False, error=f"{type(ex).__name__}: {str(ex)[:200]}")
         rows.append(row)

@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <cstdint>
 #include <initializer_list>
 #include <map>
@@ -151,20 +152,38 @@ void check_tp_call(runtime::Communicator& c, const char* who, int M, int N, int 
 
 namespace weave::tp {
 
-// Mean µs of `iters` launches after `warmup` (the tuner's measurement; the caller's stream).
-template <class F>
-double time_launches(cudaStream_t s, F&& launch, int warmup = 1, int iters = 3) {
-  for (int i = 0; i < warmup; ++i) launch();
-  return events_us(s, [] {}, launch, iters);
+// A tuner sample: `warm` launches untimed, then the mean of `iters` launches, chosen from the
+// time of one launch (µs). Large GEMMs run at the 700 W power cap, where after a pause the
+// clock holds a boost for ~50-60 ms and then drops by ~15 % (weave-bench gemm --trace,
+// perf-notes 21), and where an energy-hungry predecessor leaves a lower clock. So ~30 ms of
+// the same candidate run first and ~10 ms are timed (at least one launch each; small kernels
+// are capped, where no power state builds up within a sample).
+struct TunePlan {
+  int warm, iters;
+};
+__host__ __device__ inline TunePlan tune_plan(double launch_us) {
+  const double t = launch_us > 1 ? launch_us : 1;
+  auto clamp = [](double x, int lo, int hi) { return x < lo ? lo : x > hi ? hi : static_cast<int>(x); };
+  return {clamp(30e3 / t, 1, 200), clamp(10e3 / t, 1, 50)};
 }
 
-// Launches per tuner sample for an M x N x K GEMM: about 2 ms of work (at ~600 TFLOP/s), 3 to
-// 50. At a few launches per sample, small shapes (~100 us) spread +-10 % from sample to sample,
-// more than the candidates differ.
-inline int tune_iters(long long M, long long N, long long K) {
-  const double us = 2.0 * M * N * K / 6e8;
-  const int n = static_cast<int>(2000.0 / (us > 1 ? us : 1));
-  return n < 3 ? 3 : n > 50 ? 50 : n;
+// One tuner sample of `launch` (the caller's stream): one launch timed on the host sets the
+// plan, with the slowest rank's time (every rank must launch as often: the kernels wait for
+// each other), then the plan's warm-up and timed launches back to back, so the timed window
+// starts in the candidate's own steady state (no idle gap before it).
+template <class F>
+double time_launches(runtime::Communicator& c, cudaStream_t s, F&& launch) {
+  WEAVE_CUDA_CHECK(cudaStreamSynchronize(s));
+  const auto t0 = std::chrono::steady_clock::now();
+  launch();
+  WEAVE_CUDA_CHECK(cudaStreamSynchronize(s));
+  double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  std::vector<double> all(c.world());
+  c.bootstrap().all_gather(&us, all.data(), sizeof us);
+  for (double x : all) us = x > us ? x : us;
+  const TunePlan p = tune_plan(us);
+  for (int i = 0; i < p.warm; ++i) launch();
+  return events_us(s, [] {}, launch, p.iters);
 }
 
 inline std::string device_key(const runtime::Communicator& c) {
@@ -182,7 +201,7 @@ LaunchInfo tuned_launch(runtime::Communicator& c, const char* kernel, const Opti
                         const std::vector<runtime::TuneCandidate>& cands, cudaStream_t s, F&& launch) {
   const std::string key = runtime::tune_key(tune_name(kernel, o.variant), {M, N, K}, c.world(), device_key(c));
   const runtime::TuneResult r = runtime::Tuner::global().choose(&c, key, cands, [&](const runtime::TuneCandidate& t) {
-    return time_launches(s, [&] { launch(t); }, 1, tune_iters(M, N, K));
+    return time_launches(c, s, [&] { launch(t); });
   });
   LaunchInfo li = launch(r.choice);
   li.tuned = true;

@@ -179,7 +179,7 @@ UlyssesLaunchInfo Ulysses::forward(const bf16* q, const bf16* k, const bf16* v, 
   const std::string key =
       runtime::tune_key("ulysses", {s.B, s.S, s.Hq, s.Hkv, s.D, opt.causal}, W, tp::device_key(m.c));
   const runtime::TuneResult t = runtime::Tuner::global().choose(&m.c, key, cands, [&](const runtime::TuneCandidate& c) {
-    return tp::time_launches(stream, [&] { m.launch(q, k, v, o, s, opt, c.num_comm_sms, stream); });
+    return tp::time_launches(m.c, stream, [&] { m.launch(q, k, v, o, s, opt, c.num_comm_sms, stream); });
   });
   UlyssesLaunchInfo li = m.launch(q, k, v, o, s, opt, t.choice.num_comm_sms, stream);
   li.tuned = true;

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
@@ -14,6 +15,7 @@
 #include <sstream>
 
 #include "weave/common/error.hpp"
+#include "weave/common/median.hpp"
 #include "weave/runtime/communicator.hpp"
 
 namespace weave::runtime {
@@ -311,31 +313,42 @@ TuneResult Tuner::choose(Communicator* comm, const std::string& key, const std::
     }
     return t;
   };
-  std::vector<double> times(cands.size());
+  // Under the power cap of large GEMMs the SM clock swings by +-10-20 % within a second, so one
+  // short sample ranks candidates by the clock it caught (session 6: ag_gemm 32768 chose a
+  // variant 10 % slower than the usual winner). Round 1 measures every candidate once; those
+  // within kKeep of the best (at least the best kMinKept) are measured in kRounds - 1 more
+  // rounds, each round in a rotated order, and ranked by the median of their samples.
+  constexpr int kRounds = 5, kMinKept = 3;
+  constexpr double kKeep = 1.3;
+  std::vector<std::vector<double>> samples(cands.size());
   for (size_t c = 0; c < cands.size(); ++c) {
-    times[c] = slowest(cands[c]);
+    samples[c].push_back(slowest(cands[c]));
     if (talk)
       std::fprintf(stderr, "weave tuner:   [%zu/%zu] variant %d, num_comm_sms %3d: %10.1f us\n", c + 1, cands.size(),
-                   cands[c].variant, cands[c].num_comm_sms, times[c]);
+                   cands[c].variant, cands[c].num_comm_sms, samples[c][0]);
   }
-  // One sample is noisy (a few launches): measure the two best again and rank them by the mean.
-  if (cands.size() >= 2) {
-    size_t a = 0, b = 1;
-    if (times[b] < times[a]) std::swap(a, b);
-    for (size_t c = 2; c < cands.size(); ++c) {
-      if (times[c] < times[a]) b = a, a = c;
-      else if (times[c] < times[b]) b = c;
-    }
-    for (size_t c : {a, b}) {
-      times[c] = 0.5 * (times[c] + slowest(cands[c]));
-      if (talk)
-        std::fprintf(stderr, "weave tuner:   recheck variant %d, num_comm_sms %3d: %10.1f us (mean of 2)\n",
-                     cands[c].variant, cands[c].num_comm_sms, times[c]);
-    }
+  std::vector<size_t> kept(cands.size());
+  for (size_t c = 0; c < cands.size(); ++c) kept[c] = c;
+  std::stable_sort(kept.begin(), kept.end(), [&](size_t x, size_t y) { return samples[x][0] < samples[y][0]; });
+  size_t n = 0;
+  while (n < kept.size() && (n < kMinKept || samples[kept[n]][0] <= kKeep * samples[kept[0]][0])) ++n;
+  kept.resize(n);
+  if (kept.size() >= 2)
+    for (int round = 1; round < kRounds; ++round)
+      for (size_t i = 0; i < kept.size(); ++i) {
+        const size_t c = kept[(i + round) % kept.size()];
+        samples[c].push_back(slowest(cands[c]));
+      }
+  std::vector<double> times(cands.size(), -1);
+  for (size_t c : kept) {
+    times[c] = median(samples[c]);
+    if (talk && kept.size() >= 2)
+      std::fprintf(stderr, "weave tuner:   variant %d, num_comm_sms %3d: median %10.1f us of %zu samples\n",
+                   cands[c].variant, cands[c].num_comm_sms, times[c], samples[c].size());
   }
   TuneResult best;
   best.time_us = -1;
-  for (size_t c = 0; c < cands.size(); ++c)
+  for (size_t c : kept)
     if (best.time_us < 0 || times[c] < best.time_us) best = {cands[c], times[c], false};
   remember(key, best, rank == 0);
   if (talk)

@@ -539,35 +539,57 @@ TEST(Tuner, SearchesOnceThenUsesMemoryAndFile) {
     return x.num_comm_sms == 8 ? 10.0 : 20.0;
   };
   auto r = t.choose(nullptr, "k|1|w1|d", c, measure);
-  EXPECT_EQ(calls, 5);  // every candidate once, the best two again
+  EXPECT_EQ(calls, 15);  // every candidate once, then (at least the best three kept) four more rounds
   EXPECT_EQ(r.choice.num_comm_sms, 8);
   EXPECT_FALSE(r.from_cache);
   r = t.choose(nullptr, "k|1|w1|d", c, measure);
-  EXPECT_EQ(calls, 5);
+  EXPECT_EQ(calls, 15);
   EXPECT_TRUE(r.from_cache);
   EXPECT_EQ(r.choice.num_comm_sms, 8);
   // A new process (a fresh tuner on the same file) reads the winner back.
   weave::runtime::Tuner t2(path);
   t2.set_verbose(false);
   r = t2.choose(nullptr, "k|1|w1|d", c, measure);
-  EXPECT_EQ(calls, 5);
+  EXPECT_EQ(calls, 15);
   EXPECT_TRUE(r.from_cache);
   EXPECT_EQ(r.choice.num_comm_sms, 8);
   EXPECT_NE(slurp(path).find("\"num_comm_sms\": 8"), std::string::npos);
 }
 
-TEST(Tuner, RecheckOverturnsALuckySample) {
+TEST(Tuner, MedianOverRoundsOverturnsALuckySample) {
   weave::runtime::Tuner t("off");
   t.set_verbose(false);
   std::map<int, int> seen;
-  // num_comm_sms 4 measures 10 once, then 40 (mean 25); 8 measures 20 every time.
-  auto r = t.choose(nullptr, "noisy|1|w1|d", {{0, 4}, {0, 8}, {0, 16}}, [&](const weave::runtime::TuneCandidate& x) {
-    const int k = seen[x.num_comm_sms]++;
-    if (x.num_comm_sms == 4) return k == 0 ? 10.0 : 40.0;
-    return x.num_comm_sms == 8 ? 20.0 : 30.0;
-  });
+  // num_comm_sms 4 measures 10 once, then 40 (a clock swing caught once); 8 measures 20 every
+  // time but 9 in its third sample; 16 is 30, a near third kept; 32 and 64 are far behind.
+  auto r = t.choose(nullptr, "noisy|1|w1|d", {{0, 4}, {0, 8}, {0, 16}, {0, 32}, {0, 64}},
+                    [&](const weave::runtime::TuneCandidate& x) {
+                      const int k = seen[x.num_comm_sms]++;
+                      if (x.num_comm_sms == 4) return k == 0 ? 10.0 : 40.0;
+                      if (x.num_comm_sms == 8) return k == 2 ? 9.0 : 20.0;
+                      return x.num_comm_sms == 16 ? 30.0 : 100.0 + x.num_comm_sms;
+                    });
   EXPECT_EQ(r.choice.num_comm_sms, 8);
-  EXPECT_EQ(seen[16], 1);
+  EXPECT_DOUBLE_EQ(r.time_us, 20.0);  // the median, not the lucky sample
+  EXPECT_EQ(seen[4], 5);
+  EXPECT_EQ(seen[16], 5);  // the best three stay in the race
+  EXPECT_EQ(seen[32], 1);  // the rest is measured once
+  EXPECT_EQ(seen[64], 1);
+}
+
+TEST(Tuner, KeepsEveryCandidateNearTheBest) {
+  weave::runtime::Tuner t("off");
+  t.set_verbose(false);
+  std::map<int, int> seen;
+  // Five candidates within 1.3x of the best: all five get every round; 7 (1.4x) is dropped.
+  auto r = t.choose(nullptr, "near|1|w1|d", {{0, 1}, {0, 2}, {0, 3}, {0, 4}, {0, 5}, {0, 7}},
+                    [&](const weave::runtime::TuneCandidate& x) {
+                      ++seen[x.num_comm_sms];
+                      return 10.0 + (x.num_comm_sms == 7 ? 4.0 : 0.5 * (5 - x.num_comm_sms));
+                    });
+  EXPECT_EQ(r.choice.num_comm_sms, 5);
+  for (int n = 1; n <= 5; ++n) EXPECT_EQ(seen[n], 5) << n;
+  EXPECT_EQ(seen[7], 1);
 }
 
 TEST(Tuner, CorruptFileIsReportedAndReplaced) {
@@ -585,23 +607,25 @@ TEST(Tuner, CorruptFileIsReportedAndReplaced) {
     ++calls;
     return static_cast<double>(x.num_comm_sms);
   });
-  EXPECT_EQ(calls, 4);
+  EXPECT_EQ(calls, 10);  // both candidates, five rounds
   EXPECT_EQ(r.choice.num_comm_sms, 2);
   std::map<std::string, weave::runtime::TuneResult> back;
   std::string err;
   EXPECT_TRUE(weave::runtime::Tuner::parse(slurp(path), &back, &err)) << err;  // rewritten, valid
   EXPECT_EQ(back.count("b|2|w2|d"), 1u);
-  weave::runtime::TuneResult kept;
-  EXPECT_TRUE(weave::runtime::Tuner("off").parse(slurp(path), &back, &err));
-  (void)kept;
 }
 
-TEST(Tuner, SampleLengthScalesWithTheShape) {
-  EXPECT_EQ(tune_iters(1000, 512, 256), 50);             // a few us: capped
-  EXPECT_EQ(tune_iters(16384, 16384, 8192), 3);          // ms per launch: the minimum
-  const int n = tune_iters(4096, 2048, 4096);            // ~115 us per launch: ~2 ms per sample
-  EXPECT_GE(n, 10);
-  EXPECT_LE(n, 25);
+TEST(Tuner, SampleLengthScalesWithTheLaunch) {
+  const TunePlan tiny = tune_plan(20);  // a few us per launch: both capped
+  EXPECT_EQ(tiny.warm, 200);
+  EXPECT_EQ(tiny.iters, 50);
+  const TunePlan mid = tune_plan(800);  // ~30 ms warm, ~10 ms timed
+  EXPECT_EQ(mid.warm, 37);
+  EXPECT_EQ(mid.iters, 12);
+  const TunePlan big = tune_plan(52000);  // longer than the windows: one launch each
+  EXPECT_EQ(big.warm, 1);
+  EXPECT_EQ(big.iters, 1);
+  EXPECT_EQ(tune_plan(0).iters, 50);  // a nonsense time still gives a bounded plan
 }
 
 TEST(Tuner, KeyNamesKernelShapeWorldDevice) {

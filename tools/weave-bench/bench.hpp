@@ -14,6 +14,7 @@
 
 #include "weave/common/error.hpp"
 #include "weave/common/event_time.hpp"
+#include "weave/common/median.hpp"
 
 namespace weave::bench {
 
@@ -109,12 +110,7 @@ class JsonSink {
   std::unique_ptr<std::ofstream> f_;
 };
 
-inline double median(std::vector<double> v) {
-  WEAVE_CHECK(!v.empty(), "median of nothing");
-  std::sort(v.begin(), v.end());
-  size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using weave::median;
 
 // Median over `repeats` of the mean time (µs) of `iters` back-to-back calls of fn on stream,
 // after `warmup` calls. fn enqueues work on the stream.

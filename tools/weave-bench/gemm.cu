@@ -6,10 +6,14 @@
 //                    [--group G] [--comm 0,8,16,32] [--target-ms T] [--no-balance]
 #include <cuda_bf16.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <sstream>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "bench.hpp"
@@ -54,6 +58,36 @@ struct Sets {
     cudaFree(r);
   }
 };
+
+
+// --trace N: each implementation, after a second of idle GPU, N back-to-back launches with an
+// event between every two, printed per launch. Shows how the time of one launch moves while
+// the power controller settles (perf-notes 21: large GEMMs run at the 700 W cap).
+void trace_launches(cudaStream_t st, int n, const std::vector<std::pair<const char*, std::function<void()>>>& impls) {
+  for (const auto& [name, fn] : impls) {
+    WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    std::vector<cudaEvent_t> ev(n + 1);
+    for (auto& e : ev) WEAVE_CUDA_CHECK(cudaEventCreate(&e));
+    WEAVE_CUDA_CHECK(cudaEventRecord(ev[0], st));
+    for (int i = 0; i < n; ++i) {
+      fn();
+      WEAVE_CUDA_CHECK(cudaEventRecord(ev[i + 1], st));
+    }
+    WEAVE_CUDA_CHECK(cudaEventSynchronize(ev[n]));
+    std::printf("trace %s, us per launch after 1 s idle:", name);
+    double total = 0;
+    for (int i = 0; i < n; ++i) {
+      float ms = 0;
+      WEAVE_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[i], ev[i + 1]));
+      total += ms;
+      std::printf("%s%.0f", i % 10 ? " " : i ? "\n  [" : " [", 1e3 * ms);
+      if (i % 10 == 9 || i == n - 1) std::printf("] at %.0f ms", total);
+    }
+    std::printf("\n");
+    for (auto& e : ev) WEAVE_CUDA_CHECK(cudaEventDestroy(e));
+  }
+}
 
 int run_gemm_bench(const Args& args) {
   JsonSink sink(args);
@@ -175,6 +209,7 @@ int run_gemm_bench(const Args& args) {
                      .add("ratio_vs_cublas", ratio)
                      .add("rel_err", err)
                      .add("correct", ok));
+      if (args.has("trace")) trace_launches(st, static_cast<int>(args.get_int("trace", 60)), {{"weave", weave_call}, {"cublas", cublas_call}});
       if (args.has("accumulate")) {  // C += A * B: the epilogue's reduce-add stores instead of plain ones
         gemm::Options oa = o;
         oa.accumulate = true;
@@ -195,5 +230,5 @@ int run_gemm_bench(const Args& args) {
 
 }  // namespace
 
-WEAVE_BENCH(gemm, "bf16 GEMM: weave vs cuBLASLt (--shapes MxNxK,... --layout kn|nk --tile auto|256|128|256s4|256c2 --group G --comm 0,8 --no-balance --accumulate)",
+WEAVE_BENCH(gemm, "bf16 GEMM: weave vs cuBLASLt (--shapes MxNxK,... --layout kn|nk --tile auto|256|128|256s4|256c2 --group G --comm 0,8 --no-balance --accumulate --trace N)",
             run_gemm_bench);

@@ -7,6 +7,7 @@
 //   --table3                 (gemm_rs M = N = 16384, K_local 512..8192: overlap fraction)
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <functional>
@@ -42,26 +43,45 @@ struct Ctx {
   bool host_us = false;  // --host-us: also the host's time to issue one fused call
 };
 
-// Implementations timed in turns (one repeat of each, then the next round), median per
-// implementation, slowest rank (each rank times its loop after a host barrier): clock and power drift during a run lands on all of them alike
-// instead of on whichever was timed last (measuring each in a block moved the same fused
-// configuration by 5-10 % against GEMM alone, docs/perf-notes.md).
-std::vector<double> timed_turns(Ctx& x, int S, const std::vector<std::function<void()>>& fns) {
-  const int iters = S >= 16384 ? 4 : S >= 8192 ? 10 : 20, repeats = S >= 16384 ? 3 : 6;
-  for (const auto& fn : fns) {
-    fn();
+// Implementations timed in turns, median per implementation, slowest rank (each rank times its
+// loop after a host barrier), so that clock and power drift during a run lands on all of them
+// alike instead of on whichever was timed last (perf-notes 14).
+//
+// From S = 8192 the GEMMs run at the 700 W power cap, where the SM clock swings between about
+// 1200 and 1850 MHz (nvidia-smi, perf-notes 21), and what a sample measures depends on what ran
+// just before it: after a pause or a lighter implementation the clock starts high and then
+// overshoots downwards. So every sample is ~100 ms of warm-up calls of the same implementation
+// followed by ~50 ms of timed calls (the steady state a training loop sees, and what the
+// tuner's and bench/torch_tp.py's back-to-back samples see), and the order of the turns runs
+// through every permutation, so that each implementation follows each other one equally often
+// (a rotation keeps the cyclic order: it had GEMM alone always right after cuBLAS + NCCL).
+std::vector<double> timed_turns(Ctx& x, const std::vector<std::function<void()>>& fns) {
+  std::vector<double> first(fns.size());
+  for (size_t i = 0; i < fns.size(); ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fns[i]();
     WEAVE_CUDA_CHECK(cudaStreamSynchronize(x.st));
+    first[i] = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
   }
+  // Every rank must make the same number of calls (the fused calls wait for each other): the
+  // plan comes from the slowest rank's first call.
+  std::vector<double> all(x.W * fns.size());
+  x.c.bootstrap().all_gather(first.data(), all.data(), sizeof(double) * fns.size());
+  std::vector<int> warm(fns.size()), iters(fns.size());
+  for (size_t i = 0; i < fns.size(); ++i) {
+    double t0 = 1;
+    for (int q = 0; q < x.W; ++q) t0 = std::max(t0, all[q * fns.size() + i]);
+    iters[i] = static_cast<int>(std::clamp(50e3 / t0, 1.0, 1000.0));
+    warm[i] = static_cast<int>(std::clamp(100e3 / t0, 1.0, 2000.0));
+  }
+  const int repeats = fns.size() >= 3 ? 6 : 3;  // 3! orders
   x.c.barrier();
   std::vector<std::vector<double>> t(fns.size());
-  // The order rotates from one repeat to the next, so that each implementation follows each
-  // other one equally often. In a fixed order GEMM alone always ran right after cuBLAS + NCCL's
-  // lighter load, and the fused kernels measured 2-8 % slower in the table than in the tuner's
-  // back-to-back samples (perf-notes, session 4); the predecessor is the suspect.
-  for (int rep = 0; rep < repeats; ++rep)
-    for (size_t k = 0; k < fns.size(); ++k) {
-      const size_t i = (k + rep) % fns.size();
-      t[i].push_back(bench::time_us(x.st, fns[i], 1, iters, 1));
+  std::vector<size_t> order(fns.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  for (int rep = 0; rep < repeats; ++rep, std::next_permutation(order.begin(), order.end()))
+    for (size_t i : order) {
+      t[i].push_back(bench::time_us(x.st, fns[i], warm[i], iters[i], 1));
       x.c.barrier();  // every rank starts the next implementation together
     }
   std::vector<double> out;
@@ -123,11 +143,11 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
   // baselines, cuBLAS + NCCL and weave's GEMM alone on the same local shape.
   auto measure = [&](auto& fused_fn, auto& ref, auto&& alone_fn, const tp::LaunchInfo& li) {
     if (baselines) {
-      const std::vector<double> t = timed_turns(x, S, {fused_fn, ref, alone_fn});
+      const std::vector<double> t = timed_turns(x, {fused_fn, ref, alone_fn});
       fused.us = t[0], base.us = t[1], alone.us = t[2];
       base.correct = alone.correct = true;
     } else {
-      fused.us = timed_turns(x, S, {fused_fn})[0];
+      fused.us = timed_turns(x, {fused_fn})[0];
     }
     fused.ncomm = li.num_comm_sms;
     fused.variant = li.variant;

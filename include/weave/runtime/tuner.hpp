@@ -23,7 +23,7 @@ struct TuneCandidate {
 
 struct TuneResult {
   TuneCandidate choice;
-  double time_us = 0;       // the slowest rank's time of the winner when it was measured
+  double time_us = 0;       // the winner's median sample (each sample the slowest rank's) when it was measured
   bool from_cache = false;  // memory or file, no search this time
 };
 
@@ -43,7 +43,8 @@ class Tuner {
   void set_verbose(bool v) { verbose_ = v; }
 
   // The cached choice for `key`, or the search: every candidate is measured by `measure_us`
-  // (this rank's time in µs; it runs the kernel). With a communicator the call is collective:
+  // (this rank's time in µs; it runs the kernel) once, those near the best four more times in
+  // interleaved rounds, and the median decides. With a communicator the call is collective:
   // every rank passes the same key and candidates, rank 0's cache decides hit or miss, times are
   // combined as the maximum over ranks, so every rank returns the same choice.
   TuneResult choose(Communicator* comm, const std::string& key, const std::vector<TuneCandidate>& candidates,
