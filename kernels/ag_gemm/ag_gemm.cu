@@ -1,11 +1,15 @@
 // Host side of AllGather + GEMM: validation, shape check, per-owner maps, signals, tuner.
 #include "ag_gemm/ag_gemm.hpp"
+
+#include <optional>
+
 #include "ag_gemm/ag_gemm_kernel.cuh"
 #include "ag_gemm/copy_engine.hpp"
 #include "collectives/collectives.hpp"
 #include "gemm/gemm.hpp"
 #include "tp_common/signal_wait.cuh"
 #include "weave/lcsc.cuh"
+#include "weave/pdl.cuh"
 #include "weave/runtime/tuner.hpp"
 
 namespace weave::tp {
@@ -50,11 +54,14 @@ LaunchInfo AgGemm::launch(const bf16* a_shard, bf16* a_gathered, const bf16* B, 
     // symmetric buffers), then the all_gather in place and the GEMM on the gathered A.
     const Range mine = shard(M, W, rank);
     bf16* own = a_gathered + size_t(mine.begin) * K;
-    if (a_shard != own)
+    const bool copy = a_shard != own;
+    if (copy)
       WEAVE_CUDA_CHECK(cudaMemcpyAsync(own, a_shard, size_t(mine.size) * K * sizeof(bf16), cudaMemcpyDeviceToDevice, s));
     if (!m.coll) m.coll = std::make_unique<coll::Collectives>(m.c);
     coll::Shape full;
     full.ndim = 2, full.d[0] = M, full.d[1] = K;
+    std::optional<PdlOff> off;  // no programmatic launch right behind the copy (pdl.cuh)
+    if (copy) off.emplace();
     m.coll->all_gather(own, a_gathered, full, 0, DType::bf16, s);
     gemm::gemm(a_gathered, B, C, M, N, K, gemm::BLayout::KN, {}, s);
     m.order.after(s);

@@ -210,8 +210,10 @@ RingLaunchInfo RingAttention::forward(const bf16* q, const bf16* k, const bf16* 
     if (n <= m.c.sm_count() / 4) cands.push_back({0, n});
   const std::string key = runtime::tune_key(
       "ring_attention", {s.B, s.S, s.Hq, s.Hkv, s.D, opt.causal, static_cast<int>(opt.sharding)}, W, tp::device_key(m.c));
+  tp::TunePlans plans;
   const runtime::TuneResult t = runtime::Tuner::global().choose(&m.c, key, cands, [&](const runtime::TuneCandidate& c) {
-    return tp::time_launches(m.c, stream, [&] { m.launch(q, k, v, o, lse, s, opt, c.num_comm_sms, stream); });
+    return tp::time_launches(
+        m.c, stream, [&] { m.launch(q, k, v, o, lse, s, opt, c.num_comm_sms, stream); }, tp::plan_of(plans, c));
   });
   RingLaunchInfo li = m.launch(q, k, v, o, lse, s, opt, t.choice.num_comm_sms, stream);
   li.tuned = true;

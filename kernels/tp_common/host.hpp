@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <initializer_list>
 #include <map>
@@ -153,38 +154,44 @@ void check_tp_call(runtime::Communicator& c, const char* who, int M, int N, int 
 namespace weave::tp {
 
 // A tuner sample: `warm` launches untimed, then the mean of `iters` launches, chosen from the
-// time of one launch (µs). Large GEMMs run at the 700 W power cap, where after a pause the
-// clock holds a boost for ~50-60 ms and then drops by ~15 % (weave-bench gemm --trace,
-// perf-notes 21), and where an energy-hungry predecessor leaves a lower clock. So ~30 ms of
-// the same candidate run first and ~10 ms are timed (at least one launch each; small kernels
-// are capped, where no power state builds up within a sample).
+// time of one launch (µs): kSteadyWarmUs of the same candidate first (the power cap's steady
+// state, event_time.hpp) and ~20 ms timed, at least one launch each.
 struct TunePlan {
-  int warm, iters;
+  int warm = 0, iters = 0;  // iters == 0: not yet known
 };
 __host__ __device__ inline TunePlan tune_plan(double launch_us) {
   const double t = launch_us > 1 ? launch_us : 1;
-  auto clamp = [](double x, int lo, int hi) { return x < lo ? lo : x > hi ? hi : static_cast<int>(x); };
-  return {clamp(30e3 / t, 1, 200), clamp(10e3 / t, 1, 50)};
+  auto clamp = [](double x, int lo, int hi) { return x < lo ? lo : x > hi ? hi : static_cast<int>(ceil(x)); };
+  return {clamp(kSteadyWarmUs / t, 1, 2000), clamp(20e3 / t, 1, 200)};
 }
 
-// One tuner sample of `launch` (the caller's stream): one launch timed on the host sets the
-// plan, with the slowest rank's time (every rank must launch as often: the kernels wait for
-// each other), then the plan's warm-up and timed launches back to back, so the timed window
-// starts in the candidate's own steady state (no idle gap before it).
+// One tuner sample of `launch` (the caller's stream), by `plan`, which the candidate's first
+// sample fills (iters == 0) from the second of two synchronized launches: the first may carry a
+// variant's one-time setup, and a plan of one or two launches then timed the host's enqueue gap
+// (ag_gemm v9 sampled 92 µs, 37 in the table). The slowest rank's time sets it, since every
+// rank must launch as often (the kernels wait for each other). Then the warm-up and timed
+// launches back to back, so that the timed window starts in the candidate's own steady state.
 template <class F>
-double time_launches(runtime::Communicator& c, cudaStream_t s, F&& launch) {
-  WEAVE_CUDA_CHECK(cudaStreamSynchronize(s));
-  const auto t0 = std::chrono::steady_clock::now();
-  launch();
-  WEAVE_CUDA_CHECK(cudaStreamSynchronize(s));
-  double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-  std::vector<double> all(c.world());
-  c.bootstrap().all_gather(&us, all.data(), sizeof us);
-  for (double x : all) us = x > us ? x : us;
-  const TunePlan p = tune_plan(us);
-  for (int i = 0; i < p.warm; ++i) launch();
-  return events_us(s, [] {}, launch, p.iters);
+double time_launches(runtime::Communicator& c, cudaStream_t s, F&& launch, TunePlan& plan) {
+  if (plan.iters == 0) {
+    launch();
+    WEAVE_CUDA_CHECK(cudaStreamSynchronize(s));
+    const auto t0 = std::chrono::steady_clock::now();
+    launch();
+    WEAVE_CUDA_CHECK(cudaStreamSynchronize(s));
+    double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    std::vector<double> all(c.world());
+    c.bootstrap().all_gather(&us, all.data(), sizeof us);
+    for (double x : all) us = x > us ? x : us;
+    plan = tune_plan(us);
+  }
+  for (int i = 0; i < plan.warm; ++i) launch();
+  return events_us(s, [] {}, launch, plan.iters);
 }
+
+// The plans of one search, one per candidate.
+using TunePlans = std::map<std::pair<int, int>, TunePlan>;
+inline TunePlan& plan_of(TunePlans& p, const runtime::TuneCandidate& t) { return p[{t.variant, t.num_comm_sms}]; }
 
 inline std::string device_key(const runtime::Communicator& c) {
   std::string n = c.props().name;
@@ -200,8 +207,9 @@ template <class F>
 LaunchInfo tuned_launch(runtime::Communicator& c, const char* kernel, const Options& o, int M, int N, int K,
                         const std::vector<runtime::TuneCandidate>& cands, cudaStream_t s, F&& launch) {
   const std::string key = runtime::tune_key(tune_name(kernel, o.variant), {M, N, K}, c.world(), device_key(c));
+  TunePlans plans;
   const runtime::TuneResult r = runtime::Tuner::global().choose(&c, key, cands, [&](const runtime::TuneCandidate& t) {
-    return time_launches(c, s, [&] { launch(t); });
+    return time_launches(c, s, [&] { launch(t); }, plan_of(plans, t));
   });
   LaunchInfo li = launch(r.choice);
   li.tuned = true;

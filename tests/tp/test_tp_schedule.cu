@@ -617,15 +617,15 @@ TEST(Tuner, CorruptFileIsReportedAndReplaced) {
 
 TEST(Tuner, SampleLengthScalesWithTheLaunch) {
   const TunePlan tiny = tune_plan(20);  // a few us per launch: both capped
-  EXPECT_EQ(tiny.warm, 200);
-  EXPECT_EQ(tiny.iters, 50);
-  const TunePlan mid = tune_plan(800);  // ~30 ms warm, ~10 ms timed
-  EXPECT_EQ(mid.warm, 37);
-  EXPECT_EQ(mid.iters, 12);
-  const TunePlan big = tune_plan(52000);  // longer than the windows: one launch each
-  EXPECT_EQ(big.warm, 1);
+  EXPECT_EQ(tiny.warm, 2000);
+  EXPECT_EQ(tiny.iters, 200);
+  const TunePlan mid = tune_plan(800);  // ~100 ms warm, ~20 ms timed
+  EXPECT_EQ(mid.warm, 125);
+  EXPECT_EQ(mid.iters, 25);
+  const TunePlan big = tune_plan(52000);  // a launch of 52 ms: two warm (at least 100 ms), one timed
+  EXPECT_EQ(big.warm, 2);
   EXPECT_EQ(big.iters, 1);
-  EXPECT_EQ(tune_plan(0).iters, 50);  // a nonsense time still gives a bounded plan
+  EXPECT_EQ(tune_plan(0).iters, 200);  // a nonsense time still gives a bounded plan
 }
 
 TEST(Tuner, KeyNamesKernelShapeWorldDevice) {

@@ -209,7 +209,8 @@ int run_gemm_bench(const Args& args) {
                      .add("ratio_vs_cublas", ratio)
                      .add("rel_err", err)
                      .add("correct", ok));
-      if (args.has("trace")) trace_launches(st, static_cast<int>(args.get_int("trace", 60)), {{"weave", weave_call}, {"cublas", cublas_call}});
+      if (args.has("trace"))
+        trace_launches(st, static_cast<int>(args.get_int("trace", 60)), {{"weave", weave_call}, {"cublas", cublas_call}});
       if (args.has("accumulate")) {  // C += A * B: the epilogue's reduce-add stores instead of plain ones
         gemm::Options oa = o;
         oa.accumulate = true;

@@ -47,14 +47,14 @@ struct Ctx {
 // loop after a host barrier), so that clock and power drift during a run lands on all of them
 // alike instead of on whichever was timed last (perf-notes 14).
 //
-// From S = 8192 the GEMMs run at the 700 W power cap, where the SM clock swings between about
+// From S = 4096 the GEMMs run at the 700 W power cap, where the SM clock swings between about
 // 1200 and 1850 MHz (nvidia-smi, perf-notes 21), and what a sample measures depends on what ran
-// just before it: after a pause or a lighter implementation the clock starts high and then
-// overshoots downwards. So every sample is ~100 ms of warm-up calls of the same implementation
-// followed by ~50 ms of timed calls (the steady state a training loop sees, and what the
-// tuner's and bench/torch_tp.py's back-to-back samples see), and the order of the turns runs
-// through every permutation, so that each implementation follows each other one equally often
-// (a rotation keeps the cyclic order: it had GEMM alone always right after cuBLAS + NCCL).
+// just before it: after a pause or a lighter implementation the clock starts high and drops
+// ~15 % after 40-60 ms. So every sample is kSteadyWarmUs (~100 ms) of warm-up calls of the same
+// implementation followed by ~50 ms of timed calls (the steady state a training loop sees; the
+// tuner and bench/torch_tp.py sample the same way), and the order of the turns runs through
+// every permutation, so that each implementation follows each other one equally often (a
+// rotation keeps the cyclic order: it had GEMM alone always right after cuBLAS + NCCL).
 std::vector<double> timed_turns(Ctx& x, const std::vector<std::function<void()>>& fns) {
   std::vector<double> first(fns.size());
   for (size_t i = 0; i < fns.size(); ++i) {
@@ -72,7 +72,7 @@ std::vector<double> timed_turns(Ctx& x, const std::vector<std::function<void()>>
     double t0 = 1;
     for (int q = 0; q < x.W; ++q) t0 = std::max(t0, all[q * fns.size() + i]);
     iters[i] = static_cast<int>(std::clamp(50e3 / t0, 1.0, 1000.0));
-    warm[i] = static_cast<int>(std::clamp(100e3 / t0, 1.0, 2000.0));
+    warm[i] = static_cast<int>(std::clamp(kSteadyWarmUs / t0, 1.0, 2000.0));
   }
   const int repeats = fns.size() >= 3 ? 6 : 3;  // 3! orders
   x.c.barrier();

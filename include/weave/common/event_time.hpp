@@ -7,6 +7,12 @@
 
 namespace weave {
 
+// Large GEMMs run at the card's power cap (700 W on H200): after a pause the SM clock holds a
+// boost for ~40-60 ms and then drops by ~15 % (weave-bench gemm --trace, perf-notes 21), and a
+// heavier or lighter predecessor leaves its own clock behind. A sample of one implementation
+// is taken after this much of the same work has run, so that it sees its own steady state.
+constexpr double kSteadyWarmUs = 100e3;
+
 // Mean time (µs) per call of `iters` calls of fn on `stream`, between two events recorded after
 // `before()` has enqueued whatever should precede them (nothing, or a kernel that holds the
 // stream while the host enqueues the whole loop).
