@@ -26,7 +26,7 @@ __device__ __forceinline__ void pdl_enter() {
 // While one lives, launches from its thread go without the attribute. For a kernel right behind a
 // cudaMemcpyAsync on the stream: there a programmatic launch cost the host ~140 µs per call
 // (ag_gemm v9's own-rows copy then its all_gather: 139 µs of host time per call with PDL, 23
-// without; perf-notes 21).
+// without; perf-notes 22).
 class PdlOff {
  public:
   PdlOff() { ++depth(); }
