@@ -5,7 +5,6 @@
 #include <cuda_runtime.h>
 
 #include <chrono>
-#include <cmath>
 #include <cstdint>
 #include <initializer_list>
 #include <map>
@@ -153,45 +152,44 @@ void check_tp_call(runtime::Communicator& c, const char* who, int M, int N, int 
 
 namespace weave::tp {
 
-// A tuner sample: `warm` launches untimed, then the mean of `iters` launches, chosen from the
-// time of one launch (µs): kSteadyWarmUs of the same candidate first (the power cap's steady
-// state, event_time.hpp) and ~20 ms timed, at least one launch each.
-struct TunePlan {
-  int warm = 0, iters = 0;  // iters == 0: not yet known
-};
-__host__ __device__ inline TunePlan tune_plan(double launch_us) {
-  const double t = launch_us > 1 ? launch_us : 1;
-  auto clamp = [](double x, int lo, int hi) { return x < lo ? lo : x > hi ? hi : static_cast<int>(ceil(x)); };
-  return {clamp(kSteadyWarmUs / t, 1, 2000), clamp(20e3 / t, 1, 200)};
+// A tuner sample's plan: kSteadyWarmUs of the same candidate first (the power cap's steady
+// state, event_time.hpp), then ~20 ms timed.
+inline SamplePlan tune_plan(double launch_us) { return steady_plan(launch_us, 20e3, 2000, 200); }
+
+// The slowest rank's host time (µs) of one call of fn from an idle stream to its end: what a
+// sample plan starts from. Every rank takes the same plan from it, since every rank must call as
+// often (the calls wait for each other).
+template <class F>
+double slowest_call_us(runtime::Communicator& c, cudaStream_t s, F&& fn) {
+  WEAVE_CUDA_CHECK(cudaStreamSynchronize(s));
+  const auto t0 = std::chrono::steady_clock::now();
+  fn();
+  WEAVE_CUDA_CHECK(cudaStreamSynchronize(s));
+  double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  std::vector<double> all(c.world());
+  c.bootstrap().all_gather(&us, all.data(), sizeof us);
+  for (double x : all) us = x > us ? x : us;
+  return us;
 }
 
 // One tuner sample of `launch` (the caller's stream), by `plan`, which the candidate's first
-// sample fills (iters == 0) from the second of two synchronized launches: the first may carry a
-// variant's one-time setup, and a plan of one or two launches then timed the host's enqueue gap
-// (ag_gemm v9 sampled 92 µs, 37 in the table). The slowest rank's time sets it, since every
-// rank must launch as often (the kernels wait for each other). Then the warm-up and timed
-// launches back to back, so that the timed window starts in the candidate's own steady state.
+// sample fills (iters == 0) from the second of two calls: the first may carry a variant's
+// one-time setup, and a plan of one or two launches then timed the host's enqueue gap (ag_gemm
+// v9 sampled 92 µs, 37 in the table). Then the warm-up and timed launches back to back, so that
+// the timed window starts in the candidate's own steady state.
 template <class F>
-double time_launches(runtime::Communicator& c, cudaStream_t s, F&& launch, TunePlan& plan) {
+double time_launches(runtime::Communicator& c, cudaStream_t s, F&& launch, SamplePlan& plan) {
   if (plan.iters == 0) {
     launch();
-    WEAVE_CUDA_CHECK(cudaStreamSynchronize(s));
-    const auto t0 = std::chrono::steady_clock::now();
-    launch();
-    WEAVE_CUDA_CHECK(cudaStreamSynchronize(s));
-    double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-    std::vector<double> all(c.world());
-    c.bootstrap().all_gather(&us, all.data(), sizeof us);
-    for (double x : all) us = x > us ? x : us;
-    plan = tune_plan(us);
+    plan = tune_plan(slowest_call_us(c, s, launch));
   }
   for (int i = 0; i < plan.warm; ++i) launch();
   return events_us(s, [] {}, launch, plan.iters);
 }
 
 // The plans of one search, one per candidate.
-using TunePlans = std::map<std::pair<int, int>, TunePlan>;
-inline TunePlan& plan_of(TunePlans& p, const runtime::TuneCandidate& t) { return p[{t.variant, t.num_comm_sms}]; }
+using TunePlans = std::map<std::pair<int, int>, SamplePlan>;
+inline SamplePlan& plan_of(TunePlans& p, const runtime::TuneCandidate& t) { return p[{t.variant, t.num_comm_sms}]; }
 
 inline std::string device_key(const runtime::Communicator& c) {
   std::string n = c.props().name;

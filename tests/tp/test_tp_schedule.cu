@@ -616,13 +616,13 @@ TEST(Tuner, CorruptFileIsReportedAndReplaced) {
 }
 
 TEST(Tuner, SampleLengthScalesWithTheLaunch) {
-  const TunePlan tiny = tune_plan(20);  // a few us per launch: both capped
+  const weave::SamplePlan tiny = tune_plan(20);  // a few us per launch: both capped
   EXPECT_EQ(tiny.warm, 2000);
   EXPECT_EQ(tiny.iters, 200);
-  const TunePlan mid = tune_plan(800);  // ~100 ms warm, ~20 ms timed
+  const weave::SamplePlan mid = tune_plan(800);  // ~100 ms warm, ~20 ms timed
   EXPECT_EQ(mid.warm, 125);
   EXPECT_EQ(mid.iters, 25);
-  const TunePlan big = tune_plan(52000);  // a launch of 52 ms: two warm (at least 100 ms), one timed
+  const weave::SamplePlan big = tune_plan(52000);  // a launch of 52 ms: two warm (at least 100 ms), one timed
   EXPECT_EQ(big.warm, 2);
   EXPECT_EQ(big.iters, 1);
   EXPECT_EQ(tune_plan(0).iters, 200);  // a nonsense time still gives a bounded plan

@@ -56,24 +56,8 @@ struct Ctx {
 // every permutation, so that each implementation follows each other one equally often (a
 // rotation keeps the cyclic order: it had GEMM alone always right after cuBLAS + NCCL).
 std::vector<double> timed_turns(Ctx& x, const std::vector<std::function<void()>>& fns) {
-  std::vector<double> first(fns.size());
-  for (size_t i = 0; i < fns.size(); ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    fns[i]();
-    WEAVE_CUDA_CHECK(cudaStreamSynchronize(x.st));
-    first[i] = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-  }
-  // Every rank must make the same number of calls (the fused calls wait for each other): the
-  // plan comes from the slowest rank's first call.
-  std::vector<double> all(x.W * fns.size());
-  x.c.bootstrap().all_gather(first.data(), all.data(), sizeof(double) * fns.size());
-  std::vector<int> warm(fns.size()), iters(fns.size());
-  for (size_t i = 0; i < fns.size(); ++i) {
-    double t0 = 1;
-    for (int q = 0; q < x.W; ++q) t0 = std::max(t0, all[q * fns.size() + i]);
-    iters[i] = static_cast<int>(std::clamp(50e3 / t0, 1.0, 1000.0));
-    warm[i] = static_cast<int>(std::clamp(kSteadyWarmUs / t0, 1.0, 2000.0));
-  }
+  std::vector<SamplePlan> plan;
+  for (const auto& fn : fns) plan.push_back(steady_plan(tp::slowest_call_us(x.c, x.st, fn), 50e3, 2000, 1000));
   const int repeats = fns.size() >= 3 ? 6 : 3;  // 3! orders
   x.c.barrier();
   std::vector<std::vector<double>> t(fns.size());
@@ -81,7 +65,7 @@ std::vector<double> timed_turns(Ctx& x, const std::vector<std::function<void()>>
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   for (int rep = 0; rep < repeats; ++rep, std::next_permutation(order.begin(), order.end()))
     for (size_t i : order) {
-      t[i].push_back(bench::time_us(x.st, fns[i], warm[i], iters[i], 1));
+      t[i].push_back(bench::time_us(x.st, fns[i], plan[i].warm, plan[i].iters, 1));
       x.c.barrier();  // every rank starts the next implementation together
     }
   std::vector<double> out;

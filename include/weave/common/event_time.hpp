@@ -3,6 +3,8 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <cmath>
+
 #include "weave/common/error.hpp"
 
 namespace weave {
@@ -12,6 +14,20 @@ namespace weave {
 // heavier or lighter predecessor leaves its own clock behind. A sample of one implementation
 // is taken after this much of the same work has run, so that it sees its own steady state.
 constexpr double kSteadyWarmUs = 100e3;
+
+// A steady-state sample of work whose one call takes `call_us`: `warm` untimed calls covering
+// kSteadyWarmUs, then `iters` timed calls covering `timed_us`; at least one of each.
+struct SamplePlan {
+  int warm = 0, iters = 0;  // iters == 0: not yet known
+};
+inline SamplePlan steady_plan(double call_us, double timed_us, int max_warm, int max_iters) {
+  const double t = call_us > 1 ? call_us : 1;
+  auto calls = [t](double window_us, int hi) {
+    const double n = std::ceil(window_us / t);
+    return n < 1 ? 1 : n > hi ? hi : static_cast<int>(n);
+  };
+  return {calls(kSteadyWarmUs, max_warm), calls(timed_us, max_iters)};
+}
 
 // Mean time (µs) per call of `iters` calls of fn on `stream`, between two events recorded after
 // `before()` has enqueued whatever should precede them (nothing, or a kernel that holds the
