@@ -1,14 +1,16 @@
 # weave_test(NAME LABEL cpu|gpu|gpu2 SOURCES ... [LIBS ...] [WORLD n])
-# gpu2 tests start through `weave-run -n WORLD`. GPU tests exit 77 (CTest: skipped) where
-# their GPUs are missing, so CI without a GPU reports them skipped, never passed.
+# gpu2 tests start through `weave-run -n WORLD` (default WEAVE_TEST_WORLD). GPU tests exit 77
+# (CTest: skipped) where their GPUs are missing, so CI without a GPU reports them skipped, never
+# passed.
 set(WEAVE_SKIP_CODE 77)
+set(WEAVE_TEST_WORLD 2 CACHE STRING "ranks the multi-GPU (gpu2) tests start with; -DWEAVE_TEST_WORLD=8 runs them at W = 8")
 function(weave_test name)
   cmake_parse_arguments(T "" "LABEL;WORLD" "SOURCES;LIBS" ${ARGN})
   add_executable(${name} ${T_SOURCES})
   target_link_libraries(${name} PRIVATE weave_test_main ${T_LIBS})
   if(T_LABEL STREQUAL "gpu2")
     if(NOT T_WORLD)
-      set(T_WORLD 2)
+      set(T_WORLD ${WEAVE_TEST_WORLD})
     endif()
     add_test(NAME ${name} COMMAND $<TARGET_FILE:weave-run> -n ${T_WORLD} --skip-missing-gpus -- $<TARGET_FILE:${name}>)
     set_tests_properties(${name} PROPERTIES ENVIRONMENT "WEAVE_TEST_GPUS=1")
