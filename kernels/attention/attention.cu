@@ -80,7 +80,8 @@ void launch(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16*
   g.Hkv = s.Hkv;
   g.group = s.Hq / s.Hkv;
   g.m_blocks = (s.S + K::BM - 1) / K::BM;
-  g.heads_per_section = detail::heads_per_section(l2, s.S, s.D, g.group);
+  g.heads_per_section = opt.heads_per_section > 0 ? opt.heads_per_section
+                                                  : detail::heads_per_section(l2, s.S, s.D, g.group);
   g.scale = opt.softmax_scale > 0.f ? opt.softmax_scale : 1.f / std::sqrt(static_cast<float>(s.D));
   g.scale_log2 = g.scale * 1.4426950408889634f;
   g.causal = opt.causal ? 1 : 0;
@@ -158,6 +159,8 @@ void forward(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16
   validate(s, q, k, v, o, lse);
   WEAVE_CHECK(opt.softmax_scale >= 0.f && std::isfinite(opt.softmax_scale),
               "attention: softmax_scale must be finite and >= 0 (0 = 1/sqrt(D)), got ", opt.softmax_scale);
+  WEAVE_CHECK(opt.heads_per_section >= 0, "attention: heads_per_section must be >= 0 (0 = from L2), got ",
+              opt.heads_per_section);
   if (s.D == 64) dispatch<64>(q, k, v, o, lse, s, opt, stream);
   else dispatch<128>(q, k, v, o, lse, s, opt, stream);
 }

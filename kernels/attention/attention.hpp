@@ -22,6 +22,9 @@ struct Options {
   // tile. Auto: persistent only where it measured faster (D = 128, S <= 8192; README.md).
   enum class Schedule : int { Auto = 0, Persistent = 1, PerTile = 2 };
   Schedule schedule = Schedule::Auto;
+  // Tile order: sections of this many (batch, head) pairs run side by side, query blocks
+  // slowest inside a section. 0: as many heads as fit K and V in half of L2 (at least 1).
+  int heads_per_section = 0;
 };
 
 // The schedule Auto picks for a shape.

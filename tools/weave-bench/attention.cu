@@ -7,6 +7,7 @@
 //   weave-bench attention [--json FILE] [--seqs 4096,8192,16384,32768] [--tokens 65536]
 //                         [--heads 16] [--kv-heads H] [--d 64,128] [--causal 0,1]
 //                         [--variants auto,persistent,pingpong,basic] [--target-ms T]
+//                         [--section-heads 0,1,16]  (tile-order sections; 0 = from L2)
 // Variants: auto = the library default (Options::Schedule::Auto, ping-pong); persistent =
 // ping-pong + persistent CTAs; pingpong = one CTA per tile with ping-pong; basic = one CTA per
 // tile, no ping-pong.
@@ -83,6 +84,7 @@ int run_attention_bench(const Args& args) {
   const int H = static_cast<int>(args.get_int("heads", 16));
   const int Hkv = static_cast<int>(args.get_int("kv-heads", H));
   const double target_ms = std::stod(args.get("target-ms", "40"));
+  const auto sections = args.numbers("section-heads", "0");
   std::vector<std::string> variants;
   {
     std::stringstream ss(args.get("variants", "auto"));
@@ -122,8 +124,10 @@ int run_attention_bench(const Args& args) {
       gemm::ref::fill_uniform(v, nk, 13 + S + D);
       for (const long long causal_ : causals) {
         const int causal = static_cast<int>(causal_);
-        for (const std::string& var : variants) {
+        for (const std::string& var : variants)
+        for (const long long G : sections) {
           attention::Options opt;
+          opt.heads_per_section = static_cast<int>(G);
           opt.causal = causal != 0;
           opt.pingpong = var != "basic";
           opt.schedule = var == "auto"         ? attention::Options::Schedule::Auto
@@ -141,13 +145,15 @@ int run_attention_bench(const Args& args) {
           const int iters = std::max(2, std::min(100, static_cast<int>(target_ms * 1e-3 / (flop / 550e12))));
           const double t = time_us(st, [&] { attention::forward(q, k, v, o, lse, sh, opt, st); }, 2, iters, 3);
           const double tf = flop / t * 1e-6;
+          const std::string label = G > 0 ? var + "/G" + std::to_string(G) : var;
           std::printf("%4d %6d %3d %7d %-6s %-10s %10.1f %9.1f %9.2e %9.2e%s\n", D, S, B, causal, "weave",
-                      var.c_str(), t, tf, o_err, l_err, ok ? "" : (bad ? "  NONFINITE" : "  WRONG"));
+                      label.c_str(), t, tf, o_err, l_err, ok ? "" : (bad ? "  NONFINITE" : "  WRONG"));
           std::fflush(stdout);
           sink.write(JsonLine()
                          .add("kernel", "attention")
                          .add("impl", "weave")
                          .add("variant", var)
+                         .add("heads_per_section", static_cast<int>(G))
                          .add("B", B)
                          .add("S", S)
                          .add("H", H)
