@@ -97,9 +97,13 @@ void run_case(const Case& c) {
   WEAVE_CUDA_CHECK(cudaMemcpy(dq.p, q.data(), nq * 2, cudaMemcpyHostToDevice));
   WEAVE_CUDA_CHECK(cudaMemcpy(dk.p, k.data(), nk * 2, cudaMemcpyHostToDevice));
   WEAVE_CUDA_CHECK(cudaMemcpy(dv.p, v.data(), nk * 2, cudaMemcpyHostToDevice));
-  for (int variant = 0; variant < 4; ++variant) {
-    const bool pp = variant & 1, persistent = variant & 2;
-    SCOPED_TRACE(testing::Message() << (pp ? "pingpong" : "no pingpong") << (persistent ? " persistent" : ""));
+  // Variants 0-3: ping-pong on/off x per-tile/persistent; 4-5: ping-pong with tile-order
+  // sections of 3 and 5 heads (sections that do not divide B * Hq, the last one partial).
+  for (int variant = 0; variant < 6; ++variant) {
+    const bool pp = variant >= 4 || (variant & 1), persistent = variant == 5 || (variant < 4 && (variant & 2));
+    const int section = variant == 4 ? 3 : (variant == 5 ? 5 : 0);
+    SCOPED_TRACE(testing::Message() << (pp ? "pingpong" : "no pingpong") << (persistent ? " persistent" : "")
+                                    << " sections " << section);
     std::vector<uint16_t> ob(nq + kGuard, 0xFFFF);  // bf16 NaN
     std::vector<uint32_t> lb(nl + kGuard, 0xFFFFFFFFu);
     for (size_t i = nq; i < ob.size(); ++i) ob[i] = kGuardBits;
@@ -111,6 +115,7 @@ void run_case(const Case& c) {
     opt.softmax_scale = c.scale;
     opt.pingpong = pp;
     opt.schedule = persistent ? attention::Options::Schedule::Persistent : attention::Options::Schedule::PerTile;
+    opt.heads_per_section = section;
     attention::forward(dq.p, dk.p, dv.p, dout.p, dl.p, Shape{c.B, c.S, c.Hq, c.Hkv, c.D}, opt);
     WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<bf16> out(nq + kGuard);
@@ -203,4 +208,7 @@ TEST(AttentionGpu, NullLseAndRejections) {
   attention::Options bad;
   bad.softmax_scale = -1.f;
   EXPECT_THROW(attention::forward(q.p, kv.p, kv.p, o.p, nullptr, s, bad), Error);
+  attention::Options bad_sections;
+  bad_sections.heads_per_section = -1;
+  EXPECT_THROW(attention::forward(q.p, kv.p, kv.p, o.p, nullptr, s, bad_sections), Error);
 }
