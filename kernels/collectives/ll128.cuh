@@ -181,21 +181,25 @@ __global__ void __launch_bounds__(kLL128Threads) ll128_all_reduce_kernel(const _
   auto word = [&](long long i) { return detail::ll_load(a.in, i, a.bytes); };
   const int lag = a.lag;
   for (long long s = 0; s < steps + lag; ++s) {
+    const bool recv = s >= lag;
+    const long long L = recv ? l.line(s - lag) : 0;
+    const bool active = recv && L < lines;
+    // This step's own words are loaded before the send, so their latency overlaps the send's
+    // loads and the polling instead of following them.
+    const uint4 mine = active ? detail::pack(l, L, n, 0, word) : make_uint4(0, 0, 0, 0);
     if (s < steps) {
-      const long long L = l.line(s);
-      if (L < lines) {
-        const uint4 v = detail::pack(l, L, n, a.flag, word);
+      const long long Ls = l.line(s);
+      if (Ls < lines) {
+        const uint4 v = detail::pack(l, Ls, n, a.flag, word);
         for (int k = 1; k < W; ++k)
-          detail::st_piece(detail::ll128_slot(a.slot[(me + k) % W]) + L * kLL128Pieces + l.j, v);
+          detail::st_piece(detail::ll128_slot(a.slot[(me + k) % W]) + Ls * kLL128Pieces + l.j, v);
       }
     }
-    if (s < lag) continue;
-    const long long L = l.line(s - lag);
-    const bool active = L < lines;
+    if (!recv) continue;
     float acc[4][4 / sizeof(T)];
     for (int r = 0; r < W; ++r) {
-      const uint4 v = r == me ? (active ? detail::pack(l, L, n, 0, word) : make_uint4(0, 0, 0, 0))
-                              : detail::receive(a.sig, l, detail::ll128_slot(a.mine[r]), L, active, r, a.flag);
+      const uint4 v =
+          r == me ? mine : detail::receive(a.sig, l, detail::ll128_slot(a.mine[r]), L, active, r, a.flag);
       detail::fold<T, Op>(acc, v, r == 0);
     }
     if (active)
@@ -253,27 +257,31 @@ __global__ void __launch_bounds__(kLL128Threads) ll128_reduce_scatter_kernel(con
   const long long own_lines = ll_lines(n, kLL128Words);
   const int lag = a.lag;
   for (long long s = 0; s < steps + lag; ++s) {
+    const bool recv = s >= lag;
+    const long long L = recv ? l.line(s - lag) : 0;
+    const bool active = recv && L < own_lines;
+    // Own slab words first, as in all_reduce: loaded while this step is sent and polled.
+    uint4 mine = make_uint4(0, 0, 0, 0);
+    if (active) {
+      detail::WordWalker src(p.own);
+      mine = detail::pack(l, L, n, 0, [&](long long i) { return src.load(a.in, i); });
+    }
     if (s < steps) {
-      const long long L = l.line(s);
+      const long long Ls = l.line(s);
       for (int k = 1; k < W; ++k) {
         const int q = (me + k) % W;
-        if (L >= p.lines_to[q]) continue;
+        if (Ls >= p.lines_to[q]) continue;
         detail::WordWalker src(p.send[q]);
         const uint4 v =
-            detail::pack(l, L, p.send[q].words(), a.flag, [&](long long i) { return src.load(a.in, i); });
-        detail::st_piece(detail::ll128_slot(a.slot[q]) + L * kLL128Pieces + l.j, v);
+            detail::pack(l, Ls, p.send[q].words(), a.flag, [&](long long i) { return src.load(a.in, i); });
+        detail::st_piece(detail::ll128_slot(a.slot[q]) + Ls * kLL128Pieces + l.j, v);
       }
     }
-    if (s < lag) continue;
-    const long long L = l.line(s - lag);
-    const bool active = L < own_lines;
+    if (!recv) continue;
     float acc[4][4 / sizeof(T)];
     for (int r = 0; r < W; ++r) {
-      detail::WordWalker src(p.own);
       const uint4 v =
-          r == me ? (active ? detail::pack(l, L, n, 0, [&](long long i) { return src.load(a.in, i); })
-                            : make_uint4(0, 0, 0, 0))
-                  : detail::receive(a.sig, l, detail::ll128_slot(a.mine[r]), L, active, r, a.flag);
+          r == me ? mine : detail::receive(a.sig, l, detail::ll128_slot(a.mine[r]), L, active, r, a.flag);
       detail::fold<T, Op>(acc, v, r == 0);
     }
     if (active)
