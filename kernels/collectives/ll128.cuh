@@ -166,6 +166,20 @@ __device__ __forceinline__ const uint4* ll128_slot(const unsigned long long* p) 
   return reinterpret_cast<const uint4*>(p);
 }
 
+// Line L reduced over ranks 0..W-1 in order (fp32, so every rank gets the same bits): my words
+// `mine`, already loaded, and each peer's piece from its lines in my scratch (`from[r]`).
+template <class T, ReduceOp Op>
+__device__ __forceinline__ uint4 reduce_line(const signals& sig, const LL128Lane& l,
+                                             const unsigned long long* const* from, long long L, bool active,
+                                             unsigned flag, const uint4& mine) {
+  float acc[4][4 / sizeof(T)];
+  for (int r = 0; r < sig.world; ++r) {
+    const uint4 v = r == sig.rank ? mine : receive(sig, l, ll128_slot(from[r]), L, active, r, flag);
+    fold<T, Op>(acc, v, r == 0);
+  }
+  return unfold<T>(acc);
+}
+
 }  // namespace detail
 
 // all_reduce, one-shot through the peers' scratch: my input to every peer as lines, then every
@@ -196,15 +210,8 @@ __global__ void __launch_bounds__(kLL128Threads) ll128_all_reduce_kernel(const _
       }
     }
     if (!recv) continue;
-    float acc[4][4 / sizeof(T)];
-    for (int r = 0; r < W; ++r) {
-      const uint4 v =
-          r == me ? mine : detail::receive(a.sig, l, detail::ll128_slot(a.mine[r]), L, active, r, a.flag);
-      detail::fold<T, Op>(acc, v, r == 0);
-    }
-    if (active)
-      detail::unpack(l, L, n, detail::unfold<T>(acc),
-                     [&](long long i, uint32_t w) { detail::ll_store(a.out, i, a.bytes, w); });
+    const uint4 sum = detail::reduce_line<T, Op>(a.sig, l, a.mine, L, active, a.flag, mine);
+    if (active) detail::unpack(l, L, n, sum, [&](long long i, uint32_t w) { detail::ll_store(a.out, i, a.bytes, w); });
   }
 }
 
@@ -278,15 +285,8 @@ __global__ void __launch_bounds__(kLL128Threads) ll128_reduce_scatter_kernel(con
       }
     }
     if (!recv) continue;
-    float acc[4][4 / sizeof(T)];
-    for (int r = 0; r < W; ++r) {
-      const uint4 v =
-          r == me ? mine : detail::receive(a.sig, l, detail::ll128_slot(a.mine[r]), L, active, r, a.flag);
-      detail::fold<T, Op>(acc, v, r == 0);
-    }
-    if (active)
-      detail::unpack(l, L, n, detail::unfold<T>(acc),
-                     [&](long long i, uint32_t w) { reinterpret_cast<uint32_t*>(a.out)[i] = w; });
+    const uint4 sum = detail::reduce_line<T, Op>(a.sig, l, a.mine, L, active, a.flag, mine);
+    if (active) detail::unpack(l, L, n, sum, [&](long long i, uint32_t w) { reinterpret_cast<uint32_t*>(a.out)[i] = w; });
   }
 }
 
