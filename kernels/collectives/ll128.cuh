@@ -286,7 +286,8 @@ __global__ void __launch_bounds__(kLL128Threads) ll128_reduce_scatter_kernel(con
     }
     if (!recv) continue;
     const uint4 sum = detail::reduce_line<T, Op>(a.sig, l, a.mine, L, active, a.flag, mine);
-    if (active) detail::unpack(l, L, n, sum, [&](long long i, uint32_t w) { reinterpret_cast<uint32_t*>(a.out)[i] = w; });
+    if (active)
+      detail::unpack(l, L, n, sum, [&](long long i, uint32_t w) { reinterpret_cast<uint32_t*>(a.out)[i] = w; });
   }
 }
 

@@ -97,11 +97,17 @@ void run_case(const Case& c) {
   WEAVE_CUDA_CHECK(cudaMemcpy(dq.p, q.data(), nq * 2, cudaMemcpyHostToDevice));
   WEAVE_CUDA_CHECK(cudaMemcpy(dk.p, k.data(), nk * 2, cudaMemcpyHostToDevice));
   WEAVE_CUDA_CHECK(cudaMemcpy(dv.p, v.data(), nk * 2, cudaMemcpyHostToDevice));
-  // Variants 0-3: ping-pong on/off x per-tile/persistent; 4-5: ping-pong with tile-order
-  // sections of 3 and 5 heads (sections that do not divide B * Hq, the last one partial).
-  for (int variant = 0; variant < 6; ++variant) {
-    const bool pp = variant >= 4 || (variant & 1), persistent = variant == 5 || (variant < 4 && (variant & 2));
-    const int section = variant == 4 ? 3 : (variant == 5 ? 5 : 0);
+  // Ping-pong on/off x per-tile/persistent with the default tile order, then tile-order sections
+  // of 3 and 5 heads (they do not divide B * Hq: the last section is partial).
+  struct Variant {
+    bool pp, persistent;
+    int section;
+  };
+  constexpr Variant kVariants[] = {{false, false, 0}, {true, false, 0}, {false, true, 0},
+                                   {true, true, 0},   {true, false, 3}, {true, true, 5}};
+  for (const Variant& var : kVariants) {
+    const bool pp = var.pp, persistent = var.persistent;
+    const int section = var.section;
     SCOPED_TRACE(testing::Message() << (pp ? "pingpong" : "no pingpong") << (persistent ? " persistent" : "")
                                     << " sections " << section);
     std::vector<uint16_t> ob(nq + kGuard, 0xFFFF);  // bf16 NaN

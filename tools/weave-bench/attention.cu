@@ -18,6 +18,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attention/attention.hpp"
@@ -95,6 +96,9 @@ int run_attention_bench(const Args& args) {
       variants.push_back(item);
     }
   }
+  std::vector<std::pair<std::string, int>> runs;  // (variant, heads per section), every pair
+  for (const std::string& var : variants)
+    for (const long long G : sections) runs.emplace_back(var, static_cast<int>(G));
 
   int dev = 0;
   WEAVE_CUDA_CHECK(cudaGetDevice(&dev));
@@ -124,10 +128,9 @@ int run_attention_bench(const Args& args) {
       gemm::ref::fill_uniform(v, nk, 13 + S + D);
       for (const long long causal_ : causals) {
         const int causal = static_cast<int>(causal_);
-        for (const std::string& var : variants)
-        for (const long long G : sections) {
+        for (const auto& [var, G] : runs) {
           attention::Options opt;
-          opt.heads_per_section = static_cast<int>(G);
+          opt.heads_per_section = G;
           opt.causal = causal != 0;
           opt.pingpong = var != "basic";
           opt.schedule = var == "auto"         ? attention::Options::Schedule::Auto
@@ -153,7 +156,7 @@ int run_attention_bench(const Args& args) {
                          .add("kernel", "attention")
                          .add("impl", "weave")
                          .add("variant", var)
-                         .add("heads_per_section", static_cast<int>(G))
+                         .add("heads_per_section", G)
                          .add("B", B)
                          .add("S", S)
                          .add("H", H)
@@ -177,5 +180,5 @@ int run_attention_bench(const Args& args) {
 
 WEAVE_BENCH(attention,
             "attention forward, single GPU (--seqs 4096,... --tokens 65536 --heads 16 --kv-heads H --d 64,128 "
-            "--causal 0,1 --variants auto,persistent,pingpong,basic)",
+            "--causal 0,1 --variants auto,persistent,pingpong,basic --section-heads 0,1,...)",
             run_attention_bench);
