@@ -73,10 +73,11 @@ void launch_gathered(GatheredGlobals& g, int D, cudaStream_t stream) {
     g.m_blocks += g.q_mblocks[i];
   }
   if (g.n_qchunks < 2) g.q_mblocks[1] = 0;
-  // One (batch, head) per section: the CTAs in flight then share the fewest heads' K/V. Measured
-  // against the single-GPU kernel's L2 rule (7 heads at S = 8K, 3 at 16K, 1 from 32K): ring and
-  // Ulysses +1-4 % at 8K, +1 % at 16K (docs/perf-notes.md, session 7).
-  g.heads_per_section = 1;
+  // Non-causal tiles all have one length, so one (batch, head) per section costs no tail and the
+  // CTAs in flight share the fewest heads' K/V: +2-3 % at 8K, +1 % at 16K against the L2 rule
+  // (7 and 3 heads; 1 from 32K). Causal tiles keep the rule: longest first across a section's
+  // heads balances their lengths (docs/perf-notes.md, session 7).
+  g.heads_per_section = g.causal ? detail::heads_per_section(detail::l2_bytes(dev), g.S, D, g.group) : 1;
   const long long tiles = static_cast<long long>(g.m_blocks) * g.B * g.H;
   WEAVE_CHECK(tiles < (1ll << 31), "attention: too many tiles (", tiles, ")");
   g.total_tiles = static_cast<int>(tiles);
