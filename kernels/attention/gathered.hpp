@@ -52,6 +52,11 @@ struct GatheredGlobals {
   int causal;
   int total_tiles;
   int* counter;
+  // Non-causal only (else null): per (batch, gathered kv head), the front_word of the block the
+  // CTAs on that head last began a slice at (gathered_schedule.hpp, aligned_start).
+  unsigned long long* front;
+  int front_heads;     // gathered kv heads per batch
+  unsigned front_tag;  // this launch's tag, never 0 (the buffer starts zeroed)
   // Readiness: counter_index(b, g, s) expects ready_round * chunks_in_slice(S, n_chunks, s).
   signals ready;
   unsigned long long ready_round;

@@ -55,7 +55,7 @@ struct GatheredKernel {
     tile::Mbarrier q_full, q_empty;
     tile::Mbarrier k_full[kStages], k_empty[kStages], v_full[kStages], v_empty[kStages];
     tile::Mbarrier sched_full[2], sched_empty[2];
-    int tile_id[2];
+    int tile_id[2], tile_start[2];
     int ocount[2][kMaxWorld];  // O stores per owner, per consumer
     int waited[kWaitCache];    // producer: slices of counter row (b, group) already seen ready
   };
@@ -120,15 +120,32 @@ struct GatheredKernel {
     load_block(&g.v, sm.v, sm.v_empty, sm.v_full, st, hk, n, b);
   }
 
+  // The key block a tile visits first: its own first block, or (non-causal) the front of the
+  // CTAs already on its head (gathered_schedule.hpp, aligned_start).
+  static __device__ __forceinline__ int tile_start(const GatheredGlobals& g, const Tile& t) {
+    const int n_max = gathered::visible_blocks(g.S, t.qe, g.causal != 0);
+    const int own = gathered::first_block(g.start_row[t.ci], n_max);
+    if (g.front == nullptr) return own;
+    unsigned long long w;
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];"
+                 : "=l"(w)
+                 : "l"(g.front + t.b * g.front_heads + kv_head(g, t.h)));
+    return gathered::aligned_start(w, g.front_tag, n_max, own);
+  }
+  static __device__ __forceinline__ void record_front(unsigned long long* p, unsigned long long w) {
+    asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(w) : "memory");
+  }
+
   // One tile's loads: the first key block, Q, then the rest in rotated order. Slices are waited
   // for at their first visited block only while some slice of the tile is not yet known ready
   // (a CTA's first tile of a (batch, group)); the other tiles run a loop with no readiness code.
-  static __device__ __forceinline__ void produce_tile(const GatheredGlobals& g, Smem& sm, const Tile& t,
+  static __device__ __forceinline__ void produce_tile(const GatheredGlobals& g, Smem& sm, const Tile& t, int start,
                                                       tile::PipeState<kStages>& st, uint32_t& q_phase) {
     const int hk = kv_head(g, t.h);
     const int row = t.b * g.groups + hk / g.group_heads;
     const int n_max = gathered::visible_blocks(g.S, t.qe, g.causal != 0);
-    const int start = gathered::first_block(g.start_row[t.ci], n_max);
+    unsigned long long* front = g.front ? g.front + t.b * g.front_heads + hk : nullptr;
+    const unsigned long long tag = gathered::front_word(g.front_tag, 0);
     const bool cached = row < kWaitCache;
     const int ready = cached ? sm.waited[row] : -1;  // slices [0, ready] are known ready
     const int last = gathered::slice_of_block(n_max - 1);
@@ -147,6 +164,7 @@ struct GatheredKernel {
     int n = start + 1 == n_max ? 0 : start + 1;
     if (last <= ready) {
       for (int i = 1; i < n_max; ++i) {
+        if (front && n % gathered::kSliceBlocks == 0) record_front(front, tag | static_cast<unsigned>(n));
         load_k(g, sm, st, hk, n, t.b);
         load_v(g, sm, st, hk, n, t.b);
         st.advance();
@@ -157,6 +175,7 @@ struct GatheredKernel {
         // A block starting a slice (slice(start) is polled again after the wrap; it is ready).
         if (n % gathered::kSliceBlocks == 0 && gathered::slice_of_block(n) > ready)
           wait_slice(g, row * g.slices, gathered::slice_of_block(n));
+        if (front && n % gathered::kSliceBlocks == 0) record_front(front, tag | static_cast<unsigned>(n));
         load_k(g, sm, st, hk, n, t.b);
         load_v(g, sm, st, hk, n, t.b);
         st.advance();
@@ -179,17 +198,24 @@ struct GatheredKernel {
     int id = static_cast<int>(blockIdx.x) < g.num_comm ? compute + atomicAdd(g.counter, 1)
                                                        : static_cast<int>(blockIdx.x) - g.num_comm;
     while (true) {
+      Tile t{};
+      int start = 0;
+      if (id < g.total_tiles) {
+        t = tile_at(g, id);
+        start = tile_start(g, t);
+      }
       sm.sched_empty[sched.index].wait(sched.phase ^ 1);
       sm.tile_id[sched.index] = id;
+      sm.tile_start[sched.index] = start;
       sm.sched_full[sched.index].arrive();
       sched.advance();
       if (id >= g.total_tiles) break;
-      produce_tile(g, sm, tile_at(g, id), st, q_phase);
+      produce_tile(g, sm, t, start, st, q_phase);
       id = compute + atomicAdd(g.counter, 1);
     }
   }
 
-  static __device__ __forceinline__ void consume_tile(const GatheredGlobals& g, Smem& sm, int c, const Tile& t,
+  static __device__ __forceinline__ void consume_tile(const GatheredGlobals& g, Smem& sm, int c, const Tile& t, int start,
                                                       tile::PipeState<kStages>& ks, tile::PipeState<kStages>& vs,
                                                       uint32_t& q_phase) {
     const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
@@ -197,7 +223,6 @@ struct GatheredKernel {
     const int wg_row_min = t.qb + c * 64;
     const bool causal = g.causal != 0;
     const int n_max = gathered::visible_blocks(g.S, t.qe, causal);
-    const int start = gathered::first_block(g.start_row[t.ci], n_max);
     const float sl2 = g.scale_log2;
     const uint32_t q_addr = tile::smem_u32(sm.q) + c * 64 * 128;
 
@@ -354,10 +379,11 @@ struct GatheredKernel {
       // per-thread: an R2UR per descriptor between the HGMMAs and ~5 % more instructions per key
       // block on the softmax's critical path (SASS, perf-notes).
       const int id = __shfl_sync(0xffffffff, *static_cast<volatile int*>(&sm.tile_id[sched.index]), 0);
+      const int start = __shfl_sync(0xffffffff, *static_cast<volatile int*>(&sm.tile_start[sched.index]), 0);
       Base::release(sm.sched_empty[sched.index]);
       sched.advance();
       if (id >= g.total_tiles) break;
-      consume_tile(g, sm, c, tile_at(g, id), ks, vs, q_phase);
+      consume_tile(g, sm, c, tile_at(g, id), start, ks, vs, q_phase);
     }
     if constexpr (PingPong_)
       if (c == 0) tile::named_barrier_sync(2, 256);

@@ -82,6 +82,20 @@ __host__ __device__ inline int first_block(long long start_row, int n) {
 }
 __host__ __device__ inline int block_at(int i, int start, int n) { return i + start < n ? i + start : i + start - n; }
 
+// Where a non-causal tile starts when CTAs already work on its (batch, kv head): producers
+// record the key block at which they last began a slice as `front_word(tag, block)` (tag: the
+// launch), and a later tile of that head begins there instead of at `fallback`, its own first
+// block. The CTAs on one head then read each K/V block at about the same time and share it
+// through L2 even after they drift out of step (at 128K one head's K + V is 64 MB, more than
+// L2; perf-notes, session 9). Any start in [0, n) visits the same blocks (block_at).
+__host__ __device__ inline unsigned long long front_word(unsigned tag, int block) {
+  return (static_cast<unsigned long long>(tag) << 32) | static_cast<unsigned>(block);
+}
+__host__ __device__ inline int aligned_start(unsigned long long word, unsigned tag, int n, int fallback) {
+  const unsigned b = static_cast<unsigned>(word);
+  return static_cast<unsigned>(word >> 32) == tag && b < static_cast<unsigned>(n) ? static_cast<int>(b) : fallback;
+}
+
 // A key block needs the mask when it runs past S, or (causal) some key in it lies after the
 // first query row of `row_min` (a 64-row consumer half). 32-bit: it runs once per key block in
 // the consumers' critical path, and the callers hold S < 2^30 (ring and Ulysses reject more).

@@ -238,6 +238,18 @@ TEST(SpGpu, UlyssesMatchesSingleGpuAttention) {
   run_ulysses({1, 1000, 4, 4, 128}, true, -1, seed + 200);  // the tuner's pick
 }
 
+// Long and ragged, few heads (GQA): hundreds of query tiles per head, more than one wave of
+// CTAs, so non-causal tiles started after the first wave begin at the block their head's front
+// recorded (gathered_schedule.hpp, aligned_start) rather than at their own rows.
+TEST(SpGpu, LongSequenceFewHeadsTilesJoinTheirHeadsFront) {
+  const uint64_t seed = wt::job_seed();
+  run_ring({1, 49229, 2, 1, 128}, false, weave::sp::Sharding::Contiguous, 2, seed + 300);
+  if (HasFailure()) return;
+  run_ring({1, 49229, 2, 1, 64}, false, weave::sp::Sharding::Zigzag, 4, seed + 301);
+  if (HasFailure()) return;
+  run_ulysses({1, 49229, 4, 2, 128}, false, 2, seed + 302);
+}
+
 namespace {
 
 using Ranges = std::vector<std::pair<long long, long long>>;

@@ -158,6 +158,25 @@ TEST(SpSchedule, TilesCoverEveryRowAndVisitEveryVisibleKeyOnce) {
         }
 }
 
+// A tile's aligned start is the recorded front only when the word is this launch's and the
+// block exists; otherwise the tile's own first block. Every start gives a permutation (above).
+TEST(SpSchedule, AlignedStartTakesOnlyThisLaunchsFront) {
+  for (int n : {1, 2, 5, 64, 1024})
+    for (int fallback : {0, n - 1})
+      for (unsigned tag : {1u, 7u, 0xFFFFFFFFu})
+        for (int block : {0, 3, n - 1, n, n + 5}) {
+          const unsigned long long w = gs::front_word(tag, block);
+          const int expect = block < n ? block : fallback;
+          ASSERT_EQ(gs::aligned_start(w, tag, n, fallback), expect) << n << " " << tag << " " << block;
+          ASSERT_EQ(gs::aligned_start(w, tag + 1, n, fallback), fallback);
+          ASSERT_EQ(gs::aligned_start(0, tag, n, fallback), fallback);  // the zeroed buffer (tags are never 0)
+          const int st = gs::aligned_start(w, tag, n, fallback);
+          std::vector<int> seen(n, 0);
+          for (int i = 0; i < n; ++i) ++seen[gs::block_at(i, st, n)];
+          for (int x : seen) ASSERT_EQ(x, 1);
+        }
+}
+
 TEST(SpSchedule, WaitsExpectExactlyThePushedSignalsAndPushesCoverRowsOnce) {
   for (int W = 2; W <= 8; ++W)
     for (long long S : kS)
