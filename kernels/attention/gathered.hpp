@@ -67,7 +67,13 @@ struct GatheredGlobals {
   signals arrive;  // arrive[0]: ranks in this call (every gathered buffer is free)
   unsigned long long arrive_round;
   int n_mine, mine[2];  // this rank's chunks
-  int skip_self;        // the host copied this rank's own rows into its gathered buffers already
+  int skip_self;        // this rank's own rows are not pushed (the host copied them, or they are read in place)
+  // Own rows read in place (ring): key blocks [own_b0[i], own_b1[i]) are rows of this rank's
+  // chunk i (first row own_row0[i]), loaded through k_own[i] / v_own[i] (the local input,
+  // chunk-relative rows) instead of the gathered buffers, which then never hold them. 0: none.
+  int n_own;
+  int own_b0[2], own_b1[2], own_row0[2];
+  CUtensorMap k_own[2], v_own[2];
   int n_push;
   PushTensor push[kMaxPushTensors];
   // Contiguous mode: a piece (b, rows of one chunk, all heads) is one byte range at

@@ -101,23 +101,32 @@ struct GatheredKernel {
   }
 
   // Key block n of K or V (one of the two rings) into stage st (K and V advance together: one
-  // state serves both rings).
-  static __device__ __forceinline__ void load_block(const CUtensorMap* map, bf16 (&buf)[kStages][BN * D],
-                                                    tile::Mbarrier (&empty)[kStages], tile::Mbarrier (&full)[kStages],
+  // state serves both rings): from the gathered buffer, or from the local input where block n
+  // is a row block of an own chunk read in place.
+  static __device__ __forceinline__ void load_block(const CUtensorMap* map, const CUtensorMap* own,
+                                                    bf16 (&buf)[kStages][BN * D], tile::Mbarrier (&empty)[kStages],
+                                                    tile::Mbarrier (&full)[kStages], const GatheredGlobals& g,
                                                     const tile::PipeState<kStages>& st, int hk, int n, int b) {
+    int row = n * BN;
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      if (i < g.n_own && n >= g.own_b0[i] && n < g.own_b1[i]) {
+        map = own + i;
+        row -= g.own_row0[i];
+      }
     empty[st.index].wait(st.phase ^ 1);
     full[st.index].arrive_expect_tx(kKVBytes);
 #pragma unroll
     for (int j = 0; j < kDBlocks; ++j)
-      tile::tma::load_4d(buf[st.index] + j * BN * 64, map, &full[st.index], 64 * j, hk, n * BN, b);
+      tile::tma::load_4d(buf[st.index] + j * BN * 64, map, &full[st.index], 64 * j, hk, row, b);
   }
   static __device__ __forceinline__ void load_k(const GatheredGlobals& g, Smem& sm, const tile::PipeState<kStages>& st,
                                                 int hk, int n, int b) {
-    load_block(&g.k, sm.k, sm.k_empty, sm.k_full, st, hk, n, b);
+    load_block(&g.k, g.k_own, sm.k, sm.k_empty, sm.k_full, g, st, hk, n, b);
   }
   static __device__ __forceinline__ void load_v(const GatheredGlobals& g, Smem& sm, const tile::PipeState<kStages>& st,
                                                 int hk, int n, int b) {
-    load_block(&g.v, sm.v, sm.v_empty, sm.v_full, st, hk, n, b);
+    load_block(&g.v, g.v_own, sm.v, sm.v_empty, sm.v_full, g, st, hk, n, b);
   }
 
   // The key block a tile visits first: its own first block, or (non-causal) the front of the
@@ -189,6 +198,10 @@ struct GatheredKernel {
   static __device__ __forceinline__ void producer(const GatheredGlobals& g, Smem& sm) {
     tile::tma::prefetch(&g.k);
     tile::tma::prefetch(&g.v);
+    for (int i = 0; i < g.n_own; ++i) {
+      tile::tma::prefetch(&g.k_own[i]);
+      tile::tma::prefetch(&g.v_own[i]);
+    }
     tile::PipeState<kStages> st;
     tile::PipeState<2> sched;
     uint32_t q_phase = 0;

@@ -47,6 +47,9 @@ struct RingLaunchInfo {
   int num_comm_sms = 0;
   int compute_blocks = 0;
   bool tuned = false;
+  // This rank's K/V rows were read from k and v in place (every own chunk starts on a 128-row
+  // key block and ends on one or at S), not copied into the gathered buffers first.
+  bool own_in_place = false;
 };
 
 class RingAttention {

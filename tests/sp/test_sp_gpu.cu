@@ -141,12 +141,16 @@ void run_ring(const RingCase& c, bool causal, weave::sp::Sharding sh, int ncomm,
   opt.causal = causal;
   opt.sharding = sh;
   opt.num_comm_sms = ncomm;
-  ra.forward(q.as<bf16>(), k.as<bf16>(), v.as<bf16>(), o.as<bf16>(), lse.as<float>(),
-             {c.B, c.S, c.Hq, c.Hkv, c.D}, opt);
+  const weave::sp::RingLaunchInfo li = ra.forward(q.as<bf16>(), k.as<bf16>(), v.as<bf16>(), o.as<bf16>(),
+                                                  lse.as<float>(), {c.B, c.S, c.Hq, c.Hkv, c.D}, opt);
   wt::settle();
   const std::string what = "ring S=" + std::to_string(c.S) + " D=" + std::to_string(c.D) + " Hq/Hkv=" +
                            std::to_string(c.Hq) + "/" + std::to_string(c.Hkv) + " causal=" + std::to_string(causal) +
                            " zigzag=" + std::to_string(int(sh)) + " ncomm=" + std::to_string(ncomm);
+  bool aligned = true;  // own rows in place exactly where every own chunk starts and ends on a key block (or at S)
+  for (auto& rg : ranges)
+    aligned = aligned && rg.first % 128 == 0 && ((rg.first + rg.second) % 128 == 0 || rg.first + rg.second == c.S);
+  EXPECT_EQ(li.own_in_place, aligned) << what;
   expect_close(wt::to_host(o.as<bf16>(), lq.size()), take_rows(ref.o, c.B, c.S, c.Hq, c.D, ranges), what.c_str());
   // LSE (B, Hq, L): local row l of the shard is global row ranges[...]
   const auto got = wt::to_host(lse.as<float>(), size_t(c.B) * c.Hq * L);
@@ -168,8 +172,8 @@ void run_ring(const RingCase& c, bool causal, weave::sp::Sharding sh, int ncomm,
 TEST(SpGpu, RingMatchesSingleGpuAttention) {
   const uint64_t seed = wt::job_seed();
   const int W = wt::comm().world();
-  // Ragged chunks, and chunks that start and end on 128-row key blocks under both shardings (key
-  // blocks that never straddle two ranks' rows).
+  // Ragged chunks (own rows copied into the gathered buffers), and chunks that start and end on
+  // 128-row key blocks under both shardings (own rows read in place from the input).
   const RingCase cases[] = {{1, 1000, 4, 2, 128}, {2, 3001, 4, 4, 64}, {1, 777, 8, 1, 128}, {1, 300, 2, 2, 64},
                             {1, 512 * W, 4, 2, 128}, {2, 256 * W, 4, 4, 64}};
   int i = 0;
@@ -238,14 +242,15 @@ TEST(SpGpu, UlyssesMatchesSingleGpuAttention) {
   run_ulysses({1, 1000, 4, 4, 128}, true, -1, seed + 200);  // the tuner's pick
 }
 
-// Long and ragged, few heads (GQA): hundreds of query tiles per head, more than one wave of
-// CTAs, so non-causal tiles started after the first wave begin at the block their head's front
-// recorded (gathered_schedule.hpp, aligned_start) rather than at their own rows.
+// Long, few heads (GQA), ragged or block-aligned chunks: hundreds of query tiles per head, more
+// than one wave of CTAs, so non-causal tiles started after the first wave begin at the block
+// their head's front recorded (gathered_schedule.hpp, aligned_start) rather than at their own
+// rows.
 TEST(SpGpu, LongSequenceFewHeadsTilesJoinTheirHeadsFront) {
   const uint64_t seed = wt::job_seed();
   run_ring({1, 49229, 2, 1, 128}, false, weave::sp::Sharding::Contiguous, 2, seed + 300);
   if (HasFailure()) return;
-  run_ring({1, 49229, 2, 1, 64}, false, weave::sp::Sharding::Zigzag, 4, seed + 301);
+  run_ring({1, 49152, 2, 1, 64}, false, weave::sp::Sharding::Zigzag, 4, seed + 301);  // own rows in place
   if (HasFailure()) return;
   run_ulysses({1, 49229, 4, 2, 128}, false, 2, seed + 302);
 }
