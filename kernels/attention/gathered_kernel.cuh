@@ -13,7 +13,9 @@
 //     softmax pieces are reused as they are): a query tile iterates its visible key blocks of
 //     the gathered K/V in global order, and the producer thread waits (acquire, with the
 //     weave timeout) for the counter of each slice before the slice's first load. Masks are
-//     decided by global positions (query chunks need not start at a block boundary).
+//     decided by global positions (query chunks need not start at a block boundary). A
+//     non-causal tile starts where the CTAs already on its head are (aligned_start), so they
+//     share each K/V block through L2 however far apart their tiles began.
 //   - O goes to the tile's own chunk (ring, with LSE) or, tile half by tile half, to every rank
 //     owning some of its rows (Ulysses; a TMA map per owner clips to exactly its rows); owners
 //     then count the stores they received ("o_done") and CTA 0 waits for them at its end, so
