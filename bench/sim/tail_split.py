@@ -1,3 +1,11 @@
+#!/usr/bin/env python3
+"""List-scheduling simulation of the gathered attention kernel's tail (perf-notes, ring session 9).
+
+Equal tiles (one time unit each) go, in order, to whichever CTA frees first: compute CTAs start
+at 0, communicator CTAs join at `tcomm`. The last `split` tiles may run as two halves of
+0.5 + `ovh` each. Prints, per shape, the makespan unsplit and the speed-up for a few split
+counts. `python3 bench/sim/tail_split.py`
+"""
 import heapq, random
 def run(T, C, comm, tcomm, split, jitter=0.02, ovh=0.02, seed=0):
     rnd = random.Random(seed)
