@@ -15,18 +15,25 @@ namespace weave::attention {
 
 namespace detail {
 
+namespace {
+constexpr int kDevices = 64;
+std::mutex scratch_mu;  // guards the per-device scratch below
+void check_device(int dev) {
+  WEAVE_CHECK(dev >= 0 && dev < kDevices, "attention: device ordinal ", dev, " out of range");
+}
+}  // namespace
+
 // Tile counters of the persistent kernel: a pool per device, used round-robin and zeroed on
 // the caller's stream before each launch, so forwards in flight at once on different streams
 // (up to the pool size) never share one.
 int* tile_counter(int dev, cudaStream_t stream) {
-  constexpr int kDevices = 64, kPool = 64;
-  static std::mutex mu;
+  constexpr int kPool = 64;
   static int* pools[kDevices] = {};
   static unsigned next[kDevices] = {};
-  WEAVE_CHECK(dev >= 0 && dev < kDevices, "attention: device ordinal ", dev, " out of range");
+  check_device(dev);
   int* c = nullptr;
   {
-    std::lock_guard<std::mutex> lock(mu);
+    std::lock_guard<std::mutex> lock(scratch_mu);
     if (pools[dev] == nullptr) WEAVE_CUDA_CHECK(cudaMalloc(&pools[dev], kPool * 128));  // one 128-B line each
     c = pools[dev] + (next[dev]++ % kPool) * 32;
   }
@@ -34,10 +41,29 @@ int* tile_counter(int dev, cudaStream_t stream) {
   return c;
 }
 
+// The gathered kernel's front words (GatheredGlobals::front), zeroed once, and the tag of each
+// launch. Launches never clear them: a word from another launch carries another tag and is
+// ignored, and two launches in flight at once (different streams) at worst start tiles at each
+// other's blocks, which costs L2 sharing, never correctness (any start visits the same blocks).
+unsigned long long* front_words(int dev, unsigned* tag) {
+  static unsigned long long* bufs[kDevices] = {};
+  static unsigned tags[kDevices] = {};
+  check_device(dev);
+  std::lock_guard<std::mutex> lock(scratch_mu);
+  if (bufs[dev] == nullptr) {
+    WEAVE_CUDA_CHECK(cudaMalloc(&bufs[dev], kFrontWords * sizeof(unsigned long long)));
+    WEAVE_CUDA_CHECK(cudaMemset(bufs[dev], 0, kFrontWords * sizeof(unsigned long long)));
+  }
+  if (++tags[dev] == 0) ++tags[dev];
+  *tag = tags[dev];
+  return bufs[dev];
+}
+
 int l2_bytes(int dev) {
-  static int l2_cache[64] = {};
-  if (dev < 64 && l2_cache[dev] == 0) WEAVE_CUDA_CHECK(cudaDeviceGetAttribute(&l2_cache[dev], cudaDevAttrL2CacheSize, dev));
-  return dev < 64 ? l2_cache[dev] : 50 << 20;
+  static int l2_cache[kDevices] = {};
+  if (dev < kDevices && l2_cache[dev] == 0)
+    WEAVE_CUDA_CHECK(cudaDeviceGetAttribute(&l2_cache[dev], cudaDevAttrL2CacheSize, dev));
+  return dev < kDevices ? l2_cache[dev] : 50 << 20;
 }
 
 // Heads whose K and V (together) fit in half of L2 run side by side; query blocks vary

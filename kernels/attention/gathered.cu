@@ -1,7 +1,6 @@
 // Host side of the gathered attention kernel: maps, push boxes, launch (two instantiations:
 // D = 64 and 128, ping-pong on).
 #include <algorithm>
-#include <mutex>
 
 #include "attention/gathered.hpp"
 #include "attention/gathered_kernel.cuh"
@@ -45,27 +44,6 @@ void push_box(int D, int heads, int* box_heads, int* box_rows) {
 static_assert(sizeof(GatheredGlobals) <= 32764, "kernel parameters are limited to 32764 bytes");
 
 namespace {
-// The per-device front words (GatheredGlobals::front), zeroed once, and the tag of each launch.
-// Launches never clear them: a word from another launch carries another tag and is ignored,
-// and two launches in flight at once (different streams) at worst start tiles at each other's
-// blocks, which costs L2 sharing, never correctness (any start visits the same blocks).
-constexpr size_t kFrontWords = size_t(1) << 16;
-unsigned long long* front_words(int dev, unsigned* tag) {
-  constexpr int kDevices = 64;
-  static std::mutex mu;
-  static unsigned long long* bufs[kDevices] = {};
-  static unsigned tags[kDevices] = {};
-  WEAVE_CHECK(dev >= 0 && dev < kDevices, "attention: device ordinal ", dev, " out of range");
-  std::lock_guard<std::mutex> lock(mu);
-  if (bufs[dev] == nullptr) {
-    WEAVE_CUDA_CHECK(cudaMalloc(&bufs[dev], kFrontWords * sizeof(unsigned long long)));
-    WEAVE_CUDA_CHECK(cudaMemset(bufs[dev], 0, kFrontWords * sizeof(unsigned long long)));
-  }
-  if (++tags[dev] == 0) ++tags[dev];
-  *tag = tags[dev];
-  return bufs[dev];
-}
-
 template <class K>
 void launch_k(GatheredGlobals& g, int dev, const lcsc::DeviceInfo& info, cudaStream_t stream) {
   WEAVE_CHECK(K::kSmemBytes <= info.smem_optin, "attention: kernel needs ", K::kSmemBytes,
@@ -107,7 +85,8 @@ void launch_gathered(GatheredGlobals& g, int D, cudaStream_t stream) {
   g.front = nullptr, g.front_heads = 0, g.front_tag = 0;
   if (!g.causal) {
     g.front_heads = (g.head_base + g.H - 1) / g.group - g.kv_base + 1;
-    if (static_cast<size_t>(g.B) * g.front_heads <= kFrontWords) g.front = front_words(dev, &g.front_tag);
+    if (static_cast<size_t>(g.B) * g.front_heads <= detail::kFrontWords)
+      g.front = detail::front_words(dev, &g.front_tag);
   }
   if (D == 64) launch_k<GatheredKernel<64, true>>(g, dev, info, stream);
   else launch_k<GatheredKernel<128, true>>(g, dev, info, stream);
