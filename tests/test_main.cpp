@@ -1,21 +1,70 @@
-// GoogleTest main for every weave test binary. A binary built for GPUs declares how many it
-// needs through WEAVE_TEST_GPUS (set by CTest); with fewer visible it exits 77, which CTest
-// reports as skipped, never as passed.
-#include <cuda_runtime.h>
+// GoogleTest main for every weave test binary.
+// - A binary built for GPUs declares how many it needs through WEAVE_TEST_GPUS (set by CTest);
+//   with fewer visible it exits 77, which CTest reports as skipped, never as passed. On a machine
+//   whose NVIDIA driver is loaded, a CUDA error while counting GPUs is a failure, not a skip.
+// - A test that skipped itself (GTEST_SKIP) makes the whole binary exit 77 when nothing failed,
+//   so CTest shows "skipped" rather than a pass that did not run everything.
+// - The random seed is printed at the start and again after a failure (WEAVE_TEST_SEED replays).
 #include <gtest/gtest.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "check/seed.hpp"
+#include "weave/common/gpus.hpp"
+
+namespace {
+
+class SeedOnFailure : public testing::EmptyTestEventListener {
+  void OnTestEnd(const testing::TestInfo& info) override {
+    if (info.result() && info.result()->Failed())
+      std::printf("%s.%s failed; replay with WEAVE_TEST_SEED=%llu\n", info.test_suite_name(), info.name(),
+                  static_cast<unsigned long long>(weave::check::test_seed()));
+  }
+};
+
+std::vector<std::string> skipped_tests() {
+  std::vector<std::string> out;
+  const testing::UnitTest& u = *testing::UnitTest::GetInstance();
+  for (int i = 0; i < u.total_test_suite_count(); ++i) {
+    const testing::TestSuite& s = *u.GetTestSuite(i);
+    for (int j = 0; j < s.total_test_count(); ++j) {
+      const testing::TestInfo& t = *s.GetTestInfo(j);
+      if (t.should_run() && t.result()->Skipped()) out.push_back(std::string(s.name()) + "." + t.name());
+    }
+  }
+  return out;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   if (const char* need = std::getenv("WEAVE_TEST_GPUS")) {
-    int n = std::atoi(need), have = 0;
-    if (cudaGetDeviceCount(&have) != cudaSuccess) have = 0;
-    if (have < n) {
-      std::printf("skipped: needs %d GPU(s), %d visible\n", n, have);
+    const int n = std::atoi(need);
+    const weave::GpuCount g = weave::count_gpus();
+    if (g.error) {
+      std::printf("error: this machine has an NVIDIA driver but CUDA cannot count its GPUs (%s); failing, not "
+                  "skipping\n", g.why.c_str());
+      return 1;
+    }
+    if (g.count < n) {
+      std::printf("skipped: needs %d GPU(s), %d visible\n", n, g.count);
       return 77;
     }
   }
   ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
+  weave::check::test_seed();  // prints the seed before any test output
+  testing::UnitTest::GetInstance()->listeners().Append(new SeedOnFailure);
+  const int rc = RUN_ALL_TESTS();
+  if (rc != 0) return rc;
+  const auto skipped = skipped_tests();
+  if (!skipped.empty()) {
+    std::printf("skipped: %zu test(s) did not run:", skipped.size());
+    for (const auto& s : skipped) std::printf(" %s", s.c_str());
+    std::printf("\n");
+    return 77;
+  }
+  return 0;
 }

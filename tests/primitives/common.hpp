@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "check/seed.hpp"
 #include "weave/common/error.hpp"
 #include "weave/runtime/communicator.hpp"
 
@@ -32,9 +33,11 @@ inline weave::runtime::Communicator& comm() {
   return *c;
 }
 
-// A seed that is fresh every run and identical on every rank (rank 0 draws, everyone gets it).
+// A seed that is fresh for every call and identical on every rank: the n-th call derives from
+// rank 0's check::test_seed() (WEAVE_TEST_SEED replays a run; the test main prints it).
 inline uint64_t job_seed() {
-  uint64_t mine = std::random_device{}() * 0x9E3779B97F4A7C15ull ^ std::random_device{}();
+  static uint64_t calls = 0;
+  uint64_t mine = weave::check::derive(weave::check::test_seed(), 0x5EED, calls++);
   std::vector<uint64_t> all(comm().world());
   comm().bootstrap().all_gather(&mine, all.data(), sizeof mine);
   return all[0];

@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "weave/common/gpus.hpp"
+
 extern char** environ;
 
 namespace {
@@ -33,21 +35,29 @@ constexpr auto kSettle = std::chrono::seconds(1);
 int usage(const char* why) {
   if (why) std::fprintf(stderr, "weave-run: %s\n", why);
   std::fprintf(stderr,
-               "usage: weave-run [-n N] [--no-gpu] [--skip-missing-gpus] [--count-gpus] [--timeout SECONDS] [--] "
+               "usage: weave-run [-n N] [--no-gpu] [--skip-missing-gpus] [--share-gpus] [--count-gpus] [--timeout SECONDS] "
+               "[--] "
                "PROG [ARGS...]\n"
                "  -n N                 ranks to start, 1..%d (default: the number of visible GPUs)\n"
                "  --no-gpu             do not check that N GPUs are visible (CPU-only programs)\n"
                "  --skip-missing-gpus  with fewer than N GPUs, print 'skipped' and exit 77\n"
+               "  --share-gpus         more ranks than GPUs: rank r uses GPU r %% GPUs (correctness runs only;\n"
+               "                       ranks on one GPU time-slice)\n"
                "  --count-gpus         print the number of visible GPUs and exit\n"
                "  --timeout SECONDS    stop all ranks after this wall time and exit 124\n",
                kMaxRanks);
   return why ? 2 : 0;
 }
 
+// The visible GPUs; 0 on a machine without any. Where the NVIDIA driver is loaded but CUDA fails,
+// the launcher stops with the error: skipping there would turn a broken GPU into a green run.
 int visible_gpus() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;  // no driver or no device
-  return n;
+  const weave::GpuCount g = weave::count_gpus();
+  if (g.error) {
+    std::fprintf(stderr, "weave-run: the NVIDIA driver is loaded but CUDA cannot count the GPUs: %s\n", g.why.c_str());
+    std::exit(1);
+  }
+  return g.count;
 }
 
 bool parse_int(const char* s, int& out) {
@@ -262,7 +272,7 @@ class Job {
 
 int main(int argc, char** argv) {
   int n = -1;
-  bool no_gpu = false, skip_missing = false, count_gpus = false;
+  bool no_gpu = false, skip_missing = false, count_gpus = false, share_gpus = false;
   double timeout_s = 0;
   int i = 1;
   for (; i < argc; ++i) {
@@ -287,6 +297,8 @@ int main(int argc, char** argv) {
       no_gpu = true;
     } else if (a == "--skip-missing-gpus") {
       skip_missing = true;
+    } else if (a == "--share-gpus") {
+      share_gpus = true;
     } else if (a == "--count-gpus") {
       count_gpus = true;
     } else if (a.size() > 1 && a[0] == '-') {
@@ -310,7 +322,13 @@ int main(int argc, char** argv) {
     }
     if (n < 1) return usage("no GPUs visible: pass -n N (with --no-gpu for CPU-only programs)");
   }
-  if (!no_gpu && n > gpus) {
+  // The same switch from the environment, so CTest's gpu2 entries can run on one GPU unchanged.
+  if (const char* e = std::getenv("WEAVE_SHARE_GPUS"); e && std::strcmp(e, "1") == 0) share_gpus = true;
+  if (share_gpus && !no_gpu && gpus >= 1 && n > gpus) {
+    std::printf("weave-run: %d ranks share %d GPU(s) (correctness only: kernels of different ranks time-slice)\n", n,
+                gpus);
+    setenv("WEAVE_SHARE_GPUS", "1", 1);
+  } else if (!no_gpu && n > gpus) {
     if (skip_missing) {
       std::printf("weave-run: skipped: %d ranks need %d GPUs, %d visible\n", n, n, gpus);
       return 77;

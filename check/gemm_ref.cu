@@ -1,0 +1,114 @@
+#include "check/gemm_ref.hpp"
+#include "weave/common/error.hpp"
+
+#define WEAVE_CHECK_CUBLAS(expr)                                                                      \
+  do {                                                                                                \
+    const cublasStatus_t s_ = (expr);                                                                 \
+    WEAVE_CHECK(s_ == CUBLAS_STATUS_SUCCESS, #expr, " failed: cublas status ", static_cast<int>(s_)); \
+  } while (0)
+
+namespace weave::check {
+
+namespace {
+constexpr size_t kWorkspace = 32ull << 20;
+
+__global__ void square_kernel(__nv_bfloat16* out, const __nv_bfloat16* in, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const float v = __bfloat162float(in[i]);
+    out[i] = __float2bfloat16(v * v);
+  }
+}
+__global__ void sqrt_kernel(float* p, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    p[i] = sqrtf(p[i]);
+}
+__global__ void add_kernel(float* r, const __nv_bfloat16* c, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    r[i] += __bfloat162float(c[i]);
+}
+__global__ void to_float_kernel(float* d, const __nv_bfloat16* s, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    d[i] = __bfloat162float(s[i]);
+}
+}  // namespace
+
+GemmRef::GemmRef() {
+  WEAVE_CHECK_CUBLAS(cublasLtCreate(&h_));
+  WEAVE_CUDA_CHECK(cudaMalloc(&ws_, kWorkspace));
+}
+GemmRef::~GemmRef() {
+  cudaDeviceSynchronize();
+  for (auto* p : sq_) cudaFree(p);
+  cudaFree(ws_);
+  cublasLtDestroy(h_);
+}
+
+__nv_bfloat16* GemmRef::squares(int which, const __nv_bfloat16* p, size_t n, cudaStream_t st) {
+  if (sq_n_[which] < n) {
+    WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
+    cudaFree(sq_[which]);
+    WEAVE_CUDA_CHECK(cudaMalloc(&sq_[which], n * sizeof(__nv_bfloat16)));
+    sq_n_[which] = n;
+  }
+  square_kernel<<<1024, 256, 0, st>>>(sq_[which], p, n);
+  WEAVE_CUDA_CHECK(cudaGetLastError());
+  return sq_[which];
+}
+
+// Row-major C (M x N) is column-major C^T = B^T A^T: cuBLAS sees m = N, n = M, B first.
+void GemmRef::matmul(const __nv_bfloat16* A, const __nv_bfloat16* B, int M, int N, int K, gemm::BLayout bl, float* C,
+                     bool accumulate, cudaStream_t st) {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  WEAVE_CHECK_CUBLAS(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t ta = bl == gemm::BLayout::NK ? CUBLAS_OP_T : CUBLAS_OP_N, tb = CUBLAS_OP_N;
+  WEAVE_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+  WEAVE_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+  if (bl == gemm::BLayout::NK)
+    WEAVE_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, K, N, K));
+  else
+    WEAVE_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, N, K, N));
+  WEAVE_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, K, M, K));
+  WEAVE_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, N, M, N));
+  WEAVE_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
+  size_t ws = kWorkspace;
+  WEAVE_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+  cublasLtMatmulHeuristicResult_t res{};
+  int found = 0;
+  WEAVE_CHECK_CUBLAS(cublasLtMatmulAlgoGetHeuristic(h_, op, lb, la, lc, lc, pref, 1, &res, &found));
+  WEAVE_CHECK(found > 0, "cuBLASLt found no float32-output algorithm for ", M, "x", N, "x", K);
+  const float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
+  WEAVE_CHECK_CUBLAS(cublasLtMatmul(h_, op, &alpha, B, lb, A, la, &beta, C, lc, C, lc, &res.algo, ws_, kWorkspace, st));
+  cublasLtMatmulPreferenceDestroy(pref);
+  cublasLtMatrixLayoutDestroy(la);
+  cublasLtMatrixLayoutDestroy(lb);
+  cublasLtMatrixLayoutDestroy(lc);
+  cublasLtMatmulDescDestroy(op);
+}
+
+void GemmRef::run(const __nv_bfloat16* A, const __nv_bfloat16* B, int M, int N, int K, gemm::BLayout bl, float* r,
+                  float* s2, bool accumulate, cudaStream_t st) {
+  WEAVE_CHECK(M > 0 && N > 0 && K > 0 && A && B && r, "GemmRef: bad arguments ", M, "x", N, "x", K);
+  matmul(A, B, M, N, K, bl, r, accumulate, st);
+  if (s2) {
+    const __nv_bfloat16* a2 = squares(0, A, size_t(M) * K, st);
+    const __nv_bfloat16* b2 = squares(1, B, size_t(K) * N, st);
+    matmul(a2, b2, M, N, K, bl, s2, accumulate, st);
+  }
+}
+
+void sqrt_inplace(float* s2, size_t n, cudaStream_t st) {
+  sqrt_kernel<<<1024, 256, 0, st>>>(s2, n);
+  WEAVE_CUDA_CHECK(cudaGetLastError());
+}
+void add_bf16(float* r, const __nv_bfloat16* c, size_t n, cudaStream_t st) {
+  add_kernel<<<1024, 256, 0, st>>>(r, c, n);
+  WEAVE_CUDA_CHECK(cudaGetLastError());
+}
+void to_float(float* d, const __nv_bfloat16* s, size_t n, cudaStream_t st) {
+  to_float_kernel<<<1024, 256, 0, st>>>(d, s, n);
+  WEAVE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace weave::check

@@ -1,0 +1,55 @@
+#include "check/seed.hpp"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <random>
+
+#include "weave/common/error.hpp"
+
+namespace weave::check {
+
+namespace {
+struct SeedState {
+  uint64_t value = 0;
+  bool from_env = false;
+};
+const SeedState& state() {
+  static const SeedState s = [] {
+    SeedState st;
+    if (const char* v = std::getenv("WEAVE_TEST_SEED"); v && *v) {
+      char* end = nullptr;
+      errno = 0;
+      const unsigned long long x = std::strtoull(v, &end, 0);
+      WEAVE_CHECK(errno == 0 && end != v && *end == 0, "WEAVE_TEST_SEED='", v,
+                  "' is not an unsigned integer (decimal or 0x-hex)");
+      st.value = x;
+      st.from_env = true;
+    } else {
+      std::random_device rd;
+      st.value = (uint64_t(rd()) << 32) ^ rd();
+    }
+    std::printf("WEAVE_TEST_SEED=%llu%s\n", static_cast<unsigned long long>(st.value),
+                st.from_env ? " (from the environment)" : " (set it to replay this run)");
+    std::fflush(stdout);
+    return st;
+  }();
+  return s;
+}
+}  // namespace
+
+uint64_t test_seed() { return state().value; }
+bool seed_from_env() { return state().from_env; }
+
+uint64_t derive(uint64_t base, uint64_t a, uint64_t b) {
+  // splitmix64 finaliser over a combination that differs for every (a, b).
+  uint64_t x = base ^ (a * 0x9E3779B97F4A7C15ull) ^ (b * 0xC2B2AE3D27D4EB4Full + 0x165667B19E3779F9ull);
+  x ^= x >> 30;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 27;
+  x *= 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+}  // namespace weave::check

@@ -1,0 +1,64 @@
+// The checker itself: the per-element bound, the per-tile report, non-finite handling, seeds.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <vector>
+
+#include "check/seed.hpp"
+#include "check/tile_check.hpp"
+
+using namespace weave::check;
+
+TEST(TileCheck, ElementRatio) {
+  EXPECT_DOUBLE_EQ(element_ratio(1.0, 1.0, 0, 0, 0, 0), 0.0);  // exact match needs no bound
+  EXPECT_NEAR(element_ratio(1.01, 1.0, 1.0, 0.0, 0.02, 0), 0.5, 1e-9);
+  EXPECT_TRUE(std::isinf(element_ratio(1.01, 1.0, 0, 0, 0, 0)));  // zero bound, any error fails
+  EXPECT_TRUE(std::isinf(element_ratio(NAN, 1.0, 1, 1, 1, 1)));   // unwritten (poisoned) element
+  EXPECT_TRUE(std::isinf(element_ratio(1.0, NAN, 1, 1, 1, 1)));
+  EXPECT_DOUBLE_EQ(element_ratio(NAN, NAN, 0, 0, 0, 0), 0.0);       // NaN propagated like the reference
+  EXPECT_DOUBLE_EQ(element_ratio(INFINITY, INFINITY, 0, 0, 0, 0), 0.0);
+  EXPECT_TRUE(std::isinf(element_ratio(-INFINITY, INFINITY, 1, 1, 1, 1)));
+  EXPECT_TRUE(std::isinf(element_ratio(NAN, INFINITY, 1, 1, 1, 1)));
+}
+
+// One wrong element in one tile of a large output fails that tile only, although its share of
+// the whole output's norm is tiny.
+TEST(TileCheck, OneWrongTileOfMany) {
+  const long long R = 1000, C = 777;
+  std::vector<double> x(R * C), r(R * C);
+  for (long long i = 0; i < R * C; ++i) r[i] = x[i] = std::sin(0.001 * i) * 10;
+  x[513 * C + 700] += 0.5;  // tile (4, 5) with 128 x 128 tiles
+  const Bound b{1.0 / 256, 0, 1e-3};
+  const Report rep = compare_host(R, C, [&](long long i, long long j) { return x[i * C + j]; },
+                                  [&](long long i, long long j) { return r[i * C + j]; },
+                                  [](long long, long long) { return 0.0; }, b);
+  EXPECT_FALSE(rep.ok);
+  EXPECT_EQ(rep.bad_tiles, 1);
+  EXPECT_EQ(rep.tiles, 8 * 7);
+  EXPECT_EQ(rep.worst_row, 513);
+  EXPECT_EQ(rep.worst_col, 700);
+  EXPECT_NE(rep.str().find("tile (4, 5)"), std::string::npos) << rep.str();
+  x[513 * C + 700] = r[513 * C + 700];
+  const Report good = compare_host(R, C, [&](long long i, long long j) { return x[i * C + j]; },
+                                   [&](long long i, long long j) { return r[i * C + j]; },
+                                   [](long long, long long) { return 0.0; }, b);
+  EXPECT_TRUE(good.ok) << good.str();
+}
+
+TEST(TileCheck, ScaleTermAllowsNoiseOfTheSum) {
+  // r = 0 (a cancelling sum) with scale s = 1: an error of 2^-9 passes with scale 2^-8 and fails without.
+  auto one = [](double v) { return [v](long long, long long) { return v; }; };
+  EXPECT_TRUE(compare_host(4, 4, one(1.0 / 512), one(0.0), one(1.0), Bound{kBf16Round, kBf16Round, 0}).ok);
+  EXPECT_FALSE(compare_host(4, 4, one(1.0 / 512), one(0.0), one(1.0), Bound{kBf16Round, 0, 0}).ok);
+  const Report nan = compare_host(4, 4, one(NAN), one(0.0), one(1.0), Bound{1, 1, 1});
+  EXPECT_FALSE(nan.ok);
+  EXPECT_EQ(nan.nonfinite, 16);
+}
+
+TEST(Seed, DeriveDiffers) {
+  EXPECT_NE(derive(1, 0), derive(1, 1));
+  EXPECT_NE(derive(1, 0, 0), derive(1, 0, 1));
+  EXPECT_NE(derive(1, 2), derive(2, 2));
+  EXPECT_EQ(derive(7, 3, 4), derive(7, 3, 4));
+}
