@@ -2,7 +2,11 @@
 // instantiations (D 64 / 128, ping-pong on / off, persistent or not) live here so that users compile none of them.
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include "attention/attention.hpp"
 #include "attention/attention_kernel.cuh"
@@ -23,19 +27,50 @@ void check_device(int dev) {
 }
 }  // namespace
 
-// Tile counters of the persistent kernel: a pool per device, used round-robin and zeroed on
-// the caller's stream before each launch, so forwards in flight at once on different streams
-// (up to the pool size) never share one.
+// Tile counters of the persistent kernels, zeroed on the caller's stream before each launch.
+// A counter must never serve two launches that can run at once, whatever the number of streams:
+// one zeroing another's live counter makes tiles be skipped. Launches from one host thread on
+// one stream run one after the other (the zeroing of the next waits for the previous kernel), so
+// each (stream, thread) pair gets a counter of its own, kept for the process's life; the stream
+// is named by its id (cudaStreamGetId), which a new stream never reuses, unlike a destroyed
+// stream's handle, whose kernels may still run. The thread is part of the key because two threads
+// enqueueing on one stream could interleave as zero, zero, kernel, kernel. A launch captured
+// into a CUDA graph gets a counter no other launch ever uses: the graph may be replayed on any
+// stream next to anything (replays of one executable graph are serialized by CUDA). Counters
+// are 128-byte lines in chunks allocated as needed; the lookup is a hash-map access under a mutex.
 int* tile_counter(int dev, cudaStream_t stream) {
-  constexpr int kPool = 64;
-  static int* pools[kDevices] = {};
-  static unsigned next[kDevices] = {};
+  constexpr int kLineInts = 32, kChunkLines = 1024;
+  struct Pool {
+    std::vector<int*> chunks;
+    int used = kChunkLines;  // lines taken from the last chunk
+    std::map<std::pair<unsigned long long, std::thread::id>, int*> bound;
+    int* fresh() {
+      if (used == kChunkLines) {
+        int* c = nullptr;
+        WEAVE_CUDA_CHECK(cudaMalloc(&c, size_t(kChunkLines) * kLineInts * sizeof(int)));
+        chunks.push_back(c);
+        used = 0;
+      }
+      return chunks.back() + size_t(used++) * kLineInts;
+    }
+  };
+  static Pool pools[kDevices];
   check_device(dev);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  WEAVE_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  unsigned long long id = 0;
+  if (capture == cudaStreamCaptureStatusNone) WEAVE_CUDA_CHECK(cudaStreamGetId(stream, &id));
   int* c = nullptr;
   {
     std::lock_guard<std::mutex> lock(scratch_mu);
-    if (pools[dev] == nullptr) WEAVE_CUDA_CHECK(cudaMalloc(&pools[dev], kPool * 128));  // one 128-B line each
-    c = pools[dev] + (next[dev]++ % kPool) * 32;
+    Pool& p = pools[dev];
+    if (capture != cudaStreamCaptureStatusNone) {
+      c = p.fresh();
+    } else {
+      int*& b = p.bound[{id, std::this_thread::get_id()}];
+      if (!b) b = p.fresh();
+      c = b;
+    }
   }
   WEAVE_CUDA_CHECK(cudaMemsetAsync(c, 0, sizeof(int), stream));
   return c;

@@ -20,22 +20,6 @@ namespace weave::coll {
 
 namespace {
 
-// Per rank and call, one-shot pulls (W-1) x bytes; two-shot moves 2 (W-1)/W x bytes in two
-// directions. Below this size the single phase wins (measured; docs in README.md).
-constexpr size_t kOneShotMaxBytes = size_t(512) << 10;
-// LL doubles the bytes on the link; below this size its saved signal phases win (measured).
-constexpr size_t kLLAutoMaxBytes = size_t(256) << 10;
-// From here on the push all_reduce beats two-shot on 2 ranks (measured: equal at 64 MiB, 3-5 %
-// faster from 128 MiB, 10 % slower at 32 MiB; README.md).
-constexpr size_t kPushAutoMinBytes = size_t(64) << 20;
-// The same trade for all_gather (largest shard's bytes) and reduce_scatter (largest output slab).
-constexpr size_t kLLGatherAutoMaxBytes = size_t(512) << 10;
-constexpr size_t kLLScatterAutoMaxBytes = size_t(256) << 10;
-// LL128 (3 % more bytes, no signal phase) up to these sizes where it fits its scratch; the
-// protocols above take the sizes below their own limits. all_gather's direct path (one phase of
-// plain stores each way) is as fast from 2 MiB shards on.
-constexpr size_t kLL128AutoMaxBytes = size_t(8) << 20;
-constexpr size_t kLL128GatherAutoMaxBytes = size_t(1) << 20;
 // Bytes of work per block: one 16-byte unit per thread and step, so that small calls spread
 // over many SMs and finish in one round trip of peer accesses.
 template <class S>
@@ -102,6 +86,7 @@ PushConfig push_config(int world) {
               c.slots);
   return c;
 }
+uintptr_t addr(const void* p) { return reinterpret_cast<uintptr_t>(p); }
 bool aligned4(const void* a, const void* b) {
   return reinterpret_cast<uintptr_t>(a) % 4 == 0 && reinterpret_cast<uintptr_t>(b) % 4 == 0;
 }
@@ -116,6 +101,7 @@ struct Collectives::Impl {
   runtime::Communicator& comm;
   runtime::SignalSet sig;
   int blocks_max;  // the smallest SM count of all ranks: every rank launches the same grid
+  bool ll128_links = false;  // every pair of ranks NVLink-connected: LL128 allowed (plan.hpp)
   unsigned long long arrived = 0, done = 0;
   AllReduceAlgo algo = AllReduceAlgo::automatic;
   ShardAlgo ag_algo = ShardAlgo::automatic, rs_algo = ShardAlgo::automatic;
@@ -156,6 +142,8 @@ struct Collectives::Impl {
         ll_scratch(c, Collectives::scratch_bytes(c.world()) / sizeof(unsigned long long)),
         ll_sig(c.signals("LL collective flag from rank", 1)),
         push(push_config(c.world())) {
+    // Creating ll_sig above quiesced every rank after this scratch was allocated: nothing still
+    // running (an earlier owner's call, here or on a peer) writes into it any more.
     WEAVE_CUDA_CHECK(cudaMemset(ll_scratch.data(), 0, ll_scratch.bytes()));
     WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
     c.barrier();  // no peer writes a line before every rank zeroed its scratch
@@ -163,7 +151,31 @@ struct Collectives::Impl {
     int mine = c.sm_count();
     c.bootstrap().all_gather(&mine, sms.data(), sizeof mine);
     blocks_max = *std::min_element(sms.begin(), sms.end());
+    ll128_links = nvlink_everywhere(c);
   }
+
+  // ll128_links_ok (plan.hpp) over every pair of this node's GPUs that ranks run on (devices
+  // 0..W-1, fewer where ranks share GPUs), as each rank sees them, and agreed by every rank: the
+  // algorithm choice must be the same everywhere.
+  static bool nvlink_everywhere(runtime::Communicator& c) {
+    int ndev = 0;
+    WEAVE_CUDA_CHECK(cudaGetDeviceCount(&ndev));
+    const int W = std::min(c.world(), ndev);
+    std::vector<PeerLink> links(static_cast<size_t>(W) * W);
+    for (int i = 0; i < W; ++i)
+      for (int j = 0; j < W; ++j) {
+        if (i == j) continue;
+        int access = 0, atomics = 0;
+        WEAVE_CUDA_CHECK(cudaDeviceGetP2PAttribute(&access, cudaDevP2PAttrAccessSupported, i, j));
+        WEAVE_CUDA_CHECK(cudaDeviceGetP2PAttribute(&atomics, cudaDevP2PAttrNativeAtomicSupported, i, j));
+        links[i * W + j] = {access != 0, atomics != 0};
+      }
+    const int mine = ll128_links_ok(links.data(), W) ? 1 : 0;
+    std::vector<int> all(c.world());
+    c.bootstrap().all_gather(&mine, all.data(), sizeof mine);
+    return std::all_of(all.begin(), all.end(), [](int x) { return x != 0; });
+  }
+  AlgoEnv algo_env() const { return {comm.world(), ll128_links, ll128_fits(), push_fits()}; }
 
   // Every call: the arguments compared across ranks (a few host cache-line transfers,
   // Communicator::check_same), with whether this rank found a `problem` in its own (shape,
@@ -241,6 +253,8 @@ struct Collectives::Impl {
                  const long long seq_part = B * shard(S, W, r).size * H * D * elt,
                                  head_part = B * S * (H / W) * D * elt;
                  in_bytes = to_head ? seq_part : head_part, out_bytes = to_head ? head_part : seq_part;
+                 WEAVE_CHECK(!bytes_overlap(addr(in), in_bytes, addr(out), out_bytes), "all_to_all: input ", in,
+                             " and output ", out, " overlap (the layouts differ: it cannot run in place)");
                  comm.peers(in, std::max<long long>(in_bytes, 1));
                  comm.peers(out, std::max<long long>(out_bytes, 1));
                }));
@@ -268,6 +282,12 @@ struct Collectives::Impl {
       if (n == 0) return;
       mine = n / full.d[dim] * shard(full.d[dim], comm.world(), comm.rank()).size;
       const long long full_bytes = n * elt, shard_bytes = std::max<long long>(mine * elt, 1);
+      WEAVE_CHECK(shard_overlap(gather, addr(in), addr(out), full, dim, elt, comm.world(), comm.rank()) !=
+                      Overlap::bad,
+                  gather ? "all_gather" : "reduce_scatter", ": input ", in, " (", gather ? mine * elt : full_bytes,
+                  " bytes) and output ", out, " (", gather ? full_bytes : mine * elt,
+                  " bytes) overlap; the only overlap allowed is in place, with the shard being this rank's slice of "
+                  "the full tensor, which must then be contiguous (dim 0, or every dimension before dim of size 1)");
       comm.peers(in, gather ? shard_bytes : full_bytes);
       comm.peers(out, gather ? full_bytes : shard_bytes);
     });
@@ -449,49 +469,18 @@ struct Collectives::Impl {
 };
 
 Collectives::Collectives(runtime::Communicator& comm) : impl_(std::make_unique<Impl>(comm)) {}
-Collectives::~Collectives() = default;
+// The members return the object's counters and scratch to the heap, where the next allocation
+// zeroes them; a call still running on this device or on a peer would then add into the new
+// owner's memory. So every rank first waits until no rank has device work left (collective).
+Collectives::~Collectives() {
+  if (impl_) impl_->comm.quiesce();
+}
 
 void Collectives::set_all_reduce_algo(AllReduceAlgo a) { impl_->algo = a; }
 
 AllReduceAlgo Collectives::all_reduce_algo(size_t bytes, bool in_place, bool aligned4) const {
-  AllReduceAlgo a = impl_->algo;
-  const bool ll_ok = bytes <= kLLMaxBytes && aligned4;
-  // Push only where it was measured (2 ranks), and only if its scratch exists or fits in the heap:
-  // automatic must not turn a call two-shot can make into an allocation failure. The heap's
-  // state is the same on every rank (allocations are collective), so every rank decides alike.
-  const bool push_ok = impl_->comm.world() == 2 && bytes >= kPushAutoMinBytes && impl_->push_fits();
-  const bool ll128_ok = bytes <= ll128_max_bytes(impl_->comm.world()) && aligned4 && impl_->ll128_fits();
-  if (a == AllReduceAlgo::automatic)
-    a = ll_ok && bytes <= kLLAutoMaxBytes          ? AllReduceAlgo::ll
-        : ll128_ok && bytes <= kLL128AutoMaxBytes ? AllReduceAlgo::ll128
-        : bytes <= kOneShotMaxBytes               ? AllReduceAlgo::one_shot
-        : push_ok                                 ? AllReduceAlgo::push
-                                                  : AllReduceAlgo::two_shot;
-  if (a == AllReduceAlgo::ll && !ll_ok) a = AllReduceAlgo::two_shot;
-  if (a == AllReduceAlgo::ll128 && !ll128_ok) a = AllReduceAlgo::two_shot;
-  if (a == AllReduceAlgo::one_shot && in_place) a = AllReduceAlgo::two_shot;  // would overwrite what peers read
-  return a;
+  return choose_all_reduce(impl_->algo, impl_->algo_env(), bytes, in_place, aligned4);
 }
-
-namespace {
-// LL or LL128 for a shard collective: an allowed shape, every rank's shard (all_gather) or slab
-// (reduce_scatter) within the scratch slot, and within the automatic limit unless forced.
-ShardAlgo shard_algo(ShardAlgo a, size_t auto_max, size_t ll128_auto_max, const Shape& full, int dim, DType t,
-                     int world, bool aligned, bool ll128_fits) {
-  const int elt = static_cast<int>(dtype_size(t));
-  const size_t largest = full.numel() / std::max<long long>(full.d[dim], 1) * shard(full.d[dim], world, 0).size * elt;
-  const bool shape_ok = aligned && ll_shape_ok(full, dim, elt, world);
-  const bool ll_ok = shape_ok && largest <= Collectives::kLLMaxBytes;
-  const bool ll128_ok = shape_ok && ll128_fits && largest <= Collectives::ll128_max_bytes(world);
-  if (a == ShardAlgo::automatic)
-    a = ll_ok && largest <= auto_max                ? ShardAlgo::ll
-        : ll128_ok && largest <= ll128_auto_max ? ShardAlgo::ll128
-                                                    : ShardAlgo::direct;
-  if (a == ShardAlgo::ll && !ll_ok) a = ShardAlgo::direct;
-  if (a == ShardAlgo::ll128 && !ll128_ok) a = ShardAlgo::direct;
-  return a;
-}
-}  // namespace
 
 void Collectives::all_reduce(const void* in, void* out, size_t count, DType t, ReduceOp op, cudaStream_t s) {
   Impl& m = *impl_;
@@ -504,6 +493,9 @@ void Collectives::all_reduce(const void* in, void* out, size_t count, DType t, R
                  attention::check_not_capturing("all_reduce", s);
                  check_aligned("all_reduce", in, out, t);
                  if (count == 0) return;
+                 WEAVE_CHECK(all_reduce_overlap(addr(in), addr(out), bytes) != Overlap::bad,
+                             "all_reduce: input ", in, " and output ", out, " (", bytes,
+                             " bytes each) overlap without being the same buffer; in place means in == out");
                  m.comm.peers(in, bytes);
                  m.comm.peers(out, bytes);
                }));
@@ -569,14 +561,10 @@ void Collectives::reduce_scatter(const void* in, void* out, const Shape& full, i
 void Collectives::set_all_gather_algo(ShardAlgo a) { impl_->ag_algo = a; }
 void Collectives::set_reduce_scatter_algo(ShardAlgo a) { impl_->rs_algo = a; }
 ShardAlgo Collectives::all_gather_algo(const Shape& full, int dim, DType t, bool aligned) const {
-  return shard_algo(impl_->ag_algo, kLLGatherAutoMaxBytes, kLL128GatherAutoMaxBytes, full, dim, t, impl_->comm.world(),
-                    aligned,
-                    impl_->ll128_fits());
+  return choose_shard(impl_->ag_algo, true, impl_->algo_env(), full, dim, static_cast<int>(dtype_size(t)), aligned);
 }
 ShardAlgo Collectives::reduce_scatter_algo(const Shape& full, int dim, DType t, bool aligned) const {
-  return shard_algo(impl_->rs_algo, kLLScatterAutoMaxBytes, kLL128AutoMaxBytes, full, dim, t, impl_->comm.world(),
-                    aligned,
-                    impl_->ll128_fits());
+  return choose_shard(impl_->rs_algo, false, impl_->algo_env(), full, dim, static_cast<int>(dtype_size(t)), aligned);
 }
 
 void Collectives::all_to_all_seq_to_head(const void* in, void* out, long long B, long long S, long long H, long long D,

@@ -3,8 +3,12 @@
 // is 128 bytes, written by 8 lanes of a warp in one 16-byte-per-lane store and read back the same
 // way, with one 4-byte flag (plan.hpp, ll128_slot_word): 31 of 32 words are data. It relies on
 // what NCCL's LL128 protocol relies on over NVLink: an aligned 128-byte line written by one warp
-// store is seen whole by one warp load of the line, so a reader that sees this call's flag in the
-// line sees the line's data too. No fence, no signal phase; 3 % more bytes than the data.
+// store instruction lands in the peer's memory as one write, so once the reader has seen this
+// call's flag in the line, a load of the line issued afterwards sees the line's data too
+// (detail::receive; the load that saw the flag is not trusted for the data). Hence the stores
+// leave with the warp converged (__syncwarp before each), and the plan takes LL128 only where
+// every pair of GPUs is NVLink-connected (plan.hpp, ll128_links_ok). No fence, no signal phase;
+// 3 % more bytes than the data.
 //
 // Scratch: its own region, slot [parity][source], reused under LL's argument (ll.cuh): the
 // parity and the flag come from the one counter of all LL-family calls, and every LL128 call
@@ -19,6 +23,7 @@
 #include <cstdint>
 
 #include "collectives/ll.cuh"
+#include "collectives/ll128_line.cuh"
 #include "collectives/plan.hpp"
 #include "weave/reduce.cuh"
 #include "weave/pdl.cuh"
@@ -26,25 +31,7 @@
 
 namespace weave::coll {
 
-inline constexpr int kLL128Threads = 512;
-// 16-byte pieces of a line: a line is 8 of them.
-inline constexpr int kLL128Pieces = 8;
-
 namespace detail {
-
-__device__ __forceinline__ void st_piece(uint4* p, const uint4& v) {
-  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-               : "memory");
-}
-__device__ __forceinline__ uint4 ld_piece(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p)
-               : "memory");
-  return v;
-}
-__device__ __forceinline__ uint32_t& at(uint4& v, int k) { return (&v.x)[k]; }
 
 // Byte offsets of a region's words for increasing word indices: one division for a lane's first
 // word of a line, then carries. WordRegion::byte divides per word, and a lane touches 4-8 words of
@@ -71,69 +58,6 @@ struct WordWalker {
     *reinterpret_cast<uint32_t*>(base + byte(to)) = w;
   }
 };
-
-struct LL128Lane {
-  long long warp, warps;  // this warp in the grid, warps in the grid
-  int group, j;           // 8-lane group in the warp (0..3), lane in the group (0..7)
-  __device__ LL128Lane() {
-    const long long t = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
-    warp = t >> 5;
-    warps = (static_cast<long long>(gridDim.x) * blockDim.x) >> 5;
-    group = (threadIdx.x & 31) >> 3;
-    j = threadIdx.x & 7;
-  }
-  __device__ long long line(long long step) const { return (step * warps + warp) * 4 + group; }
-  // Steps this warp takes to cover `lines` lines (warp-uniform).
-  __device__ long long steps(long long lines) const {
-    const long long quads = (lines + 3) / 4;
-    return quads > warp ? (quads - warp + warps - 1) / warps : 0;
-  }
-};
-
-// This lane's piece of line L: data words from word(i) (i < n), the flag in lane 7's last word.
-template <class Word>
-__device__ __forceinline__ uint4 pack(const LL128Lane& l, long long L, long long n, unsigned flag, Word&& word) {
-  uint4 v;
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const int w = ll128_slot_word(l.j, k);
-    const long long i = L * kLL128Words + w;
-    at(v, k) = w >= 0 && i < n ? word(i) : 0u;
-  }
-  if (l.j == 7) v.w = flag;
-  return v;
-}
-template <class Store>
-__device__ __forceinline__ void unpack(const LL128Lane& l, long long L, long long n, const uint4& v, Store&& store) {
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const int w = ll128_slot_word(l.j, k);
-    const long long i = L * kLL128Words + w;
-    if (w >= 0 && i < n) store(i, (&v.x)[k]);
-  }
-}
-
-// The piece of line `L` of rank `from`'s slot `slot` (lines it wrote for this rank), once the
-// line carries this call's flag; warp-collective (every lane calls it; `active` false for a group
-// without a line this step). Times out like every weave wait, naming the rank.
-__device__ __forceinline__ uint4 receive(const signals& sig, const LL128Lane& l, const uint4* slot, long long L,
-                                         bool active, int from, unsigned flag) {
-  const uint4* p = slot + L * kLL128Pieces + l.j;
-  const int flag_lane = (threadIdx.x & 31) | 7;
-  uint4 v = make_uint4(0, 0, 0, 0);
-  bool ok = !active;
-  unsigned seen = flag;
-  weave::detail::poll(
-      sig, from, flag,
-      [&] {
-        if (!ok) v = ld_piece(p);
-        const unsigned f = __shfl_sync(0xffffffffu, v.w, flag_lane);
-        if (!ok) ok = f == flag, seen = f;
-        return __all_sync(0xffffffffu, ok) != 0;
-      },
-      [&] { return __reduce_min_sync(0xffffffffu, seen); });
-  return v;
-}
 
 template <class T, ReduceOp Op>
 __device__ __forceinline__ void fold(float (&acc)[4][4 / sizeof(T)], const uint4& v, bool first) {
@@ -203,11 +127,13 @@ __global__ void __launch_bounds__(kLL128Threads) ll128_all_reduce_kernel(const _
     const uint4 mine = active ? detail::pack(l, L, n, 0, word) : make_uint4(0, 0, 0, 0);
     if (s < steps) {
       const long long Ls = l.line(s);
-      if (Ls < lines) {
-        const uint4 v = detail::pack(l, Ls, n, a.flag, word);
+      const bool send = Ls < lines;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (send) v = detail::pack(l, Ls, n, a.flag, word);
+      __syncwarp();  // the line's 8 pieces leave in one store instruction (pack may diverge)
+      if (send)
         for (int k = 1; k < W; ++k)
           detail::st_piece(detail::ll128_slot(a.slot[(me + k) % W]) + Ls * kLL128Pieces + l.j, v);
-      }
     }
     if (!recv) continue;
     const uint4 sum = detail::reduce_line<T, Op>(a.sig, l, a.mine, L, active, a.flag, mine);
@@ -227,16 +153,20 @@ __global__ void __launch_bounds__(kLL128Threads) ll128_all_gather_kernel(const _
   for (long long s = 0; s < steps + lag; ++s) {
     if (s < steps) {
       const long long L = l.line(s);
-      if (L < mine_lines) {
+      const bool send = L < mine_lines;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (send) {
         detail::WordWalker src(p.send[me]), own(p.place[me]);
-        const uint4 v = detail::pack(l, L, n, a.flag, [&](long long i) {
+        v = detail::pack(l, L, n, a.flag, [&](long long i) {
           const uint32_t w = src.load(a.in, i);
           own.store(a.out, i, w);
           return w;
         });
+      }
+      __syncwarp();  // the line's 8 pieces leave in one store instruction (the walkers diverge)
+      if (send)
         for (int k = 1; k < W; ++k)
           detail::st_piece(detail::ll128_slot(a.slot[(me + k) % W]) + L * kLL128Pieces + l.j, v);
-      }
     }
     if (s < lag) continue;
     const long long L = l.line(s - lag);
@@ -277,11 +207,14 @@ __global__ void __launch_bounds__(kLL128Threads) ll128_reduce_scatter_kernel(con
       const long long Ls = l.line(s);
       for (int k = 1; k < W; ++k) {
         const int q = (me + k) % W;
-        if (Ls >= p.lines_to[q]) continue;
-        detail::WordWalker src(p.send[q]);
-        const uint4 v =
-            detail::pack(l, Ls, p.send[q].words(), a.flag, [&](long long i) { return src.load(a.in, i); });
-        detail::st_piece(detail::ll128_slot(a.slot[q]) + Ls * kLL128Pieces + l.j, v);
+        const bool send = Ls < p.lines_to[q];
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (send) {
+          detail::WordWalker src(p.send[q]);
+          v = detail::pack(l, Ls, p.send[q].words(), a.flag, [&](long long i) { return src.load(a.in, i); });
+        }
+        __syncwarp();  // the line's 8 pieces leave in one store instruction (the walker diverges)
+        if (send) detail::st_piece(detail::ll128_slot(a.slot[q]) + Ls * kLL128Pieces + l.j, v);
       }
     }
     if (!recv) continue;

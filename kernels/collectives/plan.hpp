@@ -2,6 +2,7 @@
 // which ranks' buffers, and how many signals each rank receives per call. Pure functions of
 // (collective, shape, world, rank), called by the host entry and by the CPU schedule tests.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 #include "collectives/collectives.hpp"
@@ -347,6 +348,122 @@ __host__ __device__ inline LLPlan plan_ll_reduce_scatter(const Shape& full, int 
 __host__ __device__ inline unsigned ll_next_flag(unsigned last, bool* restart) {
   *restart = last == 0xFFFFFFFFu;
   return *restart ? 1u : last + 1;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Choosing the algorithm (collectives.cu calls these with what it knows of the machine and the
+// heap; the schedule tests call them for every size and setting).
+
+// LL128 takes a line's data from the load that sees its flag (ll128.cuh), which is sound only where
+// a 128-byte line stored by one warp instruction reaches the peer's memory as one write: on NVLink.
+// Without NVML the link type is not visible, so a pair counts as NVLink-connected when CUDA reports
+// peer access and native peer atomics (cudaDevP2PAttrNativeAtomicSupported): NVLink carries native
+// atomics, PCIe peer-to-peer does not. A machine where some pair fails gets no LL128 at all (every
+// rank must choose alike; collectives.cu combines every rank's view).
+struct PeerLink {
+  bool access = false, native_atomics = false;
+};
+// links[i * world + j]: from device i to device j (the diagonal is not read).
+inline bool ll128_links_ok(const PeerLink* links, int world) {
+  for (int i = 0; i < world; ++i)
+    for (int j = 0; j < world; ++j)
+      if (i != j && !(links[i * world + j].access && links[i * world + j].native_atomics)) return false;
+  return true;
+}
+
+// Per-size limits of the automatic choice (measured; README.md). One-shot pulls (W-1) x bytes per
+// rank, two-shot 2 (W-1)/W x bytes in two directions: below kOneShotMaxBytes the single phase wins.
+inline constexpr size_t kOneShotMaxBytes = size_t(512) << 10;
+// LL doubles the bytes on the link; below these sizes its saved signal phases win (all_reduce; the
+// largest all_gather shard; the largest reduce_scatter output slab).
+inline constexpr size_t kLLAutoMaxBytes = size_t(256) << 10;
+inline constexpr size_t kLLGatherAutoMaxBytes = size_t(512) << 10;
+inline constexpr size_t kLLScatterAutoMaxBytes = size_t(256) << 10;
+// From here on the push all_reduce beats two-shot on 2 ranks (equal at 64 MiB, 3-5 % faster from
+// 128 MiB, 10 % slower at 32 MiB).
+inline constexpr size_t kPushAutoMinBytes = size_t(64) << 20;
+// LL128 (3 % more bytes, no signal phase) up to these sizes; all_gather's direct path (one phase of
+// plain stores each way) is as fast from 2 MiB shards on.
+inline constexpr size_t kLL128AutoMaxBytes = size_t(8) << 20;
+inline constexpr size_t kLL128GatherAutoMaxBytes = size_t(1) << 20;
+
+// What the choice depends on besides the call's arguments; the same on every rank.
+struct AlgoEnv {
+  int world = 2;
+  bool ll128_links = true;  // ll128_links_ok over every pair of ranks
+  bool ll128_fits = true;   // the LL128 scratch exists or fits in the heap
+  bool push_fits = true;    // the push scratch exists or fits in the heap
+};
+
+// all_reduce of `bytes` per rank: the requested algorithm, or the next one down where it cannot run
+// (LL: size or alignment; LL128: size, alignment, heap or links; one-shot: in place).
+inline AllReduceAlgo choose_all_reduce(AllReduceAlgo a, const AlgoEnv& e, size_t bytes, bool in_place,
+                                       bool aligned4) {
+  const bool ll_ok = bytes <= Collectives::kLLMaxBytes && aligned4;
+  // Push only where it was measured (2 ranks), and only if its scratch exists or fits in the heap:
+  // automatic must not turn a call two-shot can make into an allocation failure.
+  const bool push_ok = e.world == 2 && bytes >= kPushAutoMinBytes && e.push_fits;
+  const bool ll128_ok = e.ll128_links && e.ll128_fits && aligned4 && bytes <= Collectives::ll128_max_bytes(e.world);
+  if (a == AllReduceAlgo::automatic)
+    a = ll_ok && bytes <= kLLAutoMaxBytes         ? AllReduceAlgo::ll
+        : ll128_ok && bytes <= kLL128AutoMaxBytes ? AllReduceAlgo::ll128
+        : bytes <= kOneShotMaxBytes               ? AllReduceAlgo::one_shot
+        : push_ok                                 ? AllReduceAlgo::push
+                                                  : AllReduceAlgo::two_shot;
+  if (a == AllReduceAlgo::ll && !ll_ok) a = AllReduceAlgo::two_shot;
+  if (a == AllReduceAlgo::ll128 && !ll128_ok) a = AllReduceAlgo::two_shot;
+  if (a == AllReduceAlgo::one_shot && in_place) a = AllReduceAlgo::two_shot;  // would overwrite what peers read
+  return a;
+}
+
+// all_gather (gather) / reduce_scatter: LL or LL128 where the shape allows it (ll_shape_ok) and every
+// rank's shard (all_gather) or slab (reduce_scatter) fits the scratch slot, within the automatic
+// limit unless forced; direct otherwise.
+inline ShardAlgo choose_shard(ShardAlgo a, bool gather, const AlgoEnv& e, const Shape& full, int dim, int elt,
+                              bool aligned4) {
+  const long long d = full.d[dim] > 0 ? full.d[dim] : 1;
+  const size_t largest = static_cast<size_t>(full.numel() / d * shard(full.d[dim], e.world, 0).size * elt);
+  const bool shape_ok = aligned4 && ll_shape_ok(full, dim, elt, e.world);
+  const bool ll_ok = shape_ok && largest <= Collectives::kLLMaxBytes;
+  const bool ll128_ok = shape_ok && e.ll128_links && e.ll128_fits && largest <= Collectives::ll128_max_bytes(e.world);
+  const size_t ll_auto = gather ? kLLGatherAutoMaxBytes : kLLScatterAutoMaxBytes;
+  const size_t ll128_auto = gather ? kLL128GatherAutoMaxBytes : kLL128AutoMaxBytes;
+  if (a == ShardAlgo::automatic)
+    a = ll_ok && largest <= ll_auto         ? ShardAlgo::ll
+        : ll128_ok && largest <= ll128_auto ? ShardAlgo::ll128
+                                            : ShardAlgo::direct;
+  if (a == ShardAlgo::ll && !ll_ok) a = ShardAlgo::direct;
+  if (a == ShardAlgo::ll128 && !ll128_ok) a = ShardAlgo::direct;
+  return a;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Buffers that share bytes. Every path reads a peer's input or writes a peer's output while that
+// peer may be anywhere in its own call, so overlapping buffers are a race unless the overlap is
+// one the algorithms are written for: all_reduce exactly in place, and NCCL's in place for
+// all_gather / reduce_scatter (the shard is this rank's slice of the full tensor, which needs the
+// slice to be contiguous: every dimension before `dim` of size 1).
+inline bool bytes_overlap(uintptr_t a, size_t na, uintptr_t b, size_t nb) {
+  return na && nb && a < b + nb && b < a + na;
+}
+enum class Overlap : int { apart, in_place, bad };
+inline Overlap all_reduce_overlap(uintptr_t in, uintptr_t out, size_t bytes) {
+  if (in == out) return Overlap::in_place;
+  return bytes_overlap(in, bytes, out, bytes) ? Overlap::bad : Overlap::apart;
+}
+// gather: `in` is this rank's shard, `out` the full tensor; reduce_scatter the other way round.
+inline Overlap shard_overlap(bool gather, uintptr_t in, uintptr_t out, const Shape& full, int dim, int elt,
+                             int world, int r) {
+  const long long n = full.numel();
+  if (n == 0) return Overlap::apart;
+  const detail::Split3 v = detail::split3(full, dim);
+  const Range sh = shard(v.mid, world, r);
+  const size_t full_bytes = static_cast<size_t>(n) * elt;
+  const size_t shard_bytes = static_cast<size_t>(v.outer * sh.size * v.inner) * elt;
+  const uintptr_t whole = gather ? out : in, part = gather ? in : out;
+  if (!bytes_overlap(whole, full_bytes, part, shard_bytes)) return Overlap::apart;
+  const uintptr_t slice = whole + static_cast<uintptr_t>(sh.begin * v.inner * elt);
+  return v.outer == 1 && part == slice ? Overlap::in_place : Overlap::bad;
 }
 
 // Per call, every rank's block 0 signals "arrived" to every rank and every block of every rank

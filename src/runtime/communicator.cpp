@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <thread>
@@ -168,17 +169,23 @@ Communicator::Communicator(const LaunchInfo& info, CommOptions opt) : impl_(std:
   }
   int ndev = 0;
   if (cudaGetDeviceCount(&ndev) != cudaSuccess) ndev = 0;
-  WEAVE_CHECK(info.local_world <= ndev, "world of ", info.local_world, " ranks on this node is larger than the ", ndev,
-              " visible GPU(s)");
-  m.device = info.local_rank;
+  // WEAVE_SHARE_GPUS=1 (weave-run --share-gpus) lets several ranks take turns on one GPU: for
+  // correctness runs on machines with fewer GPUs than ranks, never for timing (kernels of
+  // different processes time-slice, so every cross-rank wait costs a context switch).
+  const char* share = std::getenv("WEAVE_SHARE_GPUS");
+  const bool shared = share && std::strcmp(share, "1") == 0;
+  WEAVE_CHECK(ndev > 0 && (shared || info.local_world <= ndev), "world of ", info.local_world,
+              " ranks on this node is larger than the ", ndev, " visible GPU(s)");
+  m.device = shared ? info.local_rank % ndev : info.local_rank;
   WEAVE_CUDA_CHECK(cudaSetDevice(m.device));
   WEAVE_CUDA_CHECK(cudaGetDeviceProperties(&m.props, m.device));
   WEAVE_CHECK(m.props.major >= 9, "GPU ", m.device, " (", m.props.name, ") has compute capability ", m.props.major,
               ".", m.props.minor, "; weave needs Hopper (9.0)");
 
   // Preflight: every pair of this node's GPUs must reach each other.
-  for (int i = 0; i < info.local_world; ++i)
-    for (int j = 0; j < info.local_world; ++j) {
+  const int node_gpus = std::min(info.local_world, ndev);
+  for (int i = 0; i < node_gpus; ++i)
+    for (int j = 0; j < node_gpus; ++j) {
       if (i == j) continue;
       int ok = 0;
       WEAVE_CUDA_CHECK(cudaDeviceCanAccessPeer(&ok, i, j));
@@ -457,10 +464,29 @@ void Communicator::sync(cudaStream_t stream) {
 
 void Communicator::barrier() { impl_->boot->barrier(); }
 
+bool Communicator::quiesce() noexcept {
+  Impl& m = *impl_;
+  if (m.broken || !m.boot) return false;
+  // cudaDeviceSynchronize covers every stream of this device, the non-blocking ones included
+  // (a legacy-stream memset does not wait for those). After the barrier every rank has done the
+  // same, so no peer's kernel can still write into this rank's heap either: a kernel's stores,
+  // peer stores and reductions included, are performed by the time it is complete.
+  const bool idle = cudaDeviceSynchronize() == cudaSuccess;
+  try {
+    m.boot->barrier();
+  } catch (...) {
+    return false;
+  }
+  return idle;
+}
+
 SignalSet::SignalSet(Communicator& c, const std::string& name, int count) : c_(&c) {
   WEAVE_CHECK(count > 0, "signal set '", name, "' needs at least one counter");
   void* p = c.alloc(sizeof(unsigned long long) * count, 256);
   try {
+    // The memory may come from a tensor freed without a quiesce (SymmetricTensor does not wait):
+    // zero it only once no rank has work left that could still write there.
+    c.quiesce();
     WEAVE_CUDA_CHECK(cudaMemset(p, 0, sizeof(unsigned long long) * count));
     WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
     c.barrier();  // nobody signals into counters a peer has not zeroed yet
@@ -481,7 +507,12 @@ SignalSet::SignalSet(Communicator& c, const std::string& name, int count) : c_(&
 SignalSet::SignalSet(SignalSet&& o) noexcept : c_(o.c_), view_(o.view_), round_(o.round_) { o.c_ = nullptr; }
 
 SignalSet::~SignalSet() {
-  if (c_) c_->free(view_.ptr[view_.rank]);
+  if (!c_) return;
+  c_->quiesce();
+  try {
+    c_->free(view_.ptr[view_.rank]);
+  } catch (...) {
+  }
 }
 
 }  // namespace weave::runtime

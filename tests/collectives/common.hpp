@@ -3,12 +3,15 @@
 // guards; checks; and the "rejected before any launch" helper.
 #pragma once
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "../../bench/nccl_ref.cuh"
+#include "check/seed.hpp"
 #include "../primitives/common.hpp"
 #include "collectives/collectives.hpp"
 
@@ -38,13 +41,25 @@ inline runtime::Communicator& comm() {
 
 struct Ctx {
   coll::Collectives coll;
-  ref::NcclCollectives nccl;
   ref::Checker check;
   cudaStream_t s = nullptr;
-  explicit Ctx(runtime::Communicator& c) : coll(c), nccl(c) {
+  explicit Ctx(runtime::Communicator& c) : coll(c), comm_(c) {
     WEAVE_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   }
-  ~Ctx() { cudaStreamDestroy(s); }
+  ~Ctx() {
+    nccl_.reset();
+    cudaStreamDestroy(s);
+  }
+  // Created on first use (collectively: every rank reaches the same first use), so tests that do
+  // not compare with NCCL also run with ranks sharing a GPU, which NCCL refuses.
+  ref::NcclCollectives& nccl() {
+    if (!nccl_) nccl_ = std::make_unique<ref::NcclCollectives>(comm_);
+    return *nccl_;
+  }
+
+ private:
+  runtime::Communicator& comm_;
+  std::unique_ptr<ref::NcclCollectives> nccl_;
 };
 inline std::unique_ptr<Ctx>& ctx_slot() {
   static std::unique_ptr<Ctx> c;
@@ -72,6 +87,49 @@ inline void settle() {
 inline uint64_t case_seed() {
   static uint64_t base = wt::job_seed(), n = 0;
   return ref::mix64(base + ++n);
+}
+
+// The stress tests' seed: rank 0's WEAVE_TEST_SEED (check::test_seed: the environment's, else
+// drawn and printed by each rank) on every rank; rank 0 says which one runs, to replay with.
+inline uint64_t stress_seed() {
+  static const uint64_t seed = [] {
+    const uint64_t mine = weave::check::test_seed();
+    std::vector<uint64_t> all(comm().world());
+    comm().bootstrap().all_gather(&mine, all.data(), sizeof mine);
+    if (comm().rank() == 0)
+      std::printf("stress tests use rank 0's seed: WEAVE_TEST_SEED=%llu replays them\n", (unsigned long long)all[0]);
+    return all[0];
+  }();
+  return seed;
+}
+// WEAVE_STRESS_SCALE=k: the stress tests run k times as many rounds and calls (default 1, bounded).
+inline int stress_scale() {
+  const char* e = std::getenv("WEAVE_STRESS_SCALE");
+  const int k = e && *e ? std::atoi(e) : 1;
+  return k > 0 ? k : 1;
+}
+// Whether some ranks share a GPU (weave-run --share-gpus on a machine with fewer GPUs than ranks):
+// their kernels then take turns instead of running side by side, so stress loops that wait on a
+// peer's progress step by step run in small versions only.
+inline bool gpus_shared() {
+  static const bool shared = [] {
+    const cudaDeviceProp& p = comm().props();
+    const long long mine = (static_cast<long long>(p.pciDomainID) << 32) | (p.pciBusID << 8) | p.pciDeviceID;
+    std::vector<long long> all(comm().world());
+    comm().bootstrap().all_gather(&mine, all.data(), sizeof mine);
+    std::sort(all.begin(), all.end());
+    return std::adjacent_find(all.begin(), all.end()) != all.end();
+  }();
+  return shared;
+}
+
+// Holds a stream for `ns` (a rank arriving late at the next call).
+__global__ void spin_ns(unsigned long long ns) {
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < ns);
 }
 
 // A buffer of `elems` elements plus the guard, poisoned (0xff bytes: NaN in every dtype). In the

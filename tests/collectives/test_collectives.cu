@@ -84,7 +84,7 @@ void all_reduce_case(long long count, DType t, ReduceOp op, bool in_place) {
   void* o = in_place ? in.p : out.p;
   ref::fill(in.p, count, t, seed, me, Values::uniform, x.s);
   settle();
-  x.nccl.all_reduce(in.p, want.p, count, t, op, x.s);
+  x.nccl().all_reduce(in.p, want.p, count, t, op, x.s);
   x.coll.all_reduce(in.p, o, count, t, op, x.s);
   settle();
   const OutMap m = ref::map_all_reduce(count, W, me);
@@ -151,7 +151,7 @@ TEST(Collectives, AutomaticPushNeedsRoomInTheHeap) {
     ref::fill(in.p, count, t, seed, me, Values::uniform, x.s);
     WEAVE_CUDA_CHECK(cudaMemsetAsync(out.p, 0xff, out.bytes, x.s));
     settle();
-    x.nccl.all_reduce(in.p, want.p, count, t, ReduceOp::sum, x.s);
+    x.nccl().all_reduce(in.p, want.p, count, t, ReduceOp::sum, x.s);
     fresh.all_reduce(in.p, out.p, count, t, ReduceOp::sum, x.s);
     settle();
     auto r = verify(out.p, want.p, ref::map_all_reduce(count, W, me), t, seed);
@@ -188,7 +188,7 @@ void all_gather_case(const Shape& full, int dim, DType t, bool in_place) {
   char* i = in_place ? out.p + sp.outer * coll::shard(sp.n, W, me).begin * sp.inner * e : in.p;
   ref::fill(i, mine, t, seed, me, Values::uniform, x.s);
   settle();
-  x.nccl.all_gather(i, want.p, full, dim, t, x.s);
+  x.nccl().all_gather(i, want.p, full, dim, t, x.s);
   x.coll.all_gather(i, out.p, full, dim, t, x.s);
   settle();
   const OutMap m = ref::map_all_gather(full, dim, W, me);
@@ -225,7 +225,7 @@ void reduce_scatter_case(const Shape& full, int dim, DType t, ReduceOp op, bool 
   char* o = in_place ? in.p + sp.outer * coll::shard(sp.n, W, me).begin * sp.inner * e : out.p;
   ref::fill(in.p, n, t, seed, me, Values::uniform, x.s);
   settle();
-  x.nccl.reduce_scatter(in.p, want.p, full, dim, t, op, x.s);
+  x.nccl().reduce_scatter(in.p, want.p, full, dim, t, op, x.s);
   x.coll.reduce_scatter(in.p, o, full, dim, t, op, x.s);
   settle();
   const OutMap m = ref::map_reduce_scatter(full, dim, W, me);
@@ -268,10 +268,10 @@ void ulysses_case(const UlyssesCase& u, bool to_head, DType t) {
   ref::fill(in.p, in_n, t, seed, me, Values::uniform, x.s);
   settle();
   if (to_head) {
-    x.nccl.all_to_all_seq_to_head(in.p, want.p, u.B, u.S, u.H, u.D, t, x.s);
+    x.nccl().all_to_all_seq_to_head(in.p, want.p, u.B, u.S, u.H, u.D, t, x.s);
     x.coll.all_to_all_seq_to_head(in.p, out.p, u.B, u.S, u.H, u.D, t, x.s);
   } else {
-    x.nccl.all_to_all_head_to_seq(in.p, want.p, u.B, u.S, u.H, u.D, t, x.s);
+    x.nccl().all_to_all_head_to_seq(in.p, want.p, u.B, u.S, u.H, u.D, t, x.s);
     x.coll.all_to_all_head_to_seq(in.p, out.p, u.B, u.S, u.H, u.D, t, x.s);
   }
   settle();
@@ -498,7 +498,7 @@ TEST(Collectives, RegisteredBuffers) {
   uint64_t seed = case_seed();
   ref::fill(shard_in.p, mine, t, seed, me, Values::uniform, x.s);
   settle();
-  x.nccl.all_gather(shard_in.p, want.p, full, 1, t, x.s);
+  x.nccl().all_gather(shard_in.p, want.p, full, 1, t, x.s);
   x.coll.all_gather(shard_in.p, full_buf.p, full, 1, t, x.s);
   settle();
   auto r = verify(full_buf.p, want.p, ref::map_all_gather(full, 1, W, me), t, seed);
@@ -507,13 +507,13 @@ TEST(Collectives, RegisteredBuffers) {
   seed = case_seed();
   ref::fill(full_buf.p, n, t, seed, me, Values::uniform, x.s);
   settle();
-  x.nccl.reduce_scatter(full_buf.p, want.p, full, 1, t, ReduceOp::sum, x.s);
+  x.nccl().reduce_scatter(full_buf.p, want.p, full, 1, t, ReduceOp::sum, x.s);
   x.coll.reduce_scatter(full_buf.p, shard_out.p, full, 1, t, ReduceOp::sum, x.s);
   settle();
   r = verify(shard_out.p, want.p, ref::map_reduce_scatter(full, 1, W, me), t, seed);
   EXPECT_TRUE(r.ok()) << "reduce_scatter on registered buffers differs from NCCL: " << r.str();
 
-  x.nccl.all_reduce(full_buf.p, want.p, n, t, ReduceOp::sum, x.s);
+  x.nccl().all_reduce(full_buf.p, want.p, n, t, ReduceOp::sum, x.s);
   x.coll.all_reduce(full_buf.p, full_buf.p, n, t, ReduceOp::sum, x.s);
   settle();
   r = verify(full_buf.p, want.p, ref::map_all_reduce(n, W, me), t, seed);
@@ -604,6 +604,38 @@ TEST(Collectives, RejectsArgumentsThatDifferAcrossRanks) {
                   [&] { c.all_to_all_head_to_seq(sa.p, sb.p, u.B, u.S, u.H, u.D, odd ? DType::fp16 : DType::bf16, s); },
                   {&sb});
   still_works("arguments that differ across ranks");
+}
+
+// Buffers that share bytes other than in place (all_reduce: in == out; all_gather /
+// reduce_scatter: the shard is this rank's slice of the full tensor, contiguous there) would race
+// (peers read and write them during the call): every rank refuses the call before any launch.
+TEST(Collectives, RejectsOverlappingBuffers) {
+  const int W = comm().world(), me = comm().rank();
+  const DType t = DType::bf16;
+  const long long e = 2, rows = 64, cols = 1000;
+  const Shape full = shape({rows, cols});
+  Buf a(2 * full.numel() + 4096, t);
+  settle();
+  auto& c = ctx().coll;
+  cudaStream_t s = ctx().s;
+  const char* needle = "overlap";
+  char* col_slice = a.p + coll::shard(cols, W, me).begin * e;         // this rank's columns in row 0
+  char* row_slice = a.p + coll::shard(rows, W, me).begin * cols * e;  // this rank's rows
+  expect_rejected("all_gather dim 1, the input at this rank's columns of the output", needle,
+                  [&] { c.all_gather(col_slice, a.p, full, 1, t, s); }, {&a});
+  expect_rejected("reduce_scatter dim 1, the output at this rank's columns of the input", needle,
+                  [&] { c.reduce_scatter(a.p, col_slice, full, 1, t, ReduceOp::sum, s); }, {&a});
+  expect_rejected("all_gather dim 0, the input one element past this rank's rows", needle,
+                  [&] { c.all_gather(row_slice + e, a.p, full, 0, t, s); }, {&a});
+  expect_rejected("reduce_scatter dim 0, the output one element before this rank's rows", needle,
+                  [&] { c.reduce_scatter(a.p + full.numel() * e, a.p + full.numel() * e - e, full, 0, t, ReduceOp::sum,
+                                         s); },
+                  {&a});
+  expect_rejected("all_reduce, the output shifted by two elements", needle,
+                  [&] { c.all_reduce(a.p, a.p + 2 * e, 1000, t, ReduceOp::sum, s); }, {&a});
+  expect_rejected("seq_to_head, the output over the input", needle,
+                  [&] { c.all_to_all_seq_to_head(a.p, a.p + 64, 2, 64, 2LL * W, 8, t, s); }, {&a});
+  still_works("overlapping buffers");
 }
 
 TEST(Collectives, RejectsImpossibleShapes) {

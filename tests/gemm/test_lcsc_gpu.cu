@@ -88,6 +88,10 @@ TEST(Lcsc, RolesAndSplit) {
       const int total = 5 * work + 2 * sms;
       WEAVE_CUDA_CHECK(cudaMalloc(&buf, total * sizeof(int)));
       WEAVE_CUDA_CHECK(cudaMemset(buf, 0, total * sizeof(int)));
+      // The recorded values (not the counts) start as -1: a storer or communicator that never
+      // ran cannot leave behind a 0 that happens to be the expected block or count.
+      WEAVE_CUDA_CHECK(cudaMemset(buf + 4 * work, 0xFF, work * sizeof(int)));
+      WEAVE_CUDA_CHECK(cudaMemset(buf + 5 * work + sms, 0xFF, sms * sizeof(int)));
       ToyGlobals g{buf, buf + work, buf + 2 * work, buf + 3 * work, buf + 4 * work, buf + 5 * work,
                    buf + 5 * work + sms, work, iters};
       lcsc::Config c;

@@ -681,3 +681,136 @@ TEST(Schedule, PushPlanCoversEverySlab) {
       }
     }
 }
+
+// LL128 is allowed only where every pair of GPUs has peer access and native peer atomics (what
+// NVLink gives and PCIe peer-to-peer does not); one pair without them rules it out everywhere.
+TEST(Choice, LL128NeedsEveryPairNVLinkConnected) {
+  for (int W = 1; W <= 8; ++W) {
+    std::vector<PeerLink> links(W * W, PeerLink{true, true});
+    EXPECT_TRUE(ll128_links_ok(links.data(), W)) << "W=" << W;
+    for (int i = 0; i < W; ++i) {
+      links[i * W + i] = PeerLink{};  // the diagonal is not a link
+      EXPECT_TRUE(ll128_links_ok(links.data(), W));
+      links[i * W + i] = PeerLink{true, true};
+    }
+    for (int i = 0; i < W; ++i)
+      for (int j = 0; j < W; ++j) {
+        if (i == j) continue;
+        for (PeerLink bad : {PeerLink{true, false}, PeerLink{false, true}, PeerLink{false, false}}) {
+          links[i * W + j] = bad;
+          EXPECT_FALSE(ll128_links_ok(links.data(), W)) << "W=" << W << " pair " << i << "->" << j;
+        }
+        links[i * W + j] = PeerLink{true, true};
+      }
+  }
+}
+
+namespace {
+const AllReduceAlgo kAllReduceAlgos[] = {AllReduceAlgo::automatic, AllReduceAlgo::one_shot, AllReduceAlgo::two_shot,
+                                         AllReduceAlgo::ll,        AllReduceAlgo::push,     AllReduceAlgo::ll128};
+const ShardAlgo kShardAlgos[] = {ShardAlgo::automatic, ShardAlgo::direct, ShardAlgo::ll, ShardAlgo::ll128};
+std::vector<size_t> choice_sizes() {
+  std::vector<size_t> v;
+  for (size_t b = 4; b <= (size_t(1) << 31); b *= 2)
+    for (size_t x : {b - 4, b, b + 4}) v.push_back(x);
+  return v;
+}
+}  // namespace
+
+// Without NVLink between every pair, no setting and no size gives LL128, and every call takes
+// what it would take if the LL128 scratch did not fit: the next path down, the same on every rank.
+TEST(Choice, WithoutNVLinkLL128FallsBackToTheNextPath) {
+  for (int W = 2; W <= 8; ++W)
+    for (bool fits : {false, true}) {
+      AlgoEnv nvlink{W, true, true, fits}, pcie{W, false, true, fits}, full{W, true, false, fits};
+      for (size_t bytes : choice_sizes())
+        for (bool in_place : {false, true})
+          for (bool aligned : {false, true})
+            for (AllReduceAlgo a : kAllReduceAlgos) {
+              const AllReduceAlgo got = choose_all_reduce(a, pcie, bytes, in_place, aligned);
+              EXPECT_NE(got, AllReduceAlgo::ll128) << "W=" << W << " bytes=" << bytes;
+              EXPECT_EQ(got, choose_all_reduce(a, full, bytes, in_place, aligned));
+              if (a == AllReduceAlgo::ll128) EXPECT_EQ(got, AllReduceAlgo::two_shot);
+            }
+      // With NVLink, automatic takes LL128 between LL's limit and its own (the README's table).
+      EXPECT_EQ(choose_all_reduce(AllReduceAlgo::automatic, nvlink, size_t(1) << 20, false, true),
+                AllReduceAlgo::ll128);
+      EXPECT_EQ(choose_all_reduce(AllReduceAlgo::automatic, pcie, size_t(1) << 20, false, true),
+                AllReduceAlgo::two_shot);
+      EXPECT_EQ(choose_all_reduce(AllReduceAlgo::automatic, pcie, size_t(384) << 10, false, true),
+                AllReduceAlgo::one_shot);
+      std::mt19937 rng(11);
+      for (int trial = 0; trial < 400; ++trial) {
+        Shape full_shape = random_shape(rng);
+        full_shape.d[full_shape.ndim - 1] *= 1 + rng() % 20000;  // up to tens of MiB
+        const int dim = rng() % full_shape.ndim, elt = rng() % 2 ? 2 : 4;
+        for (bool gather : {false, true})
+          for (bool aligned : {false, true})
+            for (ShardAlgo a : kShardAlgos) {
+              const ShardAlgo got = choose_shard(a, gather, pcie, full_shape, dim, elt, aligned);
+              EXPECT_NE(got, ShardAlgo::ll128);
+              EXPECT_EQ(got, choose_shard(a, gather, full, full_shape, dim, elt, aligned));
+              if (a == ShardAlgo::ll128) EXPECT_EQ(got, ShardAlgo::direct);
+            }
+      }
+      const Shape s1m = [&] {
+        Shape s;
+        s.ndim = 2, s.d[0] = 256 * W, s.d[1] = 2048;  // 1 MiB shards in bf16
+        return s;
+      }();
+      EXPECT_EQ(choose_shard(ShardAlgo::automatic, true, nvlink, s1m, 0, 2, true), ShardAlgo::ll128);
+      EXPECT_EQ(choose_shard(ShardAlgo::automatic, true, pcie, s1m, 0, 2, true), ShardAlgo::direct);
+    }
+}
+
+// Overlapping buffers: all_reduce exactly in place; all_gather / reduce_scatter in place only as
+// NCCL defines it (the shard is this rank's slice of the full tensor, contiguous there); every
+// other overlap is refused.
+TEST(Choice, OverlappingBuffersOnlyInPlace) {
+  const uintptr_t base = uintptr_t(1) << 40;
+  EXPECT_EQ(all_reduce_overlap(base, base, 100), Overlap::in_place);
+  EXPECT_EQ(all_reduce_overlap(base, base + 100, 100), Overlap::apart);
+  EXPECT_EQ(all_reduce_overlap(base, base + 98, 100), Overlap::bad);
+  EXPECT_EQ(all_reduce_overlap(base + 2, base, 100), Overlap::bad);
+  EXPECT_FALSE(bytes_overlap(base, 0, base, 10));
+  std::mt19937 rng(12);
+  for (int W = 2; W <= 8; ++W)
+    for (int trial = 0; trial < 300; ++trial) {
+      const Shape full = random_shape(rng);
+      const int dim = rng() % full.ndim, elt = rng() % 2 ? 2 : 4;
+      long long outer = 1;
+      for (int i = 0; i < dim; ++i) outer *= full.d[i];
+      long long inner = 1;
+      for (int i = dim + 1; i < full.ndim; ++i) inner *= full.d[i];
+      const long long full_bytes = full.numel() * elt;
+      for (int r = 0; r < W; ++r) {
+        const Range sh = shard(full.d[dim], W, r);
+        const long long shard_bytes = outer * sh.size * inner * elt;
+        const uintptr_t slice = base + static_cast<uintptr_t>(sh.begin * inner * elt);
+        for (bool gather : {false, true}) {
+          auto at = [&](uintptr_t part) {
+            return gather ? shard_overlap(true, part, base, full, dim, elt, W, r)
+                          : shard_overlap(false, base, part, full, dim, elt, W, r);
+          };
+          SCOPED_TRACE("W=" + std::to_string(W) + " r=" + std::to_string(r) + " dim=" + std::to_string(dim) +
+                       " outer=" + std::to_string(outer) + (gather ? " all_gather" : " reduce_scatter"));
+          EXPECT_EQ(at(base + full_bytes), Overlap::apart);
+          EXPECT_EQ(at(base - shard_bytes), Overlap::apart);
+          if (shard_bytes == 0) {
+            EXPECT_EQ(at(slice), Overlap::apart);  // nothing shared
+            continue;
+          }
+          EXPECT_EQ(at(slice), outer == 1 ? Overlap::in_place : Overlap::bad);
+          // Anywhere else that shares a byte is refused.
+          const uintptr_t e = static_cast<uintptr_t>(elt), end = base + static_cast<uintptr_t>(full_bytes);
+          for (uintptr_t part : {slice + e, slice - e, end - e, base - e}) {
+            if (part == slice) continue;
+            const bool shares = bytes_overlap(part, shard_bytes, base, full_bytes);
+            EXPECT_EQ(at(part), shares ? Overlap::bad : Overlap::apart) << "at offset " << (long long)(part - base);
+          }
+          EXPECT_TRUE(bytes_overlap(slice + elt, shard_bytes, base, full_bytes) || (outer == 1 && sh.size * inner == 1))
+              << "the test's offsets must include a refused one";
+        }
+      }
+    }
+}

@@ -1,20 +1,31 @@
-// Ring and Ulysses attention on 2 ranks (weave-run -n 2) against weave's single-GPU attention
-// on the gathered sequence (every rank builds the whole random Q, K, V from the job seed and
-// computes the reference on its own GPU): ragged S, zigzag and contiguous sharding, causal and
-// not, GQA (incl. Hkv < W), D 64 and 128, outputs poisoned (NaN) first, LSE checked for ring;
-// 50 back-to-back launches alternating two input sets (monotonic counters, buffer reuse);
-// shapes that differ across ranks and Hq % W != 0 rejected before any launch.
+// Ring and Ulysses attention on W ranks (weave-run -n W) against the cuBLAS float32 attention
+// reference (check/attention_ref.hpp), which shares no code with weave's kernels: every rank
+// regenerates the whole normal Q, K, V (logit spread ~3, a peaked softmax) from the job seed on
+// its GPU, computes the reference of its own rows over the whole sequence, and checks every
+// element of its O per tile (128 rows x D of one head) against a per-element bound, and ring's
+// LSE per 128 rows (Ulysses returns none). A case passes only when it passes on every rank.
+// Ragged S, zigzag and contiguous sharding, causal and not, GQA (incl. Hkv < W), D 64 and 128,
+// outputs poisoned (NaN) first; 50 back-to-back launches alternating two input sets, the output
+// re-poisoned before each launch and each launch checked on its own (monotonic counters, buffer
+// reuse); shapes that differ across ranks and Hq % W != 0 rejected before any launch.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "../primitives/common.hpp"
-#include "attention/attention.hpp"
+#include "check/attention_ref.hpp"
+#include "check/seed.hpp"
 #include "ring_attention/ring_attention.hpp"
 #include "ulysses/ulysses.hpp"
 
+using weave::check::AttnProblem;
+using weave::check::AttnReport;
+using weave::check::RowRange;
 using weave::sp::bf16;
 
 namespace {
@@ -25,6 +36,8 @@ struct Dev {
   void* p = nullptr;
   explicit Dev(size_t bytes) { WEAVE_CUDA_CHECK(cudaMalloc(&p, bytes ? bytes : 16)); }
   ~Dev() { cudaFree(p); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
   template <class T>
   T* as() const {
     return static_cast<T*>(p);
@@ -40,76 +53,98 @@ struct Sym {
   }
 };
 
-struct Full {  // the whole sequence, as every rank regenerates it
-  int B, S, Hq, Hkv, D;
-  std::vector<bf16> q, k, v;
-};
-Full make_full(int B, int S, int Hq, int Hkv, int D, uint64_t seed) {
-  Full f{B, S, Hq, Hkv, D, {}, {}, {}};
-  f.q = wt::random_matrix<bf16>(seed, 1, size_t(B) * S * Hq * D);
-  f.k = wt::random_matrix<bf16>(seed, 2, size_t(B) * S * Hkv * D);
-  f.v = wt::random_matrix<bf16>(seed, 3, size_t(B) * S * Hkv * D);
-  return f;
+weave::check::AttentionRef& aref() {
+  static weave::check::AttentionRef r;
+  return r;
 }
 
-// Rows [r.begin, r.begin + r.rows) of each listed range, back to back: (B, L, H, D).
-std::vector<bf16> take_rows(const std::vector<bf16>& t, int B, int S, int H, int D,
-                            const std::vector<std::pair<long long, long long>>& ranges) {
+// The whole sequence's Q (B, S, Hq, D), K and V (B, S, Hkv, D) on this rank's GPU, identical on
+// every rank (a function of the seed and the global element only).
+struct Full {
+  int B, S, Hq, Hkv, D;
+  Dev q, k, v;
+  Full(int B_, int S_, int Hq_, int Hkv_, int D_, uint64_t seed)
+      : B(B_),
+        S(S_),
+        Hq(Hq_),
+        Hkv(Hkv_),
+        D(D_),
+        q(size_t(B_) * S_ * Hq_ * D_ * 2),
+        k(size_t(B_) * S_ * Hkv_ * D_ * 2),
+        v(size_t(B_) * S_ * Hkv_ * D_ * 2) {
+    const float sd = float(weave::check::qk_std(D, 0.f));
+    weave::check::fill_normal(q.as<bf16>(), B, S, Hq * D, weave::check::derive(seed, 1), sd);
+    weave::check::fill_normal(k.as<bf16>(), B, S, Hkv * D, weave::check::derive(seed, 2), sd);
+    weave::check::fill_normal(v.as<bf16>(), B, S, Hkv * D, weave::check::derive(seed, 3), 1.f);
+    WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+};
+
+using Ranges = std::vector<std::pair<long long, long long>>;  // (global begin, rows) per local chunk
+
+long long rows_of(const Ranges& r) {
   long long L = 0;
-  for (auto& r : ranges) L += r.second;
-  std::vector<bf16> out(size_t(B) * L * H * D);
+  for (auto& x : r) L += x.second;
+  return L;
+}
+
+// This rank's rows of a (B, S, H, D) device tensor, chunks back to back: (B, L, H, D).
+std::unique_ptr<Dev> take_rows(const Dev& t, int B, int S, int H, int D, const Ranges& ranges) {
+  const long long L = rows_of(ranges);
   const size_t row = size_t(H) * D;
+  auto out = std::make_unique<Dev>(size_t(B) * L * row * 2);
   for (int b = 0; b < B; ++b) {
     long long off = 0;
     for (auto& r : ranges) {
-      std::copy(t.begin() + (size_t(b) * S + r.first) * row, t.begin() + (size_t(b) * S + r.first + r.second) * row,
-                out.begin() + (size_t(b) * L + off) * row);
+      WEAVE_CUDA_CHECK(cudaMemcpy(out->as<bf16>() + (size_t(b) * L + off) * row,
+                                  t.as<bf16>() + (size_t(b) * S + r.first) * row, r.second * row * 2,
+                                  cudaMemcpyDeviceToDevice));
       off += r.second;
     }
   }
   return out;
 }
 
-struct Ref {
-  std::vector<bf16> o;     // (B, S, Hq, D)
-  std::vector<float> lse;  // (B, Hq, S)
-};
-Ref reference(const Full& f, bool causal) {
-  const size_t nq = f.q.size(), nk = f.k.size();
-  Dev q(nq * 2), k(nk * 2), v(nk * 2), o(nq * 2), lse(size_t(f.B) * f.Hq * f.S * 4);
-  wt::to_device(q.as<bf16>(), f.q);
-  wt::to_device(k.as<bf16>(), f.k);
-  wt::to_device(v.as<bf16>(), f.v);
-  weave::attention::Shape s{f.B, f.S, f.Hq, f.Hkv, f.D};
-  weave::attention::Options opt;
-  opt.causal = causal;
-  weave::attention::forward(q.as<bf16>(), k.as<bf16>(), v.as<bf16>(), o.as<bf16>(), lse.as<float>(), s, opt);
-  WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
-  return {wt::to_host(o.as<bf16>(), nq), wt::to_host(lse.as<float>(), size_t(f.B) * f.Hq * f.S)};
+// The reference problem and row ranges of this rank's output: q = the full Q, output rows local.
+AttnProblem problem(const Full& f, const Ranges& ranges, bool causal) {
+  AttnProblem p;
+  p.B = f.B, p.Hq = f.Hq, p.Hkv = f.Hkv, p.D = f.D, p.Skv = f.S, p.Lq = f.S, p.Lo = rows_of(ranges);
+  p.causal = causal;
+  return p;
 }
-
-// Every element of `got` (B, L, H, D) against the reference rows; relative Frobenius and max abs.
-void expect_close(const std::vector<bf16>& got, const std::vector<bf16>& ref, const char* what) {
-  ASSERT_EQ(got.size(), ref.size());
-  double num = 0, den = 0, mx = 0;
-  size_t bad = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double a = wt::to_f(got[i]), b = wt::to_f(ref[i]);
-    if (!std::isfinite(a)) {
-      ++bad;
-      continue;
-    }
-    num += (a - b) * (a - b);
-    den += b * b;
-    mx = std::max(mx, std::fabs(a - b));
+std::vector<RowRange> row_ranges(const Ranges& ranges) {
+  std::vector<RowRange> v;
+  long long off = 0;
+  for (auto& r : ranges) {
+    v.push_back({r.first, off, r.first, r.second});
+    off += r.second;
   }
-  EXPECT_EQ(bad, 0u) << what << ": non-finite outputs (unwritten rows?)";
-  EXPECT_LT(std::sqrt(num / std::max(den, 1e-30)), 1e-2) << what;
-  EXPECT_LT(mx, 2e-2) << what;
+  return v;
 }
 
-std::vector<std::pair<long long, long long>> ring_ranges(long long S, int W, weave::sp::Sharding sh, int r) {
-  std::vector<std::pair<long long, long long>> v;
+// True when `ok` on every rank; otherwise one failure naming the ranks that were wrong, on every
+// rank (each rank's own report was printed by that rank). Collective.
+bool all_ranks(bool ok, const std::string& what) {
+  auto& comm = wt::comm();
+  int mine = ok ? 1 : 0;
+  std::vector<int> all(comm.world());
+  comm.bootstrap().all_gather(&mine, all.data(), sizeof mine);
+  std::string bad;
+  for (int r = 0; r < comm.world(); ++r)
+    if (!all[r]) bad += " " + std::to_string(r);
+  EXPECT_TRUE(bad.empty()) << what << ": wrong on rank(s)" << bad;
+  return bad.empty();
+}
+
+void report(const AttnReport& rep, const std::string& what) {
+  std::printf("[rank %d] %s: O worst %.3f%s%s\n", wt::comm().rank(), what.c_str(), rep.o.worst,
+              rep.has_lse ? (", LSE worst " + std::to_string(rep.lse.worst)).c_str() : "", rep.ok() ? "" : "  WRONG");
+  if (!rep.ok()) std::printf("[rank %d]   %s\n", wt::comm().rank(), rep.str().c_str());
+  std::fflush(stdout);
+}
+
+Ranges ring_ranges(long long S, int W, weave::sp::Sharding sh, int r) {
+  Ranges v;
   for (int i = 0; i < weave::sp::chunks_per_rank(sh); ++i) {
     const auto c = weave::sp::chunk_range(S, W, sh, r, i);
     v.push_back({c.begin, c.rows});
@@ -121,68 +156,57 @@ struct RingCase {
   int B, S, Hq, Hkv, D;
 };
 
-void run_ring(const RingCase& c, bool causal, weave::sp::Sharding sh, int ncomm, uint64_t seed) {
+// Returns whether the case passed on every rank (collective: every rank returns the same).
+bool run_ring(const RingCase& c, bool causal, weave::sp::Sharding sh, int ncomm, uint64_t seed) {
   auto& comm = wt::comm();
   const int W = comm.world(), r = comm.rank();
-  const Full f = make_full(c.B, c.S, c.Hq, c.Hkv, c.D, seed);
-  const Ref ref = reference(f, causal);
+  const Full f(c.B, c.S, c.Hq, c.Hkv, c.D, seed);
   const auto ranges = ring_ranges(c.S, W, sh, r);
-  const long long L = weave::sp::local_rows(c.S, W, sh, r);
-  const auto lq = take_rows(f.q, c.B, c.S, c.Hq, c.D, ranges), lk = take_rows(f.k, c.B, c.S, c.Hkv, c.D, ranges),
-             lv = take_rows(f.v, c.B, c.S, c.Hkv, c.D, ranges);
-  Dev q(lq.size() * 2), k(lk.size() * 2), v(lv.size() * 2), o(lq.size() * 2), lse(size_t(c.B) * c.Hq * L * 4);
-  wt::to_device(q.as<bf16>(), lq);
-  wt::to_device(k.as<bf16>(), lk);
-  wt::to_device(v.as<bf16>(), lv);
-  WEAVE_CUDA_CHECK(cudaMemset(o.p, 0xff, lq.size() * 2));
-  WEAVE_CUDA_CHECK(cudaMemset(lse.p, 0xff, size_t(c.B) * c.Hq * L * 4));
+  const long long L = rows_of(ranges);
+  const auto q = take_rows(f.q, c.B, c.S, c.Hq, c.D, ranges), k = take_rows(f.k, c.B, c.S, c.Hkv, c.D, ranges),
+             v = take_rows(f.v, c.B, c.S, c.Hkv, c.D, ranges);
+  const size_t on = size_t(c.B) * L * c.Hq * c.D, nl = size_t(c.B) * c.Hq * L;
+  Dev o(on * 2), lse(nl * 4);
+  weave::check::poison(o.as<bf16>(), on);
+  weave::check::poison(lse.as<float>(), nl);
   weave::sp::RingAttention ra(comm);
   weave::sp::RingOptions opt;
   opt.causal = causal;
   opt.sharding = sh;
   opt.num_comm_sms = ncomm;
-  const weave::sp::RingLaunchInfo li = ra.forward(q.as<bf16>(), k.as<bf16>(), v.as<bf16>(), o.as<bf16>(),
+  const weave::sp::RingLaunchInfo li = ra.forward(q->as<bf16>(), k->as<bf16>(), v->as<bf16>(), o.as<bf16>(),
                                                   lse.as<float>(), {c.B, c.S, c.Hq, c.Hkv, c.D}, opt);
   wt::settle();
-  const std::string what = "ring S=" + std::to_string(c.S) + " D=" + std::to_string(c.D) + " Hq/Hkv=" +
-                           std::to_string(c.Hq) + "/" + std::to_string(c.Hkv) + " causal=" + std::to_string(causal) +
-                           " zigzag=" + std::to_string(int(sh)) + " ncomm=" + std::to_string(ncomm);
+  const std::string what = "ring S=" + std::to_string(c.S) + " D=" + std::to_string(c.D) +
+                           " Hq/Hkv=" + std::to_string(c.Hq) + "/" + std::to_string(c.Hkv) +
+                           " causal=" + std::to_string(causal) + " zigzag=" + std::to_string(int(sh)) +
+                           " ncomm=" + std::to_string(ncomm);
   bool aligned = true;  // own rows in place exactly where every own chunk starts and ends on a key block (or at S)
   for (auto& rg : ranges)
     aligned = aligned && rg.first % 128 == 0 && ((rg.first + rg.second) % 128 == 0 || rg.first + rg.second == c.S);
   EXPECT_EQ(li.own_in_place, aligned) << what;
-  expect_close(wt::to_host(o.as<bf16>(), lq.size()), take_rows(ref.o, c.B, c.S, c.Hq, c.D, ranges), what.c_str());
-  // LSE (B, Hq, L): local row l of the shard is global row ranges[...]
-  const auto got = wt::to_host(lse.as<float>(), size_t(c.B) * c.Hq * L);
-  double worst = 0;
-  for (int b = 0; b < c.B; ++b)
-    for (int h = 0; h < c.Hq; ++h) {
-      long long l = 0;
-      for (auto& rg : ranges)
-        for (long long i = rg.first; i < rg.first + rg.second; ++i, ++l) {
-          const double a = got[(size_t(b) * c.Hq + h) * L + l], e = ref.lse[(size_t(b) * c.Hq + h) * c.S + i];
-          worst = std::isfinite(a) ? std::max(worst, std::fabs(a - e) / std::max(1.0, std::fabs(e))) : 1e9;
-        }
-    }
-  EXPECT_LT(worst, 1e-3) << what << " LSE";
+  const AttnReport rep = aref().check(problem(f, ranges, causal), f.q.as<bf16>(), f.k.as<bf16>(), f.v.as<bf16>(),
+                                      row_ranges(ranges), o.as<bf16>(), lse.as<float>());
+  report(rep, what);
+  EXPECT_TRUE(rep.has_lse) << what;
+  return all_ranks(rep.ok() && li.own_in_place == aligned, what);
 }
 
 }  // namespace
 
-TEST(SpGpu, RingMatchesSingleGpuAttention) {
+TEST(SpGpu, RingMatchesReference) {
   const uint64_t seed = wt::job_seed();
   const int W = wt::comm().world();
   // Ragged chunks (own rows copied into the gathered buffers), and chunks that start and end on
   // 128-row key blocks under both shardings (own rows read in place from the input).
-  const RingCase cases[] = {{1, 1000, 4, 2, 128}, {2, 3001, 4, 4, 64}, {1, 777, 8, 1, 128}, {1, 300, 2, 2, 64},
-                            {1, 512 * W, 4, 2, 128}, {2, 256 * W, 4, 4, 64}};
+  const RingCase cases[] = {{1, 1000, 4, 2, 128}, {2, 3001, 4, 4, 64},     {1, 777, 8, 1, 128},
+                            {1, 300, 2, 2, 64},   {1, 512 * W, 4, 2, 128}, {2, 256 * W, 4, 4, 64}};
   int i = 0;
   for (const RingCase& c : cases)
     for (bool causal : {false, true})
       for (auto sh : {weave::sp::Sharding::Zigzag, weave::sp::Sharding::Contiguous}) {
-        run_ring(c, causal, sh, (i % 2) ? 5 : 2, seed + i);
+        if (!run_ring(c, causal, sh, (i % 2) ? 5 : 2, weave::check::derive(seed, i))) return;
         ++i;
-        if (HasFailure()) return;
       }
 }
 
@@ -196,50 +220,48 @@ struct UlyCase {
   int B, S, Hq, Hkv, D;
 };
 
-void run_ulysses(const UlyCase& c, bool causal, int ncomm, uint64_t seed) {
+bool run_ulysses(const UlyCase& c, bool causal, int ncomm, uint64_t seed) {
   auto& comm = wt::comm();
   const int W = comm.world(), r = comm.rank();
-  const Full f = make_full(c.B, c.S, c.Hq, c.Hkv, c.D, seed);
-  const Ref ref = reference(f, causal);
+  const Full f(c.B, c.S, c.Hq, c.Hkv, c.D, seed);
   const auto sh = weave::sp::ulysses_shard(c.S, W, r);
-  const std::vector<std::pair<long long, long long>> ranges = {{sh.begin, sh.rows}};
-  const auto lq = take_rows(f.q, c.B, c.S, c.Hq, c.D, ranges), lk = take_rows(f.k, c.B, c.S, c.Hkv, c.D, ranges),
-             lv = take_rows(f.v, c.B, c.S, c.Hkv, c.D, ranges);
+  const Ranges ranges = {{sh.begin, sh.rows}};
+  const auto q = take_rows(f.q, c.B, c.S, c.Hq, c.D, ranges), k = take_rows(f.k, c.B, c.S, c.Hkv, c.D, ranges),
+             v = take_rows(f.v, c.B, c.S, c.Hkv, c.D, ranges);
   // o in the symmetric heap: the same size on every rank (the largest shard).
   const size_t o_elems = size_t(c.B) * (c.S / W + 1) * c.Hq * c.D;
   Sym o(o_elems * 2);
-  Dev q(lq.size() * 2), k(lk.size() * 2), v(lv.size() * 2);
-  wt::to_device(q.as<bf16>(), lq);
-  wt::to_device(k.as<bf16>(), lk);
-  wt::to_device(v.as<bf16>(), lv);
-  WEAVE_CUDA_CHECK(cudaMemset(o.p, 0xff, o_elems * 2));
+  weave::check::poison(o.as<bf16>(), o_elems);
+  WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
   comm.barrier();  // every rank's o poisoned before anyone writes into it
   weave::sp::Ulysses u(comm);
   weave::sp::UlyssesOptions opt;
   opt.causal = causal;
   opt.num_comm_sms = ncomm;
-  u.forward(q.as<bf16>(), k.as<bf16>(), v.as<bf16>(), o.as<bf16>(), {c.B, c.S, c.Hq, c.Hkv, c.D}, opt);
+  u.forward(q->as<bf16>(), k->as<bf16>(), v->as<bf16>(), o.as<bf16>(), {c.B, c.S, c.Hq, c.Hkv, c.D}, opt);
   WEAVE_CUDA_CHECK(cudaStreamSynchronize(nullptr));  // o complete on return of the stream: no barrier first
-  const std::string what = "ulysses S=" + std::to_string(c.S) + " D=" + std::to_string(c.D) + " Hq/Hkv=" +
-                           std::to_string(c.Hq) + "/" + std::to_string(c.Hkv) + " causal=" + std::to_string(causal) +
-                           " ncomm=" + std::to_string(ncomm);
-  expect_close(wt::to_host(o.as<bf16>(), lq.size()), take_rows(ref.o, c.B, c.S, c.Hq, c.D, ranges), what.c_str());
+  const std::string what = "ulysses S=" + std::to_string(c.S) + " D=" + std::to_string(c.D) +
+                           " Hq/Hkv=" + std::to_string(c.Hq) + "/" + std::to_string(c.Hkv) +
+                           " causal=" + std::to_string(causal) + " ncomm=" + std::to_string(ncomm);
+  const AttnReport rep = aref().check(problem(f, ranges, causal), f.q.as<bf16>(), f.k.as<bf16>(), f.v.as<bf16>(),
+                                      row_ranges(ranges), o.as<bf16>(), nullptr);  // Ulysses returns no LSE
+  report(rep, what);
   wt::settle();
+  return all_ranks(rep.ok(), what);
 }
 
 }  // namespace
 
-TEST(SpGpu, UlyssesMatchesSingleGpuAttention) {
+TEST(SpGpu, UlyssesMatchesReference) {
   const uint64_t seed = wt::job_seed();
   const UlyCase cases[] = {{1, 1000, 8, 1, 128}, {2, 3001, 4, 4, 64}, {1, 777, 8, 2, 128}, {2, 300, 2, 2, 64}};
   int i = 0;
   for (const UlyCase& c : cases)
     for (bool causal : {false, true}) {
-      run_ulysses(c, causal, (i % 2) ? 3 : 2, seed + 100 + i);
+      if (!run_ulysses(c, causal, (i % 2) ? 3 : 2, weave::check::derive(seed, 100 + i))) return;
       ++i;
-      if (HasFailure()) return;
     }
-  run_ulysses({1, 1000, 4, 4, 128}, true, -1, seed + 200);  // the tuner's pick
+  run_ulysses({1, 1000, 4, 4, 128}, true, -1, weave::check::derive(seed, 200));  // the tuner's pick
 }
 
 // Long, few heads (GQA), ragged or block-aligned chunks: hundreds of query tiles per head, more
@@ -248,89 +270,112 @@ TEST(SpGpu, UlyssesMatchesSingleGpuAttention) {
 // rows.
 TEST(SpGpu, LongSequenceFewHeadsTilesJoinTheirHeadsFront) {
   const uint64_t seed = wt::job_seed();
-  run_ring({1, 49229, 2, 1, 128}, false, weave::sp::Sharding::Contiguous, 2, seed + 300);
-  if (HasFailure()) return;
-  run_ring({1, 49152, 2, 1, 64}, false, weave::sp::Sharding::Zigzag, 4, seed + 301);  // own rows in place
-  if (HasFailure()) return;
-  run_ulysses({1, 49229, 4, 2, 128}, false, 2, seed + 302);
+  if (!run_ring({1, 49229, 2, 1, 128}, false, weave::sp::Sharding::Contiguous, 2, weave::check::derive(seed, 300)))
+    return;
+  if (!run_ring({1, 49152, 2, 1, 64}, false, weave::sp::Sharding::Zigzag, 4, weave::check::derive(seed, 301)))
+    return;  // own rows in place
+  run_ulysses({1, 49229, 4, 2, 128}, false, 2, weave::check::derive(seed, 302));
 }
 
 namespace {
 
-using Ranges = std::vector<std::pair<long long, long long>>;
-
 // This rank's rows of both input sets' q, k, v on the device: in[3 * set + {0, 1, 2}].
-std::vector<std::unique_ptr<Dev>> upload(const Full (&f)[2], const Ranges& ranges) {
+std::vector<std::unique_ptr<Dev>> upload(const Full& f0, const Full& f1, const Ranges& ranges) {
   std::vector<std::unique_ptr<Dev>> in;
-  for (int s = 0; s < 2; ++s)
-    for (const auto* t : {&f[s].q, &f[s].k, &f[s].v}) {
-      const int H = t == &f[s].q ? f[s].Hq : f[s].Hkv;
-      const auto rows = take_rows(*t, f[s].B, f[s].S, H, f[s].D, ranges);
-      in.push_back(std::make_unique<Dev>(rows.size() * 2));
-      wt::to_device(in.back()->as<bf16>(), rows);
-    }
+  for (const Full* f : {&f0, &f1}) {
+    in.push_back(take_rows(f->q, f->B, f->S, f->Hq, f->D, ranges));
+    in.push_back(take_rows(f->k, f->B, f->S, f->Hkv, f->D, ranges));
+    in.push_back(take_rows(f->v, f->B, f->S, f->Hkv, f->D, ranges));
+  }
   return in;
 }
 
-// Launch i's output (copied aside into hist) against reference i % 2 of a (B, S, Hq, D) output.
-void check_history(const Dev& hist, size_t on, int N, const Ref (&ref)[2], int B, int S, int Hq, int D,
-                   const Ranges& ranges, const std::string& what) {
-  const auto all = wt::to_host(hist.as<bf16>(), on * N);
-  for (int i = 0; i < N && !::testing::Test::HasFailure(); ++i)
-    expect_close(std::vector<bf16>(all.begin() + i * on, all.begin() + (i + 1) * on),
-                 take_rows(ref[i % 2].o, B, S, Hq, D, ranges), (what + std::to_string(i)).c_str());
+// Launch i's output (and LSE, when lse_hist is given), copied aside, against reference i % 2;
+// every launch on its own. Collective (the verdict is combined over ranks).
+bool check_history(const AttnProblem& p, const weave::check::AttnRefRows (&ref)[2], const Dev& o_hist, size_t on,
+                   const Dev* lse_hist, size_t nl, int N, const std::string& what) {
+  int bad = 0, first_bad = -1;
+  double worst_o = 0, worst_l = 0;
+  for (int i = 0; i < N; ++i) {
+    const AttnReport rep = weave::check::AttentionRef::compare(p, ref[i % 2], o_hist.as<bf16>() + i * on,
+                                                               lse_hist ? lse_hist->as<float>() + i * nl : nullptr);
+    worst_o = std::max(worst_o, rep.o.worst);
+    worst_l = std::max(worst_l, rep.lse.worst);
+    if (!rep.ok()) {
+      if (bad++ == 0) first_bad = i;
+      if (bad <= 3) std::printf("[rank %d] %s launch %d: %s\n", wt::comm().rank(), what.c_str(), i, rep.str().c_str());
+    }
+  }
+  std::printf("[rank %d] %s: %d launches, %d wrong (first %d), O worst %.3f%s\n", wt::comm().rank(), what.c_str(), N,
+              bad, first_bad, worst_o, lse_hist ? (", LSE worst " + std::to_string(worst_l)).c_str() : "");
+  std::fflush(stdout);
+  return all_ranks(bad == 0, what);
 }
 
 }  // namespace
 
-// 50 launches without a host sync in between, inputs alternating between two sets; each
-// launch's output is copied aside on the stream and checked.
+// 50 launches without a host sync in between, inputs alternating between two sets; the output
+// (and ring's LSE) is re-poisoned on the stream before every launch and copied aside after it,
+// and every launch is checked against its own set's reference: a launch that skipped rows would
+// leave NaN, one that read the other set's K/V (a stale buffer or signal) would fail the bound.
 TEST(SpGpu, BackToBackLaunchesAlternatingInputs) {
   auto& comm = wt::comm();
   const int W = comm.world(), r = comm.rank();
   const uint64_t seed = wt::job_seed();
   const int B = 1, S = 1000, Hq = 4, Hkv = 2, D = 128, N = 50;
-  const Full f[2] = {make_full(B, S, Hq, Hkv, D, seed + 1), make_full(B, S, Hq, Hkv, D, seed + 2)};
+  const Full f0(B, S, Hq, Hkv, D, weave::check::derive(seed, 1)), f1(B, S, Hq, Hkv, D, weave::check::derive(seed, 2));
   {  // ring, zigzag, causal
     const auto ranges = ring_ranges(S, W, weave::sp::Sharding::Zigzag, r);
-    const Ref ref[2] = {reference(f[0], true), reference(f[1], true)};
-    const auto in = upload(f, ranges);
-    const long long L = weave::sp::local_rows(S, W, weave::sp::Sharding::Zigzag, r);
-    const size_t on = size_t(B) * L * Hq * D;
-    Dev o(on * 2), lse(size_t(B) * Hq * L * 4), hist(on * 2 * N);
+    const AttnProblem p = problem(f0, ranges, true);
+    const weave::check::AttnRefRows ref[2] = {
+        aref().compute(p, f0.q.as<bf16>(), f0.k.as<bf16>(), f0.v.as<bf16>(), row_ranges(ranges)),
+        aref().compute(p, f1.q.as<bf16>(), f1.k.as<bf16>(), f1.v.as<bf16>(), row_ranges(ranges))};
+    const auto in = upload(f0, f1, ranges);
+    const long long L = rows_of(ranges);
+    const size_t on = size_t(B) * L * Hq * D, nl = size_t(B) * Hq * L;
+    Dev o(on * 2), lse(nl * 4), o_hist(on * 2 * N), lse_hist(nl * 4 * N);
     weave::sp::RingAttention ra(comm);
     weave::sp::RingOptions opt;
     opt.causal = true;
     opt.num_comm_sms = 3;
     for (int i = 0; i < N; ++i) {
       const int s = i % 2;
-      WEAVE_CUDA_CHECK(cudaMemsetAsync(o.p, 0xff, on * 2));
+      weave::check::poison(o.as<bf16>(), on);
+      weave::check::poison(lse.as<float>(), nl);
       ra.forward(in[3 * s]->as<bf16>(), in[3 * s + 1]->as<bf16>(), in[3 * s + 2]->as<bf16>(), o.as<bf16>(),
                  lse.as<float>(), {B, S, Hq, Hkv, D}, opt);
-      WEAVE_CUDA_CHECK(cudaMemcpyAsync(hist.as<bf16>() + i * on, o.p, on * 2, cudaMemcpyDeviceToDevice));
+      WEAVE_CUDA_CHECK(cudaMemcpyAsync(o_hist.as<bf16>() + i * on, o.p, on * 2, cudaMemcpyDeviceToDevice));
+      WEAVE_CUDA_CHECK(cudaMemcpyAsync(lse_hist.as<float>() + i * nl, lse.p, nl * 4, cudaMemcpyDeviceToDevice));
     }
     wt::settle();
-    check_history(hist, on, N, ref, B, S, Hq, D, ranges, "ring launch ");
+    if (!check_history(p, ref, o_hist, on, &lse_hist, nl, N, "ring back to back")) return;
   }
   {  // Ulysses, non-causal
     const auto sh = weave::sp::ulysses_shard(S, W, r);
-    const std::vector<std::pair<long long, long long>> ranges = {{sh.begin, sh.rows}};
-    const Ref ref[2] = {reference(f[0], false), reference(f[1], false)};
-    const auto in = upload(f, ranges);
+    const Ranges ranges = {{sh.begin, sh.rows}};
+    const AttnProblem p = problem(f0, ranges, false);
+    const weave::check::AttnRefRows ref[2] = {
+        aref().compute(p, f0.q.as<bf16>(), f0.k.as<bf16>(), f0.v.as<bf16>(), row_ranges(ranges)),
+        aref().compute(p, f1.q.as<bf16>(), f1.k.as<bf16>(), f1.v.as<bf16>(), row_ranges(ranges))};
+    const auto in = upload(f0, f1, ranges);
     const size_t on = size_t(B) * sh.rows * Hq * D, omax = size_t(B) * (S / W + 1) * Hq * D;
     Sym o(omax * 2);
-    Dev hist(on * 2 * N);
+    Dev o_hist(on * 2 * N);
     weave::sp::Ulysses u(comm);
     weave::sp::UlyssesOptions opt;
     opt.num_comm_sms = 2;
     for (int i = 0; i < N; ++i) {
       const int s = i % 2;
+      // Safe on the stream: peers write this rank's rows of launch i only after this rank's
+      // communicators pushed its Q rows of launch i, i.e. after this poison; and launch i - 1
+      // ended (copy-aside included) only when all its stores into o had arrived.
+      weave::check::poison(o.as<bf16>(), omax);
       u.forward(in[3 * s]->as<bf16>(), in[3 * s + 1]->as<bf16>(), in[3 * s + 2]->as<bf16>(), o.as<bf16>(),
                 {B, S, Hq, Hkv, D}, opt);
-      WEAVE_CUDA_CHECK(cudaMemcpyAsync(hist.as<bf16>() + i * on, o.p, on * 2, cudaMemcpyDeviceToDevice));
+      WEAVE_CUDA_CHECK(cudaMemcpyAsync(o_hist.as<bf16>() + i * on, o.p, on * 2, cudaMemcpyDeviceToDevice));
     }
     wt::settle();
-    check_history(hist, on, N, ref, B, S, Hq, D, ranges, "ulysses launch ");
+    check_history(p, ref, o_hist, on, nullptr, 0, N, "ulysses back to back");
   }
 }
 

@@ -1,11 +1,34 @@
-// The TP fused kernels on 2 ranks (weave-run -n 2) against cuBLAS + NCCL on random data: ragged
-// shapes, poisoned outputs, every variant and several num_comm_sms, 200 back-to-back launches
-// with changing inputs, and shapes that differ across ranks rejected before any launch.
+// The TP fused kernels on 2 ranks (weave-run -n 2) against a float32 reference that every rank
+// computes on its own, without NCCL: every rank's inputs derive from the job seed
+// (WEAVE_TEST_SEED replays a run), so each rank regenerates all of them and forms the full-K
+// (or gathered) product with cuBLASLt (check/gemm_ref.hpp). Outputs are compared element by
+// element and reported per 128 x 128 tile (check/tile_check.hpp); a wrong tile on any rank fails
+// the case on every rank. Every repetition and configuration gets fresh inputs and a freshly
+// poisoned output, so neither a previous call's scratch nor an unwritten element can pass.
+// Cases: ragged shapes, every variant and several num_comm_sms, 200 back-to-back launches each
+// checked on the device, one object on two streams, shapes that differ across ranks and calls
+// under graph capture rejected before any launch.
+//
+// Why the bounds catch a tile that misses one K step (64 of the full K) or one rank's part: with
+// A, B uniform in [-1, 1), s = sqrt(sum_k a^2 b^2) ~ sqrt(K_full)/3, and a missing sum of n
+// products has standard deviation s * sqrt(n / K_full). |r| is of the order of s.
+// - ag_gemm (one bf16 rounding, check::gemm_bound: 2^-8 |r| + 2^-10 s ~ 0.005 s): one K step
+//   of K <= 4096 is >= s/8, 25 bounds at one standard deviation; a missing (stale or poisoned)
+//   row shard is a different sum altogether. The gathered A is compared exactly.
+// - gemm_rs / gemm_ar (W bf16 partials, check::partial_sum_bound(W): 2^-7 |r| + W/64 s): one
+//   rank's part is s/sqrt(W), 22 bounds at W = 2 and 2.8 at W = 8; one K step of the largest
+//   full K here (W * 4096) is s/(8 sqrt(W)): 2.2 bounds at W = 2, and at W = 8 0.35 bound per
+//   standard deviation, which a 128 x 128 tile of 16384 elements still exceeds (more than 40
+//   elements past 3 standard deviations); at the smaller K of the other shapes the margin is
+//   larger.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
@@ -13,69 +36,160 @@
 
 #include "../primitives/common.hpp"
 #include "ag_gemm/ag_gemm.hpp"
+#include "check/gemm_ref.hpp"
+#include "check/seed.hpp"
+#include "check/tile_check.hpp"
 #include "gemm/reference.cuh"
 #include "gemm_ar/gemm_ar.hpp"
 #include "gemm_rs/gemm_rs.hpp"
-#include "../../bench/nccl_comm.hpp"
 
 using weave::tp::bf16;
 using weave::tp::shard;
 namespace gref = weave::gemm::ref;
+namespace check = weave::check;
+constexpr auto kKN = weave::gemm::BLayout::KN;
 
 namespace {
 
 // Tuner choices stay in memory during tests (no cache file is written).
 const int kTunerOff = (setenv("WEAVE_TUNER_CACHE", "off", 1), 0);
 
-constexpr double kTol = 1e-2;  // bf16 partial sums rounded in a different order than NCCL's
-
-struct Dev {
-  bf16* p = nullptr;
+template <class T>
+struct DevT {
+  T* p = nullptr;
   size_t n = 0;
-  explicit Dev(size_t count) : n(count) { WEAVE_CUDA_CHECK(cudaMalloc(&p, (count ? count : 1) * sizeof(bf16))); }
-  ~Dev() { cudaFree(p); }
+  explicit DevT(size_t count) : n(count) { WEAVE_CUDA_CHECK(cudaMalloc(&p, (count ? count : 1) * sizeof(T))); }
+  ~DevT() { cudaFree(p); }
+  DevT(const DevT&) = delete;
+  DevT& operator=(const DevT&) = delete;
 };
+using Dev = DevT<bf16>;
+using DevF = DevT<float>;
 struct Sym {
   bf16* p;
   explicit Sym(size_t count) : p(static_cast<bf16*>(wt::comm().alloc((count ? count : 1) * sizeof(bf16)))) {}
   ~Sym() { wt::comm().free(p); }
+  Sym(const Sym&) = delete;
+  Sym& operator=(const Sym&) = delete;
 };
 
-weave::bench::NcclComm& nccl() {
-  static weave::bench::NcclComm n(wt::comm());
-  return n;
+check::GemmRef& gemm_ref() {
+  static check::GemmRef g;
+  return g;
 }
-gref::CublasLt& blas() {
-  static gref::CublasLt b;
-  return b;
-}
-uint64_t seed_for(uint64_t base, int what) {
-  return base * 0x9E3779B97F4A7C15ull + uint64_t(wt::comm().rank() + 1) * 7919 + uint64_t(what) * 104729;
-}
+
+// Input `what` of rank q in the call seeded `call`: every rank computes the same value, so any
+// rank can regenerate any rank's inputs.
+enum What : int { kA = 1, kB = 2 };
+uint64_t input_seed(uint64_t call, int q, What what) { return check::derive(call, uint64_t(q), uint64_t(what)); }
+
+// Fresh call seeds, identical on every rank (the ranks draw them in the same order).
+struct Calls {
+  uint64_t base = wt::job_seed();
+  uint64_t n = 0;
+  uint64_t next() { return check::derive(base, 0xCA11, n++); }
+};
 
 struct Shape {
   int M, N, K;
 };
 const Shape kShapes[] = {{3000, 1000, 1000}, {4096, 2048, 1024}, {1000, 264, 512}, {257, 8, 64}, {2048, 4096, 4096}};
 
-void ref_all_reduce(bf16* p, size_t n) {
-  WEAVE_NCCL_CHECK(ncclAllReduce(p, p, n, ncclBfloat16, ncclSum, nccl().get(), nullptr));
+// The float32 reference of one M x N output and its per-element scale, with scratch for one
+// rank's regenerated inputs.
+struct Ref {
+  Dev a, b;
+  DevF r, s;
+  Ref(size_t na, size_t nb, size_t nc) : a(na), b(nb), r(nc), s(nc) {}
+};
+
+// gemm_rs / gemm_ar: r = sum over ranks q of A_q * B_q (A_q: M x K, B_q: K x N, regenerated),
+// the same sum as one product over the full K.
+void partial_sum_ref(uint64_t call, int M, int N, int K, Ref& x, cudaStream_t st = nullptr) {
+  const int W = wt::comm().world();
+  for (int q = 0; q < W; ++q) {
+    gref::fill_uniform(x.a.p, size_t(M) * K, input_seed(call, q, kA), 1.f, st);
+    gref::fill_uniform(x.b.p, size_t(K) * N, input_seed(call, q, kB), 1.f, st);
+    gemm_ref().run(x.a.p, x.b.p, M, N, K, kKN, x.r.p, x.s.p, q > 0, st);
+  }
+  check::sqrt_inplace(x.s.p, size_t(M) * N, st);
+}
+
+// ag_gemm: x.a = the gathered A (every rank's row shard regenerated), r = x.a * B (B is this
+// rank's own, local operand).
+void gathered_ref(uint64_t call, int M, int N, int K, const bf16* B, Ref& x, cudaStream_t st = nullptr) {
+  const int W = wt::comm().world();
+  for (int q = 0; q < W; ++q) {
+    const auto sq = shard(M, W, q);
+    gref::fill_uniform(x.a.p + size_t(sq.begin) * K, size_t(sq.size) * K, input_seed(call, q, kA), 1.f, st);
+  }
+  gemm_ref().run(x.a.p, B, M, N, K, kKN, x.r.p, x.s.p, false, st);
+  check::sqrt_inplace(x.s.p, size_t(M) * N, st);
+}
+
+// This rank's inputs for `call`: what the references above regenerate for it.
+void fill_inputs(uint64_t call, bf16* A, size_t na, bf16* B, size_t nb, cudaStream_t st = nullptr) {
+  const int r = wt::comm().rank();
+  if (A) gref::fill_uniform(A, na, input_seed(call, r, kA), 1.f, st);
+  if (B) gref::fill_uniform(B, nb, input_seed(call, r, kB), 1.f, st);
+}
+
+struct RankResult {
+  double worst, ok;
+};
+
+// Every rank's verdict, gathered: a wrong output on any rank fails the case on every rank. Rank 0
+// prints the worst ratio over ranks for every case (the bounds are calibrated from these lines).
+void expect_all_ranks(bool ok, double worst, const std::string& what, const std::string& detail) {
+  auto& c = wt::comm();
+  const RankResult mine{worst, ok ? 1.0 : 0.0};
+  std::vector<RankResult> all(c.world());
+  c.bootstrap().all_gather(&mine, all.data(), sizeof mine);
+  bool all_ok = true;
+  double w = 0;
+  int wr = 0;
+  std::string bad;
+  for (int q = 0; q < c.world(); ++q) {
+    all_ok = all_ok && all[q].ok != 0;
+    if (all[q].ok == 0) bad += " " + std::to_string(q);
+    if (!(all[q].worst <= w)) w = all[q].worst, wr = q;
+  }
+  if (c.rank() == 0) std::printf("check %s: worst %.4g (rank %d)%s\n", what.c_str(), w, wr, all_ok ? "" : "  WRONG");
+  EXPECT_TRUE(ok) << what << " on rank " << c.rank() << ": " << detail;
+  EXPECT_TRUE(all_ok) << what << ": wrong on rank(s)" << bad;
+}
+void expect_all_ranks(const check::Report& rep, const std::string& what) {
+  expect_all_ranks(rep.ok, rep.worst, what, rep.str());
+}
+
+// out (rows x N, ld N) against rows [row0, row0 + rows) of the reference.
+check::Report compare_rows(const bf16* out, const Ref& x, int row0, int rows, int N, check::Bound b) {
+  return check::compare({out, N}, {x.r.p + size_t(row0) * N, N}, {x.s.p + size_t(row0) * N, N}, rows, N, b);
+}
+
+// The gathered A, exactly (a copy: any differing bit is wrong).
+check::Report compare_gathered(const bf16* G, const Ref& x, int M, int K) {
+  DevF g(size_t(M) * K);
+  check::to_float(g.p, x.a.p, g.n);
+  return check::compare({G, K}, {g.p, K}, {nullptr, 0}, M, K, check::Bound{});
+}
+
+std::string shape_name(const char* kernel, int M, int N, int K) {
+  return std::string(kernel) + " " + std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K);
 }
 
 }  // namespace
 
-TEST(TpGpu, GemmRsMatchesCublasNccl) {
+TEST(TpGpu, GemmRsMatchesReference) {
   auto& c = wt::comm();
-  const uint64_t seed = wt::job_seed();
+  Calls calls;
   weave::tp::GemmRS rs(c);
+  const int W = c.world(), r = c.rank();
   for (const Shape& s : kShapes) {
-    const int W = c.world(), r = c.rank();
-    Dev A(size_t(s.M) * s.K), B(size_t(s.K) * s.N), ref(size_t(s.M) * s.N);
-    Sym out(weave::tp::GemmRS::out_elems(s.M, s.N, W));
-    gref::fill_uniform(A.p, A.n, seed_for(seed, 1));
-    gref::fill_uniform(B.p, B.n, seed_for(seed, 2));
-    blas().run(A.p, B.p, ref.p, s.M, s.N, s.K, weave::gemm::BLayout::KN, false, nullptr);
-    ref_all_reduce(ref.p, ref.n);
+    Dev A(size_t(s.M) * s.K), B(size_t(s.K) * s.N);
+    Ref ref(A.n, B.n, size_t(s.M) * s.N);
+    const size_t out_n = weave::tp::GemmRS::out_elems(s.M, s.N, W);
+    Sym out(out_n);
     const auto sh = shard(s.M, W, r);
     // (variant, num_comm_sms): tuner, owner first, zero first, inter-SM (8 and 1 communicator
     // SMs), one GEMM per owner, copy engine, the chain kernel, and back to owner first on the
@@ -85,149 +199,215 @@ TEST(TpGpu, GemmRsMatchesCublasNccl) {
       weave::tp::Options o;
       o.variant = variant;
       o.num_comm_sms = ncomm;
-      for (int rep = 0; rep < 3; ++rep) {  // repeated launches on a poisoned output
-        gref::poison(out.p, weave::tp::GemmRS::out_elems(s.M, s.N, W));
-        rs.run(A.p, B.p, out.p, s.M, s.N, s.K, o);
+      for (int rep = 0; rep < 3; ++rep) {  // repeated launches, each on new inputs and a poisoned output
+        const uint64_t call = calls.next();
+        fill_inputs(call, A.p, A.n, B.p, B.n);
+        partial_sum_ref(call, s.M, s.N, s.K, ref);
+        gref::poison(out.p, out_n);
+        wt::settle();  // no peer writes into `out` before it is poisoned here
+        const auto li = rs.run(A.p, B.p, out.p, s.M, s.N, s.K, o);
         wt::settle();
+        expect_all_ranks(compare_rows(out.p, ref, sh.begin, sh.size, s.N, check::partial_sum_bound(W)),
+                         shape_name("gemm_rs", s.M, s.N, s.K) + " variant " + std::to_string(variant) + " ncomm " +
+                             std::to_string(ncomm) + " (ran v" + std::to_string(li.variant) + ", " +
+                             std::to_string(li.num_comm_sms) + ") rep " + std::to_string(rep));
       }
-      const double e = gref::rel_error(out.p, ref.p + size_t(sh.begin) * s.N, size_t(sh.size) * s.N);
-      EXPECT_LT(e, kTol) << "gemm_rs " << s.M << "x" << s.N << "x" << s.K << " variant " << variant << " ncomm "
-                         << ncomm << " rank " << r;
-      wt::settle();
     }
   }
 }
 
-TEST(TpGpu, AgGemmMatchesCublasNccl) {
+TEST(TpGpu, AgGemmMatchesReference) {
   auto& c = wt::comm();
-  const uint64_t seed = wt::job_seed();
+  Calls calls;
   weave::tp::AgGemm ag(c);
+  const int W = c.world(), r = c.rank();
   for (const Shape& s : kShapes) {
+    const auto sh = shard(s.M, W, r);
+    Dev Ash(size_t(sh.size) * s.K), B(size_t(s.K) * s.N), C(size_t(s.M) * s.N);
+    Ref ref(size_t(s.M) * s.K, 0, C.n);
     for (int cfg = 0; cfg < 15; ++cfg) {  // tuner, then (variant, num_comm_sms) fixed; 7..14: variants 2..9
       int ncomm = cfg == 0 ? -1 : std::array<int, 3>{1, 4, 16}[(cfg - 1) % 3], variant = cfg == 0 ? -1 : (cfg - 1) / 3;
       if (cfg >= 7) ncomm = 0, variant = cfg - 5;
       for (int in_place = 0; in_place < 2; ++in_place) {
-        const int W = c.world(), r = c.rank();
-        const auto sh = shard(s.M, W, r);
-        Dev Ash(size_t(sh.size) * s.K), B(size_t(s.K) * s.N), C(size_t(s.M) * s.N), refg(size_t(s.M) * s.K),
-            refc(size_t(s.M) * s.N);
+        const uint64_t call = calls.next();
         Sym G(size_t(s.M) * s.K);
         gref::poison(G.p, size_t(s.M) * s.K);
-        gref::fill_uniform(Ash.p, Ash.n, seed_for(seed, 3));
-        gref::fill_uniform(B.p, B.n, seed_for(seed, 4));
+        fill_inputs(call, Ash.p, Ash.n, B.p, B.n);
+        gathered_ref(call, s.M, s.N, s.K, B.p, ref);
         bf16* src = Ash.p;
         if (in_place) {
           src = G.p + size_t(sh.begin) * s.K;
           WEAVE_CUDA_CHECK(cudaMemcpy(src, Ash.p, Ash.n * sizeof(bf16), cudaMemcpyDeviceToDevice));
         }
-        wt::settle();
         gref::poison(C.p, C.n);
+        wt::settle();
         weave::tp::Options o;
         o.num_comm_sms = ncomm;
         o.variant = variant;
         const auto li = ag.run(src, G.p, B.p, C.p, s.M, s.N, s.K, o);
         wt::settle();
-        WEAVE_NCCL_CHECK(ncclGroupStart());
-        for (int q = 0; q < W; ++q) {
-          const auto sq = shard(s.M, W, q);
-          WEAVE_NCCL_CHECK(ncclBroadcast(Ash.p, refg.p + size_t(sq.begin) * s.K, size_t(sq.size) * s.K, ncclBfloat16,
-                                            q, nccl().get(), nullptr));
-        }
-        WEAVE_NCCL_CHECK(ncclGroupEnd());
-        blas().run(refg.p, B.p, refc.p, s.M, s.N, s.K, weave::gemm::BLayout::KN, false, nullptr);
-        const double eg = gref::rel_error(G.p, refg.p, refg.n), ec = gref::rel_error(C.p, refc.p, refc.n);
-        EXPECT_EQ(eg, 0.0) << "gathered A " << s.M << "x" << s.K << " ncomm " << ncomm << " in_place " << in_place;
-        EXPECT_LT(ec, kTol) << "ag_gemm " << s.M << "x" << s.N << "x" << s.K << " ncomm " << ncomm << " (ran "
-                            << li.num_comm_sms << ", variant " << li.variant << ") in_place " << in_place;
+        const std::string what = shape_name("ag_gemm", s.M, s.N, s.K) + " variant " + std::to_string(variant) +
+                                 " ncomm " + std::to_string(ncomm) + " (ran v" + std::to_string(li.variant) + ", " +
+                                 std::to_string(li.num_comm_sms) + ") in_place " + std::to_string(in_place);
+        expect_all_ranks(compare_gathered(G.p, ref, s.M, s.K), what + ", gathered A");
+        expect_all_ranks(compare_rows(C.p, ref, 0, s.M, s.N, check::gemm_bound()), what);
         wt::settle();
       }
     }
   }
 }
 
-TEST(TpGpu, GemmArMatchesCublasNccl) {
+TEST(TpGpu, GemmArMatchesReference) {
   auto& c = wt::comm();
-  const uint64_t seed = wt::job_seed();
+  Calls calls;
   weave::tp::GemmAR ar(c);
+  const int W = c.world();
   for (const Shape& s : kShapes) {
+    Dev A(size_t(s.M) * s.K), B(size_t(s.K) * s.N);
+    Ref ref(A.n, B.n, size_t(s.M) * s.N);
+    Sym out(size_t(s.M) * s.N);
     for (int ncomm : {-1, 0, 1, 8, 33}) {  // 0: the intra-SM variant
-      Dev A(size_t(s.M) * s.K), B(size_t(s.K) * s.N), ref(size_t(s.M) * s.N);
-      Sym out(size_t(s.M) * s.N);
-      gref::fill_uniform(A.p, A.n, seed_for(seed, 5));
-      gref::fill_uniform(B.p, B.n, seed_for(seed, 6));
-      gref::poison(out.p, ref.n);
-      wt::settle();
-      weave::tp::Options o;
-      o.num_comm_sms = ncomm;
-      ar.run(A.p, B.p, out.p, s.M, s.N, s.K, o);
-      wt::settle();
-      blas().run(A.p, B.p, ref.p, s.M, s.N, s.K, weave::gemm::BLayout::KN, false, nullptr);
-      ref_all_reduce(ref.p, ref.n);
-      const double e = gref::rel_error(out.p, ref.p, ref.n);
-      EXPECT_LT(e, kTol) << "gemm_ar " << s.M << "x" << s.N << "x" << s.K << " ncomm " << ncomm;
-      wt::settle();
+      for (int rep = 0; rep < 2; ++rep) {
+        const uint64_t call = calls.next();
+        fill_inputs(call, A.p, A.n, B.p, B.n);
+        partial_sum_ref(call, s.M, s.N, s.K, ref);
+        gref::poison(out.p, ref.r.n);
+        wt::settle();
+        weave::tp::Options o;
+        o.num_comm_sms = ncomm;
+        const auto li = ar.run(A.p, B.p, out.p, s.M, s.N, s.K, o);
+        wt::settle();
+        expect_all_ranks(compare_rows(out.p, ref, 0, s.M, s.N, check::partial_sum_bound(W)),
+                         shape_name("gemm_ar", s.M, s.N, s.K) + " ncomm " + std::to_string(ncomm) + " (ran v" +
+                             std::to_string(li.variant) + ", " + std::to_string(li.num_comm_sms) + ") rep " +
+                             std::to_string(rep));
+      }
     }
   }
 }
 
-// 200 launches of each kernel back to back, inputs refilled between launches on the stream, each
-// result checked against cuBLAS + NCCL on the device (errors summed; one host check at the end).
+namespace {
+
+// One launch's check, accumulated on the device: the largest |x - r| / bound and how many
+// elements exceed their bound. A non-negative double orders like its bits as an unsigned
+// integer (+inf included), so atomicMax on the bits is a max on the ratio.
+struct LaunchCheck {
+  unsigned long long worst_bits;
+  unsigned long long over;
+};
+
+__global__ void check_launch_kernel(const bf16* x, const float* r, const float* s, size_t n, check::Bound b,
+                                    LaunchCheck* out) {
+  double worst = 0;
+  unsigned long long over = 0;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const double q = check::element_ratio(__bfloat162float(x[i]), r[i], s ? s[i] : 0.0, b.rel, b.scale, b.abs);
+    worst = fmax(worst, q);
+    over += !(q <= 1.0);
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    worst = fmax(worst, __shfl_xor_sync(0xffffffff, worst, o));
+    over += __shfl_xor_sync(0xffffffff, over, o);
+  }
+  if ((threadIdx.x & 31) == 0) {
+    atomicMax(&out->worst_bits, static_cast<unsigned long long>(__double_as_longlong(worst)));
+    atomicAdd(&out->over, over);
+  }
+}
+
+void check_on_device(const bf16* x, const float* r, const float* s, size_t n, check::Bound b, LaunchCheck* out) {
+  check_launch_kernel<<<64, 256>>>(x, r, s, n, b, out);
+  WEAVE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+// 200 launches of each kernel back to back on one stream, every variant in turn, inputs new for
+// every launch. The reference, the poisoning of the next output and the check of each launch
+// are enqueued on the same stream between the launches (no host synchronisation), each launch
+// into its own result slot; the slots are read once at the end. The kernels order their peer
+// writes after the peer entered the same call, so a check enqueued after a call reads that call's
+// output and nothing else.
 TEST(TpGpu, TwoHundredLaunchesChangingInputs) {
   auto& c = wt::comm();
-  const uint64_t seed = wt::job_seed();
+  Calls calls;
+  constexpr int kLaunches = 200, kSlots = 4;  // gemm_rs, ag_gemm, its gathered A, gemm_ar
   const int M = 1000, N = 512, K = 256, W = c.world(), r = c.rank();
   const auto sh = shard(M, W, r);
-  Dev A(size_t(M) * K), B(size_t(K) * N), ref(size_t(M) * N), Ash(size_t(sh.size) * K), refg(size_t(M) * K);
+  Dev A(size_t(M) * K), B(size_t(K) * N), Ash(size_t(sh.size) * K);
+  Ref ref(size_t(M) * K, size_t(K) * N, size_t(M) * N);
+  DevF gathered_f(size_t(M) * K);
   Sym out(size_t(M) * N), G(size_t(M) * K);
-  double* sums = nullptr;
-  WEAVE_CUDA_CHECK(cudaMalloc(&sums, 3 * 3 * sizeof(double)));
-  WEAVE_CUDA_CHECK(cudaMemset(sums, 0, 9 * sizeof(double)));
+  DevT<LaunchCheck> res(size_t(kLaunches) * kSlots);
+  WEAVE_CUDA_CHECK(cudaMemset(res.p, 0, res.n * sizeof(LaunchCheck)));
   weave::tp::GemmRS rs(c);
   weave::tp::AgGemm ag(c);
   weave::tp::GemmAR ar(c);
   weave::tp::Options o4;
   o4.num_comm_sms = 4;
-  for (int it = 0; it < 200; ++it) {
-    gref::fill_uniform(A.p, A.n, seed_for(seed, 100 + it));
-    gref::fill_uniform(B.p, B.n, seed_for(seed, 1000 + it));
-    gref::fill_uniform(Ash.p, Ash.n, seed_for(seed, 5000 + it));
+  partial_sum_ref(calls.next(), M, N, K, ref);  // sizes the reference's scratch before the loop
+  wt::settle();
+  std::vector<int> variant(size_t(kLaunches) * kSlots);
+  for (int it = 0; it < kLaunches; ++it) {
+    LaunchCheck* slot = res.p + size_t(it) * kSlots;
     // gemm_rs
+    uint64_t call = calls.next();
     weave::tp::Options ors;
     ors.variant = it % 6;  // every variant, alternating on the same output (2: 8 communicator SMs)
+    variant[size_t(it) * kSlots + 0] = ors.variant;
+    fill_inputs(call, A.p, A.n, B.p, B.n);
+    partial_sum_ref(call, M, N, K, ref);
+    gref::poison(out.p, size_t(M) * N);
     rs.run(A.p, B.p, out.p, M, N, K, ors);
-    blas().run(A.p, B.p, ref.p, M, N, K, weave::gemm::BLayout::KN, false, nullptr);
-    ref_all_reduce(ref.p, ref.n);
-    gref::error_kernel<<<64, 256>>>(out.p, ref.p + size_t(sh.begin) * N, size_t(sh.size) * N, sums);
-    // ag_gemm (C into `ref`'s twin: reuse out as C is fine, it is only local here)
+    check_on_device(out.p, ref.r.p + size_t(sh.begin) * N, ref.s.p + size_t(sh.begin) * N, size_t(sh.size) * N,
+                    check::partial_sum_bound(W), slot + 0);
+    // ag_gemm, its C in the same buffer
+    call = calls.next();
     weave::tp::Options oa = o4;
     oa.variant = it % 10;  // every variant (2..9: no communicator SM; 7 and 8 the copy engine, 9 all_gather)
     if (oa.variant >= 2) oa.num_comm_sms = 0;
+    variant[size_t(it) * kSlots + 1] = variant[size_t(it) * kSlots + 2] = oa.variant;
+    fill_inputs(call, Ash.p, Ash.n, B.p, B.n);
+    gathered_ref(call, M, N, K, B.p, ref);
+    check::to_float(gathered_f.p, ref.a.p, gathered_f.n);
+    gref::poison(out.p, size_t(M) * N);
+    gref::poison(G.p, size_t(M) * K);
     ag.run(Ash.p, G.p, B.p, out.p, M, N, K, oa);
-    WEAVE_NCCL_CHECK(ncclGroupStart());
-    for (int q = 0; q < W; ++q) {
-      const auto sq = shard(M, W, q);
-      WEAVE_NCCL_CHECK(ncclBroadcast(Ash.p, refg.p + size_t(sq.begin) * K, size_t(sq.size) * K, ncclBfloat16, q,
-                                        nccl().get(), nullptr));
-    }
-    WEAVE_NCCL_CHECK(ncclGroupEnd());
-    blas().run(refg.p, B.p, ref.p, M, N, K, weave::gemm::BLayout::KN, false, nullptr);
-    gref::error_kernel<<<64, 256>>>(out.p, ref.p, ref.n, sums + 3);
+    check_on_device(out.p, ref.r.p, ref.s.p, size_t(M) * N, check::gemm_bound(), slot + 1);
+    check_on_device(G.p, gathered_f.p, nullptr, size_t(M) * K, check::Bound{}, slot + 2);
     // gemm_ar
+    call = calls.next();
     weave::tp::Options or_ = o4;
     if (it % 2) or_.num_comm_sms = 0;  // both variants (odd: intra-SM)
+    variant[size_t(it) * kSlots + 3] = it % 2;
+    fill_inputs(call, A.p, A.n, B.p, B.n);
+    partial_sum_ref(call, M, N, K, ref);
+    gref::poison(out.p, size_t(M) * N);
     ar.run(A.p, B.p, out.p, M, N, K, or_);
-    blas().run(A.p, B.p, ref.p, M, N, K, weave::gemm::BLayout::KN, false, nullptr);
-    ref_all_reduce(ref.p, ref.n);
-    gref::error_kernel<<<64, 256>>>(out.p, ref.p, ref.n, sums + 6);
+    check_on_device(out.p, ref.r.p, ref.s.p, size_t(M) * N, check::partial_sum_bound(W), slot + 3);
   }
   wt::settle();
-  double h[9];
-  WEAVE_CUDA_CHECK(cudaMemcpy(h, sums, sizeof h, cudaMemcpyDeviceToHost));
-  cudaFree(sums);
-  const char* names[3] = {"gemm_rs", "ag_gemm", "gemm_ar"};
-  for (int k = 0; k < 3; ++k) {
-    EXPECT_EQ(h[3 * k + 2], 0.0) << names[k] << ": non-finite outputs (unwritten elements)";
-    EXPECT_LT(std::sqrt(h[3 * k] / h[3 * k + 1]), kTol) << names[k] << " over 200 launches";
+  std::vector<LaunchCheck> h(res.n);
+  WEAVE_CUDA_CHECK(cudaMemcpy(h.data(), res.p, h.size() * sizeof(LaunchCheck), cudaMemcpyDeviceToHost));
+  const char* names[kSlots] = {"gemm_rs", "ag_gemm", "ag_gemm gathered A", "gemm_ar"};
+  for (int k = 0; k < kSlots; ++k) {
+    double worst = 0;
+    int bad = 0;
+    std::string first_bad;
+    for (int it = 0; it < kLaunches; ++it) {
+      const LaunchCheck& x = h[size_t(it) * kSlots + k];
+      double q = 0;
+      std::memcpy(&q, &x.worst_bits, sizeof q);
+      worst = std::max(worst, q);
+      if (x.over > 0) {
+        if (bad++ < 8)
+          first_bad += " launch " + std::to_string(it) + " (variant " +
+                       std::to_string(variant[size_t(it) * kSlots + k]) + ": " + std::to_string(x.over) +
+                       " elements over, worst " + std::to_string(q) + ")";
+      }
+    }
+    expect_all_ranks(bad == 0, worst, std::string(names[k]) + " over " + std::to_string(kLaunches) + " launches",
+                     std::to_string(bad) + " wrong launches:" + first_bad);
   }
 }
 
@@ -261,8 +441,10 @@ TEST(TpGpu, MismatchedShapesAcrossRanksRejected) {
 // is enqueued (a replay would reuse the call's signal rounds), for every TP kernel.
 TEST(TpGpu, GraphCaptureRejected) {
   auto& c = wt::comm();
+  Calls calls;
   const int M = 512, K = 256, N = 512;
   Dev A(size_t(M) * K), B(size_t(K) * N), C(size_t(M) * N);
+  Ref ref(A.n, B.n, C.n);
   Sym G(size_t(M) * K), out(size_t(M) * N);
   weave::tp::GemmRS rs(c);
   weave::tp::AgGemm ag(c);
@@ -277,95 +459,102 @@ TEST(TpGpu, GraphCaptureRejected) {
   wt::expect_capture_rejected(st, "ag_gemm", [&] { ag.run(G.p + size_t(sh.begin) * K, G.p, B.p, C.p, M, N, K, o, st); });
   wt::expect_capture_rejected(st, "gemm_ar", [&] { ar.run(A.p, B.p, out.p, M, N, K, o, st); });
   // The objects still work afterwards (nothing was enqueued, no round was taken).
-  gref::fill_uniform(A.p, A.n, 7);
-  gref::fill_uniform(B.p, B.n, 8);
-  WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
+  const uint64_t call = calls.next();
+  fill_inputs(call, A.p, A.n, B.p, B.n);
+  partial_sum_ref(call, M, N, K, ref);
+  gref::poison(out.p, C.n);
+  wt::settle();
   ar.run(A.p, B.p, out.p, M, N, K, o, st);
   WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
   WEAVE_CUDA_CHECK(cudaStreamDestroy(st));
   wt::settle();
+  expect_all_ranks(compare_rows(out.p, ref, 0, M, N, check::partial_sum_bound(c.world())),
+                   "gemm_ar after rejected captures");
 }
 
 // One object called alternately on two streams with no synchronisation between the calls: each
 // call must wait for the object's previous one (its gathered buffer / counters serve one call at
 // a time), so every call's output matches its own reference. Without the ordering the second
-// stream's kernel overwrites the gathered A (or the counters) under the first's.
+// stream's kernel overwrites the gathered A (or the counters) under the first's. Every call has
+// its own inputs and its own poisoned output, for every variant.
 TEST(TpGpu, OneObjectOnTwoStreams) {
   auto& c = wt::comm();
-  const uint64_t seed = wt::job_seed();
+  Calls seeds;
   const int M = 1000, N = 264, K = 512, W = c.world(), r = c.rank(), calls = 6;
   const auto sh = shard(M, W, r);
   weave::tp::AgGemm ag(c);
   weave::tp::GemmAR ar(c);
-  Sym G(size_t(M) * K), out0(size_t(M) * N), out1(size_t(M) * N);
-  Dev B(size_t(K) * N), refg(size_t(M) * K), refc(size_t(M) * N);
-  std::vector<std::unique_ptr<Dev>> ash, cs;
+  weave::tp::GemmRS rs(c);
+  Sym G(size_t(M) * K);
+  Ref ref(size_t(M) * K, size_t(K) * N, size_t(M) * N);
+  std::vector<std::unique_ptr<Dev>> ash, as, bs, cs;
+  std::vector<std::unique_ptr<Sym>> outs;
   for (int i = 0; i < calls; ++i) {
     ash.push_back(std::make_unique<Dev>(size_t(sh.size) * K));
+    as.push_back(std::make_unique<Dev>(size_t(M) * K));
+    bs.push_back(std::make_unique<Dev>(size_t(K) * N));
     cs.push_back(std::make_unique<Dev>(size_t(M) * N));
-    gref::fill_uniform(ash[i]->p, ash[i]->n, seed_for(seed, 300 + i));
-    gref::poison(cs[i]->p, cs[i]->n);
+    outs.push_back(std::make_unique<Sym>(size_t(M) * N));
   }
-  gref::fill_uniform(B.p, B.n, seed_for(seed, 299));
   cudaStream_t st[2];
   for (auto& x : st) WEAVE_CUDA_CHECK(cudaStreamCreateWithFlags(&x, cudaStreamNonBlocking));
-  wt::settle();
+  std::vector<uint64_t> call(calls);
+  auto fresh = [&](bool ag_inputs) {  // new inputs for every call, every output poisoned
+    for (int i = 0; i < calls; ++i) {
+      call[i] = seeds.next();
+      fill_inputs(call[i], ag_inputs ? ash[i]->p : as[i]->p, ag_inputs ? ash[i]->n : as[i]->n, bs[i]->p, bs[i]->n);
+      gref::poison(cs[i]->p, cs[i]->n);
+      gref::poison(outs[i]->p, size_t(M) * N);
+    }
+    gref::poison(G.p, size_t(M) * K);
+    wt::settle();
+  };
+  auto finish = [&] {
+    for (auto& x : st) WEAVE_CUDA_CHECK(cudaStreamSynchronize(x));
+    wt::settle();
+  };
   for (int v : {0, 2, 7, 8, 9}) {  // communicator push, aux-warp push, copy engine, copy engine + GEMM per
                                     // shard, all_gather + GEMM
     weave::tp::Options o;
     o.variant = v;
     o.num_comm_sms = v == 0 ? 4 : 0;
-    for (int i = 0; i < calls; ++i) ag.run(ash[i]->p, G.p, B.p, cs[i]->p, M, N, K, o, st[i % 2]);
-    for (auto& x : st) WEAVE_CUDA_CHECK(cudaStreamSynchronize(x));
-    wt::settle();
+    fresh(true);
+    for (int i = 0; i < calls; ++i) ag.run(ash[i]->p, G.p, bs[i]->p, cs[i]->p, M, N, K, o, st[i % 2]);
+    finish();
     for (int i = 0; i < calls; ++i) {
-      WEAVE_NCCL_CHECK(ncclGroupStart());
-      for (int q = 0; q < W; ++q) {
-        const auto sq = shard(M, W, q);
-        WEAVE_NCCL_CHECK(ncclBroadcast(ash[i]->p, refg.p + size_t(sq.begin) * K, size_t(sq.size) * K, ncclBfloat16, q,
-                                       nccl().get(), nullptr));
-      }
-      WEAVE_NCCL_CHECK(ncclGroupEnd());
-      blas().run(refg.p, B.p, refc.p, M, N, K, weave::gemm::BLayout::KN, false, nullptr);
-      EXPECT_LT(gref::rel_error(cs[i]->p, refc.p, refc.n), kTol) << "ag_gemm v" << v << " call " << i;
-      gref::poison(cs[i]->p, cs[i]->n);
+      gathered_ref(call[i], M, N, K, bs[i]->p, ref);
+      const std::string what =
+          "ag_gemm v" + std::to_string(v) + " call " + std::to_string(i) + " (stream " + std::to_string(i % 2) + ")";
+      expect_all_ranks(compare_rows(cs[i]->p, ref, 0, M, N, check::gemm_bound()), what);
+      if (i == calls - 1) expect_all_ranks(compare_gathered(G.p, ref, M, K), what + ", gathered A");  // the last call's
     }
-    wt::settle();
   }
-  // gemm_ar: the same, alternating two inputs and two outputs.
-  Dev A0(size_t(M) * K), A1(size_t(M) * K), ref0(size_t(M) * N), ref1(size_t(M) * N);
-  gref::fill_uniform(A0.p, A0.n, seed_for(seed, 400));
-  gref::fill_uniform(A1.p, A1.n, seed_for(seed, 401));
-  gref::poison(out0.p, size_t(M) * N);
-  gref::poison(out1.p, size_t(M) * N);
-  wt::settle();
-  weave::tp::Options o;
-  o.num_comm_sms = 0;
-  for (int i = 0; i < calls; ++i) ar.run(i % 2 ? A1.p : A0.p, B.p, i % 2 ? out1.p : out0.p, M, N, K, o, st[i % 2]);
-  for (auto& x : st) WEAVE_CUDA_CHECK(cudaStreamSynchronize(x));
-  wt::settle();
-  blas().run(A0.p, B.p, ref0.p, M, N, K, weave::gemm::BLayout::KN, false, nullptr);
-  blas().run(A1.p, B.p, ref1.p, M, N, K, weave::gemm::BLayout::KN, false, nullptr);
-  ref_all_reduce(ref0.p, ref0.n);
-  ref_all_reduce(ref1.p, ref1.n);
-  EXPECT_LT(gref::rel_error(out0.p, ref0.p, ref0.n), kTol) << "gemm_ar, stream 0";
-  EXPECT_LT(gref::rel_error(out1.p, ref1.p, ref1.n), kTol) << "gemm_ar, stream 1";
+  {
+    weave::tp::Options o;
+    o.num_comm_sms = 0;
+    fresh(false);
+    for (int i = 0; i < calls; ++i) ar.run(as[i]->p, bs[i]->p, outs[i]->p, M, N, K, o, st[i % 2]);
+    finish();
+    for (int i = 0; i < calls; ++i) {
+      partial_sum_ref(call[i], M, N, K, ref);
+      expect_all_ranks(compare_rows(outs[i]->p, ref, 0, M, N, check::partial_sum_bound(W)),
+                       "gemm_ar call " + std::to_string(i) + " (stream " + std::to_string(i % 2) + ")");
+    }
+  }
   // gemm_rs, owner first, one GEMM per owner, the copy engine (whose steps signal across ranks
-  // from the streams) and the chain kernel: the same alternation, each output its own reference's rows.
-  weave::tp::GemmRS rs(c);
+  // from the streams) and the chain kernel.
   for (int v : {0, weave::tp::kRsShardGemms, weave::tp::kRsCopyEngine, weave::tp::kRsChain}) {
-    gref::poison(out0.p, size_t(M) * N);
-    gref::poison(out1.p, size_t(M) * N);
-    wt::settle();
-    weave::tp::Options orv;
-    orv.variant = v;
-    for (int i = 0; i < calls; ++i) rs.run(i % 2 ? A1.p : A0.p, B.p, i % 2 ? out1.p : out0.p, M, N, K, orv, st[i % 2]);
-    for (auto& x : st) WEAVE_CUDA_CHECK(cudaStreamSynchronize(x));
-    wt::settle();
-    EXPECT_LT(gref::rel_error(out0.p, ref0.p + size_t(sh.begin) * N, size_t(sh.size) * N), kTol)
-        << "gemm_rs v" << v << ", stream 0";
-    EXPECT_LT(gref::rel_error(out1.p, ref1.p + size_t(sh.begin) * N, size_t(sh.size) * N), kTol)
-        << "gemm_rs v" << v << ", stream 1";
+    weave::tp::Options o;
+    o.variant = v;
+    fresh(false);
+    for (int i = 0; i < calls; ++i) rs.run(as[i]->p, bs[i]->p, outs[i]->p, M, N, K, o, st[i % 2]);
+    finish();
+    for (int i = 0; i < calls; ++i) {
+      partial_sum_ref(call[i], M, N, K, ref);
+      expect_all_ranks(compare_rows(outs[i]->p, ref, sh.begin, sh.size, N, check::partial_sum_bound(W)),
+                       "gemm_rs v" + std::to_string(v) + " call " + std::to_string(i) + " (stream " +
+                           std::to_string(i % 2) + ")");
+    }
   }
   for (auto& x : st) WEAVE_CUDA_CHECK(cudaStreamDestroy(x));
   wt::settle();

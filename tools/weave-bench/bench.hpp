@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <functional>
@@ -111,6 +112,33 @@ class JsonSink {
 };
 
 using weave::median;
+
+// One verdict for all ranks: true only where `ok` holds on every rank, so that a row wrong on one
+// rank is wrong in every rank's report (rank 0 writes the JSON). Comm is a runtime::Communicator
+// (its host bootstrap carries the flags; collective: every rank calls it at the same point).
+template <class Comm>
+bool all_ranks_ok(Comm& c, bool ok) {
+  const int mine = ok ? 1 : 0;
+  std::vector<int> all(c.world());
+  c.bootstrap().all_gather(&mine, all.data(), sizeof mine);
+  for (int v : all) ok = ok && v != 0;
+  return ok;
+}
+// The largest `v` over ranks (NaN and infinity win, so a broken rank's value is the one reported).
+template <class Comm>
+double worst_over_ranks(Comm& c, double v) {
+  std::vector<double> all(c.world());
+  c.bootstrap().all_gather(&v, all.data(), sizeof v);
+  for (double y : all) v = std::isnan(v) || std::isnan(y) ? NAN : std::max(v, y);
+  return v;
+}
+
+// The checker's worst |x - r| / bound of a row as "check_worst": a number, or the string "inf" or
+// "nan" (JSON has no non-finite numbers; such a row is also written correct: false).
+inline JsonLine& add_check_worst(JsonLine& j, double worst) {
+  if (std::isfinite(worst)) return j.add("check_worst", worst);
+  return j.add("check_worst", std::isnan(worst) ? "nan" : "inf");
+}
 
 // Median over `repeats` of the mean time (µs) of `iters` back-to-back calls of fn on stream,
 // after `warmup` calls. fn enqueues work on the stream.

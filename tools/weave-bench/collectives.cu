@@ -1,7 +1,9 @@
 // weave-bench collectives: weave::coll::Collectives against NCCL in the same run, under weave-run.
-// For each collective, size (bytes per rank) and layout: weave's output is first checked against
-// NCCL's on the same random input, then both are timed (CUDA events, warm-up, median of repeats,
-// the slowest rank's time). Where a rank's piece is not contiguous in the final layout, the NCCL
+// For each collective, size (bytes per rank) and layout: both are timed (CUDA events, warm-up, median
+// of repeats, the slowest rank's time) on two input sets of small integers that alternate call by
+// call. Every output is poisoned before a loop, and the output of the loop's last call (and of a
+// first, untimed call) is checked element by element, exactly, against the function the inputs
+// were made from, weave's and NCCL's alike, on every rank; a wrong row makes the run exit 1. Where a rank's piece is not contiguous in the final layout, the NCCL
 // column includes the copies a user would need (bench/nccl_ref.cuh). Bus bandwidth follows NCCL's
 // PERFORMANCE.md: all_reduce algbw x 2(W-1)/W; all_gather, reduce_scatter and all_to_all
 // algbw x (W-1)/W, with algbw from the full (gathered) size, the full reduce_scatter input and
@@ -367,7 +369,7 @@ int run(const bench::Args& a) {
     out_bytes = std::max(out_bytes, size_t(c.out_max) * dtype_size(c.t));
   }
   runtime::CommOptions o;
-  o.heap_bytes = in_bytes + out_bytes + (size_t(a.get_int("heap-slack-mib", 256)) << 20);
+  o.heap_bytes = 2 * in_bytes + out_bytes + (size_t(a.get_int("heap-slack-mib", 256)) << 20);
   runtime::Communicator comm(li, o);
   const bool lead = me == 0;
   std::optional<bench::JsonSink> json;
@@ -386,6 +388,7 @@ int run(const bench::Args& a) {
   ref::NcclCollectives nccl(comm);
   ref::Checker checker;
   void* in = comm.alloc(in_bytes);
+  void* in_b = comm.alloc(in_bytes);  // the second input set: timed calls alternate the two
   void* out = comm.alloc(out_bytes);
   void* ref_out = nullptr;
   WEAVE_CUDA_CHECK(cudaMalloc(&ref_out, out_bytes));
@@ -411,56 +414,80 @@ int run(const bench::Args& a) {
                   reduction ? op_name(c.op) : "-", shape_str(c.shape).c_str(), size_str(c.per_rank_bytes).c_str());
       std::fflush(stdout);
     }
-    // Correctness: the same random input to both, weave's output poisoned first.
-    ref::fill(in, c.in_elems, c.t, seed + k, me, ref::Values::uniform, st);
-    WEAVE_CUDA_CHECK(cudaMemsetAsync(out, 0xff, c.out_max * dtype_size(c.t), st));
+    // Two input sets of small integers (sums exact in every dtype and any order), alternated call
+    // by call so that no call repeats the previous one's inputs. After each loop the output of its
+    // last call is checked, element by element and exactly, against the function the inputs were
+    // made from (not against the other implementation), on every rank; NCCL's rows the same way.
+    const uint64_t seed_of[2] = {ref::mix64(seed + 2 * k), ref::mix64(seed + 2 * k + 1)};
+    void* const in_of[2] = {in, in_b};
+    for (int i = 0; i < 2; ++i) ref::fill(in_of[i], c.in_elems, c.t, seed_of[i], me, ref::Values::integers, st);
+    int next = 0;  // the input set of the next call
+    auto run = [&](coll::Collectives* w, void* o) {
+      call(c, w, w ? nullptr : &nccl, in_of[next], o, st);
+      next ^= 1;
+    };
+    auto poison = [&](void* o) { WEAVE_CUDA_CHECK(cudaMemsetAsync(o, 0xff, c.out_max * dtype_size(c.t), st)); };
+    std::string err;
+    // The last call's output against its inputs; true when right on every rank.
+    auto verify = [&](void* o, const char* what) {
+      unsigned long long bad = 0;
+      std::string msg;
+      try {
+        comm.sync(st);
+        checker.reset(st);
+        checker.check(o, nullptr, out_map(c, W, me), c.t, seed_of[next ^ 1], ref::Values::integers, c.op, 0.f, st);
+        const auto r = checker.result(st);
+        bad = r.bad;
+        if (!r.ok()) msg = r.str();
+      } catch (const weave::Error& e) {
+        bad = 1;
+        msg = e.what();
+      }
+      if (!msg.empty()) err += std::string(err.empty() ? "" : "; ") + what + ", rank " + std::to_string(me) + ": " + msg;
+      const auto bads = gather_all<unsigned long long>(comm, bad);
+      return std::all_of(bads.begin(), bads.end(), [](unsigned long long b) { return b == 0; });
+    };
+    poison(out);
+    poison(ref_out);
     comm.sync(st);
     comm.barrier();
-    std::string err;
-    unsigned long long bad = 0;
     bool threw = false;  // weave refused or failed: nothing to time
     try {
-      call(c, nullptr, &nccl, in, ref_out, st);
-      call(c, &weave_coll, nullptr, in, out, st);
-      comm.sync(st);
-      checker.reset(st);
-      checker.check(out, ref_out, out_map(c, W, me), c.t, seed + k, ref::Values::uniform, c.op, ref::sum_rtol(c.t, W),
-                    st);
-      const auto r = checker.result(st);
-      bad = r.bad;
-      if (!r.ok()) err = "rank " + std::to_string(me) + ": " + r.str();
+      run(&weave_coll, out);
     } catch (const weave::Error& e) {
-      err = e.what();
-      bad = 1;
+      err = std::string("weave: ") + e.what();
       threw = true;
     }
-    const auto bads = gather_all<unsigned long long>(comm, bad);
-    const bool ok = std::all_of(bads.begin(), bads.end(), [](unsigned long long b) { return b == 0; });
-    all_ok = all_ok && ok;
+    const auto threw_any = gather_all<int>(comm, threw ? 1 : 0);
+    const bool time_weave = std::none_of(threw_any.begin(), threw_any.end(), [](int x) { return x; });
+    bool ok_weave = time_weave && verify(out, "weave, first call");
+    run(nullptr, ref_out);
+    bool ok_nccl = verify(ref_out, "nccl, first call");
 
     // Timing: the same number of calls on every rank (derived from the size alone), slowest rank.
-    // Inputs are not rotated at small sizes: both sides read the same L2-resident input, as in
-    // nccl-tests, whose figures HARDWARE.md quotes.
     const double guess_us = 15 + c.alg_bytes / 100e3;  // ~100 GB/s: only sizes the loop
     const int iters = static_cast<int>(std::clamp(target_ms * 1e3 / guess_us, 1.0, 1000.0));
     auto timed = [&](coll::Collectives* w, void* o) {
+      poison(o);
+      comm.sync(st);
       comm.barrier();
-      const double us = bench::time_us(
-          st, [&] { call(c, w, w ? nullptr : &nccl, in, o, st); }, 3, iters, repeats);
+      const double us = bench::time_us(st, [&] { run(w, o); }, 3, iters, repeats);
       comm.sync(st);
       const auto all = gather_all<double>(comm, us);
       return *std::max_element(all.begin(), all.end());
     };
-    const auto threw_any = gather_all<int>(comm, threw ? 1 : 0);
-    const bool time_weave = std::none_of(threw_any.begin(), threw_any.end(), [](int x) { return x; });
     const double t_weave = time_weave ? timed(&weave_coll, out) : NAN;
+    if (time_weave) ok_weave = verify(out, "weave, last timed call") && ok_weave;
     const double t_nccl = timed(nullptr, ref_out);
+    ok_nccl = verify(ref_out, "nccl, last timed call") && ok_nccl;
     // --host-us: the host's time to issue one call (the same loop, host clock, no event). When it
     // is as long as the device time per call, the host, not the GPU, sets the pace.
     auto host_us = [&](coll::Collectives* w, void* o) {
+      poison(o);
+      comm.sync(st);
       comm.barrier();
       const auto t0 = std::chrono::steady_clock::now();
-      for (int i = 0; i < iters; ++i) call(c, w, w ? nullptr : &nccl, in, o, st);
+      for (int i = 0; i < iters; ++i) run(w, o);
       const auto dt = std::chrono::steady_clock::now() - t0;
       const double us = std::chrono::duration<double, std::micro>(dt).count() / iters;
       comm.sync(st);
@@ -469,33 +496,38 @@ int run(const bench::Args& a) {
     };
     const bool want_host = a.has("host-us") && time_weave;
     const double h_weave = want_host ? host_us(&weave_coll, out) : NAN;
+    if (want_host) ok_weave = verify(out, "weave, --host-us loop") && ok_weave;
     const double h_nccl = want_host ? host_us(nullptr, ref_out) : NAN;
+    if (want_host) ok_nccl = verify(ref_out, "nccl, --host-us loop") && ok_nccl;
     // --gpu-us: the device's time per call with the host out of the way: a hold kernel keeps the
     // stream busy while the host enqueues every timed call, so the events see back-to-back kernels.
     auto gpu_us = [&](coll::Collectives* w, void* o) {
       const int n = std::min(iters, 200);  // stays inside the launch queue
-      for (int i = 0; i < 3; ++i) call(c, w, w ? nullptr : &nccl, in, o, st);
+      for (int i = 0; i < 3; ++i) run(w, o);
+      poison(o);
       comm.sync(st);
       comm.barrier();
       std::vector<double> t;
       const unsigned long long hold_ns = static_cast<unsigned long long>(n) * 40000ull + 200000ull;
       for (int r = 0; r < repeats; ++r)
-        t.push_back(weave::events_us(
-            st, [&] { hold(st, hold_ns); }, [&] { call(c, w, w ? nullptr : &nccl, in, o, st); },
-            n));
+        t.push_back(weave::events_us(st, [&] { hold(st, hold_ns); }, [&] { run(w, o); }, n));
       const auto all = gather_all<double>(comm, bench::median(t));
       return *std::max_element(all.begin(), all.end());
     };
     const bool want_gpu = a.has("gpu-us") && time_weave;
     const double g_weave = want_gpu ? gpu_us(&weave_coll, out) : NAN;
+    if (want_gpu) ok_weave = verify(out, "weave, --gpu-us loop") && ok_weave;
     const double g_nccl = want_gpu ? gpu_us(nullptr, ref_out) : NAN;
+    if (want_gpu) ok_nccl = verify(ref_out, "nccl, --gpu-us loop") && ok_nccl;
+    all_ok = all_ok && ok_weave && ok_nccl;
 
     auto bw = [&](double us) { return c.alg_bytes / us / 1e3; };  // GB/s
     const std::string algo = algo_name(c, weave_coll);
     const double ratio = t_nccl / t_weave;
     if (lead) {
+      const char* check = !ok_weave ? "WRONG" : !ok_nccl ? "NCCL!" : "ok";
       std::printf("%10.1f %9.1f %10.1f %9.1f %7.3f %-5s %s\n", t_weave, bw(t_weave) * c.bus_factor, t_nccl,
-                  bw(t_nccl) * c.bus_factor, ratio, ok ? "ok" : "WRONG", algo.c_str());
+                  bw(t_nccl) * c.bus_factor, ratio, check, algo.c_str());
       if (want_host) std::printf("    host us per call: weave %.1f, nccl %.1f\n", h_weave, h_nccl);
       if (want_gpu) std::printf("    gpu us per call (host ahead): weave %.1f, nccl %.1f\n", g_weave, g_nccl);
       if (!err.empty()) std::printf("    %s\n", err.c_str());
@@ -519,12 +551,12 @@ int run(const bench::Args& a) {
             .add("time_us", t)
             .add("algbw_gbs", t > 0 ? bw(t) : 0.0)
             .add("busbw_gbs", t > 0 ? bw(t) * c.bus_factor : 0.0)
-            .add("correct", impl == 0 ? ok : true)
+            .add("correct", impl == 0 ? ok_weave : ok_nccl)
             .add("iters", iters);
         if (reduction) j.add("op", op_name(c.op));
         if (impl == 0 && time_weave) j.add("ratio_vs_nccl", ratio);
         if (impl == 0 && !algo.empty()) j.add("algo", algo);
-        if (impl == 0 && !err.empty()) j.add("error", err);
+        if (!err.empty() && !(impl == 0 ? ok_weave : ok_nccl)) j.add("error", err);
         if (impl == 1) j.add("includes_copies", c.nccl_copies);
         if (want_host) j.add("host_us", impl == 0 ? h_weave : h_nccl);
         if (want_gpu) j.add("gpu_us", impl == 0 ? g_weave : g_nccl);
@@ -536,12 +568,14 @@ int run(const bench::Args& a) {
   if (lead) {
     std::printf("geomean ratio weave/NCCL:");
     for (const auto& [name, lr] : log_ratio) std::printf("  %s %.3f", name.c_str(), std::exp(lr.first / lr.second));
-    std::printf("\n%s\n", all_ok ? "all results match NCCL" : "SOME RESULTS DIFFER FROM NCCL (see WRONG rows)");
+    std::printf("\n%s\n", all_ok ? "every checked output exact, weave's and NCCL's, on every rank"
+                                   : "SOME OUTPUTS ARE WRONG (WRONG: weave's, NCCL!: NCCL's; see the rows)");
   }
   comm.sync(st);
   comm.barrier();
   WEAVE_CUDA_CHECK(cudaFree(ref_out));
   comm.free(out);
+  comm.free(in_b);
   comm.free(in);
   WEAVE_CUDA_CHECK(cudaStreamDestroy(st));
   return all_ok ? 0 : 1;

@@ -1,6 +1,12 @@
 // weave-bench gemm: the weave GEMM against cuBLASLt (bf16 in/out, fp32 compute) in the same
-// run. Correctness first (relative Frobenius error vs cuBLAS on fresh random data, weave's
-// output poisoned first), then timing with rotated inputs when they would fit in L2.
+// run. Each implementation is timed on inputs that change with every call (at least two sets,
+// up to 8 while they would fit in L2 three times), its output poisoned first; the last timed
+// call's output is then checked element by element, per 128 x 128 tile, against a float32
+// reference of that call's inputs (check/gemm_ref.hpp, check/tile_check.hpp), cuBLAS's rows like
+// weave's. Any incorrect row makes the exit status 1. Inputs derive from WEAVE_TEST_SEED (printed).
+// A tile that misses one K step fails the bound (2^-8 |r| + 2^-10 s, ~0.005 s): with inputs
+// uniform in [-1, 1) the step's 64 products have standard deviation s * 8 / sqrt(K), >= 0.0625 s
+// for K <= 16384, 12 bounds.
 //
 //   weave-bench gemm [--json FILE] [--shapes MxNxK,...] [--layout kn|nk] [--tile auto|256|128]
 //                    [--group G] [--comm 0,8,16,32] [--target-ms T] [--no-balance]
@@ -17,6 +23,9 @@
 #include <vector>
 
 #include "bench.hpp"
+#include "check/gemm_ref.hpp"
+#include "check/seed.hpp"
+#include "check/tile_check.hpp"
 #include "gemm/gemm.hpp"
 #include "gemm/reference.cuh"
 
@@ -50,12 +59,11 @@ std::vector<Shape> parse_shapes(const std::string& s) {
 
 struct Sets {
   std::vector<bf16*> a, b;
-  bf16 *c = nullptr, *r = nullptr;
+  bf16* c = nullptr;
   ~Sets() {
     for (auto p : a) cudaFree(p);
     for (auto p : b) cudaFree(p);
     cudaFree(c);
-    cudaFree(r);
   }
 };
 
@@ -89,6 +97,13 @@ void trace_launches(cudaStream_t st, int n, const std::vector<std::pair<const ch
   }
 }
 
+// s += k |c0| for the C += check: the epilogue rounds A*B to bf16 before adding it to C0, and
+// |A*B| <= |r| + |C0|, so the bound needs a term in |C0| (k = 4 times gemm_bound's 2^-10 = 2^-8).
+__global__ void add_abs_kernel(float* s, const bf16* c0, float k, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    s[i] += k * fabsf(__bfloat162float(c0[i]));
+}
+
 int run_gemm_bench(const Args& args) {
   JsonSink sink(args);
   const auto shapes = args.has("shapes") ? parse_shapes(args.get("shapes")) : kDefault;
@@ -103,6 +118,7 @@ int run_gemm_bench(const Args& args) {
   std::vector<int> comms;
   for (long long c : args.numbers("comm", "0")) comms.push_back(static_cast<int>(c));
   const double target_ms = std::stod(args.get("target-ms", "60"));
+  const uint64_t seed = check::test_seed();  // printed; WEAVE_TEST_SEED replays the inputs
 
   int dev = 0, l2 = 0;
   WEAVE_CUDA_CHECK(cudaGetDevice(&dev));
@@ -112,57 +128,80 @@ int run_gemm_bench(const Args& args) {
   std::printf("gemm bf16 (fp32 accumulate), B %s, device %s, %d SMs\n", bl == gemm::BLayout::KN ? "KxN" : "NxK",
               prop.name, prop.multiProcessorCount);
   std::printf("%-20s %-6s %-8s %5s %10s %9s %7s %9s\n", "MxNxK", "impl", "tile", "comm", "time_us", "TFLOP/s",
-              "ratio", "rel_err");
+              "ratio", "worst");
   gemm::ref::CublasLt lt;
+  check::GemmRef gref32;
   cudaStream_t st = nullptr;
   double log_ratio_sum = 0;
   int n_ratio = 0;
-  bool all_ok = true;
-  for (const Shape& s : shapes) {
+  std::vector<std::string> wrong;
+  for (size_t si = 0; si < shapes.size(); ++si) {
+    const Shape& s = shapes[si];
     const size_t na = size_t(s.M) * s.K, nb = size_t(s.K) * s.N, nc = size_t(s.M) * s.N;
     const double bytes_in = 2.0 * (na + nb);
-    const int nsets = std::max(1, std::min(8, static_cast<int>(std::ceil(3.0 * l2 / bytes_in))));
+    // At least two sets, so that no timed call repeats the previous call's inputs (a call that
+    // reads a stale operand or leaves a tile of the previous output would still look right).
+    const int nsets = std::max(2, std::min(8, static_cast<int>(std::ceil(3.0 * l2 / bytes_in))));
     Sets d;
     for (int i = 0; i < nsets; ++i) {
       bf16 *a, *b;
       WEAVE_CUDA_CHECK(cudaMalloc(&a, na * 2));
       WEAVE_CUDA_CHECK(cudaMalloc(&b, nb * 2));
       d.a.push_back(a), d.b.push_back(b);
-      gemm::ref::fill_uniform(a, na, 1000 + 2 * i);
-      gemm::ref::fill_uniform(b, nb, 1001 + 2 * i);
+      gemm::ref::fill_uniform(a, na, check::derive(seed, si, 2 * i));
+      gemm::ref::fill_uniform(b, nb, check::derive(seed, si, 2 * i + 1));
     }
     WEAVE_CUDA_CHECK(cudaMalloc(&d.c, nc * 2));
-    WEAVE_CUDA_CHECK(cudaMalloc(&d.r, nc * 2));
+    float *ref_r = nullptr, *ref_s = nullptr;
+    WEAVE_CUDA_CHECK(cudaMalloc(&ref_r, nc * sizeof(float)));
+    WEAVE_CUDA_CHECK(cudaMalloc(&ref_s, nc * sizeof(float)));
+    int ref_set = -1;  // the input set ref_r / ref_s describe
+    // d.c against the float32 reference of input set `set` (C = A*B: one bf16 rounding).
+    auto check_c = [&](int set) {
+      if (ref_set != set) {
+        gref32.run(d.a[set], d.b[set], s.M, s.N, s.K, bl, ref_r, ref_s, false, st);
+        check::sqrt_inplace(ref_s, nc, st);
+        ref_set = set;
+      }
+      return check::compare({d.c, s.N}, {ref_r, s.N}, {ref_s, s.N}, s.M, s.N, check::gemm_bound(), 128, 128, st);
+    };
     const double flop = 2.0 * s.M * s.N * s.K;
     char name[64];
     std::snprintf(name, sizeof name, "%dx%dx%d", s.M, s.N, s.K);
 
-    // cuBLAS: reference output, then time.
-    gemm::ref::poison(d.r, nc);
-    lt.run(d.a[0], d.b[0], d.r, s.M, s.N, s.K, bl, false, st);
-    WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
-    int it = 0;
+    // Every implementation: output poisoned, then timed on rotating inputs (the rotation is the
+    // only work added to the timed loop), then its last timed call's output checked against the
+    // reference of the inputs that call used.
+    int it = 0, last = -1;
     auto cublas_call = [&] {
-      lt.run(d.a[it % nsets], d.b[it % nsets], d.c, s.M, s.N, s.K, bl, false, st);
-      ++it;
+      last = it++ % nsets;
+      lt.run(d.a[last], d.b[last], d.c, s.M, s.N, s.K, bl, false, st);
     };
     // ~target_ms per repeat, at a guessed 600 TFLOP/s.
     const int iters = std::max(3, std::min(200, static_cast<int>(target_ms * 1e-3 / (flop / 600e12))));
+    gemm::ref::poison(d.c, nc, st);
     const double t_cublas = time_us(st, cublas_call, 3, iters, 5);
+    const check::Report rep_cublas = check_c(last);
     const double tf_cublas = flop / t_cublas * 1e-6;
-    std::printf("%-20s %-6s %-8s %5s %10.1f %9.1f %7s %9s\n", name, "cublas", "-", "-", t_cublas, tf_cublas, "1.000",
-                "-");
-    sink.write(JsonLine()
-                   .add("kernel", "gemm")
-                   .add("impl", "cublas")
-                   .add("M", s.M)
-                   .add("N", s.N)
-                   .add("K", s.K)
-                   .add("dtype", "bf16")
-                   .add("layout", bl == gemm::BLayout::KN ? "kn" : "nk")
-                   .add("time_us", t_cublas)
-                   .add("tflops", tf_cublas)
-                   .add("correct", true));
+    std::printf("%-20s %-6s %-8s %5s %10.1f %9.1f %7s %9.3g%s\n", name, "cublas", "-", "-", t_cublas, tf_cublas, "1.000",
+                rep_cublas.worst, rep_cublas.ok ? "" : "  WRONG");
+    if (!rep_cublas.ok) {
+      std::printf("  cublas %s: %s\n", name, rep_cublas.str().c_str());
+      wrong.push_back(std::string("cublas ") + name);
+    }
+    JsonLine jc;
+    jc.add("kernel", "gemm")
+        .add("impl", "cublas")
+        .add("M", s.M)
+        .add("N", s.N)
+        .add("K", s.K)
+        .add("dtype", "bf16")
+        .add("layout", bl == gemm::BLayout::KN ? "kn" : "nk")
+        .add("time_us", t_cublas)
+        .add("tflops", tf_cublas)
+        .add("correct", rep_cublas.ok)
+        .add("seed", std::to_string(seed));
+    sink.write(add_check_worst(jc, rep_cublas.worst));
 
     for (int comm : comms) {
       gemm::Options o;
@@ -173,42 +212,44 @@ int run_gemm_bench(const Args& args) {
       o.lcsc.max_clusters = static_cast<int>(args.get_int("max-clusters", 0));
       int dev_sms = prop.multiProcessorCount;
       const gemm::Tile used = tile == gemm::Tile::Auto ? gemm::choose_tile(s.M, s.N, s.K, dev_sms) : tile;
-      gemm::ref::poison(d.c, nc);
-      const lcsc::Plan plan = gemm::gemm(d.a[0], d.b[0], d.c, s.M, s.N, s.K, bl, o, st);
-      WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
-      const double err = gemm::ref::rel_error(d.c, d.r, nc, st);
-      const bool ok = std::isfinite(err) && err < 6e-3;
-      all_ok = all_ok && ok;
-      it = 0;
+      lcsc::Plan plan{};
+      it = 0, last = -1;
       auto weave_call = [&] {
-        gemm::gemm(d.a[it % nsets], d.b[it % nsets], d.c, s.M, s.N, s.K, bl, o, st);
-        ++it;
+        last = it++ % nsets;
+        plan = gemm::gemm(d.a[last], d.b[last], d.c, s.M, s.N, s.K, bl, o, st);
       };
+      gemm::ref::poison(d.c, nc, st);
       const double t = time_us(st, weave_call, 3, iters, 5);
+      const check::Report rep = check_c(last);
       const double tf = flop / t * 1e-6;
       const double ratio = t_cublas / t;
       if (comm == comms.front()) {
         log_ratio_sum += std::log(ratio);
         ++n_ratio;
       }
-      std::printf("%-20s %-6s %-8s %5d %10.1f %9.1f %7.3f %9.2e %4d blocks%s\n", name, "weave", gemm::tile_name(used),
-                  comm, t, tf, ratio, err, plan.compute_blocks, ok ? "" : "  WRONG");
-      sink.write(JsonLine()
-                     .add("kernel", "gemm")
-                     .add("impl", "weave")
-                     .add("M", s.M)
-                     .add("N", s.N)
-                     .add("K", s.K)
-                     .add("dtype", "bf16")
-                     .add("layout", bl == gemm::BLayout::KN ? "kn" : "nk")
-                     .add("tile", gemm::tile_name(used))
-                     .add("num_comm_sms", comm)
-                     .add("compute_blocks", plan.compute_blocks)
-                     .add("time_us", t)
-                     .add("tflops", tf)
-                     .add("ratio_vs_cublas", ratio)
-                     .add("rel_err", err)
-                     .add("correct", ok));
+      std::printf("%-20s %-6s %-8s %5d %10.1f %9.1f %7.3f %9.3g %4d blocks%s\n", name, "weave", gemm::tile_name(used),
+                  comm, t, tf, ratio, rep.worst, plan.compute_blocks, rep.ok ? "" : "  WRONG");
+      if (!rep.ok) {
+        std::printf("  weave %s comm %d: %s\n", name, comm, rep.str().c_str());
+        wrong.push_back(std::string("weave ") + name + " comm " + std::to_string(comm));
+      }
+      JsonLine jw;
+      jw.add("kernel", "gemm")
+          .add("impl", "weave")
+          .add("M", s.M)
+          .add("N", s.N)
+          .add("K", s.K)
+          .add("dtype", "bf16")
+          .add("layout", bl == gemm::BLayout::KN ? "kn" : "nk")
+          .add("tile", gemm::tile_name(used))
+          .add("num_comm_sms", comm)
+          .add("compute_blocks", plan.compute_blocks)
+          .add("time_us", t)
+          .add("tflops", tf)
+          .add("ratio_vs_cublas", ratio)
+          .add("correct", rep.ok)
+          .add("seed", std::to_string(seed));
+      sink.write(add_check_worst(jw, rep.worst));
       if (args.has("trace"))
         trace_launches(st, static_cast<int>(args.get_int("trace", 60)), {{"weave", weave_call}, {"cublas", cublas_call}});
       if (args.has("accumulate")) {  // C += A * B: the epilogue's reduce-add stores instead of plain ones
@@ -220,13 +261,45 @@ int run_gemm_bench(const Args& args) {
           ++it;
         };
         const double ta = time_us(st, acc_call, 3, iters, 5);
-        std::printf("%-20s %-6s %-8s %5d %10.1f %9.1f %7.3f   (C += A*B)\n", name, "weave+", gemm::tile_name(used), comm,
-                    ta, flop / ta * 1e-6, t_cublas / ta);
+        // The timed loop's output is C0 plus hundreds of products, each rounded into bf16: no
+        // useful bound. One more call from a known random C0 is checked instead (two roundings:
+        // 2^-8 of |r| each, and 2^-8 |C0| through the scale).
+        bf16* c0 = nullptr;
+        WEAVE_CUDA_CHECK(cudaMalloc(&c0, nc * 2));
+        const int set = it % nsets;
+        gemm::ref::fill_uniform(c0, nc, check::derive(seed, si, 1000 + comm), 4.f, st);
+        WEAVE_CUDA_CHECK(cudaMemcpyAsync(d.c, c0, nc * 2, cudaMemcpyDeviceToDevice, st));
+        gemm::gemm(d.a[set], d.b[set], d.c, s.M, s.N, s.K, bl, oa, st);
+        gref32.run(d.a[set], d.b[set], s.M, s.N, s.K, bl, ref_r, ref_s, false, st);
+        check::sqrt_inplace(ref_s, nc, st);
+        check::add_bf16(ref_r, c0, nc, st);
+        add_abs_kernel<<<1024, 256, 0, st>>>(ref_s, c0, 4.f, nc);
+        WEAVE_CUDA_CHECK(cudaGetLastError());
+        ref_set = -1;  // ref_r / ref_s now hold C0 + A*B
+        check::Bound b = check::gemm_bound();
+        b.rel *= 2;
+        const check::Report ra = check::compare({d.c, s.N}, {ref_r, s.N}, {ref_s, s.N}, s.M, s.N, b, 128, 128, st);
+        WEAVE_CUDA_CHECK(cudaFree(c0));
+        std::printf("%-20s %-6s %-8s %5d %10.1f %9.1f %7.3f %9.3g   (C += A*B)%s\n", name, "weave+",
+                    gemm::tile_name(used), comm, ta, flop / ta * 1e-6, t_cublas / ta, ra.worst, ra.ok ? "" : "  WRONG");
+        if (!ra.ok) {
+          std::printf("  weave C += %s comm %d: %s\n", name, comm, ra.str().c_str());
+          wrong.push_back(std::string("weave C += ") + name + " comm " + std::to_string(comm));
+        }
       }
     }
+    WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
+    cudaFree(ref_r);
+    cudaFree(ref_s);
   }
   if (n_ratio > 0) std::printf("geomean weave/cuBLAS over %d shapes: %.3f\n", n_ratio, std::exp(log_ratio_sum / n_ratio));
-  return all_ok ? 0 : 1;
+  if (!wrong.empty()) {
+    std::fprintf(stderr, "weave-bench gemm: %zu incorrect row(s) (replay with WEAVE_TEST_SEED=%llu):\n", wrong.size(),
+                 static_cast<unsigned long long>(seed));
+    for (const auto& w : wrong) std::fprintf(stderr, "  %s\n", w.c_str());
+    return 1;
+  }
+  return 0;
 }
 
 }  // namespace

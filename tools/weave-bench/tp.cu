@@ -5,6 +5,10 @@
 //   --sizes 2048,...,32768   --kernels ag_gemm,gemm_rs,gemm_ar    --num-comm-sms N (no tuner)
 //   --sweep 0,4,8,16,32,64   (ag_gemm and gemm_ar at --sweep-sizes, default 4096,16384)
 //   --table3                 (gemm_rs M = N = 16384, K_local 512..8192: overlap fraction)
+// Every row, weave's and the baselines', is checked on its last timed call against a float32
+// reference every rank computes without NCCL (run_one says how); a row is correct only when it
+// is on every rank, and any incorrect row makes the command exit 1 after listing them. Inputs
+// derive from rank 0's WEAVE_TEST_SEED (printed; set it to replay a run).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -18,6 +22,9 @@
 
 #include "ag_gemm/ag_gemm.hpp"
 #include "bench.hpp"
+#include "check/gemm_ref.hpp"
+#include "check/seed.hpp"
+#include "check/tile_check.hpp"
 #include "gemm/gemm.hpp"
 #include "gemm_ar/gemm_ar.hpp"
 #include "gemm_rs/gemm_rs.hpp"
@@ -40,7 +47,11 @@ struct Ctx {
   bench::JsonSink& json;
   cudaStream_t st;
   int W, rank;
+  check::GemmRef& ref;   // the float32 reference of every check
+  uint64_t seed = 0;     // rank 0's check::test_seed()
+  uint64_t calls = 0;    // run_one calls so far (the same on every rank): each gets its own inputs
   bool host_us = false;  // --host-us: also the host's time to issue one fused call
+  std::vector<std::string> wrong;  // incorrect rows (every rank lists the same ones)
 };
 
 // Implementations timed in turns, median per implementation, slowest rank (each rank times its
@@ -79,57 +90,117 @@ std::vector<double> timed_turns(Ctx& x, const std::vector<std::function<void()>>
   return out;
 }
 
-bool all_ok(Ctx& x, bool ok) {
-  int mine = ok ? 1 : 0;
-  std::vector<int> all(x.W);
-  x.c.bootstrap().all_gather(&mine, all.data(), sizeof mine);
-  for (int v : all) ok = ok && v;
-  return ok;
-}
-
 struct Row {
   std::string kernel, impl;
   int S, M, N, K;
-  double us;
-  int ncomm;
-  bool correct;
-  double err;
+  double us = 0;
+  int ncomm = 0;
+  bool correct = false;
+  double worst = 0;  // the checker's worst |x - r| / bound over ranks (> 1: wrong)
   int variant = 0;
+  double alone_us = 0;  // the fused row of run_one: GEMM alone's time (Table 3)
 };
 
 void emit(Ctx& x, const Row& r, const char* extra_key = nullptr, double extra = 0) {
   const double tf = 2.0 * r.M * r.N * r.K / (r.us * 1e-6) / 1e12;
+  if (!r.correct) x.wrong.push_back(r.kernel + " " + r.impl + " S=" + std::to_string(r.S) + " (" + std::to_string(r.M) +
+                                    "x" + std::to_string(r.N) + "x" + std::to_string(r.K) + ", variant " +
+                                    std::to_string(r.variant) + ", comm " + std::to_string(r.ncomm) + ")");
   if (x.rank == 0) {
     bench::JsonLine j;
     j.add("kernel", r.kernel).add("impl", r.impl).add("S", r.S).add("M", r.M).add("N", r.N).add("K", r.K);
     j.add("world", x.W).add("time_us", r.us).add("tflops", tf).add("num_comm_sms", r.ncomm).add("correct", r.correct);
-    j.add("rel_err", r.err).add("variant", r.variant);
+    bench::add_check_worst(j, r.worst).add("variant", r.variant).add("seed", std::to_string(x.seed));
     if (extra_key) j.add(extra_key, extra);
     x.json.write(j);
   }
 }
 
+// Bitwise equality of two bf16 arrays (the gathered A is a copy): the count of differing elements.
+__global__ void mismatch_kernel(const uint16_t* a, const uint16_t* b, size_t n, unsigned long long* out) {
+  unsigned long long bad = 0;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    bad += a[i] != b[i];
+  for (int o = 16; o > 0; o >>= 1) bad += __shfl_xor_sync(0xffffffff, bad, o);
+  if ((threadIdx.x & 31) == 0 && bad) atomicAdd(out, bad);
+}
+unsigned long long mismatches(const bf16* a, const bf16* b, size_t n, cudaStream_t st) {
+  unsigned long long* d = nullptr;
+  unsigned long long h = 0;
+  WEAVE_CUDA_CHECK(cudaMalloc(&d, sizeof h));
+  WEAVE_CUDA_CHECK(cudaMemsetAsync(d, 0, sizeof h, st));
+  mismatch_kernel<<<1024, 256, 0, st>>>(reinterpret_cast<const uint16_t*>(a), reinterpret_cast<const uint16_t*>(b), n, d);
+  WEAVE_CUDA_CHECK(cudaGetLastError());
+  WEAVE_CUDA_CHECK(cudaMemcpyAsync(&h, d, sizeof h, cudaMemcpyDeviceToHost, st));
+  WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
+  WEAVE_CUDA_CHECK(cudaFree(d));
+  return h;
+}
+
+template <class T>
+struct DevBuf {
+  T* p = nullptr;
+  explicit DevBuf(size_t n) { WEAVE_CUDA_CHECK(cudaMalloc(&p, (n ? n : 1) * sizeof(T))); }
+  ~DevBuf() { cudaFree(p); }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+};
+
+// A row's verdict from this rank's report, the same on every rank (wrong anywhere: wrong
+// everywhere); a wrong report is printed by the rank that saw it.
+void settle_check(Ctx& x, Row& row, const check::Report& rep, bool also_ok = true, const std::string& also = "") {
+  const bool ok = rep.ok && also_ok;
+  if (!ok)
+    std::printf("    rank %d: %s %s S=%d: %s%s\n", x.rank, row.kernel.c_str(), row.impl.c_str(), row.S, rep.str().c_str(),
+                also.c_str());
+  row.correct = bench::all_ranks_ok(x.c, ok);
+  row.worst = bench::worst_over_ranks(x.c, also_ok ? rep.worst : INFINITY);
+}
+
 // One kernel at one size: GEMM alone, fused, cuBLAS + NCCL; returns the fused row.
+//
+// Inputs: two sets per rank (A or the A shard, and B), alternated by pointer from one call to
+// the next in every implementation's timed loop, so no call sees the inputs of the call before
+// it (a kernel that read the previous call's gathered A, partials or output tile would be
+// wrong). They derive from the run's seed, the call of run_one, the set and the rank, so every
+// rank regenerates every rank's inputs: the reference (check/gemm_ref.hpp, float32 cuBLASLt) is
+// the full-K sum (gemm_rs, gemm_ar) or the product with the whole gathered A (ag_gemm), computed
+// on each rank without NCCL. Every output is poisoned before timing; after it, each
+// implementation's last timed call is compared with the reference of the set it used, per
+// element and per 128 x 128 tile (check/tile_check.hpp): fused and cuBLAS + NCCL against the
+// TP result (gemm_rs, gemm_ar: W bf16 partials, check::partial_sum_bound; ag_gemm: one rounding,
+// check::gemm_bound, and the gathered A bit for bit), GEMM alone against its local product.
+//
+// The bounds fail a 128 x 128 tile that misses one K step (64) or one rank's part at every size
+// here: with inputs uniform in [-1, 1), s ~ sqrt(K_full)/3 and a missing sum of n products has
+// standard deviation s sqrt(n / K_full), while |r| ~ s. ag_gemm's bound is ~0.005 s and a K step
+// of K <= 32768 is >= 0.044 s (9 bounds). gemm_rs / gemm_ar's is 2^-7 |r| + W/64 s: one rank's
+// part (s / sqrt(W)) is 22 bounds at W = 2 and 2.8 at W = 8; one K step of K_full <= 32768 is
+// 1.2 bounds per standard deviation at W = 2, and 0.35 at W = 8, where 0.27 % of a tile's 16384
+// elements (~44) still land past 3 standard deviations.
 Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print, bool baselines = true,
             int K_override = 0, int variant = -1) {
   const int W = x.W, r = x.rank;
   const bool ag = kernel == "ag_gemm";
   const int M = S, N = ag ? S / W : S, K = ag ? S : (K_override ? K_override : S / W);
-  const uint64_t seed = 12345 + 7919 * r;
+  const uint64_t call = check::derive(x.seed, x.calls++);
+  enum What : int { kA = 1, kB = 2 };
+  auto seed_of = [&](int set, int q, What w) { return check::derive(call, uint64_t(set) * 64 + q, w); };
   tp::Options o;
   o.num_comm_sms = fixed_comm;
   o.variant = variant;
-  Row fused{kernel, "weave", S, M, N, K, 0, 0, false, 0}, alone = fused, base = fused;
+  Row fused{kernel, "weave", S, M, N, K}, alone = fused, base = fused;
   alone.impl = "weave-gemm-alone";
   base.impl = "cublas+nccl";
-  bf16 *A = nullptr, *B = nullptr, *Cref = nullptr, *Cloc = nullptr;
-  // Times the checked fused call (the launch info it fills is read after the timing), then, with
+  const size_t nc = size_t(M) * N;
+  // Times the fused call (the launch info it fills is read after the timing), then, with
   // baselines, cuBLAS + NCCL and weave's GEMM alone on the same local shape.
-  auto measure = [&](auto& fused_fn, auto& ref, auto&& alone_fn, const tp::LaunchInfo& li) {
+  auto measure = [&](auto& fused_fn, auto& ref, auto& alone_fn, const tp::LaunchInfo& li) {
+    x.c.sync(x.st);
+    x.c.barrier();  // every rank's outputs poisoned before any peer writes into them
     if (baselines) {
       const std::vector<double> t = timed_turns(x, {fused_fn, ref, alone_fn});
       fused.us = t[0], base.us = t[1], alone.us = t[2];
-      base.correct = alone.correct = true;
     } else {
       fused.us = timed_turns(x, {fused_fn})[0];
     }
@@ -145,75 +216,134 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
       x.c.sync(x.st);
       if (x.rank == 0) std::printf("    %s S=%d host us per fused call (rank 0): %.1f (device %.1f)\n", kernel.c_str(), S, us, fused.us);
     }
+    x.c.sync(x.st);
+    x.c.barrier();
   };
-  WEAVE_CUDA_CHECK(cudaMalloc(&B, size_t(K) * N * sizeof(bf16)));
-  gref::fill_uniform(B, size_t(K) * N, seed + 2);
+  DevBuf<bf16> B0(size_t(K) * N), B1(size_t(K) * N);
+  bf16* B[2] = {B0.p, B1.p};
+  DevBuf<float> ref_r(nc), ref_s(nc);
+  DevBuf<bf16> Cf(ag ? nc : 0), Cb(baselines ? nc : 0), Ca(baselines ? nc : 0);
+  for (int i = 0; i < 2; ++i) gref::fill_uniform(B[i], size_t(K) * N, seed_of(i, r, kB), 1.f, x.st);
+  int nf = 0, nb = 0, na = 0, last_f = -1, last_b = -1, last_a = -1;  // calls made, set of the last one
   if (ag) {
     const tp::Range sh = tp::shard(M, W, r);
     bf16* G = static_cast<bf16*>(x.c.alloc(size_t(M) * K * sizeof(bf16)));
-    bf16 *Ash, *Gref;
-    WEAVE_CUDA_CHECK(cudaMalloc(&Ash, size_t(sh.size) * K * sizeof(bf16)));
-    WEAVE_CUDA_CHECK(cudaMalloc(&Gref, size_t(M) * K * sizeof(bf16)));
-    WEAVE_CUDA_CHECK(cudaMalloc(&Cref, size_t(M) * N * sizeof(bf16)));
-    WEAVE_CUDA_CHECK(cudaMalloc(&Cloc, size_t(M) * N * sizeof(bf16)));
-    gref::fill_uniform(Ash, size_t(sh.size) * K, seed + 1);
+    // Ash[i]: this rank's shard of set i; Gfull[i]: every rank's shards of set i, regenerated
+    // here (the reference's operand and GEMM alone's A).
+    DevBuf<bf16> Ash0(size_t(sh.size) * K), Ash1(size_t(sh.size) * K), Gfull0(size_t(M) * K), Gfull1(size_t(M) * K),
+        Gref(baselines ? size_t(M) * K : 0);
+    bf16 *Ash[2] = {Ash0.p, Ash1.p}, *Gfull[2] = {Gfull0.p, Gfull1.p};
+    for (int i = 0; i < 2; ++i) {
+      gref::fill_uniform(Ash[i], size_t(sh.size) * K, seed_of(i, r, kA), 1.f, x.st);
+      for (int q = 0; q < W; ++q) {
+        const tp::Range sq = tp::shard(M, W, q);
+        gref::fill_uniform(Gfull[i] + size_t(sq.begin) * K, size_t(sq.size) * K, seed_of(i, q, kA), 1.f, x.st);
+      }
+    }
     tp::AgGemm op(x.c);
     auto ref = [&] {
-      WEAVE_NCCL_CHECK(ncclAllGather(Ash, Gref, size_t(sh.size) * K, ncclBfloat16, x.nccl.get(), x.st));
-      x.blas.run(Gref, B, Cref, M, N, K, gemm::BLayout::KN, false, x.st);
+      const int i = last_b = nb++ & 1;
+      WEAVE_NCCL_CHECK(ncclAllGather(Ash[i], Gref.p, size_t(sh.size) * K, ncclBfloat16, x.nccl.get(), x.st));
+      x.blas.run(Gref.p, B[i], Cb.p, M, N, K, gemm::BLayout::KN, false, x.st);
     };
     tp::LaunchInfo li{};
-    auto fused_fn = [&] { li = op.run(Ash, G, B, Cloc, M, N, K, o, x.st); };
-    gref::poison(Cloc, size_t(M) * N, x.st);
-    fused_fn();
-    ref();
-    const double eg = gref::rel_error(G, Gref, size_t(M) * K, x.st), ec = gref::rel_error(Cloc, Cref, size_t(M) * N, x.st);
-    fused.err = ec;
-    fused.correct = all_ok(x, eg == 0.0 && ec < 1e-2);
-    measure(fused_fn, ref, [&] { gemm::gemm(Gref, B, Cref, M, N, K, gemm::BLayout::KN, {}, x.st); }, li);
+    auto fused_fn = [&] {
+      const int i = last_f = nf++ & 1;
+      li = op.run(Ash[i], G, B[i], Cf.p, M, N, K, o, x.st);
+    };
+    auto alone_fn = [&] {
+      const int i = last_a = na++ & 1;
+      gemm::gemm(Gfull[i], B[i], Ca.p, M, N, K, gemm::BLayout::KN, {}, x.st);
+    };
+    gref::poison(G, size_t(M) * K, x.st);
+    gref::poison(Cf.p, nc, x.st);
+    if (baselines) gref::poison(Cb.p, nc, x.st), gref::poison(Ca.p, nc, x.st);
+    measure(fused_fn, ref, alone_fn, li);
+    for (int i = 0; i < 2; ++i) {
+      if (last_f != i && !(baselines && (last_b == i || last_a == i))) continue;
+      x.ref.run(Gfull[i], B[i], M, N, K, gemm::BLayout::KN, ref_r.p, ref_s.p, false, x.st);
+      check::sqrt_inplace(ref_s.p, nc, x.st);
+      auto cmp = [&](const bf16* C) {
+        return check::compare({C, N}, {ref_r.p, N}, {ref_s.p, N}, M, N, check::gemm_bound(), 128, 128, x.st);
+      };
+      if (last_f == i) {
+        const unsigned long long bad = mismatches(G, Gfull[i], size_t(M) * K, x.st);
+        settle_check(x, fused, cmp(Cf.p), bad == 0, bad ? "; gathered A: " + std::to_string(bad) + " elements differ" : "");
+      }
+      if (baselines && last_b == i) settle_check(x, base, cmp(Cb.p));
+      if (baselines && last_a == i) settle_check(x, alone, cmp(Ca.p));
+    }
     WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
     x.c.barrier();
     x.c.free(G);
-    cudaFree(Ash);
-    cudaFree(Gref);
   } else {
     const bool rs = kernel == "gemm_rs";
-    WEAVE_CUDA_CHECK(cudaMalloc(&A, size_t(M) * K * sizeof(bf16)));
-    WEAVE_CUDA_CHECK(cudaMalloc(&Cref, size_t(M) * N * sizeof(bf16)));
-    WEAVE_CUDA_CHECK(cudaMalloc(&Cloc, size_t(M) * N * sizeof(bf16)));
-    gref::fill_uniform(A, size_t(M) * K, seed + 1);
-    const size_t out_n = rs ? tp::GemmRS::out_elems(M, N, W) : size_t(M) * N;
-    bf16* out = static_cast<bf16*>(x.c.alloc(out_n * sizeof(bf16)));
     const tp::Range sh = tp::shard(M, W, r);
+    // NCCL's reduce-scatter hands out equal blocks of M / W rows (the S of this benchmark are
+    // multiples of W, where they are weave's shards).
+    const int nccl_rows = M / W;
+    DevBuf<bf16> A0(size_t(M) * K), A1(size_t(M) * K), a_q(size_t(M) * K), b_q(size_t(K) * N),
+        rsout(baselines && rs ? size_t(nccl_rows) * N : 0);
+    bf16* A[2] = {A0.p, A1.p};
+    for (int i = 0; i < 2; ++i) gref::fill_uniform(A[i], size_t(M) * K, seed_of(i, r, kA), 1.f, x.st);
+    const size_t out_n = rs ? tp::GemmRS::out_elems(M, N, W) : nc;
+    bf16* out = static_cast<bf16*>(x.c.alloc(out_n * sizeof(bf16)));
     tp::GemmRS rsop(x.c);
     tp::GemmAR arop(x.c);
     tp::LaunchInfo li{};
     auto fused_fn = [&] {
-      if (rs) li = rsop.run(A, B, out, M, N, K, o, x.st);
-      else li = arop.run(A, B, out, M, N, K, o, x.st);
+      const int i = last_f = nf++ & 1;
+      if (rs) li = rsop.run(A[i], B[i], out, M, N, K, o, x.st);
+      else li = arop.run(A[i], B[i], out, M, N, K, o, x.st);
     };
     // Unfused: the local GEMM, then NCCL (reduce-scatter of equal row blocks, or all-reduce).
-    bf16* rsout = Cloc;
     auto ref = [&] {
-      x.blas.run(A, B, Cref, M, N, K, gemm::BLayout::KN, false, x.st);
-      if (rs) WEAVE_NCCL_CHECK(ncclReduceScatter(Cref, rsout, size_t(M / W) * N, ncclBfloat16, ncclSum, x.nccl.get(), x.st));
-      else WEAVE_NCCL_CHECK(ncclAllReduce(Cref, Cref, size_t(M) * N, ncclBfloat16, ncclSum, x.nccl.get(), x.st));
+      const int i = last_b = nb++ & 1;
+      x.blas.run(A[i], B[i], Cb.p, M, N, K, gemm::BLayout::KN, false, x.st);
+      if (rs) WEAVE_NCCL_CHECK(ncclReduceScatter(Cb.p, rsout.p, size_t(nccl_rows) * N, ncclBfloat16, ncclSum, x.nccl.get(), x.st));
+      else WEAVE_NCCL_CHECK(ncclAllReduce(Cb.p, Cb.p, nc, ncclBfloat16, ncclSum, x.nccl.get(), x.st));
+    };
+    auto alone_fn = [&] {
+      const int i = last_a = na++ & 1;
+      gemm::gemm(A[i], B[i], Ca.p, M, N, K, gemm::BLayout::KN, {}, x.st);
     };
     gref::poison(out, out_n, x.st);
-    fused_fn();
-    ref();
-    const double e = rs ? gref::rel_error(out, rsout, size_t(sh.size) * N, x.st) : gref::rel_error(out, Cref, size_t(M) * N, x.st);
-    fused.err = e;
-    fused.correct = all_ok(x, e < 1e-2);
-    measure(fused_fn, ref, [&] { gemm::gemm(A, B, Cref, M, N, K, gemm::BLayout::KN, {}, x.st); }, li);
+    if (baselines) {
+      gref::poison(Cb.p, nc, x.st), gref::poison(Ca.p, nc, x.st);
+      if (rs) gref::poison(rsout.p, size_t(nccl_rows) * N, x.st);
+    }
+    measure(fused_fn, ref, alone_fn, li);
+    const check::Bound sum_bound = check::partial_sum_bound(W);
+    auto cmp_rows = [&](const bf16* C, int row0, int rows, check::Bound b) {
+      return check::compare({C, N}, {ref_r.p + size_t(row0) * N, N}, {ref_s.p + size_t(row0) * N, N}, rows, N, b, 128,
+                            128, x.st);
+    };
+    for (int i = 0; i < 2; ++i) {
+      if (last_f != i && !(baselines && last_b == i)) continue;
+      for (int q = 0; q < W; ++q) {  // sum over ranks of A_q * B_q: one product over the full K
+        const bf16 *aq = A[i], *bq = B[i];
+        if (q != r) {
+          gref::fill_uniform(a_q.p, size_t(M) * K, seed_of(i, q, kA), 1.f, x.st);
+          gref::fill_uniform(b_q.p, size_t(K) * N, seed_of(i, q, kB), 1.f, x.st);
+          aq = a_q.p, bq = b_q.p;
+        }
+        x.ref.run(aq, bq, M, N, K, gemm::BLayout::KN, ref_r.p, ref_s.p, q > 0, x.st);
+      }
+      check::sqrt_inplace(ref_s.p, nc, x.st);
+      if (last_f == i)
+        settle_check(x, fused, rs ? cmp_rows(out, sh.begin, sh.size, sum_bound) : cmp_rows(out, 0, M, sum_bound));
+      if (baselines && last_b == i)
+        settle_check(x, base, rs ? cmp_rows(rsout.p, r * nccl_rows, nccl_rows, sum_bound) : cmp_rows(Cb.p, 0, M, sum_bound));
+    }
+    if (baselines) {  // GEMM alone: this rank's local product only
+      x.ref.run(A[last_a], B[last_a], M, N, K, gemm::BLayout::KN, ref_r.p, ref_s.p, false, x.st);
+      check::sqrt_inplace(ref_s.p, nc, x.st);
+      settle_check(x, alone, cmp_rows(Ca.p, 0, M, check::gemm_bound()));
+    }
     WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
     x.c.barrier();
     x.c.free(out);
-    cudaFree(A);
   }
-  cudaFree(B);
-  cudaFree(Cref);
-  cudaFree(Cloc);
   if (baselines) {
     emit(x, alone);
     emit(x, base);
@@ -221,17 +351,22 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
   emit(x, fused, baselines ? nullptr : "sweep", 1);  // sweep rows: a fixed num_comm_sms / variant
   if (print && x.rank == 0) {
     auto tf = [&](double us) { return 2.0 * M * N * K / (us * 1e-6) / 1e12; };
+    auto verdict = [](const Row& w) {
+      char b[48];
+      std::snprintf(b, sizeof b, "%s %.3g", w.correct ? "ok" : "WRONG", w.worst);
+      return std::string(b);
+    };
     if (baselines)
-      std::printf("| %s | %d | %dx%dx%d | %.1f / %.0f | %.1f / %.0f | %.1f / %.0f | %d (v%d) | %.3f | %.3f | %s %.1e |\n",
+      std::printf("| %s | %d | %dx%dx%d | %.1f / %.0f | %.1f / %.0f | %.1f / %.0f | %d (v%d) | %.3f | %.3f | %s / %s / %s |\n",
                   kernel.c_str(), S, M, N, K, alone.us, tf(alone.us), base.us, tf(base.us), fused.us, tf(fused.us),
                   fused.ncomm, fused.variant, fused.us > 0 ? alone.us / fused.us : 0, fused.us > 0 ? base.us / fused.us : 0,
-                  fused.correct ? "ok" : "WRONG", fused.err);
+                  verdict(alone).c_str(), verdict(base).c_str(), verdict(fused).c_str());
     else
       std::printf("| %s | %d | %dx%dx%d | %d | %d | %.1f | %.0f | %s |\n", kernel.c_str(), S, M, N, K, fused.variant,
-                  fused.ncomm, fused.us, tf(fused.us), fused.correct ? "ok" : "WRONG");
+                  fused.ncomm, fused.us, tf(fused.us), verdict(fused).c_str());
     std::fflush(stdout);
   }
-  if (baselines) fused.err = alone.us;  // hand the GEMM-alone time to Table 3
+  fused.alone_us = alone.us;
   return fused;
 }
 
@@ -251,12 +386,19 @@ int run(const bench::Args& a) {
   bench::JsonSink json(a);
   cudaStream_t st;
   WEAVE_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  Ctx x{c, nccl, blas, json, st, c.world(), c.rank()};
+  check::GemmRef ref;
+  Ctx x{c, nccl, blas, json, st, c.world(), c.rank(), ref};
   x.host_us = a.has("host-us");
+  {  // rank 0's seed on every rank (only rank 0 draws and prints one)
+    const uint64_t mine = x.rank == 0 ? check::test_seed() : 0;
+    std::vector<uint64_t> all(x.W);
+    c.bootstrap().all_gather(&mine, all.data(), sizeof mine);
+    x.seed = all[0];
+  }
   if (x.rank == 0) {
     std::printf("weave-bench tp: world %d, %s, %d SMs; times in us (slowest rank) / TFLOP/s of the local GEMM\n", x.W,
                 c.props().name, c.sm_count());
-    std::printf("| kernel | S | local MxNxK | GEMM alone | cuBLAS+NCCL | weave fused | comm SMs | fused/alone | fused/cuBLAS+NCCL | check |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    std::printf("| kernel | S | local MxNxK | GEMM alone | cuBLAS+NCCL | weave fused | comm SMs | fused/alone | fused/cuBLAS+NCCL | check (alone / cuBLAS+NCCL / fused: worst error / bound) |\n|---|---|---|---|---|---|---|---|---|---|\n");
   }
   if (!a.has("only-extra"))
     for (const auto& k : kernels)
@@ -283,7 +425,7 @@ int run(const bench::Args& a) {
       std::printf("\nTable 3: GEMM+RS, M = N = 16384, world %d\n| K_local | GEMM alone us | fused us | non-overlapped (fused-alone)/fused | R TFLOP/s | predicted K >= s*R/(2B) |\n|---|---|---|---|---|---|\n", x.W);
     for (int K : {512, 1024, 2048, 4096, 8192}) {
       Row r = run_one(x, "gemm_rs", 16384, -1, false, true, K);
-      const double alone = r.err, R = 2.0 * 16384.0 * 16384.0 * K / (alone * 1e-6);
+      const double alone = r.alone_us, R = 2.0 * 16384.0 * 16384.0 * K / (alone * 1e-6);
       const double frac = (r.us - alone) / r.us, thr = 2.0 * R / (2.0 * Bw);
       if (x.rank == 0) {
         std::printf("| %d | %.1f | %.1f | %.3f | %.0f | %.0f |\n", K, alone, r.us, frac, R / 1e12, thr);
@@ -295,6 +437,14 @@ int run(const bench::Args& a) {
     }
   }
   WEAVE_CUDA_CHECK(cudaStreamDestroy(st));
+  if (!x.wrong.empty()) {
+    if (x.rank == 0) {
+      std::fprintf(stderr, "weave-bench tp: %zu incorrect row(s) (replay with WEAVE_TEST_SEED=%llu):\n", x.wrong.size(),
+                   static_cast<unsigned long long>(x.seed));
+      for (const auto& w : x.wrong) std::fprintf(stderr, "  %s\n", w.c_str());
+    }
+    return 1;
+  }
   return 0;
 }
 

@@ -76,6 +76,11 @@ class Communicator {
   // becomes an error that prints who waited for what. Afterwards the communicator is unusable.
   void sync(cudaStream_t stream = nullptr);
   void barrier();  // host-side barrier of all ranks (device work is not included)
+  // Collective: returns once no rank has device work left that was enqueued before its call
+  // (this device synchronized, then a barrier). Heap memory that kernels may still touch, here or
+  // from a peer, can be handed back to the allocator after it. Never throws: on an unusable
+  // communicator or a device error it returns false having waited for what it could.
+  bool quiesce() noexcept;
 
   // Device-visible parts of the wait diagnostics.
   WaitRecord* wait_record() const;
@@ -110,6 +115,9 @@ class SymmetricTensor {
 };
 
 // Host side of a signal set: the counters' heap allocation and the round number kernels wait for.
+// Creating and destroying one are collective: the destructor waits until no rank has device work
+// left (Communicator::quiesce) before the counters go back to the heap, so that a late signal
+// from a call still running (here or on a peer) cannot land in the next set zeroed there.
 class SignalSet {
  public:
   SignalSet(Communicator& c, const std::string& name, int count);

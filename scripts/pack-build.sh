@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Packs what a GPU machine needs to run this build's tests and benchmarks without building:
+# build/bin (stripped) and the CTest files, as .carry/build.tar.xz (git-ignored; the device tool
+# carries at most 64 MiB). On the GPU machine, from the checkout's root:
+#   tar xJf .carry/build.tar.xz && scripts/device-check.sh tests
+# (the CTest files name this machine's build path; device-check.sh links it to the checkout).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+src=${1:-build}
+rm -rf .carry/build && mkdir -p .carry/build/bin
+(cd "$src" && find . -name 'CTestTestfile.cmake' -print0 | xargs -0 -I{} cp --parents {} ../.carry/build/)
+cp "$src"/bin/* .carry/build/bin/
+strip .carry/build/bin/* 2>/dev/null || true
+tar -C .carry -cf - build | xz -T0 -6 > .carry/build.tar.xz
+rm -rf .carry/build
+du -sh .carry/build.tar.xz

@@ -1,0 +1,270 @@
+# Injected faults for scripts/mutate.py (README.md in this folder says how to run it and how to
+# add faults). Python data, no imports: the script reads FAULTS.
+#
+# A fault is a dict:
+#   name     unique, [a-z0-9_]
+#   what     one line: the bug, and when it bites
+#   edits    [{"file": path from the repo root, "find": text that must occur exactly once in the
+#            file, "replace": its replacement}, ...] (usually one edit)
+#   tests    CTest names expected to catch it (run as ctest -R '^name$'); at least one must fail.
+#            "name:Filter" runs only the GoogleTest tests that GTEST_FILTER=Filter selects
+#   bench    optional [{"ranks": N, "args": "SUITE --opt v ..."}]: weave-bench SUITE run through
+#            build/bin/weave-run -n N with --json; caught when a row says "correct": false or the
+#            command exits non-zero
+#   repeat   optional (default 1): a race that a single run may miss; the checks are run up to
+#            this many times until one of them catches it
+#   targets  optional extra CMake targets to rebuild (the tests' and weave-bench's executables
+#            are found from CTest)
+#
+# Faults are meant to be rare in effect: one tile, one row block, one rank's contribution, the
+# ragged edge, one call of a back-to-back sequence, a race. A check that samples a few rows or
+# compares a norm of the whole output can miss them; a per-tile (per-element) check cannot.
+
+FAULTS = [
+    # ---- single-GPU GEMM (kernels/gemm) ---------------------------------------------------------
+    {
+        "name": "gemm_last_k_step_skipped_one_tile",
+        "what": "work item 1 of every GEMM launch (K > 64) runs one K step less: its tile misses the last 64 of K "
+                "(the TP kernels derive from this GEMM, so they inherit it)",
+        "edits": [{
+            "file": "kernels/gemm/gemm_kernel.cuh",
+            "find": "static __device__ __forceinline__ int num_iters(const Globals& g, int) { return (g.K + BK - 1) / BK; }",
+            "replace": "static __device__ __forceinline__ int num_iters(const Globals& g, int w) {\n"
+                       "    return (g.K + BK - 1) / BK - (w == 1 && g.K > BK ? 1 : 0);\n"
+                       "  }",
+        }],
+        "tests": ["test_gemm_gpu", "test_tp_gpu:TpGpu.GemmRs*:TpGpu.AgGemm*"],
+        "bench": [{"ranks": 1, "args": "gemm --shapes 1000x1000x1000,2048x2048x512 --target-ms 2"}],
+    },
+    {
+        "name": "gemm_ragged_n_last_column_block_dropped",
+        "what": "the GEMM epilogue stops before a partial last 64-column block (N % 64 != 0): those columns are "
+                "never stored (ragged edge only)",
+        "edits": [{
+            "file": "kernels/gemm/gemm_kernel.cuh",
+            "find": "if (n >= g.N) break;",
+            "replace": "if (n + 64 > g.N) break;",
+        }],
+        "tests": ["test_gemm_gpu", "test_tp_gpu:TpGpu.GemmRs*:TpGpu.AgGemm*"],
+        "bench": [{"ranks": 1, "args": "gemm --shapes 1000x1000x1000 --target-ms 2"}],
+    },
+    # ---- GEMM + reduce-scatter (kernels/gemm_rs) -------------------------------------------------
+    {
+        "name": "gemm_rs_drop_rank_contribution_one_tile",
+        "what": "variants 0/1: rank 1 skips its reduce-add into owner 0's tile (row tile 1, column tile 0); every "
+                "other tile is right",
+        "edits": [{
+            "file": "kernels/gemm_rs/gemm_rs_kernel.cuh",
+            "find": "      if (own) tile::tma::store_2d(&g.out[t.owner], o.c + j * BM * 64, n, t.i * BM);\n"
+                    "      else tile::tma::reduce_add_2d(",
+            "replace": "      if (own) tile::tma::store_2d(&g.out[t.owner], o.c + j * BM * 64, n, t.i * BM);\n"
+                       "      else if (!(g.rank == 1 && t.owner == 0 && t.i == 1 && t.n == 0)) tile::tma::reduce_add_2d(",
+        }],
+        "tests": ["test_tp_gpu:TpGpu.GemmRs*"],
+        "bench": [{"ranks": 2, "args": "tp --sizes 2048 --kernels gemm_rs --variant 0"}],
+    },
+    {
+        "name": "gemm_rs_inter_sm_drop_rank_one_tile",
+        "what": "variant 2 (inter-SM): the owner's communicator sums W - 1 ranks' scratch for its tile j == 1 "
+                "(the last rank's partial is dropped)",
+        "edits": [{
+            "file": "kernels/gemm_rs/gemm_rs_kernel.cuh",
+            "find": "reduce_tile(g.scr, g.L.W, (sh.begin + rows) * g.N + c0,",
+            "replace": "reduce_tile(g.scr, j == 1 ? g.L.W - 1 : g.L.W, (sh.begin + rows) * g.N + c0,",
+        }],
+        "tests": ["test_tp_gpu:TpGpu.GemmRs*"],
+        "bench": [{"ranks": 2, "args": "tp --sizes 2048 --kernels gemm_rs --variant 2 --num-comm-sms 8"}],
+    },
+    # ---- GEMM + all-reduce (kernels/gemm_ar) -----------------------------------------------------
+    {
+        "name": "gemm_ar_drop_rank_contribution_one_tile",
+        "what": "inter-SM: the owner's reduction of tile 1 sums W - 1 ranks (the last rank's partial is dropped)",
+        "edits": [{
+            "file": "kernels/gemm_ar/gemm_ar_kernel.cuh",
+            "find": "tp::reduce_tile(g.buf, g.L.W, off, g.buf, g.L.W, off,",
+            "replace": "tp::reduce_tile(g.buf, w == 1 ? g.L.W - 1 : g.L.W, off, g.buf, g.L.W, off,",
+        }],
+        "tests": ["test_tp_gpu:TpGpu.GemmAr*"],
+        "bench": [{"ranks": 2, "args": "tp --sizes 2048 --kernels gemm_ar --num-comm-sms 8"}],
+    },
+    {
+        "name": "gemm_ar_intra_drop_add_one_tile",
+        "what": "intra-SM: rank 1 neither waits for nor adds its partial into its peers' copy of tile 1",
+        "edits": [{
+            "file": "kernels/gemm_ar/gemm_ar_kernel.cuh",
+            "find": "      const int d = g.rank + k < W ? g.rank + k : g.rank + k - W;\n",
+            "replace": "      const int d = g.rank + k < W ? g.rank + k : g.rank + k - W;\n"
+                       "      if (k > 0 && w == 1 && g.rank == 1) continue;\n",
+        }],
+        "tests": ["test_tp_gpu:TpGpu.GemmAr*"],
+        "bench": [{"ranks": 2, "args": "tp --sizes 2048 --kernels gemm_ar --num-comm-sms 0"}],
+    },
+    {
+        "name": "gemm_ar_reduce_without_waiting_for_partials",
+        "what": "inter-SM: the owner's communicator reduces a tile without waiting (acquire) for every rank's "
+                "ready signal: it reads partials that are not written yet",
+        "edits": [{
+            "file": "kernels/gemm_ar/gemm_ar_kernel.cuh",
+            "find": "      if (threadIdx.x == 0) wait(g.ready, w, g.ready_round * ar_ready_expected(g.L));\n",
+            "replace": "      // (the wait for every rank's partial of tile w is missing)\n",
+        }],
+        "tests": ["test_tp_gpu:TpGpu.GemmAr*"],
+        "bench": [{"ranks": 2, "args": "tp --sizes 2048 --kernels gemm_ar --num-comm-sms 8"}],
+    },
+    # ---- AllGather + GEMM (kernels/ag_gemm) ------------------------------------------------------
+    {
+        "name": "ag_gemm_signal_before_store_wait",
+        "what": "TMA push (variants 0 and 2): a unit's ready signal goes out before store_wait(), so a peer may "
+                "load the row tile before the bulk stores landed (a race)",
+        "edits": [{
+            "file": "kernels/ag_gemm/ag_gemm_kernel.cuh",
+            "find": "        store_wait();\n        signal_unit(u_store);\n",
+            "replace": "        signal_unit(u_store);\n        store_wait();\n",
+        }],
+        "tests": ["test_tp_gpu:TpGpu.AgGemm*"],
+        "bench": [{"ranks": 2, "args": "tp --sizes 2048,4096 --kernels ag_gemm --variant 0 --num-comm-sms 4"}],
+        "repeat": 3,
+    },
+    {
+        "name": "ag_gemm_peer_tile_loaded_without_wait",
+        "what": "the GEMM loader reads a peer's row tile of the gathered A without waiting (acquire) for its "
+                "ready counter (bites where the tile has not arrived yet: small shapes, early tiles)",
+        "edits": [{
+            "file": "kernels/ag_gemm/ag_gemm_kernel.cuh",
+            "find": "      wait(g.ready, t.vrow, g.ready_round * ag_ready_expected(g.slices));\n",
+            "replace": "",
+        }],
+        "tests": ["test_tp_gpu:TpGpu.AgGemm*"],
+        "bench": [{"ranks": 2, "args": "tp --sizes 2048 --kernels ag_gemm --variant 0 --num-comm-sms 4"}],
+        "repeat": 2,
+    },
+    # ---- tensor-parallel schedule (kernels/tp_common) --------------------------------------------
+    {
+        "name": "tp_row_split_ignores_remainder",
+        "what": "owner q's first A row is q * (M / W), not shard(M, W, q).begin: off by one row per owner past "
+                "the first M % W (ragged M only; gemm_rs computes the wrong rows)",
+        "edits": [{
+            "file": "kernels/tp_common/schedule.hpp",
+            "find": "it.a_row = shard(L.M, L.W, q).begin + t.m * kBM;",
+            "replace": "it.a_row = q * (L.M / L.W) + t.m * kBM;",
+        }],
+        "tests": ["test_tp_schedule", "test_tp_gpu:TpGpu.GemmRs*:TpGpu.AgGemm*"],
+    },
+    # ---- device primitives (include/weave) -------------------------------------------------------
+    {
+        "name": "store_wait_only_waits_for_smem_reads",
+        "what": "store_wait() waits for the TMA stores' shared-memory reads (.read), not their writes: every "
+                "signal after it may overtake the data (a race)",
+        "edits": [{
+            "file": "include/weave/store.cuh",
+            "find": "__device__ __forceinline__ void store_wait() { tile::tma::wait_group<0>(); }",
+            "replace": "__device__ __forceinline__ void store_wait() { tile::tma::wait_group_read<0>(); }",
+        }],
+        "tests": ["test_primitives:Signal.*:StoreAsync.Bf16:StoreAddAsync.Bf16", "test_tp_gpu:TpGpu.AgGemm*", "test_sp_gpu"],
+        "repeat": 3,
+    },
+    {
+        "name": "wait_polls_relaxed_without_acquire",
+        "what": "wait() polls with ld.relaxed.sys instead of ld.acquire.sys: reads after a wait are not ordered "
+                "after the peer's release (a race the hardware rarely shows)",
+        "edits": [{
+            "file": "include/weave/signal.cuh",
+            "find": "asm volatile(\"ld.acquire.sys.global.u64 %0, [%1];\"",
+            "replace": "asm volatile(\"ld.relaxed.sys.global.u64 %0, [%1];\"",
+        }],
+        "tests": ["test_primitives:Signal.*:StoreAsync.Bf16:StoreAddAsync.Bf16", "test_tp_gpu:TpGpu.AgGemm*", "test_sp_gpu", "test_collectives"],
+        "repeat": 3,
+    },
+    # ---- collectives (kernels/collectives) -------------------------------------------------------
+    {
+        "name": "ll_scratch_slot_reused_one_call_early",
+        "what": "LL/LL128 scratch parity flips every second call: calls 2k and 2k+1 share a slot, so a fast rank "
+                "overwrites lines a slow peer has not read yet (back-to-back calls; a race)",
+        "edits": [{
+            "file": "kernels/collectives/collectives.cu",
+            "find": "const size_t parity = ll_calls & 1;",
+            "replace": "const size_t parity = (ll_calls >> 1) & 1;",
+        }],
+        "tests": ["test_collectives"],
+        "bench": [{"ranks": 2, "args": "collectives --sizes 64K --kernels all_reduce,all_gather --ar-algo ll "
+                                       "--ag-algo ll128 --target-ms 5 --repeats 2"}],
+        "repeat": 2,
+    },
+    {
+        "name": "all_gather_ragged_rank_offset",
+        "what": "direct all_gather: rank r's shard lands at r * size_r along the gathered dimension, not at its "
+                "begin (wrong place for the ranks past the first n % W; ragged shards only)",
+        "edits": [{
+            "file": "kernels/collectives/plan.hpp",
+            "find": "x.dst_off = sh.begin * v.inner * elt;",
+            "replace": "x.dst_off = r * sh.size * v.inner * elt;",
+        }],
+        "tests": ["test_collectives_schedule", "test_collectives"],
+    },
+    # ---- single-GPU attention (kernels/attention/attention_kernel.cuh) ---------------------------
+    {
+        "name": "attention_final_rescale_skipped_one_row_block",
+        "what": "the epilogue skips O / l for query block 1 of (batch 0, head 0): those 128 rows are unnormalised",
+        "edits": [{
+            "file": "kernels/attention/attention_kernel.cuh",
+            "find": "      inv[r] = l[r] > 0.f ? 1.f / l[r] : 0.f;",
+            "replace": "      inv[r] = l[r] > 0.f ? (mb == 1 && bh == 0 ? 1.f : 1.f / l[r]) : 0.f;",
+        }],
+        "tests": ["test_attention_gpu"],
+        "bench": [{"ranks": 1, "args": "attention --seqs 1024 --tokens 2048 --heads 2 --d 128 --causal 0 "
+                                       "--variants auto --target-ms 2"}],
+    },
+    {
+        "name": "attention_causal_mask_off_by_one_one_block",
+        "what": "causal mask of key block 1 lets each row see one future key (col == row + 1): only query rows "
+                "128..255 are affected (shared by the gathered ring/Ulysses kernel)",
+        "edits": [{
+            "file": "kernels/attention/attention_kernel.cuh",
+            "find": "if (col >= S || (causal && col > row)) s[4 * j + 2 * r + e] = -INFINITY;",
+            "replace": "if (col >= S || (causal && col > row + (col0 == BN ? 1 : 0))) s[4 * j + 2 * r + e] = -INFINITY;",
+        }],
+        "tests": ["test_attention_gpu", "test_sp_gpu", "test_sp_gpu_w1"],
+        "bench": [{"ranks": 1, "args": "attention --seqs 1024 --tokens 2048 --heads 2 --d 128 --causal 1 "
+                                       "--variants auto --target-ms 2"}],
+    },
+    {
+        "name": "attention_lse_missing_last_row_block",
+        "what": "the LSE of the last query block of every head is never written",
+        "edits": [{
+            "file": "kernels/attention/attention_kernel.cuh",
+            "find": "if (row < g.S) g.lse[static_cast<size_t>(bh) * g.S + row] = m[r] * g.scale + logf(l[r]);",
+            "replace": "if (row < g.S && mb != g.m_blocks - 1) g.lse[static_cast<size_t>(bh) * g.S + row] = "
+                       "m[r] * g.scale + logf(l[r]);",
+        }],
+        "tests": ["test_attention_gpu"],
+        "bench": [{"ranks": 1, "args": "attention --seqs 1024 --tokens 2048 --heads 2 --d 128 --causal 0 "
+                                       "--variants auto --target-ms 2"}],
+    },
+    # ---- sequence parallel (kernels/ring_attention, kernels/ulysses, attention/gathered*) --------
+    {
+        "name": "ring_attention_peer_v_reads_zero",
+        "what": "ring: the gathered V's tensor map has the local row count L instead of S, so V rows past L "
+                "read as zeros (rank 0's peer half under contiguous sharding; no effect at W = 1)",
+        "edits": [{
+            "file": "kernels/ring_attention/ring_attention.cu",
+            "find": "g.v = attention::map_rows(gv, D, Hkv, S, s.B,",
+            "replace": "g.v = attention::map_rows(gv, D, Hkv, L, s.B,",
+        }],
+        "tests": ["test_sp_gpu"],
+        "bench": [{"ranks": 2, "args": "sp --seqs 4096 --batch 1 --heads-ring 4 --head-dim 128 --causal 0 "
+                                       "--kernels ring_attention --single 0 --target-ms 5"}],
+    },
+    {
+        "name": "ulysses_o_heads_swapped",
+        "what": "Ulysses: the O all-to-all back to the owners writes local heads 0 and 1 into each other's place "
+                "(TMA path; rows written from registers at shard boundaries stay right)",
+        "edits": [{
+            "file": "kernels/attention/gathered_kernel.cuh",
+            "find": "64 * j, g.head_base + t.h,",
+            "replace": "64 * j, g.head_base + (g.o_by_owner && g.H > 1 && t.h < 2 ? 1 - t.h : t.h),",
+        }],
+        "tests": ["test_sp_gpu", "test_sp_gpu_w1"],
+        "bench": [{"ranks": 2, "args": "sp --seqs 4096 --batch 1 --heads-ulysses 8 --head-dim 128 --causal 0 "
+                                       "--kernels ulysses --single 0 --target-ms 5"}],
+    },
+]
