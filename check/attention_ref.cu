@@ -6,13 +6,9 @@
 #include "check/attention_ref.hpp"
 #include "check/gemm_ref.hpp"
 #include "check/seed.hpp"
+#include "check/cublas_check.hpp"
 #include "weave/common/error.hpp"
 
-#define WEAVE_ATTN_REF_CUBLAS(expr)                                                                   \
-  do {                                                                                                \
-    const cublasStatus_t s_ = (expr);                                                                 \
-    WEAVE_CHECK(s_ == CUBLAS_STATUS_SUCCESS, #expr, " failed: cublas status ", static_cast<int>(s_)); \
-  } while (0)
 
 namespace weave::check {
 
@@ -126,7 +122,7 @@ AttnRefRows::~AttnRefRows() { cudaFree(o), cudaFree(s), cudaFree(lse); }
 
 AttentionRef::AttentionRef(size_t score_bytes, long long max_rows) : score_bytes_(score_bytes), max_rows_(max_rows) {
   WEAVE_CHECK(max_rows >= 128 && score_bytes >= (size_t(1) << 20), "AttentionRef: budget too small");
-  WEAVE_ATTN_REF_CUBLAS(cublasCreate(&h_));
+  WEAVE_CUBLAS_CHECK(cublasCreate(&h_));
 }
 AttentionRef::~AttentionRef() {
   cudaDeviceSynchronize();
@@ -165,7 +161,7 @@ AttnRefRows AttentionRef::compute(const AttnProblem& p, const __nv_bfloat16* q, 
   ensure(scores_, scores_n_, size_t(rc_max) * p.Skv, st);
   ensure(vf_, vf_n_, size_t(p.Skv) * p.D, st);
   ensure(v2f_, v2f_n_, size_t(p.Skv) * p.D, st);
-  WEAVE_ATTN_REF_CUBLAS(cublasSetStream(h_, st));
+  WEAVE_CUBLAS_CHECK(cublasSetStream(h_, st));
   const double scale = p.scale > 0 ? double(p.scale) : 1.0 / std::sqrt(double(p.D));
   const int grp = p.Hq / p.Hkv, D = p.D;
   const float one = 1.f, zero = 0.f;
@@ -202,12 +198,12 @@ AttnRefRows AttentionRef::compute(const AttnProblem& p, const __nv_bfloat16* q, 
             WEAVE_CUDA_CHECK(cudaGetLastError());
             // O rows (column-major D x rc, ld Hq * D) = V^T (D x ncols) x P^T (ncols x rc), all fp32.
             const size_t oo = ((size_t(b) * out.n + roff + i0) * p.Hq + h) * D;
-            WEAVE_ATTN_REF_CUBLAS(cublasGemmEx(h_, CUBLAS_OP_N, CUBLAS_OP_N, D, int(rc), int(ncols), &one, vf_,
+            WEAVE_CUBLAS_CHECK(cublasGemmEx(h_, CUBLAS_OP_N, CUBLAS_OP_N, D, int(rc), int(ncols), &one, vf_,
                                                CUDA_R_32F, D, scores_, CUDA_R_32F, int(ncols), &zero, out.o + oo,
                                                CUDA_R_32F, p.Hq * D, CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
             square_kernel<<<grid_for(size_t(rc) * ncols), kThreads, 0, st>>>(scores_, size_t(rc) * ncols);
             WEAVE_CUDA_CHECK(cudaGetLastError());
-            WEAVE_ATTN_REF_CUBLAS(cublasGemmEx(h_, CUBLAS_OP_N, CUBLAS_OP_N, D, int(rc), int(ncols), &one, v2f_,
+            WEAVE_CUBLAS_CHECK(cublasGemmEx(h_, CUBLAS_OP_N, CUBLAS_OP_N, D, int(rc), int(ncols), &one, v2f_,
                                                CUDA_R_32F, D, scores_, CUDA_R_32F, int(ncols), &zero, out.s + oo,
                                                CUDA_R_32F, p.Hq * D, CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
           }

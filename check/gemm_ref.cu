@@ -1,11 +1,7 @@
 #include "check/gemm_ref.hpp"
+#include "check/cublas_check.hpp"
 #include "weave/common/error.hpp"
 
-#define WEAVE_CHECK_CUBLAS(expr)                                                                      \
-  do {                                                                                                \
-    const cublasStatus_t s_ = (expr);                                                                 \
-    WEAVE_CHECK(s_ == CUBLAS_STATUS_SUCCESS, #expr, " failed: cublas status ", static_cast<int>(s_)); \
-  } while (0)
 
 namespace weave::check {
 
@@ -33,7 +29,7 @@ __global__ void to_float_kernel(float* d, const __nv_bfloat16* s, size_t n) {
 }  // namespace
 
 GemmRef::GemmRef() {
-  WEAVE_CHECK_CUBLAS(cublasLtCreate(&h_));
+  WEAVE_CUBLAS_CHECK(cublasLtCreate(&h_));
   WEAVE_CUDA_CHECK(cudaMalloc(&ws_, kWorkspace));
 }
 GemmRef::~GemmRef() {
@@ -61,25 +57,25 @@ void GemmRef::matmul(const __nv_bfloat16* A, const __nv_bfloat16* B, int M, int 
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
   cublasLtMatmulPreference_t pref = nullptr;
-  WEAVE_CHECK_CUBLAS(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  WEAVE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t ta = bl == gemm::BLayout::NK ? CUBLAS_OP_T : CUBLAS_OP_N, tb = CUBLAS_OP_N;
-  WEAVE_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-  WEAVE_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+  WEAVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+  WEAVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
   if (bl == gemm::BLayout::NK)
-    WEAVE_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, K, N, K));
+    WEAVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, K, N, K));
   else
-    WEAVE_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, N, K, N));
-  WEAVE_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, K, M, K));
-  WEAVE_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, N, M, N));
-  WEAVE_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
+    WEAVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, N, K, N));
+  WEAVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, K, M, K));
+  WEAVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, N, M, N));
+  WEAVE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   size_t ws = kWorkspace;
-  WEAVE_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+  WEAVE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
   cublasLtMatmulHeuristicResult_t res{};
   int found = 0;
-  WEAVE_CHECK_CUBLAS(cublasLtMatmulAlgoGetHeuristic(h_, op, lb, la, lc, lc, pref, 1, &res, &found));
+  WEAVE_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(h_, op, lb, la, lc, lc, pref, 1, &res, &found));
   WEAVE_CHECK(found > 0, "cuBLASLt found no float32-output algorithm for ", M, "x", N, "x", K);
   const float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
-  WEAVE_CHECK_CUBLAS(cublasLtMatmul(h_, op, &alpha, B, lb, A, la, &beta, C, lc, C, lc, &res.algo, ws_, kWorkspace, st));
+  WEAVE_CUBLAS_CHECK(cublasLtMatmul(h_, op, &alpha, B, lb, A, la, &beta, C, lc, C, lc, &res.algo, ws_, kWorkspace, st));
   cublasLtMatmulPreferenceDestroy(pref);
   cublasLtMatrixLayoutDestroy(la);
   cublasLtMatrixLayoutDestroy(lb);

@@ -9,14 +9,10 @@
 #include <cmath>
 #include <cstdint>
 
+#include "check/cublas_check.hpp"
 #include "gemm/layout.hpp"
 #include "weave/common/error.hpp"
 
-#define WEAVE_CUBLAS_CHECK(expr)                                                               \
-  do {                                                                                         \
-    cublasStatus_t s_ = (expr);                                                                \
-    WEAVE_CHECK(s_ == CUBLAS_STATUS_SUCCESS, #expr, " failed: cublas status ", static_cast<int>(s_)); \
-  } while (0)
 
 namespace weave::gemm::ref {
 
