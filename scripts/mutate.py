@@ -96,6 +96,38 @@ def load_faults(path):
     return faults
 
 
+# Ranks that share one GPU (WEAVE_SHARE_GPUS=1, weave-run --share-gpus) take turns on it: they
+# never run side by side, so a race between them cannot show, and NCCL refuses to start (the
+# collectives' test compares with NCCL; the tp and collectives benchmarks time NCCL baselines).
+NCCL_TESTS = {"test_collectives", "test_collectives_mismatch"}
+NCCL_BENCH_SUITES = {"tp", "collectives"}
+
+
+def gpus_shared():
+    return os.environ.get("WEAVE_SHARE_GPUS") == "1"
+
+
+def for_shared_gpus(faults):
+    """(faults whose checks can run with ranks sharing a GPU, with the other checks dropped;
+    records for the faults that cannot run there at all)."""
+    runnable, not_run = [], []
+    for f in faults:
+        why = []
+        if f.get("race"):
+            why.append("a race: ranks sharing one GPU take turns, so they cannot race")
+        tests = [t for t in f["tests"] if t.partition(":")[0] not in NCCL_TESTS]
+        bench = [b for b in f["bench"] if b["args"].split()[0] not in NCCL_BENCH_SUITES]
+        if not why and not tests and not bench:
+            why.append("every check needs NCCL, which refuses two ranks on one GPU")
+        if why:
+            not_run.append({"fault": f["name"], "what": f["what"], "edits": [{"file": e["file"]} for e in f["edits"]],
+                            "expected": f["tests"] + [bench_key(b) for b in f["bench"]], "checks": {},
+                            "verdict": "not run", "why": "; ".join(why)})
+        else:
+            runnable.append(dict(f, tests=tests, bench=bench))
+    return runnable, not_run
+
+
 def apply_edits(root, fault):
     """Applies the fault under root; returns {path: original bytes}. Raises ValueError if a
     snippet does not occur exactly once (nothing is left changed then)."""
@@ -492,6 +524,8 @@ def md_table(rows):
         caught = [k for k, v in res.items() if v == "failed"]
         missed = [k for k, v in res.items() if v == "passed"]
         other = [f"{k} ({v})" for k, v in res.items() if v not in ("failed", "passed")]
+        if r.get("why"):
+            other.append(r["why"])
         files = ", ".join(sorted({e["file"] for e in r["edits"]}))
         out.append(f"| {r['fault']} | {files} | {', '.join(caught) or '-'} | {', '.join(missed) or '-'} | "
                    f"{', '.join(other) or '-'} | {r['verdict']} |")
@@ -538,6 +572,12 @@ def main():
         die("--stash builds, --from-stash runs: one at a time")
     if args.dry_run and (args.stash or args.from_stash):
         die("--dry-run goes with neither --stash nor --from-stash")
+
+    not_run = []
+    if gpus_shared() and not (args.stash or args.dry_run or args.list):
+        faults, not_run = for_shared_gpus(faults)
+        for r in not_run:
+            log(f"not run with ranks sharing a GPU: {r['fault']} ({r['why']})")
 
     work = os.path.realpath(args.work_dir or os.path.join(repo, "build-mutate"))
     work_rel = os.path.relpath(work, repo)
@@ -702,6 +742,11 @@ def main():
                 json.dump(manifest, fh, indent=1)
         mainlog.close()
 
+    for r in not_run:
+        r["time"] = time.strftime("%Y-%m-%d %H:%M:%S")
+        with open(jsonl, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(r) + "\n")
+    rows += not_run
     print(md_table(rows))
     print(f"\nJSON lines: {jsonl}; logs: {logdir}")
     verdicts = [r["verdict"] for r in rows]

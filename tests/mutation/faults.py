@@ -13,6 +13,8 @@
 #            command exits non-zero
 #   repeat   optional (default 1): a race that a single run may miss; the checks are run up to
 #            this many times until one of them catches it
+#   race     optional: True for a fault that only bites when ranks run side by side; with ranks
+#            sharing one GPU (WEAVE_SHARE_GPUS=1) it is reported "not run" instead
 #   targets  optional extra CMake targets to rebuild (the tests' and weave-bench's executables
 #            are found from CTest)
 #
@@ -114,6 +116,7 @@ FAULTS = [
     # ---- AllGather + GEMM (kernels/ag_gemm) ------------------------------------------------------
     {
         "name": "ag_gemm_signal_before_store_wait",
+        "race": True,
         "what": "TMA push (variants 0 and 2): a unit's ready signal goes out before store_wait(), so a peer may "
                 "load the row tile before the bulk stores landed (a race)",
         "edits": [{
@@ -153,6 +156,7 @@ FAULTS = [
     # ---- device primitives (include/weave) -------------------------------------------------------
     {
         "name": "store_wait_only_waits_for_smem_reads",
+        "race": True,
         "what": "store_wait() waits for the TMA stores' shared-memory reads (.read), not their writes: every "
                 "signal after it may overtake the data (a race)",
         "edits": [{
@@ -165,6 +169,7 @@ FAULTS = [
     },
     {
         "name": "wait_polls_relaxed_without_acquire",
+        "race": True,
         "what": "wait() polls with ld.relaxed.sys instead of ld.acquire.sys: reads after a wait are not ordered "
                 "after the peer's release (a race the hardware rarely shows)",
         "edits": [{
@@ -178,6 +183,7 @@ FAULTS = [
     # ---- collectives (kernels/collectives) -------------------------------------------------------
     {
         "name": "ll_scratch_slot_reused_one_call_early",
+        "race": True,
         "what": "LL/LL128 scratch parity flips every second call: calls 2k and 2k+1 share a slot, so a fast rank "
                 "overwrites lines a slow peer has not read yet (back-to-back calls; a race)",
         "edits": [{
