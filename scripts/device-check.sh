@@ -1,12 +1,24 @@
 #!/usr/bin/env bash
-# On a GPU machine, from the repo root with a carried build/ configured elsewhere at
-# $WEAVE_BUILD_ROOT (default /work/main):
-# the GPU tests through CTest, the launchers' compatibility, and the benchmarks. Logs in $OUT.
-# Usage: scripts/device-check.sh [tests] [tests-shared] [launchers] [bench:SUB,...]
+# The one script for running the GPU suites on a GPU machine, from the repo root, with a build
+# configured elsewhere at $WEAVE_BUILD_ROOT (default /work/main) and carried here (a packed build
+# from scripts/pack-build.sh is unpacked first when .carry/build.tar.xz exists).
+# Logs and JSON lines go to $OUT (default /tmp/weave-out); gpu.txt has the GPUs' clocks and power
+# before and after.
+# Usage: scripts/device-check.sh STEP...
 #   tests         ctest -L gpu (one GPU) and -L gpu2 (needs two GPUs, else reported skipped)
 #   tests-shared  ctest -L gpu2 with WEAVE_SHARE_GPUS=1: the multi-rank suites with ranks taking
 #                 turns on the GPUs there are (correctness only, for one-GPU machines)
-# A packed build (scripts/pack-build.sh) is unpacked first when .carry/build.tar.xz exists.
+#   launchers     example_pass_tile under torchrun and mpirun (2 ranks)
+#   bench:SUB,... weave-bench SUB (gemm and attention on one GPU, the others on two ranks) into
+#                 $OUT/SUB.json; $BENCH_ARGS is appended (e.g. BENCH_ARGS="--sweep 0,4,8,16,32,64
+#                 --table3" for tp)
+#   torch:SUB,... the PyTorch baseline of SUB (attention: cuDNN SDPA; tp: symm_mem async TP; sp:
+#                 unfused ring and Ulysses) appended to the same $OUT/SUB.json, then the ratio
+#                 table where the script prints one (attention, sp) into $OUT/SUB-report.md
+#   sass          per-kernel SASS counts of weave-bench (wgmma, spills, TMA, setmaxnreg) for the
+#                 kernels whose names match $SASS_MATCH (default: attention, gathered and GEMM
+#                 kernels) into $OUT/sass.txt
+# Example: scripts/device-check.sh tests bench:attention torch:attention
 set -u
 OUT=${OUT:-/tmp/weave-out}; mkdir -p "$OUT"
 root=$PWD
@@ -15,6 +27,11 @@ B=${WEAVE_BUILD_ROOT:-/work/main}
 [ "$root" = "$B" ] || { mkdir -p "$(dirname "$B")"; [ -e "$B" ] || ln -s "$root" "$B"; }
 [ -f .carry/build.tar.xz ] && [ ! -d build/bin ] && tar xJf .carry/build.tar.xz
 bin=$B/build/bin
+gpu_info() {
+  nvidia-smi --query-gpu=index,name,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu \
+    --format=csv,noheader >> "$OUT/gpu.txt" 2>&1
+}
+gpu_info
 for step in "$@"; do
   case $step in
     tests)
@@ -29,8 +46,35 @@ for step in "$@"; do
         echo "mpirun rc=${PIPESTATUS[0]}"; } | tee "$OUT/launchers.log" ;;
     bench:*)
       for sub in $(echo "${step#bench:}" | tr , ' '); do
-        n=2; [ "$sub" = gemm ] && n=1
-        timeout 400 "$bin/weave-run" -n $n -- "$bin/weave-bench" "$sub" --json "$OUT/$sub.json" 2>&1 | tee "$OUT/$sub.log"
+        n=2; case $sub in gemm|attention) n=1 ;; esac
+        # shellcheck disable=SC2086  # BENCH_ARGS is a list of arguments
+        timeout 400 "$bin/weave-run" -n $n -- "$bin/weave-bench" "$sub" --json "$OUT/$sub.json" ${BENCH_ARGS:-} 2>&1 |
+          tee "$OUT/$sub.log"
+        echo "bench $sub rc=${PIPESTATUS[0]}"
       done ;;
+    torch:*)
+      for sub in $(echo "${step#torch:}" | tr , ' '); do
+        case $sub in
+          attention) run=(python3 bench/torch_attention.py) ;;
+          tp|sp) run=(torchrun --nproc_per_node 2 "bench/torch_$sub.py") ;;
+          *) echo "torch:$sub: no PyTorch baseline"; continue ;;
+        esac
+        PYTHONUNBUFFERED=1 timeout 300 "${run[@]}" --json "$OUT/$sub.json" 2>&1 | grep -v Warning | tee "$OUT/torch-$sub.log"
+        echo "torch $sub rc=${PIPESTATUS[0]}"
+        case $sub in attention|sp) python3 "bench/torch_$sub.py" --report "$OUT/$sub.json" | tee "$OUT/$sub-report.md" ;; esac
+      done ;;
+    sass)
+      cuobjdump --dump-sass "$bin/weave-bench" > "$OUT/sass-all.txt" 2>&1
+      for k in $(grep -oE "Function : [^ ]*(${SASS_MATCH:-attention_kernel|gathered|GemmKernel})[^ ]*" "$OUT/sass-all.txt" |
+                 awk '{print $3}' | sort -u); do
+        body=$(awk -v k="$k" '$0 ~ "Function : "k {f=1; next} /Function :/ {f=0} f' "$OUT/sass-all.txt")
+        echo "$k: HGMMA=$(grep -c HGMMA <<<"$body") LDL/STL=$(grep -cE '\b(LDL|STL)\b' <<<"$body")" \
+             "SETMAXREG=$(grep -c USETMAXREG <<<"$body") UTMALDG=$(grep -c UTMALDG <<<"$body")" \
+             "UTMASTG/REDG=$(grep -cE 'UTMASTG|UTMAREDG' <<<"$body") STSM=$(grep -c STSM <<<"$body")" \
+             "HMMA=$(grep -c '\bHMMA' <<<"$body")"
+      done | tee "$OUT/sass.txt"
+      rm -f "$OUT/sass-all.txt" ;;
+    *) echo "device-check: unknown step '$step'" >&2 ;;
   esac
 done
+gpu_info

@@ -11,7 +11,6 @@
 #pragma once
 #include <cuda_runtime.h>
 
-#include <cstdlib>
 #include <utility>
 
 #include "weave/common/error.hpp"
@@ -39,13 +38,11 @@ class PdlOff {
   }
 };
 
-inline bool pdl_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("WEAVE_PDL");
-    return !(e && e[0] == '0');
-  }();
-  return on && PdlOff::depth() == 0;
-}
+// $WEAVE_PDL through the host runtime's environment reader (src/runtime/env.cpp), so that every
+// variable weave reads is in its one table; programs that launch with launch_pdl link weave_runtime.
+bool pdl_allowed_by_env();
+
+inline bool pdl_enabled() { return pdl_allowed_by_env() && PdlOff::depth() == 0; }
 
 // kernel<<<grid, block, 0, s>>>(args...) with programmatic stream serialization allowed, then the
 // launch error check.

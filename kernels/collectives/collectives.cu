@@ -62,29 +62,17 @@ std::vector<long long> shape_args(int kind, DType t, ReduceOp op, const Shape& s
           static_cast<long long>(algo)};
 }
 // The push all_reduce's scratch: per (pipe, source) `slots` slots of `slot_bytes`; one pipe per
-// warp (PairShape's 512 threads on 2 ranks, ReduceShape's 256 on more). Defaults (measured,
-// README): on 2 ranks 8 KiB x 2 slots, 33 MiB on an H200 (1-2 KiB slots lose 5-15 % of the
-// bandwidth: every step pays a fence per warp); at more ranks, not measured, 2 KiB x 2 (29 MiB
-// at W = 8). $WEAVE_COLL_PUSH_SLOT_BYTES and $WEAVE_COLL_PUSH_SLOTS override them for
-// experiments (compared across ranks with the call's arguments).
+// warp (PairShape's 512 threads on 2 ranks, ReduceShape's 256 on more). Measured (README): on 2
+// ranks 8 KiB x 2 slots, 33 MiB on an H200 (1-2 KiB slots lose 5-15 % of the bandwidth: every
+// step pays a fence per warp); at more ranks, not measured, 2 KiB x 2 (29 MiB at W = 8).
 struct PushConfig {
   long long slot_bytes;
   int slots, threads;
 };
-long long env_int(const char* name, long long fallback) {
-  const char* e = std::getenv(name);
-  return e && *e ? std::atoll(e) : fallback;
-}
+constexpr int kPushSlots = 2;
+static_assert(kPushSlots >= kPushLag + 1, "a slot is refilled only after its step was reduced");
 PushConfig push_config(int world) {
-  PushConfig c;
-  c.slot_bytes = env_int("WEAVE_COLL_PUSH_SLOT_BYTES", world <= 2 ? 8192 : 2048);
-  c.slots = static_cast<int>(env_int("WEAVE_COLL_PUSH_SLOTS", 2));
-  c.threads = world <= PairShape::MaxSrc ? PairShape::Threads : ReduceShape::Threads;
-  WEAVE_CHECK(c.slot_bytes >= 512 && c.slot_bytes % 512 == 0, "WEAVE_COLL_PUSH_SLOT_BYTES must be a multiple of 512, got ",
-              c.slot_bytes);
-  WEAVE_CHECK(c.slots >= kPushLag + 1 && c.slots <= 16, "WEAVE_COLL_PUSH_SLOTS must be in ", kPushLag + 1, "..16, got ",
-              c.slots);
-  return c;
+  return {world <= 2 ? 8192 : 2048, kPushSlots, world <= PairShape::MaxSrc ? PairShape::Threads : ReduceShape::Threads};
 }
 uintptr_t addr(const void* p) { return reinterpret_cast<uintptr_t>(p); }
 bool aligned4(const void* a, const void* b) {
@@ -116,12 +104,8 @@ struct Collectives::Impl {
   attention::CallOrder order;
   static constexpr size_t kLLLines = Collectives::kLLMaxBytes / 4;
 
-  // LL128 steps a warp sends ahead of the one it receives ($WEAVE_LL128_LAG for experiments).
-  int ll128_lag = [] {
-    const long long v = env_int("WEAVE_LL128_LAG", 1);
-    WEAVE_CHECK(v >= 1 && v <= 64, "WEAVE_LL128_LAG must be in 1..64, got ", v);
-    return static_cast<int>(v);
-  }();
+  // LL128 steps a warp sends ahead of the one it receives (any lag >= 1 is deadlock-free, ll128.cuh).
+  static constexpr int kLL128Lag = 1;
   // LL128: scratch[parity][source] of 128-byte lines, made (zeroed) by the first LL128 call, so
   // that objects which never take it do not hold ~33 MiB of heap; same counter as LL.
   std::optional<runtime::SymmetricTensor<unsigned long long>> ll128_scratch;
@@ -382,7 +366,7 @@ struct Collectives::Impl {
     ll128_ready(s);
     LLArgs a = ll_next<LLArgs>(in, bytes, out, bytes, s, *ll128_scratch, ll128_slot_words());
     a.bytes = bytes;
-    a.lag = ll128_lag;
+    a.lag = kLL128Lag;
     const int blocks = line_blocks(ll_lines((bytes + 3) / 4, kLL128Words), kLL128LinesPerBlock);
     by_type_and_op(t, op, [&]<class T, ReduceOp Op>() {
       launch_pdl(ll128_all_reduce_kernel<T, Op>, blocks, kLL128Threads, s, a);
@@ -393,7 +377,7 @@ struct Collectives::Impl {
     ll128_ready(s);
     LLShardArgs a = ll_next<LLShardArgs>(in, in_bytes, out, out_bytes, s, *ll128_scratch, ll128_slot_words());
     a.plan = plan;
-    a.lag = ll128_lag;
+    a.lag = kLL128Lag;
     const int blocks = line_blocks(plan.max_lines, kLL128LinesPerBlock);
     if (gather) {
       launch_pdl(ll128_all_gather_kernel, blocks, kLL128Threads, s, a);
@@ -488,7 +472,7 @@ void Collectives::all_reduce(const void* in, void* out, size_t count, DType t, R
   const AllReduceAlgo algo = all_reduce_algo(bytes, in == out, aligned4(in, out));
   // The algorithm is compared too: it depends on local pointers, and ranks must agree on it.
   m.check_args({100, static_cast<long long>(t), static_cast<long long>(op), static_cast<long long>(count),
-                static_cast<long long>(algo), m.push.slot_bytes, m.push.slots},
+                static_cast<long long>(algo)},
                attention::local_problem([&] {
                  attention::check_not_capturing("all_reduce", s);
                  check_aligned("all_reduce", in, out, t);

@@ -15,37 +15,18 @@
 #include "weave/common/driver.hpp"
 #include "weave/common/error.hpp"
 #include "weave/runtime/allocator.hpp"
+#include "weave/runtime/env.hpp"
 
 namespace weave::runtime {
 
 namespace {
 
-size_t env_size(const char* name, size_t dflt) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return dflt;
-  char* end = nullptr;
-  unsigned long long x = std::strtoull(v, &end, 10);
-  std::string unit = end ? end : "";
-  size_t mul = unit.empty() ? 1 : unit == "K" || unit == "KiB" ? 1ull << 10 : unit == "M" || unit == "MiB" ? 1ull << 20
-                                 : unit == "G" || unit == "GiB"  ? 1ull << 30 : 0;
-  WEAVE_CHECK(end != v && mul != 0 && x > 0, name, "='", v, "' is not a size (e.g. 1073741824, 512M, 2G)");
-  return x * mul;
-}
-
-double env_seconds(const char* name, double dflt) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return dflt;
-  char* end = nullptr;
-  double x = std::strtod(v, &end);
-  WEAVE_CHECK(end != v && *end == 0 && x >= 0, name, "='", v, "' is not a number of seconds >= 0");
-  return x;
-}
-
-// The variables the GPU hosts set to forbid NVLink multicast; any one of them wins.
+// The variables the GPU hosts set to forbid NVLink multicast; any one of them wins. They belong to
+// other libraries, so only their documented "off" values are recognized, compared as text.
 std::string multicast_disabled_by() {
   auto is = [](const char* n, const char* val) {
-    const char* v = std::getenv(n);
-    return v && std::strcmp(v, val) == 0;
+    const auto v = env::raw(n);
+    return v && *v == val;
   };
   if (is("NCCL_NVLS_ENABLE", "0")) return "NCCL_NVLS_ENABLE=0";
   if (is("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")) return "TORCH_SYMM_MEM_DISABLE_MULTICAST=1";
@@ -172,8 +153,7 @@ Communicator::Communicator(const LaunchInfo& info, CommOptions opt) : impl_(std:
   // WEAVE_SHARE_GPUS=1 (weave-run --share-gpus) lets several ranks take turns on one GPU: for
   // correctness runs on machines with fewer GPUs than ranks, never for timing (kernels of
   // different processes time-slice, so every cross-rank wait costs a context switch).
-  const char* share = std::getenv("WEAVE_SHARE_GPUS");
-  const bool shared = share && std::strcmp(share, "1") == 0;
+  const bool shared = env::get_bool("WEAVE_SHARE_GPUS");
   WEAVE_CHECK(ndev > 0 && (shared || info.local_world <= ndev), "world of ", info.local_world,
               " ranks on this node is larger than the ", ndev, " visible GPU(s)");
   m.device = shared ? info.local_rank % ndev : info.local_rank;
@@ -200,7 +180,7 @@ Communicator::Communicator(const LaunchInfo& info, CommOptions opt) : impl_(std:
   WEAVE_CHECK(vmm && fdok, "GPU ", m.device, " lacks virtual memory management with POSIX fd handles");
 
   m.timeout_ns = static_cast<unsigned long long>(
-      1e9 * (opt.wait_timeout_s >= 0 ? opt.wait_timeout_s : env_seconds("WEAVE_WAIT_TIMEOUT_S", kDefaultWaitTimeoutS)));
+      1e9 * (opt.wait_timeout_s >= 0 ? opt.wait_timeout_s : env::get_seconds("WEAVE_WAIT_TIMEOUT_S")));
   try {
     WEAVE_CUDA_CHECK(cudaHostAlloc(&m.record_host, sizeof(WaitRecord), cudaHostAllocMapped));
     std::memset(m.record_host, 0, sizeof(WaitRecord));
@@ -236,7 +216,7 @@ Communicator::Communicator(const LaunchInfo& info, CommOptions opt) : impl_(std:
     prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     size_t gran = 0;
     WEAVE_CU_CHECK(d.memGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
-    size_t want = opt.heap_bytes ? opt.heap_bytes : env_size("WEAVE_HEAP_BYTES", size_t(1) << 30);
+    size_t want = opt.heap_bytes ? opt.heap_bytes : env::get_size("WEAVE_HEAP_BYTES");
     m.heap_size = (want + gran - 1) / gran * gran;
     check_same("symmetric heap size", {static_cast<long long>(m.heap_size)});
 

@@ -2,22 +2,15 @@
 
 #include <unistd.h>
 
-#include <charconv>
-#include <cstdlib>
 #include <optional>
 
 #include "weave/common/error.hpp"
+#include "weave/runtime/env.hpp"
 
 namespace weave::runtime {
 namespace {
 
 using detail::concat;
-
-std::optional<std::string> env(const char* name) {
-  const char* v = std::getenv(name);
-  if (!v) return std::nullopt;
-  return std::string(v);
-}
 
 // The four variables each launcher sets, named so that errors point at the exact variable.
 struct Vars {
@@ -28,15 +21,16 @@ struct Vars {
   const char* local_world;
 };
 
+// Set but empty is malformed here, not "use the default": a launcher that sets the variable
+// means a rank, and there is no default rank.
 int read_int(const Vars& v, const char* name) {
-  auto s = env(name);
+  auto s = env::raw(name);
   if (!s) throw Error(concat("weave: ", v.launcher, " environment is incomplete: ", name, " is not set"));
-  int x = 0;
-  const char* end = s->data() + s->size();
-  auto [p, ec] = std::from_chars(s->data(), end, x);
-  if (s->empty() || ec != std::errc() || p != end)
-    throw Error(concat("weave: ", name, "='", *s, "' is not an integer (", v.launcher, " environment)"));
-  return x;
+  try {
+    return env::parse_int(name, *s);
+  } catch (const Error& e) {
+    throw Error(concat(e.what(), " (", v.launcher, " environment)"));
+  }
 }
 
 LaunchInfo read_vars(const Vars& v) {
@@ -60,14 +54,14 @@ LaunchInfo read_vars(const Vars& v) {
 // WEAVE_JOB_ID, when set, names the job for every launcher (e.g. for a launcher whose own ids
 // are missing or not unique per node).
 std::optional<std::string> job_override() {
-  auto id = env("WEAVE_JOB_ID");
+  auto id = env::raw("WEAVE_JOB_ID");
   if (id && id->empty()) throw Error("weave: WEAVE_JOB_ID is set but empty");
   return id;
 }
 
 bool any_set(std::initializer_list<const char*> names) {
   for (const char* n : names)
-    if (std::getenv(n)) return true;
+    if (env::raw(n)) return true;
   return false;
 }
 
@@ -89,7 +83,7 @@ LaunchInfo detect_launch() {
     }
     // The rendezvous id alone is often the default "none"; the master's address and port make
     // it unique among the jobs running at the same time.
-    auto run = env("TORCHELASTIC_RUN_ID"), addr = env("MASTER_ADDR"), port = env("MASTER_PORT");
+    auto run = env::raw("TORCHELASTIC_RUN_ID"), addr = env::raw("MASTER_ADDR"), port = env::raw("MASTER_PORT");
     if (!run && !port)
       throw Error("weave: torchrun environment has neither TORCHELASTIC_RUN_ID nor MASTER_PORT to derive a job id; "
                   "set WEAVE_JOB_ID to a value unique per job");
@@ -104,7 +98,7 @@ LaunchInfo detect_launch() {
       return li;
     }
     for (const char* name : {"PMIX_NAMESPACE", "OMPI_MCA_orte_hnp_uri", "OMPI_MCA_ess_base_jobid"}) {
-      if (auto v = env(name); v && !v->empty()) {
+      if (auto v = env::raw(name); v && !v->empty()) {
         li.job_id = concat("mpirun-", *v);
         return li;
       }

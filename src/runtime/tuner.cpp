@@ -17,6 +17,7 @@
 #include "weave/common/error.hpp"
 #include "weave/common/median.hpp"
 #include "weave/runtime/communicator.hpp"
+#include "weave/runtime/env.hpp"
 
 namespace weave::runtime {
 
@@ -35,9 +36,9 @@ Tuner& Tuner::global() {
 Tuner::Tuner(std::string cache_file) : path_(cache_file.empty() ? default_path() : std::move(cache_file)) {}
 
 std::string Tuner::default_path() {
-  if (const char* e = std::getenv("WEAVE_TUNER_CACHE"); e && *e) return e;
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/weave/tuner.json";
-  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/weave/tuner.json";
+  if (std::string e = env::get_string("WEAVE_TUNER_CACHE"); !e.empty()) return e;
+  if (std::string x = env::get_string("XDG_CACHE_HOME"); !x.empty()) return x + "/weave/tuner.json";
+  if (std::string h = env::get_string("HOME"); !h.empty()) return h + "/.cache/weave/tuner.json";
   return "off";
 }
 

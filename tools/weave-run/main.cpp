@@ -17,7 +17,9 @@
 #include <string>
 #include <vector>
 
+#include "weave/common/error.hpp"
 #include "weave/common/gpus.hpp"
+#include "weave/runtime/env.hpp"
 
 extern char** environ;
 
@@ -323,7 +325,12 @@ int main(int argc, char** argv) {
     if (n < 1) return usage("no GPUs visible: pass -n N (with --no-gpu for CPU-only programs)");
   }
   // The same switch from the environment, so CTest's gpu2 entries can run on one GPU unchanged.
-  if (const char* e = std::getenv("WEAVE_SHARE_GPUS"); e && std::strcmp(e, "1") == 0) share_gpus = true;
+  try {
+    if (weave::env::get_bool("WEAVE_SHARE_GPUS")) share_gpus = true;
+  } catch (const weave::Error& e) {
+    std::fprintf(stderr, "weave-run: %s\n", e.what());
+    return 2;
+  }
   if (share_gpus && !no_gpu && gpus >= 1 && n > gpus) {
     std::printf("weave-run: %d ranks share %d GPU(s) (correctness only: kernels of different ranks time-slice)\n", n,
                 gpus);

@@ -1,0 +1,118 @@
+// Every environment variable weave reads, in one table, and the only reader of them: a name
+// missing from the table is a programming error (std::logic_error), a malformed value a
+// weave::Error that names the variable, the value and the form expected. The README's
+// "Environment variables" table is markdown_table() (test_env checks that they agree).
+// Variables read by tests, checks and scripts only are listed too (who = test or script), so
+// that the table is complete, but those read them on their own.
+#pragma once
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace weave::env {
+
+enum class Type { boolean, integer, size, seconds, string, path };
+enum class Who {
+  user,      // a weave setting a user may choose
+  launcher,  // set by weave-run, torchrun or mpirun; weave only reads it
+  system,    // set by the login environment
+  site,      // other libraries' switches that a site sets; weave honours their "off"
+  test,      // read by the tests or checks only
+  script,    // read by a script or Makefile target only
+};
+
+struct Var {
+  std::string_view name;
+  Type type;
+  std::string_view dflt;  // as text, in the form the type parses; "" = unset (meaning says what that does)
+  Who who;
+  std::string_view meaning;
+};
+
+// clang-format off
+inline constexpr Var kVars[] = {
+  {"WEAVE_HEAP_BYTES", Type::size, "1G", Who::user,
+   "symmetric heap per rank, rounded up to the VMM granularity (`CommOptions::heap_bytes` wins when non-zero)"},
+  {"WEAVE_WAIT_TIMEOUT_S", Type::seconds, "600", Who::user,
+   "device-side wait timeout, 0 = never (`CommOptions::wait_timeout_s` wins when >= 0)"},
+  {"WEAVE_SHARE_GPUS", Type::boolean, "0", Who::user,
+   "1: more ranks than GPUs, rank r on GPU r % GPUs, kernels of different ranks time-slice; for "
+   "correctness runs only (`weave-run --share-gpus` sets it)"},
+  {"WEAVE_PDL", Type::boolean, "1", Who::user,
+   "0: kernels launch without programmatic dependent launch (A/B measurements, escape hatch)"},
+  {"WEAVE_TUNER_CACHE", Type::path, "", Who::user,
+   "the tuner's cache file, `off` = memory only; unset: `$XDG_CACHE_HOME/weave/tuner.json`, else "
+   "`$HOME/.cache/weave/tuner.json`, else off"},
+  {"WEAVE_JOB_ID", Type::string, "", Who::launcher,
+   "names the job (its bootstrap sockets) under any launcher; set by weave-run; unset: derived from the "
+   "launcher's variables, `single-<pid>` without a launcher"},
+  {"WEAVE_RANK", Type::integer, "", Who::launcher, "set by weave-run: this rank"},
+  {"WEAVE_WORLD_SIZE", Type::integer, "", Who::launcher, "set by weave-run: the number of ranks"},
+  {"WEAVE_LOCAL_RANK", Type::integer, "", Who::launcher, "set by weave-run: this rank on its node"},
+  {"WEAVE_LOCAL_WORLD_SIZE", Type::integer, "", Who::launcher, "set by weave-run: the ranks on this node"},
+  {"RANK", Type::integer, "", Who::launcher, "set by torchrun: this rank"},
+  {"WORLD_SIZE", Type::integer, "", Who::launcher, "set by torchrun: the number of ranks"},
+  {"LOCAL_RANK", Type::integer, "", Who::launcher, "set by torchrun: this rank on its node"},
+  {"LOCAL_WORLD_SIZE", Type::integer, "", Who::launcher, "set by torchrun: the ranks on this node"},
+  {"TORCHELASTIC_RUN_ID", Type::string, "", Who::launcher, "set by torchrun: part of the job id"},
+  {"MASTER_ADDR", Type::string, "", Who::launcher, "set by torchrun: part of the job id"},
+  {"MASTER_PORT", Type::string, "", Who::launcher, "set by torchrun: part of the job id"},
+  {"OMPI_COMM_WORLD_RANK", Type::integer, "", Who::launcher, "set by OpenMPI's mpirun: this rank"},
+  {"OMPI_COMM_WORLD_SIZE", Type::integer, "", Who::launcher, "set by mpirun: the number of ranks"},
+  {"OMPI_COMM_WORLD_LOCAL_RANK", Type::integer, "", Who::launcher, "set by mpirun: this rank on its node"},
+  {"OMPI_COMM_WORLD_LOCAL_SIZE", Type::integer, "", Who::launcher, "set by mpirun: the ranks on this node"},
+  {"PMIX_NAMESPACE", Type::string, "", Who::launcher, "set by mpirun: the job id (preferred)"},
+  {"OMPI_MCA_orte_hnp_uri", Type::string, "", Who::launcher, "set by older mpirun: the job id"},
+  {"OMPI_MCA_ess_base_jobid", Type::string, "", Who::launcher, "set by older mpirun: the job id"},
+  {"XDG_CACHE_HOME", Type::path, "", Who::system, "where the tuner's cache goes (see `WEAVE_TUNER_CACHE`)"},
+  {"HOME", Type::path, "", Who::system, "where the tuner's cache goes without `XDG_CACHE_HOME`"},
+  {"NCCL_NVLS_ENABLE", Type::integer, "", Who::site,
+   "0: NVLink multicast is forbidden here (asking weave for it names this variable)"},
+  {"TORCH_SYMM_MEM_DISABLE_MULTICAST", Type::boolean, "", Who::site, "1: the same as `NCCL_NVLS_ENABLE=0`"},
+  {"NVSHMEM_DISABLE_NVLS", Type::boolean, "", Who::site, "1: the same as `NCCL_NVLS_ENABLE=0`"},
+  {"WEAVE_TEST_SEED", Type::integer, "", Who::test,
+   "replays a test or benchmark run's random inputs (unsigned, decimal or 0x-hex); unset: a fresh seed, "
+   "printed"},
+  {"WEAVE_STRESS_SCALE", Type::integer, "1", Who::test, "k: the stress tests run k times as many rounds"},
+  {"WEAVE_TEST_GPUS", Type::integer, "", Who::test,
+   "set by CTest: the GPUs a test binary needs; with fewer visible it reports skipped"},
+  {"WEAVE_BENCH_SUITE", Type::string, "primitives collectives gemm attention tp sp", Who::script,
+   "the `weave-bench` subcommands `make bench` runs"},
+};
+// clang-format on
+
+std::string_view type_name(Type t);
+std::string_view who_name(Who w);
+
+// The row of `name`; std::logic_error if the table has none.
+const Var& lookup(std::string_view name);
+
+// The value as set (possibly empty), nullopt when unset.
+std::optional<std::string> raw(std::string_view name);
+
+// `text` in the form of `name`'s type (the row's type must match: std::logic_error otherwise).
+// weave::Error on a malformed value. An empty text is malformed for every type but string/path.
+bool parse_bool(std::string_view name, std::string_view text);        // 0 or 1
+int parse_int(std::string_view name, std::string_view text);          // decimal, int range
+size_t parse_size(std::string_view name, std::string_view text);      // > 0, unit K, KiB, M, MiB, G, GiB
+double parse_seconds(std::string_view name, std::string_view text);   // decimal, finite, >= 0
+
+// The variable's value when set and not empty, else the table's default. A row whose default is
+// "" (unset) and whose type is not string/path has no value to give: std::logic_error, such a
+// variable is read with raw().
+bool get_bool(std::string_view name);
+int get_int(std::string_view name);
+size_t get_size(std::string_view name);
+double get_seconds(std::string_view name);
+std::string get_string(std::string_view name);  // string or path
+
+// The table as the README shows it: header, separator and one row per variable.
+std::string markdown_table();
+
+}  // namespace weave::env
+
+namespace weave {
+// $WEAVE_PDL, read once; declared in pdl.cuh too, whose device-layer code reads no environment.
+bool pdl_allowed_by_env();
+}  // namespace weave
