@@ -16,9 +16,9 @@ namespace weave::tp {
 
 struct AgGemm::Impl {
   runtime::Communicator& c;
-  ShapeSignals sig{"tp.ag_gemm"};
+  runtime::ShapeSignals sig{"tp.ag_gemm"};
   CopyEnginePush ce;
-  attention::CallOrder order;
+  runtime::CallOrder order;
   const bool ce_ok;
   // v9's all_gather, made by the first v9 call (every rank takes v9 for the same shapes in the
   // same order), so that objects which never take it hold none of its heap.
@@ -153,7 +153,7 @@ LaunchInfo AgGemm::run(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf1
                   const Range mine = shard(M, m.c.world(), m.c.rank());
                   const size_t row = size_t(K) * sizeof(bf16);
                   const bool own = a_shard == a_gathered + size_t(mine.begin) * K;
-                  WEAVE_CHECK(own || !attention::overlap(a_shard, mine.size * row, a_gathered, M * row),
+                  WEAVE_CHECK(own || !runtime::overlap(a_shard, mine.size * row, a_gathered, M * row),
                               "ag_gemm: a_shard overlaps a_gathered without being this rank's rows of it (rows ",
                               mine.begin, "..", mine.begin + mine.size - 1, ")");
                 });

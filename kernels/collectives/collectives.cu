@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "attention/sp_call.hpp"  // check_call, local_problem: every rank rejects a call together
+#include "weave/runtime/call.hpp"  // check_call, local_problem: every rank rejects a call together
 #include "collectives/collectives.hpp"
 #include "collectives/kernel.cuh"
 #include "collectives/ll.cuh"
@@ -101,7 +101,7 @@ struct Collectives::Impl {
   unsigned ll_calls = 0;
   // Calls run in issue order on the device even across streams: the LL scratch parity, the
   // push ring's step totals and the direct path's signal totals all assume it.
-  attention::CallOrder order;
+  runtime::CallOrder order;
   static constexpr size_t kLLLines = Collectives::kLLMaxBytes / 4;
 
   // LL128 steps a warp sends ahead of the one it receives (any lag >= 1 is deadlock-free, ll128.cuh).
@@ -166,7 +166,7 @@ struct Collectives::Impl {
   // alignment, buffers in the heap or registered): every rank then rejects the call together,
   // where a rank throwing alone would leave its peers' kernels waiting for it until the timeout.
   void check_args(const std::vector<long long>& a, const std::string& problem) {
-    attention::check_call(comm, "collective arguments (kind, dtype, op, shape, dim)", a, problem);
+    runtime::check_call(comm, "collective arguments (kind, dtype, op, shape, dim)", a, problem);
   }
 
   // `work` (bytes) must be the same on every rank: it sizes the grid, and every rank must know
@@ -227,8 +227,8 @@ struct Collectives::Impl {
                long long D, DType t, cudaStream_t s) {
     const int W = comm.world(), r = comm.rank(), elt = static_cast<int>(dtype_size(t));
     long long in_bytes = 0, out_bytes = 0;
-    check_args({3 + (to_head ? 1 : 0), static_cast<long long>(t), B, S, H, D}, attention::local_problem([&] {
-                 attention::check_not_capturing("all_to_all", s);
+    check_args({3 + (to_head ? 1 : 0), static_cast<long long>(t), B, S, H, D}, runtime::local_problem([&] {
+                 runtime::check_not_capturing("all_to_all", s);
                  WEAVE_CHECK(B >= 0 && S >= 0 && H > 0 && D > 0, "all_to_all: bad shape B=", B, " S=", S, " H=", H,
                              " D=", D);
                  WEAVE_CHECK(H % W == 0, "all_to_all: ", H, " heads do not divide among ", W, " ranks");
@@ -257,8 +257,8 @@ struct Collectives::Impl {
                              ReduceOp op, long long& n, long long& mine, cudaStream_t s, Pick&& pick) {
     const int elt = static_cast<int>(dtype_size(t));
     ShardAlgo algo = ShardAlgo::direct;
-    const std::string problem = attention::local_problem([&] {
-      attention::check_not_capturing(gather ? "all_gather" : "reduce_scatter", s);
+    const std::string problem = runtime::local_problem([&] {
+      runtime::check_not_capturing(gather ? "all_gather" : "reduce_scatter", s);
       check_shape(full, dim);
       check_aligned(gather ? "all_gather" : "reduce_scatter", in, out, t);
       algo = pick();
@@ -473,8 +473,8 @@ void Collectives::all_reduce(const void* in, void* out, size_t count, DType t, R
   // The algorithm is compared too: it depends on local pointers, and ranks must agree on it.
   m.check_args({100, static_cast<long long>(t), static_cast<long long>(op), static_cast<long long>(count),
                 static_cast<long long>(algo)},
-               attention::local_problem([&] {
-                 attention::check_not_capturing("all_reduce", s);
+               runtime::local_problem([&] {
+                 runtime::check_not_capturing("all_reduce", s);
                  check_aligned("all_reduce", in, out, t);
                  if (count == 0) return;
                  WEAVE_CHECK(all_reduce_overlap(addr(in), addr(out), bytes) != Overlap::bad,

@@ -8,9 +8,9 @@ namespace weave::tp {
 
 struct GemmAR::Impl {
   runtime::Communicator& c;
-  ShapeSignals sig{"tp.gemm_ar"};
-  ShapeSignals sig_intra{"tp.gemm_ar_intra"};
-  attention::CallOrder order;
+  runtime::ShapeSignals sig{"tp.gemm_ar"};
+  runtime::ShapeSignals sig_intra{"tp.gemm_ar_intra"};
+  runtime::CallOrder order;
   explicit Impl(runtime::Communicator& cc) : c(cc) {}
 };
 
@@ -41,7 +41,7 @@ LaunchInfo GemmAR::launch(const bf16* A, const bf16* B, bf16* out, int M, int N,
   g.M = M, g.N = N, g.K = K;
   g.tiles_m = g.L.tiles_m, g.tiles_n = g.L.tiles_n, g.group_m = g.L.group_m, g.accumulate = 0;
   g.rank = rank;
-  ShapeSignals& sig = variant == 1 ? m.sig_intra : m.sig;
+  runtime::ShapeSignals& sig = variant == 1 ? m.sig_intra : m.sig;
   const std::vector<int> counts = {variant == 1 ? ar_intra_ready_count(g.L) : g.L.work(), 1};
   runtime::SignalSet& rd = sig.get(m.c, {M, N, K}, counts, 0);
   runtime::SignalSet& dn = sig.get(m.c, {M, N, K}, counts, 1);

@@ -30,10 +30,10 @@ __global__ void __launch_bounds__(256) rs_sum_kernel(const __grid_constant__ Sum
 
 struct GemmRS::Impl {
   runtime::Communicator& c;
-  ShapeSignals sig{"tp.gemm_rs"};
+  runtime::ShapeSignals sig{"tp.gemm_rs"};
   bf16* scratch = nullptr;  // v2: this rank's partials (M x N), symmetric
   size_t scratch_bytes = 0;
-  attention::CallOrder order;
+  runtime::CallOrder order;
   // v4: partials for the peers (local), the peers' partials for this rank (symmetric, one slot
   // per peer), the copy engine.
   bf16* send = nullptr;
@@ -122,7 +122,7 @@ LaunchInfo GemmRS::launch(const bf16* A, const bf16* B, bf16* out, int M, int N,
   }
   // One set per (shape, variant): each launch's expectations are round * per_round of its variant.
   const std::vector<int> counts = {rs_ready_count(g.L), W, 1};
-  ShapeSignals& sg = m.sig;
+  runtime::ShapeSignals& sg = m.sig;
   runtime::SignalSet& rd = sg.get(m.c, {M, N, K, variant}, counts, 0);
   runtime::SignalSet& zr = sg.get(m.c, {M, N, K, variant}, counts, 1);
   runtime::SignalSet& dn = sg.get(m.c, {M, N, K, variant}, counts, 2);

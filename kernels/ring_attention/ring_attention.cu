@@ -3,13 +3,14 @@
 #include <cmath>
 #include <cstring>
 
-#include "attention/gather_buffer.hpp"
-#include "attention/gathered.hpp"
-#include "attention/sp_call.hpp"
+#include "gathered_attention/gather_buffer.hpp"
+#include "gathered_attention/gathered.hpp"
+#include "gathered_attention/sp_call.hpp"
 #include "ring_attention/ring_attention.hpp"
 #include "ring_attention/schedule.hpp"
-#include "tp_common/host.hpp"
+#include "weave/runtime/call.hpp"
 #include "weave/runtime/tuner.hpp"
+#include "weave/runtime/tuner_launch.hpp"
 
 namespace weave::sp {
 
@@ -26,9 +27,9 @@ long long local_rows(long long S, int W, Sharding sh, int rank) {
 
 struct RingAttention::Impl {
   runtime::Communicator& c;
-  tp::ShapeSignals sig{"sp.ring"};
+  runtime::ShapeSignals sig{"sp.ring"};
   attention::GatherBuffer kv;  // gathered K then V
-  attention::CallOrder order;
+  runtime::CallOrder order;
   // The layout of the previous call's gathered buffers. A causal call ends on a rank before the
   // peers' pushes of rows past its queries (it never waits for them) have landed; those land
   // where a different layout may put this rank's own rows, which the next call copies in before
@@ -62,12 +63,12 @@ std::string ring_input_problem(const RingShape& s, const RingOptions& o, int W, 
     const long long L = ring::local_rows(s.S, W, zz, rank);
     const size_t nq = size_t(s.B) * L * s.Hq * s.D * 2, nkv = size_t(s.B) * L * s.Hkv * s.D * 2;
     const size_t nl = lse ? size_t(s.B) * s.Hq * L * 4 : 0;
-    WEAVE_CHECK(!attention::overlap(out, nq, k, nkv) && !attention::overlap(out, nq, v, nkv),
+    WEAVE_CHECK(!runtime::overlap(out, nq, k, nkv) && !runtime::overlap(out, nq, v, nkv),
                 "ring_attention: o overlaps k or v (they are read while o is written)");
-    WEAVE_CHECK(out == q || !attention::overlap(out, nq, q, nq),
+    WEAVE_CHECK(out == q || !runtime::overlap(out, nq, q, nq),
                 "ring_attention: o overlaps q without being q (in place is allowed, a shifted overlap is not)");
-    WEAVE_CHECK(!attention::overlap(lse, nl, q, nq) && !attention::overlap(lse, nl, k, nkv) &&
-                    !attention::overlap(lse, nl, v, nkv) && !attention::overlap(lse, nl, out, nq),
+    WEAVE_CHECK(!runtime::overlap(lse, nl, q, nq) && !runtime::overlap(lse, nl, k, nkv) &&
+                    !runtime::overlap(lse, nl, v, nkv) && !runtime::overlap(lse, nl, out, nq),
                 "ring_attention: lse overlaps q, k, v or o");
   } catch (const Error& e) {
     return e.what();
@@ -217,22 +218,23 @@ RingLaunchInfo RingAttention::forward(const bf16* q, const bf16* k, const bf16* 
   const int W = m.c.world();
   int scale_bits = 0;
   std::memcpy(&scale_bits, &opt.softmax_scale, sizeof scale_bits);
-  std::string problem = attention::local_problem([&] { attention::check_not_capturing("ring_attention", stream); });
+  std::string problem = runtime::local_problem([&] { runtime::check_not_capturing("ring_attention", stream); });
   if (problem.empty()) problem = detail::ring_input_problem(s, opt, W, m.c.rank(), m.c.sm_count(), q, k, v, o, lse);
-  attention::check_call(m.c, "ring_attention (B, S, Hq, Hkv, D, causal, sharding, scale, num_comm_sms)",
-                        {s.B, s.S, s.Hq, s.Hkv, s.D, opt.causal, static_cast<int>(opt.sharding), scale_bits,
-                         opt.num_comm_sms},
-                        problem);
+  runtime::check_call(m.c, "ring_attention (B, S, Hq, Hkv, D, causal, sharding, scale, num_comm_sms)",
+                      {s.B, s.S, s.Hq, s.Hkv, s.D, opt.causal, static_cast<int>(opt.sharding), scale_bits,
+                       opt.num_comm_sms},
+                      problem);
   if (opt.num_comm_sms >= 0) return m.launch(q, k, v, o, lse, s, opt, opt.num_comm_sms, stream);
   std::vector<runtime::TuneCandidate> cands;
   for (int n : {4, 8, 16})
     if (n <= m.c.sm_count() / 4) cands.push_back({0, n});
-  const std::string key = runtime::tune_key(
-      "ring_attention", {s.B, s.S, s.Hq, s.Hkv, s.D, opt.causal, static_cast<int>(opt.sharding)}, W, tp::device_key(m.c));
-  tp::TunePlans plans;
+  const std::string key =
+      runtime::tune_key("ring_attention", {s.B, s.S, s.Hq, s.Hkv, s.D, opt.causal, static_cast<int>(opt.sharding)}, W,
+                        runtime::device_key(m.c));
+  runtime::TunePlans plans;
   const runtime::TuneResult t = runtime::Tuner::global().choose(&m.c, key, cands, [&](const runtime::TuneCandidate& c) {
-    return tp::time_launches(
-        m.c, stream, [&] { m.launch(q, k, v, o, lse, s, opt, c.num_comm_sms, stream); }, tp::plan_of(plans, c));
+    return runtime::time_launches(
+        m.c, stream, [&] { m.launch(q, k, v, o, lse, s, opt, c.num_comm_sms, stream); }, runtime::plan_of(plans, c));
   });
   RingLaunchInfo li = m.launch(q, k, v, o, lse, s, opt, t.choice.num_comm_sms, stream);
   li.tuned = true;

@@ -1,7 +1,7 @@
 // Ring attention's sharding as pure __host__ __device__ functions (CPU-tested in tests/sp). The
 // gather schedule (slices, counters, push units) is attention/gathered_schedule.hpp.
 #pragma once
-#include "attention/gathered_schedule.hpp"
+#include "gathered_attention/gathered_schedule.hpp"
 
 namespace weave::sp::ring {
 

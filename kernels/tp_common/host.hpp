@@ -1,5 +1,5 @@
 // Host pieces shared by the tensor-parallel fused kernels: options, the cross-rank argument
-// check (only when the arguments change), growable signal sets, TMA maps on 128-row tiles.
+// check (only when the arguments change), TMA maps on 128-row tiles, the tuner path.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -13,12 +13,12 @@
 #include <utility>
 #include <vector>
 
-#include "weave/common/event_time.hpp"
-#include "attention/sp_call.hpp"  // check_call, local_problem: every rank rejects a call together
 #include "tp_common/schedule.hpp"
 #include "weave/common/error.hpp"
+#include "weave/runtime/call.hpp"  // check_call, local_problem: every rank rejects a call together
 #include "weave/runtime/communicator.hpp"
 #include "weave/runtime/tuner.hpp"
+#include "weave/runtime/tuner_launch.hpp"
 #include "weave/tile/tma.hpp"
 
 namespace weave::tp {
@@ -45,35 +45,6 @@ struct LaunchInfo {
   int compute_blocks = 0;
   bool tuned = false;  // the choice came from the tuner (cache or search)
   int variant = 0;
-};
-
-// The counters of one kernel, one set per distinct shape. A launch's expected counts are
-// `round * per_round` with per_round a function of the shape, so a set only ever serves one
-// shape (a set reused for another shape would hold a running total that round * per_round does
-// not describe). Sets live as long as the kernel object; creating one is collective, and every
-// rank creates it at the same call because the shapes are checked to agree.
-class ShapeSignals {
- public:
-  explicit ShapeSignals(std::string name) : name_(std::move(name)) {}
-  // Set `which` (< counts.size()) for `shape`, with counts[which] counters.
-  runtime::SignalSet& get(runtime::Communicator& c, const std::vector<long long>& shape,
-                          const std::vector<int>& counts, int which) {
-    auto it = sets_.find(shape);
-    if (it == sets_.end()) {
-      std::vector<std::unique_ptr<runtime::SignalSet>> v;
-      for (size_t i = 0; i < counts.size(); ++i)
-        v.push_back(std::make_unique<runtime::SignalSet>(
-            c.signals(name_ + "." + std::to_string(gen_) + "." + std::to_string(i), counts[i])));
-      ++gen_;
-      it = sets_.emplace(shape, std::move(v)).first;
-    }
-    return *it->second.at(which);
-  }
-
- private:
-  std::string name_;
-  int gen_ = 0;
-  std::map<std::vector<long long>, std::vector<std::unique_ptr<runtime::SignalSet>>> sets_;
 };
 
 // A rows x cols row-major bf16 matrix read or written in 128 x 64 boxes with the 128-byte
@@ -136,67 +107,21 @@ template <class F>
 void check_tp_call(runtime::Communicator& c, const char* who, int M, int N, int K, const Options& o,
                    std::initializer_list<std::pair<const char*, const void*>> ops, int max_variant,
                    const char* variants, cudaStream_t s, F&& more) {
-  const std::string problem = attention::local_problem([&] {
-    attention::check_not_capturing(who, s);
+  const std::string problem = runtime::local_problem([&] {
+    runtime::check_not_capturing(who, s);
     validate(who, M, N, K);
     check_operands(who, ops);
     WEAVE_CHECK(o.variant >= -1 && o.variant <= max_variant, who, ": variant ", o.variant, " is not ", variants);
     check_comm_sms(who, o.num_comm_sms, c.sm_count());
     more();
   });
-  attention::check_call(c, std::string(who) + " arguments (M, N, K, num_comm_sms, variant, SM count)",
-                        checked_args(M, N, K, o, c.sm_count()), problem);
+  runtime::check_call(c, std::string(who) + " arguments (M, N, K, num_comm_sms, variant, SM count)",
+                      checked_args(M, N, K, o, c.sm_count()), problem);
 }
 
 }  // namespace weave::tp
 
 namespace weave::tp {
-
-// A tuner sample's plan: kSteadyWarmUs of the same candidate first (the power cap's steady
-// state, event_time.hpp), then ~20 ms timed.
-inline SamplePlan tune_plan(double launch_us) { return steady_plan(launch_us, 20e3, 2000, 200); }
-
-// The slowest rank's host time (µs) of one call of fn from an idle stream to its end: what a
-// sample plan starts from. Every rank takes the same plan from it, since every rank must call as
-// often (the calls wait for each other).
-template <class F>
-double slowest_call_us(runtime::Communicator& c, cudaStream_t s, F&& fn) {
-  WEAVE_CUDA_CHECK(cudaStreamSynchronize(s));
-  const auto t0 = std::chrono::steady_clock::now();
-  fn();
-  WEAVE_CUDA_CHECK(cudaStreamSynchronize(s));
-  double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-  std::vector<double> all(c.world());
-  c.bootstrap().all_gather(&us, all.data(), sizeof us);
-  for (double x : all) us = x > us ? x : us;
-  return us;
-}
-
-// One tuner sample of `launch` (the caller's stream), by `plan`, which the candidate's first
-// sample fills (iters == 0) from the second of two calls: the first may carry a variant's
-// one-time setup, and a plan of one or two launches then timed the host's enqueue gap (ag_gemm
-// v9 sampled 92 µs, 37 in the table). Then the warm-up and timed launches back to back, so that
-// the timed window starts in the candidate's own steady state.
-template <class F>
-double time_launches(runtime::Communicator& c, cudaStream_t s, F&& launch, SamplePlan& plan) {
-  if (plan.iters == 0) {
-    launch();
-    plan = tune_plan(slowest_call_us(c, s, launch));
-  }
-  for (int i = 0; i < plan.warm; ++i) launch();
-  return events_us(s, [] {}, launch, plan.iters);
-}
-
-// The plans of one search, one per candidate.
-using TunePlans = std::map<std::pair<int, int>, SamplePlan>;
-inline SamplePlan& plan_of(TunePlans& p, const runtime::TuneCandidate& t) { return p[{t.variant, t.num_comm_sms}]; }
-
-inline std::string device_key(const runtime::Communicator& c) {
-  std::string n = c.props().name;
-  for (auto& ch : n)
-    if (ch == ' ' || ch == '|') ch = '_';
-  return n + "_" + std::to_string(c.sm_count()) + "sm";
-}
 
 // A TP call's tuner path: the search (or the cached choice) over `cands` under the key (kernel
 // and its variant restriction, M x N x K, world, device), then the chosen launch. `launch(t)`
@@ -204,10 +129,11 @@ inline std::string device_key(const runtime::Communicator& c) {
 template <class F>
 LaunchInfo tuned_launch(runtime::Communicator& c, const char* kernel, const Options& o, int M, int N, int K,
                         const std::vector<runtime::TuneCandidate>& cands, cudaStream_t s, F&& launch) {
-  const std::string key = runtime::tune_key(tune_name(kernel, o.variant), {M, N, K}, c.world(), device_key(c));
-  TunePlans plans;
+  const std::string key =
+      runtime::tune_key(tune_name(kernel, o.variant), {M, N, K}, c.world(), runtime::device_key(c));
+  runtime::TunePlans plans;
   const runtime::TuneResult r = runtime::Tuner::global().choose(&c, key, cands, [&](const runtime::TuneCandidate& t) {
-    return time_launches(c, s, [&] { launch(t); }, plan_of(plans, t));
+    return runtime::time_launches(c, s, [&] { launch(t); }, runtime::plan_of(plans, t));
   });
   LaunchInfo li = launch(r.choice);
   li.tuned = true;

@@ -2,7 +2,7 @@
 // in tests/sp). The gather schedule (slices, counters, push units) is
 // attention/gathered_schedule.hpp; here the W row shards are its chunks.
 #pragma once
-#include "attention/gathered_schedule.hpp"
+#include "gathered_attention/gathered_schedule.hpp"
 
 namespace weave::sp::uly {
 

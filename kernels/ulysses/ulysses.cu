@@ -3,13 +3,14 @@
 #include <cmath>
 #include <cstring>
 
-#include "attention/gather_buffer.hpp"
-#include "attention/gathered.hpp"
-#include "attention/sp_call.hpp"
-#include "tp_common/host.hpp"
+#include "gathered_attention/gather_buffer.hpp"
+#include "gathered_attention/gathered.hpp"
+#include "gathered_attention/sp_call.hpp"
 #include "ulysses/schedule.hpp"
 #include "ulysses/ulysses.hpp"
+#include "weave/runtime/call.hpp"
 #include "weave/runtime/tuner.hpp"
+#include "weave/runtime/tuner_launch.hpp"
 
 namespace weave::sp {
 
@@ -22,9 +23,9 @@ RowShard ulysses_shard(long long S, int W, int rank) {
 
 struct Ulysses::Impl {
   runtime::Communicator& c;
-  tp::ShapeSignals sig{"sp.ulysses"};
+  runtime::ShapeSignals sig{"sp.ulysses"};
   attention::GatherBuffer buf;  // gathered Q, K, V
-  attention::CallOrder order;
+  runtime::CallOrder order;
   explicit Impl(runtime::Communicator& cc) : c(cc), buf(cc) {}
   UlyssesLaunchInfo launch(const bf16* q, const bf16* k, const bf16* v, bf16* o, const UlyssesShape& s,
                            const UlyssesOptions& opt, int ncomm, cudaStream_t stream);
@@ -46,8 +47,8 @@ std::string ulysses_input_problem(const UlyssesShape& s, const UlyssesOptions& o
     // Peers write this rank's o while its communicators still read q, k and v.
     const long long L = uly::shard(s.S, W, rank).rows;
     const size_t nq = size_t(s.B) * L * s.Hq * s.D * 2, nkv = size_t(s.B) * L * s.Hkv * s.D * 2;
-    WEAVE_CHECK(!attention::overlap(out, nq, q, nq) && !attention::overlap(out, nq, k, nkv) &&
-                    !attention::overlap(out, nq, v, nkv),
+    WEAVE_CHECK(!runtime::overlap(out, nq, q, nq) && !runtime::overlap(out, nq, k, nkv) &&
+                    !runtime::overlap(out, nq, v, nkv),
                 "ulysses: o overlaps q, k or v (peers write o while q, k, v are still being read)");
   } catch (const Error& e) {
     return e.what();
@@ -158,7 +159,7 @@ UlyssesLaunchInfo Ulysses::forward(const bf16* q, const bf16* k, const bf16* v, 
                                    const UlyssesOptions& opt, cudaStream_t stream) {
   Impl& m = *impl_;
   const int W = m.c.world();
-  std::string problem = attention::local_problem([&] { attention::check_not_capturing("ulysses", stream); });
+  std::string problem = runtime::local_problem([&] { runtime::check_not_capturing("ulysses", stream); });
   if (problem.empty()) problem = detail::ulysses_input_problem(s, opt, W, m.c.rank(), m.c.sm_count(), q, k, v, o);
   if (problem.empty()) {
     try {
@@ -170,18 +171,18 @@ UlyssesLaunchInfo Ulysses::forward(const bf16* q, const bf16* k, const bf16* v, 
   }
   int scale_bits = 0;
   std::memcpy(&scale_bits, &opt.softmax_scale, sizeof scale_bits);
-  attention::check_call(m.c, "ulysses (B, S, Hq, Hkv, D, causal, scale, num_comm_sms)",
-                        {s.B, s.S, s.Hq, s.Hkv, s.D, opt.causal, scale_bits, opt.num_comm_sms}, problem);
+  runtime::check_call(m.c, "ulysses (B, S, Hq, Hkv, D, causal, scale, num_comm_sms)",
+                      {s.B, s.S, s.Hq, s.Hkv, s.D, opt.causal, scale_bits, opt.num_comm_sms}, problem);
   if (opt.num_comm_sms >= 0) return m.launch(q, k, v, o, s, opt, opt.num_comm_sms, stream);
   std::vector<runtime::TuneCandidate> cands;
   for (int n : {4, 8, 16})
     if (n <= m.c.sm_count() / 4) cands.push_back({0, n});
   const std::string key =
-      runtime::tune_key("ulysses", {s.B, s.S, s.Hq, s.Hkv, s.D, opt.causal}, W, tp::device_key(m.c));
-  tp::TunePlans plans;
+      runtime::tune_key("ulysses", {s.B, s.S, s.Hq, s.Hkv, s.D, opt.causal}, W, runtime::device_key(m.c));
+  runtime::TunePlans plans;
   const runtime::TuneResult t = runtime::Tuner::global().choose(&m.c, key, cands, [&](const runtime::TuneCandidate& c) {
-    return tp::time_launches(
-        m.c, stream, [&] { m.launch(q, k, v, o, s, opt, c.num_comm_sms, stream); }, tp::plan_of(plans, c));
+    return runtime::time_launches(
+        m.c, stream, [&] { m.launch(q, k, v, o, s, opt, c.num_comm_sms, stream); }, runtime::plan_of(plans, c));
   });
   UlyssesLaunchInfo li = m.launch(q, k, v, o, s, opt, t.choice.num_comm_sms, stream);
   li.tuned = true;

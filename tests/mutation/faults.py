@@ -246,7 +246,7 @@ FAULTS = [
         "bench": [{"ranks": 1, "args": "attention --seqs 1024 --tokens 2048 --heads 2 --d 128 --causal 0 "
                                        "--variants auto --target-ms 2"}],
     },
-    # ---- sequence parallel (kernels/ring_attention, kernels/ulysses, attention/gathered*) --------
+    # ---- sequence parallel (kernels/ring_attention, kernels/ulysses, gathered_attention) ---------
     {
         "name": "ring_attention_peer_v_reads_zero",
         "what": "ring: the gathered V's tensor map has the local row count L instead of S, so V rows past L "
@@ -265,7 +265,7 @@ FAULTS = [
         "what": "Ulysses: the O all-to-all back to the owners writes local heads 0 and 1 into each other's place "
                 "(TMA path; rows written from registers at shard boundaries stay right)",
         "edits": [{
-            "file": "kernels/attention/gathered_kernel.cuh",
+            "file": "kernels/gathered_attention/gathered_kernel.cuh",
             "find": "64 * j, g.head_base + t.h,",
             "replace": "64 * j, g.head_base + (g.o_by_owner && g.H > 1 && t.h < 2 ? 1 - t.h : t.h),",
         }],

@@ -1,4 +1,4 @@
-// CPU tests of the sequence-parallel schedules (attention/gathered_schedule.hpp,
+// CPU tests of the sequence-parallel schedules (gathered_attention/gathered_schedule.hpp,
 // ring_attention/schedule.hpp, ulysses/schedule.hpp) for W = 2..8, ragged S, causal and not,
 // both ring shardings and Ulysses: every query row is computed by exactly one tile, every tile
 // visits (in its rotated order) every key block a row of it can see exactly once and never a

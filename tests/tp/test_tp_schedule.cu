@@ -616,16 +616,17 @@ TEST(Tuner, CorruptFileIsReportedAndReplaced) {
 }
 
 TEST(Tuner, SampleLengthScalesWithTheLaunch) {
-  const weave::SamplePlan tiny = tune_plan(20);  // a few us per launch: both capped
+  const weave::SamplePlan tiny = weave::runtime::tune_plan(20);  // a few us per launch: both capped
   EXPECT_EQ(tiny.warm, 2000);
   EXPECT_EQ(tiny.iters, 200);
-  const weave::SamplePlan mid = tune_plan(800);  // ~100 ms warm, ~20 ms timed
+  const weave::SamplePlan mid = weave::runtime::tune_plan(800);  // ~100 ms warm, ~20 ms timed
   EXPECT_EQ(mid.warm, 125);
   EXPECT_EQ(mid.iters, 25);
-  const weave::SamplePlan big = tune_plan(52000);  // a launch of 52 ms: two warm (at least 100 ms), one timed
+  // A launch of 52 ms: two warm (at least 100 ms), one timed.
+  const weave::SamplePlan big = weave::runtime::tune_plan(52000);
   EXPECT_EQ(big.warm, 2);
   EXPECT_EQ(big.iters, 1);
-  EXPECT_EQ(tune_plan(0).iters, 200);  // a nonsense time still gives a bounded plan
+  EXPECT_EQ(weave::runtime::tune_plan(0).iters, 200);  // a nonsense time still gives a bounded plan
 }
 
 TEST(Tuner, KeyNamesKernelShapeWorldDevice) {
@@ -688,11 +689,11 @@ TEST(TpHost, CommSmsCheckedLikeThePlanBeforeRoundsAreTaken) {
       } catch (const weave::Error&) {
         plan_ok = false;
       }
-      const std::string p = weave::attention::local_problem([&] { check_comm_sms("gemm_rs", n, sms); });
+      const std::string p = weave::runtime::local_problem([&] { check_comm_sms("gemm_rs", n, sms); });
       EXPECT_EQ(p.empty(), plan_ok) << "sms " << sms << " num_comm_sms " << n << ": " << p;
       if (!p.empty()) EXPECT_NE(p.find("gemm_rs: num_comm_sms = "), std::string::npos) << p;
     }
-  EXPECT_EQ(weave::attention::local_problem([] {}), "");
+  EXPECT_EQ(weave::runtime::local_problem([] {}), "");
 }
 
 // ag_gemm v7 copies whole row tiles in chunks of about 8 MiB (the copy engine's rate by message

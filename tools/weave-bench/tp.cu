@@ -68,7 +68,7 @@ struct Ctx {
 // rotation keeps the cyclic order: it had GEMM alone always right after cuBLAS + NCCL).
 std::vector<double> timed_turns(Ctx& x, const std::vector<std::function<void()>>& fns) {
   std::vector<SamplePlan> plan;
-  for (const auto& fn : fns) plan.push_back(steady_plan(tp::slowest_call_us(x.c, x.st, fn), 50e3, 2000, 1000));
+  for (const auto& fn : fns) plan.push_back(steady_plan(runtime::slowest_call_us(x.c, x.st, fn), 50e3, 2000, 1000));
   const int repeats = fns.size() >= 3 ? 6 : 3;  // 3! orders
   x.c.barrier();
   std::vector<std::vector<double>> t(fns.size());

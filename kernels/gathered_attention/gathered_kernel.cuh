@@ -23,8 +23,8 @@
 // The single-GPU kernel is not built from this file: it stays as measured.
 #pragma once
 #include "attention/attention_kernel.cuh"
-#include "attention/gathered.hpp"
-#include "attention/gathered_schedule.hpp"
+#include "gathered_attention/gathered.hpp"
+#include "gathered_attention/gathered_schedule.hpp"
 #include "weave/signal.cuh"
 #include "weave/store.cuh"
 

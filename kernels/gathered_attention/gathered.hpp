@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "attention/host_shared.hpp"  // map_rows, detail:: (tile counters, front words, L2 sections)
 #include "weave/config.hpp"
 #include "weave/signal_types.hpp"
 
@@ -87,12 +88,6 @@ struct GatheredGlobals {
   unsigned long long odone_expected;
 };
 
-// A (B, rows, H, D) bf16 tensor whose batches are `batch_stride` elements apart, as a 4-D TMA
-// map {D, H, rows, B} read or written in boxes {box_d, box_h, box_rows, 1}; 128-byte swizzle
-// when `swizzle` (attention operand tiles), none otherwise (plain copies).
-CUtensorMap map_rows(const void* base, int D, int H, long long rows, int B, long long batch_stride, uint32_t box_d,
-                     uint32_t box_h, uint32_t box_rows, bool swizzle);
-
 // Box shape for pushing `heads` heads of D: at most 8 heads, 16 KB.
 void push_box(int D, int heads, int* box_heads, int* box_rows);
 
@@ -101,12 +96,3 @@ void push_box(int D, int heads, int* box_heads, int* box_rows);
 void launch_gathered(GatheredGlobals& g, int D, cudaStream_t stream);
 
 }  // namespace weave::attention
-
-namespace weave::attention::detail {
-// Shared with the single-GPU launch (attention.cu).
-int* tile_counter(int dev, cudaStream_t stream);  // a zeroed tile counter from a per-device pool
-constexpr size_t kFrontWords = size_t(1) << 16;
-unsigned long long* front_words(int dev, unsigned* tag);  // kFrontWords per device; a fresh tag
-int l2_bytes(int dev);
-int heads_per_section(int l2, long long S, int D, int group);  // heads whose K/V fit in half of L2
-}  // namespace weave::attention::detail

@@ -1,17 +1,20 @@
-// Host rules of one collective sequence-parallel call (ring and Ulysses attention): every rank
-// rejects a call together, and one object's calls run one after the other.
+// Host rules of one collective call (collectives, the TP kernels, ring and Ulysses attention):
+// every rank rejects a call together, and one object's calls run one after the other; the
+// per-shape signal sets of a kernel.
 #pragma once
 #include <cuda_runtime.h>
 
-#include <cmath>
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "weave/common/error.hpp"
 #include "weave/runtime/communicator.hpp"
 
-namespace weave::attention {
+namespace weave::runtime {
 
 // Bytes [a, a + na) and [b, b + nb) share an address.
 inline bool overlap(const void* a, size_t na, const void* b, size_t nb) {
@@ -19,28 +22,11 @@ inline bool overlap(const void* a, size_t na, const void* b, size_t nb) {
   return na && nb && x < y + nb && y < x + na;
 }
 
-// The checks ring and Ulysses attention share (throws weave::Error naming `who`): shape, scale,
-// communicator count (launch_gathered's bound), q, k, v, o present and 16-byte aligned (TMA).
-inline void check_common(const char* who, int B, int Hq, int Hkv, int D, float scale, int num_comm_sms, int sm_count,
-                         const void* q, const void* k, const void* v, const void* o) {
-  WEAVE_CHECK(B >= 1 && Hq >= 1 && Hkv >= 1, who, ": B, Hq, Hkv must be positive, got B=", B, " Hq=", Hq, " Hkv=", Hkv);
-  WEAVE_CHECK(D == 64 || D == 128, who, ": head dim D must be 64 or 128, got ", D);
-  WEAVE_CHECK(Hq % Hkv == 0, who, ": Hq = ", Hq, " is not a multiple of Hkv = ", Hkv);
-  WEAVE_CHECK(scale >= 0.f && std::isfinite(scale), who,
-              ": softmax_scale must be finite and >= 0 (0 = 1/sqrt(D)), got ", scale);
-  WEAVE_CHECK(num_comm_sms < 0 || (num_comm_sms >= 1 && num_comm_sms <= sm_count / 2), who, ": num_comm_sms = ",
-              num_comm_sms, " must be < 0 (tuner) or in [1, ", sm_count / 2, "] (half the SMs)");
-  WEAVE_CHECK(q && k && v && o, who, ": null q, k, v or o");
-  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  WEAVE_CHECK(aligned(q) && aligned(k) && aligned(v) && aligned(o), who,
-              ": q, k, v and o must be 16-byte aligned (TMA)");
-}
-
 // The cross-rank check of a call: `values` (shape, options) must agree, and `problem` is what
 // this rank found wrong with its own arguments (empty: nothing). A rank that threw alone would
 // leave its peers' kernels waiting for it until the wait timeout, so whether any rank found a
 // problem is part of what must agree: every rank throws, the one with the problem its message.
-inline void check_call(runtime::Communicator& c, const std::string& what, std::vector<long long> values,
+inline void check_call(Communicator& c, const std::string& what, std::vector<long long> values,
                        const std::string& problem) {
   values.push_back(problem.empty() ? 0 : 1);
   try {
@@ -99,4 +85,33 @@ class CallOrder {
   cudaStream_t last_ = nullptr;
 };
 
-}  // namespace weave::attention
+// The counters of one kernel, one set per distinct shape. A launch's expected counts are
+// `round * per_round` with per_round a function of the shape, so a set only ever serves one
+// shape (a set reused for another shape would hold a running total that round * per_round does
+// not describe). Sets live as long as the kernel object; creating one is collective, and every
+// rank creates it at the same call because the shapes are checked to agree.
+class ShapeSignals {
+ public:
+  explicit ShapeSignals(std::string name) : name_(std::move(name)) {}
+  // Set `which` (< counts.size()) for `shape`, with counts[which] counters.
+  SignalSet& get(Communicator& c, const std::vector<long long>& shape, const std::vector<int>& counts,
+                 int which) {
+    auto it = sets_.find(shape);
+    if (it == sets_.end()) {
+      std::vector<std::unique_ptr<SignalSet>> v;
+      for (size_t i = 0; i < counts.size(); ++i)
+        v.push_back(std::make_unique<SignalSet>(
+            c.signals(name_ + "." + std::to_string(gen_) + "." + std::to_string(i), counts[i])));
+      ++gen_;
+      it = sets_.emplace(shape, std::move(v)).first;
+    }
+    return *it->second.at(which);
+  }
+
+ private:
+  std::string name_;
+  int gen_ = 0;
+  std::map<std::vector<long long>, std::vector<std::unique_ptr<SignalSet>>> sets_;
+};
+
+}  // namespace weave::runtime

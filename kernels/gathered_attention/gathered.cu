@@ -2,38 +2,13 @@
 // D = 64 and 128, ping-pong on).
 #include <algorithm>
 
-#include "attention/gathered.hpp"
-#include "attention/gathered_kernel.cuh"
+#include "gathered_attention/gathered.hpp"
+#include "gathered_attention/gathered_kernel.cuh"
 #include "weave/common/error.hpp"
 #include "weave/lcsc.cuh"
 #include "weave/tile/tma.hpp"
 
 namespace weave::attention {
-
-CUtensorMap map_rows(const void* base, int D, int H, long long rows, int B, long long batch_stride, uint32_t box_d,
-                     uint32_t box_h, uint32_t box_rows, bool swizzle) {
-  tile::TmaParams p;
-  p.type = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-  p.elem_bytes = 2;
-  p.rank = 4;
-  p.dims[0] = static_cast<uint64_t>(D);
-  p.dims[1] = static_cast<uint64_t>(H);
-  p.dims[2] = static_cast<uint64_t>(rows);
-  p.dims[3] = static_cast<uint64_t>(B);
-  p.strides[0] = static_cast<uint64_t>(D) * 2;
-  p.strides[1] = static_cast<uint64_t>(H) * D * 2;
-  p.strides[2] = static_cast<uint64_t>(batch_stride) * 2;
-  p.box[0] = box_d;
-  p.box[1] = box_h;
-  p.box[2] = box_rows;
-  p.box[3] = 1;
-  p.swizzle = swizzle ? tile::Swizzle::B128 : tile::Swizzle::None;
-  p.base = base;
-  WEAVE_CHECK(p.strides[2] < (1ull << 40), "attention: tensor too large for TMA (batch stride ", p.strides[2],
-              " bytes)");
-  WEAVE_CHECK(reinterpret_cast<uintptr_t>(base) % 16 == 0, "attention: TMA base must be 16-byte aligned");
-  return tile::encode(p);
-}
 
 void push_box(int D, int heads, int* box_heads, int* box_rows) {
   *box_heads = std::min(heads, 8);

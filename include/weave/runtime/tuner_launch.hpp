@@ -1,0 +1,66 @@
+// The measuring side of the tuner: a candidate's sample (time_launches, steady-state plans over
+// every rank) and the device part of its key, for the kernels whose calls pick their
+// variant and num_comm_sms through Tuner::choose (tuner.hpp).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "weave/common/error.hpp"
+#include "weave/common/event_time.hpp"
+#include "weave/runtime/communicator.hpp"
+#include "weave/runtime/tuner.hpp"
+
+namespace weave::runtime {
+
+// A tuner sample's plan: kSteadyWarmUs of the same candidate first (the power cap's steady
+// state, event_time.hpp), then ~20 ms timed.
+inline SamplePlan tune_plan(double launch_us) { return steady_plan(launch_us, 20e3, 2000, 200); }
+
+// The slowest rank's host time (µs) of one call of fn from an idle stream to its end: what a
+// sample plan starts from. Every rank takes the same plan from it, since every rank must call as
+// often (the calls wait for each other).
+template <class F>
+double slowest_call_us(Communicator& c, cudaStream_t s, F&& fn) {
+  WEAVE_CUDA_CHECK(cudaStreamSynchronize(s));
+  const auto t0 = std::chrono::steady_clock::now();
+  fn();
+  WEAVE_CUDA_CHECK(cudaStreamSynchronize(s));
+  double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  std::vector<double> all(c.world());
+  c.bootstrap().all_gather(&us, all.data(), sizeof us);
+  for (double x : all) us = x > us ? x : us;
+  return us;
+}
+
+// One tuner sample of `launch` (the caller's stream), by `plan`, which the candidate's first
+// sample fills (iters == 0) from the second of two calls: the first may carry a variant's
+// one-time setup, and a plan of one or two launches then timed the host's enqueue gap (ag_gemm
+// v9 sampled 92 µs, 37 in the table). Then the warm-up and timed launches back to back, so that
+// the timed window starts in the candidate's own steady state.
+template <class F>
+double time_launches(Communicator& c, cudaStream_t s, F&& launch, SamplePlan& plan) {
+  if (plan.iters == 0) {
+    launch();
+    plan = tune_plan(slowest_call_us(c, s, launch));
+  }
+  for (int i = 0; i < plan.warm; ++i) launch();
+  return events_us(s, [] {}, launch, plan.iters);
+}
+
+// The plans of one search, one per candidate.
+using TunePlans = std::map<std::pair<int, int>, SamplePlan>;
+inline SamplePlan& plan_of(TunePlans& p, const TuneCandidate& t) { return p[{t.variant, t.num_comm_sms}]; }
+
+inline std::string device_key(const Communicator& c) {
+  std::string n = c.props().name;
+  for (auto& ch : n)
+    if (ch == ' ' || ch == '|') ch = '_';
+  return n + "_" + std::to_string(c.sm_count()) + "sm";
+}
+
+}  // namespace weave::runtime
