@@ -28,6 +28,16 @@ std::string tune_key(const std::string& kernel, const std::vector<long long>& sh
   return k + "|w" + std::to_string(world) + "|" + device;
 }
 
+std::string candidate_set(const std::vector<TuneCandidate>& candidates) {
+  std::vector<std::pair<int, int>> v;
+  for (const TuneCandidate& c : candidates) v.emplace_back(c.variant, c.num_comm_sms);
+  std::sort(v.begin(), v.end());
+  v.erase(std::unique(v.begin(), v.end()), v.end());
+  std::string s;
+  for (const auto& [variant, sms] : v) s += (s.empty() ? "" : ",") + std::to_string(variant) + ":" + std::to_string(sms);
+  return s;
+}
+
 Tuner& Tuner::global() {
   static Tuner t;
   return t;
@@ -162,6 +172,7 @@ bool Tuner::parse(const std::string& text, std::map<std::string, TuneResult>* ou
         if (f == "variant") return r.num(&v) && (t.choice.variant = static_cast<int>(v), true);
         if (f == "num_comm_sms") return r.num(&v) && (t.choice.num_comm_sms = static_cast<int>(v), has_sms = true);
         if (f == "time_us") return r.num(&t.time_us);
+        if (f == "candidates") return r.str(&t.candidates);
         return r.skip();
       });
       if (!e_ok) return false;
@@ -174,7 +185,9 @@ bool Tuner::parse(const std::string& text, std::map<std::string, TuneResult>* ou
   std::string why;
   if (!ok) why = r.err;
   else if (r.i != text.size()) why = "trailing characters at byte " + std::to_string(r.i);
-  else if (version != 1) why = "unsupported version " + std::to_string(version);
+  else if (version != kTunerCacheVersion)
+    why = "cache version " + std::to_string(static_cast<int>(version)) + ", this weave reads version " +
+          std::to_string(kTunerCacheVersion) + " (entries of other versions are re-tuned)";
   else if (!have_entries) why = "no \"entries\" object";
   if (!why.empty()) {
     if (error) *error = why;
@@ -187,18 +200,23 @@ bool Tuner::parse(const std::string& text, std::map<std::string, TuneResult>* ou
 
 std::string Tuner::serialize(const std::map<std::string, TuneResult>& entries) {
   std::ostringstream o;
-  o << "{\n  \"version\": 1,\n  \"entries\": {";
+  o << "{\n  \"version\": " << kTunerCacheVersion << ",\n  \"entries\": {";
   bool first = true;
-  for (const auto& [k, v] : entries) {
+  auto quote = [](const std::string& k) {
     std::string q;
     for (char c : k) {
       if (c == '"' || c == '\\') q += '\\';
       q += c;
     }
+    return q;
+  };
+  for (const auto& [k, v] : entries) {
+    const std::string q = quote(k);
     char t[64];
     std::snprintf(t, sizeof t, "%.3f", v.time_us);
     o << (first ? "\n" : ",\n") << "    \"" << q << "\": {\"variant\": " << v.choice.variant
-      << ", \"num_comm_sms\": " << v.choice.num_comm_sms << ", \"time_us\": " << t << "}";
+      << ", \"num_comm_sms\": " << v.choice.num_comm_sms << ", \"time_us\": " << t << ", \"candidates\": \""
+      << quote(v.candidates) << "\"}";
     first = false;
   }
   o << (first ? "}\n}\n" : "\n  }\n}\n");
@@ -214,7 +232,7 @@ std::map<std::string, TuneResult> Tuner::read_file(bool warn) {
   ss << f.rdbuf();
   std::string err;
   if (!parse(ss.str(), &m, &err) && warn)
-    std::fprintf(stderr, "weave tuner: ignoring corrupt cache %s (%s); it will be rewritten\n", path_.c_str(),
+    std::fprintf(stderr, "weave tuner: ignoring the cache %s (%s); it will be rewritten\n", path_.c_str(),
                  err.c_str());
   return m;
 }
@@ -274,10 +292,15 @@ void Tuner::forget_memory() {
 TuneResult Tuner::choose(Communicator* comm, const std::string& key, const std::vector<TuneCandidate>& cands,
                          const std::function<double(const TuneCandidate&)>& measure_us) {
   WEAVE_CHECK(!cands.empty(), "tuner: no candidates for ", key);
+  const std::string set = candidate_set(cands);
+  // A cached choice answers only the candidate set it was chosen from, and only with one of them.
+  auto usable = [&](const TuneResult& r) {
+    return r.candidates == set && std::find(cands.begin(), cands.end(), r.choice) != cands.end();
+  };
   {  // Every rank learns a choice at the same call, so an in-memory hit needs no communication.
     std::lock_guard<std::mutex> g(mu_);
     auto it = mem_.find(key);
-    if (it != mem_.end()) {
+    if (it != mem_.end() && usable(it->second)) {
       TuneResult r = it->second;
       r.from_cache = true;
       return r;
@@ -291,14 +314,24 @@ TuneResult Tuner::choose(Communicator* comm, const std::string& key, const std::
     double t;
   } mine{0, 0, 0, 0};
   TuneResult cached;
-  if (rank == 0 && lookup(key, &cached)) mine = {1, cached.choice.variant, cached.choice.num_comm_sms, cached.time_us};
+  if (rank == 0 && lookup(key, &cached)) {
+    if (usable(cached)) {
+      mine = {1, cached.choice.variant, cached.choice.num_comm_sms, cached.time_us};
+    } else if (verbose_) {
+      std::fprintf(stderr,
+                   "weave tuner: %s: the cached choice (variant %d, num_comm_sms %d) was made from candidates "
+                   "{%s}, now {%s}: re-tuning\n",
+                   key.c_str(), cached.choice.variant, cached.choice.num_comm_sms, cached.candidates.c_str(),
+                   set.c_str());
+    }
+  }
   if (comm) {
     std::vector<Hit> all(world);
     comm->bootstrap().all_gather(&mine, all.data(), sizeof(Hit));
     mine = all[0];
   }
   if (mine.found) {
-    TuneResult r{{mine.variant, mine.sms}, mine.t, true};
+    TuneResult r{{mine.variant, mine.sms}, mine.t, true, set};
     if (rank != 0) remember(key, r, false);
     return r;
   }
@@ -350,7 +383,7 @@ TuneResult Tuner::choose(Communicator* comm, const std::string& key, const std::
   TuneResult best;
   best.time_us = -1;
   for (size_t c : kept)
-    if (best.time_us < 0 || times[c] < best.time_us) best = {cands[c], times[c], false};
+    if (best.time_us < 0 || times[c] < best.time_us) best = {cands[c], times[c], false, set};
   remember(key, best, rank == 0);
   if (talk)
     std::fprintf(stderr, "weave tuner: %s: chose variant %d, num_comm_sms %d (%.1f us); cache %s\n", key.c_str(),

@@ -509,8 +509,8 @@ std::string slurp(const std::string& p) {
 
 TEST(Tuner, ParseSerializeRoundTrip) {
   std::map<std::string, weave::runtime::TuneResult> m;
-  m["ag_gemm|4096x2048x4096|w2|H200_132sm"] = {{0, 16}, 123.5, false};
-  m["we\"ird|1|w8|x"] = {{1, 4}, 7, false};
+  m["ag_gemm|4096x2048x4096|w2|H200_132sm"] = {{0, 16}, 123.5, false, "0:4,0:16"};
+  m["we\"ird|1|w8|x"] = {{1, 4}, 7, false, "1:4"};
   std::map<std::string, weave::runtime::TuneResult> back;
   std::string err;
   ASSERT_TRUE(weave::runtime::Tuner::parse(weave::runtime::Tuner::serialize(m), &back, &err)) << err;
@@ -518,9 +518,12 @@ TEST(Tuner, ParseSerializeRoundTrip) {
   EXPECT_EQ(back["ag_gemm|4096x2048x4096|w2|H200_132sm"].choice.num_comm_sms, 16);
   EXPECT_EQ(back["we\"ird|1|w8|x"].choice.variant, 1);
   EXPECT_NEAR(back["ag_gemm|4096x2048x4096|w2|H200_132sm"].time_us, 123.5, 1e-3);
-  for (const char* bad : {"", "{", "garbage", "{\"version\": 1}", "{\"version\": 2, \"entries\": {}}",
-                          "{\"version\": 1, \"entries\": {\"k\": {\"variant\": 0}}}",
-                          "{\"version\": 1, \"entries\": {}} trailing"}) {
+  EXPECT_EQ(back["ag_gemm|4096x2048x4096|w2|H200_132sm"].candidates, "0:4,0:16");
+  // Another version (version 1 had no candidate sets) is not this cache: ignored, re-tuned.
+  for (const char* bad : {"", "{", "garbage", "{\"version\": 2}", "{\"version\": 1, \"entries\": {}}",
+                          "{\"version\": 3, \"entries\": {}}",
+                          "{\"version\": 2, \"entries\": {\"k\": {\"variant\": 0}}}",
+                          "{\"version\": 2, \"entries\": {}} trailing"}) {
     std::map<std::string, weave::runtime::TuneResult> x;
     EXPECT_FALSE(weave::runtime::Tuner::parse(bad, &x, &err)) << bad;
     EXPECT_TRUE(x.empty());
@@ -596,8 +599,8 @@ TEST(Tuner, CorruptFileIsReportedAndReplaced) {
   const std::string path = temp_path("corrupt");
   weave::runtime::Tuner t(path);
   t.set_verbose(false);
-  t.remember("a|1|w2|d", {{0, 4}, 1.0, false});  // creates the folders
-  { std::ofstream(path, std::ios::trunc) << "{\"version\": 1, \"entries\": {\"a|1|w2|d\": {\"num_comm_sms\": "; }
+  t.remember("a|1|w2|d", {{0, 4}, 1.0, false, "0:4"});  // creates the folders
+  { std::ofstream(path, std::ios::trunc) << "{\"version\": 2, \"entries\": {\"a|1|w2|d\": {\"num_comm_sms\": "; }
   weave::runtime::Tuner t2(path);
   t2.set_verbose(false);
   weave::runtime::TuneResult r;
@@ -613,6 +616,60 @@ TEST(Tuner, CorruptFileIsReportedAndReplaced) {
   std::string err;
   EXPECT_TRUE(weave::runtime::Tuner::parse(slurp(path), &back, &err)) << err;  // rewritten, valid
   EXPECT_EQ(back.count("b|2|w2|d"), 1u);
+}
+
+// A cached choice answers only the candidate set it was chosen from: an entry chosen from other
+// candidates, one whose choice is not among the current candidates (a foreign or hand-edited
+// file), and a file of the previous version are all re-tuned, and the file is rewritten.
+TEST(Tuner, StaleOrForeignEntriesAreReTuned) {
+  EXPECT_EQ(weave::runtime::candidate_set({{0, 16}, {0, 4}, {1, 4}, {0, 4}}), "0:4,0:16,1:4");
+  const std::string path = temp_path("stale");
+  const std::vector<weave::runtime::TuneCandidate> now = {{0, 4}, {0, 8}, {0, 16}};
+  int calls = 0;
+  auto measure = [&](const weave::runtime::TuneCandidate& x) {
+    ++calls;
+    return x.num_comm_sms == 16 ? 5.0 : 20.0;
+  };
+  auto fresh = [&](const std::string& text) {
+    { weave::runtime::Tuner(path).remember("seed|1|w1|d", {{0, 4}, 1.0, false, "0:4"}); }  // folders
+    { std::ofstream(path, std::ios::trunc) << text; }
+    calls = 0;
+    weave::runtime::Tuner t(path);
+    t.set_verbose(false);
+    return t.choose(nullptr, "k|1|w1|d", now, measure);
+  };
+  const std::string entry = "{\"version\": 2, \"entries\": {\"k|1|w1|d\": {\"variant\": 0, \"num_comm_sms\": 8, "
+                            "\"time_us\": 1.0, \"candidates\": ";
+  // Chosen from {4, 8} only: 16 did not exist then.
+  auto r = fresh(entry + "\"0:4,0:8\"}}}");
+  EXPECT_FALSE(r.from_cache);
+  EXPECT_GT(calls, 0);
+  EXPECT_EQ(r.choice.num_comm_sms, 16);
+  // The same set, but a choice outside it.
+  r = fresh("{\"version\": 2, \"entries\": {\"k|1|w1|d\": {\"variant\": 0, \"num_comm_sms\": 99, \"time_us\": 1.0, "
+            "\"candidates\": \"0:4,0:8,0:16\"}}}");
+  EXPECT_FALSE(r.from_cache);
+  EXPECT_EQ(r.choice.num_comm_sms, 16);
+  // No candidate set recorded (an entry of the version-1 format, in a version-2 file).
+  r = fresh("{\"version\": 2, \"entries\": {\"k|1|w1|d\": {\"variant\": 0, \"num_comm_sms\": 8, \"time_us\": 1.0}}}");
+  EXPECT_FALSE(r.from_cache);
+  // A version-1 file.
+  r = fresh("{\"version\": 1, \"entries\": {\"k|1|w1|d\": {\"variant\": 0, \"num_comm_sms\": 8, \"time_us\": 1.0}}}");
+  EXPECT_FALSE(r.from_cache);
+  EXPECT_EQ(r.choice.num_comm_sms, 16);
+  // The rewritten file answers the current set without a search, and records it.
+  weave::runtime::Tuner t(path);
+  t.set_verbose(false);
+  calls = 0;
+  r = t.choose(nullptr, "k|1|w1|d", now, measure);
+  EXPECT_TRUE(r.from_cache);
+  EXPECT_EQ(calls, 0);
+  EXPECT_EQ(r.choice.num_comm_sms, 16);
+  EXPECT_NE(slurp(path).find("\"candidates\": \"0:4,0:8,0:16\""), std::string::npos) << slurp(path);
+  // In memory too: the same key with another candidate set searches again.
+  r = t.choose(nullptr, "k|1|w1|d", {{0, 4}, {0, 8}}, measure);
+  EXPECT_FALSE(r.from_cache);
+  EXPECT_GT(calls, 0);
 }
 
 TEST(Tuner, SampleLengthScalesWithTheLaunch) {

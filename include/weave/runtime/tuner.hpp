@@ -3,7 +3,10 @@
 // printed (rank 0, stderr); the winner is kept in memory and in a JSON file, by default
 // $XDG_CACHE_HOME/weave/tuner.json (else ~/.cache/weave/tuner.json; $WEAVE_TUNER_CACHE names
 // another file, "off" disables the file). A corrupt or unreadable file is reported and replaced,
-// never fatal. Kernels take an explicit num_comm_sms that bypasses the tuner.
+// never fatal. Every entry records the candidate set it was chosen from, and the file its format
+// version: an entry chosen from other candidates (a kernel that gained or lost variants) or with
+// a choice outside the current candidates, or a file of another version, is re-tuned, never
+// trusted. Kernels take an explicit num_comm_sms that bypasses the tuner.
 #pragma once
 #include <functional>
 #include <map>
@@ -25,7 +28,15 @@ struct TuneResult {
   TuneCandidate choice;
   double time_us = 0;       // the winner's median sample (each sample the slowest rank's) when it was measured
   bool from_cache = false;  // memory or file, no search this time
+  std::string candidates;   // candidate_set() of the candidates it was chosen from
 };
+
+// The cache file's format version; a file of another version is ignored and rewritten.
+inline constexpr int kTunerCacheVersion = 2;
+
+// A canonical text of a candidate set ("variant:num_comm_sms,..." sorted, duplicates once), so
+// that a cached choice is used only for the set it was chosen from.
+std::string candidate_set(const std::vector<TuneCandidate>& candidates);
 
 // "kernel|d0xd1x...|wW|device": the cache key (device: name and SM count).
 std::string tune_key(const std::string& kernel, const std::vector<long long>& shape, int world,
