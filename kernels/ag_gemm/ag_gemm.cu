@@ -45,11 +45,11 @@ std::vector<int> AgGemm::comm_sms_candidates(int M, int K, int W, int sm_count) 
 }
 
 LaunchInfo AgGemm::launch(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf16* C, int M, int N, int K,
-                          int ncomm, int variant, cudaStream_t s) {
+                          int ncomm, AgVariant variant, cudaStream_t s) {
   Impl& m = *impl_;
   m.order.before(s);
   const int W = m.c.world(), rank = m.c.rank();
-  if (variant == kAgGatherGemm) {
+  if (variant == AgVariant::AllGatherGemm) {
     // The own rows into place first (a_shard may be any device memory; the all_gather reads
     // symmetric buffers), then the all_gather in place and the GEMM on the gathered A.
     const Range mine = shard(M, W, rank);
@@ -65,7 +65,7 @@ LaunchInfo AgGemm::launch(const bf16* a_shard, bf16* a_gathered, const bf16* B, 
     m.coll->all_gather(own, a_gathered, full, 0, DType::bf16, s);
     gemm::gemm(a_gathered, B, C, M, N, K, gemm::BLayout::KN, {}, s);
     m.order.after(s);
-    return {0, m.c.sm_count(), false, variant};
+    return {0, m.c.sm_count(), false, to_int(variant)};
   }
   AgGlobals g{};
   g.L = make_layout(M, N, W, default_group_m(K));
@@ -84,9 +84,10 @@ LaunchInfo AgGemm::launch(const bf16* a_shard, bf16* a_gathered, const bf16* B, 
   g.M = M, g.N = N, g.K = K;
   g.tiles_m = g.L.row_tiles(), g.tiles_n = g.L.tiles_n, g.group_m = g.L.group_m, g.accumulate = 0;
   g.rank = rank;
-  g.push = variant;
-  const bool ce = variant == kAgCopyEngine || variant == kAgShardGemms;
-  g.slices = ce ? 1 : variant >= 2 ? ag_slices_aux(g.L, K) : ag_slices(K);
+  g.push = to_int(variant);
+  const bool ce = variant == AgVariant::CopyEngine || variant == AgVariant::CopyEngineShardGemms;
+  const bool comm = variant == AgVariant::CommTmaPush || variant == AgVariant::CommRegisterPush;
+  g.slices = ce ? 1 : comm ? ag_slices(K) : ag_slices_aux(g.L, K);
   // One set per (shape, P): a launch sends P signals per row tile, and the expectation
   // round * P only holds on a set that every launch feeds with the same P. The copy engine's
   // ready counters are set, not added to, and its arrive set has one slot per rank: its own key
@@ -103,9 +104,9 @@ LaunchInfo AgGemm::launch(const bf16* a_shard, bf16* a_gathered, const bf16* B, 
     void* dst[kMaxWorld] = {};
     for (int q = 0; q < W; ++q) dst[q] = g.gdst[q];
     m.ce.push(g.L, rank, K, a_shard, dst, g.copy_local ? a_gathered + size_t(mine.begin) * K : nullptr, g.ready,
-              g.arrive, g.ready_round, ag_ready_expected(g.slices), variant == kAgCopyEngine, s);
+              g.arrive, g.ready_round, ag_ready_expected(g.slices), variant == AgVariant::CopyEngine, s);
   }
-  if (variant == kAgShardGemms) {
+  if (variant == AgVariant::CopyEngineShardGemms) {
     // Own rows from the input, then peer q's rows in the order the peers push to this rank (peer
     // q at its phase (q - rank) mod W), each after its shard's last counter (written after all of
     // the shard's copies, so it covers the shard). All on `s`: running the peers' GEMMs on a
@@ -120,30 +121,32 @@ LaunchInfo AgGemm::launch(const bf16* a_shard, bf16* a_gathered, const bf16* B, 
     }
     m.ce.join(s);
     m.order.after(s);
-    return {0, m.c.sm_count(), false, variant};
+    return {0, m.c.sm_count(), false, to_int(variant)};
   }
   lcsc::Config cfg;
   cfg.num_comm_sms = ncomm;
   const lcsc::Plan p = aux::launch<AgKernel>(g, cfg, s);
   if (ce) m.ce.join(s);
   m.order.after(s);
-  return {ncomm, p.compute_blocks, false, variant};
+  return {ncomm, p.compute_blocks, false, to_int(variant)};
 }
 
 LaunchInfo AgGemm::run(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf16* C, int M, int N, int K,
                        const Options& o, cudaStream_t s) {
   Impl& m = *impl_;
   check_tp_call(m.c, "ag_gemm", M, N, K, o, {{"a_shard", a_shard}, {"a_gathered", a_gathered}, {"B", B}, {"C", C}},
-                kAgGatherGemm,
+                kAgVariants - 1,
                 "0 (TMA push by communicator SMs), 1 (register push by communicator SMs), 2 (TMA push by the compute "
                 "blocks' idle producer warps), 3..6 (register push by those of every 2^(v-3)-th block), 7 (copy "
                 "engine), 8 (copy engine, one GEMM per shard) or 9 (all_gather, then one GEMM)",
                 s, [&] {
-                  WEAVE_CHECK(o.variant != kAgGatherGemm || m.coll_fits(), "ag_gemm: variant 9 needs ",
+                  WEAVE_CHECK(o.variant != to_int(AgVariant::AllGatherGemm) || m.coll_fits(), "ag_gemm: variant 9 needs ",
                               "room in the symmetric heap for the all_gather's scratch; ",
                               m.c.heap_bytes() - m.c.heap_used(), " bytes are free");
-                  WEAVE_CHECK(o.variant < kAgCopyEngine || o.variant == kAgGatherGemm || m.ce_ok, "ag_gemm: variant ",
-                              o.variant,
+                  WEAVE_CHECK((o.variant != to_int(AgVariant::CopyEngine) &&
+                               o.variant != to_int(AgVariant::CopyEngineShardGemms)) ||
+                                  m.ce_ok,
+                              "ag_gemm: variant ", o.variant,
                               " (copy engine) needs 64-bit stream memory operations, which this device or driver "
                               "does not offer (CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS)");
                   WEAVE_CHECK(M >= m.c.world(), "ag_gemm: M = ", M, " gives some rank no rows (world ", m.c.world(),
@@ -158,9 +161,13 @@ LaunchInfo AgGemm::run(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf1
                               mine.begin, "..", mine.begin + mine.size - 1, ")");
                 });
   if (o.num_comm_sms >= 0) {
-    const int v = o.variant >= 0 ? o.variant : o.num_comm_sms == 0 ? 2 : 0;
-    WEAVE_CHECK((v >= 2) == (o.num_comm_sms == 0), "ag_gemm: variant ", v, " with num_comm_sms = ", o.num_comm_sms,
-                " (variants 2..8 use no communicator SMs, variants 0 and 1 need >= 1)");
+    const AgVariant v = o.variant >= 0 ? static_cast<AgVariant>(o.variant)
+                        : o.num_comm_sms == 0 ? AgVariant::AuxTmaPush
+                                              : AgVariant::CommTmaPush;
+    const bool comm = v == AgVariant::CommTmaPush || v == AgVariant::CommRegisterPush;
+    WEAVE_CHECK(!comm == (o.num_comm_sms == 0), "ag_gemm: variant ", to_int(v), " (", variant_name(v),
+                ") with num_comm_sms = ", o.num_comm_sms,
+                " (variants 2..9 use no communicator SMs, variants 0 and 1 need >= 1)");
     return launch(a_shard, a_gathered, B, C, M, N, K, o.num_comm_sms, v, s);
   }
   // The copy-engine variants only for shards of at least one copy chunk: below it the copy engine
@@ -169,15 +176,18 @@ LaunchInfo AgGemm::run(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf1
   // measured 80 us in the benchmark's turns.
   const bool ce_worth = size_t(shard(M, m.c.world(), 0).size) * K * sizeof(bf16) >= CopyEngine::kChunkBytes;
   std::vector<runtime::TuneCandidate> cands;
-  for (int v : {2, 3, 4, 5, 6, kAgCopyEngine, kAgShardGemms})
-    if ((o.variant < 0 || o.variant == v) && (v < kAgCopyEngine || (m.ce_ok && (ce_worth || o.variant == v))))
-      cands.push_back({v, 0});
-  if ((o.variant < 0 || o.variant == kAgGatherGemm) && m.coll_fits()) cands.push_back({kAgGatherGemm, 0});
-  for (int v = 0; v < 2; ++v)
-    if (o.variant < 0 || o.variant == v)
-      for (int n : comm_sms_candidates(M, K, m.c.world(), m.c.sm_count())) cands.push_back({v, n});
+  const auto allowed = [&](AgVariant v) { return o.variant < 0 || o.variant == to_int(v); };
+  for (AgVariant v : {AgVariant::AuxTmaPush, AgVariant::AuxRegisterPush1, AgVariant::AuxRegisterPush2,
+                      AgVariant::AuxRegisterPush4, AgVariant::AuxRegisterPush8})
+    if (allowed(v)) cands.push_back({to_int(v), 0});
+  for (AgVariant v : {AgVariant::CopyEngine, AgVariant::CopyEngineShardGemms})
+    if (allowed(v) && m.ce_ok && (ce_worth || o.variant == to_int(v))) cands.push_back({to_int(v), 0});
+  if (allowed(AgVariant::AllGatherGemm) && m.coll_fits()) cands.push_back({to_int(AgVariant::AllGatherGemm), 0});
+  for (AgVariant v : {AgVariant::CommTmaPush, AgVariant::CommRegisterPush})
+    if (allowed(v))
+      for (int n : comm_sms_candidates(M, K, m.c.world(), m.c.sm_count())) cands.push_back({to_int(v), n});
   return tuned_launch(m.c, "ag_gemm", o, M, N, K, cands, s, [&](const runtime::TuneCandidate& t) {
-    return launch(a_shard, a_gathered, B, C, M, N, K, t.num_comm_sms, t.variant, s);
+    return launch(a_shard, a_gathered, B, C, M, N, K, t.num_comm_sms, static_cast<AgVariant>(t.variant), s);
   });
 }
 

@@ -16,6 +16,11 @@ class AgGemm {
   // Collective. M is the full row count; rank r holds rows shard(M, W, r) of A in `a_shard`
   // (shard rows x K, any device memory, or in place: a_gathered + shard.begin * K). `a_gathered`
   // (symmetric, M x K) receives all of A; B: K x N row-major (local); C: M x N (local).
+  // Options::variant (AgVariant, tp_common/variants.hpp): 0 CommTmaPush, 1 CommRegisterPush
+  // (num_comm_sms >= 1 communicator blocks push); 2 AuxTmaPush, 3..6 AuxRegisterPush1/2/4/8 (the
+  // compute blocks' idle producer warps push), 7 CopyEngine, 8 CopyEngineShardGemms (the copy
+  // engine pushes; 8 with one plain GEMM per shard), 9 AllGatherGemm (all_gather, then one GEMM);
+  // 2..9 with num_comm_sms = 0; -1 with num_comm_sms < 0: the tuner picks (README.md).
   LaunchInfo run(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf16* C, int M, int N, int K,
                  const Options& o = {}, cudaStream_t s = nullptr);
   // The search space of the tuner for this shape (communicator SM counts).
@@ -23,7 +28,7 @@ class AgGemm {
 
  private:
   LaunchInfo launch(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf16* C, int M, int N, int K, int ncomm,
-                    int variant, cudaStream_t s);
+                    AgVariant variant, cudaStream_t s);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

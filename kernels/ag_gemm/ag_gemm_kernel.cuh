@@ -7,22 +7,17 @@
 #include "gemm/gemm_kernel.cuh"
 #include "tp_common/lcsc_aux.cuh"
 #include "tp_common/schedule.hpp"
+#include "tp_common/variants.hpp"
 #include "weave/signal.cuh"
 #include "weave/store.cuh"
 
 namespace weave::tp {
 
-// Variant 7: no SM pushes; the host's copy-engine stream (copy_engine.hpp) sets the ready
-// counters, one per row tile (P = 1), and the kernel only waits for them.
-constexpr int kAgCopyEngine = 7;
-// Variant 8: the same copy-engine pushes, and no fused kernel: one plain GEMM per shard (own rows
-// first, each peer's rows after the stream waits for its last row tile's counter), as torch's
-// symm_mem does with cuBLAS. Host only (ag_gemm.cu).
-constexpr int kAgShardGemms = 8;
-// Variant 9: no overlap: weave's all_gather (kernels/collectives, its fastest path for the
-// shard's size) into a_gathered, then one plain GEMM. For small shapes, where the fused kernels'
-// per-call costs exceed what overlapping saves. Host only (ag_gemm.cu).
-constexpr int kAgGatherGemm = 9;
+// AgVariant::CopyEngine (7): no SM pushes; the host's copy-engine stream (copy_engine.hpp) sets
+// the ready counters, one per row tile (P = 1), and the kernel only waits for them. The kernel
+// receives the variant as AgGlobals::push (a number: 0..7 reach it; CopyEngineShardGemms (8)
+// and AllGatherGemm (9) are host only, ag_gemm.cu).
+constexpr int kAgCopyEngine = static_cast<int>(AgVariant::CopyEngine);
 
 struct AgGlobals : gemm::GemmGlobals {
   CUtensorMap asrc[kMaxWorld];  // A rows of owner q as this rank reads them (own: the input)
@@ -34,7 +29,8 @@ struct AgGlobals : gemm::GemmGlobals {
   Layout L;
   int rank;
   int copy_local;  // the input is not already in place in the gathered buffer
-  int push;        // 0: TMA bulk copies by one thread; 1: 16-byte register copies by all threads;
+  int push;        // AgVariant's number (tp_common/variants.hpp), 0..7 (8 and 9 never launch it).
+                   // 0: TMA bulk copies by one thread; 1: 16-byte register copies by all threads;
                    // 2: TMA bulk copies by one aux thread of every compute block; 3..6: register
                    // copies by the 64 aux threads of every 2^(push-3)-th compute block; 7: none
                    // (kAgCopyEngine)

@@ -26,8 +26,8 @@ std::vector<int> GemmAR::comm_sms_candidates(int M, int N, int W, int sm_count) 
   return v;
 }
 
-LaunchInfo GemmAR::launch(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, int ncomm, int variant,
-                          cudaStream_t s) {
+LaunchInfo GemmAR::launch(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, int ncomm,
+                          ArVariant variant, cudaStream_t s) {
   Impl& m = *impl_;
   m.order.before(s);
   const int W = m.c.world(), rank = m.c.rank();
@@ -41,8 +41,8 @@ LaunchInfo GemmAR::launch(const bf16* A, const bf16* B, bf16* out, int M, int N,
   g.M = M, g.N = N, g.K = K;
   g.tiles_m = g.L.tiles_m, g.tiles_n = g.L.tiles_n, g.group_m = g.L.group_m, g.accumulate = 0;
   g.rank = rank;
-  runtime::ShapeSignals& sig = variant == 1 ? m.sig_intra : m.sig;
-  const std::vector<int> counts = {variant == 1 ? ar_intra_ready_count(g.L) : g.L.work(), 1};
+  runtime::ShapeSignals& sig = variant == ArVariant::IntraSm ? m.sig_intra : m.sig;
+  const std::vector<int> counts = {variant == ArVariant::IntraSm ? ar_intra_ready_count(g.L) : g.L.work(), 1};
   runtime::SignalSet& rd = sig.get(m.c, {M, N, K}, counts, 0);
   runtime::SignalSet& dn = sig.get(m.c, {M, N, K}, counts, 1);
   g.ready = rd.view();
@@ -52,33 +52,38 @@ LaunchInfo GemmAR::launch(const bf16* A, const bf16* B, bf16* out, int M, int N,
   lcsc::Config cfg;
   cfg.num_comm_sms = ncomm;
   lcsc::Plan p;
-  if (variant == 1) {
+  if (variant == ArVariant::IntraSm) {
     for (int q = 0; q < W; ++q) g.out[q] = map_128x64(g.buf[q], M, N, N);
     p = lcsc::launch<ArIntraKernel>(g, cfg, s);
   } else {
     p = lcsc::launch<ArKernel>(g, cfg, s);
   }
   m.order.after(s);
-  return {ncomm, p.compute_blocks, false, variant};
+  return {ncomm, p.compute_blocks, false, to_int(variant)};
 }
 
 LaunchInfo GemmAR::run(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, const Options& o,
                        cudaStream_t s) {
   Impl& m = *impl_;
-  check_tp_call(m.c, "gemm_ar", M, N, K, o, {{"A", A}, {"B", B}, {"out", out}}, 1,
+  check_tp_call(m.c, "gemm_ar", M, N, K, o, {{"A", A}, {"B", B}, {"out", out}}, kArVariants - 1,
                 "0 (inter-SM, communicator SMs reduce) or 1 (intra-SM, storers reduce-add)", s, [] {});
   if (o.num_comm_sms >= 0) {
-    const int v = o.variant >= 0 ? o.variant : o.num_comm_sms == 0 ? 1 : 0;
-    WEAVE_CHECK((v == 1) == (o.num_comm_sms == 0), "gemm_ar: variant ", v, " with num_comm_sms = ", o.num_comm_sms,
+    const ArVariant v = o.variant >= 0 ? static_cast<ArVariant>(o.variant)
+                        : o.num_comm_sms == 0 ? ArVariant::IntraSm
+                                              : ArVariant::InterSm;
+    WEAVE_CHECK((v == ArVariant::IntraSm) == (o.num_comm_sms == 0), "gemm_ar: variant ", to_int(v), " (",
+                variant_name(v), ") with num_comm_sms = ", o.num_comm_sms,
                 " (the intra-SM variant 1 uses none, the inter-SM variant 0 needs >= 1)");
     return launch(A, B, out, M, N, K, o.num_comm_sms, v, s);
   }
   std::vector<runtime::TuneCandidate> cands;
-  if (o.variant < 0 || o.variant == 1) cands.push_back({1, 0});
-  if (o.variant <= 0)
-    for (int n : comm_sms_candidates(M, N, m.c.world(), m.c.sm_count())) cands.push_back({0, n});
+  const auto allowed = [&](ArVariant v) { return o.variant < 0 || o.variant == to_int(v); };
+  if (allowed(ArVariant::IntraSm)) cands.push_back({to_int(ArVariant::IntraSm), 0});
+  if (allowed(ArVariant::InterSm))
+    for (int n : comm_sms_candidates(M, N, m.c.world(), m.c.sm_count()))
+      cands.push_back({to_int(ArVariant::InterSm), n});
   return tuned_launch(m.c, "gemm_ar", o, M, N, K, cands, s, [&](const runtime::TuneCandidate& t) {
-    return launch(A, B, out, M, N, K, t.num_comm_sms, t.variant, s);
+    return launch(A, B, out, M, N, K, t.num_comm_sms, static_cast<ArVariant>(t.variant), s);
   });
 }
 

@@ -15,16 +15,17 @@ class GemmAR {
 
   // Collective. A: M x K, B: K x N row-major (any device memory); out: symmetric M x N, receives
   // the sum (also the kernel's staging buffer: its previous contents do not matter).
-  // Options::variant: 0 = inter-SM (communicator SMs reduce; bit-identical on every rank),
-  // 1 = intra-SM (storers reduce-add into every peer; num_comm_sms = 0; bf16 adds at the
-  // destination, so with W > 2 ranks may differ in the last bit); -1 with num_comm_sms < 0: tuner.
+  // Options::variant (ArVariant, tp_common/variants.hpp): 0 InterSm (communicator SMs reduce;
+  // bit-identical on every rank), 1 IntraSm (storers reduce-add into every peer; num_comm_sms = 0;
+  // bf16 adds at the destination, so with W > 2 ranks may differ in the last bit); -1 with
+  // num_comm_sms < 0: tuner.
   LaunchInfo run(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, const Options& o = {},
                  cudaStream_t s = nullptr);
   static std::vector<int> comm_sms_candidates(int M, int N, int W, int sm_count);
 
  private:
-  LaunchInfo launch(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, int ncomm, int variant,
-                    cudaStream_t s);
+  LaunchInfo launch(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, int ncomm,
+                    ArVariant variant, cudaStream_t s);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -1,6 +1,6 @@
 // Host side of GEMM + reduce-scatter: validation, the cross-rank shape check, maps, signals,
-// the tuner (variant 0 owner first, 1 zero first, 2 inter-SM, 3 one GEMM per owner, 4 copy
-// engine, 5 the chain of 3 as one kernel).
+// the tuner (RsVariant, tp_common/variants.hpp: 0 OwnerFirst, 1 ZeroFirst, 2 InterSm,
+// 3 ShardGemms (one GEMM per owner), 4 CopyEngine, 5 Chain (3's chain as one kernel)).
 #include "gemm/gemm.hpp"
 #include "gemm_rs/gemm_rs.hpp"
 #include "gemm_rs/gemm_rs_kernel.cuh"
@@ -84,20 +84,20 @@ struct GemmRS::Impl {
 GemmRS::GemmRS(runtime::Communicator& c) : impl_(std::make_unique<Impl>(c)) {}
 GemmRS::~GemmRS() = default;
 
-LaunchInfo GemmRS::launch(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, int variant, int ncomm,
-                          cudaStream_t s) {
+LaunchInfo GemmRS::launch(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, RsVariant variant,
+                          int ncomm, cudaStream_t s) {
   Impl& m = *impl_;
   m.order.before(s);
   const int W = m.c.world(), rank = m.c.rank();
-  if (variant == kRsCopyEngine) {
+  if (variant == RsVariant::CopyEngine) {
     launch_copy_engine(A, B, out, M, N, K, s);
     m.order.after(s);
-    return {0, m.c.sm_count(), false, variant};
+    return {0, m.c.sm_count(), false, to_int(variant)};
   }
-  if (variant == kRsShardGemms) {
+  if (variant == RsVariant::ShardGemms) {
     launch_shard_gemms(A, B, out, M, N, K, s);
     m.order.after(s);
-    return {0, m.c.sm_count(), false, variant};
+    return {0, m.c.sm_count(), false, to_int(variant)};
   }
   RsGlobals g{};
   g.L = make_layout(M, N, W, default_group_m(K));
@@ -108,10 +108,10 @@ LaunchInfo GemmRS::launch(const bf16* A, const bf16* B, bf16* out, int M, int N,
   g.M = M, g.N = N, g.K = K;
   g.tiles_m = g.L.row_tiles(), g.tiles_n = g.L.tiles_n, g.group_m = g.L.group_m, g.accumulate = 0;
   g.rank = rank;
-  g.variant = variant;
+  g.variant = to_int(variant);
   g.own = out;
   g.own_elems = static_cast<long long>(shard(M, W, rank).size) * N;
-  if (variant == 2) {
+  if (variant == RsVariant::InterSm) {
     bf16* scr = m.scratch_for(size_t(M) * N * sizeof(bf16), s);
     const runtime::PeerPtrs sp = m.c.peers(scr, size_t(M) * N * sizeof(bf16));
     for (int q = 0; q < W; ++q) {
@@ -123,9 +123,9 @@ LaunchInfo GemmRS::launch(const bf16* A, const bf16* B, bf16* out, int M, int N,
   // One set per (shape, variant): each launch's expectations are round * per_round of its variant.
   const std::vector<int> counts = {rs_ready_count(g.L), W, 1};
   runtime::ShapeSignals& sg = m.sig;
-  runtime::SignalSet& rd = sg.get(m.c, {M, N, K, variant}, counts, 0);
-  runtime::SignalSet& zr = sg.get(m.c, {M, N, K, variant}, counts, 1);
-  runtime::SignalSet& dn = sg.get(m.c, {M, N, K, variant}, counts, 2);
+  runtime::SignalSet& rd = sg.get(m.c, {M, N, K, to_int(variant)}, counts, 0);
+  runtime::SignalSet& zr = sg.get(m.c, {M, N, K, to_int(variant)}, counts, 1);
+  runtime::SignalSet& dn = sg.get(m.c, {M, N, K, to_int(variant)}, counts, 2);
   g.ready = rd.view();
   g.zeroed = zr.view();
   g.done = dn.view();
@@ -133,10 +133,10 @@ LaunchInfo GemmRS::launch(const bf16* A, const bf16* B, bf16* out, int M, int N,
   g.zeroed_round = zr.next_round();
   g.done_round = dn.next_round();
   lcsc::Config cfg;
-  cfg.num_comm_sms = variant == 2 ? ncomm : 0;
+  cfg.num_comm_sms = variant == RsVariant::InterSm ? ncomm : 0;
   const lcsc::Plan p = aux::launch<RsKernel>(g, cfg, s);
   m.order.after(s);
-  return {cfg.num_comm_sms, p.compute_blocks, false, variant};
+  return {cfg.num_comm_sms, p.compute_blocks, false, to_int(variant)};
 }
 
 // Variant 3: plain GEMMs chained across ranks, no fused kernel. Step t = 1..W-1: rank r computes
@@ -150,7 +150,7 @@ void GemmRS::launch_shard_gemms(const bf16* A, const bf16* B, bf16* out, int M, 
   Impl& m = *impl_;
   const int W = m.c.world(), rank = m.c.rank(), next = (rank + 1) % W;
   const runtime::PeerPtrs pp = m.c.peers(out, out_elems(M, N, W) * sizeof(bf16));
-  runtime::SignalSet& st = m.sig.get(m.c, {M, N, K, kRsShardGemms}, {2}, 0);  // 0: entered, 1: steps done
+  runtime::SignalSet& st = m.sig.get(m.c, {M, N, K, to_int(RsVariant::ShardGemms)}, {2}, 0);  // 0: entered, 1: steps done
   const unsigned long long round = st.next_round();
   const signals sv = st.view();
   auto step = [&](int dst, int index_dst, int index_wait, unsigned long long expected) {
@@ -188,8 +188,8 @@ void GemmRS::launch_copy_engine(const bf16* A, const bf16* B, bf16* out, int M, 
   m.v4_buffers(M, N, s);
   const size_t slot = size_t(shard(M, W, 0).size) * N;
   const runtime::PeerPtrs pr = m.c.peers(m.recv, m.recv_bytes);
-  runtime::SignalSet& st = m.sig.get(m.c, {M, N, K, kRsCopyEngine}, {W, W}, 0);  // entered, ready; by sender
-  runtime::SignalSet& rd = m.sig.get(m.c, {M, N, K, kRsCopyEngine}, {W, W}, 1);
+  runtime::SignalSet& st = m.sig.get(m.c, {M, N, K, to_int(RsVariant::CopyEngine)}, {W, W}, 0);  // entered, ready; by sender
+  runtime::SignalSet& rd = m.sig.get(m.c, {M, N, K, to_int(RsVariant::CopyEngine)}, {W, W}, 1);
   const unsigned long long round = st.next_round();
   rd.next_round();
   const signals sv = st.view(), rv = rd.view();
@@ -226,36 +226,43 @@ void GemmRS::launch_copy_engine(const bf16* A, const bf16* B, bf16* out, int M, 
 LaunchInfo GemmRS::run(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, const Options& o,
                        cudaStream_t s) {
   Impl& m = *impl_;
-  check_tp_call(m.c, "gemm_rs", M, N, K, o, {{"A", A}, {"B", B}, {"out", out}}, kRsChain,
+  check_tp_call(m.c, "gemm_rs", M, N, K, o, {{"A", A}, {"B", B}, {"out", out}}, kRsVariants - 1,
                 "0 (owner first), 1 (zero first), 2 (inter-SM), 3 (one GEMM per owner), 4 (copy engine) or 5 "
                 "(chained owners, one kernel)",
                 s, [&] {
                   WEAVE_CHECK(M >= m.c.world(), "gemm_rs: M = ", M, " gives some rank no rows (world ", m.c.world(),
                               ")");
-                  WEAVE_CHECK(o.variant != kRsCopyEngine || m.recv_fits(M, N), "gemm_rs: variant 4 needs ",
+                  WEAVE_CHECK(o.variant != to_int(RsVariant::CopyEngine) || m.recv_fits(M, N),
+                              "gemm_rs: variant 4 (copy engine) needs ",
                               Impl::recv_need(M, N, m.c.world()), " bytes of the symmetric heap for the peers' "
                               "partials; ", m.c.heap_bytes() - m.c.heap_used(), " are free");
-                  WEAVE_CHECK(o.variant != kRsCopyEngine || m.ce_ok,
+                  WEAVE_CHECK(o.variant != to_int(RsVariant::CopyEngine) || m.ce_ok,
                               "gemm_rs: variant 4 needs 64-bit stream memory operations");
                 });
   if (o.variant >= 0 || o.num_comm_sms >= 0) {
-    const int v = o.variant >= 0 ? o.variant : o.num_comm_sms > 0 ? 2 : 0;
-    const int n = o.num_comm_sms < 0 ? (v == 2 ? 8 : 0) : o.num_comm_sms;
-    WEAVE_CHECK((v == 2) == (n > 0), "gemm_rs: variant ", v, " with num_comm_sms = ", n,
+    const RsVariant v = o.variant >= 0 ? static_cast<RsVariant>(o.variant)
+                        : o.num_comm_sms > 0 ? RsVariant::InterSm
+                                             : RsVariant::OwnerFirst;
+    const int n = o.num_comm_sms < 0 ? (v == RsVariant::InterSm ? 8 : 0) : o.num_comm_sms;
+    WEAVE_CHECK((v == RsVariant::InterSm) == (n > 0), "gemm_rs: variant ", to_int(v), " (", variant_name(v),
+                ") with num_comm_sms = ", n,
                 " (the inter-SM variant 2 needs >= 1, variants 0, 1, 3, 4 and 5 use none)");
     return launch(A, B, out, M, N, K, v, n, s);
   }
-  std::vector<runtime::TuneCandidate> cands = {{0, 0}, {1, 0}, {kRsShardGemms, 0}, {kRsChain, 0}};
+  std::vector<runtime::TuneCandidate> cands = {{to_int(RsVariant::OwnerFirst), 0},
+                                               {to_int(RsVariant::ZeroFirst), 0},
+                                               {to_int(RsVariant::ShardGemms), 0},
+                                               {to_int(RsVariant::Chain), 0}};
   // The copy engine only for partials of at least one of its chunks (as ag_gemm: below, it runs
   // well under the link's rate; at S = 2048, 4 MiB partials, variant 4 measured 81.7 us against
   // 41.5-48.6 for variants 3 and 0).
   const bool ce_worth = size_t(shard(M, m.c.world(), 0).size) * N * sizeof(bf16) >= CopyEngine::kChunkBytes;
-  if (ce_worth && m.recv_fits(M, N) && m.ce_ok) cands.push_back({kRsCopyEngine, 0});
+  if (ce_worth && m.recv_fits(M, N) && m.ce_ok) cands.push_back({to_int(RsVariant::CopyEngine), 0});
   const int row_tiles = (shard(M, m.c.world(), 0).size + kBM - 1) / kBM;
   for (int n : {4, 8, 16, 32})
-    if (n <= row_tiles * ((N + kBN - 1) / kBN) && n < m.c.sm_count() / 2) cands.push_back({2, n});
+    if (n <= row_tiles * ((N + kBN - 1) / kBN) && n < m.c.sm_count() / 2) cands.push_back({to_int(RsVariant::InterSm), n});
   return tuned_launch(m.c, "gemm_rs", o, M, N, K, cands, s, [&](const runtime::TuneCandidate& t) {
-    return launch(A, B, out, M, N, K, t.variant, t.num_comm_sms, s);
+    return launch(A, B, out, M, N, K, static_cast<RsVariant>(t.variant), t.num_comm_sms, s);
   });
 }
 

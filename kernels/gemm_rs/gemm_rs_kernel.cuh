@@ -23,8 +23,9 @@ struct RsGlobals : gemm::GemmGlobals {
   signals done;                // done[0] on an owner: tiles its peers added (running total)
   Layout L;
   int rank;
-  int variant;                 // 0: owner first, plain own stores; 1: zero first, all reduce-adds;
-                               // 2: inter-SM (scratch + communicator reduce); 5: chained owners
+  int variant;                 // RsVariant's number (tp_common/variants.hpp): 0 OwnerFirst, plain
+                               // own stores; 1 ZeroFirst, all reduce-adds; 2 InterSm (scratch +
+                               // communicator reduce); 5 Chain (3 and 4 are host only)
   __nv_bfloat16* own;          // this rank's output (v1 zeroes it, v2's reducers write it)
   CUtensorMap sc[kMaxWorld];   // v2: owner q's rows of this rank's scratch, 128 x 64 boxes
   __nv_bfloat16* scr[kMaxWorld];  // v2: every rank's scratch (M x N), as mapped here

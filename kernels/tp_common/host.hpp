@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "tp_common/schedule.hpp"
+#include "tp_common/variants.hpp"
 #include "weave/common/error.hpp"
 #include "weave/runtime/call.hpp"  // check_call, local_problem: every rank rejects a call together
 #include "weave/runtime/communicator.hpp"
@@ -29,13 +30,16 @@ struct Options {
   // < 0: the tuner picks (cached per kernel, shape, world and device); >= 0 fixes the number of
   // communicator SMs (0 = an intra-SM variant; > 0 an inter-SM one).
   int num_comm_sms = -1;
-  // Which variant (-1: the tuner picks with num_comm_sms < 0, else the default for the count).
-  // ag_gemm: 0 = TMA bulk push by communicator blocks; 1 = 16-byte register push by them; 2 =
-  // TMA bulk push by an idle producer warp of every compute block (num_comm_sms = 0, the
-  // default for 0); 3..6 = register push by those warps of every 2^(v-3)-th compute block; 7 =
-  // copy engine (cudaMemcpyAsync on a side stream and stream memory writes; num_comm_sms = 0).
-  // gemm_rs: 0 = owner first, 1 = zero first, 2 = inter-SM (num_comm_sms > 0, the default for > 0).
-  // gemm_ar: 0 = inter-SM, 1 = intra-SM (num_comm_sms = 0, the default for 0).
+  // Which variant (-1: the tuner picks with num_comm_sms < 0, else the default for the count):
+  // the number of one of the kernel's variants (tp_common/variants.hpp, e.g.
+  // to_int(RsVariant::ZeroFirst); the numbers are the ones the tuner cache and weave-bench keep).
+  // ag_gemm (AgVariant): 0 CommTmaPush, 1 CommRegisterPush (num_comm_sms > 0, 0 the default for
+  // > 0); 2 AuxTmaPush (the default for 0), 3..6 AuxRegisterPush1/2/4/8, 7 CopyEngine,
+  // 8 CopyEngineShardGemms, 9 AllGatherGemm (num_comm_sms = 0).
+  // gemm_rs (RsVariant): 0 OwnerFirst (the default for 0), 1 ZeroFirst, 2 InterSm (num_comm_sms
+  // > 0, the default for > 0), 3 ShardGemms, 4 CopyEngine, 5 Chain.
+  // gemm_ar (ArVariant): 0 InterSm (num_comm_sms > 0, the default for > 0), 1 IntraSm
+  // (num_comm_sms = 0, the default for 0).
   int variant = -1;
 };
 
@@ -44,7 +48,7 @@ struct LaunchInfo {
   int num_comm_sms = 0;
   int compute_blocks = 0;
   bool tuned = false;  // the choice came from the tuner (cache or search)
-  int variant = 0;
+  int variant = 0;  // the number of the kernel's variant that ran (tp_common/variants.hpp)
 };
 
 // A rows x cols row-major bf16 matrix read or written in 128 x 64 boxes with the 128-byte

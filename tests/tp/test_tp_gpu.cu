@@ -543,7 +543,9 @@ TEST(TpGpu, OneObjectOnTwoStreams) {
   }
   // gemm_rs, owner first, one GEMM per owner, the copy engine (whose steps signal across ranks
   // from the streams) and the chain kernel.
-  for (int v : {0, weave::tp::kRsShardGemms, weave::tp::kRsCopyEngine, weave::tp::kRsChain}) {
+  for (weave::tp::RsVariant rv : {weave::tp::RsVariant::OwnerFirst, weave::tp::RsVariant::ShardGemms,
+                                   weave::tp::RsVariant::CopyEngine, weave::tp::RsVariant::Chain}) {
+    const int v = weave::tp::to_int(rv);
     weave::tp::Options o;
     o.variant = v;
     fresh(false);

@@ -357,13 +357,16 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
       return std::string(b);
     };
     if (baselines)
-      std::printf("| %s | %d | %dx%dx%d | %.1f / %.0f | %.1f / %.0f | %.1f / %.0f | %d (v%d) | %.3f | %.3f | %s / %s / %s |\n",
+      std::printf("| %s | %d | %dx%dx%d | %.1f / %.0f | %.1f / %.0f | %.1f / %.0f | %d (v%d %s) | %.3f | %.3f | "
+                  "%s / %s / %s |\n",
                   kernel.c_str(), S, M, N, K, alone.us, tf(alone.us), base.us, tf(base.us), fused.us, tf(fused.us),
-                  fused.ncomm, fused.variant, fused.us > 0 ? alone.us / fused.us : 0, fused.us > 0 ? base.us / fused.us : 0,
+                  fused.ncomm, fused.variant, weave::tp::variant_name(kernel, fused.variant),
+                  fused.us > 0 ? alone.us / fused.us : 0, fused.us > 0 ? base.us / fused.us : 0,
                   verdict(alone).c_str(), verdict(base).c_str(), verdict(fused).c_str());
     else
-      std::printf("| %s | %d | %dx%dx%d | %d | %d | %.1f | %.0f | %s |\n", kernel.c_str(), S, M, N, K, fused.variant,
-                  fused.ncomm, fused.us, tf(fused.us), verdict(fused).c_str());
+      std::printf("| %s | %d | %dx%dx%d | %d (%s) | %d | %.1f | %.0f | %s |\n", kernel.c_str(), S, M, N, K,
+                  fused.variant, weave::tp::variant_name(kernel, fused.variant), fused.ncomm, fused.us, tf(fused.us),
+                  verdict(fused).c_str());
     std::fflush(stdout);
   }
   fused.alone_us = alone.us;
