@@ -39,12 +39,6 @@ __global__ void fill_normal_kernel(__nv_bfloat16* p, long long B, long long L, l
   }
 }
 
-__global__ void fill_u16(uint16_t* p, size_t n, uint16_t v) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) p[i] = v;
-}
-__global__ void fill_u32(uint32_t* p, size_t n, uint32_t v) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) p[i] = v;
-}
 
 // V and V.^2 of one (batch, kv head) as dense fp32 (Skv, D) matrices.
 __global__ void gather_v_kernel(float* vf, float* v2f, const __nv_bfloat16* v, long long Skv, int Hkv, int D, int b,
@@ -373,17 +367,6 @@ void fill_normal(__nv_bfloat16* p, int B, long long L, long long width, long lon
 double qk_std(int D, float scale, double logit_std) {
   const double sc = scale > 0 ? double(scale) : 1.0 / std::sqrt(double(D));
   return std::sqrt(logit_std / (sc * std::sqrt(double(D))));
-}
-
-void poison(__nv_bfloat16* p, size_t n, cudaStream_t st) {
-  if (n == 0) return;
-  fill_u16<<<grid_for(n), kThreads, 0, st>>>(reinterpret_cast<uint16_t*>(p), n, 0xFFFF);
-  WEAVE_CUDA_CHECK(cudaGetLastError());
-}
-void poison(float* p, size_t n, cudaStream_t st) {
-  if (n == 0) return;
-  fill_u32<<<grid_for(n), kThreads, 0, st>>>(reinterpret_cast<uint32_t*>(p), n, 0xFFFFFFFFu);
-  WEAVE_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace weave::check

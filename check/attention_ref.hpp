@@ -142,8 +142,4 @@ inline void fill_normal(__nv_bfloat16* p, int B, long long S, long long width, u
 // the weight, so each key block's share of an output is large enough to be seen.
 double qk_std(int D, float scale, double logit_std = 3.0);
 
-// Fills n elements with bf16 NaN (0xFFFF) or fp32 NaN (0xFFFFFFFF).
-void poison(__nv_bfloat16* p, size_t n, cudaStream_t st = nullptr);
-void poison(float* p, size_t n, cudaStream_t st = nullptr);
-
 }  // namespace weave::check

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 
@@ -66,6 +67,19 @@ __global__ void tile_kernel(Mat<T> x, Mat<float> r, Mat<float> s, long long rows
   }
 }
 
+template <class U>
+__global__ void fill_bits_kernel(U* p, size_t n, U bits) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    p[i] = bits;
+}
+template <class U>
+void fill_bits(U* p, size_t n, U bits, cudaStream_t st) {
+  if (n == 0) return;
+  const size_t blocks = std::min<size_t>(4096, (n + 255) / 256);
+  fill_bits_kernel<U><<<unsigned(blocks), 256, 0, st>>>(p, n, bits);
+  WEAVE_CUDA_CHECK(cudaGetLastError());
+}
+
 template <class T>
 Report run(Mat<T> x, Mat<float> r, Mat<float> s, long long rows, long long cols, Bound b, int trows, int tcols,
            cudaStream_t st) {
@@ -115,6 +129,9 @@ std::string Report::str() const {
     << nonfinite << " non-finite outputs, " << rows << "x" << cols;
   return o.str();
 }
+
+void poison(__nv_bfloat16* p, size_t n, cudaStream_t st) { fill_bits(reinterpret_cast<uint16_t*>(p), n, uint16_t(0xFFFF), st); }
+void poison(float* p, size_t n, cudaStream_t st) { fill_bits(reinterpret_cast<uint32_t*>(p), n, 0xFFFFFFFFu, st); }
 
 Report compare(Mat<__nv_bfloat16> x, Mat<float> r, Mat<float> s, long long rows, long long cols, Bound b, int tr,
                int tc, cudaStream_t st) {

@@ -53,6 +53,11 @@ struct Mat {
   long long ld = 0;
 };
 
+// Fills n elements with NaN (bf16 0xFFFF, fp32 0xFFFFFFFF) before a checked call: an element the
+// kernel never writes then breaks the bound.
+void poison(__nv_bfloat16* p, size_t n, cudaStream_t stream = nullptr);
+void poison(float* p, size_t n, cudaStream_t stream = nullptr);
+
 // Device comparison; x bf16 or float, r and s float (s may be null: scale term 0). Synchronises
 // `stream` and returns the report.
 Report compare(Mat<__nv_bfloat16> x, Mat<float> r, Mat<float> s, long long rows, long long cols, Bound b,

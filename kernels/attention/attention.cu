@@ -62,7 +62,7 @@ void check_device(int dev) {
 // enqueueing on one stream could interleave as zero, zero, kernel, kernel. A launch captured
 // into a CUDA graph gets a counter no other launch ever uses: the graph may be replayed on any
 // stream next to anything (replays of one executable graph are serialized by CUDA). Counters
-// are 128-byte lines in chunks allocated as needed; the lookup is a hash-map access under a mutex.
+// are 128-byte lines in chunks allocated as needed; the lookup is a map lookup under a mutex.
 int* tile_counter(int dev, cudaStream_t stream) {
   constexpr int kLineInts = 32, kChunkLines = 1024;
   struct Pool {

@@ -354,8 +354,9 @@ __host__ __device__ inline unsigned ll_next_flag(unsigned last, bool* restart) {
 // Choosing the algorithm (collectives.cu calls these with what it knows of the machine and the
 // heap; the schedule tests call them for every size and setting).
 
-// LL128 takes a line's data from the load that sees its flag (ll128.cuh), which is sound only where
-// a 128-byte line stored by one warp instruction reaches the peer's memory as one write: on NVLink.
+// LL128 takes a line's data from a load issued after its flag was seen (ll128.cuh), which is sound
+// only where a 128-byte line stored by one warp instruction reaches the peer's memory as one write:
+// on NVLink.
 // Without NVML the link type is not visible, so a pair counts as NVLink-connected when CUDA reports
 // peer access and native peer atomics (cudaDevP2PAttrNativeAtomicSupported): NVLink carries native
 // atomics, PCIe peer-to-peer does not. A machine where some pair fails gets no LL128 at all (every

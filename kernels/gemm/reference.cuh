@@ -1,6 +1,6 @@
-// Test and benchmark support for the GEMM: random fills, poisoning, the relative Frobenius
-// error, and the cuBLASLt baseline (bf16 in/out, fp32 compute). Include from .cu files that
-// link CUDA::cublasLt; the library itself does not use it.
+// Test and benchmark support for the GEMM: random fills and the cuBLASLt baseline (bf16 in/out,
+// fp32 compute). Include from .cu files that link CUDA::cublasLt; the library itself does not use
+// it. Poisoning and correctness checks are check/'s (tile_check, gemm_ref).
 #pragma once
 #include <cublasLt.h>
 #include <cuda_bf16.h>
@@ -12,7 +12,6 @@
 #include "check/cublas_check.hpp"
 #include "gemm/layout.hpp"
 #include "weave/common/error.hpp"
-
 
 namespace weave::gemm::ref {
 
@@ -32,54 +31,10 @@ static __global__ void fill_uniform_kernel(__nv_bfloat16* p, size_t n, uint64_t 
     p[i] = __float2bfloat16((2.f * u - 1.f) * scale);
   }
 }
-static __global__ void fill_bits_kernel(uint16_t* p, size_t n, uint16_t bits) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    p[i] = bits;
-}
-// sums[0] += (x - r)^2, sums[1] += r^2, sums[2] += 1 per non-finite x.
-static __global__ void error_kernel(const __nv_bfloat16* x, const __nv_bfloat16* r, size_t n, double* sums) {
-  double e = 0, s = 0, bad = 0;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    const double a = __bfloat162float(x[i]), b = __bfloat162float(r[i]);
-    if (!isfinite(a)) bad += 1;
-    else e += (a - b) * (a - b);
-    s += b * b;
-  }
-  for (int o = 16; o > 0; o >>= 1) {
-    e += __shfl_xor_sync(0xffffffff, e, o);
-    s += __shfl_xor_sync(0xffffffff, s, o);
-    bad += __shfl_xor_sync(0xffffffff, bad, o);
-  }
-  if ((threadIdx.x & 31) == 0) {
-    atomicAdd(&sums[0], e);
-    atomicAdd(&sums[1], s);
-    atomicAdd(&sums[2], bad);
-  }
-}
 
 inline void fill_uniform(__nv_bfloat16* p, size_t n, uint64_t seed, float scale = 1.f, cudaStream_t st = nullptr) {
   fill_uniform_kernel<<<1024, 256, 0, st>>>(p, n, seed, scale);
   WEAVE_CUDA_CHECK(cudaGetLastError());
-}
-// 0xFFFF is a bf16 NaN: an element the kernel failed to write makes the error NaN.
-inline void poison(__nv_bfloat16* p, size_t n, cudaStream_t st = nullptr) {
-  fill_bits_kernel<<<1024, 256, 0, st>>>(reinterpret_cast<uint16_t*>(p), n, 0xFFFF);
-  WEAVE_CUDA_CHECK(cudaGetLastError());
-}
-
-// ||x - ref||_F / ||ref||_F; NaN when x has any non-finite element.
-inline double rel_error(const __nv_bfloat16* x, const __nv_bfloat16* r, size_t n, cudaStream_t st = nullptr) {
-  double* d = nullptr;
-  WEAVE_CUDA_CHECK(cudaMalloc(&d, 3 * sizeof(double)));
-  WEAVE_CUDA_CHECK(cudaMemsetAsync(d, 0, 3 * sizeof(double), st));
-  error_kernel<<<1024, 256, 0, st>>>(x, r, n, d);
-  WEAVE_CUDA_CHECK(cudaGetLastError());
-  double h[3];
-  WEAVE_CUDA_CHECK(cudaMemcpyAsync(h, d, sizeof h, cudaMemcpyDeviceToHost, st));
-  WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
-  WEAVE_CUDA_CHECK(cudaFree(d));
-  if (h[2] > 0) return NAN;
-  return h[1] > 0 ? std::sqrt(h[0] / h[1]) : std::sqrt(h[0]);
 }
 
 // C (M x N row-major) = A * B (+ C), through cuBLASLt. Row-major C is column-major C^T = B^T A^T,

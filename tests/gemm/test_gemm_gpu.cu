@@ -127,7 +127,7 @@ void run_case(Case cs, gemm::BLayout bl, gemm::Tile tile, bool accumulate, int c
     gemm::ref::fill_uniform(C.p, nc, case_seed(3), 4.f);
     WEAVE_CUDA_CHECK(cudaMemcpy(C0.p, C.p, nc * 2, cudaMemcpyDeviceToDevice));
   } else {
-    gemm::ref::poison(C.p, nc);
+    check::poison(C.p, nc);
   }
   gemm_ref().run(A.p, B.p, M, N, K, bl, r.p, s.p);
   check::sqrt_inplace(s.p, nc);

@@ -3,6 +3,7 @@
 #include <dirent.h>
 
 #include "common.hpp"
+#include "weave/runtime/env.hpp"
 
 using weave::runtime::CommOptions;
 using weave::runtime::Communicator;
@@ -57,8 +58,7 @@ TEST(Communicator, ReportsTheDevice) {
   Communicator c;
   int ndev = 0;
   WEAVE_CUDA_CHECK(cudaGetDeviceCount(&ndev));
-  const char* share = std::getenv("WEAVE_SHARE_GPUS");
-  if (share && std::string(share) == "1") {  // weave-run --share-gpus: ranks take turns on the GPUs
+  if (weave::env::get_bool("WEAVE_SHARE_GPUS")) {  // weave-run --share-gpus: ranks take turns on the GPUs
     EXPECT_EQ(c.device(), c.local_rank() % ndev);
   } else {
     EXPECT_EQ(c.device(), c.local_rank());

@@ -203,7 +203,7 @@ TEST(TpGpu, GemmRsMatchesReference) {
         const uint64_t call = calls.next();
         fill_inputs(call, A.p, A.n, B.p, B.n);
         partial_sum_ref(call, s.M, s.N, s.K, ref);
-        gref::poison(out.p, out_n);
+        weave::check::poison(out.p, out_n);
         wt::settle();  // no peer writes into `out` before it is poisoned here
         const auto li = rs.run(A.p, B.p, out.p, s.M, s.N, s.K, o);
         wt::settle();
@@ -231,7 +231,7 @@ TEST(TpGpu, AgGemmMatchesReference) {
       for (int in_place = 0; in_place < 2; ++in_place) {
         const uint64_t call = calls.next();
         Sym G(size_t(s.M) * s.K);
-        gref::poison(G.p, size_t(s.M) * s.K);
+        weave::check::poison(G.p, size_t(s.M) * s.K);
         fill_inputs(call, Ash.p, Ash.n, B.p, B.n);
         gathered_ref(call, s.M, s.N, s.K, B.p, ref);
         bf16* src = Ash.p;
@@ -239,7 +239,7 @@ TEST(TpGpu, AgGemmMatchesReference) {
           src = G.p + size_t(sh.begin) * s.K;
           WEAVE_CUDA_CHECK(cudaMemcpy(src, Ash.p, Ash.n * sizeof(bf16), cudaMemcpyDeviceToDevice));
         }
-        gref::poison(C.p, C.n);
+        weave::check::poison(C.p, C.n);
         wt::settle();
         weave::tp::Options o;
         o.num_comm_sms = ncomm;
@@ -271,7 +271,7 @@ TEST(TpGpu, GemmArMatchesReference) {
         const uint64_t call = calls.next();
         fill_inputs(call, A.p, A.n, B.p, B.n);
         partial_sum_ref(call, s.M, s.N, s.K, ref);
-        gref::poison(out.p, ref.r.n);
+        weave::check::poison(out.p, ref.r.n);
         wt::settle();
         weave::tp::Options o;
         o.num_comm_sms = ncomm;
@@ -357,7 +357,7 @@ TEST(TpGpu, TwoHundredLaunchesChangingInputs) {
     variant[size_t(it) * kSlots + 0] = ors.variant;
     fill_inputs(call, A.p, A.n, B.p, B.n);
     partial_sum_ref(call, M, N, K, ref);
-    gref::poison(out.p, size_t(M) * N);
+    weave::check::poison(out.p, size_t(M) * N);
     rs.run(A.p, B.p, out.p, M, N, K, ors);
     check_on_device(out.p, ref.r.p + size_t(sh.begin) * N, ref.s.p + size_t(sh.begin) * N, size_t(sh.size) * N,
                     check::partial_sum_bound(W), slot + 0);
@@ -370,8 +370,8 @@ TEST(TpGpu, TwoHundredLaunchesChangingInputs) {
     fill_inputs(call, Ash.p, Ash.n, B.p, B.n);
     gathered_ref(call, M, N, K, B.p, ref);
     check::to_float(gathered_f.p, ref.a.p, gathered_f.n);
-    gref::poison(out.p, size_t(M) * N);
-    gref::poison(G.p, size_t(M) * K);
+    weave::check::poison(out.p, size_t(M) * N);
+    weave::check::poison(G.p, size_t(M) * K);
     ag.run(Ash.p, G.p, B.p, out.p, M, N, K, oa);
     check_on_device(out.p, ref.r.p, ref.s.p, size_t(M) * N, check::gemm_bound(), slot + 1);
     check_on_device(G.p, gathered_f.p, nullptr, size_t(M) * K, check::Bound{}, slot + 2);
@@ -382,7 +382,7 @@ TEST(TpGpu, TwoHundredLaunchesChangingInputs) {
     variant[size_t(it) * kSlots + 3] = it % 2;
     fill_inputs(call, A.p, A.n, B.p, B.n);
     partial_sum_ref(call, M, N, K, ref);
-    gref::poison(out.p, size_t(M) * N);
+    weave::check::poison(out.p, size_t(M) * N);
     ar.run(A.p, B.p, out.p, M, N, K, or_);
     check_on_device(out.p, ref.r.p, ref.s.p, size_t(M) * N, check::partial_sum_bound(W), slot + 3);
   }
@@ -462,7 +462,7 @@ TEST(TpGpu, GraphCaptureRejected) {
   const uint64_t call = calls.next();
   fill_inputs(call, A.p, A.n, B.p, B.n);
   partial_sum_ref(call, M, N, K, ref);
-  gref::poison(out.p, C.n);
+  weave::check::poison(out.p, C.n);
   wt::settle();
   ar.run(A.p, B.p, out.p, M, N, K, o, st);
   WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
@@ -503,10 +503,10 @@ TEST(TpGpu, OneObjectOnTwoStreams) {
     for (int i = 0; i < calls; ++i) {
       call[i] = seeds.next();
       fill_inputs(call[i], ag_inputs ? ash[i]->p : as[i]->p, ag_inputs ? ash[i]->n : as[i]->n, bs[i]->p, bs[i]->n);
-      gref::poison(cs[i]->p, cs[i]->n);
-      gref::poison(outs[i]->p, size_t(M) * N);
+      weave::check::poison(cs[i]->p, cs[i]->n);
+      weave::check::poison(outs[i]->p, size_t(M) * N);
     }
-    gref::poison(G.p, size_t(M) * K);
+    weave::check::poison(G.p, size_t(M) * K);
     wt::settle();
   };
   auto finish = [&] {

@@ -179,7 +179,7 @@ int run_gemm_bench(const Args& args) {
     };
     // ~target_ms per repeat, at a guessed 600 TFLOP/s.
     const int iters = std::max(3, std::min(200, static_cast<int>(target_ms * 1e-3 / (flop / 600e12))));
-    gemm::ref::poison(d.c, nc, st);
+    check::poison(d.c, nc, st);
     const double t_cublas = time_us(st, cublas_call, 3, iters, 5);
     const check::Report rep_cublas = check_c(last);
     const double tf_cublas = flop / t_cublas * 1e-6;
@@ -218,7 +218,7 @@ int run_gemm_bench(const Args& args) {
         last = it++ % nsets;
         plan = gemm::gemm(d.a[last], d.b[last], d.c, s.M, s.N, s.K, bl, o, st);
       };
-      gemm::ref::poison(d.c, nc, st);
+      check::poison(d.c, nc, st);
       const double t = time_us(st, weave_call, 3, iters, 5);
       const check::Report rep = check_c(last);
       const double tf = flop / t * 1e-6;

@@ -255,9 +255,9 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
       const int i = last_a = na++ & 1;
       gemm::gemm(Gfull[i], B[i], Ca.p, M, N, K, gemm::BLayout::KN, {}, x.st);
     };
-    gref::poison(G, size_t(M) * K, x.st);
-    gref::poison(Cf.p, nc, x.st);
-    if (baselines) gref::poison(Cb.p, nc, x.st), gref::poison(Ca.p, nc, x.st);
+    weave::check::poison(G, size_t(M) * K, x.st);
+    weave::check::poison(Cf.p, nc, x.st);
+    if (baselines) weave::check::poison(Cb.p, nc, x.st), weave::check::poison(Ca.p, nc, x.st);
     measure(fused_fn, ref, alone_fn, li);
     for (int i = 0; i < 2; ++i) {
       if (last_f != i && !(baselines && (last_b == i || last_a == i))) continue;
@@ -307,10 +307,10 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
       const int i = last_a = na++ & 1;
       gemm::gemm(A[i], B[i], Ca.p, M, N, K, gemm::BLayout::KN, {}, x.st);
     };
-    gref::poison(out, out_n, x.st);
+    weave::check::poison(out, out_n, x.st);
     if (baselines) {
-      gref::poison(Cb.p, nc, x.st), gref::poison(Ca.p, nc, x.st);
-      if (rs) gref::poison(rsout.p, size_t(nccl_rows) * N, x.st);
+      weave::check::poison(Cb.p, nc, x.st), weave::check::poison(Ca.p, nc, x.st);
+      if (rs) weave::check::poison(rsout.p, size_t(nccl_rows) * N, x.st);
     }
     measure(fused_fn, ref, alone_fn, li);
     const check::Bound sum_bound = check::partial_sum_bound(W);
