@@ -165,6 +165,18 @@ int run_gemm_bench(const Args& args) {
       }
       return check::compare({d.c, s.N}, {ref_r, s.N}, {ref_s, s.N}, s.M, s.N, check::gemm_bound(), 128, 128, st);
     };
+    // The fields every row of this shape shares.
+    auto row = [&](const char* impl) {
+      JsonLine j;
+      j.add("kernel", "gemm")
+          .add("impl", impl)
+          .add("M", s.M)
+          .add("N", s.N)
+          .add("K", s.K)
+          .add("dtype", "bf16")
+          .add("layout", bl == gemm::BLayout::KN ? "kn" : "nk");
+      return j;
+    };
     const double flop = 2.0 * s.M * s.N * s.K;
     char name[64];
     std::snprintf(name, sizeof name, "%dx%dx%d", s.M, s.N, s.K);
@@ -189,18 +201,8 @@ int run_gemm_bench(const Args& args) {
       std::printf("  cublas %s: %s\n", name, rep_cublas.str().c_str());
       wrong.push_back(std::string("cublas ") + name);
     }
-    JsonLine jc;
-    jc.add("kernel", "gemm")
-        .add("impl", "cublas")
-        .add("M", s.M)
-        .add("N", s.N)
-        .add("K", s.K)
-        .add("dtype", "bf16")
-        .add("layout", bl == gemm::BLayout::KN ? "kn" : "nk")
-        .add("time_us", t_cublas)
-        .add("tflops", tf_cublas)
-        .add("correct", rep_cublas.ok)
-        .add("seed", std::to_string(seed));
+    JsonLine jc = row("cublas");
+    jc.add("time_us", t_cublas).add("tflops", tf_cublas).add("correct", rep_cublas.ok).add("seed", std::to_string(seed));
     sink.write(add_check_worst(jc, rep_cublas.worst));
 
     for (int comm : comms) {
@@ -233,15 +235,8 @@ int run_gemm_bench(const Args& args) {
         std::printf("  weave %s comm %d: %s\n", name, comm, rep.str().c_str());
         wrong.push_back(std::string("weave ") + name + " comm " + std::to_string(comm));
       }
-      JsonLine jw;
-      jw.add("kernel", "gemm")
-          .add("impl", "weave")
-          .add("M", s.M)
-          .add("N", s.N)
-          .add("K", s.K)
-          .add("dtype", "bf16")
-          .add("layout", bl == gemm::BLayout::KN ? "kn" : "nk")
-          .add("tile", gemm::tile_name(used))
+      JsonLine jw = row("weave");
+      jw.add("tile", gemm::tile_name(used))
           .add("num_comm_sms", comm)
           .add("compute_blocks", plan.compute_blocks)
           .add("time_us", t)
