@@ -9,6 +9,10 @@
 #   tests-shared  ctest -L gpu2 with WEAVE_SHARE_GPUS=1: the multi-rank suites with ranks taking
 #                 turns on the GPUs there are (correctness only, for one-GPU machines)
 #   launchers     example_pass_tile under torchrun and mpirun (2 ranks)
+#   python        the Python package's tests: the wheel in .carry/wheels (built here with
+#                 `python3.12 -m pip wheel --no-build-isolation --no-deps -w .carry/wheels .`, for
+#                 the GPU machine's Python) installed into /tmp/site, pytest at world 1, then the
+#                 multi-rank tests under torchrun on 2 ranks (sharing the GPU where there is one)
 #   bench:SUB,... weave-bench SUB (gemm and attention on one GPU, the others on two ranks) into
 #                 $OUT/SUB.json; $BENCH_ARGS is appended (e.g. BENCH_ARGS="--sweep 0,4,8,16,32,64
 #                 --table3" for tp)
@@ -39,6 +43,13 @@ for step in "$@"; do
     tests-shared)
       (cd "$B/build" && WEAVE_SHARE_GPUS=1 timeout 550 ctest -L 'gpu2' --output-on-failure 2>&1 |
         tee "$OUT/ctest-shared.log" | tail -40) ;;
+    python)
+      python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/wheels/weave-*.whl &&
+        export PYTHONPATH=/tmp/site
+      timeout 300 python3 -m pytest python/tests -q -rs -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -15
+      share=0; [ "$(nvidia-smi -L | wc -l)" -lt 2 ] && share=1
+      WEAVE_SHARE_GPUS=$share timeout 300 torchrun --nproc_per_node 2 -m pytest python/tests/test_multirank.py -q \
+        -p no:cacheprovider 2>&1 | tee "$OUT/pytest-multirank.log" | tail -15 ;;
     launchers)
       { echo "== torchrun"; timeout 60 torchrun --nproc_per_node=2 --no-python "$bin/example_pass_tile" 2>&1 | grep -v -i warn
         echo "torchrun rc=${PIPESTATUS[0]}"

@@ -7,9 +7,10 @@
 // compute blocks and `num_comm_sms` communicator blocks.
 //
 // Block layout (compute blocks): warpgroup 0 is the producer (warp 0 lane 0 = loader, warp 1
-// lane 0 = storer; the producer keeps K::kProducerRegs registers), warpgroups 1..K::kConsumers
-// are consumers (K::kConsumerRegs registers each). Work item w (an output tile) is handled by
-// compute block w % compute_blocks; every role of that block walks the same sequence.
+// lane 0 = storer, warps 2-3 = aux where K has it, idle otherwise; the producer keeps
+// K::kProducerRegs registers), warpgroups 1..K::kConsumers are consumers (K::kConsumerRegs
+// registers each). Work item w (an output tile) is handled by compute block w % compute_blocks;
+// every role of that block walks the same sequence.
 //
 // What K provides:
 //   using Globals;                      kernel parameters, passed as a __grid_constant__
@@ -43,6 +44,12 @@
 //           communicator(g, void* smem, i, n)             all threads of comm block i of n
 //           store_done(g, compute_blocks) (optional)      storer thread, after its last store
 //                                                        completed (fused kernels: final signals)
+//   struct AuxShared + aux(g, AuxShared&, compute_blocks, t) (optional)
+//                                       threads t = 0..63 of warps 2-3 of every compute block,
+//                                       beside the loader and the storer: fused kernels move data
+//                                       with no communicator SM taken from the GEMM. AuxShared is
+//                                       K's own shared memory, after the template's. Cluster size
+//                                       1 only; a K without aux gets neither code nor memory.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -91,6 +98,13 @@ struct HasTileOf : std::false_type {};
 template <class K>
 struct HasTileOf<K, std::void_t<decltype(&K::tile_of)>> : std::true_type {};
 
+// Optional aux role (K::aux, which then needs K::AuxShared): without it warps 2-3 idle and the
+// shared memory is the template's alone.
+template <class K, class = void>
+struct HasAux : std::false_type {};
+template <class K>
+struct HasAux<K, std::void_t<decltype(&K::aux)>> : std::true_type {};
+
 template <class K>
 struct SharedStorage {
   typename K::Stage stage[K::kStages];
@@ -101,9 +115,19 @@ struct SharedStorage {
   tile::Mbarrier out_empty;
 };
 
+// The template's storage first, so that every role but aux sees the same SharedStorage<K>.
+template <class K>
+struct AuxStorage {
+  SharedStorage<K> base;
+  typename K::AuxShared aux;
+};
+
+template <class K>
+using BlockStorage = std::conditional_t<HasAux<K>::value, AuxStorage<K>, SharedStorage<K>>;
+
 template <class K>
 constexpr size_t shared_bytes() {
-  return sizeof(SharedStorage<K>) + tile::kSwizzleAlign;  // slack to align the dynamic base
+  return sizeof(BlockStorage<K>) + tile::kSwizzleAlign;  // slack to align the dynamic base
 }
 
 // The grid as a pure function of (work, device, config): the CPU tests call it directly.
@@ -177,6 +201,11 @@ __device__ __forceinline__ SharedStorage<K>& shared_storage(uint8_t* raw) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(raw);
   const uintptr_t aligned = (a + tile::kSwizzleAlign - 1) & ~uintptr_t(tile::kSwizzleAlign - 1);
   return *reinterpret_cast<SharedStorage<K>*>(aligned);
+}
+
+template <class K>
+__device__ __forceinline__ typename K::AuxShared& aux_shared(SharedStorage<K>& s) {
+  return reinterpret_cast<AuxStorage<K>&>(s).aux;
 }
 
 // This CTA's first work item and the stride: work is dealt out per cluster.
@@ -281,6 +310,7 @@ __device__ __forceinline__ void run_storer(const typename K::Globals& g, SharedS
 template <class K>
 __global__ void __launch_bounds__(128 * (1 + K::kConsumers), 1)
     lcsc_kernel(const __grid_constant__ typename K::Globals g, const int compute_blocks) {
+  static_assert(!HasAux<K>::value || cluster_size_v<K> == 1, "lcsc: the aux role needs cluster size 1");
   extern __shared__ __align__(16) uint8_t lcsc_smem[];
   if (static_cast<int>(blockIdx.x) >= compute_blocks) {
     const int i = blockIdx.x - compute_blocks;
@@ -308,6 +338,8 @@ __global__ void __launch_bounds__(128 * (1 + K::kConsumers), 1)
       if (tile::lane_id() == 0) detail::run_loader<K>(g, s, compute_blocks);
     } else if (warp == 1) {
       if (tile::lane_id() == 0) detail::run_storer<K>(g, s, compute_blocks);
+    } else if constexpr (HasAux<K>::value) {
+      K::aux(g, detail::aux_shared<K>(s), compute_blocks, static_cast<int>(threadIdx.x) - 64);
     }
   } else {
     tile::warpgroup_reg_alloc<K::kConsumerRegs>();
@@ -329,7 +361,8 @@ Plan launch(const typename K::Globals& g, const Config& cfg, cudaStream_t stream
   constexpr int threads = 128 * (1 + K::kConsumers);
   WEAVE_CHECK(smem <= info.smem_optin, "lcsc: kernel needs ", smem,
               " bytes of shared memory per block but the device allows at most ", info.smem_optin,
-              " (reduce the stages or the tile size)");
+              HasAux<K>::value ? " (reduce the stages, the tile size or K::AuxShared)"
+                               : " (reduce the stages or the tile size)");
   static std::atomic<uint64_t> raised{0};  // per device ordinal < 64
   static int max_clusters[64] = {};
   if (!(raised.load(std::memory_order_acquire) & (1ull << dev))) {

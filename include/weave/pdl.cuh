@@ -14,12 +14,13 @@
 #include <utility>
 
 #include "weave/common/error.hpp"
+#include "weave/memory_order.cuh"
 
 namespace weave {
 
 __device__ __forceinline__ void pdl_enter() {
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  griddep_wait();
+  griddep_launch_dependents();
 }
 
 // While one lives, launches from its thread go without the attribute. For a kernel right behind a

@@ -1,51 +1,39 @@
 // signal, signal_all, wait, barrier: one-way release/acquire signalling on monotonic 64-bit
 // counters in the symmetric heap. Counters are never reset: a launch waits for
-// `round * per_round` where the host advances `round` (see runtime/signals.hpp).
+// `round * per_round` where the host advances `round` (SignalSet, runtime/communicator.hpp).
 #pragma once
 #include <cstdint>
 
+#include "weave/memory_order.cuh"
 #include "weave/signal_types.hpp"
 
 namespace weave {
-
-namespace detail {
-__device__ __forceinline__ unsigned long long globaltimer() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-__device__ __forceinline__ unsigned long long ld_acquire_sys(const unsigned long long* p) {
-  unsigned long long v;
-  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void red_release_sys_add(unsigned long long* p, unsigned long long v) {
-  asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-__device__ __forceinline__ void red_relaxed_sys_add(unsigned long long* p, unsigned long long v) {
-  asm volatile("red.relaxed.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-// A system-scope release costs a MEMBAR.SYS (~0.6 us on H200, measured): pay it once per batch.
-__device__ __forceinline__ void fence_release_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
-}  // namespace detail
 
 // Adds `value` to counter `index` on rank `dst`. Release at system scope: every write this thread
 // made before (and, after a __syncthreads, its block's) is visible to whoever acquires the count.
 // After TMA stores, call store_wait() first: the release does not cover in-flight bulk copies.
 __device__ __forceinline__ void signal(const signals& s, int dst, int index, unsigned long long value = 1) {
-  detail::red_release_sys_add(s.ptr[dst] + index, value);
+  red_add_release_sys(s.ptr[dst] + index, value);
 }
 
 __device__ __forceinline__ void signal_all(const signals& s, int index, unsigned long long value = 1) {
-  detail::fence_release_sys();
-  for (int r = 0; r < s.world; ++r) detail::red_relaxed_sys_add(s.ptr[r] + index, value);
+  fence_acq_rel_sys();  // one MEMBAR.SYS for the world's adds (the release pattern)
+  for (int r = 0; r < s.world; ++r) red_add_relaxed_sys(s.ptr[r] + index, value);
 }
 
 namespace detail {
-// The first waiter to expire records who waited for what; every expired waiter traps. The host
-// turns the record into an error (Communicator::sync).
+// A wait that ends the kernel: a peer rejected a call this rank had launched
+// (Communicator::agree_call; it will never feed this wait), then the host reads who and why from
+// its mailbox; or the wait timed out, and the first waiter to expire records who waited for what.
+// Every such waiter traps; the host turns the record into an error (Communicator::sync).
 __device__ __noinline__ inline void wait_expired(const signals& s, int index, unsigned long long expected,
                                                  unsigned long long observed) {
+  if (s.abort)
+    if (const int by = *s.abort) {
+      atomicCAS(&s.record->aborted_by, 0, by);
+      __threadfence_system();
+      __trap();
+    }
   if (atomicCAS(&s.record->timed_out, 0, 1) == 0) {
     s.record->rank = s.rank;
     s.record->name_id = s.name_id;
@@ -59,10 +47,16 @@ __device__ __noinline__ inline void wait_expired(const signals& s, int index, un
   __trap();
 }
 
+// A stalled wait reads the abort word (host memory, a bus round trip) after this long without
+// progress: only while it idles anyway.
+constexpr unsigned long long kStallNs = 1'000'000;
+__device__ __forceinline__ bool aborted(const signals& s) { return s.abort && *s.abort != 0; }
+
 // Spins on `ready()`, which returns whether the awaited value arrived; once the observed value
 // has not changed for the set's timeout, reports (index, expected, observed()) and traps. The
 // clock restarts whenever the observed value moves: a wait that counts the work of a whole
-// kernel (e.g. output tiles landing for seconds) is progress, not a hang.
+// kernel (e.g. output tiles landing for seconds) is progress, not a hang. A wait stalled for
+// kStallNs also ends once a peer has written this rank's abort word.
 template <class Ready, class Observed>
 __device__ __forceinline__ void poll(const signals& s, int index, unsigned long long expected, Ready&& ready,
                                      Observed&& observed) {
@@ -71,13 +65,13 @@ __device__ __forceinline__ void poll(const signals& s, int index, unsigned long 
   auto last = observed();
   for (unsigned spins = 1;; ++spins) {
     if (ready()) return;
-    if (s.timeout_ns && (spins & 255) == 0) {
+    if ((spins & 255) == 0) {
       const unsigned long long now = globaltimer();
       const auto seen = observed();
       if (seen != last) {
         last = seen;
         t0 = now;
-      } else if (now - t0 > s.timeout_ns) {
+      } else if ((s.timeout_ns && now - t0 > s.timeout_ns) || (now - t0 > kStallNs && aborted(s))) {
         wait_expired(s, index, expected, seen);
       }
     }
@@ -91,7 +85,7 @@ __device__ __forceinline__ void wait(const signals& s, int index, unsigned long 
   const unsigned long long* p = s.ptr[s.rank] + index;
   unsigned long long v = 0;
   detail::poll(
-      s, index, expected, [&] { return (v = detail::ld_acquire_sys(p)) >= expected; }, [&] { return v; });
+      s, index, expected, [&] { return (v = ld_acquire_sys(p)) >= expected; }, [&] { return v; });
 }
 
 // All ranks meet at counter `index`: each signals every rank once, then waits until all `world`

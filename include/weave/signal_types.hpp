@@ -14,6 +14,7 @@ struct WaitRecord {
   unsigned long long expected;
   unsigned long long observed;
   int block, thread;
+  int aborted_by;  // rank + 1 of a peer that rejected a call this rank had launched (0: none)
 };
 
 // Device view of a signal set: `count` counters per rank, peer-mapped.
@@ -26,6 +27,7 @@ struct signals_view {
   int name_id;
   unsigned long long timeout_ns;  // 0 = wait forever
   WaitRecord* record;             // host-mapped
+  const volatile int* abort;      // host-mapped: a peer's rank + 1 once it rejected a launched call
 };
 using signals = signals_view<>;
 

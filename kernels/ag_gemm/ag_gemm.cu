@@ -125,7 +125,7 @@ LaunchInfo AgGemm::launch(const bf16* a_shard, bf16* a_gathered, const bf16* B, 
   }
   lcsc::Config cfg;
   cfg.num_comm_sms = ncomm;
-  const lcsc::Plan p = aux::launch<AgKernel>(g, cfg, s);
+  const lcsc::Plan p = lcsc::launch<AgKernel>(g, cfg, s);
   if (ce) m.ce.join(s);
   m.order.after(s);
   return {ncomm, p.compute_blocks, false, to_int(variant)};
@@ -134,7 +134,10 @@ LaunchInfo AgGemm::launch(const bf16* a_shard, bf16* a_gathered, const bf16* B, 
 LaunchInfo AgGemm::run(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf16* C, int M, int N, int K,
                        const Options& o, cudaStream_t s) {
   Impl& m = *impl_;
-  check_tp_call(m.c, "ag_gemm", M, N, K, o, {{"a_shard", a_shard}, {"a_gathered", a_gathered}, {"B", B}, {"C", C}},
+  check_tp_call(m.c, "ag_gemm", M, N, K, o, {{"a_shard", a_shard, bf16_bytes(shard(M, m.c.world(), m.c.rank()).size, K)},
+                 {"a_gathered", a_gathered, bf16_bytes(M, K)},
+                 {"B", B, bf16_bytes(K, N)},
+                 {"C", C, bf16_bytes(M, N)}},
                 kAgVariants - 1,
                 "0 (TMA push by communicator SMs), 1 (register push by communicator SMs), 2 (TMA push by the compute "
                 "blocks' idle producer warps), 3..6 (register push by those of every 2^(v-3)-th block), 7 (copy "

@@ -1,13 +1,14 @@
 // AllGather + GEMM: this rank's A shard is pushed into every peer's gathered A (128-row tiles
 // cut into byte slices, a ready signal per slice) by communicator blocks (inter-SM, variants 0
 // and 1) or by the idle producer warps of the compute blocks (variants 2..6, no communicator SM;
-// tp_common/lcsc_aux.cuh); the GEMM's loader waits for a peer row tile's ready before its first
-// load. The communication is the pushes below and the wait in load(); README.md counts the lines.
+// the aux role of weave/lcsc.cuh); the GEMM's loader waits for a peer row tile's ready before its
+// first load. The communication is the pushes below and the wait in load(); README.md counts the
+// lines.
 #pragma once
 #include "gemm/gemm_kernel.cuh"
-#include "tp_common/lcsc_aux.cuh"
 #include "tp_common/schedule.hpp"
 #include "tp_common/variants.hpp"
+#include "weave/lcsc.cuh"
 #include "weave/signal.cuh"
 #include "weave/store.cuh"
 
@@ -85,20 +86,6 @@ struct AgKernel : gemm::GemmKernel<256, gemm::BLayout::KN, 3> {
     }
   }
 
-  // 1-D bulk copies (cp.async.bulk): the shard's rows are contiguous at the source and in every
-  // destination, so the push is a memcpy in 16 KB pieces (long NVLink writes, not 128-byte rows).
-  static __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, tile::Mbarrier* bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                     tile::smem_u32(dst)),
-                 "l"(src), "r"(bytes), "r"(bar->addr())
-                 : "memory");
-  }
-  static __device__ __forceinline__ void bulk_store(void* dst, const void* src, uint32_t bytes) {
-    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(tile::smem_u32(src)),
-                 "r"(bytes)
-                 : "memory");
-  }
-
   // Register push (variants 1 and 3): threads t of nt (the whole communicator block, or the 64
   // aux threads of a compute block) copy 16-byte vectors of units c, c + nc, ... (local loads,
   // peer stores); stores need no completion wait per piece, only the barrier `sync` and the
@@ -136,8 +123,10 @@ struct AgKernel : gemm::GemmKernel<256, gemm::BLayout::KN, 3> {
     }
   }
 
-  // One thread: units c, c + nc, ... of this rank's shard, each a contiguous byte range moved in
-  // Piece-byte bulk copies through Slots shared-memory slots (loads run ahead, InFlight stores
+  // One thread: units c, c + nc, ... of this rank's shard, each a contiguous byte range (the
+  // shard's rows are contiguous at the source and in every destination, so the push is a memcpy
+  // in long NVLink writes, not 128-byte rows) moved in Piece-byte 1-D bulk copies
+  // (tile::tma::bulk_load / bulk_store) through Slots shared-memory slots (loads run ahead, InFlight stores
   // may still be reading), each piece loaded once and stored to every destination; after a
   // unit, store_wait() and its ready signal to every peer.
   template <int Slots, int InFlight, uint32_t Piece>
@@ -176,7 +165,7 @@ struct AgKernel : gemm::GemmKernel<256, gemm::BLayout::KN, 3> {
       const uint32_t n = static_cast<uint32_t>(end_load - off_load < Piece ? end_load - off_load : Piece);
       const int s = static_cast<int>(issued % Slots);
       bar[s].arrive_expect_tx(n);
-      bulk_load(buf + s * Piece, reinterpret_cast<const uint8_t*>(g.shard) + off_load, n, &bar[s]);
+      tile::tma::bulk_load(buf + s * Piece, reinterpret_cast<const uint8_t*>(g.shard) + off_load, n, &bar[s]);
       ++issued;
       if ((off_load += n) >= end_load) advance_load();
     };
@@ -189,7 +178,7 @@ struct AgKernel : gemm::GemmKernel<256, gemm::BLayout::KN, 3> {
       const uint32_t n = static_cast<uint32_t>(end_store - off_store < Piece ? end_store - off_store : Piece);
       for (int d = 0; d < g.L.W; ++d)
         if (d != g.rank || g.copy_local)
-          bulk_store(reinterpret_cast<uint8_t*>(g.gdst[d]) + off_store, buf + s * Piece, n);
+          tile::tma::bulk_store(reinterpret_cast<uint8_t*>(g.gdst[d]) + off_store, buf + s * Piece, n);
       tile::tma::commit_group();
       ++done;
       if ((off_store += n) >= end_store) {  // the unit is complete everywhere: tell each peer

@@ -224,8 +224,7 @@ void validate(const Shape& s, const void* q, const void* k, const void* v, const
 }
 
 int num_kv_blocks(int S, int m_block, bool causal) {
-  const int rows = causal ? std::min(S, (m_block + 1) * kBlockM) : S;
-  return (rows + kBlockN - 1) / kBlockN;
+  return visible_blocks<kBlockN>(S, (m_block + 1) * kBlockM, causal);
 }
 
 // Measured on H200 (README.md): persistent CTAs win where tiles are short and equal (D = 128,

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "weave/runtime/call.hpp"  // check_call, local_problem: every rank rejects a call together
+#include "weave/runtime/call.hpp"  // local_problem, CallOrder
 #include "collectives/collectives.hpp"
 #include "collectives/kernel.cuh"
 #include "collectives/ll.cuh"
@@ -114,7 +114,8 @@ struct Collectives::Impl {
   }
 
   // Push all_reduce: scratch and counters made by the first push call (every rank takes the
-  // same path, checked), so that objects which never push do not hold 12-22 MiB of heap.
+  // same path, checked), so that objects which never push do not hold its scratch (33 MiB on 2
+  // ranks, push_config).
   std::optional<runtime::SymmetricTensor<char>> push_scratch;
   std::optional<runtime::SignalSet> push_sig;
   unsigned long long push_steps = 0;  // every push counter's total so far
@@ -161,12 +162,11 @@ struct Collectives::Impl {
   }
   AlgoEnv algo_env() const { return {comm.world(), ll128_links, ll128_fits(), push_fits()}; }
 
-  // Every call: the arguments compared across ranks (a few host cache-line transfers,
-  // Communicator::check_same), with whether this rank found a `problem` in its own (shape,
-  // alignment, buffers in the heap or registered): every rank then rejects the call together,
-  // where a rank throwing alone would leave its peers' kernels waiting for it until the timeout.
-  void check_args(const std::vector<long long>& a, const std::string& problem) {
-    runtime::check_call(comm, "collective arguments (kind, dtype, op, shape, dim)", a, problem);
+  // Every call: the arguments agreed across ranks (Communicator::agree_call: together at a plan's
+  // first call, then each rank's post compared without waiting), with whether this rank found a
+  // `problem` in its own (shape, alignment, buffers in the heap or registered).
+  void check_args(const char* kind, const std::vector<long long>& a, const std::string& problem, cudaStream_t s) {
+    comm.agree_call(std::string("collectives.") + kind, "dtype, op, shape, dim, algorithm", a, problem, s);
   }
 
   // `work` (bytes) must be the same on every rank: it sizes the grid, and every rank must know
@@ -227,7 +227,8 @@ struct Collectives::Impl {
                long long D, DType t, cudaStream_t s) {
     const int W = comm.world(), r = comm.rank(), elt = static_cast<int>(dtype_size(t));
     long long in_bytes = 0, out_bytes = 0;
-    check_args({3 + (to_head ? 1 : 0), static_cast<long long>(t), B, S, H, D}, runtime::local_problem([&] {
+    check_args(to_head ? "all_to_all.seq_to_head" : "all_to_all.head_to_seq",
+               {3 + (to_head ? 1 : 0), static_cast<long long>(t), B, S, H, D}, runtime::local_problem([&] {
                  runtime::check_not_capturing("all_to_all", s);
                  WEAVE_CHECK(B >= 0 && S >= 0 && H > 0 && D > 0, "all_to_all: bad shape B=", B, " S=", S, " H=", H,
                              " D=", D);
@@ -241,7 +242,7 @@ struct Collectives::Impl {
                              " and output ", out, " overlap (the layouts differ: it cannot run in place)");
                  comm.peers(in, std::max<long long>(in_bytes, 1));
                  comm.peers(out, std::max<long long>(out_bytes, 1));
-               }));
+               }), s);
     if (B == 0 || S == 0) return;
     order.before(s);
     launch(plan_ulysses(to_head, B, S, H, D, elt, W, r), in, std::max<long long>(in_bytes, 1), out,
@@ -275,7 +276,7 @@ struct Collectives::Impl {
       comm.peers(in, gather ? shard_bytes : full_bytes);
       comm.peers(out, gather ? full_bytes : shard_bytes);
     });
-    check_args(shape_args(gather ? 1 : 2, t, op, full, dim, algo), problem);
+    check_args(gather ? "all_gather" : "reduce_scatter", shape_args(gather ? 1 : 2, t, op, full, dim, algo), problem, s);
     return algo;
   }
 
@@ -471,7 +472,7 @@ void Collectives::all_reduce(const void* in, void* out, size_t count, DType t, R
   const long long bytes = static_cast<long long>(count * dtype_size(t));
   const AllReduceAlgo algo = all_reduce_algo(bytes, in == out, aligned4(in, out));
   // The algorithm is compared too: it depends on local pointers, and ranks must agree on it.
-  m.check_args({100, static_cast<long long>(t), static_cast<long long>(op), static_cast<long long>(count),
+  m.check_args("all_reduce", {100, static_cast<long long>(t), static_cast<long long>(op), static_cast<long long>(count),
                 static_cast<long long>(algo)},
                runtime::local_problem([&] {
                  runtime::check_not_capturing("all_reduce", s);
@@ -482,7 +483,7 @@ void Collectives::all_reduce(const void* in, void* out, size_t count, DType t, R
                              " bytes each) overlap without being the same buffer; in place means in == out");
                  m.comm.peers(in, bytes);
                  m.comm.peers(out, bytes);
-               }));
+               }), s);
   if (count == 0) return;
   m.order.before(s);
   if (algo == AllReduceAlgo::ll) {

@@ -14,6 +14,7 @@
 
 #include "collectives/plan.hpp"
 #include "weave/config.hpp"
+#include "weave/memory_order.cuh"
 #include "weave/reduce.cuh"
 #include "weave/pdl.cuh"
 #include "weave/signal.cuh"
@@ -55,13 +56,14 @@ __device__ __forceinline__ void ll_store(unsigned char* p, long long i, long lon
   if (4 * i + 4 <= bytes) *reinterpret_cast<uint32_t*>(p + 4 * i) = w;
   else *reinterpret_cast<uint16_t*>(p + 4 * i) = static_cast<uint16_t>(w);
 }
-__device__ __forceinline__ unsigned long long ld_relaxed_sys(const unsigned long long* p) {
-  unsigned long long v;
-  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void st_relaxed_sys(unsigned long long* p, unsigned long long v) {
-  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+// Rank `from`'s line i of this call (polled until its flag is this call's).
+__device__ __forceinline__ uint32_t ll_receive(const signals& sig, const unsigned long long* p, int from,
+                                               unsigned flag) {
+  unsigned long long line = 0;
+  weave::detail::poll(
+      sig, from, flag, [&] { return static_cast<unsigned>((line = ld_relaxed_sys(p)) >> 32) == flag; },
+      [&] { return line >> 32; });
+  return static_cast<uint32_t>(line);
 }
 }  // namespace detail
 
@@ -74,7 +76,7 @@ __global__ void __launch_bounds__(kLLThreads) ll_all_reduce_kernel(const __grid_
   const long long first = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   for (long long i = first; i < words; i += stride) {
     const unsigned long long line = static_cast<unsigned long long>(a.flag) << 32 | detail::ll_load(a.in, i, a.bytes);
-    for (int k = 0; k < W - 1; ++k) detail::st_relaxed_sys(a.slot[(me + 1 + k) % W] + i, line);
+    for (int k = 0; k < W - 1; ++k) st_relaxed_sys(a.slot[(me + 1 + k) % W] + i, line);
   }
   for (long long i = first; i < words; i += stride) {
     float acc[E];
@@ -83,12 +85,7 @@ __global__ void __launch_bounds__(kLLThreads) ll_all_reduce_kernel(const __grid_
       if (r == me) {
         w = detail::ll_load(a.in, i, a.bytes);
       } else {
-        unsigned long long line = 0;
-        const unsigned long long* p = a.mine[r] + i;
-        weave::detail::poll(
-            a.sig, r, a.flag, [&] { return static_cast<unsigned>((line = detail::ld_relaxed_sys(p)) >> 32) == a.flag; },
-            [&] { return line >> 32; });
-        w = static_cast<uint32_t>(line);
+        w = detail::ll_receive(a.sig, a.mine[r] + i, r, a.flag);
       }
       const T* e = reinterpret_cast<const T*>(&w);
 #pragma unroll
@@ -110,15 +107,6 @@ __device__ __forceinline__ uint32_t ld_word(const unsigned char* base, const Wor
 __device__ __forceinline__ void st_word(unsigned char* base, const WordRegion& g, long long i, uint32_t w) {
   *reinterpret_cast<uint32_t*>(base + g.byte(i)) = w;
 }
-// Rank `from`'s line i of this call (polled until its flag is this call's).
-__device__ __forceinline__ uint32_t ll_receive(const signals& sig, const unsigned long long* p, int from,
-                                               unsigned flag) {
-  unsigned long long line = 0;
-  weave::detail::poll(
-      sig, from, flag, [&] { return static_cast<unsigned>((line = ld_relaxed_sys(p)) >> 32) == flag; },
-      [&] { return line >> 32; });
-  return static_cast<uint32_t>(line);
-}
 __device__ __forceinline__ long long ll_first() {
   return static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
 }
@@ -135,7 +123,7 @@ __global__ void __launch_bounds__(kLLThreads) ll_all_gather_kernel(const __grid_
   for (long long i = detail::ll_first(); i < lines; i += detail::ll_stride()) {
     const uint32_t w = i < n ? detail::ld_word(a.in, p.send[me], i) : 0;
     const unsigned long long line = static_cast<unsigned long long>(a.flag) << 32 | w;
-    for (int k = 0; k < W - 1; ++k) detail::st_relaxed_sys(a.slot[(me + 1 + k) % W] + i, line);
+    for (int k = 0; k < W - 1; ++k) st_relaxed_sys(a.slot[(me + 1 + k) % W] + i, line);
     if (i < n) detail::st_word(a.out, p.place[me], i, w);
   }
   for (int k = 0; k < W - 1; ++k) {
@@ -161,7 +149,7 @@ __global__ void __launch_bounds__(kLLThreads) ll_reduce_scatter_kernel(const __g
     const long long nq = p.send[q].words();
     for (long long i = detail::ll_first(); i < p.lines_to[q]; i += detail::ll_stride()) {
       const uint32_t w = i < nq ? detail::ld_word(a.in, p.send[q], i) : 0;
-      detail::st_relaxed_sys(a.slot[q] + i, static_cast<unsigned long long>(a.flag) << 32 | w);
+      st_relaxed_sys(a.slot[q] + i, static_cast<unsigned long long>(a.flag) << 32 | w);
     }
   }
   const long long n = p.own.words(), lines = n > 0 ? n : 1;

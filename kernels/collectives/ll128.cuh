@@ -90,6 +90,26 @@ __device__ __forceinline__ const uint4* ll128_slot(const unsigned long long* p) 
   return reinterpret_cast<const uint4*>(p);
 }
 
+// This lane's piece v of line L into `slot` (a peer's scratch for this rank's lines).
+__device__ __forceinline__ void put_piece(unsigned long long* slot, const LL128Lane& l, long long L, const uint4& v) {
+  st_piece(ll128_slot(slot) + L * kLL128Pieces + l.j, v);
+}
+// Line L (this lane's piece v) to one peer's slot, or to every peer's (slots[(me + k) % W], k =
+// 1..W-1); `send` false where this lane's group has no line this step. Warp-collective: the warp
+// converges first, so that the line's 8 pieces leave in one store instruction (packing a line
+// may diverge).
+__device__ __forceinline__ void send_line(const LL128Lane& l, unsigned long long* slot, long long L, bool send,
+                                          const uint4& v) {
+  __syncwarp();
+  if (send) put_piece(slot, l, L, v);
+}
+__device__ __forceinline__ void send_line_to_peers(const LL128Lane& l, unsigned long long* const* slots, int me, int W,
+                                                   long long L, bool send, const uint4& v) {
+  __syncwarp();
+  if (send)
+    for (int k = 1; k < W; ++k) put_piece(slots[(me + k) % W], l, L, v);
+}
+
 // Line L reduced over ranks 0..W-1 in order (fp32, so every rank gets the same bits): my words
 // `mine`, already loaded, and each peer's piece from its lines in my scratch (`from[r]`).
 template <class T, ReduceOp Op>
@@ -130,10 +150,7 @@ __global__ void __launch_bounds__(kLL128Threads) ll128_all_reduce_kernel(const _
       const bool send = Ls < lines;
       uint4 v = make_uint4(0, 0, 0, 0);
       if (send) v = detail::pack(l, Ls, n, a.flag, word);
-      __syncwarp();  // the line's 8 pieces leave in one store instruction (pack may diverge)
-      if (send)
-        for (int k = 1; k < W; ++k)
-          detail::st_piece(detail::ll128_slot(a.slot[(me + k) % W]) + Ls * kLL128Pieces + l.j, v);
+      detail::send_line_to_peers(l, a.slot, me, W, Ls, send, v);
     }
     if (!recv) continue;
     const uint4 sum = detail::reduce_line<T, Op>(a.sig, l, a.mine, L, active, a.flag, mine);
@@ -163,10 +180,7 @@ __global__ void __launch_bounds__(kLL128Threads) ll128_all_gather_kernel(const _
           return w;
         });
       }
-      __syncwarp();  // the line's 8 pieces leave in one store instruction (the walkers diverge)
-      if (send)
-        for (int k = 1; k < W; ++k)
-          detail::st_piece(detail::ll128_slot(a.slot[(me + k) % W]) + L * kLL128Pieces + l.j, v);
+      detail::send_line_to_peers(l, a.slot, me, W, L, send, v);
     }
     if (s < lag) continue;
     const long long L = l.line(s - lag);
@@ -213,8 +227,7 @@ __global__ void __launch_bounds__(kLL128Threads) ll128_reduce_scatter_kernel(con
           detail::WordWalker src(p.send[q]);
           v = detail::pack(l, Ls, p.send[q].words(), a.flag, [&](long long i) { return src.load(a.in, i); });
         }
-        __syncwarp();  // the line's 8 pieces leave in one store instruction (the walker diverges)
-        if (send) detail::st_piece(detail::ll128_slot(a.slot[q]) + Ls * kLL128Pieces + l.j, v);
+        detail::send_line(l, a.slot[q], Ls, send, v);
       }
     }
     if (!recv) continue;

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "collectives/plan.hpp"
+#include "weave/memory_order.cuh"
 #include "weave/signal.cuh"
 
 namespace weave::coll {
@@ -17,18 +18,10 @@ inline constexpr int kLL128Pieces = 8;
 
 namespace detail {
 
-__device__ __forceinline__ void st_piece(uint4* p, const uint4& v) {
-  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-               : "memory");
-}
-__device__ __forceinline__ uint4 ld_piece(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p)
-               : "memory");
-  return v;
-}
+// One lane's 16-byte piece of a line, stored and loaded as one volatile vector access
+// (weave/memory_order.cuh says why volatile).
+__device__ __forceinline__ void st_piece(uint4* p, const uint4& v) { st_volatile_v4(p, v); }
+__device__ __forceinline__ uint4 ld_piece(const uint4* p) { return ld_volatile_v4(p); }
 __device__ __forceinline__ uint32_t& at(uint4& v, int k) { return (&v.x)[k]; }
 
 struct LL128Lane {

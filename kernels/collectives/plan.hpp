@@ -164,42 +164,50 @@ __host__ __device__ inline unsigned long long push_data_expect(unsigned long lon
 // ranks push to different peers, and the local copy, which needs no NVLink, comes last.
 __host__ __device__ inline int staggered(int r, int k, int world) { return (r + 1 + k) % world; }
 
+namespace detail {
+// all_gather and reduce_scatter along `dim` move rank r's shard of the (outer, mid, inner) view as
+// one transfer: `outer` rows of the shard's bytes, packed on the shard side and at the shard's
+// offset (pitch: a full row) on the full side. `gather`: the shard is the source and the full
+// side every rank's output; otherwise every rank's full input is the source and the shard my
+// output.
+__host__ __device__ inline Plan plan_shard_xfer(bool gather, const Shape& full, int dim, int elt, int world, int r) {
+  Plan p;
+  const Split3 v = split3(full, dim);
+  const Range sh = shard(v.mid, world, r);
+  if (sh.size == 0 || v.outer == 0 || v.inner == 0) return p;
+  Xfer& x = p.x[p.n++];
+  x.rows = v.outer;
+  x.row_bytes = sh.size * v.inner * elt;
+  const long long full_pitch = v.mid * v.inner * elt;
+  if (gather) {
+    x.src_rank[x.nsrc++] = r;
+    for (int k = 0; k < world; ++k) x.dst_rank[x.ndst++] = staggered(r, k, world);
+    x.dst_off = sh.begin * v.inner * elt;
+    x.src_pitch = x.row_bytes;
+    x.dst_pitch = full_pitch;
+  } else {
+    add_all_ranks(x.src_rank, x.nsrc, world);
+    x.dst_rank[x.ndst++] = r;
+    x.src_off = sh.begin * v.inner * elt;
+    x.src_pitch = full_pitch;
+    x.dst_pitch = x.row_bytes;
+  }
+  return p;
+}
+}  // namespace detail
+
 // all_gather along `dim`: rank r pushes its shard (outer, mid_r, inner) into every rank's output
 // at mid offset begin_r. One transfer with every rank as a destination (staggered, itself last):
 // each unit is loaded once and its local store overlaps the remote ones, instead of a separate
 // local copy after the pushes (which cost ~10 % at 8 MiB and 1 GiB, perf-notes).
 __host__ __device__ inline Plan plan_all_gather(const Shape& full, int dim, int elt, int world, int r) {
-  Plan p;
-  const detail::Split3 v = detail::split3(full, dim);
-  const Range sh = shard(v.mid, world, r);
-  if (sh.size == 0 || v.outer == 0 || v.inner == 0) return p;
-  Xfer& x = p.x[p.n++];
-  x.src_rank[x.nsrc++] = r;
-  for (int k = 0; k < world; ++k) x.dst_rank[x.ndst++] = staggered(r, k, world);
-  x.dst_off = sh.begin * v.inner * elt;
-  x.rows = v.outer;
-  x.row_bytes = sh.size * v.inner * elt;
-  x.src_pitch = x.row_bytes;
-  x.dst_pitch = v.mid * v.inner * elt;
-  return p;
+  return detail::plan_shard_xfer(true, full, dim, elt, world, r);
 }
 
 // reduce_scatter along `dim`: rank r reduces its shard's slab of every rank's full input into its
 // own output.
 __host__ __device__ inline Plan plan_reduce_scatter(const Shape& full, int dim, int elt, int world, int r) {
-  Plan p;
-  const detail::Split3 v = detail::split3(full, dim);
-  const Range sh = shard(v.mid, world, r);
-  if (sh.size == 0 || v.outer == 0 || v.inner == 0) return p;
-  Xfer& x = p.x[p.n++];
-  detail::add_all_ranks(x.src_rank, x.nsrc, world);
-  x.dst_rank[x.ndst++] = r;
-  x.src_off = sh.begin * v.inner * elt;
-  x.rows = v.outer;
-  x.row_bytes = sh.size * v.inner * elt;
-  x.src_pitch = v.mid * v.inner * elt;
-  x.dst_pitch = x.row_bytes;
-  return p;
+  return detail::plan_shard_xfer(false, full, dim, elt, world, r);
 }
 
 // Ulysses (B, S_r, H, D) on rank r -> (B, S, H/W, D) on every rank: rank r pushes head group q of

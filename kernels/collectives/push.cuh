@@ -142,11 +142,11 @@ __global__ void __launch_bounds__(S::Threads) push_all_reduce_kernel(const __gri
     // One fence covers this iteration's pushes (data), its reads of the scratch and its output
     // stores (free): one MEMBAR.SYS per warp and iteration, not per signal.
     if (lead) {
-      weave::detail::fence_release_sys();
+      fence_acq_rel_sys();
       for (int k = 0; k + 1 < W; ++k) {
         const int q = staggered(me, k, W);
-        if (push) weave::detail::red_relaxed_sys_add(a.sig.ptr[q] + push_data_counter(e, me, W), 1);
-        if (j >= 0) weave::detail::red_relaxed_sys_add(a.sig.ptr[q] + push_free_counter(e, me, W, p.pipes), 1);
+        if (push) red_add_relaxed_sys(a.sig.ptr[q] + push_data_counter(e, me, W), 1);
+        if (j >= 0) red_add_relaxed_sys(a.sig.ptr[q] + push_free_counter(e, me, W, p.pipes), 1);
       }
     }
   }

@@ -9,20 +9,22 @@
 //     memory slots and TMA box stores to the destination, then per (batch, head group, slice)
 //     store_wait and a release signal to the destination's readiness counter. Then they join
 //     the compute, taking tiles from the same counter.
-//   - the other CTAs run the FA3-class pipeline of attention_kernel.cuh (its GEMM, mask and
-//     softmax pieces are reused as they are): a query tile iterates its visible key blocks of
-//     the gathered K/V in global order, and the producer thread waits (acquire, with the
-//     weave timeout) for the counter of each slice before the slice's first load. Masks are
-//     decided by global positions (query chunks need not start at a block boundary). A
-//     non-causal tile starts where the CTAs already on its head are (aligned_start), so they
-//     share each K/V block through L2 however far apart their tiles began.
+//   - the other CTAs run the FA3-class pipeline of the single-GPU kernel, the same code
+//     (attention/pipeline.cuh: its loads and its consumer loop, with the key order Rotated): a
+//     query tile iterates its visible key blocks of the gathered K/V in global order, and the
+//     producer thread waits (acquire, with the weave timeout) for the counter of each slice
+//     before the slice's first load. Masks are decided by global positions (query chunks need
+//     not start at a block boundary). A non-causal tile starts where the CTAs already on its
+//     head are (aligned_start), so they share each K/V block through L2 however far apart their
+//     tiles began.
 //   - O goes to the tile's own chunk (ring, with LSE) or, tile half by tile half, to every rank
 //     owning some of its rows (Ulysses; a TMA map per owner clips to exactly its rows); owners
 //     then count the stores they received ("o_done") and CTA 0 waits for them at its end, so
 //     when the kernel ends on a rank its output is complete.
-// The single-GPU kernel is not built from this file: it stays as measured.
+// What differs from the single-GPU kernel is here: which key blocks in which order, from which
+// map, after which readiness wait; the tile order; the O targets; the communicators.
 #pragma once
-#include "attention/attention_kernel.cuh"
+#include "attention/pipeline.cuh"
 #include "gathered_attention/gathered.hpp"
 #include "gathered_attention/gathered_schedule.hpp"
 #include "weave/signal.cuh"
@@ -32,31 +34,23 @@ namespace weave::attention {
 
 template <int D_, bool PingPong_>
 struct GatheredKernel {
-  using Base = AttnKernel<D_, 128, 2, PingPong_, true>;
+  using P = Pipeline<D_, gathered::kBlockRows, 2, PingPong_>;  // the loads, the consumer loop (pipeline.cuh)
   using bf16 = tile::bf16;
-  static constexpr int D = D_, BM = Base::BM, BN = Base::BN, kStages = Base::kStages, kDBlocks = Base::kDBlocks;
-  static constexpr int kThreads = Base::kThreads;
+  static constexpr int D = D_, BM = P::BM, BN = P::BN, kStages = P::kStages, kDBlocks = P::kDBlocks;
+  static constexpr int kThreads = P::kThreads;
   // Register split (setmaxnreg): the consumers need ~190 (SASS), so 224 leaves them room, and the
   // producer gets 56 instead of the single-GPU kernel's 24, where its readiness bookkeeping
   // (slice cache, rotated key order, per-chunk Q maps) spilled the per-key-block loop's state to
   // local memory. Together exactly the 168 x 384 registers the launch allocates.
   static constexpr int kProducerRegs = 56, kConsumerRegs = 224;
   static_assert((kProducerRegs + 2 * kConsumerRegs) * 128 == 168 * kThreads, "register split");
-  static constexpr uint32_t kQBytes = Base::kQBytes, kKVBytes = Base::kKVBytes;
   static_assert(BM == gathered::kBlockRows && BN == gathered::kBlockRows, "tiles and key blocks are 128 rows");
 
   // A slice once seen ready stays ready for the rest of the launch: the producer remembers, per
   // (batch, head group), up to which slice it has seen, so later tiles of the same heads skip
   // the system-scope polls (one per slice and tile otherwise: 256 per tile at S = 128K).
   static constexpr int kWaitCache = 512;
-  struct alignas(1024) Smem {
-    bf16 q[BM * D];
-    bf16 k[kStages][BN * D];
-    bf16 v[kStages][BN * D];
-    bf16 o[BM * D];
-    tile::Mbarrier q_full, q_empty;
-    tile::Mbarrier k_full[kStages], k_empty[kStages], v_full[kStages], v_empty[kStages];
-    tile::Mbarrier sched_full[2], sched_empty[2];
+  struct alignas(1024) Smem : P::template Shared<BM * D> {  // o: the O staging tile
     int tile_id[2], tile_start[2];
     int ocount[2][kMaxWorld];  // O stores per owner, per consumer
     int waited[kWaitCache];    // producer: slices of counter row (b, group) already seen ready
@@ -116,11 +110,7 @@ struct GatheredKernel {
         map = own + i;
         row -= g.own_row0[i];
       }
-    empty[st.index].wait(st.phase ^ 1);
-    full[st.index].arrive_expect_tx(kKVBytes);
-#pragma unroll
-    for (int j = 0; j < kDBlocks; ++j)
-      tile::tma::load_4d(buf[st.index] + j * BN * 64, map, &full[st.index], 64 * j, hk, row, b);
+    P::load_block(buf, empty, full, map, st, hk, row, b);
   }
   static __device__ __forceinline__ void load_k(const GatheredGlobals& g, Smem& sm, const tile::PipeState<kStages>& st,
                                                 int hk, int n, int b) {
@@ -137,14 +127,11 @@ struct GatheredKernel {
     const int n_max = gathered::visible_blocks(g.S, t.qe, g.causal != 0);
     const int own = gathered::first_block(g.start_row[t.ci], n_max);
     if (g.front == nullptr) return own;
-    unsigned long long w;
-    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];"
-                 : "=l"(w)
-                 : "l"(g.front + t.b * g.front_heads + kv_head(g, t.h)));
+    const unsigned long long w = ld_relaxed_gpu(g.front + t.b * g.front_heads + kv_head(g, t.h));
     return gathered::aligned_start(w, g.front_tag, n_max, own);
   }
   static __device__ __forceinline__ void record_front(unsigned long long* p, unsigned long long w) {
-    asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(w) : "memory");
+    st_relaxed_gpu(p, w);
   }
 
   // One tile's loads: the first key block, Q, then the rest in rotated order. Slices are waited
@@ -164,12 +151,7 @@ struct GatheredKernel {
     load_k(g, sm, st, hk, start, t.b);
     const int qs = t.qb / gathered::kSliceRows;
     if (g.wait_q && qs > ready) wait_slice(g, row * g.slices, qs);
-    sm.q_empty.wait(q_phase ^ 1);
-    q_phase ^= 1;
-    sm.q_full.arrive_expect_tx(kQBytes);
-#pragma unroll
-    for (int j = 0; j < kDBlocks; ++j)
-      tile::tma::load_4d(sm.q + j * BM * 64, &g.q[t.ci], &sm.q_full, 64 * j, t.h, t.mb * BM, t.b);
+    P::load_q(sm, &g.q[t.ci], t.h, t.mb * BM, t.b, q_phase);
     load_v(g, sm, st, hk, start, t.b);
     st.advance();
     int n = start + 1 == n_max ? 0 : start + 1;
@@ -237,103 +219,11 @@ struct GatheredKernel {
     const int row0 = t.qb + c * 64 + warp * 16 + lane / 4;  // global rows row0, row0 + 8
     const int wg_row_min = t.qb + c * 64;
     const bool causal = g.causal != 0;
-    const int n_max = gathered::visible_blocks(g.S, t.qe, causal);
-    const float sl2 = g.scale_log2;
-    const uint32_t q_addr = tile::smem_u32(sm.q) + c * 64 * 128;
+    float o[D / 2], m[2], l[2];
+    P::consume(sm, c, Rotated{gathered::visible_blocks(g.S, t.qe, causal), start},
+               Mask{g.S, causal, row0, wg_row_min}, g.scale_log2, ks, vs, q_phase, o, m, l);
 
-    float s[BN / 2], o[D / 2];
-    uint32_t p[BN / 4];
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-#pragma unroll
-    for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
-
-    sm.q_full.wait(q_phase);
-    q_phase ^= 1;
-
-    sm.k_full[ks.index].wait(ks.phase);
-    Base::turn_wait(c);
-    tile::wgmma::fence();
-    Base::issue_qk(s, q_addr, tile::smem_u32(sm.k[ks.index]));
-    tile::wgmma::commit_group();
-    Base::turn_pass(c);
-    tile::wgmma::wait_group<0>();
-    tile::wgmma::fence_operands(s);
-    Base::release(sm.k_empty[ks.index]);
-    ks.advance();
-    {
-      if (gathered::block_needs_mask(g.S, start, wg_row_min, causal)) Base::mask(s, start * BN, row0, g.S, causal);
-      float rs[2], corr[2];
-      Base::softmax(s, m, rs, corr, sl2);
-      l[0] = rs[0];
-      l[1] = rs[1];
-      Base::pack(p, s);
-    }
-
-    int n = start;  // gathered::block_at(i, start, n_max), kept incrementally
-    for (int i = 1; i < n_max; ++i) {
-      if (++n == n_max) n = 0;
-      sm.k_full[ks.index].wait(ks.phase);
-      sm.v_full[vs.index].wait(vs.phase);
-      Base::turn_wait(c);
-      tile::wgmma::fence();
-      Base::issue_qk(s, q_addr, tile::smem_u32(sm.k[ks.index]));
-      tile::wgmma::commit_group();
-      Base::issue_pv(o, p, tile::smem_u32(sm.v[vs.index]));
-      tile::wgmma::commit_group();
-      Base::turn_pass(c);
-      tile::wgmma::wait_group<1>();
-      tile::wgmma::fence_operands(s);
-      Base::release(sm.k_empty[ks.index]);
-      ks.advance();
-      if (gathered::block_needs_mask(g.S, n, wg_row_min, causal)) Base::mask(s, n * BN, row0, g.S, causal);
-      float rs[2], corr[2];
-      Base::softmax(s, m, rs, corr, sl2);
-      tile::wgmma::wait_group<0>();
-      tile::wgmma::fence_operands(o);
-      Base::release(sm.v_empty[vs.index]);
-      vs.advance();
-#pragma unroll
-      for (int r = 0; r < 2; ++r) l[r] = l[r] * corr[r] + rs[r];
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          o[4 * j + 2 * r] *= corr[r];
-          o[4 * j + 2 * r + 1] *= corr[r];
-        }
-      Base::pack(p, s);
-    }
-
-    Base::release(sm.q_empty);
-
-    sm.v_full[vs.index].wait(vs.phase);
-    Base::turn_wait(c);
-    tile::wgmma::fence();
-    Base::issue_pv(o, p, tile::smem_u32(sm.v[vs.index]));
-    tile::wgmma::commit_group();
-    Base::turn_pass(c);
-    tile::wgmma::wait_group<0>();
-    tile::wgmma::fence_operands(o);
-    Base::release(sm.v_empty[vs.index]);
-    vs.advance();
-
-    float inv[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      l[r] = tile::quad_sum(l[r]);
-      inv[r] = l[r] > 0.f ? 1.f / l[r] : 0.f;
-    }
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        o[4 * j + 2 * r] *= inv[r];
-        o[4 * j + 2 * r + 1] *= inv[r];
-      }
-    tile::named_barrier_sync(4 + c, 128);  // this warpgroup's previous store has read the staging tile
-    tile::store_accumulator_swizzled<bf16, D>(sm.o, BM, c * 64, o);
-    tile::fence_proxy_async_shared();
-    tile::named_barrier_sync(4 + c, 128);
+    P::template stage_o<true>(sm.o, c, o);  // once this warpgroup's previous store has read it
     const int hi = min(wg_row_min + 64, t.qe);
     if (tid == 0 && wg_row_min < hi) {
       for (int x = 0; x < g.n_otargets; ++x) {
@@ -384,24 +274,17 @@ struct GatheredKernel {
     tile::PipeState<kStages> ks, vs;
     tile::PipeState<2> sched;
     uint32_t q_phase = 0;
-    if constexpr (PingPong_)
-      if (c == 1) tile::named_barrier_arrive(2, 256);
+    P::turns_begin(c);
     while (true) {
       sm.sched_full[sched.index].wait(sched.phase);
-      // Broadcast from lane 0 so the compiler knows the id is warp-uniform: the tile's
-      // coordinates, key-block count, stage indices and wgmma descriptors then stay in uniform
-      // registers, as in the per-tile single-GPU kernel. A plain shared-memory load made them
-      // per-thread: an R2UR per descriptor between the HGMMAs and ~5 % more instructions per key
-      // block on the softmax's critical path (SASS, perf-notes).
-      const int id = __shfl_sync(0xffffffff, *static_cast<volatile int*>(&sm.tile_id[sched.index]), 0);
-      const int start = __shfl_sync(0xffffffff, *static_cast<volatile int*>(&sm.tile_start[sched.index]), 0);
-      Base::release(sm.sched_empty[sched.index]);
+      const int id = P::uniform(sm.tile_id[sched.index]);  // broadcast from lane 0: warp-uniform
+      const int start = P::uniform(sm.tile_start[sched.index]);
+      P::release(sm.sched_empty[sched.index]);
       sched.advance();
       if (id >= g.total_tiles) break;
       consume_tile(g, sm, c, tile_at(g, id), start, ks, vs, q_phase);
     }
-    if constexpr (PingPong_)
-      if (c == 0) tile::named_barrier_sync(2, 256);
+    P::turns_end(c);
     if (g.count_o) tile::named_barrier_sync(4 + c, 128);  // the warpgroup's register-path O stores are issued
     if (g.count_o && threadIdx.x % 128 == 0) {
       store_wait();  // the O stores are in the owners' memory before they are counted
@@ -411,30 +294,6 @@ struct GatheredKernel {
       // ends: one waiter per rank, after its own signals (the other consumer's come regardless).
       if (blockIdx.x == 0 && c == 0) wait(g.odone, 0, g.odone_expected);
     }
-  }
-
-  // 1-D bulk copies (no tensor map): a contiguous piece moves in long NVLink writes.
-  // The rows a communicator reads to push are read once, long before the compute needs them,
-  // so the loads are marked evict-first: they should not displace the K/V blocks the compute
-  // CTAs share (ring 16K +1.3 %, 8K and 128K unchanged; the same hint on the peer-bound stores
-  // measured no different, perf-notes session 9).
-  static __device__ __forceinline__ uint64_t evict_first_policy() {
-    uint64_t p;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-    return p;
-  }
-  static __device__ __forceinline__ void bulk_load(void* dst, const uint8_t* src, uint32_t bytes, tile::Mbarrier* bar,
-                                                   uint64_t policy) {
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
-            tile::smem_u32(dst)),
-        "l"(src), "r"(bytes), "r"(bar->addr()), "l"(policy)
-        : "memory");
-  }
-  static __device__ __forceinline__ void bulk_store(uint8_t* dst, const void* src, uint32_t bytes) {
-    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(tile::smem_u32(src)),
-                 "r"(bytes)
-                 : "memory");
   }
 
   // One thread: units c, c + nc, ... of the push plan; per unit every (tensor, destination,
@@ -451,7 +310,12 @@ struct GatheredKernel {
     const int units = gathered::num_units(g.B, g.groups, g.slices, g.n_mine);
     const int j0 = g.skip_self ? 1 : 0;  // destinations rank + j0, ..., rank + W - 1 (mod W)
     long long loads = 0, stores = 0;
-    const uint64_t policy = evict_first_policy();
+    // Contiguous mode moves each piece by 1-D bulk copies (tile::tma::bulk_load / bulk_store:
+    // long NVLink writes). The rows a communicator reads to push are read once, long before the
+    // compute needs them, so the loads are marked evict-first: they should not displace the K/V
+    // blocks the compute CTAs share (ring 16K +1.3 %, 8K and 128K unchanged; the same hint on the
+    // peer-bound stores measured no different, perf-notes session 9).
+    const uint64_t policy = tile::tma::evict_first_policy();
     for (int u = c; u < units; u += nc) {
       const gathered::Unit x = gathered::unit_at(u, g.groups, g.slices, g.n_mine);
       const gathered::Rows pc = gathered::piece(g.S, g.n_chunks, g.mine[x.i], x.s);
@@ -498,7 +362,8 @@ struct GatheredKernel {
           if (g.contig) {
             const uint32_t n = c_len(ld);
             bar[slot].arrive_expect_tx(n);
-            bulk_load(buf + slot * kBoxMax, pt.src_ptr[x.i] + c_off(ld, g.src_bstride), n, &bar[slot], policy);
+            tile::tma::bulk_load(buf + slot * kBoxMax, pt.src_ptr[x.i] + c_off(ld, g.src_bstride), n, &bar[slot],
+                                 policy);
           } else {
             bar[slot].arrive_expect_tx(pt.box_bytes);
             tile::tma::load_4d(buf + slot * kBoxMax, &pt.src[x.i], &bar[slot], 0, pt.head0[dest(ld)] + ld.h,
@@ -510,7 +375,8 @@ struct GatheredKernel {
         const int slot = static_cast<int>(stores % kSlots);
         bar[slot].wait(static_cast<uint32_t>((stores / kSlots) & 1));
         if (g.contig)
-          bulk_store(g.push[st.t].dst_ptr[dest(st)][x.i] + c_off(st, g.dst_bstride), buf + slot * kBoxMax, c_len(st));
+          tile::tma::bulk_store(g.push[st.t].dst_ptr[dest(st)][x.i] + c_off(st, g.dst_bstride), buf + slot * kBoxMax,
+                                c_len(st));
         else
           tile::tma::store_4d(&g.push[st.t].dst[dest(st)][x.i], buf + slot * kBoxMax, 0, st.h, static_cast<int>(st.r),
                               x.b);
@@ -547,32 +413,14 @@ __global__ void __launch_bounds__(K::kThreads, 1) gathered_attention_kernel(cons
   }
   auto& sm = *reinterpret_cast<typename K::Smem*>(base);
   if (threadIdx.x == 0) {
-    sm.q_full.init(1);
-    sm.q_empty.init(8);
-    for (int i = 0; i < 2; ++i) {
-      sm.sched_full[i].init(1);
-      sm.sched_empty[i].init(8);
-    }
-    for (int i = 0; i < K::kStages; ++i) {
-      sm.k_full[i].init(1);
-      sm.v_full[i].init(1);
-      sm.k_empty[i].init(8);
-      sm.v_empty[i].init(8);
-    }
+    K::P::init_barriers(sm);
     for (int c = 0; c < 2; ++c)
       for (int x = 0; x < kMaxWorld; ++x) sm.ocount[c][x] = 0;
     for (int i = 0; i < K::kWaitCache; ++i) sm.waited[i] = -1;
     tile::fence_barrier_init();
   }
   __syncthreads();
-  const int wg = tile::warpgroup_index();
-  if (wg == 0) {
-    tile::warpgroup_reg_dealloc<K::kProducerRegs>();
-    if (tile::warp_in_warpgroup() == 0 && tile::lane_id() == 0) K::producer(g, sm);
-  } else {
-    tile::warpgroup_reg_alloc<K::kConsumerRegs>();
-    K::consumer(g, sm, wg - 1);
-  }
+  run_roles<K>(g, sm);
 }
 
 }  // namespace weave::attention

@@ -9,6 +9,7 @@
 // a slice sends one "piece" into it followed by one signal, so the counter of a slice expects
 // exactly `chunks_in_slice` signals per call.
 #pragma once
+#include "attention/key_blocks.hpp"  // the visible-block and mask rule of both attention kernels
 
 namespace weave::attention::gathered {
 
@@ -66,10 +67,10 @@ __host__ __device__ inline int counter_index(int b, int g, int s, int groups, in
 }
 
 // Key blocks a query tile with global rows [q_begin, q_end) visits (block i = global key rows
-// [128 i, 128 i + 128)): all of S, or for causal only those up to the tile's last row. The counter a key block waits for is its slice (block / kSliceBlocks).
+// [128 i, 128 i + 128)): all of S, or for causal only those up to the tile's last row
+// (key_blocks.hpp). The counter a key block waits for is its slice (block / kSliceBlocks).
 __host__ __device__ inline int visible_blocks(long long S, long long q_end, bool causal) {
-  const long long rows = causal ? (q_end < S ? q_end : S) : S;
-  return static_cast<int>((rows + kBlockRows - 1) / kBlockRows);
+  return attention::visible_blocks<kBlockRows>(S, q_end, causal);
 }
 __host__ __device__ inline int slice_of_block(int n) { return n / kSliceBlocks; }
 // Visiting order (online softmax does not care): blocks start, ..., n - 1, 0, ..., start - 1,
@@ -97,11 +98,10 @@ __host__ __device__ inline int aligned_start(unsigned long long word, unsigned t
 }
 
 // A key block needs the mask when it runs past S, or (causal) some key in it lies after the
-// first query row of `row_min` (a 64-row consumer half). 32-bit: it runs once per key block in
-// the consumers' critical path, and the callers hold S < 2^30 (ring and Ulysses reject more).
+// first query row of `row_min` (a 64-row consumer half; key_blocks.hpp, the consumers' rule).
+// The callers hold S < 2^30 (ring and Ulysses reject more).
 __host__ __device__ inline bool block_needs_mask(int S, int n, int row_min, bool causal) {
-  const int end = (n + 1) * kBlockRows;
-  return end > S || (causal && end - 1 > row_min);
+  return attention::block_needs_mask<kBlockRows>(S, n, row_min, causal);
 }
 
 // The push plan of the rank holding chunks `mine[0..nmine)`: units (b, g, s, i) in this order

@@ -1,5 +1,5 @@
 // The argument checks ring and Ulysses attention share; the host rules of their calls
-// (check_call, CallOrder, ...) are weave/runtime/call.hpp's.
+// (agree_call, CallOrder, ...) are the runtime's (communicator.hpp, call.hpp).
 #pragma once
 #include <cmath>
 #include <cstdint>

@@ -3,6 +3,7 @@
 #include "gemm/gemm.hpp"
 #include "gemm/gemm_kernel.cuh"
 #include "weave/common/error.hpp"
+#include "weave/common/extent.hpp"
 #include "weave/lcsc.cuh"
 #include "weave/tile/tma.hpp"
 
@@ -83,6 +84,10 @@ lcsc::Plan gemm(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C
                 const Options& opt, cudaStream_t stream) {
   validate_shape(M, N, K);
   WEAVE_CHECK(A && B && C, "gemm: null pointer");
+  const size_t e = sizeof(__nv_bfloat16);
+  check_extent("gemm", "A", A, size_t(M) * K * e);
+  check_extent("gemm", "B", B, size_t(K) * N * e);
+  check_extent("gemm", "C", C, size_t(M) * N * e);
   Tile t = opt.tile;
   if (t == Tile::Auto) {
     int dev = 0;

@@ -21,7 +21,8 @@ struct Options {
 };
 
 // C (M x N, row-major, ldc = N) = A (M x K, row-major) * B. Throws weave::Error for shapes TMA
-// cannot address (K and N must be multiples of 8, pointers 16-byte aligned) or a bad config.
+// cannot address (K and N must be multiples of 8, pointers 16-byte aligned), for an operand whose
+// device allocation is shorter than the shape needs (weave/common/extent.hpp), or a bad config.
 // Returns the grid it launched.
 lcsc::Plan gemm(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C, int M, int N, int K, BLayout b,
                 const Options& opt = {}, cudaStream_t stream = nullptr);

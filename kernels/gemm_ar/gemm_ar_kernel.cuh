@@ -83,9 +83,9 @@ struct ArIntraKernel : gemm::GemmKernel<256, gemm::BLayout::KN, 3> {
       tile::tma::commit_group();
       if (k == 0) {
         store_wait();
-        weave::detail::fence_release_sys();
+        fence_acq_rel_sys();
         for (int p = 0; p < W; ++p)
-          if (p != g.rank) weave::detail::red_relaxed_sys_add(g.ready.ptr[p] + ar_intra_ready_index(g.L, w, g.rank), 1);
+          if (p != g.rank) red_add_relaxed_sys(g.ready.ptr[p] + ar_intra_ready_index(g.L, w, g.rank), 1);
       }
     }
   }

@@ -134,7 +134,7 @@ LaunchInfo GemmRS::launch(const bf16* A, const bf16* B, bf16* out, int M, int N,
   g.done_round = dn.next_round();
   lcsc::Config cfg;
   cfg.num_comm_sms = variant == RsVariant::InterSm ? ncomm : 0;
-  const lcsc::Plan p = aux::launch<RsKernel>(g, cfg, s);
+  const lcsc::Plan p = lcsc::launch<RsKernel>(g, cfg, s);
   m.order.after(s);
   return {cfg.num_comm_sms, p.compute_blocks, false, to_int(variant)};
 }
@@ -226,7 +226,9 @@ void GemmRS::launch_copy_engine(const bf16* A, const bf16* B, bf16* out, int M, 
 LaunchInfo GemmRS::run(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, const Options& o,
                        cudaStream_t s) {
   Impl& m = *impl_;
-  check_tp_call(m.c, "gemm_rs", M, N, K, o, {{"A", A}, {"B", B}, {"out", out}}, kRsVariants - 1,
+  check_tp_call(m.c, "gemm_rs", M, N, K, o,
+                {{"A", A, bf16_bytes(M, K)}, {"B", B, bf16_bytes(K, N)}, {"out", out, out_elems(M, N, m.c.world()) * sizeof(bf16)}},
+                kRsVariants - 1,
                 "0 (owner first), 1 (zero first), 2 (inter-SM), 3 (one GEMM per owner), 4 (copy engine) or 5 "
                 "(chained owners, one kernel)",
                 s, [&] {

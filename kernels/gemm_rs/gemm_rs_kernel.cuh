@@ -1,14 +1,14 @@
 // GEMM + reduce-scatter: the GEMM kernel (gemm/gemm_kernel.cuh). Intra-SM (variants 0, 1): its
 // storer sends every finished tile to the rank that owns its rows; variant 1 also zeroes the own
-// output with the producer's idle warps (tp_common/lcsc_aux.cuh). Inter-SM (variant 2): tiles go
-// to a local scratch and the owner's communicator blocks reduce them. The communication is the
-// storer below (store + store_done), aux, communicator and the per-owner loads; README.md counts
-// the lines.
+// output with the producer's idle warps (the aux role of weave/lcsc.cuh). Inter-SM (variant 2):
+// tiles go to a local scratch and the owner's communicator blocks reduce them. The communication
+// is the storer below (store + store_done), aux, communicator and the per-owner loads; README.md
+// counts the lines.
 #pragma once
 #include "gemm/gemm_kernel.cuh"
-#include "tp_common/lcsc_aux.cuh"
 #include "tp_common/reduce_tile.cuh"
 #include "tp_common/schedule.hpp"
+#include "weave/lcsc.cuh"
 #include "weave/signal.cuh"
 #include "weave/store.cuh"
 
@@ -120,9 +120,9 @@ struct RsKernel : gemm::GemmKernel<256, gemm::BLayout::KN, 3> {
     if (own) {
       tile::tma::commit_group();
       store_wait();
-      weave::detail::fence_release_sys();
+      weave::fence_acq_rel_sys();
       for (int p = 0; p < g.L.W; ++p)
-        if (p != g.rank) weave::detail::red_relaxed_sys_add(g.ready.ptr[p] + idx, 1);
+        if (p != g.rank) weave::red_add_relaxed_sys(g.ready.ptr[p] + idx, 1);
     }
   }
 
@@ -137,8 +137,8 @@ struct RsKernel : gemm::GemmKernel<256, gemm::BLayout::KN, 3> {
     return tile;
   }
   static __device__ __forceinline__ void chain_signal(const RsGlobals& g, int idx) {
-    weave::detail::fence_release_sys();
-    weave::detail::red_relaxed_sys_add(g.ready.ptr[(g.rank + 1) % g.L.W] + idx, 1);
+    weave::fence_acq_rel_sys();
+    weave::red_add_relaxed_sys(g.ready.ptr[(g.rank + 1) % g.L.W] + idx, 1);
   }
   static __device__ __forceinline__ void chain_flush(const RsGlobals& g) {
     int& pending = chain_pending();

@@ -46,7 +46,8 @@ RingAttention::~RingAttention() = default;
 namespace detail {
 
 std::string ring_input_problem(const RingShape& s, const RingOptions& o, int W, int rank, int sm_count, const void* q,
-                               const void* k, const void* v, const void* out, const void* lse) {
+                               const void* k, const void* v, const void* out, const void* lse,
+                               const ExtentCheck& extent) {
   try {
     attention::check_common("ring_attention", s.B, s.Hq, s.Hkv, s.D, o.softmax_scale, o.num_comm_sms, sm_count, q, k,
                             v, out);
@@ -70,6 +71,10 @@ std::string ring_input_problem(const RingShape& s, const RingOptions& o, int W, 
     WEAVE_CHECK(!runtime::overlap(lse, nl, q, nq) && !runtime::overlap(lse, nl, k, nkv) &&
                     !runtime::overlap(lse, nl, v, nkv) && !runtime::overlap(lse, nl, out, nq),
                 "ring_attention: lse overlaps q, k, v or o");
+    if (extent) {
+      extent("q", q, nq), extent("k", k, nkv), extent("v", v, nkv), extent("o", out, nq);
+      if (lse) extent("lse", lse, nl);
+    }
   } catch (const Error& e) {
     return e.what();
   }
@@ -219,11 +224,15 @@ RingLaunchInfo RingAttention::forward(const bf16* q, const bf16* k, const bf16* 
   int scale_bits = 0;
   std::memcpy(&scale_bits, &opt.softmax_scale, sizeof scale_bits);
   std::string problem = runtime::local_problem([&] { runtime::check_not_capturing("ring_attention", stream); });
-  if (problem.empty()) problem = detail::ring_input_problem(s, opt, W, m.c.rank(), m.c.sm_count(), q, k, v, o, lse);
-  runtime::check_call(m.c, "ring_attention (B, S, Hq, Hkv, D, causal, sharding, scale, num_comm_sms)",
-                      {s.B, s.S, s.Hq, s.Hkv, s.D, opt.causal, static_cast<int>(opt.sharding), scale_bits,
-                       opt.num_comm_sms},
-                      problem);
+  if (problem.empty())
+    problem = detail::ring_input_problem(s, opt, W, m.c.rank(), m.c.sm_count(), q, k, v, o, lse,
+                                         [&](const char* name, const void* p, size_t bytes) {
+                                           m.c.check_buffer("ring_attention", name, p, bytes);
+                                         });
+  m.c.agree_call("ring_attention", "B, S, Hq, Hkv, D, causal, sharding, scale, num_comm_sms",
+                 {s.B, s.S, s.Hq, s.Hkv, s.D, opt.causal, static_cast<int>(opt.sharding), scale_bits,
+                  opt.num_comm_sms},
+                 problem, stream);
   if (opt.num_comm_sms >= 0) return m.launch(q, k, v, o, lse, s, opt, opt.num_comm_sms, stream);
   std::vector<runtime::TuneCandidate> cands;
   for (int n : {4, 8, 16})

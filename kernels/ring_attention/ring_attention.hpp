@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -77,10 +78,12 @@ class RingAttention {
 
 namespace detail {
 // What is wrong with one rank's arguments of RingAttention::forward (empty: nothing), checked
-// on every rank before any launch; `rank` and `sm_count` are this rank's. Exposed for the CPU
-// tests.
+// on every rank before any launch; `rank` and `sm_count` are this rank's. `extent(name, p, bytes)`
+// (when given) checks that a buffer holds the bytes the shape needs. Exposed for the CPU tests.
+using ExtentCheck = std::function<void(const char* name, const void* p, size_t bytes)>;
 std::string ring_input_problem(const RingShape& s, const RingOptions& o, int W, int rank, int sm_count, const void* q,
-                               const void* k, const void* v, const void* out, const void* lse);
+                               const void* k, const void* v, const void* out, const void* lse,
+                               const ExtentCheck& extent = {});
 }  // namespace detail
 
 }  // namespace weave::sp

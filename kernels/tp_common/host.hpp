@@ -16,7 +16,7 @@
 #include "tp_common/schedule.hpp"
 #include "tp_common/variants.hpp"
 #include "weave/common/error.hpp"
-#include "weave/runtime/call.hpp"  // check_call, local_problem: every rank rejects a call together
+#include "weave/runtime/call.hpp"  // local_problem, CallOrder
 #include "weave/runtime/communicator.hpp"
 #include "weave/runtime/tuner.hpp"
 #include "weave/runtime/tuner_launch.hpp"
@@ -80,15 +80,30 @@ inline std::vector<long long> checked_args(int M, int N, int K, const Options& o
 
 inline int default_group_m(int K) { return K <= 2048 ? 16 : 8; }
 
-// Every operand is read or written by TMA: non-null and 16-byte aligned. Part of a call's own
-// checks (check_tp_call), so a pointer bad on one rank only fails every rank before any launch,
-// not a TMA-map failure on that rank after its peers launched and wait for it.
-inline void check_operands(const char* who, std::initializer_list<std::pair<const char*, const void*>> ops) {
-  for (const auto& [name, p] : ops) {
-    WEAVE_CHECK(p != nullptr, who, ": ", name, " is a null pointer");
-    WEAVE_CHECK(reinterpret_cast<uintptr_t>(p) % 16 == 0, who, ": ", name, " is not 16-byte aligned (TMA needs it)");
+// One operand of a TP call: its bytes follow from the shape.
+struct Operand {
+  const char* name;
+  const void* p;
+  size_t bytes = 0;
+};
+
+// Every operand is read or written by TMA: non-null, 16-byte aligned, and (with `c`) as long as
+// the shape says: in one heap allocation, registered buffer or device allocation
+// (Communicator::check_buffer). Part of a call's own checks (check_tp_call), so a pointer bad on
+// one rank only is rejected before any launch, not a TMA-map failure or an out-of-bounds access
+// after its peers launched.
+inline void check_operands(const char* who, std::initializer_list<Operand> ops,
+                           const runtime::Communicator* c = nullptr) {
+  for (const Operand& o : ops) {
+    WEAVE_CHECK(o.p != nullptr, who, ": ", o.name, " is a null pointer");
+    WEAVE_CHECK(reinterpret_cast<uintptr_t>(o.p) % 16 == 0, who, ": ", o.name,
+                " is not 16-byte aligned (TMA needs it)");
+    if (c) c->check_buffer(who, o.name, o.p, o.bytes);
   }
 }
+
+// Bytes of a rows x cols bf16 matrix.
+inline size_t bf16_bytes(long long rows, long long cols) { return size_t(rows) * size_t(cols) * sizeof(bf16); }
 
 // num_comm_sms as lcsc::make_plan accepts it, checked before a launch takes its signal rounds:
 // make_plan throwing after next_round() would leave every later call of that shape waiting for
@@ -109,18 +124,17 @@ inline void validate(const char* who, int M, int N, int K) {
 // shape and options, which every rank fails together when any rank found a problem.
 template <class F>
 void check_tp_call(runtime::Communicator& c, const char* who, int M, int N, int K, const Options& o,
-                   std::initializer_list<std::pair<const char*, const void*>> ops, int max_variant,
+                   std::initializer_list<Operand> ops, int max_variant,
                    const char* variants, cudaStream_t s, F&& more) {
   const std::string problem = runtime::local_problem([&] {
     runtime::check_not_capturing(who, s);
     validate(who, M, N, K);
-    check_operands(who, ops);
+    check_operands(who, ops, &c);
     WEAVE_CHECK(o.variant >= -1 && o.variant <= max_variant, who, ": variant ", o.variant, " is not ", variants);
     check_comm_sms(who, o.num_comm_sms, c.sm_count());
     more();
   });
-  runtime::check_call(c, std::string(who) + " arguments (M, N, K, num_comm_sms, variant, SM count)",
-                      checked_args(M, N, K, o, c.sm_count()), problem);
+  c.agree_call(who, "M, N, K, num_comm_sms, variant, SM count", checked_args(M, N, K, o, c.sm_count()), problem, s);
 }
 
 }  // namespace weave::tp

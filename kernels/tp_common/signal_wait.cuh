@@ -16,7 +16,7 @@ namespace {  // one copy per translation unit (host-side helpers of two librarie
 __global__ void signal_wait_kernel(const __grid_constant__ signals s, int dst, int index_dst, int index_wait,
                                    unsigned long long expected) {
   if (dst >= 0) {
-    detail::fence_release_sys();
+    fence_acq_rel_sys();
     signal(s, dst, index_dst);
   }
   if (expected) wait(s, index_wait, expected);

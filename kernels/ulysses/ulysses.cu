@@ -37,7 +37,8 @@ Ulysses::~Ulysses() = default;
 namespace detail {
 
 std::string ulysses_input_problem(const UlyssesShape& s, const UlyssesOptions& o, int W, int rank, int sm_count,
-                                  const void* q, const void* k, const void* v, const void* out) {
+                                  const void* q, const void* k, const void* v, const void* out,
+                                  const ExtentCheck& extent) {
   try {
     attention::check_common("ulysses", s.B, s.Hq, s.Hkv, s.D, o.softmax_scale, o.num_comm_sms, sm_count, q, k, v, out);
     WEAVE_CHECK(s.Hq % W == 0, "ulysses: Hq = ", s.Hq, " query heads cannot be split over ", W,
@@ -50,6 +51,7 @@ std::string ulysses_input_problem(const UlyssesShape& s, const UlyssesOptions& o
     WEAVE_CHECK(!runtime::overlap(out, nq, q, nq) && !runtime::overlap(out, nq, k, nkv) &&
                     !runtime::overlap(out, nq, v, nkv),
                 "ulysses: o overlaps q, k or v (peers write o while q, k, v are still being read)");
+    if (extent) extent("q", q, nq), extent("k", k, nkv), extent("v", v, nkv);
   } catch (const Error& e) {
     return e.what();
   }
@@ -160,7 +162,11 @@ UlyssesLaunchInfo Ulysses::forward(const bf16* q, const bf16* k, const bf16* v, 
   Impl& m = *impl_;
   const int W = m.c.world();
   std::string problem = runtime::local_problem([&] { runtime::check_not_capturing("ulysses", stream); });
-  if (problem.empty()) problem = detail::ulysses_input_problem(s, opt, W, m.c.rank(), m.c.sm_count(), q, k, v, o);
+  if (problem.empty())
+    problem = detail::ulysses_input_problem(s, opt, W, m.c.rank(), m.c.sm_count(), q, k, v, o,
+                                            [&](const char* name, const void* p, size_t bytes) {
+                                              m.c.check_buffer("ulysses", name, p, bytes);
+                                            });
   if (problem.empty()) {
     try {
       m.c.peers(o, o_bytes(s, W));
@@ -171,8 +177,8 @@ UlyssesLaunchInfo Ulysses::forward(const bf16* q, const bf16* k, const bf16* v, 
   }
   int scale_bits = 0;
   std::memcpy(&scale_bits, &opt.softmax_scale, sizeof scale_bits);
-  runtime::check_call(m.c, "ulysses (B, S, Hq, Hkv, D, causal, scale, num_comm_sms)",
-                      {s.B, s.S, s.Hq, s.Hkv, s.D, opt.causal, scale_bits, opt.num_comm_sms}, problem);
+  m.c.agree_call("ulysses", "B, S, Hq, Hkv, D, causal, scale, num_comm_sms",
+                 {s.B, s.S, s.Hq, s.Hkv, s.D, opt.causal, scale_bits, opt.num_comm_sms}, problem, stream);
   if (opt.num_comm_sms >= 0) return m.launch(q, k, v, o, s, opt, opt.num_comm_sms, stream);
   std::vector<runtime::TuneCandidate> cands;
   for (int n : {4, 8, 16})

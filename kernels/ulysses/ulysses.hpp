@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -65,9 +66,12 @@ class Ulysses {
 namespace detail {
 // What is wrong with one rank's arguments of Ulysses::forward (empty: nothing), checked on every
 // rank before any launch (forward also checks that o is peer-addressable with room for the
-// largest shard); `rank` and `sm_count` are this rank's. Exposed for the CPU tests.
+// largest shard); `rank` and `sm_count` are this rank's. `extent(name, p, bytes)` (when given)
+// checks that q, k and v hold the bytes the shape needs. Exposed for the CPU tests.
+using ExtentCheck = std::function<void(const char* name, const void* p, size_t bytes)>;
 std::string ulysses_input_problem(const UlyssesShape& s, const UlyssesOptions& o, int W, int rank, int sm_count,
-                                  const void* q, const void* k, const void* v, const void* out);
+                                  const void* q, const void* k, const void* v, const void* out,
+                                  const ExtentCheck& extent = {});
 }  // namespace detail
 
 }  // namespace weave::sp

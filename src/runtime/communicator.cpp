@@ -7,13 +7,18 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <set>
 
 #include "weave/common/driver.hpp"
 #include "weave/common/error.hpp"
+#include "weave/common/extent.hpp"
 #include "weave/runtime/allocator.hpp"
 #include "weave/runtime/env.hpp"
 
@@ -55,18 +60,82 @@ struct Registration {
   std::vector<void*> opened;  // peer bases from cudaIpcOpenMemHandle, closed on deregister
 };
 
-// A page per rank in host shared memory (memfd, shared once over the bootstrap) where each rank
-// posts the values of its n-th check_same call: comparing arguments across ranks costs a few
-// cache-line transfers instead of a socket round trip, so it can run on every collective call.
+// Pages per rank in host shared memory (memfd, shared once over the bootstrap): a rank posts the
+// values of its n-th check_same call and of its n-th operator call there, so comparing arguments
+// across ranks costs a few cache-line transfers instead of a socket round trip; and a peer that
+// rejects a call this rank already launched writes its abort word there, which this rank's
+// kernels poll through a host mapping.
 constexpr int kCheckValues = 16;
 struct MailSlot {
   std::atomic<unsigned long long> seq;
   long long values[kCheckValues];
 };
+// An operator call's plan, published like a seqlock: seq is kWriting while the slot is written, then
+// the call number. A reader that is a whole ring behind sees a larger number and knows it.
+constexpr int kCallRing = 16;
+constexpr int kOpWords = 4;  // the operator's name, 32 characters
+constexpr unsigned long long kWriting = ~0ull;
+struct CallSlot {
+  std::atomic<unsigned long long> seq;
+  std::atomic<long long> values[kCheckValues];  // [0]: how many follow (op hash, values, together, problem)
+  std::atomic<unsigned long long> op[kOpWords];
+};
+constexpr size_t kWhyBytes = 512;
 struct Mailbox {
   MailSlot slot[4];  // a rank is at most one call ahead of any peer that has not checked yet
+  std::atomic<int> abort_from;  // rank + 1 of the peer that rejected a call; abort_why first
+  char abort_why[kWhyBytes];
+  CallSlot calls[kCallRing];
 };
-static_assert(sizeof(Mailbox) <= 4096 && std::atomic<unsigned long long>::is_always_lock_free);
+constexpr size_t kMailBytes = 8192;
+static_assert(sizeof(Mailbox) <= kMailBytes && std::atomic<unsigned long long>::is_always_lock_free &&
+              std::atomic<int>::is_always_lock_free && sizeof(std::atomic<int>) == sizeof(int));
+
+// A posted call, as read back.
+struct Posted {
+  std::vector<long long> values;
+  std::string op;
+};
+
+unsigned long long fnv1a(const std::string& s) {
+  unsigned long long h = 1469598103934665603ull;
+  for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
+  return h;
+}
+
+void post_call(Mailbox& mb, unsigned long long n, const std::string& op, const std::vector<long long>& v) {
+  CallSlot& s = mb.calls[n % kCallRing];
+  s.seq.store(kWriting, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  s.values[0].store(static_cast<long long>(v.size()), std::memory_order_relaxed);
+  for (int i = 1; i < kCheckValues; ++i)
+    s.values[i].store(size_t(i) <= v.size() ? v[i - 1] : 0, std::memory_order_relaxed);
+  for (int w = 0; w < kOpWords; ++w) {
+    unsigned long long x = 0;
+    std::memcpy(&x, op.c_str() + std::min<size_t>(op.size(), 8 * w), std::min<size_t>(8, op.size() - std::min<size_t>(op.size(), 8 * w)));
+    s.op[w].store(x, std::memory_order_relaxed);
+  }
+  s.seq.store(n, std::memory_order_release);
+}
+
+// Reads the post of call n; returns the number the slot held (n when `out` was filled).
+unsigned long long read_call(const Mailbox& mb, unsigned long long n, Posted& out) {
+  const CallSlot& s = mb.calls[n % kCallRing];
+  const unsigned long long a = s.seq.load(std::memory_order_acquire);
+  if (a != n) return a;
+  const long long cnt = std::clamp<long long>(s.values[0].load(std::memory_order_relaxed), 0, kCheckValues - 1);
+  out.values.assign(cnt, 0);
+  for (long long i = 0; i < cnt; ++i) out.values[i] = s.values[i + 1].load(std::memory_order_relaxed);
+  char name[8 * kOpWords + 1] = {};
+  for (int w = 0; w < kOpWords; ++w) {
+    const unsigned long long x = s.op[w].load(std::memory_order_relaxed);
+    std::memcpy(name + 8 * w, &x, 8);
+  }
+  std::atomic_thread_fence(std::memory_order_acquire);
+  const unsigned long long b = s.seq.load(std::memory_order_relaxed);
+  out.op = name;
+  return b;
+}
 
 struct IpcMsg {
   cudaIpcMemHandle_t handle;
@@ -88,10 +157,16 @@ struct Communicator::Impl {
   std::vector<bool> mapped;
   std::unique_ptr<OffsetAllocator> alloc;
   std::vector<Registration> regs;
-  // check_same
+  // check_same, agree_call, abort_peers
   std::vector<Mailbox*> mail;
   std::vector<long long> pids;
   unsigned long long check_seq = 0;
+  unsigned long long call_seq = 0;
+  std::vector<long long> released;  // heap offsets release() handed back, not yet freed
+  std::set<std::vector<long long>> agreed;  // plans (op hash, values) every rank checked together
+  bool debug = false;
+  bool mail_registered = false;  // this rank's page is mapped for its kernels (abort_dev)
+  const volatile int* abort_dev = nullptr;
   // diagnostics
   WaitRecord* record_host = nullptr;
   WaitRecord* record_dev = nullptr;
@@ -104,12 +179,81 @@ struct Communicator::Impl {
     WEAVE_CHECK(!broken, "communicator is unusable after an earlier error: ", broken_why);
   }
   char* base(int r) const { return reinterpret_cast<char*>(va + size_t(r) * heap_size); }
+  // The watchdog: calls posted after a rank checked its peers' posts without waiting (agree_call)
+  // are compared again once every rank posted them, so that two ranks that passed each other's
+  // posts unseen and launched different calls are stopped (abort words) instead of waiting for
+  // each other until the wait timeout.
+  std::atomic<unsigned long long> posted{0};
+  std::thread watchdog;
+  std::mutex watch_mu;
+  std::condition_variable watch_cv;
+  bool watch_stop = false;
+  void watch() noexcept;
+  void write_abort(int r, const std::string& why) noexcept;
   void teardown() noexcept;
 };
 
+void Communicator::Impl::write_abort(int r, const std::string& why) noexcept {
+  Mailbox& mb = *mail[r];
+  int expected = 0;
+  if (!mb.abort_from.compare_exchange_strong(expected, -1, std::memory_order_acq_rel)) return;  // first writer wins
+  std::snprintf(mb.abort_why, kWhyBytes, "%s", why.c_str());
+  mb.abort_from.store(info.rank + 1, std::memory_order_release);
+}
+
+void Communicator::Impl::watch() noexcept {
+  unsigned long long next = 1;  // the first call not yet compared with every peer
+  std::unique_lock<std::mutex> lk(watch_mu);
+  while (!watch_cv.wait_for(lk, std::chrono::milliseconds(50), [&] { return watch_stop; })) {
+    const unsigned long long last = posted.load(std::memory_order_acquire);
+    if (last >= next + kCallRing) next = last - kCallRing + 1;  // older posts are overwritten
+    for (; next <= last; ++next) {
+      Posted own;
+      if (read_call(*mail[info.rank], next, own) != next) break;
+      bool all = true;
+      for (int r = 0; r < info.world; ++r) {
+        Posted p;
+        const unsigned long long got = r == info.rank ? next : read_call(*mail[r], next, p);
+        if (got == kWriting || got < next) {
+          all = false;  // not posted yet: compare on a later round
+          continue;
+        }
+        if (got != next || r == info.rank) continue;  // lapped: nothing left to compare
+        // Posts end in (together, state): only a rank that neither waited nor rejected launched,
+        // and a difference matters only where a rank launched (agree_call rejected the rest).
+        const size_t k = own.values.size() >= 3 ? own.values.size() - 2 : 0;
+        auto launched = [](const Posted& x) {
+          const size_t z = x.values.size();
+          return z >= 2 && x.values[z - 2] == 0 && x.values[z - 1] == 0;
+        };
+        if ((launched(own) || launched(p)) &&
+            (p.values.size() != own.values.size() || !std::equal(own.values.begin(), own.values.begin() + k, p.values.begin()))) {
+          const std::string why = detail::concat("call ", next, ": rank ", info.rank, " called ", own.op, ", rank ", r,
+                                                 " called ", p.op, " (or the same with other arguments); found by rank ",
+                                                 info.rank, "'s watchdog after both had launched");
+          for (int q = 0; q < info.world; ++q) write_abort(q, why);
+          return;
+        }
+      }
+      if (!all) break;
+    }
+  }
+}
+
 void Communicator::Impl::teardown() noexcept {
+  if (watchdog.joinable()) {
+    {
+      std::lock_guard<std::mutex> lk(watch_mu);
+      watch_stop = true;
+    }
+    watch_cv.notify_all();
+    watchdog.join();
+  }
+  if (mail_registered) cudaHostUnregister(mail[info.rank]);
+  mail_registered = false;
+  abort_dev = nullptr;
   for (Mailbox* m : mail)
-    if (m) munmap(m, 4096);
+    if (m) munmap(m, kMailBytes);
   mail.clear();
   for (auto& r : regs)
     for (void* p : r.opened) cudaIpcCloseMemHandle(p);
@@ -156,7 +300,9 @@ Communicator::Communicator(const LaunchInfo& info, CommOptions opt) : impl_(std:
   const bool shared = env::get_bool("WEAVE_SHARE_GPUS");
   WEAVE_CHECK(ndev > 0 && (shared || info.local_world <= ndev), "world of ", info.local_world,
               " ranks on this node is larger than the ", ndev, " visible GPU(s)");
-  m.device = shared ? info.local_rank % ndev : info.local_rank;
+  WEAVE_CHECK(opt.device < ndev, "CommOptions::device = ", opt.device, " but ", ndev, " GPU(s) are visible");
+  m.device = opt.device >= 0 ? opt.device : shared ? info.local_rank % ndev : info.local_rank;
+  m.debug = opt.debug >= 0 ? opt.debug != 0 : env::get_bool("WEAVE_DEBUG");
   WEAVE_CUDA_CHECK(cudaSetDevice(m.device));
   WEAVE_CUDA_CHECK(cudaGetDeviceProperties(&m.props, m.device));
   WEAVE_CHECK(m.props.major >= 9, "GPU ", m.device, " (", m.props.name, ") has compute capability ", m.props.major,
@@ -189,16 +335,16 @@ Communicator::Communicator(const LaunchInfo& info, CommOptions opt) : impl_(std:
     // Each communicator instance gets its own socket name, so back-to-back instances never meet
     // a stale listener. Every rank creates communicators in the same order.
     LaunchInfo bi = info;
-    bi.job_id += "-c" + std::to_string(g_instance.fetch_add(1));
+    bi.job_id += opt.instance.empty() ? "-c" + std::to_string(g_instance.fetch_add(1)) : "-" + opt.instance;
     m.boot = std::make_unique<Bootstrap>(bi, opt.bootstrap_timeout);
     {
       int fd = memfd_create("weave-check", MFD_CLOEXEC);
-      if (fd < 0 || ftruncate(fd, 4096) != 0) {
+      if (fd < 0 || ftruncate(fd, kMailBytes) != 0) {
         if (fd >= 0) close(fd);
         throw Error(detail::concat("weave: memfd for cross-rank checks: ", std::strerror(errno)));
       }
       for (int f : share_fd(*m.boot, fd)) {
-        void* p = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, f, 0);
+        void* p = mmap(nullptr, kMailBytes, PROT_READ | PROT_WRITE, MAP_SHARED, f, 0);
         close(f);
         WEAVE_CHECK(p != MAP_FAILED, "mmap of a peer's check page failed: ", std::strerror(errno));
         m.mail.push_back(static_cast<Mailbox*>(p));
@@ -206,7 +352,22 @@ Communicator::Communicator(const LaunchInfo& info, CommOptions opt) : impl_(std:
       long long pid = getpid();
       m.pids.resize(info.world);
       m.boot->all_gather(&pid, m.pids.data(), sizeof pid);
+      // Without the mapping a rejected call still throws on the rank that rejects it, and its
+      // peers' kernels end at the wait timeout instead of at once.
+      Mailbox* mine = m.mail[info.rank];
+      if (cudaHostRegister(mine, kMailBytes, cudaHostRegisterMapped) == cudaSuccess) {
+        m.mail_registered = true;
+        void* dp = nullptr;
+        WEAVE_CUDA_CHECK(cudaHostGetDevicePointer(&dp, &mine->abort_from, 0));
+        m.abort_dev = static_cast<const volatile int*>(dp);
+      } else {
+        cudaGetLastError();
+        std::fprintf(stderr, "weave: rank %d: could not map the abort word for kernels; a call rejected by a peer "
+                     "will end at the wait timeout\n", info.rank);
+      }
     }
+
+    if (info.world > 1) m.watchdog = std::thread([&m] { m.watch(); });
 
     // The heap: one VMM allocation per rank, exported once as a POSIX fd, mapped by every rank.
     CUmemAllocationProp prop{};
@@ -279,12 +440,41 @@ Bootstrap& Communicator::bootstrap() { return *impl_->boot; }
 size_t Communicator::heap_bytes() const { return impl_->heap_size; }
 size_t Communicator::heap_used() const { return impl_->alloc->used(); }
 WaitRecord* Communicator::wait_record() const { return impl_->record_dev; }
+const volatile int* Communicator::abort_word() const { return impl_->abort_dev; }
+bool Communicator::debug_calls() const { return impl_->debug; }
 unsigned long long Communicator::wait_timeout_ns() const { return impl_->timeout_ns; }
 
 void* Communicator::alloc(size_t bytes, size_t align) {
   Impl& m = *impl_;
   m.check_usable();
   check_same("symmetric alloc (bytes, align)", {static_cast<long long>(bytes), static_cast<long long>(align)});
+  // Released buffers: free the ones every rank has released (the same set everywhere).
+  long long n = static_cast<long long>(m.released.size()), most = n;
+  std::vector<long long> counts(m.info.world);
+  m.boot->all_gather(&n, counts.data(), sizeof n);
+  for (long long c : counts) most = std::max(most, c);
+  if (most > 0) {
+    std::vector<long long> mine(most, -1), all(size_t(most) * m.info.world);
+    std::copy(m.released.begin(), m.released.end(), mine.begin());
+    m.boot->all_gather(mine.data(), all.data(), sizeof(long long) * most);
+    std::vector<long long> common;
+    for (long long off : m.released) {
+      bool everywhere = true;
+      for (int r = 0; r < m.info.world && everywhere; ++r)
+        everywhere = std::find(all.begin() + r * most, all.begin() + (r + 1) * most, off) != all.begin() + (r + 1) * most;
+      if (everywhere) common.push_back(off);
+    }
+    // The intersection is the same set on every rank (sorted: one order of frees everywhere), so
+    // every rank quiesces or none.
+    std::sort(common.begin(), common.end());
+    if (!common.empty()) {
+      quiesce();
+      for (long long off : common) {
+        m.alloc->free(size_t(off));
+        m.released.erase(std::find(m.released.begin(), m.released.end(), off));
+      }
+    }
+  }
   return m.base(m.info.rank) + m.alloc->alloc(bytes, align);
 }
 
@@ -294,6 +484,14 @@ void Communicator::free(void* ptr) {
   char* b = m.base(m.info.rank);
   WEAVE_CHECK(p >= b && p < b + m.heap_size, "free of ", ptr, ", which is not in the symmetric heap");
   m.alloc->free(size_t(p - b));
+}
+
+void Communicator::release(void* ptr) {
+  Impl& m = *impl_;
+  char* p = static_cast<char*>(ptr);
+  char* b = m.base(m.info.rank);
+  WEAVE_CHECK(p >= b && p < b + m.heap_size, "release of ", ptr, ", which is not in the symmetric heap");
+  m.released.push_back(p - b);
 }
 
 void Communicator::check_same(const std::string& what, const std::vector<long long>& values) {
@@ -330,6 +528,158 @@ void Communicator::check_same(const std::string& what, const std::vector<long lo
     if (!std::equal(v0, v0 + kCheckValues, m.mail[r]->slot[n % 4].values))
       throw Error(detail::concat("weave: ", what, " differs across ranks: rank 0 has ", render(0), ", rank ", r,
                                  " has ", render(r)));
+}
+
+namespace {
+std::string render_plan(const Posted& p) {
+  std::string s = p.op + "(";
+  // values: op hash, the operator's values, capturing, together, problem
+  const size_t n = p.values.size();
+  for (size_t i = 1; i + 3 < n; ++i) s += (i > 1 ? ", " : "") + std::to_string(p.values[i]);
+  return s + (n >= 4 && p.values[n - 3] ? ") while capturing a graph" : ")");
+}
+}  // namespace
+
+void Communicator::agree_call(const std::string& op, const std::string& what, const std::vector<long long>& values,
+                              const std::string& problem, cudaStream_t stream) {
+  Impl& m = *impl_;
+  m.check_usable();
+  const int W = m.info.world, me = m.info.rank;
+  if (const int from = m.mail[me]->abort_from.load(std::memory_order_acquire); from > 0) {
+    m.broken = true;
+    m.broken_why = detail::concat("rank ", from - 1, " rejected a call this rank had launched: ",
+                                  std::string(m.mail[me]->abort_why, strnlen(m.mail[me]->abort_why, kWhyBytes)));
+    throw Error("weave: " + m.broken_why);
+  }
+  WEAVE_CHECK(values.size() + 4 < kCheckValues, "agree_call: at most ", kCheckValues - 5, " values");
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) cudaGetLastError();
+  std::vector<long long> key{static_cast<long long>(fnv1a(op))};
+  key.insert(key.end(), values.begin(), values.end());
+  key.push_back(capture != cudaStreamCaptureStatusNone);
+  const bool together = m.debug || !m.agreed.count(key);
+  const unsigned long long n = ++m.call_seq;
+  // A post is the plan, whether this rank waits for the others (together), and its state: 0 it
+  // goes on to launch (or, together, to the verdict), 1 it rejected the call and launches nothing.
+  std::vector<long long> mine;
+  auto post = [&](int state) {
+    mine = key;
+    mine.push_back(together ? 1 : 0);
+    mine.push_back(state);
+    post_call(*m.mail[me], n, op, mine);
+    m.posted.store(n, std::memory_order_release);
+  };
+  auto launches = [&](const Posted& p) {  // a peer that did not wait and had no problem: it launched
+    return p.values.size() == key.size() + 2 && p.values[key.size()] == 0 && p.values[key.size() + 1] == 0;
+  };
+  const std::string call = detail::concat("call ", n, " on this communicator");
+  auto same_plan = [&](const Posted& p) {
+    return p.values.size() == key.size() + 2 && std::equal(key.begin(), key.end(), p.values.begin());
+  };
+  auto differ = [&](int r, const Posted& p) {
+    return detail::concat("weave: ", call, ": ranks call different operators or arguments (", what, "): rank ", me,
+                          " calls ", render_plan(Posted{mine, op}), ", rank ", r, " calls ", render_plan(p));
+  };
+  if (!together && problem.empty()) {
+    // An agreed plan: compare with the posts already there, without waiting (the watchdog compares
+    // the rest once they come).
+    mine = key, mine.push_back(0), mine.push_back(0);  // for differ()'s message
+    for (int r = 0; r < W; ++r) {
+      Posted p;
+      if (r != me && read_call(*m.mail[r], n, p) == n && !same_plan(p)) {
+        post(1);
+        const std::string msg = differ(r, p);
+        if (launches(p)) abort_peers(msg);
+        throw Error(msg);
+      }
+    }
+    post(0);
+    return;
+  }
+  // This plan's first call (or debug), or a problem with this rank's own arguments: every peer's
+  // post of call n (a peer posts before it launches, without waiting for this rank), then one
+  // verdict everywhere; peers that launched regardless are stopped through their abort words.
+  post(problem.empty() ? 0 : 1);
+  std::vector<Posted> all(W);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int r = 0; r < W; ++r) {
+    if (r == me) {
+      all[r] = Posted{mine, op};
+      continue;
+    }
+    for (long spins = 0;; ++spins) {
+      const unsigned long long got = read_call(*m.mail[r], n, all[r]);
+      if (got == n) break;
+      if (got != kWriting && got > n) {
+        // A whole ring of calls past this one without stopping for it: its plans were agreed
+        // ones, so the ranks' calls differ, and it launched them.
+        const std::string msg = detail::concat("weave: ", call, ": rank ", r, " is ", got - n,
+                                               "+ calls past this call without checking it (this rank calls ",
+                                               render_plan(Posted{mine, op}), "): the ranks' calls differ");
+        abort_peers(msg);
+        throw Error(msg);
+      }
+      if (spins < 20000) continue;
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      if (spins % 2000 != 0) continue;
+      if (m.mail[me]->abort_from.load(std::memory_order_acquire) > 0) return agree_call(op, what, values, problem, stream);
+      if (kill(static_cast<pid_t>(m.pids[r]), 0) != 0 && errno == ESRCH)
+        throw Error(detail::concat("weave: rank ", r, " (pid ", m.pids[r], ") exited before checking ", call, " (",
+                                   op, ")"));
+      if (std::chrono::steady_clock::now() - t0 > std::chrono::minutes(5))
+        throw Error(detail::concat("weave: rank ", r, " did not reach the check of ", call, " (", op,
+                                   ") within 5 minutes"));
+    }
+  }
+  bool launched = false;
+  for (int r = 0; r < W; ++r) launched |= r != me && launches(all[r]);
+  for (int r = 0; r < W; ++r)
+    if (!same_plan(all[r])) {
+      const std::string msg = differ(r, all[r]);
+      if (launched) abort_peers(msg);
+      throw Error(msg);
+    }
+  if (!problem.empty()) {
+    if (launched) abort_peers(detail::concat(call, " (", op, "): ", problem));
+    throw Error(problem);
+  }
+  for (int r = 0; r < W; ++r)
+    if (all[r].values.back() != 0) {
+      const std::string msg = detail::concat("weave: ", call, " (", op, "): rank ", r,
+                                             " rejected its arguments (its error says why); every rank rejects the call");
+      if (launched) abort_peers(msg);
+      throw Error(msg);
+    }
+  m.agreed.insert(key);
+}
+
+void Communicator::abort_peers(const std::string& why) noexcept {
+  Impl& m = *impl_;
+  m.broken = true;
+  m.broken_why = "this rank rejected a call its peers may have launched: " + why;
+  for (int r = 0; r < m.info.world; ++r)
+    if (r != m.info.rank && m.mail[r]) m.write_abort(r, why);
+}
+
+void Communicator::check_buffer(const char* who, const char* name, const void* p, size_t bytes) const {
+  const Impl& m = *impl_;
+  if (bytes == 0) return;
+  WEAVE_CHECK(p != nullptr, who, ": ", name, " is a null pointer");
+  const char* c = static_cast<const char*>(p);
+  const char* b = m.base(m.info.rank);
+  if (c >= b && c < b + m.heap_size) {
+    WEAVE_CHECK(m.alloc->contains(size_t(c - b), bytes), who, ": ", name, " needs ", bytes, " bytes from ", p,
+                ", which runs past its symmetric heap allocation");
+    return;
+  }
+  for (const Registration& g : m.regs)
+    if (c >= g.local && c < g.local + g.bytes) {
+      WEAVE_CHECK(c + bytes <= g.local + g.bytes, who, ": ", name, " needs ", bytes, " bytes from ", p,
+                  ", which runs past its registered buffer (", g.bytes, " bytes from ", static_cast<void*>(g.local),
+                  ")");
+      return;
+    }
+  check_extent(who, name, p, bytes);
 }
 
 PeerPtrs Communicator::peers(const void* ptr, size_t bytes) const {
@@ -427,6 +777,14 @@ void Communicator::sync(cudaStream_t stream) {
   m.check_usable();
   cudaError_t e = cudaStreamSynchronize(stream);
   const WaitRecord& r = *m.record_host;
+  if (const int from = m.mail[m.info.rank]->abort_from.load(std::memory_order_acquire); from > 0 && e != cudaSuccess) {
+    m.broken = true;
+    m.broken_why = detail::concat("rank ", from - 1, " rejected a call this rank had launched (its kernels stopped: ",
+                                  cudaGetErrorName(e), "): ",
+                                  std::string(m.mail[m.info.rank]->abort_why,
+                                              strnlen(m.mail[m.info.rank]->abort_why, kWhyBytes)));
+    throw Error("weave: " + m.broken_why);
+  }
   if (r.timed_out) {
     m.broken = true;
     m.broken_why = detail::concat("wait timed out on rank ", r.rank, ": signal '", signal_name(r.name_id), "'[",
@@ -482,6 +840,7 @@ SignalSet::SignalSet(Communicator& c, const std::string& name, int count) : c_(&
   view_.name_id = c.name_id(name);
   view_.timeout_ns = c.wait_timeout_ns();
   view_.record = c.wait_record();
+  view_.abort = c.abort_word();
 }
 
 SignalSet::SignalSet(SignalSet&& o) noexcept : c_(o.c_), view_(o.view_), round_(o.round_) { o.c_ = nullptr; }

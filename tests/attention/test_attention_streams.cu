@@ -21,6 +21,7 @@
 #include "attention/attention.hpp"
 #include "check/seed.hpp"
 #include "weave/common/error.hpp"
+#include "weave/memory_order.cuh"
 
 using namespace weave;
 using bf16 = __nv_bfloat16;
@@ -59,12 +60,10 @@ __global__ void count_nan(const bf16* o, size_t no, const float* lse, size_t nl,
 }
 // Spins until the host sets *flag (or 20 s pass: a lost release must not hang the test).
 __global__ void gate(const volatile int* flag) {
-  unsigned long long t0, t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  const unsigned long long t0 = globaltimer();
   do {
     __nanosleep(2000);
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  } while (*flag == 0 && t - t0 < 20'000'000'000ull);
+  } while (*flag == 0 && globaltimer() - t0 < 20'000'000'000ull);
 }
 
 struct Set {

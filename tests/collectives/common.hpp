@@ -14,6 +14,7 @@
 #include "check/seed.hpp"
 #include "../primitives/common.hpp"
 #include "collectives/collectives.hpp"
+#include "weave/memory_order.cuh"
 
 namespace ct {
 
@@ -123,14 +124,14 @@ inline bool gpus_shared() {
   return shared;
 }
 
-// Holds a stream for `ns` (a rank arriving late at the next call).
-__global__ void spin_ns(unsigned long long ns) {
-  unsigned long long t0, t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  } while (t - t0 < ns);
+// Busy-waits `ns` on the global timer.
+__device__ inline void spin_for_ns(unsigned long long ns) {
+  const unsigned long long t0 = globaltimer();
+  while (globaltimer() - t0 < ns) {
+  }
 }
+// Holds a stream for `ns` (a rank arriving late at the next call).
+__global__ void spin_ns(unsigned long long ns) { spin_for_ns(ns); }
 
 // A buffer of `elems` elements plus the guard, poisoned (0xff bytes: NaN in every dtype). In the
 // symmetric heap (every rank must ask for the same size) or, with `heap` false, cudaMalloc'd.

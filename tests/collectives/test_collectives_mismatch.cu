@@ -1,8 +1,10 @@
 // One rank repeats its previous collective call exactly while the others change their arguments:
-// the arguments differ across ranks, so every rank must get weave::Error before anything is
-// launched. An implementation that compares arguments across ranks only when a rank's own
-// arguments changed lets the repeating rank launch alone; this test then fails (no error on that
-// rank, whose kernel waits for peers that never come until the wait times out) instead of passing.
+// with WEAVE_DEBUG=1 (set by CTest) every call is checked with every rank, so every rank must get
+// weave::Error before anything is launched and stay usable. An implementation that compares
+// arguments across ranks only when a rank's own arguments changed lets the repeating rank launch
+// alone; this test then fails (no error on that rank, whose kernel waits for peers that never come
+// until the wait times out) instead of passing. Without debug mode the repeating rank may launch
+// before it sees the difference and is then stopped (tests/tp/test_call_agreement.cu covers that).
 // It has its own binary so that such a failure cannot disturb test_collectives.
 #include <functional>
 #include <string>

@@ -174,8 +174,8 @@ FAULTS = [
                 "after the peer's release (a race the hardware rarely shows)",
         "edits": [{
             "file": "include/weave/signal.cuh",
-            "find": "asm volatile(\"ld.acquire.sys.global.u64 %0, [%1];\"",
-            "replace": "asm volatile(\"ld.relaxed.sys.global.u64 %0, [%1];\"",
+            "find": "(v = ld_acquire_sys(p)) >= expected",
+            "replace": "(v = ld_relaxed_sys(p)) >= expected",
         }],
         "tests": ["test_primitives:Signal.*:StoreAsync.Bf16:StoreAddAsync.Bf16", "test_tp_gpu:TpGpu.AgGemm*", "test_sp_gpu", "test_collectives"],
         "repeat": 3,
@@ -210,13 +210,14 @@ FAULTS = [
     # ---- single-GPU attention (kernels/attention/attention_kernel.cuh) ---------------------------
     {
         "name": "attention_final_rescale_skipped_one_row_block",
-        "what": "the epilogue skips O / l for query block 1 of (batch 0, head 0): those 128 rows are unnormalised",
+        "what": "the epilogue skips O / l for query rows 128..255 (every batch and head; the consumer loop the "
+                "gathered ring/Ulysses kernel shares): those rows are unnormalised",
         "edits": [{
-            "file": "kernels/attention/attention_kernel.cuh",
+            "file": "kernels/attention/pipeline.cuh",
             "find": "      inv[r] = l[r] > 0.f ? 1.f / l[r] : 0.f;",
-            "replace": "      inv[r] = l[r] > 0.f ? (mb == 1 && bh == 0 ? 1.f : 1.f / l[r]) : 0.f;",
+            "replace": "      inv[r] = l[r] > 0.f ? (mk.row0 + 8 * r >= 128 && mk.row0 + 8 * r < 256 ? 1.f : 1.f / l[r]) : 0.f;",
         }],
-        "tests": ["test_attention_gpu"],
+        "tests": ["test_attention_gpu", "test_sp_gpu_w1"],
         "bench": [{"ranks": 1, "args": "attention --seqs 1024 --tokens 2048 --heads 2 --d 128 --causal 0 "
                                        "--variants auto --target-ms 2"}],
     },
@@ -225,7 +226,7 @@ FAULTS = [
         "what": "causal mask of key block 1 lets each row see one future key (col == row + 1): only query rows "
                 "128..255 are affected (shared by the gathered ring/Ulysses kernel)",
         "edits": [{
-            "file": "kernels/attention/attention_kernel.cuh",
+            "file": "kernels/attention/pipeline.cuh",
             "find": "if (col >= S || (causal && col > row)) s[4 * j + 2 * r + e] = -INFINITY;",
             "replace": "if (col >= S || (causal && col > row + (col0 == BN ? 1 : 0))) s[4 * j + 2 * r + e] = -INFINITY;",
         }],

@@ -34,6 +34,7 @@
 #include "../../bench/nccl_ref.cuh"
 #include "bench.hpp"
 #include "collectives/collectives.hpp"
+#include "weave/memory_order.cuh"
 #include "weave/pdl.cuh"
 #include "weave/runtime/communicator.hpp"
 
@@ -44,12 +45,10 @@ using coll::Shape;
 
 // Keeps the stream busy for `ns` so that the host can enqueue a whole timed loop ahead of it.
 __global__ void hold_kernel(unsigned long long ns) {
-  unsigned long long t0, t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  const unsigned long long t0 = globaltimer();
   do {
     __nanosleep(1000);
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  } while (t - t0 < ns);
+  } while (globaltimer() - t0 < ns);
 }
 
 void hold(cudaStream_t st, unsigned long long ns) { hold_kernel<<<1, 1, 0, st>>>(ns); }

@@ -16,6 +16,7 @@
 #include "bench.hpp"
 #include "weave/common/driver.hpp"
 #include "weave/runtime/communicator.hpp"
+#include "weave/memory_order.cuh"
 #include "weave/runtime/pgl_host.hpp"
 #include "weave/signal.cuh"
 #include "weave/store.cuh"
@@ -108,7 +109,7 @@ __global__ void ping_pong(signals s, unsigned long long base, int iters, int war
   if (threadIdx.x != 0) return;
   unsigned long long t0 = 0;
   for (int i = 1; i <= iters; ++i) {
-    if (i == warm + 1) t0 = detail::globaltimer();
+    if (i == warm + 1) t0 = globaltimer();
     if (s.rank == 0) {
       signal(s, 1, 0);
       wait(s, 0, base + i);
@@ -117,17 +118,17 @@ __global__ void ping_pong(signals s, unsigned long long base, int iters, int war
       signal(s, 0, 0);
     }
   }
-  *ns = (detail::globaltimer() - t0) / (2ull * (iters - warm));
+  *ns = (globaltimer() - t0) / (2ull * (iters - warm));
 }
 
 __global__ void barriers(signals s, unsigned long long base_round, int iters, int warm, unsigned long long* ns) {
   if (threadIdx.x != 0) return;
   unsigned long long t0 = 0;
   for (int i = 1; i <= iters; ++i) {
-    if (i == warm + 1) t0 = detail::globaltimer();
+    if (i == warm + 1) t0 = globaltimer();
     barrier(s, 0, base_round + i);
   }
-  *ns = (detail::globaltimer() - t0) / (iters - warm);
+  *ns = (globaltimer() - t0) / (iters - warm);
 }
 
 // What the copy-engine paths (ag_gemm v7) are built from: cudaMemcpyAsync from local memory into

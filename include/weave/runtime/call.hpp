@@ -1,6 +1,6 @@
-// Host rules of one collective call (collectives, the TP kernels, ring and Ulysses attention):
-// every rank rejects a call together, and one object's calls run one after the other; the
-// per-shape signal sets of a kernel.
+// Host rules of one collective call (collectives, the TP kernels, ring and Ulysses attention),
+// beside Communicator::agree_call (the cross-rank check): a call's own checks collected as its
+// `problem`, one object's calls one after the other, the per-shape signal sets of a kernel.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -22,22 +22,6 @@ inline bool overlap(const void* a, size_t na, const void* b, size_t nb) {
   return na && nb && x < y + nb && y < x + na;
 }
 
-// The cross-rank check of a call: `values` (shape, options) must agree, and `problem` is what
-// this rank found wrong with its own arguments (empty: nothing). A rank that threw alone would
-// leave its peers' kernels waiting for it until the wait timeout, so whether any rank found a
-// problem is part of what must agree: every rank throws, the one with the problem its message.
-inline void check_call(Communicator& c, const std::string& what, std::vector<long long> values,
-                       const std::string& problem) {
-  values.push_back(problem.empty() ? 0 : 1);
-  try {
-    c.check_same(what + " and whether the arguments are valid", values);
-  } catch (const Error&) {
-    if (!problem.empty()) throw Error(problem);
-    throw;
-  }
-  if (!problem.empty()) throw Error(problem);
-}
-
 // Stream capture is rejected: a call takes its signal rounds on the host when it is enqueued, so
 // a replayed graph would wait for rounds already met (reading whatever is in the buffers) or
 // never sent. Part of a call's local checks, so every rank rejects it together.
@@ -50,7 +34,7 @@ inline void check_not_capturing(const char* who, cudaStream_t s) {
 }
 
 // What is wrong with this rank's own arguments ("" when nothing): `checks` runs the checks that
-// can fail on one rank alone (weave::Error), for check_call's `problem`.
+// can fail on one rank alone (weave::Error), for Communicator::agree_call's `problem`.
 template <class F>
 std::string local_problem(F&& checks) {
   try {

@@ -27,6 +27,13 @@ struct CommOptions {
   double wait_timeout_s = -1;        // < 0: $WEAVE_WAIT_TIMEOUT_S, else kDefaultWaitTimeoutS; 0: never
   bool multicast = false;            // weave has no multicast path; asking for it is an error
   std::chrono::milliseconds bootstrap_timeout{60000};
+  int device = -1;                   // < 0: the local rank's GPU (local rank % GPUs with WEAVE_SHARE_GPUS)
+  // Names this communicator's bootstrap among the job's: empty = the job id and a per-process
+  // count (every rank creates its communicators in the same order). Communicators over subsets of
+  // a job's ranks (torch process groups) are not created in one order everywhere: they pass a name
+  // agreed through the group instead.
+  std::string instance;
+  int debug = -1;                    // < 0: $WEAVE_DEBUG; 1: agree_call checks every call with every rank
 };
 
 using PeerPtrs = std::array<void*, kMaxWorld>;
@@ -54,6 +61,10 @@ class Communicator {
   // order (alloc checks the sizes agree) and gets the same offset.
   void* alloc(size_t bytes, size_t align = 256);
   void free(void* ptr);
+  // Not collective: hands `ptr` back when ranks drop their buffers in different orders (Python's
+  // garbage collector). It returns to the heap at the first alloc at which every rank has released
+  // it, after a quiesce (no kernel of any rank still touching it), so that ranks' heaps stay alike.
+  void release(void* ptr);
   size_t heap_bytes() const;
   size_t heap_used() const;
 
@@ -72,6 +83,27 @@ class Communicator {
   // All ranks check that `values` agree (e.g. a shape); throws naming `what` and the ranks.
   void check_same(const std::string& what, const std::vector<long long>& values);
 
+  // The cross-rank check of one operator call (call.hpp's check_call): `op` names the operator,
+  // `values` its shapes, dtypes and options (at most 14), `problem` what this rank found wrong with
+  // its own arguments ("" = nothing). A plan (op, values) is checked with every rank at its first
+  // call, where every rank throws together if the plans differ or any rank has a problem. Later
+  // calls of an agreed plan do not wait for the peers: each posts its plan for its call number,
+  // and a rank that finds a peer's post for the same number different, or has a problem of its
+  // own, throws and stops every peer's kernels that wait for this call (their next sync throws
+  // naming this rank and why; the communicators are unusable afterwards). With debug (WEAVE_DEBUG)
+  // every call is checked with every rank and a rejected call leaves everything usable. Whether
+  // `stream` is capturing a graph is part of the plan (ranks capture together, so a call that
+  // cannot be captured is then rejected by every rank together).
+  void agree_call(const std::string& op, const std::string& what, const std::vector<long long>& values,
+                  const std::string& problem, cudaStream_t stream);
+  bool debug_calls() const;
+  // Writes `why` to every peer's abort word: their waiting kernels trap and their sync() throws
+  // naming this rank. Marks this communicator unusable. Never throws.
+  void abort_peers(const std::string& why) noexcept;
+  // Throws weave::Error (naming who and name) unless [p, p + bytes) lies in one live heap
+  // allocation, one registered buffer or one device allocation.
+  void check_buffer(const char* who, const char* name, const void* p, size_t bytes) const;
+
   // Synchronizes `stream` and turns any device error into weave::Error; a timed-out wait
   // becomes an error that prints who waited for what. Afterwards the communicator is unusable.
   void sync(cudaStream_t stream = nullptr);
@@ -84,6 +116,7 @@ class Communicator {
 
   // Device-visible parts of the wait diagnostics.
   WaitRecord* wait_record() const;
+  const volatile int* abort_word() const;  // nullptr where host memory cannot be mapped
   unsigned long long wait_timeout_ns() const;
   int name_id(const std::string& name);
   const std::string& signal_name(int id) const;

@@ -39,6 +39,9 @@ inline constexpr Var kVars[] = {
   {"WEAVE_SHARE_GPUS", Type::boolean, "0", Who::user,
    "1: more ranks than GPUs, rank r on GPU r % GPUs, kernels of different ranks time-slice; for "
    "correctness runs only (`weave-run --share-gpus` sets it)"},
+  {"WEAVE_DEBUG", Type::boolean, "0", Who::user,
+   "1: every collective call checks its operator, shapes and options with every rank before it "
+   "launches (otherwise only a plan's first call does; `CommOptions::debug` wins when >= 0)"},
   {"WEAVE_PDL", Type::boolean, "1", Who::user,
    "0: kernels launch without programmatic dependent launch (A/B measurements, escape hatch)"},
   {"WEAVE_TUNER_CACHE", Type::path, "", Who::user,

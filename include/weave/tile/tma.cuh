@@ -1,5 +1,5 @@
 // Device side of TMA: tile loads that complete on an mbarrier, tile stores and reduce-adds
-// from shared memory, and the bulk-group waits. One thread issues each of these.
+// from shared memory, 1-D bulk copies, and the bulk-group waits. One thread issues each of these.
 #pragma once
 #include <cuda.h>
 
@@ -64,6 +64,36 @@ __device__ __forceinline__ void reduce_add_2d(const CUtensorMap* map, const void
                    reinterpret_cast<uint64_t>(map)),
                "r"(smem_u32(src)), "r"(c0), "r"(c1)
                : "memory");
+}
+
+// 1-D bulk copies (cp.async.bulk, no tensor map): `bytes` contiguous bytes (a multiple of 16;
+// 16-byte aligned addresses), e.g. a piece that is one byte range at its source and its
+// destination, moved in long writes instead of tensor boxes. A load completes its bytes on `bar`
+// (arrive_expect_tx them first); a store joins the bulk group like the tensor stores.
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, Mbarrier* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   smem_u32(dst)),
+               "l"(src), "r"(bytes), "r"(bar->addr())
+               : "memory");
+}
+// With an L2 cache hint: `policy` from createpolicy, e.g. evict_first_policy().
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, Mbarrier* bar,
+                                          uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
+          smem_u32(dst)),
+      "l"(src), "r"(bytes), "r"(bar->addr()), "l"(policy)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_store(void* dst, const void* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(smem_u32(src)), "r"(bytes)
+               : "memory");
+}
+// An L2 policy for data read once (it should not displace data other CTAs still share).
+__device__ __forceinline__ uint64_t evict_first_policy() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+  return p;
 }
 
 __device__ __forceinline__ void commit_group() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }

@@ -1,0 +1,298 @@
+// weave._C: the C++ API for the Python package, without torch. Pointers, sizes and streams are
+// Python ints; symmetric tensors leave as DLPack capsules (torch.from_dlpack, no copy) whose
+// deleter hands the memory back with Communicator::release. Calls that may wait (on the device,
+// on peers) run without the GIL; one communicator's calls run one at a time (a mutex). Element
+// types of the collectives are ints: 0 bf16, 1 fp16, 2 fp32 (weave::DType).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <functional>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ops.hpp"
+#include "weave/common/gpus.hpp"
+#include "weave/runtime/communicator.hpp"
+
+namespace py = pybind11;
+using weave::py::Dt;
+using weave::py::Ptr;
+
+namespace {
+
+// DLPack (dlpack.h, v0.8 ABI): only what a producer of CUDA tensors needs.
+struct DLDevice {
+  int32_t device_type;  // kDLCUDA = 2
+  int32_t device_id;
+};
+struct DLDataType {
+  uint8_t code;  // kDLInt 0, kDLUInt 1, kDLFloat 2, kDLBfloat 4, kDLBool 6
+  uint8_t bits;
+  uint16_t lanes;
+};
+struct DLTensor {
+  void* data;
+  DLDevice device;
+  int32_t ndim;
+  DLDataType dtype;
+  int64_t* shape;
+  int64_t* strides;  // null: compact row-major
+  uint64_t byte_offset;
+};
+struct DLManagedTensor {
+  DLTensor dl_tensor;
+  void* manager_ctx;
+  void (*deleter)(DLManagedTensor*);
+};
+constexpr int32_t kDLCPU = 1;
+constexpr int32_t kDLCUDA = 2;
+
+// One communicator and its kernels. Buffers whose tensors died are handed back at the next
+// alloc: a tensor may die on any thread (the deleter takes only `pending_mu`), and
+// Communicator::release must not race with alloc.
+class Comm : public std::enable_shared_from_this<Comm> {
+ public:
+  Comm(const weave::runtime::LaunchInfo& info, const weave::runtime::CommOptions& opt)
+      : comm_(std::make_unique<weave::runtime::Communicator>(info, opt)), ops_(*comm_) {}
+
+  weave::runtime::Communicator& comm() { return *comm_; }
+  weave::py::Ops& ops() { return ops_; }
+  std::mutex& mu() { return mu_; }
+
+  Ptr alloc(size_t bytes) {
+    std::lock_guard<std::mutex> lk(mu_);
+    weave::py::set_device(comm_->device());
+    drain_released();
+    const Ptr p = reinterpret_cast<Ptr>(comm_->alloc(bytes));
+    std::lock_guard<std::mutex> lk2(pending_mu_);
+    live_[p] = bytes;
+    return p;
+  }
+  void defer_release(Ptr p) {
+    std::lock_guard<std::mutex> lk(pending_mu_);
+    pending_.push_back(p);
+    live_.erase(p);
+  }
+  // Whether [p, p + bytes) lies in one live heap tensor of this communicator.
+  bool owns(Ptr p, size_t bytes) {
+    std::lock_guard<std::mutex> lk(pending_mu_);
+    auto it = live_.upper_bound(p);
+    if (it == live_.begin()) return false;
+    --it;
+    return p + bytes <= it->first + it->second;
+  }
+  size_t pending() {
+    std::lock_guard<std::mutex> lk(pending_mu_);
+    return pending_.size();
+  }
+
+ private:
+  void drain_released() {
+    std::vector<Ptr> ps;
+    {
+      std::lock_guard<std::mutex> lk(pending_mu_);
+      ps.swap(pending_);
+    }
+    for (Ptr p : ps) comm_->release(reinterpret_cast<void*>(p));
+  }
+
+  std::unique_ptr<weave::runtime::Communicator> comm_;
+  weave::py::Ops ops_;
+  std::mutex mu_;
+  std::mutex pending_mu_;
+  std::vector<Ptr> pending_;
+  std::map<Ptr, size_t> live_;  // heap tensors not yet dead: start -> bytes
+};
+
+// What a DLPack capsule owns: the shape, and what to do when the tensor dies. A symmetric tensor's
+// `on_delete` holds a reference to the communicator, which therefore outlives its heap's tensors.
+struct Owner {
+  std::function<void()> on_delete;
+  std::vector<int64_t> shape;
+  DLManagedTensor managed{};
+};
+
+void delete_owner(DLManagedTensor* m) {
+  Owner* o = static_cast<Owner*>(m->manager_ctx);
+  if (o->on_delete) o->on_delete();
+  delete o;
+}
+
+size_t checked_bytes(const std::vector<int64_t>& shape, int bits) {
+  size_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0) throw py::value_error("weave.empty: negative dimension in the shape");
+    n *= size_t(d);
+  }
+  return std::max<size_t>(n * size_t(bits / 8), 1);
+}
+
+// A DLPack capsule ("dltensor") of the compact row-major tensor `shape` of (code, bits) at `data`.
+py::capsule dlpack(void* data, DLDevice dev, const std::vector<int64_t>& shape, int code, int bits,
+                   std::function<void()> on_delete) {
+  auto* o = new Owner{std::move(on_delete), shape, {}};
+  DLTensor& t = o->managed.dl_tensor;
+  t.data = data;
+  t.device = dev;
+  t.ndim = static_cast<int32_t>(o->shape.size());
+  t.dtype = {static_cast<uint8_t>(code), static_cast<uint8_t>(bits), 1};
+  t.shape = o->shape.data();
+  t.strides = nullptr;
+  t.byte_offset = 0;
+  o->managed.manager_ctx = o;
+  o->managed.deleter = delete_owner;
+  // A capsule nobody consumed still owns the tensor; a consumer renames it "used_dltensor".
+  return py::capsule(&o->managed, "dltensor", [](PyObject* cap) {
+    if (PyCapsule_IsValid(cap, "dltensor")) {
+      auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(cap, "dltensor"));
+      m->deleter(m);
+    }
+  });
+}
+
+// Allocates `shape` of (code, bits) elements in the heap (collective) as a DLPack capsule.
+py::capsule empty(const std::shared_ptr<Comm>& c, const std::vector<int64_t>& shape, int code, int bits) {
+  const size_t bytes = checked_bytes(shape, bits);
+  Ptr p;
+  {
+    py::gil_scoped_release nogil;
+    p = c->alloc(bytes);
+  }
+  return dlpack(reinterpret_cast<void*>(p), {kDLCUDA, c->comm().device()}, shape, code, bits,
+                [c, p] { c->defer_release(p); });
+}
+
+// The same capsule over host memory, for the CPU tests of the DLPack path: counts the deletions.
+std::atomic<long> host_deleted{0};
+py::capsule host_capsule(const std::vector<int64_t>& shape, int code, int bits) {
+  void* p = std::calloc(checked_bytes(shape, bits), 1);
+  return dlpack(p, {kDLCPU, 0}, shape, code, bits, [p] {
+    std::free(p);
+    ++host_deleted;
+  });
+}
+
+// Runs f(Ops&) without the GIL, one call of this communicator at a time.
+template <class F>
+void locked(Comm& c, F&& f) {
+  py::gil_scoped_release nogil;
+  std::lock_guard<std::mutex> lk(c.mu());
+  f(c.ops());
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "weave's C++ API for the Python package (no torch inside: pointers and streams are ints)";
+
+  m.def(
+      "gpu_count",
+      [] {
+        const weave::GpuCount g = weave::count_gpus();
+        return py::make_tuple(g.count, g.error, g.why);
+      },
+      "(visible GPUs, whether CUDA failed with a driver loaded, the CUDA error) in weave's CUDA runtime");
+
+  m.def("shard", [](long long n, int world, int rank) {
+    const weave::py::Rows r = weave::py::shard(n, world, rank);
+    return py::make_tuple(r.begin, r.size);
+  }, "(begin, size) of rank's share of n over world ranks: the first n % world ranks get one more");
+  m.def("ring_local_rows", &weave::py::ring_local_rows, py::arg("S"), py::arg("world"), py::arg("zigzag"),
+        py::arg("rank"));
+  m.def("ring_chunk", [](long long S, int world, bool zigzag, int rank, int i) {
+    const weave::py::Rows r = weave::py::ring_chunk(S, world, zigzag, rank, i);
+    return py::make_tuple(r.begin, r.size);
+  });
+  m.def("ring_chunks_per_rank", &weave::py::ring_chunks_per_rank);
+  m.def("ulysses_rows", [](long long S, int world, int rank) {
+    const weave::py::Rows r = weave::py::ulysses_rows(S, world, rank);
+    return py::make_tuple(r.begin, r.size);
+  });
+  m.def("_host_capsule", &host_capsule, py::arg("shape"), py::arg("code"), py::arg("bits"),
+        "tests: a DLPack capsule over zeroed host memory, freed when the tensor dies");
+  m.def("_host_capsules_deleted", [] { return host_deleted.load(); });
+  m.def("gemm_rs_out_elems", &weave::py::Ops::gemm_rs_out_elems);
+  m.def("ulysses_out_elems", &weave::py::Ops::ulysses_out_elems);
+
+  m.def("gemm", &weave::py::gemm, py::call_guard<py::gil_scoped_release>(), py::arg("device"), py::arg("A"),
+        py::arg("B"), py::arg("C"), py::arg("M"), py::arg("N"), py::arg("K"), py::arg("b_nk"), py::arg("stream"));
+  m.def("attention", &weave::py::attention, py::call_guard<py::gil_scoped_release>(), py::arg("device"),
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("o"), py::arg("lse"), py::arg("B"), py::arg("S"),
+        py::arg("Hq"), py::arg("Hkv"), py::arg("D"), py::arg("causal"), py::arg("scale"), py::arg("stream"));
+
+  py::class_<Comm, std::shared_ptr<Comm>>(m, "Communicator")
+      .def(py::init([](int rank, int world, const std::string& job_id, const std::string& instance, int device,
+                       size_t heap_bytes, int debug) {
+             weave::runtime::LaunchInfo info;
+             info.rank = info.local_rank = rank;
+             info.world = info.local_world = world;
+             info.job_id = job_id;
+             info.launcher = "torch";
+             weave::runtime::CommOptions opt;
+             opt.heap_bytes = heap_bytes;
+             opt.device = device;
+             opt.instance = instance;
+             opt.debug = debug;
+             py::gil_scoped_release nogil;  // the bootstrap waits for every rank
+             return std::make_shared<Comm>(info, opt);
+           }),
+           py::arg("rank"), py::arg("world"), py::arg("job_id"), py::arg("instance"), py::arg("device"),
+           py::arg("heap_bytes") = 0, py::arg("debug") = -1)
+      .def_property_readonly("rank", [](Comm& c) { return c.comm().rank(); })
+      .def_property_readonly("world", [](Comm& c) { return c.comm().world(); })
+      .def_property_readonly("device", [](Comm& c) { return c.comm().device(); })
+      .def_property_readonly("heap_bytes", [](Comm& c) { return c.comm().heap_bytes(); })
+      .def_property_readonly("heap_used", [](Comm& c) { return c.comm().heap_used(); })
+      .def_property_readonly("pending_releases", &Comm::pending)
+      .def("owns", &Comm::owns, py::arg("ptr"), py::arg("bytes"),
+           "whether [ptr, ptr + bytes) lies in one live symmetric tensor of this communicator")
+      .def("empty", &empty, py::arg("shape"), py::arg("code"), py::arg("bits"),
+           "collective: a DLPack capsule of a new heap tensor; its memory is released when the tensor dies")
+      .def("sync", [](Comm& c, Ptr stream) {
+             locked(c, [&](weave::py::Ops&) { c.comm().sync(reinterpret_cast<cudaStream_t>(stream)); });
+           }, py::arg("stream") = 0)
+      .def("barrier", [](Comm& c) { locked(c, [&](weave::py::Ops&) { c.comm().barrier(); }); })
+      .def("all_reduce", [](Comm& c, Ptr in, Ptr out, long long count, int t, Ptr s) {
+             locked(c, [&](weave::py::Ops& o) { o.all_reduce(in, out, count, Dt(t), s); });
+           })
+      .def("all_gather", [](Comm& c, Ptr in, Ptr out, const std::vector<long long>& full, int dim, int t, Ptr s) {
+             locked(c, [&](weave::py::Ops& o) { o.all_gather(in, out, full, dim, Dt(t), s); });
+           })
+      .def("reduce_scatter", [](Comm& c, Ptr in, Ptr out, const std::vector<long long>& full, int dim, int t, Ptr s) {
+             locked(c, [&](weave::py::Ops& o) { o.reduce_scatter(in, out, full, dim, Dt(t), s); });
+           })
+      .def("all_to_all", [](Comm& c, Ptr in, Ptr out, long long B, long long S, long long H, long long D, int t,
+                            bool seq_to_head, Ptr s) {
+             locked(c, [&](weave::py::Ops& o) { o.all_to_all(in, out, B, S, H, D, Dt(t), seq_to_head, s); });
+           })
+      .def("ag_gemm", [](Comm& c, Ptr a, Ptr ag, Ptr B, Ptr C, int M, int N, int K, Ptr s, int ncomm, int variant) {
+             locked(c, [&](weave::py::Ops& o) { o.ag_gemm(a, ag, B, C, M, N, K, s, ncomm, variant); });
+           }, py::arg("a_shard"), py::arg("a_gathered"), py::arg("B"), py::arg("C"), py::arg("M"), py::arg("N"),
+           py::arg("K"), py::arg("stream"), py::arg("num_comm_sms") = -1, py::arg("variant") = -1)
+      .def("gemm_rs", [](Comm& c, Ptr A, Ptr B, Ptr out, int M, int N, int K, Ptr s, int ncomm, int variant) {
+             locked(c, [&](weave::py::Ops& o) { o.gemm_rs(A, B, out, M, N, K, s, ncomm, variant); });
+           }, py::arg("A"), py::arg("B"), py::arg("out"), py::arg("M"), py::arg("N"), py::arg("K"),
+           py::arg("stream"), py::arg("num_comm_sms") = -1, py::arg("variant") = -1)
+      .def("gemm_ar", [](Comm& c, Ptr A, Ptr B, Ptr out, int M, int N, int K, Ptr s, int ncomm, int variant) {
+             locked(c, [&](weave::py::Ops& o) { o.gemm_ar(A, B, out, M, N, K, s, ncomm, variant); });
+           }, py::arg("A"), py::arg("B"), py::arg("out"), py::arg("M"), py::arg("N"), py::arg("K"),
+           py::arg("stream"), py::arg("num_comm_sms") = -1, py::arg("variant") = -1)
+      .def("ring_attention", [](Comm& c, Ptr q, Ptr k, Ptr v, Ptr out, Ptr lse, int B, long long S, int Hq, int Hkv,
+                                int D, bool causal, float scale, bool zigzag, Ptr s) {
+             locked(c, [&](weave::py::Ops& o) {
+               o.ring_attention(q, k, v, out, lse, B, S, Hq, Hkv, D, causal, scale, zigzag, s);
+             });
+           })
+      .def("ulysses_attention", [](Comm& c, Ptr q, Ptr k, Ptr v, Ptr out, int B, long long S, int Hq, int Hkv,
+                                   int D, bool causal, float scale, Ptr s) {
+             locked(c, [&](weave::py::Ops& o) { o.ulysses_attention(q, k, v, out, B, S, Hq, Hkv, D, causal, scale, s); });
+           });
+}

@@ -1,0 +1,193 @@
+// weave._C's calls into the kernels (ops.hpp): integers to typed pointers, the kernels' objects
+// made at their first call.
+#include "ops.hpp"
+
+#include <cuda_runtime.h>
+
+#include "ag_gemm/ag_gemm.hpp"
+#include "attention/attention.hpp"
+#include "collectives/collectives.hpp"
+#include "gemm/gemm.hpp"
+#include "gemm_ar/gemm_ar.hpp"
+#include "gemm_rs/gemm_rs.hpp"
+#include "ring_attention/ring_attention.hpp"
+#include "ulysses/ulysses.hpp"
+#include "weave/common/error.hpp"
+
+namespace weave::py {
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+template <class T>
+T* ptr(Ptr p) {
+  return reinterpret_cast<T*>(p);
+}
+cudaStream_t stream_of(Ptr s) { return reinterpret_cast<cudaStream_t>(s); }
+DType dtype_of(Dt t) { return static_cast<DType>(static_cast<int>(t)); }
+
+coll::Shape shape_of(const std::vector<long long>& d) {
+  WEAVE_CHECK(!d.empty() && d.size() <= 4, "a collective takes 1 to 4 dimensions, got ", d.size());
+  coll::Shape s;
+  s.ndim = static_cast<int>(d.size());
+  for (size_t i = 0; i < d.size(); ++i) s.d[i] = d[i];
+  return s;
+}
+
+tp::Options tp_options(int num_comm_sms, int variant) {
+  tp::Options o;
+  o.num_comm_sms = num_comm_sms;
+  o.variant = variant;
+  return o;
+}
+
+// The kernel object made at its first use (its constructor is collective: every rank makes it at
+// the same call, since every rank calls the same operator).
+template <class T>
+T& lazy(std::unique_ptr<T>& p, runtime::Communicator& c) {
+  if (!p) p = std::make_unique<T>(c);
+  return *p;
+}
+
+}  // namespace
+
+void set_device(int device) {
+  int cur = -1;
+  WEAVE_CUDA_CHECK(cudaGetDevice(&cur));
+  if (cur != device) WEAVE_CUDA_CHECK(cudaSetDevice(device));
+}
+
+void gemm(int device, Ptr A, Ptr B, Ptr C, int M, int N, int K, bool b_nk, Ptr stream) {
+  set_device(device);
+  gemm::gemm(ptr<const bf16>(A), ptr<const bf16>(B), ptr<bf16>(C), M, N, K,
+             b_nk ? gemm::BLayout::NK : gemm::BLayout::KN, {}, stream_of(stream));
+}
+
+void attention(int device, Ptr q, Ptr k, Ptr v, Ptr o, Ptr lse, int B, int S, int Hq, int Hkv, int D, bool causal,
+               float scale, Ptr stream) {
+  set_device(device);
+  attention::Options opt;
+  opt.causal = causal;
+  opt.softmax_scale = scale;
+  attention::forward(ptr<const bf16>(q), ptr<const bf16>(k), ptr<const bf16>(v), ptr<bf16>(o), ptr<float>(lse),
+                     attention::Shape{B, S, Hq, Hkv, D}, opt, stream_of(stream));
+}
+
+Rows shard(long long n, int world, int rank) {
+  const coll::Range r = coll::shard(n, world, rank);
+  return {r.begin, r.size};
+}
+long long ring_local_rows(long long S, int world, bool zigzag, int rank) {
+  return sp::local_rows(S, world, zigzag ? sp::Sharding::Zigzag : sp::Sharding::Contiguous, rank);
+}
+Rows ring_chunk(long long S, int world, bool zigzag, int rank, int i) {
+  const sp::ChunkRange r = sp::chunk_range(S, world, zigzag ? sp::Sharding::Zigzag : sp::Sharding::Contiguous, rank, i);
+  return {r.begin, r.rows};
+}
+int ring_chunks_per_rank(bool zigzag) {
+  return sp::chunks_per_rank(zigzag ? sp::Sharding::Zigzag : sp::Sharding::Contiguous);
+}
+
+Rows ulysses_rows(long long S, int world, int rank) {
+  const sp::RowShard r = sp::ulysses_shard(S, world, rank);
+  return {r.begin, r.rows};
+}
+
+struct Ops::Impl {
+  runtime::Communicator& c;
+  std::unique_ptr<coll::Collectives> coll;
+  std::unique_ptr<tp::AgGemm> ag;
+  std::unique_ptr<tp::GemmRS> rs;
+  std::unique_ptr<tp::GemmAR> ar;
+  std::unique_ptr<sp::RingAttention> ring;
+  std::unique_ptr<sp::Ulysses> uly;
+  explicit Impl(runtime::Communicator& cc) : c(cc) {}
+  // The communicator's device, current for this thread, then the collectives object.
+  coll::Collectives& collectives() {
+    set_device(c.device());
+    return lazy(coll, c);
+  }
+};
+
+Ops::Ops(runtime::Communicator& c) : impl_(std::make_unique<Impl>(c)) {}
+Ops::~Ops() = default;
+
+void Ops::all_reduce(Ptr in, Ptr out, long long count, Dt t, Ptr stream) {
+  impl_->collectives().all_reduce(ptr<const void>(in), ptr<void>(out), size_t(count), dtype_of(t), ReduceOp::sum,
+                                  stream_of(stream));
+}
+
+void Ops::all_gather(Ptr in, Ptr out, const std::vector<long long>& full, int dim, Dt t, Ptr stream) {
+  impl_->collectives().all_gather(ptr<const void>(in), ptr<void>(out), shape_of(full), dim, dtype_of(t),
+                                  stream_of(stream));
+}
+
+void Ops::reduce_scatter(Ptr in, Ptr out, const std::vector<long long>& full, int dim, Dt t, Ptr stream) {
+  impl_->collectives().reduce_scatter(ptr<const void>(in), ptr<void>(out), shape_of(full), dim, dtype_of(t),
+                                      ReduceOp::sum, stream_of(stream));
+}
+
+void Ops::all_to_all(Ptr in, Ptr out, long long B, long long S, long long H, long long D, Dt t, bool seq_to_head,
+                     Ptr stream) {
+  coll::Collectives& c = impl_->collectives();
+  if (seq_to_head)
+    c.all_to_all_seq_to_head(ptr<const void>(in), ptr<void>(out), B, S, H, D, dtype_of(t), stream_of(stream));
+  else
+    c.all_to_all_head_to_seq(ptr<const void>(in), ptr<void>(out), B, S, H, D, dtype_of(t), stream_of(stream));
+}
+
+void Ops::ag_gemm(Ptr a_shard, Ptr a_gathered, Ptr B, Ptr C, int M, int N, int K, Ptr stream, int num_comm_sms,
+                  int variant) {
+  set_device(impl_->c.device());
+  lazy(impl_->ag, impl_->c)
+      .run(ptr<const bf16>(a_shard), ptr<bf16>(a_gathered), ptr<const bf16>(B), ptr<bf16>(C), M, N, K,
+           tp_options(num_comm_sms, variant), stream_of(stream));
+}
+
+void Ops::gemm_rs(Ptr A, Ptr B, Ptr out, int M, int N, int K, Ptr stream, int num_comm_sms, int variant) {
+  set_device(impl_->c.device());
+  lazy(impl_->rs, impl_->c)
+      .run(ptr<const bf16>(A), ptr<const bf16>(B), ptr<bf16>(out), M, N, K, tp_options(num_comm_sms, variant),
+           stream_of(stream));
+}
+
+void Ops::gemm_ar(Ptr A, Ptr B, Ptr out, int M, int N, int K, Ptr stream, int num_comm_sms, int variant) {
+  set_device(impl_->c.device());
+  lazy(impl_->ar, impl_->c)
+      .run(ptr<const bf16>(A), ptr<const bf16>(B), ptr<bf16>(out), M, N, K, tp_options(num_comm_sms, variant),
+           stream_of(stream));
+}
+
+long long Ops::gemm_rs_out_elems(int M, int N, int world) {
+  return static_cast<long long>(tp::GemmRS::out_elems(M, N, world));
+}
+
+void Ops::ring_attention(Ptr q, Ptr k, Ptr v, Ptr o, Ptr lse, int B, long long S, int Hq, int Hkv, int D, bool causal,
+                         float scale, bool zigzag, Ptr stream) {
+  set_device(impl_->c.device());
+  sp::RingOptions opt;
+  opt.causal = causal;
+  opt.softmax_scale = scale;
+  opt.sharding = zigzag ? sp::Sharding::Zigzag : sp::Sharding::Contiguous;
+  lazy(impl_->ring, impl_->c)
+      .forward(ptr<const bf16>(q), ptr<const bf16>(k), ptr<const bf16>(v), ptr<bf16>(o), ptr<float>(lse),
+               sp::RingShape{B, S, Hq, Hkv, D}, opt, stream_of(stream));
+}
+
+void Ops::ulysses_attention(Ptr q, Ptr k, Ptr v, Ptr o, int B, long long S, int Hq, int Hkv, int D, bool causal,
+                            float scale, Ptr stream) {
+  set_device(impl_->c.device());
+  sp::UlyssesOptions opt;
+  opt.causal = causal;
+  opt.softmax_scale = scale;
+  lazy(impl_->uly, impl_->c)
+      .forward(ptr<const bf16>(q), ptr<const bf16>(k), ptr<const bf16>(v), ptr<bf16>(o),
+               sp::UlyssesShape{B, S, Hq, Hkv, D}, opt, stream_of(stream));
+}
+
+long long Ops::ulysses_out_elems(int B, long long S, int Hq, int D, int world) {
+  return static_cast<long long>(B) * ((S + world - 1) / world) * Hq * D;
+}
+
+}  // namespace weave::py

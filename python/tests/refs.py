@@ -1,0 +1,77 @@
+"""Inputs, poisoning and float32 references shared by the GPU tests (one process and multi-rank)."""
+import math
+import zlib
+
+import torch
+
+import weave
+from weave import _comm, _ops
+
+
+def rand(shape, dtype, seed: int, *tags, device="cuda") -> torch.Tensor:
+    """Random normal data that every rank can regenerate from (seed, tags) alone."""
+    g = torch.Generator().manual_seed(zlib.crc32(repr((seed,) + tags).encode()))
+    return torch.randn(shape, generator=g).to(dtype).to(device)
+
+
+def poison(monkeypatch) -> None:
+    """Outputs and staging buffers start as NaN (all-ones bytes), so unwritten elements fail the checks."""
+    monkeypatch.setattr(_ops, "_empty", lambda shape, dtype, device: torch.full(
+        tuple(shape), float("nan"), dtype=dtype, device=device))
+    staging = _comm.Communicator.staging
+
+    def poisoned(self, which, nbytes, stream):
+        buf = staging(self, which, nbytes, stream)
+        buf[:nbytes].fill_(255)
+        return buf
+
+    monkeypatch.setattr(_comm.Communicator, "staging", poisoned)
+
+
+def check_close(out: torch.Tensor, ref: torch.Tensor, bound, what: str) -> None:
+    """Every element within its bound (a tensor or a number) of the float32 reference; names the worst."""
+    assert out.shape == ref.shape, f"{what}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
+    err = (out.float() - ref.float()).abs()
+    bad = ~(err <= bound)  # NaN fails
+    if bad.any():
+        i = int(bad.flatten().nonzero()[0])
+        b = bound if isinstance(bound, (int, float)) else float(torch.as_tensor(bound).expand_as(err).flatten()[i])
+        raise AssertionError(f"{what}: {int(bad.sum())} of {out.numel()} elements off, first at flat index {i}: "
+                             f"{float(out.flatten()[i])} vs {float(ref.flatten()[i])} (bound {b})")
+
+
+def check_gemm(out: torch.Tensor, A: torch.Tensor, B: torch.Tensor, what: str, partials: int = 1) -> None:
+    """out vs A @ B in float32, each element within a bf16 rounding per partial sum of its dot-product
+    scale (|A| @ |B|)."""
+    ref = A.float() @ B.float()
+    scale = A.float().abs() @ B.float().abs()
+    check_close(out, ref, 2.0 ** -7 * partials * scale + 1e-6, what)
+
+
+def attention_ref(q, k, v, causal: bool, scale=None):
+    """(o, lse) in float32: q (B, S, Hq, D), k and v (B, S, Hkv, D); o (B, S, Hq, D), lse (B, Hq, S)."""
+    B, S, Hq, D = q.shape
+    group = Hq // k.shape[2]
+    qf = q.float().transpose(1, 2)
+    kf = k.float().transpose(1, 2).repeat_interleave(group, dim=1)
+    vf = v.float().transpose(1, 2).repeat_interleave(group, dim=1)
+    s = (qf @ kf.transpose(-1, -2)) * (scale if scale else 1 / math.sqrt(D))
+    if causal:
+        s = s.masked_fill(torch.ones(S, S, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    o = torch.softmax(s, dim=-1) @ vf
+    return o.transpose(1, 2), lse
+
+
+def check_attention(o, lse, ref_o, ref_lse, what: str) -> None:
+    check_close(o, ref_o, 2e-2 + 2e-2 * ref_o.abs(), what + " o")
+    if lse is not None:
+        check_close(lse, ref_lse, 1e-2 + 1e-3 * ref_lse.abs(), what + " lse")
+
+
+def qkv(B, S, Hq, Hkv, D, seed, *tags):
+    return (rand((B, S, Hq, D), torch.bfloat16, seed, "q", *tags), rand((B, S, Hkv, D), torch.bfloat16, seed, "k", *tags),
+            rand((B, S, Hkv, D), torch.bfloat16, seed, "v", *tags))
+
+
+__all__ = ["rand", "poison", "check_close", "check_gemm", "attention_ref", "check_attention", "qkv", "weave"]

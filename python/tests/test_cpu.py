@@ -1,0 +1,246 @@
+"""CPU tests (no GPU needed): import and errors without a GPU, the fake implementations (every op's
+shapes and dtypes on meta tensors, opcheck, tracing), and argument checks raising clear errors."""
+import gc
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import weave
+from weave import _comm
+
+BF, F16, F32 = torch.bfloat16, torch.float16, torch.float32
+ops = torch.ops.weave
+
+
+def meta(*shape, dtype=BF):
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+@pytest.fixture
+def as_rank(monkeypatch):
+    """as_rank(r, W): shapes as rank r of a world of W sees them (fakes need no communicator)."""
+
+    def set_rank(rank, world):
+        monkeypatch.setattr(_comm, "group_rank_world", lambda name: (rank, world))
+
+    return set_rank
+
+
+def test_import_and_clear_errors_without_gpu():
+    code = """
+import torch, weave
+assert not torch.cuda.is_available()
+calls = {
+    "init": lambda: weave.init(),
+    "empty": lambda: weave.empty((4,), torch.float32),
+    "all_reduce": lambda: weave.all_reduce(torch.ones(4)),
+    "matmul": lambda: weave.matmul(torch.ones(8, 8, dtype=torch.bfloat16), torch.ones(8, 8, dtype=torch.bfloat16)),
+    "attention": lambda: weave.attention(*[torch.ones(1, 8, 1, 64, dtype=torch.bfloat16)] * 3),
+}
+for name, call in calls.items():
+    try:
+        call()
+    except RuntimeError as e:
+        assert "no CUDA GPU" in str(e), (name, str(e))
+    else:
+        raise AssertionError(name + " raised nothing")
+print("ok")
+"""
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("dtype", list(_comm._DLPACK))
+def test_dlpack_tensors(dtype):
+    """weave.empty's path (DLPack capsule -> torch.from_dlpack -> deleter when the storage dies), on host memory."""
+    C = weave._lib.lib()
+    code, bits = _comm._DLPACK[dtype]
+    n0 = C._host_capsules_deleted()
+    t = torch.utils.dlpack.from_dlpack(C._host_capsule([3, 5], code, bits))
+    assert t.shape == (3, 5) and t.dtype == dtype and t.is_contiguous() and not t.any()
+    t.fill_(1)
+    view = t[1:]
+    del t
+    gc.collect()
+    assert C._host_capsules_deleted() == n0 and bool(view.all())  # a view keeps the memory
+    del view
+    gc.collect()
+    assert C._host_capsules_deleted() == n0 + 1
+    cap = C._host_capsule([4], code, bits)  # never consumed: the capsule frees it
+    del cap
+    gc.collect()
+    assert C._host_capsules_deleted() == n0 + 2
+
+
+def test_group_names_without_torch_distributed():
+    assert weave.functional.group_name(None) == _comm.SINGLE
+    assert _comm.group_rank_world(_comm.SINGLE) == (0, 1)
+    assert weave.shard(10) == (0, 10)
+    assert weave.ring_chunks(10) == [(0, 5), (5, 5)]
+    with pytest.raises(RuntimeError, match="unknown process group"):
+        _comm.group_rank_world("no-such-group")
+
+
+def test_shard_rule(as_rank):
+    sizes = []
+    for r in range(3):
+        as_rank(r, 3)
+        sizes.append(weave.shard(10))
+    assert sizes == [(0, 4), (4, 3), (7, 3)]
+
+
+@pytest.mark.parametrize("dtype", [BF, F16, F32])
+def test_collective_shapes(as_rank, dtype):
+    as_rank(1, 3)
+    x = meta(4, 6, 5, dtype=dtype)
+    y = weave.all_reduce(x)
+    assert y.shape == x.shape and y.dtype == dtype
+    assert weave.all_gather(x, 1).shape == (4, 18, 5)
+    assert weave.all_gather(x, 1, full_size=17).shape == (4, 17, 5)  # rank 1 of 17 over 3 holds 6
+    assert weave.all_gather(meta(6, 2, dtype=dtype), -1, full_size=7).shape == (6, 7)  # rank 1 holds 2 of 7
+    assert weave.all_gather(meta(3, dtype=dtype)).dtype == dtype
+    sizes = []
+    for r in range(3):
+        as_rank(r, 3)
+        sizes.append(weave.reduce_scatter(meta(2, 10, 4, dtype=dtype), 1).shape)
+    assert sizes == [(2, 4, 4), (2, 3, 4), (2, 3, 4)]
+
+
+def test_all_to_all_shapes(as_rank):
+    as_rank(0, 3)
+    assert weave.all_to_all(meta(2, 5, 6, 64)).shape == (2, 15, 2, 64)
+    assert weave.all_to_all(meta(2, 5, 6, 64), seq_len=14).shape == (2, 14, 2, 64)
+    as_rank(2, 3)
+    assert weave.all_to_all(meta(2, 4, 6, 64, dtype=F32), seq_len=14).shape == (2, 14, 2, 64)
+    y = weave.all_to_all(meta(2, 14, 2, 64, dtype=F16), "head_to_seq")
+    assert y.shape == (2, 4, 6, 64) and y.dtype == F16
+
+
+def test_tp_shapes(as_rank):
+    as_rank(1, 2)
+    w = meta(40, 64)  # an nn.Linear weight, out x in
+    A, outs = weave.all_gather_matmul(meta(5, 3, 64), [meta(64, 24), w.t()])
+    assert A.shape == (10, 3, 64) and [o.shape for o in outs] == [(10, 3, 24), (10, 3, 40)]
+    A, outs = weave.all_gather_matmul(meta(5, 3, 64), [w.t()], return_A=False)
+    assert A is None and outs[0].shape == (10, 3, 40)
+    # gather_dim 1: A_shard.movedim(1, 0) contiguous (torch symm_mem's convention); outputs moved back.
+    a = meta(3, 5, 64).movedim(0, 1)
+    A, outs = weave.all_gather_matmul(a, [meta(64, 8)], gather_dim=1)
+    assert A.shape == (5, 6, 64) and outs[0].shape == (5, 6, 8)
+    assert A.movedim(1, 0).is_contiguous() and outs[0].movedim(1, 0).is_contiguous()
+
+    as_rank(0, 3)
+    assert weave.matmul_reduce_scatter(meta(10, 64), meta(64, 24)).shape == (4, 24)
+    assert weave.matmul_reduce_scatter(meta(6, 5, 64), w.t(), "avg").shape == (2, 5, 40)
+    assert weave.matmul_reduce_scatter(meta(6, 5, 64).movedim(0, 1), meta(64, 8), scatter_dim=1).shape == (5, 2, 8)
+    assert weave.matmul_all_reduce(meta(7, 3, 64), w.t()).shape == (7, 3, 40)
+
+
+def test_single_gpu_shapes():
+    w = meta(40, 64)
+    assert weave.matmul(meta(7, 64), w.t()).shape == (7, 40)
+    assert weave.matmul(meta(2, 7, 64), meta(64, 16)).shape == (2, 7, 16)
+    o, lse = weave.attention(meta(2, 100, 8, 64), meta(2, 100, 2, 64), meta(2, 100, 2, 64), causal=True)
+    assert o.shape == (2, 100, 8, 64) and o.dtype == BF
+    assert lse.shape == (2, 8, 100) and lse.dtype == F32
+
+
+def test_sequence_parallel_shapes(as_rank):
+    as_rank(1, 2)
+    q, kv = meta(1, 50, 4, 128), meta(1, 50, 2, 128)
+    o, lse = weave.ring_attention(q, kv, kv, causal=True)
+    assert o.shape == q.shape and lse.shape == (1, 4, 50) and lse.dtype == F32
+    # S = 101 zigzag over 2 ranks: chunks of 26, 25, 25, 25; rank 1 holds chunks 1 and 2.
+    assert weave.ring_chunks(101) == [(26, 25), (51, 25)]
+    o, lse = weave.ring_attention(q, kv, kv, seq_len=101)
+    assert lse.shape == (1, 4, 50)
+    o, _ = weave.ring_attention(q, kv, kv, sharding="contiguous", seq_len=100)
+    assert o.shape == q.shape
+    assert weave.ulysses_attention(q, kv, kv, seq_len=100).shape == q.shape
+
+
+def test_opcheck_on_meta(as_rank):
+    as_rank(0, 1)
+    g = _comm.SINGLE
+    x = meta(6, 8)
+    w = meta(16, 8)
+    q, kv = meta(1, 32, 4, 64), meta(1, 32, 2, 64)
+    cases = [
+        (ops.all_reduce.default, (x, g), {}),
+        (ops.all_gather.default, (x, 1, -1, g), {}),
+        (ops.reduce_scatter.default, (x, 0, g), {}),
+        (ops.all_to_all.default, (meta(1, 4, 2, 64), "seq_to_head", -1, g), {}),
+        (ops.all_gather_matmul.default, (x, [w.t()], 0, g), {"return_A": True}),
+        (ops.matmul_reduce_scatter.default, (x, w.t(), "sum", 0, g), {}),
+        (ops.matmul_all_reduce.default, (x, w.t(), g), {}),
+        (ops.matmul.default, (x, w.t()), {}),
+        (ops.attention.default, (q, kv, kv, True, None), {}),
+        (ops.ring_attention.default, (q, kv, kv, False, 0.125, "zigzag", -1, g), {}),
+        (ops.ulysses_attention.default, (q, kv, kv, True, None, -1, g), {}),
+    ]
+    for op, args, kwargs in cases:
+        torch.library.opcheck(op, args, kwargs, test_utils=("test_schema", "test_faketensor"))
+
+
+def test_traces_with_fake_tensors():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def block(x, w1, w2, q, k, v):
+        h = weave.matmul(x, w1.t())
+        h = weave.all_reduce(h)
+        o, _ = weave.attention(q, k, v, causal=True)
+        return weave.matmul(h, w2), o
+
+    args = (torch.randn(8, 64).to(BF), torch.randn(32, 64).to(BF), torch.randn(32, 16).to(BF),
+            *[torch.randn(1, 16, 2, 64).to(BF)] * 3)
+    gm = make_fx(block, tracing_mode="fake")(*args)
+    called = {str(n.target) for n in gm.graph.nodes if n.op == "call_function"}
+    assert {"weave.matmul.default", "weave.all_reduce.default", "weave.attention.default"} <= called
+
+
+def test_compile_fullgraph_on_meta():
+    def f(x, w):
+        return weave.all_reduce(weave.matmul(x, w.t())) * 2
+
+    y = torch.compile(f, backend="eager", fullgraph=True)(meta(8, 64), meta(32, 64))
+    assert y.shape == (8, 32) and y.dtype == BF
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: weave.all_reduce(meta(4, dtype=torch.float64)), "dtype torch.float64"),
+        (lambda: weave.all_reduce(meta(4, 6).t()), "not contiguous"),
+        (lambda: weave.all_gather(meta(4, 6), 2), "out of range"),
+        (lambda: weave.all_gather(meta(4, 6), 0, full_size=9), "share of 9"),
+        (lambda: weave.reduce_scatter(meta(4, 6)[:, :3], 1), "not contiguous"),
+        (lambda: weave.all_to_all(meta(2, 4, 6, 64), "sideways"), "direction"),
+        (lambda: weave.all_to_all(meta(2, 4, 5, 64)), "5 heads do not divide"),
+        (lambda: weave.all_to_all(meta(4, 6, 64)), "4 dimensions"),
+        (lambda: weave.matmul(meta(8, 64, dtype=F16), meta(64, 8, dtype=F16)), "dtype torch.float16"),
+        (lambda: weave.matmul(meta(8, 64), meta(32, 8)), "32 rows but A has K = 64"),
+        (lambda: weave.matmul(meta(8, 64), meta(64, 16, 2)[:, :, 0]), "neither contiguous"),
+        (lambda: weave.matmul(meta(64, 8).t(), meta(64, 8)), "A is not contiguous"),
+        (lambda: weave.all_gather_matmul(meta(4, 64), [meta(64, 8)], gather_dim=1), "last (K) dimension"),
+        (lambda: weave.all_gather_matmul(meta(3, 4, 64), [meta(64, 8)], gather_dim=1), "movedim(1, 0)"),
+        (lambda: weave.all_gather_matmul(meta(4, 64), []), "Bs is empty"),
+        (lambda: weave.matmul_reduce_scatter(meta(4, 64), meta(64, 8), "max"), "reduce_op"),
+        (lambda: weave.matmul_reduce_scatter(meta(5, 3, 64), meta(64, 8)), "not a multiple of the 2 ranks"),
+        (lambda: weave.attention(meta(1, 8, 2, 96), meta(1, 8, 2, 96), meta(1, 8, 2, 96)), "head dim 96"),
+        (lambda: weave.attention(meta(1, 8, 3, 64), meta(1, 8, 2, 64), meta(1, 8, 2, 64)), "not a multiple"),
+        (lambda: weave.attention(meta(1, 8, 2, 64), meta(1, 9, 2, 64), meta(1, 9, 2, 64)), "differ"),
+        (lambda: weave.attention(meta(1, 8, 2, 64), meta(1, 8, 2, 64), meta(1, 8, 1, 64)), "differ"),
+        (lambda: weave.ring_attention(*[meta(1, 8, 2, 64)] * 3, seq_len=20), "pass seq_len"),
+        (lambda: weave.ring_attention(*[meta(1, 8, 2, 64)] * 3, sharding="striped"), "sharding"),
+        (lambda: weave.ulysses_attention(*[meta(1, 8, 3, 64)] * 3), "3 query heads do not divide"),
+    ],
+)
+def test_argument_errors(as_rank, call, message):
+    as_rank(0, 2)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        call()

@@ -1,0 +1,180 @@
+"""GPU tests in one process (a world of 1, no torch.distributed): every op against a float32 torch
+reference on random data of ragged shapes (not tile multiples), outputs and staging buffers
+poisoned (NaN) first. Skipped without a Hopper GPU. Multi-rank: test_multirank.py (torchrun)."""
+import gc
+
+import pytest
+import torch
+
+import weave
+from refs import attention_ref, check_attention, check_close, check_gemm, poison, qkv, rand
+
+pytestmark = pytest.mark.gpu
+BF, F16, F32 = torch.bfloat16, torch.float16, torch.float32
+
+
+@pytest.fixture
+def comm(monkeypatch):
+    poison(monkeypatch)
+    return weave.init()
+
+
+def test_init_is_cached(comm):
+    assert weave.init() is comm and comm.world == 1 and comm.rank == 0
+    assert comm.device == torch.cuda.current_device()
+
+
+def test_empty_and_release(comm):
+    t = weave.empty((1000, 3), F32)
+    assert t.shape == (1000, 3) and t.dtype == F32 and t.device.index == comm.device and t.is_contiguous()
+    assert weave.is_symmetric(t) and weave.is_symmetric(t[10:20]) and comm.is_symmetric(t.view(-1)[7:])
+    assert not weave.is_symmetric(torch.empty(1000, 3, device="cuda"))
+    t.fill_(1.5)
+    assert float(t.sum()) == 4500.0
+    b = weave.empty((17, 5), BF)
+    assert b.dtype == BF and weave.is_symmetric(b)
+    used = comm.heap_used
+    del t, b
+    gc.collect()
+    assert comm._c.pending_releases >= 2
+    keep = weave.empty((1,), torch.uint8)  # the next allocation hands the released buffers back
+    assert comm._c.pending_releases == 0 and comm.heap_used < used
+    del keep
+
+
+SIZES = [1, 7, 1000, 4099, 300001, 3000017]
+
+
+@pytest.mark.parametrize("dtype", [BF, F16, F32])
+@pytest.mark.parametrize("n", SIZES)
+def test_all_reduce(comm, seed, dtype, n):
+    x = rand((n,), dtype, seed, n)
+    y = weave.all_reduce(x)
+    assert y.dtype == dtype and not weave.is_symmetric(y)
+    assert torch.equal(y, x)
+    s = weave.empty((n,), dtype)  # symmetric input: no staging copy
+    s.copy_(x)
+    assert torch.equal(weave.all_reduce(s), x)
+
+
+@pytest.mark.parametrize("dtype", [BF, F16, F32])
+@pytest.mark.parametrize("shape, dim", [((133,), 0), ((5, 77, 3), 1), ((5, 77, 3), -1), ((2, 3, 4, 5, 6), 2)])
+def test_shard_collectives(comm, seed, dtype, shape, dim):
+    x = rand(shape, dtype, seed, shape)
+    assert torch.equal(weave.all_gather(x, dim), x)
+    assert torch.equal(weave.all_gather(x, dim, full_size=x.shape[dim]), x)
+    assert torch.equal(weave.reduce_scatter(x, dim), x)
+
+
+@pytest.mark.parametrize("dtype", [BF, F32])
+def test_all_to_all(comm, seed, dtype):
+    x = rand((2, 77, 6, 64), dtype, seed)
+    assert torch.equal(weave.all_to_all(x, "seq_to_head"), x)
+    assert torch.equal(weave.all_to_all(x, "head_to_seq"), x)
+
+
+GEMMS = [(1, 8, 8), (129, 200, 72), (333, 264, 1000)]
+
+
+@pytest.mark.parametrize("M, N, K", GEMMS)
+def test_matmul(comm, seed, M, N, K):
+    A = rand((M, K), BF, seed, "A")
+    B = rand((K, N), BF, seed, "B")
+    W = rand((N, K), BF, seed, "W")  # nn.Linear layout
+    check_gemm(weave.matmul(A, B), A, B, "matmul KN")
+    check_gemm(weave.matmul(A, W.t()), A, W.t(), "matmul NK")
+    A3 = rand((3, M, K), BF, seed, "A3")
+    check_gemm(weave.matmul(A3, W.t()).flatten(0, 1), A3.flatten(0, 1), W.t(), "matmul 3-D")
+
+
+@pytest.mark.parametrize("M, N, K", GEMMS[1:])
+def test_all_gather_matmul(comm, seed, M, N, K):
+    A = rand((M, K), BF, seed, "A")
+    B = rand((K, N), BF, seed, "B")
+    W = rand((40, K), BF, seed, "W")
+    Ag, (C1, C2) = weave.all_gather_matmul(A, [B, W.t()])
+    assert torch.equal(Ag, A)
+    check_gemm(C1, A, B, "ag_gemm B")
+    check_gemm(C2, A, W.t(), "ag_gemm second B (plain GEMM)")
+    Ag, (C,) = weave.all_gather_matmul(A, [W.t()], return_A=False)  # the weight copied into K x N
+    assert Ag is None
+    check_gemm(C, A, W.t(), "ag_gemm NK weight")
+    A3 = rand((M, 3, K), BF, seed, "A3").movedim(0, 1)  # (3, M, K), rows along dim 1
+    Ag, (C,) = weave.all_gather_matmul(A3, [B], gather_dim=1)
+    assert torch.equal(Ag, A3) and C.shape == (3, M, N)
+    check_gemm(C.movedim(1, 0).flatten(0, 1), A3.movedim(1, 0).flatten(0, 1), B, "ag_gemm gather_dim 1")
+
+
+@pytest.mark.parametrize("M, N, K", GEMMS[1:])
+def test_matmul_reduce_scatter_and_all_reduce(comm, seed, M, N, K):
+    A = rand((M, K), BF, seed, "A")
+    W = rand((N, K), BF, seed, "W")
+    check_gemm(weave.matmul_reduce_scatter(A, W.t()), A, W.t(), "gemm_rs")
+    check_gemm(weave.matmul_reduce_scatter(A, W.t(), "avg"), A, W.t(), "gemm_rs avg")
+    check_gemm(weave.matmul_all_reduce(A, W.t()), A, W.t(), "gemm_ar")
+    A3 = rand((2, M, K), BF, seed, "A3")
+    out = weave.matmul_reduce_scatter(A3, W.t())
+    check_gemm(out.flatten(0, 1), A3.flatten(0, 1), W.t(), "gemm_rs 3-D")
+
+
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention(comm, seed, D, causal):
+    q, k, v = qkv(2, 300, 8, 2, D, seed)
+    o, lse = weave.attention(q, k, v, causal=causal)
+    check_attention(o, lse, *attention_ref(q, k, v, causal), f"attention D={D} causal={causal}")
+    o, lse = weave.attention(q, k, v, causal=causal, scale=0.05)
+    check_attention(o, lse, *attention_ref(q, k, v, causal, 0.05), "attention scale 0.05")
+
+
+@pytest.mark.parametrize("sharding", ["zigzag", "contiguous"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_sequence_parallel_world1(comm, seed, sharding, causal):
+    q, k, v = qkv(1, 333, 4, 2, 128, seed)
+    ref_o, ref_lse = attention_ref(q, k, v, causal)
+    o, lse = weave.ring_attention(q, k, v, causal, sharding=sharding)
+    check_attention(o, lse, ref_o, ref_lse, f"ring {sharding} causal={causal}")
+    o = weave.ulysses_attention(q, k, v, causal)
+    check_attention(o, None, ref_o, None, f"ulysses causal={causal}")
+
+
+def test_streams(comm, seed):
+    """Calls on another stream order after the previous call's use of the staging buffers."""
+    x = rand((1 << 20,), F32, seed)
+    side = torch.cuda.Stream()
+    y1 = weave.all_reduce(x)
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        y2 = weave.all_reduce(x * 2)
+    torch.cuda.current_stream().wait_stream(side)
+    y3 = weave.all_reduce(x * 3)
+    torch.cuda.synchronize()
+    assert torch.equal(y1, x) and torch.equal(y2, x * 2) and torch.equal(y3, x * 3)
+
+
+def test_graph_capture_is_refused(comm):
+    x = torch.ones(1024, device="cuda")
+    weave.all_reduce(x)
+    g = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="graph capture"):
+        with torch.cuda.graph(g):
+            weave.all_reduce(x)
+    assert torch.equal(weave.all_reduce(x), x)  # still usable
+
+
+def test_compile_fullgraph(comm, seed):
+    A = rand((129, 72), BF, seed, "A")
+    W = rand((200, 72), BF, seed, "W")
+
+    def f(a, w):
+        return weave.all_reduce(weave.matmul(a, w.t())) * 2
+
+    out = torch.compile(f, backend="aot_eager", fullgraph=True)(A, W)
+    check_close(out, f(A, W), 0, "compiled vs eager")
+
+
+def test_errors_on_gpu(comm):
+    with pytest.raises(ValueError, match="not contiguous"):
+        weave.all_reduce(torch.ones(8, 4, device="cuda").t())
+    with pytest.raises(RuntimeError):  # the C++ check: K not a multiple of 8
+        weave.matmul(torch.ones(8, 12, dtype=BF, device="cuda"), torch.ones(12, 8, dtype=BF, device="cuda"))

@@ -1,0 +1,177 @@
+"""Multi-rank GPU tests, run by every rank under torchrun (skipped under plain pytest):
+
+    WEAVE_SHARE_GPUS=1 torchrun --nproc_per_node 2 -m pytest python/tests/test_multirank.py -q -p no:cacheprovider
+
+(WEAVE_SHARE_GPUS=1 lets two ranks share one GPU; leave it out with a GPU per rank.) torch.distributed
+runs on gloo (NCCL cannot put two ranks on one GPU) and serves only the store and the seed: every
+rank regenerates every rank's inputs from the shared seed and computes the reference locally.
+Ragged shapes (not tile multiples, shards of different sizes), outputs and staging poisoned."""
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import weave
+from refs import attention_ref, check_attention, check_close, check_gemm, poison, qkv, rand
+
+if "WORLD_SIZE" not in os.environ:
+    pytest.skip("multi-rank tests run under torchrun (see the module's docstring)", allow_module_level=True)
+
+pytestmark = pytest.mark.gpu
+BF, F16, F32 = torch.bfloat16, torch.float16, torch.float32
+EPS = {BF: 2.0 ** -8, F16: 2.0 ** -11, F32: 2.0 ** -23}
+
+
+@pytest.fixture(scope="module")
+def world():
+    """(rank, world size, shared seed), with torch.distributed (gloo) up and this rank's GPU current."""
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    seed = [int(os.environ.get("WEAVE_TEST_SEED", "0") or 0) or int.from_bytes(os.urandom(4), "little")]
+    dist.broadcast_object_list(seed, src=0)
+    print(f"WEAVE_TEST_SEED={seed[0]}")
+    yield dist.get_rank(), dist.get_world_size(), seed[0]
+    dist.barrier()
+
+
+@pytest.fixture
+def env(world, monkeypatch):
+    poison(monkeypatch)
+    weave.init()
+    return world
+
+
+def rows_of(chunks, x, dim=1):
+    return torch.cat([x.narrow(dim, b, n) for b, n in chunks], dim=dim)
+
+
+@pytest.mark.parametrize("dtype", [BF, F16, F32])
+@pytest.mark.parametrize("n", [1, 1000, 4099, 300001, 3000017])
+def test_all_reduce(env, dtype, n):
+    rank, W, seed = env
+    xs = [rand((n,), dtype, seed, "ar", r) for r in range(W)]
+    y = weave.all_reduce(xs[rank])
+    ref = sum(x.float() for x in xs)
+    check_close(y, ref, 2 * W * EPS[dtype] * sum(x.float().abs() for x in xs) + 1e-30, f"all_reduce {dtype} {n}")
+
+
+@pytest.mark.parametrize("dtype", [BF, F32])
+@pytest.mark.parametrize("shape, dim", [((2 * 64 + 1,), 0), ((5, 77, 3), 1), ((6, 7, 33), -1)])
+def test_all_gather_reduce_scatter(env, dtype, shape, dim):
+    rank, W, seed = env
+    d = dim % len(shape)
+    full = shape[d] * W + 1  # ragged: the first rank holds one more
+    parts = []
+    for r in range(W):
+        s = list(shape)
+        s[d] = _share(full, W, r)
+        parts.append(rand(s, dtype, seed, "ag", r))
+    out = weave.all_gather(parts[rank], dim, full_size=full)
+    assert torch.equal(out, torch.cat(parts, dim=d)), "all_gather"
+
+    xs = [rand(shape, dtype, seed, "rs", r) for r in range(W)]
+    first, size = weave.shard(shape[d])
+    y = weave.reduce_scatter(xs[rank], dim)
+    ref = sum(x.float() for x in xs).narrow(d, first, size)
+    bound = 2 * W * EPS[dtype] * sum(x.float().abs() for x in xs).narrow(d, first, size) + 1e-30
+    check_close(y, ref, bound, "reduce_scatter")
+
+
+def _share(n, W, r):
+    """Rows of n that rank r holds (the first n % W ranks one more)."""
+    return n // W + (1 if r < n % W else 0)
+
+
+@pytest.mark.parametrize("dtype", [BF, F32])
+@pytest.mark.parametrize("S", [77, 1024])
+def test_all_to_all(env, dtype, S):
+    rank, W, seed = env
+    H = 3 * W
+    X = rand((2, S, H, 64), dtype, seed, "a2a")
+    first, rows = weave.shard(S)
+    heads = slice(rank * H // W, (rank + 1) * H // W)
+    y = weave.all_to_all(X[:, first:first + rows].contiguous(), "seq_to_head", seq_len=S)
+    assert torch.equal(y, X[:, :, heads]), "seq_to_head"
+    z = weave.all_to_all(X[:, :, heads].contiguous(), "head_to_seq")
+    assert torch.equal(z, X[:, first:first + rows]), "head_to_seq"
+
+
+@pytest.mark.parametrize("s, N, K", [(67, 200, 72), (300, 264, 520)])
+def test_all_gather_matmul(env, s, N, K):
+    rank, W, seed = env
+    A = rand((W * s, K), BF, seed, "A")
+    B = rand((K, N), BF, seed, "B", rank)  # each rank its own column shard of the weight
+    Wt = rand((40, K), BF, seed, "W", rank)
+    Ag, (C1, C2) = weave.all_gather_matmul(A[rank * s:(rank + 1) * s], [B, Wt.t()])
+    assert torch.equal(Ag, A), "gathered A"
+    check_gemm(C1, A, B, "ag_gemm")
+    check_gemm(C2, A, Wt.t(), "ag_gemm second B")
+    _, (C,) = weave.all_gather_matmul(A[rank * s:(rank + 1) * s], [Wt.t()], return_A=False)
+    check_gemm(C, A, Wt.t(), "ag_gemm nn.Linear weight")
+
+
+@pytest.mark.parametrize("M, N, k", [(333, 200, 72), (129, 264, 512)])
+def test_matmul_reduce_scatter_and_all_reduce(env, M, N, k):
+    rank, W, seed = env
+    As = [rand((M, k), BF, seed, "A", r) for r in range(W)]  # each rank its K slice
+    Ws = [rand((N, k), BF, seed, "W", r) for r in range(W)]
+    A_cat, B_cat = torch.cat(As, dim=1), torch.cat([w.t() for w in Ws], dim=0)  # sum_r A_r B_r = A_cat B_cat
+    first, rows = weave.shard(M)
+    out = weave.matmul_reduce_scatter(As[rank], Ws[rank].t())
+    check_gemm(out, A_cat[first:first + rows], B_cat, "gemm_rs", partials=W)
+    out = weave.matmul_reduce_scatter(As[rank], Ws[rank].t(), "avg")
+    check_gemm(out * W, A_cat[first:first + rows], B_cat, "gemm_rs avg", partials=2 * W)
+    check_gemm(weave.matmul_all_reduce(As[rank], Ws[rank].t()), A_cat, B_cat, "gemm_ar", partials=W)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("S", [333, 1024])
+def test_sequence_parallel(env, causal, S):
+    rank, W, seed = env
+    q, k, v = qkv(2, S, 2 * W, 2, 128, seed, S)
+    ref_o, ref_lse = attention_ref(q, k, v, causal)
+    for sharding in ("zigzag", "contiguous"):
+        ch = weave.ring_chunks(S, sharding)
+        lq, lk, lv = (rows_of(ch, t).contiguous() for t in (q, k, v))
+        o, lse = weave.ring_attention(lq, lk, lv, causal, sharding=sharding, seq_len=S)
+        check_attention(o, lse, rows_of(ch, ref_o), rows_of(ch, ref_lse, dim=2), f"ring {sharding}")
+    first, rows = weave.shard(S)
+    lq, lk, lv = (t[:, first:first + rows].contiguous() for t in (q, k, v))
+    o = weave.ulysses_attention(lq, lk, lv, causal, seq_len=S)
+    check_attention(o, None, ref_o[:, first:first + rows], None, "ulysses")
+
+
+def test_symmetric_inputs(env):
+    rank, W, seed = env
+    x = weave.empty((1000, 7), F32)  # collective: every rank, same order
+    x.copy_(rand((1000, 7), F32, seed, "sym", rank))
+    assert weave.is_symmetric(x)
+    ref = sum(rand((1000, 7), F32, seed, "sym", r) for r in range(W))
+    check_close(weave.all_reduce(x), ref, 1e-5 * W, "all_reduce of a symmetric tensor")
+
+
+def test_two_groups_alternately(env):
+    rank, W, seed = env
+    main = weave.init()
+    sub = dist.new_group(list(range(W)))  # the same ranks, another group: another communicator
+    singles = [dist.new_group([r]) for r in range(W)]  # every rank makes every group
+    mine = weave.init(sub)
+    assert mine is not main and weave.init(sub) is mine and mine.world == W
+    alone = weave.init(singles[rank])
+    assert alone.world == 1
+    for i in range(10):
+        x = rand((4099,), F32, seed, "alt", i, rank)
+        ref = sum(rand((4099,), F32, seed, "alt", i, r) for r in range(W))
+        check_close(weave.all_reduce(x, group=main if i % 2 else sub), ref, 1e-5 * W, f"call {i}")
+        assert torch.equal(weave.all_reduce(x, group=singles[rank]), x)
+
+
+def test_mismatched_shapes_raise_on_every_rank(env):
+    rank, W, seed = env
+    g = dist.new_group(list(range(W)))  # a communicator of its own: a rejected call may leave it unusable
+    weave.init(g)
+    with pytest.raises(RuntimeError):
+        weave.all_reduce(torch.ones(1000 + rank, device="cuda"), group=g)
+    dist.barrier()

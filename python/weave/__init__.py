@@ -1,0 +1,38 @@
+"""weave: multi-GPU kernels that overlap communication and computation (Hopper), as PyTorch ops.
+
+    import weave
+    comm = weave.init()                    # over torch.distributed's default group (or a world of 1)
+    y = weave.all_reduce(x)                # torch.ops.weave.all_reduce(x, group_name)
+    A, [C] = weave.all_gather_matmul(a_shard, [w.t()])
+
+Details: python/README.md. Importing needs no GPU; operators raise RuntimeError without one."""
+try:
+    import torch  # noqa: F401
+except ImportError as e:  # the extension builds without torch, the package does not run without it
+    raise ImportError("weave needs PyTorch: install torch (weave works with the one installed)") from e
+
+from ._comm import Communicator, empty, init, is_symmetric
+from .functional import (
+    all_gather,
+    all_gather_matmul,
+    all_reduce,
+    all_to_all,
+    attention,
+    matmul,
+    matmul_all_reduce,
+    matmul_reduce_scatter,
+    reduce_scatter,
+    ring_attention,
+    ring_chunks,
+    shard,
+    ulysses_attention,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Communicator", "init", "empty", "is_symmetric",
+    "all_reduce", "all_gather", "reduce_scatter", "all_to_all",
+    "all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce",
+    "matmul", "attention", "ring_attention", "ulysses_attention", "ring_chunks", "shard",
+]
