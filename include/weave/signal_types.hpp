@@ -31,4 +31,24 @@ struct signals_view {
 };
 using signals = signals_view<>;
 
+// The round a launch waits for (a multiple of it: counters are never reset). Taken on the host
+// when the call is enqueued (`cell` null), or, for a launch that a CUDA graph may replay, read on
+// the device from the signal set's round cell, which a one-thread kernel enqueued right before the
+// launch advances (SignalSet::next_round): a replay then waits for its own round, not the one of
+// the call that was captured. Kernels read it after pdl_enter (the cell is global memory), as
+// `g.ready_round * per_round`.
+struct Round {
+  unsigned long long host;
+  const unsigned long long* cell;
+#ifdef __CUDACC__
+  __host__ __device__ operator unsigned long long() const {
+#ifdef __CUDA_ARCH__
+    return cell ? *cell : host;
+#else
+    return host;  // host code only ever sees host rounds (device-round calls compute nothing on it)
+#endif
+  }
+#endif
+};
+
 }  // namespace weave

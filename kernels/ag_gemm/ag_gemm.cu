@@ -47,6 +47,8 @@ std::vector<int> AgGemm::comm_sms_candidates(int M, int K, int W, int sm_count) 
 LaunchInfo AgGemm::launch(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf16* C, int M, int N, int K,
                           int ncomm, AgVariant variant, cudaStream_t s) {
   Impl& m = *impl_;
+  WEAVE_CHECK(!runtime::capturing(s) || capturable(variant), "ag_gemm: variant ", to_int(variant), " (",
+              variant_name(variant), ") cannot be captured in a CUDA graph (", capture_rule(), ")");
   m.order.before(s);
   const int W = m.c.world(), rank = m.c.rank();
   if (variant == AgVariant::AllGatherGemm) {
@@ -94,12 +96,12 @@ LaunchInfo AgGemm::launch(const bf16* a_shard, bf16* a_gathered, const bf16* B, 
   // (P = 0 marks it; real P are >= 1).
   const std::vector<long long> key = {M, N, K, ce ? 0 : g.slices};
   const std::vector<int> counts = {ag_ready_count(g.L), ce ? W : 1};
-  runtime::SignalSet& rd = m.sig.get(m.c, key, counts, 0);
-  runtime::SignalSet& ar = m.sig.get(m.c, key, counts, 1);
+  runtime::SignalSet& rd = m.sig.get(m.c, key, counts, 0, s);
+  runtime::SignalSet& ar = m.sig.get(m.c, key, counts, 1, s);
   g.ready = rd.view();
   g.arrive = ar.view();
-  g.ready_round = rd.next_round();
-  g.arrive_round = ar.next_round();
+  g.ready_round = rd.next_round(s);
+  g.arrive_round = ar.next_round(s);
   if (ce) {
     void* dst[kMaxWorld] = {};
     for (int q = 0; q < W; ++q) dst[q] = g.gdst[q];
@@ -189,7 +191,8 @@ LaunchInfo AgGemm::run(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf1
   for (AgVariant v : {AgVariant::CommTmaPush, AgVariant::CommRegisterPush})
     if (allowed(v))
       for (int n : comm_sms_candidates(M, K, m.c.world(), m.c.sm_count())) cands.push_back({to_int(v), n});
-  return tuned_launch(m.c, "ag_gemm", o, M, N, K, cands, s, [&](const runtime::TuneCandidate& t) {
+  return tuned_launch(m.c, "ag_gemm", o, M, N, K, cands, s, [](int v) { return capturable(static_cast<AgVariant>(v)); },
+                      [&](const runtime::TuneCandidate& t) {
     return launch(a_shard, a_gathered, B, C, M, N, K, t.num_comm_sms, static_cast<AgVariant>(t.variant), s);
   });
 }

@@ -36,7 +36,7 @@ struct AgGlobals : gemm::GemmGlobals {
                    // copies by the 64 aux threads of every 2^(push-3)-th compute block; 7: none
                    // (kAgCopyEngine)
   int slices;      // P: units per row tile (ag_slices or ag_slices_aux)
-  unsigned long long ready_round, arrive_round;
+  Round ready_round, arrive_round;
 };
 
 struct AgKernel : gemm::GemmKernel<256, gemm::BLayout::KN, 3> {

@@ -43,12 +43,12 @@ LaunchInfo GemmAR::launch(const bf16* A, const bf16* B, bf16* out, int M, int N,
   g.rank = rank;
   runtime::ShapeSignals& sig = variant == ArVariant::IntraSm ? m.sig_intra : m.sig;
   const std::vector<int> counts = {variant == ArVariant::IntraSm ? ar_intra_ready_count(g.L) : g.L.work(), 1};
-  runtime::SignalSet& rd = sig.get(m.c, {M, N, K}, counts, 0);
-  runtime::SignalSet& dn = sig.get(m.c, {M, N, K}, counts, 1);
+  runtime::SignalSet& rd = sig.get(m.c, {M, N, K}, counts, 0, s);
+  runtime::SignalSet& dn = sig.get(m.c, {M, N, K}, counts, 1, s);
   g.ready = rd.view();
   g.done = dn.view();
-  g.ready_round = rd.next_round();
-  g.done_round = dn.next_round();
+  g.ready_round = rd.next_round(s);
+  g.done_round = dn.next_round(s);
   lcsc::Config cfg;
   cfg.num_comm_sms = ncomm;
   lcsc::Plan p;
@@ -82,7 +82,8 @@ LaunchInfo GemmAR::run(const bf16* A, const bf16* B, bf16* out, int M, int N, in
   if (allowed(ArVariant::InterSm))
     for (int n : comm_sms_candidates(M, N, m.c.world(), m.c.sm_count()))
       cands.push_back({to_int(ArVariant::InterSm), n});
-  return tuned_launch(m.c, "gemm_ar", o, M, N, K, cands, s, [&](const runtime::TuneCandidate& t) {
+  return tuned_launch(m.c, "gemm_ar", o, M, N, K, cands, s, [](int v) { return capturable(static_cast<ArVariant>(v)); },
+                      [&](const runtime::TuneCandidate& t) {
     return launch(A, B, out, M, N, K, t.num_comm_sms, static_cast<ArVariant>(t.variant), s);
   });
 }

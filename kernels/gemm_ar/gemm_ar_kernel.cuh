@@ -19,7 +19,7 @@ struct ArGlobals : gemm::GemmGlobals {  // c: this rank's buffer (M x N), the ou
   signals done;                           // done[0]: tiles whose sum reached this rank
   ArLayout L;
   int rank;
-  unsigned long long ready_round, done_round;
+  Round ready_round, done_round;
 };
 
 struct ArKernel : gemm::GemmKernel<256, gemm::BLayout::KN, 3> {

@@ -70,6 +70,10 @@ struct GemmRS::Impl {
   // Collective (every rank picks v2 for the same shapes in the same order).
   bf16* scratch_for(size_t bytes, cudaStream_t s) {
     if (bytes > scratch_bytes) {
+      if (runtime::capturing(s))
+        throw runtime::NotPrepared(detail::concat("gemm_rs: variant 2's scratch must grow to ", bytes,
+                                                  " bytes, which a CUDA graph capture cannot do; make one eager call of "
+                                                  "this shape first"));
       if (scratch) {
         WEAVE_CUDA_CHECK(cudaStreamSynchronize(s));
         c.free(scratch);
@@ -87,6 +91,8 @@ GemmRS::~GemmRS() = default;
 LaunchInfo GemmRS::launch(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, RsVariant variant,
                           int ncomm, cudaStream_t s) {
   Impl& m = *impl_;
+  WEAVE_CHECK(!runtime::capturing(s) || capturable(variant), "gemm_rs: variant ", to_int(variant), " (",
+              variant_name(variant), ") cannot be captured in a CUDA graph (", capture_rule(), ")");
   m.order.before(s);
   const int W = m.c.world(), rank = m.c.rank();
   if (variant == RsVariant::CopyEngine) {
@@ -123,15 +129,15 @@ LaunchInfo GemmRS::launch(const bf16* A, const bf16* B, bf16* out, int M, int N,
   // One set per (shape, variant): each launch's expectations are round * per_round of its variant.
   const std::vector<int> counts = {rs_ready_count(g.L), W, 1};
   runtime::ShapeSignals& sg = m.sig;
-  runtime::SignalSet& rd = sg.get(m.c, {M, N, K, to_int(variant)}, counts, 0);
-  runtime::SignalSet& zr = sg.get(m.c, {M, N, K, to_int(variant)}, counts, 1);
-  runtime::SignalSet& dn = sg.get(m.c, {M, N, K, to_int(variant)}, counts, 2);
+  runtime::SignalSet& rd = sg.get(m.c, {M, N, K, to_int(variant)}, counts, 0, s);
+  runtime::SignalSet& zr = sg.get(m.c, {M, N, K, to_int(variant)}, counts, 1, s);
+  runtime::SignalSet& dn = sg.get(m.c, {M, N, K, to_int(variant)}, counts, 2, s);
   g.ready = rd.view();
   g.zeroed = zr.view();
   g.done = dn.view();
-  g.ready_round = rd.next_round();
-  g.zeroed_round = zr.next_round();
-  g.done_round = dn.next_round();
+  g.ready_round = rd.next_round(s);
+  g.zeroed_round = zr.next_round(s);
+  g.done_round = dn.next_round(s);
   lcsc::Config cfg;
   cfg.num_comm_sms = variant == RsVariant::InterSm ? ncomm : 0;
   const lcsc::Plan p = lcsc::launch<RsKernel>(g, cfg, s);
@@ -263,7 +269,8 @@ LaunchInfo GemmRS::run(const bf16* A, const bf16* B, bf16* out, int M, int N, in
   const int row_tiles = (shard(M, m.c.world(), 0).size + kBM - 1) / kBM;
   for (int n : {4, 8, 16, 32})
     if (n <= row_tiles * ((N + kBN - 1) / kBN) && n < m.c.sm_count() / 2) cands.push_back({to_int(RsVariant::InterSm), n});
-  return tuned_launch(m.c, "gemm_rs", o, M, N, K, cands, s, [&](const runtime::TuneCandidate& t) {
+  return tuned_launch(m.c, "gemm_rs", o, M, N, K, cands, s, [](int v) { return capturable(static_cast<RsVariant>(v)); },
+                      [&](const runtime::TuneCandidate& t) {
     return launch(A, B, out, M, N, K, static_cast<RsVariant>(t.variant), t.num_comm_sms, s);
   });
 }

@@ -30,7 +30,7 @@ struct RsGlobals : gemm::GemmGlobals {
   CUtensorMap sc[kMaxWorld];   // v2: owner q's rows of this rank's scratch, 128 x 64 boxes
   __nv_bfloat16* scr[kMaxWorld];  // v2: every rank's scratch (M x N), as mapped here
   long long own_elems;
-  unsigned long long ready_round, zeroed_round, done_round;
+  Round ready_round, zeroed_round, done_round;
 };
 
 struct RsKernel : gemm::GemmKernel<256, gemm::BLayout::KN, 3> {

@@ -127,7 +127,6 @@ void check_tp_call(runtime::Communicator& c, const char* who, int M, int N, int 
                    std::initializer_list<Operand> ops, int max_variant,
                    const char* variants, cudaStream_t s, F&& more) {
   const std::string problem = runtime::local_problem([&] {
-    runtime::check_not_capturing(who, s);
     validate(who, M, N, K);
     check_operands(who, ops, &c);
     WEAVE_CHECK(o.variant >= -1 && o.variant <= max_variant, who, ": variant ", o.variant, " is not ", variants);
@@ -144,11 +143,39 @@ namespace weave::tp {
 // A TP call's tuner path: the search (or the cached choice) over `cands` under the key (kernel
 // and its variant restriction, M x N x K, world, device), then the chosen launch. `launch(t)`
 // enqueues one call with candidate t and returns its LaunchInfo.
-template <class F>
+template <class F, class Capturable>
 LaunchInfo tuned_launch(runtime::Communicator& c, const char* kernel, const Options& o, int M, int N, int K,
-                        const std::vector<runtime::TuneCandidate>& cands, cudaStream_t s, F&& launch) {
+                        const std::vector<runtime::TuneCandidate>& cands, cudaStream_t s, Capturable&& capturable,
+                        F&& launch) {
   const std::string key =
       runtime::tune_key(tune_name(kernel, o.variant), {M, N, K}, c.world(), runtime::device_key(c));
+  if (runtime::capturing(s)) {
+    // A search times launches and synchronizes: under capture only a choice made by an eager
+    // call of this shape can be used. If that choice cannot be captured (the copy engine), the
+    // first capturable candidate the eager calls prepared (the search ran them all) takes its
+    // place. Every rank has the same cache entry and the same prepared sets, so all pick alike.
+    runtime::TuneResult r;
+    WEAVE_CHECK(runtime::Tuner::global().lookup(key, &r) && r.candidates == runtime::candidate_set(cands), kernel,
+                ": the first call of ", M, " x ", N, " x ", K,
+                " tunes (timed launches), which a CUDA graph capture cannot do; make one eager call of this shape first, "
+                "or fix Options::variant and num_comm_sms");
+    std::vector<runtime::TuneCandidate> order{r.choice};
+    for (const auto& t : cands)
+      if (!(t.variant == r.choice.variant && t.num_comm_sms == r.choice.num_comm_sms)) order.push_back(t);
+    for (const auto& t : order) {
+      if (!capturable(t.variant)) continue;
+      try {
+        LaunchInfo li = launch(t);
+        li.tuned = true;
+        return li;
+      } catch (const runtime::NotPrepared&) {
+      }
+    }
+    throw Error(detail::concat(kernel, ": no capturable variant of ", M, " x ", N, " x ", K,
+                               " was prepared by an eager call (the tuned choice, variant ", r.choice.variant,
+                               ", cannot be captured); make an eager call with a capturable Options::variant first (",
+                               capture_rule(), ")"));
+  }
   runtime::TunePlans plans;
   const runtime::TuneResult r = runtime::Tuner::global().choose(&c, key, cands, [&](const runtime::TuneCandidate& t) {
     return runtime::time_launches(c, s, [&] { launch(t); }, runtime::plan_of(plans, t));

@@ -40,6 +40,21 @@ enum class ArVariant : int {
 };
 constexpr int kArVariants = 2;
 
+// Variants a CUDA graph can capture: the fused kernels, whose waits read device rounds
+// (SignalSet::next_round). The copy-engine variants wait and write with host-fixed values
+// (cuStreamWaitValue64 / WriteValue64 and one-thread waits on host-computed counts), and ag_gemm
+// v9 and gemm_rs v3 go through calls whose rounds are host-only (the all_gather, the chain's
+// one-thread waits).
+constexpr bool capturable(AgVariant v) { return static_cast<int>(v) <= 6; }
+constexpr bool capturable(RsVariant v) {
+  return v == RsVariant::OwnerFirst || v == RsVariant::ZeroFirst || v == RsVariant::InterSm || v == RsVariant::Chain;
+}
+constexpr bool capturable(ArVariant) { return true; }
+constexpr const char* capture_rule() {
+  return "under capture: ag_gemm 0..6, gemm_rs 0, 1, 2, 5, gemm_ar 0, 1; pass Options::variant, or make the "
+         "eager calls of the shape, whose tuned choice the capture reuses, pick one of them";
+}
+
 constexpr int to_int(AgVariant v) { return static_cast<int>(v); }
 constexpr int to_int(RsVariant v) { return static_cast<int>(v); }
 constexpr int to_int(ArVariant v) { return static_cast<int>(v); }

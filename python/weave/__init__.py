@@ -4,6 +4,7 @@
     comm = weave.init()                    # over torch.distributed's default group (or a world of 1)
     y = weave.all_reduce(x)                # torch.ops.weave.all_reduce(x, group_name)
     A, [C] = weave.all_gather_matmul(a_shard, [w.t()])
+    fc1 = weave.nn.ColumnParallelLinear(4096, 14336)   # sequence-parallel TP layers, with autograd
 
 Details: python/README.md. Importing needs no GPU; operators raise RuntimeError without one."""
 try:
@@ -27,6 +28,7 @@ from .functional import (
     shard,
     ulysses_attention,
 )
+from . import autograd, nn  # noqa: E402  (weave.nn.ColumnParallelLinear / RowParallelLinear)
 
 __version__ = "0.1.0"
 
@@ -35,4 +37,5 @@ __all__ = [
     "all_reduce", "all_gather", "reduce_scatter", "all_to_all",
     "all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce",
     "matmul", "attention", "ring_attention", "ulysses_attention", "ring_chunks", "shard",
+    "nn", "autograd",
 ]

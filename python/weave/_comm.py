@@ -95,6 +95,10 @@ class Communicator:
         """A uint8 symmetric buffer of at least `nbytes` ('in' or 'out'), ordered after its last use."""
         buf = self._stage.get(which)
         if buf is None or buf.numel() < nbytes:
+            if torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(f"weave: the {which!r} staging buffer must grow to {nbytes} bytes, which a CUDA graph "
+                                   "capture cannot do (allocation is collective and synchronizes); make one eager call "
+                                   "with these shapes first")
             grow = 0 if buf is None else buf.numel() + buf.numel() // 2
             cap = -(-max(nbytes, grow, 1 << 20) // (2 << 20)) * (2 << 20)  # whole 2 MiB granules
             # The old buffer is released first, so that this allocation can reuse its memory.
@@ -102,10 +106,13 @@ class Communicator:
             del buf
             buf = self.empty((cap,), torch.uint8)
             self._stage[which] = buf
-        last = self._stage_stream
-        if last is not None and last != stream:
-            stream.wait_stream(last)  # the previous call's kernels and copies on its stream
-        self._stage_stream = stream
+        # A graph cannot wait for work outside it: captured calls are ordered by the capture stream
+        # alone (a graph's replays and eager calls must not overlap: the caller's stream order).
+        if not torch.cuda.is_current_stream_capturing():
+            last = self._stage_stream
+            if last is not None and last != stream:
+                stream.wait_stream(last)  # the previous call's kernels and copies on its stream
+            self._stage_stream = stream
         return buf
 
     def staged(self, which: str, shape: Sequence[int], dtype: torch.dtype, stream: torch.cuda.Stream) -> torch.Tensor:

@@ -5,8 +5,9 @@ clear error) and a fake implementation (register_fake: shapes and dtypes, what t
 traces). One `_plan_*` function per operator checks the arguments and returns the output shapes;
 the fake and the CUDA kernels both call it, so they cannot disagree. Library.define + impl rather
 than torch.library.custom_op: the dispatcher calls the Python kernel directly, without
-custom_op's per-call wrapper layers (the issue's overhead budget is 10 us per op; autograd is
-registered separately later with torch.library.register_autograd).
+custom_op's per-call wrapper layers (the issue's overhead budget is 10 us per op). The ops have
+no autograd formulas of their own: weave.nn's modules and the public attention functions wrap
+them in torch.autograd.Function (autograd.py).
 
 Conventions: tensors must be contiguous (a ValueError says so; no hidden copy), except B operands
 given as the transpose of a contiguous N x K matrix (an nn.Linear weight, `weight.t()`).
@@ -103,14 +104,18 @@ def _kn(B: torch.Tensor, nk: bool) -> torch.Tensor:
     return B.contiguous() if nk else B
 
 
-def _enter(op: str, group_name: str, *tensors: torch.Tensor):
-    """The communicator and torch's current stream for a collective call on CUDA tensors."""
+def _enter(op: str, group_name: str, *tensors: torch.Tensor, capturable: bool = False):
+    """The communicator and torch's current stream for a collective call on CUDA tensors. The TP
+    operators (capturable) may be captured in a CUDA graph once an eager call of the same shapes
+    has run (it creates the shape's signal sets, tunes, and sizes the staging buffers); the
+    collectives and ring / Ulysses attention cannot be captured yet."""
     c = _comm.communicator(group_name)
     for t in tensors:
         if t.device.index != c.device:
             _fail(op, f"a tensor is on {t.device} but the communicator of group {group_name!r} uses cuda:{c.device}")
-    if torch.cuda.is_current_stream_capturing():
-        raise RuntimeError(f"weave.{op}: CUDA graph capture of weave's collective operators is not supported yet")
+    if not capturable and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(f"weave.{op}: CUDA graph capture of this operator is not supported yet (the TP operators "
+                           "all_gather_matmul, matmul_reduce_scatter and matmul_all_reduce can be captured)")
     return c, torch.cuda.current_stream(c.device)
 
 
@@ -271,7 +276,7 @@ def _all_gather_matmul_fake(A_shard, Bs, gather_dim, group_name, *, return_A=Tru
 
 def _all_gather_matmul(A_shard, Bs, gather_dim, group_name, *, return_A=True):
     gathered, dim, nks = _plan_all_gather_matmul(A_shard, Bs, gather_dim, group_name)
-    c, s = _enter("all_gather_matmul", group_name, A_shard, *Bs)
+    c, s = _enter("all_gather_matmul", group_name, A_shard, *Bs, capturable=True)
     K = gathered[-1]
     M = A_shard.numel() // K * c.world
     a_gathered = c.staged("out", gathered, A_shard.dtype, s)
@@ -314,7 +319,7 @@ def _matmul_reduce_scatter_fake(A, B, reduce_op, scatter_dim, group_name):
 
 def _matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name):
     out_shape, dim, nk, world = _plan_matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name)
-    c, s = _enter("matmul_reduce_scatter", group_name, A, B)
+    c, s = _enter("matmul_reduce_scatter", group_name, A, B, capturable=True)
     K, N = int(A.shape[-1]), int(B.shape[1])
     M = A.numel() // K
     stage = c.staged("out", [lib().gemm_rs_out_elems(M, N, world)], A.dtype, s)
@@ -346,7 +351,7 @@ def _matmul_all_reduce_fake(A, B, group_name):
 
 def _matmul_all_reduce(A, B, group_name):
     shape, nk = _plan_matmul_all_reduce(A, B, group_name)
-    c, s = _enter("matmul_all_reduce", group_name, A, B)
+    c, s = _enter("matmul_all_reduce", group_name, A, B, capturable=True)
     K, N = int(A.shape[-1]), int(B.shape[1])
     out = c.staged("out", shape, A.dtype, s)
     Bkn = _kn(B, nk)

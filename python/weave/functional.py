@@ -11,6 +11,7 @@ from typing import Optional, Sequence
 import torch
 
 from . import _comm, _ops  # noqa: F401  (_ops registers torch.ops.weave.*)
+from . import autograd as _ag
 from ._comm import GroupLike, group_name
 
 _ops_ns = torch.ops.weave
@@ -70,7 +71,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
               scale: Optional[float] = None):
     """(o, lse) of softmax(scale q k^T) v on one GPU; q (B, S, Hq, D), k and v (B, S, Hkv, D) (GQA:
     Hq a multiple of Hkv), bf16, D 64 or 128; lse (B, Hq, S) fp32 (natural log); scale default
-    1/sqrt(D). Layout (B, S, H, D): SDPA's (B, H, S, D) is q.transpose(1, 2)."""
+    1/sqrt(D). Layout (B, S, H, D): SDPA's (B, H, S, D) is q.transpose(1, 2).
+    Differentiable (o and lse): an unfused float32 backward (weave.autograd.Attention)."""
+    if _ag.needs_grad(q, k, v):
+        return _ag.Attention.apply(q, k, v, causal, scale)
     return _ops_ns.attention(q, k, v, causal, scale)
 
 
@@ -78,17 +82,24 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
                    scale: Optional[float] = None, *, sharding: str = "zigzag", seq_len: Optional[int] = None,
                    group: GroupLike = None):
     """(o, lse) of attention over the whole sequence, each rank holding its rows of q, k, v (B, L, H, D)
-    in `sharding` order (ring_chunks says which rows). lse (B, Hq, L) fp32."""
-    return _ops_ns.ring_attention(q, k, v, causal, scale, sharding, -1 if seq_len is None else seq_len,
-                                  group_name(group))
+    in `sharding` order (ring_chunks says which rows). lse (B, Hq, L) fp32.
+    Differentiable: all-gathered K, V and an unfused float32 backward (weave.autograd.RingAttention)."""
+    args = (q, k, v, causal, scale, sharding, -1 if seq_len is None else seq_len, group_name(group))
+    if _ag.needs_grad(q, k, v):
+        return _ag.RingAttention.apply(*args)
+    return _ops_ns.ring_attention(*args)
 
 
 def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                       scale: Optional[float] = None, *, seq_len: Optional[int] = None,
                       group: GroupLike = None) -> torch.Tensor:
     """o of attention over the whole sequence, each rank holding rows shard(S, world, rank) of q, k, v
-    (B, L, H, D); the all-to-alls run inside the kernel. Hq a multiple of the world size."""
-    return _ops_ns.ulysses_attention(q, k, v, causal, scale, -1 if seq_len is None else seq_len, group_name(group))
+    (B, L, H, D); the all-to-alls run inside the kernel. Hq a multiple of the world size.
+    Differentiable: all-to-alls and an unfused float32 backward (weave.autograd.UlyssesAttention)."""
+    args = (q, k, v, causal, scale, -1 if seq_len is None else seq_len, group_name(group))
+    if _ag.needs_grad(q, k, v):
+        return _ag.UlyssesAttention.apply(*args)
+    return _ops_ns.ulysses_attention(*args)
 
 
 def ring_chunks(seq_len: int, sharding: str = "zigzag", group: GroupLike = None) -> list[tuple[int, int]]:

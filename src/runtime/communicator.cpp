@@ -820,19 +820,21 @@ bool Communicator::quiesce() noexcept {
 
 SignalSet::SignalSet(Communicator& c, const std::string& name, int count) : c_(&c) {
   WEAVE_CHECK(count > 0, "signal set '", name, "' needs at least one counter");
-  void* p = c.alloc(sizeof(unsigned long long) * count, 256);
+  // The counters, then the round cell (next_round): zeroed together, written by this rank only.
+  void* p = c.alloc(sizeof(unsigned long long) * (count + 1), 256);
   try {
     // The memory may come from a tensor freed without a quiesce (SymmetricTensor does not wait):
     // zero it only once no rank has work left that could still write there.
     c.quiesce();
-    WEAVE_CUDA_CHECK(cudaMemset(p, 0, sizeof(unsigned long long) * count));
+    WEAVE_CUDA_CHECK(cudaMemset(p, 0, sizeof(unsigned long long) * (count + 1)));
     WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
     c.barrier();  // nobody signals into counters a peer has not zeroed yet
   } catch (...) {
     c.free(p);
     throw;
   }
-  PeerPtrs pp = c.peers(p, sizeof(unsigned long long) * count);
+  PeerPtrs pp = c.peers(p, sizeof(unsigned long long) * (count + 1));
+  cell_ = static_cast<unsigned long long*>(p) + count;
   for (int r = 0; r < c.world(); ++r) view_.ptr[r] = static_cast<unsigned long long*>(pp[r]);
   view_.world = c.world();
   view_.rank = c.rank();
@@ -843,7 +845,22 @@ SignalSet::SignalSet(Communicator& c, const std::string& name, int count) : c_(&
   view_.abort = c.abort_word();
 }
 
-SignalSet::SignalSet(SignalSet&& o) noexcept : c_(o.c_), view_(o.view_), round_(o.round_) { o.c_ = nullptr; }
+SignalSet::SignalSet(SignalSet&& o) noexcept
+    : c_(o.c_), view_(o.view_), round_(o.round_), cell_(o.cell_), device_rounds_(o.device_rounds_) {
+  o.c_ = nullptr;
+}
+
+Round SignalSet::next_round(cudaStream_t s) {
+  ++round_;
+  if (!device_rounds_) {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    WEAVE_CUDA_CHECK(cudaStreamIsCapturing(s, &st));
+    device_rounds_ = st != cudaStreamCaptureStatusNone;
+  }
+  if (!device_rounds_) return {round_, nullptr};
+  advance_round(cell_, round_, s);
+  return {round_, cell_};
+}
 
 SignalSet::~SignalSet() {
   if (!c_) return;

@@ -6,8 +6,8 @@
 // the case on every rank. Every repetition and configuration gets fresh inputs and a freshly
 // poisoned output, so neither a previous call's scratch nor an unwritten element can pass.
 // Cases: ragged shapes, every variant and several num_comm_sms, 200 back-to-back launches each
-// checked on the device, one object on two streams, shapes that differ across ranks and calls
-// under graph capture rejected before any launch.
+// checked on the device, one object on two streams, shapes that differ across ranks rejected
+// before any launch, and calls captured in a CUDA graph and replayed with fresh inputs.
 //
 // Why the bounds catch a tile that misses one K step (64 of the full K) or one rank's part: with
 // A, B uniform in [-1, 1), s = sqrt(sum_k a^2 b^2) ~ sqrt(K_full)/3, and a missing sum of n
@@ -437,39 +437,85 @@ TEST(TpGpu, MismatchedShapesAcrossRanksRejected) {
   wt::settle();
 }
 
-// A call on a stream that is capturing a CUDA graph is rejected on every rank before anything
-// is enqueued (a replay would reuse the call's signal rounds), for every TP kernel.
-TEST(TpGpu, GraphCaptureRejected) {
+// CUDA graphs: a shape's first call cannot be captured (it creates the shape's signal sets, which
+// synchronizes) and neither can a copy-engine variant; both are rejected on every rank with
+// nothing enqueued. After an eager call, the three kernels captured in one graph and replayed
+// with fresh inputs in the same buffers give every replay's own product: the captured launches
+// read their rounds from the device (SignalSet::next_round), so a replay waits for its round and
+// not the captured one. Eager calls after the replays agree with them too.
+TEST(TpGpu, GraphCaptureAndReplay) {
   auto& c = wt::comm();
+  const int W = c.world();
   Calls calls;
-  const int M = 512, K = 256, N = 512;
+  const int M = 520, K = 264, N = 392;
   Dev A(size_t(M) * K), B(size_t(K) * N), C(size_t(M) * N);
   Ref ref(A.n, B.n, C.n);
-  Sym G(size_t(M) * K), out(size_t(M) * N);
+  Sym G(size_t(M) * K), rs_out(size_t(M) * N), ar_out(size_t(M) * N);
   weave::tp::GemmRS rs(c);
   weave::tp::AgGemm ag(c);
   weave::tp::GemmAR ar(c);
-  weave::tp::Options o;
-  o.num_comm_sms = 4;
-  o.variant = 0;
+  weave::tp::Options oag, ors, oar;
+  oag.num_comm_sms = 0, oag.variant = weave::tp::to_int(weave::tp::AgVariant::AuxTmaPush);
+  ors.num_comm_sms = 0, ors.variant = weave::tp::to_int(weave::tp::RsVariant::OwnerFirst);
+  oar.num_comm_sms = 0, oar.variant = weave::tp::to_int(weave::tp::ArVariant::IntraSm);
   cudaStream_t st;
   WEAVE_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  const auto sh = shard(M, c.world(), c.rank());
-  wt::expect_capture_rejected(st, "gemm_rs", [&] { rs.run(A.p, B.p, out.p, M, N, K, o, st); });
-  wt::expect_capture_rejected(st, "ag_gemm", [&] { ag.run(G.p + size_t(sh.begin) * K, G.p, B.p, C.p, M, N, K, o, st); });
-  wt::expect_capture_rejected(st, "gemm_ar", [&] { ar.run(A.p, B.p, out.p, M, N, K, o, st); });
-  // The objects still work afterwards (nothing was enqueued, no round was taken).
-  const uint64_t call = calls.next();
-  fill_inputs(call, A.p, A.n, B.p, B.n);
-  partial_sum_ref(call, M, N, K, ref);
-  weave::check::poison(out.p, C.n);
+  const auto sh = shard(M, W, c.rank());
+  bf16* a_shard = G.p + size_t(sh.begin) * K;
+  auto enqueue = [&] {
+    ag.run(a_shard, G.p, B.p, C.p, M, N, K, oag, st);
+    rs.run(A.p, B.p, rs_out.p, M, N, K, ors, st);
+    ar.run(A.p, B.p, ar_out.p, M, N, K, oar, st);
+  };
+  auto rejected = [&](const char* what, const char* needle, const std::function<void()>& call) {
+    const auto [msg, nodes] = wt::under_capture(st, call);
+    EXPECT_NE(msg.find(needle), std::string::npos) << what << ": " << msg;
+    EXPECT_EQ(nodes, 0u) << what << ": something was enqueued into the graph";
+  };
+  rejected("first call of the shape", "outside a CUDA graph capture", [&] { enqueue(); });
+  weave::tp::Options ce;
+  ce.num_comm_sms = 0, ce.variant = weave::tp::to_int(weave::tp::AgVariant::CopyEngine);
+  rejected("ag_gemm copy engine", "cannot be captured", [&] { ag.run(a_shard, G.p, B.p, C.p, M, N, K, ce, st); });
+  // Fresh inputs for a call: this rank's shard of A into the gathered buffer and its own A, B.
+  auto inputs = [&](uint64_t call) {
+    fill_inputs(call, nullptr, 0, B.p, B.n, st);
+    fill_inputs(call, A.p, A.n, nullptr, 0, st);
+    gref::fill_uniform(a_shard, size_t(sh.size) * K, input_seed(call, c.rank(), kA), 1.f, st);
+    for (bf16* o : {C.p, rs_out.p, ar_out.p}) check::poison(o, size_t(M) * N, st);
+  };
+  auto verify = [&](uint64_t call, const std::string& what) {
+    WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
+    gathered_ref(call, M, N, K, B.p, ref);
+    expect_all_ranks(compare_rows(C.p, ref, 0, M, N, check::gemm_bound()), "ag_gemm " + what);
+    partial_sum_ref(call, M, N, K, ref);
+    expect_all_ranks(compare_rows(rs_out.p, ref, sh.begin, sh.size, N, check::partial_sum_bound(W)), "gemm_rs " + what);
+    expect_all_ranks(compare_rows(ar_out.p, ref, 0, M, N, check::partial_sum_bound(W)), "gemm_ar " + what);
+  };
+  uint64_t call = calls.next();
+  inputs(call);
+  enqueue();  // eager: the shapes' signal sets
+  verify(call, "eager");
   wt::settle();
-  ar.run(A.p, B.p, out.p, M, N, K, o, st);
-  WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
+  cudaGraph_t graph = nullptr;
+  WEAVE_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
+  enqueue();
+  WEAVE_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
+  cudaGraphExec_t exec = nullptr;
+  WEAVE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int rep = 0; rep < 40; ++rep) {
+    call = calls.next();
+    inputs(call);
+    WEAVE_CUDA_CHECK(cudaGraphLaunch(exec, st));
+    verify(call, "replay " + std::to_string(rep));
+  }
+  call = calls.next();
+  inputs(call);
+  enqueue();
+  verify(call, "eager after the replays");
+  WEAVE_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  WEAVE_CUDA_CHECK(cudaGraphDestroy(graph));
   WEAVE_CUDA_CHECK(cudaStreamDestroy(st));
   wt::settle();
-  expect_all_ranks(compare_rows(out.p, ref, 0, M, N, check::partial_sum_bound(c.world())),
-                   "gemm_ar after rejected captures");
 }
 
 // One object called alternately on two streams with no synchronisation between the calls: each

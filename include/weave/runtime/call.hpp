@@ -22,9 +22,24 @@ inline bool overlap(const void* a, size_t na, const void* b, size_t nb) {
   return na && nb && x < y + nb && y < x + na;
 }
 
-// Stream capture is rejected: a call takes its signal rounds on the host when it is enqueued, so
-// a replayed graph would wait for rounds already met (reading whatever is in the buffers) or
-// never sent. Part of a call's local checks, so every rank rejects it together.
+// A call under stream capture that needs what only an eager call of its shape makes (signal sets,
+// scratch): thrown before anything is enqueued, so a caller may try another variant.
+class NotPrepared : public Error {
+ public:
+  using Error::Error;
+};
+
+// Whether `s` is capturing a CUDA graph.
+inline bool capturing(cudaStream_t s) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  WEAVE_CUDA_CHECK(cudaStreamIsCapturing(s, &st));
+  return st != cudaStreamCaptureStatusNone;
+}
+
+// For the operators whose rounds are still host-only (collectives, ring and Ulysses attention):
+// stream capture is rejected, since a replayed graph would wait for rounds already met (reading
+// whatever is in the buffers) or never sent. Part of a call's local checks, so every rank rejects
+// it together. The TP kernels take device rounds under capture (SignalSet::next_round).
 inline void check_not_capturing(const char* who, cudaStream_t s) {
   cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
   WEAVE_CUDA_CHECK(cudaStreamIsCapturing(s, &st));
@@ -46,7 +61,9 @@ std::string local_problem(F&& checks) {
 }
 
 // One call in flight per object (its gathered buffers and counters serve one call at a time):
-// a call on another stream than the previous call's first waits for that call's kernel.
+// a call on another stream than the previous call's first waits for that call's kernel. Calls
+// enqueued into a CUDA graph are left out (a graph cannot wait for an event recorded outside it):
+// a graph's replays and the object's eager calls must not overlap (the caller's stream order).
 class CallOrder {
  public:
   CallOrder() = default;
@@ -56,9 +73,10 @@ class CallOrder {
     if (done_) cudaEventDestroy(done_);
   }
   void before(cudaStream_t s) {
-    if (done_ && s != last_) WEAVE_CUDA_CHECK(cudaStreamWaitEvent(s, done_, 0));
+    if (done_ && s != last_ && !capturing(s)) WEAVE_CUDA_CHECK(cudaStreamWaitEvent(s, done_, 0));
   }
   void after(cudaStream_t s) {
+    if (capturing(s)) return;
     if (!done_) WEAVE_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
     WEAVE_CUDA_CHECK(cudaEventRecord(done_, s));
     last_ = s;
@@ -77,11 +95,16 @@ class CallOrder {
 class ShapeSignals {
  public:
   explicit ShapeSignals(std::string name) : name_(std::move(name)) {}
-  // Set `which` (< counts.size()) for `shape`, with counts[which] counters.
+  // Set `which` (< counts.size()) for `shape`, with counts[which] counters. Making a shape's sets
+  // synchronizes the device, which a stream capture forbids: the first call of a shape must be an
+  // eager one (when `s` is capturing and the sets are new, this throws saying so).
   SignalSet& get(Communicator& c, const std::vector<long long>& shape, const std::vector<int>& counts,
-                 int which) {
+                 int which, cudaStream_t s = nullptr) {
     auto it = sets_.find(shape);
     if (it == sets_.end()) {
+      if (s && capturing(s))
+        throw NotPrepared(name_ + ": the first call of this shape (and variant) must run outside a CUDA graph capture "
+                          "(it creates the shape's signal sets, which synchronizes); make one eager call first");
       std::vector<std::unique_ptr<SignalSet>> v;
       for (size_t i = 0; i < counts.size(); ++i)
         v.push_back(std::make_unique<SignalSet>(

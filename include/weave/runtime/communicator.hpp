@@ -147,6 +147,11 @@ class SymmetricTensor {
   T* p_;
 };
 
+// Enqueues on `s` a one-thread kernel that sets *cell = max(*cell + 1, host_round): the device
+// count of a signal set's launches, which the host's count (host_round, this launch's) bounds from
+// below while graphs replay launches the host counted once (SignalSet::next_round).
+void advance_round(unsigned long long* cell, unsigned long long host_round, cudaStream_t s);
+
 // Host side of a signal set: the counters' heap allocation and the round number kernels wait for.
 // Creating and destroying one are collective: the destructor waits until no rank has device work
 // left (Communicator::quiesce) before the counters go back to the heap, so that a late signal
@@ -161,6 +166,13 @@ class SignalSet {
   signals view() const { return view_; }
   // The next round number (1, 2, ...): counters are never reset, a launch waits for multiples.
   unsigned long long next_round() { return ++round_; }
+  // The next round of a launch on `s`: the host's number until the first launch enqueued while `s`
+  // is capturing a CUDA graph; from then on (the host can no longer know how often a graph is
+  // replayed) a one-thread kernel on `s` advances the set's round cell to
+  // max(cell + 1, the host's count), and the launch reads the cell (Round). Every rank's launches
+  // of a set come in the same order, so the cells agree.
+  Round next_round(cudaStream_t s);
+  bool device_rounds() const { return device_rounds_; }
   unsigned long long round() const { return round_; }
   int count() const { return view_.count; }
 
@@ -168,6 +180,8 @@ class SignalSet {
   Communicator* c_;
   signals view_{};
   unsigned long long round_ = 0;
+  unsigned long long* cell_ = nullptr;  // this rank's round cell, after its counters (local only)
+  bool device_rounds_ = false;
 };
 
 }  // namespace weave::runtime

@@ -1,0 +1,349 @@
+"""CPU tests of the autograd pieces (no GPU): the unfused attention backward (weave.autograd's
+helpers called directly on float64 CPU tensors) against torch autograd of a reference attention;
+ring and Ulysses backward with their collectives simulated by W threads of one process; the linear
+modules and the differentiable attention functions on the meta device (shapes of outputs and
+gradients, ranks simulated); initialisation and sharding against nn.Linear; argument errors."""
+import math
+import re
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+import weave
+from weave import _comm
+from weave import autograd as wag
+
+F64, BF = torch.float64, torch.bfloat16
+
+
+@pytest.fixture
+def as_rank(monkeypatch):
+    """as_rank(r, W): shapes as rank r of a world of W sees them (fakes need no communicator)."""
+
+    def set_rank(rank, world):
+        monkeypatch.setattr(_comm, "group_rank_world", lambda name: (rank, world))
+
+    return set_rank
+
+
+def reference(q, k, v, causal, scale=None, q_pos=None):
+    """(o, lse) of attention in plain torch ops (autograd's reference): q (B, L, Hq, D) with rows at
+    positions q_pos (default 0..L-1), k, v (B, S, Hkv, D)."""
+    B, L, Hq, D = q.shape
+    G = Hq // k.shape[2]
+    kf, vf = (t.transpose(1, 2).repeat_interleave(G, dim=1) for t in (k, v))
+    s = q.transpose(1, 2) @ kf.transpose(-1, -2) * (scale or 1 / math.sqrt(D))
+    if causal:
+        pos = torch.arange(L) if q_pos is None else torch.as_tensor(q_pos)
+        s = s.masked_fill(torch.arange(k.shape[1])[None, :] > pos[:, None], float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    return (torch.softmax(s, dim=-1) @ vf).transpose(1, 2), lse
+
+
+def inputs(B, L, S, Hq, Hkv, D, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, do = (torch.randn(B, L, Hq, D, generator=g, dtype=F64) for _ in range(2))
+    k, v = (torch.randn(B, S, Hkv, D, generator=g, dtype=F64) for _ in range(2))
+    return q, k, v, do, torch.randn(B, Hq, L, generator=g, dtype=F64)
+
+
+def reference_grads(q, k, v, do, dlse, causal, scale=None, q_pos=None):
+    """(o, lse, dq, dk, dv) from torch autograd of `reference` for the loss sum(o do) + sum(lse dlse)."""
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    o, lse = reference(q, k, v, causal, scale, q_pos)
+    loss = (o * do).sum() + (0 if dlse is None else (lse * dlse).sum())
+    loss.backward()
+    return o.detach(), lse.detach(), q.grad, k.grad, v.grad
+
+
+def assert_close(out, ref, what):
+    assert out.shape == ref.shape, f"{what}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
+    torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-9, msg=lambda m: f"{what}: {m}")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("Hq, Hkv", [(3, 3), (4, 2), (6, 1)])
+@pytest.mark.parametrize("with_lse, with_dlse, chunk", [(True, False, None), (False, False, 300), (True, True, 100)])
+def test_attention_backward(causal, Hq, Hkv, with_lse, with_dlse, chunk):
+    q, k, v, do, dlse = inputs(2, 37, 37, Hq, Hkv, 8)
+    dlse = dlse if with_dlse else None
+    _, lse, *ref = reference_grads(q, k, v, do, dlse, causal, 0.3)
+    got = wag.attention_backward(q, k, v, do, lse if with_lse else None, causal, 0.3, dlse=dlse, chunk_elems=chunk)
+    for g, r, name in zip(got, ref, "qkv"):
+        assert g.dtype == F64
+        assert_close(g, r, f"d{name}")
+
+
+def test_attention_backward_positions():
+    """Query rows at arbitrary global positions (a ring rank's rows) against the whole sequence."""
+    S = 41
+    pos = list(range(5, 15)) + list(range(30, 41)) + [0, 2]
+    q, k, v, do, dlse = inputs(1, len(pos), S, 4, 2, 8, seed=3)
+    for causal in (False, True):
+        _, lse, *ref = reference_grads(q, k, v, do, dlse, causal, q_pos=pos)
+        got = wag.attention_backward(q, k, v, do, lse, causal, None, q_pos=pos, dlse=dlse, chunk_elems=40)
+        for g, r, name in zip(got, ref, "qkv"):
+            assert_close(g, r, f"d{name} causal={causal}")
+
+
+def test_segments():
+    assert wag._segments([0, 1, 2, 3, 4], 2) == [(0, 2), (2, 4), (4, 5)]
+    assert wag._segments([5, 6, 0, 1, 2], 10) == [(0, 2), (2, 5)]
+    assert wag._segments([3], 1) == [(0, 1)]
+
+
+# ---------------------------------------------------------------------------------------------
+# A group of W ranks simulated by W threads: each op exchanges every rank's input, then computes
+# this rank's output as the documented collective would.
+
+
+class SimGroup:
+    def __init__(self, world):
+        self.world = world
+        self.barrier = threading.Barrier(world, timeout=120)
+        self.slots = [None] * world
+
+    def exchange(self, rank, x):
+        self.slots[rank] = x
+        self.barrier.wait()
+        xs = list(self.slots)
+        self.barrier.wait()
+        return xs
+
+    def run(self, fn):
+        """[fn(SimOps of rank r) for every rank], run concurrently."""
+        out, errors = [None] * self.world, []
+
+        def body(r):
+            try:
+                out[r] = fn(SimOps(self, r))
+            except BaseException as e:  # noqa: BLE001 (re-raised below)
+                errors.append(e)
+                self.barrier.abort()
+
+        threads = [threading.Thread(target=body, args=(r,)) for r in range(self.world)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        return out
+
+
+class SimOps:
+    """all_gather, reduce_scatter and all_to_all with torch.ops.weave's signatures, for one rank."""
+
+    def __init__(self, group: SimGroup, rank: int):
+        self.g, self.rank, self.world = group, rank, group.world
+
+    def _shard(self, n):
+        return weave._lib.lib().shard(n, self.world, self.rank)
+
+    def all_gather(self, x, dim, full_size, group):
+        out = torch.cat(self.g.exchange(self.rank, x), dim=dim)
+        assert full_size < 0 or out.shape[dim] == full_size
+        return out
+
+    def reduce_scatter(self, x, dim, group):
+        total = sum(self.g.exchange(self.rank, x))
+        return total.narrow(dim, *self._shard(x.shape[dim]))
+
+    def all_to_all(self, x, direction, seq_len, group):
+        assert x.is_contiguous()
+        xs = self.g.exchange(self.rank, x)
+        if direction == "seq_to_head":
+            hp = x.shape[2] // self.world
+            return torch.cat([y[:, :, self.rank * hp:(self.rank + 1) * hp] for y in xs], dim=1)
+        first, rows = self._shard(x.shape[1])
+        return torch.cat([y[:, first:first + rows] for y in xs], dim=2)
+
+
+@pytest.mark.parametrize("world, S", [(2, 37), (3, 40), (2, 8)])
+@pytest.mark.parametrize("sharding", ["zigzag", "contiguous"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_ring_backward_simulated(world, S, sharding, causal):
+    zigzag = sharding == "zigzag"
+    q, k, v, do, dlse = inputs(2, S, S, 4, 2, 8, seed=S)
+    _, lse, dq, dk, dv = reference_grads(q, k, v, do, dlse, causal)
+    positions = wag.ring_positions(S, world, zigzag)
+    assert sorted(p for ps in positions for p in ps) == list(range(S))
+
+    def rank_fn(ops):
+        p = positions[ops.rank]
+        mine = [t[:, p].contiguous() for t in (q, k, v, do)]
+        return wag.ring_backward(*mine[:3], mine[3], lse[:, :, p], causal, None, S, zigzag, ops.rank, world, "sim",
+                                 dlse=dlse[:, :, p], ops=ops)
+
+    for r, got in enumerate(SimGroup(world).run(rank_fn)):
+        p = positions[r]
+        for g, ref, name in zip(got, (dq, dk, dv), "qkv"):
+            assert_close(g, ref[:, p], f"rank {r} d{name}")
+
+
+def test_ring_positions_match_ring_chunks(as_rank):
+    for zigzag, sharding in ((True, "zigzag"), (False, "contiguous")):
+        positions = wag.ring_positions(101, 3, zigzag)
+        for r in range(3):
+            as_rank(r, 3)
+            assert positions[r] == [i for b, n in weave.ring_chunks(101, sharding) for i in range(b, b + n)]
+
+
+@pytest.mark.parametrize("world, S, Hq, Hkv", [(2, 37, 4, 2), (2, 37, 4, 1), (3, 40, 6, 3), (3, 40, 6, 2),
+                                               (3, 41, 3, 1)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_ulysses_backward_simulated(world, S, Hq, Hkv, causal):
+    q, k, v, do, _ = inputs(2, S, S, Hq, Hkv, 8, seed=S + Hkv)
+    _, _, dq, dk, dv = reference_grads(q, k, v, do, None, causal, 0.25)
+    lib = weave._lib.lib()
+
+    def rank_fn(ops):
+        first, rows = lib.shard(S, world, ops.rank)
+        mine = [t[:, first:first + rows].contiguous() for t in (q, k, v, do)]
+        return wag.ulysses_backward(*mine, causal, 0.25, S, ops.rank, world, "sim", ops=ops)
+
+    for r, got in enumerate(SimGroup(world).run(rank_fn)):
+        first, rows = lib.shard(S, world, r)
+        for g, ref, name in zip(got, (dq, dk, dv), "qkv"):
+            assert_close(g, ref[:, first:first + rows], f"rank {r} d{name}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Modules and functions on the meta device (the operators' fake implementations), ranks simulated.
+
+
+def meta(*shape, grad=True):
+    return torch.empty(shape, dtype=BF, device="meta", requires_grad=grad)
+
+
+def grads_of(y, *leaves):
+    y.float().sum().backward()
+    return [t.grad for t in leaves]
+
+
+def test_column_parallel_on_meta(as_rank):
+    as_rank(1, 2)
+    m = weave.nn.ColumnParallelLinear(264, 208, device="meta")
+    assert m.weight.shape == (104, 264) and m.bias.shape == (104,) and m.weight.dtype == BF
+    x = meta(67, 264)
+    y = m(x)
+    assert y.shape == (134, 104) and y.dtype == BF
+    dx, dw, db = grads_of(y, x, m.weight, m.bias)
+    assert dx.shape == x.shape and dw.shape == m.weight.shape and db.shape == m.bias.shape and dw.dtype == BF
+    m = weave.nn.ColumnParallelLinear(264, 208, bias=False, device="meta", gather_output=True,
+                                      save_gathered_input=False)
+    assert m.bias is None
+    x = meta(5, 3, 264)  # (s, b, h): Megatron's layout
+    y = m(x)
+    assert y.shape == (10, 3, 208)
+    dx, dw = grads_of(y, x, m.weight)
+    assert dx.shape == x.shape and dw.shape == (104, 264)
+    as_rank(2, 3)  # ragged features: 20 over 3 ranks is 7, 7, 6
+    assert weave.nn.ColumnParallelLinear(64, 20, device="meta").weight.shape == (6, 64)
+
+
+@pytest.mark.parametrize("S", [134, 135])  # 135: ragged rows, the backward's all_gather + matmul
+def test_row_parallel_on_meta(as_rank, S):
+    as_rank(0, 2)
+    m = weave.nn.RowParallelLinear(208, 264, device="meta")
+    assert m.weight.shape == (264, 104) and m.bias.shape == (264,)
+    x = meta(S, 104)
+    y = m(x)
+    assert y.shape == ((S + 1) // 2, 264)
+    dx, dw, db = grads_of(y, x, m.weight, m.bias)
+    assert dx.shape == x.shape and dw.shape == m.weight.shape and db.shape == (264,)
+    x = meta(6, 5, 104)
+    assert m(x).shape == (3, 5, 264)
+    with torch.no_grad():
+        assert m(x).requires_grad is False
+
+
+def test_attention_functions_on_meta(as_rank):
+    as_rank(1, 2)
+    q, k, v = meta(2, 50, 4, 64), meta(2, 50, 2, 64), meta(2, 50, 2, 64)
+    o, lse = weave.attention(q, k, v, causal=True)
+    assert o.requires_grad and lse.requires_grad
+    assert [g.shape for g in grads_of(o + lse.mean(), q, k, v)] == [q.shape, k.shape, v.shape]
+    for f in (lambda: weave.ring_attention(q, k, v, True, seq_len=101)[0],
+              lambda: weave.ring_attention(q, k, v, False, sharding="contiguous")[0],
+              lambda: weave.ulysses_attention(q, k, v, True, seq_len=100),
+              lambda: weave.ulysses_attention(q, meta(2, 50, 1, 64), meta(2, 50, 1, 64), False)):
+        for t in (q, k, v):
+            t.grad = None
+        out = f()
+        dq, dk, dv = grads_of(out, q, k, v)
+        assert dq.shape == q.shape and dq.dtype == BF
+        assert dk is None or dk.shape == k.shape
+    with torch.no_grad():
+        assert not weave.attention(q, k, v)[0].requires_grad
+
+
+# ---------------------------------------------------------------------------------------------
+# Initialisation, sharding, errors.
+
+
+@pytest.mark.parametrize("world", [1, 3])
+def test_init_is_nn_linears_sharded(as_rank, world):
+    for r in range(world):
+        as_rank(r, world)
+        torch.manual_seed(7)
+        ref = nn.Linear(48, 20)
+        torch.manual_seed(7)
+        col = weave.nn.ColumnParallelLinear(48, 20, device="cpu")
+        torch.manual_seed(7)
+        row = weave.nn.RowParallelLinear(20, 48, device="cpu")
+        torch.manual_seed(7)
+        ref_row = nn.Linear(20, 48)
+        first, n = weave._lib.lib().shard(20, world, r)
+        assert torch.equal(col.weight, ref.weight[first:first + n].to(BF))
+        assert torch.equal(col.bias, ref.bias[first:first + n].to(BF))
+        assert torch.equal(row.weight, ref_row.weight[:, first:first + n].to(BF))
+        assert torch.equal(row.bias, ref_row.bias.to(BF))
+        g = torch.Generator().manual_seed(3)
+        col.reset_parameters(g)
+        g2 = torch.Generator().manual_seed(3)
+        full = torch.empty(20, 48)
+        nn.init.kaiming_uniform_(full, a=math.sqrt(5), generator=g2)
+        assert torch.equal(col.weight, full[first:first + n].to(BF))
+
+
+def test_from_linear(as_rank):
+    lin = nn.Linear(48, 20, dtype=torch.float32)
+    as_rank(1, 3)  # 20 over 3: rank 1 holds 7 from 7
+    col = weave.nn.ColumnParallelLinear.from_linear(lin, gather_output=True)
+    assert col.gather_output and col.weight.device.type == "cpu" and col.weight.dtype == BF
+    assert torch.equal(col.weight, lin.weight[7:14].to(BF)) and torch.equal(col.bias, lin.bias[7:14].to(BF))
+    lin2 = nn.Linear(20, 48, bias=False)
+    row = weave.nn.RowParallelLinear.from_linear(lin2, device="meta")
+    assert row.bias is None and row.weight.shape == (48, 7) and row.weight.device.type == "meta"
+    assert isinstance(row.weight, nn.Parameter) and row.weight.requires_grad
+    assert "world=3" in repr(row)
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: weave.nn.ColumnParallelLinear(64, 32, dtype=torch.float32, device="meta"), "bfloat16"),
+        (lambda: weave.nn.RowParallelLinear(0, 32, device="meta"), "must be positive"),
+        (lambda: weave.nn.ColumnParallelLinear(64, 2, device="meta"), "at least one"),
+        (lambda: weave.nn.ColumnParallelLinear(64, 32, device="meta")(meta(8, 48)), "expected (rows, ..., 64)"),
+        (lambda: weave.nn.RowParallelLinear(64, 32, device="meta")(meta(8, 64)), "expected (rows, ..., 21)"),
+        (lambda: weave.nn.ColumnParallelLinear(64, 32, device="meta")(meta(64)), "input of shape (64,)"),
+        (lambda: weave.nn.ColumnParallelLinear.from_linear(nn.Conv1d(3, 3, 1)), "expected an nn.Linear"),
+    ],
+)
+def test_module_errors(as_rank, call, message):
+    as_rank(2, 3)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        call()
+
+
+def test_attention_backward_errors_surface_from_forward(as_rank):
+    """The differentiable path checks arguments like the operator (the forward runs it first)."""
+    as_rank(0, 2)
+    with pytest.raises(ValueError, match="head dim 96"):
+        weave.attention(meta(1, 8, 2, 96), meta(1, 8, 2, 96), meta(1, 8, 2, 96))
+    with pytest.raises(ValueError, match="pass seq_len"):
+        weave.ring_attention(meta(1, 8, 2, 64), meta(1, 8, 2, 64), meta(1, 8, 2, 64), seq_len=20)
