@@ -12,6 +12,7 @@
 #include "attention/attention_kernel.cuh"
 #include "attention/host_shared.hpp"
 #include "weave/common/error.hpp"
+#include "weave/common/extent.hpp"
 #include "weave/lcsc.cuh"
 #include "weave/tile/tma.hpp"
 
@@ -242,6 +243,12 @@ double flops(const Shape& s, bool causal) {
 void forward(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, __nv_bfloat16* o, float* lse,
              const Shape& s, const Options& opt, cudaStream_t stream) {
   validate(s, q, k, v, o, lse);
+  const size_t rows = size_t(s.B) * s.S, e = sizeof(__nv_bfloat16);
+  check_extent("attention", "q", q, rows * s.Hq * s.D * e);
+  check_extent("attention", "k", k, rows * s.Hkv * s.D * e);
+  check_extent("attention", "v", v, rows * s.Hkv * s.D * e);
+  check_extent("attention", "o", o, rows * s.Hq * s.D * e);
+  if (lse) check_extent("attention", "lse", lse, rows * s.Hq * sizeof(float));
   WEAVE_CHECK(opt.softmax_scale >= 0.f && std::isfinite(opt.softmax_scale),
               "attention: softmax_scale must be finite and >= 0 (0 = 1/sqrt(D)), got ", opt.softmax_scale);
   WEAVE_CHECK(opt.heads_per_section >= 0, "attention: heads_per_section must be >= 0 (0 = from L2), got ",

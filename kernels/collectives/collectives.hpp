@@ -7,6 +7,7 @@
 
 #include <memory>
 
+#include "weave/common/split.hpp"
 #include "weave/runtime/communicator.hpp"
 #include "weave/types.hpp"
 
@@ -23,15 +24,10 @@ struct Shape {
   }
 };
 
-// How a dimension of n elements is split over `world` ranks: the first n % world ranks get one
-// more. Used by all_gather, reduce_scatter and the Ulysses sequence split.
-struct Range {
-  long long begin, size;
-};
-__host__ __device__ inline Range shard(long long n, int world, int r) {
-  const long long q = n / world, rem = n % world;
-  return {r * q + (r < rem ? r : rem), q + (r < rem ? 1 : 0)};
-}
+// How a dimension of n elements is split over `world` ranks (weave/common/split.hpp). Used by
+// all_gather, reduce_scatter and the Ulysses sequence split.
+using Range = Part<long long>;
+__host__ __device__ inline Range shard(long long n, int world, int r) { return near_equal_part(n, world, r); }
 
 // all_reduce algorithms: one-shot (every rank reads every input: one phase, (W-1)x the bytes per
 // rank), two-shot (each rank reduces 1/W of the elements and writes them to every rank), LL

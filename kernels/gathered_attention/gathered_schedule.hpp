@@ -10,6 +10,7 @@
 // exactly `chunks_in_slice` signals per call.
 #pragma once
 #include "attention/key_blocks.hpp"  // the visible-block and mask rule of both attention kernels
+#include "weave/common/split.hpp"
 
 namespace weave::attention::gathered {
 
@@ -22,10 +23,10 @@ struct Rows {
   __host__ __device__ long long end() const { return begin + rows; }
 };
 
-// Chunk i of S rows cut into n near-equal chunks.
+// Chunk i of S rows cut into n near-equal chunks (weave/common/split.hpp).
 __host__ __device__ inline Rows split(long long S, int n, int i) {
-  const long long q = S / n, rem = S % n;
-  return {i * q + (i < rem ? i : rem), q + (i < rem ? 1 : 0)};
+  const Part<long long> p = near_equal_part(S, n, i);
+  return {p.begin, p.size};
 }
 // The chunk holding row `row` (S >= n: no empty chunk).
 __host__ __device__ inline int chunk_of_row(long long S, int n, long long row) {

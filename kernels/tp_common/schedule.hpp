@@ -8,6 +8,7 @@
 // past its shard are clipped by a per-owner TMA map (loads read zeros, stores drop them).
 #pragma once
 #include "gemm/scheduler.hpp"
+#include "weave/common/split.hpp"
 #include "weave/config.hpp"
 
 namespace weave::tp {
@@ -15,14 +16,8 @@ namespace weave::tp {
 inline constexpr int kBM = 128;  // output tile rows (the GEMM's 128 x 256 tile)
 inline constexpr int kBN = 256;  // output tile columns
 
-struct Range {
-  int begin, size;
-};
-
-__host__ __device__ inline Range shard(int n, int W, int r) {
-  const int q = n / W, rem = n % W;
-  return {r * q + (r < rem ? r : rem), q + (r < rem ? 1 : 0)};
-}
+using Range = Part<int>;
+__host__ __device__ inline Range shard(int n, int W, int r) { return near_equal_part(n, W, r); }
 
 // Everything about the tiling that every rank computes identically.
 struct Layout {

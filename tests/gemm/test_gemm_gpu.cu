@@ -205,5 +205,20 @@ TEST(Gemm, RejectsBadInput) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("num_comm_sms"), std::string::npos) << e.what();
   }
+  // Each operand in turn shorter than the shape needs (p's 1 MiB holds 512 x 1024 bf16; every
+  // operand here needs more), the others long enough: the short one is named.
+  const int M = 520, N = 1024, K = 1024;
+  const char* names[] = {"A needs", "B needs", "C needs"};
+  for (int which = 0; which < 3; ++which) {
+    bf16* big = nullptr;
+    WEAVE_CUDA_CHECK(cudaMalloc(&big, size_t(1024) * 1024 * sizeof(bf16)));
+    try {
+      gemm::gemm(which == 0 ? p : big, which == 1 ? p : big, which == 2 ? p : big, M, N, K, gemm::BLayout::KN);
+      ADD_FAILURE() << "short operand " << which << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(names[which]), std::string::npos) << e.what();
+    }
+    cudaFree(big);
+  }
   cudaFree(p);
 }
