@@ -8,8 +8,12 @@
 // uniform in [-1, 1) the step's 64 products have standard deviation s * 8 / sqrt(K), >= 0.0625 s
 // for K <= 16384, 12 bounds.
 //
-//   weave-bench gemm [--json FILE] [--shapes MxNxK,...] [--layout kn|nk] [--tile auto|256|128]
-//                    [--group G] [--comm 0,8,16,32] [--target-ms T] [--no-balance]
+//   weave-bench gemm [--json FILE] [--set core|models] [--list] [--shapes MxNxK,...] [--layout kn|nk]
+//                    [--tile auto|256|128] [--group G] [--comm 0,8,16,32] [--target-ms T] [--no-balance]
+// --set core (the default): the eight shapes the GEMM was tuned on, B as --layout says (nk).
+// --set models: shapes of real models' MLP layers in all three layouts of a training step, plus
+// ragged ones (below, and kernels/gemm/README.md); --layout kn|nk keeps only the rows of that
+// layout. --shapes replaces the set. --list prints the set as JSON lines and exits (no GPU).
 #include <cuda_bf16.h>
 
 #include <chrono>
@@ -39,10 +43,82 @@ struct Shape {
   int M, N, K;
 };
 
-// The issue's target set: geometric mean >= 0.97x cuBLAS, and >= 1.0x at 8192^3.
-const std::vector<Shape> kDefault = {{4096, 2048, 4096},   {8192, 8192, 8192},   {16384, 16384, 16384},
-                                     {16384, 8192, 16384}, {32768, 16384, 4096}, {16384, 16384, 1024},
-                                     {16384, 16384, 2048}, {8192, 1024, 8192}};
+// --set core: the first target set: geometric mean >= 0.97x cuBLAS, and >= 1.0x at 8192^3.
+const std::vector<Shape> kCore = {{4096, 2048, 4096},   {8192, 8192, 8192},   {16384, 16384, 16384},
+                                  {16384, 8192, 16384}, {32768, 16384, 4096}, {16384, 16384, 1024},
+                                  {16384, 16384, 2048}, {8192, 1024, 8192}};
+
+// One row of a set: the shape, how A and B are stored, and (--set models) where it comes from.
+struct Case {
+  Shape s;
+  gemm::BLayout bl = gemm::BLayout::NK;
+  bool a_km = false;  // A stored K x M (the weight gradient): no weave GEMM reads it yet
+  const char* model = nullptr;  // null outside --set models
+  const char* pass = "";        // fwd, dgrad, wgrad
+  const char* proj = "";        // up or down (the MLP projection)
+  int tokens = 0;               // T; 0 for the ragged rows
+};
+const char* const kNoTransposedA =
+    "A stored K x M (weight gradient dY^T X): weave's GEMM has no transposed-A load; cuBLAS-only";
+
+// --set models (issue 20). A linear layer Y = X W^T over T tokens, W stored out x in like
+// nn.Linear, gives three GEMMs per training step:
+//   fwd    Y  = X W^T   M = T,   N = out, K = in    A = X (M x K), B = W (N x K): BLayout::NK
+//   dgrad  dX = dY W    M = T,   N = in,  K = out   A = dY (M x K), B = W (K x N): BLayout::KN
+//   wgrad  dW = dY^T X  M = out, N = in,  K = T     A = dY stored T x out, i.e. K x M: listed as
+//          "supported": false (weave cannot load a transposed A yet), B = X (K x N)
+// Each model's MLP: up (in = hidden, out = FFN) and down (in = FFN, out = hidden). Forward at
+// three token counts per model, chosen so that together they cover decode (1, 16, 64, 128, 256:
+// split-K / stream-K territory) and prefill/training (512 to 32768); the backward pass at one
+// training token count per model. Then ragged shapes: M, N and K not multiples of 64 (N and K
+// multiples of 8, as TMA needs).
+struct Model {
+  const char* name;
+  int hidden, ffn;
+  int fwd_tokens[3];
+  int bwd_tokens;
+};
+const Model kModels[] = {
+    {"Llama-2 7B", 4096, 11008, {1, 128, 2048}, 8192},
+    {"Llama-3 8B / Mistral 7B", 4096, 14336, {16, 256, 8192}, 2048},
+    {"Llama-2 13B", 5120, 13824, {64, 512, 32768}, 32768},
+    {"DeepSeek-V3 dense FFN", 7168, 18432, {1, 256, 2048}, 2048},
+    {"Llama-3 70B", 8192, 28672, {16, 128, 8192}, 8192},
+    {"Llama-3 405B", 16384, 53248, {64, 512, 32768}, 2048},
+};
+const Case kRagged[] = {
+    {{77, 14344, 4104}, gemm::BLayout::NK},     {{200, 4104, 11016}, gemm::BLayout::NK},
+    {{1000, 13832, 5128}, gemm::BLayout::NK},   {{2047, 5128, 13832}, gemm::BLayout::NK},
+    {{3000, 7176, 18440}, gemm::BLayout::NK},   {{8191, 28680, 8200}, gemm::BLayout::NK},
+    {{4095, 1000, 8200}, gemm::BLayout::KN},    {{12345, 2056, 1032}, gemm::BLayout::KN},
+};
+
+std::vector<Case> models_set() {
+  std::vector<Case> v;
+  for (const Model& m : kModels)
+    for (const char* pass : {"fwd", "dgrad", "wgrad"})
+      for (int t : {0, 1, 2}) {
+        const bool fwd = pass[0] == 'f';
+        if (!fwd && t > 0) continue;
+        const int T = fwd ? m.fwd_tokens[t] : m.bwd_tokens;
+        for (const bool up : {true, false}) {
+          const int in = up ? m.hidden : m.ffn, out = up ? m.ffn : m.hidden;
+          Case c;
+          c.model = m.name, c.pass = pass, c.proj = up ? "up" : "down", c.tokens = T;
+          if (fwd) c.s = {T, out, in}, c.bl = gemm::BLayout::NK;
+          else if (pass[0] == 'd') c.s = {T, in, out}, c.bl = gemm::BLayout::KN;
+          else c.s = {out, in, T}, c.bl = gemm::BLayout::KN, c.a_km = true;
+          v.push_back(c);
+        }
+      }
+  for (Case c : kRagged) {
+    c.model = "ragged", c.pass = c.bl == gemm::BLayout::NK ? "fwd" : "dgrad";
+    v.push_back(c);
+  }
+  return v;
+}
+
+const char* layout_name(gemm::BLayout bl) { return bl == gemm::BLayout::KN ? "kn" : "nk"; }
 
 std::vector<Shape> parse_shapes(const std::string& s) {
   std::vector<Shape> v;
@@ -105,9 +181,40 @@ __global__ void add_abs_kernel(float* s, const bf16* c0, float k, size_t n) {
 }
 
 int run_gemm_bench(const Args& args) {
+  const std::string set_name = args.has("shapes") ? "custom" : args.get("set", "core");
+  const gemm::BLayout layout = args.get("layout", "nk") == "kn" ? gemm::BLayout::KN : gemm::BLayout::NK;
+  std::vector<Case> cases;
+  if (set_name == "models") {
+    for (const Case& c : models_set())
+      if (!args.has("layout") || c.bl == layout) cases.push_back(c);
+  } else {
+    WEAVE_CHECK(set_name == "core" || set_name == "custom", "unknown --set '", set_name, "' (want core or models)");
+    for (const Shape& s : set_name == "custom" ? parse_shapes(args.get("shapes")) : kCore) cases.push_back({s, layout});
+  }
+  WEAVE_CHECK(!cases.empty(), "no shapes to run");
+  // The fields every row of a case shares (impl null: the --list row).
+  auto case_row = [&](const Case& c, const char* impl) {
+    JsonLine j;
+    j.add("kernel", "gemm");
+    if (impl) j.add("impl", impl);
+    j.add("M", c.s.M).add("N", c.s.N).add("K", c.s.K).add("dtype", "bf16").add("layout", layout_name(c.bl));
+    if (c.model) j.add("a_layout", c.a_km ? "km" : "mk").add("pass", c.pass).add("model", c.model);
+    if (c.tokens > 0) j.add("proj", c.proj).add("tokens", c.tokens);
+    return j;
+  };
+  if (args.has("list")) {  // no GPU needed
+    int unsupported = 0;
+    for (const Case& c : cases) {
+      JsonLine j = case_row(c, nullptr);
+      j.add("set", set_name).add("supported", !c.a_km);
+      if (c.a_km) j.add("reason", kNoTransposedA), ++unsupported;
+      std::printf("%s\n", j.str().c_str());
+    }
+    std::fprintf(stderr, "weave-bench gemm --set %s: %zu shapes, %d not supported by weave\n", set_name.c_str(),
+                 cases.size(), unsupported);
+    return 0;
+  }
   JsonSink sink(args);
-  const auto shapes = args.has("shapes") ? parse_shapes(args.get("shapes")) : kDefault;
-  const gemm::BLayout bl = args.get("layout", "nk") == "kn" ? gemm::BLayout::KN : gemm::BLayout::NK;
   gemm::Tile tile = gemm::Tile::Auto;
   if (args.get("tile") == "256") tile = gemm::Tile::M128N256;
   if (args.get("tile") == "128") tile = gemm::Tile::M128N128;
@@ -125,7 +232,10 @@ int run_gemm_bench(const Args& args) {
   WEAVE_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
   cudaDeviceProp prop{};
   WEAVE_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
-  std::printf("gemm bf16 (fp32 accumulate), B %s, device %s, %d SMs\n", bl == gemm::BLayout::KN ? "KxN" : "NxK",
+  bool one_layout = true;
+  for (const Case& c : cases) one_layout = one_layout && c.bl == cases.front().bl;
+  std::printf("gemm bf16 (fp32 accumulate), set %s, B %s, device %s, %d SMs\n", set_name.c_str(),
+              !one_layout ? "per row (nk: N x K, kn: K x N)" : cases.front().bl == gemm::BLayout::KN ? "KxN" : "NxK",
               prop.name, prop.multiProcessorCount);
   std::printf("%-20s %-6s %-8s %5s %10s %9s %7s %9s\n", "MxNxK", "impl", "tile", "comm", "time_us", "TFLOP/s",
               "ratio", "worst");
@@ -135,8 +245,19 @@ int run_gemm_bench(const Args& args) {
   double log_ratio_sum = 0;
   int n_ratio = 0;
   std::vector<std::string> wrong;
-  for (size_t si = 0; si < shapes.size(); ++si) {
-    const Shape& s = shapes[si];
+  int n_unsupported = 0;
+  for (size_t si = 0; si < cases.size(); ++si) {
+    const Case& cs = cases[si];
+    const Shape& s = cs.s;
+    const gemm::BLayout bl = cs.bl;
+    char name[64];
+    std::snprintf(name, sizeof name, cs.model ? "%dx%dx%d %s" : "%dx%dx%d", s.M, s.N, s.K, layout_name(bl));
+    if (cs.a_km) {  // listed so that the set is complete; neither weave nor the baseline here runs it
+      std::printf("%-20s %-6s unsupported: %s\n", name, "weave", kNoTransposedA);
+      sink.write(case_row(cs, "weave").add("supported", false).add("reason", kNoTransposedA));
+      ++n_unsupported;
+      continue;
+    }
     const size_t na = size_t(s.M) * s.K, nb = size_t(s.K) * s.N, nc = size_t(s.M) * s.N;
     const double bytes_in = 2.0 * (na + nb);
     // At least two sets, so that no timed call repeats the previous call's inputs (a call that
@@ -165,21 +286,8 @@ int run_gemm_bench(const Args& args) {
       }
       return check::compare({d.c, s.N}, {ref_r, s.N}, {ref_s, s.N}, s.M, s.N, check::gemm_bound(), 128, 128, st);
     };
-    // The fields every row of this shape shares.
-    auto row = [&](const char* impl) {
-      JsonLine j;
-      j.add("kernel", "gemm")
-          .add("impl", impl)
-          .add("M", s.M)
-          .add("N", s.N)
-          .add("K", s.K)
-          .add("dtype", "bf16")
-          .add("layout", bl == gemm::BLayout::KN ? "kn" : "nk");
-      return j;
-    };
+    auto row = [&](const char* impl) { return case_row(cs, impl); };
     const double flop = 2.0 * s.M * s.N * s.K;
-    char name[64];
-    std::snprintf(name, sizeof name, "%dx%dx%d", s.M, s.N, s.K);
 
     // Every implementation: output poisoned, then timed on rotating inputs (the rotation is the
     // only work added to the timed loop), then its last timed call's output checked against the
@@ -288,6 +396,7 @@ int run_gemm_bench(const Args& args) {
     cudaFree(ref_s);
   }
   if (n_ratio > 0) std::printf("geomean weave/cuBLAS over %d shapes: %.3f\n", n_ratio, std::exp(log_ratio_sum / n_ratio));
+  if (n_unsupported > 0) std::printf("%d shapes not supported by weave (listed, not run)\n", n_unsupported);
   if (!wrong.empty()) {
     std::fprintf(stderr, "weave-bench gemm: %zu incorrect row(s) (replay with WEAVE_TEST_SEED=%llu):\n", wrong.size(),
                  static_cast<unsigned long long>(seed));
@@ -299,5 +408,9 @@ int run_gemm_bench(const Args& args) {
 
 }  // namespace
 
-WEAVE_BENCH(gemm, "bf16 GEMM: weave vs cuBLASLt (--shapes MxNxK,... --layout kn|nk --tile auto|256|128|256s4|256c2 --group G --comm 0,8 --no-balance --accumulate --trace N)",
+WEAVE_BENCH(gemm,
+            "bf16 GEMM: weave vs cuBLASLt (--set core|models: the 8 tuned shapes (default) or real models' MLP "
+            "shapes in all three training layouts plus ragged ones; --list prints the set, no GPU needed; "
+            "--shapes MxNxK,... --layout kn|nk --tile auto|256|128|256s4|256c2 --group G --comm 0,8 --no-balance "
+            "--accumulate --trace N)",
             run_gemm_bench);
