@@ -7,6 +7,9 @@ command -v cmake >/dev/null || need+=(cmake)
 command -v g++ >/dev/null || need+=(g++)
 command -v make >/dev/null || need+=(make)
 [ -f /usr/include/gtest/gtest.h ] || need+=(libgtest-dev)
+# libfabric: the network path (src/net, tests/net), found through pkg-config.
+command -v pkg-config >/dev/null || need+=(pkg-config)
+[ -f /usr/include/rdma/fabric.h ] || need+=(libfabric-dev)
 if [ ${#need[@]} -gt 0 ]; then
   echo "weave: installing ${need[*]}"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo

@@ -47,6 +47,17 @@ inline constexpr Var kVars[] = {
   {"WEAVE_TUNER_CACHE", Type::path, "", Who::user,
    "the tuner's cache file, `off` = memory only; unset: `$XDG_CACHE_HOME/weave/tuner.json`, else "
    "`$HOME/.cache/weave/tuner.json`, else off"},
+  {"WEAVE_NET_PROVIDER", Type::string, "", Who::user,
+   "the libfabric provider of the network path (`tcp`, `verbs`, `efa`, ...); unset: libfabric's first "
+   "choice for RDM endpoints with RMA. libfabric's own `FI_PROVIDER` filters what it offers before weave "
+   "chooses, and `FI_TCP_IFACE` (`FI_SOCKETS_IFACE` for `sockets`) picks the interface"},
+  {"WEAVE_NET_NOTIFY", Type::string, "auto", Who::user,
+   "how a chunk's arrival is published: `ordered` (data write, then flag write; needs the provider's "
+   "write-after-write order), `unordered` (write with immediate data, the receiving proxy sets the flag) "
+   "or `auto` (ordered where the provider orders writes)"},
+  {"WEAVE_NET_TIMEOUT_S", Type::seconds, "30", Who::user,
+   "the network proxy's limit for a completion that does not come, a command it cannot post and a peer "
+   "that stays silent; then every rank's proxy ends with a diagnostic"},
   {"WEAVE_JOB_ID", Type::string, "", Who::launcher,
    "names the job (its bootstrap sockets) under any launcher; set by weave-run; unset: derived from the "
    "launcher's variables, `single-<pid>` without a launcher"},
