@@ -58,6 +58,8 @@ inline constexpr Var kVars[] = {
   {"WEAVE_NET_TIMEOUT_S", Type::seconds, "30", Who::user,
    "the network proxy's limit for a completion that does not come, a command it cannot post and a peer "
    "that stays silent; then every rank's proxy ends with a diagnostic"},
+  {"WEAVE_BOOTSTRAP", Type::string, "", Who::user,
+   "host:port of the rendezvous for jobs across hosts"},
   {"WEAVE_JOB_ID", Type::string, "", Who::launcher,
    "names the job (its bootstrap sockets) under any launcher; set by weave-run; unset: derived from the "
    "launcher's variables, `single-<pid>` without a launcher"},
