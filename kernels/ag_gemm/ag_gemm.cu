@@ -47,9 +47,10 @@ std::vector<int> AgGemm::comm_sms_candidates(int M, int K, int W, int sm_count) 
 LaunchInfo AgGemm::launch(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf16* C, int M, int N, int K,
                           int ncomm, AgVariant variant, cudaStream_t s) {
   Impl& m = *impl_;
-  WEAVE_CHECK(!runtime::capturing(s) || capturable(variant), "ag_gemm: variant ", to_int(variant), " (",
-              variant_name(variant), ") cannot be captured in a CUDA graph (", capture_rule(), ")");
-  m.order.before(s);
+  const bool cap = runtime::capturing(s);
+  WEAVE_CHECK(!cap || capturable(variant), "ag_gemm: variant ", to_int(variant), " (", variant_name(variant),
+              ") cannot be captured in a CUDA graph (", capture_rule(), ")");
+  m.order.before(s, cap);
   const int W = m.c.world(), rank = m.c.rank();
   if (variant == AgVariant::AllGatherGemm) {
     // The own rows into place first (a_shard may be any device memory; the all_gather reads
@@ -66,7 +67,7 @@ LaunchInfo AgGemm::launch(const bf16* a_shard, bf16* a_gathered, const bf16* B, 
     if (copy) off.emplace();
     m.coll->all_gather(own, a_gathered, full, 0, DType::bf16, s);
     gemm::gemm(a_gathered, B, C, M, N, K, gemm::BLayout::KN, {}, s);
-    m.order.after(s);
+    m.order.after(s, cap);
     return {0, m.c.sm_count(), false, to_int(variant)};
   }
   AgGlobals g{};
@@ -96,12 +97,12 @@ LaunchInfo AgGemm::launch(const bf16* a_shard, bf16* a_gathered, const bf16* B, 
   // (P = 0 marks it; real P are >= 1).
   const std::vector<long long> key = {M, N, K, ce ? 0 : g.slices};
   const std::vector<int> counts = {ag_ready_count(g.L), ce ? W : 1};
-  runtime::SignalSet& rd = m.sig.get(m.c, key, counts, 0, s);
-  runtime::SignalSet& ar = m.sig.get(m.c, key, counts, 1, s);
+  runtime::SignalSet& rd = m.sig.get(m.c, key, counts, 0, cap);
+  runtime::SignalSet& ar = m.sig.get(m.c, key, counts, 1, cap);
   g.ready = rd.view();
   g.arrive = ar.view();
-  g.ready_round = rd.next_round(s);
-  g.arrive_round = ar.next_round(s);
+  g.ready_round = rd.next_round(s, cap);
+  g.arrive_round = ar.next_round(s, cap);
   if (ce) {
     void* dst[kMaxWorld] = {};
     for (int q = 0; q < W; ++q) dst[q] = g.gdst[q];
@@ -122,14 +123,14 @@ LaunchInfo AgGemm::launch(const bf16* a_shard, bf16* a_gathered, const bf16* B, 
                  {}, s);
     }
     m.ce.join(s);
-    m.order.after(s);
+    m.order.after(s, cap);
     return {0, m.c.sm_count(), false, to_int(variant)};
   }
   lcsc::Config cfg;
   cfg.num_comm_sms = ncomm;
   const lcsc::Plan p = lcsc::launch<AgKernel>(g, cfg, s);
   if (ce) m.ce.join(s);
-  m.order.after(s);
+  m.order.after(s, cap);
   return {ncomm, p.compute_blocks, false, to_int(variant)};
 }
 

@@ -29,7 +29,8 @@ std::vector<int> GemmAR::comm_sms_candidates(int M, int N, int W, int sm_count) 
 LaunchInfo GemmAR::launch(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, int ncomm,
                           ArVariant variant, cudaStream_t s) {
   Impl& m = *impl_;
-  m.order.before(s);
+  const bool cap = runtime::capturing(s);
+  m.order.before(s, cap);
   const int W = m.c.world(), rank = m.c.rank();
   ArIntraGlobals g{};
   g.L = make_ar_layout(M, N, W, default_group_m(K));
@@ -43,12 +44,12 @@ LaunchInfo GemmAR::launch(const bf16* A, const bf16* B, bf16* out, int M, int N,
   g.rank = rank;
   runtime::ShapeSignals& sig = variant == ArVariant::IntraSm ? m.sig_intra : m.sig;
   const std::vector<int> counts = {variant == ArVariant::IntraSm ? ar_intra_ready_count(g.L) : g.L.work(), 1};
-  runtime::SignalSet& rd = sig.get(m.c, {M, N, K}, counts, 0, s);
-  runtime::SignalSet& dn = sig.get(m.c, {M, N, K}, counts, 1, s);
+  runtime::SignalSet& rd = sig.get(m.c, {M, N, K}, counts, 0, cap);
+  runtime::SignalSet& dn = sig.get(m.c, {M, N, K}, counts, 1, cap);
   g.ready = rd.view();
   g.done = dn.view();
-  g.ready_round = rd.next_round(s);
-  g.done_round = dn.next_round(s);
+  g.ready_round = rd.next_round(s, cap);
+  g.done_round = dn.next_round(s, cap);
   lcsc::Config cfg;
   cfg.num_comm_sms = ncomm;
   lcsc::Plan p;
@@ -58,7 +59,7 @@ LaunchInfo GemmAR::launch(const bf16* A, const bf16* B, bf16* out, int M, int N,
   } else {
     p = lcsc::launch<ArKernel>(g, cfg, s);
   }
-  m.order.after(s);
+  m.order.after(s, cap);
   return {ncomm, p.compute_blocks, false, to_int(variant)};
 }
 

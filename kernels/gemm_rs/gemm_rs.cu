@@ -68,9 +68,9 @@ struct GemmRS::Impl {
     }
   }
   // Collective (every rank picks v2 for the same shapes in the same order).
-  bf16* scratch_for(size_t bytes, cudaStream_t s) {
+  bf16* scratch_for(size_t bytes, cudaStream_t s, bool capturing) {
     if (bytes > scratch_bytes) {
-      if (runtime::capturing(s))
+      if (capturing)
         throw runtime::NotPrepared(detail::concat("gemm_rs: variant 2's scratch must grow to ", bytes,
                                                   " bytes, which a CUDA graph capture cannot do; make one eager call of "
                                                   "this shape first"));
@@ -91,18 +91,19 @@ GemmRS::~GemmRS() = default;
 LaunchInfo GemmRS::launch(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, RsVariant variant,
                           int ncomm, cudaStream_t s) {
   Impl& m = *impl_;
-  WEAVE_CHECK(!runtime::capturing(s) || capturable(variant), "gemm_rs: variant ", to_int(variant), " (",
-              variant_name(variant), ") cannot be captured in a CUDA graph (", capture_rule(), ")");
-  m.order.before(s);
+  const bool cap = runtime::capturing(s);
+  WEAVE_CHECK(!cap || capturable(variant), "gemm_rs: variant ", to_int(variant), " (", variant_name(variant),
+              ") cannot be captured in a CUDA graph (", capture_rule(), ")");
+  m.order.before(s, cap);
   const int W = m.c.world(), rank = m.c.rank();
   if (variant == RsVariant::CopyEngine) {
     launch_copy_engine(A, B, out, M, N, K, s);
-    m.order.after(s);
+    m.order.after(s, cap);
     return {0, m.c.sm_count(), false, to_int(variant)};
   }
   if (variant == RsVariant::ShardGemms) {
     launch_shard_gemms(A, B, out, M, N, K, s);
-    m.order.after(s);
+    m.order.after(s, cap);
     return {0, m.c.sm_count(), false, to_int(variant)};
   }
   RsGlobals g{};
@@ -118,7 +119,7 @@ LaunchInfo GemmRS::launch(const bf16* A, const bf16* B, bf16* out, int M, int N,
   g.own = out;
   g.own_elems = static_cast<long long>(shard(M, W, rank).size) * N;
   if (variant == RsVariant::InterSm) {
-    bf16* scr = m.scratch_for(size_t(M) * N * sizeof(bf16), s);
+    bf16* scr = m.scratch_for(size_t(M) * N * sizeof(bf16), s, cap);
     const runtime::PeerPtrs sp = m.c.peers(scr, size_t(M) * N * sizeof(bf16));
     for (int q = 0; q < W; ++q) {
       const Range sq = shard(M, W, q);
@@ -129,19 +130,19 @@ LaunchInfo GemmRS::launch(const bf16* A, const bf16* B, bf16* out, int M, int N,
   // One set per (shape, variant): each launch's expectations are round * per_round of its variant.
   const std::vector<int> counts = {rs_ready_count(g.L), W, 1};
   runtime::ShapeSignals& sg = m.sig;
-  runtime::SignalSet& rd = sg.get(m.c, {M, N, K, to_int(variant)}, counts, 0, s);
-  runtime::SignalSet& zr = sg.get(m.c, {M, N, K, to_int(variant)}, counts, 1, s);
-  runtime::SignalSet& dn = sg.get(m.c, {M, N, K, to_int(variant)}, counts, 2, s);
+  runtime::SignalSet& rd = sg.get(m.c, {M, N, K, to_int(variant)}, counts, 0, cap);
+  runtime::SignalSet& zr = sg.get(m.c, {M, N, K, to_int(variant)}, counts, 1, cap);
+  runtime::SignalSet& dn = sg.get(m.c, {M, N, K, to_int(variant)}, counts, 2, cap);
   g.ready = rd.view();
   g.zeroed = zr.view();
   g.done = dn.view();
-  g.ready_round = rd.next_round(s);
-  g.zeroed_round = zr.next_round(s);
-  g.done_round = dn.next_round(s);
+  g.ready_round = rd.next_round(s, cap);
+  g.zeroed_round = zr.next_round(s, cap);
+  g.done_round = dn.next_round(s, cap);
   lcsc::Config cfg;
   cfg.num_comm_sms = variant == RsVariant::InterSm ? ncomm : 0;
   const lcsc::Plan p = lcsc::launch<RsKernel>(g, cfg, s);
-  m.order.after(s);
+  m.order.after(s, cap);
   return {cfg.num_comm_sms, p.compute_blocks, false, to_int(variant)};
 }
 

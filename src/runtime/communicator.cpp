@@ -850,13 +850,9 @@ SignalSet::SignalSet(SignalSet&& o) noexcept
   o.c_ = nullptr;
 }
 
-Round SignalSet::next_round(cudaStream_t s) {
+Round SignalSet::next_round(cudaStream_t s, bool capturing) {
   ++round_;
-  if (!device_rounds_) {
-    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-    WEAVE_CUDA_CHECK(cudaStreamIsCapturing(s, &st));
-    device_rounds_ = st != cudaStreamCaptureStatusNone;
-  }
+  device_rounds_ = device_rounds_ || capturing;
   if (!device_rounds_) return {round_, nullptr};
   advance_round(cell_, round_, s);
   return {round_, cell_};

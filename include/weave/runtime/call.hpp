@@ -62,8 +62,10 @@ std::string local_problem(F&& checks) {
 
 // One call in flight per object (its gathered buffers and counters serve one call at a time):
 // a call on another stream than the previous call's first waits for that call's kernel. Calls
-// enqueued into a CUDA graph are left out (a graph cannot wait for an event recorded outside it):
-// a graph's replays and the object's eager calls must not overlap (the caller's stream order).
+// enqueued into a CUDA graph (`capturing`, the call's own capturing(s), taken once per call) are
+// left out: a graph cannot wait for an event recorded outside it, so a graph's replays and the
+// object's eager calls must not overlap (the caller's stream order). Operators that reject
+// capture (check_not_capturing) pass the default.
 class CallOrder {
  public:
   CallOrder() = default;
@@ -72,11 +74,11 @@ class CallOrder {
   ~CallOrder() {
     if (done_) cudaEventDestroy(done_);
   }
-  void before(cudaStream_t s) {
-    if (done_ && s != last_ && !capturing(s)) WEAVE_CUDA_CHECK(cudaStreamWaitEvent(s, done_, 0));
+  void before(cudaStream_t s, bool capturing = false) {
+    if (done_ && s != last_ && !capturing) WEAVE_CUDA_CHECK(cudaStreamWaitEvent(s, done_, 0));
   }
-  void after(cudaStream_t s) {
-    if (capturing(s)) return;
+  void after(cudaStream_t s, bool capturing = false) {
+    if (capturing) return;
     if (!done_) WEAVE_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
     WEAVE_CUDA_CHECK(cudaEventRecord(done_, s));
     last_ = s;
@@ -97,12 +99,12 @@ class ShapeSignals {
   explicit ShapeSignals(std::string name) : name_(std::move(name)) {}
   // Set `which` (< counts.size()) for `shape`, with counts[which] counters. Making a shape's sets
   // synchronizes the device, which a stream capture forbids: the first call of a shape must be an
-  // eager one (when `s` is capturing and the sets are new, this throws saying so).
+  // eager one (when the call is `capturing` and the sets are new, this throws saying so).
   SignalSet& get(Communicator& c, const std::vector<long long>& shape, const std::vector<int>& counts,
-                 int which, cudaStream_t s = nullptr) {
+                 int which, bool capturing = false) {
     auto it = sets_.find(shape);
     if (it == sets_.end()) {
-      if (s && capturing(s))
+      if (capturing)
         throw NotPrepared(name_ + ": the first call of this shape (and variant) must run outside a CUDA graph capture "
                           "(it creates the shape's signal sets, which synchronizes); make one eager call first");
       std::vector<std::unique_ptr<SignalSet>> v;

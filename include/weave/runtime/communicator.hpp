@@ -166,12 +166,12 @@ class SignalSet {
   signals view() const { return view_; }
   // The next round number (1, 2, ...): counters are never reset, a launch waits for multiples.
   unsigned long long next_round() { return ++round_; }
-  // The next round of a launch on `s`: the host's number until the first launch enqueued while `s`
-  // is capturing a CUDA graph; from then on (the host can no longer know how often a graph is
-  // replayed) a one-thread kernel on `s` advances the set's round cell to
-  // max(cell + 1, the host's count), and the launch reads the cell (Round). Every rank's launches
-  // of a set come in the same order, so the cells agree.
-  Round next_round(cudaStream_t s);
+  // The next round of a launch on `s` (`capturing`: whether `s` is capturing a CUDA graph): the
+  // host's number until the set's first captured launch; from then on (the host can no longer
+  // know how often a graph is replayed) a one-thread kernel on `s` advances the set's round cell
+  // to max(cell + 1, the host's count), and the launch reads the cell (Round). Every rank's
+  // launches of a set come in the same order, so the cells agree.
+  Round next_round(cudaStream_t s, bool capturing);
   bool device_rounds() const { return device_rounds_; }
   unsigned long long round() const { return round_; }
   int count() const { return view_.count; }
