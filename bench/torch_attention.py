@@ -29,8 +29,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch_timing import median_us
 
 
+# The checks the PyTorch baselines share (torch_sp.py and torch_ops.py import them).
 BF16_ROUND = 1.0 / 256
 O_BOUND = (BF16_ROUND, 3 * BF16_ROUND)  # (times |r|, times s): check::attention_o_bound()
+LSE_BOUND = 1e-3  # absolute: check::attention_lse_bound()
 
 
 def base_seed():
@@ -52,29 +54,44 @@ def sample_rows(L, seed, piece=64, extra=6):
     return sorted(rows)
 
 
-def check(q, k, v, out, causal, rows):
-    """Worst |x - r| / bound over `rows` of every batch and head against float64 (1 = at the
-    bound; inf for a non-finite output). q, k, v, out: (B, S, H, D)."""
-    B, S, H, D = q.shape
+def check_rows(q, kf, vf, out, lse, rows, row_pos, causal):
+    """Worst |x - r| / bound of O (and of LSE when given) over local `rows` of every batch and head
+    against float64 (1 = at the bound; inf for a non-finite output). q, out: local (B, L, H, D);
+    kf, vf: the whole sequence (B, S, H, D); lse: (B, H, L) or None; row_pos[i] = global position
+    of row i."""
+    B, L, H, D = q.shape
+    S = kf.shape[1]
     scale = 1.0 / math.sqrt(D)
     idx = torch.tensor(rows, device=q.device)
+    pos = torch.tensor([row_pos[i] for i in rows], device=q.device)
     keys = torch.arange(S, device=q.device)
-    worst = 0.0
+    o_worst = l_worst = 0.0
+    inf = float("inf")
     for b in range(B):
         for h in range(H):
-            s = (q[b, idx, h].double() @ k[b, :, h].double().T) * scale
+            s = (q[b, idx, h].double() @ kf[b, :, h].double().T) * scale
             if causal:
-                s = s.masked_fill(keys[None, :] > idx[:, None], float("-inf"))
-            p = torch.softmax(s, dim=1)
-            vv = v[b, :, h].double()
+                s = s.masked_fill(keys[None, :] > pos[:, None], -inf)
+            ref_l = torch.logsumexp(s, dim=1)
+            p = torch.exp(s - ref_l[:, None])
+            vv = vf[b, :, h].double()
             ref = p @ vv
             sc = torch.sqrt((p * p) @ (vv * vv))
             x = out[b, idx, h].double()
             diff = (x - ref).abs()
             ratio = torch.where(diff == 0, torch.zeros_like(diff), diff / (O_BOUND[0] * ref.abs() + O_BOUND[1] * sc))
-            ratio = torch.where(torch.isfinite(x), ratio, torch.full_like(ratio, math.inf))
-            worst = max(worst, ratio.max().item())
-    return worst
+            ratio = torch.where(torch.isfinite(x), ratio, torch.full_like(ratio, inf))
+            o_worst = max(o_worst, ratio.max().item())
+            if lse is not None:
+                lx = lse[b, h, idx].double()
+                lr = torch.where(torch.isfinite(lx), (lx - ref_l).abs() / LSE_BOUND, torch.full_like(lx, inf))
+                l_worst = max(l_worst, lr.max().item())
+    return o_worst, l_worst
+
+
+def check(q, k, v, out, causal, rows):
+    """Worst |x - r| / bound of O over `rows` of every batch and head (q, k, v, out: (B, S, H, D))."""
+    return check_rows(q, k, v, out, None, rows, range(q.shape[1]), causal)[0]
 
 
 def bench(args):

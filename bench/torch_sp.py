@@ -36,6 +36,7 @@ try:
     import torch
     import torch.distributed as dist
 
+    from torch_attention import check_rows, sample_rows
     from torch_timing import median_us
 except ImportError:  # --report needs no torch
     torch = None
@@ -176,12 +177,7 @@ def ulysses_forward(q, k, v, causal, use_cudnn):
     return back.permute(1, 2, 0, 3, 4).reshape(B, L, H, D)
 
 
-# ---- checks against float64 on the gathered sequence
-
-BF16_ROUND = 1.0 / 256
-O_BOUND = (BF16_ROUND, 3 * BF16_ROUND)  # (times |r|, times s): check::attention_o_bound()
-LSE_BOUND = 1e-3  # absolute: check::attention_lse_bound()
-
+# ---- checks against float64 on the gathered sequence (check_rows, sample_rows: torch_attention.py)
 
 def base_seed():
     """Rank 0's WEAVE_TEST_SEED (decimal or 0x-hex) when set, else drawn there; the same on every rank."""
@@ -190,19 +186,6 @@ def base_seed():
     t = torch.tensor([mine % 2**63], dtype=torch.int64, device=DEVICE)
     dist.broadcast(t, 0)
     return int(t.item())
-
-
-def sample_rows(L, seed, piece=64, extra=2):
-    """Row indices to check: the first and last `piece` rows and `extra` more pieces at seeded
-    places (every row when L is not longer than that)."""
-    if L <= piece * (2 + extra):
-        return list(range(L))
-    g = torch.Generator().manual_seed(seed % 2**63)
-    rows = set(range(piece)) | set(range(L - piece, L))
-    for _ in range(extra):
-        a = piece + int(torch.randint(L - 2 * piece, (1,), generator=g))
-        rows |= set(range(a, min(L, a + piece)))
-    return sorted(rows)
 
 
 def gather_seq(x, S, chunks_of):
@@ -220,40 +203,6 @@ def gather_seq(x, S, chunks_of):
             full[:, begin:begin + rows] = parts[s][:, off:off + rows]
             off += rows
     return full
-
-
-def check_rows(q, kf, vf, out, lse, rows, row_pos, causal):
-    """Worst |x - r| / bound of O (and of LSE when given) over local `rows` of every batch and head
-    against float64 (1 = at the bound; inf for a non-finite output). q, out: local (B, L, H, D);
-    kf, vf: gathered (B, S, H, D); lse: (B, H, L) or None; row_pos[i] = global position of row i."""
-    B, L, H, D = q.shape
-    S = kf.shape[1]
-    scale = 1.0 / math.sqrt(D)
-    idx = torch.tensor(rows, device=q.device)
-    pos = torch.tensor([row_pos[i] for i in rows], device=q.device)
-    keys = torch.arange(S, device=q.device)
-    o_worst = l_worst = 0.0
-    inf = float("inf")
-    for b in range(B):
-        for h in range(H):
-            s = (q[b, idx, h].double() @ kf[b, :, h].double().T) * scale
-            if causal:
-                s = s.masked_fill(keys[None, :] > pos[:, None], -inf)
-            ref_l = torch.logsumexp(s, dim=1)
-            p = torch.exp(s - ref_l[:, None])
-            vv = vf[b, :, h].double()
-            ref = p @ vv
-            sc = torch.sqrt((p * p) @ (vv * vv))
-            x = out[b, idx, h].double()
-            diff = (x - ref).abs()
-            ratio = torch.where(diff == 0, torch.zeros_like(diff), diff / (O_BOUND[0] * ref.abs() + O_BOUND[1] * sc))
-            ratio = torch.where(torch.isfinite(x), ratio, torch.full_like(ratio, inf))
-            o_worst = max(o_worst, ratio.max().item())
-            if lse is not None:
-                lx = lse[b, h, idx].double()
-                lr = torch.where(torch.isfinite(lx), (lx - ref_l).abs() / LSE_BOUND, torch.full_like(lx, inf))
-                l_worst = max(l_worst, lr.max().item())
-    return o_worst, l_worst
 
 
 def slowest_us(fn, iters, warmup):
@@ -368,7 +317,7 @@ def main():
                 kf, vf = gather_seq(k, S, chunks_of), gather_seq(v, S, chunks_of)
                 check, off = [], 0
                 for i, (_, rows_) in enumerate(mine):
-                    check += [off + x for x in sample_rows(rows_, seed + 31 * rank + i)]
+                    check += [off + x for x in sample_rows(rows_, (seed + 31 * rank + i) % 2**63, extra=2)]
                     off += rows_
                 o_err, l_err = check_rows(q, kf, vf, out, lse, check, row_pos, causal)
                 del kf, vf
