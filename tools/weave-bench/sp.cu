@@ -300,6 +300,21 @@ int run_sp(const bench::Args& args) {
               .add("tflops", flop / us * 1e-6)
               .add("tflops_per_gpu", flop / us * 1e-6 / world);
         };
+        // The last timed call's output (input set `last`; query rows `mine` of the sequence, `lo` of
+        // them here) against the reference on the whole sequence, combined over ranks.
+        auto check_call = [&](int last, const Chunks& mine_rows, long long lo, uint64_t salt, const bf16* out,
+                              const float* out_lse, const char* name) {
+          check::AttnProblem p;
+          p.B = B, p.Hq = H, p.Hkv = H, p.D = D, p.Skv = S, p.Lq = S, p.Lo = lo, p.causal = cf.causal;
+          const bool all =
+              check_mode == "all" || (check_mode == "auto" && double(B) * H * double(lo) * double(S) <= kAllRowsLimit);
+          long long nrows = 0;
+          const auto rows = rows_to_check(mine_rows, all, check::derive(cfg_seed, salt, rank), &nrows);
+          const check::AttnReport rep =
+              ref.check(p, set[last]->q.as<bf16>(), set[last]->k.as<bf16>(), set[last]->v.as<bf16>(), rows, out,
+                        out_lse, check::attention_o_bound(), check::attention_lse_bound(), st);
+          return verdict(comm, rep, nrows, all, name);
+        };
         auto add_check = [&](bench::JsonLine& j, const Verdict& v, bool has_lse) {
           j.add("check", v.all_rows
                              ? "last timed call, every row vs cuBLAS fp32"
@@ -318,17 +333,8 @@ int run_sp(const bench::Args& args) {
         comm.barrier();  // every rank's output complete (Ulysses: peers write this rank's rows)
         t = slowest(comm, t);
         {
-          const int last = static_cast<int>((calls - 1) % 2);
-          check::AttnProblem p;
-          p.B = B, p.Hq = H, p.Hkv = H, p.D = D, p.Skv = S, p.Lq = S, p.Lo = L, p.causal = cf.causal;
-          const bool all =
-              check_mode == "all" || (check_mode == "auto" && double(B) * H * double(L) * double(S) <= kAllRowsLimit);
-          long long nrows = 0;
-          const auto rows = rows_to_check(mine, all, check::derive(cfg_seed, 0x5A, rank), &nrows);
-          const check::AttnReport rep = ref.check(
-              p, set[last]->q.as<bf16>(), set[last]->k.as<bf16>(), set[last]->v.as<bf16>(), rows, o.data(),
-              is_ring ? lse.as<float>() : nullptr, check::attention_o_bound(), check::attention_lse_bound(), st);
-          const Verdict v = verdict(comm, rep, nrows, all, kernel.c_str());
+          const Verdict v = check_call(static_cast<int>((calls - 1) % 2), mine, L, 0x5A, o.data(),
+                                       is_ring ? lse.as<float>() : nullptr, kernel.c_str());
           all_ok = all_ok && v.ok;
           if (rank == 0) {
             const double tf = flop / t * 1e-6;
@@ -369,17 +375,8 @@ int run_sp(const bench::Args& args) {
               est1 > 1e5 ? 1 : 2, it1, est1 > 1e6 ? 1 : 3);  // a reference taking seconds per call is timed once
           WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
           t1 = slowest(comm, t1);
-          const int last = static_cast<int>((calls1 - 1) % 2);
-          check::AttnProblem p;
-          p.B = B, p.Hq = H, p.Hkv = H, p.D = D, p.Skv = S, p.Lq = S, p.Lo = S, p.causal = cf.causal;
-          const bool all =
-              check_mode == "all" || (check_mode == "auto" && double(B) * H * double(S) * double(S) <= kAllRowsLimit);
-          long long nrows = 0;
-          const auto rows = rows_to_check(Chunks{{0, S}}, all, check::derive(cfg_seed, 0x1C, rank), &nrows);
-          const check::AttnReport rep =
-              ref.check(p, set[last]->q.as<bf16>(), set[last]->k.as<bf16>(), set[last]->v.as<bf16>(), rows,
-                        o1.as<bf16>(), lse1.as<float>(), check::attention_o_bound(), check::attention_lse_bound(), st);
-          const Verdict v = verdict(comm, rep, nrows, all, "weave-1gpu");
+          const Verdict v = check_call(static_cast<int>((calls1 - 1) % 2), Chunks{{0, S}}, S, 0x1C, o1.as<bf16>(),
+                                       lse1.as<float>(), "weave-1gpu");
           all_ok = all_ok && v.ok;
           if (rank == 0) {
             const double tf1 = flop / t1 * 1e-6;
