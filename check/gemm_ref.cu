@@ -22,6 +22,15 @@ __global__ void add_kernel(float* r, const __nv_bfloat16* c, size_t n) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
     r[i] += __bfloat162float(c[i]);
 }
+__global__ void add_f32_kernel(float* r, const float* c, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    r[i] += c[i];
+}
+template <class T>
+__global__ void add_bias_kernel(float* r, const T* bias, size_t M, size_t N) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < M * N; i += size_t(gridDim.x) * blockDim.x)
+    r[i] += static_cast<float>(bias[i % N]);
+}
 __global__ void to_float_kernel(float* d, const __nv_bfloat16* s, size_t n) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
     d[i] = __bfloat162float(s[i]);
@@ -51,21 +60,27 @@ __nv_bfloat16* GemmRef::squares(int which, const __nv_bfloat16* p, size_t n, cud
   return sq_[which];
 }
 
-// Row-major C (M x N) is column-major C^T = B^T A^T: cuBLAS sees m = N, n = M, B first.
-void GemmRef::matmul(const __nv_bfloat16* A, const __nv_bfloat16* B, int M, int N, int K, gemm::BLayout bl, float* C,
-                     bool accumulate, cudaStream_t st) {
+// Row-major C (M x N) is column-major C^T = B^T A^T: cuBLAS sees m = N, n = M, B first. Row-major
+// A (M x K) is column-major A^T (K x M, ld K), taken as is; A stored K x M is column-major A
+// (M x K, ld M), which cuBLAS transposes (its second operand, TRANSB = T).
+void GemmRef::matmul(const __nv_bfloat16* A, const __nv_bfloat16* B, int M, int N, int K, gemm::ALayout al,
+                     gemm::BLayout bl, float* C, bool accumulate, cudaStream_t st) {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
   cublasLtMatmulPreference_t pref = nullptr;
   WEAVE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const cublasOperation_t ta = bl == gemm::BLayout::NK ? CUBLAS_OP_T : CUBLAS_OP_N, tb = CUBLAS_OP_N;
+  const cublasOperation_t ta = bl == gemm::BLayout::NK ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t tb = al == gemm::ALayout::KM ? CUBLAS_OP_T : CUBLAS_OP_N;
   WEAVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
   WEAVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
   if (bl == gemm::BLayout::NK)
     WEAVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, K, N, K));
   else
     WEAVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, N, K, N));
-  WEAVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, K, M, K));
+  if (al == gemm::ALayout::KM)
+    WEAVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, M, K, M));
+  else
+    WEAVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, K, M, K));
   WEAVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, N, M, N));
   WEAVE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   size_t ws = kWorkspace;
@@ -85,12 +100,16 @@ void GemmRef::matmul(const __nv_bfloat16* A, const __nv_bfloat16* B, int M, int 
 
 void GemmRef::run(const __nv_bfloat16* A, const __nv_bfloat16* B, int M, int N, int K, gemm::BLayout bl, float* r,
                   float* s2, bool accumulate, cudaStream_t st) {
+  run(A, B, M, N, K, gemm::ALayout::MK, bl, r, s2, accumulate, st);
+}
+void GemmRef::run(const __nv_bfloat16* A, const __nv_bfloat16* B, int M, int N, int K, gemm::ALayout al,
+                  gemm::BLayout bl, float* r, float* s2, bool accumulate, cudaStream_t st) {
   WEAVE_CHECK(M > 0 && N > 0 && K > 0 && A && B && r, "GemmRef: bad arguments ", M, "x", N, "x", K);
-  matmul(A, B, M, N, K, bl, r, accumulate, st);
+  matmul(A, B, M, N, K, al, bl, r, accumulate, st);
   if (s2) {
     const __nv_bfloat16* a2 = squares(0, A, size_t(M) * K, st);
     const __nv_bfloat16* b2 = squares(1, B, size_t(K) * N, st);
-    matmul(a2, b2, M, N, K, bl, s2, accumulate, st);
+    matmul(a2, b2, M, N, K, al, bl, s2, accumulate, st);
   }
 }
 
@@ -100,6 +119,17 @@ void sqrt_inplace(float* s2, size_t n, cudaStream_t st) {
 }
 void add_bf16(float* r, const __nv_bfloat16* c, size_t n, cudaStream_t st) {
   add_kernel<<<1024, 256, 0, st>>>(r, c, n);
+  WEAVE_CUDA_CHECK(cudaGetLastError());
+}
+void add_f32(float* r, const float* c, size_t n, cudaStream_t st) {
+  add_f32_kernel<<<1024, 256, 0, st>>>(r, c, n);
+  WEAVE_CUDA_CHECK(cudaGetLastError());
+}
+void add_bias(float* r, const void* bias, bool f32, int M, int N, cudaStream_t st) {
+  if (f32)
+    add_bias_kernel<<<1024, 256, 0, st>>>(r, static_cast<const float*>(bias), size_t(M), size_t(N));
+  else
+    add_bias_kernel<<<1024, 256, 0, st>>>(r, static_cast<const __nv_bfloat16*>(bias), size_t(M), size_t(N));
   WEAVE_CUDA_CHECK(cudaGetLastError());
 }
 void to_float(float* d, const __nv_bfloat16* s, size_t n, cudaStream_t st) {

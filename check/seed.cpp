@@ -52,4 +52,9 @@ uint64_t derive(uint64_t base, uint64_t a, uint64_t b) {
   return x ^ (x >> 31);
 }
 
+uint64_t case_seed(uint64_t what) {
+  static uint64_t n = 0;
+  return derive(test_seed(), n++, what);
+}
+
 }  // namespace weave::check

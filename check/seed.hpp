@@ -17,4 +17,8 @@ bool seed_from_env();
 // A stream of independent seeds derived from a base: derive(base, a, b) differs for every (a, b).
 uint64_t derive(uint64_t base, uint64_t a, uint64_t b = 0);
 
+// The seed of input `what` of this process's next test case (each call is a new case): the same
+// sequence of cases replays from the same WEAVE_TEST_SEED.
+uint64_t case_seed(uint64_t what);
+
 }  // namespace weave::check

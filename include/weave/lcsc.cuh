@@ -32,6 +32,8 @@
 //   device: num_work(g), num_iters(g, w)
 //           prologue(g)                                   loader thread, once
 //           load(g, Stage&, Mbarrier& full, w, it)        loader thread
+//           setup(g) (optional)                           every thread of a compute block, once,
+//                                                        before the roles split (HasSetup)
 //           tile_of(g, w) (optional)                      loader thread, once per work item; then
 //                                                        load(g, Stage&, full, tile_of(g, w), it):
 //                                                        what a tile's loads need, worked out once
@@ -104,6 +106,15 @@ template <class K, class = void>
 struct HasAux : std::false_type {};
 template <class K>
 struct HasAux<K, std::void_t<decltype(&K::aux)>> : std::true_type {};
+
+// Optional per-block setup (K::setup(g)): every thread of each compute block calls it once,
+// before the roles split; the template's block barrier follows, so what it writes to K's own
+// shared memory (a table the roles read, e.g. the grouped GEMM's per-expert prefixes) is seen by
+// every role, and num_work may depend on it. It may use __syncthreads. Without it: no code.
+template <class K, class = void>
+struct HasSetup : std::false_type {};
+template <class K>
+struct HasSetup<K, std::void_t<decltype(&K::setup)>> : std::true_type {};
 
 template <class K>
 struct SharedStorage {
@@ -328,6 +339,7 @@ __global__ void __launch_bounds__(128 * (1 + K::kConsumers), 1)
     s.out_empty.init(1);
     tile::fence_barrier_init();
   }
+  if constexpr (HasSetup<K>::value) K::setup(g);
   if constexpr (C > 1) tile::cluster::sync();  // peers arrive on our barriers from here on
   else __syncthreads();
   const int wg = tile::warpgroup_index();
@@ -349,10 +361,11 @@ __global__ void __launch_bounds__(128 * (1 + K::kConsumers), 1)
   if constexpr (C > 1) tile::cluster::sync();
 }
 
-// Computes the grid, raises the shared-memory limit, validates the config, launches.
-// Returns the plan it launched (grid 0: nothing to do, nothing launched).
+// The grid launch<K> would use for `work` items on the current device (raising the kernel's
+// shared-memory limit and measuring how many clusters fit, once per device): a kernel whose work
+// choice depends on its worker count (the GEMM planner, kernels/gemm/plan.hpp) asks here first.
 template <class K>
-Plan launch(const typename K::Globals& g, const Config& cfg, cudaStream_t stream) {
+Plan plan_for(long long work, const Config& cfg) {
   int dev = 0;
   WEAVE_CUDA_CHECK(cudaGetDevice(&dev));
   const DeviceInfo info = device_info(dev);
@@ -386,8 +399,18 @@ Plan launch(const typename K::Globals& g, const Config& cfg, cudaStream_t stream
     }
     raised.fetch_or(1ull << dev, std::memory_order_release);
   }
-  const Plan p = make_plan(K::num_work(g), info.sm_count, cfg, smem, info.smem_optin, C,
-                           cfg.max_clusters > 0 ? cfg.max_clusters : max_clusters[dev]);
+  return make_plan(work, info.sm_count, cfg, smem, info.smem_optin, C,
+                   cfg.max_clusters > 0 ? cfg.max_clusters : max_clusters[dev]);
+}
+
+// Computes the grid, raises the shared-memory limit, validates the config, launches.
+// Returns the plan it launched (grid 0: nothing to do, nothing launched).
+template <class K>
+Plan launch(const typename K::Globals& g, const Config& cfg, cudaStream_t stream) {
+  constexpr size_t smem = shared_bytes<K>();
+  constexpr int C = cluster_size_v<K>;
+  constexpr int threads = 128 * (1 + K::kConsumers);
+  const Plan p = plan_for<K>(K::num_work(g), cfg);
   if (p.grid() == 0) return p;
   if constexpr (C == 1) {
     lcsc_kernel<K><<<p.grid(), threads, smem, stream>>>(g, p.compute_blocks);

@@ -1,7 +1,13 @@
-// Host side of the GEMM: shape validation, tile choice, tensor maps, launch. The four kernel
-// instantiations (2 tiles x 2 B layouts) live here so that users compile none of them.
+// Host side of the GEMM: shape validation, tile choice, tensor maps, launch. The kernel
+// instantiations live here so that users compile none of them: the three main tiles (128x256,
+// 128x128, 64x128) x 2 A layouts x 2 B layouts x 3 epilogues (bf16, bf16 + bias, fp32 with
+// optional bias), and the two experimental tiles x 2 B layouts with the defaults only.
+#include <type_traits>
+
 #include "gemm/gemm.hpp"
 #include "gemm/gemm_kernel.cuh"
+#include "gemm/plan.hpp"
+#include "gemm/split_k_launch.cuh"
 #include "weave/common/error.hpp"
 #include "weave/common/extent.hpp"
 #include "weave/lcsc.cuh"
@@ -11,11 +17,27 @@ namespace weave::gemm {
 
 namespace {
 
+using bf16 = __nv_bfloat16;
+
 // 3 stages x 48 KB + a 64 KB staging tile = 208 KB; 5 x 32 KB + 32 KB = 192 KB.
 template <BLayout L>
 using Big = GemmKernel<256, L, 3>;
-template <BLayout L>
-using Small = GemmKernel<128, L, 5>;
+// With any A layout and epilogue. An fp32 output needs twice the staging bytes: the big tile
+// stages it in two halves of 128 columns (64 KB: 208 KB in all, as bf16), the small one whole
+// (5 x 32 KB + 64 KB = 224 KB, under the 227 KB limit).
+template <BLayout L, ALayout A, class OutT, bool Bias>
+using BigE = GemmKernel<256, L, 3, std::is_same_v<OutT, float> ? 2 : 1, 1, A, OutT, Bias>;
+template <BLayout L, ALayout A, class OutT, bool Bias>
+using SmallE = GemmKernel<128, L, 5, 1, 1, A, OutT, Bias>;
+// Decode: 8 stages of 24 KB (A 64 x 64, B 128 x 64) + 16 KB of bf16 staging (208 KB) or 32 KB of
+// fp32 (224 KB). Memory-bound shapes want many bytes in flight per SM.
+template <BLayout L, ALayout A, class OutT, bool Bias>
+using DecodeE = GemmKernel<128, L, 8, 1, 1, A, OutT, Bias, 64>;
+static_assert(std::is_same_v<BigE<BLayout::NK, ALayout::MK, bf16, false>, Big<BLayout::NK>>,
+              "the default epilogue is the default kernel");
+static_assert(lcsc::shared_bytes<SmallE<BLayout::KN, ALayout::KM, float, true>>() <= 232448, "227 KB");
+static_assert(lcsc::shared_bytes<BigE<BLayout::KN, ALayout::KM, float, true>>() <= 232448, "227 KB");
+static_assert(lcsc::shared_bytes<DecodeE<BLayout::KN, ALayout::KM, float, true>>() <= 232448, "227 KB");
 // 4 x 48 KB + a 32 KB half-tile staging buffer = 224 KB.
 template <BLayout L>
 using Deep = GemmKernel<256, L, 4, 2>;
@@ -23,17 +45,31 @@ using Deep = GemmKernel<256, L, 4, 2>;
 template <BLayout L>
 using Pair = GemmKernel<256, L, 3, 1, 2>;
 
+// Split-K is instantiated for the 128x256 tiles (plain and clustered) and the 64x128 tile, with the
+// default epilogue only: those are the tiles the planner splits (kernels/gemm/plan.hpp).
 template <class Kern>
-lcsc::Plan run(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C, int M, int N, int K, BLayout bl,
-               const Options& opt, int group_m, cudaStream_t stream) {
+constexpr bool kSplittable = ((Kern::BN == 256 && Kern::kStages == 3) || Kern::BM == 64) &&
+                             Kern::kOutputParts == 1 && Kern::kPlainEpilogue && Kern::kALayout == ALayout::MK;
+
+template <class Kern, class OutT>
+lcsc::Plan run(const bf16* A, const bf16* B, OutT* C, int M, int N, int K, const Options& opt, int group_m,
+               cudaStream_t stream, Launch split = {}) {
   using tile::Swizzle;
-  GemmGlobals g{};
-  g.a = tile::encode(tile::tma_2d(A, M, K, K, Kern::BM, 64, Swizzle::B128));
-  if (bl == BLayout::NK)
+  typename Kern::Globals g{};
+  if constexpr (Kern::kALayout == ALayout::KM)
+    g.a = tile::encode(tile::tma_2d(A, K, M, M, 64, 64, Swizzle::B128));  // one 64 x 64 box per consumer
+  else
+    g.a = tile::encode(tile::tma_2d(A, M, K, K, Kern::BM, 64, Swizzle::B128));
+  if constexpr (Kern::kBLayout == BLayout::NK)
     g.b = tile::encode(tile::tma_2d(B, N, K, K, Kern::kBRowsPerCta, 64, Swizzle::B128));
   else
     g.b = tile::encode(tile::tma_2d(B, K, N, N, 64, 64, Swizzle::B128));
-  g.c = tile::encode(tile::tma_2d(static_cast<const __nv_bfloat16*>(C), M, N, N, Kern::BM, 64, Swizzle::B128));
+  g.c = tile::encode(
+      tile::tma_2d(static_cast<const OutT*>(C), M, N, N, Kern::BM, Kern::kOutBlockCols, Swizzle::B128));
+  if constexpr (!Kern::kPlainEpilogue) {
+    g.bias = opt.bias_type == BiasType::None ? nullptr : opt.bias;
+    g.bias_f32 = opt.bias_type == BiasType::F32 ? 1 : 0;
+  }
   g.M = M;
   g.N = N;
   g.K = K;
@@ -41,8 +77,92 @@ lcsc::Plan run(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C,
   g.tiles_n = ceil_div(N, Kern::BN);
   g.group_m = group_m;
   g.accumulate = opt.accumulate ? 1 : 0;
+  if constexpr (kSplittable<Kern>)
+    if (split.splits > 1)
+      return launch_split_k<Kern>(g, static_cast<const OutT*>(C), split.workers, split.splits, opt.lcsc, stream);
   return lcsc::launch<Kern>(g, opt.lcsc, stream);
 }
+
+// The two main tiles with any layout pair and epilogue.
+template <template <BLayout, ALayout, class, bool> class Kern, class OutT, bool Bias>
+lcsc::Plan run_layouts(const bf16* A, const bf16* B, OutT* C, int M, int N, int K, BLayout bl, const Options& opt,
+                       int group_m, cudaStream_t stream, Launch split = {}) {
+  const bool nk = bl == BLayout::NK;
+  if (opt.a_layout == ALayout::KM)
+    return nk ? run<Kern<BLayout::NK, ALayout::KM, OutT, Bias>>(A, B, C, M, N, K, opt, group_m, stream)
+              : run<Kern<BLayout::KN, ALayout::KM, OutT, Bias>>(A, B, C, M, N, K, opt, group_m, stream);
+  return nk ? run<Kern<BLayout::NK, ALayout::MK, OutT, Bias>>(A, B, C, M, N, K, opt, group_m, stream, split)
+            : run<Kern<BLayout::KN, ALayout::MK, OutT, Bias>>(A, B, C, M, N, K, opt, group_m, stream, split);
+}
+
+// The tile and the split: opt's tile when given (split then only when opt.split_k > 1), else
+// plan_gemm's choice for this device. Only the default epilogue (A M x K, bf16 output, no bias)
+// may take the cluster tile or split-K (the instantiations that exist).
+Launch launch_choice(int M, int N, int K, BLayout bl, const Options& opt, bool f32_out) {
+  const bool plain = opt.a_layout == ALayout::MK && !f32_out && opt.bias_type == BiasType::None;
+  lcsc::Config wide = opt.lcsc;
+  wide.balance_waves = false;
+  const int blocks = lcsc::plan_for<Big<BLayout::NK>>(1LL << 40, wide).compute_blocks;
+  // The cluster tile needs the communicator blocks in whole clusters.
+  const bool pair_ok = plain && opt.lcsc.num_comm_sms % 2 == 0;
+  const int pairs = pair_ok ? lcsc::plan_for<Pair<BLayout::NK>>(1LL << 40, wide).compute_blocks / 2 : 0;
+  if (opt.tile != Tile::Auto) {
+    const bool splittable =
+        plain && (opt.tile == Tile::M128N256 || opt.tile == Tile::M128N256C2 || opt.tile == Tile::M64N128);
+    return {opt.tile, splittable && opt.split_k > 1 ? opt.split_k : 1, opt.tile == Tile::M128N256C2 ? pairs : blocks};
+  }
+  PlanInputs in;
+  in.M = M, in.N = N, in.K = K;
+  in.aligned = pitch_aligned(opt.a_layout == ALayout::KM ? M : K) && pitch_aligned(bl == BLayout::NK ? K : N);
+  in.sm_count = blocks;
+  in.pair_clusters = pairs;
+  in.split_k = plain && opt.split_k != 1;
+  const Choice c = plan_gemm(in);
+  int splits = c.splits;
+  if (plain && opt.split_k > 1 && c.tile != Tile::M128N128) splits = opt.split_k;
+  return {c.tile, splits, c.workers};
+}
+
+template <class OutT>
+lcsc::Plan dispatch(const bf16* A, const bf16* B, OutT* C, int M, int N, int K, BLayout bl, const Options& opt,
+                    cudaStream_t stream) {
+  constexpr bool f32 = std::is_same_v<OutT, float>;
+  validate_args(A, B, C, M, N, K, opt, f32);
+  const size_t e = sizeof(bf16);
+  check_extent("gemm", "A", A, size_t(M) * K * e);
+  check_extent("gemm", "B", B, size_t(K) * N * e);
+  check_extent("gemm", "C", C, size_t(M) * N * sizeof(OutT));
+  if (opt.bias_type != BiasType::None)
+    check_extent("gemm", "bias", opt.bias, size_t(N) * (opt.bias_type == BiasType::F32 ? 4 : 2));
+  const Launch l = launch_choice(M, N, K, bl, opt, f32);
+  const Tile t = l.tile;
+  const int group_m = opt.group_m > 0 ? opt.group_m : default_group_m(t, K);
+  if constexpr (f32) {
+    if (t == Tile::M128N256) return run_layouts<BigE, float, true>(A, B, C, M, N, K, bl, opt, group_m, stream);
+    if (t == Tile::M64N128) return run_layouts<DecodeE, float, true>(A, B, C, M, N, K, bl, opt, group_m, stream);
+    return run_layouts<SmallE, float, true>(A, B, C, M, N, K, bl, opt, group_m, stream);
+  } else {
+    // validate_args let the experimental tiles through only with the defaults.
+    const bool nk = bl == BLayout::NK;
+    if (t == Tile::M128N256C2)
+      return nk ? run<Pair<BLayout::NK>>(A, B, C, M, N, K, opt, group_m, stream, l)
+                : run<Pair<BLayout::KN>>(A, B, C, M, N, K, opt, group_m, stream, l);
+    if (t == Tile::M128N256S4)
+      return nk ? run<Deep<BLayout::NK>>(A, B, C, M, N, K, opt, group_m, stream)
+                : run<Deep<BLayout::KN>>(A, B, C, M, N, K, opt, group_m, stream);
+    const bool bias = opt.bias_type != BiasType::None;
+    if (t == Tile::M64N128)
+      return bias ? run_layouts<DecodeE, bf16, true>(A, B, C, M, N, K, bl, opt, group_m, stream)
+                  : run_layouts<DecodeE, bf16, false>(A, B, C, M, N, K, bl, opt, group_m, stream, l);
+    if (t == Tile::M128N256)
+      return bias ? run_layouts<BigE, bf16, true>(A, B, C, M, N, K, bl, opt, group_m, stream)
+                  : run_layouts<BigE, bf16, false>(A, B, C, M, N, K, bl, opt, group_m, stream, l);
+    return bias ? run_layouts<SmallE, bf16, true>(A, B, C, M, N, K, bl, opt, group_m, stream)
+                : run_layouts<SmallE, bf16, false>(A, B, C, M, N, K, bl, opt, group_m, stream);
+  }
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 
@@ -52,12 +172,46 @@ void validate_shape(int M, int N, int K) {
   WEAVE_CHECK(N % 8 == 0, "gemm: N = ", N, " is not a multiple of 8 (TMA needs 16-byte row pitches)");
 }
 
+void validate_args(const void* A, const void* B, const void* C, int M, int N, int K, const Options& opt,
+                   bool f32_out) {
+  validate_shape(M, N, K);
+  WEAVE_CHECK(opt.split_k >= 0, "gemm: split_k = ", opt.split_k, " must be >= 0 (0: the planner decides, 1: never)");
+  WEAVE_CHECK(opt.a_layout == ALayout::MK || opt.a_layout == ALayout::KM, "gemm: unknown A layout ",
+              static_cast<int>(opt.a_layout));
+  WEAVE_CHECK(opt.a_layout == ALayout::MK || M % 8 == 0, "gemm: M = ", M,
+              " is not a multiple of 8, which A stored K x M needs (TMA needs 16-byte row pitches)");
+  WEAVE_CHECK(A && B && C, "gemm: null pointer");
+  WEAVE_CHECK(aligned16(A), "gemm: A (", A, ") is not 16-byte aligned, which TMA needs");
+  WEAVE_CHECK(aligned16(B), "gemm: B (", B, ") is not 16-byte aligned, which TMA needs");
+  WEAVE_CHECK(aligned16(C), "gemm: C (", C, ") is not 16-byte aligned, which TMA needs");
+  switch (opt.bias_type) {
+    case BiasType::None:
+      WEAVE_CHECK(opt.bias == nullptr, "gemm: a bias pointer was given with bias_type None (set BF16 or F32)");
+      break;
+    case BiasType::BF16:
+    case BiasType::F32:
+      WEAVE_CHECK(opt.bias != nullptr, "gemm: bias_type ", opt.bias_type == BiasType::F32 ? "F32" : "BF16",
+                  " needs a bias pointer (N values), got null");
+      WEAVE_CHECK(aligned16(opt.bias), "gemm: bias (", opt.bias, ") is not 16-byte aligned");
+      break;
+    default:
+      WEAVE_CHECK(false, "gemm: unknown bias_type ", static_cast<int>(opt.bias_type));
+  }
+  const bool defaults = opt.a_layout == ALayout::MK && !f32_out && opt.bias_type == BiasType::None;
+  const int tv = static_cast<int>(opt.tile);
+  WEAVE_CHECK(tv >= static_cast<int>(Tile::Auto) && tv <= static_cast<int>(Tile::M64N128), "gemm: unknown tile ", tv);
+  WEAVE_CHECK(defaults || (opt.tile != Tile::M128N256S4 && opt.tile != Tile::M128N256C2), "gemm: tile ",
+              tile_name(opt.tile), " supports only A as M x K, a bf16 output and no bias (use Auto, M128N256, ",
+              "M128N128 or M64N128)");
+}
+
 const char* tile_name(Tile t) {
   switch (t) {
     case Tile::M128N256: return "128x256";
     case Tile::M128N128: return "128x128";
     case Tile::M128N256S4: return "128x256s4";
     case Tile::M128N256C2: return "128x256c2";
+    case Tile::M64N128: return "64x128";
     default: return "auto";
   }
 }
@@ -66,47 +220,18 @@ const char* tile_name(Tile t) {
 // (16 tile rows) measured 2-4% faster at K = 1024 and 2048; long K prefers 8 (perf-notes.md).
 int default_group_m(Tile t, int K) { return t == Tile::M128N128 || K <= 2048 ? 16 : 8; }
 
-// The big tile wins whenever it fills the machine about as well as the small one: it moves
-// fewer bytes per FLOP. The small tile covers shapes whose 128x256 tiles leave much of the last
-// wave (or the whole machine) idle.
-Tile choose_tile(int M, int N, int K, int sm_count) {
-  (void)K;
-  auto fill = [&](int bm, int bn) {
-    const long long tiles = static_cast<long long>(ceil_div(M, bm)) * ceil_div(N, bn);
-    const long long waves = (tiles + sm_count - 1) / sm_count;
-    return static_cast<double>(tiles) / static_cast<double>(waves * sm_count);
-  };
-  const double big = fill(128, 256), small = fill(128, 128);
-  return small > big + 0.08 ? Tile::M128N128 : Tile::M128N256;
+Launch choose_launch(int M, int N, int K, BLayout bl, const Options& opt, bool f32_out) {
+  validate_shape(M, N, K);
+  return launch_choice(M, N, K, bl, opt, f32_out);
 }
 
-lcsc::Plan gemm(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C, int M, int N, int K, BLayout bl,
-                const Options& opt, cudaStream_t stream) {
-  validate_shape(M, N, K);
-  WEAVE_CHECK(A && B && C, "gemm: null pointer");
-  const size_t e = sizeof(__nv_bfloat16);
-  check_extent("gemm", "A", A, size_t(M) * K * e);
-  check_extent("gemm", "B", B, size_t(K) * N * e);
-  check_extent("gemm", "C", C, size_t(M) * N * e);
-  Tile t = opt.tile;
-  if (t == Tile::Auto) {
-    int dev = 0;
-    WEAVE_CUDA_CHECK(cudaGetDevice(&dev));
-    t = choose_tile(M, N, K, lcsc::device_info(dev).sm_count);
-  }
-  const int group_m = opt.group_m > 0 ? opt.group_m : default_group_m(t, K);
-  const bool nk = bl == BLayout::NK;
-  if (t == Tile::M128N256C2)
-    return nk ? run<Pair<BLayout::NK>>(A, B, C, M, N, K, bl, opt, group_m, stream)
-              : run<Pair<BLayout::KN>>(A, B, C, M, N, K, bl, opt, group_m, stream);
-  if (t == Tile::M128N256S4)
-    return nk ? run<Deep<BLayout::NK>>(A, B, C, M, N, K, bl, opt, group_m, stream)
-              : run<Deep<BLayout::KN>>(A, B, C, M, N, K, bl, opt, group_m, stream);
-  if (t == Tile::M128N256)
-    return nk ? run<Big<BLayout::NK>>(A, B, C, M, N, K, bl, opt, group_m, stream)
-              : run<Big<BLayout::KN>>(A, B, C, M, N, K, bl, opt, group_m, stream);
-  return nk ? run<Small<BLayout::NK>>(A, B, C, M, N, K, bl, opt, group_m, stream)
-            : run<Small<BLayout::KN>>(A, B, C, M, N, K, bl, opt, group_m, stream);
+lcsc::Plan gemm(const bf16* A, const bf16* B, bf16* C, int M, int N, int K, BLayout bl, const Options& opt,
+                cudaStream_t stream) {
+  return dispatch(A, B, C, M, N, K, bl, opt, stream);
+}
+lcsc::Plan gemm(const bf16* A, const bf16* B, float* C, int M, int N, int K, BLayout bl, const Options& opt,
+                cudaStream_t stream) {
+  return dispatch(A, B, C, M, N, K, bl, opt, stream);
 }
 
 }  // namespace weave::gemm

@@ -1,4 +1,5 @@
-// Host entry point of the single-GPU bf16 GEMM (kernels/gemm/README.md has the numbers).
+// Host entry point of the single-GPU bf16 GEMM (kernels/gemm/README.md has the numbers): bf16
+// inputs, fp32 accumulation, bf16 or fp32 output, optional bias.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -11,25 +12,57 @@ namespace weave::gemm {
 // M128N256S4: 128x256 with 4 stages and the output staged in two halves (more stages, a short
 // consumer wait between the halves).
 // M128N256C2: 128x256 in 2-CTA clusters along M that share B through TMA multicast.
-enum class Tile : int { Auto = 0, M128N256 = 1, M128N128 = 2, M128N256S4 = 3, M128N256C2 = 4 };
+// M64N128: 64x128 for decode shapes (M <= 64): the two consumer warpgroups split N (64 x 64
+// each) over the same 64 rows of A, 8 stages.
+// Auto: the planner's choice (kernels/gemm/plan.hpp).
+enum class Tile : int { Auto = 0, M128N256 = 1, M128N128 = 2, M128N256S4 = 3, M128N256C2 = 4, M64N128 = 5 };
+
+// The type of Options::bias.
+enum class BiasType : int { None = 0, BF16 = 1, F32 = 2 };
 
 struct Options {
-  bool accumulate = false;  // C += A * B instead of C = A * B
+  bool accumulate = false;  // C += A * B (+ bias) instead of C = A * B (+ bias)
   Tile tile = Tile::Auto;
   int group_m = 0;  // tile rows per raster group; 0 = default
   lcsc::Config lcsc;  // num_comm_sms, grid limits
+  // Split-K of the last partial round (kernels/gemm/split_k.hpp): 0 = the planner decides
+  // (kernels/gemm/plan.hpp; with a given tile, no split), 1 = never, n > 1 = n K ranges. Only the
+  // 128x256 tiles with the default epilogue (A M x K, bf16 C, no bias) split.
+  int split_k = 0;
+  ALayout a_layout = ALayout::MK;      // KM: A stored K x M (weight gradient dY^T X); M % 8 == 0
+  BiasType bias_type = BiasType::None;  // BF16 / F32: bias points to N values of that type
+  const void* bias = nullptr;          // added to every row of C in fp32, before rounding
 };
 
-// C (M x N, row-major, ldc = N) = A (M x K, row-major) * B. Throws weave::Error for shapes TMA
-// cannot address (K and N must be multiples of 8, pointers 16-byte aligned), for an operand whose
-// device allocation is shorter than the shape needs (weave/common/extent.hpp), or a bad config.
-// Returns the grid it launched.
+// C (M x N, row-major, ldc = N) = A * B (+ bias), or C += that with accumulate. A is M x K
+// row-major, or K x M with opt.a_layout = KM; B as `b` says. Throws weave::Error for shapes TMA
+// cannot address (K and N must be multiples of 8, and M too when A is K x M; pointers 16-byte
+// aligned), for an operand whose device allocation is shorter than the shape needs
+// (weave/common/extent.hpp), a bias type without a pointer (or the reverse), or a bad config.
+// The experimental tiles (M128N256S4, M128N256C2) take only the defaults: A M x K, bf16 output,
+// no bias. Returns the grid it launched.
 lcsc::Plan gemm(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C, int M, int N, int K, BLayout b,
                 const Options& opt = {}, cudaStream_t stream = nullptr);
+// The same with an fp32 output (C += accumulates in fp32 through TMA reduce-add stores).
+lcsc::Plan gemm(const __nv_bfloat16* A, const __nv_bfloat16* B, float* C, int M, int N, int K, BLayout b,
+                const Options& opt = {}, cudaStream_t stream = nullptr);
+
+// The tile and split-K choice gemm() makes for these arguments on the current device (the
+// planner, kernels/gemm/plan.hpp, when opt.tile is Auto).
+struct Launch {
+  Tile tile = Tile::M128N256;
+  int splits = 1;   // K ranges of each item of the last partial round
+  int workers = 0;  // compute blocks (clusters for the cluster tile) the split was planned for
+};
+Launch choose_launch(int M, int N, int K, BLayout b, const Options& opt = {}, bool f32_out = false);
 
 // Pure functions (CPU-tested).
 void validate_shape(int M, int N, int K);
-Tile choose_tile(int M, int N, int K, int sm_count);
+// Everything gemm checks before it touches the device: the shape, A's layout (M % 8 when K x M),
+// 16-byte aligned A, B, C and bias, the bias type against its pointer, and the tile against the
+// options. f32_out: C is float.
+void validate_args(const void* A, const void* B, const void* C, int M, int N, int K, const Options& opt,
+                   bool f32_out);
 int default_group_m(Tile t, int K);
 const char* tile_name(Tile t);
 

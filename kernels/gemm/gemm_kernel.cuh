@@ -1,18 +1,24 @@
-// The single-GPU bf16 GEMM as an LCSC kernel: C = A * B (or C += A * B), fp32 accumulation.
-// A is M x K row-major; B is K x N row-major (BLayout::KN) or N x K row-major (BLayout::NK).
-// Fused tensor-parallel kernels extend this struct (its storer and communicator).
+// The single-GPU bf16 GEMM as an LCSC kernel: C = A * B (+ bias) (or C += ...), fp32 accumulation.
+// A is M x K row-major (ALayout::MK) or K x M row-major (ALayout::KM); B is K x N row-major
+// (BLayout::KN) or N x K row-major (BLayout::NK). C is bf16 or fp32 (OutT); with Bias, a vector
+// of N values (bf16 or fp32, chosen at run time) is added to every row in fp32 before rounding.
+// Fused tensor-parallel kernels extend this struct (its storer and communicator) with the
+// defaults: A M x K, bf16 output, no bias.
 //
 // Tile BM x BN x 64 with BM = 128: two consumer warpgroups of 64 x BN each, one
-// m64nBNk16 wgmma per 16 of K. Operands arrive by TMA with the 128-byte swizzle. The epilogue
-// packs the accumulators to bf16, stmatrix-es them into a swizzled staging tile and the storer
-// thread writes it with TMA stores (reduce-add stores for C +=), while the consumers go on to
-// the next tile.
+// m64nBNk16 wgmma per 16 of K. BM = 64 (decode shapes, M <= 64): the two consumers split N, each
+// 64 x BN/2 with one m64n(BN/2)k16 per 16 of K, reading the same A rows. Operands arrive by TMA
+// with the 128-byte swizzle. The epilogue packs the accumulators to bf16 and stmatrix-es them
+// (fp32: 8-byte shared stores) into a swizzled staging tile, and the storer thread writes it
+// with TMA stores (reduce-add stores for C +=), while the consumers go on to the next tile.
 //
 // Cluster = 2: the two CTAs of a cluster compute vertically adjacent tiles (tile rows 2i and
 // 2i+1, same tile column), so they need the same B panel. Each loads its own A and half of B,
 // multicasting that half into both CTAs: B crosses L2 -> SM once per pair.
 #pragma once
 #include <cuda.h>
+
+#include <type_traits>
 
 #include "gemm/layout.hpp"
 #include "gemm/scheduler.hpp"
@@ -26,19 +32,37 @@
 namespace weave::gemm {
 
 struct GemmGlobals {
-  CUtensorMap a;  // box {64 (K), 128 rows}
+  CUtensorMap a;  // MK: box {64 (K), 128 rows}; KM: box {64 (M), 64 (K)}
   CUtensorMap b;  // KN: box {64 (N), 64 (K)}; NK: box {64 (K), BN rows}
-  CUtensorMap c;  // box {64 (N), 128 rows}
+  CUtensorMap c;  // box {128 bytes of N (64 bf16 or 32 fp32), BM rows}
   int M, N, K;
   int tiles_m, tiles_n, group_m;
   int accumulate;
 };
 
-template <int BN_, BLayout L, int Stages, int OutParts = 1, int Cluster = 1>
+// Only kernels with an fp32 output or a bias take these, so that the default kernel's (and the
+// fused kernels') parameters stay what they were.
+struct GemmEpilogueGlobals : GemmGlobals {
+  const void* bias;  // N values (16-byte aligned), or null: no bias
+  int bias_f32;      // 1: bias is float, 0: bf16
+};
+
+template <int BN_, BLayout L, int Stages, int OutParts = 1, int Cluster = 1, ALayout LA = ALayout::MK,
+          class OutT = tile::bf16, bool Bias = false, int BM_ = 128>
 struct GemmKernel {
   using bf16 = tile::bf16;
-  using Globals = GemmGlobals;
-  static constexpr int BM = 128, BN = BN_, BK = 64;
+  static constexpr bool kF32Out = std::is_same_v<OutT, float>;
+  static_assert(kF32Out || std::is_same_v<OutT, bf16>, "bf16 or fp32 output");
+  static constexpr bool kPlainEpilogue = !kF32Out && !Bias;
+  using Globals = std::conditional_t<kPlainEpilogue, GemmGlobals, GemmEpilogueGlobals>;
+  static constexpr ALayout kALayout = LA;
+  static constexpr BLayout kBLayout = L;
+  static constexpr int BM = BM_, BN = BN_, BK = 64;
+  // Each consumer warpgroup's share of the tile: 64 rows x kWN columns.
+  static constexpr int kWN = BM == 128 ? BN : BN / 2;
+  static_assert(BM == 128 || BM == 64, "BM of 128 (consumers split M) or 64 (consumers split N)");
+  static_assert(BM == 128 || (OutParts == 1 && Cluster == 1), "BM = 64: one output part, no cluster");
+  static_assert(kWN % 64 == 0, "whole 64-column blocks per consumer");
   static constexpr int kStages = Stages;
   static constexpr int kConsumers = 2;
   static constexpr int kProducerRegs = 40;
@@ -49,19 +73,22 @@ struct GemmKernel {
   static constexpr int kBRowsPerCta = BN_ / Cluster;  // NK: B rows each CTA loads (and multicasts)
   static_assert(Cluster == 1 || Cluster == 2, "clusters of 1 or 2 along M");
   static constexpr int kPartCols = BN_ / OutParts;
+  static constexpr int kWPartCols = BM_ == 128 ? kPartCols : BN_ / 2;  // one consumer's columns of a part
+  // Output columns per 128-byte swizzled staging row, the TMA store box's inner extent.
+  static constexpr int kOutBlockCols = 128 / static_cast<int>(sizeof(OutT));
   static constexpr uint32_t kStageTxBytes = (BM + BN) * BK * sizeof(bf16);
   static_assert(BN % 64 == 0 && BN <= 256, "BN in 64..256, multiple of 64");
   static_assert(kPartCols % 64 == 0 && kPartCols * OutParts == BN, "output parts of whole 64-column blocks");
 
   struct alignas(1024) Stage {
-    bf16 a[BM * BK];  // 128 rows of 128 B (K-major, swizzled)
+    bf16 a[BM * BK];  // MK: BM rows of 128 B (K-major); KM: BM/64 blocks of 64 K-rows x 128 B (M-major)
     bf16 b[BN * BK];  // NK: BN rows of 128 B; KN: BN/64 blocks of 64 K-rows x 128 B (N-major)
   };
   struct alignas(1024) Output {
-    bf16 c[BM * kPartCols];  // kPartCols/64 blocks of 128 rows x 128 B, swizzled
+    OutT c[BM * kPartCols];  // kPartCols/kOutBlockCols blocks of BM rows x 128 B, swizzled
   };
   struct ConsumerState {
-    float d[BN / 2];
+    float d[kWN / 2];
   };
 
   static __host__ __device__ int num_work(const Globals& g) { return (g.tiles_m + Cluster - 1) / Cluster * g.tiles_n; }
@@ -88,7 +115,13 @@ struct GemmKernel {
   static __device__ __forceinline__ void load(const Globals& g, Stage& s, tile::Mbarrier& full, const TileCoord& t,
                                               int it) {
     const int k0 = it * BK;
-    tile::tma::load_2d(s.a, &g.a, &full, k0, t.m * BM);
+    if constexpr (LA == ALayout::MK) {
+      tile::tma::load_2d(s.a, &g.a, &full, k0, t.m * BM);
+    } else {
+      // One 64 (M) x 64 (K) box per consumer warpgroup: a box's 128-byte rows hold 64 M of one k.
+#pragma unroll
+      for (int j = 0; j < BM / 64; ++j) tile::tma::load_2d(s.a + j * 64 * BK, &g.a, &full, t.m * BM + 64 * j, k0);
+    }
     if constexpr (Cluster == 1) {
       if constexpr (L == BLayout::NK) {
         tile::tma::load_2d(s.b, &g.b, &full, k0, t.n * BN);
@@ -111,18 +144,30 @@ struct GemmKernel {
   }
 
   static __device__ __forceinline__ void consume(const Globals&, ConsumerState& st, Stage& s, int, int it, int c) {
-    const uint32_t a0 = tile::smem_u32(s.a) + c * 64 * 128;
-    const uint32_t b0 = tile::smem_u32(s.b);
+    // BM = 128: consumer c's 64 rows of A (8 KB on, either A layout), all of B. BM = 64: all of A,
+    // B's columns c * kWN on: kWN rows of 128 B (NK) or kWN / 64 blocks of 8 KB (KN), the same bytes.
+    const uint32_t a0 = tile::smem_u32(s.a) + (BM == 128 ? c * 64 * 128 : 0);
+    const uint32_t b0 = tile::smem_u32(s.b) + (BM == 128 ? 0 : c * kWN * 128);
     tile::wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk) {
-      const uint64_t da = tile::wgmma::make_desc(a0 + kk * 32, 16, 1024, tile::Swizzle::B128);
+      uint64_t da;
+      if constexpr (LA == ALayout::MK) {
+        da = tile::wgmma::make_desc(a0 + kk * 32, 16, 1024, tile::Swizzle::B128);
+      } else {
+        // M-major A, the same descriptor as B stored K x N: this consumer's box is 64 k-rows of
+        // 128 B (64 M each); a k16 step starts 16 rows = 2048 B on; SBO = 1024 B is the next
+        // 8 k-rows (one swizzle atom). LBO is the stride to the next 64-M block (the next box,
+        // 8192 B); an m64 operand never reaches it, but it is the true value.
+        da = tile::wgmma::make_desc(a0 + kk * 16 * 128, BK * 128, 1024, tile::Swizzle::B128);
+      }
+      constexpr int kTransA = LA == ALayout::KM ? 1 : 0;
       if constexpr (L == BLayout::NK) {
         const uint64_t db = tile::wgmma::make_desc(b0 + kk * 32, 16, 1024, tile::Swizzle::B128);
-        tile::wgmma::mma_ss<bf16, BN, 0>(st.d, da, db, (it > 0 || kk > 0) ? 1 : 0);
+        tile::wgmma::mma_ss<bf16, kWN, 0, kTransA>(st.d, da, db, (it > 0 || kk > 0) ? 1 : 0);
       } else {
         const uint64_t db = tile::wgmma::make_desc(b0 + kk * 16 * 128, BK * 128, 1024, tile::Swizzle::B128);
-        tile::wgmma::mma_ss<bf16, BN, 1>(st.d, da, db, (it > 0 || kk > 0) ? 1 : 0);
+        tile::wgmma::mma_ss<bf16, kWN, 1, kTransA>(st.d, da, db, (it > 0 || kk > 0) ? 1 : 0);
       }
     }
     tile::wgmma::commit_group();
@@ -134,17 +179,84 @@ struct GemmKernel {
     tile::wgmma::fence_operands(st.d);
   }
 
-  template <int P>
-  static __device__ __forceinline__ void finish_part(ConsumerState& st, Output& o, int c) {
-    tile::store_accumulator_swizzled<bf16, BN, P * kPartCols, kPartCols>(o.c, BM, c * 64, st.d);
+  // bias[n] added to columns [C0, C0 + CN) of the accumulator. A thread's columns come in pairs
+  // (8j + 2(lane % 4) + {0, 1}) on two rows; N % 8 == 0, so a pair is inside N or outside it.
+  template <class BiasT, int C0, int CN>
+  static __device__ __forceinline__ void add_bias_cols(const BiasT* bias, int n0, int N, ConsumerState& st) {
+    const int n_lane = n0 + 2 * (threadIdx.x & 3);
+#pragma unroll
+    for (int j = C0 / 8; j < (C0 + CN) / 8; ++j) {
+      const int n = n_lane + 8 * j;
+      float b0 = 0.f, b1 = 0.f;
+      if (n < N) {
+        if constexpr (std::is_same_v<BiasT, float>) {
+          const float2 v = __ldg(reinterpret_cast<const float2*>(bias + n));
+          b0 = v.x, b1 = v.y;
+        } else {
+          const float2 v = __bfloat1622float2(__ldg(reinterpret_cast<const __nv_bfloat162*>(bias + n)));
+          b0 = v.x, b1 = v.y;
+        }
+      }
+      st.d[4 * j + 0] += b0;
+      st.d[4 * j + 1] += b1;
+      st.d[4 * j + 2] += b0;
+      st.d[4 * j + 3] += b1;
+    }
   }
-  static __device__ __forceinline__ void finish(const Globals&, ConsumerState& st, Output& o, int, int c, int part) {
+
+  // fp32 accumulator -> the fp32 staging tile: blocks of 32 columns x BM rows of 128 B with the
+  // 128B swizzle (what a TMA store with a {32, BM} box reads). No stmatrix for 32-bit elements:
+  // each thread writes its column pairs as 8-byte stores. In one store the warp's 8 rows x 32 B
+  // land, through the swizzle, on 16 different 16-byte chunks: two wavefronts for 256 B, the
+  // minimum.
+  template <int C0, int CN>
+  static __device__ __forceinline__ void store_f32_swizzled(float* tile_base, int row0, const ConsumerState& st) {
+    const int lane = threadIdx.x & 31;
+    const int warp = (threadIdx.x / 32) % 4;
+    const uint32_t row = static_cast<uint32_t>(row0 + warp * 16 + lane / 4);
+    const uint32_t base = tile::smem_u32(tile_base);
+#pragma unroll
+    for (int j = C0 / 8; j < (C0 + CN) / 8; ++j) {
+      const int col = 8 * j + 2 * (lane & 3) - C0;
+      const uint32_t blk = static_cast<uint32_t>(col / 32) * BM * 128u;
+      const uint32_t byte = static_cast<uint32_t>(col % 32) * 4u;
+      const uint32_t a0 = base + blk + tile::swizzled_offset(tile::Swizzle::B128, row, byte);
+      const uint32_t a1 = base + blk + tile::swizzled_offset(tile::Swizzle::B128, row + 8, byte);
+      asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(a0), "f"(st.d[4 * j + 0]), "f"(st.d[4 * j + 1]) : "memory");
+      asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(a1), "f"(st.d[4 * j + 2]), "f"(st.d[4 * j + 3]) : "memory");
+    }
+  }
+
+  // Accumulator columns [P * kPartCols, (P + 1) * kPartCols) go to part P of the staging tile
+  // (BM = 128: every consumer holds every column, at its own rows). BM = 64: one part; consumer
+  // c's columns are the tile's c * kWN on, i.e. staging blocks from c * kWN / kOutBlockCols on,
+  // c * kWN * BM elements.
+  template <int P>
+  static __device__ __forceinline__ void finish_part(const Globals& g, ConsumerState& st, Output& o, int w, int c) {
+    const int row0 = BM == 128 ? c * 64 : 0;
+    OutT* const dst = o.c + (BM == 128 ? 0 : c * kWN * BM);
+    if constexpr (Bias) {
+      if (g.bias != nullptr) {
+        const int n0 = coord(g, w).n * BN + (BM == 128 ? 0 : c * kWN);
+        if (g.bias_f32)
+          add_bias_cols<float, P * kPartCols, kWPartCols>(static_cast<const float*>(g.bias), n0, g.N, st);
+        else
+          add_bias_cols<bf16, P * kPartCols, kWPartCols>(static_cast<const bf16*>(g.bias), n0, g.N, st);
+      }
+    }
+    if constexpr (kF32Out)
+      store_f32_swizzled<P * kPartCols, kWPartCols>(dst, row0, st);
+    else
+      tile::store_accumulator_swizzled<bf16, kWN, P * kPartCols, kWPartCols>(dst, BM, row0, st.d);
+  }
+  static __device__ __forceinline__ void finish(const Globals& g, ConsumerState& st, Output& o, int w, int c,
+                                                int part) {
     if constexpr (OutParts == 1) {
-      finish_part<0>(st, o, c);
+      finish_part<0>(g, st, o, w, c);
     } else {
       static_assert(OutParts == 2, "1 or 2 output parts");
-      if (part == 0) finish_part<0>(st, o, c);
-      else finish_part<1>(st, o, c);
+      if (part == 0) finish_part<0>(g, st, o, w, c);
+      else finish_part<1>(g, st, o, w, c);
     }
   }
 
@@ -152,13 +264,13 @@ struct GemmKernel {
     const TileCoord t = coord(g, w);
     if (t.m >= g.tiles_m) return;
 #pragma unroll
-    for (int j = 0; j < kPartCols / 64; ++j) {
-      const int n = t.n * BN + part * kPartCols + 64 * j;
+    for (int j = 0; j < kPartCols / kOutBlockCols; ++j) {
+      const int n = t.n * BN + part * kPartCols + kOutBlockCols * j;
       if (n >= g.N) break;
-      if (g.accumulate)
-        tile::tma::reduce_add_2d(&g.c, o.c + j * BM * 64, n, t.m * BM);
+      if (g.accumulate)  // fp32 or bf16 add at L2, by the tensor map's type
+        tile::tma::reduce_add_2d(&g.c, o.c + j * BM * kOutBlockCols, n, t.m * BM);
       else
-        tile::tma::store_2d(&g.c, o.c + j * BM * 64, n, t.m * BM);
+        tile::tma::store_2d(&g.c, o.c + j * BM * kOutBlockCols, n, t.m * BM);
     }
   }
 

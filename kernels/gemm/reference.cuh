@@ -38,7 +38,8 @@ inline void fill_uniform(__nv_bfloat16* p, size_t n, uint64_t seed, float scale 
 }
 
 // C (M x N row-major) = A * B (+ C), through cuBLASLt. Row-major C is column-major C^T = B^T A^T,
-// so cuBLAS sees m = N, n = M with B as its first operand.
+// so cuBLAS sees m = N, n = M with B as its first operand; A stored K x M (ALayout::KM) is its
+// second operand transposed.
 class CublasLt {
  public:
   CublasLt() {
@@ -55,26 +56,34 @@ class CublasLt {
 
   void run(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C, int M, int N, int K, BLayout bl,
            bool accumulate, cudaStream_t st) {
-    prepare(M, N, K, bl);
+    run(A, B, C, M, N, K, ALayout::MK, bl, accumulate, st);
+  }
+  void run(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C, int M, int N, int K, ALayout al,
+           BLayout bl, bool accumulate, cudaStream_t st) {
+    prepare(M, N, K, al, bl);
     const float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
     WEAVE_CUBLAS_CHECK(cublasLtMatmul(h_, op_, &alpha, B, lb_, A, la_, &beta, C, lc_, C, lc_, &algo_, ws_, kWorkspace,
                                       st));
   }
 
  private:
-  void prepare(int M, int N, int K, BLayout bl) {
-    if (op_ && M == M_ && N == N_ && K == K_ && bl == bl_) return;
+  void prepare(int M, int N, int K, ALayout al, BLayout bl) {
+    if (op_ && M == M_ && N == N_ && K == K_ && bl == bl_ && al == al_) return;
     release();
-    M_ = M, N_ = N, K_ = K, bl_ = bl;
+    M_ = M, N_ = N, K_ = K, bl_ = bl, al_ = al;
     WEAVE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    const cublasOperation_t ta = bl == BLayout::NK ? CUBLAS_OP_T : CUBLAS_OP_N, tb = CUBLAS_OP_N;
+    const cublasOperation_t ta = bl == BLayout::NK ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t tb = al == ALayout::KM ? CUBLAS_OP_T : CUBLAS_OP_N;
     WEAVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
     WEAVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
     if (bl == BLayout::NK)
       WEAVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb_, CUDA_R_16BF, K, N, K));  // stored N x K row-major
     else
       WEAVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb_, CUDA_R_16BF, N, K, N));
-    WEAVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la_, CUDA_R_16BF, K, M, K));
+    if (al == ALayout::KM)
+      WEAVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la_, CUDA_R_16BF, M, K, M));  // stored K x M row-major
+    else
+      WEAVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la_, CUDA_R_16BF, K, M, K));
     WEAVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc_, CUDA_R_16BF, N, M, N));
     cublasLtMatmulPreference_t pref;
     WEAVE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -103,6 +112,7 @@ class CublasLt {
   cublasLtMatmulAlgo_t algo_{};
   int M_ = 0, N_ = 0, K_ = 0;
   BLayout bl_ = BLayout::KN;
+  ALayout al_ = ALayout::MK;
 };
 
 }  // namespace weave::gemm::ref

@@ -2,6 +2,7 @@
 // planning and config validation, GEMM shape validation and tile choice. No GPU needed.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -159,10 +160,79 @@ TEST(GemmShape, Validation) {
   EXPECT_NE(error_of([] { gemm::validate_shape(0, 128, 128); }).find("positive"), std::string::npos);
 }
 
-TEST(GemmShape, TileChoice) {
-  EXPECT_EQ(gemm::choose_tile(8192, 8192, 8192, 132), gemm::Tile::M128N256);
-  EXPECT_EQ(gemm::choose_tile(16384, 16384, 1024, 132), gemm::Tile::M128N256);
-  // 256 tiles of 128x256 on 132 SMs leave 4 idle of 264 slots; small tiles only win when the
-  // big ones cannot fill the machine.
-  EXPECT_EQ(gemm::choose_tile(1024, 1024, 1024, 132), gemm::Tile::M128N128);
+// Everything gemm rejects before touching the device, with addresses that are never dereferenced.
+TEST(GemmShape, ArgumentValidation) {
+  const void* p = reinterpret_cast<const void*>(uintptr_t(0x10000));
+  const void* odd = reinterpret_cast<const void*>(uintptr_t(0x10008));
+  gemm::Options o;
+  EXPECT_EQ(error_of([&] { gemm::validate_args(p, p, p, 1000, 776, 520, o, false); }), "");
+  EXPECT_EQ(error_of([&] { gemm::validate_args(p, p, p, 1001, 776, 520, o, true); }), "");
+  EXPECT_NE(error_of([&] { gemm::validate_args(p, p, p, 128, 128, 100, o, false); }).find("K = 100"),
+            std::string::npos);
+  // A stored K x M: M is its row pitch.
+  o.a_layout = gemm::ALayout::KM;
+  EXPECT_EQ(error_of([&] { gemm::validate_args(p, p, p, 1000, 776, 520, o, false); }), "");
+  EXPECT_EQ(error_of([&] { gemm::validate_args(p, p, p, 8, 8, 8, o, true); }), "");
+  EXPECT_NE(error_of([&] { gemm::validate_args(p, p, p, 1001, 776, 520, o, false); })
+                .find("M = 1001 is not a multiple of 8, which A stored K x M needs"),
+            std::string::npos);
+  o.a_layout = static_cast<gemm::ALayout>(7);
+  EXPECT_NE(error_of([&] { gemm::validate_args(p, p, p, 128, 128, 128, o, false); }).find("unknown A layout"),
+            std::string::npos);
+  // Pointers: null, and 16-byte alignment of each operand, named.
+  o = {};
+  EXPECT_NE(error_of([&] { gemm::validate_args(nullptr, p, p, 128, 128, 128, o, false); }).find("null pointer"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { gemm::validate_args(odd, p, p, 128, 128, 128, o, false); }).find("A ("), std::string::npos);
+  EXPECT_NE(error_of([&] { gemm::validate_args(p, odd, p, 128, 128, 128, o, false); }).find("B ("), std::string::npos);
+  EXPECT_NE(error_of([&] { gemm::validate_args(p, p, odd, 128, 128, 128, o, true); }).find("C ("), std::string::npos);
+  // Bias: a type needs a pointer, a pointer needs a type, and it is 16-byte aligned.
+  o.bias_type = gemm::BiasType::BF16;
+  EXPECT_NE(error_of([&] { gemm::validate_args(p, p, p, 128, 128, 128, o, false); }).find("needs a bias pointer"),
+            std::string::npos);
+  o.bias = p;
+  EXPECT_EQ(error_of([&] { gemm::validate_args(p, p, p, 128, 128, 128, o, false); }), "");
+  o.bias_type = gemm::BiasType::F32;
+  EXPECT_EQ(error_of([&] { gemm::validate_args(p, p, p, 128, 128, 128, o, true); }), "");
+  o.bias = odd;
+  EXPECT_NE(error_of([&] { gemm::validate_args(p, p, p, 128, 128, 128, o, true); }).find("bias ("), std::string::npos);
+  o.bias_type = gemm::BiasType::None;
+  o.bias = p;
+  EXPECT_NE(error_of([&] { gemm::validate_args(p, p, p, 128, 128, 128, o, false); }).find("bias_type None"),
+            std::string::npos);
+  // The experimental tiles take only the defaults.
+  for (gemm::Tile t : {gemm::Tile::M128N256S4, gemm::Tile::M128N256C2}) {
+    o = {};
+    o.tile = t;
+    EXPECT_EQ(error_of([&] { gemm::validate_args(p, p, p, 128, 128, 128, o, false); }), "");
+    EXPECT_NE(error_of([&] { gemm::validate_args(p, p, p, 128, 128, 128, o, true); }).find("supports only"),
+              std::string::npos);
+    o.a_layout = gemm::ALayout::KM;
+    EXPECT_NE(error_of([&] { gemm::validate_args(p, p, p, 128, 128, 128, o, false); }).find("supports only"),
+              std::string::npos);
+    o.a_layout = gemm::ALayout::MK;
+    o.bias_type = gemm::BiasType::BF16;
+    o.bias = p;
+    EXPECT_NE(error_of([&] { gemm::validate_args(p, p, p, 128, 128, 128, o, false); }).find("supports only"),
+              std::string::npos);
+  }
+  for (gemm::Tile t : {gemm::Tile::Auto, gemm::Tile::M128N256, gemm::Tile::M128N128, gemm::Tile::M64N128}) {
+    o = {};
+    o.tile = t;
+    o.a_layout = gemm::ALayout::KM;
+    o.bias_type = gemm::BiasType::F32;
+    o.bias = p;
+    EXPECT_EQ(error_of([&] { gemm::validate_args(p, p, p, 128, 128, 128, o, true); }), "");
+  }
 }
+
+TEST(GemmShape, TileNames) {
+  EXPECT_STREQ(gemm::tile_name(gemm::Tile::M64N128), "64x128");
+  EXPECT_STREQ(gemm::tile_name(gemm::Tile::M128N256), "128x256");
+  gemm::Options o;
+  o.tile = static_cast<gemm::Tile>(9);
+  const void* p = reinterpret_cast<const void*>(uintptr_t(0x10000));
+  EXPECT_NE(error_of([&] { gemm::validate_args(p, p, p, 128, 128, 128, o, false); }).find("unknown tile"),
+            std::string::npos);
+}
+

@@ -1,6 +1,7 @@
 // GEMM against an independent float32 reference (cuBLASLt with fp32 output, check/gemm_ref.hpp)
 // element by element, reported per 128 x 128 tile (check/tile_check.hpp), on fresh random inputs
-// with outputs poisoned first: ragged shapes, both B layouts, every tile, C +=, communicator SMs
+// with outputs poisoned first: ragged shapes, both A and both B layouts, every tile, bf16 and fp32
+// outputs, bf16 and fp32 bias, C += (bf16 and fp32), the 64 x 128 decode tile, communicator SMs
 // withheld, and the rejections. Small cases also check sampled elements against float64 dot
 // products computed on the host. Inputs come from WEAVE_TEST_SEED (printed; set it to replay).
 //
@@ -10,16 +11,20 @@
 // bf16 rounding is 2^-8 |r| + 2^-10 s, about 0.005 s with |r| ~ s. At the largest K tested here
 // (8192) the missing step is 0.088 s, ~18 bounds at one standard deviation; a 128 x 128 tile has
 // 16384 such elements, so every tile that misses a step fails (and C += adds at most 2^-8 |C0|
-// ~ 0.016 here, still far below 8/3 ~ 2.7 at any K).
+// ~ 0.016 here, still far below 8/3 ~ 2.7 at any K). fp32 outputs have a bound without the 2^-8 |r|
+// term (check::gemm_f32_bound); a bias (uniform in [-4, 4), fp32 ones not representable in
+// bf16) is part of r, so a missing or misplaced bias column is off by ~2 = many bounds.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdio>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "check/gemm_ref.hpp"
+#include "check/device_buffer.hpp"
 #include "check/seed.hpp"
 #include "check/tile_check.hpp"
 #include "gemm/gemm.hpp"
@@ -31,20 +36,9 @@ using bf16 = __nv_bfloat16;
 namespace {
 
 template <class T>
-struct DevBuf {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit DevBuf(size_t count) : n(count) { WEAVE_CUDA_CHECK(cudaMalloc(&p, (count ? count : 1) * sizeof(T))); }
-  ~DevBuf() { cudaFree(p); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-};
+using DevBuf = check::DeviceBuffer<T>;
 
-// Inputs of the n-th case of this process, replayable from WEAVE_TEST_SEED.
-uint64_t case_seed(uint64_t what) {
-  static uint64_t n = 0;
-  return check::derive(check::test_seed(), n++, what);
-}
+using check::case_seed;
 
 check::GemmRef& gemm_ref() {
   static check::GemmRef g;
@@ -69,16 +63,58 @@ constexpr float kC0Weight = 4.f;
 
 float host_bf16(bf16 v) { return __bfloat162float(v); }
 
+float host_val(bf16 v) { return __bfloat162float(v); }
+float host_val(float v) { return v; }
+
+// What a case runs: layouts, tile, epilogue.
+struct Variant {
+  gemm::ALayout al = gemm::ALayout::MK;
+  gemm::BLayout bl = gemm::BLayout::KN;
+  gemm::Tile tile = gemm::Tile::Auto;
+  bool accumulate = false;
+  bool f32_out = false;
+  gemm::BiasType bias = gemm::BiasType::None;
+  int comm = 0;
+  bool samples = false;
+};
+
+// Uniform in [-scale, scale) with 24 random bits: almost never a bf16 value, so a kernel that
+// rounds an fp32 bias (or reads it as bf16) is caught.
+__global__ void fill_f32_kernel(float* p, size_t n, uint64_t seed, float scale) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const float u = static_cast<float>(gemm::ref::mix(seed * 0x9e3779b97f4a7c15ull + i) >> 40) * (1.0f / 16777216.0f);
+    p[i] = (2.f * u - 1.f) * scale;
+  }
+}
+void fill_f32(float* p, size_t n, uint64_t seed, float scale) {
+  fill_f32_kernel<<<1024, 256>>>(p, n, seed, scale);
+  WEAVE_CUDA_CHECK(cudaGetLastError());
+}
+
 // 256 sampled elements of C against float64 dot products computed here, with the same bound.
-void check_samples(const bf16* dA, const bf16* dB, const bf16* dC, const bf16* dC0, int M, int N, int K,
-                   gemm::BLayout bl, uint64_t seed) {
-  std::vector<bf16> a(size_t(M) * K), b(size_t(K) * N), c(size_t(M) * N), c0;
+// dC0 (C's value before C +=) and dBias may be null.
+template <class OutT>
+void check_samples(const bf16* dA, const bf16* dB, const OutT* dC, const OutT* dC0, const void* dBias, int M, int N,
+                   int K, const Variant& v, check::Bound bound, uint64_t seed) {
+  const gemm::BLayout bl = v.bl;
+  std::vector<bf16> a(size_t(M) * K), b(size_t(K) * N);
+  std::vector<OutT> c(size_t(M) * N), c0;
+  std::vector<double> bias(N, 0.0);
   WEAVE_CUDA_CHECK(cudaMemcpy(a.data(), dA, a.size() * 2, cudaMemcpyDeviceToHost));
   WEAVE_CUDA_CHECK(cudaMemcpy(b.data(), dB, b.size() * 2, cudaMemcpyDeviceToHost));
-  WEAVE_CUDA_CHECK(cudaMemcpy(c.data(), dC, c.size() * 2, cudaMemcpyDeviceToHost));
+  WEAVE_CUDA_CHECK(cudaMemcpy(c.data(), dC, c.size() * sizeof(OutT), cudaMemcpyDeviceToHost));
   if (dC0) {
     c0.resize(c.size());
-    WEAVE_CUDA_CHECK(cudaMemcpy(c0.data(), dC0, c0.size() * 2, cudaMemcpyDeviceToHost));
+    WEAVE_CUDA_CHECK(cudaMemcpy(c0.data(), dC0, c0.size() * sizeof(OutT), cudaMemcpyDeviceToHost));
+  }
+  if (v.bias == gemm::BiasType::F32) {
+    std::vector<float> h(N);
+    WEAVE_CUDA_CHECK(cudaMemcpy(h.data(), dBias, N * sizeof(float), cudaMemcpyDeviceToHost));
+    for (int j = 0; j < N; ++j) bias[j] = h[j];
+  } else if (v.bias == gemm::BiasType::BF16) {
+    std::vector<bf16> h(N);
+    WEAVE_CUDA_CHECK(cudaMemcpy(h.data(), dBias, N * sizeof(bf16), cudaMemcpyDeviceToHost));
+    for (int j = 0; j < N; ++j) bias[j] = host_bf16(h[j]);
   }
   constexpr int kSamples = 256;
   std::mt19937_64 g(seed);
@@ -89,22 +125,24 @@ void check_samples(const bf16* dA, const bf16* dB, const bf16* dC, const bf16* d
     double acc = 0, sq = 0;
     for (int k = 0; k < K; ++k) {
       const double bv = bl == gemm::BLayout::KN ? host_bf16(b[size_t(k) * N + j]) : host_bf16(b[size_t(j) * K + k]);
-      const double p = double(host_bf16(a[size_t(i) * K + k])) * bv;
+      const double av = v.al == gemm::ALayout::KM ? host_bf16(a[size_t(k) * M + i]) : host_bf16(a[size_t(i) * K + k]);
+      const double p = av * bv;
       acc += p;
       sq += p * p;
     }
+    acc += bias[j];
     double sc = std::sqrt(sq);
     if (dC0) {
-      const double cv = host_bf16(c0[size_t(i) * N + j]);
+      const double cv = host_val(c0[size_t(i) * N + j]);
       acc += cv;
-      sc += kC0Weight * std::fabs(cv);
+      if (!v.f32_out) sc += kC0Weight * std::fabs(cv);
     }
     si[t] = i, sj[t] = j, r[t] = acc, s[t] = sc;
   }
   const check::Report rep = check::compare_host(
-      1, kSamples, [&](long long, long long t) { return double(host_bf16(c[size_t(si[t]) * N + sj[t]])); },
-      [&](long long, long long t) { return r[t]; }, [&](long long, long long t) { return s[t]; },
-      bound_for(dC0 != nullptr), 1, kSamples);
+      1, kSamples, [&](long long, long long t) { return double(host_val(c[size_t(si[t]) * N + sj[t]])); },
+      [&](long long, long long t) { return r[t]; }, [&](long long, long long t) { return s[t]; }, bound, 1,
+      kSamples);
   EXPECT_TRUE(rep.ok) << "sampled float64 check (column = sample): " << rep.str();
 }
 
@@ -112,45 +150,92 @@ struct Case {
   int M, N, K;
 };
 
-void run_case(Case cs, gemm::BLayout bl, gemm::Tile tile, bool accumulate, int comm, bool samples) {
+std::string case_name(Case cs, const Variant& v) {
+  const char* bias = v.bias == gemm::BiasType::F32 ? " bias f32" : v.bias == gemm::BiasType::BF16 ? " bias bf16" : "";
+  return std::to_string(cs.M) + "x" + std::to_string(cs.N) + "x" + std::to_string(cs.K) +
+         (v.al == gemm::ALayout::KM ? " A KM" : "") + (v.bl == gemm::BLayout::KN ? " KN" : " NK") + " tile " +
+         gemm::tile_name(v.tile) + (v.f32_out ? " C fp32" : "") + bias + (v.accumulate ? " C+=" : "") + " comm " +
+         std::to_string(v.comm);
+}
+
+template <class OutT>
+void run_typed(Case cs, const Variant& v) {
+  constexpr bool f32 = std::is_same_v<OutT, float>;
   const int M = cs.M, N = cs.N, K = cs.K;
   const size_t nc = size_t(M) * N;
-  std::string name = std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) +
-                     (bl == gemm::BLayout::KN ? " KN" : " NK") + " tile " + gemm::tile_name(tile) +
-                     (accumulate ? " C+=" : "") + " comm " + std::to_string(comm);
+  const std::string name = case_name(cs, v);
   SCOPED_TRACE(name);
-  DevBuf<bf16> A(size_t(M) * K), B(size_t(K) * N), C(nc), C0(accumulate ? nc : 0);
-  DevBuf<float> r(nc), s(nc);
+  DevBuf<bf16> A(size_t(M) * K), B(size_t(K) * N), bias_b(v.bias == gemm::BiasType::BF16 ? N : 0);
+  DevBuf<OutT> C(nc), C0(v.accumulate ? nc : 0);
+  DevBuf<float> r(nc), s(nc), bias_f(v.bias == gemm::BiasType::F32 ? N : 0);
   gemm::ref::fill_uniform(A.p, A.n, case_seed(1));
   gemm::ref::fill_uniform(B.p, B.n, case_seed(2));
-  if (accumulate) {
-    gemm::ref::fill_uniform(C.p, nc, case_seed(3), 4.f);
-    WEAVE_CUDA_CHECK(cudaMemcpy(C0.p, C.p, nc * 2, cudaMemcpyDeviceToDevice));
+  const void* bias = nullptr;
+  if (v.bias == gemm::BiasType::BF16) gemm::ref::fill_uniform(bias_b.p, N, case_seed(5), 4.f), bias = bias_b.p;
+  if (v.bias == gemm::BiasType::F32) fill_f32(bias_f.p, N, case_seed(5), 4.f), bias = bias_f.p;
+  if (v.accumulate) {
+    if constexpr (f32) fill_f32(C.p, nc, case_seed(3), 4.f);
+    else gemm::ref::fill_uniform(C.p, nc, case_seed(3), 4.f);
+    WEAVE_CUDA_CHECK(cudaMemcpy(C0.p, C.p, nc * sizeof(OutT), cudaMemcpyDeviceToDevice));
   } else {
     check::poison(C.p, nc);
   }
-  gemm_ref().run(A.p, B.p, M, N, K, bl, r.p, s.p);
+  gemm_ref().run(A.p, B.p, M, N, K, v.al, v.bl, r.p, s.p);
   check::sqrt_inplace(s.p, nc);
-  if (accumulate) {
-    check::add_bf16(r.p, C0.p, nc);
-    add_abs_kernel<<<1024, 256>>>(s.p, C0.p, kC0Weight, nc);
+  if (bias) check::add_bias(r.p, bias, v.bias == gemm::BiasType::F32, M, N);
+  if (v.accumulate) {
+    if constexpr (f32) {
+      check::add_f32(r.p, C0.p, nc);
+    } else {
+      check::add_bf16(r.p, C0.p, nc);
+      add_abs_kernel<<<1024, 256>>>(s.p, C0.p, kC0Weight, nc);
+    }
     WEAVE_CUDA_CHECK(cudaGetLastError());
   }
   gemm::Options o;
-  o.tile = tile;
-  o.accumulate = accumulate;
-  o.lcsc.num_comm_sms = comm;
-  gemm::gemm(A.p, B.p, C.p, M, N, K, bl, o, nullptr);
+  o.tile = v.tile;
+  o.accumulate = v.accumulate;
+  o.lcsc.num_comm_sms = v.comm;
+  o.a_layout = v.al;
+  o.bias_type = v.bias;
+  o.bias = bias;
+  gemm::gemm(A.p, B.p, C.p, M, N, K, v.bl, o, nullptr);
   WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
-  const check::Report rep = check::compare({C.p, N}, {r.p, N}, {s.p, N}, M, N, bound_for(accumulate));
+  const check::Bound bound = f32 ? check::gemm_f32_bound() : bound_for(v.accumulate);
+  const check::Report rep = check::compare({C.p, N}, {r.p, N}, {s.p, N}, M, N, bound);
   std::printf("check gemm %s: %s\n", name.c_str(), rep.str().c_str());
   EXPECT_TRUE(rep.ok) << rep.str();
-  if (samples) check_samples(A.p, B.p, C.p, accumulate ? C0.p : nullptr, M, N, K, bl, case_seed(4));
+  if (v.samples)
+    check_samples<OutT>(A.p, B.p, C.p, v.accumulate ? C0.p : nullptr, bias, M, N, K, v, bound, case_seed(4));
+}
+
+void run_case(Case cs, const Variant& v) {
+  if (v.f32_out) run_typed<float>(cs, v);
+  else run_typed<bf16>(cs, v);
+}
+
+void run_case(Case cs, gemm::BLayout bl, gemm::Tile tile, bool accumulate, int comm, bool samples) {
+  Variant v;
+  v.bl = bl, v.tile = tile, v.accumulate = accumulate, v.comm = comm, v.samples = samples;
+  run_case(cs, v);
 }
 
 const gemm::BLayout kLayouts[] = {gemm::BLayout::KN, gemm::BLayout::NK};
 const gemm::Tile kTiles[] = {gemm::Tile::M128N256, gemm::Tile::M128N128, gemm::Tile::M128N256S4,
-                             gemm::Tile::M128N256C2};
+                             gemm::Tile::M128N256C2, gemm::Tile::M64N128};
+// The tiles that take every A layout and epilogue.
+const gemm::Tile kMainTiles[] = {gemm::Tile::M128N256, gemm::Tile::M128N128, gemm::Tile::M64N128};
+const gemm::ALayout kALayouts[] = {gemm::ALayout::MK, gemm::ALayout::KM};
+
+template <class E, class F>
+void expect_error(F&& f, const char* what, const char* needle) {
+  try {
+    f();
+    ADD_FAILURE() << what << " accepted";
+  } catch (const E& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << what << ": " << e.what();
+  }
+}
 
 }  // namespace
 
@@ -188,6 +273,113 @@ TEST(Gemm, LargeSquare) {
   run_case({8191, 8200, 8200}, gemm::BLayout::NK, gemm::Tile::Auto, false, 0, false);  // ragged in every dimension
 }
 
+// A stored K x M (the weight gradient dY^T X): ragged shapes (M a multiple of 8, as it must be),
+// M below one 64-row box, both B layouts, both main tiles and Auto.
+TEST(Gemm, TransposedA) {
+  const Case cases[] = {{1000, 776, 520}, {8, 8, 8},       {40, 8, 64},      {136, 264, 72},  {128, 256, 64},
+                        {256, 520, 1032}, {776, 1032, 136}, {2048, 2048, 2048}, {3000, 136, 4104}};
+  for (Case c : cases)
+    for (auto bl : kLayouts)
+      for (auto t : {gemm::Tile::M128N256, gemm::Tile::M128N128, gemm::Tile::M64N128, gemm::Tile::Auto}) {
+        Variant v;
+        v.al = gemm::ALayout::KM, v.bl = bl, v.tile = t, v.samples = c.M * double(c.N) * c.K < 1e9;
+        run_case(c, v);
+      }
+}
+
+TEST(Gemm, TransposedARandomShapes) {
+  std::mt19937 g(static_cast<unsigned>(case_seed(0)));
+  for (int i = 0; i < 8; ++i) {
+    const Case c{8 * (1 + int(g() % 250)), 8 * (1 + int(g() % 250)), 8 * (1 + int(g() % 250))};
+    Variant v;
+    v.al = gemm::ALayout::KM, v.bl = kLayouts[i % 2];
+    run_case(c, v);
+  }
+}
+
+// Weight-gradient shapes: M = out, N = in, K = tokens (long K), B = X as K x N; and C += for
+// gradient accumulation across micro-batches, into bf16 and fp32.
+TEST(Gemm, TransposedALarge) {
+  Variant v;
+  v.al = gemm::ALayout::KM;
+  run_case({4096, 4096, 8192}, v);
+  run_case({4104, 1032, 8200}, v);  // ragged
+  v.accumulate = true;
+  run_case({2048, 4096, 4096}, v);
+  v.f32_out = true;
+  run_case({2048, 4096, 4096}, v);
+  v.bl = gemm::BLayout::NK;
+  run_case({4096, 4096, 8192}, v);
+}
+
+// C in fp32, both A and B layouts, both main tiles, ragged (the last 32-column staging block of
+// a row cut by N), with and without C +=.
+TEST(Gemm, Fp32Output) {
+  const Case cases[] = {{1000, 776, 520}, {8, 8, 8}, {136, 264, 72}, {256, 520, 1032}, {2048, 2048, 2048}};
+  for (Case c : cases)
+    for (auto al : kALayouts)
+      for (auto bl : kLayouts)
+        for (auto t : kMainTiles)
+          for (bool acc : {false, true}) {
+            Variant v;
+            v.al = al, v.bl = bl, v.tile = t, v.f32_out = true, v.accumulate = acc;
+            v.samples = c.M * double(c.N) * c.K < 1e9;
+            run_case(c, v);
+          }
+  Variant v;
+  v.f32_out = true, v.bl = gemm::BLayout::NK;
+  run_case({1, 8, 64}, v);  // M = 1, A M x K
+  run_case({8191, 8200, 8200}, v);
+}
+
+// Bias (bf16 and fp32) into bf16 and fp32 outputs, with and without C +=, both A layouts and B
+// layouts, both main tiles; ragged N so that the last tile column holds fewer bias values.
+TEST(Gemm, Bias) {
+  const Case cases[] = {{1000, 776, 520}, {136, 264, 72}, {520, 1032, 136}};
+  for (Case c : cases)
+    for (auto bias : {gemm::BiasType::BF16, gemm::BiasType::F32})
+      for (bool f32 : {false, true})
+        for (auto al : kALayouts)
+          for (auto bl : kLayouts)
+            for (auto t : kMainTiles) {
+              Variant v;
+              v.al = al, v.bl = bl, v.tile = t, v.f32_out = f32, v.bias = bias, v.samples = true;
+              v.accumulate = (static_cast<int>(al) + static_cast<int>(bl) + static_cast<int>(t)) % 2 == 1;
+              run_case(c, v);
+            }
+  Variant v;
+  v.bias = gemm::BiasType::F32, v.f32_out = true, v.al = gemm::ALayout::KM;
+  run_case({4096, 4096, 4096}, v);
+  v.f32_out = false, v.bias = gemm::BiasType::BF16, v.al = gemm::ALayout::MK, v.bl = gemm::BLayout::NK;
+  run_case({4096, 4096, 4096}, v);
+}
+
+// The 64 x 128 tile on decode shapes (M <= 64: one tile row, consumers splitting N), every A
+// and B layout and epilogue; larger M is in the ragged and accumulate tests.
+TEST(Gemm, DecodeTile) {
+  const Case cases[] = {{1, 4096, 4096}, {16, 11008, 4096}, {64, 5120, 13824}, {7, 14344, 4104}, {64, 136, 72}};
+  for (Case c : cases)
+    for (auto bl : kLayouts) {
+      Variant v;
+      v.bl = bl, v.tile = gemm::Tile::M64N128, v.samples = true;
+      run_case(c, v);
+      if (c.M % 8 == 0) {
+        v.al = gemm::ALayout::KM;
+        run_case(c, v);
+      }
+      v.f32_out = true, v.bias = gemm::BiasType::F32, v.accumulate = true;
+      run_case(c, v);
+      v.f32_out = false, v.bias = gemm::BiasType::BF16;
+      run_case(c, v);
+    }
+  Variant v;
+  v.tile = gemm::Tile::M64N128;
+  for (int comm : {1, 16}) {
+    v.comm = comm;
+    run_case({64, 8192, 2048}, v);
+  }
+}
+
 TEST(Gemm, RejectsBadInput) {
   bf16* p = nullptr;
   WEAVE_CUDA_CHECK(cudaMalloc(&p, 1 << 20));
@@ -218,6 +410,57 @@ TEST(Gemm, RejectsBadInput) {
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find(names[which]), std::string::npos) << e.what();
     }
+    cudaFree(big);
+  }
+  // A K x M needs M % 8 == 0 (its row pitch); a bias type needs a pointer and the reverse;
+  // misaligned pointers are named; the experimental tiles take only the defaults.
+  float* pf = reinterpret_cast<float*>(p);
+  gemm::Options km;
+  km.a_layout = gemm::ALayout::KM;
+  expect_error<Error>([&] { gemm::gemm(p, p, p, 100, 128, 128, gemm::BLayout::KN, km); }, "A KM with M = 100",
+                      "M = 100 is not a multiple of 8");
+  expect_error<Error>([&] { gemm::gemm(p, p, pf, 100, 128, 128, gemm::BLayout::KN, km); }, "A KM with M = 100, fp32",
+                      "M = 100 is not a multiple of 8");
+  gemm::Options nb;
+  nb.bias_type = gemm::BiasType::BF16;
+  expect_error<Error>([&] { gemm::gemm(p, p, p, 128, 128, 128, gemm::BLayout::KN, nb); }, "null bf16 bias",
+                      "needs a bias pointer");
+  nb.bias_type = gemm::BiasType::F32;
+  expect_error<Error>([&] { gemm::gemm(p, p, pf, 128, 128, 128, gemm::BLayout::NK, nb); }, "null fp32 bias",
+                      "needs a bias pointer");
+  gemm::Options nt;
+  nt.bias = p;
+  expect_error<Error>([&] { gemm::gemm(p, p, p, 128, 128, 128, gemm::BLayout::KN, nt); }, "bias without a type",
+                      "bias_type None");
+  gemm::Options mb;
+  mb.bias_type = gemm::BiasType::BF16;
+  mb.bias = p + 1;
+  expect_error<Error>([&] { gemm::gemm(p, p, p, 128, 128, 128, gemm::BLayout::KN, mb); }, "misaligned bias",
+                      "bias (");
+  expect_error<Error>([&] { gemm::gemm(p + 1, p, p, 128, 128, 128, gemm::BLayout::KN); }, "misaligned A",
+                      "A (");
+  expect_error<Error>([&] { gemm::gemm(p, p + 4, p, 128, 128, 128, gemm::BLayout::KN); }, "misaligned B",
+                      "B (");
+  expect_error<Error>([&] { gemm::gemm(p, p, pf + 1, 128, 128, 128, gemm::BLayout::KN); }, "misaligned fp32 C",
+                      "C (");
+  gemm::Options ex;
+  ex.tile = gemm::Tile::M128N256C2;
+  expect_error<Error>([&] { gemm::gemm(p, p, pf, 128, 128, 128, gemm::BLayout::KN, ex); }, "C2 tile with fp32 C",
+                      "supports only");
+  ex.tile = gemm::Tile::M128N256S4;
+  ex.a_layout = gemm::ALayout::KM;
+  expect_error<Error>([&] { gemm::gemm(p, p, p, 128, 128, 128, gemm::BLayout::KN, ex); }, "S4 tile with A KM",
+                      "supports only");
+  // fp32 C and the bias are checked against their allocations too (p holds 1 MiB).
+  expect_error<Error>([&] { gemm::gemm(p, p, pf, 512, 1024, 8, gemm::BLayout::KN); }, "short fp32 C", "C needs");
+  {
+    bf16* big = nullptr;
+    WEAVE_CUDA_CHECK(cudaMalloc(&big, size_t(1) << 24));
+    gemm::Options sb;
+    sb.bias_type = gemm::BiasType::F32;
+    sb.bias = p + (1 << 19) - 8;  // the last 16 bytes of p: 4 floats of N = 1024
+    expect_error<Error>([&] { gemm::gemm(big, big, big, 128, 1024, 128, gemm::BLayout::KN, sb); }, "short bias",
+                        "bias needs");
     cudaFree(big);
   }
   cudaFree(p);

@@ -9,13 +9,18 @@
 // for K <= 16384, 12 bounds.
 //
 //   weave-bench gemm [--json FILE] [--set core|models] [--list] [--shapes MxNxK,...] [--layout kn|nk]
-//                    [--tile auto|256|128] [--group G] [--comm 0,8,16,32] [--target-ms T] [--no-balance]
-// --set core (the default): the eight shapes the GEMM was tuned on, B as --layout says (nk).
+//                    [--a-layout mk|km] [--tile auto|256|128|64] [--group G] [--comm 0,8,16,32]
+//                    [--split-k N] [--target-ms T] [--no-balance]
+// --set core (the default): the eight shapes the GEMM was tuned on, B as --layout says (nk), A as
+// --a-layout says (mk: M x K; km: K x M).
 // --set models: shapes of real models' MLP layers in all three layouts of a training step, plus
 // ragged ones (below, and kernels/gemm/README.md); --layout kn|nk keeps only the rows of that
-// layout. --shapes replaces the set. --list prints the set as JSON lines and exits (no GPU).
+// B layout. --split-k: 0 = the planner's choice (the default), 1 = never, N = the last partial
+// round's tiles split N ways where the tile allows; the tile column says "/kN" where it split.
+// --shapes replaces the set. --list prints the set as JSON lines and exits (no GPU).
 #include <cuda_bf16.h>
 
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -32,6 +37,7 @@
 #include "check/tile_check.hpp"
 #include "gemm/gemm.hpp"
 #include "gemm/reference.cuh"
+#include "gemm_sets.hpp"
 
 using namespace weave;
 using namespace weave::bench;
@@ -52,21 +58,19 @@ const std::vector<Shape> kCore = {{4096, 2048, 4096},   {8192, 8192, 8192},   {1
 struct Case {
   Shape s;
   gemm::BLayout bl = gemm::BLayout::NK;
-  bool a_km = false;  // A stored K x M (the weight gradient): no weave GEMM reads it yet
+  bool a_km = false;  // A stored K x M (the weight gradient)
   const char* model = nullptr;  // null outside --set models
   const char* pass = "";        // fwd, dgrad, wgrad
   const char* proj = "";        // up or down (the MLP projection)
   int tokens = 0;               // T; 0 for the ragged rows
 };
-const char* const kNoTransposedA =
-    "A stored K x M (weight gradient dY^T X): weave's GEMM has no transposed-A load; cuBLAS-only";
 
 // --set models (issue 20). A linear layer Y = X W^T over T tokens, W stored out x in like
 // nn.Linear, gives three GEMMs per training step:
 //   fwd    Y  = X W^T   M = T,   N = out, K = in    A = X (M x K), B = W (N x K): BLayout::NK
 //   dgrad  dX = dY W    M = T,   N = in,  K = out   A = dY (M x K), B = W (K x N): BLayout::KN
-//   wgrad  dW = dY^T X  M = out, N = in,  K = T     A = dY stored T x out, i.e. K x M: listed as
-//          "supported": false (weave cannot load a transposed A yet), B = X (K x N)
+//   wgrad  dW = dY^T X  M = out, N = in,  K = T     A = dY stored T x out, i.e. K x M
+//          (ALayout::KM, and cuBLAS's transposed operand), B = X (K x N)
 // Each model's MLP: up (in = hidden, out = FFN) and down (in = FFN, out = hidden). Forward at
 // three token counts per model, chosen so that together they cover decode (1, 16, 64, 128, 256:
 // split-K / stream-K territory) and prefill/training (512 to 32768); the backward pass at one
@@ -183,13 +187,19 @@ __global__ void add_abs_kernel(float* s, const bf16* c0, float k, size_t n) {
 int run_gemm_bench(const Args& args) {
   const std::string set_name = args.has("shapes") ? "custom" : args.get("set", "core");
   const gemm::BLayout layout = args.get("layout", "nk") == "kn" ? gemm::BLayout::KN : gemm::BLayout::NK;
+  const std::string a_arg = args.get("a-layout", "mk");
+  WEAVE_CHECK(a_arg == "mk" || a_arg == "km", "unknown --a-layout '", a_arg, "' (want mk or km)");
   std::vector<Case> cases;
   if (set_name == "models") {
     for (const Case& c : models_set())
       if (!args.has("layout") || c.bl == layout) cases.push_back(c);
   } else {
     WEAVE_CHECK(set_name == "core" || set_name == "custom", "unknown --set '", set_name, "' (want core or models)");
-    for (const Shape& s : set_name == "custom" ? parse_shapes(args.get("shapes")) : kCore) cases.push_back({s, layout});
+    for (const Shape& s : set_name == "custom" ? parse_shapes(args.get("shapes")) : kCore) {
+      Case c{s, layout};
+      c.a_km = a_arg == "km";
+      cases.push_back(c);
+    }
   }
   WEAVE_CHECK(!cases.empty(), "no shapes to run");
   // The fields every row of a case shares (impl null: the --list row).
@@ -198,20 +208,18 @@ int run_gemm_bench(const Args& args) {
     j.add("kernel", "gemm");
     if (impl) j.add("impl", impl);
     j.add("M", c.s.M).add("N", c.s.N).add("K", c.s.K).add("dtype", "bf16").add("layout", layout_name(c.bl));
-    if (c.model) j.add("a_layout", c.a_km ? "km" : "mk").add("pass", c.pass).add("model", c.model);
+    if (c.model || c.a_km) j.add("a_layout", c.a_km ? "km" : "mk");
+    if (c.model) j.add("pass", c.pass).add("model", c.model);
     if (c.tokens > 0) j.add("proj", c.proj).add("tokens", c.tokens);
     return j;
   };
   if (args.has("list")) {  // no GPU needed
-    int unsupported = 0;
     for (const Case& c : cases) {
       JsonLine j = case_row(c, nullptr);
-      j.add("set", set_name).add("supported", !c.a_km);
-      if (c.a_km) j.add("reason", kNoTransposedA), ++unsupported;
+      j.add("set", set_name).add("supported", true);
       std::printf("%s\n", j.str().c_str());
     }
-    std::fprintf(stderr, "weave-bench gemm --set %s: %zu shapes, %d not supported by weave\n", set_name.c_str(),
-                 cases.size(), unsupported);
+    std::fprintf(stderr, "weave-bench gemm --set %s: %zu shapes\n", set_name.c_str(), cases.size());
     return 0;
   }
   JsonSink sink(args);
@@ -220,6 +228,8 @@ int run_gemm_bench(const Args& args) {
   if (args.get("tile") == "128") tile = gemm::Tile::M128N128;
   if (args.get("tile") == "256s4") tile = gemm::Tile::M128N256S4;
   if (args.get("tile") == "256c2") tile = gemm::Tile::M128N256C2;
+  if (args.get("tile") == "64") tile = gemm::Tile::M64N128;
+  const int split_k = static_cast<int>(args.get_int("split-k", 0));
   const bool balance = !args.has("no-balance");
   const int group = static_cast<int>(args.get_int("group", 0));
   std::vector<int> comms;
@@ -245,19 +255,14 @@ int run_gemm_bench(const Args& args) {
   double log_ratio_sum = 0;
   int n_ratio = 0;
   std::vector<std::string> wrong;
-  int n_unsupported = 0;
   for (size_t si = 0; si < cases.size(); ++si) {
     const Case& cs = cases[si];
     const Shape& s = cs.s;
     const gemm::BLayout bl = cs.bl;
+    const gemm::ALayout al = cs.a_km ? gemm::ALayout::KM : gemm::ALayout::MK;
     char name[64];
-    std::snprintf(name, sizeof name, cs.model ? "%dx%dx%d %s" : "%dx%dx%d", s.M, s.N, s.K, layout_name(bl));
-    if (cs.a_km) {  // listed so that the set is complete; neither weave nor the baseline here runs it
-      std::printf("%-20s %-6s unsupported: %s\n", name, "weave", kNoTransposedA);
-      sink.write(case_row(cs, "weave").add("supported", false).add("reason", kNoTransposedA));
-      ++n_unsupported;
-      continue;
-    }
+    std::snprintf(name, sizeof name, cs.model || cs.a_km ? "%dx%dx%d %s%s" : "%dx%dx%d", s.M, s.N, s.K,
+                  cs.a_km ? "km-" : "", layout_name(bl));
     const size_t na = size_t(s.M) * s.K, nb = size_t(s.K) * s.N, nc = size_t(s.M) * s.N;
     const double bytes_in = 2.0 * (na + nb);
     // At least two sets, so that no timed call repeats the previous call's inputs (a call that
@@ -280,7 +285,7 @@ int run_gemm_bench(const Args& args) {
     // d.c against the float32 reference of input set `set` (C = A*B: one bf16 rounding).
     auto check_c = [&](int set) {
       if (ref_set != set) {
-        gref32.run(d.a[set], d.b[set], s.M, s.N, s.K, bl, ref_r, ref_s, false, st);
+        gref32.run(d.a[set], d.b[set], s.M, s.N, s.K, al, bl, ref_r, ref_s, false, st);
         check::sqrt_inplace(ref_s, nc, st);
         ref_set = set;
       }
@@ -295,7 +300,7 @@ int run_gemm_bench(const Args& args) {
     int it = 0, last = -1;
     auto cublas_call = [&] {
       last = it++ % nsets;
-      lt.run(d.a[last], d.b[last], d.c, s.M, s.N, s.K, bl, false, st);
+      lt.run(d.a[last], d.b[last], d.c, s.M, s.N, s.K, al, bl, false, st);
     };
     // ~target_ms per repeat, at a guessed 600 TFLOP/s.
     const int iters = std::max(3, std::min(200, static_cast<int>(target_ms * 1e-3 / (flop / 600e12))));
@@ -320,8 +325,12 @@ int run_gemm_bench(const Args& args) {
       o.lcsc.num_comm_sms = comm;
       o.lcsc.balance_waves = balance;
       o.lcsc.max_clusters = static_cast<int>(args.get_int("max-clusters", 0));
-      int dev_sms = prop.multiProcessorCount;
-      const gemm::Tile used = tile == gemm::Tile::Auto ? gemm::choose_tile(s.M, s.N, s.K, dev_sms) : tile;
+      o.a_layout = al;
+      o.split_k = split_k;
+      const gemm::Launch choice = gemm::choose_launch(s.M, s.N, s.K, bl, o);
+      const std::string used_name =
+          std::string(gemm::tile_name(choice.tile)) + (choice.splits > 1 ? "/k" + std::to_string(choice.splits) : "");
+      const char* used = used_name.c_str();
       lcsc::Plan plan{};
       it = 0, last = -1;
       auto weave_call = [&] {
@@ -337,14 +346,15 @@ int run_gemm_bench(const Args& args) {
         log_ratio_sum += std::log(ratio);
         ++n_ratio;
       }
-      std::printf("%-20s %-6s %-8s %5d %10.1f %9.1f %7.3f %9.3g %4d blocks%s\n", name, "weave", gemm::tile_name(used),
+      std::printf("%-20s %-6s %-8s %5d %10.1f %9.1f %7.3f %9.3g %4d blocks%s\n", name, "weave", used,
                   comm, t, tf, ratio, rep.worst, plan.compute_blocks, rep.ok ? "" : "  WRONG");
       if (!rep.ok) {
         std::printf("  weave %s comm %d: %s\n", name, comm, rep.str().c_str());
         wrong.push_back(std::string("weave ") + name + " comm " + std::to_string(comm));
       }
       JsonLine jw = row("weave");
-      jw.add("tile", gemm::tile_name(used))
+      jw.add("tile", gemm::tile_name(choice.tile))
+          .add("splits", choice.splits)
           .add("num_comm_sms", comm)
           .add("compute_blocks", plan.compute_blocks)
           .add("time_us", t)
@@ -373,7 +383,7 @@ int run_gemm_bench(const Args& args) {
         gemm::ref::fill_uniform(c0, nc, check::derive(seed, si, 1000 + comm), 4.f, st);
         WEAVE_CUDA_CHECK(cudaMemcpyAsync(d.c, c0, nc * 2, cudaMemcpyDeviceToDevice, st));
         gemm::gemm(d.a[set], d.b[set], d.c, s.M, s.N, s.K, bl, oa, st);
-        gref32.run(d.a[set], d.b[set], s.M, s.N, s.K, bl, ref_r, ref_s, false, st);
+        gref32.run(d.a[set], d.b[set], s.M, s.N, s.K, al, bl, ref_r, ref_s, false, st);
         check::sqrt_inplace(ref_s, nc, st);
         check::add_bf16(ref_r, c0, nc, st);
         add_abs_kernel<<<1024, 256, 0, st>>>(ref_s, c0, 4.f, nc);
@@ -384,7 +394,7 @@ int run_gemm_bench(const Args& args) {
         const check::Report ra = check::compare({d.c, s.N}, {ref_r, s.N}, {ref_s, s.N}, s.M, s.N, b, 128, 128, st);
         WEAVE_CUDA_CHECK(cudaFree(c0));
         std::printf("%-20s %-6s %-8s %5d %10.1f %9.1f %7.3f %9.3g   (C += A*B)%s\n", name, "weave+",
-                    gemm::tile_name(used), comm, ta, flop / ta * 1e-6, t_cublas / ta, ra.worst, ra.ok ? "" : "  WRONG");
+                    used, comm, ta, flop / ta * 1e-6, t_cublas / ta, ra.worst, ra.ok ? "" : "  WRONG");
         if (!ra.ok) {
           std::printf("  weave C += %s comm %d: %s\n", name, comm, ra.str().c_str());
           wrong.push_back(std::string("weave C += ") + name + " comm " + std::to_string(comm));
@@ -396,7 +406,6 @@ int run_gemm_bench(const Args& args) {
     cudaFree(ref_s);
   }
   if (n_ratio > 0) std::printf("geomean weave/cuBLAS over %d shapes: %.3f\n", n_ratio, std::exp(log_ratio_sum / n_ratio));
-  if (n_unsupported > 0) std::printf("%d shapes not supported by weave (listed, not run)\n", n_unsupported);
   if (!wrong.empty()) {
     std::fprintf(stderr, "weave-bench gemm: %zu incorrect row(s) (replay with WEAVE_TEST_SEED=%llu):\n", wrong.size(),
                  static_cast<unsigned long long>(seed));
@@ -411,6 +420,21 @@ int run_gemm_bench(const Args& args) {
 WEAVE_BENCH(gemm,
             "bf16 GEMM: weave vs cuBLASLt (--set core|models: the 8 tuned shapes (default) or real models' MLP "
             "shapes in all three training layouts plus ragged ones; --list prints the set, no GPU needed; "
-            "--shapes MxNxK,... --layout kn|nk --tile auto|256|128|256s4|256c2 --group G --comm 0,8 --no-balance "
+            "--shapes MxNxK,... --layout kn|nk --a-layout mk|km --tile auto|256|128|256s4|256c2|64 --split-k N --group G --comm 0,8 --no-balance "
             "--accumulate --trace N)",
             run_gemm_bench);
+
+namespace weave::bench {
+std::vector<std::array<int, 4>> gemm_shape_rows(const std::string& set) {
+  std::vector<std::array<int, 4>> v;
+  if (set == "core") {
+    for (const Shape& s : kCore) v.push_back({s.M, s.N, s.K, 1});
+  } else if (set == "models") {
+    for (const Case& c : models_set())
+      v.push_back({c.s.M, c.s.N, c.s.K, c.a_km ? 2 : c.bl == gemm::BLayout::NK ? 1 : 0});
+  } else {
+    WEAVE_CHECK(false, "weave-bench gemm: unknown --set '", set, "' (core or models)");
+  }
+  return v;
+}
+}  // namespace weave::bench

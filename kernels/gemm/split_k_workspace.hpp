@@ -1,0 +1,19 @@
+// The split-K workspace: fp32 partial slots and zeroed counters, cached per (device, stream).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+namespace weave::gemm {
+
+// Kernels on one stream run in order, so they can share one workspace; kernels on two streams
+// cannot, hence one per stream. Returns false where it may not allocate (the stream is being
+// captured into a CUDA graph and what exists is too small: a graph must not capture memory this
+// cache may later free); the caller then runs without split-K.
+struct SplitKWorkspace {
+  float* partials = nullptr;
+  int* counters = nullptr;
+};
+bool split_k_workspace(cudaStream_t stream, size_t partial_bytes, size_t counter_bytes, SplitKWorkspace& out);
+
+}  // namespace weave::gemm

@@ -1,0 +1,127 @@
+// CPU tests of split-K (kernels/gemm/split_k.hpp) and the GEMM's launch choice
+// (kernels/gemm/plan.hpp).
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "gemm/plan.hpp"
+#include "gemm/split_k.hpp"
+
+using namespace weave::gemm;
+
+namespace {
+
+// Walks the kernel's loop and checks that every (item, K iteration) is computed exactly once,
+// that whole rounds stay whole, that each split item has exactly `splits` segments with distinct
+// split indices, and that the split items are numbered split-major.
+void check_partition(int items, int iters, int workers, int splits) {
+  const SplitK s = make_split_k(items, iters, workers, splits);
+  SCOPED_TRACE(testing::Message() << items << " items x " << iters << " iters on " << workers << " workers, "
+                                  << splits << " splits -> dp " << s.dp_items << ", splits " << s.splits);
+  ASSERT_LE(s.dp_items, items);
+  ASSERT_GE(s.splits, 1);
+  ASSERT_LE(s.splits, iters > 0 ? iters : 1);
+  if (s.dp_items < items) {
+    ASSERT_EQ(s.dp_items % workers, 0);
+    ASSERT_EQ(items - s.dp_items, items % workers);
+  }
+  std::vector<std::vector<int>> hits(items, std::vector<int>(iters, 0));
+  std::vector<std::vector<int>> split_seen(items);
+  int prev_split = -1;
+  for (int w = 0; w < num_work(s); ++w) {
+    const Segment g = segment(s, w);
+    ASSERT_GE(g.item, 0);
+    ASSERT_LT(g.item, items);
+    ASSERT_GE(g.k_iters, 1);
+    ASSERT_LE(g.k_begin + g.k_iters, iters);
+    ASSERT_EQ(g.split >= 0, g.item >= s.dp_items);
+    if (g.split < 0) {
+      ASSERT_EQ(g.k_iters, iters);
+    } else {
+      ASSERT_GE(g.split, prev_split);  // split-major
+      prev_split = g.split;
+      split_seen[g.item].push_back(g.split);
+    }
+    for (int k = g.k_begin; k < g.k_begin + g.k_iters; ++k) ++hits[g.item][k];
+  }
+  for (int i = 0; i < items; ++i) {
+    for (int k = 0; k < iters; ++k) ASSERT_EQ(hits[i][k], 1) << "item " << i << " iteration " << k;
+    if (i >= s.dp_items && s.dp_items < items) {
+      ASSERT_EQ(static_cast<int>(split_seen[i].size()), s.splits) << "item " << i;
+      for (int j = 0; j < s.splits; ++j) ASSERT_EQ(split_seen[i][j], j) << "item " << i;
+    }
+  }
+}
+
+}  // namespace
+
+TEST(SplitK, EveryIterationOnce) {
+  for (int items : {1, 2, 3, 7, 43, 56, 112, 131, 132, 133, 200, 263, 264, 265, 1000, 4096})
+    for (int iters : {1, 2, 3, 17, 64, 129})
+      for (int workers : {1, 2, 7, 66, 132})
+        for (int splits : {1, 2, 3, 5, 16}) check_partition(items, iters, workers, splits);
+}
+
+TEST(SplitK, OnlyThePartialRoundSplits) {
+  EXPECT_EQ(make_split_k(264, 64, 132, 4).dp_items, 264);  // two whole rounds: nothing to split
+  const SplitK s = make_split_k(300, 64, 132, 4);
+  EXPECT_EQ(s.dp_items, 264);
+  EXPECT_EQ(num_work(s), 264 + 36 * 4);
+  EXPECT_EQ(make_split_k(1, 3, 132, 16).splits, 3);  // never more splits than iterations
+  // Rounds: 43 decode tiles of 64 iterations on 132 workers: one round of 64 whole, or one round
+  // of 22 with three splits.
+  EXPECT_EQ(split_rounds(43, 64, 132, 1), 64);
+  EXPECT_EQ(split_rounds(43, 64, 132, 3), 22);
+  EXPECT_EQ(best_splits(43, 64, 132, 16, 3.0), 3);
+  EXPECT_EQ(best_splits(264, 64, 132, 16, 3.0), 1);
+}
+
+namespace {
+PlanInputs inputs(int M, int N, int K, bool aligned = true) {
+  PlanInputs p;
+  p.M = M, p.N = N, p.K = K, p.aligned = aligned, p.sm_count = 132, p.pair_clusters = 66;
+  return p;
+}
+}  // namespace
+
+// The eight shapes the GEMM was tuned on keep the choice they were measured with (the 128x256
+// tile, unsplit): the model must not move a tuned shape. Small tiles win only where the big ones
+// cannot fill the machine (1024^3: 32 tiles of 128x256 on 132 SMs, with split-K forbidden).
+TEST(GemmPlan, CoreShapesKeepTheirChoice) {
+  const int core[][3] = {{4096, 2048, 4096},   {8192, 8192, 8192},   {16384, 16384, 16384}, {16384, 8192, 16384},
+                         {32768, 16384, 4096}, {16384, 16384, 1024}, {16384, 16384, 2048},  {8192, 1024, 8192}};
+  for (auto& s : core) {
+    const Choice c = plan_gemm(inputs(s[0], s[1], s[2]));
+    EXPECT_EQ(c.tile, Tile::M128N256) << s[0] << "x" << s[1] << "x" << s[2];
+    EXPECT_EQ(c.splits, 1) << s[0] << "x" << s[1] << "x" << s[2];
+  }
+  PlanInputs small = inputs(1024, 1024, 1024);
+  small.split_k = false;
+  EXPECT_EQ(plan_gemm(small).tile, Tile::M128N128);
+}
+
+// Decode and narrow outputs (fewer tiles than SMs) split K across the machine.
+TEST(GemmPlan, FewTilesSplitK) {
+  for (int M : {1, 16, 64, 128, 256}) {
+    const Choice c = plan_gemm(inputs(M, 4096, 14336));
+    EXPECT_GT(c.splits, 1) << M;
+    EXPECT_EQ(c.workers, c.tile == Tile::M128N256C2 ? 66 : 132) << M;
+    EXPECT_EQ(c.tile == Tile::M64N128, M <= 64) << M;
+  }
+  PlanInputs no = inputs(16, 4096, 14336);
+  no.split_k = false;
+  EXPECT_EQ(plan_gemm(no).splits, 1);
+}
+
+// A row pitch off the 128-byte grid moves the large shapes to the cluster tile, never to 128x128.
+TEST(GemmPlan, MisalignedPitchPrefersTheClusterTile) {
+  const Choice c = plan_gemm(inputs(8192, 28672, 8200, false));
+  EXPECT_EQ(c.tile, Tile::M128N256C2);
+  PlanInputs no_pair = inputs(8192, 28672, 8200, false);
+  no_pair.pair_clusters = 0;
+  EXPECT_EQ(plan_gemm(no_pair).tile, Tile::M128N256);
+  EXPECT_NE(plan_gemm(inputs(2047, 5128, 13832, false)).tile, Tile::M128N128);
+  EXPECT_TRUE(pitch_aligned(8192));
+  EXPECT_FALSE(pitch_aligned(8200));
+  EXPECT_TRUE(pitch_aligned(8256));
+}

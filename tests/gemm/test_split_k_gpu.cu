@@ -1,0 +1,163 @@
+// Split-K GEMM (kernels/gemm/split_k.cuh) against the independent float32 reference (cuBLASLt,
+// check/gemm_ref.hpp) element by element, per tile, on fresh random inputs with the output
+// poisoned before every call. The split count is forced, and the worker count cut down
+// (lcsc.max_compute_blocks) so that the last partial round has many items, split many ways;
+// back-to-back calls with new inputs on one stream check that the counters start every
+// launch at zero and that no call reads another call's partials. The bound is the plain GEMM's
+// (test_gemm_gpu.cu says why one missing K step of 64 fails it): a lost or doubled partial moves
+// an element by the order of s itself.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "check/gemm_ref.hpp"
+#include "check/device_buffer.hpp"
+#include "check/seed.hpp"
+#include "check/tile_check.hpp"
+#include "gemm/gemm.hpp"
+#include "gemm/plan.hpp"
+#include "gemm/reference.cuh"
+
+using namespace weave;
+using bf16 = __nv_bfloat16;
+
+namespace {
+
+template <class T>
+using DevBuf = check::DeviceBuffer<T>;
+
+using check::case_seed;
+
+check::GemmRef& gemm_ref() {
+  static check::GemmRef g;
+  return g;
+}
+
+// s += 4 |C0| (C += rounds A*B to bf16 and then the sum: test_gemm_gpu.cu's add_abs_kernel).
+__global__ void add_abs_kernel(float* s, const bf16* c0, float k, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    s[i] += k * fabsf(__bfloat162float(c0[i]));
+}
+
+struct SkCase {
+  int M, N, K;
+  gemm::BLayout bl;
+  gemm::Tile tile;
+  int workers;  // max_compute_blocks; 0 = the whole device
+  bool accumulate;
+  int splits;
+};
+
+std::string name_of(const SkCase& r) {
+  return std::to_string(r.M) + "x" + std::to_string(r.N) + "x" + std::to_string(r.K) +
+         (r.bl == gemm::BLayout::KN ? " KN " : " NK ") + gemm::tile_name(r.tile) + " blocks " +
+         std::to_string(r.workers) + " splits " + std::to_string(r.splits) + (r.accumulate ? " C+=" : "");
+}
+
+// `calls` back-to-back calls on one stream, each with its own inputs and its own poisoned output,
+// all launched before any is checked.
+void run_calls(const SkCase& r, int calls) {
+  SCOPED_TRACE(name_of(r));
+  const size_t nc = size_t(r.M) * r.N;
+  std::vector<DevBuf<bf16>*> A, B, C, C0;
+  std::vector<DevBuf<float>*> ref, s;
+  for (int i = 0; i < calls; ++i) {
+    A.push_back(new DevBuf<bf16>(size_t(r.M) * r.K));
+    B.push_back(new DevBuf<bf16>(size_t(r.K) * r.N));
+    C.push_back(new DevBuf<bf16>(nc));
+    C0.push_back(new DevBuf<bf16>(r.accumulate ? nc : 0));
+    ref.push_back(new DevBuf<float>(nc));
+    s.push_back(new DevBuf<float>(nc));
+    gemm::ref::fill_uniform(A[i]->p, A[i]->n, case_seed(1));
+    gemm::ref::fill_uniform(B[i]->p, B[i]->n, case_seed(2));
+    if (r.accumulate) {
+      gemm::ref::fill_uniform(C[i]->p, nc, case_seed(3), 4.f);
+      WEAVE_CUDA_CHECK(cudaMemcpy(C0[i]->p, C[i]->p, nc * 2, cudaMemcpyDeviceToDevice));
+    } else {
+      check::poison(C[i]->p, nc);
+    }
+    gemm_ref().run(A[i]->p, B[i]->p, r.M, r.N, r.K, r.bl, ref[i]->p, s[i]->p);
+    check::sqrt_inplace(s[i]->p, nc);
+    if (r.accumulate) {
+      check::add_bf16(ref[i]->p, C0[i]->p, nc);
+      add_abs_kernel<<<1024, 256>>>(s[i]->p, C0[i]->p, 4.f, nc);
+      WEAVE_CUDA_CHECK(cudaGetLastError());
+    }
+  }
+  WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
+  gemm::Options o;
+  o.tile = r.tile;
+  o.split_k = r.splits;
+  o.accumulate = r.accumulate;
+  o.lcsc.max_compute_blocks = r.workers;
+  for (int i = 0; i < calls; ++i) gemm::gemm(A[i]->p, B[i]->p, C[i]->p, r.M, r.N, r.K, r.bl, o, nullptr);
+  WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
+  check::Bound b = check::gemm_bound();
+  if (r.accumulate) b.rel *= 2;
+  for (int i = 0; i < calls; ++i) {
+    const check::Report rep = check::compare({C[i]->p, r.N}, {ref[i]->p, r.N}, {s[i]->p, r.N}, r.M, r.N, b);
+    std::printf("check split-K gemm %s call %d: %s\n", name_of(r).c_str(), i, rep.str().c_str());
+    EXPECT_TRUE(rep.ok) << "call " << i << ": " << rep.str();
+  }
+  for (int i = 0; i < calls; ++i) delete A[i], delete B[i], delete C[i], delete C0[i], delete ref[i], delete s[i];
+}
+
+}  // namespace
+
+// The whole device: decode-sized M, ragged M, N and K, both B layouts, both 128x256 tiles.
+TEST(GemmSplitK, WholeDevice) {
+  const gemm::BLayout layouts[] = {gemm::BLayout::NK, gemm::BLayout::KN};
+  for (gemm::BLayout bl : layouts) {
+    run_calls({1, 11008, 4096, bl, gemm::Tile::M128N256, 0, false, 3}, 2);
+    run_calls({16, 4096, 14336, bl, gemm::Tile::M128N256, 0, false, 8}, 2);
+    run_calls({77, 14344, 4104, bl, gemm::Tile::M128N256, 0, false, 2}, 2);
+    run_calls({200, 4104, 11016, bl, gemm::Tile::M128N256, 0, false, 5}, 2);
+    run_calls({1000, 13832, 5128, bl, gemm::Tile::M128N256C2, 0, false, 2}, 2);
+    run_calls({2047, 5128, 13832, bl, gemm::Tile::M128N256C2, 0, false, 3}, 1);
+    run_calls({1, 4096, 11008, bl, gemm::Tile::M64N128, 0, false, 4}, 2);
+    run_calls({64, 5128, 13832, bl, gemm::Tile::M64N128, 0, false, 3}, 2);
+    run_calls({33, 1000, 520, bl, gemm::Tile::M64N128, 5, false, 4}, 2);
+  }
+}
+
+// Few workers: a long last partial round, split up to 16 ways (more splits than some items'
+// iterations allow is clamped); an odd tile-row count for the cluster tile; one K iteration.
+TEST(GemmSplitK, FewWorkersManySplits) {
+  run_calls({300, 1000, 2056, gemm::BLayout::NK, gemm::Tile::M128N256, 7, false, 16}, 3);
+  run_calls({129, 520, 8200, gemm::BLayout::KN, gemm::Tile::M128N256, 5, false, 7}, 3);
+  run_calls({385, 776, 1032, gemm::BLayout::NK, gemm::Tile::M128N256C2, 6, false, 4}, 3);
+  run_calls({64, 264, 64, gemm::BLayout::NK, gemm::Tile::M128N256, 3, false, 4}, 2);
+}
+
+// C += A*B: only the finishing split stores, once, with the reduce-add store.
+TEST(GemmSplitK, Accumulate) {
+  run_calls({333, 2056, 4104, gemm::BLayout::NK, gemm::Tile::M128N256, 9, true, 3}, 2);
+  run_calls({16, 4096, 14336, gemm::BLayout::KN, gemm::Tile::M128N256, 0, true, 8}, 2);
+  run_calls({385, 776, 1032, gemm::BLayout::KN, gemm::Tile::M128N256C2, 6, true, 2}, 2);
+  run_calls({40, 2056, 4104, gemm::BLayout::NK, gemm::Tile::M64N128, 0, true, 5}, 2);
+}
+
+// The planner's own choices (split-K where it says so) on decode and ragged shapes.
+TEST(GemmSplitK, AutoChoice) {
+  const int shapes[][3] = {{1, 18432, 7168}, {64, 5120, 13824}, {16, 4096, 14336}, {256, 7168, 18432},
+                           {3000, 7176, 18440}};
+  for (auto& sh : shapes) {
+    SkCase r{sh[0], sh[1], sh[2], gemm::BLayout::NK, gemm::Tile::Auto, 0, false, 0};
+    SCOPED_TRACE(name_of(r));
+    const size_t nc = size_t(r.M) * r.N;
+    DevBuf<bf16> A(size_t(r.M) * r.K), B(size_t(r.K) * r.N), C(nc);
+    DevBuf<float> ref(nc), s(nc);
+    gemm::ref::fill_uniform(A.p, A.n, case_seed(1));
+    gemm::ref::fill_uniform(B.p, B.n, case_seed(2));
+    check::poison(C.p, nc);
+    gemm_ref().run(A.p, B.p, r.M, r.N, r.K, r.bl, ref.p, s.p);
+    check::sqrt_inplace(s.p, nc);
+    gemm::gemm(A.p, B.p, C.p, r.M, r.N, r.K, r.bl, gemm::Options{}, nullptr);
+    WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
+    const check::Report rep = check::compare({C.p, r.N}, {ref.p, r.N}, {s.p, r.N}, r.M, r.N, check::gemm_bound());
+    std::printf("check auto gemm %s: %s\n", name_of(r).c_str(), rep.str().c_str());
+    EXPECT_TRUE(rep.ok) << rep.str();
+  }
+}
