@@ -39,6 +39,7 @@ int main(int argc, char** argv) {
     if (i + 1 < argc && std::strncmp(argv[i + 1], "--", 2) != 0) a.kv[k] = argv[++i];
     else a.kv[k] = "";
   }
+  if (!std::strcmp(argv[1], "gemm") && a.get("dtype") == "fp8") it = registry().find("gemm_fp8");  // gemm_fp8.cu
   try {
     return it->second.fn(a);
   } catch (const std::exception& e) {

@@ -1,0 +1,89 @@
+// The float32 reference of the fp8 GEMMs, independent of weave's kernels: a plain kernel decodes
+// the fp8 operands to float and applies their scales (per tensor, or per block as DeepSeek-V3's
+// format says), then cuBLASLt multiplies the float matrices in float32 (CUBLAS_COMPUTE_32F: no
+// TF32, no fp8 tensor core). It also gives each element's dot-product scale
+// s2 = sum_k (a'_mk b'_nk)^2 of the decoded, scaled operands, for tile_check's bound; plus random
+// fp8 and scale fills for the tests and the bench.
+//
+// Layouts as weave::gemm_fp8 (kernels/gemm_fp8/gemm_fp8.hpp): A M x K and B N x K row-major bytes
+// (e4m3 or e5m2), outputs M x N row-major float. Block scales: scale_a is ceil(K/128) x M
+// (scale_a[kb * M + m]), scale_b is ceil(N/128) x ceil(K/128).
+#pragma once
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "check/tile_check.hpp"
+
+namespace weave::check {
+
+class Fp8GemmRef {
+ public:
+  Fp8GemmRef();
+  ~Fp8GemmRef();
+  Fp8GemmRef(const Fp8GemmRef&) = delete;
+  Fp8GemmRef& operator=(const Fp8GemmRef&) = delete;
+
+  // Per-tensor scales (device pointers to one float each): r = sa sb A B^T; s2 may be null.
+  void run(const void* A, bool a_e5m2, const void* B, bool b_e5m2, int M, int N, int K, const float* scale_a,
+           const float* scale_b, float* r, float* s2, cudaStream_t st = nullptr);
+  // Block scales: r[m, n] = sum_k (scale_a[k/128, m] A[m, k]) (scale_b[n/128, k/128] B[n, k]).
+  void run_block(const void* A, bool a_e5m2, const void* B, bool b_e5m2, int M, int N, int K, const float* scale_a,
+                 const float* scale_b, float* r, float* s2, cudaStream_t st = nullptr);
+
+ private:
+  void run_impl(const void* A, bool a_e5m2, const void* B, bool b_e5m2, int M, int N, int K, const float* sa,
+                const float* sb, bool block, float* r, float* s2, cudaStream_t st);
+  void matmul(const float* A, const float* B, int M, int N, int K, float* C, cudaStream_t st);
+  float* buffer(int which, size_t n, cudaStream_t st);
+  cublasLtHandle_t h_{};
+  void* ws_ = nullptr;
+  float* buf_[2] = {nullptr, nullptr};
+  size_t buf_n_[2] = {0, 0};
+};
+
+// Random fp8 values: floats uniform in [-range, range) rounded to the format (saturating to its
+// largest finite value). Tests that need special codes (NaN, Inf) write them with set_fp8.
+void fill_fp8_uniform(void* p, bool e5m2, size_t n, uint64_t seed, float range, cudaStream_t st = nullptr);
+// Subnormal codes only (exponent field 0, mantissa != 0, random sign): e4m3 magnitudes
+// 2^-9 .. 7 * 2^-9, e5m2 2^-16 .. 3 * 2^-16.
+void fill_fp8_subnormal(void* p, bool e5m2, size_t n, uint64_t seed, cudaStream_t st = nullptr);
+// Floats log-uniform in [lo, hi] (positive), e.g. block scales spanning 1e-3 .. 1e3.
+void fill_log_uniform(float* p, size_t n, uint64_t seed, float lo, float hi, cudaStream_t st = nullptr);
+// One raw byte at p[i] (a NaN or an Inf code, for the propagation tests).
+void set_fp8(void* p, size_t i, uint8_t code, cudaStream_t st = nullptr);
+// The float value of one fp8 code, on the host (for float64 spot checks).
+double fp8_to_double(uint8_t code, bool e5m2);
+
+// Bounds (tile_check.hpp: |x - r| <= rel |r| + scale s + abs), for bf16 outputs of fp8 GEMMs.
+//
+// Both kernels round once to bf16 at the end: 2^-8 |r|, plus 2^-10 s for two fp32 summation
+// orders, as check::gemm_bound. The fp8 products are exact in the tensor core, but its fp8
+// accumulator keeps 13 mantissa bits and truncates (Hopper's FP8 path; the reason DeepSeek-V3
+// promotes partial sums to fp32): each m64nNk32 instruction adds 32 products to the running sum
+// and loses less than one unit of its 13th bit, i.e. below 2^-13 |running sum| (the products'
+// own alignment losses have random signs and stay far smaller). Truncation goes towards zero, so
+// these losses share the running sum's sign and add up linearly over the T = K / 32 instructions:
+// below 2^-13 T max_t |sum_t|. max_t |sum_t| is of the order of s for a sum of random-sign
+// products and approaches |r| where the products drift one way, so the bound takes both:
+//
+// - Per-tensor (all of K in the tensor core, like cuBLASLt's FP8 fast accumulation):
+//   rel = 2^-8 + 2^-14 T, scale = 2^-10 + 2^-13 T. (The mean loss is about half a unit, and the
+//   running sum is below its maximum for most of the loop, so a correct kernel sits at a fraction
+//   of this.) A tile that misses one 128-K block loses sqrt(128 / K) s of random sign: at
+//   K = 8192, 0.125 s against a bound of ~0.05 s where |r| ~ s (most elements break it); at
+//   K = 16384, 0.088 s against ~0.1 s (about a quarter of a 128 x 128 tile's 16384 elements).
+// - Block scales (promotion every 128 of K): the tensor core's sum spans 4 instructions, below
+//   4 x 2^-13 of one block's scaled partial; the K / 128 partials have random signs, so these add
+//   as a random walk to below 2^-11 s. scale = 2^-10 + 2^-9 (four times that, for headroom); one
+//   missing block (sqrt(128 / K) s, >= 0.088 s up to K = 16384) is > 29 bounds.
+inline Bound fp8_tensor_core_bound(int K) {
+  const double T = K / 32.0;
+  return Bound{kBf16Round + std::ldexp(T, -14), 1.0 / 1024 + std::ldexp(T, -13), 0};
+}
+inline Bound fp8_promoted_bound() { return Bound{kBf16Round, 3.0 / 1024, 0}; }
+
+}  // namespace weave::check

@@ -1,0 +1,160 @@
+// Host side of the fp8 GEMMs: validation, tile choice, tensor maps, launch. The kernel
+// instantiations (3 type pairs x (2 per-tensor tiles + 1 block-scaled)) live here so that users
+// compile none of them.
+#include <cstdint>
+
+#include "gemm_fp8/gemm_fp8.hpp"
+#include "gemm_fp8/gemm_fp8_kernel.cuh"
+#include "weave/common/error.hpp"
+#include "weave/common/extent.hpp"
+#include "weave/lcsc.cuh"
+#include "weave/tile/tma.hpp"
+
+namespace weave::gemm_fp8 {
+
+namespace {
+
+using tile::fp8e4m3;
+using tile::fp8e5m2;
+
+// 3 x 48 KB + 64 KB = 208 KB, as the bf16 GEMM's big tile (the same bytes per stage: 128 fp8 of K
+// per row instead of 64 bf16). 6 x 32 KB + 32 KB = 224 KB for the 128 x 128 tiles.
+template <class TA, class TB>
+using Big = GemmFp8Kernel<TA, TB, 256, 3>;
+template <class TA, class TB>
+using Small = GemmFp8Kernel<TA, TB, 128, 6>;
+template <class TA, class TB>
+using Block = GemmFp8BlockKernel<TA, TB, 6>;
+
+template <class Kern>
+lcsc::Plan run(const void* A, const void* B, __nv_bfloat16* C, int M, int N, int K, const float* sa, const float* sb,
+               const Options& opt, int group_m, cudaStream_t stream) {
+  using tile::Swizzle;
+  constexpr CUtensorMapDataType u8 = CU_TENSOR_MAP_DATA_TYPE_UINT8;  // TMA has no fp8 type; bytes are exact
+  Fp8Globals g{};
+  g.a = tile::encode(tile::tma_2d(u8, 1, A, M, K, K, Kern::BM, Kern::BK, Swizzle::B128));
+  g.b = tile::encode(tile::tma_2d(u8, 1, B, N, K, K, Kern::BN, Kern::BK, Swizzle::B128));
+  g.c = tile::encode(tile::tma_2d(static_cast<const __nv_bfloat16*>(C), M, N, N, Kern::BM, 64, Swizzle::B128));
+  g.scale_a = sa;
+  g.scale_b = sb;
+  g.M = M;
+  g.N = N;
+  g.K = K;
+  g.tiles_m = gemm::ceil_div(M, Kern::BM);
+  g.tiles_n = gemm::ceil_div(N, Kern::BN);
+  g.group_m = group_m;
+  g.kblocks = k_blocks(K);
+  return lcsc::launch<Kern>(g, opt.lcsc, stream);
+}
+
+// One kernel template per type pair, picked at run time.
+template <template <class, class> class Kern>
+lcsc::Plan dispatch(Fp8 ta, Fp8 tb, const void* A, const void* B, __nv_bfloat16* C, int M, int N, int K,
+                    const float* sa, const float* sb, const Options& opt, int group_m, cudaStream_t stream) {
+  if (ta == Fp8::E4M3 && tb == Fp8::E4M3)
+    return run<Kern<fp8e4m3, fp8e4m3>>(A, B, C, M, N, K, sa, sb, opt, group_m, stream);
+  if (ta == Fp8::E5M2 && tb == Fp8::E4M3)
+    return run<Kern<fp8e5m2, fp8e4m3>>(A, B, C, M, N, K, sa, sb, opt, group_m, stream);
+  return run<Kern<fp8e4m3, fp8e5m2>>(A, B, C, M, N, K, sa, sb, opt, group_m, stream);
+}
+
+void check_aligned(const char* name, const void* p, size_t align) {
+  WEAVE_CHECK(reinterpret_cast<uintptr_t>(p) % align == 0, "gemm_fp8: ", name, " (", p, ") is not ", align,
+              "-byte aligned", align == 16 ? " (TMA needs 16-byte aligned base addresses)" : "");
+}
+
+// Everything both entry points check before a launch; `sa_bytes` / `sb_bytes` are what the
+// scale arrays must hold.
+void validate_call(const void* A, Fp8 ta, const void* B, Fp8 tb, const __nv_bfloat16* C, int M, int N, int K,
+                   const float* sa, const float* sb, size_t sa_bytes, size_t sb_bytes) {
+  validate_shape(M, N, K);
+  validate_types(ta, tb);
+  WEAVE_CHECK(A && B && C, "gemm_fp8: null pointer (A ", A, ", B ", B, ", C ", static_cast<const void*>(C), ")");
+  WEAVE_CHECK(sa && sb, "gemm_fp8: null scale pointer (scale_a ", static_cast<const void*>(sa), ", scale_b ",
+              static_cast<const void*>(sb), "); scales are device pointers, 1.0 must be passed as a float");
+  check_aligned("A", A, 16);
+  check_aligned("B", B, 16);
+  check_aligned("C", C, 16);
+  check_aligned("scale_a", sa, 4);
+  check_aligned("scale_b", sb, 4);
+  check_extent("gemm_fp8", "A", A, size_t(M) * K);
+  check_extent("gemm_fp8", "B", B, size_t(N) * K);
+  check_extent("gemm_fp8", "C", C, size_t(M) * N * sizeof(__nv_bfloat16));
+  check_extent("gemm_fp8", "scale_a", sa, sa_bytes);
+  check_extent("gemm_fp8", "scale_b", sb, sb_bytes);
+}
+
+Tile resolve_tile(const Options& opt, int M, int N, int K) {
+  if (opt.tile != Tile::Auto) return opt.tile;
+  int dev = 0;
+  WEAVE_CUDA_CHECK(cudaGetDevice(&dev));
+  return choose_tile(M, N, K, lcsc::device_info(dev).sm_count);
+}
+
+}  // namespace
+
+void validate_shape(int M, int N, int K) {
+  WEAVE_CHECK(M >= 1 && N >= 1 && K >= 1, "gemm_fp8: M, N, K must be positive, got ", M, " x ", N, " x ", K);
+  WEAVE_CHECK(K % 16 == 0, "gemm_fp8: K = ", K,
+              " is not a multiple of 16 (TMA needs 16-byte row pitches: a row of A or B is K bytes)");
+  WEAVE_CHECK(N % 8 == 0, "gemm_fp8: N = ", N,
+              " is not a multiple of 8 (TMA needs 16-byte row pitches: a row of the bf16 C is 2N bytes)");
+}
+
+void validate_types(Fp8 a, Fp8 b) {
+  WEAVE_CHECK((a == Fp8::E4M3 || a == Fp8::E5M2) && (b == Fp8::E4M3 || b == Fp8::E5M2),
+              "gemm_fp8: unknown fp8 type code (A ", static_cast<int>(a), ", B ", static_cast<int>(b), ")");
+  WEAVE_CHECK(!(a == Fp8::E5M2 && b == Fp8::E5M2),
+              "gemm_fp8: e5m2 x e5m2 is not supported (e4m3 x e4m3, e5m2 x e4m3 and e4m3 x e5m2 are; cuBLASLt "
+              "has no e5m2 x e5m2 kernel either)");
+}
+
+const char* tile_name(Tile t) {
+  switch (t) {
+    case Tile::M128N256: return "128x256";
+    case Tile::M128N128: return "128x128";
+    default: return "auto";
+  }
+}
+const char* type_name(Fp8 t) { return t == Fp8::E5M2 ? "e5m2" : "e4m3"; }
+
+// As the bf16 GEMM's choice (kernels/gemm/gemm.cu): the big tile moves fewer bytes per FLOP and
+// wins whenever it fills the machine about as well; the small one covers outputs whose 128 x 256
+// tiles leave 8 % or more of the machine idle in the last (or only) wave.
+Tile choose_tile(int M, int N, int K, int sm_count) {
+  (void)K;
+  auto fill = [&](int bm, int bn) {
+    const long long tiles = static_cast<long long>(gemm::ceil_div(M, bm)) * gemm::ceil_div(N, bn);
+    const long long waves = (tiles + sm_count - 1) / sm_count;
+    return static_cast<double>(tiles) / static_cast<double>(waves * sm_count);
+  };
+  return fill(128, 128) > fill(128, 256) + 0.08 ? Tile::M128N128 : Tile::M128N256;
+}
+
+// The bf16 GEMM's rule (16 tile rows for short tiles, 8 for long ones) with K in bytes: an fp8
+// tile of K runs about as long as a bf16 tile of K / 2 and reads as many operand bytes. Not yet
+// tuned on a GPU.
+int default_group_m(Tile t, int K) { return t == Tile::M128N128 || K <= 4096 ? 16 : 8; }
+
+lcsc::Plan gemm(const void* A, Fp8 ta, const void* B, Fp8 tb, __nv_bfloat16* C, int M, int N, int K,
+                const float* scale_a, const float* scale_b, const Options& opt, cudaStream_t stream) {
+  validate_call(A, ta, B, tb, C, M, N, K, scale_a, scale_b, sizeof(float), sizeof(float));
+  const Tile t = resolve_tile(opt, M, N, K);
+  WEAVE_CHECK(t == Tile::M128N256 || t == Tile::M128N128, "gemm_fp8: unknown tile ", static_cast<int>(t));
+  const int group_m = opt.group_m > 0 ? opt.group_m : default_group_m(t, K);
+  if (t == Tile::M128N256) return dispatch<Big>(ta, tb, A, B, C, M, N, K, scale_a, scale_b, opt, group_m, stream);
+  return dispatch<Small>(ta, tb, A, B, C, M, N, K, scale_a, scale_b, opt, group_m, stream);
+}
+
+lcsc::Plan gemm_block_scaled(const void* A, Fp8 ta, const void* B, Fp8 tb, __nv_bfloat16* C, int M, int N, int K,
+                             const float* scale_a, const float* scale_b, const Options& opt, cudaStream_t stream) {
+  validate_call(A, ta, B, tb, C, M, N, K, scale_a, scale_b, block_scale_a_count(M, K) * sizeof(float),
+                block_scale_b_count(N, K) * sizeof(float));
+  WEAVE_CHECK(opt.tile == Tile::Auto || opt.tile == Tile::M128N128, "gemm_fp8: block scales run on the 128x128 tile "
+              "only (a 64 x 256 consumer would need 2 x 128 accumulator registers per thread), got ",
+              tile_name(opt.tile));
+  const int group_m = opt.group_m > 0 ? opt.group_m : default_group_m(Tile::M128N128, K);
+  return dispatch<Block>(ta, tb, A, B, C, M, N, K, scale_a, scale_b, opt, group_m, stream);
+}
+
+}  // namespace weave::gemm_fp8

@@ -1,0 +1,79 @@
+// Host entry points of the fp8 GEMMs (kernels/gemm_fp8/README.md).
+//
+//   C (bf16, M x N, row-major) = scale * A * B^T
+//   A: fp8 M x K row-major, B: fp8 N x K row-major (like nn.Linear's weight), fp32 accumulation.
+//
+// gemm: per-tensor scales, scale = *scale_a * *scale_b (device pointers to one float each, read
+//       by the kernel: no host synchronisation).
+// gemm_block_scaled: DeepSeek-V3 block scales. scale_a holds one float per (row, 128-K block),
+//       stored K-block-major: scale_a[kb * M + m] (a ceil(K/128) x M row-major matrix); scale_b one
+//       per (128 x 128) block of B: scale_b[nb * ceil(K/128) + kb] (ceil(N/128) x ceil(K/128)).
+//       C[m, n] = sum_kb scale_a[kb, m] * scale_b[n / 128, kb] * sum_{k in kb} A[m, k] B[n, k],
+//       each block's partial sum promoted to fp32 on the CUDA cores.
+//
+// Operand types: e4m3 x e4m3, e5m2 x e4m3, e4m3 x e5m2 (e5m2 for gradients); e5m2 x e5m2 is
+// rejected (cuBLASLt has no such kernel either). Any M >= 1; K a multiple of 16 and N a multiple of
+// 8 (TMA row pitches of 16 bytes: K bytes for A and B, 2N bytes for C); A, B, C 16-byte aligned,
+// scales 4-byte aligned. Anything else, a null pointer, or a device allocation shorter than the
+// shape needs (weave/common/extent.hpp) throws weave::Error before anything is launched.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "weave/lcsc.cuh"
+
+namespace weave::gemm_fp8 {
+
+enum class Fp8 : int { E4M3 = 0, E5M2 = 1 };
+
+// M128N256: two consumers of 64 x 256, 3 stages of 48 KB + a 64 KB output tile (208 KB).
+// M128N128: two consumers of 64 x 128, 6 stages of 32 KB + a 32 KB output tile (224 KB); the only
+// tile of gemm_block_scaled.
+enum class Tile : int { Auto = 0, M128N256 = 1, M128N128 = 2 };
+
+struct Options {
+  Tile tile = Tile::Auto;
+  int group_m = 0;    // tile rows per raster group; 0 = default_group_m
+  lcsc::Config lcsc;  // num_comm_sms, grid limits
+};
+
+lcsc::Plan gemm(const void* A, Fp8 a_type, const void* B, Fp8 b_type, __nv_bfloat16* C, int M, int N, int K,
+                const float* scale_a, const float* scale_b, const Options& opt = {}, cudaStream_t stream = nullptr);
+
+lcsc::Plan gemm_block_scaled(const void* A, Fp8 a_type, const void* B, Fp8 b_type, __nv_bfloat16* C, int M, int N,
+                             int K, const float* scale_a, const float* scale_b, const Options& opt = {},
+                             cudaStream_t stream = nullptr);
+
+// Typed forms of the supported combinations.
+inline lcsc::Plan gemm(const __nv_fp8_e4m3* A, const __nv_fp8_e4m3* B, __nv_bfloat16* C, int M, int N, int K,
+                       const float* scale_a, const float* scale_b, const Options& opt = {},
+                       cudaStream_t stream = nullptr) {
+  return gemm(A, Fp8::E4M3, B, Fp8::E4M3, C, M, N, K, scale_a, scale_b, opt, stream);
+}
+inline lcsc::Plan gemm(const __nv_fp8_e5m2* A, const __nv_fp8_e4m3* B, __nv_bfloat16* C, int M, int N, int K,
+                       const float* scale_a, const float* scale_b, const Options& opt = {},
+                       cudaStream_t stream = nullptr) {
+  return gemm(A, Fp8::E5M2, B, Fp8::E4M3, C, M, N, K, scale_a, scale_b, opt, stream);
+}
+inline lcsc::Plan gemm(const __nv_fp8_e4m3* A, const __nv_fp8_e5m2* B, __nv_bfloat16* C, int M, int N, int K,
+                       const float* scale_a, const float* scale_b, const Options& opt = {},
+                       cudaStream_t stream = nullptr) {
+  return gemm(A, Fp8::E4M3, B, Fp8::E5M2, C, M, N, K, scale_a, scale_b, opt, stream);
+}
+
+// Pure functions (CPU-tested).
+void validate_shape(int M, int N, int K);
+void validate_types(Fp8 a, Fp8 b);
+Tile choose_tile(int M, int N, int K, int sm_count);
+int default_group_m(Tile t, int K);
+const char* tile_name(Tile t);
+const char* type_name(Fp8 t);
+inline int k_blocks(int K) { return (K + 127) / 128; }
+// Floats each block-scale array holds (what its allocation must cover).
+inline size_t block_scale_a_count(int M, int K) { return static_cast<size_t>(k_blocks(K)) * M; }
+inline size_t block_scale_b_count(int N, int K) { return static_cast<size_t>((N + 127) / 128) * k_blocks(K); }
+
+}  // namespace weave::gemm_fp8

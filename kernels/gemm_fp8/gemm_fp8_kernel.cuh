@@ -1,0 +1,255 @@
+// fp8 GEMMs (Hopper e4m3 / e5m2 tensor cores) as LCSC kernels: C (bf16, M x N) = A * B^T with A
+// M x K and B N x K, both row-major, i.e. both K-major as fp8 wgmma requires (wgmma_fp8.cuh).
+//
+// GemmFp8Kernel (per-tensor scales): the bf16 GEMM's schedule (kernels/gemm/gemm_kernel.cuh) with
+// BK = 128 fp8 = 128 bytes per row, so that the 128-byte swizzle and every descriptor value of
+// the bf16 kernel carry over; four m64nBNk32 wgmmas per stage. The tensor core accumulates all
+// of K (like cuBLASLt's FP8 "fast accumulation"); the epilogue multiplies the fp32 accumulators
+// by scale_a * scale_b (read on the device, no host sync) before the bf16 rounding.
+//
+// GemmFp8BlockKernel (DeepSeek-V3 block scales): A has one scale per (row, 128-K block), B one per
+// (128 x 128) block. One stage is one 128-K block. Its four wgmmas go into a temporary fp32
+// accumulator (first one with scale-d = 0); once they completed, the temporary is multiplied by
+// scale_a[row, kb] * scale_b[nb, kb] and added to the main accumulator in fp32 on the CUDA cores
+// ("promotion"): the tensor core's reduced-precision accumulation then spans only 128 of K. The
+// main and temporary accumulators need 2 x BN/2 floats per thread: with 64 x 256 per consumer that
+// is 256 > the 232 registers a consumer has, so this kernel uses a 128 x 128 tile (two consumers of
+// 64 x 128: 128 floats), which also makes B's scale one value per tile and K block.
+#pragma once
+#include <cuda.h>
+
+#include "gemm/scheduler.hpp"
+#include "weave/tile/fragment.cuh"
+#include "weave/tile/mbarrier.cuh"
+#include "weave/tile/tma.cuh"
+#include "weave/tile/types.cuh"
+#include "weave/tile/wgmma.cuh"
+#include "weave/tile/wgmma_fp8.cuh"
+
+namespace weave::gemm_fp8 {
+
+using gemm::TileCoord;
+
+struct Fp8Globals {
+  CUtensorMap a;  // fp8 as bytes, box {128 (K), 128 rows}, 128B swizzle
+  CUtensorMap b;  // box {128 (K), BN rows}
+  CUtensorMap c;  // bf16, box {64 (N), 128 rows}
+  // Per-tensor: one float each. Block scales: scale_a is ceil(K/128) x M (K-block-major: the
+  // 128 rows of a tile are contiguous for one K block), scale_b is ceil(N/128) x ceil(K/128).
+  const float* scale_a;
+  const float* scale_b;
+  int M, N, K;
+  int tiles_m, tiles_n, group_m;
+  int kblocks;  // ceil(K / 128)
+};
+
+// What the two kernels share: tile order, loads, the output store.
+template <int BN_, int Stages>
+struct Fp8Common {
+  using bf16 = tile::bf16;
+  using Globals = Fp8Globals;
+  static constexpr int BM = 128, BN = BN_, BK = 128;
+  static constexpr int kStages = Stages;
+  static constexpr int kConsumers = 2;
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;  // (40 + 2 * 232) * 128 = 64,512 of 65,536
+  static constexpr int kOutputParts = 1;
+  static constexpr uint32_t kStageTxBytes = (BM + BN) * BK;  // one byte per element
+  static_assert(BN == 128 || BN == 256, "BN 128 or 256");
+
+  struct alignas(1024) Stage {
+    uint8_t a[BM * BK];  // 128 rows of 128 B (K-major, swizzled)
+    uint8_t b[BN * BK];  // BN rows of 128 B
+  };
+  struct alignas(1024) Output {
+    bf16 c[BM * BN];  // BN/64 blocks of 128 rows x 128 B, swizzled
+  };
+
+  static __host__ __device__ int num_work(const Globals& g) { return g.tiles_m * g.tiles_n; }
+  static __device__ __forceinline__ int num_iters(const Globals& g, int) { return g.kblocks; }
+  static __device__ __forceinline__ TileCoord coord(const Globals& g, int w) {
+    return gemm::grouped_tile(w, g.tiles_m, g.tiles_n, g.group_m);
+  }
+
+  static __device__ __forceinline__ void prologue(const Globals& g) {
+    tile::tma::prefetch(&g.a);
+    tile::tma::prefetch(&g.b);
+    tile::tma::prefetch(&g.c);
+  }
+  static __device__ __forceinline__ TileCoord tile_of(const Globals& g, int w) { return coord(g, w); }
+  // K past the end (K % 128 != 0) and rows past M or N are zero-filled by TMA: they add 0.
+  static __device__ __forceinline__ void load(const Globals& g, Stage& s, tile::Mbarrier& full, const TileCoord& t,
+                                              int it) {
+    const int k0 = it * BK;
+    tile::tma::load_2d(s.a, &g.a, &full, k0, t.m * BM);
+    tile::tma::load_2d(s.b, &g.b, &full, k0, t.n * BN);
+  }
+
+  // Descriptors (wgmma.cuh, make_desc): both operands K-major with the 128-byte swizzle, rows of
+  // 128 bytes as TMA wrote them. Start = the row block's base plus 32 bytes per k32 step (the
+  // swizzle is applied by the hardware on absolute address bits, so advancing the start inside the
+  // 128-byte row is how CUTLASS and the bf16 kernel step K as well); LBO is unused for swizzled
+  // K-major layouts (16, i.e. 1, by convention); SBO = 1024 = 8 rows x 128 B, the distance between
+  // 8-row core-matrix groups; base offset 0 because every stage buffer is 1024-byte aligned.
+  // Consumer c reads A rows 64c .. 64c + 63 (64 x 128 B further into the stage).
+  static __device__ __forceinline__ uint64_t desc_a(const Stage& s, int c, int kk) {
+    return tile::wgmma::make_desc(tile::smem_u32(s.a) + c * 64 * BK + kk * 32, 16, 1024, tile::Swizzle::B128);
+  }
+  static __device__ __forceinline__ uint64_t desc_b(const Stage& s, int kk) {
+    return tile::wgmma::make_desc(tile::smem_u32(s.b) + kk * 32, 16, 1024, tile::Swizzle::B128);
+  }
+
+  static __device__ __forceinline__ void store(const Globals& g, Output& o, int w, int) {
+    const TileCoord t = coord(g, w);
+#pragma unroll
+    for (int j = 0; j < BN / 64; ++j) {
+      const int n = t.n * BN + 64 * j;
+      if (n >= g.N) break;
+      tile::tma::store_2d(&g.c, o.c + j * BM * 64, n, t.m * BM);
+    }
+  }
+
+  static __device__ __forceinline__ void communicator(const Globals&, void*, int, int) {}
+};
+
+template <class TA, class TB, int BN_, int Stages>
+struct GemmFp8Kernel : Fp8Common<BN_, Stages> {
+  using Base = Fp8Common<BN_, Stages>;
+  using typename Base::Globals;
+  using typename Base::Output;
+  using typename Base::Stage;
+  using Base::BK;
+  using Base::BM;
+  using Base::BN;
+  static constexpr int kReleaseLag = 1;
+
+  struct ConsumerState {
+    float d[BN / 2];
+    float scale;  // scale_a * scale_b, loaded at a tile's first K step, used in its epilogue
+  };
+
+  static __device__ __forceinline__ void consume(const Globals& g, ConsumerState& st, Stage& s, int, int it, int c) {
+    // Issued here, used after the whole K loop: the load's latency hides behind the mainloop.
+    if (it == 0) st.scale = __ldg(g.scale_a) * __ldg(g.scale_b);
+    tile::wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < BK / 32; ++kk)
+      tile::wgmma::mma_fp8_ss<TA, TB, BN>(st.d, Base::desc_a(s, c, kk), Base::desc_b(s, kk), (it > 0 || kk > 0) ? 1 : 0);
+    tile::wgmma::commit_group();
+    tile::wgmma::wait_group<1>();  // the previous stage's batch is done: the template frees it
+  }
+
+  static __device__ __forceinline__ void drain(ConsumerState& st) {
+    tile::wgmma::wait_group<0>();
+    tile::wgmma::fence_operands(st.d);
+  }
+
+  // Scaling the fp32 sum before the single bf16 rounding (not the bf16 value after it) keeps the
+  // output's error at one bf16 rounding for any scale; NaN and Inf pass through the product.
+  static __device__ __forceinline__ void finish(const Globals&, ConsumerState& st, Output& o, int, int c, int) {
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) st.d[i] *= st.scale;
+    tile::store_accumulator_swizzled<tile::bf16, BN>(o.c, BM, c * 64, st.d);
+  }
+};
+
+// consume() waits for its own wgmmas and promotes them at once; the tensor core idles on this
+// warpgroup while it promotes (the other consumer's batch may fill the gap). Keeping one batch in
+// flight instead (a second temporary, 192 floats) was tried: after wait_group 1, reading the
+// older temporary while the newer batch runs makes ptxas serialise every wgmma (C7514,
+// "non wgmma instructions reading accumulator registers ... between start and end of the
+// pipeline stage"), even with each parity on its own code path.
+template <class TA, class TB, int Stages>
+struct GemmFp8BlockKernel : Fp8Common<128, Stages> {
+  using Base = Fp8Common<128, Stages>;
+  using typename Base::Globals;
+  using typename Base::Output;
+  using typename Base::Stage;
+  using Base::BK;
+  using Base::BM;
+  using Base::BN;
+  // consume() has waited for its wgmmas, so the stage is free as soon as it returns.
+  static constexpr int kReleaseLag = 0;
+
+  struct ConsumerState {
+    float acc[BN / 2];           // the tile's sum, fp32 on the CUDA cores
+    float part[BN / 2];          // one 128-K block from the tensor core
+    const float* sa0;            // scale_a of this thread's two rows (row r and r + 8), K block 0
+    const float* sa1;
+    const float* sb;                     // scale_b of this tile's N block, K block 0
+    float next_sa0, next_sa1, next_sb;   // the next K block's scales, loaded one stage ahead
+  };
+
+  // Accumulator rows of this thread (wgmma.cuh's layout): warp w of the consumer holds rows
+  // 16w .. 16w + 15, lane l rows l/4 and l/4 + 8. Rows past M (a ragged last tile) read row
+  // M - 1's scale: their results are clipped by the TMA store.
+  static __device__ __forceinline__ void start_tile(const Globals& g, ConsumerState& st, int w, int c) {
+    const TileCoord t = Base::coord(g, w);
+    const int lane = threadIdx.x & 31, warp = (threadIdx.x / 32) % 4;
+    const int r0 = t.m * BM + c * 64 + warp * 16 + lane / 4;
+    const int r1 = r0 + 8;
+    st.sa0 = g.scale_a + (r0 < g.M ? r0 : g.M - 1);
+    st.sa1 = g.scale_a + (r1 < g.M ? r1 : g.M - 1);
+    st.sb = g.scale_b + static_cast<size_t>(t.n) * g.kblocks;
+    st.next_sa0 = __ldg(st.sa0);
+    st.next_sa1 = __ldg(st.sa1);
+    st.next_sb = __ldg(st.sb);
+  }
+
+  // Block it's scales (s0 for row r, s1 for row r + 8), and block it + 1's requested: they have
+  // a whole stage to arrive.
+  static __device__ __forceinline__ void take_scales(const Globals& g, ConsumerState& st, int it, float& s0,
+                                                     float& s1) {
+    s0 = st.next_sa0 * st.next_sb;
+    s1 = st.next_sa1 * st.next_sb;
+    if (it + 1 < g.kblocks) {
+      const size_t off = static_cast<size_t>(it + 1) * g.M;
+      st.next_sa0 = __ldg(st.sa0 + off);
+      st.next_sa1 = __ldg(st.sa1 + off);
+      st.next_sb = __ldg(st.sb + it + 1);
+    }
+  }
+
+  // acc (+)= part * scale; part[4j + 0..1] belong to row r (s0), part[4j + 2..3] to row r + 8 (s1).
+  static __device__ __forceinline__ void promote(ConsumerState& st, float s0, float s1, bool first) {
+    if (first) {
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) {
+        st.acc[4 * j + 0] = st.part[4 * j + 0] * s0;
+        st.acc[4 * j + 1] = st.part[4 * j + 1] * s0;
+        st.acc[4 * j + 2] = st.part[4 * j + 2] * s1;
+        st.acc[4 * j + 3] = st.part[4 * j + 3] * s1;
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) {
+        st.acc[4 * j + 0] = fmaf(st.part[4 * j + 0], s0, st.acc[4 * j + 0]);
+        st.acc[4 * j + 1] = fmaf(st.part[4 * j + 1], s0, st.acc[4 * j + 1]);
+        st.acc[4 * j + 2] = fmaf(st.part[4 * j + 2], s1, st.acc[4 * j + 2]);
+        st.acc[4 * j + 3] = fmaf(st.part[4 * j + 3], s1, st.acc[4 * j + 3]);
+      }
+    }
+  }
+
+  static __device__ __forceinline__ void consume(const Globals& g, ConsumerState& st, Stage& s, int w, int it, int c) {
+    if (it == 0) start_tile(g, st, w, c);
+    tile::wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < BK / 32; ++kk)  // the block's first wgmma overwrites the temporary (scale-d 0)
+      tile::wgmma::mma_fp8_ss<TA, TB, BN>(st.part, Base::desc_a(s, c, kk), Base::desc_b(s, kk), kk > 0 ? 1 : 0);
+    tile::wgmma::commit_group();
+    float s0, s1;
+    take_scales(g, st, it, s0, s1);  // the next block's loads overlap these wgmmas
+    tile::wgmma::wait_group<0>();
+    tile::wgmma::fence_operands(st.part);
+    promote(st, s0, s1, it == 0);
+  }
+
+  static __device__ __forceinline__ void drain(ConsumerState&) {}
+
+  static __device__ __forceinline__ void finish(const Globals&, ConsumerState& st, Output& o, int, int c, int) {
+    tile::store_accumulator_swizzled<tile::bf16, BN>(o.c, BM, c * 64, st.acc);
+  }
+};
+
+}  // namespace weave::gemm_fp8

@@ -1,0 +1,140 @@
+// CPU tests of the fp8 GEMMs: shape and type validation, tile choice, raster group, block-scale
+// sizes, the kernels' shared-memory footprints and TMA boxes, and the reference's fp8 decoder
+// against known codes. No GPU needed.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "check/gemm_fp8_ref.hpp"
+#include "gemm_fp8/gemm_fp8.hpp"
+#include "gemm_fp8/gemm_fp8_kernel.cuh"
+#include "weave/lcsc.cuh"
+#include "weave/tile/tma.hpp"
+
+using namespace weave;
+using gemm_fp8::Fp8;
+using gemm_fp8::Tile;
+
+namespace {
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST(GemmFp8Cpu, ValidateShape) {
+  EXPECT_EQ(error_of([] { gemm_fp8::validate_shape(1, 8, 16); }), "");
+  EXPECT_EQ(error_of([] { gemm_fp8::validate_shape(777, 1032, 4112); }), "");
+  EXPECT_NE(error_of([] { gemm_fp8::validate_shape(128, 128, 100); }).find("K = 100 is not a multiple of 16"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { gemm_fp8::validate_shape(128, 128, 8); }).find("K = 8 is not a multiple of 16"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { gemm_fp8::validate_shape(128, 12, 128); }).find("N = 12 is not a multiple of 8"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { gemm_fp8::validate_shape(0, 128, 128); }).find("must be positive"), std::string::npos);
+  EXPECT_NE(error_of([] { gemm_fp8::validate_shape(128, 128, -16); }).find("must be positive"), std::string::npos);
+}
+
+TEST(GemmFp8Cpu, ValidateTypes) {
+  EXPECT_EQ(error_of([] { gemm_fp8::validate_types(Fp8::E4M3, Fp8::E4M3); }), "");
+  EXPECT_EQ(error_of([] { gemm_fp8::validate_types(Fp8::E5M2, Fp8::E4M3); }), "");
+  EXPECT_EQ(error_of([] { gemm_fp8::validate_types(Fp8::E4M3, Fp8::E5M2); }), "");
+  EXPECT_NE(error_of([] { gemm_fp8::validate_types(Fp8::E5M2, Fp8::E5M2); }).find("e5m2 x e5m2 is not supported"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { gemm_fp8::validate_types(static_cast<Fp8>(7), Fp8::E4M3); }).find("unknown fp8 type"),
+            std::string::npos);
+}
+
+// The big tile unless the small one fills the machine >= 8 % better (132 SMs).
+TEST(GemmFp8Cpu, ChooseTile) {
+  EXPECT_EQ(gemm_fp8::choose_tile(8192, 8192, 8192, 132), Tile::M128N256);
+  EXPECT_EQ(gemm_fp8::choose_tile(16384, 16384, 1024, 132), Tile::M128N256);
+  // 4096 x 2048: 256 tiles of 128x256 on 132 SMs fill 97 %; 512 of 128x128 fill 97 % too.
+  EXPECT_EQ(gemm_fp8::choose_tile(4096, 2048, 4096, 132), Tile::M128N256);
+  // 1024 x 1024: 32 big tiles (24 %) against 64 small ones (48 %).
+  EXPECT_EQ(gemm_fp8::choose_tile(1024, 1024, 4096, 132), Tile::M128N128);
+  // Decode-sized M: one tile row; N = 4096 gives 16 big / 32 small tiles.
+  EXPECT_EQ(gemm_fp8::choose_tile(16, 4096, 4096, 132), Tile::M128N128);
+  EXPECT_EQ(gemm_fp8::choose_tile(1, 8, 16, 132), Tile::M128N256);  // one tile either way
+}
+
+TEST(GemmFp8Cpu, GroupAndNames) {
+  EXPECT_EQ(gemm_fp8::default_group_m(Tile::M128N128, 16384), 16);
+  EXPECT_EQ(gemm_fp8::default_group_m(Tile::M128N256, 4096), 16);
+  EXPECT_EQ(gemm_fp8::default_group_m(Tile::M128N256, 8192), 8);
+  EXPECT_STREQ(gemm_fp8::tile_name(Tile::M128N256), "128x256");
+  EXPECT_STREQ(gemm_fp8::tile_name(Tile::M128N128), "128x128");
+  EXPECT_STREQ(gemm_fp8::type_name(Fp8::E5M2), "e5m2");
+}
+
+TEST(GemmFp8Cpu, BlockScaleCounts) {
+  EXPECT_EQ(gemm_fp8::k_blocks(16), 1);
+  EXPECT_EQ(gemm_fp8::k_blocks(128), 1);
+  EXPECT_EQ(gemm_fp8::k_blocks(144), 2);
+  EXPECT_EQ(gemm_fp8::block_scale_a_count(1000, 528), size_t(5) * 1000);
+  EXPECT_EQ(gemm_fp8::block_scale_b_count(776, 528), size_t(7) * 5);
+  EXPECT_EQ(gemm_fp8::block_scale_b_count(128, 128), size_t(1));
+}
+
+// Every kernel fits the H100/H200 opt-in shared memory (227 KB) and its stages are what the
+// README says; one TMA box of A and B is exactly one stage's bytes.
+TEST(GemmFp8Cpu, KernelFootprints) {
+  using tile::fp8e4m3;
+  using Big = gemm_fp8::GemmFp8Kernel<fp8e4m3, fp8e4m3, 256, 3>;
+  using Small = gemm_fp8::GemmFp8Kernel<fp8e4m3, fp8e4m3, 128, 6>;
+  using Block = gemm_fp8::GemmFp8BlockKernel<fp8e4m3, fp8e4m3, 6>;
+  constexpr size_t kOptin = 232448;
+  EXPECT_LE(lcsc::shared_bytes<Big>(), kOptin);
+  EXPECT_LE(lcsc::shared_bytes<Small>(), kOptin);
+  EXPECT_LE(lcsc::shared_bytes<Block>(), kOptin);
+  EXPECT_EQ(sizeof(Big::Stage), size_t(48 * 1024));
+  EXPECT_EQ(sizeof(Small::Stage), size_t(32 * 1024));
+  EXPECT_EQ(sizeof(Big::Output), size_t(64 * 1024));
+  EXPECT_EQ(Big::kStageTxBytes, 48u * 1024);
+  EXPECT_EQ(Block::kStageTxBytes, 32u * 1024);
+  const tile::TmaParams a = tile::tma_2d(CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, reinterpret_cast<const void*>(256), 1000,
+                                         528, 528, Big::BM, Big::BK, tile::Swizzle::B128);
+  const tile::TmaParams b = tile::tma_2d(CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, reinterpret_cast<const void*>(256), 776,
+                                         528, 528, Big::BN, Big::BK, tile::Swizzle::B128);
+  EXPECT_EQ(a.box_bytes() + b.box_bytes(), Big::kStageTxBytes);
+  EXPECT_EQ(a.strides[0], 528u);
+  // An fp8 row of 128 elements is exactly the 128-byte swizzle span; K = 520 would break TMA's pitch.
+  EXPECT_NE(error_of([] {
+              tile::tma_2d(CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, reinterpret_cast<const void*>(256), 64, 520, 520, 128,
+                           128, tile::Swizzle::B128);
+            }).find("row pitch"),
+            std::string::npos);
+}
+
+// The reference's host decoder (float64 spot checks) on codes with known values.
+TEST(GemmFp8Cpu, Fp8Decode) {
+  EXPECT_EQ(check::fp8_to_double(0x00, false), 0.0);
+  EXPECT_EQ(check::fp8_to_double(0x38, false), 1.0);          // e4m3: exponent 7 = bias
+  EXPECT_EQ(check::fp8_to_double(0x7e, false), 448.0);        // largest e4m3
+  EXPECT_EQ(check::fp8_to_double(0x01, false), std::ldexp(1.0, -9));  // smallest e4m3 subnormal
+  EXPECT_EQ(check::fp8_to_double(0x87, false), -7 * std::ldexp(1.0, -9));
+  EXPECT_TRUE(std::isnan(check::fp8_to_double(0x7f, false)));
+  EXPECT_TRUE(std::isnan(check::fp8_to_double(0xff, false)));
+  EXPECT_EQ(check::fp8_to_double(0x3c, true), 1.0);  // e5m2: exponent 15 = bias
+  EXPECT_EQ(check::fp8_to_double(0x7b, true), 57344.0);
+  EXPECT_EQ(check::fp8_to_double(0x01, true), std::ldexp(1.0, -16));
+  EXPECT_EQ(check::fp8_to_double(0x7c, true), INFINITY);
+  EXPECT_EQ(check::fp8_to_double(0xfc, true), -INFINITY);
+  EXPECT_TRUE(std::isnan(check::fp8_to_double(0x7d, true)));
+}
+
+// The bounds grow with K for the tensor core's accumulation and not for the promoted one.
+TEST(GemmFp8Cpu, Bounds) {
+  const check::Bound b1 = check::fp8_tensor_core_bound(1024), b8 = check::fp8_tensor_core_bound(8192);
+  EXPECT_GT(b8.scale, b1.scale);
+  EXPECT_NEAR(b8.scale, 1.0 / 1024 + 256.0 / 8192, 1e-12);
+  // One missing 128-K block at K = 8192 (0.125 s of random sign) is above the bound where |r| ~ s.
+  EXPECT_LT(b8.rel + b8.scale, 0.125 / 2);
+  EXPECT_LT(check::fp8_promoted_bound().scale * 20, std::sqrt(128.0 / 16384));
+}

@@ -1,0 +1,381 @@
+// fp8 GEMMs (per-tensor and block scales) against an independent float32 reference: the fp8
+// operands decoded and scaled to float by a plain kernel, multiplied by cuBLASLt in float32
+// (check/gemm_fp8_ref.hpp), element by element, reported per 128 x 128 tile, fresh random inputs
+// (WEAVE_TEST_SEED replays them), outputs poisoned first. Small cases also check 256 sampled
+// elements against float64 dot products on the host, decoding the fp8 bits there.
+//
+// The bounds (derived in check/gemm_fp8_ref.hpp): one bf16 rounding 2^-8 |r| + 2^-10 s, plus the
+// fp8 tensor core's truncating 13-bit accumulation, 2^-13 per k32 instruction of the running sum,
+// over all of K for the per-tensor kernel (fp8_tensor_core_bound(K)) and over 128 of K for the
+// block-scaled one (fp8_promoted_bound()). A tile that misses one 128-K block must fail them:
+// MissingKBlockFailsTheBound checks exactly that with the kernel's own output, so the bound is not
+// only derived but shown to be tight enough on the hardware.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "check/gemm_fp8_ref.hpp"
+#include "check/gemm_ref.hpp"
+#include "check/device_buffer.hpp"
+#include "check/seed.hpp"
+#include "check/tile_check.hpp"
+#include "gemm_fp8/gemm_fp8.hpp"
+
+using namespace weave;
+using bf16 = __nv_bfloat16;
+using gemm_fp8::Fp8;
+using gemm_fp8::Tile;
+
+namespace {
+
+template <class T>
+using DevBuf = check::DeviceBuffer<T>;
+
+using check::case_seed;
+
+check::Fp8GemmRef& ref() {
+  static check::Fp8GemmRef r;
+  return r;
+}
+
+struct Opts {
+  Fp8 ta = Fp8::E4M3, tb = Fp8::E4M3;
+  Tile tile = Tile::Auto;
+  bool block = false;
+  float scale_lo = 0.25f, scale_hi = 4.f;  // scales log-uniform in [lo, hi]
+  float range = 4.f;                        // operands uniform in [-range, range) before rounding to fp8
+  bool sub_a = false, sub_b = false;        // operands made of subnormal codes only
+  int comm = 0;
+  bool samples = false;
+  bool expect_nonfinite = false;  // nonfinite_codes(): NaN in A's row 5, +-Inf in B's rows 9 and 10 (e5m2 B)
+};
+
+bool e5(Fp8 t) { return t == Fp8::E5M2; }
+
+check::Bound bound_for(const Opts& o, int K) {
+  return o.block ? check::fp8_promoted_bound() : check::fp8_tensor_core_bound(K);
+}
+
+// Writes NaN at A[5, 17] (e4m3 0x7f or e5m2 0x7f: both NaN) and, for an e5m2 B, +Inf at B[9, 40]
+// and -Inf at B[10, 41]: row 5 of C becomes NaN, columns 9 and 10 +-Inf (or NaN where A's
+// element is 0), as an IEEE float32 GEMM of the decoded values gives.
+void nonfinite_codes(void* A, void* B, Fp8 tb, int M, int N, int K) {
+  if (M > 5 && K > 17) check::set_fp8(A, size_t(5) * K + 17, 0x7f);
+  if (e5(tb) && N > 10 && K > 41) {
+    check::set_fp8(B, size_t(9) * K + 40, 0x7c);
+    check::set_fp8(B, size_t(10) * K + 41, 0xfc);
+  }
+}
+
+// 256 sampled elements of C against float64 dot products of the host-decoded operands.
+void check_samples(const uint8_t* dA, const uint8_t* dB, const bf16* dC, const float* dsa, const float* dsb, int M,
+                   int N, int K, const Opts& o, uint64_t seed) {
+  const int kb = gemm_fp8::k_blocks(K);
+  std::vector<uint8_t> a(size_t(M) * K), b(size_t(N) * K);
+  std::vector<bf16> c(size_t(M) * N);
+  std::vector<float> sa(o.block ? gemm_fp8::block_scale_a_count(M, K) : 1),
+      sb(o.block ? gemm_fp8::block_scale_b_count(N, K) : 1);
+  WEAVE_CUDA_CHECK(cudaMemcpy(a.data(), dA, a.size(), cudaMemcpyDeviceToHost));
+  WEAVE_CUDA_CHECK(cudaMemcpy(b.data(), dB, b.size(), cudaMemcpyDeviceToHost));
+  WEAVE_CUDA_CHECK(cudaMemcpy(c.data(), dC, c.size() * 2, cudaMemcpyDeviceToHost));
+  WEAVE_CUDA_CHECK(cudaMemcpy(sa.data(), dsa, sa.size() * 4, cudaMemcpyDeviceToHost));
+  WEAVE_CUDA_CHECK(cudaMemcpy(sb.data(), dsb, sb.size() * 4, cudaMemcpyDeviceToHost));
+  constexpr int kSamples = 256;
+  std::mt19937_64 g(seed);
+  std::vector<int> si(kSamples), sj(kSamples);
+  std::vector<double> r(kSamples), s(kSamples);
+  for (int t = 0; t < kSamples; ++t) {
+    const int i = int(g() % M), j = int(g() % N);
+    double acc = 0, sq = 0;
+    for (int k = 0; k < K; ++k) {
+      const double fa = o.block ? sa[size_t(k / 128) * M + i] : sa[0];
+      const double fb = o.block ? sb[size_t(j / 128) * kb + k / 128] : sb[0];
+      const double p = fa * check::fp8_to_double(a[size_t(i) * K + k], e5(o.ta)) * fb *
+                       check::fp8_to_double(b[size_t(j) * K + k], e5(o.tb));
+      acc += p;
+      sq += p * p;
+    }
+    si[t] = i, sj[t] = j, r[t] = acc, s[t] = std::sqrt(sq);
+  }
+  const check::Report rep = check::compare_host(
+      1, kSamples, [&](long long, long long t) { return double(__bfloat162float(c[size_t(si[t]) * N + sj[t]])); },
+      [&](long long, long long t) { return r[t]; }, [&](long long, long long t) { return s[t]; }, bound_for(o, K), 1,
+      kSamples);
+  EXPECT_TRUE(rep.ok) << "sampled float64 check (column = sample): " << rep.str();
+}
+
+struct Fp8Run {
+  int M, N, K;
+  Opts o;
+  DevBuf<uint8_t> A, B;
+  DevBuf<float> sa, sb;
+  DevBuf<bf16> C;
+  DevBuf<float> r, s;
+  Fp8Run(int m, int n, int k, const Opts& opts)
+      : M(m), N(n), K(k), o(opts), A(size_t(m) * k), B(size_t(n) * k),
+        sa(opts.block ? gemm_fp8::block_scale_a_count(m, k) : 1),
+        sb(opts.block ? gemm_fp8::block_scale_b_count(n, k) : 1), C(size_t(m) * n), r(size_t(m) * n),
+        s(size_t(m) * n) {
+    if (o.sub_a) check::fill_fp8_subnormal(A.p, e5(o.ta), A.n, case_seed(1));
+    else check::fill_fp8_uniform(A.p, e5(o.ta), A.n, case_seed(1), o.range);
+    if (o.sub_b) check::fill_fp8_subnormal(B.p, e5(o.tb), B.n, case_seed(2));
+    else check::fill_fp8_uniform(B.p, e5(o.tb), B.n, case_seed(2), o.range);
+    check::fill_log_uniform(sa.p, sa.n, case_seed(3), o.scale_lo, o.scale_hi);
+    check::fill_log_uniform(sb.p, sb.n, case_seed(4), o.scale_lo, o.scale_hi);
+    if (o.expect_nonfinite) nonfinite_codes(A.p, B.p, o.tb, M, N, K);
+  }
+  // The reference of the current A, B and scales (r and s).
+  void reference() {
+    if (o.block) ref().run_block(A.p, e5(o.ta), B.p, e5(o.tb), M, N, K, sa.p, sb.p, r.p, s.p);
+    else ref().run(A.p, e5(o.ta), B.p, e5(o.tb), M, N, K, sa.p, sb.p, r.p, s.p);
+    check::sqrt_inplace(s.p, size_t(M) * N);
+  }
+  // weave on operand A `a` (A.p unless a test swaps in a faulty copy), C poisoned first.
+  lcsc::Plan call(const uint8_t* a) {
+    check::poison(C.p, C.n);
+    gemm_fp8::Options opt;
+    opt.tile = o.tile;
+    opt.lcsc.num_comm_sms = o.comm;
+    const lcsc::Plan p = o.block ? gemm_fp8::gemm_block_scaled(a, o.ta, B.p, o.tb, C.p, M, N, K, sa.p, sb.p, opt)
+                                 : gemm_fp8::gemm(a, o.ta, B.p, o.tb, C.p, M, N, K, sa.p, sb.p, opt);
+    WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
+    return p;
+  }
+  check::Report compare() {
+    return check::compare({C.p, N}, {r.p, N}, {s.p, N}, M, N, bound_for(o, K));
+  }
+  std::string name() const {
+    return std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) + " " + gemm_fp8::type_name(o.ta) +
+           "x" + gemm_fp8::type_name(o.tb) + (o.block ? " block" : " tensor") + " tile " + gemm_fp8::tile_name(o.tile) +
+           " scales [" + std::to_string(o.scale_lo) + ", " + std::to_string(o.scale_hi) + "]" +
+           (o.sub_a ? " subA" : "") + (o.sub_b ? " subB" : "") + (o.comm ? " comm " + std::to_string(o.comm) : "");
+  }
+};
+
+check::Report run_case(int M, int N, int K, const Opts& o) {
+  Fp8Run c(M, N, K, o);
+  SCOPED_TRACE(c.name());
+  c.reference();
+  c.call(c.A.p);
+  const check::Report rep = c.compare();
+  std::printf("check gemm_fp8 %s: %s\n", c.name().c_str(), rep.str().c_str());
+  EXPECT_TRUE(rep.ok) << rep.str();
+  if (o.samples) check_samples(c.A.p, c.B.p, c.C.p, c.sa.p, c.sb.p, M, N, K, o, case_seed(5));
+  return rep;
+}
+
+struct Shape {
+  int M, N, K;
+};
+// Ragged in every dimension the kernel tiles (M, N not multiples of 128 or 64, K not of 128),
+// plus tiny and exact shapes. K multiples of 16, N of 8.
+const Shape kRagged[] = {{1000, 776, 528}, {16, 16, 16}, {1, 8, 32},     {129, 264, 144},   {128, 256, 128},
+                         {255, 520, 1040}, {777, 1032, 4112}, {2048, 2048, 2048}, {3000, 136, 8192}};
+const Tile kTiles[] = {Tile::M128N256, Tile::M128N128};
+
+}  // namespace
+
+TEST(GemmFp8, PerTensorRaggedShapesBothTiles) {
+  for (Shape s : kRagged)
+    for (Tile t : kTiles) {
+      Opts o;
+      o.tile = t;
+      o.samples = double(s.M) * s.N * s.K < 1e9;
+      run_case(s.M, s.N, s.K, o);
+    }
+}
+
+TEST(GemmFp8, E5m2Operands) {
+  for (auto [ta, tb] : {std::pair{Fp8::E5M2, Fp8::E4M3}, std::pair{Fp8::E4M3, Fp8::E5M2}})
+    for (Tile t : kTiles)
+      for (Shape s : {Shape{1000, 776, 528}, Shape{255, 520, 4112}}) {
+        Opts o;
+        o.ta = ta, o.tb = tb, o.tile = t, o.samples = true;
+        o.range = 1000.f;  // beyond e4m3's 448: e5m2 keeps the range (the e4m3 operand saturates)
+        run_case(s.M, s.N, s.K, o);
+      }
+}
+
+TEST(GemmFp8, ScalesOfVeryDifferentMagnitudes) {
+  const std::pair<float, float> ranges[] = {{1e-3f, 1e-3f}, {1e3f, 1e3f}, {1e-3f, 1e3f}};
+  for (auto [lo, hi] : ranges)
+    for (Tile t : kTiles) {
+      Opts o;
+      o.tile = t, o.scale_lo = lo, o.scale_hi = hi, o.samples = true;
+      o.range = 448.f;  // the whole e4m3 range: products up to 2e5, times scales up to 1e6
+      run_case(1000, 776, 1040, o);
+    }
+}
+
+TEST(GemmFp8, SubnormalInputs) {
+  for (Tile t : kTiles) {
+    Opts o;
+    o.tile = t, o.samples = true;
+    o.sub_a = true;  // e4m3 subnormals times normal B
+    run_case(520, 776, 1040, o);
+    o.sub_b = true, o.scale_lo = o.scale_hi = 1e3f;  // subnormal x subnormal, scaled back into range
+    run_case(520, 776, 1040, o);
+    o.tb = Fp8::E5M2;  // e5m2 subnormals (2^-16 .. 3 * 2^-16)
+    run_case(520, 776, 1040, o);
+  }
+  Opts o;
+  o.block = true, o.sub_a = true, o.samples = true, o.scale_lo = 1e-3f, o.scale_hi = 1e3f;
+  run_case(520, 776, 1040, o);
+}
+
+TEST(GemmFp8, NanAndInfPropagate) {
+  for (bool block : {false, true})
+    for (Tile t : kTiles) {
+      if (block && t == Tile::M128N256) continue;
+      Opts o;
+      o.block = block, o.tile = t, o.tb = Fp8::E5M2, o.expect_nonfinite = true;
+      Fp8Run c(300, 264, 528, o);
+      SCOPED_TRACE(c.name() + " with NaN / Inf inputs");
+      c.reference();
+      c.call(c.A.p);
+      const check::Report rep = c.compare();  // non-finite kinds (NaN, +Inf, -Inf) must match
+      std::printf("check gemm_fp8 %s with NaN/Inf inputs: %s\n", c.name().c_str(), rep.str().c_str());
+      EXPECT_TRUE(rep.ok) << rep.str();
+      std::vector<bf16> h(c.C.n);
+      WEAVE_CUDA_CHECK(cudaMemcpy(h.data(), c.C.p, h.size() * 2, cudaMemcpyDeviceToHost));
+      int nan_row = 0, inf_col = 0;
+      for (int j = 0; j < c.N; ++j) nan_row += std::isnan(__bfloat162float(h[size_t(5) * c.N + j]));
+      for (int i = 0; i < c.M; ++i) inf_col += !std::isfinite(__bfloat162float(h[size_t(i) * c.N + 9]));
+      EXPECT_EQ(nan_row, c.N) << "a NaN in A's row 5 must make all of C's row 5 NaN";
+      EXPECT_EQ(inf_col, c.M) << "an Inf in B's row 9 must make all of C's column 9 Inf or NaN";
+    }
+}
+
+TEST(GemmFp8, BlockScaledRaggedShapes) {
+  for (Shape s : kRagged) {
+    Opts o;
+    o.block = true, o.scale_lo = 1e-3f, o.scale_hi = 1e3f;
+    o.samples = double(s.M) * s.N * s.K < 1e9;
+    run_case(s.M, s.N, s.K, o);
+  }
+  for (auto [ta, tb] : {std::pair{Fp8::E5M2, Fp8::E4M3}, std::pair{Fp8::E4M3, Fp8::E5M2}}) {
+    Opts o;
+    o.block = true, o.ta = ta, o.tb = tb, o.range = 1000.f, o.samples = true;
+    run_case(1000, 776, 1040, o);
+  }
+}
+
+TEST(GemmFp8, RandomShapes) {
+  std::mt19937 g(static_cast<unsigned>(case_seed(0)));
+  for (int i = 0; i < 12; ++i) {
+    Opts o;
+    o.block = i % 3 == 2;
+    run_case(1 + int(g() % 2000), 8 * (1 + int(g() % 250)), 16 * (1 + int(g() % 200)), o);
+  }
+}
+
+TEST(GemmFp8, WithCommunicatorSms) {
+  for (int comm : {1, 16}) {
+    Opts o;
+    o.comm = comm;
+    run_case(2048, 3072, 1024, o);
+    o.block = true;
+    run_case(2048, 3072, 1024, o);
+  }
+}
+
+TEST(GemmFp8, LargeSquare) {
+  for (Tile t : kTiles) {
+    Opts o;
+    o.tile = t;
+    run_case(8192, 8192, 8192, o);
+  }
+  Opts o;
+  o.block = true, o.scale_lo = 1e-3f, o.scale_hi = 1e3f;
+  run_case(8192, 8192, 8192, o);
+  run_case(8191, 8200, 8208, o);  // ragged in every dimension
+}
+
+// The bound is only worth something if a wrong kernel breaks it: the kernel run on A with one
+// 128-K block zeroed, against the reference of the intact A, must fail in every tile. Scales in
+// [0.5, 2] so that no tile's missing block is scaled into insignificance.
+TEST(GemmFp8, MissingKBlockFailsTheBound) {
+  for (bool block : {false, true}) {
+    Opts o;
+    o.block = block, o.scale_lo = 0.5f, o.scale_hi = 2.f;
+    const int M = 1024, N = 1024, K = block ? 4096 : 8192;
+    Fp8Run c(M, N, K, o);
+    SCOPED_TRACE(c.name() + " with K block 3 of A zeroed");
+    c.reference();
+    c.call(c.A.p);
+    const check::Report good = c.compare();
+    EXPECT_TRUE(good.ok) << "intact inputs: " << good.str();
+    DevBuf<uint8_t> faulty(c.A.n);
+    WEAVE_CUDA_CHECK(cudaMemcpy(faulty.p, c.A.p, c.A.n, cudaMemcpyDeviceToDevice));
+    WEAVE_CUDA_CHECK(cudaMemset2D(faulty.p + 3 * 128, K, 0, 128, M));
+    c.call(faulty.p);
+    const check::Report bad = c.compare();
+    std::printf("check gemm_fp8 %s, K block 3 of A zeroed (must fail): %s\n", c.name().c_str(), bad.str().c_str());
+    EXPECT_FALSE(bad.ok);
+    EXPECT_EQ(bad.bad_tiles, bad.tiles) << "every tile misses the block, so every tile must fail: " << bad.str();
+  }
+}
+
+TEST(GemmFp8, RejectsBadInput) {
+  uint8_t* p = nullptr;
+  float* f = nullptr;
+  WEAVE_CUDA_CHECK(cudaMalloc(&p, 1 << 20));
+  WEAVE_CUDA_CHECK(cudaMalloc(&f, 1 << 20));
+  bf16* c = reinterpret_cast<bf16*>(p);
+  auto expect_error = [](const char* what, const std::string& needle, auto&& fn) {
+    try {
+      fn();
+      ADD_FAILURE() << what << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << what << ": " << e.what();
+    }
+  };
+  const Fp8 e4 = Fp8::E4M3, e5 = Fp8::E5M2;
+  expect_error("K = 100", "K = 100 is not a multiple of 16",
+               [&] { gemm_fp8::gemm(p, e4, p, e4, c, 64, 64, 100, f, f); });
+  expect_error("N = 12", "N = 12 is not a multiple of 8", [&] { gemm_fp8::gemm(p, e4, p, e4, c, 64, 12, 64, f, f); });
+  expect_error("e5m2 x e5m2", "e5m2 x e5m2 is not supported",
+               [&] { gemm_fp8::gemm(p, e5, p, e5, c, 64, 64, 64, f, f); });
+  expect_error("misaligned A", "A (", [&] { gemm_fp8::gemm(p + 8, e4, p, e4, c, 64, 64, 64, f, f); });
+  expect_error("misaligned C", "is not 16-byte aligned",
+               [&] { gemm_fp8::gemm(p, e4, p, e4, reinterpret_cast<bf16*>(p + 2), 64, 64, 64, f, f); });
+  expect_error("misaligned scale", "scale_b", [&] {
+    gemm_fp8::gemm(p, e4, p, e4, c, 64, 64, 64, f, reinterpret_cast<const float*>(reinterpret_cast<uint8_t*>(f) + 2));
+  });
+  expect_error("null scale", "null scale pointer", [&] { gemm_fp8::gemm(p, e4, p, e4, c, 64, 64, 64, nullptr, f); });
+  expect_error("host scale", "scale_a", [&] {
+    static float host = 1.f;
+    gemm_fp8::gemm(p, e4, p, e4, c, 64, 64, 64, &host, f);
+  });
+  gemm_fp8::Options big;
+  big.tile = Tile::M128N256;
+  expect_error("block scales on 128x256", "128x128 tile only",
+               [&] { gemm_fp8::gemm_block_scaled(p, e4, p, e4, c, 64, 64, 128, f, f, big); });
+  gemm_fp8::Options comm;
+  comm.lcsc.num_comm_sms = 100000;
+  expect_error("num_comm_sms = 100000", "num_comm_sms",
+               [&] { gemm_fp8::gemm(p, e4, p, e4, c, 64, 64, 64, f, f, comm); });
+  // Each operand in turn shorter than the shape needs (p and f hold 1 MiB), the rest long enough.
+  {
+    const int M = 2048, N = 1024, K = 1024;  // A 2 MiB, B 1 MiB, C 4 MiB
+    DevBuf<uint8_t> A(size_t(M) * K), B(size_t(N) * K);
+    DevBuf<bf16> C(size_t(M) * N);
+    expect_error("short A", "A needs", [&] { gemm_fp8::gemm(p, e4, B.p, e4, C.p, M, N, K, f, f); });
+    expect_error("short C", "C needs", [&] { gemm_fp8::gemm(A.p, e4, B.p, e4, c, M, N, K, f, f); });
+    expect_error("short B", "B needs", [&] { gemm_fp8::gemm(A.p, e4, p, e4, C.p, M, 2048, K, f, f); });
+    // Block scales: scale_a needs ceil(K/128) * M floats (64 KB here), scale_b 64 floats; the last
+    // float of f's 1 MiB allocation holds one (enough for a per-tensor scale, not for these).
+    const float* tail = f + (1 << 18) - 1;
+    DevBuf<float> sa(gemm_fp8::block_scale_a_count(M, K)), sb(gemm_fp8::block_scale_b_count(N, K));
+    expect_error("short block scale_a", "scale_a needs",
+                 [&] { gemm_fp8::gemm_block_scaled(A.p, e4, B.p, e4, C.p, M, N, K, tail, sb.p); });
+    expect_error("short block scale_b", "scale_b needs",
+                 [&] { gemm_fp8::gemm_block_scaled(A.p, e4, B.p, e4, C.p, M, N, K, sa.p, tail); });
+  }
+  cudaFree(p);
+  cudaFree(f);
+}

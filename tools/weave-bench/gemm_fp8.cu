@@ -1,0 +1,366 @@
+// weave-bench gemm_fp8 (also `weave-bench gemm --dtype fp8`): weave's fp8 GEMMs against cuBLASLt
+// fp8 in the same run. C (bf16, M x N) = A (fp8, M x K) * B (fp8, N x K)^T, the "TN" layout
+// cuBLASLt's fp8 kernels take. Rows per shape:
+//   cublaslt         per-tensor scales (A/B_SCALE_POINTER), FAST_ACCUM on: all of K in the tensor
+//                    core, the accumulation weave's per-tensor kernel does (the baseline of `ratio`)
+//   cublaslt_precise the same with FAST_ACCUM off (cuBLASLt promotes partial sums: context only)
+//   weave            per-tensor scales
+//   weave_block      DeepSeek-V3 block scales (1 x 128 for A, 128 x 128 for B), fp32 promotion
+//                    every 128 of K; `ratio_vs_weave` is against weave's per-tensor row and
+//                    `ratio_vs_deepgemm` against the 1550 TFLOP/s DeepGEMM reports on H800.
+// Method as weave-bench gemm (tools/weave-bench/gemm.cu): every implementation is timed on inputs
+// that change with every call (at least two sets, up to 8 while they fit in L2 three times), its
+// output poisoned with NaN first; time = median of 5 repeats of ~target-ms; the last timed call's
+// output is then checked element by element per 128 x 128 tile against a float32 reference of
+// that call's inputs and scales (check/gemm_fp8_ref.hpp, bounds derived there); any incorrect row
+// makes the exit status 1. Inputs derive from WEAVE_TEST_SEED (printed).
+//
+//   weave-bench gemm_fp8 [--json FILE] [--shapes MxNxK,...] [--set core|models] [--list]
+//                        [--types e4m3xe4m3|e5m2xe4m3|e4m3xe5m2] [--tile auto|256|128]
+//                        [--impl cublaslt,cublaslt_precise,weave,weave_block] [--target-ms T]
+// --set core|models: the rows of weave-bench gemm (gemm_sets.hpp); fp8 runs the nk ones.
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "bench.hpp"
+#include "check/cublas_check.hpp"
+#include "check/gemm_fp8_ref.hpp"
+#include "check/gemm_ref.hpp"
+#include "check/seed.hpp"
+#include "check/tile_check.hpp"
+#include "gemm_fp8/gemm_fp8.hpp"
+#include "gemm_sets.hpp"
+
+
+using namespace weave;
+using namespace weave::bench;
+using bf16 = __nv_bfloat16;
+using gemm_fp8::Fp8;
+
+namespace {
+
+struct Row {
+  int M, N, K;
+  int layout = 1;  // as gemm_shape_rows (gemm_sets.hpp)
+};
+
+std::vector<Row> parse_shapes(const std::string& s) {
+  std::vector<Row> v;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    Row r{};
+    WEAVE_CHECK(std::sscanf(item.c_str(), "%dx%dx%d", &r.M, &r.N, &r.K) == 3, "bad shape '", item, "' (want MxNxK)");
+    v.push_back(r);
+  }
+  return v;
+}
+
+// Why a row does not run (empty: it runs).
+std::string unsupported(const Row& r) {
+  if (r.layout == 0) return "B stored K x N: fp8 wgmma reads K-major operands only (no transposed-B load yet)";
+  if (r.layout == 2) return "A stored K x M (weight gradient): fp8 wgmma reads K-major operands only";
+  if (r.K % 16) return "K not a multiple of 16 (fp8 rows need 16-byte TMA pitches)";
+  if (r.N % 8) return "N not a multiple of 8";
+  return "";
+}
+
+cudaDataType_t lt_type(Fp8 t) { return t == Fp8::E5M2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3; }
+
+// cuBLASLt fp8 with per-tensor scale pointers, one descriptor per input set (each set has its own
+// scales). Row-major C = A B^T is column-major C^T = B A^T: cuBLAS's A is our B (N x K row-major
+// = K x N column-major, transposed: "T") and its B is our A ("N"), so its A scale is our scale_b.
+class LtFp8 {
+ public:
+  LtFp8(int M, int N, int K, Fp8 ta, Fp8 tb, bool fast, const std::vector<float*>& sa, const std::vector<float*>& sb)
+      : M_(M), N_(N), K_(K) {
+    WEAVE_CUBLAS_CHECK(cublasLtCreate(&h_));
+    WEAVE_CUDA_CHECK(cudaMalloc(&ws_, kWorkspace));
+    WEAVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la_, lt_type(tb), K, N, K));
+    WEAVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb_, lt_type(ta), K, M, K));
+    WEAVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc_, CUDA_R_16BF, N, M, N));
+    for (size_t i = 0; i < sa.size(); ++i) {
+      cublasLtMatmulDesc_t op = nullptr;
+      WEAVE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+      const cublasOperation_t t = CUBLAS_OP_T, n = CUBLAS_OP_N;
+      WEAVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof t));
+      WEAVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &n, sizeof n));
+      const int8_t f = fast ? 1 : 0;
+      WEAVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &f, sizeof f));
+      const float* pa = sb[i];
+      const float* pb = sa[i];
+      WEAVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &pa, sizeof pa));
+      WEAVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &pb, sizeof pb));
+      ops_.push_back(op);
+    }
+    cublasLtMatmulPreference_t pref;
+    WEAVE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    size_t ws = kWorkspace;
+    WEAVE_CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    cublasLtMatmulHeuristicResult_t res{};
+    int found = 0;
+    const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(h_, ops_[0], la_, lb_, lc_, lc_, pref, 1, &res, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    ok_ = s == CUBLAS_STATUS_SUCCESS && found > 0;
+    algo_ = res.algo;
+  }
+  ~LtFp8() {
+    for (auto op : ops_) cublasLtMatmulDescDestroy(op);
+    cublasLtMatrixLayoutDestroy(la_);
+    cublasLtMatrixLayoutDestroy(lb_);
+    cublasLtMatrixLayoutDestroy(lc_);
+    cudaFree(ws_);
+    cublasLtDestroy(h_);
+  }
+  LtFp8(const LtFp8&) = delete;
+  LtFp8& operator=(const LtFp8&) = delete;
+  bool ok() const { return ok_; }  // false: cuBLASLt has no fp8 algorithm for this shape / types
+  void run(int set, const void* A, const void* B, bf16* C, cudaStream_t st) {
+    const float alpha = 1.f, beta = 0.f;
+    WEAVE_CUBLAS_CHECK(
+        cublasLtMatmul(h_, ops_[set], &alpha, B, la_, A, lb_, &beta, C, lc_, C, lc_, &algo_, ws_, kWorkspace, st));
+  }
+
+ private:
+  static constexpr size_t kWorkspace = 64ull << 20;
+  int M_, N_, K_;
+  cublasLtHandle_t h_{};
+  void* ws_ = nullptr;
+  std::vector<cublasLtMatmulDesc_t> ops_;
+  cublasLtMatrixLayout_t la_ = nullptr, lb_ = nullptr, lc_ = nullptr;
+  cublasLtMatmulAlgo_t algo_{};
+  bool ok_ = false;
+};
+
+struct Sets {
+  std::vector<uint8_t*> a, b;
+  std::vector<float*> sa, sb, bsa, bsb;  // per-tensor scales (1 float), block scales
+  bf16* c = nullptr;
+  ~Sets() {
+    for (auto* v : {&sa, &sb, &bsa, &bsb})
+      for (float* p : *v) cudaFree(p);
+    for (auto p : a) cudaFree(p);
+    for (auto p : b) cudaFree(p);
+    cudaFree(c);
+  }
+};
+
+JsonLine& add_worst(JsonLine& j, double worst) {
+  if (std::isfinite(worst)) return j.add("worst", worst);
+  return j.add("worst", std::isnan(worst) ? "nan" : "inf");
+}
+
+Fp8 parse_type(const std::string& s) {
+  WEAVE_CHECK(s == "e4m3" || s == "e5m2", "unknown fp8 type '", s, "' (want e4m3 or e5m2)");
+  return s == "e5m2" ? Fp8::E5M2 : Fp8::E4M3;
+}
+
+int run_gemm_fp8_bench(const Args& args) {
+  const std::string set_name = args.has("shapes") ? "custom" : args.get("set", "core");
+  std::vector<Row> rows;
+  if (set_name == "custom") {
+    rows = parse_shapes(args.get("shapes"));
+  } else {
+    for (const auto& r : gemm_shape_rows(set_name)) rows.push_back({r[0], r[1], r[2], r[3]});
+  }
+  WEAVE_CHECK(!rows.empty(), "no shapes to run");
+  const std::string types = args.get("types", "e4m3xe4m3");
+  const size_t x = types.find('x');
+  WEAVE_CHECK(x != std::string::npos, "bad --types '", types, "' (want e4m3xe4m3, e5m2xe4m3 or e4m3xe5m2)");
+  const Fp8 ta = parse_type(types.substr(0, x)), tb = parse_type(types.substr(x + 1));
+  gemm_fp8::validate_types(ta, tb);
+  const bool ea = ta == Fp8::E5M2, eb = tb == Fp8::E5M2;
+  const std::string dtype = std::string(gemm_fp8::type_name(ta)) + "x" + gemm_fp8::type_name(tb);
+  auto base_row = [&](const Row& r, const char* impl) {
+    JsonLine j;
+    j.add("kernel", "gemm_fp8");
+    if (impl) j.add("impl", impl);
+    j.add("M", r.M).add("N", r.N).add("K", r.K).add("dtype", dtype).add("set", set_name);
+    return j;
+  };
+  if (args.has("list")) {  // no GPU needed
+    for (const Row& r : rows) {
+      const std::string why = unsupported(r);
+      JsonLine j = base_row(r, nullptr);
+      j.add("supported", why.empty());
+      if (!why.empty()) j.add("reason", why);
+      std::printf("%s\n", j.str().c_str());
+    }
+    return 0;
+  }
+  std::vector<std::string> impls = args.names("impl", "cublaslt,cublaslt_precise,weave,weave_block");
+  auto wants = [&](const char* i) {
+    for (const auto& s : impls)
+      if (s == i) return true;
+    return false;
+  };
+  gemm_fp8::Options opt;
+  if (args.get("tile") == "256") opt.tile = gemm_fp8::Tile::M128N256;
+  if (args.get("tile") == "128") opt.tile = gemm_fp8::Tile::M128N128;
+  opt.group_m = static_cast<int>(args.get_int("group", 0));
+  const double target_ms = std::stod(args.get("target-ms", "60"));
+  const uint64_t seed = check::test_seed();
+  JsonSink sink(args);
+
+  int dev = 0, l2 = 0;
+  WEAVE_CUDA_CHECK(cudaGetDevice(&dev));
+  WEAVE_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
+  cudaDeviceProp prop{};
+  WEAVE_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  std::printf("gemm fp8 %s -> bf16 (A M x K, B N x K), set %s, device %s, %d SMs\n", dtype.c_str(), set_name.c_str(),
+              prop.name, prop.multiProcessorCount);
+  std::printf("%-20s %-17s %-8s %10s %9s %7s %9s\n", "MxNxK", "impl", "tile", "time_us", "TFLOP/s", "ratio", "worst");
+  check::Fp8GemmRef ref;
+  cudaStream_t st = nullptr;
+  std::vector<std::string> wrong;
+  double log_tensor = 0, log_block = 0;
+  int n_tensor = 0, n_block = 0;
+  for (size_t si = 0; si < rows.size(); ++si) {
+    const Row& s = rows[si];
+    char name[64];
+    std::snprintf(name, sizeof name, "%dx%dx%d", s.M, s.N, s.K);
+    const std::string why = unsupported(s);
+    if (!why.empty()) {
+      std::printf("%-20s unsupported: %s\n", name, why.c_str());
+      sink.write(base_row(s, "weave").add("supported", false).add("reason", why));
+      continue;
+    }
+    const size_t na = size_t(s.M) * s.K, nb = size_t(s.N) * s.K, nc = size_t(s.M) * s.N;
+    const size_t nsa = gemm_fp8::block_scale_a_count(s.M, s.K), nsb = gemm_fp8::block_scale_b_count(s.N, s.K);
+    const int nsets = std::max(2, std::min(8, static_cast<int>(std::ceil(3.0 * l2 / double(na + nb)))));
+    Sets d;
+    for (int i = 0; i < nsets; ++i) {
+      uint8_t *a, *b;
+      float *sa, *sb, *bsa, *bsb;
+      WEAVE_CUDA_CHECK(cudaMalloc(&a, na));
+      WEAVE_CUDA_CHECK(cudaMalloc(&b, nb));
+      WEAVE_CUDA_CHECK(cudaMalloc(&sa, sizeof(float)));
+      WEAVE_CUDA_CHECK(cudaMalloc(&sb, sizeof(float)));
+      WEAVE_CUDA_CHECK(cudaMalloc(&bsa, nsa * sizeof(float)));
+      WEAVE_CUDA_CHECK(cudaMalloc(&bsb, nsb * sizeof(float)));
+      d.a.push_back(a), d.b.push_back(b), d.sa.push_back(sa), d.sb.push_back(sb), d.bsa.push_back(bsa),
+          d.bsb.push_back(bsb);
+      // Operands spread over most of e4m3's range, scales as a quantiser would pick them.
+      check::fill_fp8_uniform(a, ea, na, check::derive(seed, si, 6 * i), 256.f);
+      check::fill_fp8_uniform(b, eb, nb, check::derive(seed, si, 6 * i + 1), 256.f);
+      check::fill_log_uniform(sa, 1, check::derive(seed, si, 6 * i + 2), 1e-3f, 1e-2f);
+      check::fill_log_uniform(sb, 1, check::derive(seed, si, 6 * i + 3), 1e-3f, 1e-2f);
+      check::fill_log_uniform(bsa, nsa, check::derive(seed, si, 6 * i + 4), 1e-3f, 1e-1f);
+      check::fill_log_uniform(bsb, nsb, check::derive(seed, si, 6 * i + 5), 1e-3f, 1e-1f);
+    }
+    WEAVE_CUDA_CHECK(cudaMalloc(&d.c, nc * 2));
+    float *ref_r = nullptr, *ref_s = nullptr;
+    WEAVE_CUDA_CHECK(cudaMalloc(&ref_r, nc * sizeof(float)));
+    WEAVE_CUDA_CHECK(cudaMalloc(&ref_s, nc * sizeof(float)));
+    int ref_key = -1;  // 2 * set + block: what ref_r / ref_s describe
+    auto check_c = [&](int set, bool block) {
+      if (ref_key != 2 * set + block) {
+        if (block) ref.run_block(d.a[set], ea, d.b[set], eb, s.M, s.N, s.K, d.bsa[set], d.bsb[set], ref_r, ref_s, st);
+        else ref.run(d.a[set], ea, d.b[set], eb, s.M, s.N, s.K, d.sa[set], d.sb[set], ref_r, ref_s, st);
+        check::sqrt_inplace(ref_s, nc, st);
+        ref_key = 2 * set + block;
+      }
+      const check::Bound b = block ? check::fp8_promoted_bound() : check::fp8_tensor_core_bound(s.K);
+      return check::compare({d.c, s.N}, {ref_r, s.N}, {ref_s, s.N}, s.M, s.N, b, 128, 128, st);
+    };
+    const double flop = 2.0 * s.M * s.N * s.K;
+    // ~target_ms per repeat at a guessed 1200 TFLOP/s.
+    const int iters = std::max(3, std::min(400, static_cast<int>(target_ms * 1e-3 / (flop / 1200e12))));
+    int it = 0, last = -1;
+    // Times fn (which sets `last`), checks the last call, prints and writes the row; returns the
+    // time in µs (0 when skipped).
+    auto measure = [&](const char* impl, const char* tile, bool block, auto&& fn, double base_us,
+                       const char* ratio_key) -> double {
+      it = 0, last = -1;
+      check::poison(d.c, nc, st);
+      const double t = time_us(st, fn, 3, iters, 5);
+      const check::Report rep = check_c(last, block);
+      const double tf = flop / t * 1e-6;
+      const double ratio = base_us > 0 ? base_us / t : 0;
+      char rs[16] = "-";
+      if (base_us > 0) std::snprintf(rs, sizeof rs, "%.3f", ratio);
+      std::printf("%-20s %-17s %-8s %10.1f %9.1f %7s %9.3g%s\n", name, impl, tile, t, tf, rs, rep.worst,
+                  rep.ok ? "" : "  WRONG");
+      if (!rep.ok) {
+        std::printf("  %s %s: %s\n", impl, name, rep.str().c_str());
+        wrong.push_back(std::string(impl) + " " + name);
+      }
+      JsonLine j = base_row(s, impl);
+      j.add("scales", block ? "block" : "tensor").add("tile", tile).add("time_us", t).add("tflops", tf);
+      if (base_us > 0) j.add(ratio_key, ratio);
+      if (block) j.add("ratio_vs_deepgemm", tf / 1550.0);
+      j.add("correct", rep.ok).add("seed", std::to_string(seed));
+      sink.write(add_worst(j, rep.worst));
+      return t;
+    };
+    double t_lt = 0, t_weave = 0;
+    for (bool fast : {true, false}) {
+      const char* impl = fast ? "cublaslt" : "cublaslt_precise";
+      if (!wants(impl)) continue;
+      LtFp8 lt(s.M, s.N, s.K, ta, tb, fast, d.sa, d.sb);
+      if (!lt.ok()) {
+        std::printf("%-20s %-17s no cuBLASLt fp8 algorithm for this shape\n", name, impl);
+        sink.write(base_row(s, impl).add("supported", false).add("reason", "cuBLASLt heuristic found no algorithm"));
+        continue;
+      }
+      const double t = measure(impl, "-", false, [&] {
+        last = it++ % nsets;
+        lt.run(last, d.a[last], d.b[last], d.c, st);
+      }, 0, "");
+      if (fast) t_lt = t;
+    }
+    if (wants("weave")) {
+      const gemm_fp8::Tile used = opt.tile == gemm_fp8::Tile::Auto
+                                      ? gemm_fp8::choose_tile(s.M, s.N, s.K, prop.multiProcessorCount)
+                                      : opt.tile;
+      t_weave = measure("weave", gemm_fp8::tile_name(used), false, [&] {
+        last = it++ % nsets;
+        gemm_fp8::gemm(d.a[last], ta, d.b[last], tb, d.c, s.M, s.N, s.K, d.sa[last], d.sb[last], opt, st);
+      }, t_lt, "ratio_vs_cublas");
+      if (t_lt > 0) log_tensor += std::log(t_lt / t_weave), ++n_tensor;
+    }
+    if (wants("weave_block")) {
+      gemm_fp8::Options ob = opt;
+      ob.tile = gemm_fp8::Tile::Auto;
+      const double t = measure("weave_block", "128x128", true, [&] {
+        last = it++ % nsets;
+        gemm_fp8::gemm_block_scaled(d.a[last], ta, d.b[last], tb, d.c, s.M, s.N, s.K, d.bsa[last], d.bsb[last], ob,
+                                    st);
+      }, t_weave, "ratio_vs_weave");
+      if (t_weave > 0) log_block += std::log(t_weave / t), ++n_block;
+    }
+    WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
+    cudaFree(ref_r);
+    cudaFree(ref_s);
+  }
+  if (n_tensor) std::printf("geomean weave/cuBLASLt (fast accumulation) over %d shapes: %.3f\n", n_tensor,
+                            std::exp(log_tensor / n_tensor));
+  if (n_block) std::printf("geomean weave block-scaled / weave per-tensor over %d shapes: %.3f\n", n_block,
+                           std::exp(log_block / n_block));
+  if (!wrong.empty()) {
+    std::fprintf(stderr, "weave-bench gemm_fp8: %zu incorrect row(s) (replay with WEAVE_TEST_SEED=%llu):\n",
+                 wrong.size(), static_cast<unsigned long long>(seed));
+    for (const auto& w : wrong) std::fprintf(stderr, "  %s\n", w.c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+// `weave-bench gemm --dtype fp8` reaches this entry through main.cpp's hook.
+WEAVE_BENCH(gemm_fp8,
+            "fp8 GEMM (A M x K, B N x K, bf16 out): weave per-tensor and block-scaled vs cuBLASLt fp8 "
+            "(--shapes MxNxK,... or --set core|models, --list, --types e4m3xe4m3|e5m2xe4m3|e4m3xe5m2, "
+            "--tile auto|256|128, --impl cublaslt,cublaslt_precise,weave,weave_block, --target-ms T); "
+            "also `weave-bench gemm --dtype fp8`",
+            run_gemm_fp8_bench);
