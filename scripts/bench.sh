@@ -12,8 +12,8 @@ stamp=$(date +%Y%m%d-%H%M%S)
 json="bench/results/bench-$stamp.json"
 echo "weave: benchmark suite on $n GPU(s), JSON lines in $json"
 status=0
-for sub in ${WEAVE_BENCH_SUITE:-primitives collectives gemm attention tp sp}; do
-  if [ "$sub" = gemm ] || [ "$sub" = attention ]; then
+for sub in ${WEAVE_BENCH_SUITE:-primitives collectives gemm attention moe tp sp}; do
+  if [ "$sub" = gemm ] || [ "$sub" = attention ] || [ "$sub" = moe ]; then
     "$bin/weave-run" -n 1 -- "$bin/weave-bench" "$sub" --json "$json" || status=1
   elif [ "$n" -ge 2 ]; then
     "$bin/weave-run" -n "$n" -- "$bin/weave-bench" "$sub" --json "$json" || status=1

@@ -1,0 +1,148 @@
+// Host side of the grouped GEMM: validation, tensor maps, the status words, launch. The two kernel
+// instantiations (B as N x K and as K x N) live here.
+#include <cstdint>
+#include <mutex>
+
+#include "gemm/gemm.hpp"
+#include "moe/grouped_gemm.hpp"
+#include "moe/grouped_gemm_kernel.cuh"
+#include "weave/common/error.hpp"
+#include "weave/common/extent.hpp"
+#include "weave/lcsc.cuh"
+#include "weave/tile/tma.hpp"
+
+namespace weave::moe {
+
+namespace {
+
+// W as E stacked matrices: the 2-D map of one expert's matrix with E as the outermost dimension,
+// so that a box never crosses into the next expert (rows or K past the end read as zero).
+tile::TmaParams stacked(tile::TmaParams p, int E, uint64_t rows, uint64_t cols) {
+  p.rank = 3;
+  p.dims[2] = static_cast<uint64_t>(E);
+  p.strides[1] = rows * cols * sizeof(__nv_bfloat16);
+  p.box[2] = 1;
+  return p;
+}
+
+template <gemm::BLayout L>
+lcsc::Plan run(const __nv_bfloat16* X, const __nv_bfloat16* W, __nv_bfloat16* Y, const int* counts, int E, int N,
+               int K, int R_cap, int group_m, int* status, const lcsc::Config& cfg, cudaStream_t stream) {
+  using Kern = GroupedKernel<L>;
+  using tile::Swizzle;
+  GroupedGlobals g{};
+  g.a = tile::encode(tile::tma_2d(X, R_cap, K, K, Kern::BM, 64, Swizzle::B128));
+  if constexpr (L == gemm::BLayout::NK)
+    g.b = tile::encode(stacked(tile::tma_2d(W, N, K, K, Kern::BN, 64, Swizzle::B128), E, N, K));
+  else
+    g.b = tile::encode(stacked(tile::tma_2d(W, K, N, N, 64, 64, Swizzle::B128), E, K, N));
+  g.c = tile::encode(tile::tma_2d(static_cast<const __nv_bfloat16*>(Y), R_cap, N, N, Kern::BM, 64, Swizzle::B128));
+  g.c8 = tile::encode(tile::tma_2d(static_cast<const __nv_bfloat16*>(Y), R_cap, N, N, 8, 64, Swizzle::B128));
+  g.M = R_cap;
+  g.N = N;
+  g.K = K;
+  g.tiles_m = gemm::ceil_div(R_cap, Kern::BM);  // unused by the grouped kernel's order
+  g.tiles_n = gemm::ceil_div(N, Kern::BN);
+  g.group_m = group_m;
+  g.accumulate = 0;
+  g.y = Y;
+  g.counts = counts;
+  g.status = status;
+  g.experts = E;
+  g.capacity = R_cap;
+  return lcsc::launch<Kern>(g, cfg, stream);
+}
+
+}  // namespace
+
+void validate_grouped(const void* X, const void* W, const void* Y, const int* counts, int E, int N, int K,
+                      int R_cap) {
+  WEAVE_CHECK(E >= 1 && E <= kMaxGroupedExperts, "moe grouped_gemm: E = ", E, " experts, want 1..",
+              kMaxGroupedExperts);
+  WEAVE_CHECK(N >= 1 && K >= 1, "moe grouped_gemm: N and K must be positive, got N = ", N, ", K = ", K);
+  WEAVE_CHECK(K % 8 == 0, "moe grouped_gemm: K = ", K, " is not a multiple of 8 (TMA needs 16-byte row pitches)");
+  WEAVE_CHECK(N % 8 == 0, "moe grouped_gemm: N = ", N, " is not a multiple of 8 (TMA needs 16-byte row pitches)");
+  WEAVE_CHECK(R_cap >= 1, "moe grouped_gemm: capacity R_cap = ", R_cap, " rows, want >= 1");
+  WEAVE_CHECK(X && W && Y && counts, "moe grouped_gemm: null pointer (X, W, Y or counts)");
+  const auto misaligned = [](const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a != 0; };
+  WEAVE_CHECK(!misaligned(X, 16), "moe grouped_gemm: X is not 16-byte aligned");
+  WEAVE_CHECK(!misaligned(W, 16), "moe grouped_gemm: W is not 16-byte aligned");
+  WEAVE_CHECK(!misaligned(Y, 16), "moe grouped_gemm: Y is not 16-byte aligned");
+  WEAVE_CHECK(!misaligned(counts, 4), "moe grouped_gemm: counts is not 4-byte aligned");
+  const long long work = max_work(R_cap, E, (N + kGroupedBN - 1) / kGroupedBN);
+  WEAVE_CHECK(work < (1ll << 31), "moe grouped_gemm: ", work, " possible tiles (R_cap ", R_cap, ", N ", N,
+              ") overflow the work index");
+}
+
+std::string GroupedStatus::message() const {
+  using ::weave::detail::concat;
+  if (error == kGroupedOverflow)
+    return concat("moe grouped_gemm: capacity ", capacity, " rows exceeded at expert ", expert, " (", count,
+                  " rows; rows end at ", rows, "); the launch wrote nothing");
+  if (error == kGroupedNegativeCount)
+    return concat("moe grouped_gemm: expert ", expert, " has a negative row count (", count,
+                  "); the launch wrote nothing");
+  if (error != 0) return concat("moe grouped_gemm: unknown status ", error);
+  return "moe grouped_gemm: ok";
+}
+
+int* device_status() {
+  static std::mutex mu;
+  static int* words[64] = {};
+  int dev = 0;
+  WEAVE_CUDA_CHECK(cudaGetDevice(&dev));
+  WEAVE_CHECK(dev >= 0 && dev < 64, "moe grouped_gemm: device ordinal ", dev, " out of range");
+  std::lock_guard<std::mutex> lock(mu);
+  if (!words[dev]) {
+    int* p = nullptr;
+    WEAVE_CUDA_CHECK(cudaMalloc(&p, kStatusWords * sizeof(int)));
+    WEAVE_CUDA_CHECK(cudaMemset(p, 0, kStatusWords * sizeof(int)));
+    WEAVE_CUDA_CHECK(cudaDeviceSynchronize());  // zeroed before any stream's launch reads it
+    words[dev] = p;
+  }
+  return words[dev];
+}
+
+GroupedStatus take_status(cudaStream_t stream, int* status) {
+  int* p = status ? status : device_status();
+  WEAVE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  int w[kStatusWords] = {};
+  WEAVE_CUDA_CHECK(cudaMemcpyAsync(w, p, sizeof w, cudaMemcpyDeviceToHost, stream));
+  WEAVE_CUDA_CHECK(cudaMemsetAsync(p, 0, sizeof w, stream));
+  WEAVE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  GroupedStatus s;
+  s.error = w[kStatusError];
+  s.expert = w[kStatusExpert];
+  s.count = w[kStatusCount];
+  s.rows = w[kStatusRows];
+  s.capacity = w[kStatusCapacity];
+  if (!s.any()) s.expert = -1;
+  return s;
+}
+
+void check_status(cudaStream_t stream, int* status) {
+  const GroupedStatus s = take_status(stream, status);
+  WEAVE_CHECK(!s.any(), s.message());
+}
+
+lcsc::Plan grouped_gemm(const __nv_bfloat16* X, const __nv_bfloat16* W, __nv_bfloat16* Y, const int* counts, int E,
+                        int N, int K, int R_cap, cudaStream_t stream, const GroupedGemmOptions& opt) {
+  validate_grouped(X, W, Y, counts, E, N, K, R_cap);
+  const size_t b = sizeof(__nv_bfloat16);
+  check_extent("moe grouped_gemm", "X", X, size_t(R_cap) * K * b);
+  check_extent("moe grouped_gemm", "W", W, size_t(E) * N * K * b);
+  check_extent("moe grouped_gemm", "Y", Y, size_t(R_cap) * N * b);
+  check_extent("moe grouped_gemm", "counts", counts, size_t(E) * sizeof(int));
+  int* status = opt.status ? opt.status : device_status();
+  check_extent("moe grouped_gemm", "status", status, kStatusWords * sizeof(int));
+  const int group_m = opt.group_m > 0 ? opt.group_m : gemm::default_group_m(gemm::Tile::M128N256, K);
+  // The host sizes the grid for the most tiles the capacity allows; balancing waves for that
+  // bound would shrink the grid for a count the device may never see, so every SM gets a block.
+  lcsc::Config cfg = opt.lcsc;
+  cfg.balance_waves = false;
+  return opt.layout == gemm::BLayout::NK
+             ? run<gemm::BLayout::NK>(X, W, Y, counts, E, N, K, R_cap, group_m, status, cfg, stream)
+             : run<gemm::BLayout::KN>(X, W, Y, counts, E, N, K, R_cap, group_m, status, cfg, stream);
+}
+
+}  // namespace weave::moe

@@ -1,0 +1,60 @@
+// Host entry of the MoE grouped GEMM (kernels/moe/README.md, "Grouped GEMM"): one launch over all
+// local experts, per-expert row counts read on the device, no host synchronisation.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "gemm/layout.hpp"
+#include "weave/lcsc.cuh"
+
+namespace weave::moe {
+
+struct GroupedGemmOptions {
+  // NK: W[e] is N x K (nn.Linear's out x in): Y = X W[e]^T. KN: W[e] is K x N: Y = X W[e].
+  gemm::BLayout layout = gemm::BLayout::NK;
+  int group_m = 0;        // tile rows per raster group inside an expert; 0 = gemm's default for K
+  int* status = nullptr;  // 8 ints of device memory, zeroed before first use; null: the device's own
+  lcsc::Config lcsc;      // num_comm_sms, max_compute_blocks (balance_waves is ignored: see .cu)
+};
+
+// Y[rows of e] = X[rows of e] * W[e]^T for e = 0 .. E-1, where expert e's rows are
+// [off_e, off_e + counts[e]) with off_e = counts[0] + ... + counts[e-1] (the receiver layout of
+// moe/layout.hpp; no padding between experts).
+//   X: R_cap x K bf16 row-major; W: E x N x K (NK) or E x K x N (KN) bf16; Y: R_cap x N bf16;
+//   counts: E int32 in device memory, read by the kernel only (the host never waits for them).
+// Rows of Y past sum(counts) are not written. Counts summing past R_cap (or a negative count)
+// make the launch write nothing and record the first such expert in the status words; nothing
+// is reported on the host until take_status / check_status reads them (no synchronisation on the
+// forward path). Throws weave::Error at once for bad arguments: E outside 1..1024, N or K not a
+// positive multiple of 8, R_cap < 1, pointers not 16-byte aligned (counts: 4), or a buffer whose
+// device allocation is shorter than the shape needs. Returns the grid it launched.
+lcsc::Plan grouped_gemm(const __nv_bfloat16* X, const __nv_bfloat16* W, __nv_bfloat16* Y, const int* counts, int E,
+                        int N, int K, int R_cap, cudaStream_t stream = nullptr, const GroupedGemmOptions& opt = {});
+
+// What the first refused launch since the last read saw (error 0: none).
+struct GroupedStatus {
+  int error = 0;  // 1: capacity exceeded, 2: negative count (GroupedError in grouped_gemm_schedule.hpp)
+  int expert = -1, count = 0;
+  int rows = 0;  // rows of experts 0..expert, i.e. where the bad expert's rows end
+  int capacity = 0;
+  bool any() const { return error != 0; }
+  std::string message() const;
+};
+
+// Synchronises `stream`, reads the status words (`status`, or the current device's own when
+// null) and clears them.
+GroupedStatus take_status(cudaStream_t stream = nullptr, int* status = nullptr);
+// take_status, throwing weave::Error with the message when a launch refused its counts, e.g.
+// "moe grouped_gemm: capacity 4096 rows exceeded at expert 3 (900 rows; rows end at 4500); the
+// launch wrote nothing".
+void check_status(cudaStream_t stream = nullptr, int* status = nullptr);
+// The current device's status words (allocated and zeroed on first use; never freed).
+int* device_status();
+
+// Pure checks (CPU-tested): everything grouped_gemm refuses before touching the device, bar the
+// extents.
+void validate_grouped(const void* X, const void* W, const void* Y, const int* counts, int E, int N, int K, int R_cap);
+
+}  // namespace weave::moe

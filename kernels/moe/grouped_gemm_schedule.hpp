@@ -1,0 +1,98 @@
+// The grouped GEMM's work order as pure functions of the per-expert row counts (CPU-tested in
+// tests/moe/test_grouped_gemm_cpu.cpp; the kernel runs the same code on a prefix table it builds
+// in shared memory at block start).
+//
+// Expert e owns rows [row_begin[e], row_begin[e] + cnt[e]) of the grouped buffer (the receiver
+// layout of layout.hpp: experts in order, no padding) and ceil(cnt[e] / 128) tile rows of
+// ceil(N / 256) tiles each. Work items run expert after expert; inside an expert the tiles follow
+// gemm::grouped_tile (tile rows first, in groups of group_m), so the blocks running at the same
+// time share W[e]'s column panels in L2. A tile row never spans two experts: the last tile row of
+// an expert is cut at the expert's end (`rows` < 128), and the storer writes only those rows.
+#pragma once
+#include "gemm/scheduler.hpp"  // __host__ __device__: include from .cu files only
+
+#ifdef __CUDACC__
+#define WEAVE_MOE_HD __host__ __device__
+#else
+#define WEAVE_MOE_HD
+#endif
+
+namespace weave::moe {
+
+constexpr int kGroupedBM = 128, kGroupedBN = 256;
+// The per-block prefix table holds E + 1 entries of two arrays (8 KB of shared memory at 1024).
+constexpr int kMaxGroupedExperts = 1024;
+
+WEAVE_MOE_HD inline int tile_rows_of(int cnt) { return (cnt + kGroupedBM - 1) / kGroupedBM; }
+
+// What the host can know without reading the counts: the most tile rows any counts summing to
+// at most `capacity` rows can make (each non-empty expert adds at most one partial tile row, and
+// every tile row holds at least one row). Sizes the grid; the device runs the real count.
+// sum_e ceil(c_e / 128) <= floor(sum_e c_e / 128) + (non-empty experts).
+inline long long max_work(int capacity, int experts, int tiles_n) {
+  const long long rows = capacity / kGroupedBM + (experts < capacity ? experts : capacity);
+  return rows * tiles_n;
+}
+
+// Why a launch did nothing: the first expert (in layout order) that breaks the counts' contract.
+enum GroupedError : int { kGroupedOk = 0, kGroupedOverflow = 1, kGroupedNegativeCount = 2 };
+
+// Exclusive prefixes of tile rows (tile_begin) and rows (row_begin), E + 1 entries each, and the
+// first bad expert: a negative count, or the first whose rows end past `capacity`. Returns that
+// expert or -1 (with *why set). The kernel's warp scan computes the same table.
+WEAVE_MOE_HD inline int build_prefix(const int* counts, int experts, int capacity, int* tile_begin, int* row_begin,
+                                     int* why = nullptr) {
+  long long rows = 0;
+  int tiles = 0, bad = -1, reason = kGroupedOk;
+  for (int e = 0; e < experts; ++e) {
+    tile_begin[e] = tiles;
+    row_begin[e] = static_cast<int>(rows < capacity ? rows : capacity);
+    const int c = counts[e];
+    if (bad < 0 && c < 0) bad = e, reason = kGroupedNegativeCount;
+    if (c > 0) {
+      rows += c;
+      tiles += tile_rows_of(c);
+    }
+    if (bad < 0 && rows > capacity) bad = e, reason = kGroupedOverflow;
+  }
+  tile_begin[experts] = tiles;
+  row_begin[experts] = static_cast<int>(rows < capacity ? rows : capacity);
+  if (why) *why = reason;
+  return bad;
+}
+
+// The expert of work item w: the last e in [0, E) with tile_begin[e] * tiles_n <= w (empty
+// experts share their successor's tile_begin and are skipped by taking the last such e).
+WEAVE_MOE_HD inline int expert_of(int w, const int* tile_begin, int experts, int tiles_n) {
+  const int q = w / tiles_n;  // tile_begin[e] * tiles_n <= w  <=>  tile_begin[e] <= floor(w / tiles_n)
+  int lo = 0, hi = experts - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (tile_begin[mid] <= q) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+struct GroupedTile {
+  int expert;
+  int m;     // tile row inside the expert
+  int n;     // tile column
+  int row0;  // first row in the grouped buffer
+  int rows;  // rows of this tile that belong to the expert (1..128)
+};
+
+// Needs a table without a bad expert (build_prefix returned -1): then row_begin[e + 1] - row_begin[e]
+// is expert e's count.
+WEAVE_MOE_HD inline GroupedTile grouped_tile(int w, const int* tile_begin, const int* row_begin, int experts,
+                                             int tiles_n, int group_m) {
+  const int e = expert_of(w, tile_begin, experts, tiles_n);
+  const int tiles_m = tile_begin[e + 1] - tile_begin[e];
+  const gemm::TileCoord t = gemm::grouped_tile(w - tile_begin[e] * tiles_n, tiles_m, tiles_n, group_m);
+  const int left = row_begin[e + 1] - row_begin[e] - t.m * kGroupedBM;
+  return {e, t.m, t.n, row_begin[e] + t.m * kGroupedBM, left < kGroupedBM ? left : kGroupedBM};
+}
+
+}  // namespace weave::moe
+
+#undef WEAVE_MOE_HD

@@ -1,0 +1,175 @@
+// The grouped GEMM's work order (kernels/moe/grouped_gemm_schedule.hpp) and host checks, on the
+// CPU: every tile of every expert exactly once, expert after expert, rows cut at each expert's
+// end; empty experts skipped; the host's grid bound never below the real count; the first bad
+// expert named (capacity overflow, negative count); the argument checks and the error text.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "check/seed.hpp"
+#include "moe/grouped_gemm.hpp"
+#include "moe/grouped_gemm_schedule.hpp"
+#include "weave/common/error.hpp"
+
+using namespace weave;
+using namespace weave::moe;
+
+namespace {
+
+std::mt19937_64& rng() {
+  static std::mt19937_64 g(check::derive(check::test_seed(), 0x6767));
+  return g;
+}
+
+// Counts of several shapes: random, with empty runs, one expert, ragged around tile edges.
+std::vector<int> random_counts(int E, int kind) {
+  std::vector<int> c(E, 0);
+  auto& g = rng();
+  switch (kind) {
+    case 0:
+      for (int& v : c) v = int(g() % 700);
+      break;
+    case 1:
+      for (int& v : c) v = g() % 3 == 0 ? 0 : int(g() % 300);
+      break;
+    case 2:
+      c[g() % E] = 1 + int(g() % 5000);
+      break;
+    default:
+      for (int& v : c) v = std::max(0, 128 * int(g() % 4) + int(g() % 3) - 1);  // 127..129, 255..257, ...
+      break;
+  }
+  return c;
+}
+
+void check_order(const std::vector<int>& counts, int tiles_n, int group_m) {
+  const int E = int(counts.size());
+  std::vector<int> tb(E + 1), rb(E + 1);
+  long long total_rows = 0;
+  for (int c : counts) total_rows += c;
+  ASSERT_EQ(build_prefix(counts.data(), E, int(total_rows) + 1, tb.data(), rb.data()), -1);
+  int tiles = 0, rows = 0;
+  for (int e = 0; e < E; ++e) {
+    ASSERT_EQ(tb[e], tiles);
+    ASSERT_EQ(rb[e], rows);
+    tiles += tile_rows_of(counts[e]), rows += counts[e];
+  }
+  ASSERT_EQ(tb[E], tiles);
+  ASSERT_EQ(rb[E], rows);
+  const long long work = static_cast<long long>(tiles) * tiles_n;
+  ASSERT_LE(work, max_work(rows > 0 ? rows : 1, E, tiles_n));
+  std::map<std::tuple<int, int, int>, int> seen;
+  int prev_e = -1;
+  for (int w = 0; w < work; ++w) {
+    const GroupedTile t = grouped_tile(w, tb.data(), rb.data(), E, tiles_n, group_m);
+    ASSERT_GE(t.expert, prev_e) << "experts out of order at w = " << w;
+    prev_e = t.expert;
+    ASSERT_GT(counts[t.expert], 0) << "an empty expert got work item " << w;
+    ASSERT_LT(t.m, tile_rows_of(counts[t.expert]));
+    ASSERT_GE(t.n, 0);
+    ASSERT_LT(t.n, tiles_n);
+    ASSERT_EQ(t.row0, rb[t.expert] + 128 * t.m);
+    ASSERT_EQ(t.rows, std::min(128, counts[t.expert] - 128 * t.m));
+    ASSERT_GE(t.rows, 1);
+    ASSERT_LE(t.row0 + t.rows, rb[t.expert] + counts[t.expert]) << "a tile writes past its expert";
+    ++seen[{t.expert, t.m, t.n}];
+  }
+  ASSERT_EQ(static_cast<long long>(seen.size()), work) << "a tile was produced twice";
+  for (int e = 0; e < E; ++e)
+    for (int m = 0; m < tile_rows_of(counts[e]); ++m)
+      for (int n = 0; n < tiles_n; ++n) ASSERT_EQ((seen[{e, m, n}]), 1) << e << " " << m << " " << n;
+}
+
+}  // namespace
+
+TEST(GroupedGemmSchedule, EveryTileOnceExpertAfterExpert) {
+  for (int E : {1, 2, 8, 64, 257, 1024})
+    for (int kind = 0; kind < 4; ++kind)
+      for (int tiles_n : {1, 3, 16})
+        for (int group_m : {1, 8, 16}) {
+          SCOPED_TRACE("E " + std::to_string(E) + " kind " + std::to_string(kind) + " tiles_n " +
+                       std::to_string(tiles_n) + " group_m " + std::to_string(group_m));
+          check_order(random_counts(E, kind), tiles_n, group_m);
+          if (HasFatalFailure()) return;
+        }
+}
+
+TEST(GroupedGemmSchedule, EmptyExpertsAreSkipped) {
+  const std::vector<int> counts = {0, 300, 0, 0, 129, 0};  // 3 + 2 tile rows
+  int tb[7], rb[7];
+  ASSERT_EQ(build_prefix(counts.data(), 6, 1000, tb, rb), -1);
+  const int want[] = {1, 1, 1, 4, 4};
+  for (int q = 0; q < 5; ++q) EXPECT_EQ(expert_of(q * 2, tb, 6, 2), want[q]) << q;
+  check_order(counts, 2, 8);
+  check_order({0, 0, 0}, 4, 8);  // no work at all
+}
+
+TEST(GroupedGemmSchedule, HostBoundCoversEveryCountWithinCapacity) {
+  // The worst case for tile rows: every expert one row past a tile edge, or one row each.
+  for (int cap : {1, 7, 128, 129, 1000, 32768})
+    for (int E : {1, 8, 64, 1024}) {
+      std::vector<int> c(E, 0);
+      long long left = cap;
+      for (int e = 0; e < E && left > 0; ++e) {
+        const int v = int(std::min<long long>(left, 129));
+        c[e] = v, left -= v;
+      }
+      int tiles = 0;
+      for (int v : c) tiles += tile_rows_of(v);
+      EXPECT_LE(tiles, max_work(cap, E, 1)) << cap << " " << E;
+      std::vector<int> ones(E, 0);
+      for (int e = 0; e < E && e < cap; ++e) ones[e] = 1;
+      tiles = 0;
+      for (int v : ones) tiles += tile_rows_of(v);
+      EXPECT_LE(tiles, max_work(cap, E, 1)) << cap << " " << E;
+    }
+}
+
+TEST(GroupedGemmSchedule, FirstBadExpertIsNamed) {
+  int tb[6], rb[6], why = -1;
+  const std::vector<int> over = {100, 200, 300, 400, 500};  // ends 100, 300, 600, 1000, 1500
+  EXPECT_EQ(build_prefix(over.data(), 5, 1000, tb, rb, &why), 4);
+  EXPECT_EQ(why, kGroupedOverflow);
+  EXPECT_EQ(build_prefix(over.data(), 5, 999, tb, rb, &why), 3);
+  EXPECT_EQ(build_prefix(over.data(), 5, 1500, tb, rb, &why), -1);
+  EXPECT_EQ(why, kGroupedOk);
+  const std::vector<int> neg = {5, -1, 5};
+  EXPECT_EQ(build_prefix(neg.data(), 3, 1000, tb, rb, &why), 1);
+  EXPECT_EQ(why, kGroupedNegativeCount);
+  GroupedStatus s;
+  s.error = kGroupedOverflow, s.expert = 3, s.count = 400, s.rows = 1000, s.capacity = 999;
+  EXPECT_NE(s.message().find("capacity 999 rows exceeded at expert 3 (400 rows"), std::string::npos) << s.message();
+  s.error = kGroupedNegativeCount, s.expert = 1, s.count = -1;
+  EXPECT_NE(s.message().find("expert 1 has a negative row count (-1)"), std::string::npos) << s.message();
+}
+
+TEST(GroupedGemmSchedule, RejectsBadArguments) {
+  alignas(16) static char buf[64];
+  const void* p = buf;
+  const int* cnt = reinterpret_cast<const int*>(buf);
+  auto expect = [&](const char* what, auto fn) {
+    try {
+      fn();
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  expect("E = 0 experts", [&] { validate_grouped(p, p, p, cnt, 0, 64, 64, 128); });
+  expect("E = 1025 experts", [&] { validate_grouped(p, p, p, cnt, 1025, 64, 64, 128); });
+  expect("K = 100 is not a multiple of 8", [&] { validate_grouped(p, p, p, cnt, 4, 64, 100, 128); });
+  expect("N = 12 is not a multiple of 8", [&] { validate_grouped(p, p, p, cnt, 4, 12, 64, 128); });
+  expect("R_cap = 0", [&] { validate_grouped(p, p, p, cnt, 4, 64, 64, 0); });
+  expect("null pointer", [&] { validate_grouped(p, nullptr, p, cnt, 4, 64, 64, 128); });
+  expect("X is not 16-byte aligned", [&] { validate_grouped(buf + 8, p, p, cnt, 4, 64, 64, 128); });
+  expect("Y is not 16-byte aligned", [&] { validate_grouped(p, p, buf + 2, cnt, 4, 64, 64, 128); });
+  expect("counts is not 4-byte aligned",
+         [&] { validate_grouped(p, p, p, reinterpret_cast<const int*>(buf + 2), 4, 64, 64, 128); });
+  validate_grouped(p, p, p, cnt, 1024, 8, 8, 1);  // the limits themselves are accepted
+}
