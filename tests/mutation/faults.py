@@ -274,4 +274,149 @@ FAULTS = [
         "bench": [{"ranks": 2, "args": "sp --seqs 4096 --batch 1 --heads-ulysses 8 --head-dim 128 --causal 0 "
                                        "--kernels ulysses --single 0 --target-ms 5"}],
     },
+    # ---- GEMM split-K, layouts, epilogues, decode tile (kernels/gemm) -------------------------------
+    {
+        "name": "gemm_split_k_partial_dropped",
+        "what": "split-K: the warpgroup that finishes the first split item adds every other split's partial "
+                "but one (one K range of one tile missing)",
+        "edits": [{
+            "file": "kernels/gemm/split_k.cuh",
+            "find": "        if (j == s.split) continue;",
+            "replace": "        if (j == s.split || (t == 0 && j == (s.split == 0 ? 1 : 0))) continue;",
+        }],
+        "tests": ["test_split_k_gpu"],
+        "bench": [{"ranks": 1, "args": "gemm --shapes 16x4096x14336,300x1000x2056 --split-k 4 --target-ms 2"}],
+    },
+    {
+        "name": "gemm_split_k_counter_not_reset",
+        "what": "split-K: the finishing warpgroup leaves its counter at the split count, so on the next launch on "
+                "that stream nobody finishes the tile (its output is never stored)",
+        "edits": [{
+            "file": "kernels/gemm/split_k.cuh",
+            "find": "      if (last) *counter = 0;  // the next launch starts from zero (kernel boundaries order it)",
+            "replace": "      (void)counter;",
+        }],
+        "tests": ["test_split_k_gpu"],
+        "bench": [{"ranks": 1, "args": "gemm --shapes 16x4096x14336 --split-k 4 --target-ms 2"}],
+    },
+    {
+        "name": "gemm_decode_tile_consumers_same_columns",
+        "what": "64x128 tile: the second consumer warpgroup reads the first one's B columns, so columns 64-127 "
+                "of every tile hold columns 0-63's results",
+        "edits": [{
+            "file": "kernels/gemm/gemm_kernel.cuh",
+            "find": "const uint32_t b0 = tile::smem_u32(s.b) + (BM == 128 ? 0 : c * kWN * 128);",
+            "replace": "const uint32_t b0 = tile::smem_u32(s.b);",
+        }],
+        "tests": ["test_gemm_gpu:Gemm.DecodeTile", "test_split_k_gpu"],
+        "bench": [{"ranks": 1, "args": "gemm --shapes 16x4096x4096 --tile 64 --target-ms 2"}],
+    },
+    {
+        "name": "gemm_transposed_a_read_k_major",
+        "what": "A stored K x M: the wgmma reads A K-major (tnspA 0) from the M-major tile",
+        "edits": [{
+            "file": "kernels/gemm/gemm_kernel.cuh",
+            "find": "constexpr int kTransA = LA == ALayout::KM ? 1 : 0;",
+            "replace": "constexpr int kTransA = 0;",
+        }],
+        "tests": ["test_gemm_gpu:Gemm.TransposedA*"],
+        "bench": [{"ranks": 1, "args": "gemm --shapes 1024x1024x1024 --a-layout km --target-ms 2"}],
+    },
+    {
+        "name": "gemm_bias_last_column_pair_dropped",
+        "what": "bias epilogue: the last two columns of C get no bias (ragged edge only)",
+        "edits": [{
+            "file": "kernels/gemm/gemm_kernel.cuh",
+            "find": "      if (n < N) {",
+            "replace": "      if (n < N - 2) {",
+        }],
+        "tests": ["test_gemm_gpu:Gemm.Bias"],
+    },
+    # ---- fp8 GEMM (kernels/gemm_fp8) ---------------------------------------------------------------
+    {
+        "name": "gemm_fp8_last_k_block_skipped_one_tile",
+        "what": "work item 1 of every fp8 launch runs one 128-K block less",
+        "edits": [{
+            "file": "kernels/gemm_fp8/gemm_fp8_kernel.cuh",
+            "find": "static __device__ __forceinline__ int num_iters(const Globals& g, int) { return g.kblocks; }",
+            "replace": "static __device__ __forceinline__ int num_iters(const Globals& g, int w) {\n"
+                       "    return g.kblocks - (w == 1 && g.kblocks > 1 ? 1 : 0);\n"
+                       "  }",
+        }],
+        "tests": ["test_gemm_fp8_gpu"],
+        "bench": [{"ranks": 1, "args": "gemm --dtype fp8 --shapes 1024x1024x1024 --target-ms 2"}],
+    },
+    {
+        "name": "gemm_fp8_scale_b_ignored",
+        "what": "per-tensor fp8: the epilogue multiplies by scale_a only",
+        "edits": [{
+            "file": "kernels/gemm_fp8/gemm_fp8_kernel.cuh",
+            "find": "if (it == 0) st.scale = __ldg(g.scale_a) * __ldg(g.scale_b);",
+            "replace": "if (it == 0) st.scale = __ldg(g.scale_a);",
+        }],
+        "tests": ["test_gemm_fp8_gpu"],
+    },
+    {
+        "name": "gemm_fp8_block_scale_b_off_by_one_block",
+        "what": "block-scaled fp8: every K block after the first takes the previous block's B scale",
+        "edits": [{
+            "file": "kernels/gemm_fp8/gemm_fp8_kernel.cuh",
+            "find": "st.next_sb = __ldg(st.sb + it + 1);",
+            "replace": "st.next_sb = __ldg(st.sb + it);",
+        }],
+        "tests": ["test_gemm_fp8_gpu:GemmFp8.BlockScaled*"],
+    },
+    {
+        "name": "gemm_fp8_block_scale_a_wrong_row",
+        "what": "block-scaled fp8: the lower 8 rows of each 16-row group take the upper rows' A scales",
+        "edits": [{
+            "file": "kernels/gemm_fp8/gemm_fp8_kernel.cuh",
+            "find": "const int r1 = r0 + 8;",
+            "replace": "const int r1 = r0;",
+        }],
+        "tests": ["test_gemm_fp8_gpu:GemmFp8.BlockScaled*"],
+    },
+    # ---- MoE (kernels/moe) -------------------------------------------------------------------------
+    {
+        "name": "grouped_gemm_cut_tile_writes_all_rows",
+        "what": "grouped GEMM: an expert's cut last tile is stored whole (128 rows), over the next expert's rows "
+                "and past sum(counts)",
+        "edits": [{
+            "file": "kernels/moe/grouped_gemm_kernel.cuh",
+            "find": "      if (t.rows == BM) {",
+            "replace": "      if (t.rows > 0) {",
+        }],
+        "tests": ["test_grouped_gemm_gpu"],
+        "bench": [{"ranks": 1, "args": "moe --models qwen --tokens 4096 --proj down --routing dirichlet --no-dense"}],
+    },
+    {
+        "name": "grouped_gemm_last_row_dropped",
+        "what": "grouped GEMM: the last row of an expert whose count is not a multiple of 8 is never stored",
+        "edits": [{
+            "file": "kernels/moe/grouped_gemm_kernel.cuh",
+            "find": "      for (int r = whole; r < t.rows; ++r) {",
+            "replace": "      for (int r = whole; r + 1 < t.rows; ++r) {",
+        }],
+        "tests": ["test_grouped_gemm_gpu"],
+    },
+    {
+        "name": "grouped_gemm_expert1_reads_expert0_weight",
+        "what": "grouped GEMM (W as N x K): expert 1's tiles multiply by expert 0's weight",
+        "edits": [{
+            "file": "kernels/moe/grouped_gemm_kernel.cuh",
+            "find": "      detail::load_3d(s.b, &g.b, &full, k0, t.n * BN, t.expert);",
+            "replace": "      detail::load_3d(s.b, &g.b, &full, k0, t.n * BN, t.expert == 1 ? 0 : t.expert);",
+        }],
+        "tests": ["test_grouped_gemm_gpu"],
+    },
+    {
+        "name": "moe_combine_slot1_dropped_first_chunk",
+        "what": "combine: slot 1's expert output is left out of the first 8 columns of every token's sum",
+        "edits": [{
+            "file": "kernels/moe/exchange_kernels.cuh",
+            "find": "          const float w = wt[warp][j0 + q];",
+            "replace": "          const float w = (j0 + q == 1 && v == 0) ? 0.f : wt[warp][j0 + q];",
+        }],
+        "tests": ["test_moe_exchange_gpu"],
+    },
 ]
