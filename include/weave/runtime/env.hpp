@@ -93,7 +93,7 @@ inline constexpr Var kVars[] = {
   {"WEAVE_STRESS_SCALE", Type::integer, "1", Who::test, "k: the stress tests run k times as many rounds"},
   {"WEAVE_TEST_GPUS", Type::integer, "", Who::test,
    "set by CTest: the GPUs a test binary needs; with fewer visible it reports skipped"},
-  {"WEAVE_BENCH_SUITE", Type::string, "primitives collectives gemm attention tp sp", Who::script,
+  {"WEAVE_BENCH_SUITE", Type::string, "primitives collectives gemm attention moe tp sp", Who::script,
    "the `weave-bench` subcommands `make bench` runs"},
 };
 // clang-format on
