@@ -223,7 +223,27 @@ PYBIND11_MODULE(_C, m) {
   m.def("ulysses_out_elems", &weave::py::Ops::ulysses_out_elems);
 
   m.def("gemm", &weave::py::gemm, py::call_guard<py::gil_scoped_release>(), py::arg("device"), py::arg("A"),
-        py::arg("B"), py::arg("C"), py::arg("M"), py::arg("N"), py::arg("K"), py::arg("b_nk"), py::arg("stream"));
+        py::arg("B"), py::arg("C"), py::arg("M"), py::arg("N"), py::arg("K"), py::arg("b_nk"), py::arg("stream"),
+        py::arg("a_km") = false, py::arg("bias") = 0, py::arg("bias_type") = 0, py::arg("out_f32") = false,
+        py::arg("accumulate") = false);
+  m.def("gemm_fp8", &weave::py::gemm_fp8, py::call_guard<py::gil_scoped_release>(), py::arg("device"),
+        py::arg("A"), py::arg("a_type"), py::arg("B"), py::arg("b_type"), py::arg("C"), py::arg("M"), py::arg("N"),
+        py::arg("K"), py::arg("scale_a"), py::arg("scale_b"), py::arg("block_scaled"), py::arg("stream"));
+  m.def("fp8_block_scale_a_count", &weave::py::fp8_block_scale_a_count, py::arg("M"), py::arg("K"));
+  m.def("fp8_block_scale_b_count", &weave::py::fp8_block_scale_b_count, py::arg("N"), py::arg("K"));
+  m.def("grouped_gemm", &weave::py::grouped_gemm, py::call_guard<py::gil_scoped_release>(), py::arg("device"),
+        py::arg("X"), py::arg("W"), py::arg("Y"), py::arg("counts"), py::arg("E"), py::arg("N"), py::arg("K"),
+        py::arg("R_cap"), py::arg("w_kn"), py::arg("stream"));
+  m.def("grouped_gemm_status", [](int device, Ptr stream) {
+        weave::py::GroupedStatus s;
+        {
+          py::gil_scoped_release nogil;  // synchronises the stream
+          s = weave::py::grouped_gemm_status(device, stream);
+        }
+        return py::make_tuple(s.error, s.expert, s.count, s.rows, s.capacity, s.message);
+      }, py::arg("device"), py::arg("stream"),
+      "(error, expert, count, rows, capacity, message) of the first grouped_gemm launch on `device` that refused "
+      "its counts since the last read (error 0: none); synchronises `stream` and clears the status");
   m.def("attention", &weave::py::attention, py::call_guard<py::gil_scoped_release>(), py::arg("device"),
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("o"), py::arg("lse"), py::arg("B"), py::arg("S"),
         py::arg("Hq"), py::arg("Hkv"), py::arg("D"), py::arg("causal"), py::arg("scale"), py::arg("stream"));

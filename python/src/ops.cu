@@ -8,8 +8,10 @@
 #include "attention/attention.hpp"
 #include "collectives/collectives.hpp"
 #include "gemm/gemm.hpp"
+#include "gemm_fp8/gemm_fp8.hpp"
 #include "gemm_ar/gemm_ar.hpp"
 #include "gemm_rs/gemm_rs.hpp"
+#include "moe/grouped_gemm.hpp"
 #include "ring_attention/ring_attention.hpp"
 #include "ulysses/ulysses.hpp"
 #include "weave/common/error.hpp"
@@ -58,10 +60,64 @@ void set_device(int device) {
   if (cur != device) WEAVE_CUDA_CHECK(cudaSetDevice(device));
 }
 
-void gemm(int device, Ptr A, Ptr B, Ptr C, int M, int N, int K, bool b_nk, Ptr stream) {
+void gemm(int device, Ptr A, Ptr B, Ptr C, int M, int N, int K, bool b_nk, Ptr stream, bool a_km, Ptr bias,
+          int bias_type, bool out_f32, bool accumulate) {
   set_device(device);
-  gemm::gemm(ptr<const bf16>(A), ptr<const bf16>(B), ptr<bf16>(C), M, N, K,
-             b_nk ? gemm::BLayout::NK : gemm::BLayout::KN, {}, stream_of(stream));
+  gemm::Options opt;
+  opt.a_layout = a_km ? gemm::ALayout::KM : gemm::ALayout::MK;
+  opt.bias_type = static_cast<gemm::BiasType>(bias_type);  // gemm::validate_args rejects unknown values
+  opt.bias = reinterpret_cast<const void*>(bias);
+  opt.accumulate = accumulate;
+  const gemm::BLayout bl = b_nk ? gemm::BLayout::NK : gemm::BLayout::KN;
+  if (out_f32)
+    gemm::gemm(ptr<const bf16>(A), ptr<const bf16>(B), ptr<float>(C), M, N, K, bl, opt, stream_of(stream));
+  else
+    gemm::gemm(ptr<const bf16>(A), ptr<const bf16>(B), ptr<bf16>(C), M, N, K, bl, opt, stream_of(stream));
+}
+
+void gemm_fp8(int device, Ptr A, int a_type, Ptr B, int b_type, Ptr C, int M, int N, int K, Ptr scale_a,
+              Ptr scale_b, bool block_scaled, Ptr stream) {
+  set_device(device);
+  WEAVE_CHECK((a_type == 0 || a_type == 1) && (b_type == 0 || b_type == 1), "gemm_fp8: unknown fp8 types ", a_type,
+              ", ", b_type);
+  const auto at = static_cast<gemm_fp8::Fp8>(a_type), bt = static_cast<gemm_fp8::Fp8>(b_type);
+  const auto* sa = ptr<const float>(scale_a);
+  const auto* sb = ptr<const float>(scale_b);
+  if (block_scaled)
+    gemm_fp8::gemm_block_scaled(ptr<const void>(A), at, ptr<const void>(B), bt, ptr<bf16>(C), M, N, K, sa, sb, {},
+                                stream_of(stream));
+  else
+    gemm_fp8::gemm(ptr<const void>(A), at, ptr<const void>(B), bt, ptr<bf16>(C), M, N, K, sa, sb, {},
+                   stream_of(stream));
+}
+
+long long fp8_block_scale_a_count(int M, int K) {
+  return static_cast<long long>(gemm_fp8::block_scale_a_count(M, K));
+}
+long long fp8_block_scale_b_count(int N, int K) {
+  return static_cast<long long>(gemm_fp8::block_scale_b_count(N, K));
+}
+
+void grouped_gemm(int device, Ptr X, Ptr W, Ptr Y, Ptr counts, int E, int N, int K, int R_cap, bool w_kn,
+                  Ptr stream) {
+  set_device(device);
+  moe::GroupedGemmOptions opt;
+  opt.layout = w_kn ? gemm::BLayout::KN : gemm::BLayout::NK;
+  moe::grouped_gemm(ptr<const bf16>(X), ptr<const bf16>(W), ptr<bf16>(Y), ptr<const int>(counts), E, N, K, R_cap,
+                    stream_of(stream), opt);
+}
+
+GroupedStatus grouped_gemm_status(int device, Ptr stream) {
+  set_device(device);
+  const moe::GroupedStatus s = moe::take_status(stream_of(stream));
+  GroupedStatus r;
+  r.error = s.error;
+  r.expert = s.expert;
+  r.count = s.count;
+  r.rows = s.rows;
+  r.capacity = s.capacity;
+  if (s.any()) r.message = s.message();
+  return r;
 }
 
 void attention(int device, Ptr q, Ptr k, Ptr v, Ptr o, Ptr lse, int B, int S, int Hq, int Hkv, int D, bool causal,

@@ -6,6 +6,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "weave/runtime/communicator.hpp"
@@ -19,9 +20,34 @@ enum class Dt : int { bf16 = 0, fp16 = 1, fp32 = 2 };
 
 void set_device(int device);
 
-// Single GPU, bf16. C (M x N) = A (M x K) * B, B K x N row-major (b_nk = false) or N x K row-major
-// (b_nk = true: an nn.Linear weight).
-void gemm(int device, Ptr A, Ptr B, Ptr C, int M, int N, int K, bool b_nk, Ptr stream);
+// Single GPU, bf16 inputs (gemm::gemm). C (M x N) = A * B (+ bias), or C += that (accumulate).
+// A M x K row-major (a_km = false) or K x M row-major (a_km = true: dY of a weight gradient
+// dY^T X; M % 8 == 0). B K x N row-major (b_nk = false) or N x K row-major (b_nk = true: an
+// nn.Linear weight). bias: 0 or N values of bias_type (gemm::BiasType: 0 none, 1 bf16, 2 fp32).
+// C bf16, or fp32 with out_f32.
+void gemm(int device, Ptr A, Ptr B, Ptr C, int M, int N, int K, bool b_nk, Ptr stream, bool a_km = false,
+          Ptr bias = 0, int bias_type = 0, bool out_f32 = false, bool accumulate = false);
+
+// Single GPU fp8 (gemm_fp8::gemm / gemm_block_scaled): C (M x N bf16) = A (M x K) * B^T with B
+// N x K row-major; a_type / b_type gemm_fp8::Fp8 (0 e4m3, 1 e5m2); scales device pointers to
+// fp32 (per-tensor: one float each; block_scaled: the documented ceil(K/128) x M and
+// ceil(N/128) x ceil(K/128) arrays).
+void gemm_fp8(int device, Ptr A, int a_type, Ptr B, int b_type, Ptr C, int M, int N, int K, Ptr scale_a,
+              Ptr scale_b, bool block_scaled, Ptr stream);
+// Floats of the block scales (gemm_fp8::block_scale_a_count / _b_count).
+long long fp8_block_scale_a_count(int M, int K);
+long long fp8_block_scale_b_count(int N, int K);
+
+// The MoE grouped GEMM (moe::grouped_gemm): Y[rows of e] = X[rows of e] * W[e]^T (w_kn: W[e]).
+// X R_cap x K, W E x N x K (E x K x N with w_kn), Y R_cap x N, bf16; counts E int32 on the device.
+void grouped_gemm(int device, Ptr X, Ptr W, Ptr Y, Ptr counts, int E, int N, int K, int R_cap, bool w_kn,
+                  Ptr stream);
+// moe::take_status of `device`'s own status words (synchronises `stream`, clears them).
+struct GroupedStatus {
+  int error = 0, expert = -1, count = 0, rows = 0, capacity = 0;
+  std::string message;
+};
+GroupedStatus grouped_gemm_status(int device, Ptr stream);
 // q (B, S, Hq, D), k and v (B, S, Hkv, D), o (B, S, Hq, D) bf16; lse (B, Hq, S) fp32 or 0.
 void attention(int device, Ptr q, Ptr k, Ptr v, Ptr o, Ptr lse, int B, int S, int Hq, int Hkv, int D, bool causal,
                float scale, Ptr stream);

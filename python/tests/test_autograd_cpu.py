@@ -280,6 +280,51 @@ def test_attention_functions_on_meta(as_rank):
         assert not weave.attention(q, k, v)[0].requires_grad
 
 
+class MatmulSpy:
+    """torch.ops.weave with its matmul calls recorded (A's shape and whether A is the transpose of a
+    contiguous matrix, i.e. read in place as K x M)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        return getattr(torch.ops.weave, name)
+
+    def matmul(self, A, B, *args):
+        self.calls.append((tuple(A.shape), not A.is_contiguous() and A.t().is_contiguous()))
+        return torch.ops.weave.matmul(A, B, *args)
+
+
+@pytest.mark.parametrize("layer", ["column", "row"])
+def test_weight_grad_reads_dy_transposed_in_place(as_rank, monkeypatch, layer):
+    """dW = dY^T X goes through weave.matmul with A = dY^T in the K x M layout (no transposed copy)
+    where rows, in and out are multiples of 8, and through torch.matmul otherwise (ragged rows)."""
+    spy = MatmulSpy()
+    monkeypatch.setattr(wag, "_ops_ns", spy)
+    as_rank(1, 2)
+    if layer == "column":  # weight (out/W, in) = (104, 264); dW = dY^T X_gathered over 2 x rows
+        m, shape_in, dw_shape = weave.nn.ColumnParallelLinear(264, 208, device="meta"), 264, (104, 264)
+    else:  # weight (out, in/W) = (264, 104)
+        m, shape_in, dw_shape = weave.nn.RowParallelLinear(208, 264, device="meta"), 104, (264, 104)
+    x = meta(68 if layer == "column" else 136, shape_in)  # 136 rows in dW's product either way
+    grads_of(m(x), x, m.weight)
+    assert m.weight.grad.shape == dw_shape and m.weight.grad.dtype == BF
+    assert spy.calls == [(dw_shape[:1] + (136,), True)], spy.calls  # A = dY^T: out x rows
+    spy.calls.clear()
+    m.weight.grad = None
+    x = meta(67 if layer == "column" else 135, shape_in)  # 134 / 135 rows: not a multiple of 8
+    grads_of(m(x), x, m.weight)
+    assert m.weight.grad.shape == dw_shape
+    assert all(not km for _, km in spy.calls), spy.calls  # (the row layer's ragged dX is a plain matmul)
+
+
+def test_weight_grad_on_cpu_is_torch_matmul():
+    """On CPU tensors (no weave kernel) the weight gradient is torch.matmul of the transposed view."""
+    g = torch.Generator().manual_seed(5)
+    dy, x = torch.randn(16, 3, 8, generator=g, dtype=F64), torch.randn(16, 3, 24, generator=g, dtype=F64)
+    assert torch.equal(wag._weight_grad(dy, x), dy.reshape(48, 8).t() @ x.reshape(48, 24))
+
+
 # ---------------------------------------------------------------------------------------------
 # Initialisation, sharding, errors.
 

@@ -85,7 +85,10 @@ def comm(monkeypatch):
     return weave.init()
 
 
-SHAPES = [(133, None, 136, 104), (45, 3, 72, 200)]  # (rows, batch or None, in, out): not tile multiples
+# (rows, batch or None, in, out): not tile multiples. The first two have rows that are not multiples
+# of 8 (dW through torch.matmul), the last two multiples of 8 everywhere (dW through weave.matmul
+# reading dY^T in place as a K x M operand: autograd._weight_grad).
+SHAPES = [(133, None, 136, 104), (45, 3, 72, 200), (136, None, 72, 200), (24, 3, 136, 104)]
 
 
 def _x_dy(seed, rows, b, fin, fout, tag=""):
@@ -121,6 +124,43 @@ def test_parallel_linear_is_linear(comm, seed, rows, b, fin, fout, bias, layer):
         y = m(x)
     assert not y.requires_grad
     check_bf16(y, ref[0], gemm_size(fin, x, w), f"{layer} y without grad")
+
+
+@pytest.mark.parametrize("layer", list(LAYERS))
+def test_weight_grad_uses_transposed_a_gemm(comm, seed, monkeypatch, layer):
+    """Where rows, in and out are multiples of 8, dW = dY^T X is one weave.matmul call with A = dY^T
+    (the transpose of the contiguous dY, read in place), and the gradient is right."""
+    from weave import autograd as wag
+
+    calls = []
+
+    class Spy:  # torch.ops.weave with matmul's A layouts recorded
+        def __getattr__(self, name):
+            return getattr(torch.ops.weave, name)
+
+        def matmul(self, A, B, *args):
+            calls.append((tuple(A.shape), not A.is_contiguous() and A.t().is_contiguous()))
+            return torch.ops.weave.matmul(A, B, *args)
+
+    monkeypatch.setattr(wag, "_ops_ns", Spy())
+    rows, fin, fout = 136, 72, 200
+    w, bb = full_linear(seed, fin, fout, True)
+    torch.manual_seed(seed)
+    m = LAYERS[layer](fin, fout, True)
+    x, dy = _x_dy(seed, rows, None, fin, fout, "km")
+    x.requires_grad_()
+    ref = linear_ref(x, w, bb, dy)
+    m(x).backward(dy)
+    assert ((fout, rows), True) in calls, calls
+    check_linear_grads(layer, x.grad, m.weight.grad, m.bias.grad, ref, x, w, dy, (slice(None),) * 3)
+    # An operand that is not 16-byte aligned (a view 2 bytes into a buffer): torch.matmul instead.
+    calls.clear()
+    buf = torch.empty(rows * fin + 1, dtype=BF, device="cuda")
+    xm = buf[1:].view(rows, fin)
+    xm.copy_(x.detach())
+    dw = wag._weight_grad(dy, xm)
+    assert calls == [], calls
+    check_linear_grads(layer + " misaligned", None, dw, None, ref, x, w, dy, (slice(None),) * 3)
 
 
 def test_frozen_parts_and_from_linear(comm, seed):

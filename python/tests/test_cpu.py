@@ -1,5 +1,6 @@
 """CPU tests (no GPU needed): import and errors without a GPU, the fake implementations (every op's
-shapes and dtypes on meta tensors, opcheck, tracing), and argument checks raising clear errors."""
+shapes and dtypes on meta tensors, opcheck, tracing), and argument checks raising clear errors (the
+single-GPU GEMM options, the fp8 and grouped GEMMs included)."""
 import gc
 import os
 import re
@@ -12,7 +13,8 @@ import torch
 import weave
 from weave import _comm
 
-BF, F16, F32 = torch.bfloat16, torch.float16, torch.float32
+BF, F16, F32, I32 = torch.bfloat16, torch.float16, torch.float32, torch.int32
+E4, E5 = torch.float8_e4m3fn, torch.float8_e5m2
 ops = torch.ops.weave
 
 
@@ -39,6 +41,13 @@ calls = {
     "empty": lambda: weave.empty((4,), torch.float32),
     "all_reduce": lambda: weave.all_reduce(torch.ones(4)),
     "matmul": lambda: weave.matmul(torch.ones(8, 8, dtype=torch.bfloat16), torch.ones(8, 8, dtype=torch.bfloat16)),
+    "scaled_mm": lambda: weave.scaled_mm(torch.ones(8, 16).to(torch.float8_e4m3fn),
+                                         torch.ones(8, 16).to(torch.float8_e4m3fn).t(), torch.ones(()),
+                                         torch.ones(())),
+    "grouped_mm": lambda: weave.grouped_mm(torch.ones(8, 8, dtype=torch.bfloat16),
+                                           torch.ones(2, 8, 8, dtype=torch.bfloat16),
+                                           torch.ones(2, dtype=torch.int32)),
+    "grouped_mm_status": lambda: weave.grouped_mm_status(),
     "attention": lambda: weave.attention(*[torch.ones(1, 8, 1, 64, dtype=torch.bfloat16)] * 3),
 }
 for name, call in calls.items():
@@ -150,6 +159,47 @@ def test_single_gpu_shapes():
     assert lse.shape == (2, 8, 100) and lse.dtype == F32
 
 
+def test_matmul_options_shapes():
+    """A as the transpose of a contiguous K x M matrix, bias, fp32 output, out= (fakes on meta)."""
+    dy, x = meta(64, 24), meta(64, 40)  # rows x out, rows x in: dW = dy^T x is 24 x 40
+    y = weave.matmul(dy.t(), x)
+    assert y.shape == (24, 40) and y.dtype == BF
+    w = meta(40, 64)
+    for bias in (meta(40), meta(40, dtype=F32)):
+        y = weave.matmul(meta(3, 7, 64), w.t(), bias)
+        assert y.shape == (3, 7, 40) and y.dtype == BF
+    y = weave.matmul(dy.t(), w.t(), meta(40, dtype=F32), out_dtype=F32)
+    assert y.shape == (24, 40) and y.dtype == F32
+    for dtype in (BF, F32):
+        out = meta(24, 40, dtype=dtype)
+        assert weave.matmul(dy.t(), x, out=out, accumulate=True) is out
+        assert weave.matmul(dy.t(), x, meta(40), out=out) is out
+
+
+def test_scaled_mm_shapes():
+    e4, e5 = torch.float8_e4m3fn, torch.float8_e5m2
+    one = meta(dtype=F32)
+    w = meta(48, 256, dtype=e4)  # N x K
+    for a_type, b in ((e4, w), (e5, w), (e4, meta(48, 256, dtype=e5))):
+        y = weave.scaled_mm(meta(5, 256, dtype=a_type), b.t(), one, meta(1, dtype=F32))
+        assert y.shape == (5, 48) and y.dtype == BF
+    # Block scales: K = 304 has 3 blocks of 128 (the last partial); N = 136 has 2.
+    y = weave.scaled_mm(meta(5, 304, dtype=e4), meta(136, 304, dtype=e4).t(), meta(3, 5, dtype=F32),
+                        meta(2, 3, dtype=F32), out_dtype=BF)
+    assert y.shape == (5, 136) and y.dtype == BF
+    assert weave._lib.lib().fp8_block_scale_a_count(5, 304) == 3 * 5
+    assert weave._lib.lib().fp8_block_scale_b_count(136, 304) == 2 * 3
+
+
+def test_grouped_mm_shapes():
+    x, w, counts = meta(100, 64), meta(4, 24, 64), meta(4, dtype=torch.int32)
+    y = weave.grouped_mm(x, w, counts)
+    assert y.shape == (100, 24) and y.dtype == BF
+    assert weave.grouped_mm(x, w, counts, capacity_rows=60).shape == (60, 24)
+    kn = meta(4, 64, 24).transpose(1, 2)  # an E x K x N stack read in place
+    assert weave.grouped_mm(x, kn, counts).shape == (100, 24)
+
+
 def test_sequence_parallel_shapes(as_rank):
     as_rank(1, 2)
     q, kv = meta(1, 50, 4, 128), meta(1, 50, 2, 128)
@@ -179,6 +229,13 @@ def test_opcheck_on_meta(as_rank):
         (ops.matmul_reduce_scatter.default, (x, w.t(), "sum", 0, g), {}),
         (ops.matmul_all_reduce.default, (x, w.t(), g), {}),
         (ops.matmul.default, (x, w.t()), {}),
+        (ops.matmul.default, (meta(8, 6).t(), w.t(), meta(16, dtype=F32), F32), {}),
+        (ops.matmul_out.default, (meta(8, 6).t(), w.t(), None, True), {"out": meta(6, 16, dtype=F32)}),
+        (ops.scaled_mm.default, (meta(6, 32, dtype=torch.float8_e4m3fn), meta(16, 32, dtype=torch.float8_e4m3fn).t(),
+                                 meta(dtype=F32), meta(dtype=F32)), {}),
+        (ops.scaled_mm.default, (meta(6, 32, dtype=torch.float8_e5m2), meta(16, 32, dtype=torch.float8_e4m3fn).t(),
+                                 meta(1, 6, dtype=F32), meta(1, 1, dtype=F32), BF), {}),
+        (ops.grouped_mm.default, (meta(20, 8), meta(3, 16, 8), meta(3, dtype=torch.int32), 12), {}),
         (ops.attention.default, (q, kv, kv, True, None), {}),
         (ops.ring_attention.default, (q, kv, kv, False, 0.125, "zigzag", -1, g), {}),
         (ops.ulysses_attention.default, (q, kv, kv, True, None, -1, g), {}),
@@ -190,17 +247,19 @@ def test_opcheck_on_meta(as_rank):
 def test_traces_with_fake_tensors():
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    def block(x, w1, w2, q, k, v):
+    def block(x, w1, w2, q, k, v, counts):
         h = weave.matmul(x, w1.t())
         h = weave.all_reduce(h)
         o, _ = weave.attention(q, k, v, causal=True)
-        return weave.matmul(h, w2), o
+        g = weave.grouped_mm(h, w2.t().contiguous().view(2, 8, 32), counts)
+        return weave.matmul(h, w2, out_dtype=F32), o, g
 
     args = (torch.randn(8, 64).to(BF), torch.randn(32, 64).to(BF), torch.randn(32, 16).to(BF),
-            *[torch.randn(1, 16, 2, 64).to(BF)] * 3)
+            *[torch.randn(1, 16, 2, 64).to(BF)] * 3, torch.tensor([3, 5], dtype=torch.int32))
     gm = make_fx(block, tracing_mode="fake")(*args)
     called = {str(n.target) for n in gm.graph.nodes if n.op == "call_function"}
-    assert {"weave.matmul.default", "weave.all_reduce.default", "weave.attention.default"} <= called
+    assert {"weave.matmul.default", "weave.all_reduce.default", "weave.attention.default",
+            "weave.grouped_mm.default"} <= called
 
 
 def test_compile_fullgraph_on_meta():
@@ -209,6 +268,15 @@ def test_compile_fullgraph_on_meta():
 
     y = torch.compile(f, backend="eager", fullgraph=True)(meta(8, 64), meta(32, 64))
     assert y.shape == (8, 32) and y.dtype == BF
+
+    def g(a, w, sa, sb, dy, x, b):
+        return weave.scaled_mm(a, w.t(), sa, sb), weave.matmul(dy.t(), x, b, out_dtype=torch.float32)
+
+    e4 = torch.float8_e4m3fn
+    y, dw = torch.compile(g, backend="eager", fullgraph=True)(
+        meta(8, 64, dtype=e4), meta(32, 64, dtype=e4), meta(dtype=F32), meta(dtype=F32), meta(16, 24), meta(16, 40),
+        meta(40))
+    assert y.shape == (8, 32) and y.dtype == BF and dw.shape == (24, 40) and dw.dtype == F32
 
 
 @pytest.mark.parametrize(
@@ -225,7 +293,53 @@ def test_compile_fullgraph_on_meta():
         (lambda: weave.matmul(meta(8, 64, dtype=F16), meta(64, 8, dtype=F16)), "dtype torch.float16"),
         (lambda: weave.matmul(meta(8, 64), meta(32, 8)), "32 rows but A has K = 64"),
         (lambda: weave.matmul(meta(8, 64), meta(64, 16, 2)[:, :, 0]), "neither contiguous"),
-        (lambda: weave.matmul(meta(64, 8).t(), meta(64, 8)), "A is not contiguous"),
+        (lambda: weave.matmul(meta(8, 64, 2)[:, :, 0], meta(64, 8)), "A is neither contiguous"),
+        (lambda: weave.matmul(meta(64, 12).t(), meta(64, 8)), "needs M % 8 == 0, got M = 12"),
+        (lambda: weave.matmul(meta(8, 64), meta(64, 8), meta(9)), "bias must hold N = 8 values"),
+        (lambda: weave.matmul(meta(8, 64), meta(64, 8), meta(8, dtype=F16)), "bias has dtype torch.float16"),
+        (lambda: weave.matmul(meta(8, 64), meta(64, 8), meta(16)[::2]), "bias is not contiguous"),
+        (lambda: weave.matmul(meta(8, 64), meta(64, 8), out_dtype=F16), "out_dtype torch.float16"),
+        (lambda: weave.matmul(meta(8, 64), meta(64, 8), torch.zeros(8, dtype=BF)), "bias is on cpu"),
+        (lambda: weave.matmul(meta(8, 64), meta(64, 8), accumulate=True), "needs out="),
+        (lambda: weave.matmul(meta(8, 64), meta(64, 8), out=meta(8, 9)), "out has shape (8, 9)"),
+        (lambda: weave.matmul(meta(8, 64), meta(64, 8), out=meta(8, 8, dtype=F16)), "out has dtype torch.float16"),
+        (lambda: weave.matmul(meta(8, 64), meta(64, 8), out=meta(8, 8).t()), "out is not contiguous"),
+        (lambda: weave.scaled_mm(meta(8, 64), meta(8, 64, dtype=E4).t(), meta(dtype=F32), meta(dtype=F32)),
+         "A has dtype torch.bfloat16"),
+        (lambda: weave.scaled_mm(meta(8, 64, dtype=E5), meta(8, 64, dtype=E5).t(), meta(dtype=F32), meta(dtype=F32)),
+         "both float8_e5m2"),
+        (lambda: weave.scaled_mm(meta(8, 64, dtype=E4), meta(64, 8, dtype=E4), meta(dtype=F32), meta(dtype=F32)),
+         "transpose of a contiguous N x K"),
+        (lambda: weave.scaled_mm(meta(8, 64, dtype=E4), meta(8, 32, dtype=E4).t(), meta(dtype=F32), meta(dtype=F32)),
+         "B has 32 rows but A has K = 64"),
+        (lambda: weave.scaled_mm(meta(8, 40, dtype=E4), meta(8, 40, dtype=E4).t(), meta(dtype=F32), meta(dtype=F32)),
+         "K = 40 must be a positive multiple of 16"),
+        (lambda: weave.scaled_mm(meta(8, 64, dtype=E4), meta(12, 64, dtype=E4).t(), meta(dtype=F32), meta(dtype=F32)),
+         "N = 12 must be a positive multiple of 8"),
+        (lambda: weave.scaled_mm(meta(8, 64, dtype=E4), meta(8, 64, dtype=E4).t(), meta(2, dtype=F32),
+                                 meta(dtype=F32)), "scale_a must be one fp32 value"),
+        (lambda: weave.scaled_mm(meta(8, 64, dtype=E4), meta(8, 64, dtype=E4).t(), meta(dtype=F32), meta(dtype=BF)),
+         "scale_b has dtype torch.bfloat16"),
+        (lambda: weave.scaled_mm(meta(8, 64, dtype=E4), meta(8, 64, dtype=E4).t(), torch.ones(()), meta(dtype=F32)),
+         "scale_a is on cpu"),
+        (lambda: weave.scaled_mm(meta(8, 256, dtype=E4), meta(8, 256, dtype=E4).t(), meta(8, 2, dtype=F32),
+                                 meta(1, 2, dtype=F32)), "scale_a has shape (8, 2); block scaling needs (2, 8)"),
+        (lambda: weave.scaled_mm(meta(8, 256, dtype=E4), meta(8, 256, dtype=E4).t(), meta(2, 8, dtype=F32),
+                                 meta(dtype=F32)), "scale_b has shape (); block scaling needs (1, 2)"),
+        (lambda: weave.scaled_mm(meta(8, 64, dtype=E4), meta(8, 64, dtype=E4).t(), meta(dtype=F32), meta(dtype=F32),
+                                 out_dtype=F32), "writes torch.bfloat16 only"),
+        (lambda: weave.grouped_mm(meta(10, 64), meta(2, 8, 32), meta(2, dtype=I32)), "x has K = 64 columns"),
+        (lambda: weave.grouped_mm(meta(10, 64), meta(2, 8, 64), meta(2, dtype=torch.int64)), "torch.int32"),
+        (lambda: weave.grouped_mm(meta(10, 64), meta(2, 8, 64), meta(3, dtype=I32)), "E = 2 values"),
+        (lambda: weave.grouped_mm(meta(10, 64), meta(2, 12, 64), meta(2, dtype=I32)), "N = 12 must be"),
+        (lambda: weave.grouped_mm(meta(10, 60), meta(2, 8, 60), meta(2, dtype=I32)), "K = 60 must be"),
+        (lambda: weave.grouped_mm(meta(10, 64), meta(1025, 8, 64), meta(1025, dtype=I32)), "E = 1025 experts"),
+        (lambda: weave.grouped_mm(meta(10, 64), meta(2, 8, 64), meta(2, dtype=I32), 11), "capacity_rows = 11"),
+        (lambda: weave.grouped_mm(meta(10, 64), meta(2, 8, 64), meta(2, dtype=I32), 0), "capacity_rows = 0"),
+        (lambda: weave.grouped_mm(meta(10, 64), meta(8, 2, 64).transpose(0, 1), meta(2, dtype=I32)),
+         "neither contiguous"),
+        (lambda: weave.grouped_mm(meta(10, 64), meta(2, 8, 64), torch.ones(2, dtype=I32)), "counts is on cpu"),
+        (lambda: weave.grouped_mm(meta(10, 64).t(), meta(2, 8, 10), meta(2, dtype=I32)), "x is not contiguous"),
         (lambda: weave.all_gather_matmul(meta(4, 64), [meta(64, 8)], gather_dim=1), "last (K) dimension"),
         (lambda: weave.all_gather_matmul(meta(3, 4, 64), [meta(64, 8)], gather_dim=1), "movedim(1, 0)"),
         (lambda: weave.all_gather_matmul(meta(4, 64), []), "Bs is empty"),

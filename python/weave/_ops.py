@@ -10,7 +10,9 @@ no autograd formulas of their own: weave.nn's modules and the public attention f
 them in torch.autograd.Function (autograd.py).
 
 Conventions: tensors must be contiguous (a ValueError says so; no hidden copy), except B operands
-given as the transpose of a contiguous N x K matrix (an nn.Linear weight, `weight.t()`).
+given as the transpose of a contiguous N x K matrix (an nn.Linear weight, `weight.t()`), matmul's A
+given as the transpose of a contiguous K x M matrix (`dy.t()` of a weight gradient dY^T X), and
+grouped_mm's w given as w.transpose(1, 2) of a contiguous E x K x N stack.
 all_gather_matmul and matmul_reduce_scatter follow torch.ops.symm_mem.fused_all_gather_matmul /
 fused_matmul_reduce_scatter (A.movedim(dim, 0) must be contiguous, outputs moved back)."""
 from __future__ import annotations
@@ -360,31 +362,212 @@ def _matmul_all_reduce(A, B, group_name):
 
 
 # ---------------------------------------------------------------------------------------------
-# Single GPU (bf16).
+# Single GPU: the bf16 GEMM (gemm::gemm), the fp8 GEMMs (gemm_fp8), the MoE grouped GEMM (moe).
+
+_FP8 = {torch.float8_e4m3fn: 0, torch.float8_e5m2: 1}  # gemm_fp8::Fp8
+_BIAS_TYPES = {torch.bfloat16: 1, torch.float32: 2}  # gemm::BiasType
 
 
-def _plan_matmul(A, B):
-    _check_dtype("matmul", "A", A, (torch.bfloat16,))
-    _check_contiguous("matmul", "A", A)
+def _check_device(op: str, ref: torch.Tensor, **tensors: Optional[torch.Tensor]) -> None:
+    """Every given tensor on ref's device (the kernels read them all there; a host scale or count would
+    be read through a host pointer on the device)."""
+    for name, t in tensors.items():
+        if t is not None and t.device != ref.device:
+            _fail(op, f"{name} is on {t.device} but the other operands are on {ref.device}")
+
+
+def _a_layout(op: str, A: torch.Tensor) -> bool:
+    """Whether A (M x K) is the transpose of a contiguous K x M matrix (True), or contiguous (False).
+    Contiguous wins where both hold (a single row or column): the layouts then read the same bytes."""
+    if A.is_contiguous():
+        return False
+    if A.dim() == 2 and A.t().is_contiguous():
+        return True
+    _fail(op, f"A is neither contiguous (M x K) nor the transpose of a contiguous K x M matrix (shape "
+              f"{tuple(A.shape)}, strides {A.stride()}); pass A.contiguous() (one copy)")
+
+
+def _plan_matmul(A, B, bias=None, out_dtype=None, op="matmul"):
+    """(output shape, A is K x M, B is N x K, bias type, fp32 output)."""
+    _check_dtype(op, "A", A, (torch.bfloat16,))
     if A.dim() < 1:
-        _fail("matmul", "A is a scalar")
-    nk = _b_layout("matmul", "B", B, int(A.shape[-1]))
-    return list(A.shape[:-1]) + [int(B.shape[1])], nk
+        _fail(op, "A is a scalar")
+    km = _a_layout(op, A)
+    nk = _b_layout(op, "B", B, int(A.shape[-1]))
+    N = int(B.shape[1])
+    if km and int(A.shape[0]) % 8:
+        # gemm::ALayout::KM: A's rows in memory are M long and TMA needs 16-byte row pitches.
+        _fail(op, f"A given as the transpose of a contiguous K x M matrix needs M % 8 == 0, got M = {A.shape[0]}; "
+                  "pass A.contiguous() (one copy)")
+    if bias is not None:
+        _check_dtype(op, "bias", bias, tuple(_BIAS_TYPES))
+        if bias.dim() != 1 or int(bias.shape[0]) != N:
+            _fail(op, f"bias must hold N = {N} values (shape ({N},)), got shape {tuple(bias.shape)}")
+        _check_contiguous(op, "bias", bias)
+    if out_dtype not in (None, torch.bfloat16, torch.float32):
+        _fail(op, f"out_dtype {out_dtype}: weave's GEMM writes torch.bfloat16 or torch.float32")
+    _check_device(op, A, B=B, bias=bias)
+    shape = list(A.shape[:-1]) + [N]
+    return shape, km, nk, (0 if bias is None else _BIAS_TYPES[bias.dtype]), out_dtype == torch.float32
 
 
-def _matmul_fake(A, B):
-    return A.new_empty(_plan_matmul(A, B)[0])
-
-
-def _matmul(A, B):
-    shape, nk = _plan_matmul(A, B)
-    require_gpu("weave.matmul")
+def _gemm_call(A, B, bias, C, km, nk, bias_type, f32, accumulate):
     K, N = int(A.shape[-1]), int(B.shape[1])
-    out = _empty(shape, A.dtype, A.device)
+    lib().gemm(A.device.index, A.data_ptr(), B.data_ptr(), C.data_ptr(), A.numel() // K, N, K, nk,
+               torch.cuda.current_stream(A.device).cuda_stream, a_km=km,
+               bias=0 if bias is None else bias.data_ptr(), bias_type=bias_type, out_f32=f32, accumulate=accumulate)
+
+
+def _matmul_fake(A, B, bias=None, out_dtype=None):
+    shape, _, _, _, f32 = _plan_matmul(A, B, bias, out_dtype)
+    return A.new_empty(shape, dtype=torch.float32 if f32 else torch.bfloat16)
+
+
+def _matmul(A, B, bias=None, out_dtype=None):
+    shape, km, nk, bt, f32 = _plan_matmul(A, B, bias, out_dtype)
+    require_gpu("weave.matmul")
+    out = _empty(shape, torch.float32 if f32 else torch.bfloat16, A.device)
     if out.numel() == 0:
         return out
-    lib().gemm(A.device.index, A.data_ptr(), B.data_ptr(), out.data_ptr(), A.numel() // K, N, K, nk,
-               torch.cuda.current_stream(A.device).cuda_stream)
+    _gemm_call(A, B, bias, out, km, nk, bt, f32, False)
+    return out
+
+
+def _plan_matmul_out(A, B, bias, accumulate, out):
+    op = "matmul_out"
+    _check_dtype(op, "out", out, (torch.bfloat16, torch.float32))
+    shape, km, nk, bt, _ = _plan_matmul(A, B, bias, out.dtype, op)
+    if list(out.shape) != shape:
+        _fail(op, f"out has shape {tuple(out.shape)}, A @ B has {tuple(shape)}")
+    _check_contiguous(op, "out", out)
+    _check_device(op, A, out=out)
+    return km, nk, bt, out.dtype == torch.float32
+
+
+def _matmul_out_fake(A, B, bias, accumulate, out):
+    _plan_matmul_out(A, B, bias, accumulate, out)
+
+
+def _matmul_out(A, B, bias, accumulate, out):
+    km, nk, bt, f32 = _plan_matmul_out(A, B, bias, accumulate, out)
+    require_gpu("weave.matmul")
+    if out.numel() == 0:
+        return
+    _gemm_call(A, B, bias, out, km, nk, bt, f32, accumulate)
+
+
+def _check_scale(op: str, name: str, s: torch.Tensor, shape: Optional[tuple]) -> None:
+    """An fp32 scale tensor: one value (shape None) or exactly `shape`, contiguous."""
+    _check_dtype(op, name, s, (torch.float32,))
+    if shape is None:
+        if s.numel() != 1 or s.dim() > 1:
+            _fail(op, f"{name} must be one fp32 value (shape () or (1,)) for per-tensor scaling, got shape "
+                      f"{tuple(s.shape)}")
+    elif tuple(s.shape) != shape:
+        _fail(op, f"{name} has shape {tuple(s.shape)}; block scaling needs {shape} (gemm_fp8.hpp's layout)")
+    _check_contiguous(op, name, s)
+
+
+def _plan_scaled_mm(A, B, scale_a, scale_b, out_dtype=None):
+    """(M, N, K, block scaled) of the fp8 GEMM; every rule gemm_fp8 checks, as ValueErrors."""
+    op = "scaled_mm"
+    for name, t in (("A", A), ("B", B)):
+        if t.dtype not in _FP8:
+            _fail(op, f"{name} has dtype {t.dtype}; weave's fp8 GEMM takes torch.float8_e4m3fn or "
+                      "torch.float8_e5m2")
+        _check_ndim(op, name, t, 2)
+    if A.dtype == torch.float8_e5m2 and B.dtype == torch.float8_e5m2:
+        _fail(op, "A and B are both float8_e5m2; the supported pairs are e4m3 x e4m3, e5m2 x e4m3 and e4m3 x e5m2")
+    _check_contiguous(op, "A", A)
+    M, K = int(A.shape[0]), int(A.shape[1])
+    if int(B.shape[0]) != K:
+        _fail(op, f"B has {B.shape[0]} rows but A has K = {K} columns")
+    N = int(B.shape[1])
+    if not B.t().is_contiguous():
+        _fail(op, f"B (K x N) must be the transpose of a contiguous N x K matrix (column-major, like "
+                  f"torch._scaled_mm's mat2: pass w.t() of an N x K w), got strides {B.stride()}")
+    if K < 16 or K % 16:
+        _fail(op, f"K = {K} must be a positive multiple of 16 (16-byte rows of fp8)")
+    if N < 8 or N % 8:
+        _fail(op, f"N = {N} must be a positive multiple of 8 (16-byte rows of the bf16 output)")
+    if out_dtype not in (None, torch.bfloat16):
+        _fail(op, f"out_dtype {out_dtype}: weave's fp8 GEMM writes torch.bfloat16 only")
+    block = scale_a.dim() == 2 or scale_b.dim() == 2
+    if block:
+        kb = (K + 127) // 128
+        _check_scale(op, "scale_a", scale_a, (kb, M))
+        _check_scale(op, "scale_b", scale_b, ((N + 127) // 128, kb))
+    else:
+        _check_scale(op, "scale_a", scale_a, None)
+        _check_scale(op, "scale_b", scale_b, None)
+    _check_device(op, A, B=B, scale_a=scale_a, scale_b=scale_b)
+    return M, N, K, block
+
+
+def _scaled_mm_fake(A, B, scale_a, scale_b, out_dtype=None):
+    M, N, _, _ = _plan_scaled_mm(A, B, scale_a, scale_b, out_dtype)
+    return A.new_empty((M, N), dtype=torch.bfloat16)
+
+
+def _scaled_mm(A, B, scale_a, scale_b, out_dtype=None):
+    M, N, K, block = _plan_scaled_mm(A, B, scale_a, scale_b, out_dtype)
+    require_gpu("weave.scaled_mm")
+    out = _empty((M, N), torch.bfloat16, A.device)
+    if M == 0:
+        return out
+    lib().gemm_fp8(A.device.index, A.data_ptr(), _FP8[A.dtype], B.data_ptr(), _FP8[B.dtype], out.data_ptr(), M, N,
+                   K, scale_a.data_ptr(), scale_b.data_ptr(), block, torch.cuda.current_stream(A.device).cuda_stream)
+    return out
+
+
+def _plan_grouped_mm(x, w, counts, capacity_rows=-1):
+    """(R_cap, E, N, K, w stored E x K x N) of the grouped GEMM; grouped_gemm's argument rules as
+    ValueErrors (the counts themselves are only read on the device)."""
+    op = "grouped_mm"
+    _check_dtype(op, "x", x, (torch.bfloat16,))
+    _check_dtype(op, "w", w, (torch.bfloat16,))
+    _check_ndim(op, "x", x, 2)
+    _check_ndim(op, "w", w, 3)
+    _check_contiguous(op, "x", x)
+    E, N, K = (int(d) for d in w.shape)
+    if int(x.shape[1]) != K:
+        _fail(op, f"x has K = {x.shape[1]} columns but w is E x N x K = {tuple(w.shape)}")
+    if w.is_contiguous():
+        kn = False
+    elif w.transpose(1, 2).is_contiguous():
+        kn = True
+    else:
+        _fail(op, f"w (E x N x K) is neither contiguous nor w.transpose(1, 2) of a contiguous E x K x N stack "
+                  f"(strides {w.stride()}); pass w.contiguous() (one copy)")
+    if not 1 <= E <= 1024:
+        _fail(op, f"E = {E} experts; the grouped GEMM takes 1 to 1024")
+    for name, v in (("N", N), ("K", K)):
+        if v < 8 or v % 8:
+            _fail(op, f"{name} = {v} must be a positive multiple of 8 (16-byte rows)")
+    if counts.dtype != torch.int32:
+        _fail(op, f"counts has dtype {counts.dtype}; the grouped GEMM takes torch.int32")
+    if counts.dim() != 1 or int(counts.shape[0]) != E:
+        _fail(op, f"counts must hold E = {E} values (shape ({E},)), got shape {tuple(counts.shape)}")
+    _check_contiguous(op, "counts", counts)
+    rows = int(x.shape[0])
+    cap = rows if capacity_rows < 0 else int(capacity_rows)
+    if not 1 <= cap <= rows:
+        _fail(op, f"capacity_rows = {cap} must be in 1..{rows} (x's rows)")
+    _check_device(op, x, w=w, counts=counts)
+    return cap, E, N, K, kn
+
+
+def _grouped_mm_fake(x, w, counts, capacity_rows=-1):
+    cap, _, N, _, _ = _plan_grouped_mm(x, w, counts, capacity_rows)
+    return x.new_empty((cap, N))
+
+
+def _grouped_mm(x, w, counts, capacity_rows=-1):
+    cap, E, N, K, kn = _plan_grouped_mm(x, w, counts, capacity_rows)
+    require_gpu("weave.grouped_mm")
+    out = _empty((cap, N), torch.bfloat16, x.device)
+    lib().grouped_gemm(x.device.index, x.data_ptr(), w.data_ptr(), out.data_ptr(), counts.data_ptr(), E, N, K, cap,
+                       kn, torch.cuda.current_stream(x.device).cuda_stream)
     return out
 
 
@@ -518,7 +701,13 @@ _define("matmul_reduce_scatter(Tensor A, Tensor B, str reduce_op, int scatter_di
         _matmul_reduce_scatter, _matmul_reduce_scatter_fake, _FIXED_STRIDES)
 _define("matmul_all_reduce(Tensor A, Tensor B, str group_name) -> Tensor", _matmul_all_reduce,
         _matmul_all_reduce_fake)
-_define("matmul(Tensor A, Tensor B) -> Tensor", _matmul, _matmul_fake)
+_define("matmul(Tensor A, Tensor B, Tensor? bias=None, ScalarType? out_dtype=None) -> Tensor", _matmul, _matmul_fake)
+_define("matmul_out(Tensor A, Tensor B, Tensor? bias, bool accumulate, *, Tensor(a!) out) -> ()", _matmul_out,
+        _matmul_out_fake)
+_define("scaled_mm(Tensor A, Tensor B, Tensor scale_a, Tensor scale_b, ScalarType? out_dtype=None) -> Tensor",
+        _scaled_mm, _scaled_mm_fake)
+_define("grouped_mm(Tensor x, Tensor w, Tensor counts, int capacity_rows=-1) -> Tensor", _grouped_mm,
+        _grouped_mm_fake)
 _define("attention(Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None) -> (Tensor, Tensor)",
         _attention, _attention_fake)
 _define("ring_attention(Tensor q, Tensor k, Tensor v, bool causal, float? scale, str sharding, int seq_len, "

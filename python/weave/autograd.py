@@ -2,9 +2,10 @@
 
 Linear layers (Megatron's sequence-parallel layout; the modules are in weave.nn):
 - column: forward all_gather_matmul (AG+GEMM); backward dX = matmul_reduce_scatter(dY, W) (the dual
-  fused GEMM+RS kernel), dW = dY^T X_gathered and db = sum of dY's rows with torch.matmul / torch.sum.
+  fused GEMM+RS kernel), dW = dY^T X_gathered (_weight_grad: weave.matmul with dY^T read in place as
+  a K x M A; torch.matmul for shapes that are not multiples of 8) and db = sum of dY's rows.
 - row: forward matmul_reduce_scatter (GEMM+RS); backward dX = all_gather_matmul(dY_shard, [W]) (the
-  dual fused AG+GEMM, which also returns the gathered dY), dW = dY_gathered^T X with torch.matmul,
+  dual fused AG+GEMM, which also returns the gathered dY), dW = dY_gathered^T X (_weight_grad),
   db all-reduced over the group (the bias is replicated; its rows' gradients are spread over ranks).
 
 Attention (weave.attention, ring_attention, ulysses_attention): the forward is weave's fused kernel,
@@ -250,6 +251,25 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.shape[-1])
 
 
+def _weight_grad(dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """dW = dY^T X (out x in, bf16) of dY (rows, ..., out) and X (rows, ..., in), both contiguous.
+
+    weave's GEMM with A = dY^T read in place as a K x M matrix (gemm::ALayout::KM: the stored dY is
+    rows x out, i.e. K x M), fp32 accumulation, one bf16 rounding, where its shape rules hold (rows,
+    out and in multiples of 8) on CUDA and meta tensors (meta: the operator's fake, so shape checks
+    run without a GPU). Elsewhere (ragged shapes, CPU) torch.matmul of the transposed view (cuBLAS
+    also reads the transpose in place; the same fp32 accumulation and bf16 output)."""
+    a, b = _rows(dy), _rows(x)
+    K, M, N = (int(d) for d in (a.shape[0], a.shape[1], b.shape[1]))
+    # The GEMM's TMA also needs 16-byte aligned operands: a view into a larger tensor (a user's x[1:])
+    # may not be, and would raise in the kernel's checks rather than fall back.
+    aligned = a.device.type == "meta" or (a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0)
+    if (a.device.type in ("cuda", "meta") and a.dtype == b.dtype == torch.bfloat16 and a.is_contiguous()
+            and b.is_contiguous() and K > 0 and K % 8 == 0 and M % 8 == 0 and N % 8 == 0 and aligned):
+        return _ops_ns.matmul(a.t(), b)
+    return torch.matmul(a.t(), b)
+
+
 def _bias_grad(dy: torch.Tensor) -> torch.Tensor:
     """The sum of dY's rows, float32."""
     return _rows(dy).sum(0, dtype=torch.float32)
@@ -279,7 +299,7 @@ class ColumnParallelLinearFn(torch.autograd.Function):
             dx = _ops_ns.matmul_reduce_scatter(dy, weight, "sum", 0, group)
         if ctx.needs_input_grad[1]:
             xg = x if gathered else _ops_ns.all_gather(x, 0, -1, group)
-            dw = torch.matmul(_rows(dy).t(), _rows(xg))
+            dw = _weight_grad(dy, xg)
         if has_bias and ctx.needs_input_grad[2]:
             db = _bias_grad(dy).to(weight.dtype)
         return dx, dw, db, None, None
@@ -316,7 +336,7 @@ class RowParallelLinearFn(torch.autograd.Function):
             if need_x:
                 dx = _ops_ns.matmul(dyg, weight)
         if need_w:
-            dw = torch.matmul(_rows(dyg).t(), _rows(x))
+            dw = _weight_grad(dyg, x)
         if has_bias and ctx.needs_input_grad[2]:
             db = _ops_ns.all_reduce(_bias_grad(dy), group).to(weight.dtype)
         return dx, dw, db, None

@@ -62,9 +62,93 @@ def matmul_all_reduce(A: torch.Tensor, B: torch.Tensor, group: GroupLike = None)
     return _ops_ns.matmul_all_reduce(A, B, group_name(group))
 
 
-def matmul(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
-    """A @ B on one GPU, bf16; B K x N, or weight.t() of an nn.Linear weight (N x K, read in place)."""
-    return _ops_ns.matmul(A, B)
+def matmul(A: torch.Tensor, B: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
+           out_dtype: Optional[torch.dtype] = None, out: Optional[torch.Tensor] = None,
+           accumulate: bool = False) -> torch.Tensor:
+    """A @ B (+ bias) on one GPU: bf16 inputs, fp32 accumulation.
+
+    A: M x K contiguous (any leading dims), or a 2-D A.t() of a contiguous K x M matrix (read in
+    place; M a multiple of 8), e.g. dy.t() for a weight gradient dy^T x. B: K x N contiguous, or
+    weight.t() of an nn.Linear weight (N x K, read in place). K and N multiples of 8 (the kernel
+    raises RuntimeError otherwise). bias: N values, bf16 or fp32, added to every row in fp32 before
+    the output is rounded. out_dtype: torch.bfloat16 (default) or torch.float32.
+    out: write into this contiguous bf16 / fp32 tensor of the output's shape instead (its dtype is
+    the output's; out_dtype is then ignored) and return it; accumulate=True adds to it (out +=
+    A @ B + bias; an fp32 out accumulates in fp32, e.g. a main gradient)."""
+    if out is None:
+        if accumulate:
+            raise ValueError("weave.matmul: accumulate=True needs out= (the tensor to add to)")
+        return _ops_ns.matmul(A, B, bias, out_dtype)
+    _ops_ns.matmul_out(A, B, bias, accumulate, out=out)
+    return out
+
+
+def scaled_mm(A: torch.Tensor, B: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, *,
+              out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """scale * (A @ B) in bf16 from fp8 operands on one GPU (fp32 accumulation), like
+    torch._scaled_mm: A (M x K) contiguous, B (K x N) the transpose of a contiguous N x K matrix
+    (torch._scaled_mm's column-major mat2: w.t() of an fp8 weight w, N x K). dtypes
+    torch.float8_e4m3fn / torch.float8_e5m2 (not both e5m2). K a multiple of 16, N of 8.
+    Scales: fp32 on A's device, read by the kernel (no host synchronisation).
+    - per tensor: scale_a and scale_b one value each (shape () or (1,)): out = scale_a scale_b A B.
+    - block scaled (DeepSeek-V3; either scale 2-D): scale_a (ceil(K/128), M), one per row and
+      128-column block of A, K-block-major; scale_b (ceil(N/128), ceil(K/128)), one per 128 x 128
+      block of B's N x K storage; out[m, n] = sum_kb scale_a[kb, m] scale_b[n // 128, kb]
+      sum_{k in kb} A[m, k] B[k, n]. torch's 1x128 scale of shape (M, K/128) with strides (1, M) is
+      this scale_a's transpose: pass it as scale.t().
+    out_dtype: None or torch.bfloat16 (the only output type)."""
+    return _ops_ns.scaled_mm(A, B, scale_a, scale_b, out_dtype)
+
+
+def grouped_mm(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor,
+               capacity_rows: Optional[int] = None) -> torch.Tensor:
+    """The MoE grouped GEMM on one GPU, one launch for all experts, no host synchronisation:
+    y[rows of e] = x[rows of e] @ w[e].T, expert e's rows being [off_e, off_e + counts[e]) with
+    off_e = counts[0] + ... + counts[e-1] (grouped rows, no padding between experts).
+
+    x: (R, K) bf16 contiguous; w: (E, N, K) bf16 (nn.Linear weights stacked) contiguous, or
+    w.transpose(1, 2) of a contiguous (E, K, N) stack (read in place); counts: (E,) int32 on x's
+    device, read by the kernel only. capacity_rows: the rows the grouped buffer holds (default R;
+    at most R). Returns y of shape (capacity_rows, N) bf16. Rows of y past sum(counts) are NOT
+    written (unspecified values: mask or slice them). N and K multiples of 8, 1 <= E <= 1024.
+    If the counts sum past capacity_rows (or one is negative) the launch writes nothing (y is then
+    unspecified everywhere) and records the first such expert in the device's status words:
+    grouped_mm_status() returns it, check_grouped_mm() raises it (both synchronise the stream)."""
+    return _ops_ns.grouped_mm(x, w, counts, -1 if capacity_rows is None else int(capacity_rows))
+
+
+def _device_index(device) -> int:
+    if device is None:
+        return torch.cuda.current_device()
+    d = torch.device(device)
+    if d.type != "cuda":
+        raise ValueError(f"weave: {d} is not a CUDA device")
+    return torch.cuda.current_device() if d.index is None else d.index
+
+
+def grouped_mm_status(device=None) -> Optional[dict]:
+    """The first grouped_mm launch on `device` (default: the current CUDA device) that refused its
+    counts since the last read, as a dict (error: 'capacity' or 'negative count', expert, count,
+    rows: where that expert's rows end, capacity, message), or None. Synchronises torch's current
+    stream of the device, then reads and clears the status words (shared by every grouped GEMM
+    launch on the device, weave's C++ callers included)."""
+    from ._lib import lib, require_gpu
+
+    require_gpu("weave.grouped_mm_status")
+    idx = _device_index(device)
+    err, expert, count, rows, cap, msg = lib().grouped_gemm_status(idx, torch.cuda.current_stream(idx).cuda_stream)
+    if err == 0:
+        return None
+    kind = {1: "capacity", 2: "negative count"}.get(err, f"error {err}")
+    return {"error": kind, "expert": expert, "count": count, "rows": rows, "capacity": cap, "message": msg}
+
+
+def check_grouped_mm(device=None) -> None:
+    """grouped_mm_status, raising RuntimeError with its message if a launch refused its counts (off
+    the hot path: it synchronises, e.g. once per step)."""
+    s = grouped_mm_status(device)
+    if s is not None:
+        raise RuntimeError(f"weave.grouped_mm: {s['message']}")
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,

@@ -124,8 +124,9 @@ class ColumnParallelLinear(_ParallelLinear):
     (the backward keeps this rank's columns of the gradient, which must be the same on every rank).
     Every rank holds the same number of rows (all_gather_matmul's rule).
 
-    backward: dX = matmul_reduce_scatter(dY, W) (the fused GEMM+RS), dW = dY^T X_gathered and
-    db = sum of dY's rows with torch.matmul / torch.sum (cuBLAS). save_gathered_input=True (the
+    backward: dX = matmul_reduce_scatter(dY, W) (the fused GEMM+RS), dW = dY^T X_gathered (weave's
+    GEMM reading dY^T in place as a K x M operand; torch.matmul where rows, in or out/W is not a
+    multiple of 8) and db = sum of dY's rows (torch.sum). save_gathered_input=True (the
     default) keeps the gathered X from the forward until the backward (W times the input's memory,
     S x in_features bf16 per layer, no collective in dW); False keeps only the shard and all-gathers
     it again in the backward (one weave.all_gather; Megatron's choice, the lower activation memory).
@@ -168,7 +169,8 @@ class RowParallelLinear(_ParallelLinear):
 
     backward: dX = all_gather_matmul(dY_shard, [W]) (the fused AG+GEMM, also returning the gathered
     dY; where S is not a multiple of W, weave.all_gather then weave.matmul), dW = dY_gathered^T X
-    (torch.matmul), db = the sum of this rank's rows of dY all-reduced over the group inside the
+    (weave's GEMM reading dY^T in place; torch.matmul where a dimension is not a multiple of 8),
+    db = the sum of this rank's rows of dY all-reduced over the group inside the
     backward (weave.all_reduce, float32), so every rank holds the bias's whole gradient (Megatron
     instead all-reduces sequence-parallel parameters' gradients after the backward: do not do both).
 
