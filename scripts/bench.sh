@@ -15,6 +15,10 @@ status=0
 for sub in ${WEAVE_BENCH_SUITE:-primitives collectives gemm attention moe tp sp}; do
   if [ "$sub" = gemm ] || [ "$sub" = attention ] || [ "$sub" = moe ]; then
     "$bin/weave-run" -n 1 -- "$bin/weave-bench" "$sub" --json "$json" || status=1
+    # moe on every GPU: the expert-parallel rows (dispatch, combine, the layer).
+    if [ "$sub" = moe ] && [ "$n" -ge 2 ]; then
+      "$bin/weave-run" -n "$n" -- "$bin/weave-bench" moe --json "$json" || status=1
+    fi
   elif [ "$n" -ge 2 ]; then
     "$bin/weave-run" -n "$n" -- "$bin/weave-bench" "$sub" --json "$json" || status=1
   else

@@ -111,6 +111,7 @@ MoeExchange::~MoeExchange() = default;
 bf16* MoeExchange::expert_input() const { return impl_->xrecv.data(); }
 bf16* MoeExchange::expert_output() const { return impl_->yout ? impl_->yout->data() : nullptr; }
 const ExchangeConfig& MoeExchange::config() const { return impl_->cfg; }
+runtime::Communicator& MoeExchange::communicator() const { return impl_->c; }
 
 Dispatched MoeExchange::dispatch(const bf16* x, const int* topk_idx, int T, cudaStream_t s) {
   Impl& m = *impl_;

@@ -71,6 +71,9 @@ class MoeExchange {
   __nv_bfloat16* expert_input() const;   // the grouped buffer (symmetric, capacity x H)
   __nv_bfloat16* expert_output() const;  // the output buffer (nullptr without output_buffer)
   const ExchangeConfig& config() const;
+  // The communicator the exchange was made on (for operators built on it, e.g. layer.hpp's
+  // cross-rank argument check).
+  runtime::Communicator& communicator() const;
 
  private:
   struct Impl;

@@ -31,6 +31,7 @@
 #include "check/seed.hpp"
 #include "moe/exchange.hpp"
 #include "moe/layout.hpp"
+#include "common.hpp"
 
 namespace {
 
@@ -38,47 +39,14 @@ using namespace weave;
 using namespace weave::moe;
 using bf16 = __nv_bfloat16;
 
-runtime::Communicator& comm() {
-  auto& slot = wt::comm_slot();
-  if (!slot) {
-    runtime::CommOptions o;
-    o.heap_bytes = size_t(512) << 20;
-    slot = std::make_unique<runtime::Communicator>(o);
-  }
-  return *slot;
-}
-
-cudaStream_t stream() {
-  static cudaStream_t s = [] {
-    cudaStream_t x;
-    WEAVE_CUDA_CHECK(cudaStreamCreateWithFlags(&x, cudaStreamNonBlocking));
-    return x;
-  }();
-  return s;
-}
+using test::comm;
+using test::stream;
+using test::draw_distinct;
 
 enum class Routing { balanced, random, dirichlet, empty_experts, all_to_one, same_rank, repeated };
 const char* name(Routing r) {
   static const char* n[] = {"balanced", "random", "dirichlet", "empty_experts", "all_to_one", "same_rank", "repeated"};
   return n[static_cast<int>(r)];
-}
-
-// k distinct experts drawn with probability `p` (uniform when empty) from experts [0, limit).
-void draw_distinct(std::mt19937_64& rng, int limit, int k, const std::vector<double>& p, int* out) {
-  std::vector<char> used(limit, 0);
-  std::discrete_distribution<int> pick(p.begin(), p.end());
-  std::uniform_int_distribution<int> uni(0, limit - 1);
-  for (int j = 0; j < k; ++j) {
-    int e = -1;
-    for (int tries = 0; tries < 64 && e < 0; ++tries) {
-      const int c = p.empty() ? uni(rng) : pick(rng);
-      if (!used[c]) e = c;
-    }
-    for (int c = 0; e < 0 && c < limit; ++c)
-      if (!used[c]) e = c;
-    used[e] = 1;
-    out[j] = e;
-  }
 }
 
 std::vector<int> route(Routing kind, const Geometry& g, int T, int k, int rank, std::mt19937_64& rng) {
@@ -127,23 +95,12 @@ std::vector<int> route(Routing kind, const Geometry& g, int T, int k, int rank, 
   return idx;
 }
 
-struct RankInput {
-  int T = 0;
-  std::vector<int> idx;
-  std::vector<float> w;
-  std::vector<bf16> x;
-};
+using test::RankInput;
 
 RankInput make_input(uint64_t seed, Routing kind, const Geometry& g, int T, int k, int H, int s) {
-  RankInput in;
-  in.T = T;
-  std::mt19937_64 rng(check::derive(seed, 1, s));
-  in.idx = route(kind, g, T, k, s, rng);
-  std::uniform_real_distribution<float> uw(0.05f, 1.f);
-  in.w.resize(static_cast<size_t>(T) * k);
-  for (float& v : in.w) v = uw(rng);
-  in.x = wt::random_matrix<bf16>(check::derive(seed, 2, s), 0, static_cast<size_t>(T) * H);
-  return in;
+  return test::make_rank_input(seed, T, k, H, s, [&](int t, int kk, int ss, std::mt19937_64& rng) {
+    return route(kind, g, t, kk, ss, rng);
+  });
 }
 
 // Every rank's view of one call: the count matrix, each rank's plan, each rank's expert outputs.

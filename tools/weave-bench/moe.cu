@@ -1,5 +1,6 @@
 // weave-bench moe: the MoE grouped GEMM (kernels/moe/grouped_gemm.hpp) on the issue-21 shapes, one
-// GPU, beside a dense weave GEMM of equal flops (the issue's reference ratio).
+// GPU, beside a dense weave GEMM of equal flops (the issue's reference ratio); under weave-run -n W
+// with W >= 2, moe_dispatch, moe_combine and the non-fused layer instead (namespace world below).
 //
 // Shapes (H hidden, F expert FFN, E experts, top-k): deepseek (7168, 2048, 64, 8), qwen (4096,
 // 1536, 64, 8), mixtral (4096, 14336, 8, 2); T tokens in --tokens (4096, 16384), rows = T * k;
@@ -20,6 +21,9 @@
 //   weave-bench moe [--json FILE] [--models deepseek,qwen,mixtral] [--tokens 4096,16384]
 //                   [--proj up,down] [--routing balanced,dirichlet,one] [--routing-seed S]
 //                   [--target-ms T] [--group G] [--no-dense] [--list]
+//   weave-run -n W -- weave-bench moe [--json FILE] [--models ...] [--tokens ...] [--routing ...]
+//                   [--kernels dispatch,combine,layer] [--routing-seed S] [--target-ms T]
+//   weave-bench moe --list --world W    the world rows' routing hashes and capacities, no GPU
 // --group: tile rows per raster group inside an expert (0: the dense GEMM's default for K).
 #include <cuda_bf16.h>
 
@@ -27,6 +31,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -36,7 +41,11 @@
 #include "check/tile_check.hpp"
 #include "gemm/gemm.hpp"
 #include "gemm/reference.cuh"
+#include "moe/exchange.hpp"
 #include "moe/grouped_gemm.hpp"
+#include "moe/layer.hpp"
+#include "moe/layout.hpp"
+#include "weave/runtime/communicator.hpp"
 
 using namespace weave;
 using namespace weave::bench;
@@ -122,6 +131,419 @@ std::string counts_hash(const std::vector<int>& c) {
   return b;
 }
 
+// ---------------------------------------------------------------------------------------------
+// World >= 2 (weave-run -n W): moe_dispatch, moe_combine and the non-fused layer
+// (kernels/moe/layer.hpp) on the same shapes, T tokens per rank.
+//
+// Routing per token, from the counts above (bench/torch_moe.py builds the same): rank s's counts
+// c[e] are make_counts(routing, T, k, E, seed_s) with seed_s = routing_seed + 7919 s, except
+// "one", which puts every token's first slot on expert 0 (c[0] = T) and spreads the other
+// T (k - 1) rows as "balanced" over experts 1..E-1 (a token has k distinct experts). Every
+// c[e] <= T, so listing the experts' rows in expert order (expert e c[e] times) and giving list
+// position p to token p % T, slot p / T gives every token k distinct experts (two positions of
+// one expert are less than T apart). Weights w[t, j] = (1 + (t k + j) % 7) / 8.
+// x, W_up, W_down and the expert outputs used to check combine are hash-filled bf16 values
+// (k - 128) / 128 times a power of two: exact, and any rank recomputes any element on the host.
+//
+// Bytes that cross NVLink per rank (the issue's algorithmic bandwidth, gbs = bytes / time):
+//   dispatch: H x 2 per (token, remote rank holding one of its experts) -- each token crosses
+//             once per rank -- plus 16 bytes of row metadata per remote (token, slot);
+//   combine:  H x 2 per (token, slot) whose expert is on a remote rank (pulled from there).
+// The average over ranks; time is the slowest rank's median. tflops for moe_layer counts the two
+// grouped GEMMs of this rank's T k rows: 2 T k (2F H + H F).
+//
+// Checks: dispatch: each rank's per-expert counts (device, after the last timed call) equal the
+// count matrix's, and check() sees no failure; combine: every rank's output buffer hash-filled,
+// the last timed combine's output (poisoned first) on 64 sampled tokens against float64 under
+// 2^-8 |r| + 2^-19 sum |w y| (test_moe_exchange_gpu's bound); layer: the last timed call's output
+// (poisoned first) on 2 sampled tokens per rank against a float64 CPU reference of the whole layer
+// under the bound derived in tests/moe/test_moe_layer_gpu.cu, and no refused grouped GEMM launch.
+// Correctness is combined over ranks; rank 0 writes the JSON.
+
+namespace world {
+
+struct Hash {
+  static __host__ __device__ uint64_t mix(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  // (k - 128) / 128 * 2^-shift, k the top byte of a splitmix64 step: exact in bf16.
+  static __host__ __device__ float value(uint64_t seed, uint64_t stream, uint64_t i, int shift) {
+    const uint64_t z = mix(seed ^ (stream * 0xD1B54A32D192ED03ull) ^ ((i + 1) * 0x9E3779B97F4A7C15ull));
+    return static_cast<float>(static_cast<int>(z >> 56) - 128) * ldexpf(1.f, -7 - shift);
+  }
+};
+
+__global__ void fill_hash(bf16* p, size_t n, uint64_t seed, uint64_t stream, uint64_t first, int shift) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    p[i] = __float2bfloat16_rn(Hash::value(seed, stream, first + i, shift));
+}
+
+void fill(bf16* p, size_t n, uint64_t seed, uint64_t stream, uint64_t first, int shift, cudaStream_t st) {
+  if (n == 0) return;
+  fill_hash<<<1024, 256, 0, st>>>(p, n, seed, stream, first, shift);
+  WEAVE_CUDA_CHECK(cudaGetLastError());
+}
+
+// Streams of the hash fill.
+constexpr uint64_t kX = 1, kUp = 2, kDown = 3, kY = 4;
+
+std::vector<int> layer_counts(const std::string& routing, int T, int k, int E, uint64_t seed, int rank) {
+  if (routing != "one") return make_counts(routing, T, k, E, seed + 7919ull * rank);
+  std::vector<int> c(E, 0);
+  c[0] = T;
+  const long long rest = static_cast<long long>(T) * (k - 1);
+  for (int e = 1; e < E && rest > 0; ++e) c[e] = static_cast<int>(rest / (E - 1) + (e - 1 < rest % (E - 1) ? 1 : 0));
+  return c;
+}
+
+std::vector<int> topk_from_counts(const std::vector<int>& c, int T, int k) {
+  std::vector<int> idx(static_cast<size_t>(T) * k);
+  long long p = 0;
+  for (int e = 0; e < static_cast<int>(c.size()); ++e)
+    for (int n = 0; n < c[e]; ++n, ++p) idx[static_cast<size_t>(p % T) * k + p / T] = e;
+  return idx;
+}
+
+float weight_of(long long i) { return static_cast<float>(1 + i % 7) / 8.f; }
+
+// Power-of-two scales: W_up entries ~ 4.5 / sqrt(H) (g, u ~1.5 rms for x in [-1, 1)), W_down ~
+// sqrt(3 / F) (y of the order of h).
+int up_shift(int H) { return static_cast<int>(std::lround(std::log2(std::sqrt(double(H)) / 4.5))); }
+int down_shift(int F) { return static_cast<int>(std::lround(std::log2(std::sqrt(double(F) / 3)))); }
+
+struct Setup {
+  const MoeModel* m;
+  int T, W;
+  std::string routing;
+  std::vector<std::vector<int>> idx;  // every rank's topk_idx
+  std::vector<int> matrix;            // W x E counts
+  int capacity = 0;
+};
+
+Setup make_setup(const MoeModel* m, int T, int W, const std::string& routing, uint64_t rseed) {
+  Setup s{m, T, W, routing, {}, {}, 0};
+  const moe::Geometry g{W, m->E};
+  s.matrix.assign(static_cast<size_t>(W) * m->E, 0);
+  for (int r = 0; r < W; ++r) {
+    s.idx.push_back(topk_from_counts(layer_counts(routing, T, m->k, m->E, rseed, r), T, m->k));
+    moe::count_rows(s.idx[r].data(), T, m->k, g, s.matrix.data() + static_cast<size_t>(r) * m->E);
+  }
+  for (int d = 0; d < W; ++d) s.capacity = std::max(s.capacity, moe::rank_rows(s.matrix.data(), g, d));
+  s.capacity = std::max(s.capacity, 1);
+  return s;
+}
+
+// float64 reference of one token through the layer with the bound of test_moe_layer_gpu.cu; returns
+// the worst |out - r| / bound over the token's H outputs (inf for a non-finite output).
+double layer_token_ratio(const MoeModel& m, uint64_t seed, int rank, int t, const int* ids, const float* ws,
+                         const bf16* got) {
+  const int H = m.H, F = m.F, k = m.k, su = up_shift(H), sd = down_shift(F);
+  const double u8 = std::ldexp(1.0, -8), fp32 = std::ldexp(1.0, -18);
+  const double gamH = H * std::ldexp(1.0, -21), gamF = F * std::ldexp(1.0, -21);
+  std::vector<double> x(H), h(F), eh(F), r(H, 0), det(H, 0), rnd2(H, 0), wrow(F);
+  for (int c = 0; c < H; ++c) x[c] = Hash::value(seed, kX + 16 * rank, static_cast<uint64_t>(t) * H + c, 0);
+  std::vector<int> seen;
+  for (int j = 0; j < k; ++j) {
+    const int e = ids[j];
+    if (std::find(seen.begin(), seen.end(), e) != seen.end()) continue;  // its slots are summed below
+    seen.push_back(e);
+    double we = 0;
+    for (int i = 0; i < k; ++i)
+      if (ids[i] == e) we += ws[i];
+    const uint64_t up0 = static_cast<uint64_t>(e) * 2 * F * H, dn0 = static_cast<uint64_t>(e) * H * F;
+    for (int f = 0; f < F; ++f) {
+      double g = 0, ag = 0, u = 0, au = 0;
+      for (int c = 0; c < H; ++c) {
+        const double pg = x[c] * Hash::value(seed, kUp, up0 + static_cast<uint64_t>(f) * H + c, su);
+        const double pu = x[c] * Hash::value(seed, kUp, up0 + static_cast<uint64_t>(F + f) * H + c, su);
+        g += pg, ag += std::fabs(pg), u += pu, au += std::fabs(pu);
+      }
+      const double eg = u8 * std::fabs(g) + (1 + u8) * gamH * ag, eu = u8 * std::fabs(u) + (1 + u8) * gamH * au;
+      const double sg = g / (1 + std::exp(-g));
+      h[f] = sg * u;
+      const double D = (std::fabs(sg) + 1.1 * eg) * eu + 1.1 * std::fabs(u) * eg;
+      const double q = fp32 + std::fabs(g) * std::ldexp(1.0, -22);
+      eh[f] = (1 + u8 + q) * D + (u8 + q) * std::fabs(h[f]);
+    }
+    for (int c = 0; c < H; ++c) {
+      double y = 0, a = 0, s2 = 0;
+      for (int f = 0; f < F; ++f) wrow[f] = Hash::value(seed, kDown, dn0 + static_cast<uint64_t>(c) * F + f, sd);
+      for (int f = 0; f < F; ++f) {
+        y += h[f] * wrow[f];
+        a += (std::fabs(h[f]) + eh[f]) * std::fabs(wrow[f]);
+        s2 += eh[f] * eh[f] * wrow[f] * wrow[f];
+      }
+      const double ey = u8 * std::fabs(y) + (1 + u8) * gamF * a;
+      r[c] += we * y;
+      det[c] += we * (ey + std::ldexp(std::fabs(y) + ey, -19));
+      rnd2[c] += we * we * s2;
+    }
+  }
+  double worst = 0;
+  for (int c = 0; c < H; ++c) {
+    const double v = __bfloat162float(got[c]);
+    if (!std::isfinite(v)) return INFINITY;
+    const double bound = 1.02 * (u8 * std::fabs(r[c]) + det[c] + 8 * std::sqrt(rnd2[c])) + std::ldexp(1.0, -100);
+    worst = std::max(worst, std::fabs(v - r[c]) / bound);
+  }
+  return worst;
+}
+
+template <class T>
+T* dmalloc(size_t n) {
+  T* p = nullptr;
+  WEAVE_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
+  return p;
+}
+
+// --list --world W: the world rows' routing fingerprints (no GPU), to compare with
+// bench/torch_moe.py --list --world W.
+int list(const Args& args, int W) {
+  const uint64_t rseed = static_cast<uint64_t>(args.get_int("routing-seed", 1));
+  for (const std::string& name : args.names("models", "deepseek,qwen,mixtral")) {
+    const MoeModel* m = nullptr;
+    for (const MoeModel& x : kMoeModels)
+      if (name == x.name) m = &x;
+    WEAVE_CHECK(m, "unknown model '", name, "' (want deepseek, qwen or mixtral)");
+    for (long long T : args.numbers("tokens", "4096,16384"))
+      for (const std::string& r : args.names("routing", "balanced,dirichlet,one")) {
+        const Setup s = make_setup(m, static_cast<int>(T), W, r, rseed);
+        JsonLine j;
+        j.add("kernel", "moe_layer").add("model", m->name).add("T", s.T).add("world", W).add("routing", r);
+        j.add("routing_hash", counts_hash(s.matrix)).add("capacity", s.capacity);
+        std::printf("%s\n", j.str().c_str());
+      }
+  }
+  return 0;
+}
+
+int run(const Args& args, int W) {
+  const auto models = args.names("models", "deepseek,qwen,mixtral");
+  const auto tokens = args.numbers("tokens", "4096,16384");
+  const auto routings = args.names("routing", "balanced,dirichlet,one");
+  const auto kernels = args.names("kernels", "dispatch,combine,layer");
+  const uint64_t rseed = static_cast<uint64_t>(args.get_int("routing-seed", 1));
+  const double target_ms = std::stod(args.get("target-ms", "60"));
+  auto want = [&](const char* k) { return std::find(kernels.begin(), kernels.end(), k) != kernels.end(); };
+  std::vector<Setup> setups;
+  size_t heap = 0;
+  for (const std::string& name : models) {
+    const MoeModel* m = nullptr;
+    for (const MoeModel& x : kMoeModels)
+      if (name == x.name) m = &x;
+    WEAVE_CHECK(m, "unknown model '", name, "' (want deepseek, qwen or mixtral)");
+    WEAVE_CHECK(m->E % W == 0, "moe: ", m->E, " experts do not divide among ", W, " ranks");
+    for (long long T : tokens)
+      for (const std::string& r : routings) {
+        setups.push_back(make_setup(m, static_cast<int>(T), W, r, rseed));
+        const size_t cap = setups.back().capacity;
+        heap = std::max(heap, 2 * cap * m->H * sizeof(bf16) + cap * sizeof(moe::RowMeta));
+      }
+  }
+  runtime::CommOptions co;
+  co.heap_bytes = heap + (size_t(512) << 20);  // + the count matrices, signals and alignment
+  runtime::Communicator comm(co);
+  const int me = comm.rank();
+  uint64_t seed = me == 0 ? check::test_seed() : 0;  // rank 0's seed everywhere
+  {
+    std::vector<uint64_t> all(W);
+    comm.bootstrap().all_gather(&seed, all.data(), sizeof seed);
+    seed = all[0];
+  }
+  JsonSink sink(args);
+  cudaStream_t st;
+  WEAVE_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  if (me == 0) {
+    std::printf("moe expert parallel, world %d (dispatch / combine: GB/s of NVLink bytes per rank; layer: TFLOP/s of "
+                "the two grouped GEMMs per rank; slowest rank's time)\n",
+                W);
+    std::printf("%-9s %6s %-10s %-13s %10s %10s %9s %9s\n", "model", "T", "routing", "kernel", "time_us", "GB/s",
+                "TFLOP/s", "worst");
+  }
+  std::vector<std::string> wrong;
+  auto slowest = [&](double t) {
+    std::vector<double> all(W);
+    comm.bootstrap().all_gather(&t, all.data(), sizeof t);
+    return *std::max_element(all.begin(), all.end());
+  };
+  auto worst_all = [&](double v) { return slowest(std::isnan(v) ? INFINITY : v); };
+  for (const Setup& s : setups) {
+    const MoeModel& m = *s.m;
+    const int T = s.T, H = m.H, F = m.F, E = m.E, k = m.k, L = E / W;
+    const moe::Geometry g{W, E};
+    moe::ExchangeConfig cf;
+    cf.experts = E, cf.hidden = H, cf.topk = k, cf.max_tokens = T, cf.capacity = s.capacity;
+    moe::MoeExchange ex(comm, cf);
+    moe::MoeLayerScratch scratch(ex, F);
+    bf16* x = dmalloc<bf16>(size_t(T) * H);
+    bf16* out = dmalloc<bf16>(size_t(T) * H);
+    bf16* wup = dmalloc<bf16>(size_t(L) * 2 * F * H);
+    bf16* wdown = dmalloc<bf16>(size_t(L) * H * F);
+    int* idx = dmalloc<int>(size_t(T) * k);
+    float* w = dmalloc<float>(size_t(T) * k);
+    std::vector<float> hw(size_t(T) * k);
+    for (size_t i = 0; i < hw.size(); ++i) hw[i] = weight_of(static_cast<long long>(i));
+    WEAVE_CUDA_CHECK(cudaMemcpy(idx, s.idx[me].data(), hw.size() * sizeof(int), cudaMemcpyHostToDevice));
+    WEAVE_CUDA_CHECK(cudaMemcpy(w, hw.data(), hw.size() * sizeof(float), cudaMemcpyHostToDevice));
+    fill(x, size_t(T) * H, seed, kX + 16 * me, 0, 0, st);
+    fill(wup, size_t(L) * 2 * F * H, seed, kUp, size_t(me) * L * 2 * F * H, up_shift(H), st);
+    fill(wdown, size_t(L) * H * F, seed, kDown, size_t(me) * L * H * F, down_shift(F), st);
+    WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
+    // NVLink bytes of this rank, then their average over ranks.
+    double bd = 0, bc = 0;
+    for (int r = 0; r < W; ++r)
+      for (int t = 0; t < T; ++t) {
+        const int* row = s.idx[r].data() + size_t(t) * k;
+        for (int j = 0; j < k; ++j) {
+          if (g.rank_of(row[j]) == r) continue;
+          bc += 2.0 * H;
+          bd += 16;
+          if (moe::primary_slot(row, k, g, j) == j) bd += 2.0 * H;
+        }
+      }
+    bd /= W, bc /= W;
+    const double flop = 2.0 * T * k * (2.0 * F * H + double(H) * F);
+    char label[128];
+    std::snprintf(label, sizeof label, "%s T %d %s", m.name, T, s.routing.c_str());
+    auto row = [&](const char* kernel) {
+      JsonLine j;
+      j.add("kernel", kernel).add("impl", "weave").add("model", m.name).add("T", T).add("H", H).add("F", F);
+      j.add("E", E).add("k", k).add("world", W).add("routing", s.routing).add("capacity", s.capacity);
+      j.add("routing_hash", counts_hash(s.matrix)).add("seed", std::to_string(seed));
+      return j;
+    };
+    auto timed = [&](auto&& fn, double est_us) {
+      const int iters = std::max(3, std::min(200, static_cast<int>(target_ms * 1e3 / std::max(est_us, 1.0))));
+      comm.barrier();
+      const double t = time_us(st, fn, 2, iters, 3);
+      return slowest(t);
+    };
+    auto print = [&](const char* kernel, double t, double gbs, double tf, double worst, bool ok) {
+      if (me != 0) return;
+      char b1[32] = "-", b2[32] = "-";
+      if (gbs > 0) std::snprintf(b1, sizeof b1, "%.1f", gbs);
+      if (tf > 0) std::snprintf(b2, sizeof b2, "%.1f", tf);
+      std::printf("%-9s %6d %-10s %-13s %10.1f %10s %9s %9.3g%s\n", m.name, T, s.routing.c_str(), kernel, t, b1, b2,
+                  worst, ok ? "" : "  WRONG");
+    };
+    // Rough time estimates (µs) to size the timed loops: 200 GB/s over NVLink, 500 TFLOP/s.
+    const double est_comm = std::max(bd, bc) / 200e3 + 20, est_layer = flop / 500e6 + 2 * est_comm;
+
+    // Dispatch.
+    moe::Dispatched d{};
+    if (want("dispatch") || want("combine")) {
+      const double t = timed([&] { d = ex.dispatch(x, idx, T, st); }, est_comm);
+      bool ok = true;
+      std::string why;
+      try {
+        ex.check(st);
+      } catch (const Error& e) {
+        ok = false, why = e.what();
+      }
+      const std::vector<int> got = [&] {
+        std::vector<int> v(L);
+        WEAVE_CUDA_CHECK(cudaMemcpy(v.data(), d.counts, L * sizeof(int), cudaMemcpyDeviceToHost));
+        return v;
+      }();
+      for (int l = 0; l < L && ok; ++l)
+        if (got[l] != moe::expert_rows(s.matrix.data(), g, g.expert(me, l)))
+          ok = false, why = "count of local expert " + std::to_string(l);
+      ok = all_ranks_ok(comm, ok);
+      if (want("dispatch")) {
+        print("moe_dispatch", t, bd / t * 1e-3, 0, 0, ok);
+        if (!ok) wrong.push_back(std::string("moe_dispatch ") + label + (why.empty() ? "" : ": " + why));
+        JsonLine j = row("moe_dispatch");
+        j.add("time_us", t).add("gbs", bd / t * 1e-3).add("bytes", bd).add("correct", ok);
+        if (me == 0) sink.write(j);
+      }
+    }
+    // Combine, after the last dispatch: every rank's output buffer hash-filled.
+    if (want("combine")) {
+      fill(ex.expert_output(), size_t(s.capacity) * H, seed, kY + 16 * me, 0, 0, st);
+      WEAVE_CUDA_CHECK(cudaMemsetAsync(out, 0xff, size_t(T) * H * sizeof(bf16), st));
+      WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
+      comm.barrier();
+      const double t = timed([&] { ex.combine(ex.expert_output(), w, out, T, st); }, est_comm);
+      WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
+      const moe::DispatchPlan plan = moe::plan_dispatch(s.idx[me].data(), T, k, g, me, s.matrix);
+      double worst = 0;
+      std::vector<bf16> o(H);
+      const int samples = std::min(T, 64);
+      for (int i = 0; i < samples; ++i) {
+        const int t = samples == T ? i : static_cast<int>((static_cast<long long>(i) * 2654435761ll) % T);
+        WEAVE_CUDA_CHECK(cudaMemcpy(o.data(), out + size_t(t) * H, H * sizeof(bf16), cudaMemcpyDeviceToHost));
+        for (int c = 0; c < H; ++c) {
+          double r = 0, a = 0;
+          for (int j = 0; j < k; ++j) {
+            const size_t q = size_t(t) * k + j;
+            const int dr = g.rank_of(s.idx[me][q]);
+            const double y = Hash::value(seed, kY + 16 * dr, size_t(plan.row[q]) * H + c, 0);
+            r += hw[q] * y, a += std::fabs(hw[q] * y);
+          }
+          const double v = __bfloat162float(o[c]);
+          const double bound = std::ldexp(std::fabs(r), -8) + std::ldexp(a, -19) + 1e-30;
+          worst = std::isfinite(v) ? std::max(worst, std::fabs(v - r) / bound) : INFINITY;
+        }
+      }
+      worst = worst_all(worst);
+      const bool ok = worst <= 1;
+      print("moe_combine", t, bc / t * 1e-3, 0, worst, ok);
+      if (!ok) wrong.push_back(std::string("moe_combine ") + label);
+      JsonLine j = row("moe_combine");
+      j.add("time_us", t).add("gbs", bc / t * 1e-3).add("bytes", bc).add("correct", ok);
+      if (me == 0) sink.write(add_check_worst(j, worst));
+    }
+    // The layer.
+    if (want("layer")) {
+      WEAVE_CUDA_CHECK(cudaMemsetAsync(out, 0xff, size_t(T) * H * sizeof(bf16), st));
+      WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
+      comm.barrier();
+      const double t =
+          timed([&] { moe::moe_layer_forward(ex, scratch, x, idx, w, T, wup, wdown, out, st); }, est_layer);
+      bool ok = true;
+      std::string why;
+      try {
+        ex.check(st);
+        moe::check_status(st);
+      } catch (const Error& e) {
+        ok = false, why = e.what();
+      }
+      double worst = 0;
+      std::vector<bf16> o(H);
+      const int tok[2] = {T / 3, T - 1};  // the float64 reference costs ~3 k H F per token
+      for (int i = 0; i < 2 && T > 0; ++i) {
+        const int tt = std::min(tok[i], T - 1);
+        WEAVE_CUDA_CHECK(cudaMemcpy(o.data(), out + size_t(tt) * H, H * sizeof(bf16), cudaMemcpyDeviceToHost));
+        worst = std::max(worst, layer_token_ratio(m, seed, me, tt, s.idx[me].data() + size_t(tt) * k,
+                                                  hw.data() + size_t(tt) * k, o.data()));
+      }
+      worst = worst_all(worst);
+      ok = all_ranks_ok(comm, ok) && worst <= 1;
+      print("moe_layer", t, 0, flop / t * 1e-6, worst, ok);
+      if (!ok) wrong.push_back(std::string("moe_layer ") + label + (why.empty() ? "" : ": " + why));
+      JsonLine j = row("moe_layer");
+      j.add("time_us", t).add("tflops", flop / t * 1e-6).add("correct", ok);
+      if (me == 0) sink.write(add_check_worst(j, worst));
+    }
+    WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
+    comm.barrier();  // no rank frees what a peer's call may still read
+    cudaFree(x), cudaFree(out), cudaFree(wup), cudaFree(wdown), cudaFree(idx), cudaFree(w);
+  }
+  if (!wrong.empty()) {
+    if (me == 0) {
+      std::fprintf(stderr, "weave-bench moe: %zu incorrect row(s) (replay with WEAVE_TEST_SEED=%llu):\n", wrong.size(),
+                   static_cast<unsigned long long>(seed));
+      for (const auto& x : wrong) std::fprintf(stderr, "  %s\n", x.c_str());
+    }
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace world
+
 struct Case {
   const MoeModel* m;
   int T;
@@ -132,6 +554,11 @@ struct Case {
 };
 
 int run_moe_bench(const Args& args) {
+  // Under weave-run -n W (W >= 2): the expert-parallel rows; one rank: the grouped GEMM rows below.
+  const char* ws = std::getenv("WEAVE_WORLD_SIZE");
+  const int world_size = ws ? std::atoi(ws) : 1;
+  if (world_size > 1 && !args.has("list")) return world::run(args, world_size);
+  if (args.has("list") && args.has("world")) return world::list(args, static_cast<int>(args.get_int("world", 2)));
   std::vector<Case> cases;
   const auto models = args.names("models", "deepseek,qwen,mixtral");
   const auto tokens = args.numbers("tokens", "4096,16384");
@@ -286,5 +713,7 @@ int run_moe_bench(const Args& args) {
 WEAVE_BENCH(moe,
             "MoE grouped GEMM (one GPU) on DeepSeek/Qwen/Mixtral-like shapes, up and down projections, balanced, "
             "Dirichlet and all-to-one routings, beside a dense GEMM of equal flops (--models --tokens --proj "
-            "--routing --routing-seed --target-ms --group G --no-dense; --list prints the rows and routing hashes, no GPU)",
+            "--routing --routing-seed --target-ms --group G --no-dense; --list prints the rows and routing hashes, no GPU); "
+            "under weave-run -n W >= 2: moe_dispatch / moe_combine (GB/s) and the non-fused layer (--kernels "
+            "dispatch,combine,layer)",
             run_moe_bench);

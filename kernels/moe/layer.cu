@@ -1,0 +1,65 @@
+// The non-fused MoE layer forward (layer.hpp): five steps in one stream, no host synchronisation.
+// Why the order is safe without extra handshakes (exchange.hpp / README "Dispatch and combine"):
+// - the dispatch's count exchange doubles as "the peer's previous call is over": a rank pushes
+//   into a peer's grouped buffer only after that peer's count row for this call arrived, i.e.
+//   after the peer's earlier up GEMM (stream order before its dispatch) stopped reading it;
+// - combine returns (in stream order) only after every peer has read this rank's output buffer,
+//   so the next call's down GEMM may overwrite it;
+// - the GEMMs read the dispatch's device counts (L ints) and SwiGLU the device total
+//   (offsets[L]); a failed dispatch leaves them zero, so nothing computes and combine writes NaN.
+#include "moe/layer.hpp"
+
+#include "moe/swiglu.hpp"
+#include "weave/common/error.hpp"
+#include "weave/common/extent.hpp"
+#include "weave/runtime/call.hpp"
+
+namespace weave::moe {
+
+MoeLayerScratch::MoeLayerScratch(const MoeExchange& ex, int ffn) : F_(ffn), cap_(ex.config().capacity) {
+  WEAVE_CHECK(ffn > 0 && ffn % 8 == 0, "moe layer: F = ", ffn, " must be a positive multiple of 8");
+  WEAVE_CUDA_CHECK(cudaMalloc(&G_, static_cast<size_t>(cap_) * 2 * F_ * sizeof(__nv_bfloat16)));
+  const cudaError_t e = cudaMalloc(&H_, static_cast<size_t>(cap_) * F_ * sizeof(__nv_bfloat16));
+  if (e != cudaSuccess) {
+    cudaFree(G_);
+    WEAVE_CUDA_CHECK(e);
+  }
+}
+
+MoeLayerScratch::~MoeLayerScratch() {
+  // A forward may still be running on some stream: wait before handing the memory back.
+  cudaDeviceSynchronize();
+  cudaFree(G_);
+  cudaFree(H_);
+}
+
+void moe_layer_forward(MoeExchange& ex, MoeLayerScratch& sc, const __nv_bfloat16* x, const int* topk_idx,
+                       const float* topk_weights, int T, const __nv_bfloat16* W_up, const __nv_bfloat16* W_down,
+                       __nv_bfloat16* out, cudaStream_t stream, const GroupedGemmOptions& gemm_opt) {
+  const ExchangeConfig& cf = ex.config();
+  const int F = sc.ffn(), H = cf.hidden, R = cf.capacity, L = cf.experts / ex.communicator().world();
+  // Everything the GEMMs and SwiGLU would refuse, checked before the dispatch starts, and agreed
+  // with every rank: a rank that threw between the dispatch and the combine would leave its peers
+  // waiting for signals that never come.
+  const std::string problem = runtime::local_problem([&] {
+    WEAVE_CHECK(ex.expert_output() != nullptr,
+                "moe layer: the exchange needs its output buffer (ExchangeConfig::output_buffer)");
+    WEAVE_CHECK(sc.capacity() == R, "moe layer: scratch sized for ", sc.capacity(),
+                " rows but the exchange's capacity is ", R);
+    validate_grouped(ex.expert_input(), W_up, sc.up_output(), reinterpret_cast<const int*>(16), L, 2 * F, H, R);
+    validate_grouped(sc.swiglu_output(), W_down, ex.expert_output(), reinterpret_cast<const int*>(16), L, H, F, R);
+    check_extent("moe layer", "W_up", W_up, static_cast<size_t>(L) * 2 * F * H * sizeof(__nv_bfloat16));
+    check_extent("moe layer", "W_down", W_down, static_cast<size_t>(L) * H * F * sizeof(__nv_bfloat16));
+  });
+  ex.communicator().agree_call("moe.layer", "E, H, k, F, capacity", {cf.experts, H, cf.topk, F, R}, problem, stream);
+  const Dispatched d = ex.dispatch(x, topk_idx, T, stream);
+  // Up: G[rows of l] = X[rows of l] W_up[l]^T (N = 2F: gate, then up), counts on the device.
+  grouped_gemm(d.rows, W_up, sc.up_output(), d.counts, L, 2 * F, H, R, stream, gemm_opt);
+  // H = silu(gate) * up on the rows the dispatch delivered: offsets[L] is their total.
+  swiglu(sc.up_output(), sc.swiglu_output(), d.offsets + L, R, F, stream);
+  // Down, into the symmetric output buffer that combine pulls from.
+  grouped_gemm(sc.swiglu_output(), W_down, ex.expert_output(), d.counts, L, H, F, R, stream, gemm_opt);
+  ex.combine(ex.expert_output(), topk_weights, out, T, stream);
+}
+
+}  // namespace weave::moe

@@ -1,0 +1,51 @@
+// The expert-parallel MoE layer forward, non-fused (kernels/moe/README.md, "The layer"):
+// dispatch -> grouped GEMM (up: gate and up, N = 2F, K = H) -> SwiGLU -> grouped GEMM (down:
+// N = H, K = F, into the exchange's output buffer) -> combine. Collective; stream order only, no
+// host synchronisation (the per-expert counts stay on the device).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "moe/exchange.hpp"
+#include "moe/grouped_gemm.hpp"
+
+namespace weave::moe {
+
+// The layer's local scratch, sized by the exchange's capacity: the up projection's output G
+// (capacity x 2F) and the SwiGLU output (capacity x F), bf16, plain device memory (never read by
+// a peer). One per (exchange, F); calls on one scratch must be in one stream's order.
+class MoeLayerScratch {
+ public:
+  MoeLayerScratch(const MoeExchange& ex, int ffn);
+  ~MoeLayerScratch();
+  MoeLayerScratch(const MoeLayerScratch&) = delete;
+  MoeLayerScratch& operator=(const MoeLayerScratch&) = delete;
+
+  int ffn() const { return F_; }
+  int capacity() const { return cap_; }
+  __nv_bfloat16* up_output() const { return G_; }      // capacity x 2F: gate (first F columns), up
+  __nv_bfloat16* swiglu_output() const { return H_; }  // capacity x F
+
+ private:
+  int F_ = 0, cap_ = 0;
+  __nv_bfloat16* G_ = nullptr;
+  __nv_bfloat16* H_ = nullptr;
+};
+
+// Collective (every rank, same exchange config and F). On this rank:
+//   x: T x H bf16 tokens, topk_idx: T x k int32, topk_weights: T x k fp32 (T <= max_tokens);
+//   W_up: L x 2F x H bf16, this rank's L = E / W experts (local expert l is global expert
+//     rank * L + l), nn.Linear layout (out x in); rows 0..F-1 of W_up[l] are the GATE projection,
+//     rows F..2F-1 the UP projection (swiglu.hpp's G layout);
+//   W_down: L x H x F bf16 (out x in);
+//   out: T x H bf16, out[t] = sum_j w[t, j] * down_e(silu(gate_e(x_t)) * up_e(x_t)), e = idx[t, j].
+// Needs the exchange's output buffer (ExchangeConfig::output_buffer): the down projection writes
+// there and combine reads it from the peers. Errors: the exchange's argument checks (weave::Error
+// at once, on every rank); a failed dispatch (bad expert id, capacity) leaves zero counts, so the
+// GEMMs and SwiGLU do nothing and combine writes NaN, and MoeExchange::check reports it; the
+// grouped GEMMs' own refusals go to `gemm_opt.status` (grouped_gemm.hpp's check_status).
+void moe_layer_forward(MoeExchange& ex, MoeLayerScratch& scratch, const __nv_bfloat16* x, const int* topk_idx,
+                       const float* topk_weights, int T, const __nv_bfloat16* W_up, const __nv_bfloat16* W_down,
+                       __nv_bfloat16* out, cudaStream_t stream, const GroupedGemmOptions& gemm_opt = {});
+
+}  // namespace weave::moe
