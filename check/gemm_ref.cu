@@ -22,6 +22,10 @@ __global__ void add_kernel(float* r, const __nv_bfloat16* c, size_t n) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
     r[i] += __bfloat162float(c[i]);
 }
+__global__ void add_abs_kernel(float* s, const __nv_bfloat16* c, float k, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    s[i] += k * fabsf(__bfloat162float(c[i]));
+}
 __global__ void add_f32_kernel(float* r, const float* c, size_t n) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
     r[i] += c[i];
@@ -119,6 +123,10 @@ void sqrt_inplace(float* s2, size_t n, cudaStream_t st) {
 }
 void add_bf16(float* r, const __nv_bfloat16* c, size_t n, cudaStream_t st) {
   add_kernel<<<1024, 256, 0, st>>>(r, c, n);
+  WEAVE_CUDA_CHECK(cudaGetLastError());
+}
+void add_abs_bf16(float* s, const __nv_bfloat16* c, float k, size_t n, cudaStream_t st) {
+  add_abs_kernel<<<1024, 256, 0, st>>>(s, c, k, n);
   WEAVE_CUDA_CHECK(cudaGetLastError());
 }
 void add_f32(float* r, const float* c, size_t n, cudaStream_t st) {

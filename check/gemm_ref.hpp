@@ -44,6 +44,9 @@ void sqrt_inplace(float* s2, size_t n, cudaStream_t st = nullptr);
 // r[i] += c[i] (the C += epilogue's input, bf16 or fp32).
 void add_bf16(float* r, const __nv_bfloat16* c, size_t n, cudaStream_t st = nullptr);
 void add_f32(float* r, const float* c, size_t n, cudaStream_t st = nullptr);
+// s[i] += k |c[i]|: the C += check's scale term. The epilogue rounds A*B to bf16 before adding
+// it to C0, and |A*B| <= |r| + |C0|, so the bound needs a term in |C0| as well as |r|.
+void add_abs_bf16(float* s, const __nv_bfloat16* c, float k, size_t n, cudaStream_t st = nullptr);
 // r[i][j] += bias[j] for an M x N row-major r; bias is N floats (f32) or N bf16 values.
 void add_bias(float* r, const void* bias, bool f32, int M, int N, cudaStream_t st = nullptr);
 // Copies a bf16 matrix into float (e.g. a baseline's own output as a reference for a test of the

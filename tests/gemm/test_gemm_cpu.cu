@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "check/error_of.hpp"
 #include "gemm/gemm.hpp"
 #include "gemm/scheduler.hpp"
 #include "weave/lcsc.cuh"
@@ -15,15 +16,7 @@
 using namespace weave;
 
 namespace {
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using check::error_of;
 }  // namespace
 
 // Every tile is visited exactly once when blocks b = 0..P-1 walk t = b, b+P, ... for many

@@ -45,15 +45,8 @@ check::GemmRef& gemm_ref() {
   return g;
 }
 
-// s += k |c0|: C += rounds A*B to bf16 before adding it to C0 (the epilogue's reduce-add store
-// adds bf16 tiles), and |A*B| <= |r| + |C0|, so the bound needs a term in |C0| as well as |r|.
-__global__ void add_abs_kernel(float* s, const bf16* c0, float k, size_t n) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    s[i] += k * fabsf(__bfloat162float(c0[i]));
-}
-
 // C = A*B: one bf16 rounding of an fp32 sum. C += A*B: two roundings (of A*B, then of the sum),
-// 2^-8 |r| each, plus 2^-8 |C0| through add_abs_kernel's term (k = 4 times the bound's 2^-10).
+// 2^-8 |r| each, plus 2^-8 |C0| through check::add_abs_bf16's term (k = 4 times the bound's 2^-10).
 check::Bound bound_for(bool accumulate) {
   check::Bound b = check::gemm_bound();
   if (accumulate) b.rel *= 2;
@@ -188,7 +181,7 @@ void run_typed(Case cs, const Variant& v) {
       check::add_f32(r.p, C0.p, nc);
     } else {
       check::add_bf16(r.p, C0.p, nc);
-      add_abs_kernel<<<1024, 256>>>(s.p, C0.p, kC0Weight, nc);
+      check::add_abs_bf16(s.p, C0.p, kC0Weight, nc);
     }
     WEAVE_CUDA_CHECK(cudaGetLastError());
   }

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <string>
 
+#include "check/error_of.hpp"
 #include "check/gemm_fp8_ref.hpp"
 #include "gemm_fp8/gemm_fp8.hpp"
 #include "gemm_fp8/gemm_fp8_kernel.cuh"
@@ -17,15 +18,7 @@ using gemm_fp8::Fp8;
 using gemm_fp8::Tile;
 
 namespace {
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using check::error_of;
 }  // namespace
 
 TEST(GemmFp8Cpu, ValidateShape) {

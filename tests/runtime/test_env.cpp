@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "check/error_of.hpp"
 #include "weave/common/error.hpp"
 #include "weave/runtime/communicator.hpp"
 #include "weave/runtime/env.hpp"
@@ -41,16 +42,7 @@ class Scoped {
   bool had_ = false;
 };
 
-// The message of the weave::Error `f` throws, "" if it throws none.
-template <class F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const weave::Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using weave::check::error_of;
 
 bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
