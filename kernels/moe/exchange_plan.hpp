@@ -11,12 +11,7 @@
 #include <string>
 
 #include "moe/layout.hpp"
-
-#ifdef __CUDACC__
-#define WEAVE_MOE_XHD __host__ __device__
-#else
-#define WEAVE_MOE_XHD
-#endif
+#include "weave/common/host_device.hpp"
 
 namespace weave::moe {
 
@@ -33,12 +28,12 @@ enum RowField : int {
   kRowTokens = 2,    // T of rank s
   kRowExtra = 4,     // the fields above and one spare
 };
-WEAVE_MOE_XHD inline int row_ints(int experts) { return experts + kRowExtra; }
+WEAVE_HD inline int row_ints(int experts) { return experts + kRowExtra; }
 
 // Entries (token * k + slot, in that order) per chunk: one warp walks a chunk 32 entries at a
 // time, so a chunk's order is the layout's (token, slot) order.
 constexpr int kChunkEntries = 512;
-WEAVE_MOE_XHD inline int num_chunks(long long entries) {
+WEAVE_HD inline int num_chunks(long long entries) {
   return static_cast<int>((entries + kChunkEntries - 1) / kChunkEntries);
 }
 
@@ -47,7 +42,7 @@ WEAVE_MOE_XHD inline int num_chunks(long long entries) {
 // device one thread runs it per expert on the count exchange's critical path: the loads of a
 // batch are issued before the first store, so it waits for chunks / 16 memory round trips, not
 // one per chunk.
-WEAVE_MOE_XHD inline int chunk_prefix(int* hist, int chunks, int experts, int e) {
+WEAVE_HD inline int chunk_prefix(int* hist, int chunks, int experts, int e) {
   constexpr int kBatch = 16;
   int n = 0;
   for (int c0 = 0; c0 < chunks; c0 += kBatch) {
@@ -66,7 +61,7 @@ WEAVE_MOE_XHD inline int chunk_prefix(int* hist, int chunks, int experts, int e)
 // The host form of one chunk's walk (the kernel does it with warp matches): entries [begin, end)
 // of topk_idx advance cursor[e] (counts before the chunk, or zero for a histogram), each valid
 // entry's place (cursor before it) written to place[i - begin] when place is non-null.
-WEAVE_MOE_XHD inline void walk_chunk(const int* topk_idx, long long begin, long long end, const Geometry& g,
+WEAVE_HD inline void walk_chunk(const int* topk_idx, long long begin, long long end, const Geometry& g,
                                      int* cursor, int* place) {
   for (long long i = begin; i < end; ++i) {
     const int e = topk_idx[i];
@@ -84,7 +79,7 @@ struct Verdict {
   int expert_rows = 0, rank_rows = 0, capacity = 0;  // overflow
   long long slot = -1;      // bad expert: token * k + slot on that rank
   int topk = 0;
-  WEAVE_MOE_XHD bool ok() const { return kind == kVerdictOk; }
+  WEAVE_HD bool ok() const { return kind == kVerdictOk; }
   std::string message() const {
     if (kind == kVerdictBadExpert)
       return "moe dispatch: expert id " + std::to_string(expert) + " on rank " + std::to_string(rank) +
@@ -102,7 +97,7 @@ struct Verdict {
 // An out-of-range id on any rank wins (the first rank that has one), else the first rank whose
 // rows exceed `capacity` at its first expert past it (check_capacity's choice). `counts` is the
 // dense W x E matrix; bad_slot[s] / bad_value[s] each rank's own finding (-1: none).
-WEAVE_MOE_XHD inline Verdict judge(const int* counts, const int* bad_slot, const int* bad_value, const Geometry& g,
+WEAVE_HD inline Verdict judge(const int* counts, const int* bad_slot, const int* bad_value, const Geometry& g,
                                    int topk, int capacity) {
   Verdict v;
   v.topk = topk;
@@ -136,5 +131,3 @@ struct RowMeta {
 };
 
 }  // namespace weave::moe
-
-#undef WEAVE_MOE_XHD

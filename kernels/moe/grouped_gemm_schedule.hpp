@@ -10,12 +10,7 @@
 // an expert is cut at the expert's end (`rows` < 128), and the storer writes only those rows.
 #pragma once
 #include "gemm/scheduler.hpp"  // __host__ __device__: include from .cu files only
-
-#ifdef __CUDACC__
-#define WEAVE_MOE_HD __host__ __device__
-#else
-#define WEAVE_MOE_HD
-#endif
+#include "weave/common/host_device.hpp"
 
 namespace weave::moe {
 
@@ -23,7 +18,7 @@ constexpr int kGroupedBM = 128, kGroupedBN = 256;
 // The per-block prefix table holds E + 1 entries of two arrays (8 KB of shared memory at 1024).
 constexpr int kMaxGroupedExperts = 1024;
 
-WEAVE_MOE_HD inline int tile_rows_of(int cnt) { return (cnt + kGroupedBM - 1) / kGroupedBM; }
+WEAVE_HD inline int tile_rows_of(int cnt) { return (cnt + kGroupedBM - 1) / kGroupedBM; }
 
 // What the host can know without reading the counts: the most tile rows any counts summing to
 // at most `capacity` rows can make (each non-empty expert adds at most one partial tile row, and
@@ -40,7 +35,7 @@ enum GroupedError : int { kGroupedOk = 0, kGroupedOverflow = 1, kGroupedNegative
 // Exclusive prefixes of tile rows (tile_begin) and rows (row_begin), E + 1 entries each, and the
 // first bad expert: a negative count, or the first whose rows end past `capacity`. Returns that
 // expert or -1 (with *why set). The kernel's warp scan computes the same table.
-WEAVE_MOE_HD inline int build_prefix(const int* counts, int experts, int capacity, int* tile_begin, int* row_begin,
+WEAVE_HD inline int build_prefix(const int* counts, int experts, int capacity, int* tile_begin, int* row_begin,
                                      int* why = nullptr) {
   long long rows = 0;
   int tiles = 0, bad = -1, reason = kGroupedOk;
@@ -63,7 +58,7 @@ WEAVE_MOE_HD inline int build_prefix(const int* counts, int experts, int capacit
 
 // The expert of work item w: the last e in [0, E) with tile_begin[e] * tiles_n <= w (empty
 // experts share their successor's tile_begin and are skipped by taking the last such e).
-WEAVE_MOE_HD inline int expert_of(int w, const int* tile_begin, int experts, int tiles_n) {
+WEAVE_HD inline int expert_of(int w, const int* tile_begin, int experts, int tiles_n) {
   const int q = w / tiles_n;  // tile_begin[e] * tiles_n <= w  <=>  tile_begin[e] <= floor(w / tiles_n)
   int lo = 0, hi = experts - 1;
   while (lo < hi) {
@@ -84,7 +79,7 @@ struct GroupedTile {
 
 // Needs a table without a bad expert (build_prefix returned -1): then row_begin[e + 1] - row_begin[e]
 // is expert e's count.
-WEAVE_MOE_HD inline GroupedTile grouped_tile(int w, const int* tile_begin, const int* row_begin, int experts,
+WEAVE_HD inline GroupedTile grouped_tile(int w, const int* tile_begin, const int* row_begin, int experts,
                                              int tiles_n, int group_m) {
   const int e = expert_of(w, tile_begin, experts, tiles_n);
   const int tiles_m = tile_begin[e + 1] - tile_begin[e];
@@ -94,5 +89,3 @@ WEAVE_MOE_HD inline GroupedTile grouped_tile(int w, const int* tile_begin, const
 }
 
 }  // namespace weave::moe
-
-#undef WEAVE_MOE_HD

@@ -23,28 +23,24 @@
 #include <string>
 #include <vector>
 
-#ifdef __CUDACC__
-#define WEAVE_MOE_HD __host__ __device__
-#else
-#define WEAVE_MOE_HD
-#endif
+#include "weave/common/host_device.hpp"
 
 namespace weave::moe {
 
 struct Geometry {
   int world = 1, experts = 1;
-  WEAVE_MOE_HD bool valid() const { return world > 0 && experts > 0 && experts % world == 0; }
-  WEAVE_MOE_HD int local_experts() const { return experts / world; }
-  WEAVE_MOE_HD int rank_of(int e) const { return e / local_experts(); }
-  WEAVE_MOE_HD int local_of(int e) const { return e % local_experts(); }
-  WEAVE_MOE_HD int expert(int rank, int local) const { return rank * local_experts() + local; }
+  WEAVE_HD bool valid() const { return world > 0 && experts > 0 && experts % world == 0; }
+  WEAVE_HD int local_experts() const { return experts / world; }
+  WEAVE_HD int rank_of(int e) const { return e / local_experts(); }
+  WEAVE_HD int local_of(int e) const { return e % local_experts(); }
+  WEAVE_HD int expert(int rank, int local) const { return rank * local_experts() + local; }
 };
 
-WEAVE_MOE_HD inline bool valid_expert(int e, const Geometry& g) { return e >= 0 && e < g.experts; }
+WEAVE_HD inline bool valid_expert(int e, const Geometry& g) { return e >= 0 && e < g.experts; }
 
 // The first slot of the token's row (k ids) whose expert lives on the same rank as slot's:
 // that slot carries the token to the rank, the others on the rank reuse its row.
-WEAVE_MOE_HD inline int primary_slot(const int* idx_row, int k, const Geometry& g, int slot) {
+WEAVE_HD inline int primary_slot(const int* idx_row, int k, const Geometry& g, int slot) {
   const int r = g.rank_of(idx_row[slot]);
   for (int j = 0; j < slot; ++j)
     if (g.rank_of(idx_row[j]) == r) return j;
@@ -53,12 +49,12 @@ WEAVE_MOE_HD inline int primary_slot(const int* idx_row, int k, const Geometry& 
 
 // Sender side, rank s: its row of the count matrix (rows per expert, counts[E]) and the number of
 // distinct tokens it sends to each rank (tokens[W], what crosses NVLink). Both are overwritten.
-WEAVE_MOE_HD inline void count_rows(const int* topk_idx, int T, int k, const Geometry& g,
+WEAVE_HD inline void count_rows(const int* topk_idx, int T, int k, const Geometry& g,
                                     int* counts) {
   for (int e = 0; e < g.experts; ++e) counts[e] = 0;
   for (int i = 0; i < T * k; ++i) counts[topk_idx[i]]++;
 }
-WEAVE_MOE_HD inline void count_tokens(const int* topk_idx, int T, int k, const Geometry& g,
+WEAVE_HD inline void count_tokens(const int* topk_idx, int T, int k, const Geometry& g,
                                       int* tokens) {
   for (int r = 0; r < g.world; ++r) tokens[r] = 0;
   for (int t = 0; t < T; ++t)
@@ -68,22 +64,22 @@ WEAVE_MOE_HD inline void count_tokens(const int* topk_idx, int T, int k, const G
 
 // Receiver layout from the count matrix alone (any rank computes any rank's layout).
 // Rows of expert e from all ranks:
-WEAVE_MOE_HD inline int expert_rows(const int* counts, const Geometry& g, int e) {
+WEAVE_HD inline int expert_rows(const int* counts, const Geometry& g, int e) {
   int n = 0;
   for (int s = 0; s < g.world; ++s) n += counts[s * g.experts + e];
   return n;
 }
 // First row of local expert l in rank d's grouped buffer (l = L: the rank's total rows).
-WEAVE_MOE_HD inline int expert_begin(const int* counts, const Geometry& g, int d, int l) {
+WEAVE_HD inline int expert_begin(const int* counts, const Geometry& g, int d, int l) {
   int n = 0;
   for (int j = 0; j < l; ++j) n += expert_rows(counts, g, g.expert(d, j));
   return n;
 }
-WEAVE_MOE_HD inline int rank_rows(const int* counts, const Geometry& g, int d) {
+WEAVE_HD inline int rank_rows(const int* counts, const Geometry& g, int d) {
   return expert_begin(counts, g, d, g.local_experts());
 }
 // First row of the block (local expert l, source s) in rank d's grouped buffer.
-WEAVE_MOE_HD inline int block_begin(const int* counts, const Geometry& g, int d, int l, int s) {
+WEAVE_HD inline int block_begin(const int* counts, const Geometry& g, int d, int l, int s) {
   int n = expert_begin(counts, g, d, l);
   for (int j = 0; j < s; ++j) n += counts[j * g.experts + g.expert(d, l)];
   return n;
@@ -94,7 +90,7 @@ WEAVE_MOE_HD inline int block_begin(const int* counts, const Geometry& g, int d,
 struct RowOwner {
   int local = -1, src = -1;
 };
-WEAVE_MOE_HD inline RowOwner locate_row(const int* counts, const Geometry& g, int d, int row) {
+WEAVE_HD inline RowOwner locate_row(const int* counts, const Geometry& g, int d, int row) {
   int n = 0;
   for (int l = 0; l < g.local_experts(); ++l)
     for (int s = 0; s < g.world; ++s) {
@@ -105,20 +101,20 @@ WEAVE_MOE_HD inline RowOwner locate_row(const int* counts, const Geometry& g, in
 }
 
 // Sender side, rank s: base[e] = first row of block (local_of(e), s) on rank_of(e), for every e.
-WEAVE_MOE_HD inline void send_bases(const int* counts, const Geometry& g, int s, int* base) {
+WEAVE_HD inline void send_bases(const int* counts, const Geometry& g, int s, int* base) {
   for (int e = 0; e < g.experts; ++e) base[e] = block_begin(counts, g, g.rank_of(e), g.local_of(e), s);
 }
 // The rows of token t's k slots on their experts' ranks. cursor[e] counts rank s's rows to e
 // already placed (all tokens before t): zero before token 0, or, in a kernel, an exclusive prefix
 // over tokens. Advances cursor.
-WEAVE_MOE_HD inline void place_token(const int* idx_row, int k, const int* base, int* cursor,
+WEAVE_HD inline void place_token(const int* idx_row, int k, const int* base, int* cursor,
                                      int* rows) {
   for (int j = 0; j < k; ++j) rows[j] = base[idx_row[j]] + cursor[idx_row[j]]++;
 }
 
 // Capacity: the grouped buffer of rank d must hold rank_rows(d). The first local expert (in layout
 // order) whose rows end past `capacity`, or -1: the expert the overflow error names.
-WEAVE_MOE_HD inline int first_overflow(const int* counts, const Geometry& g, int d, int capacity) {
+WEAVE_HD inline int first_overflow(const int* counts, const Geometry& g, int d, int capacity) {
   int end = 0;
   for (int l = 0; l < g.local_experts(); ++l) {
     end += expert_rows(counts, g, g.expert(d, l));
@@ -210,5 +206,3 @@ inline DispatchPlan plan_dispatch(const int* topk_idx, int T, int k, const Geome
 }
 
 }  // namespace weave::moe
-
-#undef WEAVE_MOE_HD

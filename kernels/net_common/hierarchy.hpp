@@ -10,18 +10,13 @@
 // near-equal split of weave/common/split.hpp (the first n mod parts parts get one more unit), so
 // a shard here is the same shard the single-node collectives and TP kernels use.
 #pragma once
+#include "weave/common/host_device.hpp"
 #include "weave/common/split.hpp"
-
-#ifdef __CUDACC__
-#define WEAVE_NET_HD __host__ __device__
-#else
-#define WEAVE_NET_HD
-#endif
 
 namespace weave::net {
 
 namespace detail {
-WEAVE_NET_HD inline int wrap(int x, int n) {
+WEAVE_HD inline int wrap(int x, int n) {
   x %= n;
   return x < 0 ? x + n : x;
 }
@@ -29,22 +24,22 @@ WEAVE_NET_HD inline int wrap(int x, int n) {
 
 struct Topo {
   int nodes = 1, gpus = 1;
-  WEAVE_NET_HD int world() const { return nodes * gpus; }
-  WEAVE_NET_HD int node(int r) const { return r / gpus; }
-  WEAVE_NET_HD int local(int r) const { return r % gpus; }
+  WEAVE_HD int world() const { return nodes * gpus; }
+  WEAVE_HD int node(int r) const { return r / gpus; }
+  WEAVE_HD int local(int r) const { return r % gpus; }
   // Node and local index taken modulo nodes and gpus.
-  WEAVE_NET_HD int rank(int node, int local) const {
+  WEAVE_HD int rank(int node, int local) const {
     return detail::wrap(node, nodes) * gpus + detail::wrap(local, gpus);
   }
   // The rail peer k nodes further (k = 1 .. nodes - 1; negative: back).
-  WEAVE_NET_HD int rail_peer(int r, int k) const { return rank(node(r) + k, local(r)); }
+  WEAVE_HD int rail_peer(int r, int k) const { return rank(node(r) + k, local(r)); }
   // The GPU k local indices further on r's node.
-  WEAVE_NET_HD int local_peer(int r, int k) const { return rank(node(r), local(r) + k); }
+  WEAVE_HD int local_peer(int r, int k) const { return rank(node(r), local(r) + k); }
   // Owner q's rail peer on `node` (q itself on q's node): where q's data enters that node, or
   // where that node's data for q leaves it.
-  WEAVE_NET_HD int rail_peer_on(int q, int node) const { return rank(node, local(q)); }
-  WEAVE_NET_HD bool same_node(int a, int b) const { return node(a) == node(b); }
-  WEAVE_NET_HD bool rail_peers(int a, int b) const { return a != b && local(a) == local(b); }
+  WEAVE_HD int rail_peer_on(int q, int node) const { return rank(node, local(q)); }
+  WEAVE_HD bool same_node(int a, int b) const { return node(a) == node(b); }
+  WEAVE_HD bool rail_peers(int a, int b) const { return a != b && local(a) == local(b); }
 };
 
 enum class Link : int { nvlink = 0, network = 1 };
@@ -56,7 +51,7 @@ struct Bytes {
 
 // Piece i of `parts` of [off, off + size): near-equal in units of `unit` bytes (a multiple of the
 // element size: reductions never split an element), the trailing partial unit to the last piece.
-WEAVE_NET_HD inline Bytes split_bytes(long long off, long long size, long long unit, int parts, int i) {
+WEAVE_HD inline Bytes split_bytes(long long off, long long size, long long unit, int parts, int i) {
   const long long units = size / unit;
   const Part<long long> p = near_equal_part(units, parts, i);
   return {off + p.begin * unit, p.size * unit + (i == parts - 1 ? size - units * unit : 0)};
@@ -104,18 +99,18 @@ struct Xfer {
   long long off, bytes;
 };
 
-WEAVE_NET_HD inline int phase_steps(Coll c, const Topo& t, Phase ph) {
+WEAVE_HD inline int phase_steps(Coll c, const Topo& t, Phase ph) {
   const bool ar = c == Coll::all_reduce, rs = c == Coll::reduce_scatter, ag = c == Coll::all_gather;
   const bool on = ph == Phase::intra_rs || ph == Phase::net_rs ? ar || rs : ar || ag;
   return on ? (ph == Phase::intra_rs || ph == Phase::intra_ag ? t.gpus - 1 : t.nodes - 1) : 0;
 }
-WEAVE_NET_HD inline int num_steps(Coll c, const Topo& t) {
+WEAVE_HD inline int num_steps(Coll c, const Topo& t) {
   int n = 0;
   for (int p = 0; p < 4; ++p) n += phase_steps(c, t, static_cast<Phase>(p));
   return n;
 }
 // Step `step`'s phase and its index inside the phase.
-WEAVE_NET_HD inline Phase phase_of(Coll c, const Topo& t, int step, int* s) {
+WEAVE_HD inline Phase phase_of(Coll c, const Topo& t, int step, int* s) {
   int p = 0;
   while (p < 3 && step >= phase_steps(c, t, static_cast<Phase>(p))) step -= phase_steps(c, t, static_cast<Phase>(p++));
   *s = step;
@@ -124,19 +119,19 @@ WEAVE_NET_HD inline Phase phase_of(Coll c, const Topo& t, int step, int* s) {
 
 // all_reduce: node part l (what local l reduces over NVLink and carries over the network) and its
 // sub-chunk i of the ring.
-WEAVE_NET_HD inline Bytes node_part(const CollPlan& p, int l) {
+WEAVE_HD inline Bytes node_part(const CollPlan& p, int l) {
   return split_bytes(0, p.bytes, p.unit, p.topo.gpus, l);
 }
-WEAVE_NET_HD inline Bytes ring_sub(const CollPlan& p, int l, int i) {
+WEAVE_HD inline Bytes ring_sub(const CollPlan& p, int l, int i) {
   const Bytes b = node_part(p, l);
   return split_bytes(b.off, b.size, p.unit, p.topo.nodes, i);
 }
 // all_gather / reduce_scatter: rank q's shard.
-WEAVE_NET_HD inline Bytes shard(const CollPlan& p, int q) { return split_bytes(0, p.bytes, p.unit, p.topo.world(), q); }
+WEAVE_HD inline Bytes shard(const CollPlan& p, int q) { return split_bytes(0, p.bytes, p.unit, p.topo.world(), q); }
 
 // Transfers per rank in step `step`: N for the intra-node steps of all_gather and reduce_scatter
 // (one per node's shard), else 1.
-WEAVE_NET_HD inline int num_xfers(const CollPlan& p, int step) {
+WEAVE_HD inline int num_xfers(const CollPlan& p, int step) {
   int s;
   const Phase ph = phase_of(p.coll, p.topo, step, &s);
   const bool intra = ph == Phase::intra_rs || ph == Phase::intra_ag;
@@ -144,7 +139,7 @@ WEAVE_NET_HD inline int num_xfers(const CollPlan& p, int step) {
 }
 
 // Rank r's i-th send of step `step`.
-WEAVE_NET_HD inline Xfer send(const CollPlan& p, int r, int step, int i) {
+WEAVE_HD inline Xfer send(const CollPlan& p, int r, int step, int i) {
   const Topo& t = p.topo;
   const int n = t.node(r), l = t.local(r), N = t.nodes;
   const bool ar = p.coll == Coll::all_reduce;
@@ -169,23 +164,23 @@ WEAVE_NET_HD inline Xfer send(const CollPlan& p, int r, int step, int i) {
   return x;
 }
 // The rank whose sends of step `step` land on rank r (its receives are that rank's sends).
-WEAVE_NET_HD inline int recv_from(const CollPlan& p, int r, int step) {
+WEAVE_HD inline int recv_from(const CollPlan& p, int r, int step) {
   int s;
   const Phase ph = phase_of(p.coll, p.topo, step, &s);
   if (ph == Phase::intra_rs || ph == Phase::intra_ag) return p.topo.local_peer(r, -(s + 1));
   return p.topo.rail_peer(r, p.coll == Coll::all_reduce ? -1 : -(s + 1));
 }
-WEAVE_NET_HD inline Xfer recv(const CollPlan& p, int r, int step, int i) {
+WEAVE_HD inline Xfer recv(const CollPlan& p, int r, int step, int i) {
   return send(p, recv_from(p, r, step), step, i);
 }
 // How many times each byte of the buffer crosses the network in one call.
-WEAVE_NET_HD inline int net_crossings(Coll c, const Topo& t) {
+WEAVE_HD inline int net_crossings(Coll c, const Topo& t) {
   return (c == Coll::all_reduce ? 2 : 1) * (t.nodes - 1);
 }
 
 // A transfer cut into network messages of at most `chunk` bytes (a multiple of the unit).
-WEAVE_NET_HD inline long long num_pieces(long long bytes, long long chunk) { return (bytes + chunk - 1) / chunk; }
-WEAVE_NET_HD inline Xfer piece(Xfer x, long long chunk, long long i) {
+WEAVE_HD inline long long num_pieces(long long bytes, long long chunk) { return (bytes + chunk - 1) / chunk; }
+WEAVE_HD inline Xfer piece(Xfer x, long long chunk, long long i) {
   const long long b = i * chunk, left = x.bytes - b;
   x.off += b;
   x.bytes = left < chunk ? left : chunk;
@@ -205,17 +200,17 @@ struct TileGrid {
   int chunk_tiles = 1;      // row tiles per network chunk
   long long row_bytes = 0;  // bytes of a row on the network (AG+GEMM: K x elt of A; GEMM+RS: N x elt of C)
 };
-WEAVE_NET_HD inline Part<long long> shard_rows(const TileGrid& g, int q) {
+WEAVE_HD inline Part<long long> shard_rows(const TileGrid& g, int q) {
   return near_equal_part(g.M, g.topo.world(), q);
 }
-WEAVE_NET_HD inline int row_tiles(const TileGrid& g, int q) {
+WEAVE_HD inline int row_tiles(const TileGrid& g, int q) {
   return static_cast<int>((shard_rows(g, q).size + g.bm - 1) / g.bm);
 }
-WEAVE_NET_HD inline int num_chunks(const TileGrid& g, int q) {
+WEAVE_HD inline int num_chunks(const TileGrid& g, int q) {
   return (row_tiles(g, q) + g.chunk_tiles - 1) / g.chunk_tiles;
 }
-WEAVE_NET_HD inline int max_chunks(const TileGrid& g) { return num_chunks(g, 0); }  // rank 0's shard is the largest
-WEAVE_NET_HD inline int chunk_of_tile(const TileGrid& g, int row_tile) { return row_tile / g.chunk_tiles; }
+WEAVE_HD inline int max_chunks(const TileGrid& g) { return num_chunks(g, 0); }  // rank 0's shard is the largest
+WEAVE_HD inline int chunk_of_tile(const TileGrid& g, int row_tile) { return row_tile / g.chunk_tiles; }
 
 // Chunk c of owner q: its row tiles and its bytes in the row-major M-row matrix (empty past the
 // owner's last chunk).
@@ -223,7 +218,7 @@ struct Chunk {
   int owner, index, tile0, tiles;
   long long off, bytes;
 };
-WEAVE_NET_HD inline Chunk chunk(const TileGrid& g, int q, int c) {
+WEAVE_HD inline Chunk chunk(const TileGrid& g, int q, int c) {
   const int tm = row_tiles(g, q), t0 = c * g.chunk_tiles < tm ? c * g.chunk_tiles : tm;
   const int tiles = tm - t0 < g.chunk_tiles ? tm - t0 : g.chunk_tiles;
   const Part<long long> sh = shard_rows(g, q);
@@ -248,10 +243,10 @@ enum class TileOrder : int { ag_gemm = 0, gemm_rs = 1 };
 struct Block {
   int owner, chunk, tile0, tiles;
 };
-WEAVE_NET_HD inline int num_blocks(const TileGrid& g) {
+WEAVE_HD inline int num_blocks(const TileGrid& g) {
   return g.topo.gpus + (g.topo.nodes - 1) * max_chunks(g) * g.topo.gpus;
 }
-WEAVE_NET_HD inline Block block(const TileGrid& g, TileOrder o, int r, int b) {
+WEAVE_HD inline Block block(const TileGrid& g, TileOrder o, int r, int b) {
   const Topo& t = g.topo;
   const int G = t.gpus, remote = (t.nodes - 1) * max_chunks(g) * G;
   const int local_b = o == TileOrder::ag_gemm ? b : b - remote;
@@ -274,7 +269,7 @@ struct Cursor {
   int block = 0;
   long long first = 0;  // tiles before `block`
 };
-WEAVE_NET_HD inline bool locate(const TileGrid& g, TileOrder o, int r, long long w, Cursor* cur, Block* blk,
+WEAVE_HD inline bool locate(const TileGrid& g, TileOrder o, int r, long long w, Cursor* cur, Block* blk,
                                 long long* j) {
   const int nb = num_blocks(g);
   for (; cur->block < nb; ++cur->block) {
@@ -300,8 +295,8 @@ struct ChunkSend {
   int dst;
   Chunk chunk;
 };
-WEAVE_NET_HD inline int num_net_sends(const TileGrid& g) { return (g.topo.nodes - 1) * max_chunks(g); }
-WEAVE_NET_HD inline ChunkSend net_send(const TileGrid& g, TileOrder o, int r, int s) {
+WEAVE_HD inline int num_net_sends(const TileGrid& g) { return (g.topo.nodes - 1) * max_chunks(g); }
+WEAVE_HD inline ChunkSend net_send(const TileGrid& g, TileOrder o, int r, int s) {
   const int dst = g.topo.rail_peer(r, s / max_chunks(g) + 1);
   return {dst, chunk(g, o == TileOrder::ag_gemm ? r : dst, s % max_chunks(g))};
 }
@@ -315,7 +310,7 @@ WEAVE_NET_HD inline ChunkSend net_send(const TileGrid& g, TileOrder o, int r, in
 // carries one slice per round, and each slice enters every other node exactly once (N - 1
 // crossings). A rank holds at most 4 slices at a time (the round's first, being forwarded; the
 // current; the next from NVLink; the next round's from the network). N = 1: the single-node ring.
-WEAVE_NET_HD inline int ring_owner(const Topo& t, int r, int step) {
+WEAVE_HD inline int ring_owner(const Topo& t, int r, int step) {
   return t.rank(t.node(r) - step / t.gpus, t.local(r) - step % t.gpus);
 }
 struct SliceSend {
@@ -323,16 +318,14 @@ struct SliceSend {
   Link link;
   int start, due;  // issued at step `start` (the slice is on src), needed by dst at step `due`
 };
-WEAVE_NET_HD inline int ring_num_net_sends(const Topo& t) { return t.nodes - 1; }
-WEAVE_NET_HD inline SliceSend ring_net_send(const Topo& t, int r, int j) {
+WEAVE_HD inline int ring_num_net_sends(const Topo& t) { return t.nodes - 1; }
+WEAVE_HD inline SliceSend ring_net_send(const Topo& t, int r, int j) {
   return {r, t.rail_peer(r, 1), ring_owner(t, r, j * t.gpus), Link::network, j * t.gpus, (j + 1) * t.gpus};
 }
-WEAVE_NET_HD inline int ring_num_nvlink_sends(const Topo& t) { return t.nodes * (t.gpus - 1); }
-WEAVE_NET_HD inline SliceSend ring_nvlink_send(const Topo& t, int r, int x) {
+WEAVE_HD inline int ring_num_nvlink_sends(const Topo& t) { return t.nodes * (t.gpus - 1); }
+WEAVE_HD inline SliceSend ring_nvlink_send(const Topo& t, int r, int x) {
   const int step = x / (t.gpus - 1) * t.gpus + x % (t.gpus - 1);
   return {r, t.local_peer(r, 1), ring_owner(t, r, step), Link::nvlink, step, step + 1};
 }
 
 }  // namespace weave::net
-
-#undef WEAVE_NET_HD

@@ -2,12 +2,7 @@
 // the first n % parts parts one more. Shards of collectives, TP rows, ring chunks and Ulysses rows
 // all follow it, so every layer agrees on who owns what.
 #pragma once
-
-#ifdef __CUDACC__
-#define WEAVE_SPLIT_HD __host__ __device__
-#else
-#define WEAVE_SPLIT_HD
-#endif
+#include "weave/common/host_device.hpp"
 
 namespace weave {
 
@@ -18,11 +13,9 @@ struct Part {
 };
 
 template <class T>
-WEAVE_SPLIT_HD inline Part<T> near_equal_part(T n, int parts, int i) {
+WEAVE_HD inline Part<T> near_equal_part(T n, int parts, int i) {
   const T q = n / parts, rem = n % parts;
   return {i * q + (i < rem ? T(i) : rem), q + (i < rem ? T(1) : T(0))};
 }
 
 }  // namespace weave
-
-#undef WEAVE_SPLIT_HD
