@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "weave/common/error.hpp"
+#include "weave/common/extent.hpp"
 
 namespace weave::attention {
 
@@ -20,8 +21,7 @@ inline void check_common(const char* who, int B, int Hq, int Hkv, int D, float s
   WEAVE_CHECK(num_comm_sms < 0 || (num_comm_sms >= 1 && num_comm_sms <= sm_count / 2), who, ": num_comm_sms = ",
               num_comm_sms, " must be < 0 (tuner) or in [1, ", sm_count / 2, "] (half the SMs)");
   WEAVE_CHECK(q && k && v && o, who, ": null q, k, v or o");
-  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  WEAVE_CHECK(aligned(q) && aligned(k) && aligned(v) && aligned(o), who,
+  WEAVE_CHECK(is_aligned(q) && is_aligned(k) && is_aligned(v) && is_aligned(o), who,
               ": q, k, v and o must be 16-byte aligned (TMA)");
 }
 

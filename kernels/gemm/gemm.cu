@@ -162,8 +162,6 @@ lcsc::Plan dispatch(const bf16* A, const bf16* B, OutT* C, int M, int N, int K, 
   }
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 }  // namespace
 
 void validate_shape(int M, int N, int K) {
@@ -181,9 +179,9 @@ void validate_args(const void* A, const void* B, const void* C, int M, int N, in
   WEAVE_CHECK(opt.a_layout == ALayout::MK || M % 8 == 0, "gemm: M = ", M,
               " is not a multiple of 8, which A stored K x M needs (TMA needs 16-byte row pitches)");
   WEAVE_CHECK(A && B && C, "gemm: null pointer");
-  WEAVE_CHECK(aligned16(A), "gemm: A (", A, ") is not 16-byte aligned, which TMA needs");
-  WEAVE_CHECK(aligned16(B), "gemm: B (", B, ") is not 16-byte aligned, which TMA needs");
-  WEAVE_CHECK(aligned16(C), "gemm: C (", C, ") is not 16-byte aligned, which TMA needs");
+  WEAVE_CHECK(is_aligned(A), "gemm: A (", A, ") is not 16-byte aligned, which TMA needs");
+  WEAVE_CHECK(is_aligned(B), "gemm: B (", B, ") is not 16-byte aligned, which TMA needs");
+  WEAVE_CHECK(is_aligned(C), "gemm: C (", C, ") is not 16-byte aligned, which TMA needs");
   switch (opt.bias_type) {
     case BiasType::None:
       WEAVE_CHECK(opt.bias == nullptr, "gemm: a bias pointer was given with bias_type None (set BF16 or F32)");
@@ -192,7 +190,7 @@ void validate_args(const void* A, const void* B, const void* C, int M, int N, in
     case BiasType::F32:
       WEAVE_CHECK(opt.bias != nullptr, "gemm: bias_type ", opt.bias_type == BiasType::F32 ? "F32" : "BF16",
                   " needs a bias pointer (N values), got null");
-      WEAVE_CHECK(aligned16(opt.bias), "gemm: bias (", opt.bias, ") is not 16-byte aligned");
+      WEAVE_CHECK(is_aligned(opt.bias), "gemm: bias (", opt.bias, ") is not 16-byte aligned");
       break;
     default:
       WEAVE_CHECK(false, "gemm: unknown bias_type ", static_cast<int>(opt.bias_type));

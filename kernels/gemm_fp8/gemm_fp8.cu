@@ -59,7 +59,7 @@ lcsc::Plan dispatch(Fp8 ta, Fp8 tb, const void* A, const void* B, __nv_bfloat16*
 }
 
 void check_aligned(const char* name, const void* p, size_t align) {
-  WEAVE_CHECK(reinterpret_cast<uintptr_t>(p) % align == 0, "gemm_fp8: ", name, " (", p, ") is not ", align,
+  WEAVE_CHECK(is_aligned(p, align), "gemm_fp8: ", name, " (", p, ") is not ", align,
               "-byte aligned", align == 16 ? " (TMA needs 16-byte aligned base addresses)" : "");
 }
 

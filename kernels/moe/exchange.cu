@@ -10,6 +10,7 @@
 #include "moe/exchange.hpp"
 #include "moe/exchange_kernels.cuh"
 #include "weave/common/error.hpp"
+#include "weave/common/extent.hpp"
 #include "weave/runtime/call.hpp"
 
 namespace weave::moe {
@@ -18,7 +19,6 @@ using detail::bf16;
 
 namespace {
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 void check_config(const ExchangeConfig& c, int world) {
   WEAVE_CHECK(c.experts > 0 && c.experts % world == 0, "moe exchange: ", c.experts,
@@ -121,7 +121,7 @@ Dispatched MoeExchange::dispatch(const bf16* x, const int* topk_idx, int T, cuda
     WEAVE_CHECK(T >= 0 && T <= cf.max_tokens, "moe dispatch: T = ", T, " tokens outside 0..max_tokens (",
                 cf.max_tokens, ")");
     if (T == 0) return;
-    WEAVE_CHECK(aligned16(x), "moe dispatch: x (", static_cast<const void*>(x), ") must be 16-byte aligned");
+    WEAVE_CHECK(is_aligned(x), "moe dispatch: x (", static_cast<const void*>(x), ") must be 16-byte aligned");
     m.c.check_buffer("moe dispatch", "x", x, static_cast<size_t>(T) * cf.hidden * sizeof(bf16));
     m.c.check_buffer("moe dispatch", "topk_idx", topk_idx, static_cast<size_t>(T) * cf.topk * sizeof(int));
   });
@@ -174,7 +174,7 @@ void MoeExchange::combine(const bf16* y, const float* topk_weights, bf16* out, i
     runtime::check_not_capturing("moe combine", s);
     WEAVE_CHECK(m.last_T >= 0, "moe combine: no dispatch on this exchange yet");
     WEAVE_CHECK(T == m.last_T, "moe combine: T = ", T, " but the last dispatch had ", m.last_T, " tokens");
-    WEAVE_CHECK(aligned16(y), "moe combine: y (", static_cast<const void*>(y), ") must be 16-byte aligned");
+    WEAVE_CHECK(is_aligned(y), "moe combine: y (", static_cast<const void*>(y), ") must be 16-byte aligned");
     try {
       py = m.c.peers(y, static_cast<size_t>(cf.capacity) * cf.hidden * sizeof(bf16));
     } catch (const Error& e) {
@@ -183,7 +183,7 @@ void MoeExchange::combine(const bf16* y, const float* topk_weights, bf16* out, i
                   "expert_output() is one)");
     }
     if (T == 0) return;
-    WEAVE_CHECK(aligned16(out), "moe combine: out (", static_cast<const void*>(out), ") must be 16-byte aligned");
+    WEAVE_CHECK(is_aligned(out), "moe combine: out (", static_cast<const void*>(out), ") must be 16-byte aligned");
     m.c.check_buffer("moe combine", "topk_weights", topk_weights, static_cast<size_t>(T) * cf.topk * sizeof(float));
     m.c.check_buffer("moe combine", "out", out, static_cast<size_t>(T) * cf.hidden * sizeof(bf16));
   });

@@ -64,11 +64,10 @@ void validate_grouped(const void* X, const void* W, const void* Y, const int* co
   WEAVE_CHECK(N % 8 == 0, "moe grouped_gemm: N = ", N, " is not a multiple of 8 (TMA needs 16-byte row pitches)");
   WEAVE_CHECK(R_cap >= 1, "moe grouped_gemm: capacity R_cap = ", R_cap, " rows, want >= 1");
   WEAVE_CHECK(X && W && Y && counts, "moe grouped_gemm: null pointer (X, W, Y or counts)");
-  const auto misaligned = [](const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a != 0; };
-  WEAVE_CHECK(!misaligned(X, 16), "moe grouped_gemm: X is not 16-byte aligned");
-  WEAVE_CHECK(!misaligned(W, 16), "moe grouped_gemm: W is not 16-byte aligned");
-  WEAVE_CHECK(!misaligned(Y, 16), "moe grouped_gemm: Y is not 16-byte aligned");
-  WEAVE_CHECK(!misaligned(counts, 4), "moe grouped_gemm: counts is not 4-byte aligned");
+  WEAVE_CHECK(is_aligned(X), "moe grouped_gemm: X is not 16-byte aligned");
+  WEAVE_CHECK(is_aligned(W), "moe grouped_gemm: W is not 16-byte aligned");
+  WEAVE_CHECK(is_aligned(Y), "moe grouped_gemm: Y is not 16-byte aligned");
+  WEAVE_CHECK(is_aligned(counts, 4), "moe grouped_gemm: counts is not 4-byte aligned");
   const long long work = max_work(R_cap, E, (N + kGroupedBN - 1) / kGroupedBN);
   WEAVE_CHECK(work < (1ll << 31), "moe grouped_gemm: ", work, " possible tiles (R_cap ", R_cap, ", N ", N,
               ") overflow the work index");

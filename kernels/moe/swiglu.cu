@@ -8,6 +8,7 @@
 
 #include "moe/swiglu.hpp"
 #include "weave/common/error.hpp"
+#include "weave/common/extent.hpp"
 
 namespace weave::moe {
 
@@ -54,7 +55,6 @@ __global__ void __launch_bounds__(kThreads) swiglu_kernel(const uint4* __restric
   }
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 
@@ -71,7 +71,7 @@ void swiglu(const __nv_bfloat16* G, __nv_bfloat16* Hout, const int* rows, int R_
   WEAVE_CHECK(F > 0 && F % 8 == 0, "moe swiglu: F = ", F, " must be a positive multiple of 8 (16-byte vectors)");
   WEAVE_CHECK(R_cap >= 0, "moe swiglu: negative capacity ", R_cap);
   if (R_cap == 0) return;
-  WEAVE_CHECK(aligned16(G) && aligned16(Hout), "moe swiglu: G (", static_cast<const void*>(G), ") and H (",
+  WEAVE_CHECK(is_aligned(G) && is_aligned(Hout), "moe swiglu: G (", static_cast<const void*>(G), ") and H (",
               static_cast<const void*>(Hout), ") must be 16-byte aligned");
   int dev = 0, sms = 0;
   WEAVE_CUDA_CHECK(cudaGetDevice(&dev));

@@ -12,6 +12,9 @@
 
 namespace weave {
 
+// Whether p is a multiple of `align` bytes (TMA base addresses and 16-byte vector accesses need 16).
+inline bool is_aligned(const void* p, size_t align = 16) { return reinterpret_cast<uintptr_t>(p) % align == 0; }
+
 // Throws weave::Error naming `who` and `name` when p is not device memory, or when the
 // allocation holding p ends before p + bytes. The allocation is the one the driver knows
 // (cudaMalloc's, a VMM mapping, a caching allocator's whole segment: a short tensor carved from a
