@@ -5,23 +5,7 @@
 //   r[t] = sum_j w[t, j] * y_e(x_t), e = idx[t, j],  y_e(x) = Wd[e] (silu(g) * u),
 //   g = Wg[e] x, u = Wu[e] x  (Wg, Wu: rows 0..F-1 and F..2F-1 of W_up[e]).
 //
-// The bound, per output element (u8 = 2^-8, bf16's unit roundoff under round to nearest; gam(K) =
-// K 2^-21, a dot product of length K accumulated in fp32 on the tensor cores, with 4x margin over
-// K 2^-23; 1.1 = max |silu'|):
-//  - G = bf16(fp32 X Wup^T): |g~ - g| <= eg = u8 |g| + (1 + u8) gam(H) sum_c |x_c Wg_fc|, same eu for u.
-//  - H = bf16(silu(g~) u~) in fp32: |h~ - h| <= eh = (1 + u8 + q) D + (u8 + q) |h|, where
-//    D = (|silu(g)| + 1.1 eg) eu + 1.1 |u| eg bounds |silu(g~) u~ - silu(g) u| and
-//    q = 2^-18 + |g| 2^-22 the fp32 steps (swiglu.hpp: fast exp and division, one product).
-//  - Y = bf16(fp32 H~ Wd^T): the errors of h~ enter as sum_f d_f Wd_cf with |d_f| <= eh_f. Taken
-//    worst case (sum eh |Wd|) this is ~sqrt(F) times what it is in practice and as large as a
-//    missing expert; the d_f are roundings of different dot products, independent and centred, so
-//    Hoeffding gives P(|sum| > 8 s) <= 2 e^-32 with s = sqrt(sum_f eh_f^2 Wd_cf^2) (~1e-14 per
-//    element, ~1e-8 over every element the suite checks). Slots of one token on the same expert
-//    share their errors: s is taken per distinct expert with the summed weight W_e.
-//    Then |y~ - y| <= ey = u8 |y| + (1 + u8) gam(F) sum_f (|h_f| + eh_f) |Wd_cf| (deterministic part).
-//  - out = bf16(fp32 sum_j w_j y~_j): the combine's fma chain adds 2^-19 sum_j w_j |y~_j| (as in
-//    test_moe_exchange_gpu), and the final rounding u8 |out|.
-//  So |out - r| <= 1.02 (u8 |r| + sum_j w_j (ey_j + 2^-19 (|y_j| + ey_j)) + 8 sqrt(sum_e (W_e s_e)^2)) + 2^-100.
+// The bound, per output element, is derived in check/moe_ref.hpp (with the reference itself).
 // At these shapes (|g| ~ 1.7, |h| ~ 1.5, |y| ~ 1.5 rms) the bound is ~0.2 per slot's weight, while a
 // wrong expert weight, a swapped gate / up half, a wrong row or a missing slot moves an element
 // by ~|w y| ~ 1: many elements of a single wrong tile or token break it.
@@ -44,6 +28,7 @@
 #include <vector>
 
 #include "../primitives/common.hpp"
+#include "check/moe_ref.hpp"
 #include "check/seed.hpp"
 #include "moe/exchange.hpp"
 #include "moe/grouped_gemm.hpp"
@@ -133,56 +118,9 @@ struct Weights {
   const bf16* down_of(int e) const { return down.data() + static_cast<size_t>(e) * H * F; }
 };
 
-// One expert applied to one token, float64, with the error terms of the bound above.
-struct ExpertOut {
-  std::vector<double> y, ey_det, s2;  // per output column: y, its deterministic bound, s^2
-};
-
-ExpertOut expert_ref(const Weights& wts, int e, const bf16* x) {
-  const int H = wts.H, F = wts.F;
-  const double u8 = std::ldexp(1.0, -8), fp32 = std::ldexp(1.0, -18);
-  const double gamH = H * std::ldexp(1.0, -21), gamF = F * std::ldexp(1.0, -21);
-  std::vector<double> xv(H), h(F), eh(F);
-  for (int c = 0; c < H; ++c) xv[c] = wt::to_f(x[c]);
-  const bf16* wu = wts.up_of(e);
-  for (int f = 0; f < F; ++f) {
-    double g = 0, ag = 0, u = 0, au = 0;
-    const bf16* rg = wu + static_cast<size_t>(f) * H;
-    const bf16* ru = wu + static_cast<size_t>(F + f) * H;
-    for (int c = 0; c < H; ++c) {
-      const double pg = xv[c] * wt::to_f(rg[c]), pu = xv[c] * wt::to_f(ru[c]);
-      g += pg, ag += std::fabs(pg), u += pu, au += std::fabs(pu);
-    }
-    const double eg = u8 * std::fabs(g) + (1 + u8) * gamH * ag, eu = u8 * std::fabs(u) + (1 + u8) * gamH * au;
-    const double sg = g / (1 + std::exp(-g));
-    h[f] = sg * u;
-    const double D = (std::fabs(sg) + 1.1 * eg) * eu + 1.1 * std::fabs(u) * eg;
-    const double q = fp32 + std::fabs(g) * std::ldexp(1.0, -22);
-    eh[f] = (1 + u8 + q) * D + (u8 + q) * std::fabs(h[f]);
-  }
-  ExpertOut o;
-  o.y.resize(H), o.ey_det.resize(H), o.s2.resize(H);
-  const bf16* wd = wts.down_of(e);
-  for (int c = 0; c < H; ++c) {
-    double y = 0, a = 0, s2 = 0;
-    const bf16* rd = wd + static_cast<size_t>(c) * F;
-    for (int f = 0; f < F; ++f) {
-      const double w = wt::to_f(rd[f]);
-      y += h[f] * w;
-      a += (std::fabs(h[f]) + eh[f]) * std::fabs(w);
-      s2 += eh[f] * eh[f] * w * w;
-    }
-    o.y[c] = y;
-    o.ey_det[c] = u8 * std::fabs(y) + (1 + u8) * gamF * a;
-    o.s2[c] = s2;
-  }
-  return o;
-}
-
 // Checks this rank's layer output against the float64 reference of its own tokens.
 void verify(const Weights& wts, const RankInput& mine, int k, const std::vector<bf16>& out, const std::string& what) {
-  const int H = wts.H;
-  const double u8 = std::ldexp(1.0, -8);
+  const int H = wts.H, F = wts.F;
   long long over = 0, nonfinite = 0;
   double worst = 0;
   std::string worst_at;
@@ -192,24 +130,21 @@ void verify(const Weights& wts, const RankInput& mine, int k, const std::vector<
     std::vector<int> experts;  // distinct experts of the token, in first-seen order
     for (int j = 0; j < k; ++j)
       if (std::find(experts.begin(), experts.end(), ids[j]) == experts.end()) experts.push_back(ids[j]);
-    std::vector<ExpertOut> eo;
-    std::vector<double> we;  // summed weight per distinct expert
+    std::vector<double> xv(H);
+    for (int c = 0; c < H; ++c) xv[c] = wt::to_f(mine.x[static_cast<size_t>(t) * H + c]);
+    check::MoeTokenRef ref(H);
     for (int e : experts) {
-      eo.push_back(expert_ref(wts, e, mine.x.data() + static_cast<size_t>(t) * H));
-      double s = 0;
+      double we = 0;  // the summed weight of the token's slots on e
       for (int j = 0; j < k; ++j)
-        if (ids[j] == e) s += ws[j];
-      we.push_back(s);
+        if (ids[j] == e) we += ws[j];
+      const bf16* wu = wts.up_of(e);
+      const bf16* wd = wts.down_of(e);
+      const auto up = [&](int row, int c) { return double(wt::to_f(wu[static_cast<size_t>(row) * H + c])); };
+      const auto down = [&](int c, int f) { return double(wt::to_f(wd[static_cast<size_t>(c) * F + f])); };
+      ref.add(we, check::moe_expert_ref(xv, H, F, up, down));
     }
     for (int c = 0; c < H; ++c) {
-      double r = 0, det = 0, rnd2 = 0;
-      for (int j = 0; j < k; ++j) {
-        const ExpertOut& o = eo[std::find(experts.begin(), experts.end(), ids[j]) - experts.begin()];
-        r += ws[j] * o.y[c];
-        det += ws[j] * (o.ey_det[c] + std::ldexp(std::fabs(o.y[c]) + o.ey_det[c], -19));
-      }
-      for (size_t i = 0; i < experts.size(); ++i) rnd2 += we[i] * we[i] * eo[i].s2[c];
-      const double bound = 1.02 * (u8 * std::fabs(r) + det + 8 * std::sqrt(rnd2)) + std::ldexp(1.0, -100);
+      const double r = ref.r[c], bound = ref.bound(c);
       const double x = wt::to_f(out[static_cast<size_t>(t) * H + c]);
       if (!std::isfinite(x)) {
         ++nonfinite;

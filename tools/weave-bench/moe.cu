@@ -37,6 +37,7 @@
 
 #include "bench.hpp"
 #include "check/gemm_ref.hpp"
+#include "check/moe_ref.hpp"
 #include "check/seed.hpp"
 #include "check/tile_check.hpp"
 #include "gemm/gemm.hpp"
@@ -235,15 +236,14 @@ Setup make_setup(const MoeModel* m, int T, int W, const std::string& routing, ui
   return s;
 }
 
-// float64 reference of one token through the layer with the bound of test_moe_layer_gpu.cu; returns
+// float64 reference of one token through the layer with its bound (check/moe_ref.hpp); returns
 // the worst |out - r| / bound over the token's H outputs (inf for a non-finite output).
 double layer_token_ratio(const MoeModel& m, uint64_t seed, int rank, int t, const int* ids, const float* ws,
                          const bf16* got) {
   const int H = m.H, F = m.F, k = m.k, su = up_shift(H), sd = down_shift(F);
-  const double u8 = std::ldexp(1.0, -8), fp32 = std::ldexp(1.0, -18);
-  const double gamH = H * std::ldexp(1.0, -21), gamF = F * std::ldexp(1.0, -21);
-  std::vector<double> x(H), h(F), eh(F), r(H, 0), det(H, 0), rnd2(H, 0), wrow(F);
+  std::vector<double> x(H);
   for (int c = 0; c < H; ++c) x[c] = Hash::value(seed, kX + 16 * rank, static_cast<uint64_t>(t) * H + c, 0);
+  check::MoeTokenRef ref(H);
   std::vector<int> seen;
   for (int j = 0; j < k; ++j) {
     const int e = ids[j];
@@ -253,40 +253,19 @@ double layer_token_ratio(const MoeModel& m, uint64_t seed, int rank, int t, cons
     for (int i = 0; i < k; ++i)
       if (ids[i] == e) we += ws[i];
     const uint64_t up0 = static_cast<uint64_t>(e) * 2 * F * H, dn0 = static_cast<uint64_t>(e) * H * F;
-    for (int f = 0; f < F; ++f) {
-      double g = 0, ag = 0, u = 0, au = 0;
-      for (int c = 0; c < H; ++c) {
-        const double pg = x[c] * Hash::value(seed, kUp, up0 + static_cast<uint64_t>(f) * H + c, su);
-        const double pu = x[c] * Hash::value(seed, kUp, up0 + static_cast<uint64_t>(F + f) * H + c, su);
-        g += pg, ag += std::fabs(pg), u += pu, au += std::fabs(pu);
-      }
-      const double eg = u8 * std::fabs(g) + (1 + u8) * gamH * ag, eu = u8 * std::fabs(u) + (1 + u8) * gamH * au;
-      const double sg = g / (1 + std::exp(-g));
-      h[f] = sg * u;
-      const double D = (std::fabs(sg) + 1.1 * eg) * eu + 1.1 * std::fabs(u) * eg;
-      const double q = fp32 + std::fabs(g) * std::ldexp(1.0, -22);
-      eh[f] = (1 + u8 + q) * D + (u8 + q) * std::fabs(h[f]);
-    }
-    for (int c = 0; c < H; ++c) {
-      double y = 0, a = 0, s2 = 0;
-      for (int f = 0; f < F; ++f) wrow[f] = Hash::value(seed, kDown, dn0 + static_cast<uint64_t>(c) * F + f, sd);
-      for (int f = 0; f < F; ++f) {
-        y += h[f] * wrow[f];
-        a += (std::fabs(h[f]) + eh[f]) * std::fabs(wrow[f]);
-        s2 += eh[f] * eh[f] * wrow[f] * wrow[f];
-      }
-      const double ey = u8 * std::fabs(y) + (1 + u8) * gamF * a;
-      r[c] += we * y;
-      det[c] += we * (ey + std::ldexp(std::fabs(y) + ey, -19));
-      rnd2[c] += we * we * s2;
-    }
+    const auto up = [&](int row, int c) {
+      return Hash::value(seed, kUp, up0 + static_cast<uint64_t>(row) * H + c, su);
+    };
+    const auto down = [&](int c, int f) {
+      return Hash::value(seed, kDown, dn0 + static_cast<uint64_t>(c) * F + f, sd);
+    };
+    ref.add(we, check::moe_expert_ref(x, H, F, up, down));
   }
   double worst = 0;
   for (int c = 0; c < H; ++c) {
     const double v = __bfloat162float(got[c]);
     if (!std::isfinite(v)) return INFINITY;
-    const double bound = 1.02 * (u8 * std::fabs(r[c]) + det[c] + 8 * std::sqrt(rnd2[c])) + std::ldexp(1.0, -100);
-    worst = std::max(worst, std::fabs(v - r[c]) / bound);
+    worst = std::max(worst, std::fabs(v - ref.r[c]) / ref.bound(c));
   }
   return worst;
 }
