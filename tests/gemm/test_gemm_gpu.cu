@@ -23,8 +23,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "check/gemm_ref.hpp"
 #include "check/device_buffer.hpp"
+#include "check/gemm_ref.hpp"
 #include "check/seed.hpp"
 #include "check/tile_check.hpp"
 #include "gemm/gemm.hpp"

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "check/gemm_ref.hpp"
 #include "check/device_buffer.hpp"
+#include "check/gemm_ref.hpp"
 #include "check/seed.hpp"
 #include "check/tile_check.hpp"
 #include "gemm/gemm.hpp"

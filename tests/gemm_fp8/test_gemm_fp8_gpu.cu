@@ -18,9 +18,9 @@
 #include <string>
 #include <vector>
 
+#include "check/device_buffer.hpp"
 #include "check/gemm_fp8_ref.hpp"
 #include "check/gemm_ref.hpp"
-#include "check/device_buffer.hpp"
 #include "check/seed.hpp"
 #include "check/tile_check.hpp"
 #include "gemm_fp8/gemm_fp8.hpp"
