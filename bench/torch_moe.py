@@ -132,17 +132,6 @@ def counts_hash(c):
     return f"{h:016x}"
 
 
-def derive(base, *ids):
-    """A seed that differs for every id tuple (splitmix64 over the combination)."""
-    x = base & MASK64
-    for i, v in enumerate(ids):
-        x ^= ((v + 1) * 0x9E3779B97F4A7C15 + i * 0xC2B2AE3D27D4EB4F) & MASK64
-        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
-        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
-        x ^= x >> 31
-    return x & ((1 << 63) - 1)
-
-
 def uniform(torch, shape, seed):
     g = torch.Generator(device="cuda")
     g.manual_seed(seed)
@@ -627,6 +616,7 @@ def main():
     import torch
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from torch_timing import median_us
+    from torch_tp import derive  # the seeds every baseline script derives alike
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
