@@ -38,6 +38,11 @@ static_assert(std::is_same_v<BigE<BLayout::NK, ALayout::MK, bf16, false>, Big<BL
 static_assert(lcsc::shared_bytes<SmallE<BLayout::KN, ALayout::KM, float, true>>() <= 232448, "227 KB");
 static_assert(lcsc::shared_bytes<BigE<BLayout::KN, ALayout::KM, float, true>>() <= 232448, "227 KB");
 static_assert(lcsc::shared_bytes<DecodeE<BLayout::KN, ALayout::KM, float, true>>() <= 232448, "227 KB");
+// 4 x 40 KB + a 48 KB staging tile = 208 KB; A M x K and a bf16 output only (an fp32 staging
+// tile would leave room for 3 stages).
+template <BLayout L, ALayout A, class OutT, bool Bias>
+using MidE = GemmKernel<192, L, 4, 1, 1, A, OutT, Bias>;
+static_assert(lcsc::shared_bytes<MidE<BLayout::KN, ALayout::MK, bf16, true>>() <= 232448, "227 KB");
 // 4 x 48 KB + a 32 KB half-tile staging buffer = 224 KB.
 template <BLayout L>
 using Deep = GemmKernel<256, L, 4, 2>;
@@ -45,10 +50,11 @@ using Deep = GemmKernel<256, L, 4, 2>;
 template <BLayout L>
 using Pair = GemmKernel<256, L, 3, 1, 2>;
 
-// Split-K is instantiated for the 128x256 tiles (plain and clustered) and the 64x128 tile, with the
-// default epilogue only: those are the tiles the planner splits (kernels/gemm/plan.hpp).
+// Split-K is instantiated for the 128x256 tiles (plain and clustered), the 128x192 and the 64x128
+// tile, with the default epilogue only: those are the tiles the planner splits
+// (kernels/gemm/plan.hpp).
 template <class Kern>
-constexpr bool kSplittable = ((Kern::BN == 256 && Kern::kStages == 3) || Kern::BM == 64) &&
+constexpr bool kSplittable = ((Kern::BN == 256 && Kern::kStages == 3) || Kern::BN == 192 || Kern::BM == 64) &&
                              Kern::kOutputParts == 1 && Kern::kPlainEpilogue && Kern::kALayout == ALayout::MK;
 
 template <class Kern, class OutT>
@@ -100,6 +106,7 @@ lcsc::Plan run_layouts(const bf16* A, const bf16* B, OutT* C, int M, int N, int 
 // may take the cluster tile or split-K (the instantiations that exist).
 Launch launch_choice(int M, int N, int K, BLayout bl, const Options& opt, bool f32_out) {
   const bool plain = opt.a_layout == ALayout::MK && !f32_out && opt.bias_type == BiasType::None;
+  const bool mid_ok = opt.a_layout == ALayout::MK && !f32_out;
   lcsc::Config wide = opt.lcsc;
   wide.balance_waves = false;
   const int blocks = lcsc::plan_for<Big<BLayout::NK>>(1LL << 40, wide).compute_blocks;
@@ -107,8 +114,8 @@ Launch launch_choice(int M, int N, int K, BLayout bl, const Options& opt, bool f
   const bool pair_ok = plain && opt.lcsc.num_comm_sms % 2 == 0;
   const int pairs = pair_ok ? lcsc::plan_for<Pair<BLayout::NK>>(1LL << 40, wide).compute_blocks / 2 : 0;
   if (opt.tile != Tile::Auto) {
-    const bool splittable =
-        plain && (opt.tile == Tile::M128N256 || opt.tile == Tile::M128N256C2 || opt.tile == Tile::M64N128);
+    const bool splittable = plain && (opt.tile == Tile::M128N256 || opt.tile == Tile::M128N256C2 ||
+                                      opt.tile == Tile::M64N128 || opt.tile == Tile::M128N192);
     return {opt.tile, splittable && opt.split_k > 1 ? opt.split_k : 1, opt.tile == Tile::M128N256C2 ? pairs : blocks};
   }
   PlanInputs in;
@@ -116,6 +123,7 @@ Launch launch_choice(int M, int N, int K, BLayout bl, const Options& opt, bool f
   in.aligned = pitch_aligned(opt.a_layout == ALayout::KM ? M : K) && pitch_aligned(bl == BLayout::NK ? K : N);
   in.sm_count = blocks;
   in.pair_clusters = pairs;
+  in.mid = mid_ok;
   in.split_k = plain && opt.split_k != 1;
   const Choice c = plan_gemm(in);
   int splits = c.splits;
@@ -151,6 +159,13 @@ lcsc::Plan dispatch(const bf16* A, const bf16* B, OutT* C, int M, int N, int K, 
       return nk ? run<Deep<BLayout::NK>>(A, B, C, M, N, K, opt, group_m, stream)
                 : run<Deep<BLayout::KN>>(A, B, C, M, N, K, opt, group_m, stream);
     const bool bias = opt.bias_type != BiasType::None;
+    if (t == Tile::M128N192) {  // A M x K only (validate_args, launch_choice)
+      if (bias)
+        return nk ? run<MidE<BLayout::NK, ALayout::MK, bf16, true>>(A, B, C, M, N, K, opt, group_m, stream)
+                  : run<MidE<BLayout::KN, ALayout::MK, bf16, true>>(A, B, C, M, N, K, opt, group_m, stream);
+      return nk ? run<MidE<BLayout::NK, ALayout::MK, bf16, false>>(A, B, C, M, N, K, opt, group_m, stream, l)
+                : run<MidE<BLayout::KN, ALayout::MK, bf16, false>>(A, B, C, M, N, K, opt, group_m, stream, l);
+    }
     if (t == Tile::M64N128)
       return bias ? run_layouts<DecodeE, bf16, true>(A, B, C, M, N, K, bl, opt, group_m, stream)
                   : run_layouts<DecodeE, bf16, false>(A, B, C, M, N, K, bl, opt, group_m, stream, l);
@@ -197,7 +212,9 @@ void validate_args(const void* A, const void* B, const void* C, int M, int N, in
   }
   const bool defaults = opt.a_layout == ALayout::MK && !f32_out && opt.bias_type == BiasType::None;
   const int tv = static_cast<int>(opt.tile);
-  WEAVE_CHECK(tv >= static_cast<int>(Tile::Auto) && tv <= static_cast<int>(Tile::M64N128), "gemm: unknown tile ", tv);
+  WEAVE_CHECK(tv >= static_cast<int>(Tile::Auto) && tv <= static_cast<int>(Tile::M128N192), "gemm: unknown tile ", tv);
+  WEAVE_CHECK(opt.tile != Tile::M128N192 || (opt.a_layout == ALayout::MK && !f32_out),
+              "gemm: tile 128x192 supports only A as M x K and a bf16 output (use Auto, M128N256, M128N128 or M64N128)");
   WEAVE_CHECK(defaults || (opt.tile != Tile::M128N256S4 && opt.tile != Tile::M128N256C2), "gemm: tile ",
               tile_name(opt.tile), " supports only A as M x K, a bf16 output and no bias (use Auto, M128N256, ",
               "M128N128 or M64N128)");
@@ -210,6 +227,7 @@ const char* tile_name(Tile t) {
     case Tile::M128N256S4: return "128x256s4";
     case Tile::M128N256C2: return "128x256c2";
     case Tile::M64N128: return "64x128";
+    case Tile::M128N192: return "128x192";
     default: return "auto";
   }
 }

@@ -14,8 +14,11 @@ namespace weave::gemm {
 // M128N256C2: 128x256 in 2-CTA clusters along M that share B through TMA multicast.
 // M64N128: 64x128 for decode shapes (M <= 64): the two consumer warpgroups split N (64 x 64
 // each) over the same 64 rows of A, 8 stages.
+// M128N192: 128x192, 4 stages: a third more tiles than 128x256 on the same output, so that a
+// shape whose 128x256 tiles fill one or two rounds of SMs badly fills them well (wave
+// quantisation); A M x K and a bf16 output (bias allowed).
 // Auto: the planner's choice (kernels/gemm/plan.hpp).
-enum class Tile : int { Auto = 0, M128N256 = 1, M128N128 = 2, M128N256S4 = 3, M128N256C2 = 4, M64N128 = 5 };
+enum class Tile : int { Auto = 0, M128N256 = 1, M128N128 = 2, M128N256S4 = 3, M128N256C2 = 4, M64N128 = 5, M128N192 = 6 };
 
 // The type of Options::bias.
 enum class BiasType : int { None = 0, BF16 = 1, F32 = 2 };
@@ -27,7 +30,7 @@ struct Options {
   lcsc::Config lcsc;  // num_comm_sms, grid limits
   // Split-K of the last partial round (kernels/gemm/split_k.hpp): 0 = the planner decides
   // (kernels/gemm/plan.hpp; with a given tile, no split), 1 = never, n > 1 = n K ranges. Only the
-  // 128x256 tiles with the default epilogue (A M x K, bf16 C, no bias) split.
+  // 128x256, 128x192 and 64x128 tiles with the default epilogue (A M x K, bf16 C, no bias) split.
   int split_k = 0;
   ALayout a_layout = ALayout::MK;      // KM: A stored K x M (weight gradient dY^T X); M % 8 == 0
   BiasType bias_type = BiasType::None;  // BF16 / F32: bias points to N values of that type
@@ -40,7 +43,7 @@ struct Options {
 // aligned), for an operand whose device allocation is shorter than the shape needs
 // (weave/common/extent.hpp), a bias type without a pointer (or the reverse), or a bad config.
 // The experimental tiles (M128N256S4, M128N256C2) take only the defaults: A M x K, bf16 output,
-// no bias. Returns the grid it launched.
+// no bias; M128N192 takes A M x K and a bf16 output. Returns the grid it launched.
 lcsc::Plan gemm(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C, int M, int N, int K, BLayout b,
                 const Options& opt = {}, cudaStream_t stream = nullptr);
 // The same with an fp32 output (C += accumulates in fp32 through TMA reduce-add stores).

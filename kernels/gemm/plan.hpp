@@ -5,7 +5,10 @@
 // What the model captures:
 // - rounds: a persistent grid of P workers runs ceil(items / P) rounds of whole items; split-K
 //   cuts the items of the last partial round into K ranges (split_k.hpp), plus the partial-sum
-//   exchange (kSplitCost);
+//   exchange (kSplitCost); above decode sizes split rounds run slower than whole ones
+//   (kSplitSlowdown) and more than kMaxSplitsWide splits never paid;
+// - wave quantisation: the 128x192 tile (kMidCost) and, up to M = 256, the 64x128 tile
+//   (kNarrowCost) give other tile counts per round than 128x256;
 // - the 128x128 tile moves twice the operand bytes per FLOP (kSmallCost per iteration of half the
 //   FLOPs);
 // - a row pitch that is not a multiple of 128 bytes makes every 128-byte TMA row read touch five
@@ -26,6 +29,7 @@ struct PlanInputs {
   int sm_count = 0;        // compute SMs (without communicator SMs)
   int pair_clusters = 0;   // 2-CTA clusters the device holds at once (0: the cluster tile is not allowed)
   bool split_k = true;     // split-K allowed
+  bool mid = false;        // the 128x192 tile allowed (A M x K, bf16 output)
 };
 
 struct Choice {
@@ -36,15 +40,24 @@ struct Choice {
 };
 
 namespace plan_model {
-inline constexpr double kSmallCost = 0.575;       // 128x128 iteration vs 128x256 (perf-notes: 10-25 % slower per FLOP)
-inline constexpr double kSplitCost = 3.0;         // write, count and read back one fp32 partial
-inline constexpr int kMaxSplits = 16;
-inline constexpr double kDecodeCost = 0.5;        // 64x128 iteration vs 128x256, memory-bound
+// Fitted (docs/perf-notes.md, 2026-12-02c) to every tile and split on the 22 rows of the models
+// set below 0.95 (two sweeps on one H200), with the rule that no other row's choice moves.
+inline constexpr double kSmallCost = 0.55;        // 128x128 iteration vs 128x256 (0.5 of the FLOPs)
+inline constexpr double kMidCost = 0.75;          // 128x192 iteration vs 128x256 (0.75 of the FLOPs)
+inline constexpr double kSplitCost = 8.0;         // write, count and read back one fp32 partial
+inline constexpr double kSplitSlowdown = 1.5;     // M > 64: split rounds run this much slower (shorter
+                                                  // items refill the pipeline; K slices thin L2 reuse)
+inline constexpr int kMaxSplits = 16;             // decode (M <= 64)
+inline constexpr int kMaxSplitsWide = 4;          // M > 64: more was never faster in the sweeps
+inline constexpr double kDecodeCost = 0.5;        // 64x128 iteration vs 128x256, memory-bound (M <= 64)
+inline constexpr int kNarrowMaxM = 256;           // the 64x128 tile also competes up to this M
+inline constexpr double kNarrowCost = 0.35;       // ... at this cost (B panels shared by 2-4 tile rows in L2)
 inline constexpr double kMisalignedBig = 1.30;    // 8192x28672x8200 nk: 0.766 of cuBLAS vs 1.03 aligned
 inline constexpr double kMisalignedSmall = 1.80;  // the same shapes on 128x128: 0.51-0.55
+inline constexpr double kMisalignedMid = 1.60;    // 128x192 on the ragged rows: 0.46-0.67
 inline constexpr double kMisalignedPair = 1.03;   // 128x256 clusters: 0.977
 inline constexpr double kSplitGain = 0.95;        // split-K only when the model says >= 5 % faster
-inline constexpr double kTileGain = 0.97;         // another tile only when >= 3 % faster than 128x256
+inline constexpr double kTileGain = 0.97;         // another tile only when >= 3 % faster than the best so far
 
 }  // namespace plan_model
 
@@ -52,29 +65,42 @@ inline Choice plan_gemm(const PlanInputs& in) {
   using namespace plan_model;
   const int iters = ceil_div(in.K, 64);
   const int tm = ceil_div(in.M, 128);
+  const bool decode = in.M <= 64;
+  const int max_splits = decode ? kMaxSplits : kMaxSplitsWide;
+  const double slowdown = decode ? 1.0 : kSplitSlowdown;
   auto best_of = [&](Tile t, int items, int workers, double unit, bool split_ok) {
-    Choice c{t, 1, workers, static_cast<double>(split_rounds(items, iters, workers, 1)) * unit};
+    const long long unsplit = split_rounds(items, iters, workers, 1);
+    Choice c{t, 1, workers, static_cast<double>(unsplit) * unit};
     if (split_ok && in.split_k) {
-      const int s = best_splits(items, iters, workers, kMaxSplits, kSplitCost);
-      const double cost = (static_cast<double>(split_rounds(items, iters, workers, s)) + kSplitCost) * unit;
+      const int s = best_splits(items, iters, workers, max_splits, kSplitCost);
+      const long long whole = static_cast<long long>(items / workers) * iters;
+      const double split = static_cast<double>(split_rounds(items, iters, workers, s) - whole) * slowdown;
+      const double cost = (static_cast<double>(whole) + split + kSplitCost) * unit;
       if (s > 1 && cost <= kSplitGain * c.cost) c = {t, s, workers, cost};
     }
     return c;
+  };
+  auto consider = [](Choice& best, const Choice& c) {
+    if (c.cost < kTileGain * best.cost) best = c;
   };
   // Decode (M <= 64): the 64-row tile, whose 8 stages keep twice the weight bytes in flight per SM
   // of the 128x256 tile's 3 (the regime is memory-bound: measured 16x28672x8192 in 122 us against
   // 148 us, and faster on all eight decode shapes tried); split to fill the machine. A 64x128
   // iteration reads half the B bytes of a 128x256 one.
-  if (in.M <= 64) return best_of(Tile::M64N128, ceil_div(in.N, 128), in.sm_count, kDecodeCost, true);
+  if (decode) return best_of(Tile::M64N128, ceil_div(in.N, 128), in.sm_count, kDecodeCost, true);
   Choice best = best_of(Tile::M128N256, tm * ceil_div(in.N, 256), in.sm_count, in.aligned ? 1.0 : kMisalignedBig, true);
-  const Choice small = best_of(Tile::M128N128, tm * ceil_div(in.N, 128), in.sm_count,
-                               kSmallCost * (in.aligned ? 1.0 : kMisalignedSmall), false);
-  if (small.cost < kTileGain * best.cost) best = small;
-  if (in.pair_clusters > 0) {
-    const Choice pair = best_of(Tile::M128N256C2, ceil_div(tm, 2) * ceil_div(in.N, 256), in.pair_clusters,
-                                in.aligned ? 1.0 : kMisalignedPair, true);
-    if (pair.cost < kTileGain * best.cost) best = pair;
-  }
+  consider(best, best_of(Tile::M128N128, tm * ceil_div(in.N, 128), in.sm_count,
+                         kSmallCost * (in.aligned ? 1.0 : kMisalignedSmall), false));
+  // Wave quantisation: 128x192 tiles fill rounds of SMs where 128x256 ones leave them part idle.
+  if (in.mid)
+    consider(best, best_of(Tile::M128N192, tm * ceil_div(in.N, 192), in.sm_count,
+                           kMidCost * (in.aligned ? 1.0 : kMisalignedMid), true));
+  if (in.M <= kNarrowMaxM)
+    consider(best, best_of(Tile::M64N128, ceil_div(in.M, 64) * ceil_div(in.N, 128), in.sm_count,
+                           kNarrowCost * (in.aligned ? 1.0 : kMisalignedSmall), true));
+  if (in.pair_clusters > 0)
+    consider(best, best_of(Tile::M128N256C2, ceil_div(tm, 2) * ceil_div(in.N, 256), in.pair_clusters,
+                           in.aligned ? 1.0 : kMisalignedPair, true));
   return best;
 }
 

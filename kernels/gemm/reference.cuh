@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string>
 
 #include "check/cublas_check.hpp"
 #include "gemm/layout.hpp"
@@ -64,6 +65,26 @@ class CublasLt {
     const float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
     WEAVE_CUBLAS_CHECK(cublasLtMatmul(h_, op_, &alpha, B, lb_, A, la_, &beta, C, lc_, C, lc_, &algo_, ws_, kWorkspace,
                                       st));
+  }
+
+  // The configuration cuBLASLt's heuristic chose for the last shape run (its enum values: tile
+  // cublasLtMatmulTile_t, stages cublasLtMatmulStages_t, cluster cublasLtClusterShape_t), so that
+  // a benchmark row says which tile and split-K the baseline used.
+  std::string algo() const {
+    if (!op_) return "";
+    auto get = [&](cublasLtMatmulAlgoConfigAttributes_t a) {
+      uint32_t v = 0;
+      size_t w = 0;
+      if (cublasLtMatmulAlgoConfigGetAttribute(&algo_, a, &v, sizeof v, &w) != CUBLAS_STATUS_SUCCESS) return -1L;
+      return static_cast<long>(v);
+    };
+    return "id" + std::to_string(get(CUBLASLT_ALGO_CONFIG_ID)) + " tile" + std::to_string(get(CUBLASLT_ALGO_CONFIG_TILE_ID)) +
+           " stages" + std::to_string(get(CUBLASLT_ALGO_CONFIG_STAGES_ID)) + " splitk" +
+           std::to_string(get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM)) + " red" +
+           std::to_string(get(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME)) + " swz" +
+           std::to_string(get(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING)) + " cluster" +
+           std::to_string(get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID)) + " inner" +
+           std::to_string(get(CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID));
   }
 
  private:

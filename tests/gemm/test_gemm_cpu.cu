@@ -209,6 +209,17 @@ TEST(GemmShape, ArgumentValidation) {
     EXPECT_NE(error_of([&] { gemm::validate_args(p, p, p, 128, 128, 128, o, false); }).find("supports only"),
               std::string::npos);
   }
+  // The 128x192 tile: A M x K and a bf16 output, with or without bias.
+  o = {};
+  o.tile = gemm::Tile::M128N192;
+  o.bias_type = gemm::BiasType::F32;
+  o.bias = p;
+  EXPECT_EQ(error_of([&] { gemm::validate_args(p, p, p, 128, 128, 128, o, false); }), "");
+  EXPECT_NE(error_of([&] { gemm::validate_args(p, p, p, 128, 128, 128, o, true); }).find("supports only"),
+            std::string::npos);
+  o.a_layout = gemm::ALayout::KM;
+  EXPECT_NE(error_of([&] { gemm::validate_args(p, p, p, 128, 128, 128, o, false); }).find("supports only"),
+            std::string::npos);
   for (gemm::Tile t : {gemm::Tile::Auto, gemm::Tile::M128N256, gemm::Tile::M128N128, gemm::Tile::M64N128}) {
     o = {};
     o.tile = t;
@@ -222,6 +233,7 @@ TEST(GemmShape, ArgumentValidation) {
 TEST(GemmShape, TileNames) {
   EXPECT_STREQ(gemm::tile_name(gemm::Tile::M64N128), "64x128");
   EXPECT_STREQ(gemm::tile_name(gemm::Tile::M128N256), "128x256");
+  EXPECT_STREQ(gemm::tile_name(gemm::Tile::M128N192), "128x192");
   gemm::Options o;
   o.tile = static_cast<gemm::Tile>(9);
   const void* p = reinterpret_cast<const void*>(uintptr_t(0x10000));

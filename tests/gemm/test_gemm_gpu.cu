@@ -69,6 +69,7 @@ struct Variant {
   gemm::BiasType bias = gemm::BiasType::None;
   int comm = 0;
   bool samples = false;
+  int split_k = 0;  // Options::split_k
 };
 
 // Uniform in [-scale, scale) with 24 random bits: almost never a bf16 value, so a kernel that
@@ -192,6 +193,7 @@ void run_typed(Case cs, const Variant& v) {
   o.a_layout = v.al;
   o.bias_type = v.bias;
   o.bias = bias;
+  o.split_k = v.split_k;
   gemm::gemm(A.p, B.p, C.p, M, N, K, v.bl, o, nullptr);
   WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
   const check::Bound bound = f32 ? check::gemm_f32_bound() : bound_for(v.accumulate);
@@ -215,7 +217,7 @@ void run_case(Case cs, gemm::BLayout bl, gemm::Tile tile, bool accumulate, int c
 
 const gemm::BLayout kLayouts[] = {gemm::BLayout::KN, gemm::BLayout::NK};
 const gemm::Tile kTiles[] = {gemm::Tile::M128N256, gemm::Tile::M128N128, gemm::Tile::M128N256S4,
-                             gemm::Tile::M128N256C2, gemm::Tile::M64N128};
+                             gemm::Tile::M128N256C2, gemm::Tile::M64N128, gemm::Tile::M128N192};
 // The tiles that take every A layout and epilogue.
 const gemm::Tile kMainTiles[] = {gemm::Tile::M128N256, gemm::Tile::M128N128, gemm::Tile::M64N128};
 const gemm::ALayout kALayouts[] = {gemm::ALayout::MK, gemm::ALayout::KM};
@@ -371,6 +373,27 @@ TEST(Gemm, DecodeTile) {
     v.comm = comm;
     run_case({64, 8192, 2048}, v);
   }
+}
+
+// The 128 x 192 tile (A M x K, bf16 output): ragged N around its 192-column edge, both B layouts,
+// bf16 and fp32 bias, C +=, and split-K of its last partial round (rows the planner may pick it for).
+TEST(Gemm, MidTile) {
+  const Case cases[] = {{200, 4104, 1032}, {129, 392, 520}, {1000, 776, 4104}, {256, 14336, 520}};
+  for (Case c : cases)
+    for (auto bl : kLayouts) {
+      Variant v;
+      v.bl = bl, v.tile = gemm::Tile::M128N192, v.samples = true;
+      run_case(c, v);
+      v.bias = gemm::BiasType::F32, v.accumulate = true;
+      run_case(c, v);
+      v.bias = gemm::BiasType::BF16, v.accumulate = false;
+      run_case(c, v);
+      v.bias = gemm::BiasType::None;
+      for (int s : {2, 3}) {
+        v.split_k = s;
+        run_case(c, v);
+      }
+    }
 }
 
 TEST(Gemm, RejectsBadInput) {

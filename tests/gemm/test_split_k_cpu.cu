@@ -79,7 +79,7 @@ TEST(SplitK, OnlyThePartialRoundSplits) {
 namespace {
 PlanInputs inputs(int M, int N, int K, bool aligned = true) {
   PlanInputs p;
-  p.M = M, p.N = N, p.K = K, p.aligned = aligned, p.sm_count = 132, p.pair_clusters = 66;
+  p.M = M, p.N = N, p.K = K, p.aligned = aligned, p.sm_count = 132, p.pair_clusters = 66, p.mid = true;
   return p;
 }
 }  // namespace
@@ -100,17 +100,43 @@ TEST(GemmPlan, CoreShapesKeepTheirChoice) {
   EXPECT_EQ(plan_gemm(small).tile, Tile::M128N128);
 }
 
-// Decode and narrow outputs (fewer tiles than SMs) split K across the machine.
-TEST(GemmPlan, FewTilesSplitK) {
-  for (int M : {1, 16, 64, 128, 256}) {
+// Decode (M <= 64) splits K across the machine on the 64-row tile.
+TEST(GemmPlan, DecodeSplitsK) {
+  for (int M : {1, 16, 64}) {
     const Choice c = plan_gemm(inputs(M, 4096, 14336));
+    EXPECT_EQ(c.tile, Tile::M64N128) << M;
     EXPECT_GT(c.splits, 1) << M;
-    EXPECT_EQ(c.workers, c.tile == Tile::M128N256C2 ? 66 : 132) << M;
-    EXPECT_EQ(c.tile == Tile::M64N128, M <= 64) << M;
+    EXPECT_EQ(c.workers, 132) << M;
   }
   PlanInputs no = inputs(16, 4096, 14336);
   no.split_k = false;
   EXPECT_EQ(plan_gemm(no).splits, 1);
+}
+
+// Between decode and full waves the model reproduces the fastest (tile, split) measured in the
+// sweeps of docs/perf-notes.md (2026-12-02c) on these rows: the 64-row tile up to M = 256 where
+// 128-row tiles leave most SMs idle, 128x192 where its tile count fills the rounds better, and
+// few splits (split rounds are slower than whole ones there).
+TEST(GemmPlan, MidSizeRowsTakeTheMeasuredBest) {
+  struct Row {
+    int M, N, K;
+    Tile tile;
+    int splits;
+  };
+  const Row rows[] = {{128, 4096, 11008, Tile::M64N128, 2},  {128, 8192, 28672, Tile::M64N128, 1},
+                      {256, 4096, 14336, Tile::M64N128, 1},  {128, 11008, 4096, Tile::M128N128, 1},
+                      {256, 7168, 18432, Tile::M128N128, 1}, {256, 18432, 7168, Tile::M128N192, 2},
+                      {512, 5120, 13824, Tile::M128N192, 1}, {512, 13824, 5120, Tile::M128N192, 4}};
+  for (const Row& r : rows) {
+    const Choice c = plan_gemm(inputs(r.M, r.N, r.K));
+    EXPECT_EQ(c.tile, r.tile) << r.M << "x" << r.N << "x" << r.K;
+    EXPECT_EQ(c.splits, r.splits) << r.M << "x" << r.N << "x" << r.K;
+    EXPECT_LE(c.splits, plan_model::kMaxSplitsWide);
+  }
+  // Without the 128x192 instantiation (A K x M, fp32 output) the planner never names it.
+  PlanInputs no_mid = inputs(512, 5120, 13824);
+  no_mid.mid = false;
+  EXPECT_NE(plan_gemm(no_mid).tile, Tile::M128N192);
 }
 
 // A row pitch off the 128-byte grid moves the large shapes to the cluster tile, never to 128x128.
