@@ -272,7 +272,9 @@ struct Cursor {
 WEAVE_HD inline bool locate(const TileGrid& g, TileOrder o, int r, long long w, Cursor* cur, Block* blk,
                                 long long* j) {
   const int nb = num_blocks(g);
-  for (; cur->block < nb; ++cur->block) {
+  // (cur->block) in parentheses: nvcc's front end reads `cur->block <` as the start of a template
+  // argument list otherwise.
+  for (; (cur->block) < nb; ++cur->block) {
     *blk = block(g, o, r, cur->block);
     const long long n = static_cast<long long>(blk->tiles) * g.tiles_n;
     if (w < cur->first + n) {

@@ -17,9 +17,11 @@
 #include <vector>
 
 #include "weave/common/error.hpp"
+#include "host_buffer.hpp"
 #include "weave/net/queue.cuh"
 #include "weave/runtime/bootstrap.hpp"
 #include "weave/runtime/env.hpp"
+#include "weave/runtime/net_bootstrap.hpp"
 
 namespace weave::net {
 
@@ -65,39 +67,6 @@ struct PeerInfo {
   uint32_t reserved;
 };
 
-// Host memory for the ring and the control blocks: mapped pinned memory for the GPU path,
-// ordinary page-aligned memory otherwise. Zeroed.
-class HostBuffer {
- public:
-  HostBuffer() = default;
-  HostBuffer(size_t bytes, bool mapped) : bytes_((bytes + 4095) / 4096 * 4096), mapped_(mapped) {
-    if (mapped_)
-      WEAVE_CUDA_CHECK(cudaHostAlloc(&p_, bytes_, cudaHostAllocMapped | cudaHostAllocPortable));
-    else
-      p_ = std::aligned_alloc(4096, bytes_);
-    if (!p_) throw Error(concat("weave::net: cannot allocate ", bytes_, " bytes of host memory"));
-    std::memset(p_, 0, bytes_);
-  }
-  ~HostBuffer() {
-    if (p_ && mapped_) cudaFreeHost(p_);
-    if (p_ && !mapped_) std::free(p_);
-  }
-  HostBuffer(const HostBuffer&) = delete;
-  HostBuffer& operator=(HostBuffer&& o) noexcept {
-    std::swap(p_, o.p_);
-    std::swap(bytes_, o.bytes_);
-    std::swap(mapped_, o.mapped_);
-    return *this;
-  }
-  char* get() const { return static_cast<char*>(p_); }
-  size_t bytes() const { return bytes_; }
-
- private:
-  void* p_ = nullptr;
-  size_t bytes_ = 0;
-  bool mapped_ = false;
-};
-
 // A process on this host that has exited (or is a zombie): the peer is gone, not slow.
 bool process_gone(int pid) {
   if (kill(pid, 0) != 0 && errno == ESRCH) return true;
@@ -120,7 +89,7 @@ struct InFlight {
   Command cmd{};
   uint64_t ticket = 0;
   Clock::time_point since;  // taken; reset when its last write is posted
-  Op ops[2];
+  OpContext ops[2];
   uint8_t nops = 0, posted = 0, done = 0;
   bool used = false, staged = false;
 };
@@ -129,7 +98,8 @@ struct InFlight {
 
 struct Proxy::Impl {
   Transport& tr;
-  runtime::Bootstrap& boot;
+  std::unique_ptr<Rendezvous> boot_own;
+  Rendezvous& boot;
   ProxyOptions opt;
   int rank = 0, world = 1;
   double timeout_s = 30, silence_s = 30, heartbeat_s = 0.1;
@@ -158,7 +128,7 @@ struct Proxy::Impl {
   std::vector<std::deque<uint32_t>> pending;  // per peer: taken, not yet fully posted
   uint64_t next_ticket = 0, completed = 0;
 
-  std::vector<Op> hb_ops, note_ops;
+  std::vector<OpContext> hb_ops, note_ops;
   std::vector<uint8_t> hb_busy, note_busy;
   std::vector<uint64_t> hb_seen;
   std::vector<Clock::time_point> hb_changed;
@@ -167,6 +137,10 @@ struct Proxy::Impl {
 
   std::atomic<int> phase{kRunning};
   std::atomic<bool> drained{false}, quiet{false}, has_failed{false};
+  // Proxy::abort from another thread: the transport belongs to the proxy thread, so the request
+  // is handed over and the thread fails with it (its notes go out from there).
+  std::atomic<bool> abort_requested{false};
+  std::string abort_why;  // under mu
   mutable std::mutex mu;
   std::string error;
   std::thread thread;
@@ -176,7 +150,8 @@ struct Proxy::Impl {
     std::atomic<uint64_t> batch_sizes[kMaxBatch + 1] = {};
   } st;
 
-  Impl(Transport& t, runtime::Bootstrap& b, const ProxyOptions& o) : tr(t), boot(b), opt(o) {}
+  Impl(Transport& t, std::unique_ptr<Rendezvous> b, const ProxyOptions& o)
+      : tr(t), boot_own(std::move(b)), boot(*boot_own), opt(o) {}
 
   static void bump(std::atomic<uint64_t>& c, uint64_t n = 1) { c.store(c.load(std::memory_order_relaxed) + n, std::memory_order_relaxed); }
 
@@ -268,6 +243,14 @@ struct Proxy::Impl {
       for (;;) {
         const int ph = phase.load(std::memory_order_acquire);
         if (ph == kStopped) break;
+        if (abort_requested.load(std::memory_order_acquire)) {
+          std::string why;
+          {
+            std::lock_guard<std::mutex> lock(mu);
+            why = abort_why;
+          }
+          throw Error(why);
+        }
         bool work = reap(c);
         work |= take();
         work |= post_pending();
@@ -293,9 +276,11 @@ struct Proxy::Impl {
       fail(e.what(), false);
     } catch (const std::exception& e) {
       // A peer's own diagnostic explains more than what its failure did here (a broken
-      // connection, a silent peer): prefer it where it has come.
+      // connection, a silent or exited peer): prefer it where it has come. A peer that failed
+      // and exited at once may have its note still on the way (sent, not yet progressed here):
+      // progress the transport a little first.
       try {
-        read_notes();
+        drain_for_notes();
       } catch (const PeerReported& why) {
         fail(why.what(), false);
         return;
@@ -319,7 +304,7 @@ struct Proxy::Impl {
         arrival(c[i].data);
         continue;
       }
-      Op* op = c[i].op;
+      OpContext* op = c[i].op;
       if (op->kind == OpKind::heartbeat) {
         hb_busy[op->peer] = 0;
       } else if (op->kind == OpKind::abort_note) {
@@ -429,7 +414,7 @@ struct Proxy::Impl {
     const bool ordered_flag = (c.flags & kNotify) && notify == Notify::ordered;
     while (f.posted < f.nops) {
       const bool more = !(last_of_submission && f.posted + 1 == f.nops);
-      Op& op = f.ops[f.posted];
+      OpContext& op = f.ops[f.posted];
       op.chunk = c.chunk;
       op.owner = slot;
       bool ok;
@@ -530,6 +515,22 @@ struct Proxy::Impl {
                   " s ago)");
   }
 
+  // Up to 50 ms of progress, reading the notes after each poll; completions are dropped (the
+  // proxy is failing anyway) and transport errors ignored (a broken connection is expected).
+  void drain_for_notes() {
+    const Clock::time_point end = Clock::now() + std::chrono::milliseconds(50);
+    Completion c[32];
+    do {
+      read_notes();
+      try {
+        tr.poll(c, 32);
+      } catch (const std::exception&) {
+      }
+      std::this_thread::yield();
+    } while (Clock::now() < end);
+    read_notes();
+  }
+
   void read_notes() {
     for (int p = 0; p < world; ++p) {
       const volatile AbortNote& n = notes_in[p];
@@ -595,7 +596,14 @@ struct Proxy::Impl {
 
 Proxy::Proxy(Transport& transport, runtime::Bootstrap& boot, void* send, size_t send_bytes, MemKind send_kind, void* recv,
              size_t recv_bytes, const ProxyOptions& opts)
-    : impl_(std::make_unique<Impl>(transport, boot, opts)) {
+    : impl_(std::make_unique<Impl>(transport, std::make_unique<RendezvousOver<runtime::Bootstrap>>(boot), opts)) {
+  impl_->setup(send, send_bytes, send_kind, recv, recv_bytes);
+  impl_->thread = std::thread([this] { impl_->run(); });
+}
+
+Proxy::Proxy(Transport& transport, runtime::NetBootstrap& boot, void* send, size_t send_bytes, MemKind send_kind,
+             void* recv, size_t recv_bytes, const ProxyOptions& opts)
+    : impl_(std::make_unique<Impl>(transport, std::make_unique<RendezvousOver<runtime::NetBootstrap>>(boot), opts)) {
   impl_->setup(send, send_bytes, send_kind, recv, recv_bytes);
   impl_->thread = std::thread([this] { impl_->run(); });
 }
@@ -614,6 +622,30 @@ const uint64_t* Proxy::flags() const { return impl_->flags; }
 int Proxy::rank() const { return impl_->rank; }
 int Proxy::world() const { return impl_->world; }
 bool Proxy::failed() const { return impl_->has_failed.load(); }
+
+void Proxy::abort(const std::string& why) {
+  Impl& m = *impl_;
+  if (failed()) return;
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    m.abort_why = why;
+  }
+  m.abort_requested.store(true, std::memory_order_release);
+  // The thread fails within a loop iteration, its notes sent within a second; a stopped thread
+  // (after shutdown) cannot, so the failure is recorded here without notes.
+  const auto end = Clock::now() + std::chrono::seconds(3);
+  while (!failed() && m.thread.joinable() && m.phase.load() != kStopped && Clock::now() < end)
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  if (!failed()) {
+    const std::string text = concat("weave::net rank ", m.rank, ": ", why);
+    {
+      std::lock_guard<std::mutex> lock(m.mu);
+      if (m.error.empty()) m.error = text;
+    }
+    m.has_failed.store(true);
+    store_release(&m.ctl->abort, 1);
+  }
+}
 
 std::string Proxy::error() const {
   std::lock_guard<std::mutex> lock(impl_->mu);

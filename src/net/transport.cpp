@@ -19,7 +19,7 @@ namespace weave::net {
 
 using detail::concat;
 
-static_assert(sizeof(Op::provider_context) >= sizeof(fi_context2), "Op holds a struct fi_context2");
+static_assert(sizeof(OpContext::provider_context) >= sizeof(fi_context2), "OpContext holds a struct fi_context2");
 
 namespace {
 
@@ -29,7 +29,7 @@ void check(int rc, const char* what) {
   if (rc != 0) throw Error(concat("weave::net: ", what, " failed: ", fi_strerror(-rc), " (", rc, ")"));
 }
 
-std::string op_text(const Op* op) {
+std::string op_text(const OpContext* op) {
   if (!op) return "an operation without context";
   if (op->kind == OpKind::heartbeat || op->kind == OpKind::abort_note) return concat(op_name(op->kind), " to peer ", op->peer);
   return concat(op_name(op->kind), " of chunk ", op->chunk, " to peer ", op->peer);
@@ -118,7 +118,7 @@ struct Transport::Impl {
   }
 
   bool post(int peer, const Region& local, const void* src, const RemoteRegion& dst, uint64_t offset, size_t bytes,
-            Op* op, bool more, const uint64_t* imm) {
+            OpContext* op, bool more, const uint64_t* imm) {
     op->peer = peer;
     if (peer < 0 || peer >= static_cast<int>(peers.size()))
       throw Error(concat("weave::net: ", op_text(op), ": no such peer (", peers.size(), " known)"));
@@ -260,12 +260,12 @@ const Region& Transport::register_memory(void* ptr, size_t bytes, MemKind kind) 
 }
 
 bool Transport::write(int peer, const Region& local, const void* src, const RemoteRegion& dst, uint64_t offset,
-                      size_t bytes, Op* op, bool more) {
+                      size_t bytes, OpContext* op, bool more) {
   return impl_->post(peer, local, src, dst, offset, bytes, op, more, nullptr);
 }
 
 bool Transport::write_data(int peer, const Region& local, const void* src, const RemoteRegion& dst, uint64_t offset,
-                           size_t bytes, uint64_t imm, Op* op, bool more) {
+                           size_t bytes, uint64_t imm, OpContext* op, bool more) {
   return impl_->post(peer, local, src, dst, offset, bytes, op, more, &imm);
 }
 
@@ -278,7 +278,7 @@ size_t Transport::poll(Completion* out, size_t max) {
     if (fi_cq_readerr(impl_->cq, &err, 0) < 0) throw Error("weave::net: fi_cq_readerr failed");
     char buf[256] = {};
     const char* why = fi_cq_strerror(impl_->cq, err.prov_errno, err.err_data, buf, sizeof buf);
-    Op* op = static_cast<Op*>(err.op_context);
+    OpContext* op = static_cast<OpContext*>(err.op_context);
     throw OpError(concat("weave::net: ", op_text(op), " failed: ", fi_strerror(err.err), " (provider: ",
                          why ? why : "no detail", ")"),
                   op);
@@ -286,7 +286,7 @@ size_t Transport::poll(Completion* out, size_t max) {
   if (n < 0) check(static_cast<int>(n), "fi_cq_read");
   for (ssize_t i = 0; i < n; ++i) {
     const bool arrival = (e[i].flags & FI_REMOTE_WRITE) && (e[i].flags & FI_REMOTE_CQ_DATA);
-    out[i] = arrival ? Completion{nullptr, e[i].data} : Completion{static_cast<Op*>(e[i].op_context), 0};
+    out[i] = arrival ? Completion{nullptr, e[i].data} : Completion{static_cast<OpContext*>(e[i].op_context), 0};
   }
   return static_cast<size_t>(n);
 }

@@ -288,6 +288,8 @@ NetBootstrap::NetBootstrap(const LaunchInfo& info, NetBootstrapOptions opts) : i
   m.rank = info.rank;
   m.world = info.world;
   m.opt = std::move(opts);
+  // weave-run --nodes gives each simulated node its own name here; real hosts use their own.
+  if (m.opt.hostname.empty()) m.opt.hostname = env::get_string("WEAVE_HOSTNAME");
   if (m.opt.hostname.empty()) m.opt.hostname = own_hostname();
   if (m.opt.tag.empty()) m.opt.tag = info.job_id;
   WEAVE_CHECK(m.opt.hostname.size() <= kMaxHost && m.opt.hostname.find('\n') == std::string::npos,

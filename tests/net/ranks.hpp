@@ -1,5 +1,6 @@
-// Two (or more) ranks of the network path in forked processes on this machine, joined by weave's
-// bootstrap under a fresh job id. A rank's function returns a report (text for the parent to
+// Two (or more) ranks of the network path in forked processes on this machine: run_ranks joins
+// them by weave's node-local bootstrap under a fresh job id, run_processes leaves the joining to
+// the function (NetPath's tests join over NetBootstrap). A rank's function returns a report (text for the parent to
 // check) or throws; a rank may also end itself (_exit, a signal) to play a dead peer. The parent
 // collects every rank's outcome through shared memory and kills what still runs at the deadline,
 // so a hang is a failure, never a stuck test.
@@ -30,11 +31,11 @@ struct RankOutcome {
 };
 
 using RankFn = std::function<std::string(runtime::Bootstrap&)>;
+using ProcessFn = std::function<std::string(int rank)>;
 
-inline std::vector<RankOutcome> run_ranks(int world, const RankFn& fn,
-                                          std::chrono::milliseconds deadline = std::chrono::seconds(30)) {
-  static int jobs = 0;
-  const std::string job = "net-test-" + std::to_string(getpid()) + "-" + std::to_string(jobs++);
+// Forks `world` processes running fn(rank) and collects their outcomes (see above).
+inline std::vector<RankOutcome> run_processes(int world, const ProcessFn& fn,
+                                              std::chrono::milliseconds deadline = std::chrono::seconds(30)) {
   constexpr size_t kBox = 16384;  // per rank: a status byte, then the text
   void* shared = mmap(nullptr, kBox * world, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (shared == MAP_FAILED) throw std::runtime_error("mmap");
@@ -49,8 +50,7 @@ inline std::vector<RankOutcome> run_ranks(int world, const RankFn& fn,
       std::string text;
       char status = 'E';
       try {
-        runtime::Bootstrap boot({r, world, r, world, job, "test"}, std::chrono::seconds(10));
-        text = fn(boot);
+        text = fn(r);
         status = 'R';
       } catch (const std::exception& e) {
         text = e.what();
@@ -92,6 +92,20 @@ inline std::vector<RankOutcome> run_ranks(int world, const RankFn& fn,
   }
   munmap(shared, kBox * world);
   return out;
+}
+
+// Ranks joined by the node-local bootstrap under a fresh job id.
+inline std::vector<RankOutcome> run_ranks(int world, const RankFn& fn,
+                                          std::chrono::milliseconds deadline = std::chrono::seconds(30)) {
+  static int jobs = 0;
+  const std::string job = "net-test-" + std::to_string(getpid()) + "-" + std::to_string(jobs++);
+  return run_processes(
+      world,
+      [&](int r) {
+        runtime::Bootstrap boot({r, world, r, world, job, "test"}, std::chrono::seconds(10));
+        return fn(boot);
+      },
+      deadline);
 }
 
 // "rank r: returned 'text'" and the like, for assertion messages.

@@ -116,7 +116,7 @@ TEST(NetTransport, WritesAndImmediateDataToItself) {
     const net::Region& s = t.register_memory(src.data(), src.size());
     const net::Region& d = t.register_memory(dst.data(), dst.size());
 
-    net::Op op1, op2;
+    net::OpContext op1, op2;
     op1.chunk = 5;
     op2.chunk = 6;
     // 1003 bytes (not a multiple of 8) from an odd offset to an odd offset, then 0 bytes with
@@ -148,7 +148,7 @@ TEST(NetTransport, RefusesOutOfRangeWritesNamingTheChunk) {
   t.add_peer(addr.data(), addr.size());
   std::vector<uint8_t> buf(4096);
   const net::Region& r = t.register_memory(buf.data(), buf.size());
-  net::Op op;
+  net::OpContext op;
   op.chunk = 42;
   try {
     t.write(0, r, buf.data(), r.remote, 4000, 200, &op, false);

@@ -1,7 +1,17 @@
 // weave-run: start N ranks of PROG on this machine, one GPU each (rank r uses device r). If one
 // rank fails, stop the others and exit non-zero naming it. See usage() for the options.
+//
+// --nodes K splits the ranks into K simulated nodes of N / K ranks each, in contiguous blocks
+// (rank r on node r / (N / K)), as a multi-node launcher would place them: each rank gets its
+// node's local rank and size (WEAVE_LOCAL_*), a node name (WEAVE_HOSTNAME = <host>/node<k>,
+// which the network path's bootstrap groups ranks by), the job's rendezvous address
+// (WEAVE_BOOTSTRAP, a free loopback port unless set) and its node's GPUs (CUDA_VISIBLE_DEVICES:
+// rank r on GPU r % GPUs, the node's block first, so a node sees only its own GPUs).
+#include <arpa/inet.h>
 #include <cuda_runtime.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
@@ -37,10 +47,12 @@ constexpr auto kSettle = std::chrono::seconds(1);
 int usage(const char* why) {
   if (why) std::fprintf(stderr, "weave-run: %s\n", why);
   std::fprintf(stderr,
-               "usage: weave-run [-n N] [--no-gpu] [--skip-missing-gpus] [--share-gpus] [--count-gpus] [--timeout SECONDS] "
-               "[--] "
-               "PROG [ARGS...]\n"
+               "usage: weave-run [-n N] [--nodes K] [--no-gpu] [--skip-missing-gpus] [--share-gpus] [--count-gpus] "
+               "[--timeout SECONDS] [--] PROG [ARGS...]\n"
                "  -n N                 ranks to start, 1..%d (default: the number of visible GPUs)\n"
+               "  --nodes K            K simulated nodes of N/K ranks each (contiguous blocks; K must divide N):\n"
+               "                       per-node WEAVE_LOCAL_*, WEAVE_HOSTNAME, CUDA_VISIBLE_DEVICES, and a\n"
+               "                       loopback WEAVE_BOOTSTRAP for the network path\n"
                "  --no-gpu             do not check that N GPUs are visible (CPU-only programs)\n"
                "  --skip-missing-gpus  with fewer than N GPUs, print 'skipped' and exit 77\n"
                "  --share-gpus         more ranks than GPUs: rank r uses GPU r %% GPUs (correctness runs only;\n"
@@ -92,9 +104,77 @@ struct Rank {
   bool alive = false;
 };
 
+// A free TCP port on loopback for the network path's rendezvous: bound, read, closed (a job that
+// takes it in between makes the bootstrap fail with "port in use", never join the wrong job:
+// the job tag differs).
+int free_loopback_port() {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof a;
+  int port = -1;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+    port = ntohs(a.sin_port);
+  close(fd);
+  return port;
+}
+
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  for (;;) {
+    const size_t c = s.find(',', start);
+    out.push_back(s.substr(start, c == std::string::npos ? std::string::npos : c - start));
+    if (c == std::string::npos) break;
+    start = c + 1;
+  }
+  return out;
+}
+
+// The per-rank variables of --nodes (see the header). `gpus` = 0: no GPU placement (--no-gpu).
+std::vector<std::vector<std::string>> node_env(int n, int nodes, int gpus) {
+  const int g = n / nodes;
+  char host[256] = "host";
+  gethostname(host, sizeof host - 1);
+  std::string rendezvous;
+  if (auto b = weave::env::raw("WEAVE_BOOTSTRAP"); b && !b->empty()) {
+    rendezvous = *b;
+  } else {
+    const int port = free_loopback_port();
+    if (port <= 0) throw weave::Error("weave-run: --nodes: cannot find a free loopback port for the rendezvous");
+    rendezvous = "127.0.0.1:" + std::to_string(port);
+  }
+  std::vector<std::string> devices;
+  if (gpus > 0) {
+    const auto cvd = weave::env::raw("CUDA_VISIBLE_DEVICES");
+    if (cvd && !cvd->empty()) devices = split_commas(*cvd);
+    else
+      for (int i = 0; i < gpus; ++i) devices.push_back(std::to_string(i));
+    if (static_cast<int>(devices.size()) > gpus) devices.resize(gpus);  // CUDA stops at the first invalid entry
+  }
+  std::vector<std::vector<std::string>> env(n);
+  for (int r = 0; r < n; ++r) {
+    const int node = r / g;
+    env[r] = {"WEAVE_LOCAL_RANK=" + std::to_string(r % g), "WEAVE_LOCAL_WORLD_SIZE=" + std::to_string(g),
+              "WEAVE_HOSTNAME=" + std::string(host) + "/node" + std::to_string(node), "WEAVE_BOOTSTRAP=" + rendezvous};
+    if (!devices.empty()) {
+      const int d = static_cast<int>(devices.size());
+      std::string list;
+      for (int i = 0; i < std::min(g, d); ++i) list += (i ? "," : "") + devices[(node * g + i) % d];
+      env[r].push_back("CUDA_VISIBLE_DEVICES=" + list);
+    }
+  }
+  return env;
+}
+
 class Job {
  public:
-  Job(int n, std::vector<char*> argv, double timeout_s) : ranks_(n), argv_(std::move(argv)), timeout_s_(timeout_s) {}
+  // `rank_env`: variables per rank that replace the inherited ones (--nodes), empty otherwise.
+  Job(int n, std::vector<char*> argv, double timeout_s, std::vector<std::vector<std::string>> rank_env = {})
+      : ranks_(n), argv_(std::move(argv)), timeout_s_(timeout_s), rank_env_(std::move(rank_env)) {}
 
   int run() {
     sigset_t wanted;
@@ -160,6 +240,14 @@ class Job {
         "WEAVE_LOCAL_WORLD_SIZE=" + std::to_string(ranks_.size()),
         "WEAVE_JOB_ID=" + job_id,
     };
+    // --nodes: the node's view replaces the single-node one.
+    if (!rank_env_.empty())
+      for (const std::string& v : rank_env_[r]) {
+        bool replaced = false;
+        for (auto& o : env_own)
+          if (o.compare(0, o.find('=') + 1, v, 0, v.find('=') + 1) == 0) o = v, replaced = true;
+        if (!replaced) env_own.push_back(v);
+      }
     std::vector<char*> envp;
     for (char** e = environ; *e; ++e) {
       bool ours = false;
@@ -262,6 +350,7 @@ class Job {
   std::vector<Rank> ranks_;
   std::vector<char*> argv_;
   double timeout_s_;
+  std::vector<std::vector<std::string>> rank_env_;
   sigset_t old_mask_{};
   bool stopping_ = false, termed_ = false, killed_ = false, hurry_ = false;
   int term_sig_ = SIGTERM;
@@ -273,7 +362,7 @@ class Job {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int n = -1;
+  int n = -1, nodes = 0;
   bool no_gpu = false, skip_missing = false, count_gpus = false, share_gpus = false;
   double timeout_s = 0;
   int i = 1;
@@ -284,10 +373,13 @@ int main(int argc, char** argv) {
       break;
     }
     if (a == "-h" || a == "--help") return usage(nullptr);
-    if (a == "-n" || a == "--timeout") {
+    if (a == "-n" || a == "--timeout" || a == "--nodes") {
       if (i + 1 >= argc) return usage((a + " needs a value").c_str());
       const char* v = argv[++i];
-      if (a == "-n") {
+      if (a == "--nodes") {
+        if (!parse_int(v, nodes) || nodes < 1 || nodes > kMaxRanks)
+          return usage(("--nodes needs an integer from 1 to " + std::to_string(kMaxRanks) + ", got '" + v + "'").c_str());
+      } else if (a == "-n") {
         if (!parse_int(v, n) || n < 1 || n > kMaxRanks)
           return usage(("-n needs an integer from 1 to " + std::to_string(kMaxRanks) + ", got '" + v + "'").c_str());
       } else {
@@ -344,8 +436,21 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  std::vector<std::vector<std::string>> rank_env;
+  if (nodes > 0) {
+    if (n % nodes != 0)
+      return usage(("--nodes " + std::to_string(nodes) + " must divide the " + std::to_string(n) +
+                    " ranks (every simulated node gets the same number)").c_str());
+    try {
+      rank_env = node_env(n, nodes, no_gpu ? 0 : gpus);
+    } catch (const weave::Error& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+      return 2;
+    }
+  }
+
   std::vector<char*> prog(argv + i, argv + argc);
   prog.push_back(nullptr);
   std::fflush(stdout);  // the children must not inherit unflushed output
-  return Job(n, std::move(prog), timeout_s).run();
+  return Job(n, std::move(prog), timeout_s, std::move(rank_env)).run();
 }

@@ -28,10 +28,12 @@
 #include <string>
 
 #include "weave/net/command.hpp"
+#include "weave/net/rendezvous.hpp"
 #include "weave/net/transport.hpp"
 
 namespace weave::runtime {
 class Bootstrap;
+class NetBootstrap;
 }
 
 namespace weave::net {
@@ -76,7 +78,11 @@ class Proxy {
   // regions, connects every rank as a peer (peer index = rank), starts the thread. Commands'
   // source offsets index [send, send + send_bytes) (device memory: registered directly with
   // FI_HMEM, else staged); peers' destination offsets index [recv, recv + recv_bytes) (host).
+  // `boot`: the node-local Bootstrap (one host) or NetBootstrap (across hosts or simulated nodes);
+  // it must outlive the proxy (shutdown() meets the other ranks through it).
   Proxy(Transport& transport, runtime::Bootstrap& boot, void* send, size_t send_bytes, MemKind send_kind, void* recv,
+        size_t recv_bytes, const ProxyOptions& opts = {});
+  Proxy(Transport& transport, runtime::NetBootstrap& boot, void* send, size_t send_bytes, MemKind send_kind, void* recv,
         size_t recv_bytes, const ProxyOptions& opts = {});
   // Stops the thread without waiting for peers (after shutdown(), or after a failure).
   ~Proxy();
@@ -97,6 +103,11 @@ class Proxy {
   // the bootstrap (this proxy keeps progressing meanwhile: peers' writes still land), stops the
   // heartbeats, meets again, stops the thread. Then the transport may go. Throws the error.
   void shutdown();
+
+  // Ends this proxy as a failure would, from the host side (a rank's own error outside the proxy:
+  // a bad call, a kernel that timed out): `why` goes into every peer's abort note, producers and
+  // kernels waiting on this ring are released. No effect after an earlier failure.
+  void abort(const std::string& why);
 
   bool failed() const;
   std::string error() const;  // "" while healthy

@@ -72,7 +72,7 @@ std::string_view op_name(OpKind k);
 
 // One posted operation, alive until its completion is reaped. Its first bytes are the
 // provider's per-operation context (struct fi_context2); the rest names it in diagnostics.
-struct Op {
+struct OpContext {
   alignas(16) unsigned char provider_context[64];
   OpKind kind = OpKind::data_write;
   int peer = -1;
@@ -83,14 +83,14 @@ struct Op {
 // What poll() throws for an error completion: the message, and the failed operation (nullptr
 // where the provider gave none) so that the caller can release what it holds.
 struct OpError : Error {
-  OpError(const std::string& what, Op* failed) : Error(what), op(failed) {}
-  Op* op;
+  OpError(const std::string& what, OpContext* failed) : Error(what), op(failed) {}
+  OpContext* op;
 };
 
 // A reaped completion: a local operation finished (op), or a peer's write with immediate data
 // landed here (op == nullptr, data = its immediate data).
 struct Completion {
-  Op* op;
+  OpContext* op;
   uint64_t data;
 };
 
@@ -124,9 +124,9 @@ class Transport {
   // when the endpoint's queue is full (FI_EAGAIN: poll, then retry); weave::Error for anything
   // else, naming the operation, its chunk and the peer. `op` must live until its completion.
   bool write(int peer, const Region& local, const void* src, const RemoteRegion& dst, uint64_t offset,
-             size_t bytes, Op* op, bool more);
+             size_t bytes, OpContext* op, bool more);
   bool write_data(int peer, const Region& local, const void* src, const RemoteRegion& dst, uint64_t offset,
-                  size_t bytes, uint64_t imm, Op* op, bool more);
+                  size_t bytes, uint64_t imm, OpContext* op, bool more);
 
   // Drives progress and reaps up to `max` completions. An error entry throws weave::Error naming
   // the failed operation, its chunk, the peer and libfabric's reason (OpError).

@@ -59,7 +59,12 @@ inline constexpr Var kVars[] = {
    "the network proxy's limit for a completion that does not come, a command it cannot post and a peer "
    "that stays silent; then every rank's proxy ends with a diagnostic"},
   {"WEAVE_BOOTSTRAP", Type::string, "", Who::user,
-   "host:port of the rendezvous for jobs across hosts"},
+   "host:port of the rendezvous for jobs across hosts (`weave-run --nodes` sets a free loopback port "
+   "unless it is set)"},
+  {"WEAVE_HOSTNAME", Type::string, "", Who::launcher,
+   "set by `weave-run --nodes N`: this rank's node name (`<host>/node<k>`, ranks in contiguous blocks), "
+   "which the network path's bootstrap uses instead of the host name, so one machine's ranks form N "
+   "simulated nodes; unset: the host name"},
   {"WEAVE_JOB_ID", Type::string, "", Who::launcher,
    "names the job (its bootstrap sockets) under any launcher; set by weave-run; unset: derived from the "
    "launcher's variables, `single-<pid>` without a launcher"},
@@ -83,6 +88,9 @@ inline constexpr Var kVars[] = {
   {"OMPI_MCA_ess_base_jobid", Type::string, "", Who::launcher, "set by older mpirun: the job id"},
   {"XDG_CACHE_HOME", Type::path, "", Who::system, "where the tuner's cache goes (see `WEAVE_TUNER_CACHE`)"},
   {"HOME", Type::path, "", Who::system, "where the tuner's cache goes without `XDG_CACHE_HOME`"},
+  {"CUDA_VISIBLE_DEVICES", Type::string, "", Who::system,
+   "CUDA's list of GPUs; `weave-run --nodes` gives each simulated node its block of them (rank r on GPU "
+   "r % GPUs) by setting it per rank"},
   {"NCCL_NVLS_ENABLE", Type::integer, "", Who::site,
    "0: NVLink multicast is forbidden here (asking weave for it names this variable)"},
   {"TORCH_SYMM_MEM_DISABLE_MULTICAST", Type::boolean, "", Who::site, "1: the same as `NCCL_NVLS_ENABLE=0`"},

@@ -22,7 +22,7 @@ std::string rendezvous_address(const LaunchInfo& info);
 struct NetBootstrapOptions {
   std::chrono::milliseconds timeout = std::chrono::seconds(60);  // for every rank to join
   std::string address;   // empty: rendezvous_address(info)
-  std::string hostname;  // empty: gethostname(); tests inject fake ones to simulate nodes
+  std::string hostname;  // empty: $WEAVE_HOSTNAME (weave-run --nodes), else gethostname(); tests inject fake ones
   std::string tag;       // names the job, equal on every rank; empty: info.job_id
 };
 

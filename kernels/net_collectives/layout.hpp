@@ -1,0 +1,202 @@
+// Where every byte of an inter-node all_gather / reduce_scatter call goes at G = 1 rank per node
+// (pure network between rail peers): which commands a rank queues, where they land in the peer's
+// receive slot, which arrival flag each one raises. Pure functions of (call shape, rank, step,
+// piece), shared by the kernel (kernel.cuh) and its host entry (which must count exactly the
+// commands the kernel pushes: the send gate of the next call waits for that many completions),
+// and CPU-tested (tests/net/test_net_collectives_layout.cpp).
+//
+// The schedule is hierarchy.hpp's, with N nodes of one GPU: all_gather is its net_ag phase
+// (step s: the own shard to rail peer r + s + 1), reduce_scatter its net_rs phase (step s: the
+// local partial of shard r + s + 1 to its owner, which adds it). Each transfer is cut into
+// network pieces of `chunk` bytes (the tuned chunk size; the last piece of a shard is ragged); a
+// transfer of an empty shard still sends one empty piece, so every rank hears from every peer
+// in every call (the receive slots' reuse rule relies on it: net_path.hpp, device.cuh).
+//
+// Regions (offsets in bytes):
+//   all_gather      send: the own shard at 0.  recv slot: shard q's bytes at shard(q).off (the
+//                   output's layout).  Needs send >= stride, slot >= bytes.
+//   reduce_scatter  send: the partial of shard q at q * stride.  recv slot: sender s's partial of
+//                   the own shard at s * stride.  stride = largest shard rounded up to 16.
+// Flags: chunk id = sender * max_pieces + piece, plus the call slot's first flag.
+//
+// all_reduce is hierarchy's ring at G = 1 (net_rs then net_ag over N sub-chunks, which at G = 1
+// are the shards): sub-chunk c starts at rank c, which sends its local part to c + 1; each next
+// rank adds its own and passes the sum on, until rank c - 1 holds the full sum (N - 1 hops); from
+// there the sum is forwarded around the ring (N - 1 more hops). Pipelined per (sub-chunk, piece)
+// *item*: rank r's role for sub-chunk c is set by its distance d = r - c (mod N) from the start:
+//   d = 0          send the local piece (reduce-scatter step 0)
+//   0 < d < N - 1  wait for the partial sum, add the local piece, send the sum on
+//   d = N - 1      wait, add: the result; keep it and send it on (all-gather step 0)
+// then, for e = d + 1 (mod N) > 0, wait for the result, keep it, and send it on unless e = N - 1.
+// Regions: send and receive slot have two areas of round16(bytes) (reduce-scatter, all-gather),
+// each in the buffer's layout; chunk id = (area * N + c) * max_pieces + piece. Every rank's result
+// depends on every rank's part of the same call, so the slot reuse rule holds for the ring too.
+#pragma once
+#include <cstdint>
+
+#include "net_common/hierarchy.hpp"
+
+namespace weave::net::coll {
+
+struct Layout {
+  CollPlan plan;          // coll, topo {N, 1}, bytes, unit 16 (the single-node collectives' shards)
+  long long chunk = 0;    // network piece bytes, a multiple of 16
+  long long stride = 0;   // reduce_scatter's per-rank region, 16-aligned
+  int max_pieces = 1;     // pieces of the largest shard
+};
+
+WEAVE_HD inline long long round16(long long x) { return (x + 15) / 16 * 16; }
+
+// Pieces of a transfer of `bytes`: at least one (an empty piece only notifies).
+WEAVE_HD inline int pieces(const Layout& L, long long bytes) {
+  const long long n = (bytes + L.chunk - 1) / L.chunk;
+  return n < 1 ? 1 : static_cast<int>(n);
+}
+
+// Piece p of a transfer of `bytes`: its offset inside the transfer and its size.
+WEAVE_HD inline Bytes piece_of(const Layout& L, long long bytes, int p) {
+  const long long off = static_cast<long long>(p) * L.chunk, left = bytes - off;
+  return {off, left < 0 ? 0 : left < L.chunk ? left : L.chunk};
+}
+
+// `coll`: all_gather, reduce_scatter or all_reduce. world = N nodes of one rank each. Shards (the
+// ring's sub-chunks for all_reduce) are split_bytes of the buffer over the N ranks.
+WEAVE_HD inline Layout make_layout(Coll coll, int world, long long bytes, long long chunk) {
+  Layout L;
+  L.plan.coll = coll;
+  L.plan.topo = Topo{world, 1};
+  L.plan.bytes = bytes;
+  L.plan.unit = 16;
+  L.chunk = chunk;
+  // The first shard is the largest in whole units, but the last one also takes the trailing
+  // partial unit (split_bytes): with fewer than `world` units it is the largest.
+  const long long first = shard(L.plan, 0).size, last = shard(L.plan, world - 1).size;
+  const long long largest = first > last ? first : last;
+  L.stride = round16(largest);
+  L.max_pieces = pieces(L, largest);
+  return L;
+}
+
+WEAVE_HD inline int steps(const Layout& L) { return L.plan.topo.nodes - 1; }
+
+// Step s of rank r (s = 0 .. steps - 1): hierarchy's transfer (its network phase; G = 1 has no
+// NVLink steps) and the rank it receives from in that step.
+WEAVE_HD inline int first_net_step(const Layout& L) {
+  return phase_steps(L.plan.coll, L.plan.topo, Phase::intra_rs) +
+         (L.plan.coll == Coll::all_gather ? phase_steps(L.plan.coll, L.plan.topo, Phase::net_rs) : 0);
+}
+WEAVE_HD inline Xfer step_send(const Layout& L, int r, int s) { return send(L.plan, r, first_net_step(L) + s, 0); }
+WEAVE_HD inline Xfer step_recv(const Layout& L, int r, int s) { return recv(L.plan, r, first_net_step(L) + s, 0); }
+
+WEAVE_HD inline uint32_t chunk_id(const Layout& L, int sender, int piece) {
+  return static_cast<uint32_t>(sender * L.max_pieces + piece);
+}
+// ---- all_reduce: the ring (see the header) ----------------------------------------------------
+
+WEAVE_HD inline long long ring_area(const Layout& L) { return round16(L.plan.bytes); }
+WEAVE_HD inline uint32_t ring_chunk_id(const Layout& L, int area, int c, int p) {
+  return static_cast<uint32_t>((area * L.plan.topo.nodes + c) * L.max_pieces + p);
+}
+WEAVE_HD inline int ring_pieces(const Layout& L, int c) { return pieces(L, shard(L.plan, c).size); }
+WEAVE_HD inline long long ring_items(const Layout& L) {
+  long long n = 0;
+  for (int c = 0; c < L.plan.topo.nodes; ++c) n += ring_pieces(L, c);
+  return n;
+}
+// Item j (sub-chunk-major, the same order on every rank): its sub-chunk and piece.
+WEAVE_HD inline void ring_item(const Layout& L, long long j, int* c, int* p) {
+  int k = 0;
+  for (; k < L.plan.topo.nodes - 1 && j >= ring_pieces(L, k); ++k) j -= ring_pieces(L, k);
+  *c = k;
+  *p = static_cast<int>(j);
+}
+WEAVE_HD inline int ring_dist(const Layout& L, int r, int c) { return detail::wrap(r - c, L.plan.topo.nodes); }
+// Commands of rank r for one piece of sub-chunk c: a reduce-scatter send unless it is the last
+// hop's receiver (d = N - 1), an all-gather send unless it is the ring's last (e = N - 1).
+WEAVE_HD inline int ring_item_commands(const Layout& L, int r, int c) {
+  const int d = ring_dist(L, r, c), N = L.plan.topo.nodes;
+  return (d <= N - 2) + (d != N - 2);
+}
+// Piece p of sub-chunk c: its offset in the buffer (and in either area) and its bytes.
+WEAVE_HD inline Bytes ring_piece(const Layout& L, int c, int p) {
+  const Bytes sub = shard(L.plan, c);
+  const Bytes pc = piece_of(L, sub.size, p);
+  return {sub.off + pc.off, pc.size};
+}
+
+// ---- what the host entry checks and counts ----------------------------------------------------
+
+WEAVE_HD inline uint32_t flags_needed(const Layout& L) {
+  const int areas = L.plan.coll == Coll::all_reduce ? 2 : 1;
+  return static_cast<uint32_t>(areas * L.plan.topo.nodes * L.max_pieces);
+}
+WEAVE_HD inline long long send_needed(const Layout& L) {
+  if (L.plan.coll == Coll::all_reduce) return 2 * ring_area(L);
+  return L.plan.coll == Coll::all_gather ? L.stride : L.plan.topo.nodes * L.stride;
+}
+WEAVE_HD inline long long recv_needed(const Layout& L) {
+  if (L.plan.coll == Coll::all_reduce) return 2 * ring_area(L);
+  return L.plan.coll == Coll::all_gather ? L.plan.bytes : L.plan.topo.nodes * L.stride;
+}
+
+
+// Rank r's commands of one call, in the order its send blocks may push them: step s, piece p.
+// all_gather pushes one command per (step, piece of the own shard), reduce_scatter one per (step,
+// piece of the destination's shard).
+WEAVE_HD inline int step_pieces(const Layout& L, int r, int s) { return pieces(L, step_send(L, r, s).bytes); }
+WEAVE_HD inline long long commands(const Layout& L, int r) {
+  long long n = 0;
+  if (L.plan.coll == Coll::all_reduce) {
+    for (int c = 0; c < L.plan.topo.nodes; ++c) n += static_cast<long long>(ring_pieces(L, c)) * ring_item_commands(L, r, c);
+    return n;
+  }
+  for (int s = 0; s < steps(L); ++s) n += step_pieces(L, r, s);
+  return n;
+}
+
+// The command of (step s, piece p) of rank r: source offset in r's send buffer, destination
+// offset in the peer's receive slot, bytes, chunk id (without the slot's flag offset).
+struct PieceCmd {
+  int peer;
+  long long src_off, dst_off, bytes, data_off;  // data_off: where the bytes are in r's buffer
+  uint32_t chunk;
+};
+WEAVE_HD inline PieceCmd piece_cmd(const Layout& L, int r, int s, int p) {
+  const Xfer x = step_send(L, r, s);
+  const Bytes pc = piece_of(L, x.bytes, p);
+  PieceCmd c;
+  c.peer = x.dst;
+  c.bytes = pc.size;
+  c.data_off = x.off + pc.off;
+  c.chunk = chunk_id(L, r, p);
+  if (L.plan.coll == Coll::all_gather) {
+    c.src_off = pc.off;         // the own shard sits at 0 of the send buffer
+    c.dst_off = x.off + pc.off;  // the output's layout
+  } else {
+    c.src_off = x.dst * L.stride + pc.off;
+    c.dst_off = r * L.stride + pc.off;
+  }
+  return c;
+}
+
+// What rank r receives in (step s, piece p): the sender, where it lands in r's receive slot,
+// where it belongs in r's buffer, bytes, chunk id.
+struct PieceRecv {
+  int sender;
+  long long recv_off, data_off, bytes;
+  uint32_t chunk;
+};
+WEAVE_HD inline int recv_pieces(const Layout& L, int r, int s) { return pieces(L, step_recv(L, r, s).bytes); }
+WEAVE_HD inline PieceRecv piece_recv(const Layout& L, int r, int s, int p) {
+  const Xfer x = step_recv(L, r, s);
+  const Bytes pc = piece_of(L, x.bytes, p);
+  PieceRecv v;
+  v.sender = x.src;
+  v.bytes = pc.size;
+  v.data_off = x.off + pc.off;
+  v.chunk = chunk_id(L, x.src, p);
+  v.recv_off = L.plan.coll == Coll::all_gather ? x.off + pc.off : x.src * L.stride + pc.off;
+  return v;
+}
+
+}  // namespace weave::net::coll

@@ -1,0 +1,352 @@
+// Kernels on the network path between 2 simulated nodes of one rank each (weave-run -n 2
+// --nodes 2; on one GPU with WEAVE_SHARE_GPUS=1): a kernel that pushes commands and polls flags,
+// the inter-node all_gather / reduce_scatter / all_reduce against CPU references (ragged sizes,
+// several chunk sizes, poisoned outputs, bf16 and fp32), 200 back-to-back calls each checked,
+// and failures: a rank's abort releases a peer's kernel waiting on a flag, and a device-side
+// wait timeout ends in a diagnostic on both ranks.
+#include <cuda_bf16.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "check/seed.hpp"
+#include "net_collectives/net_collectives.hpp"
+#include "weave/common/error.hpp"
+#include "weave/net/device.cuh"
+#include "weave/net/net_path.hpp"
+#include "weave/runtime/env.hpp"
+
+namespace net = weave::net;
+
+namespace {
+
+#define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x
+
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// tcp on loopback unless WEAVE_NET_PROVIDER names another provider.
+net::NetPathOptions options() {
+  net::NetPathOptions o;
+  const auto p = weave::env::raw("WEAVE_NET_PROVIDER");
+  if (!p || p->empty() || *p == "tcp") o.transport.provider = "tcp", o.transport.domain = "lo";
+  o.send_bytes = 16u << 20;
+  o.recv_bytes = 64u << 20;
+  o.proxy.flags = 8192;
+  return o;
+}
+
+// ---- a kernel on the raw device API -------------------------------------------------------------
+
+// Block 0 sends `bytes` of src to the peer through the send gate; block 1 waits for the peer's
+// chunk and copies it to dst.
+__global__ void ping(net::NetHandle h, uint64_t call, uint64_t before, uint64_t recv_base, uint32_t flag, const char* src,
+                     char* dst, uint64_t bytes) {
+  if (blockIdx.x == 0) {
+    if (!net::open_send_gate(h, call, before, true)) return;
+    net::block_copy_out(h.send, src, bytes);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      net::Producer p{h.queue};
+      net::push(h, p, net::Command{0, recv_base, bytes, 1, flag, static_cast<uint16_t>(1 - h.rank), net::kNotify, 0});
+    }
+  } else {
+    __shared__ int ok;
+    if (threadIdx.x == 0) ok = net::wait_arrival(h, flag);
+    __syncthreads();
+    if (!ok) return;
+    net::block_copy_in(dst, h.recv + recv_base, bytes);
+    __syncthreads();
+    if (threadIdx.x == 0) net::consume(h, flag);
+  }
+}
+
+// One seed for the job: rank 0's (each process draws its own unless WEAVE_TEST_SEED is set), since
+// every rank generates its peers' data to check what arrived.
+uint64_t job_seed(net::NetPath& path) {
+  static uint64_t calls = 0;
+  const uint64_t mine = weave::check::derive(weave::check::test_seed(), 0x5EED, calls++);
+  std::vector<uint64_t> all(path.world());
+  path.bootstrap().all_gather(&mine, all.data(), sizeof mine);
+  return all[0];
+}
+
+uint8_t byte_of(uint64_t seed, int rank, int round, size_t i) {
+  return static_cast<uint8_t>(weave::check::derive(seed, uint64_t(rank) * 1000 + round, i) >> 24);
+}
+
+// 200 rounds back to back (one sync at the end), ragged sizes, each round's bytes checked.
+TEST(NetGpu, KernelPushesCommandsAndPollsFlags) {
+  net::NetPath path(options());
+  ASSERT_EQ(path.world(), 2) << "run under weave-run -n 2 --nodes 2";
+  ASSERT_EQ(path.topo().nodes, 2);
+  const uint64_t seed = job_seed(path);
+  const int rounds = 200, r = path.rank();
+  std::vector<size_t> size(rounds), off(rounds + 1, 0);
+  for (int k = 0; k < rounds; ++k) {
+    size[k] = 1 + (weave::check::derive(seed, 7, k) % 20000);
+    off[k + 1] = off[k] + (size[k] + 15) / 16 * 16;
+  }
+  std::vector<uint8_t> src(off[rounds]), got(off[rounds]);
+  for (int k = 0; k < rounds; ++k)
+    for (size_t i = 0; i < size[k]; ++i) src[off[k] + i] = byte_of(seed, r, k, i);
+  char *d_src, *d_dst;
+  CUDA_OK(cudaMalloc(&d_src, src.size()));
+  CUDA_OK(cudaMalloc(&d_dst, src.size()));
+  CUDA_OK(cudaMemcpy(d_src, src.data(), src.size(), cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemset(d_dst, 0xee, src.size()));
+  const net::NetHandle h = path.handle();
+  for (int k = 0; k < rounds; ++k) {
+    const net::NetPath::Call c = path.begin_call(1);
+    ping<<<2, 128>>>(h, c.index, c.commands_before, c.recv_offset, c.flag_offset, d_src + off[k], d_dst + off[k], size[k]);
+  }
+  path.finish(nullptr);
+  CUDA_OK(cudaMemcpy(got.data(), d_dst, got.size(), cudaMemcpyDeviceToHost));
+  for (int k = 0; k < rounds; ++k)
+    for (size_t i = 0; i < size[k]; ++i)
+      ASSERT_EQ(got[off[k] + i], byte_of(seed, 1 - r, k, i)) << "round " << k << " byte " << i << " of " << size[k];
+  path.shutdown();
+  cudaFree(d_src);
+  cudaFree(d_dst);
+}
+
+// ---- the collectives ------------------------------------------------------------------------------
+
+enum class Op { all_gather, reduce_scatter, all_reduce };
+const char* op_name(Op o) {
+  return o == Op::all_gather ? "all_gather" : o == Op::reduce_scatter ? "reduce_scatter" : "all_reduce";
+}
+
+// Rank q's input element i of call k: a small integer, so that every sum is exact in bf16 and fp32
+// and any misplaced, missing or doubled piece shows.
+int value(uint64_t seed, int q, int k, long long i) {
+  return static_cast<int>(weave::check::derive(seed, uint64_t(q) * 100000 + k, uint64_t(i)) % 33) - 16;
+}
+
+// Element bits of `v` in the dtype; the poison is all ones (a NaN in both).
+uint32_t bits(net::NetDtype d, float v) {
+  if (d == net::NetDtype::fp32) {
+    uint32_t u;
+    std::memcpy(&u, &v, 4);
+    return u;
+  }
+  const __nv_bfloat16 b = __float2bfloat16_rn(v);
+  uint16_t u;
+  std::memcpy(&u, &b, 2);
+  return u;
+}
+
+struct Call {
+  Op op;
+  net::NetDtype dtype;
+  long long count;
+  char* dev = nullptr;
+  std::vector<uint8_t> host;  // input before, output after
+};
+
+void fill(Call& c, uint64_t seed, int rank, int world, int k) {
+  const size_t es = net::dtype_bytes(c.dtype);
+  c.host.assign(c.count * es, 0xff);  // poison
+  long long first, n;
+  net::NetCollectives::shard(world, c.count, c.dtype, rank, &first, &n);
+  for (long long i = 0; i < c.count; ++i) {
+    if (c.op == Op::all_gather && (i < first || i >= first + n)) continue;
+    const uint32_t b = bits(c.dtype, static_cast<float>(value(seed, rank, k, i)));
+    std::memcpy(c.host.data() + i * es, &b, es);
+  }
+}
+
+// Every element against the reference: all_gather the owner's input, reduce_scatter the sum on
+// the own shard and the untouched input elsewhere, all_reduce the sum everywhere.
+std::string check_call(const Call& c, uint64_t seed, int rank, int world, int k) {
+  const size_t es = net::dtype_bytes(c.dtype);
+  long long first, n;
+  net::NetCollectives::shard(world, c.count, c.dtype, rank, &first, &n);
+  for (long long i = 0; i < c.count; ++i) {
+    float want;
+    if (c.op == Op::all_gather) {
+      int owner = 0;
+      for (int q = 0; q < world; ++q) {
+        long long f, m;
+        net::NetCollectives::shard(world, c.count, c.dtype, q, &f, &m);
+        if (i >= f && i < f + m) owner = q;
+      }
+      want = static_cast<float>(value(seed, owner, k, i));
+    } else if (c.op == Op::reduce_scatter && (i < first || i >= first + n)) {
+      want = static_cast<float>(value(seed, rank, k, i));
+    } else {
+      int s = 0;
+      for (int q = 0; q < world; ++q) s += value(seed, q, k, i);
+      want = static_cast<float>(s);
+    }
+    uint32_t got = 0;
+    std::memcpy(&got, c.host.data() + i * es, es);
+    if (got != bits(c.dtype, want))
+      return std::string(op_name(c.op)) + " " + (c.dtype == net::NetDtype::bf16 ? "bf16" : "fp32") + " count " +
+             std::to_string(c.count) + " call " + std::to_string(k) + ": element " + std::to_string(i) + " is 0x" +
+             std::to_string(got) + ", want " + std::to_string(want) + " (own shard [" + std::to_string(first) + ", +" +
+             std::to_string(n) + "))";
+  }
+  return "";
+}
+
+void run(net::NetCollectives& coll, Call& c) {
+  void* p = c.dev;
+  if (c.op == Op::all_gather) coll.all_gather(p, c.count, c.dtype, nullptr);
+  if (c.op == Op::reduce_scatter) coll.reduce_scatter(p, c.count, c.dtype, nullptr);
+  if (c.op == Op::all_reduce) coll.all_reduce(p, c.count, c.dtype, nullptr);
+}
+
+TEST(NetGpu, CollectivesMatchTheReference) {
+  net::NetPath path(options());
+  const uint64_t seed = job_seed(path);
+  const int r = path.rank(), w = path.world();
+  int k = 0;
+  for (long long chunk : {4096LL, 65536LL, 256LL << 10}) {
+    net::NetCollOptions co;
+    co.chunk_bytes = chunk;
+    net::NetCollectives coll(path, co);
+    for (net::NetDtype d : {net::NetDtype::bf16, net::NetDtype::fp32})
+      for (Op op : {Op::all_gather, Op::reduce_scatter, Op::all_reduce})
+        for (long long count : {1LL, 7LL, 8LL, 1000LL, 4099LL, 65536LL + 3, (1LL << 20) + 5}) {
+          Call c{op, d, count};
+          fill(c, seed, r, w, k);
+          CUDA_OK(cudaMalloc(&c.dev, c.host.size()));
+          CUDA_OK(cudaMemcpy(c.dev, c.host.data(), c.host.size(), cudaMemcpyHostToDevice));
+          run(coll, c);
+          path.finish(nullptr);
+          CUDA_OK(cudaMemcpy(c.host.data(), c.dev, c.host.size(), cudaMemcpyDeviceToHost));
+          cudaFree(c.dev);
+          const std::string bad = check_call(c, seed, r, w, k);
+          ASSERT_EQ(bad, "") << "chunk " << chunk;
+          ++k;
+        }
+  }
+  path.shutdown();
+}
+
+// 200 calls launched back to back (one finish), operators, dtypes and sizes changing from call
+// to call, so receive slots, flags and the send gate are reused under load; every call checked.
+TEST(NetGpu, TwoHundredBackToBackCallsEachChecked) {
+  net::NetPath path(options());
+  const uint64_t seed = job_seed(path) ^ 0x5a5a;
+  const int r = path.rank(), w = path.world();
+  net::NetCollOptions co;
+  co.chunk_bytes = 4096;
+  net::NetCollectives coll(path, co);
+  std::vector<Call> calls;
+  for (int k = 0; k < 200; ++k) {
+    calls.push_back(Call{static_cast<Op>(k % 3), k % 2 ? net::NetDtype::fp32 : net::NetDtype::bf16,
+                         1 + static_cast<long long>(weave::check::derive(seed, 3, k) % 30000)});
+    Call& c = calls.back();
+    fill(c, seed, r, w, k);
+    CUDA_OK(cudaMalloc(&c.dev, c.host.size()));
+    CUDA_OK(cudaMemcpy(c.dev, c.host.data(), c.host.size(), cudaMemcpyHostToDevice));
+  }
+  for (Call& c : calls) run(coll, c);
+  path.finish(nullptr);
+  for (int k = 0; k < 200; ++k) {
+    Call& c = calls[k];
+    CUDA_OK(cudaMemcpy(c.host.data(), c.dev, c.host.size(), cudaMemcpyDeviceToHost));
+    cudaFree(c.dev);
+    ASSERT_EQ(check_call(c, seed, r, w, k), "");
+  }
+  path.shutdown();
+}
+
+TEST(NetGpu, RejectsCallsThatDoNotFit) {
+  net::NetPathOptions o = options();
+  o.send_bytes = 1 << 16;
+  o.recv_bytes = 1 << 17;
+  o.proxy.flags = 64;
+  net::NetPath path(o);
+  net::NetCollectives coll(path);  // 256 KiB pieces
+  void* buf;
+  CUDA_OK(cudaMalloc(&buf, 1 << 20));
+  try {
+    coll.all_gather(buf, 1 << 18, net::NetDtype::fp32, nullptr);  // 1 MiB: 512 KiB shards
+    FAIL() << "an all_gather larger than the send buffer was launched";
+  } catch (const weave::Error& e) {
+    EXPECT_TRUE(has(e.what(), "send buffer") && has(e.what(), "NetPathOptions::send_bytes")) << e.what();
+  }
+  EXPECT_THROW(coll.all_gather(static_cast<char*>(buf) + 2, 8, net::NetDtype::bf16, nullptr), weave::Error);
+  net::NetCollOptions bad;
+  bad.chunk_bytes = 100;
+  EXPECT_THROW(net::NetCollectives(path, bad), weave::Error);
+  cudaFree(buf);
+  path.shutdown();
+}
+
+// ---- failures -------------------------------------------------------------------------------------
+
+// Rank 0's kernel waits for rank 1's shard, which never comes: rank 1 aborts its path instead.
+// The abort word releases rank 0's kernel, and finish() throws rank 1's reason on rank 0.
+TEST(NetGpu, AbortReleasesAKernelWaitingOnAFlag) {
+  net::NetPath path(options());
+  net::NetCollectives coll(path);
+  void* buf;
+  CUDA_OK(cudaMalloc(&buf, 1 << 16));
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string error;
+  if (path.rank() == 0) {
+    coll.all_gather(buf, 1 << 14, net::NetDtype::bf16, nullptr);
+    try {
+      path.finish(nullptr);
+    } catch (const weave::Error& e) {
+      error = e.what();
+    }
+  } else {
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    path.abort("the test's rank 1 gives up");
+    try {
+      path.check();
+    } catch (const weave::Error& e) {
+      error = e.what();
+    }
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_TRUE(has(error, "the test's rank 1 gives up")) << "'" << error << "'";
+  if (path.rank() == 0) EXPECT_TRUE(has(error, "rank 1 failed") && has(error, "a kernel stopped")) << error;
+  EXPECT_LT(s, 15) << error;
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the context is still usable
+  EXPECT_THROW(coll.all_gather(buf, 16, net::NetDtype::bf16, nullptr), weave::Error);  // the path is not
+  cudaFree(buf);
+}
+
+// Rank 0's kernel waits with a 1 s device timeout while rank 1 stays healthy but does not call:
+// the kernel gives up, rank 0 throws the timeout naming the chunk, and rank 1 learns it.
+TEST(NetGpu, DeviceWaitTimeoutIsADiagnosticOnBothRanks) {
+  net::NetPathOptions o = options();
+  o.wait_timeout_s = 1;
+  net::NetPath path(o);
+  net::NetCollectives coll(path);
+  void* buf;
+  CUDA_OK(cudaMalloc(&buf, 1 << 16));
+  std::string error;
+  if (path.rank() == 0) {
+    coll.all_gather(buf, 1 << 14, net::NetDtype::fp32, nullptr);
+    try {
+      path.finish(nullptr);
+    } catch (const weave::Error& e) {
+      error = e.what();
+    }
+    EXPECT_TRUE(has(error, "gave up after") && has(error, "chunk")) << error;
+  } else {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!path.proxy().failed() && std::chrono::steady_clock::now() < end)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    try {
+      path.check();
+    } catch (const weave::Error& e) {
+      error = e.what();
+    }
+    EXPECT_TRUE(has(error, "rank 0 failed") && has(error, "gave up after")) << error;
+  }
+  cudaFree(buf);
+}
+
+}  // namespace

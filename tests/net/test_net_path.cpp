@@ -1,0 +1,234 @@
+// NetPath in its CPU mode (host memory, no CUDA call) between forked processes joined over
+// NetBootstrap at a loopback rendezvous, with injected host names to simulate nodes: the host
+// producers' path through ring, proxy and transport in both notification modes, the node split,
+// the call bookkeeping, a peer that exits, and a rank's abort reaching every peer.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "check/seed.hpp"
+#include "ranks.hpp"
+#include "weave/common/error.hpp"
+#include "weave/net/net_path.hpp"
+#include "weave/net/queue.cuh"
+
+namespace net = weave::net;
+using net::Command;
+using net::test::describe;
+using net::test::run_processes;
+
+namespace {
+
+void require(bool ok, const std::string& what) {
+  if (!ok) throw std::runtime_error(what);
+}
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+int free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+// Rank r of `world`, on host hosts[r], CPU mode over tcp on loopback.
+struct Job {
+  int world;
+  std::vector<std::string> hosts;
+  std::string address = "127.0.0.1:" + std::to_string(free_port());
+  std::string id = "netpath-test-" + std::to_string(getpid()) + "-" + std::to_string(free_port());
+
+  net::NetPathOptions options(int r, net::Notify mode = net::Notify::automatic) const {
+    net::NetPathOptions o;
+    o.gpu = false;
+    o.transport = {"tcp", "lo", mode, false};
+    o.send_bytes = 1 << 20;
+    o.recv_bytes = 2 << 20;
+    o.proxy.flags = 1024;
+    o.proxy.timeout_s = 5;
+    o.boot.address = address;
+    o.boot.hostname = hosts[r];
+    o.boot.timeout = std::chrono::seconds(10);
+    return o;
+  }
+  weave::runtime::LaunchInfo info(int r) const {
+    int local = 0, local_world = 0;
+    for (int q = 0; q < world; ++q) {
+      local_world += hosts[q] == hosts[r];
+      local += q < r && hosts[q] == hosts[r];
+    }
+    return {r, world, local, local_world, id, "test"};
+  }
+};
+
+uint8_t pattern(uint64_t seed, int rank, uint64_t call, size_t pos) {
+  uint64_t x = seed ^ (0x9e3779b97f4a7c15ull * (uint64_t(rank) + 1)) ^ (0xbf58476d1ce4e5b9ull * (call + 1)) ^ (pos * 0x94d049bb133111ebull);
+  x ^= x >> 29;
+  x *= 0xff51afd7ed558ccdull;
+  return static_cast<uint8_t>(x >> 56);
+}
+
+// Every rank sends `pieces` pieces of ragged size to every other rank per call, `calls` calls, in
+// the slots begin_call hands out: as the collectives do, every rank hears from every peer in every
+// call (the path's rule for reusing a slot two calls later). The receiver checks every byte once
+// the flag is up and consumes the flag (as the kernels do); the sender reuses its send buffer only
+// once its earlier commands completed (the kernels' send gate).
+constexpr size_t kRegion = 64 << 10;  // per sender in a receive slot
+
+std::string all_to_all_calls(net::NetPath& path, uint64_t seed, int calls, int pieces) {
+  const int r = path.rank(), w = path.world();
+  net::Producer prod{path.host_queue()};
+  const auto sizes = [&](int k, int sender) {
+    std::mt19937_64 rng(seed + k * 64 + sender);
+    std::vector<size_t> s(pieces);
+    for (auto& x : s) x = rng() % 9000;  // ragged, some 0
+    return s;
+  };
+  for (int k = 0; k < calls; ++k) {
+    const net::NetPath::Call call = path.begin_call(uint64_t(pieces) * (w - 1));
+    require(call.index == uint64_t(k) && call.slot == k % 2, "call numbering");
+    require(prod.wait_completed(call.commands_before), path.proxy().error());
+    const std::vector<size_t> mine = sizes(k, r);
+    size_t off = 0;
+    for (int p = 0; p < pieces; ++p) {
+      for (size_t i = 0; i < mine[p]; ++i) path.send_buffer()[off + i] = static_cast<char>(pattern(seed, r, k, off + i));
+      for (int q = 0; q < w; ++q)
+        if (q != r)
+          require(prod.push(Command{off, call.recv_offset + r * kRegion + off, mine[p], 1,
+                                    call.flag_offset + uint32_t(r * pieces + p), uint16_t(q), net::kNotify, 0}),
+                  path.proxy().error());
+      off += mine[p];
+    }
+    for (int q = 0; q < w; ++q) {
+      if (q == r) continue;
+      const std::vector<size_t> theirs = sizes(k, q);
+      off = 0;
+      for (int p = 0; p < pieces; ++p) {
+        const uint32_t flag = call.flag_offset + uint32_t(q * pieces + p);
+        path.proxy().wait_arrival(flag, 1, 10);
+        for (size_t i = 0; i < theirs[p]; ++i)
+          if (static_cast<uint8_t>(path.recv_buffer()[call.recv_offset + q * kRegion + off + i]) != pattern(seed, q, k, off + i))
+            throw std::runtime_error("call " + std::to_string(k) + " from rank " + std::to_string(q) + " piece " +
+                                     std::to_string(p) + ": byte " + std::to_string(i) + " wrong");
+        net::queue_detail::store_release(&path.flags()[flag], 0);  // consume
+        off += theirs[p];
+      }
+    }
+  }
+  path.check();
+  path.shutdown();
+  return path.transport().describe();
+}
+
+TEST(NetPath, HostProducersBetweenSimulatedNodesInBothModes) {
+  const uint64_t seed = weave::check::test_seed();
+  for (net::Notify mode : {net::Notify::ordered, net::Notify::unordered}) {
+    SCOPED_TRACE(std::string(net::notify_name(mode)));
+    const Job job{2, {"simnode/0", "simnode/1"}};
+    const auto out = run_processes(2, [&](int r) {
+      net::NetPath path(job.info(r), job.options(r, mode));
+      require(path.topo().nodes == 2 && path.topo().gpus == 1, "topology");
+      require(path.transport().notify() == mode, "notification mode");
+      require(path.device() == -1 && !path.gpu(), "CPU mode");
+      return all_to_all_calls(path, seed, 40, 5);
+    });
+    for (const auto& o : out) EXPECT_TRUE(o.returned) << describe(out);
+    std::printf("%s\n", out[0].text.c_str());
+  }
+}
+
+TEST(NetPath, FourRanksOnTwoNodes) {
+  const uint64_t seed = weave::check::test_seed();
+  const Job job{4, {"a", "a", "b", "b"}};
+  const auto out = run_processes(4, [&](int r) {
+    net::NetPath path(job.info(r), job.options(r));
+    require(path.topo().nodes == 2 && path.topo().gpus == 2, "topology");
+    return all_to_all_calls(path, seed, 10, 3);
+  });
+  for (const auto& o : out) EXPECT_TRUE(o.returned) << describe(out);
+}
+
+// Nodes whose ranks are not contiguous blocks (a, b, a, b) are refused on every rank, by name.
+TEST(NetPath, RefusesInterleavedNodes) {
+  const Job job{4, {"a", "b", "a", "b"}};
+  const auto out = run_processes(4, [&](int r) {
+    net::NetPath path(job.info(r), job.options(r));
+    return std::string("accepted");
+  });
+  for (const auto& o : out)
+    EXPECT_TRUE(!o.returned && has(o.text, "contiguous block") && has(o.text, "rank 1")) << describe(out);
+}
+
+TEST(NetPath, ModeMismatchesAreErrors) {
+  const Job job{1, {"solo"}};
+  const auto out = run_processes(1, [&](int) {
+    net::NetPath path(job.info(0), job.options(0));
+    std::string got;
+    try {
+      path.handle();
+    } catch (const weave::Error& e) {
+      got += e.what();
+    }
+    path.shutdown();
+    try {
+      path.begin_call(1);
+    } catch (const weave::Error& e) {
+      got += std::string(" | ") + e.what();
+    }
+    return got;
+  });
+  ASSERT_TRUE(out[0].returned) << describe(out);
+  EXPECT_TRUE(has(out[0].text, "GPU mode") && has(out[0].text, "after its shutdown")) << out[0].text;
+}
+
+// A peer that exits while the other waits for its chunk: the survivor's wait ends with the
+// proxy's diagnostic naming the peer, well within the test's deadline.
+TEST(NetPath, PeerThatExitsIsNamed) {
+  const Job job{2, {"n0", "n1"}};
+  const auto out = run_processes(2, [&](int r) {
+    net::NetPath path(job.info(r), job.options(r));
+    if (r == 1) _exit(42);
+    try {
+      path.proxy().wait_arrival(0, 1, 20);
+    } catch (const weave::Error& e) {
+      path.check();  // must throw as well: the path failed
+      return std::string("wait returned but check() did not throw: ") + e.what();
+    }
+    return std::string("chunk arrived from a dead peer");
+  }, std::chrono::seconds(25));
+  ASSERT_EQ(out[1].exit_code, 42) << describe(out);
+  EXPECT_TRUE(!out[0].returned && has(out[0].text, "weave::net rank 0") && has(out[0].text, "peer 1")) << describe(out);
+}
+
+// A host-side error of one rank (abort) ends the peer's wait with that rank's reason.
+TEST(NetPath, AbortReachesEveryPeer) {
+  const Job job{3, {"n0", "n1", "n2"}};
+  const auto out = run_processes(3, [&](int r) {
+    net::NetPath path(job.info(r), job.options(r));
+    if (r == 2) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      path.abort("the test's rank 2 gives up");
+      path.check();
+      return std::string("check() after abort did not throw");
+    }
+    path.proxy().wait_arrival(0, 1, 20);
+    return std::string("chunk arrived");
+  });
+  for (int r = 0; r < 3; ++r)
+    EXPECT_TRUE(!out[r].returned && has(out[r].text, "the test's rank 2 gives up")) << describe(out);
+  EXPECT_TRUE(has(out[0].text, "rank 2 failed")) << describe(out);
+}
+
+}  // namespace
