@@ -30,6 +30,7 @@ struct PlanInputs {
   int pair_clusters = 0;   // 2-CTA clusters the device holds at once (0: the cluster tile is not allowed)
   bool split_k = true;     // split-K allowed
   bool mid = false;        // the 128x192 tile allowed (A M x K, bf16 output)
+  bool narrow = true;      // the 64x128 tile exists (the fp8 GEMM has none: decode then splits 128x256)
 };
 
 struct Choice {
@@ -87,7 +88,7 @@ inline Choice plan_gemm(const PlanInputs& in) {
   // of the 128x256 tile's 3 (the regime is memory-bound: measured 16x28672x8192 in 122 us against
   // 148 us, and faster on all eight decode shapes tried); split to fill the machine. A 64x128
   // iteration reads half the B bytes of a 128x256 one.
-  if (decode) return best_of(Tile::M64N128, ceil_div(in.N, 128), in.sm_count, kDecodeCost, true);
+  if (decode && in.narrow) return best_of(Tile::M64N128, ceil_div(in.N, 128), in.sm_count, kDecodeCost, true);
   Choice best = best_of(Tile::M128N256, tm * ceil_div(in.N, 256), in.sm_count, in.aligned ? 1.0 : kMisalignedBig, true);
   consider(best, best_of(Tile::M128N128, tm * ceil_div(in.N, 128), in.sm_count,
                          kSmallCost * (in.aligned ? 1.0 : kMisalignedSmall), false));
@@ -95,7 +96,7 @@ inline Choice plan_gemm(const PlanInputs& in) {
   if (in.mid)
     consider(best, best_of(Tile::M128N192, tm * ceil_div(in.N, 192), in.sm_count,
                            kMidCost * (in.aligned ? 1.0 : kMisalignedMid), true));
-  if (in.M <= kNarrowMaxM)
+  if (in.narrow && in.M <= kNarrowMaxM)
     consider(best, best_of(Tile::M64N128, ceil_div(in.M, 64) * ceil_div(in.N, 128), in.sm_count,
                            kNarrowCost * (in.aligned ? 1.0 : kMisalignedSmall), true));
   if (in.pair_clusters > 0)

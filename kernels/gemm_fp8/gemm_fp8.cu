@@ -3,6 +3,8 @@
 // compile none of them.
 #include <cstdint>
 
+#include "gemm/plan.hpp"
+#include "gemm/split_k_launch.cuh"
 #include "gemm_fp8/gemm_fp8.hpp"
 #include "gemm_fp8/gemm_fp8_kernel.cuh"
 #include "weave/common/error.hpp"
@@ -28,7 +30,7 @@ using Block = GemmFp8BlockKernel<TA, TB, 6>;
 
 template <class Kern>
 lcsc::Plan run(const void* A, const void* B, __nv_bfloat16* C, int M, int N, int K, const float* sa, const float* sb,
-               const Options& opt, int group_m, cudaStream_t stream) {
+               const Options& opt, int group_m, cudaStream_t stream, Launch split = {}) {
   using tile::Swizzle;
   constexpr CUtensorMapDataType u8 = CU_TENSOR_MAP_DATA_TYPE_UINT8;  // TMA has no fp8 type; bytes are exact
   Fp8Globals g{};
@@ -44,18 +46,22 @@ lcsc::Plan run(const void* A, const void* B, __nv_bfloat16* C, int M, int N, int
   g.tiles_n = gemm::ceil_div(N, Kern::BN);
   g.group_m = group_m;
   g.kblocks = k_blocks(K);
+  g.accumulate = 0;
+  if constexpr (Kern::BN == 256 && Kern::kReleaseLag == 1)  // the per-tensor 128x256 tile splits
+    if (split.splits > 1) return gemm::launch_split_k<Kern>(g, C, split.workers, split.splits, opt.lcsc, stream);
   return lcsc::launch<Kern>(g, opt.lcsc, stream);
 }
 
 // One kernel template per type pair, picked at run time.
 template <template <class, class> class Kern>
 lcsc::Plan dispatch(Fp8 ta, Fp8 tb, const void* A, const void* B, __nv_bfloat16* C, int M, int N, int K,
-                    const float* sa, const float* sb, const Options& opt, int group_m, cudaStream_t stream) {
+                    const float* sa, const float* sb, const Options& opt, int group_m, cudaStream_t stream,
+                    Launch split = {}) {
   if (ta == Fp8::E4M3 && tb == Fp8::E4M3)
-    return run<Kern<fp8e4m3, fp8e4m3>>(A, B, C, M, N, K, sa, sb, opt, group_m, stream);
+    return run<Kern<fp8e4m3, fp8e4m3>>(A, B, C, M, N, K, sa, sb, opt, group_m, stream, split);
   if (ta == Fp8::E5M2 && tb == Fp8::E4M3)
-    return run<Kern<fp8e5m2, fp8e4m3>>(A, B, C, M, N, K, sa, sb, opt, group_m, stream);
-  return run<Kern<fp8e4m3, fp8e5m2>>(A, B, C, M, N, K, sa, sb, opt, group_m, stream);
+    return run<Kern<fp8e5m2, fp8e4m3>>(A, B, C, M, N, K, sa, sb, opt, group_m, stream, split);
+  return run<Kern<fp8e4m3, fp8e5m2>>(A, B, C, M, N, K, sa, sb, opt, group_m, stream, split);
 }
 
 void check_aligned(const char* name, const void* p, size_t align) {
@@ -82,13 +88,6 @@ void validate_call(const void* A, Fp8 ta, const void* B, Fp8 tb, const __nv_bflo
   check_extent("gemm_fp8", "C", C, size_t(M) * N * sizeof(__nv_bfloat16));
   check_extent("gemm_fp8", "scale_a", sa, sa_bytes);
   check_extent("gemm_fp8", "scale_b", sb, sb_bytes);
-}
-
-Tile resolve_tile(const Options& opt, int M, int N, int K) {
-  if (opt.tile != Tile::Auto) return opt.tile;
-  int dev = 0;
-  WEAVE_CUDA_CHECK(cudaGetDevice(&dev));
-  return choose_tile(M, N, K, lcsc::device_info(dev).sm_count);
 }
 
 }  // namespace
@@ -118,17 +117,33 @@ const char* tile_name(Tile t) {
 }
 const char* type_name(Fp8 t) { return t == Fp8::E5M2 ? "e5m2" : "e4m3"; }
 
-// As the bf16 GEMM's choice (kernels/gemm/gemm.cu): the big tile moves fewer bytes per FLOP and
-// wins whenever it fills the machine about as well; the small one covers outputs whose 128 x 256
-// tiles leave 8 % or more of the machine idle in the last (or only) wave.
-Tile choose_tile(int M, int N, int K, int sm_count) {
-  (void)K;
-  auto fill = [&](int bm, int bn) {
-    const long long tiles = static_cast<long long>(gemm::ceil_div(M, bm)) * gemm::ceil_div(N, bn);
-    const long long waves = (tiles + sm_count - 1) / sm_count;
-    return static_cast<double>(tiles) / static_cast<double>(waves * sm_count);
-  };
-  return fill(128, 128) > fill(128, 256) + 0.08 ? Tile::M128N128 : Tile::M128N256;
+Launch plan_launch(int M, int N, int K, int sm_count, const Options& opt) {
+  const bool split_ok = opt.split_k != 1;
+  if (opt.tile != Tile::Auto) {
+    const bool big = opt.tile == Tile::M128N256;
+    return {opt.tile, big && opt.split_k > 1 ? opt.split_k : 1, sm_count};
+  }
+  gemm::PlanInputs in;
+  in.M = M, in.N = N, in.K = k_blocks(K) * 64;
+  in.aligned = K % 128 == 0;  // A's and B's rows are K bytes
+  in.sm_count = sm_count;
+  in.pair_clusters = 0;
+  in.mid = false;
+  in.narrow = false;
+  in.split_k = split_ok;
+  const gemm::Choice c = gemm::plan_gemm(in);
+  if (c.tile == gemm::Tile::M128N128) return {Tile::M128N128, 1, sm_count};
+  return {Tile::M128N256, opt.split_k > 1 ? opt.split_k : c.splits, sm_count};
+}
+
+Launch choose_launch(int M, int N, int K, const Options& opt) {
+  validate_shape(M, N, K);
+  WEAVE_CHECK(opt.split_k >= 0, "gemm_fp8: split_k = ", opt.split_k, " must be >= 0 (0: the planner decides, 1: never)");
+  lcsc::Config wide = opt.lcsc;
+  wide.balance_waves = false;
+  // The compute blocks of a full machine (the SM count less the communicator blocks).
+  const int blocks = lcsc::plan_for<Big<fp8e4m3, fp8e4m3>>(1LL << 40, wide).compute_blocks;
+  return plan_launch(M, N, K, blocks, opt);
 }
 
 // The bf16 GEMM's rule (16 tile rows for short tiles, 8 for long ones) with K in bytes: an fp8
@@ -139,10 +154,12 @@ int default_group_m(Tile t, int K) { return t == Tile::M128N128 || K <= 4096 ? 1
 lcsc::Plan gemm(const void* A, Fp8 ta, const void* B, Fp8 tb, __nv_bfloat16* C, int M, int N, int K,
                 const float* scale_a, const float* scale_b, const Options& opt, cudaStream_t stream) {
   validate_call(A, ta, B, tb, C, M, N, K, scale_a, scale_b, sizeof(float), sizeof(float));
-  const Tile t = resolve_tile(opt, M, N, K);
-  WEAVE_CHECK(t == Tile::M128N256 || t == Tile::M128N128, "gemm_fp8: unknown tile ", static_cast<int>(t));
-  const int group_m = opt.group_m > 0 ? opt.group_m : default_group_m(t, K);
-  if (t == Tile::M128N256) return dispatch<Big>(ta, tb, A, B, C, M, N, K, scale_a, scale_b, opt, group_m, stream);
+  WEAVE_CHECK(opt.tile == Tile::Auto || opt.tile == Tile::M128N256 || opt.tile == Tile::M128N128,
+              "gemm_fp8: unknown tile ", static_cast<int>(opt.tile));
+  const Launch l = choose_launch(M, N, K, opt);
+  const int group_m = opt.group_m > 0 ? opt.group_m : default_group_m(l.tile, K);
+  if (l.tile == Tile::M128N256)
+    return dispatch<Big>(ta, tb, A, B, C, M, N, K, scale_a, scale_b, opt, group_m, stream, l);
   return dispatch<Small>(ta, tb, A, B, C, M, N, K, scale_a, scale_b, opt, group_m, stream);
 }
 

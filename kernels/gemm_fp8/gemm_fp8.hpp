@@ -38,6 +38,16 @@ struct Options {
   Tile tile = Tile::Auto;
   int group_m = 0;    // tile rows per raster group; 0 = default_group_m
   lcsc::Config lcsc;  // num_comm_sms, grid limits
+  // Split-K of the last partial round (per-tensor scales, 128x256 tile; kernels/gemm/split_k.hpp):
+  // 0 = the bf16 GEMM's planner decides (kernels/gemm/plan.hpp), 1 = never, n > 1 = n K ranges.
+  int split_k = 0;
+};
+
+// The tile and split gemm() runs for these arguments (the planner when opt.tile is Auto).
+struct Launch {
+  Tile tile = Tile::M128N256;
+  int splits = 1;
+  int workers = 0;  // compute blocks the split was planned for
 };
 
 lcsc::Plan gemm(const void* A, Fp8 a_type, const void* B, Fp8 b_type, __nv_bfloat16* C, int M, int N, int K,
@@ -67,7 +77,12 @@ inline lcsc::Plan gemm(const __nv_fp8_e4m3* A, const __nv_fp8_e5m2* B, __nv_bflo
 // Pure functions (CPU-tested).
 void validate_shape(int M, int N, int K);
 void validate_types(Fp8 a, Fp8 b);
-Tile choose_tile(int M, int N, int K, int sm_count);
+// The launch for `sm_count` compute blocks: the bf16 GEMM's planner (plan.hpp) with an fp8
+// iteration (128 K bytes) counted as a bf16 one (64 K, the same bytes per stage), no 64-row or
+// 128x192 tile, and a K-byte row pitch off the 128-byte grid as a misaligned one.
+Launch plan_launch(int M, int N, int K, int sm_count, const Options& opt = {});
+// The same on the current device (what gemm() runs).
+Launch choose_launch(int M, int N, int K, const Options& opt = {});
 int default_group_m(Tile t, int K);
 const char* tile_name(Tile t);
 const char* type_name(Fp8 t);

@@ -40,7 +40,8 @@ struct Fp8Globals {
   const float* scale_b;
   int M, N, K;
   int tiles_m, tiles_n, group_m;
-  int kblocks;  // ceil(K / 128)
+  int kblocks;     // ceil(K / 128)
+  int accumulate;  // always 0 (gemm/split_k.cuh's store reads it)
 };
 
 // What the two kernels share: tile order, loads, the output store.
@@ -54,6 +55,8 @@ struct Fp8Common {
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = 232;  // (40 + 2 * 232) * 128 = 64,512 of 65,536
   static constexpr int kOutputParts = 1;
+  static constexpr int kClusterSize = 1;
+  static constexpr int kOutBlockCols = 64;  // bf16 columns per 128-byte staging row
   static constexpr uint32_t kStageTxBytes = (BM + BN) * BK;  // one byte per element
   static_assert(BN == 128 || BN == 256, "BN 128 or 256");
 
@@ -122,6 +125,7 @@ struct GemmFp8Kernel : Fp8Common<BN_, Stages> {
   using Base::BM;
   using Base::BN;
   static constexpr int kReleaseLag = 1;
+  static constexpr int kWN = BN;  // each consumer's 64 rows x BN (gemm/split_k.cuh's share)
 
   struct ConsumerState {
     float d[BN / 2];

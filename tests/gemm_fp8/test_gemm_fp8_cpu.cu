@@ -3,6 +3,7 @@
 // against known codes. No GPU needed.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <string>
 
@@ -44,17 +45,32 @@ TEST(GemmFp8Cpu, ValidateTypes) {
             std::string::npos);
 }
 
-// The big tile unless the small one fills the machine >= 8 % better (132 SMs).
-TEST(GemmFp8Cpu, ChooseTile) {
-  EXPECT_EQ(gemm_fp8::choose_tile(8192, 8192, 8192, 132), Tile::M128N256);
-  EXPECT_EQ(gemm_fp8::choose_tile(16384, 16384, 1024, 132), Tile::M128N256);
-  // 4096 x 2048: 256 tiles of 128x256 on 132 SMs fill 97 %; 512 of 128x128 fill 97 % too.
-  EXPECT_EQ(gemm_fp8::choose_tile(4096, 2048, 4096, 132), Tile::M128N256);
-  // 1024 x 1024: 32 big tiles (24 %) against 64 small ones (48 %).
-  EXPECT_EQ(gemm_fp8::choose_tile(1024, 1024, 4096, 132), Tile::M128N128);
-  // Decode-sized M: one tile row; N = 4096 gives 16 big / 32 small tiles.
-  EXPECT_EQ(gemm_fp8::choose_tile(16, 4096, 4096, 132), Tile::M128N128);
-  EXPECT_EQ(gemm_fp8::choose_tile(1, 8, 16, 132), Tile::M128N256);  // one tile either way
+// The bf16 GEMM's planner on fp8 iterations (132 SMs): the big tile on full waves, split-K where
+// few tiles leave the machine idle (decode), never a tile fp8 does not have.
+TEST(GemmFp8Cpu, PlanLaunch) {
+  using gemm_fp8::Launch;
+  for (auto s : {std::array<int, 3>{8192, 8192, 8192}, {16384, 16384, 1024}, {4096, 2048, 4096}}) {
+    const Launch l = gemm_fp8::plan_launch(s[0], s[1], s[2], 132);
+    EXPECT_EQ(l.tile, Tile::M128N256) << s[0] << "x" << s[1] << "x" << s[2];
+    EXPECT_EQ(l.splits, 1) << s[0] << "x" << s[1] << "x" << s[2];
+  }
+  // Decode: 16 tiles of 128x256 on 132 SMs split K across the machine.
+  const Launch d = gemm_fp8::plan_launch(1, 4096, 11008, 132);
+  EXPECT_EQ(d.tile, Tile::M128N256);
+  EXPECT_GT(d.splits, 1);
+  EXPECT_EQ(d.workers, 132);
+  gemm_fp8::Options never;
+  never.split_k = 1;
+  EXPECT_EQ(gemm_fp8::plan_launch(1, 4096, 11008, 132, never).splits, 1);
+  // 1024 x 1024 x 4096 with splits forbidden: 64 small tiles fill more than 32 big ones.
+  EXPECT_EQ(gemm_fp8::plan_launch(1024, 1024, 4096, 132, never).tile, Tile::M128N128);
+  // A given tile is kept; only the big one takes a forced split.
+  gemm_fp8::Options o;
+  o.tile = Tile::M128N128;
+  o.split_k = 3;
+  EXPECT_EQ(gemm_fp8::plan_launch(1, 4096, 11008, 132, o).splits, 1);
+  o.tile = Tile::M128N256;
+  EXPECT_EQ(gemm_fp8::plan_launch(1, 4096, 11008, 132, o).splits, 3);
 }
 
 TEST(GemmFp8Cpu, GroupAndNames) {

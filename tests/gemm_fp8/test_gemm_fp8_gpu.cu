@@ -52,6 +52,7 @@ struct Opts {
   int comm = 0;
   bool samples = false;
   bool expect_nonfinite = false;  // nonfinite_codes(): NaN in A's row 5, +-Inf in B's rows 9 and 10 (e5m2 B)
+  int split_k = 0;                // Options::split_k
 };
 
 bool e5(Fp8 t) { return t == Fp8::E5M2; }
@@ -140,6 +141,7 @@ struct Fp8Run {
     gemm_fp8::Options opt;
     opt.tile = o.tile;
     opt.lcsc.num_comm_sms = o.comm;
+    opt.split_k = o.split_k;
     const lcsc::Plan p = o.block ? gemm_fp8::gemm_block_scaled(a, o.ta, B.p, o.tb, C.p, M, N, K, sa.p, sb.p, opt)
                                  : gemm_fp8::gemm(a, o.ta, B.p, o.tb, C.p, M, N, K, sa.p, sb.p, opt);
     WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
@@ -152,7 +154,8 @@ struct Fp8Run {
     return std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) + " " + gemm_fp8::type_name(o.ta) +
            "x" + gemm_fp8::type_name(o.tb) + (o.block ? " block" : " tensor") + " tile " + gemm_fp8::tile_name(o.tile) +
            " scales [" + std::to_string(o.scale_lo) + ", " + std::to_string(o.scale_hi) + "]" +
-           (o.sub_a ? " subA" : "") + (o.sub_b ? " subB" : "") + (o.comm ? " comm " + std::to_string(o.comm) : "");
+           (o.sub_a ? " subA" : "") + (o.sub_b ? " subB" : "") + (o.comm ? " comm " + std::to_string(o.comm) : "") +
+           (o.split_k ? " split " + std::to_string(o.split_k) : "");
   }
 };
 
@@ -187,6 +190,32 @@ TEST(GemmFp8, PerTensorRaggedShapesBothTiles) {
       o.samples = double(s.M) * s.N * s.K < 1e9;
       run_case(s.M, s.N, s.K, o);
     }
+}
+
+// Split-K of the last partial round (the planner's choice with Auto, or forced on the 128x256
+// tile): decode and narrow shapes, ragged K (a last K block cut short inside one split), e5m2, and
+// NaN / Inf through the partial sums.
+TEST(GemmFp8, PerTensorSplitK) {
+  const Shape shapes[] = {{1, 4096, 11008}, {16, 1032, 4112}, {200, 776, 2064}, {129, 264, 8208}, {1000, 776, 528}};
+  for (Shape s : shapes)
+    for (int split : {0, 2, 3, 5}) {
+      Opts o;
+      o.tile = split == 0 ? Tile::Auto : Tile::M128N256;
+      o.split_k = split;
+      o.samples = true;
+      run_case(s.M, s.N, s.K, o);
+    }
+  Opts o;
+  o.ta = Fp8::E5M2, o.tile = Tile::M128N256, o.split_k = 4, o.range = 1000.f, o.samples = true;
+  run_case(64, 1032, 4112, o);
+  o = {};
+  o.tile = Tile::M128N256, o.split_k = 3, o.tb = Fp8::E5M2, o.expect_nonfinite = true;
+  Fp8Run c(100, 264, 1040, o);
+  SCOPED_TRACE(c.name() + " with NaN / Inf inputs");
+  c.reference();
+  c.call(c.A.p);
+  const check::Report rep = c.compare();
+  EXPECT_TRUE(rep.ok) << rep.str();
 }
 
 TEST(GemmFp8, E5m2Operands) {

@@ -16,7 +16,7 @@
 // makes the exit status 1. Inputs derive from WEAVE_TEST_SEED (printed).
 //
 //   weave-bench gemm_fp8 [--json FILE] [--shapes MxNxK,...] [--set core|models] [--list]
-//                        [--types e4m3xe4m3|e5m2xe4m3|e4m3xe5m2] [--tile auto|256|128]
+//                        [--types e4m3xe4m3|e5m2xe4m3|e4m3xe5m2] [--tile auto|256|128] [--split-k N]
 //                        [--impl cublaslt,cublaslt_precise,weave,weave_block] [--target-ms T]
 // --set core|models: the rows of weave-bench gemm (gemm_sets.hpp); fp8 runs the nk ones.
 #include <cublasLt.h>
@@ -207,6 +207,7 @@ int run_gemm_fp8_bench(const Args& args) {
   if (args.get("tile") == "256") opt.tile = gemm_fp8::Tile::M128N256;
   if (args.get("tile") == "128") opt.tile = gemm_fp8::Tile::M128N128;
   opt.group_m = static_cast<int>(args.get_int("group", 0));
+  opt.split_k = static_cast<int>(args.get_int("split-k", 0));
   const double target_ms = std::stod(args.get("target-ms", "60"));
   const uint64_t seed = check::test_seed();
   JsonSink sink(args);
@@ -319,10 +320,10 @@ int run_gemm_fp8_bench(const Args& args) {
       if (fast) t_lt = t;
     }
     if (wants("weave")) {
-      const gemm_fp8::Tile used = opt.tile == gemm_fp8::Tile::Auto
-                                      ? gemm_fp8::choose_tile(s.M, s.N, s.K, prop.multiProcessorCount)
-                                      : opt.tile;
-      t_weave = measure("weave", gemm_fp8::tile_name(used), false, [&] {
+      const gemm_fp8::Launch used = gemm_fp8::choose_launch(s.M, s.N, s.K, opt);
+      const std::string used_name =
+          std::string(gemm_fp8::tile_name(used.tile)) + (used.splits > 1 ? "/k" + std::to_string(used.splits) : "");
+      t_weave = measure("weave", used_name.c_str(), false, [&] {
         last = it++ % nsets;
         gemm_fp8::gemm(d.a[last], ta, d.b[last], tb, d.c, s.M, s.N, s.K, d.sa[last], d.sb[last], opt, st);
       }, t_lt, "ratio_vs_cublas");
@@ -361,6 +362,6 @@ int run_gemm_fp8_bench(const Args& args) {
 WEAVE_BENCH(gemm_fp8,
             "fp8 GEMM (A M x K, B N x K, bf16 out): weave per-tensor and block-scaled vs cuBLASLt fp8 "
             "(--shapes MxNxK,... or --set core|models, --list, --types e4m3xe4m3|e5m2xe4m3|e4m3xe5m2, "
-            "--tile auto|256|128, --impl cublaslt,cublaslt_precise,weave,weave_block, --target-ms T); "
+            "--tile auto|256|128, --split-k N (0 planner, 1 never), --impl cublaslt,cublaslt_precise,weave,weave_block, --target-ms T); "
             "also `weave-bench gemm --dtype fp8`",
             run_gemm_fp8_bench);
