@@ -1,6 +1,7 @@
 // The float64 reference of the MoE layer forward (kernels/moe/layer.hpp) for one token, with the
-// per-element bound a correct bf16 layer stays under; the layer test and weave-bench moe check
-// against it. Host code only.
+// per-element bound a correct bf16 layer stays under; the layer tests (non-fused and fused), the
+// gemm_combine test (its down projection alone: moe_down_ref with exact inputs) and weave-bench moe
+// check against it. Host code only.
 //
 //   r[t] = sum_j w[t, j] * y_e(x_t), e = idx[t, j],  y_e(x) = Wd[e] (silu(g) * u),
 //   g = Wg[e] x, u = Wu[e] x  (Wg, Wu: rows 0..F-1 and F..2F-1 of W_up[e]).
@@ -33,13 +34,18 @@ struct MoeExpertRef {
   std::vector<double> y, ey_det, s2;
 };
 
-// x: the token (H values); up(row, c): W_up[e][row][c] for row 0..2F-1 (gate rows first);
-// down(c, f): W_down[e][c][f].
-template <class Up, class Down>
-MoeExpertRef moe_expert_ref(const std::vector<double>& x, int H, int F, Up&& up, Down&& down) {
+// The expert's activations h = silu(g) u for one token (F values) and their bounds eh (above).
+struct MoeHiddenRef {
+  std::vector<double> h, eh;
+};
+
+// x: the token (H values); up(row, c): W_up[e][row][c] for row 0..2F-1 (gate rows first).
+template <class Up>
+MoeHiddenRef moe_hidden_ref(const std::vector<double>& x, int H, int F, Up&& up) {
   const double u8 = std::ldexp(1.0, -8), fp32 = std::ldexp(1.0, -18);
-  const double gamH = H * std::ldexp(1.0, -21), gamF = F * std::ldexp(1.0, -21);
-  std::vector<double> h(F), eh(F), wrow(F);
+  const double gamH = H * std::ldexp(1.0, -21);
+  MoeHiddenRef o;
+  o.h.resize(F), o.eh.resize(F);
   for (int f = 0; f < F; ++f) {
     double g = 0, ag = 0, u = 0, au = 0;
     for (int c = 0; c < H; ++c) {
@@ -48,11 +54,21 @@ MoeExpertRef moe_expert_ref(const std::vector<double>& x, int H, int F, Up&& up,
     }
     const double eg = u8 * std::fabs(g) + (1 + u8) * gamH * ag, eu = u8 * std::fabs(u) + (1 + u8) * gamH * au;
     const double sg = g / (1 + std::exp(-g));
-    h[f] = sg * u;
+    o.h[f] = sg * u;
     const double D = (std::fabs(sg) + 1.1 * eg) * eu + 1.1 * std::fabs(u) * eg;
     const double q = fp32 + std::fabs(g) * std::ldexp(1.0, -22);
-    eh[f] = (1 + u8 + q) * D + (u8 + q) * std::fabs(h[f]);
+    o.eh[f] = (1 + u8 + q) * D + (u8 + q) * std::fabs(o.h[f]);
   }
+  return o;
+}
+
+// The down projection y = Wd h of activations h with bounds eh (F values each; eh all zero when h
+// is the kernel's exact bf16 input, as in the fused gemm_combine's own test); down(c, f):
+// W_down[e][c][f].
+template <class Down>
+MoeExpertRef moe_down_ref(const std::vector<double>& h, const std::vector<double>& eh, int H, int F, Down&& down) {
+  const double u8 = std::ldexp(1.0, -8), gamF = F * std::ldexp(1.0, -21);
+  std::vector<double> wrow(F);
   MoeExpertRef o;
   o.y.resize(H), o.ey_det.resize(H), o.s2.resize(H);
   for (int c = 0; c < H; ++c) {
@@ -68,6 +84,13 @@ MoeExpertRef moe_expert_ref(const std::vector<double>& x, int H, int F, Up&& up,
     o.s2[c] = s2;
   }
   return o;
+}
+
+// The whole expert: x: the token (H values); up as moe_hidden_ref, down as moe_down_ref.
+template <class Up, class Down>
+MoeExpertRef moe_expert_ref(const std::vector<double>& x, int H, int F, Up&& up, Down&& down) {
+  const MoeHiddenRef a = moe_hidden_ref(x, H, F, up);
+  return moe_down_ref(a.h, a.eh, H, F, down);
 }
 
 // One token's layer output and bound, summed over its distinct experts.

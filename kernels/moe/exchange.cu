@@ -53,6 +53,7 @@ struct MoeExchange::Impl {
   int2* plan = nullptr;
   Verdict* record = nullptr;
   int last_T = -1;  // the last dispatch's T (combine must match), -1 before the first
+  unsigned long long calls = 0;  // dispatches launched
 
   Impl(runtime::Communicator& comm, const ExchangeConfig& conf)
       : c(comm),
@@ -111,6 +112,7 @@ MoeExchange::~MoeExchange() = default;
 bf16* MoeExchange::expert_input() const { return impl_->xrecv.data(); }
 bf16* MoeExchange::expert_output() const { return impl_->yout ? impl_->yout->data() : nullptr; }
 const ExchangeConfig& MoeExchange::config() const { return impl_->cfg; }
+unsigned long long MoeExchange::dispatches() const { return impl_->calls; }
 runtime::Communicator& MoeExchange::communicator() const { return impl_->c; }
 
 Dispatched MoeExchange::dispatch(const bf16* x, const int* topk_idx, int T, cudaStream_t s) {
@@ -156,6 +158,7 @@ Dispatched MoeExchange::dispatch(const bf16* x, const int* topk_idx, int T, cuda
   m.dsig.next_round();
   m.order.after(s);
   m.last_T = T;
+  ++m.calls;
   Dispatched d;
   d.rows = m.xrecv.data();
   d.counts = m.counts;
@@ -163,6 +166,9 @@ Dispatched MoeExchange::dispatch(const bf16* x, const int* topk_idx, int T, cuda
   d.meta = m.meta.data();
   d.capacity = cf.capacity;
   d.local_experts = m.g.local_experts();
+  d.failed = m.status + detail::kStatusFailed;
+  d.tokens = T;
+  d.call = m.calls;
   return d;
 }
 

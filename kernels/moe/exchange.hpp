@@ -36,6 +36,9 @@ struct Dispatched {
   const RowMeta* meta = nullptr;   // capacity: source rank, token, primary row and slot of each row
   int capacity = 0;
   int local_experts = 0;
+  const int* failed = nullptr;     // device int: nonzero when the call failed (on every rank alike)
+  int tokens = 0;                  // this rank's T of the call
+  unsigned long long call = 0;     // the exchange's dispatch number (1, 2, ...): gemm_combine checks it
 };
 
 class MoeExchange {
@@ -71,6 +74,8 @@ class MoeExchange {
   __nv_bfloat16* expert_input() const;   // the grouped buffer (symmetric, capacity x H)
   __nv_bfloat16* expert_output() const;  // the output buffer (nullptr without output_buffer)
   const ExchangeConfig& config() const;
+  // Dispatches launched on this exchange so far (the last one's Dispatched::call).
+  unsigned long long dispatches() const;
   // The communicator the exchange was made on (for operators built on it, e.g. layer.hpp's
   // cross-rank argument check).
   runtime::Communicator& communicator() const;

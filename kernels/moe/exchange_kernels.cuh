@@ -16,6 +16,7 @@
 
 #include <climits>
 
+#include "moe/combine_sum.cuh"
 #include "moe/exchange_plan.hpp"
 #include "weave/pdl.cuh"
 #include "weave/signal.cuh"
@@ -267,9 +268,10 @@ __global__ void combine_arrive(const __grid_constant__ CombineArgs a) {
   if (threadIdx.x == 0) signal_all(a.sig, 0);  // the previous kernels' writes to y are complete
 }
 
-// One warp per home token: its k rows (on their experts' ranks) read 16 bytes per lane at a time,
-// four slots' loads in flight before their sum; fp32 fma in slot order, so the result does not
-// depend on the grid. A failed dispatch leaves nothing to read: the output is NaN.
+// One warp per home token: its k rows (on their experts' ranks) read 16 bytes per lane at a time
+// and summed by weighted_sum_vec (combine_sum.cuh, shared with the fused gemm_combine): fp32 fma in
+// slot order, so the result does not depend on the grid. A failed dispatch leaves nothing to read:
+// the output is NaN.
 __global__ void __launch_bounds__(kPushThreads) combine_rows(const __grid_constant__ CombineArgs a) {
   __shared__ const int4* src[kPushThreads / 32][kMaxTopk];
   __shared__ float wt[kPushThreads / 32][kMaxTopk];
@@ -290,35 +292,10 @@ __global__ void __launch_bounds__(kPushThreads) combine_rows(const __grid_consta
     int4* out = reinterpret_cast<int4*>(a.out + static_cast<long long>(t) * a.H);
     for (int v = lane; v < nv; v += 32) {
       if (failed) {
-        out[v] = make_int4(-1, -1, -1, -1);
+        out[v] = nan_vec();
         continue;
       }
-      float acc[8];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) acc[i] = 0.f;
-      for (int j0 = 0; j0 < k; j0 += 4) {
-        int4 val[4];
-#pragma unroll
-        for (int q = 0; q < 4; ++q)
-          if (j0 + q < k) val[q] = __ldcg(src[warp][j0 + q] + v);
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          if (j0 + q >= k) break;
-          const float w = wt[warp][j0 + q];
-          const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&val[q]);
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const float2 f = __bfloat1622float2(h[i]);
-            acc[2 * i] = __fmaf_rn(w, f.x, acc[2 * i]);
-            acc[2 * i + 1] = __fmaf_rn(w, f.y, acc[2 * i + 1]);
-          }
-        }
-      }
-      int4 o;
-      __nv_bfloat162* ob = reinterpret_cast<__nv_bfloat162*>(&o);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) ob[i] = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);
-      out[v] = o;
+      out[v] = weighted_sum_vec(src[warp], wt[warp], k, v);
     }
     __syncwarp();
   }

@@ -25,24 +25,28 @@ tile::TmaParams stacked(tile::TmaParams p, int E, uint64_t rows, uint64_t cols) 
   return p;
 }
 
-template <gemm::BLayout L>
-lcsc::Plan run(const __nv_bfloat16* X, const __nv_bfloat16* W, __nv_bfloat16* Y, const int* counts, int E, int N,
-               int K, int R_cap, int group_m, int* status, const lcsc::Config& cfg, cudaStream_t stream) {
-  using Kern = GroupedKernel<L>;
+}  // namespace
+
+GroupedGlobals grouped_globals(gemm::BLayout layout, const __nv_bfloat16* X, const __nv_bfloat16* W,
+                               __nv_bfloat16* Y, const int* counts, int E, int N, int K, int R_cap, int group_m,
+                               int* status) {
   using tile::Swizzle;
+  constexpr int BM = kGroupedBM, BN = kGroupedBN;
   GroupedGlobals g{};
-  g.a = tile::encode(tile::tma_2d(X, R_cap, K, K, Kern::BM, 64, Swizzle::B128));
-  if constexpr (L == gemm::BLayout::NK)
-    g.b = tile::encode(stacked(tile::tma_2d(W, N, K, K, Kern::BN, 64, Swizzle::B128), E, N, K));
+  g.a = tile::encode(tile::tma_2d(X, R_cap, K, K, BM, 64, Swizzle::B128));
+  if (layout == gemm::BLayout::NK)
+    g.b = tile::encode(stacked(tile::tma_2d(W, N, K, K, BN, 64, Swizzle::B128), E, N, K));
   else
     g.b = tile::encode(stacked(tile::tma_2d(W, K, N, N, 64, 64, Swizzle::B128), E, K, N));
-  g.c = tile::encode(tile::tma_2d(static_cast<const __nv_bfloat16*>(Y), R_cap, N, N, Kern::BM, 64, Swizzle::B128));
-  g.c8 = tile::encode(tile::tma_2d(static_cast<const __nv_bfloat16*>(Y), R_cap, N, N, 8, 64, Swizzle::B128));
+  if (Y) {
+    g.c = tile::encode(tile::tma_2d(static_cast<const __nv_bfloat16*>(Y), R_cap, N, N, BM, 64, Swizzle::B128));
+    g.c8 = tile::encode(tile::tma_2d(static_cast<const __nv_bfloat16*>(Y), R_cap, N, N, 8, 64, Swizzle::B128));
+  }
   g.M = R_cap;
   g.N = N;
   g.K = K;
-  g.tiles_m = gemm::ceil_div(R_cap, Kern::BM);  // unused by the grouped kernel's order
-  g.tiles_n = gemm::ceil_div(N, Kern::BN);
+  g.tiles_m = gemm::ceil_div(R_cap, BM);  // unused by the grouped kernel's order
+  g.tiles_n = gemm::ceil_div(N, BN);
   g.group_m = group_m;
   g.accumulate = 0;
   g.y = Y;
@@ -50,7 +54,16 @@ lcsc::Plan run(const __nv_bfloat16* X, const __nv_bfloat16* W, __nv_bfloat16* Y,
   g.status = status;
   g.experts = E;
   g.capacity = R_cap;
-  return lcsc::launch<Kern>(g, cfg, stream);
+  return g;
+}
+
+namespace {
+
+template <gemm::BLayout L>
+lcsc::Plan run(const __nv_bfloat16* X, const __nv_bfloat16* W, __nv_bfloat16* Y, const int* counts, int E, int N,
+               int K, int R_cap, int group_m, int* status, const lcsc::Config& cfg, cudaStream_t stream) {
+  return lcsc::launch<GroupedKernel<L>>(grouped_globals(L, X, W, Y, counts, E, N, K, R_cap, group_m, status), cfg,
+                                        stream);
 }
 
 }  // namespace

@@ -49,6 +49,13 @@ struct GroupedGlobals : gemm::GemmGlobals {
   int experts, capacity;   // E, and the rows of X and Y
 };
 
+// The kernel parameters of one launch (grouped_gemm.cu): tensor maps of X (R_cap x K), W (E
+// stacked N x K or K x N matrices) and, unless Y is null (gemm_combine: tiles leave by other
+// means), Y (R_cap x N). Host only.
+GroupedGlobals grouped_globals(gemm::BLayout layout, const __nv_bfloat16* X, const __nv_bfloat16* W,
+                               __nv_bfloat16* Y, const int* counts, int E, int N, int K, int R_cap, int group_m,
+                               int* status);
+
 namespace detail {
 __device__ __forceinline__ void load_3d(void* dst, const CUtensorMap* map, tile::Mbarrier* bar, int c0, int c1,
                                         int c2) {

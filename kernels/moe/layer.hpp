@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include "moe/exchange.hpp"
+#include "moe/gemm_combine.hpp"
 #include "moe/grouped_gemm.hpp"
 
 namespace weave::moe {
@@ -47,5 +48,15 @@ class MoeLayerScratch {
 void moe_layer_forward(MoeExchange& ex, MoeLayerScratch& scratch, const __nv_bfloat16* x, const int* topk_idx,
                        const float* topk_weights, int T, const __nv_bfloat16* W_up, const __nv_bfloat16* W_down,
                        __nv_bfloat16* out, cudaStream_t stream, const GroupedGemmOptions& gemm_opt = {});
+
+// The same layer, fused at the end: dispatch -> grouped GEMM (up) -> SwiGLU -> gemm_combine (the
+// down projection's tiles pushed to their tokens' home ranks as they finish, then the weighted sum
+// there; gemm_combine.hpp). Same arguments, result and error behaviour as moe_layer_forward, bit
+// for bit the same output; `gc` must be made on `ex` (the exchange's output buffer is not used).
+// gemm_opt applies to both GEMMs; its layout must be NK and num_comm_sms 0.
+void moe_layer_forward_fused(MoeExchange& ex, MoeGemmCombine& gc, MoeLayerScratch& scratch, const __nv_bfloat16* x,
+                             const int* topk_idx, const float* topk_weights, int T, const __nv_bfloat16* W_up,
+                             const __nv_bfloat16* W_down, __nv_bfloat16* out, cudaStream_t stream,
+                             const GroupedGemmOptions& gemm_opt = {});
 
 }  // namespace weave::moe

@@ -19,167 +19,31 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cmath>
-#include <cstdio>
-#include <cstdlib>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "../primitives/common.hpp"
-#include "check/moe_ref.hpp"
 #include "check/seed.hpp"
+#include "common.hpp"
+#include "layer_check.hpp"
 #include "moe/exchange.hpp"
 #include "moe/grouped_gemm.hpp"
 #include "moe/layer.hpp"
 #include "moe/layout.hpp"
-#include "common.hpp"
+#include "routing.hpp"
 
 namespace {
 
 using namespace weave;
 using namespace weave::moe;
-using bf16 = __nv_bfloat16;
+using namespace weave::moe::test;
 
-using test::comm;
-using test::stream;
-using test::draw_distinct;
-
-enum class Routing { balanced, dirichlet, all_to_one, same_rank, random_repeats };
-const char* name(Routing r) {
-  static const char* n[] = {"balanced", "dirichlet", "all_to_one", "same_rank", "random_repeats"};
-  return n[static_cast<int>(r)];
-}
-
-std::vector<int> route(Routing kind, const Geometry& g, int T, int k, int rank, std::mt19937_64& rng) {
-  const int E = g.experts, L = g.local_experts();
-  std::vector<int> idx(static_cast<size_t>(T) * k);
-  std::vector<double> pop;
-  if (kind == Routing::dirichlet) {  // expert popularity ~ Dirichlet(0.3): a few hot experts
-    std::gamma_distribution<double> gam(0.3, 1.0);
-    pop.resize(E);
-    for (double& x : pop) x = gam(rng) + 1e-12;
-  }
-  for (int t = 0; t < T; ++t) {
-    int* row = idx.data() + static_cast<size_t>(t) * k;
-    switch (kind) {
-      case Routing::balanced:
-        for (int j = 0; j < k; ++j) row[j] = (t * k + j + rank) % E;
-        break;
-      case Routing::dirichlet:
-        draw_distinct(rng, E, k, pop, row);
-        break;
-      case Routing::all_to_one:  // slot 0 on expert 0 for every token of every rank
-        draw_distinct(rng, E, k, {}, row);
-        for (int j = 1; j < k; ++j)
-          if (row[j] == 0) row[j] = row[0];
-        row[0] = 0;
-        break;
-      case Routing::same_rank: {  // every expert of the token on one rank
-        const int r = static_cast<int>(rng() % g.world);
-        std::vector<int> loc(L);
-        draw_distinct(rng, L, std::min(k, L), {}, loc.data());
-        for (int j = 0; j < k; ++j) row[j] = g.expert(r, loc[j % std::min(k, L)]);
-        break;
-      }
-      case Routing::random_repeats:  // ids drawn independently: a token may pick one expert twice
-        for (int j = 0; j < k; ++j) row[j] = static_cast<int>(rng() % E);
-        break;
-    }
-  }
-  return idx;
-}
-
-using test::RankInput;
-
-RankInput make_input(uint64_t seed, Routing kind, const Geometry& g, int T, int k, int H, int s) {
-  return test::make_rank_input(seed, T, k, H, s, [&](int t, int kk, int ss, std::mt19937_64& rng) {
-    return route(kind, g, t, kk, ss, rng);
-  });
-}
-
-// Every expert's weights (E x 2F x H and E x H x F, bf16), uniform in +-a: a_up = 3 sqrt(3 / H)
-// makes g and u ~1.7 rms for x uniform in [-1, 1] (silu well into its curved part), a_down =
-// sqrt(3 / F) keeps y of the order of h.
-struct Weights {
-  int E = 0, H = 0, F = 0;
-  std::vector<bf16> up, down;
-  Weights(uint64_t seed, int E_, int H_, int F_) : E(E_), H(H_), F(F_) {
-    std::mt19937_64 rng(check::derive(seed, 7, 0));
-    const float a_up = 3.f * std::sqrt(3.f / H), a_down = std::sqrt(3.f / F);
-    std::uniform_real_distribution<float> uu(-a_up, a_up), ud(-a_down, a_down);
-    up.resize(static_cast<size_t>(E) * 2 * F * H);
-    down.resize(static_cast<size_t>(E) * H * F);
-    for (bf16& v : up) v = __float2bfloat16_rn(uu(rng));
-    for (bf16& v : down) v = __float2bfloat16_rn(ud(rng));
-  }
-  const bf16* up_of(int e) const { return up.data() + static_cast<size_t>(e) * 2 * F * H; }
-  const bf16* down_of(int e) const { return down.data() + static_cast<size_t>(e) * H * F; }
-};
-
-// Checks this rank's layer output against the float64 reference of its own tokens.
+// The shared pieces (routing.hpp, layer_check.hpp) under the names this file has always used.
 void verify(const Weights& wts, const RankInput& mine, int k, const std::vector<bf16>& out, const std::string& what) {
-  const int H = wts.H, F = wts.F;
-  long long over = 0, nonfinite = 0;
-  double worst = 0;
-  std::string worst_at;
-  for (int t = 0; t < mine.T; ++t) {
-    const int* ids = mine.idx.data() + static_cast<size_t>(t) * k;
-    const float* ws = mine.w.data() + static_cast<size_t>(t) * k;
-    std::vector<int> experts;  // distinct experts of the token, in first-seen order
-    for (int j = 0; j < k; ++j)
-      if (std::find(experts.begin(), experts.end(), ids[j]) == experts.end()) experts.push_back(ids[j]);
-    std::vector<double> xv(H);
-    for (int c = 0; c < H; ++c) xv[c] = wt::to_f(mine.x[static_cast<size_t>(t) * H + c]);
-    check::MoeTokenRef ref(H);
-    for (int e : experts) {
-      double we = 0;  // the summed weight of the token's slots on e
-      for (int j = 0; j < k; ++j)
-        if (ids[j] == e) we += ws[j];
-      const bf16* wu = wts.up_of(e);
-      const bf16* wd = wts.down_of(e);
-      const auto up = [&](int row, int c) { return double(wt::to_f(wu[static_cast<size_t>(row) * H + c])); };
-      const auto down = [&](int c, int f) { return double(wt::to_f(wd[static_cast<size_t>(c) * F + f])); };
-      ref.add(we, check::moe_expert_ref(xv, H, F, up, down));
-    }
-    for (int c = 0; c < H; ++c) {
-      const double r = ref.r[c], bound = ref.bound(c);
-      const double x = wt::to_f(out[static_cast<size_t>(t) * H + c]);
-      if (!std::isfinite(x)) {
-        ++nonfinite;
-        continue;
-      }
-      const double ratio = std::fabs(x - r) / bound;
-      over += ratio > 1;
-      if (ratio > worst) {
-        worst = ratio;
-        worst_at = "token " + std::to_string(t) + " col " + std::to_string(c) + ": " + std::to_string(x) + " vs " +
-                   std::to_string(r) + " (bound " + std::to_string(bound) + ")";
-      }
-    }
-  }
-  EXPECT_EQ(nonfinite, 0) << what << ": " << nonfinite << " outputs not finite (never written?)";
-  EXPECT_EQ(over, 0) << what << ": " << over << " of " << static_cast<long long>(mine.T) * H
-                     << " outputs past the bound, worst ratio " << worst << " at " << worst_at;
-  if (comm().rank() == 0 && std::getenv("WEAVE_TEST_VERBOSE"))
-    std::printf("  %s: worst ratio to the bound %.3g\n", what.c_str(), worst);
+  verify_layer(wts, mine, k, out, what);
 }
-
-struct DevFree {
-  std::vector<void*> ptrs;
-  ~DevFree() {
-    cudaDeviceSynchronize();
-    for (void* p : ptrs) cudaFree(p);
-  }
-  template <class T>
-  T* add(size_t n) {
-    T* p = nullptr;
-    WEAVE_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
-    ptrs.push_back(p);
-    return p;
-  }
-};
 
 struct CaseSpec {
   Routing routing;
@@ -189,55 +53,6 @@ struct CaseSpec {
 };
 
 int tokens_of(const CaseSpec& c, int s) { return s == c.zero_rank ? 0 : std::max(0, c.T0 + c.dT * s); }
-
-// The layer's setup on this rank: exchange, scratch, this rank's experts' weights.
-struct Layer {
-  std::unique_ptr<MoeExchange> ex;
-  std::unique_ptr<MoeLayerScratch> sc;
-  bf16 *up = nullptr, *down = nullptr;
-  DevFree mem;
-  Layer(const Weights& wts, int k, int max_tokens) {
-    const int W = comm().world(), me = comm().rank(), L = wts.E / W;
-    ExchangeConfig cf;
-    cf.experts = wts.E, cf.hidden = wts.H, cf.topk = k, cf.max_tokens = std::max(max_tokens, 1);
-    cf.capacity = std::max(1, W * max_tokens * k);  // any routing fits
-    ex = std::make_unique<MoeExchange>(comm(), cf);
-    sc = std::make_unique<MoeLayerScratch>(*ex, wts.F);
-    const size_t nu = static_cast<size_t>(L) * 2 * wts.F * wts.H, nd = static_cast<size_t>(L) * wts.H * wts.F;
-    up = mem.add<bf16>(nu);
-    down = mem.add<bf16>(nd);
-    WEAVE_CUDA_CHECK(cudaMemcpy(up, wts.up_of(me * L), nu * sizeof(bf16), cudaMemcpyHostToDevice));
-    WEAVE_CUDA_CHECK(cudaMemcpy(down, wts.down_of(me * L), nd * sizeof(bf16), cudaMemcpyHostToDevice));
-  }
-  // Poisons every buffer the layer writes (scratch, exchange buffers), so that reading stale or
-  // unwritten data shows.
-  void poison() {
-    const ExchangeConfig& cf = ex->config();
-    const size_t cap = static_cast<size_t>(cf.capacity);
-    WEAVE_CUDA_CHECK(cudaMemset(ex->expert_input(), 0xff, cap * cf.hidden * sizeof(bf16)));
-    WEAVE_CUDA_CHECK(cudaMemset(ex->expert_output(), 0xff, cap * cf.hidden * sizeof(bf16)));
-    WEAVE_CUDA_CHECK(cudaMemset(sc->up_output(), 0xff, cap * 2 * sc->ffn() * sizeof(bf16)));
-    WEAVE_CUDA_CHECK(cudaMemset(sc->swiglu_output(), 0xff, cap * sc->ffn() * sizeof(bf16)));
-  }
-};
-
-struct DeviceInput {
-  bf16 *x, *out;
-  int* idx;
-  float* w;
-  DeviceInput(const RankInput& in, int H, int k, DevFree& mem) {
-    x = mem.add<bf16>(static_cast<size_t>(in.T) * H);
-    out = mem.add<bf16>(static_cast<size_t>(in.T) * H);
-    idx = mem.add<int>(static_cast<size_t>(in.T) * k);
-    w = mem.add<float>(static_cast<size_t>(in.T) * k);
-    if (in.T) {
-      wt::to_device(x, in.x);
-      wt::to_device(idx, in.idx);
-      wt::to_device(w, in.w);
-    }
-    WEAVE_CUDA_CHECK(cudaMemset(out, 0xff, std::max<size_t>(static_cast<size_t>(in.T) * H, 1) * sizeof(bf16)));
-  }
-};
 
 void run_case(const CaseSpec& c) {
   const int W = comm().world(), me = comm().rank();

@@ -411,12 +411,33 @@ FAULTS = [
     },
     {
         "name": "moe_combine_slot1_dropped_first_chunk",
-        "what": "combine: slot 1's expert output is left out of the first 8 columns of every token's sum",
+        "what": "combine: slot 1's expert output is left out of the first 8 columns of every token's sum "
+                "(the sum moe_combine and gemm_combine share)",
         "edits": [{
-            "file": "kernels/moe/exchange_kernels.cuh",
-            "find": "          const float w = wt[warp][j0 + q];",
-            "replace": "          const float w = (j0 + q == 1 && v == 0) ? 0.f : wt[warp][j0 + q];",
+            "file": "kernels/moe/combine_sum.cuh",
+            "find": "      const float w = wt[j0 + q];",
+            "replace": "      const float w = (j0 + q == 1 && v == 0) ? 0.f : wt[j0 + q];",
         }],
-        "tests": ["test_moe_exchange_gpu"],
+        "tests": ["test_moe_exchange_gpu", "test_gemm_combine_gpu"],
+    },
+    {
+        "name": "gemm_combine_push_skips_last_row",
+        "what": "gemm_combine: each aux warp pushes one row of a tile fewer (a tile's last rows never land)",
+        "edits": [{
+            "file": "kernels/moe/gemm_combine_kernel.cuh",
+            "find": "    for (int i = 0; i < n; ++i) {  // i is warp-uniform",
+            "replace": "    for (int i = 0; i < n - 1; ++i) {  // i is warp-uniform",
+        }],
+        "tests": ["test_gemm_combine_gpu"],
+    },
+    {
+        "name": "gemm_combine_push_previous_slot",
+        "what": "gemm_combine: a row lands in its token's previous slot (slot j - 1, wrapping)",
+        "edits": [{
+            "file": "kernels/moe/gemm_combine_schedule.hpp",
+            "find": "  return static_cast<long long>(m.token) * k + m.slot;",
+            "replace": "  return static_cast<long long>(m.token) * k + (m.slot + k - 1) % k;",
+        }],
+        "tests": ["test_moe_gemm_combine_cpu", "test_gemm_combine_gpu"],
     },
 ]

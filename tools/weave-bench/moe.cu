@@ -1,6 +1,7 @@
 // weave-bench moe: the MoE grouped GEMM (kernels/moe/grouped_gemm.hpp) on the issue-21 shapes, one
 // GPU, beside a dense weave GEMM of equal flops (the issue's reference ratio); under weave-run -n W
-// with W >= 2, moe_dispatch, moe_combine and the non-fused layer instead (namespace world below).
+// with W >= 2, moe_dispatch, moe_combine and the layer (non-fused and fused: gemm_combine) instead
+// (namespace world below).
 //
 // Shapes (H hidden, F expert FFN, E experts, top-k): deepseek (7168, 2048, 64, 8), qwen (4096,
 // 1536, 64, 8), mixtral (4096, 14336, 8, 2); T tokens in --tokens (4096, 16384), rows = T * k;
@@ -22,7 +23,7 @@
 //                   [--proj up,down] [--routing balanced,dirichlet,one] [--routing-seed S]
 //                   [--target-ms T] [--group G] [--no-dense] [--list]
 //   weave-run -n W -- weave-bench moe [--json FILE] [--models ...] [--tokens ...] [--routing ...]
-//                   [--kernels dispatch,combine,layer] [--routing-seed S] [--target-ms T]
+//                   [--kernels dispatch,combine,layer,layer_fused] [--routing-seed S] [--target-ms T]
 //   weave-bench moe --list --world W    the world rows' routing hashes and capacities, no GPU
 // --group: tile rows per raster group inside an expert (0: the dense GEMM's default for K).
 #include <cuda_bf16.h>
@@ -32,6 +33,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -133,8 +135,9 @@ std::string counts_hash(const std::vector<int>& c) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// World >= 2 (weave-run -n W): moe_dispatch, moe_combine and the non-fused layer
-// (kernels/moe/layer.hpp) on the same shapes, T tokens per rank.
+// World >= 2 (weave-run -n W): moe_dispatch, moe_combine, the non-fused layer (moe_layer) and the
+// fused one (moe_layer_fused: dispatch -> up GEMM -> SwiGLU -> gemm_combine; kernels/moe/layer.hpp)
+// on the same shapes, T tokens per rank.
 //
 // Routing per token, from the counts above (bench/torch_moe.py builds the same): rank s's counts
 // c[e] are make_counts(routing, T, k, E, seed_s) with seed_s = routing_seed + 7919 s, except
@@ -150,15 +153,17 @@ std::string counts_hash(const std::vector<int>& c) {
 //   dispatch: H x 2 per (token, remote rank holding one of its experts) -- each token crosses
 //             once per rank -- plus 16 bytes of row metadata per remote (token, slot);
 //   combine:  H x 2 per (token, slot) whose expert is on a remote rank (pulled from there).
-// The average over ranks; time is the slowest rank's median. tflops for moe_layer counts the two
-// grouped GEMMs of this rank's T k rows: 2 T k (2F H + H F).
+// The average over ranks; time is the slowest rank's median. tflops for moe_layer and
+// moe_layer_fused counts the two grouped GEMMs of this rank's T k rows: 2 T k (2F H + H F).
 //
 // Checks: dispatch: each rank's per-expert counts (device, after the last timed call) equal the
 // count matrix's, and check() sees no failure; combine: every rank's output buffer hash-filled,
 // the last timed combine's output (poisoned first) on 64 sampled tokens against float64 under
 // 2^-8 |r| + 2^-19 sum |w y| (test_moe_exchange_gpu's bound); layer: the last timed call's output
 // (poisoned first) on 2 sampled tokens per rank against a float64 CPU reference of the whole layer
-// under the bound derived in tests/moe/test_moe_layer_gpu.cu, and no refused grouped GEMM launch.
+// under the bound derived in tests/moe/test_moe_layer_gpu.cu, and no refused grouped GEMM launch;
+// layer_fused: the same, and where the layer row ran too, its sampled rows bit for bit equal to
+// the non-fused layer's (the fused path sums the same bf16 expert rows with the same code).
 // Correctness is combined over ranks; rank 0 writes the JSON.
 
 namespace world {
@@ -270,6 +275,10 @@ double layer_token_ratio(const MoeModel& m, uint64_t seed, int rank, int t, cons
   return worst;
 }
 
+// The two tokens per rank the layer rows check against float64 (the reference costs ~3 k H F per
+// token): T / 3 and the last.
+int sampled_token(int T, int i) { return std::min(i == 0 ? T / 3 : T - 1, T - 1); }
+
 template <class T>
 T* dmalloc(size_t n) {
   T* p = nullptr;
@@ -302,7 +311,7 @@ int run(const Args& args, int W) {
   const auto models = args.names("models", "deepseek,qwen,mixtral");
   const auto tokens = args.numbers("tokens", "4096,16384");
   const auto routings = args.names("routing", "balanced,dirichlet,one");
-  const auto kernels = args.names("kernels", "dispatch,combine,layer");
+  const auto kernels = args.names("kernels", "dispatch,combine,layer,layer_fused");
   const uint64_t rseed = static_cast<uint64_t>(args.get_int("routing-seed", 1));
   const double target_ms = std::stod(args.get("target-ms", "60"));
   auto want = [&](const char* k) { return std::find(kernels.begin(), kernels.end(), k) != kernels.end(); };
@@ -318,7 +327,9 @@ int run(const Args& args, int W) {
       for (const std::string& r : routings) {
         setups.push_back(make_setup(m, static_cast<int>(T), W, r, rseed));
         const size_t cap = setups.back().capacity;
-        heap = std::max(heap, 2 * cap * m->H * sizeof(bf16) + cap * sizeof(moe::RowMeta));
+        // The exchange's two buffers and metadata, and gemm_combine's landing buffer (T k rows).
+        heap = std::max(heap, 2 * cap * m->H * sizeof(bf16) + cap * sizeof(moe::RowMeta) +
+                                  size_t(T) * m->k * m->H * sizeof(bf16));
       }
   }
   runtime::CommOptions co;
@@ -335,10 +346,10 @@ int run(const Args& args, int W) {
   cudaStream_t st;
   WEAVE_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   if (me == 0) {
-    std::printf("moe expert parallel, world %d (dispatch / combine: GB/s of NVLink bytes per rank; layer: TFLOP/s of "
-                "the two grouped GEMMs per rank; slowest rank's time)\n",
+    std::printf("moe expert parallel, world %d (dispatch / combine: GB/s of NVLink bytes per rank; layer, layer_fused: "
+                "TFLOP/s of the two grouped GEMMs per rank; slowest rank's time)\n",
                 W);
-    std::printf("%-9s %6s %-10s %-13s %10s %10s %9s %9s\n", "model", "T", "routing", "kernel", "time_us", "GB/s",
+    std::printf("%-9s %6s %-10s %-15s %10s %10s %9s %9s\n", "model", "T", "routing", "kernel", "time_us", "GB/s",
                 "TFLOP/s", "worst");
   }
   std::vector<std::string> wrong;
@@ -356,6 +367,8 @@ int run(const Args& args, int W) {
     cf.experts = E, cf.hidden = H, cf.topk = k, cf.max_tokens = T, cf.capacity = s.capacity;
     moe::MoeExchange ex(comm, cf);
     moe::MoeLayerScratch scratch(ex, F);
+    std::unique_ptr<moe::MoeGemmCombine> gc;  // collective: every rank has the same --kernels
+    if (want("layer_fused")) gc = std::make_unique<moe::MoeGemmCombine>(ex);
     bf16* x = dmalloc<bf16>(size_t(T) * H);
     bf16* out = dmalloc<bf16>(size_t(T) * H);
     bf16* wup = dmalloc<bf16>(size_t(L) * 2 * F * H);
@@ -404,7 +417,7 @@ int run(const Args& args, int W) {
       char b1[32] = "-", b2[32] = "-";
       if (gbs > 0) std::snprintf(b1, sizeof b1, "%.1f", gbs);
       if (tf > 0) std::snprintf(b2, sizeof b2, "%.1f", tf);
-      std::printf("%-9s %6d %-10s %-13s %10.1f %10s %9s %9.3g%s\n", m.name, T, s.routing.c_str(), kernel, t, b1, b2,
+      std::printf("%-9s %6d %-10s %-15s %10.1f %10s %9s %9.3g%s\n", m.name, T, s.routing.c_str(), kernel, t, b1, b2,
                   worst, ok ? "" : "  WRONG");
     };
     // Rough time estimates (µs) to size the timed loops: 200 GB/s over NVLink, 500 TFLOP/s.
@@ -474,7 +487,9 @@ int run(const Args& args, int W) {
       j.add("time_us", t).add("gbs", bc / t * 1e-3).add("bytes", bc).add("correct", ok);
       if (me == 0) sink.write(add_check_worst(j, worst));
     }
-    // The layer.
+    // The layer, non-fused; its sampled rows are kept for the fused layer's comparison.
+    std::vector<bf16> layer_rows[2] = {std::vector<bf16>(H), std::vector<bf16>(H)};
+    bool layer_ran = false;
     if (want("layer")) {
       WEAVE_CUDA_CHECK(cudaMemsetAsync(out, 0xff, size_t(T) * H * sizeof(bf16), st));
       WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
@@ -490,19 +505,54 @@ int run(const Args& args, int W) {
         ok = false, why = e.what();
       }
       double worst = 0;
-      std::vector<bf16> o(H);
-      const int tok[2] = {T / 3, T - 1};  // the float64 reference costs ~3 k H F per token
       for (int i = 0; i < 2 && T > 0; ++i) {
-        const int tt = std::min(tok[i], T - 1);
-        WEAVE_CUDA_CHECK(cudaMemcpy(o.data(), out + size_t(tt) * H, H * sizeof(bf16), cudaMemcpyDeviceToHost));
+        const int tt = sampled_token(T, i);
+        WEAVE_CUDA_CHECK(cudaMemcpy(layer_rows[i].data(), out + size_t(tt) * H, H * sizeof(bf16),
+                                    cudaMemcpyDeviceToHost));
         worst = std::max(worst, layer_token_ratio(m, seed, me, tt, s.idx[me].data() + size_t(tt) * k,
-                                                  hw.data() + size_t(tt) * k, o.data()));
+                                                  hw.data() + size_t(tt) * k, layer_rows[i].data()));
       }
+      layer_ran = true;
       worst = worst_all(worst);
       ok = all_ranks_ok(comm, ok) && worst <= 1;
       print("moe_layer", t, 0, flop / t * 1e-6, worst, ok);
       if (!ok) wrong.push_back(std::string("moe_layer ") + label + (why.empty() ? "" : ": " + why));
       JsonLine j = row("moe_layer");
+      j.add("time_us", t).add("tflops", flop / t * 1e-6).add("correct", ok);
+      if (me == 0) sink.write(add_check_worst(j, worst));
+    }
+    // The fused layer (gemm_combine), checked like the layer and against its rows.
+    if (want("layer_fused")) {
+      WEAVE_CUDA_CHECK(cudaMemsetAsync(out, 0xff, size_t(T) * H * sizeof(bf16), st));
+      WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
+      comm.barrier();
+      const double t = timed(
+          [&] { moe::moe_layer_forward_fused(ex, *gc, scratch, x, idx, w, T, wup, wdown, out, st); }, est_layer);
+      bool ok = true;
+      std::string why;
+      try {
+        ex.check(st);
+        moe::check_status(st);
+      } catch (const Error& e) {
+        ok = false, why = e.what();
+      }
+      double worst = 0;
+      std::vector<bf16> o(H);
+      for (int i = 0; i < 2 && T > 0; ++i) {
+        const int tt = sampled_token(T, i);
+        WEAVE_CUDA_CHECK(cudaMemcpy(o.data(), out + size_t(tt) * H, H * sizeof(bf16), cudaMemcpyDeviceToHost));
+        worst = std::max(worst, layer_token_ratio(m, seed, me, tt, s.idx[me].data() + size_t(tt) * k,
+                                                  hw.data() + size_t(tt) * k, o.data()));
+        for (int c = 0; c < H && layer_ran && ok; ++c)
+          if (__bfloat16_as_ushort(o[c]) != __bfloat16_as_ushort(layer_rows[i][c]))
+            ok = false, why = "token " + std::to_string(tt) + " column " + std::to_string(c) +
+                              " differs from the non-fused layer's";
+      }
+      worst = worst_all(worst);
+      ok = all_ranks_ok(comm, ok) && worst <= 1;
+      print("moe_layer_fused", t, 0, flop / t * 1e-6, worst, ok);
+      if (!ok) wrong.push_back(std::string("moe_layer_fused ") + label + (why.empty() ? "" : ": " + why));
+      JsonLine j = row("moe_layer_fused");
       j.add("time_us", t).add("tflops", flop / t * 1e-6).add("correct", ok);
       if (me == 0) sink.write(add_check_worst(j, worst));
     }
@@ -693,6 +743,6 @@ WEAVE_BENCH(moe,
             "MoE grouped GEMM (one GPU) on DeepSeek/Qwen/Mixtral-like shapes, up and down projections, balanced, "
             "Dirichlet and all-to-one routings, beside a dense GEMM of equal flops (--models --tokens --proj "
             "--routing --routing-seed --target-ms --group G --no-dense; --list prints the rows and routing hashes, no GPU); "
-            "under weave-run -n W >= 2: moe_dispatch / moe_combine (GB/s) and the non-fused layer (--kernels "
-            "dispatch,combine,layer)",
+            "under weave-run -n W >= 2: moe_dispatch / moe_combine (GB/s) and the layer, non-fused and fused "
+            "(gemm_combine) (--kernels dispatch,combine,layer,layer_fused)",
             run_moe_bench);
