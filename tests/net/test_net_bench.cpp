@@ -4,8 +4,6 @@
 // caught (rows correct: false, exit 1), and that the suite skips cleanly (exit 0) with one rank
 // or without --nodes. The figures themselves are not asserted: CI machines are shared.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <cctype>
 #include <cstdio>
@@ -16,39 +14,12 @@
 #include <string>
 #include <vector>
 
+#include "run_command.hpp"
+
 namespace {
 
-struct Result {
-  int status = -1;
-  std::string out;  // stdout and stderr together
-};
-
-// Runs argv[0] with the rest as arguments, collecting its output and exit status.
-Result run(const std::vector<std::string>& args) {
-  int fds[2];
-  if (pipe(fds) != 0) return {};
-  const pid_t pid = fork();
-  if (pid == 0) {
-    dup2(fds[1], 1);
-    dup2(fds[1], 2);
-    close(fds[0]);
-    close(fds[1]);
-    std::vector<char*> argv;
-    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  close(fds[1]);
-  Result r;
-  char buf[4096];
-  for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) > 0;) r.out.append(buf, static_cast<size_t>(n));
-  close(fds[0]);
-  int st = 0;
-  waitpid(pid, &st, 0);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  return r;
-}
+using weave::test::Result;
+Result run(const std::vector<std::string>& args) { return weave::test::run_command(args); }
 
 // A flat JSON object whose values are strings, numbers or booleans (what JsonLine writes), as
 // key -> the value's text (strings unquoted). False when the line is anything else.

@@ -2,8 +2,6 @@
 // simulated nodes, each rank's environment (local rank and size, node name, rendezvous), a
 // NetPath of every rank joined through it (net_path_rank.cpp), and the launcher's refusals.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <regex>
 #include <set>
@@ -11,37 +9,17 @@
 #include <string>
 #include <vector>
 
+#include "run_command.hpp"
+
 namespace {
 
-struct Result {
-  int status = -1;
-  std::string out;  // stdout and stderr together
-};
+using weave::test::Result;
 
+// weave-run with these arguments; "helper" stands for the rank program (net_path_rank.cpp).
 Result weave_run(const std::vector<std::string>& args) {
-  int fds[2];
-  if (pipe(fds) != 0) return {};
-  const pid_t pid = fork();
-  if (pid == 0) {
-    dup2(fds[1], 1);
-    dup2(fds[1], 2);
-    close(fds[0]);
-    close(fds[1]);
-    std::vector<char*> argv{const_cast<char*>(WEAVE_RUN_BIN)};
-    for (const std::string& a : args) argv.push_back(const_cast<char*>(a == "helper" ? RANK_BIN : a.c_str()));
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  close(fds[1]);
-  Result r;
-  char buf[4096];
-  for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) > 0;) r.out.append(buf, static_cast<size_t>(n));
-  close(fds[0]);
-  int st = 0;
-  waitpid(pid, &st, 0);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  return r;
+  std::vector<std::string> argv{WEAVE_RUN_BIN};
+  for (const std::string& a : args) argv.push_back(a == "helper" ? RANK_BIN : a);
+  return weave::test::run_command(argv);
 }
 
 TEST(WeaveRunNodes, SplitsRanksIntoSimulatedNodes) {
