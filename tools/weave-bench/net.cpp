@@ -375,6 +375,18 @@ struct RowResult {
   std::string error;
 };
 
+// A row's verdict on every rank (the receiver's first error) and its time (the sender's median
+// per message over the repeats), once every rank is past the timed region.
+void settle(Ctl& ctl, RowResult& r, const std::string& err, const std::vector<double>& t) {
+  ctl.boot.barrier();
+  r.error = ctl.first_error(err);
+  r.ok = r.error.empty();
+  std::vector<double> all(static_cast<size_t>(ctl.world));
+  const double mine = ctl.sender() ? weave::median(t) : 0.0;
+  ctl.boot.all_gather(&mine, all.data(), sizeof mine);
+  r.time_us = all[static_cast<size_t>(ctl.src)];
+}
+
 RowResult transfer_row(Ctl& ctl, const Config& c, const Msg& m, Endpoint& e) {
   RowResult r;
   r.iters = static_cast<int>(std::clamp<size_t>(c.budget / m.bytes, 2, 100));
@@ -408,13 +420,7 @@ RowResult transfer_row(Ctl& ctl, const Config& c, const Msg& m, Endpoint& e) {
     t.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / r.iters);
   }
   if (ctl.receiver() && err.empty()) err = check_all(m, e.recv_buf, message - 1);
-  ctl.boot.barrier();
-  r.error = ctl.first_error(err);
-  r.ok = r.error.empty();
-  std::vector<double> all(static_cast<size_t>(ctl.world));
-  const double mine = ctl.sender() ? weave::median(t) : 0.0;
-  ctl.boot.all_gather(&mine, all.data(), sizeof mine);
-  r.time_us = all[static_cast<size_t>(ctl.src)];
+  settle(ctl, r, err, t);
   return r;
 }
 
@@ -878,13 +884,7 @@ std::vector<TransferRow> transfer_nccl(const Config& c, Ctl& ctl, int device, ui
       t.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / r.iters);
     }
     if (ctl.receiver() && err.empty()) err = check(m);
-    ctl.boot.barrier();
-    r.error = ctl.first_error(err);
-    r.ok = r.error.empty();
-    std::vector<double> all(static_cast<size_t>(ctl.world));
-    const double mine = ctl.sender() ? weave::median(t) : 0.0;
-    ctl.boot.all_gather(&mine, all.data(), sizeof mine);
-    r.time_us = all[static_cast<size_t>(ctl.src)];
+    settle(ctl, r, err, t);
     if (ctl.lead()) {
       std::printf(" %.1f us, %.3f GB/s%s\n", r.time_us, s / r.time_us * 1e-3, r.ok ? "" : ", WRONG");
       std::fflush(stdout);
