@@ -128,14 +128,7 @@ const char* layout_name(gemm::BLayout bl) { return bl == gemm::BLayout::KN ? "kn
 
 std::vector<Shape> parse_shapes(const std::string& s) {
   std::vector<Shape> v;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    Shape sh{};
-    WEAVE_CHECK(std::sscanf(item.c_str(), "%dx%dx%d", &sh.M, &sh.N, &sh.K) == 3, "bad shape '", item,
-                "' (want MxNxK)");
-    v.push_back(sh);
-  }
+  for (const auto& t : parse_gemm_shapes(s)) v.push_back({t[0], t[1], t[2]});
   return v;
 }
 
@@ -431,6 +424,19 @@ WEAVE_BENCH(gemm,
             run_gemm_bench);
 
 namespace weave::bench {
+std::vector<std::array<int, 3>> parse_gemm_shapes(const std::string& list) {
+  std::vector<std::array<int, 3>> v;
+  std::stringstream ss(list);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    std::array<int, 3> t{};
+    WEAVE_CHECK(std::sscanf(item.c_str(), "%dx%dx%d", &t[0], &t[1], &t[2]) == 3, "bad shape '", item,
+                "' (want MxNxK)");
+    v.push_back(t);
+  }
+  return v;
+}
+
 std::vector<std::array<int, 4>> gemm_shape_rows(const std::string& set) {
   std::vector<std::array<int, 4>> v;
   if (set == "core") {

@@ -26,7 +26,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -51,18 +50,6 @@ struct Row {
   int M, N, K;
   int layout = 1;  // as gemm_shape_rows (gemm_sets.hpp)
 };
-
-std::vector<Row> parse_shapes(const std::string& s) {
-  std::vector<Row> v;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    Row r{};
-    WEAVE_CHECK(std::sscanf(item.c_str(), "%dx%dx%d", &r.M, &r.N, &r.K) == 3, "bad shape '", item, "' (want MxNxK)");
-    v.push_back(r);
-  }
-  return v;
-}
 
 // Why a row does not run (empty: it runs).
 std::string unsupported(const Row& r) {
@@ -168,7 +155,7 @@ int run_gemm_fp8_bench(const Args& args) {
   const std::string set_name = args.has("shapes") ? "custom" : args.get("set", "core");
   std::vector<Row> rows;
   if (set_name == "custom") {
-    rows = parse_shapes(args.get("shapes"));
+    for (const auto& t : parse_gemm_shapes(args.get("shapes"))) rows.push_back({t[0], t[1], t[2]});
   } else {
     for (const auto& r : gemm_shape_rows(set_name)) rows.push_back({r[0], r[1], r[2], r[3]});
   }

@@ -1,5 +1,5 @@
-// The shape sets of `weave-bench gemm --set core|models` (defined in gemm.cu), for the other GEMM
-// benches (gemm_fp8.cu) to run the same rows.
+// The shape sets of `weave-bench gemm --set core|models` and its --shapes list (defined in
+// gemm.cu), for the other GEMM benches (gemm_fp8.cu) to run the same rows.
 #pragma once
 #include <array>
 #include <string>
@@ -10,5 +10,7 @@ namespace weave::bench {
 // {M, N, K, layout}: layout 1 = A M x K, B N x K ("nk", forward); 0 = B K x N ("kn", input
 // gradient); 2 = A K x M and B K x N (weight gradient). Throws weave::Error for an unknown set.
 std::vector<std::array<int, 4>> gemm_shape_rows(const std::string& set);
+// The shapes of --shapes "MxNxK,...", as {M, N, K}. Throws weave::Error naming a malformed item.
+std::vector<std::array<int, 3>> parse_gemm_shapes(const std::string& list);
 
 }  // namespace weave::bench
