@@ -1,6 +1,7 @@
-// The inter-node collectives' kernel at G = 1 (layout.hpp says where every byte goes). all_reduce
-// is the ring (ring_role, every block the same role, below). all_gather and reduce_scatter have
-// two block roles in one grid, as mKernel's inter-node send and receive SMs:
+// The inter-node collectives' network phase, between rail peers (layout.hpp says where every byte
+// goes; at G > 1 the NVLink phases around it are the single-node collectives, node_phase.hpp).
+// all_reduce is the ring (ring_role, every block the same role, below). all_gather and
+// reduce_scatter have two block roles in one grid, as mKernel's inter-node send and receive SMs:
 //   send blocks     (blockIdx < send_blocks): wait at the call's send gate (the previous calls'
 //                   commands no longer read the send buffer), then for each of their pieces copy
 //                   the bytes from the device buffer into the mapped send buffer and queue the
@@ -8,8 +9,8 @@
 //                   for reduce_scatter's partials).
 //   receive blocks  (the rest): for each of their pieces wait for its flag (all_gather: one
 //                   sender's piece; reduce_scatter: the piece from every sender), copy it into the
-//                   device buffer (reduce_scatter: add the N partials in fp32, round once), then
-//                   consume the flags.
+//                   device buffer (reduce_scatter: add the N node partials in fp32, round once),
+//                   then consume the flags.
 // Every wait gives up when the path stops (device.cuh), so a failed peer ends the kernel.
 #pragma once
 #include <cuda_bf16.h>
@@ -24,6 +25,9 @@ namespace weave::net::coll {
 struct KernelArgs {
   NetHandle h;
   char* buf;  // device memory, the whole buffer (in place)
+  // reduce_scatter: where the partials are read (layout.hpp's partial_off): buf at G = 1, the
+  // node scratch the NVLink reduce-scatter wrote at G > 1.
+  const char* src;
   Layout L;
   uint64_t call, commands_before;
   uint64_t recv_base;  // the call's receive slot
@@ -107,7 +111,7 @@ __device__ void send_role(const KernelArgs& a) {
     int s = 0, p = static_cast<int>(j);
     if (!ag) nth_item(L, j, [&](int st) { return step_pieces(L, r, st); }, &s, &p);
     const PieceCmd c0 = piece_cmd(L, r, s, p);
-    block_copy_out(h.send + c0.src_off, a.buf + c0.data_off, static_cast<uint64_t>(c0.bytes));
+    block_copy_out(h.send + c0.src_off, ag ? a.buf + c0.data_off : a.src + c0.part_off, static_cast<uint64_t>(c0.bytes));
     __syncthreads();
     bool ok = true;
     if (threadIdx.x == 0) {
@@ -130,12 +134,13 @@ __device__ void reduce_piece(const KernelArgs& a, int p) {
   const int r = h.rank, N = steps(L) + 1;
   const PieceRecv v0 = piece_recv(L, r, 0, p);
   T* out = reinterpret_cast<T*>(a.buf + v0.data_off);
+  const T* own = reinterpret_cast<const T*>(a.src + v0.part_off);  // this node's partial (out at G = 1)
   const long long n = v0.bytes / static_cast<long long>(sizeof(T));
   const long long groups = v0.bytes / 16;  // pieces start 16-aligned; a ragged tail is scalar
   constexpr int kV = Vec<T>::n;
   for (long long g = threadIdx.x; g < groups; g += blockDim.x) {
     float acc[kV], x[kV];
-    Vec<T>::load(reinterpret_cast<const uint4*>(out)[g], acc);
+    Vec<T>::load(reinterpret_cast<const uint4*>(own)[g], acc);
     for (int s = 0; s < N - 1; ++s) {  // senders r - 1, r - 2, ...: the same order on every rank
       const PieceRecv v = piece_recv(L, r, s, p);
       Vec<T>::load(ld_volatile_v4(reinterpret_cast<const uint4*>(h.recv + a.recv_base + v.recv_off) + g), x);
@@ -144,7 +149,7 @@ __device__ void reduce_piece(const KernelArgs& a, int p) {
     reinterpret_cast<uint4*>(out)[g] = Vec<T>::store(acc);
   }
   for (long long i = groups * kV + threadIdx.x; i < n; i += blockDim.x) {
-    float acc = Vec<T>::to_float(out[i]);
+    float acc = Vec<T>::to_float(own[i]);
     for (int s = 0; s < N - 1; ++s) {
       const PieceRecv v = piece_recv(L, r, s, p);
       const volatile T* in = reinterpret_cast<const volatile T*>(h.recv + a.recv_base + v.recv_off);
@@ -212,44 +217,44 @@ __device__ void combine(char* dst, char* dst2, const char* local, const char* in
   }
 }
 
-// all_reduce, every block: the ring of layout.hpp, one (sub-chunk, piece) item at a time. Block b
-// takes items b, b + grid, ... on every rank (the same grid everywhere), each to its end: a
-// rank's wait for an item needs only the previous rank's work on the same item, which that
-// rank's block b reaches after the same earlier items, so the ring cannot deadlock.
+// all_reduce, every block: the ring of layout.hpp between rail peers, one (sub-chunk, piece) item
+// at a time. Block b takes items b, b + grid, ... on every rank (the same grid everywhere), each
+// to its end: a rank's wait for an item needs only the previous rail peer's work on the same item,
+// which that rank's block b reaches after the same earlier items, so the ring cannot deadlock.
 template <class T>
 __device__ void ring_role(const KernelArgs& a) {
   const NetHandle& h = a.h;
   const Layout& L = a.L;
   const int r = h.rank, N = L.plan.topo.nodes;
-  const uint16_t next = static_cast<uint16_t>((r + 1) % N);
-  const long long area = ring_area(L);
+  const uint16_t next = static_cast<uint16_t>(L.plan.topo.rail_peer(r, 1));
   if (!open_send_gate(h, a.call, a.commands_before, blockIdx.x == 0)) return;
   Producer prod{h.queue};
   const auto cmd = [&](int which, int c, int p, const Bytes& pc) {
-    const uint64_t off = static_cast<uint64_t>(which * area + pc.off);
+    const uint64_t off = static_cast<uint64_t>(ring_slot_off(L, r, which, pc));
     return Command{off, a.recv_base + off, static_cast<uint64_t>(pc.size), 1, a.flag_base + ring_chunk_id(L, which, c, p),
                    next, kNotify, 0};
   };
-  const long long items = ring_items(L);
+  const long long items = ring_items(L, r);
   for (long long j = blockIdx.x; j < items; j += gridDim.x) {
     int c = 0, p = 0;
-    ring_item(L, j, &c, &p);
-    const Bytes pc = ring_piece(L, c, p);
+    ring_item(L, r, j, &c, &p);
+    const Bytes pc = ring_piece(L, r, c, p);
     const int d = ring_dist(L, r, c), e = (d + 1) % N;
     char* data = a.buf + pc.off;
     const uint64_t nb = static_cast<uint64_t>(pc.size);
+    const long long sums = ring_slot_off(L, r, 0, pc), results = ring_slot_off(L, r, 1, pc);
     // Reduce-scatter: start the sum (d = 0), or add to the arrived partial sum and pass it on; the
     // last hop's receiver keeps the result and starts the all-gather with it.
     const uint32_t f_rs = a.flag_base + ring_chunk_id(L, 0, c, p);
     if (d == 0) {
-      block_copy_out(h.send + pc.off, data, nb);
+      block_copy_out(h.send + sums, data, nb);
     } else {
       if (!block_agree(threadIdx.x == 0 ? wait_arrival(h, f_rs) : true)) return;
-      const char* in = h.recv + a.recv_base + pc.off;
+      const char* in = h.recv + a.recv_base + sums;
       if (d <= N - 2)
-        combine<T>(h.send + pc.off, nullptr, data, in, nb);
+        combine<T>(h.send + sums, nullptr, data, in, nb);
       else
-        combine<T>(data, h.send + area + pc.off, data, in, nb);
+        combine<T>(data, h.send + results, data, in, nb);
     }
     __syncthreads();
     bool ok = true;
@@ -263,9 +268,9 @@ __device__ void ring_role(const KernelArgs& a) {
     if (e == 0) continue;
     const uint32_t f_ag = a.flag_base + ring_chunk_id(L, 1, c, p);
     if (!block_agree(threadIdx.x == 0 ? wait_arrival(h, f_ag) : true)) return;
-    const char* in = h.recv + a.recv_base + area + pc.off;
+    const char* in = h.recv + a.recv_base + results;
     block_copy_in(data, in, nb);
-    if (e <= N - 2) block_copy_in(h.send + area + pc.off, in, nb);
+    if (e <= N - 2) block_copy_in(h.send + results, in, nb);
     __syncthreads();
     if (threadIdx.x == 0) {
       consume(h, f_ag);

@@ -2,8 +2,10 @@
 
 #include <cuda_bf16.h>
 
+#include "collectives/collectives.hpp"
 #include "net_collectives/kernel.cuh"
 #include "net_collectives/layout.hpp"
+#include "net_collectives/node_phase.hpp"
 #include "weave/common/error.hpp"
 
 namespace weave::net {
@@ -12,51 +14,112 @@ using weave::detail::concat;
 
 size_t dtype_bytes(NetDtype d) { return d == NetDtype::bf16 ? 2 : 4; }
 
-NetCollectives::NetCollectives(NetPath& path, NetCollOptions opts) : path_(path), opt_(opts) {
-  WEAVE_CHECK(path_.gpu(), "net collectives: the network path is in CPU mode (NetPathOptions::gpu = false)");
-  const NetTopo t = path_.topo();
-  WEAVE_CHECK(t.gpus == 1, "net collectives: ", t.nodes, " nodes of ", t.gpus,
-              " ranks: only one rank per node is built yet (the hierarchical NVLink + network kernels are not)");
-  WEAVE_CHECK(opt_.chunk_bytes >= 16 && opt_.chunk_bytes % 16 == 0, "net collectives: chunk_bytes (",
-              opt_.chunk_bytes, ") must be a positive multiple of 16");
-  WEAVE_CHECK(opt_.send_blocks >= 1 && opt_.send_blocks <= 64 && opt_.recv_blocks >= 1 && opt_.recv_blocks <= 64,
-              "net collectives: send_blocks (", opt_.send_blocks, ") and recv_blocks (", opt_.recv_blocks,
+// The NVLink phases at G > 1: the node's single-node collectives over node_phase.hpp's rows, and
+// the scratch they write into. Members in this order so that `coll` goes first: its destructor
+// waits until no rank of the node has device work left, after which the scratch can go.
+struct NetCollectives::Node {
+  runtime::Communicator& comm;
+  runtime::SymmetricTensor<char> tail;     // G x 16 bytes: every local rank's trailing partial unit
+  runtime::SymmetricTensor<char> scratch;  // reduce_scatter's node partials (layout.hpp, staged)
+  weave::coll::Collectives coll;
+
+  Node(runtime::Communicator& c, size_t scratch_bytes)
+      : comm(c), tail(c, static_cast<size_t>(c.world()) * 16), scratch(c, scratch_bytes < 16 ? 16 : scratch_bytes),
+        coll(c) {}
+
+  int local() const { return comm.rank(); }
+  int gpus() const { return comm.world(); }
+  static DType type(NetDtype d) { return d == NetDtype::bf16 ? DType::bf16 : DType::fp32; }
+  // Rows of 16 bytes as a 2-D tensor sharded along dimension 0.
+  static weave::coll::Shape shape(long long rows, NetDtype d) {
+    weave::coll::Shape s;
+    s.ndim = 2;
+    s.d[0] = rows;
+    s.d[1] = 16 / static_cast<long long>(dtype_bytes(d));
+    return s;
+  }
+
+  // This rank's row shard of `b` (at `in`) to every rank of the node (the rows at `out`).
+  void all_gather(const char* in, char* out, const coll::Rows& b, NetDtype d, cudaStream_t s) {
+    if (b.rows == 0) return;
+    coll.all_gather(in, out, shape(b.rows, d), 0, type(d), s);
+  }
+  // The node's sum of this rank's row shard of `b` (the rows at `in`) into `out`.
+  void reduce_scatter(const char* in, char* out, const coll::Rows& b, NetDtype d, cudaStream_t s) {
+    if (b.rows == 0) return;
+    coll.reduce_scatter(in, out, shape(b.rows, d), 0, type(d), ReduceOp::sum, s);
+  }
+  // The node's sum of the tail into `out` (every rank; in place where out is the tail).
+  void tail_sum(const char* buf, char* out, const Bytes& t, NetDtype d, cudaStream_t s) {
+    if (t.size == 0) return;
+    coll.all_reduce(buf + t.off, out, static_cast<size_t>(t.size) / dtype_bytes(d), type(d), ReduceOp::sum, s);
+  }
+  // The last local rank's tail to the others: gathered into `tail` (one row per rank, every rank
+  // the same call), then copied out of the last row. The next call's gather writes a peer's
+  // `tail` only after that peer reached it, i.e. after this copy (stream order).
+  void tail_from_last(char* buf, const Bytes& t, NetDtype d, cudaStream_t s) {
+    if (t.size == 0) return;
+    weave::coll::Shape sh;
+    sh.ndim = 2;
+    sh.d[0] = gpus();
+    sh.d[1] = t.size / static_cast<long long>(dtype_bytes(d));
+    coll.all_gather(buf + t.off, tail.data(), sh, 0, type(d), s);
+    if (local() != gpus() - 1)
+      WEAVE_CUDA_CHECK(cudaMemcpyAsync(buf + t.off, tail.data() + (gpus() - 1) * t.size, static_cast<size_t>(t.size),
+                                       cudaMemcpyDeviceToDevice, s));
+  }
+};
+
+namespace {
+void check_options(const NetPath& path, const NetCollOptions& o) {
+  WEAVE_CHECK(path.gpu(), "net collectives: the network path is in CPU mode (NetPathOptions::gpu = false)");
+  WEAVE_CHECK(o.chunk_bytes >= 16 && o.chunk_bytes % 16 == 0, "net collectives: chunk_bytes (", o.chunk_bytes,
+              ") must be a positive multiple of 16");
+  WEAVE_CHECK(o.send_blocks >= 1 && o.send_blocks <= 64 && o.recv_blocks >= 1 && o.recv_blocks <= 64,
+              "net collectives: send_blocks (", o.send_blocks, ") and recv_blocks (", o.recv_blocks,
               ") must be 1 to 64");
 }
+}  // namespace
+
+NetCollectives::NetCollectives(NetPath& path, NetCollOptions opts) : path_(path), opt_(opts) {
+  check_options(path_, opt_);
+  const NetTopo t = path_.topo();
+  WEAVE_CHECK(t.gpus == 1, "net collectives: ", t.nodes, " nodes of ", t.gpus,
+              " ranks: more than one rank per node needs the node's communicator (NetCollectives(path, node, "
+              "opts), node a Communicator over runtime::node_launch_info)");
+}
+
+NetCollectives::NetCollectives(NetPath& path, runtime::Communicator& node, NetCollOptions opts)
+    : path_(path), opt_(opts) {
+  check_options(path_, opt_);
+  const NetTopo t = path_.topo();
+  const int local = path_.rank() % t.gpus;
+  WEAVE_CHECK(node.world() == t.gpus && node.rank() == local, "net collectives: the node communicator has rank ",
+              node.rank(), " of ", node.world(), " but this rank is local rank ", local, " of a node of ", t.gpus,
+              " ranks (make it over runtime::node_launch_info)");
+  WEAVE_CHECK(node.device() == path_.device(), "net collectives: the node communicator uses GPU ", node.device(),
+              " but the network path GPU ", path_.device());
+  if (t.gpus > 1) node_ = std::make_unique<Node>(node, opt_.node_scratch_bytes);
+}
+
+NetCollectives::~NetCollectives() = default;
 
 void NetCollectives::shard(int world, long long count, NetDtype dtype, int q, long long* first, long long* n) {
   const long long es = static_cast<long long>(dtype_bytes(dtype));
-  const coll::Layout L = coll::make_layout(Coll::all_gather, world, count * es, 16);
+  const coll::Layout L = coll::make_layout(Coll::all_gather, Topo{world, 1}, count * es, 16);
   const Bytes b = net::shard(L.plan, q);
   *first = b.off / es;
   *n = b.size / es;
 }
 
-void NetCollectives::launch(int which, void* buf, long long count, NetDtype dtype, cudaStream_t stream) {
-  const Coll c = static_cast<Coll>(which);
-  const char* name = c == Coll::all_gather ? "all_gather" : c == Coll::reduce_scatter ? "reduce_scatter" : "all_reduce";
-  WEAVE_CHECK(count >= 0, "net ", name, ": count ", count, " is negative");
-  WEAVE_CHECK(count == 0 || (buf && reinterpret_cast<uintptr_t>(buf) % 16 == 0), "net ", name,
-              ": the buffer must be non-null and 16-byte aligned");
-  path_.check();
-  const int world = path_.world(), rank = path_.rank();
-  if (count == 0 || world == 1) return;  // the same on every rank: nothing to exchange
-  const long long bytes = count * static_cast<long long>(dtype_bytes(dtype));
-  const coll::Layout L = coll::make_layout(c, world, bytes, opt_.chunk_bytes);
-  WEAVE_CHECK(coll::flags_needed(L) <= path_.slot_flags(), "net ", name, ": ", bytes, " bytes in pieces of ",
-              opt_.chunk_bytes, " need ", coll::flags_needed(L), " arrival flags per call slot; the path has ",
-              path_.slot_flags(), " (raise NetCollOptions::chunk_bytes or NetPathOptions::proxy.flags)");
-  WEAVE_CHECK(static_cast<unsigned long long>(coll::send_needed(L)) <= path_.send_bytes(), "net ", name, ": ", bytes,
-              " bytes need ", coll::send_needed(L), " bytes of send buffer; the path has ", path_.send_bytes(),
-              " (NetPathOptions::send_bytes)");
-  WEAVE_CHECK(static_cast<unsigned long long>(coll::recv_needed(L)) <= path_.slot_recv_bytes(), "net ", name, ": ",
-              bytes, " bytes need ", coll::recv_needed(L), " bytes per receive slot; the path has ",
-              path_.slot_recv_bytes(), " (NetPathOptions::recv_bytes holds two slots)");
-
+void NetCollectives::net_phase(const coll::Layout& L, char* buf, const char* src, NetDtype dtype,
+                               cudaStream_t stream, const char* name) {
+  const int rank = path_.rank();
   const NetPath::Call call = path_.begin_call(static_cast<uint64_t>(coll::commands(L, rank)));
   coll::KernelArgs a{};
   a.h = path_.handle();
-  a.buf = static_cast<char*>(buf);
+  a.buf = buf;
+  a.src = src;
   a.L = L;
   a.call = call.index;
   a.commands_before = call.commands_before;
@@ -75,6 +138,83 @@ void NetCollectives::launch(int which, void* buf, long long count, NetDtype dtyp
     path_.abort(why);
     throw Error(concat("weave: ", why));
   }
+}
+
+void NetCollectives::launch(int which, void* buf, long long count, NetDtype dtype, cudaStream_t stream) {
+  const Coll c = static_cast<Coll>(which);
+  const char* name = c == Coll::all_gather ? "all_gather" : c == Coll::reduce_scatter ? "reduce_scatter" : "all_reduce";
+  WEAVE_CHECK(count >= 0, "net ", name, ": count ", count, " is negative");
+  WEAVE_CHECK(count == 0 || (buf && reinterpret_cast<uintptr_t>(buf) % 16 == 0), "net ", name,
+              ": the buffer must be non-null and 16-byte aligned");
+  path_.check();
+  const int world = path_.world(), rank = path_.rank();
+  if (count == 0 || world == 1) return;  // the same on every rank: nothing to exchange
+  const NetTopo t = path_.topo();
+  const long long bytes = count * static_cast<long long>(dtype_bytes(dtype));
+  const coll::Layout L = coll::make_layout(c, Topo{t.nodes, t.gpus}, bytes, opt_.chunk_bytes);
+  if (t.nodes > 1) {
+    WEAVE_CHECK(coll::flags_needed(L) <= path_.slot_flags(), "net ", name, ": ", bytes, " bytes in pieces of ",
+                opt_.chunk_bytes, " need ", coll::flags_needed(L), " arrival flags per call slot; the path has ",
+                path_.slot_flags(), " (raise NetCollOptions::chunk_bytes or NetPathOptions::proxy.flags)");
+    WEAVE_CHECK(static_cast<unsigned long long>(coll::send_needed(L)) <= path_.send_bytes(), "net ", name, ": ", bytes,
+                " bytes need ", coll::send_needed(L), " bytes of send buffer; the path has ", path_.send_bytes(),
+                " (NetPathOptions::send_bytes)");
+    WEAVE_CHECK(static_cast<unsigned long long>(coll::recv_needed(L)) <= path_.slot_recv_bytes(), "net ", name, ": ",
+                bytes, " bytes need ", coll::recv_needed(L), " bytes per receive slot; the path has ",
+                path_.slot_recv_bytes(), " (NetPathOptions::recv_bytes holds two slots)");
+  }
+  char* b = static_cast<char*>(buf);
+  if (t.gpus == 1) return net_phase(L, b, b, dtype, stream, name);
+
+  Node& n = *node_;
+  try {
+    (void)n.comm.peers(buf, static_cast<size_t>(bytes));
+  } catch (const Error& e) {
+    throw Error(concat("weave: net ", name, ": with ", t.gpus, " ranks per node the buffer must lie in the node "
+                       "communicator's heap or be registered with it: ", e.what()));
+  }
+  WEAVE_CHECK(static_cast<unsigned long long>(coll::scratch_needed(L)) <= n.scratch.size(), "net ", name, ": ", bytes,
+              " bytes need ", coll::scratch_needed(L), " bytes of node scratch; there are ", n.scratch.size(),
+              " (NetCollOptions::node_scratch_bytes)");
+  // One stream, no host wait between stages: each stage's kernels start after the previous
+  // stage's kernels of this rank ended; the single-node collectives frame their NVLink accesses
+  // with arrival and completion signals, so a peer's buffer is touched only once that peer
+  // reached the same stage (README.md: GPU-side ordering).
+  const auto at = [&](const coll::Place& p) {
+    return (p.where == coll::Where::buffer ? b : p.where == coll::Where::scratch ? n.scratch.data() : n.tail.data()) +
+           p.off;
+  };
+  for (int i = 0; i < coll::num_stages(L); ++i) {
+    const coll::Stage st = coll::stage(L, rank, i);
+    switch (st.op) {
+      case coll::StageOp::net:
+        net_phase(L, b, c == Coll::reduce_scatter ? n.scratch.data() : b, dtype, stream, name);
+        break;
+      case coll::StageOp::ag_rows: n.all_gather(at(st.in), at(st.out), st.rows, dtype, stream); break;
+      case coll::StageOp::rs_rows: n.reduce_scatter(at(st.in), at(st.out), st.rows, dtype, stream); break;
+      case coll::StageOp::tail_sum: n.tail_sum(b, at(st.out), st.tail, dtype, stream); break;
+      case coll::StageOp::tail_from_last: n.tail_from_last(b, st.tail, dtype, stream); break;
+      case coll::StageOp::copy:
+        if (st.size > 0)
+          WEAVE_CUDA_CHECK(
+              cudaMemcpyAsync(at(st.out), at(st.in), static_cast<size_t>(st.size), cudaMemcpyDeviceToDevice, stream));
+        break;
+    }
+  }
+}
+
+void NetCollectives::finish(cudaStream_t stream) {
+  if (node_) {
+    // The node communicator first: it names a timed-out NVLink wait (a trap, which the path would
+    // only see as a CUDA error). Its failure also fails the path, whose peers may wait on us.
+    try {
+      node_->comm.sync(stream);
+    } catch (const Error& e) {
+      path_.abort(e.what());
+      throw;
+    }
+  }
+  path_.finish(stream);
 }
 
 void NetCollectives::all_gather(void* buf, long long count, NetDtype dtype, cudaStream_t stream) {

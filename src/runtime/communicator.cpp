@@ -86,6 +86,11 @@ struct Mailbox {
   std::atomic<int> abort_from;  // rank + 1 of the peer that rejected a call; abort_why first
   char abort_why[kWhyBytes];
   CallSlot calls[kCallRing];
+  // The last call whose peers' posts this rank has read on agree_call's together path. A rank
+  // leaves such a call only once every peer has read its post: the calls after it may be agreed
+  // ones, posted without waiting, and the kCallRing-th of them would overwrite that post while a
+  // slower peer is still to read it (which would then see a later call and report differing calls).
+  std::atomic<unsigned long long> checked;
 };
 constexpr size_t kMailBytes = 8192;
 static_assert(sizeof(Mailbox) <= kMailBytes && std::atomic<unsigned long long>::is_always_lock_free &&
@@ -277,6 +282,17 @@ void Communicator::Impl::teardown() noexcept {
   record_host = nullptr;
 }
 
+LaunchInfo node_launch_info(const LaunchInfo& job, const std::string& node) {
+  WEAVE_CHECK(!node.empty(), "node_launch_info: empty node name");
+  WEAVE_CHECK(job.local_world >= 1 && job.local_rank >= 0 && job.local_rank < job.local_world,
+              "node_launch_info: local rank ", job.local_rank, " outside a node of ", job.local_world);
+  LaunchInfo n = job;
+  n.rank = job.local_rank;
+  n.world = job.local_world;
+  n.job_id = job.job_id + "-node-" + node;
+  return n;
+}
+
 Communicator::Communicator(CommOptions opt) : Communicator(detect_launch(), opt) {}
 
 Communicator::Communicator(const LaunchInfo& info, CommOptions opt) : impl_(std::make_unique<Impl>()) {
@@ -285,8 +301,10 @@ Communicator::Communicator(const LaunchInfo& info, CommOptions opt) : impl_(std:
   m.opt = opt;
   WEAVE_CHECK(info.world >= 1 && info.world <= kMaxWorld, "world size ", info.world, " is outside 1..", kMaxWorld,
               " (the compile-time maximum of one NVLink domain)");
-  WEAVE_CHECK(info.local_world == info.world, "multi-node jobs are not supported yet (world ", info.world,
-              ", ", info.local_world, " ranks on this node)");
+  WEAVE_CHECK(info.local_world == info.world, "a communicator spans one node, but this job has ", info.world,
+              " ranks with ", info.local_world, " on this node: make a node-local one, Communicator("
+              "runtime::node_launch_info(info, node name), opts), and reach the other nodes through the network "
+              "path (weave::net::NetPath)");
   if (opt.multicast) {
     std::string off = multicast_disabled_by();
     WEAVE_CHECK(off.empty(), "NVLink multicast requested but disabled on this machine by ", off);
@@ -600,37 +618,52 @@ void Communicator::agree_call(const std::string& op, const std::string& what, co
   // post of call n (a peer posts before it launches, without waiting for this rank), then one
   // verdict everywhere; peers that launched regardless are stopped through their abort words.
   post(problem.empty() ? 0 : 1);
+  // Spins, then sleeps, until done() for peer r. False when this rank's abort word was set (the
+  // caller starts over, where the abort is thrown); throws when r exits or 5 minutes pass.
+  auto wait_for = [&](int r, const char* stage, auto&& done) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (long spins = 0; !done(); ++spins) {
+      if (spins < 20000) continue;
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      if (spins % 2000 != 0) continue;
+      if (m.mail[me]->abort_from.load(std::memory_order_acquire) > 0) return false;
+      if (kill(static_cast<pid_t>(m.pids[r]), 0) != 0 && errno == ESRCH)
+        throw Error(detail::concat("weave: rank ", r, " (pid ", m.pids[r], ") exited before checking ", call, " (",
+                                   op, ")"));
+      if (std::chrono::steady_clock::now() - t0 > std::chrono::minutes(5))
+        throw Error(detail::concat("weave: rank ", r, " did not ", stage, " the check of ", call, " (", op,
+                                   ") within 5 minutes"));
+    }
+    return true;
+  };
   std::vector<Posted> all(W);
-  const auto t0 = std::chrono::steady_clock::now();
   for (int r = 0; r < W; ++r) {
     if (r == me) {
       all[r] = Posted{mine, op};
       continue;
     }
-    for (long spins = 0;; ++spins) {
+    const bool read = wait_for(r, "reach", [&] {
       const unsigned long long got = read_call(*m.mail[r], n, all[r]);
-      if (got == n) break;
       if (got != kWriting && got > n) {
         // A whole ring of calls past this one without stopping for it: its plans were agreed
-        // ones, so the ranks' calls differ, and it launched them.
+        // ones (it left this call's check only after reading this rank's post), so the ranks'
+        // calls differ, and it launched them.
         const std::string msg = detail::concat("weave: ", call, ": rank ", r, " is ", got - n,
                                                "+ calls past this call without checking it (this rank calls ",
                                                render_plan(Posted{mine, op}), "): the ranks' calls differ");
         abort_peers(msg);
         throw Error(msg);
       }
-      if (spins < 20000) continue;
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-      if (spins % 2000 != 0) continue;
-      if (m.mail[me]->abort_from.load(std::memory_order_acquire) > 0) return agree_call(op, what, values, problem, stream);
-      if (kill(static_cast<pid_t>(m.pids[r]), 0) != 0 && errno == ESRCH)
-        throw Error(detail::concat("weave: rank ", r, " (pid ", m.pids[r], ") exited before checking ", call, " (",
-                                   op, ")"));
-      if (std::chrono::steady_clock::now() - t0 > std::chrono::minutes(5))
-        throw Error(detail::concat("weave: rank ", r, " did not reach the check of ", call, " (", op,
-                                   ") within 5 minutes"));
-    }
+      return got == n;
+    });
+    if (!read) return agree_call(op, what, values, problem, stream);
   }
+  // Every post of call n is read here; wait until every peer has read this rank's (all ranks then
+  // reach the same verdict from the same posts, whichever it is).
+  m.mail[me]->checked.store(n, std::memory_order_release);
+  for (int r = 0; r < W; ++r)
+    if (r != me && !wait_for(r, "finish", [&] { return m.mail[r]->checked.load(std::memory_order_acquire) >= n; }))
+      return agree_call(op, what, values, problem, stream);
   bool launched = false;
   for (int r = 0; r < W; ++r) launched |= r != me && launches(all[r]);
   for (int r = 0; r < W; ++r)

@@ -1,7 +1,7 @@
-// What the multi-rank MoE tests share (test_moe_exchange_gpu, test_moe_layer_gpu): the
-// communicator and stream, distinct expert draws, and one rank's inputs of a call (tokens, router
-// ids and weights) regenerated from the job's seed by every rank, so that each can build the whole
-// call's reference (each test has its own routings).
+// What the multi-rank MoE tests share (test_moe_exchange_gpu, test_moe_layer_gpu,
+// test_gemm_combine_gpu): the communicator and stream, distinct expert draws, and one rank's inputs
+// of a call (tokens, router ids and weights) regenerated from the job's seed by every rank, so that
+// each can build the whole call's reference (the routings are routing.hpp's).
 #pragma once
 #include <cuda_bf16.h>
 

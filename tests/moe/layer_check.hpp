@@ -1,7 +1,9 @@
-// What the layer tests share (test_moe_layer_gpu: the non-fused layer; test_gemm_combine_gpu: the
-// fused gemm_combine and the fused layer): every expert's weights regenerated from the job's seed,
-// the check of one rank's layer output against the float64 reference of check/moe_ref.hpp, and the
-// layer's device setup on this rank (exchange, scratch, gemm_combine, this rank's weights).
+// What the multi-rank MoE tests share beyond common.hpp (test_moe_layer_gpu: the layer, non-fused
+// and fused; test_gemm_combine_gpu: gemm_combine; test_moe_exchange_gpu: the bound counter and the
+// device buffers): every expert's weights regenerated from the job's seed, the per-element bound
+// counter, the check of one rank's layer output against the float64 reference of
+// check/moe_ref.hpp, the fused path's bit-for-bit and landing checks, and the layer's device setup
+// on this rank (exchange, scratch, gemm_combine, this rank's weights).
 #pragma once
 #include <cuda_bf16.h>
 #include <gtest/gtest.h>
@@ -22,10 +24,20 @@
 #include "moe/exchange.hpp"
 #include "moe/gemm_combine.hpp"
 #include "moe/layer.hpp"
+#include "routing.hpp"
 
 namespace weave::moe::test {
 
 using bf16 = __nv_bfloat16;
+
+// One layer case: routing, L experts per rank, top-k, hidden H, expert FFN F, tokens per rank.
+struct LayerCase {
+  Routing routing;
+  int L, k, H, F;
+  int T0, dT;          // rank s has T0 + dT * s tokens
+  int zero_rank = -1;  // this rank has none
+};
+inline int tokens_of(const LayerCase& c, int s) { return s == c.zero_rank ? 0 : std::max(0, c.T0 + c.dT * s); }
 
 // Every expert's weights (E x 2F x H and E x H x F, bf16), uniform in +-a: a_up = 3 sqrt(3 / H)
 // makes g and u ~1.7 rms for x uniform in [-1, 1] (silu well into its curved part), a_down =
@@ -46,28 +58,30 @@ struct Weights {
   const bf16* down_of(int e) const { return down.data() + static_cast<size_t>(e) * H * F; }
 };
 
-// Counts outputs past their bound (and non-finite ones) over one rank's T x H outputs; `ref(t)`
-// gives token t's check::MoeTokenRef.
+// Counts outputs past their bound (and non-finite ones) over one rank's T x H outputs.
 struct BoundCheck {
   long long over = 0, nonfinite = 0, n = 0;
   double worst = 0;
   std::string worst_at;
-  void add(const check::MoeTokenRef& ref, const bf16* got, int t) {
-    for (size_t c = 0; c < ref.r.size(); ++c, ++n) {
-      const double r = ref.r[c], bound = ref.bound(static_cast<int>(c));
-      const double x = wt::to_f(got[c]);
-      if (!std::isfinite(x)) {
-        ++nonfinite;
-        continue;
-      }
-      const double ratio = std::fabs(x - r) / bound;
-      over += ratio > 1;
-      if (ratio > worst) {
-        worst = ratio;
-        worst_at = "token " + std::to_string(t) + " col " + std::to_string(c) + ": " + std::to_string(x) + " vs " +
-                   std::to_string(r) + " (bound " + std::to_string(bound) + ")";
-      }
+  // Output x of token t, column c, against the reference r under `bound` (> 0).
+  void add(double x, double r, double bound, int t, int c) {
+    ++n;
+    if (!std::isfinite(x)) {
+      ++nonfinite;
+      return;
     }
+    const double ratio = std::fabs(x - r) / bound;
+    over += ratio > 1;
+    if (ratio > worst) {
+      worst = ratio;
+      worst_at = "token " + std::to_string(t) + " col " + std::to_string(c) + ": " + std::to_string(x) + " vs " +
+                 std::to_string(r) + " (bound " + std::to_string(bound) + ")";
+    }
+  }
+  // Token t's H outputs against its check::MoeTokenRef.
+  void add(const check::MoeTokenRef& ref, const bf16* got, int t) {
+    for (size_t c = 0; c < ref.r.size(); ++c)
+      add(wt::to_f(got[c]), ref.r[c], ref.bound(static_cast<int>(c)), t, static_cast<int>(c));
   }
   void expect(const std::string& what) const {
     EXPECT_EQ(nonfinite, 0) << what << ": " << nonfinite << " outputs not finite (never written?)";
@@ -78,11 +92,17 @@ struct BoundCheck {
   }
 };
 
-// Checks this rank's layer output against the float64 reference of its own tokens.
-inline void verify_layer(const Weights& wts, const RankInput& mine, int k, const std::vector<bf16>& out,
-                         const std::string& what) {
+// One layer output of this rank's tokens (T x H) and its name in failure messages.
+struct LayerOutput {
+  const std::vector<bf16>* out;
+  std::string what;
+};
+
+// Checks this rank's layer outputs (e.g. the non-fused and the fused path's, on the same inputs)
+// against the float64 reference of its own tokens, computed once for all of them.
+inline void verify_layer(const Weights& wts, const RankInput& mine, int k, const std::vector<LayerOutput>& outs) {
   const int H = wts.H, F = wts.F;
-  BoundCheck chk;
+  std::vector<BoundCheck> chk(outs.size());
   for (int t = 0; t < mine.T; ++t) {
     const int* ids = mine.idx.data() + static_cast<size_t>(t) * k;
     const float* ws = mine.w.data() + static_cast<size_t>(t) * k;
@@ -102,9 +122,24 @@ inline void verify_layer(const Weights& wts, const RankInput& mine, int k, const
       const auto down = [&](int c, int f) { return double(wt::to_f(wd[static_cast<size_t>(c) * F + f])); };
       ref.add(we, check::moe_expert_ref(xv, H, F, up, down));
     }
-    chk.add(ref, out.data() + static_cast<size_t>(t) * H, t);
+    for (size_t i = 0; i < outs.size(); ++i) chk[i].add(ref, outs[i].out->data() + static_cast<size_t>(t) * H, t);
   }
-  chk.expect(what);
+  for (size_t i = 0; i < outs.size(); ++i) chk[i].expect(outs[i].what);
+}
+inline void verify_layer(const Weights& wts, const RankInput& mine, int k, const std::vector<bf16>& out,
+                         const std::string& what) {
+  verify_layer(wts, mine, k, {LayerOutput{&out, what}});
+}
+
+// The fused and non-fused outputs, element for element.
+inline void expect_identical(const std::vector<bf16>& fused, const std::vector<bf16>& plain, const std::string& what) {
+  ASSERT_EQ(fused.size(), plain.size());
+  long long diff = 0;
+  size_t first = 0;
+  for (size_t i = 0; i < fused.size(); ++i)
+    if (wt::bits(fused[i]) != wt::bits(plain[i]) && diff++ == 0) first = i;
+  EXPECT_EQ(diff, 0) << what << ": " << diff << " outputs differ from the non-fused path's, first at element "
+                     << first << " (" << wt::to_f(fused[first]) << " vs " << wt::to_f(plain[first]) << ")";
 }
 
 struct DevFree {
@@ -157,6 +192,17 @@ struct Layer {
                                 static_cast<size_t>(cf.max_tokens) * cf.topk * cf.hidden * sizeof(bf16)));
   }
 };
+
+// Landing rows past this rank's T k: nobody may write there (gemm_combine's landing buffer,
+// poisoned by Layer::poison).
+inline void expect_landing_tail_poisoned(const Layer& layer, int T, const std::string& what) {
+  const ExchangeConfig& cf = layer.ex->config();
+  const size_t row = static_cast<size_t>(cf.hidden), all = static_cast<size_t>(cf.max_tokens) * cf.topk * row;
+  const std::vector<bf16> land = wt::to_host(layer.gc->landing(), all);
+  long long touched = 0;
+  for (size_t i = static_cast<size_t>(T) * cf.topk * row; i < all; ++i) touched += wt::bits(land[i]) != 0xffffu;
+  EXPECT_EQ(touched, 0) << what << ": " << touched << " landing elements past T k were written";
+}
 
 // One rank's inputs of a call on the device, the output poisoned.
 struct DeviceInput {

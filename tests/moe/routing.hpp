@@ -1,6 +1,6 @@
-// The routings of the multi-rank layer tests (test_moe_layer_gpu, test_gemm_combine_gpu): every
-// rank regenerates every rank's router output from the job's seed, so each can build the whole
-// call's reference.
+// The routings of the multi-rank MoE tests (test_moe_exchange_gpu, test_moe_layer_gpu,
+// test_gemm_combine_gpu): every rank regenerates every rank's router output from the job's seed,
+// so each can build the whole call's reference.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -12,9 +12,10 @@
 
 namespace weave::moe::test {
 
-enum class Routing { balanced, dirichlet, all_to_one, same_rank, random_repeats };
+enum class Routing { balanced, dirichlet, all_to_one, same_rank, random_repeats, random, empty_experts };
 inline const char* name(Routing r) {
-  static const char* n[] = {"balanced", "dirichlet", "all_to_one", "same_rank", "random_repeats"};
+  static const char* n[] = {"balanced",       "dirichlet", "all_to_one",   "same_rank",
+                            "random_repeats", "random",    "empty_experts"};
   return n[static_cast<int>(r)];
 }
 
@@ -23,7 +24,9 @@ inline const char* name(Routing r) {
 //   dirichlet       k distinct experts with popularity ~ Dirichlet(0.3) (a few hot experts);
 //   all_to_one      slot 0 of every token on expert 0, the others distinct and random;
 //   same_rank       every expert of the token on one rank (duplicated rows on the receiver);
-//   random_repeats  ids drawn independently: a token may pick one expert twice.
+//   random_repeats  ids drawn independently: a token may pick one expert twice;
+//   random          k distinct experts, uniform;
+//   empty_experts   k distinct experts, uniform over the first half only (the others get no rows).
 inline std::vector<int> route(Routing kind, const Geometry& g, int T, int k, int rank, std::mt19937_64& rng) {
   const int E = g.experts, L = g.local_experts();
   std::vector<int> idx(static_cast<size_t>(T) * k);
@@ -57,6 +60,12 @@ inline std::vector<int> route(Routing kind, const Geometry& g, int T, int k, int
       }
       case Routing::random_repeats:
         for (int j = 0; j < k; ++j) row[j] = static_cast<int>(rng() % E);
+        break;
+      case Routing::random:
+        draw_distinct(rng, E, k, {}, row);
+        break;
+      case Routing::empty_experts:
+        draw_distinct(rng, E / 2, k, {}, row);
         break;
     }
   }

@@ -1,26 +1,27 @@
-// The fused gemm_combine (kernels/moe/gemm_combine.hpp) and the fused layer forward
-// (moe_layer_forward_fused, layer.hpp) on W ranks (weave-run; no NCCL, so WEAVE_SHARE_GPUS=1 runs
-// both ranks on one GPU), against float64 references that every rank computes on the CPU for its
-// own tokens (check/moe_ref.hpp), and bit for bit against the non-fused path on the same inputs
-// (the fused path rounds the same bf16 expert rows and sums them with the same code, so any
-// difference is a wrong, missing or stale row).
+// The fused gemm_combine (kernels/moe/gemm_combine.hpp) on W ranks (weave-run; no NCCL, so
+// WEAVE_SHARE_GPUS=1 runs both ranks on one GPU), against float64 references that every rank
+// computes on the CPU for its own tokens (check/moe_ref.hpp), and bit for bit against the non-fused
+// path on the same rows (the fused path rounds the same bf16 expert rows and sums them with the
+// same code, so any difference is a wrong, missing or stale row). The fused layer forward
+// (moe_layer_forward_fused, layer.hpp) is checked with the non-fused one in test_moe_layer_gpu
+// (every case there runs both paths); here only where gemm_combine's own errors reach it.
 //
 // gemm_combine alone: after a real dispatch, a test kernel fills every grouped row of the SwiGLU
 // buffer with h(home rank, token, slot, f), exact bf16 values that the home rank regenerates; the
 // reference is out[t] = sum_j w[t, j] * W_down[e_j] h(t, j) under moe_ref.hpp's bound for exact
 // inputs (moe_down_ref with zero input error). The same rows then go through grouped_gemm + moe_combine
-// and the two outputs must be identical. The fused layer: the same float64 layer reference and
-// bound as test_moe_layer_gpu, and identical to moe_layer_forward.
+// and the two outputs must be identical.
 //
 // Poisoned (NaN) before the calls: outputs, the landing buffers, the SwiGLU buffer, the exchange's
 // buffers; landing rows past a rank's T k must still be poison afterwards. Routings: balanced,
 // Dirichlet-skewed, every token's first slot on expert 0, all of a token's experts on one rank
 // (duplicated rows), repeated ids; k = 1, 2, 4, 8; T different per rank and not a multiple of 128,
 // T = 0 on one rank; H and F multiples of 8 but not of 64 (H = 1032: a column tile of 8 columns).
-// Then 60 back-to-back gemm_combine calls and 8 fused layer calls with changing routing, T and
-// inputs (no host synchronisation in between), each checked; argument errors on every rank (a
-// short W_down on one rank, a second gemm_combine after one dispatch), and a failed dispatch
-// (capacity) giving NaN and the exchange's error on every rank, followed by a correct call.
+// Then 60 back-to-back gemm_combine calls with changing routing, T and inputs (no host
+// synchronisation in between), each checked; argument errors on every rank (a short W_down on one
+// rank, for the fused layer and for gemm_combine; a second gemm_combine after one dispatch), and a
+// failed dispatch (capacity) giving NaN and the exchange's error on every rank, followed by a
+// correct call.
 #include <cuda_bf16.h>
 #include <gtest/gtest.h>
 
@@ -102,27 +103,6 @@ void verify_down(const Weights& wts, const RankInput& mine, int k, uint64_t hsee
   chk.expect(what);
 }
 
-// The fused and non-fused outputs, element for element.
-void expect_identical(const std::vector<bf16>& fused, const std::vector<bf16>& plain, const std::string& what) {
-  ASSERT_EQ(fused.size(), plain.size());
-  long long diff = 0;
-  size_t first = 0;
-  for (size_t i = 0; i < fused.size(); ++i)
-    if (wt::bits(fused[i]) != wt::bits(plain[i]) && diff++ == 0) first = i;
-  EXPECT_EQ(diff, 0) << what << ": " << diff << " outputs differ from the non-fused path's, first at element "
-                     << first << " (" << wt::to_f(fused[first]) << " vs " << wt::to_f(plain[first]) << ")";
-}
-
-// Landing rows past this rank's T k: nobody may write there.
-void expect_landing_tail_poisoned(const Layer& layer, int T, const std::string& what) {
-  const ExchangeConfig& cf = layer.ex->config();
-  const size_t row = static_cast<size_t>(cf.hidden), all = static_cast<size_t>(cf.max_tokens) * cf.topk * row;
-  const std::vector<bf16> land = wt::to_host(layer.gc->landing(), all);
-  long long touched = 0;
-  for (size_t i = static_cast<size_t>(T) * cf.topk * row; i < all; ++i) touched += wt::bits(land[i]) != 0xffffu;
-  EXPECT_EQ(touched, 0) << what << ": " << touched << " landing elements past T k were written";
-}
-
 // Every grouped row this rank computed, as the non-fused GEMM wrote it into the expert output
 // buffer, against the landing row its metadata names on its home rank (read through the peer
 // mapping): bit-identical, the same GEMM tile. Names the first rows that differ (row, tile,
@@ -156,28 +136,19 @@ void expect_rows_landed(const Layer& layer, const Dispatched& dd, const std::str
                     << " not written at all)";
 }
 
-struct CaseSpec {
-  Routing routing;
-  int L, k, H, F;
-  int T0, dT;          // rank s has T0 + dT * s tokens
-  int zero_rank = -1;  // this rank has none
-};
-
-int tokens_of(const CaseSpec& c, int s) { return s == c.zero_rank ? 0 : std::max(0, c.T0 + c.dT * s); }
-
-std::string label(const CaseSpec& c, const Geometry& g, int T) {
+std::string label(const LayerCase& c, const Geometry& g, int T) {
   return std::string(name(c.routing)) + " E " + std::to_string(g.experts) + " k " + std::to_string(c.k) + " H " +
          std::to_string(c.H) + " F " + std::to_string(c.F) + " T " + std::to_string(T);
 }
 
 struct Case {
-  CaseSpec c;
+  LayerCase c;
   Geometry g;
   uint64_t seed;
   Weights wts;
   std::vector<RankInput> in;
   int maxT = 0;
-  explicit Case(const CaseSpec& spec)
+  explicit Case(const LayerCase& spec)
       : c(spec), g{comm().world(), spec.L * comm().world()}, seed(wt::job_seed()), wts(seed, g.experts, c.H, c.F) {
     for (int s = 0; s < g.world; ++s) {
       in.push_back(make_input(seed, c.routing, g, tokens_of(c, s), c.k, c.H, s));
@@ -187,7 +158,7 @@ struct Case {
 };
 
 // gemm_combine after a dispatch, then grouped_gemm + moe_combine on the same rows.
-void run_combine_case(const CaseSpec& spec) {
+void run_combine_case(const LayerCase& spec) {
   const Case cs(spec);
   const int me = comm().rank(), L = spec.L, T = cs.in[me].T, H = spec.H, F = spec.F, k = spec.k;
   Layer layer(cs.wts, k, cs.maxT);
@@ -218,32 +189,6 @@ void run_combine_case(const CaseSpec& spec) {
   expect_identical(out, ref, what);
 }
 
-// The fused layer, then the non-fused one on the same inputs.
-void run_layer_case(const CaseSpec& spec) {
-  const Case cs(spec);
-  const int me = comm().rank(), T = cs.in[me].T, H = spec.H, k = spec.k;
-  Layer layer(cs.wts, k, cs.maxT);
-  DevFree mem;
-  const DeviceInput d(cs.in[me], H, k, mem);
-  bf16* plain = mem.add<bf16>(static_cast<size_t>(T) * H);
-  WEAVE_CUDA_CHECK(cudaMemset(plain, 0xff, std::max<size_t>(static_cast<size_t>(T) * H, 1) * sizeof(bf16)));
-  layer.poison();
-  WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
-  comm().barrier();
-  cudaStream_t s = stream();
-  moe_layer_forward_fused(*layer.ex, *layer.gc, *layer.sc, d.x, d.idx, d.w, T, layer.up, layer.down, d.out, s);
-  moe_layer_forward(*layer.ex, *layer.sc, d.x, d.idx, d.w, T, layer.up, layer.down, plain, s);
-  layer.ex->check(s);
-  check_status(s);
-  const std::vector<bf16> out = wt::to_host(d.out, static_cast<size_t>(T) * H);
-  const std::vector<bf16> ref = wt::to_host(plain, static_cast<size_t>(T) * H);
-  const std::string what = "fused layer " + label(spec, cs.g, T);
-  expect_landing_tail_poisoned(layer, T, what);
-  comm().barrier();
-  verify_layer(cs.wts, cs.in[me], k, out, what);
-  expect_identical(out, ref, what);
-}
-
 }  // namespace
 
 TEST(GemmCombine, BalancedTop2) { run_combine_case({Routing::balanced, 4, 2, 200, 136, 333, 17}); }
@@ -254,13 +199,6 @@ TEST(GemmCombine, Top8ExpertsOnOneRank) { run_combine_case({Routing::same_rank, 
 TEST(GemmCombine, Top8RepeatedIds) { run_combine_case({Routing::random_repeats, 4, 8, 264, 72, 77, 50}); }
 TEST(GemmCombine, WideRowsOneNarrowColumnTile) { run_combine_case({Routing::dirichlet, 4, 4, 1032, 520, 40, 3}); }
 TEST(GemmCombine, SingleToken) { run_combine_case({Routing::random_repeats, 2, 2, 8, 8, 1, 0}); }
-
-TEST(MoeLayerFused, BalancedTop2) { run_layer_case({Routing::balanced, 4, 2, 256, 128, 333, 17}); }
-TEST(MoeLayerFused, DirichletTop4Ragged) { run_layer_case({Routing::dirichlet, 8, 4, 200, 136, 257, -31}); }
-TEST(MoeLayerFused, AllTokensToOneExpert) { run_layer_case({Routing::all_to_one, 4, 2, 264, 72, 300, -37}); }
-TEST(MoeLayerFused, Top1WithAnEmptyRank) { run_layer_case({Routing::balanced, 4, 1, 520, 64, 129, 0, 1}); }
-TEST(MoeLayerFused, Top8ExpertsOnOneRank) { run_layer_case({Routing::same_rank, 8, 8, 136, 128, 100, 9}); }
-TEST(MoeLayerFused, Top8RepeatedIds) { run_layer_case({Routing::random_repeats, 4, 8, 256, 72, 77, 50}); }
 
 // gemm_combine calls enqueued back to back on one exchange (no host synchronisation between
 // them), routing, T, tokens and rows changing every call, each checked afterwards against the
@@ -312,47 +250,11 @@ TEST(GemmCombine, BackToBack60) {
   }
 }
 
-// Fused layer calls back to back, each checked against the layer reference.
-TEST(MoeLayerFused, BackToBack) {
-  const int W = comm().world(), me = comm().rank(), kCalls = 8, L = 4, k = 4, H = 200, F = 136, maxT = 260;
-  const Geometry g{W, L * W};
-  const uint64_t seed = wt::job_seed();
-  const Weights wts(seed, g.experts, H, F);
-  Layer layer(wts, k, maxT);
-  const Routing kinds[] = {Routing::balanced, Routing::dirichlet, Routing::all_to_one, Routing::same_rank,
-                           Routing::random_repeats};
-  DevFree mem;
-  std::vector<RankInput> mine;
-  std::vector<std::unique_ptr<DeviceInput>> dev;
-  for (int c = 0; c < kCalls; ++c) {
-    const uint64_t cs = check::derive(seed, 300, c);
-    std::mt19937_64 rng(cs);
-    std::vector<int> T(W);
-    for (int r = 0; r < W; ++r) T[r] = c == 3 && r == 0 ? 0 : static_cast<int>(rng() % (maxT + 1));
-    mine.push_back(make_input(cs, kinds[c % 5], g, T[me], k, H, me));
-    dev.push_back(std::make_unique<DeviceInput>(mine.back(), H, k, mem));
-  }
-  layer.poison();
-  WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
-  comm().barrier();
-  cudaStream_t s = stream();
-  for (int c = 0; c < kCalls; ++c)
-    moe_layer_forward_fused(*layer.ex, *layer.gc, *layer.sc, dev[c]->x, dev[c]->idx, dev[c]->w, mine[c].T, layer.up,
-                            layer.down, dev[c]->out, s);
-  layer.ex->check(s);
-  check_status(s);
-  comm().barrier();
-  for (int c = 0; c < kCalls; ++c) {
-    const std::vector<bf16> out = wt::to_host(dev[c]->out, static_cast<size_t>(mine[c].T) * H);
-    verify_layer(wts, mine[c], k, out, "fused call " + std::to_string(c) + " (" + name(kinds[c % 5]) + ")");
-  }
-}
-
 // A short W_down on one rank: every rank throws before anything is launched, for the fused layer
 // (before its dispatch) and for gemm_combine (after a dispatch); a second gemm_combine after one
 // dispatch is refused on every rank; then correct calls.
 TEST(GemmCombine, ArgumentErrorsOnEveryRank) {
-  const CaseSpec spec{Routing::balanced, 2, 2, 128, 256, 50, 0};
+  const LayerCase spec{Routing::balanced, 2, 2, 128, 256, 50, 0};
   const Case cs(spec);
   const int W = comm().world(), me = comm().rank(), T = cs.in[me].T, H = spec.H, F = spec.F, k = spec.k;
   Layer layer(cs.wts, k, cs.maxT);
@@ -392,7 +294,7 @@ TEST(GemmCombine, ArgumentErrorsOnEveryRank) {
 // Rows past the capacity: the dispatch fails on every rank, gemm_combine computes nothing and
 // writes NaN, the exchange reports the overflow on every rank; the next call is correct.
 TEST(GemmCombine, FailedDispatchWritesNaN) {
-  const CaseSpec spec{Routing::all_to_one, 4, 2, 64, 72, 200, 0};
+  const LayerCase spec{Routing::all_to_one, 4, 2, 64, 72, 200, 0};
   const Case cs(spec);
   const int W = comm().world(), me = comm().rank(), T = cs.in[me].T, H = spec.H, k = spec.k;
   Layer layer(cs.wts, k, cs.maxT, W * spec.T0 - 1);  // one row short of expert 0's W T rows
@@ -412,7 +314,7 @@ TEST(GemmCombine, FailedDispatchWritesNaN) {
   expect_landing_tail_poisoned(layer, 0, "failed call");  // nothing landed anywhere
   comm().barrier();
   // A routing that fits: balanced, half the tokens.
-  CaseSpec good = spec;
+  LayerCase good = spec;
   good.routing = Routing::balanced;
   good.T0 = spec.T0 / 2;
   const RankInput in = make_input(cs.seed, good.routing, cs.g, good.T0, k, H, me);

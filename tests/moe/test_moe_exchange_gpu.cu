@@ -29,9 +29,11 @@
 
 #include "../primitives/common.hpp"
 #include "check/seed.hpp"
+#include "common.hpp"
+#include "layer_check.hpp"
 #include "moe/exchange.hpp"
 #include "moe/layout.hpp"
-#include "common.hpp"
+#include "routing.hpp"
 
 namespace {
 
@@ -39,69 +41,14 @@ using namespace weave;
 using namespace weave::moe;
 using bf16 = __nv_bfloat16;
 
+using test::BoundCheck;
 using test::comm;
-using test::stream;
-using test::draw_distinct;
-
-enum class Routing { balanced, random, dirichlet, empty_experts, all_to_one, same_rank, repeated };
-const char* name(Routing r) {
-  static const char* n[] = {"balanced", "random", "dirichlet", "empty_experts", "all_to_one", "same_rank", "repeated"};
-  return n[static_cast<int>(r)];
-}
-
-std::vector<int> route(Routing kind, const Geometry& g, int T, int k, int rank, std::mt19937_64& rng) {
-  const int E = g.experts, L = g.local_experts();
-  std::vector<int> idx(static_cast<size_t>(T) * k);
-  std::vector<double> pop;
-  if (kind == Routing::dirichlet) {  // popularity ~ Dirichlet(0.3): a few hot experts
-    std::gamma_distribution<double> gam(0.3, 1.0);
-    pop.resize(E);
-    for (double& x : pop) x = gam(rng) + 1e-12;
-  }
-  std::uniform_int_distribution<int> any(0, E - 1), rank_u(0, g.world - 1);
-  for (int t = 0; t < T; ++t) {
-    int* row = idx.data() + static_cast<size_t>(t) * k;
-    switch (kind) {
-      case Routing::balanced:
-        for (int j = 0; j < k; ++j) row[j] = (t * k + j + rank) % E;
-        break;
-      case Routing::random:
-        draw_distinct(rng, E, k, {}, row);
-        break;
-      case Routing::dirichlet:
-        draw_distinct(rng, E, k, pop, row);
-        break;
-      case Routing::empty_experts:  // only the first half of the experts is ever chosen
-        draw_distinct(rng, E / 2, k, {}, row);
-        break;
-      case Routing::all_to_one:  // slot 0 on expert 0 for every token of every rank
-        draw_distinct(rng, E, k, {}, row);
-        for (int j = 1; j < k; ++j)
-          if (row[j] == 0) row[j] = row[0];
-        row[0] = 0;
-        break;
-      case Routing::same_rank: {  // all k experts on one rank (k <= L: distinct)
-        const int r = rank_u(rng);
-        std::vector<int> loc(L);
-        draw_distinct(rng, L, std::min(k, L), {}, loc.data());
-        for (int j = 0; j < k; ++j) row[j] = g.expert(r, loc[j % std::min(k, L)]);
-        break;
-      }
-      case Routing::repeated:
-        for (int j = 0; j < k; ++j) row[j] = any(rng);
-        break;
-    }
-  }
-  return idx;
-}
-
+using test::DeviceInput;
+using test::DevFree;
+using test::make_input;
 using test::RankInput;
-
-RankInput make_input(uint64_t seed, Routing kind, const Geometry& g, int T, int k, int H, int s) {
-  return test::make_rank_input(seed, T, k, H, s, [&](int t, int kk, int ss, std::mt19937_64& rng) {
-    return route(kind, g, t, kk, ss, rng);
-  });
-}
+using test::Routing;
+using test::stream;
 
 // Every rank's view of one call: the count matrix, each rank's plan, each rank's expert outputs.
 struct Reference {
@@ -173,9 +120,7 @@ void verify(const Reference& ref, const std::vector<RankInput>& in, const Snapsh
   }
   // Combine: float64 reference, per-element bound.
   const RankInput& mine = in[me];
-  double worst = 0;
-  long long over = 0, nonfinite = 0;
-  std::string worst_at;
+  BoundCheck chk;
   for (int t = 0; t < mine.T; ++t)
     for (int h = 0; h < H; ++h) {
       double r = 0, s = 0;
@@ -186,44 +131,11 @@ void verify(const Reference& ref, const std::vector<RankInput>& in, const Snapsh
         r += static_cast<double>(mine.w[i]) * y;
         s += std::fabs(static_cast<double>(mine.w[i]) * y);
       }
-      const double x = wt::to_f(got.out[static_cast<size_t>(t) * H + h]);
       const double bound = std::ldexp(std::fabs(r), -8) + std::ldexp(s, -19);
-      if (!std::isfinite(x)) {
-        ++nonfinite;
-        continue;
-      }
-      const double ratio = std::fabs(x - r) / (bound > 0 ? bound : 1e-30);
-      over += ratio > 1;
-      if (ratio > worst) {
-        worst = ratio;
-        worst_at = "token " + std::to_string(t) + " col " + std::to_string(h) + ": " + std::to_string(x) + " vs " +
-                   std::to_string(r) + " (bound " + std::to_string(bound) + ")";
-      }
+      chk.add(wt::to_f(got.out[static_cast<size_t>(t) * H + h]), r, bound > 0 ? bound : 1e-30, t, h);
     }
-  EXPECT_EQ(nonfinite, 0) << what << ": " << nonfinite << " combine outputs not finite (never written?)";
-  EXPECT_EQ(over, 0) << what << ": " << over << " combine outputs past the bound, worst ratio " << worst << " at "
-                     << worst_at;
+  chk.expect(what + ": combine");
 }
-
-template <class T>
-T* dev_alloc(size_t n) {
-  T* p = nullptr;
-  WEAVE_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
-  return p;
-}
-struct DevFree {
-  std::vector<void*> ptrs;
-  ~DevFree() {
-    cudaDeviceSynchronize();
-    for (void* p : ptrs) cudaFree(p);
-  }
-  template <class T>
-  T* add(size_t n) {
-    T* p = dev_alloc<T>(n);
-    ptrs.push_back(p);
-    return p;
-  }
-};
 
 struct CaseSpec {
   Routing routing;
@@ -258,34 +170,25 @@ Snapshot run_once(MoeExchange& ex, const std::vector<RankInput>& in, const Refer
   const ExchangeConfig& cf = ex.config();
   const int me = comm().rank(), T = in[me].T, H = cf.hidden, k = cf.topk, R = ref.rows(me);
   cudaStream_t s = stream();
-  bf16* x = mem.add<bf16>(static_cast<size_t>(T) * H);
-  int* idx = mem.add<int>(static_cast<size_t>(T) * k);
-  float* w = mem.add<float>(static_cast<size_t>(T) * k);
-  bf16* out = mem.add<bf16>(static_cast<size_t>(T) * H);
-  if (T) {
-    wt::to_device(x, in[me].x);
-    wt::to_device(idx, in[me].idx);
-    wt::to_device(w, in[me].w);
-  }
+  const DeviceInput in_d(in[me], H, k, mem);  // the output poisoned
   const size_t cap_elems = static_cast<size_t>(cf.capacity) * H;
   WEAVE_CUDA_CHECK(cudaMemset(ex.expert_input(), 0xff, cap_elems * sizeof(bf16)));
   WEAVE_CUDA_CHECK(cudaMemset(ex.expert_output(), 0xff, cap_elems * sizeof(bf16)));
-  WEAVE_CUDA_CHECK(cudaMemset(out, 0xff, std::max<size_t>(static_cast<size_t>(T) * H, 1) * sizeof(bf16)));
   WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
   comm().barrier();  // nobody pushes into a buffer still being poisoned
-  const Dispatched d = ex.dispatch(x, idx, T, s);
+  const Dispatched d = ex.dispatch(in_d.x, in_d.idx, T, s);
   // The experts' outputs (what a grouped GEMM would write), in stream order after the dispatch.
   if (R)
     WEAVE_CUDA_CHECK(cudaMemcpyAsync(ex.expert_output(), ref.y[me].data(), static_cast<size_t>(R) * H * sizeof(bf16),
                                      cudaMemcpyHostToDevice, s));
-  ex.combine(ex.expert_output(), w, out, T, s);
+  ex.combine(ex.expert_output(), in_d.w, in_d.out, T, s);
   ex.check(s);
   Snapshot snap;
   snap.rows = wt::to_host(d.rows, cap_elems);
   snap.counts = wt::to_host(d.counts, d.local_experts);
   snap.offsets = wt::to_host(d.offsets, d.local_experts + 1);
   snap.meta = wt::to_host(d.meta, cf.capacity);
-  snap.out = wt::to_host(out, static_cast<size_t>(T) * H);
+  snap.out = wt::to_host(in_d.out, static_cast<size_t>(T) * H);
   comm().barrier();
   return snap;
 }
@@ -313,7 +216,7 @@ TEST(MoeExchange, EmptyExperts) { run_case({Routing::empty_experts, 8, 2, 64, 25
 TEST(MoeExchange, AllTokensToOneExpert) { run_case({Routing::all_to_one, 4, 2, 128, 300, -37}); }
 TEST(MoeExchange, Top1WithAnEmptyRank) { run_case({Routing::random, 4, 1, 256, 129, 0, 1}); }
 TEST(MoeExchange, ExpertsOnOneRankDuplicated) { run_case({Routing::same_rank, 8, 8, 64, 200, 5}); }
-TEST(MoeExchange, RepeatedIdsTop8) { run_case({Routing::repeated, 4, 8, 128, 150, 1}); }
+TEST(MoeExchange, RepeatedIdsTop8) { run_case({Routing::random_repeats, 4, 8, 128, 150, 1}); }
 TEST(MoeExchange, OneToken) { run_case({Routing::random, 2, 2, 8, 1, 0}); }
 TEST(MoeExchange, DeepSeekRowWidth) { run_case({Routing::random, 32, 8, 7168, 64, 3}); }
 
@@ -338,8 +241,8 @@ TEST(MoeExchange, BackToBack200) {
   };
   std::vector<Call> calls(kCalls);
   const uint64_t seed = wt::job_seed();
-  const Routing kinds[] = {Routing::balanced,   Routing::random,    Routing::dirichlet, Routing::empty_experts,
-                           Routing::all_to_one, Routing::same_rank, Routing::repeated};
+  const Routing kinds[] = {Routing::balanced,   Routing::random,    Routing::dirichlet,     Routing::empty_experts,
+                           Routing::all_to_one, Routing::same_rank, Routing::random_repeats};
   const int me = comm().rank();
   WEAVE_CUDA_CHECK(cudaMemset(ex.expert_input(), 0xff, static_cast<size_t>(cf.capacity) * H * sizeof(bf16)));
   WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
@@ -417,18 +320,13 @@ void expect_failed_call(MoeExchange& ex, const std::vector<RankInput>& in, const
   const int me = comm().rank(), T = in[me].T, H = ex.config().hidden, k = ex.config().topk;
   cudaStream_t s = stream();
   DevFree mem;
-  bf16* x = mem.add<bf16>(static_cast<size_t>(T) * H);
-  int* idx = mem.add<int>(static_cast<size_t>(T) * k);
-  float* w = mem.add<float>(static_cast<size_t>(T) * k);
-  bf16* out = mem.add<bf16>(static_cast<size_t>(T) * H);
-  wt::to_device(x, in[me].x);
-  wt::to_device(idx, in[me].idx);
-  wt::to_device(w, in[me].w);
-  WEAVE_CUDA_CHECK(cudaMemset(out, 0, static_cast<size_t>(T) * H * sizeof(bf16)));
+  const DeviceInput in_d(in[me], H, k, mem);
+  bf16* out = in_d.out;
+  WEAVE_CUDA_CHECK(cudaMemset(out, 0, static_cast<size_t>(T) * H * sizeof(bf16)));  // zero: NaN must be written
   WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
   comm().barrier();
-  const Dispatched d = ex.dispatch(x, idx, T, s);
-  ex.combine(ex.expert_output(), w, out, T, s);
+  const Dispatched d = ex.dispatch(in_d.x, in_d.idx, T, s);
+  ex.combine(ex.expert_output(), in_d.w, out, T, s);
   std::string msg;
   try {
     ex.check(s);

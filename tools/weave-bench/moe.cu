@@ -17,7 +17,10 @@
 // output is poisoned before timing, and the last timed call's output is compared element by
 // element, per 128 x 128 tile, against a float32 cuBLASLt reference of each expert's slice
 // (check/gemm_ref.hpp, bound 2^-8 |r| + 2^-10 s); the status words must show no refused launch.
-// Any incorrect row makes the exit status 1. Inputs derive from WEAVE_TEST_SEED (printed).
+// Then one more call on the other set into a re-poisoned output is checked the same way
+// (recheck.hpp: a kernel that leaves an earlier call's result in place fails it), for the dense
+// baseline as for the grouped rows; a row is correct only when both checks pass. Any incorrect
+// row makes the exit status 1. Inputs derive from WEAVE_TEST_SEED (printed).
 //
 //   weave-bench moe [--json FILE] [--models deepseek,qwen,mixtral] [--tokens 4096,16384]
 //                   [--proj up,down] [--routing balanced,dirichlet,one] [--routing-seed S]
@@ -48,6 +51,7 @@
 #include "moe/grouped_gemm.hpp"
 #include "moe/layer.hpp"
 #include "moe/layout.hpp"
+#include "recheck.hpp"
 #include "weave/runtime/communicator.hpp"
 
 using namespace weave;
@@ -156,15 +160,20 @@ std::string counts_hash(const std::vector<int>& c) {
 // The average over ranks; time is the slowest rank's median. tflops for moe_layer and
 // moe_layer_fused counts the two grouped GEMMs of this rank's T k rows: 2 T k (2F H + H F).
 //
-// Checks: dispatch: each rank's per-expert counts (device, after the last timed call) equal the
-// count matrix's, and check() sees no failure; combine: every rank's output buffer hash-filled,
-// the last timed combine's output (poisoned first) on 64 sampled tokens against float64 under
-// 2^-8 |r| + 2^-19 sum |w y| (test_moe_exchange_gpu's bound); layer: the last timed call's output
-// (poisoned first) on 2 sampled tokens per rank against a float64 CPU reference of the whole layer
-// under the bound derived in tests/moe/test_moe_layer_gpu.cu, and no refused grouped GEMM launch;
-// layer_fused: the same, and where the layer row ran too, its sampled rows bit for bit equal to
-// the non-fused layer's (the fused path sums the same bf16 expert rows with the same code).
-// Correctness is combined over ranks; rank 0 writes the JSON.
+// Checks, each made twice (recheck.hpp): on the last timed call (input set 0: tokens x, expert
+// outputs y), and on one more call on input set 1 (other x and y, hash streams kX2 and kY2) made
+// after the output was poisoned again, so that a kernel that leaves an earlier call's result in
+// place fails; a row is correct only when both pass.
+// dispatch: check() sees no failure, each rank's per-expert counts (device) equal the count
+// matrix's, and 64 sampled grouped rows (the buffer poisoned before the fresh call) hold, bit for
+// bit, the token of the set that their metadata names, at the row plan_dispatch gives that
+// (token, slot); combine: check() sees no failure, every rank's output buffer hash-filled, the
+// output (poisoned first) on 64 sampled tokens against float64 under 2^-8 |r| + 2^-19 sum |w y|
+// (test_moe_exchange_gpu's bound); layer: the output (poisoned first) on 2 sampled tokens per rank
+// against a float64 CPU reference of the whole layer under the bound of check/moe_ref.hpp, and no
+// refused grouped GEMM launch; layer_fused: the same, and where the layer row ran too, its sampled
+// rows bit for bit equal to the non-fused layer's on the same set (the fused path sums the same
+// bf16 expert rows with the same code). Correctness is combined over ranks; rank 0 writes the JSON.
 
 namespace world {
 
@@ -192,8 +201,9 @@ void fill(bf16* p, size_t n, uint64_t seed, uint64_t stream, uint64_t first, int
   WEAVE_CUDA_CHECK(cudaGetLastError());
 }
 
-// Streams of the hash fill.
-constexpr uint64_t kX = 1, kUp = 2, kDown = 3, kY = 4;
+// Streams of the hash fill (per rank r, x and y use stream + 16 r); kX2 and kY2 are input set 1,
+// the fresh calls' tokens and expert outputs.
+constexpr uint64_t kX = 1, kUp = 2, kDown = 3, kY = 4, kX2 = 5, kY2 = 6;
 
 std::vector<int> layer_counts(const std::string& routing, int T, int k, int E, uint64_t seed, int rank) {
   if (routing != "one") return make_counts(routing, T, k, E, seed + 7919ull * rank);
@@ -243,11 +253,11 @@ Setup make_setup(const MoeModel* m, int T, int W, const std::string& routing, ui
 
 // float64 reference of one token through the layer with its bound (check/moe_ref.hpp); returns
 // the worst |out - r| / bound over the token's H outputs (inf for a non-finite output).
-double layer_token_ratio(const MoeModel& m, uint64_t seed, int rank, int t, const int* ids, const float* ws,
-                         const bf16* got) {
+double layer_token_ratio(const MoeModel& m, uint64_t seed, uint64_t x_stream, int rank, int t, const int* ids,
+                         const float* ws, const bf16* got) {
   const int H = m.H, F = m.F, k = m.k, su = up_shift(H), sd = down_shift(F);
   std::vector<double> x(H);
-  for (int c = 0; c < H; ++c) x[c] = Hash::value(seed, kX + 16 * rank, static_cast<uint64_t>(t) * H + c, 0);
+  for (int c = 0; c < H; ++c) x[c] = Hash::value(seed, x_stream + 16 * rank, static_cast<uint64_t>(t) * H + c, 0);
   check::MoeTokenRef ref(H);
   std::vector<int> seen;
   for (int j = 0; j < k; ++j) {
@@ -370,6 +380,7 @@ int run(const Args& args, int W) {
     std::unique_ptr<moe::MoeGemmCombine> gc;  // collective: every rank has the same --kernels
     if (want("layer_fused")) gc = std::make_unique<moe::MoeGemmCombine>(ex);
     bf16* x = dmalloc<bf16>(size_t(T) * H);
+    bf16* x2 = dmalloc<bf16>(size_t(T) * H);  // input set 1: the fresh calls' tokens
     bf16* out = dmalloc<bf16>(size_t(T) * H);
     bf16* wup = dmalloc<bf16>(size_t(L) * 2 * F * H);
     bf16* wdown = dmalloc<bf16>(size_t(L) * H * F);
@@ -380,6 +391,7 @@ int run(const Args& args, int W) {
     WEAVE_CUDA_CHECK(cudaMemcpy(idx, s.idx[me].data(), hw.size() * sizeof(int), cudaMemcpyHostToDevice));
     WEAVE_CUDA_CHECK(cudaMemcpy(w, hw.data(), hw.size() * sizeof(float), cudaMemcpyHostToDevice));
     fill(x, size_t(T) * H, seed, kX + 16 * me, 0, 0, st);
+    fill(x2, size_t(T) * H, seed, kX2 + 16 * me, 0, 0, st);
     fill(wup, size_t(L) * 2 * F * H, seed, kUp, size_t(me) * L * 2 * F * H, up_shift(H), st);
     fill(wdown, size_t(L) * H * F, seed, kDown, size_t(me) * L * H * F, down_shift(F), st);
     WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
@@ -423,142 +435,190 @@ int run(const Args& args, int W) {
     // Rough time estimates (µs) to size the timed loops: 200 GB/s over NVLink, 500 TFLOP/s.
     const double est_comm = std::max(bd, bc) / 200e3 + 20, est_layer = flop / 500e6 + 2 * est_comm;
 
-    // Dispatch.
+    // Every row is timed on input set 0 and then checked twice (recheck.hpp): its last timed call,
+    // and one fresh call on set 1 (other tokens x, other expert outputs y) into a re-poisoned
+    // output. Each check is combined over ranks, so every rank takes the same path.
+    struct Verdict {
+      bool ok = true;
+      double worst = 0;
+      std::string why;
+    };
+    bf16* const xs[2] = {x, x2};
+    const uint64_t x_stream[2] = {kX, kX2}, y_stream[2] = {kY, kY2};
+    auto settle = [&] {  // no rank's call runs, every rank past this point
+      WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
+      comm.barrier();
+    };
+    auto poison_out = [&] {
+      WEAVE_CUDA_CHECK(cudaMemsetAsync(out, 0xff, size_t(T) * H * sizeof(bf16), st));
+      settle();
+    };
+    // The exchange's verdict since the last look (check()), and with `gemm` the grouped GEMMs'
+    // status words: a refused call makes the row incorrect.
+    auto errors = [&](bool gemm) {
+      Verdict v;
+      try {
+        ex.check(st);
+        if (gemm) moe::check_status(st);
+      } catch (const Error& e) {
+        v.ok = false, v.why = e.what();
+      }
+      return v;
+    };
+    auto failed = [&](const char* kernel, const Verdict& v) {
+      if (!v.ok) wrong.push_back(std::string(kernel) + " " + label + (v.why.empty() ? "" : ": " + v.why));
+    };
+
+    // Dispatch. Checked: check() sees no failure, each local expert's count equals the count
+    // matrix's, and 64 sampled grouped rows hold the token of set `set` their metadata names, at
+    // the row plan_dispatch gives that (token, slot).
     moe::Dispatched d{};
     if (want("dispatch") || want("combine")) {
       const double t = timed([&] { d = ex.dispatch(x, idx, T, st); }, est_comm);
-      bool ok = true;
-      std::string why;
-      try {
-        ex.check(st);
-      } catch (const Error& e) {
-        ok = false, why = e.what();
-      }
-      const std::vector<int> got = [&] {
-        std::vector<int> v(L);
-        WEAVE_CUDA_CHECK(cudaMemcpy(v.data(), d.counts, L * sizeof(int), cudaMemcpyDeviceToHost));
+      std::vector<moe::DispatchPlan> plans;
+      for (int r = 0; r < W; ++r) plans.push_back(moe::plan_dispatch(s.idx[r].data(), T, k, g, r, s.matrix));
+      const int R = moe::rank_rows(s.matrix.data(), g, me);
+      auto check_set = [&](int set) {
+        Verdict v = errors(false);
+        std::vector<int> got(L);
+        WEAVE_CUDA_CHECK(cudaMemcpy(got.data(), d.counts, L * sizeof(int), cudaMemcpyDeviceToHost));
+        for (int l = 0; l < L && v.ok; ++l)
+          if (got[l] != moe::expert_rows(s.matrix.data(), g, g.expert(me, l)))
+            v.ok = false, v.why = "count of local expert " + std::to_string(l);
+        const int samples = std::min(R, 64);
+        std::vector<bf16> rv(H);
+        for (int i = 0; i < samples && v.ok; ++i) {
+          const int r = samples == 1 ? 0 : static_cast<int>(static_cast<long long>(i) * (R - 1) / (samples - 1));
+          moe::RowMeta mt{};
+          WEAVE_CUDA_CHECK(cudaMemcpy(&mt, d.meta + r, sizeof mt, cudaMemcpyDeviceToHost));
+          WEAVE_CUDA_CHECK(cudaMemcpy(rv.data(), d.rows + size_t(r) * H, H * sizeof(bf16), cudaMemcpyDeviceToHost));
+          const size_t q = size_t(mt.token) * k + mt.slot;
+          bool good = mt.src >= 0 && mt.src < W && mt.token >= 0 && mt.token < T && mt.slot >= 0 && mt.slot < k &&
+                      g.rank_of(s.idx[mt.src][q]) == me && plans[mt.src].row[q] == r;
+          int c = 0;
+          for (; c < H && good; ++c)
+            good = __bfloat162float(rv[c]) ==
+                   Hash::value(seed, x_stream[set] + 16 * mt.src, size_t(mt.token) * H + c, 0);
+          if (!good)
+            v.ok = false, v.why = "grouped row " + std::to_string(r) + " (meta src " + std::to_string(mt.src) +
+                                  " token " + std::to_string(mt.token) + " slot " + std::to_string(mt.slot) + ")" +
+                                  (c > 0 ? ", column " + std::to_string(c - 1) : "");
+        }
+        v.ok = all_ranks_ok(comm, v.ok);
         return v;
-      }();
-      for (int l = 0; l < L && ok; ++l)
-        if (got[l] != moe::expert_rows(s.matrix.data(), g, g.expert(me, l)))
-          ok = false, why = "count of local expert " + std::to_string(l);
-      ok = all_ranks_ok(comm, ok);
+      };
+      const Verdict v = check_last_and_fresh(
+          0, 2, check_set,
+          [&] {
+            WEAVE_CUDA_CHECK(
+                cudaMemsetAsync(ex.expert_input(), 0xff, size_t(s.capacity) * H * sizeof(bf16), st));
+            settle();
+          },
+          [&](int set) { d = ex.dispatch(xs[set], idx, T, st); });
       if (want("dispatch")) {
-        print("moe_dispatch", t, bd / t * 1e-3, 0, 0, ok);
-        if (!ok) wrong.push_back(std::string("moe_dispatch ") + label + (why.empty() ? "" : ": " + why));
+        print("moe_dispatch", t, bd / t * 1e-3, 0, 0, v.ok);
+        failed("moe_dispatch", v);
         JsonLine j = row("moe_dispatch");
-        j.add("time_us", t).add("gbs", bd / t * 1e-3).add("bytes", bd).add("correct", ok);
+        j.add("time_us", t).add("gbs", bd / t * 1e-3).add("bytes", bd).add("correct", v.ok);
         if (me == 0) sink.write(j);
       }
     }
-    // Combine, after the last dispatch: every rank's output buffer hash-filled.
+    // Combine, after the last dispatch: every rank's output buffer hash-filled (set 0 for the
+    // timed calls); check() sees no failure, the output on 64 sampled tokens against float64.
     if (want("combine")) {
-      fill(ex.expert_output(), size_t(s.capacity) * H, seed, kY + 16 * me, 0, 0, st);
-      WEAVE_CUDA_CHECK(cudaMemsetAsync(out, 0xff, size_t(T) * H * sizeof(bf16), st));
-      WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
-      comm.barrier();
+      auto fill_y = [&](int set) {
+        fill(ex.expert_output(), size_t(s.capacity) * H, seed, y_stream[set] + 16 * me, 0, 0, st);
+      };
+      fill_y(0);
+      poison_out();
       const double t = timed([&] { ex.combine(ex.expert_output(), w, out, T, st); }, est_comm);
       WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
       const moe::DispatchPlan plan = moe::plan_dispatch(s.idx[me].data(), T, k, g, me, s.matrix);
-      double worst = 0;
-      std::vector<bf16> o(H);
-      const int samples = std::min(T, 64);
-      for (int i = 0; i < samples; ++i) {
-        const int t = samples == T ? i : static_cast<int>((static_cast<long long>(i) * 2654435761ll) % T);
-        WEAVE_CUDA_CHECK(cudaMemcpy(o.data(), out + size_t(t) * H, H * sizeof(bf16), cudaMemcpyDeviceToHost));
-        for (int c = 0; c < H; ++c) {
-          double r = 0, a = 0;
-          for (int j = 0; j < k; ++j) {
-            const size_t q = size_t(t) * k + j;
-            const int dr = g.rank_of(s.idx[me][q]);
-            const double y = Hash::value(seed, kY + 16 * dr, size_t(plan.row[q]) * H + c, 0);
-            r += hw[q] * y, a += std::fabs(hw[q] * y);
+      auto check_set = [&](int set) {
+        // ex.check synchronises st (the fresh call is still running when this is called: the
+        // copies below are on the legacy stream, which does not wait for the non-blocking st) and
+        // reports the exchange's verdict.
+        Verdict v = errors(false);
+        std::vector<bf16> o(H);
+        const int samples = std::min(T, 64);
+        for (int i = 0; i < samples; ++i) {
+          const int tok = samples == T ? i : static_cast<int>((static_cast<long long>(i) * 2654435761ll) % T);
+          WEAVE_CUDA_CHECK(cudaMemcpy(o.data(), out + size_t(tok) * H, H * sizeof(bf16), cudaMemcpyDeviceToHost));
+          for (int c = 0; c < H; ++c) {
+            double r = 0, a = 0;
+            for (int j = 0; j < k; ++j) {
+              const size_t q = size_t(tok) * k + j;
+              const int dr = g.rank_of(s.idx[me][q]);
+              const double y = Hash::value(seed, y_stream[set] + 16 * dr, size_t(plan.row[q]) * H + c, 0);
+              r += hw[q] * y, a += std::fabs(hw[q] * y);
+            }
+            const double val = __bfloat162float(o[c]);
+            const double bound = std::ldexp(std::fabs(r), -8) + std::ldexp(a, -19) + 1e-30;
+            v.worst = std::isfinite(val) ? std::max(v.worst, std::fabs(val - r) / bound) : INFINITY;
           }
-          const double v = __bfloat162float(o[c]);
-          const double bound = std::ldexp(std::fabs(r), -8) + std::ldexp(a, -19) + 1e-30;
-          worst = std::isfinite(v) ? std::max(worst, std::fabs(v - r) / bound) : INFINITY;
         }
-      }
-      worst = worst_all(worst);
-      const bool ok = worst <= 1;
-      print("moe_combine", t, bc / t * 1e-3, 0, worst, ok);
-      if (!ok) wrong.push_back(std::string("moe_combine ") + label);
+        v.worst = worst_all(v.worst);
+        v.ok = all_ranks_ok(comm, v.ok) && v.worst <= 1;
+        return v;
+      };
+      const Verdict v = check_last_and_fresh(0, 2, check_set, poison_out, [&](int set) {
+        fill_y(set);
+        settle();  // every rank's outputs are set `set`'s before any rank reads them
+        ex.combine(ex.expert_output(), w, out, T, st);
+      });
+      print("moe_combine", t, bc / t * 1e-3, 0, v.worst, v.ok);
+      failed("moe_combine", v);
       JsonLine j = row("moe_combine");
-      j.add("time_us", t).add("gbs", bc / t * 1e-3).add("bytes", bc).add("correct", ok);
-      if (me == 0) sink.write(add_check_worst(j, worst));
+      j.add("time_us", t).add("gbs", bc / t * 1e-3).add("bytes", bc).add("correct", v.ok);
+      if (me == 0) sink.write(add_check_worst(j, v.worst));
     }
-    // The layer, non-fused; its sampled rows are kept for the fused layer's comparison.
-    std::vector<bf16> layer_rows[2] = {std::vector<bf16>(H), std::vector<bf16>(H)};
-    bool layer_ran = false;
-    if (want("layer")) {
-      WEAVE_CUDA_CHECK(cudaMemsetAsync(out, 0xff, size_t(T) * H * sizeof(bf16), st));
-      WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
-      comm.barrier();
-      const double t =
-          timed([&] { moe::moe_layer_forward(ex, scratch, x, idx, w, T, wup, wdown, out, st); }, est_layer);
-      bool ok = true;
-      std::string why;
-      try {
-        ex.check(st);
-        moe::check_status(st);
-      } catch (const Error& e) {
-        ok = false, why = e.what();
-      }
-      double worst = 0;
-      for (int i = 0; i < 2 && T > 0; ++i) {
-        const int tt = sampled_token(T, i);
-        WEAVE_CUDA_CHECK(cudaMemcpy(layer_rows[i].data(), out + size_t(tt) * H, H * sizeof(bf16),
-                                    cudaMemcpyDeviceToHost));
-        worst = std::max(worst, layer_token_ratio(m, seed, me, tt, s.idx[me].data() + size_t(tt) * k,
-                                                  hw.data() + size_t(tt) * k, layer_rows[i].data()));
-      }
-      layer_ran = true;
-      worst = worst_all(worst);
-      ok = all_ranks_ok(comm, ok) && worst <= 1;
-      print("moe_layer", t, 0, flop / t * 1e-6, worst, ok);
-      if (!ok) wrong.push_back(std::string("moe_layer ") + label + (why.empty() ? "" : ": " + why));
-      JsonLine j = row("moe_layer");
-      j.add("time_us", t).add("tflops", flop / t * 1e-6).add("correct", ok);
-      if (me == 0) sink.write(add_check_worst(j, worst));
-    }
-    // The fused layer (gemm_combine), checked like the layer and against its rows.
-    if (want("layer_fused")) {
-      WEAVE_CUDA_CHECK(cudaMemsetAsync(out, 0xff, size_t(T) * H * sizeof(bf16), st));
-      WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
-      comm.barrier();
-      const double t = timed(
-          [&] { moe::moe_layer_forward_fused(ex, *gc, scratch, x, idx, w, T, wup, wdown, out, st); }, est_layer);
-      bool ok = true;
-      std::string why;
-      try {
-        ex.check(st);
-        moe::check_status(st);
-      } catch (const Error& e) {
-        ok = false, why = e.what();
-      }
-      double worst = 0;
-      std::vector<bf16> o(H);
-      for (int i = 0; i < 2 && T > 0; ++i) {
-        const int tt = sampled_token(T, i);
-        WEAVE_CUDA_CHECK(cudaMemcpy(o.data(), out + size_t(tt) * H, H * sizeof(bf16), cudaMemcpyDeviceToHost));
-        worst = std::max(worst, layer_token_ratio(m, seed, me, tt, s.idx[me].data() + size_t(tt) * k,
-                                                  hw.data() + size_t(tt) * k, o.data()));
-        for (int c = 0; c < H && layer_ran && ok; ++c)
-          if (__bfloat16_as_ushort(o[c]) != __bfloat16_as_ushort(layer_rows[i][c]))
-            ok = false, why = "token " + std::to_string(tt) + " column " + std::to_string(c) +
-                              " differs from the non-fused layer's";
-      }
-      worst = worst_all(worst);
-      ok = all_ranks_ok(comm, ok) && worst <= 1;
-      print("moe_layer_fused", t, 0, flop / t * 1e-6, worst, ok);
-      if (!ok) wrong.push_back(std::string("moe_layer_fused ") + label + (why.empty() ? "" : ": " + why));
-      JsonLine j = row("moe_layer_fused");
-      j.add("time_us", t).add("tflops", flop / t * 1e-6).add("correct", ok);
-      if (me == 0) sink.write(add_check_worst(j, worst));
-    }
+    // The layer rows, non-fused (moe_layer) and fused (moe_layer_fused, gemm_combine), one code
+    // path given the forward call: 2 sampled tokens per rank against the float64 layer reference,
+    // no refused launch, and for the fused row (where the non-fused one ran) its sampled rows bit
+    // for bit equal to the non-fused layer's on the same input set, kept here per set and sample.
+    std::vector<bf16> layer_rows[2][2];
+    auto layer_row = [&](const char* kernel, bool fused, auto&& forward /* (const bf16* x) */) {
+      poison_out();
+      const double t = timed([&] { forward(x); }, est_layer);
+      auto check_set = [&](int set) {
+        Verdict v = errors(true);
+        std::vector<bf16> o(H);
+        for (int i = 0; i < 2 && T > 0; ++i) {
+          const int tt = sampled_token(T, i);
+          WEAVE_CUDA_CHECK(cudaMemcpy(o.data(), out + size_t(tt) * H, H * sizeof(bf16), cudaMemcpyDeviceToHost));
+          const size_t q = size_t(tt) * k;
+          v.worst = std::max(v.worst,
+                             layer_token_ratio(m, seed, x_stream[set], me, tt, s.idx[me].data() + q, hw.data() + q, o.data()));
+          const std::vector<bf16>& plain = layer_rows[set][i];
+          if (!fused) layer_rows[set][i] = o;
+          else if (v.ok && plain.size() == o.size())
+            for (int c = 0; c < H && v.ok; ++c)
+              if (__bfloat16_as_ushort(o[c]) != __bfloat16_as_ushort(plain[c]))
+                v.ok = false, v.why = "set " + std::to_string(set) + " token " + std::to_string(tt) + " column " +
+                                      std::to_string(c) + " differs from the non-fused layer's";
+        }
+        v.worst = worst_all(v.worst);
+        v.ok = all_ranks_ok(comm, v.ok) && v.worst <= 1;
+        return v;
+      };
+      const Verdict v = check_last_and_fresh(0, 2, check_set, poison_out, [&](int set) { forward(xs[set]); });
+      print(kernel, t, 0, flop / t * 1e-6, v.worst, v.ok);
+      failed(kernel, v);
+      JsonLine j = row(kernel);
+      j.add("time_us", t).add("tflops", flop / t * 1e-6).add("correct", v.ok);
+      if (me == 0) sink.write(add_check_worst(j, v.worst));
+    };
+    if (want("layer"))
+      layer_row("moe_layer", false, [&](const bf16* xin) {
+        moe::moe_layer_forward(ex, scratch, xin, idx, w, T, wup, wdown, out, st);
+      });
+    if (want("layer_fused"))
+      layer_row("moe_layer_fused", true, [&](const bf16* xin) {
+        moe::moe_layer_forward_fused(ex, *gc, scratch, xin, idx, w, T, wup, wdown, out, st);
+      });
     WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
     comm.barrier();  // no rank frees what a peer's call may still read
-    cudaFree(x), cudaFree(out), cudaFree(wup), cudaFree(wdown), cudaFree(idx), cudaFree(w);
+    cudaFree(x), cudaFree(x2), cudaFree(out), cudaFree(wup), cudaFree(wdown), cudaFree(idx), cudaFree(w);
   }
   if (!wrong.empty()) {
     if (me == 0) {
@@ -673,9 +733,16 @@ int run_moe_bench(const Args& args) {
       };
       check::poison(Y, ny, st);
       t_dense = time_us(st, call, 3, iters, 5);
-      gref.run(X[last], W[last], R, N, K, gemm::BLayout::NK, ref_r, ref_s, false, st);
-      check::sqrt_inplace(ref_s, ny, st);
-      const check::Report rep = check::compare({Y, N}, {ref_r, N}, {ref_s, N}, R, N, check::gemm_bound(), 128, 128, st);
+      auto check_set = [&](int set) {
+        gref.run(X[set], W[set], R, N, K, gemm::BLayout::NK, ref_r, ref_s, false, st);
+        check::sqrt_inplace(ref_s, ny, st);
+        return check::compare({Y, N}, {ref_r, N}, {ref_s, N}, R, N, check::gemm_bound(), 128, 128, st);
+      };
+      const check::Report rep = check_last_and_fresh(last, kSets, check_set, [&] { check::poison(Y, ny, st); },
+                                                     [&](int set) {
+                                                       it = set;
+                                                       call();
+                                                     });
       std::printf("%-9s %6d %-4s %-10s %-11s %6d %6d %10.1f %9.1f %8s %9.3g%s\n", c.m->name, c.T, c.up ? "up" : "down",
                   "-", "weave_dense", N, K, t_dense, flop / t_dense * 1e-6, "1.000", rep.worst, rep.ok ? "" : "  WRONG");
       if (!rep.ok) wrong.push_back(std::string("weave_dense ") + label + ": " + rep.str());
@@ -696,17 +763,35 @@ int run_moe_bench(const Args& args) {
       };
       check::poison(Y, ny, st);
       const double t = time_us(st, call, 3, iters, 5);
-      const moe::GroupedStatus status = moe::take_status(st);
-      int off = 0;
-      for (int e = 0; e < E; ++e) {
-        if (counts[e] > 0)
-          gref.run(X[last] + size_t(off) * K, W[last] + size_t(e) * N * K, counts[e], N, K, gemm::BLayout::NK,
-                   ref_r + size_t(off) * N, ref_s + size_t(off) * N, false, st);
-        off += counts[e];
-      }
-      check::sqrt_inplace(ref_s, ny, st);
-      const check::Report rep = check::compare({Y, N}, {ref_r, N}, {ref_s, N}, R, N, check::gemm_bound(), 128, 128, st);
-      const bool ok = rep.ok && !status.any();
+      // The output against each expert's slice of set `set`, and no refused launch since the last look.
+      struct Checked {
+        bool ok;
+        double worst;
+        check::Report rep;
+        moe::GroupedStatus status;
+      };
+      auto check_set = [&](int set) {
+        const moe::GroupedStatus status = moe::take_status(st);
+        int off = 0;
+        for (int e = 0; e < E; ++e) {
+          if (counts[e] > 0)
+            gref.run(X[set] + size_t(off) * K, W[set] + size_t(e) * N * K, counts[e], N, K, gemm::BLayout::NK,
+                     ref_r + size_t(off) * N, ref_s + size_t(off) * N, false, st);
+          off += counts[e];
+        }
+        check::sqrt_inplace(ref_s, ny, st);
+        const check::Report rep =
+            check::compare({Y, N}, {ref_r, N}, {ref_s, N}, R, N, check::gemm_bound(), 128, 128, st);
+        return Checked{rep.ok && !status.any(), rep.worst, rep, status};
+      };
+      const Checked chk = check_last_and_fresh(last, kSets, check_set, [&] { check::poison(Y, ny, st); },
+                                               [&](int set) {
+                                                 it = set;
+                                                 call();
+                                               });
+      const check::Report& rep = chk.rep;
+      const moe::GroupedStatus& status = chk.status;
+      const bool ok = chk.ok;
       const double tf = flop / t * 1e-6;
       const double vs_dense = dense ? t_dense / t : 0;
       char vd[16];

@@ -38,10 +38,19 @@ struct CommOptions {
 
 using PeerPtrs = std::array<void*, kMaxWorld>;
 
+// A communicator spans one node (NVLink); across nodes ranks meet on the network path
+// (weave::net::NetPath). In a multi-node job, this node's view of `job`: its ranks only (rank =
+// local rank, world = local world), under a job id made unique per node from `node` (its name:
+// NetPath::bootstrap().hostnames()[rank], or $WEAVE_HOSTNAME), so that the simulated nodes of
+// one machine (weave-run --nodes) never meet on one bootstrap socket. The Communicator made from
+// it is collective over the node's ranks only.
+LaunchInfo node_launch_info(const LaunchInfo& job, const std::string& node);
+
 class SignalSet;
 
 class Communicator {
  public:
+  // Over `info`'s job, which must be one node (else the error points to node_launch_info).
   explicit Communicator(CommOptions opt = {});
   Communicator(const LaunchInfo& info, CommOptions opt);
   ~Communicator();
