@@ -1,7 +1,7 @@
 #include <cuda_fp8.h>
 
-#include "check/cublas_check.hpp"
 #include "check/gemm_fp8_ref.hpp"
+#include "gemm_fp8/reference.cuh"
 #include "weave/common/error.hpp"
 
 namespace weave::check {
@@ -63,15 +63,10 @@ __global__ void fill_log_uniform_kernel(float* p, size_t n, uint64_t seed, float
 }
 }  // namespace
 
-Fp8GemmRef::Fp8GemmRef() {
-  WEAVE_CUBLAS_CHECK(cublasLtCreate(&h_));
-  WEAVE_CUDA_CHECK(cudaMalloc(&ws_, kWorkspace));
-}
+Fp8GemmRef::Fp8GemmRef() : lt_(std::make_unique<gemm_fp8::ref::Lt>(kWorkspace)) {}
 Fp8GemmRef::~Fp8GemmRef() {
   cudaDeviceSynchronize();
   for (auto* p : buf_) cudaFree(p);
-  cudaFree(ws_);
-  cublasLtDestroy(h_);
 }
 
 float* Fp8GemmRef::buffer(int which, size_t n, cudaStream_t st) {
@@ -85,35 +80,6 @@ float* Fp8GemmRef::buffer(int which, size_t n, cudaStream_t st) {
   return buf_[which];
 }
 
-// Row-major C (M x N) = A (M x K) B^T (B N x K) is column-major C^T = B A^T: cuBLAS sees m = N,
-// n = M, with B (column-major K x N) transposed first and A (column-major K x M) second.
-void Fp8GemmRef::matmul(const float* A, const float* B, int M, int N, int K, float* C, cudaStream_t st) {
-  cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
-  cublasLtMatmulPreference_t pref = nullptr;
-  WEAVE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-  WEAVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-  WEAVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-  WEAVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, K, N, K));
-  WEAVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, K, M, K));
-  WEAVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, N, M, N));
-  WEAVE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  size_t ws = kWorkspace;
-  WEAVE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-  cublasLtMatmulHeuristicResult_t res{};
-  int found = 0;
-  WEAVE_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(h_, op, lb, la, lc, lc, pref, 1, &res, &found));
-  WEAVE_CHECK(found > 0, "cuBLASLt found no float32 algorithm for ", M, "x", N, "x", K);
-  const float alpha = 1.f, beta = 0.f;
-  WEAVE_CUBLAS_CHECK(cublasLtMatmul(h_, op, &alpha, B, lb, A, la, &beta, C, lc, C, lc, &res.algo, ws_, kWorkspace, st));
-  cublasLtMatmulPreferenceDestroy(pref);
-  cublasLtMatrixLayoutDestroy(la);
-  cublasLtMatrixLayoutDestroy(lb);
-  cublasLtMatrixLayoutDestroy(lc);
-  cublasLtMatmulDescDestroy(op);
-}
-
 void Fp8GemmRef::run_impl(const void* A, bool a_e5m2, const void* B, bool b_e5m2, int M, int N, int K, const float* sa,
                           const float* sb, bool block, float* r, float* s2, cudaStream_t st) {
   WEAVE_CHECK(M > 0 && N > 0 && K > 0 && A && B && sa && sb && r, "Fp8GemmRef: bad arguments ", M, "x", N, "x", K);
@@ -124,12 +90,16 @@ void Fp8GemmRef::run_impl(const void* A, bool a_e5m2, const void* B, bool b_e5m2
   WEAVE_CUDA_CHECK(cudaGetLastError());
   dequant_kernel<<<1024, 256, 0, st>>>(bf, static_cast<const uint8_t*>(B), b_e5m2, N, K, sb, block ? 2 : 0);
   WEAVE_CUDA_CHECK(cudaGetLastError());
-  matmul(af, bf, M, N, K, r, st);
+  // float32 in and out, no scales (the dequantisation applied them), no fast accumulation.
+  const gemm_fp8::ref::TnMatmul mm(*lt_, M, N, K, CUDA_R_32F, CUDA_R_32F, CUDA_R_32F);
+  WEAVE_CHECK(mm.ok(), "cuBLASLt found no float32 algorithm for ", M, "x", N, "x", K, " (heuristic status ",
+              static_cast<int>(mm.status()), ")");
+  mm.run(af, bf, r, st);
   if (s2) {
     square_kernel<<<1024, 256, 0, st>>>(af, na);
     square_kernel<<<1024, 256, 0, st>>>(bf, nb);
     WEAVE_CUDA_CHECK(cudaGetLastError());
-    matmul(af, bf, M, N, K, s2, st);
+    mm.run(af, bf, s2, st);
   }
 }
 

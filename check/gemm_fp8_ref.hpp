@@ -9,14 +9,18 @@
 // (e4m3 or e5m2), outputs M x N row-major float. Block scales: scale_a is ceil(K/128) x M
 // (scale_a[kb * M + m]), scale_b is ceil(N/128) x ceil(K/128).
 #pragma once
-#include <cublasLt.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 #include "check/tile_check.hpp"
+
+namespace weave::gemm_fp8::ref {
+class Lt;  // gemm_fp8/reference.cuh: the cuBLASLt handle and workspace the matmuls run with
+}
 
 namespace weave::check {
 
@@ -37,10 +41,8 @@ class Fp8GemmRef {
  private:
   void run_impl(const void* A, bool a_e5m2, const void* B, bool b_e5m2, int M, int N, int K, const float* sa,
                 const float* sb, bool block, float* r, float* s2, cudaStream_t st);
-  void matmul(const float* A, const float* B, int M, int N, int K, float* C, cudaStream_t st);
   float* buffer(int which, size_t n, cudaStream_t st);
-  cublasLtHandle_t h_{};
-  void* ws_ = nullptr;
+  std::unique_ptr<gemm_fp8::ref::Lt> lt_;
   float* buf_[2] = {nullptr, nullptr};
   size_t buf_n_[2] = {0, 0};
 };

@@ -8,6 +8,7 @@
 #include "gemm/gemm_kernel.cuh"
 #include "gemm/plan.hpp"
 #include "gemm/split_k_launch.cuh"
+#include "gemm/swapped.hpp"
 #include "weave/common/error.hpp"
 #include "weave/common/extent.hpp"
 #include "weave/lcsc.cuh"
@@ -113,6 +114,14 @@ Launch launch_choice(int M, int N, int K, BLayout bl, const Options& opt, bool f
   // The cluster tile needs the communicator blocks in whole clusters.
   const bool pair_ok = plain && opt.lcsc.num_comm_sms % 2 == 0;
   const int pairs = pair_ok ? lcsc::plan_for<Pair<BLayout::NK>>(1LL << 40, wide).compute_blocks / 2 : 0;
+  if (opt.tile == Tile::Swapped) {
+    WEAVE_CHECK(bl == BLayout::NK && opt.a_layout == ALayout::MK && M <= swapped::kMaxTokens &&
+                    opt.lcsc.num_comm_sms == 0,
+                "gemm: the swapped tile takes A as M x K with M <= ", swapped::kMaxTokens,
+                ", B as N x K and no communicator SMs; got M = ", M, bl == BLayout::NK ? "" : ", B as K x N",
+                opt.a_layout == ALayout::MK ? "" : ", A as K x M", ", num_comm_sms = ", opt.lcsc.num_comm_sms);
+    return {Tile::Swapped, 1, blocks};
+  }
   if (opt.tile != Tile::Auto) {
     const bool splittable = plain && (opt.tile == Tile::M128N256 || opt.tile == Tile::M128N256C2 ||
                                       opt.tile == Tile::M64N128 || opt.tile == Tile::M128N192);
@@ -125,6 +134,7 @@ Launch launch_choice(int M, int N, int K, BLayout bl, const Options& opt, bool f
   in.pair_clusters = pairs;
   in.mid = mid_ok;
   in.split_k = plain && opt.split_k != 1;
+  in.swapped = bl == BLayout::NK && opt.a_layout == ALayout::MK && opt.lcsc.num_comm_sms == 0 && opt.split_k <= 1;
   const Choice c = plan_gemm(in);
   int splits = c.splits;
   if (plain && opt.split_k > 1 && c.tile != Tile::M128N128) splits = opt.split_k;
@@ -144,6 +154,10 @@ lcsc::Plan dispatch(const bf16* A, const bf16* B, OutT* C, int M, int N, int K, 
     check_extent("gemm", "bias", opt.bias, size_t(N) * (opt.bias_type == BiasType::F32 ? 4 : 2));
   const Launch l = launch_choice(M, N, K, bl, opt, f32);
   const Tile t = l.tile;
+  if (t == Tile::Swapped) {
+    swapped::Params p{A, B, C, opt.bias, opt.bias_type == BiasType::F32 ? 1 : 0, opt.accumulate ? 1 : 0, M, N, K};
+    return swapped::launch(p, f32, l.workers, stream);
+  }
   const int group_m = opt.group_m > 0 ? opt.group_m : default_group_m(t, K);
   if constexpr (f32) {
     if (t == Tile::M128N256) return run_layouts<BigE, float, true>(A, B, C, M, N, K, bl, opt, group_m, stream);
@@ -212,7 +226,7 @@ void validate_args(const void* A, const void* B, const void* C, int M, int N, in
   }
   const bool defaults = opt.a_layout == ALayout::MK && !f32_out && opt.bias_type == BiasType::None;
   const int tv = static_cast<int>(opt.tile);
-  WEAVE_CHECK(tv >= static_cast<int>(Tile::Auto) && tv <= static_cast<int>(Tile::M128N192), "gemm: unknown tile ", tv);
+  WEAVE_CHECK(tv >= static_cast<int>(Tile::Auto) && tv <= static_cast<int>(Tile::Swapped), "gemm: unknown tile ", tv);
   WEAVE_CHECK(opt.tile != Tile::M128N192 || (opt.a_layout == ALayout::MK && !f32_out),
               "gemm: tile 128x192 supports only A as M x K and a bf16 output (use Auto, M128N256, M128N128 or M64N128)");
   WEAVE_CHECK(defaults || (opt.tile != Tile::M128N256S4 && opt.tile != Tile::M128N256C2), "gemm: tile ",
@@ -228,6 +242,7 @@ const char* tile_name(Tile t) {
     case Tile::M128N256C2: return "128x256c2";
     case Tile::M64N128: return "64x128";
     case Tile::M128N192: return "128x192";
+    case Tile::Swapped: return "swapped";
     default: return "auto";
   }
 }

@@ -17,8 +17,20 @@ namespace weave::gemm {
 // M128N192: 128x192, 4 stages: a third more tiles than 128x256 on the same output, so that a
 // shape whose 128x256 tiles fill one or two rounds of SMs badly fills them well (wave
 // quantisation); A M x K and a bf16 output (bias allowed).
+// Swapped: decode (M <= 16 tokens, W stored N x K, A M x K): the weights on the tensor core's M
+// side (mma.sync m16n8k16, 16 weight rows x 8 tokens), one block per 16 output columns, loads
+// straight into registers (swapped_schedule.hpp). Every epilogue; no communicator SMs.
 // Auto: the planner's choice (kernels/gemm/plan.hpp).
-enum class Tile : int { Auto = 0, M128N256 = 1, M128N128 = 2, M128N256S4 = 3, M128N256C2 = 4, M64N128 = 5, M128N192 = 6 };
+enum class Tile : int {
+  Auto = 0,
+  M128N256 = 1,
+  M128N128 = 2,
+  M128N256S4 = 3,
+  M128N256C2 = 4,
+  M64N128 = 5,
+  M128N192 = 6,
+  Swapped = 7
+};
 
 // The type of Options::bias.
 enum class BiasType : int { None = 0, BF16 = 1, F32 = 2 };
@@ -43,7 +55,8 @@ struct Options {
 // aligned), for an operand whose device allocation is shorter than the shape needs
 // (weave/common/extent.hpp), a bias type without a pointer (or the reverse), or a bad config.
 // The experimental tiles (M128N256S4, M128N256C2) take only the defaults: A M x K, bf16 output,
-// no bias; M128N192 takes A M x K and a bf16 output. Returns the grid it launched.
+// no bias; M128N192 takes A M x K and a bf16 output; Swapped takes M <= 16, A M x K, B N x K and no
+// communicator SMs. Returns the grid it launched.
 lcsc::Plan gemm(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C, int M, int N, int K, BLayout b,
                 const Options& opt = {}, cudaStream_t stream = nullptr);
 // The same with an fp32 output (C += accumulates in fp32 through TMA reduce-add stores).

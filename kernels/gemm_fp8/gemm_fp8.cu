@@ -7,6 +7,7 @@
 #include "gemm/split_k_launch.cuh"
 #include "gemm_fp8/gemm_fp8.hpp"
 #include "gemm_fp8/gemm_fp8_kernel.cuh"
+#include "gemm_fp8/swapped_fp8.hpp"
 #include "weave/common/error.hpp"
 #include "weave/common/extent.hpp"
 #include "weave/lcsc.cuh"
@@ -112,6 +113,7 @@ const char* tile_name(Tile t) {
   switch (t) {
     case Tile::M128N256: return "128x256";
     case Tile::M128N128: return "128x128";
+    case Tile::Swapped: return "swapped";
     default: return "auto";
   }
 }
@@ -119,6 +121,12 @@ const char* type_name(Fp8 t) { return t == Fp8::E5M2 ? "e5m2" : "e4m3"; }
 
 Launch plan_launch(int M, int N, int K, int sm_count, const Options& opt) {
   const bool split_ok = opt.split_k != 1;
+  if (opt.tile == Tile::Swapped) {
+    WEAVE_CHECK(M <= gemm::swapped::kMaxTokens && opt.lcsc.num_comm_sms == 0, "gemm_fp8: the swapped tile takes M <= ",
+                gemm::swapped::kMaxTokens, " and no communicator SMs; got M = ", M, ", num_comm_sms = ",
+                opt.lcsc.num_comm_sms);
+    return {Tile::Swapped, 1, sm_count};
+  }
   if (opt.tile != Tile::Auto) {
     const bool big = opt.tile == Tile::M128N256;
     return {opt.tile, big && opt.split_k > 1 ? opt.split_k : 1, sm_count};
@@ -131,19 +139,28 @@ Launch plan_launch(int M, int N, int K, int sm_count, const Options& opt) {
   in.mid = false;
   in.narrow = false;
   in.split_k = split_ok;
+  in.swapped = opt.lcsc.num_comm_sms == 0 && opt.split_k <= 1;
   const gemm::Choice c = gemm::plan_gemm(in);
+  if (c.tile == gemm::Tile::Swapped) return {Tile::Swapped, 1, sm_count};
   if (c.tile == gemm::Tile::M128N128) return {Tile::M128N128, 1, sm_count};
   return {Tile::M128N256, opt.split_k > 1 ? opt.split_k : c.splits, sm_count};
 }
 
-Launch choose_launch(int M, int N, int K, const Options& opt) {
-  validate_shape(M, N, K);
+namespace {
+// choose_launch for a shape already validated (gemm() validates it with everything else).
+Launch launch_for(int M, int N, int K, const Options& opt) {
   WEAVE_CHECK(opt.split_k >= 0, "gemm_fp8: split_k = ", opt.split_k, " must be >= 0 (0: the planner decides, 1: never)");
   lcsc::Config wide = opt.lcsc;
   wide.balance_waves = false;
   // The compute blocks of a full machine (the SM count less the communicator blocks).
   const int blocks = lcsc::plan_for<Big<fp8e4m3, fp8e4m3>>(1LL << 40, wide).compute_blocks;
   return plan_launch(M, N, K, blocks, opt);
+}
+}  // namespace
+
+Launch choose_launch(int M, int N, int K, const Options& opt) {
+  validate_shape(M, N, K);
+  return launch_for(M, N, K, opt);
 }
 
 // The bf16 GEMM's rule (16 tile rows for short tiles, 8 for long ones) with K in bytes: an fp8
@@ -154,9 +171,11 @@ int default_group_m(Tile t, int K) { return t == Tile::M128N128 || K <= 4096 ? 1
 lcsc::Plan gemm(const void* A, Fp8 ta, const void* B, Fp8 tb, __nv_bfloat16* C, int M, int N, int K,
                 const float* scale_a, const float* scale_b, const Options& opt, cudaStream_t stream) {
   validate_call(A, ta, B, tb, C, M, N, K, scale_a, scale_b, sizeof(float), sizeof(float));
-  WEAVE_CHECK(opt.tile == Tile::Auto || opt.tile == Tile::M128N256 || opt.tile == Tile::M128N128,
+  WEAVE_CHECK(opt.tile == Tile::Auto || opt.tile == Tile::M128N256 || opt.tile == Tile::M128N128 ||
+                  opt.tile == Tile::Swapped,
               "gemm_fp8: unknown tile ", static_cast<int>(opt.tile));
-  const Launch l = choose_launch(M, N, K, opt);
+  const Launch l = launch_for(M, N, K, opt);  // the shape was validated above
+  if (l.tile == Tile::Swapped) return launch_swapped(ta, tb, A, B, C, M, N, K, scale_a, scale_b, l.workers, stream);
   const int group_m = opt.group_m > 0 ? opt.group_m : default_group_m(l.tile, K);
   if (l.tile == Tile::M128N256)
     return dispatch<Big>(ta, tb, A, B, C, M, N, K, scale_a, scale_b, opt, group_m, stream, l);

@@ -32,7 +32,9 @@ enum class Fp8 : int { E4M3 = 0, E5M2 = 1 };
 // M128N256: two consumers of 64 x 256, 3 stages of 48 KB + a 64 KB output tile (208 KB).
 // M128N128: two consumers of 64 x 128, 6 stages of 32 KB + a 32 KB output tile (224 KB); the only
 // tile of gemm_block_scaled.
-enum class Tile : int { Auto = 0, M128N256 = 1, M128N128 = 2 };
+// Swapped: decode (M <= 16 tokens): the bf16 GEMM's swapped tile with fp8 multiplies (mma.sync
+// m16n8k32; kernels/gemm/swapped_schedule.hpp); per-tensor scales, no communicator SMs.
+enum class Tile : int { Auto = 0, M128N256 = 1, M128N128 = 2, Swapped = 3 };
 
 struct Options {
   Tile tile = Tile::Auto;

@@ -234,6 +234,7 @@ TEST(GemmShape, TileNames) {
   EXPECT_STREQ(gemm::tile_name(gemm::Tile::M64N128), "64x128");
   EXPECT_STREQ(gemm::tile_name(gemm::Tile::M128N256), "128x256");
   EXPECT_STREQ(gemm::tile_name(gemm::Tile::M128N192), "128x192");
+  EXPECT_STREQ(gemm::tile_name(gemm::Tile::Swapped), "swapped");
   gemm::Options o;
   o.tile = static_cast<gemm::Tile>(9);
   const void* p = reinterpret_cast<const void*>(uintptr_t(0x10000));

@@ -375,6 +375,33 @@ TEST(Gemm, DecodeTile) {
   }
 }
 
+// The swapped decode tile (W as N x K on the mma's M side, M <= 16 tokens): token counts around
+// its 8-token blocks, N around its 16-row strips (8, 392, 11000: a half strip; 392 with two
+// strips per block leaves one wholly past N), K around its 128-wide chunks (8: one vector of one
+// lane; 72; 264 with two chunks in flight and one past K), every launch configuration on a
+// 132-SM H200 (swapped::config: 1 token block at 16, 8, 4 and 8 warps for many strips; 2 token
+// blocks with 1 strip at 16 and 8 warps and 2 strips at 16, 4 and 8), every epilogue; and the
+// planner's choice on a decode shape.
+TEST(Gemm, SwappedTile) {
+  const Case cases[] = {{1, 4104, 4104},  {3, 8, 72},       {8, 136, 8},      {2, 5000, 136},
+                        {5, 11000, 1032}, {3, 25352, 72},   {9, 4096, 1032},  {16, 11008, 4096},
+                        {12, 7176, 264},  {13, 2056, 520},  {16, 392, 8200},  {10, 16904, 264}};
+  for (Case c : cases) {
+    Variant v;
+    v.bl = gemm::BLayout::NK, v.tile = gemm::Tile::Swapped, v.samples = true;
+    run_case(c, v);
+    v.f32_out = true, v.bias = gemm::BiasType::F32, v.accumulate = true;
+    run_case(c, v);
+    v.f32_out = false, v.bias = gemm::BiasType::BF16;
+    run_case(c, v);
+    v.accumulate = false, v.f32_out = true, v.bias = gemm::BiasType::None;
+    run_case(c, v);
+  }
+  Variant v;
+  v.bl = gemm::BLayout::NK;
+  run_case({4, 14336, 4096}, v);
+}
+
 // The 128 x 192 tile (A M x K, bf16 output): ragged N around its 192-column edge, both B layouts,
 // bf16 and fp32 bias, C +=, and split-K of its last partial round (rows the planner may pick it for).
 TEST(Gemm, MidTile) {
@@ -467,6 +494,16 @@ TEST(Gemm, RejectsBadInput) {
   ex.a_layout = gemm::ALayout::KM;
   expect_error<Error>([&] { gemm::gemm(p, p, p, 128, 128, 128, gemm::BLayout::KN, ex); }, "S4 tile with A KM",
                       "supports only");
+  // The swapped tile: W as N x K, A as M x K, at most 16 tokens, no communicator SMs.
+  gemm::Options sw;
+  sw.tile = gemm::Tile::Swapped;
+  expect_error<Error>([&] { gemm::gemm(p, p, p, 16, 128, 128, gemm::BLayout::KN, sw); }, "swapped tile, B K x N",
+                      "the swapped tile takes");
+  expect_error<Error>([&] { gemm::gemm(p, p, p, 17, 128, 128, gemm::BLayout::NK, sw); }, "swapped tile, M = 17",
+                      "got M = 17");
+  sw.lcsc.num_comm_sms = 8;
+  expect_error<Error>([&] { gemm::gemm(p, p, p, 16, 128, 128, gemm::BLayout::NK, sw); },
+                      "swapped tile with communicator SMs", "num_comm_sms = 8");
   // fp32 C and the bias are checked against their allocations too (p holds 1 MiB).
   expect_error<Error>([&] { gemm::gemm(p, p, pf, 512, 1024, 8, gemm::BLayout::KN); }, "short fp32 C", "C needs");
   {

@@ -6,6 +6,7 @@
 
 #include "gemm/plan.hpp"
 #include "gemm/split_k.hpp"
+#include "gemm/swapped_schedule.hpp"
 
 using namespace weave::gemm;
 
@@ -98,6 +99,102 @@ TEST(GemmPlan, CoreShapesKeepTheirChoice) {
   PlanInputs small = inputs(1024, 1024, 1024);
   small.split_k = false;
   EXPECT_EQ(plan_gemm(small).tile, Tile::M128N128);
+}
+
+// The swapped tile's K order, for bf16 (2-byte elements, k16 multiplies) and fp8 (1 byte, k32):
+// the 8 multiplies of a chunk cover its 256 bytes exactly once, a lane's 8 bytes of one multiply
+// lie inside its 16-byte vector, and within a multiply every logical k of the mma layout is fed
+// exactly once (by 4 lanes x 8 bytes).
+TEST(SwappedSchedule, ChunkOrderIsAPermutation) {
+  using namespace swapped;
+  for (int bytes : {2, 1}) {
+    SCOPED_TRACE(bytes == 2 ? "bf16" : "fp8");
+    const int k_per_mma = 32 / bytes;
+    std::vector<int> hits(kChunkBytes, 0);
+    for (int q = 0; q < kMultiplies; ++q) {
+      std::vector<int> logical(k_per_mma, 0);
+      for (int c = 0; c < 4; ++c) {
+        const int b0 = chunk_byte(c, q);
+        EXPECT_EQ(b0 / 16, chunk_byte(c, q - q % 2) / 16) << "q " << q << " c " << c << ": not in the lane's vector";
+        for (int e = 0; e < 8; ++e) {
+          ASSERT_LT(b0 + e, kChunkBytes);
+          ++hits[b0 + e];
+          const int l = logical_k(c, e, bytes);
+          ASSERT_GE(l, 0);
+          ASSERT_LT(l, k_per_mma);
+          if (bytes == 1 || e % 2 == 0) ++logical[l];  // a bf16 element is two bytes
+        }
+      }
+      for (int l = 0; l < k_per_mma; ++l) EXPECT_EQ(logical[l], 1) << "q " << q << " logical k " << l;
+    }
+    for (int b = 0; b < kChunkBytes; ++b) EXPECT_EQ(hits[b], 1) << "byte " << b;
+  }
+  EXPECT_EQ(token_blocks(1), 1);
+  EXPECT_EQ(token_blocks(8), 1);
+  EXPECT_EQ(token_blocks(9), 2);
+  EXPECT_EQ(token_blocks(kMaxTokens), 2);
+  EXPECT_EQ(strips(4104), 257);
+  EXPECT_EQ(chunks(8, 2), 1);
+  EXPECT_EQ(chunks(4104, 2), 33);
+  EXPECT_EQ(chunks(4112, 1), 17);
+}
+
+// Decode with W as N x K (M <= 16) takes the swapped tile; more tokens, or the tile not allowed
+// (another layout), keep the tiled choice.
+TEST(GemmPlan, DecodeTakesTheSwappedTile) {
+  for (int M : {1, 7, 16})
+    for (int N : {1024, 4096, 11008, 28672}) {
+      PlanInputs in = inputs(M, N, 4096);
+      in.swapped = true;
+      const Choice c = plan_gemm(in);
+      EXPECT_EQ(c.tile, Tile::Swapped) << M << "x" << N;
+      EXPECT_EQ(c.splits, 1);
+      EXPECT_EQ(c.workers, 132);
+    }
+  PlanInputs wide = inputs(swapped::kMaxTokens + 1, 11008, 4096);
+  wide.swapped = true;
+  EXPECT_NE(plan_gemm(wide).tile, Tile::Swapped);
+  EXPECT_EQ(plan_gemm(inputs(1, 11008, 4096)).tile, Tile::M64N128);  // not allowed
+}
+
+// The swapped tile's launch configuration, relative to the SM count: one token block gives every
+// SM at least 16 warps with the fewest per block (8 when the strips are very many); two token
+// blocks run two chunks in flight per warp, two strips per block in the middle range with the
+// fewest warps giving 19 units per SM. Every configuration is one swapped_launch.cuh instantiates.
+TEST(SwappedSchedule, Config) {
+  using swapped::Config;
+  auto eq = [](Config a, Config b) {
+    return a.strips_per_block == b.strips_per_block && a.warps == b.warps && a.depth == b.depth;
+  };
+  for (int sms : {8, 78, 132, 144}) {
+    for (int N : {8, 1024, 4096, 4104, 11008, 16384, 53248}) {
+      const long long s = swapped::strips(N);
+      const Config c1 = swapped::config(1, N, sms);
+      EXPECT_EQ(c1.strips_per_block, 1);
+      EXPECT_EQ(c1.depth, 1);
+      if (s < 12LL * sms) {
+        EXPECT_TRUE(s * c1.warps >= 16LL * sms || c1.warps == 16) << N << " on " << sms;
+        EXPECT_TRUE(c1.warps == 4 || s * c1.warps / 2 < 16LL * sms) << N << " on " << sms << ": not the fewest";
+      } else {
+        EXPECT_EQ(c1.warps, 8);
+      }
+      const Config c2 = swapped::config(16, N, sms);
+      EXPECT_EQ(c2.depth, 2);
+      EXPECT_TRUE(eq(c2, {1, 8, 2}) || eq(c2, {1, 16, 2}) || eq(c2, {2, 4, 2}) || eq(c2, {2, 8, 2}) ||
+                  eq(c2, {2, 16, 2}))
+          << N << " on " << sms;
+      EXPECT_EQ(swapped::blocks(N, c2), ceil_div(N, 16 * c2.strips_per_block));
+    }
+  }
+  // The sweep's choices on 132 SMs (docs/perf-notes.md, "swapped").
+  EXPECT_TRUE(eq(swapped::config(1, 11008, 132), {1, 4, 1}));   // 688 strips
+  EXPECT_TRUE(eq(swapped::config(1, 4096, 132), {1, 16, 1}));   // 256 strips
+  EXPECT_TRUE(eq(swapped::config(1, 28672, 132), {1, 8, 1}));   // 1792 strips
+  EXPECT_TRUE(eq(swapped::config(16, 28672, 132), {1, 8, 2}));
+  EXPECT_TRUE(eq(swapped::config(16, 11008, 132), {2, 4, 2}));
+  EXPECT_TRUE(eq(swapped::config(16, 7168, 132), {2, 8, 2}));
+  EXPECT_TRUE(eq(swapped::config(9, 4096, 132), {2, 16, 2}));
+  EXPECT_TRUE(eq(swapped::config(16, 1024, 132), {1, 16, 2}));
 }
 
 // Decode (M <= 64) splits K across the machine on the 64-row tile.

@@ -45,8 +45,9 @@ TEST(GemmFp8Cpu, ValidateTypes) {
             std::string::npos);
 }
 
-// The bf16 GEMM's planner on fp8 iterations (132 SMs): the big tile on full waves, split-K where
-// few tiles leave the machine idle (decode), never a tile fp8 does not have.
+// The bf16 GEMM's planner on fp8 iterations (132 SMs): the big tile on full waves, the swapped
+// tile for decode up to 16 tokens, split-K where few tiles leave the machine idle above that, never
+// a tile fp8 does not have.
 TEST(GemmFp8Cpu, PlanLaunch) {
   using gemm_fp8::Launch;
   for (auto s : {std::array<int, 3>{8192, 8192, 8192}, {16384, 16384, 1024}, {4096, 2048, 4096}}) {
@@ -54,14 +55,23 @@ TEST(GemmFp8Cpu, PlanLaunch) {
     EXPECT_EQ(l.tile, Tile::M128N256) << s[0] << "x" << s[1] << "x" << s[2];
     EXPECT_EQ(l.splits, 1) << s[0] << "x" << s[1] << "x" << s[2];
   }
-  // Decode: 16 tiles of 128x256 on 132 SMs split K across the machine.
-  const Launch d = gemm_fp8::plan_launch(1, 4096, 11008, 132);
+  for (int M : {1, 16}) {
+    const Launch d = gemm_fp8::plan_launch(M, 4096, 11008, 132);
+    EXPECT_EQ(d.tile, Tile::Swapped) << M;
+    EXPECT_EQ(d.splits, 1);
+    EXPECT_EQ(d.workers, 132);
+  }
+  gemm_fp8::Options comm;
+  comm.lcsc.num_comm_sms = 8;
+  EXPECT_EQ(gemm_fp8::plan_launch(16, 4096, 11008, 124, comm).tile, Tile::M128N256);
+  // Above 16 tokens: 16 tiles of 128x256 on 132 SMs split K across the machine.
+  const Launch d = gemm_fp8::plan_launch(17, 4096, 11008, 132);
   EXPECT_EQ(d.tile, Tile::M128N256);
   EXPECT_GT(d.splits, 1);
   EXPECT_EQ(d.workers, 132);
   gemm_fp8::Options never;
   never.split_k = 1;
-  EXPECT_EQ(gemm_fp8::plan_launch(1, 4096, 11008, 132, never).splits, 1);
+  EXPECT_EQ(gemm_fp8::plan_launch(17, 4096, 11008, 132, never).splits, 1);
   // 1024 x 1024 x 4096 with splits forbidden: 64 small tiles fill more than 32 big ones.
   EXPECT_EQ(gemm_fp8::plan_launch(1024, 1024, 4096, 132, never).tile, Tile::M128N128);
   // A given tile is kept; only the big one takes a forced split.
@@ -78,6 +88,7 @@ TEST(GemmFp8Cpu, GroupAndNames) {
   EXPECT_EQ(gemm_fp8::default_group_m(Tile::M128N256, 4096), 16);
   EXPECT_EQ(gemm_fp8::default_group_m(Tile::M128N256, 8192), 8);
   EXPECT_STREQ(gemm_fp8::tile_name(Tile::M128N256), "128x256");
+  EXPECT_STREQ(gemm_fp8::tile_name(Tile::Swapped), "swapped");
   EXPECT_STREQ(gemm_fp8::tile_name(Tile::M128N128), "128x128");
   EXPECT_STREQ(gemm_fp8::type_name(Fp8::E5M2), "e5m2");
 }

@@ -180,6 +180,26 @@ const Shape kRagged[] = {{1000, 776, 528}, {16, 16, 16}, {1, 8, 32},     {129, 2
                          {255, 520, 1040}, {777, 1032, 4112}, {2048, 2048, 2048}, {3000, 136, 8192}};
 const Tile kTiles[] = {Tile::M128N256, Tile::M128N128};
 
+// NaN in A's row 5 and +-Inf in B's rows 9 and 10 (e5m2 B): the non-finite kinds match the
+// reference's, all of C's row 5 is NaN and all of its column 9 Inf or NaN.
+void check_nonfinite(int M, int N, int K, Opts o) {
+  o.tb = Fp8::E5M2, o.expect_nonfinite = true;
+  Fp8Run c(M, N, K, o);
+  SCOPED_TRACE(c.name() + " with NaN / Inf inputs");
+  c.reference();
+  c.call(c.A.p);
+  const check::Report rep = c.compare();  // non-finite kinds (NaN, +Inf, -Inf) must match
+  std::printf("check gemm_fp8 %s with NaN/Inf inputs: %s\n", c.name().c_str(), rep.str().c_str());
+  EXPECT_TRUE(rep.ok) << rep.str();
+  std::vector<bf16> h(c.C.n);
+  WEAVE_CUDA_CHECK(cudaMemcpy(h.data(), c.C.p, h.size() * 2, cudaMemcpyDeviceToHost));
+  int nan_row = 0, inf_col = 0;
+  for (int j = 0; j < c.N; ++j) nan_row += std::isnan(__bfloat162float(h[size_t(5) * c.N + j]));
+  for (int i = 0; i < c.M; ++i) inf_col += !std::isfinite(__bfloat162float(h[size_t(i) * c.N + 9]));
+  EXPECT_EQ(nan_row, c.N) << "a NaN in A's row 5 must make all of C's row 5 NaN";
+  EXPECT_EQ(inf_col, c.M) << "an Inf in B's row 9 must make all of C's column 9 Inf or NaN";
+}
+
 }  // namespace
 
 TEST(GemmFp8, PerTensorRaggedShapesBothTiles) {
@@ -209,13 +229,8 @@ TEST(GemmFp8, PerTensorSplitK) {
   o.ta = Fp8::E5M2, o.tile = Tile::M128N256, o.split_k = 4, o.range = 1000.f, o.samples = true;
   run_case(64, 1032, 4112, o);
   o = {};
-  o.tile = Tile::M128N256, o.split_k = 3, o.tb = Fp8::E5M2, o.expect_nonfinite = true;
-  Fp8Run c(100, 264, 1040, o);
-  SCOPED_TRACE(c.name() + " with NaN / Inf inputs");
-  c.reference();
-  c.call(c.A.p);
-  const check::Report rep = c.compare();
-  EXPECT_TRUE(rep.ok) << rep.str();
+  o.tile = Tile::M128N256, o.split_k = 3;
+  check_nonfinite(100, 264, 1040, o);
 }
 
 TEST(GemmFp8, E5m2Operands) {
@@ -261,21 +276,8 @@ TEST(GemmFp8, NanAndInfPropagate) {
     for (Tile t : kTiles) {
       if (block && t == Tile::M128N256) continue;
       Opts o;
-      o.block = block, o.tile = t, o.tb = Fp8::E5M2, o.expect_nonfinite = true;
-      Fp8Run c(300, 264, 528, o);
-      SCOPED_TRACE(c.name() + " with NaN / Inf inputs");
-      c.reference();
-      c.call(c.A.p);
-      const check::Report rep = c.compare();  // non-finite kinds (NaN, +Inf, -Inf) must match
-      std::printf("check gemm_fp8 %s with NaN/Inf inputs: %s\n", c.name().c_str(), rep.str().c_str());
-      EXPECT_TRUE(rep.ok) << rep.str();
-      std::vector<bf16> h(c.C.n);
-      WEAVE_CUDA_CHECK(cudaMemcpy(h.data(), c.C.p, h.size() * 2, cudaMemcpyDeviceToHost));
-      int nan_row = 0, inf_col = 0;
-      for (int j = 0; j < c.N; ++j) nan_row += std::isnan(__bfloat162float(h[size_t(5) * c.N + j]));
-      for (int i = 0; i < c.M; ++i) inf_col += !std::isfinite(__bfloat162float(h[size_t(i) * c.N + 9]));
-      EXPECT_EQ(nan_row, c.N) << "a NaN in A's row 5 must make all of C's row 5 NaN";
-      EXPECT_EQ(inf_col, c.M) << "an Inf in B's row 9 must make all of C's column 9 Inf or NaN";
+      o.block = block, o.tile = t;
+      check_nonfinite(300, 264, 528, o);
     }
 }
 
@@ -384,6 +386,11 @@ TEST(GemmFp8, RejectsBadInput) {
   big.tile = Tile::M128N256;
   expect_error("block scales on 128x256", "128x128 tile only",
                [&] { gemm_fp8::gemm_block_scaled(p, e4, p, e4, c, 64, 64, 128, f, f, big); });
+  gemm_fp8::Options sw;
+  sw.tile = Tile::Swapped;
+  expect_error("swapped tile, M = 17", "got M = 17", [&] { gemm_fp8::gemm(p, e4, p, e4, c, 17, 64, 64, f, f, sw); });
+  expect_error("swapped block scales", "128x128 tile only",
+               [&] { gemm_fp8::gemm_block_scaled(p, e4, p, e4, c, 16, 64, 128, f, f, sw); });
   gemm_fp8::Options comm;
   comm.lcsc.num_comm_sms = 100000;
   expect_error("num_comm_sms = 100000", "num_comm_sms",

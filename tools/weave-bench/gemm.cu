@@ -11,7 +11,7 @@
 // for K <= 16384, 12 bounds.
 //
 //   weave-bench gemm [--json FILE] [--set core|models] [--list] [--shapes MxNxK,...] [--layout kn|nk]
-//                    [--a-layout mk|km] [--tile auto|256|192|128|64] [--group G] [--comm 0,8,16,32]
+//                    [--a-layout mk|km] [--tile auto|256|192|128|64|swapped] [--group G] [--comm 0,8,16,32]
 //                    [--split-k N] [--target-ms T] [--no-balance]
 // --set core (the default): the eight shapes the GEMM was tuned on, B as --layout says (nk), A as
 // --a-layout says (mk: M x K; km: K x M).
@@ -218,6 +218,7 @@ int run_gemm_bench(const Args& args) {
   if (args.get("tile") == "256c2") tile = gemm::Tile::M128N256C2;
   if (args.get("tile") == "64") tile = gemm::Tile::M64N128;
   if (args.get("tile") == "192") tile = gemm::Tile::M128N192;
+  if (args.get("tile") == "swapped") tile = gemm::Tile::Swapped;
   const int split_k = static_cast<int>(args.get_int("split-k", 0));
   const bool balance = !args.has("no-balance");
   const int group = static_cast<int>(args.get_int("group", 0));
@@ -419,7 +420,7 @@ int run_gemm_bench(const Args& args) {
 WEAVE_BENCH(gemm,
             "bf16 GEMM: weave vs cuBLASLt (--set core|models: the 8 tuned shapes (default) or real models' MLP "
             "shapes in all three training layouts plus ragged ones; --list prints the set, no GPU needed; "
-            "--shapes MxNxK,... --layout kn|nk --a-layout mk|km --tile auto|256|128|192|256s4|256c2|64 --split-k N --group G --comm 0,8 --no-balance "
+            "--shapes MxNxK,... --layout kn|nk --a-layout mk|km --tile auto|256|128|192|256s4|256c2|64|swapped --split-k N --group G --comm 0,8 --no-balance "
             "--accumulate --trace N)",
             run_gemm_bench);
 

@@ -12,11 +12,14 @@
 // that change with every call (at least two sets, up to 8 while they fit in L2 three times), its
 // output poisoned with NaN first; time = median of 5 repeats of ~target-ms; the last timed call's
 // output is then checked element by element per 128 x 128 tile against a float32 reference of
-// that call's inputs and scales (check/gemm_fp8_ref.hpp, bounds derived there); any incorrect row
-// makes the exit status 1. Inputs derive from WEAVE_TEST_SEED (printed).
+// that call's inputs and scales (check/gemm_fp8_ref.hpp, bounds derived there), and so is one more
+// call on the next input set into a re-poisoned C (recheck.hpp: a kernel that leaves an earlier
+// call's result in place fails it), cuBLASLt's rows like weave's; a row is correct only when both
+// checks pass, and any incorrect row makes the exit status 1. Inputs derive from WEAVE_TEST_SEED
+// (printed).
 //
 //   weave-bench gemm_fp8 [--json FILE] [--shapes MxNxK,...] [--set core|models] [--list]
-//                        [--types e4m3xe4m3|e5m2xe4m3|e4m3xe5m2] [--tile auto|256|128] [--split-k N]
+//                        [--types e4m3xe4m3|e5m2xe4m3|e4m3xe5m2] [--tile auto|256|128|swapped] [--split-k N]
 //                        [--impl cublaslt,cublaslt_precise,weave,weave_block] [--target-ms T]
 // --set core|models: the rows of weave-bench gemm (gemm_sets.hpp); fp8 runs the nk ones.
 #include <cublasLt.h>
@@ -30,14 +33,14 @@
 #include <vector>
 
 #include "bench.hpp"
-#include "check/cublas_check.hpp"
 #include "check/gemm_fp8_ref.hpp"
 #include "check/gemm_ref.hpp"
 #include "check/seed.hpp"
 #include "check/tile_check.hpp"
 #include "gemm_fp8/gemm_fp8.hpp"
+#include "gemm_fp8/reference.cuh"
 #include "gemm_sets.hpp"
-
+#include "recheck.hpp"
 
 using namespace weave;
 using namespace weave::bench;
@@ -61,72 +64,6 @@ std::string unsupported(const Row& r) {
 }
 
 cudaDataType_t lt_type(Fp8 t) { return t == Fp8::E5M2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3; }
-
-// cuBLASLt fp8 with per-tensor scale pointers, one descriptor per input set (each set has its own
-// scales). Row-major C = A B^T is column-major C^T = B A^T: cuBLAS's A is our B (N x K row-major
-// = K x N column-major, transposed: "T") and its B is our A ("N"), so its A scale is our scale_b.
-class LtFp8 {
- public:
-  LtFp8(int M, int N, int K, Fp8 ta, Fp8 tb, bool fast, const std::vector<float*>& sa, const std::vector<float*>& sb)
-      : M_(M), N_(N), K_(K) {
-    WEAVE_CUBLAS_CHECK(cublasLtCreate(&h_));
-    WEAVE_CUDA_CHECK(cudaMalloc(&ws_, kWorkspace));
-    WEAVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la_, lt_type(tb), K, N, K));
-    WEAVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb_, lt_type(ta), K, M, K));
-    WEAVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc_, CUDA_R_16BF, N, M, N));
-    for (size_t i = 0; i < sa.size(); ++i) {
-      cublasLtMatmulDesc_t op = nullptr;
-      WEAVE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-      const cublasOperation_t t = CUBLAS_OP_T, n = CUBLAS_OP_N;
-      WEAVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof t));
-      WEAVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &n, sizeof n));
-      const int8_t f = fast ? 1 : 0;
-      WEAVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &f, sizeof f));
-      const float* pa = sb[i];
-      const float* pb = sa[i];
-      WEAVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &pa, sizeof pa));
-      WEAVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &pb, sizeof pb));
-      ops_.push_back(op);
-    }
-    cublasLtMatmulPreference_t pref;
-    WEAVE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    size_t ws = kWorkspace;
-    WEAVE_CUBLAS_CHECK(
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-    cublasLtMatmulHeuristicResult_t res{};
-    int found = 0;
-    const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(h_, ops_[0], la_, lb_, lc_, lc_, pref, 1, &res, &found);
-    cublasLtMatmulPreferenceDestroy(pref);
-    ok_ = s == CUBLAS_STATUS_SUCCESS && found > 0;
-    algo_ = res.algo;
-  }
-  ~LtFp8() {
-    for (auto op : ops_) cublasLtMatmulDescDestroy(op);
-    cublasLtMatrixLayoutDestroy(la_);
-    cublasLtMatrixLayoutDestroy(lb_);
-    cublasLtMatrixLayoutDestroy(lc_);
-    cudaFree(ws_);
-    cublasLtDestroy(h_);
-  }
-  LtFp8(const LtFp8&) = delete;
-  LtFp8& operator=(const LtFp8&) = delete;
-  bool ok() const { return ok_; }  // false: cuBLASLt has no fp8 algorithm for this shape / types
-  void run(int set, const void* A, const void* B, bf16* C, cudaStream_t st) {
-    const float alpha = 1.f, beta = 0.f;
-    WEAVE_CUBLAS_CHECK(
-        cublasLtMatmul(h_, ops_[set], &alpha, B, la_, A, lb_, &beta, C, lc_, C, lc_, &algo_, ws_, kWorkspace, st));
-  }
-
- private:
-  static constexpr size_t kWorkspace = 64ull << 20;
-  int M_, N_, K_;
-  cublasLtHandle_t h_{};
-  void* ws_ = nullptr;
-  std::vector<cublasLtMatmulDesc_t> ops_;
-  cublasLtMatrixLayout_t la_ = nullptr, lb_ = nullptr, lc_ = nullptr;
-  cublasLtMatmulAlgo_t algo_{};
-  bool ok_ = false;
-};
 
 struct Sets {
   std::vector<uint8_t*> a, b;
@@ -193,6 +130,7 @@ int run_gemm_fp8_bench(const Args& args) {
   gemm_fp8::Options opt;
   if (args.get("tile") == "256") opt.tile = gemm_fp8::Tile::M128N256;
   if (args.get("tile") == "128") opt.tile = gemm_fp8::Tile::M128N128;
+  if (args.get("tile") == "swapped") opt.tile = gemm_fp8::Tile::Swapped;
   opt.group_m = static_cast<int>(args.get_int("group", 0));
   opt.split_k = static_cast<int>(args.get_int("split-k", 0));
   const double target_ms = std::stod(args.get("target-ms", "60"));
@@ -208,6 +146,7 @@ int run_gemm_fp8_bench(const Args& args) {
               prop.name, prop.multiProcessorCount);
   std::printf("%-20s %-17s %-8s %10s %9s %7s %9s\n", "MxNxK", "impl", "tile", "time_us", "TFLOP/s", "ratio", "worst");
   check::Fp8GemmRef ref;
+  const gemm_fp8::ref::Lt lt_handle(64ull << 20);  // the cuBLASLt rows' handle and workspace
   cudaStream_t st = nullptr;
   std::vector<std::string> wrong;
   double log_tensor = 0, log_block = 0;
@@ -246,32 +185,49 @@ int run_gemm_fp8_bench(const Args& args) {
       check::fill_log_uniform(bsb, nsb, check::derive(seed, si, 6 * i + 5), 1e-3f, 1e-1f);
     }
     WEAVE_CUDA_CHECK(cudaMalloc(&d.c, nc * 2));
-    float *ref_r = nullptr, *ref_s = nullptr;
-    WEAVE_CUDA_CHECK(cudaMalloc(&ref_r, nc * sizeof(float)));
-    WEAVE_CUDA_CHECK(cudaMalloc(&ref_s, nc * sizeof(float)));
-    int ref_key = -1;  // 2 * set + block: what ref_r / ref_s describe
+    // Two references (r and sqrt(s2)) kept, keyed by 2 * set + block: an implementation's checks
+    // (its last timed call's set and the fresh call's) and the next implementation's share them.
+    struct RefSlot {
+      float *r = nullptr, *s = nullptr;
+      int key = -1;
+    } slots[2];
+    for (RefSlot& sl : slots) {
+      WEAVE_CUDA_CHECK(cudaMalloc(&sl.r, nc * sizeof(float)));
+      WEAVE_CUDA_CHECK(cudaMalloc(&sl.s, nc * sizeof(float)));
+    }
+    int next_slot = 0;  // the slot the next missing reference replaces (the older one)
     auto check_c = [&](int set, bool block) {
-      if (ref_key != 2 * set + block) {
-        if (block) ref.run_block(d.a[set], ea, d.b[set], eb, s.M, s.N, s.K, d.bsa[set], d.bsb[set], ref_r, ref_s, st);
-        else ref.run(d.a[set], ea, d.b[set], eb, s.M, s.N, s.K, d.sa[set], d.sb[set], ref_r, ref_s, st);
-        check::sqrt_inplace(ref_s, nc, st);
-        ref_key = 2 * set + block;
+      const int key = 2 * set + block;
+      RefSlot* sl = slots[0].key == key ? &slots[0] : slots[1].key == key ? &slots[1] : nullptr;
+      if (!sl) {
+        sl = &slots[next_slot];
+        next_slot ^= 1;
+        if (block) ref.run_block(d.a[set], ea, d.b[set], eb, s.M, s.N, s.K, d.bsa[set], d.bsb[set], sl->r, sl->s, st);
+        else ref.run(d.a[set], ea, d.b[set], eb, s.M, s.N, s.K, d.sa[set], d.sb[set], sl->r, sl->s, st);
+        check::sqrt_inplace(sl->s, nc, st);
+        sl->key = key;
       }
       const check::Bound b = block ? check::fp8_promoted_bound() : check::fp8_tensor_core_bound(s.K);
-      return check::compare({d.c, s.N}, {ref_r, s.N}, {ref_s, s.N}, s.M, s.N, b, 128, 128, st);
+      return check::compare({d.c, s.N}, {sl->r, s.N}, {sl->s, s.N}, s.M, s.N, b, 128, 128, st);
     };
     const double flop = 2.0 * s.M * s.N * s.K;
     // ~target_ms per repeat at a guessed 1200 TFLOP/s.
     const int iters = std::max(3, std::min(400, static_cast<int>(target_ms * 1e-3 / (flop / 1200e12))));
     int it = 0, last = -1;
-    // Times fn (which sets `last`), checks the last call, prints and writes the row; returns the
-    // time in µs (0 when skipped).
+    // Times fn (which calls on set it % nsets and sets `last` to it), checks the last timed call
+    // and one fresh call on the next set into a re-poisoned C (recheck.hpp), prints and writes the
+    // row; returns the time in µs.
     auto measure = [&](const char* impl, const char* tile, bool block, auto&& fn, double base_us,
                        const char* ratio_key) -> double {
       it = 0, last = -1;
       check::poison(d.c, nc, st);
       const double t = time_us(st, fn, 3, iters, 5);
-      const check::Report rep = check_c(last, block);
+      const check::Report rep = check_last_and_fresh(
+          last, nsets, [&](int set) { return check_c(set, block); }, [&] { check::poison(d.c, nc, st); },
+          [&](int set) {
+            it = set;
+            fn();
+          });
       const double tf = flop / t * 1e-6;
       const double ratio = base_us > 0 ? base_us / t : 0;
       char rs[16] = "-";
@@ -291,10 +247,14 @@ int run_gemm_fp8_bench(const Args& args) {
       return t;
     };
     double t_lt = 0, t_weave = 0;
+    // cuBLASLt's descriptors, one per input set (each set has its own per-tensor scales).
+    std::vector<gemm_fp8::ref::Scales> lt_scales;
+    for (int i = 0; i < nsets; ++i) lt_scales.push_back({d.sa[i], d.sb[i]});
     for (bool fast : {true, false}) {
       const char* impl = fast ? "cublaslt" : "cublaslt_precise";
       if (!wants(impl)) continue;
-      LtFp8 lt(s.M, s.N, s.K, ta, tb, fast, d.sa, d.sb);
+      const gemm_fp8::ref::TnMatmul lt(lt_handle, s.M, s.N, s.K, lt_type(ta), lt_type(tb), CUDA_R_16BF, fast,
+                                       lt_scales);
       if (!lt.ok()) {
         std::printf("%-20s %-17s no cuBLASLt fp8 algorithm for this shape\n", name, impl);
         sink.write(base_row(s, impl).add("supported", false).add("reason", "cuBLASLt heuristic found no algorithm"));
@@ -302,7 +262,7 @@ int run_gemm_fp8_bench(const Args& args) {
       }
       const double t = measure(impl, "-", false, [&] {
         last = it++ % nsets;
-        lt.run(last, d.a[last], d.b[last], d.c, st);
+        lt.run(d.a[last], d.b[last], d.c, st, last);
       }, 0, "");
       if (fast) t_lt = t;
     }
@@ -327,8 +287,7 @@ int run_gemm_fp8_bench(const Args& args) {
       if (t_weave > 0) log_block += std::log(t_weave / t), ++n_block;
     }
     WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
-    cudaFree(ref_r);
-    cudaFree(ref_s);
+    for (RefSlot& sl : slots) cudaFree(sl.r), cudaFree(sl.s);
   }
   if (n_tensor) std::printf("geomean weave/cuBLASLt (fast accumulation) over %d shapes: %.3f\n", n_tensor,
                             std::exp(log_tensor / n_tensor));
@@ -349,6 +308,6 @@ int run_gemm_fp8_bench(const Args& args) {
 WEAVE_BENCH(gemm_fp8,
             "fp8 GEMM (A M x K, B N x K, bf16 out): weave per-tensor and block-scaled vs cuBLASLt fp8 "
             "(--shapes MxNxK,... or --set core|models, --list, --types e4m3xe4m3|e5m2xe4m3|e4m3xe5m2, "
-            "--tile auto|256|128, --split-k N (0 planner, 1 never), --impl cublaslt,cublaslt_precise,weave,weave_block, --target-ms T); "
+            "--tile auto|256|128|swapped, --split-k N (0 planner, 1 never), --impl cublaslt,cublaslt_precise,weave,weave_block, --target-ms T); "
             "also `weave-bench gemm --dtype fp8`",
             run_gemm_fp8_bench);
