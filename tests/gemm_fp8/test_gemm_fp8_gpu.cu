@@ -281,6 +281,34 @@ TEST(GemmFp8, NanAndInfPropagate) {
     }
 }
 
+// The swapped decode tile (M <= 16, per-tensor scales): tokens around its 8-token blocks, N
+// around its 16-row strips, K around its 256-byte chunks (16: one vector of one lane; 272 with
+// two chunks in flight and one past K), every launch configuration on a 132-SM H200, all three
+// operand type pairs, scales of very different magnitudes, and NaN / Inf.
+TEST(GemmFp8, SwappedDecode) {
+  const Shape shapes[] = {{1, 4104, 4112},  {5, 136, 16},     {8, 8, 32},        {2, 5000, 144},
+                          {4, 11000, 528},  {3, 25352, 64},   {9, 11000, 528},   {12, 7176, 528},
+                          {9, 4096, 1040},  {16, 392, 8208},  {16, 16904, 272},  {13, 2056, 1040}};
+  for (Shape s : shapes)
+    for (auto [ta, tb] : {std::pair{Fp8::E4M3, Fp8::E4M3}, std::pair{Fp8::E5M2, Fp8::E4M3},
+                          std::pair{Fp8::E4M3, Fp8::E5M2}}) {
+      Opts o;
+      o.tile = Tile::Swapped, o.ta = ta, o.tb = tb, o.samples = true;
+      if (e5(ta) || e5(tb)) o.range = 1000.f;
+      run_case(s.M, s.N, s.K, o);
+    }
+  for (auto [lo, hi] : {std::pair{1e-3f, 1e-3f}, std::pair{1e-3f, 1e3f}}) {
+    Opts o;
+    o.tile = Tile::Swapped, o.scale_lo = lo, o.scale_hi = hi, o.range = 448.f, o.samples = true;
+    run_case(16, 776, 1040, o);
+  }
+  Opts a;
+  run_case(4, 14336, 4096, a);  // the planner's choice on a decode shape
+  Opts o;
+  o.tile = Tile::Swapped;
+  check_nonfinite(9, 264, 528, o);
+}
+
 TEST(GemmFp8, BlockScaledRaggedShapes) {
   for (Shape s : kRagged) {
     Opts o;
