@@ -440,4 +440,78 @@ FAULTS = [
         }],
         "tests": ["test_moe_gemm_combine_cpu", "test_gemm_combine_gpu"],
     },
+    # ---- the swapped decode tile (kernels/gemm/swapped_*) ------------------------------------------
+    {
+        "name": "gemm_swapped_partial_last_chunk_dropped",
+        "what": "swapped decode tile: the bounds-checked tail loop stops at the whole chunks, so a last partial "
+                "256-byte chunk of K is never multiplied (ragged K only; bf16 and fp8)",
+        "edits": [{
+            "file": "kernels/gemm/swapped_kernel.cuh",
+            "find": "  for (; ch < n_chunks; ch += kWarps) step(std::integral_constant<int, 1>{}, std::true_type{}, ch);",
+            "replace": "  for (; ch < n_full; ch += kWarps) step(std::integral_constant<int, 1>{}, std::true_type{}, ch);",
+        }],
+        "tests": ["test_gemm_gpu:Gemm.SwappedTile", "test_gemm_fp8_gpu:GemmFp8.SwappedDecode"],
+        "bench": [{"ranks": 1, "args": "gemm --shapes 1x4104x4104,16x392x8200 --tile swapped --target-ms 2"}],
+    },
+    {
+        "name": "gemm_swapped_second_strip_rows_swapped",
+        "what": "swapped decode tile, two strips per block (9-16 tokens, mid-range N): the second strip's rows g and "
+                "g + 8 trade places in the partial sums",
+        "edits": [{
+            "file": "kernels/gemm/swapped_kernel.cuh",
+            "find": "        red[warp][8 * b + 2 * c + (e & 1)][st * kRows + g + 8 * (e >> 1)] = acc[st][b][e];",
+            "replace": "        red[warp][8 * b + 2 * c + (e & 1)][st * kRows + g + 8 * ((e >> 1) ^ st)] = acc[st][b][e];",
+        }],
+        "tests": ["test_gemm_gpu:Gemm.SwappedTile", "test_gemm_fp8_gpu:GemmFp8.SwappedDecode"],
+        "bench": [{"ranks": 1, "args": "gemm --shapes 16x11008x4096 --tile swapped --target-ms 2"}],
+    },
+    {
+        "name": "gemm_swapped_last_token_reads_previous",
+        "what": "swapped decode tile: the last token's row reads the token before it (an off-by-one in the clamp "
+                "that lets tokens past M read valid memory); only C's last row is wrong",
+        "edits": [{
+            "file": "kernels/gemm/swapped_kernel.cuh",
+            "find": "(8 * b + g < p.M ? 8 * b + g : p.M - 1) * K;",
+            "replace": "(8 * b + g < p.M - 1 ? 8 * b + g : (p.M > 1 ? p.M - 2 : 0)) * K;",
+        }],
+        "tests": ["test_gemm_gpu:Gemm.SwappedTile", "test_gemm_fp8_gpu:GemmFp8.SwappedDecode"],
+        "bench": [{"ranks": 1, "args": "gemm --shapes 16x4096x4096 --tile swapped --target-ms 2"}],
+    },
+    # ---- the call path (src/runtime/communicator.cpp) --------------------------------------------
+    {
+        "name": "agree_call_leaves_first_call_early",
+        "what": "agree_call: a rank leaves a plan's first call without waiting for its peers to read its post, so a "
+                "burst of agreed calls can lap a slower peer's mailbox ring (a race: it bites when a rank runs "
+                "16+ calls ahead right after a first call)",
+        "edits": [{
+            "file": "src/runtime/communicator.cpp",
+            "find": "    if (r != me && !wait_for(r, \"finish\", [&] { return m.mail[r]->checked.load(std::memory_order_acquire) >= n; }))",
+            "replace": "    if (false && r != me && !wait_for(r, \"finish\", [&] { return m.mail[r]->checked.load(std::memory_order_acquire) >= n; }))",
+        }],
+        "tests": ["test_moe_layer_gpu:MoeLayer.BackToBack*"],
+        "repeat": 3,
+    },
+    # ---- the network path's hierarchical collectives (kernels/net_collectives) -------------------
+    {
+        "name": "net_hier_reduce_scatter_tail_not_collected",
+        "what": "G > 1 reduce_scatter: the node's sum of the trailing partial 16-byte unit is never copied next to "
+                "the last rank's shard, so its last bytes go out without the other ranks' partials (ragged sizes)",
+        "edits": [{
+            "file": "kernels/net_collectives/node_phase.hpp",
+            "find": "      st.op = StageOp::copy, st.size = l == t.gpus - 1 ? tl.size : 0;",
+            "replace": "      st.op = StageOp::copy, st.size = 0;",
+        }],
+        "tests": ["test_net_collectives_layout", "test_net_gpu_hier"],
+    },
+    {
+        "name": "net_hier_all_gather_last_node_block_skipped",
+        "what": "G > 1 all_gather: the NVLink all-gather of the last node's block is skipped, so each rank keeps only "
+                "the shard of that node it received over the network",
+        "edits": [{
+            "file": "kernels/net_collectives/node_phase.hpp",
+            "find": "    if (i < N) return ag_rows(node_block(L, i), t.gpus, l);",
+            "replace": "    if (i < N - 1) return ag_rows(node_block(L, i), t.gpus, l);\n    if (i == N - 1) return {StageOp::copy, {0, 0}, tl, {Where::buffer, 0}, {Where::buffer, 0}, 0};",
+        }],
+        "tests": ["test_net_collectives_layout", "test_net_gpu_hier"],
+    },
 ]
