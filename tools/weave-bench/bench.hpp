@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <functional>
@@ -138,6 +139,18 @@ double worst_over_ranks(Comm& c, double v) {
 inline JsonLine& add_check_worst(JsonLine& j, double worst) {
   if (std::isfinite(worst)) return j.add("check_worst", worst);
   return j.add("check_worst", std::isnan(worst) ? "nan" : "inf");
+}
+
+// A benchmark's exit status: 0 when every row was correct, else 1 after listing the wrong rows on
+// stderr with the seed that replays them (`print`: false on the ranks that leave it to rank 0).
+inline int exit_status(const char* bench, const std::vector<std::string>& wrong, uint64_t seed, bool print = true) {
+  if (wrong.empty()) return 0;
+  if (print) {
+    std::fprintf(stderr, "weave-bench %s: %zu incorrect row(s) (replay with WEAVE_TEST_SEED=%llu):\n", bench,
+                 wrong.size(), static_cast<unsigned long long>(seed));
+    for (const std::string& w : wrong) std::fprintf(stderr, "  %s\n", w.c_str());
+  }
+  return 1;
 }
 
 // Median over `repeats` of the mean time (µs) of `iters` back-to-back calls of fn on stream,

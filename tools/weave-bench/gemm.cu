@@ -406,13 +406,7 @@ int run_gemm_bench(const Args& args) {
     cudaFree(ref_s);
   }
   if (n_ratio > 0) std::printf("geomean weave/cuBLAS over %d shapes: %.3f\n", n_ratio, std::exp(log_ratio_sum / n_ratio));
-  if (!wrong.empty()) {
-    std::fprintf(stderr, "weave-bench gemm: %zu incorrect row(s) (replay with WEAVE_TEST_SEED=%llu):\n", wrong.size(),
-                 static_cast<unsigned long long>(seed));
-    for (const auto& w : wrong) std::fprintf(stderr, "  %s\n", w.c_str());
-    return 1;
-  }
-  return 0;
+  return exit_status("gemm", wrong, seed);
 }
 
 }  // namespace

@@ -293,13 +293,7 @@ int run_gemm_fp8_bench(const Args& args) {
                             std::exp(log_tensor / n_tensor));
   if (n_block) std::printf("geomean weave block-scaled / weave per-tensor over %d shapes: %.3f\n", n_block,
                            std::exp(log_block / n_block));
-  if (!wrong.empty()) {
-    std::fprintf(stderr, "weave-bench gemm_fp8: %zu incorrect row(s) (replay with WEAVE_TEST_SEED=%llu):\n",
-                 wrong.size(), static_cast<unsigned long long>(seed));
-    for (const auto& w : wrong) std::fprintf(stderr, "  %s\n", w.c_str());
-    return 1;
-  }
-  return 0;
+  return exit_status("gemm_fp8", wrong, seed);
 }
 
 }  // namespace

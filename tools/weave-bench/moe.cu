@@ -620,15 +620,7 @@ int run(const Args& args, int W) {
     comm.barrier();  // no rank frees what a peer's call may still read
     cudaFree(x), cudaFree(x2), cudaFree(out), cudaFree(wup), cudaFree(wdown), cudaFree(idx), cudaFree(w);
   }
-  if (!wrong.empty()) {
-    if (me == 0) {
-      std::fprintf(stderr, "weave-bench moe: %zu incorrect row(s) (replay with WEAVE_TEST_SEED=%llu):\n", wrong.size(),
-                   static_cast<unsigned long long>(seed));
-      for (const auto& x : wrong) std::fprintf(stderr, "  %s\n", x.c_str());
-    }
-    return 1;
-  }
-  return 0;
+  return exit_status("moe", wrong, seed, me == 0);
 }
 
 }  // namespace world
@@ -813,13 +805,7 @@ int run_moe_bench(const Args& args) {
     for (int i = 0; i < kSets; ++i) cudaFree(X[i]), cudaFree(W[i]);
     cudaFree(Y), cudaFree(ref_r), cudaFree(ref_s), cudaFree(dcounts);
   }
-  if (!wrong.empty()) {
-    std::fprintf(stderr, "weave-bench moe: %zu incorrect row(s) (replay with WEAVE_TEST_SEED=%llu):\n", wrong.size(),
-                 static_cast<unsigned long long>(seed));
-    for (const auto& w : wrong) std::fprintf(stderr, "  %s\n", w.c_str());
-    return 1;
-  }
-  return 0;
+  return exit_status("moe", wrong, seed);
 }
 
 }  // namespace

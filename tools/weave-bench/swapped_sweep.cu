@@ -158,13 +158,7 @@ int run(const Args& args) {
     cudaFree(C), cudaFree(ref_r), cudaFree(ref_s);
   }
   cudaFree(ha), cudaFree(hb), cudaFree(hc);
-  if (!wrong.empty()) {
-    std::printf("weave-bench swapped_sweep: %zu incorrect row(s) (replay with WEAVE_TEST_SEED=%llu)\n", wrong.size(),
-                static_cast<unsigned long long>(seed));
-    for (const std::string& w : wrong) std::printf("  %s\n", w.c_str());
-    return 1;
-  }
-  return 0;
+  return exit_status("swapped_sweep", wrong, seed);
 }
 
 }  // namespace

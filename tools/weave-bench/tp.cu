@@ -440,15 +440,7 @@ int run(const bench::Args& a) {
     }
   }
   WEAVE_CUDA_CHECK(cudaStreamDestroy(st));
-  if (!x.wrong.empty()) {
-    if (x.rank == 0) {
-      std::fprintf(stderr, "weave-bench tp: %zu incorrect row(s) (replay with WEAVE_TEST_SEED=%llu):\n", x.wrong.size(),
-                   static_cast<unsigned long long>(x.seed));
-      for (const auto& w : x.wrong) std::fprintf(stderr, "  %s\n", w.c_str());
-    }
-    return 1;
-  }
-  return 0;
+  return bench::exit_status("tp", x.wrong, x.seed, x.rank == 0);
 }
 
 }  // namespace
