@@ -40,6 +40,7 @@
 #include "gemm/gemm.hpp"
 #include "gemm/reference.cuh"
 #include "gemm_sets.hpp"
+#include "recheck.hpp"
 
 using namespace weave;
 using namespace weave::bench;
@@ -330,17 +331,13 @@ int run_gemm_bench(const Args& args) {
       };
       check::poison(d.c, nc, st);
       const double t = time_us(st, weave_call, 3, iters, 5);
-      check::Report rep = check_c(last);
-      // One more call, after the hundreds above, on the other input set into a poisoned C: a
-      // launch that stops writing after the first ones (state left over between launches, e.g. a
-      // split-K counter) can leave the last timed call's set's result from an earlier call in C,
-      // which check_c(last) alone passes whenever that set's turn came round.
-      if (rep.ok) {
-        check::poison(d.c, nc, st);
-        it = last + 1;
-        weave_call();
-        rep = check_c(last);
-      }
+      // The last timed call, then one more on the next input set into a poisoned C (recheck.hpp).
+      const check::Report rep = check_last_and_fresh(
+          last, nsets, check_c, [&] { check::poison(d.c, nc, st); },
+          [&](int set) {
+            it = set;
+            weave_call();
+          });
       const double tf = flop / t * 1e-6;
       const double ratio = t_cublas / t;
       if (comm == comms.front()) {

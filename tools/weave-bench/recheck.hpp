@@ -3,8 +3,8 @@
 // the same way; the row is correct only when both pass. The second check catches a kernel that
 // leaves an earlier call's result in place (state carried between launches, e.g. a split-K
 // counter; a store skipped after the first launches): the first check alone passes it whenever
-// the last timed call's input set came round earlier in the loop. Used by weave-bench gemm_fp8
-// and moe (gemm.cu does the same inline for its weave rows).
+// the last timed call's input set came round earlier in the loop. Used by weave-bench gemm (its
+// weave rows), gemm_fp8 and moe.
 #pragma once
 #include "weave/common/error.hpp"
 
