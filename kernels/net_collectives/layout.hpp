@@ -189,6 +189,13 @@ WEAVE_HD inline long long commands(const Layout& L, int r) {
   return n;
 }
 
+// Where a piece of `sender`'s lands in the receiver's slot: all_gather at the data's own offset in
+// the buffer (`data_off`), the others at the piece's offset (`piece_off`) in the sending node's
+// stride-sized area. The sender's command and the receiver's read both come from here.
+WEAVE_HD inline long long landing_off(const Layout& L, int sender, long long data_off, long long piece_off) {
+  return L.plan.coll == Coll::all_gather ? data_off : L.plan.topo.node(sender) * L.stride + piece_off;
+}
+
 // The command of (step s, piece p) of rank r: source offset in r's send buffer, destination
 // offset in the peer's receive slot, bytes, chunk id (without the slot's flag offset).
 struct PieceCmd {
@@ -207,13 +214,9 @@ WEAVE_HD inline PieceCmd piece_cmd(const Layout& L, int r, int s, int p) {
   c.data_off = x.off + pc.off;
   c.part_off = partial_off(L, x.dst, pc.off);
   c.chunk = chunk_id(L, r, p);
-  if (L.plan.coll == Coll::all_gather) {
-    c.src_off = pc.off;         // the own shard sits at 0 of the send buffer
-    c.dst_off = x.off + pc.off;  // the output's layout
-  } else {
-    c.src_off = L.plan.topo.node(x.dst) * L.stride + pc.off;
-    c.dst_off = L.plan.topo.node(r) * L.stride + pc.off;
-  }
+  // all_gather: the own shard sits at 0 of the send buffer; the others: per destination node.
+  c.src_off = L.plan.coll == Coll::all_gather ? pc.off : L.plan.topo.node(x.dst) * L.stride + pc.off;
+  c.dst_off = landing_off(L, r, c.data_off, pc.off);
   return c;
 }
 
@@ -235,7 +238,7 @@ WEAVE_HD inline PieceRecv piece_recv(const Layout& L, int r, int s, int p) {
   v.data_off = x.off + pc.off;
   v.part_off = partial_off(L, r, pc.off);
   v.chunk = chunk_id(L, x.src, p);
-  v.recv_off = L.plan.coll == Coll::all_gather ? x.off + pc.off : L.plan.topo.node(x.src) * L.stride + pc.off;
+  v.recv_off = landing_off(L, x.src, v.data_off, pc.off);
   return v;
 }
 
