@@ -3,8 +3,6 @@
 // producers' path through ring, proxy and transport in both notification modes, the node split,
 // the call bookkeeping, a peer that exits, and a rank's abort reaching every peer.
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -13,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "check/free_port.hpp"
 #include "check/seed.hpp"
 #include "ranks.hpp"
 #include "weave/common/error.hpp"
@@ -23,6 +22,7 @@ namespace net = weave::net;
 using net::Command;
 using net::test::describe;
 using net::test::run_processes;
+using weave::check::free_port;
 
 namespace {
 
@@ -31,17 +31,6 @@ void require(bool ok, const std::string& what) {
 }
 bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
-int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
 
 // Rank r of `world`, on host hosts[r], CPU mode over tcp on loopback.
 struct Job {

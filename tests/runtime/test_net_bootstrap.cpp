@@ -1,12 +1,9 @@
 // NetBootstrap across real processes on loopback: the test forks one child per rank, the child
 // sets WEAVE_BOOTSTRAP=127.0.0.1:<port> and writes "ok" or its error text into a slot of a shared
 // mapping; the parent reaps the children and kills any still alive at the deadline (a hang).
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <sys/mman.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,10 +15,12 @@
 #include <thread>
 #include <vector>
 
+#include "check/free_port.hpp"
 #include "weave/common/error.hpp"
 #include "weave/runtime/net_bootstrap.hpp"
 
 using namespace std::chrono_literals;
+using weave::check::free_port;
 using weave::runtime::LaunchInfo;
 using weave::runtime::NetBootstrap;
 using weave::runtime::NetBootstrapOptions;
@@ -49,19 +48,6 @@ bool contains(const std::string& s, const std::string& part) { return s.find(par
 
 void require(bool ok, const std::string& what) {
   if (!ok) throw std::runtime_error(what);
-}
-
-// A port that was free a moment ago: the kernel's choice of an ephemeral one.
-int free_port() {
-  int s = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  if (bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || getsockname(s, reinterpret_cast<sockaddr*>(&a), &len) != 0)
-    throw std::runtime_error("no free port");
-  close(s);
-  return ntohs(a.sin_port);
 }
 
 Result run_once(const std::vector<Rank>& ranks, const Body& body, int port, std::chrono::seconds limit) {
