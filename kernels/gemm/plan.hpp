@@ -87,8 +87,8 @@ inline Choice plan_gemm(const PlanInputs& in) {
     if (c.cost < kTileGain * best.cost) best = c;
   };
   // Decode with W as N x K: the swapped tile (weights on the mma's M side), which streams them at
-  // 0.97-1.38 of cuBLAS's rate up to 8 tokens and at 0.90-1.04 up to 16 (perf-notes, "swapped"),
-  // against 0.78-0.93 for the 64x128 tile.
+  // 0.92-1.31 of cuBLAS's rate up to 8 tokens and at 0.89-1.01 up to 16 (docs/perf-notes.md,
+  // "the swapped decode tile"), against 0.78-0.94 for the 64x128 tile.
   if (in.swapped && in.M <= swapped::kMaxTokens) return {Tile::Swapped, 1, in.sm_count, 0.0};
   // Decode (M <= 64): the 64-row tile, whose 8 stages keep twice the weight bytes in flight per SM
   // of the 128x256 tile's 3 (the regime is memory-bound: measured 16x28672x8192 in 122 us against
