@@ -46,11 +46,17 @@ struct MoeExchange::Impl {
   runtime::SymmetricTensor<RowMeta> meta;
   std::optional<runtime::SymmetricTensor<bf16>> yout;
   runtime::SignalSet dsig, csig;
+  // The fused dispatch's counters (dispatch_gemm_schedule.hpp): L arrivals, then L ready; running
+  // totals over the fused calls launched (a call's aux warp count may differ from the last's).
+  runtime::SignalSet fsig;
+  unsigned long long arrive_total = 0, ready_total = 0;
+  // dsig counter 1 (push blocks' signals) over the non-fused calls launched.
+  unsigned long long pushed_total = 0;
   runtime::CallOrder order;
-  // Local scratch, one allocation: hist, base, plan, counts, offsets, status, record.
+  // Local scratch, one allocation: hist, base, plan, counts, offsets, status, record, send order, slist.
   void* local = nullptr;
-  int *hist = nullptr, *base = nullptr, *counts = nullptr, *offsets = nullptr, *status = nullptr;
-  int2* plan = nullptr;
+  int *hist = nullptr, *base = nullptr, *counts = nullptr, *offsets = nullptr, *status = nullptr, *send_order = nullptr;
+  int2 *plan = nullptr, *slist = nullptr;
   Verdict* record = nullptr;
   int last_T = -1;  // the last dispatch's T (combine must match), -1 before the first
   unsigned long long calls = 0;  // dispatches launched
@@ -63,7 +69,8 @@ struct MoeExchange::Impl {
         xrecv(comm, static_cast<size_t>(conf.capacity) * conf.hidden),
         meta(comm, static_cast<size_t>(conf.capacity)),
         dsig(comm.signals("moe.dispatch", 2)),
-        csig(comm.signals("moe.combine", 2)) {
+        csig(comm.signals("moe.combine", 2)),
+        fsig(comm.signals("moe.dispatch_gemm", 2 * (conf.experts / comm.world() > 0 ? conf.experts / comm.world() : 1))) {
     if (cfg.output_buffer) yout.emplace(comm, static_cast<size_t>(cfg.capacity) * cfg.hidden);
     std::vector<int> sms(c.world());
     const int mine = c.sm_count();
@@ -76,8 +83,10 @@ struct MoeExchange::Impl {
     const size_t b_hist = round16(chunks * E * sizeof(int)), b_base = round16(E * sizeof(int)),
                  b_plan = round16(std::max<size_t>(static_cast<size_t>(cfg.max_tokens) * cfg.topk, 1) * sizeof(int2)),
                  b_counts = round16(L * sizeof(int)), b_offsets = round16((L + 1) * sizeof(int)),
-                 b_status = round16(detail::kStatusWords * sizeof(int)), b_record = round16(sizeof(Verdict));
-    WEAVE_CUDA_CHECK(cudaMalloc(&local, b_hist + b_base + b_plan + b_counts + b_offsets + b_status + b_record));
+                 b_status = round16(detail::kStatusWords * sizeof(int)), b_record = round16(sizeof(Verdict)),
+                 b_order = round16((E + 1) * sizeof(int));
+    WEAVE_CUDA_CHECK(
+        cudaMalloc(&local, b_hist + b_base + b_plan + b_counts + b_offsets + b_status + b_record + b_order + b_plan));
     char* p = static_cast<char*>(local);
     hist = reinterpret_cast<int*>(p), p += b_hist;
     base = reinterpret_cast<int*>(p), p += b_base;
@@ -85,7 +94,9 @@ struct MoeExchange::Impl {
     counts = reinterpret_cast<int*>(p), p += b_counts;
     offsets = reinterpret_cast<int*>(p), p += b_offsets;
     status = reinterpret_cast<int*>(p), p += b_status;
-    record = reinterpret_cast<Verdict*>(p);
+    record = reinterpret_cast<Verdict*>(p), p += b_record;
+    send_order = reinterpret_cast<int*>(p), p += b_order;
+    slist = reinterpret_cast<int2*>(p);
     const int st[detail::kStatusWords] = {0, 0, INT_MAX, 0};
     const Verdict none{};
     WEAVE_CUDA_CHECK(cudaMemset(local, 0, b_hist + b_base + b_plan + b_counts + b_offsets));
@@ -114,9 +125,16 @@ bf16* MoeExchange::expert_output() const { return impl_->yout ? impl_->yout->dat
 const ExchangeConfig& MoeExchange::config() const { return impl_->cfg; }
 unsigned long long MoeExchange::dispatches() const { return impl_->calls; }
 runtime::Communicator& MoeExchange::communicator() const { return impl_->c; }
+int MoeExchange::min_sm_count() const { return impl_->blocks; }
 
 Dispatched MoeExchange::dispatch(const bf16* x, const int* topk_idx, int T, cudaStream_t s) {
+  return dispatch(x, topk_idx, T, s, FusedDispatch{});
+}
+
+Dispatched MoeExchange::dispatch(const bf16* x, const int* topk_idx, int T, cudaStream_t s,
+                                 const FusedDispatch& fused) {
   Impl& m = *impl_;
+  const bool fuse = static_cast<bool>(fused.launch);
   const ExchangeConfig& cf = m.cfg;
   const std::string problem = runtime::local_problem([&] {
     runtime::check_not_capturing("moe dispatch", s);
@@ -127,8 +145,15 @@ Dispatched MoeExchange::dispatch(const bf16* x, const int* topk_idx, int T, cuda
     m.c.check_buffer("moe dispatch", "x", x, static_cast<size_t>(T) * cf.hidden * sizeof(bf16));
     m.c.check_buffer("moe dispatch", "topk_idx", topk_idx, static_cast<size_t>(T) * cf.topk * sizeof(int));
   });
-  m.c.agree_call("moe.dispatch", "E, H, k, max_tokens, capacity",
-                 {cf.experts, cf.hidden, cf.topk, cf.max_tokens, cf.capacity}, problem, s);
+  if (fuse) {
+    std::vector<long long> values{cf.experts, cf.hidden, cf.topk, cf.max_tokens, cf.capacity};
+    values.insert(values.end(), fused.values.begin(), fused.values.end());
+    m.c.agree_call(fused.op, "E, H, k, max_tokens, capacity, " + fused.what, values,
+                   problem.empty() ? fused.problem : problem, s);
+  } else {
+    m.c.agree_call("moe.dispatch", "E, H, k, max_tokens, capacity",
+                   {cf.experts, cf.hidden, cf.topk, cf.max_tokens, cf.capacity}, problem, s);
+  }
   m.order.before(s);
   detail::DispatchArgs a{};
   a.x = x;
@@ -147,14 +172,28 @@ Dispatched MoeExchange::dispatch(const bf16* x, const int* topk_idx, int T, cuda
   }
   a.sig = m.dsig.view();
   a.round = m.dsig.round() + 1;  // taken only by a launched call (a rejected one leaves no gap)
-  a.push_blocks = m.blocks;
   const int walk_blocks =
       std::max(1, (num_chunks(static_cast<long long>(T) * cf.topk) + detail::kWalkWarps - 1) / detail::kWalkWarps);
   launch_pdl(detail::route_walk<false>, walk_blocks, detail::kWalkWarps * 32, s, a);
+  if (fuse) {
+    a.order = m.send_order;
+    a.slist = m.slist;
+    a.fsig = m.fsig.view();
+    a.arrive_expected = m.arrive_total + arrivals_per_call(m.c.world(), fused.aux_warps);
+    a.ready_expected = m.ready_total + ready_per_call(fused.aux_warps);
+  }
   launch_pdl(detail::exchange_counts, 1, detail::kCountThreads, s, a);
   launch_pdl(detail::route_walk<true>, walk_blocks, detail::kWalkWarps * 32, s, a);
-  launch_pdl(detail::push_rows, m.blocks, detail::kPushThreads, s, a);
-  launch_pdl(detail::dup_rows, m.blocks, detail::kPushThreads, s, a);
+  if (fuse) {
+    fused.launch(a, s);
+    m.arrive_total = a.arrive_expected;
+    m.ready_total = a.ready_expected;
+  } else {
+    a.pushed_expected = m.pushed_total + static_cast<unsigned long long>(m.c.world()) * m.blocks;
+    launch_pdl(detail::push_rows, m.blocks, detail::kPushThreads, s, a);
+    launch_pdl(detail::dup_rows, m.blocks, detail::kPushThreads, s, a);
+    m.pushed_total = a.pushed_expected;
+  }
   m.dsig.next_round();
   m.order.after(s);
   m.last_T = T;

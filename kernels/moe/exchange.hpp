@@ -7,7 +7,10 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <functional>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "moe/exchange_plan.hpp"
 #include "weave/runtime/communicator.hpp"
@@ -41,6 +44,22 @@ struct Dispatched {
   unsigned long long call = 0;     // the exchange's dispatch number (1, 2, ...): gemm_combine checks it
 };
 
+namespace detail {
+struct DispatchArgs;  // exchange_kernels.cuh
+}
+
+// A fused operator built on the dispatch (dispatch_gemm.hpp): its name and plan values join the
+// call's cross-rank agreement, its own local checks the call's, and `launch` replaces the push and
+// duplication kernels (the routing steps before them are the dispatch's). Its kernel runs
+// `aux_warps` warps that signal the exchange's fused counters (dispatch_gemm_schedule.hpp).
+struct FusedDispatch {
+  std::string op, what;
+  std::vector<long long> values;
+  std::string problem;
+  int aux_warps = 0;
+  std::function<void(const detail::DispatchArgs&, cudaStream_t)> launch;
+};
+
 class MoeExchange {
  public:
   // Collective (every rank, same config, checked): allocates the symmetric buffers and signals.
@@ -58,6 +77,9 @@ class MoeExchange {
   // every rank alike: nothing is sent, counts are zero, the following combine writes NaN, and the
   // reason is kept on the device until check() reports it (as weave::Error, on every rank).
   Dispatched dispatch(const __nv_bfloat16* x, const int* topk_idx, int T, cudaStream_t s);
+  // The same call with `fused`'s kernel in place of the push and duplication (dispatch_gemm.hpp).
+  Dispatched dispatch(const __nv_bfloat16* x, const int* topk_idx, int T, cudaStream_t s,
+                      const FusedDispatch& fused);
 
   // Collective, after dispatch (same T): out[t] = sum_j w[t, j] * Y_rank(t, j)[row(t, j)], fp32 sum
   // in slot order, bf16 result. y: the experts' output rows in the grouped layout (capacity x H,
@@ -79,6 +101,8 @@ class MoeExchange {
   // The communicator the exchange was made on (for operators built on it, e.g. layer.hpp's
   // cross-rank argument check).
   runtime::Communicator& communicator() const;
+  // The smallest SM count of all ranks (the exchange's grids; fused kernels size theirs by it).
+  int min_sm_count() const;
 
  private:
   struct Impl;

@@ -17,53 +17,14 @@
 #include <climits>
 
 #include "moe/combine_sum.cuh"
+#include "moe/dispatch_gemm_schedule.hpp"
+#include "moe/exchange_args.hpp"
+#include "moe/row_copy.cuh"
 #include "moe/exchange_plan.hpp"
 #include "weave/pdl.cuh"
 #include "weave/signal.cuh"
 
 namespace weave::moe::detail {
-
-using bf16 = __nv_bfloat16;
-
-// Status words of the rank's last dispatch (local device memory).
-enum StatusWord : int {
-  kStatusFailed = 0,   // the call's verdict was not ok (every rank has the same)
-  kStatusRows = 1,     // rows this rank received (rank_rows)
-  kStatusBadSlot = 2,  // route_walk's atomicMin of out-of-range entries, INT_MAX = none
-  kStatusWords = 4,
-};
-
-struct DispatchArgs {
-  const bf16* x;
-  const int* idx;
-  int T, k, H, capacity;
-  Geometry g;
-  int* hist;         // max chunks x E: per-chunk histograms, then their prefixes over chunks
-  int* base;         // E: first row of block (local_of(e), this rank) on rank_of(e)
-  int2* plan;        // T x k: {rank, row} of each (token, slot): what combine reads back
-  int* counts;       // L
-  int* offsets;      // L + 1
-  int* status;       // kStatusWords
-  Verdict* record;   // the first failed call's verdict since the host last looked
-  int* mat[kMaxWorld];         // count rows of every rank: 2 parities x W x row_ints(E)
-  bf16* xrecv[kMaxWorld];      // grouped buffers, capacity x H
-  RowMeta* meta[kMaxWorld];    // capacity
-  signals sig;                 // 0: count rows (W per call), 1: pushed (W x push_blocks per call)
-  unsigned long long round;
-  int push_blocks;
-};
-
-struct CombineArgs {
-  const bf16* y[kMaxWorld];
-  const float* w;
-  const int2* plan;
-  bf16* out;
-  const int* status;
-  int T, k, H;
-  signals sig;  // 0: outputs ready (W per call), 1: done reading (W x blocks per call)
-  unsigned long long round;
-  int blocks;
-};
 
 constexpr int kWalkWarps = 4;
 constexpr int kPushThreads = 512;
@@ -121,7 +82,15 @@ __global__ void __launch_bounds__(kWalkWarps * 32) route_walk(const __grid_const
     __syncwarp();
     if (e >= 0 && before == 0) cur[e] += __popc(same);
     __syncwarp();
-    if (Place && i < end) a.plan[i] = e >= 0 ? make_int2(a.g.rank_of(e), a.base[e] + pos) : make_int2(-1, -1);
+    if (Place && i < end) {
+      a.plan[i] = e >= 0 ? make_int2(a.g.rank_of(e), a.base[e] + pos) : make_int2(-1, -1);
+      if (a.slist && e >= 0) {
+        const long long t = i / a.k;
+        const int j = static_cast<int>(i - t * a.k);
+        a.slist[a.order[send_position(a.sig.rank, e, a.g)] + pos] =
+            make_int2(static_cast<int>(i), primary_slot(a.idx + t * a.k, a.k, a.g, j));
+      }
+    }
   }
   if (!Place)
     for (int e = lane; e < E; e += 32) a.hist[static_cast<long long>(c) * E + e] = cur[e];
@@ -182,6 +151,12 @@ __global__ void __launch_bounds__(kCountThreads) exchange_counts(const __grid_co
   }
   if (!failed)
     for (int e = tid; e < E; e += nt) a.base[e] = block_begin(cnt, a.g, a.g.rank_of(e), a.g.local_of(e), me);
+  if (a.order) {
+    if (failed)
+      for (int p = tid; p <= E; p += nt) a.order[p] = 0;
+    else if (tid == 0)
+      send_offsets(cnt + me * E, a.g, me, a.order);  // E steps on shared memory, fused calls only
+  }
 }
 
 // One warp per token: the metadata of each of its k rows goes to the row's rank, and its data
@@ -197,11 +172,7 @@ __global__ void __launch_bounds__(kPushThreads) push_rows(const __grid_constant_
         const int2 p = a.plan[static_cast<long long>(t) * k + lane];
         d = p.x, row = p.y;
       }
-      int prim = lane;  // the first slot on the same rank as this lane's (primary_slot)
-      for (int j = 0; j < k; ++j) {
-        const int dj = __shfl_sync(0xffffffffu, d, j);
-        if (j < prim && dj == d) prim = j;
-      }
+      const int prim = lane < k ? primary_slot(a.idx + static_cast<long long>(t) * k, k, a.g, lane) : lane;
       const int prow = __shfl_sync(0xffffffffu, row, prim);
       if (lane < k)
         *reinterpret_cast<int4*>(a.meta[d] + row) = make_int4(me, t, prow, lane);
@@ -240,7 +211,7 @@ __global__ void __launch_bounds__(kPushThreads) push_rows(const __grid_constant_
 __global__ void __launch_bounds__(kPushThreads) dup_rows(const __grid_constant__ DispatchArgs a) {
   pdl_enter();
   if (threadIdx.x == 0)
-    wait(a.sig, 1, a.round * static_cast<unsigned long long>(a.g.world) * static_cast<unsigned long long>(a.push_blocks));
+    wait(a.sig, 1, a.pushed_expected);
   __syncthreads();
   if (a.status[kStatusFailed]) return;
   const int me = a.sig.rank, lane = threadIdx.x % 32, R = a.status[kStatusRows], nv = a.H / 8;
@@ -249,17 +220,8 @@ __global__ void __launch_bounds__(kPushThreads) dup_rows(const __grid_constant__
   for (int r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; r < R; r += warps) {
     const int4 m = __ldcg(reinterpret_cast<const int4*>(a.meta[me] + r));
     if (m.z == r) continue;
-    const int4* src = reinterpret_cast<const int4*>(buf + static_cast<long long>(m.z) * a.H);
-    int4* dst = reinterpret_cast<int4*>(buf + static_cast<long long>(r) * a.H);
-    for (int v0 = lane; v0 < nv; v0 += 32 * kCopyUnroll) {
-      int4 val[kCopyUnroll];
-#pragma unroll
-      for (int u = 0; u < kCopyUnroll; ++u)
-        if (v0 + 32 * u < nv) val[u] = __ldcg(src + v0 + 32 * u);
-#pragma unroll
-      for (int u = 0; u < kCopyUnroll; ++u)
-        if (v0 + 32 * u < nv) dst[v0 + 32 * u] = val[u];
-    }
+    copy_row<kCopyUnroll, true>(reinterpret_cast<const int4*>(buf + static_cast<long long>(m.z) * a.H),
+                                reinterpret_cast<int4*>(buf + static_cast<long long>(r) * a.H), nv, lane, 32);
   }
 }
 

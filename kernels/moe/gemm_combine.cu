@@ -1,7 +1,6 @@
 // Host entry of the fused gemm_combine (gemm_combine.hpp): argument checks agreed across ranks,
 // the landing buffer and signal set, the GEMM launch (GemmCombineKernel) and the final sum.
 #include <algorithm>
-#include <vector>
 
 #include "gemm/gemm.hpp"
 #include "moe/gemm_combine.hpp"
@@ -22,9 +21,6 @@ struct MoeGemmCombine::Impl {
   runtime::SymmetricTensor<bf16> landing;
   runtime::SignalSet sig;
   runtime::CallOrder order;
-  // The smallest SM count of all ranks: every rank's GEMM gets this many compute blocks at most,
-  // so that all launch the same number (what the final sum's expected count assumes).
-  int min_sms = 1;
   unsigned long long last_call = 0;  // the dispatch the last run consumed (one run per dispatch)
   // Signals this rank's counter has received over all launched calls: W x compute blocks per call.
   // A running total rather than round x per_round, since a caller's max_compute_blocks may change
@@ -38,12 +34,7 @@ struct MoeGemmCombine::Impl {
       : ex(e),
         c(e.communicator()),
         landing(c, landing_elems(e.config())),
-        sig(c.signals("moe.gemm_combine", 1)) {
-    std::vector<int> sms(c.world());
-    const int mine = c.sm_count();
-    c.bootstrap().all_gather(&mine, sms.data(), sizeof mine);
-    min_sms = *std::min_element(sms.begin(), sms.end());
-  }
+        sig(c.signals("moe.gemm_combine", 1)) {}
 };
 
 MoeGemmCombine::MoeGemmCombine(MoeExchange& ex) : impl_(std::make_unique<Impl>(ex)) {}
@@ -51,20 +42,6 @@ MoeGemmCombine::~MoeGemmCombine() = default;
 
 bf16* MoeGemmCombine::landing() const { return impl_->landing.data(); }
 MoeExchange& MoeGemmCombine::exchange() const { return impl_->ex; }
-
-namespace {
-
-// The GEMM's launch config: no communicator SM (the push runs on the compute blocks' idle warps),
-// every block needed for the bound (no wave balancing, as grouped_gemm), at most the smallest SM
-// count of all ranks.
-lcsc::Config combine_config(const GroupedGemmOptions& opt, int min_sms) {
-  lcsc::Config cfg = opt.lcsc;
-  cfg.balance_waves = false;
-  cfg.max_compute_blocks = cfg.max_compute_blocks > 0 ? std::min(cfg.max_compute_blocks, min_sms) : min_sms;
-  return cfg;
-}
-
-}  // namespace
 
 std::string MoeGemmCombine::problem(const Dispatched* d, const bf16* h, const bf16* W_down, int F,
                                     const float* topk_weights, const bf16* out, int T,
@@ -108,7 +85,9 @@ void MoeGemmCombine::run(const Dispatched& d, const bf16* h, const bf16* W_down,
   Impl& m = *impl_;
   const ExchangeConfig& cf = m.ex.config();
   const int W = m.c.world(), L = cf.experts / W, H = cf.hidden, R = cf.capacity, k = cf.topk;
-  const lcsc::Config cfg = combine_config(opt, m.min_sms);
+  // At most the smallest SM count of all ranks: every rank launches the same number of compute blocks
+  // (what the final sum's expected count assumes).
+  const lcsc::Config cfg = fused_grouped_config(opt, m.ex.min_sm_count());
   CombineGlobals g{};
   // From the shape alone (the grid sized for the most tiles the capacity allows), so that a rank
   // whose arguments are refused still agrees on it and its peers hear the refusal itself.

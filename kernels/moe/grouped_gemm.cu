@@ -1,5 +1,6 @@
-// Host side of the grouped GEMM: validation, tensor maps, the status words, launch. The two kernel
-// instantiations (B as N x K and as K x N) live here.
+// Host side of the grouped GEMM: validation, tensor maps, the status words, launch. The kernel
+// instantiations (B as N x K and as K x N; packed and fixed-stride rows) live here.
+#include <algorithm>
 #include <cstdint>
 #include <mutex>
 
@@ -66,6 +67,17 @@ lcsc::Plan run(const __nv_bfloat16* X, const __nv_bfloat16* W, __nv_bfloat16* Y,
                                         stream);
 }
 
+// The fixed-stride layout (row_stride > 0): its own instantiations.
+template <gemm::BLayout L>
+lcsc::Plan run_strided(const __nv_bfloat16* X, const __nv_bfloat16* W, __nv_bfloat16* Y, const int* counts, int E,
+                       int N, int K, int R_cap, int row_stride, int group_m, int* status, const lcsc::Config& cfg,
+                       cudaStream_t stream) {
+  StridedGroupedGlobals g{};
+  static_cast<GroupedGlobals&>(g) = grouped_globals(L, X, W, Y, counts, E, N, K, R_cap, group_m, status);
+  g.row_stride = row_stride;
+  return lcsc::launch<GroupedKernel<L, true>>(g, cfg, stream);
+}
+
 }  // namespace
 
 void validate_grouped(const void* X, const void* W, const void* Y, const int* counts, int E, int N, int K,
@@ -86,11 +98,28 @@ void validate_grouped(const void* X, const void* W, const void* Y, const int* co
               ") overflow the work index");
 }
 
+void validate_row_stride(int E, int R_cap, int row_stride) {
+  WEAVE_CHECK(row_stride >= 0, "moe grouped_gemm: row_stride = ", row_stride, ", want >= 0 (0: packed rows)");
+  if (row_stride == 0) return;
+  WEAVE_CHECK(static_cast<long long>(E) * row_stride <= R_cap, "moe grouped_gemm: E x row_stride = ", E, " x ",
+              row_stride, " = ", static_cast<long long>(E) * row_stride, " rows, more than R_cap = ", R_cap);
+}
+
+lcsc::Config fused_grouped_config(const GroupedGemmOptions& opt, int min_sms) {
+  lcsc::Config cfg = opt.lcsc;
+  cfg.balance_waves = false;
+  cfg.max_compute_blocks = cfg.max_compute_blocks > 0 ? std::min(cfg.max_compute_blocks, min_sms) : min_sms;
+  return cfg;
+}
+
 std::string GroupedStatus::message() const {
   using ::weave::detail::concat;
   if (error == kGroupedOverflow)
     return concat("moe grouped_gemm: capacity ", capacity, " rows exceeded at expert ", expert, " (", count,
                   " rows; rows end at ", rows, "); the launch wrote nothing");
+  if (error == kGroupedStrideOverflow)
+    return concat("moe grouped_gemm: expert ", expert, " has ", count, " rows, more than its row_stride of ", capacity,
+                  " (rows would end at ", rows, "); the launch wrote nothing");
   if (error == kGroupedNegativeCount)
     return concat("moe grouped_gemm: expert ", expert, " has a negative row count (", count,
                   "); the launch wrote nothing");
@@ -140,6 +169,7 @@ void check_status(cudaStream_t stream, int* status) {
 lcsc::Plan grouped_gemm(const __nv_bfloat16* X, const __nv_bfloat16* W, __nv_bfloat16* Y, const int* counts, int E,
                         int N, int K, int R_cap, cudaStream_t stream, const GroupedGemmOptions& opt) {
   validate_grouped(X, W, Y, counts, E, N, K, R_cap);
+  validate_row_stride(E, R_cap, opt.row_stride);
   const size_t b = sizeof(__nv_bfloat16);
   check_extent("moe grouped_gemm", "X", X, size_t(R_cap) * K * b);
   check_extent("moe grouped_gemm", "W", W, size_t(E) * N * K * b);
@@ -152,6 +182,12 @@ lcsc::Plan grouped_gemm(const __nv_bfloat16* X, const __nv_bfloat16* W, __nv_bfl
   // bound would shrink the grid for a count the device may never see, so every SM gets a block.
   lcsc::Config cfg = opt.lcsc;
   cfg.balance_waves = false;
+  if (opt.row_stride > 0)
+    return opt.layout == gemm::BLayout::NK
+               ? run_strided<gemm::BLayout::NK>(X, W, Y, counts, E, N, K, R_cap, opt.row_stride, group_m, status, cfg,
+                                                stream)
+               : run_strided<gemm::BLayout::KN>(X, W, Y, counts, E, N, K, R_cap, opt.row_stride, group_m, status, cfg,
+                                                stream);
   return opt.layout == gemm::BLayout::NK
              ? run<gemm::BLayout::NK>(X, W, Y, counts, E, N, K, R_cap, group_m, status, cfg, stream)
              : run<gemm::BLayout::KN>(X, W, Y, counts, E, N, K, R_cap, group_m, status, cfg, stream);

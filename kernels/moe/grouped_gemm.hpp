@@ -17,11 +17,17 @@ struct GroupedGemmOptions {
   int group_m = 0;        // tile rows per raster group inside an expert; 0 = gemm's default for K
   int* status = nullptr;  // 8 ints of device memory, zeroed before first use; null: the device's own
   lcsc::Config lcsc;      // num_comm_sms, max_compute_blocks (balance_waves is ignored: see .cu)
+  // 0: the packed layout below. S > 0: the fixed-stride layout of the low-latency dispatch
+  // (low_latency.hpp): expert e's rows are [e S, e S + counts[e]) whatever the other counts, each
+  // count must lie in 0..S (a count above S is refused like an overflow, kGroupedStrideOverflow),
+  // and E S <= R_cap. Rows between experts are neither read for a kept output nor written.
+  int row_stride = 0;
 };
 
 // Y[rows of e] = X[rows of e] * W[e]^T for e = 0 .. E-1, where expert e's rows are
 // [off_e, off_e + counts[e]) with off_e = counts[0] + ... + counts[e-1] (the receiver layout of
-// moe/layout.hpp; no padding between experts).
+// moe/layout.hpp; no padding between experts), or off_e = e * opt.row_stride when that is set
+// (the low-latency dispatch's fixed-stride layout).
 //   X: R_cap x K bf16 row-major; W: E x N x K (NK) or E x K x N (KN) bf16; Y: R_cap x N bf16;
 //   counts: E int32 in device memory, read by the kernel only (the host never waits for them).
 // Rows of Y past sum(counts) are not written. Counts summing past R_cap (or a negative count)
@@ -53,8 +59,17 @@ void check_status(cudaStream_t stream = nullptr, int* status = nullptr);
 // The current device's status words (allocated and zeroed on first use; never freed).
 int* device_status();
 
+// The launch config of the fused kernels built on the grouped GEMM's kernel (gemm_combine,
+// dispatch_gemm): no wave balancing (the grid is sized for the bound, as grouped_gemm's), at most
+// `min_sms` compute blocks (the smallest SM count of all ranks: every rank launches as many, which
+// their signal counts assume).
+lcsc::Config fused_grouped_config(const GroupedGemmOptions& opt, int min_sms);
+
 // Pure checks (CPU-tested): everything grouped_gemm refuses before touching the device, bar the
 // extents.
 void validate_grouped(const void* X, const void* W, const void* Y, const int* counts, int E, int N, int K, int R_cap);
+// The fixed-stride layout's own checks (row_stride > 0): E * row_stride <= R_cap; a negative
+// row_stride is refused, 0 (the packed layout) accepted.
+void validate_row_stride(int E, int R_cap, int row_stride);
 
 }  // namespace weave::moe

@@ -49,6 +49,12 @@ struct GroupedGlobals : gemm::GemmGlobals {
   int experts, capacity;   // E, and the rows of X and Y
 };
 
+// The fixed-stride layout's launch (GroupedGemmOptions::row_stride > 0): expert e's rows start at
+// e * row_stride (grouped_gemm_schedule.hpp, build_prefix_strided / grouped_tile_strided).
+struct StridedGroupedGlobals : GroupedGlobals {
+  int row_stride;
+};
+
 // The kernel parameters of one launch (grouped_gemm.cu): tensor maps of X (R_cap x K), W (E
 // stacked N x K or K x N matrices) and, unless Y is null (gemm_combine: tiles leave by other
 // means), Y (R_cap x N). Host only.
@@ -67,10 +73,12 @@ __device__ __forceinline__ void load_3d(void* dst, const CUtensorMap* map, tile:
 }
 }  // namespace detail
 
-template <gemm::BLayout L>
+// Strided = true: the fixed-stride layout (its own instantiation: the packed kernel's code is
+// what it was without the option; `if constexpr` below keeps the two apart).
+template <gemm::BLayout L, bool Strided = false>
 struct GroupedKernel : gemm::GemmKernel<kGroupedBN, L, 3> {
   using Base = gemm::GemmKernel<kGroupedBN, L, 3>;
-  using Globals = GroupedGlobals;
+  using Globals = std::conditional_t<Strided, StridedGroupedGlobals, GroupedGlobals>;
   using bf16 = typename Base::bf16;
   using Stage = typename Base::Stage;
   using Output = typename Base::Output;
@@ -90,6 +98,10 @@ struct GroupedKernel : gemm::GemmKernel<kGroupedBN, L, 3> {
   // Warp 0: lane l owns experts [l * per, (l + 1) * per); a warp scan of the lanes' sums gives
   // each lane its first prefix. The loads are independent, so this is about one L2 round trip.
   static __device__ void setup(const Globals& g) {
+    if constexpr (Strided) {
+      setup_strided(g);
+      return;
+    }
     if (threadIdx.x >= 32) return;
     Table& t = table();
     const int lane = static_cast<int>(threadIdx.x);
@@ -142,6 +154,51 @@ struct GroupedKernel : gemm::GemmKernel<kGroupedBN, L, 3> {
     }
   }
 
+  // The fixed-stride table: tile_begin as in the packed layout, row_begin[e] holds expert e's count
+  // (clamped to [0, row_stride]); a count outside 0..row_stride refuses the launch
+  // (build_prefix_strided is the host form).
+  static __device__ void setup_strided(const Globals& g) {
+    if (threadIdx.x >= 32) return;
+    Table& t = table();
+    const int lane = static_cast<int>(threadIdx.x);
+    const int E = g.experts, S = g.row_stride;
+    const int per = (E + 31) / 32;
+    const int first = lane * per;
+    const int last = first + per < E ? first + per : E;
+    int tiles = 0;
+    int bad = 0x7fffffff, why = kGroupedOk, bad_count = 0;
+    for (int e = first; e < last; ++e) {
+      const int c = __ldg(g.counts + e);
+      const int kept = c < 0 ? 0 : (c > S ? S : c);
+      t.row_begin[e] = kept;
+      t.tile_begin[e] = tiles;  // the lane's local prefix, shifted below
+      tiles += tile_rows_of(kept);
+      if (bad == 0x7fffffff && (c < 0 || c > S)) bad = e, why = c < 0 ? kGroupedNegativeCount : kGroupedStrideOverflow, bad_count = c;
+    }
+    int tiles_incl = tiles;
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      const int ta = __shfl_up_sync(0xffffffffu, tiles_incl, d);
+      if (lane >= d) tiles_incl += ta;
+    }
+    const int tb = tiles_incl - tiles;
+    for (int e = first; e < last; ++e) t.tile_begin[e] += tb;
+    const int first_bad = __reduce_min_sync(0xffffffffu, bad);
+    if (lane == 31) {
+      t.tile_begin[E] = tiles_incl;
+      t.work = first_bad == 0x7fffffff ? tiles_incl * g.tiles_n : 0;
+    }
+    if (blockIdx.x == 0 && bad == first_bad && bad != 0x7fffffff && g.status != nullptr) {
+      if (atomicCAS(g.status + kStatusError, 0, why) == 0) {
+        g.status[kStatusExpert] = bad;
+        g.status[kStatusCount] = bad_count;
+        const long long end = static_cast<long long>(bad) * S + bad_count;
+        g.status[kStatusRows] = static_cast<int>(end < 0x7fffffff ? end : 0x7fffffff);
+        g.status[kStatusCapacity] = S;
+      }
+    }
+  }
+
   // Host: the bound the grid is sized for (max_work); device: the real count from the table.
   static __host__ __device__ int num_work(const Globals& g) {
 #ifdef __CUDA_ARCH__
@@ -158,7 +215,10 @@ struct GroupedKernel : gemm::GemmKernel<kGroupedBN, L, 3> {
 
   static __device__ __forceinline__ GroupedTile tile_of(const Globals& g, int w) {
     const Table& t = table();
-    return grouped_tile(w, t.tile_begin, t.row_begin, g.experts, g.tiles_n, g.group_m);
+    if constexpr (Strided)
+      return grouped_tile_strided(w, t.tile_begin, t.row_begin, g.experts, g.tiles_n, g.group_m, g.row_stride);
+    else
+      return grouped_tile(w, t.tile_begin, t.row_begin, g.experts, g.tiles_n, g.group_m);
   }
 
   static __device__ __forceinline__ void load(const Globals& g, Stage& s, tile::Mbarrier& full, const GroupedTile& t,

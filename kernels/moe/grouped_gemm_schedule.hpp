@@ -30,7 +30,9 @@ inline long long max_work(int capacity, int experts, int tiles_n) {
 }
 
 // Why a launch did nothing: the first expert (in layout order) that breaks the counts' contract.
-enum GroupedError : int { kGroupedOk = 0, kGroupedOverflow = 1, kGroupedNegativeCount = 2 };
+// kGroupedStrideOverflow: fixed-stride layout only (row_stride > 0), an expert's count above the
+// stride.
+enum GroupedError : int { kGroupedOk = 0, kGroupedOverflow = 1, kGroupedNegativeCount = 2, kGroupedStrideOverflow = 3 };
 
 // Exclusive prefixes of tile rows (tile_begin) and rows (row_begin), E + 1 entries each, and the
 // first bad expert: a negative count, or the first whose rows end past `capacity`. Returns that
@@ -86,6 +88,44 @@ WEAVE_HD inline GroupedTile grouped_tile(int w, const int* tile_begin, const int
   const gemm::TileCoord t = gemm::grouped_tile(w - tile_begin[e] * tiles_n, tiles_m, tiles_n, group_m);
   const int left = row_begin[e + 1] - row_begin[e] - t.m * kGroupedBM;
   return {e, t.m, t.n, row_begin[e] + t.m * kGroupedBM, left < kGroupedBM ? left : kGroupedBM};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fixed-stride layout (GroupedGemmOptions::row_stride = S > 0; the low-latency dispatch's
+// receive buffer, low_latency.hpp): expert e's rows are [e S, e S + cnt[e]), rows between one
+// expert's last row and the next expert's first are gaps, never read for a kept output and never
+// written. The tile order is the packed layout's (tile_begin as above, expert after expert); only
+// where a tile's rows start and how many it keeps differ.
+
+// Tile-row prefix (tile_begin, E + 1 entries) and the clamped counts (count_out[e] in [0, S]), and
+// the first bad expert: a negative count, or a count above S (kGroupedStrideOverflow). Returns
+// that expert or -1 (with *why set). The host guarantees E S <= R_cap (validate_row_stride), so
+// no expert's rows can end past the capacity.
+WEAVE_HD inline int build_prefix_strided(const int* counts, int experts, int row_stride, int* tile_begin,
+                                         int* count_out, int* why = nullptr) {
+  int tiles = 0, bad = -1, reason = kGroupedOk;
+  for (int e = 0; e < experts; ++e) {
+    tile_begin[e] = tiles;
+    const int c = counts[e];
+    if (bad < 0 && c < 0) bad = e, reason = kGroupedNegativeCount;
+    if (bad < 0 && c > row_stride) bad = e, reason = kGroupedStrideOverflow;
+    count_out[e] = c < 0 ? 0 : (c > row_stride ? row_stride : c);
+    if (c > 0) tiles += tile_rows_of(count_out[e]);
+  }
+  tile_begin[experts] = tiles;
+  if (why) *why = reason;
+  return bad;
+}
+
+// Work item w of the fixed-stride layout; needs a table without a bad expert. cnt: the counts
+// (build_prefix_strided's count_out).
+WEAVE_HD inline GroupedTile grouped_tile_strided(int w, const int* tile_begin, const int* cnt, int experts,
+                                                 int tiles_n, int group_m, int row_stride) {
+  const int e = expert_of(w, tile_begin, experts, tiles_n);
+  const int tiles_m = tile_begin[e + 1] - tile_begin[e];
+  const gemm::TileCoord t = gemm::grouped_tile(w - tile_begin[e] * tiles_n, tiles_m, tiles_n, group_m);
+  const int left = cnt[e] - t.m * kGroupedBM;
+  return {e, t.m, t.n, e * row_stride + t.m * kGroupedBM, left < kGroupedBM ? left : kGroupedBM};
 }
 
 }  // namespace weave::moe

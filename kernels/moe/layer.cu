@@ -1,5 +1,6 @@
-// The MoE layer forward (layer.hpp), non-fused and fused (gemm_combine instead of the down GEMM and
-// combine): five or four steps in one stream, no host synchronisation.
+// The MoE layer forward (layer.hpp), non-fused and fused (dispatch_gemm instead of the dispatch and
+// the up GEMM, gemm_combine instead of the down GEMM and combine): five or three steps in one
+// stream, no host synchronisation.
 // Why the order is safe without extra handshakes (exchange.hpp / README "Dispatch and combine"):
 // - the dispatch's count exchange doubles as "the peer's previous call is over": a rank pushes
 //   into a peer's grouped buffer only after that peer's count row for this call arrived, i.e.
@@ -10,6 +11,7 @@
 //   (offsets[L]); a failed dispatch leaves them zero, so nothing computes and combine writes NaN.
 #include "moe/layer.hpp"
 
+#include "moe/dispatch_gemm.hpp"
 #include "moe/swiglu.hpp"
 #include "weave/common/error.hpp"
 #include "weave/common/extent.hpp"
@@ -69,20 +71,18 @@ void moe_layer_forward_fused(MoeExchange& ex, MoeGemmCombine& gc, MoeLayerScratc
                              const GroupedGemmOptions& gemm_opt) {
   const ExchangeConfig& cf = ex.config();
   const int F = sc.ffn(), H = cf.hidden, R = cf.capacity, L = cf.experts / ex.communicator().world();
-  // As the non-fused layer: everything the up GEMM, SwiGLU and gemm_combine would refuse, agreed
-  // before the dispatch (gemm_combine's own agreement then finds nothing).
+  // As the non-fused layer: everything dispatch_gemm, SwiGLU and gemm_combine would refuse, agreed
+  // before the dispatch (their own agreements then find nothing).
   std::string problem = runtime::local_problem([&] {
     WEAVE_CHECK(&gc.exchange() == &ex, "moe layer (fused): the MoeGemmCombine was made on another exchange");
     WEAVE_CHECK(sc.capacity() == R, "moe layer (fused): scratch sized for ", sc.capacity(),
                 " rows but the exchange's capacity is ", R);
-    validate_grouped(ex.expert_input(), W_up, sc.up_output(), reinterpret_cast<const int*>(16), L, 2 * F, H, R);
-    check_extent("moe layer (fused)", "W_up", W_up, static_cast<size_t>(L) * 2 * F * H * sizeof(__nv_bfloat16));
   });
+  if (problem.empty()) problem = dispatch_gemm_problem(ex, W_up, 2 * F, sc.up_output(), gemm_opt);
   if (problem.empty()) problem = gc.problem(nullptr, sc.swiglu_output(), W_down, F, topk_weights, out, T, gemm_opt);
   ex.communicator().agree_call("moe.layer_fused", "E, H, k, F, capacity", {cf.experts, H, cf.topk, F, R}, problem,
                                stream);
-  const Dispatched d = ex.dispatch(x, topk_idx, T, stream);
-  grouped_gemm(d.rows, W_up, sc.up_output(), d.counts, L, 2 * F, H, R, stream, gemm_opt);
+  const Dispatched d = dispatch_gemm(ex, x, topk_idx, T, W_up, 2 * F, sc.up_output(), stream, gemm_opt);
   swiglu(sc.up_output(), sc.swiglu_output(), d.offsets + L, R, F, stream);
   gc.run(d, sc.swiglu_output(), W_down, F, topk_weights, out, T, stream, gemm_opt);
 }

@@ -49,9 +49,9 @@ void moe_layer_forward(MoeExchange& ex, MoeLayerScratch& scratch, const __nv_bfl
                        const float* topk_weights, int T, const __nv_bfloat16* W_up, const __nv_bfloat16* W_down,
                        __nv_bfloat16* out, cudaStream_t stream, const GroupedGemmOptions& gemm_opt = {});
 
-// The same layer, fused at the end: dispatch -> grouped GEMM (up) -> SwiGLU -> gemm_combine (the
-// down projection's tiles pushed to their tokens' home ranks as they finish, then the weighted sum
-// there; gemm_combine.hpp). Same arguments, result and error behaviour as moe_layer_forward, bit
+// The same layer, fused: dispatch_gemm (the up projection's tiles of an expert start once its rows
+// have arrived; dispatch_gemm.hpp) -> SwiGLU -> gemm_combine (the down projection's tiles pushed to
+// their tokens' home ranks as they finish, then the weighted sum there; gemm_combine.hpp). Same arguments, result and error behaviour as moe_layer_forward, bit
 // for bit the same output; `gc` must be made on `ex` (the exchange's output buffer is not used).
 // gemm_opt applies to both GEMMs; its layout must be NK and num_comm_sms 0.
 void moe_layer_forward_fused(MoeExchange& ex, MoeGemmCombine& gc, MoeLayerScratch& scratch, const __nv_bfloat16* x,

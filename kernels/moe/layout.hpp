@@ -15,7 +15,7 @@
 //   expert(d, l) in ascending (token, slot) order.
 // Each expert's rows are contiguous (what a grouped GEMM's TMA tile loads need). A token whose
 // several experts live on d crosses NVLink once: the sender writes its data into the row of its
-// primary slot (the first of its slots on d) and, for every slot on d, the row's metadata
+// primary slot (of its slots on d, the one with the smallest expert) and, for every slot on d, the row's metadata
 // (source token, primary row); the receiver then copies primary rows into the other slots' rows
 // (local HBM traffic only) before the grouped GEMM reads them.
 #pragma once
@@ -38,13 +38,19 @@ struct Geometry {
 
 WEAVE_HD inline bool valid_expert(int e, const Geometry& g) { return e >= 0 && e < g.experts; }
 
-// The first slot of the token's row (k ids) whose expert lives on the same rank as slot's:
-// that slot carries the token to the rank, the others on the rank reuse its row.
+// Of the token's slots (k ids) whose experts live on the same rank as slot's, the one with the
+// smallest expert id (the first such slot on a tie): that slot carries the token to the rank, the
+// others on the rank reuse its row. The smallest expert, not the first slot, so that every row's
+// data sits in an expert at or before the row's own in the receiver's layout: the fused
+// dispatch_gemm sends expert after expert and may start an expert's GEMM tiles once it and the
+// experts before it have arrived (dispatch_gemm_schedule.hpp).
 WEAVE_HD inline int primary_slot(const int* idx_row, int k, const Geometry& g, int slot) {
   const int r = g.rank_of(idx_row[slot]);
-  for (int j = 0; j < slot; ++j)
-    if (g.rank_of(idx_row[j]) == r) return j;
-  return slot;
+  int best = slot;
+  for (int j = 0; j < k; ++j)
+    if (g.rank_of(idx_row[j]) == r && (idx_row[j] < idx_row[best] || (idx_row[j] == idx_row[best] && j < best)))
+      best = j;
+  return best;
 }
 
 // Sender side, rank s: its row of the count matrix (rows per expert, counts[E]) and the number of

@@ -2,7 +2,9 @@
 // Python ints; symmetric tensors leave as DLPack capsules (torch.from_dlpack, no copy) whose
 // deleter hands the memory back with Communicator::release. Calls that may wait (on the device,
 // on peers) run without the GIL; one communicator's calls run one at a time (a mutex). Element
-// types of the collectives are ints: 0 bf16, 1 fp16, 2 fp32 (weave::DType).
+// types of the collectives are ints: 0 bf16, 1 fp16, 2 fp32 (weave::DType). MoE layers
+// (MoeLayer: kernels/moe's exchange, scratch and gemm_combine) belong to one communicator and are
+// made and closed collectively.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -93,6 +95,13 @@ class Comm : public std::enable_shared_from_this<Comm> {
     std::lock_guard<std::mutex> lk(pending_mu_);
     return pending_.size();
   }
+  // Keeps a MoE layer whose Python object died without close(): destroying it is collective,
+  // and Python's collector does not drop objects in the same order on every rank. It goes with
+  // the communicator (its symmetric buffers stay allocated until then).
+  void adopt(std::unique_ptr<weave::py::Moe> m) {
+    std::lock_guard<std::mutex> lk(pending_mu_);
+    orphans_.push_back(std::move(m));
+  }
 
  private:
   void drain_released() {
@@ -110,6 +119,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
   std::mutex pending_mu_;
   std::vector<Ptr> pending_;
   std::map<Ptr, size_t> live_;  // heap tensors not yet dead: start -> bytes
+  std::vector<std::unique_ptr<weave::py::Moe>> orphans_;  // destroyed before ops_ and comm_
 };
 
 // What a DLPack capsule owns: the shape, and what to do when the tensor dies. A symmetric tensor's
@@ -188,6 +198,55 @@ void locked(Comm& c, F&& f) {
   f(c.ops());
 }
 
+// An MoE layer (weave::py::Moe) of one communicator. Its calls take the communicator's lock (they
+// use its call agreement and signals, like every operator). close() destroys it (collective);
+// a handle dropped without close() hands the layer to its communicator (Comm::adopt).
+class MoeHandle {
+ public:
+  MoeHandle(std::shared_ptr<Comm> c, int E, int H, int F, int k, int max_tokens, int capacity, bool fused,
+            bool output_buffer)
+      : c_(std::move(c)) {
+    py::gil_scoped_release nogil;  // collective: waits for every rank
+    std::lock_guard<std::mutex> lk(c_->mu());
+    m_ = std::make_unique<weave::py::Moe>(c_->comm(), E, H, F, k, max_tokens, capacity, fused, output_buffer);
+  }
+  ~MoeHandle() {
+    if (m_) c_->adopt(std::move(m_));
+  }
+  MoeHandle(const MoeHandle&) = delete;
+  MoeHandle& operator=(const MoeHandle&) = delete;
+
+  weave::py::Moe& moe() {
+    if (!m_) throw std::runtime_error("weave.MoeLayer: the layer was closed");
+    return *m_;
+  }
+  bool closed() const { return !m_; }
+  void close() {
+    py::gil_scoped_release nogil;
+    std::lock_guard<std::mutex> lk(c_->mu());
+    m_.reset();
+  }
+  // Runs f(Moe&) without the GIL under the communicator's lock.
+  template <class F>
+  void run(F&& f) {
+    weave::py::Moe& m = moe();
+    py::gil_scoped_release nogil;
+    std::lock_guard<std::mutex> lk(c_->mu());
+    f(m);
+  }
+  // A DLPack capsule of `shape` (code, bits) at p: a view of the layer's device memory, which keeps
+  // the communicator (and so its heap mapping) alive, not the layer.
+  py::capsule view(Ptr p, const std::vector<int64_t>& shape, int code, int bits) {
+    std::shared_ptr<Comm> keep = c_;
+    return dlpack(reinterpret_cast<void*>(p), {kDLCUDA, c_->comm().device()}, shape, code, bits,
+                  [keep] {});
+  }
+
+ private:
+  std::shared_ptr<Comm> c_;
+  std::unique_ptr<weave::py::Moe> m_;
+};
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -244,9 +303,44 @@ PYBIND11_MODULE(_C, m) {
       }, py::arg("device"), py::arg("stream"),
       "(error, expert, count, rows, capacity, message) of the first grouped_gemm launch on `device` that refused "
       "its counts since the last read (error 0: none); synchronises `stream` and clears the status");
+  m.def("moe_receive_capacity", &weave::py::moe_receive_capacity, py::arg("T"), py::arg("k"), py::arg("world"),
+        py::arg("experts"), py::arg("slack"),
+        "kernels/moe/layout.hpp's receive_capacity: rows per rank for balanced routing (clamped to the worst case)");
+  m.def("moe_worst_case_rows", &weave::py::moe_worst_case_rows, py::arg("T"), py::arg("k"), py::arg("world"),
+        py::arg("experts"), "kernels/moe/layout.hpp's worst_case_rows: W T min(k, E / W)");
   m.def("attention", &weave::py::attention, py::call_guard<py::gil_scoped_release>(), py::arg("device"),
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("o"), py::arg("lse"), py::arg("B"), py::arg("S"),
         py::arg("Hq"), py::arg("Hkv"), py::arg("D"), py::arg("causal"), py::arg("scale"), py::arg("stream"));
+
+  py::class_<MoeHandle>(m, "MoeLayer")
+      .def(py::init([](const std::shared_ptr<Comm>& c, int E, int H, int F, int k, int max_tokens, int capacity,
+                       bool fused, bool output_buffer) {
+             return std::make_unique<MoeHandle>(c, E, H, F, k, max_tokens, capacity, fused, output_buffer);
+           }),
+           py::arg("comm"), py::arg("experts"), py::arg("hidden"), py::arg("ffn"), py::arg("topk"),
+           py::arg("max_tokens"), py::arg("capacity"), py::arg("fused"), py::arg("output_buffer"),
+           "collective: the exchange, the layer's scratch and (fused) the gemm_combine of one layer shape")
+      .def_property_readonly("closed", &MoeHandle::closed)
+      .def("close", &MoeHandle::close, "collective: frees the layer's buffers")
+      .def("forward", [](MoeHandle& h, Ptr x, Ptr idx, Ptr w, int T, Ptr up, Ptr down, Ptr out, Ptr s) {
+             h.run([&](weave::py::Moe& m) { m.forward(x, idx, w, T, up, down, out, s); });
+           }, py::arg("x"), py::arg("topk_idx"), py::arg("topk_weights"), py::arg("T"), py::arg("w_up"),
+           py::arg("w_down"), py::arg("out"), py::arg("stream"))
+      .def("dispatch", [](MoeHandle& h, Ptr x, Ptr idx, int T, Ptr s) {
+             weave::py::MoeDispatched d;
+             h.run([&](weave::py::Moe& m) { d = m.dispatch(x, idx, T, s); });
+             return py::make_tuple(d.rows, d.counts, d.offsets);
+           }, py::arg("x"), py::arg("topk_idx"), py::arg("T"), py::arg("stream"),
+           "(rows, counts, offsets) device pointers of the exchange's buffers")
+      .def("combine", [](MoeHandle& h, Ptr y, Ptr w, Ptr out, int T, Ptr s) {
+             h.run([&](weave::py::Moe& m) { m.combine(y, w, out, T, s); });
+           }, py::arg("y"), py::arg("topk_weights"), py::arg("out"), py::arg("T"), py::arg("stream"))
+      .def("check", [](MoeHandle& h, Ptr s) { h.run([&](weave::py::Moe& m) { m.check(s); }); }, py::arg("stream"),
+           "synchronises the stream; raises the first failed dispatch's reason since the last check")
+      .def_property_readonly("expert_input", [](MoeHandle& h) { return h.moe().expert_input(); })
+      .def_property_readonly("expert_output", [](MoeHandle& h) { return h.moe().expert_output(); })
+      .def("view", &MoeHandle::view, py::arg("ptr"), py::arg("shape"), py::arg("code"), py::arg("bits"),
+           "a DLPack capsule viewing the layer's device memory at ptr (not owning it)");
 
   py::class_<Comm, std::shared_ptr<Comm>>(m, "Communicator")
       .def(py::init([](int rank, int world, const std::string& job_id, const std::string& instance, int device,

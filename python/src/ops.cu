@@ -4,6 +4,8 @@
 
 #include <cuda_runtime.h>
 
+#include <climits>
+
 #include "ag_gemm/ag_gemm.hpp"
 #include "attention/attention.hpp"
 #include "collectives/collectives.hpp"
@@ -11,7 +13,11 @@
 #include "gemm_fp8/gemm_fp8.hpp"
 #include "gemm_ar/gemm_ar.hpp"
 #include "gemm_rs/gemm_rs.hpp"
+#include "moe/exchange.hpp"
+#include "moe/gemm_combine.hpp"
 #include "moe/grouped_gemm.hpp"
+#include "moe/layer.hpp"
+#include "moe/layout.hpp"
 #include "ring_attention/ring_attention.hpp"
 #include "ulysses/ulysses.hpp"
 #include "weave/common/error.hpp"
@@ -119,6 +125,88 @@ GroupedStatus grouped_gemm_status(int device, Ptr stream) {
   if (s.any()) r.message = s.message();
   return r;
 }
+
+long long moe_receive_capacity(int T, int k, int world, int experts, double slack) {
+  WEAVE_CHECK(T >= 0 && k >= 1 && world >= 1 && experts >= 1 && experts % world == 0 && slack > 0,
+              "moe capacity: needs T >= 0, k >= 1, experts a positive multiple of world, slack > 0");
+  // receive_capacity returns an int: past INT_MAX rows (the worst case bounds it) it would wrap.
+  WEAVE_CHECK(moe::worst_case_rows(T, k, moe::Geometry{world, experts}) <= INT_MAX,
+              "moe capacity: the worst case (", moe::worst_case_rows(T, k, moe::Geometry{world, experts}),
+              " rows) does not fit in int32; pass a capacity");
+  return moe::receive_capacity(T, k, moe::Geometry{world, experts}, slack);
+}
+
+long long moe_worst_case_rows(int T, int k, int world, int experts) {
+  WEAVE_CHECK(T >= 0 && k >= 1 && world >= 1 && experts >= 1 && experts % world == 0,
+              "moe worst case: needs T >= 0, k >= 1, experts a positive multiple of world");
+  return moe::worst_case_rows(T, k, moe::Geometry{world, experts});
+}
+
+// Members in construction order: destroyed scratch, combine, then the exchange (which the
+// combine must not outlive). Destruction is collective (symmetric frees, signal-set quiesces).
+struct Moe::Impl {
+  runtime::Communicator& c;
+  bool fused;
+  std::unique_ptr<moe::MoeExchange> ex;
+  std::unique_ptr<moe::MoeGemmCombine> gc;
+  std::unique_ptr<moe::MoeLayerScratch> sc;
+  Impl(runtime::Communicator& cc, bool f) : c(cc), fused(f) {}
+};
+
+Moe::Moe(runtime::Communicator& c, int experts, int hidden, int ffn, int topk, int max_tokens, int capacity,
+         bool fused, bool output_buffer)
+    : impl_(std::make_unique<Impl>(c, fused)) {
+  set_device(c.device());
+  c.check_same("moe layer (F, fused)", {ffn, fused ? 1 : 0});
+  moe::ExchangeConfig cf;
+  cf.experts = experts;
+  cf.hidden = hidden;
+  cf.topk = topk;
+  cf.max_tokens = max_tokens;
+  cf.capacity = capacity;
+  cf.output_buffer = output_buffer || !fused;  // the non-fused layer's down GEMM writes there
+  impl_->ex = std::make_unique<moe::MoeExchange>(c, cf);
+  if (fused) impl_->gc = std::make_unique<moe::MoeGemmCombine>(*impl_->ex);
+  impl_->sc = std::make_unique<moe::MoeLayerScratch>(*impl_->ex, ffn);
+}
+
+Moe::~Moe() {
+  if (impl_) cudaSetDevice(impl_->c.device());  // the members free memory on the layer's device
+}
+
+void Moe::forward(Ptr x, Ptr idx, Ptr w, int T, Ptr W_up, Ptr W_down, Ptr out, Ptr stream) {
+  Impl& m = *impl_;
+  set_device(m.c.device());
+  if (m.fused)
+    moe::moe_layer_forward_fused(*m.ex, *m.gc, *m.sc, ptr<const bf16>(x), ptr<const int>(idx), ptr<const float>(w), T,
+                                 ptr<const bf16>(W_up), ptr<const bf16>(W_down), ptr<bf16>(out), stream_of(stream));
+  else
+    moe::moe_layer_forward(*m.ex, *m.sc, ptr<const bf16>(x), ptr<const int>(idx), ptr<const float>(w), T,
+                           ptr<const bf16>(W_up), ptr<const bf16>(W_down), ptr<bf16>(out), stream_of(stream));
+}
+
+MoeDispatched Moe::dispatch(Ptr x, Ptr idx, int T, Ptr stream) {
+  set_device(impl_->c.device());
+  const moe::Dispatched d = impl_->ex->dispatch(ptr<const bf16>(x), ptr<const int>(idx), T, stream_of(stream));
+  MoeDispatched r;
+  r.rows = reinterpret_cast<Ptr>(d.rows);
+  r.counts = reinterpret_cast<Ptr>(d.counts);
+  r.offsets = reinterpret_cast<Ptr>(d.offsets);
+  return r;
+}
+
+void Moe::combine(Ptr y, Ptr w, Ptr out, int T, Ptr stream) {
+  set_device(impl_->c.device());
+  impl_->ex->combine(ptr<const bf16>(y), ptr<const float>(w), ptr<bf16>(out), T, stream_of(stream));
+}
+
+void Moe::check(Ptr stream) {
+  set_device(impl_->c.device());
+  impl_->ex->check(stream_of(stream));
+}
+
+Ptr Moe::expert_input() const { return reinterpret_cast<Ptr>(impl_->ex->expert_input()); }
+Ptr Moe::expert_output() const { return reinterpret_cast<Ptr>(impl_->ex->expert_output()); }
 
 void attention(int device, Ptr q, Ptr k, Ptr v, Ptr o, Ptr lse, int B, int S, int Hq, int Hkv, int D, bool causal,
                float scale, Ptr stream) {

@@ -48,6 +48,41 @@ struct GroupedStatus {
   std::string message;
 };
 GroupedStatus grouped_gemm_status(int device, Ptr stream);
+// Expert-parallel MoE (kernels/moe): layout.hpp's receive_capacity and worst_case_rows.
+long long moe_receive_capacity(int T, int k, int world, int experts, double slack);
+long long moe_worst_case_rows(int T, int k, int world, int experts);
+
+// One MoE layer shape on a communicator: the exchange (moe::MoeExchange), the layer's scratch
+// (moe::MoeLayerScratch, F) and, with `fused`, moe::MoeGemmCombine. Made and destroyed
+// collectively (every rank, same arguments). Every call is collective and runs on `stream`.
+struct MoeDispatched {
+  // The grouped buffer (capacity x H bf16), the L counts and L + 1 offsets (int32): device memory
+  // the exchange owns and the next dispatch overwrites (the same addresses at every call).
+  Ptr rows = 0, counts = 0, offsets = 0;
+};
+class Moe {
+ public:
+  Moe(runtime::Communicator& c, int experts, int hidden, int ffn, int topk, int max_tokens, int capacity, bool fused,
+      bool output_buffer);
+  ~Moe();
+  Moe(const Moe&) = delete;
+  Moe& operator=(const Moe&) = delete;
+
+  // moe_layer_forward_fused (fused) or moe_layer_forward: x T x H bf16, idx T x k int32, w T x k
+  // fp32, W_up L x 2F x H, W_down L x H x F bf16, out T x H bf16.
+  void forward(Ptr x, Ptr idx, Ptr w, int T, Ptr W_up, Ptr W_down, Ptr out, Ptr stream);
+  // MoeExchange::dispatch / combine / check.
+  MoeDispatched dispatch(Ptr x, Ptr idx, int T, Ptr stream);
+  void combine(Ptr y, Ptr w, Ptr out, int T, Ptr stream);
+  void check(Ptr stream);
+  Ptr expert_input() const;   // capacity x H bf16, symmetric
+  Ptr expert_output() const;  // capacity x H bf16, symmetric; 0 without output_buffer
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 // q (B, S, Hq, D), k and v (B, S, Hkv, D), o (B, S, Hq, D) bf16; lse (B, Hq, S) fp32 or 0.
 void attention(int device, Ptr q, Ptr k, Ptr v, Ptr o, Ptr lse, int B, int S, int Hq, int Hkv, int D, bool causal,
                float scale, Ptr stream);

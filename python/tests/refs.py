@@ -1,5 +1,8 @@
 """Inputs, poisoning and float32 references shared by the GPU tests (one process and multi-rank)."""
 import math
+import os
+import subprocess
+import sys
 import zlib
 
 import torch
@@ -75,3 +78,21 @@ def qkv(B, S, Hq, Hkv, D, seed, *tags):
 
 
 __all__ = ["rand", "poison", "check_close", "check_gemm", "attention_ref", "check_attention", "qkv", "weave"]
+
+
+def expect_no_gpu_errors(code: str) -> None:
+    """Runs `code` (which imports weave and defines `calls`, a dict of name -> callable) in a Python
+    with no visible GPU: every call must raise RuntimeError saying there is no CUDA GPU."""
+    code += """
+for name, call in calls.items():
+    try:
+        call()
+    except RuntimeError as e:
+        assert "no CUDA GPU" in str(e), (name, str(e))
+    else:
+        raise AssertionError(name + " raised nothing")
+print("ok")
+"""
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr

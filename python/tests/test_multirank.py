@@ -23,19 +23,6 @@ BF, F16, F32 = torch.bfloat16, torch.float16, torch.float32
 EPS = {BF: 2.0 ** -8, F16: 2.0 ** -11, F32: 2.0 ** -23}
 
 
-@pytest.fixture(scope="module")
-def world():
-    """(rank, world size, shared seed), with torch.distributed (gloo) up and this rank's GPU current."""
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
-    if not dist.is_initialized():
-        dist.init_process_group("gloo")
-    seed = [int(os.environ.get("WEAVE_TEST_SEED", "0") or 0) or int.from_bytes(os.urandom(4), "little")]
-    dist.broadcast_object_list(seed, src=0)
-    print(f"WEAVE_TEST_SEED={seed[0]}")
-    yield dist.get_rank(), dist.get_world_size(), seed[0]
-    dist.barrier()
-
-
 @pytest.fixture
 def env(world, monkeypatch):
     poison(monkeypatch)

@@ -5,6 +5,7 @@
     y = weave.all_reduce(x)                # torch.ops.weave.all_reduce(x, group_name)
     A, [C] = weave.all_gather_matmul(a_shard, [w.t()])
     fc1 = weave.nn.ColumnParallelLinear(4096, 14336)   # sequence-parallel TP layers, with autograd
+    moe = weave.MoeLayer(64, 4096, 1536, 8, 4096)      # expert-parallel MoE: moe(x, idx, w, w_up, w_down)
 
 Details: python/README.md. Importing needs no GPU; operators raise RuntimeError without one."""
 try:
@@ -33,6 +34,7 @@ from .functional import (
     ulysses_attention,
 )
 from . import autograd, nn  # noqa: E402  (weave.nn.ColumnParallelLinear / RowParallelLinear)
+from .moe import MoeLayer, moe_capacity, moe_worst_case_rows  # noqa: E402  (torch.ops.weave.moe_layer)
 
 __version__ = "0.1.0"
 
@@ -42,5 +44,6 @@ __all__ = [
     "all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce",
     "matmul", "scaled_mm", "grouped_mm", "grouped_mm_status", "check_grouped_mm",
     "attention", "ring_attention", "ulysses_attention", "ring_chunks", "shard",
+    "MoeLayer", "moe_capacity", "moe_worst_case_rows",
     "nn", "autograd",
 ]

@@ -204,6 +204,25 @@ inline void expect_landing_tail_poisoned(const Layer& layer, int T, const std::s
   EXPECT_EQ(touched, 0) << what << ": " << touched << " landing elements past T k were written";
 }
 
+// One case's inputs on every rank (each rank regenerates all of them from the job's seed, so that
+// it can check what arrives from its peers): the experts' weights and every rank's tokens and router
+// output.
+struct CaseInputs {
+  LayerCase c;
+  Geometry g;
+  uint64_t seed;
+  Weights wts;
+  std::vector<RankInput> in;
+  int maxT = 0;
+  explicit CaseInputs(const LayerCase& spec)
+      : c(spec), g{comm().world(), spec.L * comm().world()}, seed(wt::job_seed()), wts(seed, g.experts, c.H, c.F) {
+    for (int s = 0; s < g.world; ++s) {
+      in.push_back(make_input(seed, c.routing, g, tokens_of(c, s), c.k, c.H, s));
+      maxT = std::max(maxT, in.back().T);
+    }
+  }
+};
+
 // One rank's inputs of a call on the device, the output poisoned.
 struct DeviceInput {
   bf16 *x, *out;

@@ -141,25 +141,9 @@ std::string label(const LayerCase& c, const Geometry& g, int T) {
          std::to_string(c.H) + " F " + std::to_string(c.F) + " T " + std::to_string(T);
 }
 
-struct Case {
-  LayerCase c;
-  Geometry g;
-  uint64_t seed;
-  Weights wts;
-  std::vector<RankInput> in;
-  int maxT = 0;
-  explicit Case(const LayerCase& spec)
-      : c(spec), g{comm().world(), spec.L * comm().world()}, seed(wt::job_seed()), wts(seed, g.experts, c.H, c.F) {
-    for (int s = 0; s < g.world; ++s) {
-      in.push_back(make_input(seed, c.routing, g, tokens_of(c, s), c.k, c.H, s));
-      maxT = std::max(maxT, in.back().T);
-    }
-  }
-};
-
 // gemm_combine after a dispatch, then grouped_gemm + moe_combine on the same rows.
 void run_combine_case(const LayerCase& spec) {
-  const Case cs(spec);
+  const CaseInputs cs(spec);
   const int me = comm().rank(), L = spec.L, T = cs.in[me].T, H = spec.H, F = spec.F, k = spec.k;
   Layer layer(cs.wts, k, cs.maxT);
   DevFree mem;
@@ -255,7 +239,7 @@ TEST(GemmCombine, BackToBack60) {
 // dispatch is refused on every rank; then correct calls.
 TEST(GemmCombine, ArgumentErrorsOnEveryRank) {
   const LayerCase spec{Routing::balanced, 2, 2, 128, 256, 50, 0};
-  const Case cs(spec);
+  const CaseInputs cs(spec);
   const int W = comm().world(), me = comm().rank(), T = cs.in[me].T, H = spec.H, F = spec.F, k = spec.k;
   Layer layer(cs.wts, k, cs.maxT);
   DevFree mem;
@@ -295,7 +279,7 @@ TEST(GemmCombine, ArgumentErrorsOnEveryRank) {
 // writes NaN, the exchange reports the overflow on every rank; the next call is correct.
 TEST(GemmCombine, FailedDispatchWritesNaN) {
   const LayerCase spec{Routing::all_to_one, 4, 2, 64, 72, 200, 0};
-  const Case cs(spec);
+  const CaseInputs cs(spec);
   const int W = comm().world(), me = comm().rank(), T = cs.in[me].T, H = spec.H, k = spec.k;
   Layer layer(cs.wts, k, cs.maxT, W * spec.T0 - 1);  // one row short of expert 0's W T rows
   DevFree mem;

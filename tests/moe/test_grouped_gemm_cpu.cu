@@ -170,3 +170,91 @@ TEST(GroupedGemmSchedule, RejectsBadArguments) {
          [&] { validate_grouped(p, p, p, reinterpret_cast<const int*>(buf + 2), 4, 64, 64, 128); });
   validate_grouped(p, p, p, cnt, 1024, 8, 8, 1);  // the limits themselves are accepted
 }
+
+// The fixed-stride layout (GroupedGemmOptions::row_stride, the low-latency dispatch's receive
+// buffer): every tile of every expert once, expert after expert, each tile inside its expert's
+// stride region and cut at its count; empty experts skipped; counts above the stride or negative
+// refused at the first such expert; the host checks of the stride.
+namespace {
+
+void check_strided_order(const std::vector<int>& counts, int stride, int tiles_n, int group_m) {
+  const int E = int(counts.size());
+  std::vector<int> tb(E + 1), cnt(E);
+  int why = -1;
+  ASSERT_EQ(build_prefix_strided(counts.data(), E, stride, tb.data(), cnt.data(), &why), -1);
+  ASSERT_EQ(why, kGroupedOk);
+  int tiles = 0;
+  for (int e = 0; e < E; ++e) {
+    ASSERT_EQ(tb[e], tiles);
+    ASSERT_EQ(cnt[e], counts[e]);
+    tiles += tile_rows_of(counts[e]);
+  }
+  ASSERT_EQ(tb[E], tiles);
+  const long long work = static_cast<long long>(tiles) * tiles_n;
+  ASSERT_LE(work, max_work(E * stride, E, tiles_n)) << "the grid bound of R_cap = E x stride";
+  std::vector<int> written(static_cast<size_t>(E) * stride * tiles_n, 0);
+  int prev_e = -1;
+  for (int w = 0; w < work; ++w) {
+    const GroupedTile t = grouped_tile_strided(w, tb.data(), cnt.data(), E, tiles_n, group_m, stride);
+    ASSERT_GE(t.expert, prev_e) << "experts out of order at w = " << w;
+    prev_e = t.expert;
+    ASSERT_GT(counts[t.expert], 0) << "an empty expert got work item " << w;
+    ASSERT_EQ(t.row0, t.expert * stride + 128 * t.m);
+    ASSERT_EQ(t.rows, std::min(128, counts[t.expert] - 128 * t.m));
+    ASSERT_GE(t.rows, 1);
+    ASSERT_LE(t.row0 + t.rows, t.expert * stride + counts[t.expert]) << "a tile writes past its expert's count";
+    for (int r = t.row0; r < t.row0 + t.rows; ++r) ++written[(static_cast<size_t>(r)) * tiles_n + t.n];
+  }
+  for (int e = 0; e < E; ++e)
+    for (int r = 0; r < stride; ++r)
+      for (int n = 0; n < tiles_n; ++n)
+        ASSERT_EQ(written[(static_cast<size_t>(e) * stride + r) * tiles_n + n], r < counts[e] ? 1 : 0)
+            << "expert " << e << " row " << r << " column tile " << n;
+}
+
+}  // namespace
+
+TEST(GroupedGemmSchedule, StridedEveryRowOnceInsideItsRegion) {
+  for (int E : {1, 2, 8, 32, 64})
+    for (int stride : {1, 127, 128, 129, 512, 2048})
+      for (int kind = 0; kind < 4; ++kind) {
+        std::vector<int> c = random_counts(E, kind);
+        for (int& v : c) v = std::min(v, stride);  // a valid call: every count within its stride
+        if (kind == 3) c[rng()() % E] = stride;     // one expert exactly full
+        SCOPED_TRACE("E " + std::to_string(E) + " stride " + std::to_string(stride) + " kind " + std::to_string(kind));
+        for (int tiles_n : {1, 3})
+          for (int group_m : {1, 8}) {
+            check_strided_order(c, stride, tiles_n, group_m);
+            if (HasFatalFailure()) return;
+          }
+      }
+  check_strided_order({0, 0, 0, 0}, 256, 2, 8);  // nothing to do
+}
+
+TEST(GroupedGemmSchedule, StridedFirstBadExpertIsNamed) {
+  int tb[6], cnt[5], why = -1;
+  const std::vector<int> c = {10, 300, 256, 257, -1};
+  EXPECT_EQ(build_prefix_strided(c.data(), 5, 256, tb, cnt, &why), 1);
+  EXPECT_EQ(why, kGroupedStrideOverflow);
+  EXPECT_EQ(cnt[1], 256);  // clamped (the launch runs no tiles anyway)
+  EXPECT_EQ(build_prefix_strided(c.data(), 5, 300, tb, cnt, &why), 4);  // only the -1 is bad
+  EXPECT_EQ(why, kGroupedNegativeCount);
+  const std::vector<int> ok = {10, 0, 256};
+  EXPECT_EQ(build_prefix_strided(ok.data(), 3, 256, tb, cnt, &why), -1);
+  EXPECT_EQ(why, kGroupedOk);
+  GroupedStatus s;
+  s.error = kGroupedStrideOverflow, s.expert = 1, s.count = 300, s.rows = 556, s.capacity = 256;
+  EXPECT_NE(s.message().find("expert 1 has 300 rows, more than its row_stride of 256"), std::string::npos)
+      << s.message();
+}
+
+TEST(GroupedGemmSchedule, StridedArgumentChecks) {
+  auto expect = [&](const char* what, auto fn) {
+    const std::string e = check::error_of(fn);
+    EXPECT_NE(e.find(what), std::string::npos) << (e.empty() ? "accepted: " + std::string(what) : e);
+  };
+  expect("row_stride = -1", [&] { validate_row_stride(4, 1024, -1); });
+  expect("E x row_stride = 4 x 257 = 1028 rows, more than R_cap = 1024", [&] { validate_row_stride(4, 1024, 257); });
+  validate_row_stride(4, 1024, 256);  // exactly fits
+  validate_row_stride(4, 1, 0);       // packed: nothing to check
+}

@@ -26,8 +26,13 @@
 //                   [--proj up,down] [--routing balanced,dirichlet,one] [--routing-seed S]
 //                   [--target-ms T] [--group G] [--no-dense] [--list]
 //   weave-run -n W -- weave-bench moe [--json FILE] [--models ...] [--tokens ...] [--routing ...]
-//                   [--kernels dispatch,combine,layer,layer_fused] [--routing-seed S] [--target-ms T]
+//                   [--kernels dispatch,combine,layer,layer_fused,dispatch_gemm] [--routing-seed S]
+//                   [--target-ms T] [--world-rows]
+//   --world-rows: the expert-parallel rows also at W = 1 (every row local: the fused kernels'
+//                 overlap of the local copies with the GEMMs, measurable on one GPU)
 //   weave-bench moe --list --world W    the world rows' routing hashes and capacities, no GPU
+//   weave-run -n W -- weave-bench moe --kernels ll --tokens 128 --models deepseek --routing balanced
+//                   the low-latency decode mode (kernels/moe/low_latency.hpp; T <= 256 per rank)
 // --group: tile rows per raster group inside an expert (0: the dense GEMM's default for K).
 #include <cuda_bf16.h>
 
@@ -47,10 +52,12 @@
 #include "check/tile_check.hpp"
 #include "gemm/gemm.hpp"
 #include "gemm/reference.cuh"
+#include "moe/dispatch_gemm.hpp"
 #include "moe/exchange.hpp"
 #include "moe/grouped_gemm.hpp"
 #include "moe/layer.hpp"
 #include "moe/layout.hpp"
+#include "moe/low_latency.hpp"
 #include "recheck.hpp"
 #include "weave/runtime/communicator.hpp"
 
@@ -321,7 +328,7 @@ int run(const Args& args, int W) {
   const auto models = args.names("models", "deepseek,qwen,mixtral");
   const auto tokens = args.numbers("tokens", "4096,16384");
   const auto routings = args.names("routing", "balanced,dirichlet,one");
-  const auto kernels = args.names("kernels", "dispatch,combine,layer,layer_fused");
+  const auto kernels = args.names("kernels", "dispatch,combine,layer,layer_fused,dispatch_gemm");
   const uint64_t rseed = static_cast<uint64_t>(args.get_int("routing-seed", 1));
   const double target_ms = std::stod(args.get("target-ms", "60"));
   auto want = [&](const char* k) { return std::find(kernels.begin(), kernels.end(), k) != kernels.end(); };
@@ -469,6 +476,33 @@ int run(const Args& args, int W) {
       if (!v.ok) wrong.push_back(std::string(kernel) + " " + label + (v.why.empty() ? "" : ": " + v.why));
     };
 
+    // A combine's output (out) on 64 sampled tokens against float64, as a ratio to the bound
+    // 2^-8 |r| + 2^-19 sum |w y| (test_moe_exchange_gpu's): the expert output rows y of every rank
+    // a hash of input set `set` (rank, row, column), row_of(q) the row of (token, slot) q on its
+    // expert's rank.
+    auto combine_worst = [&](int set, auto&& row_of) {
+      double worst = 0;
+      std::vector<bf16> o(H);
+      const int samples = std::min(T, 64);
+      for (int i = 0; i < samples; ++i) {
+        const int tok = samples == T ? i : static_cast<int>((static_cast<long long>(i) * 2654435761ll) % T);
+        WEAVE_CUDA_CHECK(cudaMemcpy(o.data(), out + size_t(tok) * H, H * sizeof(bf16), cudaMemcpyDeviceToHost));
+        for (int c = 0; c < H; ++c) {
+          double r = 0, a = 0;
+          for (int j = 0; j < k; ++j) {
+            const size_t q = size_t(tok) * k + j;
+            const int dr = g.rank_of(s.idx[me][q]);
+            const double y = Hash::value(seed, y_stream[set] + 16 * dr, size_t(row_of(q)) * H + c, 0);
+            r += hw[q] * y, a += std::fabs(hw[q] * y);
+          }
+          const double val = __bfloat162float(o[c]);
+          const double bound = std::ldexp(std::fabs(r), -8) + std::ldexp(a, -19) + 1e-30;
+          worst = std::isfinite(val) ? std::max(worst, std::fabs(val - r) / bound) : INFINITY;
+        }
+      }
+      return worst;
+    };
+
     // Dispatch. Checked: check() sees no failure, each local expert's count equals the count
     // matrix's, and 64 sampled grouped rows hold the token of set `set` their metadata names, at
     // the row plan_dispatch gives that (token, slot).
@@ -539,25 +573,7 @@ int run(const Args& args, int W) {
         // copies below are on the legacy stream, which does not wait for the non-blocking st) and
         // reports the exchange's verdict.
         Verdict v = errors(false);
-        std::vector<bf16> o(H);
-        const int samples = std::min(T, 64);
-        for (int i = 0; i < samples; ++i) {
-          const int tok = samples == T ? i : static_cast<int>((static_cast<long long>(i) * 2654435761ll) % T);
-          WEAVE_CUDA_CHECK(cudaMemcpy(o.data(), out + size_t(tok) * H, H * sizeof(bf16), cudaMemcpyDeviceToHost));
-          for (int c = 0; c < H; ++c) {
-            double r = 0, a = 0;
-            for (int j = 0; j < k; ++j) {
-              const size_t q = size_t(tok) * k + j;
-              const int dr = g.rank_of(s.idx[me][q]);
-              const double y = Hash::value(seed, y_stream[set] + 16 * dr, size_t(plan.row[q]) * H + c, 0);
-              r += hw[q] * y, a += std::fabs(hw[q] * y);
-            }
-            const double val = __bfloat162float(o[c]);
-            const double bound = std::ldexp(std::fabs(r), -8) + std::ldexp(a, -19) + 1e-30;
-            v.worst = std::isfinite(val) ? std::max(v.worst, std::fabs(val - r) / bound) : INFINITY;
-          }
-        }
-        v.worst = worst_all(v.worst);
+        v.worst = worst_all(combine_worst(set, [&](size_t q) { return plan.row[q]; }));
         v.ok = all_ranks_ok(comm, v.ok) && v.worst <= 1;
         return v;
       };
@@ -616,6 +632,206 @@ int run(const Args& args, int W) {
       layer_row("moe_layer_fused", true, [&](const bf16* xin) {
         moe::moe_layer_forward_fused(ex, *gc, scratch, xin, idx, w, T, wup, wdown, out, st);
       });
+    // The fused dispatch + up GEMM (--kernels dispatch_gemm; kernels/moe/dispatch_gemm.hpp):
+    // moe_dispatch_gemm, and the same two steps unfused (moe_dispatch_up: dispatch, then
+    // grouped_gemm) beside it; TFLOP/s of the up GEMM (2 T k 2F H per rank). Each checked on its last
+    // timed call and a fresh one on input set 1 (recheck.hpp): no failure, and 16 sampled grouped
+    // rows x 64 columns of the output against float64 (the row's token from its metadata, the
+    // expert from the rank's offsets), under 2^-8 |r| + 2^-16 sum |x w| (a missing K step or a wrong
+    // token is far outside it).
+    if (want("dispatch_gemm")) {
+      const double flop_up = 2.0 * T * k * 2.0 * F * H;
+      const int su = up_shift(H);
+      bf16* yup = scratch.up_output();
+      auto poison_y = [&] {
+        WEAVE_CUDA_CHECK(cudaMemsetAsync(yup, 0xff, size_t(s.capacity) * 2 * F * sizeof(bf16), st));
+        settle();
+      };
+      auto up_row = [&](const char* kernel, auto&& call /* (const bf16* x) -> Dispatched */) {
+        moe::Dispatched dd{};
+        poison_y();
+        const double t = timed([&] { dd = call(x); }, flop_up / 500e6 + est_comm);
+        auto check_set = [&](int set) {
+          Verdict v = errors(true);
+          std::vector<int> offs(L + 1);
+          WEAVE_CUDA_CHECK(cudaMemcpy(offs.data(), dd.offsets, (L + 1) * sizeof(int), cudaMemcpyDeviceToHost));
+          const int R = offs[L], samples = std::min(R, 16);
+          std::vector<bf16> yr(2 * F);
+          for (int i = 0; i < samples && v.ok; ++i) {
+            const int r = samples == 1 ? 0 : static_cast<int>(static_cast<long long>(i) * (R - 1) / (samples - 1));
+            moe::RowMeta mt{};
+            WEAVE_CUDA_CHECK(cudaMemcpy(&mt, dd.meta + r, sizeof mt, cudaMemcpyDeviceToHost));
+            WEAVE_CUDA_CHECK(cudaMemcpy(yr.data(), yup + size_t(r) * 2 * F, 2 * F * sizeof(bf16), cudaMemcpyDeviceToHost));
+            if (mt.src < 0 || mt.src >= W || mt.token < 0 || mt.token >= T) {
+              v.ok = false, v.why = "grouped row " + std::to_string(r) + " has no token";
+              break;
+            }
+            const int l = static_cast<int>(std::upper_bound(offs.begin(), offs.end(), r) - offs.begin()) - 1;
+            const uint64_t up0 = static_cast<uint64_t>(me * L + l) * 2 * F * H;
+            for (int q = 0; q < 64; ++q) {
+              const int n = static_cast<int>(static_cast<long long>(q) * (2 * F - 1) / 63);
+              double ref = 0, mag = 0;
+              for (int c = 0; c < H; ++c) {
+                const double xv = Hash::value(seed, x_stream[set] + 16 * mt.src, size_t(mt.token) * H + c, 0);
+                const double wv = Hash::value(seed, kUp, up0 + static_cast<uint64_t>(n) * H + c, su);
+                ref += xv * wv, mag += std::fabs(xv * wv);
+              }
+              const double val = __bfloat162float(yr[n]);
+              const double bound = std::ldexp(std::fabs(ref), -8) + std::ldexp(mag, -16) + 1e-30;
+              v.worst = std::isfinite(val) ? std::max(v.worst, std::fabs(val - ref) / bound) : INFINITY;
+            }
+          }
+          v.worst = worst_all(v.worst);
+          v.ok = all_ranks_ok(comm, v.ok) && v.worst <= 1;
+          return v;
+        };
+        const Verdict v = check_last_and_fresh(0, 2, check_set, poison_y, [&](int set) { dd = call(xs[set]); });
+        print(kernel, t, 0, flop_up / t * 1e-6, v.worst, v.ok);
+        failed(kernel, v);
+        JsonLine j = row(kernel);
+        j.add("time_us", t).add("tflops", flop_up / t * 1e-6).add("correct", v.ok);
+        if (me == 0) sink.write(add_check_worst(j, v.worst));
+      };
+      up_row("moe_dispatch_up", [&](const bf16* xin) {
+        const moe::Dispatched dd = ex.dispatch(xin, idx, T, st);
+        moe::grouped_gemm(dd.rows, wup, yup, dd.counts, L, 2 * F, H, s.capacity, st);
+        return dd;
+      });
+      up_row("moe_dispatch_gemm",
+             [&](const bf16* xin) { return moe::dispatch_gemm(ex, xin, idx, T, wup, 2 * F, yup, st); });
+    }
+    // The low-latency (decode) mode (--kernels ll; kernels/moe/low_latency.hpp), T <= 256 tokens per
+    // rank, max_tokens = T: moe_ll is a dispatch + combine pair timed back to back (the issue's
+    // decode figure), moe_ll_dispatch / moe_ll_combine the same loop split by events between the two
+    // kernels (an event between them may cost the PDL overlap: their sum can exceed moe_ll).
+    // NVLink bytes per rank: dispatch H x 2 per (token, remote rank holding one of its experts)
+    // plus 4 k bytes of route codes per (token, remote rank); combine H x 2 per remote (token, slot).
+    // Checked on its last timed call and a fresh one on input set 1 (recheck.hpp): no failure in
+    // check(), every local expert's count, 64 sampled receive rows bit for bit at ll_plan's row
+    // (and their metadata), 64 sampled tokens of the combine's output against float64 under
+    // test_moe_exchange_gpu's bound, the expert outputs y a hash of (rank, row, column).
+    if (want("ll") && T > moe::kLlMaxTokens && me == 0)
+      std::printf("%-9s %6d %-10s %-15s skipped: the low-latency mode takes at most %d tokens per rank\n", m.name, T,
+                  s.routing.c_str(), "moe_ll", moe::kLlMaxTokens);
+    if (want("ll") && T <= moe::kLlMaxTokens) {
+      moe::MoeLowLatency ll(comm, moe::LowLatencyConfig{E, H, k, T});
+      const int S = ll.row_stride();
+      const size_t ny = size_t(L) * S * H;
+      bf16* y = dmalloc<bf16>(ny);
+      std::vector<const int*> ptrs;
+      for (int r = 0; r < W; ++r) ptrs.push_back(s.idx[r].data());
+      const moe::LlPlan plan = moe::ll_plan(ptrs, std::vector<int>(W, T), k, g, T);
+      double ld = 0, lc = 0;  // NVLink bytes, averaged over ranks
+      for (int r = 0; r < W; ++r)
+        for (int t = 0; t < T; ++t) {
+          const int* ids = s.idx[r].data() + size_t(t) * k;
+          const unsigned mask = moe::ll_dest_mask(ids, k, g);
+          for (int d = 0; d < W; ++d)
+            if (d != r) ld += 4.0 * k + ((mask >> d & 1u) ? 2.0 * H : 0.0);
+          for (int j = 0; j < k; ++j) lc += g.rank_of(ids[j]) != r ? 2.0 * H : 0.0;
+        }
+      ld /= W, lc /= W;
+      auto fill_y = [&](int set) { fill(y, ny, seed, y_stream[set] + 16 * me, 0, 0, st); };
+      moe::LowLatencyDispatched dl{};  // pointers owned by ll, the same every call
+      auto pair = [&](const bf16* xin) {
+        dl = ll.dispatch(xin, idx, T, st);
+        ll.combine(y, w, out, T, st);
+      };
+      fill_y(0);
+      poison_out();
+      const double t = timed([&] { pair(x); }, 2 * est_comm);
+      // The same loop split by events (median over iterations of each kernel's share).
+      double t_disp = 0, t_comb = 0;
+      {
+        const int iters = 50;
+        std::vector<cudaEvent_t> ev(3 * iters);
+        for (cudaEvent_t& e : ev) WEAVE_CUDA_CHECK(cudaEventCreate(&e));
+        comm.barrier();
+        for (int i = 0; i < iters; ++i) {
+          WEAVE_CUDA_CHECK(cudaEventRecord(ev[3 * i], st));
+          ll.dispatch(x, idx, T, st);
+          WEAVE_CUDA_CHECK(cudaEventRecord(ev[3 * i + 1], st));
+          ll.combine(y, w, out, T, st);
+          WEAVE_CUDA_CHECK(cudaEventRecord(ev[3 * i + 2], st));
+        }
+        WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
+        std::vector<double> td, tc;
+        for (int i = 0; i < iters; ++i) {
+          float a = 0, b = 0;
+          WEAVE_CUDA_CHECK(cudaEventElapsedTime(&a, ev[3 * i], ev[3 * i + 1]));
+          WEAVE_CUDA_CHECK(cudaEventElapsedTime(&b, ev[3 * i + 1], ev[3 * i + 2]));
+          td.push_back(a * 1e3), tc.push_back(b * 1e3);
+        }
+        for (cudaEvent_t e : ev) cudaEventDestroy(e);
+        t_disp = slowest(median(td)), t_comb = slowest(median(tc));
+      }
+      // The entries of every rank routed to this rank (the sampled receive rows come from them).
+      std::vector<std::pair<int, int>> mine;  // (source rank, t k + j)
+      for (int r = 0; r < W; ++r)
+        for (int q = 0; q < T * k; ++q)
+          if (g.rank_of(s.idx[r][q]) == me) mine.emplace_back(r, q);
+      auto check_set = [&](int set) {
+        Verdict v;
+        try {
+          ll.check(st);
+        } catch (const Error& e) {
+          v.ok = false, v.why = e.what();
+        }
+        std::vector<int> got(L);
+        WEAVE_CUDA_CHECK(cudaMemcpy(got.data(), dl.counts, L * sizeof(int), cudaMemcpyDeviceToHost));
+        for (int l = 0; l < L && v.ok; ++l)
+          if (got[l] != plan.rows_of(me, l)) v.ok = false, v.why = "count of local expert " + std::to_string(l);
+        const int samples = std::min<int>(static_cast<int>(mine.size()), 64);
+        std::vector<bf16> rv(H);
+        for (int i = 0; i < samples && v.ok; ++i) {
+          const auto [src, q] = mine[samples == 1 ? 0 : static_cast<size_t>(i) * (mine.size() - 1) / (samples - 1)];
+          const int r = plan.row[src][q], tok = q / k;
+          moe::LlRowMeta mt{};
+          WEAVE_CUDA_CHECK(cudaMemcpy(&mt, dl.meta + r, sizeof mt, cudaMemcpyDeviceToHost));
+          WEAVE_CUDA_CHECK(cudaMemcpy(rv.data(), dl.rows + size_t(r) * H, H * sizeof(bf16), cudaMemcpyDeviceToHost));
+          bool good = mt.src == src && mt.token == tok && mt.slot == q % k && mt.expert == s.idx[src][q];
+          int c = 0;
+          for (; c < H && good; ++c)
+            good = __bfloat162float(rv[c]) == Hash::value(seed, x_stream[set] + 16 * src, size_t(tok) * H + c, 0);
+          if (!good)
+            v.ok = false, v.why = "receive row " + std::to_string(r) + " (rank " + std::to_string(src) + " token " +
+                                  std::to_string(tok) + " slot " + std::to_string(q % k) + ")" +
+                                  (c > 0 ? ", column " + std::to_string(c - 1) : "");
+        }
+        v.worst = worst_all(std::max(v.worst, combine_worst(set, [&](size_t q) { return plan.row[me][q]; })));
+        v.ok = all_ranks_ok(comm, v.ok) && v.worst <= 1;
+        return v;
+      };
+      const Verdict v = check_last_and_fresh(
+          0, 2, check_set,
+          [&] {
+            WEAVE_CUDA_CHECK(cudaMemsetAsync(ll.receive_buffer(), 0xff, ny * sizeof(bf16), st));
+            poison_out();
+          },
+          [&](int set) {
+            fill_y(set);
+            settle();
+            pair(xs[set]);
+          });
+      const double gd = ld / t_disp * 1e-3, gc = lc / t_comb * 1e-3, gp = (ld + lc) / t * 1e-3;
+      print("moe_ll_dispatch", t_disp, gd, 0, 0, v.ok);
+      print("moe_ll_combine", t_comb, gc, 0, v.worst, v.ok);
+      print("moe_ll", t, gp, 0, v.worst, v.ok);
+      failed("moe_ll", v);
+      const struct {
+        const char* kernel;
+        double t, gbs, bytes;
+      } rows_ll[] = {{"moe_ll_dispatch", t_disp, gd, ld}, {"moe_ll_combine", t_comb, gc, lc}, {"moe_ll", t, gp, ld + lc}};
+      for (const auto& rl : rows_ll) {
+        JsonLine j = row(rl.kernel);
+        j.add("time_us", rl.t).add("gbs", rl.gbs).add("bytes", rl.bytes).add("correct", v.ok);
+        j.add("max_tokens", T).add("blocks", ll.blocks());
+        if (me == 0) sink.write(add_check_worst(j, v.worst));
+      }
+      WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
+      comm.barrier();
+      cudaFree(y);
+    }
     WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
     comm.barrier();  // no rank frees what a peer's call may still read
     cudaFree(x), cudaFree(x2), cudaFree(out), cudaFree(wup), cudaFree(wdown), cudaFree(idx), cudaFree(w);
@@ -635,10 +851,11 @@ struct Case {
 };
 
 int run_moe_bench(const Args& args) {
-  // Under weave-run -n W (W >= 2): the expert-parallel rows; one rank: the grouped GEMM rows below.
+  // Under weave-run -n W (W >= 2, or --world-rows): the expert-parallel rows; one rank: the grouped
+  // GEMM rows below.
   const char* ws = std::getenv("WEAVE_WORLD_SIZE");
   const int world_size = ws ? std::atoi(ws) : 1;
-  if (world_size > 1 && !args.has("list")) return world::run(args, world_size);
+  if ((world_size > 1 || args.has("world-rows")) && !args.has("list")) return world::run(args, world_size);
   if (args.has("list") && args.has("world")) return world::list(args, static_cast<int>(args.get_int("world", 2)));
   std::vector<Case> cases;
   const auto models = args.names("models", "deepseek,qwen,mixtral");
@@ -815,5 +1032,6 @@ WEAVE_BENCH(moe,
             "Dirichlet and all-to-one routings, beside a dense GEMM of equal flops (--models --tokens --proj "
             "--routing --routing-seed --target-ms --group G --no-dense; --list prints the rows and routing hashes, no GPU); "
             "under weave-run -n W >= 2: moe_dispatch / moe_combine (GB/s) and the layer, non-fused and fused "
-            "(gemm_combine) (--kernels dispatch,combine,layer,layer_fused)",
+            "(gemm_combine), dispatch_gemm (--kernels dispatch,combine,layer,layer_fused,dispatch_gemm; --world-rows: at W = 1 too)"
+            "; --kernels ll: the low-latency decode mode's dispatch + combine (--tokens <= 256)",
             run_moe_bench);
