@@ -145,8 +145,8 @@ TEST(DispatchGemm, EmptyExperts) { run_case({Routing::empty_experts, 8, 2, 1032,
 TEST(DispatchGemm, SingleToken) { run_case({Routing::random_repeats, 2, 2, 8, 8, 1, 0}); }
 
 // Fused and non-fused calls alternating on one exchange, back to back (no host synchronisation), the
-// routing, T and tokens changing every call; each fused call's GEMM output compared with the
-// non-fused pair that follows it on the same inputs.
+// routing, T, tokens and the fused kernel's compute block count (all SMs, 5, 1) changing every call;
+// each fused call's GEMM output compared with the non-fused pair that follows it on the same inputs.
 TEST(DispatchGemm, BackToBack100) {
   const int W = comm().world(), me = comm().rank(), kCalls = 100, L = 4, k = 4, H = 136, F = 104, N = 2 * F,
             maxT = 260;
@@ -180,7 +180,9 @@ TEST(DispatchGemm, BackToBack100) {
   cudaStream_t s = stream();
   for (int c = 0; c < kCalls; ++c) {
     const DeviceInput& d = *dev[c];
-    const Dispatched df = dispatch_gemm(*layer.ex, d.x, d.idx, mine[c].T, layer.up, N, yf[c], s);
+    GroupedGemmOptions o;  // the aux warp count changes between calls: the counters' totals follow
+    o.lcsc.max_compute_blocks = c % 3 == 1 ? 5 : c % 3 == 2 ? 1 : 0;
+    const Dispatched df = dispatch_gemm(*layer.ex, d.x, d.idx, mine[c].T, layer.up, N, yf[c], s, o);
     WEAVE_CUDA_CHECK(cudaMemcpyAsync(totals + 2 * c, df.offsets + L, sizeof(int), cudaMemcpyDeviceToDevice, s));
     const Dispatched dp = layer.ex->dispatch(d.x, d.idx, mine[c].T, s);
     grouped_gemm(dp.rows, layer.up, yp[c], dp.counts, L, N, H, R, s);

@@ -514,4 +514,50 @@ FAULTS = [
         }],
         "tests": ["test_net_collectives_layout", "test_net_gpu_hier"],
     },
+    # ---- the fused dispatch_gemm and the low-latency mode (kernels/moe) ---------------------------
+    {
+        "name": "dispatch_gemm_loader_skips_readiness",
+        "what": "dispatch_gemm: the loader starts an expert's tiles without waiting until its rows have arrived "
+                "and been copied (reads rows still being written: poison or the previous call's)",
+        "edits": [{
+            "file": "kernels/moe/dispatch_gemm_kernel.cuh",
+            "find": "    if (it == 0 && t.expert > ready_upto()) {",
+            "replace": "    if (false && it == 0 && t.expert > ready_upto()) {",
+        }],
+        "tests": ["test_dispatch_gemm_gpu", "test_moe_layer_gpu"],
+    },
+    {
+        "name": "dispatch_gemm_last_expert_not_duplicated",
+        "what": "dispatch_gemm: the duplicated rows of the last local expert are never copied from their primary rows "
+                "(tokens with several experts on a rank, in the last expert only)",
+        "edits": [{
+            "file": "kernels/moe/dispatch_gemm_kernel.cuh",
+            "find": "    if (!failed) copy_duplicates(g, l, warp, warps, lane);",
+            "replace": "    if (!failed && l != g.experts - 1) copy_duplicates(g, l, warp, warps, lane);",
+        }],
+        "tests": ["test_dispatch_gemm_gpu", "test_moe_layer_gpu"],
+    },
+    {
+        "name": "moe_primary_is_first_slot",
+        "what": "the token's primary slot on a rank is its first slot there, not its smallest expert: a row's data "
+                "can sit in a later expert than the row (the fused dispatch_gemm's readiness no longer holds)",
+        "edits": [{
+            "file": "kernels/moe/layout.hpp",
+            "find": "    if (g.rank_of(idx_row[j]) == r && (idx_row[j] < idx_row[best] || (idx_row[j] == idx_row[best] && j < best)))\n"
+                    "      best = j;",
+            "replace": "    if (g.rank_of(idx_row[j]) == r && j < best) best = j;",
+        }],
+        "tests": ["test_moe_dispatch_gemm_cpu"],
+    },
+    {
+        "name": "ll_dispatch_token_skips_last_remote_rank",
+        "what": "low-latency dispatch: a token goes to every remote rank holding its experts but the last one (with two "
+                "ranks: never to the peer)",
+        "edits": [{
+            "file": "kernels/moe/low_latency_kernels.cuh",
+            "find": "sh.dst, sh.ndst, nv,",
+            "replace": "sh.dst, sh.ndst - 1, nv,",
+        }],
+        "tests": ["test_moe_low_latency_gpu"],
+    },
 ]
