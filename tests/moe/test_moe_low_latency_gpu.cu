@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "../primitives/common.hpp"
+#include "check/error_of.hpp"
 #include "check/seed.hpp"
 #include "common.hpp"
 #include "layer_check.hpp"
@@ -42,6 +43,7 @@ namespace {
 
 using namespace weave;
 using namespace weave::moe;
+using check::error_of;
 using bf16 = __nv_bfloat16;
 
 using test::BoundCheck;
@@ -122,6 +124,20 @@ struct Snapshot {
   std::vector<bf16> out;
 };
 
+// A call's results on this rank, read back: `rows` receive rows (and their metadata), L local
+// experts of W sources, T tokens of H columns out.
+Snapshot snapshot(const bf16* rows_d, const LlRowMeta* meta_d, const int* counts, const int* src_counts,
+                  const int* src_offsets, const bf16* out, size_t rows, int L, int W, int T, int H) {
+  Snapshot snap;
+  snap.rows = wt::to_host(rows_d, rows * H);
+  snap.meta = wt::to_host(meta_d, rows);
+  snap.counts = wt::to_host(counts, L);
+  snap.src_counts = wt::to_host(src_counts, static_cast<size_t>(L) * W);
+  snap.src_offsets = wt::to_host(src_offsets, static_cast<size_t>(L) * W);
+  snap.out = wt::to_host(out, static_cast<size_t>(T) * H);
+  return snap;
+}
+
 // The checks of one call on this rank (`tail_poisoned`: rows past each expert's count must still
 // be poison); y_seed: the expert outputs combine summed (y_value).
 void verify(const LlPlan& p, const std::vector<RankInput>& in, int H, const Snapshot& got, bool tail_poisoned,
@@ -199,13 +215,7 @@ Snapshot run_once(MoeLowLatency& ll, const std::vector<RankInput>& in, uint64_t 
   const LowLatencyDispatched d = ll.dispatch(in_d.x, in_d.idx, T, s);
   ll.combine(y, in_d.w, in_d.out, T, s);
   ll.check(s);
-  Snapshot snap;
-  snap.rows = wt::to_host(d.rows, rows * H);
-  snap.meta = wt::to_host(d.meta, rows);
-  snap.counts = wt::to_host(d.counts, L);
-  snap.src_counts = wt::to_host(d.src_counts, static_cast<size_t>(L) * W);
-  snap.src_offsets = wt::to_host(d.src_offsets, static_cast<size_t>(L) * W);
-  snap.out = wt::to_host(in_d.out, static_cast<size_t>(T) * H);
+  Snapshot snap = snapshot(d.rows, d.meta, d.counts, d.src_counts, d.src_offsets, in_d.out, rows, L, W, T, H);
   comm().barrier();
   return snap;
 }
@@ -324,13 +334,8 @@ TEST(MoeLowLatency, BackToBack200) {
   for (int c = 0; c < kCalls; ++c) {
     const Call& call = calls[c];
     const int T = call.in[me].T;
-    Snapshot snap;
-    snap.rows = wt::to_host(call.rows, rows * H);
-    snap.meta = wt::to_host(call.meta, rows);
-    snap.counts = wt::to_host(call.counts, L);
-    snap.src_counts = wt::to_host(call.src_counts, static_cast<size_t>(L) * W);
-    snap.src_offsets = wt::to_host(call.src_offsets, static_cast<size_t>(L) * W);
-    snap.out = wt::to_host(call.out, static_cast<size_t>(T) * H);
+    const Snapshot snap =
+        snapshot(call.rows, call.meta, call.counts, call.src_counts, call.src_offsets, call.out, rows, L, W, T, H);
     // Rows past the counts hold earlier calls' rows (the buffer is poisoned once): not checked.
     verify(*call.plan, call.in, H, snap, false, call.y_seed, "call " + std::to_string(c) + " (" + name(kinds[c % 7]) + ")");
     if (HasFatalFailure() || HasNonfatalFailure()) break;
@@ -472,16 +477,6 @@ void expect_failed_call(MoeLowLatency& ll, const std::vector<RankInput>& in, con
   verify(p, gin, good.H, snap, true, y_seed, "the call after a failed one");
 }
 
-// Runs `call` on every rank; returns its weave::Error message ("" if none).
-template <class F>
-std::string error_of(F&& call) {
-  try {
-    call();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return {};
-}
 
 }  // namespace
 
