@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
@@ -43,7 +44,15 @@ Tuner& Tuner::global() {
   return t;
 }
 
-Tuner::Tuner(std::string cache_file) : path_(cache_file.empty() ? default_path() : std::move(cache_file)) {}
+Tuner::Tuner(std::string cache_file)
+    : path_(cache_file.empty() ? default_path() : std::move(cache_file)),
+      budget_s_(env::get_seconds("WEAVE_TUNER_BUDGET_S")) {}
+
+namespace {
+thread_local double sample_window_us = 0;  // the search in progress on this thread (0: none)
+}  // namespace
+
+double search_sample_window_us() { return sample_window_us; }
 
 std::string Tuner::default_path() {
   if (std::string e = env::get_string("WEAVE_TUNER_CACHE"); !e.empty()) return e;
@@ -337,15 +346,24 @@ TuneResult Tuner::choose(Communicator* comm, const std::string& key, const std::
   }
   const bool talk = verbose_ && rank == 0;
   if (talk) std::fprintf(stderr, "weave tuner: %s: searching %zu candidates\n", key.c_str(), cands.size());
+  // A bounded search (budget_s_ > 0): half the budget for the first round's samples, each sample
+  // shortened to fit (time_launches' plan reads the window), more rounds while time is left.
+  const auto t0 = std::chrono::steady_clock::now();
+  struct Window {
+    explicit Window(double us) { sample_window_us = us; }
+    ~Window() { sample_window_us = 0; }
+  } window(budget_s_ > 0 ? budget_s_ * 1e6 / (2.0 * static_cast<double>(cands.size())) : 0);
+  double spent_s = 0;  // the slowest rank's time in this search so far, the same on every rank
   // The slowest rank's time of one measurement (every rank measures the same candidate).
   auto slowest = [&](const TuneCandidate& c) {
-    double t = measure_us(c);
+    double t[2] = {measure_us(c), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
     if (comm) {
-      std::vector<double> all(world);
-      comm->bootstrap().all_gather(&t, all.data(), sizeof t);
-      for (double x : all) t = x > t ? x : t;
+      std::vector<double> all(2 * world);
+      comm->bootstrap().all_gather(t, all.data(), sizeof t);
+      for (int r = 0; r < world; ++r) t[0] = std::max(t[0], all[2 * r]), t[1] = std::max(t[1], all[2 * r + 1]);
     }
-    return t;
+    spent_s = t[1];
+    return t[0];
   };
   // Under the power cap of large GEMMs the SM clock swings by +-10-20 % within a second, so one
   // short sample ranks candidates by the clock it caught (session 6: ag_gemm 32768 chose a
@@ -367,12 +385,17 @@ TuneResult Tuner::choose(Communicator* comm, const std::string& key, const std::
   size_t n = 0;
   while (n < kept.size() && (n < kMinKept || samples[kept[n]][0] <= kKeep * samples[kept[0]][0])) ++n;
   kept.resize(n);
+  // A round is run whole or not at all (a candidate with more samples than another would be
+  // ranked by a different median); whether there is time left is decided the same on every rank.
+  const double per_round = kept.empty() ? 0 : spent_s / static_cast<double>(cands.size()) * kept.size();
   if (kept.size() >= 2)
-    for (int round = 1; round < kRounds; ++round)
+    for (int round = 1; round < kRounds; ++round) {
+      if (budget_s_ > 0 && spent_s + per_round > budget_s_) break;
       for (size_t i = 0; i < kept.size(); ++i) {
         const size_t c = kept[(i + round) % kept.size()];
         samples[c].push_back(slowest(cands[c]));
       }
+    }
   std::vector<double> times(cands.size(), -1);
   for (size_t c : kept) {
     times[c] = median(samples[c]);

@@ -8,7 +8,9 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <chrono>
 #include <map>
+#include <thread>
 #include <random>
 #include <array>
 #include <set>
@@ -593,6 +595,38 @@ TEST(Tuner, KeepsEveryCandidateNearTheBest) {
   EXPECT_EQ(r.choice.num_comm_sms, 5);
   for (int n = 1; n <= 5; ++n) EXPECT_EQ(seen[n], 5) << n;
   EXPECT_EQ(seen[7], 1);
+}
+
+// A bounded search (Tuner::budget_s): every candidate measured once, each sample's window the
+// budget over twice the candidates (what time_launches' plan reads), and the later rounds only
+// while the budget allows them; budget 0 is the full search, with no window.
+TEST(Tuner, BudgetBoundsTheSearch) {
+  weave::runtime::Tuner t("off");
+  t.set_verbose(false);
+  t.set_budget_s(0.1);
+  std::map<int, int> seen;
+  double window = -1;
+  const std::vector<weave::runtime::TuneCandidate> cands = {{0, 1}, {0, 2}, {0, 3}, {0, 4}, {0, 5}};
+  auto r = t.choose(nullptr, "budget|1|w1|d", cands, [&](const weave::runtime::TuneCandidate& x) {
+    ++seen[x.num_comm_sms];
+    window = weave::runtime::search_sample_window_us();
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));  // round 1 alone takes 0.15 s
+    return 10.0 + x.num_comm_sms;
+  });
+  EXPECT_EQ(r.choice.num_comm_sms, 1);
+  for (int n = 1; n <= 5; ++n) EXPECT_EQ(seen[n], 1) << n;
+  EXPECT_DOUBLE_EQ(window, 0.1e6 / 10);
+  EXPECT_EQ(weave::runtime::search_sample_window_us(), 0.0) << "the window outlived the search";
+  // Unbounded: no window, every kept candidate gets its five samples.
+  t.set_budget_s(0);
+  seen.clear();
+  t.choose(nullptr, "budget|2|w1|d", cands, [&](const weave::runtime::TuneCandidate& x) {
+    ++seen[x.num_comm_sms];
+    window = weave::runtime::search_sample_window_us();
+    return 10.0 + 0.1 * x.num_comm_sms;
+  });
+  for (int n = 1; n <= 5; ++n) EXPECT_EQ(seen[n], 5) << n;
+  EXPECT_EQ(window, 0.0);
 }
 
 TEST(Tuner, CorruptFileIsReportedAndReplaced) {

@@ -20,13 +20,14 @@ constexpr double kSteadyWarmUs = 100e3;
 struct SamplePlan {
   int warm = 0, iters = 0;  // iters == 0: not yet known
 };
-inline SamplePlan steady_plan(double call_us, double timed_us, int max_warm, int max_iters) {
+inline SamplePlan steady_plan(double call_us, double timed_us, int max_warm, int max_iters,
+                              double warm_us = kSteadyWarmUs) {
   const double t = call_us > 1 ? call_us : 1;
   auto calls = [t](double window_us, int hi) {
     const double n = std::ceil(window_us / t);
     return n < 1 ? 1 : n > hi ? hi : static_cast<int>(n);
   };
-  return {calls(kSteadyWarmUs, max_warm), calls(timed_us, max_iters)};
+  return {calls(warm_us, max_warm), calls(timed_us, max_iters)};
 }
 
 // Mean time (µs) per call of `iters` calls of fn on `stream`, between two events recorded after

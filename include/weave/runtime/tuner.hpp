@@ -42,6 +42,11 @@ std::string candidate_set(const std::vector<TuneCandidate>& candidates);
 std::string tune_key(const std::string& kernel, const std::vector<long long>& shape, int world,
                      const std::string& device);
 
+// The time (µs) one sample of the search running on this thread should take, warm-up included
+// (Tuner::choose sets it from its budget); 0 outside a search or when the search is unbounded: a
+// sample then warms up to the power cap's steady state (event_time.hpp).
+double search_sample_window_us();
+
 class Tuner {
  public:
   // The process-wide tuner on default_path().
@@ -52,6 +57,11 @@ class Tuner {
   static std::string default_path();
   const std::string& path() const { return path_; }
   void set_verbose(bool v) { verbose_ = v; }
+  // Seconds one search may take ($WEAVE_TUNER_BUDGET_S, default 1; 0: unbounded). Every
+  // candidate is measured once whatever the budget; the samples are shortened to fit (through
+  // search_sample_window_us), and the rounds after the first run only while time is left.
+  void set_budget_s(double s) { budget_s_ = s; }
+  double budget_s() const { return budget_s_; }
 
   // The cached choice for `key`, or the search: every candidate is measured by `measure_us`
   // (this rank's time in µs; it runs the kernel) once, those near the best four more times in
@@ -76,6 +86,7 @@ class Tuner {
   std::map<std::string, TuneResult> read_file(bool warn);
   std::string path_;
   bool verbose_ = true;
+  double budget_s_ = 1;
   std::mutex mu_;
   std::map<std::string, TuneResult> mem_;
 };

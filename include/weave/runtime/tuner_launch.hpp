@@ -4,6 +4,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <string>
@@ -18,8 +19,14 @@
 namespace weave::runtime {
 
 // A tuner sample's plan: kSteadyWarmUs of the same candidate first (the power cap's steady
-// state, event_time.hpp), then ~20 ms timed.
-inline SamplePlan tune_plan(double launch_us) { return steady_plan(launch_us, 20e3, 2000, 200); }
+// state, event_time.hpp), then ~20 ms timed; in a bounded search (Tuner::budget_s) the sample's
+// window instead, four fifths warm-up and one fifth timed (shorter samples rank candidates by the
+// clock they catch: the price of a first call that does not stall for seconds).
+inline SamplePlan tune_plan(double launch_us) {
+  const double w = search_sample_window_us();
+  if (w > 0) return steady_plan(launch_us, std::min(20e3, 0.2 * w), 2000, 200, std::min(kSteadyWarmUs, 0.8 * w));
+  return steady_plan(launch_us, 20e3, 2000, 200);
+}
 
 // The slowest rank's host time (µs) of one call of fn from an idle stream to its end: what a
 // sample plan starts from. Every rank takes the same plan from it, since every rank must call as
