@@ -50,7 +50,7 @@ inline constexpr Var kVars[] = {
   {"WEAVE_TUNER_BUDGET_S", Type::seconds, "1", Who::user,
    "the tuner's time for one new shape's search (the first call's stall): samples shortened to fit, "
    "extra rounds only while time is left; `0` = the full search (100 ms of warm-up per sample, five "
-   "rounds: ~10 s for 18 candidates)"},
+   "rounds: ~10 s for 18 candidates; weave-bench's default)"},
   {"WEAVE_NET_PROVIDER", Type::string, "", Who::user,
    "the libfabric provider of the network path (`tcp`, `verbs`, `efa`, ...); unset: libfabric's first "
    "choice for RDM endpoints with RMA. libfabric's own `FI_PROVIDER` filters what it offers before weave "
