@@ -30,6 +30,7 @@
 #include "moe/combine_sum.cuh"
 #include "moe/low_latency_schedule.hpp"
 #include "moe/row_copy.cuh"
+#include "moe/swiglu_row.cuh"
 #include "weave/memory_order.cuh"
 #include "weave/pdl.cuh"
 #include "weave/signal.cuh"
@@ -82,6 +83,15 @@ __device__ __forceinline__ void signal_peers(const signals& s, int index) {
 }
 
 constexpr int kUnroll = 4;
+
+// The most tokens any peer (rank != me) had in the call: the bound of the loops over the peers'
+// tokens this block handles.
+__device__ __forceinline__ int most_peer_tokens(const int* Ts, int W, int me) {
+  int m = 0;
+  for (int s = 0; s < W; ++s)
+    if (s != me && Ts[s] > m) m = Ts[s];
+  return m;
+}
 
 // n rows copied one to one (src[q] -> dst[q]), the n nv vectors spread over the block.
 __device__ __forceinline__ void copy_rows(const int4* const* src, int4* const* dst, int n, int nv) {
@@ -294,9 +304,7 @@ __global__ void __launch_bounds__(kLlThreads, 2) ll_dispatch(const __grid_consta
   if (failed) return;  // block-uniform
 
   // 6. The peers' rows of this block's tokens, from staging.
-  int maxT = 0;
-  for (int s = 0; s < W; ++s)
-    if (s != me && sh.Ts[s] > maxT) maxT = sh.Ts[s];
+  const int maxT = most_peer_tokens(sh.Ts, W, me);
   for (int t = blockIdx.x; t < maxT; t += B)
     for (int q = 1; q < W; ++q) {
       const int s = ll_source_at(q, me, W);
@@ -329,9 +337,7 @@ __global__ void __launch_bounds__(kLlThreads, 2) ll_combine(const __grid_constan
 
   // 1. The expert outputs of the peers' tokens this block packed, to their home ranks' landing rows.
   if (!failed) {
-    int maxT = 0;
-    for (int s = 0; s < W; ++s)
-      if (s != me && sh.Ts[s] > maxT) maxT = sh.Ts[s];
+    const int maxT = most_peer_tokens(sh.Ts, W, me);
     for (int t = blockIdx.x; t < maxT; t += B)
       for (int q = 1; q < W; ++q) {
         const int s = ll_source_at(q, me, W);
@@ -379,10 +385,8 @@ __global__ void __launch_bounds__(kLlThreads, 2) ll_combine(const __grid_constan
   }
 }
 
-// SwiGLU on the fixed-stride layout (swiglu.cu's math: silu(g) = g / (1 + e^-g) with __expf and
-// __fdividef, one bf16 rounding per output): rows [l S, l S + counts[l]) of each expert, one warp
-// per row, lanes over the row's 16-byte groups.
-__device__ __forceinline__ float ll_silu(float g) { return __fdividef(g, 1.f + __expf(-g)); }
+// SwiGLU on the fixed-stride layout (swiglu_row.cuh, the packed pass's math): rows
+// [l S, l S + counts[l]) of each expert, one warp per row.
 
 constexpr int kSwigluThreads = 256;
 
@@ -394,24 +398,7 @@ __global__ void __launch_bounds__(kSwigluThreads) ll_swiglu(const uint4* __restr
     const int l = static_cast<int>(r / S);
     const int c = __ldg(counts + l);
     if (r - static_cast<long long>(l) * S >= (c < 0 ? 0 : c)) continue;
-    const uint4* g_row = G + r * 2 * F8;
-    uint4* h_row = Hout + r * F8;
-#pragma unroll 2
-    for (int q = lane; q < F8; q += 32) {
-      const uint4 gv = __ldg(g_row + q);
-      const uint4 uv = __ldg(g_row + F8 + q);
-      const __nv_bfloat162* g2 = reinterpret_cast<const __nv_bfloat162*>(&gv);
-      const __nv_bfloat162* u2 = reinterpret_cast<const __nv_bfloat162*>(&uv);
-      uint4 ov;
-      __nv_bfloat162* o2 = reinterpret_cast<__nv_bfloat162*>(&ov);
-#pragma unroll
-      for (int p = 0; p < 4; ++p) {
-        const float2 gf = __bfloat1622float2(g2[p]);
-        const float2 uf = __bfloat1622float2(u2[p]);
-        o2[p] = __floats2bfloat162_rn(ll_silu(gf.x) * uf.x, ll_silu(gf.y) * uf.y);
-      }
-      h_row[q] = ov;
-    }
+    swiglu_row(G + r * 2 * F8, Hout + r * F8, F8, lane);
   }
 }
 

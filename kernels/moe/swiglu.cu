@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "moe/swiglu.hpp"
+#include "moe/swiglu_row.cuh"
 #include "weave/common/error.hpp"
 #include "weave/common/extent.hpp"
 
@@ -15,15 +16,6 @@ namespace weave::moe {
 namespace {
 
 constexpr int kThreads = 256;
-
-__device__ __forceinline__ float silu(float g) {
-  // g * sigmoid(g) = g / (1 + e^-g). __expf(x) is ex2.approx(x log2 e): ~|x| 2^-24 relative from
-  // the argument's rounding plus a few ulp, and the fast division a few ulp: below 2^-18 for
-  // |g| < 30, far below the single bf16 rounding (2^-8) that follows. For g below about -87 the
-  // divisor passes 2^126 and __fdividef returns 0 (the true value is under 1e-36); for large g,
-  // e^-g underflows and the result is g.
-  return __fdividef(g, 1.f + __expf(-g));
-}
 
 __global__ void __launch_bounds__(kThreads) swiglu_kernel(const uint4* __restrict__ G, uint4* __restrict__ Hout,
                                                           const int* __restrict__ rows_ptr, int R_cap, int F8) {
@@ -34,24 +26,7 @@ __global__ void __launch_bounds__(kThreads) swiglu_kernel(const uint4* __restric
   const int lane = threadIdx.x % 32;
   const int warps = gridDim.x * (kThreads / 32);
   for (int r = blockIdx.x * (kThreads / 32) + threadIdx.x / 32; r < rows; r += warps) {
-    const uint4* g_row = G + static_cast<size_t>(r) * 2 * F8;
-    uint4* h_row = Hout + static_cast<size_t>(r) * F8;
-#pragma unroll 2
-    for (int c = lane; c < F8; c += 32) {
-      const uint4 gv = __ldg(g_row + c);
-      const uint4 uv = __ldg(g_row + F8 + c);
-      const __nv_bfloat162* g2 = reinterpret_cast<const __nv_bfloat162*>(&gv);
-      const __nv_bfloat162* u2 = reinterpret_cast<const __nv_bfloat162*>(&uv);
-      uint4 ov;
-      __nv_bfloat162* o2 = reinterpret_cast<__nv_bfloat162*>(&ov);
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const float2 g = __bfloat1622float2(g2[q]);
-        const float2 u = __bfloat1622float2(u2[q]);
-        o2[q] = __floats2bfloat162_rn(silu(g.x) * u.x, silu(g.y) * u.y);  // one rounding per output
-      }
-      h_row[c] = ov;
-    }
+    swiglu_row(G + static_cast<size_t>(r) * 2 * F8, Hout + static_cast<size_t>(r) * F8, F8, lane);
   }
 }
 
