@@ -25,9 +25,11 @@ mean nothing and they carry "shared": true. Sections (--only picks some):
 - overhead (kernel "python_overhead"): host time per eager call of an 8 KiB all_reduce and of
   all_gather_matmul at S = 2048 (time.perf_counter over --calls calls, one synchronize at the end:
   host_us until the last call returned, wall_us until the GPU finished), and the same calls captured
-  in a torch.cuda.graph and replayed (weave's calls refuse capture for now: reported "not capturable
-  yet"). With --cpp-json, the C++ figures of the same shapes (weave-bench collectives --host-us rows'
-  host_us; weave-bench tp rows' time_us) and the Python overhead above them (issue 19: <= 10 us).
+  in a torch.cuda.graph and replayed. impl "weave-cpp" is the same call through weave's C++ entry
+  point (its pybind binding, buffers and pointers made beforehand): the C++ path, whose host_us the
+  "weave" row subtracts as over_cpp_us, the Python overhead (issue 19: <= 10 us). all_gather_matmul
+  also as "weave-no-A" (return_A=False: no copy of the gathered A). With --cpp-json, weave-bench's
+  C++ figures of the same shapes are added (cpp_host_us, cpp_time_us).
 - first_call: the first call of a TP shape this process has not seen (tokens drawn from the seed),
   which includes weave's tuner search (and staging growth if it is the largest shape so far), and
   the call after it; the same for the torch baselines.
@@ -337,7 +339,7 @@ class Bench:
                 full = torch.cat([a_of(i, q) for q in range(W)])
                 r, s = fp32_ref([full], [b_of(i, rank)])
                 ok, worst, detail = tile_check(out, r, s, GEMM_BOUND)
-                if not torch.equal(gathered, full):
+                if gathered is not None and not torch.equal(gathered, full):
                     ok, worst, detail = False, math.inf, detail + "; the gathered A differs"
                 return ok, worst, detail
 
@@ -501,13 +503,15 @@ class Bench:
         from torch_tp import all_ranks
 
         calls = max(10, self.args.calls // (10 if self.setup.shared else 1))
-        cases = [("all_reduce", self.coll_case("all_reduce", 8 * KiB), ("weave", "torch-nccl")),
+        cases = [("all_reduce", self.coll_case("all_reduce", 8 * KiB), ("weave-cpp", "weave", "torch-nccl")),
                  ("all_gather_matmul", self.tp_case("ag_gemm", "square", 2048, 2048, 2048 // self.W, 2048),
-                  ("weave", "torch-nccl", "torch-symm-mem"))]
+                  ("weave-cpp", "weave", "weave-no-A", "torch-nccl", "torch-symm-mem"))]
         self.print(f"\nPython-side cost per call ({calls} eager calls, one synchronize at the end; "
                    "graph: 20 calls captured, replayed 50 times)")
         for op_name, case, impls in cases:
             rows = []
+            case.impls.update(self.cpp_calls(op_name, case))
+            cpp_host = None
             for impl in impls:
                 spec = case.impls[impl]
                 row = dict(self.base_row(case, impl), kernel="python_overhead", op=op_name, calls=calls)
@@ -529,6 +533,10 @@ class Bench:
                     g_ok, g_worst, _ = case.check(i, out)
                     ok, worst = ok and g_ok, max(worst, g_worst)
                 row["correct"], row["check_worst"] = all_ranks(ok, worst)
+                if impl == "weave-cpp":
+                    cpp_host = host
+                elif impl.startswith("weave") and cpp_host is not None:
+                    row["over_cpp_us"] = host - cpp_host
                 c = self.cpp.get(cpp_key(dict(case.fields, world=self.W))) if impl == "weave" else None
                 if c:
                     row["cpp_time_us"] = c.get("time_us")
@@ -539,6 +547,8 @@ class Bench:
                 g_txt = (row["graph"] if "graph" in row else
                          f"graph {row['graph_host_us']:.2f} us host, {row['graph_wall_us']:.2f} us wall")
                 cpp_txt = ""
+                if "over_cpp_us" in row:
+                    cpp_txt += f"; Python adds {row['over_cpp_us']:.1f} us over weave's C++ call (target <= 10)"
                 if "cpp_host_us" in row:
                     cpp_txt = (f"; C++ weave-bench host {row['cpp_host_us']:.1f} us: Python adds "
                                f"{row['over_cpp_host_us']:.1f} us (target <= 10)")
@@ -549,6 +559,45 @@ class Bench:
             self.record(rows, case.label)
             del case
             torch.cuda.empty_cache()
+
+    def cpp_calls(self, op_name, case):
+        """The case's call through weave's C++ entry point (the pybind binding of the communicator,
+        as weave's Python op makes it), with the output, the symmetric buffer and the pointers made
+        beforehand: "weave-cpp", the C++ path the Python overhead is measured against. For
+        all_gather_matmul also "weave-no-A" (return_A=False)."""
+        from weave import _comm, _ops
+
+        plain = case.impls["weave"][1]
+        c = _comm.communicator(None)
+        raw_stream = torch._C._cuda_getCurrentRawStream  # per call: a graph capture switches streams
+        if op_name == "all_reduce":
+            x0 = plain[0][0]
+            n = x0.numel()
+            if not c._c.all_reduce_local(n, _ops._COLL_DTYPES[x0.dtype], True):
+                return {"weave-cpp": "this size's algorithm needs symmetric buffers (the op stages them)"}
+            out = torch.empty_like(x0)
+
+            def cpp(x):
+                c._c.all_reduce(x.data_ptr(), out.data_ptr(), n, _ops._COLL_DTYPES[x.dtype], raw_stream(c.device))
+                return out
+
+            return {"weave-cpp": (cpp, plain)}
+        a0, b0 = plain[0]
+        K, N = int(a0.shape[1]), int(b0.shape[1])
+        M = int(a0.shape[0]) * self.W
+        gathered = self.weave.empty((M, K), a0.dtype)  # collective: every rank, same order
+        C = torch.empty((M, N), dtype=a0.dtype, device=a0.device)
+        kn = [(a, b.contiguous()) for a, b in plain]  # the C++ takes K x N (the op copies a .t() weight)
+
+        def cpp(a, b):
+            c._c.ag_gemm(a.data_ptr(), gathered.data_ptr(), b.data_ptr(), C.data_ptr(), M, N, K, raw_stream(c.device))
+            return gathered, C
+
+        def no_a(a, b):
+            _, (out,) = self.weave.all_gather_matmul(a, [b], return_A=False)
+            return None, out  # the check then has no gathered A to compare
+
+        return {"weave-cpp": (cpp, kn), "weave-no-A": (no_a, plain)}
 
     def first_call(self):
         """The first call of a TP shape no earlier call had (tokens from the seed), then the next call."""

@@ -19,6 +19,7 @@ struct AgGemm::Impl {
   runtime::ShapeSignals sig{"tp.ag_gemm"};
   CopyEnginePush ce;
   runtime::CallOrder order;
+  std::set<std::string> capture_ready;  // tuned_launch's
   const bool ce_ok;
   // v9's all_gather, made by the first v9 call (every rank takes v9 for the same shapes in the
   // same order), so that objects which never take it hold none of its heap.
@@ -193,7 +194,7 @@ LaunchInfo AgGemm::run(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf1
     if (allowed(v))
       for (int n : comm_sms_candidates(M, K, m.c.world(), m.c.sm_count())) cands.push_back({to_int(v), n});
   return tuned_launch(m.c, "ag_gemm", o, M, N, K, cands, s, [](int v) { return capturable(static_cast<AgVariant>(v)); },
-                      [&](const runtime::TuneCandidate& t) {
+                      m.capture_ready, [&](const runtime::TuneCandidate& t) {
     return launch(a_shard, a_gathered, B, C, M, N, K, t.num_comm_sms, static_cast<AgVariant>(t.variant), s);
   });
 }

@@ -13,6 +13,7 @@
 #include "collectives/ll128.cuh"
 #include "collectives/plan.hpp"
 #include "collectives/push.cuh"
+#include "collectives/state.cuh"
 #include "weave/common/error.hpp"
 #include "weave/pdl.cuh"
 
@@ -90,17 +91,19 @@ struct Collectives::Impl {
   runtime::SignalSet sig;
   int blocks_max;  // the smallest SM count of all ranks: every rank launches the same grid
   bool ll128_links = false;  // every pair of ranks NVLink-connected: LL128 allowed (plan.hpp)
-  unsigned long long arrived = 0, done = 0;
+  // The calls' counts, on the device (state.cuh): the kernels read and advance them, so that a
+  // CUDA graph's replays wait for their own counts.
+  runtime::SymmetricTensor<unsigned long long> state;
   AllReduceAlgo algo = AllReduceAlgo::automatic;
   ShardAlgo ag_algo = ShardAlgo::automatic, rs_algo = ShardAlgo::automatic;
 
-  // LL: scratch[parity][source rank] of 8-byte lines on every rank, zeroed once; one call counter
-  // for all LL kinds (the reuse argument in ll.cuh).
+  // LL: scratch[parity][source rank] of 8-byte lines on every rank, zeroed once and at every
+  // restart (plan.hpp, ll_restart_at); one call count for all LL kinds (the reuse argument in ll.cuh).
   runtime::SymmetricTensor<unsigned long long> ll_scratch;
-  runtime::SignalSet ll_sig;  // names the LL flags in timeout diagnostics ("from rank" = index)
-  unsigned ll_calls = 0;
-  // Calls run in issue order on the device even across streams: the LL scratch parity, the
-  // push ring's step totals and the direct path's signal totals all assume it.
+  runtime::SignalSet ll_sig;      // names the LL flags in timeout diagnostics ("from rank" = index)
+  runtime::SignalSet ll_restart;  // the restart's barrier
+  unsigned ll_period = kLLFlagPeriod;
+  // Calls run in issue order on the device even across streams: every count in `state` assumes it.
   runtime::CallOrder order;
   static constexpr size_t kLLLines = Collectives::kLLMaxBytes / 4;
 
@@ -118,18 +121,20 @@ struct Collectives::Impl {
   // ranks, push_config).
   std::optional<runtime::SymmetricTensor<char>> push_scratch;
   std::optional<runtime::SignalSet> push_sig;
-  unsigned long long push_steps = 0;  // every push counter's total so far
   PushConfig push;
 
   explicit Impl(runtime::Communicator& c)
       : comm(c),
         sig(c.signals("collectives", 2)),
+        state(c, (sizeof(CallState) + 7) / 8),
         ll_scratch(c, Collectives::scratch_bytes(c.world()) / sizeof(unsigned long long)),
         ll_sig(c.signals("LL collective flag from rank", 1)),
+        ll_restart(c.signals("LL scratch restart", 1)),
         push(push_config(c.world())) {
-    // Creating ll_sig above quiesced every rank after this scratch was allocated: nothing still
-    // running (an earlier owner's call, here or on a peer) writes into it any more.
+    // Creating ll_sig above quiesced every rank after this scratch and the state were allocated:
+    // nothing still running (an earlier owner's call, here or on a peer) writes into them any more.
     WEAVE_CUDA_CHECK(cudaMemset(ll_scratch.data(), 0, ll_scratch.bytes()));
+    WEAVE_CUDA_CHECK(cudaMemset(state.data(), 0, state.bytes()));
     WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
     c.barrier();  // no peer writes a line before every rank zeroed its scratch
     std::vector<int> sms(c.world());
@@ -209,11 +214,8 @@ struct Collectives::Impl {
                                 : pair ? block_bytes<PairShape>()
                                        : block_bytes<ReduceShape>();
     const int blocks = static_cast<int>(std::clamp<long long>((work + per_block - 1) / per_block, 1, blocks_max));
-    arrived += arrivals_per_call(W);
-    done += dones_per_call(W, blocks);
     L.sig = sig.view();
-    L.arrive_expect = arrived;
-    L.done_expect = done;
+    L.st = call_state();
     if (copy) {  // bytes are bytes: one instantiation serves every dtype
       launch_pdl(collective_kernel<__nv_bfloat16, ReduceOp::sum, CopyShape>, blocks, CopyShape::Threads, s, L);
     } else if (pair) {
@@ -229,7 +231,6 @@ struct Collectives::Impl {
     long long in_bytes = 0, out_bytes = 0;
     check_args(to_head ? "all_to_all.seq_to_head" : "all_to_all.head_to_seq",
                {3 + (to_head ? 1 : 0), static_cast<long long>(t), B, S, H, D}, runtime::local_problem([&] {
-                 runtime::check_not_capturing("all_to_all", s);
                  WEAVE_CHECK(B >= 0 && S >= 0 && H > 0 && D > 0, "all_to_all: bad shape B=", B, " S=", S, " H=", H,
                              " D=", D);
                  WEAVE_CHECK(H % W == 0, "all_to_all: ", H, " heads do not divide among ", W, " ranks");
@@ -244,10 +245,11 @@ struct Collectives::Impl {
                  comm.peers(out, std::max<long long>(out_bytes, 1));
                }), s);
     if (B == 0 || S == 0) return;
-    order.before(s);
+    const bool cap = runtime::capturing(s);
+    order.before(s, cap);
     launch(plan_ulysses(to_head, B, S, H, D, elt, W, r), in, std::max<long long>(in_bytes, 1), out,
            std::max<long long>(out_bytes, 1), t, ReduceOp::sum, B * S * H * D * elt / W, s);
-    order.after(s);
+    order.after(s, cap);
   }
 
   // all_gather (gather) / reduce_scatter: this rank's checks (shape, alignment, the algorithm
@@ -259,10 +261,10 @@ struct Collectives::Impl {
     const int elt = static_cast<int>(dtype_size(t));
     ShardAlgo algo = ShardAlgo::direct;
     const std::string problem = runtime::local_problem([&] {
-      runtime::check_not_capturing(gather ? "all_gather" : "reduce_scatter", s);
       check_shape(full, dim);
       check_aligned(gather ? "all_gather" : "reduce_scatter", in, out, t);
       algo = pick();
+      if (algo == ShardAlgo::ll128) check_prepared(ll128_scratch.has_value(), runtime::capturing(s), "LL128 scratch");
       n = full.numel();
       if (n == 0) return;
       mine = n / full.d[dim] * shard(full.d[dim], comm.world(), comm.rank()).size;
@@ -273,49 +275,49 @@ struct Collectives::Impl {
                   " bytes) and output ", out, " (", gather ? full_bytes : mine * elt,
                   " bytes) overlap; the only overlap allowed is in place, with the shard being this rank's slice of "
                   "the full tensor, which must then be contiguous (dim 0, or every dimension before dim of size 1)");
-      comm.peers(in, gather ? shard_bytes : full_bytes);
-      comm.peers(out, gather ? full_bytes : shard_bytes);
+      if (!local_buffers(algo)) {
+        comm.peers(in, gather ? shard_bytes : full_bytes);
+        comm.peers(out, gather ? full_bytes : shard_bytes);
+      }
     });
     check_args(gather ? "all_gather" : "reduce_scatter", shape_args(gather ? 1 : 2, t, op, full, dim, algo), problem, s);
     return algo;
   }
 
-  // The next LL call's arguments: its buffers (checked like every collective's: heap or
-  // registered), its flag, and its slots: slot[q] is where this rank's lines for rank q go (in
-  // q's scratch), mine[r] where rank r's lines for this rank arrive.
-  template <class Args>
-  Args ll_next(const void* in, size_t in_bytes, void* out, size_t out_bytes, cudaStream_t s,
-               runtime::SymmetricTensor<unsigned long long>& scratch, size_t slot_words) {
-    comm.peers(in, in_bytes);
-    comm.peers(out, out_bytes);
-    Args a{};
-    a.in = static_cast<const unsigned char*>(in);
-    a.out = static_cast<unsigned char*>(out);
+  CallState* call_state() { return reinterpret_cast<CallState*>(state.data()); }
+
+  // An LL-family call's common arguments: the slots of both parities in `scratch` (slot[p][q]:
+  // where this rank's lines go in q's scratch, mine[p][r]: where rank r's lines arrive here), the
+  // device count, and what a restart zeroes (every LL-family scratch of this rank). The call's
+  // own buffers are this rank's alone (local_buffers).
+  LLCommon ll_common(runtime::SymmetricTensor<unsigned long long>& scratch, size_t slot_words) {
+    LLCommon c{};
     const int W = comm.world(), me = comm.rank();
-    bool restart = false;
-    const unsigned flag = ll_next_flag(ll_calls, &restart);  // every rank restarts at the same call
-    if (restart) ll_restart(s);
-    ll_calls = flag;
-    const size_t parity = ll_calls & 1;
     const runtime::PeerPtrs sp = comm.peers(scratch.data(), scratch.bytes());
-    for (int r = 0; r < W; ++r) {
-      a.slot[r] = static_cast<unsigned long long*>(sp[r]) + (parity * W + me) * slot_words;
-      a.mine[r] = scratch.data() + (parity * W + r) * slot_words;
+    for (int p = 0; p < 2; ++p)
+      for (int r = 0; r < W; ++r) {
+        c.slot[p][r] = static_cast<unsigned long long*>(sp[r]) + (p * W + me) * slot_words;
+        c.mine[p][r] = scratch.data() + (p * W + r) * slot_words;
+      }
+    c.st = call_state();
+    c.period = ll_period;
+    c.sig = ll_sig.view();
+    c.restart = ll_restart.view();
+    c.zero[0] = ll_scratch.data();
+    c.zero_words[0] = ll_scratch.size();
+    if (ll128_scratch) {
+      c.zero[1] = ll128_scratch->data();
+      c.zero_words[1] = ll128_scratch->size();
     }
-    a.flag = ll_calls;
-    a.sig = ll_sig.view();
-    return a;
+    return c;
   }
-  // Once every 2^32 - 1 LL calls (plan.hpp, ll_next_flag): every rank's earlier LL calls have
-  // ended (their stream, which orders them, drained; then the barrier) before any rank zeroes its
-  // scratch, and every scratch is zeroed before any rank writes a line again.
-  void ll_restart(cudaStream_t s) {
-    WEAVE_CUDA_CHECK(cudaStreamSynchronize(s));
-    comm.barrier();
-    WEAVE_CUDA_CHECK(cudaMemsetAsync(ll_scratch.data(), 0, ll_scratch.bytes(), s));
-    if (ll128_scratch) WEAVE_CUDA_CHECK(cudaMemsetAsync(ll128_scratch->data(), 0, ll128_scratch->bytes(), s));
-    WEAVE_CUDA_CHECK(cudaStreamSynchronize(s));
-    comm.barrier();
+  // Scratch that only an eager call may make (it allocates, zeroes and synchronizes): under
+  // capture a call that would need it is an error on every rank (every rank's state is the same).
+  static void check_prepared(bool ready, bool capturing, const char* what) {
+    if (!ready && capturing)
+      throw runtime::NotPrepared(std::string("collectives: the ") + what +
+                                 " is made by the first call that uses it, which cannot be inside a CUDA graph "
+                                 "capture (it allocates and synchronizes); make one eager call of this kind first");
   }
   // Blocks for `lines` lines at `per_block` lines per block (LL: one per thread; LL128: one per
   // 8 threads), at most one per SM.
@@ -324,7 +326,10 @@ struct Collectives::Impl {
   }
 
   void ll_all_reduce(const void* in, void* out, long long bytes, DType t, ReduceOp op, cudaStream_t s) {
-    LLArgs a = ll_next<LLArgs>(in, bytes, out, bytes, s, ll_scratch, kLLLines);
+    LLArgs a{};
+    a.in = static_cast<const unsigned char*>(in);
+    a.out = static_cast<unsigned char*>(out);
+    a.ll = ll_common(ll_scratch, kLLLines);
     a.bytes = bytes;
     const int blocks = line_blocks((bytes + 3) / 4, kLLThreads);
     by_type_and_op(t, op,
@@ -332,9 +337,12 @@ struct Collectives::Impl {
   }
 
   // LL all_gather (gather) or reduce_scatter; the grid covers one rank's share of the lines.
-  void ll_shard(bool gather, const LLPlan& plan, const void* in, size_t in_bytes, void* out, size_t out_bytes, DType t,
+  void ll_shard(bool gather, const LLPlan& plan, const void* in, void* out, DType t,
                 ReduceOp op, cudaStream_t s) {
-    LLShardArgs a = ll_next<LLShardArgs>(in, in_bytes, out, out_bytes, s, ll_scratch, kLLLines);
+    LLShardArgs a{};
+    a.in = static_cast<const unsigned char*>(in);
+    a.out = static_cast<unsigned char*>(out);
+    a.ll = ll_common(ll_scratch, kLLLines);
     a.plan = plan;
     const int blocks = line_blocks(plan.max_lines, kLLThreads);
     if (gather) {
@@ -365,7 +373,10 @@ struct Collectives::Impl {
   static constexpr int kLL128LinesPerBlock = kLL128Threads / kLL128Pieces;
   void ll128_all_reduce(const void* in, void* out, long long bytes, DType t, ReduceOp op, cudaStream_t s) {
     ll128_ready(s);
-    LLArgs a = ll_next<LLArgs>(in, bytes, out, bytes, s, *ll128_scratch, ll128_slot_words());
+    LLArgs a{};
+    a.in = static_cast<const unsigned char*>(in);
+    a.out = static_cast<unsigned char*>(out);
+    a.ll = ll_common(*ll128_scratch, ll128_slot_words());
     a.bytes = bytes;
     a.lag = kLL128Lag;
     const int blocks = line_blocks(ll_lines((bytes + 3) / 4, kLL128Words), kLL128LinesPerBlock);
@@ -373,10 +384,12 @@ struct Collectives::Impl {
       launch_pdl(ll128_all_reduce_kernel<T, Op>, blocks, kLL128Threads, s, a);
     });
   }
-  void ll128_shard(bool gather, const LLPlan& plan, const void* in, size_t in_bytes, void* out, size_t out_bytes,
-                   DType t, ReduceOp op, cudaStream_t s) {
+  void ll128_shard(bool gather, const LLPlan& plan, const void* in, void* out, DType t, ReduceOp op, cudaStream_t s) {
     ll128_ready(s);
-    LLShardArgs a = ll_next<LLShardArgs>(in, in_bytes, out, out_bytes, s, *ll128_scratch, ll128_slot_words());
+    LLShardArgs a{};
+    a.in = static_cast<const unsigned char*>(in);
+    a.out = static_cast<unsigned char*>(out);
+    a.ll = ll_common(*ll128_scratch, ll128_slot_words());
     a.plan = plan;
     a.lag = kLL128Lag;
     const int blocks = line_blocks(plan.max_lines, kLL128LinesPerBlock);
@@ -436,8 +449,7 @@ struct Collectives::Impl {
     }
     a.plan = plan_push_all_reduce(bytes, W, pipes, push.slot_bytes, push.slots, 16 * 32);
     a.sig = push_sig->view();
-    a.base = push_steps;
-    push_steps += a.plan.steps;
+    a.st = call_state();
     by_type_and_op(t, op, [&]<class T, ReduceOp Op>() {
       if (W <= PairShape::MaxSrc)
         launch_pdl(push_all_reduce_kernel<T, Op, PairShape>, blocks_max, PairShape::Threads, s, a);
@@ -470,22 +482,30 @@ AllReduceAlgo Collectives::all_reduce_algo(size_t bytes, bool in_place, bool ali
 void Collectives::all_reduce(const void* in, void* out, size_t count, DType t, ReduceOp op, cudaStream_t s) {
   Impl& m = *impl_;
   const long long bytes = static_cast<long long>(count * dtype_size(t));
-  const AllReduceAlgo algo = all_reduce_algo(bytes, in == out, aligned4(in, out));
+  const bool cap = runtime::capturing(s);
+  AllReduceAlgo algo = all_reduce_algo(bytes, in == out, aligned4(in, out));
+  // Push's scratch is made by an eager call; a captured call the automatic choice sent to push
+  // before any eager one did takes two-shot (the same on every rank: the scratch exists on all or none).
+  if (algo == AllReduceAlgo::push && cap && !m.push_scratch && m.algo == AllReduceAlgo::automatic)
+    algo = AllReduceAlgo::two_shot;
   // The algorithm is compared too: it depends on local pointers, and ranks must agree on it.
   m.check_args("all_reduce", {100, static_cast<long long>(t), static_cast<long long>(op), static_cast<long long>(count),
                 static_cast<long long>(algo)},
                runtime::local_problem([&] {
-                 runtime::check_not_capturing("all_reduce", s);
                  check_aligned("all_reduce", in, out, t);
+                 if (algo == AllReduceAlgo::ll128) Impl::check_prepared(m.ll128_scratch.has_value(), cap, "LL128 scratch");
+                 if (algo == AllReduceAlgo::push) Impl::check_prepared(m.push_scratch.has_value(), cap, "push scratch");
                  if (count == 0) return;
                  WEAVE_CHECK(all_reduce_overlap(addr(in), addr(out), bytes) != Overlap::bad,
                              "all_reduce: input ", in, " and output ", out, " (", bytes,
                              " bytes each) overlap without being the same buffer; in place means in == out");
-                 m.comm.peers(in, bytes);
-                 m.comm.peers(out, bytes);
+                 if (!local_buffers(algo)) {
+                   m.comm.peers(in, bytes);
+                   m.comm.peers(out, bytes);
+                 }
                }), s);
   if (count == 0) return;
-  m.order.before(s);
+  m.order.before(s, cap);
   if (algo == AllReduceAlgo::ll) {
     m.ll_all_reduce(in, out, bytes, t, op, s);
   } else if (algo == AllReduceAlgo::ll128) {
@@ -497,7 +517,7 @@ void Collectives::all_reduce(const void* in, void* out, size_t count, DType t, R
     const int W = m.comm.world();
     m.launch(plan_all_reduce(two, bytes, W, m.comm.rank()), in, bytes, out, bytes, t, op, two ? bytes / W : bytes, s);
   }
-  m.order.after(s);
+  m.order.after(s, cap);
 }
 
 void Collectives::all_gather(const void* in, void* out, const Shape& full, int dim, DType t, cudaStream_t s) {
@@ -508,17 +528,16 @@ void Collectives::all_gather(const void* in, void* out, const Shape& full, int d
     return all_gather_algo(full, dim, t, aligned4(in, out));
   });
   if (n == 0) return;
-  m.order.before(s);
+  const bool cap = runtime::capturing(s);
+  m.order.before(s, cap);
   if (algo == ShardAlgo::ll)
-    m.ll_shard(true, plan_ll_all_gather(full, dim, elt, W, r), in, std::max<long long>(mine * elt, 1), out, n * elt, t,
-               ReduceOp::sum, s);
+    m.ll_shard(true, plan_ll_all_gather(full, dim, elt, W, r), in, out, t, ReduceOp::sum, s);
   else if (algo == ShardAlgo::ll128)
-    m.ll128_shard(true, plan_ll_all_gather(full, dim, elt, W, r, kLL128Words), in, std::max<long long>(mine * elt, 1),
-                  out, n * elt, t, ReduceOp::sum, s);
+    m.ll128_shard(true, plan_ll_all_gather(full, dim, elt, W, r, kLL128Words), in, out, t, ReduceOp::sum, s);
   else
     m.launch(plan_all_gather(full, dim, elt, W, r), in, std::max<long long>(mine * elt, 1), out, n * elt, t,
              ReduceOp::sum, n * elt, s);
-  m.order.after(s);
+  m.order.after(s, cap);
 }
 
 void Collectives::reduce_scatter(const void* in, void* out, const Shape& full, int dim, DType t, ReduceOp op,
@@ -530,19 +549,23 @@ void Collectives::reduce_scatter(const void* in, void* out, const Shape& full, i
     return reduce_scatter_algo(full, dim, t, aligned4(in, out));
   });
   if (n == 0) return;
-  m.order.before(s);
+  const bool cap = runtime::capturing(s);
+  m.order.before(s, cap);
   if (algo == ShardAlgo::ll)
-    m.ll_shard(false, plan_ll_reduce_scatter(full, dim, elt, W, r), in, n * elt, out,
-               std::max<long long>(mine * elt, 1), t, op, s);
+    m.ll_shard(false, plan_ll_reduce_scatter(full, dim, elt, W, r), in, out, t, op, s);
   else if (algo == ShardAlgo::ll128)
-    m.ll128_shard(false, plan_ll_reduce_scatter(full, dim, elt, W, r, kLL128Words), in, n * elt, out,
-                  std::max<long long>(mine * elt, 1), t, op, s);
+    m.ll128_shard(false, plan_ll_reduce_scatter(full, dim, elt, W, r, kLL128Words), in, out, t, op, s);
   else
     m.launch(plan_reduce_scatter(full, dim, elt, W, r), in, n * elt, out, std::max<long long>(mine * elt, 1), t, op,
              n * elt / W, s);
-  m.order.after(s);
+  m.order.after(s, cap);
 }
 
+void Collectives::set_ll_flag_period(unsigned period) {
+  WEAVE_CHECK(period >= 3 && period % 2 == 1, "set_ll_flag_period: the period must be odd and at least 3, got ", period);
+  impl_->comm.check_same("the LL flag period", {static_cast<long long>(period)});
+  impl_->ll_period = period;
+}
 void Collectives::set_all_gather_algo(ShardAlgo a) { impl_->ag_algo = a; }
 void Collectives::set_reduce_scatter_algo(ShardAlgo a) { impl_->rs_algo = a; }
 ShardAlgo Collectives::all_gather_algo(const Shape& full, int dim, DType t, bool aligned) const {

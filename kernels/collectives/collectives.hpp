@@ -46,6 +46,12 @@ enum class AllReduceAlgo : int { automatic = 0, one_shot = 1, two_shot = 2, ll =
 // line, for shards up to Collectives::ll128_max_bytes).
 enum class ShardAlgo : int { automatic = 0, direct = 1, ll = 2, ll128 = 3 };
 
+// Whether an algorithm reaches `in` and `out` from this rank only (LL, LL128: peers write only the
+// library's scratch). Then they may be any device memory of this rank; every other algorithm
+// needs them in the symmetric heap or registered.
+constexpr bool local_buffers(AllReduceAlgo a) { return a == AllReduceAlgo::ll || a == AllReduceAlgo::ll128; }
+constexpr bool local_buffers(ShardAlgo a) { return a == ShardAlgo::ll || a == ShardAlgo::ll128; }
+
 class Collectives {
  public:
   static constexpr size_t kLLMaxBytes = size_t(1) << 20;
@@ -88,6 +94,10 @@ class Collectives {
                               cudaStream_t s);
   void all_to_all_head_to_seq(const void* in, void* out, long long B, long long S, long long H, long long D, DType t,
                               cudaStream_t s);
+
+  // Tests only: the LL flags' period (plan.hpp, ll_flag; odd, >= 3; default 2^32 - 1), short
+  // enough that a test reaches the scratch restart. Collective: every rank sets the same value.
+  void set_ll_flag_period(unsigned period);
 
  private:
   struct Impl;

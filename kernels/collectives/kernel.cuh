@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "collectives/plan.hpp"
+#include "collectives/state.cuh"
 #include "weave/reduce.cuh"
 #include "weave/pdl.cuh"
 #include "weave/signal.cuh"
@@ -29,8 +30,8 @@ struct DevXfer {
 struct Launch {
   DevXfer x[kMaxXfers];
   int n;
-  signals sig;  // counter 0: arrived, 1: done
-  unsigned long long arrive_expect, done_expect;
+  signals sig;     // counter 0: arrived, 1: done
+  CallState* st;   // arrived, done: the counters' totals before this call
 };
 
 // Three kernel shapes. Reductions hold up to 8 sources' vectors per unit: 256 threads x 2 units is
@@ -141,9 +142,11 @@ __device__ __forceinline__ void run_xfer(const DevXfer& x) {
 template <class T, ReduceOp Op, class S>
 __global__ void __launch_bounds__(S::Threads) collective_kernel(const __grid_constant__ Launch L) {
   pdl_enter();
+  const int W = L.sig.world;
+  const unsigned long long done_expect = L.st->done + dones_per_call(W, gridDim.x);
   if (threadIdx.x == 0) {
     if (blockIdx.x == 0) signal_all(L.sig, 0);
-    wait(L.sig, 0, L.arrive_expect);
+    wait(L.sig, 0, L.st->arrived + arrivals_per_call(W));
   }
   __syncthreads();
   // Transfers run one after the other on the whole grid, in the plan's order (remote first,
@@ -158,8 +161,12 @@ __global__ void __launch_bounds__(S::Threads) collective_kernel(const __grid_con
   __syncthreads();
   if (threadIdx.x == 0) {
     signal_all(L.sig, 1);
-    if (blockIdx.x == 0) wait(L.sig, 1, L.done_expect);
+    if (blockIdx.x == 0) wait(L.sig, 1, done_expect);
   }
+  leave(L.st, [&](CallState& s) {
+    s.arrived += arrivals_per_call(W);
+    s.done += dones_per_call(W, gridDim.x);
+  });
 }
 
 }  // namespace weave::coll

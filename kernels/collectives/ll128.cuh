@@ -133,7 +133,8 @@ __device__ __forceinline__ uint4 reduce_line(const signals& sig, const LL128Lane
 template <class T, ReduceOp Op>
 __global__ void __launch_bounds__(kLL128Threads) ll128_all_reduce_kernel(const __grid_constant__ LLArgs a) {
   pdl_enter();
-  const int W = a.sig.world, me = a.sig.rank;
+  const LLCall call = ll_begin(a.ll);
+  const int W = a.ll.sig.world, me = a.ll.sig.rank;
   const detail::LL128Lane l;
   const long long n = (a.bytes + 3) / 4, lines = ll_lines(n, kLL128Words), steps = l.steps(lines);
   auto word = [&](long long i) { return detail::ll_load(a.in, i, a.bytes); };
@@ -149,20 +150,22 @@ __global__ void __launch_bounds__(kLL128Threads) ll128_all_reduce_kernel(const _
       const long long Ls = l.line(s);
       const bool send = Ls < lines;
       uint4 v = make_uint4(0, 0, 0, 0);
-      if (send) v = detail::pack(l, Ls, n, a.flag, word);
-      detail::send_line_to_peers(l, a.slot, me, W, Ls, send, v);
+      if (send) v = detail::pack(l, Ls, n, call.flag, word);
+      detail::send_line_to_peers(l, call.slot, me, W, Ls, send, v);
     }
     if (!recv) continue;
-    const uint4 sum = detail::reduce_line<T, Op>(a.sig, l, a.mine, L, active, a.flag, mine);
+    const uint4 sum = detail::reduce_line<T, Op>(a.ll.sig, l, call.mine, L, active, call.flag, mine);
     if (active) detail::unpack(l, L, n, sum, [&](long long i, uint32_t w) { detail::ll_store(a.out, i, a.bytes, w); });
   }
+  ll_end(a.ll);
 }
 
 // all_gather: my input to every peer as lines (and into my own output), then every peer's lines
 // into my output at that peer's place.
 __global__ void __launch_bounds__(kLL128Threads) ll128_all_gather_kernel(const __grid_constant__ LLShardArgs a) {
   pdl_enter();
-  const int W = a.sig.world, me = a.sig.rank;
+  const LLCall call = ll_begin(a.ll);
+  const int W = a.ll.sig.world, me = a.ll.sig.rank;
   const LLPlan& p = a.plan;
   const detail::LL128Lane l;
   const long long n = p.place[me].words(), mine_lines = ll_lines(n, kLL128Words), steps = l.steps(p.max_lines);
@@ -174,26 +177,27 @@ __global__ void __launch_bounds__(kLL128Threads) ll128_all_gather_kernel(const _
       uint4 v = make_uint4(0, 0, 0, 0);
       if (send) {
         detail::WordWalker src(p.send[me]), own(p.place[me]);
-        v = detail::pack(l, L, n, a.flag, [&](long long i) {
+        v = detail::pack(l, L, n, call.flag, [&](long long i) {
           const uint32_t w = src.load(a.in, i);
           own.store(a.out, i, w);
           return w;
         });
       }
-      detail::send_line_to_peers(l, a.slot, me, W, L, send, v);
+      detail::send_line_to_peers(l, call.slot, me, W, L, send, v);
     }
     if (s < lag) continue;
     const long long L = l.line(s - lag);
     for (int k = 1; k < W; ++k) {
       const int q = (me + k) % W;
       const bool active = L < p.lines_from[q];
-      const uint4 v = detail::receive(a.sig, l, detail::ll128_slot(a.mine[q]), L, active, q, a.flag);
+      const uint4 v = detail::receive(a.ll.sig, l, detail::ll128_slot(call.mine[q]), L, active, q, call.flag);
       if (active) {
         detail::WordWalker dst(p.place[q]);
         detail::unpack(l, L, p.place[q].words(), v, [&](long long i, uint32_t w) { dst.store(a.out, i, w); });
       }
     }
   }
+  ll_end(a.ll);
 }
 
 // reduce_scatter: rank q's slab of my input to rank q as lines, then my slab reduced over ranks
@@ -201,7 +205,8 @@ __global__ void __launch_bounds__(kLL128Threads) ll128_all_gather_kernel(const _
 template <class T, ReduceOp Op>
 __global__ void __launch_bounds__(kLL128Threads) ll128_reduce_scatter_kernel(const __grid_constant__ LLShardArgs a) {
   pdl_enter();
-  const int W = a.sig.world, me = a.sig.rank;
+  const LLCall call = ll_begin(a.ll);
+  const int W = a.ll.sig.world, me = a.ll.sig.rank;
   const LLPlan& p = a.plan;
   const detail::LL128Lane l;
   const long long n = p.own.words(), steps = l.steps(p.max_lines);
@@ -225,16 +230,17 @@ __global__ void __launch_bounds__(kLL128Threads) ll128_reduce_scatter_kernel(con
         uint4 v = make_uint4(0, 0, 0, 0);
         if (send) {
           detail::WordWalker src(p.send[q]);
-          v = detail::pack(l, Ls, p.send[q].words(), a.flag, [&](long long i) { return src.load(a.in, i); });
+          v = detail::pack(l, Ls, p.send[q].words(), call.flag, [&](long long i) { return src.load(a.in, i); });
         }
-        detail::send_line(l, a.slot[q], Ls, send, v);
+        detail::send_line(l, call.slot[q], Ls, send, v);
       }
     }
     if (!recv) continue;
-    const uint4 sum = detail::reduce_line<T, Op>(a.sig, l, a.mine, L, active, a.flag, mine);
+    const uint4 sum = detail::reduce_line<T, Op>(a.ll.sig, l, call.mine, L, active, call.flag, mine);
     if (active)
       detail::unpack(l, L, n, sum, [&](long long i, uint32_t w) { reinterpret_cast<uint32_t*>(a.out)[i] = w; });
   }
+  ll_end(a.ll);
 }
 
 }  // namespace weave::coll

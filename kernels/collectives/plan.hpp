@@ -348,14 +348,21 @@ __host__ __device__ inline LLPlan plan_ll_reduce_scatter(const Shape& full, int 
   return p;
 }
 
-// LL flags are the call's number: 32 bits, never 0 (the zeroed scratch's). After flag 0xFFFFFFFF
-// the numbers come back: a line written 2^32 calls ago and not rewritten since would pass for the
-// new call's, and 0xFFFFFFFF -> 1 would give two calls in a row the same slot parity (the reuse
-// argument in ll.cuh needs them to alternate). So that call restarts the numbering at 1, and the
-// host first drains every rank's LL calls and zeroes every scratch (*restart = true).
-__host__ __device__ inline unsigned ll_next_flag(unsigned last, bool* restart) {
-  *restart = last == 0xFFFFFFFFu;
-  return *restart ? 1u : last + 1;
+// LL-family calls are numbered on the device (n = 1, 2, ...: CallState::ll_calls + 1, read by the
+// call itself, so that a CUDA graph's replays take new numbers). A line's 32-bit flag is
+// ll_flag(n): never 0 (the zeroed scratch's), and the same flag comes back after `period` calls
+// (2^32 - 1 in use; tests shorten it; odd, so that flag and parity repeat
+// together only every 2 * period calls). The slot parity is n's own, so consecutive calls always
+// alternate (ll.cuh's reuse argument). A line written at call n and not rewritten since would pass
+// for call n + 2 * period's (same flag, same parity), so the first call of every 2 * period
+// (ll_restart_at) zeroes every rank's scratch before any line of it is written (ll.cuh, ll_begin).
+inline constexpr unsigned kLLFlagPeriod = 0xFFFFFFFFu;
+__host__ __device__ inline unsigned ll_flag(unsigned long long n, unsigned period) {
+  return static_cast<unsigned>((n - 1) % period) + 1;
+}
+__host__ __device__ inline int ll_parity(unsigned long long n) { return static_cast<int>(n & 1); }
+__host__ __device__ inline bool ll_restart_at(unsigned long long n, unsigned period) {
+  return n > 1 && (n - 1) % (2ull * period) == 0;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@
 
 #include "collectives/kernel.cuh"
 #include "collectives/plan.hpp"
+#include "collectives/state.cuh"
 #include "weave/reduce.cuh"
 #include "weave/pdl.cuh"
 #include "weave/signal.cuh"
@@ -26,7 +27,7 @@ struct PushArgs {
   char* scratch[kMaxWorld];     // every rank's scratch (push_scratch_bytes)
   PushPlan plan;
   signals sig;                  // push_data_counter / push_free_counter
-  unsigned long long base;      // steps run by earlier calls (every counter's total before this call)
+  CallState* st;                // push_steps: every counter's total before this call
   int vec;                      // 16, or less where this rank's input or an output is not 16-byte aligned
 };
 
@@ -103,6 +104,7 @@ __device__ __forceinline__ void move_piece_vec(int vec, const char* const* src, 
 template <class T, ReduceOp Op, class S>
 __global__ void __launch_bounds__(S::Threads) push_all_reduce_kernel(const __grid_constant__ PushArgs a) {
   pdl_enter();
+  const unsigned long long base = a.st->push_steps;
   const PushPlan& p = a.plan;
   const int W = a.sig.world, me = a.sig.rank, e = blockIdx.x * (S::Threads / 32) + threadIdx.x / 32;
   const bool lead = threadIdx.x % 32 == 0;
@@ -112,20 +114,20 @@ __global__ void __launch_bounds__(S::Threads) push_all_reduce_kernel(const __gri
     if (push) {
       if (lead)
         for (int k = 0; k + 1 < W; ++k)
-          wait(a.sig, push_free_counter(e, staggered(me, k, W), W, p.pipes), push_free_expect(p, a.base, i));
+          wait(a.sig, push_free_counter(e, staggered(me, k, W), W, p.pipes), push_free_expect(p, base, i));
       __syncwarp();
       for (int k = 0; k + 1 < W; ++k) {  // peers in staggered order: at any moment ranks push to different peers
         const int q = staggered(me, k, W);
         const Range pc = push_piece(p, q, e, i);
         const char* src = a.in + pc.begin;
-        char* dst = a.scratch[q] + push_slot(p, W, me, q, e, a.base + i);
+        char* dst = a.scratch[q] + push_slot(p, W, me, q, e, base + i);
         detail::move_piece_vec<T, Op, S>(a.vec, &src, 1, &dst, 1, pc.size);
       }
     }
     if (j >= 0) {
       if (lead)
         for (int k = 0; k + 1 < W; ++k)
-          wait(a.sig, push_data_counter(e, staggered(me, k, W), W), push_data_expect(a.base, j));
+          wait(a.sig, push_data_counter(e, staggered(me, k, W), W), push_data_expect(base, j));
       __syncwarp();
       const Range pc = push_piece(p, me, e, j);
       const char* src[S::MaxSrc];
@@ -133,7 +135,7 @@ __global__ void __launch_bounds__(S::Threads) push_all_reduce_kernel(const __gri
 #pragma unroll
       for (int r = 0; r < S::MaxSrc; ++r)
         if (r < W) {
-          src[r] = r == me ? a.in + pc.begin : a.scratch[me] + push_slot(p, W, r, me, e, a.base + j);
+          src[r] = r == me ? a.in + pc.begin : a.scratch[me] + push_slot(p, W, r, me, e, base + j);
           dst[r] = a.out[staggered(me, r, W)] + pc.begin;  // itself last
         }
       detail::move_piece_vec<T, Op, S>(a.vec, src, W, dst, W, pc.size);
@@ -154,7 +156,8 @@ __global__ void __launch_bounds__(S::Threads) push_all_reduce_kernel(const __gri
   // output: the call is complete on this rank when every pipe passed this wait.
   if (lead)
     for (int k = 0; k + 1 < W; ++k)
-      wait(a.sig, push_free_counter(e, staggered(me, k, W), W, p.pipes), a.base + p.steps);
+      wait(a.sig, push_free_counter(e, staggered(me, k, W), W, p.pipes), base + p.steps);
+  leave(a.st, [&](CallState& s) { s.push_steps += p.steps; });
 }
 
 }  // namespace weave::coll

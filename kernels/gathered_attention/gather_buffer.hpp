@@ -1,10 +1,14 @@
 // One symmetric-heap buffer that a sequence-parallel kernel object gathers into, grown
 // (collectively: every rank calls get() with the same size, the shapes being checked equal
-// across ranks first) when a shape needs more than it has.
+// across ranks first) when a shape needs more than it has. Once a CUDA graph captured a call
+// on it, a buffer it outgrows is kept, not freed (the graph's replays still use it).
 #pragma once
 #include <cuda_runtime.h>
 
+#include <vector>
+
 #include "weave/common/error.hpp"
+#include "weave/runtime/call.hpp"
 #include "weave/runtime/communicator.hpp"
 
 namespace weave::attention {
@@ -23,12 +27,21 @@ class GatherBuffer {
     } catch (...) {
     }
     c_.free(p_);
+    for (void* p : kept_) c_.free(p);
   }
   GatherBuffer(const GatherBuffer&) = delete;
   GatherBuffer& operator=(const GatherBuffer&) = delete;
-  void* get(size_t need) {
+  // `capturing`: the call is being captured into a CUDA graph, which cannot allocate.
+  void* get(size_t need, bool capturing) {
+    captured_ = captured_ || capturing;
     if (need > bytes_) {
-      if (p_) {
+      if (capturing)
+        throw runtime::NotPrepared(detail::concat(
+            "the gathered buffer must grow to ", need, " bytes, which a CUDA graph capture cannot do (allocation is "
+            "collective and synchronizes); make one eager call of this shape first"));
+      if (p_ && captured_) {
+        kept_.push_back(p_);
+      } else if (p_) {
         WEAVE_CUDA_CHECK(cudaDeviceSynchronize());  // no kernel of this rank still reads it
         c_.barrier();                                // nor writes into a peer's (theirs are done too)
         c_.free(p_);
@@ -43,6 +56,8 @@ class GatherBuffer {
   runtime::Communicator& c_;
   void* p_ = nullptr;
   size_t bytes_ = 0;
+  bool captured_ = false;
+  std::vector<void*> kept_;  // outgrown buffers a captured graph may still use
 };
 
 }  // namespace weave::attention

@@ -20,7 +20,8 @@ static_assert(sizeof(GatheredGlobals) <= 32764, "kernel parameters are limited t
 
 namespace {
 template <class K>
-void launch_k(GatheredGlobals& g, int dev, const lcsc::DeviceInfo& info, cudaStream_t stream) {
+void launch_k(GatheredGlobals& g, int dev, const lcsc::DeviceInfo& info, cudaStream_t stream,
+              const std::function<void(GatheredGlobals&)>& take_rounds) {
   WEAVE_CHECK(K::kSmemBytes <= info.smem_optin, "attention: kernel needs ", K::kSmemBytes,
               " bytes of shared memory per block but the device allows ", info.smem_optin);
   for (int t = 0; t < g.n_push; ++t)
@@ -31,12 +32,14 @@ void launch_k(GatheredGlobals& g, int dev, const lcsc::DeviceInfo& info, cudaStr
                                           static_cast<int>(K::kSmemBytes)));
     if (dev < 64) attr_set[dev] = true;
   }
+  take_rounds(g);
   gathered_attention_kernel<K><<<static_cast<unsigned>(info.sm_count), K::kThreads, K::kSmemBytes, stream>>>(g);
   WEAVE_CUDA_CHECK(cudaGetLastError());
 }
 }  // namespace
 
-void launch_gathered(GatheredGlobals& g, int D, cudaStream_t stream) {
+void launch_gathered(GatheredGlobals& g, int D, cudaStream_t stream,
+                     const std::function<void(GatheredGlobals&)>& take_rounds) {
   int dev = 0;
   WEAVE_CUDA_CHECK(cudaGetDevice(&dev));
   const lcsc::DeviceInfo info = lcsc::device_info(dev);
@@ -63,8 +66,8 @@ void launch_gathered(GatheredGlobals& g, int D, cudaStream_t stream) {
     if (static_cast<size_t>(g.B) * g.front_heads <= detail::kFrontWords)
       g.front = detail::front_words(dev, &g.front_tag);
   }
-  if (D == 64) launch_k<GatheredKernel<64, true>>(g, dev, info, stream);
-  else launch_k<GatheredKernel<128, true>>(g, dev, info, stream);
+  if (D == 64) launch_k<GatheredKernel<64, true>>(g, dev, info, stream, take_rounds);
+  else launch_k<GatheredKernel<128, true>>(g, dev, info, stream, take_rounds);
 }
 
 }  // namespace weave::attention

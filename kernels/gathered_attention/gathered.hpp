@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include "attention/host_shared.hpp"  // map_rows, detail:: (tile counters, front words, L2 sections)
 #include "weave/config.hpp"
@@ -60,14 +61,15 @@ struct GatheredGlobals {
   int front_heads;     // gathered kv heads per batch
   unsigned front_tag;  // this launch's tag, never 0 (the buffer starts zeroed)
   // Readiness: counter_index(b, g, s) expects ready_round * chunks_in_slice(S, n_chunks, s).
+  // Rounds are read on the device where a CUDA graph may replay the launch (signal_types.hpp).
   signals ready;
-  unsigned long long ready_round;
+  Round ready_round;
   int groups, group_heads, slices, n_chunks;
   int wait_q;  // Q tiles are gathered too (Ulysses)
   // Communicators.
   int num_comm, rank, world;
   signals arrive;  // arrive[0]: ranks in this call (every gathered buffer is free)
-  unsigned long long arrive_round;
+  Round arrive_round;
   int n_mine, mine[2];  // this rank's chunks
   int skip_self;        // this rank's own rows are not pushed (the host copied them, or they are read in place)
   // Own rows read in place (ring): key blocks [own_b0[i], own_b1[i]) are rows of this rank's
@@ -82,10 +84,11 @@ struct GatheredGlobals {
   // b * src_bstride (+ rows * row_bytes) in the source and b * dst_bstride in the destination.
   int contig;
   long long src_bstride, dst_bstride, row_bytes;
-  // Ulysses completion: odone[0] on rank p counts O stores into p.
+  // Ulysses completion: odone[0] on rank p counts O stores into p, odone_round * odone_per in all.
   int count_o;
   signals odone;
-  unsigned long long odone_expected;
+  Round odone_round;
+  unsigned long long odone_per;
 };
 
 // Box shape for pushing `heads` heads of D: at most 8 heads, 16 KB.
@@ -93,6 +96,8 @@ void push_box(int D, int heads, int* box_heads, int* box_rows);
 
 // Fills the tile order (m_blocks, sections, total_tiles, counter) and launches on every SM of
 // the current device: g.num_comm communicator CTAs and the rest compute. D is 64 or 128.
-void launch_gathered(GatheredGlobals& g, int D, cudaStream_t stream);
+// `take_rounds(g)` sets the rounds once every check passed, right before the launch: a call
+// rejected on every rank takes no round (the next call would wait for one nobody signals).
+void launch_gathered(GatheredGlobals& g, int D, cudaStream_t stream, const std::function<void(GatheredGlobals&)>& take_rounds);
 
 }  // namespace weave::attention

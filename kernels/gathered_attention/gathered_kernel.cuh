@@ -92,7 +92,7 @@ struct GatheredKernel {
   // each (b, group) only: see produce_tile).
   static __device__ __forceinline__ void wait_slice(const GatheredGlobals& g, int ctr0, int s) {
     const int own = g.skip_self ? gathered::own_chunks_in_slice(g.S, g.n_chunks, s, g.mine, g.n_mine) : 0;
-    wait(g.ready, ctr0 + s, g.ready_round * (gathered::chunks_in_slice(g.S, g.n_chunks, s) - own));
+    wait(g.ready, ctr0 + s, static_cast<unsigned long long>(g.ready_round) * (gathered::chunks_in_slice(g.S, g.n_chunks, s) - own));
     tile::fence_proxy_async_global();  // TMA reads what the peers' TMA wrote
   }
 
@@ -292,7 +292,7 @@ struct GatheredKernel {
         if (sm.ocount[c][x] > 0) signal(g.odone, x, 0, static_cast<unsigned long long>(sm.ocount[c][x]));
       // Every owner-bound O tile of every rank has landed here before this CTA (so the kernel)
       // ends: one waiter per rank, after its own signals (the other consumer's come regardless).
-      if (blockIdx.x == 0 && c == 0) wait(g.odone, 0, g.odone_expected);
+      if (blockIdx.x == 0 && c == 0) wait(g.odone, 0, static_cast<unsigned long long>(g.odone_round) * g.odone_per);
     }
   }
 
@@ -305,7 +305,7 @@ struct GatheredKernel {
     for (int i = 0; i < kSlots; ++i) bar[i].init(1);
     tile::fence_barrier_init();
     if (c == 0) signal_all(g.arrive, 0);
-    wait(g.arrive, 0, g.arrive_round * static_cast<unsigned long long>(g.world));  // all ranks left the previous call
+    wait(g.arrive, 0, static_cast<unsigned long long>(g.arrive_round) * g.world);  // all ranks left the previous call
     tile::fence_proxy_async_global();
     const int units = gathered::num_units(g.B, g.groups, g.slices, g.n_mine);
     const int j0 = g.skip_self ? 1 : 0;  // destinations rank + j0, ..., rank + W - 1 (mod W)

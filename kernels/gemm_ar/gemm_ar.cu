@@ -11,6 +11,7 @@ struct GemmAR::Impl {
   runtime::ShapeSignals sig{"tp.gemm_ar"};
   runtime::ShapeSignals sig_intra{"tp.gemm_ar_intra"};
   runtime::CallOrder order;
+  std::set<std::string> capture_ready;  // tuned_launch's (every variant is capturable: unused)
   explicit Impl(runtime::Communicator& cc) : c(cc) {}
 };
 
@@ -84,7 +85,7 @@ LaunchInfo GemmAR::run(const bf16* A, const bf16* B, bf16* out, int M, int N, in
     for (int n : comm_sms_candidates(M, N, m.c.world(), m.c.sm_count()))
       cands.push_back({to_int(ArVariant::InterSm), n});
   return tuned_launch(m.c, "gemm_ar", o, M, N, K, cands, s, [](int v) { return capturable(static_cast<ArVariant>(v)); },
-                      [&](const runtime::TuneCandidate& t) {
+                      m.capture_ready, [&](const runtime::TuneCandidate& t) {
     return launch(A, B, out, M, N, K, t.num_comm_sms, static_cast<ArVariant>(t.variant), s);
   });
 }

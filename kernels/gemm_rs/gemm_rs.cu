@@ -31,6 +31,7 @@ __global__ void __launch_bounds__(256) rs_sum_kernel(const __grid_constant__ Sum
 struct GemmRS::Impl {
   runtime::Communicator& c;
   runtime::ShapeSignals sig{"tp.gemm_rs"};
+  std::set<std::string> capture_ready;  // tuned_launch's
   bf16* scratch = nullptr;  // v2: this rank's partials (M x N), symmetric
   size_t scratch_bytes = 0;
   runtime::CallOrder order;
@@ -271,7 +272,7 @@ LaunchInfo GemmRS::run(const bf16* A, const bf16* B, bf16* out, int M, int N, in
   for (int n : {4, 8, 16, 32})
     if (n <= row_tiles * ((N + kBN - 1) / kBN) && n < m.c.sm_count() / 2) cands.push_back({to_int(RsVariant::InterSm), n});
   return tuned_launch(m.c, "gemm_rs", o, M, N, K, cands, s, [](int v) { return capturable(static_cast<RsVariant>(v)); },
-                      [&](const runtime::TuneCandidate& t) {
+                      m.capture_ready, [&](const runtime::TuneCandidate& t) {
     return launch(A, B, out, M, N, K, static_cast<RsVariant>(t.variant), t.num_comm_sms, s);
   });
 }

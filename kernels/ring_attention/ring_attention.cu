@@ -11,6 +11,7 @@
 #include "weave/runtime/call.hpp"
 #include "weave/runtime/tuner.hpp"
 #include "weave/runtime/tuner_launch.hpp"
+#include "weave/signal.cuh"
 
 namespace weave::sp {
 
@@ -33,9 +34,13 @@ struct RingAttention::Impl {
   // The layout of the previous call's gathered buffers. A causal call ends on a rank before the
   // peers' pushes of rows past its queries (it never waits for them) have landed; those land
   // where a different layout may put this rank's own rows, which the next call copies in before
-  // its kernel, so a change of layout first drains every rank.
+  // its kernel, so a change of layout first drains every rank: on the host, or, once a CUDA
+  // graph captured a call (the host no longer sees the order of layouts on the device), on the
+  // device before every copy of own rows (drain_kernel: every rank's previous kernel has ended).
   std::vector<long long> last_key;
-  explicit Impl(runtime::Communicator& cc) : c(cc), kv(cc) {}
+  bool captured = false;
+  runtime::SignalSet drain;
+  explicit Impl(runtime::Communicator& cc) : c(cc), kv(cc), drain(cc.signals("sp.ring drain", 1)) {}
   RingLaunchInfo launch(const bf16* q, const bf16* k, const bf16* v, bf16* o, float* lse, const RingShape& s,
                         const RingOptions& opt, int ncomm, cudaStream_t stream);
 };
@@ -83,6 +88,10 @@ std::string ring_input_problem(const RingShape& s, const RingOptions& o, int W, 
 
 }  // namespace detail
 
+namespace {
+__global__ void drain_kernel(const signals s, const Round round) { barrier(s, 0, round); }
+}  // namespace
+
 RingLaunchInfo RingAttention::Impl::launch(const bf16* q, const bf16* k, const bf16* v, bf16* o, float* lse,
                                            const RingShape& s, const RingOptions& opt, int ncomm, cudaStream_t stream) {
   Impl& m = *this;
@@ -90,14 +99,21 @@ RingLaunchInfo RingAttention::Impl::launch(const bf16* q, const bf16* k, const b
   const int S = static_cast<int>(s.S), D = s.D, Hq = s.Hq, Hkv = s.Hkv;
   const long long L = ring::local_rows(S, W, zz, r);
   const std::vector<long long> key = {s.B, S, Hq, Hkv, D, zz};
-  if (!m.last_key.empty() && key != m.last_key) {  // every rank: the shapes agree
+  const bool cap = runtime::capturing(stream);
+  // Everything a capture cannot make (the shape's signal sets, a larger buffer) first: a call
+  // refused under capture then changes nothing.
+  const std::vector<int> counts = {s.B * gs::num_slices(S), 1};  // one kv head group (g.groups below)
+  runtime::SignalSet& rd = m.sig.get(m.c, key, counts, 0, cap);
+  runtime::SignalSet& ar = m.sig.get(m.c, key, counts, 1, cap);
+  const size_t kv_elems = size_t(s.B) * S * Hkv * D;
+  bf16* gk = static_cast<bf16*>(m.kv.get(2 * kv_elems * sizeof(bf16), cap));
+  if (!m.captured && !cap && !m.last_key.empty() && key != m.last_key) {  // every rank: the shapes agree
     WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
     m.c.barrier();
   }
+  m.captured = m.captured || cap;
   m.last_key = key;
-  m.order.before(stream);
-  const size_t kv_elems = size_t(s.B) * S * Hkv * D;
-  bf16* gk = static_cast<bf16*>(m.kv.get(2 * kv_elems * sizeof(bf16)));
+  m.order.before(stream, cap);
   bf16* gv = gk + kv_elems;
   const runtime::PeerPtrs pk = m.c.peers(gk, 2 * kv_elems * sizeof(bf16));
 
@@ -170,6 +186,10 @@ RingLaunchInfo RingAttention::Impl::launch(const bf16* q, const bf16* k, const b
   // 2^31 - 1 bytes: S * Hkv * D * 2 reaches it at S = 1M with Hkv * D = 1024).
   const size_t row = size_t(Hkv) * D * sizeof(bf16), dpitch = size_t(S) * row, spitch = size_t(L) * row;
   const bool per_batch = s.B == 1 || dpitch > m.c.props().memPitch;
+  if (m.captured) {  // every rank alike (whether a rank copies depends on its chunks)
+    drain_kernel<<<1, 1, 0, stream>>>(m.drain.view(), m.drain.next_round(stream, cap));
+    WEAVE_CUDA_CHECK(cudaGetLastError());
+  }
   for (int i = 0; i < nmine && g.n_own == 0; ++i) {
     const gs::Rows ch = ring::chunk(S, W, zz, r, i);
     const long long off = ring::local_offset(S, W, zz, r, i);
@@ -200,20 +220,14 @@ RingLaunchInfo RingAttention::Impl::launch(const bf16* q, const bf16* k, const b
     }
     for (int d = 0; d < W; ++d) pt.head0[d] = 0, pt.heads[d] = Hkv;
   }
-  const std::vector<int> counts = {s.B * g.groups * g.slices, 1};
-  runtime::SignalSet& rd = m.sig.get(m.c, key, counts, 0);
-  runtime::SignalSet& ar = m.sig.get(m.c, key, counts, 1);
   g.ready = rd.view();
   g.arrive = ar.view();
-  // A round is taken only by a launched kernel: a launch rejected on every rank (e.g. by
-  // launch_gathered's checks) must not leave the next call waiting for a round nobody signals.
-  g.ready_round = rd.round() + 1;
-  g.arrive_round = ar.round() + 1;
   g.count_o = 0;
-  attention::launch_gathered(g, D, stream);
-  rd.next_round();
-  ar.next_round();
-  m.order.after(stream);
+  attention::launch_gathered(g, D, stream, [&](attention::GatheredGlobals& gg) {
+    gg.ready_round = rd.next_round(stream, cap);
+    gg.arrive_round = ar.next_round(stream, cap);
+  });
+  m.order.after(stream, cap);
   return {ncomm, m.c.sm_count() - ncomm, false, g.n_own > 0};
 }
 
@@ -223,9 +237,7 @@ RingLaunchInfo RingAttention::forward(const bf16* q, const bf16* k, const bf16* 
   const int W = m.c.world();
   int scale_bits = 0;
   std::memcpy(&scale_bits, &opt.softmax_scale, sizeof scale_bits);
-  std::string problem = runtime::local_problem([&] { runtime::check_not_capturing("ring_attention", stream); });
-  if (problem.empty())
-    problem = detail::ring_input_problem(s, opt, W, m.c.rank(), m.c.sm_count(), q, k, v, o, lse,
+  const std::string problem = detail::ring_input_problem(s, opt, W, m.c.rank(), m.c.sm_count(), q, k, v, o, lse,
                                          [&](const char* name, const void* p, size_t bytes) {
                                            m.c.check_buffer("ring_attention", name, p, bytes);
                                          });
@@ -241,10 +253,14 @@ RingLaunchInfo RingAttention::forward(const bf16* q, const bf16* k, const bf16* 
       runtime::tune_key("ring_attention", {s.B, s.S, s.Hq, s.Hkv, s.D, opt.causal, static_cast<int>(opt.sharding)}, W,
                         runtime::device_key(m.c));
   runtime::TunePlans plans;
-  const runtime::TuneResult t = runtime::Tuner::global().choose(&m.c, key, cands, [&](const runtime::TuneCandidate& c) {
-    return runtime::time_launches(
-        m.c, stream, [&] { m.launch(q, k, v, o, lse, s, opt, c.num_comm_sms, stream); }, runtime::plan_of(plans, c));
-  });
+  const runtime::TuneResult t =
+      runtime::capturing(stream)
+          ? runtime::captured_choice(key, cands, "ring_attention")
+          : runtime::Tuner::global().choose(&m.c, key, cands, [&](const runtime::TuneCandidate& c) {
+              return runtime::time_launches(
+                  m.c, stream, [&] { m.launch(q, k, v, o, lse, s, opt, c.num_comm_sms, stream); },
+                  runtime::plan_of(plans, c));
+            });
   RingLaunchInfo li = m.launch(q, k, v, o, lse, s, opt, t.choice.num_comm_sms, stream);
   li.tuned = true;
   return li;

@@ -9,6 +9,7 @@
 #include <initializer_list>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -142,11 +143,12 @@ namespace weave::tp {
 
 // A TP call's tuner path: the search (or the cached choice) over `cands` under the key (kernel
 // and its variant restriction, M x N x K, world, device), then the chosen launch. `launch(t)`
-// enqueues one call with candidate t and returns its LaunchInfo.
+// enqueues one call with candidate t and returns its LaunchInfo. `capture_ready`: the object's
+// keys whose capture fallback was prepared (below).
 template <class F, class Capturable>
 LaunchInfo tuned_launch(runtime::Communicator& c, const char* kernel, const Options& o, int M, int N, int K,
                         const std::vector<runtime::TuneCandidate>& cands, cudaStream_t s, Capturable&& capturable,
-                        F&& launch) {
+                        std::set<std::string>& capture_ready, F&& launch) {
   const std::string key =
       runtime::tune_key(tune_name(kernel, o.variant), {M, N, K}, c.world(), runtime::device_key(c));
   if (runtime::capturing(s)) {
@@ -154,11 +156,8 @@ LaunchInfo tuned_launch(runtime::Communicator& c, const char* kernel, const Opti
     // call of this shape can be used. If that choice cannot be captured (the copy engine), the
     // first capturable candidate the eager calls prepared (the search ran them all) takes its
     // place. Every rank has the same cache entry and the same prepared sets, so all pick alike.
-    runtime::TuneResult r;
-    WEAVE_CHECK(runtime::Tuner::global().lookup(key, &r) && r.candidates == runtime::candidate_set(cands), kernel,
-                ": the first call of ", M, " x ", N, " x ", K,
-                " tunes (timed launches), which a CUDA graph capture cannot do; make one eager call of this shape first, "
-                "or fix Options::variant and num_comm_sms");
+    const runtime::TuneResult r =
+        runtime::captured_choice(key, cands, detail::concat(kernel, " (", M, " x ", N, " x ", K, ")"));
     std::vector<runtime::TuneCandidate> order{r.choice};
     for (const auto& t : cands)
       if (!(t.variant == r.choice.variant && t.num_comm_sms == r.choice.num_comm_sms)) order.push_back(t);
@@ -180,6 +179,16 @@ LaunchInfo tuned_launch(runtime::Communicator& c, const char* kernel, const Opti
   const runtime::TuneResult r = runtime::Tuner::global().choose(&c, key, cands, [&](const runtime::TuneCandidate& t) {
     return runtime::time_launches(c, s, [&] { launch(t); }, runtime::plan_of(plans, t));
   });
+  // A choice a graph cannot capture: the first capturable candidate also runs once, at this
+  // object's first eager call of the shape, so that its signal sets exist when a capture of the
+  // shape looks for a fallback (a bounded search, or a choice from the cache file, may not have
+  // run it). It writes the same output, which the chosen launch then overwrites.
+  if (!capturable(r.choice.variant) && capture_ready.insert(key).second)
+    for (const auto& t : cands)
+      if (capturable(t.variant)) {
+        launch(t);
+        break;
+      }
   LaunchInfo li = launch(r.choice);
   li.tuned = true;
   return li;

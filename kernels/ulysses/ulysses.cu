@@ -78,10 +78,18 @@ UlyssesLaunchInfo Ulysses::Impl::launch(const bf16* q, const bf16* k, const bf16
   const int hp = uly::q_heads(Hq, W), hkm = uly::kv_heads_max(Hq, Hkv, W);
   const gs::Rows mine = uly::shard(S, W, r);
   const long long L = mine.rows;
-  m.order.before(stream);
+  const bool cap = runtime::capturing(stream);
+  // What a capture cannot make (the shape's signal sets, a larger buffer) first: a call refused
+  // under capture then changes nothing.
+  const std::vector<long long> key = {s.B, S, Hq, Hkv, D};
+  const std::vector<int> counts = {s.B * gs::num_slices(S), 1, 1};  // one head group (g.groups below)
+  runtime::SignalSet& rd = m.sig.get(m.c, key, counts, 0, cap);
+  runtime::SignalSet& ar = m.sig.get(m.c, key, counts, 1, cap);
+  runtime::SignalSet& od = m.sig.get(m.c, key, counts, 2, cap);
   const size_t q_elems = size_t(s.B) * S * hp * D, kv_elems = size_t(s.B) * S * hkm * D;
   const size_t bytes = (q_elems + 2 * kv_elems) * sizeof(bf16);
-  bf16* gq = static_cast<bf16*>(m.buf.get(bytes));
+  bf16* gq = static_cast<bf16*>(m.buf.get(bytes, cap));
+  m.order.before(stream, cap);
   bf16* gk = gq + q_elems;
   bf16* gv = gk + kv_elems;
   const runtime::PeerPtrs pg = m.c.peers(gq, bytes);
@@ -135,25 +143,17 @@ UlyssesLaunchInfo Ulysses::Impl::launch(const bf16* q, const bf16* k, const bf16
       pt.heads[d] = isq ? hp : uly::kv_count(Hq, Hkv, W, d);
     }
   }
-  const std::vector<long long> key = {s.B, S, Hq, Hkv, D};
-  const std::vector<int> counts = {s.B * g.slices, 1, 1};
-  runtime::SignalSet& rd = m.sig.get(m.c, key, counts, 0);
-  runtime::SignalSet& ar = m.sig.get(m.c, key, counts, 1);
-  runtime::SignalSet& od = m.sig.get(m.c, key, counts, 2);
   g.ready = rd.view();
   g.arrive = ar.view();
   g.odone = od.view();
-  // A round is taken only by a launched kernel: a launch rejected on every rank must not leave
-  // the next call waiting for a round nobody signals.
-  g.ready_round = rd.round() + 1;
-  g.arrive_round = ar.round() + 1;
   g.count_o = 1;
-  g.odone_expected = (od.round() + 1) * static_cast<unsigned long long>(uly::o_stores(S, W, s.B, Hq, r));
-  attention::launch_gathered(g, D, stream);
-  rd.next_round();
-  ar.next_round();
-  od.next_round();
-  m.order.after(stream);
+  g.odone_per = static_cast<unsigned long long>(uly::o_stores(S, W, s.B, Hq, r));
+  attention::launch_gathered(g, D, stream, [&](attention::GatheredGlobals& gg) {
+    gg.ready_round = rd.next_round(stream, cap);
+    gg.arrive_round = ar.next_round(stream, cap);
+    gg.odone_round = od.next_round(stream, cap);
+  });
+  m.order.after(stream, cap);
   return {ncomm, m.c.sm_count() - ncomm, false};
 }
 
@@ -161,9 +161,7 @@ UlyssesLaunchInfo Ulysses::forward(const bf16* q, const bf16* k, const bf16* v, 
                                    const UlyssesOptions& opt, cudaStream_t stream) {
   Impl& m = *impl_;
   const int W = m.c.world();
-  std::string problem = runtime::local_problem([&] { runtime::check_not_capturing("ulysses", stream); });
-  if (problem.empty())
-    problem = detail::ulysses_input_problem(s, opt, W, m.c.rank(), m.c.sm_count(), q, k, v, o,
+  std::string problem = detail::ulysses_input_problem(s, opt, W, m.c.rank(), m.c.sm_count(), q, k, v, o,
                                             [&](const char* name, const void* p, size_t bytes) {
                                               m.c.check_buffer("ulysses", name, p, bytes);
                                             });
@@ -186,10 +184,14 @@ UlyssesLaunchInfo Ulysses::forward(const bf16* q, const bf16* k, const bf16* v, 
   const std::string key =
       runtime::tune_key("ulysses", {s.B, s.S, s.Hq, s.Hkv, s.D, opt.causal}, W, runtime::device_key(m.c));
   runtime::TunePlans plans;
-  const runtime::TuneResult t = runtime::Tuner::global().choose(&m.c, key, cands, [&](const runtime::TuneCandidate& c) {
-    return runtime::time_launches(
-        m.c, stream, [&] { m.launch(q, k, v, o, s, opt, c.num_comm_sms, stream); }, runtime::plan_of(plans, c));
-  });
+  const runtime::TuneResult t =
+      runtime::capturing(stream)
+          ? runtime::captured_choice(key, cands, "ulysses")
+          : runtime::Tuner::global().choose(&m.c, key, cands, [&](const runtime::TuneCandidate& c) {
+              return runtime::time_launches(
+                  m.c, stream, [&] { m.launch(q, k, v, o, s, opt, c.num_comm_sms, stream); },
+                  runtime::plan_of(plans, c));
+            });
   UlyssesLaunchInfo li = m.launch(q, k, v, o, s, opt, t.choice.num_comm_sms, stream);
   li.tuned = true;
   return li;

@@ -374,6 +374,16 @@ PYBIND11_MODULE(_C, m) {
              locked(c, [&](weave::py::Ops&) { c.comm().sync(reinterpret_cast<cudaStream_t>(stream)); });
            }, py::arg("stream") = 0)
       .def("barrier", [](Comm& c) { locked(c, [&](weave::py::Ops&) { c.comm().barrier(); }); })
+      .def("all_reduce_local", [](Comm& c, long long count, int t, bool aligned4) {
+             bool r = false;
+             locked(c, [&](weave::py::Ops& o) { r = o.all_reduce_local(count, Dt(t), aligned4); });
+             return r;
+           }, "whether an out-of-place all_reduce of `count` elements may take any device memory (LL, LL128)")
+      .def("shard_local", [](Comm& c, bool gather, const std::vector<long long>& full, int dim, int t, bool aligned4) {
+             bool r = false;
+             locked(c, [&](weave::py::Ops& o) { r = o.shard_local(gather, full, dim, Dt(t), aligned4); });
+             return r;
+           }, "the same for an all_gather (gather) or reduce_scatter of shape `full` along dim")
       .def("all_reduce", [](Comm& c, Ptr in, Ptr out, long long count, int t, Ptr s) {
              locked(c, [&](weave::py::Ops& o) { o.all_reduce(in, out, count, Dt(t), s); });
            })

@@ -257,6 +257,17 @@ struct Ops::Impl {
 Ops::Ops(runtime::Communicator& c) : impl_(std::make_unique<Impl>(c)) {}
 Ops::~Ops() = default;
 
+bool Ops::all_reduce_local(long long count, Dt t, bool aligned4) {
+  return coll::local_buffers(impl_->collectives().all_reduce_algo(size_t(count) * dtype_size(dtype_of(t)), false,
+                                                                  aligned4));
+}
+
+bool Ops::shard_local(bool gather, const std::vector<long long>& full, int dim, Dt t, bool aligned4) {
+  coll::Collectives& c = impl_->collectives();
+  return coll::local_buffers(gather ? c.all_gather_algo(shape_of(full), dim, dtype_of(t), aligned4)
+                                    : c.reduce_scatter_algo(shape_of(full), dim, dtype_of(t), aligned4));
+}
+
 void Ops::all_reduce(Ptr in, Ptr out, long long count, Dt t, Ptr stream) {
   impl_->collectives().all_reduce(ptr<const void>(in), ptr<void>(out), size_t(count), dtype_of(t), ReduceOp::sum,
                                   stream_of(stream));

@@ -105,7 +105,10 @@ class Ops {
   Ops(const Ops&) = delete;
   Ops& operator=(const Ops&) = delete;
 
-  // Collectives (coll::Collectives): in and out in the symmetric heap. shape: 1-4 dims.
+  // Collectives (coll::Collectives): in and out in the symmetric heap, except where *_local says
+  // the call's algorithm (out of place) reaches them from this rank only. shape: 1-4 dims.
+  bool all_reduce_local(long long count, Dt t, bool aligned4);
+  bool shard_local(bool gather, const std::vector<long long>& full, int dim, Dt t, bool aligned4);
   void all_reduce(Ptr in, Ptr out, long long count, Dt t, Ptr stream);
   void all_gather(Ptr in, Ptr out, const std::vector<long long>& full, int dim, Dt t, Ptr stream);
   void reduce_scatter(Ptr in, Ptr out, const std::vector<long long>& full, int dim, Dt t, Ptr stream);

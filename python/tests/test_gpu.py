@@ -152,14 +152,50 @@ def test_streams(comm, seed):
     assert torch.equal(y1, x) and torch.equal(y2, x * 2) and torch.equal(y3, x * 3)
 
 
-def test_graph_capture_is_refused(comm):
-    x = torch.ones(1024, device="cuda")
-    weave.all_reduce(x)
+def test_collectives_and_sp_graph_capture_and_replay(comm, seed):
+    """The collectives and ring / Ulysses attention captured after an eager warm-up, replayed with
+    new inputs and poisoned outputs: each replay correct; an eager call after the replays too."""
+    x = torch.empty((4099,), dtype=BF, device="cuda")
+    y = torch.empty((300001,), dtype=F32, device="cuda")
+    q, k, v = (torch.empty((1, 333, 4, 128), dtype=BF, device="cuda") for _ in range(3))
+
+    def fill(i):
+        x.copy_(rand(x.shape, BF, seed, "x", i))
+        y.copy_(rand(y.shape, F32, seed, "y", i))
+        for t, name in ((q, "q"), (k, "k"), (v, "v")):
+            t.copy_(rand(t.shape, BF, seed, name, i))
+
+    def calls():
+        return (weave.all_reduce(x), weave.all_gather(y, 0), weave.reduce_scatter(y, 0),
+                weave.ring_attention(q, k, v, True), weave.ulysses_attention(q, k, v, True))
+
+    def check(outs, what):
+        ar, ag, rs, (o, lse), uo = outs
+        assert torch.equal(ar, x) and torch.equal(ag, y) and torch.equal(rs, y), f"{what}: collectives"
+        ref_o, ref_lse = attention_ref(q, k, v, True)
+        check_attention(o, lse, ref_o, ref_lse, f"{what}: ring")
+        check_attention(uo, None, ref_o, None, f"{what}: ulysses")
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fill(0)
+        calls()
+    torch.cuda.current_stream().wait_stream(side)
     g = torch.cuda.CUDAGraph()
-    with pytest.raises(RuntimeError, match="graph capture"):
-        with torch.cuda.graph(g):
-            weave.all_reduce(x)
-    assert torch.equal(weave.all_reduce(x), x)  # still usable
+    with torch.cuda.graph(g):
+        outs = calls()
+    for i in range(1, 101):
+        fill(i)
+        for o in outs:
+            for t in (o if isinstance(o, tuple) else (o,)):
+                t.fill_(float("nan"))
+        g.replay()
+        if i % 25 == 0:
+            torch.cuda.synchronize()
+            check(outs, f"replay {i}")
+    fill(101)
+    check(calls(), "eager after the replays")
 
 
 def test_tp_graph_capture_and_replay(comm, seed):

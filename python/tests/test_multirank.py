@@ -164,6 +164,116 @@ def test_mismatched_shapes_raise_on_every_rank(env):
     dist.barrier()
 
 
+def test_collectives_and_sp_graph_capture_and_replay(env):
+    """The collectives (LL-, two-shot- and push-sized all_reduce, all_gather, reduce_scatter, the
+    Ulysses all_to_all) and ring / Ulysses attention captured in one CUDA graph after an eager
+    warm-up, replayed with fresh inputs copied into the captured tensors and the outputs poisoned
+    before each replay: every checked replay matches its own reference (the counts are read on the
+    device); eager calls in between and after, and a second graph captured and never replayed."""
+    rank, W, seed = env
+    sizes = (4099, 300001, 1000003)
+    full = 2 * 77 * W + 1  # all_gather: ragged shards
+    S, H = 333, 2 * W
+    first, rows = weave.shard(S)
+    chunks = weave.ring_chunks(S, "zigzag")
+    static = {f"ar{n}": torch.empty((n,), dtype=BF, device="cuda") for n in sizes}
+    static["ag"] = torch.empty((_share(full, W, rank), 5), dtype=F32, device="cuda")
+    static["rs"] = torch.empty((full, 5), dtype=F32, device="cuda")
+    static["a2a"] = torch.empty((2, rows, H, 64), dtype=BF, device="cuda")
+    for t in ("q", "k", "v"):
+        static["ring" + t] = torch.empty((2, sum(n for _, n in chunks), H, 128), dtype=BF, device="cuda")
+        static["uly" + t] = torch.empty((2, rows, H, 128), dtype=BF, device="cuda")
+
+    def fill(i, want_ref=True):
+        """Replay i's inputs of this rank, copied into the static tensors, and (want_ref) the
+        references, from every rank's inputs (each rank regenerates them all)."""
+        ref = {}
+        ranks = range(W) if want_ref else [rank]
+        for n in sizes:
+            xs = {r: rand((n,), BF, seed, "gar", n, i, r) for r in ranks}
+            static[f"ar{n}"].copy_(xs[rank])
+            ref[f"ar{n}"] = (sum(x.float() for x in xs.values()), sum(x.float().abs() for x in xs.values()))
+        parts = {r: rand((_share(full, W, r), 5), F32, seed, "gag", i, r) for r in ranks}
+        static["ag"].copy_(parts[rank])
+        fulls = {r: rand((full, 5), F32, seed, "grs", i, r) for r in ranks}
+        static["rs"].copy_(fulls[rank])
+        X = rand((2, S, H, 64), BF, seed, "ga2a", i)
+        static["a2a"].copy_(X[:, first:first + rows])
+        q, k, v = qkv(2, S, H, H, 128, seed, S, i)
+        for t, x in zip("qkv", (q, k, v)):
+            static["ring" + t].copy_(rows_of(chunks, x))
+            static["uly" + t].copy_(x[:, first:first + rows])
+        if want_ref:
+            ref["ag"] = torch.cat([parts[r] for r in range(W)])
+            f0, n0 = weave.shard(full)
+            ref["rs"] = sum(f.float() for f in fulls.values())[f0:f0 + n0]
+            ref["a2a"] = X[:, :, rank * H // W:(rank + 1) * H // W]
+            ref["attn"] = attention_ref(q, k, v, True)
+        return ref
+
+    def calls():
+        out = {f"ar{n}": weave.all_reduce(static[f"ar{n}"]) for n in sizes}
+        out["ag"] = weave.all_gather(static["ag"], 0, full_size=full)
+        out["rs"] = weave.reduce_scatter(static["rs"], 0)
+        out["a2a"] = weave.all_to_all(static["a2a"], "seq_to_head", seq_len=S)
+        out["ring"] = weave.ring_attention(static["ringq"], static["ringk"], static["ringv"], True, seq_len=S)
+        out["uly"] = weave.ulysses_attention(static["ulyq"], static["ulyk"], static["ulyv"], True, seq_len=S)
+        return out
+
+    def check(out, ref, what):
+        for n in sizes:
+            want, mag = ref[f"ar{n}"]
+            check_close(out[f"ar{n}"], want, 2 * W * EPS[BF] * mag + 1e-30, f"{what}: all_reduce {n}")
+        assert torch.equal(out["ag"], ref["ag"]), f"{what}: all_gather"
+        check_close(out["rs"], ref["rs"], 4 * W * EPS[F32] * ref["rs"].abs() + 1e-30, f"{what}: reduce_scatter")
+        assert torch.equal(out["a2a"], ref["a2a"]), f"{what}: all_to_all"
+        ref_o, ref_lse = ref["attn"]
+        o, lse = out["ring"]
+        check_attention(o, lse, rows_of(chunks, ref_o), rows_of(chunks, ref_lse, dim=2), f"{what}: ring")
+        check_attention(out["uly"], None, ref_o[:, first:first + rows], None, f"{what}: ulysses")
+
+    def poison_outs(out):
+        for o in out.values():
+            for t in (o if isinstance(o, tuple) else (o,)):
+                t.fill_(float("nan"))
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # eager warm-up: signal sets, scratch, tuner choices, staging sizes
+        ref = fill(0)
+        for _ in range(2):
+            out = calls()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    check(out, ref, "eager warm-up")
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        outs = calls()
+    replays = int(os.environ.get("WEAVE_GRAPH_REPLAYS", "200"))
+    for i in range(1, replays + 1):
+        checked = i % 50 == 1 or i == replays
+        ref = fill(i, checked)
+        poison_outs(outs)
+        g.replay()
+        if checked:
+            torch.cuda.synchronize()
+            check(outs, ref, f"replay {i}")
+        if i % 40 == 7:  # eager calls between replays share the graph's counts
+            ref = fill(10_000 + i)
+            out = calls()
+            torch.cuda.synchronize()
+            check(out, ref, f"eager call after replay {i}")
+        if i == replays // 2:  # a graph captured and never replayed leaves no count behind
+            unplayed = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(unplayed):
+                calls()
+            del unplayed
+    ref = fill(replays + 1)
+    out = calls()
+    torch.cuda.synchronize()
+    check(out, ref, "eager after the replays")
+
+
 def test_tp_graph_capture_and_replay(env):
     """The TP operators captured in one CUDA graph after an eager warm-up of the same shapes, then
     replayed with fresh inputs copied into the captured tensors: every replay's outputs match

@@ -48,6 +48,13 @@ class Communicator:
                                      heap_bytes=heap_bytes, debug=debug)
         self._stage: dict[str, torch.Tensor] = {}
         self._stage_stream: Optional[torch.cuda.Stream] = None
+        # Staging buffers outgrown after a CUDA graph captured a call: the graph's replays still use them.
+        self._captured = False
+        self._kept: list[torch.Tensor] = []
+        # Per collective call shape: whether its algorithm takes unstaged buffers (_ops._collective).
+        self.local_calls: dict[tuple, bool] = {}
+        # Views of the staging buffers by (which, shape, dtype): three views per call cost ~6 us.
+        self._views: dict[tuple, torch.Tensor] = {}
 
     def __repr__(self) -> str:
         return (f"weave.Communicator(group={self.group_name!r}, rank={self.rank}, world={self.world}, "
@@ -94,34 +101,48 @@ class Communicator:
     def staging(self, which: str, nbytes: int, stream: torch.cuda.Stream) -> torch.Tensor:
         """A uint8 symmetric buffer of at least `nbytes` ('in' or 'out'), ordered after its last use."""
         buf = self._stage.get(which)
+        capturing = torch.cuda.is_current_stream_capturing()
+        self._captured = self._captured or capturing
         if buf is None or buf.numel() < nbytes:
-            if torch.cuda.is_current_stream_capturing():
+            if capturing:
                 raise RuntimeError(f"weave: the {which!r} staging buffer must grow to {nbytes} bytes, which a CUDA graph "
                                    "capture cannot do (allocation is collective and synchronizes); make one eager call "
                                    "with these shapes first")
             grow = 0 if buf is None else buf.numel() + buf.numel() // 2
             cap = -(-max(nbytes, grow, 1 << 20) // (2 << 20)) * (2 << 20)  # whole 2 MiB granules
-            # The old buffer is released first, so that this allocation can reuse its memory.
+            # The old buffer is released first, so that this allocation can reuse its memory; once a
+            # graph may hold it, it is kept instead.
             self._stage.pop(which, None)
+            self._views = {k: v for k, v in self._views.items() if k[0] != which}
+            if self._captured and buf is not None:
+                self._kept.append(buf)
             del buf
             buf = self.empty((cap,), torch.uint8)
             self._stage[which] = buf
         # A graph cannot wait for work outside it: captured calls are ordered by the capture stream
         # alone (a graph's replays and eager calls must not overlap: the caller's stream order).
-        if not torch.cuda.is_current_stream_capturing():
+        if not capturing:
             last = self._stage_stream
-            if last is not None and last != stream:
+            if last is not None and last is not stream and last != stream:
                 stream.wait_stream(last)  # the previous call's kernels and copies on its stream
             self._stage_stream = stream
         return buf
 
     def staged(self, which: str, shape: Sequence[int], dtype: torch.dtype, stream: torch.cuda.Stream) -> torch.Tensor:
         """A view of staging buffer `which` as a contiguous tensor of `shape` and `dtype`."""
+        shape = tuple(int(d) for d in shape)
         n = 1
         for d in shape:
-            n *= int(d)
+            n *= d
         nbytes = n * dtype.itemsize
-        return self.staging(which, nbytes, stream)[:nbytes].view(dtype).view(tuple(shape))
+        buf = self.staging(which, nbytes, stream)
+        key = (which, shape, dtype)
+        v = self._views.get(key)
+        if v is None:
+            if len(self._views) >= 256:  # many shapes (varying lengths): start over
+                self._views.clear()
+            v = self._views[key] = buf[:nbytes].view(dtype).view(shape)
+        return v
 
     def symmetric_input(self, x: torch.Tensor, stream: torch.cuda.Stream) -> torch.Tensor:
         """`x` itself when it lies in this heap, else its copy in the input staging buffer."""

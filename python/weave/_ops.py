@@ -63,12 +63,17 @@ def _shard(n: int, world: int, rank: int) -> int:
 
 def _moved(op: str, name: str, t: torch.Tensor, dim: int) -> torch.Tensor:
     """t.movedim(dim, 0), which must be contiguous (symm_mem's convention: rows along dim)."""
-    m = t.movedim(dim, 0)
+    m = t.movedim(dim, 0) if dim else t
     if not m.is_contiguous():
         _fail(op, f"{name}.movedim({dim}, 0) is not contiguous (shape {tuple(t.shape)}, strides {t.stride()}); "
                   f"lay {name} out with dim {dim} outermost, e.g. {name}.movedim({dim}, 0).contiguous()"
                   f".movedim(0, {dim}) (one copy)")
     return m
+
+
+def _moved_back(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """t.movedim(0, dim) (t itself for dim 0: a view costs ~2 us)."""
+    return t.movedim(0, dim) if dim else t
 
 
 def _b_layout(op: str, name: str, B: torch.Tensor, K: int) -> bool:
@@ -106,19 +111,46 @@ def _kn(B: torch.Tensor, nk: bool) -> torch.Tensor:
     return B.contiguous() if nk else B
 
 
-def _enter(op: str, group_name: str, *tensors: torch.Tensor, capturable: bool = False):
-    """The communicator and torch's current stream for a collective call on CUDA tensors. The TP
-    operators (capturable) may be captured in a CUDA graph once an eager call of the same shapes
-    has run (it creates the shape's signal sets, tunes, and sizes the staging buffers); the
-    collectives and ring / Ulysses attention cannot be captured yet."""
+def _enter(op: str, group_name: str, *tensors: torch.Tensor):
+    """The communicator and torch's current stream for a collective call on CUDA tensors. Every
+    operator here may be captured in a CUDA graph once an eager call of the same shapes has run (it
+    creates the shape's signal sets and scratch, tunes, and sizes the staging buffers)."""
     c = _comm.communicator(group_name)
     for t in tensors:
-        if t.device.index != c.device:
+        if t.get_device() != c.device:
             _fail(op, f"a tensor is on {t.device} but the communicator of group {group_name!r} uses cuda:{c.device}")
-    if not capturable and torch.cuda.is_current_stream_capturing():
-        raise RuntimeError(f"weave.{op}: CUDA graph capture of this operator is not supported yet (the TP operators "
-                           "all_gather_matmul, matmul_reduce_scatter and matmul_all_reduce can be captured)")
-    return c, torch.cuda.current_stream(c.device)
+    return c, _current_stream(c.device)
+
+
+_streams: dict = {}
+
+
+def _current_stream(device: int) -> torch.cuda.Stream:
+    """torch.cuda.current_stream(device), one Python object per stream (making one per call costs
+    ~2 us)."""
+    key = torch._C._cuda_getCurrentStream(device)
+    s = _streams.get(key)
+    if s is None:
+        s = _streams[key] = torch.cuda.Stream(stream_id=key[0], device_index=key[1], device_type=key[2])
+    return s
+
+
+def direct(*tensors: torch.Tensor) -> bool:
+    """Whether a call may run its kernel directly rather than through torch.ops.weave, whose
+    dispatch costs ~6 us per call (python/README.md, "Overhead"): plain eager mode (nothing
+    compiling, tracing, or in a torch function or dispatch mode) on plain CUDA tensors that need no
+    gradient. The public functions (weave.functional) take it; the results are the same."""
+    if (torch.compiler.is_compiling() or torch._C._get_tracing_state() is not None
+            or torch._C._is_torch_function_mode_enabled() or torch._C._len_torch_dispatch_stack()):
+        return False
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if type(t) is not torch.Tensor or not t.is_cuda or (grad and t.requires_grad) or _functorch_wrapped(t):
+            return False
+    return True
+
+
+_functorch_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", lambda t: False)
 
 
 def _define(schema: str, cuda, fake, tags=()) -> None:
@@ -152,10 +184,22 @@ def _check_collective(op: str, x: torch.Tensor, dim: Optional[int] = None) -> Op
     return _dim(op, dim, x.dim())
 
 
-def _collective(op: str, x: torch.Tensor, group_name: str, out_shape, launch) -> torch.Tensor:
-    """A collective's call: x (itself if symmetric, else staged) in, the output staged, then copied
-    out. launch(c._c, in_ptr, out_ptr, dtype, stream) makes the C++ call."""
+def _collective(op: str, x: torch.Tensor, group_name: str, out_shape, launch, local) -> torch.Tensor:
+    """A collective's call. launch(c._c, in_ptr, out_ptr, dtype, stream) makes the C++ call.
+    local = (key, query): whether the call's algorithm reaches its buffers from this rank only
+    (LL, LL128: query(c._c, aligned4) asks the C++, once per key): then x and a new output go to
+    the kernel as they are. Else x (itself if symmetric, else staged) in, the output staged, then
+    copied out."""
     c, s = _enter(op, group_name, x)
+    aligned = x.data_ptr() % 4 == 0
+    key = local[0] + (x.dtype, aligned)
+    ok = c.local_calls.get(key)
+    if ok is None:
+        ok = c.local_calls[key] = local[1](c._c, aligned)
+    if ok:
+        out = _empty(out_shape, x.dtype, x.device)
+        launch(c._c, x.data_ptr(), out.data_ptr(), _COLL_DTYPES[x.dtype], s.cuda_stream)
+        return out
     src = c.symmetric_input(x, s)
     out = c.staged("out", out_shape, x.dtype, s)
     launch(c._c, src.data_ptr(), out.data_ptr(), _COLL_DTYPES[x.dtype], s.cuda_stream)
@@ -169,8 +213,9 @@ def _plan_all_reduce(x: torch.Tensor, group_name: str):
 
 def _all_reduce(x: torch.Tensor, group_name: str) -> torch.Tensor:
     shape = _plan_all_reduce(x, group_name)
-    return _collective("all_reduce", x, group_name, shape,
-                       lambda cc, i, o, t, s: cc.all_reduce(i, o, x.numel(), t, s))
+    n, t = x.numel(), _COLL_DTYPES[x.dtype]
+    return _collective("all_reduce", x, group_name, shape, lambda cc, i, o, t, s: cc.all_reduce(i, o, n, t, s),
+                       (("all_reduce", n), lambda cc, aligned: cc.all_reduce_local(n, t, aligned)))
 
 
 def _collapse(shape: Sequence[int], dim: int) -> tuple[list[int], int]:
@@ -201,8 +246,10 @@ def _plan_all_gather(x: torch.Tensor, dim: int, full_size: int, group_name: str)
 def _all_gather(x: torch.Tensor, dim: int, full_size: int, group_name: str) -> torch.Tensor:
     shape, dim = _plan_all_gather(x, dim, full_size, group_name)
     full, cdim = _collapse(shape, dim)
-    return _collective("all_gather", x, group_name, shape,
-                       lambda cc, i, o, t, s: cc.all_gather(i, o, full, cdim, t, s))
+    t = _COLL_DTYPES[x.dtype]
+    return _collective("all_gather", x, group_name, shape, lambda cc, i, o, t, s: cc.all_gather(i, o, full, cdim, t, s),
+                       (("all_gather", tuple(full), cdim),
+                        lambda cc, aligned: cc.shard_local(True, full, cdim, t, aligned)))
 
 
 def _plan_reduce_scatter(x: torch.Tensor, dim: int, group_name: str):
@@ -216,8 +263,11 @@ def _plan_reduce_scatter(x: torch.Tensor, dim: int, group_name: str):
 def _reduce_scatter(x: torch.Tensor, dim: int, group_name: str) -> torch.Tensor:
     shape, dim = _plan_reduce_scatter(x, dim, group_name)
     full, cdim = _collapse(x.shape, dim)
+    t = _COLL_DTYPES[x.dtype]
     return _collective("reduce_scatter", x, group_name, shape,
-                       lambda cc, i, o, t, s: cc.reduce_scatter(i, o, full, cdim, t, s))
+                       lambda cc, i, o, t, s: cc.reduce_scatter(i, o, full, cdim, t, s),
+                       (("reduce_scatter", tuple(full), cdim),
+                        lambda cc, aligned: cc.shard_local(False, full, cdim, t, aligned)))
 
 
 def _plan_all_to_all(x: torch.Tensor, direction: str, seq_len: int, group_name: str):
@@ -245,7 +295,8 @@ def _all_to_all(x: torch.Tensor, direction: str, seq_len: int, group_name: str) 
     shape, S, H = _plan_all_to_all(x, direction, seq_len, group_name)
     B, D = int(x.shape[0]), int(x.shape[3])
     return _collective("all_to_all", x, group_name, shape,
-                       lambda cc, i, o, t, s: cc.all_to_all(i, o, B, S, H, D, t, direction == "seq_to_head", s))
+                       lambda cc, i, o, t, s: cc.all_to_all(i, o, B, S, H, D, t, direction == "seq_to_head", s),
+                       (("all_to_all",), lambda cc, aligned: False))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -278,7 +329,7 @@ def _all_gather_matmul_fake(A_shard, Bs, gather_dim, group_name, *, return_A=Tru
 
 def _all_gather_matmul(A_shard, Bs, gather_dim, group_name, *, return_A=True):
     gathered, dim, nks = _plan_all_gather_matmul(A_shard, Bs, gather_dim, group_name)
-    c, s = _enter("all_gather_matmul", group_name, A_shard, *Bs, capturable=True)
+    c, s = _enter("all_gather_matmul", group_name, A_shard, *Bs)
     K = gathered[-1]
     M = A_shard.numel() // K * c.world
     a_gathered = c.staged("out", gathered, A_shard.dtype, s)
@@ -289,8 +340,8 @@ def _all_gather_matmul(A_shard, Bs, gather_dim, group_name, *, return_A=True):
     for B, nk, out in zip(Bs[1:], nks[1:], outs[1:]):  # the gathered A is there: plain GEMMs
         lib().gemm(c.device, a_gathered.data_ptr(), B.data_ptr(), out.data_ptr(), M, int(B.shape[1]), K, nk,
                    s.cuda_stream)
-    A = a_gathered.clone().movedim(0, dim) if return_A else None
-    return A, [o.movedim(0, dim) for o in outs]
+    A = _moved_back(a_gathered.clone(), dim) if return_A else None
+    return A, [_moved_back(o, dim) for o in outs]
 
 
 def _plan_matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name):
@@ -321,7 +372,7 @@ def _matmul_reduce_scatter_fake(A, B, reduce_op, scatter_dim, group_name):
 
 def _matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name):
     out_shape, dim, nk, world = _plan_matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name)
-    c, s = _enter("matmul_reduce_scatter", group_name, A, B, capturable=True)
+    c, s = _enter("matmul_reduce_scatter", group_name, A, B)
     K, N = int(A.shape[-1]), int(B.shape[1])
     M = A.numel() // K
     stage = c.staged("out", [lib().gemm_rs_out_elems(M, N, world)], A.dtype, s)
@@ -333,7 +384,7 @@ def _matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name):
     out = stage[: rows * N].view(out_shape).clone()
     if reduce_op == "avg":
         out.div_(world)
-    return out.movedim(0, dim)
+    return _moved_back(out, dim)
 
 
 def _plan_matmul_all_reduce(A, B, group_name):
@@ -353,7 +404,7 @@ def _matmul_all_reduce_fake(A, B, group_name):
 
 def _matmul_all_reduce(A, B, group_name):
     shape, nk = _plan_matmul_all_reduce(A, B, group_name)
-    c, s = _enter("matmul_all_reduce", group_name, A, B, capturable=True)
+    c, s = _enter("matmul_all_reduce", group_name, A, B)
     K, N = int(A.shape[-1]), int(B.shape[1])
     out = c.staged("out", shape, A.dtype, s)
     Bkn = _kn(B, nk)

@@ -3,7 +3,9 @@
 Every function runs on torch's current stream and returns ordinary torch tensors (the caching
 allocator's). Collective functions are called by every rank of the group with the same shapes;
 a rank whose arguments differ makes every rank raise. `group`: None (torch.distributed's default
-group, or a world of 1 without torch.distributed), a ProcessGroup, or a weave.Communicator."""
+group, or a world of 1 without torch.distributed), a ProcessGroup, or a weave.Communicator.
+In plain eager mode the collective and TP functions run weave's kernel without the dispatcher
+(_ops.direct); otherwise, and always through torch.ops.weave.*, the registered operators."""
 from __future__ import annotations
 
 from typing import Optional, Sequence
@@ -19,26 +21,30 @@ _ops_ns = torch.ops.weave
 
 def all_reduce(x: torch.Tensor, group: GroupLike = None) -> torch.Tensor:
     """The sum of x over the group's ranks (a new tensor). bf16, fp16 or fp32."""
-    return _ops_ns.all_reduce(x, group_name(group))
+    op = _ops._all_reduce if _ops.direct(x) else _ops_ns.all_reduce
+    return op(x, group_name(group))
 
 
 def all_gather(x: torch.Tensor, dim: int = 0, group: GroupLike = None, *, full_size: Optional[int] = None) -> torch.Tensor:
     """The ranks' x concatenated along dim. Rank r's x holds shard(full_size, world, r) entries along
     dim (the first full_size % world ranks one more); full_size defaults to world * x.shape[dim]."""
-    return _ops_ns.all_gather(x, dim, -1 if full_size is None else full_size, group_name(group))
+    op = _ops._all_gather if _ops.direct(x) else _ops_ns.all_gather
+    return op(x, dim, -1 if full_size is None else full_size, group_name(group))
 
 
 def reduce_scatter(x: torch.Tensor, dim: int = 0, group: GroupLike = None) -> torch.Tensor:
     """This rank's share along dim of the sum of x over the ranks: shard(x.shape[dim], world, rank)
     entries (the first x.shape[dim] % world ranks hold one more)."""
-    return _ops_ns.reduce_scatter(x, dim, group_name(group))
+    op = _ops._reduce_scatter if _ops.direct(x) else _ops_ns.reduce_scatter
+    return op(x, dim, group_name(group))
 
 
 def all_to_all(x: torch.Tensor, direction: str = "seq_to_head", group: GroupLike = None, *,
                seq_len: Optional[int] = None) -> torch.Tensor:
     """Ulysses all-to-all: 'seq_to_head' (B, S/W, H, D) -> (B, S, H/W, D), 'head_to_seq' back.
     seq_len: the whole sequence S for seq_to_head when the ranks' shares differ (default W x rows)."""
-    return _ops_ns.all_to_all(x, direction, -1 if seq_len is None else seq_len, group_name(group))
+    op = _ops._all_to_all if _ops.direct(x) else _ops_ns.all_to_all
+    return op(x, direction, -1 if seq_len is None else seq_len, group_name(group))
 
 
 def all_gather_matmul(A_shard: torch.Tensor, Bs: Sequence[torch.Tensor], gather_dim: int = 0,
@@ -47,19 +53,23 @@ def all_gather_matmul(A_shard: torch.Tensor, Bs: Sequence[torch.Tensor], gather_
     first GEMM: torch.ops.symm_mem.fused_all_gather_matmul's arguments and results. bf16; every rank
     holds the same number of rows; B is K x N (weight.t() of an nn.Linear weight is copied into
     K x N at each call for the first B; the others run as plain GEMMs in either layout)."""
-    return _ops_ns.all_gather_matmul(A_shard, list(Bs), gather_dim, group_name(group), return_A=return_A)
+    Bs = list(Bs)
+    op = _ops._all_gather_matmul if _ops.direct(A_shard, *Bs) else _ops_ns.all_gather_matmul
+    return op(A_shard, Bs, gather_dim, group_name(group), return_A=return_A)
 
 
 def matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str = "sum", scatter_dim: int = 0,
                           group: GroupLike = None) -> torch.Tensor:
     """reduce_scatter(A @ B, scatter_dim) with the reduction overlapped with the GEMM:
     torch.ops.symm_mem.fused_matmul_reduce_scatter's arguments. reduce_op 'sum' or 'avg'. bf16."""
-    return _ops_ns.matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name(group))
+    op = _ops._matmul_reduce_scatter if _ops.direct(A, B) else _ops_ns.matmul_reduce_scatter
+    return op(A, B, reduce_op, scatter_dim, group_name(group))
 
 
 def matmul_all_reduce(A: torch.Tensor, B: torch.Tensor, group: GroupLike = None) -> torch.Tensor:
     """all_reduce(A @ B) with the reduction overlapped with the GEMM. bf16."""
-    return _ops_ns.matmul_all_reduce(A, B, group_name(group))
+    op = _ops._matmul_all_reduce if _ops.direct(A, B) else _ops_ns.matmul_all_reduce
+    return op(A, B, group_name(group))
 
 
 def matmul(A: torch.Tensor, B: torch.Tensor, bias: Optional[torch.Tensor] = None, *,

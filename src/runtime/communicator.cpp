@@ -884,8 +884,14 @@ SignalSet::SignalSet(SignalSet&& o) noexcept
 }
 
 Round SignalSet::next_round(cudaStream_t s, bool capturing) {
+  // round_ counts eager launches only: a captured launch may run any number of times, none
+  // included. Its floor is the eager count at capture + 1, which no replay can precede.
+  if (capturing) {
+    device_rounds_ = true;
+    advance_round(cell_, round_ + 1, s);
+    return {round_ + 1, cell_};
+  }
   ++round_;
-  device_rounds_ = device_rounds_ || capturing;
   if (!device_rounds_) return {round_, nullptr};
   advance_round(cell_, round_, s);
   return {round_, cell_};

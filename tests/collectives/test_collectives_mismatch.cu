@@ -37,25 +37,4 @@ TEST(Collectives, RejectsDifferenceAfterAnIdenticalCall) {
   EXPECT_TRUE(r.ok()) << "the valid all_gather after the rejected one: " << r.str();
 }
 
-// A call on a stream capturing a CUDA graph is rejected on every rank (a replay would reuse the
-// call's flags and rounds), and nothing is enqueued into the graph.
-TEST(Collectives, RejectsGraphCapture) {
-  const Shape full = shape({1000, 777});
-  Buf a(full.numel(), DType::bf16), b(full.numel(), DType::bf16);
-  WEAVE_CUDA_CHECK(cudaMemsetAsync(b.p, 0xff, b.bytes, ctx().s));
-  settle();
-  cudaStream_t cap;
-  WEAVE_CUDA_CHECK(cudaStreamCreateWithFlags(&cap, cudaStreamNonBlocking));
-  wt::expect_capture_rejected(cap, "all_reduce", [&] {
-    ctx().coll.all_reduce(a.p, b.p, full.numel(), DType::bf16, ReduceOp::sum, cap);
-  });
-  wt::expect_capture_rejected(cap, "all_gather", [&] { ctx().coll.all_gather(a.p, b.p, full, 0, DType::bf16, cap); });
-  wt::expect_capture_rejected(cap, "reduce_scatter", [&] {
-    ctx().coll.reduce_scatter(b.p, a.p, full, 0, DType::bf16, ReduceOp::sum, cap);
-  });
-  WEAVE_CUDA_CHECK(cudaStreamDestroy(cap));
-  comm().barrier();
-  EXPECT_EQ(unpoisoned(b.p, b.bytes), 0u) << "a rejected call wrote its output";
-}
-
 }  // namespace

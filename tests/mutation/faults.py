@@ -187,14 +187,37 @@ FAULTS = [
         "what": "LL/LL128 scratch parity flips every second call: calls 2k and 2k+1 share a slot, so a fast rank "
                 "overwrites lines a slow peer has not read yet (back-to-back calls; a race)",
         "edits": [{
-            "file": "kernels/collectives/collectives.cu",
-            "find": "const size_t parity = ll_calls & 1;",
-            "replace": "const size_t parity = (ll_calls >> 1) & 1;",
+            "file": "kernels/collectives/plan.hpp",
+            "find": "return static_cast<int>(n & 1);",
+            "replace": "return static_cast<int>((n >> 1) & 1);",
         }],
-        "tests": ["test_collectives"],
+        "tests": ["test_collectives_schedule", "test_collectives", "test_collectives_graph"],
         "bench": [{"ranks": 2, "args": "collectives --sizes 64K --kernels all_reduce,all_gather --ar-algo ll "
                                        "--ag-algo ll128 --target-ms 5 --repeats 2"}],
         "repeat": 2,
+    },
+    {
+        "name": "collectives_call_counts_not_advanced",
+        "what": "the last block of a collective never applies the call's increments to the device counts "
+                "(state.cuh, leave): every later call waits for counts the first call already met and takes "
+                "the first call's LL flag and parity",
+        "edits": [{
+            "file": "kernels/collectives/state.cuh",
+            "find": "  advance(*st);",
+            "replace": "  (void)advance;",
+        }],
+        "tests": ["test_collectives_graph", "test_collectives"],
+    },
+    {
+        "name": "ll_restart_never_zeroes",
+        "what": "the LL scratch restart never happens (ll_restart_at always false): after 2 (2^32 - 1) calls a stale "
+                "line passes for a new one",
+        "edits": [{
+            "file": "kernels/collectives/plan.hpp",
+            "find": "return n > 1 && (n - 1) % (2ull * period) == 0;",
+            "replace": "return false && n > 1 && (n - 1) % (2ull * period) == 0;",
+        }],
+        "tests": ["test_collectives_schedule", "test_collectives_graph"],
     },
     {
         "name": "all_gather_ragged_rank_offset",

@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <map>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "collectives/plan.hpp"
@@ -466,35 +468,33 @@ TEST(Schedule, LL128LineLayout) {
   }
 }
 
-// LL flags: never 0, consecutive calls alternate slot parity, and no flag repeats without a
-// restart (a scratch zeroing): the numbering wraps only through a restart, back to 1.
+// LL flags: never 0; consecutive calls alternate slot parity; a (flag, parity) pair comes back only
+// after a restart (a zeroing of every scratch) in between, so no stale line passes for a new one.
 TEST(Schedule, LLFlagsAlternateParityAndRestartBeforeRepeating) {
-  bool restart = true;
-  unsigned f = ll_next_flag(0, &restart);  // the first call after the scratch was zeroed
-  EXPECT_EQ(f, 1u);
-  EXPECT_FALSE(restart);
-  for (unsigned last : {1u, 2u, 12345u, 0x7FFFFFFFu, 0x80000000u, 0xFFFFFFFDu, 0xFFFFFFFEu}) {
-    const unsigned next = ll_next_flag(last, &restart);
-    EXPECT_FALSE(restart) << last;
-    EXPECT_NE(next, 0u);
-    EXPECT_EQ(next, last + 1);
-    EXPECT_NE(next & 1, last & 1) << "two calls in a row on one slot parity";
+  for (unsigned period : {3u, 5u, 7u, 101u}) {
+    std::map<std::pair<unsigned, int>, unsigned long long> last_use;
+    unsigned long long last_restart = 0;
+    int restarts = 0;
+    for (unsigned long long n = 1; n <= 20ull * period + 3; ++n) {
+      const unsigned f = ll_flag(n, period);
+      EXPECT_NE(f, 0u);
+      EXPECT_LE(f, period);
+      if (n > 1) EXPECT_NE(ll_parity(n), ll_parity(n - 1)) << "two calls in a row on one slot parity";
+      if (ll_restart_at(n, period)) last_restart = n, ++restarts;
+      const auto key = std::make_pair(f, ll_parity(n));
+      const auto it = last_use.find(key);
+      if (it != last_use.end()) EXPECT_GT(last_restart, it->second) << "period " << period << ", call " << n;
+      last_use[key] = n;
+    }
+    EXPECT_EQ(restarts, 10) << period;
   }
-  // 0xFFFFFFFF -> 1 keeps the parity: allowed only because the restart drains and zeroes first.
-  f = ll_next_flag(0xFFFFFFFFu, &restart);
-  EXPECT_TRUE(restart);
-  EXPECT_EQ(f, 1u);
-  // The sequence across the wrap, as the host drives it: 2^32 - 1 distinct flags per epoch.
-  unsigned last = 0xFFFFFFF0u;
-  int restarts = 0;
-  for (int i = 0; i < 40; ++i) {
-    const unsigned next = ll_next_flag(last, &restart);
-    restarts += restart;
-    EXPECT_NE(next, 0u);
-    if (!restart) EXPECT_NE(next & 1, last & 1);
-    last = next;
-  }
-  EXPECT_EQ(restarts, 1);
+  // The period in use: flags 1 .. 2^32 - 1, the first restart at call 2 * (2^32 - 1) + 1.
+  EXPECT_EQ(ll_flag(1, kLLFlagPeriod), 1u);
+  EXPECT_EQ(ll_flag(kLLFlagPeriod, kLLFlagPeriod), 0xFFFFFFFFu);
+  EXPECT_EQ(ll_flag(kLLFlagPeriod + 1ull, kLLFlagPeriod), 1u);
+  EXPECT_FALSE(ll_restart_at(1, kLLFlagPeriod));
+  EXPECT_FALSE(ll_restart_at(kLLFlagPeriod + 1ull, kLLFlagPeriod));
+  EXPECT_TRUE(ll_restart_at(2ull * kLLFlagPeriod + 1, kLLFlagPeriod));
 }
 
 // ---------------------------------------------------------------------------------------------

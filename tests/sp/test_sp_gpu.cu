@@ -7,7 +7,8 @@
 // Ragged S, zigzag and contiguous sharding, causal and not, GQA (incl. Hkv < W), D 64 and 128,
 // outputs poisoned (NaN) first; 50 back-to-back launches alternating two input sets, the output
 // re-poisoned before each launch and each launch checked on its own (monotonic counters, buffer
-// reuse); shapes that differ across ranks and Hq % W != 0 rejected before any launch.
+// reuse); the same captured in a CUDA graph and replayed; shapes that differ across ranks and
+// Hq % W != 0 rejected before any launch.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -402,32 +403,121 @@ TEST(SpGpu, BadInputRejectedBeforeLaunch) {
   wt::settle();
 }
 
-// A call on a stream that is capturing a CUDA graph is rejected on every rank with nothing
-// captured (its signal rounds are fixed when it is enqueued: a replay would reuse them), and
-// the objects work afterwards.
-TEST(SpGpu, GraphCaptureRejected) {
+// Ring (zigzag, causal) and Ulysses (non-causal) captured in one CUDA graph after an eager call
+// of each shape, replayed N times with the two input sets copied alternately into the captured
+// inputs and the outputs poisoned first; each replay's output is copied aside and checked against
+// its own set's reference (the rounds are read on the device). Between replays, eager calls of the
+// captured shapes and ring calls of another length (another gathered-buffer layout: the device
+// drain before own rows are copied in); a graph captured and never replayed. A shape's first call
+// under capture is refused with nothing captured.
+TEST(SpGpu, GraphCaptureAndReplay) {
   auto& comm = wt::comm();
-  const int W = comm.world();
-  const weave::sp::RingShape rs{1, 256 * W, 2, 2, 64};
-  const weave::sp::UlyssesShape us{1, 256 * W, 2 * W, 2 * W, 64};
-  Sym bq(size_t(1) << 20), bk(size_t(1) << 20), bv(size_t(1) << 20), bo(size_t(1) << 20), bl(size_t(1) << 20);
-  bf16 *q = bq.as<bf16>(), *k = bk.as<bf16>(), *v = bv.as<bf16>(), *o = bo.as<bf16>();
+  const int W = comm.world(), r = comm.rank();
+  const uint64_t seed = wt::job_seed();
+  const int B = 1, S = 1000, Hq = 4, Hkv = 2, D = 128, N = 30;
+  const Full f0(B, S, Hq, Hkv, D, weave::check::derive(seed, 11)), f1(B, S, Hq, Hkv, D, weave::check::derive(seed, 12));
+  cudaStream_t st;  // blocking: the default-stream copies and poisons below order with it
+  WEAVE_CUDA_CHECK(cudaStreamCreate(&st));
+  // Ring
+  const auto rr = ring_ranges(S, W, weave::sp::Sharding::Zigzag, r);
+  const AttnProblem rp = problem(f0, rr, true);
+  const weave::check::AttnRefRows rref[2] = {
+      aref().compute(rp, f0.q.as<bf16>(), f0.k.as<bf16>(), f0.v.as<bf16>(), row_ranges(rr)),
+      aref().compute(rp, f1.q.as<bf16>(), f1.k.as<bf16>(), f1.v.as<bf16>(), row_ranges(rr))};
+  const auto rin = upload(f0, f1, rr);
+  const long long L = rows_of(rr);
+  const size_t rq = size_t(B) * L * Hq * D, rkv = size_t(B) * L * Hkv * D, nl = size_t(B) * Hq * L;
+  Dev sq(rq * 2), sk(rkv * 2), sv(rkv * 2), ro(rq * 2), rl(nl * 4), ro_hist(rq * 2 * N), rl_hist(nl * 4 * N);
   weave::sp::RingAttention ra(comm);
+  weave::sp::RingOptions ropt;
+  ropt.causal = true;
+  ropt.num_comm_sms = 3;
+  // Ulysses
+  const auto sh = weave::sp::ulysses_shard(S, W, r);
+  const Ranges ur = {{sh.begin, sh.rows}};
+  const AttnProblem up = problem(f0, ur, false);
+  const weave::check::AttnRefRows uref[2] = {
+      aref().compute(up, f0.q.as<bf16>(), f0.k.as<bf16>(), f0.v.as<bf16>(), row_ranges(ur)),
+      aref().compute(up, f1.q.as<bf16>(), f1.k.as<bf16>(), f1.v.as<bf16>(), row_ranges(ur))};
+  const auto uin = upload(f0, f1, ur);
+  const size_t uq = size_t(B) * sh.rows * Hq * D, ukv = size_t(B) * sh.rows * Hkv * D,
+               omax = size_t(B) * (S / W + 1) * Hq * D;
+  Dev tq(uq * 2), tk(ukv * 2), tv(ukv * 2), uo_hist(uq * 2 * N);
+  Sym uo(omax * 2);
   weave::sp::Ulysses u(comm);
-  weave::sp::RingOptions ro;
-  ro.num_comm_sms = 4;
-  weave::sp::UlyssesOptions uo;
-  uo.num_comm_sms = 4;
-  cudaStream_t st;
-  WEAVE_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  wt::expect_capture_rejected(st, "ring_attention", [&] { ra.forward(q, k, v, o, bl.as<float>(), rs, ro, st); });
-  wt::expect_capture_rejected(st, "ulysses", [&] { u.forward(q, k, v, o, us, uo, st); });
-  WEAVE_CUDA_CHECK(cudaMemsetAsync(q, 0, size_t(1) << 20, st));
-  WEAVE_CUDA_CHECK(cudaMemsetAsync(k, 0, size_t(1) << 20, st));
-  WEAVE_CUDA_CHECK(cudaMemsetAsync(v, 0, size_t(1) << 20, st));
-  ra.forward(q, k, v, o, bl.as<float>(), rs, ro, st);
-  u.forward(q, k, v, o, us, uo, st);
+  weave::sp::UlyssesOptions uopt;
+  uopt.num_comm_sms = 2;
+  // Another ring layout for the eager calls in between (its own inputs, checked once at the end).
+  const int S2 = 777;
+  const Full g2(B, S2, Hq, Hkv, D, weave::check::derive(seed, 13));
+  const auto rr2 = ring_ranges(S2, W, weave::sp::Sharding::Zigzag, r);
+  const auto q2 = take_rows(g2.q, B, S2, Hq, D, rr2), k2 = take_rows(g2.k, B, S2, Hkv, D, rr2),
+             v2 = take_rows(g2.v, B, S2, Hkv, D, rr2);
+  const long long L2 = rows_of(rr2);
+  Dev o2(size_t(B) * L2 * Hq * D * 2), l2(size_t(B) * Hq * L2 * 4);
+
+  auto ring_call = [&] { ra.forward(sq.as<bf16>(), sk.as<bf16>(), sv.as<bf16>(), ro.as<bf16>(), rl.as<float>(),
+                                    {B, S, Hq, Hkv, D}, ropt, st); };
+  auto uly_call = [&] { u.forward(tq.as<bf16>(), tk.as<bf16>(), tv.as<bf16>(), uo.as<bf16>(), {B, S, Hq, Hkv, D}, uopt,
+                                  st); };
+  auto set_inputs = [&](int s) {
+    Dev* dst[6] = {&sq, &sk, &sv, &tq, &tk, &tv};
+    const size_t bytes[6] = {rq * 2, rkv * 2, rkv * 2, uq * 2, ukv * 2, ukv * 2};
+    for (int j = 0; j < 6; ++j)
+      WEAVE_CUDA_CHECK(cudaMemcpyAsync(dst[j]->p, (j < 3 ? rin : uin)[3 * s + j % 3]->p, bytes[j],
+                                       cudaMemcpyDeviceToDevice));
+    weave::check::poison(ro.as<bf16>(), rq);
+    weave::check::poison(rl.as<float>(), nl);
+    weave::check::poison(uo.as<bf16>(), omax);
+  };
+  {  // a first call under capture: refused, nothing captured
+    const auto [msg, nodes] = wt::under_capture(st, ring_call);
+    EXPECT_NE(msg.find("eager call"), std::string::npos) << msg;
+    EXPECT_EQ(nodes, 0u) << "the refused ring call captured something";
+    wt::settle();
+  }
+  set_inputs(0);
+  ring_call();
+  uly_call();
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  WEAVE_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  ring_call();
+  uly_call();
+  WEAVE_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
+  WEAVE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int i = 0; i < N; ++i) {
+    set_inputs(i % 2);
+    WEAVE_CUDA_CHECK(cudaGraphLaunch(exec, st));
+    WEAVE_CUDA_CHECK(cudaMemcpyAsync(ro_hist.as<bf16>() + i * rq, ro.p, rq * 2, cudaMemcpyDeviceToDevice, st));
+    WEAVE_CUDA_CHECK(cudaMemcpyAsync(rl_hist.as<float>() + i * nl, rl.p, nl * 4, cudaMemcpyDeviceToDevice, st));
+    WEAVE_CUDA_CHECK(cudaMemcpyAsync(uo_hist.as<bf16>() + i * uq, uo.p, uq * 2, cudaMemcpyDeviceToDevice, st));
+    if (i % 5 == 2) {  // eager calls in between: another layout, then the captured shapes
+      ra.forward(q2->as<bf16>(), k2->as<bf16>(), v2->as<bf16>(), o2.as<bf16>(), l2.as<float>(), {B, S2, Hq, Hkv, D},
+                 ropt, st);
+      set_inputs(1 - i % 2);
+      ring_call();
+      uly_call();
+    }
+    if (i == N / 2) {  // captured, never replayed
+      cudaGraph_t unplayed = nullptr;
+      WEAVE_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+      ring_call();
+      uly_call();
+      WEAVE_CUDA_CHECK(cudaStreamEndCapture(st, &unplayed));
+      WEAVE_CUDA_CHECK(cudaGraphDestroy(unplayed));
+    }
+  }
   WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
+  wt::settle();
+  const bool ring_ok = check_history(rp, rref, ro_hist, rq, &rl_hist, nl, N, "ring graph replays");
+  const bool uly_ok = check_history(up, uref, uo_hist, uq, nullptr, 0, N, "ulysses graph replays");
+  const AttnReport rep2 = aref().check(problem(g2, rr2, true), g2.q.as<bf16>(), g2.k.as<bf16>(), g2.v.as<bf16>(),
+                                       row_ranges(rr2), o2.as<bf16>(), l2.as<float>());
+  report(rep2, "ring of another length between replays");
+  all_ranks(ring_ok && uly_ok && rep2.ok(), "graph capture and replay");
+  WEAVE_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  WEAVE_CUDA_CHECK(cudaGraphDestroy(graph));
   WEAVE_CUDA_CHECK(cudaStreamDestroy(st));
   wt::settle();
 }

@@ -36,10 +36,11 @@ inline bool capturing(cudaStream_t s) {
   return st != cudaStreamCaptureStatusNone;
 }
 
-// For the operators whose rounds are still host-only (collectives, ring and Ulysses attention):
-// stream capture is rejected, since a replayed graph would wait for rounds already met (reading
-// whatever is in the buffers) or never sent. Part of a call's local checks, so every rank rejects
-// it together. The TP kernels take device rounds under capture (SignalSet::next_round).
+// For the operators whose rounds are still host-only (the MoE exchange): stream capture is
+// rejected, since a replayed graph would wait for rounds already met (reading whatever is in the
+// buffers) or never sent. Part of a call's local checks, so every rank rejects it together. The
+// TP and sequence-parallel kernels take device rounds under capture (SignalSet::next_round), the
+// collectives keep their counts on the device (collectives/state.cuh).
 inline void check_not_capturing(const char* who, cudaStream_t s) {
   cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
   WEAVE_CUDA_CHECK(cudaStreamIsCapturing(s, &st));

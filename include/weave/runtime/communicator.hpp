@@ -178,7 +178,9 @@ class SignalSet {
   // The next round of a launch on `s` (`capturing`: whether `s` is capturing a CUDA graph): the
   // host's number until the set's first captured launch; from then on (the host can no longer
   // know how often a graph is replayed) a one-thread kernel on `s` advances the set's round cell
-  // to max(cell + 1, the host's count), and the launch reads the cell (Round). Every rank's
+  // to max(cell + 1, floor), and the launch reads the cell (Round). The floor is the eager
+  // launches' count (with this one; a captured launch: the count at capture + 1), so the cell
+  // equals the launches run, whether a graph is replayed many times or never. Every rank's
   // launches of a set come in the same order, so the cells agree.
   Round next_round(cudaStream_t s, bool capturing);
   bool device_rounds() const { return device_rounds_; }

@@ -63,6 +63,16 @@ double time_launches(Communicator& c, cudaStream_t s, F&& launch, SamplePlan& pl
 using TunePlans = std::map<std::pair<int, int>, SamplePlan>;
 inline SamplePlan& plan_of(TunePlans& p, const TuneCandidate& t) { return p[{t.variant, t.num_comm_sms}]; }
 
+// Under a CUDA graph capture, which cannot time launches: the choice an eager call cached under
+// `key` for this candidate set, or an error that says what to do (`what`: the call, for it).
+inline TuneResult captured_choice(const std::string& key, const std::vector<TuneCandidate>& cands,
+                                  const std::string& what) {
+  TuneResult r;
+  WEAVE_CHECK(Tuner::global().lookup(key, &r) && r.candidates == candidate_set(cands), what,
+              ": the first call of this shape tunes (timed launches), which a CUDA graph capture cannot do; make one "
+              "eager call of this shape first, or fix the configuration (num_comm_sms, variant)");
+  return r;
+}
 inline std::string device_key(const Communicator& c) {
   std::string n = c.props().name;
   for (auto& ch : n)
