@@ -240,6 +240,26 @@ def test_compile_fullgraph(comm, seed):
     check_close(out, f(A, W), 0, "compiled vs eager")
 
 
+def test_compile_reduce_overhead(comm, seed):
+    """torch.compile(mode="reduce-overhead"): inductor's CUDA graph trees record weave's ops after
+    their warm-up runs and replay them; every call's result is checked with new inputs."""
+    x = torch.empty((4099,), dtype=BF, device="cuda")
+    A = torch.empty((129, 72), dtype=BF, device="cuda")
+    W = rand((200, 72), BF, seed, "W")
+
+    def f(x, a, w):
+        return weave.all_reduce(x) * 2, weave.matmul(a, w.t())
+
+    g = torch.compile(f, mode="reduce-overhead", fullgraph=True)
+    for i in range(8):
+        x.copy_(rand(x.shape, BF, seed, "x", i))
+        A.copy_(rand(A.shape, BF, seed, "A", i))
+        y, c = g(x, A, W)
+        torch.cuda.synchronize()
+        assert torch.equal(y, x * 2), f"all_reduce, call {i}"
+        check_gemm(c, A, W.t(), f"matmul, call {i}")
+
+
 def test_errors_on_gpu(comm):
     with pytest.raises(ValueError, match="not contiguous"):
         weave.all_reduce(torch.ones(8, 4, device="cuda").t())
