@@ -70,7 +70,7 @@ struct MoeExchange::Impl {
         meta(comm, static_cast<size_t>(conf.capacity)),
         dsig(comm.signals("moe.dispatch", 2)),
         csig(comm.signals("moe.combine", 2)),
-        fsig(comm.signals("moe.dispatch_gemm", 2 * (conf.experts / comm.world() > 0 ? conf.experts / comm.world() : 1))) {
+        fsig(comm.signals("moe.dispatch_gemm", 2 * (conf.experts / comm.world()))) {  // check_config: E % W == 0
     if (cfg.output_buffer) yout.emplace(comm, static_cast<size_t>(cfg.capacity) * cfg.hidden);
     std::vector<int> sms(c.world());
     const int mine = c.sm_count();
@@ -145,15 +145,12 @@ Dispatched MoeExchange::dispatch(const bf16* x, const int* topk_idx, int T, cuda
     m.c.check_buffer("moe dispatch", "x", x, static_cast<size_t>(T) * cf.hidden * sizeof(bf16));
     m.c.check_buffer("moe dispatch", "topk_idx", topk_idx, static_cast<size_t>(T) * cf.topk * sizeof(int));
   });
-  if (fuse) {
-    std::vector<long long> values{cf.experts, cf.hidden, cf.topk, cf.max_tokens, cf.capacity};
-    values.insert(values.end(), fused.values.begin(), fused.values.end());
-    m.c.agree_call(fused.op, "E, H, k, max_tokens, capacity, " + fused.what, values,
-                   problem.empty() ? fused.problem : problem, s);
-  } else {
-    m.c.agree_call("moe.dispatch", "E, H, k, max_tokens, capacity",
-                   {cf.experts, cf.hidden, cf.topk, cf.max_tokens, cf.capacity}, problem, s);
-  }
+  // A fused call is its own operator: its name, values and problem (a FusedDispatch{} has none).
+  std::vector<long long> values{cf.experts, cf.hidden, cf.topk, cf.max_tokens, cf.capacity};
+  values.insert(values.end(), fused.values.begin(), fused.values.end());
+  m.c.agree_call(fuse ? fused.op : "moe.dispatch",
+                 "E, H, k, max_tokens, capacity" + (fuse ? ", " + fused.what : std::string()), values,
+                 problem.empty() ? fused.problem : problem, s);
   m.order.before(s);
   detail::DispatchArgs a{};
   a.x = x;

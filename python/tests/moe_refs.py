@@ -119,6 +119,17 @@ def check_moe(out: torch.Tensor, x, idx, w, up, down, what: str) -> None:
                              f"(bound {float(bound[t, c])})")
 
 
+def check_fused_and_plain(fused, plain, x, idx, w, up, down, up_all, down_all, what: str) -> None:
+    """The fused and the non-fused layer on the same call (`up`, `down`: this rank's experts;
+    `up_all`, `down_all`: every expert's, for the reference): each against the reference, and
+    the two bit for bit equal."""
+    out = fused(x, idx, w, up, down)
+    ref = plain(x, idx, w, up, down)
+    check_moe(out, x, idx, w, up_all, down_all, "fused " + what)
+    check_moe(ref, x, idx, w, up_all, down_all, "non-fused " + what)
+    assert torch.equal(out, ref), f"{what}: fused and non-fused outputs differ"
+
+
 def swiglu_torch(g: torch.Tensor, F: int) -> torch.Tensor:
     """silu(gate) * up of the up projection's (R, 2F) bf16 output (gate first), in fp32, bf16 out."""
     gf = g.float()

@@ -223,3 +223,63 @@ def test_sequence_parallel_grads_world1(comm, seed, causal):
     ref = attention_grads_ref(q, k, v, do, None, causal)
     grads = torch.autograd.grad(weave.ulysses_attention(q, k, v, causal), [q, k, v], do)
     check_attention_grads(grads, ref[2:], f"ulysses causal={causal}")
+
+
+class _Block(nn.Module):
+    """A small sequence-parallel TP block (examples/torch/tp_block.py's layout at W = 1): LayerNorm,
+    qkv, Ulysses attention, out, residual; LayerNorm, column-parallel up, GELU, row-parallel down,
+    residual. x (S, hidden)."""
+
+    def __init__(self, hidden: int, ffn: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(hidden).to("cuda", BF), nn.LayerNorm(hidden).to("cuda", BF)
+        self.qkv = nn.Linear(hidden, 3 * hidden, bias=False).to("cuda", BF)
+        self.out = nn.Linear(hidden, hidden, bias=False).to("cuda", BF)
+        self.up = weave.nn.ColumnParallelLinear(hidden, ffn, device="cuda")
+        self.down = weave.nn.RowParallelLinear(ffn, hidden, device="cuda")
+
+    def forward(self, x):
+        S, H = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(1, S, 3, self.heads, H // self.heads).unbind(2)
+        h = x + self.out(weave.ulysses_attention(q.contiguous(), k.contiguous(), v.contiguous(), True).view(S, H))
+        return h + self.down(torch.nn.functional.gelu(self.up(self.ln2(h))))
+
+
+def test_compile_fullgraph_block(comm, seed):
+    """The block compiled whole (torch.compile(fullgraph=True), aot_eager) gives the eager block's
+    output and gradients: every weave operator traced through its fake implementation, the
+    modules' autograd functions included."""
+    torch.manual_seed(seed)
+    block = _Block(256, 512, 2)
+    x = rand((200, 256), BF, seed, "x").requires_grad_()
+    dy = rand((200, 256), BF, seed, "dy")
+    y = block(x)
+    grads = torch.autograd.grad(y, [x, *block.parameters()], dy)
+    compiled = torch.compile(block, backend="aot_eager", fullgraph=True)
+    y2 = compiled(x)
+    grads2 = torch.autograd.grad(y2, [x, *block.parameters()], dy)
+    check_close(y2, y, 2.0 ** -7 * y.float().abs() + 1e-3, "compiled block y")
+    for (name, _), g, g2 in zip([("x", None), *block.named_parameters()], grads, grads2):
+        check_close(g2, g, 2.0 ** -6 * g.float().abs() + 1e-2 * rms(g), f"compiled block d{name}")
+
+
+@pytest.mark.parametrize("fn", ["ring", "ulysses"])
+def test_compile_fullgraph_sp_attention_grads(comm, seed, fn):
+    """ring_attention and ulysses_attention compiled (fullgraph, aot_eager): output and q, k, v
+    gradients equal the eager ones."""
+    q, k, v = qkv(1, 333, 4, 2, 128, seed)
+    do = rand(q.shape, BF, seed, "do")
+
+    def f(q, k, v):
+        return weave.ring_attention(q, k, v, True)[0] if fn == "ring" else weave.ulysses_attention(q, k, v, True)
+
+    xs = [t.clone().requires_grad_() for t in (q, k, v)]
+    y = f(*xs)
+    grads = torch.autograd.grad(y, xs, do)
+    xs2 = [t.clone().requires_grad_() for t in (q, k, v)]
+    y2 = torch.compile(f, backend="aot_eager", fullgraph=True)(*xs2)
+    grads2 = torch.autograd.grad(y2, xs2, do)
+    check_close(y2, y, 0, f"compiled {fn} o")
+    for name, g, g2 in zip("qkv", grads, grads2):
+        check_close(g2, g, 2.0 ** -7 * g.float().abs() + 1e-3 * rms(g), f"compiled {fn} d{name}")

@@ -19,7 +19,7 @@ import weave  # noqa: E402
 from refs import qkv, rand  # noqa: E402
 from test_autograd_gpu import (  # noqa: E402
     attention_grads_ref, check_attention_grads, check_bf16, check_linear_grads, full_linear, gemm_size, linear_ref)
-from test_multirank import env, rows_of, world  # noqa: E402,F401  (fixtures)
+from test_multirank import env, rows_of  # noqa: E402,F401  (env: a fixture; world comes from conftest.py)
 
 pytestmark = pytest.mark.gpu
 BF = torch.bfloat16

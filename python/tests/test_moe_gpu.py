@@ -16,7 +16,8 @@ import pytest
 import torch
 
 import weave
-from moe_refs import BF, F32, I32, check_moe, expert_weights, grouped_rows, routing, swiglu_torch, tokens
+from moe_refs import (BF, F32, I32, check_fused_and_plain, check_moe, expert_weights, grouped_rows, routing,
+                      swiglu_torch, tokens)
 
 pytestmark = pytest.mark.gpu
 
@@ -39,12 +40,7 @@ def test_layer_forward(make, seed, k, kind):
     for i, T in enumerate((300, 77, 320)):  # back to back, T changing, not multiples of 128
         x = tokens(T, H, seed, i)
         idx, w = routing(T, k, E, kind, seed, i, hot=5)
-        out = fused(x, idx, w, up, down)
-        ref = plain(x, idx, w, up, down)
-        what = f"k={k} {kind} T={T} call {i}"
-        check_moe(out, x, idx, w, up, down, "fused " + what)
-        check_moe(ref, x, idx, w, up, down, "non-fused " + what)
-        assert torch.equal(out, ref), f"{what}: fused and non-fused outputs differ"
+        check_fused_and_plain(fused, plain, x, idx, w, up, down, up, down, f"k={k} {kind} T={T} call {i}")
     fused.check()
     plain.check()
 

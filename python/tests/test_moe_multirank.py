@@ -19,7 +19,8 @@ import torch
 import torch.distributed as dist
 
 import weave
-from moe_refs import BF, F32, I32, check_moe, expert_weights, grouped_rows, routing, swiglu_torch, tokens
+from moe_refs import (BF, F32, I32, check_fused_and_plain, check_moe, expert_weights, grouped_rows, routing,
+                      swiglu_torch, tokens)
 
 if "WORLD_SIZE" not in os.environ:
     pytest.skip("multi-rank tests run under torchrun (see the module's docstring)", allow_module_level=True)
@@ -56,12 +57,8 @@ def test_layer(world, make, k, kind, zero):
     plain = make(E, H, F, k, max_tokens, capacity=fused.capacity, fused=False)
     for i in range(3):  # back to back, routing changing
         x, idx, w = every_rank(W, T0 - 50 * i, k, E, H, kind, seed, i, zero_rank=W - 1 if zero else -1)[rank]
-        out = fused(x, idx, w, up[mine], down[mine])
-        ref = plain(x, idx, w, up[mine], down[mine])
-        what = f"rank {rank} k={k} {kind} call {i}"
-        check_moe(out, x, idx, w, up, down, "fused " + what)
-        check_moe(ref, x, idx, w, up, down, "non-fused " + what)
-        assert torch.equal(out, ref), f"{what}: fused and non-fused outputs differ"
+        check_fused_and_plain(fused, plain, x, idx, w, up[mine], down[mine], up, down,
+                              f"rank {rank} k={k} {kind} call {i}")
     fused.check()
     plain.check()
 
