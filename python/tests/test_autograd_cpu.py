@@ -184,11 +184,14 @@ def test_ring_backward_simulated(world, S, sharding, causal):
 
 
 def test_ring_positions_match_ring_chunks(as_rank):
-    for zigzag, sharding in ((True, "zigzag"), (False, "contiguous")):
-        positions = wag.ring_positions(101, 3, zigzag)
-        for r in range(3):
-            as_rank(r, 3)
-            assert positions[r] == [i for b, n in weave.ring_chunks(101, sharding) for i in range(b, b + n)]
+    for world in (1, 2, 3, 4, 8):
+        for S in (2 * world, 2 * world + 1, 101, 1000, 4099):
+            for zigzag, sharding in ((True, "zigzag"), (False, "contiguous")):
+                positions = wag.ring_positions(S, world, zigzag)
+                for r in range(world):
+                    as_rank(r, world)
+                    want = [i for b, n in weave.ring_chunks(S, sharding) for i in range(b, b + n)]
+                    assert positions[r] == want, f"S={S} W={world} {sharding} rank {r}"
 
 
 @pytest.mark.parametrize("world, S, Hq, Hkv", [(2, 37, 4, 2), (2, 37, 4, 1), (3, 40, 6, 3), (3, 40, 6, 2),

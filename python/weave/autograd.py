@@ -102,18 +102,20 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: to
     return dq, dk, dv
 
 
-@torch._dynamo.assume_constant_result  # torch.compile runs it while tracing (it calls weave._C)
 def ring_positions(S: int, world: int, zigzag: bool) -> list[list[int]]:
-    """Per rank, the global positions of its local rows in ring_attention's order (ring_chunks)."""
-    C = lib()
-    out = []
-    for r in range(world):
-        rows: list[int] = []
-        for i in range(C.ring_chunks_per_rank(zigzag)):
-            first, n = C.ring_chunk(S, world, zigzag, r, i)
-            rows += range(first, first + n)
-        out.append(rows)
-    return out
+    """Per rank, the global positions of its local rows in ring_attention's order (ring_chunks):
+    S split into n near-equal chunks (the first S % n one row longer), n = 2W with rank r holding
+    chunks r and 2W-1-r (zigzag), else W with rank r holding chunk r. ring_attention/schedule.hpp's
+    rule in plain Python, so that torch.compile traces the backward (it cannot trace a call into
+    weave._C); test_ring_positions_match_ring_chunks compares the two."""
+    n = 2 * world if zigzag else world
+    q, rem = divmod(S, n)
+
+    def chunk(j: int) -> range:
+        begin = j * q + min(j, rem)
+        return range(begin, begin + q + (1 if j < rem else 0))
+
+    return [[p for j in ((r, n - 1 - r) if zigzag else (r,)) for p in chunk(j)] for r in range(world)]
 
 
 def ring_backward(q, k, v, do, lse, causal, scale, S: int, zigzag: bool, rank: int, world: int, group: str, *,
