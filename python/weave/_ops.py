@@ -137,7 +137,7 @@ def _current_stream(device: int) -> torch.cuda.Stream:
 
 def direct(*tensors: torch.Tensor) -> bool:
     """Whether a call may run its kernel directly rather than through torch.ops.weave, whose
-    dispatch costs ~6 us per call (python/README.md, "Overhead"): plain eager mode (nothing
+    dispatch cost 1.5-6 us per call (docs/perf-notes.md, sixth session): plain eager mode (nothing
     compiling, tracing, or in a torch function or dispatch mode) on plain CUDA tensors that need no
     gradient. The public functions (weave.functional) take it; the results are the same."""
     if (torch.compiler.is_compiling() or torch._C._get_tracing_state() is not None
