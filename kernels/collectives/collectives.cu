@@ -286,12 +286,16 @@ struct Collectives::Impl {
 
   CallState* call_state() { return reinterpret_cast<CallState*>(state.data()); }
 
-  // An LL-family call's common arguments: the slots of both parities in `scratch` (slot[p][q]:
-  // where this rank's lines go in q's scratch, mine[p][r]: where rank r's lines arrive here), the
-  // device count, and what a restart zeroes (every LL-family scratch of this rank). The call's
-  // own buffers are this rank's alone (local_buffers).
-  LLCommon ll_common(runtime::SymmetricTensor<unsigned long long>& scratch, size_t slot_words) {
-    LLCommon c{};
+  // An LL-family call's arguments (LLArgs or LLShardArgs) but its size or plan: its buffers, this
+  // rank's alone (local_buffers); the slots of both parities in `scratch` (slot[p][q]: where this
+  // rank's lines go in q's scratch, mine[p][r]: where rank r's lines arrive here); the device
+  // count; and what a restart zeroes (every LL-family scratch of this rank).
+  template <class Args>
+  Args ll_args(const void* in, void* out, runtime::SymmetricTensor<unsigned long long>& scratch, size_t slot_words) {
+    Args a{};
+    a.in = static_cast<const unsigned char*>(in);
+    a.out = static_cast<unsigned char*>(out);
+    LLCommon& c = a.ll;
     const int W = comm.world(), me = comm.rank();
     const runtime::PeerPtrs sp = comm.peers(scratch.data(), scratch.bytes());
     for (int p = 0; p < 2; ++p)
@@ -309,7 +313,7 @@ struct Collectives::Impl {
       c.zero[1] = ll128_scratch->data();
       c.zero_words[1] = ll128_scratch->size();
     }
-    return c;
+    return a;
   }
   // Scratch that only an eager call may make (it allocates, zeroes and synchronizes): under
   // capture a call that would need it is an error on every rank (every rank's state is the same).
@@ -326,10 +330,7 @@ struct Collectives::Impl {
   }
 
   void ll_all_reduce(const void* in, void* out, long long bytes, DType t, ReduceOp op, cudaStream_t s) {
-    LLArgs a{};
-    a.in = static_cast<const unsigned char*>(in);
-    a.out = static_cast<unsigned char*>(out);
-    a.ll = ll_common(ll_scratch, kLLLines);
+    LLArgs a = ll_args<LLArgs>(in, out, ll_scratch, kLLLines);
     a.bytes = bytes;
     const int blocks = line_blocks((bytes + 3) / 4, kLLThreads);
     by_type_and_op(t, op,
@@ -339,10 +340,7 @@ struct Collectives::Impl {
   // LL all_gather (gather) or reduce_scatter; the grid covers one rank's share of the lines.
   void ll_shard(bool gather, const LLPlan& plan, const void* in, void* out, DType t,
                 ReduceOp op, cudaStream_t s) {
-    LLShardArgs a{};
-    a.in = static_cast<const unsigned char*>(in);
-    a.out = static_cast<unsigned char*>(out);
-    a.ll = ll_common(ll_scratch, kLLLines);
+    LLShardArgs a = ll_args<LLShardArgs>(in, out, ll_scratch, kLLLines);
     a.plan = plan;
     const int blocks = line_blocks(plan.max_lines, kLLThreads);
     if (gather) {
@@ -373,10 +371,7 @@ struct Collectives::Impl {
   static constexpr int kLL128LinesPerBlock = kLL128Threads / kLL128Pieces;
   void ll128_all_reduce(const void* in, void* out, long long bytes, DType t, ReduceOp op, cudaStream_t s) {
     ll128_ready(s);
-    LLArgs a{};
-    a.in = static_cast<const unsigned char*>(in);
-    a.out = static_cast<unsigned char*>(out);
-    a.ll = ll_common(*ll128_scratch, ll128_slot_words());
+    LLArgs a = ll_args<LLArgs>(in, out, *ll128_scratch, ll128_slot_words());
     a.bytes = bytes;
     a.lag = kLL128Lag;
     const int blocks = line_blocks(ll_lines((bytes + 3) / 4, kLL128Words), kLL128LinesPerBlock);
@@ -386,10 +381,7 @@ struct Collectives::Impl {
   }
   void ll128_shard(bool gather, const LLPlan& plan, const void* in, void* out, DType t, ReduceOp op, cudaStream_t s) {
     ll128_ready(s);
-    LLShardArgs a{};
-    a.in = static_cast<const unsigned char*>(in);
-    a.out = static_cast<unsigned char*>(out);
-    a.ll = ll_common(*ll128_scratch, ll128_slot_words());
+    LLShardArgs a = ll_args<LLShardArgs>(in, out, *ll128_scratch, ll128_slot_words());
     a.plan = plan;
     a.lag = kLL128Lag;
     const int blocks = line_blocks(plan.max_lines, kLL128LinesPerBlock);

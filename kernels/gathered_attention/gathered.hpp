@@ -98,6 +98,7 @@ void push_box(int D, int heads, int* box_heads, int* box_rows);
 // the current device: g.num_comm communicator CTAs and the rest compute. D is 64 or 128.
 // `take_rounds(g)` sets the rounds once every check passed, right before the launch: a call
 // rejected on every rank takes no round (the next call would wait for one nobody signals).
-void launch_gathered(GatheredGlobals& g, int D, cudaStream_t stream, const std::function<void(GatheredGlobals&)>& take_rounds);
+void launch_gathered(GatheredGlobals& g, int D, cudaStream_t stream,
+                     const std::function<void(GatheredGlobals&)>& take_rounds);
 
 }  // namespace weave::attention

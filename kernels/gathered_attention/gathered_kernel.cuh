@@ -92,7 +92,8 @@ struct GatheredKernel {
   // each (b, group) only: see produce_tile).
   static __device__ __forceinline__ void wait_slice(const GatheredGlobals& g, int ctr0, int s) {
     const int own = g.skip_self ? gathered::own_chunks_in_slice(g.S, g.n_chunks, s, g.mine, g.n_mine) : 0;
-    wait(g.ready, ctr0 + s, static_cast<unsigned long long>(g.ready_round) * (gathered::chunks_in_slice(g.S, g.n_chunks, s) - own));
+    const unsigned long long round = g.ready_round;
+    wait(g.ready, ctr0 + s, round * (gathered::chunks_in_slice(g.S, g.n_chunks, s) - own));
     tile::fence_proxy_async_global();  // TMA reads what the peers' TMA wrote
   }
 

@@ -252,15 +252,10 @@ RingLaunchInfo RingAttention::forward(const bf16* q, const bf16* k, const bf16* 
   const std::string key =
       runtime::tune_key("ring_attention", {s.B, s.S, s.Hq, s.Hkv, s.D, opt.causal, static_cast<int>(opt.sharding)}, W,
                         runtime::device_key(m.c));
-  runtime::TunePlans plans;
   const runtime::TuneResult t =
-      runtime::capturing(stream)
-          ? runtime::captured_choice(key, cands, "ring_attention")
-          : runtime::Tuner::global().choose(&m.c, key, cands, [&](const runtime::TuneCandidate& c) {
-              return runtime::time_launches(
-                  m.c, stream, [&] { m.launch(q, k, v, o, lse, s, opt, c.num_comm_sms, stream); },
-                  runtime::plan_of(plans, c));
-            });
+      runtime::tuned_choice(m.c, key, cands, stream, "ring_attention", [&](const runtime::TuneCandidate& c) {
+        m.launch(q, k, v, o, lse, s, opt, c.num_comm_sms, stream);
+      });
   RingLaunchInfo li = m.launch(q, k, v, o, lse, s, opt, t.choice.num_comm_sms, stream);
   li.tuned = true;
   return li;

@@ -175,10 +175,7 @@ LaunchInfo tuned_launch(runtime::Communicator& c, const char* kernel, const Opti
                                ", cannot be captured); make an eager call with a capturable Options::variant first (",
                                capture_rule(), ")"));
   }
-  runtime::TunePlans plans;
-  const runtime::TuneResult r = runtime::Tuner::global().choose(&c, key, cands, [&](const runtime::TuneCandidate& t) {
-    return runtime::time_launches(c, s, [&] { launch(t); }, runtime::plan_of(plans, t));
-  });
+  const runtime::TuneResult r = runtime::tuned_choice(c, key, cands, s, kernel, launch);
   // A choice a graph cannot capture: the first capturable candidate also runs once, at this
   // object's first eager call of the shape, so that its signal sets exist when a capture of the
   // shape looks for a fallback (a bounded search, or a choice from the cache file, may not have

@@ -183,15 +183,10 @@ UlyssesLaunchInfo Ulysses::forward(const bf16* q, const bf16* k, const bf16* v, 
     if (n <= m.c.sm_count() / 4) cands.push_back({0, n});
   const std::string key =
       runtime::tune_key("ulysses", {s.B, s.S, s.Hq, s.Hkv, s.D, opt.causal}, W, runtime::device_key(m.c));
-  runtime::TunePlans plans;
   const runtime::TuneResult t =
-      runtime::capturing(stream)
-          ? runtime::captured_choice(key, cands, "ulysses")
-          : runtime::Tuner::global().choose(&m.c, key, cands, [&](const runtime::TuneCandidate& c) {
-              return runtime::time_launches(
-                  m.c, stream, [&] { m.launch(q, k, v, o, s, opt, c.num_comm_sms, stream); },
-                  runtime::plan_of(plans, c));
-            });
+      runtime::tuned_choice(m.c, key, cands, stream, "ulysses", [&](const runtime::TuneCandidate& c) {
+        m.launch(q, k, v, o, s, opt, c.num_comm_sms, stream);
+      });
   UlyssesLaunchInfo li = m.launch(q, k, v, o, s, opt, t.choice.num_comm_sms, stream);
   li.tuned = true;
   return li;

@@ -19,32 +19,34 @@ from ._comm import GroupLike, group_name
 _ops_ns = torch.ops.weave
 
 
+def _kernel(name: str, *tensors: torch.Tensor):
+    """Operator `name`'s Python kernel itself in plain eager mode (_ops.direct: no dispatcher),
+    else the registered torch.ops.weave.<name>."""
+    return getattr(_ops, "_" + name) if _ops.direct(*tensors) else getattr(_ops_ns, name)
+
+
 def all_reduce(x: torch.Tensor, group: GroupLike = None) -> torch.Tensor:
     """The sum of x over the group's ranks (a new tensor). bf16, fp16 or fp32."""
-    op = _ops._all_reduce if _ops.direct(x) else _ops_ns.all_reduce
-    return op(x, group_name(group))
+    return _kernel("all_reduce", x)(x, group_name(group))
 
 
 def all_gather(x: torch.Tensor, dim: int = 0, group: GroupLike = None, *, full_size: Optional[int] = None) -> torch.Tensor:
     """The ranks' x concatenated along dim. Rank r's x holds shard(full_size, world, r) entries along
     dim (the first full_size % world ranks one more); full_size defaults to world * x.shape[dim]."""
-    op = _ops._all_gather if _ops.direct(x) else _ops_ns.all_gather
-    return op(x, dim, -1 if full_size is None else full_size, group_name(group))
+    return _kernel("all_gather", x)(x, dim, -1 if full_size is None else full_size, group_name(group))
 
 
 def reduce_scatter(x: torch.Tensor, dim: int = 0, group: GroupLike = None) -> torch.Tensor:
     """This rank's share along dim of the sum of x over the ranks: shard(x.shape[dim], world, rank)
     entries (the first x.shape[dim] % world ranks hold one more)."""
-    op = _ops._reduce_scatter if _ops.direct(x) else _ops_ns.reduce_scatter
-    return op(x, dim, group_name(group))
+    return _kernel("reduce_scatter", x)(x, dim, group_name(group))
 
 
 def all_to_all(x: torch.Tensor, direction: str = "seq_to_head", group: GroupLike = None, *,
                seq_len: Optional[int] = None) -> torch.Tensor:
     """Ulysses all-to-all: 'seq_to_head' (B, S/W, H, D) -> (B, S, H/W, D), 'head_to_seq' back.
     seq_len: the whole sequence S for seq_to_head when the ranks' shares differ (default W x rows)."""
-    op = _ops._all_to_all if _ops.direct(x) else _ops_ns.all_to_all
-    return op(x, direction, -1 if seq_len is None else seq_len, group_name(group))
+    return _kernel("all_to_all", x)(x, direction, -1 if seq_len is None else seq_len, group_name(group))
 
 
 def all_gather_matmul(A_shard: torch.Tensor, Bs: Sequence[torch.Tensor], gather_dim: int = 0,
@@ -54,22 +56,19 @@ def all_gather_matmul(A_shard: torch.Tensor, Bs: Sequence[torch.Tensor], gather_
     holds the same number of rows; B is K x N (weight.t() of an nn.Linear weight is copied into
     K x N at each call for the first B; the others run as plain GEMMs in either layout)."""
     Bs = list(Bs)
-    op = _ops._all_gather_matmul if _ops.direct(A_shard, *Bs) else _ops_ns.all_gather_matmul
-    return op(A_shard, Bs, gather_dim, group_name(group), return_A=return_A)
+    return _kernel("all_gather_matmul", A_shard, *Bs)(A_shard, Bs, gather_dim, group_name(group), return_A=return_A)
 
 
 def matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str = "sum", scatter_dim: int = 0,
                           group: GroupLike = None) -> torch.Tensor:
     """reduce_scatter(A @ B, scatter_dim) with the reduction overlapped with the GEMM:
     torch.ops.symm_mem.fused_matmul_reduce_scatter's arguments. reduce_op 'sum' or 'avg'. bf16."""
-    op = _ops._matmul_reduce_scatter if _ops.direct(A, B) else _ops_ns.matmul_reduce_scatter
-    return op(A, B, reduce_op, scatter_dim, group_name(group))
+    return _kernel("matmul_reduce_scatter", A, B)(A, B, reduce_op, scatter_dim, group_name(group))
 
 
 def matmul_all_reduce(A: torch.Tensor, B: torch.Tensor, group: GroupLike = None) -> torch.Tensor:
     """all_reduce(A @ B) with the reduction overlapped with the GEMM. bf16."""
-    op = _ops._matmul_all_reduce if _ops.direct(A, B) else _ops_ns.matmul_all_reduce
-    return op(A, B, group_name(group))
+    return _kernel("matmul_all_reduce", A, B)(A, B, group_name(group))
 
 
 def matmul(A: torch.Tensor, B: torch.Tensor, bias: Optional[torch.Tensor] = None, *,

@@ -15,14 +15,6 @@ using namespace ct;
 
 namespace {
 
-struct Graph {
-  cudaGraph_t g = nullptr;
-  cudaGraphExec_t e = nullptr;
-  ~Graph() {
-    if (e) cudaGraphExecDestroy(e);
-    if (g) cudaGraphDestroy(g);
-  }
-};
 
 // One call of the graph: its buffers, how to fill its input for a seed, the call, and its check.
 struct Op {
@@ -116,8 +108,11 @@ struct Calls {
     Buf& seq = buf(seq_max);
     Buf& head = buf(B * S * (H / W) * D);
     ops.push_back({"Ulysses all_to_all",
-                   [&seq, seq_part, me, this, &x](uint64_t s) { ref::fill(seq.p, seq_part, t, s, me, Values::integers, x.s); },
-                   poison(head), [&c, &seq, &head, B, S, H, D, this, &x] { c.all_to_all_seq_to_head(seq.p, head.p, B, S, H, D, t, x.s); },
+                   [&seq, seq_part, me, this, &x](uint64_t s) {
+                     ref::fill(seq.p, seq_part, t, s, me, Values::integers, x.s);
+                   },
+                   poison(head),
+                   [&c, &seq, &head, B, S, H, D, this, &x] { c.all_to_all_seq_to_head(seq.p, head.p, B, S, H, D, t, x.s); },
                    [&head, B, S, H, D, W, me, this, &x](uint64_t s, int id) {
                      x.check.check(head.p, nullptr, ref::map_ulysses(true, B, S, H, D, W, me), t, s, Values::integers,
                                    ReduceOp::sum, 0, x.s, id);
@@ -133,18 +128,17 @@ struct Calls {
       ops[i].check(seed + i, id);
     }
   }
-  void capture(Graph& g) {
-    Ctx& x = ctx();
-    WEAVE_CUDA_CHECK(cudaStreamBeginCapture(x.s, cudaStreamCaptureModeThreadLocal));
-    for (Op& o : ops) o.call();
-    WEAVE_CUDA_CHECK(cudaStreamEndCapture(x.s, &g.g));
-    WEAVE_CUDA_CHECK(cudaGraphInstantiate(&g.e, g.g, 0));
+  // One graph of every call.
+  wt::Graph capture() {
+    return wt::Graph(ctx().s, [&] {
+      for (Op& o : ops) o.call();
+    });
   }
   // Fill and poison, replay, check: the graph's calls see this replay's inputs.
-  void replay(Graph& g, uint64_t seed, int id) {
+  void replay(const wt::Graph& g, uint64_t seed, int id) {
     Ctx& x = ctx();
     for (size_t i = 0; i < ops.size(); ++i) ops[i].fill(seed + i), ops[i].poison();
-    WEAVE_CUDA_CHECK(cudaGraphLaunch(g.e, x.s));
+    g.launch(x.s);
     for (size_t i = 0; i < ops.size(); ++i) ops[i].check(seed + i, id);
   }
 };
@@ -169,17 +163,13 @@ TEST(CollectivesGraph, EveryAlgorithmReplaysWithNewInputs) {
     settle();
     calls.eager(seed, 1);
     report("eager calls before the capture", t);
-    Graph g;
-    calls.capture(g);
+    const wt::Graph g = calls.capture();
     x.check.reset(x.s);
     settle();
     for (int r = 0; r < replays; ++r) {
       calls.replay(g, seed + 100 * (r + 1), r + 1);
       if (r % 7 == 3) calls.eager(seed + 100 * (r + 1) + 50, r + 1);
-      if (r == replays / 2) {
-        Graph unplayed;
-        calls.capture(unplayed);
-      }
+      if (r == replays / 2) calls.capture();  // a graph destroyed without a replay
     }
     report("graph replays with eager rounds in between", t);
   }
@@ -195,18 +185,11 @@ TEST(CollectivesGraph, CaptureNeedsTheScratchAnEagerCallMakes) {
   const long long n = 30001;
   Buf in(n, DType::bf16), out(n, DType::bf16);
   settle();
-  WEAVE_CUDA_CHECK(cudaStreamBeginCapture(x.s, cudaStreamCaptureModeThreadLocal));
-  bool threw = false;
-  try {
-    fresh.all_reduce(in.p, out.p, n, DType::bf16, ReduceOp::sum, x.s);
-  } catch (const weave::Error& e) {
-    threw = true;
-    EXPECT_NE(std::string(e.what()).find("eager"), std::string::npos) << e.what();
-  }
-  cudaGraph_t g = nullptr;
-  WEAVE_CUDA_CHECK(cudaStreamEndCapture(x.s, &g));
-  EXPECT_TRUE(threw) << "an LL128 capture before any eager LL128 call was accepted";
-  if (g) cudaGraphDestroy(g);
+  const auto [msg, nodes] =
+      wt::under_capture(x.s, [&] { fresh.all_reduce(in.p, out.p, n, DType::bf16, ReduceOp::sum, x.s); });
+  EXPECT_NE(msg.find("eager"), std::string::npos)
+      << "an LL128 capture before any eager LL128 call was accepted, or refused without saying why: " << msg;
+  EXPECT_EQ(nodes, 0u) << "the refused call captured something";
   settle();
   const uint64_t seed = case_seed();
   ref::fill(in.p, n, DType::bf16, seed, me, Values::integers, x.s);
@@ -230,26 +213,31 @@ TEST(CollectivesGraph, LLScratchRestartsEagerAndCaptured) {
   const long long big = 200001, small = 515;
   Buf a(big, t), b(big, t), sa(small, t), sb(small, t);
   const int rounds = gpus_shared() ? 40 : 200;
-  auto round = [&](uint64_t s, int id, bool ll128_big) {
+  auto inputs = [&](uint64_t s) {  // new inputs, outputs poisoned
+    ref::fill(a.p, big, t, s, me, Values::integers, x.s);
+    ref::fill(sa.p, small, t, s + 1, me, Values::integers, x.s);
+    WEAVE_CUDA_CHECK(cudaMemsetAsync(b.p, 0xff, b.bytes, x.s));
+    WEAVE_CUDA_CHECK(cudaMemsetAsync(sb.p, 0xff, sb.bytes, x.s));
+  };
+  auto calls = [&](bool ll128_big) {
     c.set_all_reduce_algo(ll128_big ? coll::AllReduceAlgo::ll128 : coll::AllReduceAlgo::ll);
     c.all_reduce(a.p, b.p, big, t, ReduceOp::sum, x.s);
     c.set_all_reduce_algo(coll::AllReduceAlgo::ll);
     c.all_reduce(sa.p, sb.p, small, t, ReduceOp::sum, x.s);
-    (void)s, (void)id;
+  };
+  auto check = [&](uint64_t s, int id) {
+    x.check.check(b.p, nullptr, ref::map_all_reduce(big, W, me), t, s, Values::integers, ReduceOp::sum, 0, x.s, id);
+    x.check.check(sb.p, nullptr, ref::map_all_reduce(small, W, me), t, s + 1, Values::integers, ReduceOp::sum, 0, x.s,
+                  id);
   };
   x.check.reset(x.s);
   settle();
   const uint64_t seed = case_seed() & 0xFFFFFFFFFFull;
   for (int r = 0; r < rounds; ++r) {  // eager: 2 or 3 calls per round, so restarts fall on every kind
     const uint64_t s = seed + 10 * r;
-    ref::fill(a.p, big, t, s, me, Values::integers, x.s);
-    ref::fill(sa.p, small, t, s + 1, me, Values::integers, x.s);
-    WEAVE_CUDA_CHECK(cudaMemsetAsync(b.p, 0xff, b.bytes, x.s));
-    WEAVE_CUDA_CHECK(cudaMemsetAsync(sb.p, 0xff, sb.bytes, x.s));
-    round(s, r + 1, r % 2);
-    x.check.check(b.p, nullptr, ref::map_all_reduce(big, W, me), t, s, Values::integers, ReduceOp::sum, 0, x.s, r + 1);
-    x.check.check(sb.p, nullptr, ref::map_all_reduce(small, W, me), t, s + 1, Values::integers, ReduceOp::sum, 0, x.s,
-                  r + 1);
+    inputs(s);
+    calls(r % 2);
+    check(s, r + 1);
     if (r % 3 == 0) {
       c.set_all_reduce_algo(coll::AllReduceAlgo::ll);
       c.all_reduce(sa.p, sa.p, small, t, ReduceOp::sum, x.s);  // a third call: the restart moves between kinds
@@ -257,23 +245,14 @@ TEST(CollectivesGraph, LLScratchRestartsEagerAndCaptured) {
   }
   report("LL restarts, eager", t);
   // Captured: the big LL128 call and the small LL call, replayed (6 calls = one restart every 3 replays).
-  Graph g;
-  WEAVE_CUDA_CHECK(cudaStreamBeginCapture(x.s, cudaStreamCaptureModeThreadLocal));
-  round(0, 0, true);
-  WEAVE_CUDA_CHECK(cudaStreamEndCapture(x.s, &g.g));
-  WEAVE_CUDA_CHECK(cudaGraphInstantiate(&g.e, g.g, 0));
+  const wt::Graph g(x.s, [&] { calls(true); });
   x.check.reset(x.s);
   settle();
   for (int r = 0; r < rounds; ++r) {
     const uint64_t s = seed + 7777 + 10 * r;
-    ref::fill(a.p, big, t, s, me, Values::integers, x.s);
-    ref::fill(sa.p, small, t, s + 1, me, Values::integers, x.s);
-    WEAVE_CUDA_CHECK(cudaMemsetAsync(b.p, 0xff, b.bytes, x.s));
-    WEAVE_CUDA_CHECK(cudaMemsetAsync(sb.p, 0xff, sb.bytes, x.s));
-    WEAVE_CUDA_CHECK(cudaGraphLaunch(g.e, x.s));
-    x.check.check(b.p, nullptr, ref::map_all_reduce(big, W, me), t, s, Values::integers, ReduceOp::sum, 0, x.s, r + 1);
-    x.check.check(sb.p, nullptr, ref::map_all_reduce(small, W, me), t, s + 1, Values::integers, ReduceOp::sum, 0, x.s,
-                  r + 1);
+    inputs(s);
+    g.launch(x.s);
+    check(s, r + 1);
   }
   report("LL restarts, captured", t);
   EXPECT_THROW(c.set_ll_flag_period(4), weave::Error);

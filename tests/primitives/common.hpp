@@ -89,6 +89,26 @@ inline std::vector<T> to_host(const T* d, size_t n) {
   return h;
 }
 
+// A CUDA graph of what `calls` enqueues on `s` (captured in `mode`), instantiated.
+struct Graph {
+  cudaGraph_t g = nullptr;
+  cudaGraphExec_t e = nullptr;
+  template <class F>
+  Graph(cudaStream_t s, F&& calls, cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal) {
+    WEAVE_CUDA_CHECK(cudaStreamBeginCapture(s, mode));
+    calls();
+    WEAVE_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+    WEAVE_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
+  }
+  ~Graph() {
+    if (e) cudaGraphExecDestroy(e);
+    if (g) cudaGraphDestroy(g);
+  }
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+  void launch(cudaStream_t s) const { WEAVE_CUDA_CHECK(cudaGraphLaunch(e, s)); }
+};
+
 // Runs `call` while `s` captures a CUDA graph (relaxed mode); returns the weave::Error message
 // it threw ("" if none) and how many nodes the capture recorded.
 template <class F>

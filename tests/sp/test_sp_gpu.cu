@@ -11,6 +11,7 @@
 // Hq % W != 0 rejected before any launch.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -291,10 +292,20 @@ std::vector<std::unique_ptr<Dev>> upload(const Full& f0, const Full& f1, const R
   return in;
 }
 
+// The float32 reference of this rank's rows (`ranges`) for each of the two input sets.
+std::array<weave::check::AttnRefRows, 2> refs_of(const AttnProblem& p, const Full& f0, const Full& f1,
+                                                 const Ranges& ranges) {
+  std::array<weave::check::AttnRefRows, 2> r;
+  const Full* f[2] = {&f0, &f1};
+  for (int i = 0; i < 2; ++i)
+    r[i] = aref().compute(p, f[i]->q.as<bf16>(), f[i]->k.as<bf16>(), f[i]->v.as<bf16>(), row_ranges(ranges));
+  return r;
+}
+
 // Launch i's output (and LSE, when lse_hist is given), copied aside, against reference i % 2;
 // every launch on its own. Collective (the verdict is combined over ranks).
-bool check_history(const AttnProblem& p, const weave::check::AttnRefRows (&ref)[2], const Dev& o_hist, size_t on,
-                   const Dev* lse_hist, size_t nl, int N, const std::string& what) {
+bool check_history(const AttnProblem& p, const std::array<weave::check::AttnRefRows, 2>& ref, const Dev& o_hist,
+                   size_t on, const Dev* lse_hist, size_t nl, int N, const std::string& what) {
   int bad = 0, first_bad = -1;
   double worst_o = 0, worst_l = 0;
   for (int i = 0; i < N; ++i) {
@@ -328,9 +339,7 @@ TEST(SpGpu, BackToBackLaunchesAlternatingInputs) {
   {  // ring, zigzag, causal
     const auto ranges = ring_ranges(S, W, weave::sp::Sharding::Zigzag, r);
     const AttnProblem p = problem(f0, ranges, true);
-    const weave::check::AttnRefRows ref[2] = {
-        aref().compute(p, f0.q.as<bf16>(), f0.k.as<bf16>(), f0.v.as<bf16>(), row_ranges(ranges)),
-        aref().compute(p, f1.q.as<bf16>(), f1.k.as<bf16>(), f1.v.as<bf16>(), row_ranges(ranges))};
+    const auto ref = refs_of(p, f0, f1, ranges);
     const auto in = upload(f0, f1, ranges);
     const long long L = rows_of(ranges);
     const size_t on = size_t(B) * L * Hq * D, nl = size_t(B) * Hq * L;
@@ -355,9 +364,7 @@ TEST(SpGpu, BackToBackLaunchesAlternatingInputs) {
     const auto sh = weave::sp::ulysses_shard(S, W, r);
     const Ranges ranges = {{sh.begin, sh.rows}};
     const AttnProblem p = problem(f0, ranges, false);
-    const weave::check::AttnRefRows ref[2] = {
-        aref().compute(p, f0.q.as<bf16>(), f0.k.as<bf16>(), f0.v.as<bf16>(), row_ranges(ranges)),
-        aref().compute(p, f1.q.as<bf16>(), f1.k.as<bf16>(), f1.v.as<bf16>(), row_ranges(ranges))};
+    const auto ref = refs_of(p, f0, f1, ranges);
     const auto in = upload(f0, f1, ranges);
     const size_t on = size_t(B) * sh.rows * Hq * D, omax = size_t(B) * (S / W + 1) * Hq * D;
     Sym o(omax * 2);
@@ -421,9 +428,7 @@ TEST(SpGpu, GraphCaptureAndReplay) {
   // Ring
   const auto rr = ring_ranges(S, W, weave::sp::Sharding::Zigzag, r);
   const AttnProblem rp = problem(f0, rr, true);
-  const weave::check::AttnRefRows rref[2] = {
-      aref().compute(rp, f0.q.as<bf16>(), f0.k.as<bf16>(), f0.v.as<bf16>(), row_ranges(rr)),
-      aref().compute(rp, f1.q.as<bf16>(), f1.k.as<bf16>(), f1.v.as<bf16>(), row_ranges(rr))};
+  const auto rref = refs_of(rp, f0, f1, rr);
   const auto rin = upload(f0, f1, rr);
   const long long L = rows_of(rr);
   const size_t rq = size_t(B) * L * Hq * D, rkv = size_t(B) * L * Hkv * D, nl = size_t(B) * Hq * L;
@@ -436,9 +441,7 @@ TEST(SpGpu, GraphCaptureAndReplay) {
   const auto sh = weave::sp::ulysses_shard(S, W, r);
   const Ranges ur = {{sh.begin, sh.rows}};
   const AttnProblem up = problem(f0, ur, false);
-  const weave::check::AttnRefRows uref[2] = {
-      aref().compute(up, f0.q.as<bf16>(), f0.k.as<bf16>(), f0.v.as<bf16>(), row_ranges(ur)),
-      aref().compute(up, f1.q.as<bf16>(), f1.k.as<bf16>(), f1.v.as<bf16>(), row_ranges(ur))};
+  const auto uref = refs_of(up, f0, f1, ur);
   const auto uin = upload(f0, f1, ur);
   const size_t uq = size_t(B) * sh.rows * Hq * D, ukv = size_t(B) * sh.rows * Hkv * D,
                omax = size_t(B) * (S / W + 1) * Hq * D;
@@ -476,19 +479,16 @@ TEST(SpGpu, GraphCaptureAndReplay) {
     EXPECT_EQ(nodes, 0u) << "the refused ring call captured something";
     wt::settle();
   }
+  auto both = [&] {
+    ring_call();
+    uly_call();
+  };
   set_inputs(0);
-  ring_call();
-  uly_call();
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  WEAVE_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-  ring_call();
-  uly_call();
-  WEAVE_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
-  WEAVE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  both();
+  const wt::Graph graph(st, both);
   for (int i = 0; i < N; ++i) {
     set_inputs(i % 2);
-    WEAVE_CUDA_CHECK(cudaGraphLaunch(exec, st));
+    graph.launch(st);
     WEAVE_CUDA_CHECK(cudaMemcpyAsync(ro_hist.as<bf16>() + i * rq, ro.p, rq * 2, cudaMemcpyDeviceToDevice, st));
     WEAVE_CUDA_CHECK(cudaMemcpyAsync(rl_hist.as<float>() + i * nl, rl.p, nl * 4, cudaMemcpyDeviceToDevice, st));
     WEAVE_CUDA_CHECK(cudaMemcpyAsync(uo_hist.as<bf16>() + i * uq, uo.p, uq * 2, cudaMemcpyDeviceToDevice, st));
@@ -496,16 +496,10 @@ TEST(SpGpu, GraphCaptureAndReplay) {
       ra.forward(q2->as<bf16>(), k2->as<bf16>(), v2->as<bf16>(), o2.as<bf16>(), l2.as<float>(), {B, S2, Hq, Hkv, D},
                  ropt, st);
       set_inputs(1 - i % 2);
-      ring_call();
-      uly_call();
+      both();
     }
     if (i == N / 2) {  // captured, never replayed
-      cudaGraph_t unplayed = nullptr;
-      WEAVE_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-      ring_call();
-      uly_call();
-      WEAVE_CUDA_CHECK(cudaStreamEndCapture(st, &unplayed));
-      WEAVE_CUDA_CHECK(cudaGraphDestroy(unplayed));
+      const wt::Graph unplayed(st, both);
     }
   }
   WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
@@ -516,8 +510,6 @@ TEST(SpGpu, GraphCaptureAndReplay) {
                                        row_ranges(rr2), o2.as<bf16>(), l2.as<float>());
   report(rep2, "ring of another length between replays");
   all_ranks(ring_ok && uly_ok && rep2.ok(), "graph capture and replay");
-  WEAVE_CUDA_CHECK(cudaGraphExecDestroy(exec));
-  WEAVE_CUDA_CHECK(cudaGraphDestroy(graph));
   WEAVE_CUDA_CHECK(cudaStreamDestroy(st));
   wt::settle();
 }

@@ -496,24 +496,17 @@ TEST(TpGpu, GraphCaptureAndReplay) {
   enqueue();  // eager: the shapes' signal sets
   verify(call, "eager");
   wt::settle();
-  cudaGraph_t graph = nullptr;
-  WEAVE_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
-  enqueue();
-  WEAVE_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
-  cudaGraphExec_t exec = nullptr;
-  WEAVE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const wt::Graph graph(st, enqueue, cudaStreamCaptureModeRelaxed);
   for (int rep = 0; rep < 40; ++rep) {
     call = calls.next();
     inputs(call);
-    WEAVE_CUDA_CHECK(cudaGraphLaunch(exec, st));
+    graph.launch(st);
     verify(call, "replay " + std::to_string(rep));
   }
   call = calls.next();
   inputs(call);
   enqueue();
   verify(call, "eager after the replays");
-  WEAVE_CUDA_CHECK(cudaGraphExecDestroy(exec));
-  WEAVE_CUDA_CHECK(cudaGraphDestroy(graph));
   WEAVE_CUDA_CHECK(cudaStreamDestroy(st));
   wt::settle();
 }

@@ -13,6 +13,7 @@
 
 #include "weave/common/error.hpp"
 #include "weave/common/event_time.hpp"
+#include "weave/runtime/call.hpp"  // capturing
 #include "weave/runtime/communicator.hpp"
 #include "weave/runtime/tuner.hpp"
 
@@ -72,6 +73,18 @@ inline TuneResult captured_choice(const std::string& key, const std::vector<Tune
               ": the first call of this shape tunes (timed launches), which a CUDA graph capture cannot do; make one "
               "eager call of this shape first, or fix the configuration (num_comm_sms, variant)");
   return r;
+}
+// The cached choice for `key`, or the search that times `launch(t)` (one call with candidate t,
+// enqueued on `s`) for the candidates; under a CUDA graph capture only the cached choice
+// (captured_choice; `what` names the call in its error).
+template <class F>
+TuneResult tuned_choice(Communicator& c, const std::string& key, const std::vector<TuneCandidate>& cands,
+                        cudaStream_t s, const std::string& what, F&& launch) {
+  if (capturing(s)) return captured_choice(key, cands, what);
+  TunePlans plans;
+  return Tuner::global().choose(&c, key, cands, [&](const TuneCandidate& t) {
+    return time_launches(c, s, [&] { launch(t); }, plan_of(plans, t));
+  });
 }
 inline std::string device_key(const Communicator& c) {
   std::string n = c.props().name;
