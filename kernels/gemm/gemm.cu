@@ -7,8 +7,9 @@
 #include "gemm/gemm.hpp"
 #include "gemm/gemm_kernel.cuh"
 #include "gemm/plan.hpp"
-#include "gemm/split_k_launch.cuh"
+#include "gemm/run.cuh"
 #include "gemm/swapped.hpp"
+#include "gemm/wide.hpp"
 #include "weave/common/error.hpp"
 #include "weave/common/extent.hpp"
 #include "weave/lcsc.cuh"
@@ -19,6 +20,7 @@ namespace weave::gemm {
 namespace {
 
 using bf16 = __nv_bfloat16;
+using detail::run;
 
 // 3 stages x 48 KB + a 64 KB staging tile = 208 KB; 5 x 32 KB + 32 KB = 192 KB.
 template <BLayout L>
@@ -50,45 +52,6 @@ using Deep = GemmKernel<256, L, 4, 2>;
 // Big in clusters of 2 along M with B multicast.
 template <BLayout L>
 using Pair = GemmKernel<256, L, 3, 1, 2>;
-
-// Split-K is instantiated for the 128x256 tiles (plain and clustered), the 128x192 and the 64x128
-// tile, with the default epilogue only: those are the tiles the planner splits
-// (kernels/gemm/plan.hpp).
-template <class Kern>
-constexpr bool kSplittable = ((Kern::BN == 256 && Kern::kStages == 3) || Kern::BN == 192 || Kern::BM == 64) &&
-                             Kern::kOutputParts == 1 && Kern::kPlainEpilogue && Kern::kALayout == ALayout::MK;
-
-template <class Kern, class OutT>
-lcsc::Plan run(const bf16* A, const bf16* B, OutT* C, int M, int N, int K, const Options& opt, int group_m,
-               cudaStream_t stream, Launch split = {}) {
-  using tile::Swizzle;
-  typename Kern::Globals g{};
-  if constexpr (Kern::kALayout == ALayout::KM)
-    g.a = tile::encode(tile::tma_2d(A, K, M, M, 64, 64, Swizzle::B128));  // one 64 x 64 box per consumer
-  else
-    g.a = tile::encode(tile::tma_2d(A, M, K, K, Kern::BM, 64, Swizzle::B128));
-  if constexpr (Kern::kBLayout == BLayout::NK)
-    g.b = tile::encode(tile::tma_2d(B, N, K, K, Kern::kBRowsPerCta, 64, Swizzle::B128));
-  else
-    g.b = tile::encode(tile::tma_2d(B, K, N, N, 64, 64, Swizzle::B128));
-  g.c = tile::encode(
-      tile::tma_2d(static_cast<const OutT*>(C), M, N, N, Kern::BM, Kern::kOutBlockCols, Swizzle::B128));
-  if constexpr (!Kern::kPlainEpilogue) {
-    g.bias = opt.bias_type == BiasType::None ? nullptr : opt.bias;
-    g.bias_f32 = opt.bias_type == BiasType::F32 ? 1 : 0;
-  }
-  g.M = M;
-  g.N = N;
-  g.K = K;
-  g.tiles_m = ceil_div(M, Kern::BM);
-  g.tiles_n = ceil_div(N, Kern::BN);
-  g.group_m = group_m;
-  g.accumulate = opt.accumulate ? 1 : 0;
-  if constexpr (kSplittable<Kern>)
-    if (split.splits > 1)
-      return launch_split_k<Kern>(g, static_cast<const OutT*>(C), split.workers, split.splits, opt.lcsc, stream);
-  return lcsc::launch<Kern>(g, opt.lcsc, stream);
-}
 
 // The two main tiles with any layout pair and epilogue.
 template <template <BLayout, ALayout, class, bool> class Kern, class OutT, bool Bias>
@@ -122,10 +85,14 @@ Launch launch_choice(int M, int N, int K, BLayout bl, const Options& opt, bool f
                 opt.a_layout == ALayout::MK ? "" : ", A as K x M", ", num_comm_sms = ", opt.lcsc.num_comm_sms);
     return {Tile::Swapped, 1, blocks};
   }
+  if (opt.tile == Tile::M128Nw)
+    WEAVE_CHECK(bl == BLayout::NK, "gemm: the 128 x w tile takes B as N x K (a K x N tile is read in 64-column boxes)");
   if (opt.tile != Tile::Auto) {
     const bool splittable = plain && (opt.tile == Tile::M128N256 || opt.tile == Tile::M128N256C2 ||
-                                      opt.tile == Tile::M64N128 || opt.tile == Tile::M128N192);
-    return {opt.tile, splittable && opt.split_k > 1 ? opt.split_k : 1, opt.tile == Tile::M128N256C2 ? pairs : blocks};
+                                      opt.tile == Tile::M64N128 || opt.tile == Tile::M128N192 ||
+                                      opt.tile == Tile::M128Nw);
+    return {opt.tile, splittable && opt.split_k > 1 ? opt.split_k : 1,
+            opt.tile == Tile::M128N256C2 ? pairs : blocks, opt.tile == Tile::M128Nw ? opt.tile_n : 0};
   }
   PlanInputs in;
   in.M = M, in.N = N, in.K = K;
@@ -133,12 +100,13 @@ Launch launch_choice(int M, int N, int K, BLayout bl, const Options& opt, bool f
   in.sm_count = blocks;
   in.pair_clusters = pairs;
   in.mid = mid_ok;
+  in.wide = mid_ok && bl == BLayout::NK;
   in.split_k = plain && opt.split_k != 1;
   in.swapped = bl == BLayout::NK && opt.a_layout == ALayout::MK && opt.lcsc.num_comm_sms == 0 && opt.split_k <= 1;
   const Choice c = plan_gemm(in);
   int splits = c.splits;
   if (plain && opt.split_k > 1 && c.tile != Tile::M128N128) splits = opt.split_k;
-  return {c.tile, splits, c.workers};
+  return {c.tile, splits, c.workers, c.width};
 }
 
 template <class OutT>
@@ -173,6 +141,7 @@ lcsc::Plan dispatch(const bf16* A, const bf16* B, OutT* C, int M, int N, int K, 
       return nk ? run<Deep<BLayout::NK>>(A, B, C, M, N, K, opt, group_m, stream)
                 : run<Deep<BLayout::KN>>(A, B, C, M, N, K, opt, group_m, stream);
     const bool bias = opt.bias_type != BiasType::None;
+    if (t == Tile::M128Nw) return detail::run_wide(A, B, C, M, N, K, opt, group_m, stream, l);
     if (t == Tile::M128N192) {  // A M x K only (validate_args, launch_choice)
       if (bias)
         return nk ? run<MidE<BLayout::NK, ALayout::MK, bf16, true>>(A, B, C, M, N, K, opt, group_m, stream)
@@ -226,7 +195,11 @@ void validate_args(const void* A, const void* B, const void* C, int M, int N, in
   }
   const bool defaults = opt.a_layout == ALayout::MK && !f32_out && opt.bias_type == BiasType::None;
   const int tv = static_cast<int>(opt.tile);
-  WEAVE_CHECK(tv >= static_cast<int>(Tile::Auto) && tv <= static_cast<int>(Tile::Swapped), "gemm: unknown tile ", tv);
+  WEAVE_CHECK(tv >= static_cast<int>(Tile::Auto) && tv <= static_cast<int>(Tile::M128Nw), "gemm: unknown tile ", tv);
+  WEAVE_CHECK(opt.tile != Tile::M128Nw || (opt.a_layout == ALayout::MK && !f32_out && is_wide_width(opt.tile_n)),
+              "gemm: tile 128 x w supports only A as M x K and a bf16 output, with tile_n one of ",
+              wide_widths_text(), "; got tile_n = ", opt.tile_n, opt.a_layout == ALayout::MK ? "" : ", A as K x M",
+              f32_out ? ", an fp32 output" : "");
   WEAVE_CHECK(opt.tile != Tile::M128N192 || (opt.a_layout == ALayout::MK && !f32_out),
               "gemm: tile 128x192 supports only A as M x K and a bf16 output (use Auto, M128N256, M128N128 or M64N128)");
   WEAVE_CHECK(defaults || (opt.tile != Tile::M128N256S4 && opt.tile != Tile::M128N256C2), "gemm: tile ",
@@ -243,8 +216,20 @@ const char* tile_name(Tile t) {
     case Tile::M64N128: return "64x128";
     case Tile::M128N192: return "128x192";
     case Tile::Swapped: return "swapped";
+    case Tile::M128Nw: return "128xw";
     default: return "auto";
   }
+}
+
+std::string wide_widths_text() {
+  std::string s;
+  for (int w : kWideWidths) s += (s.empty() ? "" : ", ") + std::to_string(w);
+  return s;
+}
+
+std::string launch_name(const Launch& l) {
+  std::string s = l.tile == Tile::M128Nw ? "128x" + std::to_string(l.width) : tile_name(l.tile);
+  return l.splits > 1 ? s + "/k" + std::to_string(l.splits) : s;
 }
 
 // Short K means short tiles: more of them run at once per unit time, and a taller raster group

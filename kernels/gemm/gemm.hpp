@@ -4,6 +4,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <string>
+
 #include "gemm/layout.hpp"
 #include "weave/lcsc.cuh"
 
@@ -20,6 +22,10 @@ namespace weave::gemm {
 // Swapped: decode (M <= 16 tokens, W stored N x K, A M x K): the weights on the tensor core's M
 // side (mma.sync m16n8k16, 16 weight rows x 8 tokens), one block per 16 output columns, loads
 // straight into registers (swapped_schedule.hpp). Every epilogue; no communicator SMs.
+// M128Nw: 128 x w for a width w of kWideWidths (Options::tile_n): tile counts between those of
+// the power-of-two widths, so that more shapes fill whole rounds of SMs (wave quantisation, as
+// cuBLAS's 112- and 144-wide tiles do); A M x K, B N x K, a bf16 output (bias allowed); the output
+// is staged dense (no swizzle) when w is not a multiple of 64.
 // Auto: the planner's choice (kernels/gemm/plan.hpp).
 enum class Tile : int {
   Auto = 0,
@@ -29,8 +35,19 @@ enum class Tile : int {
   M128N256C2 = 4,
   M64N128 = 5,
   M128N192 = 6,
-  Swapped = 7
+  Swapped = 7,
+  M128Nw = 8
 };
+
+// The widths of Tile::M128Nw: multiples of 16 (two 8-column blocks per stmatrix) between the
+// 64-column grid's 128, 192 and 256, which have their own tiles. 224 and 240 (3 stages) measured
+// no faster per iteration than 128x256 and were dropped (docs/perf-notes.md, 2026-12-02g).
+inline constexpr int kWideWidths[] = {96, 112, 144, 160, 176, 208};
+constexpr bool is_wide_width(int w) {
+  for (int v : kWideWidths)
+    if (v == w) return true;
+  return false;
+}
 
 // The type of Options::bias.
 enum class BiasType : int { None = 0, BF16 = 1, F32 = 2 };
@@ -44,6 +61,7 @@ struct Options {
   // (kernels/gemm/plan.hpp; with a given tile, no split), 1 = never, n > 1 = n K ranges. Only the
   // 128x256, 128x192 and 64x128 tiles with the default epilogue (A M x K, bf16 C, no bias) split.
   int split_k = 0;
+  int tile_n = 0;  // the width of Tile::M128Nw (one of kWideWidths); unused by the other tiles
   ALayout a_layout = ALayout::MK;      // KM: A stored K x M (weight gradient dY^T X); M % 8 == 0
   BiasType bias_type = BiasType::None;  // BF16 / F32: bias points to N values of that type
   const void* bias = nullptr;          // added to every row of C in fp32, before rounding
@@ -55,7 +73,8 @@ struct Options {
 // aligned), for an operand whose device allocation is shorter than the shape needs
 // (weave/common/extent.hpp), a bias type without a pointer (or the reverse), or a bad config.
 // The experimental tiles (M128N256S4, M128N256C2) take only the defaults: A M x K, bf16 output,
-// no bias; M128N192 takes A M x K and a bf16 output; Swapped takes M <= 16, A M x K, B N x K and no
+// no bias; M128N192 takes A M x K and a bf16 output; M128Nw takes A M x K, B N x K, a bf16 output
+// and opt.tile_n in kWideWidths; Swapped takes M <= 16, A M x K, B N x K and no
 // communicator SMs. Returns the grid it launched.
 lcsc::Plan gemm(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C, int M, int N, int K, BLayout b,
                 const Options& opt = {}, cudaStream_t stream = nullptr);
@@ -69,6 +88,7 @@ struct Launch {
   Tile tile = Tile::M128N256;
   int splits = 1;   // K ranges of each item of the last partial round
   int workers = 0;  // compute blocks (clusters for the cluster tile) the split was planned for
+  int width = 0;    // Tile::M128Nw: its width
 };
 Launch choose_launch(int M, int N, int K, BLayout b, const Options& opt = {}, bool f32_out = false);
 
@@ -81,5 +101,9 @@ void validate_args(const void* A, const void* B, const void* C, int M, int N, in
                    bool f32_out);
 int default_group_m(Tile t, int K);
 const char* tile_name(Tile t);
+// kWideWidths as text ("96, 112, ..."), for messages.
+std::string wide_widths_text();
+// "128x256", "128x144" (M128Nw with its width), with "/k3" for a split.
+std::string launch_name(const Launch& l);
 
 }  // namespace weave::gemm

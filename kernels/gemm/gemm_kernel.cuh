@@ -62,7 +62,13 @@ struct GemmKernel {
   static constexpr int kWN = BM == 128 ? BN : BN / 2;
   static_assert(BM == 128 || BM == 64, "BM of 128 (consumers split M) or 64 (consumers split N)");
   static_assert(BM == 128 || (OutParts == 1 && Cluster == 1), "BM = 64: one output part, no cluster");
-  static_assert(kWN % 64 == 0, "whole 64-column blocks per consumer");
+  // A width that is not whole 64-column blocks (the 128 x w tiles, for wave quantisation) stages
+  // the output dense, without the swizzle, and stores it with one {BN, BM} box; B must be N x K
+  // (a K x N tile is read in 64-column boxes).
+  static constexpr bool kDenseOut = BN_ % 64 != 0;
+  static_assert(!kDenseOut || (BM_ == 128 && L == BLayout::NK && OutParts == 1 && Cluster == 1 &&
+                               std::is_same_v<OutT, bf16> && BN_ % 16 == 0),
+                "a width off the 64-column grid: BM = 128, B as N x K, a bf16 output, one part, no cluster");
   static constexpr int kStages = Stages;
   static constexpr int kConsumers = 2;
   static constexpr int kProducerRegs = 40;
@@ -74,18 +80,21 @@ struct GemmKernel {
   static_assert(Cluster == 1 || Cluster == 2, "clusters of 1 or 2 along M");
   static constexpr int kPartCols = BN_ / OutParts;
   static constexpr int kWPartCols = BM_ == 128 ? kPartCols : BN_ / 2;  // one consumer's columns of a part
-  // Output columns per 128-byte swizzled staging row, the TMA store box's inner extent.
-  static constexpr int kOutBlockCols = 128 / static_cast<int>(sizeof(OutT));
+  // Output columns per staging row block, the TMA store box's inner extent: 128 swizzled bytes,
+  // or the whole (dense) tile width.
+  static constexpr int kOutBlockCols = kDenseOut ? BN_ : 128 / static_cast<int>(sizeof(OutT));
+  static constexpr tile::Swizzle kOutSwizzle = kDenseOut ? tile::Swizzle::None : tile::Swizzle::B128;
   static constexpr uint32_t kStageTxBytes = (BM + BN) * BK * sizeof(bf16);
-  static_assert(BN % 64 == 0 && BN <= 256, "BN in 64..256, multiple of 64");
-  static_assert(kPartCols % 64 == 0 && kPartCols * OutParts == BN, "output parts of whole 64-column blocks");
+  static_assert((BN % 64 == 0 || kDenseOut) && BN <= 256, "BN in 64..256, a multiple of 64 (or of 16, dense)");
+  static_assert((kPartCols % 64 == 0 || kDenseOut) && kPartCols * OutParts == BN,
+                "output parts of whole 64-column blocks");
 
   struct alignas(1024) Stage {
     bf16 a[BM * BK];  // MK: BM rows of 128 B (K-major); KM: BM/64 blocks of 64 K-rows x 128 B (M-major)
     bf16 b[BN * BK];  // NK: BN rows of 128 B; KN: BN/64 blocks of 64 K-rows x 128 B (N-major)
   };
   struct alignas(1024) Output {
-    OutT c[BM * kPartCols];  // kPartCols/kOutBlockCols blocks of BM rows x 128 B, swizzled
+    OutT c[BM * kPartCols];  // kPartCols/kOutBlockCols blocks of BM rows x 128 B, swizzled (or dense)
   };
   struct ConsumerState {
     float d[kWN / 2];
@@ -246,6 +255,8 @@ struct GemmKernel {
     }
     if constexpr (kF32Out)
       store_f32_swizzled<P * kPartCols, kWPartCols>(dst, row0, st);
+    else if constexpr (kDenseOut)
+      tile::store_accumulator_dense<bf16, kWN>(dst, BN, row0, st.d);
     else
       tile::store_accumulator_swizzled<bf16, kWN, P * kPartCols, kWPartCols>(dst, BM, row0, st.d);
   }

@@ -7,8 +7,8 @@
 //   cuts the items of the last partial round into K ranges (split_k.hpp), plus the partial-sum
 //   exchange (kSplitCost); above decode sizes split rounds run slower than whole ones
 //   (kSplitSlowdown) and more than kMaxSplitsWide splits never paid;
-// - wave quantisation: the 128x192 tile (kMidCost) and, up to M = 256, the 64x128 tile
-//   (kNarrowCost) give other tile counts per round than 128x256;
+// - wave quantisation: the 128x192 tile (kMidCost), the 128 x w tiles (wide_cost) and, up to
+//   M = 256, the 64x128 tile (kNarrowCost) give other tile counts per round than 128x256;
 // - the 128x128 tile moves twice the operand bytes per FLOP (kSmallCost per iteration of half the
 //   FLOPs);
 // - a row pitch that is not a multiple of 128 bytes makes every 128-byte TMA row read touch five
@@ -31,6 +31,7 @@ struct PlanInputs {
   int pair_clusters = 0;   // 2-CTA clusters the device holds at once (0: the cluster tile is not allowed)
   bool split_k = true;     // split-K allowed
   bool mid = false;        // the 128x192 tile allowed (A M x K, bf16 output)
+  bool wide = false;       // the 128 x w tiles allowed (A M x K, B N x K, bf16 output)
   bool narrow = true;      // the 64x128 tile exists (the fp8 GEMM has none: decode then splits 128x256)
   bool swapped = false;    // the swapped decode tile allowed (A M x K, B N x K, no communicator SMs)
 };
@@ -40,6 +41,7 @@ struct Choice {
   int splits = 1;   // K ranges of each item of the last partial round (1: none)
   int workers = 0;  // the workers the choice was made for (compute blocks, or clusters)
   double cost = 0;  // model units (for tests and the bench's log)
+  int width = 0;    // Tile::M128Nw: its width
 };
 
 namespace plan_model {
@@ -61,6 +63,23 @@ inline constexpr double kMisalignedMid = 1.60;    // 128x192 on the ragged rows:
 inline constexpr double kMisalignedPair = 1.03;   // 128x256 clusters: 0.977
 inline constexpr double kSplitGain = 0.95;        // split-K only when the model says >= 5 % faster
 inline constexpr double kTileGain = 0.97;         // another tile only when >= 3 % faster than the best so far
+// A 128 x w iteration vs 128x256. Measured per tile iteration over 15 rows (docs/perf-notes.md,
+// 2026-12-02g) they cost, on the scale where the same run's 128x128 costs kSmallCost, 0.44, 0.52,
+// 0.62, 0.70, 0.78, 0.84 (about as dear per FLOP as 128x128 and 128x192); the values below are
+// ~8 % lower, fitted so that the planner picks the measured best on the sweep's rows, where the
+// rounds model overrates the tiles it already had (single-round and split rows run slower per
+// iteration than their constants say).
+inline double wide_cost(int w) {
+  switch (w) {
+    case 96: return 0.42;
+    case 112: return 0.48;
+    case 144: return 0.58;
+    case 160: return 0.66;
+    case 176: return 0.72;
+    case 208: return 0.80;
+    default: return 2.0;  // not a width the planner knows: never picked
+  }
+}
 
 }  // namespace plan_model
 
@@ -71,15 +90,15 @@ inline Choice plan_gemm(const PlanInputs& in) {
   const bool decode = in.M <= 64;
   const int max_splits = decode ? kMaxSplits : kMaxSplitsWide;
   const double slowdown = decode ? 1.0 : kSplitSlowdown;
-  auto best_of = [&](Tile t, int items, int workers, double unit, bool split_ok) {
+  auto best_of = [&](Tile t, int items, int workers, double unit, bool split_ok, int width = 0) {
     const long long unsplit = split_rounds(items, iters, workers, 1);
-    Choice c{t, 1, workers, static_cast<double>(unsplit) * unit};
+    Choice c{t, 1, workers, static_cast<double>(unsplit) * unit, width};
     if (split_ok && in.split_k) {
       const int s = best_splits(items, iters, workers, max_splits, kSplitCost);
       const long long whole = static_cast<long long>(items / workers) * iters;
       const double split = static_cast<double>(split_rounds(items, iters, workers, s) - whole) * slowdown;
       const double cost = (static_cast<double>(whole) + split + kSplitCost) * unit;
-      if (s > 1 && cost <= kSplitGain * c.cost) c = {t, s, workers, cost};
+      if (s > 1 && cost <= kSplitGain * c.cost) c = {t, s, workers, cost, width};
     }
     return c;
   };
@@ -102,6 +121,12 @@ inline Choice plan_gemm(const PlanInputs& in) {
   if (in.mid)
     consider(best, best_of(Tile::M128N192, tm * ceil_div(in.N, 192), in.sm_count,
                            kMidCost * (in.aligned ? 1.0 : kMisalignedMid), true));
+  // The 128 x w tiles, unsplit (their splits were not measured), on aligned pitches (on a misaligned
+  // one they ran no better than 128x128, 0.65 of cuBLAS on 77x14344x4104).
+  if (in.wide && in.aligned)
+    for (int w : kWideWidths)
+      consider(best, best_of(Tile::M128Nw, tm * ceil_div(in.N, w), in.sm_count,
+                             wide_cost(w), false, w));
   if (in.narrow && in.M <= kNarrowMaxM)
     consider(best, best_of(Tile::M64N128, ceil_div(in.M, 64) * ceil_div(in.N, 128), in.sm_count,
                            kNarrowCost * (in.aligned ? 1.0 : kMisalignedSmall), true));

@@ -1,5 +1,5 @@
-// Host side of split-K (split_k.cuh): the workspace and the launch. Included by gemm.cu only,
-// which instantiates it.
+// Host side of split-K (split_k.cuh): the workspace and the launch. Included by run.cuh, whose
+// users (the GEMM's translation units) instantiate it.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -31,7 +31,7 @@ lcsc::Plan launch_split_k(const typename Base::Globals& base, const OutT* C, int
   g.partials = ws.partials;
   g.counters = ws.counters;
   if constexpr (Base::BM == 128)
-    g.c_half = tile::encode(tile::tma_2d(C, base.M, base.N, base.N, 64, Base::kOutBlockCols, tile::Swizzle::B128));
+    g.c_half = tile::encode(tile::tma_2d(C, base.M, base.N, base.N, 64, Base::kOutBlockCols, Base::kOutSwizzle));
   lcsc::Config run = cfg;
   run.balance_waves = false;  // the split count was chosen for this many workers
   run.max_compute_blocks = workers * Cl;

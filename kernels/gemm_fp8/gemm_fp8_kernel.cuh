@@ -57,6 +57,7 @@ struct Fp8Common {
   static constexpr int kOutputParts = 1;
   static constexpr int kClusterSize = 1;
   static constexpr int kOutBlockCols = 64;  // bf16 columns per 128-byte staging row
+  static constexpr tile::Swizzle kOutSwizzle = tile::Swizzle::B128;
   static constexpr uint32_t kStageTxBytes = (BM + BN) * BK;  // one byte per element
   static_assert(BN == 128 || BN == 256, "BN 128 or 256");
 

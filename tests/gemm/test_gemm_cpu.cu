@@ -220,6 +220,23 @@ TEST(GemmShape, ArgumentValidation) {
   o.a_layout = gemm::ALayout::KM;
   EXPECT_NE(error_of([&] { gemm::validate_args(p, p, p, 128, 128, 128, o, false); }).find("supports only"),
             std::string::npos);
+  // The 128 x w tile: a width of kWideWidths, A M x K, a bf16 output (bias allowed).
+  o = {};
+  o.tile = gemm::Tile::M128Nw;
+  for (int w : {0, 64, 100, 128, 192, 224, 256}) {
+    o.tile_n = w;
+    EXPECT_NE(error_of([&] { gemm::validate_args(p, p, p, 128, 128, 128, o, false); }).find("tile_n = " + std::to_string(w)),
+              std::string::npos) << w;
+  }
+  for (int w : gemm::kWideWidths) {
+    o.tile_n = w;
+    EXPECT_EQ(error_of([&] { gemm::validate_args(p, p, p, 128, 128, 128, o, false); }), "") << w;
+  }
+  EXPECT_NE(error_of([&] { gemm::validate_args(p, p, p, 128, 128, 128, o, true); }).find("an fp32 output"),
+            std::string::npos);
+  o.a_layout = gemm::ALayout::KM;
+  EXPECT_NE(error_of([&] { gemm::validate_args(p, p, p, 128, 128, 128, o, false); }).find("A as K x M"),
+            std::string::npos);
   for (gemm::Tile t : {gemm::Tile::Auto, gemm::Tile::M128N256, gemm::Tile::M128N128, gemm::Tile::M64N128}) {
     o = {};
     o.tile = t;
@@ -235,6 +252,9 @@ TEST(GemmShape, TileNames) {
   EXPECT_STREQ(gemm::tile_name(gemm::Tile::M128N256), "128x256");
   EXPECT_STREQ(gemm::tile_name(gemm::Tile::M128N192), "128x192");
   EXPECT_STREQ(gemm::tile_name(gemm::Tile::Swapped), "swapped");
+  EXPECT_EQ(gemm::launch_name({gemm::Tile::M128Nw, 1, 132, 144}), "128x144");
+  EXPECT_EQ(gemm::launch_name({gemm::Tile::M128N256, 3, 132, 0}), "128x256/k3");
+  EXPECT_EQ(gemm::wide_widths_text(), "96, 112, 144, 160, 176, 208");
   gemm::Options o;
   o.tile = static_cast<gemm::Tile>(9);
   const void* p = reinterpret_cast<const void*>(uintptr_t(0x10000));

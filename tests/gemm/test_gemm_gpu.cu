@@ -70,6 +70,7 @@ struct Variant {
   int comm = 0;
   bool samples = false;
   int split_k = 0;  // Options::split_k
+  int tile_n = 0;   // Options::tile_n (Tile::M128Nw)
 };
 
 // Uniform in [-scale, scale) with 24 random bits: almost never a bf16 value, so a kernel that
@@ -148,7 +149,8 @@ std::string case_name(Case cs, const Variant& v) {
   const char* bias = v.bias == gemm::BiasType::F32 ? " bias f32" : v.bias == gemm::BiasType::BF16 ? " bias bf16" : "";
   return std::to_string(cs.M) + "x" + std::to_string(cs.N) + "x" + std::to_string(cs.K) +
          (v.al == gemm::ALayout::KM ? " A KM" : "") + (v.bl == gemm::BLayout::KN ? " KN" : " NK") + " tile " +
-         gemm::tile_name(v.tile) + (v.f32_out ? " C fp32" : "") + bias + (v.accumulate ? " C+=" : "") + " comm " +
+         (v.tile == gemm::Tile::M128Nw ? "128x" + std::to_string(v.tile_n) : gemm::tile_name(v.tile)) +
+         (v.split_k > 1 ? " k" + std::to_string(v.split_k) : "") + (v.f32_out ? " C fp32" : "") + bias + (v.accumulate ? " C+=" : "") + " comm " +
          std::to_string(v.comm);
 }
 
@@ -194,6 +196,7 @@ void run_typed(Case cs, const Variant& v) {
   o.bias_type = v.bias;
   o.bias = bias;
   o.split_k = v.split_k;
+  o.tile_n = v.tile_n;
   gemm::gemm(A.p, B.p, C.p, M, N, K, v.bl, o, nullptr);
   WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
   const check::Bound bound = f32 ? check::gemm_f32_bound() : bound_for(v.accumulate);
@@ -402,24 +405,43 @@ TEST(Gemm, SwappedTile) {
   run_case({4, 14336, 4096}, v);
 }
 
-// The 128 x 192 tile (A M x K, bf16 output): ragged N around its 192-column edge, both B layouts,
-// bf16 and fp32 bias, C +=, and split-K of its last partial round (rows the planner may pick it for).
+// The bf16-output epilogues a tile with A M x K takes, on variant v's tile: plain, fp32 bias with
+// C +=, bf16 bias, and split-K 2 and 3 of the last partial round.
+void run_bf16_epilogues(Case c, Variant v) {
+  v.samples = true;
+  run_case(c, v);
+  v.bias = gemm::BiasType::F32, v.accumulate = true;
+  run_case(c, v);
+  v.bias = gemm::BiasType::BF16, v.accumulate = false;
+  run_case(c, v);
+  v.bias = gemm::BiasType::None;
+  for (int s : {2, 3}) {
+    v.split_k = s;
+    run_case(c, v);
+  }
+}
+
+// The 128 x 192 tile (A M x K, bf16 output): ragged N around its 192-column edge, both B layouts
+// (rows the planner may pick it for).
 TEST(Gemm, MidTile) {
   const Case cases[] = {{200, 4104, 1032}, {129, 392, 520}, {1000, 776, 4104}, {256, 14336, 520}};
   for (Case c : cases)
     for (auto bl : kLayouts) {
       Variant v;
-      v.bl = bl, v.tile = gemm::Tile::M128N192, v.samples = true;
-      run_case(c, v);
-      v.bias = gemm::BiasType::F32, v.accumulate = true;
-      run_case(c, v);
-      v.bias = gemm::BiasType::BF16, v.accumulate = false;
-      run_case(c, v);
-      v.bias = gemm::BiasType::None;
-      for (int s : {2, 3}) {
-        v.split_k = s;
-        run_case(c, v);
-      }
+      v.bl = bl, v.tile = gemm::Tile::M128N192;
+      run_bf16_epilogues(c, v);
+    }
+}
+
+// The 128 x w tiles (A M x K, B N x K, bf16 output; dense staging when w is off the 64-column
+// grid): every width on shapes ragged in M, N and K, N not a multiple of w.
+TEST(Gemm, WideTiles) {
+  const Case cases[] = {{200, 1000, 1032}, {129, 392, 520}, {256, 14336, 520}};
+  for (int w : gemm::kWideWidths)
+    for (Case c : cases) {
+      Variant v;
+      v.bl = gemm::BLayout::NK, v.tile = gemm::Tile::M128Nw, v.tile_n = w;
+      run_bf16_epilogues(c, v);
     }
 }
 
@@ -504,6 +526,17 @@ TEST(Gemm, RejectsBadInput) {
   sw.lcsc.num_comm_sms = 8;
   expect_error<Error>([&] { gemm::gemm(p, p, p, 16, 128, 128, gemm::BLayout::NK, sw); },
                       "swapped tile with communicator SMs", "num_comm_sms = 8");
+  // The 128 x w tile: a width it has, B as N x K, A as M x K, a bf16 output.
+  gemm::Options wt;
+  wt.tile = gemm::Tile::M128Nw;
+  wt.tile_n = 100;
+  expect_error<Error>([&] { gemm::gemm(p, p, p, 128, 128, 128, gemm::BLayout::NK, wt); }, "128 x 100 tile",
+                      "tile_n = 100");
+  wt.tile_n = 144;
+  expect_error<Error>([&] { gemm::gemm(p, p, p, 128, 128, 128, gemm::BLayout::KN, wt); }, "128 x w tile, B K x N",
+                      "takes B as N x K");
+  expect_error<Error>([&] { gemm::gemm(p, p, pf, 128, 128, 128, gemm::BLayout::NK, wt); }, "128 x w tile, fp32 C",
+                      "an fp32 output");
   // fp32 C and the bias are checked against their allocations too (p holds 1 MiB).
   expect_error<Error>([&] { gemm::gemm(p, p, pf, 512, 1024, 8, gemm::BLayout::KN); }, "short fp32 C", "C needs");
   {

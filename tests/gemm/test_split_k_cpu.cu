@@ -236,6 +236,47 @@ TEST(GemmPlan, MidSizeRowsTakeTheMeasuredBest) {
   EXPECT_NE(plan_gemm(no_mid).tile, Tile::M128N192);
 }
 
+// With the 128 x w tiles (B as N x K), the rows of the width sweep (docs/perf-notes.md,
+// 2026-12-02g) take the width measured fastest (or one within noise of it), the rows where an
+// older tile won keep it, and the eight core shapes keep 128x256 unsplit.
+TEST(GemmPlan, WideTilesWhereTheSweepMeasuredThemBest) {
+  struct Row {
+    int M, N, K;
+    Tile tile;
+    int width, splits;
+  };
+  const Row rows[] = {{128, 11008, 4096, Tile::M128Nw, 96, 1},   {256, 14336, 4096, Tile::M128Nw, 112, 1},
+                      {512, 13824, 5120, Tile::M128Nw, 144, 1},  {512, 5120, 13824, Tile::M128Nw, 160, 1},
+                      {256, 18432, 7168, Tile::M128Nw, 144, 1},  {256, 7168, 18432, Tile::M128Nw, 112, 1},
+                      {384, 14336, 4096, Tile::M128Nw, 112, 1},  {512, 28672, 8192, Tile::M128Nw, 176, 1},
+                      {1024, 5120, 4096, Tile::M128Nw, 160, 1},  {256, 4096, 14336, Tile::M64N128, 0, 1},
+                      {128, 8192, 28672, Tile::M64N128, 0, 1},   {128, 4096, 4096, Tile::M64N128, 0, 2},
+                      {2048, 11008, 4096, Tile::M128N256, 0, 3}, {768, 18432, 7168, Tile::M128N256, 0, 3}};
+  for (const Row& r : rows) {
+    PlanInputs in = inputs(r.M, r.N, r.K);
+    in.wide = true;
+    const Choice c = plan_gemm(in);
+    EXPECT_EQ(c.tile, r.tile) << r.M << "x" << r.N << "x" << r.K;
+    EXPECT_EQ(c.width, r.width) << r.M << "x" << r.N << "x" << r.K;
+    EXPECT_EQ(c.splits, r.splits) << r.M << "x" << r.N << "x" << r.K;
+    in.wide = false;
+    EXPECT_NE(plan_gemm(in).tile, Tile::M128Nw);
+  }
+  const int core[][3] = {{4096, 2048, 4096},   {8192, 8192, 8192},   {16384, 16384, 16384}, {16384, 8192, 16384},
+                         {32768, 16384, 4096}, {16384, 16384, 1024}, {16384, 16384, 2048},  {8192, 1024, 8192}};
+  for (auto& s : core) {
+    PlanInputs in = inputs(s[0], s[1], s[2]);
+    in.wide = true;
+    EXPECT_EQ(plan_gemm(in).tile, Tile::M128N256) << s[0] << "x" << s[1] << "x" << s[2];
+  }
+  // Off the 128-byte grid they ran no better than 128x128: not offered there.
+  PlanInputs ragged = inputs(77, 14344, 4104, false);
+  ragged.wide = true;
+  EXPECT_NE(plan_gemm(ragged).tile, Tile::M128Nw);
+  for (int w : kWideWidths) EXPECT_LT(plan_model::wide_cost(w), 1.0) << w;
+  EXPECT_GT(plan_model::wide_cost(100), 1.0);
+}
+
 // A row pitch off the 128-byte grid moves the large shapes to the cluster tile, never to 128x128.
 TEST(GemmPlan, MisalignedPitchPrefersTheClusterTile) {
   const Choice c = plan_gemm(inputs(8192, 28672, 8200, false));

@@ -11,7 +11,7 @@
 // for K <= 16384, 12 bounds.
 //
 //   weave-bench gemm [--json FILE] [--set core|models] [--list] [--shapes MxNxK,...] [--layout kn|nk]
-//                    [--a-layout mk|km] [--tile auto|256|192|128|64|swapped] [--group G] [--comm 0,8,16,32]
+//                    [--a-layout mk|km] [--tile auto|256|192|128|64|swapped|w96..w208] [--group G] [--comm 0,8,16,32]
 //                    [--split-k N] [--target-ms T] [--no-balance]
 // --set core (the default): the eight shapes the GEMM was tuned on, B as --layout says (nk), A as
 // --a-layout says (mk: M x K; km: K x M).
@@ -25,6 +25,7 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <functional>
 #include <sstream>
@@ -220,6 +221,16 @@ int run_gemm_bench(const Args& args) {
   if (args.get("tile") == "64") tile = gemm::Tile::M64N128;
   if (args.get("tile") == "192") tile = gemm::Tile::M128N192;
   if (args.get("tile") == "swapped") tile = gemm::Tile::Swapped;
+  int tile_n = 0;  // --tile w144: the 128 x 144 tile
+  if (args.get("tile").rfind("w", 0) == 0) {
+    tile = gemm::Tile::M128Nw;
+    tile_n = std::atoi(args.get("tile").c_str() + 1);
+    if (!gemm::is_wide_width(tile_n)) {
+      std::fprintf(stderr, "weave-bench gemm: --tile %s: no such width (widths: %s)\n", args.get("tile").c_str(),
+                   gemm::wide_widths_text().c_str());
+      return 2;
+    }
+  }
   const int split_k = static_cast<int>(args.get_int("split-k", 0));
   const bool balance = !args.has("no-balance");
   const int group = static_cast<int>(args.get_int("group", 0));
@@ -319,10 +330,12 @@ int run_gemm_bench(const Args& args) {
       o.lcsc.max_clusters = static_cast<int>(args.get_int("max-clusters", 0));
       o.a_layout = al;
       o.split_k = split_k;
+      o.tile_n = tile_n;
       const gemm::Launch choice = gemm::choose_launch(s.M, s.N, s.K, bl, o);
-      const std::string used_name =
-          std::string(gemm::tile_name(choice.tile)) + (choice.splits > 1 ? "/k" + std::to_string(choice.splits) : "");
+      const std::string used_name = gemm::launch_name(choice);
       const char* used = used_name.c_str();
+      gemm::Launch whole = choice;
+      whole.splits = 1;
       lcsc::Plan plan{};
       it = 0, last = -1;
       auto weave_call = [&] {
@@ -351,7 +364,7 @@ int run_gemm_bench(const Args& args) {
         wrong.push_back(std::string("weave ") + name + " comm " + std::to_string(comm));
       }
       JsonLine jw = row("weave");
-      jw.add("tile", gemm::tile_name(choice.tile))
+      jw.add("tile", gemm::launch_name(whole))
           .add("splits", choice.splits)
           .add("num_comm_sms", comm)
           .add("compute_blocks", plan.compute_blocks)
@@ -411,7 +424,7 @@ int run_gemm_bench(const Args& args) {
 WEAVE_BENCH(gemm,
             "bf16 GEMM: weave vs cuBLASLt (--set core|models: the 8 tuned shapes (default) or real models' MLP "
             "shapes in all three training layouts plus ragged ones; --list prints the set, no GPU needed; "
-            "--shapes MxNxK,... --layout kn|nk --a-layout mk|km --tile auto|256|128|192|256s4|256c2|64|swapped --split-k N --group G --comm 0,8 --no-balance "
+            "--shapes MxNxK,... --layout kn|nk --a-layout mk|km --tile auto|256|128|192|256s4|256c2|64|swapped|w96|w112|w144|w160|w176|w208 --split-k N --group G --comm 0,8 --no-balance "
             "--accumulate --trace N)",
             run_gemm_bench);
 

@@ -57,4 +57,24 @@ __device__ __forceinline__ void store_accumulator_swizzled(void* tile, int block
   }
 }
 
+// The same into a dense row-major tile of `pitch` elements per row, no swizzle (what a TMA store
+// with a {pitch, rows} box and no swizzle reads): for tile widths that are not whole 64-column
+// blocks. A pitch of 2w bytes puts an stmatrix's eight 16-byte rows on 2 or 4 bank groups
+// (2- to 4-way conflicts), which the epilogue of a tile of >= 16 K steps hardly notices.
+template <class T, int N>
+__device__ __forceinline__ void store_accumulator_dense(void* tile, int pitch, int row0, const float (&d)[N / 2]) {
+  static_assert(N % 16 == 0, "two 8-column blocks per stmatrix.x4");
+  const int lane = threadIdx.x & 31;
+  const int warp = (threadIdx.x / 32) % 4;
+  const int mat = lane / 8;
+  const int row = row0 + warp * 16 + (mat & 1) * 8 + (lane & 7);
+  const uint32_t base = smem_u32(tile) + static_cast<uint32_t>(row * pitch) * sizeof(T);
+#pragma unroll
+  for (int j = 0; j < N / 8; j += 2) {
+    const uint32_t col = 8 * (j + (mat >> 1));
+    stmatrix_x4(base + col * sizeof(T), pack2<T>(d[4 * j + 0], d[4 * j + 1]), pack2<T>(d[4 * j + 2], d[4 * j + 3]),
+                pack2<T>(d[4 * j + 4], d[4 * j + 5]), pack2<T>(d[4 * j + 6], d[4 * j + 7]));
+  }
+}
+
 }  // namespace weave::tile
