@@ -17,6 +17,7 @@
 #pragma once
 #include <cuda.h>
 
+#include "gemm/scheduler.hpp"
 #include "gemm/split_k.hpp"
 #include "weave/tile/cluster.cuh"
 #include "weave/tile/tma.cuh"

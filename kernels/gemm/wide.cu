@@ -9,13 +9,6 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-// As many stages as fit beside the dense staging tile (128 x w bf16), at most 6: w = 96-112 get 6,
-// 144-160 5, 176-208 4.
-constexpr int wide_stages(int w) {
-  const int budget = 227 * 1024 - 2048;  // less the barriers and alignment slack
-  const int stages = (budget - 128 * w * 2) / ((128 + w) * 64 * 2);
-  return stages > 6 ? 6 : stages;
-}
 template <int W, bool Bias>
 using Wide = GemmKernel<W, BLayout::NK, wide_stages(W), 1, 1, ALayout::MK, bf16, Bias>;
 

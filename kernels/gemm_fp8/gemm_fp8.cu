@@ -4,10 +4,11 @@
 #include <cstdint>
 
 #include "gemm/plan.hpp"
-#include "gemm/split_k_launch.cuh"
 #include "gemm_fp8/gemm_fp8.hpp"
 #include "gemm_fp8/gemm_fp8_kernel.cuh"
+#include "gemm_fp8/run.cuh"
 #include "gemm_fp8/swapped_fp8.hpp"
+#include "gemm_fp8/wide_fp8.hpp"
 #include "weave/common/error.hpp"
 #include "weave/common/extent.hpp"
 #include "weave/lcsc.cuh"
@@ -19,6 +20,7 @@ namespace {
 
 using tile::fp8e4m3;
 using tile::fp8e5m2;
+using detail::run;
 
 // 3 x 48 KB + 64 KB = 208 KB, as the bf16 GEMM's big tile (the same bytes per stage: 128 fp8 of K
 // per row instead of 64 bf16). 6 x 32 KB + 32 KB = 224 KB for the 128 x 128 tiles.
@@ -28,30 +30,6 @@ template <class TA, class TB>
 using Small = GemmFp8Kernel<TA, TB, 128, 6>;
 template <class TA, class TB>
 using Block = GemmFp8BlockKernel<TA, TB, 6>;
-
-template <class Kern>
-lcsc::Plan run(const void* A, const void* B, __nv_bfloat16* C, int M, int N, int K, const float* sa, const float* sb,
-               const Options& opt, int group_m, cudaStream_t stream, Launch split = {}) {
-  using tile::Swizzle;
-  constexpr CUtensorMapDataType u8 = CU_TENSOR_MAP_DATA_TYPE_UINT8;  // TMA has no fp8 type; bytes are exact
-  Fp8Globals g{};
-  g.a = tile::encode(tile::tma_2d(u8, 1, A, M, K, K, Kern::BM, Kern::BK, Swizzle::B128));
-  g.b = tile::encode(tile::tma_2d(u8, 1, B, N, K, K, Kern::BN, Kern::BK, Swizzle::B128));
-  g.c = tile::encode(tile::tma_2d(static_cast<const __nv_bfloat16*>(C), M, N, N, Kern::BM, 64, Swizzle::B128));
-  g.scale_a = sa;
-  g.scale_b = sb;
-  g.M = M;
-  g.N = N;
-  g.K = K;
-  g.tiles_m = gemm::ceil_div(M, Kern::BM);
-  g.tiles_n = gemm::ceil_div(N, Kern::BN);
-  g.group_m = group_m;
-  g.kblocks = k_blocks(K);
-  g.accumulate = 0;
-  if constexpr (Kern::BN == 256 && Kern::kReleaseLag == 1)  // the per-tensor 128x256 tile splits
-    if (split.splits > 1) return gemm::launch_split_k<Kern>(g, C, split.workers, split.splits, opt.lcsc, stream);
-  return lcsc::launch<Kern>(g, opt.lcsc, stream);
-}
 
 // One kernel template per type pair, picked at run time.
 template <template <class, class> class Kern>
@@ -114,12 +92,18 @@ const char* tile_name(Tile t) {
     case Tile::M128N256: return "128x256";
     case Tile::M128N128: return "128x128";
     case Tile::Swapped: return "swapped";
+    case Tile::M128Nw: return "128xw";
     default: return "auto";
   }
 }
+
+std::string launch_name(const Launch& l) {
+  std::string s = l.tile == Tile::M128Nw ? "128x" + std::to_string(l.width) : tile_name(l.tile);
+  return l.splits > 1 ? s + "/k" + std::to_string(l.splits) : s;
+}
 const char* type_name(Fp8 t) { return t == Fp8::E5M2 ? "e5m2" : "e4m3"; }
 
-Launch plan_launch(int M, int N, int K, int sm_count, const Options& opt) {
+Launch plan_launch(int M, int N, int K, int sm_count, const Options& opt, bool wide) {
   const bool split_ok = opt.split_k != 1;
   if (opt.tile == Tile::Swapped) {
     WEAVE_CHECK(M <= gemm::swapped::kMaxTokens && opt.lcsc.num_comm_sms == 0, "gemm_fp8: the swapped tile takes M <= ",
@@ -127,9 +111,13 @@ Launch plan_launch(int M, int N, int K, int sm_count, const Options& opt) {
                 opt.lcsc.num_comm_sms);
     return {Tile::Swapped, 1, sm_count};
   }
+  if (opt.tile == Tile::M128Nw)
+    WEAVE_CHECK(wide && gemm::is_wide_width(opt.tile_n), "gemm_fp8: the 128 x w tile takes e4m3 x e4m3 and tile_n one of ",
+                gemm::wide_widths_text(), "; got tile_n = ", opt.tile_n, wide ? "" : " and an e5m2 operand");
   if (opt.tile != Tile::Auto) {
-    const bool big = opt.tile == Tile::M128N256;
-    return {opt.tile, big && opt.split_k > 1 ? opt.split_k : 1, sm_count};
+    const bool splits = opt.tile == Tile::M128N256 || opt.tile == Tile::M128Nw;
+    return {opt.tile, splits && opt.split_k > 1 ? opt.split_k : 1, sm_count,
+            opt.tile == Tile::M128Nw ? opt.tile_n : 0};
   }
   gemm::PlanInputs in;
   in.M = M, in.N = N, in.K = k_blocks(K) * 64;
@@ -137,30 +125,33 @@ Launch plan_launch(int M, int N, int K, int sm_count, const Options& opt) {
   in.sm_count = sm_count;
   in.pair_clusters = 0;
   in.mid = false;
+  in.wide = wide;
   in.narrow = false;
   in.split_k = split_ok;
   in.swapped = opt.lcsc.num_comm_sms == 0 && opt.split_k <= 1;
   const gemm::Choice c = gemm::plan_gemm(in);
   if (c.tile == gemm::Tile::Swapped) return {Tile::Swapped, 1, sm_count};
   if (c.tile == gemm::Tile::M128N128) return {Tile::M128N128, 1, sm_count};
+  if (c.tile == gemm::Tile::M128Nw) return {Tile::M128Nw, opt.split_k > 1 ? opt.split_k : 1, sm_count, c.width};
   return {Tile::M128N256, opt.split_k > 1 ? opt.split_k : c.splits, sm_count};
 }
 
 namespace {
 // choose_launch for a shape already validated (gemm() validates it with everything else).
-Launch launch_for(int M, int N, int K, const Options& opt) {
+Launch launch_for(int M, int N, int K, const Options& opt, Fp8 ta, Fp8 tb) {
   WEAVE_CHECK(opt.split_k >= 0, "gemm_fp8: split_k = ", opt.split_k, " must be >= 0 (0: the planner decides, 1: never)");
   lcsc::Config wide = opt.lcsc;
   wide.balance_waves = false;
   // The compute blocks of a full machine (the SM count less the communicator blocks).
   const int blocks = lcsc::plan_for<Big<fp8e4m3, fp8e4m3>>(1LL << 40, wide).compute_blocks;
-  return plan_launch(M, N, K, blocks, opt);
+  return plan_launch(M, N, K, blocks, opt, ta == Fp8::E4M3 && tb == Fp8::E4M3);
 }
 }  // namespace
 
-Launch choose_launch(int M, int N, int K, const Options& opt) {
+Launch choose_launch(int M, int N, int K, const Options& opt, Fp8 ta, Fp8 tb) {
   validate_shape(M, N, K);
-  return launch_for(M, N, K, opt);
+  validate_types(ta, tb);
+  return launch_for(M, N, K, opt, ta, tb);
 }
 
 // The bf16 GEMM's rule (16 tile rows for short tiles, 8 for long ones) with K in bytes: an fp8
@@ -172,11 +163,12 @@ lcsc::Plan gemm(const void* A, Fp8 ta, const void* B, Fp8 tb, __nv_bfloat16* C, 
                 const float* scale_a, const float* scale_b, const Options& opt, cudaStream_t stream) {
   validate_call(A, ta, B, tb, C, M, N, K, scale_a, scale_b, sizeof(float), sizeof(float));
   WEAVE_CHECK(opt.tile == Tile::Auto || opt.tile == Tile::M128N256 || opt.tile == Tile::M128N128 ||
-                  opt.tile == Tile::Swapped,
+                  opt.tile == Tile::Swapped || opt.tile == Tile::M128Nw,
               "gemm_fp8: unknown tile ", static_cast<int>(opt.tile));
-  const Launch l = launch_for(M, N, K, opt);  // the shape was validated above
+  const Launch l = launch_for(M, N, K, opt, ta, tb);  // the shape was validated above
   if (l.tile == Tile::Swapped) return launch_swapped(ta, tb, A, B, C, M, N, K, scale_a, scale_b, l.workers, stream);
   const int group_m = opt.group_m > 0 ? opt.group_m : default_group_m(l.tile, K);
+  if (l.tile == Tile::M128Nw) return detail::run_wide(A, B, C, M, N, K, scale_a, scale_b, opt, group_m, stream, l);
   if (l.tile == Tile::M128N256)
     return dispatch<Big>(ta, tb, A, B, C, M, N, K, scale_a, scale_b, opt, group_m, stream, l);
   return dispatch<Small>(ta, tb, A, B, C, M, N, K, scale_a, scale_b, opt, group_m, stream);

@@ -22,6 +22,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <string>
 
 #include "weave/lcsc.cuh"
 
@@ -34,7 +35,9 @@ enum class Fp8 : int { E4M3 = 0, E5M2 = 1 };
 // tile of gemm_block_scaled.
 // Swapped: decode (M <= 16 tokens): the bf16 GEMM's swapped tile with fp8 multiplies (mma.sync
 // m16n8k32; kernels/gemm/swapped_schedule.hpp); per-tensor scales, no communicator SMs.
-enum class Tile : int { Auto = 0, M128N256 = 1, M128N128 = 2, Swapped = 3 };
+// M128Nw: 128 x w, w = Options::tile_n in gemm::kWideWidths (the bf16 GEMM's 128 x w tiles, for
+// wave quantisation); e4m3 x e4m3 only.
+enum class Tile : int { Auto = 0, M128N256 = 1, M128N128 = 2, Swapped = 3, M128Nw = 4 };
 
 struct Options {
   Tile tile = Tile::Auto;
@@ -43,6 +46,7 @@ struct Options {
   // Split-K of the last partial round (per-tensor scales, 128x256 tile; kernels/gemm/split_k.hpp):
   // 0 = the bf16 GEMM's planner decides (kernels/gemm/plan.hpp), 1 = never, n > 1 = n K ranges.
   int split_k = 0;
+  int tile_n = 0;  // the width of Tile::M128Nw
 };
 
 // The tile and split gemm() runs for these arguments (the planner when opt.tile is Auto).
@@ -50,6 +54,7 @@ struct Launch {
   Tile tile = Tile::M128N256;
   int splits = 1;
   int workers = 0;  // compute blocks the split was planned for
+  int width = 0;    // Tile::M128Nw: its width
 };
 
 lcsc::Plan gemm(const void* A, Fp8 a_type, const void* B, Fp8 b_type, __nv_bfloat16* C, int M, int N, int K,
@@ -82,11 +87,14 @@ void validate_types(Fp8 a, Fp8 b);
 // The launch for `sm_count` compute blocks: the bf16 GEMM's planner (plan.hpp) with an fp8
 // iteration (128 K bytes) counted as a bf16 one (64 K, the same bytes per stage), no 64-row or
 // 128x192 tile, and a K-byte row pitch off the 128-byte grid as a misaligned one.
-Launch plan_launch(int M, int N, int K, int sm_count, const Options& opt = {});
+// wide: the 128 x w tiles may be chosen (both operands e4m3).
+Launch plan_launch(int M, int N, int K, int sm_count, const Options& opt = {}, bool wide = false);
 // The same on the current device (what gemm() runs).
-Launch choose_launch(int M, int N, int K, const Options& opt = {});
+Launch choose_launch(int M, int N, int K, const Options& opt = {}, Fp8 a_type = Fp8::E4M3, Fp8 b_type = Fp8::E4M3);
 int default_group_m(Tile t, int K);
 const char* tile_name(Tile t);
+// "128x256", "128x144" (M128Nw with its width), with "/k3" for a split.
+std::string launch_name(const Launch& l);
 const char* type_name(Fp8 t);
 inline int k_blocks(int K) { return (K + 127) / 128; }
 // Floats each block-scale array holds (what its allocation must cover).

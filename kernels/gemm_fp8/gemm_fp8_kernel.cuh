@@ -56,17 +56,20 @@ struct Fp8Common {
   static constexpr int kConsumerRegs = 232;  // (40 + 2 * 232) * 128 = 64,512 of 65,536
   static constexpr int kOutputParts = 1;
   static constexpr int kClusterSize = 1;
-  static constexpr int kOutBlockCols = 64;  // bf16 columns per 128-byte staging row
-  static constexpr tile::Swizzle kOutSwizzle = tile::Swizzle::B128;
+  // A width off the 64-column grid (the 128 x w tiles) stages the output dense, without the
+  // swizzle, for one {BN, 128} store box (kernels/gemm/gemm_kernel.cuh, kDenseOut).
+  static constexpr bool kDenseOut = BN_ % 64 != 0;
+  static constexpr int kOutBlockCols = kDenseOut ? BN_ : 64;  // bf16 columns per staging row block
+  static constexpr tile::Swizzle kOutSwizzle = kDenseOut ? tile::Swizzle::None : tile::Swizzle::B128;
   static constexpr uint32_t kStageTxBytes = (BM + BN) * BK;  // one byte per element
-  static_assert(BN == 128 || BN == 256, "BN 128 or 256");
+  static_assert(BN == 128 || BN == 256 || (kDenseOut && BN % 16 == 0 && BN < 256), "BN 128, 256 or a multiple of 16");
 
   struct alignas(1024) Stage {
     uint8_t a[BM * BK];  // 128 rows of 128 B (K-major, swizzled)
     uint8_t b[BN * BK];  // BN rows of 128 B
   };
   struct alignas(1024) Output {
-    bf16 c[BM * BN];  // BN/64 blocks of 128 rows x 128 B, swizzled
+    bf16 c[BM * BN];  // BN/64 blocks of 128 rows x 128 B, swizzled (or one dense block)
   };
 
   static __host__ __device__ int num_work(const Globals& g) { return g.tiles_m * g.tiles_n; }
@@ -106,10 +109,10 @@ struct Fp8Common {
   static __device__ __forceinline__ void store(const Globals& g, Output& o, int w, int) {
     const TileCoord t = coord(g, w);
 #pragma unroll
-    for (int j = 0; j < BN / 64; ++j) {
-      const int n = t.n * BN + 64 * j;
+    for (int j = 0; j < BN / kOutBlockCols; ++j) {
+      const int n = t.n * BN + kOutBlockCols * j;
       if (n >= g.N) break;
-      tile::tma::store_2d(&g.c, o.c + j * BM * 64, n, t.m * BM);
+      tile::tma::store_2d(&g.c, o.c + j * BM * kOutBlockCols, n, t.m * BM);
     }
   }
 
@@ -154,7 +157,10 @@ struct GemmFp8Kernel : Fp8Common<BN_, Stages> {
   static __device__ __forceinline__ void finish(const Globals&, ConsumerState& st, Output& o, int, int c, int) {
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) st.d[i] *= st.scale;
-    tile::store_accumulator_swizzled<tile::bf16, BN>(o.c, BM, c * 64, st.d);
+    if constexpr (Base::kDenseOut)
+      tile::store_accumulator_dense<tile::bf16, BN>(o.c, BN, c * 64, st.d);
+    else
+      tile::store_accumulator_swizzled<tile::bf16, BN>(o.c, BM, c * 64, st.d);
   }
 };
 

@@ -9,6 +9,7 @@
 
 #include "check/error_of.hpp"
 #include "check/gemm_fp8_ref.hpp"
+#include "gemm/gemm.hpp"
 #include "gemm_fp8/gemm_fp8.hpp"
 #include "gemm_fp8/gemm_fp8_kernel.cuh"
 #include "weave/lcsc.cuh"
@@ -91,6 +92,26 @@ TEST(GemmFp8Cpu, GroupAndNames) {
   EXPECT_STREQ(gemm_fp8::tile_name(Tile::Swapped), "swapped");
   EXPECT_STREQ(gemm_fp8::tile_name(Tile::M128N128), "128x128");
   EXPECT_STREQ(gemm_fp8::type_name(Fp8::E5M2), "e5m2");
+  EXPECT_EQ(gemm_fp8::launch_name({Tile::M128Nw, 2, 132, 160}), "128x160/k2");
+}
+
+// The 128 x w tiles only for e4m3 x e4m3 (wide = true), by the bf16 planner's rule (fp8 K blocks
+// as bf16 iterations): a mid-size forward row takes one; the core shapes keep 128x256.
+TEST(GemmFp8Cpu, PlanLaunchWide) {
+  const gemm_fp8::Launch l = gemm_fp8::plan_launch(512, 13824, 5120, 132, {}, true);
+  EXPECT_EQ(l.tile, Tile::M128Nw);
+  EXPECT_TRUE(gemm::is_wide_width(l.width)) << l.width;
+  EXPECT_NE(gemm_fp8::plan_launch(512, 13824, 5120, 132, {}, false).tile, Tile::M128Nw);
+  EXPECT_EQ(gemm_fp8::plan_launch(8192, 8192, 8192, 132, {}, true).tile, Tile::M128N256);
+  gemm_fp8::Options o;
+  o.tile = Tile::M128Nw, o.tile_n = 112, o.split_k = 2;
+  const gemm_fp8::Launch f = gemm_fp8::plan_launch(256, 4096, 4096, 132, o, true);
+  EXPECT_EQ(f.width, 112);
+  EXPECT_EQ(f.splits, 2);
+  o.tile_n = 100;
+  EXPECT_THROW(gemm_fp8::plan_launch(256, 4096, 4096, 132, o, true), Error);
+  o.tile_n = 112;
+  EXPECT_THROW(gemm_fp8::plan_launch(256, 4096, 4096, 132, o, false), Error);
 }
 
 TEST(GemmFp8Cpu, BlockScaleCounts) {

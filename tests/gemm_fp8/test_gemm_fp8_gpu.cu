@@ -23,6 +23,7 @@
 #include "check/gemm_ref.hpp"
 #include "check/seed.hpp"
 #include "check/tile_check.hpp"
+#include "gemm/gemm.hpp"
 #include "gemm_fp8/gemm_fp8.hpp"
 
 using namespace weave;
@@ -53,6 +54,7 @@ struct Opts {
   bool samples = false;
   bool expect_nonfinite = false;  // nonfinite_codes(): NaN in A's row 5, +-Inf in B's rows 9 and 10 (e5m2 B)
   int split_k = 0;                // Options::split_k
+  int tile_n = 0;                 // Options::tile_n (Tile::M128Nw)
 };
 
 bool e5(Fp8 t) { return t == Fp8::E5M2; }
@@ -142,6 +144,7 @@ struct Fp8Run {
     opt.tile = o.tile;
     opt.lcsc.num_comm_sms = o.comm;
     opt.split_k = o.split_k;
+    opt.tile_n = o.tile_n;
     const lcsc::Plan p = o.block ? gemm_fp8::gemm_block_scaled(a, o.ta, B.p, o.tb, C.p, M, N, K, sa.p, sb.p, opt)
                                  : gemm_fp8::gemm(a, o.ta, B.p, o.tb, C.p, M, N, K, sa.p, sb.p, opt);
     WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
@@ -152,7 +155,8 @@ struct Fp8Run {
   }
   std::string name() const {
     return std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) + " " + gemm_fp8::type_name(o.ta) +
-           "x" + gemm_fp8::type_name(o.tb) + (o.block ? " block" : " tensor") + " tile " + gemm_fp8::tile_name(o.tile) +
+           "x" + gemm_fp8::type_name(o.tb) + (o.block ? " block" : " tensor") + " tile " +
+           (o.tile == Tile::M128Nw ? "128x" + std::to_string(o.tile_n) : gemm_fp8::tile_name(o.tile)) +
            " scales [" + std::to_string(o.scale_lo) + ", " + std::to_string(o.scale_hi) + "]" +
            (o.sub_a ? " subA" : "") + (o.sub_b ? " subB" : "") + (o.comm ? " comm " + std::to_string(o.comm) : "") +
            (o.split_k ? " split " + std::to_string(o.split_k) : "");
@@ -231,6 +235,19 @@ TEST(GemmFp8, PerTensorSplitK) {
   o = {};
   o.tile = Tile::M128N256, o.split_k = 3;
   check_nonfinite(100, 264, 1040, o);
+}
+
+// The 128 x w tiles (e4m3 x e4m3, per-tensor scales; dense output staging): every width on shapes
+// ragged in M, N and K, N not a multiple of w, scales far from 1, and split-K of the last round.
+TEST(GemmFp8, WideTiles) {
+  for (int w : gemm::kWideWidths)
+    for (Shape s : {Shape{200, 1000, 1040}, Shape{129, 392, 528}, Shape{256, 14336, 528}}) {
+      Opts o;
+      o.tile = Tile::M128Nw, o.tile_n = w, o.samples = true;
+      run_case(s.M, s.N, s.K, o);
+      o.scale_lo = 1e-3f, o.scale_hi = 1e3f, o.range = 448.f, o.split_k = 2;
+      run_case(s.M, s.N, s.K, o);
+    }
 }
 
 TEST(GemmFp8, E5m2Operands) {
@@ -419,6 +436,12 @@ TEST(GemmFp8, RejectsBadInput) {
   expect_error("swapped tile, M = 17", "got M = 17", [&] { gemm_fp8::gemm(p, e4, p, e4, c, 17, 64, 64, f, f, sw); });
   expect_error("swapped block scales", "128x128 tile only",
                [&] { gemm_fp8::gemm_block_scaled(p, e4, p, e4, c, 16, 64, 128, f, f, sw); });
+  gemm_fp8::Options wt;
+  wt.tile = Tile::M128Nw, wt.tile_n = 144;
+  expect_error("128 x w tile, e5m2 B", "e5m2 operand",
+               [&] { gemm_fp8::gemm(p, e4, p, Fp8::E5M2, c, 64, 64, 64, f, f, wt); });
+  wt.tile_n = 128;
+  expect_error("128 x 128 as a w tile", "tile_n = 128", [&] { gemm_fp8::gemm(p, e4, p, e4, c, 64, 64, 64, f, f, wt); });
   gemm_fp8::Options comm;
   comm.lcsc.num_comm_sms = 100000;
   expect_error("num_comm_sms = 100000", "num_comm_sms",

@@ -19,7 +19,7 @@
 // (printed).
 //
 //   weave-bench gemm_fp8 [--json FILE] [--shapes MxNxK,...] [--set core|models] [--list]
-//                        [--types e4m3xe4m3|e5m2xe4m3|e4m3xe5m2] [--tile auto|256|128|swapped] [--split-k N]
+//                        [--types e4m3xe4m3|e5m2xe4m3|e4m3xe5m2] [--tile auto|256|128|swapped|w96..w208] [--split-k N]
 //                        [--impl cublaslt,cublaslt_precise,weave,weave_block] [--target-ms T]
 // --set core|models: the rows of weave-bench gemm (gemm_sets.hpp); fp8 runs the nk ones.
 #include <cublasLt.h>
@@ -28,6 +28,7 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -37,6 +38,7 @@
 #include "check/gemm_ref.hpp"
 #include "check/seed.hpp"
 #include "check/tile_check.hpp"
+#include "gemm/gemm.hpp"
 #include "gemm_fp8/gemm_fp8.hpp"
 #include "gemm_fp8/reference.cuh"
 #include "gemm_sets.hpp"
@@ -131,6 +133,15 @@ int run_gemm_fp8_bench(const Args& args) {
   if (args.get("tile") == "256") opt.tile = gemm_fp8::Tile::M128N256;
   if (args.get("tile") == "128") opt.tile = gemm_fp8::Tile::M128N128;
   if (args.get("tile") == "swapped") opt.tile = gemm_fp8::Tile::Swapped;
+  if (args.get("tile").rfind("w", 0) == 0) {  // --tile w144: the 128 x 144 tile
+    opt.tile = gemm_fp8::Tile::M128Nw;
+    opt.tile_n = std::atoi(args.get("tile").c_str() + 1);
+    if (!gemm::is_wide_width(opt.tile_n)) {
+      std::fprintf(stderr, "weave-bench gemm_fp8: --tile %s: no such width (widths: %s)\n", args.get("tile").c_str(),
+                   gemm::wide_widths_text().c_str());
+      return 2;
+    }
+  }
   opt.group_m = static_cast<int>(args.get_int("group", 0));
   opt.split_k = static_cast<int>(args.get_int("split-k", 0));
   const double target_ms = std::stod(args.get("target-ms", "60"));
@@ -267,9 +278,8 @@ int run_gemm_fp8_bench(const Args& args) {
       if (fast) t_lt = t;
     }
     if (wants("weave")) {
-      const gemm_fp8::Launch used = gemm_fp8::choose_launch(s.M, s.N, s.K, opt);
-      const std::string used_name =
-          std::string(gemm_fp8::tile_name(used.tile)) + (used.splits > 1 ? "/k" + std::to_string(used.splits) : "");
+      const gemm_fp8::Launch used = gemm_fp8::choose_launch(s.M, s.N, s.K, opt, ta, tb);
+      const std::string used_name = gemm_fp8::launch_name(used);
       t_weave = measure("weave", used_name.c_str(), false, [&] {
         last = it++ % nsets;
         gemm_fp8::gemm(d.a[last], ta, d.b[last], tb, d.c, s.M, s.N, s.K, d.sa[last], d.sb[last], opt, st);
@@ -302,6 +312,6 @@ int run_gemm_fp8_bench(const Args& args) {
 WEAVE_BENCH(gemm_fp8,
             "fp8 GEMM (A M x K, B N x K, bf16 out): weave per-tensor and block-scaled vs cuBLASLt fp8 "
             "(--shapes MxNxK,... or --set core|models, --list, --types e4m3xe4m3|e5m2xe4m3|e4m3xe5m2, "
-            "--tile auto|256|128|swapped, --split-k N (0 planner, 1 never), --impl cublaslt,cublaslt_precise,weave,weave_block, --target-ms T); "
+            "--tile auto|256|128|swapped|w96..w208, --split-k N (0 planner, 1 never), --impl cublaslt,cublaslt_precise,weave,weave_block, --target-ms T); "
             "also `weave-bench gemm --dtype fp8`",
             run_gemm_fp8_bench);
