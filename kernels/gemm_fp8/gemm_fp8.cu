@@ -30,6 +30,10 @@ template <class TA, class TB>
 using Small = GemmFp8Kernel<TA, TB, 128, 6>;
 template <class TA, class TB>
 using Block = GemmFp8BlockKernel<TA, TB, 6>;
+// 8 x 24 KB + a 16 KB staging tile = 208 KB, as the bf16 GEMM's 64x128 tile.
+template <class TA, class TB>
+using Narrow = GemmFp8Kernel<TA, TB, 128, 8, 64>;
+static_assert(lcsc::shared_bytes<Narrow<fp8e4m3, fp8e4m3>>() <= 232448, "227 KB");
 
 // One kernel template per type pair, picked at run time.
 template <template <class, class> class Kern>
@@ -93,6 +97,7 @@ const char* tile_name(Tile t) {
     case Tile::M128N128: return "128x128";
     case Tile::Swapped: return "swapped";
     case Tile::M128Nw: return "128xw";
+    case Tile::M64N128: return "64x128";
     default: return "auto";
   }
 }
@@ -115,7 +120,7 @@ Launch plan_launch(int M, int N, int K, int sm_count, const Options& opt, bool w
     WEAVE_CHECK(wide && gemm::is_wide_width(opt.tile_n), "gemm_fp8: the 128 x w tile takes e4m3 x e4m3 and tile_n one of ",
                 gemm::wide_widths_text(), "; got tile_n = ", opt.tile_n, wide ? "" : " and an e5m2 operand");
   if (opt.tile != Tile::Auto) {
-    const bool splits = opt.tile == Tile::M128N256 || opt.tile == Tile::M128Nw;
+    const bool splits = opt.tile == Tile::M128N256 || opt.tile == Tile::M128Nw || opt.tile == Tile::M64N128;
     return {opt.tile, splits && opt.split_k > 1 ? opt.split_k : 1, sm_count,
             opt.tile == Tile::M128Nw ? opt.tile_n : 0};
   }
@@ -126,13 +131,14 @@ Launch plan_launch(int M, int N, int K, int sm_count, const Options& opt, bool w
   in.pair_clusters = 0;
   in.mid = false;
   in.wide = wide;
-  in.narrow = false;
+  in.narrow = true;
   in.split_k = split_ok;
   in.swapped = opt.lcsc.num_comm_sms == 0 && opt.split_k <= 1;
   const gemm::Choice c = gemm::plan_gemm(in);
   if (c.tile == gemm::Tile::Swapped) return {Tile::Swapped, 1, sm_count};
   if (c.tile == gemm::Tile::M128N128) return {Tile::M128N128, 1, sm_count};
   if (c.tile == gemm::Tile::M128Nw) return {Tile::M128Nw, opt.split_k > 1 ? opt.split_k : 1, sm_count, c.width};
+  if (c.tile == gemm::Tile::M64N128) return {Tile::M64N128, opt.split_k > 1 ? opt.split_k : c.splits, sm_count};
   return {Tile::M128N256, opt.split_k > 1 ? opt.split_k : c.splits, sm_count};
 }
 
@@ -163,12 +169,14 @@ lcsc::Plan gemm(const void* A, Fp8 ta, const void* B, Fp8 tb, __nv_bfloat16* C, 
                 const float* scale_a, const float* scale_b, const Options& opt, cudaStream_t stream) {
   validate_call(A, ta, B, tb, C, M, N, K, scale_a, scale_b, sizeof(float), sizeof(float));
   WEAVE_CHECK(opt.tile == Tile::Auto || opt.tile == Tile::M128N256 || opt.tile == Tile::M128N128 ||
-                  opt.tile == Tile::Swapped || opt.tile == Tile::M128Nw,
+                  opt.tile == Tile::Swapped || opt.tile == Tile::M128Nw || opt.tile == Tile::M64N128,
               "gemm_fp8: unknown tile ", static_cast<int>(opt.tile));
   const Launch l = launch_for(M, N, K, opt, ta, tb);  // the shape was validated above
   if (l.tile == Tile::Swapped) return launch_swapped(ta, tb, A, B, C, M, N, K, scale_a, scale_b, l.workers, stream);
   const int group_m = opt.group_m > 0 ? opt.group_m : default_group_m(l.tile, K);
   if (l.tile == Tile::M128Nw) return detail::run_wide(A, B, C, M, N, K, scale_a, scale_b, opt, group_m, stream, l);
+  if (l.tile == Tile::M64N128)
+    return dispatch<Narrow>(ta, tb, A, B, C, M, N, K, scale_a, scale_b, opt, group_m, stream, l);
   if (l.tile == Tile::M128N256)
     return dispatch<Big>(ta, tb, A, B, C, M, N, K, scale_a, scale_b, opt, group_m, stream, l);
   return dispatch<Small>(ta, tb, A, B, C, M, N, K, scale_a, scale_b, opt, group_m, stream);

@@ -37,7 +37,9 @@ enum class Fp8 : int { E4M3 = 0, E5M2 = 1 };
 // m16n8k32; kernels/gemm/swapped_schedule.hpp); per-tensor scales, no communicator SMs.
 // M128Nw: 128 x w, w = Options::tile_n in gemm::kWideWidths (the bf16 GEMM's 128 x w tiles, for
 // wave quantisation); e4m3 x e4m3 only.
-enum class Tile : int { Auto = 0, M128N256 = 1, M128N128 = 2, Swapped = 3, M128Nw = 4 };
+// M64N128: 64 x 128, the two consumers splitting N over the same 64 rows of A, 8 stages (the bf16
+// GEMM's decode / narrow tile: M <= 64, and up to M = 256 where its tile count fills the machine).
+enum class Tile : int { Auto = 0, M128N256 = 1, M128N128 = 2, Swapped = 3, M128Nw = 4, M64N128 = 5 };
 
 struct Options {
   Tile tile = Tile::Auto;

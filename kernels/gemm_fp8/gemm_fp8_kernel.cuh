@@ -45,11 +45,16 @@ struct Fp8Globals {
 };
 
 // What the two kernels share: tile order, loads, the output store.
-template <int BN_, int Stages>
+// BM_ = 64 (the 64-row tile for M <= 256 on narrow N, as the bf16 GEMM's): both consumers read
+// the same 64 rows of A and split the tile's columns, BN/2 each.
+template <int BN_, int Stages, int BM_ = 128>
 struct Fp8Common {
   using bf16 = tile::bf16;
   using Globals = Fp8Globals;
-  static constexpr int BM = 128, BN = BN_, BK = 128;
+  static constexpr int BM = BM_, BN = BN_, BK = 128;
+  // Each consumer warpgroup's share: 64 rows x kWN columns (gemm/split_k.cuh's share too).
+  static constexpr int kWN = BM == 128 ? BN : BN / 2;
+  static_assert(BM == 128 || (BM == 64 && BN == 128), "BM 128, or 64 with BN 128");
   static constexpr int kStages = Stages;
   static constexpr int kConsumers = 2;
   static constexpr int kProducerRegs = 40;
@@ -65,11 +70,11 @@ struct Fp8Common {
   static_assert(BN == 128 || BN == 256 || (kDenseOut && BN % 16 == 0 && BN < 256), "BN 128, 256 or a multiple of 16");
 
   struct alignas(1024) Stage {
-    uint8_t a[BM * BK];  // 128 rows of 128 B (K-major, swizzled)
+    uint8_t a[BM * BK];  // BM rows of 128 B (K-major, swizzled)
     uint8_t b[BN * BK];  // BN rows of 128 B
   };
   struct alignas(1024) Output {
-    bf16 c[BM * BN];  // BN/64 blocks of 128 rows x 128 B, swizzled (or one dense block)
+    bf16 c[BM * BN];  // BN/64 blocks of BM rows x 128 B, swizzled (or one dense block)
   };
 
   static __host__ __device__ int num_work(const Globals& g) { return g.tiles_m * g.tiles_n; }
@@ -98,12 +103,15 @@ struct Fp8Common {
   // 128-byte row is how CUTLASS and the bf16 kernel step K as well); LBO is unused for swizzled
   // K-major layouts (16, i.e. 1, by convention); SBO = 1024 = 8 rows x 128 B, the distance between
   // 8-row core-matrix groups; base offset 0 because every stage buffer is 1024-byte aligned.
-  // Consumer c reads A rows 64c .. 64c + 63 (64 x 128 B further into the stage).
+  // BM = 128: consumer c reads A rows 64c .. 64c + 63 (64 x 128 B further into the stage) and all
+  // of B. BM = 64: both read all of A, consumer c B rows c kWN on.
   static __device__ __forceinline__ uint64_t desc_a(const Stage& s, int c, int kk) {
-    return tile::wgmma::make_desc(tile::smem_u32(s.a) + c * 64 * BK + kk * 32, 16, 1024, tile::Swizzle::B128);
+    return tile::wgmma::make_desc(tile::smem_u32(s.a) + (BM == 128 ? c * 64 * BK : 0) + kk * 32, 16, 1024,
+                                  tile::Swizzle::B128);
   }
-  static __device__ __forceinline__ uint64_t desc_b(const Stage& s, int kk) {
-    return tile::wgmma::make_desc(tile::smem_u32(s.b) + kk * 32, 16, 1024, tile::Swizzle::B128);
+  static __device__ __forceinline__ uint64_t desc_b(const Stage& s, int c, int kk) {
+    return tile::wgmma::make_desc(tile::smem_u32(s.b) + (BM == 128 ? 0 : c * kWN * BK) + kk * 32, 16, 1024,
+                                  tile::Swizzle::B128);
   }
 
   static __device__ __forceinline__ void store(const Globals& g, Output& o, int w, int) {
@@ -119,9 +127,9 @@ struct Fp8Common {
   static __device__ __forceinline__ void communicator(const Globals&, void*, int, int) {}
 };
 
-template <class TA, class TB, int BN_, int Stages>
-struct GemmFp8Kernel : Fp8Common<BN_, Stages> {
-  using Base = Fp8Common<BN_, Stages>;
+template <class TA, class TB, int BN_, int Stages, int BM_ = 128>
+struct GemmFp8Kernel : Fp8Common<BN_, Stages, BM_> {
+  using Base = Fp8Common<BN_, Stages, BM_>;
   using typename Base::Globals;
   using typename Base::Output;
   using typename Base::Stage;
@@ -129,10 +137,10 @@ struct GemmFp8Kernel : Fp8Common<BN_, Stages> {
   using Base::BM;
   using Base::BN;
   static constexpr int kReleaseLag = 1;
-  static constexpr int kWN = BN;  // each consumer's 64 rows x BN (gemm/split_k.cuh's share)
+  using Base::kWN;
 
   struct ConsumerState {
-    float d[BN / 2];
+    float d[kWN / 2];
     float scale;  // scale_a * scale_b, loaded at a tile's first K step, used in its epilogue
   };
 
@@ -142,7 +150,8 @@ struct GemmFp8Kernel : Fp8Common<BN_, Stages> {
     tile::wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < BK / 32; ++kk)
-      tile::wgmma::mma_fp8_ss<TA, TB, BN>(st.d, Base::desc_a(s, c, kk), Base::desc_b(s, kk), (it > 0 || kk > 0) ? 1 : 0);
+      tile::wgmma::mma_fp8_ss<TA, TB, kWN>(st.d, Base::desc_a(s, c, kk), Base::desc_b(s, c, kk),
+                                           (it > 0 || kk > 0) ? 1 : 0);
     tile::wgmma::commit_group();
     tile::wgmma::wait_group<1>();  // the previous stage's batch is done: the template frees it
   }
@@ -156,9 +165,11 @@ struct GemmFp8Kernel : Fp8Common<BN_, Stages> {
   // output's error at one bf16 rounding for any scale; NaN and Inf pass through the product.
   static __device__ __forceinline__ void finish(const Globals&, ConsumerState& st, Output& o, int, int c, int) {
 #pragma unroll
-    for (int i = 0; i < BN / 2; ++i) st.d[i] *= st.scale;
+    for (int i = 0; i < kWN / 2; ++i) st.d[i] *= st.scale;
     if constexpr (Base::kDenseOut)
       tile::store_accumulator_dense<tile::bf16, BN>(o.c, BN, c * 64, st.d);
+    else if constexpr (BM == 64)  // consumer c's columns: staging blocks c kWN / 64 on
+      tile::store_accumulator_swizzled<tile::bf16, kWN>(o.c + c * kWN * BM, BM, 0, st.d);
     else
       tile::store_accumulator_swizzled<tile::bf16, BN>(o.c, BM, c * 64, st.d);
   }
@@ -247,7 +258,7 @@ struct GemmFp8BlockKernel : Fp8Common<128, Stages> {
     tile::wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < BK / 32; ++kk)  // the block's first wgmma overwrites the temporary (scale-d 0)
-      tile::wgmma::mma_fp8_ss<TA, TB, BN>(st.part, Base::desc_a(s, c, kk), Base::desc_b(s, kk), kk > 0 ? 1 : 0);
+      tile::wgmma::mma_fp8_ss<TA, TB, BN>(st.part, Base::desc_a(s, c, kk), Base::desc_b(s, c, kk), kk > 0 ? 1 : 0);
     tile::wgmma::commit_group();
     float s0, s1;
     take_scales(g, st, it, s0, s1);  // the next block's loads overlap these wgmmas

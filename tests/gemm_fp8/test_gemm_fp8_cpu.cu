@@ -47,8 +47,8 @@ TEST(GemmFp8Cpu, ValidateTypes) {
 }
 
 // The bf16 GEMM's planner on fp8 iterations (132 SMs): the big tile on full waves, the swapped
-// tile for decode up to 16 tokens, split-K where few tiles leave the machine idle above that, never
-// a tile fp8 does not have.
+// tile for decode up to 16 tokens, the 64-row tile split across the machine above that and on
+// narrow N up to M = 256, never a tile fp8 does not have (128x192).
 TEST(GemmFp8Cpu, PlanLaunch) {
   using gemm_fp8::Launch;
   for (auto s : {std::array<int, 3>{8192, 8192, 8192}, {16384, 16384, 1024}, {4096, 2048, 4096}}) {
@@ -64,10 +64,10 @@ TEST(GemmFp8Cpu, PlanLaunch) {
   }
   gemm_fp8::Options comm;
   comm.lcsc.num_comm_sms = 8;
-  EXPECT_EQ(gemm_fp8::plan_launch(16, 4096, 11008, 124, comm).tile, Tile::M128N256);
-  // Above 16 tokens: 16 tiles of 128x256 on 132 SMs split K across the machine.
+  EXPECT_EQ(gemm_fp8::plan_launch(16, 4096, 11008, 124, comm).tile, Tile::M64N128);
+  // Above 16 tokens: 32 tiles of 64x128 on 132 SMs split K across the machine (the bf16 rule).
   const Launch d = gemm_fp8::plan_launch(17, 4096, 11008, 132);
-  EXPECT_EQ(d.tile, Tile::M128N256);
+  EXPECT_EQ(d.tile, Tile::M64N128);
   EXPECT_GT(d.splits, 1);
   EXPECT_EQ(d.workers, 132);
   gemm_fp8::Options never;
@@ -80,8 +80,13 @@ TEST(GemmFp8Cpu, PlanLaunch) {
   o.tile = Tile::M128N128;
   o.split_k = 3;
   EXPECT_EQ(gemm_fp8::plan_launch(1, 4096, 11008, 132, o).splits, 1);
-  o.tile = Tile::M128N256;
-  EXPECT_EQ(gemm_fp8::plan_launch(1, 4096, 11008, 132, o).splits, 3);
+  for (Tile t : {Tile::M128N256, Tile::M64N128}) {
+    o.tile = t;
+    EXPECT_EQ(gemm_fp8::plan_launch(1, 4096, 11008, 132, o).splits, 3);
+  }
+  // Where bf16 takes the 64-row tile on narrow N, so does fp8.
+  EXPECT_EQ(gemm_fp8::plan_launch(256, 4096, 14336, 132).tile, Tile::M64N128);
+  EXPECT_STREQ(gemm_fp8::tile_name(Tile::M64N128), "64x128");
 }
 
 TEST(GemmFp8Cpu, GroupAndNames) {

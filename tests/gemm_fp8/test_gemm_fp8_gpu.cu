@@ -182,7 +182,8 @@ struct Shape {
 // plus tiny and exact shapes. K multiples of 16, N of 8.
 const Shape kRagged[] = {{1000, 776, 528}, {16, 16, 16}, {1, 8, 32},     {129, 264, 144},   {128, 256, 128},
                          {255, 520, 1040}, {777, 1032, 4112}, {2048, 2048, 2048}, {3000, 136, 8192}};
-const Tile kTiles[] = {Tile::M128N256, Tile::M128N128};
+// The per-tensor tiles with every type pair (the block-scaled kernel runs 128x128 only).
+const Tile kTiles[] = {Tile::M128N256, Tile::M128N128, Tile::M64N128};
 
 // NaN in A's row 5 and +-Inf in B's rows 9 and 10 (e5m2 B): the non-finite kinds match the
 // reference's, all of C's row 5 is NaN and all of its column 9 Inf or NaN.
@@ -222,19 +223,23 @@ TEST(GemmFp8, PerTensorRaggedShapesBothTiles) {
 TEST(GemmFp8, PerTensorSplitK) {
   const Shape shapes[] = {{1, 4096, 11008}, {16, 1032, 4112}, {200, 776, 2064}, {129, 264, 8208}, {1000, 776, 528}};
   for (Shape s : shapes)
-    for (int split : {0, 2, 3, 5}) {
-      Opts o;
-      o.tile = split == 0 ? Tile::Auto : Tile::M128N256;
-      o.split_k = split;
-      o.samples = true;
-      run_case(s.M, s.N, s.K, o);
-    }
-  Opts o;
-  o.ta = Fp8::E5M2, o.tile = Tile::M128N256, o.split_k = 4, o.range = 1000.f, o.samples = true;
-  run_case(64, 1032, 4112, o);
-  o = {};
-  o.tile = Tile::M128N256, o.split_k = 3;
-  check_nonfinite(100, 264, 1040, o);
+    for (int split : {0, 2, 3, 5})
+      for (Tile t : {Tile::M128N256, Tile::M64N128}) {
+        if (split == 0 && t == Tile::M64N128) continue;
+        Opts o;
+        o.tile = split == 0 ? Tile::Auto : t;
+        o.split_k = split;
+        o.samples = true;
+        run_case(s.M, s.N, s.K, o);
+      }
+  for (Tile t : {Tile::M128N256, Tile::M64N128}) {
+    Opts o;
+    o.ta = Fp8::E5M2, o.tile = t, o.split_k = 4, o.range = 1000.f, o.samples = true;
+    run_case(64, 1032, 4112, o);
+    o = {};
+    o.tile = t, o.split_k = 3;
+    check_nonfinite(100, 264, 1040, o);
+  }
 }
 
 // The 128 x w tiles (e4m3 x e4m3, per-tensor scales; dense output staging): every width on shapes
@@ -291,7 +296,7 @@ TEST(GemmFp8, SubnormalInputs) {
 TEST(GemmFp8, NanAndInfPropagate) {
   for (bool block : {false, true})
     for (Tile t : kTiles) {
-      if (block && t == Tile::M128N256) continue;
+      if (block && t != Tile::M128N128) continue;
       Opts o;
       o.block = block, o.tile = t;
       check_nonfinite(300, 264, 528, o);

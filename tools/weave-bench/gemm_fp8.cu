@@ -19,7 +19,7 @@
 // (printed).
 //
 //   weave-bench gemm_fp8 [--json FILE] [--shapes MxNxK,...] [--set core|models] [--list]
-//                        [--types e4m3xe4m3|e5m2xe4m3|e4m3xe5m2] [--tile auto|256|128|swapped|w96..w208] [--split-k N]
+//                        [--types e4m3xe4m3|e5m2xe4m3|e4m3xe5m2] [--tile auto|256|128|64|swapped|w96..w208] [--split-k N]
 //                        [--impl cublaslt,cublaslt_precise,weave,weave_block] [--target-ms T]
 // --set core|models: the rows of weave-bench gemm (gemm_sets.hpp); fp8 runs the nk ones.
 #include <cublasLt.h>
@@ -133,6 +133,7 @@ int run_gemm_fp8_bench(const Args& args) {
   if (args.get("tile") == "256") opt.tile = gemm_fp8::Tile::M128N256;
   if (args.get("tile") == "128") opt.tile = gemm_fp8::Tile::M128N128;
   if (args.get("tile") == "swapped") opt.tile = gemm_fp8::Tile::Swapped;
+  if (args.get("tile") == "64") opt.tile = gemm_fp8::Tile::M64N128;
   if (args.get("tile").rfind("w", 0) == 0) {  // --tile w144: the 128 x 144 tile
     opt.tile = gemm_fp8::Tile::M128Nw;
     opt.tile_n = std::atoi(args.get("tile").c_str() + 1);
@@ -312,6 +313,6 @@ int run_gemm_fp8_bench(const Args& args) {
 WEAVE_BENCH(gemm_fp8,
             "fp8 GEMM (A M x K, B N x K, bf16 out): weave per-tensor and block-scaled vs cuBLASLt fp8 "
             "(--shapes MxNxK,... or --set core|models, --list, --types e4m3xe4m3|e5m2xe4m3|e4m3xe5m2, "
-            "--tile auto|256|128|swapped|w96..w208, --split-k N (0 planner, 1 never), --impl cublaslt,cublaslt_precise,weave,weave_block, --target-ms T); "
+            "--tile auto|256|128|64|swapped|w96..w208, --split-k N (0 planner, 1 never), --impl cublaslt,cublaslt_precise,weave,weave_block, --target-ms T); "
             "also `weave-bench gemm --dtype fp8`",
             run_gemm_fp8_bench);
