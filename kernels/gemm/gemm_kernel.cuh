@@ -9,8 +9,9 @@
 // m64nBNk16 wgmma per 16 of K. BM = 64 (decode shapes, M <= 64): the two consumers split N, each
 // 64 x BN/2 with one m64n(BN/2)k16 per 16 of K, reading the same A rows. Operands arrive by TMA
 // with the 128-byte swizzle. The epilogue packs the accumulators to bf16 and stmatrix-es them
-// (fp32: 8-byte shared stores) into a swizzled staging tile, and the storer thread writes it
-// with TMA stores (reduce-add stores for C +=), while the consumers go on to the next tile.
+// (fp32: 8-byte shared stores) into a swizzled staging tile (dense for a BN off the 64-column
+// grid), and the storer thread writes it with TMA stores (reduce-add stores for C +=), while the
+// consumers go on to the next tile.
 //
 // Cluster = 2: the two CTAs of a cluster compute vertically adjacent tiles (tile rows 2i and
 // 2i+1, same tile column), so they need the same B panel. Each loads its own A and half of B,
