@@ -179,8 +179,9 @@ TEST(GemmFp8Cpu, Fp8Decode) {
 TEST(GemmFp8Cpu, Bounds) {
   const check::Bound b1 = check::fp8_tensor_core_bound(1024), b8 = check::fp8_tensor_core_bound(8192);
   EXPECT_GT(b8.scale, b1.scale);
-  EXPECT_NEAR(b8.scale, 1.0 / 1024 + 256.0 / 8192, 1e-12);
-  // One missing 128-K block at K = 8192 (0.125 s of random sign) is above the bound where |r| ~ s.
-  EXPECT_LT(b8.rel + b8.scale, 0.125 / 2);
+  EXPECT_NEAR(b8.scale, 1.0 / 1024 + 256.0 / 4096, 1e-12);
+  // One missing 128-K block at K = 8192 (0.125 s of random sign) is above the bound where |r| ~ s
+  // (MissingKBlockFailsTheBound shows it on the kernel's output).
+  EXPECT_LT(b8.rel + b8.scale, 0.125 / 1.4);
   EXPECT_LT(check::fp8_promoted_bound().scale * 20, std::sqrt(128.0 / 16384));
 }
