@@ -355,6 +355,29 @@ FAULTS = [
         }],
         "tests": ["test_gemm_gpu:Gemm.Bias"],
     },
+    {
+        "name": "gemm_dense_staging_last_column_pair_dropped",
+        "what": "128 x w tiles (dense output staging): the epilogue leaves each warp's last 16 columns unstaged, "
+                "so they are stored from whatever the staging tile held",
+        "edits": [{
+            "file": "include/weave/tile/fragment.cuh",
+            "find": "  for (int j = 0; j < N / 8; j += 2) {",
+            "replace": "  for (int j = 0; j < N / 8 - 2; j += 2) {",
+        }],
+        "tests": ["test_gemm_gpu:Gemm.WideTiles", "test_gemm_fp8_gpu:GemmFp8.WideTiles"],
+        "bench": [{"ranks": 1, "args": "gemm --shapes 256x14336x4096 --layout nk --tile w112 --target-ms 2"}],
+    },
+    {
+        "name": "gemm_plan_wide_counts_256_columns",
+        "what": "planner: the 128 x w tiles' tile count uses 256 columns per tile, so they look as cheap per "
+                "round as 128x256 and are chosen where they do not fill the machine",
+        "edits": [{
+            "file": "kernels/gemm/plan.hpp",
+            "find": "      consider(best, best_of(Tile::M128Nw, tm * ceil_div(in.N, w), in.sm_count,",
+            "replace": "      consider(best, best_of(Tile::M128Nw, tm * ceil_div(in.N, 256), in.sm_count,",
+        }],
+        "tests": ["test_split_k_cpu"],
+    },
     # ---- fp8 GEMM (kernels/gemm_fp8) ---------------------------------------------------------------
     {
         "name": "gemm_fp8_last_k_block_skipped_one_tile",
