@@ -52,9 +52,31 @@ uint64_t derive(uint64_t base, uint64_t a, uint64_t b) {
   return x ^ (x >> 31);
 }
 
+namespace {
+struct Cases {
+  std::mutex m;
+  uint64_t scope = 0;  // a hash of the current test's name (0 before the first)
+  uint64_t n = 0;      // cases drawn in this scope
+};
+Cases& cases() {
+  static Cases c;
+  return c;
+}
+}  // namespace
+
 uint64_t case_seed(uint64_t what) {
-  static uint64_t n = 0;
-  return derive(test_seed(), n++, what);
+  Cases& c = cases();
+  std::lock_guard<std::mutex> lock(c.m);
+  return derive(test_seed() ^ c.scope, c.n++, what);
+}
+
+void begin_test_cases(std::string_view name) {
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
+  for (const char ch : name) h = (h ^ static_cast<unsigned char>(ch)) * 0x100000001b3ull;
+  Cases& c = cases();
+  std::lock_guard<std::mutex> lock(c.m);
+  c.scope = h;
+  c.n = 0;
 }
 
 }  // namespace weave::check

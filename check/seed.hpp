@@ -3,6 +3,7 @@
 // replayed with the same inputs.
 #pragma once
 #include <cstdint>
+#include <string_view>
 
 namespace weave::check {
 
@@ -18,7 +19,13 @@ bool seed_from_env();
 uint64_t derive(uint64_t base, uint64_t a, uint64_t b = 0);
 
 // The seed of input `what` of this process's next test case (each call is a new case): the same
-// sequence of cases replays from the same WEAVE_TEST_SEED.
+// sequence of cases replays from the same WEAVE_TEST_SEED. Cases count from the last
+// begin_test_cases (from the process's start without one), so that one test replays alone.
 uint64_t case_seed(uint64_t what);
+
+// Starts test `name`'s cases: case_seed counts from 0 again, under a seed derived from the name.
+// The test main calls it before every GoogleTest test, so `WEAVE_TEST_SEED=s --gtest_filter=T`
+// draws the inputs test T drew in the full run.
+void begin_test_cases(std::string_view name);
 
 }  // namespace weave::check

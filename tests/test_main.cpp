@@ -4,7 +4,8 @@
 //   whose NVIDIA driver is loaded, a CUDA error while counting GPUs is a failure, not a skip.
 // - A test that skipped itself (GTEST_SKIP) makes the whole binary exit 77 when nothing failed,
 //   so CTest shows "skipped" rather than a pass that did not run everything.
-// - The random seed is printed at the start and again after a failure (WEAVE_TEST_SEED replays).
+// - The random seed is printed at the start and again after a failure (WEAVE_TEST_SEED replays,
+//   one test alone with --gtest_filter: each test's case seeds start from its name).
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -17,11 +18,17 @@
 
 namespace {
 
-class SeedOnFailure : public testing::EmptyTestEventListener {
+// Each test draws its case seeds from its own name (check::begin_test_cases), so it replays
+// alone under the run's seed.
+class SeedPerTest : public testing::EmptyTestEventListener {
+  void OnTestStart(const testing::TestInfo& info) override {
+    weave::check::begin_test_cases(std::string(info.test_suite_name()) + "." + info.name());
+  }
   void OnTestEnd(const testing::TestInfo& info) override {
     if (info.result() && info.result()->Failed())
-      std::printf("%s.%s failed; replay with WEAVE_TEST_SEED=%llu\n", info.test_suite_name(), info.name(),
-                  static_cast<unsigned long long>(weave::check::test_seed()));
+      std::printf("%s.%s failed; replay with WEAVE_TEST_SEED=%llu and --gtest_filter=%s.%s\n", info.test_suite_name(),
+                  info.name(), static_cast<unsigned long long>(weave::check::test_seed()), info.test_suite_name(),
+                  info.name());
   }
 };
 
@@ -56,7 +63,7 @@ int main(int argc, char** argv) {
   }
   ::testing::InitGoogleTest(&argc, argv);
   weave::check::test_seed();  // prints the seed before any test output
-  testing::UnitTest::GetInstance()->listeners().Append(new SeedOnFailure);
+  testing::UnitTest::GetInstance()->listeners().Append(new SeedPerTest);
   const int rc = RUN_ALL_TESTS();
   if (rc != 0) return rc;
   const auto skipped = skipped_tests();

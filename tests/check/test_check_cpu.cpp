@@ -62,3 +62,18 @@ TEST(Seed, DeriveDiffers) {
   EXPECT_NE(derive(1, 2), derive(2, 2));
   EXPECT_EQ(derive(7, 3, 4), derive(7, 3, 4));
 }
+
+// A test's case seeds depend on its name and its own count only: replayed alone (a filtered run)
+// it draws what it drew after other tests in the full run.
+TEST(Seed, CaseSeedsRestartPerTest) {
+  begin_test_cases("Suite.A");
+  const uint64_t a0 = case_seed(1), a1 = case_seed(1), a1b = case_seed(2);
+  begin_test_cases("Suite.B");
+  const uint64_t b0 = case_seed(1);
+  begin_test_cases("Suite.A");
+  EXPECT_EQ(case_seed(1), a0);
+  EXPECT_EQ(case_seed(1), a1);
+  EXPECT_NE(a0, a1);
+  EXPECT_NE(a1, a1b);
+  EXPECT_NE(a0, b0);
+}
