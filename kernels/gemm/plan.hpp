@@ -32,7 +32,7 @@ struct PlanInputs {
   bool split_k = true;     // split-K allowed
   bool mid = false;        // the 128x192 tile allowed (A M x K, bf16 output)
   bool wide = false;       // the 128 x w tiles allowed (A M x K, B N x K, bf16 output)
-  bool narrow = true;      // the 64x128 tile exists (the fp8 GEMM has none: decode then splits 128x256)
+  bool narrow = true;      // the 64x128 tile allowed
   bool swapped = false;    // the swapped decode tile allowed (A M x K, B N x K, no communicator SMs)
 };
 

@@ -1,6 +1,6 @@
-// Host side of the fp8 GEMMs: validation, tile choice, tensor maps, launch. The kernel
-// instantiations (3 type pairs x (2 per-tensor tiles + 1 block-scaled)) live here so that users
-// compile none of them.
+// Host side of the fp8 GEMMs: validation, tile choice, launch. The kernel instantiations (3 type
+// pairs x (3 per-tensor tiles + 1 block-scaled); the 128 x w tiles in wide_fp8.cu) live here so
+// that users compile none of them.
 #include <cstdint>
 
 #include "gemm/plan.hpp"

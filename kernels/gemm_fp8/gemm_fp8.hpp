@@ -87,8 +87,8 @@ inline lcsc::Plan gemm(const __nv_fp8_e4m3* A, const __nv_fp8_e5m2* B, __nv_bflo
 void validate_shape(int M, int N, int K);
 void validate_types(Fp8 a, Fp8 b);
 // The launch for `sm_count` compute blocks: the bf16 GEMM's planner (plan.hpp) with an fp8
-// iteration (128 K bytes) counted as a bf16 one (64 K, the same bytes per stage), no 64-row or
-// 128x192 tile, and a K-byte row pitch off the 128-byte grid as a misaligned one.
+// iteration (128 K bytes) counted as a bf16 one (64 K, the same bytes per stage), the 64x128
+// tile, no 128x192 tile, and a K-byte row pitch off the 128-byte grid as a misaligned one.
 // wide: the 128 x w tiles may be chosen (both operands e4m3).
 Launch plan_launch(int M, int N, int K, int sm_count, const Options& opt = {}, bool wide = false);
 // The same on the current device (what gemm() runs).
