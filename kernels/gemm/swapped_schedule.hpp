@@ -75,6 +75,20 @@ __host__ __device__ inline Config config(int M, int N, int sm_count) {
   return {2, 16, 2};
 }
 
+// fp8 (1-byte elements: a row is half the chunks of bf16's at the same K), fitted to
+// `weave-bench swapped_sweep --dtype fp8` (docs/perf-notes.md, 2026-12-02g). One token block: one
+// strip per block and the fewest warps that give every SM 12 and leave each warp at most 8
+// chunks of a row (long rows want more warps than bf16's rule gives: 1 x 16384 x 53248 ran 0.80
+// of cuBLASLt on 4 warps, 0.99 on 16). Two token blocks: bf16's rule (the sweep's fits for it
+// lost on as many rows as they won).
+__host__ __device__ inline Config config_fp8(int M, int N, int K, int sm_count) {
+  if (token_blocks(M) != 1) return config(M, N, sm_count);
+  const long long s = strips(N), sms = sm_count, c = chunks(K, 1);
+  int w = 4;
+  while (w < 16 && (s * w < 12 * sms || c > 8LL * w)) w *= 2;
+  return {1, w, 1};
+}
+
 __host__ __device__ inline int blocks(int N, const Config& c) { return ceil_div(N, kRows * c.strips_per_block); }
 
 }  // namespace weave::gemm::swapped

@@ -195,6 +195,14 @@ TEST(SwappedSchedule, Config) {
   EXPECT_TRUE(eq(swapped::config(16, 7168, 132), {2, 8, 2}));
   EXPECT_TRUE(eq(swapped::config(9, 4096, 132), {2, 16, 2}));
   EXPECT_TRUE(eq(swapped::config(16, 1024, 132), {1, 16, 2}));
+  // fp8, one token block: at most 8 chunks of a row per warp, and 12 warps per SM (the fp8 sweep's
+  // best on these rows); two token blocks as bf16.
+  EXPECT_TRUE(eq(swapped::config_fp8(1, 11008, 4096, 132), {1, 4, 1}));
+  EXPECT_TRUE(eq(swapped::config_fp8(1, 28672, 8192, 132), {1, 4, 1}));
+  EXPECT_TRUE(eq(swapped::config_fp8(1, 8192, 28672, 132), {1, 16, 1}));
+  EXPECT_TRUE(eq(swapped::config_fp8(8, 16384, 53248, 132), {1, 16, 1}));
+  EXPECT_TRUE(eq(swapped::config_fp8(1, 5120, 13824, 132), {1, 8, 1}));
+  EXPECT_TRUE(eq(swapped::config_fp8(16, 11008, 4096, 132), swapped::config(16, 11008, 132)));
 }
 
 // Decode (M <= 64) splits K across the machine on the 64-row tile.

@@ -3,7 +3,10 @@
 // shapes, beside cuBLASLt and weave's own choice (gemm() with the planner), at power-capped clocks.
 // The data swapped::config() was fitted to (docs/perf-notes.md, "swapped").
 //
-//   weave-bench swapped_sweep [--tokens 1,8,16] [--shapes NxK,...] [--heat N] [--json FILE]
+//   weave-bench swapped_sweep [--tokens 1,8,16] [--shapes NxK,...] [--heat N] [--dtype bf16|fp8] [--json FILE]
+//
+// --dtype fp8: e4m3 x e4m3 with per-tensor scales (the fp8 GEMM's decode path, kernels/gemm_fp8),
+// against cuBLASLt fp8 with fast accumulation, checked with the fp8 tensor-core bound.
 //
 // Inputs rotate over enough sets that no weight byte is an L2 hit; before each shape N calls of a
 // cuBLAS 8192^3 GEMM (default 200, ~0.3 s) bring the card to the clocks it runs at inside a
@@ -18,12 +21,15 @@
 #include <vector>
 
 #include "bench.hpp"
+#include "check/gemm_fp8_ref.hpp"
 #include "check/gemm_ref.hpp"
 #include "check/seed.hpp"
 #include "check/tile_check.hpp"
 #include "gemm/gemm.hpp"
 #include "gemm/reference.cuh"
 #include "gemm/swapped_launch.cuh"
+#include "gemm_fp8/gemm_fp8.hpp"
+#include "gemm_fp8/reference.cuh"
 
 namespace weave::bench {
 namespace {
@@ -32,17 +38,23 @@ using bf16 = __nv_bfloat16;
 using gemm::swapped::Config;
 using gemm::swapped::Params;
 
-template <int NB, int S, int W, int D>
+template <class Op, int NB, int S, int W, int D>
 void launch_v(const Params& p, cudaStream_t st) {
-  gemm::swapped::run<gemm::swapped::Bf16Op, NB, S, W, D, bf16>(p, st);
+  gemm::swapped::run<Op, NB, S, W, D, bf16>(p, st);
 }
+using Fp8Op = gemm::swapped::Fp8Op<false, false>;
 struct Variant {
   Config c;
-  void (*one)(const Params&, cudaStream_t);  // one token block
+  void (*one)(const Params&, cudaStream_t);  // one token block, bf16
   void (*two)(const Params&, cudaStream_t);  // two
+  void (*one8)(const Params&, cudaStream_t);  // fp8 e4m3
+  void (*two8)(const Params&, cudaStream_t);
 };
-#define WEAVE_SWAPPED_VARIANT(S, W, D) \
-  Variant { {S, W, D}, launch_v<1, S, W, D>, launch_v<2, S, W, D> }
+#define WEAVE_SWAPPED_VARIANT(S, W, D)                                                                 \
+  Variant {                                                                                            \
+    {S, W, D}, launch_v<gemm::swapped::Bf16Op, 1, S, W, D>, launch_v<gemm::swapped::Bf16Op, 2, S, W, D>, \
+        launch_v<Fp8Op, 1, S, W, D>, launch_v<Fp8Op, 2, S, W, D>                                       \
+  }
 const Variant kVariants[] = {WEAVE_SWAPPED_VARIANT(1, 4, 1), WEAVE_SWAPPED_VARIANT(1, 8, 1),
                              WEAVE_SWAPPED_VARIANT(1, 16, 1), WEAVE_SWAPPED_VARIANT(1, 4, 2),
                              WEAVE_SWAPPED_VARIANT(1, 8, 2), WEAVE_SWAPPED_VARIANT(1, 16, 2),
@@ -76,6 +88,16 @@ int run(const Args& args) {
     WEAVE_CHECK(M >= 1 && M <= gemm::swapped::kMaxTokens, "swapped_sweep: --tokens must be 1..",
                 gemm::swapped::kMaxTokens, ", got ", M);
   const int heat_calls = static_cast<int>(args.get_int("heat", 200));
+  const std::string dtype = args.get("dtype", "bf16");
+  WEAVE_CHECK(dtype == "bf16" || dtype == "fp8", "swapped_sweep: --dtype bf16 or fp8, got ", dtype);
+  const bool fp8 = dtype == "fp8";
+  const int eb = fp8 ? 1 : 2;  // bytes per element
+  const gemm_fp8::ref::Lt lt8(64ull << 20);
+  check::Fp8GemmRef ref8;
+  float* one = nullptr;  // the per-tensor scales, 1.0 (the kernel reads them on the device)
+  WEAVE_CUDA_CHECK(cudaMalloc(&one, sizeof(float)));
+  const float h1 = 1.f;
+  WEAVE_CUDA_CHECK(cudaMemcpy(one, &h1, sizeof(float), cudaMemcpyHostToDevice));
   JsonSink sink(args);
   const uint64_t seed = check::test_seed();
   cudaStream_t st = nullptr;
@@ -98,14 +120,19 @@ int run(const Args& args) {
   std::vector<std::string> wrong;
   for (size_t si = 0; si < tokens.size() * nk.size(); ++si) {
     const int M = static_cast<int>(tokens[si / nk.size()]), N = nk[si % nk.size()].first, K = nk[si % nk.size()].second;
-    const size_t wbytes = size_t(N) * K * 2, nc = size_t(M) * N;
+    const size_t wbytes = size_t(N) * K * eb, nc = size_t(M) * N;
     const int sets = std::max<int>(2, static_cast<int>((size_t(200) << 20) / wbytes) + 1);
-    std::vector<bf16*> W(sets), X(sets);
+    std::vector<bf16*> W(sets), X(sets);  // fp8: the same buffers hold bytes
     for (int i = 0; i < sets; ++i) {
       WEAVE_CUDA_CHECK(cudaMalloc(&W[i], wbytes));
-      WEAVE_CUDA_CHECK(cudaMalloc(&X[i], size_t(M) * K * 2));
-      gemm::ref::fill_uniform(W[i], size_t(N) * K, check::derive(seed, si, 2 * i));
-      gemm::ref::fill_uniform(X[i], size_t(M) * K, check::derive(seed, si, 2 * i + 1));
+      WEAVE_CUDA_CHECK(cudaMalloc(&X[i], size_t(M) * K * eb));
+      if (fp8) {
+        check::fill_fp8_uniform(W[i], false, size_t(N) * K, check::derive(seed, si, 2 * i), 4.f);
+        check::fill_fp8_uniform(X[i], false, size_t(M) * K, check::derive(seed, si, 2 * i + 1), 4.f);
+      } else {
+        gemm::ref::fill_uniform(W[i], size_t(N) * K, check::derive(seed, si, 2 * i));
+        gemm::ref::fill_uniform(X[i], size_t(M) * K, check::derive(seed, si, 2 * i + 1));
+      }
     }
     bf16* C = nullptr;
     float *ref_r = nullptr, *ref_s = nullptr;
@@ -120,13 +147,17 @@ int run(const Args& args) {
           st, [&] { call(last = it++ % sets); }, 5, 200, 3);
     };
     auto check_last = [&] {
-      gref32.run(X[last], W[last], M, N, K, gemm::ALayout::MK, gemm::BLayout::NK, ref_r, ref_s, false, st);
+      if (fp8)
+        ref8.run(X[last], false, W[last], false, M, N, K, one, one, ref_r, ref_s, st);
+      else
+        gref32.run(X[last], W[last], M, N, K, gemm::ALayout::MK, gemm::BLayout::NK, ref_r, ref_s, false, st);
       check::sqrt_inplace(ref_s, nc, st);
-      return check::compare({C, N}, {ref_r, N}, {ref_s, N}, M, N, check::gemm_bound(), 128, 128, st);
+      return check::compare({C, N}, {ref_r, N}, {ref_s, N}, M, N,
+                            fp8 ? check::fp8_tensor_core_bound(K) : check::gemm_bound(), 128, 128, st);
     };
     auto emit = [&](const char* impl, const std::string& config, double t, const check::Report& rep) {
       JsonLine j;
-      j.add("kernel", "gemm_swapped_sweep").add("impl", impl).add("M", M).add("N", N).add("K", K);
+      j.add("kernel", "gemm_swapped_sweep").add("impl", impl).add("dtype", dtype).add("M", M).add("N", N).add("K", K);
       j.add("config", config).add("time_us", t).add("gbs", wbytes / t * 1e-3).add("correct", rep.ok);
       j.add("seed", std::to_string(seed));
       sink.write(add_check_worst(j, rep.worst));
@@ -134,17 +165,34 @@ int run(const Args& args) {
                                    "x" + std::to_string(K));
     };
     heat(heat_calls);
-    const double tl = timed([&](int i) { lt.run(X[i], W[i], C, M, N, K, gemm::BLayout::NK, false, st); });
-    emit("cublas", "-", tl, check_last());
-    gemm::Options o;
-    const gemm::Launch l = gemm::choose_launch(M, N, K, gemm::BLayout::NK, o);
-    const double ta = timed([&](int i) { gemm::gemm(X[i], W[i], C, M, N, K, gemm::BLayout::NK, o, st); });
-    emit("weave", gemm::tile_name(l.tile), ta, check_last());
-    std::printf("%3dx%6dx%6d cublas %7.1f weave(%s) %7.1f |", M, N, K, tl, gemm::tile_name(l.tile), ta);
-    const Config pick = gemm::swapped::config(M, N, sms);
+    double tl = 0, ta = 0;
+    std::string used;
+    if (fp8) {
+      const gemm_fp8::ref::TnMatmul m8(lt8, M, N, K, CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, CUDA_R_16BF, true,
+                                       {gemm_fp8::ref::Scales{one, one}});
+      WEAVE_CHECK(m8.ok(), "swapped_sweep: no cuBLASLt fp8 algorithm for ", M, "x", N, "x", K);
+      tl = timed([&](int i) { m8.run(X[i], W[i], C, st); });
+      emit("cublaslt", "-", tl, check_last());
+      const gemm_fp8::Options o8;
+      used = gemm_fp8::launch_name(gemm_fp8::choose_launch(M, N, K, o8));
+      ta = timed([&](int i) {
+        gemm_fp8::gemm(X[i], gemm_fp8::Fp8::E4M3, W[i], gemm_fp8::Fp8::E4M3, C, M, N, K, one, one, o8, st);
+      });
+    } else {
+      tl = timed([&](int i) { lt.run(X[i], W[i], C, M, N, K, gemm::BLayout::NK, false, st); });
+      emit("cublas", "-", tl, check_last());
+      gemm::Options o;
+      used = gemm::launch_name(gemm::choose_launch(M, N, K, gemm::BLayout::NK, o));
+      ta = timed([&](int i) { gemm::gemm(X[i], W[i], C, M, N, K, gemm::BLayout::NK, o, st); });
+    }
+    emit("weave", used, ta, check_last());
+    std::printf("%3dx%6dx%6d %s %7.1f weave(%s) %7.1f |", M, N, K, fp8 ? "cublaslt" : "cublas", tl, used.c_str(), ta);
+    const Config pick = fp8 ? gemm::swapped::config_fp8(M, N, K, sms) : gemm::swapped::config(M, N, sms);
     for (const Variant& v : kVariants) {
-      auto f = gemm::swapped::token_blocks(M) == 1 ? v.one : v.two;
-      const double t = timed([&](int i) { f(Params{X[i], W[i], C, nullptr, 0, 0, M, N, K}, st); });
+      auto f = gemm::swapped::token_blocks(M) == 1 ? (fp8 ? v.one8 : v.one) : (fp8 ? v.two8 : v.two);
+      const double t = timed([&](int i) {
+        f(Params{X[i], W[i], C, nullptr, 0, 0, M, N, K, fp8 ? one : nullptr, fp8 ? one : nullptr}, st);
+      });
       WEAVE_CUDA_CHECK(cudaGetLastError());
       const check::Report rep = check_last();
       const bool picked = v.c.strips_per_block == pick.strips_per_block && v.c.warps == pick.warps &&
@@ -157,7 +205,7 @@ int run(const Args& args) {
     for (int i = 0; i < sets; ++i) cudaFree(W[i]), cudaFree(X[i]);
     cudaFree(C), cudaFree(ref_r), cudaFree(ref_s);
   }
-  cudaFree(ha), cudaFree(hb), cudaFree(hc);
+  cudaFree(ha), cudaFree(hb), cudaFree(hc), cudaFree(one);
   return exit_status("swapped_sweep", wrong, seed);
 }
 
@@ -165,7 +213,7 @@ int run(const Args& args) {
 
 WEAVE_BENCH(swapped_sweep,
             "every launch configuration of the swapped decode GEMM tile on decode shapes, beside cuBLASLt and the "
-            "planner's choice (--tokens 1,8,16 --shapes NxK,... --heat N)",
+            "planner's choice (--tokens 1,8,16 --shapes NxK,... --heat N --dtype bf16|fp8)",
             run);
 
 }  // namespace weave::bench
