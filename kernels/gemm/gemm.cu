@@ -227,9 +227,13 @@ std::string wide_widths_text() {
   return s;
 }
 
+std::string launch_label(const char* tile, int width, int splits) {
+  const std::string s = width > 0 ? "128x" + std::to_string(width) : tile;
+  return splits > 1 ? s + "/k" + std::to_string(splits) : s;
+}
+
 std::string launch_name(const Launch& l) {
-  std::string s = l.tile == Tile::M128Nw ? "128x" + std::to_string(l.width) : tile_name(l.tile);
-  return l.splits > 1 ? s + "/k" + std::to_string(l.splits) : s;
+  return launch_label(tile_name(l.tile), l.tile == Tile::M128Nw ? l.width : 0, l.splits);
 }
 
 // Short K means short tiles: more of them run at once per unit time, and a taller raster group

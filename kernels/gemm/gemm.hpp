@@ -105,5 +105,8 @@ const char* tile_name(Tile t);
 std::string wide_widths_text();
 // "128x256", "128x144" (M128Nw with its width), with "/k3" for a split.
 std::string launch_name(const Launch& l);
+// The same from a tile's name, its width (> 0: the 128 x w tile) and its split, for the fp8 GEMM's
+// launches too.
+std::string launch_label(const char* tile, int width, int splits);
 
 }  // namespace weave::gemm

@@ -22,6 +22,7 @@
 #include <type_traits>
 
 #include "gemm/layout.hpp"
+#include "gemm/output_staging.hpp"
 #include "gemm/scheduler.hpp"
 #include "weave/tile/cluster.cuh"
 #include "weave/tile/fragment.cuh"
@@ -64,9 +65,10 @@ struct GemmKernel {
   static_assert(BM == 128 || BM == 64, "BM of 128 (consumers split M) or 64 (consumers split N)");
   static_assert(BM == 128 || (OutParts == 1 && Cluster == 1), "BM = 64: one output part, no cluster");
   // A width that is not whole 64-column blocks (the 128 x w tiles, for wave quantisation) stages
-  // the output dense, without the swizzle, and stores it with one {BN, BM} box; B must be N x K
-  // (a K x N tile is read in 64-column boxes).
-  static constexpr bool kDenseOut = BN_ % 64 != 0;
+  // the output dense (output_staging.hpp) and stores it with one {BN, BM} box; B must be N x K (a
+  // K x N tile is read in 64-column boxes).
+  using Staging = OutputStaging<BN_, static_cast<int>(sizeof(OutT))>;
+  static constexpr bool kDenseOut = Staging::kDense;
   static_assert(!kDenseOut || (BM_ == 128 && L == BLayout::NK && OutParts == 1 && Cluster == 1 &&
                                std::is_same_v<OutT, bf16> && BN_ % 16 == 0),
                 "a width off the 64-column grid: BM = 128, B as N x K, a bf16 output, one part, no cluster");
@@ -81,10 +83,8 @@ struct GemmKernel {
   static_assert(Cluster == 1 || Cluster == 2, "clusters of 1 or 2 along M");
   static constexpr int kPartCols = BN_ / OutParts;
   static constexpr int kWPartCols = BM_ == 128 ? kPartCols : BN_ / 2;  // one consumer's columns of a part
-  // Output columns per staging row block, the TMA store box's inner extent: 128 swizzled bytes,
-  // or the whole (dense) tile width.
-  static constexpr int kOutBlockCols = kDenseOut ? BN_ : 128 / static_cast<int>(sizeof(OutT));
-  static constexpr tile::Swizzle kOutSwizzle = kDenseOut ? tile::Swizzle::None : tile::Swizzle::B128;
+  static constexpr int kOutBlockCols = Staging::kBlockCols;  // output columns per staging row block
+  static constexpr tile::Swizzle kOutSwizzle = Staging::kSwizzle;
   static constexpr uint32_t kStageTxBytes = (BM + BN) * BK * sizeof(bf16);
   static_assert((BN % 64 == 0 || kDenseOut) && BN <= 256, "BN in 64..256, a multiple of 64 (or of 16, dense)");
   static_assert((kPartCols % 64 == 0 || kDenseOut) && kPartCols * OutParts == BN,

@@ -17,6 +17,8 @@
 //   per FLOP), hardly does (kMisaligned*).
 #pragma once
 
+#include <iterator>
+
 #include "gemm/gemm.hpp"
 #include "gemm/scheduler.hpp"
 #include "gemm/split_k.hpp"
@@ -69,16 +71,12 @@ inline constexpr double kTileGain = 0.97;         // another tile only when >= 3
 // ~8 % lower, fitted so that the planner picks the measured best on the sweep's rows, where the
 // rounds model overrates the tiles it already had (single-round and split rows run slower per
 // iteration than their constants say).
+inline constexpr double kWideCosts[] = {0.42, 0.48, 0.58, 0.66, 0.72, 0.80};  // kWideWidths' order
+static_assert(std::size(kWideCosts) == std::size(kWideWidths), "one cost per width");
 inline double wide_cost(int w) {
-  switch (w) {
-    case 96: return 0.42;
-    case 112: return 0.48;
-    case 144: return 0.58;
-    case 160: return 0.66;
-    case 176: return 0.72;
-    case 208: return 0.80;
-    default: return 2.0;  // not a width the planner knows: never picked
-  }
+  for (size_t i = 0; i < std::size(kWideWidths); ++i)
+    if (kWideWidths[i] == w) return kWideCosts[i];
+  return 2.0;  // not a width the planner knows: never picked
 }
 
 }  // namespace plan_model

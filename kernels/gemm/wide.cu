@@ -1,7 +1,6 @@
 // The 128 x w tiles: one kernel per width, with and without bias (split-K only without).
 #include "gemm/run.cuh"
 #include "gemm/wide.hpp"
-#include "weave/common/error.hpp"
 
 namespace weave::gemm::detail {
 
@@ -24,16 +23,9 @@ lcsc::Plan run_width(const bf16* A, const bf16* B, bf16* C, int M, int N, int K,
 
 lcsc::Plan run_wide(const bf16* A, const bf16* B, bf16* C, int M, int N, int K, const Options& opt, int group_m,
                     cudaStream_t stream, const Launch& split) {
-  switch (split.width) {
-    case 96: return run_width<96>(A, B, C, M, N, K, opt, group_m, stream, split);
-    case 112: return run_width<112>(A, B, C, M, N, K, opt, group_m, stream, split);
-    case 144: return run_width<144>(A, B, C, M, N, K, opt, group_m, stream, split);
-    case 160: return run_width<160>(A, B, C, M, N, K, opt, group_m, stream, split);
-    case 176: return run_width<176>(A, B, C, M, N, K, opt, group_m, stream, split);
-    case 208: return run_width<208>(A, B, C, M, N, K, opt, group_m, stream, split);
-    default: WEAVE_CHECK(false, "gemm: no 128 x ", split.width, " tile (widths: ", wide_widths_text(), ")");
-  }
-  return {};
+  return with_width(split.width, "gemm", [&](auto w) {
+    return run_width<decltype(w)::value>(A, B, C, M, N, K, opt, group_m, stream, split);
+  });
 }
 
 }  // namespace weave::gemm::detail

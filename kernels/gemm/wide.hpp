@@ -4,7 +4,11 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <type_traits>
+#include <utility>
+
 #include "gemm/gemm.hpp"
+#include "weave/common/error.hpp"
 
 namespace weave::gemm::detail {
 
@@ -15,6 +19,22 @@ constexpr int wide_stages(int w) {
   const int budget = 227 * 1024 - 2048;  // less the barriers and alignment slack
   const int stages = (budget - 128 * w * 2) / ((128 + w) * 128);
   return stages > 6 ? 6 : stages;
+}
+
+// f(std::integral_constant<int, w>{}) for the run-time width w, which must be one of kWideWidths
+// (else a weave::Error naming `who` and the widths): how the bf16 and fp8 GEMMs pick their 128 x w
+// instantiation.
+template <class F, size_t... I>
+auto with_width_at(int w, const char* who, F& f, std::index_sequence<I...>) {
+  using R = decltype(f(std::integral_constant<int, kWideWidths[0]>{}));
+  R r{};
+  const bool found = ((w == kWideWidths[I] ? (r = f(std::integral_constant<int, kWideWidths[I]>{}), true) : false) || ...);
+  WEAVE_CHECK(found, who, ": no 128 x ", w, " tile (widths: ", wide_widths_text(), ")");
+  return r;
+}
+template <class F>
+auto with_width(int w, const char* who, F&& f) {
+  return with_width_at(w, who, f, std::make_index_sequence<std::size(kWideWidths)>{});
 }
 
 // A M x K, B N x K, bf16 C; opt's bias (if any); split.splits > 1 (no bias) splits the last round.

@@ -103,8 +103,7 @@ const char* tile_name(Tile t) {
 }
 
 std::string launch_name(const Launch& l) {
-  std::string s = l.tile == Tile::M128Nw ? "128x" + std::to_string(l.width) : tile_name(l.tile);
-  return l.splits > 1 ? s + "/k" + std::to_string(l.splits) : s;
+  return gemm::launch_label(tile_name(l.tile), l.tile == Tile::M128Nw ? l.width : 0, l.splits);
 }
 const char* type_name(Fp8 t) { return t == Fp8::E5M2 ? "e5m2" : "e4m3"; }
 

@@ -18,6 +18,7 @@
 #pragma once
 #include <cuda.h>
 
+#include "gemm/output_staging.hpp"
 #include "gemm/scheduler.hpp"
 #include "weave/tile/fragment.cuh"
 #include "weave/tile/mbarrier.cuh"
@@ -61,11 +62,12 @@ struct Fp8Common {
   static constexpr int kConsumerRegs = 232;  // (40 + 2 * 232) * 128 = 64,512 of 65,536
   static constexpr int kOutputParts = 1;
   static constexpr int kClusterSize = 1;
-  // A width off the 64-column grid (the 128 x w tiles) stages the output dense, without the
-  // swizzle, for one {BN, 128} store box (kernels/gemm/gemm_kernel.cuh, kDenseOut).
-  static constexpr bool kDenseOut = BN_ % 64 != 0;
-  static constexpr int kOutBlockCols = kDenseOut ? BN_ : 64;  // bf16 columns per staging row block
-  static constexpr tile::Swizzle kOutSwizzle = kDenseOut ? tile::Swizzle::None : tile::Swizzle::B128;
+  // A width off the 64-column grid (the 128 x w tiles) stages the bf16 output dense, for one
+  // {BN, 128} store box (kernels/gemm/output_staging.hpp).
+  using Staging = gemm::OutputStaging<BN_, 2>;
+  static constexpr bool kDenseOut = Staging::kDense;
+  static constexpr int kOutBlockCols = Staging::kBlockCols;
+  static constexpr tile::Swizzle kOutSwizzle = Staging::kSwizzle;
   static constexpr uint32_t kStageTxBytes = (BM + BN) * BK;  // one byte per element
   static_assert(BN == 128 || BN == 256 || (kDenseOut && BN % 16 == 0 && BN < 256), "BN 128, 256 or a multiple of 16");
 

@@ -3,7 +3,6 @@
 #include "gemm/wide.hpp"
 #include "gemm_fp8/run.cuh"
 #include "gemm_fp8/wide_fp8.hpp"
-#include "weave/common/error.hpp"
 
 namespace weave::gemm_fp8::detail {
 
@@ -23,17 +22,9 @@ lcsc::Plan run_width(const void* A, const void* B, __nv_bfloat16* C, int M, int 
 
 lcsc::Plan run_wide(const void* A, const void* B, __nv_bfloat16* C, int M, int N, int K, const float* sa,
                     const float* sb, const Options& opt, int group_m, cudaStream_t stream, const Launch& split) {
-  switch (split.width) {
-    case 96: return run_width<96>(A, B, C, M, N, K, sa, sb, opt, group_m, stream, split);
-    case 112: return run_width<112>(A, B, C, M, N, K, sa, sb, opt, group_m, stream, split);
-    case 144: return run_width<144>(A, B, C, M, N, K, sa, sb, opt, group_m, stream, split);
-    case 160: return run_width<160>(A, B, C, M, N, K, sa, sb, opt, group_m, stream, split);
-    case 176: return run_width<176>(A, B, C, M, N, K, sa, sb, opt, group_m, stream, split);
-    case 208: return run_width<208>(A, B, C, M, N, K, sa, sb, opt, group_m, stream, split);
-    default:
-      WEAVE_CHECK(false, "gemm_fp8: no 128 x ", split.width, " tile (widths: ", gemm::wide_widths_text(), ")");
-  }
-  return {};
+  return gemm::detail::with_width(split.width, "gemm_fp8", [&](auto w) {
+    return run_width<decltype(w)::value>(A, B, C, M, N, K, sa, sb, opt, group_m, stream, split);
+  });
 }
 
 }  // namespace weave::gemm_fp8::detail

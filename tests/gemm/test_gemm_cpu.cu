@@ -9,6 +9,7 @@
 #include "check/error_of.hpp"
 #include "gemm/gemm.hpp"
 #include "gemm/scheduler.hpp"
+#include "gemm/wide.hpp"
 #include "weave/lcsc.cuh"
 #include "weave/tile/swizzle.hpp"
 #include "weave/tile/tma.hpp"
@@ -245,6 +246,16 @@ TEST(GemmShape, ArgumentValidation) {
     o.bias = p;
     EXPECT_EQ(error_of([&] { gemm::validate_args(p, p, p, 128, 128, 128, o, true); }), "");
   }
+}
+
+// The run-time width reaches the instantiation of that width (every width of kWideWidths), and
+// any other is an error naming the caller.
+TEST(GemmShape, WithWidth) {
+  for (int w : gemm::kWideWidths)
+    EXPECT_EQ(gemm::detail::with_width(w, "gemm", [](auto c) { return decltype(c)::value; }), w);
+  EXPECT_NE(error_of([] { gemm::detail::with_width(100, "gemm_fp8", [](auto c) { return decltype(c)::value; }); })
+                .find("gemm_fp8: no 128 x 100 tile"),
+            std::string::npos);
 }
 
 TEST(GemmShape, TileNames) {

@@ -221,16 +221,9 @@ int run_gemm_bench(const Args& args) {
   if (args.get("tile") == "64") tile = gemm::Tile::M64N128;
   if (args.get("tile") == "192") tile = gemm::Tile::M128N192;
   if (args.get("tile") == "swapped") tile = gemm::Tile::Swapped;
-  int tile_n = 0;  // --tile w144: the 128 x 144 tile
-  if (args.get("tile").rfind("w", 0) == 0) {
-    tile = gemm::Tile::M128Nw;
-    tile_n = std::atoi(args.get("tile").c_str() + 1);
-    if (!gemm::is_wide_width(tile_n)) {
-      std::fprintf(stderr, "weave-bench gemm: --tile %s: no such width (widths: %s)\n", args.get("tile").c_str(),
-                   gemm::wide_widths_text().c_str());
-      return 2;
-    }
-  }
+  const int tile_n = wide_tile_width(args.get("tile"), "gemm");  // --tile w144: the 128 x 144 tile
+  if (tile_n < 0) return 2;
+  if (tile_n > 0) tile = gemm::Tile::M128Nw;
   const int split_k = static_cast<int>(args.get_int("split-k", 0));
   const bool balance = !args.has("no-balance");
   const int group = static_cast<int>(args.get_int("group", 0));
@@ -453,5 +446,14 @@ std::vector<std::array<int, 4>> gemm_shape_rows(const std::string& set) {
     WEAVE_CHECK(false, "weave-bench gemm: unknown --set '", set, "' (core or models)");
   }
   return v;
+}
+
+int wide_tile_width(const std::string& tile, const char* suite) {
+  if (tile.rfind("w", 0) != 0) return 0;
+  const int w = std::atoi(tile.c_str() + 1);
+  if (gemm::is_wide_width(w)) return w;
+  std::fprintf(stderr, "weave-bench %s: --tile %s: no such width (widths: %s)\n", suite, tile.c_str(),
+               gemm::wide_widths_text().c_str());
+  return -1;
 }
 }  // namespace weave::bench

@@ -28,7 +28,6 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -38,7 +37,6 @@
 #include "check/gemm_ref.hpp"
 #include "check/seed.hpp"
 #include "check/tile_check.hpp"
-#include "gemm/gemm.hpp"
 #include "gemm_fp8/gemm_fp8.hpp"
 #include "gemm_fp8/reference.cuh"
 #include "gemm_sets.hpp"
@@ -134,15 +132,9 @@ int run_gemm_fp8_bench(const Args& args) {
   if (args.get("tile") == "128") opt.tile = gemm_fp8::Tile::M128N128;
   if (args.get("tile") == "swapped") opt.tile = gemm_fp8::Tile::Swapped;
   if (args.get("tile") == "64") opt.tile = gemm_fp8::Tile::M64N128;
-  if (args.get("tile").rfind("w", 0) == 0) {  // --tile w144: the 128 x 144 tile
-    opt.tile = gemm_fp8::Tile::M128Nw;
-    opt.tile_n = std::atoi(args.get("tile").c_str() + 1);
-    if (!gemm::is_wide_width(opt.tile_n)) {
-      std::fprintf(stderr, "weave-bench gemm_fp8: --tile %s: no such width (widths: %s)\n", args.get("tile").c_str(),
-                   gemm::wide_widths_text().c_str());
-      return 2;
-    }
-  }
+  opt.tile_n = wide_tile_width(args.get("tile"), "gemm_fp8");  // --tile w144: the 128 x 144 tile
+  if (opt.tile_n < 0) return 2;
+  if (opt.tile_n > 0) opt.tile = gemm_fp8::Tile::M128Nw;
   opt.group_m = static_cast<int>(args.get_int("group", 0));
   opt.split_k = static_cast<int>(args.get_int("split-k", 0));
   const double target_ms = std::stod(args.get("target-ms", "60"));

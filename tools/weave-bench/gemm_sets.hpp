@@ -12,5 +12,8 @@ namespace weave::bench {
 std::vector<std::array<int, 4>> gemm_shape_rows(const std::string& set);
 // The shapes of --shapes "MxNxK,...", as {M, N, K}. Throws weave::Error naming a malformed item.
 std::vector<std::array<int, 3>> parse_gemm_shapes(const std::string& list);
+// --tile wNNN (the 128 x NNN tile): NNN; 0 when `tile` is not of that form; -1, after a message on
+// stderr naming `suite` and the widths, when NNN is not one of gemm::kWideWidths.
+int wide_tile_width(const std::string& tile, const char* suite);
 
 }  // namespace weave::bench
