@@ -29,7 +29,11 @@ using Big = GemmFp8Kernel<TA, TB, 256, 3>;
 template <class TA, class TB>
 using Small = GemmFp8Kernel<TA, TB, 128, 6>;
 template <class TA, class TB>
-using Block = GemmFp8BlockKernel<TA, TB, 6>;
+using Block = GemmFp8BlockKernel<TA, TB, 6, 128>;
+// 4 x 40 KB + a 48 KB staging tile = 208 KB.
+template <class TA, class TB>
+using Block192 = GemmFp8BlockKernel<TA, TB, 4, 192>;
+static_assert(lcsc::shared_bytes<Block192<fp8e4m3, fp8e4m3>>() <= 232448, "227 KB");
 // 8 x 24 KB + a 16 KB staging tile = 208 KB, as the bf16 GEMM's 64x128 tile.
 template <class TA, class TB>
 using Narrow = GemmFp8Kernel<TA, TB, 128, 8, 64>;
@@ -98,6 +102,7 @@ const char* tile_name(Tile t) {
     case Tile::Swapped: return "swapped";
     case Tile::M128Nw: return "128xw";
     case Tile::M64N128: return "64x128";
+    case Tile::M128N192: return "128x192";
     default: return "auto";
   }
 }
@@ -162,11 +167,13 @@ Launch choose_launch(int M, int N, int K, const Options& opt, Fp8 ta, Fp8 tb) {
 // The bf16 GEMM's rule (16 tile rows for short tiles, 8 for long ones) with K in bytes: an fp8
 // tile of K runs about as long as a bf16 tile of K / 2 and reads as many operand bytes. Not yet
 // tuned on a GPU.
-int default_group_m(Tile t, int K) { return t == Tile::M128N128 || K <= 4096 ? 16 : 8; }
+int default_group_m(Tile t, int K) { return t == Tile::M128N128 || t == Tile::M128N192 || K <= 4096 ? 16 : 8; }
 
 lcsc::Plan gemm(const void* A, Fp8 ta, const void* B, Fp8 tb, __nv_bfloat16* C, int M, int N, int K,
                 const float* scale_a, const float* scale_b, const Options& opt, cudaStream_t stream) {
   validate_call(A, ta, B, tb, C, M, N, K, scale_a, scale_b, sizeof(float), sizeof(float));
+  WEAVE_CHECK(opt.tile != Tile::M128N192, "gemm_fp8: the 128x192 tile is gemm_block_scaled's; per-tensor scales take "
+              "auto, 128x256, 128x128, 64x128, 128 x w or swapped");
   WEAVE_CHECK(opt.tile == Tile::Auto || opt.tile == Tile::M128N256 || opt.tile == Tile::M128N128 ||
                   opt.tile == Tile::Swapped || opt.tile == Tile::M128Nw || opt.tile == Tile::M64N128,
               "gemm_fp8: unknown tile ", static_cast<int>(opt.tile));
@@ -181,14 +188,30 @@ lcsc::Plan gemm(const void* A, Fp8 ta, const void* B, Fp8 tb, __nv_bfloat16* C, 
   return dispatch<Small>(ta, tb, A, B, C, M, N, K, scale_a, scale_b, opt, group_m, stream);
 }
 
+Tile plan_block_tile(int M, int N, int sm_count, const Options& opt) {
+  WEAVE_CHECK(opt.tile == Tile::Auto || opt.tile == Tile::M128N128 || opt.tile == Tile::M128N192,
+              "gemm_fp8: block scales run on the 128x192 and 128x128 tiles only (a 64 x 256 consumer would need 2 x "
+              "128 accumulator registers per thread), got ", tile_name(opt.tile));
+  WEAVE_CHECK(sm_count >= 1, "gemm_fp8: ", sm_count, " compute blocks");
+  if (opt.tile != Tile::Auto) return opt.tile;
+  const long long tiles_m = (M + 127) / 128;
+  const auto rounds = [&](int bn) { return (tiles_m * ((N + bn - 1) / bn) + sm_count - 1) / sm_count; };
+  return rounds(192) * kBlock192Cost <= static_cast<double>(rounds(128)) ? Tile::M128N192 : Tile::M128N128;
+}
+
+Tile choose_block_tile(int M, int N, const Options& opt) {
+  validate_shape(M, N, 128);
+  const int blocks = lcsc::plan_for<Block192<fp8e4m3, fp8e4m3>>(1LL << 40, opt.lcsc).compute_blocks;
+  return plan_block_tile(M, N, blocks, opt);
+}
+
 lcsc::Plan gemm_block_scaled(const void* A, Fp8 ta, const void* B, Fp8 tb, __nv_bfloat16* C, int M, int N, int K,
                              const float* scale_a, const float* scale_b, const Options& opt, cudaStream_t stream) {
   validate_call(A, ta, B, tb, C, M, N, K, scale_a, scale_b, block_scale_a_count(M, K) * sizeof(float),
                 block_scale_b_count(N, K) * sizeof(float));
-  WEAVE_CHECK(opt.tile == Tile::Auto || opt.tile == Tile::M128N128, "gemm_fp8: block scales run on the 128x128 tile "
-              "only (a 64 x 256 consumer would need 2 x 128 accumulator registers per thread), got ",
-              tile_name(opt.tile));
-  const int group_m = opt.group_m > 0 ? opt.group_m : default_group_m(Tile::M128N128, K);
+  const Tile t = choose_block_tile(M, N, opt);
+  const int group_m = opt.group_m > 0 ? opt.group_m : default_group_m(t, K);
+  if (t == Tile::M128N192) return dispatch<Block192>(ta, tb, A, B, C, M, N, K, scale_a, scale_b, opt, group_m, stream);
   return dispatch<Block>(ta, tb, A, B, C, M, N, K, scale_a, scale_b, opt, group_m, stream);
 }
 

@@ -31,15 +31,17 @@ namespace weave::gemm_fp8 {
 enum class Fp8 : int { E4M3 = 0, E5M2 = 1 };
 
 // M128N256: two consumers of 64 x 256, 3 stages of 48 KB + a 64 KB output tile (208 KB).
-// M128N128: two consumers of 64 x 128, 6 stages of 32 KB + a 32 KB output tile (224 KB); the only
-// tile of gemm_block_scaled.
+// M128N128: two consumers of 64 x 128, 6 stages of 32 KB + a 32 KB output tile (224 KB); per-tensor
+// and block scales.
+// M128N192: two consumers of 64 x 192, 4 stages of 40 KB + a 48 KB output tile (208 KB); block
+// scales only (their faster tile).
 // Swapped: decode (M <= 16 tokens): the bf16 GEMM's swapped tile with fp8 multiplies (mma.sync
 // m16n8k32; kernels/gemm/swapped_schedule.hpp); per-tensor scales, no communicator SMs.
 // M128Nw: 128 x w, w = Options::tile_n in gemm::kWideWidths (the bf16 GEMM's 128 x w tiles, for
 // wave quantisation); e4m3 x e4m3 only.
 // M64N128: 64 x 128, the two consumers splitting N over the same 64 rows of A, 8 stages (the bf16
 // GEMM's decode / narrow tile: M <= 64, and up to M = 256 where its tile count fills the machine).
-enum class Tile : int { Auto = 0, M128N256 = 1, M128N128 = 2, Swapped = 3, M128Nw = 4, M64N128 = 5 };
+enum class Tile : int { Auto = 0, M128N256 = 1, M128N128 = 2, Swapped = 3, M128Nw = 4, M64N128 = 5, M128N192 = 6 };
 
 struct Options {
   Tile tile = Tile::Auto;
@@ -93,6 +95,15 @@ void validate_types(Fp8 a, Fp8 b);
 Launch plan_launch(int M, int N, int K, int sm_count, const Options& opt = {}, bool wide = false);
 // The same on the current device (what gemm() runs).
 Launch choose_launch(int M, int N, int K, const Options& opt = {}, Fp8 a_type = Fp8::E4M3, Fp8 b_type = Fp8::E4M3);
+// gemm_block_scaled's tile for `sm_count` compute blocks: opt.tile when it is M128N128 or
+// M128N192; for Auto, the one with the fewer rounds of tiles, a 128x192 tile counted as
+// kBlock192Cost 128x128 tiles (any other tile throws).
+Tile plan_block_tile(int M, int N, int sm_count, const Options& opt = {});
+// The same on the current device (what gemm_block_scaled() runs).
+Tile choose_block_tile(int M, int N, const Options& opt = {});
+// A 128x192 tile's time in 128x128 tiles: 1.5x the work at 1025 against 888 TFLOP/s (the core
+// set's geomeans, one H200, bench/results/2026-12-02h-h200-gemm-fp8-block-variants.jsonl).
+inline constexpr double kBlock192Cost = 1.30;
 int default_group_m(Tile t, int K);
 const char* tile_name(Tile t);
 // "128x256", "128x144" (M128Nw with its width), with "/k3" for a split.

@@ -13,8 +13,8 @@
 // scale_a[row, kb] * scale_b[nb, kb] and added to the main accumulator in fp32 on the CUDA cores
 // ("promotion"): the tensor core's reduced-precision accumulation then spans only 128 of K. The
 // main and temporary accumulators need 2 x BN/2 floats per thread: with 64 x 256 per consumer that
-// is 256 > the 232 registers a consumer has, so this kernel uses a 128 x 128 tile (two consumers of
-// 64 x 128: 128 floats), which also makes B's scale one value per tile and K block.
+// is 256 > the 232 registers a consumer has, so this kernel's tiles are 128 x 192 (2 x 96 floats)
+// and 128 x 128.
 #pragma once
 #include <cuda.h>
 
@@ -69,7 +69,8 @@ struct Fp8Common {
   static constexpr int kOutBlockCols = Staging::kBlockCols;
   static constexpr tile::Swizzle kOutSwizzle = Staging::kSwizzle;
   static constexpr uint32_t kStageTxBytes = (BM + BN) * BK;  // one byte per element
-  static_assert(BN == 128 || BN == 256 || (kDenseOut && BN % 16 == 0 && BN < 256), "BN 128, 256 or a multiple of 16");
+  static_assert(BN == 128 || BN == 192 || BN == 256 || (kDenseOut && BN % 16 == 0 && BN < 256),
+                "BN 128, 192, 256 or a multiple of 16");
 
   struct alignas(1024) Stage {
     uint8_t a[BM * BK];  // BM rows of 128 B (K-major, swizzled)
@@ -178,35 +179,41 @@ struct GemmFp8Kernel : Fp8Common<BN_, Stages, BM_> {
 };
 
 // consume() waits for its own wgmmas and promotes them at once; the tensor core idles on this
-// warpgroup while it promotes (the other consumer's batch may fill the gap). Keeping one batch in
-// flight instead (a second temporary, 192 floats) was tried: after wait_group 1, reading the
-// older temporary while the newer batch runs makes ptxas serialise every wgmma (C7514,
-// "non wgmma instructions reading accumulator registers ... between start and end of the
-// pipeline stage"), even with each parity on its own code path.
-template <class TA, class TB, int Stages>
-struct GemmFp8BlockKernel : Fp8Common<128, Stages> {
-  using Base = Fp8Common<128, Stages>;
+// warpgroup while it promotes, and the other consumer, which read the same stage, promotes at the
+// same time. What that costs and what was tried against it (one batch kept in flight, the two
+// consumers' batches taken in turn, two accumulator chains per consumer, deeper scale prefetch)
+// is in kernels/gemm_fp8/README.md ("Block scales: where the time goes"); none of it won.
+//
+// BN = 192 (two consumers of 64 x 192: 2 x 96 floats) is the faster tile; its columns straddle
+// two of B's 128-column scale blocks, so a K block has two B scales, split at column `split` of
+// the tile (128 for an even tile column, 64 for an odd one). BN = 128 has one.
+template <class TA, class TB, int Stages, int BN_>
+struct GemmFp8BlockKernel : Fp8Common<BN_, Stages> {
+  using Base = Fp8Common<BN_, Stages>;
   using typename Base::Globals;
   using typename Base::Output;
   using typename Base::Stage;
   using Base::BK;
   using Base::BM;
   using Base::BN;
+  static_assert(BN == 128 || BN == 192, "block scales: 128 or 192 columns");
   // consume() has waited for its wgmmas, so the stage is free as soon as it returns.
   static constexpr int kReleaseLag = 0;
 
   struct ConsumerState {
-    float acc[BN / 2];           // the tile's sum, fp32 on the CUDA cores
-    float part[BN / 2];          // one 128-K block from the tensor core
-    const float* sa0;            // scale_a of this thread's two rows (row r and r + 8), K block 0
+    float acc[BN / 2];    // the tile's sum, fp32 on the CUDA cores
+    float part[BN / 2];   // one 128-K block from the tensor core
+    const float* sa0;     // scale_a of this thread's two rows (row r and r + 8), K block 0
     const float* sa1;
-    const float* sb;                     // scale_b of this tile's N block, K block 0
-    float next_sa0, next_sa1, next_sb;   // the next K block's scales, loaded one stage ahead
+    const float* sb_lo;   // scale_b of the tile's first and second N block, K block 0
+    const float* sb_hi;
+    int split;            // the tile's first column in the second N block
+    float next_sa0, next_sa1, next_sb_lo, next_sb_hi;  // the next K block's scales, loaded one stage ahead
   };
 
   // Accumulator rows of this thread (wgmma.cuh's layout): warp w of the consumer holds rows
   // 16w .. 16w + 15, lane l rows l/4 and l/4 + 8. Rows past M (a ragged last tile) read row
-  // M - 1's scale: their results are clipped by the TMA store.
+  // M - 1's scale, columns past N the last N block's: their results are clipped by the TMA store.
   static __device__ __forceinline__ void start_tile(const Globals& g, ConsumerState& st, int w, int c) {
     const TileCoord t = Base::coord(g, w);
     const int lane = threadIdx.x & 31, warp = (threadIdx.x / 32) % 4;
@@ -214,44 +221,49 @@ struct GemmFp8BlockKernel : Fp8Common<128, Stages> {
     const int r1 = r0 + 8;
     st.sa0 = g.scale_a + (r0 < g.M ? r0 : g.M - 1);
     st.sa1 = g.scale_a + (r1 < g.M ? r1 : g.M - 1);
-    st.sb = g.scale_b + static_cast<size_t>(t.n) * g.kblocks;
+    const int col0 = t.n * BN, nb_last = (g.N - 1) / 128;
+    const int nb0 = col0 / 128, nb1 = nb0 < nb_last ? nb0 + 1 : nb_last;
+    st.split = (nb0 + 1) * 128 - col0;
+    st.sb_lo = g.scale_b + static_cast<size_t>(nb0) * g.kblocks;
+    st.sb_hi = g.scale_b + static_cast<size_t>(nb1) * g.kblocks;
     st.next_sa0 = __ldg(st.sa0);
     st.next_sa1 = __ldg(st.sa1);
-    st.next_sb = __ldg(st.sb);
+    st.next_sb_lo = __ldg(st.sb_lo);
+    st.next_sb_hi = BN > 128 ? __ldg(st.sb_hi) : 0.f;
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) st.acc[i] = 0.f;  // fma(p, s, 0) = p * s: every block adds alike
   }
 
-  // Block it's scales (s0 for row r, s1 for row r + 8), and block it + 1's requested: they have
-  // a whole stage to arrive.
-  static __device__ __forceinline__ void take_scales(const Globals& g, ConsumerState& st, int it, float& s0,
-                                                     float& s1) {
-    s0 = st.next_sa0 * st.next_sb;
-    s1 = st.next_sa1 * st.next_sb;
+  struct Scales {
+    float lo0, lo1, hi0, hi1;  // rows r and r + 8; columns before `split`, and from it
+  };
+
+  // Block it's scales, and block it + 1's requested: they have a whole stage to arrive (two or
+  // three stages ahead measured no faster).
+  static __device__ __forceinline__ Scales take_scales(const Globals& g, ConsumerState& st, int it) {
+    const Scales s{st.next_sa0 * st.next_sb_lo, st.next_sa1 * st.next_sb_lo, st.next_sa0 * st.next_sb_hi,
+                   st.next_sa1 * st.next_sb_hi};
     if (it + 1 < g.kblocks) {
       const size_t off = static_cast<size_t>(it + 1) * g.M;
       st.next_sa0 = __ldg(st.sa0 + off);
       st.next_sa1 = __ldg(st.sa1 + off);
-      st.next_sb = __ldg(st.sb + it + 1);
+      st.next_sb_lo = __ldg(st.sb_lo + it + 1);
+      if constexpr (BN > 128) st.next_sb_hi = __ldg(st.sb_hi + it + 1);
     }
+    return s;
   }
 
-  // acc (+)= part * scale; part[4j + 0..1] belong to row r (s0), part[4j + 2..3] to row r + 8 (s1).
-  static __device__ __forceinline__ void promote(ConsumerState& st, float s0, float s1, bool first) {
-    if (first) {
+  // acc += part * scale over 8-column groups: part[4j + 0..1] belong to row r, part[4j + 2..3] to
+  // row r + 8, columns 8j on. Split is a constant so that each group's scale is too.
+  template <int Split>
+  static __device__ __forceinline__ void promote(ConsumerState& st, const Scales& s) {
 #pragma unroll
-      for (int j = 0; j < BN / 8; ++j) {
-        st.acc[4 * j + 0] = st.part[4 * j + 0] * s0;
-        st.acc[4 * j + 1] = st.part[4 * j + 1] * s0;
-        st.acc[4 * j + 2] = st.part[4 * j + 2] * s1;
-        st.acc[4 * j + 3] = st.part[4 * j + 3] * s1;
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < BN / 8; ++j) {
-        st.acc[4 * j + 0] = fmaf(st.part[4 * j + 0], s0, st.acc[4 * j + 0]);
-        st.acc[4 * j + 1] = fmaf(st.part[4 * j + 1], s0, st.acc[4 * j + 1]);
-        st.acc[4 * j + 2] = fmaf(st.part[4 * j + 2], s1, st.acc[4 * j + 2]);
-        st.acc[4 * j + 3] = fmaf(st.part[4 * j + 3], s1, st.acc[4 * j + 3]);
-      }
+    for (int j = 0; j < BN / 8; ++j) {
+      const float s0 = 8 * j < Split ? s.lo0 : s.hi0, s1 = 8 * j < Split ? s.lo1 : s.hi1;
+      st.acc[4 * j + 0] = fmaf(st.part[4 * j + 0], s0, st.acc[4 * j + 0]);
+      st.acc[4 * j + 1] = fmaf(st.part[4 * j + 1], s0, st.acc[4 * j + 1]);
+      st.acc[4 * j + 2] = fmaf(st.part[4 * j + 2], s1, st.acc[4 * j + 2]);
+      st.acc[4 * j + 3] = fmaf(st.part[4 * j + 3], s1, st.acc[4 * j + 3]);
     }
   }
 
@@ -262,11 +274,13 @@ struct GemmFp8BlockKernel : Fp8Common<128, Stages> {
     for (int kk = 0; kk < BK / 32; ++kk)  // the block's first wgmma overwrites the temporary (scale-d 0)
       tile::wgmma::mma_fp8_ss<TA, TB, BN>(st.part, Base::desc_a(s, c, kk), Base::desc_b(s, c, kk), kk > 0 ? 1 : 0);
     tile::wgmma::commit_group();
-    float s0, s1;
-    take_scales(g, st, it, s0, s1);  // the next block's loads overlap these wgmmas
+    const Scales sc = take_scales(g, st, it);  // the next block's loads overlap these wgmmas
     tile::wgmma::wait_group<0>();
     tile::wgmma::fence_operands(st.part);
-    promote(st, s0, s1, it == 0);
+    if (BN == 128 || st.split == 128)
+      promote<128>(st, sc);
+    else
+      promote<64>(st, sc);
   }
 
   static __device__ __forceinline__ void drain(ConsumerState&) {}

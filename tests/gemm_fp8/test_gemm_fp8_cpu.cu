@@ -128,14 +128,51 @@ TEST(GemmFp8Cpu, BlockScaleCounts) {
   EXPECT_EQ(gemm_fp8::block_scale_b_count(128, 128), size_t(1));
 }
 
+// The block-scaled tile: forced ones as given; Auto by rounds, a 128x192 tile costing
+// kBlock192Cost 128x128 tiles; per-tensor-only tiles refused.
+TEST(GemmFp8Cpu, PlanBlockTile) {
+  using gemm_fp8::plan_block_tile;
+  gemm_fp8::Options o;
+  // 8192^2 on 132 blocks: 32 rounds of 128x128 against 21 of 128x192 (27.3).
+  EXPECT_EQ(plan_block_tile(8192, 8192, 132, o), Tile::M128N192);
+  // 8192 x 1024: 4 rounds against 3 (3.9).
+  EXPECT_EQ(plan_block_tile(8192, 1024, 132, o), Tile::M128N192);
+  // One round either way: the 128-column tiles finish sooner.
+  EXPECT_EQ(plan_block_tile(128, 4096, 132, o), Tile::M128N128);
+  EXPECT_EQ(plan_block_tile(1, 8, 132, o), Tile::M128N128);
+  // 1024 x 1024: 64 tiles (1 round) against 48 (1 round, 1.3).
+  EXPECT_EQ(plan_block_tile(1024, 1024, 132, o), Tile::M128N128);
+  // The rule follows the block count: 8192 x 1024 on 16 blocks is 32 rounds against 24 (31.2).
+  EXPECT_EQ(plan_block_tile(8192, 1024, 16, o), Tile::M128N192);
+  // Wave quantisation: 81 tiles of 128x128 are 2 rounds of 54 blocks, 54 of 128x192 one (1.3).
+  EXPECT_EQ(plan_block_tile(1152, 1152, 54, o), Tile::M128N192);
+  for (Tile t : {Tile::M128N128, Tile::M128N192}) {
+    o.tile = t;
+    EXPECT_EQ(plan_block_tile(8192, 8192, 132, o), t);
+    EXPECT_EQ(plan_block_tile(1, 8, 132, o), t);
+  }
+  for (Tile t : {Tile::M128N256, Tile::Swapped, Tile::M128Nw, Tile::M64N128}) {
+    o.tile = t;
+    EXPECT_NE(error_of([&] { plan_block_tile(1024, 1024, 132, o); }).find("128x192 and 128x128 tiles only"),
+              std::string::npos)
+        << gemm_fp8::tile_name(t);
+  }
+  EXPECT_STREQ(gemm_fp8::tile_name(Tile::M128N192), "128x192");
+}
+
 // Every kernel fits the H100/H200 opt-in shared memory (227 KB) and its stages are what the
 // README says; one TMA box of A and B is exactly one stage's bytes.
 TEST(GemmFp8Cpu, KernelFootprints) {
   using tile::fp8e4m3;
   using Big = gemm_fp8::GemmFp8Kernel<fp8e4m3, fp8e4m3, 256, 3>;
   using Small = gemm_fp8::GemmFp8Kernel<fp8e4m3, fp8e4m3, 128, 6>;
-  using Block = gemm_fp8::GemmFp8BlockKernel<fp8e4m3, fp8e4m3, 6>;
+  using Block = gemm_fp8::GemmFp8BlockKernel<fp8e4m3, fp8e4m3, 6, 128>;
+  using Block192 = gemm_fp8::GemmFp8BlockKernel<fp8e4m3, fp8e4m3, 4, 192>;
   constexpr size_t kOptin = 232448;
+  EXPECT_LE(lcsc::shared_bytes<Block192>(), kOptin);
+  EXPECT_EQ(sizeof(Block192::Stage), size_t(40 * 1024));
+  EXPECT_EQ(sizeof(Block192::Output), size_t(48 * 1024));
+  EXPECT_EQ(Block192::kStageTxBytes, 40u * 1024);
   EXPECT_LE(lcsc::shared_bytes<Big>(), kOptin);
   EXPECT_LE(lcsc::shared_bytes<Small>(), kOptin);
   EXPECT_LE(lcsc::shared_bytes<Block>(), kOptin);

@@ -157,6 +157,8 @@ struct Fp8Run {
     return std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) + " " + gemm_fp8::type_name(o.ta) +
            "x" + gemm_fp8::type_name(o.tb) + (o.block ? " block" : " tensor") + " tile " +
            (o.tile == Tile::M128Nw ? "128x" + std::to_string(o.tile_n) : gemm_fp8::tile_name(o.tile)) +
+           (o.block && o.tile == Tile::Auto ? std::string("(") + gemm_fp8::tile_name(gemm_fp8::choose_block_tile(M, N)) + ")"
+                                            : std::string()) +
            " scales [" + std::to_string(o.scale_lo) + ", " + std::to_string(o.scale_hi) + "]" +
            (o.sub_a ? " subA" : "") + (o.sub_b ? " subB" : "") + (o.comm ? " comm " + std::to_string(o.comm) : "") +
            (o.split_k ? " split " + std::to_string(o.split_k) : "");
@@ -190,8 +192,9 @@ struct Shape {
 // plus tiny and exact shapes. K multiples of 16, N of 8.
 const Shape kRagged[] = {{1000, 776, 528}, {16, 16, 16}, {1, 8, 32},     {129, 264, 144},   {128, 256, 128},
                          {255, 520, 1040}, {777, 1032, 4112}, {2048, 2048, 2048}, {3000, 136, 8192}};
-// The per-tensor tiles with every type pair (the block-scaled kernel runs 128x128 only).
+// The per-tensor tiles with every type pair, and the block-scaled ones.
 const Tile kTiles[] = {Tile::M128N256, Tile::M128N128, Tile::M64N128};
+const Tile kBlockTiles[] = {Tile::M128N192, Tile::M128N128};
 
 // NaN in A's row 5 and +-Inf in B's rows 9 and 10 (e5m2 B): the non-finite kinds match the
 // reference's, all of C's row 5 is NaN and all of its column 9 Inf or NaN.
@@ -303,8 +306,8 @@ TEST(GemmFp8, SubnormalInputs) {
 
 TEST(GemmFp8, NanAndInfPropagate) {
   for (bool block : {false, true})
-    for (Tile t : kTiles) {
-      if (block && t != Tile::M128N128) continue;
+    for (Tile t : block ? std::vector<Tile>(std::begin(kBlockTiles), std::end(kBlockTiles))
+                        : std::vector<Tile>(std::begin(kTiles), std::end(kTiles))) {
       Opts o;
       o.block = block, o.tile = t;
       check_nonfinite(300, 264, 528, o);
@@ -339,17 +342,28 @@ TEST(GemmFp8, SwappedDecode) {
   check_nonfinite(9, 264, 528, o);
 }
 
+// Both block tiles. The 128x192 tile's columns straddle two 128-column scale blocks of B, split
+// at its column 128 (even tile columns) or 64 (odd ones); N = 136 and 200 end inside the second
+// block (its scale index clamped to the last block), 392 and 776 cut both kinds of tile short.
 TEST(GemmFp8, BlockScaledRaggedShapes) {
-  for (Shape s : kRagged) {
-    Opts o;
-    o.block = true, o.scale_lo = 1e-3f, o.scale_hi = 1e3f;
-    o.samples = double(s.M) * s.N * s.K < 1e9;
-    run_case(s.M, s.N, s.K, o);
-  }
-  for (auto [ta, tb] : {std::pair{Fp8::E5M2, Fp8::E4M3}, std::pair{Fp8::E4M3, Fp8::E5M2}}) {
-    Opts o;
-    o.block = true, o.ta = ta, o.tb = tb, o.range = 1000.f, o.samples = true;
-    run_case(1000, 776, 1040, o);
+  const Shape straddle[] = {{200, 136, 272}, {130, 200, 400}, {300, 392, 1040}, {64, 776, 528}};
+  for (Tile t : kBlockTiles) {
+    for (Shape s : kRagged) {
+      Opts o;
+      o.block = true, o.tile = t, o.scale_lo = 1e-3f, o.scale_hi = 1e3f;
+      o.samples = double(s.M) * s.N * s.K < 1e9;
+      run_case(s.M, s.N, s.K, o);
+    }
+    for (Shape s : straddle) {
+      Opts o;
+      o.block = true, o.tile = t, o.scale_lo = 1e-3f, o.scale_hi = 1e3f, o.samples = true;
+      run_case(s.M, s.N, s.K, o);
+    }
+    for (auto [ta, tb] : {std::pair{Fp8::E5M2, Fp8::E4M3}, std::pair{Fp8::E4M3, Fp8::E5M2}}) {
+      Opts o;
+      o.block = true, o.tile = t, o.ta = ta, o.tb = tb, o.range = 1000.f, o.samples = true;
+      run_case(1000, 776, 1040, o);
+    }
   }
 }
 
@@ -388,9 +402,11 @@ TEST(GemmFp8, LargeSquare) {
 // 128-K block zeroed, against the reference of the intact A, must fail in every tile. Scales in
 // [0.5, 2] so that no tile's missing block is scaled into insignificance.
 TEST(GemmFp8, MissingKBlockFailsTheBound) {
-  for (bool block : {false, true}) {
+  for (int v = 0; v < 3; ++v) {
+    const bool block = v > 0;
     Opts o;
     o.block = block, o.scale_lo = 0.5f, o.scale_hi = 2.f;
+    if (block) o.tile = kBlockTiles[v - 1];
     const int M = 1024, N = 1024, K = block ? 4096 : 8192;
     Fp8Run c(M, N, K, o);
     SCOPED_TRACE(c.name() + " with K block 3 of A zeroed");
@@ -442,13 +458,17 @@ TEST(GemmFp8, RejectsBadInput) {
   });
   gemm_fp8::Options big;
   big.tile = Tile::M128N256;
-  expect_error("block scales on 128x256", "128x128 tile only",
+  expect_error("block scales on 128x256", "128x192 and 128x128 tiles only",
                [&] { gemm_fp8::gemm_block_scaled(p, e4, p, e4, c, 64, 64, 128, f, f, big); });
   gemm_fp8::Options sw;
   sw.tile = Tile::Swapped;
   expect_error("swapped tile, M = 17", "got M = 17", [&] { gemm_fp8::gemm(p, e4, p, e4, c, 17, 64, 64, f, f, sw); });
-  expect_error("swapped block scales", "128x128 tile only",
+  expect_error("swapped block scales", "128x192 and 128x128 tiles only",
                [&] { gemm_fp8::gemm_block_scaled(p, e4, p, e4, c, 16, 64, 128, f, f, sw); });
+  gemm_fp8::Options b192;
+  b192.tile = Tile::M128N192;
+  expect_error("per-tensor scales on 128x192", "gemm_block_scaled's",
+               [&] { gemm_fp8::gemm(p, e4, p, e4, c, 64, 64, 64, f, f, b192); });
   gemm_fp8::Options wt;
   wt.tile = Tile::M128Nw, wt.tile_n = 144;
   expect_error("128 x w tile, e5m2 B", "e5m2 operand",

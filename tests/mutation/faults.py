@@ -407,8 +407,19 @@ FAULTS = [
         "what": "block-scaled fp8: every K block after the first takes the previous block's B scale",
         "edits": [{
             "file": "kernels/gemm_fp8/gemm_fp8_kernel.cuh",
-            "find": "st.next_sb = __ldg(st.sb + it + 1);",
-            "replace": "st.next_sb = __ldg(st.sb + it);",
+            "find": "st.next_sb_lo = __ldg(st.sb_lo + it + 1);",
+            "replace": "st.next_sb_lo = __ldg(st.sb_lo + it);",
+        }],
+        "tests": ["test_gemm_fp8_gpu:GemmFp8.BlockScaled*"],
+    },
+    {
+        "name": "gemm_fp8_block_192_second_scale_block_at_128",
+        "what": "block-scaled fp8, 128x192 tile: odd tile columns take B's second scale block from tile column 128 "
+                "instead of 64 (columns 64-127 of those tiles scaled with the wrong block)",
+        "edits": [{
+            "file": "kernels/gemm_fp8/gemm_fp8_kernel.cuh",
+            "find": "if (BN == 128 || st.split == 128)",
+            "replace": "if (BN == 128 || st.split == 128 || st.split == 64)",
         }],
         "tests": ["test_gemm_fp8_gpu:GemmFp8.BlockScaled*"],
     },

@@ -19,7 +19,7 @@
 // (printed).
 //
 //   weave-bench gemm_fp8 [--json FILE] [--shapes MxNxK,...] [--set core|models] [--list]
-//                        [--types e4m3xe4m3|e5m2xe4m3|e4m3xe5m2] [--tile auto|256|128|64|swapped|w96..w208] [--split-k N]
+//                        [--types e4m3xe4m3|e5m2xe4m3|e4m3xe5m2] [--tile auto|256|128|64|swapped|w96..w208] [--block-tile auto|128|192] [--split-k N]
 //                        [--impl cublaslt,cublaslt_precise,weave,weave_block] [--target-ms T]
 // --set core|models: the rows of weave-bench gemm (gemm_sets.hpp); fp8 runs the nk ones.
 #include <cublasLt.h>
@@ -135,6 +135,14 @@ int run_gemm_fp8_bench(const Args& args) {
   opt.tile_n = wide_tile_width(args.get("tile"), "gemm_fp8");  // --tile w144: the 128 x 144 tile
   if (opt.tile_n < 0) return 2;
   if (opt.tile_n > 0) opt.tile = gemm_fp8::Tile::M128Nw;
+  const std::string bt = args.get("block-tile", "auto");  // the block-scaled rows' tile
+  if (bt != "auto" && bt != "128" && bt != "192") {
+    std::fprintf(stderr, "weave-bench gemm_fp8: --block-tile takes auto, 128 or 192, got %s\n", bt.c_str());
+    return 2;
+  }
+  const gemm_fp8::Tile block_tile_opt = bt == "128"   ? gemm_fp8::Tile::M128N128
+                                        : bt == "192" ? gemm_fp8::Tile::M128N192
+                                                      : gemm_fp8::Tile::Auto;
   opt.group_m = static_cast<int>(args.get_int("group", 0));
   opt.split_k = static_cast<int>(args.get_int("split-k", 0));
   const double target_ms = std::stod(args.get("target-ms", "60"));
@@ -281,8 +289,9 @@ int run_gemm_fp8_bench(const Args& args) {
     }
     if (wants("weave_block")) {
       gemm_fp8::Options ob = opt;
-      ob.tile = gemm_fp8::Tile::Auto;
-      const double t = measure("weave_block", "128x128", true, [&] {
+      ob.tile = block_tile_opt;
+      const std::string block_tile = gemm_fp8::tile_name(gemm_fp8::choose_block_tile(s.M, s.N, ob));
+      const double t = measure("weave_block", block_tile.c_str(), true, [&] {
         last = it++ % nsets;
         gemm_fp8::gemm_block_scaled(d.a[last], ta, d.b[last], tb, d.c, s.M, s.N, s.K, d.bsa[last], d.bsb[last], ob,
                                     st);
@@ -305,6 +314,6 @@ int run_gemm_fp8_bench(const Args& args) {
 WEAVE_BENCH(gemm_fp8,
             "fp8 GEMM (A M x K, B N x K, bf16 out): weave per-tensor and block-scaled vs cuBLASLt fp8 "
             "(--shapes MxNxK,... or --set core|models, --list, --types e4m3xe4m3|e5m2xe4m3|e4m3xe5m2, "
-            "--tile auto|256|128|64|swapped|w96..w208, --split-k N (0 planner, 1 never), --impl cublaslt,cublaslt_precise,weave,weave_block, --target-ms T); "
+            "--tile auto|256|128|64|swapped|w96..w208, --block-tile auto|128|192, --split-k N (0 planner, 1 never), --impl cublaslt,cublaslt_precise,weave,weave_block, --target-ms T); "
             "also `weave-bench gemm --dtype fp8`",
             run_gemm_fp8_bench);
