@@ -199,17 +199,24 @@ Tile plan_block_tile(int M, int N, int sm_count, const Options& opt) {
   return rounds(192) * kBlock192Cost <= static_cast<double>(rounds(128)) ? Tile::M128N192 : Tile::M128N128;
 }
 
-Tile choose_block_tile(int M, int N, const Options& opt) {
-  validate_shape(M, N, 128);
+namespace {
+// choose_block_tile for a shape already validated (gemm_block_scaled() validates it with the rest).
+Tile block_tile_for(int M, int N, const Options& opt) {
   const int blocks = lcsc::plan_for<Block192<fp8e4m3, fp8e4m3>>(1LL << 40, opt.lcsc).compute_blocks;
   return plan_block_tile(M, N, blocks, opt);
+}
+}  // namespace
+
+Tile choose_block_tile(int M, int N, const Options& opt) {
+  validate_shape(M, N, 128);
+  return block_tile_for(M, N, opt);
 }
 
 lcsc::Plan gemm_block_scaled(const void* A, Fp8 ta, const void* B, Fp8 tb, __nv_bfloat16* C, int M, int N, int K,
                              const float* scale_a, const float* scale_b, const Options& opt, cudaStream_t stream) {
   validate_call(A, ta, B, tb, C, M, N, K, scale_a, scale_b, block_scale_a_count(M, K) * sizeof(float),
                 block_scale_b_count(N, K) * sizeof(float));
-  const Tile t = choose_block_tile(M, N, opt);
+  const Tile t = block_tile_for(M, N, opt);  // the shape was validated above
   const int group_m = opt.group_m > 0 ? opt.group_m : default_group_m(t, K);
   if (t == Tile::M128N192) return dispatch<Block192>(ta, tb, A, B, C, M, N, K, scale_a, scale_b, opt, group_m, stream);
   return dispatch<Block>(ta, tb, A, B, C, M, N, K, scale_a, scale_b, opt, group_m, stream);

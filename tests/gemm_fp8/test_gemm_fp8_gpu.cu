@@ -157,8 +157,9 @@ struct Fp8Run {
     return std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) + " " + gemm_fp8::type_name(o.ta) +
            "x" + gemm_fp8::type_name(o.tb) + (o.block ? " block" : " tensor") + " tile " +
            (o.tile == Tile::M128Nw ? "128x" + std::to_string(o.tile_n) : gemm_fp8::tile_name(o.tile)) +
-           (o.block && o.tile == Tile::Auto ? std::string("(") + gemm_fp8::tile_name(gemm_fp8::choose_block_tile(M, N)) + ")"
-                                            : std::string()) +
+           (o.block && o.tile == Tile::Auto
+                ? std::string("(") + gemm_fp8::tile_name(gemm_fp8::choose_block_tile(M, N)) + ")"
+                : std::string()) +
            " scales [" + std::to_string(o.scale_lo) + ", " + std::to_string(o.scale_hi) + "]" +
            (o.sub_a ? " subA" : "") + (o.sub_b ? " subB" : "") + (o.comm ? " comm " + std::to_string(o.comm) : "") +
            (o.split_k ? " split " + std::to_string(o.split_k) : "");
@@ -305,13 +306,13 @@ TEST(GemmFp8, SubnormalInputs) {
 }
 
 TEST(GemmFp8, NanAndInfPropagate) {
-  for (bool block : {false, true})
-    for (Tile t : block ? std::vector<Tile>(std::begin(kBlockTiles), std::end(kBlockTiles))
-                        : std::vector<Tile>(std::begin(kTiles), std::end(kTiles))) {
-      Opts o;
-      o.block = block, o.tile = t;
-      check_nonfinite(300, 264, 528, o);
-    }
+  const auto run = [](bool block, Tile t) {
+    Opts o;
+    o.block = block, o.tile = t;
+    check_nonfinite(300, 264, 528, o);
+  };
+  for (Tile t : kTiles) run(false, t);
+  for (Tile t : kBlockTiles) run(true, t);
 }
 
 // The swapped decode tile (M <= 16, per-tensor scales): tokens around its 8-token blocks, N
@@ -402,11 +403,10 @@ TEST(GemmFp8, LargeSquare) {
 // 128-K block zeroed, against the reference of the intact A, must fail in every tile. Scales in
 // [0.5, 2] so that no tile's missing block is scaled into insignificance.
 TEST(GemmFp8, MissingKBlockFailsTheBound) {
-  for (int v = 0; v < 3; ++v) {
-    const bool block = v > 0;
+  for (auto [block, tile] :
+       {std::pair{false, Tile::Auto}, std::pair{true, kBlockTiles[0]}, std::pair{true, kBlockTiles[1]}}) {
     Opts o;
-    o.block = block, o.scale_lo = 0.5f, o.scale_hi = 2.f;
-    if (block) o.tile = kBlockTiles[v - 1];
+    o.block = block, o.tile = tile, o.scale_lo = 0.5f, o.scale_hi = 2.f;
     const int M = 1024, N = 1024, K = block ? 4096 : 8192;
     Fp8Run c(M, N, K, o);
     SCOPED_TRACE(c.name() + " with K block 3 of A zeroed");
