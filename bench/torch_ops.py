@@ -22,8 +22,8 @@ mean nothing and they carry "shared": true. Sections (--only picks some):
 - gemm: weave.matmul vs torch.matmul ("torch-matmul"), B as weight.t() (layout "nk") and K x N ("kn").
 - attention: weave.attention vs SDPA restricted to cuDNN ("torch-sdpa-cudnn") and to flash
   ("torch-sdpa-flash"); causal, B 1, the TP block's heads per rank (32 / W), head dim 128.
-- overhead (kernel "python_overhead"): host time per eager call of an 8 KiB all_reduce and of
-  all_gather_matmul at S = 2048 (time.perf_counter over --calls calls, one synchronize at the end:
+- overhead (kernel "python_overhead"): host time per eager call of an 8 KiB all_reduce, of
+  all_gather_matmul at S = 2048 and of a 512^3 matmul (B as weight.t()) (time.perf_counter over --calls calls, one synchronize at the end:
   host_us until the last call returned, wall_us until the GPU finished), and the same calls captured
   in a torch.cuda.graph and replayed. impl "weave-cpp" is the same call through weave's C++ entry
   point (its pybind binding, buffers and pointers made beforehand): the C++ path, whose host_us the
@@ -505,7 +505,8 @@ class Bench:
         calls = max(10, self.args.calls // (10 if self.setup.shared else 1))
         cases = [("all_reduce", self.coll_case("all_reduce", 8 * KiB), ("weave-cpp", "weave", "torch-nccl")),
                  ("all_gather_matmul", self.tp_case("ag_gemm", "square", 2048, 2048, 2048 // self.W, 2048),
-                  ("weave-cpp", "weave", "weave-no-A", "torch-nccl", "torch-symm-mem"))]
+                  ("weave-cpp", "weave", "weave-no-A", "torch-nccl", "torch-symm-mem")),
+                 ("matmul", self.gemm_case("overhead", 512, 512, 512, "nk"), ("weave-cpp", "weave", "torch-matmul"))]
         self.print(f"\nPython-side cost per call ({calls} eager calls, one synchronize at the end; "
                    "graph: 20 calls captured, replayed 50 times)")
         for op_name, case, impls in cases:
@@ -566,10 +567,22 @@ class Bench:
         beforehand: "weave-cpp", the C++ path the Python overhead is measured against. For
         all_gather_matmul also "weave-no-A" (return_A=False)."""
         from weave import _comm, _ops
+        from weave._lib import lib
 
         plain = case.impls["weave"][1]
         c = _comm.communicator(None)
         raw_stream = torch._C._cuda_getCurrentRawStream  # per call: a graph capture switches streams
+        if op_name == "matmul":
+            a0, b0 = plain[0]
+            M, K, N = int(a0.shape[0]), int(a0.shape[1]), int(b0.shape[1])
+            out = torch.empty((M, N), dtype=a0.dtype, device=a0.device)
+            nk = not b0.is_contiguous()
+
+            def gemm(a, b):
+                lib().gemm(c.device, a.data_ptr(), b.data_ptr(), out.data_ptr(), M, N, K, nk, raw_stream(c.device))
+                return out
+
+            return {"weave-cpp": (gemm, plain)}
         if op_name == "all_reduce":
             x0 = plain[0][0]
             n = x0.numel()

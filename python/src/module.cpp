@@ -1,5 +1,6 @@
-// weave._C: the C++ API for the Python package, without torch. Pointers, sizes and streams are
-// Python ints; symmetric tensors leave as DLPack capsules (torch.from_dlpack, no copy) whose
+// weave._C: the C++ API for the Python package. Its pybind11 half (this file) takes pointers, sizes
+// and streams as Python ints; the torch operators' CUDA kernels are its other half (torch_ops.cpp),
+// and the operators' argument rules (plan.hpp) are bound here for the fake implementations. Symmetric tensors leave as DLPack capsules (torch.from_dlpack, no copy) whose
 // deleter hands the memory back with Communicator::release. Calls that may wait (on the device,
 // on peers) run without the GIL; one communicator's calls run one at a time (a mutex). Element
 // types of the collectives are ints: 0 bf16, 1 fp16, 2 fp32 (weave::DType). MoE layers
@@ -20,11 +21,14 @@
 #include <utility>
 #include <vector>
 
+#include "comm.hpp"
 #include "ops.hpp"
+#include "plan.hpp"
 #include "weave/common/gpus.hpp"
 #include "weave/runtime/communicator.hpp"
 
 namespace py = pybind11;
+using weave::py::Comm;
 using weave::py::Dt;
 using weave::py::Ptr;
 
@@ -56,71 +60,6 @@ struct DLManagedTensor {
 };
 constexpr int32_t kDLCPU = 1;
 constexpr int32_t kDLCUDA = 2;
-
-// One communicator and its kernels. Buffers whose tensors died are handed back at the next
-// alloc: a tensor may die on any thread (the deleter takes only `pending_mu`), and
-// Communicator::release must not race with alloc.
-class Comm : public std::enable_shared_from_this<Comm> {
- public:
-  Comm(const weave::runtime::LaunchInfo& info, const weave::runtime::CommOptions& opt)
-      : comm_(std::make_unique<weave::runtime::Communicator>(info, opt)), ops_(*comm_) {}
-
-  weave::runtime::Communicator& comm() { return *comm_; }
-  weave::py::Ops& ops() { return ops_; }
-  std::mutex& mu() { return mu_; }
-
-  Ptr alloc(size_t bytes) {
-    std::lock_guard<std::mutex> lk(mu_);
-    weave::py::set_device(comm_->device());
-    drain_released();
-    const Ptr p = reinterpret_cast<Ptr>(comm_->alloc(bytes));
-    std::lock_guard<std::mutex> lk2(pending_mu_);
-    live_[p] = bytes;
-    return p;
-  }
-  void defer_release(Ptr p) {
-    std::lock_guard<std::mutex> lk(pending_mu_);
-    pending_.push_back(p);
-    live_.erase(p);
-  }
-  // Whether [p, p + bytes) lies in one live heap tensor of this communicator.
-  bool owns(Ptr p, size_t bytes) {
-    std::lock_guard<std::mutex> lk(pending_mu_);
-    auto it = live_.upper_bound(p);
-    if (it == live_.begin()) return false;
-    --it;
-    return p + bytes <= it->first + it->second;
-  }
-  size_t pending() {
-    std::lock_guard<std::mutex> lk(pending_mu_);
-    return pending_.size();
-  }
-  // Keeps a MoE layer whose Python object died without close(): destroying it is collective,
-  // and Python's collector does not drop objects in the same order on every rank. It goes with
-  // the communicator (its symmetric buffers stay allocated until then).
-  void adopt(std::unique_ptr<weave::py::Moe> m) {
-    std::lock_guard<std::mutex> lk(pending_mu_);
-    orphans_.push_back(std::move(m));
-  }
-
- private:
-  void drain_released() {
-    std::vector<Ptr> ps;
-    {
-      std::lock_guard<std::mutex> lk(pending_mu_);
-      ps.swap(pending_);
-    }
-    for (Ptr p : ps) comm_->release(reinterpret_cast<void*>(p));
-  }
-
-  std::unique_ptr<weave::runtime::Communicator> comm_;
-  weave::py::Ops ops_;
-  std::mutex mu_;
-  std::mutex pending_mu_;
-  std::vector<Ptr> pending_;
-  std::map<Ptr, size_t> live_;  // heap tensors not yet dead: start -> bytes
-  std::vector<std::unique_ptr<weave::py::Moe>> orphans_;  // destroyed before ops_ and comm_
-};
 
 // What a DLPack capsule owns: the shape, and what to do when the tensor dies. A symmetric tensor's
 // `on_delete` holds a reference to the communicator, which therefore outlives its heap's tensors.
@@ -247,10 +186,99 @@ class MoeHandle {
   std::unique_ptr<weave::py::Moe> m_;
 };
 
+
+// The operators' argument rules for the fake implementations (weave/_ops.py): tensors as Specs
+// made from the traced tensors' shapes; a broken rule raises ValueError (plan::ArgError).
+void bind_plans(py::module_& m) {
+  namespace plan = weave::py::plan;
+  using plan::Spec;
+  py::class_<Spec>(m, "Spec")
+      .def(py::init([](std::vector<int64_t> sizes, std::vector<int64_t> strides, const std::string& dtype,
+                       const std::string& device) {
+             Spec s;
+             s.sizes = std::move(sizes);
+             s.strides = std::move(strides);
+             s.dtype = plan::dtype_from_name(dtype);
+             s.dtype_name = dtype;
+             s.device = device;
+             return s;
+           }),
+           py::arg("sizes"), py::arg("strides"), py::arg("dtype"), py::arg("device"));
+  auto dt = [](const std::optional<std::string>& name) {
+    return name ? std::optional<plan::Dtype>(plan::dtype_from_name(*name)) : std::nullopt;
+  };
+  m.def("plan_all_reduce", &plan::all_reduce);
+  m.def("plan_all_gather", [](const Spec& x, int64_t dim, int64_t full, int rank, int world) {
+    const auto p = plan::all_gather(x, dim, full, rank, world);
+    return py::make_tuple(p.out, p.dim);
+  });
+  m.def("plan_reduce_scatter", [](const Spec& x, int64_t dim, int rank, int world) {
+    const auto p = plan::reduce_scatter(x, dim, rank, world);
+    return py::make_tuple(p.out, p.dim);
+  });
+  m.def("plan_all_to_all", [](const Spec& x, const std::string& direction, int64_t seq_len, int rank, int world) {
+    return plan::all_to_all(x, direction, seq_len, rank, world).out;
+  });
+  m.def("plan_all_gather_matmul", [](const Spec& A, const std::vector<Spec>& Bs, int64_t dim, int world) {
+    const auto p = plan::all_gather_matmul(A, Bs, dim, world);
+    return py::make_tuple(p.gathered, p.dim);
+  });
+  m.def("plan_matmul_reduce_scatter", [](const Spec& A, const Spec& B, const std::string& op, int64_t dim, int rank,
+                                         int world) {
+    const auto p = plan::matmul_reduce_scatter(A, B, op, dim, rank, world);
+    return py::make_tuple(p.out, p.dim);
+  });
+  m.def("plan_matmul_all_reduce", [](const Spec& A, const Spec& B) { return plan::matmul_all_reduce(A, B).out; });
+  m.def("plan_matmul", [dt](const Spec& A, const Spec& B, const std::optional<Spec>& bias,
+                            const std::optional<std::string>& out_dtype) {
+    const auto p = plan::matmul(A, B, bias, dt(out_dtype), out_dtype.value_or(""));
+    return py::make_tuple(p.out, p.f32);
+  });
+  m.def("plan_matmul_out", [](const Spec& A, const Spec& B, const std::optional<Spec>& bias, const Spec& out) {
+    plan::matmul_out(A, B, bias, out);
+  });
+  m.def("plan_scaled_mm", [dt](const Spec& A, const Spec& B, const Spec& sa, const Spec& sb,
+                               const std::optional<std::string>& out_dtype) {
+    const auto p = plan::scaled_mm(A, B, sa, sb, dt(out_dtype), out_dtype.value_or(""));
+    return py::make_tuple(p.M, p.N);
+  });
+  m.def("plan_grouped_mm", [](const Spec& x, const Spec& w, const Spec& counts, int64_t cap) {
+    const auto p = plan::grouped_mm(x, w, counts, cap);
+    return py::make_tuple(p.cap, p.N);
+  });
+  m.def("plan_attention", [](const std::string& op, const Spec& q, const Spec& k, const Spec& v) {
+    const auto p = plan::attention(op.c_str(), q, k, v);
+    return py::make_tuple(p.B, p.L, p.Hq);
+  });
+  m.def("plan_ring_seq", &plan::ring_seq);
+  m.def("plan_ulysses_seq", &plan::ulysses_seq);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
-  m.doc() = "weave's C++ API for the Python package (no torch inside: pointers and streams are ints)";
+  m.doc() = "weave's C++ API for the Python package (and, registered on import, torch.ops.weave's CUDA kernels)";
+  bind_plans(m);
+
+  m.def("_register_group", &weave::py::register_comm, py::arg("group"), py::arg("comm"),
+        "the torch operators' communicator of a process group (held weakly: the package owns it)");
+  m.def("_set_group_resolver", [](py::function f) {
+        // Called (with the GIL) for a group no communicator is registered under; kept for the process.
+        static py::function* resolver = nullptr;
+        if (!resolver) resolver = new py::function();
+        *resolver = std::move(f);
+        weave::py::set_comm_resolver([](const std::string& group) {
+          py::gil_scoped_acquire gil;
+          try {
+            (*resolver)(group);
+          } catch (py::error_already_set& e) {  // leaves through torch's dispatcher, not pybind11
+            throw std::runtime_error(e.what());
+          }
+        });
+      }, py::arg("resolve"), "resolve(group_name): makes and registers the group's communicator");
+  m.def("_set_poison", &weave::py::set_poison, py::arg("on"),
+        "tests: the torch operators' outputs and staging buffers start as 0xFF bytes (NaN)");
+  m.def("_poison", &weave::py::poison);
 
   m.def(
       "gpu_count",

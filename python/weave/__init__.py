@@ -10,7 +10,7 @@
 Details: python/README.md. Importing needs no GPU; operators raise RuntimeError without one."""
 try:
     import torch  # noqa: F401
-except ImportError as e:  # the extension builds without torch, the package does not run without it
+except ImportError as e:  # weave._C links torch's libraries: import torch first, which loads them
     raise ImportError("weave needs PyTorch: install torch (weave works with the one installed)") from e
 
 from ._comm import Communicator, empty, init, is_symmetric

@@ -9,7 +9,7 @@ from typing import Optional, Sequence, Union
 import torch
 import torch.distributed as dist
 
-from ._lib import lib, require_gpu
+from ._lib import lib, lib_available, require_gpu
 
 # The group name of a process without torch.distributed (a world of 1).
 SINGLE = "weave.single"
@@ -33,9 +33,11 @@ GroupLike = Union[None, str, "dist.ProcessGroup", "Communicator"]
 
 class Communicator:
     """weave's communicator over one process group: the symmetric heap every rank of the group maps,
-    the kernels' state, and two staging buffers (inputs, outputs) for ordinary tensors.
+    the kernels' state, and two staging buffers (inputs, outputs) through which ordinary tensors
+    reach the kernels that need symmetric memory (kept by the C++ side: python/src/comm.hpp).
 
-    Made by `weave.init`; one per group, cached."""
+    Made by `weave.init`; one per group, cached, and registered under the group's name for the C++
+    operator kernels."""
 
     def __init__(self, group: Optional["dist.ProcessGroup"], name: str, rank: int, world: int, instance: str,
                  device: int, heap_bytes: int, debug: int):
@@ -46,15 +48,7 @@ class Communicator:
         self.device = device
         self._c = lib().Communicator(rank=rank, world=world, job_id="torch", instance=instance, device=device,
                                      heap_bytes=heap_bytes, debug=debug)
-        self._stage: dict[str, torch.Tensor] = {}
-        self._stage_stream: Optional[torch.cuda.Stream] = None
-        # Staging buffers outgrown after a CUDA graph captured a call: the graph's replays still use them.
-        self._captured = False
-        self._kept: list[torch.Tensor] = []
-        # Per collective call shape: whether its algorithm takes unstaged buffers (_ops._collective).
-        self.local_calls: dict[tuple, bool] = {}
-        # Views of the staging buffers by (which, shape, dtype): three views per call cost ~6 us.
-        self._views: dict[tuple, torch.Tensor] = {}
+        lib()._register_group(name, self._c)
 
     def __repr__(self) -> str:
         return (f"weave.Communicator(group={self.group_name!r}, rank={self.rank}, world={self.world}, "
@@ -93,64 +87,6 @@ class Communicator:
     def barrier(self) -> None:
         """Host barrier of the group's ranks (device work not included)."""
         self._c.barrier()
-
-    # Staging: ordinary tensors are copied into (and outputs out of) symmetric buffers that grow on
-    # demand. Growing allocates, which is collective; it happens inside an operator call, where
-    # every rank has the same shapes (a rank whose shapes differ fails the allocation's cross-rank
-    # check together with its peers).
-    def staging(self, which: str, nbytes: int, stream: torch.cuda.Stream) -> torch.Tensor:
-        """A uint8 symmetric buffer of at least `nbytes` ('in' or 'out'), ordered after its last use."""
-        buf = self._stage.get(which)
-        capturing = torch.cuda.is_current_stream_capturing()
-        self._captured = self._captured or capturing
-        if buf is None or buf.numel() < nbytes:
-            if capturing:
-                raise RuntimeError(f"weave: the {which!r} staging buffer must grow to {nbytes} bytes, which a CUDA graph "
-                                   "capture cannot do (allocation is collective and synchronizes); make one eager call "
-                                   "with these shapes first")
-            grow = 0 if buf is None else buf.numel() + buf.numel() // 2
-            cap = -(-max(nbytes, grow, 1 << 20) // (2 << 20)) * (2 << 20)  # whole 2 MiB granules
-            # The old buffer is released first, so that this allocation can reuse its memory; once a
-            # graph may hold it, it is kept instead.
-            self._stage.pop(which, None)
-            self._views = {k: v for k, v in self._views.items() if k[0] != which}
-            if self._captured and buf is not None:
-                self._kept.append(buf)
-            del buf
-            buf = self.empty((cap,), torch.uint8)
-            self._stage[which] = buf
-        # A graph cannot wait for work outside it: captured calls are ordered by the capture stream
-        # alone (a graph's replays and eager calls must not overlap: the caller's stream order).
-        if not capturing:
-            last = self._stage_stream
-            if last is not None and last is not stream and last != stream:
-                stream.wait_stream(last)  # the previous call's kernels and copies on its stream
-            self._stage_stream = stream
-        return buf
-
-    def staged(self, which: str, shape: Sequence[int], dtype: torch.dtype, stream: torch.cuda.Stream) -> torch.Tensor:
-        """A view of staging buffer `which` as a contiguous tensor of `shape` and `dtype`."""
-        shape = tuple(int(d) for d in shape)
-        n = 1
-        for d in shape:
-            n *= d
-        nbytes = n * dtype.itemsize
-        buf = self.staging(which, nbytes, stream)
-        key = (which, shape, dtype)
-        v = self._views.get(key)
-        if v is None:
-            if len(self._views) >= 256:  # many shapes (varying lengths): start over
-                self._views.clear()
-            v = self._views[key] = buf[:nbytes].view(dtype).view(shape)
-        return v
-
-    def symmetric_input(self, x: torch.Tensor, stream: torch.cuda.Stream) -> torch.Tensor:
-        """`x` itself when it lies in this heap, else its copy in the input staging buffer."""
-        if self.is_symmetric(x):
-            return x
-        s = self.staged("in", x.shape, x.dtype, stream)
-        s.copy_(x)
-        return s
 
 
 def _span_bytes(t: torch.Tensor) -> int:
@@ -265,6 +201,16 @@ def _agree_instance(g: "dist.ProcessGroup", name: str, rank: int, world: int) ->
     if rank == 0:
         store.set("instance", uuid.uuid4().hex)
     return store.get("instance").decode()
+
+
+def _resolve(name: str) -> None:
+    """The C++ operator kernels' call for a group without a registered communicator: makes it, as a
+    first operator call on a group always has (collective)."""
+    communicator(name)
+
+
+if lib_available():
+    lib()._set_group_resolver(_resolve)
 
 
 def empty(shape: Sequence[int], dtype: torch.dtype = torch.bfloat16, group: GroupLike = None) -> torch.Tensor:

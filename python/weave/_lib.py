@@ -47,3 +47,8 @@ def require_gpu(who: str) -> None:
     if failed:
         raise RuntimeError(f"{who}: weave's CUDA runtime failed to count GPUs: {why}")
     _gpu_ok = True
+
+
+def lib_available() -> bool:
+    """Whether weave._C imported."""
+    return _C is not None

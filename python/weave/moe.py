@@ -412,6 +412,6 @@ def _moe_layer(x, topk_idx, topk_weights, w_up, w_down, layer):
 
 
 _ops._define("moe_layer(Tensor x, Tensor topk_idx, Tensor topk_weights, Tensor w_up, Tensor w_down, int layer) "
-             "-> Tensor", _moe_layer, _moe_layer_fake)
+             "-> Tensor", _moe_layer_fake, _moe_layer)
 # Collective: a traced graph must keep the call even where its output is unused (every rank calls it).
 torch.fx.node.has_side_effect(torch.ops.weave.moe_layer.default)
