@@ -10,7 +10,9 @@
 #                 turns on the GPUs there are (correctness only, for one-GPU machines)
 #   launchers     example_pass_tile under torchrun and mpirun (2 ranks)
 #   python        the Python package's tests: the wheel in .carry/wheels (built here with
-#                 `python3.12 -m pip wheel --no-build-isolation --no-deps -w .carry/wheels .`, for
+#                 `python3.12 -m pip wheel --no-build-isolation --no-deps -w .carry/wheels
+#                 -C cmake.define.WEAVE_TORCH_PYTHON=$(command -v python3) .`: torch's headers and
+#                 libraries from the python3 that has the GPU machine's torch version, for
 #                 the GPU machine's Python) installed into /tmp/site, pytest at world 1, then the
 #                 multi-rank tests under torchrun on 2 ranks (sharing the GPU where there is one)
 #   bench:SUB,... weave-bench SUB (gemm and attention on one GPU, the others on two ranks) into

@@ -45,8 +45,8 @@ std::vector<int> AgGemm::comm_sms_candidates(int M, int K, int W, int sm_count) 
   return v;
 }
 
-LaunchInfo AgGemm::launch(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf16* C, int M, int N, int K,
-                          int ncomm, AgVariant variant, cudaStream_t s) {
+LaunchInfo AgGemm::launch(const bf16* a_shard, bf16* a_gathered, const bf16* B, gemm::BLayout bl, bf16* C, int M,
+                          int N, int K, int ncomm, AgVariant variant, cudaStream_t s) {
   Impl& m = *impl_;
   const bool cap = runtime::capturing(s);
   WEAVE_CHECK(!cap || capturable(variant), "ag_gemm: variant ", to_int(variant), " (", variant_name(variant),
@@ -67,7 +67,7 @@ LaunchInfo AgGemm::launch(const bf16* a_shard, bf16* a_gathered, const bf16* B, 
     std::optional<PdlOff> off;  // no programmatic launch right behind the copy (pdl.cuh)
     if (copy) off.emplace();
     m.coll->all_gather(own, a_gathered, full, 0, DType::bf16, s);
-    gemm::gemm(a_gathered, B, C, M, N, K, gemm::BLayout::KN, {}, s);
+    gemm::gemm(a_gathered, B, C, M, N, K, bl, {}, s);
     m.order.after(s, cap);
     return {0, m.c.sm_count(), false, to_int(variant)};
   }
@@ -84,7 +84,7 @@ LaunchInfo AgGemm::launch(const bf16* a_shard, bf16* a_gathered, const bf16* B, 
   }
   g.shard = a_shard;
   g.copy_local = a_shard != a_gathered + size_t(mine.begin) * K;
-  g.b = map_b_kn(B, K, N);
+  g.b = map_b(B, K, N, bl);
   g.M = M, g.N = N, g.K = K;
   g.tiles_m = g.L.row_tiles(), g.tiles_n = g.L.tiles_n, g.group_m = g.L.group_m, g.accumulate = 0;
   g.rank = rank;
@@ -115,13 +115,12 @@ LaunchInfo AgGemm::launch(const bf16* a_shard, bf16* a_gathered, const bf16* B, 
     // q at its phase (q - rank) mod W), each after its shard's last counter (written after all of
     // the shard's copies, so it covers the shard). All on `s`: running the peers' GEMMs on a
     // second stream, to fill the own GEMM's last wave, measured 2-6 % slower (perf-notes).
-    gemm::gemm(a_shard, B, C + size_t(mine.begin) * N, mine.size, N, K, gemm::BLayout::KN, {}, s);
+    gemm::gemm(a_shard, B, C + size_t(mine.begin) * N, mine.size, N, K, bl, {}, s);
     for (int p = 1; p < W; ++p) {
       const int q = (rank + p) % W;
       const Range sq = shard(M, W, q);
       signal_wait(s, g.ready, -1, 0, g.L.off[q] + g.L.tm[q] - 1, g.ready_round * ag_ready_expected(g.slices));
-      gemm::gemm(a_gathered + size_t(sq.begin) * K, B, C + size_t(sq.begin) * N, sq.size, N, K, gemm::BLayout::KN,
-                 {}, s);
+      gemm::gemm(a_gathered + size_t(sq.begin) * K, B, C + size_t(sq.begin) * N, sq.size, N, K, bl, {}, s);
     }
     m.ce.join(s);
     m.order.after(s, cap);
@@ -129,7 +128,8 @@ LaunchInfo AgGemm::launch(const bf16* a_shard, bf16* a_gathered, const bf16* B, 
   }
   lcsc::Config cfg;
   cfg.num_comm_sms = ncomm;
-  const lcsc::Plan p = lcsc::launch<AgKernel>(g, cfg, s);
+  const lcsc::Plan p =
+      bl == gemm::BLayout::NK ? lcsc::launch<AgKernelNK>(g, cfg, s) : lcsc::launch<AgKernel>(g, cfg, s);
   if (ce) m.ce.join(s);
   m.order.after(s, cap);
   return {ncomm, p.compute_blocks, false, to_int(variant)};
@@ -175,7 +175,7 @@ LaunchInfo AgGemm::run(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf1
     WEAVE_CHECK(!comm == (o.num_comm_sms == 0), "ag_gemm: variant ", to_int(v), " (", variant_name(v),
                 ") with num_comm_sms = ", o.num_comm_sms,
                 " (variants 2..9 use no communicator SMs, variants 0 and 1 need >= 1)");
-    return launch(a_shard, a_gathered, B, C, M, N, K, o.num_comm_sms, v, s);
+    return launch(a_shard, a_gathered, B, o.b, C, M, N, K, o.num_comm_sms, v, s);
   }
   // The copy-engine variants only for shards of at least one copy chunk: below it the copy engine
   // runs well under the link's rate and the stream-memory handshake (~7 us each way) weighs; at
@@ -195,7 +195,7 @@ LaunchInfo AgGemm::run(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf1
       for (int n : comm_sms_candidates(M, K, m.c.world(), m.c.sm_count())) cands.push_back({to_int(v), n});
   return tuned_launch(m.c, "ag_gemm", o, M, N, K, cands, s, [](int v) { return capturable(static_cast<AgVariant>(v)); },
                       m.capture_ready, [&](const runtime::TuneCandidate& t) {
-    return launch(a_shard, a_gathered, B, C, M, N, K, t.num_comm_sms, static_cast<AgVariant>(t.variant), s);
+    return launch(a_shard, a_gathered, B, o.b, C, M, N, K, t.num_comm_sms, static_cast<AgVariant>(t.variant), s);
   });
 }
 

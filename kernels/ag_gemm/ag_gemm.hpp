@@ -15,7 +15,8 @@ class AgGemm {
 
   // Collective. M is the full row count; rank r holds rows shard(M, W, r) of A in `a_shard`
   // (shard rows x K, any device memory, or in place: a_gathered + shard.begin * K). `a_gathered`
-  // (symmetric, M x K) receives all of A; B: K x N row-major (local); C: M x N (local).
+  // (symmetric, M x K) receives all of A; B: K x N row-major, or N x K with Options::b = NK
+  // (local); C: M x N (local).
   // Options::variant (AgVariant, tp_common/variants.hpp): 0 CommTmaPush, 1 CommRegisterPush
   // (num_comm_sms >= 1 communicator blocks push); 2 AuxTmaPush, 3..6 AuxRegisterPush1/2/4/8 (the
   // compute blocks' idle producer warps push), 7 CopyEngine, 8 CopyEngineShardGemms (the copy
@@ -27,8 +28,8 @@ class AgGemm {
   static std::vector<int> comm_sms_candidates(int M, int K, int W, int sm_count);
 
  private:
-  LaunchInfo launch(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf16* C, int M, int N, int K, int ncomm,
-                    AgVariant variant, cudaStream_t s);
+  LaunchInfo launch(const bf16* a_shard, bf16* a_gathered, const bf16* B, gemm::BLayout bl, bf16* C, int M, int N,
+                    int K, int ncomm, AgVariant variant, cudaStream_t s);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

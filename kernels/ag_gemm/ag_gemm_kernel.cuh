@@ -39,8 +39,12 @@ struct AgGlobals : gemm::GemmGlobals {
   Round ready_round, arrive_round;
 };
 
-struct AgKernel : gemm::GemmKernel<256, gemm::BLayout::KN, 3> {
-  using Base = gemm::GemmKernel<256, gemm::BLayout::KN, 3>;
+// B is K x N (BLayout::KN) or N x K (NK: an nn.Linear weight, read in place).
+template <gemm::BLayout BL>
+struct AgKernelT : gemm::GemmKernel<256, BL, 3> {
+  using Base = gemm::GemmKernel<256, BL, 3>;
+  using typename Base::Output, typename Base::Stage;
+  using Base::BK, Base::BM, Base::BN;
   using Globals = AgGlobals;
   static constexpr int kCopySlots = 12;  // 16 KB pieces per communicator block (loads run ahead)
   static constexpr int kInFlight = 6;    // of which stores still reading shared memory
@@ -72,8 +76,7 @@ struct AgKernel : gemm::GemmKernel<256, gemm::BLayout::KN, 3> {
                                               int it) {
     const int k0 = it * BK;
     tile::tma::load_2d(s.a, &g.asrc[t.owner], &full, k0, t.i * BM);
-#pragma unroll
-    for (int j = 0; j < BN / 64; ++j) tile::tma::load_2d(s.b + j * 64 * BK, &g.b, &full, t.n * BN + 64 * j, k0);
+    Base::load_b(&g.b, s, full, k0, t.n);
   }
 
   static __device__ __forceinline__ void store(const AgGlobals& g, Output& o, int w, int) {
@@ -222,8 +225,12 @@ struct AgKernel : gemm::GemmKernel<256, gemm::BLayout::KN, 3> {
   }
 };
 
+using AgKernel = AgKernelT<gemm::BLayout::KN>;
+using AgKernelNK = AgKernelT<gemm::BLayout::NK>;
 static_assert(AgKernel::kCopySlots * AgKernel::kBoxBytes + AgKernel::kCopySlots * sizeof(tile::Mbarrier) <=
                   sizeof(lcsc::SharedStorage<AgKernel>),
               "the communicator's copy ring must fit in the kernel's shared memory");
+static_assert(sizeof(lcsc::SharedStorage<AgKernelNK>) == sizeof(lcsc::SharedStorage<AgKernel>),
+              "both layouts stage the same bytes");
 
 }  // namespace weave::tp

@@ -133,12 +133,7 @@ struct GemmKernel {
       for (int j = 0; j < BM / 64; ++j) tile::tma::load_2d(s.a + j * 64 * BK, &g.a, &full, t.m * BM + 64 * j, k0);
     }
     if constexpr (Cluster == 1) {
-      if constexpr (L == BLayout::NK) {
-        tile::tma::load_2d(s.b, &g.b, &full, k0, t.n * BN);
-      } else {
-#pragma unroll
-        for (int j = 0; j < BN / 64; ++j) tile::tma::load_2d(s.b + j * 64 * BK, &g.b, &full, t.n * BN + 64 * j, k0);
-      }
+      load_b(&g.b, s, full, k0, t.n);
     } else {
       const int r = static_cast<int>(tile::cluster::ctarank());
       constexpr uint16_t all = (1u << Cluster) - 1;
@@ -150,6 +145,17 @@ struct GemmKernel {
         for (int j = r * per; j < (r + 1) * per; ++j)
           tile::tma::load_2d_multicast(s.b + j * 64 * BK, &g.b, &full, t.n * BN + 64 * j, k0, all);
       }
+    }
+  }
+
+  // B's tile column n at k0 into the stage, as layout L stores it (the TP kernels' loaders too).
+  static __device__ __forceinline__ void load_b(const CUtensorMap* b, Stage& s, tile::Mbarrier& full, int k0, int n) {
+    static_assert(Cluster == 1, "load_b: one CTA's B (a cluster multicasts its share)");
+    if constexpr (L == BLayout::NK) {
+      tile::tma::load_2d(s.b, b, &full, k0, n * BN);
+    } else {
+#pragma unroll
+      for (int j = 0; j < BN / 64; ++j) tile::tma::load_2d(s.b + j * 64 * BK, b, &full, n * BN + 64 * j, k0);
     }
   }
 

@@ -27,7 +27,7 @@ std::vector<int> GemmAR::comm_sms_candidates(int M, int N, int W, int sm_count) 
   return v;
 }
 
-LaunchInfo GemmAR::launch(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, int ncomm,
+LaunchInfo GemmAR::launch(const bf16* A, const bf16* B, gemm::BLayout bl, bf16* out, int M, int N, int K, int ncomm,
                           ArVariant variant, cudaStream_t s) {
   Impl& m = *impl_;
   const bool cap = runtime::capturing(s);
@@ -38,7 +38,7 @@ LaunchInfo GemmAR::launch(const bf16* A, const bf16* B, bf16* out, int M, int N,
   const runtime::PeerPtrs pp = m.c.peers(out, size_t(M) * N * sizeof(bf16));
   for (int q = 0; q < W; ++q) g.buf[q] = static_cast<bf16*>(pp[q]);
   g.a = map_128x64(A, M, K, K);
-  g.b = map_b_kn(B, K, N);
+  g.b = map_b(B, K, N, bl);
   g.c = map_128x64(out, M, N, N);
   g.M = M, g.N = N, g.K = K;
   g.tiles_m = g.L.tiles_m, g.tiles_n = g.L.tiles_n, g.group_m = g.L.group_m, g.accumulate = 0;
@@ -56,9 +56,9 @@ LaunchInfo GemmAR::launch(const bf16* A, const bf16* B, bf16* out, int M, int N,
   lcsc::Plan p;
   if (variant == ArVariant::IntraSm) {
     for (int q = 0; q < W; ++q) g.out[q] = map_128x64(g.buf[q], M, N, N);
-    p = lcsc::launch<ArIntraKernel>(g, cfg, s);
+    p = bl == gemm::BLayout::NK ? lcsc::launch<ArIntraKernelNK>(g, cfg, s) : lcsc::launch<ArIntraKernel>(g, cfg, s);
   } else {
-    p = lcsc::launch<ArKernel>(g, cfg, s);
+    p = bl == gemm::BLayout::NK ? lcsc::launch<ArKernelNK>(g, cfg, s) : lcsc::launch<ArKernel>(g, cfg, s);
   }
   m.order.after(s, cap);
   return {ncomm, p.compute_blocks, false, to_int(variant)};
@@ -76,7 +76,7 @@ LaunchInfo GemmAR::run(const bf16* A, const bf16* B, bf16* out, int M, int N, in
     WEAVE_CHECK((v == ArVariant::IntraSm) == (o.num_comm_sms == 0), "gemm_ar: variant ", to_int(v), " (",
                 variant_name(v), ") with num_comm_sms = ", o.num_comm_sms,
                 " (the intra-SM variant 1 uses none, the inter-SM variant 0 needs >= 1)");
-    return launch(A, B, out, M, N, K, o.num_comm_sms, v, s);
+    return launch(A, B, o.b, out, M, N, K, o.num_comm_sms, v, s);
   }
   std::vector<runtime::TuneCandidate> cands;
   const auto allowed = [&](ArVariant v) { return o.variant < 0 || o.variant == to_int(v); };
@@ -86,7 +86,7 @@ LaunchInfo GemmAR::run(const bf16* A, const bf16* B, bf16* out, int M, int N, in
       cands.push_back({to_int(ArVariant::InterSm), n});
   return tuned_launch(m.c, "gemm_ar", o, M, N, K, cands, s, [](int v) { return capturable(static_cast<ArVariant>(v)); },
                       m.capture_ready, [&](const runtime::TuneCandidate& t) {
-    return launch(A, B, out, M, N, K, t.num_comm_sms, static_cast<ArVariant>(t.variant), s);
+    return launch(A, B, o.b, out, M, N, K, t.num_comm_sms, static_cast<ArVariant>(t.variant), s);
   });
 }
 

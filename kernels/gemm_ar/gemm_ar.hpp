@@ -13,7 +13,8 @@ class GemmAR {
   GemmAR(const GemmAR&) = delete;
   GemmAR& operator=(const GemmAR&) = delete;
 
-  // Collective. A: M x K, B: K x N row-major (any device memory); out: symmetric M x N, receives
+  // Collective. A: M x K, B: K x N row-major or N x K with Options::b = NK (any device memory);
+  // out: symmetric M x N, receives
   // the sum (also the kernel's staging buffer: its previous contents do not matter).
   // Options::variant (ArVariant, tp_common/variants.hpp): 0 InterSm (communicator SMs reduce;
   // bit-identical on every rank), 1 IntraSm (storers reduce-add into every peer; num_comm_sms = 0;
@@ -24,7 +25,7 @@ class GemmAR {
   static std::vector<int> comm_sms_candidates(int M, int N, int W, int sm_count);
 
  private:
-  LaunchInfo launch(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, int ncomm,
+  LaunchInfo launch(const bf16* A, const bf16* B, gemm::BLayout bl, bf16* out, int M, int N, int K, int ncomm,
                     ArVariant variant, cudaStream_t s);
   struct Impl;
   std::unique_ptr<Impl> impl_;

@@ -22,8 +22,11 @@ struct ArGlobals : gemm::GemmGlobals {  // c: this rank's buffer (M x N), the ou
   Round ready_round, done_round;
 };
 
-struct ArKernel : gemm::GemmKernel<256, gemm::BLayout::KN, 3> {
-  using Base = gemm::GemmKernel<256, gemm::BLayout::KN, 3>;
+// B is K x N (BLayout::KN) or N x K (NK: an nn.Linear weight, read in place); the GEMM's own loads.
+template <gemm::BLayout BL>
+struct ArKernelT : gemm::GemmKernel<256, BL, 3> {
+  using Base = gemm::GemmKernel<256, BL, 3>;
+  using typename Base::Output;
   using Globals = ArGlobals;
 
   static __device__ __forceinline__ void store(const ArGlobals& g, Output& o, int w, int part) {
@@ -60,8 +63,11 @@ struct ArIntraGlobals : ArGlobals {
   CUtensorMap out[kMaxWorld];  // every rank's buffer (M x N), 128 x 64 boxes
 };
 
-struct ArIntraKernel : gemm::GemmKernel<256, gemm::BLayout::KN, 3> {
-  using Base = gemm::GemmKernel<256, gemm::BLayout::KN, 3>;
+template <gemm::BLayout BL>
+struct ArIntraKernelT : gemm::GemmKernel<256, BL, 3> {
+  using Base = gemm::GemmKernel<256, BL, 3>;
+  using typename Base::Output;
+  using Base::BM, Base::BN, Base::coord;
   using Globals = ArIntraGlobals;
 
   static __device__ __forceinline__ void store(const ArIntraGlobals& g, Output& o, int w, int) {
@@ -100,5 +106,10 @@ struct ArIntraKernel : gemm::GemmKernel<256, gemm::BLayout::KN, 3> {
     if (b == 0) wait(g.done, 0, g.done_round * ar_intra_done_expected(g.L));
   }
 };
+
+using ArKernel = ArKernelT<gemm::BLayout::KN>;
+using ArKernelNK = ArKernelT<gemm::BLayout::NK>;
+using ArIntraKernel = ArIntraKernelT<gemm::BLayout::KN>;
+using ArIntraKernelNK = ArIntraKernelT<gemm::BLayout::NK>;
 
 }  // namespace weave::tp

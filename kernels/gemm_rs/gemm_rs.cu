@@ -89,8 +89,8 @@ struct GemmRS::Impl {
 GemmRS::GemmRS(runtime::Communicator& c) : impl_(std::make_unique<Impl>(c)) {}
 GemmRS::~GemmRS() = default;
 
-LaunchInfo GemmRS::launch(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, RsVariant variant,
-                          int ncomm, cudaStream_t s) {
+LaunchInfo GemmRS::launch(const bf16* A, const bf16* B, gemm::BLayout bl, bf16* out, int M, int N, int K,
+                          RsVariant variant, int ncomm, cudaStream_t s) {
   Impl& m = *impl_;
   const bool cap = runtime::capturing(s);
   WEAVE_CHECK(!cap || capturable(variant), "gemm_rs: variant ", to_int(variant), " (", variant_name(variant),
@@ -98,12 +98,12 @@ LaunchInfo GemmRS::launch(const bf16* A, const bf16* B, bf16* out, int M, int N,
   m.order.before(s, cap);
   const int W = m.c.world(), rank = m.c.rank();
   if (variant == RsVariant::CopyEngine) {
-    launch_copy_engine(A, B, out, M, N, K, s);
+    launch_copy_engine(A, B, bl, out, M, N, K, s);
     m.order.after(s, cap);
     return {0, m.c.sm_count(), false, to_int(variant)};
   }
   if (variant == RsVariant::ShardGemms) {
-    launch_shard_gemms(A, B, out, M, N, K, s);
+    launch_shard_gemms(A, B, bl, out, M, N, K, s);
     m.order.after(s, cap);
     return {0, m.c.sm_count(), false, to_int(variant)};
   }
@@ -111,7 +111,7 @@ LaunchInfo GemmRS::launch(const bf16* A, const bf16* B, bf16* out, int M, int N,
   g.L = make_layout(M, N, W, default_group_m(K));
   const runtime::PeerPtrs pp = m.c.peers(out, out_elems(M, N, W) * sizeof(bf16));
   g.a = map_128x64(A, M, K, K);
-  g.b = map_b_kn(B, K, N);
+  g.b = map_b(B, K, N, bl);
   for (int q = 0; q < W; ++q) g.out[q] = map_128x64(static_cast<const bf16*>(pp[q]), shard(M, W, q).size, N, N);
   g.M = M, g.N = N, g.K = K;
   g.tiles_m = g.L.row_tiles(), g.tiles_n = g.L.tiles_n, g.group_m = g.L.group_m, g.accumulate = 0;
@@ -142,7 +142,8 @@ LaunchInfo GemmRS::launch(const bf16* A, const bf16* B, bf16* out, int M, int N,
   g.done_round = dn.next_round(s, cap);
   lcsc::Config cfg;
   cfg.num_comm_sms = variant == RsVariant::InterSm ? ncomm : 0;
-  const lcsc::Plan p = lcsc::launch<RsKernel>(g, cfg, s);
+  const lcsc::Plan p =
+      bl == gemm::BLayout::NK ? lcsc::launch<RsKernelNK>(g, cfg, s) : lcsc::launch<RsKernel>(g, cfg, s);
   m.order.after(s, cap);
   return {cfg.num_comm_sms, p.compute_blocks, false, to_int(variant)};
 }
@@ -154,7 +155,8 @@ LaunchInfo GemmRS::launch(const bf16* A, const bf16* B, bf16* out, int M, int N,
 // until owner r - 1 entered this call (so that call's output is free to overwrite); the chain
 // carries that to the later steps. At W = 2: one GEMM into the peer, one signal each way, one GEMM
 // with C += A * B.
-void GemmRS::launch_shard_gemms(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, cudaStream_t s) {
+void GemmRS::launch_shard_gemms(const bf16* A, const bf16* B, gemm::BLayout bl, bf16* out, int M, int N, int K,
+                                cudaStream_t s) {
   Impl& m = *impl_;
   const int W = m.c.world(), rank = m.c.rank(), next = (rank + 1) % W;
   const runtime::PeerPtrs pp = m.c.peers(out, out_elems(M, N, W) * sizeof(bf16));
@@ -171,12 +173,12 @@ void GemmRS::launch_shard_gemms(const bf16* A, const bf16* B, bf16* out, int M, 
     const int q = rs_chain_owner(rank, t, W);
     const Range sq = shard(M, W, q);
     if (t >= 2) step(-1, 0, 1, rs_chain_expected(round, t, W));
-    gemm::gemm(A + size_t(sq.begin) * K, B, static_cast<bf16*>(pp[q]), sq.size, N, K, gemm::BLayout::KN,
+    gemm::gemm(A + size_t(sq.begin) * K, B, static_cast<bf16*>(pp[q]), sq.size, N, K, bl,
                t == 1 ? gemm::Options{} : add, s);
     step(next, 1, 1, t == W - 1 ? rs_chain_expected(round, W, W) : 0);
   }
   const Range mine = shard(M, W, rank);
-  gemm::gemm(A + size_t(mine.begin) * K, B, out, mine.size, N, K, gemm::BLayout::KN, W > 1 ? add : gemm::Options{}, s);
+  gemm::gemm(A + size_t(mine.begin) * K, B, out, mine.size, N, K, bl, W > 1 ? add : gemm::Options{}, s);
 }
 
 // Variant 4: the peers' rows as plain local GEMMs into `send` (slot of owner q), each copied by
@@ -186,11 +188,12 @@ void GemmRS::launch_shard_gemms(const bf16* A, const bf16* B, bf16* out, int M, 
 // in rank order. Before its first copy the side stream tells every peer this rank entered the
 // call and waits for theirs (each peer's previous call, whose sum read its recv slots, is over).
 // Slots: rank p's partial for owner q sits in q's recv slot (p - q - 1) mod W.
-void GemmRS::launch_copy_engine(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, cudaStream_t s) {
+void GemmRS::launch_copy_engine(const bf16* A, const bf16* B, gemm::BLayout bl, bf16* out, int M, int N, int K,
+                                cudaStream_t s) {
   Impl& m = *impl_;
   const int W = m.c.world(), rank = m.c.rank();
   if (W == 1) {  // nothing to move or sum
-    gemm::gemm(A, B, out, M, N, K, gemm::BLayout::KN, {}, s);
+    gemm::gemm(A, B, out, M, N, K, bl, {}, s);
     return;
   }
   m.v4_buffers(M, N, s);
@@ -207,14 +210,14 @@ void GemmRS::launch_copy_engine(const bf16* A, const bf16* B, bf16* out, int M, 
     const int q = (rank + t) % W;
     const Range sq = shard(M, W, q);
     bf16* part = m.send + size_t(t - 1) * slot;
-    gemm::gemm(A + size_t(sq.begin) * K, B, part, sq.size, N, K, gemm::BLayout::KN, {}, s);
+    gemm::gemm(A + size_t(sq.begin) * K, B, part, sq.size, N, K, bl, {}, s);
     m.ce.after(s);
     m.ce.copy(static_cast<bf16*>(pr[q]) + size_t((rank - q - 1 + W) % W) * slot, part,
               size_t(sq.size) * N * sizeof(bf16));
     m.ce.set(rv.ptr[q] + rank, round);
   }
   const Range mine = shard(M, W, rank);
-  gemm::gemm(A + size_t(mine.begin) * K, B, out, mine.size, N, K, gemm::BLayout::KN, {}, s);
+  gemm::gemm(A + size_t(mine.begin) * K, B, out, mine.size, N, K, bl, {}, s);
   SumArgs a{};
   for (int p = 0; p < W; ++p) {
     if (p != rank) signal_wait(s, rv, -1, 0, p, round);
@@ -257,7 +260,7 @@ LaunchInfo GemmRS::run(const bf16* A, const bf16* B, bf16* out, int M, int N, in
     WEAVE_CHECK((v == RsVariant::InterSm) == (n > 0), "gemm_rs: variant ", to_int(v), " (", variant_name(v),
                 ") with num_comm_sms = ", n,
                 " (the inter-SM variant 2 needs >= 1, variants 0, 1, 3, 4 and 5 use none)");
-    return launch(A, B, out, M, N, K, v, n, s);
+    return launch(A, B, o.b, out, M, N, K, v, n, s);
   }
   std::vector<runtime::TuneCandidate> cands = {{to_int(RsVariant::OwnerFirst), 0},
                                                {to_int(RsVariant::ZeroFirst), 0},
@@ -273,7 +276,7 @@ LaunchInfo GemmRS::run(const bf16* A, const bf16* B, bf16* out, int M, int N, in
     if (n <= row_tiles * ((N + kBN - 1) / kBN) && n < m.c.sm_count() / 2) cands.push_back({to_int(RsVariant::InterSm), n});
   return tuned_launch(m.c, "gemm_rs", o, M, N, K, cands, s, [](int v) { return capturable(static_cast<RsVariant>(v)); },
                       m.capture_ready, [&](const runtime::TuneCandidate& t) {
-    return launch(A, B, out, M, N, K, static_cast<RsVariant>(t.variant), t.num_comm_sms, s);
+    return launch(A, B, o.b, out, M, N, K, static_cast<RsVariant>(t.variant), t.num_comm_sms, s);
   });
 }
 

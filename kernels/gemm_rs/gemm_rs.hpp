@@ -13,7 +13,8 @@ class GemmRS {
   GemmRS(const GemmRS&) = delete;
   GemmRS& operator=(const GemmRS&) = delete;
 
-  // Collective. A: M x K (this rank's K slice of the activations), B: K x N row-major, both any
+  // Collective. A: M x K (this rank's K slice of the activations), B: K x N row-major (or N x K
+  // with Options::b = NK: an nn.Linear weight), both any
   // device memory; out: symmetric (heap or registered) with room for out_elems(M, N, W) elements;
   // receives this rank's rows (shard(M, W, rank).size x N, row-major). The output is overwritten,
   // never accumulated: nothing is assumed about its previous contents. Options::variant
@@ -29,10 +30,12 @@ class GemmRS {
   static size_t out_elems(int M, int N, int W) { return size_t(shard(M, W, 0).size) * N; }
 
  private:
-  LaunchInfo launch(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, RsVariant variant,
+  LaunchInfo launch(const bf16* A, const bf16* B, gemm::BLayout bl, bf16* out, int M, int N, int K, RsVariant variant,
                     int ncomm, cudaStream_t s);
-  void launch_shard_gemms(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, cudaStream_t s);
-  void launch_copy_engine(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, cudaStream_t s);
+  void launch_shard_gemms(const bf16* A, const bf16* B, gemm::BLayout bl, bf16* out, int M, int N, int K,
+                          cudaStream_t s);
+  void launch_copy_engine(const bf16* A, const bf16* B, gemm::BLayout bl, bf16* out, int M, int N, int K,
+                          cudaStream_t s);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

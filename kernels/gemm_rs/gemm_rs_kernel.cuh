@@ -33,8 +33,12 @@ struct RsGlobals : gemm::GemmGlobals {
   Round ready_round, zeroed_round, done_round;
 };
 
-struct RsKernel : gemm::GemmKernel<256, gemm::BLayout::KN, 3> {
-  using Base = gemm::GemmKernel<256, gemm::BLayout::KN, 3>;
+// B is K x N (BLayout::KN) or N x K (NK: an nn.Linear weight, read in place).
+template <gemm::BLayout BL>
+struct RsKernelT : gemm::GemmKernel<256, BL, 3> {
+  using Base = gemm::GemmKernel<256, BL, 3>;
+  using typename Base::Output, typename Base::Stage;
+  using Base::BK, Base::BM, Base::BN;
   using Globals = RsGlobals;
   struct AuxShared {};
 
@@ -57,8 +61,7 @@ struct RsKernel : gemm::GemmKernel<256, gemm::BLayout::KN, 3> {
                                               int it) {
     const int k0 = it * BK;
     tile::tma::load_2d(s.a, &g.a, &full, k0, t.a_row);
-#pragma unroll
-    for (int j = 0; j < BN / 64; ++j) tile::tma::load_2d(s.b + j * 64 * BK, &g.b, &full, t.n * BN + 64 * j, k0);
+    Base::load_b(&g.b, s, full, k0, t.n);
   }
 
   // v1: the 64 aux threads zero this block's slice of the own output, then one system-scope
@@ -211,5 +214,8 @@ struct RsKernel : gemm::GemmKernel<256, gemm::BLayout::KN, 3> {
     if (c == 0 && threadIdx.x == 0) wait(g.done, 0, g.done_round * rs_inter_done_expected(g.L));
   }
 };
+
+using RsKernel = RsKernelT<gemm::BLayout::KN>;
+using RsKernelNK = RsKernelT<gemm::BLayout::NK>;
 
 }  // namespace weave::tp

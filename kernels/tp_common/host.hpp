@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "gemm/layout.hpp"
 #include "tp_common/schedule.hpp"
 #include "tp_common/variants.hpp"
 #include "weave/common/error.hpp"
@@ -42,6 +43,9 @@ struct Options {
   // gemm_ar (ArVariant): 0 InterSm (num_comm_sms > 0, the default for > 0), 1 IntraSm
   // (num_comm_sms = 0, the default for 0).
   int variant = -1;
+  // B's layout: K x N row-major (KN), or N x K row-major (NK: an nn.Linear weight, read in place
+  // rather than transposed into K x N first).
+  gemm::BLayout b = gemm::BLayout::KN;
 };
 
 // What the last launch used (for benchmarks and tests).
@@ -58,8 +62,10 @@ struct LaunchInfo {
 inline CUtensorMap map_128x64(const bf16* p, long long rows, long long cols, long long ld) {
   return tile::encode(tile::tma_2d(p, rows > 0 ? rows : 1, cols, ld, kBM, 64, tile::Swizzle::B128));
 }
-// B (K x N, row-major) in 64 x 64 boxes, as the GEMM's KN layout reads it.
-inline CUtensorMap map_b_kn(const bf16* p, long long K, long long N) {
+// B as the TP kernels' GEMM (BN = kBN columns per tile) reads it: K x N row-major in 64 x 64
+// boxes (KN), or N x K row-major in kBN-row boxes of 64 K (NK).
+inline CUtensorMap map_b(const bf16* p, long long K, long long N, gemm::BLayout l) {
+  if (l == gemm::BLayout::NK) return tile::encode(tile::tma_2d(p, N, K, K, kBN, 64, tile::Swizzle::B128));
   return tile::encode(tile::tma_2d(p, K, N, N, 64, 64, tile::Swizzle::B128));
 }
 
@@ -76,7 +82,7 @@ inline std::string tune_name(const std::string& kernel, int variant) {
 // The SM count is compared too: the schedules size their grids from it, and gemm_rs v1 counts
 // the zeroing blocks of every rank from its own.
 inline std::vector<long long> checked_args(int M, int N, int K, const Options& o, int sm_count) {
-  return {M, N, K, o.num_comm_sms, o.variant, sm_count};
+  return {M, N, K, o.num_comm_sms, o.variant, sm_count, static_cast<int>(o.b)};
 }
 
 inline int default_group_m(int K) { return K <= 2048 ? 16 : 8; }
@@ -134,7 +140,8 @@ void check_tp_call(runtime::Communicator& c, const char* who, int M, int N, int 
     check_comm_sms(who, o.num_comm_sms, c.sm_count());
     more();
   });
-  c.agree_call(who, "M, N, K, num_comm_sms, variant, SM count", checked_args(M, N, K, o, c.sm_count()), problem, s);
+  c.agree_call(who, "M, N, K, num_comm_sms, variant, SM count, B layout", checked_args(M, N, K, o, c.sm_count()),
+               problem, s);
 }
 
 }  // namespace weave::tp
@@ -149,8 +156,9 @@ template <class F, class Capturable>
 LaunchInfo tuned_launch(runtime::Communicator& c, const char* kernel, const Options& o, int M, int N, int K,
                         const std::vector<runtime::TuneCandidate>& cands, cudaStream_t s, Capturable&& capturable,
                         std::set<std::string>& capture_ready, F&& launch) {
-  const std::string key =
-      runtime::tune_key(tune_name(kernel, o.variant), {M, N, K}, c.world(), runtime::device_key(c));
+  // NK and KN calls search and cache apart (their loads differ).
+  const std::string key = runtime::tune_key(tune_name(kernel, o.variant) + (o.b == gemm::BLayout::NK ? ".nk" : ""),
+                                            {M, N, K}, c.world(), runtime::device_key(c));
   if (runtime::capturing(s)) {
     // A search times launches and synchronizes: under capture only a choice made by an eager
     // call of this shape can be used. If that choice cannot be captured (the copy engine), the

@@ -425,18 +425,22 @@ PYBIND11_MODULE(_C, m) {
                             bool seq_to_head, Ptr s) {
              locked(c, [&](weave::py::Ops& o) { o.all_to_all(in, out, B, S, H, D, Dt(t), seq_to_head, s); });
            })
-      .def("ag_gemm", [](Comm& c, Ptr a, Ptr ag, Ptr B, Ptr C, int M, int N, int K, Ptr s, int ncomm, int variant) {
-             locked(c, [&](weave::py::Ops& o) { o.ag_gemm(a, ag, B, C, M, N, K, s, ncomm, variant); });
+      .def("ag_gemm", [](Comm& c, Ptr a, Ptr ag, Ptr B, Ptr C, int M, int N, int K, Ptr s, int ncomm, int variant,
+                         bool b_nk) {
+             locked(c, [&](weave::py::Ops& o) { o.ag_gemm(a, ag, B, C, M, N, K, s, ncomm, variant, b_nk); });
            }, py::arg("a_shard"), py::arg("a_gathered"), py::arg("B"), py::arg("C"), py::arg("M"), py::arg("N"),
-           py::arg("K"), py::arg("stream"), py::arg("num_comm_sms") = -1, py::arg("variant") = -1)
-      .def("gemm_rs", [](Comm& c, Ptr A, Ptr B, Ptr out, int M, int N, int K, Ptr s, int ncomm, int variant) {
-             locked(c, [&](weave::py::Ops& o) { o.gemm_rs(A, B, out, M, N, K, s, ncomm, variant); });
+           py::arg("K"), py::arg("stream"), py::arg("num_comm_sms") = -1, py::arg("variant") = -1,
+           py::arg("b_nk") = false)
+      .def("gemm_rs", [](Comm& c, Ptr A, Ptr B, Ptr out, int M, int N, int K, Ptr s, int ncomm, int variant,
+                         bool b_nk) {
+             locked(c, [&](weave::py::Ops& o) { o.gemm_rs(A, B, out, M, N, K, s, ncomm, variant, b_nk); });
            }, py::arg("A"), py::arg("B"), py::arg("out"), py::arg("M"), py::arg("N"), py::arg("K"),
-           py::arg("stream"), py::arg("num_comm_sms") = -1, py::arg("variant") = -1)
-      .def("gemm_ar", [](Comm& c, Ptr A, Ptr B, Ptr out, int M, int N, int K, Ptr s, int ncomm, int variant) {
-             locked(c, [&](weave::py::Ops& o) { o.gemm_ar(A, B, out, M, N, K, s, ncomm, variant); });
+           py::arg("stream"), py::arg("num_comm_sms") = -1, py::arg("variant") = -1, py::arg("b_nk") = false)
+      .def("gemm_ar", [](Comm& c, Ptr A, Ptr B, Ptr out, int M, int N, int K, Ptr s, int ncomm, int variant,
+                         bool b_nk) {
+             locked(c, [&](weave::py::Ops& o) { o.gemm_ar(A, B, out, M, N, K, s, ncomm, variant, b_nk); });
            }, py::arg("A"), py::arg("B"), py::arg("out"), py::arg("M"), py::arg("N"), py::arg("K"),
-           py::arg("stream"), py::arg("num_comm_sms") = -1, py::arg("variant") = -1)
+           py::arg("stream"), py::arg("num_comm_sms") = -1, py::arg("variant") = -1, py::arg("b_nk") = false)
       .def("ring_attention", [](Comm& c, Ptr q, Ptr k, Ptr v, Ptr out, Ptr lse, int B, long long S, int Hq, int Hkv,
                                 int D, bool causal, float scale, bool zigzag, Ptr s) {
              locked(c, [&](weave::py::Ops& o) {

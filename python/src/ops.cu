@@ -43,10 +43,11 @@ coll::Shape shape_of(const std::vector<long long>& d) {
   return s;
 }
 
-tp::Options tp_options(int num_comm_sms, int variant) {
+tp::Options tp_options(int num_comm_sms, int variant, bool b_nk) {
   tp::Options o;
   o.num_comm_sms = num_comm_sms;
   o.variant = variant;
+  o.b = b_nk ? gemm::BLayout::NK : gemm::BLayout::KN;
   return o;
 }
 
@@ -293,24 +294,26 @@ void Ops::all_to_all(Ptr in, Ptr out, long long B, long long S, long long H, lon
 }
 
 void Ops::ag_gemm(Ptr a_shard, Ptr a_gathered, Ptr B, Ptr C, int M, int N, int K, Ptr stream, int num_comm_sms,
-                  int variant) {
+                  int variant, bool b_nk) {
   set_device(impl_->c.device());
   lazy(impl_->ag, impl_->c)
       .run(ptr<const bf16>(a_shard), ptr<bf16>(a_gathered), ptr<const bf16>(B), ptr<bf16>(C), M, N, K,
-           tp_options(num_comm_sms, variant), stream_of(stream));
+           tp_options(num_comm_sms, variant, b_nk), stream_of(stream));
 }
 
-void Ops::gemm_rs(Ptr A, Ptr B, Ptr out, int M, int N, int K, Ptr stream, int num_comm_sms, int variant) {
+void Ops::gemm_rs(Ptr A, Ptr B, Ptr out, int M, int N, int K, Ptr stream, int num_comm_sms, int variant,
+                  bool b_nk) {
   set_device(impl_->c.device());
   lazy(impl_->rs, impl_->c)
-      .run(ptr<const bf16>(A), ptr<const bf16>(B), ptr<bf16>(out), M, N, K, tp_options(num_comm_sms, variant),
+      .run(ptr<const bf16>(A), ptr<const bf16>(B), ptr<bf16>(out), M, N, K, tp_options(num_comm_sms, variant, b_nk),
            stream_of(stream));
 }
 
-void Ops::gemm_ar(Ptr A, Ptr B, Ptr out, int M, int N, int K, Ptr stream, int num_comm_sms, int variant) {
+void Ops::gemm_ar(Ptr A, Ptr B, Ptr out, int M, int N, int K, Ptr stream, int num_comm_sms, int variant,
+                  bool b_nk) {
   set_device(impl_->c.device());
   lazy(impl_->ar, impl_->c)
-      .run(ptr<const bf16>(A), ptr<const bf16>(B), ptr<bf16>(out), M, N, K, tp_options(num_comm_sms, variant),
+      .run(ptr<const bf16>(A), ptr<const bf16>(B), ptr<bf16>(out), M, N, K, tp_options(num_comm_sms, variant, b_nk),
            stream_of(stream));
 }
 

@@ -115,13 +115,15 @@ class Ops {
   void all_to_all(Ptr in, Ptr out, long long B, long long S, long long H, long long D, Dt t, bool seq_to_head,
                   Ptr stream);
 
-  // Tensor parallel (bf16, B K x N row-major). ag_gemm: a_gathered symmetric (M x K); gemm_rs:
-  // out symmetric (gemm_rs_out_elems); gemm_ar: out symmetric (M x N). num_comm_sms and
-  // variant < 0: the tuner picks (tp::Options).
+  // Tensor parallel (bf16, B K x N row-major, or N x K row-major with b_nk: an nn.Linear weight).
+  // ag_gemm: a_gathered symmetric (M x K); gemm_rs: out symmetric (gemm_rs_out_elems); gemm_ar:
+  // out symmetric (M x N). num_comm_sms and variant < 0: the tuner picks (tp::Options).
   void ag_gemm(Ptr a_shard, Ptr a_gathered, Ptr B, Ptr C, int M, int N, int K, Ptr stream, int num_comm_sms = -1,
-               int variant = -1);
-  void gemm_rs(Ptr A, Ptr B, Ptr out, int M, int N, int K, Ptr stream, int num_comm_sms = -1, int variant = -1);
-  void gemm_ar(Ptr A, Ptr B, Ptr out, int M, int N, int K, Ptr stream, int num_comm_sms = -1, int variant = -1);
+               int variant = -1, bool b_nk = false);
+  void gemm_rs(Ptr A, Ptr B, Ptr out, int M, int N, int K, Ptr stream, int num_comm_sms = -1, int variant = -1,
+               bool b_nk = false);
+  void gemm_ar(Ptr A, Ptr B, Ptr out, int M, int N, int K, Ptr stream, int num_comm_sms = -1, int variant = -1,
+               bool b_nk = false);
   static long long gemm_rs_out_elems(int M, int N, int world);
 
   // Sequence parallel (bf16). ring: everything local; ulysses: o symmetric with room for

@@ -228,10 +228,6 @@ at::Tensor all_to_all(const at::Tensor& x, c10::string_view direction, int64_t s
   });
 }
 
-// A K x N row-major B for the TP kernels, which take no other layout: an N x K weight is copied
-// (transposed) at every call.
-at::Tensor kn(const at::Tensor& B, bool nk) { return nk ? B.contiguous() : B; }
-
 std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> all_gather_matmul(
     const at::Tensor& A, at::TensorList Bs, int64_t gather_dim, c10::string_view group, bool return_A) {
   return guarded([&] {
@@ -249,8 +245,8 @@ std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> all_gather_matmul
       outs.push_back(empty(shape, A.scalar_type(), A, call.s));
       shape.pop_back();
     }
-    const at::Tensor B0 = kn(Bs[0], p.nks[0]);
-    call.ops().ag_gemm(ptr(A), gathered, ptr(B0), ptr(outs[0]), int(M), int(B0.size(1)), int(K), Ptr(call.s));
+    call.ops().ag_gemm(ptr(A), gathered, ptr(Bs[0]), ptr(outs[0]), int(M), int(Bs[0].size(1)), int(K), Ptr(call.s),
+                       -1, -1, p.nks[0]);
     for (size_t i = 1; i < Bs.size(); ++i)  // the gathered A is there: plain GEMMs
       gemm(call.device, gathered, ptr(Bs[i]), ptr(outs[i]), int(M), int(Bs[i].size(1)), int(K), p.nks[i],
            Ptr(call.s));
@@ -275,8 +271,7 @@ at::Tensor matmul_reduce_scatter(const at::Tensor& A, const at::Tensor& B, c10::
                                                call.c->comm().rank(), world);
     const int64_t K = A.size(-1), N = B.size(1), M = A.numel() / K;
     const Ptr stage = call.staging(Comm::kOut, size_t(Ops::gemm_rs_out_elems(int(M), int(N), world)) * A.element_size());
-    const at::Tensor Bkn = kn(B, p.nk);
-    call.ops().gemm_rs(ptr(A), ptr(Bkn), stage, int(M), int(N), int(K), Ptr(call.s));
+    call.ops().gemm_rs(ptr(A), ptr(B), stage, int(M), int(N), int(K), Ptr(call.s), -1, -1, p.nk);
     at::Tensor out = empty(p.out, A.scalar_type(), A, call.s);
     copy_into(out, stage, out.nbytes(), call.s);
     if (reduce_op == "avg") out.div_(world);
@@ -291,8 +286,7 @@ at::Tensor matmul_all_reduce(const at::Tensor& A, const at::Tensor& B, c10::stri
     const int64_t K = A.size(-1), N = B.size(1);
     at::Tensor out = empty(p.out, A.scalar_type(), A, call.s);
     const Ptr stage = call.staging(Comm::kOut, out.nbytes());
-    const at::Tensor Bkn = kn(B, p.nk);
-    call.ops().gemm_ar(ptr(A), ptr(Bkn), stage, int(A.numel() / K), int(N), int(K), Ptr(call.s));
+    call.ops().gemm_ar(ptr(A), ptr(B), stage, int(A.numel() / K), int(N), int(K), Ptr(call.s), -1, -1, p.nk);
     copy_into(out, stage, out.nbytes(), call.s);
     return out;
   });

@@ -96,7 +96,7 @@ def test_all_gather_matmul(comm, seed, M, N, K):
     assert torch.equal(Ag, A)
     check_gemm(C1, A, B, "ag_gemm B")
     check_gemm(C2, A, W.t(), "ag_gemm second B (plain GEMM)")
-    Ag, (C,) = weave.all_gather_matmul(A, [W.t()], return_A=False)  # the weight copied into K x N
+    Ag, (C,) = weave.all_gather_matmul(A, [W.t()], return_A=False)  # the fused kernel reads the weight as N x K
     assert Ag is None
     check_gemm(C, A, W.t(), "ag_gemm NK weight")
     A3 = rand((M, 3, K), BF, seed, "A3").movedim(0, 1)  # (3, M, K), rows along dim 1

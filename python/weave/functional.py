@@ -46,8 +46,8 @@ def all_gather_matmul(A_shard: torch.Tensor, Bs: Sequence[torch.Tensor], gather_
                       group: GroupLike = None, *, return_A: bool = True):
     """(all_gather(A_shard, gather_dim), [that @ B for B in Bs]) with the gather overlapped with the
     first GEMM: torch.ops.symm_mem.fused_all_gather_matmul's arguments and results. bf16; every rank
-    holds the same number of rows; B is K x N (weight.t() of an nn.Linear weight is copied into
-    K x N at each call for the first B; the others run as plain GEMMs in either layout)."""
+    holds the same number of rows; each B is K x N, contiguous or weight.t() of an nn.Linear weight
+    (read in place); Bs after the first run as plain GEMMs on the gathered A."""
     Bs = list(Bs)
     return _ops_ns.all_gather_matmul.default(A_shard, Bs, gather_dim, group_name(group), return_A=return_A)
 

@@ -105,25 +105,28 @@ struct Ref {
 
 // gemm_rs / gemm_ar: r = sum over ranks q of A_q * B_q (A_q: M x K, B_q: K x N, regenerated),
 // the same sum as one product over the full K.
-void partial_sum_ref(uint64_t call, int M, int N, int K, Ref& x, cudaStream_t st = nullptr) {
+// B regenerated as bl says: the same values as K x N (KN) or as N x K (NK), one fill either way.
+void partial_sum_ref(uint64_t call, int M, int N, int K, Ref& x, cudaStream_t st = nullptr,
+                     weave::gemm::BLayout bl = kKN) {
   const int W = wt::comm().world();
   for (int q = 0; q < W; ++q) {
     gref::fill_uniform(x.a.p, size_t(M) * K, input_seed(call, q, kA), 1.f, st);
     gref::fill_uniform(x.b.p, size_t(K) * N, input_seed(call, q, kB), 1.f, st);
-    gemm_ref().run(x.a.p, x.b.p, M, N, K, kKN, x.r.p, x.s.p, q > 0, st);
+    gemm_ref().run(x.a.p, x.b.p, M, N, K, bl, x.r.p, x.s.p, q > 0, st);
   }
   check::sqrt_inplace(x.s.p, size_t(M) * N, st);
 }
 
 // ag_gemm: x.a = the gathered A (every rank's row shard regenerated), r = x.a * B (B is this
 // rank's own, local operand).
-void gathered_ref(uint64_t call, int M, int N, int K, const bf16* B, Ref& x, cudaStream_t st = nullptr) {
+void gathered_ref(uint64_t call, int M, int N, int K, const bf16* B, Ref& x, cudaStream_t st = nullptr,
+                  weave::gemm::BLayout bl = kKN) {
   const int W = wt::comm().world();
   for (int q = 0; q < W; ++q) {
     const auto sq = shard(M, W, q);
     gref::fill_uniform(x.a.p + size_t(sq.begin) * K, size_t(sq.size) * K, input_seed(call, q, kA), 1.f, st);
   }
-  gemm_ref().run(x.a.p, B, M, N, K, kKN, x.r.p, x.s.p, false, st);
+  gemm_ref().run(x.a.p, B, M, N, K, bl, x.r.p, x.s.p, false, st);
   check::sqrt_inplace(x.s.p, size_t(M) * N, st);
 }
 
@@ -282,6 +285,69 @@ TEST(TpGpu, GemmArMatchesReference) {
                              std::to_string(li.variant) + ", " + std::to_string(li.num_comm_sms) + ") rep " +
                              std::to_string(rep));
       }
+    }
+  }
+}
+
+// B given as N x K (an nn.Linear weight: Options::b = NK), read in place by every family and
+// every variant kind (fused kernels, plain-GEMM variants, copy engine), on ragged shapes.
+TEST(TpGpu, NkWeightsMatchReference) {
+  auto& c = wt::comm();
+  Calls calls;
+  weave::tp::GemmRS rs(c);
+  weave::tp::AgGemm ag(c);
+  weave::tp::GemmAR ar(c);
+  const int W = c.world(), r = c.rank();
+  constexpr auto kNK = weave::gemm::BLayout::NK;
+  for (const Shape& s : {Shape{3000, 1000, 1000}, Shape{1000, 264, 512}, Shape{257, 8, 64}}) {
+    const auto sh = shard(s.M, W, r);
+    Dev A(size_t(s.M) * s.K), Ash(size_t(sh.size) * s.K), B(size_t(s.K) * s.N), C(size_t(s.M) * s.N);
+    Ref ref(A.n, B.n, C.n);
+    const size_t rs_n = weave::tp::GemmRS::out_elems(s.M, s.N, W);
+    Sym rs_out(rs_n), ar_out(C.n), G(size_t(s.M) * s.K);
+    auto name = [&](const char* k, int v, int n, const weave::tp::LaunchInfo& li) {
+      return shape_name(k, s.M, s.N, s.K) + " NK variant " + std::to_string(v) + " ncomm " + std::to_string(n) +
+             " (ran v" + std::to_string(li.variant) + ", " + std::to_string(li.num_comm_sms) + ")";
+    };
+    for (auto [v, n] : {std::pair{-1, -1}, {0, -1}, {1, -1}, {2, 8}, {3, -1}, {4, -1}, {5, -1}}) {
+      weave::tp::Options o;
+      o.variant = v, o.num_comm_sms = n, o.b = kNK;
+      const uint64_t call = calls.next();
+      fill_inputs(call, A.p, A.n, B.p, B.n);
+      partial_sum_ref(call, s.M, s.N, s.K, ref, nullptr, kNK);
+      weave::check::poison(rs_out.p, rs_n);
+      wt::settle();
+      const auto li = rs.run(A.p, B.p, rs_out.p, s.M, s.N, s.K, o);
+      wt::settle();
+      expect_all_ranks(compare_rows(rs_out.p, ref, sh.begin, sh.size, s.N, check::partial_sum_bound(W)),
+                       name("gemm_rs", v, n, li));
+    }
+    for (auto [v, n] : {std::pair{-1, -1}, {0, 4}, {1, 4}, {2, 0}, {3, 0}, {7, 0}, {8, 0}, {9, 0}}) {
+      weave::tp::Options o;
+      o.variant = v, o.num_comm_sms = n, o.b = kNK;
+      const uint64_t call = calls.next();
+      weave::check::poison(G.p, size_t(s.M) * s.K);
+      fill_inputs(call, Ash.p, Ash.n, B.p, B.n);
+      gathered_ref(call, s.M, s.N, s.K, B.p, ref, nullptr, kNK);
+      weave::check::poison(C.p, C.n);
+      wt::settle();
+      const auto li = ag.run(Ash.p, G.p, B.p, C.p, s.M, s.N, s.K, o);
+      wt::settle();
+      expect_all_ranks(compare_gathered(G.p, ref, s.M, s.K), name("ag_gemm", v, n, li) + ", gathered A");
+      expect_all_ranks(compare_rows(C.p, ref, 0, s.M, s.N, check::gemm_bound()), name("ag_gemm", v, n, li));
+      wt::settle();
+    }
+    for (int n : {-1, 0, 8}) {
+      weave::tp::Options o;
+      o.num_comm_sms = n, o.b = kNK;
+      const uint64_t call = calls.next();
+      fill_inputs(call, A.p, A.n, B.p, B.n);
+      partial_sum_ref(call, s.M, s.N, s.K, ref, nullptr, kNK);
+      weave::check::poison(ar_out.p, C.n);
+      wt::settle();
+      const auto li = ar.run(A.p, B.p, ar_out.p, s.M, s.N, s.K, o);
+      wt::settle();
+      expect_all_ranks(compare_rows(ar_out.p, ref, 0, s.M, s.N, check::partial_sum_bound(W)), name("gemm_ar", -1, n, li));
     }
   }
 }

@@ -51,6 +51,7 @@ struct Ctx {
   uint64_t seed = 0;     // rank 0's check::test_seed()
   uint64_t calls = 0;    // run_one calls so far (the same on every rank): each gets its own inputs
   bool host_us = false;  // --host-us: also the host's time to issue one fused call
+  gemm::BLayout bl = gemm::BLayout::KN;  // --b-layout: B as K x N, or N x K (an nn.Linear weight)
   std::vector<std::string> wrong;  // incorrect rows (every rank lists the same ones)
 };
 
@@ -109,7 +110,8 @@ void emit(Ctx& x, const Row& r, const char* extra_key = nullptr, double extra = 
   if (x.rank == 0) {
     bench::JsonLine j;
     j.add("kernel", r.kernel).add("impl", r.impl).add("S", r.S).add("M", r.M).add("N", r.N).add("K", r.K);
-    j.add("world", x.W).add("time_us", r.us).add("tflops", tf).add("num_comm_sms", r.ncomm).add("correct", r.correct);
+    j.add("layout", x.bl == gemm::BLayout::NK ? "nk" : "kn").add("world", x.W).add("time_us", r.us);
+    j.add("tflops", tf).add("num_comm_sms", r.ncomm).add("correct", r.correct);
     bench::add_check_worst(j, r.worst).add("variant", r.variant).add("seed", std::to_string(x.seed));
     if (extra_key) j.add(extra_key, extra);
     x.json.write(j);
@@ -189,6 +191,7 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
   tp::Options o;
   o.num_comm_sms = fixed_comm;
   o.variant = variant;
+  o.b = x.bl;
   Row fused{kernel, "weave", S, M, N, K}, alone = fused, base = fused;
   alone.impl = "weave-gemm-alone";
   base.impl = "cublas+nccl";
@@ -244,7 +247,7 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
     auto ref = [&] {
       const int i = last_b = nb++ & 1;
       WEAVE_NCCL_CHECK(ncclAllGather(Ash[i], Gref.p, size_t(sh.size) * K, ncclBfloat16, x.nccl.get(), x.st));
-      x.blas.run(Gref.p, B[i], Cb.p, M, N, K, gemm::BLayout::KN, false, x.st);
+      x.blas.run(Gref.p, B[i], Cb.p, M, N, K, x.bl, false, x.st);
     };
     tp::LaunchInfo li{};
     auto fused_fn = [&] {
@@ -253,7 +256,7 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
     };
     auto alone_fn = [&] {
       const int i = last_a = na++ & 1;
-      gemm::gemm(Gfull[i], B[i], Ca.p, M, N, K, gemm::BLayout::KN, {}, x.st);
+      gemm::gemm(Gfull[i], B[i], Ca.p, M, N, K, x.bl, {}, x.st);
     };
     weave::check::poison(G, size_t(M) * K, x.st);
     weave::check::poison(Cf.p, nc, x.st);
@@ -261,7 +264,7 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
     measure(fused_fn, ref, alone_fn, li);
     for (int i = 0; i < 2; ++i) {
       if (last_f != i && !(baselines && (last_b == i || last_a == i))) continue;
-      x.ref.run(Gfull[i], B[i], M, N, K, gemm::BLayout::KN, ref_r.p, ref_s.p, false, x.st);
+      x.ref.run(Gfull[i], B[i], M, N, K, x.bl, ref_r.p, ref_s.p, false, x.st);
       check::sqrt_inplace(ref_s.p, nc, x.st);
       auto cmp = [&](const bf16* C) {
         return check::compare({C, N}, {ref_r.p, N}, {ref_s.p, N}, M, N, check::gemm_bound(), 128, 128, x.st);
@@ -299,13 +302,13 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
     // Unfused: the local GEMM, then NCCL (reduce-scatter of equal row blocks, or all-reduce).
     auto ref = [&] {
       const int i = last_b = nb++ & 1;
-      x.blas.run(A[i], B[i], Cb.p, M, N, K, gemm::BLayout::KN, false, x.st);
+      x.blas.run(A[i], B[i], Cb.p, M, N, K, x.bl, false, x.st);
       if (rs) WEAVE_NCCL_CHECK(ncclReduceScatter(Cb.p, rsout.p, size_t(nccl_rows) * N, ncclBfloat16, ncclSum, x.nccl.get(), x.st));
       else WEAVE_NCCL_CHECK(ncclAllReduce(Cb.p, Cb.p, nc, ncclBfloat16, ncclSum, x.nccl.get(), x.st));
     };
     auto alone_fn = [&] {
       const int i = last_a = na++ & 1;
-      gemm::gemm(A[i], B[i], Ca.p, M, N, K, gemm::BLayout::KN, {}, x.st);
+      gemm::gemm(A[i], B[i], Ca.p, M, N, K, x.bl, {}, x.st);
     };
     weave::check::poison(out, out_n, x.st);
     if (baselines) {
@@ -327,7 +330,7 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
           gref::fill_uniform(b_q.p, size_t(K) * N, seed_of(i, q, kB), 1.f, x.st);
           aq = a_q.p, bq = b_q.p;
         }
-        x.ref.run(aq, bq, M, N, K, gemm::BLayout::KN, ref_r.p, ref_s.p, q > 0, x.st);
+        x.ref.run(aq, bq, M, N, K, x.bl, ref_r.p, ref_s.p, q > 0, x.st);
       }
       check::sqrt_inplace(ref_s.p, nc, x.st);
       if (last_f == i)
@@ -336,7 +339,7 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
         settle_check(x, base, rs ? cmp_rows(rsout.p, r * nccl_rows, nccl_rows, sum_bound) : cmp_rows(Cb.p, 0, M, sum_bound));
     }
     if (baselines) {  // GEMM alone: this rank's local product only
-      x.ref.run(A[last_a], B[last_a], M, N, K, gemm::BLayout::KN, ref_r.p, ref_s.p, false, x.st);
+      x.ref.run(A[last_a], B[last_a], M, N, K, x.bl, ref_r.p, ref_s.p, false, x.st);
       check::sqrt_inplace(ref_s.p, nc, x.st);
       settle_check(x, alone, cmp_rows(Ca.p, 0, M, check::gemm_bound()));
     }
@@ -392,6 +395,12 @@ int run(const bench::Args& a) {
   check::GemmRef ref;
   Ctx x{c, nccl, blas, json, st, c.world(), c.rank(), ref};
   x.host_us = a.has("host-us");
+  const std::string layout = a.get("b-layout", "kn");
+  if (layout != "kn" && layout != "nk") {
+    std::fprintf(stderr, "weave-bench tp: --b-layout takes kn (B K x N) or nk (B N x K), got %s\n", layout.c_str());
+    return 2;
+  }
+  x.bl = layout == "nk" ? gemm::BLayout::NK : gemm::BLayout::KN;
   {  // rank 0's seed on every rank (only rank 0 draws and prints one)
     const uint64_t mine = x.rank == 0 ? check::test_seed() : 0;
     std::vector<uint64_t> all(x.W);
@@ -448,5 +457,5 @@ int run(const bench::Args& a) {
 WEAVE_BENCH(tp,
             "TP fused kernels (ag_gemm, gemm_rs, gemm_ar) vs GEMM alone and cuBLAS+NCCL, 2+ ranks (--sizes "
             "2048,...,32768 --kernels ag_gemm,gemm_rs,gemm_ar --num-comm-sms N --variant V --sweep 0,4,...,64 "
-            "--sweep-sizes 4096,16384 --table3 --only-extra --host-us)",
+            "--sweep-sizes 4096,16384 --table3 --only-extra --host-us --b-layout kn|nk)",
             run);
