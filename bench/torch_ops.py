@@ -23,8 +23,10 @@ mean nothing and they carry "shared": true. Sections (--only picks some):
 - attention: weave.attention vs SDPA restricted to cuDNN ("torch-sdpa-cudnn") and to flash
   ("torch-sdpa-flash"); causal, B 1, the TP block's heads per rank (32 / W), head dim 128.
 - overhead (kernel "python_overhead"): host time per eager call of an 8 KiB all_reduce, of
-  all_gather_matmul at S = 2048 and of a 512^3 matmul (B as weight.t()) (time.perf_counter over --calls calls, one synchronize at the end:
-  host_us until the last call returned, wall_us until the GPU finished), and the same calls captured
+  all_gather_matmul at S = 2048 and of a 512^3 matmul (B as weight.t()): host_us, the time to
+  issue a call, over --calls calls in batches of 50 with a synchronize between batches (so that a
+  call the GPU runs longer than the host issues it never waits for room in the launch queue);
+  wall_us, the same calls back to back until the GPU finished; and the same calls captured
   in a torch.cuda.graph and replayed. impl "weave-cpp" is the same call through weave's C++ entry
   point (its pybind binding, buffers and pointers made beforehand): the C++ path, whose host_us the
   "weave" row subtracts as over_cpp_us, the Python overhead (issue 19: <= 10 us). all_gather_matmul
@@ -48,6 +50,7 @@ weave rows whose shape a weave-bench row has (issue 19: within 3 %)."""
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -85,6 +88,8 @@ def parse_args(argv=None):
     ap.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections of {', '.join(SECTIONS)}")
     ap.add_argument("--cpp-json", default=None, help="weave-bench JSON lines to compare weave's rows with")
     ap.add_argument("--calls", type=int, default=1000, help="eager calls of the overhead measurement")
+    ap.add_argument("--gc-off", action="store_true",
+                    help="overhead: Python's cyclic garbage collector paused while timing (collected first)")
     ap.add_argument("--b-layout", choices=("kn", "nk"), default="kn", help="B of the TP rows: K x N, or weight.t()")
     ap.add_argument("--heap-gib", type=float, default=16.0,
                     help="weave's symmetric heap per rank (WEAVE_HEAP_BYTES wins)")
@@ -446,19 +451,37 @@ class Bench:
         if "first_call" in s:
             self.first_call()
 
-    def host_loop(self, op, sets, calls):
-        """(host us per call, wall us per call), the slowest rank's; the last call's (set, output)."""
+    def host_loop(self, op, sets, calls, batch=50):
+        """(host us per call, wall us per call), the slowest rank's; the last call's (set, output).
+        host: the time to issue a call while the GPU's launch queue has room, in batches of `batch`
+        calls with a synchronize between batches (back to back, a call that the GPU takes longer
+        to run than the host to issue fills the queue and then waits in its launch, so its host
+        time would be the GPU's); wall: `calls` back-to-back calls, one synchronize at the end."""
         from tp_common import slowest
 
+        torch.cuda.synchronize()
+        dist.barrier()
+        paused = self.args.gc_off and gc.isenabled()
+        if paused:
+            gc.collect()
+            gc.disable()
+        host = 0.0
+        for start in range(0, calls, batch):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for i in range(start, min(calls, start + batch)):
+                out = op(*sets[i % len(sets)])
+            host += time.perf_counter() - t0
         torch.cuda.synchronize()
         dist.barrier()
         t0 = time.perf_counter()
         for i in range(calls):
             out = op(*sets[i % len(sets)])
-        t1 = time.perf_counter()
         torch.cuda.synchronize()
-        t2 = time.perf_counter()
-        return slowest(1e6 * (t1 - t0) / calls), slowest(1e6 * (t2 - t0) / calls), ((calls - 1) % len(sets), out)
+        wall = time.perf_counter() - t0
+        if paused:
+            gc.enable()
+        return slowest(1e6 * host / calls), slowest(1e6 * wall / calls), ((calls - 1) % len(sets), out)
 
     def graph_loop(self, op, sets, impl, per_graph=20, replays=50):
         """(host us per call, wall us per call, ok, worst) of `per_graph` calls captured in a CUDA graph
@@ -515,7 +538,8 @@ class Bench:
             cpp_host = None
             for impl in impls:
                 spec = case.impls[impl]
-                row = dict(self.base_row(case, impl), kernel="python_overhead", op=op_name, calls=calls)
+                row = dict(self.base_row(case, impl), kernel="python_overhead", op=op_name, calls=calls,
+                           gc="off" if self.args.gc_off else "on")
                 if isinstance(spec, str):
                     self.print(f"  {op_name} {case.label} {impl}: skipped, {spec}")
                     continue
