@@ -153,6 +153,29 @@ FAULTS = [
         }],
         "tests": ["test_tp_schedule", "test_tp_gpu:TpGpu.GemmRs*:TpGpu.AgGemm*"],
     },
+    {
+        "name": "tp_nk_map_drops_last_k_columns",
+        "what": "the TP kernels' N x K map of B ends 8 columns short of K: the last 8 k of every dot product read as "
+                "zero (TMA's out-of-bounds fill), B as N x K only, in every family",
+        "edits": [{
+            "file": "kernels/tp_common/host.hpp",
+            "find": "tile::tma_2d(p, N, K, K, kBN, 64, tile::Swizzle::B128)",
+            "replace": "tile::tma_2d(p, N, K - 8, K, kBN, 64, tile::Swizzle::B128)",
+        }],
+        "tests": ["test_tp_gpu:TpGpu.NkWeights*"],
+    },
+    {
+        "name": "torch_op_ag_gemm_reads_nk_weight_as_kn",
+        "what": "torch.ops.weave.all_gather_matmul passes a weight.t() first B to the fused kernel as K x N: the "
+                "N x K storage is read as if it were K x N (in bounds, wrong values; square weights included)",
+        "edits": [{
+            "file": "python/src/torch_ops.cpp",
+            "find": "-1, -1, p.nks[0]);",
+            "replace": "-1, -1, false);",
+        }],
+        "tests": ["python"],
+        "targets": ["_C", "weave_py_package"],
+    },
     # ---- device primitives (include/weave) -------------------------------------------------------
     {
         "name": "store_wait_only_waits_for_smem_reads",
