@@ -71,9 +71,10 @@ inline CUtensorMap map_b(const bf16* p, long long K, long long N, gemm::BLayout 
 
 // The kernel name in the tuner's key: a call that restricts the variant (Options::variant >= 0)
 // searches and caches apart from an unrestricted one, so that neither gets a cached choice the
-// other excluded (a search over all variants must not answer a call that asked for variant 0).
-inline std::string tune_name(const std::string& kernel, int variant) {
-  return variant < 0 ? kernel : kernel + ".v" + std::to_string(variant);
+// other excluded (a search over all variants must not answer a call that asked for variant 0);
+// NK and KN calls too (their loads differ).
+inline std::string tune_name(const std::string& kernel, int variant, gemm::BLayout b = gemm::BLayout::KN) {
+  return (variant < 0 ? kernel : kernel + ".v" + std::to_string(variant)) + (b == gemm::BLayout::NK ? ".nk" : "");
 }
 
 // Options take part in the cross-rank check: ranks with different variants would feed different
@@ -156,9 +157,8 @@ template <class F, class Capturable>
 LaunchInfo tuned_launch(runtime::Communicator& c, const char* kernel, const Options& o, int M, int N, int K,
                         const std::vector<runtime::TuneCandidate>& cands, cudaStream_t s, Capturable&& capturable,
                         std::set<std::string>& capture_ready, F&& launch) {
-  // NK and KN calls search and cache apart (their loads differ).
-  const std::string key = runtime::tune_key(tune_name(kernel, o.variant) + (o.b == gemm::BLayout::NK ? ".nk" : ""),
-                                            {M, N, K}, c.world(), runtime::device_key(c));
+  const std::string key =
+      runtime::tune_key(tune_name(kernel, o.variant, o.b), {M, N, K}, c.world(), runtime::device_key(c));
   if (runtime::capturing(s)) {
     // A search times launches and synchronizes: under capture only a choice made by an eager
     // call of this shape can be used. If that choice cannot be captured (the copy engine), the

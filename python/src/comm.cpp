@@ -90,13 +90,12 @@ Ptr Comm::staging(Which which, size_t bytes, cudaStream_t s, bool capturing) {
   // A graph cannot wait for work outside it: captured calls are ordered by the capture stream
   // alone (a graph's replays and eager calls must not overlap: the caller's stream order).
   if (!capturing) {
-    if (any_stream_ && last_stream_ != s) {
+    if (last_stream_ && *last_stream_ != s) {
       if (!ordered_) WEAVE_CUDA_CHECK(cudaEventCreateWithFlags(&ordered_, cudaEventDisableTiming));
-      WEAVE_CUDA_CHECK(cudaEventRecord(ordered_, last_stream_));
+      WEAVE_CUDA_CHECK(cudaEventRecord(ordered_, *last_stream_));
       WEAVE_CUDA_CHECK(cudaStreamWaitEvent(s, ordered_, 0));
     }
     last_stream_ = s;
-    any_stream_ = true;
   }
   if (poison()) WEAVE_CUDA_CHECK(cudaMemsetAsync(reinterpret_cast<void*>(st.p), 0xFF, bytes, s));
   return st.p;

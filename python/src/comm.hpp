@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -79,8 +80,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
   } stage_[2];
   std::vector<Ptr> kept_;  // outgrown staging buffers a captured graph may still use
   bool captured_ = false;
-  cudaStream_t last_stream_ = nullptr;
-  bool any_stream_ = false;
+  std::optional<cudaStream_t> last_stream_;  // of the last eager call (nullptr: the legacy stream)
   cudaEvent_t ordered_ = nullptr;  // the last stream's point, waited for by the next one
   std::map<LocalKey, bool> local_;
 };

@@ -9,23 +9,11 @@ namespace {
 
 std::string str(int64_t v) { return std::to_string(v); }
 
-const char* name_of(Dtype d) {
-  switch (d) {
-    case Dtype::bf16: return "torch.bfloat16";
-    case Dtype::fp16: return "torch.float16";
-    case Dtype::fp32: return "torch.float32";
-    case Dtype::e4m3: return "torch.float8_e4m3fn";
-    case Dtype::e5m2: return "torch.float8_e5m2";
-    case Dtype::i32: return "torch.int32";
-    default: return "?";
-  }
-}
-
 void check_dtype(const char* op, const std::string& name, const Spec& t, std::initializer_list<Dtype> allowed) {
   for (Dtype d : allowed)
     if (t.dtype == d) return;
   std::string list;
-  for (Dtype d : allowed) list += (list.empty() ? "" : ", ") + std::string(name_of(d));
+  for (Dtype d : allowed) list += (list.empty() ? "" : ", ") + std::string(torch_name(d));
   fail(op, name + " has dtype " + t.dtype_name + "; weave takes " + list + " here");
 }
 
@@ -98,6 +86,18 @@ void collapse(const Shape& shape, int64_t dim, ShardPlan& p) {
 
 void fail(const std::string& op, const std::string& msg) { throw ArgError("weave." + op + ": " + msg); }
 
+const char* torch_name(Dtype d) {
+  switch (d) {
+    case Dtype::bf16: return "torch.bfloat16";
+    case Dtype::fp16: return "torch.float16";
+    case Dtype::fp32: return "torch.float32";
+    case Dtype::e4m3: return "torch.float8_e4m3fn";
+    case Dtype::e5m2: return "torch.float8_e5m2";
+    case Dtype::i32: return "torch.int32";
+    default: return "?";
+  }
+}
+
 std::string shape_str(const Shape& s) {
   std::string r = "(";
   for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + str(s[i]);
@@ -139,7 +139,7 @@ Spec Spec::moved_to_front(int64_t d) const {
 
 Dtype dtype_from_name(const std::string& n) {
   for (Dtype d : {Dtype::bf16, Dtype::fp16, Dtype::fp32, Dtype::e4m3, Dtype::e5m2, Dtype::i32})
-    if (n == name_of(d)) return d;
+    if (n == torch_name(d)) return d;
   return Dtype::other;
 }
 

@@ -34,6 +34,7 @@ struct Spec {
 };
 
 Dtype dtype_from_name(const std::string& torch_name);  // "torch.bfloat16" -> bf16, unknown -> other
+const char* torch_name(Dtype d);                        // bf16 -> "torch.bfloat16" (other: "?")
 
 using Shape = std::vector<int64_t>;
 

@@ -18,6 +18,7 @@
 #include "ops.hpp"
 #include "plan.hpp"
 #include "weave/common/error.hpp"
+#include "weave/runtime/call.hpp"  // capturing
 
 namespace weave::py {
 namespace {
@@ -37,19 +38,14 @@ Dtype dtype_of(at::ScalarType t) {
   }
 }
 
-// torch's Python spelling of a dtype, for messages.
+// torch's Python spelling of a dtype, for messages (the rules' own names for the dtypes they take).
 std::string dtype_name(at::ScalarType t) {
+  if (const Dtype d = dtype_of(t); d != Dtype::other) return plan::torch_name(d);
   switch (t) {
-    case at::kBFloat16: return "torch.bfloat16";
-    case at::kHalf: return "torch.float16";
-    case at::kFloat: return "torch.float32";
     case at::kDouble: return "torch.float64";
-    case at::kFloat8_e4m3fn: return "torch.float8_e4m3fn";
-    case at::kFloat8_e5m2: return "torch.float8_e5m2";
     case at::kChar: return "torch.int8";
     case at::kByte: return "torch.uint8";
     case at::kShort: return "torch.int16";
-    case at::kInt: return "torch.int32";
     case at::kLong: return "torch.int64";
     case at::kBool: return "torch.bool";
     default: return std::string("torch.") + c10::toString(t);
@@ -121,12 +117,6 @@ void copy_into(const at::Tensor& dst, Ptr src, size_t bytes, cudaStream_t s) {
                                      cudaMemcpyDeviceToDevice, s));
 }
 
-int64_t prod(at::IntArrayRef s) {
-  int64_t n = 1;
-  for (int64_t d : s) n *= d;
-  return n;
-}
-
 // A collective call: the group's communicator (every tensor on its device), torch's current
 // stream, the communicator's lock, and whether the stream is capturing a graph.
 struct Call {
@@ -149,24 +139,23 @@ struct Call {
     s = stream_of(device);
     lock = std::unique_lock<std::mutex>(c->mu());
     set_device(device);
-    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-    WEAVE_CUDA_CHECK(cudaStreamIsCapturing(s, &st));
-    capturing = st != cudaStreamCaptureStatusNone;
+    capturing = runtime::capturing(s);
   }
   Ops& ops() { return c->ops(); }
   Ptr staging(Comm::Which w, size_t bytes) { return c->staging(w, bytes, s, capturing); }
 };
 
 // A collective: when the call's algorithm reaches its buffers from this rank only (LL, LL128:
-// `ask`, once per key) x and a new output go to the kernel as they are; else x (itself if
-// symmetric, else staged) in, the output staged, then copied out.
+// `ask`, once per key; key's first element names the operator) x and a new output go to the
+// kernel as they are; else x (itself if symmetric, else staged) in, the output staged, then copied
+// out.
 template <class Ask, class Launch>
 at::Tensor collective(Call& call, const at::Tensor& x, at::IntArrayRef out_shape, Comm::LocalKey key, Ask&& ask,
                       Launch&& launch) {
   const bool aligned = ptr(x) % 4 == 0;
   std::get<3>(key) = int(coll_type(x));
   std::get<4>(key) = aligned;
-  const bool local = std::get<0>(key) >= 0 && call.c->local(key, [&] { return ask(aligned); });
+  const bool local = call.c->local(key, [&] { return ask(aligned); });
   at::Tensor out = empty(out_shape, x.scalar_type(), x, call.s);
   if (local) {
     launch(ptr(x), ptr(out));
@@ -223,7 +212,7 @@ at::Tensor all_to_all(const at::Tensor& x, c10::string_view direction, int64_t s
                                     call.c->comm().world());
     const long long B = x.size(0), D = x.size(3);
     const Dt t = coll_type(x);
-    return collective(call, x, p.out, {-1, {}, 0, 0, false}, [](bool) { return false; },
+    return collective(call, x, p.out, {3, {}, 0, 0, false}, [](bool) { return false; },  // always staged
                       [&](Ptr i, Ptr o) { call.ops().all_to_all(i, o, B, p.S, p.H, D, t, p.seq_to_head, Ptr(call.s)); });
   });
 }
@@ -236,7 +225,7 @@ std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> all_gather_matmul
     for (const at::Tensor& B : Bs) bs.push_back(spec_of(B));
     const auto p = plan::all_gather_matmul(spec_of(A), bs, gather_dim, call.c->comm().world());
     const int64_t K = p.gathered.back();
-    const int64_t M = prod(p.gathered) / K;
+    const int64_t M = c10::multiply_integers(p.gathered) / K;
     const Ptr gathered = call.staging(Comm::kOut, size_t(M) * K * A.element_size());
     std::vector<at::Tensor> outs;
     std::vector<int64_t> shape(p.gathered.begin(), p.gathered.end() - 1);

@@ -732,6 +732,11 @@ TEST(Tuner, VariantRestrictedCallsHaveTheirOwnKey) {
   std::set<std::string> keys;
   for (int v = -1; v <= 6; ++v)
     EXPECT_TRUE(keys.insert(weave::runtime::tune_key(tune_name("ag_gemm", v), {4096, 2048, 4096}, 2, "d")).second) << v;
+  for (int v = -1; v <= 6; ++v)  // B as N x K: apart from every K x N key
+    EXPECT_TRUE(keys.insert(weave::runtime::tune_key(tune_name("ag_gemm", v, weave::gemm::BLayout::NK),
+                                                     {4096, 2048, 4096}, 2, "d"))
+                    .second)
+        << v;
 }
 
 // The cross-rank check covers the options and the SM count: ranks with different variants or
