@@ -40,6 +40,10 @@
 //                                                        (per K step it measured up to 25 % of a
 //                                                        fused GEMM's time, perf-notes session 5)
 //           consume(g, ConsumerState&, Stage&, w, it, c)  consumer warpgroup c
+//           or, with kOwnsKLoop = true, consume_tile(g, ConsumerState&, pipe, w, iters, c): the
+//           consumer runs a tile's whole K loop itself, taking stages with pipe.take() and
+//           freeing each with pipe.release(index) (ConsumerPipe below), so that it can keep
+//           wgmma batches of different K steps in flight in registers it names statically
 //           drain(ConsumerState&)                         consumer: all its async math done
 //           finish(g, ConsumerState&, Output&, w, c, p)   consumer: registers -> Output, part p
 //           store(g, Output&, w, p)                       storer thread; async bulk stores
@@ -111,6 +115,11 @@ struct HasAux<K, std::void_t<decltype(&K::aux)>> : std::true_type {};
 // before the roles split; the template's block barrier follows, so what it writes to K's own
 // shared memory (a table the roles read, e.g. the grouped GEMM's per-expert prefixes) is seen by
 // every role, and num_work may depend on it. It may use __syncthreads. Without it: no code.
+template <class K, class = void>
+struct OwnsKLoop : std::false_type {};
+template <class K>
+struct OwnsKLoop<K, std::enable_if_t<K::kOwnsKLoop>> : std::true_type {};
+
 template <class K, class = void>
 struct HasSetup : std::false_type {};
 template <class K>
@@ -262,6 +271,25 @@ __device__ __forceinline__ void release(SharedStorage<K>& s, uint32_t index) {
   }
 }
 
+// What a kernel that owns its K loop (kOwnsKLoop) gets: the consumer's place in the stage ring.
+template <class K>
+struct ConsumerPipe {
+  SharedStorage<K>& s;
+  tile::PipeState<K::kStages>& ps;
+  struct Taken {
+    typename K::Stage& stage;
+    uint32_t index;
+  };
+  // Waits until the next stage's loads landed.
+  __device__ __forceinline__ Taken take() {
+    s.full[ps.index].wait(ps.phase);
+    Taken t{s.stage[ps.index], ps.index};
+    ps.advance();
+    return t;
+  }
+  __device__ __forceinline__ void release(uint32_t index) { detail::release<K>(s, index); }
+};
+
 template <class K>
 __device__ __forceinline__ void run_consumer(const typename K::Globals& g, SharedStorage<K>& s, int compute_blocks,
                                              int c) {
@@ -271,6 +299,10 @@ __device__ __forceinline__ void run_consumer(const typename K::Globals& g, Share
   const int work = K::num_work(g);
   for (int w = first_work<K>(); w < work; w += work_stride<K>(compute_blocks)) {
     const int iters = K::num_iters(g, w);
+    if constexpr (OwnsKLoop<K>::value) {
+      ConsumerPipe<K> pipe{s, ps};
+      K::consume_tile(g, st, pipe, w, iters, c);
+    } else {
     uint32_t prev = 0;
     for (int it = 0; it < iters; ++it) {
       s.full[ps.index].wait(ps.phase);
@@ -286,6 +318,7 @@ __device__ __forceinline__ void run_consumer(const typename K::Globals& g, Share
     K::drain(st);
     if constexpr (K::kReleaseLag == 1)
       if (iters > 0) release<K>(s, prev);
+    }
 #pragma unroll 1
     for (int part = 0; part < K::kOutputParts; ++part) {
       s.out_empty.wait(out_phase ^ 1);

@@ -62,6 +62,14 @@ struct SplitKKernel : Base {
     Base::load(g, st, full, l.t, l.k_begin + it);
   }
 
+  // A Base that runs its K loop itself (lcsc kOwnsKLoop) runs this item's K range.
+  template <class Pipe>
+  static __device__ __forceinline__ void consume_tile(const Globals& g, ConsumerState& st, Pipe& pipe, int w,
+                                                      int iters, int c) {
+    const Segment s = segment(g.sk, w);
+    Base::consume_range(g, st, pipe, s.item, s.k_begin, iters, c);
+  }
+
   static __device__ __forceinline__ int cta_rank() {
     if constexpr (Base::kClusterSize > 1) return static_cast<int>(tile::cluster::ctarank());
     return 0;

@@ -2,6 +2,7 @@
 // pairs x (3 per-tensor tiles + 1 block-scaled); the 128 x w tiles in wide_fp8.cu) live here so
 // that users compile none of them.
 #include <cstdint>
+#include <utility>
 
 #include "gemm/plan.hpp"
 #include "gemm_fp8/gemm_fp8.hpp"
@@ -28,11 +29,17 @@ template <class TA, class TB>
 using Big = GemmFp8Kernel<TA, TB, 256, 3>;
 template <class TA, class TB>
 using Small = GemmFp8Kernel<TA, TB, 128, 6>;
+// 5 x 32 KB + 32 KB = 192 KB (measured with 5 stages; 6 would fit).
 template <class TA, class TB>
-using Block = GemmFp8BlockKernel<TA, TB, 6, 128>;
+using Block = GemmFp8BlockPipeKernel<TA, TB, 5>;
 // 4 x 40 KB + a 48 KB staging tile = 208 KB.
 template <class TA, class TB>
 using Block192 = GemmFp8BlockKernel<TA, TB, 4, 192>;
+// The same with B's scales loaded per lane (block_lane_scales).
+template <class TA, class TB>
+using BlockLane = GemmFp8BlockPipeKernel<TA, TB, 5, true>;
+template <class TA, class TB>
+using Block192Lane = GemmFp8BlockKernel<TA, TB, 4, 192, true>;
 static_assert(lcsc::shared_bytes<Block192<fp8e4m3, fp8e4m3>>() <= 232448, "227 KB");
 // 8 x 24 KB + a 16 KB staging tile = 208 KB, as the bf16 GEMM's 64x128 tile.
 template <class TA, class TB>
@@ -188,38 +195,75 @@ lcsc::Plan gemm(const void* A, Fp8 ta, const void* B, Fp8 tb, __nv_bfloat16* C, 
   return dispatch<Small>(ta, tb, A, B, C, M, N, K, scale_a, scale_b, opt, group_m, stream);
 }
 
-Tile plan_block_tile(int M, int N, int sm_count, const Options& opt) {
+Launch plan_block_launch(int M, int N, int K, int sm_count, const Options& opt) {
+  using namespace gemm::plan_model;
   WEAVE_CHECK(opt.tile == Tile::Auto || opt.tile == Tile::M128N128 || opt.tile == Tile::M128N192,
               "gemm_fp8: block scales run on the 128x192 and 128x128 tiles only (a 64 x 256 consumer would need 2 x "
               "128 accumulator registers per thread), got ", tile_name(opt.tile));
   WEAVE_CHECK(sm_count >= 1, "gemm_fp8: ", sm_count, " compute blocks");
-  if (opt.tile != Tile::Auto) return opt.tile;
-  const long long tiles_m = (M + 127) / 128;
-  const auto rounds = [&](int bn) { return (tiles_m * ((N + bn - 1) / bn) + sm_count - 1) / sm_count; };
-  return rounds(192) * kBlock192Cost <= static_cast<double>(rounds(128)) ? Tile::M128N192 : Tile::M128N128;
+  WEAVE_CHECK(opt.split_k >= 0, "gemm_fp8: split_k = ", opt.split_k, " must be >= 0 (0: the planner decides, 1: never)");
+  const int iters = k_blocks(K), tm = gemm::ceil_div(M, 128);
+  const bool decode = M <= 64;
+  // Cost in 128x128 K-block iterations of one SM, as plan.hpp's best_of with one tile.
+  const auto cost_of = [&](Tile t) {
+    const int bn = t == Tile::M128N192 ? 192 : 128;
+    const double unit = t == Tile::M128N192 ? kBlock192Cost : 1.0;
+    const int items = tm * gemm::ceil_div(N, bn);
+    Launch l{t, 1, sm_count};
+    double cost = static_cast<double>(gemm::split_rounds(items, iters, sm_count, 1)) * unit;
+    if (opt.split_k > 1) {
+      l.splits = opt.split_k;
+    } else if (opt.split_k == 0) {
+      const int s = gemm::best_splits(items, iters, sm_count, decode ? kMaxSplits : kMaxSplitsWide, kSplitCost);
+      const long long whole = static_cast<long long>(items / sm_count) * iters;
+      const double split = static_cast<double>(gemm::split_rounds(items, iters, sm_count, s) - whole) *
+                           (decode ? 1.0 : kSplitSlowdown);
+      const double c = (static_cast<double>(whole) + split + kSplitCost) * unit;
+      if (s > 1 && c <= kSplitGain * cost) l.splits = s, cost = c;
+    }
+    return std::pair{l, cost};
+  };
+  if (opt.tile != Tile::Auto) return cost_of(opt.tile).first;
+  const auto [l128, c128] = cost_of(Tile::M128N128);
+  const auto [l192, c192] = cost_of(Tile::M128N192);
+  return c192 <= c128 ? l192 : l128;
 }
 
 namespace {
-// choose_block_tile for a shape already validated (gemm_block_scaled() validates it with the rest).
-Tile block_tile_for(int M, int N, const Options& opt) {
+// choose_block_launch for a shape already validated (gemm_block_scaled() validates it with the rest).
+Launch block_launch_for(int M, int N, int K, const Options& opt) {
   const int blocks = lcsc::plan_for<Block192<fp8e4m3, fp8e4m3>>(1LL << 40, opt.lcsc).compute_blocks;
-  return plan_block_tile(M, N, blocks, opt);
+  return plan_block_launch(M, N, K, blocks, opt);
 }
 }  // namespace
 
-Tile choose_block_tile(int M, int N, const Options& opt) {
-  validate_shape(M, N, 128);
-  return block_tile_for(M, N, opt);
+bool block_lane_scales(int M, int K, long long l2_bytes, const Options& opt) {
+  WEAVE_CHECK(opt.lane_scales >= 0 && opt.lane_scales <= 2, "gemm_fp8: lane_scales = ", opt.lane_scales,
+              " (0: auto, 1: never, 2: always)");
+  if (opt.lane_scales != 0) return opt.lane_scales == 2;
+  return 2 * static_cast<long long>(block_scale_a_count(M, K) * sizeof(float)) >= l2_bytes;
+}
+
+Launch choose_block_launch(int M, int N, int K, const Options& opt) {
+  validate_shape(M, N, K);
+  return block_launch_for(M, N, K, opt);
 }
 
 lcsc::Plan gemm_block_scaled(const void* A, Fp8 ta, const void* B, Fp8 tb, __nv_bfloat16* C, int M, int N, int K,
                              const float* scale_a, const float* scale_b, const Options& opt, cudaStream_t stream) {
   validate_call(A, ta, B, tb, C, M, N, K, scale_a, scale_b, block_scale_a_count(M, K) * sizeof(float),
                 block_scale_b_count(N, K) * sizeof(float));
-  const Tile t = block_tile_for(M, N, opt);  // the shape was validated above
-  const int group_m = opt.group_m > 0 ? opt.group_m : default_group_m(t, K);
-  if (t == Tile::M128N192) return dispatch<Block192>(ta, tb, A, B, C, M, N, K, scale_a, scale_b, opt, group_m, stream);
-  return dispatch<Block>(ta, tb, A, B, C, M, N, K, scale_a, scale_b, opt, group_m, stream);
+  const Launch l = block_launch_for(M, N, K, opt);  // the shape was validated above
+  const int group_m = opt.group_m > 0 ? opt.group_m : default_group_m(l.tile, K);
+  int dev = 0, l2 = 0;
+  WEAVE_CUDA_CHECK(cudaGetDevice(&dev));
+  WEAVE_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
+  const bool lane = block_lane_scales(M, K, l2, opt);
+  if (l.tile == Tile::M128N192)
+    return lane ? dispatch<Block192Lane>(ta, tb, A, B, C, M, N, K, scale_a, scale_b, opt, group_m, stream, l)
+                : dispatch<Block192>(ta, tb, A, B, C, M, N, K, scale_a, scale_b, opt, group_m, stream, l);
+  return lane ? dispatch<BlockLane>(ta, tb, A, B, C, M, N, K, scale_a, scale_b, opt, group_m, stream, l)
+              : dispatch<Block>(ta, tb, A, B, C, M, N, K, scale_a, scale_b, opt, group_m, stream, l);
 }
 
 }  // namespace weave::gemm_fp8

@@ -47,10 +47,14 @@ struct Options {
   Tile tile = Tile::Auto;
   int group_m = 0;    // tile rows per raster group; 0 = default_group_m
   lcsc::Config lcsc;  // num_comm_sms, grid limits
-  // Split-K of the last partial round (per-tensor scales, 128x256 tile; kernels/gemm/split_k.hpp):
+  // Split-K of the last partial round (per-tensor 128x256, 128 x w and 64x128 tiles, both block-scaled
+  // tiles; kernels/gemm/split_k.hpp):
   // 0 = the bf16 GEMM's planner decides (kernels/gemm/plan.hpp), 1 = never, n > 1 = n K ranges.
   int split_k = 0;
   int tile_n = 0;  // the width of Tile::M128Nw
+  // Block scales: how B's scales are loaded (gemm_fp8_kernel.cuh, BlockScales): 0 = per lane when
+  // scale_a is at least half of L2 (block_lane_scales), 1 = never, 2 = always.
+  int lane_scales = 0;
 };
 
 // The tile and split gemm() runs for these arguments (the planner when opt.tile is Auto).
@@ -95,15 +99,21 @@ void validate_types(Fp8 a, Fp8 b);
 Launch plan_launch(int M, int N, int K, int sm_count, const Options& opt = {}, bool wide = false);
 // The same on the current device (what gemm() runs).
 Launch choose_launch(int M, int N, int K, const Options& opt = {}, Fp8 a_type = Fp8::E4M3, Fp8 b_type = Fp8::E4M3);
-// gemm_block_scaled's tile for `sm_count` compute blocks: opt.tile when it is M128N128 or
-// M128N192; for Auto, the one with the fewer rounds of tiles, a 128x192 tile counted as
-// kBlock192Cost 128x128 tiles (any other tile throws).
-Tile plan_block_tile(int M, int N, int sm_count, const Options& opt = {});
+// gemm_block_scaled's launch for `sm_count` compute blocks. Tile: opt.tile when it is M128N128 or
+// M128N192; for Auto, the one whose rounds of tiles over the compute blocks cost less, a 128x192
+// tile counted as kBlock192Cost 128x128 tiles (any other tile throws). Split-K of the last
+// partial round by the bf16 planner's rule (kernels/gemm/plan.hpp: the split count, the
+// exchange's cost, the slowdown of split rounds above decode sizes, a split only when >= 5 %
+// faster by the model); opt.split_k 1 never splits, n > 1 splits n ways.
+Launch plan_block_launch(int M, int N, int K, int sm_count, const Options& opt = {});
 // The same on the current device (what gemm_block_scaled() runs).
-Tile choose_block_tile(int M, int N, const Options& opt = {});
-// A 128x192 tile's time in 128x128 tiles: 1.5x the work at 1025 against 888 TFLOP/s (the core
-// set's geomeans, one H200, bench/results/2026-12-02h-h200-gemm-fp8-block-variants.jsonl).
-inline constexpr double kBlock192Cost = 1.30;
+Launch choose_block_launch(int M, int N, int K, const Options& opt = {});
+// Whether gemm_block_scaled loads B's scales per lane (opt.lane_scales; for 0, whether scale_a,
+// ceil(K/128) x M floats, is at least half of `l2_bytes`).
+bool block_lane_scales(int M, int K, long long l2_bytes, const Options& opt = {});
+// A 128x192 tile's time in 128x128 tiles: 1.5x the work at 1055 against 985 TFLOP/s (the core
+// set's geomeans, one H200, bench/results/2026-12-03b-h200-gemm-fp8-block-variants.jsonl).
+inline constexpr double kBlock192Cost = 1.40;
 int default_group_m(Tile t, int K);
 const char* tile_name(Tile t);
 // "128x256", "128x144" (M128Nw with its width), with "/k3" for a split.

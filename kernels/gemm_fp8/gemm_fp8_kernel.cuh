@@ -62,6 +62,7 @@ struct Fp8Common {
   static constexpr int kConsumerRegs = 232;  // (40 + 2 * 232) * 128 = 64,512 of 65,536
   static constexpr int kOutputParts = 1;
   static constexpr int kClusterSize = 1;
+  static constexpr bool kBlockScales = false;
   // A width off the 64-column grid (the 128 x w tiles) stages the bf16 output dense, for one
   // {BN, 128} store box (kernels/gemm/output_staging.hpp).
   using Staging = gemm::OutputStaging<BN_, 2>;
@@ -178,115 +179,252 @@ struct GemmFp8Kernel : Fp8Common<BN_, Stages, BM_> {
   }
 };
 
-// consume() waits for its own wgmmas and promotes them at once; the tensor core idles on this
-// warpgroup while it promotes, and the other consumer, which read the same stage, promotes at the
-// same time. What that costs and what was tried against it (one batch kept in flight, the two
-// consumers' batches taken in turn, two accumulator chains per consumer, deeper scale prefetch)
-// is in kernels/gemm_fp8/README.md ("Block scales: where the time goes"); none of it won.
+// Block scales' bookkeeping, one consumer thread's share: where its scales are, the next K
+// block's (loaded from global memory one block ahead: a whole stage to arrive), and the
+// promotion. Accumulator rows of this thread (wgmma.cuh's layout): warp w of the consumer holds
+// rows 16w .. 16w + 15, lane l rows l/4 and l/4 + 8. Rows past M (a ragged last tile) read row
+// M - 1's scale, columns past N the last N block's: their results are clipped by the TMA store.
+// (Loading A's scales into the stage by TMA instead measured 4-7 % slower on the 128x192 tile:
+// docs/perf-notes.md, 2026-12-03.)
 //
-// BN = 192 (two consumers of 64 x 192: 2 x 96 floats) is the faster tile; its columns straddle
-// two of B's 128-column scale blocks, so a K block has two B scales, split at column `split` of
-// the tile (128 for an even tile column, 64 for an odd one). BN = 128 has one.
-template <class TA, class TB, int Stages, int BN_>
-struct GemmFp8BlockKernel : Fp8Common<BN_, Stages> {
-  using Base = Fp8Common<BN_, Stages>;
-  using typename Base::Globals;
-  using typename Base::Output;
-  using typename Base::Stage;
-  using Base::BK;
-  using Base::BM;
-  using Base::BN;
-  static_assert(BN == 128 || BN == 192, "block scales: 128 or 192 columns");
-  // consume() has waited for its wgmmas, so the stage is free as soon as it returns.
-  static constexpr int kReleaseLag = 0;
-
-  struct ConsumerState {
-    float acc[BN / 2];    // the tile's sum, fp32 on the CUDA cores
-    float part[BN / 2];   // one 128-K block from the tensor core
-    const float* sa0;     // scale_a of this thread's two rows (row r and r + 8), K block 0
-    const float* sa1;
-    const float* sb_lo;   // scale_b of the tile's first and second N block, K block 0
-    const float* sb_hi;
-    int split;            // the tile's first column in the second N block
-    float next_sa0, next_sa1, next_sb_lo, next_sb_hi;  // the next K block's scales, loaded one stage ahead
-  };
-
-  // Accumulator rows of this thread (wgmma.cuh's layout): warp w of the consumer holds rows
-  // 16w .. 16w + 15, lane l rows l/4 and l/4 + 8. Rows past M (a ragged last tile) read row
-  // M - 1's scale, columns past N the last N block's: their results are clipped by the TMA store.
-  static __device__ __forceinline__ void start_tile(const Globals& g, ConsumerState& st, int w, int c) {
-    const TileCoord t = Base::coord(g, w);
-    const int lane = threadIdx.x & 31, warp = (threadIdx.x / 32) % 4;
-    const int r0 = t.m * BM + c * 64 + warp * 16 + lane / 4;
-    const int r1 = r0 + 8;
-    st.sa0 = g.scale_a + (r0 < g.M ? r0 : g.M - 1);
-    st.sa1 = g.scale_a + (r1 < g.M ? r1 : g.M - 1);
-    const int col0 = t.n * BN, nb_last = (g.N - 1) / 128;
-    const int nb0 = col0 / 128, nb1 = nb0 < nb_last ? nb0 + 1 : nb_last;
-    st.split = (nb0 + 1) * 128 - col0;
-    st.sb_lo = g.scale_b + static_cast<size_t>(nb0) * g.kblocks;
-    st.sb_hi = g.scale_b + static_cast<size_t>(nb1) * g.kblocks;
-    st.next_sa0 = __ldg(st.sa0);
-    st.next_sa1 = __ldg(st.sa1);
-    st.next_sb_lo = __ldg(st.sb_lo);
-    st.next_sb_hi = BN > 128 ? __ldg(st.sb_hi) : 0.f;
-#pragma unroll
-    for (int i = 0; i < BN / 2; ++i) st.acc[i] = 0.f;  // fma(p, s, 0) = p * s: every block adds alike
-  }
+// B's two scales of a K block (one per 128-column block) are the same for the whole warp. Loaded
+// as they are (LaneB false), ptxas keeps them in uniform registers and converts each right after
+// its load (R2UR), which waits for the load within the K block that issued it: hidden behind the
+// wgmmas while scale_a sits in L2, but with scale_a out of L2 (32768 x 16384 x 53248: 54 MB) it
+// stalled every block, 0.80 -> 0.65 of per-tensor. With LaneB even lanes load the first block's
+// scale and odd lanes the second's (a per-lane address: no uniform register), and the next block
+// takes both by shuffles: 0.75 there, but 4-8 % slower than uniform loads on the core set. The
+// launch picks LaneB when scale_a is at least half of L2 (block_lane_scales).
+template <int BN, bool LaneB>
+struct BlockScales {
+  const float* sa0;    // scale_a of this thread's two rows (row r and r + 8), K block 0
+  const float* sa1;
+  const float* sb_lo;  // scale_b of the tile's first and second N block, K block 0
+  const float* sb_hi;
+  int M;
+  int split;  // the tile's first column in the second N block
+  // The next K block's scales; with LaneB next_lo holds this lane's B scale (lo or hi).
+  float next_a0, next_a1, next_lo, next_hi;
 
   struct Scales {
     float lo0, lo1, hi0, hi1;  // rows r and r + 8; columns before `split`, and from it
   };
 
-  // Block it's scales, and block it + 1's requested: they have a whole stage to arrive (two or
-  // three stages ahead measured no faster).
-  static __device__ __forceinline__ Scales take_scales(const Globals& g, ConsumerState& st, int it) {
-    const Scales s{st.next_sa0 * st.next_sb_lo, st.next_sa1 * st.next_sb_lo, st.next_sa0 * st.next_sb_hi,
-                   st.next_sa1 * st.next_sb_hi};
-    if (it + 1 < g.kblocks) {
-      const size_t off = static_cast<size_t>(it + 1) * g.M;
-      st.next_sa0 = __ldg(st.sa0 + off);
-      st.next_sa1 = __ldg(st.sa1 + off);
-      st.next_sb_lo = __ldg(st.sb_lo + it + 1);
-      if constexpr (BN > 128) st.next_sb_hi = __ldg(st.sb_hi + it + 1);
+  // The tile's scales from K block kb on (split-K starts a tile's range at kb > 0).
+  __device__ __forceinline__ void start(const Fp8Globals& g, const TileCoord& t, int BM, int c, int kb) {
+    const int lane = threadIdx.x & 31, warp = (threadIdx.x / 32) % 4;
+    const int r0 = t.m * BM + c * 64 + warp * 16 + lane / 4;
+    const int r1 = r0 + 8;
+    M = g.M;
+    sa0 = g.scale_a + (r0 < g.M ? r0 : g.M - 1);
+    sa1 = g.scale_a + (r1 < g.M ? r1 : g.M - 1);
+    const int col0 = t.n * BN, nb_last = (g.N - 1) / 128;
+    const int nb0 = col0 / 128, nb1 = nb0 < nb_last ? nb0 + 1 : nb_last;
+    split = (nb0 + 1) * 128 - col0;
+    sb_lo = g.scale_b + static_cast<size_t>(nb0) * g.kblocks;
+    sb_hi = g.scale_b + static_cast<size_t>(nb1) * g.kblocks;
+    load(kb);
+  }
+  __device__ __forceinline__ void load(int kb) {
+    const size_t off = static_cast<size_t>(kb) * M;
+    next_a0 = __ldg(sa0 + off);
+    next_a1 = __ldg(sa1 + off);
+    if constexpr (LaneB) {
+      next_lo = __ldg(((threadIdx.x & 1) ? sb_hi : sb_lo) + kb);  // sb_hi is valid at BN = 128 too
+    } else {
+      next_lo = __ldg(sb_lo + kb);
+      if constexpr (BN > 128) next_hi = __ldg(sb_hi + kb);
+      else next_hi = 0.f;
     }
-    return s;
+  }
+
+  // K block kb's scales, and block kb + 1's requested.
+  __device__ __forceinline__ Scales take(const Fp8Globals& g, int kb) {
+    float lo = next_lo, hi = next_hi;
+    if constexpr (LaneB) {
+      lo = __shfl_sync(0xffffffffu, next_lo, 0);
+      hi = BN > 128 ? __shfl_sync(0xffffffffu, next_lo, 1) : 0.f;
+    }
+    const Scales r{next_a0 * lo, next_a1 * lo, next_a0 * hi, next_a1 * hi};
+    if (kb + 1 < g.kblocks) load(kb + 1);
+    return r;
   }
 
   // acc += part * scale over 8-column groups: part[4j + 0..1] belong to row r, part[4j + 2..3] to
   // row r + 8, columns 8j on. Split is a constant so that each group's scale is too.
   template <int Split>
-  static __device__ __forceinline__ void promote(ConsumerState& st, const Scales& s) {
+  static __device__ __forceinline__ void promote(float (&acc)[BN / 2], const float (&part)[BN / 2], const Scales& s) {
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j) {
       const float s0 = 8 * j < Split ? s.lo0 : s.hi0, s1 = 8 * j < Split ? s.lo1 : s.hi1;
-      st.acc[4 * j + 0] = fmaf(st.part[4 * j + 0], s0, st.acc[4 * j + 0]);
-      st.acc[4 * j + 1] = fmaf(st.part[4 * j + 1], s0, st.acc[4 * j + 1]);
-      st.acc[4 * j + 2] = fmaf(st.part[4 * j + 2], s1, st.acc[4 * j + 2]);
-      st.acc[4 * j + 3] = fmaf(st.part[4 * j + 3], s1, st.acc[4 * j + 3]);
+      acc[4 * j + 0] = fmaf(part[4 * j + 0], s0, acc[4 * j + 0]);
+      acc[4 * j + 1] = fmaf(part[4 * j + 1], s0, acc[4 * j + 1]);
+      acc[4 * j + 2] = fmaf(part[4 * j + 2], s1, acc[4 * j + 2]);
+      acc[4 * j + 3] = fmaf(part[4 * j + 3], s1, acc[4 * j + 3]);
     }
   }
+  __device__ __forceinline__ void promote(float (&acc)[BN / 2], const float (&part)[BN / 2], const Scales& s) const {
+    if (BN == 128 || split == 128)
+      promote<128>(acc, part, s);
+    else
+      promote<64>(acc, part, s);
+  }
+};
 
-  static __device__ __forceinline__ void consume(const Globals& g, ConsumerState& st, Stage& s, int w, int it, int c) {
-    if (it == 0) start_tile(g, st, w, c);
+// What both block-scaled kernels share: the wgmma batch of one K block, the epilogue.
+template <class TA, class TB, int Stages, int BN_, bool LaneB>
+struct Fp8BlockCommon : Fp8Common<BN_, Stages> {
+  using Base = Fp8Common<BN_, Stages>;
+  using typename Base::Globals;
+  using typename Base::Output;
+  using Base::BK;
+  using Base::BM;
+  using Base::BN;
+  using typename Base::Stage;
+  static constexpr bool kBlockScales = true;
+  using Scales = BlockScales<BN_, LaneB>;
+  static constexpr bool kOwnsKLoop = true;
+  static constexpr int kReleaseLag = 0;  // unused: consume_tile releases each stage itself
+
+  // One 128-K block's four wgmmas into a temporary (the first overwrites it: scale-d 0).
+  static __device__ __forceinline__ void issue(float (&part)[BN / 2], const Stage& s, int c) {
     tile::wgmma::fence();
 #pragma unroll
-    for (int kk = 0; kk < BK / 32; ++kk)  // the block's first wgmma overwrites the temporary (scale-d 0)
-      tile::wgmma::mma_fp8_ss<TA, TB, BN>(st.part, Base::desc_a(s, c, kk), Base::desc_b(s, c, kk), kk > 0 ? 1 : 0);
+    for (int kk = 0; kk < BK / 32; ++kk)
+      tile::wgmma::mma_fp8_ss<TA, TB, BN>(part, Base::desc_a(s, c, kk), Base::desc_b(s, c, kk), kk > 0 ? 1 : 0);
     tile::wgmma::commit_group();
-    const Scales sc = take_scales(g, st, it);  // the next block's loads overlap these wgmmas
-    tile::wgmma::wait_group<0>();
-    tile::wgmma::fence_operands(st.part);
-    if (BN == 128 || st.split == 128)
-      promote<128>(st, sc);
-    else
-      promote<64>(st, sc);
+  }
+
+  static __device__ __forceinline__ void finish_acc(float (&acc)[BN / 2], Output& o, int c) {
+    tile::store_accumulator_swizzled<tile::bf16, BN>(o.c, BM, c * 64, acc);
+  }
+};
+
+// Each block's wgmmas are waited for (wait_group 0), the stage released, and the block promoted
+// at once: the tensor core idles on this warpgroup while it promotes, and the other consumer,
+// which read the same stage, promotes at the same time. What that costs and what was tried
+// against it (the two consumers' batches taken in turn, two accumulator chains per consumer,
+// deeper scale prefetch) is in docs/perf-notes.md (2026-12-02, eighth session, and 2026-12-03).
+//
+// BN = 192 (two consumers of 64 x 192: 2 x 96 floats) is the faster tile of this kernel; its
+// columns straddle two of B's 128-column scale blocks, so a K block has two B scales, split at
+// column `split` of the tile (128 for an even tile column, 64 for an odd one). BN = 128 has one.
+template <class TA, class TB, int Stages, int BN_, bool LaneB = false>
+struct GemmFp8BlockKernel : Fp8BlockCommon<TA, TB, Stages, BN_, LaneB> {
+  using Base = Fp8BlockCommon<TA, TB, Stages, BN_, LaneB>;
+  using typename Base::Globals;
+  using typename Base::Output;
+  using Base::BN;
+  static_assert(BN == 128 || BN == 192, "block scales: 128 or 192 columns");
+
+  struct ConsumerState {
+    float d[BN / 2];     // the tile's sum, fp32 on the CUDA cores (split-K's partial when split)
+    float part[BN / 2];  // one 128-K block from the tensor core
+    typename Base::Scales sc;
+  };
+
+  // K blocks k_begin .. k_begin + iters - 1 of tile `item` (split-K runs a range of them).
+  template <class Pipe>
+  static __device__ __forceinline__ void consume_range(const Globals& g, ConsumerState& st, Pipe& pipe, int item,
+                                                       int k_begin, int iters, int c) {
+    st.sc.start(g, Base::coord(g, item), Base::BM, c, k_begin);
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) st.d[i] = 0.f;  // fma(p, s, 0) = p * s: every block adds alike
+    for (int it = 0; it < iters; ++it) {
+      auto t = pipe.take();
+      Base::issue(st.part, t.stage, c);
+      const auto sc = st.sc.take(g, k_begin + it);  // the next B scale loads overlap the wgmmas
+      tile::wgmma::wait_group<0>();
+      tile::wgmma::fence_operands(st.part);
+      pipe.release(t.index);  // the loads of a later block start while this one is promoted
+      st.sc.promote(st.d, st.part, sc);
+    }
+  }
+  template <class Pipe>
+  static __device__ __forceinline__ void consume_tile(const Globals& g, ConsumerState& st, Pipe& pipe, int w,
+                                                      int iters, int c) {
+    consume_range(g, st, pipe, w, 0, iters, c);
   }
 
   static __device__ __forceinline__ void drain(ConsumerState&) {}
-
   static __device__ __forceinline__ void finish(const Globals&, ConsumerState& st, Output& o, int, int c, int) {
-    tile::store_accumulator_swizzled<tile::bf16, BN>(o.c, BM, c * 64, st.acc);
+    Base::finish_acc(st.d, o, c);
+  }
+};
+
+// Block scales with the tensor core never drained: two temporaries, block it's wgmmas issued into
+// one while block it - 1's, in the other, is waited for (wait_group 1) and promoted. The K loop
+// is unrolled by two so that each temporary is a fixed set of registers and ptxas keeps the
+// batches asynchronous. Main + two temporaries are 3 x BN/2 floats per thread: 192 at BN = 128,
+// the only width that fits 232 registers.
+template <class TA, class TB, int Stages, bool LaneB = false>
+struct GemmFp8BlockPipeKernel : Fp8BlockCommon<TA, TB, Stages, 128, LaneB> {
+  using Base = Fp8BlockCommon<TA, TB, Stages, 128, LaneB>;
+  using typename Base::Globals;
+  using typename Base::Output;
+  using Base::BN;
+
+  struct ConsumerState {
+    float d[BN / 2];
+    float part0[BN / 2];
+    float part1[BN / 2];
+    typename Base::Scales sc;
+  };
+
+  using Temp = float[BN / 2];
+  using BlockScale = typename Base::Scales::Scales;
+
+  // Issues block kb into `into`, then waits for and promotes the block in `done` (stage
+  // `done_index`, scales `done_scales`), which become block kb's.
+  template <class Pipe>
+  static __device__ __forceinline__ void step(const Globals& g, ConsumerState& st, Pipe& pipe, Temp& into, Temp& done,
+                                              BlockScale& done_scales, uint32_t& done_index, int kb, int c) {
+    auto t = pipe.take();
+    Base::issue(into, t.stage, c);
+    const auto cur = st.sc.take(g, kb);
+    tile::wgmma::wait_group<1>();
+    tile::wgmma::fence_operands(done);
+    pipe.release(done_index);
+    st.sc.promote(st.d, done, done_scales);
+    done_scales = cur;
+    done_index = t.index;
+  }
+  // The tile's last block, in `done`.
+  template <class Pipe>
+  static __device__ __forceinline__ void last(ConsumerState& st, Pipe& pipe, Temp& done, const BlockScale& done_scales,
+                                              uint32_t done_index) {
+    tile::wgmma::wait_group<0>();
+    tile::wgmma::fence_operands(done);
+    pipe.release(done_index);
+    st.sc.promote(st.d, done, done_scales);
+  }
+
+  template <class Pipe>
+  static __device__ __forceinline__ void consume_range(const Globals& g, ConsumerState& st, Pipe& pipe, int item,
+                                                       int k_begin, int iters, int c) {
+    st.sc.start(g, Base::coord(g, item), Base::BM, c, k_begin);
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) st.d[i] = 0.f;
+    auto t = pipe.take();
+    Base::issue(st.part0, t.stage, c);
+    auto prev = st.sc.take(g, k_begin);
+    uint32_t prev_index = t.index;
+    for (int it = 1;; ++it) {
+      if (it == iters) return last(st, pipe, st.part0, prev, prev_index);
+      step(g, st, pipe, st.part1, st.part0, prev, prev_index, k_begin + it, c);
+      if (++it == iters) return last(st, pipe, st.part1, prev, prev_index);
+      step(g, st, pipe, st.part0, st.part1, prev, prev_index, k_begin + it, c);
+    }
+  }
+  template <class Pipe>
+  static __device__ __forceinline__ void consume_tile(const Globals& g, ConsumerState& st, Pipe& pipe, int w,
+                                                      int iters, int c) {
+    consume_range(g, st, pipe, w, 0, iters, c);
+  }
+
+  static __device__ __forceinline__ void drain(ConsumerState&) {}
+  static __device__ __forceinline__ void finish(const Globals&, ConsumerState& st, Output& o, int, int c, int) {
+    Base::finish_acc(st.d, o, c);
   }
 };
 

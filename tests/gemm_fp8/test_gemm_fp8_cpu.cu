@@ -128,36 +128,68 @@ TEST(GemmFp8Cpu, BlockScaleCounts) {
   EXPECT_EQ(gemm_fp8::block_scale_b_count(128, 128), size_t(1));
 }
 
-// The block-scaled tile: forced ones as given; Auto by rounds, a 128x192 tile costing
-// kBlock192Cost 128x128 tiles; per-tensor-only tiles refused.
-TEST(GemmFp8Cpu, PlanBlockTile) {
-  using gemm_fp8::plan_block_tile;
+// The block-scaled launch: forced tiles as given; Auto by rounds, a 128x192 tile costing
+// kBlock192Cost 128x128 tiles; split-K of the last partial round by the bf16 planner's rule;
+// per-tensor-only tiles refused.
+TEST(GemmFp8Cpu, PlanBlockLaunch) {
+  const auto tile = [](int M, int N, int sms, const gemm_fp8::Options& o) {
+    return gemm_fp8::plan_block_launch(M, N, 8192, sms, o).tile;
+  };
   gemm_fp8::Options o;
-  // 8192^2 on 132 blocks: 32 rounds of 128x128 against 21 of 128x192 (27.3).
-  EXPECT_EQ(plan_block_tile(8192, 8192, 132, o), Tile::M128N192);
-  // 8192 x 1024: 4 rounds against 3 (3.9).
-  EXPECT_EQ(plan_block_tile(8192, 1024, 132, o), Tile::M128N192);
+  // 8192^2 on 132 blocks: 32 rounds of 128x128 against 21 of 128x192 (29.4).
+  EXPECT_EQ(tile(8192, 8192, 132, o), Tile::M128N192);
+  // 8192 x 1024: 4 rounds against 3 (4.2).
+  EXPECT_EQ(tile(8192, 1024, 132, o), Tile::M128N128);
   // One round either way: the 128-column tiles finish sooner.
-  EXPECT_EQ(plan_block_tile(128, 4096, 132, o), Tile::M128N128);
-  EXPECT_EQ(plan_block_tile(1, 8, 132, o), Tile::M128N128);
+  EXPECT_EQ(tile(128, 4096, 132, o), Tile::M128N128);
+  EXPECT_EQ(tile(1, 8, 132, o), Tile::M128N128);
   // 1024 x 1024: 64 tiles (1 round) against 48 (1 round, 1.3).
-  EXPECT_EQ(plan_block_tile(1024, 1024, 132, o), Tile::M128N128);
-  // The rule follows the block count: 8192 x 1024 on 16 blocks is 32 rounds against 24 (31.2).
-  EXPECT_EQ(plan_block_tile(8192, 1024, 16, o), Tile::M128N192);
-  // Wave quantisation: 81 tiles of 128x128 are 2 rounds of 54 blocks, 54 of 128x192 one (1.3).
-  EXPECT_EQ(plan_block_tile(1152, 1152, 54, o), Tile::M128N192);
+  EXPECT_EQ(tile(1024, 1024, 132, o), Tile::M128N128);
+  // The rule follows the block count: 8192 x 2048 on 16 blocks is 64 rounds against 44 (61.6).
+  EXPECT_EQ(tile(8192, 2048, 16, o), Tile::M128N192);
+  // Wave quantisation: 81 tiles of 128x128 are 2 rounds of 54 blocks, 54 of 128x192 one (1.4).
+  EXPECT_EQ(tile(1152, 1152, 54, o), Tile::M128N192);
+  // Split-K where the tiles leave most blocks idle: decode and narrow M.
+  EXPECT_GT(gemm_fp8::plan_block_launch(1, 4096, 11008, 132, o).splits, 1);
+  EXPECT_GT(gemm_fp8::plan_block_launch(128, 4096, 4096, 132, o).splits, 1);
+  EXPECT_EQ(gemm_fp8::plan_block_launch(8192, 8192, 8192, 132, o).splits, 1);  // 21 whole rounds
+  EXPECT_EQ(gemm_fp8::plan_block_launch(1, 4096, 128, 132, o).splits, 1);      // one K block
+  o.split_k = 1;
+  EXPECT_EQ(gemm_fp8::plan_block_launch(1, 4096, 11008, 132, o).splits, 1);
+  o.split_k = 3;
+  EXPECT_EQ(gemm_fp8::plan_block_launch(1, 4096, 11008, 132, o).splits, 3);
+  o.split_k = 0;
   for (Tile t : {Tile::M128N128, Tile::M128N192}) {
     o.tile = t;
-    EXPECT_EQ(plan_block_tile(8192, 8192, 132, o), t);
-    EXPECT_EQ(plan_block_tile(1, 8, 132, o), t);
+    EXPECT_EQ(tile(8192, 8192, 132, o), t);
+    EXPECT_EQ(tile(1, 8, 132, o), t);
   }
   for (Tile t : {Tile::M128N256, Tile::Swapped, Tile::M128Nw, Tile::M64N128}) {
     o.tile = t;
-    EXPECT_NE(error_of([&] { plan_block_tile(1024, 1024, 132, o); }).find("128x192 and 128x128 tiles only"),
+    EXPECT_NE(error_of([&] { gemm_fp8::plan_block_launch(1024, 1024, 8192, 132, o); })
+                  .find("128x192 and 128x128 tiles only"),
               std::string::npos)
         << gemm_fp8::tile_name(t);
   }
   EXPECT_STREQ(gemm_fp8::tile_name(Tile::M128N192), "128x192");
+}
+
+// B's scales per lane when scale_a (ceil(K/128) x M floats) is at least half of L2: the 54 MB of
+// 32768 x 53248 on a 60 MB L2 (measured stalled with uniform loads), not the 17 MB of 32768 x 16384
+// (measured unharmed); forced either way by Options::lane_scales.
+TEST(GemmFp8Cpu, BlockLaneScales) {
+  const long long l2 = 60LL << 20;
+  gemm_fp8::Options o;
+  EXPECT_TRUE(gemm_fp8::block_lane_scales(32768, 53248, l2, o));
+  EXPECT_FALSE(gemm_fp8::block_lane_scales(32768, 16384, l2, o));
+  EXPECT_FALSE(gemm_fp8::block_lane_scales(1, 53248, l2, o));
+  EXPECT_TRUE(gemm_fp8::block_lane_scales(32768, 16384, 16LL << 20, o));  // a smaller L2
+  o.lane_scales = 1;
+  EXPECT_FALSE(gemm_fp8::block_lane_scales(32768, 53248, l2, o));
+  o.lane_scales = 2;
+  EXPECT_TRUE(gemm_fp8::block_lane_scales(1, 128, l2, o));
+  o.lane_scales = 3;
+  EXPECT_NE(error_of([&] { gemm_fp8::block_lane_scales(1, 128, l2, o); }).find("lane_scales = 3"), std::string::npos);
 }
 
 // Every kernel fits the H100/H200 opt-in shared memory (227 KB) and its stages are what the
@@ -166,7 +198,7 @@ TEST(GemmFp8Cpu, KernelFootprints) {
   using tile::fp8e4m3;
   using Big = gemm_fp8::GemmFp8Kernel<fp8e4m3, fp8e4m3, 256, 3>;
   using Small = gemm_fp8::GemmFp8Kernel<fp8e4m3, fp8e4m3, 128, 6>;
-  using Block = gemm_fp8::GemmFp8BlockKernel<fp8e4m3, fp8e4m3, 6, 128>;
+  using Block = gemm_fp8::GemmFp8BlockPipeKernel<fp8e4m3, fp8e4m3, 5>;
   using Block192 = gemm_fp8::GemmFp8BlockKernel<fp8e4m3, fp8e4m3, 4, 192>;
   constexpr size_t kOptin = 232448;
   EXPECT_LE(lcsc::shared_bytes<Block192>(), kOptin);

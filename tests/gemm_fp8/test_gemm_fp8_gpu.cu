@@ -55,6 +55,7 @@ struct Opts {
   bool expect_nonfinite = false;  // nonfinite_codes(): NaN in A's row 5, +-Inf in B's rows 9 and 10 (e5m2 B)
   int split_k = 0;                // Options::split_k
   int tile_n = 0;                 // Options::tile_n (Tile::M128Nw)
+  int lane_scales = 0;            // Options::lane_scales (block scales)
 };
 
 bool e5(Fp8 t) { return t == Fp8::E5M2; }
@@ -138,13 +139,18 @@ struct Fp8Run {
     check::sqrt_inplace(s.p, size_t(M) * N);
   }
   // weave on operand A `a` (A.p unless a test swaps in a faulty copy), C poisoned first.
-  lcsc::Plan call(const uint8_t* a) {
-    check::poison(C.p, C.n);
+  gemm_fp8::Options options() const {
     gemm_fp8::Options opt;
     opt.tile = o.tile;
     opt.lcsc.num_comm_sms = o.comm;
     opt.split_k = o.split_k;
     opt.tile_n = o.tile_n;
+    opt.lane_scales = o.lane_scales;
+    return opt;
+  }
+  lcsc::Plan call(const uint8_t* a) {
+    check::poison(C.p, C.n);
+    const gemm_fp8::Options opt = options();
     const lcsc::Plan p = o.block ? gemm_fp8::gemm_block_scaled(a, o.ta, B.p, o.tb, C.p, M, N, K, sa.p, sb.p, opt)
                                  : gemm_fp8::gemm(a, o.ta, B.p, o.tb, C.p, M, N, K, sa.p, sb.p, opt);
     WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
@@ -158,11 +164,12 @@ struct Fp8Run {
            "x" + gemm_fp8::type_name(o.tb) + (o.block ? " block" : " tensor") + " tile " +
            (o.tile == Tile::M128Nw ? "128x" + std::to_string(o.tile_n) : gemm_fp8::tile_name(o.tile)) +
            (o.block && o.tile == Tile::Auto
-                ? std::string("(") + gemm_fp8::tile_name(gemm_fp8::choose_block_tile(M, N)) + ")"
+                ? std::string("(") + gemm_fp8::launch_name(gemm_fp8::choose_block_launch(M, N, K, options())) + ")"
                 : std::string()) +
            " scales [" + std::to_string(o.scale_lo) + ", " + std::to_string(o.scale_hi) + "]" +
            (o.sub_a ? " subA" : "") + (o.sub_b ? " subB" : "") + (o.comm ? " comm " + std::to_string(o.comm) : "") +
-           (o.split_k ? " split " + std::to_string(o.split_k) : "");
+           (o.split_k ? " split " + std::to_string(o.split_k) : "") +
+           (o.lane_scales ? " lane_scales " + std::to_string(o.lane_scales) : "");
   }
 };
 
@@ -349,15 +356,16 @@ TEST(GemmFp8, SwappedDecode) {
 TEST(GemmFp8, BlockScaledRaggedShapes) {
   const Shape straddle[] = {{200, 136, 272}, {130, 200, 400}, {300, 392, 1040}, {64, 776, 528}};
   for (Tile t : kBlockTiles) {
+    for (int lane : {1, 2})  // B's scales loaded uniform and per lane (the auto rule's two kernels)
+      for (Shape s : straddle) {
+        Opts o;
+        o.block = true, o.tile = t, o.lane_scales = lane, o.scale_lo = 1e-3f, o.scale_hi = 1e3f, o.samples = true;
+        run_case(s.M, s.N, s.K, o);
+      }
     for (Shape s : kRagged) {
       Opts o;
       o.block = true, o.tile = t, o.scale_lo = 1e-3f, o.scale_hi = 1e3f;
       o.samples = double(s.M) * s.N * s.K < 1e9;
-      run_case(s.M, s.N, s.K, o);
-    }
-    for (Shape s : straddle) {
-      Opts o;
-      o.block = true, o.tile = t, o.scale_lo = 1e-3f, o.scale_hi = 1e3f, o.samples = true;
       run_case(s.M, s.N, s.K, o);
     }
     for (auto [ta, tb] : {std::pair{Fp8::E5M2, Fp8::E4M3}, std::pair{Fp8::E4M3, Fp8::E5M2}}) {
@@ -365,6 +373,33 @@ TEST(GemmFp8, BlockScaledRaggedShapes) {
       o.block = true, o.tile = t, o.ta = ta, o.tb = tb, o.range = 1000.f, o.samples = true;
       run_case(1000, 776, 1040, o);
     }
+  }
+}
+
+// Split-K with block scales: the partials are promoted (scaled) fp32 sums, each split starts at
+// its own K block (its B scales and A's stage scales from there). Forced splits on both tiles,
+// with K ranges of 1, 2 and 3 blocks (the 128x128 kernel's loop runs blocks in pairs) and
+// ragged M, N, K; the planner's choice on decode and narrow shapes; NaN / Inf through the partials.
+TEST(GemmFp8, BlockScaledSplitK) {
+  const Shape shapes[] = {{1, 4104, 4112}, {16, 776, 1040}, {64, 1032, 784}, {200, 392, 2064}, {130, 200, 400}};
+  for (Tile t : kBlockTiles)
+    for (int split : {2, 3, 5})
+      for (Shape s : shapes) {
+        Opts o;
+        o.block = true, o.tile = t, o.split_k = split, o.scale_lo = 1e-3f, o.scale_hi = 1e3f, o.samples = true;
+        run_case(s.M, s.N, s.K, o);
+        o.lane_scales = 2;
+        run_case(s.M, s.N, s.K, o);
+      }
+  for (Shape s : {Shape{1, 4096, 11008}, Shape{16, 14336, 4096}, Shape{128, 4096, 4096}, Shape{256, 7168, 18432}}) {
+    Opts o;
+    o.block = true, o.scale_lo = 1e-3f, o.scale_hi = 1e3f;
+    run_case(s.M, s.N, s.K, o);
+  }
+  for (Tile t : kBlockTiles) {
+    Opts o;
+    o.block = true, o.tile = t, o.split_k = 3;
+    check_nonfinite(100, 264, 1040, o);
   }
 }
 

@@ -430,8 +430,8 @@ FAULTS = [
         "what": "block-scaled fp8: every K block after the first takes the previous block's B scale",
         "edits": [{
             "file": "kernels/gemm_fp8/gemm_fp8_kernel.cuh",
-            "find": "st.next_sb_lo = __ldg(st.sb_lo + it + 1);",
-            "replace": "st.next_sb_lo = __ldg(st.sb_lo + it);",
+            "find": "next_lo = __ldg(sb_lo + kb);",
+            "replace": "next_lo = __ldg(sb_lo + (kb > 0 ? kb - 1 : 0));",
         }],
         "tests": ["test_gemm_fp8_gpu:GemmFp8.BlockScaled*"],
     },
@@ -441,10 +441,43 @@ FAULTS = [
                 "instead of 64 (columns 64-127 of those tiles scaled with the wrong block)",
         "edits": [{
             "file": "kernels/gemm_fp8/gemm_fp8_kernel.cuh",
-            "find": "if (BN == 128 || st.split == 128)",
-            "replace": "if (BN == 128 || st.split == 128 || st.split == 64)",
+            "find": "if (BN == 128 || split == 128)",
+            "replace": "if (BN == 128 || split == 128 || split == 64)",
         }],
         "tests": ["test_gemm_fp8_gpu:GemmFp8.BlockScaled*"],
+    },
+    {
+        "name": "gemm_fp8_block_lane_scales_swapped",
+        "what": "block-scaled fp8, B's scales loaded per lane: even lanes load the second N block's scale and odd "
+                "lanes the first's, so the shuffles hand every tile its two B scales swapped",
+        "edits": [{
+            "file": "kernels/gemm_fp8/gemm_fp8_kernel.cuh",
+            "find": "next_lo = __ldg(((threadIdx.x & 1) ? sb_hi : sb_lo) + kb);",
+            "replace": "next_lo = __ldg(((threadIdx.x & 1) ? sb_lo : sb_hi) + kb);",
+        }],
+        "tests": ["test_gemm_fp8_gpu:GemmFp8.BlockScaled*"],
+    },
+    {
+        "name": "gemm_fp8_block_split_scales_from_block_0",
+        "what": "block-scaled split-K: every split takes its scales from K block 0 on instead of its own first block "
+                "(the operands still come from its own range)",
+        "edits": [{
+            "file": "kernels/gemm/split_k.cuh",
+            "find": "Base::consume_range(g, st, pipe, s.item, s.k_begin, iters, c);",
+            "replace": "Base::consume_range(g, st, pipe, s.item, 0, iters, c);",
+        }],
+        "tests": ["test_gemm_fp8_gpu:GemmFp8.BlockScaledSplitK"],
+    },
+    {
+        "name": "gemm_fp8_block_pipe_promotes_block_in_flight",
+        "what": "pipelined block-scaled 128x128: after issuing block k into the second temporary, the consumer "
+                "promotes that temporary (still being written by the tensor core) instead of block k - 1's",
+        "edits": [{
+            "file": "kernels/gemm_fp8/gemm_fp8_kernel.cuh",
+            "find": "step(g, st, pipe, st.part1, st.part0, prev, prev_index, k_begin + it, c);",
+            "replace": "step(g, st, pipe, st.part1, st.part1, prev, prev_index, k_begin + it, c);",
+        }],
+        "tests": ["test_gemm_fp8_gpu:GemmFp8.BlockScaledRaggedShapes"],
     },
     {
         "name": "gemm_fp8_block_scale_a_wrong_row",

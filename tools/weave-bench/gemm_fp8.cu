@@ -19,7 +19,7 @@
 // (printed).
 //
 //   weave-bench gemm_fp8 [--json FILE] [--shapes MxNxK,...] [--set core|models] [--list]
-//                        [--types e4m3xe4m3|e5m2xe4m3|e4m3xe5m2] [--tile auto|256|128|64|swapped|w96..w208] [--block-tile auto|128|192] [--split-k N]
+//                        [--types e4m3xe4m3|e5m2xe4m3|e4m3xe5m2] [--tile auto|256|128|64|swapped|w96..w208] [--block-tile auto|128|192] [--split-k N] [--lane-scales 0|1|2]
 //                        [--impl cublaslt,cublaslt_precise,weave,weave_block] [--target-ms T]
 // --set core|models: the rows of weave-bench gemm (gemm_sets.hpp); fp8 runs the nk ones.
 #include <cublasLt.h>
@@ -145,6 +145,7 @@ int run_gemm_fp8_bench(const Args& args) {
                                                       : gemm_fp8::Tile::Auto;
   opt.group_m = static_cast<int>(args.get_int("group", 0));
   opt.split_k = static_cast<int>(args.get_int("split-k", 0));
+  opt.lane_scales = static_cast<int>(args.get_int("lane-scales", 0));  // block scales' B loads (0 auto)
   const double target_ms = std::stod(args.get("target-ms", "60"));
   const uint64_t seed = check::test_seed();
   JsonSink sink(args);
@@ -290,7 +291,7 @@ int run_gemm_fp8_bench(const Args& args) {
     if (wants("weave_block")) {
       gemm_fp8::Options ob = opt;
       ob.tile = block_tile_opt;
-      const std::string block_tile = gemm_fp8::tile_name(gemm_fp8::choose_block_tile(s.M, s.N, ob));
+      const std::string block_tile = gemm_fp8::launch_name(gemm_fp8::choose_block_launch(s.M, s.N, s.K, ob));
       const double t = measure("weave_block", block_tile.c_str(), true, [&] {
         last = it++ % nsets;
         gemm_fp8::gemm_block_scaled(d.a[last], ta, d.b[last], tb, d.c, s.M, s.N, s.K, d.bsa[last], d.bsb[last], ob,
@@ -314,6 +315,6 @@ int run_gemm_fp8_bench(const Args& args) {
 WEAVE_BENCH(gemm_fp8,
             "fp8 GEMM (A M x K, B N x K, bf16 out): weave per-tensor and block-scaled vs cuBLASLt fp8 "
             "(--shapes MxNxK,... or --set core|models, --list, --types e4m3xe4m3|e5m2xe4m3|e4m3xe5m2, "
-            "--tile auto|256|128|64|swapped|w96..w208, --block-tile auto|128|192, --split-k N (0 planner, 1 never), --impl cublaslt,cublaslt_precise,weave,weave_block, --target-ms T); "
+            "--tile auto|256|128|64|swapped|w96..w208, --block-tile auto|128|192, --split-k N (0 planner, 1 never), --lane-scales 0|1|2 (block scales' B loads: auto, uniform, per lane), --impl cublaslt,cublaslt_precise,weave,weave_block, --target-ms T); "
             "also `weave-bench gemm --dtype fp8`",
             run_gemm_fp8_bench);
