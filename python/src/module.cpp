@@ -252,6 +252,22 @@ void bind_plans(py::module_& m) {
   });
   m.def("plan_ring_seq", &plan::ring_seq);
   m.def("plan_ulysses_seq", &plan::ulysses_seq);
+  using plan::MoeSizes;
+  py::class_<MoeSizes>(m, "MoeSizes")
+      .def(py::init([](int64_t hidden, int64_t ffn, int64_t topk, int64_t local_experts, int64_t max_tokens,
+                       int64_t capacity) { return MoeSizes{hidden, ffn, topk, local_experts, max_tokens, capacity}; }),
+           py::arg("hidden"), py::arg("ffn"), py::arg("topk"), py::arg("local_experts"), py::arg("max_tokens"),
+           py::arg("capacity"));
+  m.def("plan_moe_tokens", [](const std::string& op, const MoeSizes& s, const Spec& x, const Spec& idx) {
+    return plan::moe_tokens(op.c_str(), s, x, idx);
+  });
+  m.def("plan_moe_weights", [](const std::string& op, const MoeSizes& s, const Spec& w, int64_t T) {
+    plan::moe_weights(op.c_str(), s, w, T);
+  });
+  m.def("plan_moe_forward", &plan::moe_forward);
+  m.def("plan_moe_expert_rows", [](const std::string& op, const MoeSizes& s, const Spec& y) {
+    plan::moe_expert_rows(op.c_str(), s, y);
+  });
 }
 
 }  // namespace

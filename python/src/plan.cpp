@@ -441,4 +441,62 @@ int64_t ulysses_seq(const Spec& q, int64_t seq_len, int rank, int world) {
   return S;
 }
 
+// ---- the MoE layer (messages as moe.py's checks had them)
+
+int64_t moe_tokens(const char* op, const MoeSizes& m, const Spec& x, const Spec& topk_idx) {
+  check_dtype(op, "x", x, {Dtype::bf16});
+  check_ndim(op, "x", x, 2);
+  const int64_t T = x.sizes[0], H = x.sizes[1];
+  if (H != m.hidden) fail(op, "x has " + str(H) + " columns but the layer's hidden size is " + str(m.hidden));
+  if (T > m.max_tokens)
+    fail(op, "x has T = " + str(T) + " tokens, more than the layer's max_tokens = " + str(m.max_tokens));
+  check_contiguous(op, "x", x);
+  check_dtype(op, "topk_idx", topk_idx, {Dtype::i32});
+  if (topk_idx.sizes != Shape{T, m.topk})
+    fail(op, "topk_idx must be (T, k) = " + shape_str({T, m.topk}) + ", got " + shape_str(topk_idx.sizes));
+  check_contiguous(op, "topk_idx", topk_idx);
+  check_device(op, x, "topk_idx", &topk_idx);
+  return T;
+}
+
+void moe_weights(const char* op, const MoeSizes& m, const Spec& w, int64_t T) {
+  check_dtype(op, "topk_weights", w, {Dtype::fp32});
+  if (w.sizes != Shape{T, m.topk})
+    fail(op, "topk_weights must be (T, k) = " + shape_str({T, m.topk}) + ", got " + shape_str(w.sizes));
+  check_contiguous(op, "topk_weights", w);
+}
+
+int64_t moe_forward(const MoeSizes& m, const Spec& x, const Spec& topk_idx, const Spec& topk_weights, const Spec& w_up,
+                    const Spec& w_down) {
+  const char* op = "MoeLayer.forward";
+  const int64_t T = moe_tokens(op, m, x, topk_idx);
+  moe_weights(op, m, topk_weights, T);
+  const int64_t L = m.local_experts, H = m.hidden, F = m.ffn;
+  const struct {
+    const char* name;
+    const Spec& w;
+    Shape shape;
+    const char* what;
+  } weights[] = {{"w_up", w_up, {L, 2 * F, H}, "(L, 2F, H): gate rows then up rows"},
+                 {"w_down", w_down, {L, H, F}, "(L, H, F)"}};
+  for (const auto& e : weights) {
+    check_dtype(op, e.name, e.w, {Dtype::bf16});
+    if (e.w.sizes != e.shape)
+      fail(op, std::string(e.name) + " must be " + e.what + " = " + shape_str(e.shape) + " for this rank's " + str(L) +
+                   " experts, got " + shape_str(e.w.sizes));
+    check_contiguous(op, e.name, e.w);
+  }
+  check_device(op, x, "topk_weights", &topk_weights);
+  check_device(op, x, "w_up", &w_up);
+  check_device(op, x, "w_down", &w_down);
+  return T;
+}
+
+void moe_expert_rows(const char* op, const MoeSizes& m, const Spec& y) {
+  check_dtype(op, "y", y, {Dtype::bf16});
+  if (y.sizes != Shape{m.capacity, m.hidden})
+    fail(op, "y must be capacity x H = " + shape_str({m.capacity, m.hidden}) + ", got " + shape_str(y.sizes));
+  check_contiguous(op, "y", y);
+}
+
 }  // namespace weave::py::plan

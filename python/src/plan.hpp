@@ -105,7 +105,21 @@ AttentionPlan attention(const char* op, const Spec& q, const Spec& k, const Spec
 int64_t ring_seq(const Spec& q, const std::string& sharding, int64_t seq_len, int rank, int world);
 int64_t ulysses_seq(const Spec& q, int64_t seq_len, int rank, int world);
 
-// Shared rule pieces (also the MoE layer's).
+// The MoE layer (weave.MoeLayer, moe.py; its kernel is Python): the layer's sizes as it was made.
+struct MoeSizes {
+  int64_t hidden = 0, ffn = 0, topk = 0, local_experts = 0, max_tokens = 0, capacity = 0;
+};
+// dispatch and forward's tokens (x T x H bf16, topk_idx T x k int32): returns T.
+int64_t moe_tokens(const char* op, const MoeSizes& m, const Spec& x, const Spec& topk_idx);
+// topk_weights: T x k fp32.
+void moe_weights(const char* op, const MoeSizes& m, const Spec& topk_weights, int64_t T);
+// forward: the above, the experts' weights (w_up L x 2F x H, w_down L x H x F, bf16) on x's device.
+int64_t moe_forward(const MoeSizes& m, const Spec& x, const Spec& topk_idx, const Spec& topk_weights, const Spec& w_up,
+                    const Spec& w_down);
+// combine's expert output rows y: capacity x H bf16.
+void moe_expert_rows(const char* op, const MoeSizes& m, const Spec& y);
+
+// Shared rule pieces.
 [[noreturn]] void fail(const std::string& op, const std::string& msg);
 std::string shape_str(const Shape& s);  // Python's tuple: (3,) or (2, 4)
 

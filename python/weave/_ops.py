@@ -32,36 +32,12 @@ _lib = torch.library.Library("weave", "DEF")  # noqa: TOR901
 _COLL_DTYPES = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
 
 
-
 # ---------------------------------------------------------------------------------------------
-# Checks the Python kernels (the MoE layer's) share.
+# What the Python kernel (the MoE layer's) shares; its argument rules are C++ (plan.cpp).
 
 
 def _fail(op: str, msg: str):
     raise ValueError(f"weave.{op}: {msg}")
-
-
-def _check_dtype(op: str, name: str, t: torch.Tensor, allowed) -> None:
-    if t.dtype not in allowed:
-        _fail(op, f"{name} has dtype {t.dtype}; weave takes {', '.join(str(d) for d in allowed)} here")
-
-
-def _check_contiguous(op: str, name: str, t: torch.Tensor) -> None:
-    if not t.is_contiguous():
-        _fail(op, f"{name} is not contiguous (shape {tuple(t.shape)}, strides {t.stride()}); "
-                  f"pass {name}.contiguous() (one copy)")
-
-
-def _check_ndim(op: str, name: str, t: torch.Tensor, ndim: int) -> None:
-    if t.dim() != ndim:
-        _fail(op, f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
-
-
-def _check_device(op: str, ref: torch.Tensor, **tensors: Optional[torch.Tensor]) -> None:
-    """Every given tensor on ref's device (the kernels read them all there)."""
-    for name, t in tensors.items():
-        if t is not None and t.device != ref.device:
-            _fail(op, f"{name} is on {t.device} but the other operands are on {ref.device}")
 
 
 def _empty(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

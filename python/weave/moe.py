@@ -36,7 +36,7 @@ MAX_TOPK = 16
 DEFAULT_SLACK = 2.0  # MoeLayer's default capacity: moe_capacity(max_tokens, topk, E, 2.0)
 _INT_MAX = 2 ** 31 - 1
 
-_BF, _I32, _F32 = torch.bfloat16, torch.int32, torch.float32
+_BF, _I32 = torch.bfloat16, torch.int32
 
 
 def _is_int(v) -> bool:
@@ -155,6 +155,8 @@ class MoeLayer:
         self.output_buffer = (not fused) if output_buffer is None else bool(output_buffer) or not fused
         self.rank, self.world, self.group_name = rank, world, name
         self.local_experts = num_experts // world
+        # The argument rules' view of the layer (python/src/plan.hpp, MoeSizes).
+        self._sizes = lib().MoeSizes(hidden, ffn, topk, self.local_experts, max_tokens, self.capacity)
         self.comm: Optional[_comm.Communicator] = None
         self._stream: Optional[torch.cuda.Stream] = None
         self._last_T: Optional[int] = None
@@ -299,10 +301,7 @@ class MoeLayer:
         order, once every peer has read it). topk_weights: (T, k) fp32, T the last dispatch's."""
         op = "MoeLayer.combine"
         self._live(op)
-        _ops._check_dtype(op, "y", y, (_BF,))
-        if tuple(y.shape) != (self.capacity, self.hidden):
-            _ops._fail(op, f"y must be capacity x H = ({self.capacity}, {self.hidden}), got {tuple(y.shape)}")
-        _ops._check_contiguous(op, "y", y)
+        lib().plan_moe_expert_rows(op, self._sizes, _ops._spec(y))
         if self._last_T is None:
             _ops._fail(op, "no dispatch on this layer yet (combine reads the last dispatch's routing)")
         T = self._last_T
@@ -339,44 +338,18 @@ class MoeLayer:
         self._rows = self._out = self._counts = self._offsets = None
         _layers.pop(self._id, None)
 
-    # ---- argument checks (ValueError before anything is enqueued)
+    # ---- argument checks (ValueError before anything is enqueued; the rules: python/src/plan.cpp)
 
     def _plan_tokens(self, op: str, x: torch.Tensor, topk_idx: torch.Tensor) -> int:
         self._live(op)
-        _ops._check_dtype(op, "x", x, (_BF,))
-        _ops._check_ndim(op, "x", x, 2)
-        T, H = (int(d) for d in x.shape)
-        if H != self.hidden:
-            _ops._fail(op, f"x has {H} columns but the layer's hidden size is {self.hidden}")
-        if T > self.max_tokens:
-            _ops._fail(op, f"x has T = {T} tokens, more than the layer's max_tokens = {self.max_tokens}")
-        _ops._check_contiguous(op, "x", x)
-        _ops._check_dtype(op, "topk_idx", topk_idx, (_I32,))
-        if tuple(topk_idx.shape) != (T, self.topk):
-            _ops._fail(op, f"topk_idx must be (T, k) = ({T}, {self.topk}), got {tuple(topk_idx.shape)}")
-        _ops._check_contiguous(op, "topk_idx", topk_idx)
-        _ops._check_device(op, x, topk_idx=topk_idx)
-        return T
+        return lib().plan_moe_tokens(op, self._sizes, _ops._spec(x), _ops._spec(topk_idx))
 
     def _check_weights(self, op: str, w: torch.Tensor, T: int) -> None:
-        _ops._check_dtype(op, "topk_weights", w, (_F32,))
-        if tuple(w.shape) != (T, self.topk):
-            _ops._fail(op, f"topk_weights must be (T, k) = ({T}, {self.topk}), got {tuple(w.shape)}")
-        _ops._check_contiguous(op, "topk_weights", w)
+        lib().plan_moe_weights(op, self._sizes, _ops._spec(w), T)
 
     def _plan_forward(self, x, topk_idx, topk_weights, w_up, w_down) -> int:
-        op = "MoeLayer.forward"
-        T = self._plan_tokens(op, x, topk_idx)
-        self._check_weights(op, topk_weights, T)
-        L, H, F = self.local_experts, self.hidden, self.ffn
-        for name, w, shape in (("w_up", w_up, (L, 2 * F, H)), ("w_down", w_down, (L, H, F))):
-            _ops._check_dtype(op, name, w, (_BF,))
-            if tuple(w.shape) != shape:
-                what = "(L, 2F, H): gate rows then up rows" if name == "w_up" else "(L, H, F)"
-                _ops._fail(op, f"{name} must be {what} = {shape} for this rank's {L} experts, got {tuple(w.shape)}")
-            _ops._check_contiguous(op, name, w)
-        _ops._check_device(op, x, topk_weights=topk_weights, w_up=w_up, w_down=w_down)
-        return T
+        self._live("MoeLayer.forward")
+        return lib().plan_moe_forward(self._sizes, *(_ops._spec(t) for t in (x, topk_idx, topk_weights, w_up, w_down)))
 
 
 def _ptr(t: torch.Tensor) -> int:
