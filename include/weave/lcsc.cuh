@@ -44,6 +44,7 @@
 //           consumer runs a tile's whole K loop itself, taking stages with pipe.take() and
 //           freeing each with pipe.release(index) (ConsumerPipe below), so that it can keep
 //           wgmma batches of different K steps in flight in registers it names statically
+//           (such a K has no consume, drain or kReleaseLag)
 //           drain(ConsumerState&)                         consumer: all its async math done
 //           finish(g, ConsumerState&, Output&, w, c, p)   consumer: registers -> Output, part p
 //           store(g, Output&, w, p)                       storer thread; async bulk stores
@@ -116,14 +117,16 @@ struct HasAux<K, std::void_t<decltype(&K::aux)>> : std::true_type {};
 // shared memory (a table the roles read, e.g. the grouped GEMM's per-expert prefixes) is seen by
 // every role, and num_work may depend on it. It may use __syncthreads. Without it: no code.
 template <class K, class = void>
-struct OwnsKLoop : std::false_type {};
-template <class K>
-struct OwnsKLoop<K, std::enable_if_t<K::kOwnsKLoop>> : std::true_type {};
-
-template <class K, class = void>
 struct HasSetup : std::false_type {};
 template <class K>
 struct HasSetup<K, std::void_t<decltype(&K::setup)>> : std::true_type {};
+
+// Optional consumer K loop (K::kOwnsKLoop = true: K::consume_tile runs a tile's stages itself);
+// without it the template calls consume() per stage.
+template <class K, class = void>
+struct OwnsKLoop : std::false_type {};
+template <class K>
+struct OwnsKLoop<K, std::enable_if_t<K::kOwnsKLoop>> : std::true_type {};
 
 template <class K>
 struct SharedStorage {
@@ -193,6 +196,7 @@ inline Plan make_plan(long long work, int sm_count, const Config& cfg, size_t sm
 struct DeviceInfo {
   int sm_count = 0;
   size_t smem_optin = 0;
+  int l2_bytes = 0;  // launch planners size working sets by it
 };
 
 // Read once per device from the device itself; never assumed.
@@ -208,6 +212,7 @@ inline DeviceInfo device_info(int dev) {
     d.sm_count = v;
     WEAVE_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     d.smem_optin = static_cast<size_t>(v);
+    WEAVE_CUDA_CHECK(cudaDeviceGetAttribute(&d.l2_bytes, cudaDevAttrL2CacheSize, dev));
     cache[dev] = d;
     ready[dev].store(true, std::memory_order_release);
   }
@@ -303,21 +308,21 @@ __device__ __forceinline__ void run_consumer(const typename K::Globals& g, Share
       ConsumerPipe<K> pipe{s, ps};
       K::consume_tile(g, st, pipe, w, iters, c);
     } else {
-    uint32_t prev = 0;
-    for (int it = 0; it < iters; ++it) {
-      s.full[ps.index].wait(ps.phase);
-      K::consume(g, st, s.stage[ps.index], w, it, c);
-      if constexpr (K::kReleaseLag == 1) {
-        if (it > 0) release<K>(s, prev);
-        prev = ps.index;
-      } else {
-        release<K>(s, ps.index);
+      uint32_t prev = 0;
+      for (int it = 0; it < iters; ++it) {
+        s.full[ps.index].wait(ps.phase);
+        K::consume(g, st, s.stage[ps.index], w, it, c);
+        if constexpr (K::kReleaseLag == 1) {
+          if (it > 0) release<K>(s, prev);
+          prev = ps.index;
+        } else {
+          release<K>(s, ps.index);
+        }
+        ps.advance();
       }
-      ps.advance();
-    }
-    K::drain(st);
-    if constexpr (K::kReleaseLag == 1)
-      if (iters > 0) release<K>(s, prev);
+      K::drain(st);
+      if constexpr (K::kReleaseLag == 1)
+        if (iters > 0) release<K>(s, prev);
     }
 #pragma unroll 1
     for (int part = 0; part < K::kOutputParts; ++part) {

@@ -120,13 +120,6 @@ unsigned long long* front_words(int dev, unsigned* tag) {
   return bufs[dev];
 }
 
-int l2_bytes(int dev) {
-  static int l2_cache[kDevices] = {};
-  if (dev < kDevices && l2_cache[dev] == 0)
-    WEAVE_CUDA_CHECK(cudaDeviceGetAttribute(&l2_cache[dev], cudaDevAttrL2CacheSize, dev));
-  return dev < kDevices ? l2_cache[dev] : 50 << 20;
-}
-
 // Heads whose K and V (together) fit in half of L2 run side by side; query blocks vary
 // slowest inside a section, so the CTAs in flight share a few heads' K/V.
 int heads_per_section(int l2, long long S, int D, int group) {
@@ -153,7 +146,7 @@ void launch(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16*
   const lcsc::DeviceInfo info = lcsc::device_info(dev);
   WEAVE_CHECK(K::kSmemBytes <= info.smem_optin, "attention: kernel needs ", K::kSmemBytes,
               " bytes of shared memory per block but the device allows ", info.smem_optin);
-  const int l2 = detail::l2_bytes(dev);
+  const int l2 = info.l2_bytes;
 
   AttnGlobals g{};
   g.q = map_bshd(q, s, s.Hq, K::BM);

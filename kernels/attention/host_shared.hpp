@@ -23,6 +23,5 @@ namespace weave::attention::detail {
 int* tile_counter(int dev, cudaStream_t stream);  // a zeroed tile counter from a per-device pool
 constexpr size_t kFrontWords = size_t(1) << 16;
 unsigned long long* front_words(int dev, unsigned* tag);  // kFrontWords per device; a fresh tag
-int l2_bytes(int dev);
 int heads_per_section(int l2, long long S, int D, int group);  // heads whose K/V fit in half of L2
 }  // namespace weave::attention::detail

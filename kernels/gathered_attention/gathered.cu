@@ -55,7 +55,7 @@ void launch_gathered(GatheredGlobals& g, int D, cudaStream_t stream,
   // CTAs in flight share the fewest heads' K/V: +2-3 % at 8K, +1 % at 16K against the L2 rule
   // (7 and 3 heads; 1 from 32K). Causal tiles keep the rule: longest first across a section's
   // heads balances their lengths (docs/perf-notes.md, session 7).
-  g.heads_per_section = g.causal ? detail::heads_per_section(detail::l2_bytes(dev), g.S, D, g.group) : 1;
+  g.heads_per_section = g.causal ? detail::heads_per_section(lcsc::device_info(dev).l2_bytes, g.S, D, g.group) : 1;
   const long long tiles = static_cast<long long>(g.m_blocks) * g.B * g.H;
   WEAVE_CHECK(tiles < (1ll << 31), "attention: too many tiles (", tiles, ")");
   g.total_tiles = static_cast<int>(tiles);
