@@ -81,24 +81,36 @@ inline double wide_cost(int w) {
 
 }  // namespace plan_model
 
+struct SplitChoice {
+  int splits = 1;
+  double cost = 0;  // model units: iterations of one item times `unit`
+};
+
+// One tile's cost for `items` items of `iters` iterations on `workers` workers (an iteration
+// costing `unit`): unsplit, or, where split_ok, with the last partial round split as best_splits
+// prefers when the model says that is kSplitGain faster (decode: M <= 64, more splits and no
+// slowdown). The GEMM planners (plan_gemm, gemm_fp8's block-scaled one) use it per tile.
+inline SplitChoice split_choice(int items, int iters, int workers, bool decode, double unit, bool split_ok) {
+  using namespace plan_model;
+  SplitChoice c{1, static_cast<double>(split_rounds(items, iters, workers, 1)) * unit};
+  if (!split_ok) return c;
+  const int s = best_splits(items, iters, workers, decode ? kMaxSplits : kMaxSplitsWide, kSplitCost);
+  const long long whole = static_cast<long long>(items / workers) * iters;
+  const double split =
+      static_cast<double>(split_rounds(items, iters, workers, s) - whole) * (decode ? 1.0 : kSplitSlowdown);
+  const double cost = (static_cast<double>(whole) + split + kSplitCost) * unit;
+  if (s > 1 && cost <= kSplitGain * c.cost) c = {s, cost};
+  return c;
+}
+
 inline Choice plan_gemm(const PlanInputs& in) {
   using namespace plan_model;
   const int iters = ceil_div(in.K, 64);
   const int tm = ceil_div(in.M, 128);
   const bool decode = in.M <= 64;
-  const int max_splits = decode ? kMaxSplits : kMaxSplitsWide;
-  const double slowdown = decode ? 1.0 : kSplitSlowdown;
   auto best_of = [&](Tile t, int items, int workers, double unit, bool split_ok, int width = 0) {
-    const long long unsplit = split_rounds(items, iters, workers, 1);
-    Choice c{t, 1, workers, static_cast<double>(unsplit) * unit, width};
-    if (split_ok && in.split_k) {
-      const int s = best_splits(items, iters, workers, max_splits, kSplitCost);
-      const long long whole = static_cast<long long>(items / workers) * iters;
-      const double split = static_cast<double>(split_rounds(items, iters, workers, s) - whole) * slowdown;
-      const double cost = (static_cast<double>(whole) + split + kSplitCost) * unit;
-      if (s > 1 && cost <= kSplitGain * c.cost) c = {t, s, workers, cost, width};
-    }
-    return c;
+    const SplitChoice c = split_choice(items, iters, workers, decode, unit, split_ok && in.split_k);
+    return Choice{t, c.splits, workers, c.cost, width};
   };
   auto consider = [](Choice& best, const Choice& c) {
     if (c.cost < kTileGain * best.cost) best = c;

@@ -2,7 +2,6 @@
 // pairs x (3 per-tensor tiles + 1 block-scaled); the 128 x w tiles in wide_fp8.cu) live here so
 // that users compile none of them.
 #include <cstdint>
-#include <utility>
 
 #include "gemm/plan.hpp"
 #include "gemm_fp8/gemm_fp8.hpp"
@@ -196,37 +195,24 @@ lcsc::Plan gemm(const void* A, Fp8 ta, const void* B, Fp8 tb, __nv_bfloat16* C, 
 }
 
 Launch plan_block_launch(int M, int N, int K, int sm_count, const Options& opt) {
-  using namespace gemm::plan_model;
   WEAVE_CHECK(opt.tile == Tile::Auto || opt.tile == Tile::M128N128 || opt.tile == Tile::M128N192,
               "gemm_fp8: block scales run on the 128x192 and 128x128 tiles only (a 64 x 256 consumer would need 2 x "
               "128 accumulator registers per thread), got ", tile_name(opt.tile));
   WEAVE_CHECK(sm_count >= 1, "gemm_fp8: ", sm_count, " compute blocks");
   WEAVE_CHECK(opt.split_k >= 0, "gemm_fp8: split_k = ", opt.split_k, " must be >= 0 (0: the planner decides, 1: never)");
   const int iters = k_blocks(K), tm = gemm::ceil_div(M, 128);
-  const bool decode = M <= 64;
-  // Cost in 128x128 K-block iterations of one SM, as plan.hpp's best_of with one tile.
+  // Cost in 128x128 K-block iterations of one SM.
   const auto cost_of = [&](Tile t) {
-    const int bn = t == Tile::M128N192 ? 192 : 128;
-    const double unit = t == Tile::M128N192 ? kBlock192Cost : 1.0;
-    const int items = tm * gemm::ceil_div(N, bn);
-    Launch l{t, 1, sm_count};
-    double cost = static_cast<double>(gemm::split_rounds(items, iters, sm_count, 1)) * unit;
-    if (opt.split_k > 1) {
-      l.splits = opt.split_k;
-    } else if (opt.split_k == 0) {
-      const int s = gemm::best_splits(items, iters, sm_count, decode ? kMaxSplits : kMaxSplitsWide, kSplitCost);
-      const long long whole = static_cast<long long>(items / sm_count) * iters;
-      const double split = static_cast<double>(gemm::split_rounds(items, iters, sm_count, s) - whole) *
-                           (decode ? 1.0 : kSplitSlowdown);
-      const double c = (static_cast<double>(whole) + split + kSplitCost) * unit;
-      if (s > 1 && c <= kSplitGain * cost) l.splits = s, cost = c;
-    }
-    return std::pair{l, cost};
+    const bool wide = t == Tile::M128N192;
+    const int items = tm * gemm::ceil_div(N, wide ? 192 : 128);
+    return gemm::split_choice(items, iters, sm_count, M <= 64, wide ? kBlock192Cost : 1.0, opt.split_k == 0);
   };
-  if (opt.tile != Tile::Auto) return cost_of(opt.tile).first;
-  const auto [l128, c128] = cost_of(Tile::M128N128);
-  const auto [l192, c192] = cost_of(Tile::M128N192);
-  return c192 <= c128 ? l192 : l128;
+  const auto launch = [&](Tile t, const gemm::SplitChoice& c) {
+    return Launch{t, opt.split_k > 1 ? opt.split_k : c.splits, sm_count};
+  };
+  if (opt.tile != Tile::Auto) return launch(opt.tile, cost_of(opt.tile));
+  const gemm::SplitChoice c128 = cost_of(Tile::M128N128), c192 = cost_of(Tile::M128N192);
+  return c192.cost <= c128.cost ? launch(Tile::M128N192, c192) : launch(Tile::M128N128, c128);
 }
 
 namespace {
@@ -255,10 +241,9 @@ lcsc::Plan gemm_block_scaled(const void* A, Fp8 ta, const void* B, Fp8 tb, __nv_
                 block_scale_b_count(N, K) * sizeof(float));
   const Launch l = block_launch_for(M, N, K, opt);  // the shape was validated above
   const int group_m = opt.group_m > 0 ? opt.group_m : default_group_m(l.tile, K);
-  int dev = 0, l2 = 0;
+  int dev = 0;
   WEAVE_CUDA_CHECK(cudaGetDevice(&dev));
-  WEAVE_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
-  const bool lane = block_lane_scales(M, K, l2, opt);
+  const bool lane = block_lane_scales(M, K, lcsc::device_info(dev).l2_bytes, opt);
   if (l.tile == Tile::M128N192)
     return lane ? dispatch<Block192Lane>(ta, tb, A, B, C, M, N, K, scale_a, scale_b, opt, group_m, stream, l)
                 : dispatch<Block192>(ta, tb, A, B, C, M, N, K, scale_a, scale_b, opt, group_m, stream, l);

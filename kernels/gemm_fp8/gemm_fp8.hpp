@@ -102,9 +102,9 @@ Launch choose_launch(int M, int N, int K, const Options& opt = {}, Fp8 a_type = 
 // gemm_block_scaled's launch for `sm_count` compute blocks. Tile: opt.tile when it is M128N128 or
 // M128N192; for Auto, the one whose rounds of tiles over the compute blocks cost less, a 128x192
 // tile counted as kBlock192Cost 128x128 tiles (any other tile throws). Split-K of the last
-// partial round by the bf16 planner's rule (kernels/gemm/plan.hpp: the split count, the
-// exchange's cost, the slowdown of split rounds above decode sizes, a split only when >= 5 %
-// faster by the model); opt.split_k 1 never splits, n > 1 splits n ways.
+// partial round by the bf16 planner's rule (gemm::split_choice in kernels/gemm/plan.hpp: the
+// split count, the exchange's cost, the slowdown of split rounds above decode sizes, a split only
+// when >= 5 % faster by the model); opt.split_k 1 never splits, n > 1 splits n ways.
 Launch plan_block_launch(int M, int N, int K, int sm_count, const Options& opt = {});
 // The same on the current device (what gemm_block_scaled() runs).
 Launch choose_block_launch(int M, int N, int K, const Options& opt = {});
