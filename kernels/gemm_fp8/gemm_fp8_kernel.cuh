@@ -201,12 +201,12 @@ struct BlockScales {
   const float* sa1;
   const float* sb_lo;  // scale_b of the tile's first and second N block, K block 0
   const float* sb_hi;
-  int M;
   int split;  // the tile's first column in the second N block
   // The next K block's scales; with LaneB next_lo holds this lane's B scale (lo or hi).
   float next_a0, next_a1, next_lo, next_hi;
 
-  struct Scales {
+  // One K block's multipliers scale_a * scale_b.
+  struct Factors {
     float lo0, lo1, hi0, hi1;  // rows r and r + 8; columns before `split`, and from it
   };
 
@@ -215,7 +215,6 @@ struct BlockScales {
     const int lane = threadIdx.x & 31, warp = (threadIdx.x / 32) % 4;
     const int r0 = t.m * BM + c * 64 + warp * 16 + lane / 4;
     const int r1 = r0 + 8;
-    M = g.M;
     sa0 = g.scale_a + (r0 < g.M ? r0 : g.M - 1);
     sa1 = g.scale_a + (r1 < g.M ? r1 : g.M - 1);
     const int col0 = t.n * BN, nb_last = (g.N - 1) / 128;
@@ -223,10 +222,10 @@ struct BlockScales {
     split = (nb0 + 1) * 128 - col0;
     sb_lo = g.scale_b + static_cast<size_t>(nb0) * g.kblocks;
     sb_hi = g.scale_b + static_cast<size_t>(nb1) * g.kblocks;
-    load(kb);
+    load(g, kb);
   }
-  __device__ __forceinline__ void load(int kb) {
-    const size_t off = static_cast<size_t>(kb) * M;
+  __device__ __forceinline__ void load(const Fp8Globals& g, int kb) {
+    const size_t off = static_cast<size_t>(kb) * g.M;
     next_a0 = __ldg(sa0 + off);
     next_a1 = __ldg(sa1 + off);
     if constexpr (LaneB) {
@@ -239,21 +238,21 @@ struct BlockScales {
   }
 
   // K block kb's scales, and block kb + 1's requested.
-  __device__ __forceinline__ Scales take(const Fp8Globals& g, int kb) {
+  __device__ __forceinline__ Factors take(const Fp8Globals& g, int kb) {
     float lo = next_lo, hi = next_hi;
     if constexpr (LaneB) {
       lo = __shfl_sync(0xffffffffu, next_lo, 0);
       hi = BN > 128 ? __shfl_sync(0xffffffffu, next_lo, 1) : 0.f;
     }
-    const Scales r{next_a0 * lo, next_a1 * lo, next_a0 * hi, next_a1 * hi};
-    if (kb + 1 < g.kblocks) load(kb + 1);
+    const Factors r{next_a0 * lo, next_a1 * lo, next_a0 * hi, next_a1 * hi};
+    if (kb + 1 < g.kblocks) load(g, kb + 1);
     return r;
   }
 
   // acc += part * scale over 8-column groups: part[4j + 0..1] belong to row r, part[4j + 2..3] to
   // row r + 8, columns 8j on. Split is a constant so that each group's scale is too.
   template <int Split>
-  static __device__ __forceinline__ void promote(float (&acc)[BN / 2], const float (&part)[BN / 2], const Scales& s) {
+  static __device__ __forceinline__ void promote(float (&acc)[BN / 2], const float (&part)[BN / 2], const Factors& s) {
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j) {
       const float s0 = 8 * j < Split ? s.lo0 : s.hi0, s1 = 8 * j < Split ? s.lo1 : s.hi1;
@@ -263,7 +262,7 @@ struct BlockScales {
       acc[4 * j + 3] = fmaf(part[4 * j + 3], s1, acc[4 * j + 3]);
     }
   }
-  __device__ __forceinline__ void promote(float (&acc)[BN / 2], const float (&part)[BN / 2], const Scales& s) const {
+  __device__ __forceinline__ void promote(float (&acc)[BN / 2], const float (&part)[BN / 2], const Factors& s) const {
     if (BN == 128 || split == 128)
       promote<128>(acc, part, s);
     else
@@ -283,8 +282,7 @@ struct Fp8BlockCommon : Fp8Common<BN_, Stages> {
   using typename Base::Stage;
   static constexpr bool kBlockScales = true;
   using Scales = BlockScales<BN_, LaneB>;
-  static constexpr bool kOwnsKLoop = true;
-  static constexpr int kReleaseLag = 0;  // unused: consume_tile releases each stage itself
+  static constexpr bool kOwnsKLoop = true;  // consume_tile releases each stage itself
 
   // One 128-K block's four wgmmas into a temporary (the first overwrites it: scale-d 0).
   static __device__ __forceinline__ void issue(float (&part)[BN / 2], const Stage& s, int c) {
@@ -346,7 +344,6 @@ struct GemmFp8BlockKernel : Fp8BlockCommon<TA, TB, Stages, BN_, LaneB> {
     consume_range(g, st, pipe, w, 0, iters, c);
   }
 
-  static __device__ __forceinline__ void drain(ConsumerState&) {}
   static __device__ __forceinline__ void finish(const Globals&, ConsumerState& st, Output& o, int, int c, int) {
     Base::finish_acc(st.d, o, c);
   }
@@ -372,13 +369,13 @@ struct GemmFp8BlockPipeKernel : Fp8BlockCommon<TA, TB, Stages, 128, LaneB> {
   };
 
   using Temp = float[BN / 2];
-  using BlockScale = typename Base::Scales::Scales;
+  using Factors = typename Base::Scales::Factors;
 
   // Issues block kb into `into`, then waits for and promotes the block in `done` (stage
   // `done_index`, scales `done_scales`), which become block kb's.
   template <class Pipe>
   static __device__ __forceinline__ void step(const Globals& g, ConsumerState& st, Pipe& pipe, Temp& into, Temp& done,
-                                              BlockScale& done_scales, uint32_t& done_index, int kb, int c) {
+                                              Factors& done_scales, uint32_t& done_index, int kb, int c) {
     auto t = pipe.take();
     Base::issue(into, t.stage, c);
     const auto cur = st.sc.take(g, kb);
@@ -391,7 +388,7 @@ struct GemmFp8BlockPipeKernel : Fp8BlockCommon<TA, TB, Stages, 128, LaneB> {
   }
   // The tile's last block, in `done`.
   template <class Pipe>
-  static __device__ __forceinline__ void last(ConsumerState& st, Pipe& pipe, Temp& done, const BlockScale& done_scales,
+  static __device__ __forceinline__ void last(ConsumerState& st, Pipe& pipe, Temp& done, const Factors& done_scales,
                                               uint32_t done_index) {
     tile::wgmma::wait_group<0>();
     tile::wgmma::fence_operands(done);
@@ -422,7 +419,6 @@ struct GemmFp8BlockPipeKernel : Fp8BlockCommon<TA, TB, Stages, 128, LaneB> {
     consume_range(g, st, pipe, w, 0, iters, c);
   }
 
-  static __device__ __forceinline__ void drain(ConsumerState&) {}
   static __device__ __forceinline__ void finish(const Globals&, ConsumerState& st, Output& o, int, int c, int) {
     Base::finish_acc(st.d, o, c);
   }

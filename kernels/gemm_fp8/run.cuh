@@ -30,8 +30,7 @@ lcsc::Plan run(const void* A, const void* B, __nv_bfloat16* C, int M, int N, int
   g.kblocks = k_blocks(K);
   g.accumulate = 0;
   // The per-tensor 128x256, 128 x w and 64x128 tiles split, and the block-scaled ones.
-  if constexpr (((Kern::BN == 256 || Kern::kDenseOut || Kern::BM == 64) && Kern::kReleaseLag == 1) ||
-                Kern::kBlockScales)
+  if constexpr (Kern::BN == 256 || Kern::kDenseOut || Kern::BM == 64 || Kern::kBlockScales)
     if (split.splits > 1) return gemm::launch_split_k<Kern>(g, C, split.workers, split.splits, opt.lcsc, stream);
   return lcsc::launch<Kern>(g, opt.lcsc, stream);
 }
