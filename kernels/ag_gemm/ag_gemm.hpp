@@ -1,5 +1,7 @@
 // AllGather + GEMM (README.md): C = gather_rows(A_q) * B on every rank, and the gathered A.
 #pragma once
+#include <cuda_fp8.h>
+
 #include <memory>
 
 #include "tp_common/host.hpp"
@@ -24,12 +26,23 @@ class AgGemm {
   // 2..9 with num_comm_sms = 0; -1 with num_comm_sms < 0: the tuner picks (README.md).
   LaunchInfo run(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf16* C, int M, int N, int K,
                  const Options& o = {}, cudaStream_t s = nullptr);
+  // fp8 (e4m3) inputs with per-tensor scales: C = scale_a * scale_b * gather_rows(A_q) * B^T,
+  // fp32 accumulation, rounded once to bf16. The gathered A travels as fp8 (half of bf16's
+  // bytes). B is N x K (an nn.Linear weight; the only layout fp8 wgmma reads: Options::b is not
+  // consulted). scale_a is the scale of the whole gathered A (one per-tensor scale: the same
+  // value on every rank), scale_b B's; device pointers to one float each, read by the kernel (no
+  // host synchronisation). K a multiple of 16. Every variant runs (8 and 9 with the fp8 GEMM).
+  LaunchInfo run(const __nv_fp8_e4m3* a_shard, __nv_fp8_e4m3* a_gathered, const __nv_fp8_e4m3* B,
+                 const float* scale_a, const float* scale_b, bf16* C, int M, int N, int K, const Options& o = {},
+                 cudaStream_t s = nullptr);
   // The search space of the tuner for this shape (communicator SM counts).
   static std::vector<int> comm_sms_candidates(int M, int K, int W, int sm_count);
 
  private:
-  LaunchInfo launch(const bf16* a_shard, bf16* a_gathered, const bf16* B, gemm::BLayout bl, bf16* C, int M, int N,
-                    int K, int ncomm, AgVariant variant, cudaStream_t s);
+  LaunchInfo run_inputs(const Inputs& in, void* a_gathered, bf16* C, int M, int N, int K, const Options& o,
+                        cudaStream_t s);
+  LaunchInfo launch(const Inputs& in, void* a_gathered, bf16* C, int M, int N, int K, int ncomm, AgVariant variant,
+                    cudaStream_t s);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

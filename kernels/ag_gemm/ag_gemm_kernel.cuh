@@ -6,6 +6,7 @@
 // lines.
 #pragma once
 #include "gemm/gemm_kernel.cuh"
+#include "gemm_fp8/gemm_fp8_kernel.cuh"
 #include "tp_common/schedule.hpp"
 #include "tp_common/variants.hpp"
 #include "weave/lcsc.cuh"
@@ -20,13 +21,16 @@ namespace weave::tp {
 // and AllGatherGemm (9) are host only, ag_gemm.cu).
 constexpr int kAgCopyEngine = static_cast<int>(AgVariant::CopyEngine);
 
-struct AgGlobals : gemm::GemmGlobals {
+// GG: the GEMM's globals (gemm::GemmGlobals for bf16 inputs, gemm_fp8::Fp8Globals for fp8 with
+// per-tensor scales), whose consumer reads them.
+template <class GG>
+struct AgGlobalsT : GG {
   CUtensorMap asrc[kMaxWorld];  // A rows of owner q as this rank reads them (own: the input)
   CUtensorMap cdst[kMaxWorld];  // C rows of owner q (local output)
   signals ready;                // ready[off[q] + i]: owner q's row tile i is in our gathered A
   signals arrive;               // arrive[0]: ranks that entered this call (buffers free to write)
-  const __nv_bfloat16* shard;           // this rank's rows (contiguous, shard rows x K)
-  __nv_bfloat16* gdst[kMaxWorld];       // rank p's gathered A at this rank's first row (push targets)
+  const void* shard;       // this rank's rows (contiguous, shard rows x K elements)
+  void* gdst[kMaxWorld];   // rank p's gathered A at this rank's first row (push targets)
   Layout L;
   int rank;
   int copy_local;  // the input is not already in place in the gathered buffer
@@ -39,13 +43,20 @@ struct AgGlobals : gemm::GemmGlobals {
   Round ready_round, arrive_round;
 };
 
-// B is K x N (BLayout::KN) or N x K (NK: an nn.Linear weight, read in place).
-template <gemm::BLayout BL>
-struct AgKernelT : gemm::GemmKernel<256, BL, 3> {
-  using Base = gemm::GemmKernel<256, BL, 3>;
+using AgGlobals = AgGlobalsT<gemm::GemmGlobals>;
+using AgGlobalsFp8 = AgGlobalsT<gemm_fp8::Fp8Globals>;
+
+// Gemm: the 128 x 256 GEMM whose loads, consumer and staging this kernel takes: bf16 with B K x N
+// (BLayout::KN) or N x K (NK: an nn.Linear weight, read in place), or fp8 e4m3 (B N x K, the
+// only layout fp8 wgmma reads; per-tensor scales applied in the epilogue). The push moves bytes:
+// an fp8 shard is half of a bf16 one.
+template <class Gemm>
+struct AgKernelT : Gemm {
+  using Base = Gemm;
   using typename Base::Output, typename Base::Stage;
   using Base::BK, Base::BM, Base::BN;
-  using Globals = AgGlobals;
+  using Globals = AgGlobalsT<typename Base::Globals>;
+  static_assert(BM == kBM && BN == kBN, "the TP schedule's 128 x 256 tiles");
   static constexpr int kCopySlots = 12;  // 16 KB pieces per communicator block (loads run ahead)
   static constexpr int kInFlight = 6;    // of which stores still reading shared memory
   static constexpr uint32_t kBoxBytes = kBM * 64 * 2;
@@ -56,15 +67,19 @@ struct AgKernelT : gemm::GemmKernel<256, BL, 3> {
     tile::Mbarrier bar[kAuxSlots];
   };
 
-  static __host__ __device__ int num_work(const AgGlobals& g) { return g.L.work(); }
+  static __host__ __device__ int num_work(const Globals& g) { return g.L.work(); }
+  // This rank's shard rows in bytes (the push's unit boundaries).
+  static __device__ __forceinline__ long long row_bytes(const Globals& g) {
+    return static_cast<long long>(Base::kInBytes) * g.K;
+  }
 
-  static __device__ __forceinline__ void prologue(const AgGlobals& g) { tile::tma::prefetch(&g.b); }
+  static __device__ __forceinline__ void prologue(const Globals& g) { tile::tma::prefetch(&g.b); }
 
   // A peer's row tile is loaded once it has arrived (per-row-tile readiness).
   struct LoadTile {
     int owner, i, n;
   };
-  static __device__ __forceinline__ LoadTile tile_of(const AgGlobals& g, int w) {
+  static __device__ __forceinline__ LoadTile tile_of(const Globals& g, int w) {
     const Item t = item(g.L, g.rank, w);
     if (t.owner != g.rank) {
       wait(g.ready, t.vrow, g.ready_round * ag_ready_expected(g.slices));
@@ -72,14 +87,14 @@ struct AgKernelT : gemm::GemmKernel<256, BL, 3> {
     }
     return {t.owner, t.i, t.n};
   }
-  static __device__ __forceinline__ void load(const AgGlobals& g, Stage& s, tile::Mbarrier& full, const LoadTile& t,
+  static __device__ __forceinline__ void load(const Globals& g, Stage& s, tile::Mbarrier& full, const LoadTile& t,
                                               int it) {
     const int k0 = it * BK;
     tile::tma::load_2d(s.a, &g.asrc[t.owner], &full, k0, t.i * BM);
     Base::load_b(&g.b, s, full, k0, t.n);
   }
 
-  static __device__ __forceinline__ void store(const AgGlobals& g, Output& o, int w, int) {
+  static __device__ __forceinline__ void store(const Globals& g, Output& o, int w, int) {
     const Item t = item(g.L, g.rank, w);
 #pragma unroll
     for (int j = 0; j < BN / 64; ++j) {
@@ -94,7 +109,7 @@ struct AgKernelT : gemm::GemmKernel<256, BL, 3> {
   // peer stores); stores need no completion wait per piece, only the barrier `sync` and the
   // signal's release after each unit.
   template <int U, class Sync>
-  static __device__ __forceinline__ void push_registers(const AgGlobals& g, int c, int nc, int t, int nt, Sync&& sync) {
+  static __device__ __forceinline__ void push_registers(const Globals& g, int c, int nc, int t, int nt, Sync&& sync) {
     if (t == 0) {
       if (c == 0) signal_all(g.arrive, 0);
       wait(g.arrive, 0, g.arrive_round * g.L.W);
@@ -104,7 +119,7 @@ struct AgKernelT : gemm::GemmKernel<256, BL, 3> {
     const int4* src = reinterpret_cast<const int4*>(g.shard);
     for (int u = c; u < units; u += nc) {
       long long b0, b1;
-      ag_unit_bytes(g.L, g.rank, g.K, P, u, &b0, &b1);
+      ag_unit_bytes(g.L, g.rank, row_bytes(g), P, u, &b0, &b1);
       const long long v0 = b0 / 16, v1 = b1 / 16;
       for (long long v = v0 + t; v < v1; v += U * nt) {
         int4 x[U];
@@ -133,7 +148,7 @@ struct AgKernelT : gemm::GemmKernel<256, BL, 3> {
   // may still be reading), each piece loaded once and stored to every destination; after a
   // unit, store_wait() and its ready signal to every peer.
   template <int Slots, int InFlight, uint32_t Piece>
-  static __device__ __forceinline__ void push_tma(const AgGlobals& g, uint8_t* buf, tile::Mbarrier* bar, int c,
+  static __device__ __forceinline__ void push_tma(const Globals& g, uint8_t* buf, tile::Mbarrier* bar, int c,
                                                   int nc) {
     for (int s = 0; s < Slots; ++s) bar[s].init(1);
     tile::fence_barrier_init();
@@ -141,7 +156,7 @@ struct AgKernelT : gemm::GemmKernel<256, BL, 3> {
     wait(g.arrive, 0, g.arrive_round * g.L.W);  // every peer's previous call is over
     tile::fence_proxy_async_global();
     const int P = g.slices, units = ag_units(g.L, g.rank, P);
-    auto range = [&](int u, long long* b0, long long* b1) { ag_unit_bytes(g.L, g.rank, g.K, P, u, b0, b1); };
+    auto range = [&](int u, long long* b0, long long* b1) { ag_unit_bytes(g.L, g.rank, row_bytes(g), P, u, b0, b1); };
     auto signal_unit = [&](int u) {
       for (int d = 0; d < g.L.W; ++d)
         if (d != g.rank) signal(g.ready, d, g.L.off[g.rank] + u / P);
@@ -199,7 +214,7 @@ struct AgKernelT : gemm::GemmKernel<256, BL, 3> {
     store_wait();
   }
 
-  static __device__ __forceinline__ void communicator(const AgGlobals& g, void* smem, int c, int nc) {
+  static __device__ __forceinline__ void communicator(const Globals& g, void* smem, int c, int nc) {
     if (g.push == 1)
       return push_registers<4>(g, c, nc, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x),
                                [] { __syncthreads(); });
@@ -213,7 +228,7 @@ struct AgKernelT : gemm::GemmKernel<256, BL, 3> {
   // compute (their own rows come first): v2 by one thread of every block with bulk copies; v3+s
   // by the 64 threads of every 2^s-th block with register copies (no TMA, no shared memory;
   // fewer pushers spread the same bytes over more of the kernel).
-  static __device__ __forceinline__ void aux(const AgGlobals& g, AuxShared& a, int compute_blocks, int t) {
+  static __device__ __forceinline__ void aux(const Globals& g, AuxShared& a, int compute_blocks, int t) {
     const int b = static_cast<int>(blockIdx.x);
     if (g.push == 2 && t == 0) push_tma<kAuxSlots, 1, kAuxPiece>(g, a.buf, a.bar, b, compute_blocks);
     if (g.push >= 3 && g.push < kAgCopyEngine) {
@@ -225,12 +240,18 @@ struct AgKernelT : gemm::GemmKernel<256, BL, 3> {
   }
 };
 
-using AgKernel = AgKernelT<gemm::BLayout::KN>;
-using AgKernelNK = AgKernelT<gemm::BLayout::NK>;
+using AgKernel = AgKernelT<gemm::GemmKernel<kBN, gemm::BLayout::KN, 3>>;
+using AgKernelNK = AgKernelT<gemm::GemmKernel<kBN, gemm::BLayout::NK, 3>>;
+using AgKernelFp8 = AgKernelT<gemm_fp8::GemmFp8Kernel<tile::fp8e4m3, tile::fp8e4m3, kBN, 3>>;
+// The fp8 kernel's launch, in its own translation unit (ag_gemm_fp8.cu): the build compiles it
+// beside the bf16 ones.
+lcsc::Plan launch_ag_fp8(const AgGlobalsFp8& g, const lcsc::Config& cfg, cudaStream_t s);
+
 static_assert(AgKernel::kCopySlots * AgKernel::kBoxBytes + AgKernel::kCopySlots * sizeof(tile::Mbarrier) <=
                   sizeof(lcsc::SharedStorage<AgKernel>),
               "the communicator's copy ring must fit in the kernel's shared memory");
-static_assert(sizeof(lcsc::SharedStorage<AgKernelNK>) == sizeof(lcsc::SharedStorage<AgKernel>),
-              "both layouts stage the same bytes");
+static_assert(sizeof(lcsc::SharedStorage<AgKernelNK>) == sizeof(lcsc::SharedStorage<AgKernel>) &&
+                  sizeof(lcsc::SharedStorage<AgKernelFp8>) == sizeof(lcsc::SharedStorage<AgKernel>),
+              "both layouts and both input types stage the same bytes");
 
 }  // namespace weave::tp

@@ -27,18 +27,17 @@ class CopyEnginePush {
   }
 
   // Enqueues the pushes of call `round` (the round the kernel waits for: ready[off[rank] + i] on
-  // every peer >= round * expected_per_round). `src`: this rank's rows (rows x K, contiguous);
+  // every peer >= round * expected_per_round). `src`: this rank's rows (rows of row_bytes, contiguous);
   // gdst[d]: rank d's gathered A at this rank's first row, as mapped here; own_dst: this rank's
   // rows of its own gathered A, or null when the shard is already there. per_tile: every row
   // tile's counter is set (the fused kernel waits per tile), after chunks of about kChunkBytes;
   // otherwise (a waiter per shard) one copy per peer, the fastest size for the copy engine, and
   // only the shard's last tile's counter (each write fences the copies before it). Returns after
   // enqueueing; the caller launches the kernel on `s`, then calls join(s).
-  void push(const Layout& L, int rank, int K, const void* src, void* const* gdst, void* own_dst, signals ready,
-            signals arrive, unsigned long long round, unsigned long long expected_per_round, bool per_tile,
-            cudaStream_t s) {
+  void push(const Layout& L, int rank, size_t row_bytes, const void* src, void* const* gdst, void* own_dst,
+            signals ready, signals arrive, unsigned long long round, unsigned long long expected_per_round,
+            bool per_tile, cudaStream_t s) {
     const int W = L.W;
-    const size_t row_bytes = size_t(K) * 2;
     const Range mine = shard(L.M, W, rank);
     ce_.after(s);
     ce_.enter(arrive, rank, W, round);

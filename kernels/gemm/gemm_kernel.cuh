@@ -86,6 +86,7 @@ struct GemmKernel {
   static constexpr int kOutBlockCols = Staging::kBlockCols;  // output columns per staging row block
   static constexpr tile::Swizzle kOutSwizzle = Staging::kSwizzle;
   static constexpr uint32_t kStageTxBytes = (BM + BN) * BK * sizeof(bf16);
+  static constexpr int kInBytes = sizeof(bf16);  // bytes per input element (the TP pushes count bytes)
   static_assert((BN % 64 == 0 || kDenseOut) && BN <= 256, "BN in 64..256, a multiple of 64 (or of 16, dense)");
   static_assert((kPartCols % 64 == 0 || kDenseOut) && kPartCols * OutParts == BN,
                 "output parts of whole 64-column blocks");

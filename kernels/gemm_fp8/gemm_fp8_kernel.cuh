@@ -70,6 +70,7 @@ struct Fp8Common {
   static constexpr int kOutBlockCols = Staging::kBlockCols;
   static constexpr tile::Swizzle kOutSwizzle = Staging::kSwizzle;
   static constexpr uint32_t kStageTxBytes = (BM + BN) * BK;  // one byte per element
+  static constexpr int kInBytes = 1;                           // bytes per input element
   static_assert(BN == 128 || BN == 192 || BN == 256 || (kDenseOut && BN % 16 == 0 && BN < 256),
                 "BN 128, 192, 256 or a multiple of 16");
 
@@ -98,7 +99,11 @@ struct Fp8Common {
                                               int it) {
     const int k0 = it * BK;
     tile::tma::load_2d(s.a, &g.a, &full, k0, t.m * BM);
-    tile::tma::load_2d(s.b, &g.b, &full, k0, t.n * BN);
+    load_b(&g.b, s, full, k0, t.n);
+  }
+  // B's tile column n at k0 into the stage (the TP kernels' loaders too).
+  static __device__ __forceinline__ void load_b(const CUtensorMap* b, Stage& s, tile::Mbarrier& full, int k0, int n) {
+    tile::tma::load_2d(s.b, b, &full, k0, n * BN);
   }
 
   // Descriptors (wgmma.cuh, make_desc): both operands K-major with the 128-byte swizzle, rows of

@@ -5,6 +5,7 @@
 #include "gemm_rs/gemm_rs.hpp"
 #include "gemm_rs/gemm_rs_kernel.cuh"
 #include "tp_common/copy_engine.hpp"
+#include "tp_common/plain_gemm.hpp"
 #include "tp_common/reduce_tile.cuh"
 #include "tp_common/signal_wait.cuh"
 #include "weave/runtime/tuner.hpp"
@@ -89,8 +90,8 @@ struct GemmRS::Impl {
 GemmRS::GemmRS(runtime::Communicator& c) : impl_(std::make_unique<Impl>(c)) {}
 GemmRS::~GemmRS() = default;
 
-LaunchInfo GemmRS::launch(const bf16* A, const bf16* B, gemm::BLayout bl, bf16* out, int M, int N, int K,
-                          RsVariant variant, int ncomm, cudaStream_t s) {
+LaunchInfo GemmRS::launch(const Inputs& in, bf16* out, int M, int N, int K, RsVariant variant, int ncomm,
+                          cudaStream_t s) {
   Impl& m = *impl_;
   const bool cap = runtime::capturing(s);
   WEAVE_CHECK(!cap || capturable(variant), "gemm_rs: variant ", to_int(variant), " (", variant_name(variant),
@@ -98,52 +99,67 @@ LaunchInfo GemmRS::launch(const bf16* A, const bf16* B, gemm::BLayout bl, bf16* 
   m.order.before(s, cap);
   const int W = m.c.world(), rank = m.c.rank();
   if (variant == RsVariant::CopyEngine) {
-    launch_copy_engine(A, B, bl, out, M, N, K, s);
+    launch_copy_engine(in, out, M, N, K, s);
     m.order.after(s, cap);
     return {0, m.c.sm_count(), false, to_int(variant)};
   }
   if (variant == RsVariant::ShardGemms) {
-    launch_shard_gemms(A, B, bl, out, M, N, K, s);
+    launch_shard_gemms(in, out, M, N, K, s);
     m.order.after(s, cap);
     return {0, m.c.sm_count(), false, to_int(variant)};
   }
-  RsGlobals g{};
-  g.L = make_layout(M, N, W, default_group_m(K));
+  const Layout L = make_layout(M, N, W, default_group_m(K));
   const runtime::PeerPtrs pp = m.c.peers(out, out_elems(M, N, W) * sizeof(bf16));
-  g.a = map_128x64(A, M, K, K);
-  g.b = map_b(B, K, N, bl);
-  for (int q = 0; q < W; ++q) g.out[q] = map_128x64(static_cast<const bf16*>(pp[q]), shard(M, W, q).size, N, N);
-  g.M = M, g.N = N, g.K = K;
-  g.tiles_m = g.L.row_tiles(), g.tiles_n = g.L.tiles_n, g.group_m = g.L.group_m, g.accumulate = 0;
-  g.rank = rank;
-  g.variant = to_int(variant);
-  g.own = out;
-  g.own_elems = static_cast<long long>(shard(M, W, rank).size) * N;
-  if (variant == RsVariant::InterSm) {
-    bf16* scr = m.scratch_for(size_t(M) * N * sizeof(bf16), s, cap);
-    const runtime::PeerPtrs sp = m.c.peers(scr, size_t(M) * N * sizeof(bf16));
-    for (int q = 0; q < W; ++q) {
-      const Range sq = shard(M, W, q);
-      g.scr[q] = static_cast<bf16*>(sp[q]);
-      g.sc[q] = map_128x64(scr + size_t(sq.begin) * N, sq.size, N, N);
-    }
-  }
+  bf16* scr = variant == RsVariant::InterSm ? m.scratch_for(size_t(M) * N * sizeof(bf16), s, cap) : nullptr;
   // One set per (shape, variant): each launch's expectations are round * per_round of its variant.
-  const std::vector<int> counts = {rs_ready_count(g.L), W, 1};
+  const std::vector<int> counts = {rs_ready_count(L), W, 1};
   runtime::ShapeSignals& sg = m.sig;
   runtime::SignalSet& rd = sg.get(m.c, {M, N, K, to_int(variant)}, counts, 0, cap);
   runtime::SignalSet& zr = sg.get(m.c, {M, N, K, to_int(variant)}, counts, 1, cap);
   runtime::SignalSet& dn = sg.get(m.c, {M, N, K, to_int(variant)}, counts, 2, cap);
-  g.ready = rd.view();
-  g.zeroed = zr.view();
-  g.done = dn.view();
-  g.ready_round = rd.next_round(s, cap);
-  g.zeroed_round = zr.next_round(s, cap);
-  g.done_round = dn.next_round(s, cap);
+  const Round ready_round = rd.next_round(s, cap), zeroed_round = zr.next_round(s, cap),
+              done_round = dn.next_round(s, cap);
+  // The globals both input types share (the GEMM's part differs: fp8 adds the scales).
+  auto fill = [&](auto& g) {
+    g.L = L;
+    g.a = in.fp8 ? map_fp8(in.a, M, K, kBM) : map_128x64(static_cast<const bf16*>(in.a), M, K, K);
+    g.b = in.fp8 ? map_fp8(in.b, N, K, kBN) : map_b(static_cast<const bf16*>(in.b), K, N, in.bl);
+    for (int q = 0; q < W; ++q) g.out[q] = map_128x64(static_cast<const bf16*>(pp[q]), shard(M, W, q).size, N, N);
+    g.M = M, g.N = N, g.K = K;
+    g.tiles_m = L.row_tiles(), g.tiles_n = L.tiles_n, g.group_m = L.group_m, g.accumulate = 0;
+    g.rank = rank;
+    g.variant = to_int(variant);
+    g.own = out;
+    g.own_elems = static_cast<long long>(shard(M, W, rank).size) * N;
+    if (scr) {
+      const runtime::PeerPtrs sp = m.c.peers(scr, size_t(M) * N * sizeof(bf16));
+      for (int q = 0; q < W; ++q) {
+        const Range sq = shard(M, W, q);
+        g.scr[q] = static_cast<bf16*>(sp[q]);
+        g.sc[q] = map_128x64(scr + size_t(sq.begin) * N, sq.size, N, N);
+      }
+    }
+    g.ready = rd.view();
+    g.zeroed = zr.view();
+    g.done = dn.view();
+    g.ready_round = ready_round;
+    g.zeroed_round = zeroed_round;
+    g.done_round = done_round;
+  };
   lcsc::Config cfg;
   cfg.num_comm_sms = variant == RsVariant::InterSm ? ncomm : 0;
-  const lcsc::Plan p =
-      bl == gemm::BLayout::NK ? lcsc::launch<RsKernelNK>(g, cfg, s) : lcsc::launch<RsKernel>(g, cfg, s);
+  lcsc::Plan p;
+  if (in.fp8) {
+    RsGlobalsFp8 g{};
+    fill(g);
+    g.scale_a = in.scale_a, g.scale_b = in.scale_b;
+    g.kblocks = gemm_fp8::k_blocks(K);
+    p = launch_rs_fp8(g, cfg, s);
+  } else {
+    RsGlobals g{};
+    fill(g);
+    p = in.bl == gemm::BLayout::NK ? lcsc::launch<RsKernelNK>(g, cfg, s) : lcsc::launch<RsKernel>(g, cfg, s);
+  }
   m.order.after(s, cap);
   return {cfg.num_comm_sms, p.compute_blocks, false, to_int(variant)};
 }
@@ -155,8 +171,7 @@ LaunchInfo GemmRS::launch(const bf16* A, const bf16* B, gemm::BLayout bl, bf16* 
 // until owner r - 1 entered this call (so that call's output is free to overwrite); the chain
 // carries that to the later steps. At W = 2: one GEMM into the peer, one signal each way, one GEMM
 // with C += A * B.
-void GemmRS::launch_shard_gemms(const bf16* A, const bf16* B, gemm::BLayout bl, bf16* out, int M, int N, int K,
-                                cudaStream_t s) {
+void GemmRS::launch_shard_gemms(const Inputs& in, bf16* out, int M, int N, int K, cudaStream_t s) {
   Impl& m = *impl_;
   const int W = m.c.world(), rank = m.c.rank(), next = (rank + 1) % W;
   const runtime::PeerPtrs pp = m.c.peers(out, out_elems(M, N, W) * sizeof(bf16));
@@ -166,19 +181,16 @@ void GemmRS::launch_shard_gemms(const bf16* A, const bf16* B, gemm::BLayout bl, 
   auto step = [&](int dst, int index_dst, int index_wait, unsigned long long expected) {
     signal_wait(s, sv, dst, index_dst, index_wait, expected);
   };
-  gemm::Options add;
-  add.accumulate = true;
   if (W > 1) step(next, 0, 0, round);
   for (int t = 1; t <= W - 1; ++t) {
     const int q = rs_chain_owner(rank, t, W);
     const Range sq = shard(M, W, q);
     if (t >= 2) step(-1, 0, 1, rs_chain_expected(round, t, W));
-    gemm::gemm(A + size_t(sq.begin) * K, B, static_cast<bf16*>(pp[q]), sq.size, N, K, bl,
-               t == 1 ? gemm::Options{} : add, s);
+    plain_gemm(in, in.a_row(sq.begin, K), static_cast<bf16*>(pp[q]), sq.size, N, K, s, t >= 2);
     step(next, 1, 1, t == W - 1 ? rs_chain_expected(round, W, W) : 0);
   }
   const Range mine = shard(M, W, rank);
-  gemm::gemm(A + size_t(mine.begin) * K, B, out, mine.size, N, K, bl, W > 1 ? add : gemm::Options{}, s);
+  plain_gemm(in, in.a_row(mine.begin, K), out, mine.size, N, K, s, W > 1);
 }
 
 // Variant 4: the peers' rows as plain local GEMMs into `send` (slot of owner q), each copied by
@@ -188,12 +200,11 @@ void GemmRS::launch_shard_gemms(const bf16* A, const bf16* B, gemm::BLayout bl, 
 // in rank order. Before its first copy the side stream tells every peer this rank entered the
 // call and waits for theirs (each peer's previous call, whose sum read its recv slots, is over).
 // Slots: rank p's partial for owner q sits in q's recv slot (p - q - 1) mod W.
-void GemmRS::launch_copy_engine(const bf16* A, const bf16* B, gemm::BLayout bl, bf16* out, int M, int N, int K,
-                                cudaStream_t s) {
+void GemmRS::launch_copy_engine(const Inputs& in, bf16* out, int M, int N, int K, cudaStream_t s) {
   Impl& m = *impl_;
   const int W = m.c.world(), rank = m.c.rank();
   if (W == 1) {  // nothing to move or sum
-    gemm::gemm(A, B, out, M, N, K, bl, {}, s);
+    plain_gemm(in, in.a, out, M, N, K, s);
     return;
   }
   m.v4_buffers(M, N, s);
@@ -210,14 +221,14 @@ void GemmRS::launch_copy_engine(const bf16* A, const bf16* B, gemm::BLayout bl, 
     const int q = (rank + t) % W;
     const Range sq = shard(M, W, q);
     bf16* part = m.send + size_t(t - 1) * slot;
-    gemm::gemm(A + size_t(sq.begin) * K, B, part, sq.size, N, K, bl, {}, s);
+    plain_gemm(in, in.a_row(sq.begin, K), part, sq.size, N, K, s);
     m.ce.after(s);
     m.ce.copy(static_cast<bf16*>(pr[q]) + size_t((rank - q - 1 + W) % W) * slot, part,
               size_t(sq.size) * N * sizeof(bf16));
     m.ce.set(rv.ptr[q] + rank, round);
   }
   const Range mine = shard(M, W, rank);
-  gemm::gemm(A + size_t(mine.begin) * K, B, out, mine.size, N, K, bl, {}, s);
+  plain_gemm(in, in.a_row(mine.begin, K), out, mine.size, N, K, s);
   SumArgs a{};
   for (int p = 0; p < W; ++p) {
     if (p != rank) signal_wait(s, rv, -1, 0, p, round);
@@ -236,13 +247,33 @@ void GemmRS::launch_copy_engine(const bf16* A, const bf16* B, gemm::BLayout bl, 
 
 LaunchInfo GemmRS::run(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, const Options& o,
                        cudaStream_t s) {
+  Inputs in;
+  in.a = A, in.b = B, in.bl = o.b;
+  return run_inputs(in, out, M, N, K, o, s);
+}
+
+LaunchInfo GemmRS::run(const __nv_fp8_e4m3* A, const __nv_fp8_e4m3* B, const float* scale_a, const float* scale_b,
+                       bf16* out, int M, int N, int K, const Options& o, cudaStream_t s) {
+  Inputs in;
+  in.a = A, in.b = B, in.bl = gemm::BLayout::NK;
+  in.scale_a = scale_a, in.scale_b = scale_b, in.fp8 = true;
+  Options on = o;
+  on.b = gemm::BLayout::NK;
+  return run_inputs(in, out, M, N, K, on, s);
+}
+
+LaunchInfo GemmRS::run_inputs(const Inputs& in, bf16* out, int M, int N, int K, const Options& o, cudaStream_t s) {
   Impl& m = *impl_;
-  check_tp_call(m.c, "gemm_rs", M, N, K, o,
-                {{"A", A, bf16_bytes(M, K)}, {"B", B, bf16_bytes(K, N)}, {"out", out, out_elems(M, N, m.c.world()) * sizeof(bf16)}},
-                kRsVariants - 1,
+  const auto ops = {Operand{"A", in.a, in.bytes(M, K)}, Operand{"B", in.b, in.bytes(K, N)},
+                    Operand{"out", out, out_elems(M, N, m.c.world()) * sizeof(bf16)}};
+  check_tp_call(m.c, "gemm_rs", M, N, K, o, ops, kRsVariants - 1,
                 "0 (owner first), 1 (zero first), 2 (inter-SM), 3 (one GEMM per owner), 4 (copy engine) or 5 "
                 "(chained owners, one kernel)",
                 s, [&] {
+                  if (in.fp8) check_scales("gemm_rs", in, m.c);
+                  WEAVE_CHECK(!in.fp8 || o.variant != to_int(RsVariant::ShardGemms),
+                              "gemm_rs: variant 3 (one GEMM per owner) is not offered for fp8 inputs: its GEMMs "
+                              "accumulate into the owner's output, which the fp8 GEMM cannot (use 0, 1, 2, 4 or 5)");
                   WEAVE_CHECK(M >= m.c.world(), "gemm_rs: M = ", M, " gives some rank no rows (world ", m.c.world(),
                               ")");
                   WEAVE_CHECK(o.variant != to_int(RsVariant::CopyEngine) || m.recv_fits(M, N),
@@ -251,7 +282,8 @@ LaunchInfo GemmRS::run(const bf16* A, const bf16* B, bf16* out, int M, int N, in
                               "partials; ", m.c.heap_bytes() - m.c.heap_used(), " are free");
                   WEAVE_CHECK(o.variant != to_int(RsVariant::CopyEngine) || m.ce_ok,
                               "gemm_rs: variant 4 needs 64-bit stream memory operations");
-                });
+                },
+                in.fp8);
   if (o.variant >= 0 || o.num_comm_sms >= 0) {
     const RsVariant v = o.variant >= 0 ? static_cast<RsVariant>(o.variant)
                         : o.num_comm_sms > 0 ? RsVariant::InterSm
@@ -260,12 +292,11 @@ LaunchInfo GemmRS::run(const bf16* A, const bf16* B, bf16* out, int M, int N, in
     WEAVE_CHECK((v == RsVariant::InterSm) == (n > 0), "gemm_rs: variant ", to_int(v), " (", variant_name(v),
                 ") with num_comm_sms = ", n,
                 " (the inter-SM variant 2 needs >= 1, variants 0, 1, 3, 4 and 5 use none)");
-    return launch(A, B, o.b, out, M, N, K, v, n, s);
+    return launch(in, out, M, N, K, v, n, s);
   }
-  std::vector<runtime::TuneCandidate> cands = {{to_int(RsVariant::OwnerFirst), 0},
-                                               {to_int(RsVariant::ZeroFirst), 0},
-                                               {to_int(RsVariant::ShardGemms), 0},
-                                               {to_int(RsVariant::Chain), 0}};
+  std::vector<runtime::TuneCandidate> cands;
+  for (RsVariant v : {RsVariant::OwnerFirst, RsVariant::ZeroFirst, RsVariant::ShardGemms, RsVariant::Chain})
+    if (!in.fp8 || v != RsVariant::ShardGemms) cands.push_back({to_int(v), 0});
   // The copy engine only for partials of at least one of its chunks (as ag_gemm: below, it runs
   // well under the link's rate; at S = 2048, 4 MiB partials, variant 4 measured 81.7 us against
   // 41.5-48.6 for variants 3 and 0).
@@ -274,10 +305,13 @@ LaunchInfo GemmRS::run(const bf16* A, const bf16* B, bf16* out, int M, int N, in
   const int row_tiles = (shard(M, m.c.world(), 0).size + kBM - 1) / kBM;
   for (int n : {4, 8, 16, 32})
     if (n <= row_tiles * ((N + kBN - 1) / kBN) && n < m.c.sm_count() / 2) cands.push_back({to_int(RsVariant::InterSm), n});
-  return tuned_launch(m.c, "gemm_rs", o, M, N, K, cands, s, [](int v) { return capturable(static_cast<RsVariant>(v)); },
-                      m.capture_ready, [&](const runtime::TuneCandidate& t) {
-    return launch(A, B, o.b, out, M, N, K, static_cast<RsVariant>(t.variant), t.num_comm_sms, s);
-  });
+  return tuned_launch(
+      m.c, "gemm_rs", o, M, N, K, cands, s, [](int v) { return capturable(static_cast<RsVariant>(v)); },
+      m.capture_ready,
+      [&](const runtime::TuneCandidate& t) {
+        return launch(in, out, M, N, K, static_cast<RsVariant>(t.variant), t.num_comm_sms, s);
+      },
+      in.fp8);
 }
 
 }  // namespace weave::tp

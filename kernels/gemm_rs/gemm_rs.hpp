@@ -1,5 +1,7 @@
 // GEMM + reduce-scatter (README.md): out_r = rows shard(M, W, r) of sum over ranks of A_q * B_q.
 #pragma once
+#include <cuda_fp8.h>
+
 #include <memory>
 
 #include "tp_common/host.hpp"
@@ -27,15 +29,21 @@ class GemmRS {
   // GEMM boundaries); -1 with num_comm_sms < 0: the tuner picks (README.md).
   LaunchInfo run(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, const Options& o = {},
                  cudaStream_t s = nullptr);
+  // fp8 (e4m3) inputs with per-tensor scales: this rank's partial is scale_a * scale_b * A * B^T
+  // (fp32 accumulation, scaled before its one bf16 rounding; each rank's own scales), and the
+  // partials are reduced in bf16 as above. B is N x K (an nn.Linear weight; the only layout fp8
+  // wgmma reads: Options::b is not consulted). scale_a, scale_b: device pointers to one float
+  // each, read by the kernel. K a multiple of 16. Variant 3 (one GEMM per owner, accumulating)
+  // is not offered: the fp8 GEMM has no accumulating epilogue.
+  LaunchInfo run(const __nv_fp8_e4m3* A, const __nv_fp8_e4m3* B, const float* scale_a, const float* scale_b,
+                 bf16* out, int M, int N, int K, const Options& o = {}, cudaStream_t s = nullptr);
   static size_t out_elems(int M, int N, int W) { return size_t(shard(M, W, 0).size) * N; }
 
  private:
-  LaunchInfo launch(const bf16* A, const bf16* B, gemm::BLayout bl, bf16* out, int M, int N, int K, RsVariant variant,
-                    int ncomm, cudaStream_t s);
-  void launch_shard_gemms(const bf16* A, const bf16* B, gemm::BLayout bl, bf16* out, int M, int N, int K,
-                          cudaStream_t s);
-  void launch_copy_engine(const bf16* A, const bf16* B, gemm::BLayout bl, bf16* out, int M, int N, int K,
-                          cudaStream_t s);
+  LaunchInfo run_inputs(const Inputs& in, bf16* out, int M, int N, int K, const Options& o, cudaStream_t s);
+  LaunchInfo launch(const Inputs& in, bf16* out, int M, int N, int K, RsVariant variant, int ncomm, cudaStream_t s);
+  void launch_shard_gemms(const Inputs& in, bf16* out, int M, int N, int K, cudaStream_t s);
+  void launch_copy_engine(const Inputs& in, bf16* out, int M, int N, int K, cudaStream_t s);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

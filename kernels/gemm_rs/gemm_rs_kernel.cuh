@@ -6,6 +6,7 @@
 // counts the lines.
 #pragma once
 #include "gemm/gemm_kernel.cuh"
+#include "gemm_fp8/gemm_fp8_kernel.cuh"
 #include "tp_common/reduce_tile.cuh"
 #include "tp_common/schedule.hpp"
 #include "weave/lcsc.cuh"
@@ -14,7 +15,10 @@
 
 namespace weave::tp {
 
-struct RsGlobals : gemm::GemmGlobals {
+// GG: the GEMM's globals (gemm::GemmGlobals for bf16 inputs, gemm_fp8::Fp8Globals for fp8 with
+// per-tensor scales), whose consumer reads them.
+template <class GG>
+struct RsGlobalsT : GG {
   CUtensorMap out[kMaxWorld];  // owner q's output (its shard's rows x N), 128 x 64 boxes
   signals ready;               // v0: ready[tile] on a peer: the owner's own partial is in place
                                // v5: ready[tile] on rank r + 1: rank r's contribution is in place
@@ -33,18 +37,25 @@ struct RsGlobals : gemm::GemmGlobals {
   Round ready_round, zeroed_round, done_round;
 };
 
-// B is K x N (BLayout::KN) or N x K (NK: an nn.Linear weight, read in place).
-template <gemm::BLayout BL>
-struct RsKernelT : gemm::GemmKernel<256, BL, 3> {
-  using Base = gemm::GemmKernel<256, BL, 3>;
+using RsGlobals = RsGlobalsT<gemm::GemmGlobals>;
+using RsGlobalsFp8 = RsGlobalsT<gemm_fp8::Fp8Globals>;
+
+// Gemm: the 128 x 256 GEMM whose loads, consumer and staging this kernel takes: bf16 with B K x N
+// (BLayout::KN) or N x K (NK: an nn.Linear weight, read in place), or fp8 e4m3 (B N x K; the
+// per-tensor scales multiply this rank's partial in the epilogue, before it is sent). The
+// partials travel and are reduced in bf16 either way.
+template <class Gemm>
+struct RsKernelT : Gemm {
+  using Base = Gemm;
   using typename Base::Output, typename Base::Stage;
   using Base::BK, Base::BM, Base::BN;
-  using Globals = RsGlobals;
+  using Globals = RsGlobalsT<typename Base::Globals>;
+  static_assert(BM == kBM && BN == kBN, "the TP schedule's 128 x 256 tiles");
   struct AuxShared {};
 
-  static __host__ __device__ int num_work(const RsGlobals& g) { return g.L.work(); }
+  static __host__ __device__ int num_work(const Globals& g) { return g.L.work(); }
 
-  static __device__ __forceinline__ void prologue(const RsGlobals& g) {
+  static __device__ __forceinline__ void prologue(const Globals& g) {
     tile::tma::prefetch(&g.a);
     tile::tma::prefetch(&g.b);
   }
@@ -53,11 +64,11 @@ struct RsKernelT : gemm::GemmKernel<256, BL, 3> {
   struct LoadTile {
     int a_row, n;
   };
-  static __device__ __forceinline__ LoadTile tile_of(const RsGlobals& g, int w) {
+  static __device__ __forceinline__ LoadTile tile_of(const Globals& g, int w) {
     const Item t = rs_order(g.L, g.rank, w, g.variant);
     return {t.a_row, t.n};
   }
-  static __device__ __forceinline__ void load(const RsGlobals& g, Stage& s, tile::Mbarrier& full, const LoadTile& t,
+  static __device__ __forceinline__ void load(const Globals& g, Stage& s, tile::Mbarrier& full, const LoadTile& t,
                                               int it) {
     const int k0 = it * BK;
     tile::tma::load_2d(s.a, &g.a, &full, k0, t.a_row);
@@ -66,7 +77,7 @@ struct RsKernelT : gemm::GemmKernel<256, BL, 3> {
 
   // v1: the 64 aux threads zero this block's slice of the own output, then one system-scope
   // release tells every rank (their reduce-adds, an async proxy, follow an acquire + proxy fence).
-  static __device__ __forceinline__ void aux(const RsGlobals& g, AuxShared&, int compute_blocks, int t) {
+  static __device__ __forceinline__ void aux(const Globals& g, AuxShared&, int compute_blocks, int t) {
     if (g.variant == 5) {  // this call's output is free: rank + 1's step 1 may store into it
       if (blockIdx.x == 0 && t == 0 && g.L.W > 1) signal(g.zeroed, (g.rank + 1) % g.L.W, 0);
       return;
@@ -84,7 +95,7 @@ struct RsKernelT : gemm::GemmKernel<256, BL, 3> {
   // every peer; peer's tile: wait for the owner's ready, then reduce-add into the owner's output.
   // v1: before the block's first add, every rank's zeroing is complete; then every tile is a
   // reduce-add into its owner's output.
-  static __device__ __forceinline__ void store(const RsGlobals& g, Output& o, int w, int) {
+  static __device__ __forceinline__ void store(const Globals& g, Output& o, int w, int) {
     const Item t = rs_order(g.L, g.rank, w, g.variant);
     if (g.variant == 5) {
       store_chain(g, o, w, t);
@@ -139,18 +150,18 @@ struct RsKernelT : gemm::GemmKernel<256, BL, 3> {
     __shared__ int tile;  // ready index of the storer's store not yet signalled, or -1
     return tile;
   }
-  static __device__ __forceinline__ void chain_signal(const RsGlobals& g, int idx) {
+  static __device__ __forceinline__ void chain_signal(const Globals& g, int idx) {
     weave::fence_acq_rel_sys();
     weave::red_add_relaxed_sys(g.ready.ptr[(g.rank + 1) % g.L.W] + idx, 1);
   }
-  static __device__ __forceinline__ void chain_flush(const RsGlobals& g) {
+  static __device__ __forceinline__ void chain_flush(const Globals& g) {
     int& pending = chain_pending();
     if (pending < 0) return;
     store_wait();
     chain_signal(g, pending);
     pending = -1;
   }
-  static __device__ __forceinline__ void store_chain(const RsGlobals& g, Output& o, int w, const Item& t) {
+  static __device__ __forceinline__ void store_chain(const Globals& g, Output& o, int w, const Item& t) {
     const int W = g.L.W, idx = rs_ready_index(g.L, t);
     const bool first = t.phase == 1 && W > 1;
     int& pending = chain_pending();
@@ -182,7 +193,7 @@ struct RsKernelT : gemm::GemmKernel<256, BL, 3> {
 
   // All this block's adds are complete (the template waited): tell each owner how many; the
   // owner's block 0 then waits for every peer's adds, so the output is final when we return.
-  static __device__ __forceinline__ void store_done(const RsGlobals& g, int compute_blocks) {
+  static __device__ __forceinline__ void store_done(const Globals& g, int compute_blocks) {
     // v2: the communicator blocks end the call; v5: the own adds, last, waited for every peer's.
     if (g.variant == 5 && static_cast<int>(blockIdx.x) < num_work(g)) chain_flush(g);  // (had a tile)
     if (g.variant == 2 || g.variant == 5) return;
@@ -197,7 +208,7 @@ struct RsKernelT : gemm::GemmKernel<256, BL, 3> {
   // v2: communicator block c of n reduces this rank's tiles j = c, c + n, ... (in the order the
   // storers finish them) from every rank's scratch into the output, then tells every rank; block
   // 0 ends the call when every owner consumed every tile (its scratch is free again).
-  static __device__ __forceinline__ void communicator(const RsGlobals& g, void*, int c, int nc) {
+  static __device__ __forceinline__ void communicator(const Globals& g, void*, int c, int nc) {
     const Range sh = shard(g.M, g.L.W, g.rank);
     for (int j = c; j < g.L.owner_tiles(g.rank); j += nc) {
       const gemm::TileCoord t = gemm::grouped_tile(j, g.L.tm[g.rank], g.L.tiles_n, g.L.group_m);
@@ -215,7 +226,12 @@ struct RsKernelT : gemm::GemmKernel<256, BL, 3> {
   }
 };
 
-using RsKernel = RsKernelT<gemm::BLayout::KN>;
-using RsKernelNK = RsKernelT<gemm::BLayout::NK>;
+using RsKernel = RsKernelT<gemm::GemmKernel<kBN, gemm::BLayout::KN, 3>>;
+using RsKernelNK = RsKernelT<gemm::GemmKernel<kBN, gemm::BLayout::NK, 3>>;
+using RsKernelFp8 = RsKernelT<gemm_fp8::GemmFp8Kernel<tile::fp8e4m3, tile::fp8e4m3, kBN, 3>>;
+
+// The fp8 kernel's launch, in its own translation unit (gemm_rs_fp8.cu): the build compiles it
+// beside the bf16 ones.
+lcsc::Plan launch_rs_fp8(const RsGlobalsFp8& g, const lcsc::Config& cfg, cudaStream_t s);
 
 }  // namespace weave::tp

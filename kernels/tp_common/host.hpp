@@ -68,13 +68,35 @@ inline CUtensorMap map_b(const bf16* p, long long K, long long N, gemm::BLayout 
   if (l == gemm::BLayout::NK) return tile::encode(tile::tma_2d(p, N, K, K, kBN, 64, tile::Swizzle::B128));
   return tile::encode(tile::tma_2d(p, K, N, N, 64, 64, tile::Swizzle::B128));
 }
+// An fp8 rows x K row-major operand in boxes of box_rows x 128 bytes of K (TMA has no fp8 type:
+// bytes, which are exact): A in 128-row boxes, B (N x K) in kBN-row ones.
+inline CUtensorMap map_fp8(const void* p, long long rows, long long K, uint32_t box_rows) {
+  return tile::encode(tile::tma_2d(CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p, rows > 0 ? rows : 1, K, K, box_rows, 128,
+                                   tile::Swizzle::B128));
+}
 
+// A TP call's inputs: bf16 (B K x N or N x K), or fp8 e4m3 with per-tensor scales (B N x K, the
+// only layout fp8 wgmma reads; scale_a and scale_b point at one float each on the device and are
+// read by the kernel, C = scale_a * scale_b * A * B in fp32, rounded once to bf16).
+struct Inputs {
+  const void* a = nullptr;  // ag_gemm: this rank's shard; gemm_rs: A
+  const void* b = nullptr;
+  gemm::BLayout bl = gemm::BLayout::KN;
+  const float* scale_a = nullptr;  // fp8 only
+  const float* scale_b = nullptr;
+  bool fp8 = false;
+  size_t elem() const { return fp8 ? 1 : sizeof(bf16); }  // bytes per input element
+  size_t bytes(long long rows, long long cols) const { return size_t(rows) * size_t(cols) * elem(); }
+  // A's rows from `row` on (A rows x K, row-major).
+  const void* a_row(long long row, int K) const { return static_cast<const char*>(a) + size_t(row) * K * elem(); }
+};
 // The kernel name in the tuner's key: a call that restricts the variant (Options::variant >= 0)
 // searches and caches apart from an unrestricted one, so that neither gets a cached choice the
 // other excluded (a search over all variants must not answer a call that asked for variant 0);
-// NK and KN calls too (their loads differ).
-inline std::string tune_name(const std::string& kernel, int variant, gemm::BLayout b = gemm::BLayout::KN) {
-  return (variant < 0 ? kernel : kernel + ".v" + std::to_string(variant)) + (b == gemm::BLayout::NK ? ".nk" : "");
+// NK and KN calls too (their loads differ), and fp8 and bf16 ones.
+inline std::string tune_name(const std::string& kernel, int variant, gemm::BLayout b = gemm::BLayout::KN,
+                             bool fp8 = false) {
+  return (variant < 0 ? kernel : kernel + ".v" + std::to_string(variant)) + (fp8 ? ".fp8" : b == gemm::BLayout::NK ? ".nk" : "");
 }
 
 // Options take part in the cross-rank check: ranks with different variants would feed different
@@ -82,8 +104,9 @@ inline std::string tune_name(const std::string& kernel, int variant, gemm::BLayo
 // not would leave the tuner's collective search alone.
 // The SM count is compared too: the schedules size their grids from it, and gemm_rs v1 counts
 // the zeroing blocks of every rank from its own.
-inline std::vector<long long> checked_args(int M, int N, int K, const Options& o, int sm_count) {
-  return {M, N, K, o.num_comm_sms, o.variant, sm_count, static_cast<int>(o.b)};
+// The input type too: an fp8 rank and a bf16 rank would push and read different bytes.
+inline std::vector<long long> checked_args(int M, int N, int K, const Options& o, int sm_count, bool fp8 = false) {
+  return {M, N, K, o.num_comm_sms, o.variant, sm_count, static_cast<int>(o.b), fp8 ? 1 : 0};
 }
 
 inline int default_group_m(int K) { return K <= 2048 ? 16 : 8; }
@@ -110,6 +133,15 @@ inline void check_operands(const char* who, std::initializer_list<Operand> ops,
   }
 }
 
+// An fp8 call's per-tensor scales: one float each, device memory the kernel reads.
+inline void check_scales(const char* who, const Inputs& in, const runtime::Communicator& c) {
+  for (const Operand& o : {Operand{"scale_a", in.scale_a, sizeof(float)}, Operand{"scale_b", in.scale_b, sizeof(float)}}) {
+    WEAVE_CHECK(o.p != nullptr, who, ": ", o.name, " is a null pointer (fp8 inputs need per-tensor scales)");
+    WEAVE_CHECK(reinterpret_cast<uintptr_t>(o.p) % alignof(float) == 0, who, ": ", o.name, " is not 4-byte aligned");
+    c.check_buffer(who, o.name, o.p, o.bytes);
+  }
+}
+
 // Bytes of a rows x cols bf16 matrix.
 inline size_t bf16_bytes(long long rows, long long cols) { return size_t(rows) * size_t(cols) * sizeof(bf16); }
 
@@ -121,28 +153,29 @@ inline void check_comm_sms(const char* who, int num_comm_sms, int sm_count) {
               sm_count, ")");
 }
 
-inline void validate(const char* who, int M, int N, int K) {
+inline void validate(const char* who, int M, int N, int K, bool fp8 = false) {
   WEAVE_CHECK(M >= 1 && N >= 1 && K >= 1, who, ": M, N, K must be positive, got ", M, " x ", N, " x ", K);
+  if (fp8) WEAVE_CHECK(K % 16 == 0, who, ": K = ", K, " is not a multiple of 16 (fp8: TMA needs 16-byte row pitches)");
   WEAVE_CHECK(K % 8 == 0, who, ": K = ", K, " is not a multiple of 8 (TMA needs 16-byte row pitches)");
   WEAVE_CHECK(N % 8 == 0, who, ": N = ", N, " is not a multiple of 8 (TMA needs 16-byte row pitches)");
 }
 
 // The start of every TP call: this rank's own checks (shape, operands, variant in 0..max_variant
 // as `variants` describes them, num_comm_sms, then `more`), and the cross-rank check of the
-// shape and options, which every rank fails together when any rank found a problem.
+// shape, options and input type, which every rank fails together when any rank found a problem.
 template <class F>
 void check_tp_call(runtime::Communicator& c, const char* who, int M, int N, int K, const Options& o,
                    std::initializer_list<Operand> ops, int max_variant,
-                   const char* variants, cudaStream_t s, F&& more) {
+                   const char* variants, cudaStream_t s, F&& more, bool fp8 = false) {
   const std::string problem = runtime::local_problem([&] {
-    validate(who, M, N, K);
+    validate(who, M, N, K, fp8);
     check_operands(who, ops, &c);
     WEAVE_CHECK(o.variant >= -1 && o.variant <= max_variant, who, ": variant ", o.variant, " is not ", variants);
     check_comm_sms(who, o.num_comm_sms, c.sm_count());
     more();
   });
-  c.agree_call(who, "M, N, K, num_comm_sms, variant, SM count, B layout", checked_args(M, N, K, o, c.sm_count()),
-               problem, s);
+  c.agree_call(who, "M, N, K, num_comm_sms, variant, SM count, B layout, input type",
+               checked_args(M, N, K, o, c.sm_count(), fp8), problem, s);
 }
 
 }  // namespace weave::tp
@@ -156,9 +189,9 @@ namespace weave::tp {
 template <class F, class Capturable>
 LaunchInfo tuned_launch(runtime::Communicator& c, const char* kernel, const Options& o, int M, int N, int K,
                         const std::vector<runtime::TuneCandidate>& cands, cudaStream_t s, Capturable&& capturable,
-                        std::set<std::string>& capture_ready, F&& launch) {
+                        std::set<std::string>& capture_ready, F&& launch, bool fp8 = false) {
   const std::string key =
-      runtime::tune_key(tune_name(kernel, o.variant, o.b), {M, N, K}, c.world(), runtime::device_key(c));
+      runtime::tune_key(tune_name(kernel, o.variant, o.b, fp8), {M, N, K}, c.world(), runtime::device_key(c));
   if (runtime::capturing(s)) {
     // A search times launches and synchronizes: under capture only a choice made by an eager
     // call of this shape can be used. If that choice cannot be captured (the copy engine), the

@@ -191,27 +191,28 @@ __host__ __device__ inline unsigned long long rs_chain_expected(unsigned long lo
 }
 
 // ---- ag_gemm (push) ------------------------------------------------------------------------
-// Each row tile of rank r's shard (contiguous bytes: rows x K bf16) is cut into P equal byte
+// Each row tile of rank r's shard (contiguous bytes: rows x K elements of `row_bytes` per row:
+// bf16 or fp8) is cut into P equal byte
 // slices; unit u = i * P + p is row tile i, slice p. A pusher c of n (a communicator block, or
 // the aux warps of compute block c) copies units c, c + n, ... (row tile 0's slices first,
 // spread over all pushers) into every peer's gathered A, and after each unit signals
 // `ready[off[r] + i]` on that peer. A compute block's loader waits for ready[vrow] == P (per
 // launch) before the first load of a peer tile.
-// P for the communicator-SM pushes: slices of >= 16 boxes of 128 x 64, so a slice ends in a full
-// write drain.
-__host__ __device__ inline int ag_slices(int K) {
-  const int kc = (K + 63) / 64;
+// P for the communicator-SM pushes: slices of >= 16 boxes of 128 rows x 128 bytes, so a slice
+// ends in a full write drain.
+__host__ __device__ inline int ag_slices(long long row_bytes) {
+  const long long kc = (row_bytes + 127) / 128;
   for (int p = 8; p > 1; p /= 2)
     if (kc % p == 0 && kc / p >= 16) return p;
   return 1;
 }
 // P for the aux-warp push (every compute block pushes): about 256 units, so that the first
 // batch of units (one per block) covers the first row tiles, each unit >= 8 KB.
-__host__ __device__ inline int ag_slices_aux(const Layout& L, int K) {
+__host__ __device__ inline int ag_slices_aux(const Layout& L, long long row_bytes) {
   int tm = 1;
   for (int q = 0; q < L.W; ++q) tm = L.tm[q] > tm ? L.tm[q] : tm;
   int p = (256 + tm - 1) / tm;
-  const int cap = K / 32 > 1 ? K / 32 : 1;  // 128 rows x K x 2 bytes / P >= 8 KB
+  const int cap = row_bytes / 64 > 1 ? static_cast<int>(row_bytes / 64) : 1;  // 128 rows x row_bytes / P >= 8 KB
   return p < cap ? p : cap;
 }
 // Aux-warp register push, variant v >= 3: blocks 0, s, 2s, ... of the compute blocks push
@@ -224,13 +225,12 @@ __host__ __device__ inline int ag_ready_count(const Layout& L) { return L.row_ti
 __host__ __device__ inline unsigned long long ag_ready_expected(int P) { return P; }
 __host__ __device__ inline int ag_units(const Layout& L, int r, int P) { return L.tm[r] * P; }
 
-// Bytes [b0, b1) of rank r's shard (rows x K bf16, contiguous) that unit u of P slices per row
-// tile carries: row tile u / P (rows clipped to the shard), slice u % P of it, 16-byte aligned;
-// may be empty.
-__host__ __device__ inline void ag_unit_bytes(const Layout& L, int r, int K, int P, int u, long long* b0,
+// Bytes [b0, b1) of rank r's shard (rows of row_bytes, contiguous) that unit u of P slices per
+// row tile carries: row tile u / P (rows clipped to the shard), slice u % P of it, 16-byte
+// aligned; may be empty.
+__host__ __device__ inline void ag_unit_bytes(const Layout& L, int r, long long row_bytes, int P, int u, long long* b0,
                                               long long* b1) {
   const int rows = shard(L.M, L.W, r).size;
-  const long long row_bytes = 2LL * K;
   const long long r0 = static_cast<long long>(u / P) * kBM, r1 = r0 + kBM < rows ? r0 + kBM : rows;
   const long long lo = r0 * row_bytes, hi = r1 * row_bytes;
   const long long step = ((hi - lo + P - 1) / P + 15) / 16 * 16;

@@ -141,6 +141,31 @@ FAULTS = [
         "bench": [{"ranks": 2, "args": "tp --sizes 2048 --kernels ag_gemm --variant 0 --num-comm-sms 4"}],
         "repeat": 2,
     },
+    # ---- fp8 inputs of the TP kernels (kernels/ag_gemm, kernels/gemm_rs) ------------------------
+    {
+        "name": "ag_gemm_fp8_last_k_block_dropped",
+        "what": "fp8 ag_gemm, fused variants 0..7: the kernel's K-block count is one short for K > 128, so every "
+                "tile misses the last 128-K block (K = 528: its last 16 of K)",
+        "edits": [{
+            "file": "kernels/ag_gemm/ag_gemm.cu",
+            "find": "g.kblocks = gemm_fp8::k_blocks(K);",
+            "replace": "g.kblocks = gemm_fp8::k_blocks(K) - (K > 128);",
+        }],
+        "tests": ["test_tp_gpu:TpGpu.Fp8AgGemm*"],
+        "bench": [{"ranks": 2, "args": "tp --dtype fp8 --sizes 2048 --kernels ag_gemm --variant 0 --num-comm-sms 4"}],
+    },
+    {
+        "name": "gemm_rs_fp8_scale_b_for_scale_a",
+        "what": "fp8 gemm_rs, fused variants 0, 1, 2 and 5: the kernel gets scale_b in place of scale_a, so every "
+                "rank's partial is scale_b^2 A B^T",
+        "edits": [{
+            "file": "kernels/gemm_rs/gemm_rs.cu",
+            "find": "g.scale_a = in.scale_a, g.scale_b = in.scale_b;",
+            "replace": "g.scale_a = in.scale_b, g.scale_b = in.scale_b;",
+        }],
+        "tests": ["test_tp_gpu:TpGpu.Fp8GemmRs*"],
+        "bench": [{"ranks": 2, "args": "tp --dtype fp8 --sizes 2048 --kernels gemm_rs --variant 0 --num-comm-sms 0"}],
+    },
     # ---- tensor-parallel schedule (kernels/tp_common) --------------------------------------------
     {
         "name": "tp_row_split_ignores_remainder",

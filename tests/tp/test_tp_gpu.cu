@@ -21,6 +21,25 @@
 //   standard deviation, which a 128 x 128 tile of 16384 elements still exceeds (more than 40
 //   elements past 3 standard deviations); at the smaller K of the other shapes the margin is
 //   larger.
+//
+// fp8 (e4m3) inputs with per-tensor scales (the Fp8* tests): the reference decodes the operands
+// and applies the scales in a plain kernel, then multiplies in float32 (check/gemm_fp8_ref.hpp);
+// s = sqrt(sum_k (sa a)^2 (sb b)^2) of the scaled operands. A spans the whole e4m3 range with
+// scale_a in [2^-8, 2^-7], B is in [-1, 1) (a few subnormal codes) with scale_b in [2, 4]: a
+// kernel that drops a scale is 2 to 256 times off, one that applies one scale twice >= 256 times.
+// The fp8 tensor core accumulates with 13 mantissa bits, truncating: each of the T = K / 32
+// instructions loses below 2^-13 of the running sum (derived in check/gemm_fp8_ref.hpp).
+// - ag_gemm (one per-tensor fp8 GEMM, one bf16 rounding, check::fp8_tensor_core_bound(K):
+//   2^-8 |r| + 2^-10 s + 2^-14 T |r| + 2^-12 T s): ~0.01 s at K = 528 and ~0.045 s at K = 4096,
+//   against 0.17 s per standard deviation for one missing 128-K block (at K = 528 its last
+//   block holds 16 of K). The gathered A is compared byte for byte.
+// - gemm_rs: each rank's partial carries its own tensor-core loss, 2^-14 T |r_q| + 2^-12 T s_q,
+//   besides partial_sum_bound's bf16 roundings. Over the ranks sum s_q <= sqrt(W) s, and
+//   sum |r_q| is |r| where the partials drift alike and below ~4 s_q each (a tile's tail of a
+//   random-sign sum) where they do not, so fp8_partial_sum_bound adds 2^-14 T |r| +
+//   2^-11 T sqrt(W) s: ~0.05 s at K = 528 and ~0.135 s at K = 4096 (W = 2). The ranks' scale
+//   products differ by at most 4x, so the smaller rank's part is >= s / sqrt(17) = 0.24 s (1.8
+//   bounds per standard deviation at K = 4096); a scale read in place of the other is >= 256x off.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -36,6 +55,7 @@
 
 #include "../primitives/common.hpp"
 #include "ag_gemm/ag_gemm.hpp"
+#include "check/gemm_fp8_ref.hpp"
 #include "check/gemm_ref.hpp"
 #include "check/seed.hpp"
 #include "check/tile_check.hpp"
@@ -65,13 +85,15 @@ struct DevT {
 };
 using Dev = DevT<bf16>;
 using DevF = DevT<float>;
-struct Sym {
-  bf16* p;
-  explicit Sym(size_t count) : p(static_cast<bf16*>(wt::comm().alloc((count ? count : 1) * sizeof(bf16)))) {}
-  ~Sym() { wt::comm().free(p); }
-  Sym(const Sym&) = delete;
-  Sym& operator=(const Sym&) = delete;
+template <class T>
+struct SymT {
+  T* p;
+  explicit SymT(size_t count) : p(static_cast<T*>(wt::comm().alloc((count ? count : 1) * sizeof(T)))) {}
+  ~SymT() { wt::comm().free(p); }
+  SymT(const SymT&) = delete;
+  SymT& operator=(const SymT&) = delete;
 };
+using Sym = SymT<bf16>;
 
 check::GemmRef& gemm_ref() {
   static check::GemmRef g;
@@ -80,7 +102,7 @@ check::GemmRef& gemm_ref() {
 
 // Input `what` of rank q in the call seeded `call`: every rank computes the same value, so any
 // rank can regenerate any rank's inputs.
-enum What : int { kA = 1, kB = 2 };
+enum What : int { kA = 1, kB = 2, kScaleA = 3, kScaleB = 4 };  // scales: fp8 inputs
 uint64_t input_seed(uint64_t call, int q, What what) { return check::derive(call, uint64_t(q), uint64_t(what)); }
 
 // Fresh call seeds, identical on every rank (the ranks draw them in the same order).
@@ -664,5 +686,366 @@ TEST(TpGpu, OneObjectOnTwoStreams) {
     }
   }
   for (auto& x : st) WEAVE_CUDA_CHECK(cudaStreamDestroy(x));
+  wt::settle();
+}
+
+// ---- fp8 (e4m3) inputs with per-tensor scales ----------------------------------------------------
+
+namespace {
+
+using fp8 = __nv_fp8_e4m3;
+
+// Ragged in M (not a multiple of 128, nor of W = 2), N (a multiple of 8, not of 256) and K (a
+// multiple of 16, not of 128), one large shape, and one tiny (K below one 128-K block).
+const Shape kFp8Shapes[] = {{999, 776, 528}, {2304, 2048, 4096}, {257, 8, 64}};
+
+check::Fp8GemmRef& fp8_ref() {
+  static check::Fp8GemmRef g;
+  return g;
+}
+
+// Rank q's fp8 inputs of `call` (null pointers are skipped), what the references regenerate: A
+// uniform over the whole e4m3 range, B in [-1, 1), scale_a log-uniform in [2^-8, 2^-7], scale_b
+// in [2, 4] (the file's header says why).
+void fp8_fill(uint64_t call, int q, fp8* A, size_t na, fp8* B, size_t nb, float* sa, float* sb,
+              cudaStream_t st = nullptr) {
+  if (A) check::fill_fp8_uniform(A, false, na, input_seed(call, q, kA), 448.f, st);
+  if (B) check::fill_fp8_uniform(B, false, nb, input_seed(call, q, kB), 1.f, st);
+  if (sa) check::fill_log_uniform(sa, 1, input_seed(call, q, kScaleA), 1.f / 256, 1.f / 128, st);
+  if (sb) check::fill_log_uniform(sb, 1, input_seed(call, q, kScaleB), 2.f, 4.f, st);
+}
+// ag_gemm's scale_a is one scale of the whole gathered A: rank 0's, on every rank.
+constexpr int kSharedScaleRank = 0;
+
+// 0xFF bytes: the e4m3 NaN code, so an fp8 element never written is a wrong byte.
+void poison_fp8(fp8* p, size_t n, cudaStream_t st = nullptr) { WEAVE_CUDA_CHECK(cudaMemsetAsync(p, 0xFF, n, st)); }
+
+// The reference (Ref's r and s; its bf16 a, b unused) and scratch for one rank's regenerated fp8
+// inputs: a8 (gemm_rs: one rank's A; ag_gemm: the gathered A), b8, their scales, and one rank's
+// partial (rq, sq).
+struct Fp8Ref : Ref {
+  DevT<fp8> a8, b8;
+  DevF sa, sb, rq, sq;
+  Fp8Ref(size_t na, size_t nb, size_t nc) : Ref(0, 0, nc), a8(na), b8(nb), sa(1), sb(1), rq(nc), sq(nc) {}
+};
+
+// gemm_rs: r = sum over ranks q of sa_q sb_q A_q B_q^T, every rank's partial with its own scales;
+// s^2 the sum of the partials' s^2 (the same as one product over the full K).
+void fp8_partial_sum_ref(uint64_t call, int M, int N, int K, Fp8Ref& x, cudaStream_t st = nullptr) {
+  const int W = wt::comm().world();
+  const size_t n = size_t(M) * N;
+  for (int q = 0; q < W; ++q) {
+    fp8_fill(call, q, x.a8.p, size_t(M) * K, x.b8.p, size_t(N) * K, x.sa.p, x.sb.p, st);
+    fp8_ref().run(x.a8.p, false, x.b8.p, false, M, N, K, x.sa.p, x.sb.p, q ? x.rq.p : x.r.p, q ? x.sq.p : x.s.p, st);
+    if (q) {
+      check::add_f32(x.r.p, x.rq.p, n, st);
+      check::add_f32(x.s.p, x.sq.p, n, st);
+    }
+  }
+  check::sqrt_inplace(x.s.p, n, st);
+}
+
+// ag_gemm: x.a8 = the gathered A (every rank's row shard regenerated), r = sa sb x.a8 B^T with
+// this rank's own B and the scales it passed.
+void fp8_gathered_ref(uint64_t call, int M, int N, int K, const fp8* B, const float* sa, const float* sb, Fp8Ref& x,
+                      cudaStream_t st = nullptr) {
+  const int W = wt::comm().world();
+  for (int q = 0; q < W; ++q) {
+    const auto sq = shard(M, W, q);
+    fp8_fill(call, q, x.a8.p + size_t(sq.begin) * K, size_t(sq.size) * K, nullptr, 0, nullptr, nullptr, st);
+  }
+  fp8_ref().run(x.a8.p, false, B, false, M, N, K, sa, sb, x.r.p, x.s.p, st);
+  check::sqrt_inplace(x.s.p, size_t(M) * N, st);
+}
+
+// gemm_rs with fp8 inputs (header): partial_sum_bound plus every rank's tensor-core loss.
+check::Bound fp8_partial_sum_bound(int W, int K) {
+  const double T = K / 32.0;
+  check::Bound b = check::partial_sum_bound(W);
+  b.rel += std::ldexp(T, -14);
+  b.scale += std::sqrt(double(W)) * std::ldexp(T, -11);
+  return b;
+}
+
+// Bytes of x and y that differ, counted into out->over; out->worst becomes +inf when any does
+// (as Bound{} gives for a copy).
+__global__ void compare_bytes_kernel(const uint8_t* x, const uint8_t* y, size_t n, LaunchCheck* out) {
+  unsigned long long over = 0;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    over += x[i] != y[i];
+  for (int o = 16; o > 0; o >>= 1) over += __shfl_xor_sync(0xffffffff, over, o);
+  if ((threadIdx.x & 31) == 0 && over) {
+    atomicAdd(&out->over, over);
+    atomicMax(&out->worst_bits, static_cast<unsigned long long>(__double_as_longlong(INFINITY)));
+  }
+}
+void compare_bytes_on_device(const fp8* x, const fp8* y, size_t n, LaunchCheck* out) {
+  compare_bytes_kernel<<<64, 256>>>(reinterpret_cast<const uint8_t*>(x), reinterpret_cast<const uint8_t*>(y), n, out);
+  WEAVE_CUDA_CHECK(cudaGetLastError());
+}
+
+// The gathered fp8 A against its regeneration, byte for byte, per rank's row shard (so that a
+// stale or missing shard names its rank); checked on every rank.
+void expect_gathered_fp8(const fp8* G, const Fp8Ref& x, int M, int K, const std::string& what) {
+  const int W = wt::comm().world();
+  DevT<LaunchCheck> res(W);
+  WEAVE_CUDA_CHECK(cudaMemset(res.p, 0, W * sizeof(LaunchCheck)));
+  for (int q = 0; q < W; ++q) {
+    const auto sq = shard(M, W, q);
+    compare_bytes_on_device(G + size_t(sq.begin) * K, x.a8.p + size_t(sq.begin) * K, size_t(sq.size) * K, res.p + q);
+  }
+  std::vector<LaunchCheck> h(W);
+  WEAVE_CUDA_CHECK(cudaMemcpy(h.data(), res.p, W * sizeof(LaunchCheck), cudaMemcpyDeviceToHost));
+  unsigned long long bad = 0;
+  std::string detail;
+  for (int q = 0; q < W; ++q) {
+    bad += h[q].over;
+    if (h[q].over) {
+      const auto sq = shard(M, W, q);
+      detail += " rows of rank " + std::to_string(q) + " (" + std::to_string(sq.begin) + ".." +
+                std::to_string(sq.begin + sq.size - 1) + "): " + std::to_string(h[q].over) + " bytes differ;";
+    }
+  }
+  expect_all_ranks(bad == 0, bad ? INFINITY : 0.0, what + ", gathered A (bytes)", detail);
+}
+
+}  // namespace
+
+// fp8 AllGather + GEMM: every variant (the communicator-SM pushes with 1 and 8 SMs), a_shard
+// apart and in place, each case on fresh inputs and scales, C and the gathered A poisoned.
+TEST(TpGpu, Fp8AgGemmMatchesReference) {
+  auto& c = wt::comm();
+  Calls calls;
+  weave::tp::AgGemm ag(c);
+  const int W = c.world(), r = c.rank();
+  for (const Shape& s : kFp8Shapes) {
+    const auto sh = shard(s.M, W, r);
+    const size_t na = size_t(s.M) * s.K;
+    DevT<fp8> Ash(size_t(sh.size) * s.K), B(size_t(s.N) * s.K);
+    DevF sa(1), sb(1);
+    Dev C(size_t(s.M) * s.N);
+    SymT<fp8> G(na);
+    Fp8Ref ref(na, 0, C.n);
+    // (variant, num_comm_sms): the tuner, TMA and register push by 1 and 8 communicator SMs, then
+    // 2..9 (no communicator SM; 7 and 8 the copy engine, 9 all_gather then one GEMM)
+    for (auto [variant, ncomm] : {std::pair{-1, -1}, {0, 1}, {0, 8}, {1, 1}, {1, 8}, {2, 0}, {3, 0}, {4, 0}, {5, 0},
+                                  {6, 0}, {7, 0}, {8, 0}, {9, 0}}) {
+      for (int in_place = 0; in_place < 2; ++in_place) {
+        const uint64_t call = calls.next();
+        poison_fp8(G.p, na);
+        fp8_fill(call, r, Ash.p, Ash.n, B.p, B.n, nullptr, sb.p);
+        fp8_fill(call, kSharedScaleRank, nullptr, 0, nullptr, 0, sa.p, nullptr);
+        fp8_gathered_ref(call, s.M, s.N, s.K, B.p, sa.p, sb.p, ref);
+        const fp8* src = Ash.p;
+        if (in_place) {
+          fp8* own = G.p + size_t(sh.begin) * s.K;
+          WEAVE_CUDA_CHECK(cudaMemcpy(own, Ash.p, Ash.n, cudaMemcpyDeviceToDevice));
+          src = own;
+        }
+        weave::check::poison(C.p, C.n);
+        wt::settle();
+        weave::tp::Options o;
+        o.num_comm_sms = ncomm;
+        o.variant = variant;
+        const auto li = ag.run(src, G.p, B.p, sa.p, sb.p, C.p, s.M, s.N, s.K, o);
+        wt::settle();
+        const std::string what = shape_name("ag_gemm fp8", s.M, s.N, s.K) + " variant " + std::to_string(variant) +
+                                 " ncomm " + std::to_string(ncomm) + " (ran v" + std::to_string(li.variant) + ", " +
+                                 std::to_string(li.num_comm_sms) + ") in_place " + std::to_string(in_place);
+        expect_gathered_fp8(G.p, ref, s.M, s.K, what);
+        expect_all_ranks(compare_rows(C.p, ref, 0, s.M, s.N, check::fp8_tensor_core_bound(s.K)), what);
+        wt::settle();
+      }
+    }
+  }
+}
+
+// fp8 GEMM + reduce-scatter: every variant fp8 offers (3 is not), each rank's partial with its
+// own scales, fresh inputs and a poisoned output for every repetition.
+TEST(TpGpu, Fp8GemmRsMatchesReference) {
+  auto& c = wt::comm();
+  Calls calls;
+  weave::tp::GemmRS rs(c);
+  const int W = c.world(), r = c.rank();
+  for (const Shape& s : kFp8Shapes) {
+    DevT<fp8> A(size_t(s.M) * s.K), B(size_t(s.N) * s.K);
+    DevF sa(1), sb(1);
+    Fp8Ref ref(A.n, B.n, size_t(s.M) * s.N);
+    const size_t out_n = weave::tp::GemmRS::out_elems(s.M, s.N, W);
+    Sym out(out_n);
+    const auto sh = shard(s.M, W, r);
+    const check::Bound bound = fp8_partial_sum_bound(W, s.K);
+    // (variant, num_comm_sms): tuner, owner first, zero first, inter-SM (8 and 1 communicator
+    // SMs), copy engine, the chain kernel, and back to owner first on the same output
+    for (auto [variant, ncomm] : {std::pair{-1, -1}, {0, -1}, {1, -1}, {2, 8}, {-1, 1}, {4, -1}, {5, -1}, {0, -1}}) {
+      weave::tp::Options o;
+      o.variant = variant;
+      o.num_comm_sms = ncomm;
+      for (int rep = 0; rep < 2; ++rep) {
+        const uint64_t call = calls.next();
+        fp8_fill(call, r, A.p, A.n, B.p, B.n, sa.p, sb.p);
+        fp8_partial_sum_ref(call, s.M, s.N, s.K, ref);
+        weave::check::poison(out.p, out_n);
+        wt::settle();
+        const auto li = rs.run(A.p, B.p, sa.p, sb.p, out.p, s.M, s.N, s.K, o);
+        wt::settle();
+        expect_all_ranks(compare_rows(out.p, ref, sh.begin, sh.size, s.N, bound),
+                         shape_name("gemm_rs fp8", s.M, s.N, s.K) + " variant " + std::to_string(variant) +
+                             " ncomm " + std::to_string(ncomm) + " (ran v" + std::to_string(li.variant) + ", " +
+                             std::to_string(li.num_comm_sms) + ") rep " + std::to_string(rep));
+      }
+    }
+  }
+}
+
+// 50 fp8 launches of each kernel back to back on one stream, every variant in turn, inputs and
+// scales new for every launch, each launch checked on the device into its own slot as in
+// TwoHundredLaunchesChangingInputs (no host synchronisation until the end).
+TEST(TpGpu, Fp8FiftyLaunchesChangingInputs) {
+  auto& c = wt::comm();
+  Calls calls;
+  constexpr int kLaunches = 50, kSlots = 3;  // gemm_rs, ag_gemm, its gathered A
+  const int M = 999, N = 520, K = 272, W = c.world(), r = c.rank();
+  const auto sh = shard(M, W, r);
+  DevT<fp8> A(size_t(M) * K), B(size_t(N) * K), Ash(size_t(sh.size) * K);
+  DevF sa(1), sb(1);
+  Fp8Ref ref(A.n, B.n, size_t(M) * N);
+  Sym out(size_t(M) * N);
+  SymT<fp8> G(size_t(M) * K);
+  DevT<LaunchCheck> res(size_t(kLaunches) * kSlots);
+  WEAVE_CUDA_CHECK(cudaMemset(res.p, 0, res.n * sizeof(LaunchCheck)));
+  weave::tp::GemmRS rs(c);
+  weave::tp::AgGemm ag(c);
+  fp8_partial_sum_ref(calls.next(), M, N, K, ref);  // sizes the reference's scratch before the loop
+  wt::settle();
+  constexpr int kFp8RsVariants[] = {0, 1, 2, 4, 5};  // every variant fp8 offers (2: 8 communicator SMs)
+  std::vector<int> variant(size_t(kLaunches) * kSlots);
+  for (int it = 0; it < kLaunches; ++it) {
+    LaunchCheck* slot = res.p + size_t(it) * kSlots;
+    // gemm_rs
+    uint64_t call = calls.next();
+    weave::tp::Options ors;
+    ors.variant = kFp8RsVariants[it % 5];
+    variant[size_t(it) * kSlots + 0] = ors.variant;
+    fp8_fill(call, r, A.p, A.n, B.p, B.n, sa.p, sb.p);
+    fp8_partial_sum_ref(call, M, N, K, ref);
+    weave::check::poison(out.p, size_t(M) * N);
+    rs.run(A.p, B.p, sa.p, sb.p, out.p, M, N, K, ors);
+    check_on_device(out.p, ref.r.p + size_t(sh.begin) * N, ref.s.p + size_t(sh.begin) * N, size_t(sh.size) * N,
+                    fp8_partial_sum_bound(W, K), slot + 0);
+    // ag_gemm, its C in the same buffer
+    call = calls.next();
+    weave::tp::Options oa;
+    oa.variant = it % 10;  // every variant (0, 1: 4 communicator SMs)
+    oa.num_comm_sms = oa.variant < 2 ? 4 : 0;
+    variant[size_t(it) * kSlots + 1] = variant[size_t(it) * kSlots + 2] = oa.variant;
+    fp8_fill(call, r, Ash.p, Ash.n, B.p, B.n, nullptr, sb.p);
+    fp8_fill(call, kSharedScaleRank, nullptr, 0, nullptr, 0, sa.p, nullptr);
+    fp8_gathered_ref(call, M, N, K, B.p, sa.p, sb.p, ref);
+    weave::check::poison(out.p, size_t(M) * N);
+    poison_fp8(G.p, size_t(M) * K);
+    ag.run(Ash.p, G.p, B.p, sa.p, sb.p, out.p, M, N, K, oa);
+    check_on_device(out.p, ref.r.p, ref.s.p, size_t(M) * N, check::fp8_tensor_core_bound(K), slot + 1);
+    compare_bytes_on_device(G.p, ref.a8.p, size_t(M) * K, slot + 2);
+  }
+  wt::settle();
+  std::vector<LaunchCheck> h(res.n);
+  WEAVE_CUDA_CHECK(cudaMemcpy(h.data(), res.p, h.size() * sizeof(LaunchCheck), cudaMemcpyDeviceToHost));
+  const char* names[kSlots] = {"gemm_rs fp8", "ag_gemm fp8", "ag_gemm fp8 gathered A (bytes)"};
+  for (int k = 0; k < kSlots; ++k) {
+    double worst = 0;
+    int bad = 0;
+    std::string first_bad;
+    for (int it = 0; it < kLaunches; ++it) {
+      const LaunchCheck& x = h[size_t(it) * kSlots + k];
+      double q = 0;
+      std::memcpy(&q, &x.worst_bits, sizeof q);
+      worst = std::max(worst, q);
+      if (x.over > 0 && bad++ < 8)
+        first_bad += " launch " + std::to_string(it) + " (variant " + std::to_string(variant[size_t(it) * kSlots + k]) +
+                     ": " + std::to_string(x.over) + " elements over, worst " + std::to_string(q) + ")";
+    }
+    expect_all_ranks(bad == 0, worst, std::string(names[k]) + " over " + std::to_string(kLaunches) + " launches",
+                     std::to_string(bad) + " wrong launches:" + first_bad);
+  }
+}
+
+// fp8 arguments every rank rejects with weave::Error before anything is launched: K not a
+// multiple of 16 (520: enough for bf16), a null scale_a (on every rank, then on rank 1 only: rank
+// 0 rejects the call because rank 1 did), gemm_rs variant 3, and ranks that call the same shape
+// with different input types. Each case on a shape no other call in this process used, so that
+// it is the plan's first call, which every rank checks together. Calls afterwards still work.
+TEST(TpGpu, Fp8BadArgumentsRejected) {
+  auto& c = wt::comm();
+  Calls calls;
+  const int W = c.world(), r = c.rank();
+  const int M = 384, N = 392, Kmax = 528;
+  DevT<fp8> A(size_t(M) * Kmax), B(size_t(N) * Kmax), Ash(size_t(shard(M, W, r).size) * Kmax);
+  Dev A16(size_t(M) * Kmax), B16(size_t(Kmax) * N), C(size_t(M) * N);
+  DevF sa(1), sb(1);
+  Sym out(size_t(M) * N);
+  SymT<fp8> G(size_t(M) * Kmax);
+  const float one = 1.f;
+  for (float* p : {sa.p, sb.p}) WEAVE_CUDA_CHECK(cudaMemcpy(p, &one, sizeof one, cudaMemcpyHostToDevice));
+  weave::tp::GemmRS rs(c);
+  weave::tp::AgGemm ag(c);
+  auto expect_reject = [&](const std::string& what, const std::string& needle, const std::function<void()>& call) {
+    std::string msg;
+    try {
+      call();
+    } catch (const weave::Error& e) {
+      msg = e.what();
+    }
+    const bool ok = !msg.empty() && msg.find(needle) != std::string::npos;
+    expect_all_ranks(ok, 0, "rejected: " + what,
+                     msg.empty() ? "no weave::Error" : "the error does not say \"" + needle + "\": " + msg);
+  };
+  weave::tp::Options o;
+  o.num_comm_sms = 0;
+  const std::string k16 = "K = 520 is not a multiple of 16";
+  expect_reject("gemm_rs K % 16", k16, [&] { rs.run(A.p, B.p, sa.p, sb.p, out.p, M, N, 520, o); });
+  expect_reject("ag_gemm K % 16", k16, [&] { ag.run(Ash.p, G.p, B.p, sa.p, sb.p, C.p, M, N, 520, o); });
+  const std::string null_sa = "scale_a is a null pointer";
+  expect_reject("gemm_rs null scale_a", null_sa, [&] { rs.run(A.p, B.p, nullptr, sb.p, out.p, M, N, 400, o); });
+  expect_reject("ag_gemm null scale_a", null_sa, [&] { ag.run(Ash.p, G.p, B.p, nullptr, sb.p, C.p, M, N, 400, o); });
+  expect_reject("ag_gemm null scale_a on rank 1", r == 1 ? null_sa : "rank 1 rejected its arguments",
+                [&] { ag.run(Ash.p, G.p, B.p, r == 1 ? nullptr : sa.p, sb.p, C.p, M, N, 416, o); });
+  weave::tp::Options o3;
+  o3.variant = 3;
+  expect_reject("gemm_rs fp8 variant 3", "variant 3 (one GEMM per owner) is not offered for fp8",
+                [&] { rs.run(A.p, B.p, sa.p, sb.p, out.p, M, N, 400, o3); });
+  expect_reject("gemm_rs bf16 on rank 0, fp8 on the others", "ranks call different operators or arguments", [&] {
+    if (r == 0) rs.run(A16.p, B16.p, out.p, M, N, 432, o);
+    else rs.run(A.p, B.p, sa.p, sb.p, out.p, M, N, 432, o);
+  });
+  // Nothing was launched and everything is usable: valid fp8 calls of the rejected shapes agree
+  // with the reference.
+  wt::settle();
+  {
+    const int K = 400;
+    Fp8Ref ref(size_t(M) * K, size_t(N) * K, size_t(M) * N);
+    const auto sh = shard(M, W, r);
+    uint64_t call = calls.next();
+    fp8_fill(call, r, A.p, size_t(M) * K, B.p, size_t(N) * K, sa.p, sb.p);
+    fp8_partial_sum_ref(call, M, N, K, ref);
+    weave::check::poison(out.p, weave::tp::GemmRS::out_elems(M, N, W));
+    wt::settle();
+    rs.run(A.p, B.p, sa.p, sb.p, out.p, M, N, K, o);
+    wt::settle();
+    expect_all_ranks(compare_rows(out.p, ref, sh.begin, sh.size, N, fp8_partial_sum_bound(W, K)),
+                     shape_name("gemm_rs fp8", M, N, K) + " after the rejections");
+    call = calls.next();
+    poison_fp8(G.p, size_t(M) * K);
+    fp8_fill(call, r, Ash.p, size_t(sh.size) * K, B.p, size_t(N) * K, nullptr, sb.p);
+    fp8_fill(call, kSharedScaleRank, nullptr, 0, nullptr, 0, sa.p, nullptr);
+    fp8_gathered_ref(call, M, N, K, B.p, sa.p, sb.p, ref);
+    weave::check::poison(C.p, C.n);
+    wt::settle();
+    ag.run(Ash.p, G.p, B.p, sa.p, sb.p, C.p, M, N, K, o);
+    wt::settle();
+    const std::string what = shape_name("ag_gemm fp8", M, N, K) + " after the rejections";
+    expect_gathered_fp8(G.p, ref, M, K, what);
+    expect_all_ranks(compare_rows(C.p, ref, 0, M, N, check::fp8_tensor_core_bound(K)), what);
+  }
   wt::settle();
 }

@@ -176,7 +176,9 @@ TEST(TpSchedule, AgGemmEveryTileOncePushesMatchWaits) {
           // nc = 0: the aux-warp pushes (variants 2..6; the variant from the shape), one pusher
           // per 2^(v-3)-th compute block (v2: every block); else nc communicator blocks.
           const int v = 2 + (M + N) % 5, blocks = blocks_for(L.work(), 132, 0);
-          const int P = nc == 0 ? ag_slices_aux(L, K) : ag_slices(K);
+          // Rows of bf16 or fp8 (the pushes count bytes).
+          const long long rb = static_cast<long long>(K) * (1 + (M + N + W + nc) % 2);
+          const int P = nc == 0 ? ag_slices_aux(L, rb) : ag_slices(rb);
           const int pushers = nc > 0 ? nc : v == 2 ? blocks : ag_aux_pushers(blocks, v);
           if (nc == 0 && v >= 3) {  // the pushing blocks are exactly pushers 0..n-1
             int n = 0;
@@ -185,12 +187,12 @@ TEST(TpSchedule, AgGemmEveryTileOncePushesMatchWaits) {
             EXPECT_EQ(n, pushers);
           }
           ASSERT_GE(P, 1);
-          if (nc > 0) EXPECT_EQ(((K + 63) / 64) % P, 0);
+          if (nc > 0) EXPECT_EQ(((rb + 127) / 128) % P, 0);
           for (int q = 0; q < W; ++q) {  // the units' byte ranges tile the shard exactly
             long long next = 0;
             for (int u = 0; u < ag_units(L, q, P); ++u) {
               long long b0, b1;
-              ag_unit_bytes(L, q, K, P, u, &b0, &b1);
+              ag_unit_bytes(L, q, rb, P, u, &b0, &b1);
               EXPECT_EQ(b0 % 16, 0);
               EXPECT_EQ(b1 % 16, 0);
               if (b1 > b0) {
@@ -198,7 +200,7 @@ TEST(TpSchedule, AgGemmEveryTileOncePushesMatchWaits) {
                 next = b1;
               }
             }
-            EXPECT_EQ(next, 2LL * K * shard(M, W, q).size);
+            EXPECT_EQ(next, rb * shard(M, W, q).size);
           }
           for (int q = 0; q < W; ++q)  // pushers of owner q, as the kernel walks them
             for (int c = 0; c < pushers; ++c)
@@ -737,6 +739,11 @@ TEST(Tuner, VariantRestrictedCallsHaveTheirOwnKey) {
                                                      {4096, 2048, 4096}, 2, "d"))
                     .second)
         << v;
+  for (int v = -1; v <= 6; ++v)  // fp8 inputs: apart from both bf16 layouts
+    EXPECT_TRUE(keys.insert(weave::runtime::tune_key(tune_name("ag_gemm", v, weave::gemm::BLayout::NK, true),
+                                                     {4096, 2048, 4096}, 2, "d"))
+                    .second)
+        << v;
 }
 
 // The cross-rank check covers the options and the SM count: ranks with different variants or
@@ -751,6 +758,8 @@ TEST(TpHost, CheckedArgumentsIncludeTheOptions) {
   EXPECT_NE(checked_args(4096, 2048, 4096, a, 132), checked_args(4096, 2048, 4104, a, 132));
   EXPECT_NE(checked_args(4096, 2048, 4096, a, 132), checked_args(4096, 2048, 4096, a, 114));
   EXPECT_EQ(checked_args(4096, 2048, 4096, a, 132), checked_args(4096, 2048, 4096, a, 132));
+  // An fp8 rank and a bf16 rank push and read different bytes.
+  EXPECT_NE(checked_args(4096, 2048, 4096, a, 132, true), checked_args(4096, 2048, 4096, a, 132, false));
 }
 
 // Operands are checked (non-null, 16-byte aligned for TMA) on the host before any cross-rank
@@ -770,6 +779,27 @@ TEST(TpHost, OperandsNullOrMisalignedRejectedByName) {
   EXPECT_NE(m.find("gemm_ar: B is a null pointer"), std::string::npos) << m;
   m = message([&] { check_operands("ag_gemm", {{"a_shard", buf}, {"C", buf + 8}}); });
   EXPECT_NE(m.find("ag_gemm: C is not 16-byte aligned"), std::string::npos) << m;
+}
+
+// fp8 rows are K bytes: TMA's 16-byte pitch needs K % 16 == 0 (bf16: K % 8); the message says so.
+TEST(TpHost, Fp8NeedsKMultipleOf16) {
+  EXPECT_NO_THROW(validate("ag_gemm", 100, 776, 520));
+  EXPECT_NO_THROW(validate("ag_gemm", 100, 776, 528, true));
+  try {
+    validate("gemm_rs", 100, 776, 520, true);
+    ADD_FAILURE() << "K = 520 accepted for fp8";
+  } catch (const weave::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("gemm_rs: K = 520 is not a multiple of 16"), std::string::npos) << e.what();
+  }
+  Inputs in;  // an fp8 operand's bytes and row offsets are in bytes of one per element
+  in.fp8 = true;
+  alignas(16) static unsigned char buf[4096];
+  in.a = buf;
+  EXPECT_EQ(in.bytes(3, 528), 3u * 528u);
+  EXPECT_EQ(static_cast<const unsigned char*>(in.a_row(2, 528)), buf + 2 * 528);
+  in.fp8 = false;
+  EXPECT_EQ(in.bytes(3, 528), 2u * 3u * 528u);
+  EXPECT_EQ(static_cast<const unsigned char*>(in.a_row(1, 528)), buf + 2 * 528);
 }
 
 // check_comm_sms rejects exactly what lcsc::make_plan rejects, so a launch never throws after it

@@ -9,12 +9,17 @@
 // reference every rank computes without NCCL (run_one says how); a row is correct only when it
 // is on every rank, and any incorrect row makes the command exit 1 after listing them. Inputs
 // derive from rank 0's WEAVE_TEST_SEED (printed; set it to replay a run).
+//   --dtype bf16|fp8         fp8: e4m3 A and B (B N x K) with per-tensor scales, bf16 out, for
+//                            ag_gemm and gemm_rs (gemm_ar has none), against weave's fp8 GEMM alone
+//                            and cuBLASLt fp8 + NCCL; rows carry "dtype": "e4m3xe4m3" (run_one)
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <memory>
 #include <cstdio>
 #include <sstream>
 #include <string>
@@ -22,10 +27,13 @@
 
 #include "ag_gemm/ag_gemm.hpp"
 #include "bench.hpp"
+#include "check/gemm_fp8_ref.hpp"
 #include "check/gemm_ref.hpp"
 #include "check/seed.hpp"
 #include "check/tile_check.hpp"
 #include "gemm/gemm.hpp"
+#include "gemm_fp8/gemm_fp8.hpp"
+#include "gemm_fp8/reference.cuh"
 #include "gemm_ar/gemm_ar.hpp"
 #include "gemm_rs/gemm_rs.hpp"
 #include "../../bench/nccl_comm.hpp"
@@ -36,8 +44,11 @@ namespace {
 
 using namespace weave;
 using tp::bf16;
+using f8 = __nv_fp8_e4m3;
 
 namespace gref = gemm::ref;
+
+constexpr const char* kFp8Dtype = "e4m3xe4m3";  // the "dtype" of fp8 rows (as weave-bench gemm_fp8's)
 
 
 struct Ctx {
@@ -53,6 +64,9 @@ struct Ctx {
   bool host_us = false;  // --host-us: also the host's time to issue one fused call
   gemm::BLayout bl = gemm::BLayout::KN;  // --b-layout: B as K x N, or N x K (an nn.Linear weight)
   std::vector<std::string> wrong;  // incorrect rows (every rank lists the same ones)
+  bool fp8 = false;                   // --dtype fp8 (then also fref and lt)
+  check::Fp8GemmRef* fref = nullptr;  // the float32 reference of the fp8 checks
+  const gemm_fp8::ref::Lt* lt = nullptr;  // the cuBLASLt fp8 baseline's handle and workspace
 };
 
 // Implementations timed in turns, median per implementation, slowest rank (each rank times its
@@ -104,13 +118,14 @@ struct Row {
 
 void emit(Ctx& x, const Row& r, const char* extra_key = nullptr, double extra = 0) {
   const double tf = 2.0 * r.M * r.N * r.K / (r.us * 1e-6) / 1e12;
-  if (!r.correct) x.wrong.push_back(r.kernel + " " + r.impl + " S=" + std::to_string(r.S) + " (" + std::to_string(r.M) +
-                                    "x" + std::to_string(r.N) + "x" + std::to_string(r.K) + ", variant " +
-                                    std::to_string(r.variant) + ", comm " + std::to_string(r.ncomm) + ")");
+  if (!r.correct) x.wrong.push_back(r.kernel + (x.fp8 ? " fp8 " : " ") + r.impl + " S=" + std::to_string(r.S) + " (" +
+                                    std::to_string(r.M) + "x" + std::to_string(r.N) + "x" + std::to_string(r.K) +
+                                    ", variant " + std::to_string(r.variant) + ", comm " + std::to_string(r.ncomm) + ")");
   if (x.rank == 0) {
     bench::JsonLine j;
     j.add("kernel", r.kernel).add("impl", r.impl).add("S", r.S).add("M", r.M).add("N", r.N).add("K", r.K);
     j.add("layout", x.bl == gemm::BLayout::NK ? "nk" : "kn").add("world", x.W).add("time_us", r.us);
+    if (x.fp8) j.add("dtype", kFp8Dtype);
     j.add("tflops", tf).add("num_comm_sms", r.ncomm).add("correct", r.correct);
     bench::add_check_worst(j, r.worst).add("variant", r.variant).add("seed", std::to_string(x.seed));
     if (extra_key) j.add(extra_key, extra);
@@ -118,25 +133,34 @@ void emit(Ctx& x, const Row& r, const char* extra_key = nullptr, double extra = 
   }
 }
 
-// Bitwise equality of two bf16 arrays (the gathered A is a copy): the count of differing elements.
-__global__ void mismatch_kernel(const uint16_t* a, const uint16_t* b, size_t n, unsigned long long* out) {
+// Bitwise equality of two bf16 (or fp8) arrays (the gathered A is a copy): the count of differing
+// elements.
+template <class U>
+__global__ void mismatch_kernel(const U* a, const U* b, size_t n, unsigned long long* out) {
   unsigned long long bad = 0;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
     bad += a[i] != b[i];
   for (int o = 16; o > 0; o >>= 1) bad += __shfl_xor_sync(0xffffffff, bad, o);
   if ((threadIdx.x & 31) == 0 && bad) atomicAdd(out, bad);
 }
-unsigned long long mismatches(const bf16* a, const bf16* b, size_t n, cudaStream_t st) {
+template <class U>
+unsigned long long mismatches_bits(const U* a, const U* b, size_t n, cudaStream_t st) {
   unsigned long long* d = nullptr;
   unsigned long long h = 0;
   WEAVE_CUDA_CHECK(cudaMalloc(&d, sizeof h));
   WEAVE_CUDA_CHECK(cudaMemsetAsync(d, 0, sizeof h, st));
-  mismatch_kernel<<<1024, 256, 0, st>>>(reinterpret_cast<const uint16_t*>(a), reinterpret_cast<const uint16_t*>(b), n, d);
+  mismatch_kernel<<<1024, 256, 0, st>>>(a, b, n, d);
   WEAVE_CUDA_CHECK(cudaGetLastError());
   WEAVE_CUDA_CHECK(cudaMemcpyAsync(&h, d, sizeof h, cudaMemcpyDeviceToHost, st));
   WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
   WEAVE_CUDA_CHECK(cudaFree(d));
   return h;
+}
+unsigned long long mismatches(const bf16* a, const bf16* b, size_t n, cudaStream_t st) {
+  return mismatches_bits(reinterpret_cast<const uint16_t*>(a), reinterpret_cast<const uint16_t*>(b), n, st);
+}
+unsigned long long mismatches(const f8* a, const f8* b, size_t n, cudaStream_t st) {
+  return mismatches_bits(reinterpret_cast<const uint8_t*>(a), reinterpret_cast<const uint8_t*>(b), n, st);
 }
 
 template <class T>
@@ -186,7 +210,7 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
   const bool ag = kernel == "ag_gemm";
   const int M = S, N = ag ? S / W : S, K = ag ? S : (K_override ? K_override : S / W);
   const uint64_t call = check::derive(x.seed, x.calls++);
-  enum What : int { kA = 1, kB = 2 };
+  enum What : int { kA = 1, kB = 2, kScaleA = 3, kScaleB = 4 };  // scales: fp8 only
   auto seed_of = [&](int set, int q, What w) { return check::derive(call, uint64_t(set) * 64 + q, w); };
   tp::Options o;
   o.num_comm_sms = fixed_comm;
@@ -194,7 +218,7 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
   o.b = x.bl;
   Row fused{kernel, "weave", S, M, N, K}, alone = fused, base = fused;
   alone.impl = "weave-gemm-alone";
-  base.impl = "cublas+nccl";
+  base.impl = x.fp8 ? "cublaslt+nccl" : "cublas+nccl";
   const size_t nc = size_t(M) * N;
   // Times the fused call (the launch info it fills is read after the timing), then, with
   // baselines, cuBLAS + NCCL and weave's GEMM alone on the same local shape.
@@ -222,13 +246,186 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
     x.c.sync(x.st);
     x.c.barrier();
   };
-  DevBuf<bf16> B0(size_t(K) * N), B1(size_t(K) * N);
+  DevBuf<bf16> B0(x.fp8 ? 0 : size_t(K) * N), B1(x.fp8 ? 0 : size_t(K) * N);
   bf16* B[2] = {B0.p, B1.p};
   DevBuf<float> ref_r(nc), ref_s(nc);
   DevBuf<bf16> Cf(ag ? nc : 0), Cb(baselines ? nc : 0), Ca(baselines ? nc : 0);
-  for (int i = 0; i < 2; ++i) gref::fill_uniform(B[i], size_t(K) * N, seed_of(i, r, kB), 1.f, x.st);
+  if (!x.fp8)
+    for (int i = 0; i < 2; ++i) gref::fill_uniform(B[i], size_t(K) * N, seed_of(i, r, kB), 1.f, x.st);
   int nf = 0, nb = 0, na = 0, last_f = -1, last_b = -1, last_a = -1;  // calls made, set of the last one
-  if (ag) {
+  if (x.fp8) {
+    // fp8: the same rows and checks as the bf16 ones below, on e4m3 operands (uniform in
+    // [-256, 256) rounded to e4m3, most of its range, as weave-bench gemm_fp8), B N x K, and
+    // per-tensor scales log-uniform in [0.5, 2] (device floats), one pair per input set. ag_gemm's
+    // scale_a is the whole gathered A's: it derives from the set alone, the same on every rank;
+    // scale_b is each rank's own (its own B). gemm_rs: both scales are each rank's own.
+    // Baseline: cuBLASLt fp8 (FAST_ACCUM on, all of K in the tensor core as weave's per-tensor
+    // kernel; bf16 out) + NCCL: ag_gemm all-gathers the fp8 bytes first, gemm_rs reduce-scatters
+    // the bf16 M x N partial after. GEMM alone: gemm_fp8::gemm on the local shape.
+    // Reference: check::Fp8GemmRef (the fp8 values decoded to float times their scales, then a
+    // float32 cuBLASLt product), gemm_rs's summed over the ranks with each rank's own scales on its
+    // own K slice. Bounds:
+    // - one product (ag_gemm's three rows, gemm_rs's GEMM alone): check::fp8_tensor_core_bound(K),
+    //   one bf16 rounding of the scaled fp32 sum plus the fp8 tensor core's truncating
+    //   accumulation (below 2^-13 T times the running sum's largest excursion, T = K / 32
+    //   instructions; check/gemm_fp8_ref.hpp derives it).
+    // - gemm_rs's sum of W partials: check::partial_sum_bound(W) for the W bf16 roundings and the
+    //   bf16 sum, plus each partial's own tensor-core loss, which fp8_tensor_core_bound(K_local)
+    //   puts below 2^-13 T (2 s_q + |r_q| / 2) for that partial's r_q, s_q (T = K_local / 32).
+    //   Over the ranks: sum_q s_q <= sqrt(W) s (Cauchy-Schwarz, s^2 = sum_q s_q^2); sum_q |r_q| is
+    //   |r| where the partials drift one way and about sum_q s_q where they have random signs
+    //   (taken as |r| + 2 sqrt(W) s). Total 2^-14 T |r| + 3 * 2^-13 T sqrt(W) s, added to
+    //   partial_sum_bound's rel and scale. That has every rank's loss at its maximum and of one
+    //   sign; the partials' signs are independent, so a correct kernel sits well below it.
+    // What this misses at the large sizes: the tensor-core term grows with K, so at S = 32768 a
+    // missing 128-K block (sqrt(128 / K) s = 0.06 s) is below the bound (~0.3 s, as for
+    // weave-bench gemm_fp8 at that K), while a missing rank's part (s / sqrt(W)) still breaks it;
+    // ag_gemm's gathered A is compared byte for byte besides.
+    auto fill8 = [&](f8* p, size_t n, uint64_t sd) { check::fill_fp8_uniform(p, false, n, sd, 256.f, x.st); };
+    auto fill_scale = [&](float* p, uint64_t sd) { check::fill_log_uniform(p, 1, sd, 0.5f, 2.f, x.st); };
+    DevBuf<f8> B80(size_t(N) * K), B81(size_t(N) * K);
+    f8* B8[2] = {B80.p, B81.p};
+    // The scales of set i: sa[i] and sb[i], each float at its own 256 bytes (cuBLASLt's fp8 matmul
+    // returned CUBLAS_STATUS_NOT_SUPPORTED on an H200 for scales packed 4 bytes apart).
+    constexpr int kScaleGap = 64;
+    DevBuf<float> scale_buf(4 * kScaleGap), s_q(2 * kScaleGap);  // s_q: another rank's (gemm_rs check)
+    float* sa[2] = {scale_buf.p, scale_buf.p + kScaleGap};
+    float* sb[2] = {scale_buf.p + 2 * kScaleGap, scale_buf.p + 3 * kScaleGap};
+    for (int i = 0; i < 2; ++i) {
+      fill8(B8[i], size_t(N) * K, seed_of(i, r, kB));
+      fill_scale(sa[i], seed_of(i, ag ? 0 : r, kScaleA));  // ag_gemm: rank-independent
+      fill_scale(sb[i], seed_of(i, r, kScaleB));
+    }
+    const gemm_fp8::ref::TnMatmul lt(*x.lt, M, N, K, CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, CUDA_R_16BF, true,
+                                     {gemm_fp8::ref::Scales{sa[0], sb[0]}, gemm_fp8::ref::Scales{sa[1], sb[1]}});
+    if (baselines)
+      WEAVE_CHECK(lt.ok(), "weave-bench tp: cuBLASLt found no fp8 algorithm for ", M, "x", N, "x", K,
+                  " (heuristic status ", static_cast<int>(lt.status()), ")");
+    const check::Bound one_bound = check::fp8_tensor_core_bound(K);
+    auto reference = [&](const f8* a, const f8* b, const float* pa, const float* pb, float* rr, float* ss) {
+      x.fref->run(a, false, b, false, M, N, K, pa, pb, rr, ss, x.st);
+    };
+    if (ag) {
+      const tp::Range sh = tp::shard(M, W, r);
+      f8* G = static_cast<f8*>(x.c.alloc(size_t(M) * K * sizeof(f8)));
+      DevBuf<f8> Ash0(size_t(sh.size) * K), Ash1(size_t(sh.size) * K), Gfull0(size_t(M) * K), Gfull1(size_t(M) * K),
+          Gref(baselines ? size_t(M) * K : 0);
+      f8 *Ash[2] = {Ash0.p, Ash1.p}, *Gfull[2] = {Gfull0.p, Gfull1.p};
+      for (int i = 0; i < 2; ++i) {
+        fill8(Ash[i], size_t(sh.size) * K, seed_of(i, r, kA));
+        for (int q = 0; q < W; ++q) {
+          const tp::Range sq = tp::shard(M, W, q);
+          fill8(Gfull[i] + size_t(sq.begin) * K, size_t(sq.size) * K, seed_of(i, q, kA));
+        }
+      }
+      tp::AgGemm op(x.c);
+      auto ref = [&] {
+        const int i = last_b = nb++ & 1;
+        WEAVE_NCCL_CHECK(ncclAllGather(Ash[i], Gref.p, size_t(sh.size) * K, ncclUint8, x.nccl.get(), x.st));
+        lt.run(Gref.p, B8[i], Cb.p, x.st, i);
+      };
+      tp::LaunchInfo li{};
+      auto fused_fn = [&] {
+        const int i = last_f = nf++ & 1;
+        li = op.run(Ash[i], G, B8[i], sa[i], sb[i], Cf.p, M, N, K, o, x.st);
+      };
+      auto alone_fn = [&] {
+        const int i = last_a = na++ & 1;
+        gemm_fp8::gemm(Gfull[i], B8[i], Ca.p, M, N, K, sa[i], sb[i], {}, x.st);
+      };
+      WEAVE_CUDA_CHECK(cudaMemsetAsync(G, 0xff, size_t(M) * K, x.st));  // e4m3 NaN: the fills never make it
+      weave::check::poison(Cf.p, nc, x.st);
+      if (baselines) weave::check::poison(Cb.p, nc, x.st), weave::check::poison(Ca.p, nc, x.st);
+      measure(fused_fn, ref, alone_fn, li);
+      for (int i = 0; i < 2; ++i) {
+        if (last_f != i && !(baselines && (last_b == i || last_a == i))) continue;
+        reference(Gfull[i], B8[i], sa[i], sb[i], ref_r.p, ref_s.p);
+        check::sqrt_inplace(ref_s.p, nc, x.st);
+        auto cmp = [&](const bf16* C) {
+          return check::compare({C, N}, {ref_r.p, N}, {ref_s.p, N}, M, N, one_bound, 128, 128, x.st);
+        };
+        if (last_f == i) {
+          const unsigned long long bad = mismatches(G, Gfull[i], size_t(M) * K, x.st);
+          settle_check(x, fused, cmp(Cf.p), bad == 0, bad ? "; gathered A: " + std::to_string(bad) + " elements differ" : "");
+        }
+        if (baselines && last_b == i) settle_check(x, base, cmp(Cb.p));
+        if (baselines && last_a == i) settle_check(x, alone, cmp(Ca.p));
+      }
+      WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
+      x.c.barrier();
+      x.c.free(G);
+    } else {
+      const tp::Range sh = tp::shard(M, W, r);
+      const int nccl_rows = M / W;  // as the bf16 rows: S a multiple of W
+      DevBuf<f8> A80(size_t(M) * K), A81(size_t(M) * K), a_q(size_t(M) * K), b_q(size_t(N) * K);
+      DevBuf<float> tmp_r(nc), tmp_s(nc);  // another rank's partial's r and s2
+      DevBuf<bf16> rsout(baselines ? size_t(nccl_rows) * N : 0);
+      f8* A8[2] = {A80.p, A81.p};
+      for (int i = 0; i < 2; ++i) fill8(A8[i], size_t(M) * K, seed_of(i, r, kA));
+      const size_t out_n = tp::GemmRS::out_elems(M, N, W);
+      bf16* out = static_cast<bf16*>(x.c.alloc(out_n * sizeof(bf16)));
+      tp::GemmRS rsop(x.c);
+      tp::LaunchInfo li{};
+      auto fused_fn = [&] {
+        const int i = last_f = nf++ & 1;
+        li = rsop.run(A8[i], B8[i], sa[i], sb[i], out, M, N, K, o, x.st);
+      };
+      auto ref = [&] {
+        const int i = last_b = nb++ & 1;
+        lt.run(A8[i], B8[i], Cb.p, x.st, i);
+        WEAVE_NCCL_CHECK(ncclReduceScatter(Cb.p, rsout.p, size_t(nccl_rows) * N, ncclBfloat16, ncclSum, x.nccl.get(), x.st));
+      };
+      auto alone_fn = [&] {
+        const int i = last_a = na++ & 1;
+        gemm_fp8::gemm(A8[i], B8[i], Ca.p, M, N, K, sa[i], sb[i], {}, x.st);
+      };
+      weave::check::poison(out, out_n, x.st);
+      if (baselines)
+        weave::check::poison(Cb.p, nc, x.st), weave::check::poison(Ca.p, nc, x.st),
+            weave::check::poison(rsout.p, size_t(nccl_rows) * N, x.st);
+      measure(fused_fn, ref, alone_fn, li);
+      const double T = K / 32.0;  // the tensor core's m64nNk32 steps over one partial's K
+      check::Bound sum_bound = check::partial_sum_bound(W);
+      sum_bound.rel += std::ldexp(T, -14);
+      sum_bound.scale += 3.0 * std::ldexp(T, -13) * std::sqrt(double(W));
+      auto cmp_rows = [&](const bf16* C, int row0, int rows, check::Bound b) {
+        return check::compare({C, N}, {ref_r.p + size_t(row0) * N, N}, {ref_s.p + size_t(row0) * N, N}, rows, N, b,
+                              128, 128, x.st);
+      };
+      for (int i = 0; i < 2; ++i) {
+        if (last_f != i && !(baselines && last_b == i)) continue;
+        for (int q = 0; q < W; ++q) {  // sum over ranks of sa_q sb_q A_q B_q^T, each with its own scales
+          const f8 *aq = A8[i], *bq = B8[i];
+          const float *pa = sa[i], *pb = sb[i];
+          if (q != r) {
+            fill8(a_q.p, size_t(M) * K, seed_of(i, q, kA));
+            fill8(b_q.p, size_t(N) * K, seed_of(i, q, kB));
+            fill_scale(s_q.p, seed_of(i, q, kScaleA));
+            fill_scale(s_q.p + kScaleGap, seed_of(i, q, kScaleB));
+            aq = a_q.p, bq = b_q.p, pa = s_q.p, pb = s_q.p + kScaleGap;
+          }
+          if (q == 0) {
+            reference(aq, bq, pa, pb, ref_r.p, ref_s.p);
+          } else {
+            reference(aq, bq, pa, pb, tmp_r.p, tmp_s.p);
+            check::add_f32(ref_r.p, tmp_r.p, nc, x.st);
+            check::add_f32(ref_s.p, tmp_s.p, nc, x.st);
+          }
+        }
+        check::sqrt_inplace(ref_s.p, nc, x.st);
+        if (last_f == i) settle_check(x, fused, cmp_rows(out, sh.begin, sh.size, sum_bound));
+        if (baselines && last_b == i) settle_check(x, base, cmp_rows(rsout.p, r * nccl_rows, nccl_rows, sum_bound));
+      }
+      if (baselines) {  // GEMM alone: this rank's local product only, with its own scales
+        reference(A8[last_a], B8[last_a], sa[last_a], sb[last_a], ref_r.p, ref_s.p);
+        check::sqrt_inplace(ref_s.p, nc, x.st);
+        settle_check(x, alone, cmp_rows(Ca.p, 0, M, one_bound));
+      }
+      WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
+      x.c.barrier();
+      x.c.free(out);
+    }
+  } else if (ag) {
     const tp::Range sh = tp::shard(M, W, r);
     bf16* G = static_cast<bf16*>(x.c.alloc(size_t(M) * K * sizeof(bf16)));
     // Ash[i]: this rank's shard of set i; Gfull[i]: every rank's shards of set i, regenerated
@@ -378,9 +575,39 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
 
 int run(const bench::Args& a) {
   const auto sizes = a.numbers("sizes", "2048,4096,8192,16384,32768");
-  const auto kernels = a.names("kernels", "ag_gemm,gemm_rs,gemm_ar");
+  auto kernels = a.names("kernels", "ag_gemm,gemm_rs,gemm_ar");
   const int fixed = static_cast<int>(a.get_int("num-comm-sms", -1));
   const int variant = static_cast<int>(a.get_int("variant", -1));
+  const std::string dtype = a.get("dtype", "bf16");
+  if (dtype != "bf16" && dtype != "fp8") {
+    std::fprintf(stderr, "weave-bench tp: --dtype takes bf16 or fp8, got %s\n", dtype.c_str());
+    return 2;
+  }
+  const bool fp8 = dtype == "fp8";
+  bool skipped_ar = false;  // fp8: gemm_ar left out of the default kernel list (noted below)
+  if (fp8) {
+    std::vector<std::string> k8;
+    for (const auto& k : kernels) {
+      if (k == "ag_gemm" || k == "gemm_rs") k8.push_back(k);
+      else if (k == "gemm_ar" && !a.has("kernels")) skipped_ar = true;
+      else {
+        std::fprintf(stderr, "weave-bench tp: --dtype fp8 runs ag_gemm and gemm_rs only (%s has no fp8 form)\n",
+                     k.c_str());
+        return 2;
+      }
+    }
+    kernels = k8;
+    if (variant == 3 && !a.has("only-extra") && std::find(kernels.begin(), kernels.end(), "gemm_rs") != kernels.end()) {
+      std::fprintf(stderr, "weave-bench tp: gemm_rs has no variant 3 with fp8 inputs (the fp8 GEMM has no "
+                           "accumulating epilogue); leave gemm_rs out or pick another --variant\n");
+      return 2;
+    }
+    if (a.has("b-layout") && a.get("b-layout") != "nk") {
+      std::fprintf(stderr, "weave-bench tp: --dtype fp8 takes B as N x K only (--b-layout nk), got %s\n",
+                   a.get("b-layout").c_str());
+      return 2;
+    }
+  }
   long long maxS = 0;
   for (long long s : sizes) maxS = s > maxS ? s : maxS;
   if (a.has("table3") || a.has("sweep")) maxS = maxS > 16384 ? maxS : 16384;
@@ -401,13 +628,28 @@ int run(const bench::Args& a) {
     return 2;
   }
   x.bl = layout == "nk" ? gemm::BLayout::NK : gemm::BLayout::KN;
+  std::unique_ptr<check::Fp8GemmRef> fref;
+  std::unique_ptr<gemm_fp8::ref::Lt> lt;
+  if (fp8) {
+    x.fp8 = true;
+    x.bl = gemm::BLayout::NK;
+    fref = std::make_unique<check::Fp8GemmRef>();
+    lt = std::make_unique<gemm_fp8::ref::Lt>(size_t(64) << 20);  // as weave-bench gemm_fp8's cuBLASLt rows
+    x.fref = fref.get(), x.lt = lt.get();
+  }
   {  // rank 0's seed on every rank (only rank 0 draws and prints one)
     const uint64_t mine = x.rank == 0 ? check::test_seed() : 0;
     std::vector<uint64_t> all(x.W);
     c.bootstrap().all_gather(&mine, all.data(), sizeof mine);
     x.seed = all[0];
   }
-  if (x.rank == 0) {
+  if (x.rank == 0 && fp8) {
+    std::printf("weave-bench tp --dtype fp8: e4m3 A and B (B N x K), per-tensor scales, bf16 out; world %d, %s, %d "
+                "SMs; times in us (slowest rank) / TFLOP/s of the local GEMM\n",
+                x.W, c.props().name, c.sm_count());
+    if (skipped_ar) std::printf("(gemm_ar left out: it has no fp8 form)\n");
+    std::printf("| kernel | S | local MxNxK | fp8 GEMM alone | cuBLASLt fp8+NCCL | weave fused | comm SMs | fused/alone | fused/cuBLASLt+NCCL | check (alone / cuBLASLt+NCCL / fused: worst error / bound) |\n|---|---|---|---|---|---|---|---|---|---|\n");
+  } else if (x.rank == 0) {
     std::printf("weave-bench tp: world %d, %s, %d SMs; times in us (slowest rank) / TFLOP/s of the local GEMM\n", x.W,
                 c.props().name, c.sm_count());
     std::printf("| kernel | S | local MxNxK | GEMM alone | cuBLAS+NCCL | weave fused | comm SMs | fused/alone | fused/cuBLAS+NCCL | check (alone / cuBLAS+NCCL / fused: worst error / bound) |\n|---|---|---|---|---|---|---|---|---|---|\n");
@@ -420,7 +662,11 @@ int run(const bench::Args& a) {
     if (counts.empty()) counts = {0, 4, 8, 16, 32, 64};  // bare --sweep
     const auto ss = a.numbers("sweep-sizes", "4096,16384");
     if (x.rank == 0) std::printf("\nnum_comm_sms sweep\n| kernel | S | local MxNxK | variant | comm SMs | us | TFLOP/s | check |\n|---|---|---|---|---|---|---|---|\n");
-    for (const char* k : {"ag_gemm", "gemm_ar"})
+    for (const char* k : {"ag_gemm", "gemm_ar"}) {
+      if (fp8 && std::string(k) == "gemm_ar") {
+        if (x.rank == 0) std::printf("(gemm_ar left out of the sweep: it has no fp8 form)\n");
+        continue;
+      }
       for (long long S : ss)
         for (long long n : counts) {
           const bool ag = std::string(k) == "ag_gemm";
@@ -430,11 +676,12 @@ int run(const bench::Args& a) {
           else
             for (int v = 0; v < (ag ? 2 : 1); ++v) run_one(x, k, static_cast<int>(S), static_cast<int>(n), true, false, 0, v);
         }
+    }
   }
   if (a.has("table3")) {
     const double Bw = 370e9;  // usable NVLink bandwidth per direction (shared/HARDWARE.md)
     if (x.rank == 0)
-      std::printf("\nTable 3: GEMM+RS, M = N = 16384, world %d\n| K_local | GEMM alone us | fused us | non-overlapped (fused-alone)/fused | R TFLOP/s | predicted K >= s*R/(2B) |\n|---|---|---|---|---|---|\n", x.W);
+      std::printf("\nTable 3: GEMM+RS%s, M = N = 16384, world %d\n| K_local | GEMM alone us | fused us | non-overlapped (fused-alone)/fused | R TFLOP/s | predicted K >= s*R/(2B) |\n|---|---|---|---|---|---|\n", fp8 ? " (fp8)" : "", x.W);
     for (int K : {512, 1024, 2048, 4096, 8192}) {
       Row r = run_one(x, "gemm_rs", 16384, -1, false, true, K);
       const double alone = r.alone_us, R = 2.0 * 16384.0 * 16384.0 * K / (alone * 1e-6);
@@ -442,9 +689,11 @@ int run(const bench::Args& a) {
       if (x.rank == 0) {
         std::printf("| %d | %.1f | %.1f | %.3f | %.0f | %.0f |\n", K, alone, r.us, frac, R / 1e12, thr);
         std::fflush(stdout);
-        json.write(bench::JsonLine().add("kernel", "gemm_rs").add("impl", "table3").add("M", 16384).add("N", 16384)
-                       .add("K", K).add("world", x.W).add("alone_us", alone).add("fused_us", r.us)
-                       .add("non_overlapped", frac).add("k_threshold", thr));
+        bench::JsonLine j;
+        j.add("kernel", "gemm_rs").add("impl", "table3").add("M", 16384).add("N", 16384).add("K", K).add("world", x.W)
+            .add("alone_us", alone).add("fused_us", r.us).add("non_overlapped", frac).add("k_threshold", thr);
+        if (fp8) j.add("dtype", kFp8Dtype);
+        json.write(j);
       }
     }
   }
@@ -457,5 +706,7 @@ int run(const bench::Args& a) {
 WEAVE_BENCH(tp,
             "TP fused kernels (ag_gemm, gemm_rs, gemm_ar) vs GEMM alone and cuBLAS+NCCL, 2+ ranks (--sizes "
             "2048,...,32768 --kernels ag_gemm,gemm_rs,gemm_ar --num-comm-sms N --variant V --sweep 0,4,...,64 "
-            "--sweep-sizes 4096,16384 --table3 --only-extra --host-us --b-layout kn|nk)",
+            "--sweep-sizes 4096,16384 --table3 --only-extra --host-us --b-layout kn|nk --dtype bf16|fp8; fp8: "
+            "ag_gemm and gemm_rs on e4m3 inputs with per-tensor scales vs weave's fp8 GEMM alone and cuBLASLt "
+            "fp8+NCCL)",
             run);
