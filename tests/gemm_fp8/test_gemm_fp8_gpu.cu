@@ -10,8 +10,15 @@
 // block-scaled one (fp8_promoted_bound()). A tile that misses one 128-K block must fail them:
 // MissingKBlockFailsTheBound checks exactly that with the kernel's own output, so the bound is not
 // only derived but shown to be tight enough on the hardware.
+//
+// transpose_fp8 (the gradient layouts, gemm_fp8/transpose.hpp): byte-exact against a host
+// transpose, the destination poisoned so that every byte it must write differs from its poison,
+// guard bytes around it checked untouched; dgrad and wgrad composed from it and the GEMM, checked
+// against the reference of operands transposed on the host, and sampled in float64 from the
+// untransposed forward-layout tensors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -19,12 +26,14 @@
 #include <vector>
 
 #include "check/device_buffer.hpp"
+#include "check/error_of.hpp"
 #include "check/gemm_fp8_ref.hpp"
 #include "check/gemm_ref.hpp"
 #include "check/seed.hpp"
 #include "check/tile_check.hpp"
 #include "gemm/gemm.hpp"
 #include "gemm_fp8/gemm_fp8.hpp"
+#include "gemm_fp8/transpose.hpp"
 
 using namespace weave;
 using bf16 = __nv_bfloat16;
@@ -533,4 +542,284 @@ TEST(GemmFp8, RejectsBadInput) {
   }
   cudaFree(p);
   cudaFree(f);
+}
+
+// ---- transpose_fp8 and the gradient layouts (gemm_fp8/transpose.hpp) -------------------------
+
+namespace {
+
+// Random bytes, every one of the 256 codes (the transpose copies bits: NaN and Inf codes too).
+std::vector<uint8_t> random_bytes(size_t n, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  std::vector<uint8_t> v(n);
+  for (size_t i = 0; i < n; i += 8) {
+    const uint64_t w = g();
+    for (size_t k = 0; k < 8 && i + k < n; ++k) v[i + k] = static_cast<uint8_t>(w >> (8 * k));
+  }
+  return v;
+}
+
+// rows x cols (row-major) transposed on the host, in 64 x 64 blocks.
+template <class T>
+std::vector<T> host_transpose(const std::vector<T>& a, int rows, int cols) {
+  std::vector<T> t(a.size());
+  for (int i0 = 0; i0 < rows; i0 += 64)
+    for (int j0 = 0; j0 < cols; j0 += 64)
+      for (int i = i0; i < std::min(rows, i0 + 64); ++i)
+        for (int j = j0; j < std::min(cols, j0 + 64); ++j) t[size_t(j) * rows + i] = a[size_t(i) * cols + j];
+  return t;
+}
+
+template <class T>
+std::vector<T> to_host(const T* d, size_t n) {
+  std::vector<T> h(n);
+  WEAVE_CUDA_CHECK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return h;
+}
+
+template <class T>
+void to_device(T* d, const std::vector<T>& h) {
+  WEAVE_CUDA_CHECK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+}
+
+// One transpose_fp8 call on fresh random bytes, checked byte for byte. dst sits kGuard bytes into
+// its allocation with kGuard more after it: each byte of dst is poisoned with the complement of
+// the byte it must receive (one never written fails), the guards with a position-dependent
+// pattern that must survive. Returns the device time of `timed` further calls (0 for none).
+double check_transpose(int rows, int cols, int timed = 0) {
+  constexpr size_t kGuard = 4096;
+  const size_t n = size_t(rows) * cols;
+  const std::vector<uint8_t> h = random_bytes(n, case_seed(1));
+  const std::vector<uint8_t> want = host_transpose(h, rows, cols);
+  DevBuf<uint8_t> src(n), buf(n + 2 * kGuard);
+  to_device(src.p, h);
+  std::vector<uint8_t> init(buf.n);
+  const auto guard_byte = [](size_t i) { return static_cast<uint8_t>(0x5a ^ (i * 131) ^ (i >> 8)); };
+  for (size_t i = 0; i < kGuard; ++i) init[i] = guard_byte(i), init[kGuard + n + i] = guard_byte(kGuard + n + i);
+  for (size_t i = 0; i < n; ++i) init[kGuard + i] = static_cast<uint8_t>(~want[i]);
+  to_device(buf.p, init);
+  uint8_t* const dst = buf.p + kGuard;
+  gemm_fp8::transpose_fp8(src.p, dst, rows, cols);
+  WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<uint8_t> got = to_host(buf.p, buf.n);
+  size_t bad = 0, first = n, guard_bad = 0, first_guard = buf.n;
+  for (size_t i = 0; i < n; ++i)
+    if (got[kGuard + i] != want[i]) {
+      if (bad++ == 0) first = i;
+    }
+  for (size_t i = 0; i < buf.n; ++i) {
+    if (i == kGuard) i += n;
+    if (got[i] != init[i] && guard_bad++ == 0) first_guard = i;
+  }
+  std::printf("check transpose_fp8 %dx%d: %zu of %zu bytes wrong, %zu guard bytes changed\n", rows, cols, bad, n,
+              guard_bad);
+  EXPECT_EQ(bad, 0u) << rows << "x" << cols << ": first wrong byte at dst[" << first / std::max(rows, 1) << ", "
+                     << first % std::max(rows, 1) << "] (src[" << first % std::max(rows, 1) << ", "
+                     << first / std::max(rows, 1) << "])";
+  EXPECT_EQ(guard_bad, 0u) << rows << "x" << cols << ": a byte outside dst changed, at offset "
+                           << static_cast<long long>(first_guard) - static_cast<long long>(kGuard)
+                           << " from dst (dst is " << n << " bytes)";
+  if (timed <= 0) return 0;
+  cudaEvent_t e0, e1;
+  WEAVE_CUDA_CHECK(cudaEventCreate(&e0));
+  WEAVE_CUDA_CHECK(cudaEventCreate(&e1));
+  gemm_fp8::transpose_fp8(src.p, dst, rows, cols);  // warm-up
+  WEAVE_CUDA_CHECK(cudaEventRecord(e0));
+  for (int i = 0; i < timed; ++i) gemm_fp8::transpose_fp8(src.p, dst, rows, cols);
+  WEAVE_CUDA_CHECK(cudaEventRecord(e1));
+  WEAVE_CUDA_CHECK(cudaEventSynchronize(e1));
+  float ms = 0;
+  WEAVE_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  WEAVE_CUDA_CHECK(cudaEventDestroy(e0));
+  WEAVE_CUDA_CHECK(cudaEventDestroy(e1));
+  // The timed calls rewrote dst with the same bytes: it must still be the transpose.
+  EXPECT_TRUE(to_host(dst, n) == want) << rows << "x" << cols << ": dst changed over the timed calls";
+  return 1e-3 * ms / timed;
+}
+
+// d_src (rows x cols) transposed on the host into d_out: a reference operand that shares nothing
+// with transpose_fp8. Returns the transposed bytes.
+std::vector<uint8_t> host_transposed_copy(const uint8_t* d_src, int rows, int cols, uint8_t* d_out) {
+  std::vector<uint8_t> t = host_transpose(to_host(d_src, size_t(rows) * cols), rows, cols);
+  to_device(d_out, t);
+  return t;
+}
+
+// transpose_fp8(d_src) into a GEMM operand d_dst, poisoned with 0xFF first (NaN in e4m3 and e5m2:
+// a byte the transpose never writes makes the GEMM's output NaN), and its bytes compared with the
+// host's transpose so that a failure says which of the two steps broke.
+void device_transpose(const uint8_t* d_src, uint8_t* d_dst, int rows, int cols, const std::vector<uint8_t>& want) {
+  WEAVE_CUDA_CHECK(cudaMemset(d_dst, 0xff, want.size()));
+  gemm_fp8::transpose_fp8(d_src, d_dst, rows, cols);
+  WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_TRUE(to_host(d_dst, want.size()) == want) << "transpose_fp8 of " << rows << "x" << cols
+                                                   << " differs from the host transpose";
+}
+
+// 256 sampled elements of the bf16 output C (rows x cols) against float64 dot products `dot(i, j,
+// acc, sq)` computed from the forward-layout tensors on the host.
+template <class Dot>
+void check_sampled(const char* what, const bf16* dC, int rows, int cols, check::Bound b, uint64_t seed, Dot dot) {
+  const std::vector<bf16> c = to_host(dC, size_t(rows) * cols);
+  constexpr int kSamples = 256;
+  std::mt19937_64 g(seed);
+  std::vector<int> si(kSamples), sj(kSamples);
+  std::vector<double> r(kSamples), s(kSamples);
+  for (int t = 0; t < kSamples; ++t) {
+    si[t] = int(g() % rows), sj[t] = int(g() % cols);
+    double acc = 0, sq = 0;
+    dot(si[t], sj[t], acc, sq);
+    r[t] = acc, s[t] = std::sqrt(sq);
+  }
+  const check::Report rep = check::compare_host(
+      1, kSamples, [&](long long, long long t) { return double(__bfloat162float(c[size_t(si[t]) * cols + sj[t]])); },
+      [&](long long, long long t) { return r[t]; }, [&](long long, long long t) { return s[t]; }, b, 1, kSamples);
+  std::printf("  %s, 256 float64 samples from the untransposed tensors: %s\n", what, rep.str().c_str());
+  EXPECT_TRUE(rep.ok) << what << ", sampled float64 check from the untransposed tensors (column = sample): "
+                      << rep.str();
+}
+
+// dgrad, dX = dY W: dY M x N_out (e5m2), W N_out x K_in (e4m3, nn.Linear's layout), dX M x K_in.
+// transpose_fp8(W) gives W^T (K_in x N_out), the GEMM's B: gemm(dY, W^T) is M x K_in x N_out.
+// Per-tensor scales, or block scales: dY's per (row, 128 columns) are scale_a as they are; W's
+// 128 x 128 ones, drawn in the forward layout (ceil(N_out/128) x ceil(K_in/128)), transposed.
+void check_dgrad(int M, int Nout, int Kin, bool block) {
+  Opts o;
+  o.ta = Fp8::E5M2, o.tb = Fp8::E4M3, o.block = block;
+  if (block) o.scale_lo = 1e-3f, o.scale_hi = 1e3f;
+  Fp8Run c(M, Kin, Nout, o);  // A = dY (drawn here), B = W^T (written by transpose_fp8 below)
+  const std::string name = "dgrad M " + std::to_string(M) + ", N_out " + std::to_string(Nout) + ", K_in " +
+                           std::to_string(Kin) + ": gemm " + c.name();
+  SCOPED_TRACE(name);
+  DevBuf<uint8_t> W(size_t(Nout) * Kin), Wt_ref(W.n);
+  check::fill_fp8_uniform(W.p, false, W.n, case_seed(6), 448.f);
+  const std::vector<uint8_t> wt = host_transposed_copy(W.p, Nout, Kin, Wt_ref.p);
+  const int ob = (Nout + 127) / 128, ib = (Kin + 127) / 128;
+  std::vector<float> sW;  // W's block scales, forward layout: sW[o * ib + i]
+  if (block) {
+    DevBuf<float> d(size_t(ob) * ib);
+    check::fill_log_uniform(d.p, d.n, case_seed(7), o.scale_lo, o.scale_hi);
+    sW = to_host(d.p, d.n);
+    EXPECT_EQ(c.sb.n, sW.size());
+    to_device(c.sb.p, host_transpose(sW, ob, ib));  // W^T's: scale_b[i * ob + o]
+  }
+  if (block) ref().run_block(c.A.p, true, Wt_ref.p, false, M, Kin, Nout, c.sa.p, c.sb.p, c.r.p, c.s.p);
+  else ref().run(c.A.p, true, Wt_ref.p, false, M, Kin, Nout, c.sa.p, c.sb.p, c.r.p, c.s.p);
+  check::sqrt_inplace(c.s.p, size_t(M) * Kin);
+  device_transpose(W.p, c.B.p, Nout, Kin, wt);
+  c.call(c.A.p);
+  const check::Report rep = c.compare();
+  std::printf("check gemm_fp8 %s: %s\n", name.c_str(), rep.str().c_str());
+  EXPECT_TRUE(rep.ok) << rep.str();
+  // dX[i, j] = sum_k sa dY[i, k] sW W[k, j], from dY and W as the forward pass holds them.
+  const std::vector<uint8_t> dy = to_host(c.A.p, c.A.n), w = to_host(W.p, W.n);
+  const std::vector<float> sa = to_host(c.sa.p, c.sa.n), sb = block ? sW : to_host(c.sb.p, 1);
+  check_sampled("dgrad", c.C.p, M, Kin, bound_for(o, Nout), case_seed(8), [&](int i, int j, double& acc, double& sq) {
+    for (int k = 0; k < Nout; ++k) {
+      const double fa = block ? sa[size_t(k / 128) * M + i] : sa[0];
+      const double fb = block ? sW[size_t(k / 128) * ib + j / 128] : sb[0];
+      const double p = fa * check::fp8_to_double(dy[size_t(i) * Nout + k], true) * fb *
+                       check::fp8_to_double(w[size_t(k) * Kin + j], false);
+      acc += p, sq += p * p;
+    }
+  });
+}
+
+// wgrad, dW = dY^T X: dY M x N_out (e5m2), X M x K_in (e4m3), dW N_out x K_in. transpose_fp8 of
+// both gives the token-major dY^T (N_out x M) and X^T (K_in x M): gemm(dY^T, X^T) is
+// N_out x K_in x M. Per-tensor scales.
+void check_wgrad(int M, int Nout, int Kin) {
+  Opts o;
+  o.ta = Fp8::E5M2, o.tb = Fp8::E4M3;
+  Fp8Run c(Nout, Kin, M, o);  // A = dY^T, B = X^T: both written by transpose_fp8 below
+  const std::string name = "wgrad M " + std::to_string(M) + ", N_out " + std::to_string(Nout) + ", K_in " +
+                           std::to_string(Kin) + ": gemm " + c.name();
+  SCOPED_TRACE(name);
+  DevBuf<uint8_t> dY(size_t(M) * Nout), X(size_t(M) * Kin), dYt_ref(dY.n), Xt_ref(X.n);
+  check::fill_fp8_uniform(dY.p, true, dY.n, case_seed(6), 1000.f);  // beyond e4m3's range: e5m2 keeps it
+  check::fill_fp8_uniform(X.p, false, X.n, case_seed(7), 4.f);
+  const std::vector<uint8_t> dyt = host_transposed_copy(dY.p, M, Nout, dYt_ref.p);
+  const std::vector<uint8_t> xt = host_transposed_copy(X.p, M, Kin, Xt_ref.p);
+  ref().run(dYt_ref.p, true, Xt_ref.p, false, Nout, Kin, M, c.sa.p, c.sb.p, c.r.p, c.s.p);
+  check::sqrt_inplace(c.s.p, size_t(Nout) * Kin);
+  device_transpose(dY.p, c.A.p, M, Nout, dyt);
+  device_transpose(X.p, c.B.p, M, Kin, xt);
+  c.call(c.A.p);
+  const check::Report rep = c.compare();
+  std::printf("check gemm_fp8 %s: %s\n", name.c_str(), rep.str().c_str());
+  EXPECT_TRUE(rep.ok) << rep.str();
+  // dW[i, j] = sum_t sa dY[t, i] sb X[t, j], from dY and X as the forward / backward pass holds them.
+  const std::vector<uint8_t> dy = to_host(dY.p, dY.n), x = to_host(X.p, X.n);
+  const double scale = double(to_host(c.sa.p, 1)[0]) * double(to_host(c.sb.p, 1)[0]);
+  check_sampled("wgrad", c.C.p, Nout, Kin, bound_for(o, M), case_seed(8), [&](int i, int j, double& acc, double& sq) {
+    for (int t = 0; t < M; ++t) {
+      const double p = scale * check::fp8_to_double(dy[size_t(t) * Nout + i], true) *
+                       check::fp8_to_double(x[size_t(t) * Kin + j], false);
+      acc += p, sq += p * p;
+    }
+  });
+}
+
+}  // namespace
+
+// Byte-exact against the host's transpose: a single 16 x 16 block, skinny shapes in both
+// directions (one tile row or column, most of it outside the matrix), sizes that are multiples of
+// 16 but not of the 128-byte tile, and 8192 x 8192 (64 MiB; its rate is printed, not checked).
+TEST(GemmFp8, Fp8Transpose) {
+  const std::pair<int, int> shapes[] = {{16, 16},     {48, 4096},  {4096, 48},    {1040, 528},
+                                        {528, 1040},   {144, 272},  {2064, 1040},  {16, 32768},
+                                        {32768, 16},   {128, 128},  {1008, 784}};
+  for (auto [rows, cols] : shapes)
+    for (int rep = 0; rep < 2; ++rep) check_transpose(rows, cols);  // twice: fresh bytes into a re-poisoned dst
+  const int big = 8192;
+  const double sec = check_transpose(big, big, 20);
+  const double bytes = 2.0 * big * big;  // read once, written once
+  std::printf("transpose_fp8 %dx%d: %.1f us per call, %.2f TB/s read + write (floor: %.0f MB / the HBM rate, "
+              "~28 us at 4.8 TB/s)\n",
+              big, big, sec * 1e6, bytes / sec * 1e-12, bytes * 1e-6);
+}
+
+// The two gradient GEMMs of a linear layer through transpose_fp8 + gemm_fp8 (transpose.hpp's
+// recipe), e5m2 gradients x e4m3 weights / activations, on ragged shapes: N_out and K_in multiples
+// of 16 but not of 128 (the GEMM's K, N and the scale blocks cut short), dgrad's M anything (M = 1:
+// the decode tile), wgrad's M (its GEMM's K) a multiple of 16.
+TEST(GemmFp8, Fp8GradientLayouts) {
+  for (Shape s : {Shape{1000, 784, 528}, Shape{1, 4096, 1040}, Shape{130, 1040, 2064}, Shape{2048, 4096, 4096}})
+    check_dgrad(s.M, s.N, s.K, false);
+  for (Shape s : {Shape{1000, 784, 528}, Shape{256, 2064, 1040}}) check_dgrad(s.M, s.N, s.K, true);
+  for (Shape s : {Shape{1008, 784, 528}, Shape{16, 784, 528}, Shape{4096, 1040, 2064}, Shape{8192, 512, 1024}})
+    check_wgrad(s.M, s.N, s.K);
+}
+
+TEST(GemmFp8, Fp8TransposeRejectsBadInput) {
+  DevBuf<uint8_t> p(1 << 20), small(4096);
+  const auto expect_error = [](const char* what, const std::string& needle, auto&& fn) {
+    const std::string e = check::error_of(fn);
+    EXPECT_NE(e, "") << what << " accepted";
+    EXPECT_NE(e.find(needle), std::string::npos) << what << ": " << e;
+  };
+  uint8_t* const a = p.p;
+  uint8_t* const b = p.p + (1 << 19);  // a and b: 512 KiB each, 16-byte aligned
+  using gemm_fp8::transpose_fp8;
+  expect_error("rows = 100", "rows = 100 is not a multiple of 16", [&] { transpose_fp8(a, b, 100, 64); });
+  expect_error("cols = 40", "cols = 40 is not a multiple of 16", [&] { transpose_fp8(a, b, 64, 40); });
+  expect_error("rows = 0", "must be positive", [&] { transpose_fp8(a, b, 0, 64); });
+  expect_error("cols = -16", "must be positive", [&] { transpose_fp8(a, b, 64, -16); });
+  expect_error("null src", "null pointer", [&] { transpose_fp8(nullptr, b, 64, 64); });
+  expect_error("null dst", "null pointer", [&] { transpose_fp8(a, nullptr, 64, 64); });
+  expect_error("misaligned src", "is not 16-byte aligned", [&] { transpose_fp8(a + 8, b, 64, 64); });
+  expect_error("misaligned src (named)", "src (", [&] { transpose_fp8(a + 8, b, 64, 64); });
+  expect_error("misaligned dst", "is not 16-byte aligned", [&] { transpose_fp8(a, b + 4, 64, 64); });
+  expect_error("misaligned dst (named)", "dst (", [&] { transpose_fp8(a, b + 4, 64, 64); });
+  expect_error("in place", "overlap", [&] { transpose_fp8(a, a, 64, 64); });
+  expect_error("dst inside src", "overlap", [&] { transpose_fp8(a, a + 4080, 64, 64); });  // 16 bytes shared
+  expect_error("src inside dst", "overlap", [&] { transpose_fp8(b + 256, b, 64, 64); });
+  expect_error("short dst", "dst needs", [&] { transpose_fp8(a, small.p, 128, 64); });  // 8192 bytes into 4096
+  expect_error("short src", "src needs", [&] { transpose_fp8(small.p, a, 64, 128); });
+  expect_error("src past the allocation's end", "src needs", [&] { transpose_fp8(b + (1 << 19) - 16, a, 16, 16); });
+  alignas(16) static uint8_t host[4096];
+  expect_error("host src", "not in device memory", [&] { transpose_fp8(host, a, 16, 16); });
+  // Adjacent but not overlapping is fine.
+  EXPECT_EQ(check::error_of([&] { transpose_fp8(a, a + 4096, 64, 64); }), "");
+  WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
 }

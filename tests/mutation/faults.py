@@ -483,6 +483,18 @@ FAULTS = [
         "tests": ["test_gemm_fp8_gpu:GemmFp8.BlockScaled*"],
     },
     {
+        "name": "gemm_fp8_transpose_read_unswizzled",
+        "what": "fp8 transpose: the store side reads the shared tile without the XOR swizzle its word stores "
+                "used, so every destination row's 16-byte chunks come from the wrong source rows (except chunk "
+                "0 of rows d with (d / 16) % 8 == 0)",
+        "edits": [{
+            "file": "kernels/gemm_fp8/transpose.cu",
+            "find": "tile + d * 32 + 4 * (x ^ ((d / 16) % 8))",
+            "replace": "tile + d * 32 + 4 * x",
+        }],
+        "tests": ["test_gemm_fp8_gpu:GemmFp8.Fp8Transpose"],
+    },
+    {
         "name": "gemm_fp8_block_split_scales_from_block_0",
         "what": "block-scaled split-K: every split takes its scales from K block 0 on instead of its own first block "
                 "(the operands still come from its own range)",
