@@ -40,9 +40,10 @@
 //                                                        (per K step it measured up to 25 % of a
 //                                                        fused GEMM's time, perf-notes session 5)
 //           consume(g, ConsumerState&, Stage&, w, it, c)  consumer warpgroup c
-//           or, with kOwnsKLoop = true, consume_tile(g, ConsumerState&, pipe, w, iters, c): the
-//           consumer runs a tile's whole K loop itself, taking stages with pipe.take() and
-//           freeing each with pipe.release(index) (ConsumerPipe below), so that it can keep
+//           or, with kOwnsKLoop = true, consume_range(g, ConsumerState&, pipe, w, k_begin, iters,
+//           c): the consumer runs K steps k_begin .. k_begin + iters - 1 of item w itself (the
+//           template passes 0 and the tile's iters; split-K a range), taking stages with
+//           pipe.take() and freeing each with pipe.release(index) (ConsumerPipe below), so that it can keep
 //           wgmma batches of different K steps in flight in registers it names statically
 //           (such a K has no consume, drain or kReleaseLag)
 //           drain(ConsumerState&)                         consumer: all its async math done
@@ -121,7 +122,7 @@ struct HasSetup : std::false_type {};
 template <class K>
 struct HasSetup<K, std::void_t<decltype(&K::setup)>> : std::true_type {};
 
-// Optional consumer K loop (K::kOwnsKLoop = true: K::consume_tile runs a tile's stages itself);
+// Optional consumer K loop (K::kOwnsKLoop = true: K::consume_range runs a tile's stages itself);
 // without it the template calls consume() per stage.
 template <class K, class = void>
 struct OwnsKLoop : std::false_type {};
@@ -306,7 +307,7 @@ __device__ __forceinline__ void run_consumer(const typename K::Globals& g, Share
     const int iters = K::num_iters(g, w);
     if constexpr (OwnsKLoop<K>::value) {
       ConsumerPipe<K> pipe{s, ps};
-      K::consume_tile(g, st, pipe, w, iters, c);
+      K::consume_range(g, st, pipe, w, 0, iters, c);
     } else {
       uint32_t prev = 0;
       for (int it = 0; it < iters; ++it) {

@@ -62,12 +62,12 @@ struct SplitKKernel : Base {
     Base::load(g, st, full, l.t, l.k_begin + it);
   }
 
-  // A Base that runs its K loop itself (lcsc kOwnsKLoop) runs this item's K range.
+  // A Base that runs its K loop itself (lcsc kOwnsKLoop) runs this segment's K range.
   template <class Pipe>
-  static __device__ __forceinline__ void consume_tile(const Globals& g, ConsumerState& st, Pipe& pipe, int w,
-                                                      int iters, int c) {
+  static __device__ __forceinline__ void consume_range(const Globals& g, ConsumerState& st, Pipe& pipe, int w,
+                                                       int k_begin, int iters, int c) {
     const Segment s = segment(g.sk, w);
-    Base::consume_range(g, st, pipe, s.item, s.k_begin, iters, c);
+    Base::consume_range(g, st, pipe, s.item, s.k_begin + k_begin, iters, c);
   }
 
   static __device__ __forceinline__ int cta_rank() {

@@ -287,7 +287,7 @@ struct Fp8BlockCommon : Fp8Common<BN_, Stages> {
   using typename Base::Stage;
   static constexpr bool kBlockScales = true;
   using Scales = BlockScales<BN_, LaneB>;
-  static constexpr bool kOwnsKLoop = true;  // consume_tile releases each stage itself
+  static constexpr bool kOwnsKLoop = true;  // consume_range releases each stage itself
 
   // One 128-K block's four wgmmas into a temporary (the first overwrites it: scale-d 0).
   static __device__ __forceinline__ void issue(float (&part)[BN / 2], const Stage& s, int c) {
@@ -342,11 +342,6 @@ struct GemmFp8BlockKernel : Fp8BlockCommon<TA, TB, Stages, BN_, LaneB> {
       pipe.release(t.index);  // the loads of a later block start while this one is promoted
       st.sc.promote(st.d, st.part, sc);
     }
-  }
-  template <class Pipe>
-  static __device__ __forceinline__ void consume_tile(const Globals& g, ConsumerState& st, Pipe& pipe, int w,
-                                                      int iters, int c) {
-    consume_range(g, st, pipe, w, 0, iters, c);
   }
 
   static __device__ __forceinline__ void finish(const Globals&, ConsumerState& st, Output& o, int, int c, int) {
@@ -417,11 +412,6 @@ struct GemmFp8BlockPipeKernel : Fp8BlockCommon<TA, TB, Stages, 128, LaneB> {
       if (++it == iters) return last(st, pipe, st.part1, prev, prev_index);
       step(g, st, pipe, st.part0, st.part1, prev, prev_index, k_begin + it, c);
     }
-  }
-  template <class Pipe>
-  static __device__ __forceinline__ void consume_tile(const Globals& g, ConsumerState& st, Pipe& pipe, int w,
-                                                      int iters, int c) {
-    consume_range(g, st, pipe, w, 0, iters, c);
   }
 
   static __device__ __forceinline__ void finish(const Globals&, ConsumerState& st, Output& o, int, int c, int) {

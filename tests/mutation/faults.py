@@ -500,8 +500,8 @@ FAULTS = [
                 "(the operands still come from its own range)",
         "edits": [{
             "file": "kernels/gemm/split_k.cuh",
-            "find": "Base::consume_range(g, st, pipe, s.item, s.k_begin, iters, c);",
-            "replace": "Base::consume_range(g, st, pipe, s.item, 0, iters, c);",
+            "find": "Base::consume_range(g, st, pipe, s.item, s.k_begin + k_begin, iters, c);",
+            "replace": "Base::consume_range(g, st, pipe, s.item, k_begin, iters, c);",
         }],
         "tests": ["test_gemm_fp8_gpu:GemmFp8.BlockScaledSplitK"],
     },
