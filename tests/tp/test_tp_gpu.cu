@@ -203,6 +203,12 @@ std::string shape_name(const char* kernel, int M, int N, int K) {
   return std::string(kernel) + " " + std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K);
 }
 
+// A case's label: kernel and shape, the variant and communicator SMs asked for, and what ran.
+std::string case_name(const char* kernel, const Shape& s, int variant, int ncomm, const weave::tp::LaunchInfo& li) {
+  return shape_name(kernel, s.M, s.N, s.K) + " variant " + std::to_string(variant) + " ncomm " + std::to_string(ncomm) +
+         " (ran v" + std::to_string(li.variant) + ", " + std::to_string(li.num_comm_sms) + ")";
+}
+
 }  // namespace
 
 TEST(TpGpu, GemmRsMatchesReference) {
@@ -233,9 +239,7 @@ TEST(TpGpu, GemmRsMatchesReference) {
         const auto li = rs.run(A.p, B.p, out.p, s.M, s.N, s.K, o);
         wt::settle();
         expect_all_ranks(compare_rows(out.p, ref, sh.begin, sh.size, s.N, check::partial_sum_bound(W)),
-                         shape_name("gemm_rs", s.M, s.N, s.K) + " variant " + std::to_string(variant) + " ncomm " +
-                             std::to_string(ncomm) + " (ran v" + std::to_string(li.variant) + ", " +
-                             std::to_string(li.num_comm_sms) + ") rep " + std::to_string(rep));
+                         case_name("gemm_rs", s, variant, ncomm, li) + " rep " + std::to_string(rep));
       }
     }
   }
@@ -271,9 +275,7 @@ TEST(TpGpu, AgGemmMatchesReference) {
         o.variant = variant;
         const auto li = ag.run(src, G.p, B.p, C.p, s.M, s.N, s.K, o);
         wt::settle();
-        const std::string what = shape_name("ag_gemm", s.M, s.N, s.K) + " variant " + std::to_string(variant) +
-                                 " ncomm " + std::to_string(ncomm) + " (ran v" + std::to_string(li.variant) + ", " +
-                                 std::to_string(li.num_comm_sms) + ") in_place " + std::to_string(in_place);
+        const std::string what = case_name("ag_gemm", s, variant, ncomm, li) + " in_place " + std::to_string(in_place);
         expect_all_ranks(compare_gathered(G.p, ref, s.M, s.K), what + ", gathered A");
         expect_all_ranks(compare_rows(C.p, ref, 0, s.M, s.N, check::gemm_bound()), what);
         wt::settle();
@@ -849,9 +851,8 @@ TEST(TpGpu, Fp8AgGemmMatchesReference) {
         o.variant = variant;
         const auto li = ag.run(src, G.p, B.p, sa.p, sb.p, C.p, s.M, s.N, s.K, o);
         wt::settle();
-        const std::string what = shape_name("ag_gemm fp8", s.M, s.N, s.K) + " variant " + std::to_string(variant) +
-                                 " ncomm " + std::to_string(ncomm) + " (ran v" + std::to_string(li.variant) + ", " +
-                                 std::to_string(li.num_comm_sms) + ") in_place " + std::to_string(in_place);
+        const std::string what =
+            case_name("ag_gemm fp8", s, variant, ncomm, li) + " in_place " + std::to_string(in_place);
         expect_gathered_fp8(G.p, ref, s.M, s.K, what);
         expect_all_ranks(compare_rows(C.p, ref, 0, s.M, s.N, check::fp8_tensor_core_bound(s.K)), what);
         wt::settle();
@@ -890,9 +891,7 @@ TEST(TpGpu, Fp8GemmRsMatchesReference) {
         const auto li = rs.run(A.p, B.p, sa.p, sb.p, out.p, s.M, s.N, s.K, o);
         wt::settle();
         expect_all_ranks(compare_rows(out.p, ref, sh.begin, sh.size, s.N, bound),
-                         shape_name("gemm_rs fp8", s.M, s.N, s.K) + " variant " + std::to_string(variant) +
-                             " ncomm " + std::to_string(ncomm) + " (ran v" + std::to_string(li.variant) + ", " +
-                             std::to_string(li.num_comm_sms) + ") rep " + std::to_string(rep));
+                         case_name("gemm_rs fp8", s, variant, ncomm, li) + " rep " + std::to_string(rep));
       }
     }
   }

@@ -253,6 +253,25 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
   if (!x.fp8)
     for (int i = 0; i < 2; ++i) gref::fill_uniform(B[i], size_t(K) * N, seed_of(i, r, kB), 1.f, x.st);
   int nf = 0, nb = 0, na = 0, last_f = -1, last_b = -1, last_a = -1;  // calls made, set of the last one
+  // ag_gemm's checks after the timing, for either input type: for each input set that a checked
+  // call used, reference(i) fills ref_r and ref_s (squared, rooted here); then the fused C with its
+  // gathered A (every element equal to Gfull[i]'s) and the baselines' C, per tile within `bound`.
+  auto check_ag = [&](const auto* G, const auto& Gfull, check::Bound bound, auto&& reference) {
+    for (int i = 0; i < 2; ++i) {
+      if (last_f != i && !(baselines && (last_b == i || last_a == i))) continue;
+      reference(i);
+      check::sqrt_inplace(ref_s.p, nc, x.st);
+      auto cmp = [&](const bf16* C) {
+        return check::compare({C, N}, {ref_r.p, N}, {ref_s.p, N}, M, N, bound, 128, 128, x.st);
+      };
+      if (last_f == i) {
+        const unsigned long long bad = mismatches(G, Gfull[i], size_t(M) * K, x.st);
+        settle_check(x, fused, cmp(Cf.p), bad == 0, bad ? "; gathered A: " + std::to_string(bad) + " elements differ" : "");
+      }
+      if (baselines && last_b == i) settle_check(x, base, cmp(Cb.p));
+      if (baselines && last_a == i) settle_check(x, alone, cmp(Ca.p));
+    }
+  };
   if (x.fp8) {
     // fp8: the same rows and checks as the bf16 ones below, on e4m3 operands (uniform in
     // [-256, 256) rounded to e4m3, most of its range, as weave-bench gemm_fp8), B N x K, and
@@ -337,20 +356,7 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
       weave::check::poison(Cf.p, nc, x.st);
       if (baselines) weave::check::poison(Cb.p, nc, x.st), weave::check::poison(Ca.p, nc, x.st);
       measure(fused_fn, ref, alone_fn, li);
-      for (int i = 0; i < 2; ++i) {
-        if (last_f != i && !(baselines && (last_b == i || last_a == i))) continue;
-        reference(Gfull[i], B8[i], sa[i], sb[i], ref_r.p, ref_s.p);
-        check::sqrt_inplace(ref_s.p, nc, x.st);
-        auto cmp = [&](const bf16* C) {
-          return check::compare({C, N}, {ref_r.p, N}, {ref_s.p, N}, M, N, one_bound, 128, 128, x.st);
-        };
-        if (last_f == i) {
-          const unsigned long long bad = mismatches(G, Gfull[i], size_t(M) * K, x.st);
-          settle_check(x, fused, cmp(Cf.p), bad == 0, bad ? "; gathered A: " + std::to_string(bad) + " elements differ" : "");
-        }
-        if (baselines && last_b == i) settle_check(x, base, cmp(Cb.p));
-        if (baselines && last_a == i) settle_check(x, alone, cmp(Ca.p));
-      }
+      check_ag(G, Gfull, one_bound, [&](int i) { reference(Gfull[i], B8[i], sa[i], sb[i], ref_r.p, ref_s.p); });
       WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
       x.c.barrier();
       x.c.free(G);
@@ -459,20 +465,8 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
     weave::check::poison(Cf.p, nc, x.st);
     if (baselines) weave::check::poison(Cb.p, nc, x.st), weave::check::poison(Ca.p, nc, x.st);
     measure(fused_fn, ref, alone_fn, li);
-    for (int i = 0; i < 2; ++i) {
-      if (last_f != i && !(baselines && (last_b == i || last_a == i))) continue;
-      x.ref.run(Gfull[i], B[i], M, N, K, x.bl, ref_r.p, ref_s.p, false, x.st);
-      check::sqrt_inplace(ref_s.p, nc, x.st);
-      auto cmp = [&](const bf16* C) {
-        return check::compare({C, N}, {ref_r.p, N}, {ref_s.p, N}, M, N, check::gemm_bound(), 128, 128, x.st);
-      };
-      if (last_f == i) {
-        const unsigned long long bad = mismatches(G, Gfull[i], size_t(M) * K, x.st);
-        settle_check(x, fused, cmp(Cf.p), bad == 0, bad ? "; gathered A: " + std::to_string(bad) + " elements differ" : "");
-      }
-      if (baselines && last_b == i) settle_check(x, base, cmp(Cb.p));
-      if (baselines && last_a == i) settle_check(x, alone, cmp(Ca.p));
-    }
+    check_ag(G, Gfull, check::gemm_bound(),
+             [&](int i) { x.ref.run(Gfull[i], B[i], M, N, K, x.bl, ref_r.p, ref_s.p, false, x.st); });
     WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
     x.c.barrier();
     x.c.free(G);
