@@ -73,16 +73,6 @@ struct Vec<__nv_bfloat16> {
   __device__ static __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
 };
 
-// Every thread learns what thread 0 decided; the shared word is free again afterwards.
-__device__ __forceinline__ bool block_agree(bool mine_if_thread0) {
-  __shared__ int v;
-  if (threadIdx.x == 0) v = mine_if_thread0;
-  __syncthreads();
-  const bool r = v;
-  __syncthreads();
-  return r;
-}
-
 // Item j of a rank's (step, piece) list, steps in order: false past the end.
 template <class CountFn>
 __device__ inline bool nth_item(const Layout& L, long long j, CountFn count, int* s, int* p) {

@@ -153,6 +153,16 @@ __device__ inline bool open_send_gate(const NetHandle& h, uint64_t call, uint64_
   return r;
 }
 
+// Every thread learns what thread 0 decided; the shared word is free again afterwards.
+__device__ __forceinline__ bool block_agree(bool mine_if_thread0) {
+  __shared__ int v;
+  if (threadIdx.x == 0) v = mine_if_thread0;
+  __syncthreads();
+  const bool r = v;
+  __syncthreads();
+  return r;
+}
+
 // All threads of the block: copies `bytes` from device memory into the mapped send buffer, 16
 // bytes per access where both ends are 16-byte aligned (the collectives' pieces are).
 __device__ inline void block_copy_out(char* dst, const char* src, uint64_t bytes) {

@@ -1,0 +1,124 @@
+// Inter-node AllGather + GEMM in one persistent kernel (mKernel's SM roles): the single-node
+// ag_gemm's compute blocks (tp::AgKernelT: the 128 x 256 GEMM over owner shards, own rows first)
+// beside two kinds of communicator blocks on the network path (ag_layout.hpp says where each
+// byte goes):
+//   send blocks     (communicator blocks 0 .. send_blocks - 1): wait at the call's send gate (the
+//                   previous calls' commands no longer read the send buffer), then for each unit
+//                   of this rank's shard copy it from device memory into the mapped send buffer
+//                   (and into this rank's rows of the gathered A when the input is elsewhere) and
+//                   queue one command per rail peer;
+//   receive blocks  (the rest): for each (step, unit) of the peer shards, in the GEMM's order,
+//                   wait for its flag, copy the unit out of the mapped receive buffer into the
+//                   gathered A (device memory), consume the flag and count the unit in on its
+//                   row tile's ready counter (device memory, zeroed before the launch).
+// The loader waits for a peer row tile's P units before its first TMA load of it, watching the
+// path: once the path stopped (a peer or the proxy failed, or a receive block timed out) it
+// stops waiting, the tile computes garbage and the host's finish() throws the diagnostic.
+#pragma once
+#include "ag_gemm/ag_gemm_kernel.cuh"
+#include "net_tp/ag_layout.hpp"
+#include "weave/memory_order.cuh"
+#include "weave/net/device.cuh"
+
+namespace weave::net::tp_net {
+
+template <class GG>
+struct NetAgGlobalsT : weave::tp::AgGlobalsT<GG> {
+  NetHandle h;
+  AgLayout A;
+  unsigned long long* tile_ready;  // per virtual row tile: units arrived this call (zeroed per call)
+  char* gathered;                  // this rank's gathered A, device memory
+  uint64_t call, commands_before, recv_base;
+  uint32_t flag_base;
+  int send_blocks;
+};
+
+template <class Gemm>
+struct NetAgKernelT : weave::tp::AgKernelT<Gemm> {
+  using Base = weave::tp::AgKernelT<Gemm>;
+  using Globals = NetAgGlobalsT<typename Gemm::Globals>;
+  using typename Base::LoadTile;
+
+  static __device__ __forceinline__ LoadTile tile_of(const Globals& g, int w) {
+    const weave::tp::Item t = weave::tp::item(g.L, g.rank, w);
+    if (t.owner != g.rank) {
+      const unsigned long long* c = g.tile_ready + t.vrow;
+      const unsigned long long want = static_cast<unsigned long long>(g.A.P);
+      for (uint32_t i = 1; ld_acquire_sys(c) < want; ++i)
+        if ((i & 1023) == 0 && stopped(g.h)) break;  // the call fails at finish(); no hang here
+      tile::fence_proxy_async_global();            // TMA reads what generic stores wrote
+    }
+    return {t.owner, t.i, t.n};
+  }
+
+  // 16-byte copies of one unit: device shard -> mapped send buffer (and the own rows of the
+  // gathered A), each vector read once. Units are 16-byte aligned and sized.
+  static __device__ __forceinline__ void stage_unit(char* send, char* own, const char* src, long long bytes) {
+    const long long n = bytes / 16;
+    for (long long i = threadIdx.x; i < n; i += blockDim.x) {
+      const uint4 v = __ldcs(reinterpret_cast<const uint4*>(src) + i);
+      reinterpret_cast<uint4*>(send)[i] = v;
+      if (own) reinterpret_cast<uint4*>(own)[i] = v;
+    }
+  }
+
+  static __device__ __noinline__ void send_role(const Globals& g, int c, int nc) {
+    const NetHandle& h = g.h;
+    const AgLayout& A = g.A;
+    if (!open_send_gate(h, g.call, g.commands_before, c == 0)) return;
+    Producer prod{h.queue};
+    const char* shard = static_cast<const char*>(g.shard);
+    char* own = g.copy_local ? g.gathered + weave::tp::shard(A.L.M, A.L.W, g.rank).begin * A.row_bytes : nullptr;
+    for (int u = c; u < ag_owner_units(A, g.rank); u += nc) {
+      long long b0, b1;
+      ag_unit(A, g.rank, u, &b0, &b1);
+      if (b1 <= b0) continue;  // the receivers count empty units in without a command
+      stage_unit(h.send + b0, own ? own + b0 : nullptr, shard + b0, b1 - b0);
+      __syncthreads();
+      bool ok = true;
+      if (threadIdx.x == 0)
+        for (int s = 0; ok && s < ag_steps(A); ++s) {
+          const Command cmd{static_cast<uint64_t>(b0), g.recv_base + static_cast<uint64_t>(ag_recv_off(A, s, b0)),
+                            static_cast<uint64_t>(b1 - b0), 1, g.flag_base + static_cast<uint32_t>(ag_flag(A, s, u)),
+                            static_cast<uint16_t>(ag_send_peer(A, g.rank, s)), kNotify, 0};
+          ok = push(h, prod, cmd);
+        }
+      if (!block_agree(ok)) return;
+    }
+  }
+
+  static __device__ __noinline__ void recv_role(const Globals& g, int b, int nb) {
+    const NetHandle& h = g.h;
+    const AgLayout& A = g.A;
+    const long long items = ag_recv_items(A, g.rank);
+    for (long long j = b; j < items; j += nb) {
+      int s = 0, u = 0;
+      ag_recv_item(A, g.rank, j, &s, &u);
+      const int q = ag_recv_owner(A, g.rank, s);
+      long long b0, b1;
+      ag_unit(A, q, u, &b0, &b1);
+      const uint32_t flag = g.flag_base + static_cast<uint32_t>(ag_flag(A, s, u));
+      if (b1 > b0) {
+        if (!block_agree(threadIdx.x == 0 ? wait_arrival(h, flag) : true)) return;
+        block_copy_in(g.gathered + weave::tp::shard(A.L.M, A.L.W, q).begin * A.row_bytes + b0,
+                      h.recv + g.recv_base + ag_recv_off(A, s, b0), static_cast<uint64_t>(b1 - b0));
+        __syncthreads();
+        if (threadIdx.x == 0) consume(h, flag);
+      }
+      // Release (cumulative over the block's copies, ordered by the barrier above) to the loader.
+      if (threadIdx.x == 0) red_add_release_sys(g.tile_ready + A.L.off[q] + u / A.P, 1ull);
+    }
+  }
+
+  static __device__ __forceinline__ void communicator(const Globals& g, void*, int c, int nc) {
+    if (c < g.send_blocks)
+      send_role(g, c, g.send_blocks);
+    else
+      recv_role(g, c - g.send_blocks, nc - g.send_blocks);
+  }
+};
+
+using NetAgKernelNK = NetAgKernelT<gemm::GemmKernel<weave::tp::kBN, gemm::BLayout::NK, 3>>;
+using NetAgKernelKN = NetAgKernelT<gemm::GemmKernel<weave::tp::kBN, gemm::BLayout::KN, 3>>;
+
+}  // namespace weave::net::tp_net

@@ -1,0 +1,252 @@
+// The inter-node fused TP kernels between simulated nodes of one rank each (weave-run -n N
+// --nodes N; on one GPU with --share-gpus: correctness only). Every rank regenerates every rank's
+// inputs from the job seed and checks its own output per element and per tile against a float32
+// cuBLASLt reference of the whole problem (check/gemm_ref.hpp), on poisoned outputs, ragged
+// shapes, both B layouts, several network chunk sizes, a_shard apart and in place, back-to-back
+// calls with fresh inputs each checked, and the rejections: a bad argument or a shape mismatch
+// on one rank throws on every rank, and a rank that fails alone releases its peers' kernels.
+#include <cuda_bf16.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "check/device_buffer.hpp"
+#include "check/gemm_ref.hpp"
+#include "check/seed.hpp"
+#include "check/tile_check.hpp"
+#include "gemm/reference.cuh"
+#include "net_coll_check.hpp"
+#include "net_tp/net_ag_gemm.hpp"
+#include "tp_common/schedule.hpp"
+#include "weave/common/error.hpp"
+
+namespace net = weave::net;
+namespace check = weave::check;
+namespace gref = weave::gemm::ref;
+using bf16 = __nv_bfloat16;
+using weave::gemm::BLayout;
+using Dev = check::DeviceBuffer<bf16>;
+using DevF = check::DeviceBuffer<float>;
+
+namespace {
+
+using net_coll_test::job_seed;
+using net_coll_test::options;
+
+check::GemmRef& gemm_ref() {
+  static check::GemmRef g;
+  return g;
+}
+
+enum What : uint64_t { kA = 1, kB = 2 };
+uint64_t input_seed(uint64_t call, int q, What w) { return check::derive(call, uint64_t(q), w); }
+
+// Every rank's verdict through the bootstrap: a wrong output anywhere fails the case everywhere.
+void expect_all_ranks(net::NetPath& path, const check::Report& rep, const std::string& what) {
+  const double mine[2] = {rep.ok ? 1.0 : 0.0, rep.worst};
+  std::vector<double> all(2 * path.world());
+  path.bootstrap().all_gather(mine, all.data(), sizeof mine);
+  std::string bad;
+  double worst = 0;
+  for (int q = 0; q < path.world(); ++q) {
+    if (all[2 * q] == 0) bad += " " + std::to_string(q);
+    if (!(all[2 * q + 1] <= worst)) worst = all[2 * q + 1];
+  }
+  if (path.rank() == 0) std::printf("check %s: worst %.4g%s\n", what.c_str(), worst, bad.empty() ? "" : "  WRONG");
+  EXPECT_TRUE(rep.ok) << what << " on rank " << path.rank() << ": " << rep.str();
+  EXPECT_TRUE(bad.empty()) << what << ": wrong on rank(s)" << bad;
+}
+
+// One checked AG+GEMM problem: this rank's inputs for seed `call`, poisoned outputs, and the
+// reference (every rank's shard regenerated into the gathered A, times this rank's B).
+struct AgCase {
+  int M, N, K;
+  BLayout bl;
+  Dev a_gathered, B, C, ref_a;
+  DevF r, s;
+  AgCase(int m, int n, int k, BLayout b)
+      : M(m), N(n), K(k), bl(b), a_gathered(size_t(m) * k), B(size_t(n) * k), C(size_t(m) * n), ref_a(size_t(m) * k),
+        r(size_t(m) * n), s(size_t(m) * n) {}
+
+  void inputs(uint64_t call, int rank, bf16* a_shard, int nodes) {
+    const auto mine = weave::tp::shard(M, nodes, rank);
+    gref::fill_uniform(a_shard, size_t(mine.size) * K, input_seed(call, rank, kA));
+    gref::fill_uniform(B.p, B.n, input_seed(call, rank, kB));
+    check::poison(C.p, C.n);
+    check::poison(a_gathered.p, a_gathered.n);
+    if (a_shard != a_gathered.p + size_t(mine.begin) * K) return;
+    gref::fill_uniform(a_shard, size_t(mine.size) * K, input_seed(call, rank, kA));  // in place: after the poison
+  }
+  void reference(uint64_t call, int nodes) {
+    for (int q = 0; q < nodes; ++q) {
+      const auto sq = weave::tp::shard(M, nodes, q);
+      gref::fill_uniform(ref_a.p + size_t(sq.begin) * K, size_t(sq.size) * K, input_seed(call, q, kA));
+    }
+    gemm_ref().run(ref_a.p, B.p, M, N, K, bl, r.p, s.p);
+    check::sqrt_inplace(s.p, r.n);
+  }
+  check::Report check_c() const { return check::compare({C.p, N}, {r.p, N}, {s.p, N}, M, N, check::gemm_bound()); }
+  check::Report check_gathered() const {
+    DevF g(size_t(M) * K);
+    check::to_float(g.p, ref_a.p, g.n);
+    return check::compare({a_gathered.p, K}, {g.p, K}, {nullptr, 0}, M, K, check::Bound{});
+  }
+};
+
+struct Calls {
+  uint64_t base, n = 0;
+  explicit Calls(net::NetPath& p) : base(job_seed(p)) {}
+  uint64_t next() { return check::derive(base, 0xA6, n++); }
+};
+
+std::string label(int M, int N, int K, BLayout bl, long long chunk, bool in_place) {
+  return "ag_gemm " + std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) +
+         (bl == BLayout::NK ? " nk" : " kn") + " chunk " + std::to_string(chunk) + (in_place ? " in place" : "");
+}
+
+TEST(NetTpGpu, AgGemmMatchesReference) {
+  net::NetPath path(options());
+  ASSERT_EQ(path.topo().gpus, 1) << "run under weave-run -n N --nodes N";
+  const int W = path.world(), r = path.rank();
+  Calls calls(path);
+  struct Shape {
+    int M, N, K;
+  };
+  // Ragged rows (shards not 128-row multiples, a 1-row-per-node one), N off the 256 grid, short K.
+  const Shape shapes[] = {{3000, 1000, 1000}, {1000, 264, 512}, {257, 8, 64}, {2048, 2048, 2048}, {W + 1, 24, 136}};
+  for (const Shape& sh : shapes)
+    for (BLayout bl : {BLayout::NK, BLayout::KN})
+      for (long long chunk : {1LL << 20, 48LL << 10, 1LL << 12})
+        for (bool in_place : {false, true}) {
+          if (chunk == (1LL << 12) && sh.M * static_cast<long long>(sh.K) > 1000000) continue;  // flags per slot
+          net::NetTpOptions o;
+          o.b = bl, o.chunk_bytes = chunk;
+          net::NetAgGemm ag(path, o);
+          AgCase c(sh.M, sh.N, sh.K, bl);
+          const auto mine = weave::tp::shard(sh.M, W, r);
+          Dev apart(size_t(mine.size) * sh.K);
+          bf16* a_shard = in_place ? c.a_gathered.p + size_t(mine.begin) * sh.K : apart.p;
+          const uint64_t call = calls.next();
+          c.inputs(call, r, a_shard, W);
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          ag.run(a_shard, c.a_gathered.p, c.B.p, c.C.p, sh.M, sh.N, sh.K, nullptr);
+          ag.finish(nullptr);
+          c.reference(call, W);
+          const std::string what = label(sh.M, sh.N, sh.K, bl, chunk, in_place);
+          expect_all_ranks(path, c.check_c(), what + ": C");
+          expect_all_ranks(path, c.check_gathered(), what + ": gathered A");
+        }
+  path.shutdown();
+}
+
+// Back to back without a host wait: every call's inputs fresh, its outputs in buffers of their
+// own, all checked after one finish(). Alternating shapes exercise both receive slots and a
+// shape change between consecutive calls.
+TEST(NetTpGpu, AgGemmBackToBack) {
+  net::NetPath path(options());
+  const int W = path.world(), r = path.rank();
+  Calls calls(path);
+  net::NetTpOptions o;
+  o.chunk_bytes = 32 << 10;
+  net::NetAgGemm ag(path, o);
+  constexpr int kCalls = 40;
+  struct Shape {
+    int M, N, K;
+  };
+  const Shape shapes[] = {{515, 264, 320}, {300, 128, 1024}};
+  std::vector<std::unique_ptr<AgCase>> cases;
+  std::vector<std::unique_ptr<Dev>> shards;
+  std::vector<uint64_t> seeds;
+  for (int k = 0; k < kCalls; ++k) {
+    const Shape& sh = shapes[k % 2];
+    cases.push_back(std::make_unique<AgCase>(sh.M, sh.N, sh.K, BLayout::NK));
+    shards.push_back(std::make_unique<Dev>(size_t(weave::tp::shard(sh.M, W, r).size) * sh.K));
+    seeds.push_back(calls.next());
+    cases.back()->inputs(seeds.back(), r, shards.back()->p, W);
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  for (int k = 0; k < kCalls; ++k) {
+    AgCase& c = *cases[k];
+    ag.run(shards[k]->p, c.a_gathered.p, c.B.p, c.C.p, c.M, c.N, c.K, nullptr);
+  }
+  ag.finish(nullptr);
+  for (int k = 0; k < kCalls; ++k) {
+    AgCase& c = *cases[k];
+    c.reference(seeds[k], W);
+    const std::string what = "back-to-back call " + std::to_string(k);
+    expect_all_ranks(path, c.check_c(), what + ": C");
+    expect_all_ranks(path, c.check_gathered(), what + ": gathered A");
+  }
+  path.shutdown();
+}
+
+// Rejections. A new shape is agreed first, so one rank's bad argument or a mismatch throws on
+// every rank and nothing is launched; the path stays usable (a correct call follows). On a shape
+// every rank agreed on before, the rank with the bad argument fails the path, and the peers'
+// kernels, already waiting for its rows, end: their finish() throws, naming the reason.
+TEST(NetTpGpu, AgGemmRejectsBadCallsOnEveryRank) {
+  net::NetPath path(options());
+  const int W = path.world(), r = path.rank();
+  Calls calls(path);
+  net::NetAgGemm ag(path);
+  const int M = 600, N = 264, K = 320;
+  AgCase c(M, N, K, BLayout::NK);
+  const auto mine = weave::tp::shard(M, W, r);
+  Dev a(size_t(mine.size) * K);
+  const auto expect_throw_everywhere = [&](const char* what, auto&& call, const std::string& part) {
+    std::string msg;
+    try {
+      call();
+    } catch (const weave::Error& e) {
+      msg = e.what();
+    }
+    EXPECT_FALSE(msg.empty()) << what << ": no error on rank " << r;
+    EXPECT_NE(msg.find(part), std::string::npos) << what << ": " << msg;
+  };
+  // K not a multiple of 8 on rank W - 1 only: the others learn it in the agreement.
+  expect_throw_everywhere(
+      "bad K on one rank",
+      [&] { ag.run(a.p, c.a_gathered.p, c.B.p, c.C.p, M, N, r == W - 1 ? K - 4 : K, nullptr); },
+      r == W - 1 ? "not a multiple of 8" : "rank");
+  // A null C on rank 0 only.
+  expect_throw_everywhere(
+      "null C on one rank", [&] { ag.run(a.p, c.a_gathered.p, c.B.p, r == 0 ? nullptr : c.C.p, M, N, K, nullptr); },
+      r == 0 ? "null pointer" : "rejected its arguments");
+  // M differs between ranks.
+  {
+    Dev a2(size_t(weave::tp::shard(M + 8 * r, W, r).size) * K);
+    AgCase c2(M + 8 * r, N, K, BLayout::NK);
+    expect_throw_everywhere(
+        "M differs", [&] { ag.run(a2.p, c2.a_gathered.p, c2.B.p, c2.C.p, M + 8 * r, N, K, nullptr); }, "called with");
+  }
+  // A short C buffer (one row short) on rank 0.
+  {
+    Dev shortC(size_t(M - 1) * N);
+    expect_throw_everywhere(
+        "short C", [&] { ag.run(a.p, c.a_gathered.p, c.B.p, r == 0 ? shortC.p : c.C.p, M, N, K, nullptr); },
+        r == 0 ? "allocation ends" : "rejected its arguments");
+  }
+  // The path is still usable: a correct call.
+  const uint64_t call = calls.next();
+  c.inputs(call, r, a.p, W);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  ag.run(a.p, c.a_gathered.p, c.B.p, c.C.p, M, N, K, nullptr);
+  ag.finish(nullptr);
+  c.reference(call, W);
+  expect_all_ranks(path, c.check_c(), "after the rejections: C");
+  // Now a bad pointer on an agreed shape: rank 0 throws and fails the path; every other rank's
+  // kernel is released and its finish() throws with rank 0's reason.
+  std::string msg;
+  try {
+    ag.run(a.p, c.a_gathered.p, c.B.p, r == 0 ? c.C.p + 1 : c.C.p, M, N, K, nullptr);
+    ag.finish(nullptr);
+  } catch (const weave::Error& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("16-byte aligned"), std::string::npos) << "rank " << r << ": " << msg;
+}
+
+}  // namespace
