@@ -1,6 +1,6 @@
 // Inter-node AllGather + GEMM in one persistent kernel (mKernel's SM roles): the single-node
 // ag_gemm's compute blocks (tp::AgKernelT: the 128 x 256 GEMM over owner shards, own rows first)
-// beside two kinds of communicator blocks on the network path (ag_layout.hpp says where each
+// beside two kinds of communicator blocks on the network path (layout.hpp says where each
 // byte goes):
 //   send blocks     (communicator blocks 0 .. send_blocks - 1): wait at the call's send gate (the
 //                   previous calls' commands no longer read the send buffer), then for each unit
@@ -16,7 +16,7 @@
 // stops waiting, the tile computes garbage and the host's finish() throws the diagnostic.
 #pragma once
 #include "ag_gemm/ag_gemm_kernel.cuh"
-#include "net_tp/ag_layout.hpp"
+#include "net_tp/layout.hpp"
 #include "weave/memory_order.cuh"
 #include "weave/net/device.cuh"
 
@@ -25,7 +25,7 @@ namespace weave::net::tp_net {
 template <class GG>
 struct NetAgGlobalsT : weave::tp::AgGlobalsT<GG> {
   NetHandle h;
-  AgLayout A;
+  UnitPlan A;
   unsigned long long* tile_ready;  // per virtual row tile: units arrived this call (zeroed per call)
   char* gathered;                  // this rank's gathered A, device memory
   uint64_t call, commands_before, recv_base;
@@ -64,23 +64,23 @@ struct NetAgKernelT : weave::tp::AgKernelT<Gemm> {
 
   static __device__ __noinline__ void send_role(const Globals& g, int c, int nc) {
     const NetHandle& h = g.h;
-    const AgLayout& A = g.A;
+    const UnitPlan& A = g.A;
     if (!open_send_gate(h, g.call, g.commands_before, c == 0)) return;
     Producer prod{h.queue};
     const char* shard = static_cast<const char*>(g.shard);
-    char* own = g.copy_local ? g.gathered + weave::tp::shard(A.L.M, A.L.W, g.rank).begin * A.row_bytes : nullptr;
-    for (int u = c; u < ag_owner_units(A, g.rank); u += nc) {
+    char* own = g.copy_local ? g.gathered + shard_byte(A, g.rank) : nullptr;
+    for (int u = c; u < units(A, g.rank); u += nc) {
       long long b0, b1;
-      ag_unit(A, g.rank, u, &b0, &b1);
+      unit(A, g.rank, u, &b0, &b1);
       if (b1 <= b0) continue;  // the receivers count empty units in without a command
       stage_unit(h.send + b0, own ? own + b0 : nullptr, shard + b0, b1 - b0);
       __syncthreads();
       bool ok = true;
       if (threadIdx.x == 0)
-        for (int s = 0; ok && s < ag_steps(A); ++s) {
-          const Command cmd{static_cast<uint64_t>(b0), g.recv_base + static_cast<uint64_t>(ag_recv_off(A, s, b0)),
-                            static_cast<uint64_t>(b1 - b0), 1, g.flag_base + static_cast<uint32_t>(ag_flag(A, s, u)),
-                            static_cast<uint16_t>(ag_send_peer(A, g.rank, s)), kNotify, 0};
+        for (int s = 0; ok && s < steps(A); ++s) {
+          const Command cmd{static_cast<uint64_t>(b0), g.recv_base + static_cast<uint64_t>(slot_off(A, s, b0)),
+                            static_cast<uint64_t>(b1 - b0), 1, g.flag_base + static_cast<uint32_t>(flag(A, s, u)),
+                            static_cast<uint16_t>(send_peer(A, g.rank, s)), kNotify, 0};
           ok = push(h, prod, cmd);
         }
       if (!block_agree(ok)) return;
@@ -89,21 +89,21 @@ struct NetAgKernelT : weave::tp::AgKernelT<Gemm> {
 
   static __device__ __noinline__ void recv_role(const Globals& g, int b, int nb) {
     const NetHandle& h = g.h;
-    const AgLayout& A = g.A;
-    const long long items = ag_recv_items(A, g.rank);
+    const UnitPlan& A = g.A;
+    const long long items = step_units(A, g.rank, true);
     for (long long j = b; j < items; j += nb) {
       int s = 0, u = 0;
-      ag_recv_item(A, g.rank, j, &s, &u);
-      const int q = ag_recv_owner(A, g.rank, s);
+      nth_unit(A, g.rank, true, j, &s, &u);
+      const int q = from_peer(A, g.rank, s);
       long long b0, b1;
-      ag_unit(A, q, u, &b0, &b1);
-      const uint32_t flag = g.flag_base + static_cast<uint32_t>(ag_flag(A, s, u));
+      unit(A, q, u, &b0, &b1);
+      const uint32_t f = g.flag_base + static_cast<uint32_t>(flag(A, s, u));
       if (b1 > b0) {
-        if (!block_agree(threadIdx.x == 0 ? wait_arrival(h, flag) : true)) return;
-        block_copy_in(g.gathered + weave::tp::shard(A.L.M, A.L.W, q).begin * A.row_bytes + b0,
-                      h.recv + g.recv_base + ag_recv_off(A, s, b0), static_cast<uint64_t>(b1 - b0));
+        if (!block_agree(threadIdx.x == 0 ? wait_arrival(h, f) : true)) return;
+        block_copy_in(g.gathered + shard_byte(A, q) + b0, h.recv + g.recv_base + slot_off(A, s, b0),
+                      static_cast<uint64_t>(b1 - b0));
         __syncthreads();
-        if (threadIdx.x == 0) consume(h, flag);
+        if (threadIdx.x == 0) consume(h, f);
       }
       // Release (cumulative over the block's copies, ordered by the barrier above) to the loader.
       if (threadIdx.x == 0) red_add_release_sys(g.tile_ready + A.L.off[q] + u / A.P, 1ull);

@@ -19,7 +19,7 @@
 #include "check/tile_check.hpp"
 #include "gemm/reference.cuh"
 #include "net_coll_check.hpp"
-#include "net_tp/net_ag_gemm.hpp"
+#include "net_tp/net_tp.hpp"
 #include "tp_common/schedule.hpp"
 #include "weave/common/error.hpp"
 
@@ -247,6 +247,127 @@ TEST(NetTpGpu, AgGemmRejectsBadCallsOnEveryRank) {
     msg = e.what();
   }
   EXPECT_NE(msg.find("16-byte aligned"), std::string::npos) << "rank " << r << ": " << msg;
+}
+
+// ---- GEMM + ReduceScatter ---------------------------------------------------------------------
+
+// One checked GEMM + RS problem: this rank's A and B for seed `call`, its poisoned output rows,
+// and the reference: the sum over every rank's regenerated A_q * B_q (float32), its rows of it.
+struct RsCase {
+  int M, N, K;
+  BLayout bl;
+  Dev A, B, out, ra, rb;
+  DevF r, s;
+  RsCase(int m, int n, int k, BLayout b, int out_rows)
+      : M(m), N(n), K(k), bl(b), A(size_t(m) * k), B(size_t(n) * k), out(size_t(out_rows) * n), ra(size_t(m) * k),
+        rb(size_t(n) * k), r(size_t(m) * n), s(size_t(m) * n) {}
+  void inputs(uint64_t call, int rank) {
+    gref::fill_uniform(A.p, A.n, input_seed(call, rank, kA));
+    gref::fill_uniform(B.p, B.n, input_seed(call, rank, kB));
+    check::poison(out.p, out.n);
+  }
+  void reference(uint64_t call, int nodes) {
+    for (int q = 0; q < nodes; ++q) {
+      gref::fill_uniform(ra.p, ra.n, input_seed(call, q, kA));
+      gref::fill_uniform(rb.p, rb.n, input_seed(call, q, kB));
+      gemm_ref().run(ra.p, rb.p, M, N, K, bl, r.p, s.p, q > 0);
+    }
+    check::sqrt_inplace(s.p, r.n);
+  }
+  check::Report check_out(int rank, int nodes) const {
+    const auto mine = weave::tp::shard(M, nodes, rank);
+    return check::compare({out.p, N}, {r.p + size_t(mine.begin) * N, N}, {s.p + size_t(mine.begin) * N, N}, mine.size,
+                          N, check::partial_sum_bound(nodes));
+  }
+};
+
+TEST(NetTpGpu, GemmRsMatchesReference) {
+  net::NetPath path(options());
+  ASSERT_EQ(path.topo().gpus, 1) << "run under weave-run -n N --nodes N";
+  const int W = path.world(), r = path.rank();
+  Calls calls(path);
+  struct Shape {
+    int M, N, K;
+  };
+  const Shape shapes[] = {{3000, 1000, 1000}, {1000, 264, 512}, {257, 8, 64}, {2048, 2048, 2048}, {W + 1, 24, 136}};
+  for (const Shape& sh : shapes)
+    for (BLayout bl : {BLayout::NK, BLayout::KN})
+      for (long long chunk : {1LL << 20, 48LL << 10, 1LL << 12}) {
+        if (chunk == (1LL << 12) && sh.M * static_cast<long long>(sh.N) > 1000000) continue;  // flags per slot
+        net::NetTpOptions o;
+        o.b = bl, o.chunk_bytes = chunk;
+        net::NetGemmRs rs(path, o);
+        RsCase c(sh.M, sh.N, sh.K, bl, weave::tp::shard(sh.M, W, r).size);
+        const uint64_t call = calls.next();
+        c.inputs(call, r);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        rs.run(c.A.p, c.B.p, c.out.p, sh.M, sh.N, sh.K, nullptr);
+        rs.finish(nullptr);
+        c.reference(call, W);
+        expect_all_ranks(path, c.check_out(r, W),
+                         "gemm_rs " + std::to_string(sh.M) + "x" + std::to_string(sh.N) + "x" + std::to_string(sh.K) +
+                             (bl == BLayout::NK ? " nk" : " kn") + " chunk " + std::to_string(chunk));
+      }
+  path.shutdown();
+}
+
+// Back to back, alternating shapes, fresh inputs and an output buffer per call, one finish().
+TEST(NetTpGpu, GemmRsBackToBack) {
+  net::NetPath path(options());
+  const int W = path.world(), r = path.rank();
+  Calls calls(path);
+  net::NetTpOptions o;
+  o.chunk_bytes = 32 << 10;
+  net::NetGemmRs rs(path, o);
+  constexpr int kCalls = 40;
+  struct Shape {
+    int M, N, K;
+  };
+  const Shape shapes[] = {{515, 264, 320}, {300, 1024, 128}};
+  std::vector<std::unique_ptr<RsCase>> cases;
+  std::vector<uint64_t> seeds;
+  for (int k = 0; k < kCalls; ++k) {
+    const Shape& sh = shapes[k % 2];
+    cases.push_back(std::make_unique<RsCase>(sh.M, sh.N, sh.K, BLayout::NK, weave::tp::shard(sh.M, W, r).size));
+    seeds.push_back(calls.next());
+    cases.back()->inputs(seeds.back(), r);
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  for (auto& c : cases) rs.run(c->A.p, c->B.p, c->out.p, c->M, c->N, c->K, nullptr);
+  rs.finish(nullptr);
+  for (int k = 0; k < kCalls; ++k) {
+    cases[k]->reference(seeds[k], W);
+    expect_all_ranks(path, cases[k]->check_out(r, W), "gemm_rs back-to-back call " + std::to_string(k));
+  }
+  path.shutdown();
+}
+
+// A short output on one rank throws on every rank (a new shape: the agreement), and a correct
+// call follows on the same path.
+TEST(NetTpGpu, GemmRsRejectsBadCallsOnEveryRank) {
+  net::NetPath path(options());
+  const int W = path.world(), r = path.rank();
+  Calls calls(path);
+  net::NetGemmRs rs(path);
+  const int M = 600, N = 264, K = 320;
+  const int rows = weave::tp::shard(M, W, r).size;
+  RsCase c(M, N, K, BLayout::NK, rows);
+  Dev short_out(size_t(rows - 1) * N);
+  std::string msg;
+  try {
+    rs.run(c.A.p, c.B.p, r == 0 ? short_out.p : c.out.p, M, N, K, nullptr);
+  } catch (const weave::Error& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find(r == 0 ? "allocation ends" : "rejected its arguments"), std::string::npos) << msg;
+  const uint64_t call = calls.next();
+  c.inputs(call, r);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  rs.run(c.A.p, c.B.p, c.out.p, M, N, K, nullptr);
+  rs.finish(nullptr);
+  c.reference(call, W);
+  expect_all_ranks(path, c.check_out(r, W), "gemm_rs after the rejection");
+  path.shutdown();
 }
 
 }  // namespace

@@ -1,0 +1,118 @@
+// Where every byte of the inter-node fused TP kernels goes (N nodes of one rank each; rank =
+// node). Pure __host__ __device__ functions of the shape and the rank, shared by the kernels
+// (net_ag_gemm_kernel.cuh, net_gemm_rs_kernel.cuh) and the CPU tests (tests/net/test_net_tp_layout.cu).
+//
+// Both kernels move row shards (rank q's rows tp::shard(M, N, q), contiguous) cut into units as
+// the single-node push cuts them (tp_common/schedule.hpp's ag_unit_bytes: P byte slices per
+// 128-row tile). A unit is one network command; step s = 0 .. N - 2 goes from rank r to rank
+// r - s - 1 (send_peer), so rank r receives at step s from rank r + s + 1 (from_peer), into its
+// receive slot at s * stride + (the unit's offset in the shard), raising flag s * max_units + u.
+//   - AllGather + GEMM (row_bytes = K x element): the units of the sender's own shard, staged once
+//     in its send buffer at their shard offsets and posted to every peer. Rank r meets the peer
+//     shards in the GEMM's order (tp::item: own rows, then r + 1, r + 2, ...): step order.
+//   - GEMM + ReduceScatter (row_bytes = N x 2, bf16 partials): at step s the units of the
+//     receiver's shard of this rank's partial product, staged at s * stride + offset. The GEMM
+//     computes them in step order (tp::rs_chain_item: owner r - 1 first, its own rows last).
+#pragma once
+#include "tp_common/schedule.hpp"
+
+namespace weave::net::tp_net {
+
+using weave::tp::Layout;
+
+struct UnitPlan {
+  Layout L;             // the GEMM's tiling (W = nodes)
+  long long row_bytes;  // one row of what travels
+  long long stride;     // per step, in the receive slot (and RS's send buffer): the largest shard
+  int P;                // units per 128-row tile
+  int max_units;        // units of the largest shard
+};
+
+// P for chunks of about `chunk_bytes` (a 128-row tile in ceil(tile bytes / chunk) slices, at
+// most 64; slices are 16-byte aligned, so a tile of few bytes gets fewer).
+__host__ __device__ inline int net_slices(long long row_bytes, long long chunk_bytes) {
+  const long long tile = row_bytes * weave::tp::kBM;
+  long long p = (tile + chunk_bytes - 1) / chunk_bytes;
+  if (p > 64) p = 64;
+  if (p > tile / 16) p = tile / 16;
+  return p < 1 ? 1 : static_cast<int>(p);
+}
+
+__host__ __device__ inline UnitPlan make_plan(const Layout& L, long long row_bytes, long long chunk_bytes) {
+  UnitPlan a;
+  a.L = L;
+  a.row_bytes = row_bytes;
+  a.P = net_slices(row_bytes, chunk_bytes);
+  const int rows = weave::tp::shard(L.M, L.W, 0).size;  // the first shards are the largest
+  a.stride = (rows * row_bytes + 15) / 16 * 16;
+  a.max_units = weave::tp::ag_units(L, 0, a.P);
+  return a;
+}
+// AllGather + GEMM: the A rows travel. GEMM + ReduceScatter: the bf16 partial output rows.
+__host__ __device__ inline UnitPlan ag_plan(int M, int N, int K, int elem_bytes, int nodes, int group_m,
+                                            long long chunk) {
+  return make_plan(weave::tp::make_layout(M, N, nodes, group_m), static_cast<long long>(K) * elem_bytes, chunk);
+}
+__host__ __device__ inline UnitPlan rs_plan(int M, int N, int nodes, int group_m, long long chunk) {
+  return make_plan(weave::tp::make_layout(M, N, nodes, group_m), static_cast<long long>(N) * 2, chunk);
+}
+
+__host__ __device__ inline int steps(const UnitPlan& a) { return a.L.W - 1; }
+__host__ __device__ inline int send_peer(const UnitPlan& a, int r, int s) { return ((r - s - 1) % a.L.W + a.L.W) % a.L.W; }
+__host__ __device__ inline int from_peer(const UnitPlan& a, int r, int s) { return (r + s + 1) % a.L.W; }
+// Units of owner q's shard, and unit u's bytes [b0, b1) from the shard's first byte (may be empty).
+__host__ __device__ inline int units(const UnitPlan& a, int q) { return weave::tp::ag_units(a.L, q, a.P); }
+__host__ __device__ inline void unit(const UnitPlan& a, int q, int u, long long* b0, long long* b1) {
+  weave::tp::ag_unit_bytes(a.L, q, a.row_bytes, a.P, u, b0, b1);
+}
+__host__ __device__ inline long long shard_byte(const UnitPlan& a, int q) {
+  return weave::tp::shard(a.L.M, a.L.W, q).begin * a.row_bytes;
+}
+// Step s's unit at shard offset b0 in the call's receive slot (RS: also in the send buffer); flag.
+__host__ __device__ inline long long slot_off(const UnitPlan& a, int s, long long b0) { return s * a.stride + b0; }
+__host__ __device__ inline int flag(const UnitPlan& a, int s, int u) { return s * a.max_units + u; }
+__host__ __device__ inline long long recv_needed(const UnitPlan& a) { return steps(a) * a.stride; }
+__host__ __device__ inline long long flags_needed(const UnitPlan& a) { return static_cast<long long>(steps(a)) * a.max_units; }
+__host__ __device__ inline int nonempty_units(const UnitPlan& a, int q) {
+  int n = 0;
+  for (int u = 0; u < units(a, q); ++u) {
+    long long b0, b1;
+    unit(a, q, u, &b0, &b1);
+    n += b1 > b0;
+  }
+  return n;
+}
+
+// The j-th (step, unit) of the units of from_peer(r, s) (AG's receive order) or of
+// send_peer(r, s) (RS's send order), steps in order; false past the end.
+__host__ __device__ inline bool nth_unit(const UnitPlan& a, int r, bool from, long long j, int* s, int* u) {
+  for (int st = 0; st < steps(a); ++st) {
+    const int n = units(a, from ? from_peer(a, r, st) : send_peer(a, r, st));
+    if (j < n) {
+      *s = st, *u = static_cast<int>(j);
+      return true;
+    }
+    j -= n;
+  }
+  return false;
+}
+__host__ __device__ inline long long step_units(const UnitPlan& a, int r, bool from) {
+  long long n = 0;
+  for (int st = 0; st < steps(a); ++st) n += units(a, from ? from_peer(a, r, st) : send_peer(a, r, st));
+  return n;
+}
+
+// AG: the send buffer holds the own shard; one command per non-empty own unit and step.
+__host__ __device__ inline long long ag_send_needed(const UnitPlan& a) { return a.stride; }
+__host__ __device__ inline long long ag_commands(const UnitPlan& a, int r) {
+  return static_cast<long long>(nonempty_units(a, r)) * steps(a);
+}
+// RS: the send buffer holds every step's partial rows; one command per non-empty unit of each peer.
+__host__ __device__ inline long long rs_send_needed(const UnitPlan& a) { return steps(a) * a.stride; }
+__host__ __device__ inline long long rs_commands(const UnitPlan& a, int r) {
+  long long n = 0;
+  for (int s = 0; s < steps(a); ++s) n += nonempty_units(a, send_peer(a, r, s));
+  return n;
+}
+
+}  // namespace weave::net::tp_net

@@ -1,0 +1,97 @@
+// Inter-node fused TP kernels over the network path, one rank per node (README.md beside this
+// file). Each is one persistent kernel: the GEMM's compute blocks beside network send and
+// receive blocks, so that the transfers overlap the math at row-tile granularity.
+//   NetAgGemm  AllGather + GEMM: C = A · Bᵀ (B as N x K, an nn.Linear weight) or A · B (B as
+//              K x N) on every rank, A (M x K, bf16) sharded by rows over the N nodes (rank q holds
+//              rows tp::shard(M, N, q)); the gathered A comes back too (for the backward pass).
+//   NetGemmRs  GEMM + ReduceScatter: rank q gets rows tp::shard(M, N, q) of sum over ranks of
+//              A_r · B_r (each rank's A_r M x K_r and B_r: a row-parallel linear layer's halves).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "gemm/layout.hpp"
+#include "weave/net/net_path.hpp"
+
+namespace weave::net {
+
+// Device counters zeroed before each launch (stream-ordered), grown on demand.
+class DeviceCounters {
+ public:
+  DeviceCounters() = default;
+  ~DeviceCounters();
+  DeviceCounters(const DeviceCounters&) = delete;
+  DeviceCounters& operator=(const DeviceCounters&) = delete;
+  unsigned long long* zeroed(int n, cudaStream_t stream);
+
+ private:
+  unsigned long long* p_ = nullptr;
+  int n_ = 0;
+};
+
+struct NetTpOptions {
+  long long chunk_bytes = 1 << 20;  // network unit: a 128-row tile in ceil(tile bytes / chunk) slices
+  int send_blocks = 2;              // inter-node send blocks (SMs taken from the GEMM)
+  int recv_blocks = 6;              // inter-node receive blocks
+  gemm::BLayout b = gemm::BLayout::NK;
+};
+
+class NetAgGemm {
+ public:
+  // One rank per node (the path's G = 1; the hierarchical form is not built: refused with an
+  // error), at most 8 nodes (tp::kMaxWorld), the path in GPU mode. Not collective.
+  explicit NetAgGemm(NetPath& path, NetTpOptions opts = {});
+  ~NetAgGemm();
+  NetAgGemm(const NetAgGemm&) = delete;
+  NetAgGemm& operator=(const NetAgGemm&) = delete;
+
+  // Collective (every rank, same order, same M, N, K and options), stream-ordered on one path.
+  // a_shard: this rank's rows (contiguous, device memory; may be its rows of a_gathered);
+  // a_gathered: M x K; B: N x K or K x N (NetTpOptions::b); C: M x N. All 16-byte aligned device
+  // memory as long as the shape says; K and N multiples of 8; M >= nodes.
+  // Errors: a bad argument throws weave::Error before anything is queued; when only this rank's
+  // arguments are bad, it also fails the path (NetPath::abort), so that no peer waits for this
+  // rank's rows. A new shape is agreed with every rank over the bootstrap once (a mismatch throws
+  // on every rank). Returns without waiting; finish() reports a failure of the transfer.
+  void run(const __nv_bfloat16* a_shard, __nv_bfloat16* a_gathered, const __nv_bfloat16* B, __nv_bfloat16* C, int M,
+           int N, int K, cudaStream_t stream);
+
+  // Waits for `stream`, then throws the path's first failure (NetPath::finish).
+  void finish(cudaStream_t stream);
+
+ private:
+  NetPath& path_;
+  NetTpOptions opt_;
+  std::vector<long long> agreed_;  // the last shape every rank agreed on
+  DeviceCounters ready_;           // units arrived per virtual row tile
+};
+
+class NetGemmRs {
+ public:
+  // As NetAgGemm's.
+  explicit NetGemmRs(NetPath& path, NetTpOptions opts = {});
+  ~NetGemmRs();
+  NetGemmRs(const NetGemmRs&) = delete;
+  NetGemmRs& operator=(const NetGemmRs&) = delete;
+
+  // Collective, as NetAgGemm::run. A: M x K (this rank's K slice); B: N x K or K x N
+  // (NetTpOptions::b); out: this rank's rows tp::shard(M, nodes, rank) x N. The partial products
+  // travel in bf16 and are summed in fp32 (own first, then ranks r + 1, r + 2, ...), rounded once.
+  // The object keeps an M x N bf16 scratch for this rank's partial product (grown on demand).
+  void run(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* out, int M, int N, int K,
+           cudaStream_t stream);
+  void finish(cudaStream_t stream);
+
+ private:
+  NetPath& path_;
+  NetTpOptions opt_;
+  std::vector<long long> agreed_;
+  DeviceCounters done_;             // column tiles stored per virtual row tile
+  __nv_bfloat16* scratch_ = nullptr;
+  size_t scratch_elems_ = 0;
+};
+
+}  // namespace weave::net
