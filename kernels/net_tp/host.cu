@@ -83,8 +83,9 @@ void agree(NetPath& path, std::vector<long long>& agreed, const std::vector<long
       theirs += (i ? ", " : "") + std::to_string(o[i]);
       ours += (i ? ", " : "") + std::to_string(key[i]);
     }
-    WEAVE_CHECK(false, who, ": rank ", q, " called with (M, N, K, B layout, chunk, send and receive blocks) = (",
-                theirs, "), rank ", rank, " with (", ours, ")");
+    WEAVE_CHECK(false, who, ": rank ", q,
+                " called with (operator, M, N, K, B layout, chunk, send and receive blocks) = (", theirs, "), rank ",
+                rank, " with (", ours, ")");
   }
   agreed = key;
 }

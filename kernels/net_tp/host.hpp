@@ -14,6 +14,10 @@
 
 namespace weave::net::tp_net {
 
+// The operator's identity, the first entry of every agreed key: ranks calling different
+// operators with equal shapes must not meet in the device.
+inline constexpr long long kOpAgGemm = 1, kOpGemmRs = 2, kOpGemmAr = 3;
+
 struct Buffer {
   const char* name;
   const void* p;

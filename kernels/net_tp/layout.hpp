@@ -13,6 +13,8 @@
 //   - GEMM + ReduceScatter (row_bytes = N x 2, bf16 partials): at step s the units of the
 //     receiver's shard of this rank's partial product, staged at s * stride + offset. The GEMM
 //     computes them in step order (tp::rs_chain_item: owner r - 1 first, its own rows last).
+//   - GEMM + AllReduce: GEMM + ReduceScatter, then the reduced own shard as AllGather posts its
+//     shard (ar_* below).
 #pragma once
 #include "tp_common/schedule.hpp"
 
@@ -114,5 +116,14 @@ __host__ __device__ inline long long rs_commands(const UnitPlan& a, int r) {
   for (int s = 0; s < steps(a); ++s) n += nonempty_units(a, send_peer(a, r, s));
   return n;
 }
+
+// GEMM + AllReduce: GEMM + ReduceScatter, then each owner posts its reduced units to every peer
+// as AllGather + GEMM posts its shard (the same plan, row_bytes = N x 2), in areas after RS's:
+// the send buffer's own-shard copy at rs_send_needed, the receive slot's at recv_needed, the
+// flags at flags_needed.
+__host__ __device__ inline long long ar_send_needed(const UnitPlan& a) { return rs_send_needed(a) + a.stride; }
+__host__ __device__ inline long long ar_recv_needed(const UnitPlan& a) { return 2 * recv_needed(a); }
+__host__ __device__ inline long long ar_flags_needed(const UnitPlan& a) { return 2 * flags_needed(a); }
+__host__ __device__ inline long long ar_commands(const UnitPlan& a, int r) { return rs_commands(a, r) + ag_commands(a, r); }
 
 }  // namespace weave::net::tp_net

@@ -43,7 +43,8 @@ void NetAgGemm::run(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf16* 
     tp_net::check_room(path_, opt_, who, tp_net::ag_send_needed(U), tp_net::recv_needed(U), tp_net::flags_needed(U));
   });
   tp_net::agree(path_, agreed_,
-                {M, N, K, static_cast<long long>(opt_.b), opt_.chunk_bytes, opt_.send_blocks, opt_.recv_blocks},
+                {tp_net::kOpAgGemm, M, N, K, static_cast<long long>(opt_.b), opt_.chunk_bytes, opt_.send_blocks,
+                 opt_.recv_blocks},
                 problem, who);
 
   const tp_net::UnitPlan U = tp_net::ag_plan(M, N, K, 2, nodes, wtp::default_group_m(K), opt_.chunk_bytes);

@@ -23,7 +23,17 @@ NetGemmRs::~NetGemmRs() {
 void NetGemmRs::finish(cudaStream_t stream) { path_.finish(stream); }
 
 void NetGemmRs::run(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, cudaStream_t stream) {
-  const char* who = "net gemm_rs";
+  call(A, B, out, M, N, K, false, stream);
+}
+
+NetGemmAr::NetGemmAr(NetPath& path, NetTpOptions opts) : rs_(path, opts) {}
+void NetGemmAr::run(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, cudaStream_t stream) {
+  rs_.call(A, B, out, M, N, K, true, stream);
+}
+void NetGemmAr::finish(cudaStream_t stream) { rs_.finish(stream); }
+
+void NetGemmRs::call(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, bool ar, cudaStream_t stream) {
+  const char* who = ar ? "net gemm_ar" : "net gemm_rs";
   path_.check();
   const int nodes = path_.world(), rank = path_.rank();
   const wtp::Range mine = wtp::shard(M, nodes, rank);
@@ -32,12 +42,17 @@ void NetGemmRs::run(const bf16* A, const bf16* B, bf16* out, int M, int N, int K
     WEAVE_CHECK(M >= nodes, who, ": M = ", M, " gives some node no rows (", nodes, " nodes)");
     tp_net::check_buffers(who, {{"A", A, size_t(M) * K * sizeof(bf16)},
                                 {"B", B, size_t(N) * K * sizeof(bf16)},
-                                {"out", out, size_t(mine.size) * N * sizeof(bf16)}});
+                                {"out", out, size_t(ar ? M : mine.size) * N * sizeof(bf16)}});
     const tp_net::UnitPlan U = tp_net::rs_plan(M, N, nodes, wtp::default_group_m(K), opt_.chunk_bytes);
-    tp_net::check_room(path_, opt_, who, tp_net::rs_send_needed(U), tp_net::recv_needed(U), tp_net::flags_needed(U));
+    if (ar)
+      tp_net::check_room(path_, opt_, who, tp_net::ar_send_needed(U), tp_net::ar_recv_needed(U),
+                         tp_net::ar_flags_needed(U));
+    else
+      tp_net::check_room(path_, opt_, who, tp_net::rs_send_needed(U), tp_net::recv_needed(U), tp_net::flags_needed(U));
   });
   tp_net::agree(path_, agreed_,
-                {M, N, K, static_cast<long long>(opt_.b), opt_.chunk_bytes, opt_.send_blocks, opt_.recv_blocks},
+                {ar ? tp_net::kOpGemmAr : tp_net::kOpGemmRs, M, N, K, static_cast<long long>(opt_.b), opt_.chunk_bytes,
+                 opt_.send_blocks, opt_.recv_blocks},
                 problem, who);
 
   const size_t elems = size_t(M) * N;
@@ -63,10 +78,12 @@ void NetGemmRs::run(const bf16* A, const bf16* B, bf16* out, int M, int N, int K
   g.tile_done = done_.zeroed(L.row_tiles(), stream);
   g.U = U;
   g.rank = rank;
+  g.all_reduce = ar;
+  const long long commands = ar ? tp_net::ar_commands(U, rank) : tp_net::rs_commands(U, rank);
   if (opt_.b == gemm::BLayout::NK)
-    tp_net::launch_call<tp_net::NetRsKernelNK>(path_, g, tp_net::rs_commands(U, rank), opt_, stream, who);
+    tp_net::launch_call<tp_net::NetRsKernelNK>(path_, g, commands, opt_, stream, who);
   else
-    tp_net::launch_call<tp_net::NetRsKernelKN>(path_, g, tp_net::rs_commands(U, rank), opt_, stream, who);
+    tp_net::launch_call<tp_net::NetRsKernelKN>(path_, g, commands, opt_, stream, who);
 }
 
 }  // namespace weave::net

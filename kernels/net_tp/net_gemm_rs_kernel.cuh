@@ -12,6 +12,10 @@
 //                   tile is complete and every peer's partial of it arrived, then sum the own
 //                   partial and the N - 1 arrivals in fp32 (own first, then senders r + 1, r + 2,
 //                   ...: the same order on every rank), round once to bf16 into the output.
+//                   GEMM + AllReduce (all_reduce set): each reduced unit also goes into the send
+//                   buffer and to every peer (layout.hpp's ar_* areas), and once the own units
+//                   are done the blocks take the peers' reduced units, in step order, into their
+//                   rows of the output (M x N on every rank).
 // Every wait watches the path: once it stopped (a peer or the proxy failed, or a receive block
 // timed out) the waiting block gives up and the host's finish() throws the diagnostic.
 #pragma once
@@ -28,13 +32,14 @@ template <class GG>
 struct NetRsGlobalsT : GG {
   CUtensorMap sc[kMaxWorld];       // owner q's rows of the local scratch, 128 x 64 boxes
   const __nv_bfloat16* scratch;    // M x N: this rank's partial product
-  __nv_bfloat16* out;              // this rank's shard rows x N
+  __nv_bfloat16* out;              // RS: this rank's shard rows x N; AR: M x N
   unsigned long long* tile_done;   // per virtual row tile: column tiles stored this call
   NetHandle h;
   UnitPlan U;
   uint64_t call, commands_before, recv_base;
   uint32_t flag_base;
   int rank, send_blocks;
+  int all_reduce;
 };
 
 // 16-byte groups of 8 bf16 values in fp32.
@@ -136,6 +141,11 @@ struct NetRsKernelT : Gemm {
     const NetHandle& h = g.h;
     const UnitPlan& U = g.U;
     const int r = g.rank;
+    // AR: the reduced units are staged in the send buffer, which the previous calls' commands may
+    // still read until send block 0 opens this call's gate.
+    if (g.all_reduce && !open_send_gate(h, g.call, g.commands_before, false)) return;
+    char* const own_out = reinterpret_cast<char*>(g.out) + (g.all_reduce ? shard_byte(U, r) : 0);
+    Producer prod{h.queue};
     for (int u = b; u < units(U, r); u += nb) {
       long long b0, b1;
       unit(U, r, u, &b0, &b1);
@@ -147,17 +157,47 @@ struct NetRsKernelT : Gemm {
       }
       if (!block_agree(ok)) return;
       const uint4* own = reinterpret_cast<const uint4*>(reinterpret_cast<const char*>(g.scratch) + shard_byte(U, r) + b0);
-      uint4* out = reinterpret_cast<uint4*>(reinterpret_cast<char*>(g.out) + b0);
+      uint4* out = reinterpret_cast<uint4*>(own_out + b0);
+      uint4* stage = g.all_reduce ? reinterpret_cast<uint4*>(h.send + rs_send_needed(U) + b0) : nullptr;
       for (long long i = threadIdx.x; i < (b1 - b0) / 16; i += blockDim.x) {
         float acc[8] = {};
         add_bf16x8(acc, __ldcg(own + i));
         for (int s = 0; s < steps(U); ++s)
           add_bf16x8(acc, ld_volatile_v4(reinterpret_cast<const uint4*>(h.recv + g.recv_base + slot_off(U, s, b0)) + i));
-        out[i] = pack_bf16x8(acc);
+        const uint4 v = pack_bf16x8(acc);
+        out[i] = v;
+        if (stage) stage[i] = v;
       }
       __syncthreads();
-      if (threadIdx.x == 0)
+      if (threadIdx.x == 0) {
         for (int s = 0; s < steps(U); ++s) consume(h, g.flag_base + static_cast<uint32_t>(flag(U, s, u)));
+        for (int s = 0; ok && g.all_reduce && s < steps(U); ++s)
+          ok = push(h, prod,
+                    Command{static_cast<uint64_t>(rs_send_needed(U) + b0),
+                            g.recv_base + static_cast<uint64_t>(recv_needed(U) + slot_off(U, s, b0)),
+                            static_cast<uint64_t>(b1 - b0), 1,
+                            g.flag_base + static_cast<uint32_t>(flags_needed(U) + flag(U, s, u)),
+                            static_cast<uint16_t>(send_peer(U, r, s)), kNotify, 0});
+      }
+      if (!block_agree(ok)) return;
+    }
+    if (!g.all_reduce) return;
+    // AR's gather: the peers' reduced units into their rows of the output, in step order. A
+    // block's own units above come first: they never wait for these.
+    const long long items = step_units(U, r, true);
+    for (long long j = b; j < items; j += nb) {
+      int s = 0, u = 0;
+      nth_unit(U, r, true, j, &s, &u);
+      const int q = from_peer(U, r, s);
+      long long b0, b1;
+      unit(U, q, u, &b0, &b1);
+      if (b1 <= b0) continue;
+      const uint32_t f = g.flag_base + static_cast<uint32_t>(flags_needed(U) + flag(U, s, u));
+      if (!block_agree(threadIdx.x == 0 ? wait_arrival(h, f) : true)) return;
+      block_copy_in(reinterpret_cast<char*>(g.out) + shard_byte(U, q) + b0,
+                    h.recv + g.recv_base + recv_needed(U) + slot_off(U, s, b0), static_cast<uint64_t>(b1 - b0));
+      __syncthreads();
+      if (threadIdx.x == 0) consume(h, f);
     }
   }
 

@@ -6,6 +6,7 @@
 //              rows tp::shard(M, N, q)); the gathered A comes back too (for the backward pass).
 //   NetGemmRs  GEMM + ReduceScatter: rank q gets rows tp::shard(M, N, q) of sum over ranks of
 //              A_r · B_r (each rank's A_r M x K_r and B_r: a row-parallel linear layer's halves).
+//   NetGemmAr  GEMM + AllReduce: every rank gets the whole sum.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -86,12 +87,30 @@ class NetGemmRs {
   void finish(cudaStream_t stream);
 
  private:
+  friend class NetGemmAr;
+  void call(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* out, int M, int N, int K,
+            bool all_reduce, cudaStream_t stream);
   NetPath& path_;
   NetTpOptions opt_;
   std::vector<long long> agreed_;
   DeviceCounters done_;             // column tiles stored per virtual row tile
   __nv_bfloat16* scratch_ = nullptr;
   size_t scratch_elems_ = 0;
+};
+
+class NetGemmAr {
+ public:
+  // As NetAgGemm's.
+  explicit NetGemmAr(NetPath& path, NetTpOptions opts = {});
+  // Collective, as NetAgGemm::run. out (M x N, every rank) = sum over ranks of A_r · B_r: the
+  // reduce-scatter of NetGemmRs, then each owner's reduced rows to every peer from the same
+  // kernel's receive blocks; every rank's out is bit-identical.
+  void run(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* out, int M, int N, int K,
+           cudaStream_t stream);
+  void finish(cudaStream_t stream);
+
+ private:
+  NetGemmRs rs_;
 };
 
 }  // namespace weave::net

@@ -370,4 +370,100 @@ TEST(NetTpGpu, GemmRsRejectsBadCallsOnEveryRank) {
   path.shutdown();
 }
 
+// ---- GEMM + AllReduce -------------------------------------------------------------------------
+
+// A 64-bit hash of a device bf16 array (host copy): every rank's all-reduce output must match.
+uint64_t hash_of(const bf16* p, size_t n) {
+  std::vector<uint16_t> h(n);
+  EXPECT_EQ(cudaMemcpy(h.data(), p, n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  uint64_t x = 1469598103934665603ull;
+  for (uint16_t v : h) x = (x ^ v) * 1099511628211ull;
+  return x;
+}
+
+TEST(NetTpGpu, GemmArMatchesReferenceOnEveryRank) {
+  net::NetPath path(options());
+  const int W = path.world(), r = path.rank();
+  Calls calls(path);
+  struct Shape {
+    int M, N, K;
+  };
+  const Shape shapes[] = {{3000, 1000, 1000}, {257, 8, 64}, {1024, 2048, 512}, {W + 1, 24, 136}};
+  for (const Shape& sh : shapes)
+    for (BLayout bl : {BLayout::NK, BLayout::KN})
+      for (long long chunk : {1LL << 20, 48LL << 10}) {
+        net::NetTpOptions o;
+        o.b = bl, o.chunk_bytes = chunk;
+        net::NetGemmAr ar(path, o);
+        RsCase c(sh.M, sh.N, sh.K, bl, sh.M);
+        const uint64_t call = calls.next();
+        c.inputs(call, r);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        ar.run(c.A.p, c.B.p, c.out.p, sh.M, sh.N, sh.K, nullptr);
+        ar.finish(nullptr);
+        c.reference(call, W);
+        const std::string what = "gemm_ar " + std::to_string(sh.M) + "x" + std::to_string(sh.N) + "x" +
+                                 std::to_string(sh.K) + (bl == BLayout::NK ? " nk" : " kn") + " chunk " +
+                                 std::to_string(chunk);
+        expect_all_ranks(path,
+                         check::compare({c.out.p, sh.N}, {c.r.p, sh.N}, {c.s.p, sh.N}, sh.M, sh.N,
+                                        check::partial_sum_bound(W)),
+                         what);
+        const uint64_t mine = hash_of(c.out.p, c.out.n);
+        std::vector<uint64_t> all(W);
+        path.bootstrap().all_gather(&mine, all.data(), sizeof mine);
+        for (int q = 0; q < W; ++q) EXPECT_EQ(all[q], mine) << what << ": rank " << q << "'s output differs";
+      }
+  // Back to back, RS and AR alternating on one path (both operators' areas and call slots).
+  net::NetTpOptions o;
+  o.chunk_bytes = 32 << 10;
+  net::NetGemmAr ar(path, o);
+  net::NetGemmRs rs(path, o);
+  std::vector<std::unique_ptr<RsCase>> cases;
+  std::vector<uint64_t> seeds;
+  for (int k = 0; k < 20; ++k) {
+    const int M = 515, rows = k % 2 ? weave::tp::shard(M, W, r).size : M;
+    cases.push_back(std::make_unique<RsCase>(M, 264, 320, BLayout::NK, rows));
+    seeds.push_back(calls.next());
+    cases.back()->inputs(seeds.back(), r);
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  for (int k = 0; k < 20; ++k) {
+    RsCase& c = *cases[k];
+    if (k % 2) rs.run(c.A.p, c.B.p, c.out.p, c.M, c.N, c.K, nullptr);
+    else ar.run(c.A.p, c.B.p, c.out.p, c.M, c.N, c.K, nullptr);
+  }
+  ar.finish(nullptr);
+  for (int k = 0; k < 20; ++k) {
+    RsCase& c = *cases[k];
+    c.reference(seeds[k], W);
+    const std::string what = std::string(k % 2 ? "gemm_rs" : "gemm_ar") + " alternating call " + std::to_string(k);
+    if (k % 2) expect_all_ranks(path, c.check_out(r, W), what);
+    else
+      expect_all_ranks(path,
+                       check::compare({c.out.p, c.N}, {c.r.p, c.N}, {c.s.p, c.N}, c.M, c.N, check::partial_sum_bound(W)),
+                       what);
+  }
+  path.shutdown();
+}
+
+// Ranks calling different operators with equal shapes: an error on every rank, nothing launched.
+TEST(NetTpGpu, DifferentOperatorsRejectedOnEveryRank) {
+  net::NetPath path(options());
+  const int W = path.world(), r = path.rank();
+  const int M = 600, N = 264, K = 320;
+  RsCase c(M, N, K, BLayout::NK, M);
+  net::NetGemmRs rs(path);
+  net::NetGemmAr ar(path);
+  std::string msg;
+  try {
+    if (r == 0) rs.run(c.A.p, c.B.p, c.out.p, M, N, K, nullptr);
+    else ar.run(c.A.p, c.B.p, c.out.p, M, N, K, nullptr);
+  } catch (const weave::Error& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("called with (operator"), std::string::npos) << "rank " << r << " of " << W << ": " << msg;
+  path.shutdown();
+}
+
 }  // namespace

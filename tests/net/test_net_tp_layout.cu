@@ -5,6 +5,7 @@
 // stays inside what the path must provide.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <tuple>
 #include <vector>
@@ -120,6 +121,34 @@ TEST(NetTpLayout, RsSendsInTheGemmsOwnerOrder) {
         EXPECT_EQ(weave::tp::rs_chain_item(a.L, r, first_tile_of_step).owner, tn::send_peer(a, r, s));
       }
   }
+}
+
+// GEMM + AllReduce's gather areas sit after the reduce-scatter's in the send buffer, the receive
+// slot and the flags, and hold the AllGather plan of the reduced rows.
+TEST(NetTpLayout, AllReduceAreasFollowTheReduceScatters) {
+  for (int nodes = 2; nodes <= 8; ++nodes)
+    for (long long chunk : {4096LL, 1LL << 20}) {
+      const tn::UnitPlan a = tn::rs_plan(3000, 1000, nodes, 8, chunk);
+      long long last_dst = 0, last_flag = 0, last_src = 0;
+      for (int r = 0; r < nodes; ++r)
+        for (int u = 0; u < tn::units(a, r); ++u) {
+          long long b0, b1;
+          tn::unit(a, r, u, &b0, &b1);
+          if (b1 == b0) continue;
+          EXPECT_GE(tn::rs_send_needed(a) + b0, tn::rs_send_needed(a));
+          last_src = std::max(last_src, tn::rs_send_needed(a) + b1);
+          for (int s = 0; s < tn::steps(a); ++s) {
+            EXPECT_GE(tn::recv_needed(a) + tn::slot_off(a, s, b0), tn::recv_needed(a));
+            last_dst = std::max(last_dst, tn::recv_needed(a) + tn::slot_off(a, s, b0) + (b1 - b0));
+            last_flag = std::max(last_flag, tn::flags_needed(a) + tn::flag(a, s, u) + 1);
+          }
+        }
+      EXPECT_LE(last_src, tn::ar_send_needed(a));
+      EXPECT_LE(last_dst, tn::ar_recv_needed(a));
+      EXPECT_LE(last_flag, tn::ar_flags_needed(a));
+      for (int r = 0; r < nodes; ++r)
+        EXPECT_EQ(tn::ar_commands(a, r), tn::rs_commands(a, r) + tn::nonempty_units(a, r) * tn::steps(a));
+    }
 }
 
 TEST(NetTpLayout, SlicesFollowTheChunk) {
