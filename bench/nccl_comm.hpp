@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "weave/common/error.hpp"
@@ -55,5 +56,22 @@ class NcclComm {
  private:
   ncclComm_t comm_ = nullptr;
 };
+
+// NCCL restricted to its network transport (issue 22's baseline): sockets, no P2P or shared
+// memory, on loopback when the ranks are simulated nodes of one host. Set where unset (as for
+// NVLS above): a value the caller chose stays. Returns the values in effect, for the rows.
+inline std::string nccl_network_environment(bool loopback) {
+  setenv("NCCL_P2P_DISABLE", "1", 0);
+  setenv("NCCL_SHM_DISABLE", "1", 0);
+  setenv("NCCL_NET", "Socket", 0);
+  setenv("NCCL_NVLS_ENABLE", "0", 0);  // the GPU machines' rule (HARDWARE.md)
+  if (loopback) setenv("NCCL_SOCKET_IFNAME", "lo", 0);
+  std::string e;
+  for (const char* v : {"NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_NET", "NCCL_SOCKET_IFNAME"}) {
+    const char* x = getenv(v);
+    e += std::string(e.empty() ? "" : " ") + v + "=" + (x ? x : "");
+  }
+  return e;
+}
 
 }  // namespace weave::bench

@@ -4,6 +4,7 @@
 
 #include "gathered_attention/gathered.hpp"
 #include "gathered_attention/gathered_kernel.cuh"
+#include "gathered_attention/gathered_launch.cuh"
 #include "weave/common/error.hpp"
 #include "weave/lcsc.cuh"
 #include "weave/tile/tma.hpp"
@@ -18,28 +19,7 @@ void push_box(int D, int heads, int* box_heads, int* box_rows) {
 // Passed by value as a __grid_constant__ parameter (W up to kMaxWorld: ~9.5 KB of tensor maps).
 static_assert(sizeof(GatheredGlobals) <= 32764, "kernel parameters are limited to 32764 bytes");
 
-namespace {
-template <class K>
-void launch_k(GatheredGlobals& g, int dev, const lcsc::DeviceInfo& info, cudaStream_t stream,
-              const std::function<void(GatheredGlobals&)>& take_rounds) {
-  WEAVE_CHECK(K::kSmemBytes <= info.smem_optin, "attention: kernel needs ", K::kSmemBytes,
-              " bytes of shared memory per block but the device allows ", info.smem_optin);
-  for (int t = 0; t < g.n_push; ++t)
-    WEAVE_CHECK(g.push[t].box_bytes <= K::kBoxMax, "attention: push box of ", g.push[t].box_bytes, " bytes");
-  static bool attr_set[64] = {};
-  if (dev >= 64 || !attr_set[dev]) {
-    WEAVE_CUDA_CHECK(cudaFuncSetAttribute(gathered_attention_kernel<K>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(K::kSmemBytes)));
-    if (dev < 64) attr_set[dev] = true;
-  }
-  take_rounds(g);
-  gathered_attention_kernel<K><<<static_cast<unsigned>(info.sm_count), K::kThreads, K::kSmemBytes, stream>>>(g);
-  WEAVE_CUDA_CHECK(cudaGetLastError());
-}
-}  // namespace
-
-void launch_gathered(GatheredGlobals& g, int D, cudaStream_t stream,
-                     const std::function<void(GatheredGlobals&)>& take_rounds) {
+void plan_gathered(GatheredGlobals& g, int D, cudaStream_t stream) {
   int dev = 0;
   WEAVE_CUDA_CHECK(cudaGetDevice(&dev));
   const lcsc::DeviceInfo info = lcsc::device_info(dev);
@@ -66,8 +46,14 @@ void launch_gathered(GatheredGlobals& g, int D, cudaStream_t stream,
     if (static_cast<size_t>(g.B) * g.front_heads <= detail::kFrontWords)
       g.front = detail::front_words(dev, &g.front_tag);
   }
-  if (D == 64) launch_k<GatheredKernel<64, true>>(g, dev, info, stream, take_rounds);
-  else launch_k<GatheredKernel<128, true>>(g, dev, info, stream, take_rounds);
+}
+
+void launch_gathered(GatheredGlobals& g, int D, cudaStream_t stream,
+                     const std::function<void(GatheredGlobals&)>& take_rounds) {
+  plan_gathered(g, D, stream);
+  take_rounds(g);
+  if (D == 64) launch_gathered_kernel<GatheredKernel<64, true>>(g, stream);
+  else launch_gathered_kernel<GatheredKernel<128, true>>(g, stream);
 }
 
 }  // namespace weave::attention

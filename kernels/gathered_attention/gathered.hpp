@@ -94,6 +94,11 @@ struct GatheredGlobals {
 // Box shape for pushing `heads` heads of D: at most 8 heads, 16 KB.
 void push_box(int D, int heads, int* box_heads, int* box_rows);
 
+// Fills the tile order (m_blocks, sections, total_tiles, counter, the non-causal front words)
+// after checking g.num_comm against the device; launch_gathered's first step, for launches of an
+// extended kernel (gathered_launch.cuh) too.
+void plan_gathered(GatheredGlobals& g, int D, cudaStream_t stream);
+
 // Fills the tile order (m_blocks, sections, total_tiles, counter) and launches on every SM of
 // the current device: g.num_comm communicator CTAs and the rest compute. D is 64 or 128.
 // `take_rounds(g)` sets the rounds once every check passed, right before the launch: a call

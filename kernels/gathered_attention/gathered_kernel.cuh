@@ -399,8 +399,10 @@ struct GatheredKernel {
   }
 };
 
-template <class K>
-__global__ void __launch_bounds__(K::kThreads, 1) gathered_attention_kernel(const __grid_constant__ GatheredGlobals g) {
+// G: GatheredGlobals, or a kernel's extension of it whose communicator (K::communicator and
+// K::retire_communicator) needs more (the inter-node ring's network roles).
+template <class K, class G = GatheredGlobals>
+__global__ void __launch_bounds__(K::kThreads, 1) gathered_attention_kernel(const __grid_constant__ G g) {
   extern __shared__ __align__(16) uint8_t gathered_smem[];
   const uintptr_t a = reinterpret_cast<uintptr_t>(gathered_smem);
   uint8_t* base = reinterpret_cast<uint8_t*>((a + 1023) & ~uintptr_t(1023));

@@ -1,42 +1,28 @@
-// Host pieces both inter-node TP kernels share: the object's checks, this rank's operand checks,
-// the once-per-shape agreement over the bootstrap, the room a call needs on the path, and the
-// launch of a numbered call.
+// The TP kernels' own host pieces beside net_common/call.hpp: the object's checks and the launch of
+// a numbered call on the LCSC template.
 #pragma once
 #include <cuda_runtime.h>
 
-#include <initializer_list>
 #include <string>
-#include <vector>
 
+#include "net_common/call.hpp"
 #include "net_tp/net_tp.hpp"
 #include "weave/common/error.hpp"
 #include "weave/lcsc.cuh"
 
 namespace weave::net::tp_net {
 
-// The operator's identity, the first entry of every agreed key: ranks calling different
-// operators with equal shapes must not meet in the device.
-inline constexpr long long kOpAgGemm = 1, kOpGemmRs = 2, kOpGemmAr = 3;
+inline void check_object(const NetPath& path, const NetTpOptions& o, const char* who) {
+  check_path(path, o.send_blocks, o.recv_blocks, who);
+  WEAVE_CHECK(o.chunk_bytes >= 16 && o.chunk_bytes % 16 == 0, who, ": chunk_bytes (", o.chunk_bytes,
+              ") must be a positive multiple of 16");
+}
 
-struct Buffer {
-  const char* name;
-  const void* p;
-  size_t bytes;
-};
-
-// The constructor's checks: GPU mode, one rank per node, at most kMaxWorld nodes, the options.
-void check_object(const NetPath& path, const NetTpOptions& o, const char* who);
-// Non-null, 16-byte aligned device memory at least as long as the shape says.
-void check_buffers(const char* who, std::initializer_list<Buffer> bufs);
-// The call's bytes and flags fit the path; the communicator blocks leave compute SMs.
-void check_room(const NetPath& path, const NetTpOptions& o, const char* who, long long send_needed,
-                long long recv_needed, long long flags_needed);
-// A new `key` (shape and options) is agreed with every rank once: each rank's verdict (`problem`
-// empty: its arguments are fine) and key are exchanged, and any rank's problem or a differing key
-// throws on every rank. On a key agreed before, a problem of this rank alone fails the path
-// (NetPath::abort: the peers' kernels, already launched, are released) and throws.
-void agree(NetPath& path, std::vector<long long>& agreed, const std::vector<long long>& key,
-           const std::string& problem, const char* who);
+inline void check_room(const NetPath& path, const NetTpOptions& o, const char* who, long long send_needed,
+                       long long recv_needed, long long flags_needed) {
+  net::check_room(path, who, send_needed, recv_needed, flags_needed, o.send_blocks + o.recv_blocks,
+                  "raise NetTpOptions::chunk_bytes or NetPathOptions::proxy.flags");
+}
 
 // Numbers the call (`commands` queued by this rank), fills its fields into g, launches K with the
 // options' communicator blocks; a launch failure fails the path (the peers would wait) and throws.

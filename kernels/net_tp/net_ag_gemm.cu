@@ -30,7 +30,7 @@ void NetAgGemm::run(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf16* 
   const std::string problem = runtime::local_problem([&] {
     wtp::validate(who, M, N, K);
     WEAVE_CHECK(M >= nodes, who, ": M = ", M, " gives some node no rows (", nodes, " nodes)");
-    tp_net::check_buffers(who, {{"a_shard", a_shard, mine.size * row},
+    check_buffers(who, {{"a_shard", a_shard, mine.size * row},
                                 {"a_gathered", a_gathered, M * row},
                                 {"B", B, size_t(N) * row},
                                 {"C", C, size_t(M) * N * sizeof(bf16)}});
@@ -42,8 +42,8 @@ void NetAgGemm::run(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf16* 
     const tp_net::UnitPlan U = tp_net::ag_plan(M, N, K, 2, nodes, wtp::default_group_m(K), opt_.chunk_bytes);
     tp_net::check_room(path_, opt_, who, tp_net::ag_send_needed(U), tp_net::recv_needed(U), tp_net::flags_needed(U));
   });
-  tp_net::agree(path_, agreed_,
-                {tp_net::kOpAgGemm, M, N, K, static_cast<long long>(opt_.b), opt_.chunk_bytes, opt_.send_blocks,
+  agree(path_, agreed_,
+                {kOpAgGemm, M, N, K, static_cast<long long>(opt_.b), opt_.chunk_bytes, opt_.send_blocks,
                  opt_.recv_blocks},
                 problem, who);
 

@@ -40,7 +40,7 @@ void NetGemmRs::call(const bf16* A, const bf16* B, bf16* out, int M, int N, int 
   const std::string problem = runtime::local_problem([&] {
     wtp::validate(who, M, N, K);
     WEAVE_CHECK(M >= nodes, who, ": M = ", M, " gives some node no rows (", nodes, " nodes)");
-    tp_net::check_buffers(who, {{"A", A, size_t(M) * K * sizeof(bf16)},
+    check_buffers(who, {{"A", A, size_t(M) * K * sizeof(bf16)},
                                 {"B", B, size_t(N) * K * sizeof(bf16)},
                                 {"out", out, size_t(ar ? M : mine.size) * N * sizeof(bf16)}});
     const tp_net::UnitPlan U = tp_net::rs_plan(M, N, nodes, wtp::default_group_m(K), opt_.chunk_bytes);
@@ -50,8 +50,8 @@ void NetGemmRs::call(const bf16* A, const bf16* B, bf16* out, int M, int N, int 
     else
       tp_net::check_room(path_, opt_, who, tp_net::rs_send_needed(U), tp_net::recv_needed(U), tp_net::flags_needed(U));
   });
-  tp_net::agree(path_, agreed_,
-                {ar ? tp_net::kOpGemmAr : tp_net::kOpGemmRs, M, N, K, static_cast<long long>(opt_.b), opt_.chunk_bytes,
+  agree(path_, agreed_,
+                {ar ? kOpGemmAr : kOpGemmRs, M, N, K, static_cast<long long>(opt_.b), opt_.chunk_bytes,
                  opt_.send_blocks, opt_.recv_blocks},
                 problem, who);
 

@@ -15,23 +15,10 @@
 #include <vector>
 
 #include "gemm/layout.hpp"
+#include "net_common/call.hpp"
 #include "weave/net/net_path.hpp"
 
 namespace weave::net {
-
-// Device counters zeroed before each launch (stream-ordered), grown on demand.
-class DeviceCounters {
- public:
-  DeviceCounters() = default;
-  ~DeviceCounters();
-  DeviceCounters(const DeviceCounters&) = delete;
-  DeviceCounters& operator=(const DeviceCounters&) = delete;
-  unsigned long long* zeroed(int n, cudaStream_t stream);
-
- private:
-  unsigned long long* p_ = nullptr;
-  int n_ = 0;
-};
 
 struct NetTpOptions {
   long long chunk_bytes = 1 << 20;  // network unit: a 128-row tile in ceil(tile bytes / chunk) slices

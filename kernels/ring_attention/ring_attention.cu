@@ -7,6 +7,7 @@
 #include "gathered_attention/gathered.hpp"
 #include "gathered_attention/sp_call.hpp"
 #include "ring_attention/ring_attention.hpp"
+#include "ring_attention/ring_globals.hpp"
 #include "ring_attention/schedule.hpp"
 #include "weave/runtime/call.hpp"
 #include "weave/runtime/tuner.hpp"
@@ -88,36 +89,13 @@ std::string ring_input_problem(const RingShape& s, const RingOptions& o, int W, 
 
 }  // namespace detail
 
-namespace {
-__global__ void drain_kernel(const signals s, const Round round) { barrier(s, 0, round); }
-}  // namespace
+namespace ring {
 
-RingLaunchInfo RingAttention::Impl::launch(const bf16* q, const bf16* k, const bf16* v, bf16* o, float* lse,
-                                           const RingShape& s, const RingOptions& opt, int ncomm, cudaStream_t stream) {
-  Impl& m = *this;
-  const int W = m.c.world(), r = m.c.rank(), zz = opt.sharding == Sharding::Zigzag ? 1 : 0;
+void fill_globals(attention::GatheredGlobals& g, const bf16* q, const bf16* k, const bf16* v, bf16* o, float* lse,
+                  const RingShape& s, const RingOptions& opt, int W, int r, bf16* gk, bf16* gv) {
+  const int zz = opt.sharding == Sharding::Zigzag ? 1 : 0;
   const int S = static_cast<int>(s.S), D = s.D, Hq = s.Hq, Hkv = s.Hkv;
   const long long L = ring::local_rows(S, W, zz, r);
-  const std::vector<long long> key = {s.B, S, Hq, Hkv, D, zz};
-  const bool cap = runtime::capturing(stream);
-  // Everything a capture cannot make (the shape's signal sets, a larger buffer) first: a call
-  // refused under capture then changes nothing.
-  const std::vector<int> counts = {s.B * gs::num_slices(S), 1};  // one kv head group (g.groups below)
-  runtime::SignalSet& rd = m.sig.get(m.c, key, counts, 0, cap);
-  runtime::SignalSet& ar = m.sig.get(m.c, key, counts, 1, cap);
-  const size_t kv_elems = size_t(s.B) * S * Hkv * D;
-  bf16* gk = static_cast<bf16*>(m.kv.get(2 * kv_elems * sizeof(bf16), cap));
-  if (!m.captured && !cap && !m.last_key.empty() && key != m.last_key) {  // every rank: the shapes agree
-    WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
-    m.c.barrier();
-  }
-  m.captured = m.captured || cap;
-  m.last_key = key;
-  m.order.before(stream, cap);
-  bf16* gv = gk + kv_elems;
-  const runtime::PeerPtrs pk = m.c.peers(gk, 2 * kv_elems * sizeof(bf16));
-
-  attention::GatheredGlobals g{};
   const int nmine = ring::chunks_per_rank(zz);
   g.n_qchunks = nmine;
   g.n_otargets = nmine;
@@ -157,7 +135,7 @@ RingLaunchInfo RingAttention::Impl::launch(const bf16* q, const bf16* k, const b
   g.slices = gs::num_slices(S);
   g.n_chunks = ring::num_chunks(W, zz);
   g.wait_q = 0;
-  g.num_comm = ncomm, g.rank = r, g.world = W;
+  g.rank = r, g.world = W;
   g.n_mine = nmine;
   // This rank's own rows are never pushed (the communicators' NVLink pushes carry only
   // peer-bound data). Where every own chunk starts on a key block and ends on one (or at S), the
@@ -181,16 +159,19 @@ RingLaunchInfo RingAttention::Impl::launch(const bf16* q, const bf16* k, const b
     g.v_own[i] = attention::map_rows(v + off * Hkv * D, D, Hkv, ch.rows, s.B, L * Hkv * D, 64, 1, 128, true);
     g.n_own = i + 1;
   }
+}
+
+void copy_own_rows(const bf16* k, const bf16* v, bf16* gk, bf16* gv, const RingShape& s, int W, int r, int zz,
+                   size_t mem_pitch, cudaStream_t stream) {
+  const int S = static_cast<int>(s.S), D = s.D, Hkv = s.Hkv;
+  const long long L = ring::local_rows(S, W, zz, r);
+  const int nmine = ring::chunks_per_rank(zz);
   // One 2-D copy per chunk and tensor, or one copy per batch where the gathered buffer's batch
   // pitch exceeds the largest pitch memory copies accept (cudaDeviceProp::memPitch, typically
   // 2^31 - 1 bytes: S * Hkv * D * 2 reaches it at S = 1M with Hkv * D = 1024).
   const size_t row = size_t(Hkv) * D * sizeof(bf16), dpitch = size_t(S) * row, spitch = size_t(L) * row;
-  const bool per_batch = s.B == 1 || dpitch > m.c.props().memPitch;
-  if (m.captured) {  // every rank alike (whether a rank copies depends on its chunks)
-    drain_kernel<<<1, 1, 0, stream>>>(m.drain.view(), m.drain.next_round(stream, cap));
-    WEAVE_CUDA_CHECK(cudaGetLastError());
-  }
-  for (int i = 0; i < nmine && g.n_own == 0; ++i) {
+  const bool per_batch = s.B == 1 || dpitch > mem_pitch;
+  for (int i = 0; i < nmine; ++i) {
     const gs::Rows ch = ring::chunk(S, W, zz, r, i);
     const long long off = ring::local_offset(S, W, zz, r, i);
     for (int t = 0; t < 2; ++t) {
@@ -206,6 +187,48 @@ RingLaunchInfo RingAttention::Impl::launch(const bf16* q, const bf16* k, const b
       }
     }
   }
+}
+
+}  // namespace ring
+
+namespace {
+__global__ void drain_kernel(const signals s, const Round round) { barrier(s, 0, round); }
+}  // namespace
+
+RingLaunchInfo RingAttention::Impl::launch(const bf16* q, const bf16* k, const bf16* v, bf16* o, float* lse,
+                                           const RingShape& s, const RingOptions& opt, int ncomm, cudaStream_t stream) {
+  Impl& m = *this;
+  const int W = m.c.world(), r = m.c.rank(), zz = opt.sharding == Sharding::Zigzag ? 1 : 0;
+  const int S = static_cast<int>(s.S), D = s.D, Hq = s.Hq, Hkv = s.Hkv;
+  const long long L = ring::local_rows(S, W, zz, r);
+  const std::vector<long long> key = {s.B, S, Hq, Hkv, D, zz};
+  const bool cap = runtime::capturing(stream);
+  // Everything a capture cannot make (the shape's signal sets, a larger buffer) first: a call
+  // refused under capture then changes nothing.
+  const std::vector<int> counts = {s.B * gs::num_slices(S), 1};  // one kv head group (g.groups below)
+  runtime::SignalSet& rd = m.sig.get(m.c, key, counts, 0, cap);
+  runtime::SignalSet& ar = m.sig.get(m.c, key, counts, 1, cap);
+  const size_t kv_elems = size_t(s.B) * S * Hkv * D;
+  bf16* gk = static_cast<bf16*>(m.kv.get(2 * kv_elems * sizeof(bf16), cap));
+  if (!m.captured && !cap && !m.last_key.empty() && key != m.last_key) {  // every rank: the shapes agree
+    WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
+    m.c.barrier();
+  }
+  m.captured = m.captured || cap;
+  m.last_key = key;
+  m.order.before(stream, cap);
+  bf16* gv = gk + kv_elems;
+  const runtime::PeerPtrs pk = m.c.peers(gk, 2 * kv_elems * sizeof(bf16));
+
+  attention::GatheredGlobals g{};
+  const int nmine = ring::chunks_per_rank(zz);
+  ring::fill_globals(g, q, k, v, o, lse, s, opt, W, r, gk, gv);
+  g.num_comm = ncomm;
+  if (m.captured) {  // every rank alike (whether a rank copies depends on its chunks)
+    drain_kernel<<<1, 1, 0, stream>>>(m.drain.view(), m.drain.next_round(stream, cap));
+    WEAVE_CUDA_CHECK(cudaGetLastError());
+  }
+  if (g.n_own == 0) ring::copy_own_rows(k, v, gk, gv, s, W, r, zz, m.c.props().memPitch, stream);
   g.n_push = 2;
   for (int t = 0; t < 2; ++t) {
     attention::PushTensor& pt = g.push[t];

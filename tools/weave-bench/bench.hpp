@@ -163,4 +163,37 @@ double time_us(cudaStream_t stream, F&& fn, int warmup = 5, int iters = 20, int 
   return median(t);
 }
 
+// An option's value as a byte count (4096, 64K, 1M, 4G; KiB/MiB/GiB too) or an integer in
+// [lo, hi]; `who` names the subcommand in the error.
+inline size_t parse_bytes(const char* who, const std::string& opt, const std::string& s) {
+  size_t pos = 0;
+  unsigned long long x = 0;
+  try {
+    x = std::stoull(s, &pos);
+  } catch (const std::exception&) {
+    pos = 0;
+  }
+  const std::string unit = s.substr(pos);
+  const unsigned long long mul = unit.empty() || unit == "B"    ? 1
+                                 : unit == "K" || unit == "KiB" ? 1ull << 10
+                                 : unit == "M" || unit == "MiB" ? 1ull << 20
+                                 : unit == "G" || unit == "GiB" ? 1ull << 30
+                                                                : 0;
+  if (pos == 0 || mul == 0 || x == 0 || x > (1ull << 40) / mul)
+    throw Error(weave::detail::concat(who, ": --", opt, ": '", s, "' is not a size (e.g. 4096, 64K, 16M, 1G)"));
+  return static_cast<size_t>(x * mul);
+}
+inline long long parse_count(const char* who, const std::string& opt, const std::string& s, long long lo, long long hi) {
+  size_t pos = 0;
+  long long x = 0;
+  try {
+    x = std::stoll(s, &pos);
+  } catch (const std::exception&) {
+    pos = 0;
+  }
+  if (pos == 0 || pos != s.size() || x < lo || x > hi)
+    throw Error(weave::detail::concat(who, ": --", opt, ": '", s, "' is not an integer from ", lo, " to ", hi));
+  return x;
+}
+
 }  // namespace weave::bench

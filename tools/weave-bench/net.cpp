@@ -109,37 +109,6 @@ uint64_t mix64(uint64_t x) {  // splitmix64's finaliser: the pattern and the sta
 
 // ---- options ------------------------------------------------------------------------------
 
-size_t parse_bytes(const std::string& opt, const std::string& s) {
-  size_t pos = 0;
-  unsigned long long x = 0;
-  try {
-    x = std::stoull(s, &pos);
-  } catch (const std::exception&) {
-    pos = 0;
-  }
-  const std::string unit = s.substr(pos);
-  const unsigned long long mul = unit.empty() || unit == "B"    ? 1
-                                 : unit == "K" || unit == "KiB" ? 1ull << 10
-                                 : unit == "M" || unit == "MiB" ? 1ull << 20
-                                 : unit == "G" || unit == "GiB" ? 1ull << 30
-                                                                : 0;
-  if (pos == 0 || mul == 0 || x == 0 || x > (1ull << 40) / mul)
-    throw Error(concat("weave-bench net: --", opt, ": '", s, "' is not a size (e.g. 4096, 64K, 16M, 1G)"));
-  return static_cast<size_t>(x * mul);
-}
-
-long long parse_count(const std::string& opt, const std::string& s, long long lo, long long hi) {
-  size_t pos = 0;
-  long long x = 0;
-  try {
-    x = std::stoll(s, &pos);
-  } catch (const std::exception&) {
-    pos = 0;
-  }
-  if (pos == 0 || pos != s.size() || x < lo || x > hi)
-    throw Error(concat("weave-bench net: --", opt, ": '", s, "' is not an integer from ", lo, " to ", hi));
-  return x;
-}
 
 struct Config {
   bool proxy = true, transfer = true, nccl = true;
@@ -186,26 +155,26 @@ Config parse(const weave::bench::Args& a) {
   if (a.has("batches")) {
     c.batches.clear();
     for (const std::string& b : a.names("batches", ""))
-      c.batches.push_back(static_cast<uint32_t>(parse_count("batches", b, 1, net::kMaxBatch)));
+      c.batches.push_back(static_cast<uint32_t>(weave::bench::parse_count("weave-bench net", "batches", b, 1, net::kMaxBatch)));
   }
   if (a.has("latency-commands"))
     c.latency_commands =
-        static_cast<uint32_t>(parse_count("latency-commands", a.get("latency-commands"), 10, 10000000));
+        static_cast<uint32_t>(weave::bench::parse_count("weave-bench net", "latency-commands", a.get("latency-commands"), 10, 10000000));
   if (a.has("rate-commands"))
-    c.rate_commands = static_cast<uint32_t>(parse_count("rate-commands", a.get("rate-commands"), 10, 100000000));
+    c.rate_commands = static_cast<uint32_t>(weave::bench::parse_count("weave-bench net", "rate-commands", a.get("rate-commands"), 10, 100000000));
   for (const std::string& s : a.names("sizes", "4K,16K,64K,256K,1M,4M,16M,64M,256M")) {
-    const size_t b = parse_bytes("sizes", s);
+    const size_t b = weave::bench::parse_bytes("weave-bench net", "sizes", s);
     if (b % 8) throw Error(concat("weave-bench net: --sizes: ", s, " is not a multiple of 8 bytes"));
     c.sizes.push_back(b);
   }
   if (a.has("chunks")) {
     c.chunks.clear();
-    for (const std::string& s : a.names("chunks", "")) c.chunks.push_back(parse_bytes("chunks", s));
+    for (const std::string& s : a.names("chunks", "")) c.chunks.push_back(weave::bench::parse_bytes("weave-bench net", "chunks", s));
   }
   for (size_t ch : c.chunks)
     if (ch < 64 || ch % 16) throw Error(concat("weave-bench net: --chunks: ", ch, " is not a multiple of 16 >= 64"));
-  if (a.has("budget")) c.budget = parse_bytes("budget", a.get("budget"));
-  if (a.has("repeats")) c.repeats = static_cast<int>(parse_count("repeats", a.get("repeats"), 1, 1000));
+  if (a.has("budget")) c.budget = weave::bench::parse_bytes("weave-bench net", "budget", a.get("budget"));
+  if (a.has("repeats")) c.repeats = static_cast<int>(weave::bench::parse_count("weave-bench net", "repeats", a.get("repeats"), 1, 1000));
   if (a.has("idle-us")) {
     const std::string s = a.get("idle-us");
     char* end = nullptr;
@@ -214,7 +183,7 @@ Config parse(const weave::bench::Args& a) {
       throw Error(
           concat("weave-bench net: --idle-us: '", s, "' is not a number of microseconds (< 0: spin, 0: yield)"));
   }
-  if (a.has("test-corrupt")) c.corrupt_at = parse_count("test-corrupt", a.get("test-corrupt"), 0, 1ll << 40);
+  if (a.has("test-corrupt")) c.corrupt_at = weave::bench::parse_count("weave-bench net", "test-corrupt", a.get("test-corrupt"), 0, 1ll << 40);
   // tcp unless asked otherwise: libfabric's own first choice on one host may be shm, which would
   // bypass the network path's socket transport that --nodes simulates.
   c.provider = a.get("provider", weave::env::get_string("WEAVE_NET_PROVIDER"));
@@ -791,22 +760,6 @@ std::string nccl_unusable(Ctl& ctl, int local_rank, int& device) {
   return "";
 }
 
-// What the baseline is: NCCL restricted to its network transport, sockets on loopback (issue
-// 22). Set where unset (as bench/nccl_comm.hpp does for NVLS): a value the caller chose stays and
-// is reported with the rows.
-std::string nccl_environment(const Config& c) {
-  setenv("NCCL_P2P_DISABLE", "1", 0);
-  setenv("NCCL_SHM_DISABLE", "1", 0);
-  setenv("NCCL_NET", "Socket", 0);
-  setenv("NCCL_NVLS_ENABLE", "0", 0);  // the GPU machines' rule (HARDWARE.md)
-  if (c.domain == "lo") setenv("NCCL_SOCKET_IFNAME", "lo", 0);
-  std::string e;
-  for (const char* v : {"NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_NET", "NCCL_SOCKET_IFNAME"}) {
-    const char* x = getenv(v);
-    e += concat(e.empty() ? "" : " ", v, "=", x ? x : "");
-  }
-  return e;
-}
 
 // The same protocol as the other transfer rows, from device memory to device memory: the message
 // as one ncclSend / ncclRecv, then an 8-byte ack back, all on one stream (the sender's next send
@@ -1074,7 +1027,7 @@ int run(const weave::bench::Args& a) {
       if (!why.empty()) {
         if (lead) std::printf("  nccl rows skipped: %s; they need one GPU per rank\n", why.c_str());
       } else {
-        nccl_env = nccl_environment(c);
+        nccl_env = weave::bench::nccl_network_environment(c.domain == "lo");
         const std::vector<TransferRow> n = transfer_nccl(c, ctl, device, seed, nccl_env);
         rows.insert(rows.end(), n.begin(), n.end());
       }

@@ -1,4 +1,6 @@
-#include "net_tp/host.hpp"
+#include "net_common/call.hpp"
+
+#include <cuda_runtime.h>
 
 #include <algorithm>
 
@@ -22,18 +24,14 @@ unsigned long long* DeviceCounters::zeroed(int n, cudaStream_t stream) {
   return p_;
 }
 
-namespace tp_net {
-
-void check_object(const NetPath& path, const NetTpOptions& o, const char* who) {
+void check_path(const NetPath& path, int send_blocks, int recv_blocks, const char* who) {
   WEAVE_CHECK(path.gpu(), who, ": the network path is in CPU mode (NetPathOptions::gpu = false)");
   const NetTopo t = path.topo();
   WEAVE_CHECK(t.gpus == 1, who, ": ", t.nodes, " nodes of ", t.gpus,
               " ranks: only one rank per node is built (the hierarchical form, NVLink inside the node, is not)");
   WEAVE_CHECK(t.nodes <= kMaxWorld, who, ": ", t.nodes, " nodes; at most ", kMaxWorld, " are supported");
-  WEAVE_CHECK(o.chunk_bytes >= 16 && o.chunk_bytes % 16 == 0, who, ": chunk_bytes (", o.chunk_bytes,
-              ") must be a positive multiple of 16");
-  WEAVE_CHECK(o.send_blocks >= 1 && o.send_blocks <= 32 && o.recv_blocks >= 1 && o.recv_blocks <= 32, who,
-              ": send_blocks (", o.send_blocks, ") and recv_blocks (", o.recv_blocks, ") must be 1 to 32");
+  WEAVE_CHECK(send_blocks >= 1 && send_blocks <= 32 && recv_blocks >= 1 && recv_blocks <= 32, who, ": send_blocks (",
+              send_blocks, ") and recv_blocks (", recv_blocks, ") must be 1 to 32");
 }
 
 void check_buffers(const char* who, std::initializer_list<Buffer> bufs) {
@@ -44,21 +42,20 @@ void check_buffers(const char* who, std::initializer_list<Buffer> bufs) {
   }
 }
 
-void check_room(const NetPath& path, const NetTpOptions& o, const char* who, long long send_needed,
-                long long recv_needed, long long flags_needed) {
+void check_room(const NetPath& path, const char* who, long long send_needed, long long recv_needed,
+                long long flags_needed, int comm_blocks, const char* flags_hint) {
   WEAVE_CHECK(static_cast<unsigned long long>(send_needed) <= path.send_bytes(), who, ": the call stages ",
               send_needed, " bytes; the path's send buffer has ", path.send_bytes(), " (NetPathOptions::send_bytes)");
   WEAVE_CHECK(static_cast<unsigned long long>(recv_needed) <= path.slot_recv_bytes(), who, ": the call receives ",
               recv_needed, " bytes per receive slot; the path has ", path.slot_recv_bytes(),
               " (NetPathOptions::recv_bytes holds two slots)");
   WEAVE_CHECK(flags_needed <= path.slot_flags(), who, ": ", flags_needed,
-              " arrival flags per call slot needed, the path has ", path.slot_flags(),
-              " (raise NetTpOptions::chunk_bytes or NetPathOptions::proxy.flags)");
+              " arrival flags per call slot needed, the path has ", path.slot_flags(), " (", flags_hint, ")");
   int sms = 0, dev = 0;
   WEAVE_CUDA_CHECK(cudaGetDevice(&dev));
   WEAVE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  WEAVE_CHECK(o.send_blocks + o.recv_blocks < sms, who, ": ", o.send_blocks + o.recv_blocks,
-              " send and receive blocks leave no compute SM (the device has ", sms, ")");
+  WEAVE_CHECK(comm_blocks < sms, who, ": ", comm_blocks, " send and receive blocks leave no compute SM (the device has ",
+              sms, ")");
 }
 
 void agree(NetPath& path, std::vector<long long>& agreed, const std::vector<long long>& key,
@@ -90,5 +87,4 @@ void agree(NetPath& path, std::vector<long long>& agreed, const std::vector<long
   agreed = key;
 }
 
-}  // namespace tp_net
 }  // namespace weave::net

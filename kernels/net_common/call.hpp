@@ -1,0 +1,54 @@
+// Host pieces every inter-node fused kernel's call shares (kernels/net_tp, kernels/net_ring_attention):
+// the object's checks, this rank's buffer checks, the room a call needs on the path, the
+// once-per-shape agreement over the bootstrap, and device counters zeroed per call.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "weave/net/net_path.hpp"
+
+namespace weave::net {
+
+// The operator's identity, the first entry of every agreed key: ranks calling different
+// operators with equal shapes must not meet in the device.
+inline constexpr long long kOpAgGemm = 1, kOpGemmRs = 2, kOpGemmAr = 3, kOpRingAttention = 4;
+
+struct Buffer {
+  const char* name;
+  const void* p;
+  size_t bytes;
+};
+
+// An object's checks: GPU mode, one rank per node, at most kMaxWorld nodes, 1..32 send and
+// receive blocks each.
+void check_path(const NetPath& path, int send_blocks, int recv_blocks, const char* who);
+// Non-null, 16-byte aligned device memory at least as long as the shape says.
+void check_buffers(const char* who, std::initializer_list<Buffer> bufs);
+// The call's bytes and flags fit the path; `comm_blocks` leave compute SMs.
+void check_room(const NetPath& path, const char* who, long long send_needed, long long recv_needed,
+                long long flags_needed, int comm_blocks, const char* flags_hint);
+// A new `key` (operator, shape, options) is agreed with every rank once: each rank's verdict
+// (`problem` empty: its arguments are fine) and key are exchanged, and any rank's problem or a
+// differing key throws on every rank. On a key agreed before, a problem of this rank alone fails
+// the path (NetPath::abort: the peers' kernels, already launched, are released) and throws.
+void agree(NetPath& path, std::vector<long long>& agreed, const std::vector<long long>& key,
+           const std::string& problem, const char* who);
+
+// Device counters zeroed before each launch (stream-ordered), grown on demand.
+class DeviceCounters {
+ public:
+  DeviceCounters() = default;
+  ~DeviceCounters();
+  DeviceCounters(const DeviceCounters&) = delete;
+  DeviceCounters& operator=(const DeviceCounters&) = delete;
+  unsigned long long* zeroed(int n, cudaStream_t stream);
+
+ private:
+  unsigned long long* p_ = nullptr;
+  int n_ = 0;
+};
+
+}  // namespace weave::net

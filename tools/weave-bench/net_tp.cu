@@ -1,0 +1,862 @@
+// weave-bench net_tp: the inter-node fused TP kernels (kernels/net_tp: NetAgGemm, NetGemmRs)
+// between nodes of one rank each, against the same transfers and GEMM without overlap, and
+// against weave's GEMM + NCCL restricted to its network transport.
+//
+//   weave-run -n N --nodes N [--share-gpus] -- weave-bench net_tp [--json FILE]
+//       [--sizes 2048,4096,8192] [--n N] [--k K] [--kernels ag_gemm,gemm_rs]
+//       [--impls weave,weave-unfused,nccl] [--chunk 1M] [--send-blocks 2] [--recv-blocks 6]
+//       [--iters 20] [--warmup 5] [--provider tcp] [--domain lo] [--notify ordered|unordered]
+//       [--max-bounce 4G]
+//
+// Problems, per size S of --sizes: M = S rows, N = --n and K = --k columns (default S each), bf16,
+// B stored N x K (an nn.Linear weight, NetTpOptions::b = NK).
+//   net_ag_gemm  A (M x K) sharded by rows over the nodes (rank q: rows tp::shard(M, nodes, q)),
+//                gathered in place into an M x K buffer; C = A_gathered · Bᵀ with this rank's B.
+//   net_gemm_rs  each rank's A (M x K) and B (its K slice): rank q gets rows tp::shard(M, nodes, q)
+//                of the sum over ranks of A_r · B_rᵀ.
+// Implementations (rows "impl"):
+//   weave          the fused kernel (NetAgGemm::run / NetGemmRs::run) with --chunk, --send-blocks
+//                  and --recv-blocks (NetTpOptions).
+//   weave-unfused  the same network path without overlap: NetCollectives::all_gather in place,
+//                  then weave's GEMM (ag); weave's GEMM into M x N, then
+//                  NetCollectives::reduce_scatter in place (rs). Same chunk and blocks. The
+//                  collectives shard the buffer in 16-byte units, which are the row shards only
+//                  when every shard is whole rows; where they are not, the row is skipped.
+//   nccl           weave's GEMM (so that only the transfer differs) + ncclAllGather /
+//                  ncclReduceScatter in place, NCCL restricted to its network transport
+//                  (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NET=Socket, NCCL_SOCKET_IFNAME=lo on
+//                  simulated nodes; each set where unset). Only with a GPU of its own per rank
+//                  (NCCL refuses two ranks on one GPU) and M a multiple of the nodes (NCCL's
+//                  blocks are equal); otherwise skipped with the reason.
+//
+// Timing: --warmup calls (one batch, then finish), then --iters calls, each alone: the stream
+// drained, the ranks released together by a barrier on the path's bootstrap, CUDA events around
+// the one call. A rank's event time includes any wait for a late peer, so each iteration's time
+// is the slowest rank's; time_us is the median over iterations. Calls never overlap, so each time
+// is one call end to end; since the stream is idle when the first event is recorded, it also
+// counts the host's time to issue the call (checks, launches), as a caller would see it.
+//
+// Checks (every row): the last timed call runs on a second input set (every earlier call on the
+// first), into outputs poisoned just before it, so a kernel that leaves anything of an earlier
+// call in place, or skips a store, fails. Every rank regenerates every rank's inputs from the job
+// seed (rank 0's WEAVE_TEST_SEED) and checks its own output per element and per 128 x 128 tile
+// against a float32 cuBLASLt reference (check/gemm_ref.hpp): ag with check::gemm_bound() (one
+// rounding) and the gathered A bit for bit, rs with check::partial_sum_bound(nodes). A row is
+// correct only if it is on every rank; any incorrect row makes the command exit 1.
+//
+// The network path is made once, its bounce buffers (pinned host memory) sized for the largest
+// problem requested; a problem that would take more than --max-bounce bytes of them (send +
+// both receive slots, per rank) is skipped with a message saying what it needs.
+//
+// Fewer than 2 ranks, no rendezvous address or a single node: a message and exit 0 (nothing to
+// measure). More than one rank per node (only the one-rank-per-node form is built): exit 2. A rank
+// without a GPU: exit 1. With --share-gpus the times are not meaningful (the ranks' kernels
+// time-slice one GPU); the checks are.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "../../bench/nccl_comm.hpp"
+#include "bench.hpp"
+#include "check/device_buffer.hpp"
+#include "check/gemm_ref.hpp"
+#include "check/seed.hpp"
+#include "check/tile_check.hpp"
+#include "gemm/gemm.hpp"
+#include "gemm/reference.cuh"
+#include "net_collectives/layout.hpp"
+#include "net_collectives/net_collectives.hpp"
+#include "net_tp/layout.hpp"
+#include "net_tp/net_tp.hpp"
+#include "tp_common/host.hpp"
+#include "tp_common/schedule.hpp"
+#include "weave/config.hpp"
+#include "weave/net/net_path.hpp"
+#include "weave/runtime/env.hpp"
+#include "weave/runtime/launch.hpp"
+#include "weave/runtime/net_bootstrap.hpp"
+
+namespace {
+
+namespace net = weave::net;
+namespace check = weave::check;
+namespace gref = weave::gemm::ref;
+namespace wtp = weave::tp;
+using bf16 = __nv_bfloat16;
+using weave::Error;
+using weave::detail::concat;
+using Dev = check::DeviceBuffer<bf16>;
+using DevF = check::DeviceBuffer<float>;
+
+constexpr const char* kWho = "weave-bench net_tp";
+constexpr size_t kMiB = size_t(1) << 20;
+
+// ---- options ------------------------------------------------------------------------------
+
+
+constexpr const char* kImplWeave = "weave";
+constexpr const char* kImplUnfused = "weave-unfused";
+constexpr const char* kImplNccl = "nccl";
+
+struct Config {
+  std::vector<int> sizes;
+  int n = 0, k = 0;  // 0: S
+  std::vector<std::string> kernels, impls;
+  long long chunk = net::NetTpOptions{}.chunk_bytes;
+  int send_blocks = net::NetTpOptions{}.send_blocks, recv_blocks = net::NetTpOptions{}.recv_blocks;
+  int iters = 20, warmup = 5;
+  std::string provider, domain;
+  net::Notify notify = net::Notify::automatic;
+  size_t max_bounce = size_t(4) << 30;
+  bool has_impl(const char* i) const { return std::find(impls.begin(), impls.end(), i) != impls.end(); }
+};
+
+Config parse(const weave::bench::Args& a) {
+  static const std::set<std::string> known{"json",   "sizes",   "n",      "k",      "kernels",     "impls",
+                                           "chunk",  "send-blocks", "recv-blocks", "iters", "warmup", "provider",
+                                           "domain", "notify",  "max-bounce"};
+  for (const auto& [k, v] : a.kv)
+    if (!known.count(k)) throw Error(concat(kWho, ": unknown option --", k, " (see weave-bench net_tp --help)"));
+  Config c;
+  for (const std::string& s : a.names("sizes", "2048,4096,8192"))
+    c.sizes.push_back(static_cast<int>(weave::bench::parse_count(kWho, "sizes", s, 1, 1 << 20)));
+  if (c.sizes.empty()) throw Error(concat(kWho, ": --sizes names no size"));
+  // The GEMM's TMA rows need K and N in multiples of 8 elements (16 bytes).
+  for (const char* d : {"n", "k"})
+    if (a.has(d)) {
+      const long long v = weave::bench::parse_count(kWho, d, a.get(d), 8, 1 << 20);
+      if (v % 8) throw Error(concat(kWho, ": --", d, " ", v, " is not a multiple of 8"));
+      (d[0] == 'n' ? c.n : c.k) = static_cast<int>(v);
+    }
+  for (const std::string& k : a.names("kernels", "ag_gemm,gemm_rs")) {
+    if (k != "ag_gemm" && k != "gemm_rs") throw Error(concat(kWho, ": --kernels: '", k, "' is not ag_gemm or gemm_rs"));
+    c.kernels.push_back(k);
+  }
+  for (const std::string& i : a.names("impls", concat(kImplWeave, ",", kImplUnfused, ",", kImplNccl))) {
+    if (i != kImplWeave && i != kImplUnfused && i != kImplNccl)
+      throw Error(concat(kWho, ": --impls: '", i, "' is not weave, weave-unfused or nccl"));
+    c.impls.push_back(i);
+  }
+  if (a.has("chunk")) c.chunk = static_cast<long long>(weave::bench::parse_bytes(kWho, "chunk", a.get("chunk")));
+  if (c.chunk % 16) throw Error(concat(kWho, ": --chunk ", c.chunk, " is not a multiple of 16 bytes"));
+  if (a.has("send-blocks")) c.send_blocks = static_cast<int>(weave::bench::parse_count(kWho, "send-blocks", a.get("send-blocks"), 1, 32));
+  if (a.has("recv-blocks")) c.recv_blocks = static_cast<int>(weave::bench::parse_count(kWho, "recv-blocks", a.get("recv-blocks"), 1, 32));
+  if (a.has("iters")) c.iters = static_cast<int>(weave::bench::parse_count(kWho, "iters", a.get("iters"), 1, 100000));
+  // At least one: a shape's first call agrees on it with every rank over the bootstrap (and plans
+  // the GEMM), host work that must not land in a timed call.
+  if (a.has("warmup")) c.warmup = static_cast<int>(weave::bench::parse_count(kWho, "warmup", a.get("warmup"), 1, 100000));
+  if (a.has("notify")) c.notify = net::parse_notify(a.get("notify"));
+  if (a.has("max-bounce")) c.max_bounce = weave::bench::parse_bytes(kWho, "max-bounce", a.get("max-bounce"));
+  // tcp unless asked otherwise: libfabric's own first choice on one host may be shm, which would
+  // bypass the socket transport that --nodes simulates (as weave-bench net).
+  c.provider = a.get("provider", weave::env::get_string("WEAVE_NET_PROVIDER"));
+  if (c.provider.empty()) c.provider = "tcp";
+  // Simulated nodes (weave-run --nodes names them) all live on this host: loopback. Real nodes:
+  // libfabric picks the interface unless --domain names one.
+  c.domain = a.get("domain", weave::env::get_string("WEAVE_HOSTNAME").empty() ? "" : "lo");
+  return c;
+}
+
+// ---- problems and the room they take on the network path ------------------------------------
+
+struct Shape {
+  int S, M, N, K;
+  std::string str() const { return concat(M, "x", N, "x", K); }
+};
+Shape shape_of(const Config& c, int S) { return {S, S, c.n ? c.n : S, c.k ? c.k : S}; }
+
+const char* row_kernel(const std::string& kernel) { return kernel == "ag_gemm" ? "net_ag_gemm" : "net_gemm_rs"; }
+
+// What one call takes from the path: send buffer bytes, bytes of one receive slot, flags of one
+// call slot (the path holds two receive and two flag slots, so that consecutive calls overlap).
+struct Room {
+  long long send = 0, recv = 0, flags = 0;
+  void widen(const Room& o) {
+    send = std::max(send, o.send);
+    recv = std::max(recv, o.recv);
+    flags = std::max(flags, o.flags);
+  }
+};
+
+long long round_mib(long long b) { return std::max<long long>(1, (b + kMiB - 1) / kMiB) * static_cast<long long>(kMiB); }
+// Pinned host bytes of a path sized for `r`: the send buffer and both receive slots.
+long long bounce_bytes(const Room& r) { return round_mib(r.send) + 2 * round_mib(r.recv); }
+
+// The kernels' and the collectives' own plans (the functions their host entries check with), so
+// that the path is exactly as large as the largest call needs.
+Room room_of(const std::string& kernel, const std::string& impl, const Shape& s, const Config& c, int nodes) {
+  const bool ag = kernel == "ag_gemm";
+  if (impl == kImplWeave) {
+    namespace tn = net::tp_net;
+    const tn::UnitPlan U = ag ? tn::ag_plan(s.M, s.N, s.K, 2, nodes, wtp::default_group_m(s.K), c.chunk)
+                              : tn::rs_plan(s.M, s.N, nodes, wtp::default_group_m(s.K), c.chunk);
+    return {ag ? tn::ag_send_needed(U) : tn::rs_send_needed(U), tn::recv_needed(U), tn::flags_needed(U)};
+  }
+  if (impl == kImplUnfused) {
+    const long long bytes = 2LL * s.M * (ag ? s.K : s.N);
+    const net::coll::Layout L = net::coll::make_layout(ag ? net::Coll::all_gather : net::Coll::reduce_scatter,
+                                                       net::Topo{nodes, 1}, bytes, c.chunk);
+    return {net::coll::send_needed(L), net::coll::recv_needed(L), static_cast<long long>(net::coll::flags_needed(L))};
+  }
+  return {};  // nccl: its own buffers
+}
+
+// "" when NetCollectives' element shards of an M x cols buffer are the row shards of every rank
+// (the unfused rows gather and scatter rows through it), else why not.
+std::string element_shards_differ(int M, int cols, int nodes) {
+  for (int q = 0; q < nodes; ++q) {
+    long long first = 0, n = 0;
+    net::NetCollectives::shard(nodes, static_cast<long long>(M) * cols, net::NetDtype::bf16, q, &first, &n);
+    const wtp::Range r = wtp::shard(M, nodes, q);
+    if (first != static_cast<long long>(r.begin) * cols || n != static_cast<long long>(r.size) * cols)
+      return concat("NetCollectives gives rank ", q, " elements [", first, ", +", n, ") of the ", M, " x ", cols,
+                    " buffer, not its rows ", r.begin, "..", r.begin + r.size - 1, " (shards are near-equal in 16-byte "
+                    "units, so whole rows only when they happen to fall on row ends)");
+  }
+  return "";
+}
+
+// ---- the job ------------------------------------------------------------------------------
+
+// An NCCL communicator over the job's ranks, made only for the nccl rows. Its destructor aborts
+// instead of finalizing while an exception unwinds: finalize waits for every rank, and a rank that
+// failed may never get there.
+struct Nccl {
+  ncclComm_t comm = nullptr;
+  std::string env;  // the NCCL_* variables in force (the rows record them)
+  Nccl() = default;
+  Nccl(const Nccl&) = delete;
+  Nccl& operator=(const Nccl&) = delete;
+  ~Nccl() {
+    if (!comm) return;
+    if (std::uncaught_exceptions() > 0 || cudaDeviceSynchronize() != cudaSuccess) {
+      ncclCommAbort(comm);
+    } else {
+      ncclCommFinalize(comm);
+      ncclCommDestroy(comm);
+    }
+  }
+};
+
+
+struct Job {
+  const Config& c;
+  net::NetPath& path;
+  cudaStream_t st;
+  check::GemmRef& ref;
+  weave::bench::JsonSink& sink;
+  int rank, nodes;
+  bool shared_gpu;      // two ranks on one GPU (--share-gpus): times are not meaningful
+  uint64_t seed;        // rank 0's WEAVE_TEST_SEED
+  uint64_t problems = 0;  // problems so far (the same on every rank): each draws its own inputs
+  std::string provider, notify;
+  Nccl* nccl = nullptr;  // null: no nccl rows (nccl_skip says why)
+  std::string nccl_skip;  // why there are no nccl rows at all
+  std::vector<std::string> wrong;  // incorrect rows, the same list on every rank
+  bool lead() const { return rank == 0; }
+  weave::runtime::NetBootstrap& boot() { return path.bootstrap(); }
+};
+
+// ---- timing and checking, shared by every row ---------------------------------------------
+
+// A problem's inputs and outputs as the timing loop prepares them: inputs(set) enqueues what set
+// `set` needs in place (the own rows of an in-place gathered A), poison() the NaN in every output.
+class Problem {
+ public:
+  virtual ~Problem() = default;
+  virtual void inputs(int set) = 0;
+  virtual void poison() = 0;
+};
+
+// One implementation of a problem: call(set) enqueues one call on input set `set`; finish() waits
+// for the stream and throws a transfer failure (the object's finish, or a plain synchronize);
+// check() compares the outputs of the last call with the reference of set 1 on this rank
+// (report, plus a non-empty `extra` for a finding outside it).
+struct Finding {
+  check::Report rep;
+  std::string extra;
+};
+struct Impl {
+  const char* name;
+  std::function<void(int set)> call;
+  std::function<void()> finish;
+  std::function<Finding()> check;
+};
+
+struct Events {
+  cudaEvent_t a = nullptr, b = nullptr;
+  Events() {
+    WEAVE_CUDA_CHECK(cudaEventCreate(&a));
+    WEAVE_CUDA_CHECK(cudaEventCreate(&b));
+  }
+  ~Events() {
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+  }
+  Events(const Events&) = delete;
+  Events& operator=(const Events&) = delete;
+};
+
+// The median over iterations of the slowest rank's time of each (see the header), in µs. The
+// last iteration is the checked call: set 1 into poisoned outputs.
+double time_impl(Job& j, Problem& p, const Impl& im) {
+  p.inputs(0);
+  for (int i = 0; i < j.c.warmup; ++i) im.call(0);
+  im.finish();  // the warm-up batch: a failed transfer throws here, before anything is timed
+  Events ev;
+  std::vector<double> mine(static_cast<size_t>(j.c.iters));
+  for (int it = 0; it < j.c.iters; ++it) {
+    const bool last = it + 1 == j.c.iters;
+    if (last) {
+      p.poison();
+      p.inputs(1);
+    }
+    WEAVE_CUDA_CHECK(cudaStreamSynchronize(j.st));
+    j.boot().barrier();  // the ranks start together: a rank's time then includes waiting for a late peer
+    WEAVE_CUDA_CHECK(cudaEventRecord(ev.a, j.st));
+    im.call(last ? 1 : 0);
+    WEAVE_CUDA_CHECK(cudaEventRecord(ev.b, j.st));
+    im.finish();
+    float ms = 0;
+    WEAVE_CUDA_CHECK(cudaEventElapsedTime(&ms, ev.a, ev.b));
+    mine[it] = 1e3 * ms;
+  }
+  std::vector<double> all(mine.size() * static_cast<size_t>(j.nodes));
+  j.boot().all_gather(mine.data(), all.data(), mine.size() * sizeof(double));
+  std::vector<double> slowest(mine.size(), 0.0);
+  for (int q = 0; q < j.nodes; ++q)
+    for (size_t it = 0; it < mine.size(); ++it) slowest[it] = std::max(slowest[it], all[q * mine.size() + it]);
+  return weave::median(slowest);
+}
+
+struct Verdict {
+  bool ok = false;
+  double worst = NAN;  // the checker's worst |x - r| / bound over ranks (> 1: wrong)
+};
+
+// The same verdict on every rank (wrong on one rank: wrong everywhere); the rank that saw a
+// problem prints it, since only it has the details.
+Verdict settle(Job& j, const std::string& what, const Finding& f) {
+  const bool ok = f.rep.ok && f.extra.empty();
+  if (!ok) std::printf("    rank %d: %s: %s%s\n", j.rank, what.c_str(), f.rep.str().c_str(), f.extra.c_str());
+  std::fflush(stdout);
+  Verdict v;
+  v.ok = weave::bench::all_ranks_ok(j.path, ok);
+  v.worst = weave::bench::worst_over_ranks(j.path, f.extra.empty() ? f.rep.worst : INFINITY);
+  return v;
+}
+
+// Bitwise equality of the gathered A with the regenerated one (it is a copy, so nothing less).
+__global__ void mismatch_kernel(const uint16_t* a, const uint16_t* b, size_t n, unsigned long long* out) {
+  unsigned long long bad = 0;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    bad += a[i] != b[i];
+  for (int o = 16; o > 0; o >>= 1) bad += __shfl_xor_sync(0xffffffff, bad, o);
+  if ((threadIdx.x & 31) == 0 && bad) atomicAdd(out, bad);
+}
+unsigned long long mismatches(const bf16* a, const bf16* b, size_t n, cudaStream_t st) {
+  check::DeviceBuffer<unsigned long long> d(1);
+  unsigned long long h = 0;
+  WEAVE_CUDA_CHECK(cudaMemsetAsync(d.p, 0, sizeof h, st));
+  mismatch_kernel<<<1024, 256, 0, st>>>(reinterpret_cast<const uint16_t*>(a), reinterpret_cast<const uint16_t*>(b), n,
+                                        d.p);
+  WEAVE_CUDA_CHECK(cudaGetLastError());
+  WEAVE_CUDA_CHECK(cudaMemcpyAsync(&h, d.p, sizeof h, cudaMemcpyDeviceToHost, st));
+  WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
+  return h;
+}
+
+struct Row {
+  std::string kernel, impl;
+  Shape sh{};
+  double us = NAN;
+  Verdict v;
+};
+
+// Times and checks one implementation; a row for it.
+Row measure(Job& j, const std::string& kernel, const Shape& sh, Problem& p, const Impl& im) {
+  Row r;
+  r.kernel = row_kernel(kernel);
+  r.impl = im.name;
+  r.sh = sh;
+  r.us = time_impl(j, p, im);
+  r.v = settle(j, concat(r.kernel, " ", r.impl, " ", sh.str()), im.check());
+  return r;
+}
+
+// ---- the problems ---------------------------------------------------------------------------
+
+enum What : uint64_t { kA = 1, kB = 2 };
+
+// Inputs of (problem, set, rank q, operand): the same on every rank, so each can rebuild its peers'.
+struct Seeds {
+  uint64_t problem;
+  uint64_t of(int set, int q, What w) const { return check::derive(problem, uint64_t(set) * 64 + uint64_t(q), w); }
+};
+
+// AllGather + GEMM. The gathered A is in place (the own shard at its rows of the M x K buffer)
+// for every implementation, as NetCollectives' all_gather and NCCL's in-place form need it; so
+// each set's own shard is copied into place before its calls.
+struct AgProblem : Problem {
+  Job& j;
+  Shape sh;
+  wtp::Range mine;
+  Dev G;                   // the gathered A (M x K)
+  Dev shard[2], B[2];      // per input set: this rank's shard of A, its B (N x K)
+  Dev C;                   // M x N
+  Dev full;                // set 1's gathered A, regenerated from every rank's seed
+  DevF r, s;               // its reference and per-element scale
+
+  AgProblem(Job& job, const Shape& shape, Seeds sd)
+      : j(job), sh(shape), mine(wtp::shard(sh.M, j.nodes, j.rank)), G(size_t(sh.M) * sh.K),
+        shard{Dev(size_t(mine.size) * sh.K), Dev(size_t(mine.size) * sh.K)},
+        B{Dev(size_t(sh.N) * sh.K), Dev(size_t(sh.N) * sh.K)}, C(size_t(sh.M) * sh.N), full(size_t(sh.M) * sh.K),
+        r(size_t(sh.M) * sh.N), s(size_t(sh.M) * sh.N) {
+    for (int set = 0; set < 2; ++set) {
+      gref::fill_uniform(shard[set].p, shard[set].n, sd.of(set, j.rank, kA), 1.f, j.st);
+      gref::fill_uniform(B[set].p, B[set].n, sd.of(set, j.rank, kB), 1.f, j.st);
+    }
+    // The reference of the checked call (set 1): every rank's shard, times this rank's B.
+    for (int q = 0; q < j.nodes; ++q) {
+      const wtp::Range sq = wtp::shard(sh.M, j.nodes, q);
+      gref::fill_uniform(full.p + size_t(sq.begin) * sh.K, size_t(sq.size) * sh.K, sd.of(1, q, kA), 1.f, j.st);
+    }
+    j.ref.run(full.p, B[1].p, sh.M, sh.N, sh.K, weave::gemm::BLayout::NK, r.p, s.p, false, j.st);
+    check::sqrt_inplace(s.p, r.n, j.st);
+  }
+  bf16* own() { return G.p + size_t(mine.begin) * sh.K; }
+  void inputs(int set) override {
+    WEAVE_CUDA_CHECK(
+        cudaMemcpyAsync(own(), shard[set].p, shard[set].n * sizeof(bf16), cudaMemcpyDeviceToDevice, j.st));
+  }
+  void poison() override {
+    check::poison(G.p, G.n, j.st);  // inputs(1) then puts the own rows back
+    check::poison(C.p, C.n, j.st);
+  }
+  // C against the reference, and the gathered A against every rank's regenerated shard.
+  Finding verify() {
+    Finding f;
+    f.rep = check::compare({C.p, sh.N}, {r.p, sh.N}, {s.p, sh.N}, sh.M, sh.N, check::gemm_bound(), 128, 128, j.st);
+    const unsigned long long bad = mismatches(G.p, full.p, G.n, j.st);
+    if (bad) f.extra = concat("; gathered A: ", bad, " of ", G.n, " elements differ");
+    return f;
+  }
+};
+
+// GEMM + ReduceScatter. The fused kernel writes this rank's rows into `out`; the unfused and
+// NCCL rows reduce in place in the M x N product, where this rank's rows are at its shard.
+struct RsProblem : Problem {
+  Job& j;
+  Shape sh;
+  wtp::Range mine;
+  Dev A[2], B[2];  // per input set: this rank's A (M x K) and B (N x K, its K slice)
+  Dev out;         // the fused kernel's rows (mine.size x N)
+  Dev C;           // the unfused and NCCL rows' M x N product, reduced in place
+  DevF r, s;       // set 1's reference (the sum over ranks) and per-element scale
+
+  RsProblem(Job& job, const Shape& shape, Seeds sd)
+      : j(job), sh(shape), mine(wtp::shard(sh.M, j.nodes, j.rank)),
+        A{Dev(size_t(sh.M) * sh.K), Dev(size_t(sh.M) * sh.K)}, B{Dev(size_t(sh.N) * sh.K), Dev(size_t(sh.N) * sh.K)},
+        out(size_t(mine.size) * sh.N), C(size_t(sh.M) * sh.N), r(size_t(sh.M) * sh.N), s(size_t(sh.M) * sh.N) {
+    for (int set = 0; set < 2; ++set) {
+      gref::fill_uniform(A[set].p, A[set].n, sd.of(set, j.rank, kA), 1.f, j.st);
+      gref::fill_uniform(B[set].p, B[set].n, sd.of(set, j.rank, kB), 1.f, j.st);
+    }
+    // The reference of the checked call (set 1): the sum over ranks of A_q · B_qᵀ, one float32
+    // product over the whole K (every peer's slice regenerated here).
+    Dev aq(A[1].n), bq(B[1].n);
+    for (int q = 0; q < j.nodes; ++q) {
+      const bf16 *a = A[1].p, *b = B[1].p;
+      if (q != j.rank) {
+        gref::fill_uniform(aq.p, aq.n, sd.of(1, q, kA), 1.f, j.st);
+        gref::fill_uniform(bq.p, bq.n, sd.of(1, q, kB), 1.f, j.st);
+        a = aq.p, b = bq.p;
+      }
+      j.ref.run(a, b, sh.M, sh.N, sh.K, weave::gemm::BLayout::NK, r.p, s.p, q > 0, j.st);
+    }
+    check::sqrt_inplace(s.p, r.n, j.st);
+    WEAVE_CUDA_CHECK(cudaStreamSynchronize(j.st));  // before aq and bq are freed
+  }
+  void inputs(int) override {}
+  void poison() override {
+    check::poison(out.p, out.n, j.st);
+    check::poison(C.p, C.n, j.st);
+  }
+  // This rank's rows, starting at `x` (ld N), against its rows of the reference.
+  Finding verify(const bf16* x) {
+    const size_t at = size_t(mine.begin) * sh.N;
+    return {check::compare({x, sh.N}, {r.p + at, sh.N}, {s.p + at, sh.N}, mine.size, sh.N,
+                           check::partial_sum_bound(j.nodes), 128, 128, j.st),
+            ""};
+  }
+};
+
+// ---- the rows of one problem ------------------------------------------------------------------
+
+// The kernels' objects: made once, so that each agrees on a shape with its peers once (the
+// agreement is a bootstrap exchange inside the first call of a shape, a warm-up call here).
+struct Ops {
+  net::NetAgGemm ag;
+  net::NetGemmRs rs;
+  net::NetCollectives coll;
+};
+
+// Why the unfused or nccl rows of a problem cannot run ("" if they can). The nccl rows' reason
+// for the whole run (no communicator) is printed once, before the table.
+std::string unfused_skip(const Job& j, const std::string& kernel, const Shape& sh) {
+  return element_shards_differ(sh.M, kernel == "ag_gemm" ? sh.K : sh.N, j.nodes);
+}
+std::string nccl_skip(const Job& j, const Shape& sh) {
+  if (sh.M % j.nodes) return concat("M = ", sh.M, " is not a multiple of the ", j.nodes, " nodes (NCCL's blocks are equal)");
+  return "";
+}
+
+std::vector<Row> run_ag(Job& j, Ops& ops, const Shape& sh, Seeds sd) {
+  const int M = sh.M, N = sh.N, K = sh.K;
+  AgProblem p(j, sh, sd);
+  const auto gemm = [&](int set) { weave::gemm::gemm(p.G.p, p.B[set].p, p.C.p, M, N, K, weave::gemm::BLayout::NK, {}, j.st); };
+  const auto verify = [&] { return p.verify(); };
+  std::vector<Impl> impls;
+  std::vector<std::string> skipped;
+  if (j.c.has_impl(kImplWeave))
+    impls.push_back({kImplWeave, [&](int set) { ops.ag.run(p.own(), p.G.p, p.B[set].p, p.C.p, M, N, K, j.st); },
+                     [&] { ops.ag.finish(j.st); }, verify});
+  if (j.c.has_impl(kImplUnfused)) {
+    if (const std::string why = unfused_skip(j, "ag_gemm", sh); !why.empty())
+      skipped.push_back(concat(kImplUnfused, ": skipped: ", why));
+    else
+      impls.push_back({kImplUnfused,
+                       [&](int set) {
+                         ops.coll.all_gather(p.G.p, static_cast<long long>(M) * K, net::NetDtype::bf16, j.st);
+                         gemm(set);
+                       },
+                       [&] { ops.coll.finish(j.st); }, verify});
+  }
+  if (j.c.has_impl(kImplNccl) && j.nccl) {
+    if (const std::string why = nccl_skip(j, sh); !why.empty()) {
+      skipped.push_back(concat(kImplNccl, ": skipped: ", why));
+    } else {
+      const size_t rows = size_t(M / j.nodes);
+      impls.push_back({kImplNccl,
+                       [&, rows](int set) {
+                         WEAVE_NCCL_CHECK(ncclAllGather(p.G.p + size_t(j.rank) * rows * K, p.G.p, rows * K,
+                                                        ncclBfloat16, j.nccl->comm, j.st));
+                         gemm(set);
+                       },
+                       [&] { WEAVE_CUDA_CHECK(cudaStreamSynchronize(j.st)); }, verify});
+    }
+  }
+  if (j.lead())
+    for (const std::string& s : skipped) std::printf("  net_ag_gemm %s %s\n", sh.str().c_str(), s.c_str());
+  std::vector<Row> rows;
+  for (const Impl& im : impls) rows.push_back(measure(j, "ag_gemm", sh, p, im));
+  return rows;
+}
+
+std::vector<Row> run_rs(Job& j, Ops& ops, const Shape& sh, Seeds sd) {
+  const int M = sh.M, N = sh.N, K = sh.K;
+  RsProblem p(j, sh, sd);
+  const auto gemm = [&](int set) { weave::gemm::gemm(p.A[set].p, p.B[set].p, p.C.p, M, N, K, weave::gemm::BLayout::NK, {}, j.st); };
+  const auto verify_c = [&] { return p.verify(p.C.p + size_t(p.mine.begin) * N); };
+  std::vector<Impl> impls;
+  std::vector<std::string> skipped;
+  if (j.c.has_impl(kImplWeave))
+    impls.push_back({kImplWeave, [&](int set) { ops.rs.run(p.A[set].p, p.B[set].p, p.out.p, M, N, K, j.st); },
+                     [&] { ops.rs.finish(j.st); }, [&] { return p.verify(p.out.p); }});
+  if (j.c.has_impl(kImplUnfused)) {
+    if (const std::string why = unfused_skip(j, "gemm_rs", sh); !why.empty())
+      skipped.push_back(concat(kImplUnfused, ": skipped: ", why));
+    else
+      impls.push_back({kImplUnfused,
+                       [&](int set) {
+                         gemm(set);
+                         ops.coll.reduce_scatter(p.C.p, static_cast<long long>(M) * N, net::NetDtype::bf16, j.st);
+                       },
+                       [&] { ops.coll.finish(j.st); }, verify_c});
+  }
+  if (j.c.has_impl(kImplNccl) && j.nccl) {
+    if (const std::string why = nccl_skip(j, sh); !why.empty()) {
+      skipped.push_back(concat(kImplNccl, ": skipped: ", why));
+    } else {
+      // In place: rank r's block of M / nodes rows, which is its shard since M divides evenly.
+      const size_t rows = size_t(M / j.nodes);
+      impls.push_back({kImplNccl,
+                       [&, rows](int set) {
+                         gemm(set);
+                         WEAVE_NCCL_CHECK(ncclReduceScatter(p.C.p, p.C.p + size_t(j.rank) * rows * N, rows * N,
+                                                            ncclBfloat16, ncclSum, j.nccl->comm, j.st));
+                       },
+                       [&] { WEAVE_CUDA_CHECK(cudaStreamSynchronize(j.st)); }, verify_c});
+    }
+  }
+  if (j.lead())
+    for (const std::string& s : skipped) std::printf("  net_gemm_rs %s %s\n", sh.str().c_str(), s.c_str());
+  std::vector<Row> rows;
+  for (const Impl& im : impls) rows.push_back(measure(j, "gemm_rs", sh, p, im));
+  return rows;
+}
+
+// The table lines and JSON lines of one problem's rows (weave's beside the others' times).
+void emit(Job& j, const std::vector<Row>& rows) {
+  auto time_of = [&](const char* impl) {
+    for (const Row& r : rows)
+      if (r.impl == impl) return r.us;
+    return static_cast<double>(NAN);
+  };
+  const double unfused_us = time_of(kImplUnfused), nccl_us = time_of(kImplNccl);
+  for (const Row& r : rows) {
+    const Shape& s = r.sh;
+    const double tflops = 2.0 * s.M * s.N * s.K / (r.us * 1e-6) / 1e12;
+    const bool weave_row = r.impl == kImplWeave, nccl_row = r.impl == kImplNccl;
+    if (!r.v.ok) j.wrong.push_back(concat(r.kernel, " ", r.impl, " ", s.str()));
+    if (!j.lead()) continue;
+    auto ratio = [&](double base) {
+      char b[32] = "-";
+      if (weave_row && !std::isnan(base)) std::snprintf(b, sizeof b, "%.3f", base / r.us);
+      return std::string(b);
+    };
+    std::printf("| %s | %s | %s | %.1f | %.1f | %s | %s | %s %.3g |\n", r.kernel.c_str(), r.impl.c_str(),
+                s.str().c_str(), r.us, tflops, ratio(unfused_us).c_str(), ratio(nccl_us).c_str(),
+                r.v.ok ? "ok" : "WRONG", r.v.worst);
+    weave::bench::JsonLine jl;
+    jl.add("kernel", r.kernel).add("impl", r.impl).add("S", s.S).add("M", s.M).add("N", s.N).add("K", s.K);
+    jl.add("layout", "nk").add("nodes", j.nodes).add("world", j.nodes);
+    jl.add("time_us", r.us).add("tflops", tflops).add("iters", j.c.iters).add("warmup", j.c.warmup);
+    // The nccl rows have no chunk or blocks of weave's (0); NCCL's socket transport has its own.
+    jl.add("chunk", nccl_row ? 0LL : j.c.chunk)
+        .add("send_blocks", nccl_row ? 0 : j.c.send_blocks)
+        .add("recv_blocks", nccl_row ? 0 : j.c.recv_blocks)
+        .add("transport", nccl_row ? "nccl-socket" : "libfabric")
+        .add("provider", nccl_row ? std::string("Socket") : j.provider)
+        .add("notify", nccl_row ? std::string("nccl") : j.notify)
+        .add("shared_gpu", j.shared_gpu)
+        .add("correct", r.v.ok);
+    weave::bench::add_check_worst(jl, r.v.worst).add("seed", std::to_string(j.seed));
+    if (weave_row && !std::isnan(unfused_us)) jl.add("ratio_vs_unfused", unfused_us / r.us);
+    if (weave_row && !std::isnan(nccl_us)) jl.add("ratio_vs_nccl", nccl_us / r.us);
+    if (nccl_row) jl.add("nccl_env", j.nccl->env);
+    j.sink.write(jl);
+  }
+  if (j.lead()) std::fflush(stdout);
+}
+
+// ---- the command ---------------------------------------------------------------------------
+
+// What each rank sees of its GPU before anything is made: whether there is one, and which (two
+// ranks on one GPU cannot run NCCL, and their times time-slice).
+struct GpuView {
+  int32_t count, device;
+  unsigned char uuid[16];
+};
+GpuView my_gpu(int local_rank) {
+  GpuView v{};
+  if (cudaGetDeviceCount(&v.count) != cudaSuccess) {
+    (void)cudaGetLastError();  // no driver or no GPU: reported below, not thrown
+    v.count = 0;
+  }
+  v.device = v.count > 0 ? local_rank % v.count : -1;  // NetPath's default choice
+  if (v.count > 0) {
+    cudaDeviceProp p{};
+    WEAVE_CUDA_CHECK(cudaGetDeviceProperties(&p, v.device));
+    std::memcpy(v.uuid, p.uuid.bytes, sizeof v.uuid);
+  }
+  return v;
+}
+
+int run(const weave::bench::Args& a) {
+  const Config c = parse(a);
+  const weave::runtime::LaunchInfo info = weave::runtime::detect_launch();
+  auto skip = [&](const std::string& why) {
+    if (info.rank == 0)
+      std::printf("%s: skipped: %s; run it on nodes of one rank each, e.g. weave-run -n 2 --nodes 2 -- "
+                  "weave-bench net_tp\n",
+                  kWho, why.c_str());
+    return 0;
+  };
+  if (info.world < 2) return skip(concat(info.world, " rank (the network path needs 2 ranks on 2 nodes)"));
+  try {
+    (void)weave::runtime::rendezvous_address(info);
+  } catch (const Error& e) {
+    return skip(concat("no rendezvous address for the network path (", e.what(), ")"));
+  }
+
+  // A bootstrap of its own for the checks before the path exists (the path needs a GPU and one
+  // rank per node, and would fail less clearly without them).
+  weave::runtime::NetBootstrapOptions bo;
+  bo.tag = info.job_id + "-bench-net-tp";
+  weave::runtime::NetBootstrap ctl(info, bo);
+  const std::vector<weave::runtime::NodePlace> place = weave::runtime::node_of_ranks(ctl.hostnames());
+  int nodes = 0;
+  for (const auto& p : place) nodes = std::max(nodes, p.node + 1);
+  if (nodes < 2) return skip(concat("all ", info.world, " ranks are on one node (not under weave-run --nodes?)"));
+  const bool lead = info.rank == 0;
+  if (nodes != info.world || nodes > weave::kMaxWorld) {
+    if (lead)
+      std::fprintf(stderr,
+                   "%s: %d ranks on %d nodes: the inter-node TP kernels are built for one rank per node and at most "
+                   "%d nodes; run weave-run -n N --nodes N\n",
+                   kWho, info.world, nodes, weave::kMaxWorld);
+    return 2;
+  }
+  std::vector<GpuView> gpus(static_cast<size_t>(info.world));
+  {
+    const GpuView mine = my_gpu(info.local_rank);
+    ctl.all_gather(&mine, gpus.data(), sizeof mine);
+  }
+  for (int r = 0; r < info.world; ++r)
+    if (gpus[r].count < 1) {
+      if (lead)
+        std::fprintf(stderr,
+                     "%s: rank %d sees no GPU: the kernels run on one GPU per rank (weave-run -n N --nodes N on N "
+                     "GPUs, or with --share-gpus on fewer, for correctness only); nothing measured\n",
+                     kWho, r);
+      return 1;
+    }
+  std::string shared;  // the first two ranks on one GPU
+  for (int r = 0; r < info.world && shared.empty(); ++r)
+    for (int q = r + 1; q < info.world && shared.empty(); ++q)
+      if (std::memcmp(gpus[r].uuid, gpus[q].uuid, sizeof gpus[r].uuid) == 0)
+        shared = concat("ranks ", r, " and ", q, " share one GPU (--share-gpus)");
+
+  // The problems to run and the path they need: each widens the path, unless that would take more
+  // pinned memory than --max-bounce (then it is left out, saying so).
+  struct Todo {
+    std::string kernel;
+    Shape sh;
+  };
+  std::vector<Todo> todo;
+  Room room;
+  for (const std::string& k : c.kernels)
+    for (int S : c.sizes) {
+      const Shape sh = shape_of(c, S);
+      if (sh.M < nodes) {
+        if (lead) std::printf("%s %s: skipped: M = %d gives some of the %d nodes no rows\n", row_kernel(k), sh.str().c_str(), sh.M, nodes);
+        continue;
+      }
+      Room need;
+      for (const std::string& i : c.impls) need.widen(room_of(k, i, sh, c, nodes));
+      Room with = room;
+      with.widen(need);
+      if (static_cast<size_t>(bounce_bytes(with)) > c.max_bounce) {
+        if (lead)
+          std::printf("%s %s: skipped: it needs a %lld MiB send buffer and 2 receive slots of %lld MiB (pinned host "
+                      "memory per rank), %lld MiB in all with the other sizes, above --max-bounce %zu MiB (raise it or "
+                      "lower --sizes)\n",
+                      row_kernel(k), sh.str().c_str(), round_mib(need.send) >> 20, round_mib(need.recv) >> 20,
+                      bounce_bytes(with) >> 20, c.max_bounce >> 20);
+        continue;
+      }
+      room = with;
+      todo.push_back({k, sh});
+    }
+  if (todo.empty()) {
+    if (lead) std::fprintf(stderr, "%s: no problem left to run (see above)\n", kWho);
+    return 1;
+  }
+
+  net::NetPathOptions po;
+  po.transport = {c.provider, c.domain, c.notify, false};
+  po.send_bytes = static_cast<size_t>(round_mib(room.send));
+  po.recv_bytes = 2 * static_cast<size_t>(round_mib(room.recv));
+  po.proxy.flags = static_cast<uint32_t>(std::max<long long>(po.proxy.flags, 2 * room.flags));
+  std::unique_ptr<net::NetPath> path;
+  try {
+    path = std::make_unique<net::NetPath>(info, po);
+  } catch (const Error& e) {
+    std::fprintf(stderr,
+                 "%s: rank %d: the network path with a %zu MiB send buffer, %zu MiB of receive buffer and %u flags "
+                 "(sized for the largest problem of --sizes) could not be made: %s\n",
+                 kWho, info.rank, po.send_bytes >> 20, po.recv_bytes >> 20, po.proxy.flags, e.what());
+    return 1;
+  }
+  cudaStream_t st = nullptr;
+  WEAVE_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  check::GemmRef ref;
+  weave::bench::JsonSink sink(a);  // every rank checks the file opens; rank 0 writes
+  Job j{c, *path, st, ref, sink, info.rank, nodes, !shared.empty(), 0, 0, "", "", nullptr, "", {}};
+  {  // rank 0's seed on every rank (only rank 0 draws and prints one)
+    const uint64_t mine = lead ? check::test_seed() : 0;
+    std::vector<uint64_t> all(static_cast<size_t>(nodes));
+    j.boot().all_gather(&mine, all.data(), sizeof mine);
+    j.seed = all[0];
+  }
+  j.provider = path->transport().provider();
+  j.notify = std::string(net::notify_name(path->transport().notify()));
+
+  Nccl nccl;
+  if (c.has_impl(kImplNccl)) {
+    if (!shared.empty()) {
+      j.nccl_skip = concat(shared, "; the nccl rows need one GPU per rank");
+    } else {
+      nccl.env = weave::bench::nccl_network_environment(c.domain == "lo");  // before the communicator: NCCL reads them at init
+      ncclUniqueId id{};
+      if (lead) WEAVE_NCCL_CHECK(ncclGetUniqueId(&id));
+      // Raw bytes: nvcc 13's front end crashes on std::vector of the anonymous ncclUniqueId struct.
+      std::vector<char> ids(static_cast<size_t>(nodes) * sizeof id);
+      j.boot().all_gather(&id, ids.data(), sizeof id);
+      std::memcpy(&id, ids.data(), sizeof id);  // rank 0's
+      WEAVE_NCCL_CHECK(ncclCommInitRank(&nccl.comm, nodes, id, info.rank));
+      j.nccl = &nccl;
+    }
+  }
+
+  net::NetTpOptions to;
+  to.chunk_bytes = c.chunk;
+  to.send_blocks = c.send_blocks;
+  to.recv_blocks = c.recv_blocks;
+  to.b = weave::gemm::BLayout::NK;
+  net::NetCollOptions co;  // the same chunk and blocks: the unfused rows differ only in not overlapping
+  co.chunk_bytes = c.chunk;
+  co.send_blocks = c.send_blocks;
+  co.recv_blocks = c.recv_blocks;
+  Ops ops{net::NetAgGemm(*path, to), net::NetGemmRs(*path, to), net::NetCollectives(*path, co)};
+
+  if (lead) {
+    cudaDeviceProp prop{};
+    WEAVE_CUDA_CHECK(cudaGetDeviceProperties(&prop, path->device()));
+    std::printf("%s: %d nodes of one rank, %s; libfabric %s; path: %zu MiB send, 2 x %zu MiB receive, %u flags; "
+                "chunk %lld, %d send + %d receive blocks; %d warm-up + %d timed calls, median of the slowest rank's\n",
+                kWho, nodes, prop.name, path->transport().describe().c_str(), po.send_bytes >> 20,
+                po.recv_bytes >> 21, po.proxy.flags, c.chunk, c.send_blocks, c.recv_blocks, c.warmup, c.iters);
+    if (!shared.empty()) std::printf("NOTE: %s: times are not meaningful (the ranks time-slice), checks are\n", shared.c_str());
+    if (c.has_impl(kImplNccl) && !j.nccl) std::printf("nccl rows skipped: %s\n", j.nccl_skip.c_str());
+    if (j.nccl) std::printf("nccl: %s\n", nccl.env.c_str());
+    std::printf("| kernel | impl | MxNxK | time_us | TFLOP/s | unfused/weave | nccl/weave | check (worst error / bound) |\n"
+                "|---|---|---|---|---|---|---|---|\n");
+    std::fflush(stdout);
+  }
+  for (const Todo& t : todo) {
+    const Seeds sd{check::derive(j.seed, 0x6e7470, j.problems++)};
+    emit(j, t.kernel == "ag_gemm" ? run_ag(j, ops, t.sh, sd) : run_rs(j, ops, t.sh, sd));
+  }
+  WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
+  j.boot().barrier();
+  path->shutdown();
+  WEAVE_CUDA_CHECK(cudaStreamDestroy(st));
+  return weave::bench::exit_status("net_tp", j.wrong, j.seed, lead);
+}
+
+}  // namespace
+
+WEAVE_BENCH(net_tp,
+            "the inter-node fused TP kernels (kernels/net_tp: rows net_ag_gemm, net_gemm_rs) between nodes of one "
+            "rank each, under weave-run -n N --nodes N (with --share-gpus on fewer GPUs: checks only, the times "
+            "time-slice): impl weave (fused) vs weave-unfused (NetCollectives, then weave's GEMM, no overlap) vs "
+            "nccl (weave's GEMM + NCCL on its socket transport; one GPU per rank); M = S, B N x K, every row "
+            "checked, exit 1 if any is wrong [--sizes 2048,4096,8192] [--n S] [--k S] [--kernels ag_gemm,gemm_rs] "
+            "[--impls weave,weave-unfused,nccl] [--chunk 1M] [--send-blocks 2] [--recv-blocks 6] [--iters 20] "
+            "[--warmup 5] [--provider tcp] [--domain lo] [--notify ordered|unordered] [--max-bounce 4G]",
+            run);
