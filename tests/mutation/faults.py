@@ -710,4 +710,51 @@ FAULTS = [
         }],
         "tests": ["test_moe_low_latency_gpu"],
     },
+    # ---- inter-node fused kernels (kernels/net_tp, kernels/net_ring_attention) --------------------
+    {
+        "name": "net_ag_unit_counted_not_copied",
+        "what": "inter-node AG+GEMM: the receive blocks count unit 1 of step 0 in without copying it into the gathered "
+                "A (the loader's wait passes; those rows of C and of the gathered A are wrong)",
+        "edits": [{
+            "file": "kernels/net_tp/net_ag_gemm_kernel.cuh",
+            "find": "        block_copy_in(g.gathered + shard_byte(A, q) + b0, h.recv + g.recv_base + slot_off(A, s, b0),",
+            "replace": "        if (s != 0 || u != 1)\n"
+                       "        block_copy_in(g.gathered + shard_byte(A, q) + b0, h.recv + g.recv_base + slot_off(A, s, b0),",
+        }],
+        "tests": ["test_net_tp_gpu:NetTpGpu.AgGemm*"],
+    },
+    {
+        "name": "net_rs_first_unit_misses_last_peer",
+        "what": "inter-node GEMM+RS/AR: each rank's first unit sums its own partial and all peers' but the last step's "
+                "(at 2 nodes: the peer's partial of the first rows is missing)",
+        "edits": [{
+            "file": "kernels/net_tp/net_gemm_rs_kernel.cuh",
+            "find": "        for (int s = 0; s < steps(U); ++s)\n          add_bf16x8(",
+            "replace": "        for (int s = 0; s < steps(U) - (u == 0 ? 1 : 0); ++s)\n          add_bf16x8(",
+        }],
+        "tests": ["test_net_tp_gpu:NetTpGpu.GemmRs*:NetTpGpu.GemmAr*"],
+    },
+    {
+        "name": "net_ar_gather_into_own_rows",
+        "what": "inter-node GEMM+AR: the peers' reduced units land in this rank's own rows instead of their owner's "
+                "(the output's peer rows stay unwritten, the own rows are overwritten)",
+        "edits": [{
+            "file": "kernels/net_tp/net_gemm_rs_kernel.cuh",
+            "find": "      block_copy_in(reinterpret_cast<char*>(g.out) + shard_byte(U, q) + b0,",
+            "replace": "      block_copy_in(reinterpret_cast<char*>(g.out) + shard_byte(U, r) + b0,",
+        }],
+        "tests": ["test_net_tp_gpu:NetTpGpu.GemmAr*"],
+    },
+    {
+        "name": "net_ring_first_slice_v_not_copied",
+        "what": "inter-node ring attention: the V rows of batch 0's first slice from each peer are counted in but never "
+                "copied into the gathered V (those keys' values are garbage)",
+        "edits": [{
+            "file": "kernels/net_ring_attention/net_ring_kernel.cuh",
+            "find": "      block_copy_in(g.gv + dst, h.recv + g.recv_base + recv_off(R, s, 1, x.off), static_cast<uint64_t>(x.bytes));",
+            "replace": "      if (x.b != 0 || x.slice != 0)\n"
+                       "        block_copy_in(g.gv + dst, h.recv + g.recv_base + recv_off(R, s, 1, x.off), static_cast<uint64_t>(x.bytes));",
+        }],
+        "tests": ["test_net_ring_gpu"],
+    },
 ]
