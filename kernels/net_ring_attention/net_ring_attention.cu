@@ -102,6 +102,7 @@ void NetRingAttention::forward(const bf16* q, const bf16* k, const bf16* v, bf16
     else
       attention::launch_gathered_kernel<rn::NetRingKernel<128>>(g, stream);
   } catch (const Error& e) {
+    (void)cudaGetLastError();  // the failed call's error must not be the next CUDA check's
     const std::string why = detail::concat(who, ": launch failed on rank ", r, ": ", e.what());
     path_.abort(why);
     throw Error(detail::concat("weave: ", why));

@@ -40,6 +40,7 @@ void launch_call(NetPath& path, G& g, long long commands, const NetTpOptions& o,
   try {
     lcsc::launch<K>(g, cfg, stream);
   } catch (const Error& e) {
+    (void)cudaGetLastError();  // the failed call's error must not be the next CUDA check's
     const std::string why = weave::detail::concat(who, ": launch failed on rank ", path.rank(), ": ", e.what());
     path.abort(why);
     throw Error(weave::detail::concat("weave: ", why));

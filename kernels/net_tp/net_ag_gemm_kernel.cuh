@@ -62,10 +62,10 @@ struct NetAgKernelT : weave::tp::AgKernelT<Gemm> {
     }
   }
 
-  static __device__ __noinline__ void send_role(const Globals& g, int c, int nc) {
+  static __device__ __noinline__ void send_role(const Globals& g, int c, int nc, int* word) {
     const NetHandle& h = g.h;
     const UnitPlan& A = g.A;
-    if (!open_send_gate(h, g.call, g.commands_before, c == 0)) return;
+    if (!open_send_gate(h, g.call, g.commands_before, c == 0, word)) return;
     Producer prod{h.queue};
     const char* shard = static_cast<const char*>(g.shard);
     char* own = g.copy_local ? g.gathered + shard_byte(A, g.rank) : nullptr;
@@ -83,11 +83,11 @@ struct NetAgKernelT : weave::tp::AgKernelT<Gemm> {
                             static_cast<uint16_t>(send_peer(A, g.rank, s)), kNotify, 0};
           ok = push(h, prod, cmd);
         }
-      if (!block_agree(ok)) return;
+      if (!block_agree(ok, word)) return;
     }
   }
 
-  static __device__ __noinline__ void recv_role(const Globals& g, int b, int nb) {
+  static __device__ __noinline__ void recv_role(const Globals& g, int b, int nb, int* word) {
     const NetHandle& h = g.h;
     const UnitPlan& A = g.A;
     const long long items = step_units(A, g.rank, true);
@@ -99,7 +99,7 @@ struct NetAgKernelT : weave::tp::AgKernelT<Gemm> {
       unit(A, q, u, &b0, &b1);
       const uint32_t f = g.flag_base + static_cast<uint32_t>(flag(A, s, u));
       if (b1 > b0) {
-        if (!block_agree(threadIdx.x == 0 ? wait_arrival(h, f) : true)) return;
+        if (!block_agree(threadIdx.x == 0 ? wait_arrival(h, f) : true, word)) return;
         block_copy_in(g.gathered + shard_byte(A, q) + b0, h.recv + g.recv_base + slot_off(A, s, b0),
                       static_cast<uint64_t>(b1 - b0));
         __syncthreads();
@@ -110,11 +110,14 @@ struct NetAgKernelT : weave::tp::AgKernelT<Gemm> {
     }
   }
 
-  static __device__ __forceinline__ void communicator(const Globals& g, void*, int c, int nc) {
+  // The block's shared word for its agreements is the first of the dynamic shared memory, which
+  // communicator blocks do not otherwise use (a static one would not fit beside it).
+  static __device__ __forceinline__ void communicator(const Globals& g, void* smem, int c, int nc) {
+    int* word = static_cast<int*>(smem);
     if (c < g.send_blocks)
-      send_role(g, c, g.send_blocks);
+      send_role(g, c, g.send_blocks, word);
     else
-      recv_role(g, c - g.send_blocks, nc - g.send_blocks);
+      recv_role(g, c - g.send_blocks, nc - g.send_blocks, word);
   }
 };
 

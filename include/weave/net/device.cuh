@@ -123,10 +123,13 @@ __device__ inline bool wait_completed(const NetHandle& h, uint64_t n) {
 // previous calls' commands still read it until they complete. `leader` (one block) waits for
 // completed >= commands_before, then opens the gate for the call; the others wait for the gate.
 // No command of this call is pushed before the gate opens, so the count cannot be made up by
-// this call's own completions. False (in every thread) when the path stopped.
-__device__ inline bool open_send_gate(const NetHandle& h, uint64_t call, uint64_t commands_before, bool leader) {
+// this call's own completions. False (in every thread) when the path stopped. `word`: an int in
+// shared memory (the forms without it declare their own: a kernel whose dynamic shared memory
+// already takes the whole budget passes a word of it instead).
+__device__ inline bool open_send_gate(const NetHandle& h, uint64_t call, uint64_t commands_before, bool leader,
+                                      int* word) {
   using namespace device_detail;
-  __shared__ int ok;
+  int& ok = *word;
   if (threadIdx.x == 0) {
     unsigned long long* gate = u64(h.words + kWordGate);
     if (leader) {
@@ -152,15 +155,23 @@ __device__ inline bool open_send_gate(const NetHandle& h, uint64_t call, uint64_
   __syncthreads();  // `ok` is reused by the next call of this function
   return r;
 }
+__device__ __forceinline__ bool open_send_gate(const NetHandle& h, uint64_t call, uint64_t commands_before,
+                                               bool leader) {
+  __shared__ int ok;
+  return open_send_gate(h, call, commands_before, leader, &ok);
+}
 
 // Every thread learns what thread 0 decided; the shared word is free again afterwards.
-__device__ __forceinline__ bool block_agree(bool mine_if_thread0) {
-  __shared__ int v;
-  if (threadIdx.x == 0) v = mine_if_thread0;
+__device__ __forceinline__ bool block_agree(bool mine_if_thread0, int* word) {
+  if (threadIdx.x == 0) *word = mine_if_thread0;
   __syncthreads();
-  const bool r = v;
+  const bool r = *word;
   __syncthreads();
   return r;
+}
+__device__ __forceinline__ bool block_agree(bool mine_if_thread0) {
+  __shared__ int v;
+  return block_agree(mine_if_thread0, &v);
 }
 
 // All threads of the block: copies `bytes` from device memory into the mapped send buffer, 16
