@@ -24,12 +24,13 @@ unsigned long long* DeviceCounters::zeroed(int n, cudaStream_t stream) {
   return p_;
 }
 
-void check_path(const NetPath& path, int send_blocks, int recv_blocks, const char* who) {
+void check_path(const NetPath& path, int send_blocks, int recv_blocks, const char* who, bool any_g) {
   WEAVE_CHECK(path.gpu(), who, ": the network path is in CPU mode (NetPathOptions::gpu = false)");
   const NetTopo t = path.topo();
-  WEAVE_CHECK(t.gpus == 1, who, ": ", t.nodes, " nodes of ", t.gpus,
-              " ranks: only one rank per node is built (the hierarchical form, NVLink inside the node, is not)");
-  WEAVE_CHECK(t.nodes <= kMaxWorld, who, ": ", t.nodes, " nodes; at most ", kMaxWorld, " are supported");
+  WEAVE_CHECK(any_g || t.gpus == 1, who, ": ", t.nodes, " nodes of ", t.gpus,
+              " ranks: only one rank per node is built for it (the hierarchical form, NVLink inside the node, is not)");
+  WEAVE_CHECK(t.nodes * t.gpus <= kMaxWorld, who, ": ", t.nodes, " x ", t.gpus, " ranks; at most ", kMaxWorld,
+              " are supported");
   WEAVE_CHECK(send_blocks >= 1 && send_blocks <= 32 && recv_blocks >= 1 && recv_blocks <= 32, who, ": send_blocks (",
               send_blocks, ") and recv_blocks (", recv_blocks, ") must be 1 to 32");
 }

@@ -22,9 +22,9 @@ struct Buffer {
   size_t bytes;
 };
 
-// An object's checks: GPU mode, one rank per node, at most kMaxWorld nodes, 1..32 send and
-// receive blocks each.
-void check_path(const NetPath& path, int send_blocks, int recv_blocks, const char* who);
+// An object's checks: GPU mode, one rank per node (any number with `any_g`), at most kMaxWorld
+// ranks in all, 1..32 send and receive blocks each.
+void check_path(const NetPath& path, int send_blocks, int recv_blocks, const char* who, bool any_g = false);
 // Non-null, 16-byte aligned device memory at least as long as the shape says.
 void check_buffers(const char* who, std::initializer_list<Buffer> bufs);
 // The call's bytes and flags fit the path; `comm_blocks` leave compute SMs.

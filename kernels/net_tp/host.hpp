@@ -12,22 +12,25 @@
 
 namespace weave::net::tp_net {
 
-inline void check_object(const NetPath& path, const NetTpOptions& o, const char* who) {
-  check_path(path, o.send_blocks, o.recv_blocks, who);
+inline void check_object(const NetPath& path, const NetTpOptions& o, const char* who, bool any_g = false) {
+  check_path(path, o.send_blocks, o.recv_blocks, who, any_g);
+  WEAVE_CHECK(o.push_blocks >= 1 && o.push_blocks <= 32, who, ": push_blocks (", o.push_blocks, ") must be 1 to 32");
   WEAVE_CHECK(o.chunk_bytes >= 16 && o.chunk_bytes % 16 == 0, who, ": chunk_bytes (", o.chunk_bytes,
               ") must be a positive multiple of 16");
 }
 
 inline void check_room(const NetPath& path, const NetTpOptions& o, const char* who, long long send_needed,
-                       long long recv_needed, long long flags_needed) {
-  net::check_room(path, who, send_needed, recv_needed, flags_needed, o.send_blocks + o.recv_blocks,
+                       long long recv_needed, long long flags_needed, int extra_blocks = 0) {
+  net::check_room(path, who, send_needed, recv_needed, flags_needed, o.send_blocks + o.recv_blocks + extra_blocks,
                   "raise NetTpOptions::chunk_bytes or NetPathOptions::proxy.flags");
 }
 
 // Numbers the call (`commands` queued by this rank), fills its fields into g, launches K with the
 // options' communicator blocks; a launch failure fails the path (the peers would wait) and throws.
+// `extra_blocks`: communicator blocks beyond the send and receive ones (the NVLink push at G > 1).
 template <class K, class G>
-void launch_call(NetPath& path, G& g, long long commands, const NetTpOptions& o, cudaStream_t stream, const char* who) {
+void launch_call(NetPath& path, G& g, long long commands, const NetTpOptions& o, cudaStream_t stream, const char* who,
+                 int extra_blocks = 0) {
   const NetPath::Call call = path.begin_call(static_cast<uint64_t>(commands));
   g.h = path.handle();
   g.call = call.index;
@@ -36,7 +39,7 @@ void launch_call(NetPath& path, G& g, long long commands, const NetTpOptions& o,
   g.flag_base = call.flag_offset;
   g.send_blocks = o.send_blocks;
   lcsc::Config cfg;
-  cfg.num_comm_sms = o.send_blocks + o.recv_blocks;
+  cfg.num_comm_sms = o.send_blocks + o.recv_blocks + extra_blocks;
   try {
     lcsc::launch<K>(g, cfg, stream);
   } catch (const Error& e) {

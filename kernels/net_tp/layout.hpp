@@ -2,11 +2,15 @@
 // node). Pure __host__ __device__ functions of the shape and the rank, shared by the kernels
 // (net_ag_gemm_kernel.cuh, net_gemm_rs_kernel.cuh) and the CPU tests (tests/net/test_net_tp_layout.cu).
 //
-// Both kernels move row shards (rank q's rows tp::shard(M, N, q), contiguous) cut into units as
-// the single-node push cuts them (tp_common/schedule.hpp's ag_unit_bytes: P byte slices per
-// 128-row tile). A unit is one network command; step s = 0 .. N - 2 goes from rank r to rank
-// r - s - 1 (send_peer), so rank r receives at step s from rank r + s + 1 (from_peer), into its
-// receive slot at s * stride + (the unit's offset in the shard), raising flag s * max_units + u.
+// Both kernels move row shards (rank q's rows tp::shard(M, W, q), contiguous, W = N nodes x G
+// ranks, rank q = node * G + local) cut into units as the single-node push cuts them
+// (tp_common/schedule.hpp's ag_unit_bytes: P byte slices per 128-row tile). A unit is one network
+// command between rail peers (the ranks of one local index): step s = 0 .. N - 2 goes from rank
+// (n, l) to rank (n - s - 1, l) (send_peer), so a rank receives at step s from (n + s + 1, l)
+// (from_peer), into its receive slot at s * stride + (the unit's offset in the shard), raising
+// flag s * max_units + u. At G > 1 (AllGather + GEMM only) the shards of the other local indices
+// come over NVLink: each rank pushes its own shard to its node peers and forwards every unit it
+// receives from the network to them.
 //   - AllGather + GEMM (row_bytes = K x element): the units of the sender's own shard, staged once
 //     in its send buffer at their shard offsets and posted to every peer. Rank r meets the peer
 //     shards in the GEMM's order (tp::item: own rows, then r + 1, r + 2, ...): step order.
@@ -23,7 +27,8 @@ namespace weave::net::tp_net {
 using weave::tp::Layout;
 
 struct UnitPlan {
-  Layout L;             // the GEMM's tiling (W = nodes)
+  Layout L;             // the GEMM's tiling (W = nodes x G ranks)
+  int G;                // ranks per node
   long long row_bytes;  // one row of what travels
   long long stride;     // per step, in the receive slot (and RS's send buffer): the largest shard
   int P;                // units per 128-row tile
@@ -40,9 +45,10 @@ __host__ __device__ inline int net_slices(long long row_bytes, long long chunk_b
   return p < 1 ? 1 : static_cast<int>(p);
 }
 
-__host__ __device__ inline UnitPlan make_plan(const Layout& L, long long row_bytes, long long chunk_bytes) {
+__host__ __device__ inline UnitPlan make_plan(const Layout& L, long long row_bytes, long long chunk_bytes, int G = 1) {
   UnitPlan a;
   a.L = L;
+  a.G = G;
   a.row_bytes = row_bytes;
   a.P = net_slices(row_bytes, chunk_bytes);
   const int rows = weave::tp::shard(L.M, L.W, 0).size;  // the first shards are the largest
@@ -51,17 +57,23 @@ __host__ __device__ inline UnitPlan make_plan(const Layout& L, long long row_byt
   return a;
 }
 // AllGather + GEMM: the A rows travel. GEMM + ReduceScatter: the bf16 partial output rows.
-__host__ __device__ inline UnitPlan ag_plan(int M, int N, int K, int elem_bytes, int nodes, int group_m,
-                                            long long chunk) {
-  return make_plan(weave::tp::make_layout(M, N, nodes, group_m), static_cast<long long>(K) * elem_bytes, chunk);
+__host__ __device__ inline UnitPlan ag_plan(int M, int N, int K, int elem_bytes, int world, int group_m,
+                                            long long chunk, int G = 1) {
+  return make_plan(weave::tp::make_layout(M, N, world, group_m), static_cast<long long>(K) * elem_bytes, chunk, G);
 }
 __host__ __device__ inline UnitPlan rs_plan(int M, int N, int nodes, int group_m, long long chunk) {
   return make_plan(weave::tp::make_layout(M, N, nodes, group_m), static_cast<long long>(N) * 2, chunk);
 }
 
-__host__ __device__ inline int steps(const UnitPlan& a) { return a.L.W - 1; }
-__host__ __device__ inline int send_peer(const UnitPlan& a, int r, int s) { return ((r - s - 1) % a.L.W + a.L.W) % a.L.W; }
-__host__ __device__ inline int from_peer(const UnitPlan& a, int r, int s) { return (r + s + 1) % a.L.W; }
+__host__ __device__ inline int nodes(const UnitPlan& a) { return a.L.W / a.G; }
+__host__ __device__ inline int steps(const UnitPlan& a) { return nodes(a) - 1; }
+__host__ __device__ inline int send_peer(const UnitPlan& a, int r, int s) {
+  const int N = nodes(a), n = r / a.G;
+  return ((n - s - 1) % N + N) % N * a.G + r % a.G;
+}
+__host__ __device__ inline int from_peer(const UnitPlan& a, int r, int s) {
+  return (r / a.G + s + 1) % nodes(a) * a.G + r % a.G;
+}
 // Units of owner q's shard, and unit u's bytes [b0, b1) from the shard's first byte (may be empty).
 __host__ __device__ inline int units(const UnitPlan& a, int q) { return weave::tp::ag_units(a.L, q, a.P); }
 __host__ __device__ inline void unit(const UnitPlan& a, int q, int u, long long* b0, long long* b1) {

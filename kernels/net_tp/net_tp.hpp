@@ -2,8 +2,10 @@
 // file). Each is one persistent kernel: the GEMM's compute blocks beside network send and
 // receive blocks, so that the transfers overlap the math at row-tile granularity.
 //   NetAgGemm  AllGather + GEMM: C = A · Bᵀ (B as N x K, an nn.Linear weight) or A · B (B as
-//              K x N) on every rank, A (M x K, bf16) sharded by rows over the N nodes (rank q holds
-//              rows tp::shard(M, N, q)); the gathered A comes back too (for the backward pass).
+//              K x N) on every rank, A (M x K, bf16) sharded by rows over the W ranks (rank q holds
+//              rows tp::shard(M, W, q)); the gathered A comes back too (for the backward pass).
+//              Also hierarchical: nodes of G > 1 ranks, shards between rail peers over the
+//              network and inside the node over NVLink, in the same kernel.
 //   NetGemmRs  GEMM + ReduceScatter: rank q gets rows tp::shard(M, N, q) of sum over ranks of
 //              A_r · B_r (each rank's A_r M x K_r and B_r: a row-parallel linear layer's halves).
 //   NetGemmAr  GEMM + AllReduce: every rank gets the whole sum.
@@ -17,6 +19,8 @@
 #include "gemm/layout.hpp"
 #include "net_common/call.hpp"
 #include "weave/net/net_path.hpp"
+#include "weave/runtime/call.hpp"
+#include "weave/runtime/communicator.hpp"
 
 namespace weave::net {
 
@@ -24,14 +28,19 @@ struct NetTpOptions {
   long long chunk_bytes = 1 << 20;  // network unit: a 128-row tile in ceil(tile bytes / chunk) slices
   int send_blocks = 2;              // inter-node send blocks (SMs taken from the GEMM)
   int recv_blocks = 6;              // inter-node receive blocks
+  int push_blocks = 2;              // NetAgGemm at G > 1: NVLink push blocks (own shard to the node)
   gemm::BLayout b = gemm::BLayout::NK;
 };
 
 class NetAgGemm {
  public:
-  // One rank per node (the path's G = 1; the hierarchical form is not built: refused with an
-  // error), at most 8 nodes (tp::kMaxWorld), the path in GPU mode. Not collective.
+  // One rank per node (the path's G = 1), at most 8 nodes (kMaxWorld), the path in GPU mode. Not
+  // collective.
   explicit NetAgGemm(NetPath& path, NetTpOptions opts = {});
+  // Any G, nodes x G <= 8. `node` is this node's communicator (its G ranks, rank = this rank's
+  // local index; Communicator(runtime::node_launch_info(...))), which must outlive this object; at
+  // G > 1 a_gathered must lie in its heap (the node peers write into it).
+  NetAgGemm(NetPath& path, runtime::Communicator& node, NetTpOptions opts = {});
   ~NetAgGemm();
   NetAgGemm(const NetAgGemm&) = delete;
   NetAgGemm& operator=(const NetAgGemm&) = delete;
@@ -47,14 +56,19 @@ class NetAgGemm {
   void run(const __nv_bfloat16* a_shard, __nv_bfloat16* a_gathered, const __nv_bfloat16* B, __nv_bfloat16* C, int M,
            int N, int K, cudaStream_t stream);
 
-  // Waits for `stream`, then throws the path's first failure (NetPath::finish).
+  // Waits for `stream`, then throws the first failure: at G > 1 the node communicator's (a
+  // timed-out NVLink wait; it also fails the path), then the path's (NetPath::finish).
   void finish(cudaStream_t stream);
 
  private:
+  void run_node(const __nv_bfloat16* a_shard, __nv_bfloat16* a_gathered, const __nv_bfloat16* B, __nv_bfloat16* C,
+                int M, int N, int K, cudaStream_t stream);
   NetPath& path_;
   NetTpOptions opt_;
-  std::vector<long long> agreed_;  // the last shape every rank agreed on
-  DeviceCounters ready_;           // units arrived per virtual row tile
+  runtime::Communicator* node_ = nullptr;  // G > 1
+  std::vector<long long> agreed_;          // the last shape every rank agreed on
+  DeviceCounters ready_;                   // G = 1: units arrived per virtual row tile
+  runtime::ShapeSignals sig_{"net.ag_gemm"};  // G > 1: ready and arrive sets on the node
 };
 
 class NetGemmRs {

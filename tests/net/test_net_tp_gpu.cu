@@ -8,6 +8,7 @@
 #include <cuda_bf16.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -22,6 +23,8 @@
 #include "net_tp/net_tp.hpp"
 #include "tp_common/schedule.hpp"
 #include "weave/common/error.hpp"
+#include "weave/runtime/communicator.hpp"
+#include "weave/runtime/launch.hpp"
 
 namespace net = weave::net;
 namespace check = weave::check;
@@ -65,19 +68,20 @@ void expect_all_ranks(net::NetPath& path, const check::Report& rep, const std::s
 struct AgCase {
   int M, N, K;
   BLayout bl;
-  Dev a_gathered, B, C, ref_a;
+  Dev own_gathered, B, C, ref_a;
   DevF r, s;
-  AgCase(int m, int n, int k, BLayout b)
-      : M(m), N(n), K(k), bl(b), a_gathered(size_t(m) * k), B(size_t(n) * k), C(size_t(m) * n), ref_a(size_t(m) * k),
-        r(size_t(m) * n), s(size_t(m) * n) {}
+  bf16* gathered;  // own_gathered, or M x K elsewhere (a node communicator's heap at G > 1)
+  AgCase(int m, int n, int k, BLayout b, bf16* elsewhere = nullptr)
+      : M(m), N(n), K(k), bl(b), own_gathered(elsewhere ? 1 : size_t(m) * k), B(size_t(n) * k), C(size_t(m) * n),
+        ref_a(size_t(m) * k), r(size_t(m) * n), s(size_t(m) * n), gathered(elsewhere ? elsewhere : own_gathered.p) {}
 
   void inputs(uint64_t call, int rank, bf16* a_shard, int nodes) {
     const auto mine = weave::tp::shard(M, nodes, rank);
     gref::fill_uniform(a_shard, size_t(mine.size) * K, input_seed(call, rank, kA));
     gref::fill_uniform(B.p, B.n, input_seed(call, rank, kB));
     check::poison(C.p, C.n);
-    check::poison(a_gathered.p, a_gathered.n);
-    if (a_shard != a_gathered.p + size_t(mine.begin) * K) return;
+    check::poison(gathered, size_t(M) * K);
+    if (a_shard != gathered + size_t(mine.begin) * K) return;
     gref::fill_uniform(a_shard, size_t(mine.size) * K, input_seed(call, rank, kA));  // in place: after the poison
   }
   void reference(uint64_t call, int nodes) {
@@ -92,7 +96,7 @@ struct AgCase {
   check::Report check_gathered() const {
     DevF g(size_t(M) * K);
     check::to_float(g.p, ref_a.p, g.n);
-    return check::compare({a_gathered.p, K}, {g.p, K}, {nullptr, 0}, M, K, check::Bound{});
+    return check::compare({gathered, K}, {g.p, K}, {nullptr, 0}, M, K, check::Bound{});
   }
 };
 
@@ -128,11 +132,11 @@ TEST(NetTpGpu, AgGemmMatchesReference) {
           AgCase c(sh.M, sh.N, sh.K, bl);
           const auto mine = weave::tp::shard(sh.M, W, r);
           Dev apart(size_t(mine.size) * sh.K);
-          bf16* a_shard = in_place ? c.a_gathered.p + size_t(mine.begin) * sh.K : apart.p;
+          bf16* a_shard = in_place ? c.gathered + size_t(mine.begin) * sh.K : apart.p;
           const uint64_t call = calls.next();
           c.inputs(call, r, a_shard, W);
           ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-          ag.run(a_shard, c.a_gathered.p, c.B.p, c.C.p, sh.M, sh.N, sh.K, nullptr);
+          ag.run(a_shard, c.gathered, c.B.p, c.C.p, sh.M, sh.N, sh.K, nullptr);
           ag.finish(nullptr);
           c.reference(call, W);
           const std::string what = label(sh.M, sh.N, sh.K, bl, chunk, in_place);
@@ -170,7 +174,7 @@ TEST(NetTpGpu, AgGemmBackToBack) {
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   for (int k = 0; k < kCalls; ++k) {
     AgCase& c = *cases[k];
-    ag.run(shards[k]->p, c.a_gathered.p, c.B.p, c.C.p, c.M, c.N, c.K, nullptr);
+    ag.run(shards[k]->p, c.gathered, c.B.p, c.C.p, c.M, c.N, c.K, nullptr);
   }
   ag.finish(nullptr);
   for (int k = 0; k < kCalls; ++k) {
@@ -209,31 +213,31 @@ TEST(NetTpGpu, AgGemmRejectsBadCallsOnEveryRank) {
   // K not a multiple of 8 on rank W - 1 only: the others learn it in the agreement.
   expect_throw_everywhere(
       "bad K on one rank",
-      [&] { ag.run(a.p, c.a_gathered.p, c.B.p, c.C.p, M, N, r == W - 1 ? K - 4 : K, nullptr); },
+      [&] { ag.run(a.p, c.gathered, c.B.p, c.C.p, M, N, r == W - 1 ? K - 4 : K, nullptr); },
       r == W - 1 ? "not a multiple of 8" : "rank");
   // A null C on rank 0 only.
   expect_throw_everywhere(
-      "null C on one rank", [&] { ag.run(a.p, c.a_gathered.p, c.B.p, r == 0 ? nullptr : c.C.p, M, N, K, nullptr); },
+      "null C on one rank", [&] { ag.run(a.p, c.gathered, c.B.p, r == 0 ? nullptr : c.C.p, M, N, K, nullptr); },
       r == 0 ? "null pointer" : "rejected its arguments");
   // M differs between ranks.
   {
     Dev a2(size_t(weave::tp::shard(M + 8 * r, W, r).size) * K);
     AgCase c2(M + 8 * r, N, K, BLayout::NK);
     expect_throw_everywhere(
-        "M differs", [&] { ag.run(a2.p, c2.a_gathered.p, c2.B.p, c2.C.p, M + 8 * r, N, K, nullptr); }, "called with");
+        "M differs", [&] { ag.run(a2.p, c2.gathered, c2.B.p, c2.C.p, M + 8 * r, N, K, nullptr); }, "called with");
   }
   // A short C buffer (one row short) on rank 0.
   {
     Dev shortC(size_t(M - 1) * N);
     expect_throw_everywhere(
-        "short C", [&] { ag.run(a.p, c.a_gathered.p, c.B.p, r == 0 ? shortC.p : c.C.p, M, N, K, nullptr); },
+        "short C", [&] { ag.run(a.p, c.gathered, c.B.p, r == 0 ? shortC.p : c.C.p, M, N, K, nullptr); },
         r == 0 ? "allocation ends" : "rejected its arguments");
   }
   // The path is still usable: a correct call.
   const uint64_t call = calls.next();
   c.inputs(call, r, a.p, W);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  ag.run(a.p, c.a_gathered.p, c.B.p, c.C.p, M, N, K, nullptr);
+  ag.run(a.p, c.gathered, c.B.p, c.C.p, M, N, K, nullptr);
   ag.finish(nullptr);
   c.reference(call, W);
   expect_all_ranks(path, c.check_c(), "after the rejections: C");
@@ -241,7 +245,7 @@ TEST(NetTpGpu, AgGemmRejectsBadCallsOnEveryRank) {
   // kernel is released and its finish() throws with rank 0's reason.
   std::string msg;
   try {
-    ag.run(a.p, c.a_gathered.p, c.B.p, r == 0 ? c.C.p + 1 : c.C.p, M, N, K, nullptr);
+    ag.run(a.p, c.gathered, c.B.p, r == 0 ? c.C.p + 1 : c.C.p, M, N, K, nullptr);
     ag.finish(nullptr);
   } catch (const weave::Error& e) {
     msg = e.what();
@@ -463,6 +467,125 @@ TEST(NetTpGpu, DifferentOperatorsRejectedOnEveryRank) {
     msg = e.what();
   }
   EXPECT_NE(msg.find("called with (operator"), std::string::npos) << "rank " << r << " of " << W << ": " << msg;
+  path.shutdown();
+}
+
+// ---- hierarchical AllGather + GEMM (nodes of G > 1 ranks: weave-run -n 4 --nodes 2) -------------
+
+namespace rt = weave::runtime;
+
+rt::Communicator node_comm(net::NetPath& path) {
+  rt::CommOptions o;
+  o.heap_bytes = size_t(512) << 20;
+  return rt::Communicator(rt::node_launch_info(rt::detect_launch(), path.bootstrap().hostnames()[path.rank()]), o);
+}
+
+// Every rank's output against the reference, the gathered A bit for bit (in the node's heap: the
+// node peers and this rank's receive blocks write it), ragged shapes, both layouts, two chunks,
+// a_shard apart and in place; then back-to-back calls of two shapes, each checked.
+TEST(NetTpGpuHier, AgGemmMatchesReference) {
+  net::NetPath path(options());
+  ASSERT_GT(path.topo().gpus, 1) << "run under weave-run -n 4 --nodes 2 (nodes of more than one rank)";
+  rt::Communicator node = node_comm(path);
+  const int W = path.world(), r = path.rank();
+  Calls calls(path);
+  struct Shape {
+    int M, N, K;
+  };
+  const Shape shapes[] = {{3000, 1000, 1000}, {1000, 264, 512}, {W + 1, 24, 136}, {2048, 2048, 1024}};
+  size_t most = 0;
+  for (const Shape& sh : shapes) most = std::max(most, size_t(sh.M) * sh.K);
+  bf16* g = static_cast<bf16*>(node.alloc(most * sizeof(bf16)));
+  for (const Shape& sh : shapes)
+    for (BLayout bl : {BLayout::NK, BLayout::KN})
+      for (long long chunk : {1LL << 20, 48LL << 10})
+        for (bool in_place : {false, true}) {
+          net::NetTpOptions o;
+          o.b = bl, o.chunk_bytes = chunk;
+          net::NetAgGemm ag(path, node, o);
+          AgCase c(sh.M, sh.N, sh.K, bl, g);
+          const auto mine = weave::tp::shard(sh.M, W, r);
+          Dev apart(size_t(mine.size) * sh.K);
+          bf16* a_shard = in_place ? g + size_t(mine.begin) * sh.K : apart.p;
+          const uint64_t call = calls.next();
+          c.inputs(call, r, a_shard, W);
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          ag.run(a_shard, g, c.B.p, c.C.p, sh.M, sh.N, sh.K, nullptr);
+          ag.finish(nullptr);
+          c.reference(call, W);
+          const std::string what = "hier " + label(sh.M, sh.N, sh.K, bl, chunk, in_place);
+          expect_all_ranks(path, c.check_c(), what + ": C");
+          expect_all_ranks(path, c.check_gathered(), what + ": gathered A");
+          node.barrier();  // nobody's next call writes g while a peer still checks it
+        }
+  node.free(g);
+  // Back to back: every call's gathered A and C of its own, one finish.
+  net::NetTpOptions o;
+  o.chunk_bytes = 32 << 10;
+  net::NetAgGemm ag(path, node, o);
+  constexpr int kCalls = 16;
+  const Shape bb[] = {{515, 264, 320}, {300, 128, 1024}};
+  std::vector<bf16*> gs;
+  std::vector<std::unique_ptr<AgCase>> cases;
+  std::vector<std::unique_ptr<Dev>> shards;
+  std::vector<uint64_t> seeds;
+  for (int k = 0; k < kCalls; ++k) {
+    const Shape& sh = bb[k % 2];
+    gs.push_back(static_cast<bf16*>(node.alloc(size_t(sh.M) * sh.K * sizeof(bf16))));
+    cases.push_back(std::make_unique<AgCase>(sh.M, sh.N, sh.K, BLayout::NK, gs.back()));
+    shards.push_back(std::make_unique<Dev>(size_t(weave::tp::shard(sh.M, W, r).size) * sh.K));
+    seeds.push_back(calls.next());
+    cases.back()->inputs(seeds.back(), r, shards.back()->p, W);
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  node.barrier();  // every rank's poison is in place before any peer writes
+  for (int k = 0; k < kCalls; ++k) {
+    AgCase& c = *cases[k];
+    ag.run(shards[k]->p, c.gathered, c.B.p, c.C.p, c.M, c.N, c.K, nullptr);
+  }
+  ag.finish(nullptr);
+  for (int k = 0; k < kCalls; ++k) {
+    AgCase& c = *cases[k];
+    c.reference(seeds[k], W);
+    const std::string what = "hier back-to-back call " + std::to_string(k);
+    expect_all_ranks(path, c.check_c(), what + ": C");
+    expect_all_ranks(path, c.check_gathered(), what + ": gathered A");
+  }
+  node.barrier();
+  for (bf16* p : gs) node.free(p);
+  path.shutdown();
+}
+
+// a_gathered outside the node's heap on one rank: an error on every rank (a new shape: the
+// agreement), then a correct call.
+TEST(NetTpGpuHier, AgGemmRejectsAGatheredOutsideTheHeap) {
+  net::NetPath path(options());
+  ASSERT_GT(path.topo().gpus, 1);
+  rt::Communicator node = node_comm(path);
+  const int W = path.world(), r = path.rank();
+  Calls calls(path);
+  net::NetAgGemm ag(path, node);
+  const int M = 600, N = 264, K = 320;
+  bf16* g = static_cast<bf16*>(node.alloc(size_t(M) * K * sizeof(bf16)));
+  AgCase c(M, N, K, BLayout::NK, g);
+  Dev a(size_t(weave::tp::shard(M, W, r).size) * K), plain(size_t(M) * K);
+  std::string msg;
+  try {
+    ag.run(a.p, r == 1 ? plain.p : g, c.B.p, c.C.p, M, N, K, nullptr);
+  } catch (const weave::Error& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find(r == 1 ? "heap" : "rejected its arguments"), std::string::npos) << "rank " << r << ": " << msg;
+  const uint64_t call = calls.next();
+  c.inputs(call, r, a.p, W);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  node.barrier();
+  ag.run(a.p, g, c.B.p, c.C.p, M, N, K, nullptr);
+  ag.finish(nullptr);
+  c.reference(call, W);
+  expect_all_ranks(path, c.check_c(), "hier after the rejection: C");
+  node.barrier();
+  node.free(g);
   path.shutdown();
 }
 

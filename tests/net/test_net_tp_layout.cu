@@ -23,18 +23,21 @@ struct Sent {
 
 // ag: sender q posts its own shard's units to every peer. rs: sender q posts to peer p the units
 // of p's shard (its partial of p's rows).
-void check_plan(bool ag, int M, int N, int K, int nodes, long long chunk) {
-  SCOPED_TRACE(testing::Message() << (ag ? "ag " : "rs ") << M << "x" << N << "x" << K << " nodes " << nodes
-                                  << " chunk " << chunk);
-  const tn::UnitPlan a = ag ? tn::ag_plan(M, N, K, 2, nodes, 8, chunk) : tn::rs_plan(M, N, nodes, 8, chunk);
+// G: ranks per node (AG only; the network moves shards between rail peers, the same local index).
+void check_plan(bool ag, int M, int N, int K, int nodes, long long chunk, int G = 1) {
+  SCOPED_TRACE(testing::Message() << (ag ? "ag " : "rs ") << M << "x" << N << "x" << K << " nodes " << nodes << " x "
+                                  << G << " chunk " << chunk);
+  const int world = nodes * G;
+  const tn::UnitPlan a = ag ? tn::ag_plan(M, N, K, 2, world, 8, chunk, G) : tn::rs_plan(M, N, nodes, 8, chunk);
   ASSERT_GE(a.P, 1);
   ASSERT_EQ(a.row_bytes, ag ? 2LL * K : 2LL * N);
   std::map<std::pair<int, int>, Sent> posted;  // (receiver, flag) -> the command
-  for (int q = 0; q < nodes; ++q) {
+  for (int q = 0; q < world; ++q) {
     long long n = 0;
     for (int s = 0; s < tn::steps(a); ++s) {
       const int peer = tn::send_peer(a, q, s);
-      ASSERT_NE(peer, q);
+      ASSERT_NE(peer / G, q / G);  // another node
+      ASSERT_EQ(peer % G, q % G);  // the rail peer
       const int owner = ag ? q : peer;  // whose shard the units cut
       for (int u = 0; u < tn::units(a, owner); ++u) {
         long long b0, b1;
@@ -55,9 +58,9 @@ void check_plan(bool ag, int M, int N, int K, int nodes, long long chunk) {
     }
     EXPECT_EQ(n, ag ? tn::ag_commands(a, q) : tn::rs_commands(a, q));
   }
-  for (int r = 0; r < nodes; ++r) {
+  for (int r = 0; r < world; ++r) {
     long long matched = 0;
-    std::vector<long long> covered(nodes, 0);
+    std::vector<long long> covered(world, 0);
     // AG: the receive order (step, unit) over the peers' shards. RS: every own unit from each step.
     const long long items = ag ? tn::step_units(a, r, true) : static_cast<long long>(tn::steps(a)) * tn::units(a, r);
     int last_step = -1;
@@ -71,7 +74,7 @@ void check_plan(bool ag, int M, int N, int K, int nodes, long long chunk) {
       ASSERT_GE(s, last_step);
       last_step = s;
       const int from = tn::from_peer(a, r, s);
-      EXPECT_EQ(from, (r + s + 1) % nodes);
+      EXPECT_EQ(from, (r / G + s + 1) % nodes * G + r % G);
       EXPECT_EQ(tn::send_peer(a, from, s), r) << "rank " << from << " sends step " << s << " elsewhere";
       long long b0, b1;
       tn::unit(a, ag ? from : r, u, &b0, &b1);
@@ -91,12 +94,12 @@ void check_plan(bool ag, int M, int N, int K, int nodes, long long chunk) {
     long long to_me = 0;
     for (const auto& [key, c] : posted) to_me += key.first == r;
     EXPECT_EQ(matched, to_me);
-    for (int q = 0; q < nodes; ++q)
-      if (q != r)
-        EXPECT_EQ(covered[q], weave::tp::shard(M, nodes, ag ? q : r).size * a.row_bytes) << "from " << q;
+    for (int q = 0; q < world; ++q)
+      EXPECT_EQ(covered[q], q / G != r / G && q % G == r % G ? weave::tp::shard(M, world, ag ? q : r).size * a.row_bytes : 0)
+          << "from " << q << " at rank " << r;
   }
   // Each row tile has P units (the loaders' and receivers' expectation), whole tiles in order.
-  for (int q = 0; q < nodes; ++q) EXPECT_EQ(tn::units(a, q), a.L.tm[q] * a.P);
+  for (int q = 0; q < world; ++q) EXPECT_EQ(tn::units(a, q), a.L.tm[q] * a.P);
 }
 
 TEST(NetTpLayout, PlansDeliverEveryByteOnce) {
@@ -105,6 +108,12 @@ TEST(NetTpLayout, PlansDeliverEveryByteOnce) {
       for (auto [M, N, K] : {std::tuple{3000, 1000, 1000}, std::tuple{257, 8, 64}, std::tuple{nodes, 24, 136},
                              std::tuple{8192, 8192, 8192}, std::tuple{1000, 264, 8}})
         for (long long chunk : {16LL, 4096LL, 48LL << 10, 1LL << 20, 1LL << 30}) check_plan(ag, M, N, K, nodes, chunk);
+  // AG at G > 1: the network part between rail peers, every nodes x G up to the TP layout's 8
+  // ranks (tp::Layout holds kMaxWorld shards).
+  for (int G : {2, 4})
+    for (int nodes = 2; nodes * G <= weave::kMaxWorld; ++nodes)
+      for (auto [M, N, K] : {std::tuple{3000, 1000, 1000}, std::tuple{nodes * G, 24, 136}, std::tuple{8192, 1024, 1024}})
+        for (long long chunk : {4096LL, 1LL << 20}) check_plan(true, M, N, K, nodes, chunk, G);
 }
 
 // The RS send order walks the owners as the GEMM computes them (tp::rs_chain_item: r - 1 first).
