@@ -757,4 +757,15 @@ FAULTS = [
         }],
         "tests": ["test_net_ring_gpu"],
     },
+    {
+        "name": "net_hier_forward_skips_last_node_rank",
+        "what": "hierarchical AG+GEMM (G > 1): the receive blocks copy a rail peer's unit into every gathered A of the "
+                "node but the last node rank's (its loader is still signalled: those rows of its C are wrong)",
+        "edits": [{
+            "file": "kernels/net_tp/net_ag_gemm_hier_kernel.cuh",
+            "find": "          for (int d = 0; d < g.G; ++d) reinterpret_cast<uint4*>(g.node_gathered[d] + off)[i] = v;",
+            "replace": "          for (int d = 0; d < g.G - 1; ++d) reinterpret_cast<uint4*>(g.node_gathered[d] + off)[i] = v;",
+        }],
+        "tests": ["test_net_tp_gpu_hier"],
+    },
 ]
