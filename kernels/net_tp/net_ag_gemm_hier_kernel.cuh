@@ -19,6 +19,7 @@
 // rows that will not come; the outputs are then garbage and finish() throws the diagnostic.
 #pragma once
 #include "ag_gemm/ag_gemm_kernel.cuh"
+#include "net_tp/net_ag_gemm_kernel.cuh"
 #include "net_tp/layout.hpp"
 #include "weave/memory_order.cuh"
 #include "weave/net/device.cuh"
@@ -50,27 +51,7 @@ struct NetHierAgKernelT : weave::tp::AgKernelT<Gemm> {
   }
 
   static __device__ __noinline__ void send_role(const Globals& g, int c, int nc, int* word) {
-    const NetHandle& h = g.h;
-    const UnitPlan& A = g.A;
-    if (!open_send_gate(h, g.call, g.commands_before, c == 0, word)) return;
-    Producer prod{h.queue};
-    const char* shard = static_cast<const char*>(g.shard);
-    for (int u = c; u < units(A, g.rank); u += nc) {
-      long long b0, b1;
-      unit(A, g.rank, u, &b0, &b1);
-      if (b1 <= b0) continue;
-      for (long long i = threadIdx.x; i < (b1 - b0) / 16; i += blockDim.x)
-        reinterpret_cast<uint4*>(h.send + b0)[i] = __ldcs(reinterpret_cast<const uint4*>(shard + b0) + i);
-      __syncthreads();
-      bool ok = true;
-      if (threadIdx.x == 0)
-        for (int s = 0; ok && s < steps(A); ++s)
-          ok = push(h, prod,
-                    Command{static_cast<uint64_t>(b0), g.recv_base + static_cast<uint64_t>(slot_off(A, s, b0)),
-                            static_cast<uint64_t>(b1 - b0), 1, g.flag_base + static_cast<uint32_t>(flag(A, s, u)),
-                            static_cast<uint16_t>(send_peer(A, g.rank, s)), kNotify, 0});
-      if (!block_agree(ok, word)) return;
-    }
+    send_units(g, c, nc, word, nullptr);  // the push blocks put the own rows in place
   }
 
   // Every row tile's counter on every node rank past any expectation (see above).

@@ -33,6 +33,38 @@ struct NetAgGlobalsT : weave::tp::AgGlobalsT<GG> {
   int send_blocks;
 };
 
+// Send blocks of both AG kernels (this one and the hierarchical one): after the call's send gate,
+// each non-empty unit of this rank's shard is read once from device memory into the mapped send
+// buffer at its shard offset (and into `own`, this rank's rows of its gathered A, unless null),
+// then one command per rail peer. Units are 16-byte aligned and sized.
+template <class Gl>
+__device__ void send_units(const Gl& g, int c, int nc, int* word, char* own) {
+  const NetHandle& h = g.h;
+  const UnitPlan& A = g.A;
+  if (!open_send_gate(h, g.call, g.commands_before, c == 0, word)) return;
+  Producer prod{h.queue};
+  const char* shard = static_cast<const char*>(g.shard);
+  for (int u = c; u < units(A, g.rank); u += nc) {
+    long long b0, b1;
+    unit(A, g.rank, u, &b0, &b1);
+    if (b1 <= b0) continue;  // the receivers count empty units in without a command
+    for (long long i = threadIdx.x; i < (b1 - b0) / 16; i += blockDim.x) {
+      const uint4 v = __ldcs(reinterpret_cast<const uint4*>(shard + b0) + i);
+      reinterpret_cast<uint4*>(h.send + b0)[i] = v;
+      if (own) reinterpret_cast<uint4*>(own + b0)[i] = v;
+    }
+    __syncthreads();
+    bool ok = true;
+    if (threadIdx.x == 0)
+      for (int s = 0; ok && s < steps(A); ++s)
+        ok = push(h, prod,
+                  Command{static_cast<uint64_t>(b0), g.recv_base + static_cast<uint64_t>(slot_off(A, s, b0)),
+                          static_cast<uint64_t>(b1 - b0), 1, g.flag_base + static_cast<uint32_t>(flag(A, s, u)),
+                          static_cast<uint16_t>(send_peer(A, g.rank, s)), kNotify, 0});
+    if (!block_agree(ok, word)) return;
+  }
+}
+
 template <class Gemm>
 struct NetAgKernelT : weave::tp::AgKernelT<Gemm> {
   using Base = weave::tp::AgKernelT<Gemm>;
@@ -51,40 +83,8 @@ struct NetAgKernelT : weave::tp::AgKernelT<Gemm> {
     return {t.owner, t.i, t.n};
   }
 
-  // 16-byte copies of one unit: device shard -> mapped send buffer (and the own rows of the
-  // gathered A), each vector read once. Units are 16-byte aligned and sized.
-  static __device__ __forceinline__ void stage_unit(char* send, char* own, const char* src, long long bytes) {
-    const long long n = bytes / 16;
-    for (long long i = threadIdx.x; i < n; i += blockDim.x) {
-      const uint4 v = __ldcs(reinterpret_cast<const uint4*>(src) + i);
-      reinterpret_cast<uint4*>(send)[i] = v;
-      if (own) reinterpret_cast<uint4*>(own)[i] = v;
-    }
-  }
-
   static __device__ __noinline__ void send_role(const Globals& g, int c, int nc, int* word) {
-    const NetHandle& h = g.h;
-    const UnitPlan& A = g.A;
-    if (!open_send_gate(h, g.call, g.commands_before, c == 0, word)) return;
-    Producer prod{h.queue};
-    const char* shard = static_cast<const char*>(g.shard);
-    char* own = g.copy_local ? g.gathered + shard_byte(A, g.rank) : nullptr;
-    for (int u = c; u < units(A, g.rank); u += nc) {
-      long long b0, b1;
-      unit(A, g.rank, u, &b0, &b1);
-      if (b1 <= b0) continue;  // the receivers count empty units in without a command
-      stage_unit(h.send + b0, own ? own + b0 : nullptr, shard + b0, b1 - b0);
-      __syncthreads();
-      bool ok = true;
-      if (threadIdx.x == 0)
-        for (int s = 0; ok && s < steps(A); ++s) {
-          const Command cmd{static_cast<uint64_t>(b0), g.recv_base + static_cast<uint64_t>(slot_off(A, s, b0)),
-                            static_cast<uint64_t>(b1 - b0), 1, g.flag_base + static_cast<uint32_t>(flag(A, s, u)),
-                            static_cast<uint16_t>(send_peer(A, g.rank, s)), kNotify, 0};
-          ok = push(h, prod, cmd);
-        }
-      if (!block_agree(ok, word)) return;
-    }
+    send_units(g, c, nc, word, g.copy_local ? g.gathered + shard_byte(g.A, g.rank) : nullptr);
   }
 
   static __device__ __noinline__ void recv_role(const Globals& g, int b, int nb, int* word) {

@@ -61,8 +61,6 @@ class NetAgGemm {
   void finish(cudaStream_t stream);
 
  private:
-  void run_node(const __nv_bfloat16* a_shard, __nv_bfloat16* a_gathered, const __nv_bfloat16* B, __nv_bfloat16* C,
-                int M, int N, int K, cudaStream_t stream);
   NetPath& path_;
   NetTpOptions opt_;
   runtime::Communicator* node_ = nullptr;  // G > 1
