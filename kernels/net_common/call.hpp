@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "weave/common/error.hpp"
 #include "weave/net/net_path.hpp"
 
 namespace weave::net {
@@ -36,6 +37,27 @@ void check_room(const NetPath& path, const char* who, long long send_needed, lon
 // the path (NetPath::abort: the peers' kernels, already launched, are released) and throws.
 void agree(NetPath& path, std::vector<long long>& agreed, const std::vector<long long>& key,
            const std::string& problem, const char* who);
+
+// Numbers the next call on the path (`commands` queued by this rank), puts its fields into the
+// kernel parameters g (h, call, commands_before, recv_base, flag_base), then `launch()`es. A
+// launch that throws fails the path (the peers would wait for this rank's commands) and throws.
+template <class G, class Launch>
+void launch_numbered(NetPath& path, G& g, long long commands, const char* who, Launch&& launch) {
+  const NetPath::Call call = path.begin_call(static_cast<uint64_t>(commands));
+  g.h = path.handle();
+  g.call = call.index;
+  g.commands_before = call.commands_before;
+  g.recv_base = call.recv_offset;
+  g.flag_base = call.flag_offset;
+  try {
+    launch();
+  } catch (const Error& e) {
+    (void)cudaGetLastError();  // the failed call's error must not be the next CUDA check's
+    const std::string why = weave::detail::concat(who, ": launch failed on rank ", path.rank(), ": ", e.what());
+    path.abort(why);
+    throw Error(weave::detail::concat("weave: ", why));
+  }
+}
 
 // Device counters zeroed before each launch (stream-ordered), grown on demand.
 class DeviceCounters {

@@ -90,23 +90,12 @@ void NetRingAttention::forward(const bf16* q, const bf16* k, const bf16* v, bf16
   g.gk = reinterpret_cast<char*>(gk), g.gv = reinterpret_cast<char*>(gv);
   g.k = reinterpret_cast<const char*>(k), g.v = reinterpret_cast<const char*>(v);
   g.send_blocks = opt_.send_blocks;
-  const NetPath::Call call = path_.begin_call(static_cast<uint64_t>(rn::commands(R, r)));
-  g.h = path_.handle();
-  g.call = call.index;
-  g.commands_before = call.commands_before;
-  g.recv_base = call.recv_offset;
-  g.flag_base = call.flag_offset;
-  try {
+  launch_numbered(path_, g, rn::commands(R, r), who, [&] {
     if (s.D == 64)
       attention::launch_gathered_kernel<rn::NetRingKernel<64>>(g, stream);
     else
       attention::launch_gathered_kernel<rn::NetRingKernel<128>>(g, stream);
-  } catch (const Error& e) {
-    (void)cudaGetLastError();  // the failed call's error must not be the next CUDA check's
-    const std::string why = detail::concat(who, ": launch failed on rank ", r, ": ", e.what());
-    path_.abort(why);
-    throw Error(detail::concat("weave: ", why));
-  }
+  });
 }
 
 }  // namespace weave::net

@@ -3,8 +3,6 @@
 #pragma once
 #include <cuda_runtime.h>
 
-#include <string>
-
 #include "net_common/call.hpp"
 #include "net_tp/net_tp.hpp"
 #include "weave/common/error.hpp"
@@ -25,29 +23,16 @@ inline void check_room(const NetPath& path, const NetTpOptions& o, const char* w
                   "raise NetTpOptions::chunk_bytes or NetPathOptions::proxy.flags");
 }
 
-// Numbers the call (`commands` queued by this rank), fills its fields into g, launches K with the
-// options' communicator blocks; a launch failure fails the path (the peers would wait) and throws.
-// `extra_blocks`: communicator blocks beyond the send and receive ones (the NVLink push at G > 1).
+// The call on the path (net_common/call.hpp's launch_numbered), K launched with the options'
+// communicator blocks; `extra_blocks`: those beyond the send and receive ones (the NVLink push at
+// G > 1).
 template <class K, class G>
 void launch_call(NetPath& path, G& g, long long commands, const NetTpOptions& o, cudaStream_t stream, const char* who,
                  int extra_blocks = 0) {
-  const NetPath::Call call = path.begin_call(static_cast<uint64_t>(commands));
-  g.h = path.handle();
-  g.call = call.index;
-  g.commands_before = call.commands_before;
-  g.recv_base = call.recv_offset;
-  g.flag_base = call.flag_offset;
   g.send_blocks = o.send_blocks;
   lcsc::Config cfg;
   cfg.num_comm_sms = o.send_blocks + o.recv_blocks + extra_blocks;
-  try {
-    lcsc::launch<K>(g, cfg, stream);
-  } catch (const Error& e) {
-    (void)cudaGetLastError();  // the failed call's error must not be the next CUDA check's
-    const std::string why = weave::detail::concat(who, ": launch failed on rank ", path.rank(), ": ", e.what());
-    path.abort(why);
-    throw Error(weave::detail::concat("weave: ", why));
-  }
+  launch_numbered(path, g, commands, who, [&] { lcsc::launch<K>(g, cfg, stream); });
 }
 
 }  // namespace weave::net::tp_net

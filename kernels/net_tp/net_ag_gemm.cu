@@ -67,7 +67,6 @@ void fill_common(Gl& g, const tp_net::UnitPlan& U, const bf16* a_shard, bf16* a_
   g.push = wtp::kAgCopyEngine;  // the single-node pushes (the aux role) stay idle
   g.slices = U.P;
   g.A = U;
-  g.gathered = reinterpret_cast<char*>(a_gathered);
 }
 
 }  // namespace
@@ -118,6 +117,7 @@ void NetAgGemm::run(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf16* 
     tp_net::NetAgGlobalsT<gemm::GemmGlobals> g{};
     fill_common(g, U, a_shard, a_gathered, B, C, M, N, K, rank, opt_.b);
     g.tile_ready = ready_.zeroed(U.L.row_tiles(), stream);
+    g.gathered = reinterpret_cast<char*>(a_gathered);
     if (opt_.b == gemm::BLayout::NK)
       tp_net::launch_call<tp_net::NetAgKernelNK>(path_, g, commands, opt_, stream, who);
     else
@@ -139,7 +139,6 @@ void NetAgGemm::run(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf16* 
   g.ready_round = rd.next_round(stream, false);
   g.arrive_round = ar.next_round(stream, false);
   g.recv_blocks = opt_.recv_blocks;
-  g.G = G, g.local = node.rank();
   if (opt_.b == gemm::BLayout::NK)
     tp_net::launch_call<tp_net::NetHierAgKernelNK>(path_, g, commands, opt_, stream, who, extra);
   else

@@ -31,12 +31,10 @@ template <class GG>
 struct NetHierAgGlobalsT : weave::tp::AgGlobalsT<GG> {
   NetHandle h;
   UnitPlan A;
-  char* gathered;                    // this rank's gathered A (the node communicator's heap)
-  char* node_gathered[kMaxWorld];    // node rank d's gathered A, as mapped here
+  char* node_gathered[kMaxWorld];    // node rank d's gathered A, as mapped here (this rank's: d = ready.rank)
   uint64_t call, commands_before, recv_base;
   uint32_t flag_base;
   int send_blocks, recv_blocks;
-  int G, local;                      // ranks per node; this rank's node rank (= g.ready.rank)
 };
 
 template <class Gemm>
@@ -46,7 +44,7 @@ struct NetHierAgKernelT : weave::tp::AgKernelT<Gemm> {
 
   // One thread then the block: every node rank entered this call (its gathered A is free).
   static __device__ void wait_node_arrivals(const Globals& g) {
-    if (threadIdx.x == 0) wait(g.arrive, 0, g.arrive_round * static_cast<unsigned long long>(g.G));
+    if (threadIdx.x == 0) wait(g.arrive, 0, g.arrive_round * static_cast<unsigned long long>(g.A.G));
     __syncthreads();
   }
 
@@ -56,7 +54,7 @@ struct NetHierAgKernelT : weave::tp::AgKernelT<Gemm> {
 
   // Every row tile's counter on every node rank past any expectation (see above).
   static __device__ void release_node(const Globals& g) {
-    for (int d = 0; d < g.G; ++d)
+    for (int d = 0; d < g.A.G; ++d)
       for (int i = threadIdx.x; i < g.L.row_tiles(); i += blockDim.x) red_add_release_sys(g.ready.ptr[d] + i, 1ull << 40);
   }
 
@@ -81,13 +79,13 @@ struct NetHierAgKernelT : weave::tp::AgKernelT<Gemm> {
         const long long off = shard_byte(A, q) + b0;
         for (long long i = threadIdx.x; i < (b1 - b0) / 16; i += blockDim.x) {
           const uint4 v = ld_volatile_v4(src + i);
-          for (int d = 0; d < g.G; ++d) reinterpret_cast<uint4*>(g.node_gathered[d] + off)[i] = v;
+          for (int d = 0; d < g.A.G; ++d) reinterpret_cast<uint4*>(g.node_gathered[d] + off)[i] = v;
         }
         __syncthreads();
         if (threadIdx.x == 0) consume(h, f);
       }
       if (threadIdx.x == 0)
-        for (int d = 0; d < g.G; ++d) signal(g.ready, d, g.L.off[q] + u / A.P);
+        for (int d = 0; d < g.A.G; ++d) signal(g.ready, d, g.L.off[q] + u / A.P);
     }
   }
 
@@ -102,13 +100,13 @@ struct NetHierAgKernelT : weave::tp::AgKernelT<Gemm> {
       unit(A, g.rank, u, &b0, &b1);
       for (long long i = threadIdx.x; i < (b1 - b0) / 16; i += blockDim.x) {
         const uint4 v = __ldcs(reinterpret_cast<const uint4*>(shard + b0) + i);
-        for (int d = 0; d < g.G; ++d)
-          if (d != g.local || g.copy_local) reinterpret_cast<uint4*>(g.node_gathered[d] + base + b0)[i] = v;
+        for (int d = 0; d < g.A.G; ++d)
+          if (d != g.ready.rank || g.copy_local) reinterpret_cast<uint4*>(g.node_gathered[d] + base + b0)[i] = v;
       }
       __syncthreads();
       if (threadIdx.x == 0)
-        for (int d = 0; d < g.G; ++d)
-          if (d != g.local) signal(g.ready, d, g.L.off[g.rank] + u / A.P);
+        for (int d = 0; d < g.A.G; ++d)
+          if (d != g.ready.rank) signal(g.ready, d, g.L.off[g.rank] + u / A.P);
     }
   }
 

@@ -763,8 +763,8 @@ FAULTS = [
                 "node but the last node rank's (its loader is still signalled: those rows of its C are wrong)",
         "edits": [{
             "file": "kernels/net_tp/net_ag_gemm_hier_kernel.cuh",
-            "find": "          for (int d = 0; d < g.G; ++d) reinterpret_cast<uint4*>(g.node_gathered[d] + off)[i] = v;",
-            "replace": "          for (int d = 0; d < g.G - 1; ++d) reinterpret_cast<uint4*>(g.node_gathered[d] + off)[i] = v;",
+            "find": "          for (int d = 0; d < g.A.G; ++d) reinterpret_cast<uint4*>(g.node_gathered[d] + off)[i] = v;",
+            "replace": "          for (int d = 0; d < g.A.G - 1; ++d) reinterpret_cast<uint4*>(g.node_gathered[d] + off)[i] = v;",
         }],
         "tests": ["test_net_tp_gpu_hier"],
     },
