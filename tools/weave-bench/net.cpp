@@ -78,6 +78,7 @@
 
 #include "../../bench/nccl_comm.hpp"
 #include "bench.hpp"
+#include "net_start.hpp"
 #include "weave/net/net_path.hpp"
 #include "weave/net/queue.cuh"
 #include "weave/net/transport.hpp"
@@ -868,19 +869,11 @@ int run(const weave::bench::Args& a) {
           why.c_str());
     return 0;
   };
-  if (info.world < 2) return skip(concat(info.world, " rank (the network path needs 2 ranks on 2 nodes)"));
-  try {
-    (void)weave::runtime::rendezvous_address(info);
-  } catch (const Error& e) {
-    return skip(concat("no rendezvous address for the network path (", e.what(), ")"));
-  }
-  weave::runtime::NetBootstrapOptions bo;
-  bo.tag = info.job_id + "-bench-net";  // apart from the NetPaths' own rendezvous
-  NetBootstrap boot(info, bo);
-  const std::vector<weave::runtime::NodePlace> place = weave::runtime::node_of_ranks(boot.hostnames());
-  int nodes = 0;
-  for (const auto& p : place) nodes = std::max(nodes, p.node + 1);
-  if (nodes < 2) return skip(concat("all ", info.world, " ranks are on one node (not under weave-run --nodes?)"));
+  weave::bench::NetStart start = weave::bench::net_start(info, "bench-net");
+  if (!start.skip.empty()) return skip(start.skip);
+  NetBootstrap& boot = *start.boot;
+  const std::vector<weave::runtime::NodePlace>& place = start.place;
+  const int nodes = start.nodes;
   int dst = -1;
   for (int r = 0; r < info.world && dst < 0; ++r)
     if (place[r].node == 1 && place[r].local_rank == 0) dst = r;

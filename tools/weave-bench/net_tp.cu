@@ -71,6 +71,8 @@
 
 #include "../../bench/nccl_comm.hpp"
 #include "bench.hpp"
+#include "bitwise.cuh"
+#include "net_start.hpp"
 #include "check/device_buffer.hpp"
 #include "check/gemm_ref.hpp"
 #include "check/seed.hpp"
@@ -360,23 +362,8 @@ Verdict settle(Job& j, const std::string& what, const Finding& f) {
 }
 
 // Bitwise equality of the gathered A with the regenerated one (it is a copy, so nothing less).
-__global__ void mismatch_kernel(const uint16_t* a, const uint16_t* b, size_t n, unsigned long long* out) {
-  unsigned long long bad = 0;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    bad += a[i] != b[i];
-  for (int o = 16; o > 0; o >>= 1) bad += __shfl_xor_sync(0xffffffff, bad, o);
-  if ((threadIdx.x & 31) == 0 && bad) atomicAdd(out, bad);
-}
 unsigned long long mismatches(const bf16* a, const bf16* b, size_t n, cudaStream_t st) {
-  check::DeviceBuffer<unsigned long long> d(1);
-  unsigned long long h = 0;
-  WEAVE_CUDA_CHECK(cudaMemsetAsync(d.p, 0, sizeof h, st));
-  mismatch_kernel<<<1024, 256, 0, st>>>(reinterpret_cast<const uint16_t*>(a), reinterpret_cast<const uint16_t*>(b), n,
-                                        d.p);
-  WEAVE_CUDA_CHECK(cudaGetLastError());
-  WEAVE_CUDA_CHECK(cudaMemcpyAsync(&h, d.p, sizeof h, cudaMemcpyDeviceToHost, st));
-  WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
-  return h;
+  return weave::bench::mismatches_bits(reinterpret_cast<const uint16_t*>(a), reinterpret_cast<const uint16_t*>(b), n, st);
 }
 
 struct Row {
@@ -686,22 +673,12 @@ int run(const weave::bench::Args& a) {
                   kWho, why.c_str());
     return 0;
   };
-  if (info.world < 2) return skip(concat(info.world, " rank (the network path needs 2 ranks on 2 nodes)"));
-  try {
-    (void)weave::runtime::rendezvous_address(info);
-  } catch (const Error& e) {
-    return skip(concat("no rendezvous address for the network path (", e.what(), ")"));
-  }
-
   // A bootstrap of its own for the checks before the path exists (the path needs a GPU and one
   // rank per node, and would fail less clearly without them).
-  weave::runtime::NetBootstrapOptions bo;
-  bo.tag = info.job_id + "-bench-net-tp";
-  weave::runtime::NetBootstrap ctl(info, bo);
-  const std::vector<weave::runtime::NodePlace> place = weave::runtime::node_of_ranks(ctl.hostnames());
-  int nodes = 0;
-  for (const auto& p : place) nodes = std::max(nodes, p.node + 1);
-  if (nodes < 2) return skip(concat("all ", info.world, " ranks are on one node (not under weave-run --nodes?)"));
+  weave::bench::NetStart start = weave::bench::net_start(info, "bench-net-tp");
+  if (!start.skip.empty()) return skip(start.skip);
+  weave::runtime::NetBootstrap& ctl = *start.boot;
+  const int nodes = start.nodes;
   const bool lead = info.rank == 0;
   if (nodes != info.world || nodes > weave::kMaxWorld) {
     if (lead)

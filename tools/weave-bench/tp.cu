@@ -27,6 +27,7 @@
 
 #include "ag_gemm/ag_gemm.hpp"
 #include "bench.hpp"
+#include "bitwise.cuh"
 #include "check/gemm_fp8_ref.hpp"
 #include "check/gemm_ref.hpp"
 #include "check/seed.hpp"
@@ -133,34 +134,11 @@ void emit(Ctx& x, const Row& r, const char* extra_key = nullptr, double extra = 
   }
 }
 
-// Bitwise equality of two bf16 (or fp8) arrays (the gathered A is a copy): the count of differing
-// elements.
-template <class U>
-__global__ void mismatch_kernel(const U* a, const U* b, size_t n, unsigned long long* out) {
-  unsigned long long bad = 0;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    bad += a[i] != b[i];
-  for (int o = 16; o > 0; o >>= 1) bad += __shfl_xor_sync(0xffffffff, bad, o);
-  if ((threadIdx.x & 31) == 0 && bad) atomicAdd(out, bad);
-}
-template <class U>
-unsigned long long mismatches_bits(const U* a, const U* b, size_t n, cudaStream_t st) {
-  unsigned long long* d = nullptr;
-  unsigned long long h = 0;
-  WEAVE_CUDA_CHECK(cudaMalloc(&d, sizeof h));
-  WEAVE_CUDA_CHECK(cudaMemsetAsync(d, 0, sizeof h, st));
-  mismatch_kernel<<<1024, 256, 0, st>>>(a, b, n, d);
-  WEAVE_CUDA_CHECK(cudaGetLastError());
-  WEAVE_CUDA_CHECK(cudaMemcpyAsync(&h, d, sizeof h, cudaMemcpyDeviceToHost, st));
-  WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
-  WEAVE_CUDA_CHECK(cudaFree(d));
-  return h;
-}
 unsigned long long mismatches(const bf16* a, const bf16* b, size_t n, cudaStream_t st) {
-  return mismatches_bits(reinterpret_cast<const uint16_t*>(a), reinterpret_cast<const uint16_t*>(b), n, st);
+  return weave::bench::mismatches_bits(reinterpret_cast<const uint16_t*>(a), reinterpret_cast<const uint16_t*>(b), n, st);
 }
 unsigned long long mismatches(const f8* a, const f8* b, size_t n, cudaStream_t st) {
-  return mismatches_bits(reinterpret_cast<const uint8_t*>(a), reinterpret_cast<const uint8_t*>(b), n, st);
+  return weave::bench::mismatches_bits(reinterpret_cast<const uint8_t*>(a), reinterpret_cast<const uint8_t*>(b), n, st);
 }
 
 template <class T>
