@@ -90,7 +90,7 @@ Launch launch_choice(int M, int N, int K, BLayout bl, const Options& opt, bool f
   if (opt.tile != Tile::Auto) {
     const bool splittable = plain && (opt.tile == Tile::M128N256 || opt.tile == Tile::M128N256C2 ||
                                       opt.tile == Tile::M64N128 || opt.tile == Tile::M128N192 ||
-                                      opt.tile == Tile::M128Nw);
+                                      opt.tile == Tile::M128N128 || opt.tile == Tile::M128Nw);
     return {opt.tile, splittable && opt.split_k > 1 ? opt.split_k : 1,
             opt.tile == Tile::M128N256C2 ? pairs : blocks, opt.tile == Tile::M128Nw ? opt.tile_n : 0};
   }
@@ -156,7 +156,7 @@ lcsc::Plan dispatch(const bf16* A, const bf16* B, OutT* C, int M, int N, int K, 
       return bias ? run_layouts<BigE, bf16, true>(A, B, C, M, N, K, bl, opt, group_m, stream)
                   : run_layouts<BigE, bf16, false>(A, B, C, M, N, K, bl, opt, group_m, stream, l);
     return bias ? run_layouts<SmallE, bf16, true>(A, B, C, M, N, K, bl, opt, group_m, stream)
-                : run_layouts<SmallE, bf16, false>(A, B, C, M, N, K, bl, opt, group_m, stream);
+                : run_layouts<SmallE, bf16, false>(A, B, C, M, N, K, bl, opt, group_m, stream, l);
   }
 }
 

@@ -10,11 +10,11 @@
 
 namespace weave::gemm::detail {
 
-// Split-K is instantiated for the 128x256 tiles (plain and clustered), the 128x192, the 128 x w and
-// the 64x128 tile, with the default epilogue only: those are the tiles the planner splits
+// Split-K is instantiated for the 128x256 tiles (plain and clustered), the 128x192, 128x128, 128 x w
+// and 64x128 tiles, with the default epilogue only: those are the tiles the planner splits
 // (kernels/gemm/plan.hpp).
 template <class Kern>
-constexpr bool kSplittable = ((Kern::BN == 256 && Kern::kStages == 3) || Kern::BN == 192 || Kern::BM == 64 ||
+constexpr bool kSplittable = ((Kern::BN == 256 && Kern::kStages == 3) || Kern::BN == 192 || Kern::BN == 128 ||
                               Kern::kDenseOut) &&
                              Kern::kOutputParts == 1 && Kern::kPlainEpilogue && Kern::kALayout == ALayout::MK;
 

@@ -1,5 +1,5 @@
-// Where every byte of the inter-node fused TP kernels goes (N nodes of one rank each; rank =
-// node). Pure __host__ __device__ functions of the shape and the rank, shared by the kernels
+// Where every byte of the inter-node fused TP kernels goes (N nodes of G ranks each; rank =
+// node * G + local). Pure __host__ __device__ functions of the shape and the rank, shared by the kernels
 // (net_ag_gemm_kernel.cuh, net_gemm_rs_kernel.cuh) and the CPU tests (tests/net/test_net_tp_layout.cu).
 //
 // Both kernels move row shards (rank q's rows tp::shard(M, W, q), contiguous, W = N nodes x G
@@ -8,15 +8,16 @@
 // command between rail peers (the ranks of one local index): step s = 0 .. N - 2 goes from rank
 // (n, l) to rank (n - s - 1, l) (send_peer), so a rank receives at step s from (n + s + 1, l)
 // (from_peer), into its receive slot at s * stride + (the unit's offset in the shard), raising
-// flag s * max_units + u. At G > 1 (AllGather + GEMM only) the shards of the other local indices
-// come over NVLink: each rank pushes its own shard to its node peers and forwards every unit it
-// receives from the network to them.
+// flag s * max_units + u. At G > 1 the shards of the other local indices move over NVLink: AG
+// pushes its own shard to the node peers and forwards every unit it receives from the network to
+// them; RS sends at step s the node's partial of shard (n - s - 1, l), which this rank sums from
+// the G node ranks' partial products (rs_owner says in which order they are computed).
 //   - AllGather + GEMM (row_bytes = K x element): the units of the sender's own shard, staged once
 //     in its send buffer at their shard offsets and posted to every peer. Rank r meets the peer
 //     shards in the GEMM's order (tp::item: own rows, then r + 1, r + 2, ...): step order.
 //   - GEMM + ReduceScatter (row_bytes = N x 2, bf16 partials): at step s the units of the
 //     receiver's shard of this rank's partial product, staged at s * stride + offset. The GEMM
-//     computes them in step order (tp::rs_chain_item: owner r - 1 first, its own rows last).
+//     computes them in step order (rs_item: owner r - 1 first, its own rows last).
 //   - GEMM + AllReduce: GEMM + ReduceScatter, then the reduced own shard as AllGather posts its
 //     shard (ar_* below).
 #pragma once
@@ -61,8 +62,8 @@ __host__ __device__ inline UnitPlan ag_plan(int M, int N, int K, int elem_bytes,
                                             long long chunk, int G = 1) {
   return make_plan(weave::tp::make_layout(M, N, world, group_m), static_cast<long long>(K) * elem_bytes, chunk, G);
 }
-__host__ __device__ inline UnitPlan rs_plan(int M, int N, int nodes, int group_m, long long chunk) {
-  return make_plan(weave::tp::make_layout(M, N, nodes, group_m), static_cast<long long>(N) * 2, chunk);
+__host__ __device__ inline UnitPlan rs_plan(int M, int N, int world, int group_m, long long chunk, int G = 1) {
+  return make_plan(weave::tp::make_layout(M, N, world, group_m), static_cast<long long>(N) * 2, chunk, G);
 }
 
 __host__ __device__ inline int nodes(const UnitPlan& a) { return a.L.W / a.G; }
@@ -115,6 +116,30 @@ __host__ __device__ inline long long step_units(const UnitPlan& a, int r, bool f
   for (int st = 0; st < steps(a); ++st) n += units(a, from ? from_peer(a, r, st) : send_peer(a, r, st));
   return n;
 }
+
+// GEMM + ReduceScatter's owner order, rank r = (n, l)'s t-th shard (t = 0 .. W - 1): the remote
+// nodes in step order (node n - s - 1 at step s, whose shard (n - s - 1, l) this rank's send blocks
+// post at step s), inside each node the owners (m, 0), (m, 1), ..., (m, G - 1), the same order on
+// every rank of a node so that the G partials of a shard complete together on its collector; then
+// the own node's owners (n, l + 1), (n, l + 2), ..., the own shard last (no network step waits for
+// them). At G = 1: tp::rs_chain_item's order.
+__host__ __device__ inline int rs_owner(const UnitPlan& a, int r, int t) {
+  const int G = a.G, N = nodes(a), n = r / G, s = t / G, j = t % G;
+  if (s < N - 1) return ((n - s - 1) % N + N) % N * G + j;
+  return n * G + (r % G + 1 + j) % G;
+}
+// Rank r's w-th output tile in that order (grouped rasterisation inside a shard); phase = t + 1.
+__host__ __device__ inline weave::tp::Item rs_item(const UnitPlan& a, int r, int w) {
+  int t = 0, q = rs_owner(a, r, 0);
+  while (w >= a.L.owner_tiles(q)) {
+    w -= a.L.owner_tiles(q);
+    q = rs_owner(a, r, ++t);
+  }
+  return weave::tp::owner_item(a.L, t + 1, q, w);
+}
+// Node rank (local index) that reduces the node's partial of owner q's shard: q's rail peer on
+// this node (hierarchy.hpp's collector, Topo::rail_peer_on).
+__host__ __device__ inline int collector(const UnitPlan& a, int q) { return q % a.G; }
 
 // AG: the send buffer holds the own shard; one command per non-empty own unit and step.
 __host__ __device__ inline long long ag_send_needed(const UnitPlan& a) { return a.stride; }

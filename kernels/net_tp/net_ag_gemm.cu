@@ -20,29 +20,12 @@ NetAgGemm::NetAgGemm(NetPath& path, NetTpOptions opts) : path_(path), opt_(opts)
 
 NetAgGemm::NetAgGemm(NetPath& path, runtime::Communicator& node, NetTpOptions opts) : path_(path), opt_(opts) {
   tp_net::check_object(path_, opt_, "net ag_gemm", true);
-  const NetTopo t = path_.topo();
-  const int local = path_.rank() % t.gpus;
-  WEAVE_CHECK(node.world() == t.gpus && node.rank() == local, "net ag_gemm: the node communicator has rank ",
-              node.rank(), " of ", node.world(), " but this rank is local rank ", local, " of a node of ", t.gpus,
-              " ranks (make it over runtime::node_launch_info)");
-  WEAVE_CHECK(node.device() == path_.device(), "net ag_gemm: the node communicator uses GPU ", node.device(),
-              " but the network path GPU ", path_.device());
-  if (t.gpus > 1) node_ = &node;
+  node_ = tp_net::node_of(path_, node, "net ag_gemm");
 }
 
 NetAgGemm::~NetAgGemm() = default;
 
-void NetAgGemm::finish(cudaStream_t stream) {
-  if (node_) {
-    try {
-      node_->sync(stream);  // names a timed-out NVLink wait; its failure also fails the path
-    } catch (const Error& e) {
-      path_.abort(e.what());
-      throw;
-    }
-  }
-  path_.finish(stream);
-}
+void NetAgGemm::finish(cudaStream_t stream) { tp_net::finish_on(path_, node_, stream); }
 
 namespace {
 
@@ -89,14 +72,8 @@ void NetAgGemm::run(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf16* 
                         {"a_gathered", a_gathered, M * row},
                         {"B", B, size_t(N) * row},
                         {"C", C, size_t(M) * N * sizeof(bf16)}});
-    if (G > 1) {
-      try {
-        (void)node_->peers(a_gathered, M * row);
-      } catch (const Error& e) {
-        throw Error(detail::concat("weave: ", who, ": with ", G, " ranks per node a_gathered must lie in the node "
-                                   "communicator's heap (the node peers write into it): ", e.what()));
-      }
-    }
+    if (G > 1)
+      tp_net::check_in_node_heap(*node_, a_gathered, M * row, who, "a_gathered", "the node peers write into it");
     const char* own = reinterpret_cast<const char*>(a_gathered) + mine.begin * row;
     WEAVE_CHECK(reinterpret_cast<const char*>(a_shard) == own ||
                     !runtime::overlap(a_shard, mine.size * row, a_gathered, M * row),
@@ -118,10 +95,7 @@ void NetAgGemm::run(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf16* 
     fill_common(g, U, a_shard, a_gathered, B, C, M, N, K, rank, opt_.b);
     g.tile_ready = ready_.zeroed(U.L.row_tiles(), stream);
     g.gathered = reinterpret_cast<char*>(a_gathered);
-    if (opt_.b == gemm::BLayout::NK)
-      tp_net::launch_call<tp_net::NetAgKernelNK>(path_, g, commands, opt_, stream, who);
-    else
-      tp_net::launch_call<tp_net::NetAgKernelKN>(path_, g, commands, opt_, stream, who);
+    tp_net::launch_for_b<tp_net::NetAgKernelNK, tp_net::NetAgKernelKN>(path_, g, commands, opt_, stream, who);
     return;
   }
   runtime::Communicator& node = *node_;
@@ -139,10 +113,8 @@ void NetAgGemm::run(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf16* 
   g.ready_round = rd.next_round(stream, false);
   g.arrive_round = ar.next_round(stream, false);
   g.recv_blocks = opt_.recv_blocks;
-  if (opt_.b == gemm::BLayout::NK)
-    tp_net::launch_call<tp_net::NetHierAgKernelNK>(path_, g, commands, opt_, stream, who, extra);
-  else
-    tp_net::launch_call<tp_net::NetHierAgKernelKN>(path_, g, commands, opt_, stream, who, extra);
+  tp_net::launch_for_b<tp_net::NetHierAgKernelNK, tp_net::NetHierAgKernelKN>(path_, g, commands, opt_, stream, who,
+                                                                              extra);
 }
 
 }  // namespace weave::net

@@ -1,14 +1,16 @@
-// Inter-node fused TP kernels over the network path, one rank per node (README.md beside this
-// file). Each is one persistent kernel: the GEMM's compute blocks beside network send and
+// Inter-node fused TP kernels over the network path, nodes of one or more ranks (README.md beside
+// this file). Each is one persistent kernel: the GEMM's compute blocks beside network send and
 // receive blocks, so that the transfers overlap the math at row-tile granularity.
 //   NetAgGemm  AllGather + GEMM: C = A · Bᵀ (B as N x K, an nn.Linear weight) or A · B (B as
 //              K x N) on every rank, A (M x K, bf16) sharded by rows over the W ranks (rank q holds
 //              rows tp::shard(M, W, q)); the gathered A comes back too (for the backward pass).
 //              Also hierarchical: nodes of G > 1 ranks, shards between rail peers over the
 //              network and inside the node over NVLink, in the same kernel.
-//   NetGemmRs  GEMM + ReduceScatter: rank q gets rows tp::shard(M, N, q) of sum over ranks of
+//   NetGemmRs  GEMM + ReduceScatter: rank q gets rows tp::shard(M, W, q) of sum over ranks of
 //              A_r · B_r (each rank's A_r M x K_r and B_r: a row-parallel linear layer's halves).
 //   NetGemmAr  GEMM + AllReduce: every rank gets the whole sum.
+//              Both also hierarchical: the node's partial of a shard summed over NVLink on the
+//              owner's rail peer, then sent over the network once, in the same kernel.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -28,7 +30,9 @@ struct NetTpOptions {
   long long chunk_bytes = 1 << 20;  // network unit: a 128-row tile in ceil(tile bytes / chunk) slices
   int send_blocks = 2;              // inter-node send blocks (SMs taken from the GEMM)
   int recv_blocks = 6;              // inter-node receive blocks
-  int push_blocks = 2;              // NetAgGemm at G > 1: NVLink push blocks (own shard to the node)
+  int push_blocks = 2;              // NetAgGemm at G > 1: NVLink push blocks (own shard to the node);
+                                    // NetGemmRs / NetGemmAr take none (their send and receive blocks
+                                    // read the node's partials over NVLink themselves)
   gemm::BLayout b = gemm::BLayout::NK;
 };
 
@@ -73,34 +77,48 @@ class NetGemmRs {
  public:
   // As NetAgGemm's.
   explicit NetGemmRs(NetPath& path, NetTpOptions opts = {});
+  // Any G, nodes x G <= 8, as NetAgGemm's. At G > 1 the scratch of this rank's partial product lies
+  // in the node communicator's heap (the node peers read it): the destructor is then collective
+  // over the node (it waits until no node rank has device work left, then frees it).
+  NetGemmRs(NetPath& path, runtime::Communicator& node, NetTpOptions opts = {});
   ~NetGemmRs();
   NetGemmRs(const NetGemmRs&) = delete;
   NetGemmRs& operator=(const NetGemmRs&) = delete;
 
   // Collective, as NetAgGemm::run. A: M x K (this rank's K slice); B: N x K or K x N
-  // (NetTpOptions::b); out: this rank's rows tp::shard(M, nodes, rank) x N. The partial products
-  // travel in bf16 and are summed in fp32 (own first, then ranks r + 1, r + 2, ...), rounded once.
+  // (NetTpOptions::b); out: this rank's rows tp::shard(M, W, rank) x N (W = nodes x G ranks).
+  // fp32 sums, in this order: the node ranks' partials (local index 0, 1, ..., G - 1), then the
+  // other nodes' partials (nodes n + 1, n + 2, ...), the same on every rank. The partial products
+  // are bf16 (the GEMM's output); at G > 1 a remote node's partial (the fp32 sum of its G ranks')
+  // is rounded to bf16 once more to cross the network; the result is rounded once.
   // The object keeps an M x N bf16 scratch for this rank's partial product (grown on demand).
   void run(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* out, int M, int N, int K,
            cudaStream_t stream);
+  // As NetAgGemm::finish.
   void finish(cudaStream_t stream);
 
  private:
   friend class NetGemmAr;
   void call(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* out, int M, int N, int K,
             bool all_reduce, cudaStream_t stream);
+  __nv_bfloat16* scratch(size_t elems);
   NetPath& path_;
   NetTpOptions opt_;
+  runtime::Communicator* node_ = nullptr;  // G > 1
   std::vector<long long> agreed_;
-  DeviceCounters done_;             // column tiles stored per virtual row tile
-  __nv_bfloat16* scratch_ = nullptr;
+  DeviceCounters done_;             // G = 1: column tiles stored per virtual row tile
+  __nv_bfloat16* scratch_ = nullptr;  // G = 1: device memory; G > 1: the node's heap
   size_t scratch_elems_ = 0;
+  runtime::ShapeSignals sig_{"net.gemm_rs"};  // G > 1: ready, arrive and landed sets on the node
 };
 
 class NetGemmAr {
  public:
   // As NetAgGemm's.
   explicit NetGemmAr(NetPath& path, NetTpOptions opts = {});
+  // As NetGemmRs's; at G > 1 out must lie in the node communicator's heap (the node peers write
+  // the rows they reduced or received into it).
+  NetGemmAr(NetPath& path, runtime::Communicator& node, NetTpOptions opts = {});
   // Collective, as NetAgGemm::run. out (M x N, every rank) = sum over ranks of A_r · B_r: the
   // reduce-scatter of NetGemmRs, then each owner's reduced rows to every peer from the same
   // kernel's receive blocks; every rank's out is bit-identical.

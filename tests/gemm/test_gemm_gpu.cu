@@ -445,6 +445,18 @@ TEST(Gemm, WideTiles) {
     }
 }
 
+// The 128 x 128 tile's epilogues and split-K (A M x K, bf16 output): shapes with fewer tiles than
+// SMs (every tile split), ragged in M, N and K, both B layouts.
+TEST(Gemm, SmallTileSplitK) {
+  const Case cases[] = {{200, 4104, 1032}, {129, 392, 2056}, {256, 1000, 4104}};
+  for (Case c : cases)
+    for (auto bl : kLayouts) {
+      Variant v;
+      v.bl = bl, v.tile = gemm::Tile::M128N128;
+      run_bf16_epilogues(c, v);
+    }
+}
+
 TEST(Gemm, RejectsBadInput) {
   bf16* p = nullptr;
   WEAVE_CUDA_CHECK(cudaMalloc(&p, 1 << 20));

@@ -729,8 +729,8 @@ FAULTS = [
                 "(at 2 nodes: the peer's partial of the first rows is missing)",
         "edits": [{
             "file": "kernels/net_tp/net_gemm_rs_kernel.cuh",
-            "find": "        for (int s = 0; s < steps(U); ++s)\n          add_bf16x8(",
-            "replace": "        for (int s = 0; s < steps(U) - (u == 0 ? 1 : 0); ++s)\n          add_bf16x8(",
+            "find": "          for (int s = 0; s < steps(U); ++s)\n            add_bf16x8(",
+            "replace": "          for (int s = 0; s < steps(U) - (u == 0 ? 1 : 0); ++s)\n            add_bf16x8(",
         }],
         "tests": ["test_net_tp_gpu:NetTpGpu.GemmRs*:NetTpGpu.GemmAr*"],
     },
@@ -740,8 +740,8 @@ FAULTS = [
                 "(the output's peer rows stay unwritten, the own rows are overwritten)",
         "edits": [{
             "file": "kernels/net_tp/net_gemm_rs_kernel.cuh",
-            "find": "      block_copy_in(reinterpret_cast<char*>(g.out) + shard_byte(U, q) + b0,",
-            "replace": "      block_copy_in(reinterpret_cast<char*>(g.out) + shard_byte(U, r) + b0,",
+            "find": "        const long long off = shard_byte(U, q) + b0;",
+            "replace": "        const long long off = shard_byte(U, r) + b0;",
         }],
         "tests": ["test_net_tp_gpu:NetTpGpu.GemmAr*"],
     },
@@ -765,6 +765,17 @@ FAULTS = [
             "file": "kernels/net_tp/net_ag_gemm_hier_kernel.cuh",
             "find": "          for (int d = 0; d < g.A.G; ++d) reinterpret_cast<uint4*>(g.node_gathered[d] + off)[i] = v;",
             "replace": "          for (int d = 0; d < g.A.G - 1; ++d) reinterpret_cast<uint4*>(g.node_gathered[d] + off)[i] = v;",
+        }],
+        "tests": ["test_net_tp_gpu_hier"],
+    },
+    {
+        "name": "net_hier_rs_node_sum_skips_last_node_rank",
+        "what": "hierarchical GEMM+RS/AR (G > 1): the collector's sum of its node's partials of a remote owner's "
+                "rows leaves out the last node rank's partial (what crosses the network misses a rank's product)",
+        "edits": [{
+            "file": "kernels/net_tp/net_gemm_rs_kernel.cuh",
+            "find": "      for (int d = 0; d < node_ranks(g); ++d)\n        add_bf16x8(acc, __ldcg(",
+            "replace": "      for (int d = 0; d < node_ranks(g) - 1; ++d)\n        add_bf16x8(acc, __ldcg(",
         }],
         "tests": ["test_net_tp_gpu_hier"],
     },

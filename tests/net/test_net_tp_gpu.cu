@@ -1,5 +1,6 @@
 // The inter-node fused TP kernels between simulated nodes of one rank each (weave-run -n N
-// --nodes N; on one GPU with --share-gpus: correctness only). Every rank regenerates every rank's
+// --nodes N; on one GPU with --share-gpus: correctness only), and their hierarchical forms
+// (NetTpGpuHier.*: weave-run -n 4 --nodes 2, nodes of 2 ranks). Every rank regenerates every rank's
 // inputs from the job seed and checks its own output per element and per tile against a float32
 // cuBLASLt reference of the whole problem (check/gemm_ref.hpp), on poisoned outputs, ragged
 // shapes, both B layouts, several network chunk sizes, a_shard apart and in place, back-to-back
@@ -99,6 +100,19 @@ struct AgCase {
     return check::compare({gathered, K}, {g.p, K}, {nullptr, 0}, M, K, check::Bound{});
   }
 };
+
+// `call` throws a weave::Error on this rank whose message contains `part`.
+template <class Call>
+void expect_error(const char* what, int rank, Call&& call, const std::string& part) {
+  std::string msg;
+  try {
+    call();
+  } catch (const weave::Error& e) {
+    msg = e.what();
+  }
+  EXPECT_FALSE(msg.empty()) << what << ": no error on rank " << rank;
+  EXPECT_NE(msg.find(part), std::string::npos) << what << ": " << msg;
+}
 
 struct Calls {
   uint64_t base, n = 0;
@@ -201,14 +215,7 @@ TEST(NetTpGpu, AgGemmRejectsBadCallsOnEveryRank) {
   const auto mine = weave::tp::shard(M, W, r);
   Dev a(size_t(mine.size) * K);
   const auto expect_throw_everywhere = [&](const char* what, auto&& call, const std::string& part) {
-    std::string msg;
-    try {
-      call();
-    } catch (const weave::Error& e) {
-      msg = e.what();
-    }
-    EXPECT_FALSE(msg.empty()) << what << ": no error on rank " << r;
-    EXPECT_NE(msg.find(part), std::string::npos) << what << ": " << msg;
+    expect_error(what, r, call, part);
   };
   // K not a multiple of 8 on rank W - 1 only: the others learn it in the agreement.
   expect_throw_everywhere(
@@ -260,15 +267,18 @@ TEST(NetTpGpu, AgGemmRejectsBadCallsOnEveryRank) {
 struct RsCase {
   int M, N, K;
   BLayout bl;
-  Dev A, B, out, ra, rb;
+  Dev A, B, own_out, ra, rb;
   DevF r, s;
-  RsCase(int m, int n, int k, BLayout b, int out_rows)
-      : M(m), N(n), K(k), bl(b), A(size_t(m) * k), B(size_t(n) * k), out(size_t(out_rows) * n), ra(size_t(m) * k),
-        rb(size_t(n) * k), r(size_t(m) * n), s(size_t(m) * n) {}
+  bf16* out;  // own_out, or out_rows x N elsewhere (a node communicator's heap for AR at G > 1)
+  size_t out_n;
+  RsCase(int m, int n, int k, BLayout b, int out_rows, bf16* elsewhere = nullptr)
+      : M(m), N(n), K(k), bl(b), A(size_t(m) * k), B(size_t(n) * k), own_out(elsewhere ? 1 : size_t(out_rows) * n),
+        ra(size_t(m) * k), rb(size_t(n) * k), r(size_t(m) * n), s(size_t(m) * n),
+        out(elsewhere ? elsewhere : own_out.p), out_n(size_t(out_rows) * n) {}
   void inputs(uint64_t call, int rank) {
     gref::fill_uniform(A.p, A.n, input_seed(call, rank, kA));
     gref::fill_uniform(B.p, B.n, input_seed(call, rank, kB));
-    check::poison(out.p, out.n);
+    check::poison(out, out_n);
   }
   void reference(uint64_t call, int nodes) {
     for (int q = 0; q < nodes; ++q) {
@@ -280,8 +290,12 @@ struct RsCase {
   }
   check::Report check_out(int rank, int nodes) const {
     const auto mine = weave::tp::shard(M, nodes, rank);
-    return check::compare({out.p, N}, {r.p + size_t(mine.begin) * N, N}, {s.p + size_t(mine.begin) * N, N}, mine.size,
+    return check::compare({out, N}, {r.p + size_t(mine.begin) * N, N}, {s.p + size_t(mine.begin) * N, N}, mine.size,
                           N, check::partial_sum_bound(nodes));
+  }
+  // AR: all M rows.
+  check::Report check_all(int world) const {
+    return check::compare({out, N}, {r.p, N}, {s.p, N}, M, N, check::partial_sum_bound(world));
   }
 };
 
@@ -305,7 +319,7 @@ TEST(NetTpGpu, GemmRsMatchesReference) {
         const uint64_t call = calls.next();
         c.inputs(call, r);
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        rs.run(c.A.p, c.B.p, c.out.p, sh.M, sh.N, sh.K, nullptr);
+        rs.run(c.A.p, c.B.p, c.out, sh.M, sh.N, sh.K, nullptr);
         rs.finish(nullptr);
         c.reference(call, W);
         expect_all_ranks(path, c.check_out(r, W),
@@ -337,7 +351,7 @@ TEST(NetTpGpu, GemmRsBackToBack) {
     cases.back()->inputs(seeds.back(), r);
   }
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  for (auto& c : cases) rs.run(c->A.p, c->B.p, c->out.p, c->M, c->N, c->K, nullptr);
+  for (auto& c : cases) rs.run(c->A.p, c->B.p, c->out, c->M, c->N, c->K, nullptr);
   rs.finish(nullptr);
   for (int k = 0; k < kCalls; ++k) {
     cases[k]->reference(seeds[k], W);
@@ -359,7 +373,7 @@ TEST(NetTpGpu, GemmRsRejectsBadCallsOnEveryRank) {
   Dev short_out(size_t(rows - 1) * N);
   std::string msg;
   try {
-    rs.run(c.A.p, c.B.p, r == 0 ? short_out.p : c.out.p, M, N, K, nullptr);
+    rs.run(c.A.p, c.B.p, r == 0 ? short_out.p : c.out, M, N, K, nullptr);
   } catch (const weave::Error& e) {
     msg = e.what();
   }
@@ -367,7 +381,7 @@ TEST(NetTpGpu, GemmRsRejectsBadCallsOnEveryRank) {
   const uint64_t call = calls.next();
   c.inputs(call, r);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  rs.run(c.A.p, c.B.p, c.out.p, M, N, K, nullptr);
+  rs.run(c.A.p, c.B.p, c.out, M, N, K, nullptr);
   rs.finish(nullptr);
   c.reference(call, W);
   expect_all_ranks(path, c.check_out(r, W), "gemm_rs after the rejection");
@@ -383,6 +397,15 @@ uint64_t hash_of(const bf16* p, size_t n) {
   uint64_t x = 1469598103934665603ull;
   for (uint16_t v : h) x = (x ^ v) * 1099511628211ull;
   return x;
+}
+
+// AR: every rank's output against the reference, and bit-identical on every rank.
+void expect_ar(net::NetPath& path, const RsCase& c, const std::string& what) {
+  expect_all_ranks(path, c.check_all(path.world()), what);
+  const uint64_t mine = hash_of(c.out, c.out_n);
+  std::vector<uint64_t> all(path.world());
+  path.bootstrap().all_gather(&mine, all.data(), sizeof mine);
+  for (int q = 0; q < path.world(); ++q) EXPECT_EQ(all[q], mine) << what << ": rank " << q << "'s output differs";
 }
 
 TEST(NetTpGpu, GemmArMatchesReferenceOnEveryRank) {
@@ -403,20 +426,13 @@ TEST(NetTpGpu, GemmArMatchesReferenceOnEveryRank) {
         const uint64_t call = calls.next();
         c.inputs(call, r);
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        ar.run(c.A.p, c.B.p, c.out.p, sh.M, sh.N, sh.K, nullptr);
+        ar.run(c.A.p, c.B.p, c.out, sh.M, sh.N, sh.K, nullptr);
         ar.finish(nullptr);
         c.reference(call, W);
         const std::string what = "gemm_ar " + std::to_string(sh.M) + "x" + std::to_string(sh.N) + "x" +
                                  std::to_string(sh.K) + (bl == BLayout::NK ? " nk" : " kn") + " chunk " +
                                  std::to_string(chunk);
-        expect_all_ranks(path,
-                         check::compare({c.out.p, sh.N}, {c.r.p, sh.N}, {c.s.p, sh.N}, sh.M, sh.N,
-                                        check::partial_sum_bound(W)),
-                         what);
-        const uint64_t mine = hash_of(c.out.p, c.out.n);
-        std::vector<uint64_t> all(W);
-        path.bootstrap().all_gather(&mine, all.data(), sizeof mine);
-        for (int q = 0; q < W; ++q) EXPECT_EQ(all[q], mine) << what << ": rank " << q << "'s output differs";
+        expect_ar(path, c, what);
       }
   // Back to back, RS and AR alternating on one path (both operators' areas and call slots).
   net::NetTpOptions o;
@@ -434,8 +450,8 @@ TEST(NetTpGpu, GemmArMatchesReferenceOnEveryRank) {
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   for (int k = 0; k < 20; ++k) {
     RsCase& c = *cases[k];
-    if (k % 2) rs.run(c.A.p, c.B.p, c.out.p, c.M, c.N, c.K, nullptr);
-    else ar.run(c.A.p, c.B.p, c.out.p, c.M, c.N, c.K, nullptr);
+    if (k % 2) rs.run(c.A.p, c.B.p, c.out, c.M, c.N, c.K, nullptr);
+    else ar.run(c.A.p, c.B.p, c.out, c.M, c.N, c.K, nullptr);
   }
   ar.finish(nullptr);
   for (int k = 0; k < 20; ++k) {
@@ -443,10 +459,7 @@ TEST(NetTpGpu, GemmArMatchesReferenceOnEveryRank) {
     c.reference(seeds[k], W);
     const std::string what = std::string(k % 2 ? "gemm_rs" : "gemm_ar") + " alternating call " + std::to_string(k);
     if (k % 2) expect_all_ranks(path, c.check_out(r, W), what);
-    else
-      expect_all_ranks(path,
-                       check::compare({c.out.p, c.N}, {c.r.p, c.N}, {c.s.p, c.N}, c.M, c.N, check::partial_sum_bound(W)),
-                       what);
+    else expect_all_ranks(path, c.check_all(W), what);
   }
   path.shutdown();
 }
@@ -461,8 +474,8 @@ TEST(NetTpGpu, DifferentOperatorsRejectedOnEveryRank) {
   net::NetGemmAr ar(path);
   std::string msg;
   try {
-    if (r == 0) rs.run(c.A.p, c.B.p, c.out.p, M, N, K, nullptr);
-    else ar.run(c.A.p, c.B.p, c.out.p, M, N, K, nullptr);
+    if (r == 0) rs.run(c.A.p, c.B.p, c.out, M, N, K, nullptr);
+    else ar.run(c.A.p, c.B.p, c.out, M, N, K, nullptr);
   } catch (const weave::Error& e) {
     msg = e.what();
   }
@@ -586,6 +599,161 @@ TEST(NetTpGpuHier, AgGemmRejectsAGatheredOutsideTheHeap) {
   expect_all_ranks(path, c.check_c(), "hier after the rejection: C");
   node.barrier();
   node.free(g);
+  path.shutdown();
+}
+
+// ---- hierarchical GEMM + ReduceScatter and GEMM + AllReduce (weave-run -n 4 --nodes 2) ----------
+
+// One call of the hierarchical RS or AR on fresh inputs into a poisoned output (AR: in the node's
+// heap), checked on every rank against the float32 reference of the whole sum: RS this rank's rows,
+// AR all rows and bit-identical on every rank. partial_sum_bound(W) covers the W bf16 partials and
+// the remote nodes' partials rounded once more to cross the network (N - 1 more terms of the same
+// size, inside its 4 W).
+void hier_rs_call(net::NetPath& path, rt::Communicator& node, Calls& calls, bool ar, int M, int N, int K, BLayout bl,
+                  long long chunk, bf16* heap_out) {
+  const int W = path.world(), r = path.rank();
+  net::NetTpOptions o;
+  o.b = bl, o.chunk_bytes = chunk;
+  RsCase c(M, N, K, bl, ar ? M : weave::tp::shard(M, W, r).size, ar ? heap_out : nullptr);
+  const uint64_t call = calls.next();
+  c.inputs(call, r);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  node.barrier();  // every rank's poison is in place before a node peer writes
+  if (ar) {
+    net::NetGemmAr op(path, node, o);
+    op.run(c.A.p, c.B.p, c.out, M, N, K, nullptr);
+    op.finish(nullptr);
+  } else {
+    net::NetGemmRs op(path, node, o);
+    op.run(c.A.p, c.B.p, c.out, M, N, K, nullptr);
+    op.finish(nullptr);
+  }
+  c.reference(call, W);
+  const std::string what = std::string(ar ? "hier gemm_ar " : "hier gemm_rs ") + std::to_string(M) + "x" +
+                           std::to_string(N) + "x" + std::to_string(K) + (bl == BLayout::NK ? " nk" : " kn") +
+                           " chunk " + std::to_string(chunk);
+  if (ar) expect_ar(path, c, what);
+  else expect_all_ranks(path, c.check_out(r, W), what);
+  node.barrier();  // nobody's next call writes heap_out while a node peer still checks it
+}
+
+// Ragged shapes (M not a multiple of 128 nor of W; N off the 256 grid; one row per rank but one),
+// both B layouts, two chunks, RS and AR.
+TEST(NetTpGpuHier, GemmRsArMatchReference) {
+  net::NetPath path(options());
+  ASSERT_GT(path.topo().gpus, 1) << "run under weave-run -n 4 --nodes 2 (nodes of more than one rank)";
+  rt::Communicator node = node_comm(path);
+  const int W = path.world();
+  Calls calls(path);
+  struct Shape {
+    int M, N, K;
+  };
+  const Shape shapes[] = {{1001, 1000, 520}, {3000, 264, 1000}, {W + 1, 24, 136}, {517, 2048, 256}};
+  size_t most = 0;
+  for (const Shape& sh : shapes) most = std::max(most, size_t(sh.M) * sh.N);
+  bf16* heap_out = static_cast<bf16*>(node.alloc(most * sizeof(bf16)));
+  for (bool ar : {false, true})
+    for (const Shape& sh : shapes)
+      for (BLayout bl : {BLayout::NK, BLayout::KN})
+        for (long long chunk : {1LL << 20, 48LL << 10})
+          hier_rs_call(path, node, calls, ar, sh.M, sh.N, sh.K, bl, chunk, heap_out);
+  node.free(heap_out);
+  path.shutdown();
+}
+
+// 16 calls back to back without a host wait, shapes alternating every call and RS / AR every two
+// (one object each on one path), every call's inputs fresh and its output its own (AR's in the
+// node's heap), all checked after the finish.
+TEST(NetTpGpuHier, GemmRsArBackToBack) {
+  net::NetPath path(options());
+  ASSERT_GT(path.topo().gpus, 1);
+  rt::Communicator node = node_comm(path);
+  const int W = path.world(), r = path.rank();
+  Calls calls(path);
+  net::NetTpOptions o;
+  o.chunk_bytes = 32 << 10;
+  net::NetGemmRs rs(path, node, o);
+  net::NetGemmAr ar(path, node, o);
+  constexpr int kCalls = 16;
+  struct Shape {
+    int M, N, K;
+  };
+  const Shape bb[] = {{515, 264, 320}, {300, 1024, 128}};
+  std::vector<bf16*> outs;
+  std::vector<std::unique_ptr<RsCase>> cases;
+  std::vector<uint64_t> seeds;
+  for (int k = 0; k < kCalls; ++k) {
+    const Shape& sh = bb[k % 2];
+    const bool is_ar = (k / 2) % 2;
+    outs.push_back(is_ar ? static_cast<bf16*>(node.alloc(size_t(sh.M) * sh.N * sizeof(bf16))) : nullptr);
+    cases.push_back(std::make_unique<RsCase>(sh.M, sh.N, sh.K, BLayout::NK,
+                                             is_ar ? sh.M : weave::tp::shard(sh.M, W, r).size, outs.back()));
+    seeds.push_back(calls.next());
+    cases.back()->inputs(seeds.back(), r);
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  node.barrier();
+  for (int k = 0; k < kCalls; ++k) {
+    RsCase& c = *cases[k];
+    if (outs[k]) ar.run(c.A.p, c.B.p, c.out, c.M, c.N, c.K, nullptr);
+    else rs.run(c.A.p, c.B.p, c.out, c.M, c.N, c.K, nullptr);
+  }
+  rs.finish(nullptr);
+  ar.finish(nullptr);
+  for (int k = 0; k < kCalls; ++k) {
+    RsCase& c = *cases[k];
+    c.reference(seeds[k], W);
+    const std::string what = std::string(outs[k] ? "hier gemm_ar" : "hier gemm_rs") + " back-to-back call " +
+                             std::to_string(k);
+    if (outs[k]) expect_ar(path, c, what);
+    else expect_all_ranks(path, c.check_out(r, W), what);
+  }
+  node.barrier();
+  for (bf16* p : outs)
+    if (p) node.free(p);
+  path.shutdown();
+}
+
+// AR's output outside the node's heap on one rank, and RS with M differing between ranks: an error
+// on every rank (new shapes: the agreement), then correct calls of both on the same objects.
+TEST(NetTpGpuHier, GemmRsArRejectBadCallsOnEveryRank) {
+  net::NetPath path(options());
+  ASSERT_GT(path.topo().gpus, 1);
+  rt::Communicator node = node_comm(path);
+  const int W = path.world(), r = path.rank();
+  Calls calls(path);
+  net::NetGemmRs rs(path, node);
+  net::NetGemmAr ar(path, node);
+  const int M = 600, N = 264, K = 320;
+  bf16* heap_out = static_cast<bf16*>(node.alloc(size_t(M) * N * sizeof(bf16)));
+  RsCase c(M, N, K, BLayout::NK, M, heap_out);
+  Dev plain(size_t(M) * N);
+  expect_error("AR out outside the heap on rank 1", r,
+               [&] { ar.run(c.A.p, c.B.p, r == 1 ? plain.p : c.out, M, N, K, nullptr); },
+               r == 1 ? "heap" : "rejected its arguments");
+  {
+    const int Mr = M + 8 * r;
+    RsCase c2(Mr, N, K, BLayout::NK, weave::tp::shard(Mr, W, r).size);
+    expect_error("RS with M differing", r, [&] { rs.run(c2.A.p, c2.B.p, c2.out, Mr, N, K, nullptr); }, "called with");
+  }
+  uint64_t call = calls.next();
+  c.inputs(call, r);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  node.barrier();
+  ar.run(c.A.p, c.B.p, c.out, M, N, K, nullptr);
+  ar.finish(nullptr);
+  c.reference(call, W);
+  expect_ar(path, c, "hier gemm_ar after the rejections");
+  RsCase c3(M, N, K, BLayout::NK, weave::tp::shard(M, W, r).size);
+  call = calls.next();
+  c3.inputs(call, r);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  rs.run(c3.A.p, c3.B.p, c3.out, M, N, K, nullptr);
+  rs.finish(nullptr);
+  c3.reference(call, W);
+  expect_all_ranks(path, c3.check_out(r, W), "hier gemm_rs after the rejections");
+  node.barrier();
+  node.free(heap_out);
   path.shutdown();
 }
 

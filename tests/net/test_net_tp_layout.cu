@@ -1,8 +1,8 @@
-// The inter-node fused TP kernels' byte plan (kernels/net_tp/layout.hpp) for 2..8 nodes, ragged
-// shapes and chunk sizes, for both kernels: every command a sender queues lands where its
-// receiver looks for it (offset, bytes, flag), every byte of every shard a rank receives arrives
-// exactly once from each sender it needs, flags are unique within a call slot, and every offset
-// stays inside what the path must provide.
+// The inter-node fused TP kernels' byte plan (kernels/net_tp/layout.hpp) for 2..8 nodes of one or
+// more ranks, ragged shapes and chunk sizes, for both kernels: every command a sender queues lands
+// where its receiver looks for it (offset, bytes, flag), every byte of every shard a rank receives
+// arrives exactly once from each sender it needs, flags are unique within a call slot, every offset
+// stays inside what the path must provide; at G > 1 also the hierarchical RS / AR's NVLink part.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -23,12 +23,13 @@ struct Sent {
 
 // ag: sender q posts its own shard's units to every peer. rs: sender q posts to peer p the units
 // of p's shard (its partial of p's rows).
-// G: ranks per node (AG only; the network moves shards between rail peers, the same local index).
+// G: ranks per node (the network moves shards between rail peers, the same local index; RS: the
+// sender's node's partial of the receiver's shard).
 void check_plan(bool ag, int M, int N, int K, int nodes, long long chunk, int G = 1) {
   SCOPED_TRACE(testing::Message() << (ag ? "ag " : "rs ") << M << "x" << N << "x" << K << " nodes " << nodes << " x "
                                   << G << " chunk " << chunk);
   const int world = nodes * G;
-  const tn::UnitPlan a = ag ? tn::ag_plan(M, N, K, 2, world, 8, chunk, G) : tn::rs_plan(M, N, nodes, 8, chunk);
+  const tn::UnitPlan a = ag ? tn::ag_plan(M, N, K, 2, world, 8, chunk, G) : tn::rs_plan(M, N, world, 8, chunk, G);
   ASSERT_GE(a.P, 1);
   ASSERT_EQ(a.row_bytes, ag ? 2LL * K : 2LL * N);
   std::map<std::pair<int, int>, Sent> posted;  // (receiver, flag) -> the command
@@ -108,12 +109,130 @@ TEST(NetTpLayout, PlansDeliverEveryByteOnce) {
       for (auto [M, N, K] : {std::tuple{3000, 1000, 1000}, std::tuple{257, 8, 64}, std::tuple{nodes, 24, 136},
                              std::tuple{8192, 8192, 8192}, std::tuple{1000, 264, 8}})
         for (long long chunk : {16LL, 4096LL, 48LL << 10, 1LL << 20, 1LL << 30}) check_plan(ag, M, N, K, nodes, chunk);
-  // AG at G > 1: the network part between rail peers, every nodes x G up to the TP layout's 8
-  // ranks (tp::Layout holds kMaxWorld shards).
+  // G > 1: the network part between rail peers, every nodes x G up to the TP layout's 8 ranks
+  // (tp::Layout holds kMaxWorld shards).
+  for (bool ag : {true, false})
+    for (int G : {2, 4})
+      for (int nodes = 2; nodes * G <= weave::kMaxWorld; ++nodes)
+        for (auto [M, N, K] :
+             {std::tuple{3000, 1000, 1000}, std::tuple{nodes * G, 24, 136}, std::tuple{8192, 1024, 1024}})
+          for (long long chunk : {4096LL, 1LL << 20}) check_plan(ag, M, N, K, nodes, chunk, G);
+}
+
+// The hierarchical GEMM + ReduceScatter / AllReduce at nodes of G > 1 ranks, as the kernel walks
+// it (net_gemm_rs_kernel.cuh): every byte of every rank's partial of every shard is summed by
+// exactly one rank, the owner's rail peer on the partial's node (its send blocks for a remote
+// owner, its receive blocks for its own shard); the GEMM's order is a permutation of the owners,
+// the same remote-node order on every rank of a node, node-major in the network step order, and
+// every send comes in the GEMM's owner order; AR: every row of every output is written once, by
+// the node rank of its owner's local index, and the landed signals equal the expectation.
+void check_hier_rs(int M, int N, int nodes, int G, long long chunk) {
+  SCOPED_TRACE(testing::Message() << "hier rs " << M << "x" << N << " nodes " << nodes << " x " << G << " chunk "
+                                  << chunk);
+  const int W = nodes * G;
+  const tn::UnitPlan a = tn::rs_plan(M, N, W, 8, chunk, G);
+  ASSERT_EQ(tn::nodes(a), nodes);
+  const auto shard_bytes = [&](int q) { return weave::tp::shard(M, W, q).size * a.row_bytes; };
+  // reads[d][q][byte]: how often rank d's partial of owner q's shard is summed.
+  std::vector<std::vector<std::vector<int>>> reads(W, std::vector<std::vector<int>>(W));
+  for (int d = 0; d < W; ++d)
+    for (int q = 0; q < W; ++q) reads[d][q].assign(shard_bytes(q), 0);
+  const auto sum_unit = [&](int c, int q, int u) {  // collector c sums unit u of q over its node
+    ASSERT_EQ(tn::collector(a, q), c % G);
+    long long b0, b1;
+    tn::unit(a, q, u, &b0, &b1);
+    ASSERT_LE(b1, shard_bytes(q));
+    for (int d = c / G * G; d < c / G * G + G; ++d)
+      for (long long i = b0; i < b1; ++i) ++reads[d][q][i];
+  };
+  for (int c = 0; c < W; ++c) {
+    for (long long j = 0; j < tn::step_units(a, c, false); ++j) {
+      int s, u;
+      ASSERT_TRUE(tn::nth_unit(a, c, false, j, &s, &u));
+      const int p = tn::send_peer(a, c, s);
+      ASSERT_EQ(p % G, c % G);
+      sum_unit(c, p, u);
+    }
+    for (int u = 0; u < tn::units(a, c); ++u) sum_unit(c, c, u);
+  }
+  for (int d = 0; d < W; ++d)
+    for (int q = 0; q < W; ++q)
+      ASSERT_EQ(std::count(reads[d][q].begin(), reads[d][q].end(), 1), shard_bytes(q))
+          << "rank " << d << "'s partial of shard " << q;
+  // The GEMM's order.
+  for (int r = 0; r < W; ++r) {
+    std::vector<int> pos(W, -1);
+    for (int t = 0; t < W; ++t) {
+      const int q = tn::rs_owner(a, r, t);
+      ASSERT_TRUE(q >= 0 && q < W && pos[q] < 0) << "owner " << q << " twice in rank " << r << "'s order";
+      pos[q] = t;
+      if (t < (nodes - 1) * G) {
+        EXPECT_EQ(q / G, ((r / G - t / G - 1) % nodes + nodes) % nodes);  // node n - s - 1 at step s
+        EXPECT_EQ(q, tn::rs_owner(a, r / G * G, t)) << "node ranks compute remote owners in one order";
+      } else {
+        EXPECT_EQ(q / G, r / G);
+      }
+    }
+    EXPECT_EQ(pos[r], W - 1) << "the own shard last";
+    int last = -1;
+    for (long long j = 0; j < tn::step_units(a, r, false); ++j) {
+      int s, u;
+      tn::nth_unit(a, r, false, j, &s, &u);
+      const int t = pos[tn::send_peer(a, r, s)];
+      EXPECT_GE(t, last) << "rank " << r << " sends a shard before one the GEMM computes earlier";
+      last = t;
+    }
+    // Every output tile once, owner by owner in that order.
+    std::vector<int> tiles(a.L.work(), 0);
+    int t_prev = 0;
+    for (int w = 0; w < a.L.work(); ++w) {
+      const weave::tp::Item it = tn::rs_item(a, r, w);
+      EXPECT_GE(pos[it.owner], t_prev);
+      t_prev = pos[it.owner];
+      ++tiles[it.vrow * a.L.tiles_n + it.n];
+    }
+    EXPECT_EQ(std::count(tiles.begin(), tiles.end(), 1), a.L.work());
+  }
+  // AR: rank x writes its own shard's units and those it receives from its rail peers into every
+  // rank of its node, signalling landed[vrow] on the others once per unit (empty ones too).
+  std::vector<std::vector<int>> writes(W, std::vector<int>(a.L.row_tiles(), 0)), landed = writes;
+  for (int x = 0; x < W; ++x) {
+    std::vector<int> qs = {x};
+    for (int s = 0; s < tn::steps(a); ++s) qs.push_back(tn::from_peer(a, x, s));
+    for (int q : qs)
+      for (int u = 0; u < tn::units(a, q); ++u)
+        for (int d = x / G * G; d < x / G * G + G; ++d) {
+          writes[d][a.L.off[q] + u / a.P] += 1;
+          if (d != x) landed[d][a.L.off[q] + u / a.P] += 1;
+        }
+  }
+  for (int d = 0; d < W; ++d)
+    for (int q = 0; q < W; ++q)
+      for (int v = a.L.off[q]; v < a.L.off[q + 1]; ++v) {
+        EXPECT_EQ(writes[d][v], a.P) << "rank " << d << " row tile " << v << ": every unit written once";
+        EXPECT_EQ(landed[d][v], tn::collector(a, q) == d % G ? 0 : a.P) << "rank " << d << " row tile " << v;
+      }
+}
+
+TEST(NetTpLayout, HierarchicalRsSumsEveryPartialOnce) {
   for (int G : {2, 4})
-    for (int nodes = 2; nodes * G <= weave::kMaxWorld; ++nodes)
-      for (auto [M, N, K] : {std::tuple{3000, 1000, 1000}, std::tuple{nodes * G, 24, 136}, std::tuple{8192, 1024, 1024}})
-        for (long long chunk : {4096LL, 1LL << 20}) check_plan(true, M, N, K, nodes, chunk, G);
+    for (int nodes = 2; nodes <= 4 && nodes * G <= weave::kMaxWorld; ++nodes)
+      for (auto [M, N] : {std::pair{1000, 264}, std::pair{nodes * G, 24}, std::pair{517, 1000}, std::pair{300, 8}})
+        for (long long chunk : {16LL, 4096LL, 48LL << 10, 1LL << 20}) check_hier_rs(M, N, nodes, G, chunk);
+}
+
+// At one rank per node the hierarchical order is the single-node chain's (tp::rs_chain_item), so
+// the one-rank kernel's schedule did not change.
+TEST(NetTpLayout, RsOrderAtOneRankPerNodeIsTheChain) {
+  for (int nodes = 2; nodes <= 8; ++nodes) {
+    const tn::UnitPlan a = tn::rs_plan(1000, 600, nodes, 8, 1 << 16);
+    for (int r = 0; r < nodes; ++r)
+      for (int w = 0; w < a.L.work(); ++w) {
+        const weave::tp::Item x = tn::rs_item(a, r, w), y = weave::tp::rs_chain_item(a.L, r, w);
+        ASSERT_TRUE(x.owner == y.owner && x.vrow == y.vrow && x.n == y.n && x.phase == y.phase && x.a_row == y.a_row)
+            << "rank " << r << " tile " << w;
+      }
+  }
 }
 
 // The RS send order walks the owners as the GEMM computes them (tp::rs_chain_item: r - 1 first).
@@ -135,29 +254,31 @@ TEST(NetTpLayout, RsSendsInTheGemmsOwnerOrder) {
 // GEMM + AllReduce's gather areas sit after the reduce-scatter's in the send buffer, the receive
 // slot and the flags, and hold the AllGather plan of the reduced rows.
 TEST(NetTpLayout, AllReduceAreasFollowTheReduceScatters) {
-  for (int nodes = 2; nodes <= 8; ++nodes)
-    for (long long chunk : {4096LL, 1LL << 20}) {
-      const tn::UnitPlan a = tn::rs_plan(3000, 1000, nodes, 8, chunk);
-      long long last_dst = 0, last_flag = 0, last_src = 0;
-      for (int r = 0; r < nodes; ++r)
-        for (int u = 0; u < tn::units(a, r); ++u) {
-          long long b0, b1;
-          tn::unit(a, r, u, &b0, &b1);
-          if (b1 == b0) continue;
-          EXPECT_GE(tn::rs_send_needed(a) + b0, tn::rs_send_needed(a));
-          last_src = std::max(last_src, tn::rs_send_needed(a) + b1);
-          for (int s = 0; s < tn::steps(a); ++s) {
-            EXPECT_GE(tn::recv_needed(a) + tn::slot_off(a, s, b0), tn::recv_needed(a));
-            last_dst = std::max(last_dst, tn::recv_needed(a) + tn::slot_off(a, s, b0) + (b1 - b0));
-            last_flag = std::max(last_flag, tn::flags_needed(a) + tn::flag(a, s, u) + 1);
+  for (int G : {1, 2, 4})
+    for (int nodes = 2; nodes * G <= weave::kMaxWorld; ++nodes)
+      for (long long chunk : {4096LL, 1LL << 20}) {
+        const int W = nodes * G;
+        const tn::UnitPlan a = tn::rs_plan(3000, 1000, W, 8, chunk, G);
+        long long last_dst = 0, last_flag = 0, last_src = 0;
+        for (int r = 0; r < W; ++r)
+          for (int u = 0; u < tn::units(a, r); ++u) {
+            long long b0, b1;
+            tn::unit(a, r, u, &b0, &b1);
+            if (b1 == b0) continue;
+            EXPECT_GE(tn::rs_send_needed(a) + b0, tn::rs_send_needed(a));
+            last_src = std::max(last_src, tn::rs_send_needed(a) + b1);
+            for (int s = 0; s < tn::steps(a); ++s) {
+              EXPECT_GE(tn::recv_needed(a) + tn::slot_off(a, s, b0), tn::recv_needed(a));
+              last_dst = std::max(last_dst, tn::recv_needed(a) + tn::slot_off(a, s, b0) + (b1 - b0));
+              last_flag = std::max(last_flag, tn::flags_needed(a) + tn::flag(a, s, u) + 1);
+            }
           }
-        }
-      EXPECT_LE(last_src, tn::ar_send_needed(a));
-      EXPECT_LE(last_dst, tn::ar_recv_needed(a));
-      EXPECT_LE(last_flag, tn::ar_flags_needed(a));
-      for (int r = 0; r < nodes; ++r)
-        EXPECT_EQ(tn::ar_commands(a, r), tn::rs_commands(a, r) + tn::nonempty_units(a, r) * tn::steps(a));
-    }
+        EXPECT_LE(last_src, tn::ar_send_needed(a));
+        EXPECT_LE(last_dst, tn::ar_recv_needed(a));
+        EXPECT_LE(last_flag, tn::ar_flags_needed(a));
+        for (int r = 0; r < W; ++r)
+          EXPECT_EQ(tn::ar_commands(a, r), tn::rs_commands(a, r) + tn::nonempty_units(a, r) * tn::steps(a));
+      }
 }
 
 TEST(NetTpLayout, SlicesFollowTheChunk) {
