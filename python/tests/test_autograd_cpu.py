@@ -247,6 +247,56 @@ def test_column_parallel_on_meta(as_rank):
     assert weave.nn.ColumnParallelLinear(64, 20, device="meta").weight.shape == (6, 64)
 
 
+def test_operator_grads_on_meta(as_rank):
+    """Every differentiable torch.ops.weave operator (weave/op_grads.py) on meta tensors as rank 1 of
+    2: each input's gradient has the input's shape and dtype, through every backward branch."""
+    as_rank(1, 2)
+    g = _comm.SINGLE
+    ops = torch.ops.weave
+    x = meta(6, 8)
+    (dx,) = grads_of(ops.all_reduce(x, g), x)
+    assert dx.shape == x.shape
+    x = meta(5, 8)  # rank 1's shard of 11 rows
+    (dx,) = grads_of(ops.all_gather(x, 0, 11, g), x)
+    assert dx.shape == x.shape
+    x = meta(11, 3, 8)
+    (dx,) = grads_of(ops.reduce_scatter(x, 0, g), x)
+    assert dx.shape == x.shape
+    q = meta(1, 4, 2, 64)
+    (dq,) = grads_of(ops.all_to_all(q, "seq_to_head", -1, g), q)
+    assert dq.shape == q.shape
+    q = meta(1, 8, 1, 64)
+    (dq,) = grads_of(ops.all_to_all(q, "head_to_seq", -1, g), q)
+    assert dq.shape == q.shape
+    a, w = meta(3, 6, 16), meta(8, 16)
+    bias = torch.empty(8, dtype=torch.float32, device="meta", requires_grad=True)
+    da, dw, db = grads_of(ops.matmul(a, w.t(), bias, torch.float32), a, w, bias)
+    assert (da.shape, dw.shape, db.shape, da.dtype, db.dtype) == (a.shape, w.shape, bias.shape, BF, torch.float32)
+    at = meta(16, 8)  # A given as the transpose of a K x M matrix
+    b = meta(16, 24)
+    da, db = grads_of(ops.matmul(at.t(), b), at, b)
+    assert da.shape == at.shape and db.shape == b.shape
+    for rows in (12, 13):  # equal shards: the fused AG+GEMM; ragged: all_gather + GEMM
+        a, w = meta(rows, 16), meta(8, 16)
+        for op in ("sum", "avg"):
+            a.grad = w.grad = None
+            da, dw = grads_of(ops.matmul_reduce_scatter(a, w.t(), op, 0, g), a, w)
+            assert da.shape == a.shape and dw.shape == w.shape
+    a, w = meta(6, 16), meta(8, 16)
+    da, dw = grads_of(ops.matmul_all_reduce(a, w.t(), g), a, w)
+    assert da.shape == a.shape and dw.shape == w.shape
+    for return_a in (True, False):
+        a, w1, w2 = meta(6, 16), meta(8, 16), meta(24, 16)
+        ag, (o1, o2) = ops.all_gather_matmul(a, [w1.t(), w2.t()], 0, g, return_A=return_a)
+        total = o1.float().sum() + o2.float().sum() + (ag.float().sum() if return_a else 0)
+        total.backward()
+        assert a.grad.shape == a.shape and w1.grad.shape == w1.shape and w2.grad.shape == w2.shape
+    a, w = meta(6, 16), meta(8, 16)
+    _, (o,) = ops.all_gather_matmul(a, [w.t()], 0, g, return_A=False)
+    da, dw = grads_of(o, a, w)  # one B, no gradient of the gathered A: the fused GEMM+RS
+    assert da.shape == a.shape and dw.shape == w.shape
+
+
 @pytest.mark.parametrize("S", [134, 135])  # 135: ragged rows, the backward's all_gather + matmul
 def test_row_parallel_on_meta(as_rank, S):
     as_rank(0, 2)

@@ -34,6 +34,7 @@ from .functional import (
     ulysses_attention,
 )
 from . import autograd, nn  # noqa: E402  (weave.nn.ColumnParallelLinear / RowParallelLinear)
+from . import op_grads  # noqa: E402,F401  (the torch.ops.weave.* operators' own gradients)
 from .moe import MoeLayer, moe_capacity, moe_worst_case_rows  # noqa: E402  (torch.ops.weave.moe_layer)
 
 __version__ = "0.1.0"
