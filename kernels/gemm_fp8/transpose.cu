@@ -27,6 +27,7 @@
 #include <climits>
 #include <cstdint>
 
+#include "gemm_fp8/byte_transpose.cuh"
 #include "gemm_fp8/transpose.hpp"
 #include "weave/common/error.hpp"
 #include "weave/common/extent.hpp"
@@ -38,20 +39,6 @@ namespace {
 constexpr int kTile = 128;     // bytes per side
 constexpr int kThreads = 256;  // 8 warps x 4 quads = 32 quads = 128 rows, 8 lanes per 128 bytes
 static_assert(kThreads / 32 * 4 * 4 == kTile && 8 * 16 == kTile, "one load quad per thread");
-
-// The 4 x 4 byte transpose: a_i is row i's word (bytes = columns 0..3, little-endian); o_j gets
-// column j's 4 bytes, row i in byte i.
-__device__ __forceinline__ void transpose4x4(uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t& o0,
-                                             uint32_t& o1, uint32_t& o2, uint32_t& o3) {
-  const uint32_t t0 = __byte_perm(a0, a1, 0x5140);  // a0.b0 a1.b0 a0.b1 a1.b1
-  const uint32_t t1 = __byte_perm(a0, a1, 0x7362);  // a0.b2 a1.b2 a0.b3 a1.b3
-  const uint32_t t2 = __byte_perm(a2, a3, 0x5140);  // a2.b0 a3.b0 a2.b1 a3.b1
-  const uint32_t t3 = __byte_perm(a2, a3, 0x7362);  // a2.b2 a3.b2 a2.b3 a3.b3
-  o0 = __byte_perm(t0, t2, 0x5410);                 // a0.b0 a1.b0 a2.b0 a3.b0
-  o1 = __byte_perm(t0, t2, 0x7632);                 // a0.b1 a1.b1 a2.b1 a3.b1
-  o2 = __byte_perm(t1, t3, 0x5410);
-  o3 = __byte_perm(t1, t3, 0x7632);
-}
 
 __global__ void __launch_bounds__(kThreads) transpose_fp8_kernel(const uint8_t* __restrict__ src,
                                                                  uint8_t* __restrict__ dst, int rows, int cols,

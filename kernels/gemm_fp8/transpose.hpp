@@ -22,7 +22,8 @@
 // matrix sW[ob * ceil(K_in/128) + ib], become Wt's scale_b[ib * ceil(N_out/128) + ob] (a tiny array:
 // on the host or with any transpose); dY's per-(row, 128-column) scales are already scale_a's
 // layout. Block-scaled wgrad needs dY and X quantised along the tokens (scales per 128 tokens), which
-// is a different quantisation, not a transpose of the forward's.
+// is a different quantisation, not a transpose of the forward's: quantize.hpp writes those copies
+// (and every per-tensor or weight Qt without a separate transpose pass) from the bf16 tensors.
 //
 // Shapes: rows and cols multiples of 16 (16-byte vectors; the transposed matrix's row is `rows`
 // bytes, and the GEMM's TMA needs 16-byte row pitches anyway), so wgrad's token count M must be

@@ -28,7 +28,8 @@ void check_path(const NetPath& path, int send_blocks, int recv_blocks, const cha
   WEAVE_CHECK(path.gpu(), who, ": the network path is in CPU mode (NetPathOptions::gpu = false)");
   const NetTopo t = path.topo();
   WEAVE_CHECK(any_g || t.gpus == 1, who, ": ", t.nodes, " nodes of ", t.gpus,
-              " ranks: only one rank per node is built for it (the hierarchical form, NVLink inside the node, is not)");
+              " ranks: this constructor takes one rank per node; the hierarchical form takes the node's communicator "
+              "too (path, node, opts)");
   WEAVE_CHECK(t.nodes * t.gpus <= kMaxWorld, who, ": ", t.nodes, " x ", t.gpus, " ranks; at most ", kMaxWorld,
               " are supported");
   WEAVE_CHECK(send_blocks >= 1 && send_blocks <= 32 && recv_blocks >= 1 && recv_blocks <= 32, who, ": send_blocks (",

@@ -1,5 +1,6 @@
-// Where every byte of the inter-node ring attention goes (N nodes of one rank each; rank = node).
-// Pure __host__ __device__ functions shared by the kernel (net_ring_kernel.cuh) and the CPU tests
+// Where every byte of the inter-node ring attention goes (N nodes of G ranks each; rank q = node n
+// x G + local l, the sequence sharded over all W = N x G ranks as the single-node ring shards it).
+// Pure __host__ __device__ functions shared by the kernels (net_ring_kernel.cuh) and the CPU tests
 // (tests/net/test_net_ring_layout.cu).
 //
 // The units are the single-node kernel's push units (gathered_schedule.hpp: one per (batch,
@@ -11,6 +12,10 @@
 // at 0, V at B Lmax row_bytes); step s = 0 .. N - 2 goes to rank r - s - 1 and lands in the
 // receiver's slot at s * stride + (the same offset), flag s * 2 max_units + 2u + t (t: 0 K, 1 V).
 // So rank r receives at step s from rank r + s + 1.
+// At G > 1 the steps run over nodes between rail peers (the ranks of one local index): step
+// s = 0 .. N - 2 goes from (n, l) to (n - s - 1, l), so (n, l) receives at step s from
+// (n + s + 1, l); the other ranks' units reach it over NVLink (net_ring_kernel.cuh). Every unit
+// lands in every gathered K (or V) of the node at its global rows (gathered_off).
 #pragma once
 #include "gathered_attention/gathered_schedule.hpp"
 #include "ring_attention/schedule.hpp"
@@ -21,13 +26,13 @@ namespace gs = weave::attention::gathered;
 namespace rg = weave::sp::ring;
 
 struct RingPlan {
-  int W, zz, B, slices, n_chunks, max_units;
+  int W, G, zz, B, slices, n_chunks, max_units;  // W = nodes x G ranks
   long long S, row_bytes, Lmax;
 };
 
-__host__ __device__ inline RingPlan make_plan(int W, int zz, int B, long long S, long long row_bytes) {
+__host__ __device__ inline RingPlan make_plan(int W, int zz, int B, long long S, long long row_bytes, int G = 1) {
   RingPlan p;
-  p.W = W, p.zz = zz, p.B = B, p.S = S, p.row_bytes = row_bytes;
+  p.W = W, p.G = G, p.zz = zz, p.B = B, p.S = S, p.row_bytes = row_bytes;
   p.slices = gs::num_slices(S);
   p.n_chunks = rg::num_chunks(W, zz);
   p.Lmax = 0;
@@ -39,9 +44,15 @@ __host__ __device__ inline RingPlan make_plan(int W, int zz, int B, long long S,
   return p;
 }
 
-__host__ __device__ inline int steps(const RingPlan& p) { return p.W - 1; }
-__host__ __device__ inline int send_peer(const RingPlan& p, int r, int s) { return ((r - s - 1) % p.W + p.W) % p.W; }
-__host__ __device__ inline int from_peer(const RingPlan& p, int r, int s) { return (r + s + 1) % p.W; }
+__host__ __device__ inline int nodes(const RingPlan& p) { return p.W / p.G; }
+__host__ __device__ inline int steps(const RingPlan& p) { return nodes(p) - 1; }
+__host__ __device__ inline int send_peer(const RingPlan& p, int r, int s) {
+  const int N = nodes(p);
+  return ((r / p.G - s - 1) % N + N) % N * p.G + r % p.G;
+}
+__host__ __device__ inline int from_peer(const RingPlan& p, int r, int s) {
+  return (r / p.G + s + 1) % nodes(p) * p.G + r % p.G;
+}
 __host__ __device__ inline int units(const RingPlan& p) { return p.max_units; }  // every rank has as many chunks
 // One tensor's region in the send buffer and in each step's receive area.
 __host__ __device__ inline long long tensor_bytes(const RingPlan& p) { return p.B * p.Lmax * p.row_bytes; }
@@ -61,6 +72,10 @@ __host__ __device__ inline UnitBytes unit(const RingPlan& p, int q, int u) {
   const long long L = rg::local_rows(p.S, p.W, p.zz, q);
   const long long local = rg::local_offset(p.S, p.W, p.zz, q, x.i) + (pc.begin - ch.begin);
   return {x.b, x.s, pc, (x.b * L + local) * p.row_bytes, pc.rows * p.row_bytes};
+}
+// Where a unit's rows lie in a gathered K (or V), (B, S, Hkv, D) in global row order, in bytes.
+__host__ __device__ inline long long gathered_off(const RingPlan& p, const UnitBytes& x) {
+  return (x.b * p.S + x.rows.begin) * p.row_bytes;
 }
 // Tensor t (0: K, 1: V) of a unit at byte offset `off` of its tensor: in the send buffer and in
 // step s's receive area; its flag.

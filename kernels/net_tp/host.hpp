@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include "net_common/call.hpp"
+#include "net_common/node.hpp"
 #include "net_tp/net_tp.hpp"
 #include "weave/common/error.hpp"
 #include "weave/lcsc.cuh"
@@ -11,9 +12,6 @@
 namespace weave::net::tp_net {
 
 inline void check_object(const NetPath& path, const NetTpOptions& o, const char* who, bool any_g = false) {
-  WEAVE_CHECK(any_g || path.topo().gpus == 1, who, ": ", path.topo().nodes, " nodes of ", path.topo().gpus,
-              " ranks: this constructor takes one rank per node; the hierarchical form takes the node's communicator "
-              "too (path, node, opts)");
   check_path(path, o.send_blocks, o.recv_blocks, who, any_g);
   WEAVE_CHECK(o.push_blocks >= 1 && o.push_blocks <= 32, who, ": push_blocks (", o.push_blocks, ") must be 1 to 32");
   WEAVE_CHECK(o.chunk_bytes >= 16 && o.chunk_bytes % 16 == 0, who, ": chunk_bytes (", o.chunk_bytes,
@@ -26,43 +24,11 @@ inline void check_room(const NetPath& path, const NetTpOptions& o, const char* w
                   "raise NetTpOptions::chunk_bytes or NetPathOptions::proxy.flags");
 }
 
-// The hierarchical constructors' node communicator: `node` must be this node's (its G ranks, rank
-// = this rank's local index, the path's GPU); returns it at G > 1, null at G = 1 (the one-rank form).
-inline runtime::Communicator* node_of(const NetPath& path, runtime::Communicator& node, const char* who) {
-  const NetTopo t = path.topo();
-  const int local = path.rank() % t.gpus;
-  WEAVE_CHECK(node.world() == t.gpus && node.rank() == local, who, ": the node communicator has rank ", node.rank(),
-              " of ", node.world(), " but this rank is local rank ", local, " of a node of ", t.gpus,
-              " ranks (make it over runtime::node_launch_info)");
-  WEAVE_CHECK(node.device() == path.device(), who, ": the node communicator uses GPU ", node.device(),
-              " but the network path GPU ", path.device());
-  return t.gpus > 1 ? &node : nullptr;
-}
-
-// finish() of the hierarchical forms: the node communicator first (a device error or a timed-out
-// NVLink wait; it also fails the path, so that the rail peers stop waiting), then the path.
-inline void finish_on(NetPath& path, runtime::Communicator* node, cudaStream_t stream) {
-  if (node) {
-    try {
-      node->sync(stream);
-    } catch (const Error& e) {
-      path.abort(e.what());
-      throw;
-    }
-  }
-  path.finish(stream);
-}
-
-// `p` (bytes long) lies in the node communicator's heap, which the node peers write or read.
-inline void check_in_node_heap(runtime::Communicator& node, const void* p, size_t bytes, const char* who,
-                               const char* name, const char* why) {
-  try {
-    (void)node.peers(p, bytes);
-  } catch (const Error& e) {
-    throw Error(detail::concat("weave: ", who, ": with ", node.world(), " ranks per node ", name,
-                               " must lie in the node communicator's heap (", why, "): ", e.what()));
-  }
-}
+// The node communicator, finish() and the heap check of the hierarchical forms (shared with the
+// ring attention).
+using net::check_in_node_heap;
+using net::finish_on;
+using net::node_of;
 
 // The call on the path (net_common/call.hpp's launch_numbered), K launched with the options'
 // communicator blocks; `extra_blocks`: those beyond the send and receive ones (the NVLink push at

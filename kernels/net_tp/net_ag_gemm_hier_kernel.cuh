@@ -14,11 +14,12 @@
 // blocks (a node peer), its own receive blocks (a rail peer's shard) or a node peer's receive
 // blocks (the other remote shards). Before writing a node peer's gathered A, push and receive
 // blocks wait for every node rank's arrival in this call (its previous call no longer reads it).
-// A receive block that gives up (the path stopped, or its wait timed out: recorded) raises every
-// row tile's counter on every rank of the node far past any expectation, so no loader waits for
+// A receive or push block that gives up (the path stopped, or a network wait timed out: recorded)
+// raises every row tile's counter on every rank of the node far past any expectation, so no loader waits for
 // rows that will not come; the outputs are then garbage and finish() throws the diagnostic.
 #pragma once
 #include "ag_gemm/ag_gemm_kernel.cuh"
+#include "net_common/node_device.cuh"
 #include "net_tp/net_ag_gemm_kernel.cuh"
 #include "net_tp/layout.hpp"
 #include "weave/memory_order.cuh"
@@ -42,26 +43,18 @@ struct NetHierAgKernelT : weave::tp::AgKernelT<Gemm> {
   using Base = weave::tp::AgKernelT<Gemm>;
   using Globals = NetHierAgGlobalsT<typename Gemm::Globals>;
 
-  // One thread then the block: every node rank entered this call (its gathered A is free).
-  static __device__ void wait_node_arrivals(const Globals& g) {
-    if (threadIdx.x == 0) wait(g.arrive, 0, g.arrive_round * static_cast<unsigned long long>(g.A.G));
-    __syncthreads();
-  }
-
   static __device__ __noinline__ void send_role(const Globals& g, int c, int nc, int* word) {
     send_units(g, c, nc, word, nullptr);  // the push blocks put the own rows in place
   }
 
   // Every row tile's counter on every node rank past any expectation (see above).
-  static __device__ void release_node(const Globals& g) {
-    for (int d = 0; d < g.A.G; ++d)
-      for (int i = threadIdx.x; i < g.L.row_tiles(); i += blockDim.x) red_add_release_sys(g.ready.ptr[d] + i, 1ull << 40);
-  }
+  static __device__ void release_node(const Globals& g) { net::release_node(g.ready, g.L.row_tiles()); }
 
   static __device__ __noinline__ void recv_role(const Globals& g, int b, int nb, int* word) {
     const NetHandle& h = g.h;
     const UnitPlan& A = g.A;
-    wait_node_arrivals(g);
+    // Every node rank entered this call (its gathered A is free); false once the path stopped.
+    if (!wait_node_arrivals(h, g.arrive, g.arrive_round, A.G, word)) return release_node(g);
     const long long items = step_units(A, g.rank, true);
     for (long long j = b; j < items; j += nb) {
       int s = 0, u = 0;
@@ -75,12 +68,8 @@ struct NetHierAgKernelT : weave::tp::AgKernelT<Gemm> {
           release_node(g);
           return;
         }
-        const uint4* src = reinterpret_cast<const uint4*>(h.recv + g.recv_base + slot_off(A, s, b0));
-        const long long off = shard_byte(A, q) + b0;
-        for (long long i = threadIdx.x; i < (b1 - b0) / 16; i += blockDim.x) {
-          const uint4 v = ld_volatile_v4(src + i);
-          for (int d = 0; d < g.A.G; ++d) reinterpret_cast<uint4*>(g.node_gathered[d] + off)[i] = v;
-        }
+        copy_to_node<true>(g.node_gathered, A.G, -1, shard_byte(A, q) + b0, h.recv + g.recv_base + slot_off(A, s, b0),
+                           b1 - b0);
         __syncthreads();
         if (threadIdx.x == 0) consume(h, f);
       }
@@ -89,20 +78,16 @@ struct NetHierAgKernelT : weave::tp::AgKernelT<Gemm> {
     }
   }
 
-  static __device__ __noinline__ void push_role(const Globals& g, int c, int nc) {
+  static __device__ __noinline__ void push_role(const Globals& g, int c, int nc, int* word) {
     const UnitPlan& A = g.A;
     if (c == 0 && threadIdx.x == 0) signal_all(g.arrive, 0);  // once per rank and call
-    wait_node_arrivals(g);
+    if (!wait_node_arrivals(g.h, g.arrive, g.arrive_round, A.G, word)) return release_node(g);
     const char* shard = static_cast<const char*>(g.shard);
     const long long base = shard_byte(A, g.rank);
     for (int u = c; u < units(A, g.rank); u += nc) {
       long long b0, b1;
       unit(A, g.rank, u, &b0, &b1);
-      for (long long i = threadIdx.x; i < (b1 - b0) / 16; i += blockDim.x) {
-        const uint4 v = __ldcs(reinterpret_cast<const uint4*>(shard + b0) + i);
-        for (int d = 0; d < g.A.G; ++d)
-          if (d != g.ready.rank || g.copy_local) reinterpret_cast<uint4*>(g.node_gathered[d] + base + b0)[i] = v;
-      }
+      copy_to_node<false>(g.node_gathered, A.G, g.copy_local ? -1 : g.ready.rank, base + b0, shard + b0, b1 - b0);
       __syncthreads();
       if (threadIdx.x == 0)
         for (int d = 0; d < g.A.G; ++d)
@@ -120,7 +105,7 @@ struct NetHierAgKernelT : weave::tp::AgKernelT<Gemm> {
     else if (c < push0)
       recv_role(g, c - g.send_blocks, g.recv_blocks, word);
     else
-      push_role(g, c - push0, nc - push0);
+      push_role(g, c - push0, nc - push0, word);
   }
 };
 

@@ -37,6 +37,7 @@
 // stores and signals anyway (the outputs are garbage, the call fails), so no collector waits.
 #pragma once
 #include "gemm/gemm_kernel.cuh"
+#include "net_common/node_device.cuh"
 #include "net_tp/layout.hpp"
 #include "tp_common/schedule.hpp"
 #include "weave/memory_order.cuh"
@@ -83,15 +84,6 @@ __device__ __forceinline__ uint4 pack_bf16x8(const float (&acc)[8]) {
     w[i] = static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(acc[2 * i]))) |
            (static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(acc[2 * i + 1]))) << 16);
   return {w[0], w[1], w[2], w[3]};
-}
-
-// One thread: until *c reaches `want` (acquire, system scope: node peers release into it); false
-// once the path stopped. No timeout of its own: what it waits for is a GEMM's progress here or on
-// a node peer, and every way that stops (a failed peer, a network wait that timed out) stops the path.
-__device__ inline bool wait_count(const NetHandle& h, const unsigned long long* c, unsigned long long want) {
-  for (uint32_t i = 1; ld_acquire_sys(c) < want; ++i)
-    if ((i & 1023) == 0 && stopped(h)) return false;
-  return true;
 }
 
 template <class Gemm, bool Hier>
@@ -208,10 +200,7 @@ struct NetRsKernelT : Gemm {
   // expectation, so that no node peer waits for rows this block will not write.
   static __device__ void release_node(const Globals& g) {
     if constexpr (Hier)
-      if (g.all_reduce)
-        for (int d = 0; d < g.U.G; ++d)
-          for (int i = threadIdx.x; i < g.U.L.row_tiles(); i += blockDim.x)
-            red_add_release_sys(g.landed.ptr[d] + i, 1ull << 40);
+      if (g.all_reduce) net::release_node(g.landed, g.U.L.row_tiles());
   }
 
   static __device__ __noinline__ void recv_role(const Globals& g, int b, int nb, int* word) {

@@ -34,6 +34,7 @@
 #include "gemm/gemm.hpp"
 #include "gemm_fp8/gemm_fp8.hpp"
 #include "gemm_fp8/transpose.hpp"
+#include "host_copy.hpp"
 
 using namespace weave;
 using bf16 = __nv_bfloat16;
@@ -570,17 +571,8 @@ std::vector<T> host_transpose(const std::vector<T>& a, int rows, int cols) {
   return t;
 }
 
-template <class T>
-std::vector<T> to_host(const T* d, size_t n) {
-  std::vector<T> h(n);
-  WEAVE_CUDA_CHECK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
-  return h;
-}
-
-template <class T>
-void to_device(T* d, const std::vector<T>& h) {
-  WEAVE_CUDA_CHECK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-}
+using check::to_device;
+using check::to_host;
 
 // One transpose_fp8 call on fresh random bytes, checked byte for byte. dst sits kGuard bytes into
 // its allocation with kGuard more after it: each byte of dst is poisoned with the complement of

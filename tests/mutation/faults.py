@@ -526,6 +526,18 @@ FAULTS = [
         }],
         "tests": ["test_gemm_fp8_gpu:GemmFp8.BlockScaled*"],
     },
+    {
+        "name": "gemm_fp8_quantize_qt_last_partial_row_block_dropped",
+        "what": "fp8 quantiser: the transposed copy's stores skip every tile whose 128 source rows are cut short "
+                "(rows % 128 != 0), so Qt's last rows % 128 columns (X's last rows) are never written; Q is right",
+        "edits": [{
+            "file": "kernels/gemm_fp8/quantize.cu",
+            "find": "if (c0 + d < p.cols && r0 + 16 * x < p.rows) {",
+            "replace": "if (c0 + d < p.cols && r0 + kTile <= p.rows) {",
+        }],
+        "tests": ["test_quantize_gpu:Quantize.PerTensor:Quantize.BlockScales"],
+        "bench": [{"ranks": 1, "args": "quantize --shapes 4000x4096 --modes tensor,1x128 --transpose 1 --target-ms 2"}],
+    },
     # ---- MoE (kernels/moe) -------------------------------------------------------------------------
     {
         "name": "grouped_gemm_cut_tile_writes_all_rows",
@@ -751,9 +763,8 @@ FAULTS = [
                 "copied into the gathered V (those keys' values are garbage)",
         "edits": [{
             "file": "kernels/net_ring_attention/net_ring_kernel.cuh",
-            "find": "      block_copy_in(g.gv + dst, h.recv + g.recv_base + recv_off(R, s, 1, x.off), static_cast<uint64_t>(x.bytes));",
-            "replace": "      if (x.b != 0 || x.slice != 0)\n"
-                       "        block_copy_in(g.gv + dst, h.recv + g.recv_base + recv_off(R, s, 1, x.off), static_cast<uint64_t>(x.bytes));",
+            "find": "        block_copy_in(g.gv + dst, src_v, static_cast<uint64_t>(x.bytes));",
+            "replace": "        if (x.b != 0 || x.slice != 0) block_copy_in(g.gv + dst, src_v, static_cast<uint64_t>(x.bytes));",
         }],
         "tests": ["test_net_ring_gpu"],
     },
@@ -763,10 +774,21 @@ FAULTS = [
                 "node but the last node rank's (its loader is still signalled: those rows of its C are wrong)",
         "edits": [{
             "file": "kernels/net_tp/net_ag_gemm_hier_kernel.cuh",
-            "find": "          for (int d = 0; d < g.A.G; ++d) reinterpret_cast<uint4*>(g.node_gathered[d] + off)[i] = v;",
-            "replace": "          for (int d = 0; d < g.A.G - 1; ++d) reinterpret_cast<uint4*>(g.node_gathered[d] + off)[i] = v;",
+            "find": "        copy_to_node<true>(g.node_gathered, A.G, -1, shard_byte(A, q) + b0,",
+            "replace": "        copy_to_node<true>(g.node_gathered, A.G - 1, -1, shard_byte(A, q) + b0,",
         }],
         "tests": ["test_net_tp_gpu_hier"],
+    },
+    {
+        "name": "net_ring_hier_forward_skips_last_node_rank",
+        "what": "hierarchical ring attention (G > 1): the receive blocks copy a rail peer's K rows into every gathered "
+                "K of the node but the last node rank's (its producers are still signalled: those keys are garbage)",
+        "edits": [{
+            "file": "kernels/net_ring_attention/net_ring_kernel.cuh",
+            "find": "        copy_to_node<true>(g.node_gk, R.G, -1, dst, src_k, x.bytes);",
+            "replace": "        copy_to_node<true>(g.node_gk, R.G - 1, -1, dst, src_k, x.bytes);",
+        }],
+        "tests": ["test_net_ring_gpu_hier"],
     },
     {
         "name": "net_hier_rs_node_sum_skips_last_node_rank",

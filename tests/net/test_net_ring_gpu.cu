@@ -5,10 +5,16 @@
 // chunks (own rows copied in) and chunks on key blocks (read in place), causal or not, zigzag and
 // contiguous, GQA, D 64 and 128; back-to-back calls of alternating shapes, each checked; a shape
 // mismatch throws on every rank.
+// The hierarchical form (NetRingGpuHier.*: weave-run -n 4 --nodes 2, nodes of 2 ranks; the gathered
+// K and V in the node communicator's heap): the same checks on every rank, plus every other rank's
+// rows in its gathered K and V bit for bit; back-to-back calls; a gathered buffer outside the heap
+// on one rank rejected on every rank, then a correct call.
 #include <cuda_bf16.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <utility>
@@ -20,6 +26,7 @@
 #include "net_coll_check.hpp"
 #include "net_ring_attention/net_ring_attention.hpp"
 #include "weave/common/error.hpp"
+#include "weave/runtime/communicator.hpp"
 
 namespace net = weave::net;
 namespace sp = weave::sp;
@@ -86,6 +93,25 @@ struct Inputs {
       off += rg.second;
     }
     return aref().check(p, as(fq), as(fk), as(fv), rr, o, lse);
+  }
+  // Rows of the other ranks in gathered K and V ((B, S, Hkv, D) each) that differ from the whole
+  // sequence's, bit for bit (this rank's own rows may be read in place and never written there).
+  long long gathered_mismatches(const bf16* gk, const bf16* gv) const {
+    const size_t row = size_t(c.Hkv) * c.D * 2, n = size_t(c.B) * c.S * row;
+    long long bad = 0;
+    for (const auto& [mine, full] : {std::pair{gk, fk.get()}, std::pair{gv, fv.get()}}) {
+      std::vector<char> got(n), want(n);
+      EXPECT_EQ(cudaMemcpy(got.data(), mine, n, cudaMemcpyDeviceToHost), cudaSuccess);
+      EXPECT_EQ(cudaMemcpy(want.data(), full->p, n, cudaMemcpyDeviceToHost), cudaSuccess);
+      for (int b = 0; b < c.B; ++b)
+        for (long long i = 0; i < c.S; ++i) {
+          const bool own = std::any_of(ranges.begin(), ranges.end(),
+                                       [&](const auto& rg) { return i >= rg.first && i < rg.first + rg.second; });
+          const size_t off = (size_t(b) * c.S + i) * row;
+          bad += !own && std::memcmp(got.data() + off, want.data() + off, row) != 0;
+        }
+    }
+    return bad;
   }
 };
 
@@ -198,6 +224,141 @@ TEST(NetRingGpu, MismatchRejectedOnEveryRank) {
   ra.finish(nullptr);
   expect_all_ranks(path, in.check_out(o.p, lse.p, false), "after the mismatch");
   path.shutdown();
+}
+
+// ---- the hierarchical form (nodes of G > 1 ranks: weave-run -n 4 --nodes 2) ---------------------
+
+namespace rt = weave::runtime;
+
+rt::Communicator node_comm(net::NetPath& path) {
+  rt::CommOptions o;
+  o.heap_bytes = size_t(512) << 20;
+  return rt::Communicator(rt::node_launch_info(rt::detect_launch(), path.bootstrap().hostnames()[path.rank()]), o);
+}
+
+// A test's job at G > 1: the path, this node's communicator, the job's seed, the operator.
+struct HierJob {
+  net::NetPath path{options()};
+  rt::Communicator node = node_comm(path);
+  const int W = path.world(), r = path.rank();
+  const uint64_t seed = job_seed(path);
+  net::NetRingAttention ra{path, node};
+};
+
+// One call's outputs (poisoned) and gathered K and V (in the node's heap, poisoned: node peers
+// write into them only after this rank entered the call, which stream-orders after the poison).
+struct HierCall {
+  rt::Communicator& node;
+  const Inputs& in;
+  bool causal;
+  sp::Sharding sh;
+  check::DeviceBuffer<bf16> o;
+  check::DeviceBuffer<float> lse;
+  bf16 *gk, *gv;
+  HierCall(rt::Communicator& n, const Inputs& i, bool ca, sp::Sharding s)
+      : node(n), in(i), causal(ca), sh(s), o(size_t(i.c.B) * i.L * i.c.Hq * i.c.D), lse(size_t(i.c.B) * i.c.Hq * i.L) {
+    const size_t kv = size_t(in.c.B) * in.c.S * in.c.Hkv * in.c.D;
+    gk = static_cast<bf16*>(node.alloc(kv * sizeof(bf16)));
+    gv = static_cast<bf16*>(node.alloc(kv * sizeof(bf16)));
+    check::poison(o.p, o.n);
+    check::poison(lse.p, lse.n);
+    check::poison(gk, kv);
+    check::poison(gv, kv);
+  }
+  ~HierCall() {
+    node.free(gk);
+    node.free(gv);
+  }
+  void run(net::NetRingAttention& ra) {
+    sp::RingOptions opt;
+    opt.causal = causal, opt.sharding = sh;
+    const Case& c = in.c;
+    ra.forward(Inputs::as(in.q), Inputs::as(in.k), Inputs::as(in.v), o.p, lse.p, gk, gv, {c.B, c.S, c.Hq, c.Hkv, c.D},
+               opt, nullptr);
+  }
+  void check(net::NetPath& path, const std::string& what) const {
+    expect_all_ranks(path, in.check_out(o.p, lse.p, causal), what);
+    const long long bad = in.gathered_mismatches(gk, gv);
+    EXPECT_EQ(bad, 0) << what << ": rows of the gathered K/V wrong on rank " << path.rank();
+  }
+};
+
+// Every rank's O and LSE against the reference, and its gathered K/V bit for bit: ragged chunks
+// (S per rank not a multiple of the 128-row tile), chunks on key blocks (own rows read in place),
+// GQA, D 64 and 128, B 1 and 2, causal or not, both shardings.
+TEST(NetRingGpuHier, MatchesReference) {
+  HierJob j;
+  ASSERT_GT(j.path.topo().gpus, 1) << "run under weave-run -n 4 --nodes 2 (nodes of more than one rank)";
+  const int W = j.W;
+  const Case cases[] = {{1, 1000, 4, 2, 128}, {2, 3001, 4, 4, 64}, {1, 777, 8, 1, 128}, {1, 512 * W, 4, 2, 128}};
+  int i = 0;
+  for (const Case& c : cases)
+    for (bool causal : {false, true})
+      for (auto sh : {sp::Sharding::Zigzag, sp::Sharding::Contiguous}) {
+        const Inputs in(c, sh, W, j.r, check::derive(j.seed, i++));
+        HierCall call(j.node, in, causal, sh);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        call.run(j.ra);
+        j.ra.finish(nullptr);
+        call.check(j.path, "hier " + label(c, causal, sh));
+        j.node.barrier();  // nobody frees a gathered buffer a node peer's call still writes
+      }
+  j.path.shutdown();
+}
+
+// 12 calls back to back without a host wait, alternating two shapes (one ragged, one with GQA)
+// and the mask every two, each with fresh inputs, outputs and gathered buffers of its own, all
+// checked after one finish().
+TEST(NetRingGpuHier, BackToBackAlternatingShapes) {
+  HierJob j;
+  ASSERT_GT(j.path.topo().gpus, 1);
+  const Case cases[2] = {{1, 1000, 4, 2, 128}, {2, 700, 8, 2, 64}};
+  constexpr int kCalls = 12;
+  std::vector<std::unique_ptr<Inputs>> ins;
+  std::vector<std::unique_ptr<HierCall>> calls;
+  for (int k = 0; k < kCalls; ++k) {
+    const auto sh = k % 3 == 2 ? sp::Sharding::Contiguous : sp::Sharding::Zigzag;
+    ins.push_back(std::make_unique<Inputs>(cases[k % 2], sh, j.W, j.r, check::derive(j.seed, 200 + k)));
+    calls.push_back(std::make_unique<HierCall>(j.node, *ins.back(), k % 4 < 2, sh));
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  for (auto& c : calls) c->run(j.ra);
+  j.ra.finish(nullptr);
+  for (int k = 0; k < kCalls; ++k)
+    calls[k]->check(j.path, "hier back-to-back call " + std::to_string(k) + " " +
+                                label(cases[k % 2], calls[k]->causal, calls[k]->sh));
+  j.node.barrier();
+  calls.clear();
+  j.path.shutdown();
+}
+
+// A gathered K outside the node's heap on one rank (a new shape: the agreement): an error on every
+// rank before anything is queued, then a correct call.
+TEST(NetRingGpuHier, GatheredOutsideTheHeapRejectedOnEveryRank) {
+  HierJob j;
+  ASSERT_GT(j.path.topo().gpus, 1);
+  const int r = j.r;
+  const Case c{1, 1000, 4, 2, 128};
+  const Inputs in(c, sp::Sharding::Zigzag, j.W, r, check::derive(j.seed, 300));
+  HierCall call(j.node, in, true, sp::Sharding::Zigzag);
+  check::DeviceBuffer<bf16> plain(size_t(c.B) * c.S * c.Hkv * c.D);
+  std::string msg;
+  try {
+    sp::RingOptions opt;
+    opt.causal = true;
+    j.ra.forward(Inputs::as(in.q), Inputs::as(in.k), Inputs::as(in.v), call.o.p, call.lse.p,
+                 r == 1 ? plain.p : call.gk, call.gv, {c.B, c.S, c.Hq, c.Hkv, c.D}, opt, nullptr);
+  } catch (const weave::Error& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find(r == 1 ? "heap" : "rejected its arguments"), std::string::npos) << "rank " << r << ": " << msg;
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  j.node.barrier();
+  call.run(j.ra);
+  j.ra.finish(nullptr);
+  call.check(j.path, "hier after the rejection");
+  j.node.barrier();
+  j.path.shutdown();
 }
 
 }  // namespace

@@ -69,9 +69,9 @@
 #include <string>
 #include <vector>
 
-#include "../../bench/nccl_comm.hpp"
 #include "bench.hpp"
 #include "bitwise.cuh"
+#include "net_bench.hpp"
 #include "net_start.hpp"
 #include "check/device_buffer.hpp"
 #include "check/gemm_ref.hpp"
@@ -102,28 +102,22 @@ using weave::Error;
 using weave::detail::concat;
 using Dev = check::DeviceBuffer<bf16>;
 using DevF = check::DeviceBuffer<float>;
+using weave::bench::netb::kImplNccl;
+using weave::bench::netb::kImplUnfused;
+using weave::bench::netb::kImplWeave;
+using weave::bench::netb::Room;
+using weave::bench::netb::Verdict;
 
 constexpr const char* kWho = "weave-bench net_tp";
-constexpr size_t kMiB = size_t(1) << 20;
 
 // ---- options ------------------------------------------------------------------------------
 
 
-constexpr const char* kImplWeave = "weave";
-constexpr const char* kImplUnfused = "weave-unfused";
-constexpr const char* kImplNccl = "nccl";
-
-struct Config {
+// The path's and the timing's options (impls, chunk, blocks, iters, ...) are net_bench.hpp's.
+struct Config : weave::bench::netb::NetOptions {
   std::vector<int> sizes;
   int n = 0, k = 0;  // 0: S
-  std::vector<std::string> kernels, impls;
-  long long chunk = net::NetTpOptions{}.chunk_bytes;
-  int send_blocks = net::NetTpOptions{}.send_blocks, recv_blocks = net::NetTpOptions{}.recv_blocks;
-  int iters = 20, warmup = 5;
-  std::string provider, domain;
-  net::Notify notify = net::Notify::automatic;
-  size_t max_bounce = size_t(4) << 30;
-  bool has_impl(const char* i) const { return std::find(impls.begin(), impls.end(), i) != impls.end(); }
+  std::vector<std::string> kernels;
 };
 
 Config parse(const weave::bench::Args& a) {
@@ -147,28 +141,10 @@ Config parse(const weave::bench::Args& a) {
     if (k != "ag_gemm" && k != "gemm_rs") throw Error(concat(kWho, ": --kernels: '", k, "' is not ag_gemm or gemm_rs"));
     c.kernels.push_back(k);
   }
-  for (const std::string& i : a.names("impls", concat(kImplWeave, ",", kImplUnfused, ",", kImplNccl))) {
-    if (i != kImplWeave && i != kImplUnfused && i != kImplNccl)
-      throw Error(concat(kWho, ": --impls: '", i, "' is not weave, weave-unfused or nccl"));
-    c.impls.push_back(i);
-  }
-  if (a.has("chunk")) c.chunk = static_cast<long long>(weave::bench::parse_bytes(kWho, "chunk", a.get("chunk")));
-  if (c.chunk % 16) throw Error(concat(kWho, ": --chunk ", c.chunk, " is not a multiple of 16 bytes"));
-  if (a.has("send-blocks")) c.send_blocks = static_cast<int>(weave::bench::parse_count(kWho, "send-blocks", a.get("send-blocks"), 1, 32));
-  if (a.has("recv-blocks")) c.recv_blocks = static_cast<int>(weave::bench::parse_count(kWho, "recv-blocks", a.get("recv-blocks"), 1, 32));
-  if (a.has("iters")) c.iters = static_cast<int>(weave::bench::parse_count(kWho, "iters", a.get("iters"), 1, 100000));
-  // At least one: a shape's first call agrees on it with every rank over the bootstrap (and plans
-  // the GEMM), host work that must not land in a timed call.
-  if (a.has("warmup")) c.warmup = static_cast<int>(weave::bench::parse_count(kWho, "warmup", a.get("warmup"), 1, 100000));
-  if (a.has("notify")) c.notify = net::parse_notify(a.get("notify"));
-  if (a.has("max-bounce")) c.max_bounce = weave::bench::parse_bytes(kWho, "max-bounce", a.get("max-bounce"));
-  // tcp unless asked otherwise: libfabric's own first choice on one host may be shm, which would
-  // bypass the socket transport that --nodes simulates (as weave-bench net).
-  c.provider = a.get("provider", weave::env::get_string("WEAVE_NET_PROVIDER"));
-  if (c.provider.empty()) c.provider = "tcp";
-  // Simulated nodes (weave-run --nodes names them) all live on this host: loopback. Real nodes:
-  // libfabric picks the interface unless --domain names one.
-  c.domain = a.get("domain", weave::env::get_string("WEAVE_HOSTNAME").empty() ? "" : "lo");
+  c.chunk = net::NetTpOptions{}.chunk_bytes;
+  c.send_blocks = net::NetTpOptions{}.send_blocks;
+  c.recv_blocks = net::NetTpOptions{}.recv_blocks;
+  weave::bench::netb::parse_net_options(kWho, a, c);
   return c;
 }
 
@@ -181,21 +157,6 @@ struct Shape {
 Shape shape_of(const Config& c, int S) { return {S, S, c.n ? c.n : S, c.k ? c.k : S}; }
 
 const char* row_kernel(const std::string& kernel) { return kernel == "ag_gemm" ? "net_ag_gemm" : "net_gemm_rs"; }
-
-// What one call takes from the path: send buffer bytes, bytes of one receive slot, flags of one
-// call slot (the path holds two receive and two flag slots, so that consecutive calls overlap).
-struct Room {
-  long long send = 0, recv = 0, flags = 0;
-  void widen(const Room& o) {
-    send = std::max(send, o.send);
-    recv = std::max(recv, o.recv);
-    flags = std::max(flags, o.flags);
-  }
-};
-
-long long round_mib(long long b) { return std::max<long long>(1, (b + kMiB - 1) / kMiB) * static_cast<long long>(kMiB); }
-// Pinned host bytes of a path sized for `r`: the send buffer and both receive slots.
-long long bounce_bytes(const Room& r) { return round_mib(r.send) + 2 * round_mib(r.recv); }
 
 // The kernels' and the collectives' own plans (the functions their host entries check with), so
 // that the path is exactly as large as the largest call needs.
@@ -233,43 +194,14 @@ std::string element_shards_differ(int M, int cols, int nodes) {
 
 // ---- the job ------------------------------------------------------------------------------
 
-// An NCCL communicator over the job's ranks, made only for the nccl rows. Its destructor aborts
-// instead of finalizing while an exception unwinds: finalize waits for every rank, and a rank that
-// failed may never get there.
-struct Nccl {
-  ncclComm_t comm = nullptr;
-  std::string env;  // the NCCL_* variables in force (the rows record them)
-  Nccl() = default;
-  Nccl(const Nccl&) = delete;
-  Nccl& operator=(const Nccl&) = delete;
-  ~Nccl() {
-    if (!comm) return;
-    if (std::uncaught_exceptions() > 0 || cudaDeviceSynchronize() != cudaSuccess) {
-      ncclCommAbort(comm);
-    } else {
-      ncclCommFinalize(comm);
-      ncclCommDestroy(comm);
-    }
-  }
-};
 
-
-struct Job {
+// The run's fields (path, stream, rank, seed, nccl, ...: net_bench.hpp) with this suite's options
+// and reference.
+struct Job : weave::bench::netb::JobBase {
   const Config& c;
-  net::NetPath& path;
-  cudaStream_t st;
   check::GemmRef& ref;
-  weave::bench::JsonSink& sink;
-  int rank, nodes;
-  bool shared_gpu;      // two ranks on one GPU (--share-gpus): times are not meaningful
-  uint64_t seed;        // rank 0's WEAVE_TEST_SEED
-  uint64_t problems = 0;  // problems so far (the same on every rank): each draws its own inputs
-  std::string provider, notify;
-  Nccl* nccl = nullptr;  // null: no nccl rows (nccl_skip says why)
-  std::string nccl_skip;  // why there are no nccl rows at all
-  std::vector<std::string> wrong;  // incorrect rows, the same list on every rank
-  bool lead() const { return rank == 0; }
-  weave::runtime::NetBootstrap& boot() { return path.bootstrap(); }
+  Job(weave::bench::netb::Run& r, weave::bench::JsonSink& s, const Config& cfg, check::GemmRef& g)
+      : JobBase(r, s), c(cfg), ref(g) {}
 };
 
 // ---- timing and checking, shared by every row ---------------------------------------------
@@ -298,67 +230,22 @@ struct Impl {
   std::function<Finding()> check;
 };
 
-struct Events {
-  cudaEvent_t a = nullptr, b = nullptr;
-  Events() {
-    WEAVE_CUDA_CHECK(cudaEventCreate(&a));
-    WEAVE_CUDA_CHECK(cudaEventCreate(&b));
-  }
-  ~Events() {
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-  }
-  Events(const Events&) = delete;
-  Events& operator=(const Events&) = delete;
-};
-
-// The median over iterations of the slowest rank's time of each (see the header), in µs. The
-// last iteration is the checked call: set 1 into poisoned outputs.
+// The median over iterations of the slowest rank's time of each (net_bench.hpp's loop), in µs.
+// The last iteration is the checked call: set 1 into poisoned outputs.
 double time_impl(Job& j, Problem& p, const Impl& im) {
-  p.inputs(0);
-  for (int i = 0; i < j.c.warmup; ++i) im.call(0);
-  im.finish();  // the warm-up batch: a failed transfer throws here, before anything is timed
-  Events ev;
-  std::vector<double> mine(static_cast<size_t>(j.c.iters));
-  for (int it = 0; it < j.c.iters; ++it) {
-    const bool last = it + 1 == j.c.iters;
-    if (last) {
-      p.poison();
-      p.inputs(1);
-    }
-    WEAVE_CUDA_CHECK(cudaStreamSynchronize(j.st));
-    j.boot().barrier();  // the ranks start together: a rank's time then includes waiting for a late peer
-    WEAVE_CUDA_CHECK(cudaEventRecord(ev.a, j.st));
-    im.call(last ? 1 : 0);
-    WEAVE_CUDA_CHECK(cudaEventRecord(ev.b, j.st));
-    im.finish();
-    float ms = 0;
-    WEAVE_CUDA_CHECK(cudaEventElapsedTime(&ms, ev.a, ev.b));
-    mine[it] = 1e3 * ms;
-  }
-  std::vector<double> all(mine.size() * static_cast<size_t>(j.nodes));
-  j.boot().all_gather(mine.data(), all.data(), mine.size() * sizeof(double));
-  std::vector<double> slowest(mine.size(), 0.0);
-  for (int q = 0; q < j.nodes; ++q)
-    for (size_t it = 0; it < mine.size(); ++it) slowest[it] = std::max(slowest[it], all[q * mine.size() + it]);
-  return weave::median(slowest);
+  return weave::bench::netb::time_slowest(j.boot(), j.st, j.nodes, j.c.warmup, j.c.iters,
+                                          {[&] { p.inputs(0); },
+                                           [&] {
+                                             p.poison();
+                                             p.inputs(1);
+                                           },
+                                           im.call, im.finish});
 }
 
-struct Verdict {
-  bool ok = false;
-  double worst = NAN;  // the checker's worst |x - r| / bound over ranks (> 1: wrong)
-};
-
-// The same verdict on every rank (wrong on one rank: wrong everywhere); the rank that saw a
-// problem prints it, since only it has the details.
+// The same verdict on every rank (wrong on one rank: wrong everywhere).
 Verdict settle(Job& j, const std::string& what, const Finding& f) {
   const bool ok = f.rep.ok && f.extra.empty();
-  if (!ok) std::printf("    rank %d: %s: %s%s\n", j.rank, what.c_str(), f.rep.str().c_str(), f.extra.c_str());
-  std::fflush(stdout);
-  Verdict v;
-  v.ok = weave::bench::all_ranks_ok(j.path, ok);
-  v.worst = weave::bench::worst_over_ranks(j.path, f.extra.empty() ? f.rep.worst : INFINITY);
-  return v;
+  return weave::bench::netb::settle(j.path, what, ok, f.extra.empty() ? f.rep.worst : INFINITY, f.rep.str() + f.extra);
 }
 
 // Bitwise equality of the gathered A with the regenerated one (it is a copy, so nothing less).
@@ -598,12 +485,8 @@ std::vector<Row> run_rs(Job& j, Ops& ops, const Shape& sh, Seeds sd) {
 
 // The table lines and JSON lines of one problem's rows (weave's beside the others' times).
 void emit(Job& j, const std::vector<Row>& rows) {
-  auto time_of = [&](const char* impl) {
-    for (const Row& r : rows)
-      if (r.impl == impl) return r.us;
-    return static_cast<double>(NAN);
-  };
-  const double unfused_us = time_of(kImplUnfused), nccl_us = time_of(kImplNccl);
+  const weave::bench::netb::Baselines base = weave::bench::netb::baselines(rows);
+  const double unfused_us = base.unfused, nccl_us = base.nccl;
   for (const Row& r : rows) {
     const Shape& s = r.sh;
     const double tflops = 2.0 * s.M * s.N * s.K / (r.us * 1e-6) / 1e12;
@@ -622,91 +505,23 @@ void emit(Job& j, const std::vector<Row>& rows) {
     jl.add("kernel", r.kernel).add("impl", r.impl).add("S", s.S).add("M", s.M).add("N", s.N).add("K", s.K);
     jl.add("layout", "nk").add("nodes", j.nodes).add("world", j.nodes);
     jl.add("time_us", r.us).add("tflops", tflops).add("iters", j.c.iters).add("warmup", j.c.warmup);
-    // The nccl rows have no chunk or blocks of weave's (0); NCCL's socket transport has its own.
-    jl.add("chunk", nccl_row ? 0LL : j.c.chunk)
-        .add("send_blocks", nccl_row ? 0 : j.c.send_blocks)
-        .add("recv_blocks", nccl_row ? 0 : j.c.recv_blocks)
-        .add("transport", nccl_row ? "nccl-socket" : "libfabric")
-        .add("provider", nccl_row ? std::string("Socket") : j.provider)
-        .add("notify", nccl_row ? std::string("nccl") : j.notify)
-        .add("shared_gpu", j.shared_gpu)
-        .add("correct", r.v.ok);
+    weave::bench::netb::add_path_fields(jl, j.c, nccl_row, j.provider, j.notify, j.shared_gpu).add("correct", r.v.ok);
     weave::bench::add_check_worst(jl, r.v.worst).add("seed", std::to_string(j.seed));
-    if (weave_row && !std::isnan(unfused_us)) jl.add("ratio_vs_unfused", unfused_us / r.us);
-    if (weave_row && !std::isnan(nccl_us)) jl.add("ratio_vs_nccl", nccl_us / r.us);
-    if (nccl_row) jl.add("nccl_env", j.nccl->env);
-    j.sink.write(jl);
+    weave::bench::netb::write_row(j, jl, r.impl, r.us, base);
   }
   if (j.lead()) std::fflush(stdout);
 }
 
 // ---- the command ---------------------------------------------------------------------------
 
-// What each rank sees of its GPU before anything is made: whether there is one, and which (two
-// ranks on one GPU cannot run NCCL, and their times time-slice).
-struct GpuView {
-  int32_t count, device;
-  unsigned char uuid[16];
-};
-GpuView my_gpu(int local_rank) {
-  GpuView v{};
-  if (cudaGetDeviceCount(&v.count) != cudaSuccess) {
-    (void)cudaGetLastError();  // no driver or no GPU: reported below, not thrown
-    v.count = 0;
-  }
-  v.device = v.count > 0 ? local_rank % v.count : -1;  // NetPath's default choice
-  if (v.count > 0) {
-    cudaDeviceProp p{};
-    WEAVE_CUDA_CHECK(cudaGetDeviceProperties(&p, v.device));
-    std::memcpy(v.uuid, p.uuid.bytes, sizeof v.uuid);
-  }
-  return v;
-}
-
 int run(const weave::bench::Args& a) {
   const Config c = parse(a);
-  const weave::runtime::LaunchInfo info = weave::runtime::detect_launch();
-  auto skip = [&](const std::string& why) {
-    if (info.rank == 0)
-      std::printf("%s: skipped: %s; run it on nodes of one rank each, e.g. weave-run -n 2 --nodes 2 -- "
-                  "weave-bench net_tp\n",
-                  kWho, why.c_str());
-    return 0;
-  };
-  // A bootstrap of its own for the checks before the path exists (the path needs a GPU and one
-  // rank per node, and would fail less clearly without them).
-  weave::bench::NetStart start = weave::bench::net_start(info, "bench-net-tp");
-  if (!start.skip.empty()) return skip(start.skip);
-  weave::runtime::NetBootstrap& ctl = *start.boot;
-  const int nodes = start.nodes;
-  const bool lead = info.rank == 0;
-  if (nodes != info.world || nodes > weave::kMaxWorld) {
-    if (lead)
-      std::fprintf(stderr,
-                   "%s: %d ranks on %d nodes: the inter-node TP kernels are built for one rank per node and at most "
-                   "%d nodes; run weave-run -n N --nodes N\n",
-                   kWho, info.world, nodes, weave::kMaxWorld);
-    return 2;
-  }
-  std::vector<GpuView> gpus(static_cast<size_t>(info.world));
-  {
-    const GpuView mine = my_gpu(info.local_rank);
-    ctl.all_gather(&mine, gpus.data(), sizeof mine);
-  }
-  for (int r = 0; r < info.world; ++r)
-    if (gpus[r].count < 1) {
-      if (lead)
-        std::fprintf(stderr,
-                     "%s: rank %d sees no GPU: the kernels run on one GPU per rank (weave-run -n N --nodes N on N "
-                     "GPUs, or with --share-gpus on fewer, for correctness only); nothing measured\n",
-                     kWho, r);
-      return 1;
-    }
-  std::string shared;  // the first two ranks on one GPU
-  for (int r = 0; r < info.world && shared.empty(); ++r)
-    for (int q = r + 1; q < info.world && shared.empty(); ++q)
-      if (std::memcmp(gpus[r].uuid, gpus[q].uuid, sizeof gpus[r].uuid) == 0)
-        shared = concat("ranks ", r, " and ", q, " share one GPU (--share-gpus)");
+  weave::bench::netb::Run run;
+  if (const int status = weave::bench::netb::begin_run(run, kWho, "net_tp", "bench-net-tp", "the inter-node TP kernels are");
+      status >= 0)
+    return status;
+  const int nodes = run.nodes();
+  const bool lead = run.lead;
 
   // The problems to run and the path they need: each widens the path, unless that would take more
   // pinned memory than --max-bounce (then it is left out, saying so).
@@ -725,92 +540,37 @@ int run(const weave::bench::Args& a) {
       }
       Room need;
       for (const std::string& i : c.impls) need.widen(room_of(k, i, sh, c, nodes));
-      Room with = room;
-      with.widen(need);
-      if (static_cast<size_t>(bounce_bytes(with)) > c.max_bounce) {
-        if (lead)
-          std::printf("%s %s: skipped: it needs a %lld MiB send buffer and 2 receive slots of %lld MiB (pinned host "
-                      "memory per rank), %lld MiB in all with the other sizes, above --max-bounce %zu MiB (raise it or "
-                      "lower --sizes)\n",
-                      row_kernel(k), sh.str().c_str(), round_mib(need.send) >> 20, round_mib(need.recv) >> 20,
-                      bounce_bytes(with) >> 20, c.max_bounce >> 20);
-        continue;
-      }
-      room = with;
-      todo.push_back({k, sh});
+      if (weave::bench::netb::widen_within(room, need, c.max_bounce, concat(row_kernel(k), " ", sh.str()), "--sizes", lead))
+        todo.push_back({k, sh});
     }
   if (todo.empty()) {
     if (lead) std::fprintf(stderr, "%s: no problem left to run (see above)\n", kWho);
     return 1;
   }
 
-  net::NetPathOptions po;
-  po.transport = {c.provider, c.domain, c.notify, false};
-  po.send_bytes = static_cast<size_t>(round_mib(room.send));
-  po.recv_bytes = 2 * static_cast<size_t>(round_mib(room.recv));
-  po.proxy.flags = static_cast<uint32_t>(std::max<long long>(po.proxy.flags, 2 * room.flags));
-  std::unique_ptr<net::NetPath> path;
-  try {
-    path = std::make_unique<net::NetPath>(info, po);
-  } catch (const Error& e) {
-    std::fprintf(stderr,
-                 "%s: rank %d: the network path with a %zu MiB send buffer, %zu MiB of receive buffer and %u flags "
-                 "(sized for the largest problem of --sizes) could not be made: %s\n",
-                 kWho, info.rank, po.send_bytes >> 20, po.recv_bytes >> 20, po.proxy.flags, e.what());
-    return 1;
-  }
-  cudaStream_t st = nullptr;
-  WEAVE_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  if (const int status = weave::bench::netb::open_run(run, c, room, kWho, "--sizes", check::test_seed); status >= 0)
+    return status;
   check::GemmRef ref;
   weave::bench::JsonSink sink(a);  // every rank checks the file opens; rank 0 writes
-  Job j{c, *path, st, ref, sink, info.rank, nodes, !shared.empty(), 0, 0, "", "", nullptr, "", {}};
-  {  // rank 0's seed on every rank (only rank 0 draws and prints one)
-    const uint64_t mine = lead ? check::test_seed() : 0;
-    std::vector<uint64_t> all(static_cast<size_t>(nodes));
-    j.boot().all_gather(&mine, all.data(), sizeof mine);
-    j.seed = all[0];
-  }
-  j.provider = path->transport().provider();
-  j.notify = std::string(net::notify_name(path->transport().notify()));
-
-  Nccl nccl;
-  if (c.has_impl(kImplNccl)) {
-    if (!shared.empty()) {
-      j.nccl_skip = concat(shared, "; the nccl rows need one GPU per rank");
-    } else {
-      nccl.env = weave::bench::nccl_network_environment(c.domain == "lo");  // before the communicator: NCCL reads them at init
-      ncclUniqueId id{};
-      if (lead) WEAVE_NCCL_CHECK(ncclGetUniqueId(&id));
-      // Raw bytes: nvcc 13's front end crashes on std::vector of the anonymous ncclUniqueId struct.
-      std::vector<char> ids(static_cast<size_t>(nodes) * sizeof id);
-      j.boot().all_gather(&id, ids.data(), sizeof id);
-      std::memcpy(&id, ids.data(), sizeof id);  // rank 0's
-      WEAVE_NCCL_CHECK(ncclCommInitRank(&nccl.comm, nodes, id, info.rank));
-      j.nccl = &nccl;
-    }
-  }
+  Job j(run, sink, c, ref);
+  net::NetPath& path = *run.path;
+  const net::NetPathOptions& po = run.po;
 
   net::NetTpOptions to;
   to.chunk_bytes = c.chunk;
   to.send_blocks = c.send_blocks;
   to.recv_blocks = c.recv_blocks;
   to.b = weave::gemm::BLayout::NK;
-  net::NetCollOptions co;  // the same chunk and blocks: the unfused rows differ only in not overlapping
-  co.chunk_bytes = c.chunk;
-  co.send_blocks = c.send_blocks;
-  co.recv_blocks = c.recv_blocks;
-  Ops ops{net::NetAgGemm(*path, to), net::NetGemmRs(*path, to), net::NetCollectives(*path, co)};
+  Ops ops{net::NetAgGemm(path, to), net::NetGemmRs(path, to), net::NetCollectives(path, weave::bench::netb::coll_options(c))};
 
   if (lead) {
     cudaDeviceProp prop{};
-    WEAVE_CUDA_CHECK(cudaGetDeviceProperties(&prop, path->device()));
+    WEAVE_CUDA_CHECK(cudaGetDeviceProperties(&prop, path.device()));
     std::printf("%s: %d nodes of one rank, %s; libfabric %s; path: %zu MiB send, 2 x %zu MiB receive, %u flags; "
                 "chunk %lld, %d send + %d receive blocks; %d warm-up + %d timed calls, median of the slowest rank's\n",
-                kWho, nodes, prop.name, path->transport().describe().c_str(), po.send_bytes >> 20,
+                kWho, nodes, prop.name, path.transport().describe().c_str(), po.send_bytes >> 20,
                 po.recv_bytes >> 21, po.proxy.flags, c.chunk, c.send_blocks, c.recv_blocks, c.warmup, c.iters);
-    if (!shared.empty()) std::printf("NOTE: %s: times are not meaningful (the ranks time-slice), checks are\n", shared.c_str());
-    if (c.has_impl(kImplNccl) && !j.nccl) std::printf("nccl rows skipped: %s\n", j.nccl_skip.c_str());
-    if (j.nccl) std::printf("nccl: %s\n", nccl.env.c_str());
+    weave::bench::netb::print_notes(run, c);
     std::printf("| kernel | impl | MxNxK | time_us | TFLOP/s | unfused/weave | nccl/weave | check (worst error / bound) |\n"
                 "|---|---|---|---|---|---|---|---|\n");
     std::fflush(stdout);
@@ -819,10 +579,7 @@ int run(const weave::bench::Args& a) {
     const Seeds sd{check::derive(j.seed, 0x6e7470, j.problems++)};
     emit(j, t.kernel == "ag_gemm" ? run_ag(j, ops, t.sh, sd) : run_rs(j, ops, t.sh, sd));
   }
-  WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
-  j.boot().barrier();
-  path->shutdown();
-  WEAVE_CUDA_CHECK(cudaStreamDestroy(st));
+  weave::bench::netb::end_run(run);
   return weave::bench::exit_status("net_tp", j.wrong, j.seed, lead);
 }
 
