@@ -18,6 +18,7 @@
 // lands in every gathered K (or V) of the node at its global rows (gathered_off).
 #pragma once
 #include "gathered_attention/gathered_schedule.hpp"
+#include "net_common/hierarchy.hpp"
 #include "ring_attention/schedule.hpp"
 
 namespace weave::net::ring_net {
@@ -47,11 +48,10 @@ __host__ __device__ inline RingPlan make_plan(int W, int zz, int B, long long S,
 __host__ __device__ inline int nodes(const RingPlan& p) { return p.W / p.G; }
 __host__ __device__ inline int steps(const RingPlan& p) { return nodes(p) - 1; }
 __host__ __device__ inline int send_peer(const RingPlan& p, int r, int s) {
-  const int N = nodes(p);
-  return ((r / p.G - s - 1) % N + N) % N * p.G + r % p.G;
+  return Topo{nodes(p), p.G}.rail_peer(r, -s - 1);
 }
 __host__ __device__ inline int from_peer(const RingPlan& p, int r, int s) {
-  return (r / p.G + s + 1) % nodes(p) * p.G + r % p.G;
+  return Topo{nodes(p), p.G}.rail_peer(r, s + 1);
 }
 __host__ __device__ inline int units(const RingPlan& p) { return p.max_units; }  // every rank has as many chunks
 // One tensor's region in the send buffer and in each step's receive area.

@@ -24,12 +24,6 @@ inline void check_room(const NetPath& path, const NetTpOptions& o, const char* w
                   "raise NetTpOptions::chunk_bytes or NetPathOptions::proxy.flags");
 }
 
-// The node communicator, finish() and the heap check of the hierarchical forms (shared with the
-// ring attention).
-using net::check_in_node_heap;
-using net::finish_on;
-using net::node_of;
-
 // The call on the path (net_common/call.hpp's launch_numbered), K launched with the options'
 // communicator blocks; `extra_blocks`: those beyond the send and receive ones (the NVLink push at
 // G > 1).

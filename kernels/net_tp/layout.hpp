@@ -21,6 +21,7 @@
 //   - GEMM + AllReduce: GEMM + ReduceScatter, then the reduced own shard as AllGather posts its
 //     shard (ar_* below).
 #pragma once
+#include "net_common/hierarchy.hpp"
 #include "tp_common/schedule.hpp"
 
 namespace weave::net::tp_net {
@@ -69,11 +70,10 @@ __host__ __device__ inline UnitPlan rs_plan(int M, int N, int world, int group_m
 __host__ __device__ inline int nodes(const UnitPlan& a) { return a.L.W / a.G; }
 __host__ __device__ inline int steps(const UnitPlan& a) { return nodes(a) - 1; }
 __host__ __device__ inline int send_peer(const UnitPlan& a, int r, int s) {
-  const int N = nodes(a), n = r / a.G;
-  return ((n - s - 1) % N + N) % N * a.G + r % a.G;
+  return Topo{nodes(a), a.G}.rail_peer(r, -s - 1);
 }
 __host__ __device__ inline int from_peer(const UnitPlan& a, int r, int s) {
-  return (r / a.G + s + 1) % nodes(a) * a.G + r % a.G;
+  return Topo{nodes(a), a.G}.rail_peer(r, s + 1);
 }
 // Units of owner q's shard, and unit u's bytes [b0, b1) from the shard's first byte (may be empty).
 __host__ __device__ inline int units(const UnitPlan& a, int q) { return weave::tp::ag_units(a.L, q, a.P); }

@@ -20,12 +20,12 @@ NetAgGemm::NetAgGemm(NetPath& path, NetTpOptions opts) : path_(path), opt_(opts)
 
 NetAgGemm::NetAgGemm(NetPath& path, runtime::Communicator& node, NetTpOptions opts) : path_(path), opt_(opts) {
   tp_net::check_object(path_, opt_, "net ag_gemm", true);
-  node_ = tp_net::node_of(path_, node, "net ag_gemm");
+  node_ = node_of(path_, node, "net ag_gemm");
 }
 
 NetAgGemm::~NetAgGemm() = default;
 
-void NetAgGemm::finish(cudaStream_t stream) { tp_net::finish_on(path_, node_, stream); }
+void NetAgGemm::finish(cudaStream_t stream) { finish_on(path_, node_, stream); }
 
 namespace {
 
@@ -73,7 +73,7 @@ void NetAgGemm::run(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf16* 
                         {"B", B, size_t(N) * row},
                         {"C", C, size_t(M) * N * sizeof(bf16)}});
     if (G > 1)
-      tp_net::check_in_node_heap(*node_, a_gathered, M * row, who, "a_gathered", "the node peers write into it");
+      check_in_node_heap(*node_, a_gathered, M * row, who, "a_gathered", "the node peers write into it");
     const char* own = reinterpret_cast<const char*>(a_gathered) + mine.begin * row;
     WEAVE_CHECK(reinterpret_cast<const char*>(a_shard) == own ||
                     !runtime::overlap(a_shard, mine.size * row, a_gathered, M * row),

@@ -19,7 +19,7 @@ NetGemmRs::NetGemmRs(NetPath& path, NetTpOptions opts) : path_(path), opt_(opts)
 }
 NetGemmRs::NetGemmRs(NetPath& path, runtime::Communicator& node, NetTpOptions opts) : path_(path), opt_(opts) {
   tp_net::check_object(path_, opt_, "net gemm_rs", true);
-  node_ = tp_net::node_of(path_, node, "net gemm_rs");
+  node_ = node_of(path_, node, "net gemm_rs");
 }
 NetGemmRs::~NetGemmRs() {
   if (!scratch_) return;
@@ -34,7 +34,7 @@ NetGemmRs::~NetGemmRs() {
   }
 }
 
-void NetGemmRs::finish(cudaStream_t stream) { tp_net::finish_on(path_, node_, stream); }
+void NetGemmRs::finish(cudaStream_t stream) { finish_on(path_, node_, stream); }
 
 void NetGemmRs::run(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, cudaStream_t stream) {
   call(A, B, out, M, N, K, false, stream);
@@ -82,8 +82,8 @@ void NetGemmRs::call(const bf16* A, const bf16* B, bf16* out, int M, int N, int 
                         {"B", B, size_t(N) * K * sizeof(bf16)},
                         {"out", out, size_t(ar ? M : mine.size) * N * sizeof(bf16)}});
     if (G > 1 && ar)
-      tp_net::check_in_node_heap(*node_, out, size_t(M) * N * sizeof(bf16), who, "out",
-                                 "the node peers write the rows they reduced or received into it");
+      check_in_node_heap(*node_, out, size_t(M) * N * sizeof(bf16), who, "out",
+                         "the node peers write the rows they reduced or received into it");
     const tp_net::UnitPlan U = tp_net::rs_plan(M, N, W, wtp::default_group_m(K), opt_.chunk_bytes, G);
     if (ar)
       tp_net::check_room(path_, opt_, who, tp_net::ar_send_needed(U), tp_net::ar_recv_needed(U),

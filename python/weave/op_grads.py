@@ -46,7 +46,7 @@ def _all_reduce_bwd(ctx, g):
 
 
 def _all_gather_setup(ctx, inputs, output):
-    x, dim, _, group = inputs
+    _, dim, _, group = inputs
     ctx.dim, ctx.group = dim, group
 
 
@@ -168,12 +168,12 @@ def _all_gather_matmul_setup(ctx, inputs, keyword_only_inputs, output):  # retur
     A_shard, Bs, dim, group = inputs
     gathered = output[0]
     ctx.save_for_backward(A_shard, gathered if gathered is not None else A_shard, *Bs)
-    ctx.args = (dim, group, gathered is not None, len(Bs))
+    ctx.args = (dim, group, gathered is not None)
 
 
 def _all_gather_matmul_bwd(ctx, g_a: Optional[torch.Tensor], g_outs):
     A_shard, gathered, *Bs = ctx.saved_tensors
-    dim, group, have_gathered, nb = ctx.args
+    dim, group, have_gathered = ctx.args
     need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     if not have_gathered and need_b:
         gathered = _ops_ns.all_gather(A_shard, dim, -1, group)

@@ -19,6 +19,7 @@
 
 #include "attention/attention.hpp"
 #include "check/attention_ref.hpp"
+#include "check/host_copy.hpp"
 #include "check/seed.hpp"
 #include "check/tile_check.hpp"
 #include "weave/common/error.hpp"
@@ -51,12 +52,7 @@ struct Dev {
   Dev& operator=(const Dev&) = delete;
 };
 
-template <class T>
-std::vector<T> to_host(const T* d, size_t n) {
-  std::vector<T> h(n);
-  WEAVE_CUDA_CHECK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
-  return h;
-}
+using check::to_host;
 double f(bf16 x) { return double(__bfloat162float(x)); }
 
 AttnProblem problem(const Case& c) {

@@ -34,7 +34,7 @@
 #include "gemm/gemm.hpp"
 #include "gemm_fp8/gemm_fp8.hpp"
 #include "gemm_fp8/transpose.hpp"
-#include "host_copy.hpp"
+#include "check/host_copy.hpp"
 
 using namespace weave;
 using bf16 = __nv_bfloat16;

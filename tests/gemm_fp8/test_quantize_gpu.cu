@@ -32,7 +32,7 @@
 #include "check/tile_check.hpp"
 #include "gemm_fp8/gemm_fp8.hpp"
 #include "gemm_fp8/quantize.hpp"
-#include "host_copy.hpp"
+#include "check/host_copy.hpp"
 #include "quantize_ref.hpp"
 
 using namespace weave;

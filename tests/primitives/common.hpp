@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "check/host_copy.hpp"
 #include "check/seed.hpp"
 #include "weave/common/error.hpp"
 #include "weave/runtime/communicator.hpp"
@@ -78,16 +79,8 @@ inline std::vector<T> random_matrix(uint64_t seed, uint64_t stream, size_t n) {
   return v;
 }
 
-template <class T>
-inline void to_device(T* d, const std::vector<T>& h) {
-  WEAVE_CUDA_CHECK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-}
-template <class T>
-inline std::vector<T> to_host(const T* d, size_t n) {
-  std::vector<T> h(n);
-  WEAVE_CUDA_CHECK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
-  return h;
-}
+using weave::check::to_device;
+using weave::check::to_host;
 
 // A CUDA graph of what `calls` enqueues on `s` (captured in `mode`), instantiated.
 struct Graph {

@@ -36,6 +36,7 @@
 
 #include "bench.hpp"
 #include "bitwise.cuh"
+#include "check/device_buffer.hpp"
 #include "check/seed.hpp"
 #include "check/tile_check.hpp"
 #include "gemm/reference.cuh"
@@ -78,27 +79,19 @@ __global__ void scale_rows_kernel(bf16* x, int rows, int cols, uint64_t seed) {
   }
 }
 
-// Reference maxima: per (row, 128-column block) ra[cb * rows + r], per (column, 128-row block)
-// ca[rb * cols + c], one thread each; per 128 x 128 block ba[rb * tc + cb] from ra; the tensor's
-// from ba (one block).
-__global__ void ref_row_max(const bf16* x, int rows, int cols, float* ra) {
-  const int tc = (cols + 127) / 128;
-  for (size_t t = blockIdx.x * size_t(blockDim.x) + threadIdx.x; t < size_t(rows) * tc;
+// Reference maxima of |x| over 128-long segments of lines: line i's elements are x[i * line + j *
+// step], j < len; out[sb * lines + i] for segment sb, one thread each. Rows (line cols, step 1):
+// ra[cb * rows + r] per (row, 128-column block); columns (line 1, step cols): ca[rb * cols + c] per
+// (column, 128-row block). Per 128 x 128 block ba[rb * tc + cb] from ra; the tensor's from ba (one
+// block).
+__global__ void ref_segment_max(const bf16* x, int lines, int len, size_t line, size_t step, float* out) {
+  const int segs = (len + 127) / 128;
+  for (size_t t = blockIdx.x * size_t(blockDim.x) + threadIdx.x; t < size_t(lines) * segs;
        t += size_t(gridDim.x) * blockDim.x) {
-    const int r = int(t % rows), cb = int(t / rows);
+    const int i = int(t % lines), sb = int(t / lines);
     float m = 0;
-    for (int c = cb * 128; c < min(cols, cb * 128 + 128); ++c) m = fmaxf(m, fabsf(__bfloat162float(x[size_t(r) * cols + c])));
-    ra[t] = m;
-  }
-}
-__global__ void ref_col_max(const bf16* x, int rows, int cols, float* ca) {
-  const int tr = (rows + 127) / 128;
-  for (size_t t = blockIdx.x * size_t(blockDim.x) + threadIdx.x; t < size_t(tr) * cols;
-       t += size_t(gridDim.x) * blockDim.x) {
-    const int c = int(t % cols), rb = int(t / cols);
-    float m = 0;
-    for (int r = rb * 128; r < min(rows, rb * 128 + 128); ++r) m = fmaxf(m, fabsf(__bfloat162float(x[size_t(r) * cols + c])));
-    ca[t] = m;
+    for (int j = sb * 128; j < min(len, sb * 128 + 128); ++j) m = fmaxf(m, fabsf(__bfloat162float(x[i * line + j * step])));
+    out[t] = m;
   }
 }
 __global__ void ref_block_max(const float* ra, int rows, int cols, float* ba) {
@@ -173,13 +166,6 @@ __global__ void transpose_floats(const float* src, float* dst, int tr, int tc) {
     dst[size_t(i % tc) * tr + i / tc] = src[i];
 }
 
-template <class T>
-T* dev_alloc(size_t n) {
-  T* p = nullptr;
-  WEAVE_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
-  return p;
-}
-
 struct Verdict {
   bool ok = true;
   double worst = 0;  // mismatching elements
@@ -229,20 +215,20 @@ int run_quantize_bench(const Args& args) {
     const size_t n = size_t(rows) * cols;
     const int tr = (rows + 127) / 128, tc = (cols + 127) / 128;
     constexpr int kSets = 2;
-    bf16* x[kSets];
+    check::DeviceBuffer<bf16> xb0(n), xb1(n);
+    bf16* const x[kSets] = {xb0.p, xb1.p};
     for (int s = 0; s < kSets; ++s) {
-      x[s] = dev_alloc<bf16>(n);
       gemm::ref::fill_uniform(x[s], n, check::derive(seed, si, 2 * s), 1.f, st);
       scale_rows_kernel<<<4096, 256, 0, st>>>(x[s], rows, cols, check::derive(seed, si, 2 * s + 1));
       WEAVE_CUDA_CHECK(cudaGetLastError());
     }
     const size_t max_scales = std::max(size_t(tc) * rows, size_t(tr) * cols);
-    uint8_t *q = dev_alloc<uint8_t>(n), *qt = dev_alloc<uint8_t>(n), *eq = dev_alloc<uint8_t>(n),
-            *eqt = dev_alloc<uint8_t>(n);
-    float *qs = dev_alloc<float>(max_scales), *qts = dev_alloc<float>(max_scales), *eqs = dev_alloc<float>(max_scales),
-          *eqts = dev_alloc<float>(max_scales), *ra = dev_alloc<float>(size_t(tc) * rows),
-          *ca = dev_alloc<float>(size_t(tr) * cols), *ba = dev_alloc<float>(size_t(tr) * tc),
-          *scalars = dev_alloc<float>(4);  // [0] the delayed scale (input), [1] amax, [2] current scale, [3] ref amax
+    check::DeviceBuffer<uint8_t> q_b(n), qt_b(n), eq_b(n), eqt_b(n);
+    check::DeviceBuffer<float> qs_b(max_scales), qts_b(max_scales), eqs_b(max_scales), eqts_b(max_scales),
+        ra_b(size_t(tc) * rows), ca_b(size_t(tr) * cols), ba_b(size_t(tr) * tc), scalars_b(4);
+    uint8_t *q = q_b.p, *qt = qt_b.p, *eq = eq_b.p, *eqt = eqt_b.p;
+    float *qs = qs_b.p, *qts = qts_b.p, *eqs = eqs_b.p, *eqts = eqts_b.p, *ra = ra_b.p, *ca = ca_b.p, *ba = ba_b.p;
+    float* scalars = scalars_b.p;  // [0] the delayed scale (input), [1] amax, [2] current scale, [3] ref amax
     // The delayed scale: this distribution's amax (<= 16) over the format's largest value.
     const float given = 16.f / gemm_fp8::fp8_max_finite(type);
     WEAVE_CUDA_CHECK(cudaMemcpy(scalars, &given, sizeof given, cudaMemcpyHostToDevice));
@@ -258,16 +244,17 @@ int run_quantize_bench(const Args& args) {
         const Blocks qb = m->q, tb = trans ? m->qt : Blocks::None;
         const size_t nqs = gemm_fp8::quantize_scale_count(qb, rows, cols), nts = gemm_fp8::quantize_scale_count(tb, cols, rows);
         const double floor_bytes = gemm_fp8::quantize_floor_bytes(rows, cols, qb, tb, trans);
-        // One call on set `s`: the fused quantiser, or the two-step path.
-        const auto fused = [&](int s) {
-          if (m->current) gemm_fp8::quantize_fp8_current(x[s], rows, cols, type, q, trans ? qt : nullptr, scalars + 2, scalars + 1, st);
-          else if (m->per_tensor) gemm_fp8::quantize_fp8(x[s], rows, cols, type, q, trans ? qt : nullptr, scalars, scalars + 1, st);
-          else gemm_fp8::quantize_fp8_blocks(x[s], rows, cols, type, q, qb, qs, trans ? qt : nullptr, tb, trans ? qts : nullptr, nullptr, st);
+        // One quantiser call on set `s`, with Qt or without; the fused row is it with Qt (when
+        // transposing), the two-step path it without Qt, then the transposes.
+        const auto quantize = [&](int s, bool with_qt) {
+          uint8_t* const t = with_qt ? qt : nullptr;
+          if (m->current) gemm_fp8::quantize_fp8_current(x[s], rows, cols, type, q, t, scalars + 2, scalars + 1, st);
+          else if (m->per_tensor) gemm_fp8::quantize_fp8(x[s], rows, cols, type, q, t, scalars, scalars + 1, st);
+          else gemm_fp8::quantize_fp8_blocks(x[s], rows, cols, type, q, qb, qs, t, with_qt ? tb : Blocks::None, with_qt ? qts : nullptr, nullptr, st);
         };
+        const auto fused = [&](int s) { quantize(s, trans); };
         const auto two_step = [&](int s) {
-          if (m->current) gemm_fp8::quantize_fp8_current(x[s], rows, cols, type, q, nullptr, scalars + 2, scalars + 1, st);
-          else if (m->per_tensor) gemm_fp8::quantize_fp8(x[s], rows, cols, type, q, nullptr, scalars, scalars + 1, st);
-          else gemm_fp8::quantize_fp8_blocks(x[s], rows, cols, type, q, qb, qs, nullptr, Blocks::None, nullptr, nullptr, st);
+          quantize(s, false);
           gemm_fp8::transpose_fp8(q, qt, rows, cols, st);
           if (tb == Blocks::Block128) {
             transpose_floats<<<64, 256, 0, st>>>(qs, qts, tr, tc);
@@ -284,8 +271,8 @@ int run_quantize_bench(const Args& args) {
         // The reference of set `s` and the comparison of the outputs with it.
         const auto check_set = [&](int s) {
           Verdict v;
-          ref_row_max<<<2048, 256, 0, st>>>(x[s], rows, cols, ra);
-          ref_col_max<<<2048, 256, 0, st>>>(x[s], rows, cols, ca);
+          ref_segment_max<<<2048, 256, 0, st>>>(x[s], rows, cols, size_t(cols), 1, ra);
+          ref_segment_max<<<2048, 256, 0, st>>>(x[s], cols, rows, 1, size_t(cols), ca);
           ref_block_max<<<64, 256, 0, st>>>(ra, rows, cols, ba);
           ref_tensor_max<<<1, 1024, 0, st>>>(ba, tr * tc, scalars + 3);
           WEAVE_CUDA_CHECK(cudaGetLastError());
@@ -356,9 +343,6 @@ int run_quantize_bench(const Args& args) {
         }
       }
     WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
-    for (bf16* p : x) cudaFree(p);
-    for (void* p : {static_cast<void*>(q), static_cast<void*>(qt), static_cast<void*>(eq), static_cast<void*>(eqt)}) cudaFree(p);
-    for (float* p : {qs, qts, eqs, eqts, ra, ca, ba, scalars}) cudaFree(p);
   }
   return exit_status("quantize", wrong, seed);
 }

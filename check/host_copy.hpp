@@ -1,5 +1,5 @@
-// Whole-array copies between a device array and a host vector, for the fp8 GPU tests'
-// host-side references and checks (synchronous).
+// Whole-array copies between a device array and a host vector, for the GPU tests' host-side
+// references and checks (synchronous).
 #pragma once
 #include <cuda_runtime.h>
 
