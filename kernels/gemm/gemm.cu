@@ -9,6 +9,7 @@
 #include "gemm/plan.hpp"
 #include "gemm/run.cuh"
 #include "gemm/swapped.hpp"
+#include "gemm/swapped_wide.hpp"
 #include "gemm/wide.hpp"
 #include "weave/common/error.hpp"
 #include "weave/common/extent.hpp"
@@ -87,6 +88,15 @@ Launch launch_choice(int M, int N, int K, BLayout bl, const Options& opt, bool f
   }
   if (opt.tile == Tile::M128Nw)
     WEAVE_CHECK(bl == BLayout::NK, "gemm: the 128 x w tile takes B as N x K (a K x N tile is read in 64-column boxes)");
+  if (opt.tile == Tile::SwappedW)
+    WEAVE_CHECK(bl == BLayout::NK && M <= kSwappedWideMaxM, "gemm: the swapped 128 x w tile takes B as N x K and M <= ",
+                kSwappedWideMaxM, "; got M = ", M, bl == BLayout::NK ? "" : ", B as K x N");
+  const bool aligned =
+      pitch_aligned(opt.a_layout == ALayout::KM ? M : K) && pitch_aligned(bl == BLayout::NK ? K : N);
+  if (opt.tile == Tile::SwappedW) {  // clusters on a misaligned pitch, as the planner would run it
+    const int cluster = !aligned && pairs > 0 ? 2 : 1;
+    return {opt.tile, plain && opt.split_k > 1 ? opt.split_k : 1, cluster == 2 ? pairs : blocks, opt.tile_n, cluster};
+  }
   if (opt.tile != Tile::Auto) {
     const bool splittable = plain && (opt.tile == Tile::M128N256 || opt.tile == Tile::M128N256C2 ||
                                       opt.tile == Tile::M64N128 || opt.tile == Tile::M128N192 ||
@@ -96,17 +106,18 @@ Launch launch_choice(int M, int N, int K, BLayout bl, const Options& opt, bool f
   }
   PlanInputs in;
   in.M = M, in.N = N, in.K = K;
-  in.aligned = pitch_aligned(opt.a_layout == ALayout::KM ? M : K) && pitch_aligned(bl == BLayout::NK ? K : N);
+  in.aligned = aligned;
   in.sm_count = blocks;
   in.pair_clusters = pairs;
   in.mid = mid_ok;
   in.wide = mid_ok && bl == BLayout::NK;
   in.split_k = plain && opt.split_k != 1;
   in.swapped = bl == BLayout::NK && opt.a_layout == ALayout::MK && opt.lcsc.num_comm_sms == 0 && opt.split_k <= 1;
+  in.swapped_wide = plain && bl == BLayout::NK;
   const Choice c = plan_gemm(in);
   int splits = c.splits;
   if (plain && opt.split_k > 1 && c.tile != Tile::M128N128) splits = opt.split_k;
-  return {c.tile, splits, c.workers, c.width};
+  return {c.tile, splits, c.workers, c.width, c.cluster};
 }
 
 template <class OutT>
@@ -142,6 +153,7 @@ lcsc::Plan dispatch(const bf16* A, const bf16* B, OutT* C, int M, int N, int K, 
                 : run<Deep<BLayout::KN>>(A, B, C, M, N, K, opt, group_m, stream);
     const bool bias = opt.bias_type != BiasType::None;
     if (t == Tile::M128Nw) return detail::run_wide(A, B, C, M, N, K, opt, group_m, stream, l);
+    if (t == Tile::SwappedW) return detail::run_swapped_wide(A, B, C, M, N, K, opt, group_m, stream, l);
     if (t == Tile::M128N192) {  // A M x K only (validate_args, launch_choice)
       if (bias)
         return nk ? run<MidE<BLayout::NK, ALayout::MK, bf16, true>>(A, B, C, M, N, K, opt, group_m, stream)
@@ -195,7 +207,11 @@ void validate_args(const void* A, const void* B, const void* C, int M, int N, in
   }
   const bool defaults = opt.a_layout == ALayout::MK && !f32_out && opt.bias_type == BiasType::None;
   const int tv = static_cast<int>(opt.tile);
-  WEAVE_CHECK(tv >= static_cast<int>(Tile::Auto) && tv <= static_cast<int>(Tile::M128Nw), "gemm: unknown tile ", tv);
+  WEAVE_CHECK(tv >= static_cast<int>(Tile::Auto) && tv <= static_cast<int>(Tile::SwappedW), "gemm: unknown tile ", tv);
+  WEAVE_CHECK(opt.tile != Tile::SwappedW || (defaults && is_swapped_width(opt.tile_n)),
+              "gemm: the swapped 128 x w tile supports only A as M x K and a bf16 output without bias, with tile_n one of ",
+              swapped_widths_text(), "; got tile_n = ", opt.tile_n, opt.a_layout == ALayout::MK ? "" : ", A as K x M",
+              f32_out ? ", an fp32 output" : "", opt.bias_type == BiasType::None ? "" : ", a bias");
   WEAVE_CHECK(opt.tile != Tile::M128Nw || (opt.a_layout == ALayout::MK && !f32_out && is_wide_width(opt.tile_n)),
               "gemm: tile 128 x w supports only A as M x K and a bf16 output, with tile_n one of ",
               wide_widths_text(), "; got tile_n = ", opt.tile_n, opt.a_layout == ALayout::MK ? "" : ", A as K x M",
@@ -217,15 +233,22 @@ const char* tile_name(Tile t) {
     case Tile::M128N192: return "128x192";
     case Tile::Swapped: return "swapped";
     case Tile::M128Nw: return "128xw";
+    case Tile::SwappedW: return "sw128xw";
     default: return "auto";
   }
 }
 
-std::string wide_widths_text() {
+namespace {
+template <size_t N>
+std::string widths_text(const int (&widths)[N]) {
   std::string s;
-  for (int w : kWideWidths) s += (s.empty() ? "" : ", ") + std::to_string(w);
+  for (int w : widths) s += (s.empty() ? "" : ", ") + std::to_string(w);
   return s;
 }
+}  // namespace
+
+std::string wide_widths_text() { return widths_text(kWideWidths); }
+std::string swapped_widths_text() { return widths_text(kSwappedWidths); }
 
 std::string launch_label(const char* tile, int width, int splits) {
   const std::string s = width > 0 ? "128x" + std::to_string(width) : tile;
@@ -233,6 +256,8 @@ std::string launch_label(const char* tile, int width, int splits) {
 }
 
 std::string launch_name(const Launch& l) {
+  if (l.tile == Tile::SwappedW)
+    return launch_label(("sw128x" + std::to_string(l.width) + (l.cluster == 2 ? "c2" : "")).c_str(), 0, l.splits);
   return launch_label(tile_name(l.tile), l.tile == Tile::M128Nw ? l.width : 0, l.splits);
 }
 

@@ -26,6 +26,10 @@ namespace weave::gemm {
 // the power-of-two widths, so that more shapes fill whole rounds of SMs (wave quantisation, as
 // cuBLAS's 112- and 144-wide tiles do); A M x K, B N x K, a bf16 output (bias allowed); the output
 // is staged dense (no swizzle) when w is not a multiple of 64.
+// SwappedW: a forward X W^T with few tokens (M <= kSwappedWideMaxM, W stored N x K, A M x K):
+// the operands swapped onto the wgmma, 128 weight rows on its M side and w = Options::tile_n (one
+// of kSwappedWidths) tokens on its N side, the tile stored transposed; the stages then hold
+// weights, not the empty rows of a 128-row token tile. A bf16 output without bias; split-K.
 // Auto: the planner's choice (kernels/gemm/plan.hpp).
 enum class Tile : int {
   Auto = 0,
@@ -36,7 +40,8 @@ enum class Tile : int {
   M64N128 = 5,
   M128N192 = 6,
   Swapped = 7,
-  M128Nw = 8
+  M128Nw = 8,
+  SwappedW = 9
 };
 
 // The widths of Tile::M128Nw: multiples of 16 (two 8-column blocks per stmatrix) between the
@@ -47,6 +52,22 @@ constexpr bool is_wide_width(int w) {
   for (int v : kWideWidths)
     if (v == w) return true;
   return false;
+}
+
+// The token widths of Tile::SwappedW (wgmma N), and the largest M it takes.
+// 256 ran at 0.55-0.68 of cuBLAS where 128-row tiles ran 0.78-0.96 (3 stages; docs/perf-notes.md).
+inline constexpr int kSwappedWidths[] = {32, 64, 96, 128, 160, 192};
+inline constexpr int kSwappedWideMaxM = 192;
+constexpr bool is_swapped_width(int w) {
+  for (int v : kSwappedWidths)
+    if (v == w) return true;
+  return false;
+}
+// The narrowest swapped width that holds M tokens (0: more than kSwappedWideMaxM).
+constexpr int swapped_width(int M) {
+  for (int v : kSwappedWidths)
+    if (v >= M) return v;
+  return 0;
 }
 
 // The type of Options::bias.
@@ -61,7 +82,7 @@ struct Options {
   // (kernels/gemm/plan.hpp; with a given tile, no split), 1 = never, n > 1 = n K ranges. Only the
   // 128x256, 128x192 and 64x128 tiles with the default epilogue (A M x K, bf16 C, no bias) split.
   int split_k = 0;
-  int tile_n = 0;  // the width of Tile::M128Nw (one of kWideWidths); unused by the other tiles
+  int tile_n = 0;  // the width of Tile::M128Nw (kWideWidths) or SwappedW (kSwappedWidths); unused by the others
   ALayout a_layout = ALayout::MK;      // KM: A stored K x M (weight gradient dY^T X); M % 8 == 0
   BiasType bias_type = BiasType::None;  // BF16 / F32: bias points to N values of that type
   const void* bias = nullptr;          // added to every row of C in fp32, before rounding
@@ -75,7 +96,8 @@ struct Options {
 // The experimental tiles (M128N256S4, M128N256C2) take only the defaults: A M x K, bf16 output,
 // no bias; M128N192 takes A M x K and a bf16 output; M128Nw takes A M x K, B N x K, a bf16 output
 // and opt.tile_n in kWideWidths; Swapped takes M <= 16, A M x K, B N x K and no
-// communicator SMs. Returns the grid it launched.
+// communicator SMs; SwappedW takes M <= kSwappedWideMaxM, A M x K, B N x K, a bf16 output without
+// bias and opt.tile_n in kSwappedWidths. Returns the grid it launched.
 lcsc::Plan gemm(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C, int M, int N, int K, BLayout b,
                 const Options& opt = {}, cudaStream_t stream = nullptr);
 // The same with an fp32 output (C += accumulates in fp32 through TMA reduce-add stores).
@@ -88,7 +110,8 @@ struct Launch {
   Tile tile = Tile::M128N256;
   int splits = 1;   // K ranges of each item of the last partial round
   int workers = 0;  // compute blocks (clusters for the cluster tile) the split was planned for
-  int width = 0;    // Tile::M128Nw: its width
+  int width = 0;    // Tile::M128Nw, SwappedW: its width
+  int cluster = 1;  // Tile::SwappedW: 2 = 2-CTA clusters multicasting the token tile
 };
 Launch choose_launch(int M, int N, int K, BLayout b, const Options& opt = {}, bool f32_out = false);
 
@@ -101,9 +124,10 @@ void validate_args(const void* A, const void* B, const void* C, int M, int N, in
                    bool f32_out);
 int default_group_m(Tile t, int K);
 const char* tile_name(Tile t);
-// kWideWidths as text ("96, 112, ..."), for messages.
+// kWideWidths as text ("96, 112, ..."), for messages; kSwappedWidths likewise.
 std::string wide_widths_text();
-// "128x256", "128x144" (M128Nw with its width), with "/k3" for a split.
+std::string swapped_widths_text();
+// "128x256", "128x144" (M128Nw with its width), "sw128x96" (SwappedW), with "/k3" for a split.
 std::string launch_name(const Launch& l);
 // The same from a tile's name, its width (> 0: the 128 x w tile) and its split, for the fp8 GEMM's
 // launches too.

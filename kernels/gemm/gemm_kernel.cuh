@@ -16,6 +16,12 @@
 // Cluster = 2: the two CTAs of a cluster compute vertically adjacent tiles (tile rows 2i and
 // 2i+1, same tile column), so they need the same B panel. Each loads its own A and half of B,
 // multicasting that half into both CTAs: B crosses L2 -> SM once per pair.
+//
+// TransOut (the swapped 128 x w tile, Tile::SwappedW): the caller passes the weights W (N x K) as
+// A and the tokens X (M x K) as B, so that 128 weight rows sit on the wgmma's M side and the few
+// tokens on its N side (no rows of a 128-row token tile wasted, and the stages hold weights); the
+// kernel computes D = W X^T (its M is the GEMM's N) and stores D transposed, as C = X W^T: each
+// consumer's 64 weight rows are one staging block of BN token rows x 128 B (swizzled), one TMA box.
 #pragma once
 #include <cuda.h>
 
@@ -50,7 +56,7 @@ struct GemmEpilogueGlobals : GemmGlobals {
 };
 
 template <int BN_, BLayout L, int Stages, int OutParts = 1, int Cluster = 1, ALayout LA = ALayout::MK,
-          class OutT = tile::bf16, bool Bias = false, int BM_ = 128>
+          class OutT = tile::bf16, bool Bias = false, int BM_ = 128, bool TransOut = false>
 struct GemmKernel {
   using bf16 = tile::bf16;
   static constexpr bool kF32Out = std::is_same_v<OutT, float>;
@@ -68,7 +74,11 @@ struct GemmKernel {
   // the output dense (output_staging.hpp) and stores it with one {BN, BM} box; B must be N x K (a
   // K x N tile is read in 64-column boxes).
   using Staging = OutputStaging<BN_, static_cast<int>(sizeof(OutT))>;
-  static constexpr bool kDenseOut = Staging::kDense;
+  static constexpr bool kTransOut = TransOut;
+  static constexpr bool kDenseOut = !TransOut && Staging::kDense;
+  static_assert(!TransOut || (BM_ == 128 && L == BLayout::NK && LA == ALayout::MK && OutParts == 1 &&
+                              std::is_same_v<OutT, bf16> && !Bias && BN_ % (8 * Cluster) == 0),
+                "a transposed output: BM = 128, A and B K-major, a bf16 output without bias, one part");
   static_assert(!kDenseOut || (BM_ == 128 && L == BLayout::NK && OutParts == 1 && Cluster == 1 &&
                                std::is_same_v<OutT, bf16> && BN_ % 16 == 0),
                 "a width off the 64-column grid: BM = 128, B as N x K, a bf16 output, one part, no cluster");
@@ -83,12 +93,14 @@ struct GemmKernel {
   static_assert(Cluster == 1 || Cluster == 2, "clusters of 1 or 2 along M");
   static constexpr int kPartCols = BN_ / OutParts;
   static constexpr int kWPartCols = BM_ == 128 ? kPartCols : BN_ / 2;  // one consumer's columns of a part
-  static constexpr int kOutBlockCols = Staging::kBlockCols;  // output columns per staging row block
-  static constexpr tile::Swizzle kOutSwizzle = Staging::kSwizzle;
+  // Output columns per staging row block (TransOut: C's columns, i.e. 64 of the tile's rows).
+  static constexpr int kOutBlockCols = TransOut ? 64 : Staging::kBlockCols;
+  static constexpr tile::Swizzle kOutSwizzle = TransOut ? tile::Swizzle::B128 : Staging::kSwizzle;
   static constexpr uint32_t kStageTxBytes = (BM + BN) * BK * sizeof(bf16);
   static constexpr int kInBytes = sizeof(bf16);  // bytes per input element (the TP pushes count bytes)
-  static_assert((BN % 64 == 0 || kDenseOut) && BN <= 256, "BN in 64..256, a multiple of 64 (or of 16, dense)");
-  static_assert((kPartCols % 64 == 0 || kDenseOut) && kPartCols * OutParts == BN,
+  static_assert((BN % 64 == 0 || kDenseOut || TransOut) && BN <= 256,
+                "BN in 64..256, a multiple of 64 (or of 16, dense; of 8, transposed)");
+  static_assert((kPartCols % 64 == 0 || kDenseOut || TransOut) && kPartCols * OutParts == BN,
                 "output parts of whole 64-column blocks");
 
   struct alignas(1024) Stage {
@@ -248,8 +260,37 @@ struct GemmKernel {
   // (BM = 128: every consumer holds every column, at its own rows). BM = 64: one part; consumer
   // c's columns are the tile's c * kWN on, i.e. staging blocks from c * kWN / kOutBlockCols on,
   // c * kWN * BM elements.
+  // TransOut: consumer c's 64 x BN accumulator (weight rows x tokens) into staging block c, BN
+  // token rows of 128 B with the 128B swizzle. A store instruction's lanes write 8 weight rows
+  // (16 bytes) of 4 tokens 2 apart, which the swizzle puts on 4 different 16-byte chunks: no bank
+  // conflict.
+  static __device__ __forceinline__ void store_transposed(bf16* block, const ConsumerState& st) {
+    const int lane = threadIdx.x & 31;
+    const int warp = (threadIdx.x / 32) % 4;
+    const uint32_t r = static_cast<uint32_t>(16 * warp + lane / 4);
+    const uint32_t base = tile::smem_u32(block);
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+      const uint32_t t = static_cast<uint32_t>(8 * j + 2 * (lane & 3));
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const uint32_t row = t + (e & 1), byte = 2 * (r + 8 * (e >> 1));
+        const uint32_t a = base + tile::swizzled_offset(tile::Swizzle::B128, row, byte);
+        const bf16 v = __float2bfloat16_rn(st.d[4 * j + e]);
+        asm volatile("st.shared.b16 [%0], %1;" ::"r"(a), "h"(*reinterpret_cast<const unsigned short*>(&v)) : "memory");
+      }
+    }
+  }
+
   template <int P>
   static __device__ __forceinline__ void finish_part(const Globals& g, ConsumerState& st, Output& o, int w, int c) {
+    if constexpr (TransOut)
+      store_transposed(o.c + c * BN * 64, st);
+    else
+      finish_rows<P>(g, st, o, w, c);
+  }
+  template <int P>
+  static __device__ __forceinline__ void finish_rows(const Globals& g, ConsumerState& st, Output& o, int w, int c) {
     const int row0 = BM == 128 ? c * 64 : 0;
     OutT* const dst = o.c + (BM == 128 ? 0 : c * kWN * BM);
     if constexpr (Bias) {
@@ -279,17 +320,34 @@ struct GemmKernel {
     }
   }
 
+  // TransOut: staging block j (the tile's rows 64j.., C's columns) to C at the tile's tokens.
+  static __device__ __forceinline__ void store_block(const Globals& g, Output& o, const TileCoord& t, int j) {
+    static_assert(TransOut, "the transposed output's store");
+    const int n = t.m * BM + 64 * j;
+    if (n >= g.M) return;
+    const bf16* src = o.c + j * BN * 64;
+    if (g.accumulate)
+      tile::tma::reduce_add_2d(&g.c, src, n, t.n * BN);
+    else
+      tile::tma::store_2d(&g.c, src, n, t.n * BN);
+  }
+
   static __device__ __forceinline__ void store(const Globals& g, Output& o, int w, int part) {
     const TileCoord t = coord(g, w);
     if (t.m >= g.tiles_m) return;
+    if constexpr (TransOut) {
+      store_block(g, o, t, 0);
+      store_block(g, o, t, 1);
+    } else {
 #pragma unroll
-    for (int j = 0; j < kPartCols / kOutBlockCols; ++j) {
-      const int n = t.n * BN + part * kPartCols + kOutBlockCols * j;
-      if (n >= g.N) break;
-      if (g.accumulate)  // fp32 or bf16 add at L2, by the tensor map's type
-        tile::tma::reduce_add_2d(&g.c, o.c + j * BM * kOutBlockCols, n, t.m * BM);
-      else
-        tile::tma::store_2d(&g.c, o.c + j * BM * kOutBlockCols, n, t.m * BM);
+      for (int j = 0; j < kPartCols / kOutBlockCols; ++j) {
+        const int n = t.n * BN + part * kPartCols + kOutBlockCols * j;
+        if (n >= g.N) break;
+        if (g.accumulate)  // fp32 or bf16 add at L2, by the tensor map's type
+          tile::tma::reduce_add_2d(&g.c, o.c + j * BM * kOutBlockCols, n, t.m * BM);
+        else
+          tile::tma::store_2d(&g.c, o.c + j * BM * kOutBlockCols, n, t.m * BM);
+      }
     }
   }
 

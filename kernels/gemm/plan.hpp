@@ -17,12 +17,14 @@
 //   per FLOP), hardly does (kMisaligned*).
 #pragma once
 
+#include <algorithm>
 #include <iterator>
 
 #include "gemm/gemm.hpp"
 #include "gemm/scheduler.hpp"
 #include "gemm/split_k.hpp"
 #include "gemm/swapped_schedule.hpp"
+#include "gemm/swapped_wide.hpp"
 
 namespace weave::gemm {
 
@@ -36,6 +38,7 @@ struct PlanInputs {
   bool wide = false;       // the 128 x w tiles allowed (A M x K, B N x K, bf16 output)
   bool narrow = true;      // the 64x128 tile allowed
   bool swapped = false;    // the swapped decode tile allowed (A M x K, B N x K, no communicator SMs)
+  bool swapped_wide = false;  // the swapped 128 x w tiles allowed (A M x K, B N x K, bf16 output, no bias)
 };
 
 struct Choice {
@@ -43,7 +46,8 @@ struct Choice {
   int splits = 1;   // K ranges of each item of the last partial round (1: none)
   int workers = 0;  // the workers the choice was made for (compute blocks, or clusters)
   double cost = 0;  // model units (for tests and the bench's log)
-  int width = 0;    // Tile::M128Nw: its width
+  int width = 0;    // Tile::M128Nw, SwappedW: its width
+  int cluster = 1;  // Tile::SwappedW: CTAs per cluster (2: the token tile multicast)
 };
 
 namespace plan_model {
@@ -78,6 +82,17 @@ inline double wide_cost(int w) {
     if (kWideWidths[i] == w) return kWideCosts[i];
   return 2.0;  // not a width the planner knows: never picked
 }
+// The swapped 128 x w tile streams each weight panel once from DRAM, so an iteration waits for its
+// stage's round trip rather than for the tensor cores: with the same tokens (32 x 14336 x 4096) its
+// time per iteration was 6.0-6.8 units divided by its stages at every width (10 stages: 0.68, 3:
+// 2.07; docs/perf-notes.md, 2026-12-03 sixth session). kSwappedLatency is that round trip, fitted
+// with the rules below to 56 rows of 24-176 tokens (the old choice against the swapped widths).
+inline constexpr double kSwappedLatency = 2.6;
+// ... and no less than its tensor work: w / 256 of a 128x256 iteration, at kSwappedCompute of that
+// (the widest token tiles are compute-bound when full).
+inline constexpr double kSwappedCompute = 0.9;
+inline constexpr double kMisalignedSwapped = 1.35;  // a pitch off the 128-byte grid (then 2-CTA clusters)
+inline constexpr int kMaxSplitsSwapped = 2;         // 3-4 splits of a few dozen weight panels lost
 
 }  // namespace plan_model
 
@@ -90,11 +105,14 @@ struct SplitChoice {
 // costing `unit`): unsplit, or, where split_ok, with the last partial round split as best_splits
 // prefers when the model says that is kSplitGain faster (decode: M <= 64, more splits and no
 // slowdown). The GEMM planners (plan_gemm, gemm_fp8's block-scaled one) use it per tile.
-inline SplitChoice split_choice(int items, int iters, int workers, bool decode, double unit, bool split_ok) {
+// max_splits > 0 overrides the default bound (kMaxSplits at decode, else kMaxSplitsWide).
+inline SplitChoice split_choice(int items, int iters, int workers, bool decode, double unit, bool split_ok,
+                                int max_splits = 0) {
   using namespace plan_model;
   SplitChoice c{1, static_cast<double>(split_rounds(items, iters, workers, 1)) * unit};
   if (!split_ok) return c;
-  const int s = best_splits(items, iters, workers, decode ? kMaxSplits : kMaxSplitsWide, kSplitCost);
+  const int bound = max_splits > 0 ? max_splits : decode ? kMaxSplits : kMaxSplitsWide;
+  const int s = best_splits(items, iters, workers, bound, kSplitCost);
   const long long whole = static_cast<long long>(items / workers) * iters;
   const double split =
       static_cast<double>(split_rounds(items, iters, workers, s) - whole) * (decode ? 1.0 : kSplitSlowdown);
@@ -123,7 +141,27 @@ inline Choice plan_gemm(const PlanInputs& in) {
   // of the 128x256 tile's 3 (the regime is memory-bound: measured 16x28672x8192 in 122 us against
   // 148 us, and faster on all eight decode shapes tried); split to fill the machine. A 64x128
   // iteration reads half the B bytes of a 128x256 one.
-  if (decode && in.narrow) return best_of(Tile::M64N128, ceil_div(in.N, 128), in.sm_count, kDecodeCost, true);
+  // Up to kSwappedWideMaxM tokens of a forward X W^T: the swapped 128 x w tile of the narrowest
+  // width that holds every token (two token tiles re-read each weight panel and never won), whose
+  // stages hold weights rather than a 128-row token tile's empty rows. On a misaligned pitch it runs
+  // in 2-CTA clusters that multicast the token tile (half the token rows' L2 requests per CTA).
+  auto consider_swapped = [&](Choice& best) {
+    const int w = swapped_width(in.M);
+    if (!in.swapped_wide || w == 0) return;
+    const bool pair = !in.aligned && in.pair_clusters > 0;
+    const int workers = pair ? in.pair_clusters : in.sm_count;
+    const int panels = ceil_div(in.N, 128);
+    const double round_trip = kSwappedLatency / detail::swapped_wide_stages(w);
+    const double unit = std::max(round_trip, kSwappedCompute * w / 256.0) * (in.aligned ? 1.0 : kMisalignedSwapped);
+    const SplitChoice c = split_choice(pair ? ceil_div(panels, 2) : panels, iters, workers, false, unit, in.split_k,
+                                       kMaxSplitsSwapped);
+    consider(best, Choice{Tile::SwappedW, c.splits, workers, c.cost, w, pair ? 2 : 1});
+  };
+  if (decode && in.narrow) {
+    Choice best = best_of(Tile::M64N128, ceil_div(in.N, 128), in.sm_count, kDecodeCost, true);
+    consider_swapped(best);
+    return best;
+  }
   Choice best = best_of(Tile::M128N256, tm * ceil_div(in.N, 256), in.sm_count, in.aligned ? 1.0 : kMisalignedBig, true);
   consider(best, best_of(Tile::M128N128, tm * ceil_div(in.N, 128), in.sm_count,
                          kSmallCost * (in.aligned ? 1.0 : kMisalignedSmall), false));
@@ -143,6 +181,7 @@ inline Choice plan_gemm(const PlanInputs& in) {
   if (in.pair_clusters > 0)
     consider(best, best_of(Tile::M128N256C2, ceil_div(tm, 2) * ceil_div(in.N, 256), in.pair_clusters,
                            in.aligned ? 1.0 : kMisalignedPair, true));
+  consider_swapped(best);
   return best;
 }
 

@@ -15,7 +15,7 @@ namespace weave::gemm::detail {
 // (kernels/gemm/plan.hpp).
 template <class Kern>
 constexpr bool kSplittable = ((Kern::BN == 256 && Kern::kStages == 3) || Kern::BN == 192 || Kern::BN == 128 ||
-                              Kern::kDenseOut) &&
+                              Kern::kDenseOut || Kern::kTransOut) &&
                              Kern::kOutputParts == 1 && Kern::kPlainEpilogue && Kern::kALayout == ALayout::MK;
 
 template <class Kern, class OutT>
@@ -31,8 +31,11 @@ lcsc::Plan run(const __nv_bfloat16* A, const __nv_bfloat16* B, OutT* C, int M, i
     g.b = tile::encode(tile::tma_2d(B, N, K, K, Kern::kBRowsPerCta, 64, Swizzle::B128));
   else
     g.b = tile::encode(tile::tma_2d(B, K, N, N, 64, 64, Swizzle::B128));
-  g.c = tile::encode(
-      tile::tma_2d(static_cast<const OutT*>(C), M, N, N, Kern::BM, Kern::kOutBlockCols, Kern::kOutSwizzle));
+  if constexpr (Kern::kTransOut)  // C is N x M here (the caller swapped the operands): BN rows of 64 columns
+    g.c = tile::encode(tile::tma_2d(static_cast<const OutT*>(C), N, M, M, Kern::BN, 64, Swizzle::B128));
+  else
+    g.c = tile::encode(
+        tile::tma_2d(static_cast<const OutT*>(C), M, N, N, Kern::BM, Kern::kOutBlockCols, Kern::kOutSwizzle));
   if constexpr (!Kern::kPlainEpilogue) {
     g.bias = opt.bias_type == BiasType::None ? nullptr : opt.bias;
     g.bias_f32 = opt.bias_type == BiasType::F32 ? 1 : 0;

@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -21,20 +22,24 @@ constexpr int wide_stages(int w) {
   return stages > 6 ? 6 : stages;
 }
 
-// f(std::integral_constant<int, w>{}) for the run-time width w, which must be one of kWideWidths
-// (else a weave::Error naming `who` and the widths): how the bf16 and fp8 GEMMs pick their 128 x w
-// instantiation.
-template <class F, size_t... I>
+// f(std::integral_constant<int, w>{}) for the run-time width w, which must be one of Widths
+// (kWideWidths, or kSwappedWidths; else a weave::Error naming `who` and the widths): how the bf16
+// and fp8 GEMMs pick their 128 x w (or swapped 128 x w) instantiation.
+template <const auto& Widths, class F, size_t... I>
 auto with_width_at(int w, const char* who, F& f, std::index_sequence<I...>) {
-  using R = decltype(f(std::integral_constant<int, kWideWidths[0]>{}));
+  using R = decltype(f(std::integral_constant<int, Widths[0]>{}));
   R r{};
-  const bool found = ((w == kWideWidths[I] ? (r = f(std::integral_constant<int, kWideWidths[I]>{}), true) : false) || ...);
-  WEAVE_CHECK(found, who, ": no 128 x ", w, " tile (widths: ", wide_widths_text(), ")");
+  const bool found = ((w == Widths[I] ? (r = f(std::integral_constant<int, Widths[I]>{}), true) : false) || ...);
+  if (!found) {
+    std::string text;
+    for (int v : Widths) text += (text.empty() ? "" : ", ") + std::to_string(v);
+    WEAVE_CHECK(false, who, ": no 128 x ", w, " tile (widths: ", text, ")");
+  }
   return r;
 }
-template <class F>
+template <const auto& Widths = kWideWidths, class F>
 auto with_width(int w, const char* who, F&& f) {
-  return with_width_at(w, who, f, std::make_index_sequence<std::size(kWideWidths)>{});
+  return with_width_at<Widths>(w, who, f, std::make_index_sequence<std::size(Widths)>{});
 }
 
 // A M x K, B N x K, bf16 C; opt's bias (if any); split.splits > 1 (no bias) splits the last round.

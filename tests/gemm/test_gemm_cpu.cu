@@ -9,6 +9,7 @@
 #include "check/error_of.hpp"
 #include "gemm/gemm.hpp"
 #include "gemm/scheduler.hpp"
+#include "gemm/swapped_wide.hpp"
 #include "gemm/wide.hpp"
 #include "weave/lcsc.cuh"
 #include "weave/tile/swizzle.hpp"
@@ -248,14 +249,51 @@ TEST(GemmShape, ArgumentValidation) {
   }
 }
 
-// The run-time width reaches the instantiation of that width (every width of kWideWidths), and
-// any other is an error naming the caller.
+// The run-time width reaches the instantiation of that width (every width of kWideWidths, and of
+// kSwappedWidths for the swapped tile), and any other is an error naming the caller and the widths.
 TEST(GemmShape, WithWidth) {
   for (int w : gemm::kWideWidths)
     EXPECT_EQ(gemm::detail::with_width(w, "gemm", [](auto c) { return decltype(c)::value; }), w);
   EXPECT_NE(error_of([] { gemm::detail::with_width(100, "gemm_fp8", [](auto c) { return decltype(c)::value; }); })
-                .find("gemm_fp8: no 128 x 100 tile"),
+                .find("gemm_fp8: no 128 x 100 tile (widths: 96, 112"),
             std::string::npos);
+  for (int w : gemm::kSwappedWidths)
+    EXPECT_EQ(gemm::detail::with_width<gemm::kSwappedWidths>(w, "gemm", [](auto c) { return decltype(c)::value; }), w);
+  EXPECT_NE(error_of([] {
+              gemm::detail::with_width<gemm::kSwappedWidths>(112, "gemm", [](auto c) { return decltype(c)::value; });
+            }).find("gemm: no 128 x 112 tile (widths: 32, 64"),
+            std::string::npos);
+}
+
+// The swapped 128 x w tile: a width of kSwappedWidths, A M x K, a bf16 output, no bias; its stages
+// fill the shared memory (every width's kernel is also checked against 227 KB at compile time).
+TEST(GemmShape, SwappedWideTileArgs) {
+  const void* p = reinterpret_cast<const void*>(uintptr_t(0x10000));
+  gemm::Options o;
+  o.tile = gemm::Tile::SwappedW;
+  for (int w : gemm::kSwappedWidths) {
+    o.tile_n = w;
+    EXPECT_EQ(error_of([&] { gemm::validate_args(p, p, p, 128, 128, 128, o, false); }), "") << w;
+    EXPECT_GE(gemm::detail::swapped_wide_stages(w), 3) << w;
+  }
+  EXPECT_EQ(gemm::detail::swapped_wide_stages(96), 7);
+  EXPECT_EQ(gemm::detail::swapped_wide_stages(32), 10);
+  for (int w : {0, 80, 100, 208}) {
+    o.tile_n = w;
+    EXPECT_NE(error_of([&] { gemm::validate_args(p, p, p, 128, 128, 128, o, false); }).find("tile_n = " + std::to_string(w)),
+              std::string::npos) << w;
+  }
+  o.tile_n = 96;
+  EXPECT_NE(error_of([&] { gemm::validate_args(p, p, p, 128, 128, 128, o, true); }).find("an fp32 output"),
+            std::string::npos);
+  o.bias_type = gemm::BiasType::F32, o.bias = p;
+  EXPECT_NE(error_of([&] { gemm::validate_args(p, p, p, 128, 128, 128, o, false); }).find("a bias"), std::string::npos);
+  o = {};
+  o.tile = gemm::Tile::SwappedW, o.tile_n = 96, o.a_layout = gemm::ALayout::KM;
+  EXPECT_NE(error_of([&] { gemm::validate_args(p, p, p, 128, 128, 128, o, false); }).find("A as K x M"),
+            std::string::npos);
+  EXPECT_EQ(gemm::launch_name({gemm::Tile::SwappedW, 2, 132, 96}), "sw128x96/k2");
+  EXPECT_EQ(gemm::swapped_widths_text(), "32, 64, 96, 128, 160, 192");
 }
 
 TEST(GemmShape, TileNames) {
@@ -267,7 +305,7 @@ TEST(GemmShape, TileNames) {
   EXPECT_EQ(gemm::launch_name({gemm::Tile::M128N256, 3, 132, 0}), "128x256/k3");
   EXPECT_EQ(gemm::wide_widths_text(), "96, 112, 144, 160, 176, 208");
   gemm::Options o;
-  o.tile = static_cast<gemm::Tile>(9);
+  o.tile = static_cast<gemm::Tile>(10);
   const void* p = reinterpret_cast<const void*>(uintptr_t(0x10000));
   EXPECT_NE(error_of([&] { gemm::validate_args(p, p, p, 128, 128, 128, o, false); }).find("unknown tile"),
             std::string::npos);

@@ -149,7 +149,9 @@ std::string case_name(Case cs, const Variant& v) {
   const char* bias = v.bias == gemm::BiasType::F32 ? " bias f32" : v.bias == gemm::BiasType::BF16 ? " bias bf16" : "";
   return std::to_string(cs.M) + "x" + std::to_string(cs.N) + "x" + std::to_string(cs.K) +
          (v.al == gemm::ALayout::KM ? " A KM" : "") + (v.bl == gemm::BLayout::KN ? " KN" : " NK") + " tile " +
-         (v.tile == gemm::Tile::M128Nw ? "128x" + std::to_string(v.tile_n) : gemm::tile_name(v.tile)) +
+         (v.tile == gemm::Tile::M128Nw   ? "128x" + std::to_string(v.tile_n)
+          : v.tile == gemm::Tile::SwappedW ? "sw128x" + std::to_string(v.tile_n)
+                                           : std::string(gemm::tile_name(v.tile))) +
          (v.split_k > 1 ? " k" + std::to_string(v.split_k) : "") + (v.f32_out ? " C fp32" : "") + bias + (v.accumulate ? " C+=" : "") + " comm " +
          std::to_string(v.comm);
 }
@@ -443,6 +445,52 @@ TEST(Gemm, WideTiles) {
       v.bl = gemm::BLayout::NK, v.tile = gemm::Tile::M128Nw, v.tile_n = w;
       run_bf16_epilogues(c, v);
     }
+}
+
+// The swapped 128 x w tiles (weights on the wgmma's M side, the tile stored transposed; A M x K,
+// B N x K, bf16 output without bias): every width on token counts below, at and above it (more
+// than one token tile), N off the 128- and 64-row grids (a half-empty second staging block, an
+// odd count of weight panels for the clusters), K ragged and aligned (2-CTA clusters and single
+// CTAs); plain, C +=, split-K 2 and 3 (also with C +=), communicator SMs; the rejected epilogues;
+// and the planner's choice on forward rows of 17-256 tokens.
+TEST(Gemm, SwappedWideTiles) {
+  for (int w : gemm::kSwappedWidths) {
+    // K off the 64 grid runs in 2-CTA clusters (the token tile multicast), K on it in single CTAs.
+    const Case cases[] = {{w > 32 ? w - 15 : 17, 14344, 1032}, {w, 392, 512}, {w + 9 <= 192 ? w + 9 : 192, 1000, 4104},
+                          {w - 3, 4104, 2048}};
+    for (Case c : cases) {
+      Variant v;
+      v.bl = gemm::BLayout::NK, v.tile = gemm::Tile::SwappedW, v.tile_n = w, v.samples = true;
+      run_case(c, v);
+      v.accumulate = true;
+      run_case(c, v);
+      for (int s : {2, 3}) {
+        v.split_k = s, v.accumulate = s == 3;
+        run_case(c, v);
+      }
+      v.split_k = 0, v.accumulate = false, v.comm = 8;
+      run_case(c, v);
+    }
+  }
+  bf16* p = nullptr;
+  WEAVE_CUDA_CHECK(cudaMalloc(&p, 1 << 22));
+  gemm::Options o;
+  o.tile = gemm::Tile::SwappedW, o.tile_n = 96;
+  expect_error<Error>([&] { gemm::gemm(p, p, p, 193, 128, 64, gemm::BLayout::NK, o); }, "M = 193", "M <= 192");
+  expect_error<Error>([&] { gemm::gemm(p, p, p, 64, 128, 64, gemm::BLayout::KN, o); }, "B as K x N", "B as N x K");
+  expect_error<Error>([&] { gemm::gemm(p, p, reinterpret_cast<float*>(p), 64, 128, 64, gemm::BLayout::NK, o); },
+                      "fp32 output", "an fp32 output");
+  o.bias_type = gemm::BiasType::BF16, o.bias = p;
+  expect_error<Error>([&] { gemm::gemm(p, p, p, 64, 128, 64, gemm::BLayout::NK, o); }, "bias", "a bias");
+  o.bias_type = gemm::BiasType::None, o.bias = nullptr, o.tile_n = 100;
+  expect_error<Error>([&] { gemm::gemm(p, p, p, 64, 128, 64, gemm::BLayout::NK, o); }, "tile_n 100", "tile_n = 100");
+  WEAVE_CUDA_CHECK(cudaFree(p));
+  for (Case c : {Case{17, 14336, 4096}, Case{77, 14344, 4104}, Case{128, 8192, 2048}, Case{200, 4104, 1032},
+                 Case{256, 14336, 520}}) {
+    Variant v;
+    v.bl = gemm::BLayout::NK;
+    run_case(c, v);
+  }
 }
 
 // The 128 x 128 tile's epilogues and split-K (A M x K, bf16 output): shapes with fewer tiles than

@@ -297,3 +297,66 @@ TEST(GemmPlan, MisalignedPitchPrefersTheClusterTile) {
   EXPECT_FALSE(pitch_aligned(8200));
   EXPECT_TRUE(pitch_aligned(8256));
 }
+
+// With the swapped 128 x w tiles allowed (forward rows, default epilogue), the rows of the A/B run
+// (docs/perf-notes.md, 2026-12-03 sixth session: the old choice against the swapped widths on 56
+// rows of 24-176 tokens) take what measured faster: the swapped tile of the narrowest width that
+// holds the tokens, split at most twice, in 2-CTA clusters on a misaligned pitch; rows where the
+// 128-row or 64-row tiles measured faster keep them; above kSwappedWideMaxM tokens, or without
+// the instantiation, the tile is never named; decode (M <= 16) keeps the mma.sync swapped tile.
+TEST(GemmPlan, SwappedWideWhereTheABMeasuredIt) {
+  struct Row {
+    int M, N, K;
+    bool aligned;
+    int width, splits, cluster;  // width 0: not the swapped 128 x w tile
+  };
+  const Row rows[] = {{80, 11008, 4096, true, 96, 1, 1},    {96, 28672, 8192, true, 96, 1, 1},
+                      {80, 8192, 28672, true, 96, 2, 1},    {144, 14336, 4096, true, 160, 1, 1},
+                      {160, 8192, 28672, true, 160, 2, 1},  {176, 14336, 4096, true, 192, 1, 1},
+                      {40, 11008, 4096, true, 64, 1, 1},    {77, 14344, 4104, false, 96, 1, 2},
+                      {48, 14344, 4104, false, 64, 1, 2},   {96, 28680, 8200, false, 96, 1, 2},
+                      {112, 11008, 4096, true, 0, 0, 0},    {80, 4096, 14336, true, 0, 0, 0},
+                      {176, 5120, 13824, true, 0, 0, 0},    {144, 5120, 13824, true, 0, 0, 0},
+                      {256, 14336, 4096, true, 0, 0, 0},    {200, 4104, 11016, false, 0, 0, 0}};
+  for (const Row& r : rows) {
+    PlanInputs in = inputs(r.M, r.N, r.K, r.aligned);
+    in.wide = in.swapped = in.swapped_wide = true;
+    const Choice c = plan_gemm(in);
+    const std::string name = std::to_string(r.M) + "x" + std::to_string(r.N) + "x" + std::to_string(r.K);
+    if (r.width == 0) {
+      EXPECT_NE(c.tile, Tile::SwappedW) << name;
+      continue;
+    }
+    EXPECT_EQ(c.tile, Tile::SwappedW) << name;
+    EXPECT_EQ(c.width, r.width) << name;
+    EXPECT_EQ(c.splits, r.splits) << name;
+    EXPECT_EQ(c.cluster, r.cluster) << name;
+    EXPECT_EQ(c.workers, r.cluster == 2 ? 66 : 132) << name;
+    in.swapped_wide = false;
+    EXPECT_NE(plan_gemm(in).tile, Tile::SwappedW) << name;
+  }
+  // No clusters to be had (odd communicator SMs): the single-CTA tile on a misaligned pitch.
+  PlanInputs no_pair = inputs(77, 14344, 4104, false);
+  no_pair.swapped_wide = true, no_pair.pair_clusters = 0;
+  EXPECT_EQ(plan_gemm(no_pair).tile, Tile::SwappedW);
+  EXPECT_EQ(plan_gemm(no_pair).cluster, 1);
+  for (int M = 1; M <= 512; M += 7) {
+    PlanInputs in = inputs(M, 14336, 4096);
+    in.swapped = in.swapped_wide = true;
+    const Choice c = plan_gemm(in);
+    if (M <= swapped::kMaxTokens) EXPECT_EQ(c.tile, Tile::Swapped) << M;
+    if (M > kSwappedWideMaxM) EXPECT_NE(c.tile, Tile::SwappedW) << M;
+    if (c.tile == Tile::SwappedW) EXPECT_EQ(c.width, swapped_width(M)) << M;
+  }
+  const int core[][3] = {{4096, 2048, 4096},   {8192, 8192, 8192},   {16384, 16384, 16384}, {16384, 8192, 16384},
+                         {32768, 16384, 4096}, {16384, 16384, 1024}, {16384, 16384, 2048},  {8192, 1024, 8192}};
+  for (auto& s : core) {
+    PlanInputs in = inputs(s[0], s[1], s[2]);
+    in.wide = in.swapped_wide = true;
+    EXPECT_EQ(plan_gemm(in).tile, Tile::M128N256) << s[0] << "x" << s[1] << "x" << s[2];
+  }
+  EXPECT_EQ(swapped_width(17), 32);
+  EXPECT_EQ(swapped_width(97), 128);
+  EXPECT_EQ(swapped_width(192), 192);
+  EXPECT_EQ(swapped_width(193), 0);
+}

@@ -11,7 +11,7 @@
 // for K <= 16384, 12 bounds.
 //
 //   weave-bench gemm [--json FILE] [--set core|models] [--list] [--shapes MxNxK,...] [--layout kn|nk]
-//                    [--a-layout mk|km] [--tile auto|256|192|128|64|swapped|w96..w208] [--group G] [--comm 0,8,16,32]
+//                    [--a-layout mk|km] [--tile auto|256|192|128|64|swapped|w96..w208|sw32..sw256] [--group G] [--comm 0,8,16,32]
 //                    [--split-k N] [--target-ms T] [--no-balance]
 // --set core (the default): the eight shapes the GEMM was tuned on, B as --layout says (nk), A as
 // --a-layout says (mk: M x K; km: K x M).
@@ -221,9 +221,18 @@ int run_gemm_bench(const Args& args) {
   if (args.get("tile") == "64") tile = gemm::Tile::M64N128;
   if (args.get("tile") == "192") tile = gemm::Tile::M128N192;
   if (args.get("tile") == "swapped") tile = gemm::Tile::Swapped;
-  const int tile_n = wide_tile_width(args.get("tile"), "gemm");  // --tile w144: the 128 x 144 tile
+  int tile_n = wide_tile_width(args.get("tile"), "gemm");  // --tile w144: the 128 x 144 tile
   if (tile_n < 0) return 2;
   if (tile_n > 0) tile = gemm::Tile::M128Nw;
+  if (args.get("tile").rfind("sw", 0) == 0) {  // --tile sw96: the swapped 128 x 96 tile
+    tile_n = std::atoi(args.get("tile").c_str() + 2);
+    if (!gemm::is_swapped_width(tile_n)) {
+      std::fprintf(stderr, "weave-bench gemm: --tile %s: no such width (swapped widths: %s)\n", args.get("tile").c_str(),
+                   gemm::swapped_widths_text().c_str());
+      return 2;
+    }
+    tile = gemm::Tile::SwappedW;
+  }
   const int split_k = static_cast<int>(args.get_int("split-k", 0));
   const bool balance = !args.has("no-balance");
   const int group = static_cast<int>(args.get_int("group", 0));
@@ -417,7 +426,7 @@ int run_gemm_bench(const Args& args) {
 WEAVE_BENCH(gemm,
             "bf16 GEMM: weave vs cuBLASLt (--set core|models: the 8 tuned shapes (default) or real models' MLP "
             "shapes in all three training layouts plus ragged ones; --list prints the set, no GPU needed; "
-            "--shapes MxNxK,... --layout kn|nk --a-layout mk|km --tile auto|256|128|192|256s4|256c2|64|swapped|w96|w112|w144|w160|w176|w208 --split-k N --group G --comm 0,8 --no-balance "
+            "--shapes MxNxK,... --layout kn|nk --a-layout mk|km --tile auto|256|128|192|256s4|256c2|64|swapped|w96|w112|w144|w160|w176|w208|sw32|sw64|sw96|sw128|sw160|sw192|sw256 --split-k N --group G --comm 0,8 --no-balance "
             "--accumulate --trace N)",
             run_gemm_bench);
 

@@ -81,6 +81,17 @@ struct MmaSS<bf16, 192, TransB, TransA> {
         : "l"(a), "l"(b), "r"(scale_d), "n"(TransA), "n"(TransB));
   }
 };
+// The swapped 128 x w tile's narrowest token width (kernels/gemm, Tile::SwappedW).
+template <int TransB, int TransA>
+struct MmaSS<bf16, 32, TransB, TransA> {
+  __device__ __forceinline__ static void run(float (&d)[16], uint64_t a, uint64_t b, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, %19, %20;\n}"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(a), "l"(b), "r"(scale_d), "n"(TransA), "n"(TransB));
+  }
+};
 // The widths of the 128 x w tiles (kernels/gemm, Tile::M128Nw): wave quantisation.
 template <int TransB, int TransA>
 struct MmaSS<bf16, 96, TransB, TransA> {

@@ -1,0 +1,23 @@
+// The swapped 128 x w tiles up to w = 128, and the run-time width's dispatch.
+#include "gemm/swapped_wide.cuh"
+#include "gemm/wide.hpp"
+
+namespace weave::gemm::detail {
+
+template lcsc::Plan run_swapped_width<32>(const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*, int, int, int,
+                                          const Options&, int, cudaStream_t, const Launch&);
+template lcsc::Plan run_swapped_width<64>(const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*, int, int, int,
+                                          const Options&, int, cudaStream_t, const Launch&);
+template lcsc::Plan run_swapped_width<96>(const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*, int, int, int,
+                                          const Options&, int, cudaStream_t, const Launch&);
+template lcsc::Plan run_swapped_width<128>(const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*, int, int, int,
+                                          const Options&, int, cudaStream_t, const Launch&);
+
+lcsc::Plan run_swapped_wide(const __nv_bfloat16* X, const __nv_bfloat16* W, __nv_bfloat16* C, int M, int N, int K,
+                            const Options& opt, int group_m, cudaStream_t stream, const Launch& split) {
+  return with_width<kSwappedWidths>(split.width, "gemm (swapped)", [&](auto w) {
+    return run_swapped_width<decltype(w)::value>(X, W, C, M, N, K, opt, group_m, stream, split);
+  });
+}
+
+}  // namespace weave::gemm::detail

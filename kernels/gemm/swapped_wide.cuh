@@ -1,0 +1,25 @@
+// The definition of run_swapped_width (swapped_wide.hpp), for the translation units that
+// instantiate its widths.
+#pragma once
+#include "gemm/run.cuh"
+#include "gemm/split_k.cuh"
+#include "gemm/swapped_wide.hpp"
+
+namespace weave::gemm::detail {
+
+// Cluster = 2: two CTAs on adjacent weight panels share the token tile, each loading half of it
+// and multicasting (gemm_kernel.cuh), for pitches off the 128-byte grid.
+template <int Width, int Cluster>
+using SwappedWide =
+    GemmKernel<Width, BLayout::NK, swapped_wide_stages(Width), 1, Cluster, ALayout::MK, __nv_bfloat16, false, 128, true>;
+
+template <int Width>
+lcsc::Plan run_swapped_width(const __nv_bfloat16* X, const __nv_bfloat16* W, __nv_bfloat16* C, int M, int N, int K,
+                             const Options& opt, int group_m, cudaStream_t stream, const Launch& split) {
+  static_assert(lcsc::shared_bytes<SplitKKernel<SwappedWide<Width, 2>>>() <= 232448, "227 KB");
+  // The kernel's M is the weights' rows (N), its N the tokens (M).
+  if (split.cluster == 2) return run<SwappedWide<Width, 2>>(W, X, C, N, M, K, opt, group_m, stream, split);
+  return run<SwappedWide<Width, 1>>(W, X, C, N, M, K, opt, group_m, stream, split);
+}
+
+}  // namespace weave::gemm::detail

@@ -1,0 +1,32 @@
+// The swapped 128 x w tiles (Tile::SwappedW, w in kSwappedWidths): a forward X W^T with few tokens
+// run as D = W X^T on the LCSC GEMM kernel (gemm_kernel.cuh, TransOut), 128 weight rows per tile
+// on the wgmma's M side and w tokens on its N side, D stored transposed into C. Instantiated in
+// swapped_wide.cu and swapped_wide_large.cu (two translation units that build in parallel).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "gemm/gemm.hpp"
+
+namespace weave::gemm::detail {
+
+// Stages of a swapped 128 x w tile: as many as fit beside its staging tile (w x 128 bf16) and the
+// split-K flags' extra 1 KB: w = 32 gets 10, 64 8, 96 7, 128 6, 160 5, 192 4. A memory-bound
+// row wants weight bytes in flight, and a stage is 16 KB of weights plus w rows of tokens.
+constexpr int swapped_wide_stages(int w) {
+  const int budget = 227 * 1024 - 2048 - 1024;
+  const int stages = (budget - 128 * w * 2) / ((128 + w) * 128);
+  return stages > 10 ? 10 : stages;
+}
+
+// One width's launch: X (M x K) the tokens, W (N x K) the weights, C (M x N) bf16; split.splits > 1
+// splits the last partial round on split.workers (clusters when split.cluster is 2).
+template <int Width>
+lcsc::Plan run_swapped_width(const __nv_bfloat16* X, const __nv_bfloat16* W, __nv_bfloat16* C, int M, int N, int K,
+                             const Options& opt, int group_m, cudaStream_t stream, const Launch& split);
+
+// The launch for opt.tile_n / split.width (one of kSwappedWidths, else a weave::Error).
+lcsc::Plan run_swapped_wide(const __nv_bfloat16* X, const __nv_bfloat16* W, __nv_bfloat16* C, int M, int N, int K,
+                            const Options& opt, int group_m, cudaStream_t stream, const Launch& split);
+
+}  // namespace weave::gemm::detail
