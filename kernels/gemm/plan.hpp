@@ -136,7 +136,15 @@ inline Choice plan_gemm(const PlanInputs& in) {
   // Decode with W as N x K: the swapped tile (weights on the mma's M side), which streams them at
   // 0.92-1.31 of cuBLAS's rate up to 8 tokens and at 0.89-1.01 up to 16 (docs/perf-notes.md,
   // "the swapped decode tile"), against 0.78-0.94 for the 64x128 tile.
-  if (in.swapped && in.M <= swapped::kMaxTokens) return {Tile::Swapped, 1, in.sm_count, 0.0};
+  // From 9 tokens (two of its token blocks: twice the token loads per weight byte) a weight whose
+  // 128-row panels fill at least half the SMs streams faster through the swapped 128 x 32 tile's 10
+  // stages: 16 x 14336 x 4096 and 16 x 28672 x 8192 ran 0.96-0.97 of cuBLAS against 0.91, while
+  // narrower weights (32-56 panels) ran 0.78-0.86 against 0.92-0.99 (perf-notes, sixth session).
+  if (in.swapped && in.M <= swapped::kMaxTokens) {
+    if (in.swapped_wide && in.aligned && in.M > swapped::kMaxTokens / 2 && 2 * ceil_div(in.N, 128) >= in.sm_count)
+      return {Tile::SwappedW, 1, in.sm_count, 0.0, swapped_width(in.M)};
+    return {Tile::Swapped, 1, in.sm_count, 0.0};
+  }
   // Decode (M <= 64): the 64-row tile, whose 8 stages keep twice the weight bytes in flight per SM
   // of the 128x256 tile's 3 (the regime is memory-bound: measured 16x28672x8192 in 122 us against
   // 148 us, and faster on all eight decode shapes tried); split to fill the machine. A 64x128
@@ -148,6 +156,9 @@ inline Choice plan_gemm(const PlanInputs& in) {
   auto consider_swapped = [&](Choice& best) {
     const int w = swapped_width(in.M);
     if (!in.swapped_wide || w == 0) return;
+    // 64 and 128 tokens fill the 64- and 128-row tiles exactly (nothing to save) and there the
+    // swapped tile measured 0.94-1.0 of them.
+    if (in.aligned && (in.M == 64 || in.M == 128)) return;
     const bool pair = !in.aligned && in.pair_clusters > 0;
     const int workers = pair ? in.pair_clusters : in.sm_count;
     const int panels = ceil_div(in.N, 128);

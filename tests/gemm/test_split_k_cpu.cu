@@ -302,8 +302,11 @@ TEST(GemmPlan, MisalignedPitchPrefersTheClusterTile) {
 // (docs/perf-notes.md, 2026-12-03 sixth session: the old choice against the swapped widths on 56
 // rows of 24-176 tokens) take what measured faster: the swapped tile of the narrowest width that
 // holds the tokens, split at most twice, in 2-CTA clusters on a misaligned pitch; rows where the
-// 128-row or 64-row tiles measured faster keep them; above kSwappedWideMaxM tokens, or without
-// the instantiation, the tile is never named; decode (M <= 16) keeps the mma.sync swapped tile.
+// 128-row or 64-row tiles measured faster keep them (also 64 and 128 aligned tokens, which those
+// tiles fill exactly: the models set's 64 x 53248 x 16384 and 128 x 28672 x 8192 ran 0.97-0.98 on
+// the swapped tile against 1.01-1.02); above kSwappedWideMaxM tokens, or without
+// the instantiation, the tile is never named; decode (M <= 16) keeps the mma.sync swapped tile
+// but for 9-16 tokens of a wide weight.
 TEST(GemmPlan, SwappedWideWhereTheABMeasuredIt) {
   struct Row {
     int M, N, K;
@@ -317,7 +320,8 @@ TEST(GemmPlan, SwappedWideWhereTheABMeasuredIt) {
                       {48, 14344, 4104, false, 64, 1, 2},   {96, 28680, 8200, false, 96, 1, 2},
                       {112, 11008, 4096, true, 0, 0, 0},    {80, 4096, 14336, true, 0, 0, 0},
                       {176, 5120, 13824, true, 0, 0, 0},    {144, 5120, 13824, true, 0, 0, 0},
-                      {256, 14336, 4096, true, 0, 0, 0},    {200, 4104, 11016, false, 0, 0, 0}};
+                      {256, 14336, 4096, true, 0, 0, 0},    {200, 4104, 11016, false, 0, 0, 0},
+                      {64, 13824, 5120, true, 0, 0, 0},     {128, 28672, 8192, true, 0, 0, 0}};
   for (const Row& r : rows) {
     PlanInputs in = inputs(r.M, r.N, r.K, r.aligned);
     in.wide = in.swapped = in.swapped_wide = true;
@@ -340,11 +344,25 @@ TEST(GemmPlan, SwappedWideWhereTheABMeasuredIt) {
   no_pair.swapped_wide = true, no_pair.pair_clusters = 0;
   EXPECT_EQ(plan_gemm(no_pair).tile, Tile::SwappedW);
   EXPECT_EQ(plan_gemm(no_pair).cluster, 1);
+  // Decode: the mma.sync swapped tile, except 9-16 tokens of a weight with at least sm_count / 2
+  // panels (aligned), which take the swapped 128 x 32 tile unsplit.
+  for (int M : {1, 8, 9, 16})
+    for (int N : {4096, 8192, 8448, 14336, 28672}) {
+      PlanInputs in = inputs(M, N, 4096);
+      in.swapped = in.swapped_wide = true;
+      const Choice c = plan_gemm(in);
+      const bool wide = M > 8 && N >= 8448;
+      EXPECT_EQ(c.tile, wide ? Tile::SwappedW : Tile::Swapped) << M << "x" << N;
+      EXPECT_EQ(c.splits, 1);
+      if (wide) EXPECT_EQ(c.width, 32);
+      in.aligned = false;
+      EXPECT_EQ(plan_gemm(in).tile, Tile::Swapped) << M << "x" << N;
+    }
   for (int M = 1; M <= 512; M += 7) {
     PlanInputs in = inputs(M, 14336, 4096);
     in.swapped = in.swapped_wide = true;
     const Choice c = plan_gemm(in);
-    if (M <= swapped::kMaxTokens) EXPECT_EQ(c.tile, Tile::Swapped) << M;
+    if (M <= swapped::kMaxTokens / 2) EXPECT_EQ(c.tile, Tile::Swapped) << M;
     if (M > kSwappedWideMaxM) EXPECT_NE(c.tile, Tile::SwappedW) << M;
     if (c.tile == Tile::SwappedW) EXPECT_EQ(c.width, swapped_width(M)) << M;
   }

@@ -50,6 +50,18 @@ FAULTS = [
         "tests": ["test_gemm_gpu", "test_tp_gpu:TpGpu.GemmRs*:TpGpu.AgGemm*"],
         "bench": [{"ranks": 1, "args": "gemm --shapes 1000x1000x1000 --target-ms 2"}],
     },
+    {
+        "name": "gemm_swapped_wide_partial_column_block_dropped",
+        "what": "swapped 128 x w tile: a staging block whose 64 output columns run past N is not stored, so when "
+                "N % 64 != 0 the last N % 64 columns of C are never written (the tokens are whole)",
+        "edits": [{
+            "file": "kernels/gemm/gemm_kernel.cuh",
+            "find": "    const int n = t.m * BM + 64 * j;\n    if (n >= g.M) return;",
+            "replace": "    const int n = t.m * BM + 64 * j;\n    if (n + 64 > g.M) return;",
+        }],
+        "tests": ["test_gemm_gpu:Gemm.SwappedWideTiles"],
+        "bench": [{"ranks": 1, "args": "gemm --shapes 77x14344x4104,40x1000x512 --tile sw96 --target-ms 2"}],
+    },
     # ---- GEMM + reduce-scatter (kernels/gemm_rs) -------------------------------------------------
     {
         "name": "gemm_rs_drop_rank_contribution_one_tile",

@@ -11,7 +11,7 @@
 // for K <= 16384, 12 bounds.
 //
 //   weave-bench gemm [--json FILE] [--set core|models] [--list] [--shapes MxNxK,...] [--layout kn|nk]
-//                    [--a-layout mk|km] [--tile auto|256|192|128|64|swapped|w96..w208|sw32..sw256] [--group G] [--comm 0,8,16,32]
+//                    [--a-layout mk|km] [--tile auto|256|192|128|64|swapped|w96..w208|sw32..sw192] [--group G] [--comm 0,8,16,32]
 //                    [--split-k N] [--target-ms T] [--no-balance]
 // --set core (the default): the eight shapes the GEMM was tuned on, B as --layout says (nk), A as
 // --a-layout says (mk: M x K; km: K x M).
@@ -426,7 +426,7 @@ int run_gemm_bench(const Args& args) {
 WEAVE_BENCH(gemm,
             "bf16 GEMM: weave vs cuBLASLt (--set core|models: the 8 tuned shapes (default) or real models' MLP "
             "shapes in all three training layouts plus ragged ones; --list prints the set, no GPU needed; "
-            "--shapes MxNxK,... --layout kn|nk --a-layout mk|km --tile auto|256|128|192|256s4|256c2|64|swapped|w96|w112|w144|w160|w176|w208|sw32|sw64|sw96|sw128|sw160|sw192|sw256 --split-k N --group G --comm 0,8 --no-balance "
+            "--shapes MxNxK,... --layout kn|nk --a-layout mk|km --tile auto|256|128|192|256s4|256c2|64|swapped|w96|w112|w144|w160|w176|w208|sw32|sw64|sw96|sw128|sw160|sw192 --split-k N --group G --comm 0,8 --no-balance "
             "--accumulate --trace N)",
             run_gemm_bench);
 
