@@ -30,6 +30,7 @@
 #include "gemm/layout.hpp"
 #include "gemm/output_staging.hpp"
 #include "gemm/scheduler.hpp"
+#include "gemm/transposed_staging.cuh"
 #include "weave/tile/cluster.cuh"
 #include "weave/tile/fragment.cuh"
 #include "weave/tile/mbarrier.cuh"
@@ -260,32 +261,10 @@ struct GemmKernel {
   // (BM = 128: every consumer holds every column, at its own rows). BM = 64: one part; consumer
   // c's columns are the tile's c * kWN on, i.e. staging blocks from c * kWN / kOutBlockCols on,
   // c * kWN * BM elements.
-  // TransOut: consumer c's 64 x BN accumulator (weight rows x tokens) into staging block c, BN
-  // token rows of 128 B with the 128B swizzle. A store instruction's lanes write 8 weight rows
-  // (16 bytes) of 4 tokens 2 apart, which the swizzle puts on 4 different 16-byte chunks: no bank
-  // conflict.
-  static __device__ __forceinline__ void store_transposed(bf16* block, const ConsumerState& st) {
-    const int lane = threadIdx.x & 31;
-    const int warp = (threadIdx.x / 32) % 4;
-    const uint32_t r = static_cast<uint32_t>(16 * warp + lane / 4);
-    const uint32_t base = tile::smem_u32(block);
-#pragma unroll
-    for (int j = 0; j < BN / 8; ++j) {
-      const uint32_t t = static_cast<uint32_t>(8 * j + 2 * (lane & 3));
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const uint32_t row = t + (e & 1), byte = 2 * (r + 8 * (e >> 1));
-        const uint32_t a = base + tile::swizzled_offset(tile::Swizzle::B128, row, byte);
-        const bf16 v = __float2bfloat16_rn(st.d[4 * j + e]);
-        asm volatile("st.shared.b16 [%0], %1;" ::"r"(a), "h"(*reinterpret_cast<const unsigned short*>(&v)) : "memory");
-      }
-    }
-  }
-
   template <int P>
   static __device__ __forceinline__ void finish_part(const Globals& g, ConsumerState& st, Output& o, int w, int c) {
     if constexpr (TransOut)
-      store_transposed(o.c + c * BN * 64, st);
+      store_accumulator_transposed<BN>(o.c + c * BN * 64, st.d);
     else
       finish_rows<P>(g, st, o, w, c);
   }

@@ -109,11 +109,13 @@ const char* tile_name(Tile t) {
     case Tile::M128Nw: return "128xw";
     case Tile::M64N128: return "64x128";
     case Tile::M128N192: return "128x192";
+    case Tile::SwappedW: return "sw128xw";
     default: return "auto";
   }
 }
 
 std::string launch_name(const Launch& l) {
+  if (l.tile == Tile::SwappedW) return gemm::launch_label(("sw128x" + std::to_string(l.width)).c_str(), 0, l.splits);
   return gemm::launch_label(tile_name(l.tile), l.tile == Tile::M128Nw ? l.width : 0, l.splits);
 }
 const char* type_name(Fp8 t) { return t == Fp8::E5M2 ? "e5m2" : "e4m3"; }
@@ -129,10 +131,16 @@ Launch plan_launch(int M, int N, int K, int sm_count, const Options& opt, bool w
   if (opt.tile == Tile::M128Nw)
     WEAVE_CHECK(wide && gemm::is_wide_width(opt.tile_n), "gemm_fp8: the 128 x w tile takes e4m3 x e4m3 and tile_n one of ",
                 gemm::wide_widths_text(), "; got tile_n = ", opt.tile_n, wide ? "" : " and an e5m2 operand");
+  if (opt.tile == Tile::SwappedW)
+    WEAVE_CHECK(wide && gemm::is_swapped_width(opt.tile_n) && M <= gemm::kSwappedWideMaxM,
+                "gemm_fp8: the swapped 128 x w tile takes e4m3 x e4m3, M <= ", gemm::kSwappedWideMaxM,
+                " and tile_n one of ", gemm::swapped_widths_text(), "; got M = ", M, ", tile_n = ", opt.tile_n,
+                wide ? "" : " and an e5m2 operand");
   if (opt.tile != Tile::Auto) {
-    const bool splits = opt.tile == Tile::M128N256 || opt.tile == Tile::M128Nw || opt.tile == Tile::M64N128;
-    return {opt.tile, splits && opt.split_k > 1 ? opt.split_k : 1, sm_count,
-            opt.tile == Tile::M128Nw ? opt.tile_n : 0};
+    const bool splits = opt.tile == Tile::M128N256 || opt.tile == Tile::M128Nw || opt.tile == Tile::M64N128 ||
+                        opt.tile == Tile::SwappedW;
+    const bool has_width = opt.tile == Tile::M128Nw || opt.tile == Tile::SwappedW;
+    return {opt.tile, splits && opt.split_k > 1 ? opt.split_k : 1, sm_count, has_width ? opt.tile_n : 0};
   }
   gemm::PlanInputs in;
   in.M = M, in.N = N, in.K = k_blocks(K) * 64;
@@ -144,10 +152,13 @@ Launch plan_launch(int M, int N, int K, int sm_count, const Options& opt, bool w
   in.narrow = true;
   in.split_k = split_ok;
   in.swapped = opt.lcsc.num_comm_sms == 0 && opt.split_k <= 1;
+  in.swapped_wide = wide;  // single CTAs: pair_clusters is 0
   const gemm::Choice c = gemm::plan_gemm(in);
   if (c.tile == gemm::Tile::Swapped) return {Tile::Swapped, 1, sm_count};
   if (c.tile == gemm::Tile::M128N128) return {Tile::M128N128, 1, sm_count};
   if (c.tile == gemm::Tile::M128Nw) return {Tile::M128Nw, opt.split_k > 1 ? opt.split_k : 1, sm_count, c.width};
+  if (c.tile == gemm::Tile::SwappedW)
+    return {Tile::SwappedW, opt.split_k > 1 ? opt.split_k : c.splits, sm_count, c.width};
   if (c.tile == gemm::Tile::M64N128) return {Tile::M64N128, opt.split_k > 1 ? opt.split_k : c.splits, sm_count};
   return {Tile::M128N256, opt.split_k > 1 ? opt.split_k : c.splits, sm_count};
 }
@@ -181,12 +192,15 @@ lcsc::Plan gemm(const void* A, Fp8 ta, const void* B, Fp8 tb, __nv_bfloat16* C, 
   WEAVE_CHECK(opt.tile != Tile::M128N192, "gemm_fp8: the 128x192 tile is gemm_block_scaled's; per-tensor scales take "
               "auto, 128x256, 128x128, 64x128, 128 x w or swapped");
   WEAVE_CHECK(opt.tile == Tile::Auto || opt.tile == Tile::M128N256 || opt.tile == Tile::M128N128 ||
-                  opt.tile == Tile::Swapped || opt.tile == Tile::M128Nw || opt.tile == Tile::M64N128,
+                  opt.tile == Tile::Swapped || opt.tile == Tile::M128Nw || opt.tile == Tile::M64N128 ||
+                  opt.tile == Tile::SwappedW,
               "gemm_fp8: unknown tile ", static_cast<int>(opt.tile));
   const Launch l = launch_for(M, N, K, opt, ta, tb);  // the shape was validated above
   if (l.tile == Tile::Swapped) return launch_swapped(ta, tb, A, B, C, M, N, K, scale_a, scale_b, l.workers, stream);
   const int group_m = opt.group_m > 0 ? opt.group_m : default_group_m(l.tile, K);
   if (l.tile == Tile::M128Nw) return detail::run_wide(A, B, C, M, N, K, scale_a, scale_b, opt, group_m, stream, l);
+  if (l.tile == Tile::SwappedW)
+    return detail::run_swapped_wide(A, B, C, M, N, K, scale_a, scale_b, opt, group_m, stream, l);
   if (l.tile == Tile::M64N128)
     return dispatch<Narrow>(ta, tb, A, B, C, M, N, K, scale_a, scale_b, opt, group_m, stream, l);
   if (l.tile == Tile::M128N256)

@@ -41,7 +41,19 @@ enum class Fp8 : int { E4M3 = 0, E5M2 = 1 };
 // wave quantisation); e4m3 x e4m3 only.
 // M64N128: 64 x 128, the two consumers splitting N over the same 64 rows of A, 8 stages (the bf16
 // GEMM's decode / narrow tile: M <= 64, and up to M = 256 where its tile count fills the machine).
-enum class Tile : int { Auto = 0, M128N256 = 1, M128N128 = 2, Swapped = 3, M128Nw = 4, M64N128 = 5, M128N192 = 6 };
+// SwappedW: the bf16 GEMM's swapped 128 x w tile (w = Options::tile_n in gemm::kSwappedWidths, M <=
+// gemm::kSwappedWideMaxM): 128 weight rows on the wgmma's M side, the tokens on its N side, the tile
+// stored transposed; e4m3 x e4m3, single CTAs.
+enum class Tile : int {
+  Auto = 0,
+  M128N256 = 1,
+  M128N128 = 2,
+  Swapped = 3,
+  M128Nw = 4,
+  M64N128 = 5,
+  M128N192 = 6,
+  SwappedW = 7
+};
 
 struct Options {
   Tile tile = Tile::Auto;
@@ -51,7 +63,7 @@ struct Options {
   // tiles; kernels/gemm/split_k.hpp):
   // 0 = the bf16 GEMM's planner decides (kernels/gemm/plan.hpp), 1 = never, n > 1 = n K ranges.
   int split_k = 0;
-  int tile_n = 0;  // the width of Tile::M128Nw
+  int tile_n = 0;  // the width of Tile::M128Nw (gemm::kWideWidths) or SwappedW (gemm::kSwappedWidths)
   // Block scales: how B's scales are loaded (gemm_fp8_kernel.cuh, BlockScales): 0 = per lane when
   // scale_a is at least half of L2 (block_lane_scales), 1 = never, 2 = always.
   int lane_scales = 0;
@@ -62,7 +74,7 @@ struct Launch {
   Tile tile = Tile::M128N256;
   int splits = 1;
   int workers = 0;  // compute blocks the split was planned for
-  int width = 0;    // Tile::M128Nw: its width
+  int width = 0;    // Tile::M128Nw, SwappedW: its width
 };
 
 lcsc::Plan gemm(const void* A, Fp8 a_type, const void* B, Fp8 b_type, __nv_bfloat16* C, int M, int N, int K,
@@ -95,7 +107,7 @@ void validate_types(Fp8 a, Fp8 b);
 // The launch for `sm_count` compute blocks: the bf16 GEMM's planner (plan.hpp) with an fp8
 // iteration (128 K bytes) counted as a bf16 one (64 K, the same bytes per stage), the 64x128
 // tile, no 128x192 tile, and a K-byte row pitch off the 128-byte grid as a misaligned one.
-// wide: the 128 x w tiles may be chosen (both operands e4m3).
+// wide: the 128 x w and swapped 128 x w tiles may be chosen (both operands e4m3).
 Launch plan_launch(int M, int N, int K, int sm_count, const Options& opt = {}, bool wide = false);
 // The same on the current device (what gemm() runs).
 Launch choose_launch(int M, int N, int K, const Options& opt = {}, Fp8 a_type = Fp8::E4M3, Fp8 b_type = Fp8::E4M3);
@@ -116,7 +128,7 @@ bool block_lane_scales(int M, int K, long long l2_bytes, const Options& opt = {}
 inline constexpr double kBlock192Cost = 1.40;
 int default_group_m(Tile t, int K);
 const char* tile_name(Tile t);
-// "128x256", "128x144" (M128Nw with its width), with "/k3" for a split.
+// "128x256", "128x144" (M128Nw with its width), "sw128x96" (SwappedW), with "/k3" for a split.
 std::string launch_name(const Launch& l);
 const char* type_name(Fp8 t);
 inline int k_blocks(int K) { return (K + 127) / 128; }

@@ -20,6 +20,7 @@
 
 #include "gemm/output_staging.hpp"
 #include "gemm/scheduler.hpp"
+#include "gemm/transposed_staging.cuh"
 #include "weave/tile/fragment.cuh"
 #include "weave/tile/mbarrier.cuh"
 #include "weave/tile/tma.cuh"
@@ -48,7 +49,9 @@ struct Fp8Globals {
 // What the two kernels share: tile order, loads, the output store.
 // BM_ = 64 (the 64-row tile for M <= 256 on narrow N, as the bf16 GEMM's): both consumers read
 // the same 64 rows of A and split the tile's columns, BN/2 each.
-template <int BN_, int Stages, int BM_ = 128>
+// TransOut (the swapped 128 x w tile, as the bf16 GEMM's): the caller passes the weights as A and
+// the tokens as B; the tile is stored transposed, one {64, BN} box per consumer (C = X W^T).
+template <int BN_, int Stages, int BM_ = 128, bool TransOut = false>
 struct Fp8Common {
   using bf16 = tile::bf16;
   using Globals = Fp8Globals;
@@ -66,12 +69,14 @@ struct Fp8Common {
   // A width off the 64-column grid (the 128 x w tiles) stages the bf16 output dense, for one
   // {BN, 128} store box (kernels/gemm/output_staging.hpp).
   using Staging = gemm::OutputStaging<BN_, 2>;
-  static constexpr bool kDenseOut = Staging::kDense;
-  static constexpr int kOutBlockCols = Staging::kBlockCols;
-  static constexpr tile::Swizzle kOutSwizzle = Staging::kSwizzle;
+  static constexpr bool kTransOut = TransOut;
+  static_assert(!TransOut || (BM_ == 128 && BN_ % 8 == 0), "a transposed output: BM = 128");
+  static constexpr bool kDenseOut = !TransOut && Staging::kDense;
+  static constexpr int kOutBlockCols = TransOut ? 64 : Staging::kBlockCols;
+  static constexpr tile::Swizzle kOutSwizzle = TransOut ? tile::Swizzle::B128 : Staging::kSwizzle;
   static constexpr uint32_t kStageTxBytes = (BM + BN) * BK;  // one byte per element
   static constexpr int kInBytes = 1;                           // bytes per input element
-  static_assert(BN == 128 || BN == 192 || BN == 256 || (kDenseOut && BN % 16 == 0 && BN < 256),
+  static_assert(BN == 128 || BN == 192 || BN == 256 || (kDenseOut && BN % 16 == 0 && BN < 256) || TransOut,
                 "BN 128, 192, 256 or a multiple of 16");
 
   struct alignas(1024) Stage {
@@ -123,22 +128,34 @@ struct Fp8Common {
                                   tile::Swizzle::B128);
   }
 
+  // TransOut: staging block j (the tile's rows 64j.., C's columns) to C at the tile's tokens.
+  static __device__ __forceinline__ void store_block(const Globals& g, Output& o, const TileCoord& t, int j) {
+    static_assert(TransOut, "the transposed output's store");
+    const int n = t.m * BM + 64 * j;
+    if (n < g.M) tile::tma::store_2d(&g.c, o.c + j * BN * 64, n, t.n * BN);
+  }
+
   static __device__ __forceinline__ void store(const Globals& g, Output& o, int w, int) {
     const TileCoord t = coord(g, w);
+    if constexpr (TransOut) {
+      store_block(g, o, t, 0);
+      store_block(g, o, t, 1);
+    } else {
 #pragma unroll
-    for (int j = 0; j < BN / kOutBlockCols; ++j) {
-      const int n = t.n * BN + kOutBlockCols * j;
-      if (n >= g.N) break;
-      tile::tma::store_2d(&g.c, o.c + j * BM * kOutBlockCols, n, t.m * BM);
+      for (int j = 0; j < BN / kOutBlockCols; ++j) {
+        const int n = t.n * BN + kOutBlockCols * j;
+        if (n >= g.N) break;
+        tile::tma::store_2d(&g.c, o.c + j * BM * kOutBlockCols, n, t.m * BM);
+      }
     }
   }
 
   static __device__ __forceinline__ void communicator(const Globals&, void*, int, int) {}
 };
 
-template <class TA, class TB, int BN_, int Stages, int BM_ = 128>
-struct GemmFp8Kernel : Fp8Common<BN_, Stages, BM_> {
-  using Base = Fp8Common<BN_, Stages, BM_>;
+template <class TA, class TB, int BN_, int Stages, int BM_ = 128, bool TransOut = false>
+struct GemmFp8Kernel : Fp8Common<BN_, Stages, BM_, TransOut> {
+  using Base = Fp8Common<BN_, Stages, BM_, TransOut>;
   using typename Base::Globals;
   using typename Base::Output;
   using typename Base::Stage;
@@ -175,7 +192,9 @@ struct GemmFp8Kernel : Fp8Common<BN_, Stages, BM_> {
   static __device__ __forceinline__ void finish(const Globals&, ConsumerState& st, Output& o, int, int c, int) {
 #pragma unroll
     for (int i = 0; i < kWN / 2; ++i) st.d[i] *= st.scale;
-    if constexpr (Base::kDenseOut)
+    if constexpr (TransOut)
+      gemm::store_accumulator_transposed<BN>(o.c + c * BN * 64, st.d);
+    else if constexpr (Base::kDenseOut)
       tile::store_accumulator_dense<tile::bf16, BN>(o.c, BN, c * 64, st.d);
     else if constexpr (BM == 64)  // consumer c's columns: staging blocks c kWN / 64 on
       tile::store_accumulator_swizzled<tile::bf16, kWN>(o.c + c * kWN * BM, BM, 0, st.d);

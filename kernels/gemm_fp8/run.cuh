@@ -17,8 +17,11 @@ lcsc::Plan run(const void* A, const void* B, __nv_bfloat16* C, int M, int N, int
   Fp8Globals g{};
   g.a = tile::encode(tile::tma_2d(u8, 1, A, M, K, K, Kern::BM, Kern::BK, Swizzle::B128));
   g.b = tile::encode(tile::tma_2d(u8, 1, B, N, K, K, Kern::BN, Kern::BK, Swizzle::B128));
-  g.c = tile::encode(tile::tma_2d(static_cast<const __nv_bfloat16*>(C), M, N, N, Kern::BM, Kern::kOutBlockCols,
-                                  Kern::kOutSwizzle));
+  if constexpr (Kern::kTransOut)  // C is N x M here (the caller swapped the operands): BN rows of 64 columns
+    g.c = tile::encode(tile::tma_2d(static_cast<const __nv_bfloat16*>(C), N, M, M, Kern::BN, 64, Swizzle::B128));
+  else
+    g.c = tile::encode(tile::tma_2d(static_cast<const __nv_bfloat16*>(C), M, N, N, Kern::BM, Kern::kOutBlockCols,
+                                    Kern::kOutSwizzle));
   g.scale_a = sa;
   g.scale_b = sb;
   g.M = M;
@@ -29,8 +32,8 @@ lcsc::Plan run(const void* A, const void* B, __nv_bfloat16* C, int M, int N, int
   g.group_m = group_m;
   g.kblocks = k_blocks(K);
   g.accumulate = 0;
-  // The per-tensor 128x256, 128 x w and 64x128 tiles split, and the block-scaled ones.
-  if constexpr (Kern::BN == 256 || Kern::kDenseOut || Kern::BM == 64 || Kern::kBlockScales)
+  // The per-tensor 128x256, 128 x w, swapped 128 x w and 64x128 tiles split, and the block-scaled ones.
+  if constexpr (Kern::BN == 256 || Kern::kDenseOut || Kern::kTransOut || Kern::BM == 64 || Kern::kBlockScales)
     if (split.splits > 1) return gemm::launch_split_k<Kern>(g, C, split.workers, split.splits, opt.lcsc, stream);
   return lcsc::launch<Kern>(g, opt.lcsc, stream);
 }

@@ -119,6 +119,28 @@ TEST(GemmFp8Cpu, PlanLaunchWide) {
   EXPECT_THROW(gemm_fp8::plan_launch(256, 4096, 4096, 132, o, false), Error);
 }
 
+// The swapped 128 x w tiles only for e4m3 x e4m3, by the bf16 planner's rule (single CTAs: the fp8
+// planner has no clusters): a 144-token row takes the 160-wide one; without `wide`, never; a forced
+// width splits as asked; bad widths, e5m2 and M > kSwappedWideMaxM are errors.
+TEST(GemmFp8Cpu, PlanLaunchSwappedWide) {
+  const gemm_fp8::Launch l = gemm_fp8::plan_launch(144, 14336, 4096, 132, {}, true);
+  EXPECT_EQ(l.tile, Tile::SwappedW);
+  EXPECT_EQ(l.width, 160);
+  EXPECT_NE(gemm_fp8::plan_launch(144, 14336, 4096, 132, {}, false).tile, Tile::SwappedW);
+  EXPECT_EQ(gemm_fp8::launch_name(l), "sw128x160");
+  gemm_fp8::Options o;
+  o.tile = Tile::SwappedW, o.tile_n = 96, o.split_k = 2;
+  const gemm_fp8::Launch f = gemm_fp8::plan_launch(80, 4096, 4096, 132, o, true);
+  EXPECT_EQ(f.tile, Tile::SwappedW);
+  EXPECT_EQ(f.width, 96);
+  EXPECT_EQ(f.splits, 2);
+  o.tile_n = 100;
+  EXPECT_THROW(gemm_fp8::plan_launch(80, 4096, 4096, 132, o, true), Error);
+  o.tile_n = 96;
+  EXPECT_THROW(gemm_fp8::plan_launch(80, 4096, 4096, 132, o, false), Error);
+  EXPECT_THROW(gemm_fp8::plan_launch(193, 4096, 4096, 132, o, true), Error);
+}
+
 TEST(GemmFp8Cpu, BlockScaleCounts) {
   EXPECT_EQ(gemm_fp8::k_blocks(16), 1);
   EXPECT_EQ(gemm_fp8::k_blocks(128), 1);

@@ -172,7 +172,7 @@ struct Fp8Run {
   std::string name() const {
     return std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) + " " + gemm_fp8::type_name(o.ta) +
            "x" + gemm_fp8::type_name(o.tb) + (o.block ? " block" : " tensor") + " tile " +
-           (o.tile == Tile::M128Nw ? "128x" + std::to_string(o.tile_n) : gemm_fp8::tile_name(o.tile)) +
+           (o.tile == Tile::M128Nw ? "128x" + std::to_string(o.tile_n) : o.tile == Tile::SwappedW ? "sw128x" + std::to_string(o.tile_n) : std::string(gemm_fp8::tile_name(o.tile))) +
            (o.block && o.tile == Tile::Auto
                 ? std::string("(") + gemm_fp8::launch_name(gemm_fp8::choose_block_launch(M, N, K, options())) + ")"
                 : std::string()) +
@@ -282,6 +282,27 @@ TEST(GemmFp8, WideTiles) {
       o.scale_lo = 1e-3f, o.scale_hi = 1e3f, o.range = 448.f, o.split_k = 2;
       run_case(s.M, s.N, s.K, o);
     }
+}
+
+// The swapped 128 x w tiles (e4m3 x e4m3, per-tensor scales; weights on the wgmma's M side, the
+// tile stored transposed): every width on token counts below and at it, N off the 64- and 128-row
+// grids, K ragged (a partial last K block) and whole, scales far from 1, split-K 2 and 3; and the
+// planner's choice on forward rows of 9-176 tokens. (e4m3 x e4m3 only: the NaN / Inf check needs
+// an e5m2 operand for Inf.)
+TEST(GemmFp8, SwappedWideTiles) {
+  for (int w : gemm::kSwappedWidths)
+    for (Shape s : {Shape{w > 32 ? w - 15 : 17, 14344, 1040}, Shape{w, 392, 512}, Shape{w - 3, 1000, 4112}}) {
+      Opts o;
+      o.tile = Tile::SwappedW, o.tile_n = w, o.samples = true;
+      run_case(s.M, s.N, s.K, o);
+      o.scale_lo = 1e-3f, o.scale_hi = 1e3f, o.range = 448.f, o.split_k = s.K > 1024 ? 3 : 2;
+      run_case(s.M, s.N, s.K, o);
+    }
+  for (Shape s : {Shape{12, 14336, 4096}, Shape{77, 14336, 4096}, Shape{144, 8192, 2048}, Shape{176, 4104, 1040}}) {
+    Opts o;
+    o.samples = true;
+    run_case(s.M, s.N, s.K, o);
+  }
 }
 
 TEST(GemmFp8, E5m2Operands) {
@@ -520,6 +541,13 @@ TEST(GemmFp8, RejectsBadInput) {
                [&] { gemm_fp8::gemm(p, e4, p, Fp8::E5M2, c, 64, 64, 64, f, f, wt); });
   wt.tile_n = 128;
   expect_error("128 x 128 as a w tile", "tile_n = 128", [&] { gemm_fp8::gemm(p, e4, p, e4, c, 64, 64, 64, f, f, wt); });
+  gemm_fp8::Options swt;
+  swt.tile = Tile::SwappedW, swt.tile_n = 96;
+  expect_error("swapped 128 x w tile, e5m2 B", "e5m2 operand",
+               [&] { gemm_fp8::gemm(p, e4, p, Fp8::E5M2, c, 64, 64, 64, f, f, swt); });
+  expect_error("swapped 128 x w tile, M = 193", "M <= 192", [&] { gemm_fp8::gemm(p, e4, p, e4, c, 193, 64, 64, f, f, swt); });
+  swt.tile_n = 100;
+  expect_error("swapped 128 x 100", "tile_n = 100", [&] { gemm_fp8::gemm(p, e4, p, e4, c, 64, 64, 64, f, f, swt); });
   gemm_fp8::Options comm;
   comm.lcsc.num_comm_sms = 100000;
   expect_error("num_comm_sms = 100000", "num_comm_sms",

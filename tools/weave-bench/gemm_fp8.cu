@@ -40,7 +40,7 @@
 // vectors): the rows where one is not are listed as unsupported.
 //
 //   weave-bench gemm_fp8 [--json FILE] [--shapes MxNxK,...] [--set core|models] [--list]
-//                        [--types e4m3xe4m3|e5m2xe4m3|e4m3xe5m2] [--tile auto|256|128|64|swapped|w96..w208] [--block-tile auto|128|192] [--split-k N] [--lane-scales 0|1|2]
+//                        [--types e4m3xe4m3|e5m2xe4m3|e4m3xe5m2] [--tile auto|256|128|64|swapped|w96..w208|sw32..sw192] [--block-tile auto|128|192] [--split-k N] [--lane-scales 0|1|2]
 //                        [--impl cublaslt,cublaslt_precise,weave,weave_block] [--target-ms T]
 // --set core|models: the rows of weave-bench gemm (gemm_sets.hpp): nk (forward) rows as above, and
 // for models the kn and km-kn gradient rows as above. JSON rows carry layout (nk / kn) like weave-bench
@@ -65,6 +65,7 @@
 #include "check/gemm_ref.hpp"
 #include "check/seed.hpp"
 #include "check/tile_check.hpp"
+#include "gemm/gemm.hpp"
 #include "gemm_fp8/gemm_fp8.hpp"
 #include "gemm_fp8/reference.cuh"
 #include "gemm_fp8/transpose.hpp"
@@ -241,6 +242,15 @@ int run_gemm_fp8_bench(const Args& args) {
   opt.tile_n = wide_tile_width(args.get("tile"), "gemm_fp8");  // --tile w144: the 128 x 144 tile
   if (opt.tile_n < 0) return 2;
   if (opt.tile_n > 0) opt.tile = gemm_fp8::Tile::M128Nw;
+  if (args.get("tile").rfind("sw", 0) == 0) {  // --tile sw96: the swapped 128 x 96 tile
+    opt.tile_n = std::atoi(args.get("tile").c_str() + 2);
+    if (!gemm::is_swapped_width(opt.tile_n)) {
+      std::fprintf(stderr, "weave-bench gemm_fp8: --tile %s: no such width (swapped widths: %s)\n",
+                   args.get("tile").c_str(), gemm::swapped_widths_text().c_str());
+      return 2;
+    }
+    opt.tile = gemm_fp8::Tile::SwappedW;
+  }
   const std::string bt = args.get("block-tile", "auto");  // the block-scaled rows' tile
   if (bt != "auto" && bt != "128" && bt != "192") {
     std::fprintf(stderr, "weave-bench gemm_fp8: --block-tile takes auto, 128 or 192, got %s\n", bt.c_str());
@@ -529,6 +539,6 @@ WEAVE_BENCH(gemm_fp8,
             "fp8 GEMM (A M x K, B N x K, bf16 out): weave per-tensor and block-scaled vs cuBLASLt fp8 "
             "(--shapes MxNxK,... or --set core|models (models adds the dgrad / wgrad rows: transpose_fp8 copies "
             "then the GEMM, e5m2 x e4m3, for both sides), --list, --types e4m3xe4m3|e5m2xe4m3|e4m3xe5m2, "
-            "--tile auto|256|128|64|swapped|w96..w208, --block-tile auto|128|192, --split-k N (0 planner, 1 never), --lane-scales 0|1|2 (block scales' B loads: auto, uniform, per lane), --impl cublaslt,cublaslt_precise,weave,weave_block, --target-ms T); "
+            "--tile auto|256|128|64|swapped|w96..w208|sw32..sw192, --block-tile auto|128|192, --split-k N (0 planner, 1 never), --lane-scales 0|1|2 (block scales' B loads: auto, uniform, per lane), --impl cublaslt,cublaslt_precise,weave,weave_block, --target-ms T); "
             "also `weave-bench gemm --dtype fp8`",
             run_gemm_fp8_bench);

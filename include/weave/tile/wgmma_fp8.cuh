@@ -152,6 +152,18 @@ struct MmaFp8SS<fp8e5m2, fp8e5m2, 256> {
   }
 };
 
+// e4m3 x e4m3 at 32 tokens (the swapped 128 x 32 tile, kernels/gemm_fp8 Tile::SwappedW).
+template <>
+struct MmaFp8SS<fp8e4m3, fp8e4m3, 32> {
+  __device__ __forceinline__ static void run(float (&d)[16], uint64_t a, uint64_t b, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1;\n}"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(a), "l"(b), "r"(scale_d));
+  }
+};
+
 // e4m3 x e4m3 at the widths of the 128 x w tiles (kernels/gemm_fp8, Tile::M128Nw).
 template <>
 struct MmaFp8SS<fp8e4m3, fp8e4m3, 96> {

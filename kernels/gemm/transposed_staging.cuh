@@ -1,0 +1,35 @@
+// The swapped tiles' epilogue (gemm_kernel.cuh and gemm_fp8_kernel.cuh with TransOut): a consumer's
+// 64 x BN fp32 accumulator (64 weight rows x BN tokens, wgmma.cuh's layout) into its staging
+// block, BN token rows of 128 bytes (C's 64 columns) with the 128B swizzle, which one TMA box
+// {64, BN} stores.
+#pragma once
+#include <cstdint>
+
+#include "weave/tile/mbarrier.cuh"
+#include "weave/tile/swizzle.hpp"
+#include "weave/tile/types.cuh"
+
+namespace weave::gemm {
+
+// A store instruction's lanes write 8 weight rows (16 bytes) of 4 tokens 2 apart, which the
+// swizzle puts on 4 different 16-byte chunks: no bank conflict.
+template <int BN>
+__device__ __forceinline__ void store_accumulator_transposed(tile::bf16* block, const float (&d)[BN / 2]) {
+  const int lane = threadIdx.x & 31;
+  const int warp = (threadIdx.x / 32) % 4;
+  const uint32_t r = static_cast<uint32_t>(16 * warp + lane / 4);
+  const uint32_t base = tile::smem_u32(block);
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j) {
+    const uint32_t t = static_cast<uint32_t>(8 * j + 2 * (lane & 3));
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const uint32_t row = t + (e & 1), byte = 2 * (r + 8 * (e >> 1));
+      const uint32_t a = base + tile::swizzled_offset(tile::Swizzle::B128, row, byte);
+      const tile::bf16 v = __float2bfloat16_rn(d[4 * j + e]);
+      asm volatile("st.shared.b16 [%0], %1;" ::"r"(a), "h"(*reinterpret_cast<const unsigned short*>(&v)) : "memory");
+    }
+  }
+}
+
+}  // namespace weave::gemm
