@@ -145,10 +145,6 @@ inline Choice plan_gemm(const PlanInputs& in) {
       return {Tile::SwappedW, 1, in.sm_count, 0.0, swapped_width(in.M)};
     return {Tile::Swapped, 1, in.sm_count, 0.0};
   }
-  // Decode (M <= 64): the 64-row tile, whose 8 stages keep twice the weight bytes in flight per SM
-  // of the 128x256 tile's 3 (the regime is memory-bound: measured 16x28672x8192 in 122 us against
-  // 148 us, and faster on all eight decode shapes tried); split to fill the machine. A 64x128
-  // iteration reads half the B bytes of a 128x256 one.
   // Up to kSwappedWideMaxM tokens of a forward X W^T: the swapped 128 x w tile of the narrowest
   // width that holds every token (two token tiles re-read each weight panel and never won), whose
   // stages hold weights rather than a 128-row token tile's empty rows. On a misaligned pitch it runs
@@ -168,6 +164,10 @@ inline Choice plan_gemm(const PlanInputs& in) {
                                        kMaxSplitsSwapped);
     consider(best, Choice{Tile::SwappedW, c.splits, workers, c.cost, w, pair ? 2 : 1});
   };
+  // Decode (M <= 64): the 64-row tile, whose 8 stages keep twice the weight bytes in flight per SM
+  // of the 128x256 tile's 3 (the regime is memory-bound: measured 16x28672x8192 in 122 us against
+  // 148 us, and faster on all eight decode shapes tried); split to fill the machine. A 64x128
+  // iteration reads half the B bytes of a 128x256 one. Then the swapped 128 x w tile may replace it.
   if (decode && in.narrow) {
     Choice best = best_of(Tile::M64N128, ceil_div(in.N, 128), in.sm_count, kDecodeCost, true);
     consider_swapped(best);
