@@ -2,6 +2,7 @@
 // instantiations live here so that users compile none of them: the three main tiles (128x256,
 // 128x128, 64x128) x 2 A layouts x 2 B layouts x 3 epilogues (bf16, bf16 + bias, fp32 with
 // optional bias), and the two experimental tiles x 2 B layouts with the defaults only.
+#include <iterator>
 #include <type_traits>
 
 #include "gemm/gemm.hpp"
@@ -88,12 +89,11 @@ Launch launch_choice(int M, int N, int K, BLayout bl, const Options& opt, bool f
   }
   if (opt.tile == Tile::M128Nw)
     WEAVE_CHECK(bl == BLayout::NK, "gemm: the 128 x w tile takes B as N x K (a K x N tile is read in 64-column boxes)");
-  if (opt.tile == Tile::SwappedW)
-    WEAVE_CHECK(bl == BLayout::NK && M <= kSwappedWideMaxM, "gemm: the swapped 128 x w tile takes B as N x K and M <= ",
-                kSwappedWideMaxM, "; got M = ", M, bl == BLayout::NK ? "" : ", B as K x N");
   const bool aligned =
       pitch_aligned(opt.a_layout == ALayout::KM ? M : K) && pitch_aligned(bl == BLayout::NK ? K : N);
   if (opt.tile == Tile::SwappedW) {  // clusters on a misaligned pitch, as the planner would run it
+    WEAVE_CHECK(bl == BLayout::NK && M <= kSwappedWideMaxM, "gemm: the swapped 128 x w tile takes B as N x K and M <= ",
+                kSwappedWideMaxM, "; got M = ", M, bl == BLayout::NK ? "" : ", B as K x N");
     const int cluster = !aligned && pairs > 0 ? 2 : 1;
     return {opt.tile, plain && opt.split_k > 1 ? opt.split_k : 1, cluster == 2 ? pairs : blocks, opt.tile_n, cluster};
   }
@@ -238,17 +238,13 @@ const char* tile_name(Tile t) {
   }
 }
 
-namespace {
-template <size_t N>
-std::string widths_text(const int (&widths)[N]) {
+std::string widths_text(const int* widths, size_t count) {
   std::string s;
-  for (int w : widths) s += (s.empty() ? "" : ", ") + std::to_string(w);
+  for (size_t i = 0; i < count; ++i) s += (s.empty() ? "" : ", ") + std::to_string(widths[i]);
   return s;
 }
-}  // namespace
-
-std::string wide_widths_text() { return widths_text(kWideWidths); }
-std::string swapped_widths_text() { return widths_text(kSwappedWidths); }
+std::string wide_widths_text() { return widths_text(kWideWidths, std::size(kWideWidths)); }
+std::string swapped_widths_text() { return widths_text(kSwappedWidths, std::size(kSwappedWidths)); }
 
 std::string launch_label(const char* tile, int width, int splits) {
   const std::string s = width > 0 ? "128x" + std::to_string(width) : tile;

@@ -124,7 +124,8 @@ void validate_args(const void* A, const void* B, const void* C, int M, int N, in
                    bool f32_out);
 int default_group_m(Tile t, int K);
 const char* tile_name(Tile t);
-// kWideWidths as text ("96, 112, ..."), for messages; kSwappedWidths likewise.
+// A width list as text ("96, 112, ..."), for messages; kWideWidths' and kSwappedWidths'.
+std::string widths_text(const int* widths, size_t count);
 std::string wide_widths_text();
 std::string swapped_widths_text();
 // "128x256", "128x144" (M128Nw with its width), "sw128x96" (SwappedW), with "/k3" for a split.

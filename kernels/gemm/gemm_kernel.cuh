@@ -302,13 +302,7 @@ struct GemmKernel {
   // TransOut: staging block j (the tile's rows 64j.., C's columns) to C at the tile's tokens.
   static __device__ __forceinline__ void store_block(const Globals& g, Output& o, const TileCoord& t, int j) {
     static_assert(TransOut, "the transposed output's store");
-    const int n = t.m * BM + 64 * j;
-    if (n >= g.M) return;
-    const bf16* src = o.c + j * BN * 64;
-    if (g.accumulate)
-      tile::tma::reduce_add_2d(&g.c, src, n, t.n * BN);
-    else
-      tile::tma::store_2d(&g.c, src, n, t.n * BN);
+    store_transposed_block<BN>(&g.c, o.c, t, j, g.M, g.accumulate != 0);
   }
 
   static __device__ __forceinline__ void store(const Globals& g, Output& o, int w, int part) {

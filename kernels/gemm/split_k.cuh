@@ -25,14 +25,6 @@
 
 namespace weave::gemm {
 
-// Whether Base stores its tile transposed (gemm_kernel.cuh, TransOut); kernels without the flag
-// (the fp8 GEMM's) do not.
-template <class Base>
-constexpr bool stores_transposed() {
-  if constexpr (requires { Base::kTransOut; }) return Base::kTransOut;
-  return false;
-}
-
 template <class Base>
 struct SplitKGlobals : Base::Globals {
   SplitK sk;
@@ -157,7 +149,7 @@ struct SplitKKernel : Base {
     }
     const TileCoord t = Base::coord(g, s.item);
     if (t.m >= g.tiles_m) return;
-    if constexpr (stores_transposed<Base>()) {
+    if constexpr (Base::kTransOut) {
       // Consumer h's 64 weight rows are staging block h, a whole box of C's columns.
       for (int h = 0; h < 2; ++h)
         if (o.finished[h]) Base::store_block(g, o, t, h);

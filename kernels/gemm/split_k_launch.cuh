@@ -30,7 +30,7 @@ lcsc::Plan launch_split_k(const typename Base::Globals& base, const OutT* C, int
     return lcsc::launch<Base>(base, cfg, stream);
   g.partials = ws.partials;
   g.counters = ws.counters;
-  if constexpr (Base::BM == 128 && !stores_transposed<Base>())
+  if constexpr (Base::BM == 128 && !Base::kTransOut)
     g.c_half = tile::encode(tile::tma_2d(C, base.M, base.N, base.N, 64, Base::kOutBlockCols, Base::kOutSwizzle));
   lcsc::Config run = cfg;
   run.balance_waves = false;  // the split count was chosen for this many workers

@@ -3,9 +3,13 @@
 // block, BN token rows of 128 bytes (C's 64 columns) with the 128B swizzle, which one TMA box
 // {64, BN} stores.
 #pragma once
+#include <cuda.h>
+
 #include <cstdint>
 
+#include "gemm/scheduler.hpp"
 #include "weave/tile/mbarrier.cuh"
+#include "weave/tile/tma.cuh"
 #include "weave/tile/swizzle.hpp"
 #include "weave/tile/types.cuh"
 
@@ -30,6 +34,20 @@ __device__ __forceinline__ void store_accumulator_transposed(tile::bf16* block, 
       asm volatile("st.shared.b16 [%0], %1;" ::"r"(a), "h"(*reinterpret_cast<const unsigned short*>(&v)) : "memory");
     }
   }
+}
+
+// Staging block j of tile t (its weight rows 64j.., C's columns; `rows` weight rows in all) to C at
+// the tile's BN tokens: a TMA store, or a reduce-add one for C +=.
+template <int BN>
+__device__ __forceinline__ void store_transposed_block(const CUtensorMap* c, const tile::bf16* staging,
+                                                       const TileCoord& t, int j, int rows, bool accumulate) {
+  const int n = t.m * 128 + 64 * j;
+  if (n >= rows) return;
+  const tile::bf16* src = staging + j * BN * 64;
+  if (accumulate)
+    tile::tma::reduce_add_2d(c, src, n, t.n * BN);
+  else
+    tile::tma::store_2d(c, src, n, t.n * BN);
 }
 
 }  // namespace weave::gemm

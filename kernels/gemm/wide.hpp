@@ -4,7 +4,6 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -30,11 +29,7 @@ auto with_width_at(int w, const char* who, F& f, std::index_sequence<I...>) {
   using R = decltype(f(std::integral_constant<int, Widths[0]>{}));
   R r{};
   const bool found = ((w == Widths[I] ? (r = f(std::integral_constant<int, Widths[I]>{}), true) : false) || ...);
-  if (!found) {
-    std::string text;
-    for (int v : Widths) text += (text.empty() ? "" : ", ") + std::to_string(v);
-    WEAVE_CHECK(false, who, ": no 128 x ", w, " tile (widths: ", text, ")");
-  }
+  WEAVE_CHECK(found, who, ": no 128 x ", w, " tile (widths: ", widths_text(Widths, std::size(Widths)), ")");
   return r;
 }
 template <const auto& Widths = kWideWidths, class F>

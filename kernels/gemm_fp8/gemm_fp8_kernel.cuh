@@ -131,8 +131,7 @@ struct Fp8Common {
   // TransOut: staging block j (the tile's rows 64j.., C's columns) to C at the tile's tokens.
   static __device__ __forceinline__ void store_block(const Globals& g, Output& o, const TileCoord& t, int j) {
     static_assert(TransOut, "the transposed output's store");
-    const int n = t.m * BM + 64 * j;
-    if (n < g.M) tile::tma::store_2d(&g.c, o.c + j * BN * 64, n, t.n * BN);
+    gemm::store_transposed_block<BN>(&g.c, o.c, t, j, g.M, false);
   }
 
   static __device__ __forceinline__ void store(const Globals& g, Output& o, int w, int) {

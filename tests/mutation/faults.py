@@ -55,11 +55,11 @@ FAULTS = [
         "what": "swapped 128 x w tile: a staging block whose 64 output columns run past N is not stored, so when "
                 "N % 64 != 0 the last N % 64 columns of C are never written (the tokens are whole)",
         "edits": [{
-            "file": "kernels/gemm/gemm_kernel.cuh",
-            "find": "    const int n = t.m * BM + 64 * j;\n    if (n >= g.M) return;",
-            "replace": "    const int n = t.m * BM + 64 * j;\n    if (n + 64 > g.M) return;",
+            "file": "kernels/gemm/transposed_staging.cuh",
+            "find": "  const int n = t.m * 128 + 64 * j;\n  if (n >= rows) return;",
+            "replace": "  const int n = t.m * 128 + 64 * j;\n  if (n + 64 > rows) return;",
         }],
-        "tests": ["test_gemm_gpu:Gemm.SwappedWideTiles"],
+        "tests": ["test_gemm_gpu:Gemm.SwappedWideTiles", "test_gemm_fp8_gpu:GemmFp8.SwappedWideTiles"],
         "bench": [{"ranks": 1, "args": "gemm --shapes 77x14344x4104,40x1000x512 --tile sw96 --target-ms 2"}],
     },
     # ---- GEMM + reduce-scatter (kernels/gemm_rs) -------------------------------------------------
