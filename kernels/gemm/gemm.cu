@@ -89,18 +89,14 @@ Launch launch_choice(int M, int N, int K, BLayout bl, const Options& opt, bool f
   }
   if (opt.tile == Tile::M128Nw)
     WEAVE_CHECK(bl == BLayout::NK, "gemm: the 128 x w tile takes B as N x K (a K x N tile is read in 64-column boxes)");
-  WEAVE_CHECK(opt.cluster != 2 || pairs > 0, "gemm: cluster 2 needs the default epilogue (A M x K, bf16 output, no ",
-              "bias), an even num_comm_sms and a device that holds 2-CTA clusters");
   const bool aligned =
       pitch_aligned(opt.a_layout == ALayout::KM ? M : K) && pitch_aligned(bl == BLayout::NK ? K : N);
   if (opt.tile == Tile::SwappedW) {  // clusters on a misaligned pitch, as the planner would run it
     WEAVE_CHECK(bl == BLayout::NK && M <= kSwappedWideMaxM, "gemm: the swapped 128 x w tile takes B as N x K and M <= ",
                 kSwappedWideMaxM, "; got M = ", M, bl == BLayout::NK ? "" : ", B as K x N");
-    const int cluster = opt.cluster > 0 ? opt.cluster : !aligned && pairs > 0 ? 2 : 1;
+    const int cluster = !aligned && pairs > 0 ? 2 : 1;
     return {opt.tile, plain && opt.split_k > 1 ? opt.split_k : 1, cluster == 2 ? pairs : blocks, opt.tile_n, cluster};
   }
-  if (opt.tile == Tile::M128Nw && opt.cluster == 2)
-    return {opt.tile, opt.split_k > 1 ? opt.split_k : 1, pairs, opt.tile_n, 2};
   if (opt.tile != Tile::Auto) {
     const bool splittable = plain && (opt.tile == Tile::M128N256 || opt.tile == Tile::M128N256C2 ||
                                       opt.tile == Tile::M64N128 || opt.tile == Tile::M128N192 ||
@@ -220,13 +216,6 @@ void validate_args(const void* A, const void* B, const void* C, int M, int N, in
               "gemm: tile 128 x w supports only A as M x K and a bf16 output, with tile_n one of ",
               wide_widths_text(), "; got tile_n = ", opt.tile_n, opt.a_layout == ALayout::MK ? "" : ", A as K x M",
               f32_out ? ", an fp32 output" : "");
-  WEAVE_CHECK(opt.cluster >= 0 && opt.cluster <= 2, "gemm: cluster = ", opt.cluster,
-              " (0: the tile's default, 1: single CTAs, 2: 2-CTA clusters)");
-  WEAVE_CHECK(opt.cluster == 0 || opt.tile == Tile::M128Nw || opt.tile == Tile::SwappedW,
-              "gemm: Options::cluster applies to the 128 x w and swapped 128 x w tiles only; got tile ",
-              tile_name(opt.tile), " with cluster = ", opt.cluster);
-  WEAVE_CHECK(opt.cluster != 2 || (defaults && opt.lcsc.num_comm_sms % 2 == 0),
-              "gemm: cluster 2 supports only A as M x K, a bf16 output, no bias and an even num_comm_sms");
   WEAVE_CHECK(opt.tile != Tile::M128N192 || (opt.a_layout == ALayout::MK && !f32_out),
               "gemm: tile 128x192 supports only A as M x K and a bf16 output (use Auto, M128N256, M128N128 or M64N128)");
   WEAVE_CHECK(defaults || (opt.tile != Tile::M128N256S4 && opt.tile != Tile::M128N256C2), "gemm: tile ",
@@ -265,8 +254,6 @@ std::string launch_label(const char* tile, int width, int splits) {
 std::string launch_name(const Launch& l) {
   if (l.tile == Tile::SwappedW)
     return launch_label(("sw128x" + std::to_string(l.width) + (l.cluster == 2 ? "c2" : "")).c_str(), 0, l.splits);
-  if (l.tile == Tile::M128Nw && l.cluster == 2)
-    return launch_label(("128x" + std::to_string(l.width) + "c2").c_str(), 0, l.splits);
   return launch_label(tile_name(l.tile), l.tile == Tile::M128Nw ? l.width : 0, l.splits);
 }
 

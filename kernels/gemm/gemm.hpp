@@ -25,9 +25,7 @@ namespace weave::gemm {
 // M128Nw: 128 x w for a width w of kWideWidths (Options::tile_n): tile counts between those of
 // the power-of-two widths, so that more shapes fill whole rounds of SMs (wave quantisation, as
 // cuBLAS's 112- and 144-wide tiles do); A M x K, B N x K, a bf16 output (bias allowed); the output
-// is staged dense (no swizzle) when w is not a multiple of 64. Without bias it also runs in 2-CTA
-// clusters along M that multicast B (Options::cluster 2: each weight panel crosses L2 -> SM once
-// per two 128-row token tiles, as a 256 x w tile would read it).
+// is staged dense (no swizzle) when w is not a multiple of 64.
 // SwappedW: a forward X W^T with few tokens (M <= kSwappedWideMaxM, W stored N x K, A M x K):
 // the operands swapped onto the wgmma, 128 weight rows on its M side and w = Options::tile_n (one
 // of kSwappedWidths) tokens on its N side, the tile stored transposed; the stages then hold
@@ -85,10 +83,6 @@ struct Options {
   // 128x256, 128x192 and 64x128 tiles with the default epilogue (A M x K, bf16 C, no bias) split.
   int split_k = 0;
   int tile_n = 0;  // the width of Tile::M128Nw (kWideWidths) or SwappedW (kSwappedWidths); unused by the others
-  // CTAs per cluster of Tile::M128Nw (B multicast along M) and SwappedW (the token tile multicast
-  // along N) when the tile is given: 0 = as the planner would run it (M128Nw: 1; SwappedW: 2 on a
-  // pitch off the 128-byte grid), 1, or 2 (the default epilogue only, num_comm_sms even).
-  int cluster = 0;
   ALayout a_layout = ALayout::MK;      // KM: A stored K x M (weight gradient dY^T X); M % 8 == 0
   BiasType bias_type = BiasType::None;  // BF16 / F32: bias points to N values of that type
   const void* bias = nullptr;          // added to every row of C in fp32, before rounding
@@ -101,7 +95,7 @@ struct Options {
 // (weave/common/extent.hpp), a bias type without a pointer (or the reverse), or a bad config.
 // The experimental tiles (M128N256S4, M128N256C2) take only the defaults: A M x K, bf16 output,
 // no bias; M128N192 takes A M x K and a bf16 output; M128Nw takes A M x K, B N x K, a bf16 output
-// and opt.tile_n in kWideWidths (opt.cluster 2: no bias); Swapped takes M <= 16, A M x K, B N x K and no
+// and opt.tile_n in kWideWidths; Swapped takes M <= 16, A M x K, B N x K and no
 // communicator SMs; SwappedW takes M <= kSwappedWideMaxM, A M x K, B N x K, a bf16 output without
 // bias and opt.tile_n in kSwappedWidths. Returns the grid it launched.
 lcsc::Plan gemm(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C, int M, int N, int K, BLayout b,
@@ -117,7 +111,7 @@ struct Launch {
   int splits = 1;   // K ranges of each item of the last partial round
   int workers = 0;  // compute blocks (clusters for the cluster tile) the split was planned for
   int width = 0;    // Tile::M128Nw, SwappedW: its width
-  int cluster = 1;  // Tile::M128Nw, SwappedW: 2 = 2-CTA clusters (B, or the token tile, multicast)
+  int cluster = 1;  // Tile::SwappedW: 2 = 2-CTA clusters multicasting the token tile
 };
 Launch choose_launch(int M, int N, int K, BLayout b, const Options& opt = {}, bool f32_out = false);
 
@@ -134,8 +128,7 @@ const char* tile_name(Tile t);
 std::string widths_text(const int* widths, size_t count);
 std::string wide_widths_text();
 std::string swapped_widths_text();
-// "128x256", "128x144" (M128Nw with its width), "128x144c2" and "sw128x96c2" (2-CTA clusters), "sw128x96"
-// (SwappedW), with "/k3" for a split.
+// "128x256", "128x144" (M128Nw with its width), "sw128x96" (SwappedW), with "/k3" for a split.
 std::string launch_name(const Launch& l);
 // The same from a tile's name, its width (> 0: the 128 x w tile) and its split, for the fp8 GEMM's
 // launches too.

@@ -15,8 +15,7 @@
 //
 // Cluster = 2: the two CTAs of a cluster compute vertically adjacent tiles (tile rows 2i and
 // 2i+1, same tile column), so they need the same B panel. Each loads its own A and half of B,
-// multicasting that half into both CTAs: B crosses L2 -> SM once per pair. Any BN whose half is
-// whole 8-row swizzle atoms (the 128 x w tiles too: BN / 2 rows of 128 B start 1024-B aligned).
+// multicasting that half into both CTAs: B crosses L2 -> SM once per pair.
 //
 // TransOut (the swapped 128 x w tile, Tile::SwappedW): the caller passes the weights W (N x K) as
 // A and the tokens X (M x K) as B, so that 128 weight rows sit on the wgmma's M side and the few
@@ -81,10 +80,9 @@ struct GemmKernel {
   static_assert(!TransOut || (BM_ == 128 && L == BLayout::NK && LA == ALayout::MK && OutParts == 1 &&
                               std::is_same_v<OutT, bf16> && !Bias && BN_ % (8 * Cluster) == 0),
                 "a transposed output: BM = 128, A and B K-major, a bf16 output without bias, one part");
-  static_assert(!kDenseOut || (BM_ == 128 && L == BLayout::NK && OutParts == 1 && std::is_same_v<OutT, bf16> &&
-                               BN_ % 16 == 0 && (Cluster == 1 || !Bias)),
-                "a width off the 64-column grid: BM = 128, B as N x K, a bf16 output, one part, a cluster only "
-                "without bias");
+  static_assert(!kDenseOut || (BM_ == 128 && L == BLayout::NK && OutParts == 1 && Cluster == 1 &&
+                               std::is_same_v<OutT, bf16> && BN_ % 16 == 0),
+                "a width off the 64-column grid: BM = 128, B as N x K, a bf16 output, one part, no cluster");
   static constexpr int kStages = Stages;
   static constexpr int kConsumers = 2;
   static constexpr int kProducerRegs = 40;

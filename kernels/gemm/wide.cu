@@ -1,5 +1,4 @@
-// The 128 x w tiles: one kernel per width, with and without bias (split-K and 2-CTA clusters only
-// without).
+// The 128 x w tiles: one kernel per width, with and without bias (split-K only without).
 #include "gemm/run.cuh"
 #include "gemm/wide.hpp"
 
@@ -9,20 +8,14 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-// Cluster = 2: tile rows 2i and 2i + 1 share each B stage, half loaded by each CTA and multicast.
-template <int W, bool Bias, int Cluster = 1>
-using Wide = GemmKernel<W, BLayout::NK, wide_stages(W), 1, Cluster, ALayout::MK, bf16, Bias>;
+template <int W, bool Bias>
+using Wide = GemmKernel<W, BLayout::NK, wide_stages(W), 1, 1, ALayout::MK, bf16, Bias>;
 
 template <int W>
 lcsc::Plan run_width(const bf16* A, const bf16* B, bf16* C, int M, int N, int K, const Options& opt, int group_m,
                      cudaStream_t stream, const Launch& split) {
   static_assert(lcsc::shared_bytes<Wide<W, true>>() <= 232448, "227 KB");
-  static_assert(lcsc::shared_bytes<SplitKKernel<Wide<W, false, 2>>>() <= 232448, "227 KB");
-  if (opt.bias_type != BiasType::None) {
-    WEAVE_CHECK(split.cluster == 1, "gemm: the 128 x w tile with a bias runs in single CTAs (cluster 1)");
-    return run<Wide<W, true>>(A, B, C, M, N, K, opt, group_m, stream);
-  }
-  if (split.cluster == 2) return run<Wide<W, false, 2>>(A, B, C, M, N, K, opt, group_m, stream, split);
+  if (opt.bias_type != BiasType::None) return run<Wide<W, true>>(A, B, C, M, N, K, opt, group_m, stream);
   return run<Wide<W, false>>(A, B, C, M, N, K, opt, group_m, stream, split);
 }
 

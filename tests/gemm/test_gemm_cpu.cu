@@ -239,31 +239,6 @@ TEST(GemmShape, ArgumentValidation) {
   o.a_layout = gemm::ALayout::KM;
   EXPECT_NE(error_of([&] { gemm::validate_args(p, p, p, 128, 128, 128, o, false); }).find("A as K x M"),
             std::string::npos);
-  // Options::cluster: 0-2, only for the 128 x w and swapped tiles, 2 only with the default
-  // epilogue and an even count of communicator SMs.
-  o = {};
-  o.tile = gemm::Tile::M128Nw, o.tile_n = 144;
-  for (int c : {0, 1, 2}) {
-    o.cluster = c;
-    EXPECT_EQ(error_of([&] { gemm::validate_args(p, p, p, 128, 128, 128, o, false); }), "") << c;
-  }
-  for (int c : {-1, 3}) {
-    o.cluster = c;
-    EXPECT_NE(error_of([&] { gemm::validate_args(p, p, p, 128, 128, 128, o, false); }).find("cluster = " + std::to_string(c)),
-              std::string::npos) << c;
-  }
-  o.cluster = 2, o.bias_type = gemm::BiasType::BF16, o.bias = p;
-  EXPECT_NE(error_of([&] { gemm::validate_args(p, p, p, 128, 128, 128, o, false); }).find("cluster 2 supports only"),
-            std::string::npos);
-  o.bias_type = gemm::BiasType::None, o.bias = nullptr, o.lcsc.num_comm_sms = 8;
-  EXPECT_EQ(error_of([&] { gemm::validate_args(p, p, p, 128, 128, 128, o, false); }), "");
-  o.lcsc.num_comm_sms = 7;
-  EXPECT_NE(error_of([&] { gemm::validate_args(p, p, p, 128, 128, 128, o, false); }).find("even num_comm_sms"),
-            std::string::npos);
-  o = {};
-  o.tile = gemm::Tile::M128N256, o.cluster = 2;
-  EXPECT_NE(error_of([&] { gemm::validate_args(p, p, p, 128, 128, 128, o, false); }).find("applies to the 128 x w"),
-            std::string::npos);
   for (gemm::Tile t : {gemm::Tile::Auto, gemm::Tile::M128N256, gemm::Tile::M128N128, gemm::Tile::M64N128}) {
     o = {};
     o.tile = t;
@@ -327,8 +302,6 @@ TEST(GemmShape, TileNames) {
   EXPECT_STREQ(gemm::tile_name(gemm::Tile::M128N192), "128x192");
   EXPECT_STREQ(gemm::tile_name(gemm::Tile::Swapped), "swapped");
   EXPECT_EQ(gemm::launch_name({gemm::Tile::M128Nw, 1, 132, 144}), "128x144");
-  EXPECT_EQ(gemm::launch_name({gemm::Tile::M128Nw, 2, 66, 144, 2}), "128x144c2/k2");
-  EXPECT_EQ(gemm::launch_name({gemm::Tile::SwappedW, 1, 66, 96, 2}), "sw128x96c2");
   EXPECT_EQ(gemm::launch_name({gemm::Tile::M128N256, 3, 132, 0}), "128x256/k3");
   EXPECT_EQ(gemm::wide_widths_text(), "96, 112, 144, 160, 176, 208");
   gemm::Options o;

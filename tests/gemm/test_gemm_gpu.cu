@@ -71,7 +71,6 @@ struct Variant {
   bool samples = false;
   int split_k = 0;  // Options::split_k
   int tile_n = 0;   // Options::tile_n (Tile::M128Nw)
-  int cluster = 0;  // Options::cluster (Tile::M128Nw, SwappedW)
 };
 
 // Uniform in [-scale, scale) with 24 random bits: almost never a bf16 value, so a kernel that
@@ -153,7 +152,7 @@ std::string case_name(Case cs, const Variant& v) {
          (v.tile == gemm::Tile::M128Nw   ? "128x" + std::to_string(v.tile_n)
           : v.tile == gemm::Tile::SwappedW ? "sw128x" + std::to_string(v.tile_n)
                                            : std::string(gemm::tile_name(v.tile))) +
-         (v.cluster > 0 ? " c" + std::to_string(v.cluster) : "") + (v.split_k > 1 ? " k" + std::to_string(v.split_k) : "") + (v.f32_out ? " C fp32" : "") + bias + (v.accumulate ? " C+=" : "") + " comm " +
+         (v.split_k > 1 ? " k" + std::to_string(v.split_k) : "") + (v.f32_out ? " C fp32" : "") + bias + (v.accumulate ? " C+=" : "") + " comm " +
          std::to_string(v.comm);
 }
 
@@ -200,7 +199,6 @@ void run_typed(Case cs, const Variant& v) {
   o.bias = bias;
   o.split_k = v.split_k;
   o.tile_n = v.tile_n;
-  o.cluster = v.cluster;
   gemm::gemm(A.p, B.p, C.p, M, N, K, v.bl, o, nullptr);
   WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
   const check::Bound bound = f32 ? check::gemm_f32_bound() : bound_for(v.accumulate);
@@ -438,42 +436,15 @@ TEST(Gemm, MidTile) {
 }
 
 // The 128 x w tiles (A M x K, B N x K, bf16 output; dense staging when w is off the 64-column
-// grid): every width on shapes ragged in M, N and K, N not a multiple of w. In 2-CTA clusters (B
-// multicast; default epilogue): plain, C +=, split-K, communicator SMs, on an odd count of tile
-// rows too (the last cluster's second CTA has no rows) and K aligned and ragged; a bias rejected.
+// grid): every width on shapes ragged in M, N and K, N not a multiple of w.
 TEST(Gemm, WideTiles) {
   const Case cases[] = {{200, 1000, 1032}, {129, 392, 520}, {256, 14336, 520}};
-  const Case pair_cases[] = {{200, 1000, 1032}, {300, 4104, 2056}, {395, 14336, 512}};
-  for (int w : gemm::kWideWidths) {
+  for (int w : gemm::kWideWidths)
     for (Case c : cases) {
       Variant v;
       v.bl = gemm::BLayout::NK, v.tile = gemm::Tile::M128Nw, v.tile_n = w;
       run_bf16_epilogues(c, v);
     }
-    for (Case c : pair_cases) {
-      Variant v;
-      v.bl = gemm::BLayout::NK, v.tile = gemm::Tile::M128Nw, v.tile_n = w, v.cluster = 2, v.samples = true;
-      run_case(c, v);
-      v.accumulate = true;
-      run_case(c, v);
-      for (int s : {2, 3}) {
-        v.split_k = s, v.accumulate = s == 3;
-        run_case(c, v);
-      }
-      v.split_k = 0, v.accumulate = false, v.comm = 8;
-      run_case(c, v);
-    }
-  }
-  bf16* p = nullptr;
-  WEAVE_CUDA_CHECK(cudaMalloc(&p, 1 << 22));
-  gemm::Options o;
-  o.tile = gemm::Tile::M128Nw, o.tile_n = 144, o.cluster = 2, o.bias_type = gemm::BiasType::BF16, o.bias = p;
-  expect_error<Error>([&] { gemm::gemm(p, p, p, 256, 256, 64, gemm::BLayout::NK, o); }, "cluster 2 with a bias",
-                      "cluster 2 supports only");
-  o.bias_type = gemm::BiasType::None, o.bias = nullptr, o.lcsc.num_comm_sms = 3;
-  expect_error<Error>([&] { gemm::gemm(p, p, p, 256, 256, 64, gemm::BLayout::NK, o); }, "cluster 2, odd comm SMs",
-                      "an even num_comm_sms");
-  WEAVE_CUDA_CHECK(cudaFree(p));
 }
 
 // The swapped 128 x w tiles (weights on the wgmma's M side, the tile stored transposed; A M x K,

@@ -11,7 +11,7 @@
 // for K <= 16384, 12 bounds.
 //
 //   weave-bench gemm [--json FILE] [--set core|models] [--list] [--shapes MxNxK,...] [--layout kn|nk]
-//                    [--a-layout mk|km] [--tile auto|256|192|128|64|swapped|w96..w208|sw32..sw192, c1/c2 suffix: CTAs per cluster] [--group G] [--comm 0,8,16,32]
+//                    [--a-layout mk|km] [--tile auto|256|192|128|64|swapped|w96..w208|sw32..sw192] [--group G] [--comm 0,8,16,32]
 //                    [--split-k N] [--target-ms T] [--no-balance]
 // --set core (the default): the eight shapes the GEMM was tuned on, B as --layout says (nk), A as
 // --a-layout says (mk: M x K; km: K x M).
@@ -233,8 +233,6 @@ int run_gemm_bench(const Args& args) {
     }
     tile = gemm::Tile::SwappedW;
   }
-  // --tile w144c2 / sw96c1: the 128 x w (swapped) tile with that many CTAs per cluster.
-  const int cluster = tile_n > 0 ? tile_cluster(args.get("tile")) : 0;
   const int split_k = static_cast<int>(args.get_int("split-k", 0));
   const bool balance = !args.has("no-balance");
   const int group = static_cast<int>(args.get_int("group", 0));
@@ -335,7 +333,6 @@ int run_gemm_bench(const Args& args) {
       o.a_layout = al;
       o.split_k = split_k;
       o.tile_n = tile_n;
-      o.cluster = cluster;
       const gemm::Launch choice = gemm::choose_launch(s.M, s.N, s.K, bl, o);
       const std::string used_name = gemm::launch_name(choice);
       const char* used = used_name.c_str();
@@ -429,7 +426,7 @@ int run_gemm_bench(const Args& args) {
 WEAVE_BENCH(gemm,
             "bf16 GEMM: weave vs cuBLASLt (--set core|models: the 8 tuned shapes (default) or real models' MLP "
             "shapes in all three training layouts plus ragged ones; --list prints the set, no GPU needed; "
-            "--shapes MxNxK,... --layout kn|nk --a-layout mk|km --tile auto|256|128|192|256s4|256c2|64|swapped|w96|w112|w144|w160|w176|w208|sw32|sw64|sw96|sw128|sw160|sw192 (w/sw with c1|c2: CTAs per cluster) --split-k N --group G --comm 0,8 --no-balance "
+            "--shapes MxNxK,... --layout kn|nk --a-layout mk|km --tile auto|256|128|192|256s4|256c2|64|swapped|w96|w112|w144|w160|w176|w208|sw32|sw64|sw96|sw128|sw160|sw192 --split-k N --group G --comm 0,8 --no-balance "
             "--accumulate --trace N)",
             run_gemm_bench);
 
@@ -458,12 +455,6 @@ std::vector<std::array<int, 4>> gemm_shape_rows(const std::string& set) {
     WEAVE_CHECK(false, "weave-bench gemm: unknown --set '", set, "' (core or models)");
   }
   return v;
-}
-
-int tile_cluster(const std::string& tile) {
-  const size_t n = tile.size();
-  if (n < 2 || tile[n - 2] != 'c') return 0;
-  return tile[n - 1] == '2' ? 2 : tile[n - 1] == '1' ? 1 : 0;
 }
 
 int wide_tile_width(const std::string& tile, const char* suite) {

@@ -251,11 +251,6 @@ int run_gemm_fp8_bench(const Args& args) {
     }
     opt.tile = gemm_fp8::Tile::SwappedW;
   }
-  if (opt.tile_n > 0 && tile_cluster(args.get("tile")) != 0) {
-    std::fprintf(stderr, "weave-bench gemm_fp8: --tile %s: the fp8 128 x w tiles run in single CTAs (no c1/c2)\n",
-                 args.get("tile").c_str());
-    return 2;
-  }
   const std::string bt = args.get("block-tile", "auto");  // the block-scaled rows' tile
   if (bt != "auto" && bt != "128" && bt != "192") {
     std::fprintf(stderr, "weave-bench gemm_fp8: --block-tile takes auto, 128 or 192, got %s\n", bt.c_str());

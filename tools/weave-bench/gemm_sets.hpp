@@ -15,7 +15,5 @@ std::vector<std::array<int, 3>> parse_gemm_shapes(const std::string& list);
 // --tile wNNN (the 128 x NNN tile): NNN; 0 when `tile` is not of that form; -1, after a message on
 // stderr naming `suite` and the widths, when NNN is not one of gemm::kWideWidths.
 int wide_tile_width(const std::string& tile, const char* suite);
-// A "c2" / "c1" suffix of --tile (w144c2, sw96c1): the CTAs per cluster asked for; 0 without one.
-int tile_cluster(const std::string& tile);
 
 }  // namespace weave::bench
