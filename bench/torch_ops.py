@@ -26,10 +26,13 @@ mean nothing and they carry "shared": true. Sections (--only picks some):
   all_gather_matmul at S = 2048 and of a 512^3 matmul (B as weight.t()): host_us, the time to
   issue a call, over --calls calls in batches of 50 with a synchronize between batches (so that a
   call the GPU runs longer than the host issues it never waits for room in the launch queue);
-  wall_us, the same calls back to back until the GPU finished; and the same calls captured
-  in a torch.cuda.graph and replayed. impl "weave-cpp" is the same call through weave's C++ entry
-  point (its pybind binding, buffers and pointers made beforehand): the C++ path, whose host_us the
-  "weave" row subtracts as over_cpp_us, the Python overhead (issue 19: <= 10 us). all_gather_matmul
+  wall_us, the same calls back to back until the GPU finished; then (every implementation's eager
+  loop done first) the same calls captured in a torch.cuda.graph and replayed; then weave's rows
+  eager again (host_after_capture_us: a TP or collective call whose signal set was captured once
+  launches one more one-thread kernel per eager call from then on). impl "weave-cpp" is the same
+  call through weave's C++ entry point (its pybind binding, buffers and pointers made beforehand):
+  the C++ path, whose host_us the "weave" row subtracts as over_cpp_us, the Python overhead (issue
+  19: <= 10 us; over_cpp_after_capture_us the same after the captures). all_gather_matmul
   also as "weave-no-A" (return_A=False: no copy of the gathered A). With --cpp-json, weave-bench's
   C++ figures of the same shapes are added (cpp_host_us, cpp_time_us).
 - first_call: the first call of a TP shape this process has not seen (tokens drawn from the seed),
@@ -523,6 +526,12 @@ class Bench:
         return slowest(1e6 * (t1 - t0) / n), slowest(1e6 * (t2 - t0) / n), ((per_graph - 1) % len(sets), outs[-1])
 
     def overhead(self):
+        """Host cost per call of each case's implementations: every eager loop first, then the CUDA
+        graph captures, then the weave rows' eager loops again. A TP call's signal rounds move to the
+        device at its set's first captured launch (one more one-thread kernel per eager call from then
+        on: runtime::SignalSet::next_round), so eager calls before and after a capture of the same
+        shape cost differently; each row is compared with weave's C++ call in the same state
+        (over_cpp_us before any capture, over_cpp_after_capture_us after)."""
         from torch_tp import all_ranks
 
         calls = max(10, self.args.calls // (10 if self.setup.shared else 1))
@@ -530,16 +539,13 @@ class Bench:
                  ("all_gather_matmul", self.tp_case("ag_gemm", "square", 2048, 2048, 2048 // self.W, 2048),
                   ("weave-cpp", "weave", "weave-no-A", "torch-nccl", "torch-symm-mem")),
                  ("matmul", self.gemm_case("overhead", 512, 512, 512, "nk"), ("weave-cpp", "weave", "torch-matmul"))]
-        self.print(f"\nPython-side cost per call ({calls} eager calls, one synchronize at the end; "
-                   "graph: 20 calls captured, replayed 50 times)")
+        self.print(f"\nPython-side cost per call ({calls} eager calls in batches of 50; graph: 20 calls captured, "
+                   "replayed 50 times; eager again after the captures)")
         for op_name, case, impls in cases:
-            rows = []
             case.impls.update(self.cpp_calls(op_name, case))
-            cpp_host = None
-            for impl in impls:
+            rows, runs = {}, {}
+            for impl in impls:  # eager, before any capture
                 spec = case.impls[impl]
-                row = dict(self.base_row(case, impl), kernel="python_overhead", op=op_name, calls=calls,
-                           gc="off" if self.args.gc_off else "on")
                 if isinstance(spec, str):
                     self.print(f"  {op_name} {case.label} {impl}: skipped, {spec}")
                     continue
@@ -549,7 +555,11 @@ class Bench:
                 host, wall, (i, out) = self.host_loop(op, sets, calls)
                 ok, worst, _ = case.check(i, out)
                 del out
-                row.update(host_us=host, wall_us=wall, time_us=host)
+                rows[impl] = dict(self.base_row(case, impl), kernel="python_overhead", op=op_name, calls=calls,
+                                  gc="off" if self.args.gc_off else "on", host_us=host, wall_us=wall, time_us=host)
+                runs[impl] = (op, sets, ok, worst)
+            for impl, row in rows.items():  # captured and replayed
+                op, sets, ok, worst = runs[impl]
                 graph = self.graph_loop(op, sets, impl)
                 if isinstance(graph, str):
                     row["graph"] = graph
@@ -557,32 +567,47 @@ class Bench:
                     row["graph_host_us"], row["graph_wall_us"], (i, out) = graph
                     g_ok, g_worst, _ = case.check(i, out)
                     ok, worst = ok and g_ok, max(worst, g_worst)
+                    del out
+                runs[impl] = (op, sets, ok, worst)
+            for impl, row in rows.items():  # weave's rows eager again, after the captures
+                op, sets, ok, worst = runs[impl]
+                if impl.startswith("weave") and "graph" not in row:
+                    row["host_after_capture_us"], _, (i, out) = self.host_loop(op, sets, calls)
+                    a_ok, a_worst, _ = case.check(i, out)
+                    ok, worst = ok and a_ok, max(worst, a_worst)
+                    del out
                 row["correct"], row["check_worst"] = all_ranks(ok, worst)
-                if impl == "weave-cpp":
-                    cpp_host = host
-                elif impl.startswith("weave") and cpp_host is not None:
-                    row["over_cpp_us"] = host - cpp_host
+            cpp = rows.get("weave-cpp", {})
+            for impl, row in rows.items():
+                if impl.startswith("weave") and impl != "weave-cpp" and cpp:
+                    row["over_cpp_us"] = row["host_us"] - cpp["host_us"]
+                    if "host_after_capture_us" in row and "host_after_capture_us" in cpp:
+                        row["over_cpp_after_capture_us"] = row["host_after_capture_us"] - cpp["host_after_capture_us"]
                 c = self.cpp.get(cpp_key(dict(case.fields, world=self.W))) if impl == "weave" else None
                 if c:
                     row["cpp_time_us"] = c.get("time_us")
                     if "host_us" in c:
                         row["cpp_host_us"] = c["host_us"]
-                        row["over_cpp_host_us"] = host - c["host_us"]
-                rows.append(row)
+                        row["over_cpp_host_us"] = row["host_us"] - c["host_us"]
                 g_txt = (row["graph"] if "graph" in row else
                          f"graph {row['graph_host_us']:.2f} us host, {row['graph_wall_us']:.2f} us wall")
                 cpp_txt = ""
                 if "over_cpp_us" in row:
                     cpp_txt += f"; Python adds {row['over_cpp_us']:.1f} us over weave's C++ call (target <= 10)"
+                if "over_cpp_after_capture_us" in row:
+                    cpp_txt += (f"; after the captures {row['host_after_capture_us']:.1f} us host, "
+                                f"{row['over_cpp_after_capture_us']:.1f} us over the C++ call")
+                elif "host_after_capture_us" in row:
+                    cpp_txt += f"; after the captures {row['host_after_capture_us']:.1f} us host"
                 if "cpp_host_us" in row:
-                    cpp_txt = (f"; C++ weave-bench host {row['cpp_host_us']:.1f} us: Python adds "
-                               f"{row['over_cpp_host_us']:.1f} us (target <= 10)")
+                    cpp_txt += (f"; C++ weave-bench host {row['cpp_host_us']:.1f} us: Python adds "
+                                f"{row['over_cpp_host_us']:.1f} us (target <= 10)")
                 elif "cpp_time_us" in row:
-                    cpp_txt = f"; C++ weave-bench device time {row['cpp_time_us']:.1f} us (no host_us in the file)"
-                self.print(f"  {op_name} {case.label} {impl}: eager {host:.1f} us host, {wall:.1f} us wall per call; "
-                           f"{g_txt}{cpp_txt}; {'ok' if row['correct'] else 'WRONG'}")
-            self.record(rows, case.label)
-            del case
+                    cpp_txt += f"; C++ weave-bench device time {row['cpp_time_us']:.1f} us (no host_us in the file)"
+                self.print(f"  {op_name} {case.label} {impl}: eager {row['host_us']:.1f} us host, {row['wall_us']:.1f} us "
+                           f"wall per call; {g_txt}{cpp_txt}; {'ok' if row['correct'] else 'WRONG'}")
+            self.record(list(rows.values()), case.label)
+            del case, runs
             torch.cuda.empty_cache()
 
     def cpp_calls(self, op_name, case):

@@ -9,6 +9,8 @@ roundings of the value itself plus four bf16 roundings, per partial result summe
 reduce-scattered outputs, else 1), of the output's typical size t: t = sqrt(K) * rms(A) * rms(B)
 for a GEMM output over a reduction of K (the size of a sum of K random products), rms(r) for the
 attention gradients. NaN fails."""
+import types
+
 import pytest
 import torch
 from torch import nn
@@ -134,13 +136,13 @@ def test_weight_grad_uses_transposed_a_gemm(comm, seed, monkeypatch, layer):
 
     calls = []
 
-    class Spy:  # torch.ops.weave with matmul's A layouts recorded
-        def __getattr__(self, name):
-            return getattr(torch.ops.weave, name)
+    def matmul(A, B, *args):
+        calls.append((tuple(A.shape), not A.is_contiguous() and A.t().is_contiguous()))
+        return torch.ops.weave.matmul.default(A, B, *args)
 
-        def matmul(self, A, B, *args):
-            calls.append((tuple(A.shape), not A.is_contiguous() and A.t().is_contiguous()))
-            return torch.ops.weave.matmul(A, B, *args)
+    class Spy:  # torch.ops.weave with matmul's A layouts recorded (weave calls the .default overload)
+        def __getattr__(self, name):
+            return types.SimpleNamespace(default=matmul) if name == "matmul" else getattr(torch.ops.weave, name)
 
     monkeypatch.setattr(wag, "_ops_ns", Spy())
     rows, fin, fout = 136, 72, 200

@@ -7,9 +7,10 @@ checks, the output allocation and the weave call run without Python, so an eager
 dispatcher and that C++ (docs/perf-notes.md: 17-60 us of host time per call when these were
 Python). The argument rules live once, in C++ (python/src/plan.hpp): the CUDA kernels check the
 real tensors with them and the fakes here call them through weave._C on the traced shapes, so the
-two cannot disagree. The ops have no autograd formulas of their own: weave.nn's modules and the
-public attention functions wrap them in torch.autograd.Function (autograd.py). The MoE layer's
-operator (moe.py) is still a Python kernel.
+two cannot disagree. Their gradients are registered by op_grads.py (torch.library.register_autograd);
+weave.nn's modules and the public attention functions wrap the ops in torch.autograd.Function
+(autograd.py). weave's own Python calls go through run() below, which skips the Python autograd
+kernel where it would record nothing. The MoE layer's operator (moe.py) is still a Python kernel.
 
 Conventions: tensors must be contiguous (a ValueError says so; no hidden copy), except B operands
 given as the transpose of a contiguous N x K matrix (an nn.Linear weight, `weight.t()`), matmul's A
@@ -27,6 +28,24 @@ from . import _comm
 from ._lib import lib
 
 _lib = torch.library.Library("weave", "DEF")  # noqa: TOR901
+
+_below_autograd = torch._C._AutoDispatchBelowAutograd
+_any_requires_grad = torch._C._any_requires_grad
+_is_compiling = torch.compiler.is_compiling
+
+
+def run(op, *args, **kwargs):
+    """op(*args, **kwargs), straight to its CUDA kernel when autograd would record nothing (grad mode
+    off, or no argument requires grad: inference, and every call inside an autograd.Function or a
+    backward). The ops' gradients are registered in Python (op_grads.py, torch.library's
+    register_autograd), and that autograd kernel runs on every call through the dispatcher, even one
+    it only passes on: ~8-15 us of host time per call on the GPU machine (docs/perf-notes.md,
+    2026-12-03 seventh session), against ~2 us for this check and guard. torch.compile traces the
+    plain call (the guard is not traceable; the compiled graph has no such cost)."""
+    if _is_compiling() or (torch.is_grad_enabled() and _any_requires_grad(*args, **kwargs)):
+        return op(*args, **kwargs)
+    with _below_autograd():
+        return op(*args, **kwargs)
 
 # Element types of the collectives (weave::DType numbers); the GEMM, TP and attention kernels take bf16.
 _COLL_DTYPES = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}

@@ -26,6 +26,7 @@ import torch
 
 from . import _comm, _ops  # noqa: F401  (_ops registers torch.ops.weave.*)
 from ._lib import lib
+from ._ops import run as _run
 
 _ops_ns = torch.ops.weave
 
@@ -186,7 +187,7 @@ class Attention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, causal: bool, scale: Optional[float]):
-        o, lse = _ops_ns.attention(q, k, v, causal, scale)
+        o, lse = _run(_ops_ns.attention.default, q, k, v, causal, scale)
         ctx.save_for_backward(q, k, v, lse)
         ctx.args = (causal, scale)
         ctx.set_materialize_grads(False)
@@ -213,7 +214,7 @@ class RingAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, causal: bool, scale: Optional[float], sharding: str, seq_len: int, group: str):
-        o, lse = _ops_ns.ring_attention(q, k, v, causal, scale, sharding, seq_len, group)
+        o, lse = _run(_ops_ns.ring_attention.default, q, k, v, causal, scale, sharding, seq_len, group)
         ctx.save_for_backward(q, k, v, lse)
         ctx.args = (causal, scale, *_seq_args(q, seq_len, group), sharding == "zigzag", group)
         ctx.set_materialize_grads(False)
@@ -233,7 +234,7 @@ class UlyssesAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, causal: bool, scale: Optional[float], seq_len: int, group: str):
-        o = _ops_ns.ulysses_attention(q, k, v, causal, scale, seq_len, group)
+        o = _run(_ops_ns.ulysses_attention.default, q, k, v, causal, scale, seq_len, group)
         ctx.save_for_backward(q, k, v)
         ctx.args = (causal, scale, *_seq_args(q, seq_len, group), group)
         return o
@@ -271,7 +272,7 @@ def _weight_grad(dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     aligned = traced or (a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0)
     if (a.device.type in ("cuda", "meta") and a.dtype == b.dtype == torch.bfloat16 and a.is_contiguous()
             and b.is_contiguous() and K > 0 and K % 8 == 0 and M % 8 == 0 and N % 8 == 0 and aligned):
-        return _ops_ns.matmul(a.t(), b)
+        return _run(_ops_ns.matmul.default, a.t(), b)
     return torch.matmul(a.t(), b)
 
 
@@ -287,7 +288,7 @@ class ColumnParallelLinearFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, group: str, keep_gathered: bool):
-        xg, (y,) = _ops_ns.all_gather_matmul(x, [weight.t()], 0, group, return_A=keep_gathered)
+        xg, (y,) = _run(_ops_ns.all_gather_matmul.default, x, [weight.t()], 0, group, return_A=keep_gathered)
         if bias is not None:  # out of place: compiled, y.add_(bias) gave other gradients (test_autograd_cpu.py)
             y = y + bias
         ctx.save_for_backward(xg if keep_gathered else x, weight)
@@ -301,9 +302,9 @@ class ColumnParallelLinearFn(torch.autograd.Function):
         dy = dy.contiguous()
         dx = dw = db = None
         if ctx.needs_input_grad[0]:  # the dual fused kernel: GEMM + reduce-scatter of the rows
-            dx = _ops_ns.matmul_reduce_scatter(dy, weight, "sum", 0, group)
+            dx = _run(_ops_ns.matmul_reduce_scatter.default, dy, weight, "sum", 0, group)
         if ctx.needs_input_grad[1]:
-            xg = x if gathered else _ops_ns.all_gather(x, 0, -1, group)
+            xg = x if gathered else _run(_ops_ns.all_gather.default, x, 0, -1, group)
             dw = _weight_grad(dy, xg)
         if has_bias and ctx.needs_input_grad[2]:
             db = _bias_grad(dy).to(weight.dtype)
@@ -317,7 +318,7 @@ class RowParallelLinearFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, group: str):
-        y = _ops_ns.matmul_reduce_scatter(x, weight.t(), "sum", 0, group)
+        y = _run(_ops_ns.matmul_reduce_scatter.default, x, weight.t(), "sum", 0, group)
         if bias is not None:
             y = y + bias
         ctx.save_for_backward(x, weight)
@@ -335,15 +336,15 @@ class RowParallelLinearFn(torch.autograd.Function):
         dx = dw = db = None
         dyg = None
         if need_x and S % world == 0:  # the dual fused kernel: all-gather of dY's rows + GEMM
-            dyg, (dx,) = _ops_ns.all_gather_matmul(dy, [weight], 0, group, return_A=need_w)
+            dyg, (dx,) = _run(_ops_ns.all_gather_matmul.default, dy, [weight], 0, group, return_A=need_w)
         elif need_x or need_w:  # ragged rows (all_gather_matmul wants equal shards): gather, then GEMM
-            dyg = _ops_ns.all_gather(dy, 0, S, group)
+            dyg = _run(_ops_ns.all_gather.default, dy, 0, S, group)
             if need_x:
-                dx = _ops_ns.matmul(dyg, weight)
+                dx = _run(_ops_ns.matmul.default, dyg, weight)
         if need_w:
             dw = _weight_grad(dyg, x)
         if has_bias and ctx.needs_input_grad[2]:
-            db = _ops_ns.all_reduce(_bias_grad(dy), group).to(weight.dtype)
+            db = _run(_ops_ns.all_reduce.default, _bias_grad(dy), group).to(weight.dtype)
         return dx, dw, db, None
 
 
@@ -355,7 +356,7 @@ class GatherLastDim(torch.autograd.Function):
     def forward(ctx, y, full: int, group: str):
         rank, world = _comm.group_rank_world(group)
         ctx.cols = lib().shard(full, world, rank)
-        return _ops_ns.all_gather(y.contiguous(), -1, full, group)
+        return _run(_ops_ns.all_gather.default, y.contiguous(), -1, full, group)
 
     @staticmethod
     def backward(ctx, dy):

@@ -14,32 +14,33 @@ import torch
 from . import _comm, _ops  # noqa: F401  (_ops registers torch.ops.weave.*)
 from . import autograd as _ag
 from ._comm import GroupLike, group_name
+from ._ops import run as _run
 
 _ops_ns = torch.ops.weave  # .default: the overload itself (skips the packet's lookup)
 
 
 def all_reduce(x: torch.Tensor, group: GroupLike = None) -> torch.Tensor:
     """The sum of x over the group's ranks (a new tensor). bf16, fp16 or fp32."""
-    return _ops_ns.all_reduce.default(x, group_name(group))
+    return _run(_ops_ns.all_reduce.default, x, group_name(group))
 
 
 def all_gather(x: torch.Tensor, dim: int = 0, group: GroupLike = None, *, full_size: Optional[int] = None) -> torch.Tensor:
     """The ranks' x concatenated along dim. Rank r's x holds shard(full_size, world, r) entries along
     dim (the first full_size % world ranks one more); full_size defaults to world * x.shape[dim]."""
-    return _ops_ns.all_gather.default(x, dim, -1 if full_size is None else full_size, group_name(group))
+    return _run(_ops_ns.all_gather.default, x, dim, -1 if full_size is None else full_size, group_name(group))
 
 
 def reduce_scatter(x: torch.Tensor, dim: int = 0, group: GroupLike = None) -> torch.Tensor:
     """This rank's share along dim of the sum of x over the ranks: shard(x.shape[dim], world, rank)
     entries (the first x.shape[dim] % world ranks hold one more)."""
-    return _ops_ns.reduce_scatter.default(x, dim, group_name(group))
+    return _run(_ops_ns.reduce_scatter.default, x, dim, group_name(group))
 
 
 def all_to_all(x: torch.Tensor, direction: str = "seq_to_head", group: GroupLike = None, *,
                seq_len: Optional[int] = None) -> torch.Tensor:
     """Ulysses all-to-all: 'seq_to_head' (B, S/W, H, D) -> (B, S, H/W, D), 'head_to_seq' back.
     seq_len: the whole sequence S for seq_to_head when the ranks' shares differ (default W x rows)."""
-    return _ops_ns.all_to_all.default(x, direction, -1 if seq_len is None else seq_len, group_name(group))
+    return _run(_ops_ns.all_to_all.default, x, direction, -1 if seq_len is None else seq_len, group_name(group))
 
 
 def all_gather_matmul(A_shard: torch.Tensor, Bs: Sequence[torch.Tensor], gather_dim: int = 0,
@@ -49,19 +50,19 @@ def all_gather_matmul(A_shard: torch.Tensor, Bs: Sequence[torch.Tensor], gather_
     holds the same number of rows; each B is K x N, contiguous or weight.t() of an nn.Linear weight
     (read in place); Bs after the first run as plain GEMMs on the gathered A."""
     Bs = list(Bs)
-    return _ops_ns.all_gather_matmul.default(A_shard, Bs, gather_dim, group_name(group), return_A=return_A)
+    return _run(_ops_ns.all_gather_matmul.default, A_shard, Bs, gather_dim, group_name(group), return_A=return_A)
 
 
 def matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str = "sum", scatter_dim: int = 0,
                           group: GroupLike = None) -> torch.Tensor:
     """reduce_scatter(A @ B, scatter_dim) with the reduction overlapped with the GEMM:
     torch.ops.symm_mem.fused_matmul_reduce_scatter's arguments. reduce_op 'sum' or 'avg'. bf16."""
-    return _ops_ns.matmul_reduce_scatter.default(A, B, reduce_op, scatter_dim, group_name(group))
+    return _run(_ops_ns.matmul_reduce_scatter.default, A, B, reduce_op, scatter_dim, group_name(group))
 
 
 def matmul_all_reduce(A: torch.Tensor, B: torch.Tensor, group: GroupLike = None) -> torch.Tensor:
     """all_reduce(A @ B) with the reduction overlapped with the GEMM. bf16."""
-    return _ops_ns.matmul_all_reduce.default(A, B, group_name(group))
+    return _run(_ops_ns.matmul_all_reduce.default, A, B, group_name(group))
 
 
 def matmul(A: torch.Tensor, B: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
@@ -80,8 +81,8 @@ def matmul(A: torch.Tensor, B: torch.Tensor, bias: Optional[torch.Tensor] = None
     if out is None:
         if accumulate:
             raise ValueError("weave.matmul: accumulate=True needs out= (the tensor to add to)")
-        return _ops_ns.matmul.default(A, B, bias, out_dtype)
-    _ops_ns.matmul_out.default(A, B, bias, accumulate, out=out)
+        return _run(_ops_ns.matmul.default, A, B, bias, out_dtype)
+    _run(_ops_ns.matmul_out.default, A, B, bias, accumulate, out=out)
     return out
 
 
@@ -99,7 +100,7 @@ def scaled_mm(A: torch.Tensor, B: torch.Tensor, scale_a: torch.Tensor, scale_b: 
       sum_{k in kb} A[m, k] B[k, n]. torch's 1x128 scale of shape (M, K/128) with strides (1, M) is
       this scale_a's transpose: pass it as scale.t().
     out_dtype: None or torch.bfloat16 (the only output type)."""
-    return _ops_ns.scaled_mm.default(A, B, scale_a, scale_b, out_dtype)
+    return _run(_ops_ns.scaled_mm.default, A, B, scale_a, scale_b, out_dtype)
 
 
 def grouped_mm(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor,
@@ -116,7 +117,7 @@ def grouped_mm(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor,
     If the counts sum past capacity_rows (or one is negative) the launch writes nothing (y is then
     unspecified everywhere) and records the first such expert in the device's status words:
     grouped_mm_status() returns it, check_grouped_mm() raises it (both synchronise the stream)."""
-    return _ops_ns.grouped_mm.default(x, w, counts, -1 if capacity_rows is None else int(capacity_rows))
+    return _run(_ops_ns.grouped_mm.default, x, w, counts, -1 if capacity_rows is None else int(capacity_rows))
 
 
 def _device_index(device) -> int:
@@ -161,7 +162,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     Differentiable (o and lse): an unfused float32 backward (weave.autograd.Attention)."""
     if _ag.needs_grad(q, k, v):
         return _ag.Attention.apply(q, k, v, causal, scale)
-    return _ops_ns.attention.default(q, k, v, causal, scale)
+    return _run(_ops_ns.attention.default, q, k, v, causal, scale)
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
@@ -173,7 +174,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     args = (q, k, v, causal, scale, sharding, -1 if seq_len is None else seq_len, group_name(group))
     if _ag.needs_grad(q, k, v):
         return _ag.RingAttention.apply(*args)
-    return _ops_ns.ring_attention.default(*args)
+    return _run(_ops_ns.ring_attention.default, *args)
 
 
 def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
@@ -185,7 +186,7 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
     args = (q, k, v, causal, scale, -1 if seq_len is None else seq_len, group_name(group))
     if _ag.needs_grad(q, k, v):
         return _ag.UlyssesAttention.apply(*args)
-    return _ops_ns.ulysses_attention.default(*args)
+    return _run(_ops_ns.ulysses_attention.default, *args)
 
 
 def ring_chunks(seq_len: int, sharding: str = "zigzag", group: GroupLike = None) -> list[tuple[int, int]]:

@@ -24,6 +24,7 @@ from typing import Optional
 import torch
 
 from . import _comm, _ops
+from ._ops import run as _run
 from .autograd import _rows, _weight_grad
 
 _ops_ns = torch.ops.weave
@@ -42,7 +43,7 @@ def _group_setup(ctx, inputs, output):
 
 
 def _all_reduce_bwd(ctx, g):
-    return _ops_ns.all_reduce(g.contiguous(), ctx.group), None
+    return _run(_ops_ns.all_reduce.default, g.contiguous(), ctx.group), None
 
 
 def _all_gather_setup(ctx, inputs, output):
@@ -52,7 +53,7 @@ def _all_gather_setup(ctx, inputs, output):
 
 def _all_gather_bwd(ctx, g):
     # reduce_scatter's shards are all_gather's (the near-equal split of the gathered length).
-    return _ops_ns.reduce_scatter(g.contiguous(), ctx.dim, ctx.group), None, None, None
+    return _run(_ops_ns.reduce_scatter.default, g.contiguous(), ctx.dim, ctx.group), None, None, None
 
 
 def _reduce_scatter_setup(ctx, inputs, output):
@@ -61,7 +62,7 @@ def _reduce_scatter_setup(ctx, inputs, output):
 
 
 def _reduce_scatter_bwd(ctx, g):
-    return _ops_ns.all_gather(g.contiguous(), ctx.dim, ctx.full, ctx.group), None, None
+    return _run(_ops_ns.all_gather.default, g.contiguous(), ctx.dim, ctx.full, ctx.group), None, None
 
 
 def _all_to_all_setup(ctx, inputs, output):
@@ -72,9 +73,9 @@ def _all_to_all_setup(ctx, inputs, output):
 def _all_to_all_bwd(ctx, g):
     g = g.contiguous()
     if ctx.direction == "seq_to_head":  # back to this rank's rows: the shares the forward took
-        dx = _ops_ns.all_to_all(g, "head_to_seq", -1, ctx.group)
+        dx = _run(_ops_ns.all_to_all.default, g, "head_to_seq", -1, ctx.group)
     else:  # head_to_seq took the whole sequence S on every rank
-        dx = _ops_ns.all_to_all(g, "seq_to_head", ctx.seq, ctx.group)
+        dx = _run(_ops_ns.all_to_all.default, g, "seq_to_head", ctx.seq, ctx.group)
     return dx, None, None, None
 
 
@@ -84,7 +85,7 @@ def _all_to_all_bwd(ctx, g):
 def _input_grad(g2: torch.Tensor, B: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """dA = dY @ B^T (rows x K) of dY (rows x N) and B (K x N, contiguous or a weight's .t())."""
     if g2.dtype == BF and B.dtype == BF and g2.device.type in ("cuda", "meta"):
-        return _ops_ns.matmul(g2, B.t())  # B^T: the other of the two B forms weave's GEMM reads
+        return _run(_ops_ns.matmul.default, g2, B.t())  # B^T: the other of the two B forms weave's GEMM reads
     return torch.matmul(g2.float(), B.float().t()).to(dtype)
 
 
@@ -129,7 +130,7 @@ def _matmul_all_reduce_setup(ctx, inputs, output):
 
 def _matmul_all_reduce_bwd(ctx, g):
     A, B = ctx.saved_tensors
-    gsum = _ops_ns.all_reduce(g.contiguous(), ctx.group)  # every rank's loss sees the reduced y
+    gsum = _run(_ops_ns.all_reduce.default, g.contiguous(), ctx.group)  # every rank's loss sees the reduced y
     dA, dB = _gemm_grads(ctx, A, B, gsum)
     return dA, dB, None
 
@@ -150,9 +151,9 @@ def _matmul_reduce_scatter_bwd(ctx, g):
     dA = dB = None
     if need_a and full % world == 0 and g.dtype == BF:
         # The dual fused kernel: the gathered dY's GEMM with B^T, overlapped with the gather.
-        gg, (dA,) = _ops_ns.all_gather_matmul(g, [B.t()], dim, group, return_A=need_b)
+        gg, (dA,) = _run(_ops_ns.all_gather_matmul.default, g, [B.t()], dim, group, return_A=need_b)
     else:
-        gg = _ops_ns.all_gather(g, dim, full, group)
+        gg = _run(_ops_ns.all_gather.default, g, dim, full, group)
         if need_a:
             dA = _input_grad(_rows(gg.movedim(dim, 0)).contiguous(), B, A.dtype)
             dA = dA.reshape(gg.movedim(dim, 0).shape[:-1] + (A.shape[-1],)).movedim(0, dim)
@@ -176,14 +177,14 @@ def _all_gather_matmul_bwd(ctx, g_a: Optional[torch.Tensor], g_outs):
     dim, group, have_gathered = ctx.args
     need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     if not have_gathered and need_b:
-        gathered = _ops_ns.all_gather(A_shard, dim, -1, group)
+        gathered = _run(_ops_ns.all_gather.default, A_shard, dim, -1, group)
     live = [(B, g) for B, g in zip(Bs, g_outs) if g is not None]
     dA = None
     if need_a:
         if len(live) == 1 and g_a is None and live[0][1].dtype == BF:
             # The dual fused kernel: dY B^T reduce-scattered, overlapped with the GEMM.
             B, g = live[0]
-            dA = _ops_ns.matmul_reduce_scatter(g.contiguous(), B.t(), "sum", dim, group)
+            dA = _run(_ops_ns.matmul_reduce_scatter.default, g.contiguous(), B.t(), "sum", dim, group)
         else:
             full = None
             for B, g in live:
@@ -196,7 +197,7 @@ def _all_gather_matmul_bwd(ctx, g_a: Optional[torch.Tensor], g_outs):
             if full is None:
                 dA = torch.zeros_like(A_shard)
             else:
-                dA = _ops_ns.reduce_scatter(full.movedim(0, dim).contiguous(), dim, group)
+                dA = _run(_ops_ns.reduce_scatter.default, full.movedim(0, dim).contiguous(), dim, group)
     dBs = None
     if need_b:
         a2 = _rows(gathered.movedim(dim, 0))
