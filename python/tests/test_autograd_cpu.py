@@ -500,3 +500,26 @@ def test_compiled_linear_grads_match_eager(cpu_stand_ins, bias, layer):
     assert torch.equal(y2, y), f"{layer}: compiled forward differs"
     for name, a, c in zip(("dx", "dW", "db"), grads, grads2):
         assert torch.equal(c, a), f"{layer} bias={bias}: compiled {name} differs by {float((c.float() - a.float()).abs().max())}"
+
+
+def test_run_records_exactly_where_autograd_would():
+    """weave._ops.run calls an op past its (Python) autograd kernel only where that kernel would
+    record nothing: the same outputs, a grad_fn exactly when grad mode is on and an input requires
+    grad, and gradients that flow through it then."""
+    from weave import _ops
+
+    mm = torch.ops.weave.matmul.default
+    a, b = meta(16, 32, grad=False), meta(32, 24, grad=False)
+    y = _ops.run(mm, a, b, None, None)
+    assert y.shape == (16, 24) and y.dtype == BF and y.grad_fn is None and not y.requires_grad
+    a.requires_grad_()
+    y = _ops.run(mm, a, b, None, None)
+    assert y.grad_fn is not None and y.requires_grad
+    (ga,) = torch.autograd.grad(y.sum(), [a])
+    assert ga.shape == a.shape
+    with torch.no_grad():
+        y = _ops.run(mm, a, b, None, None)
+    assert y.grad_fn is None and not y.requires_grad
+    ys = _ops.run(torch.ops.weave.all_gather_matmul.default, meta(8, 32, grad=False), [b], 0, _comm.SINGLE,
+                  return_A=False)
+    assert ys[0] is None and ys[1][0].shape == (8, 24) and ys[1][0].grad_fn is None
