@@ -523,3 +523,80 @@ def test_run_records_exactly_where_autograd_would():
     ys = _ops.run(torch.ops.weave.all_gather_matmul.default, meta(8, 32, grad=False), [b], 0, _comm.SINGLE,
                   return_A=False)
     assert ys[0] is None and ys[1][0].shape == (8, 24) and ys[1][0].grad_fn is None
+
+
+class GroupedMmOnCpu:
+    """torch.ops.weave with grouped_mm replaced by a float64 CPU emulation of the kernel (expert e's
+    rows of x times w[e]^T, rows past sum(counts) left as NaN, as the kernel leaves them unwritten),
+    for testing op_grads' grouped_mm backward off the GPU."""
+
+    def __getattr__(self, name):
+        return getattr(torch.ops.weave, name)
+
+    @property
+    def grouped_mm(self):
+        def run(x, w, counts, capacity):
+            cap = x.shape[0] if capacity < 0 else capacity
+            y = torch.full((cap, w.shape[1]), float("nan"), dtype=torch.float64)
+            off = 0
+            for e, c in enumerate(counts.tolist()):
+                y[off:off + c] = x[off:off + c].double() @ w[e].double().t()
+                off += c
+            return y.to(x.dtype)
+
+        return types.SimpleNamespace(default=run)
+
+
+@pytest.mark.parametrize("w_layout", ["NK", "KN"])
+@pytest.mark.parametrize("capacity", [None, "tight"])
+def test_grouped_mm_backward_math(monkeypatch, w_layout, capacity):
+    """op_grads' grouped_mm backward (dx through the grouped GEMM on w^T, dw through
+    torch._grouped_mm) against float64 autograd of the per-expert products: empty experts, rows past
+    sum(counts) (no gradient), a capacity below x's rows (dx zero there), both w layouts."""
+    from weave import op_grads
+
+    monkeypatch.setattr(op_grads, "_ops_ns", GroupedMmOnCpu())
+    gen = torch.Generator().manual_seed(7)
+    E, N, K = 4, 24, 40
+    counts = torch.tensor([5, 0, 9, 3], dtype=torch.int32)
+    total = int(counts.sum())
+    R = total + 6
+    cap = R if capacity is None else total + 2
+    x = torch.randn(R, K, generator=gen, dtype=torch.float64)
+    ws = torch.randn((E, N, K) if w_layout == "NK" else (E, K, N), generator=gen, dtype=torch.float64)
+    w = ws if w_layout == "NK" else ws.transpose(1, 2)
+    g = torch.randn(cap, N, generator=gen, dtype=torch.float64)
+
+    class Ctx:
+        needs_input_grad = (True, True, False, False)
+
+        def save_for_backward(self, *tensors):
+            self.saved_tensors = tensors
+
+    ctx = Ctx()
+    y = torch.empty(cap, N)
+    op_grads._grouped_mm_setup(ctx, (x.bfloat16(), w.bfloat16(), counts, cap), y)
+    dx, dw, dc, dcap = op_grads._grouped_mm_bwd(ctx, g.bfloat16())
+    assert dc is None and dcap is None and dx.shape == x.shape and dw.shape == w.shape
+
+    xb, wb = x.bfloat16().double().requires_grad_(), w.bfloat16().double().requires_grad_()
+    off, loss = 0, 0
+    for e, c in enumerate(counts.tolist()):
+        loss = loss + (xb[off:off + c] @ wb[e].t() * g.bfloat16().double()[off:off + c]).sum()
+        off += c
+    rx, rw = torch.autograd.grad(loss, [xb, wb])
+    assert torch.equal(dx[total:], torch.zeros_like(dx[total:]))  # no output there: no gradient
+    scale = float(g.abs().max() * max(x.abs().max(), w.abs().max())) * 16
+    assert float((dx.double() - rx).abs().max()) <= 2 ** -7 * scale
+    assert float((dw.double() - rw).abs().max()) <= 2 ** -7 * scale
+
+
+def test_grouped_mm_grads_on_meta():
+    """grouped_mm's gradients on meta tensors have the inputs' shapes and dtypes (both w layouts)."""
+    counts = torch.empty(3, dtype=torch.int32, device="meta")
+    for stack, nk in ((meta(3, 24, 40), True), (meta(3, 40, 24), False)):
+        x = meta(50, 40)
+        y = torch.ops.weave.grouped_mm(x, stack if nk else stack.transpose(1, 2), counts, 45)
+        assert y.shape == (45, 24)
+        dx, dw = grads_of(y, x, stack)
+        assert dx.shape == x.shape and dw.shape == stack.shape and dx.dtype == BF and dw.dtype == BF

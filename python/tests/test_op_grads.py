@@ -227,3 +227,42 @@ def test_matmul_all_reduce_grads(env):
     refs = ref_grads(lambda a, b: ((a @ b) * G).sum(), A, B)
     check_bf16(A.grad, refs[0], gemm_size(N, G, B), "mar dA", partials=W)
     check_bf16(B.grad, refs[1], gemm_size(S, A, G), "mar dB", partials=W)
+
+
+# ---- the MoE grouped GEMM ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("w_layout", ["NK", "KN"])
+@pytest.mark.parametrize("capacity", [None, "tight"])
+def test_grouped_mm_grads(env, w_layout, capacity):
+    """dx (weave's grouped GEMM on w^T) and dw (torch._grouped_mm) against float32 autograd of the
+    per-expert products: empty experts, ragged counts, rows past sum(counts) (no gradient) and a
+    capacity below x's rows (dx zero past it), both w layouts."""
+    rank, W, seed = env
+    E, N, K = 6, 104, 136
+    gen = torch.Generator().manual_seed(seed)
+    counts = torch.randint(0, 120, (E,), generator=gen, dtype=torch.int32)
+    counts[1] = 0
+    counts[0] += 1
+    total = int(counts.sum())
+    R = total + 29
+    cap = None if capacity is None else total + 11
+    x = leaf(rand((R, K), BF, seed, "x"))
+    ws = rand((E, N, K) if w_layout == "NK" else (E, K, N), BF, seed, "w")
+    wl = leaf(ws)
+    y = weave.grouped_mm(x, wl if w_layout == "NK" else wl.transpose(1, 2), counts.cuda(), capacity_rows=cap)
+    g = rand(y.shape, BF, seed, "g")
+    y.backward(g)
+    assert weave.grouped_mm_status() is None
+
+    def loss(xf, wf):
+        wm = wf if w_layout == "NK" else wf.transpose(1, 2)
+        off, out = 0, 0
+        for e, c in enumerate(counts.tolist()):
+            out = out + ((xf[off:off + c] @ wm[e].t()) * g[off:off + c].float()).sum()
+            off += c
+        return out
+
+    rx, rw = ref_grads(loss, x, ws)
+    assert bool((x.grad[total:] == 0).all()), "rows past sum(counts) got a gradient"
+    check_bf16(x.grad, rx, gemm_size(N, g, ws), f"grouped_mm dx {w_layout} capacity {capacity}")
+    check_bf16(wl.grad, rw, gemm_size(int(counts.max()), x, g), f"grouped_mm dw {w_layout} capacity {capacity}")

@@ -116,7 +116,9 @@ def grouped_mm(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor,
     written (unspecified values: mask or slice them). N and K multiples of 8, 1 <= E <= 1024.
     If the counts sum past capacity_rows (or one is negative) the launch writes nothing (y is then
     unspecified everywhere) and records the first such expert in the device's status words:
-    grouped_mm_status() returns it, check_grouped_mm() raises it (both synchronise the stream)."""
+    grouped_mm_status() returns it, check_grouped_mm() raises it (both synchronise the stream).
+    Differentiable in x and w (op_grads.py): dx by this grouped GEMM on w's transpose, dw by
+    torch._grouped_mm; rows past sum(counts) get no gradient."""
     return _run(_ops_ns.grouped_mm.default, x, w, counts, -1 if capacity_rows is None else int(capacity_rows))
 
 

@@ -14,9 +14,11 @@ place: the transposed operands it takes), where its rules hold (bf16 dY; rows, K
 input's dtype once; dbias is the float32 sum of dY's rows. An fp32 output's dY is float32, so its
 gradients take torch.matmul in float32. The TP operators' backwards are their dual fused kernels
 (the input gradient of AG+GEMM is a GEMM+RS and vice versa) where the shards are equal, else a
-collective and a GEMM. scaled_mm (fp8), grouped_mm and the attention operators have no gradient
-here (the public attention functions are differentiable through autograd.py); asking for one
-raises torch's "does not have an autograd kernel" error."""
+collective and a GEMM. grouped_mm (the MoE grouped GEMM): dx by weave's grouped GEMM on the
+transposed weight stack, dw by torch._grouped_mm (no grouped weight-gradient kernel in weave yet).
+scaled_mm (fp8) and the attention operators have no gradient here (the public attention functions
+are differentiable through autograd.py); asking for one raises torch's "does not have an autograd
+kernel" error."""
 from __future__ import annotations
 
 from typing import Optional
@@ -206,6 +208,36 @@ def _all_gather_matmul_bwd(ctx, g_a: Optional[torch.Tensor], g_outs):
     return dA, dBs, None, None
 
 
+# ---- the MoE grouped GEMM ------------------------------------------------------------------
+
+
+def _grouped_mm_setup(ctx, inputs, output):
+    x, w, counts, _ = inputs
+    ctx.save_for_backward(x, w, counts)
+    ctx.rows = int(output.shape[0])  # the capacity rows y has
+
+
+def _grouped_mm_bwd(ctx, g):
+    """y[rows of e] = x[rows of e] @ w[e]^T. dx[rows of e] = g[rows of e] @ w[e]: weave's grouped GEMM
+    again, with the stack w^T (read in place in either of its layouts). dw[e] = g[rows of e]^T
+    x[rows of e]: torch._grouped_mm's K-grouped product (weave has no grouped weight-gradient kernel
+    yet). Rows past sum(counts) have no output, so they pass no gradient; the counts stay on the
+    device (no host synchronisation)."""
+    x, w, counts = ctx.saved_tensors
+    cap = ctx.rows
+    live = (torch.arange(cap, device=g.device) < counts.sum()).unsqueeze(1)
+    g = torch.where(live, g, 0).to(BF).contiguous()
+    dx = dw = None
+    if ctx.needs_input_grad[0]:
+        d = _run(_ops_ns.grouped_mm.default, g, w.transpose(1, 2), counts, cap)
+        dx = torch.zeros_like(x)
+        dx[:cap] = torch.where(live, d, 0)  # rows past sum(counts) are not written by the kernel
+    if ctx.needs_input_grad[1]:
+        offs = torch.cumsum(counts, 0, dtype=torch.int32).clamp_(max=cap)
+        dw = torch._grouped_mm(g.t(), x[:cap], offs=offs).to(w.dtype)
+    return dx, dw, None, None
+
+
 _register("all_reduce", _all_reduce_bwd, _group_setup)
 _register("all_gather", _all_gather_bwd, _all_gather_setup)
 _register("reduce_scatter", _reduce_scatter_bwd, _reduce_scatter_setup)
@@ -214,3 +246,4 @@ _register("matmul", _matmul_bwd, _matmul_setup)
 _register("matmul_all_reduce", _matmul_all_reduce_bwd, _matmul_all_reduce_setup)
 _register("matmul_reduce_scatter", _matmul_reduce_scatter_bwd, _matmul_reduce_scatter_setup)
 _register("all_gather_matmul", _all_gather_matmul_bwd, _all_gather_matmul_setup)
+_register("grouped_mm", _grouped_mm_bwd, _grouped_mm_setup)
