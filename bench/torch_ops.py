@@ -24,8 +24,9 @@ mean nothing and they carry "shared": true. Sections (--only picks some):
   ("torch-sdpa-flash"); causal, B 1, the TP block's heads per rank (32 / W), head dim 128.
 - overhead (kernel "python_overhead"): host time per eager call of an 8 KiB all_reduce, of
   all_gather_matmul at S = 2048 and of a 512^3 matmul (B as weight.t()): host_us, the time to
-  issue a call, over --calls calls in batches of 50 with a synchronize between batches (so that a
-  call the GPU runs longer than the host issues it never waits for room in the launch queue);
+  issue a call, the median over --calls calls in batches of 50 with a synchronize before each (so
+  that a call the GPU runs longer than the host issues it never waits for room in the launch
+  queue), the implementations of a case taking turns batch by batch (the host's speed drifts);
   wall_us, the same calls back to back until the GPU finished; then (every implementation's eager
   loop done first) the same calls captured in a torch.cuda.graph and replayed; then weave's rows
   eager again (host_after_capture_us: a TP or collective call whose signal set was captured once
@@ -57,6 +58,7 @@ import gc
 import json
 import math
 import os
+import statistics
 import sys
 import time
 
@@ -454,12 +456,11 @@ class Bench:
         if "first_call" in s:
             self.first_call()
 
-    def host_loop(self, op, sets, calls, batch=50):
-        """(host us per call, wall us per call), the slowest rank's; the last call's (set, output).
-        host: the time to issue a call while the GPU's launch queue has room, in batches of `batch`
-        calls with a synchronize between batches (back to back, a call that the GPU takes longer
-        to run than the host to issue fills the queue and then waits in its launch, so its host
-        time would be the GPU's); wall: `calls` back-to-back calls, one synchronize at the end."""
+    def host_turns(self, runs, calls, batch=50):
+        """{impl: (host us per call, (set, output) of its last call)} for runs {impl: (op, sets)}: the
+        implementations take turns, one batch of `batch` calls each with a synchronize before it,
+        and each one's host time is the median of its batches (the slowest rank's), so that all of
+        them see the same host (its speed drifts by up to 1.5x over a run on the GPU machine)."""
         from tp_common import slowest
 
         torch.cuda.synchronize()
@@ -468,23 +469,34 @@ class Bench:
         if paused:
             gc.collect()
             gc.disable()
-        host = 0.0
+        times = {impl: [] for impl in runs}
+        last = {}
         for start in range(0, calls, batch):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for i in range(start, min(calls, start + batch)):
-                out = op(*sets[i % len(sets)])
-            host += time.perf_counter() - t0
+            n = min(calls, start + batch) - start
+            for impl, (op, sets) in runs.items():
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for i in range(start, start + n):
+                    out = op(*sets[i % len(sets)])
+                times[impl].append((time.perf_counter() - t0) / n)
+                last[impl] = ((start + n - 1) % len(sets), out)
+                del out
+        torch.cuda.synchronize()
+        if paused:
+            gc.enable()
+        return {impl: (slowest(1e6 * statistics.median(t)), last[impl]) for impl, t in times.items()}
+
+    def wall_loop(self, op, sets, calls):
+        """Wall us per call of `calls` back-to-back calls, one synchronize at the end (slowest rank)."""
+        from tp_common import slowest
+
         torch.cuda.synchronize()
         dist.barrier()
         t0 = time.perf_counter()
         for i in range(calls):
-            out = op(*sets[i % len(sets)])
+            op(*sets[i % len(sets)])
         torch.cuda.synchronize()
-        wall = time.perf_counter() - t0
-        if paused:
-            gc.enable()
-        return slowest(1e6 * host / calls), slowest(1e6 * wall / calls), ((calls - 1) % len(sets), out)
+        return slowest(1e6 * (time.perf_counter() - t0) / calls)
 
     def graph_loop(self, op, sets, impl, per_graph=20, replays=50):
         """(host us per call, wall us per call, ok, worst) of `per_graph` calls captured in a CUDA graph
@@ -543,8 +555,8 @@ class Bench:
                    "replayed 50 times; eager again after the captures)")
         for op_name, case, impls in cases:
             case.impls.update(self.cpp_calls(op_name, case))
-            rows, runs = {}, {}
-            for impl in impls:  # eager, before any capture
+            rows, runs, eager = {}, {}, {}
+            for impl in impls:
                 spec = case.impls[impl]
                 if isinstance(spec, str):
                     self.print(f"  {op_name} {case.label} {impl}: skipped, {spec}")
@@ -552,9 +564,12 @@ class Bench:
                 op, sets = spec
                 for _ in range(WARM_CALLS):
                     op(*sets[0])
-                host, wall, (i, out) = self.host_loop(op, sets, calls)
+                eager[impl] = (op, sets)
+            for impl, (host, (i, out)) in self.host_turns(eager, calls).items():  # eager, before any capture
+                op, sets = eager[impl]
                 ok, worst, _ = case.check(i, out)
                 del out
+                wall = self.wall_loop(op, sets, calls)
                 rows[impl] = dict(self.base_row(case, impl), kernel="python_overhead", op=op_name, calls=calls,
                                   gc="off" if self.args.gc_off else "on", host_us=host, wall_us=wall, time_us=host)
                 runs[impl] = (op, sets, ok, worst)
@@ -569,13 +584,16 @@ class Bench:
                     ok, worst = ok and g_ok, max(worst, g_worst)
                     del out
                 runs[impl] = (op, sets, ok, worst)
-            for impl, row in rows.items():  # weave's rows eager again, after the captures
+            again = {impl: runs[impl][:2] for impl, row in rows.items()  # weave's rows eager again, after the captures
+                     if impl.startswith("weave") and "graph" not in row}
+            for impl, (host, (i, out)) in (self.host_turns(again, calls).items() if again else ()):
                 op, sets, ok, worst = runs[impl]
-                if impl.startswith("weave") and "graph" not in row:
-                    row["host_after_capture_us"], _, (i, out) = self.host_loop(op, sets, calls)
-                    a_ok, a_worst, _ = case.check(i, out)
-                    ok, worst = ok and a_ok, max(worst, a_worst)
-                    del out
+                rows[impl]["host_after_capture_us"] = host
+                a_ok, a_worst, _ = case.check(i, out)
+                del out
+                runs[impl] = (op, sets, ok and a_ok, max(worst, a_worst))
+            for impl, row in rows.items():
+                _, _, ok, worst = runs[impl]
                 row["correct"], row["check_worst"] = all_ranks(ok, worst)
             cpp = rows.get("weave-cpp", {})
             for impl, row in rows.items():

@@ -24,6 +24,7 @@
 #include "comm.hpp"
 #include "ops.hpp"
 #include "plan.hpp"
+#include "torch_ops.hpp"
 #include "weave/common/gpus.hpp"
 #include "weave/runtime/communicator.hpp"
 
@@ -275,6 +276,7 @@ void bind_plans(py::module_& m) {
 PYBIND11_MODULE(_C, m) {
   m.doc() = "weave's C++ API for the Python package (and, registered on import, torch.ops.weave's CUDA kernels)";
   bind_plans(m);
+  weave::py::bind_eager_ops(m);
 
   m.def("_register_group", &weave::py::register_comm, py::arg("group"), py::arg("comm"),
         "the torch operators' communicator of a process group (held weakly: the package owns it)");

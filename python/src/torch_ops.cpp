@@ -2,9 +2,12 @@
 // registered by weave/_ops.py). Each checks its arguments with plan.hpp, allocates its outputs from
 // torch's caching allocator, and calls weave on torch's current stream; an operator written in
 // Python spent 17-60 us of host time per call on the same steps (docs/perf-notes.md). A broken
-// argument rule raises ValueError; anything weave raises while running, RuntimeError.
+// argument rule raises ValueError; anything weave raises while running, RuntimeError. The same
+// kernels are also bound as weave._C.eager_<op> (bind_eager_ops): weave's Python calls them directly
+// where the dispatcher would do nothing but route to them (weave/_ops.py, run).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAStream.h>
+#include <torch/csrc/utils/pybind.h>  // at::Tensor / dtype casters (libtorch_python)
 #include <torch/library.h>
 
 #include <cuda_runtime_api.h>
@@ -17,6 +20,7 @@
 #include "comm.hpp"
 #include "ops.hpp"
 #include "plan.hpp"
+#include "torch_ops.hpp"
 #include "weave/common/error.hpp"
 #include "weave/runtime/call.hpp"  // capturing
 
@@ -396,6 +400,65 @@ at::Tensor ulysses_attention(const at::Tensor& q, const at::Tensor& k, const at:
 
 }  // namespace op
 }  // namespace
+
+void bind_eager_ops(pybind11::module_& m) {
+  namespace py = pybind11;
+  // The dispatcher would turn these into Python exceptions the same way.
+  py::register_exception_translator([](std::exception_ptr e) {
+    try {
+      if (e) std::rethrow_exception(e);
+    } catch (const c10::ValueError& x) {
+      PyErr_SetString(PyExc_ValueError, x.what_without_backtrace());
+    } catch (const c10::Error& x) {
+      PyErr_SetString(PyExc_RuntimeError, x.what_without_backtrace());
+    }
+  });
+  using Ts = std::vector<at::Tensor>;
+  using OptT = std::optional<at::Tensor>;
+  using OptD = std::optional<double>;
+  const auto nogil = py::call_guard<py::gil_scoped_release>();
+  m.def("eager_all_reduce", [](const at::Tensor& x, const std::string& g) { return op::all_reduce(x, g); }, nogil);
+  m.def("eager_all_gather", [](const at::Tensor& x, int64_t dim, int64_t full, const std::string& g) {
+    return op::all_gather(x, dim, full, g);
+  }, nogil);
+  m.def("eager_reduce_scatter", [](const at::Tensor& x, int64_t dim, const std::string& g) {
+    return op::reduce_scatter(x, dim, g);
+  }, nogil);
+  m.def("eager_all_to_all", [](const at::Tensor& x, const std::string& dir, int64_t seq, const std::string& g) {
+    return op::all_to_all(x, dir, seq, g);
+  }, nogil);
+  m.def("eager_all_gather_matmul", [](const at::Tensor& A, const Ts& Bs, int64_t dim, const std::string& g,
+                                      bool return_A) { return op::all_gather_matmul(A, Bs, dim, g, return_A); },
+        py::arg("A_shard"), py::arg("Bs"), py::arg("gather_dim"), py::arg("group"), py::arg("return_A") = true, nogil);
+  m.def("eager_matmul_reduce_scatter", [](const at::Tensor& A, const at::Tensor& B, const std::string& op_name,
+                                          int64_t dim, const std::string& g) {
+    return op::matmul_reduce_scatter(A, B, op_name, dim, g);
+  }, nogil);
+  m.def("eager_matmul_all_reduce", [](const at::Tensor& A, const at::Tensor& B, const std::string& g) {
+    return op::matmul_all_reduce(A, B, g);
+  }, nogil);
+  m.def("eager_matmul", [](const at::Tensor& A, const at::Tensor& B, const OptT& bias,
+                           std::optional<at::ScalarType> out_dtype) { return op::matmul(A, B, bias, out_dtype); },
+        py::arg("A"), py::arg("B"), py::arg("bias") = py::none(), py::arg("out_dtype") = py::none(), nogil);
+  m.def("eager_scaled_mm", [](const at::Tensor& A, const at::Tensor& B, const at::Tensor& sa, const at::Tensor& sb,
+                              std::optional<at::ScalarType> out_dtype) { return op::scaled_mm(A, B, sa, sb, out_dtype); },
+        py::arg("A"), py::arg("B"), py::arg("scale_a"), py::arg("scale_b"), py::arg("out_dtype") = py::none(), nogil);
+  m.def("eager_grouped_mm", [](const at::Tensor& x, const at::Tensor& w, const at::Tensor& counts, int64_t cap) {
+    return op::grouped_mm(x, w, counts, cap);
+  }, py::arg("x"), py::arg("w"), py::arg("counts"), py::arg("capacity_rows") = -1, nogil);
+  m.def("eager_attention", [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, OptD scale) {
+    return op::attention(q, k, v, causal, scale);
+  }, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("causal") = false, py::arg("scale") = py::none(), nogil);
+  m.def("eager_ring_attention", [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
+                                   OptD scale, const std::string& sharding, int64_t seq, const std::string& g) {
+    return op::ring_attention(q, k, v, causal, scale, sharding, seq, g);
+  }, nogil);
+  m.def("eager_ulysses_attention", [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
+                                      OptD scale, int64_t seq, const std::string& g) {
+    return op::ulysses_attention(q, k, v, causal, scale, seq, g);
+  }, nogil);
+}
+
 }  // namespace weave::py
 
 TORCH_LIBRARY_IMPL(weave, CUDA, m) {

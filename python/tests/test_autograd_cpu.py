@@ -600,3 +600,27 @@ def test_grouped_mm_grads_on_meta():
         assert y.shape == (45, 24)
         dx, dw = grads_of(y, x, stack)
         assert dx.shape == x.shape and dw.shape == stack.shape and dx.dtype == BF and dw.dtype == BF
+
+
+def test_run_takes_the_direct_path_only_for_plain_cuda_calls():
+    """run's direct calls (weave._C.eager_<op>) cover every operator with a C++ kernel but
+    matmul_out, and are refused for CPU and meta tensors (also inside a list), tensor subclasses and
+    an active dispatch mode; those calls go through the dispatcher (whose CPU kernel raises clearly)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from weave import _ops
+    from weave._lib import lib
+
+    names = {op.name().split("::")[1] for op in _ops._EAGER}
+    assert names == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_gather_matmul",
+                     "matmul_reduce_scatter", "matmul_all_reduce", "matmul", "scaled_mm", "grouped_mm",
+                     "attention", "ring_attention", "ulysses_attention"}
+    assert all(fn is getattr(lib(), "eager_" + op.name().split("::")[1]) for op, fn in _ops._EAGER.items())
+    cpu = torch.zeros(8, 8, dtype=BF)
+    assert not _ops._plain((cpu, 3, "g"))
+    assert not _ops._plain((meta(8, 8, grad=False), [cpu]))
+    with FakeTensorMode():
+        assert not _ops._plain((3, "g"))  # a dispatch mode is active
+    assert _ops._plain((3, "g", None))  # nothing to refuse
+    with pytest.raises(RuntimeError, match="no CUDA GPU|on the CPU"):
+        _ops.run(torch.ops.weave.matmul.default, cpu, cpu)

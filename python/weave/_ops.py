@@ -10,7 +10,8 @@ real tensors with them and the fakes here call them through weave._C on the trac
 two cannot disagree. Their gradients are registered by op_grads.py (torch.library.register_autograd);
 weave.nn's modules and the public attention functions wrap the ops in torch.autograd.Function
 (autograd.py). weave's own Python calls go through run() below, which skips the Python autograd
-kernel where it would record nothing. The MoE layer's operator (moe.py) is still a Python kernel.
+kernel where it would record nothing, and the dispatcher too where it would only route to the CUDA
+kernel (weave._C.eager_<op>). The MoE layer's operator (moe.py) is still a Python kernel.
 
 Conventions: tensors must be contiguous (a ValueError says so; no hidden copy), except B operands
 given as the transpose of a contiguous N x K matrix (an nn.Linear weight, `weight.t()`), matmul's A
@@ -32,18 +33,42 @@ _lib = torch.library.Library("weave", "DEF")  # noqa: TOR901
 _below_autograd = torch._C._AutoDispatchBelowAutograd
 _any_requires_grad = torch._C._any_requires_grad
 _is_compiling = torch.compiler.is_compiling
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_profiling = torch._C._autograd._profiler_enabled
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+# torch.ops.weave.<op>.default -> weave._C.eager_<op> (the same C++ kernel, bound without the
+# dispatcher); filled by _bind_eager once the operators are defined.
+_EAGER: dict = {}
+
+
+def _plain(args) -> bool:
+    """Whether the dispatcher would only route these arguments to the CUDA kernel: no dispatch mode
+    or profiler active, and every tensor (also inside a list) a CUDA tensor of no subclass (an
+    nn.Parameter aside)."""
+    if _dispatch_modes() or _profiling():
+        return False
+    for a in args:
+        for t in (a if isinstance(a, list) else (a,)):
+            if isinstance(t, torch.Tensor) and (type(t) not in _PLAIN or not t.is_cuda):
+                return False
+    return True
 
 
 def run(op, *args, **kwargs):
-    """op(*args, **kwargs), straight to its CUDA kernel when autograd would record nothing (grad mode
-    off, or no argument requires grad: inference, and every call inside an autograd.Function or a
-    backward). The ops' gradients are registered in Python (op_grads.py, torch.library's
-    register_autograd), and that autograd kernel runs on every call through the dispatcher, even one
-    it only passes on: ~8-15 us of host time per call on the GPU machine (docs/perf-notes.md,
-    2026-12-03 seventh session), against ~2 us for this check and guard. torch.compile traces the
-    plain call (the guard is not traceable; the compiled graph has no such cost)."""
+    """op(*args, **kwargs) by the shortest path that keeps its meaning. Where autograd would record
+    nothing (grad mode off, or no argument requiring grad: inference, and every call inside an
+    autograd.Function or a backward) the op's Python autograd kernel (op_grads.py's
+    register_autograd, which runs on every call through the dispatcher, even one it only passes on)
+    is skipped: with plain CUDA tensors and nothing else the dispatcher would do (no dispatch mode,
+    no profiler), its C++ kernel is called directly (weave._C.eager_<op>); otherwise the op runs
+    below autograd. While torch.compile traces, and where autograd records, the op is called as it
+    is. Host time per call on the GPU machine: the autograd kernel 3-8 us, the dispatcher's entry
+    ~7 us for all_gather_matmul's schema (docs/perf-notes.md, 2026-12-03 seventh session)."""
     if _is_compiling() or (torch.is_grad_enabled() and _any_requires_grad(*args, **kwargs)):
         return op(*args, **kwargs)
+    direct = _EAGER.get(op)
+    if direct is not None and _plain(args):
+        return direct(*args, **kwargs)
     with _below_autograd():
         return op(*args, **kwargs)
 
@@ -196,3 +221,18 @@ _define("ring_attention(Tensor q, Tensor k, Tensor v, bool causal, float? scale,
         "str group_name) -> (Tensor, Tensor)", _ring_attention_fake)
 _define("ulysses_attention(Tensor q, Tensor k, Tensor v, bool causal, float? scale, int seq_len, str group_name)"
         " -> Tensor", _ulysses_attention_fake)
+
+
+def _bind_eager() -> None:
+    """Fills _EAGER (run's direct calls) with the C++ kernels weave._C binds (none without it)."""
+    from ._lib import lib_available
+
+    if not lib_available():
+        return
+    for name in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_gather_matmul",
+                 "matmul_reduce_scatter", "matmul_all_reduce", "matmul", "scaled_mm", "grouped_mm", "attention",
+                 "ring_attention", "ulysses_attention"):
+        _EAGER[getattr(torch.ops.weave, name).default] = getattr(lib(), "eager_" + name)
+
+
+_bind_eager()
