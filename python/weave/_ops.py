@@ -72,6 +72,7 @@ def run(op, *args, **kwargs):
     with _below_autograd():
         return op(*args, **kwargs)
 
+
 # Element types of the collectives (weave::DType numbers); the GEMM, TP and attention kernels take bf16.
 _COLL_DTYPES = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
 
