@@ -39,6 +39,7 @@ struct PlanInputs {
   bool narrow = true;      // the 64x128 tile allowed
   bool swapped = false;    // the swapped decode tile allowed (A M x K, B N x K, no communicator SMs)
   bool swapped_wide = false;  // the swapped 128 x w tiles allowed (A M x K, B N x K, bf16 output, no bias)
+  bool swapped_two = false;   // ... also with two token tiles (M up to 2 kSwappedWideMaxM)
 };
 
 struct Choice {
@@ -149,8 +150,17 @@ inline Choice plan_gemm(const PlanInputs& in) {
   // width that holds every token (two token tiles re-read each weight panel and never won), whose
   // stages hold weights rather than a 128-row token tile's empty rows. On a misaligned pitch it runs
   // in 2-CTA clusters that multicast the token tile (half the token rows' L2 requests per CTA).
+  //
+  // Above kSwappedWideMaxM tokens, two token tiles of the narrowest width that holds half of them,
+  // where they pad fewer token rows than the 128-row tiles do (257-320 tokens: 2 x 160 against
+  // 3 x 128). There 128-row tiles ran 0.57-0.75 of cuBLAS on wide weights, which cuBLAS runs
+  // swapped with a 160-token tile (docs/perf-notes.md, 2026-12-04).
   auto consider_swapped = [&](Choice& best) {
-    const int w = swapped_width(in.M);
+    int w = swapped_width(in.M), token_tiles = 1;
+    if (w == 0 && in.swapped_two && in.M <= 2 * kSwappedWideMaxM) {
+      const int half = swapped_width(ceil_div(in.M, 2));
+      if (2 * half < 128 * ceil_div(in.M, 128)) w = half, token_tiles = 2;
+    }
     if (!in.swapped_wide || w == 0) return;
     // 64 and 128 tokens fill the 64- and 128-row tiles exactly (nothing to save) and there the
     // swapped tile measured 0.94-1.0 of them.
@@ -160,8 +170,9 @@ inline Choice plan_gemm(const PlanInputs& in) {
     const int panels = ceil_div(in.N, 128);
     const double round_trip = kSwappedLatency / detail::swapped_wide_stages(w);
     const double unit = std::max(round_trip, kSwappedCompute * w / 256.0) * (in.aligned ? 1.0 : kMisalignedSwapped);
-    const SplitChoice c = split_choice(pair ? ceil_div(panels, 2) : panels, iters, workers, false, unit, in.split_k,
-                                       kMaxSplitsSwapped);
+    // Two token tiles were measured unsplit only.
+    const SplitChoice c = split_choice((pair ? ceil_div(panels, 2) : panels) * token_tiles, iters, workers, false, unit,
+                                       in.split_k && token_tiles == 1, kMaxSplitsSwapped);
     consider(best, Choice{Tile::SwappedW, c.splits, workers, c.cost, w, pair ? 2 : 1});
   };
   // Decode (M <= 64): the 64-row tile, whose 8 stages keep twice the weight bytes in flight per SM

@@ -101,6 +101,44 @@ TEST(GemmPlan, CoreShapesKeepTheirChoice) {
   EXPECT_EQ(plan_gemm(small).tile, Tile::M128N128);
 }
 
+// Two token tiles of the swapped 128 x 160 tile (docs/perf-notes.md, 2026-12-04): only where they
+// pad fewer token rows than 128-row tiles (257-320 tokens), unsplit, and there only where the
+// rounds model rates them faster: the wide weights that measured 0.81-1.12 of cuBLAS on them
+// against 0.57-1.10 on the old choice, not the narrow ones (4096-11008 rows) where the old choice
+// measured as fast or faster. Never without swapped_two (the fp8 GEMM).
+TEST(GemmPlan, SwappedTwoTokenTilesWherePaddingFalls) {
+  struct Row {
+    int M, N, K;
+    bool two;  // the swapped 128 x 160 tile over two token tiles
+  };
+  const Row rows[] = {{288, 14336, 4096, true}, {320, 28672, 8192, true},  {300, 18432, 7168, true},
+                      {320, 14344, 4104, true}, {288, 4096, 14336, false}, {320, 11008, 4096, false},
+                      {320, 5120, 13824, false}};
+  for (const Row& r : rows) {
+    PlanInputs in = inputs(r.M, r.N, r.K, pitch_aligned(r.K));
+    in.wide = in.swapped = in.swapped_wide = in.swapped_two = true;
+    const Choice c = plan_gemm(in);
+    const std::string name = std::to_string(r.M) + "x" + std::to_string(r.N) + "x" + std::to_string(r.K);
+    EXPECT_EQ(c.tile == Tile::SwappedW, r.two) << name;
+    if (r.two) {
+      EXPECT_EQ(c.width, 160) << name;
+      EXPECT_EQ(c.splits, 1) << name;
+      EXPECT_EQ(c.cluster, pitch_aligned(r.K) ? 1 : 2) << name;
+    }
+    in.swapped_two = false;
+    EXPECT_NE(plan_gemm(in).tile, Tile::SwappedW) << name;
+  }
+  // 193-256 and 321-384 tokens: two token tiles pad as many rows as the 128-row tiles (2 x 128,
+  // 2 x 192 = 3 x 128): never taken.
+  for (int M = 193; M <= 512; M += 3) {
+    PlanInputs in = inputs(M, 14336, 4096);
+    in.wide = in.swapped = in.swapped_wide = in.swapped_two = true;
+    const Choice c = plan_gemm(in);
+    if (M <= 256 || M > 320) EXPECT_NE(c.tile, Tile::SwappedW) << M;
+    else EXPECT_TRUE(c.tile == Tile::SwappedW && c.width == 160) << M;
+  }
+}
+
 // The swapped tile's K order, for bf16 (2-byte elements, k16 multiplies) and fp8 (1 byte, k32):
 // the 8 multiplies of a chunk cover its 256 bytes exactly once, a lane's 8 bytes of one multiply
 // lie inside its 16-byte vector, and within a multiply every logical k of the mma layout is fed
