@@ -1,5 +1,5 @@
 // Host side of Ulysses attention: validation, the cross-rank check, gathered Q/K/V buffers and
-// signal sets per shape, per-owner O maps, tuner. The kernel is attention/gathered_kernel.cuh.
+// signal sets per shape, per-owner O maps, tuner. The kernel is gathered_attention/gathered_kernel.cuh.
 #include <cmath>
 #include <cstring>
 

@@ -45,8 +45,8 @@ inline void check_not_capturing(const char* who, cudaStream_t s) {
   cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
   WEAVE_CUDA_CHECK(cudaStreamIsCapturing(s, &st));
   WEAVE_CHECK(st == cudaStreamCaptureStatusNone, who,
-              ": the stream is capturing a CUDA graph; weave calls cannot be captured (each call's signal rounds "
-              "are fixed when it is enqueued, so a replay would reuse them): call it outside the capture");
+              ": the stream is capturing a CUDA graph; this operator cannot be captured (its rounds are fixed on "
+              "the host at enqueue, so a replay would reuse them): call it outside the capture");
 }
 
 // What is wrong with this rank's own arguments ("" when nothing): `checks` runs the checks that

@@ -92,8 +92,9 @@ class Communicator {
   // All ranks check that `values` agree (e.g. a shape); throws naming `what` and the ranks.
   void check_same(const std::string& what, const std::vector<long long>& values);
 
-  // The cross-rank check of one operator call (call.hpp's check_call): `op` names the operator,
-  // `values` its shapes, dtypes and options (at most 14), `problem` what this rank found wrong with
+  // The cross-rank check of one operator call (the NVLink operators call it, `problem` from
+  // call.hpp's local_problem): `op` names the operator,
+  // `values` its shapes, dtypes and options (at most 11), `problem` what this rank found wrong with
   // its own arguments ("" = nothing). A plan (op, values) is checked with every rank at its first
   // call, where every rank throws together if the plans differ or any rank has a problem. Later
   // calls of an agreed plan do not wait for the peers: each posts its plan for its call number,
