@@ -4,8 +4,8 @@
 // deleter hands the memory back with Communicator::release. Calls that may wait (on the device,
 // on peers) run without the GIL; one communicator's calls run one at a time (a mutex). Element
 // types of the collectives are ints: 0 bf16, 1 fp16, 2 fp32 (weave::DType). MoE layers
-// (MoeLayer: kernels/moe's exchange, scratch and gemm_combine) belong to one communicator and are
-// made and closed collectively.
+// (MoeLayer: kernels/moe's exchange, scratch and gemm_combine; MoeLayer.low_latency: the
+// low-latency decode mode) belong to one communicator and are made and closed collectively.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -138,17 +138,19 @@ void locked(Comm& c, F&& f) {
   f(c.ops());
 }
 
-// An MoE layer (weave::py::Moe) of one communicator. Its calls take the communicator's lock (they
-// use its call agreement and signals, like every operator). close() destroys it (collective);
-// a handle dropped without close() hands the layer to its communicator (Comm::adopt).
+// An MoE layer or low-latency object (weave::py::Moe) of one communicator. Its calls take the
+// communicator's lock (they use its call agreement and signals, like every operator). close()
+// destroys it (collective); a handle dropped without close() hands it to its communicator
+// (Comm::adopt).
 class MoeHandle {
  public:
-  MoeHandle(std::shared_ptr<Comm> c, int E, int H, int F, int k, int max_tokens, int capacity, bool fused,
-            bool output_buffer)
-      : c_(std::move(c)) {
-    py::gil_scoped_release nogil;  // collective: waits for every rank
+  // make(runtime::Communicator&) -> std::unique_ptr<weave::py::Moe>, run without the GIL under the
+  // communicator's lock (collective: it waits for every rank).
+  template <class Make>
+  MoeHandle(std::shared_ptr<Comm> c, Make&& make) : c_(std::move(c)) {
+    py::gil_scoped_release nogil;
     std::lock_guard<std::mutex> lk(c_->mu());
-    m_ = std::make_unique<weave::py::Moe>(c_->comm(), E, H, F, k, max_tokens, capacity, fused, output_buffer);
+    m_ = make(c_->comm());
   }
   ~MoeHandle() {
     if (m_) c_->adopt(std::move(m_));
@@ -157,7 +159,7 @@ class MoeHandle {
   MoeHandle& operator=(const MoeHandle&) = delete;
 
   weave::py::Moe& moe() {
-    if (!m_) throw std::runtime_error("weave.MoeLayer: the layer was closed");
+    if (!m_) throw std::runtime_error("weave: the MoE layer was closed");
     return *m_;
   }
   bool closed() const { return !m_; }
@@ -361,11 +363,24 @@ PYBIND11_MODULE(_C, m) {
   py::class_<MoeHandle>(m, "MoeLayer")
       .def(py::init([](const std::shared_ptr<Comm>& c, int E, int H, int F, int k, int max_tokens, int capacity,
                        bool fused, bool output_buffer) {
-             return std::make_unique<MoeHandle>(c, E, H, F, k, max_tokens, capacity, fused, output_buffer);
+             return std::make_unique<MoeHandle>(c, [&](weave::runtime::Communicator& rc) {
+               return std::make_unique<weave::py::Moe>(rc, E, H, F, k, max_tokens, capacity, fused, output_buffer);
+             });
            }),
            py::arg("comm"), py::arg("experts"), py::arg("hidden"), py::arg("ffn"), py::arg("topk"),
            py::arg("max_tokens"), py::arg("capacity"), py::arg("fused"), py::arg("output_buffer"),
            "collective: the exchange, the layer's scratch and (fused) the gemm_combine of one layer shape")
+      .def_static("low_latency", [](const std::shared_ptr<Comm>& c, int E, int H, int F, int k, int max_tokens) {
+             return std::make_unique<MoeHandle>(c, [&](weave::runtime::Communicator& rc) {
+               return weave::py::Moe::low_latency(rc, E, H, F, k, max_tokens);
+             });
+           },
+           py::arg("comm"), py::arg("experts"), py::arg("hidden"), py::arg("ffn"), py::arg("topk"),
+           py::arg("max_tokens"),
+           "collective: the low-latency (decode) mode's object (moe::MoeLowLatency) and, with ffn > 0, the decode "
+           "forward's scratch; the same methods run its dispatch, combine, decode forward and check")
+      .def_property_readonly("row_stride", [](MoeHandle& h) { return h.moe().row_stride(); },
+                             "low-latency: S = W x max_tokens (the receive buffer is L x S x H); a layer: 0")
       .def_property_readonly("closed", &MoeHandle::closed)
       .def("close", &MoeHandle::close, "collective: frees the layer's buffers")
       .def("forward", [](MoeHandle& h, Ptr x, Ptr idx, Ptr w, int T, Ptr up, Ptr down, Ptr out, Ptr s) {

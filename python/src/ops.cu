@@ -18,9 +18,12 @@
 #include "moe/grouped_gemm.hpp"
 #include "moe/layer.hpp"
 #include "moe/layout.hpp"
+#include "moe/low_latency.hpp"
 #include "ring_attention/ring_attention.hpp"
 #include "ulysses/ulysses.hpp"
 #include "weave/common/error.hpp"
+#include "weave/common/extent.hpp"
+#include "weave/runtime/call.hpp"
 
 namespace weave::py {
 
@@ -145,14 +148,39 @@ long long moe_worst_case_rows(int T, int k, int world, int experts) {
 
 // Members in construction order: destroyed scratch, combine, then the exchange (which the
 // combine must not outlive). Destruction is collective (symmetric frees, signal-set quiesces).
+// A low-latency object has `ll` (and, with ffn > 0, `scratch`) and none of the layer's members.
 struct Moe::Impl {
   runtime::Communicator& c;
   bool fused;
   std::unique_ptr<moe::MoeExchange> ex;
   std::unique_ptr<moe::MoeGemmCombine> gc;
   std::unique_ptr<moe::MoeLayerScratch> sc;
+  std::unique_ptr<moe::MoeLowLatency> ll;
+  int ffn = 0;
+  bf16* scratch = nullptr;  // low-latency: G (R x 2F), then Hb (R x F), then Y (R x H), R = L S
   Impl(runtime::Communicator& cc, bool f) : c(cc), fused(f) {}
+  ~Impl() {
+    if (scratch) cudaFree(scratch);
+  }
 };
+
+Moe::Moe(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+std::unique_ptr<Moe> Moe::low_latency(runtime::Communicator& c, int experts, int hidden, int ffn, int topk,
+                                      int max_tokens) {
+  set_device(c.device());
+  c.check_same("moe low-latency layer (F)", {ffn});
+  WEAVE_CHECK(ffn >= 0 && ffn % 8 == 0, "moe low-latency: ffn = ", ffn,
+              " must be a multiple of 8 (0: no decode forward)");  // the same F everywhere: every rank throws
+  auto m = std::make_unique<Impl>(c, false);
+  m->ll = std::make_unique<moe::MoeLowLatency>(c, moe::LowLatencyConfig{experts, hidden, topk, max_tokens});
+  m->ffn = ffn;
+  if (ffn > 0) {
+    const size_t rows = static_cast<size_t>(m->ll->local_experts()) * m->ll->row_stride();
+    WEAVE_CUDA_CHECK(cudaMalloc(&m->scratch, rows * (3 * static_cast<size_t>(ffn) + hidden) * sizeof(bf16)));
+  }
+  return std::unique_ptr<Moe>(new Moe(std::move(m)));
+}
 
 Moe::Moe(runtime::Communicator& c, int experts, int hidden, int ffn, int topk, int max_tokens, int capacity,
          bool fused, bool output_buffer)
@@ -178,18 +206,57 @@ Moe::~Moe() {
 void Moe::forward(Ptr x, Ptr idx, Ptr w, int T, Ptr W_up, Ptr W_down, Ptr out, Ptr stream) {
   Impl& m = *impl_;
   set_device(m.c.device());
+  const cudaStream_t s = stream_of(stream);
+  if (m.ll) {
+    moe::MoeLowLatency& ll = *m.ll;
+    const moe::LowLatencyConfig& cf = ll.config();
+    const int L = ll.local_experts(), S = ll.row_stride(), R = L * S, H = cf.hidden, F = m.ffn;
+    bf16* G = m.scratch;
+    bf16* Hb = G + static_cast<size_t>(R) * 2 * F;
+    bf16* Y = Hb + static_cast<size_t>(R) * F;
+    const bf16* up = ptr<const bf16>(W_up);
+    const bf16* down = ptr<const bf16>(W_down);
+    // What the GEMMs would refuse, agreed with every rank before the dispatch: a rank that threw
+    // between the dispatch and its combine would leave the object waiting for that combine and its
+    // peers waiting for signals that never come.
+    const std::string problem = runtime::local_problem([&] {
+      WEAVE_CHECK(F > 0, "moe low-latency forward: the object was made without ffn (no scratch for the layer)");
+      const int* counts = reinterpret_cast<const int*>(16);  // any aligned address: the counts' own check
+      moe::validate_grouped(ll.receive_buffer(), up, G, counts, L, 2 * F, H, R);
+      moe::validate_grouped(Hb, down, Y, counts, L, H, F, R);
+      moe::validate_row_stride(L, R, S);
+      check_extent("moe low-latency forward", "W_up", up, static_cast<size_t>(L) * 2 * F * H * sizeof(bf16));
+      check_extent("moe low-latency forward", "W_down", down, static_cast<size_t>(L) * H * F * sizeof(bf16));
+    });
+    m.c.agree_call("moe.ll.layer", "E, H, k, F, max_tokens", {cf.experts, H, cf.topk, F, cf.max_tokens}, problem, s);
+    const moe::LowLatencyDispatched d = ll.dispatch(ptr<const bf16>(x), ptr<const int>(idx), T, s);
+    moe::GroupedGemmOptions o;
+    o.row_stride = S;
+    moe::grouped_gemm(d.rows, up, G, d.counts, L, 2 * F, H, R, s, o);
+    moe::swiglu_strided(G, Hb, d.counts, L, S, F, s);
+    moe::grouped_gemm(Hb, down, Y, d.counts, L, H, F, R, s, o);
+    ll.combine(Y, ptr<const float>(w), ptr<bf16>(out), T, s);
+    return;
+  }
   if (m.fused)
     moe::moe_layer_forward_fused(*m.ex, *m.gc, *m.sc, ptr<const bf16>(x), ptr<const int>(idx), ptr<const float>(w), T,
-                                 ptr<const bf16>(W_up), ptr<const bf16>(W_down), ptr<bf16>(out), stream_of(stream));
+                                 ptr<const bf16>(W_up), ptr<const bf16>(W_down), ptr<bf16>(out), s);
   else
     moe::moe_layer_forward(*m.ex, *m.sc, ptr<const bf16>(x), ptr<const int>(idx), ptr<const float>(w), T,
-                           ptr<const bf16>(W_up), ptr<const bf16>(W_down), ptr<bf16>(out), stream_of(stream));
+                           ptr<const bf16>(W_up), ptr<const bf16>(W_down), ptr<bf16>(out), s);
 }
 
 MoeDispatched Moe::dispatch(Ptr x, Ptr idx, int T, Ptr stream) {
   set_device(impl_->c.device());
-  const moe::Dispatched d = impl_->ex->dispatch(ptr<const bf16>(x), ptr<const int>(idx), T, stream_of(stream));
   MoeDispatched r;
+  if (impl_->ll) {
+    const moe::LowLatencyDispatched d =
+        impl_->ll->dispatch(ptr<const bf16>(x), ptr<const int>(idx), T, stream_of(stream));
+    r.rows = reinterpret_cast<Ptr>(d.rows);
+    r.counts = reinterpret_cast<Ptr>(d.counts);
+    return r;
+  }
+  const moe::Dispatched d = impl_->ex->dispatch(ptr<const bf16>(x), ptr<const int>(idx), T, stream_of(stream));
   r.rows = reinterpret_cast<Ptr>(d.rows);
   r.counts = reinterpret_cast<Ptr>(d.counts);
   r.offsets = reinterpret_cast<Ptr>(d.offsets);
@@ -198,16 +265,22 @@ MoeDispatched Moe::dispatch(Ptr x, Ptr idx, int T, Ptr stream) {
 
 void Moe::combine(Ptr y, Ptr w, Ptr out, int T, Ptr stream) {
   set_device(impl_->c.device());
+  if (impl_->ll)
+    return impl_->ll->combine(ptr<const bf16>(y), ptr<const float>(w), ptr<bf16>(out), T, stream_of(stream));
   impl_->ex->combine(ptr<const bf16>(y), ptr<const float>(w), ptr<bf16>(out), T, stream_of(stream));
 }
 
 void Moe::check(Ptr stream) {
   set_device(impl_->c.device());
+  if (impl_->ll) return impl_->ll->check(stream_of(stream));
   impl_->ex->check(stream_of(stream));
 }
 
-Ptr Moe::expert_input() const { return reinterpret_cast<Ptr>(impl_->ex->expert_input()); }
-Ptr Moe::expert_output() const { return reinterpret_cast<Ptr>(impl_->ex->expert_output()); }
+Ptr Moe::expert_input() const {
+  return reinterpret_cast<Ptr>(impl_->ll ? impl_->ll->receive_buffer() : impl_->ex->expert_input());
+}
+Ptr Moe::expert_output() const { return impl_->ll ? 0 : reinterpret_cast<Ptr>(impl_->ex->expert_output()); }
+int Moe::row_stride() const { return impl_->ll ? impl_->ll->row_stride() : 0; }
 
 void attention(int device, Ptr q, Ptr k, Ptr v, Ptr o, Ptr lse, int B, int S, int Hq, int Hkv, int D, bool causal,
                float scale, Ptr stream) {

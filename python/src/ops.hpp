@@ -52,34 +52,49 @@ GroupedStatus grouped_gemm_status(int device, Ptr stream);
 long long moe_receive_capacity(int T, int k, int world, int experts, double slack);
 long long moe_worst_case_rows(int T, int k, int world, int experts);
 
-// One MoE layer shape on a communicator: the exchange (moe::MoeExchange), the layer's scratch
-// (moe::MoeLayerScratch, F) and, with `fused`, moe::MoeGemmCombine. Made and destroyed
-// collectively (every rank, same arguments). Every call is collective and runs on `stream`.
+// One MoE object on a communicator, made and destroyed collectively (every rank, same arguments);
+// every call is collective and runs on `stream`. Either a layer shape: the exchange
+// (moe::MoeExchange), the layer's scratch (moe::MoeLayerScratch, F) and, with `fused`,
+// moe::MoeGemmCombine; or (Moe::low_latency) the low-latency decode mode: moe::MoeLowLatency and,
+// with F > 0, the decode forward's scratch. The same calls serve both (the comments say how).
 struct MoeDispatched {
   // The grouped buffer (capacity x H bf16), the L counts and L + 1 offsets (int32): device memory
   // the exchange owns and the next dispatch overwrites (the same addresses at every call).
+  // Low-latency: the receive buffer (L x S x H, expert l's rows from row l S), the L counts,
+  // offsets 0 (expert l's region starts at l S).
   Ptr rows = 0, counts = 0, offsets = 0;
 };
 class Moe {
  public:
   Moe(runtime::Communicator& c, int experts, int hidden, int ffn, int topk, int max_tokens, int capacity, bool fused,
       bool output_buffer);
+  // The low-latency mode (kernels/moe/low_latency.hpp; max_tokens <= 256): moe::MoeLowLatency of
+  // (E, H, k, max_tokens) and, with ffn > 0 (a multiple of 8), the decode forward's scratch, L S
+  // (3F + H) bf16 of cudaMalloc (S = row_stride = W max_tokens): the up projection's output, SwiGLU's
+  // and the down projection's in the fixed-stride layout.
+  static std::unique_ptr<Moe> low_latency(runtime::Communicator& c, int experts, int hidden, int ffn, int topk,
+                                          int max_tokens);
   ~Moe();
   Moe(const Moe&) = delete;
   Moe& operator=(const Moe&) = delete;
 
   // moe_layer_forward_fused (fused) or moe_layer_forward: x T x H bf16, idx T x k int32, w T x k
-  // fp32, W_up L x 2F x H, W_down L x H x F bf16, out T x H bf16.
+  // fp32, W_up L x 2F x H, W_down L x H x F bf16, out T x H bf16. Low-latency: the decode forward,
+  // dispatch -> grouped GEMM (up, row_stride S) -> swiglu_strided -> grouped GEMM (down) -> combine,
+  // on the same arguments; what the GEMMs would refuse is agreed with every rank before the dispatch.
   void forward(Ptr x, Ptr idx, Ptr w, int T, Ptr W_up, Ptr W_down, Ptr out, Ptr stream);
-  // MoeExchange::dispatch / combine / check.
+  // MoeExchange::dispatch / combine / check, or MoeLowLatency's (y then L x S x H bf16, any device
+  // memory of this rank; dispatch and combine alternate).
   MoeDispatched dispatch(Ptr x, Ptr idx, int T, Ptr stream);
   void combine(Ptr y, Ptr w, Ptr out, int T, Ptr stream);
   void check(Ptr stream);
-  Ptr expert_input() const;   // capacity x H bf16, symmetric
-  Ptr expert_output() const;  // capacity x H bf16, symmetric; 0 without output_buffer
+  Ptr expert_input() const;   // capacity x H bf16, symmetric; low-latency: the receive buffer, L x S x H
+  Ptr expert_output() const;  // capacity x H bf16, symmetric; 0 without output_buffer (and low-latency)
+  int row_stride() const;     // low-latency: S = W x max_tokens; a layer: 0
 
  private:
   struct Impl;
+  explicit Moe(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 

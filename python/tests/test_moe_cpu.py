@@ -1,4 +1,5 @@
-"""CPU tests of weave.MoeLayer (no GPU needed): import and clear errors without a GPU, the capacity
+"""CPU tests of weave.MoeLayer (no GPU needed): import and clear errors without a GPU (MoeLowLatency's
+too; its other CPU tests are test_moe_low_latency_cpu.py's), the capacity
 helpers against layout.hpp's formulas, the constructor's and the calls' argument errors (raised
 before anything touches the GPU), and torch.ops.weave.moe_layer's fake implementation (opcheck,
 make_fx, torch.compile) on meta tensors. The layer's C++ part is replaced by a stub here (its
@@ -68,6 +69,10 @@ calls = {
                                                    torch.zeros(4, 2, dtype=torch.int32), torch.ones(4, 2),
                                                    torch.ones(8, 64, 64, dtype=torch.bfloat16),
                                                    torch.ones(8, 64, 32, dtype=torch.bfloat16), 1),
+    "MoeLowLatency": lambda: weave.MoeLowLatency(8, 64, 2, 100, ffn=32),
+    "moe_low_latency": lambda: torch.ops.weave.moe_low_latency(
+        torch.ones(4, 64, dtype=torch.bfloat16), torch.zeros(4, 2, dtype=torch.int32), torch.ones(4, 2),
+        torch.ones(8, 64, 64, dtype=torch.bfloat16), torch.ones(8, 64, 32, dtype=torch.bfloat16), 1),
 }
 """
     expect_no_gpu_errors(code)
@@ -157,7 +162,9 @@ def test_forward_shapes_and_fake(as_rank):
     assert "weave.MoeLayer" in repr(m)
 
 
-@pytest.mark.parametrize("mutate, message", [
+# The forward's argument errors on (T, H, k, L, F) = (10, 64, 2, 8, 32), max_tokens 100 (MoeLayer's and
+# MoeLowLatency's: test_moe_low_latency_cpu.py runs them too).
+FORWARD_ARGUMENT_ERRORS = [
     (dict(x=meta(10, 64, dtype=F16)), "x has dtype torch.float16"),
     (dict(x=meta(64, 10).t()), "x is not contiguous"),
     (dict(x=meta(10, 72)), "x has 72 columns but the layer's hidden size is 64"),
@@ -176,7 +183,10 @@ def test_forward_shapes_and_fake(as_rank):
     (dict(down=meta(8, 64, 32, dtype=F16)), "w_down has dtype torch.float16"),
     (dict(idx=torch.zeros(10, 2, dtype=I32)), "topk_idx is on cpu"),
     (dict(down=torch.zeros(8, 64, 32, dtype=BF)), "w_down is on cpu"),
-])
+]
+
+
+@pytest.mark.parametrize("mutate, message", FORWARD_ARGUMENT_ERRORS)
 def test_forward_argument_errors(as_rank, mutate, message):
     m = layer(E=8, H=64, F=32, k=2, max_tokens=100)
     x, idx, w, up, down = inputs(T=10, L=8)

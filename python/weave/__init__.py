@@ -35,7 +35,7 @@ from .functional import (
 )
 from . import autograd, nn  # noqa: E402  (weave.nn.ColumnParallelLinear / RowParallelLinear)
 from . import op_grads  # noqa: E402,F401  (the torch.ops.weave.* operators' own gradients)
-from .moe import MoeLayer, moe_capacity, moe_worst_case_rows  # noqa: E402  (torch.ops.weave.moe_layer)
+from .moe import MoeLayer, MoeLowLatency, moe_capacity, moe_worst_case_rows  # noqa: E402  (torch.ops.weave.moe_*)
 
 __version__ = "0.1.0"
 
@@ -45,6 +45,6 @@ __all__ = [
     "all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce",
     "matmul", "scaled_mm", "grouped_mm", "grouped_mm_status", "check_grouped_mm",
     "attention", "ring_attention", "ulysses_attention", "ring_chunks", "shard",
-    "MoeLayer", "moe_capacity", "moe_worst_case_rows",
+    "MoeLayer", "MoeLowLatency", "moe_capacity", "moe_worst_case_rows",
     "nn", "autograd",
 ]

@@ -1,4 +1,5 @@
-"""Expert-parallel MoE (kernels/moe): `weave.MoeLayer` and the receive-capacity helpers.
+"""Expert-parallel MoE (kernels/moe): `weave.MoeLayer`, the receive-capacity helpers, and
+`weave.MoeLowLatency` (the low-latency decode mode, at the end of this file).
 
 A MoeLayer owns one layer shape's C++ state on a group's communicator: the exchange
 (moe::MoeExchange: the symmetric grouped buffer its dispatch fills, the count matrix, signals),
@@ -17,7 +18,8 @@ dispatch / combine / check stay plain methods: dispatch returns a view of the ex
 persistent buffer that the next call overwrites, and combine reads the routing the previous
 dispatch left on the device; neither fits a functional operator's contract (outputs fresh or
 aliasing inputs, no hidden order between calls), so torch.compile would be free to reorder or drop
-them. python/README.md, "Expert-parallel MoE", has the details."""
+them. MoeLowLatency follows the same pattern (its decode forward is torch.ops.weave.moe_low_latency).
+python/README.md, "Expert-parallel MoE", has the details."""
 from __future__ import annotations
 
 import itertools
@@ -30,9 +32,11 @@ from . import _comm, _ops
 from ._comm import GroupLike
 from ._lib import lib, require_gpu
 
-# Limits of the C++ exchange (kernels/moe/exchange_plan.hpp): kMaxExchangeExperts, kMaxTopk.
+# Limits of the C++ exchange (kernels/moe/exchange_plan.hpp): kMaxExchangeExperts, kMaxTopk; the
+# low-latency mode's (kernels/moe/low_latency_schedule.hpp) are the same but for its tokens per call.
 MAX_EXPERTS = 1024
 MAX_TOPK = 16
+MAX_LOW_LATENCY_TOKENS = 256  # kLlMaxTokens
 DEFAULT_SLACK = 2.0  # MoeLayer's default capacity: moe_capacity(max_tokens, topk, E, 2.0)
 _INT_MAX = 2 ** 31 - 1
 
@@ -84,18 +88,124 @@ def moe_capacity(tokens: int, topk: int, num_experts: int, slack: float = DEFAUL
 
 
 _ids = itertools.count(1)
-_layers: "dict[int, weakref.ref[MoeLayer]]" = {}
+_layers: "dict[int, weakref.ref[_MoeObject]]" = {}
 
 
-def _layer_of(handle: int) -> "MoeLayer":
+def _layer_of(handle: int, cls=None) -> "_MoeObject":
+    """The live MoeLayer (or `cls`) with this operator handle."""
+    cls = MoeLayer if cls is None else cls
     ref = _layers.get(int(handle))
     layer = ref() if ref is not None else None
-    if layer is None:
-        raise ValueError(f"weave.moe_layer: no live weave.MoeLayer has handle {handle} (closed or never made)")
+    if not isinstance(layer, cls):
+        raise ValueError(f"weave.{cls._op}: no live weave.{cls.__name__} has handle {handle} (closed or never made)")
     return layer
 
 
-class MoeLayer:
+def _check_ints(who: str, **values) -> None:
+    """Each value an int >= 1 (bools refused)."""
+    for n, v in values.items():
+        if not _is_int(v) or v < 1:
+            raise ValueError(f"weave.{who}: {n} must be an int >= 1, got {v!r}")
+
+
+def _check_config(who: str, taker: str, world: int, num_experts: int, hidden: int, ffn: Optional[int],
+                  topk: int) -> None:
+    """The C++ objects' shared limits (ints already checked; ffn None: none)."""
+    if num_experts % world:
+        raise ValueError(f"weave.{who}: {num_experts} experts do not divide among the group's {world} ranks")
+    if num_experts > MAX_EXPERTS:
+        raise ValueError(f"weave.{who}: at most {MAX_EXPERTS} experts, got {num_experts}")
+    if hidden % 8 or (ffn or 0) % 8:
+        raise ValueError(f"weave.{who}: hidden ({hidden}) and ffn ({ffn}) must be multiples of 8 (rows move as 16-byte "
+                         "vectors)")
+    if topk > MAX_TOPK:
+        raise ValueError(f"weave.{who}: topk = {topk}; {taker} takes 1..{MAX_TOPK}")
+
+
+class _MoeObject:
+    """What MoeLayer and MoeLowLatency share: the C++ object (weave._C.MoeLayer, made collectively on
+    the group's communicator), the integer handle their operator takes, views of its device memory,
+    the stream order between calls, check() and close()."""
+    _op = "moe_layer"  # the operator's name, for _layer_of's message
+    _shown = ()  # the attributes repr shows before the group's
+    _h = None
+    _id = 0
+    comm: Optional[_comm.Communicator] = None
+    _stream: Optional[torch.cuda.Stream] = None
+
+    def _register(self) -> None:
+        self._id = next(_ids)
+        _layers[self._id] = weakref.ref(self, lambda _, i=self._id: _layers.pop(i, None))
+
+    def __repr__(self) -> str:
+        args = "".join(f"{n}={getattr(self, n)!r}, " for n in self._shown)
+        return (f"weave.{type(self).__name__}({args}group={self.group_name!r}, rank={self.rank}, world={self.world}"
+                f"{', closed' if self.closed else ''})")
+
+    def _view(self, ptr: int, shape, dtype) -> torch.Tensor:
+        code, bits = _comm._DLPACK[dtype]
+        return torch.utils.dlpack.from_dlpack(self._h.view(ptr, list(shape), code, bits))
+
+    @property
+    def handle(self) -> int:
+        """The integer this object's operator (torch.ops.weave.moe_layer / moe_low_latency) takes."""
+        return self._id
+
+    @property
+    def closed(self) -> bool:
+        return self._h is None or self._h.closed
+
+    def _live(self, op: str) -> None:
+        if self.closed:
+            raise RuntimeError(f"weave.{op}: the layer was closed")
+
+    def _enter(self, op: str, *tensors: torch.Tensor) -> torch.cuda.Stream:
+        """Torch's current stream of the object's device, ordered after the previous call's stream
+        (the C++ buffers are reused across calls)."""
+        self._live(op)
+        dev = self.comm.device
+        for t in tensors:
+            if t.device.type != "cuda" or t.device.index != dev:
+                _ops._fail(op, f"a tensor is on {t.device} but the layer's communicator uses cuda:{dev}")
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"weave.{op}: CUDA graph capture of the MoE layers is not supported (their calls "
+                               "fix their signal rounds on the host, like the collectives)")
+        s = torch.cuda.current_stream(dev)
+        last = self._stream
+        if last is not None and last != s:
+            s.wait_stream(last)
+        self._stream = s
+        return s
+
+    def check(self) -> None:
+        """Synchronises torch's current stream, then raises RuntimeError with the first failed
+        dispatch's reason since the last check (the same on every rank). The object stays usable.
+        Off the hot path (it waits for the GPU). Not collective, but every rank reaches the same
+        verdict."""
+        who = type(self).__name__
+        s = self._enter(f"{who}.check")
+        try:
+            self._h.check(s.cuda_stream)
+        except RuntimeError as e:
+            raise RuntimeError(f"weave.{who}: {e}") from None
+
+    def _drop_views(self) -> None:
+        """Forgets the tensors viewing the C++ object's memory (close)."""
+
+    def _ready_to_dispatch(self, op: str) -> None:
+        """Raises ValueError where the object cannot start a dispatch now (MoeLowLatency)."""
+
+    def close(self) -> None:
+        """Frees the object's buffers (collective: every rank, in the same order as its other weave
+        allocations). Tensors viewing them must not be used afterwards. Calls on a closed object
+        raise RuntimeError."""
+        if self._h is not None and not self._h.closed:
+            self._h.close()
+        self._drop_views()
+        _layers.pop(self._id, None)
+
+
+class MoeLayer(_MoeObject):
     """An expert-parallel MoE layer forward (SwiGLU experts) over a process group, on weave's
     kernels: dispatch (tokens to their experts' ranks), grouped GEMM (gate and up), SwiGLU, grouped
     GEMM (down) and combine (the weighted sum at each token's home rank); `fused` runs the C++
@@ -124,26 +234,15 @@ class MoeLayer:
     communicator goes (destroying them is collective, and Python's collector does not drop objects
     in the same order on every rank)."""
 
+    _shown = ("num_experts", "hidden", "ffn", "topk", "max_tokens", "capacity", "fused")
+
     def __init__(self, num_experts: int, hidden: int, ffn: int, topk: int, max_tokens: int, *,
                  capacity: Optional[int] = None, slack: float = DEFAULT_SLACK, fused: bool = True,
                  output_buffer: Optional[bool] = None, group: GroupLike = None):
-        self._h = None
-        self._id = 0
         name = _comm.group_name(group)
         rank, world = _comm.group_rank_world(name)
-        for n, v, lo in (("num_experts", num_experts, 1), ("hidden", hidden, 1), ("ffn", ffn, 1), ("topk", topk, 1),
-                         ("max_tokens", max_tokens, 1)):
-            if not _is_int(v) or v < lo:
-                raise ValueError(f"weave.MoeLayer: {n} must be an int >= {lo}, got {v!r}")
-        if num_experts % world:
-            raise ValueError(f"weave.MoeLayer: {num_experts} experts do not divide among the group's {world} ranks")
-        if num_experts > MAX_EXPERTS:
-            raise ValueError(f"weave.MoeLayer: at most {MAX_EXPERTS} experts, got {num_experts}")
-        if hidden % 8 or ffn % 8:
-            raise ValueError(f"weave.MoeLayer: hidden ({hidden}) and ffn ({ffn}) must be multiples of 8 (rows move "
-                             "as 16-byte vectors)")
-        if topk > MAX_TOPK:
-            raise ValueError(f"weave.MoeLayer: topk = {topk}; the exchange takes 1..{MAX_TOPK}")
+        _check_ints("MoeLayer", num_experts=num_experts, hidden=hidden, ffn=ffn, topk=topk, max_tokens=max_tokens)
+        _check_config("MoeLayer", "the exchange", world, num_experts, hidden, ffn, topk)
         if max_tokens * topk > _INT_MAX:
             raise ValueError(f"weave.MoeLayer: max_tokens x topk = {max_tokens * topk} must fit in int32")
         if capacity is None:
@@ -157,16 +256,13 @@ class MoeLayer:
         self.local_experts = num_experts // world
         # The argument rules' view of the layer (python/src/plan.hpp, MoeSizes).
         self._sizes = lib().MoeSizes(hidden, ffn, topk, self.local_experts, max_tokens, self.capacity)
-        self.comm: Optional[_comm.Communicator] = None
-        self._stream: Optional[torch.cuda.Stream] = None
         self._last_T: Optional[int] = None
         self._rows: Optional[torch.Tensor] = None
         self._out: Optional[torch.Tensor] = None
         self._counts: Optional[torch.Tensor] = None
         self._offsets: Optional[torch.Tensor] = None
         self._make(group)
-        self._id = next(_ids)
-        _layers[self._id] = weakref.ref(self, lambda _, i=self._id: _layers.pop(i, None))
+        self._register()
 
     def _make(self, group: GroupLike) -> None:
         """The C++ layer on the group's communicator (collective)."""
@@ -178,37 +274,19 @@ class MoeLayer:
         if self._h.expert_output:
             self._out = self._view(self._h.expert_output, (self.capacity, self.hidden), _BF)
 
-    def _view(self, ptr: int, shape, dtype) -> torch.Tensor:
-        code, bits = _comm._DLPACK[dtype]
-        return torch.utils.dlpack.from_dlpack(self._h.view(ptr, list(shape), code, bits))
-
-    def __repr__(self) -> str:
-        return (f"weave.MoeLayer(num_experts={self.num_experts}, hidden={self.hidden}, ffn={self.ffn}, "
-                f"topk={self.topk}, max_tokens={self.max_tokens}, capacity={self.capacity}, fused={self.fused}, "
-                f"group={self.group_name!r}, rank={self.rank}, world={self.world}{', closed' if self.closed else ''})")
-
     # ---- properties and helpers
-
-    @property
-    def handle(self) -> int:
-        """The integer torch.ops.weave.moe_layer takes for this layer."""
-        return self._id
-
-    @property
-    def closed(self) -> bool:
-        return self._h is None or self._h.closed
 
     @property
     def expert_input(self) -> torch.Tensor:
         """The grouped buffer (capacity x H bf16, symmetric): what dispatch fills."""
-        self._live("expert_input")
+        self._live("MoeLayer.expert_input")
         return self._rows
 
     @property
     def expert_output(self) -> Optional[torch.Tensor]:
         """The exchange's symmetric output buffer (capacity x H bf16) that combine reads from the
         peers, or None (a fused layer made without output_buffer=True)."""
-        self._live("expert_output")
+        self._live("MoeLayer.expert_output")
         return self._out
 
     def capacity_for(self, tokens: Optional[int] = None, topk: Optional[int] = None,
@@ -221,28 +299,6 @@ class MoeLayer:
         """moe_worst_case_rows for this layer's experts and world (defaults as capacity_for)."""
         return moe_worst_case_rows(self.max_tokens if tokens is None else tokens, self.topk if topk is None else topk,
                                    self.num_experts, world=self.world)
-
-    def _live(self, op: str) -> None:
-        if self.closed:
-            raise RuntimeError(f"weave.MoeLayer.{op}: the layer was closed")
-
-    def _enter(self, op: str, *tensors: torch.Tensor) -> torch.cuda.Stream:
-        """Torch's current stream of the layer's device, ordered after the previous call's stream
-        (the exchange's buffers and the fused combine's landing buffer are reused across calls)."""
-        self._live(op)
-        dev = self.comm.device
-        for t in tensors:
-            if t.device.type != "cuda" or t.device.index != dev:
-                _ops._fail(op, f"a tensor is on {t.device} but the layer's communicator uses cuda:{dev}")
-        if torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(f"weave.{op}: CUDA graph capture of the MoE layer is not supported (its dispatch "
-                               "exchanges counts through host rounds, like the collectives)")
-        s = torch.cuda.current_stream(dev)
-        last = self._stream
-        if last is not None and last != s:
-            s.wait_stream(last)
-        self._stream = s
-        return s
 
     # ---- the calls
 
@@ -323,20 +379,11 @@ class MoeLayer:
         nothing was dispatched" or "moe dispatch: expert id 13 on rank 1 (token 7, slot 1) is
         outside 0..E-1; ...". The layer stays usable. Off the hot path (it waits for the GPU).
         Not collective, but every rank reaches the same verdict."""
-        s = self._enter("MoeLayer.check")
-        try:
-            self._h.check(s.cuda_stream)
-        except RuntimeError as e:
-            raise RuntimeError(f"weave.MoeLayer: {e}") from None
+        super().check()
 
-    def close(self) -> None:
-        """Frees the layer's buffers (collective: every rank, in the same order as its other weave
-        allocations). Tensors viewing them (expert_input, expert_output, dispatch's rows) must not
-        be used afterwards. Calls on a closed layer raise RuntimeError."""
-        if self._h is not None and not self._h.closed:
-            self._h.close()
+    def _drop_views(self) -> None:
+        # close(): expert_input, expert_output and dispatch's rows view the freed buffers
         self._rows = self._out = self._counts = self._offsets = None
-        _layers.pop(self._id, None)
 
     # ---- argument checks (ValueError before anything is enqueued; the rules: python/src/plan.cpp)
 
@@ -365,26 +412,207 @@ def _aligned(op: str, **tensors: torch.Tensor) -> None:
                            f"pass {name}.clone()")
 
 
-# ---- torch.ops.weave.moe_layer
+class MoeLowLatency(_MoeObject):
+    """The low-latency (decode) mode of expert parallelism over a process group, on weave's kernels
+    (kernels/moe/low_latency.hpp, moe::MoeLowLatency): dispatch and combine of at most 256 tokens per
+    rank and call in one kernel each, with no count exchange before the rows move, and the decode
+    forward (dispatch -> grouped GEMM (gate and up) -> SwiGLU -> grouped GEMM (down) -> combine, the
+    GEMMs on the fixed-stride receive layout). Everything runs on torch's current stream with no
+    host synchronisation, except check().
+
+        ll = weave.MoeLowLatency(num_experts=64, hidden=7168, topk=8, max_tokens=128, ffn=2048, group=ep)
+        out = ll(x, topk_idx, topk_weights, w_up, w_down)    # torch.ops.weave.moe_low_latency
+        rows, counts = ll.dispatch(x, topk_idx)              # or the two exchanges alone ...
+        out = ll.combine(y, topk_weights)                    # ... around the caller's expert math
+        ll.check()                                           # off the hot path
+
+    Collective, as MoeLayer: every rank makes it with the same arguments, in the same order as its
+    other weave allocations; every call is collective. num_experts (E, a multiple of the group's
+    size W, at most 1024), hidden (H, a multiple of 8), topk (k, 1..16), max_tokens (1..256: the most
+    tokens any rank passes to one call; T may differ across ranks and calls), ffn (F, a multiple of
+    8: the experts' intermediate size; None: no decode forward, only dispatch and combine). Expert e
+    lives on rank e // L as local expert e % L (L = E / W).
+
+    Receive layout: this rank's receive buffer is (L, S, H) bf16, S = row_stride = W x max_tokens;
+    local expert l's rows are receive_buffer[l, :counts[l]], packed, the sources in rotated order
+    (this rank's own rows first, then ranks rank + 1, rank + 2, ... mod W), each source's rows in
+    (token, slot) order. dispatch and combine alternate: a dispatch must be combined (combine or
+    the forward, which does both) before the next one.
+
+    Memory per rank: symmetric (the communicator's heap): about (W + k) x max_tokens x H x 2 bytes
+    (staging and landing rows) plus small parts; local (cudaMalloc, outside torch's allocator): the
+    receive buffer, L x S x H x 2 bytes, and with ffn the decode forward's scratch, L x S x (3F + H) x
+    2 bytes. close() (collective) frees it; dropped without close() it is kept until its
+    communicator goes (as MoeLayer)."""
+    _op = "moe_low_latency"
+    _shown = ("num_experts", "hidden", "topk", "max_tokens", "ffn")
+
+    def __init__(self, num_experts: int, hidden: int, topk: int, max_tokens: int, *, ffn: Optional[int] = None,
+                 group: GroupLike = None):
+        name = _comm.group_name(group)
+        rank, world = _comm.group_rank_world(name)
+        _check_ints("MoeLowLatency", num_experts=num_experts, hidden=hidden, topk=topk, max_tokens=max_tokens)
+        if ffn is not None:
+            _check_ints("MoeLowLatency", ffn=ffn)
+        _check_config("MoeLowLatency", "the low-latency mode", world, num_experts, hidden, ffn, topk)
+        if max_tokens > MAX_LOW_LATENCY_TOKENS:
+            raise ValueError(f"weave.MoeLowLatency: max_tokens = {max_tokens}; the low-latency mode takes at most "
+                             f"{MAX_LOW_LATENCY_TOKENS} tokens per rank and call (use weave.MoeLayer for more)")
+        self.num_experts, self.hidden, self.topk, self.max_tokens, self.ffn = num_experts, hidden, topk, max_tokens, ffn
+        self.rank, self.world, self.group_name = rank, world, name
+        self.local_experts = num_experts // world
+        self.row_stride = world * max_tokens
+        # The argument rules' view (python/src/plan.hpp, MoeSizes; capacity: the receive buffer's rows).
+        self._sizes = lib().MoeSizes(hidden, ffn or 0, topk, self.local_experts, max_tokens,
+                                     self.local_experts * self.row_stride)
+        self._pending: Optional[int] = None  # T of the dispatch that waits for its combine
+        self._rows: Optional[torch.Tensor] = None
+        self._counts: Optional[torch.Tensor] = None
+        self._make(group)
+        self._register()
+
+    def _make(self, group: GroupLike) -> None:
+        """The C++ object on the group's communicator (collective)."""
+        require_gpu("weave.MoeLowLatency")
+        self.comm = _comm.communicator(group)
+        self._h = lib().MoeLayer.low_latency(self.comm._c, self.num_experts, self.hidden, self.ffn or 0, self.topk,
+                                             self.max_tokens)
+        self._rows = self._view(self._h.expert_input, (self.local_experts, self.row_stride, self.hidden), _BF)
+
+    @property
+    def receive_buffer(self) -> torch.Tensor:
+        """(L, S, H) bf16: what dispatch fills (local expert l's rows at [l, :counts[l]])."""
+        self._live("MoeLowLatency.receive_buffer")
+        return self._rows
+
+    # ---- the calls
+
+    def forward(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, w_up: torch.Tensor,
+                w_down: torch.Tensor) -> torch.Tensor:
+        """The decode forward (collective; needs ffn): MoeLayer.forward's math, arguments and
+        numerics (gate and up rounded to bf16, SwiGLU in fp32 rounded to bf16, each expert row
+        rounded to bf16, the weighted sum in fp32 in slot order, bf16 out), for T <= max_tokens:
+        x (T, H) bf16, topk_idx (T, k) int32, topk_weights (T, k) fp32, w_up (L, 2F, H) and w_down
+        (L, H, F) bf16 of this rank's experts (gate rows first). Returns out (T, H) bf16, a new
+        tensor, on torch's current stream. A routing the mode cannot take (an expert id outside
+        0..E-1 on any rank, or a rank putting more than max_tokens rows on one expert: a token
+        naming an expert twice) fails the call on every rank: out is NaN and check() raises why.
+        No autograd."""
+        return torch.ops.weave.moe_low_latency(x, topk_idx, topk_weights, w_up, w_down, self._id)
+
+    __call__ = forward
+
+    def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor):
+        """The low-latency dispatch alone (collective): every (token, slot) row lands in its
+        expert's region on the expert's rank. Returns (rows, counts) on this rank: rows, the receive
+        buffer (L, S, H) bf16 (`receive_buffer`; a view, overwritten by the next dispatch or forward),
+        local expert l's rows at rows[l, :counts[l]] (the rest unspecified); counts (L,) int32, a new
+        tensor (a copy made on the stream; no host synchronisation; zero after a failed call).
+        x (T, H) bf16 and topk_idx (T, k) int32 as for forward. Combine it (combine) before the next
+        dispatch."""
+        op = "MoeLowLatency.dispatch"
+        self._live(op)
+        T = lib().plan_moe_tokens(op, self._sizes, _ops._spec(x), _ops._spec(topk_idx))
+        self._ready_to_dispatch(op)
+        s = self._enter(op, x, topk_idx)
+        _aligned(op, x=x)
+        _, counts, _ = self._h.dispatch(_ptr(x), _ptr(topk_idx), T, s.cuda_stream)
+        self._pending = T
+        if self._counts is None or self._counts.data_ptr() != counts:
+            self._counts = self._view(counts, (self.local_experts,), _I32)
+        return self._rows, self._counts.clone()
+
+    def combine(self, y: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+        """The low-latency combine (collective), after dispatch: out[t] = sum_j topk_weights[t, j] *
+        y_r[row(t, j)], each expert output row read where the dispatch put its input (y of the rank
+        holding the expert), fp32 fma in slot order, bf16 out (T, H), a new tensor; T is the
+        dispatch's. y: this rank's expert outputs in the receive layout, (L, S, H) bf16, contiguous,
+        16-byte aligned, any device memory of this rank (not symmetric: it is pushed to the home
+        ranks, never read remotely); it may be overwritten once combine returns (in stream order).
+        topk_weights: (T, k) fp32."""
+        op = "MoeLowLatency.combine"
+        self._live(op)
+        if self._pending is None:
+            _ops._fail(op, "no dispatch to combine (dispatch and combine alternate: every dispatch is combined once)")
+        T = self._pending
+        want = (self.local_experts, self.row_stride, self.hidden)
+        if y.dtype != _BF:
+            _ops._fail(op, f"y has dtype {y.dtype}, expected torch.bfloat16")
+        if tuple(y.shape) != want:
+            _ops._fail(op, f"y must be (L, row_stride, H) = {want}, got {tuple(y.shape)}")
+        if not y.is_contiguous():
+            _ops._fail(op, "y is not contiguous")
+        lib().plan_moe_weights(op, self._sizes, _ops._spec(topk_weights), T)
+        s = self._enter(op, y, topk_weights)
+        _aligned(op, y=y)
+        out = _ops._empty((T, self.hidden), _BF, y.device)
+        self._h.combine(_ptr(y), _ptr(topk_weights), _ptr(out), T, s.cuda_stream)
+        self._pending = None
+        return out
+
+    def check(self) -> None:
+        """Synchronises torch's current stream, then raises RuntimeError with the first failed
+        dispatch's reason since the last check (the same on every rank), e.g. "moe low-latency
+        dispatch: expert id 70 on rank 1 (token 7, slot 1) is outside 0..E-1; nothing was dispatched"
+        or "... rank 0 routes 100 rows to expert 3, more than max_tokens (50; a token names that
+        expert more than once); ...". The object stays usable. Off the hot path."""
+        super().check()
+
+    def _drop_views(self) -> None:
+        self._rows = self._counts = None
+        self._pending = None
+
+    # ---- argument checks (ValueError before anything is enqueued)
+
+    def _ready_to_dispatch(self, op: str) -> None:
+        """A dispatch must not start while the previous one waits for its combine (the C++ object
+        refuses it too, after the other checks)."""
+        if self._pending is not None:
+            _ops._fail(op, "the last dispatch has not been combined yet (dispatch and combine alternate: call "
+                           "combine first)")
+
+    def _plan_forward(self, x, topk_idx, topk_weights, w_up, w_down) -> int:
+        op = "MoeLowLatency.forward"
+        self._live(op)
+        if self.ffn is None:
+            _ops._fail(op, "made without ffn: pass ffn= to MoeLowLatency for the decode forward")
+        try:  # the layer's rules (python/src/plan.cpp), which name the layer's operator
+            return lib().plan_moe_forward(self._sizes, *(_ops._spec(t) for t in (x, topk_idx, topk_weights, w_up,
+                                                                                  w_down)))
+        except ValueError as e:
+            raise ValueError(str(e).replace("weave.MoeLayer.forward:", f"weave.{op}:", 1)) from None
 
 
-def _moe_layer_fake(x, topk_idx, topk_weights, w_up, w_down, layer):
-    m = _layer_of(layer)
-    T = m._plan_forward(x, topk_idx, topk_weights, w_up, w_down)
-    return x.new_empty((T, m.hidden))
+# ---- torch.ops.weave.moe_layer and moe_low_latency: the forward of each kind, with a fake
 
 
-def _moe_layer(x, topk_idx, topk_weights, w_up, w_down, layer):
-    m = _layer_of(layer)
-    T = m._plan_forward(x, topk_idx, topk_weights, w_up, w_down)
-    s = m._enter("MoeLayer.forward", x, topk_idx, topk_weights, w_up, w_down)
-    _aligned("MoeLayer.forward", x=x, w_up=w_up, w_down=w_down)
-    out = _ops._empty((T, m.hidden), _BF, x.device)
-    m._h.forward(_ptr(x), _ptr(topk_idx), _ptr(topk_weights), T, _ptr(w_up), _ptr(w_down), _ptr(out), s.cuda_stream)
-    return out
+def _forward_fake(cls):
+    def fake(x, topk_idx, topk_weights, w_up, w_down, layer):
+        m = _layer_of(layer, cls)
+        T = m._plan_forward(x, topk_idx, topk_weights, w_up, w_down)
+        return x.new_empty((T, m.hidden))
+    return fake
 
 
-_ops._define("moe_layer(Tensor x, Tensor topk_idx, Tensor topk_weights, Tensor w_up, Tensor w_down, int layer) "
-             "-> Tensor", _moe_layer_fake, _moe_layer)
-# Collective: a traced graph must keep the call even where its output is unused (every rank calls it).
-torch.fx.node.has_side_effect(torch.ops.weave.moe_layer.default)
+def _forward_cuda(cls):
+    op = f"{cls.__name__}.forward"
+
+    def run(x, topk_idx, topk_weights, w_up, w_down, layer):
+        m = _layer_of(layer, cls)
+        T = m._plan_forward(x, topk_idx, topk_weights, w_up, w_down)
+        m._ready_to_dispatch(op)
+        s = m._enter(op, x, topk_idx, topk_weights, w_up, w_down)
+        _aligned(op, x=x, w_up=w_up, w_down=w_down)
+        out = _ops._empty((T, m.hidden), _BF, x.device)
+        m._h.forward(_ptr(x), _ptr(topk_idx), _ptr(topk_weights), T, _ptr(w_up), _ptr(w_down), _ptr(out),
+                     s.cuda_stream)
+        return out
+    return run
+
+
+for _cls in (MoeLayer, MoeLowLatency):
+    _ops._define(f"{_cls._op}(Tensor x, Tensor topk_idx, Tensor topk_weights, Tensor w_up, Tensor w_down, int layer) "
+                 "-> Tensor", _forward_fake(_cls), _forward_cuda(_cls))
+    # Collective: a traced graph must keep the call even where its output is unused (every rank calls it).
+    torch.fx.node.has_side_effect(getattr(torch.ops.weave, _cls._op).default)
+del _cls

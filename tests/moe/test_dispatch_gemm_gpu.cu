@@ -10,7 +10,7 @@
 // Routings: balanced, Dirichlet-skewed, every token's first slot on expert 0, all of a token's
 // experts on one rank (duplicated rows whose primary is in a later or earlier expert), repeated ids,
 // empty experts; k = 1, 2, 8; T different per rank, not a multiple of 128, 0 on one rank, 1; H and
-// N multiples of 8 but not of 64. Then 100 fused calls back to back, each followed by the non-fused
+// N multiples of 8 but not of 64. Then 200 fused calls back to back, each followed by the non-fused
 // path, routing and T changing every call, no host synchronisation, each pair compared; a bad expert
 // id and a capacity overflow failing the call on every rank (nothing computed, the exchange's error
 // everywhere) followed by a correct call; a short W on one rank refused on every rank.
@@ -146,9 +146,10 @@ TEST(DispatchGemm, SingleToken) { run_case({Routing::random_repeats, 2, 2, 8, 8,
 
 // Fused and non-fused calls alternating on one exchange, back to back (no host synchronisation), the
 // routing, T, tokens and the fused kernel's compute block count (all SMs, 5, 1) changing every call;
-// each fused call's GEMM output compared with the non-fused pair that follows it on the same inputs.
-TEST(DispatchGemm, BackToBack100) {
-  const int W = comm().world(), me = comm().rank(), kCalls = 100, L = 4, k = 4, H = 136, F = 104, N = 2 * F,
+// each fused call's GEMM output compared with the non-fused pair that follows it on the same inputs
+// (200 fused calls; every call writes its own Y buffers, poisoned before the burst).
+TEST(DispatchGemm, BackToBack200) {
+  const int W = comm().world(), me = comm().rank(), kCalls = 200, L = 4, k = 4, H = 136, F = 104, N = 2 * F,
             maxT = 260;
   const Geometry g{W, L * W};
   const uint64_t seed = wt::job_seed();

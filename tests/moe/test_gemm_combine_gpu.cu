@@ -17,8 +17,9 @@
 // Dirichlet-skewed, every token's first slot on expert 0, all of a token's experts on one rank
 // (duplicated rows), repeated ids; k = 1, 2, 4, 8; T different per rank and not a multiple of 128,
 // T = 0 on one rank; H and F multiples of 8 but not of 64 (H = 1032: a column tile of 8 columns).
-// Then 60 back-to-back gemm_combine calls with changing routing, T and inputs (no host
-// synchronisation in between), each checked; argument errors on every rank (a short W_down on one
+// Then 200 back-to-back gemm_combine calls with changing routing, T and inputs (no host
+// synchronisation in between, every call's output and non-fused output freshly poisoned), each
+// checked; argument errors on every rank (a short W_down on one
 // rank, for the fused layer and for gemm_combine; a second gemm_combine after one dispatch), and a
 // failed dispatch (capacity) giving NaN and the exchange's error on every rank, followed by a
 // correct call.
@@ -184,11 +185,12 @@ TEST(GemmCombine, Top8RepeatedIds) { run_combine_case({Routing::random_repeats, 
 TEST(GemmCombine, WideRowsOneNarrowColumnTile) { run_combine_case({Routing::dirichlet, 4, 4, 1032, 520, 40, 3}); }
 TEST(GemmCombine, SingleToken) { run_combine_case({Routing::random_repeats, 2, 2, 8, 8, 1, 0}); }
 
-// gemm_combine calls enqueued back to back on one exchange (no host synchronisation between
+// 200 gemm_combine calls enqueued back to back on one exchange (no host synchronisation between
 // them), routing, T, tokens and rows changing every call, each checked afterwards against the
-// reference and the non-fused path (which runs after each, on the same rows).
-TEST(GemmCombine, BackToBack60) {
-  const int W = comm().world(), me = comm().rank(), kCalls = 60, L = 4, k = 4, H = 136, F = 200, maxT = 260;
+// reference and the non-fused path (which runs after each, on the same rows); every call writes
+// its own outputs, poisoned before the burst.
+TEST(GemmCombine, BackToBack200) {
+  const int W = comm().world(), me = comm().rank(), kCalls = 200, L = 4, k = 4, H = 136, F = 200, maxT = 260;
   const Geometry g{W, L * W};
   const uint64_t seed = wt::job_seed();
   const Weights wts(seed, g.experts, H, F);
@@ -207,6 +209,7 @@ TEST(GemmCombine, BackToBack60) {
     mine.push_back(make_input(cs, kinds[c % 5], g, T[me], k, H, me));
     dev.push_back(std::make_unique<DeviceInput>(mine.back(), H, k, mem));
     plain.push_back(mem.add<bf16>(static_cast<size_t>(T[me]) * H));
+    WEAVE_CUDA_CHECK(cudaMemset(plain.back(), 0xff, std::max<size_t>(static_cast<size_t>(T[me]) * H, 1) * sizeof(bf16)));
   }
   layer.poison();
   WEAVE_CUDA_CHECK(cudaDeviceSynchronize());

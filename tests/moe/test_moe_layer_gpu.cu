@@ -19,8 +19,8 @@
 // slot on expert 0, all of a token's experts on one rank (duplicated rows), random with repeats;
 // k = 1, 2, 4, 8; T different on every rank, not a multiple of 128 (the GEMM tile), 0 on one rank;
 // H and F multiples of 64 and ragged ones (multiples of 8 only). Then back-to-back calls (no host
-// synchronisation in between) with changing routing, T and tokens, each path's calls each checked,
-// and a short weight on one rank refused on every rank. gemm_combine's own argument errors and a
+// synchronisation in between) with changing routing, T and tokens, each path's calls each checked
+// (6, 8 and 200 calls per path), and a short weight on one rank refused on every rank. gemm_combine's own argument errors and a
 // failed dispatch through the fused layer are test_gemm_combine_gpu's.
 #include <cuda_bf16.h>
 #include <gtest/gtest.h>
@@ -183,6 +183,10 @@ void run_back_to_back(const BackToBackSpec& b) {
 TEST(MoeLayer, BackToBack) { run_back_to_back({6, 4, 4, 128, 128, 260, 100}); }
 // The fused layer's former back-to-back case (8 calls, ragged H and F).
 TEST(MoeLayer, BackToBackRagged) { run_back_to_back({8, 4, 4, 200, 136, 260, 300}); }
+// Issue 21's 200 launches: 200 non-fused calls, then 200 fused ones on the same inputs, every output
+// checked against the float64 reference and the fused ones bit for bit against the non-fused ones
+// (ragged H and F, smaller than above so that the host's references stay quick).
+TEST(MoeLayer, BackToBack200) { run_back_to_back({200, 4, 4, 136, 72, 200, 500}); }
 
 // A rank whose weight is too short: every rank throws before anything is launched (the plan's
 // first call, so agree_call makes every rank wait for the verdict), and the layer stays usable.
