@@ -92,8 +92,9 @@ Launch launch_choice(int M, int N, int K, BLayout bl, const Options& opt, bool f
   const bool aligned =
       pitch_aligned(opt.a_layout == ALayout::KM ? M : K) && pitch_aligned(bl == BLayout::NK ? K : N);
   if (opt.tile == Tile::SwappedW) {  // clusters on a misaligned pitch, as the planner would run it
-    WEAVE_CHECK(bl == BLayout::NK && M <= 2 * kSwappedWideMaxM, "gemm: the swapped 128 x w tile takes B as N x K and M <= ",
-                2 * kSwappedWideMaxM, "; got M = ", M, bl == BLayout::NK ? "" : ", B as K x N");
+    WEAVE_CHECK(bl == BLayout::NK && M <= kSwappedMaxTokenTiles * kSwappedWideMaxM,
+                "gemm: the swapped 128 x w tile takes B as N x K and M <= ", kSwappedMaxTokenTiles * kSwappedWideMaxM,
+                "; got M = ", M, bl == BLayout::NK ? "" : ", B as K x N");
     const int cluster = !aligned && pairs > 0 ? 2 : 1;
     return {opt.tile, plain && opt.split_k > 1 ? opt.split_k : 1, cluster == 2 ? pairs : blocks, opt.tile_n, cluster};
   }
@@ -113,7 +114,7 @@ Launch launch_choice(int M, int N, int K, BLayout bl, const Options& opt, bool f
   in.wide = mid_ok && bl == BLayout::NK;
   in.split_k = plain && opt.split_k != 1;
   in.swapped = bl == BLayout::NK && opt.a_layout == ALayout::MK && opt.lcsc.num_comm_sms == 0 && opt.split_k <= 1;
-  in.swapped_wide = in.swapped_two = plain && bl == BLayout::NK;
+  in.swapped_wide = in.swapped_tiles = plain && bl == BLayout::NK;
   const Choice c = plan_gemm(in);
   int splits = c.splits;
   if (plain && opt.split_k > 1 && c.tile != Tile::M128N128) splits = opt.split_k;

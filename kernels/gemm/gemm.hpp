@@ -26,10 +26,11 @@ namespace weave::gemm {
 // the power-of-two widths, so that more shapes fill whole rounds of SMs (wave quantisation, as
 // cuBLAS's 112- and 144-wide tiles do); A M x K, B N x K, a bf16 output (bias allowed); the output
 // is staged dense (no swizzle) when w is not a multiple of 64.
-// SwappedW: a forward X W^T with few tokens (M <= kSwappedWideMaxM, W stored N x K, A M x K):
-// the operands swapped onto the wgmma, 128 weight rows on its M side and w = Options::tile_n (one
-// of kSwappedWidths) tokens on its N side, the tile stored transposed; the stages then hold
-// weights, not the empty rows of a 128-row token tile. A bf16 output without bias; split-K.
+// SwappedW: a forward X W^T with few tokens (W stored N x K, A M x K): the operands swapped onto
+// the wgmma, 128 weight rows on its M side and w = Options::tile_n (one of kSwappedWidths) tokens
+// on its N side, the tile stored transposed; the stages then hold weights, not the empty rows of a
+// 128-row token tile. One token tile up to kSwappedWideMaxM tokens, up to three (plan.hpp's
+// kSwappedMaxTokenTiles) above. A bf16 output without bias; split-K.
 // Auto: the planner's choice (kernels/gemm/plan.hpp).
 enum class Tile : int {
   Auto = 0,
@@ -96,7 +97,7 @@ struct Options {
 // The experimental tiles (M128N256S4, M128N256C2) take only the defaults: A M x K, bf16 output,
 // no bias; M128N192 takes A M x K and a bf16 output; M128Nw takes A M x K, B N x K, a bf16 output
 // and opt.tile_n in kWideWidths; Swapped takes M <= 16, A M x K, B N x K and no
-// communicator SMs; SwappedW takes M <= kSwappedWideMaxM, A M x K, B N x K, a bf16 output without
+// communicator SMs; SwappedW takes M <= 3 kSwappedWideMaxM, A M x K, B N x K, a bf16 output without
 // bias and opt.tile_n in kSwappedWidths. Returns the grid it launched.
 lcsc::Plan gemm(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C, int M, int N, int K, BLayout b,
                 const Options& opt = {}, cudaStream_t stream = nullptr);

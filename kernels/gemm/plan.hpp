@@ -39,7 +39,7 @@ struct PlanInputs {
   bool narrow = true;      // the 64x128 tile allowed
   bool swapped = false;    // the swapped decode tile allowed (A M x K, B N x K, no communicator SMs)
   bool swapped_wide = false;  // the swapped 128 x w tiles allowed (A M x K, B N x K, bf16 output, no bias)
-  bool swapped_two = false;   // ... also with two token tiles (M up to 2 kSwappedWideMaxM)
+  bool swapped_tiles = false;  // ... also over several token tiles (up to kSwappedMaxTokenTiles)
 };
 
 struct Choice {
@@ -50,6 +50,11 @@ struct Choice {
   int width = 0;    // Tile::M128Nw, SwappedW: its width
   int cluster = 1;  // Tile::SwappedW: CTAs per cluster (2: the token tile multicast)
 };
+
+// The most token tiles the planner runs the swapped 128 x w tile over (above kSwappedWideMaxM
+// tokens; a forced SwappedW takes M up to this many times kSwappedWideMaxM). Four tiles of at most
+// kSwappedTilesMaxWidth never pad fewer rows than the 128-row tiles.
+inline constexpr int kSwappedMaxTokenTiles = 3;
 
 namespace plan_model {
 // Fitted (docs/perf-notes.md, 2026-12-02c) to every tile and split on the 22 rows of the models
@@ -92,6 +97,13 @@ inline constexpr double kSwappedLatency = 2.6;
 // ... and no less than its tensor work: w / 256 of a 128x256 iteration, at kSwappedCompute of that
 // (the widest token tiles are compute-bound when full).
 inline constexpr double kSwappedCompute = 0.9;
+// Over three or more token tiles each weight panel is read once per token tile: fitted to 81 rows
+// of 200-480 tokens (2026-12-04), where at 0.9 the 3 x 160 tiles of 400-480 tokens were picked and
+// ran up to 12 % slower than the 128-row tiles (two token tiles keep 0.9: measured right).
+inline constexpr double kSwappedComputeTiles = 1.05;  // three or more token tiles
+// The widest token tile run over several: 192 (4 stages) ran 0.31-0.89 of cuBLAS as two token
+// tiles of 200-384 tokens, below 160 or the 128-row tiles on every such row.
+inline constexpr int kSwappedTilesMaxWidth = 160;
 inline constexpr double kMisalignedSwapped = 1.35;  // a pitch off the 128-byte grid (then 2-CTA clusters)
 inline constexpr int kMaxSplitsSwapped = 2;         // 3-4 splits of a few dozen weight panels lost
 
@@ -151,17 +163,12 @@ inline Choice plan_gemm(const PlanInputs& in) {
   // stages hold weights rather than a 128-row token tile's empty rows. On a misaligned pitch it runs
   // in 2-CTA clusters that multicast the token tile (half the token rows' L2 requests per CTA).
   //
-  // Above kSwappedWideMaxM tokens, two token tiles of the narrowest width that holds half of them,
-  // where they pad fewer token rows than the 128-row tiles do (257-320 tokens: 2 x 160 against
-  // 3 x 128). There 128-row tiles ran 0.57-0.75 of cuBLAS on wide weights, which cuBLAS runs
-  // swapped with a 160-token tile (docs/perf-notes.md, 2026-12-04).
-  auto consider_swapped = [&](Choice& best) {
-    int w = swapped_width(in.M), token_tiles = 1;
-    if (w == 0 && in.swapped_two && in.M <= 2 * kSwappedWideMaxM) {
-      const int half = swapped_width(ceil_div(in.M, 2));
-      if (2 * half < 128 * ceil_div(in.M, 128)) w = half, token_tiles = 2;
-    }
-    if (!in.swapped_wide || w == 0) return;
+  // Above kSwappedWideMaxM tokens: t = 2 .. kSwappedMaxTokenTiles token tiles of the narrowest width
+  // that holds M / t tokens, each where it pads fewer token rows than the 128-row tiles do (t w <
+  // 128 ceil(M / 128): 288 tokens as 3 x 96 or 320 as 2 x 160, against 384 rows). There 128-row
+  // tiles ran 0.43-0.87 of cuBLAS, which runs such rows swapped with a token width fitted to M
+  // (docs/perf-notes.md, 2026-12-04). Measured unsplit only.
+  auto consider_swapped_tiles = [&](Choice& best, int w, int token_tiles) {
     // 64 and 128 tokens fill the 64- and 128-row tiles exactly (nothing to save) and there the
     // swapped tile measured 0.94-1.0 of them.
     if (in.aligned && (in.M == 64 || in.M == 128)) return;
@@ -169,11 +176,20 @@ inline Choice plan_gemm(const PlanInputs& in) {
     const int workers = pair ? in.pair_clusters : in.sm_count;
     const int panels = ceil_div(in.N, 128);
     const double round_trip = kSwappedLatency / detail::swapped_wide_stages(w);
-    const double unit = std::max(round_trip, kSwappedCompute * w / 256.0) * (in.aligned ? 1.0 : kMisalignedSwapped);
-    // Two token tiles were measured unsplit only.
+    const double compute = (token_tiles > 2 ? kSwappedComputeTiles : kSwappedCompute) * w / 256.0;
+    const double unit = std::max(round_trip, compute) * (in.aligned ? 1.0 : kMisalignedSwapped);
     const SplitChoice c = split_choice((pair ? ceil_div(panels, 2) : panels) * token_tiles, iters, workers, false, unit,
                                        in.split_k && token_tiles == 1, kMaxSplitsSwapped);
     consider(best, Choice{Tile::SwappedW, c.splits, workers, c.cost, w, pair ? 2 : 1});
+  };
+  auto consider_swapped = [&](Choice& best) {
+    if (!in.swapped_wide) return;
+    if (const int w = swapped_width(in.M); w > 0) return consider_swapped_tiles(best, w, 1);
+    if (!in.swapped_tiles) return;
+    for (int t = 2; t <= kSwappedMaxTokenTiles; ++t) {
+      const int w = swapped_width(ceil_div(in.M, t));
+      if (w > 0 && w <= kSwappedTilesMaxWidth && t * w < 128 * ceil_div(in.M, 128)) consider_swapped_tiles(best, w, t);
+    }
   };
   // Decode (M <= 64): the 64-row tile, whose 8 stages keep twice the weight bytes in flight per SM
   // of the 128x256 tile's 3 (the regime is memory-bound: measured 16x28672x8192 in 122 us against

@@ -452,7 +452,7 @@ TEST(Gemm, WideTiles) {
 // than one token tile), N off the 128- and 64-row grids (a half-empty second staging block, an
 // odd count of weight panels for the clusters), K ragged and aligned (2-CTA clusters and single
 // CTAs); plain, C +=, split-K 2 and 3 (also with C +=), communicator SMs; the rejected epilogues;
-// two token tiles of 160; and the planner's choice on forward rows of 17-300 tokens.
+// two and three token tiles; and the planner's choice on forward rows of 17-448 tokens.
 TEST(Gemm, SwappedWideTiles) {
   for (int w : gemm::kSwappedWidths) {
     // K off the 64 grid runs in 2-CTA clusters (the token tile multicast), K on it in single CTAs.
@@ -476,7 +476,7 @@ TEST(Gemm, SwappedWideTiles) {
   WEAVE_CUDA_CHECK(cudaMalloc(&p, 1 << 22));
   gemm::Options o;
   o.tile = gemm::Tile::SwappedW, o.tile_n = 96;
-  expect_error<Error>([&] { gemm::gemm(p, p, p, 385, 128, 64, gemm::BLayout::NK, o); }, "M = 385", "M <= 384");
+  expect_error<Error>([&] { gemm::gemm(p, p, p, 577, 128, 64, gemm::BLayout::NK, o); }, "M = 577", "M <= 576");
   expect_error<Error>([&] { gemm::gemm(p, p, p, 64, 128, 64, gemm::BLayout::KN, o); }, "B as K x N", "B as N x K");
   expect_error<Error>([&] { gemm::gemm(p, p, reinterpret_cast<float*>(p), 64, 128, 64, gemm::BLayout::NK, o); },
                       "fp32 output", "an fp32 output");
@@ -485,17 +485,23 @@ TEST(Gemm, SwappedWideTiles) {
   o.bias_type = gemm::BiasType::None, o.bias = nullptr, o.tile_n = 100;
   expect_error<Error>([&] { gemm::gemm(p, p, p, 64, 128, 64, gemm::BLayout::NK, o); }, "tile_n 100", "tile_n = 100");
   WEAVE_CUDA_CHECK(cudaFree(p));
-  // Two token tiles of 160 (257-320 tokens), forced and as the planner picks them (wide weights),
-  // single CTAs and 2-CTA clusters.
-  for (Case c : {Case{300, 14344, 1032}, Case{257, 392, 4104}, Case{320, 1000, 2048}}) {
+  // Two and three token tiles (257-480 tokens), forced and as the planner picks them, single CTAs
+  // and 2-CTA clusters.
+  struct Forced {
+    Case c;
+    int w;
+  };
+  for (Forced f : {Forced{{300, 14344, 1032}, 160}, Forced{{257, 392, 4104}, 160}, Forced{{320, 1000, 2048}, 160},
+                   Forced{{288, 4104, 1032}, 96}, Forced{{401, 1000, 2048}, 160}, Forced{{576, 392, 520}, 192}}) {
     Variant v;
-    v.bl = gemm::BLayout::NK, v.tile = gemm::Tile::SwappedW, v.tile_n = 160, v.samples = true;
-    run_case(c, v);
+    v.bl = gemm::BLayout::NK, v.tile = gemm::Tile::SwappedW, v.tile_n = f.w, v.samples = true;
+    run_case(f.c, v);
     v.accumulate = true;
-    run_case(c, v);
+    run_case(f.c, v);
   }
   for (Case c : {Case{17, 14336, 4096}, Case{77, 14344, 4104}, Case{128, 8192, 2048}, Case{200, 4104, 1032},
-                 Case{256, 14336, 520}, Case{300, 14336, 4096}, Case{288, 14344, 4104}}) {
+                 Case{256, 14336, 520}, Case{300, 14336, 4096}, Case{288, 14344, 4104}, Case{288, 5120, 13824},
+                 Case{448, 11008, 4096}}) {
     Variant v;
     v.bl = gemm::BLayout::NK;
     run_case(c, v);
