@@ -3,6 +3,9 @@
 // flat object with the suite's keys, that every row is correct, that a corrupted transfer is
 // caught (rows correct: false, exit 1), and that the suite skips cleanly (exit 0) with one rank
 // or without --nodes. The figures themselves are not asserted: CI machines are shared.
+// The GPU suites on the network path (net_tp with its gemm_ar rows, net_coll) need a GPU per rank
+// for any row (their buffers are device memory); here only their options, their refusals and their
+// skips (exit 0 with one rank or without --nodes) are checked.
 #include <gtest/gtest.h>
 
 #include <cctype>
@@ -227,6 +230,52 @@ TEST(WeaveBenchNet, SkipsWithoutTwoNodesAndRefusesBadOptions) {
   r = run({BENCH_BIN, "net", "--chunk", "1M"});
   EXPECT_NE(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("unknown option --chunk"), std::string::npos) << r.out;
+}
+
+// net_tp's --kernels takes gemm_ar, net_coll its sizes, collectives and impls: accepted options
+// reach the run, which skips with one rank (exit 0); bad ones are refused with a message (exit 1),
+// before anything is started. Without --nodes both skip under weave-run too.
+TEST(WeaveBenchNetGpuSuites, AcceptTheirOptionsAndRefuseBadOnes) {
+  unsetenv("WEAVE_BOOTSTRAP");
+  for (const std::vector<std::string>& ok :
+       {std::vector<std::string>{BENCH_BIN, "net_tp", "--kernels", "gemm_ar", "--sizes", "1000,2048"},
+        std::vector<std::string>{BENCH_BIN, "net_tp", "--kernels", "ag_gemm,gemm_rs,gemm_ar", "--impls", "weave,nccl"},
+        std::vector<std::string>{BENCH_BIN, "net_coll"},
+        std::vector<std::string>{BENCH_BIN, "net_coll", "--sizes", "1M,4M,16M,64M", "--kernels",
+                                 "all_reduce,all_gather,reduce_scatter", "--impls", "weave,nccl", "--chunk", "64K",
+                                 "--send-blocks", "2", "--recv-blocks", "4", "--notify", "unordered"}}) {
+    const Result r = run(ok);
+    EXPECT_EQ(r.status, 0) << ok[1] << ": " << r.out;
+    EXPECT_NE(r.out.find("skipped: 1 rank"), std::string::npos) << ok[1] << ": " << r.out;
+  }
+  const struct {
+    std::vector<std::string> args;
+    const char* says;
+  } bad[] = {
+      {{BENCH_BIN, "net_tp", "--kernels", "gemm_ar,gemm_allreduce"},
+       "'gemm_allreduce' is not ag_gemm, gemm_rs or gemm_ar"},
+      {{BENCH_BIN, "net_coll", "--kernels", "all_to_all"},
+       "'all_to_all' is not all_reduce, all_gather or reduce_scatter"},
+      {{BENCH_BIN, "net_coll", "--impls", "weave,weave-unfused"}, "'weave-unfused' is not weave or nccl"},
+      {{BENCH_BIN, "net_coll", "--impls", "torch"}, "'torch' is not weave or nccl"},
+      {{BENCH_BIN, "net_coll", "--sizes", "1M,1000"}, "1000 is not a multiple of 16 bytes"},
+      {{BENCH_BIN, "net_coll", "--sizes", "12Q"}, "--sizes: '12Q' is not a size"},
+      {{BENCH_BIN, "net_coll", "--chunk", "100"}, "--chunk 100 is not a multiple of 16 bytes"},
+      {{BENCH_BIN, "net_coll", "--parts", "proxy"}, "unknown option --parts"},
+  };
+  for (const auto& b : bad) {
+    const Result r = run(b.args);
+    EXPECT_EQ(r.status, 1) << b.args[1] << " " << b.args[3] << ": " << r.out;
+    EXPECT_NE(r.out.find(b.says), std::string::npos) << r.out;
+  }
+  for (const char* suite : {"net_tp", "net_coll"}) {
+    const Result r = run({WEAVE_RUN_BIN, "--no-gpu", "-n", "2", "--timeout", "60", "--", BENCH_BIN, suite});
+    EXPECT_EQ(r.status, 0) << suite << ": " << r.out;
+    EXPECT_NE(r.out.find("skipped: no rendezvous address"), std::string::npos) << suite << ": " << r.out;
+  }
+  const Result h = run({BENCH_BIN, "net_coll", "--help"});
+  EXPECT_EQ(h.status, 0) << h.out;
+  EXPECT_NE(h.out.find("net_reduce_scatter"), std::string::npos) << h.out;
 }
 
 }  // namespace

@@ -3,7 +3,7 @@
 // between rail peers and the NVLink phases through each node's communicator
 // (runtime::node_launch_info). all_gather / reduce_scatter / all_reduce in bf16 and fp32 at
 // ragged sizes and two chunk sizes against the CPU reference, inputs fresh from the job-wide seed,
-// outputs poisoned; 60 back-to-back mixed calls each checked; the refusals (a buffer outside the
+// outputs poisoned; 200 back-to-back mixed calls each checked; the refusals (a buffer outside the
 // node's heap, a call larger than the node scratch, the G = 1 constructor, a job-wide
 // communicator) before anything is launched.
 #include <gtest/gtest.h>
@@ -79,18 +79,20 @@ TEST(NetGpuHier, CollectivesMatchTheReference) {
   path.shutdown();
 }
 
-// 60 calls launched back to back (one finish), operators, dtypes and sizes changing from call to
+// 200 calls launched back to back (one finish), operators, dtypes and sizes changing from call to
 // call, so the receive slots, flags, send gate, node scratch and the single-node collectives'
-// signals are reused under load; every call checked.
-TEST(NetGpuHier, SixtyBackToBackCallsEachChecked) {
+// signals are reused under load; every call's buffer its own, poisoned outside its inputs, and
+// checked.
+TEST(NetGpuHier, TwoHundredBackToBackCallsEachChecked) {
   net::NetPath path(options());
   expect_hierarchy(path);
   rt::Communicator node = node_comm(path);
   const uint64_t seed = job_seed(path) ^ 0x5a5a;
   const int r = path.rank(), w = path.world();
   net::NetCollectives coll(path, node, coll_options(4096));
+  constexpr int kCalls = 200;
   std::vector<Call> calls;
-  for (int k = 0; k < 60; ++k) {
+  for (int k = 0; k < kCalls; ++k) {
     calls.push_back(Call{static_cast<Op>(k % 3), k % 2 ? net::NetDtype::fp32 : net::NetDtype::bf16,
                          1 + static_cast<long long>(weave::check::derive(seed, 3, k) % 30000)});
     fill(calls.back(), seed, r, w, k);
@@ -98,13 +100,13 @@ TEST(NetGpuHier, SixtyBackToBackCallsEachChecked) {
   }
   for (Call& c : calls) run(coll, c);
   coll.finish(nullptr);
-  for (int k = 0; k < 60; ++k) {
+  for (int k = 0; k < kCalls; ++k) {
     Call& c = calls[k];
     CUDA_OK(cudaMemcpy(c.host.data(), c.dev, c.host.size(), cudaMemcpyDeviceToHost));
     ASSERT_EQ(check_call(c, seed, r, w, k), "") << "call " << k;
   }
   node.barrier();
-  for (int k = 59; k >= 0; --k) node.free(calls[k].dev);
+  for (int k = kCalls - 1; k >= 0; --k) node.free(calls[k].dev);
   path.shutdown();
 }
 

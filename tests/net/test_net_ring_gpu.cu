@@ -3,11 +3,11 @@
 // from the job seed and checks its own rows' O and LSE against the float32 attention reference
 // (check/attention_ref.hpp, which shares no code with weave's kernels); outputs poisoned; ragged
 // chunks (own rows copied in) and chunks on key blocks (read in place), causal or not, zigzag and
-// contiguous, GQA, D 64 and 128; back-to-back calls of alternating shapes, each checked; a shape
+// contiguous, GQA, D 64 and 128; 200 back-to-back calls of alternating shapes, each checked; a shape
 // mismatch throws on every rank.
 // The hierarchical form (NetRingGpuHier.*: weave-run -n 4 --nodes 2, nodes of 2 ranks; the gathered
 // K and V in the node communicator's heap): the same checks on every rank, plus every other rank's
-// rows in its gathered K and V bit for bit; back-to-back calls; a gathered buffer outside the heap
+// rows in its gathered K and V bit for bit; 200 back-to-back calls; a gathered buffer outside the heap
 // on one rank rejected on every rank, then a correct call.
 #include <cuda_bf16.h>
 #include <gtest/gtest.h>
@@ -162,8 +162,9 @@ TEST(NetRingGpu, MatchesReference) {
   path.shutdown();
 }
 
-// Back to back without a host wait, alternating two shapes (both receive slots, a layout change
-// between consecutive calls), every call's output in its own buffer, all checked after finish().
+// 200 calls back to back without a host wait, alternating two shapes (both receive slots, a layout
+// change between consecutive calls) and the mask every two, every call's output in its own poisoned
+// buffer, all checked after finish().
 TEST(NetRingGpu, BackToBackAlternatingShapes) {
   net::NetPath path(options());
   const int W = path.world(), r = path.rank();
@@ -173,7 +174,7 @@ TEST(NetRingGpu, BackToBackAlternatingShapes) {
   const Inputs in0(cases[0], sp::Sharding::Zigzag, W, r, check::derive(seed, 100));
   const Inputs in1(cases[1], sp::Sharding::Zigzag, W, r, check::derive(seed, 101));
   const Inputs* in[2] = {&in0, &in1};
-  constexpr int kCalls = 16;
+  constexpr int kCalls = 200;
   std::vector<std::unique_ptr<check::DeviceBuffer<bf16>>> os;
   std::vector<std::unique_ptr<check::DeviceBuffer<float>>> ls;
   for (int k = 0; k < kCalls; ++k) {
@@ -306,14 +307,14 @@ TEST(NetRingGpuHier, MatchesReference) {
   j.path.shutdown();
 }
 
-// 12 calls back to back without a host wait, alternating two shapes (one ragged, one with GQA)
-// and the mask every two, each with fresh inputs, outputs and gathered buffers of its own, all
-// checked after one finish().
+// 200 calls back to back without a host wait, alternating two shapes (one ragged, one with GQA)
+// and the mask every two, each with fresh inputs, poisoned outputs and gathered buffers of its own,
+// all checked after one finish().
 TEST(NetRingGpuHier, BackToBackAlternatingShapes) {
   HierJob j;
   ASSERT_GT(j.path.topo().gpus, 1);
   const Case cases[2] = {{1, 1000, 4, 2, 128}, {2, 700, 8, 2, 64}};
-  constexpr int kCalls = 12;
+  constexpr int kCalls = 200;
   std::vector<std::unique_ptr<Inputs>> ins;
   std::vector<std::unique_ptr<HierCall>> calls;
   for (int k = 0; k < kCalls; ++k) {

@@ -3,8 +3,9 @@
 // (NetTpGpuHier.*: weave-run -n 4 --nodes 2, nodes of 2 ranks). Every rank regenerates every rank's
 // inputs from the job seed and checks its own output per element and per tile against a float32
 // cuBLASLt reference of the whole problem (check/gemm_ref.hpp), on poisoned outputs, ragged
-// shapes, both B layouts, several network chunk sizes, a_shard apart and in place, back-to-back
-// calls with fresh inputs each checked, and the rejections: a bad argument or a shape mismatch
+// shapes, both B layouts, several network chunk sizes, a_shard apart and in place, 200
+// back-to-back calls with fresh inputs and poisoned outputs of their own, each checked, and the
+// rejections: a bad argument or a shape mismatch
 // on one rank throws on every rank, and a rank that fails alone releases its peers' kernels.
 #include <cuda_bf16.h>
 #include <gtest/gtest.h>
@@ -160,9 +161,9 @@ TEST(NetTpGpu, AgGemmMatchesReference) {
   path.shutdown();
 }
 
-// Back to back without a host wait: every call's inputs fresh, its outputs in buffers of their
-// own, all checked after one finish(). Alternating shapes exercise both receive slots and a
-// shape change between consecutive calls.
+// 200 calls back to back without a host wait: every call's inputs fresh, its outputs in poisoned
+// buffers of their own, all checked after one finish(). Alternating shapes exercise both receive
+// slots and a shape change between consecutive calls.
 TEST(NetTpGpu, AgGemmBackToBack) {
   net::NetPath path(options());
   const int W = path.world(), r = path.rank();
@@ -170,7 +171,7 @@ TEST(NetTpGpu, AgGemmBackToBack) {
   net::NetTpOptions o;
   o.chunk_bytes = 32 << 10;
   net::NetAgGemm ag(path, o);
-  constexpr int kCalls = 40;
+  constexpr int kCalls = 200;
   struct Shape {
     int M, N, K;
   };
@@ -329,7 +330,8 @@ TEST(NetTpGpu, GemmRsMatchesReference) {
   path.shutdown();
 }
 
-// Back to back, alternating shapes, fresh inputs and an output buffer per call, one finish().
+// 200 calls back to back, alternating shapes, fresh inputs and a poisoned output buffer per call,
+// one finish().
 TEST(NetTpGpu, GemmRsBackToBack) {
   net::NetPath path(options());
   const int W = path.world(), r = path.rank();
@@ -337,7 +339,7 @@ TEST(NetTpGpu, GemmRsBackToBack) {
   net::NetTpOptions o;
   o.chunk_bytes = 32 << 10;
   net::NetGemmRs rs(path, o);
-  constexpr int kCalls = 40;
+  constexpr int kCalls = 200;
   struct Shape {
     int M, N, K;
   };
@@ -434,27 +436,29 @@ TEST(NetTpGpu, GemmArMatchesReferenceOnEveryRank) {
                                  std::to_string(chunk);
         expect_ar(path, c, what);
       }
-  // Back to back, RS and AR alternating on one path (both operators' areas and call slots).
+  // 200 calls back to back, RS and AR alternating on one path (both operators' areas and call
+  // slots), each with fresh inputs and a poisoned output of its own.
   net::NetTpOptions o;
   o.chunk_bytes = 32 << 10;
   net::NetGemmAr ar(path, o);
   net::NetGemmRs rs(path, o);
+  constexpr int kCalls = 200;
   std::vector<std::unique_ptr<RsCase>> cases;
   std::vector<uint64_t> seeds;
-  for (int k = 0; k < 20; ++k) {
+  for (int k = 0; k < kCalls; ++k) {
     const int M = 515, rows = k % 2 ? weave::tp::shard(M, W, r).size : M;
     cases.push_back(std::make_unique<RsCase>(M, 264, 320, BLayout::NK, rows));
     seeds.push_back(calls.next());
     cases.back()->inputs(seeds.back(), r);
   }
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  for (int k = 0; k < 20; ++k) {
+  for (int k = 0; k < kCalls; ++k) {
     RsCase& c = *cases[k];
     if (k % 2) rs.run(c.A.p, c.B.p, c.out, c.M, c.N, c.K, nullptr);
     else ar.run(c.A.p, c.B.p, c.out, c.M, c.N, c.K, nullptr);
   }
   ar.finish(nullptr);
-  for (int k = 0; k < 20; ++k) {
+  for (int k = 0; k < kCalls; ++k) {
     RsCase& c = *cases[k];
     c.reference(seeds[k], W);
     const std::string what = std::string(k % 2 ? "gemm_rs" : "gemm_ar") + " alternating call " + std::to_string(k);
@@ -532,11 +536,11 @@ TEST(NetTpGpuHier, AgGemmMatchesReference) {
           node.barrier();  // nobody's next call writes g while a peer still checks it
         }
   node.free(g);
-  // Back to back: every call's gathered A and C of its own, one finish.
+  // 200 calls back to back: every call's gathered A and C of its own, poisoned, one finish.
   net::NetTpOptions o;
   o.chunk_bytes = 32 << 10;
   net::NetAgGemm ag(path, node, o);
-  constexpr int kCalls = 16;
+  constexpr int kCalls = 200;
   const Shape bb[] = {{515, 264, 320}, {300, 128, 1024}};
   std::vector<bf16*> gs;
   std::vector<std::unique_ptr<AgCase>> cases;
@@ -661,9 +665,9 @@ TEST(NetTpGpuHier, GemmRsArMatchReference) {
   path.shutdown();
 }
 
-// 16 calls back to back without a host wait, shapes alternating every call and RS / AR every two
-// (one object each on one path), every call's inputs fresh and its output its own (AR's in the
-// node's heap), all checked after the finish.
+// 200 calls back to back without a host wait, shapes alternating every call and RS / AR every two
+// (one object each on one path), every call's inputs fresh and its output its own, poisoned (AR's
+// in the node's heap), all checked after the finish.
 TEST(NetTpGpuHier, GemmRsArBackToBack) {
   net::NetPath path(options());
   ASSERT_GT(path.topo().gpus, 1);
@@ -674,7 +678,7 @@ TEST(NetTpGpuHier, GemmRsArBackToBack) {
   o.chunk_bytes = 32 << 10;
   net::NetGemmRs rs(path, node, o);
   net::NetGemmAr ar(path, node, o);
-  constexpr int kCalls = 16;
+  constexpr int kCalls = 200;
   struct Shape {
     int M, N, K;
   };

@@ -1,9 +1,9 @@
-// weave-bench net_tp: the inter-node fused TP kernels (kernels/net_tp: NetAgGemm, NetGemmRs)
-// between nodes of one rank each, against the same transfers and GEMM without overlap, and
+// weave-bench net_tp: the inter-node fused TP kernels (kernels/net_tp: NetAgGemm, NetGemmRs,
+// NetGemmAr) between nodes of one rank each, against the same transfers and GEMM without overlap, and
 // against weave's GEMM + NCCL restricted to its network transport.
 //
 //   weave-run -n N --nodes N [--share-gpus] -- weave-bench net_tp [--json FILE]
-//       [--sizes 2048,4096,8192] [--n N] [--k K] [--kernels ag_gemm,gemm_rs]
+//       [--sizes 2048,4096,8192] [--n N] [--k K] [--kernels ag_gemm,gemm_rs,gemm_ar]
 //       [--impls weave,weave-unfused,nccl] [--chunk 1M] [--send-blocks 2] [--recv-blocks 6]
 //       [--iters 20] [--warmup 5] [--provider tcp] [--domain lo] [--notify ordered|unordered]
 //       [--max-bounce 4G]
@@ -14,20 +14,22 @@
 //                gathered in place into an M x K buffer; C = A_gathered · Bᵀ with this rank's B.
 //   net_gemm_rs  each rank's A (M x K) and B (its K slice): rank q gets rows tp::shard(M, nodes, q)
 //                of the sum over ranks of A_r · B_rᵀ.
+//   net_gemm_ar  the same sum, all M rows on every rank.
 // Implementations (rows "impl"):
-//   weave          the fused kernel (NetAgGemm::run / NetGemmRs::run) with --chunk, --send-blocks
-//                  and --recv-blocks (NetTpOptions).
+//   weave          the fused kernel (NetAgGemm::run / NetGemmRs::run / NetGemmAr::run) with --chunk,
+//                  --send-blocks and --recv-blocks (NetTpOptions).
 //   weave-unfused  the same network path without overlap: NetCollectives::all_gather in place,
 //                  then weave's GEMM (ag); weave's GEMM into M x N, then
-//                  NetCollectives::reduce_scatter in place (rs). Same chunk and blocks. The
-//                  collectives shard the buffer in 16-byte units, which are the row shards only
-//                  when every shard is whole rows; where they are not, the row is skipped.
+//                  NetCollectives::reduce_scatter (rs) or NetCollectives::all_reduce (ar) in place.
+//                  Same chunk and blocks. The collectives shard the buffer in 16-byte units, which
+//                  are the row shards only when every shard is whole rows; where they are not, the
+//                  ag and rs rows are skipped (ar reduces the whole buffer: never skipped).
 //   nccl           weave's GEMM (so that only the transfer differs) + ncclAllGather /
-//                  ncclReduceScatter in place, NCCL restricted to its network transport
-//                  (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NET=Socket, NCCL_SOCKET_IFNAME=lo on
-//                  simulated nodes; each set where unset). Only with a GPU of its own per rank
-//                  (NCCL refuses two ranks on one GPU) and M a multiple of the nodes (NCCL's
-//                  blocks are equal); otherwise skipped with the reason.
+//                  ncclReduceScatter / ncclAllReduce in place, NCCL restricted to its network
+//                  transport (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NET=Socket,
+//                  NCCL_SOCKET_IFNAME=lo on simulated nodes; each set where unset). Only with a GPU
+//                  of its own per rank (NCCL refuses two ranks on one GPU), and for ag and rs M a
+//                  multiple of the nodes (NCCL's blocks are equal); otherwise skipped with the reason.
 //
 // Timing: --warmup calls (one batch, then finish), then --iters calls, each alone: the stream
 // drained, the ranks released together by a barrier on the path's bootstrap, CUDA events around
@@ -41,7 +43,8 @@
 // call in place, or skips a store, fails. Every rank regenerates every rank's inputs from the job
 // seed (rank 0's WEAVE_TEST_SEED) and checks its own output per element and per 128 x 128 tile
 // against a float32 cuBLASLt reference (check/gemm_ref.hpp): ag with check::gemm_bound() (one
-// rounding) and the gathered A bit for bit, rs with check::partial_sum_bound(nodes). A row is
+// rounding) and the gathered A bit for bit, rs (its rows) and ar (all M rows) with
+// check::partial_sum_bound(nodes), which also covers the unfused ring's rounding per hop. A row is
 // correct only if it is on every rank; any incorrect row makes the command exit 1.
 //
 // The network path is made once, its bounce buffers (pinned host memory) sized for the largest
@@ -137,8 +140,9 @@ Config parse(const weave::bench::Args& a) {
       if (v % 8) throw Error(concat(kWho, ": --", d, " ", v, " is not a multiple of 8"));
       (d[0] == 'n' ? c.n : c.k) = static_cast<int>(v);
     }
-  for (const std::string& k : a.names("kernels", "ag_gemm,gemm_rs")) {
-    if (k != "ag_gemm" && k != "gemm_rs") throw Error(concat(kWho, ": --kernels: '", k, "' is not ag_gemm or gemm_rs"));
+  for (const std::string& k : a.names("kernels", "ag_gemm,gemm_rs,gemm_ar")) {
+    if (k != "ag_gemm" && k != "gemm_rs" && k != "gemm_ar")
+      throw Error(concat(kWho, ": --kernels: '", k, "' is not ag_gemm, gemm_rs or gemm_ar"));
     c.kernels.push_back(k);
   }
   c.chunk = net::NetTpOptions{}.chunk_bytes;
@@ -156,22 +160,25 @@ struct Shape {
 };
 Shape shape_of(const Config& c, int S) { return {S, S, c.n ? c.n : S, c.k ? c.k : S}; }
 
-const char* row_kernel(const std::string& kernel) { return kernel == "ag_gemm" ? "net_ag_gemm" : "net_gemm_rs"; }
+const char* row_kernel(const std::string& kernel) {
+  return kernel == "ag_gemm" ? "net_ag_gemm" : kernel == "gemm_rs" ? "net_gemm_rs" : "net_gemm_ar";
+}
 
 // The kernels' and the collectives' own plans (the functions their host entries check with), so
 // that the path is exactly as large as the largest call needs.
 Room room_of(const std::string& kernel, const std::string& impl, const Shape& s, const Config& c, int nodes) {
-  const bool ag = kernel == "ag_gemm";
+  const bool ag = kernel == "ag_gemm", ar = kernel == "gemm_ar";
   if (impl == kImplWeave) {
     namespace tn = net::tp_net;
     const tn::UnitPlan U = ag ? tn::ag_plan(s.M, s.N, s.K, 2, nodes, wtp::default_group_m(s.K), c.chunk)
                               : tn::rs_plan(s.M, s.N, nodes, wtp::default_group_m(s.K), c.chunk);
+    if (ar) return {tn::ar_send_needed(U), tn::ar_recv_needed(U), tn::ar_flags_needed(U)};
     return {ag ? tn::ag_send_needed(U) : tn::rs_send_needed(U), tn::recv_needed(U), tn::flags_needed(U)};
   }
   if (impl == kImplUnfused) {
     const long long bytes = 2LL * s.M * (ag ? s.K : s.N);
-    const net::coll::Layout L = net::coll::make_layout(ag ? net::Coll::all_gather : net::Coll::reduce_scatter,
-                                                       net::Topo{nodes, 1}, bytes, c.chunk);
+    const net::Coll coll = ag ? net::Coll::all_gather : ar ? net::Coll::all_reduce : net::Coll::reduce_scatter;
+    const net::coll::Layout L = net::coll::make_layout(coll, net::Topo{nodes, 1}, bytes, c.chunk);
     return {net::coll::send_needed(L), net::coll::recv_needed(L), static_cast<long long>(net::coll::flags_needed(L))};
   }
   return {};  // nccl: its own buffers
@@ -330,19 +337,20 @@ struct AgProblem : Problem {
   }
 };
 
-// GEMM + ReduceScatter. The fused kernel writes this rank's rows into `out`; the unfused and
-// NCCL rows reduce in place in the M x N product, where this rank's rows are at its shard.
+// GEMM + ReduceScatter, and GEMM + AllReduce (`all_rows`: every rank gets all M rows of the sum).
+// The fused kernel writes the rows this rank gets into `out`; the unfused and NCCL rows reduce in
+// place in the M x N product, where this rank's rows are at its shard (AR: all of it).
 struct RsProblem : Problem {
   Job& j;
   Shape sh;
-  wtp::Range mine;
-  Dev A[2], B[2];  // per input set: this rank's A (M x K) and B (N x K, its K slice)
-  Dev out;         // the fused kernel's rows (mine.size x N)
-  Dev C;           // the unfused and NCCL rows' M x N product, reduced in place
-  DevF r, s;       // set 1's reference (the sum over ranks) and per-element scale
+  wtp::Range mine;  // the rows this rank gets: its shard (RS) or all M (AR)
+  Dev A[2], B[2];   // per input set: this rank's A (M x K) and B (N x K, its K slice)
+  Dev out;          // the fused kernel's rows (mine.size x N)
+  Dev C;            // the unfused and NCCL rows' M x N product, reduced in place
+  DevF r, s;        // set 1's reference (the sum over ranks) and per-element scale
 
-  RsProblem(Job& job, const Shape& shape, Seeds sd)
-      : j(job), sh(shape), mine(wtp::shard(sh.M, j.nodes, j.rank)),
+  RsProblem(Job& job, const Shape& shape, Seeds sd, bool all_rows)
+      : j(job), sh(shape), mine(all_rows ? wtp::Range{0, sh.M} : wtp::shard(sh.M, j.nodes, j.rank)),
         A{Dev(size_t(sh.M) * sh.K), Dev(size_t(sh.M) * sh.K)}, B{Dev(size_t(sh.N) * sh.K), Dev(size_t(sh.N) * sh.K)},
         out(size_t(mine.size) * sh.N), C(size_t(sh.M) * sh.N), r(size_t(sh.M) * sh.N), s(size_t(sh.M) * sh.N) {
     for (int set = 0; set < 2; ++set) {
@@ -369,6 +377,8 @@ struct RsProblem : Problem {
     check::poison(out.p, out.n, j.st);
     check::poison(C.p, C.n, j.st);
   }
+  // This rank's rows in the M x N product (the unfused and NCCL rows' output).
+  const bf16* mine_in_c() const { return C.p + size_t(mine.begin) * sh.N; }
   // This rank's rows, starting at `x` (ld N), against its rows of the reference.
   Finding verify(const bf16* x) {
     const size_t at = size_t(mine.begin) * sh.N;
@@ -385,6 +395,7 @@ struct RsProblem : Problem {
 struct Ops {
   net::NetAgGemm ag;
   net::NetGemmRs rs;
+  net::NetGemmAr ar;
   net::NetCollectives coll;
 };
 
@@ -440,46 +451,58 @@ std::vector<Row> run_ag(Job& j, Ops& ops, const Shape& sh, Seeds sd) {
   return rows;
 }
 
-std::vector<Row> run_rs(Job& j, Ops& ops, const Shape& sh, Seeds sd) {
+// GEMM + ReduceScatter (kernel "gemm_rs") or GEMM + AllReduce ("gemm_ar").
+std::vector<Row> run_rs(Job& j, Ops& ops, const std::string& kernel, const Shape& sh, Seeds sd) {
   const int M = sh.M, N = sh.N, K = sh.K;
-  RsProblem p(j, sh, sd);
+  const bool ar = kernel == "gemm_ar";
+  const long long MN = static_cast<long long>(M) * N;
+  RsProblem p(j, sh, sd, ar);
   const auto gemm = [&](int set) { weave::gemm::gemm(p.A[set].p, p.B[set].p, p.C.p, M, N, K, weave::gemm::BLayout::NK, {}, j.st); };
-  const auto verify_c = [&] { return p.verify(p.C.p + size_t(p.mine.begin) * N); };
+  const auto verify_c = [&] { return p.verify(p.mine_in_c()); };
   std::vector<Impl> impls;
   std::vector<std::string> skipped;
   if (j.c.has_impl(kImplWeave))
-    impls.push_back({kImplWeave, [&](int set) { ops.rs.run(p.A[set].p, p.B[set].p, p.out.p, M, N, K, j.st); },
-                     [&] { ops.rs.finish(j.st); }, [&] { return p.verify(p.out.p); }});
+    impls.push_back({kImplWeave,
+                     [&](int set) {
+                       if (ar) ops.ar.run(p.A[set].p, p.B[set].p, p.out.p, M, N, K, j.st);
+                       else ops.rs.run(p.A[set].p, p.B[set].p, p.out.p, M, N, K, j.st);
+                     },
+                     [&] { ar ? ops.ar.finish(j.st) : ops.rs.finish(j.st); }, [&] { return p.verify(p.out.p); }});
   if (j.c.has_impl(kImplUnfused)) {
-    if (const std::string why = unfused_skip(j, "gemm_rs", sh); !why.empty())
+    if (const std::string why = ar ? "" : unfused_skip(j, kernel, sh); !why.empty())
       skipped.push_back(concat(kImplUnfused, ": skipped: ", why));
     else
       impls.push_back({kImplUnfused,
                        [&](int set) {
                          gemm(set);
-                         ops.coll.reduce_scatter(p.C.p, static_cast<long long>(M) * N, net::NetDtype::bf16, j.st);
+                         if (ar) ops.coll.all_reduce(p.C.p, MN, net::NetDtype::bf16, j.st);
+                         else ops.coll.reduce_scatter(p.C.p, MN, net::NetDtype::bf16, j.st);
                        },
                        [&] { ops.coll.finish(j.st); }, verify_c});
   }
   if (j.c.has_impl(kImplNccl) && j.nccl) {
-    if (const std::string why = nccl_skip(j, sh); !why.empty()) {
+    if (const std::string why = ar ? "" : nccl_skip(j, sh); !why.empty()) {
       skipped.push_back(concat(kImplNccl, ": skipped: ", why));
     } else {
-      // In place: rank r's block of M / nodes rows, which is its shard since M divides evenly.
+      // In place. RS: rank r's block of M / nodes rows, which is its shard since M divides evenly.
       const size_t rows = size_t(M / j.nodes);
       impls.push_back({kImplNccl,
                        [&, rows](int set) {
                          gemm(set);
-                         WEAVE_NCCL_CHECK(ncclReduceScatter(p.C.p, p.C.p + size_t(j.rank) * rows * N, rows * N,
-                                                            ncclBfloat16, ncclSum, j.nccl->comm, j.st));
+                         if (ar)
+                           WEAVE_NCCL_CHECK(
+                               ncclAllReduce(p.C.p, p.C.p, size_t(MN), ncclBfloat16, ncclSum, j.nccl->comm, j.st));
+                         else
+                           WEAVE_NCCL_CHECK(ncclReduceScatter(p.C.p, p.C.p + size_t(j.rank) * rows * N, rows * N,
+                                                              ncclBfloat16, ncclSum, j.nccl->comm, j.st));
                        },
                        [&] { WEAVE_CUDA_CHECK(cudaStreamSynchronize(j.st)); }, verify_c});
     }
   }
   if (j.lead())
-    for (const std::string& s : skipped) std::printf("  net_gemm_rs %s %s\n", sh.str().c_str(), s.c_str());
+    for (const std::string& s : skipped) std::printf("  %s %s %s\n", row_kernel(kernel), sh.str().c_str(), s.c_str());
   std::vector<Row> rows;
-  for (const Impl& im : impls) rows.push_back(measure(j, "gemm_rs", sh, p, im));
+  for (const Impl& im : impls) rows.push_back(measure(j, kernel, sh, p, im));
   return rows;
 }
 
@@ -561,7 +584,8 @@ int run(const weave::bench::Args& a) {
   to.send_blocks = c.send_blocks;
   to.recv_blocks = c.recv_blocks;
   to.b = weave::gemm::BLayout::NK;
-  Ops ops{net::NetAgGemm(path, to), net::NetGemmRs(path, to), net::NetCollectives(path, weave::bench::netb::coll_options(c))};
+  Ops ops{net::NetAgGemm(path, to), net::NetGemmRs(path, to), net::NetGemmAr(path, to),
+          net::NetCollectives(path, weave::bench::netb::coll_options(c))};
 
   if (lead) {
     cudaDeviceProp prop{};
@@ -577,7 +601,7 @@ int run(const weave::bench::Args& a) {
   }
   for (const Todo& t : todo) {
     const Seeds sd{check::derive(j.seed, 0x6e7470, j.problems++)};
-    emit(j, t.kernel == "ag_gemm" ? run_ag(j, ops, t.sh, sd) : run_rs(j, ops, t.sh, sd));
+    emit(j, t.kernel == "ag_gemm" ? run_ag(j, ops, t.sh, sd) : run_rs(j, ops, t.kernel, t.sh, sd));
   }
   weave::bench::netb::end_run(run);
   return weave::bench::exit_status("net_tp", j.wrong, j.seed, lead);
@@ -586,11 +610,12 @@ int run(const weave::bench::Args& a) {
 }  // namespace
 
 WEAVE_BENCH(net_tp,
-            "the inter-node fused TP kernels (kernels/net_tp: rows net_ag_gemm, net_gemm_rs) between nodes of one "
-            "rank each, under weave-run -n N --nodes N (with --share-gpus on fewer GPUs: checks only, the times "
-            "time-slice): impl weave (fused) vs weave-unfused (NetCollectives, then weave's GEMM, no overlap) vs "
-            "nccl (weave's GEMM + NCCL on its socket transport; one GPU per rank); M = S, B N x K, every row "
-            "checked, exit 1 if any is wrong [--sizes 2048,4096,8192] [--n S] [--k S] [--kernels ag_gemm,gemm_rs] "
+            "the inter-node fused TP kernels (kernels/net_tp: rows net_ag_gemm, net_gemm_rs, net_gemm_ar) between "
+            "nodes of one rank each, under weave-run -n N --nodes N (with --share-gpus on fewer GPUs: checks only, "
+            "the times time-slice): impl weave (fused) vs weave-unfused (weave's GEMM and NetCollectives, no "
+            "overlap) vs nccl (weave's GEMM + NCCL on its socket transport; one GPU per rank); M = S, B N x K, every "
+            "row checked, exit 1 if any is wrong [--sizes 2048,4096,8192] [--n S] [--k S] "
+            "[--kernels ag_gemm,gemm_rs,gemm_ar] "
             "[--impls weave,weave-unfused,nccl] [--chunk 1M] [--send-blocks 2] [--recv-blocks 6] [--iters 20] "
             "[--warmup 5] [--provider tcp] [--domain lo] [--notify ordered|unordered] [--max-bounce 4G]",
             run);
