@@ -68,6 +68,8 @@ struct AgKernelT : Gemm {
   };
 
   static __host__ __device__ int num_work(const Globals& g) { return g.L.work(); }
+  // Whether this launch runs variant v (the globals carry its number in `push`).
+  static __device__ __forceinline__ bool is(const Globals& g, AgVariant v) { return g.push == to_int(v); }
   // This rank's shard rows in bytes (the push's unit boundaries).
   static __device__ __forceinline__ long long row_bytes(const Globals& g) {
     return static_cast<long long>(Base::kInBytes) * g.K;
@@ -104,7 +106,7 @@ struct AgKernelT : Gemm {
     }
   }
 
-  // Register push (variants 1 and 3): threads t of nt (the whole communicator block, or the 64
+  // Register push (variants 1 and 3..6): threads t of nt (the whole communicator block, or the 64
   // aux threads of a compute block) copy 16-byte vectors of units c, c + nc, ... (local loads,
   // peer stores); stores need no completion wait per piece, only the barrier `sync` and the
   // signal's release after each unit.
@@ -215,7 +217,7 @@ struct AgKernelT : Gemm {
   }
 
   static __device__ __forceinline__ void communicator(const Globals& g, void* smem, int c, int nc) {
-    if (g.push == 1)
+    if (is(g, AgVariant::CommRegisterPush))
       return push_registers<4>(g, c, nc, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x),
                                [] { __syncthreads(); });
     if (threadIdx.x != 0) return;
@@ -230,8 +232,8 @@ struct AgKernelT : Gemm {
   // fewer pushers spread the same bytes over more of the kernel).
   static __device__ __forceinline__ void aux(const Globals& g, AuxShared& a, int compute_blocks, int t) {
     const int b = static_cast<int>(blockIdx.x);
-    if (g.push == 2 && t == 0) push_tma<kAuxSlots, 1, kAuxPiece>(g, a.buf, a.bar, b, compute_blocks);
-    if (g.push >= 3 && g.push < kAgCopyEngine) {
+    if (is(g, AgVariant::AuxTmaPush) && t == 0) push_tma<kAuxSlots, 1, kAuxPiece>(g, a.buf, a.bar, b, compute_blocks);
+    if (g.push >= to_int(AgVariant::AuxRegisterPush1) && g.push <= to_int(AgVariant::AuxRegisterPush8)) {
       const int stride = ag_aux_stride(g.push);
       if (b % stride == 0)
         push_registers<4>(g, b / stride, ag_aux_pushers(compute_blocks, g.push), t, 64,

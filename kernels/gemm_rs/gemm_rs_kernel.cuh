@@ -1,14 +1,17 @@
-// GEMM + reduce-scatter: the GEMM kernel (gemm/gemm_kernel.cuh). Intra-SM (variants 0, 1): its
-// storer sends every finished tile to the rank that owns its rows; variant 1 also zeroes the own
-// output with the producer's idle warps (the aux role of weave/lcsc.cuh). Inter-SM (variant 2):
-// tiles go to a local scratch and the owner's communicator blocks reduce them. The communication
-// is the storer below (store + store_done), aux, communicator and the per-owner loads; README.md
-// counts the lines.
+// GEMM + reduce-scatter: the GEMM kernel (gemm/gemm_kernel.cuh), in four of RsVariant's variants
+// (tp_common/variants.hpp; ShardGemms (3) and CopyEngine (4) are host only, gemm_rs.cu).
+// Intra-SM, OwnerFirst (0) and ZeroFirst (1): its storer sends every finished tile to the rank
+// that owns its rows; ZeroFirst also zeroes the own output with the producer's idle warps (the
+// aux role of weave/lcsc.cuh). InterSm (2): tiles go to a local scratch and the owner's
+// communicator blocks reduce them. Chain (5): each rank walks the owners in a ring, storing into
+// or adding onto what the previous rank left there. The communication is the storer below
+// (store + store_done), aux, communicator and the per-owner loads; README.md counts the lines.
 #pragma once
 #include "gemm/gemm_kernel.cuh"
 #include "gemm_fp8/gemm_fp8_kernel.cuh"
 #include "tp_common/reduce_tile.cuh"
 #include "tp_common/schedule.hpp"
+#include "tp_common/variants.hpp"
 #include "weave/lcsc.cuh"
 #include "weave/signal.cuh"
 #include "weave/store.cuh"
@@ -54,6 +57,8 @@ struct RsKernelT : Gemm {
   struct AuxShared {};
 
   static __host__ __device__ int num_work(const Globals& g) { return g.L.work(); }
+  // Whether this launch runs variant v (the globals carry its number).
+  static __device__ __forceinline__ bool is(const Globals& g, RsVariant v) { return g.variant == to_int(v); }
 
   static __device__ __forceinline__ void prologue(const Globals& g) {
     tile::tma::prefetch(&g.a);
@@ -78,11 +83,11 @@ struct RsKernelT : Gemm {
   // v1: the 64 aux threads zero this block's slice of the own output, then one system-scope
   // release tells every rank (their reduce-adds, an async proxy, follow an acquire + proxy fence).
   static __device__ __forceinline__ void aux(const Globals& g, AuxShared&, int compute_blocks, int t) {
-    if (g.variant == 5) {  // this call's output is free: rank + 1's step 1 may store into it
+    if (is(g, RsVariant::Chain)) {  // this call's output is free: rank + 1's step 1 may store into it
       if (blockIdx.x == 0 && t == 0 && g.L.W > 1) signal(g.zeroed, (g.rank + 1) % g.L.W, 0);
       return;
     }
-    if (g.variant != 1) return;
+    if (!is(g, RsVariant::ZeroFirst)) return;
     long long e0, e1;
     rs_zero_range(g.own_elems, static_cast<int>(blockIdx.x), compute_blocks, &e0, &e1);
     int4* p = reinterpret_cast<int4*>(g.own);
@@ -97,11 +102,11 @@ struct RsKernelT : Gemm {
   // reduce-add into its owner's output.
   static __device__ __forceinline__ void store(const Globals& g, Output& o, int w, int) {
     const Item t = rs_order(g.L, g.rank, w, g.variant);
-    if (g.variant == 5) {
+    if (is(g, RsVariant::Chain)) {
       store_chain(g, o, w, t);
       return;
     }
-    if (g.variant == 2) {  // inter-SM: the tile into the local scratch, then ready on its owner
+    if (is(g, RsVariant::InterSm)) {  // inter-SM: the tile into the local scratch, then ready on its owner
 #pragma unroll
       for (int j = 0; j < BN / 64; ++j) {
         const int n = t.n * BN + 64 * j;
@@ -113,9 +118,9 @@ struct RsKernelT : Gemm {
       signal(g.ready, t.owner, rs_ready_index(g.L, t));
       return;
     }
-    const bool own = t.owner == g.rank && g.variant == 0;
+    const bool own = t.owner == g.rank && is(g, RsVariant::OwnerFirst);
     const int idx = rs_ready_index(g.L, t);
-    if (g.variant == 1) {
+    if (is(g, RsVariant::ZeroFirst)) {
       if (w == static_cast<int>(blockIdx.x)) {
         for (int q = 0; q < g.L.W; ++q) wait(g.zeroed, q, g.zeroed_round * rs_zeroed_expected(gridDim.x));
         tile::fence_proxy_async_global();
@@ -195,8 +200,8 @@ struct RsKernelT : Gemm {
   // owner's block 0 then waits for every peer's adds, so the output is final when we return.
   static __device__ __forceinline__ void store_done(const Globals& g, int compute_blocks) {
     // v2: the communicator blocks end the call; v5: the own adds, last, waited for every peer's.
-    if (g.variant == 5 && static_cast<int>(blockIdx.x) < num_work(g)) chain_flush(g);  // (had a tile)
-    if (g.variant == 2 || g.variant == 5) return;
+    if (is(g, RsVariant::Chain) && static_cast<int>(blockIdx.x) < num_work(g)) chain_flush(g);  // (had a tile)
+    if (is(g, RsVariant::InterSm) || is(g, RsVariant::Chain)) return;
     const int b = static_cast<int>(blockIdx.x);
     for (int q = 0; q < g.L.W; ++q) {
       const int n = rs_block_adds(g.L, g.rank, b, compute_blocks, q, g.variant);

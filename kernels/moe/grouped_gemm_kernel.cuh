@@ -62,17 +62,6 @@ GroupedGlobals grouped_globals(gemm::BLayout layout, const __nv_bfloat16* X, con
                                __nv_bfloat16* Y, const int* counts, int E, int N, int K, int R_cap, int group_m,
                                int* status);
 
-namespace detail {
-__device__ __forceinline__ void load_3d(void* dst, const CUtensorMap* map, tile::Mbarrier* bar, int c0, int c1,
-                                        int c2) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], "
-      "[%2];" ::"r"(tile::smem_u32(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar->addr()), "r"(c0), "r"(c1), "r"(c2)
-      : "memory");
-}
-}  // namespace detail
-
 // Strided = true: the fixed-stride layout (its own instantiation: the packed kernel's code is
 // what it was without the option; `if constexpr` below keeps the two apart).
 template <gemm::BLayout L, bool Strided = false>
@@ -226,10 +215,11 @@ struct GroupedKernel : gemm::GemmKernel<kGroupedBN, L, 3> {
     const int k0 = it * BK;
     tile::tma::load_2d(s.a, &g.a, &full, k0, t.row0);
     if constexpr (L == gemm::BLayout::NK) {
-      detail::load_3d(s.b, &g.b, &full, k0, t.n * BN, t.expert);
+      tile::tma::load_3d(s.b, &g.b, &full, k0, t.n * BN, t.expert);
     } else {
 #pragma unroll
-      for (int j = 0; j < BN / 64; ++j) detail::load_3d(s.b + j * 64 * BK, &g.b, &full, t.n * BN + 64 * j, k0, t.expert);
+      for (int j = 0; j < BN / 64; ++j)
+        tile::tma::load_3d(s.b + j * 64 * BK, &g.b, &full, t.n * BN + 64 * j, k0, t.expert);
     }
   }
 

@@ -8,6 +8,7 @@
 // past its shard are clipped by a per-owner TMA map (loads read zeros, stores drop them).
 #pragma once
 #include "gemm/scheduler.hpp"
+#include "tp_common/variants.hpp"
 #include "weave/common/split.hpp"
 #include "weave/config.hpp"
 
@@ -75,7 +76,7 @@ __host__ __device__ inline Item item(const Layout& L, int rank, int w) {
 }
 
 // ---- gemm_rs (intra-SM) -------------------------------------------------------------------
-// Two variants; the tuner picks.
+// Two intra-SM variants (RsVariant, variants.hpp; InterSm (2) and Chain (5) below); the tuner picks.
 // Variant 0, owner first (order item()): the owner writes its own partial of each of its tiles
 // with a plain TMA store (so the output is overwritten each call), then signals `ready[tile]`
 // on every peer; a peer store-adds its partial into the owner's output only after that signal.
@@ -143,12 +144,12 @@ __host__ __device__ inline Item rs_chain_item(const Layout& L, int rank, int w) 
   }
   return owner_item(L, t, q, w);
 }
-// The w-th tile of rank `rank` in variant v's order.
+// The w-th tile of rank `rank` in variant v's order (v: RsVariant's number).
 __host__ __device__ inline Item rs_order(const Layout& L, int rank, int w, int v) {
-  return v == 1   ? rs_item(L, rank, w)
-         : v == 2 ? rs_item(L, 0, w)
-         : v == 5 ? rs_chain_item(L, rank, w)
-                  : item(L, rank, w);
+  return v == to_int(RsVariant::ZeroFirst) ? rs_item(L, rank, w)
+         : v == to_int(RsVariant::InterSm) ? rs_item(L, 0, w)
+         : v == to_int(RsVariant::Chain)   ? rs_chain_item(L, rank, w)
+                                           : item(L, rank, w);
 }
 // Variant 2: ready[idx] on the owner receives one signal from every rank per launch; done[0] on
 // every rank one per tile of every owner.
@@ -215,9 +216,9 @@ __host__ __device__ inline int ag_slices_aux(const Layout& L, long long row_byte
   const int cap = row_bytes / 64 > 1 ? static_cast<int>(row_bytes / 64) : 1;  // 128 rows x row_bytes / P >= 8 KB
   return p < cap ? p : cap;
 }
-// Aux-warp register push, variant v >= 3: blocks 0, s, 2s, ... of the compute blocks push
-// (s = 2^(v-3)), as pushers 0, 1, 2, ...
-__host__ __device__ inline int ag_aux_stride(int v) { return 1 << (v - 3); }
+// Aux-warp register push, variants v = 3..6 (AgVariant::AuxRegisterPush1..8): blocks 0, s, 2s, ...
+// of the compute blocks push (s = 2^(v-3)), as pushers 0, 1, 2, ...
+__host__ __device__ inline int ag_aux_stride(int v) { return 1 << (v - to_int(AgVariant::AuxRegisterPush1)); }
 __host__ __device__ inline int ag_aux_pushers(int compute_blocks, int v) {
   return (compute_blocks + ag_aux_stride(v) - 1) / ag_aux_stride(v);
 }

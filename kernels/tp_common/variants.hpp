@@ -1,7 +1,7 @@
 // The TP kernels' schedule variants, by name. Options::variant, LaunchInfo::variant, the tuner's
 // candidates and cache, weave-bench's --variant and its JSON keep the numbers (the enums' values,
 // fixed: a cached choice names its variant by number); the host code compares names. The kernels
-// receive the number (a field of their globals) and dispatch on it.
+// receive the number (a field of their globals) and dispatch on it by name too (to_int below).
 #pragma once
 #include <string_view>
 

@@ -30,8 +30,20 @@ from ._ops import run as _run
 
 _ops_ns = torch.ops.weave
 
-# Scores (float32 elements) per chunk of the unfused attention backward.
-CHUNK_ELEMS = int(os.environ.get("WEAVE_ATTN_BWD_CHUNK", "") or (1 << 26))
+
+# Scores per block of the unfused attention backward: $WEAVE_ATTN_BWD_CHUNK, its row in weave's
+# table of environment variables (include/weave/runtime/env.hpp: an int, unset or empty = 1 << 26).
+def _chunk_elems() -> int:
+    text = os.environ.get("WEAVE_ATTN_BWD_CHUNK", "")
+    if not text:
+        return 1 << 26
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"weave: WEAVE_ATTN_BWD_CHUNK='{text}' is not an integer (e.g. 0, 8)") from None
+
+
+CHUNK_ELEMS = _chunk_elems()
 
 
 def needs_grad(*tensors: Optional[torch.Tensor]) -> bool:

@@ -25,6 +25,7 @@
 #include "moe/gemm_combine.hpp"
 #include "moe/layer.hpp"
 #include "routing.hpp"
+#include "weave/runtime/env.hpp"
 
 namespace weave::moe::test {
 
@@ -87,7 +88,7 @@ struct BoundCheck {
     EXPECT_EQ(nonfinite, 0) << what << ": " << nonfinite << " outputs not finite (never written?)";
     EXPECT_EQ(over, 0) << what << ": " << over << " of " << n << " outputs past the bound, worst ratio " << worst
                        << " at " << worst_at;
-    if (comm().rank() == 0 && std::getenv("WEAVE_TEST_VERBOSE"))
+    if (comm().rank() == 0 && weave::env::get_bool("WEAVE_TEST_VERBOSE"))
       std::printf("  %s: worst ratio to the bound %.3g\n", what.c_str(), worst);
   }
 };

@@ -578,8 +578,8 @@ FAULTS = [
         "what": "grouped GEMM (W as N x K): expert 1's tiles multiply by expert 0's weight",
         "edits": [{
             "file": "kernels/moe/grouped_gemm_kernel.cuh",
-            "find": "      detail::load_3d(s.b, &g.b, &full, k0, t.n * BN, t.expert);",
-            "replace": "      detail::load_3d(s.b, &g.b, &full, k0, t.n * BN, t.expert == 1 ? 0 : t.expert);",
+            "find": "      tile::tma::load_3d(s.b, &g.b, &full, k0, t.n * BN, t.expert);",
+            "replace": "      tile::tma::load_3d(s.b, &g.b, &full, k0, t.n * BN, t.expert == 1 ? 0 : t.expert);",
         }],
         "tests": ["test_grouped_gemm_gpu"],
     },

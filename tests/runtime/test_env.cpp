@@ -89,7 +89,8 @@ TEST(Env, EveryRowParsesItsDefault) {
 // The defaults the README and the communicator's header state.
 TEST(Env, DefaultsAreTheDocumentedOnes) {
   Scoped a("WEAVE_HEAP_BYTES", nullptr), b("WEAVE_WAIT_TIMEOUT_S", nullptr), c("WEAVE_SHARE_GPUS", nullptr),
-      d("WEAVE_PDL", nullptr), e("WEAVE_TUNER_CACHE", nullptr), f("WEAVE_STRESS_SCALE", nullptr);
+      d("WEAVE_PDL", nullptr), e("WEAVE_TUNER_CACHE", nullptr), f("WEAVE_STRESS_SCALE", nullptr),
+      g("WEAVE_ATTN_BWD_CHUNK", nullptr), h("WEAVE_TEST_VERBOSE", nullptr);
   EXPECT_EQ(env::get_size("WEAVE_HEAP_BYTES"), size_t(1) << 30);
   EXPECT_EQ(env::get_seconds("WEAVE_WAIT_TIMEOUT_S"), weave::runtime::kDefaultWaitTimeoutS);
   EXPECT_EQ(env::get_seconds("WEAVE_WAIT_TIMEOUT_S"), 600.0);
@@ -98,6 +99,8 @@ TEST(Env, DefaultsAreTheDocumentedOnes) {
   EXPECT_TRUE(weave::pdl_allowed_by_env());
   EXPECT_EQ(env::get_string("WEAVE_TUNER_CACHE"), "");
   EXPECT_EQ(env::get_int("WEAVE_STRESS_SCALE"), 1);
+  EXPECT_EQ(env::get_int("WEAVE_ATTN_BWD_CHUNK"), 1 << 26);  // python/weave/autograd.py's default
+  EXPECT_FALSE(env::get_bool("WEAVE_TEST_VERBOSE"));
 }
 
 TEST(Env, SetValuesAreRead) {

@@ -6,6 +6,7 @@
 #include <exception>
 
 #include "bench.hpp"
+#include "weave/runtime/env.hpp"
 #include "weave/runtime/tuner.hpp"
 
 using namespace weave::bench;
@@ -43,8 +44,10 @@ int main(int argc, char** argv) {
   }
   if (!std::strcmp(argv[1], "gemm") && a.get("dtype") == "fp8") it = registry().find("gemm_fp8");  // gemm_fp8.cu
   // A benchmark measures steady state, not a first call: the tuner's full search (100 ms of
-  // warm-up per sample, five rounds) unless WEAVE_TUNER_BUDGET_S says otherwise.
-  if (!std::getenv("WEAVE_TUNER_BUDGET_S")) weave::runtime::Tuner::global().set_budget_s(0);
+  // warm-up per sample, five rounds) unless WEAVE_TUNER_BUDGET_S says otherwise (unset or empty:
+  // this default; the tuner reads a set value itself).
+  if (auto b = weave::env::raw("WEAVE_TUNER_BUDGET_S"); !b || b->empty())
+    weave::runtime::Tuner::global().set_budget_s(0);
   try {
     return it->second.fn(a);
   } catch (const std::exception& e) {

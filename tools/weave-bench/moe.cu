@@ -60,6 +60,7 @@
 #include "moe/low_latency.hpp"
 #include "recheck.hpp"
 #include "weave/runtime/communicator.hpp"
+#include "weave/runtime/env.hpp"
 
 using namespace weave;
 using namespace weave::bench;
@@ -853,8 +854,8 @@ struct Case {
 int run_moe_bench(const Args& args) {
   // Under weave-run -n W (W >= 2, or --world-rows): the expert-parallel rows; one rank: the grouped
   // GEMM rows below.
-  const char* ws = std::getenv("WEAVE_WORLD_SIZE");
-  const int world_size = ws ? std::atoi(ws) : 1;
+  const auto ws = weave::env::raw("WEAVE_WORLD_SIZE");  // set by weave-run; malformed: an error naming it
+  const int world_size = ws ? weave::env::parse_int("WEAVE_WORLD_SIZE", *ws) : 1;
   if ((world_size > 1 || args.has("world-rows")) && !args.has("list")) return world::run(args, world_size);
   if (args.has("list") && args.has("world")) return world::list(args, static_cast<int>(args.get_int("world", 2)));
   std::vector<Case> cases;

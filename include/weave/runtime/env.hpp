@@ -65,6 +65,10 @@ inline constexpr Var kVars[] = {
   {"WEAVE_BOOTSTRAP", Type::string, "", Who::user,
    "host:port of the rendezvous for jobs across hosts (`weave-run --nodes` sets a free loopback port "
    "unless it is set)"},
+  {"WEAVE_ATTN_BWD_CHUNK", Type::integer, "67108864", Who::user,
+   "the unfused attention backward in Python (`weave.autograd`) works on blocks of at most this many "
+   "scores (batch x the query heads of one kv head x query rows x keys; at least one row), which bounds "
+   "its temporary memory; Python reads it, the C++ library does not"},
   {"WEAVE_HOSTNAME", Type::string, "", Who::launcher,
    "set by `weave-run --nodes N`: this rank's node name (`<host>/node<k>`, ranks in contiguous blocks), "
    "which the network path's bootstrap uses instead of the host name, so one machine's ranks form N "
@@ -105,6 +109,8 @@ inline constexpr Var kVars[] = {
   {"WEAVE_STRESS_SCALE", Type::integer, "1", Who::test, "k: the stress tests run k times as many rounds"},
   {"WEAVE_TEST_GPUS", Type::integer, "", Who::test,
    "set by CTest: the GPUs a test binary needs; with fewer visible it reports skipped"},
+  {"WEAVE_TEST_VERBOSE", Type::boolean, "0", Who::test,
+   "1: the MoE layer tests print each check's worst ratio to its bound (rank 0)"},
   {"WEAVE_BENCH_SUITE", Type::string, "primitives collectives gemm attention moe tp sp", Who::script,
    "the `weave-bench` subcommands `make bench` runs"},
 };

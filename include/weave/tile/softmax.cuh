@@ -31,16 +31,6 @@ __device__ __forceinline__ void row_max(const float (&d)[R], float (&m)[2]) {
     m[r] = quad_max(v);
   }
 }
-template <int R>
-__device__ __forceinline__ void row_sum(const float (&d)[R], float (&s)[2]) {
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float v = 0.f;
-#pragma unroll
-    for (int j = 0; j < R / 4; ++j) v += d[4 * j + 2 * r] + d[4 * j + 2 * r + 1];
-    s[r] = quad_sum(v);
-  }
-}
 // d = exp2(d * scale - m * scale): one FFMA and one MUFU.EX2 per element (scale folds
 // log2(e) and the softmax temperature).
 template <int R>

@@ -33,6 +33,16 @@ __device__ __forceinline__ void load_2d_multicast(void* dst, const CUtensorMap* 
       : "memory");
 }
 
+// 3-D boxes (coordinates innermost first), e.g. {k, n, expert} of E stacked matrices: a box
+// never crosses into the next matrix, and overhangs of the two inner dimensions zero-fill.
+__device__ __forceinline__ void load_3d(void* dst, const CUtensorMap* map, Mbarrier* bar, int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], "
+      "[%2];" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar->addr()), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+
 // 4-D boxes (coordinates innermost first), e.g. {d, head, sequence, batch} of a (B, S, H, D)
 // tensor: one (batch, head) slice of rows, zero-filled past the sequence end on load, clipped
 // there on store.
