@@ -92,10 +92,11 @@ Launch launch_choice(int M, int N, int K, BLayout bl, const Options& opt, bool f
   const bool aligned =
       pitch_aligned(opt.a_layout == ALayout::KM ? M : K) && pitch_aligned(bl == BLayout::NK ? K : N);
   if (opt.tile == Tile::SwappedW) {  // clusters on a misaligned pitch, as the planner would run it
-    WEAVE_CHECK(bl == BLayout::NK && M <= kSwappedMaxTokenTiles * kSwappedWideMaxM,
-                "gemm: the swapped 128 x w tile takes B as N x K and M <= ", kSwappedMaxTokenTiles * kSwappedWideMaxM,
-                "; got M = ", M, bl == BLayout::NK ? "" : ", B as K x N");
-    const int cluster = !aligned && pairs > 0 ? 2 : 1;
+    WEAVE_CHECK(bl == BLayout::NK, "gemm: the swapped 128 x w tile takes B as N x K");
+    WEAVE_CHECK(opt.tile_cluster >= 0 && opt.tile_cluster <= 2 && (opt.tile_cluster != 2 || pairs > 0),
+                "gemm: tile_cluster must be 0, 1 or 2 (2: with an even num_comm_sms on a device with 2-CTA "
+                "clusters); got ", opt.tile_cluster, " (num_comm_sms = ", opt.lcsc.num_comm_sms, ")");
+    const int cluster = opt.tile_cluster > 0 ? opt.tile_cluster : !aligned && pairs > 0 ? 2 : 1;
     return {opt.tile, plain && opt.split_k > 1 ? opt.split_k : 1, cluster == 2 ? pairs : blocks, opt.tile_n, cluster};
   }
   if (opt.tile != Tile::Auto) {

@@ -29,8 +29,8 @@ namespace weave::gemm {
 // SwappedW: a forward X W^T with few tokens (W stored N x K, A M x K): the operands swapped onto
 // the wgmma, 128 weight rows on its M side and w = Options::tile_n (one of kSwappedWidths) tokens
 // on its N side, the tile stored transposed; the stages then hold weights, not the empty rows of a
-// 128-row token tile. One token tile up to kSwappedWideMaxM tokens, up to three (plan.hpp's
-// kSwappedMaxTokenTiles) above. A bf16 output without bias; split-K.
+// 128-row token tile. Any number of token tiles (the planner: plan.hpp). A bf16 output without
+// bias; split-K.
 // Auto: the planner's choice (kernels/gemm/plan.hpp).
 enum class Tile : int {
   Auto = 0,
@@ -55,9 +55,10 @@ constexpr bool is_wide_width(int w) {
   return false;
 }
 
-// The token widths of Tile::SwappedW (wgmma N), and the largest M it takes.
+// The token widths of Tile::SwappedW (wgmma N), and the most tokens one token tile holds.
 // 256 ran at 0.55-0.68 of cuBLAS where 128-row tiles ran 0.78-0.96 (3 stages; docs/perf-notes.md).
-inline constexpr int kSwappedWidths[] = {32, 64, 96, 128, 160, 192};
+// 144 and 176 (the stages of 160 and 192) fit several token tiles closer to M (520 tokens: 3 x 176).
+inline constexpr int kSwappedWidths[] = {32, 64, 96, 128, 144, 160, 176, 192};
 inline constexpr int kSwappedWideMaxM = 192;
 constexpr bool is_swapped_width(int w) {
   for (int v : kSwappedWidths)
@@ -84,6 +85,9 @@ struct Options {
   // 128x256, 128x192 and 64x128 tiles with the default epilogue (A M x K, bf16 C, no bias) split.
   int split_k = 0;
   int tile_n = 0;  // the width of Tile::M128Nw (kWideWidths) or SwappedW (kSwappedWidths); unused by the others
+  // A forced SwappedW's CTAs per cluster: 1, 2 (the token tile multicast), or 0: 2 on a misaligned
+  // pitch, as the planner runs it. Unused by the other tiles.
+  int tile_cluster = 0;
   ALayout a_layout = ALayout::MK;      // KM: A stored K x M (weight gradient dY^T X); M % 8 == 0
   BiasType bias_type = BiasType::None;  // BF16 / F32: bias points to N values of that type
   const void* bias = nullptr;          // added to every row of C in fp32, before rounding
@@ -97,8 +101,8 @@ struct Options {
 // The experimental tiles (M128N256S4, M128N256C2) take only the defaults: A M x K, bf16 output,
 // no bias; M128N192 takes A M x K and a bf16 output; M128Nw takes A M x K, B N x K, a bf16 output
 // and opt.tile_n in kWideWidths; Swapped takes M <= 16, A M x K, B N x K and no
-// communicator SMs; SwappedW takes M <= 3 kSwappedWideMaxM, A M x K, B N x K, a bf16 output without
-// bias and opt.tile_n in kSwappedWidths. Returns the grid it launched.
+// communicator SMs; SwappedW takes A M x K, B N x K, a bf16 output without bias, opt.tile_n in
+// kSwappedWidths and opt.tile_cluster in 0..2. Returns the grid it launched.
 lcsc::Plan gemm(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C, int M, int N, int K, BLayout b,
                 const Options& opt = {}, cudaStream_t stream = nullptr);
 // The same with an fp32 output (C += accumulates in fp32 through TMA reduce-add stores).

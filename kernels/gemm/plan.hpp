@@ -52,9 +52,9 @@ struct Choice {
 };
 
 // The most token tiles the planner runs the swapped 128 x w tile over (above kSwappedWideMaxM
-// tokens; a forced SwappedW takes M up to this many times kSwappedWideMaxM). Four tiles of at most
-// kSwappedTilesMaxWidth never pad fewer rows than the 128-row tiles.
-inline constexpr int kSwappedMaxTokenTiles = 3;
+// tokens). Eight tiles of up to 192 tokens reach 1536 tokens; above that the 128-row tiles pad at
+// most 8 % of their rows, and the swapped tile was measured up to 1100 tokens (docs/perf-notes.md).
+inline constexpr int kSwappedMaxTokenTiles = 8;
 
 namespace plan_model {
 // Fitted (docs/perf-notes.md, 2026-12-02c) to every tile and split on the 22 rows of the models
@@ -99,11 +99,18 @@ inline constexpr double kSwappedLatency = 2.6;
 inline constexpr double kSwappedCompute = 0.9;
 // Over three or more token tiles each weight panel is read once per token tile: fitted to 81 rows
 // of 200-480 tokens (2026-12-04), where at 0.9 the 3 x 160 tiles of 400-480 tokens were picked and
-// ran up to 12 % slower than the 128-row tiles (two token tiles keep 0.9: measured right).
+// ran up to 12 % slower than the 128-row tiles (two token tiles keep 0.9: measured right). On 64
+// rows of 300-1100 tokens over 3-7 token tiles of 144-192 the time measured against the other
+// tiles' model put the factor at 0.80-1.12, median 1.0; 1.05 picked best there (perf-notes, 12-04
+// second session).
 inline constexpr double kSwappedComputeTiles = 1.05;  // three or more token tiles
-// The widest token tile run over several: 192 (4 stages) ran 0.31-0.89 of cuBLAS as two token
-// tiles of 200-384 tokens, below 160 or the 128-row tiles on every such row.
-inline constexpr int kSwappedTilesMaxWidth = 160;
+// ... and, with every worker busy, no less than the L2 -> SM bytes of its iteration ((128 + w) rows
+// of 128 B) against a 128x256 iteration's 384 rows, which runs near that bandwidth, at this factor:
+// five and six token tiles of 96 ran 0.60-0.81 of cuBLAS where the 128-row tiles ran 0.82-0.95
+// (450 x 53248 x 16384, 520 x 13824 x 5120, 520 x 18432 x 7168), while three of 96 on a part-idle
+// machine (288 x 4096 x 14336: 96 items on 132 SMs) ran 0.89 against 0.57. Fitted on the 256
+// measured rows of 200-1500 tokens (perf-notes, 2026-12-04 second session).
+inline constexpr double kSwappedTilesBytes = 0.8;
 inline constexpr double kMisalignedSwapped = 1.35;  // a pitch off the 128-byte grid (then 2-CTA clusters)
 inline constexpr int kMaxSplitsSwapped = 2;         // 3-4 splits of a few dozen weight panels lost
 
@@ -165,9 +172,9 @@ inline Choice plan_gemm(const PlanInputs& in) {
   //
   // Above kSwappedWideMaxM tokens: t = 2 .. kSwappedMaxTokenTiles token tiles of the narrowest width
   // that holds M / t tokens, each where it pads fewer token rows than the 128-row tiles do (t w <
-  // 128 ceil(M / 128): 288 tokens as 3 x 96 or 320 as 2 x 160, against 384 rows). There 128-row
-  // tiles ran 0.43-0.87 of cuBLAS, which runs such rows swapped with a token width fitted to M
-  // (docs/perf-notes.md, 2026-12-04). Measured unsplit only.
+  // 128 ceil(M / 128): 288 tokens as 3 x 96, 320 as 2 x 160, 520 as 3 x 176, against 384 and 640
+  // rows). There 128-row tiles ran 0.43-0.87 of cuBLAS, which runs such rows swapped with a token
+  // width fitted to M (docs/perf-notes.md, 2026-12-04). Measured unsplit only.
   auto consider_swapped_tiles = [&](Choice& best, int w, int token_tiles) {
     // 64 and 128 tokens fill the 64- and 128-row tiles exactly (nothing to save) and there the
     // swapped tile measured 0.94-1.0 of them.
@@ -177,9 +184,11 @@ inline Choice plan_gemm(const PlanInputs& in) {
     const int panels = ceil_div(in.N, 128);
     const double round_trip = kSwappedLatency / detail::swapped_wide_stages(w);
     const double compute = (token_tiles > 2 ? kSwappedComputeTiles : kSwappedCompute) * w / 256.0;
-    const double unit = std::max(round_trip, compute) * (in.aligned ? 1.0 : kMisalignedSwapped);
-    const SplitChoice c = split_choice((pair ? ceil_div(panels, 2) : panels) * token_tiles, iters, workers, false, unit,
-                                       in.split_k && token_tiles == 1, kMaxSplitsSwapped);
+    const int items = (pair ? ceil_div(panels, 2) : panels) * token_tiles;
+    const double bytes = token_tiles > 2 && items >= workers ? kSwappedTilesBytes * (128 + w) / 384.0 : 0.0;
+    const double unit = std::max({round_trip, compute, bytes}) * (in.aligned ? 1.0 : kMisalignedSwapped);
+    const SplitChoice c =
+        split_choice(items, iters, workers, false, unit, in.split_k && token_tiles == 1, kMaxSplitsSwapped);
     consider(best, Choice{Tile::SwappedW, c.splits, workers, c.cost, w, pair ? 2 : 1});
   };
   auto consider_swapped = [&](Choice& best) {
@@ -188,7 +197,7 @@ inline Choice plan_gemm(const PlanInputs& in) {
     if (!in.swapped_tiles) return;
     for (int t = 2; t <= kSwappedMaxTokenTiles; ++t) {
       const int w = swapped_width(ceil_div(in.M, t));
-      if (w > 0 && w <= kSwappedTilesMaxWidth && t * w < 128 * ceil_div(in.M, 128)) consider_swapped_tiles(best, w, t);
+      if (w > 0 && t * w < 128 * ceil_div(in.M, 128)) consider_swapped_tiles(best, w, t);
     }
   };
   // Decode (M <= 64): the 64-row tile, whose 8 stages keep twice the weight bytes in flight per SM

@@ -293,7 +293,7 @@ TEST(GemmShape, SwappedWideTileArgs) {
   EXPECT_NE(error_of([&] { gemm::validate_args(p, p, p, 128, 128, 128, o, false); }).find("A as K x M"),
             std::string::npos);
   EXPECT_EQ(gemm::launch_name({gemm::Tile::SwappedW, 2, 132, 96}), "sw128x96/k2");
-  EXPECT_EQ(gemm::swapped_widths_text(), "32, 64, 96, 128, 160, 192");
+  EXPECT_EQ(gemm::swapped_widths_text(), "32, 64, 96, 128, 144, 160, 176, 192");
 }
 
 TEST(GemmShape, TileNames) {

@@ -70,7 +70,8 @@ struct Variant {
   int comm = 0;
   bool samples = false;
   int split_k = 0;  // Options::split_k
-  int tile_n = 0;   // Options::tile_n (Tile::M128Nw)
+  int tile_n = 0;   // Options::tile_n (Tile::M128Nw, SwappedW)
+  int tile_cluster = 0;  // Options::tile_cluster (SwappedW)
 };
 
 // Uniform in [-scale, scale) with 24 random bits: almost never a bf16 value, so a kernel that
@@ -150,7 +151,7 @@ std::string case_name(Case cs, const Variant& v) {
   return std::to_string(cs.M) + "x" + std::to_string(cs.N) + "x" + std::to_string(cs.K) +
          (v.al == gemm::ALayout::KM ? " A KM" : "") + (v.bl == gemm::BLayout::KN ? " KN" : " NK") + " tile " +
          (v.tile == gemm::Tile::M128Nw   ? "128x" + std::to_string(v.tile_n)
-          : v.tile == gemm::Tile::SwappedW ? "sw128x" + std::to_string(v.tile_n)
+          : v.tile == gemm::Tile::SwappedW ? "sw128x" + std::to_string(v.tile_n) + (v.tile_cluster ? "c" + std::to_string(v.tile_cluster) : "")
                                            : std::string(gemm::tile_name(v.tile))) +
          (v.split_k > 1 ? " k" + std::to_string(v.split_k) : "") + (v.f32_out ? " C fp32" : "") + bias + (v.accumulate ? " C+=" : "") + " comm " +
          std::to_string(v.comm);
@@ -199,6 +200,7 @@ void run_typed(Case cs, const Variant& v) {
   o.bias = bias;
   o.split_k = v.split_k;
   o.tile_n = v.tile_n;
+  o.tile_cluster = v.tile_cluster;
   gemm::gemm(A.p, B.p, C.p, M, N, K, v.bl, o, nullptr);
   WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
   const check::Bound bound = f32 ? check::gemm_f32_bound() : bound_for(v.accumulate);
@@ -452,7 +454,8 @@ TEST(Gemm, WideTiles) {
 // than one token tile), N off the 128- and 64-row grids (a half-empty second staging block, an
 // odd count of weight panels for the clusters), K ragged and aligned (2-CTA clusters and single
 // CTAs); plain, C +=, split-K 2 and 3 (also with C +=), communicator SMs; the rejected epilogues;
-// two and three token tiles; and the planner's choice on forward rows of 17-448 tokens.
+// two to eight token tiles, forced clusters both ways; and the planner's choice on forward rows of
+// 17-1000 tokens.
 TEST(Gemm, SwappedWideTiles) {
   for (int w : gemm::kSwappedWidths) {
     // K off the 64 grid runs in 2-CTA clusters (the token tile multicast), K on it in single CTAs.
@@ -476,7 +479,10 @@ TEST(Gemm, SwappedWideTiles) {
   WEAVE_CUDA_CHECK(cudaMalloc(&p, 1 << 22));
   gemm::Options o;
   o.tile = gemm::Tile::SwappedW, o.tile_n = 96;
-  expect_error<Error>([&] { gemm::gemm(p, p, p, 577, 128, 64, gemm::BLayout::NK, o); }, "M = 577", "M <= 576");
+  o.tile_cluster = 3;
+  expect_error<Error>([&] { gemm::gemm(p, p, p, 577, 128, 64, gemm::BLayout::NK, o); }, "tile_cluster 3",
+                      "tile_cluster must be 0, 1 or 2");
+  o.tile_cluster = 0;
   expect_error<Error>([&] { gemm::gemm(p, p, p, 64, 128, 64, gemm::BLayout::KN, o); }, "B as K x N", "B as N x K");
   expect_error<Error>([&] { gemm::gemm(p, p, reinterpret_cast<float*>(p), 64, 128, 64, gemm::BLayout::NK, o); },
                       "fp32 output", "an fp32 output");
@@ -485,23 +491,29 @@ TEST(Gemm, SwappedWideTiles) {
   o.bias_type = gemm::BiasType::None, o.bias = nullptr, o.tile_n = 100;
   expect_error<Error>([&] { gemm::gemm(p, p, p, 64, 128, 64, gemm::BLayout::NK, o); }, "tile_n 100", "tile_n = 100");
   WEAVE_CUDA_CHECK(cudaFree(p));
-  // Two and three token tiles (257-480 tokens), forced and as the planner picks them, single CTAs
-  // and 2-CTA clusters.
+  // Two to eight token tiles (257-1500 tokens), forced and as the planner picks them, single CTAs and
+  // 2-CTA clusters (cluster 0: as the pitch decides; 1 and 2 forced either way).
   struct Forced {
     Case c;
     int w;
+    int cluster;
   };
-  for (Forced f : {Forced{{300, 14344, 1032}, 160}, Forced{{257, 392, 4104}, 160}, Forced{{320, 1000, 2048}, 160},
-                   Forced{{288, 4104, 1032}, 96}, Forced{{401, 1000, 2048}, 160}, Forced{{576, 392, 520}, 192}}) {
+  for (Forced f : {Forced{{300, 14344, 1032}, 160, 0}, Forced{{257, 392, 4104}, 160, 0},
+                   Forced{{320, 1000, 2048}, 160, 0}, Forced{{288, 4104, 1032}, 96, 0},
+                   Forced{{401, 1000, 2048}, 160, 0}, Forced{{576, 392, 520}, 192, 0},
+                   Forced{{521, 1000, 2048}, 176, 0}, Forced{{1001, 392, 1032}, 144, 2},
+                   Forced{{1100, 4104, 1032}, 160, 1}, Forced{{1497, 1000, 520}, 192, 0}}) {
     Variant v;
     v.bl = gemm::BLayout::NK, v.tile = gemm::Tile::SwappedW, v.tile_n = f.w, v.samples = true;
+    v.tile_cluster = f.cluster;
     run_case(f.c, v);
     v.accumulate = true;
     run_case(f.c, v);
   }
   for (Case c : {Case{17, 14336, 4096}, Case{77, 14344, 4104}, Case{128, 8192, 2048}, Case{200, 4104, 1032},
                  Case{256, 14336, 520}, Case{300, 14336, 4096}, Case{288, 14344, 4104}, Case{288, 5120, 13824},
-                 Case{448, 11008, 4096}}) {
+                 Case{448, 11008, 4096}, Case{140, 8192, 2048}, Case{170, 14336, 4096}, Case{520, 14336, 4096},
+                 Case{900, 11008, 4096}, Case{1000, 13832, 5128}}) {
     Variant v;
     v.bl = gemm::BLayout::NK;
     run_case(c, v);

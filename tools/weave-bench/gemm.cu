@@ -10,14 +10,15 @@
 // uniform in [-1, 1) the step's 64 products have standard deviation s * 8 / sqrt(K), >= 0.0625 s
 // for K <= 16384, 12 bounds.
 //
-//   weave-bench gemm [--json FILE] [--set core|models] [--list] [--shapes MxNxK,...] [--layout kn|nk]
-//                    [--a-layout mk|km] [--tile auto|256|192|128|64|swapped|w96..w208|sw32..sw192] [--group G] [--comm 0,8,16,32]
+//   weave-bench gemm [--json FILE] [--set core|models|tokens] [--list] [--shapes MxNxK,...] [--layout kn|nk]
+//                    [--a-layout mk|km] [--tile auto|256|192|128|64|swapped|w96..w208|sw32..sw192[c1|c2]] [--group G] [--comm 0,8,16,32]
 //                    [--split-k N] [--target-ms T] [--no-balance]
 // --set core (the default): the eight shapes the GEMM was tuned on, B as --layout says (nk), A as
 // --a-layout says (mk: M x K; km: K x M).
 // --set models: shapes of real models' MLP layers in all three layouts of a training step, plus
 // ragged ones (below, and kernels/gemm/README.md); --layout kn|nk keeps only the rows of that
-// B layout. --split-k: 0 = the planner's choice (the default), 1 = never, N = the last partial
+// B layout. --set tokens: the models' forward rows at 136-1500 tokens, off the 64-token grid.
+// --split-k: 0 = the planner's choice (the default), 1 = never, N = the last partial
 // round's tiles split N ways where the tile allows; the tile column says "/kN" where it split.
 // --shapes replaces the set. --list prints the set as JSON lines and exits (no GPU).
 #include <cuda_bf16.h>
@@ -101,6 +102,25 @@ const Case kRagged[] = {
     {{4095, 1000, 8200}, gemm::BLayout::KN},    {{12345, 2056, 1032}, gemm::BLayout::KN},
 };
 
+// --set tokens: the forward rows (X W^T, both projections of each model above) at batch sizes off the
+// 64-token grid between decode and prefill, where a 128-row token tile pads the most rows (264
+// tokens: 384 computed) and cuBLAS fits a swapped tile's token width to M (docs/perf-notes.md,
+// 2026-12-04). The models set's forward token counts are multiples of 64 and would not show it.
+const int kBandTokens[] = {136, 176, 200, 300, 360, 450, 520, 600, 700, 840, 900, 1000, 1100, 1300, 1500};
+
+std::vector<Case> tokens_set() {
+  std::vector<Case> v;
+  for (const Model& m : kModels)
+    for (int T : kBandTokens)
+      for (const bool up : {true, false}) {
+        Case c;
+        c.model = m.name, c.pass = "fwd", c.proj = up ? "up" : "down", c.tokens = T;
+        c.s = {T, up ? m.ffn : m.hidden, up ? m.hidden : m.ffn};
+        v.push_back(c);
+      }
+  return v;
+}
+
 std::vector<Case> models_set() {
   std::vector<Case> v;
   for (const Model& m : kModels)
@@ -180,11 +200,12 @@ int run_gemm_bench(const Args& args) {
   const std::string a_arg = args.get("a-layout", "mk");
   WEAVE_CHECK(a_arg == "mk" || a_arg == "km", "unknown --a-layout '", a_arg, "' (want mk or km)");
   std::vector<Case> cases;
-  if (set_name == "models") {
-    for (const Case& c : models_set())
+  if (set_name == "models" || set_name == "tokens") {
+    for (const Case& c : set_name == "models" ? models_set() : tokens_set())
       if (!args.has("layout") || c.bl == layout) cases.push_back(c);
   } else {
-    WEAVE_CHECK(set_name == "core" || set_name == "custom", "unknown --set '", set_name, "' (want core or models)");
+    WEAVE_CHECK(set_name == "core" || set_name == "custom", "unknown --set '", set_name,
+                "' (want core, models or tokens)");
     for (const Shape& s : set_name == "custom" ? parse_shapes(args.get("shapes")) : kCore) {
       Case c{s, layout};
       c.a_km = a_arg == "km";
@@ -224,9 +245,13 @@ int run_gemm_bench(const Args& args) {
   int tile_n = wide_tile_width(args.get("tile"), "gemm");  // --tile w144: the 128 x 144 tile
   if (tile_n < 0) return 2;
   if (tile_n > 0) tile = gemm::Tile::M128Nw;
-  if (args.get("tile").rfind("sw", 0) == 0) {  // --tile sw96: the swapped 128 x 96 tile
-    tile_n = std::atoi(args.get("tile").c_str() + 2);
-    if (!gemm::is_swapped_width(tile_n)) {
+  int tile_cluster = 0;
+  if (args.get("tile").rfind("sw", 0) == 0) {  // --tile sw96: the swapped 128 x 96 tile; sw96c2: in 2-CTA clusters
+    const std::string t = args.get("tile");
+    const size_t c = t.find('c');
+    tile_n = std::atoi(t.c_str() + 2);
+    if (c != std::string::npos) tile_cluster = t.substr(c) == "c1" ? 1 : t.substr(c) == "c2" ? 2 : -1;
+    if (!gemm::is_swapped_width(tile_n) || tile_cluster < 0) {
       std::fprintf(stderr, "weave-bench gemm: --tile %s: no such width (swapped widths: %s)\n", args.get("tile").c_str(),
                    gemm::swapped_widths_text().c_str());
       return 2;
@@ -333,6 +358,7 @@ int run_gemm_bench(const Args& args) {
       o.a_layout = al;
       o.split_k = split_k;
       o.tile_n = tile_n;
+      o.tile_cluster = tile_cluster;
       const gemm::Launch choice = gemm::choose_launch(s.M, s.N, s.K, bl, o);
       const std::string used_name = gemm::launch_name(choice);
       const char* used = used_name.c_str();
@@ -424,9 +450,9 @@ int run_gemm_bench(const Args& args) {
 }  // namespace
 
 WEAVE_BENCH(gemm,
-            "bf16 GEMM: weave vs cuBLASLt (--set core|models: the 8 tuned shapes (default) or real models' MLP "
-            "shapes in all three training layouts plus ragged ones; --list prints the set, no GPU needed; "
-            "--shapes MxNxK,... --layout kn|nk --a-layout mk|km --tile auto|256|128|192|256s4|256c2|64|swapped|w96|w112|w144|w160|w176|w208|sw32|sw64|sw96|sw128|sw160|sw192 --split-k N --group G --comm 0,8 --no-balance "
+            "bf16 GEMM: weave vs cuBLASLt (--set core|models|tokens: the 8 tuned shapes (default), real models' MLP "
+            "shapes in all three training layouts plus ragged ones, or their forward rows at 136-1500 tokens; --list prints the set, no GPU needed; "
+            "--shapes MxNxK,... --layout kn|nk --a-layout mk|km --tile auto|256|128|192|256s4|256c2|64|swapped|w96|w112|w144|w160|w176|w208|sw32..sw192[c1|c2] --split-k N --group G --comm 0,8 --no-balance "
             "--accumulate --trace N)",
             run_gemm_bench);
 
