@@ -99,6 +99,12 @@ Launch launch_choice(int M, int N, int K, BLayout bl, const Options& opt, bool f
     const int cluster = opt.tile_cluster > 0 ? opt.tile_cluster : !aligned && pairs > 0 ? 2 : 1;
     return {opt.tile, plain && opt.split_k > 1 ? opt.split_k : 1, cluster == 2 ? pairs : blocks, opt.tile_n, cluster};
   }
+  if (opt.tile == Tile::SwappedW256) {
+    WEAVE_CHECK(bl == BLayout::NK && opt.tile_cluster <= 1 && opt.split_k <= 1,
+                "gemm: the swapped 256 x w tile takes B as N x K, single CTAs (tile_cluster 0 or 1) and no split-K; got ",
+                bl == BLayout::NK ? "" : "B as K x N, ", "tile_cluster = ", opt.tile_cluster, ", split_k = ", opt.split_k);
+    return {opt.tile, 1, blocks, opt.tile_n, 1};
+  }
   if (opt.tile != Tile::Auto) {
     const bool splittable = plain && (opt.tile == Tile::M128N256 || opt.tile == Tile::M128N256C2 ||
                                       opt.tile == Tile::M64N128 || opt.tile == Tile::M128N192 ||
@@ -115,10 +121,10 @@ Launch launch_choice(int M, int N, int K, BLayout bl, const Options& opt, bool f
   in.wide = mid_ok && bl == BLayout::NK;
   in.split_k = plain && opt.split_k != 1;
   in.swapped = bl == BLayout::NK && opt.a_layout == ALayout::MK && opt.lcsc.num_comm_sms == 0 && opt.split_k <= 1;
-  in.swapped_wide = in.swapped_tiles = plain && bl == BLayout::NK;
+  in.swapped_wide = in.swapped_tiles = in.swapped256 = plain && bl == BLayout::NK;
   const Choice c = plan_gemm(in);
   int splits = c.splits;
-  if (plain && opt.split_k > 1 && c.tile != Tile::M128N128) splits = opt.split_k;
+  if (plain && opt.split_k > 1 && c.tile != Tile::M128N128 && c.tile != Tile::SwappedW256) splits = opt.split_k;
   return {c.tile, splits, c.workers, c.width, c.cluster};
 }
 
@@ -156,6 +162,7 @@ lcsc::Plan dispatch(const bf16* A, const bf16* B, OutT* C, int M, int N, int K, 
     const bool bias = opt.bias_type != BiasType::None;
     if (t == Tile::M128Nw) return detail::run_wide(A, B, C, M, N, K, opt, group_m, stream, l);
     if (t == Tile::SwappedW) return detail::run_swapped_wide(A, B, C, M, N, K, opt, group_m, stream, l);
+    if (t == Tile::SwappedW256) return detail::run_swapped_wide256(A, B, C, M, N, K, opt, group_m, stream, l);
     if (t == Tile::M128N192) {  // A M x K only (validate_args, launch_choice)
       if (bias)
         return nk ? run<MidE<BLayout::NK, ALayout::MK, bf16, true>>(A, B, C, M, N, K, opt, group_m, stream)
@@ -209,7 +216,12 @@ void validate_args(const void* A, const void* B, const void* C, int M, int N, in
   }
   const bool defaults = opt.a_layout == ALayout::MK && !f32_out && opt.bias_type == BiasType::None;
   const int tv = static_cast<int>(opt.tile);
-  WEAVE_CHECK(tv >= static_cast<int>(Tile::Auto) && tv <= static_cast<int>(Tile::SwappedW), "gemm: unknown tile ", tv);
+  WEAVE_CHECK(tv >= static_cast<int>(Tile::Auto) && tv <= static_cast<int>(Tile::SwappedW256), "gemm: unknown tile ",
+              tv);
+  WEAVE_CHECK(opt.tile != Tile::SwappedW256 || (defaults && is_swapped256_width(opt.tile_n)),
+              "gemm: the swapped 256 x w tile supports only A as M x K and a bf16 output without bias, with tile_n one of ",
+              swapped256_widths_text(), "; got tile_n = ", opt.tile_n, opt.a_layout == ALayout::MK ? "" : ", A as K x M",
+              f32_out ? ", an fp32 output" : "", opt.bias_type == BiasType::None ? "" : ", a bias");
   WEAVE_CHECK(opt.tile != Tile::SwappedW || (defaults && is_swapped_width(opt.tile_n)),
               "gemm: the swapped 128 x w tile supports only A as M x K and a bf16 output without bias, with tile_n one of ",
               swapped_widths_text(), "; got tile_n = ", opt.tile_n, opt.a_layout == ALayout::MK ? "" : ", A as K x M",
@@ -236,6 +248,7 @@ const char* tile_name(Tile t) {
     case Tile::Swapped: return "swapped";
     case Tile::M128Nw: return "128xw";
     case Tile::SwappedW: return "sw128xw";
+    case Tile::SwappedW256: return "sw256xw";
     default: return "auto";
   }
 }
@@ -247,6 +260,7 @@ std::string widths_text(const int* widths, size_t count) {
 }
 std::string wide_widths_text() { return widths_text(kWideWidths, std::size(kWideWidths)); }
 std::string swapped_widths_text() { return widths_text(kSwappedWidths, std::size(kSwappedWidths)); }
+std::string swapped256_widths_text() { return widths_text(kSwapped256Widths, std::size(kSwapped256Widths)); }
 
 std::string launch_label(const char* tile, int width, int splits) {
   const std::string s = width > 0 ? "128x" + std::to_string(width) : tile;
@@ -256,6 +270,7 @@ std::string launch_label(const char* tile, int width, int splits) {
 std::string launch_name(const Launch& l) {
   if (l.tile == Tile::SwappedW)
     return launch_label(("sw128x" + std::to_string(l.width) + (l.cluster == 2 ? "c2" : "")).c_str(), 0, l.splits);
+  if (l.tile == Tile::SwappedW256) return launch_label(("sw256x" + std::to_string(l.width)).c_str(), 0, l.splits);
   return launch_label(tile_name(l.tile), l.tile == Tile::M128Nw ? l.width : 0, l.splits);
 }
 

@@ -31,6 +31,10 @@ namespace weave::gemm {
 // on its N side, the tile stored transposed; the stages then hold weights, not the empty rows of a
 // 128-row token tile. Any number of token tiles (the planner: plan.hpp). A bf16 output without
 // bias; split-K.
+// SwappedW256: SwappedW with 256 weight rows per tile (each consumer two m64 accumulators sharing
+// the token operand: a token row loaded feeds twice the FLOPs), w = Options::tile_n in
+// kSwapped256Widths, 3-4 stages, single CTAs, unsplit; for several token tiles of a few hundred
+// to a few thousand tokens.
 // Auto: the planner's choice (kernels/gemm/plan.hpp).
 enum class Tile : int {
   Auto = 0,
@@ -42,7 +46,8 @@ enum class Tile : int {
   M128N192 = 6,
   Swapped = 7,
   M128Nw = 8,
-  SwappedW = 9
+  SwappedW = 9,
+  SwappedW256 = 10
 };
 
 // The widths of Tile::M128Nw: multiples of 16 (two 8-column blocks per stmatrix) between the
@@ -65,6 +70,14 @@ constexpr bool is_swapped_width(int w) {
     if (v == w) return true;
   return false;
 }
+// The token widths of Tile::SwappedW256: each consumer holds two w / 2-float accumulators, so w
+// stays below ~184 (232 registers).
+inline constexpr int kSwapped256Widths[] = {128, 144, 160, 176};
+constexpr bool is_swapped256_width(int w) {
+  for (int v : kSwapped256Widths)
+    if (v == w) return true;
+  return false;
+}
 // The narrowest swapped width that holds M tokens (0: more than kSwappedWideMaxM).
 constexpr int swapped_width(int M) {
   for (int v : kSwappedWidths)
@@ -84,7 +97,8 @@ struct Options {
   // (kernels/gemm/plan.hpp; with a given tile, no split), 1 = never, n > 1 = n K ranges. Only the
   // 128x256, 128x192 and 64x128 tiles with the default epilogue (A M x K, bf16 C, no bias) split.
   int split_k = 0;
-  int tile_n = 0;  // the width of Tile::M128Nw (kWideWidths) or SwappedW (kSwappedWidths); unused by the others
+  int tile_n = 0;  // the width of Tile::M128Nw (kWideWidths), SwappedW (kSwappedWidths) or SwappedW256
+                   // (kSwapped256Widths); unused by the others
   // A forced SwappedW's CTAs per cluster: 1, 2 (the token tile multicast), or 0: 2 on a misaligned
   // pitch, as the planner runs it. Unused by the other tiles.
   int tile_cluster = 0;
@@ -102,7 +116,8 @@ struct Options {
 // no bias; M128N192 takes A M x K and a bf16 output; M128Nw takes A M x K, B N x K, a bf16 output
 // and opt.tile_n in kWideWidths; Swapped takes M <= 16, A M x K, B N x K and no
 // communicator SMs; SwappedW takes A M x K, B N x K, a bf16 output without bias, opt.tile_n in
-// kSwappedWidths and opt.tile_cluster in 0..2. Returns the grid it launched.
+// kSwappedWidths and opt.tile_cluster in 0..2; SwappedW256 the same with opt.tile_n in
+// kSwapped256Widths and no cluster. Returns the grid it launched.
 lcsc::Plan gemm(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C, int M, int N, int K, BLayout b,
                 const Options& opt = {}, cudaStream_t stream = nullptr);
 // The same with an fp32 output (C += accumulates in fp32 through TMA reduce-add stores).
@@ -115,7 +130,7 @@ struct Launch {
   Tile tile = Tile::M128N256;
   int splits = 1;   // K ranges of each item of the last partial round
   int workers = 0;  // compute blocks (clusters for the cluster tile) the split was planned for
-  int width = 0;    // Tile::M128Nw, SwappedW: its width
+  int width = 0;    // Tile::M128Nw, SwappedW, SwappedW256: its width
   int cluster = 1;  // Tile::SwappedW: 2 = 2-CTA clusters multicasting the token tile
 };
 Launch choose_launch(int M, int N, int K, BLayout b, const Options& opt = {}, bool f32_out = false);
@@ -133,7 +148,9 @@ const char* tile_name(Tile t);
 std::string widths_text(const int* widths, size_t count);
 std::string wide_widths_text();
 std::string swapped_widths_text();
-// "128x256", "128x144" (M128Nw with its width), "sw128x96" (SwappedW), with "/k3" for a split.
+std::string swapped256_widths_text();
+// "128x256", "128x144" (M128Nw with its width), "sw128x96" (SwappedW), "sw256x144" (SwappedW256),
+// with "/k3" for a split.
 std::string launch_name(const Launch& l);
 // The same from a tile's name, its width (> 0: the 128 x w tile) and its split, for the fp8 GEMM's
 // launches too.

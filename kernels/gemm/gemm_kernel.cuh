@@ -22,6 +22,10 @@
 // tokens on its N side (no rows of a 128-row token tile wasted, and the stages hold weights); the
 // kernel computes D = W X^T (its M is the GEMM's N) and stores D transposed, as C = X W^T: each
 // consumer's 64 weight rows are one staging block of BN token rows x 128 B (swizzled), one TMA box.
+// BM = 256 (TransOut only): 256 weight rows per tile, each consumer 128 of them as two m64nBNk16
+// accumulators sharing each B (token) operand, so a token row loaded feeds twice the FLOPs; the
+// output goes through the staging tile in two parts (part p: each consumer's rows 64p..), which
+// leaves room for 3 stages.
 #pragma once
 #include <cuda.h>
 
@@ -67,19 +71,23 @@ struct GemmKernel {
   static constexpr ALayout kALayout = LA;
   static constexpr BLayout kBLayout = L;
   static constexpr int BM = BM_, BN = BN_, BK = 64;
-  // Each consumer warpgroup's share of the tile: 64 rows x kWN columns.
-  static constexpr int kWN = BM == 128 ? BN : BN / 2;
-  static_assert(BM == 128 || BM == 64, "BM of 128 (consumers split M) or 64 (consumers split N)");
-  static_assert(BM == 128 || (OutParts == 1 && Cluster == 1), "BM = 64: one output part, no cluster");
+  // Each consumer warpgroup's share of the tile: kMSub x 64 rows x kWN columns.
+  static constexpr int kWN = BM == 64 ? BN / 2 : BN;
+  static constexpr int kMSub = BM == 256 ? 2 : 1;  // m64 accumulators per consumer
+  static_assert(BM == 128 || BM == 64 || BM == 256,
+                "BM of 128 (consumers split M), 64 (consumers split N) or 256 (transposed output)");
+  static_assert(BM != 64 || (OutParts == 1 && Cluster == 1), "BM = 64: one output part, no cluster");
+  static_assert(BM != 256 || (TransOut && OutParts == 2 && Cluster == 1),
+                "BM = 256: the transposed output in two parts, no cluster");
   // A width that is not whole 64-column blocks (the 128 x w tiles, for wave quantisation) stages
   // the output dense (output_staging.hpp) and stores it with one {BN, BM} box; B must be N x K (a
   // K x N tile is read in 64-column boxes).
   using Staging = OutputStaging<BN_, static_cast<int>(sizeof(OutT))>;
   static constexpr bool kTransOut = TransOut;
   static constexpr bool kDenseOut = !TransOut && Staging::kDense;
-  static_assert(!TransOut || (BM_ == 128 && L == BLayout::NK && LA == ALayout::MK && OutParts == 1 &&
+  static_assert(!TransOut || (BM_ != 64 && L == BLayout::NK && LA == ALayout::MK && OutParts == BM_ / 128 &&
                               std::is_same_v<OutT, bf16> && !Bias && BN_ % (8 * Cluster) == 0),
-                "a transposed output: BM = 128, A and B K-major, a bf16 output without bias, one part");
+                "a transposed output: BM = 128 or 256, A and B K-major, a bf16 output without bias, BM / 128 parts");
   static_assert(!kDenseOut || (BM_ == 128 && L == BLayout::NK && OutParts == 1 && Cluster == 1 &&
                                std::is_same_v<OutT, bf16> && BN_ % 16 == 0),
                 "a width off the 64-column grid: BM = 128, B as N x K, a bf16 output, one part, no cluster");
@@ -109,11 +117,18 @@ struct GemmKernel {
     bf16 b[BN * BK];  // NK: BN rows of 128 B; KN: BN/64 blocks of 64 K-rows x 128 B (N-major)
   };
   struct alignas(1024) Output {
-    OutT c[BM * kPartCols];  // kPartCols/kOutBlockCols blocks of BM rows x 128 B, swizzled (or dense)
+    // kPartCols/kOutBlockCols blocks of BM rows x 128 B, swizzled (or dense); TransOut: one block of
+    // BN rows x 128 B per consumer.
+    OutT c[TransOut ? 2 * 64 * BN : BM * kPartCols];
   };
-  struct ConsumerState {
+  struct ConsumerStateOne {
     float d[kWN / 2];
   };
+  struct ConsumerStateTwo {  // BM = 256: rows 0-63 and 64-127 of the consumer's share
+    float d[kWN / 2];
+    float d1[kWN / 2];
+  };
+  using ConsumerState = std::conditional_t<kMSub == 2, ConsumerStateTwo, ConsumerStateOne>;
 
   static __host__ __device__ int num_work(const Globals& g) { return (g.tiles_m + Cluster - 1) / Cluster * g.tiles_n; }
   static __device__ __forceinline__ int num_iters(const Globals& g, int) { return (g.K + BK - 1) / BK; }
@@ -176,8 +191,8 @@ struct GemmKernel {
   static __device__ __forceinline__ void consume(const Globals&, ConsumerState& st, Stage& s, int, int it, int c) {
     // BM = 128: consumer c's 64 rows of A (8 KB on, either A layout), all of B. BM = 64: all of A,
     // B's columns c * kWN on: kWN rows of 128 B (NK) or kWN / 64 blocks of 8 KB (KN), the same bytes.
-    const uint32_t a0 = tile::smem_u32(s.a) + (BM == 128 ? c * 64 * 128 : 0);
-    const uint32_t b0 = tile::smem_u32(s.b) + (BM == 128 ? 0 : c * kWN * 128);
+    const uint32_t a0 = tile::smem_u32(s.a) + (BM == 64 ? 0 : c * (BM / 2) * 128);
+    const uint32_t b0 = tile::smem_u32(s.b) + (BM == 64 ? c * kWN * 128 : 0);
     tile::wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk) {
@@ -195,6 +210,10 @@ struct GemmKernel {
       if constexpr (L == BLayout::NK) {
         const uint64_t db = tile::wgmma::make_desc(b0 + kk * 32, 16, 1024, tile::Swizzle::B128);
         tile::wgmma::mma_ss<bf16, kWN, 0, kTransA>(st.d, da, db, (it > 0 || kk > 0) ? 1 : 0);
+        if constexpr (kMSub == 2) {  // the consumer's next 64 weight rows, 8 KB on, the same tokens
+          const uint64_t da1 = tile::wgmma::make_desc(a0 + 64 * 128 + kk * 32, 16, 1024, tile::Swizzle::B128);
+          tile::wgmma::mma_ss<bf16, kWN, 0, kTransA>(st.d1, da1, db, (it > 0 || kk > 0) ? 1 : 0);
+        }
       } else {
         const uint64_t db = tile::wgmma::make_desc(b0 + kk * 16 * 128, BK * 128, 1024, tile::Swizzle::B128);
         tile::wgmma::mma_ss<bf16, kWN, 1, kTransA>(st.d, da, db, (it > 0 || kk > 0) ? 1 : 0);
@@ -207,6 +226,7 @@ struct GemmKernel {
   static __device__ __forceinline__ void drain(ConsumerState& st) {
     tile::wgmma::wait_group<0>();
     tile::wgmma::fence_operands(st.d);
+    if constexpr (kMSub == 2) tile::wgmma::fence_operands(st.d1);
   }
 
   // bias[n] added to columns [C0, C0 + CN) of the accumulator. A thread's columns come in pairs
@@ -263,9 +283,12 @@ struct GemmKernel {
   // c * kWN * BM elements.
   template <int P>
   static __device__ __forceinline__ void finish_part(const Globals& g, ConsumerState& st, Output& o, int w, int c) {
-    if constexpr (TransOut)
-      store_accumulator_transposed<BN>(o.c + c * BN * 64, st.d);
-    else
+    if constexpr (TransOut) {
+      if constexpr (P == 0)
+        store_accumulator_transposed<BN>(o.c + c * BN * 64, st.d);
+      else
+        store_accumulator_transposed<BN>(o.c + c * BN * 64, st.d1);
+    } else
       finish_rows<P>(g, st, o, w, c);
   }
   template <int P>
@@ -299,18 +322,21 @@ struct GemmKernel {
     }
   }
 
-  // TransOut: staging block j (the tile's rows 64j.., C's columns) to C at the tile's tokens.
-  static __device__ __forceinline__ void store_block(const Globals& g, Output& o, const TileCoord& t, int j) {
+  // TransOut: consumer c's staging block of part p (the tile's weight rows (BM / 2) c + 64 p on, C's
+  // columns) to C at the tile's tokens.
+  static __device__ __forceinline__ void store_block(const Globals& g, Output& o, const TileCoord& t, int c,
+                                                     int p = 0) {
     static_assert(TransOut, "the transposed output's store");
-    store_transposed_block<BN>(&g.c, o.c, t, j, g.M, g.accumulate != 0);
+    store_transposed_block<BN>(&g.c, o.c + c * BN * 64, t.m * BM + (BM / 2) * c + 64 * p, t.n * BN, g.M,
+                               g.accumulate != 0);
   }
 
   static __device__ __forceinline__ void store(const Globals& g, Output& o, int w, int part) {
     const TileCoord t = coord(g, w);
     if (t.m >= g.tiles_m) return;
     if constexpr (TransOut) {
-      store_block(g, o, t, 0);
-      store_block(g, o, t, 1);
+      store_block(g, o, t, 0, part);
+      store_block(g, o, t, 1, part);
     } else {
 #pragma unroll
       for (int j = 0; j < kPartCols / kOutBlockCols; ++j) {

@@ -40,6 +40,7 @@ struct PlanInputs {
   bool swapped = false;    // the swapped decode tile allowed (A M x K, B N x K, no communicator SMs)
   bool swapped_wide = false;  // the swapped 128 x w tiles allowed (A M x K, B N x K, bf16 output, no bias)
   bool swapped_tiles = false;  // ... also over several token tiles (up to kSwappedMaxTokenTiles)
+  bool swapped256 = false;     // the swapped 256 x w tiles allowed (as swapped_wide, aligned pitches)
 };
 
 struct Choice {
@@ -111,6 +112,12 @@ inline constexpr double kSwappedComputeTiles = 1.05;  // three or more token til
 // machine (288 x 4096 x 14336: 96 items on 132 SMs) ran 0.89 against 0.57. Fitted on the 256
 // measured rows of 200-1500 tokens (perf-notes, 2026-12-04 second session).
 inline constexpr double kSwappedTilesBytes = 0.8;
+// The swapped 256 x w tile (two m64 accumulators per consumer over one token operand): an iteration
+// is 2 w / 256 of a 128x256 one's FLOPs at this cost per FLOP. Forced at each width on 196 rows of
+// 200-4000 tokens, lower factors picked it where it lost: at 0.95 on 110 rows, 22 of them > 3 %
+// slower than the other tiles; at 1.0 on 44 rows, one slower, the best geomean of the picks
+// (perf-notes, 2026-12-04 second session).
+inline constexpr double kSwapped256Compute = 1.0;
 inline constexpr double kMisalignedSwapped = 1.35;  // a pitch off the 128-byte grid (then 2-CTA clusters)
 inline constexpr int kMaxSplitsSwapped = 2;         // 3-4 splits of a few dozen weight panels lost
 
@@ -200,6 +207,16 @@ inline Choice plan_gemm(const PlanInputs& in) {
       if (w > 0 && t * w < 128 * ceil_div(in.M, 128)) consider_swapped_tiles(best, w, t);
     }
   };
+  // Above kSwappedWideMaxM tokens on an aligned pitch: the swapped 256 x w tile, ceil(M / w) token
+  // tiles of each of its widths, unsplit (cuBLAS runs such rows on 256 x 136-160 swapped tiles).
+  auto consider_swapped256 = [&](Choice& best) {
+    if (!in.swapped256 || !in.aligned || in.M <= kSwappedWideMaxM) return;
+    for (int w : kSwapped256Widths) {
+      const int items = ceil_div(in.N, 256) * ceil_div(in.M, w);
+      const SplitChoice c = split_choice(items, iters, in.sm_count, false, kSwapped256Compute * 2 * w / 256.0, false);
+      consider(best, Choice{Tile::SwappedW256, 1, in.sm_count, c.cost, w, 1});
+    }
+  };
   // Decode (M <= 64): the 64-row tile, whose 8 stages keep twice the weight bytes in flight per SM
   // of the 128x256 tile's 3 (the regime is memory-bound: measured 16x28672x8192 in 122 us against
   // 148 us, and faster on all eight decode shapes tried); split to fill the machine. A 64x128
@@ -229,6 +246,7 @@ inline Choice plan_gemm(const PlanInputs& in) {
     consider(best, best_of(Tile::M128N256C2, ceil_div(tm, 2) * ceil_div(in.N, 256), in.pair_clusters,
                            in.aligned ? 1.0 : kMisalignedPair, true));
   consider_swapped(best);
+  consider_swapped256(best);
   return best;
 }
 

@@ -1,4 +1,5 @@
-// The swapped 128 x w tiles (Tile::SwappedW, w in kSwappedWidths): a forward X W^T with few tokens
+// The swapped 128 x w tiles (Tile::SwappedW, w in kSwappedWidths; and 256 x w, SwappedW256): a
+// forward X W^T with few tokens
 // run as D = W X^T on the LCSC GEMM kernel (gemm_kernel.cuh, TransOut), 128 weight rows per tile
 // on the wgmma's M side and w tokens on its N side, D stored transposed into C. Instantiated in
 // swapped_wide.cu and swapped_wide_large.cu (two translation units that build in parallel).
@@ -19,6 +20,14 @@ constexpr int swapped_wide_stages(int w) {
   return stages > 10 ? 10 : stages;
 }
 
+// Stages of a swapped 256 x w tile (Tile::SwappedW256): its staging tile is the same w x 128 bf16
+// (two parts of 64 weight rows per consumer), its stages 32 KB of weights plus w token rows: 4 at
+// w = 128, 3 at 144-176.
+constexpr int swapped256_stages(int w) {
+  const int budget = 227 * 1024 - 2048 - 1024;
+  return (budget - 128 * w * 2) / ((256 + w) * 128);
+}
+
 // One width's launch: X (M x K) the tokens, W (N x K) the weights, C (M x N) bf16; split.splits > 1
 // splits the last partial round on split.workers (clusters when split.cluster is 2).
 template <int Width>
@@ -28,5 +37,10 @@ lcsc::Plan run_swapped_width(const __nv_bfloat16* X, const __nv_bfloat16* W, __n
 // The launch for opt.tile_n / split.width (one of kSwappedWidths, else a weave::Error).
 lcsc::Plan run_swapped_wide(const __nv_bfloat16* X, const __nv_bfloat16* W, __nv_bfloat16* C, int M, int N, int K,
                             const Options& opt, int group_m, cudaStream_t stream, const Launch& split);
+
+// The swapped 256 x w tile of width opt.tile_n / split.width (one of kSwapped256Widths), unsplit,
+// single CTAs (swapped_wide256.cu).
+lcsc::Plan run_swapped_wide256(const __nv_bfloat16* X, const __nv_bfloat16* W, __nv_bfloat16* C, int M, int N, int K,
+                               const Options& opt, int group_m, cudaStream_t stream, const Launch& split);
 
 }  // namespace weave::gemm::detail

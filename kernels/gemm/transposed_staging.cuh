@@ -7,7 +7,6 @@
 
 #include <cstdint>
 
-#include "gemm/scheduler.hpp"
 #include "weave/tile/mbarrier.cuh"
 #include "weave/tile/tma.cuh"
 #include "weave/tile/swizzle.hpp"
@@ -36,18 +35,16 @@ __device__ __forceinline__ void store_accumulator_transposed(tile::bf16* block, 
   }
 }
 
-// Staging block j of tile t (its weight rows 64j.., C's columns; `rows` weight rows in all) to C at
-// the tile's BN tokens: a TMA store, or a reduce-add one for C +=.
+// A staging block (64 weight rows, C's columns n.., of BN tokens from token m0) to C: a TMA store, or
+// a reduce-add one for C +=. Blocks past the weights' `rows` are not stored.
 template <int BN>
-__device__ __forceinline__ void store_transposed_block(const CUtensorMap* c, const tile::bf16* staging,
-                                                       const TileCoord& t, int j, int rows, bool accumulate) {
-  const int n = t.m * 128 + 64 * j;
+__device__ __forceinline__ void store_transposed_block(const CUtensorMap* c, const tile::bf16* block, int n, int m0,
+                                                       int rows, bool accumulate) {
   if (n >= rows) return;
-  const tile::bf16* src = staging + j * BN * 64;
   if (accumulate)
-    tile::tma::reduce_add_2d(c, src, n, t.n * BN);
+    tile::tma::reduce_add_2d(c, block, n, m0);
   else
-    tile::tma::store_2d(c, src, n, t.n * BN);
+    tile::tma::store_2d(c, block, n, m0);
 }
 
 }  // namespace weave::gemm

@@ -131,7 +131,7 @@ struct Fp8Common {
   // TransOut: staging block j (the tile's rows 64j.., C's columns) to C at the tile's tokens.
   static __device__ __forceinline__ void store_block(const Globals& g, Output& o, const TileCoord& t, int j) {
     static_assert(TransOut, "the transposed output's store");
-    gemm::store_transposed_block<BN>(&g.c, o.c, t, j, g.M, false);
+    gemm::store_transposed_block<BN>(&g.c, o.c + j * BN * 64, t.m * 128 + 64 * j, t.n * BN, g.M, false);
   }
 
   static __device__ __forceinline__ void store(const Globals& g, Output& o, int w, int) {

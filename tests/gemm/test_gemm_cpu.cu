@@ -304,8 +304,11 @@ TEST(GemmShape, TileNames) {
   EXPECT_EQ(gemm::launch_name({gemm::Tile::M128Nw, 1, 132, 144}), "128x144");
   EXPECT_EQ(gemm::launch_name({gemm::Tile::M128N256, 3, 132, 0}), "128x256/k3");
   EXPECT_EQ(gemm::wide_widths_text(), "96, 112, 144, 160, 176, 208");
+  EXPECT_STREQ(gemm::tile_name(gemm::Tile::SwappedW256), "sw256xw");
+  EXPECT_EQ(gemm::launch_name({gemm::Tile::SwappedW256, 1, 132, 144}), "sw256x144");
+  EXPECT_EQ(gemm::swapped256_widths_text(), "128, 144, 160, 176");
   gemm::Options o;
-  o.tile = static_cast<gemm::Tile>(10);
+  o.tile = static_cast<gemm::Tile>(11);
   const void* p = reinterpret_cast<const void*>(uintptr_t(0x10000));
   EXPECT_NE(error_of([&] { gemm::validate_args(p, p, p, 128, 128, 128, o, false); }).find("unknown tile"),
             std::string::npos);

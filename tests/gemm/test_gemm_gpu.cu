@@ -152,6 +152,7 @@ std::string case_name(Case cs, const Variant& v) {
          (v.al == gemm::ALayout::KM ? " A KM" : "") + (v.bl == gemm::BLayout::KN ? " KN" : " NK") + " tile " +
          (v.tile == gemm::Tile::M128Nw   ? "128x" + std::to_string(v.tile_n)
           : v.tile == gemm::Tile::SwappedW ? "sw128x" + std::to_string(v.tile_n) + (v.tile_cluster ? "c" + std::to_string(v.tile_cluster) : "")
+          : v.tile == gemm::Tile::SwappedW256 ? "sw256x" + std::to_string(v.tile_n)
                                            : std::string(gemm::tile_name(v.tile))) +
          (v.split_k > 1 ? " k" + std::to_string(v.split_k) : "") + (v.f32_out ? " C fp32" : "") + bias + (v.accumulate ? " C+=" : "") + " comm " +
          std::to_string(v.comm);
@@ -518,6 +519,35 @@ TEST(Gemm, SwappedWideTiles) {
     v.bl = gemm::BLayout::NK;
     run_case(c, v);
   }
+}
+
+// The swapped 256 x w tiles (two m64 accumulators per consumer, the transposed output in two parts):
+// every width over one and several token tiles, N off the 256-, 128- and 64-row grids (a tile whose
+// second consumer or second part lies past N), K ragged and aligned, plain and C +=; the rejected
+// options.
+TEST(Gemm, Swapped256Tiles) {
+  for (int w : gemm::kSwapped256Widths)
+    for (Case c : {Case{w - 5, 14344, 1032}, Case{3 * w + 7, 392, 4104}, Case{1000, 1000, 2048}, Case{w, 200, 520}}) {
+      Variant v;
+      v.bl = gemm::BLayout::NK, v.tile = gemm::Tile::SwappedW256, v.tile_n = w, v.samples = true;
+      run_case(c, v);
+      v.accumulate = true;
+      run_case(c, v);
+    }
+  bf16* p = nullptr;
+  WEAVE_CUDA_CHECK(cudaMalloc(&p, 1 << 22));
+  gemm::Options o;
+  o.tile = gemm::Tile::SwappedW256, o.tile_n = 192;
+  expect_error<Error>([&] { gemm::gemm(p, p, p, 64, 128, 64, gemm::BLayout::NK, o); }, "tile_n 192", "tile_n = 192");
+  o.tile_n = 144, o.split_k = 2;
+  expect_error<Error>([&] { gemm::gemm(p, p, p, 64, 128, 64, gemm::BLayout::NK, o); }, "split", "no split-K");
+  o.split_k = 0, o.tile_cluster = 2;
+  expect_error<Error>([&] { gemm::gemm(p, p, p, 64, 128, 64, gemm::BLayout::NK, o); }, "cluster", "single CTAs");
+  o.tile_cluster = 0;
+  expect_error<Error>([&] { gemm::gemm(p, p, p, 64, 128, 64, gemm::BLayout::KN, o); }, "B as K x N", "B as N x K");
+  o.bias_type = gemm::BiasType::BF16, o.bias = p;
+  expect_error<Error>([&] { gemm::gemm(p, p, p, 64, 128, 64, gemm::BLayout::NK, o); }, "bias", "a bias");
+  WEAVE_CUDA_CHECK(cudaFree(p));
 }
 
 // The 128 x 128 tile's epilogues and split-K (A M x K, bf16 output): shapes with fewer tiles than

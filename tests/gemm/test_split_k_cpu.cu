@@ -153,6 +153,38 @@ TEST(GemmPlan, SwappedTokenTilesWherePaddingFalls) {
   }
 }
 
+// The swapped 256 x w tile: only above kSwappedWideMaxM tokens, on aligned pitches, unsplit, with
+// the flag (the fp8 GEMM has no such tile); on rows where it measured faster than the other tiles
+// (1300 x 8192 x 28672: 0.86 -> 1.00 of cuBLAS; 1100 x 28672 x 8192: 0.93 -> 1.01; 2026-12-04
+// second session) the planner takes it, and not where it lost by far (300 x 4096 x 14336: 0.41
+// against 0.60; it still takes it on 3 of 156 measured rows where it lost > 3 %, 520 x 7168 x 18432
+// 0.85 -> 0.78 the worst).
+TEST(GemmPlan, Swapped256WhereItMeasuredFaster) {
+  for (const int* nk : {kPairs[0], kPairs[1], kPairs[2], kPairs[3]})
+    for (int M = 1; M <= 3000; M += 37) {
+      PlanInputs in = inputs(M, nk[0], nk[1]);
+      in.wide = in.swapped = in.swapped_wide = in.swapped_tiles = in.swapped256 = true;
+      const Choice c = plan_gemm(in);
+      if (c.tile != Tile::SwappedW256) continue;
+      EXPECT_GT(M, kSwappedWideMaxM);
+      EXPECT_EQ(c.splits, 1) << M;
+      EXPECT_TRUE(is_swapped256_width(c.width)) << M;
+      in.aligned = false;
+      EXPECT_NE(plan_gemm(in).tile, Tile::SwappedW256) << M;
+      in.aligned = true, in.swapped256 = false;
+      EXPECT_NE(plan_gemm(in).tile, Tile::SwappedW256) << M;
+    }
+  struct Row {
+    int M, N, K;
+    bool swapped256;
+  };
+  for (const Row& r : {Row{1300, 8192, 28672, true}, Row{1100, 28672, 8192, true}, Row{300, 4096, 14336, false}}) {
+    PlanInputs in = inputs(r.M, r.N, r.K);
+    in.wide = in.swapped = in.swapped_wide = in.swapped_tiles = in.swapped256 = true;
+    EXPECT_EQ(plan_gemm(in).tile == Tile::SwappedW256, r.swapped256) << r.M << "x" << r.N << "x" << r.K;
+  }
+}
+
 // The swapped tile's K order, for bf16 (2-byte elements, k16 multiplies) and fp8 (1 byte, k32):
 // the 8 multiplies of a chunk cover its 256 bytes exactly once, a lane's 8 bytes of one multiply
 // lie inside its 16-byte vector, and within a multiply every logical k of the mma layout is fed
