@@ -87,4 +87,51 @@ void moe_layer_forward_fused(MoeExchange& ex, MoeGemmCombine& gc, MoeLayerScratc
   gc.run(d, sc.swiglu_output(), W_down, F, topk_weights, out, T, stream, gemm_opt);
 }
 
+MoeLowLatencyScratch::MoeLowLatencyScratch(const MoeLowLatency& ll, int ffn)
+    : F_(ffn), R_(ll.local_experts() * ll.row_stride()), hidden_(ll.config().hidden) {
+  WEAVE_CHECK(ffn > 0 && ffn % 8 == 0, "moe low-latency layer: F = ", ffn, " must be a positive multiple of 8");
+  const size_t rows = static_cast<size_t>(R_);
+  WEAVE_CUDA_CHECK(cudaMalloc(&G_, rows * (3 * static_cast<size_t>(F_) + hidden_) * sizeof(__nv_bfloat16)));
+  H_ = G_ + rows * 2 * F_;
+  Y_ = H_ + rows * F_;
+}
+
+MoeLowLatencyScratch::~MoeLowLatencyScratch() {
+  // A forward may still be running on some stream: wait before handing the memory back.
+  cudaDeviceSynchronize();
+  cudaFree(G_);
+}
+
+LowLatencyDispatched moe_low_latency_forward(MoeLowLatency& ll, MoeLowLatencyScratch& sc, const __nv_bfloat16* x,
+                                             const int* topk_idx, const float* topk_weights, int T,
+                                             const __nv_bfloat16* W_up, const __nv_bfloat16* W_down,
+                                             __nv_bfloat16* out, cudaStream_t stream,
+                                             const GroupedGemmOptions& gemm_opt) {
+  const LowLatencyConfig& cf = ll.config();
+  const int L = ll.local_experts(), S = ll.row_stride(), R = L * S, H = cf.hidden, F = sc.ffn();
+  GroupedGemmOptions o = gemm_opt;
+  o.row_stride = S;
+  // As the other layers: everything the GEMMs and SwiGLU would refuse, agreed with every rank
+  // before the dispatch (a rank that threw between the dispatch and its combine would leave its
+  // peers waiting for signals that never come).
+  const std::string problem = runtime::local_problem([&] {
+    WEAVE_CHECK(sc.rows() == R, "moe low-latency layer: scratch sized for ", sc.rows(),
+                " rows but the layout has ", R);
+    const int* counts = reinterpret_cast<const int*>(16);  // any aligned address: the counts' own check
+    validate_grouped(ll.receive_buffer(), W_up, sc.up_output(), counts, L, 2 * F, H, R);
+    validate_grouped(sc.swiglu_output(), W_down, sc.expert_output(), counts, L, H, F, R);
+    validate_row_stride(L, R, S);
+    check_extent("moe low-latency layer", "W_up", W_up, static_cast<size_t>(L) * 2 * F * H * sizeof(__nv_bfloat16));
+    check_extent("moe low-latency layer", "W_down", W_down, static_cast<size_t>(L) * H * F * sizeof(__nv_bfloat16));
+  });
+  ll.communicator().agree_call("moe.ll.layer", "E, H, k, F, max_tokens", {cf.experts, H, cf.topk, F, cf.max_tokens},
+                               problem, stream);
+  const LowLatencyDispatched d = ll.dispatch(x, topk_idx, T, stream);
+  grouped_gemm(d.rows, W_up, sc.up_output(), d.counts, L, 2 * F, H, R, stream, o);
+  swiglu_strided(sc.up_output(), sc.swiglu_output(), d.counts, L, S, F, stream);
+  grouped_gemm(sc.swiglu_output(), W_down, sc.expert_output(), d.counts, L, H, F, R, stream, o);
+  ll.combine(sc.expert_output(), topk_weights, out, T, stream);
+  return d;
+}
+
 }  // namespace weave::moe

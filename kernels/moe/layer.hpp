@@ -1,7 +1,8 @@
 // The expert-parallel MoE layer forward, non-fused (kernels/moe/README.md, "The layer"):
 // dispatch -> grouped GEMM (up: gate and up, N = 2F, K = H) -> SwiGLU -> grouped GEMM (down:
-// N = H, K = F, into the exchange's output buffer) -> combine. Collective; stream order only, no
-// host synchronisation (the per-expert counts stay on the device).
+// N = H, K = F, into the exchange's output buffer) -> combine; fused; and the low-latency (decode)
+// layer on MoeLowLatency's fixed-stride layout. Collective; stream order only, no host
+// synchronisation (the per-expert counts stay on the device).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -9,6 +10,7 @@
 #include "moe/exchange.hpp"
 #include "moe/gemm_combine.hpp"
 #include "moe/grouped_gemm.hpp"
+#include "moe/low_latency.hpp"
 
 namespace weave::moe {
 
@@ -58,5 +60,40 @@ void moe_layer_forward_fused(MoeExchange& ex, MoeGemmCombine& gc, MoeLayerScratc
                              const int* topk_idx, const float* topk_weights, int T, const __nv_bfloat16* W_up,
                              const __nv_bfloat16* W_down, __nv_bfloat16* out, cudaStream_t stream,
                              const GroupedGemmOptions& gemm_opt = {});
+
+// The low-latency layer's local scratch, sized by the fixed-stride layout (R = L x row_stride rows):
+// the up projection's output G (R x 2F), the SwiGLU output (R x F) and the down projection's
+// output Y (R x H, which combine reads), bf16, plain device memory. One per (MoeLowLatency, F).
+class MoeLowLatencyScratch {
+ public:
+  MoeLowLatencyScratch(const MoeLowLatency& ll, int ffn);
+  ~MoeLowLatencyScratch();
+  MoeLowLatencyScratch(const MoeLowLatencyScratch&) = delete;
+  MoeLowLatencyScratch& operator=(const MoeLowLatencyScratch&) = delete;
+
+  int ffn() const { return F_; }
+  int rows() const { return R_; }
+  __nv_bfloat16* up_output() const { return G_; }      // R x 2F: gate (first F columns), up
+  __nv_bfloat16* swiglu_output() const { return H_; }  // R x F
+  __nv_bfloat16* expert_output() const { return Y_; }  // R x H
+
+ private:
+  int F_ = 0, R_ = 0, hidden_ = 0;
+  __nv_bfloat16* G_ = nullptr;  // one allocation: G, then H, then Y
+  __nv_bfloat16* H_ = nullptr;
+  __nv_bfloat16* Y_ = nullptr;
+};
+
+// The decode layer (at most max_tokens tokens per rank and call): ll.dispatch -> grouped GEMM (up,
+// row_stride S) -> swiglu_strided -> grouped GEMM (down, row_stride S) -> ll.combine. Collective;
+// arguments, weights and result as moe_layer_forward (x, topk_idx, topk_weights, T <= max_tokens,
+// W_up L x 2F x H, W_down L x H x F, out T x H). What the GEMMs and SwiGLU would refuse is agreed
+// with every rank before the dispatch; a failed dispatch leaves zero counts (ll.check reports it).
+// gemm_opt's row_stride is set to S. Returns the dispatch's result (its counts, on the device).
+LowLatencyDispatched moe_low_latency_forward(MoeLowLatency& ll, MoeLowLatencyScratch& scratch, const __nv_bfloat16* x,
+                                             const int* topk_idx, const float* topk_weights, int T,
+                                             const __nv_bfloat16* W_up, const __nv_bfloat16* W_down,
+                                             __nv_bfloat16* out, cudaStream_t stream,
+                                             const GroupedGemmOptions& gemm_opt = {});
 
 }  // namespace weave::moe

@@ -156,12 +156,8 @@ struct Moe::Impl {
   std::unique_ptr<moe::MoeGemmCombine> gc;
   std::unique_ptr<moe::MoeLayerScratch> sc;
   std::unique_ptr<moe::MoeLowLatency> ll;
-  int ffn = 0;
-  bf16* scratch = nullptr;  // low-latency: G (R x 2F), then Hb (R x F), then Y (R x H), R = L S
+  std::unique_ptr<moe::MoeLowLatencyScratch> ll_scratch;  // the decode layer's (ffn > 0)
   Impl(runtime::Communicator& cc, bool f) : c(cc), fused(f) {}
-  ~Impl() {
-    if (scratch) cudaFree(scratch);
-  }
 };
 
 Moe::Moe(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -174,11 +170,7 @@ std::unique_ptr<Moe> Moe::low_latency(runtime::Communicator& c, int experts, int
               " must be a multiple of 8 (0: no decode forward)");  // the same F everywhere: every rank throws
   auto m = std::make_unique<Impl>(c, false);
   m->ll = std::make_unique<moe::MoeLowLatency>(c, moe::LowLatencyConfig{experts, hidden, topk, max_tokens});
-  m->ffn = ffn;
-  if (ffn > 0) {
-    const size_t rows = static_cast<size_t>(m->ll->local_experts()) * m->ll->row_stride();
-    WEAVE_CUDA_CHECK(cudaMalloc(&m->scratch, rows * (3 * static_cast<size_t>(ffn) + hidden) * sizeof(bf16)));
-  }
+  if (ffn > 0) m->ll_scratch = std::make_unique<moe::MoeLowLatencyScratch>(*m->ll, ffn);
   return std::unique_ptr<Moe>(new Moe(std::move(m)));
 }
 
@@ -208,34 +200,11 @@ void Moe::forward(Ptr x, Ptr idx, Ptr w, int T, Ptr W_up, Ptr W_down, Ptr out, P
   set_device(m.c.device());
   const cudaStream_t s = stream_of(stream);
   if (m.ll) {
-    moe::MoeLowLatency& ll = *m.ll;
-    const moe::LowLatencyConfig& cf = ll.config();
-    const int L = ll.local_experts(), S = ll.row_stride(), R = L * S, H = cf.hidden, F = m.ffn;
-    bf16* G = m.scratch;
-    bf16* Hb = G + static_cast<size_t>(R) * 2 * F;
-    bf16* Y = Hb + static_cast<size_t>(R) * F;
-    const bf16* up = ptr<const bf16>(W_up);
-    const bf16* down = ptr<const bf16>(W_down);
-    // What the GEMMs would refuse, agreed with every rank before the dispatch: a rank that threw
-    // between the dispatch and its combine would leave the object waiting for that combine and its
-    // peers waiting for signals that never come.
-    const std::string problem = runtime::local_problem([&] {
-      WEAVE_CHECK(F > 0, "moe low-latency forward: the object was made without ffn (no scratch for the layer)");
-      const int* counts = reinterpret_cast<const int*>(16);  // any aligned address: the counts' own check
-      moe::validate_grouped(ll.receive_buffer(), up, G, counts, L, 2 * F, H, R);
-      moe::validate_grouped(Hb, down, Y, counts, L, H, F, R);
-      moe::validate_row_stride(L, R, S);
-      check_extent("moe low-latency forward", "W_up", up, static_cast<size_t>(L) * 2 * F * H * sizeof(bf16));
-      check_extent("moe low-latency forward", "W_down", down, static_cast<size_t>(L) * H * F * sizeof(bf16));
-    });
-    m.c.agree_call("moe.ll.layer", "E, H, k, F, max_tokens", {cf.experts, H, cf.topk, F, cf.max_tokens}, problem, s);
-    const moe::LowLatencyDispatched d = ll.dispatch(ptr<const bf16>(x), ptr<const int>(idx), T, s);
-    moe::GroupedGemmOptions o;
-    o.row_stride = S;
-    moe::grouped_gemm(d.rows, up, G, d.counts, L, 2 * F, H, R, s, o);
-    moe::swiglu_strided(G, Hb, d.counts, L, S, F, s);
-    moe::grouped_gemm(Hb, down, Y, d.counts, L, H, F, R, s, o);
-    ll.combine(Y, ptr<const float>(w), ptr<bf16>(out), T, s);
+    // F is the same on every rank (checked when the object was made), so every rank throws here.
+    WEAVE_CHECK(m.ll_scratch != nullptr,
+                "moe low-latency forward: the object was made without ffn (no scratch for the layer)");
+    moe::moe_low_latency_forward(*m.ll, *m.ll_scratch, ptr<const bf16>(x), ptr<const int>(idx), ptr<const float>(w), T,
+                                 ptr<const bf16>(W_up), ptr<const bf16>(W_down), ptr<bf16>(out), s);
     return;
   }
   if (m.fused)

@@ -80,8 +80,7 @@ class Moe {
 
   // moe_layer_forward_fused (fused) or moe_layer_forward: x T x H bf16, idx T x k int32, w T x k
   // fp32, W_up L x 2F x H, W_down L x H x F bf16, out T x H bf16. Low-latency: the decode forward,
-  // dispatch -> grouped GEMM (up, row_stride S) -> swiglu_strided -> grouped GEMM (down) -> combine,
-  // on the same arguments; what the GEMMs would refuse is agreed with every rank before the dispatch.
+  // moe_low_latency_forward (kernels/moe/layer.hpp), on the same arguments.
   void forward(Ptr x, Ptr idx, Ptr w, int T, Ptr W_up, Ptr W_down, Ptr out, Ptr stream);
   // MoeExchange::dispatch / combine / check, or MoeLowLatency's (y then L x S x H bf16, any device
   // memory of this rank; dispatch and combine alternate).

@@ -36,6 +36,7 @@
 #include "common.hpp"
 #include "layer_check.hpp"
 #include "moe/grouped_gemm.hpp"
+#include "moe/layer.hpp"
 #include "moe/low_latency.hpp"
 #include "routing.hpp"
 
@@ -344,9 +345,10 @@ TEST(MoeLowLatency, BackToBack200) {
 
 namespace {
 
-// The decode layer on the fixed-stride layout: dispatch -> grouped GEMM (up, row_stride S) ->
-// swiglu_strided -> grouped GEMM (down, row_stride S) -> combine, `calls` calls back to back with
-// changing routing and T, each output checked against the float64 layer reference.
+// The decode layer on the fixed-stride layout (moe_low_latency_forward: dispatch -> grouped GEMM (up,
+// row_stride S) -> swiglu_strided -> grouped GEMM (down, row_stride S) -> combine), `calls` calls
+// back to back with changing routing and T, each output checked against the float64 layer
+// reference, and its scratch checked for writes past each expert's rows.
 struct LayerSpec {
   int L, k, H, F, max_tokens, calls;
   uint64_t stream;
@@ -368,9 +370,11 @@ void run_layer(const LayerSpec& b) {
                               cudaMemcpyHostToDevice));
   WEAVE_CUDA_CHECK(cudaMemcpy(down, wts.down_of(me * L), static_cast<size_t>(L) * H * F * sizeof(bf16),
                               cudaMemcpyHostToDevice));
-  bf16* G = mem.add<bf16>(static_cast<size_t>(R) * 2 * F);
-  bf16* Hb = mem.add<bf16>(static_cast<size_t>(R) * F);
-  bf16* Y = mem.add<bf16>(static_cast<size_t>(R) * H);
+  MoeLowLatencyScratch sc(ll, F);
+  ASSERT_EQ(sc.rows(), R);
+  bf16* G = sc.up_output();
+  bf16* Hb = sc.swiglu_output();
+  bf16* Y = sc.expert_output();
   WEAVE_CUDA_CHECK(cudaMemset(G, 0xff, static_cast<size_t>(R) * 2 * F * sizeof(bf16)));
   WEAVE_CUDA_CHECK(cudaMemset(Hb, 0xff, static_cast<size_t>(R) * F * sizeof(bf16)));
   WEAVE_CUDA_CHECK(cudaMemset(Y, 0xff, static_cast<size_t>(R) * H * sizeof(bf16)));
@@ -390,16 +394,11 @@ void run_layer(const LayerSpec& b) {
   cudaStream_t s = stream();
   WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
   comm().barrier();
-  GroupedGemmOptions o;
-  o.row_stride = S;
   int* counts = mem.add<int>(static_cast<size_t>(b.calls) * L);  // every call's counts, copied in stream order
   for (int c = 0; c < b.calls; ++c) {
-    const LowLatencyDispatched d = ll.dispatch(dev[c]->x, dev[c]->idx, mine[c].T, s);
+    const LowLatencyDispatched d = moe_low_latency_forward(ll, sc, dev[c]->x, dev[c]->idx, dev[c]->w, mine[c].T, up,
+                                                           down, dev[c]->out, s);
     WEAVE_CUDA_CHECK(cudaMemcpyAsync(counts + c * L, d.counts, L * sizeof(int), cudaMemcpyDeviceToDevice, s));
-    grouped_gemm(d.rows, up, G, d.counts, L, 2 * F, H, R, s, o);
-    swiglu_strided(G, Hb, d.counts, L, S, F, s);
-    grouped_gemm(Hb, down, Y, d.counts, L, H, F, R, s, o);
-    ll.combine(Y, dev[c]->w, dev[c]->out, mine[c].T, s);
   }
   ll.check(s);
   check_status(s);
