@@ -52,15 +52,40 @@ FAULTS = [
     },
     {
         "name": "gemm_swapped_wide_partial_column_block_dropped",
-        "what": "swapped 128 x w tile: a staging block whose 64 output columns run past N is not stored, so when "
-                "N % 64 != 0 the last N % 64 columns of C are never written (the tokens are whole)",
+        "what": "swapped 128 x w and 256 x w tiles: a staging block whose 64 output columns run past N is not "
+                "stored, so when N % 64 != 0 the last N % 64 columns of C are never written (the tokens are whole)",
         "edits": [{
             "file": "kernels/gemm/transposed_staging.cuh",
-            "find": "  const int n = t.m * 128 + 64 * j;\n  if (n >= rows) return;",
-            "replace": "  const int n = t.m * 128 + 64 * j;\n  if (n + 64 > rows) return;",
+            "find": "                                                       int rows, bool accumulate) {\n  if (n >= rows) return;",
+            "replace": "                                                       int rows, bool accumulate) {\n  if (n + 64 > rows) return;",
         }],
-        "tests": ["test_gemm_gpu:Gemm.SwappedWideTiles", "test_gemm_fp8_gpu:GemmFp8.SwappedWideTiles"],
+        "tests": ["test_gemm_gpu:Gemm.SwappedWideTiles", "test_gemm_gpu:Gemm.Swapped256Tiles",
+                  "test_gemm_fp8_gpu:GemmFp8.SwappedWideTiles"],
         "bench": [{"ranks": 1, "args": "gemm --shapes 77x14344x4104,40x1000x512 --tile sw96 --target-ms 2"}],
+    },
+    {
+        "name": "gemm_swapped256_second_consumer_b_offset",
+        "what": "swapped 256 x w tile: the second consumer reads its token (B) operand at the 64-row tile's "
+                "per-consumer offset, past the stage's B, so weight rows 128-255 of every tile are garbage",
+        "edits": [{
+            "file": "kernels/gemm/gemm_kernel.cuh",
+            "find": "const uint32_t b0 = tile::smem_u32(s.b) + (BM == 64 ? c * kWN * 128 : 0);",
+            "replace": "const uint32_t b0 = tile::smem_u32(s.b) + (BM != 128 ? c * kWN * 128 : 0);",
+        }],
+        "tests": ["test_gemm_gpu:Gemm.Swapped256Tiles"],
+        "bench": [{"ranks": 1, "args": "gemm --shapes 1000x1000x2048 --tile sw256x144 --target-ms 2"}],
+    },
+    {
+        "name": "gemm_swapped256_second_part_over_first",
+        "what": "swapped 256 x w tile: the second output part is stored at the first part's weight rows, so "
+                "rows 64-127 of each consumer's share are never written and rows 0-63 get the wrong values",
+        "edits": [{
+            "file": "kernels/gemm/gemm_kernel.cuh",
+            "find": "t.m * BM + (BM / 2) * c + 64 * p, t.n * BN",
+            "replace": "t.m * BM + (BM / 2) * c, t.n * BN",
+        }],
+        "tests": ["test_gemm_gpu:Gemm.Swapped256Tiles"],
+        "bench": [{"ranks": 1, "args": "gemm --shapes 1000x1000x2048 --tile sw256x144 --target-ms 2"}],
     },
     # ---- GEMM + reduce-scatter (kernels/gemm_rs) -------------------------------------------------
     {
@@ -388,7 +413,7 @@ FAULTS = [
                 "of every tile hold columns 0-63's results",
         "edits": [{
             "file": "kernels/gemm/gemm_kernel.cuh",
-            "find": "const uint32_t b0 = tile::smem_u32(s.b) + (BM == 128 ? 0 : c * kWN * 128);",
+            "find": "const uint32_t b0 = tile::smem_u32(s.b) + (BM == 64 ? c * kWN * 128 : 0);",
             "replace": "const uint32_t b0 = tile::smem_u32(s.b);",
         }],
         "tests": ["test_gemm_gpu:Gemm.DecodeTile", "test_split_k_gpu"],
