@@ -132,10 +132,9 @@ Launch plan_launch(int M, int N, int K, int sm_count, const Options& opt, bool w
     WEAVE_CHECK(wide && gemm::is_wide_width(opt.tile_n), "gemm_fp8: the 128 x w tile takes e4m3 x e4m3 and tile_n one of ",
                 gemm::wide_widths_text(), "; got tile_n = ", opt.tile_n, wide ? "" : " and an e5m2 operand");
   if (opt.tile == Tile::SwappedW)
-    WEAVE_CHECK(wide && gemm::is_swapped_width(opt.tile_n) && M <= gemm::kSwappedWideMaxM,
-                "gemm_fp8: the swapped 128 x w tile takes e4m3 x e4m3, M <= ", gemm::kSwappedWideMaxM,
-                " and tile_n one of ", gemm::swapped_widths_text(), "; got M = ", M, ", tile_n = ", opt.tile_n,
-                wide ? "" : " and an e5m2 operand");
+    WEAVE_CHECK(wide && gemm::is_swapped_width(opt.tile_n),
+                "gemm_fp8: the swapped 128 x w tile takes e4m3 x e4m3 and tile_n one of ", gemm::swapped_widths_text(),
+                "; got tile_n = ", opt.tile_n, wide ? "" : " and an e5m2 operand");
   if (opt.tile != Tile::Auto) {
     const bool splits = opt.tile == Tile::M128N256 || opt.tile == Tile::M128Nw || opt.tile == Tile::M64N128 ||
                         opt.tile == Tile::SwappedW;
@@ -152,7 +151,7 @@ Launch plan_launch(int M, int N, int K, int sm_count, const Options& opt, bool w
   in.narrow = true;
   in.split_k = split_ok;
   in.swapped = opt.lcsc.num_comm_sms == 0 && opt.split_k <= 1;
-  in.swapped_wide = wide;  // single CTAs: pair_clusters is 0
+  in.swapped_wide = in.swapped_tiles = wide;  // single CTAs: pair_clusters is 0
   const gemm::Choice c = gemm::plan_gemm(in);
   if (c.tile == gemm::Tile::Swapped) return {Tile::Swapped, 1, sm_count};
   if (c.tile == gemm::Tile::M128N128) return {Tile::M128N128, 1, sm_count};

@@ -41,8 +41,8 @@ enum class Fp8 : int { E4M3 = 0, E5M2 = 1 };
 // wave quantisation); e4m3 x e4m3 only.
 // M64N128: 64 x 128, the two consumers splitting N over the same 64 rows of A, 8 stages (the bf16
 // GEMM's decode / narrow tile: M <= 64, and up to M = 256 where its tile count fills the machine).
-// SwappedW: the bf16 GEMM's swapped 128 x w tile (w = Options::tile_n in gemm::kSwappedWidths, M <=
-// gemm::kSwappedWideMaxM): 128 weight rows on the wgmma's M side, the tokens on its N side, the tile
+// SwappedW: the bf16 GEMM's swapped 128 x w tile (w = Options::tile_n in gemm::kSwappedWidths, one
+// or several token tiles): 128 weight rows on the wgmma's M side, the tokens on its N side, the tile
 // stored transposed; e4m3 x e4m3, single CTAs.
 enum class Tile : int {
   Auto = 0,

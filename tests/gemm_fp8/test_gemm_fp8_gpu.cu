@@ -286,8 +286,8 @@ TEST(GemmFp8, WideTiles) {
 
 // The swapped 128 x w tiles (e4m3 x e4m3, per-tensor scales; weights on the wgmma's M side, the
 // tile stored transposed): every width on token counts below and at it, N off the 64- and 128-row
-// grids, K ragged (a partial last K block) and whole, scales far from 1, split-K 2 and 3; and the
-// planner's choice on forward rows of 9-176 tokens. (e4m3 x e4m3 only: the NaN / Inf check needs
+// grids, K ragged (a partial last K block) and whole, scales far from 1, split-K 2 and 3; several
+// token tiles; and the planner's choice on forward rows of 12-900 tokens. (e4m3 x e4m3 only: the NaN / Inf check needs
 // an e5m2 operand for Inf.)
 TEST(GemmFp8, SwappedWideTiles) {
   for (int w : gemm::kSwappedWidths)
@@ -298,7 +298,15 @@ TEST(GemmFp8, SwappedWideTiles) {
       o.scale_lo = 1e-3f, o.scale_hi = 1e3f, o.range = 448.f, o.split_k = s.K > 1024 ? 3 : 2;
       run_case(s.M, s.N, s.K, o);
     }
-  for (Shape s : {Shape{12, 14336, 4096}, Shape{77, 14336, 4096}, Shape{144, 8192, 2048}, Shape{176, 4104, 1040}}) {
+  // Several token tiles, forced (M past the width, ragged) and as the planner picks them.
+  for (auto [s, w] : {std::pair{Shape{300, 1000, 2048}, 160}, std::pair{Shape{521, 392, 1040}, 176},
+                      std::pair{Shape{1001, 14344, 512}, 144}}) {
+    Opts o;
+    o.tile = Tile::SwappedW, o.tile_n = w, o.samples = true;
+    run_case(s.M, s.N, s.K, o);
+  }
+  for (Shape s : {Shape{12, 14336, 4096}, Shape{77, 14336, 4096}, Shape{144, 8192, 2048}, Shape{176, 4104, 1040},
+                  Shape{288, 14336, 4096}, Shape{520, 11008, 4096}, Shape{900, 11008, 4096}}) {
     Opts o;
     o.samples = true;
     run_case(s.M, s.N, s.K, o);
@@ -545,7 +553,6 @@ TEST(GemmFp8, RejectsBadInput) {
   swt.tile = Tile::SwappedW, swt.tile_n = 96;
   expect_error("swapped 128 x w tile, e5m2 B", "e5m2 operand",
                [&] { gemm_fp8::gemm(p, e4, p, Fp8::E5M2, c, 64, 64, 64, f, f, swt); });
-  expect_error("swapped 128 x w tile, M = 193", "M <= 192", [&] { gemm_fp8::gemm(p, e4, p, e4, c, 193, 64, 64, f, f, swt); });
   swt.tile_n = 100;
   expect_error("swapped 128 x 100", "tile_n = 100", [&] { gemm_fp8::gemm(p, e4, p, e4, c, 64, 64, 64, f, f, swt); });
   gemm_fp8::Options comm;
