@@ -15,6 +15,12 @@ status=0
 for sub in ${WEAVE_BENCH_SUITE:-primitives collectives gemm attention moe tp sp}; do
   if [ "$sub" = gemm ] || [ "$sub" = attention ] || [ "$sub" = moe ]; then
     "$bin/weave-run" -n 1 -- "$bin/weave-bench" "$sub" --json "$json" || status=1
+    # gemm: beside the eight tuned shapes, the models' shapes and their batch sizes off the 64-token grid.
+    if [ "$sub" = gemm ]; then
+      for set in models tokens; do
+        "$bin/weave-run" -n 1 -- "$bin/weave-bench" gemm --set "$set" --json "$json" || status=1
+      done
+    fi
     # moe on every GPU: the expert-parallel rows (dispatch, combine, the layer).
     if [ "$sub" = moe ] && [ "$n" -ge 2 ]; then
       "$bin/weave-run" -n "$n" -- "$bin/weave-bench" moe --json "$json" || status=1
