@@ -482,11 +482,11 @@ std::vector<std::array<int, 4>> gemm_shape_rows(const std::string& set) {
   std::vector<std::array<int, 4>> v;
   if (set == "core") {
     for (const Shape& s : kCore) v.push_back({s.M, s.N, s.K, 1});
-  } else if (set == "models") {
-    for (const Case& c : models_set())
+  } else if (set == "models" || set == "tokens") {
+    for (const Case& c : set == "models" ? models_set() : tokens_set())
       v.push_back({c.s.M, c.s.N, c.s.K, c.a_km ? 2 : c.bl == gemm::BLayout::NK ? 1 : 0});
   } else {
-    WEAVE_CHECK(false, "weave-bench gemm: unknown --set '", set, "' (core or models)");
+    WEAVE_CHECK(false, "weave-bench gemm: unknown --set '", set, "' (core, models or tokens)");
   }
   return v;
 }

@@ -1,4 +1,4 @@
-// The shape sets of `weave-bench gemm --set core|models` and its --shapes list (defined in
+// The shape sets of `weave-bench gemm --set core|models|tokens` and its --shapes list (defined in
 // gemm.cu), for the other GEMM benches (gemm_fp8.cu) to run the same rows.
 #pragma once
 #include <array>
