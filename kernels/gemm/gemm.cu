@@ -100,7 +100,7 @@ Launch launch_choice(int M, int N, int K, BLayout bl, const Options& opt, bool f
     return {opt.tile, plain && opt.split_k > 1 ? opt.split_k : 1, cluster == 2 ? pairs : blocks, opt.tile_n, cluster};
   }
   if (opt.tile == Tile::SwappedW256) {
-    WEAVE_CHECK(bl == BLayout::NK && opt.tile_cluster <= 1 && opt.split_k <= 1,
+    WEAVE_CHECK(bl == BLayout::NK && opt.tile_cluster >= 0 && opt.tile_cluster <= 1 && opt.split_k <= 1,
                 "gemm: the swapped 256 x w tile takes B as N x K, single CTAs (tile_cluster 0 or 1) and no split-K; got ",
                 bl == BLayout::NK ? "" : "B as K x N, ", "tile_cluster = ", opt.tile_cluster, ", split_k = ", opt.split_k);
     return {opt.tile, 1, blocks, opt.tile_n, 1};

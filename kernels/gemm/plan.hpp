@@ -118,6 +118,9 @@ inline constexpr double kSwappedTilesBytes = 0.8;
 // slower than the other tiles; at 1.0 on 44 rows, one slower, the best geomean of the picks
 // (perf-notes, 2026-12-04 second session).
 inline constexpr double kSwapped256Compute = 1.0;
+// The most tokens it was measured on (4000; at 1.0 per FLOP, like 128x256, it would otherwise win on
+// wave quantisation alone at any M, unmeasured there).
+inline constexpr int kSwapped256MaxM = 4096;
 inline constexpr double kMisalignedSwapped = 1.35;  // a pitch off the 128-byte grid (then 2-CTA clusters)
 inline constexpr int kMaxSplitsSwapped = 2;         // 3-4 splits of a few dozen weight panels lost
 
@@ -207,10 +210,11 @@ inline Choice plan_gemm(const PlanInputs& in) {
       if (w > 0 && t * w < 128 * ceil_div(in.M, 128)) consider_swapped_tiles(best, w, t);
     }
   };
-  // Above kSwappedWideMaxM tokens on an aligned pitch: the swapped 256 x w tile, ceil(M / w) token
-  // tiles of each of its widths, unsplit (cuBLAS runs such rows on 256 x 136-160 swapped tiles).
+  // kSwappedWideMaxM < M <= kSwapped256MaxM tokens on an aligned pitch: the swapped 256 x w tile,
+  // ceil(M / w) token tiles of each of its widths, unsplit (cuBLAS runs such rows on 256 x 136-160
+  // swapped tiles).
   auto consider_swapped256 = [&](Choice& best) {
-    if (!in.swapped256 || !in.aligned || in.M <= kSwappedWideMaxM) return;
+    if (!in.swapped256 || !in.aligned || in.M <= kSwappedWideMaxM || in.M > kSwapped256MaxM) return;
     for (int w : kSwapped256Widths) {
       const int items = ceil_div(in.N, 256) * ceil_div(in.M, w);
       const SplitChoice c = split_choice(items, iters, in.sm_count, false, kSwapped256Compute * 2 * w / 256.0, false);

@@ -90,6 +90,7 @@ void moe_layer_forward_fused(MoeExchange& ex, MoeGemmCombine& gc, MoeLayerScratc
 MoeLowLatencyScratch::MoeLowLatencyScratch(const MoeLowLatency& ll, int ffn)
     : F_(ffn), R_(ll.local_experts() * ll.row_stride()), hidden_(ll.config().hidden) {
   WEAVE_CHECK(ffn > 0 && ffn % 8 == 0, "moe low-latency layer: F = ", ffn, " must be a positive multiple of 8");
+  WEAVE_CUDA_CHECK(cudaGetDevice(&device_));
   const size_t rows = static_cast<size_t>(R_);
   WEAVE_CUDA_CHECK(cudaMalloc(&G_, rows * (3 * static_cast<size_t>(F_) + hidden_) * sizeof(__nv_bfloat16)));
   H_ = G_ + rows * 2 * F_;
@@ -97,9 +98,14 @@ MoeLowLatencyScratch::MoeLowLatencyScratch(const MoeLowLatency& ll, int ffn)
 }
 
 MoeLowLatencyScratch::~MoeLowLatencyScratch() {
-  // A forward may still be running on some stream: wait before handing the memory back.
+  // A forward may still be running on some stream of the scratch's device: wait for it there before
+  // handing the memory back, then leave the caller's device current again.
+  int current = 0;
+  cudaGetDevice(&current);
+  cudaSetDevice(device_);
   cudaDeviceSynchronize();
   cudaFree(G_);
+  cudaSetDevice(current);
 }
 
 LowLatencyDispatched moe_low_latency_forward(MoeLowLatency& ll, MoeLowLatencyScratch& sc, const __nv_bfloat16* x,
@@ -115,8 +121,8 @@ LowLatencyDispatched moe_low_latency_forward(MoeLowLatency& ll, MoeLowLatencyScr
   // before the dispatch (a rank that threw between the dispatch and its combine would leave its
   // peers waiting for signals that never come).
   const std::string problem = runtime::local_problem([&] {
-    WEAVE_CHECK(sc.rows() == R, "moe low-latency layer: scratch sized for ", sc.rows(),
-                " rows but the layout has ", R);
+    WEAVE_CHECK(sc.rows() == R && sc.hidden() == H, "moe low-latency layer: scratch sized for ", sc.rows(),
+                " rows of hidden ", sc.hidden(), " but the layout has ", R, " of ", H);
     const int* counts = reinterpret_cast<const int*>(16);  // any aligned address: the counts' own check
     validate_grouped(ll.receive_buffer(), W_up, sc.up_output(), counts, L, 2 * F, H, R);
     validate_grouped(sc.swiglu_output(), W_down, sc.expert_output(), counts, L, H, F, R);

@@ -73,12 +73,13 @@ class MoeLowLatencyScratch {
 
   int ffn() const { return F_; }
   int rows() const { return R_; }
+  int hidden() const { return hidden_; }
   __nv_bfloat16* up_output() const { return G_; }      // R x 2F: gate (first F columns), up
   __nv_bfloat16* swiglu_output() const { return H_; }  // R x F
   __nv_bfloat16* expert_output() const { return Y_; }  // R x H
 
  private:
-  int F_ = 0, R_ = 0, hidden_ = 0;
+  int F_ = 0, R_ = 0, hidden_ = 0, device_ = 0;
   __nv_bfloat16* G_ = nullptr;  // one allocation: G, then H, then Y
   __nv_bfloat16* H_ = nullptr;
   __nv_bfloat16* Y_ = nullptr;

@@ -296,6 +296,30 @@ TEST(GemmShape, SwappedWideTileArgs) {
   EXPECT_EQ(gemm::swapped_widths_text(), "32, 64, 96, 128, 144, 160, 176, 192");
 }
 
+// The swapped 256 x w tile: a width of kSwapped256Widths, A M x K, a bf16 output, no bias; 4 stages
+// at 128, 3 above (each kernel is also checked against 227 KB at compile time).
+TEST(GemmShape, Swapped256TileArgs) {
+  const void* p = reinterpret_cast<const void*>(uintptr_t(0x10000));
+  gemm::Options o;
+  o.tile = gemm::Tile::SwappedW256;
+  for (int w : gemm::kSwapped256Widths) {
+    o.tile_n = w;
+    EXPECT_EQ(error_of([&] { gemm::validate_args(p, p, p, 128, 128, 128, o, false); }), "") << w;
+    EXPECT_EQ(gemm::detail::swapped256_stages(w), w == 128 ? 4 : 3) << w;
+  }
+  for (int w : {0, 96, 192}) {
+    o.tile_n = w;
+    EXPECT_NE(error_of([&] { gemm::validate_args(p, p, p, 128, 128, 128, o, false); }).find("tile_n = " + std::to_string(w)),
+              std::string::npos) << w;
+  }
+  o.tile_n = 144;
+  EXPECT_NE(error_of([&] { gemm::validate_args(p, p, p, 128, 128, 128, o, true); }).find("an fp32 output"),
+            std::string::npos);
+  o.a_layout = gemm::ALayout::KM;
+  EXPECT_NE(error_of([&] { gemm::validate_args(p, p, p, 128, 128, 128, o, false); }).find("A as K x M"),
+            std::string::npos);
+}
+
 TEST(GemmShape, TileNames) {
   EXPECT_STREQ(gemm::tile_name(gemm::Tile::M64N128), "64x128");
   EXPECT_STREQ(gemm::tile_name(gemm::Tile::M128N256), "128x256");

@@ -523,8 +523,8 @@ TEST(Gemm, SwappedWideTiles) {
 
 // The swapped 256 x w tiles (two m64 accumulators per consumer, the transposed output in two parts):
 // every width over one and several token tiles, N off the 256-, 128- and 64-row grids (a tile whose
-// second consumer or second part lies past N), K ragged and aligned, plain and C +=; the rejected
-// options.
+// second consumer or second part lies past N), K ragged and aligned, plain and C +=, more tiles than
+// SMs (with communicator SMs); the rejected options.
 TEST(Gemm, Swapped256Tiles) {
   for (int w : gemm::kSwapped256Widths)
     for (Case c : {Case{w - 5, 14344, 1032}, Case{3 * w + 7, 392, 4104}, Case{1000, 1000, 2048}, Case{w, 200, 520}}) {
@@ -534,6 +534,16 @@ TEST(Gemm, Swapped256Tiles) {
       v.accumulate = true;
       run_case(c, v);
     }
+  // More tiles than SMs (each CTA runs several: the two-part store, then the next tile's first
+  // part; d1 restarts), with C += and with communicator SMs taking blocks away.
+  for (int w : gemm::kSwapped256Widths) {
+    Variant v;
+    v.bl = gemm::BLayout::NK, v.tile = gemm::Tile::SwappedW256, v.tile_n = w, v.samples = true;
+    const Case c{1001, 14344, 1032};  // 57 weight tiles x 6-8 token tiles
+    run_case(c, v);
+    v.accumulate = true, v.comm = 8;
+    run_case(c, v);
+  }
   bf16* p = nullptr;
   WEAVE_CUDA_CHECK(cudaMalloc(&p, 1 << 22));
   gemm::Options o;

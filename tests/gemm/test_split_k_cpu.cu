@@ -178,7 +178,8 @@ TEST(GemmPlan, Swapped256WhereItMeasuredFaster) {
     int M, N, K;
     bool swapped256;
   };
-  for (const Row& r : {Row{1300, 8192, 28672, true}, Row{1100, 28672, 8192, true}, Row{300, 4096, 14336, false}}) {
+  for (const Row& r : {Row{1300, 8192, 28672, true}, Row{1100, 28672, 8192, true}, Row{300, 4096, 14336, false},
+                       Row{8000, 7168, 4096, false}}) {  // above kSwapped256MaxM: never measured there
     PlanInputs in = inputs(r.M, r.N, r.K);
     in.wide = in.swapped = in.swapped_wide = in.swapped_tiles = in.swapped256 = true;
     EXPECT_EQ(plan_gemm(in).tile == Tile::SwappedW256, r.swapped256) << r.M << "x" << r.N << "x" << r.K;

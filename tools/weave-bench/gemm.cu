@@ -254,7 +254,8 @@ int run_gemm_bench(const Args& args) {
       return 2;
     }
     tile = gemm::Tile::SwappedW256;
-  } else if (args.get("tile").rfind("sw", 0) == 0) {  // --tile sw96: the swapped 128 x 96 tile; sw96c2: in 2-CTA clusters
+  } else if (args.get("tile").rfind("sw", 0) == 0 && args.get("tile") != "swapped") {  // --tile sw96: the swapped
+                                                                                       // 128 x 96 tile; sw96c2: clusters
     const std::string t = args.get("tile");
     const size_t c = t.find('c');
     tile_n = std::atoi(t.c_str() + 2);
