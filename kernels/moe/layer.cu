@@ -21,6 +21,7 @@ namespace weave::moe {
 
 MoeLayerScratch::MoeLayerScratch(const MoeExchange& ex, int ffn) : F_(ffn), cap_(ex.config().capacity) {
   WEAVE_CHECK(ffn > 0 && ffn % 8 == 0, "moe layer: F = ", ffn, " must be a positive multiple of 8");
+  WEAVE_CUDA_CHECK(cudaGetDevice(&device_));
   WEAVE_CUDA_CHECK(cudaMalloc(&G_, static_cast<size_t>(cap_) * 2 * F_ * sizeof(__nv_bfloat16)));
   const cudaError_t e = cudaMalloc(&H_, static_cast<size_t>(cap_) * F_ * sizeof(__nv_bfloat16));
   if (e != cudaSuccess) {
@@ -29,11 +30,16 @@ MoeLayerScratch::MoeLayerScratch(const MoeExchange& ex, int ffn) : F_(ffn), cap_
   }
 }
 
+// A forward may still be running on some stream of the scratch's device: wait for it there before
+// handing the memory back, then leave the caller's device current again.
 MoeLayerScratch::~MoeLayerScratch() {
-  // A forward may still be running on some stream: wait before handing the memory back.
+  int current = 0;
+  cudaGetDevice(&current);
+  cudaSetDevice(device_);
   cudaDeviceSynchronize();
   cudaFree(G_);
   cudaFree(H_);
+  cudaSetDevice(current);
 }
 
 void moe_layer_forward(MoeExchange& ex, MoeLayerScratch& sc, const __nv_bfloat16* x, const int* topk_idx,
@@ -97,9 +103,7 @@ MoeLowLatencyScratch::MoeLowLatencyScratch(const MoeLowLatency& ll, int ffn)
   Y_ = H_ + rows * F_;
 }
 
-MoeLowLatencyScratch::~MoeLowLatencyScratch() {
-  // A forward may still be running on some stream of the scratch's device: wait for it there before
-  // handing the memory back, then leave the caller's device current again.
+MoeLowLatencyScratch::~MoeLowLatencyScratch() {  // as ~MoeLayerScratch
   int current = 0;
   cudaGetDevice(&current);
   cudaSetDevice(device_);

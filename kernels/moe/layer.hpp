@@ -30,7 +30,7 @@ class MoeLayerScratch {
   __nv_bfloat16* swiglu_output() const { return H_; }  // capacity x F
 
  private:
-  int F_ = 0, cap_ = 0;
+  int F_ = 0, cap_ = 0, device_ = 0;
   __nv_bfloat16* G_ = nullptr;
   __nv_bfloat16* H_ = nullptr;
 };
