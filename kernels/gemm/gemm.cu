@@ -218,14 +218,14 @@ void validate_args(const void* A, const void* B, const void* C, int M, int N, in
   const int tv = static_cast<int>(opt.tile);
   WEAVE_CHECK(tv >= static_cast<int>(Tile::Auto) && tv <= static_cast<int>(Tile::SwappedW256), "gemm: unknown tile ",
               tv);
-  WEAVE_CHECK(opt.tile != Tile::SwappedW256 || (defaults && is_swapped256_width(opt.tile_n)),
-              "gemm: the swapped 256 x w tile supports only A as M x K and a bf16 output without bias, with tile_n one of ",
-              swapped256_widths_text(), "; got tile_n = ", opt.tile_n, opt.a_layout == ALayout::MK ? "" : ", A as K x M",
-              f32_out ? ", an fp32 output" : "", opt.bias_type == BiasType::None ? "" : ", a bias");
-  WEAVE_CHECK(opt.tile != Tile::SwappedW || (defaults && is_swapped_width(opt.tile_n)),
-              "gemm: the swapped 128 x w tile supports only A as M x K and a bf16 output without bias, with tile_n one of ",
-              swapped_widths_text(), "; got tile_n = ", opt.tile_n, opt.a_layout == ALayout::MK ? "" : ", A as K x M",
-              f32_out ? ", an fp32 output" : "", opt.bias_type == BiasType::None ? "" : ", a bias");
+  if (opt.tile == Tile::SwappedW || opt.tile == Tile::SwappedW256) {
+    const bool tall = opt.tile == Tile::SwappedW256;
+    WEAVE_CHECK(defaults && (tall ? is_swapped256_width(opt.tile_n) : is_swapped_width(opt.tile_n)), "gemm: the swapped ",
+                tall ? 256 : 128, " x w tile supports only A as M x K and a bf16 output without bias, with tile_n one of ",
+                tall ? swapped256_widths_text() : swapped_widths_text(), "; got tile_n = ", opt.tile_n,
+                opt.a_layout == ALayout::MK ? "" : ", A as K x M", f32_out ? ", an fp32 output" : "",
+                opt.bias_type == BiasType::None ? "" : ", a bias");
+  }
   WEAVE_CHECK(opt.tile != Tile::M128Nw || (opt.a_layout == ALayout::MK && !f32_out && is_wide_width(opt.tile_n)),
               "gemm: tile 128 x w supports only A as M x K and a bf16 output, with tile_n one of ",
               wide_widths_text(), "; got tile_n = ", opt.tile_n, opt.a_layout == ALayout::MK ? "" : ", A as K x M",

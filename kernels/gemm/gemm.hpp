@@ -50,34 +50,30 @@ enum class Tile : int {
   SwappedW256 = 10
 };
 
+// Whether w is one of a tile's width list (kWideWidths, kSwappedWidths, kSwapped256Widths).
+template <size_t N>
+constexpr bool in_widths(const int (&widths)[N], int w) {
+  for (int v : widths)
+    if (v == w) return true;
+  return false;
+}
+
 // The widths of Tile::M128Nw: multiples of 16 (two 8-column blocks per stmatrix) between the
 // 64-column grid's 128, 192 and 256, which have their own tiles. 224 and 240 (3 stages) measured
 // no faster per iteration than 128x256 and were dropped (docs/perf-notes.md, 2026-12-02g).
 inline constexpr int kWideWidths[] = {96, 112, 144, 160, 176, 208};
-constexpr bool is_wide_width(int w) {
-  for (int v : kWideWidths)
-    if (v == w) return true;
-  return false;
-}
+constexpr bool is_wide_width(int w) { return in_widths(kWideWidths, w); }
 
 // The token widths of Tile::SwappedW (wgmma N), and the most tokens one token tile holds.
 // 256 ran at 0.55-0.68 of cuBLAS where 128-row tiles ran 0.78-0.96 (3 stages; docs/perf-notes.md).
 // 144 and 176 (the stages of 160 and 192) fit several token tiles closer to M (520 tokens: 3 x 176).
 inline constexpr int kSwappedWidths[] = {32, 64, 96, 128, 144, 160, 176, 192};
 inline constexpr int kSwappedWideMaxM = 192;
-constexpr bool is_swapped_width(int w) {
-  for (int v : kSwappedWidths)
-    if (v == w) return true;
-  return false;
-}
+constexpr bool is_swapped_width(int w) { return in_widths(kSwappedWidths, w); }
 // The token widths of Tile::SwappedW256: each consumer holds two w / 2-float accumulators, so w
 // stays below ~184 (232 registers).
 inline constexpr int kSwapped256Widths[] = {128, 144, 160, 176};
-constexpr bool is_swapped256_width(int w) {
-  for (int v : kSwapped256Widths)
-    if (v == w) return true;
-  return false;
-}
+constexpr bool is_swapped256_width(int w) { return in_widths(kSwapped256Widths, w); }
 // The narrowest swapped width that holds M tokens (0: more than kSwappedWideMaxM).
 constexpr int swapped_width(int M) {
   for (int v : kSwappedWidths)

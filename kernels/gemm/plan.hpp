@@ -109,7 +109,7 @@ inline constexpr double kSwappedComputeTiles = 1.05;  // three or more token til
 // of 128 B) against a 128x256 iteration's 384 rows, which runs near that bandwidth, at this factor:
 // five and six token tiles of 96 ran 0.60-0.81 of cuBLAS where the 128-row tiles ran 0.82-0.95
 // (450 x 53248 x 16384, 520 x 13824 x 5120, 520 x 18432 x 7168), while three of 96 on a part-idle
-// machine (288 x 4096 x 14336: 96 items on 132 SMs) ran 0.89 against 0.57. Fitted on the 256
+// machine (288 x 4096 x 14336: 96 items, fewer than the SMs) ran 0.89 against 0.57. Fitted on the 256
 // measured rows of 200-1500 tokens (perf-notes, 2026-12-04 second session).
 inline constexpr double kSwappedTilesBytes = 0.8;
 // The swapped 256 x w tile (two m64 accumulators per consumer over one token operand): an iteration
@@ -215,11 +215,9 @@ inline Choice plan_gemm(const PlanInputs& in) {
   // swapped tiles).
   auto consider_swapped256 = [&](Choice& best) {
     if (!in.swapped256 || !in.aligned || in.M <= kSwappedWideMaxM || in.M > kSwapped256MaxM) return;
-    for (int w : kSwapped256Widths) {
-      const int items = ceil_div(in.N, 256) * ceil_div(in.M, w);
-      const SplitChoice c = split_choice(items, iters, in.sm_count, false, kSwapped256Compute * 2 * w / 256.0, false);
-      consider(best, Choice{Tile::SwappedW256, 1, in.sm_count, c.cost, w, 1});
-    }
+    for (int w : kSwapped256Widths)
+      consider(best, best_of(Tile::SwappedW256, ceil_div(in.N, 256) * ceil_div(in.M, w), in.sm_count,
+                             kSwapped256Compute * 2 * w / 256.0, false, w));
   };
   // Decode (M <= 64): the 64-row tile, whose 8 stages keep twice the weight bytes in flight per SM
   // of the 128x256 tile's 3 (the regime is memory-bound: measured 16x28672x8192 in 122 us against

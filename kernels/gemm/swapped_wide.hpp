@@ -1,8 +1,8 @@
-// The swapped 128 x w tiles (Tile::SwappedW, w in kSwappedWidths; and 256 x w, SwappedW256): a
-// forward X W^T with few tokens
-// run as D = W X^T on the LCSC GEMM kernel (gemm_kernel.cuh, TransOut), 128 weight rows per tile
-// on the wgmma's M side and w tokens on its N side, D stored transposed into C. Instantiated in
-// swapped_wide.cu and swapped_wide_large.cu (two translation units that build in parallel).
+// The swapped 128 x w tiles (Tile::SwappedW, w in kSwappedWidths) and 256 x w tiles (SwappedW256,
+// w in kSwapped256Widths): a forward X W^T with few tokens run as D = W X^T on the LCSC GEMM kernel
+// (gemm_kernel.cuh, TransOut), 128 or 256 weight rows per tile on the wgmma's M side and w tokens on
+// its N side, D stored transposed into C. Instantiated in swapped_wide.cu, swapped_wide_large.cu and
+// swapped_wide_odd.cu (translation units that build in parallel), and swapped_wide256.cu.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -11,22 +11,22 @@
 
 namespace weave::gemm::detail {
 
-// Stages of a swapped 128 x w tile: as many as fit beside its staging tile (w x 128 bf16) and the
-// split-K flags' extra 1 KB: w = 32 gets 10, 64 8, 96 7, 128 6, 160 5, 192 4. A memory-bound
-// row wants weight bytes in flight, and a stage is 16 KB of weights plus w rows of tokens.
+// The shared memory a swapped tile's stages share with its staging tile (w x 128 bf16, in one or
+// two parts): 227 KB less the barriers and the split-K flags' extra 1 KB.
+constexpr int swapped_stage_budget(int w) { return 227 * 1024 - 2048 - 1024 - 128 * w * 2; }
+
+// Stages of a swapped 128 x w tile: as many as fit beside its staging tile: w = 32 gets 10, 64 8,
+// 96 7, 128 6, 144 and 160 5, 176 and 192 4. A memory-bound row wants weight bytes in flight, and a
+// stage is 16 KB of weights plus w rows of tokens.
 constexpr int swapped_wide_stages(int w) {
-  const int budget = 227 * 1024 - 2048 - 1024;
-  const int stages = (budget - 128 * w * 2) / ((128 + w) * 128);
+  const int stages = swapped_stage_budget(w) / ((128 + w) * 128);
   return stages > 10 ? 10 : stages;
 }
 
 // Stages of a swapped 256 x w tile (Tile::SwappedW256): its staging tile is the same w x 128 bf16
 // (two parts of 64 weight rows per consumer), its stages 32 KB of weights plus w token rows: 4 at
 // w = 128, 3 at 144-176.
-constexpr int swapped256_stages(int w) {
-  const int budget = 227 * 1024 - 2048 - 1024;
-  return (budget - 128 * w * 2) / ((256 + w) * 128);
-}
+constexpr int swapped256_stages(int w) { return swapped_stage_budget(w) / ((256 + w) * 128); }
 
 // One width's launch: X (M x K) the tokens, W (N x K) the weights, C (M x N) bf16; split.splits > 1
 // splits the last partial round on split.workers (clusters when split.cluster is 2).

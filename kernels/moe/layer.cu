@@ -11,6 +11,8 @@
 //   (offsets[L]); a failed dispatch leaves them zero, so nothing computes and combine writes NaN.
 #include "moe/layer.hpp"
 
+#include <initializer_list>
+
 #include "moe/dispatch_gemm.hpp"
 #include "moe/swiglu.hpp"
 #include "weave/common/error.hpp"
@@ -18,6 +20,21 @@
 #include "weave/runtime/call.hpp"
 
 namespace weave::moe {
+
+namespace {
+
+// A forward may still be running on some stream of the scratch's device: wait for it there before
+// handing the memory back, then leave the caller's device current again.
+void free_on_device(int device, std::initializer_list<void*> ptrs) {
+  int current = 0;
+  cudaGetDevice(&current);
+  cudaSetDevice(device);
+  cudaDeviceSynchronize();
+  for (void* p : ptrs) cudaFree(p);
+  cudaSetDevice(current);
+}
+
+}  // namespace
 
 MoeLayerScratch::MoeLayerScratch(const MoeExchange& ex, int ffn) : F_(ffn), cap_(ex.config().capacity) {
   WEAVE_CHECK(ffn > 0 && ffn % 8 == 0, "moe layer: F = ", ffn, " must be a positive multiple of 8");
@@ -30,17 +47,7 @@ MoeLayerScratch::MoeLayerScratch(const MoeExchange& ex, int ffn) : F_(ffn), cap_
   }
 }
 
-// A forward may still be running on some stream of the scratch's device: wait for it there before
-// handing the memory back, then leave the caller's device current again.
-MoeLayerScratch::~MoeLayerScratch() {
-  int current = 0;
-  cudaGetDevice(&current);
-  cudaSetDevice(device_);
-  cudaDeviceSynchronize();
-  cudaFree(G_);
-  cudaFree(H_);
-  cudaSetDevice(current);
-}
+MoeLayerScratch::~MoeLayerScratch() { free_on_device(device_, {G_, H_}); }
 
 void moe_layer_forward(MoeExchange& ex, MoeLayerScratch& sc, const __nv_bfloat16* x, const int* topk_idx,
                        const float* topk_weights, int T, const __nv_bfloat16* W_up, const __nv_bfloat16* W_down,
@@ -103,14 +110,7 @@ MoeLowLatencyScratch::MoeLowLatencyScratch(const MoeLowLatency& ll, int ffn)
   Y_ = H_ + rows * F_;
 }
 
-MoeLowLatencyScratch::~MoeLowLatencyScratch() {  // as ~MoeLayerScratch
-  int current = 0;
-  cudaGetDevice(&current);
-  cudaSetDevice(device_);
-  cudaDeviceSynchronize();
-  cudaFree(G_);
-  cudaSetDevice(current);
-}
+MoeLowLatencyScratch::~MoeLowLatencyScratch() { free_on_device(device_, {G_}); }
 
 LowLatencyDispatched moe_low_latency_forward(MoeLowLatency& ll, MoeLowLatencyScratch& sc, const __nv_bfloat16* x,
                                              const int* topk_idx, const float* topk_weights, int T,

@@ -108,16 +108,22 @@ const Case kRagged[] = {
 // 2026-12-04). The models set's forward token counts are multiples of 64 and would not show it.
 const int kBandTokens[] = {136, 176, 200, 300, 360, 450, 520, 600, 700, 840, 900, 1000, 1100, 1300, 1500};
 
+// One of model m's GEMMs at T tokens: pass "fwd", "dgrad" or "wgrad", the up or down projection.
+Case model_case(const Model& m, const char* pass, int T, bool up) {
+  const int in = up ? m.hidden : m.ffn, out = up ? m.ffn : m.hidden;
+  Case c;
+  c.model = m.name, c.pass = pass, c.proj = up ? "up" : "down", c.tokens = T;
+  if (pass[0] == 'f') c.s = {T, out, in}, c.bl = gemm::BLayout::NK;
+  else if (pass[0] == 'd') c.s = {T, in, out}, c.bl = gemm::BLayout::KN;
+  else c.s = {out, in, T}, c.bl = gemm::BLayout::KN, c.a_km = true;
+  return c;
+}
+
 std::vector<Case> tokens_set() {
   std::vector<Case> v;
   for (const Model& m : kModels)
     for (int T : kBandTokens)
-      for (const bool up : {true, false}) {
-        Case c;
-        c.model = m.name, c.pass = "fwd", c.proj = up ? "up" : "down", c.tokens = T;
-        c.s = {T, up ? m.ffn : m.hidden, up ? m.hidden : m.ffn};
-        v.push_back(c);
-      }
+      for (const bool up : {true, false}) v.push_back(model_case(m, "fwd", T, up));
   return v;
 }
 
@@ -129,21 +135,19 @@ std::vector<Case> models_set() {
         const bool fwd = pass[0] == 'f';
         if (!fwd && t > 0) continue;
         const int T = fwd ? m.fwd_tokens[t] : m.bwd_tokens;
-        for (const bool up : {true, false}) {
-          const int in = up ? m.hidden : m.ffn, out = up ? m.ffn : m.hidden;
-          Case c;
-          c.model = m.name, c.pass = pass, c.proj = up ? "up" : "down", c.tokens = T;
-          if (fwd) c.s = {T, out, in}, c.bl = gemm::BLayout::NK;
-          else if (pass[0] == 'd') c.s = {T, in, out}, c.bl = gemm::BLayout::KN;
-          else c.s = {out, in, T}, c.bl = gemm::BLayout::KN, c.a_km = true;
-          v.push_back(c);
-        }
+        for (const bool up : {true, false}) v.push_back(model_case(m, pass, T, up));
       }
   for (Case c : kRagged) {
     c.model = "ragged", c.pass = c.bl == gemm::BLayout::NK ? "fwd" : "dgrad";
     v.push_back(c);
   }
   return v;
+}
+
+// --set models or tokens (null for another name).
+const std::vector<Case>* named_set(const std::string& name) {
+  static const std::vector<Case> models = models_set(), tokens = tokens_set();
+  return name == "models" ? &models : name == "tokens" ? &tokens : nullptr;
 }
 
 const char* layout_name(gemm::BLayout bl) { return bl == gemm::BLayout::KN ? "kn" : "nk"; }
@@ -200,8 +204,8 @@ int run_gemm_bench(const Args& args) {
   const std::string a_arg = args.get("a-layout", "mk");
   WEAVE_CHECK(a_arg == "mk" || a_arg == "km", "unknown --a-layout '", a_arg, "' (want mk or km)");
   std::vector<Case> cases;
-  if (set_name == "models" || set_name == "tokens") {
-    for (const Case& c : set_name == "models" ? models_set() : tokens_set())
+  if (const std::vector<Case>* set = named_set(set_name)) {
+    for (const Case& c : *set)
       if (!args.has("layout") || c.bl == layout) cases.push_back(c);
   } else {
     WEAVE_CHECK(set_name == "core" || set_name == "custom", "unknown --set '", set_name,
@@ -483,9 +487,8 @@ std::vector<std::array<int, 4>> gemm_shape_rows(const std::string& set) {
   std::vector<std::array<int, 4>> v;
   if (set == "core") {
     for (const Shape& s : kCore) v.push_back({s.M, s.N, s.K, 1});
-  } else if (set == "models" || set == "tokens") {
-    for (const Case& c : set == "models" ? models_set() : tokens_set())
-      v.push_back({c.s.M, c.s.N, c.s.K, c.a_km ? 2 : c.bl == gemm::BLayout::NK ? 1 : 0});
+  } else if (const std::vector<Case>* cases = named_set(set)) {
+    for (const Case& c : *cases) v.push_back({c.s.M, c.s.N, c.s.K, c.a_km ? 2 : c.bl == gemm::BLayout::NK ? 1 : 0});
   } else {
     WEAVE_CHECK(false, "weave-bench gemm: unknown --set '", set, "' (core, models or tokens)");
   }
