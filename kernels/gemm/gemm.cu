@@ -121,7 +121,7 @@ Launch launch_choice(int M, int N, int K, BLayout bl, const Options& opt, bool f
   in.wide = mid_ok && bl == BLayout::NK;
   in.split_k = plain && opt.split_k != 1;
   in.swapped = bl == BLayout::NK && opt.a_layout == ALayout::MK && opt.lcsc.num_comm_sms == 0 && opt.split_k <= 1;
-  in.swapped_wide = in.swapped_tiles = in.swapped256 = plain && bl == BLayout::NK;
+  in.swapped_wide = in.swapped_tiles = in.swapped256 = in.swapped_splits = plain && bl == BLayout::NK;
   const Choice c = plan_gemm(in);
   int splits = c.splits;
   if (plain && opt.split_k > 1 && c.tile != Tile::M128N128 && c.tile != Tile::SwappedW256) splits = opt.split_k;

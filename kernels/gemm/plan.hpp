@@ -41,6 +41,8 @@ struct PlanInputs {
   bool swapped_wide = false;  // the swapped 128 x w tiles allowed (A M x K, B N x K, bf16 output, no bias)
   bool swapped_tiles = false;  // ... also over several token tiles (up to kSwappedMaxTokenTiles)
   bool swapped256 = false;     // the swapped 256 x w tiles allowed (as swapped_wide, aligned pitches)
+  bool swapped_splits = false;  // above 128 tokens the swapped 128 x w tile splits as kMaxSplitsSwappedPadded
+                                // says (measured on bf16; fp8's splits there lost: 0.91 -> 0.88 of cuBLASLt)
 };
 
 struct Choice {
@@ -122,7 +124,16 @@ inline constexpr double kSwapped256Compute = 1.0;
 // wave quantisation alone at any M, unmeasured there).
 inline constexpr int kSwapped256MaxM = 4096;
 inline constexpr double kMisalignedSwapped = 1.35;  // a pitch off the 128-byte grid (then 2-CTA clusters)
-inline constexpr int kMaxSplitsSwapped = 2;         // 3-4 splits of a few dozen weight panels lost
+inline constexpr int kMaxSplitsSwapped = 2;  // up to 128 tokens: 3-4 splits of a few dozen weight panels lost
+// Above 128 tokens (PlanInputs::swapped_splits) it splits over any number of token tiles, up to 4
+// ways of at least 24 iterations each, its split rounds kSplitSlowdownSwapped slower than whole ones.
+// Fitted on the 33 `--set tokens` rows below 0.90 of cuBLAS (136-1300 tokens) forced at every tile
+// and 1-4 splits (a grid over 2-4 splits and slowdowns 1.0-1.5 picked best at 1.25), then checked
+// old against new on the rows it moved; splits of 16-21 iterations (K = 4096 in 3-4) lost 5-7 %
+// (perf-notes, 2026-12-04 third session).
+inline constexpr int kMaxSplitsSwappedPadded = 4;
+inline constexpr double kSplitSlowdownSwapped = 1.25;
+inline constexpr int kMinSplitItersSwapped = 24;
 
 }  // namespace plan_model
 
@@ -137,7 +148,7 @@ struct SplitChoice {
 // slowdown). The GEMM planners (plan_gemm, gemm_fp8's block-scaled one) use it per tile.
 // max_splits > 0 overrides the default bound (kMaxSplits at decode, else kMaxSplitsWide).
 inline SplitChoice split_choice(int items, int iters, int workers, bool decode, double unit, bool split_ok,
-                                int max_splits = 0) {
+                                int max_splits = 0, double slowdown = plan_model::kSplitSlowdown) {
   using namespace plan_model;
   SplitChoice c{1, static_cast<double>(split_rounds(items, iters, workers, 1)) * unit};
   if (!split_ok) return c;
@@ -145,7 +156,7 @@ inline SplitChoice split_choice(int items, int iters, int workers, bool decode, 
   const int s = best_splits(items, iters, workers, bound, kSplitCost);
   const long long whole = static_cast<long long>(items / workers) * iters;
   const double split =
-      static_cast<double>(split_rounds(items, iters, workers, s) - whole) * (decode ? 1.0 : kSplitSlowdown);
+      static_cast<double>(split_rounds(items, iters, workers, s) - whole) * (decode ? 1.0 : slowdown);
   const double cost = (static_cast<double>(whole) + split + kSplitCost) * unit;
   if (s > 1 && cost <= kSplitGain * c.cost) c = {s, cost};
   return c;
@@ -184,7 +195,7 @@ inline Choice plan_gemm(const PlanInputs& in) {
   // that holds M / t tokens, each where it pads fewer token rows than the 128-row tiles do (t w <
   // 128 ceil(M / 128): 288 tokens as 3 x 96, 320 as 2 x 160, 520 as 3 x 176, against 384 and 640
   // rows). There 128-row tiles ran 0.43-0.87 of cuBLAS, which runs such rows swapped with a token
-  // width fitted to M (docs/perf-notes.md, 2026-12-04). Measured unsplit only.
+  // width fitted to M (docs/perf-notes.md, 2026-12-04). Split as kMaxSplitsSwappedPadded says.
   auto consider_swapped_tiles = [&](Choice& best, int w, int token_tiles) {
     // 64 and 128 tokens fill the 64- and 128-row tiles exactly (nothing to save) and there the
     // swapped tile measured 0.94-1.0 of them.
@@ -197,8 +208,11 @@ inline Choice plan_gemm(const PlanInputs& in) {
     const int items = (pair ? ceil_div(panels, 2) : panels) * token_tiles;
     const double bytes = token_tiles > 2 && items >= workers ? kSwappedTilesBytes * (128 + w) / 384.0 : 0.0;
     const double unit = std::max({round_trip, compute, bytes}) * (in.aligned ? 1.0 : kMisalignedSwapped);
-    const SplitChoice c =
-        split_choice(items, iters, workers, false, unit, in.split_k && token_tiles == 1, kMaxSplitsSwapped);
+    const bool padded = in.swapped_splits && in.M > 128;
+    const int max_splits =
+        padded ? std::max(1, std::min(kMaxSplitsSwappedPadded, iters / kMinSplitItersSwapped)) : kMaxSplitsSwapped;
+    const SplitChoice c = split_choice(items, iters, workers, false, unit, in.split_k && (padded || token_tiles == 1),
+                                       max_splits, padded ? kSplitSlowdownSwapped : kSplitSlowdown);
     consider(best, Choice{Tile::SwappedW, c.splits, workers, c.cost, w, pair ? 2 : 1});
   };
   auto consider_swapped = [&](Choice& best) {

@@ -153,6 +153,43 @@ TEST(GemmPlan, SwappedTokenTilesWherePaddingFalls) {
   }
 }
 
+// Above 128 tokens with swapped_splits (the bf16 GEMM) the swapped tile splits K over one or more
+// token tiles: on these rows the split choice measured 0.60-0.86 -> 0.87-1.08 of cuBLAS (old and new
+// planner alternating on one H200, perf-notes 2026-12-04 third session). Everywhere: at most
+// kMaxSplitsSwappedPadded splits of at least kMinSplitItersSwapped iterations; up to 128 tokens,
+// and without the flag (fp8), the choice is the one without it.
+TEST(GemmPlan, SwappedSplitsAbove128Tokens) {
+  struct Row {
+    int M, N, K, width, splits;
+  };
+  const Row rows[] = {{136, 5120, 13824, 144, 3}, {176, 7168, 18432, 176, 2}, {300, 4096, 14336, 160, 2},
+                      {300, 4096, 11008, 160, 2}, {400, 13824, 5120, 144, 2}, {800, 4096, 14336, 160, 4}};
+  for (const Row& r : rows) {
+    PlanInputs in = inputs(r.M, r.N, r.K);
+    in.wide = in.swapped = in.swapped_wide = in.swapped_tiles = in.swapped256 = in.swapped_splits = true;
+    const Choice c = plan_gemm(in);
+    const std::string name = std::to_string(r.M) + "x" + std::to_string(r.N) + "x" + std::to_string(r.K);
+    EXPECT_EQ(c.tile, Tile::SwappedW) << name;
+    EXPECT_EQ(c.width, r.width) << name;
+    EXPECT_EQ(c.splits, r.splits) << name;
+  }
+  for (const int* nk : {kPairs[0], kPairs[1], kPairs[2], kPairs[3]})
+    for (int M = 17; M <= 1500; M += 7) {
+      PlanInputs in = inputs(M, nk[0], nk[1]);
+      in.wide = in.swapped = in.swapped_wide = in.swapped_tiles = in.swapped256 = true;
+      const Choice without = plan_gemm(in);
+      in.swapped_splits = true;
+      const Choice c = plan_gemm(in);
+      if (M <= 128) {
+        EXPECT_EQ(c.tile, without.tile) << M;
+        EXPECT_EQ(c.splits, without.splits) << M;
+      }
+      if (c.tile != Tile::SwappedW || c.splits == 1) continue;
+      EXPECT_LE(c.splits, plan_model::kMaxSplitsSwappedPadded) << M;
+      EXPECT_GE(ceil_div(nk[1], 64) / c.splits, plan_model::kMinSplitItersSwapped) << M << "x" << nk[0] << "x" << nk[1];
+    }
+}
+
 // The swapped 256 x w tile: only above kSwappedWideMaxM tokens, on aligned pitches, unsplit, with
 // the flag (the fp8 GEMM has no such tile); on rows where it measured faster than the other tiles
 // (1300 x 8192 x 28672: 0.86 -> 1.00 of cuBLAS; 1100 x 28672 x 8192: 0.93 -> 1.01; 2026-12-04
