@@ -10,11 +10,11 @@
 #                 turns on the GPUs there are (correctness only, for one-GPU machines)
 #   launchers     example_pass_tile under torchrun and mpirun (2 ranks)
 #   python        the Python package's tests: the wheel in .carry/wheels (built here with
-#                 `python3.12 -m pip wheel --no-build-isolation --no-deps -w .carry/wheels
-#                 -C cmake.define.WEAVE_TORCH_PYTHON=$(command -v python3) .`: torch's headers and
+#                 `WEAVE_TORCH_PYTHON=$(command -v python3) python3.12 -m pip wheel
+#                 --no-build-isolation --no-deps -w .carry/wheels .`: torch's headers and
 #                 libraries from the python3 that has the GPU machine's torch version, for
 #                 the GPU machine's Python) installed into /tmp/site, pytest at world 1, then the
-#                 multi-rank tests under torchrun on 2 ranks (sharing the GPU where there is one)
+#                 multi-rank modules (test_*multirank.py, test_op_grads.py) under torchrun on 2 ranks (sharing the GPU where there is one)
 #   bench:SUB,... weave-bench SUB (gemm and attention on one GPU, the others on two ranks) into
 #                 $OUT/SUB.json; $BENCH_ARGS is appended (e.g. BENCH_ARGS="--sweep 0,4,8,16,32,64
 #                 --table3" for tp)
@@ -50,8 +50,8 @@ for step in "$@"; do
         export PYTHONPATH=/tmp/site
       timeout 300 python3 -m pytest python/tests -q -rs -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -15
       share=0; [ "$(nvidia-smi -L | wc -l)" -lt 2 ] && share=1
-      WEAVE_SHARE_GPUS=$share timeout 300 torchrun --nproc_per_node 2 -m pytest python/tests/test_multirank.py -q \
-        -p no:cacheprovider 2>&1 | tee "$OUT/pytest-multirank.log" | tail -15 ;;
+      WEAVE_SHARE_GPUS=$share timeout 300 torchrun --nproc_per_node 2 -m pytest python/tests/test_*multirank.py \
+        python/tests/test_op_grads.py -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest-multirank.log" | tail -15 ;;
     launchers)
       { echo "== torchrun"; timeout 60 torchrun --nproc_per_node=2 --no-python "$bin/example_pass_tile" 2>&1 | grep -v -i warn
         echo "torchrun rc=${PIPESTATUS[0]}"

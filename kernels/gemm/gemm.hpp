@@ -66,9 +66,11 @@ constexpr bool is_wide_width(int w) { return in_widths(kWideWidths, w); }
 
 // The token widths of Tile::SwappedW (wgmma N), and the most tokens one token tile holds.
 // 256 ran at 0.55-0.68 of cuBLAS where 128-row tiles ran 0.78-0.96 (3 stages; docs/perf-notes.md).
-// 144 and 176 (the stages of 160 and 192) fit several token tiles closer to M (520 tokens: 3 x 176).
-inline constexpr int kSwappedWidths[] = {32, 64, 96, 128, 144, 160, 176, 192};
-inline constexpr int kSwappedWideMaxM = 192;
+// 144 and 176 (the stages of 160 and 192) fit several token tiles closer to M (520 tokens: 3 x 176);
+// 208, the widest with 4 stages, holds 193-208 tokens in one token tile (two of 128 pad as many rows
+// as the 128-row tiles).
+inline constexpr int kSwappedWidths[] = {32, 64, 96, 128, 144, 160, 176, 192, 208};
+inline constexpr int kSwappedWideMaxM = 208;
 constexpr bool is_swapped_width(int w) { return in_widths(kSwappedWidths, w); }
 // The token widths of Tile::SwappedW256: each consumer holds two w / 2-float accumulators, so w
 // stays below ~184 (232 registers).

@@ -55,7 +55,7 @@ struct Choice {
 };
 
 // The most token tiles the planner runs the swapped 128 x w tile over (above kSwappedWideMaxM
-// tokens). Eight tiles of up to 192 tokens reach 1536 tokens; above that the 128-row tiles pad at
+// tokens). Eight tiles of up to 208 tokens reach 1664 tokens; above that the 128-row tiles pad at
 // most 8 % of their rows, and the swapped tile was measured up to 1100 tokens (docs/perf-notes.md).
 inline constexpr int kSwappedMaxTokenTiles = 8;
 

@@ -16,7 +16,7 @@ namespace weave::gemm::detail {
 constexpr int swapped_stage_budget(int w) { return 227 * 1024 - 2048 - 1024 - 128 * w * 2; }
 
 // Stages of a swapped 128 x w tile: as many as fit beside its staging tile: w = 32 gets 10, 64 8,
-// 96 7, 128 6, 144 and 160 5, 176 and 192 4. A memory-bound row wants weight bytes in flight, and a
+// 96 7, 128 6, 144 and 160 5, 176 to 208 4. A memory-bound row wants weight bytes in flight, and a
 // stage is 16 KB of weights plus w rows of tokens.
 constexpr int swapped_wide_stages(int w) {
   const int stages = swapped_stage_budget(w) / ((128 + w) * 128);

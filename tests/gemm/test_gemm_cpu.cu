@@ -278,7 +278,7 @@ TEST(GemmShape, SwappedWideTileArgs) {
   }
   EXPECT_EQ(gemm::detail::swapped_wide_stages(96), 7);
   EXPECT_EQ(gemm::detail::swapped_wide_stages(32), 10);
-  for (int w : {0, 80, 100, 208}) {
+  for (int w : {0, 80, 100, 224}) {
     o.tile_n = w;
     EXPECT_NE(error_of([&] { gemm::validate_args(p, p, p, 128, 128, 128, o, false); }).find("tile_n = " + std::to_string(w)),
               std::string::npos) << w;
@@ -293,7 +293,7 @@ TEST(GemmShape, SwappedWideTileArgs) {
   EXPECT_NE(error_of([&] { gemm::validate_args(p, p, p, 128, 128, 128, o, false); }).find("A as K x M"),
             std::string::npos);
   EXPECT_EQ(gemm::launch_name({gemm::Tile::SwappedW, 2, 132, 96}), "sw128x96/k2");
-  EXPECT_EQ(gemm::swapped_widths_text(), "32, 64, 96, 128, 144, 160, 176, 192");
+  EXPECT_EQ(gemm::swapped_widths_text(), "32, 64, 96, 128, 144, 160, 176, 192, 208");
 }
 
 // The swapped 256 x w tile: a width of kSwapped256Widths, A M x K, a bf16 output, no bias; 4 stages

@@ -154,8 +154,9 @@ TEST(GemmPlan, SwappedTokenTilesWherePaddingFalls) {
 }
 
 // Above 128 tokens with swapped_splits (the bf16 GEMM) the swapped tile splits K over one or more
-// token tiles: on these rows the split choice measured 0.60-0.86 -> 0.87-1.08 of cuBLAS (old and new
-// planner alternating on one H200, perf-notes 2026-12-04 third session). Everywhere: at most
+// token tiles: on these rows the split choice measured 0.61-0.96 -> 0.89-1.06 of cuBLAS (old and new
+// planner alternating on one H200, perf-notes 2026-12-04 third session; the 200-token rows on the
+// width 208). Everywhere: at most
 // kMaxSplitsSwappedPadded splits of at least kMinSplitItersSwapped iterations; up to 128 tokens,
 // and without the flag (fp8), the choice is the one without it.
 TEST(GemmPlan, SwappedSplitsAbove128Tokens) {
@@ -163,7 +164,8 @@ TEST(GemmPlan, SwappedSplitsAbove128Tokens) {
     int M, N, K, width, splits;
   };
   const Row rows[] = {{136, 5120, 13824, 144, 3}, {176, 7168, 18432, 176, 2}, {300, 4096, 14336, 160, 2},
-                      {300, 4096, 11008, 160, 2}, {400, 13824, 5120, 144, 2}, {800, 4096, 14336, 160, 4}};
+                      {300, 4096, 11008, 160, 2}, {300, 18432, 7168, 160, 4}, {520, 13824, 5120, 176, 2},
+                      {200, 5120, 13824, 208, 3}, {200, 8192, 28672, 208, 2}};
   for (const Row& r : rows) {
     PlanInputs in = inputs(r.M, r.N, r.K);
     in.wide = in.swapped = in.swapped_wide = in.swapped_tiles = in.swapped256 = in.swapped_splits = true;
@@ -499,5 +501,6 @@ TEST(GemmPlan, SwappedWideWhereTheABMeasuredIt) {
   EXPECT_EQ(swapped_width(17), 32);
   EXPECT_EQ(swapped_width(97), 128);
   EXPECT_EQ(swapped_width(192), 192);
-  EXPECT_EQ(swapped_width(193), 0);
+  EXPECT_EQ(swapped_width(193), 208);
+  EXPECT_EQ(swapped_width(209), 0);
 }

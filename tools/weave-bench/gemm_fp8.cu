@@ -40,7 +40,7 @@
 // vectors): the rows where one is not are listed as unsupported.
 //
 //   weave-bench gemm_fp8 [--json FILE] [--shapes MxNxK,...] [--set core|models|tokens] [--list]
-//                        [--types e4m3xe4m3|e5m2xe4m3|e4m3xe5m2] [--tile auto|256|128|64|swapped|w96..w208|sw32..sw192] [--block-tile auto|128|192] [--split-k N] [--lane-scales 0|1|2]
+//                        [--types e4m3xe4m3|e5m2xe4m3|e4m3xe5m2] [--tile auto|256|128|64|swapped|w96..w208|sw32..sw208] [--block-tile auto|128|192] [--split-k N] [--lane-scales 0|1|2]
 //                        [--impl cublaslt,cublaslt_precise,weave,weave_block] [--target-ms T]
 // --set core|models|tokens: the rows of weave-bench gemm (gemm_sets.hpp): nk (forward) rows as above, and
 // for models the kn and km-kn gradient rows as above. JSON rows carry layout (nk / kn) like weave-bench
@@ -539,6 +539,6 @@ WEAVE_BENCH(gemm_fp8,
             "fp8 GEMM (A M x K, B N x K, bf16 out): weave per-tensor and block-scaled vs cuBLASLt fp8 "
             "(--shapes MxNxK,... or --set core|models|tokens (models adds the dgrad / wgrad rows: transpose_fp8 copies "
             "then the GEMM, e5m2 x e4m3, for both sides), --list, --types e4m3xe4m3|e5m2xe4m3|e4m3xe5m2, "
-            "--tile auto|256|128|64|swapped|w96..w208|sw32..sw192, --block-tile auto|128|192, --split-k N (0 planner, 1 never), --lane-scales 0|1|2 (block scales' B loads: auto, uniform, per lane), --impl cublaslt,cublaslt_precise,weave,weave_block, --target-ms T); "
+            "--tile auto|256|128|64|swapped|w96..w208|sw32..sw208, --block-tile auto|128|192, --split-k N (0 planner, 1 never), --lane-scales 0|1|2 (block scales' B loads: auto, uniform, per lane), --impl cublaslt,cublaslt_precise,weave,weave_block, --target-ms T); "
             "also `weave-bench gemm --dtype fp8`",
             run_gemm_fp8_bench);
