@@ -463,6 +463,28 @@ FAULTS = [
         }],
         "tests": ["test_split_k_cpu"],
     },
+    {
+        "name": "gemm_plan_swapped_split_floor_dropped",
+        "what": "planner: above 128 tokens the swapped tile splits up to 4 ways whatever K is, so short K "
+                "(4096: 64 iterations) is cut into splits of 16-21 iterations, which measured 5-7 % slower",
+        "edits": [{
+            "file": "kernels/gemm/plan.hpp",
+            "find": "padded ? std::max(1, std::min(kMaxSplitsSwappedPadded, iters / kMinSplitItersSwapped)) : kMaxSplitsSwapped;",
+            "replace": "padded ? kMaxSplitsSwappedPadded : kMaxSplitsSwapped;",
+        }],
+        "tests": ["test_split_k_cpu"],
+    },
+    {
+        "name": "gemm_plan_swapped_splits_flag_ignored",
+        "what": "planner: the swapped tile's splits above 128 tokens are taken without PlanInputs::swapped_splits, "
+                "so the fp8 GEMM (whose splits there lost: 0.91 -> 0.88 of cuBLASLt) takes them too",
+        "edits": [{
+            "file": "kernels/gemm/plan.hpp",
+            "find": "const bool padded = in.swapped_splits && in.M > 128;",
+            "replace": "const bool padded = in.M > 128;",
+        }],
+        "tests": ["test_split_k_cpu"],
+    },
     # ---- fp8 GEMM (kernels/gemm_fp8) ---------------------------------------------------------------
     {
         "name": "gemm_fp8_last_k_block_skipped_one_tile",
