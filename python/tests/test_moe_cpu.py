@@ -32,21 +32,27 @@ class _StubHandle:
         self.closed = True
 
 
-@pytest.fixture
-def as_rank(monkeypatch):
-    """as_rank(r, W): the default group as rank r of W sees it, and MoeLayer's C++ part stubbed."""
+def stub_layer(monkeypatch, cls, **comm):
+    """as_rank(r, W) for the layer class cls: the default group as rank r of W sees it, and cls's C++
+    part stubbed (its communicator a namespace of device 0 and `comm`). Starts as rank 0 of 1."""
 
     def make(self, group):
         self._h = _StubHandle()
-        self.comm = types.SimpleNamespace(device=0, is_symmetric=lambda t: False)
+        self.comm = types.SimpleNamespace(device=0, **comm)
 
-    monkeypatch.setattr(moe.MoeLayer, "_make", make)
+    monkeypatch.setattr(cls, "_make", make)
 
     def set_rank(rank, world):
         monkeypatch.setattr(_comm, "group_rank_world", lambda name: (rank, world))
 
     set_rank(0, 1)
     return set_rank
+
+
+@pytest.fixture
+def as_rank(monkeypatch):
+    """as_rank(r, W): the default group as rank r of W sees it, and MoeLayer's C++ part stubbed."""
+    return stub_layer(monkeypatch, moe.MoeLayer, is_symmetric=lambda t: False)
 
 
 def layer(E=8, H=64, F=32, k=2, max_tokens=100, **kw):

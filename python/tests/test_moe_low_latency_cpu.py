@@ -15,15 +15,14 @@ References shared with test_moe_low_latency_gpu.py and test_moe_low_latency_mult
   2^-8 |r| + 2^-19 sum_j |w y| (the fp32 fma chain, then one bf16 rounding: test_moe_low_latency_gpu.cu's
   bound). A row read from the wrong place, of the wrong token or expert, or past a count, breaks it."""
 import re
-import types
 
 import pytest
 import torch
 
 import weave
-from weave import _comm, moe
+from weave import moe
 from moe_refs import grouped_rows, routing, tokens
-from test_moe_cpu import FORWARD_ARGUMENT_ERRORS, _StubHandle, inputs, meta
+from test_moe_cpu import FORWARD_ARGUMENT_ERRORS, _StubHandle, inputs, meta, stub_layer
 
 BF, F16, F32, I32 = torch.bfloat16, torch.float16, torch.float32, torch.int32
 
@@ -149,18 +148,7 @@ def test_combine_reference_on_cpu(W, k, kind):
 @pytest.fixture
 def as_rank(monkeypatch):
     """as_rank(r, W): the default group as rank r of W sees it, and MoeLowLatency's C++ part stubbed."""
-
-    def make(self, group):
-        self._h = _StubHandle()
-        self.comm = types.SimpleNamespace(device=0)
-
-    monkeypatch.setattr(moe.MoeLowLatency, "_make", make)
-
-    def set_rank(rank, world):
-        monkeypatch.setattr(_comm, "group_rank_world", lambda name: (rank, world))
-
-    set_rank(0, 1)
-    return set_rank
+    return stub_layer(monkeypatch, moe.MoeLowLatency)
 
 
 def ll(E=8, H=64, k=2, max_tokens=100, ffn=32, **kw):
