@@ -11,7 +11,8 @@
 #   launchers     example_pass_tile under torchrun and mpirun (2 ranks)
 #   python        the Python package's tests: the wheel in .carry/wheels (built here with
 #                 `WEAVE_TORCH_PYTHON=$(command -v python3) python3.12 -m pip wheel
-#                 --no-build-isolation --no-deps -w .carry/wheels .`: torch's headers and
+#                 --no-build-isolation --no-deps -w .carry/wheels .`, read on build-py/<tag>'s
+#                 first configure: torch's headers and
 #                 libraries from the python3 that has the GPU machine's torch version, for
 #                 the GPU machine's Python) installed into /tmp/site, pytest at world 1, then the
 #                 multi-rank modules (test_*multirank.py, test_op_grads.py) under torchrun on 2 ranks (sharing the GPU where there is one)

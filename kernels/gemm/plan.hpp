@@ -42,7 +42,8 @@ struct PlanInputs {
   bool swapped_tiles = false;  // ... also over several token tiles (up to kSwappedMaxTokenTiles)
   bool swapped256 = false;     // the swapped 256 x w tiles allowed (as swapped_wide, aligned pitches)
   bool swapped_splits = false;  // above 128 tokens the swapped 128 x w tile splits as kMaxSplitsSwappedPadded
-                                // says (measured on bf16; fp8's splits there lost: 0.91 -> 0.88 of cuBLASLt)
+                                // says (measured on bf16; fp8 lost with the rule's first form, 0.91 -> 0.88
+                                // of cuBLASLt, and the final form was not measured on it)
 };
 
 struct Choice {
@@ -54,8 +55,9 @@ struct Choice {
   int cluster = 1;  // Tile::SwappedW: CTAs per cluster (2: the token tile multicast)
 };
 
-// The most token tiles the planner runs the swapped 128 x w tile over (above kSwappedWideMaxM
-// tokens). Eight tiles of up to 208 tokens reach 1664 tokens; above that the 128-row tiles pad at
+// The most token tiles the planner tries for the swapped 128 x w tile (above kSwappedWideMaxM
+// tokens). Eight never pass its padding rule (8 w is a multiple of 128, so it pads no fewer rows
+// than the 128-row tiles): 7 x 208 = 1456 tokens is the most it runs; above, the 128-row tiles pad at
 // most 8 % of their rows, and the swapped tile was measured up to 1100 tokens (docs/perf-notes.md).
 inline constexpr int kSwappedMaxTokenTiles = 8;
 
@@ -129,7 +131,7 @@ inline constexpr int kMaxSplitsSwapped = 2;  // up to 128 tokens: 3-4 splits of 
 // ways of at least 24 iterations each, its split rounds kSplitSlowdownSwapped slower than whole ones.
 // Fitted on the 33 `--set tokens` rows below 0.90 of cuBLAS (136-1300 tokens) forced at every tile
 // and 1-4 splits (a grid over 2-4 splits and slowdowns 1.0-1.5 picked best at 1.25), then checked
-// old against new on the rows it moved; splits of 16-21 iterations (K = 4096 in 3-4) lost 5-7 %
+// old against new on the rows it moved; splits of 16-21 iterations (K = 4096 in 3-4) lost 4-7 %
 // (perf-notes, 2026-12-04 third session).
 inline constexpr int kMaxSplitsSwappedPadded = 4;
 inline constexpr double kSplitSlowdownSwapped = 1.25;

@@ -455,8 +455,8 @@ TEST(Gemm, WideTiles) {
 // than one token tile), N off the 128- and 64-row grids (a half-empty second staging block, an
 // odd count of weight panels for the clusters), K ragged and aligned (2-CTA clusters and single
 // CTAs); plain, C +=, split-K 2 and 3 (also with C +=), communicator SMs; the rejected epilogues;
-// two to eight token tiles, forced clusters both ways, split; and the planner's choice on forward
-// rows of 17-1000 tokens (split over token tiles at 300 and 800).
+// two to eight token tiles, forced clusters both ways, split 3 and 4; and the planner's choice on
+// forward rows of 17-1000 tokens (300 x 4096 x 14336: two token tiles split twice).
 TEST(Gemm, SwappedWideTiles) {
   for (int w : gemm::kSwappedWidths) {
     // K off the 64 grid runs in 2-CTA clusters (the token tile multicast), K on it in single CTAs.
@@ -510,8 +510,10 @@ TEST(Gemm, SwappedWideTiles) {
     run_case(f.c, v);
     v.accumulate = true;
     run_case(f.c, v);
-    v.split_k = 3;  // the last partial round's items over several token tiles split (C += too)
-    run_case(f.c, v);
+    for (int s : {3, 4}) {  // the last partial round's items over several token tiles split (C += too)
+      v.split_k = s;
+      run_case(f.c, v);
+    }
   }
   for (Case c : {Case{17, 14336, 4096}, Case{77, 14344, 4104}, Case{128, 8192, 2048}, Case{200, 4104, 1032},
                  Case{256, 14336, 520}, Case{300, 14336, 4096}, Case{288, 14344, 4104}, Case{288, 5120, 13824},

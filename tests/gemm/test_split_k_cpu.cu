@@ -136,8 +136,8 @@ TEST(GemmPlan, SwappedTokenTilesWherePaddingFalls) {
     EXPECT_NE(plan_gemm(in).tile, Tile::SwappedW) << name;
   }
   // Wherever the planner takes several token tiles, they pad fewer token rows than the 128-row
-  // tiles, there are at most kSwappedMaxTokenTiles of them, and they run unsplit; at a multiple of
-  // 128 tokens (nothing to save) and above 8 x 192 tokens it never takes them.
+  // tiles, there are at most kSwappedMaxTokenTiles of them, and without swapped_splits they run
+  // unsplit; at a multiple of 128 tokens (nothing to save) it never takes them.
   for (int M = 193; M <= 2000; M += 3) {
     for (const int* nk : {kPairs[0], kPairs[1], kPairs[2], kPairs[3]}) {
       PlanInputs in = inputs(M, nk[0], nk[1]);

@@ -466,7 +466,7 @@ FAULTS = [
     {
         "name": "gemm_plan_swapped_split_floor_dropped",
         "what": "planner: above 128 tokens the swapped tile splits up to 4 ways whatever K is, so short K "
-                "(4096: 64 iterations) is cut into splits of 16-21 iterations, which measured 5-7 % slower",
+                "(4096: 64 iterations) is cut into splits of 16-21 iterations, which measured 4-7 % slower",
         "edits": [{
             "file": "kernels/gemm/plan.hpp",
             "find": "padded ? std::max(1, std::min(kMaxSplitsSwappedPadded, iters / kMinSplitItersSwapped)) : kMaxSplitsSwapped;",
