@@ -258,18 +258,9 @@ int run_gemm_bench(const Args& args) {
       return 2;
     }
     tile = gemm::Tile::SwappedW256;
-  } else if (args.get("tile").rfind("sw", 0) == 0 && args.get("tile") != "swapped") {  // --tile sw96: the swapped
-                                                                                       // 128 x 96 tile; sw96c2: clusters
-    const std::string t = args.get("tile");
-    const size_t c = t.find('c');
-    tile_n = std::atoi(t.c_str() + 2);
-    if (c != std::string::npos) tile_cluster = t.substr(c) == "c1" ? 1 : t.substr(c) == "c2" ? 2 : -1;
-    if (!gemm::is_swapped_width(tile_n) || tile_cluster < 0) {
-      std::fprintf(stderr, "weave-bench gemm: --tile %s: no such width (swapped widths: %s)\n", args.get("tile").c_str(),
-                   gemm::swapped_widths_text().c_str());
-      return 2;
-    }
-    tile = gemm::Tile::SwappedW;
+  } else if (const SwappedTileArg sw = swapped_tile_arg(args.get("tile"), "gemm"); sw.width != 0) {
+    if (sw.width < 0) return 2;
+    tile_n = sw.width, tile_cluster = sw.cluster, tile = gemm::Tile::SwappedW;
   }
   const int split_k = static_cast<int>(args.get_int("split-k", 0));
   const bool balance = !args.has("no-balance");
@@ -502,5 +493,17 @@ int wide_tile_width(const std::string& tile, const char* suite) {
   std::fprintf(stderr, "weave-bench %s: --tile %s: no such width (widths: %s)\n", suite, tile.c_str(),
                gemm::wide_widths_text().c_str());
   return -1;
+}
+
+SwappedTileArg swapped_tile_arg(const std::string& tile, const char* suite) {
+  if (tile.rfind("sw", 0) != 0 || tile == "swapped") return {};
+  char* end = nullptr;
+  const long w = std::strtol(tile.c_str() + 2, &end, 10);
+  const std::string rest = end;
+  const int cluster = rest.empty() ? 0 : rest == "c1" ? 1 : rest == "c2" ? 2 : -1;
+  if (cluster >= 0 && gemm::is_swapped_width(static_cast<int>(w))) return {static_cast<int>(w), cluster};
+  std::fprintf(stderr, "weave-bench %s: --tile %s: no such width (swapped widths: %s; c1 or c2 after one forces its "
+               "CTAs per cluster)\n", suite, tile.c_str(), gemm::swapped_widths_text().c_str());
+  return {-1, 0};
 }
 }  // namespace weave::bench

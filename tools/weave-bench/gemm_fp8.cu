@@ -242,14 +242,14 @@ int run_gemm_fp8_bench(const Args& args) {
   opt.tile_n = wide_tile_width(args.get("tile"), "gemm_fp8");  // --tile w144: the 128 x 144 tile
   if (opt.tile_n < 0) return 2;
   if (opt.tile_n > 0) opt.tile = gemm_fp8::Tile::M128Nw;
-  if (args.get("tile").rfind("sw", 0) == 0) {  // --tile sw96: the swapped 128 x 96 tile
-    opt.tile_n = std::atoi(args.get("tile").c_str() + 2);
-    if (!gemm::is_swapped_width(opt.tile_n)) {
-      std::fprintf(stderr, "weave-bench gemm_fp8: --tile %s: no such width (swapped widths: %s)\n",
-                   args.get("tile").c_str(), gemm::swapped_widths_text().c_str());
+  if (const SwappedTileArg sw = swapped_tile_arg(args.get("tile"), "gemm_fp8"); sw.width != 0) {  // --tile sw96
+    if (sw.width < 0) return 2;
+    if (sw.cluster != 0) {
+      std::fprintf(stderr, "weave-bench gemm_fp8: --tile %s: the fp8 swapped tile runs in single CTAs (no c1 / c2)\n",
+                   args.get("tile").c_str());
       return 2;
     }
-    opt.tile = gemm_fp8::Tile::SwappedW;
+    opt.tile_n = sw.width, opt.tile = gemm_fp8::Tile::SwappedW;
   }
   const std::string bt = args.get("block-tile", "auto");  // the block-scaled rows' tile
   if (bt != "auto" && bt != "128" && bt != "192") {

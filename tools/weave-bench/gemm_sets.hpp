@@ -15,5 +15,13 @@ std::vector<std::array<int, 3>> parse_gemm_shapes(const std::string& list);
 // --tile wNNN (the 128 x NNN tile): NNN; 0 when `tile` is not of that form; -1, after a message on
 // stderr naming `suite` and the widths, when NNN is not one of gemm::kWideWidths.
 int wide_tile_width(const std::string& tile, const char* suite);
+// --tile swNNN, swNNNc1, swNNNc2 (the swapped 128 x NNN tile; c1 / c2 force its CTAs per cluster):
+// {NNN, 0, 1 or 2}; {0, 0} when `tile` is not of that form ("swapped" is the decode tile); {-1, 0},
+// after a message on stderr naming `suite` and the widths, for a width not in gemm::kSwappedWidths or
+// another suffix.
+struct SwappedTileArg {
+  int width = 0, cluster = 0;
+};
+SwappedTileArg swapped_tile_arg(const std::string& tile, const char* suite);
 
 }  // namespace weave::bench
