@@ -55,11 +55,11 @@ struct Choice {
   int cluster = 1;  // Tile::SwappedW: CTAs per cluster (2: the token tile multicast)
 };
 
-// The most token tiles the planner tries for the swapped 128 x w tile (above kSwappedWideMaxM
-// tokens). Eight never pass its padding rule (8 w is a multiple of 128, so it pads no fewer rows
-// than the 128-row tiles): 7 x 208 = 1456 tokens is the most it runs; above, the 128-row tiles pad at
-// most 8 % of their rows, and the swapped tile was measured up to 1100 tokens (docs/perf-notes.md).
-inline constexpr int kSwappedMaxTokenTiles = 8;
+// The most token tiles the planner runs the swapped 128 x w tile over (above kSwappedWideMaxM
+// tokens): 7 x 208 = 1456 tokens. Eight would never pass its padding rule (8 w is a multiple of 128,
+// so it pads no fewer rows than the 128-row tiles); above, the 128-row tiles pad at most 8 % of their
+// rows, and the swapped tile was measured up to 1100 tokens (docs/perf-notes.md).
+inline constexpr int kSwappedMaxTokenTiles = 7;
 
 namespace plan_model {
 // Fitted (docs/perf-notes.md, 2026-12-02c) to every tile and split on the 22 rows of the models
