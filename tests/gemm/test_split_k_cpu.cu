@@ -156,9 +156,8 @@ TEST(GemmPlan, SwappedTokenTilesWherePaddingFalls) {
 // Above 128 tokens with swapped_splits (the bf16 GEMM) the swapped tile splits K over one or more
 // token tiles: on these rows the split choice measured 0.61-0.96 -> 0.89-1.06 of cuBLAS (old and new
 // planner alternating on one H200, perf-notes 2026-12-04 third session; the 200-token rows on the
-// width 208). Everywhere: at most
-// kMaxSplitsSwappedPadded splits of at least kMinSplitItersSwapped iterations; up to 128 tokens,
-// and without the flag (fp8), the choice is the one without it.
+// width 208). Everywhere: at most kMaxSplitsSwappedPadded splits of at least kMinSplitItersSwapped
+// iterations, and up to 128 tokens the choice without the flag.
 TEST(GemmPlan, SwappedSplitsAbove128Tokens) {
   struct Row {
     int M, N, K, width, splits;
