@@ -33,7 +33,7 @@ namespace weave::gemm {
 // bias; split-K.
 // SwappedW256: SwappedW with 256 weight rows per tile (each consumer two m64 accumulators sharing
 // the token operand: a token row loaded feeds twice the FLOPs), w = Options::tile_n in
-// kSwapped256Widths, 3-4 stages, single CTAs, unsplit; for several token tiles of a few hundred
+// kSwapped256Widths (4 stages up to 128, 3 above), single CTAs, unsplit; for several token tiles of a few hundred
 // to a few thousand tokens.
 // Auto: the planner's choice (kernels/gemm/plan.hpp).
 enum class Tile : int {
@@ -73,8 +73,9 @@ inline constexpr int kSwappedWidths[] = {32, 64, 96, 128, 144, 160, 176, 192, 20
 inline constexpr int kSwappedWideMaxM = 208;
 constexpr bool is_swapped_width(int w) { return in_widths(kSwappedWidths, w); }
 // The token widths of Tile::SwappedW256: each consumer holds two w / 2-float accumulators, so w
-// stays below ~184 (232 registers).
-inline constexpr int kSwapped256Widths[] = {128, 144, 160, 176};
+// stays below ~184 (232 registers); the narrow ones (96-120, the widths cuBLAS's 256-row swapped
+// tiles take at 300-1500 tokens) fit ceil(M / w) token tiles closer to M.
+inline constexpr int kSwapped256Widths[] = {96, 104, 112, 120, 128, 144, 160, 176};
 constexpr bool is_swapped256_width(int w) { return in_widths(kSwapped256Widths, w); }
 // The narrowest swapped width that holds M tokens (0: more than kSwappedWideMaxM).
 constexpr int swapped_width(int M) {

@@ -125,6 +125,15 @@ inline constexpr double kSwapped256Compute = 1.0;
 // The most tokens it was measured on (4000; at 1.0 per FLOP, like 128x256, it would otherwise win on
 // wave quantisation alone at any M, unmeasured there).
 inline constexpr int kSwapped256MaxM = 4096;
+// Its narrow widths (below 128: 96-120, cuBLAS's widths on such rows) only where their items fill at
+// most this many rounds of workers. Forced on 184 rows of 300-4000 tokens (2026-12-04 fourth session)
+// they ran 1.04 of the other tiles' time in geometric mean on 18 rows of one or two rounds that the
+// model rated cheaper, and lost up to 11 % on rows of more rounds (900 x 16384 x 53248 on 5 rounds of
+// 256 x 96: 0.89 of 256 x 160): a narrow tile moves (256 + w) rows of 128 B per 256 w MACs, up to 30 %
+// more bytes per FLOP than the 144-176 widths, which the rounds model does not see; its rounds
+// quantisation only pays where there are few rounds.
+inline constexpr int kSwapped256NarrowWidth = 128;
+inline constexpr int kSwapped256NarrowMaxRounds = 2;
 inline constexpr double kMisalignedSwapped = 1.35;  // a pitch off the 128-byte grid (then 2-CTA clusters)
 inline constexpr int kMaxSplitsSwapped = 2;  // up to 128 tokens: 3-4 splits of a few dozen weight panels lost
 // Above 128 tokens (PlanInputs::swapped_splits) it splits over any number of token tiles, up to 4
@@ -227,13 +236,15 @@ inline Choice plan_gemm(const PlanInputs& in) {
     }
   };
   // kSwappedWideMaxM < M <= kSwapped256MaxM tokens on an aligned pitch: the swapped 256 x w tile,
-  // ceil(M / w) token tiles of each of its widths, unsplit (cuBLAS runs such rows on 256 x 136-160
-  // swapped tiles).
+  // ceil(M / w) token tiles of each of its widths (the narrow ones over few rounds), unsplit (cuBLAS
+  // runs such rows on 256 x 96-160 swapped tiles).
   auto consider_swapped256 = [&](Choice& best) {
     if (!in.swapped256 || !in.aligned || in.M <= kSwappedWideMaxM || in.M > kSwapped256MaxM) return;
-    for (int w : kSwapped256Widths)
-      consider(best, best_of(Tile::SwappedW256, ceil_div(in.N, 256) * ceil_div(in.M, w), in.sm_count,
-                             kSwapped256Compute * 2 * w / 256.0, false, w));
+    for (int w : kSwapped256Widths) {
+      const int items = ceil_div(in.N, 256) * ceil_div(in.M, w);
+      if (w < kSwapped256NarrowWidth && ceil_div(items, in.sm_count) > kSwapped256NarrowMaxRounds) continue;
+      consider(best, best_of(Tile::SwappedW256, items, in.sm_count, kSwapped256Compute * 2 * w / 256.0, false, w));
+    }
   };
   // Decode (M <= 64): the 64-row tile, whose 8 stages keep twice the weight bytes in flight per SM
   // of the 128x256 tile's 3 (the regime is memory-bound: measured 16x28672x8192 in 122 us against

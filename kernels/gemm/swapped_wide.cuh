@@ -1,5 +1,5 @@
-// The definition of run_swapped_width (swapped_wide.hpp), for the translation units that
-// instantiate its widths.
+// The definitions of run_swapped_width and run_swapped256_width (swapped_wide.hpp), for the
+// translation units that instantiate their widths.
 #pragma once
 #include "gemm/run.cuh"
 #include "gemm/split_k.cuh"
@@ -20,6 +20,17 @@ lcsc::Plan run_swapped_width(const __nv_bfloat16* X, const __nv_bfloat16* W, __n
   // The kernel's M is the weights' rows (N), its N the tokens (M).
   if (split.cluster == 2) return run<SwappedWide<Width, 2>>(W, X, C, N, M, K, opt, group_m, stream, split);
   return run<SwappedWide<Width, 1>>(W, X, C, N, M, K, opt, group_m, stream, split);
+}
+
+template <int Width>
+using SwappedWide256 =
+    GemmKernel<Width, BLayout::NK, swapped256_stages(Width), 2, 1, ALayout::MK, __nv_bfloat16, false, 256, true>;
+
+template <int Width>
+lcsc::Plan run_swapped256_width(const __nv_bfloat16* X, const __nv_bfloat16* W, __nv_bfloat16* C, int M, int N,
+                                int K, const Options& opt, int group_m, cudaStream_t stream) {
+  static_assert(lcsc::shared_bytes<SwappedWide256<Width>>() <= 232448, "227 KB");
+  return run<SwappedWide256<Width>>(W, X, C, N, M, K, opt, group_m, stream);
 }
 
 }  // namespace weave::gemm::detail

@@ -2,7 +2,7 @@
 // w in kSwapped256Widths): a forward X W^T with few tokens run as D = W X^T on the LCSC GEMM kernel
 // (gemm_kernel.cuh, TransOut), 128 or 256 weight rows per tile on the wgmma's M side and w tokens on
 // its N side, D stored transposed into C. Instantiated in swapped_wide.cu, swapped_wide_large.cu and
-// swapped_wide_odd.cu (translation units that build in parallel), and swapped_wide256.cu.
+// swapped_wide_odd.cu (translation units that build in parallel), and swapped_wide256{,_narrow}.cu.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -38,8 +38,13 @@ lcsc::Plan run_swapped_width(const __nv_bfloat16* X, const __nv_bfloat16* W, __n
 lcsc::Plan run_swapped_wide(const __nv_bfloat16* X, const __nv_bfloat16* W, __nv_bfloat16* C, int M, int N, int K,
                             const Options& opt, int group_m, cudaStream_t stream, const Launch& split);
 
-// The swapped 256 x w tile of width opt.tile_n / split.width (one of kSwapped256Widths), unsplit,
-// single CTAs (swapped_wide256.cu).
+// One width's swapped 256 x w launch, unsplit, single CTAs.
+template <int Width>
+lcsc::Plan run_swapped256_width(const __nv_bfloat16* X, const __nv_bfloat16* W, __nv_bfloat16* C, int M, int N,
+                                int K, const Options& opt, int group_m, cudaStream_t stream);
+
+// The swapped 256 x w tile of width opt.tile_n / split.width (one of kSwapped256Widths; 128 and wider
+// in swapped_wide256.cu, the narrower ones in swapped_wide256_narrow.cu).
 lcsc::Plan run_swapped_wide256(const __nv_bfloat16* X, const __nv_bfloat16* W, __nv_bfloat16* C, int M, int N, int K,
                                const Options& opt, int group_m, cudaStream_t stream, const Launch& split);
 

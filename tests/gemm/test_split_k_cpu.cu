@@ -224,6 +224,34 @@ TEST(GemmPlan, Swapped256WhereItMeasuredFaster) {
   }
 }
 
+// Its narrow widths (96-120) only over one or two rounds of SMs, where they measured faster (900 x
+// 7168 x 18432: 0.87 -> 0.99 of cuBLAS on 256 x 104; 1300 x 5120 x 13824: 0.88 -> 0.99), not over
+// more, where they lost (900 x 16384 x 53248: 5 rounds of 256 x 96, 0.83 against 0.94 on 256 x 160;
+// 2026-12-04 fourth session).
+TEST(GemmPlan, Swapped256NarrowOverFewRounds) {
+  for (const int* nk : kPairs)
+    for (int M = kSwappedWideMaxM + 1; M <= plan_model::kSwapped256MaxM; M += 23)
+      for (int sms : {132, 114, 78}) {
+        PlanInputs in = inputs(M, nk[0], nk[1]);
+        in.sm_count = sms, in.pair_clusters = sms / 2;
+        in.wide = in.swapped = in.swapped_wide = in.swapped_tiles = in.swapped256 = true;
+        const Choice c = plan_gemm(in);
+        if (c.tile != Tile::SwappedW256 || c.width >= plan_model::kSwapped256NarrowWidth) continue;
+        const int items = ceil_div(nk[0], 256) * ceil_div(M, c.width);
+        EXPECT_LE(ceil_div(items, sms), plan_model::kSwapped256NarrowMaxRounds) << M << "x" << nk[0] << "x" << nk[1] << " on " << sms;
+      }
+  struct Row {
+    int M, N, K, width;
+  };
+  for (const Row& r : {Row{900, 7168, 18432, 104}, Row{1300, 5120, 13824, 104}, Row{900, 16384, 53248, 160}}) {
+    PlanInputs in = inputs(r.M, r.N, r.K);
+    in.wide = in.swapped = in.swapped_wide = in.swapped_tiles = in.swapped256 = true;
+    const Choice c = plan_gemm(in);
+    EXPECT_EQ(c.tile, Tile::SwappedW256) << r.M << "x" << r.N << "x" << r.K;
+    EXPECT_EQ(c.width, r.width) << r.M << "x" << r.N << "x" << r.K;
+  }
+}
+
 // The swapped tile's K order, for bf16 (2-byte elements, k16 multiplies) and fp8 (1 byte, k32):
 // the 8 multiplies of a chunk cover its 256 bytes exactly once, a lane's 8 bytes of one multiply
 // lie inside its 16-byte vector, and within a multiply every logical k of the mma layout is fed

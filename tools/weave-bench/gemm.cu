@@ -456,7 +456,7 @@ int run_gemm_bench(const Args& args) {
 WEAVE_BENCH(gemm,
             "bf16 GEMM: weave vs cuBLASLt (--set core|models|tokens: the 8 tuned shapes (default), real models' MLP "
             "shapes in all three training layouts plus ragged ones, or their forward rows at 136-1500 tokens; --list prints the set, no GPU needed; "
-            "--shapes MxNxK,... --layout kn|nk --a-layout mk|km --tile auto|256|128|192|256s4|256c2|64|swapped|w96|w112|w144|w160|w176|w208|sw32..sw208[c1|c2]|sw256x128..sw256x176 --split-k N --group G --comm 0,8 --no-balance "
+            "--shapes MxNxK,... --layout kn|nk --a-layout mk|km --tile auto|256|128|192|256s4|256c2|64|swapped|w96|w112|w144|w160|w176|w208|sw32..sw208[c1|c2]|sw256x96..sw256x176 --split-k N --group G --comm 0,8 --no-balance "
             "--accumulate --trace N)",
             run_gemm_bench);
 
