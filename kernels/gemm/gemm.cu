@@ -96,7 +96,11 @@ Launch launch_choice(int M, int N, int K, BLayout bl, const Options& opt, bool f
     WEAVE_CHECK(opt.tile_cluster >= 0 && opt.tile_cluster <= 2 && (opt.tile_cluster != 2 || pairs > 0),
                 "gemm: tile_cluster must be 0, 1 or 2 (2: with an even num_comm_sms on a device with 2-CTA "
                 "clusters); got ", opt.tile_cluster, " (num_comm_sms = ", opt.lcsc.num_comm_sms, ")");
-    const int cluster = opt.tile_cluster > 0 ? opt.tile_cluster : !aligned && pairs > 0 ? 2 : 1;
+    WEAVE_CHECK(opt.tile_cluster != 2 || swapped_width_clusters(opt.tile_n), "gemm: the swapped 128 x ",
+                opt.tile_n, " tile runs in single CTAs only (2-CTA clusters need a width that is a multiple of 16)");
+    const int cluster = opt.tile_cluster > 0                                        ? opt.tile_cluster
+                        : !aligned && pairs > 0 && swapped_width_clusters(opt.tile_n) ? 2
+                                                                                      : 1;
     return {opt.tile, plain && opt.split_k > 1 ? opt.split_k : 1, cluster == 2 ? pairs : blocks, opt.tile_n, cluster};
   }
   if (opt.tile == Tile::SwappedW256) {

@@ -66,21 +66,26 @@ constexpr bool is_wide_width(int w) { return in_widths(kWideWidths, w); }
 
 // The token widths of Tile::SwappedW (wgmma N), and the most tokens one token tile holds.
 // 256 ran at 0.55-0.68 of cuBLAS where 128-row tiles ran 0.78-0.96 (3 stages; docs/perf-notes.md).
-// 144 and 176 (the stages of 160 and 192) fit several token tiles closer to M (520 tokens: 3 x 176);
+// 144 and 176 (the stages of 160 and 192) fit several token tiles closer to M (520 tokens: 3 x 176),
+// as do 104, 112 and 120 (the stages of 128; 300 tokens: 3 x 104, cuBLAS's 128 x 104 there);
 // 208, the widest with 4 stages, holds 193-208 tokens in one token tile (two of 128 pad as many rows
 // as the 128-row tiles).
-inline constexpr int kSwappedWidths[] = {32, 64, 96, 128, 144, 160, 176, 192, 208};
+inline constexpr int kSwappedWidths[] = {32, 64, 96, 104, 112, 120, 128, 144, 160, 176, 192, 208};
 inline constexpr int kSwappedWideMaxM = 208;
 constexpr bool is_swapped_width(int w) { return in_widths(kSwappedWidths, w); }
+// Whether a swapped 128 x w tile runs in 2-CTA clusters: each CTA loads half of the token tile, a
+// whole number of 8-row swizzle atoms (104 and 120 run in single CTAs only).
+constexpr bool swapped_width_clusters(int w) { return w % 16 == 0; }
 // The token widths of Tile::SwappedW256: each consumer holds two w / 2-float accumulators, so w
 // stays below ~184 (232 registers); the narrow ones (96-120, the widths cuBLAS's 256-row swapped
 // tiles take at 300-1500 tokens) fit ceil(M / w) token tiles closer to M.
 inline constexpr int kSwapped256Widths[] = {96, 104, 112, 120, 128, 144, 160, 176};
 constexpr bool is_swapped256_width(int w) { return in_widths(kSwapped256Widths, w); }
-// The narrowest swapped width that holds M tokens (0: more than kSwappedWideMaxM).
-constexpr int swapped_width(int M) {
+// The narrowest swapped width that holds M tokens (0: more than kSwappedWideMaxM); with `clusters`,
+// the narrowest of those that run in 2-CTA clusters.
+constexpr int swapped_width(int M, bool clusters = false) {
   for (int v : kSwappedWidths)
-    if (v >= M) return v;
+    if (v >= M && (!clusters || swapped_width_clusters(v))) return v;
   return 0;
 }
 
@@ -98,8 +103,9 @@ struct Options {
   int split_k = 0;
   int tile_n = 0;  // the width of Tile::M128Nw (kWideWidths), SwappedW (kSwappedWidths) or SwappedW256
                    // (kSwapped256Widths); unused by the others
-  // A forced SwappedW's CTAs per cluster: 1, 2 (the token tile multicast), or 0: 2 on a misaligned
-  // pitch, as the planner runs it. Unused by the other tiles.
+  // A forced SwappedW's CTAs per cluster: 1, 2 (the token tile multicast; widths that are multiples of
+  // 16), or 0: 2 on a misaligned pitch where the width allows it, as the planner runs it. Unused by
+  // the other tiles.
   int tile_cluster = 0;
   ALayout a_layout = ALayout::MK;      // KM: A stored K x M (weight gradient dY^T X); M % 8 == 0
   BiasType bias_type = BiasType::None;  // BF16 / F32: bias points to N values of that type

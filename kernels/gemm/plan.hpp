@@ -228,10 +228,14 @@ inline Choice plan_gemm(const PlanInputs& in) {
   };
   auto consider_swapped = [&](Choice& best) {
     if (!in.swapped_wide) return;
-    if (const int w = swapped_width(in.M); w > 0) return consider_swapped_tiles(best, w, 1);
+    const bool pair = !in.aligned && in.pair_clusters > 0;  // then only widths that run in clusters
+    if (const int w = swapped_width(in.M, pair); w > 0) return consider_swapped_tiles(best, w, 1);
     if (!in.swapped_tiles) return;
     for (int t = 2; t <= kSwappedMaxTokenTiles; ++t) {
-      const int w = swapped_width(ceil_div(in.M, t));
+      int w = swapped_width(ceil_div(in.M, t), pair);
+      // Two token tiles of 104-120 (209-240 tokens) lost to the 128-row tiles on 15 of 22 rows (bf16
+      // and fp8, up to 25 %); one tile of them and three or more won (2026-12-04 fourth session).
+      if (t == 2 && w > 96 && w < 128) w = 128;
       if (w > 0 && t * w < 128 * ceil_div(in.M, 128)) consider_swapped_tiles(best, w, t);
     }
   };

@@ -1,4 +1,4 @@
-// The swapped 128 x w tiles up to w = 128, and the run-time width's dispatch.
+// The swapped 128 x w tiles of w = 32, 64, 96 and 128, and the run-time width's dispatch.
 #include "gemm/swapped_wide.cuh"
 #include "gemm/wide.hpp"
 

@@ -16,9 +16,14 @@ using SwappedWide =
 template <int Width>
 lcsc::Plan run_swapped_width(const __nv_bfloat16* X, const __nv_bfloat16* W, __nv_bfloat16* C, int M, int N, int K,
                              const Options& opt, int group_m, cudaStream_t stream, const Launch& split) {
-  static_assert(lcsc::shared_bytes<SplitKKernel<SwappedWide<Width, 2>>>() <= 232448, "227 KB");
+  static_assert(lcsc::shared_bytes<SplitKKernel<SwappedWide<Width, 1>>>() <= 232448, "227 KB");
   // The kernel's M is the weights' rows (N), its N the tokens (M).
-  if (split.cluster == 2) return run<SwappedWide<Width, 2>>(W, X, C, N, M, K, opt, group_m, stream, split);
+  if constexpr (swapped_width_clusters(Width)) {
+    static_assert(lcsc::shared_bytes<SplitKKernel<SwappedWide<Width, 2>>>() <= 232448, "227 KB");
+    if (split.cluster == 2) return run<SwappedWide<Width, 2>>(W, X, C, N, M, K, opt, group_m, stream, split);
+  } else {
+    WEAVE_CHECK(split.cluster != 2, "gemm: the swapped 128 x ", Width, " tile runs in single CTAs only");
+  }
   return run<SwappedWide<Width, 1>>(W, X, C, N, M, K, opt, group_m, stream, split);
 }
 

@@ -1,8 +1,9 @@
 // The swapped 128 x w tiles (Tile::SwappedW, w in kSwappedWidths) and 256 x w tiles (SwappedW256,
 // w in kSwapped256Widths): a forward X W^T with few tokens run as D = W X^T on the LCSC GEMM kernel
 // (gemm_kernel.cuh, TransOut), 128 or 256 weight rows per tile on the wgmma's M side and w tokens on
-// its N side, D stored transposed into C. Instantiated in swapped_wide.cu, swapped_wide_large.cu and
-// swapped_wide_odd.cu (translation units that build in parallel), and swapped_wide256{,_narrow}.cu.
+// its N side, D stored transposed into C. Instantiated in swapped_wide.cu, swapped_wide_mid.cu,
+// swapped_wide_large.cu and swapped_wide_odd.cu (translation units that build in parallel), and
+// swapped_wide256{,_narrow}.cu.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -16,7 +17,7 @@ namespace weave::gemm::detail {
 constexpr int swapped_stage_budget(int w) { return 227 * 1024 - 2048 - 1024 - 128 * w * 2; }
 
 // Stages of a swapped 128 x w tile: as many as fit beside its staging tile: w = 32 gets 10, 64 8,
-// 96 7, 128 6, 144 and 160 5, 176 to 208 4. A memory-bound row wants weight bytes in flight, and a
+// 96 7, 104 to 128 6, 144 and 160 5, 176 to 208 4. A memory-bound row wants weight bytes in flight, and a
 // stage is 16 KB of weights plus w rows of tokens.
 constexpr int swapped_wide_stages(int w) {
   const int stages = swapped_stage_budget(w) / ((128 + w) * 128);

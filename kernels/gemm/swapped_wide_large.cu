@@ -1,4 +1,5 @@
-// The swapped 128 x w tiles of w = 160 and 192 (swapped_wide.cu and swapped_wide_odd.cu have the others).
+// The swapped 128 x w tiles of w = 160 and 192 (swapped_wide.cu, swapped_wide_mid.cu and swapped_wide_odd.cu
+// have the others).
 #include "gemm/swapped_wide.cuh"
 
 namespace weave::gemm::detail {

@@ -260,8 +260,8 @@ TEST(GemmShape, WithWidth) {
   for (int w : gemm::kSwappedWidths)
     EXPECT_EQ(gemm::detail::with_width<gemm::kSwappedWidths>(w, "gemm", [](auto c) { return decltype(c)::value; }), w);
   EXPECT_NE(error_of([] {
-              gemm::detail::with_width<gemm::kSwappedWidths>(112, "gemm", [](auto c) { return decltype(c)::value; });
-            }).find("gemm: no 128 x 112 tile (widths: 32, 64"),
+              gemm::detail::with_width<gemm::kSwappedWidths>(116, "gemm", [](auto c) { return decltype(c)::value; });
+            }).find("gemm: no 128 x 116 tile (widths: 32, 64"),
             std::string::npos);
 }
 
@@ -277,6 +277,7 @@ TEST(GemmShape, SwappedWideTileArgs) {
     EXPECT_GE(gemm::detail::swapped_wide_stages(w), 3) << w;
   }
   EXPECT_EQ(gemm::detail::swapped_wide_stages(96), 7);
+  for (int w : {104, 112, 120, 128}) EXPECT_EQ(gemm::detail::swapped_wide_stages(w), 6) << w;
   EXPECT_EQ(gemm::detail::swapped_wide_stages(32), 10);
   for (int w : {0, 80, 100, 224}) {
     o.tile_n = w;
@@ -293,7 +294,7 @@ TEST(GemmShape, SwappedWideTileArgs) {
   EXPECT_NE(error_of([&] { gemm::validate_args(p, p, p, 128, 128, 128, o, false); }).find("A as K x M"),
             std::string::npos);
   EXPECT_EQ(gemm::launch_name({gemm::Tile::SwappedW, 2, 132, 96}), "sw128x96/k2");
-  EXPECT_EQ(gemm::swapped_widths_text(), "32, 64, 96, 128, 144, 160, 176, 192, 208");
+  EXPECT_EQ(gemm::swapped_widths_text(), "32, 64, 96, 104, 112, 120, 128, 144, 160, 176, 192, 208");
 }
 
 // The swapped 256 x w tile: a width of kSwapped256Widths, A M x K, a bf16 output, no bias; 4 stages

@@ -455,8 +455,10 @@ TEST(Gemm, WideTiles) {
 // than one token tile), N off the 128- and 64-row grids (a half-empty second staging block, an
 // odd count of weight panels for the clusters), K ragged and aligned (2-CTA clusters and single
 // CTAs); plain, C +=, split-K 2 and 3 (also with C +=), communicator SMs; the rejected epilogues;
-// two to eight token tiles, forced clusters both ways, split 3 and 4; and the planner's choice on
-// forward rows of 17-1000 tokens (300 x 4096 x 14336: two token tiles split twice).
+// two to eight token tiles, forced clusters both ways, split 3 and 4 (104 and 120, which run in
+// single CTAs only, on a misaligned pitch too); and the planner's choice on forward rows of 17-1000
+// tokens (300 x 4096 x 14336: two token tiles split twice; 300 x 5120 x 13824: 3 x 104; 101 tokens on
+// a misaligned pitch: 112 in clusters, not 104).
 TEST(Gemm, SwappedWideTiles) {
   for (int w : gemm::kSwappedWidths) {
     // K off the 64 grid runs in 2-CTA clusters (the token tile multicast), K on it in single CTAs.
@@ -491,6 +493,9 @@ TEST(Gemm, SwappedWideTiles) {
   expect_error<Error>([&] { gemm::gemm(p, p, p, 64, 128, 64, gemm::BLayout::NK, o); }, "bias", "a bias");
   o.bias_type = gemm::BiasType::None, o.bias = nullptr, o.tile_n = 100;
   expect_error<Error>([&] { gemm::gemm(p, p, p, 64, 128, 64, gemm::BLayout::NK, o); }, "tile_n 100", "tile_n = 100");
+  o.tile_n = 104, o.tile_cluster = 2;  // half of 104 token rows is not whole 8-row swizzle atoms
+  expect_error<Error>([&] { gemm::gemm(p, p, p, 64, 128, 1032, gemm::BLayout::NK, o); }, "clusters at 104",
+                      "single CTAs only");
   WEAVE_CUDA_CHECK(cudaFree(p));
   // Two to eight token tiles (257-1500 tokens), forced and as the planner picks them, single CTAs and
   // 2-CTA clusters (cluster 0: as the pitch decides; 1 and 2 forced either way).
@@ -503,7 +508,8 @@ TEST(Gemm, SwappedWideTiles) {
                    Forced{{320, 1000, 2048}, 160, 0}, Forced{{288, 4104, 1032}, 96, 0},
                    Forced{{401, 1000, 2048}, 160, 0}, Forced{{576, 392, 520}, 192, 0},
                    Forced{{521, 1000, 2048}, 176, 0}, Forced{{1001, 392, 1032}, 144, 2},
-                   Forced{{1100, 4104, 1032}, 160, 1}, Forced{{1497, 1000, 520}, 192, 0}}) {
+                   Forced{{1100, 4104, 1032}, 160, 1}, Forced{{1497, 1000, 520}, 192, 0},
+                   Forced{{300, 5120, 1032}, 104, 0}, Forced{{239, 1000, 2048}, 120, 0}}) {
     Variant v;
     v.bl = gemm::BLayout::NK, v.tile = gemm::Tile::SwappedW, v.tile_n = f.w, v.samples = true;
     v.tile_cluster = f.cluster;
@@ -519,7 +525,8 @@ TEST(Gemm, SwappedWideTiles) {
                  Case{256, 14336, 520}, Case{300, 14336, 4096}, Case{288, 14344, 4104}, Case{288, 5120, 13824},
                  Case{448, 11008, 4096}, Case{140, 8192, 2048}, Case{170, 14336, 4096}, Case{520, 14336, 4096},
                  Case{900, 11008, 4096}, Case{1000, 13832, 5128}, Case{136, 5120, 13824}, Case{300, 4096, 14336},
-                 Case{800, 4096, 14336}}) {
+                 Case{800, 4096, 14336}, Case{300, 5120, 13824}, Case{112, 14336, 4096}, Case{232, 8192, 8192},
+                 Case{101, 14344, 4104}}) {
     Variant v;
     v.bl = gemm::BLayout::NK;
     run_case(c, v);

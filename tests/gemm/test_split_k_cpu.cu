@@ -117,7 +117,7 @@ TEST(GemmPlan, SwappedTokenTilesWherePaddingFalls) {
   };
   const Row rows[] = {{288, 14336, 4096, 144}, {320, 28672, 8192, 160},  {320, 14344, 4104, 160},
                       {288, 4096, 14336, 96},  {288, 5120, 13824, 96},   {264, 11008, 4096, 96},
-                      {448, 11008, 4096, 160}, {320, 11008, 4096, 0},    {320, 5120, 13824, 0},
+                      {448, 11008, 4096, 160}, {320, 11008, 4096, 0},    {320, 5120, 13824, 112},
                       {480, 14336, 4096, 0},   {480, 28672, 8192, 0},    {352, 28672, 8192, 176},
                       {520, 11008, 4096, 176}, {900, 11008, 4096, 160},  {520, 13824, 5120, 0},
                       {450, 53248, 16384, 0}};
@@ -224,10 +224,44 @@ TEST(GemmPlan, Swapped256WhereItMeasuredFaster) {
   }
 }
 
-// Its narrow widths (96-120) only over one or two rounds of SMs, where they measured faster (900 x
-// 7168 x 18432: 0.87 -> 0.99 of cuBLAS on 256 x 104; 1300 x 5120 x 13824: 0.88 -> 0.99), not over
-// more, where they lost (900 x 16384 x 53248: 5 rounds of 256 x 96, 0.83 against 0.94 on 256 x 160;
-// 2026-12-04 fourth session).
+// The swapped 128 x w tile's widths 104-120 (the stages of 128, fewer padded token rows): one token
+// tile of them (112 x 14336 x 4096: 0.95 -> 0.96-0.97 of cuBLAS) and three or more (300 x 5120 x
+// 13824: 3 x 104, 0.82 -> 0.97; 400 x 4096 x 6144: 4 x 104, 0.78 -> 1.02), never two (216 x 28672 x
+// 8192: 2 x 112 lost 8 %), and only the widths that are multiples of 16 in 2-CTA clusters (2026-12-04
+// fourth session).
+TEST(GemmPlan, SwappedMidWidths) {
+  for (const int* nk : kPairs)
+    for (int M = 97; M <= 1500; M += 3)
+      for (bool aligned : {true, false}) {
+        PlanInputs in = inputs(M, nk[0], nk[1] + (aligned ? 0 : 8), aligned);
+        in.wide = in.swapped = in.swapped_wide = in.swapped_tiles = in.swapped_splits = true;
+        const Choice c = plan_gemm(in);
+        if (c.tile != Tile::SwappedW) continue;
+        const std::string name = std::to_string(M) + "x" + std::to_string(nk[0]) + "x" + std::to_string(nk[1]);
+        EXPECT_TRUE(is_swapped_width(c.width)) << name;
+        if (c.width > 96 && c.width < 128) EXPECT_NE(ceil_div(M, c.width), 2) << name;
+        if (c.cluster == 2) EXPECT_TRUE(swapped_width_clusters(c.width)) << name;
+      }
+  struct Row {
+    int M, N, K, width;
+  };
+  for (const Row& r : {Row{300, 5120, 13824, 104}, Row{400, 4096, 6144, 104}, Row{112, 14336, 4096, 112},
+                       Row{450, 4096, 14336, 120}}) {
+    PlanInputs in = inputs(r.M, r.N, r.K);
+    in.wide = in.swapped = in.swapped_wide = in.swapped_tiles = in.swapped_splits = true;
+    const Choice c = plan_gemm(in);
+    EXPECT_EQ(c.tile, Tile::SwappedW) << r.M << "x" << r.N << "x" << r.K;
+    EXPECT_EQ(c.width, r.width) << r.M << "x" << r.N << "x" << r.K;
+  }
+  PlanInputs in = inputs(216, 28672, 8192);
+  in.wide = in.swapped = in.swapped_wide = in.swapped_tiles = in.swapped_splits = true;
+  EXPECT_FALSE(plan_gemm(in).tile == Tile::SwappedW && plan_gemm(in).width == 112);
+}
+
+// The swapped 256 x w tile's narrow widths (96-120) only over one or two rounds of SMs, where they
+// measured faster (900 x 7168 x 18432: 0.87 -> 0.99 of cuBLAS on 256 x 104; 1300 x 5120 x 13824: 0.88
+// -> 0.99), not over more, where they lost (900 x 16384 x 53248: 5 rounds of 256 x 96, 0.83 against
+// 0.94 on 256 x 160; 2026-12-04 fourth session).
 TEST(GemmPlan, Swapped256NarrowOverFewRounds) {
   for (const int* nk : kPairs)
     for (int M = kSwappedWideMaxM + 1; M <= plan_model::kSwapped256MaxM; M += 23)
@@ -526,7 +560,10 @@ TEST(GemmPlan, SwappedWideWhereTheABMeasuredIt) {
     EXPECT_EQ(plan_gemm(in).tile, Tile::M128N256) << s[0] << "x" << s[1] << "x" << s[2];
   }
   EXPECT_EQ(swapped_width(17), 32);
-  EXPECT_EQ(swapped_width(97), 128);
+  EXPECT_EQ(swapped_width(97), 104);
+  EXPECT_EQ(swapped_width(97, true), 112);  // 2-CTA clusters: widths that are multiples of 16
+  EXPECT_EQ(swapped_width(113, true), 128);
+  EXPECT_EQ(swapped_width(128, true), 128);
   EXPECT_EQ(swapped_width(192), 192);
   EXPECT_EQ(swapped_width(193), 208);
   EXPECT_EQ(swapped_width(209), 0);

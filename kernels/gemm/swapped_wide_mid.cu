@@ -1,0 +1,14 @@
+// The swapped 128 x w tiles of w = 104, 112 and 120, between 96 and 128 (swapped_wide.cu,
+// swapped_wide_large.cu and swapped_wide_odd.cu have the others).
+#include "gemm/swapped_wide.cuh"
+
+namespace weave::gemm::detail {
+
+template lcsc::Plan run_swapped_width<104>(const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*, int, int, int,
+                                           const Options&, int, cudaStream_t, const Launch&);
+template lcsc::Plan run_swapped_width<112>(const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*, int, int, int,
+                                           const Options&, int, cudaStream_t, const Launch&);
+template lcsc::Plan run_swapped_width<120>(const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*, int, int, int,
+                                           const Options&, int, cudaStream_t, const Launch&);
+
+}  // namespace weave::gemm::detail
