@@ -19,6 +19,28 @@
 
 namespace weave::gemm {
 
+// The planner's part of launch_choice, for opt.tile Auto; only the default epilogue (A M x K, bf16
+// output, no bias) may take the cluster tile or split-K (the instantiations that exist).
+Launch plan_launch(int M, int N, int K, BLayout bl, int sm_count, int pair_clusters, const Options& opt,
+                   bool f32_out) {
+  const bool plain = opt.a_layout == ALayout::MK && !f32_out && opt.bias_type == BiasType::None;
+  const bool mid_ok = opt.a_layout == ALayout::MK && !f32_out;
+  PlanInputs in;
+  in.M = M, in.N = N, in.K = K;
+  in.aligned = pitch_aligned(opt.a_layout == ALayout::KM ? M : K) && pitch_aligned(bl == BLayout::NK ? K : N);
+  in.sm_count = sm_count;
+  in.pair_clusters = plain && opt.lcsc.num_comm_sms % 2 == 0 ? pair_clusters : 0;
+  in.mid = mid_ok;
+  in.wide = mid_ok && bl == BLayout::NK;
+  in.split_k = plain && opt.split_k != 1;
+  in.swapped = bl == BLayout::NK && opt.a_layout == ALayout::MK && opt.lcsc.num_comm_sms == 0 && opt.split_k <= 1;
+  in.swapped_wide = in.swapped_tiles = in.swapped256 = in.swapped_splits = plain && bl == BLayout::NK;
+  const Choice c = plan_gemm(in);
+  int splits = c.splits;
+  if (plain && opt.split_k > 1 && c.tile != Tile::M128N128 && c.tile != Tile::SwappedW256) splits = opt.split_k;
+  return {c.tile, splits, c.workers, c.width, c.cluster};
+}
+
 namespace {
 
 using bf16 = __nv_bfloat16;
@@ -72,7 +94,6 @@ lcsc::Plan run_layouts(const bf16* A, const bf16* B, OutT* C, int M, int N, int 
 // may take the cluster tile or split-K (the instantiations that exist).
 Launch launch_choice(int M, int N, int K, BLayout bl, const Options& opt, bool f32_out) {
   const bool plain = opt.a_layout == ALayout::MK && !f32_out && opt.bias_type == BiasType::None;
-  const bool mid_ok = opt.a_layout == ALayout::MK && !f32_out;
   lcsc::Config wide = opt.lcsc;
   wide.balance_waves = false;
   const int blocks = lcsc::plan_for<Big<BLayout::NK>>(1LL << 40, wide).compute_blocks;
@@ -116,20 +137,7 @@ Launch launch_choice(int M, int N, int K, BLayout bl, const Options& opt, bool f
     return {opt.tile, splittable && opt.split_k > 1 ? opt.split_k : 1,
             opt.tile == Tile::M128N256C2 ? pairs : blocks, opt.tile == Tile::M128Nw ? opt.tile_n : 0};
   }
-  PlanInputs in;
-  in.M = M, in.N = N, in.K = K;
-  in.aligned = aligned;
-  in.sm_count = blocks;
-  in.pair_clusters = pairs;
-  in.mid = mid_ok;
-  in.wide = mid_ok && bl == BLayout::NK;
-  in.split_k = plain && opt.split_k != 1;
-  in.swapped = bl == BLayout::NK && opt.a_layout == ALayout::MK && opt.lcsc.num_comm_sms == 0 && opt.split_k <= 1;
-  in.swapped_wide = in.swapped_tiles = in.swapped256 = in.swapped_splits = plain && bl == BLayout::NK;
-  const Choice c = plan_gemm(in);
-  int splits = c.splits;
-  if (plain && opt.split_k > 1 && c.tile != Tile::M128N128 && c.tile != Tile::SwappedW256) splits = opt.split_k;
-  return {c.tile, splits, c.workers, c.width, c.cluster};
+  return plan_launch(M, N, K, bl, blocks, pairs, opt, f32_out);
 }
 
 template <class OutT>

@@ -141,6 +141,11 @@ struct Launch {
 Launch choose_launch(int M, int N, int K, BLayout b, const Options& opt = {}, bool f32_out = false);
 
 // Pure functions (CPU-tested).
+// The planner's launch for opt.tile Auto on a device of sm_count compute blocks (its SMs less
+// opt.lcsc.num_comm_sms) and pair_clusters 2-CTA clusters: what choose_launch returns there, with
+// no device (weave-bench gemm --list --plan-sms N).
+Launch plan_launch(int M, int N, int K, BLayout b, int sm_count, int pair_clusters, const Options& opt = {},
+                   bool f32_out = false);
 void validate_shape(int M, int N, int K);
 // Everything gemm checks before it touches the device: the shape, A's layout (M % 8 when K x M),
 // 16-byte aligned A, B, C and bias, the bias type against its pointer, and the tile against the

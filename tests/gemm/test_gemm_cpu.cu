@@ -321,6 +321,35 @@ TEST(GemmShape, Swapped256TileArgs) {
             std::string::npos);
 }
 
+// plan_launch (no device) is the planner on the arguments gemm() passes it: the epilogue decides
+// what may split or cluster, B as K x N takes no swapped tile, communicator SMs no swapped tile,
+// an odd count of them no cluster tile.
+TEST(GemmShape, PlanLaunch) {
+  using gemm::BLayout;
+  const gemm::Launch a = gemm::plan_launch(300, 5120, 13824, BLayout::NK, 132, 66);
+  EXPECT_EQ(gemm::launch_name(a), "sw128x104");
+  const gemm::Launch m = gemm::plan_launch(101, 14344, 4104, BLayout::NK, 132, 66);  // misaligned K: clusters
+  EXPECT_EQ(m.tile, gemm::Tile::SwappedW);
+  EXPECT_EQ(m.cluster, 2);
+  EXPECT_EQ(m.width, 112);
+  EXPECT_NE(gemm::plan_launch(300, 5120, 13824, BLayout::KN, 132, 66).tile, gemm::Tile::SwappedW);
+  gemm::Options o;
+  o.bias_type = gemm::BiasType::F32;
+  for (int M : {16, 300, 2047}) {  // with a bias: no split, no cluster, no swapped 128 x w tile (the
+                                   // decode tile takes every epilogue)
+    const gemm::Launch l = gemm::plan_launch(M, 5128, 13832, BLayout::NK, 132, 66, o);
+    EXPECT_EQ(l.splits, 1) << M;
+    EXPECT_NE(l.tile, gemm::Tile::M128N256C2) << M;
+    EXPECT_NE(l.tile, gemm::Tile::SwappedW) << M;
+    EXPECT_NE(l.tile, gemm::Tile::SwappedW256) << M;
+  }
+  o = {};
+  o.lcsc.num_comm_sms = 8;
+  EXPECT_NE(gemm::plan_launch(16, 14336, 4096, BLayout::NK, 124, 62, o).tile, gemm::Tile::Swapped);
+  o.lcsc.num_comm_sms = 3;  // an odd communicator count leaves no whole clusters
+  EXPECT_NE(gemm::plan_launch(2047, 5128, 13832, BLayout::NK, 129, 64, o).tile, gemm::Tile::M128N256C2);
+}
+
 TEST(GemmShape, TileNames) {
   EXPECT_STREQ(gemm::tile_name(gemm::Tile::M64N128), "64x128");
   EXPECT_STREQ(gemm::tile_name(gemm::Tile::M128N256), "128x256");

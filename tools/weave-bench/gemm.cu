@@ -20,7 +20,8 @@
 // B layout. --set tokens: the models' forward rows at 136-1500 tokens, off the 64-token grid.
 // --split-k: 0 = the planner's choice (the default), 1 = never, N = the last partial
 // round's tiles split N ways where the tile allows; the tile column says "/kN" where it split.
-// --shapes replaces the set. --list prints the set as JSON lines and exits (no GPU).
+// --shapes replaces the set. --list prints the set as JSON lines and exits (no GPU); with --plan-sms N
+// each row also names the planner's launch on a device of N SMs (N / 2 2-CTA clusters).
 #include <cuda_bf16.h>
 
 #include <array>
@@ -228,10 +229,16 @@ int run_gemm_bench(const Args& args) {
     if (c.tokens > 0) j.add("proj", c.proj).add("tokens", c.tokens);
     return j;
   };
-  if (args.has("list")) {  // no GPU needed
+  if (args.has("list")) {  // no GPU needed; --plan-sms N adds the planner's launch on a device of N SMs
+    const int plan_sms = static_cast<int>(args.get_int("plan-sms", 0));
     for (const Case& c : cases) {
       JsonLine j = case_row(c, nullptr);
       j.add("set", set_name).add("supported", true);
+      if (plan_sms > 0) {
+        gemm::Options o;
+        if (c.a_km) o.a_layout = gemm::ALayout::KM;
+        j.add("plan", gemm::launch_name(gemm::plan_launch(c.s.M, c.s.N, c.s.K, c.bl, plan_sms, plan_sms / 2, o)));
+      }
       std::printf("%s\n", j.str().c_str());
     }
     std::fprintf(stderr, "weave-bench gemm --set %s: %zu shapes\n", set_name.c_str(), cases.size());
@@ -455,7 +462,7 @@ int run_gemm_bench(const Args& args) {
 
 WEAVE_BENCH(gemm,
             "bf16 GEMM: weave vs cuBLASLt (--set core|models|tokens: the 8 tuned shapes (default), real models' MLP "
-            "shapes in all three training layouts plus ragged ones, or their forward rows at 136-1500 tokens; --list prints the set, no GPU needed; "
+            "shapes in all three training layouts plus ragged ones, or their forward rows at 136-1500 tokens; --list prints the set, no GPU needed, --plan-sms N with the planner's launch on N SMs; "
             "--shapes MxNxK,... --layout kn|nk --a-layout mk|km --tile auto|256|128|192|256s4|256c2|64|swapped|w96|w112|w144|w160|w176|w208|sw32..sw208[c1|c2]|sw256x96..sw256x176 --split-k N --group G --comm 0,8 --no-balance "
             "--accumulate --trace N)",
             run_gemm_bench);

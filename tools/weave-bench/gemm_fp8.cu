@@ -39,7 +39,7 @@
 // incorrect row too). A transposed dimension must be a multiple of 16 (transpose_fp8's 16-byte
 // vectors): the rows where one is not are listed as unsupported.
 //
-//   weave-bench gemm_fp8 [--json FILE] [--shapes MxNxK,...] [--set core|models|tokens] [--list]
+//   weave-bench gemm_fp8 [--json FILE] [--shapes MxNxK,...] [--set core|models|tokens] [--list [--plan-sms N]]
 //                        [--types e4m3xe4m3|e5m2xe4m3|e4m3xe5m2] [--tile auto|256|128|64|swapped|w96..w208|sw32..sw208] [--block-tile auto|128|192] [--split-k N] [--lane-scales 0|1|2]
 //                        [--impl cublaslt,cublaslt_precise,weave,weave_block] [--target-ms T]
 // --set core|models|tokens: the rows of weave-bench gemm (gemm_sets.hpp): nk (forward) rows as above, and
@@ -218,12 +218,19 @@ int run_gemm_fp8_bench(const Args& args) {
     if (set_name == "models" || r.layout == 2) j.add("a_layout", a_layout_name(r)).add("pass", pass_name(r));
     return j;
   };
-  if (args.has("list")) {  // no GPU needed
+  if (args.has("list")) {  // no GPU needed; --plan-sms N adds the per-tensor planner's launch on N SMs
+    const int plan_sms = static_cast<int>(args.get_int("plan-sms", 0));
     for (const Row& r : rows) {
       const std::string why = unsupported(r);
       JsonLine j = base_row(r, nullptr);
       j.add("supported", why.empty());
       if (!why.empty()) j.add("reason", why);
+      if (why.empty() && plan_sms > 0) {
+        const auto [rta, rtb] = row_types(r);
+        const gemm_fp8::Launch l =
+            gemm_fp8::plan_launch(r.M, r.N, r.K, plan_sms, {}, rta == Fp8::E4M3 && rtb == Fp8::E4M3);
+        j.add("plan", gemm_fp8::launch_name(l));
+      }
       std::printf("%s\n", j.str().c_str());
     }
     return 0;
@@ -538,7 +545,7 @@ int run_gemm_fp8_bench(const Args& args) {
 WEAVE_BENCH(gemm_fp8,
             "fp8 GEMM (A M x K, B N x K, bf16 out): weave per-tensor and block-scaled vs cuBLASLt fp8 "
             "(--shapes MxNxK,... or --set core|models|tokens (models adds the dgrad / wgrad rows: transpose_fp8 copies "
-            "then the GEMM, e5m2 x e4m3, for both sides), --list, --types e4m3xe4m3|e5m2xe4m3|e4m3xe5m2, "
+            "then the GEMM, e5m2 x e4m3, for both sides), --list (--plan-sms N: with the per-tensor planner's launch on N SMs), --types e4m3xe4m3|e5m2xe4m3|e4m3xe5m2, "
             "--tile auto|256|128|64|swapped|w96..w208|sw32..sw208, --block-tile auto|128|192, --split-k N (0 planner, 1 never), --lane-scales 0|1|2 (block scales' B loads: auto, uniform, per lane), --impl cublaslt,cublaslt_precise,weave,weave_block, --target-ms T); "
             "also `weave-bench gemm --dtype fp8`",
             run_gemm_fp8_bench);
