@@ -117,6 +117,8 @@ Launch launch_choice(int M, int N, int K, BLayout bl, const Options& opt, bool f
     WEAVE_CHECK(opt.tile_cluster >= 0 && opt.tile_cluster <= 2 && (opt.tile_cluster != 2 || pairs > 0),
                 "gemm: tile_cluster must be 0, 1 or 2 (2: with an even num_comm_sms on a device with 2-CTA "
                 "clusters); got ", opt.tile_cluster, " (num_comm_sms = ", opt.lcsc.num_comm_sms, ")");
+    WEAVE_CHECK(is_swapped_width(opt.tile_n), "gemm: the swapped 128 x w tile takes tile_n one of ",
+                swapped_widths_text(), "; got tile_n = ", opt.tile_n);
     WEAVE_CHECK(opt.tile_cluster != 2 || swapped_width_clusters(opt.tile_n), "gemm: the swapped 128 x ",
                 opt.tile_n, " tile runs in single CTAs only (2-CTA clusters need a width that is a multiple of 16)");
     const int cluster = opt.tile_cluster > 0                                        ? opt.tile_cluster

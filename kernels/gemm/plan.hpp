@@ -233,8 +233,9 @@ inline Choice plan_gemm(const PlanInputs& in) {
     if (!in.swapped_tiles) return;
     for (int t = 2; t <= kSwappedMaxTokenTiles; ++t) {
       int w = swapped_width(ceil_div(in.M, t), pair);
-      // Two token tiles of 104-120 (209-240 tokens) lost to the 128-row tiles on 15 of 22 rows (bf16
-      // and fp8, up to 25 %); one tile of them and three or more won (2026-12-04 fourth session).
+      // Two token tiles of 104-120 (209-240 tokens) lost to the tiles taken before on 31 of 46 rows
+      // (bf16 and fp8, 26 by > 3 %, up to 25 %); one tile of them and three or more won (2026-12-04
+      // fourth session).
       if (t == 2 && w > 96 && w < 128) w = 128;
       if (w > 0 && t * w < 128 * ceil_div(in.M, 128)) consider_swapped_tiles(best, w, t);
     }

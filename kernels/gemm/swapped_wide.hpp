@@ -26,7 +26,7 @@ constexpr int swapped_wide_stages(int w) {
 
 // Stages of a swapped 256 x w tile (Tile::SwappedW256): its staging tile is the same w x 128 bf16
 // (two parts of 64 weight rows per consumer), its stages 32 KB of weights plus w token rows: 4 at
-// w = 128, 3 at 144-176.
+// w = 96-128, 3 at 144-176.
 constexpr int swapped256_stages(int w) { return swapped_stage_budget(w) / ((256 + w) * 128); }
 
 // One width's launch: X (M x K) the tokens, W (N x K) the weights, C (M x N) bf16; split.splits > 1

@@ -40,7 +40,8 @@ __host__ __device__ inline double mean_cost(double cycles, long long done, doubl
 
 // The target number of communication blocks: eq. 2 on the tasks not yet done, rounded, at least
 // one while communication work is left and at most B - 1 while compute work is left (someone must
-// produce what the communication waits for); all B once the compute is done.
+// produce what the communication waits for; with B = 1 the compute keeps the block); all B once
+// the compute is done.
 __host__ __device__ inline int target_comm_blocks(const View& v) {
   const double rp = static_cast<double>(v.compute_tasks - v.compute_done);
   const double rs = static_cast<double>(v.comm_tasks - v.comm_done);
@@ -56,8 +57,9 @@ __host__ __device__ inline int target_comm_blocks(const View& v) {
 
 // The role a block takes for its next task. Compute: claim the next compute task; Comm: the next
 // communication task once its input is in place on every rank (waiting for it); Done: nothing left
-// to claim. A compute block moves to communication only when the next task's input has begun to
-// arrive and the communication role is below its target; a communication block goes back to
+// to claim. Once every compute task is claimed, every block communicates. Before, a compute block
+// moves to communication only when the next task's input has begun to arrive and the
+// communication role is below its target; a communication block goes back to
 // compute when the role is above its target, or when the next task's input has not begun to
 // arrive while compute work is left (the paper's stalled-work rule, in the direction GEMM +
 // all-reduce needs: there the communication consumes what the compute produces).

@@ -214,20 +214,33 @@ double simulate(const Scenario& s, int n_comm, unsigned seed) {
     else next_fixed[b] += n_comm;
     link.push_back({b, 1 + s.jitter * u(rng), t});
   }
-  EXPECT_EQ(v.compute_done, adaptive ? s.tiles : v.compute_done);
+  EXPECT_EQ(v.compute_done, s.tiles);  // every task ran once, whatever the split
+  EXPECT_EQ(v.comm_done, comm_tasks);
   return now;
 }
 
-// The controller against every fixed split of the tuner's kind (1 to B / 2 communicator blocks),
-// over tiles light and heavy in communication, links that saturate early and late, W 2 and 8, tile
-// counts from under one round to many, and cost priors exact or off by 2x either way. The issue's
-// target is within 5 % of the best fixed split without per-shape tuning: met on average (the
-// controller is faster than the best fixed split in geometric mean) and in at least 90 % of the
-// scenarios; the rest (a round's tail of short reductions, reductions 3x a tile on a saturating
-// link) stay within 10 %.
+// The controller against every fixed split (1 to B - 1 communicator blocks), over tiles light and
+// heavy in communication, links that saturate early and late, W 2 and 8, tile counts from under
+// one round to many, and cost priors exact or off by 2x either way, a role change costing 0.1 tile.
+// The issue's target is within 5 % of the best fixed split without per-shape tuning: met on average
+// (the controller is faster than the best fixed split in geometric mean: it also moves blocks within
+// a call) and in at least 90 % of the scenarios; the rest (96 tiles, under one round, with
+// reductions of 0.05 tile on a link of 8; 512 tiles with reductions as long as a tile on a link of
+// 32) stay within 12 % (1.06-1.08 over 24 seeds). A dearer role change moves the balance: at 0.3
+// tile the geomean is 1.0 and 70 of 80 are within 5 %, at 0.5 tile 1.04 and 59.
 double best_fixed(const Scenario& s, unsigned long long seed, int* best_n) {
   double best = 1e300;
-  for (int k = 1; k <= s.B / 2; ++k) {
+  const int comm_tasks = (s.tiles + s.W - 1) / s.W;
+  for (int k = 1; k < s.B; ++k) {
+    // A split that cannot beat the best so far even with no waiting is not simulated (the splits
+    // with few compute blocks would poll for millions of events): its compute alone, or its
+    // reductions alone at the link's rate, take longer.
+    const double low = 1 - s.jitter;
+    const double compute = std::ceil(static_cast<double>(s.tiles) / (s.B - k)) * s.cp * low;
+    const double comm = (k <= s.n_sat ? std::ceil(static_cast<double>(comm_tasks) / k)  // the busiest block
+                                      : static_cast<double>(comm_tasks) / s.n_sat) *     // the link
+                        s.cs * low;
+    if (3 * std::max(compute, comm) >= best) continue;
     double m = 0;
     for (unsigned r = 0; r < 3; ++r) m += simulate(s, k, static_cast<unsigned>(seed + r));
     if (m < best) best = m, *best_n = k;
@@ -261,7 +274,7 @@ TEST(SmSplit, AdaptiveAgainstTheBestFixedSplit) {
     sum_log += std::log(ratio);
     within += ratio <= 1.05;
     if (ratio > worst) worst = ratio, worst_i = static_cast<int>(i);
-    EXPECT_LE(ratio, 1.10) << "tiles " << s.tiles << " W " << s.W << " cs " << s.cs << " n_sat " << s.n_sat
+    EXPECT_LE(ratio, 1.12) << "tiles " << s.tiles << " W " << s.W << " cs " << s.cs << " n_sat " << s.n_sat
                            << " prior error " << s.prior_error << ": adaptive " << a / 3 << ", best fixed " << best / 3
                            << " at " << best_n << " blocks";
   }
