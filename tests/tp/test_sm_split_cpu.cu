@@ -288,10 +288,8 @@ TEST(SmSplit, AdaptiveAgainstTheBestFixedSplit) {
   EXPECT_GE(within, (9 * n + 9) / 10);
 }
 
-}  // namespace
-namespace {
 // SM_SPLIT_TRACE=1 ... --gtest_also_run_disabled_tests --gtest_filter=*Trace: one scenario's ledger
-// every half tile, adaptive and fixed.
+// every half tile, adaptive and fixed (simulate checks that every task ran).
 TEST(SmSplit, DISABLED_Trace) {
   const Scenario s{132, 2, 512, 1.0, 1.0, 32};
   const unsigned seed = static_cast<unsigned>(weave::check::test_seed());
