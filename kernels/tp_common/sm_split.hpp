@@ -3,9 +3,9 @@
 // equalises the predicted completion times of the two roles (the paper's eq. 2),
 //   n_s = B * R_s C_s / (R_p C_p + R_s C_s),
 // R the tasks left to each role, C their mean cost per task from the cycle counts the blocks
-// accumulate (the launch's priors before the first). Pure __host__ __device__
-// functions of a snapshot of the shared ledger, so that a kernel and the CPU event simulation in
-// tests/tp/test_sm_split_cpu.cu run the same policy. No kernel runs it yet (kernels/tp_common/README.md).
+// accumulate (the launch's priors before the first). Pure __host__ __device__ functions of a
+// snapshot of the shared ledger, so that a kernel and the CPU event simulation in
+// tests/tp/test_sm_split_cpu.cu run the same policy. No kernel runs it yet (tp_common/README.md).
 //
 // The ledger a kernel keeps in global memory (one per call): per role the tasks claimed (in order,
 // an atomic counter; a communication task taken with a compare-and-swap once its input is in
