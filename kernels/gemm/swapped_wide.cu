@@ -4,14 +4,10 @@
 
 namespace weave::gemm::detail {
 
-template lcsc::Plan run_swapped_width<32>(const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*, int, int, int,
-                                          const Options&, int, cudaStream_t, const Launch&);
-template lcsc::Plan run_swapped_width<64>(const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*, int, int, int,
-                                          const Options&, int, cudaStream_t, const Launch&);
-template lcsc::Plan run_swapped_width<96>(const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*, int, int, int,
-                                          const Options&, int, cudaStream_t, const Launch&);
-template lcsc::Plan run_swapped_width<128>(const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*, int, int, int,
-                                          const Options&, int, cudaStream_t, const Launch&);
+WEAVE_SWAPPED_WIDTH(32);
+WEAVE_SWAPPED_WIDTH(64);
+WEAVE_SWAPPED_WIDTH(96);
+WEAVE_SWAPPED_WIDTH(128);
 
 lcsc::Plan run_swapped_wide(const __nv_bfloat16* X, const __nv_bfloat16* W, __nv_bfloat16* C, int M, int N, int K,
                             const Options& opt, int group_m, cudaStream_t stream, const Launch& split) {

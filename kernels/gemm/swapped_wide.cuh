@@ -38,4 +38,12 @@ lcsc::Plan run_swapped256_width(const __nv_bfloat16* X, const __nv_bfloat16* W, 
   return run<SwappedWide256<Width>>(W, X, C, N, M, K, opt, group_m, stream);
 }
 
+// One width's explicit instantiation, for the translation units that split the widths between them.
+#define WEAVE_SWAPPED_WIDTH(W)                                                                             \
+  template lcsc::Plan run_swapped_width<W>(const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*, int, int, \
+                                           int, const Options&, int, cudaStream_t, const Launch&)
+#define WEAVE_SWAPPED256_WIDTH(W)                                                                          \
+  template lcsc::Plan run_swapped256_width<W>(const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*, int, \
+                                              int, int, const Options&, int, cudaStream_t)
+
 }  // namespace weave::gemm::detail

@@ -6,14 +6,10 @@
 
 namespace weave::gemm::detail {
 
-template lcsc::Plan run_swapped256_width<128>(const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*, int, int,
-                                              int, const Options&, int, cudaStream_t);
-template lcsc::Plan run_swapped256_width<144>(const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*, int, int,
-                                              int, const Options&, int, cudaStream_t);
-template lcsc::Plan run_swapped256_width<160>(const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*, int, int,
-                                              int, const Options&, int, cudaStream_t);
-template lcsc::Plan run_swapped256_width<176>(const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*, int, int,
-                                              int, const Options&, int, cudaStream_t);
+WEAVE_SWAPPED256_WIDTH(128);
+WEAVE_SWAPPED256_WIDTH(144);
+WEAVE_SWAPPED256_WIDTH(160);
+WEAVE_SWAPPED256_WIDTH(176);
 
 lcsc::Plan run_swapped_wide256(const __nv_bfloat16* X, const __nv_bfloat16* W, __nv_bfloat16* C, int M, int N, int K,
                                const Options& opt, int group_m, cudaStream_t stream, const Launch& split) {

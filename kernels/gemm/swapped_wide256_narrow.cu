@@ -3,13 +3,9 @@
 
 namespace weave::gemm::detail {
 
-template lcsc::Plan run_swapped256_width<96>(const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*, int, int,
-                                             int, const Options&, int, cudaStream_t);
-template lcsc::Plan run_swapped256_width<104>(const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*, int, int,
-                                              int, const Options&, int, cudaStream_t);
-template lcsc::Plan run_swapped256_width<112>(const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*, int, int,
-                                              int, const Options&, int, cudaStream_t);
-template lcsc::Plan run_swapped256_width<120>(const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*, int, int,
-                                              int, const Options&, int, cudaStream_t);
+WEAVE_SWAPPED256_WIDTH(96);
+WEAVE_SWAPPED256_WIDTH(104);
+WEAVE_SWAPPED256_WIDTH(112);
+WEAVE_SWAPPED256_WIDTH(120);
 
 }  // namespace weave::gemm::detail

@@ -4,9 +4,7 @@
 
 namespace weave::gemm::detail {
 
-template lcsc::Plan run_swapped_width<160>(const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*, int, int, int,
-                                           const Options&, int, cudaStream_t, const Launch&);
-template lcsc::Plan run_swapped_width<192>(const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*, int, int, int,
-                                           const Options&, int, cudaStream_t, const Launch&);
+WEAVE_SWAPPED_WIDTH(160);
+WEAVE_SWAPPED_WIDTH(192);
 
 }  // namespace weave::gemm::detail

@@ -4,11 +4,8 @@
 
 namespace weave::gemm::detail {
 
-template lcsc::Plan run_swapped_width<104>(const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*, int, int, int,
-                                           const Options&, int, cudaStream_t, const Launch&);
-template lcsc::Plan run_swapped_width<112>(const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*, int, int, int,
-                                           const Options&, int, cudaStream_t, const Launch&);
-template lcsc::Plan run_swapped_width<120>(const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*, int, int, int,
-                                           const Options&, int, cudaStream_t, const Launch&);
+WEAVE_SWAPPED_WIDTH(104);
+WEAVE_SWAPPED_WIDTH(112);
+WEAVE_SWAPPED_WIDTH(120);
 
 }  // namespace weave::gemm::detail

@@ -4,11 +4,8 @@
 
 namespace weave::gemm::detail {
 
-template lcsc::Plan run_swapped_width<144>(const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*, int, int, int,
-                                           const Options&, int, cudaStream_t, const Launch&);
-template lcsc::Plan run_swapped_width<176>(const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*, int, int, int,
-                                           const Options&, int, cudaStream_t, const Launch&);
-template lcsc::Plan run_swapped_width<208>(const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*, int, int, int,
-                                           const Options&, int, cudaStream_t, const Launch&);
+WEAVE_SWAPPED_WIDTH(144);
+WEAVE_SWAPPED_WIDTH(176);
+WEAVE_SWAPPED_WIDTH(208);
 
 }  // namespace weave::gemm::detail
