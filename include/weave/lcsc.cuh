@@ -52,6 +52,15 @@
 //           communicator(g, void* smem, i, n)             all threads of comm block i of n
 //           store_done(g, compute_blocks) (optional)      storer thread, after its last store
 //                                                        completed (fused kernels: final signals)
+//   kDynamicTasks = true (optional): tasks handed out at run time instead of the static deal
+//   (below, "Dynamic tasks"); K then also provides
+//           struct TaskState                              the loader's state between its choices
+//           next_task(g, TaskState&, blocks) -> Task      loader thread: the block's next task
+//           other_task(g, index, t, n) -> cycles          consumer threads t = 0..n-1 (all of them):
+//                                                        a task that is not a work item (they may
+//                                                        sync with consumers_sync<K>())
+//           task_finished(g, Task, cycles)                one consumer thread, after each task
+//           block_exit(g, blocks)                         thread 0, once every role of the block ended
 //   struct AuxShared + aux(g, AuxShared&, compute_blocks, t) (optional)
 //                                       threads t = 0..63 of warps 2-3 of every compute block,
 //                                       beside the loader and the storer: fused kernels move data
@@ -129,6 +138,36 @@ struct OwnsKLoop : std::false_type {};
 template <class K>
 struct OwnsKLoop<K, std::enable_if_t<K::kOwnsKLoop>> : std::true_type {};
 
+// Optional dynamic tasks (K::kDynamicTasks = true). The loader thread asks K::next_task for the
+// block's next task at each task boundary and publishes it in a small ring in shared memory that
+// the consumers and the storer read in order: a work item (loaded, consumed and stored as in the
+// static deal), another task (run by every consumer thread: a tile reduction, say, so a block can
+// change role at run time, mKernel's adaptive split), or the end. After another task the loader
+// waits until the consumers finished it before it chooses again: a work item it chose meanwhile
+// could be the input that task waits for, queued behind it in the same block. Cluster size 1, no
+// aux role, no communicator blocks.
+template <class K, class = void>
+struct HasDynamicTasks : std::false_type {};
+template <class K>
+struct HasDynamicTasks<K, std::enable_if_t<K::kDynamicTasks>> : std::true_type {};
+
+enum class TaskKind : int { Work = 0, Other = 1, Done = 2 };
+struct Task {
+  TaskKind kind = TaskKind::Done;
+  int index = -1;  // the work item, or K's index of the other task
+};
+
+inline constexpr int kTaskSlots = 4;
+// The named barrier of the consumer warpgroups in other tasks (ids 1-7 are the kernels' own: the
+// TP aux role 1, attention 2-5, split-K 6-7).
+inline constexpr int kConsumersBarrier = 8;
+
+struct TaskRing {
+  Task task[kTaskSlots];
+  tile::Mbarrier full[kTaskSlots];   // the loader published the slot
+  tile::Mbarrier empty[kTaskSlots];  // every consumer warp and the storer took it (another task: finished it)
+};
+
 template <class K>
 struct SharedStorage {
   typename K::Stage stage[K::kStages];
@@ -147,7 +186,14 @@ struct AuxStorage {
 };
 
 template <class K>
-using BlockStorage = std::conditional_t<HasAux<K>::value, AuxStorage<K>, SharedStorage<K>>;
+struct DynamicStorage {
+  SharedStorage<K> base;
+  TaskRing ring;
+};
+
+template <class K>
+using BlockStorage = std::conditional_t<HasAux<K>::value, AuxStorage<K>,
+                                        std::conditional_t<HasDynamicTasks<K>::value, DynamicStorage<K>, SharedStorage<K>>>;
 
 template <class K>
 constexpr size_t shared_bytes() {
@@ -355,7 +401,186 @@ __device__ __forceinline__ void run_storer(const typename K::Globals& g, SharedS
   if constexpr (HasStoreDone<K>::value) K::store_done(g, compute_blocks);
 }
 
+// ---- Dynamic tasks. The per-item bodies below are the static loops' (run_loader, run_consumer,
+// run_storer) as functions; the static loops keep theirs inline because moving them into these
+// functions changed the GEMM kernels' SASS scheduling (same PTX up to register names), which no
+// GPU has measured yet (docs/perf-notes.md, 2026-12-04 fifth session).
+
+template <class K>
+__device__ __forceinline__ TaskRing& task_ring(SharedStorage<K>& s) {
+  return reinterpret_cast<DynamicStorage<K>&>(s).ring;
+}
+
+template <class K>
+__device__ __forceinline__ void load_work(const typename K::Globals& g, SharedStorage<K>& s,
+                                          tile::PipeState<K::kStages>& ps, int w) {
+  const int iters = K::num_iters(g, w);
+  auto t = [&] {
+    if constexpr (HasTileOf<K>::value) return K::tile_of(g, w);
+    else return w;
+  }();
+  for (int it = 0; it < iters; ++it) {
+    s.empty[ps.index].wait(ps.phase ^ 1);
+    s.full[ps.index].arrive_expect_tx(K::kStageTxBytes);
+    K::load(g, s.stage[ps.index], s.full[ps.index], t, it);
+    ps.advance();
+  }
+}
+
+template <class K>
+__device__ __forceinline__ void consume_work(const typename K::Globals& g, SharedStorage<K>& s,
+                                             tile::PipeState<K::kStages>& ps, uint32_t& out_phase,
+                                             typename K::ConsumerState& st, int w, int c) {
+  const int iters = K::num_iters(g, w);
+  if constexpr (OwnsKLoop<K>::value) {
+    ConsumerPipe<K> pipe{s, ps};
+    K::consume_range(g, st, pipe, w, 0, iters, c);
+  } else {
+    uint32_t prev = 0;
+    for (int it = 0; it < iters; ++it) {
+      s.full[ps.index].wait(ps.phase);
+      K::consume(g, st, s.stage[ps.index], w, it, c);
+      if constexpr (K::kReleaseLag == 1) {
+        if (it > 0) release<K>(s, prev);
+        prev = ps.index;
+      } else {
+        release<K>(s, ps.index);
+      }
+      ps.advance();
+    }
+    K::drain(st);
+    if constexpr (K::kReleaseLag == 1)
+      if (iters > 0) release<K>(s, prev);
+  }
+#pragma unroll 1
+  for (int part = 0; part < K::kOutputParts; ++part) {
+    s.out_empty.wait(out_phase ^ 1);
+    K::finish(g, st, s.out, w, c, part);
+    tile::fence_proxy_async_shared();  // the storer's TMA (async proxy) reads what we wrote
+    __syncwarp();
+    if (tile::lane_id() == 0) s.out_full.arrive();
+    out_phase ^= 1;
+  }
+}
+
+template <class K>
+__device__ __forceinline__ void store_work(const typename K::Globals& g, SharedStorage<K>& s, uint32_t& out_phase,
+                                           int w) {
+  for (int part = 0; part < K::kOutputParts; ++part) {
+    s.out_full.wait(out_phase);
+    K::store(g, s.out, w, part);
+    tile::tma::commit_group();
+    tile::tma::wait_group_read<0>();
+    s.out_empty.arrive();
+    out_phase ^= 1;
+  }
+}
+
+template <class K>
+__device__ __forceinline__ void run_loader_dynamic(const typename K::Globals& g, SharedStorage<K>& s,
+                                                   int compute_blocks) {
+  TaskRing& r = task_ring<K>(s);
+  tile::PipeState<K::kStages> ps;
+  tile::PipeState<kTaskSlots> ts;
+  typename K::TaskState state{};
+  K::prologue(g);
+  for (;;) {
+    const Task t = K::next_task(g, state, compute_blocks);
+    r.empty[ts.index].wait(ts.phase ^ 1);
+    r.task[ts.index] = t;
+    r.full[ts.index].arrive();
+    if (t.kind == TaskKind::Done) return;
+    if (t.kind == TaskKind::Work) load_work<K>(g, s, ps, t.index);
+    else r.empty[ts.index].wait(ts.phase);  // the consumers finished it (see HasDynamicTasks)
+    ts.advance();
+  }
+}
+
+template <class K>
+__device__ __forceinline__ void run_consumer_dynamic(const typename K::Globals& g, SharedStorage<K>& s, int c) {
+  TaskRing& r = task_ring<K>(s);
+  tile::PipeState<K::kStages> ps;
+  tile::PipeState<kTaskSlots> ts;
+  uint32_t out_phase = 0;
+  typename K::ConsumerState st;
+  constexpr int n = 128 * K::kConsumers;
+  const int t_id = static_cast<int>(threadIdx.x) - 128;
+  auto release_task = [&] {
+    __syncwarp();
+    if (tile::lane_id() == 0) r.empty[ts.index].arrive();
+  };
+  for (;;) {
+    r.full[ts.index].wait(ts.phase);
+    const Task t = r.task[ts.index];
+    if (t.kind == TaskKind::Done) return;
+    if (t.kind == TaskKind::Work) {
+      release_task();
+      const long long t0 = clock64();
+      consume_work<K>(g, s, ps, out_phase, st, t.index, c);
+      if (t_id == 0) K::task_finished(g, t, static_cast<unsigned long long>(clock64() - t0));
+    } else {
+      const unsigned long long cycles = K::other_task(g, t.index, t_id, n);
+      if (t_id == 0) K::task_finished(g, t, cycles);
+      release_task();
+    }
+    ts.advance();
+  }
+}
+
+template <class K>
+__device__ __forceinline__ void run_storer_dynamic(const typename K::Globals& g, SharedStorage<K>& s,
+                                                   int compute_blocks) {
+  TaskRing& r = task_ring<K>(s);
+  tile::PipeState<kTaskSlots> ts;
+  uint32_t out_phase = 0;
+  for (;;) {
+    r.full[ts.index].wait(ts.phase);
+    const Task t = r.task[ts.index];
+    if (t.kind == TaskKind::Done) break;
+    r.empty[ts.index].arrive();
+    ts.advance();
+    if (t.kind == TaskKind::Work) store_work<K>(g, s, out_phase, t.index);
+  }
+  tile::tma::wait_group<0>();
+  if constexpr (HasStoreDone<K>::value) K::store_done(g, compute_blocks);
+}
+
+// A dynamic-task kernel's block: the ring's barriers, the roles, then K::block_exit.
+template <class K>
+__device__ __forceinline__ void run_dynamic_block(const typename K::Globals& g, SharedStorage<K>& s,
+                                                  int compute_blocks) {
+  static_assert(cluster_size_v<K> == 1 && !HasAux<K>::value, "lcsc: dynamic tasks need cluster size 1 and no aux");
+  TaskRing& r = task_ring<K>(s);
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < kTaskSlots; ++i) {
+      r.full[i].init(1);
+      r.empty[i].init(4 * K::kConsumers + 1);  // every consumer warp and the storer
+    }
+    tile::fence_barrier_init();
+  }
+  __syncthreads();
+  const int wg = tile::warpgroup_index();
+  if (wg == 0) {
+    tile::warpgroup_reg_dealloc<K::kProducerRegs>();
+    const int warp = tile::warp_in_warpgroup();
+    if (warp == 0 && tile::lane_id() == 0) run_loader_dynamic<K>(g, s, compute_blocks);
+    else if (warp == 1 && tile::lane_id() == 0) run_storer_dynamic<K>(g, s, compute_blocks);
+  } else {
+    tile::warpgroup_reg_alloc<K::kConsumerRegs>();
+    run_consumer_dynamic<K>(g, s, wg - 1);
+  }
+  __syncwarp();      // the loader's and the storer's warps reconverge before the block barrier
+  __syncthreads();  // every role ended, and with it the block's accounting
+  if (threadIdx.x == 0) K::block_exit(g, compute_blocks);
+}
+
 }  // namespace detail
+
+// Consumer threads of a dynamic-task kernel meet here inside K::other_task.
+template <class K>
+__device__ __forceinline__ void consumers_sync() {
+  tile::named_barrier_sync(kConsumersBarrier, 128 * K::kConsumers);
+}
 
 template <class K>
 __global__ void __launch_bounds__(128 * (1 + K::kConsumers), 1)
@@ -379,6 +604,10 @@ __global__ void __launch_bounds__(128 * (1 + K::kConsumers), 1)
     tile::fence_barrier_init();
   }
   if constexpr (HasSetup<K>::value) K::setup(g);
+  if constexpr (HasDynamicTasks<K>::value) {
+    detail::run_dynamic_block<K>(g, s, compute_blocks);  // its own barrier follows the ring's set-up
+    return;
+  }
   if constexpr (C > 1) tile::cluster::sync();  // peers arrive on our barriers from here on
   else __syncthreads();
   const int wg = tile::warpgroup_index();
@@ -449,6 +678,9 @@ Plan launch(const typename K::Globals& g, const Config& cfg, cudaStream_t stream
   constexpr size_t smem = shared_bytes<K>();
   constexpr int C = cluster_size_v<K>;
   constexpr int threads = 128 * (1 + K::kConsumers);
+  if constexpr (HasDynamicTasks<K>::value)
+    WEAVE_CHECK(cfg.num_comm_sms == 0, "lcsc: a dynamic-task kernel's blocks choose their roles; num_comm_sms = ",
+                cfg.num_comm_sms, " must be 0");
   const Plan p = plan_for<K>(K::num_work(g), cfg);
   if (p.grid() == 0) return p;
   if constexpr (C == 1) {

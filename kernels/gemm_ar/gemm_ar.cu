@@ -10,6 +10,7 @@ struct GemmAR::Impl {
   runtime::Communicator& c;
   runtime::ShapeSignals sig{"tp.gemm_ar"};
   runtime::ShapeSignals sig_intra{"tp.gemm_ar_intra"};
+  runtime::ShapeSignals sig_adaptive{"tp.gemm_ar_adaptive"};  // ready, done, the SM split's ledger
   runtime::CallOrder order;
   std::set<std::string> capture_ready;  // tuned_launch's (every variant is capturable: unused)
   explicit Impl(runtime::Communicator& cc) : c(cc) {}
@@ -25,6 +26,17 @@ std::vector<int> GemmAR::comm_sms_candidates(int M, int N, int W, int sm_count) 
     if (n <= owned && n < sm_count / 2) v.push_back(n);
   if (v.empty()) v.push_back(1);
   return v;
+}
+
+// The SM split's cost priors, cycles per task before the call measured one of each kind: a
+// 128 x 256 x K tile at ~2700 dense bf16 FLOP per SM cycle (H200: ~70 % of 989 TFLOP/s over 132
+// SMs at 1.98 GHz), and a reduction moving 2 (W - 1) remote 64 KiB tiles at ~16 B per cycle per
+// block (one block's share of NVLink when several reduce). Only the first choices use them.
+AdaptivePriors adaptive_priors(int K, int W) {
+  AdaptivePriors p;
+  p.compute = static_cast<float>(2.0 * kBM * kBN * K / 2700.0);
+  p.comm = static_cast<float>(2.0 * (W - 1) * kBM * kBN * sizeof(bf16) / 16.0);
+  return p;
 }
 
 LaunchInfo GemmAR::launch(const bf16* A, const bf16* B, gemm::BLayout bl, bf16* out, int M, int N, int K, int ncomm,
@@ -43,8 +55,10 @@ LaunchInfo GemmAR::launch(const bf16* A, const bf16* B, gemm::BLayout bl, bf16* 
   g.M = M, g.N = N, g.K = K;
   g.tiles_m = g.L.tiles_m, g.tiles_n = g.L.tiles_n, g.group_m = g.L.group_m, g.accumulate = 0;
   g.rank = rank;
-  runtime::ShapeSignals& sig = variant == ArVariant::IntraSm ? m.sig_intra : m.sig;
-  const std::vector<int> counts = {variant == ArVariant::IntraSm ? ar_intra_ready_count(g.L) : g.L.work(), 1};
+  const bool adaptive = variant == ArVariant::Adaptive;
+  runtime::ShapeSignals& sig = variant == ArVariant::IntraSm ? m.sig_intra : adaptive ? m.sig_adaptive : m.sig;
+  std::vector<int> counts = {variant == ArVariant::IntraSm ? ar_intra_ready_count(g.L) : g.L.work(), 1};
+  if (adaptive) counts.push_back(static_cast<int>(sizeof(sm_split::Ledger) / sizeof(unsigned long long)));
   runtime::SignalSet& rd = sig.get(m.c, {M, N, K}, counts, 0, cap);
   runtime::SignalSet& dn = sig.get(m.c, {M, N, K}, counts, 1, cap);
   g.ready = rd.view();
@@ -57,6 +71,15 @@ LaunchInfo GemmAR::launch(const bf16* A, const bf16* B, gemm::BLayout bl, bf16* 
   if (variant == ArVariant::IntraSm) {
     for (int q = 0; q < W; ++q) g.out[q] = map_128x64(g.buf[q], M, N, N);
     p = bl == gemm::BLayout::NK ? lcsc::launch<ArIntraKernelNK>(g, cfg, s) : lcsc::launch<ArIntraKernel>(g, cfg, s);
+  } else if (adaptive) {
+    ArAdaptiveGlobals ga{};
+    static_cast<ArGlobals&>(ga) = g;
+    ga.ledger = reinterpret_cast<sm_split::Ledger*>(sig.get(m.c, {M, N, K}, counts, 2, cap).view().ptr[rank]);
+    const AdaptivePriors pr = adaptive_priors(K, W);
+    ga.compute_prior = pr.compute, ga.comm_prior = pr.comm;
+    cfg.balance_waves = false;  // every SM: the blocks beyond the tiles' waves reduce
+    p = bl == gemm::BLayout::NK ? lcsc::launch<ArAdaptiveKernelNK>(ga, cfg, s)
+                                : lcsc::launch<ArAdaptiveKernel>(ga, cfg, s);
   } else {
     p = bl == gemm::BLayout::NK ? lcsc::launch<ArKernelNK>(g, cfg, s) : lcsc::launch<ArKernel>(g, cfg, s);
   }
@@ -68,18 +91,20 @@ LaunchInfo GemmAR::run(const bf16* A, const bf16* B, bf16* out, int M, int N, in
                        cudaStream_t s) {
   Impl& m = *impl_;
   check_tp_call(m.c, "gemm_ar", M, N, K, o, {{"A", A, bf16_bytes(M, K)}, {"B", B, bf16_bytes(K, N)}, {"out", out, bf16_bytes(M, N)}}, kArVariants - 1,
-                "0 (inter-SM, communicator SMs reduce) or 1 (intra-SM, storers reduce-add)", s, [] {});
+                "0 (inter-SM, communicator SMs reduce), 1 (intra-SM, storers reduce-add) or 2 (adaptive split)", s, [] {});
   if (o.num_comm_sms >= 0) {
     const ArVariant v = o.variant >= 0 ? static_cast<ArVariant>(o.variant)
                         : o.num_comm_sms == 0 ? ArVariant::IntraSm
                                               : ArVariant::InterSm;
-    WEAVE_CHECK((v == ArVariant::IntraSm) == (o.num_comm_sms == 0), "gemm_ar: variant ", to_int(v), " (",
+    WEAVE_CHECK((v == ArVariant::InterSm) == (o.num_comm_sms > 0), "gemm_ar: variant ", to_int(v), " (",
                 variant_name(v), ") with num_comm_sms = ", o.num_comm_sms,
-                " (the intra-SM variant 1 uses none, the inter-SM variant 0 needs >= 1)");
+                " (the inter-SM variant 0 needs >= 1; the intra-SM variant 1 and the adaptive split 2 use 0)");
     return launch(A, B, o.b, out, M, N, K, o.num_comm_sms, v, s);
   }
   std::vector<runtime::TuneCandidate> cands;
   const auto allowed = [&](ArVariant v) { return o.variant < 0 || o.variant == to_int(v); };
+  // The adaptive split only when asked for by name: not measured on two GPUs yet (README).
+  if (o.variant == to_int(ArVariant::Adaptive)) cands.push_back({to_int(ArVariant::Adaptive), 0});
   if (allowed(ArVariant::IntraSm)) cands.push_back({to_int(ArVariant::IntraSm), 0});
   if (allowed(ArVariant::InterSm))
     for (int n : comm_sms_candidates(M, N, m.c.world(), m.c.sm_count()))

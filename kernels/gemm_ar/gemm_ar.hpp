@@ -6,6 +6,12 @@
 
 namespace weave::tp {
 
+// The adaptive split's cost priors for a call (cycles per tile, per reduction): gemm_ar.cu.
+struct AdaptivePriors {
+  float compute = 0, comm = 0;
+};
+AdaptivePriors adaptive_priors(int K, int W);
+
 class GemmAR {
  public:
   explicit GemmAR(runtime::Communicator& c);
@@ -18,8 +24,9 @@ class GemmAR {
   // the sum (also the kernel's staging buffer: its previous contents do not matter).
   // Options::variant (ArVariant, tp_common/variants.hpp): 0 InterSm (communicator SMs reduce;
   // bit-identical on every rank), 1 IntraSm (storers reduce-add into every peer; num_comm_sms = 0;
-  // bf16 adds at the destination, so with W > 2 ranks may differ in the last bit); -1 with
-  // num_comm_sms < 0: tuner.
+  // bf16 adds at the destination, so with W > 2 ranks may differ in the last bit), 2 Adaptive
+  // (InterSm's reductions by blocks that choose their role at run time; num_comm_sms = 0;
+  // bit-identical on every rank; never the tuner's own pick); -1 with num_comm_sms < 0: tuner.
   LaunchInfo run(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, const Options& o = {},
                  cudaStream_t s = nullptr);
   static std::vector<int> comm_sms_candidates(int M, int N, int W, int sm_count);

@@ -8,6 +8,8 @@
 #include "gemm/gemm_kernel.cuh"
 #include "tp_common/reduce_tile.cuh"
 #include "tp_common/schedule.hpp"
+#include "tp_common/sm_ledger.cuh"
+#include "weave/lcsc.cuh"
 #include "weave/signal.cuh"
 #include "weave/store.cuh"
 
@@ -36,12 +38,14 @@ struct ArKernelT : gemm::GemmKernel<256, BL, 3> {
     signal(g.ready, ar_owner(g.L, w), w);
   }
 
-  // The owner's reduction of tile w: every rank's partial into every rank's buffer.
-  static __device__ __forceinline__ void reduce_tile(const ArGlobals& g, int w) {
-    const gemm::TileCoord t = gemm::grouped_tile(w, g.L.tiles_m, g.L.tiles_n, g.L.group_m);
-    const int r0 = t.m * kBM, c0 = t.n * kBN;
+  // The owner's reduction of tile w: every rank's partial into every rank's buffer, by threads
+  // t = 0..nt-1 (the whole block by default).
+  static __device__ __forceinline__ void reduce_tile(const ArGlobals& g, int w, int t = threadIdx.x,
+                                                     int nt = blockDim.x) {
+    const gemm::TileCoord c = gemm::grouped_tile(w, g.L.tiles_m, g.L.tiles_n, g.L.group_m);
+    const int r0 = c.m * kBM, c0 = c.n * kBN;
     const long long off = static_cast<long long>(r0) * g.N + c0;
-    tp::reduce_tile(g.buf, g.L.W, off, g.buf, g.L.W, off, min(kBM, g.M - r0), min(kBN, g.N - c0) / 8, g.N);
+    tp::reduce_tile(g.buf, g.L.W, off, g.buf, g.L.W, off, min(kBM, g.M - r0), min(kBN, g.N - c0) / 8, g.N, t, nt);
   }
 
   static __device__ __forceinline__ void communicator(const ArGlobals& g, void*, int c, int nc) {
@@ -55,6 +59,74 @@ struct ArKernelT : gemm::GemmKernel<256, BL, 3> {
       if (threadIdx.x == 0) signal_all(g.done, 0);
     }
     if (c == 0 && threadIdx.x == 0) wait(g.done, 0, g.done_round * ar_done_expected(g.L));
+  }
+};
+
+// Adaptive (ArVariant::Adaptive): v0's tasks without a fixed split. Every block starts computing;
+// at each task boundary its loader asks the SM split's policy (tp_common/sm_split.hpp, over the
+// call's ledger, sm_ledger.cuh) whether the block computes the next tile or reduces the next tile
+// this rank owns (run by the block's consumer warpgroups, as v0's communicator blocks do with the
+// whole block); the lcsc template's dynamic tasks carry it out. The ledger is a signal set's
+// words on this rank (zero when made; the last block out zeroes it again).
+struct ArAdaptiveGlobals : ArGlobals {
+  tp::sm_split::Ledger* ledger;
+  float compute_prior, comm_prior;  // cycles per tile and per reduction before one is measured
+};
+
+template <gemm::BLayout BL>
+struct ArAdaptiveKernelT : ArKernelT<BL> {
+  using Base = ArKernelT<BL>;
+  using Globals = ArAdaptiveGlobals;
+  static constexpr bool kDynamicTasks = true;
+  struct TaskState {
+    sm_split::Role role = sm_split::Role::Compute;
+  };
+
+  // The tiles this rank owns, in order: w = rank + k W.
+  static __device__ __forceinline__ int owned_tiles(const Globals& g) {
+    const int work = g.L.work();
+    return g.rank < work ? (work - g.rank + g.L.W - 1) / g.L.W : 0;
+  }
+
+  static __device__ __forceinline__ lcsc::Task next_task(const Globals& g, TaskState& st, int blocks) {
+    sm_split::LedgerParams p;
+    p.blocks = blocks;
+    p.compute_tasks = g.L.work();
+    p.comm_tasks = owned_tiles(g);
+    p.compute_prior = g.compute_prior;
+    p.comm_prior = g.comm_prior;
+    // Begun: some rank's partial of the tile arrived in this round.
+    const unsigned long long* ready = g.ready.ptr[g.rank];
+    const unsigned long long before = (static_cast<unsigned long long>(g.ready_round) - 1) * ar_ready_expected(g.L);
+    const sm_split::Task t = sm_split::next_task(*g.ledger, p, st.role, [&](long long k) {
+      return ld_relaxed_sys(ready + g.rank + k * g.L.W) > before;
+    });
+    if (t.role == sm_split::Role::Done) return {};
+    return {t.role == sm_split::Role::Compute ? lcsc::TaskKind::Work : lcsc::TaskKind::Other,
+            static_cast<int>(t.index)};
+  }
+
+  // Reduction k by the consumer threads t = 0..n-1: v0's communicator loop body.
+  static __device__ __forceinline__ unsigned long long other_task(const Globals& g, int k, int t, int n) {
+    const int w = g.rank + k * g.L.W;
+    if (t == 0) wait(g.ready, w, g.ready_round * ar_ready_expected(g.L));
+    lcsc::consumers_sync<ArAdaptiveKernelT>();
+    const long long t0 = clock64();
+    Base::reduce_tile(g, w, t, n);
+    lcsc::consumers_sync<ArAdaptiveKernelT>();
+    if (t == 0) signal_all(g.done, 0);
+    return static_cast<unsigned long long>(clock64() - t0);
+  }
+
+  static __device__ __forceinline__ void task_finished(const Globals& g, lcsc::Task t, unsigned long long cycles) {
+    sm_split::task_done(*g.ledger, t.kind == lcsc::TaskKind::Work ? sm_split::Role::Compute : sm_split::Role::Comm,
+                        cycles);
+  }
+
+  // The last block out zeroed the ledger; it then waits, as v0's communicator block 0, until every
+  // tile's sum reached this rank.
+  static __device__ __forceinline__ void block_exit(const Globals& g, int blocks) {
+    if (sm_split::block_exit(*g.ledger, blocks)) wait(g.done, 0, g.done_round * ar_done_expected(g.L));
   }
 };
 
@@ -109,6 +181,8 @@ struct ArIntraKernelT : gemm::GemmKernel<256, BL, 3> {
 
 using ArKernel = ArKernelT<gemm::BLayout::KN>;
 using ArKernelNK = ArKernelT<gemm::BLayout::NK>;
+using ArAdaptiveKernel = ArAdaptiveKernelT<gemm::BLayout::KN>;
+using ArAdaptiveKernelNK = ArAdaptiveKernelT<gemm::BLayout::NK>;
 using ArIntraKernel = ArIntraKernelT<gemm::BLayout::KN>;
 using ArIntraKernelNK = ArIntraKernelT<gemm::BLayout::NK>;
 

@@ -24,7 +24,8 @@ struct SumArgs {
 __global__ void __launch_bounds__(256) rs_sum_kernel(const __grid_constant__ SumArgs a) {
   const int r0 = blockIdx.x * a.rows_per_block;
   const int nr = a.rows - r0 < a.rows_per_block ? a.rows - r0 : a.rows_per_block;
-  if (nr > 0) reduce_tile_rows<kMaxWorld, 2>(a.src, a.nsrc, r0 * a.ld, a.dst, 1, r0 * a.ld, nr, a.ncv, a.ld);
+  if (nr > 0) reduce_tile_rows<kMaxWorld, 2>(a.src, a.nsrc, r0 * a.ld, a.dst, 1, r0 * a.ld, nr, a.ncv, a.ld,
+                                                threadIdx.x, blockDim.x);
 }
 }  // namespace
 

@@ -7,17 +7,18 @@
 
 namespace weave::tp {
 
-// src[r] + src_off (+ row * ld + chunk * 8): rank r's partial; dst[d] + dst_off likewise.
+// src[r] + src_off (+ row * ld + chunk * 8): rank r's partial; dst[d] + dst_off likewise. Threads
+// t = 0..nt-1 of the caller's group share the tile.
 template <int MW, int U>
 __device__ __forceinline__ void reduce_tile_rows(__nv_bfloat16* const* src, int W, long long src_off,
                                                  __nv_bfloat16* const* dst, int ndst, long long dst_off, int nr,
-                                                 int ncv, long long ld) {
+                                                 int ncv, long long ld, int t, int nt) {
   const int total = nr * ncv;
-  for (int base = threadIdx.x; base < total; base += blockDim.x * U) {
+  for (int base = t; base < total; base += nt * U) {
     int4 v[U][MW];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int e = base + u * blockDim.x;
+      const int e = base + u * nt;
       if (e >= total) break;
       const long long off = static_cast<long long>(e / ncv) * ld + (e % ncv) * 8;
 #pragma unroll
@@ -26,7 +27,7 @@ __device__ __forceinline__ void reduce_tile_rows(__nv_bfloat16* const* src, int 
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int e = base + u * blockDim.x;
+      const int e = base + u * nt;
       if (e >= total) break;
       const long long off = static_cast<long long>(e / ncv) * ld + (e % ncv) * 8;
       float acc[8];
@@ -49,13 +50,14 @@ __device__ __forceinline__ void reduce_tile_rows(__nv_bfloat16* const* src, int 
   }
 }
 
-// The same with the unroll chosen by the world size (registers: U * MW int4 per thread).
+// The same with the unroll chosen by the world size (registers: U * MW int4 per thread); by
+// default the whole block shares the tile.
 __device__ __forceinline__ void reduce_tile(__nv_bfloat16* const* src, int W, long long src_off,
                                             __nv_bfloat16* const* dst, int ndst, long long dst_off, int nr, int ncv,
-                                            long long ld) {
-  if (W <= 2) reduce_tile_rows<2, 4>(src, W, src_off, dst, ndst, dst_off, nr, ncv, ld);
-  else if (W <= 4) reduce_tile_rows<4, 2>(src, W, src_off, dst, ndst, dst_off, nr, ncv, ld);
-  else reduce_tile_rows<8, 1>(src, W, src_off, dst, ndst, dst_off, nr, ncv, ld);
+                                            long long ld, int t = threadIdx.x, int nt = blockDim.x) {
+  if (W <= 2) reduce_tile_rows<2, 4>(src, W, src_off, dst, ndst, dst_off, nr, ncv, ld, t, nt);
+  else if (W <= 4) reduce_tile_rows<4, 2>(src, W, src_off, dst, ndst, dst_off, nr, ncv, ld, t, nt);
+  else reduce_tile_rows<8, 1>(src, W, src_off, dst, ndst, dst_off, nr, ncv, ld, t, nt);
 }
 
 }  // namespace weave::tp

@@ -37,8 +37,9 @@ constexpr int kRsVariants = 6;
 enum class ArVariant : int {
   InterSm = 0,  // communicator SMs reduce (num_comm_sms > 0; bit-identical on every rank)
   IntraSm = 1,  // the storers reduce-add into every peer (num_comm_sms = 0)
+  Adaptive = 2,  // InterSm's tasks, each block choosing its role at run time (num_comm_sms = 0; opt-in)
 };
-constexpr int kArVariants = 2;
+constexpr int kArVariants = 3;
 
 // Variants a CUDA graph can capture: the fused kernels, whose waits read device rounds
 // (SignalSet::next_round). The copy-engine variants wait and write with host-fixed values
@@ -51,7 +52,7 @@ constexpr bool capturable(RsVariant v) {
 }
 constexpr bool capturable(ArVariant) { return true; }
 constexpr const char* capture_rule() {
-  return "under capture: ag_gemm 0..6, gemm_rs 0, 1, 2, 5, gemm_ar 0, 1; pass Options::variant, or make the "
+  return "under capture: ag_gemm 0..6, gemm_rs 0, 1, 2, 5, gemm_ar 0, 1, 2; pass Options::variant, or make the "
          "eager calls of the shape, whose tuned choice the capture reuses, pick one of them";
 }
 
@@ -90,6 +91,7 @@ constexpr const char* variant_name(ArVariant v) {
   switch (v) {
     case ArVariant::InterSm: return "inter-SM";
     case ArVariant::IntraSm: return "intra-SM";
+    case ArVariant::Adaptive: return "adaptive split";
   }
   return "?";
 }

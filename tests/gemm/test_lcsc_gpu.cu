@@ -1,7 +1,9 @@
 // The LCSC template with a toy kernel: every role runs, each work item goes through loader,
 // consumers and storer exactly the expected number of times on compute blocks only, each
 // communicator block runs once, for several num_comm_sms; a kernel whose shared memory
-// exceeds the device limit is rejected with a clear message.
+// exceeds the device limit is rejected with a clear message. With dynamic tasks: work items and
+// other tasks handed out at run time each run exactly once, other tasks on every consumer thread,
+// every task accounted, every block's exit called once.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -66,6 +68,50 @@ struct Toy {
       g.comm_n[i] = n;
     }
   }
+};
+
+// Dynamic tasks: each block's loader alternates between claiming a work item and an other task
+// (global claim counters), so that work items and other tasks interleave in every block's ring.
+struct DynGlobals : ToyGlobals {
+  int* claims;       // [0]: work items claimed, [1]: other tasks claimed
+  int* other_runs;   // per other task: consumer threads that ran it
+  int* other_after;  // per other task: consumer threads that saw every thread's run after the sync
+  int* finished;     // [0]: work tasks finished, [1]: other tasks finished
+  int* exits;        // per block: block_exit calls
+  int others;
+};
+
+template <int Stages>
+struct DynToy : Toy<Stages, 1024> {
+  using Globals = DynGlobals;
+  static constexpr bool kDynamicTasks = true;
+  struct TaskState {
+    int n = 0;
+  };
+  static __device__ lcsc::Task next_task(const Globals& g, TaskState& st, int) {
+    for (int tries = 0; tries < 2; ++tries, ++st.n) {
+      const int kind = st.n % 2;
+      const int limit = kind == 0 ? g.work : g.others;
+      if (atomicAdd(&g.claims[kind], 0) >= limit) continue;
+      const int i = atomicAdd(&g.claims[kind], 1);
+      if (i < limit) {
+        ++st.n;
+        return {kind == 0 ? lcsc::TaskKind::Work : lcsc::TaskKind::Other, i};
+      }
+    }
+    return {};
+  }
+  static __device__ unsigned long long other_task(const Globals& g, int i, int t, int n) {
+    atomicAdd(&g.other_runs[i], 1);
+    lcsc::consumers_sync<DynToy>();
+    if (atomicAdd(&g.other_runs[i], 0) == n) atomicAdd(&g.other_after[i], 1);
+    lcsc::consumers_sync<DynToy>();
+    return t == 0 ? 1 : 0;
+  }
+  static __device__ void task_finished(const Globals& g, lcsc::Task t, unsigned long long) {
+    atomicAdd(&g.finished[t.kind == lcsc::TaskKind::Work ? 0 : 1], 1);
+  }
+  static __device__ void block_exit(const Globals& g, int) { atomicAdd(&g.exits[blockIdx.x], 1); }
 };
 
 std::vector<int> fetch(const int* d, int n) {
@@ -137,5 +183,62 @@ TEST(Lcsc, RejectsTooMuchSharedMemory) {
     FAIL() << "num_comm_sms beyond the SM count accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("num_comm_sms"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Lcsc, DynamicTasks) {
+  int dev = 0, sms = 0;
+  WEAVE_CUDA_CHECK(cudaGetDevice(&dev));
+  WEAVE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  for (int work : {1, 7, 3 * sms + 5})
+    for (int others : {0, 5, 2 * sms + 1}) {
+      SCOPED_TRACE(testing::Message() << "work " << work << " others " << others);
+      const int iters = 3;
+      const int total = 5 * work + 2 + 2 * others + 2 + sms;
+      int* buf = nullptr;
+      WEAVE_CUDA_CHECK(cudaMalloc(&buf, total * sizeof(int)));
+      WEAVE_CUDA_CHECK(cudaMemset(buf, 0, total * sizeof(int)));
+      DynGlobals g{};
+      static_cast<ToyGlobals&>(g) = ToyGlobals{buf, buf + work, buf + 2 * work, buf + 3 * work, buf + 4 * work,
+                                               nullptr, nullptr, work, iters};
+      int* q = buf + 5 * work;
+      g.claims = q, q += 2;
+      g.other_runs = q, q += others;
+      g.other_after = q, q += others;
+      g.finished = q, q += 2;
+      g.exits = q;
+      g.others = others;
+      lcsc::Config c;
+      c.balance_waves = false;
+      const lcsc::Plan p = lcsc::launch<DynToy<4>>(g, c, nullptr);
+      WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
+      EXPECT_EQ(p.comm_blocks, 0);
+      auto loads = fetch(g.loads, work), cons = fetch(g.consumes, work), fin = fetch(g.finishes, work),
+           st = fetch(g.stores, work), runs = fetch(g.other_runs, others), after = fetch(g.other_after, others),
+           done = fetch(g.finished, 2), exits = fetch(g.exits, sms);
+      for (int w = 0; w < work; ++w) {
+        EXPECT_EQ(loads[w], iters) << "work item " << w;
+        EXPECT_EQ(cons[w], 2 * iters) << "work item " << w;
+        EXPECT_EQ(fin[w], 4) << "work item " << w;
+        EXPECT_EQ(st[w], 2) << "work item " << w;
+      }
+      for (int i = 0; i < others; ++i) {
+        EXPECT_EQ(runs[i], 256) << "other task " << i;   // every consumer thread, once
+        EXPECT_EQ(after[i], 256) << "other task " << i;  // and the sync held them together
+      }
+      EXPECT_EQ(done[0], work);
+      EXPECT_EQ(done[1], others);
+      for (int b = 0; b < sms; ++b) EXPECT_EQ(exits[b], b < p.grid() ? 1 : 0) << "block " << b;
+      cudaFree(buf);
+    }
+  DynGlobals g{};
+  g.work = 1;
+  lcsc::Config c;
+  c.num_comm_sms = 4;
+  try {
+    lcsc::launch<DynToy<2>>(g, c, nullptr);
+    FAIL() << "a dynamic-task kernel accepted communicator blocks";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("must be 0"), std::string::npos) << e.what();
   }
 }

@@ -293,7 +293,10 @@ TEST(TpGpu, GemmArMatchesReference) {
     Dev A(size_t(s.M) * s.K), B(size_t(s.K) * s.N);
     Ref ref(A.n, B.n, size_t(s.M) * s.N);
     Sym out(size_t(s.M) * s.N);
-    for (int ncomm : {-1, 0, 1, 8, 33}) {  // 0: the intra-SM variant
+    // (num_comm_sms, variant): the tuner, intra-SM, inter-SM with 1, 8 and 33 communicator SMs,
+    // the adaptive split.
+    const std::pair<int, int> runs[] = {{-1, -1}, {0, -1}, {1, -1}, {8, -1}, {33, -1}, {0, 2}};
+    for (const auto& [ncomm, variant] : runs) {
       for (int rep = 0; rep < 2; ++rep) {
         const uint64_t call = calls.next();
         fill_inputs(call, A.p, A.n, B.p, B.n);
@@ -302,12 +305,13 @@ TEST(TpGpu, GemmArMatchesReference) {
         wt::settle();
         weave::tp::Options o;
         o.num_comm_sms = ncomm;
+        o.variant = variant;
         const auto li = ar.run(A.p, B.p, out.p, s.M, s.N, s.K, o);
         wt::settle();
         expect_all_ranks(compare_rows(out.p, ref, 0, s.M, s.N, check::partial_sum_bound(W)),
-                         shape_name("gemm_ar", s.M, s.N, s.K) + " ncomm " + std::to_string(ncomm) + " (ran v" +
-                             std::to_string(li.variant) + ", " + std::to_string(li.num_comm_sms) + ") rep " +
-                             std::to_string(rep));
+                         shape_name("gemm_ar", s.M, s.N, s.K) + " ncomm " + std::to_string(ncomm) + " variant " +
+                             std::to_string(variant) + " (ran v" + std::to_string(li.variant) + ", " +
+                             std::to_string(li.num_comm_sms) + ") rep " + std::to_string(rep));
       }
     }
   }
@@ -468,8 +472,9 @@ TEST(TpGpu, TwoHundredLaunchesChangingInputs) {
     // gemm_ar
     call = calls.next();
     weave::tp::Options or_ = o4;
-    if (it % 2) or_.num_comm_sms = 0;  // both variants (odd: intra-SM)
-    variant[size_t(it) * kSlots + 3] = it % 2;
+    or_.variant = it % 3;  // every variant: inter-SM (4 communicator SMs), intra-SM, adaptive split
+    if (or_.variant > 0) or_.num_comm_sms = 0;
+    variant[size_t(it) * kSlots + 3] = or_.variant;
     fill_inputs(call, A.p, A.n, B.p, B.n);
     partial_sum_ref(call, M, N, K, ref);
     weave::check::poison(out.p, size_t(M) * N);
@@ -540,14 +545,15 @@ TEST(TpGpu, GraphCaptureAndReplay) {
   const int M = 520, K = 264, N = 392;
   Dev A(size_t(M) * K), B(size_t(K) * N), C(size_t(M) * N);
   Ref ref(A.n, B.n, C.n);
-  Sym G(size_t(M) * K), rs_out(size_t(M) * N), ar_out(size_t(M) * N);
+  Sym G(size_t(M) * K), rs_out(size_t(M) * N), ar_out(size_t(M) * N), ar2_out(size_t(M) * N);
   weave::tp::GemmRS rs(c);
   weave::tp::AgGemm ag(c);
   weave::tp::GemmAR ar(c);
-  weave::tp::Options oag, ors, oar;
+  weave::tp::Options oag, ors, oar, oar2;
   oag.num_comm_sms = 0, oag.variant = weave::tp::to_int(weave::tp::AgVariant::AuxTmaPush);
   ors.num_comm_sms = 0, ors.variant = weave::tp::to_int(weave::tp::RsVariant::OwnerFirst);
   oar.num_comm_sms = 0, oar.variant = weave::tp::to_int(weave::tp::ArVariant::IntraSm);
+  oar2.num_comm_sms = 0, oar2.variant = weave::tp::to_int(weave::tp::ArVariant::Adaptive);
   cudaStream_t st;
   WEAVE_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   const auto sh = shard(M, W, c.rank());
@@ -556,6 +562,7 @@ TEST(TpGpu, GraphCaptureAndReplay) {
     ag.run(a_shard, G.p, B.p, C.p, M, N, K, oag, st);
     rs.run(A.p, B.p, rs_out.p, M, N, K, ors, st);
     ar.run(A.p, B.p, ar_out.p, M, N, K, oar, st);
+    ar.run(A.p, B.p, ar2_out.p, M, N, K, oar2, st);  // its ledger zeroes itself: replays find it zero
   };
   auto rejected = [&](const char* what, const char* needle, const std::function<void()>& call) {
     const auto [msg, nodes] = wt::under_capture(st, call);
@@ -571,7 +578,7 @@ TEST(TpGpu, GraphCaptureAndReplay) {
     fill_inputs(call, nullptr, 0, B.p, B.n, st);
     fill_inputs(call, A.p, A.n, nullptr, 0, st);
     gref::fill_uniform(a_shard, size_t(sh.size) * K, input_seed(call, c.rank(), kA), 1.f, st);
-    for (bf16* o : {C.p, rs_out.p, ar_out.p}) check::poison(o, size_t(M) * N, st);
+    for (bf16* o : {C.p, rs_out.p, ar_out.p, ar2_out.p}) check::poison(o, size_t(M) * N, st);
   };
   auto verify = [&](uint64_t call, const std::string& what) {
     WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
@@ -580,6 +587,7 @@ TEST(TpGpu, GraphCaptureAndReplay) {
     partial_sum_ref(call, M, N, K, ref);
     expect_all_ranks(compare_rows(rs_out.p, ref, sh.begin, sh.size, N, check::partial_sum_bound(W)), "gemm_rs " + what);
     expect_all_ranks(compare_rows(ar_out.p, ref, 0, M, N, check::partial_sum_bound(W)), "gemm_ar " + what);
+    expect_all_ranks(compare_rows(ar2_out.p, ref, 0, M, N, check::partial_sum_bound(W)), "gemm_ar adaptive " + what);
   };
   uint64_t call = calls.next();
   inputs(call);
@@ -658,16 +666,18 @@ TEST(TpGpu, OneObjectOnTwoStreams) {
       if (i == calls - 1) expect_all_ranks(compare_gathered(G.p, ref, M, K), what + ", gathered A");  // the last call's
     }
   }
-  {
+  for (int v : {1, 2}) {  // intra-SM; the adaptive split (one ledger per shape: the calls share it)
     weave::tp::Options o;
     o.num_comm_sms = 0;
+    o.variant = v;
     fresh(false);
     for (int i = 0; i < calls; ++i) ar.run(as[i]->p, bs[i]->p, outs[i]->p, M, N, K, o, st[i % 2]);
     finish();
     for (int i = 0; i < calls; ++i) {
       partial_sum_ref(call[i], M, N, K, ref);
       expect_all_ranks(compare_rows(outs[i]->p, ref, 0, M, N, check::partial_sum_bound(W)),
-                       "gemm_ar call " + std::to_string(i) + " (stream " + std::to_string(i % 2) + ")");
+                       "gemm_ar v" + std::to_string(v) + " call " + std::to_string(i) + " (stream " +
+                           std::to_string(i % 2) + ")");
     }
   }
   // gemm_rs, owner first, one GEMM per owner, the copy engine (whose steps signal across ranks

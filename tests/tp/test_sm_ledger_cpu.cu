@@ -1,0 +1,333 @@
+// CPU tests of the adaptive SM split's ledger and claim protocol (kernels/tp_common/sm_ledger.cuh):
+// the same __host__ __device__ code a kernel's blocks would run, here in threads, one per block, as
+// the blocks of W ranks of GEMM + all-reduce (gemm_ar v0's division of work: every rank computes
+// every tile into its own buffer and signals the tile's owner; the owner's communication task waits
+// until every rank wrote the tile, sums the W partials in rank order and writes the sum into every
+// rank's buffer, then signals `done` on every rank). Several launches in a row on the same ledgers
+// and counters, as on a stream. Checked: every task handed out exactly once per launch, every
+// output exact, the ledger zero after every launch (the last block out zeroed it), and no launch
+// stalls (every wait has a deadline; a missed one fails the test instead of hanging it).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "check/seed.hpp"
+#include "tp_common/sm_ledger.cuh"
+
+using namespace weave::tp::sm_split;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Config {
+  int W, B, tiles;
+  int launches;
+  double compute_us, comm_us;        // a task's busy time (jittered)
+  double compute_prior, comm_prior;  // what the policy assumes before measuring (ns)
+};
+
+// The W ranks' memory: partial / summed tiles (8 values each), the owners' ready counters, the
+// done counters, each rank's ledger; and the test's own per-task execution counts.
+struct World {
+  static constexpr int kValues = 8;
+  Config c;
+  std::vector<long long> buf;                             // [rank][tile][value]
+  std::unique_ptr<std::atomic<unsigned long long>[]> ready;  // [rank][tile], on the owner
+  std::unique_ptr<std::atomic<unsigned long long>[]> done;   // [rank]
+  std::vector<Ledger> ledger;
+  std::unique_ptr<std::atomic<int>[]> computed, reduced;  // [rank][tile] this launch
+  std::atomic<bool> failed{false};
+  std::string why;
+  std::atomic<int> why_set{0};
+  Clock::time_point deadline;
+
+  explicit World(const Config& cfg)
+      : c(cfg),
+        buf(static_cast<size_t>(cfg.W) * cfg.tiles * kValues, 0),
+        ready(new std::atomic<unsigned long long>[static_cast<size_t>(cfg.W) * cfg.tiles]),
+        done(new std::atomic<unsigned long long>[cfg.W]),
+        ledger(cfg.W, Ledger{}),
+        computed(new std::atomic<int>[static_cast<size_t>(cfg.W) * cfg.tiles]),
+        reduced(new std::atomic<int>[static_cast<size_t>(cfg.W) * cfg.tiles]) {
+    for (int i = 0; i < cfg.W * cfg.tiles; ++i) ready[i] = 0, computed[i] = 0, reduced[i] = 0;
+    for (int r = 0; r < cfg.W; ++r) done[r] = 0;
+  }
+  long long* tile(int rank, int t) { return &buf[(static_cast<size_t>(rank) * c.tiles + t) * kValues]; }
+  static long long partial(int launch, int rank, int t, int e) { return 1000003LL * launch + 7919LL * rank + 31 * t + e; }
+  int comm_tasks(int rank) const { return rank < c.tiles ? (c.tiles - rank + c.W - 1) / c.W : 0; }
+
+  void fail(const std::string& s) {
+    if (why_set.exchange(1) == 0) why = s;
+    failed = true;
+  }
+  // A poll with the test's deadline: a stalled protocol fails the test instead of hanging it.
+  template <class Pred>
+  bool wait(Pred&& ok, const char* what, int rank, long long index) {
+    while (!ok()) {
+      if (failed) return false;
+      if (Clock::now() > deadline) {
+        fail(std::string("stalled: rank ") + std::to_string(rank) + " waiting for " + what + " " + std::to_string(index));
+        return false;
+      }
+      std::this_thread::yield();
+    }
+    return true;
+  }
+};
+
+void busy(double us, std::mt19937_64& rng) {
+  std::uniform_real_distribution<double> j(0.8, 1.2);
+  const auto end = Clock::now() + std::chrono::nanoseconds(static_cast<long long>(us * 1000 * j(rng)));
+  while (Clock::now() < end) {
+  }
+}
+
+// One block of one rank for one launch (`round` counts launches from 1).
+void block(World& w, int rank, int b, int round, unsigned long long seed) {
+  const Config& c = w.c;
+  std::mt19937_64 rng(seed);
+  LedgerParams p;
+  p.blocks = c.B;
+  p.compute_tasks = c.tiles;
+  p.comm_tasks = w.comm_tasks(rank);
+  p.compute_prior = c.compute_prior;
+  p.comm_prior = c.comm_prior;
+  Ledger& l = w.ledger[rank];
+  const unsigned long long want = static_cast<unsigned long long>(round) * c.W;  // every rank's signal
+  auto owned_tile = [&](long long k) { return static_cast<int>(rank + k * c.W); };
+  auto begun = [&](long long k) {
+    return w.ready[static_cast<size_t>(rank) * c.tiles + owned_tile(k)].load(std::memory_order_relaxed) > want - c.W;
+  };
+  Role role = Role::Compute;
+  while (!w.failed) {
+    const Task task = next_task(l, p, role, begun);
+    if (task.role == Role::Done) break;
+    const auto t0 = Clock::now();
+    if (task.role == Role::Compute) {
+      const int t = static_cast<int>(task.index);  // the same tile order on every rank
+      busy(c.compute_us, rng);
+      long long* out = w.tile(rank, t);
+      for (int e = 0; e < World::kValues; ++e) out[e] = World::partial(round, rank, t, e);
+      w.computed[rank * c.tiles + t]++;
+      w.ready[static_cast<size_t>(t % c.W) * c.tiles + t].fetch_add(1, std::memory_order_release);
+    } else {
+      const int t = owned_tile(task.index);
+      auto& rd = w.ready[static_cast<size_t>(rank) * c.tiles + t];
+      if (!w.wait([&] { return rd.load(std::memory_order_acquire) >= want; }, "tile", rank, t)) break;
+      busy(c.comm_us, rng);
+      long long sum[World::kValues] = {};
+      for (int q = 0; q < c.W; ++q)
+        for (int e = 0; e < World::kValues; ++e) sum[e] += w.tile(q, t)[e];
+      for (int q = 0; q < c.W; ++q)
+        for (int e = 0; e < World::kValues; ++e) w.tile(q, t)[e] = sum[e];
+      w.reduced[rank * c.tiles + t]++;
+      for (int q = 0; q < c.W; ++q) w.done[q].fetch_add(1, std::memory_order_release);
+    }
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+    task_done(l, task.role, static_cast<unsigned long long>(ns));
+  }
+  if (w.failed) return;
+  // As gemm_ar v0's communicator block 0: the call ends once every tile's sum reached this rank.
+  if (block_exit(l, c.B)) {
+    const unsigned long long all = static_cast<unsigned long long>(round) * c.tiles;
+    w.wait([&] { return w.done[rank].load(std::memory_order_acquire) >= all; }, "done", rank, static_cast<long long>(all));
+  }
+}
+
+// Runs c.launches launches of every rank's B blocks (one thread each) and checks each.
+void run(const Config& c, unsigned long long seed) {
+  World w(c);
+  const std::string where = "W " + std::to_string(c.W) + " B " + std::to_string(c.B) + " tiles " +
+                            std::to_string(c.tiles) + " priors " + std::to_string(c.compute_prior) + "/" +
+                            std::to_string(c.comm_prior);
+  for (int launch = 1; launch <= c.launches; ++launch) {
+    for (long long& v : w.buf) v = -1;  // poison
+    for (int i = 0; i < c.W * c.tiles; ++i) w.computed[i] = 0, w.reduced[i] = 0;
+    w.deadline = Clock::now() + std::chrono::seconds(60);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < c.W; ++r)
+      for (int b = 0; b < c.B; ++b)
+        threads.emplace_back(block, std::ref(w), r, b, launch, weave::check::derive(seed, launch, r * c.B + b));
+    for (std::thread& t : threads) t.join();
+    ASSERT_FALSE(w.failed) << where << " launch " << launch << ": " << w.why;
+    for (int r = 0; r < c.W; ++r) {
+      for (int t = 0; t < c.tiles; ++t) {
+        ASSERT_EQ(w.computed[r * c.tiles + t].load(), 1) << where << ": rank " << r << " tile " << t << " computed";
+        ASSERT_EQ(w.reduced[r * c.tiles + t].load(), t % c.W == r ? 1 : 0)
+            << where << ": rank " << r << " tile " << t << " reduced";
+        for (int e = 0; e < World::kValues; ++e) {
+          long long want = 0;
+          for (int q = 0; q < c.W; ++q) want += World::partial(launch, q, t, e);
+          ASSERT_EQ(w.tile(r, t)[e], want) << where << ": rank " << r << " tile " << t << " value " << e;
+        }
+      }
+      const Ledger& l = w.ledger[r];
+      const unsigned long long words[] = {l.compute_claimed, l.compute_done, l.compute_cycles, l.comm_claimed,
+                                          l.comm_done,       l.comm_cycles,  l.comm_blocks,    l.exited};
+      for (unsigned long long x : words) ASSERT_EQ(x, 0ull) << where << ": rank " << r << "'s ledger after the launch";
+      ASSERT_EQ(w.done[r].load(), static_cast<unsigned long long>(launch) * c.tiles) << where;
+    }
+  }
+}
+
+// Grids from one block to more blocks than tasks, tile counts from one to several per block,
+// W 1..4, and priors that push the policy to either end (communication thought free or dear) as
+// well as neutral ones: the guarantees hold whatever the policy decides.
+TEST(SmLedger, EveryTaskOnceEveryLaunchNoStall) {
+  const unsigned long long seed = weave::check::test_seed();
+  std::mt19937_64 rng(seed);
+  int configs = 0;
+  for (int W : {1, 2, 3, 4})
+    for (int B : {1, 2, 3, 6})
+      for (int tiles : {1, 5, 24})
+        for (double comm_prior : {1.0, 1e3, 1e9}) {
+          const double compute_us = std::uniform_real_distribution<double>(1, 20)(rng);
+          const double comm_us = std::uniform_real_distribution<double>(1, 40)(rng);
+          run({W, B, tiles, 3, compute_us, comm_us, 1e3, comm_prior}, weave::check::derive(seed, ++configs));
+          if (HasFatalFailure()) return;
+        }
+  std::printf("%d configurations, 3 launches each\n", configs);
+}
+
+// More blocks than SMs would be on a real grid's share, many tiles: the claim counters contend.
+TEST(SmLedger, ContendedClaims) {
+  const unsigned long long seed = weave::check::test_seed();
+  run({2, 16, 200, 4, 0.5, 2.0, 1e3, 1e3}, seed);
+}
+
+// One block: it computes while compute is left (the target is capped at B - 1 = 0), then
+// reduces; the sequence of tasks it is handed is exactly that.
+TEST(SmLedger, OneBlockComputesThenCommunicates) {
+  Ledger l{};
+  LedgerParams p;
+  p.blocks = 1, p.compute_tasks = 5, p.comm_tasks = 3;
+  p.compute_prior = 1, p.comm_prior = 1e9;  // communication thought dear: it would want every block
+  Role role = Role::Compute;
+  auto always = [](long long) { return true; };
+  for (long long i = 0; i < 5; ++i) {
+    const Task t = next_task(l, p, role, always);
+    ASSERT_EQ(t.role, Role::Compute);
+    ASSERT_EQ(t.index, i);
+    task_done(l, t.role, 10);
+  }
+  for (long long k = 0; k < 3; ++k) {
+    const Task t = next_task(l, p, role, always);
+    ASSERT_EQ(t.role, Role::Comm);
+    ASSERT_EQ(t.index, k);
+    EXPECT_EQ(l.comm_blocks, 1ull);
+    task_done(l, t.role, 10);
+  }
+  EXPECT_EQ(next_task(l, p, role, always).role, Role::Done);
+  EXPECT_EQ(l.comm_blocks, 0ull);  // Done left the communication role
+  EXPECT_TRUE(block_exit(l, 1));
+  EXPECT_EQ(l.compute_claimed, 0ull);
+  EXPECT_EQ(l.comm_claimed, 0ull);
+  EXPECT_EQ(l.exited, 0ull);
+}
+
+// Two blocks, communication dear: the second block joins the communication role once an input
+// has begun to arrive, a third join is refused (the cap B - 1 while compute is left), and a
+// communication block goes back to compute when the next input has not begun.
+TEST(SmLedger, JoinCappedAndStalledWorkReturnsToCompute) {
+  Ledger l{};
+  LedgerParams p;
+  p.blocks = 3, p.compute_tasks = 100, p.comm_tasks = 50;
+  p.compute_prior = 1, p.comm_prior = 1e6;  // target B - 1 = 2
+  bool arrived = false;
+  auto begun = [&](long long) { return arrived; };
+  Role r0 = Role::Compute, r1 = Role::Compute, r2 = Role::Compute;
+  EXPECT_EQ(next_task(l, p, r0, begun).role, Role::Compute);  // nothing arrived: compute
+  arrived = true;
+  EXPECT_EQ(next_task(l, p, r1, begun).role, Role::Comm);
+  EXPECT_EQ(next_task(l, p, r2, begun).role, Role::Comm);
+  EXPECT_EQ(l.comm_blocks, 2ull);
+  const Task t = next_task(l, p, r0, begun);  // at the cap: r0 keeps computing
+  EXPECT_EQ(t.role, Role::Compute);
+  EXPECT_EQ(t.index, 1);
+  EXPECT_EQ(l.comm_blocks, 2ull);
+  arrived = false;
+  EXPECT_EQ(next_task(l, p, r1, begun).role, Role::Compute);  // stalled: back to compute
+  EXPECT_EQ(r1, Role::Compute);
+  EXPECT_EQ(l.comm_blocks, 1ull);
+  EXPECT_EQ(l.comm_claimed, 2ull);  // the two communication tasks handed out, no index held
+}
+
+// A join decided on a snapshot that did not show another block's join: refused at the target
+// while compute is left (B = 2, target 1, one block already communicating), so some block keeps
+// computing; accepted once every compute task is claimed.
+TEST(SmLedger, StaleJoinRefusedAtTheCap) {
+  Ledger l{};
+  LedgerParams p;
+  p.blocks = 2, p.compute_tasks = 10, p.comm_tasks = 5;
+  p.compute_prior = 1, p.comm_prior = 1e6;
+  const View stale = snapshot(l, p);  // no communication block yet
+  ASSERT_EQ(target_comm_blocks(stale), 1);
+  l.comm_blocks = 1;  // the other block joined after that snapshot
+  EXPECT_FALSE(join_comm(l, stale));
+  EXPECT_EQ(l.comm_blocks, 1ull);
+  l.compute_claimed = 10;  // nothing left to compute: every block may communicate
+  EXPECT_TRUE(join_comm(l, snapshot(l, p)));
+  EXPECT_EQ(l.comm_blocks, 2ull);
+}
+
+// Races forced deterministically: `begun` runs between a block's snapshot and its claims, so a
+// test lets another block act there. The last compute task taken by another block after this
+// block's snapshot showed it free: this block is not handed it (nor an index past the end) but
+// decides again, and communicates.
+TEST(SmLedger, LastComputeTaskTakenMeanwhile) {
+  Ledger l{};
+  LedgerParams p;
+  p.blocks = 2, p.compute_tasks = 1, p.comm_tasks = 3;
+  Role r0 = Role::Compute, r1 = Role::Compute;
+  Task other;
+  bool nested = false;
+  auto begun = [&](long long) {
+    if (!nested) {
+      nested = true;
+      other = next_task(l, p, r1, [](long long) { return false; });
+    }
+    return false;  // r0 would rather compute
+  };
+  const Task t = next_task(l, p, r0, begun);
+  EXPECT_EQ(other.role, Role::Compute);
+  EXPECT_EQ(other.index, 0);
+  EXPECT_EQ(t.role, Role::Comm);
+  EXPECT_EQ(t.index, 0);
+}
+
+// Two communication blocks read the same next index: the one that loses the compare-and-swap is
+// handed the following task, never the same one.
+TEST(SmLedger, ConcurrentCommClaimsAreDistinct) {
+  Ledger l{};
+  LedgerParams p;
+  p.blocks = 4, p.compute_tasks = 10, p.comm_tasks = 5;
+  p.compute_prior = 1, p.comm_prior = 1e6;  // target 3
+  Role r0 = Role::Compute, r1 = Role::Compute;
+  auto always = [](long long) { return true; };
+  ASSERT_EQ(next_task(l, p, r0, always).role, Role::Comm);  // task 0; r0 now communicates
+  Task other;
+  bool nested = false;
+  auto begun = [&](long long) {
+    if (!nested) {
+      nested = true;
+      other = next_task(l, p, r1, always);  // takes task 1 after r0's snapshot read index 1
+    }
+    return true;
+  };
+  const Task t = next_task(l, p, r0, begun);
+  EXPECT_EQ(other.role, Role::Comm);
+  EXPECT_EQ(other.index, 1);
+  EXPECT_EQ(t.role, Role::Comm);
+  EXPECT_EQ(t.index, 2);
+  EXPECT_EQ(l.comm_claimed, 3ull);
+}
+
+}  // namespace
