@@ -639,15 +639,34 @@ int run(const bench::Args& a) {
         if (x.rank == 0) std::printf("(gemm_ar left out of the sweep: it has no fp8 form)\n");
         continue;
       }
-      for (long long S : ss)
+      for (long long S : ss) {
+        const bool ag = std::string(k) == "ag_gemm";
+        double best_fixed = 0, adaptive = 0;  // gemm_ar: the best v0 split and v2, for issue 22's comparison
+        int best_n = 0;
         for (long long n : counts) {
-          const bool ag = std::string(k) == "ag_gemm";
-          if (n == 0)  // no communicator SM: ag_gemm's aux-warp pushes 2..6, copy engine 7, 8, all_gather 9;
-                       // gemm_ar's 1
-            for (int v = ag ? 2 : 1; v <= (ag ? 9 : 1); ++v) run_one(x, k, static_cast<int>(S), 0, true, false, 0, v);
-          else
-            for (int v = 0; v < (ag ? 2 : 1); ++v) run_one(x, k, static_cast<int>(S), static_cast<int>(n), true, false, 0, v);
+          if (n == 0) {  // no communicator SM: ag_gemm's aux-warp pushes 2..6, copy engine 7, 8, all_gather 9;
+                         // gemm_ar's 1 (intra-SM) and 2 (the adaptive split)
+            for (int v = ag ? 2 : 1; v <= (ag ? 9 : 2); ++v) {
+              const Row r = run_one(x, k, static_cast<int>(S), 0, true, false, 0, v);
+              if (!ag && v == 2) adaptive = r.us;
+            }
+          } else {
+            for (int v = 0; v < (ag ? 2 : 1); ++v) {
+              const Row r = run_one(x, k, static_cast<int>(S), static_cast<int>(n), true, false, 0, v);
+              if (!ag && (best_fixed == 0 || r.us < best_fixed)) best_fixed = r.us, best_n = static_cast<int>(n);
+            }
+          }
         }
+        if (!ag && adaptive > 0 && best_fixed > 0 && x.rank == 0) {
+          std::printf("| gemm_ar | %lld | adaptive split / best fixed split (%d comm SMs) | | | %.3f | | |\n", S, best_n,
+                      adaptive / best_fixed);
+          bench::JsonLine j;
+          j.add("kernel", "gemm_ar").add("impl", "adaptive-vs-fixed").add("S", S).add("world", x.W)
+              .add("adaptive_us", adaptive).add("best_fixed_us", best_fixed).add("best_fixed_comm_sms", best_n)
+              .add("ratio", adaptive / best_fixed);
+          json.write(j);
+        }
+      }
     }
   }
   if (a.has("table3")) {
