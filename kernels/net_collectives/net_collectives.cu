@@ -6,7 +6,10 @@
 #include "net_collectives/kernel.cuh"
 #include "net_collectives/layout.hpp"
 #include "net_collectives/node_phase.hpp"
+#include "net_common/call.hpp"
 #include "weave/common/error.hpp"
+#include "weave/common/extent.hpp"
+#include "weave/runtime/call.hpp"
 
 namespace weave::net {
 
@@ -143,39 +146,53 @@ void NetCollectives::net_phase(const coll::Layout& L, char* buf, const char* src
 void NetCollectives::launch(int which, void* buf, long long count, NetDtype dtype, cudaStream_t stream) {
   const Coll c = static_cast<Coll>(which);
   const char* name = c == Coll::all_gather ? "all_gather" : c == Coll::reduce_scatter ? "reduce_scatter" : "all_reduce";
-  WEAVE_CHECK(count >= 0, "net ", name, ": count ", count, " is negative");
-  WEAVE_CHECK(count == 0 || (buf && reinterpret_cast<uintptr_t>(buf) % 16 == 0), "net ", name,
-              ": the buffer must be non-null and 16-byte aligned");
+  const std::string who = concat("net ", name);
   path_.check();
-  const int world = path_.world(), rank = path_.rank();
-  if (count == 0 || world == 1) return;  // the same on every rank: nothing to exchange
+  const int world = path_.world();
   const NetTopo t = path_.topo();
   const long long bytes = count * static_cast<long long>(dtype_bytes(dtype));
+  // This rank's checks, then every rank's verdict and arguments compared (a new call's, or every
+  // call's with WEAVE_DEBUG): a bad argument on one rank, or ranks calling different collectives or
+  // counts, throws on every rank instead of leaving the others' kernels waiting for it.
+  const std::string problem = runtime::local_problem([&] {
+    WEAVE_CHECK(count >= 0, who, ": count ", count, " is negative");
+    if (count == 0) return;
+    WEAVE_CHECK(buf && reinterpret_cast<uintptr_t>(buf) % 16 == 0, who, ": the buffer must be non-null and 16-byte aligned");
+    check_extent(who.c_str(), "buf", buf, static_cast<size_t>(bytes));
+    const coll::Layout L = coll::make_layout(c, Topo{t.nodes, t.gpus}, bytes, opt_.chunk_bytes);
+    if (t.nodes > 1) {
+      WEAVE_CHECK(coll::flags_needed(L) <= path_.slot_flags(), who, ": ", bytes, " bytes in pieces of ",
+                  opt_.chunk_bytes, " need ", coll::flags_needed(L), " arrival flags per call slot; the path has ",
+                  path_.slot_flags(), " (raise NetCollOptions::chunk_bytes or NetPathOptions::proxy.flags)");
+      WEAVE_CHECK(static_cast<unsigned long long>(coll::send_needed(L)) <= path_.send_bytes(), who, ": ", bytes,
+                  " bytes need ", coll::send_needed(L), " bytes of send buffer; the path has ", path_.send_bytes(),
+                  " (NetPathOptions::send_bytes)");
+      WEAVE_CHECK(static_cast<unsigned long long>(coll::recv_needed(L)) <= path_.slot_recv_bytes(), who, ": ", bytes,
+                  " bytes need ", coll::recv_needed(L), " bytes per receive slot; the path has ",
+                  path_.slot_recv_bytes(), " (NetPathOptions::recv_bytes holds two slots)");
+    }
+    if (t.gpus == 1) return;
+    try {
+      (void)node_->comm.peers(buf, static_cast<size_t>(bytes));
+    } catch (const Error& e) {
+      throw Error(concat("weave: ", who, ": with ", t.gpus, " ranks per node the buffer must lie in the node "
+                         "communicator's heap or be registered with it: ", e.what()));
+    }
+    WEAVE_CHECK(static_cast<unsigned long long>(coll::scratch_needed(L)) <= node_->scratch.size(), who, ": ", bytes,
+                " bytes need ", coll::scratch_needed(L), " bytes of node scratch; there are ", node_->scratch.size(),
+                " (NetCollOptions::node_scratch_bytes)");
+  });
+  const long long op = c == Coll::all_gather ? kOpAllGather : c == Coll::reduce_scatter ? kOpReduceScatter : kOpAllReduce;
+  agree(path_, agreed_,
+        {op, count, static_cast<long long>(dtype), opt_.chunk_bytes, opt_.send_blocks, opt_.recv_blocks, t.gpus},
+        problem, who.c_str(), "count, dtype, chunk, send blocks, receive blocks, ranks per node");
+  if (count == 0 || world == 1) return;  // the same on every rank (agreed): nothing to exchange
+  const int rank = path_.rank();
   const coll::Layout L = coll::make_layout(c, Topo{t.nodes, t.gpus}, bytes, opt_.chunk_bytes);
-  if (t.nodes > 1) {
-    WEAVE_CHECK(coll::flags_needed(L) <= path_.slot_flags(), "net ", name, ": ", bytes, " bytes in pieces of ",
-                opt_.chunk_bytes, " need ", coll::flags_needed(L), " arrival flags per call slot; the path has ",
-                path_.slot_flags(), " (raise NetCollOptions::chunk_bytes or NetPathOptions::proxy.flags)");
-    WEAVE_CHECK(static_cast<unsigned long long>(coll::send_needed(L)) <= path_.send_bytes(), "net ", name, ": ", bytes,
-                " bytes need ", coll::send_needed(L), " bytes of send buffer; the path has ", path_.send_bytes(),
-                " (NetPathOptions::send_bytes)");
-    WEAVE_CHECK(static_cast<unsigned long long>(coll::recv_needed(L)) <= path_.slot_recv_bytes(), "net ", name, ": ",
-                bytes, " bytes need ", coll::recv_needed(L), " bytes per receive slot; the path has ",
-                path_.slot_recv_bytes(), " (NetPathOptions::recv_bytes holds two slots)");
-  }
   char* b = static_cast<char*>(buf);
   if (t.gpus == 1) return net_phase(L, b, b, dtype, stream, name);
 
   Node& n = *node_;
-  try {
-    (void)n.comm.peers(buf, static_cast<size_t>(bytes));
-  } catch (const Error& e) {
-    throw Error(concat("weave: net ", name, ": with ", t.gpus, " ranks per node the buffer must lie in the node "
-                       "communicator's heap or be registered with it: ", e.what()));
-  }
-  WEAVE_CHECK(static_cast<unsigned long long>(coll::scratch_needed(L)) <= n.scratch.size(), "net ", name, ": ", bytes,
-              " bytes need ", coll::scratch_needed(L), " bytes of node scratch; there are ", n.scratch.size(),
-              " (NetCollOptions::node_scratch_bytes)");
   // One stream, no host wait between stages: each stage's kernels start after the previous
   // stage's kernels of this rank ended; the single-node collectives frame their NVLink accesses
   // with arrival and completion signals, so a peer's buffer is touched only once that peer

@@ -20,6 +20,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <vector>
 
 #include "weave/net/net_path.hpp"
 #include "weave/runtime/communicator.hpp"
@@ -81,6 +82,7 @@ class NetCollectives {
   NetPath& path_;
   NetCollOptions opt_;
   std::unique_ptr<Node> node_;
+  std::vector<long long> agreed_;  // the last call's key every rank agreed on (net_common/call.hpp)
 };
 
 }  // namespace weave::net

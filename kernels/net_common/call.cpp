@@ -6,6 +6,7 @@
 
 #include "weave/common/extent.hpp"
 #include "weave/config.hpp"
+#include "weave/runtime/env.hpp"
 
 namespace weave::net {
 
@@ -60,9 +61,23 @@ void check_room(const NetPath& path, const char* who, long long send_needed, lon
               sms, ")");
 }
 
+const char* op_name(long long op) {
+  switch (op) {
+    case kOpAgGemm: return "ag_gemm";
+    case kOpGemmRs: return "gemm_rs";
+    case kOpGemmAr: return "gemm_ar";
+    case kOpRingAttention: return "ring_attention";
+    case kOpAllGather: return "all_gather";
+    case kOpReduceScatter: return "reduce_scatter";
+    case kOpAllReduce: return "all_reduce";
+  }
+  return "another operator";
+}
+
 void agree(NetPath& path, std::vector<long long>& agreed, const std::vector<long long>& key,
-           const std::string& problem, const char* who) {
-  if (key == agreed) {
+           const std::string& problem, const char* who, const char* what) {
+  static const bool debug = env::get_bool("WEAVE_DEBUG");
+  if (key == agreed && !debug) {
     if (problem.empty()) return;
     path.abort(problem);  // the peers agreed on this shape before and go on: release them
     throw Error(problem);
@@ -77,14 +92,13 @@ void agree(NetPath& path, std::vector<long long>& agreed, const std::vector<long
     const long long* o = all.data() + q * mine.size();
     WEAVE_CHECK(o[key.size()] == 1, who, ": rank ", q, " rejected its arguments of this call (its error says why)");
     if (std::equal(key.begin(), key.end(), o)) continue;
-    std::string theirs, ours;
-    for (size_t i = 0; i < key.size(); ++i) {
-      theirs += (i ? ", " : "") + std::to_string(o[i]);
-      ours += (i ? ", " : "") + std::to_string(key[i]);
+    std::string theirs = op_name(o[0]), ours = op_name(key[0]);
+    for (size_t i = 1; i < key.size(); ++i) {
+      theirs += ", " + std::to_string(o[i]);
+      ours += ", " + std::to_string(key[i]);
     }
-    WEAVE_CHECK(false, who, ": rank ", q,
-                " called with (operator, M, N, K, B layout, chunk, send and receive blocks) = (", theirs, "), rank ",
-                rank, " with (", ours, ")");
+    WEAVE_CHECK(false, who, ": rank ", q, " called with (operator, ", what, ") = (", theirs, "), rank ", rank, " with (",
+                ours, ")");
   }
   agreed = key;
 }

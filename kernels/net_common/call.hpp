@@ -1,4 +1,5 @@
-// Host pieces every inter-node fused kernel's call shares (kernels/net_tp, kernels/net_ring_attention):
+// Host pieces every inter-node kernel's call shares (kernels/net_tp, kernels/net_ring_attention,
+// kernels/net_collectives):
 // the object's checks, this rank's buffer checks, the room a call needs on the path, the
 // once-per-shape agreement over the bootstrap, and device counters zeroed per call.
 #pragma once
@@ -15,7 +16,10 @@ namespace weave::net {
 
 // The operator's identity, the first entry of every agreed key: ranks calling different
 // operators with equal shapes must not meet in the device.
-inline constexpr long long kOpAgGemm = 1, kOpGemmRs = 2, kOpGemmAr = 3, kOpRingAttention = 4;
+inline constexpr long long kOpAgGemm = 1, kOpGemmRs = 2, kOpGemmAr = 3, kOpRingAttention = 4, kOpAllGather = 5,
+                          kOpReduceScatter = 6, kOpAllReduce = 7;
+// The operator's name in messages ("operator 9" for an id not above).
+const char* op_name(long long op);
 
 struct Buffer {
   const char* name;
@@ -31,12 +35,16 @@ void check_buffers(const char* who, std::initializer_list<Buffer> bufs);
 // The call's bytes and flags fit the path; `comm_blocks` leave compute SMs.
 void check_room(const NetPath& path, const char* who, long long send_needed, long long recv_needed,
                 long long flags_needed, int comm_blocks, const char* flags_hint);
-// A new `key` (operator, shape, options) is agreed with every rank once: each rank's verdict
-// (`problem` empty: its arguments are fine) and key are exchanged, and any rank's problem or a
-// differing key throws on every rank. On a key agreed before, a problem of this rank alone fails
-// the path (NetPath::abort: the peers' kernels, already launched, are released) and throws.
+// A new `key` (operator, shape, options; `what` names its fields after the operator) is agreed
+// with every rank once: each rank's verdict (`problem` empty: its arguments are fine) and key are
+// exchanged, and any rank's problem or a differing key throws on every rank. On the key agreed
+// last, a problem of this rank alone fails the path (NetPath::abort: the peers' kernels, already
+// launched, are released) and throws. `agreed` holds one key, the last: calls that alternate
+// between keys agree on every call (the host rendezvous a mismatch between agreed keys needs, since
+// the network path has no mailbox to compare them without waiting). With WEAVE_DEBUG=1 every
+// call agrees.
 void agree(NetPath& path, std::vector<long long>& agreed, const std::vector<long long>& key,
-           const std::string& problem, const char* who);
+           const std::string& problem, const char* who, const char* what);
 
 // Numbers the next call on the path (`commands` queued by this rank), puts its fields into the
 // kernel parameters g (h, call, commands_before, recv_base, flag_base), then `launch()`es. A

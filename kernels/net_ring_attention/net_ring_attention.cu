@@ -101,7 +101,8 @@ void NetRingAttention::call(const bf16* q, const bf16* k, const bf16* v, bf16* o
   agree(path_, agreed_,
         {kOpRingAttention, s.B, s.S, s.Hq, s.Hkv, s.D, opt.causal ? 1 : 0, zz, scale_bits, opt_.send_blocks,
          opt_.recv_blocks, extra, G},
-        problem, who);
+        problem, who,
+        "B, S, Hq, Hkv, D, causal, zigzag, softmax scale bits, send blocks, receive blocks, push blocks, ranks per node");
 
   const size_t kv_elems = size_t(s.B) * s.S * s.Hkv * s.D;
   if (gk == nullptr) {

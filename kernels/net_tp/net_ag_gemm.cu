@@ -86,7 +86,7 @@ void NetAgGemm::run(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf16* 
   agree(path_, agreed_,
         {kOpAgGemm, M, N, K, static_cast<long long>(opt_.b), opt_.chunk_bytes, opt_.send_blocks, opt_.recv_blocks,
          extra, G},
-        problem, who);
+        problem, who, "M, N, K, B layout, chunk, send blocks, receive blocks, push blocks, ranks per node");
 
   const tp_net::UnitPlan U = tp_net::ag_plan(M, N, K, 2, W, wtp::default_group_m(K), opt_.chunk_bytes, G);
   const long long commands = tp_net::ag_commands(U, rank);

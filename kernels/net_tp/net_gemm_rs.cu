@@ -94,7 +94,7 @@ void NetGemmRs::call(const bf16* A, const bf16* B, bf16* out, int M, int N, int 
   agree(path_, agreed_,
         {ar ? kOpGemmAr : kOpGemmRs, M, N, K, static_cast<long long>(opt_.b), opt_.chunk_bytes, opt_.send_blocks,
          opt_.recv_blocks, G},
-        problem, who);
+        problem, who, "M, N, K, B layout, chunk, send blocks, receive blocks, ranks per node");
 
   bf16* const part = scratch(size_t(M) * N);
   const tp_net::UnitPlan U = tp_net::rs_plan(M, N, W, wtp::default_group_m(K), opt_.chunk_bytes, G);

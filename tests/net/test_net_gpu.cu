@@ -2,7 +2,7 @@
 // --nodes 2; on one GPU with WEAVE_SHARE_GPUS=1): a kernel that pushes commands and polls flags,
 // the inter-node all_gather / reduce_scatter / all_reduce against CPU references (ragged sizes,
 // several chunk sizes, poisoned outputs, bf16 and fp32), 200 back-to-back calls each checked,
-// and failures: a rank's abort releases a peer's kernel waiting on a flag, and a device-side
+// mismatched calls rejected on every rank, and failures: a rank's abort releases a peer's kernel waiting on a flag, and a device-side
 // wait timeout ends in a diagnostic on both ranks.
 #include <cuda_bf16.h>
 #include <gtest/gtest.h>
@@ -47,6 +47,18 @@ __global__ void ping(net::NetHandle h, uint64_t call, uint64_t before, uint64_t 
     __syncthreads();
     if (threadIdx.x == 0) net::consume(h, flag);
   }
+}
+
+// One call on fresh inputs, waited for and checked: "" or what is wrong.
+std::string run_checked(net::NetCollectives& coll, net::NetPath& path, Call& c, uint64_t seed, int r, int w, int k) {
+  fill(c, seed, r, w, k);
+  WEAVE_CUDA_CHECK(cudaMalloc(&c.dev, c.host.size()));
+  WEAVE_CUDA_CHECK(cudaMemcpy(c.dev, c.host.data(), c.host.size(), cudaMemcpyHostToDevice));
+  run(coll, c);
+  path.finish(nullptr);
+  WEAVE_CUDA_CHECK(cudaMemcpy(c.host.data(), c.dev, c.host.size(), cudaMemcpyDeviceToHost));
+  cudaFree(c.dev);
+  return check_call(c, seed, r, w, k);
 }
 
 uint8_t byte_of(uint64_t seed, int rank, int round, size_t i) {
@@ -103,15 +115,7 @@ TEST(NetGpu, CollectivesMatchTheReference) {
       for (Op op : {Op::all_gather, Op::reduce_scatter, Op::all_reduce})
         for (long long count : {1LL, 7LL, 8LL, 1000LL, 4099LL, 65536LL + 3, (1LL << 20) + 5}) {
           Call c{op, d, count};
-          fill(c, seed, r, w, k);
-          CUDA_OK(cudaMalloc(&c.dev, c.host.size()));
-          CUDA_OK(cudaMemcpy(c.dev, c.host.data(), c.host.size(), cudaMemcpyHostToDevice));
-          run(coll, c);
-          path.finish(nullptr);
-          CUDA_OK(cudaMemcpy(c.host.data(), c.dev, c.host.size(), cudaMemcpyDeviceToHost));
-          cudaFree(c.dev);
-          const std::string bad = check_call(c, seed, r, w, k);
-          ASSERT_EQ(bad, "") << "chunk " << chunk;
+          ASSERT_EQ(run_checked(coll, path, c, seed, r, w, k), "") << "chunk " << chunk;
           ++k;
         }
   }
@@ -167,6 +171,40 @@ TEST(NetGpu, RejectsCallsThatDoNotFit) {
   bad.chunk_bytes = 100;
   EXPECT_THROW(net::NetCollectives(path, bad), weave::Error);
   cudaFree(buf);
+  path.shutdown();
+}
+
+// A bad argument on one rank, or ranks calling different collectives with equal counts, throws on
+// every rank before anything is launched (the call's agreement); the path stays usable, and a
+// correct call afterwards is checked.
+TEST(NetGpu, MismatchedCallsRejectedOnEveryRank) {
+  net::NetPath path(options());
+  const uint64_t seed = job_seed(path) ^ 0x77;
+  const int r = path.rank(), w = path.world();
+  net::NetCollectives coll(path);
+  const long long count = 4096 + 8;
+  void* buf;
+  CUDA_OK(cudaMalloc(&buf, count * 4 + 16));
+  std::string msg;
+  try {  // rank 0 an all_gather, the others an all_reduce of the same count and dtype
+    if (r == 0) coll.all_gather(buf, count, net::NetDtype::fp32, nullptr);
+    else coll.all_reduce(buf, count, net::NetDtype::fp32, nullptr);
+  } catch (const weave::Error& e) {
+    msg = e.what();
+  }
+  EXPECT_TRUE(has(msg, "called with (operator, count") && has(msg, "all_gather") && has(msg, "all_reduce"))
+      << "rank " << r << ": " << msg;
+  msg.clear();
+  try {  // the last rank's buffer misaligned: its own error there, the verdict everywhere else
+    char* b = static_cast<char*>(buf) + (r == w - 1 ? 4 : 0);
+    coll.reduce_scatter(b, count, net::NetDtype::fp32, nullptr);
+  } catch (const weave::Error& e) {
+    msg = e.what();
+  }
+  EXPECT_TRUE(r == w - 1 ? has(msg, "16-byte aligned") : has(msg, "rejected its arguments")) << "rank " << r << ": " << msg;
+  cudaFree(buf);
+  Call c{Op::all_reduce, net::NetDtype::bf16, count};
+  EXPECT_EQ(run_checked(coll, path, c, seed, r, w, 0), "");
   path.shutdown();
 }
 

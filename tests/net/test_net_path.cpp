@@ -1,10 +1,12 @@
 // NetPath in its CPU mode (host memory, no CUDA call) between forked processes joined over
 // NetBootstrap at a loopback rendezvous, with injected host names to simulate nodes: the host
 // producers' path through ring, proxy and transport in both notification modes, the node split,
-// the call bookkeeping, a peer that exits, and a rank's abort reaching every peer.
+// the call bookkeeping, a peer that exits, a rank's abort reaching every peer, and the agreement
+// of calls' arguments that the inter-node operators start with (net_common/call.hpp).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <stdexcept>
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include "check/free_port.hpp"
+#include "net_common/call.hpp"
 #include "check/seed.hpp"
 #include "ranks.hpp"
 #include "weave/common/error.hpp"
@@ -218,6 +221,60 @@ TEST(NetPath, AbortReachesEveryPeer) {
   for (int r = 0; r < 3; ++r)
     EXPECT_TRUE(!out[r].returned && has(out[r].text, "the test's rank 2 gives up")) << describe(out);
   EXPECT_TRUE(has(out[0].text, "rank 2 failed")) << describe(out);
+}
+
+// The agreement (net_common/call.hpp's agree), as the inter-node operators call it: a key agreed
+// once is not agreed again (rank 0 calls twice, rank 1 once: a second rendezvous would wait for
+// rank 1 until the bootstrap's timeout); different operators with equal arguments throw on every
+// rank, naming both; one rank's problem throws its own error there and the verdict on the other;
+// a problem on the key agreed last fails the path (the peer, already launched, learns it).
+TEST(NetPath, CallAgreement) {
+  const Job job{2, {"n0", "n1"}};
+  const auto out = run_processes(2, [&](int r) {
+    setenv("WEAVE_DEBUG", "0", 1);  // the once-per-key path (agree reads it at its first call)
+    net::NetPath path(job.info(r), job.options(r));
+    std::vector<long long> agreed;
+    const char* what = "count, dtype";
+    net::agree(path, agreed, {net::kOpAllGather, 100, 1}, "", "test", what);
+    if (r == 0) net::agree(path, agreed, {net::kOpAllGather, 100, 1}, "", "test", what);
+    std::string report;
+    try {
+      net::agree(path, agreed, {r == 0 ? net::kOpAllGather : net::kOpAllReduce, 200, 1}, "", "test", what);
+      report += "different operators agreed; ";
+    } catch (const weave::Error& e) {
+      report += has(e.what(), "called with (operator, count, dtype)") && has(e.what(), "all_gather, 200, 1") &&
+                        has(e.what(), "all_reduce, 200, 1")
+                    ? "mismatch ok; "
+                    : std::string("mismatch message: ") + e.what() + "; ";
+    }
+    try {
+      net::agree(path, agreed, {net::kOpReduceScatter, 300, 1}, r == 1 ? "rank 1's buffer is short" : "", "test",
+                 what);
+      report += "a rank's problem agreed; ";
+    } catch (const weave::Error& e) {
+      const bool ok = r == 1 ? has(e.what(), "rank 1's buffer is short") : has(e.what(), "rank 1 rejected its arguments");
+      report += ok ? "problem ok; " : std::string("problem message: ") + e.what() + "; ";
+    }
+    net::agree(path, agreed, {net::kOpReduceScatter, 400, 1}, "", "test", what);  // usable after both
+    if (r == 0) {
+      try {
+        net::agree(path, agreed, {net::kOpReduceScatter, 400, 1}, "rank 0's pointer is bad", "test", what);
+        report += "an agreed key's problem passed; ";
+      } catch (const weave::Error& e) {
+        report += has(e.what(), "rank 0's pointer is bad") ? "agreed-key problem ok; " : "agreed-key message; ";
+      }
+    } else {
+      try {  // as a launched kernel would: wait for rank 0, which fails the path instead
+        path.proxy().wait_arrival(0, 1, 20);
+        report += "no abort seen; ";
+      } catch (const weave::Error& e) {
+        report += has(e.what(), "rank 0's pointer is bad") ? "agreed-key problem ok; " : "agreed-key message; ";
+      }
+    }
+    return report;
+  });
+  for (int r = 0; r < 2; ++r)
+    EXPECT_TRUE(out[r].returned && out[r].text == "mismatch ok; problem ok; agreed-key problem ok; ") << describe(out);
 }
 
 }  // namespace
