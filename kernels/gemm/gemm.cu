@@ -19,17 +19,36 @@
 
 namespace weave::gemm {
 
-// The planner's part of launch_choice, for opt.tile Auto; only the default epilogue (A M x K, bf16
-// output, no bias) may take the cluster tile or split-K (the instantiations that exist).
+namespace {
+
+// The default epilogue (A M x K, a bf16 output, no bias): the only one with the cluster tile,
+// split-K and the swapped tiles (the instantiations that exist).
+bool default_epilogue(const Options& opt, bool f32_out) {
+  return opt.a_layout == ALayout::MK && !f32_out && opt.bias_type == BiasType::None;
+}
+
+// The 2-CTA cluster tiles also need the communicator blocks in whole clusters.
+bool clusters_allowed(const Options& opt, bool f32_out) {
+  return default_epilogue(opt, f32_out) && opt.lcsc.num_comm_sms % 2 == 0;
+}
+
+bool operands_aligned(int M, int N, int K, BLayout bl, const Options& opt) {
+  return pitch_aligned(opt.a_layout == ALayout::KM ? M : K) && pitch_aligned(bl == BLayout::NK ? K : N);
+}
+
+}  // namespace
+
+// The planner's part of launch_choice, for opt.tile Auto (pair_clusters: what the device holds,
+// used only where clusters_allowed).
 Launch plan_launch(int M, int N, int K, BLayout bl, int sm_count, int pair_clusters, const Options& opt,
                    bool f32_out) {
-  const bool plain = opt.a_layout == ALayout::MK && !f32_out && opt.bias_type == BiasType::None;
+  const bool plain = default_epilogue(opt, f32_out);
   const bool mid_ok = opt.a_layout == ALayout::MK && !f32_out;
   PlanInputs in;
   in.M = M, in.N = N, in.K = K;
-  in.aligned = pitch_aligned(opt.a_layout == ALayout::KM ? M : K) && pitch_aligned(bl == BLayout::NK ? K : N);
+  in.aligned = operands_aligned(M, N, K, bl, opt);
   in.sm_count = sm_count;
-  in.pair_clusters = plain && opt.lcsc.num_comm_sms % 2 == 0 ? pair_clusters : 0;
+  in.pair_clusters = clusters_allowed(opt, f32_out) ? pair_clusters : 0;
   in.mid = mid_ok;
   in.wide = mid_ok && bl == BLayout::NK;
   in.split_k = plain && opt.split_k != 1;
@@ -93,13 +112,12 @@ lcsc::Plan run_layouts(const bf16* A, const bf16* B, OutT* C, int M, int N, int 
 // plan_gemm's choice for this device. Only the default epilogue (A M x K, bf16 output, no bias)
 // may take the cluster tile or split-K (the instantiations that exist).
 Launch launch_choice(int M, int N, int K, BLayout bl, const Options& opt, bool f32_out) {
-  const bool plain = opt.a_layout == ALayout::MK && !f32_out && opt.bias_type == BiasType::None;
+  const bool plain = default_epilogue(opt, f32_out);
   lcsc::Config wide = opt.lcsc;
   wide.balance_waves = false;
   const int blocks = lcsc::plan_for<Big<BLayout::NK>>(1LL << 40, wide).compute_blocks;
-  // The cluster tile needs the communicator blocks in whole clusters.
-  const bool pair_ok = plain && opt.lcsc.num_comm_sms % 2 == 0;
-  const int pairs = pair_ok ? lcsc::plan_for<Pair<BLayout::NK>>(1LL << 40, wide).compute_blocks / 2 : 0;
+  const int pairs =
+      clusters_allowed(opt, f32_out) ? lcsc::plan_for<Pair<BLayout::NK>>(1LL << 40, wide).compute_blocks / 2 : 0;
   if (opt.tile == Tile::Swapped) {
     WEAVE_CHECK(bl == BLayout::NK && opt.a_layout == ALayout::MK && M <= swapped::kMaxTokens &&
                     opt.lcsc.num_comm_sms == 0,
@@ -110,15 +128,13 @@ Launch launch_choice(int M, int N, int K, BLayout bl, const Options& opt, bool f
   }
   if (opt.tile == Tile::M128Nw)
     WEAVE_CHECK(bl == BLayout::NK, "gemm: the 128 x w tile takes B as N x K (a K x N tile is read in 64-column boxes)");
-  const bool aligned =
-      pitch_aligned(opt.a_layout == ALayout::KM ? M : K) && pitch_aligned(bl == BLayout::NK ? K : N);
+  const bool aligned = operands_aligned(M, N, K, bl, opt);
   if (opt.tile == Tile::SwappedW) {  // clusters on a misaligned pitch, as the planner would run it
+    // (its width and epilogue: validate_tile, which every caller ran)
     WEAVE_CHECK(bl == BLayout::NK, "gemm: the swapped 128 x w tile takes B as N x K");
     WEAVE_CHECK(opt.tile_cluster >= 0 && opt.tile_cluster <= 2 && (opt.tile_cluster != 2 || pairs > 0),
                 "gemm: tile_cluster must be 0, 1 or 2 (2: with an even num_comm_sms on a device with 2-CTA "
                 "clusters); got ", opt.tile_cluster, " (num_comm_sms = ", opt.lcsc.num_comm_sms, ")");
-    WEAVE_CHECK(is_swapped_width(opt.tile_n), "gemm: the swapped 128 x w tile takes tile_n one of ",
-                swapped_widths_text(), "; got tile_n = ", opt.tile_n);
     WEAVE_CHECK(opt.tile_cluster != 2 || swapped_width_clusters(opt.tile_n), "gemm: the swapped 128 x ",
                 opt.tile_n, " tile runs in single CTAs only (2-CTA clusters need a width that is a multiple of 16)");
     const int cluster = opt.tile_cluster > 0                                        ? opt.tile_cluster
@@ -228,7 +244,11 @@ void validate_args(const void* A, const void* B, const void* C, int M, int N, in
     default:
       WEAVE_CHECK(false, "gemm: unknown bias_type ", static_cast<int>(opt.bias_type));
   }
-  const bool defaults = opt.a_layout == ALayout::MK && !f32_out && opt.bias_type == BiasType::None;
+  validate_tile(opt, f32_out);
+}
+
+void validate_tile(const Options& opt, bool f32_out) {
+  const bool defaults = default_epilogue(opt, f32_out);
   const int tv = static_cast<int>(opt.tile);
   WEAVE_CHECK(tv >= static_cast<int>(Tile::Auto) && tv <= static_cast<int>(Tile::SwappedW256), "gemm: unknown tile ",
               tv);
@@ -294,6 +314,7 @@ int default_group_m(Tile t, int K) { return t == Tile::M128N128 || K <= 2048 ? 1
 
 Launch choose_launch(int M, int N, int K, BLayout bl, const Options& opt, bool f32_out) {
   validate_shape(M, N, K);
+  validate_tile(opt, f32_out);
   return launch_choice(M, N, K, bl, opt, f32_out);
 }
 

@@ -152,6 +152,9 @@ void validate_shape(int M, int N, int K);
 // options. f32_out: C is float.
 void validate_args(const void* A, const void* B, const void* C, int M, int N, int K, const Options& opt,
                    bool f32_out);
+// Its part on the tile (also choose_launch's): a known tile, the widths of each tile's list, and
+// the A layouts and epilogues each tile has.
+void validate_tile(const Options& opt, bool f32_out);
 int default_group_m(Tile t, int K);
 const char* tile_name(Tile t);
 // A width list as text ("96, 112, ..."), for messages; kWideWidths' and kSwappedWidths'.

@@ -135,6 +135,12 @@ inline constexpr int kSwapped256MaxM = 4096;
 inline constexpr int kSwapped256NarrowWidth = 128;
 inline constexpr int kSwapped256NarrowMaxRounds = 2;
 inline constexpr double kMisalignedSwapped = 1.35;  // a pitch off the 128-byte grid (then 2-CTA clusters)
+// The swapped 128 x w tile's mid widths, strictly between these two (104-120, cuBLAS's widths on
+// such rows): over one token tile or three and more, never two, where the upper one runs instead
+// (two token tiles of them, 209-240 tokens, lost to the tiles taken before on 31 of 46 rows, bf16
+// and fp8, 26 by > 3 %, up to 25 %; 2026-12-04 fourth session).
+inline constexpr int kSwappedMidAbove = 96, kSwappedMidBelow = 128;
+static_assert(is_swapped_width(kSwappedMidAbove) && is_swapped_width(kSwappedMidBelow), "mid widths' bounds");
 inline constexpr int kMaxSplitsSwapped = 2;  // up to 128 tokens: 3-4 splits of a few dozen weight panels lost
 // Above 128 tokens (PlanInputs::swapped_splits) it splits over any number of token tiles, up to 4
 // ways of at least 24 iterations each, its split rounds kSplitSlowdownSwapped slower than whole ones.
@@ -233,10 +239,7 @@ inline Choice plan_gemm(const PlanInputs& in) {
     if (!in.swapped_tiles) return;
     for (int t = 2; t <= kSwappedMaxTokenTiles; ++t) {
       int w = swapped_width(ceil_div(in.M, t), pair);
-      // Two token tiles of 104-120 (209-240 tokens) lost to the tiles taken before on 31 of 46 rows
-      // (bf16 and fp8, 26 by > 3 %, up to 25 %); one tile of them and three or more won (2026-12-04
-      // fourth session).
-      if (t == 2 && w > 96 && w < 128) w = 128;
+      if (t == 2 && w > kSwappedMidAbove && w < kSwappedMidBelow) w = kSwappedMidBelow;
       if (w > 0 && t * w < 128 * ceil_div(in.M, 128)) consider_swapped_tiles(best, w, t);
     }
   };
