@@ -61,6 +61,8 @@
 //                                                        sync with consumers_sync<K>())
 //           task_finished(g, Task, cycles)                one consumer thread, after each task
 //           block_exit(g, blocks)                         thread 0, once every role of the block ended
+//           (no store_done; next_task, load and store must not use warp-collective operations:
+//           the other lanes of the loader's and storer's warps wait in __syncwarp meanwhile)
 //   struct AuxShared + aux(g, AuxShared&, compute_blocks, t) (optional)
 //                                       threads t = 0..63 of warps 2-3 of every compute block,
 //                                       beside the loader and the storer: fused kernels move data
@@ -528,8 +530,7 @@ __device__ __forceinline__ void run_consumer_dynamic(const typename K::Globals& 
 }
 
 template <class K>
-__device__ __forceinline__ void run_storer_dynamic(const typename K::Globals& g, SharedStorage<K>& s,
-                                                   int compute_blocks) {
+__device__ __forceinline__ void run_storer_dynamic(const typename K::Globals& g, SharedStorage<K>& s) {
   TaskRing& r = task_ring<K>(s);
   tile::PipeState<kTaskSlots> ts;
   uint32_t out_phase = 0;
@@ -542,7 +543,6 @@ __device__ __forceinline__ void run_storer_dynamic(const typename K::Globals& g,
     if (t.kind == TaskKind::Work) store_work<K>(g, s, out_phase, t.index);
   }
   tile::tma::wait_group<0>();
-  if constexpr (HasStoreDone<K>::value) K::store_done(g, compute_blocks);
 }
 
 // A dynamic-task kernel's block: the ring's barriers, the roles, then K::block_exit.
@@ -550,6 +550,8 @@ template <class K>
 __device__ __forceinline__ void run_dynamic_block(const typename K::Globals& g, SharedStorage<K>& s,
                                                   int compute_blocks) {
   static_assert(cluster_size_v<K> == 1 && !HasAux<K>::value, "lcsc: dynamic tasks need cluster size 1 and no aux");
+  // A store_done would count the block's items from the static deal (b, b + stride, ...).
+  static_assert(!HasStoreDone<K>::value, "lcsc: dynamic tasks have no store_done (use block_exit)");
   TaskRing& r = task_ring<K>(s);
   if (threadIdx.x == 0) {
     for (int i = 0; i < kTaskSlots; ++i) {
@@ -564,7 +566,7 @@ __device__ __forceinline__ void run_dynamic_block(const typename K::Globals& g, 
     tile::warpgroup_reg_dealloc<K::kProducerRegs>();
     const int warp = tile::warp_in_warpgroup();
     if (warp == 0 && tile::lane_id() == 0) run_loader_dynamic<K>(g, s, compute_blocks);
-    else if (warp == 1 && tile::lane_id() == 0) run_storer_dynamic<K>(g, s, compute_blocks);
+    else if (warp == 1 && tile::lane_id() == 0) run_storer_dynamic<K>(g, s);
   } else {
     tile::warpgroup_reg_alloc<K::kConsumerRegs>();
     run_consumer_dynamic<K>(g, s, wg - 1);
@@ -683,7 +685,22 @@ Plan launch(const typename K::Globals& g, const Config& cfg, cudaStream_t stream
                 cfg.num_comm_sms, " must be 0");
   const Plan p = plan_for<K>(K::num_work(g), cfg);
   if (p.grid() == 0) return p;
-  if constexpr (C == 1) {
+  if constexpr (HasDynamicTasks<K>::value) {
+    // Cooperative: every block resident at once, or no launch. A dynamic-task block may wait for
+    // work that only another block of the grid would claim (a reduction for an unclaimed tile),
+    // so a block left unscheduled behind another kernel could stall the ones running.
+    cudaLaunchConfig_t q{};
+    cudaLaunchAttribute a{};
+    a.id = cudaLaunchAttributeCooperative;
+    a.val.cooperative = 1;
+    q.gridDim = dim3(p.grid());
+    q.blockDim = dim3(threads);
+    q.dynamicSmemBytes = smem;
+    q.stream = stream;
+    q.attrs = &a;
+    q.numAttrs = 1;
+    WEAVE_CUDA_CHECK(cudaLaunchKernelEx(&q, lcsc_kernel<K>, g, p.compute_blocks));
+  } else if constexpr (C == 1) {
     lcsc_kernel<K><<<p.grid(), threads, smem, stream>>>(g, p.compute_blocks);
   } else {
     cudaLaunchConfig_t q{};

@@ -6,10 +6,15 @@
 // every task accounted, every block's exit called once.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "weave/lcsc.cuh"
+#include "weave/memory_order.cuh"
 
 using namespace weave;
 
@@ -72,13 +77,19 @@ struct Toy {
 
 // Dynamic tasks: each block's loader alternates between claiming a work item and an other task
 // (global claim counters), so that work items and other tasks interleave in every block's ring.
+// With `dep`, block 0 claims work items only, and other task i waits until work item dep_of[i] is
+// stored, where dep_of[i] is the next work item not yet claimed when i was handed out: a block
+// that then claimed that item itself and queued it behind i would never finish i; the template's
+// loader waits for an other task's end before choosing again, so block 0 (or another) stores it.
 struct DynGlobals : ToyGlobals {
   int* claims;       // [0]: work items claimed, [1]: other tasks claimed
   int* other_runs;   // per other task: consumer threads that ran it
   int* other_after;  // per other task: consumer threads that saw every thread's run after the sync
   int* finished;     // [0]: work tasks finished, [1]: other tasks finished
   int* exits;        // per block: block_exit calls
-  int others;
+  int* dep_of;       // per other task (dep): the work item it waits for
+  int* timed_out;    // other tasks whose wait passed 10 s (dep)
+  int others, dep;
 };
 
 template <int Stages>
@@ -89,19 +100,39 @@ struct DynToy : Toy<Stages, 1024> {
     int n = 0;
   };
   static __device__ lcsc::Task next_task(const Globals& g, TaskState& st, int) {
+    static_assert(kDynamicTasks);
     for (int tries = 0; tries < 2; ++tries, ++st.n) {
-      const int kind = st.n % 2;
+      const int kind = g.dep && blockIdx.x == 0 ? 0 : st.n % 2;
       const int limit = kind == 0 ? g.work : g.others;
       if (atomicAdd(&g.claims[kind], 0) >= limit) continue;
+      const int next_work = atomicAdd(&g.claims[0], 0);
       const int i = atomicAdd(&g.claims[kind], 1);
       if (i < limit) {
         ++st.n;
+        if (kind == 1 && g.dep) g.dep_of[i] = next_work;
         return {kind == 0 ? lcsc::TaskKind::Work : lcsc::TaskKind::Other, i};
       }
     }
+    if (g.dep && blockIdx.x == 0 && atomicAdd(&g.claims[1], 0) < g.others) return next_task_other(g);
     return {};
   }
+  // Block 0 in dep mode, once the work items are gone: the other tasks left (nothing to wait for).
+  static __device__ lcsc::Task next_task_other(const Globals& g) {
+    const int i = atomicAdd(&g.claims[1], 1);
+    if (i >= g.others) return {};
+    g.dep_of[i] = g.work;
+    return {lcsc::TaskKind::Other, i};
+  }
   static __device__ unsigned long long other_task(const Globals& g, int i, int t, int n) {
+    if (g.dep && t == 0 && g.dep_of[i] < g.work) {
+      const volatile int* stored = g.stores + g.dep_of[i];
+      const unsigned long long t0 = globaltimer();
+      while (*stored < 2)
+        if (globaltimer() - t0 > 10000000000ull) {
+          atomicAdd(g.timed_out, 1);
+          break;
+        }
+    }
     atomicAdd(&g.other_runs[i], 1);
     lcsc::consumers_sync<DynToy>();
     if (atomicAdd(&g.other_runs[i], 0) == n) atomicAdd(&g.other_after[i], 1);
@@ -186,51 +217,76 @@ TEST(Lcsc, RejectsTooMuchSharedMemory) {
   }
 }
 
+// Every work item and other task exactly once, every task accounted, each block's exit once;
+// rings that wrap (one K step per item, thousands of items), other tasks that depend on work items
+// claimed later; a hang fails the test within a minute instead of stalling it.
 TEST(Lcsc, DynamicTasks) {
   int dev = 0, sms = 0;
   WEAVE_CUDA_CHECK(cudaGetDevice(&dev));
   WEAVE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  struct Case {
+    int work, others, iters, dep;
+  };
+  std::vector<Case> cases;
   for (int work : {1, 7, 3 * sms + 5})
-    for (int others : {0, 5, 2 * sms + 1}) {
-      SCOPED_TRACE(testing::Message() << "work " << work << " others " << others);
-      const int iters = 3;
-      const int total = 5 * work + 2 + 2 * others + 2 + sms;
-      int* buf = nullptr;
-      WEAVE_CUDA_CHECK(cudaMalloc(&buf, total * sizeof(int)));
-      WEAVE_CUDA_CHECK(cudaMemset(buf, 0, total * sizeof(int)));
-      DynGlobals g{};
-      static_cast<ToyGlobals&>(g) = ToyGlobals{buf, buf + work, buf + 2 * work, buf + 3 * work, buf + 4 * work,
-                                               nullptr, nullptr, work, iters};
-      int* q = buf + 5 * work;
-      g.claims = q, q += 2;
-      g.other_runs = q, q += others;
-      g.other_after = q, q += others;
-      g.finished = q, q += 2;
-      g.exits = q;
-      g.others = others;
-      lcsc::Config c;
-      c.balance_waves = false;
-      const lcsc::Plan p = lcsc::launch<DynToy<4>>(g, c, nullptr);
-      WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
-      EXPECT_EQ(p.comm_blocks, 0);
-      auto loads = fetch(g.loads, work), cons = fetch(g.consumes, work), fin = fetch(g.finishes, work),
-           st = fetch(g.stores, work), runs = fetch(g.other_runs, others), after = fetch(g.other_after, others),
-           done = fetch(g.finished, 2), exits = fetch(g.exits, sms);
-      for (int w = 0; w < work; ++w) {
-        EXPECT_EQ(loads[w], iters) << "work item " << w;
-        EXPECT_EQ(cons[w], 2 * iters) << "work item " << w;
-        EXPECT_EQ(fin[w], 4) << "work item " << w;
-        EXPECT_EQ(st[w], 2) << "work item " << w;
+    for (int others : {0, 5, 2 * sms + 1}) cases.push_back({work, others, 3, 0});
+  cases.push_back({40 * sms + 3, 0, 1, 0});        // work only, one K step each: the rings wrap
+  cases.push_back({8 * sms + 1, 4 * sms + 3, 1, 1});  // other tasks waiting for later work items
+  cases.push_back({3 * sms, 2 * sms, 4, 1});
+  for (const Case& k : cases) {
+    const int work = k.work, others = k.others, iters = k.iters;
+    SCOPED_TRACE(testing::Message() << "work " << work << " others " << others << " iters " << iters << " dep "
+                                    << k.dep);
+    const int total = 5 * work + 2 + 3 * others + 2 + sms + 1;
+    int* buf = nullptr;
+    WEAVE_CUDA_CHECK(cudaMalloc(&buf, total * sizeof(int)));
+    WEAVE_CUDA_CHECK(cudaMemset(buf, 0, total * sizeof(int)));
+    DynGlobals g{};
+    static_cast<ToyGlobals&>(g) = ToyGlobals{buf, buf + work, buf + 2 * work, buf + 3 * work, buf + 4 * work,
+                                             nullptr, nullptr, work, iters};
+    int* q = buf + 5 * work;
+    g.claims = q, q += 2;
+    g.other_runs = q, q += others;
+    g.other_after = q, q += others;
+    g.dep_of = q, q += others;
+    g.finished = q, q += 2;
+    g.exits = q, q += sms;
+    g.timed_out = q;
+    g.others = others, g.dep = k.dep;
+    lcsc::Config c;
+    c.balance_waves = false;
+    const lcsc::Plan p = lcsc::launch<DynToy<4>>(g, c, nullptr);
+    const auto t0 = std::chrono::steady_clock::now();
+    cudaError_t st;
+    while ((st = cudaStreamQuery(nullptr)) == cudaErrorNotReady) {
+      if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(60)) {
+        std::fprintf(stderr, "Lcsc.DynamicTasks: the kernel did not end within 60 s (work %d, others %d, dep %d): a "
+                     "hang in the dynamic-task ring\n", work, others, k.dep);
+        std::_Exit(1);  // the kernel cannot be stopped; fail now rather than at CTest's timeout
       }
-      for (int i = 0; i < others; ++i) {
-        EXPECT_EQ(runs[i], 256) << "other task " << i;   // every consumer thread, once
-        EXPECT_EQ(after[i], 256) << "other task " << i;  // and the sync held them together
-      }
-      EXPECT_EQ(done[0], work);
-      EXPECT_EQ(done[1], others);
-      for (int b = 0; b < sms; ++b) EXPECT_EQ(exits[b], b < p.grid() ? 1 : 0) << "block " << b;
-      cudaFree(buf);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
+    WEAVE_CUDA_CHECK(st);
+    EXPECT_EQ(p.comm_blocks, 0);
+    auto loads = fetch(g.loads, work), cons = fetch(g.consumes, work), fin = fetch(g.finishes, work),
+         stv = fetch(g.stores, work), runs = fetch(g.other_runs, others), after = fetch(g.other_after, others),
+         done = fetch(g.finished, 2), exits = fetch(g.exits, sms), late = fetch(g.timed_out, 1);
+    for (int w = 0; w < work; ++w) {
+      EXPECT_EQ(loads[w], iters) << "work item " << w;
+      EXPECT_EQ(cons[w], 2 * iters) << "work item " << w;
+      EXPECT_EQ(fin[w], 4) << "work item " << w;
+      EXPECT_EQ(stv[w], 2) << "work item " << w;
+    }
+    for (int i = 0; i < others; ++i) {
+      EXPECT_EQ(runs[i], 256) << "other task " << i;   // every consumer thread, once
+      EXPECT_EQ(after[i], 256) << "other task " << i;  // and the sync held them together
+    }
+    EXPECT_EQ(done[0], work);
+    EXPECT_EQ(done[1], others);
+    EXPECT_EQ(late[0], 0) << "other tasks whose work item was not stored within 10 s";
+    for (int b = 0; b < sms; ++b) EXPECT_EQ(exits[b], b < p.grid() ? 1 : 0) << "block " << b;
+    cudaFree(buf);
+  }
   DynGlobals g{};
   g.work = 1;
   lcsc::Config c;

@@ -308,6 +308,7 @@ TEST(TpGpu, GemmArMatchesReference) {
         o.variant = variant;
         const auto li = ar.run(A.p, B.p, out.p, s.M, s.N, s.K, o);
         wt::settle();
+        if (variant >= 0) EXPECT_EQ(li.variant, variant) << shape_name("gemm_ar", s.M, s.N, s.K);
         expect_all_ranks(compare_rows(out.p, ref, 0, s.M, s.N, check::partial_sum_bound(W)),
                          shape_name("gemm_ar", s.M, s.N, s.K) + " ncomm " + std::to_string(ncomm) + " variant " +
                              std::to_string(variant) + " (ran v" + std::to_string(li.variant) + ", " +
