@@ -685,29 +685,22 @@ Plan launch(const typename K::Globals& g, const Config& cfg, cudaStream_t stream
                 cfg.num_comm_sms, " must be 0");
   const Plan p = plan_for<K>(K::num_work(g), cfg);
   if (p.grid() == 0) return p;
+  cudaLaunchAttribute a{};
   if constexpr (HasDynamicTasks<K>::value) {
     // Cooperative: every block resident at once, or no launch. A dynamic-task block may wait for
     // work that only another block of the grid would claim (a reduction for an unclaimed tile),
     // so a block left unscheduled behind another kernel could stall the ones running.
-    cudaLaunchConfig_t q{};
-    cudaLaunchAttribute a{};
     a.id = cudaLaunchAttributeCooperative;
     a.val.cooperative = 1;
-    q.gridDim = dim3(p.grid());
-    q.blockDim = dim3(threads);
-    q.dynamicSmemBytes = smem;
-    q.stream = stream;
-    q.attrs = &a;
-    q.numAttrs = 1;
-    WEAVE_CUDA_CHECK(cudaLaunchKernelEx(&q, lcsc_kernel<K>, g, p.compute_blocks));
-  } else if constexpr (C == 1) {
-    lcsc_kernel<K><<<p.grid(), threads, smem, stream>>>(g, p.compute_blocks);
-  } else {
-    cudaLaunchConfig_t q{};
-    cudaLaunchAttribute a{};
+  } else if constexpr (C > 1) {
     a.id = cudaLaunchAttributeClusterDimension;
     a.val.clusterDim.x = C;
     a.val.clusterDim.y = a.val.clusterDim.z = 1;
+  }
+  if constexpr (C == 1 && !HasDynamicTasks<K>::value) {
+    lcsc_kernel<K><<<p.grid(), threads, smem, stream>>>(g, p.compute_blocks);
+  } else {
+    cudaLaunchConfig_t q{};
     q.gridDim = dim3(p.grid());
     q.blockDim = dim3(threads);
     q.dynamicSmemBytes = smem;
