@@ -87,6 +87,14 @@ LaunchInfo GemmAR::launch(const bf16* A, const bf16* B, gemm::BLayout bl, bf16* 
   return {ncomm, p.compute_blocks, false, to_int(variant)};
 }
 
+AdaptiveStats GemmAR::adaptive_stats(int M, int N, int K) const {
+  const runtime::SignalSet* set = impl_->sig_adaptive.find({M, N, K}, 2);
+  if (set == nullptr) return {};
+  sm_split::Ledger l{};
+  WEAVE_CUDA_CHECK(cudaMemcpy(&l, set->view().ptr[impl_->c.rank()], sizeof l, cudaMemcpyDeviceToHost));
+  return {l.launches, l.early_comm, l.peak_comm};
+}
+
 LaunchInfo GemmAR::run(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, const Options& o,
                        cudaStream_t s) {
   Impl& m = *impl_;

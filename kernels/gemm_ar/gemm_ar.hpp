@@ -12,6 +12,13 @@ struct AdaptivePriors {
 };
 AdaptivePriors adaptive_priors(int K, int W);
 
+// What the adaptive split did over a shape's v2 calls on this rank (tp_common/sm_ledger.cuh's
+// statistics): launches ended, reductions handed out while tiles were still unclaimed, and the
+// most blocks reducing at once then.
+struct AdaptiveStats {
+  unsigned long long launches = 0, early_reductions = 0, peak_comm_blocks = 0;
+};
+
 class GemmAR {
  public:
   explicit GemmAR(runtime::Communicator& c);
@@ -30,6 +37,9 @@ class GemmAR {
   LaunchInfo run(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, const Options& o = {},
                  cudaStream_t s = nullptr);
   static std::vector<int> comm_sms_candidates(int M, int N, int W, int sm_count);
+  // The adaptive split's statistics for M x N x K (zeros before its first v2 call); waits for the
+  // device (a copy from it).
+  AdaptiveStats adaptive_stats(int M, int N, int K) const;
 
  private:
   LaunchInfo launch(const bf16* A, const bf16* B, gemm::BLayout bl, bf16* out, int M, int N, int K, int ncomm,

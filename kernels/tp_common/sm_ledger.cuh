@@ -5,7 +5,8 @@
 //
 // The ledger is one call's, in this GPU's global memory, zero when a launch starts: the last block
 // out zeroes it for the next launch on the stream (so it needs no round number, and a graph replay
-// finds it zeroed too). Only this GPU's blocks touch it: device-scope atomics, relaxed.
+// finds it zeroed too), all but three statistics words kept across launches. Only this GPU's
+// blocks touch it: device-scope atomics, relaxed.
 //
 // The guarantees (whatever the policy decides, and however stale the snapshot it decides on):
 // - every compute task 0..compute_tasks-1 and every communication task 0..comm_tasks-1 is handed to
@@ -35,12 +36,16 @@
 
 namespace weave::tp::sm_split {
 
-// One call's counters (64 bytes, zero at a launch's start).
+// One call's counters (zero at a launch's start), then statistics kept across launches (never
+// zeroed: what weave-bench and the tests read to see whether blocks changed role mid-compute).
 struct Ledger {
   unsigned long long compute_claimed, compute_done, compute_cycles;
   unsigned long long comm_claimed, comm_done, comm_cycles;
   unsigned long long comm_blocks;  // blocks in the communication role now
   unsigned long long exited;       // blocks that left the kernel
+  unsigned long long launches;     // statistics: launches ended (counted by the last block out)
+  unsigned long long early_comm;   //   communication tasks handed out while a compute task was unclaimed
+  unsigned long long peak_comm;    //   the most blocks in the communication role while one was
 };
 
 // A launch's constants: the grid and the task counts, and the cost priors (cycles per task) the
@@ -71,6 +76,17 @@ WEAVE_LEDGER_HD void store(unsigned long long* p, unsigned long long v) {
   st_relaxed_gpu(p, v);
 #else
   std::atomic_ref<unsigned long long>(*p).store(v, std::memory_order_relaxed);
+#endif
+}
+
+WEAVE_LEDGER_HD void store_max(unsigned long long* p, unsigned long long v) {
+#ifdef __CUDA_ARCH__
+  atomicMax(p, v);
+#else
+  std::atomic_ref<unsigned long long> a(*p);
+  unsigned long long cur = a.load(std::memory_order_relaxed);
+  while (cur < v && !a.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {
+  }
 #endif
 }
 
@@ -137,6 +153,7 @@ WEAVE_LEDGER_HD bool join_comm(Ledger& l, const View& v) {
     fetch_add(&l.comm_blocks, ~0ull);
     return false;
   }
+  if (v.compute_claimed < v.compute_tasks) ledger_detail::store_max(&l.peak_comm, static_cast<unsigned long long>(old + 1));
   return true;
 }
 
@@ -167,8 +184,10 @@ WEAVE_LEDGER_HD Task next_task(Ledger& l, const LedgerParams& p, Role& role, Beg
     }
     const long long k = v.comm_claimed;
     if (k < p.comm_tasks && compare_exchange(&l.comm_claimed, static_cast<unsigned long long>(k),
-                                             static_cast<unsigned long long>(k + 1)))
+                                             static_cast<unsigned long long>(k + 1))) {
+      if (v.compute_claimed < v.compute_tasks) fetch_add(&l.early_comm, 1ull);
       return {Role::Comm, k};
+    }
     // Another block took k (or it was the last): decide again on a fresh snapshot.
   }
 }
@@ -185,11 +204,12 @@ WEAVE_LEDGER_HD void task_done(Ledger& l, Role r, unsigned long long cycles) {
   }
 }
 
-// A block leaves the kernel (after its Done). The last of `blocks` zeroes the ledger for the next
-// launch and returns true.
+// A block leaves the kernel (after its Done). The last of `blocks` zeroes the call's counters for
+// the next launch (not the statistics) and returns true.
 WEAVE_LEDGER_HD bool block_exit(Ledger& l, int blocks) {
   using namespace ledger_detail;
   if (exit_add(&l.exited) != static_cast<unsigned long long>(blocks - 1)) return false;
+  fetch_add(&l.launches, 1ull);
   store(&l.compute_claimed, 0);
   store(&l.compute_done, 0);
   store(&l.compute_cycles, 0);

@@ -173,6 +173,8 @@ void run(const Config& c, unsigned long long seed) {
       const unsigned long long words[] = {l.compute_claimed, l.compute_done, l.compute_cycles, l.comm_claimed,
                                           l.comm_done,       l.comm_cycles,  l.comm_blocks,    l.exited};
       for (unsigned long long x : words) ASSERT_EQ(x, 0ull) << where << ": rank " << r << "'s ledger after the launch";
+      ASSERT_EQ(l.launches, static_cast<unsigned long long>(launch)) << where << ": rank " << r;
+      ASSERT_LE(l.peak_comm, static_cast<unsigned long long>(c.B > 1 ? c.B - 1 : 0)) << where << ": rank " << r;
       ASSERT_EQ(w.done[r].load(), static_cast<unsigned long long>(launch) * c.tiles) << where;
     }
   }
@@ -227,7 +229,10 @@ TEST(SmLedger, OneBlockComputesThenCommunicates) {
   }
   EXPECT_EQ(next_task(l, p, role, always).role, Role::Done);
   EXPECT_EQ(l.comm_blocks, 0ull);  // Done left the communication role
+  EXPECT_EQ(l.early_comm, 0ull);   // every reduction came after the last tile was claimed
+  EXPECT_EQ(l.peak_comm, 0ull);
   EXPECT_TRUE(block_exit(l, 1));
+  EXPECT_EQ(l.launches, 1ull);
   EXPECT_EQ(l.compute_claimed, 0ull);
   EXPECT_EQ(l.comm_claimed, 0ull);
   EXPECT_EQ(l.exited, 0ull);
@@ -258,6 +263,8 @@ TEST(SmLedger, JoinCappedAndStalledWorkReturnsToCompute) {
   EXPECT_EQ(r1, Role::Compute);
   EXPECT_EQ(l.comm_blocks, 1ull);
   EXPECT_EQ(l.comm_claimed, 2ull);  // the two communication tasks handed out, no index held
+  EXPECT_EQ(l.early_comm, 2ull);    // both while tiles were left
+  EXPECT_EQ(l.peak_comm, 2ull);
 }
 
 // A join decided on a snapshot that did not show another block's join: refused at the target

@@ -316,6 +316,12 @@ TEST(TpGpu, GemmArMatchesReference) {
       }
     }
   }
+  // The adaptive split reduced while tiles were still unclaimed on the largest shape (a policy that
+  // waited for the last tile would pass the output checks above): its ledger's statistics.
+  const weave::tp::AdaptiveStats st = ar.adaptive_stats(2048, 4096, 4096);
+  EXPECT_EQ(st.launches, 2u);
+  EXPECT_GT(st.early_reductions, 0u) << "rank " << c.rank() << ": every reduction waited for the last tile";
+  EXPECT_GE(st.peak_comm_blocks, 1u);
 }
 
 // B given as N x K (an nn.Linear weight: Options::b = NK), read in place by every family and

@@ -115,6 +115,10 @@ struct Row {
   double worst = 0;  // the checker's worst |x - r| / bound over ranks (> 1: wrong)
   int variant = 0;
   double alone_us = 0;  // the fused row of run_one: GEMM alone's time (Table 3)
+  // gemm_ar's adaptive split (v2), rank 0 over the row's calls: the share of its reductions handed
+  // out while tiles were still unclaimed, and the most blocks reducing then (-1: not v2).
+  double early_reductions = -1;
+  long long peak_comm_blocks = -1;
 };
 
 void emit(Ctx& x, const Row& r, const char* extra_key = nullptr, double extra = 0) {
@@ -130,6 +134,7 @@ void emit(Ctx& x, const Row& r, const char* extra_key = nullptr, double extra = 
     j.add("tflops", tf).add("num_comm_sms", r.ncomm).add("correct", r.correct);
     bench::add_check_worst(j, r.worst).add("variant", r.variant).add("seed", std::to_string(x.seed));
     if (extra_key) j.add(extra_key, extra);
+    if (r.early_reductions >= 0) j.add("early_reductions", r.early_reductions).add("peak_comm_blocks", r.peak_comm_blocks);
     x.json.write(j);
   }
 }
@@ -513,6 +518,13 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
       settle_check(x, alone, cmp_rows(Ca.p, 0, M, check::gemm_bound()));
     }
     WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
+    if (!rs && fused.variant == tp::to_int(tp::ArVariant::Adaptive)) {
+      const tp::AdaptiveStats a = arop.adaptive_stats(M, N, K);
+      const long long work = (M + tp::kBM - 1) / tp::kBM * ((N + tp::kBN - 1) / tp::kBN);
+      const long long owned = r < work ? (work - r + W - 1) / W : 0;
+      fused.early_reductions = a.launches && owned ? double(a.early_reductions) / double(a.launches * owned) : 0;
+      fused.peak_comm_blocks = static_cast<long long>(a.peak_comm_blocks);
+    }
     x.c.barrier();
     x.c.free(out);
   }
@@ -643,12 +655,13 @@ int run(const bench::Args& a) {
         const bool ag = std::string(k) == "ag_gemm";
         double best_fixed = 0, adaptive = 0;  // gemm_ar: the best v0 split and v2, for issue 22's comparison
         int best_n = 0;
+        Row adaptive_row;
         for (long long n : counts) {
           if (n == 0) {  // no communicator SM: ag_gemm's aux-warp pushes 2..6, copy engine 7, 8, all_gather 9;
                          // gemm_ar's 1 (intra-SM) and 2 (the adaptive split)
             for (int v = ag ? 2 : 1; v <= (ag ? 9 : 2); ++v) {
               const Row r = run_one(x, k, static_cast<int>(S), 0, true, false, 0, v);
-              if (!ag && v == 2) adaptive = r.us;
+              if (!ag && v == 2) adaptive = r.us, adaptive_row = r;
             }
           } else {
             for (int v = 0; v < (ag ? 2 : 1); ++v) {
@@ -658,12 +671,14 @@ int run(const bench::Args& a) {
           }
         }
         if (!ag && adaptive > 0 && best_fixed > 0 && x.rank == 0) {
-          std::printf("| gemm_ar | %lld | adaptive split / best fixed split (%d comm SMs) | | | %.3f | | |\n", S, best_n,
-                      adaptive / best_fixed);
+          std::printf("| gemm_ar | %lld | adaptive split / best fixed split (%d comm SMs); reductions while tiles were "
+                      "left %.2f, at most %lld blocks | | | %.3f | | |\n", S, best_n, adaptive_row.early_reductions,
+                      adaptive_row.peak_comm_blocks, adaptive / best_fixed);
           bench::JsonLine j;
           j.add("kernel", "gemm_ar").add("impl", "adaptive-vs-fixed").add("S", S).add("world", x.W)
               .add("adaptive_us", adaptive).add("best_fixed_us", best_fixed).add("best_fixed_comm_sms", best_n)
-              .add("ratio", adaptive / best_fixed);
+              .add("ratio", adaptive / best_fixed).add("early_reductions", adaptive_row.early_reductions)
+              .add("peak_comm_blocks", adaptive_row.peak_comm_blocks);
           json.write(j);
         }
       }

@@ -117,6 +117,11 @@ class ShapeSignals {
     }
     return *it->second.at(which);
   }
+  // Set `which` for `shape` if a call made it, else null (finding makes nothing: making is collective).
+  const SignalSet* find(const std::vector<long long>& shape, int which) const {
+    const auto it = sets_.find(shape);
+    return it == sets_.end() || which >= static_cast<int>(it->second.size()) ? nullptr : it->second[which].get();
+  }
 
  private:
   std::string name_;
