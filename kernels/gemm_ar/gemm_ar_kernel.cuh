@@ -95,18 +95,21 @@ struct ArAdaptiveKernelT : ArKernelT<BL> {
     p.comm_tasks = owned_tiles(g);
     p.compute_prior = g.compute_prior;
     p.comm_prior = g.comm_prior;
-    // Begun: some rank's partial of the tile arrived in this round.
+    // Begun: some rank's partial of the tile arrived in this round; in place: every rank's.
     const unsigned long long* ready = g.ready.ptr[g.rank];
-    const unsigned long long before = (static_cast<unsigned long long>(g.ready_round) - 1) * ar_ready_expected(g.L);
-    const sm_split::Task t = sm_split::next_task(*g.ledger, p, st.role, [&](long long k) {
-      return ld_relaxed_sys(ready + g.rank + k * g.L.W) > before;
-    });
+    const unsigned long long all = static_cast<unsigned long long>(g.ready_round) * ar_ready_expected(g.L);
+    const unsigned long long before = all - ar_ready_expected(g.L);
+    const auto count = [&](long long k) { return ld_relaxed_sys(ready + g.rank + k * g.L.W); };
+    const sm_split::Task t = sm_split::next_task(
+        *g.ledger, p, st.role, [&](long long k) { return count(k) > before; },
+        [&](long long k) { return count(k) >= all; });
     if (t.role == sm_split::Role::Done) return {};
     return {t.role == sm_split::Role::Compute ? lcsc::TaskKind::Work : lcsc::TaskKind::Other,
             static_cast<int>(t.index)};
   }
 
-  // Reduction k by the consumer threads t = 0..n-1: v0's communicator loop body.
+  // Reduction k by the consumer threads t = 0..n-1: v0's communicator loop body (its input is in
+  // place when the task is handed out; the wait is the acquire).
   static __device__ __forceinline__ unsigned long long other_task(const Globals& g, int k, int t, int n) {
     const int w = g.rank + k * g.L.W;
     if (t == 0) wait(g.ready, w, g.ready_round * ar_ready_expected(g.L));

@@ -26,6 +26,7 @@
 #include "weave/memory_order.cuh"
 #else
 #include <atomic>
+#include <thread>
 #endif
 
 #ifdef __CUDACC__
@@ -87,6 +88,15 @@ WEAVE_LEDGER_HD void store_max(unsigned long long* p, unsigned long long v) {
   unsigned long long cur = a.load(std::memory_order_relaxed);
   while (cur < v && !a.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {
   }
+#endif
+}
+
+// Between two polls of a communication task's input.
+WEAVE_LEDGER_HD void poll_pause() {
+#ifdef __CUDA_ARCH__
+  __nanosleep(128);
+#else
+  std::this_thread::yield();
 #endif
 }
 
@@ -158,10 +168,15 @@ WEAVE_LEDGER_HD bool join_comm(Ledger& l, const View& v) {
 }
 
 // A block's next task. `role` is the block's present role (Compute at its start; the call updates
-// it); `begun(k)` says whether communication task k's input has begun to arrive (the kernel reads
-// its ready count). A block handed Done has left the communication role; it calls block_exit.
-template <class Begun>
-WEAVE_LEDGER_HD Task next_task(Ledger& l, const LedgerParams& p, Role& role, Begun&& begun) {
+// it); `begun(k)` says whether communication task k's input has begun to arrive, `in_place(k)`
+// whether it is complete (the kernel reads its ready count against one and all ranks' signals).
+// A communication task is claimed only once its input is in place (the block polls until then,
+// deciding again at each poll): no block holds an index another could run, and a handed-out
+// reduction never waits (the simulation's kept rule; claiming at `begun` and waiting met the 5 %
+// target in fewer scenarios, perf-notes 2026-12-04 fourth session). A block handed Done has left
+// the communication role; it calls block_exit.
+template <class Begun, class InPlace>
+WEAVE_LEDGER_HD Task next_task(Ledger& l, const LedgerParams& p, Role& role, Begun&& begun, InPlace&& in_place) {
   using namespace ledger_detail;
   for (;;) {
     View v = snapshot(l, p);
@@ -183,6 +198,10 @@ WEAVE_LEDGER_HD Task next_task(Ledger& l, const LedgerParams& p, Role& role, Beg
       continue;  // the last one went to another block: decide again
     }
     const long long k = v.comm_claimed;
+    if (k < p.comm_tasks && !in_place(k)) {
+      poll_pause();
+      continue;
+    }
     if (k < p.comm_tasks && compare_exchange(&l.comm_claimed, static_cast<unsigned long long>(k),
                                              static_cast<unsigned long long>(k + 1))) {
       if (v.compute_claimed < v.compute_tasks) fetch_add(&l.early_comm, 1ull);

@@ -26,6 +26,8 @@ using namespace weave::tp::sm_split;
 namespace {
 
 using Clock = std::chrono::steady_clock;
+// The unit tests' inputs are in place as soon as they have begun.
+const auto in_place_now = [](long long) { return true; };
 
 struct Config {
   int W, B, tiles;
@@ -108,7 +110,10 @@ void block(World& w, int rank, int b, int round, unsigned long long seed) {
   };
   Role role = Role::Compute;
   while (!w.failed) {
-    const Task task = next_task(l, p, role, begun);
+    auto in_place = [&](long long k) {
+      return w.ready[static_cast<size_t>(rank) * c.tiles + owned_tile(k)].load(std::memory_order_relaxed) >= want;
+    };
+    const Task task = next_task(l, p, role, begun, in_place);
     if (task.role == Role::Done) break;
     const auto t0 = Clock::now();
     if (task.role == Role::Compute) {
@@ -215,19 +220,19 @@ TEST(SmLedger, OneBlockComputesThenCommunicates) {
   Role role = Role::Compute;
   auto always = [](long long) { return true; };
   for (long long i = 0; i < 5; ++i) {
-    const Task t = next_task(l, p, role, always);
+    const Task t = next_task(l, p, role, always, in_place_now);
     ASSERT_EQ(t.role, Role::Compute);
     ASSERT_EQ(t.index, i);
     task_done(l, t.role, 10);
   }
   for (long long k = 0; k < 3; ++k) {
-    const Task t = next_task(l, p, role, always);
+    const Task t = next_task(l, p, role, always, in_place_now);
     ASSERT_EQ(t.role, Role::Comm);
     ASSERT_EQ(t.index, k);
     EXPECT_EQ(l.comm_blocks, 1ull);
     task_done(l, t.role, 10);
   }
-  EXPECT_EQ(next_task(l, p, role, always).role, Role::Done);
+  EXPECT_EQ(next_task(l, p, role, always, in_place_now).role, Role::Done);
   EXPECT_EQ(l.comm_blocks, 0ull);  // Done left the communication role
   EXPECT_EQ(l.early_comm, 0ull);   // every reduction came after the last tile was claimed
   EXPECT_EQ(l.peak_comm, 0ull);
@@ -249,17 +254,17 @@ TEST(SmLedger, JoinCappedAndStalledWorkReturnsToCompute) {
   bool arrived = false;
   auto begun = [&](long long) { return arrived; };
   Role r0 = Role::Compute, r1 = Role::Compute, r2 = Role::Compute;
-  EXPECT_EQ(next_task(l, p, r0, begun).role, Role::Compute);  // nothing arrived: compute
+  EXPECT_EQ(next_task(l, p, r0, begun, in_place_now).role, Role::Compute);  // nothing arrived: compute
   arrived = true;
-  EXPECT_EQ(next_task(l, p, r1, begun).role, Role::Comm);
-  EXPECT_EQ(next_task(l, p, r2, begun).role, Role::Comm);
+  EXPECT_EQ(next_task(l, p, r1, begun, in_place_now).role, Role::Comm);
+  EXPECT_EQ(next_task(l, p, r2, begun, in_place_now).role, Role::Comm);
   EXPECT_EQ(l.comm_blocks, 2ull);
-  const Task t = next_task(l, p, r0, begun);  // at the cap: r0 keeps computing
+  const Task t = next_task(l, p, r0, begun, in_place_now);  // at the cap: r0 keeps computing
   EXPECT_EQ(t.role, Role::Compute);
   EXPECT_EQ(t.index, 1);
   EXPECT_EQ(l.comm_blocks, 2ull);
   arrived = false;
-  EXPECT_EQ(next_task(l, p, r1, begun).role, Role::Compute);  // stalled: back to compute
+  EXPECT_EQ(next_task(l, p, r1, begun, in_place_now).role, Role::Compute);  // stalled: back to compute
   EXPECT_EQ(r1, Role::Compute);
   EXPECT_EQ(l.comm_blocks, 1ull);
   EXPECT_EQ(l.comm_claimed, 2ull);  // the two communication tasks handed out, no index held
@@ -299,11 +304,11 @@ TEST(SmLedger, LastComputeTaskTakenMeanwhile) {
   auto begun = [&](long long) {
     if (!nested) {
       nested = true;
-      other = next_task(l, p, r1, [](long long) { return false; });
+      other = next_task(l, p, r1, [](long long) { return false; }, in_place_now);
     }
     return false;  // r0 would rather compute
   };
-  const Task t = next_task(l, p, r0, begun);
+  const Task t = next_task(l, p, r0, begun, in_place_now);
   EXPECT_EQ(other.role, Role::Compute);
   EXPECT_EQ(other.index, 0);
   EXPECT_EQ(t.role, Role::Comm);
@@ -319,22 +324,43 @@ TEST(SmLedger, ConcurrentCommClaimsAreDistinct) {
   p.compute_prior = 1, p.comm_prior = 1e6;  // target 3
   Role r0 = Role::Compute, r1 = Role::Compute;
   auto always = [](long long) { return true; };
-  ASSERT_EQ(next_task(l, p, r0, always).role, Role::Comm);  // task 0; r0 now communicates
+  ASSERT_EQ(next_task(l, p, r0, always, in_place_now).role, Role::Comm);  // task 0; r0 now communicates
   Task other;
   bool nested = false;
   auto begun = [&](long long) {
     if (!nested) {
       nested = true;
-      other = next_task(l, p, r1, always);  // takes task 1 after r0's snapshot read index 1
+      other = next_task(l, p, r1, always, in_place_now);  // takes task 1 after r0's snapshot read index 1
     }
     return true;
   };
-  const Task t = next_task(l, p, r0, begun);
+  const Task t = next_task(l, p, r0, begun, in_place_now);
   EXPECT_EQ(other.role, Role::Comm);
   EXPECT_EQ(other.index, 1);
   EXPECT_EQ(t.role, Role::Comm);
   EXPECT_EQ(t.index, 2);
   EXPECT_EQ(l.comm_claimed, 3ull);
+}
+
+// A communication task is claimed only once its input is in place on every rank: until then the
+// block polls, holding no index (another block could take it), and then it is handed the task.
+TEST(SmLedger, InputInPlaceBeforeClaim) {
+  Ledger l{};
+  LedgerParams p;
+  p.blocks = 2, p.compute_tasks = 10, p.comm_tasks = 5;
+  p.compute_prior = 1, p.comm_prior = 1e6;  // target B - 1 = 1
+  Role role = Role::Compute;
+  int polls = 0;
+  bool held = false;
+  const Task t = next_task(l, p, role, [](long long) { return true; }, [&](long long k) {
+    held = held || l.comm_claimed != 0;
+    return ++polls > 2 && k == 0;
+  });
+  EXPECT_EQ(t.role, Role::Comm);
+  EXPECT_EQ(t.index, 0);
+  EXPECT_EQ(polls, 3);
+  EXPECT_FALSE(held) << "an index was claimed before its input was in place";
+  EXPECT_EQ(l.comm_claimed, 1ull);
 }
 
 }  // namespace
