@@ -61,7 +61,7 @@
 //                                                        sync with consumers_sync<K>())
 //           task_finished(g, Task, cycles)                one consumer thread, after each task
 //           block_exit(g, blocks)                         thread 0, once every role of the block ended
-//           (no store_done; next_task, load and store must not use warp-collective operations:
+//           (no aux, no store_done; next_task, load and store must not use warp-collective operations:
 //           the other lanes of the loader's and storer's warps wait in __syncwarp meanwhile)
 //   struct AuxShared + aux(g, AuxShared&, compute_blocks, t) (optional)
 //                                       threads t = 0..63 of warps 2-3 of every compute block,
@@ -105,11 +105,18 @@ struct ClusterSizeOf<K, std::void_t<decltype(K::kClusterSize)>> {
 template <class K>
 constexpr int cluster_size_v = ClusterSizeOf<K>::value;
 
+// Optional dynamic tasks (K::kDynamicTasks = true; "Dynamic tasks" below).
+template <class K, class = void>
+struct HasDynamicTasks : std::false_type {};
+template <class K>
+struct HasDynamicTasks<K, std::enable_if_t<K::kDynamicTasks>> : std::true_type {};
+
 // Optional storer epilogue (K::store_done): absent in the plain GEMM, which compiles to nothing.
+// A dynamic-task kernel has none (one it inherits is not called: it would count the static deal).
 template <class K, class = void>
 struct HasStoreDone : std::false_type {};
 template <class K>
-struct HasStoreDone<K, std::void_t<decltype(&K::store_done)>> : std::true_type {};
+struct HasStoreDone<K, std::void_t<decltype(&K::store_done)>> : std::bool_constant<!HasDynamicTasks<K>::value> {};
 
 // Optional per-tile load state (K::tile_of); without it, load receives the work index w.
 template <class K, class = void>
@@ -122,7 +129,7 @@ struct HasTileOf<K, std::void_t<decltype(&K::tile_of)>> : std::true_type {};
 template <class K, class = void>
 struct HasAux : std::false_type {};
 template <class K>
-struct HasAux<K, std::void_t<decltype(&K::aux)>> : std::true_type {};
+struct HasAux<K, std::void_t<decltype(&K::aux)>> : std::bool_constant<!HasDynamicTasks<K>::value> {};
 
 // Optional per-block setup (K::setup(g)): every thread of each compute block calls it once,
 // before the roles split; the template's block barrier follows, so what it writes to K's own
@@ -147,11 +154,7 @@ struct OwnsKLoop<K, std::enable_if_t<K::kOwnsKLoop>> : std::true_type {};
 // change role at run time, mKernel's adaptive split), or the end. After another task the loader
 // waits until the consumers finished it before it chooses again: a work item it chose meanwhile
 // could be the input that task waits for, queued behind it in the same block. Cluster size 1, no
-// aux role, no communicator blocks.
-template <class K, class = void>
-struct HasDynamicTasks : std::false_type {};
-template <class K>
-struct HasDynamicTasks<K, std::enable_if_t<K::kDynamicTasks>> : std::true_type {};
+// communicator blocks; no aux role or store_done (ones the kernel inherits are ignored).
 
 enum class TaskKind : int { Work = 0, Other = 1, Done = 2 };
 struct Task {
@@ -549,9 +552,7 @@ __device__ __forceinline__ void run_storer_dynamic(const typename K::Globals& g,
 template <class K>
 __device__ __forceinline__ void run_dynamic_block(const typename K::Globals& g, SharedStorage<K>& s,
                                                   int compute_blocks) {
-  static_assert(cluster_size_v<K> == 1 && !HasAux<K>::value, "lcsc: dynamic tasks need cluster size 1 and no aux");
-  // A store_done would count the block's items from the static deal (b, b + stride, ...).
-  static_assert(!HasStoreDone<K>::value, "lcsc: dynamic tasks have no store_done (use block_exit)");
+  static_assert(cluster_size_v<K> == 1, "lcsc: dynamic tasks need cluster size 1");
   TaskRing& r = task_ring<K>(s);
   if (threadIdx.x == 0) {
     for (int i = 0; i < kTaskSlots; ++i) {

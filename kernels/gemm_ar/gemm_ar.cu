@@ -28,17 +28,6 @@ std::vector<int> GemmAR::comm_sms_candidates(int M, int N, int W, int sm_count) 
   return v;
 }
 
-// The SM split's cost priors, cycles per task before the call measured one of each kind: a
-// 128 x 256 x K tile at ~2700 dense bf16 FLOP per SM cycle (H200: ~70 % of 989 TFLOP/s over 132
-// SMs at 1.98 GHz), and a reduction moving 2 (W - 1) remote 64 KiB tiles at ~16 B per cycle per
-// block (one block's share of NVLink when several reduce). Only the first choices use them.
-AdaptivePriors adaptive_priors(int K, int W) {
-  AdaptivePriors p;
-  p.compute = static_cast<float>(2.0 * kBM * kBN * K / 2700.0);
-  p.comm = static_cast<float>(2.0 * (W - 1) * kBM * kBN * sizeof(bf16) / 16.0);
-  return p;
-}
-
 LaunchInfo GemmAR::launch(const bf16* A, const bf16* B, gemm::BLayout bl, bf16* out, int M, int N, int K, int ncomm,
                           ArVariant variant, cudaStream_t s) {
   Impl& m = *impl_;
@@ -75,7 +64,7 @@ LaunchInfo GemmAR::launch(const bf16* A, const bf16* B, gemm::BLayout bl, bf16* 
     ArAdaptiveGlobals ga{};
     static_cast<ArGlobals&>(ga) = g;
     ga.ledger = reinterpret_cast<sm_split::Ledger*>(sig.get(m.c, {M, N, K}, counts, 2, cap).view().ptr[rank]);
-    const AdaptivePriors pr = adaptive_priors(K, W);
+    const AdaptivePriors pr = adaptive_priors(K, 2 * (W - 1));  // reads W - 1 peer tiles, writes W - 1
     ga.compute_prior = pr.compute, ga.comm_prior = pr.comm;
     cfg.balance_waves = false;  // every SM: the blocks beyond the tiles' waves reduce
     p = bl == gemm::BLayout::NK ? lcsc::launch<ArAdaptiveKernelNK>(ga, cfg, s)

@@ -6,18 +6,6 @@
 
 namespace weave::tp {
 
-// The adaptive split's cost priors for a call (cycles per tile, per reduction): gemm_ar.cu.
-struct AdaptivePriors {
-  float compute = 0, comm = 0;
-};
-AdaptivePriors adaptive_priors(int K, int W);
-
-// What the adaptive split did over a shape's v2 calls on this rank (tp_common/sm_ledger.cuh's
-// statistics): launches ended, reductions handed out while tiles were still unclaimed, and the
-// most blocks reducing at once then.
-struct AdaptiveStats {
-  unsigned long long launches = 0, early_reductions = 0, peak_comm_blocks = 0;
-};
 
 class GemmAR {
  public:

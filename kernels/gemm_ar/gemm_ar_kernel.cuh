@@ -6,9 +6,9 @@
 // the lines.
 #pragma once
 #include "gemm/gemm_kernel.cuh"
+#include "tp_common/adaptive_split.cuh"
 #include "tp_common/reduce_tile.cuh"
 #include "tp_common/schedule.hpp"
-#include "tp_common/sm_ledger.cuh"
 #include "weave/lcsc.cuh"
 #include "weave/signal.cuh"
 #include "weave/store.cuh"
@@ -78,52 +78,29 @@ struct ArAdaptiveKernelT : ArKernelT<BL> {
   using Base = ArKernelT<BL>;
   using Globals = ArAdaptiveGlobals;
   static constexpr bool kDynamicTasks = true;
-  struct TaskState {
-    sm_split::Role role = sm_split::Role::Compute;
-  };
+  using TaskState = AdaptiveState;
 
-  // The tiles this rank owns, in order: w = rank + k W.
-  static __device__ __forceinline__ int owned_tiles(const Globals& g) {
-    const int work = g.L.work();
-    return g.rank < work ? (work - g.rank + g.L.W - 1) / g.L.W : 0;
-  }
-
+  // The tiles this rank owns, in order: w = rank + k W (the ready counter's index is the tile's).
   static __device__ __forceinline__ lcsc::Task next_task(const Globals& g, TaskState& st, int blocks) {
-    sm_split::LedgerParams p;
-    p.blocks = blocks;
-    p.compute_tasks = g.L.work();
-    p.comm_tasks = owned_tiles(g);
-    p.compute_prior = g.compute_prior;
-    p.comm_prior = g.comm_prior;
-    // Begun: some rank's partial of the tile arrived in this round; in place: every rank's.
-    const unsigned long long* ready = g.ready.ptr[g.rank];
-    const unsigned long long all = static_cast<unsigned long long>(g.ready_round) * ar_ready_expected(g.L);
-    const unsigned long long before = all - ar_ready_expected(g.L);
-    const auto count = [&](long long k) { return ld_relaxed_sys(ready + g.rank + k * g.L.W); };
-    const sm_split::Task t = sm_split::next_task(
-        *g.ledger, p, st.role, [&](long long k) { return count(k) > before; },
-        [&](long long k) { return count(k) >= all; });
-    if (t.role == sm_split::Role::Done) return {};
-    return {t.role == sm_split::Role::Compute ? lcsc::TaskKind::Work : lcsc::TaskKind::Other,
-            static_cast<int>(t.index)};
+    const int work = g.L.work();
+    const AdaptiveTasks a{g.ledger,          work,
+                          g.rank < work ? (work - g.rank + g.L.W - 1) / g.L.W : 0,
+                          g.compute_prior,   g.comm_prior,
+                          g.ready.ptr[g.rank], static_cast<unsigned long long>(g.ready_round),
+                          ar_ready_expected(g.L)};
+    return adaptive_next_task(a, st, blocks, [&](long long k) { return g.rank + k * g.L.W; });
   }
 
   // Reduction k by the consumer threads t = 0..n-1: v0's communicator loop body (its input is in
   // place when the task is handed out; the wait is the acquire).
   static __device__ __forceinline__ unsigned long long other_task(const Globals& g, int k, int t, int n) {
     const int w = g.rank + k * g.L.W;
-    if (t == 0) wait(g.ready, w, g.ready_round * ar_ready_expected(g.L));
-    lcsc::consumers_sync<ArAdaptiveKernelT>();
-    const long long t0 = clock64();
-    Base::reduce_tile(g, w, t, n);
-    lcsc::consumers_sync<ArAdaptiveKernelT>();
-    if (t == 0) signal_all(g.done, 0);
-    return static_cast<unsigned long long>(clock64() - t0);
+    return adaptive_reduction<ArAdaptiveKernelT>(g.ready, w, g.ready_round * ar_ready_expected(g.L), g.done, t,
+                                                 [&] { Base::reduce_tile(g, w, t, n); });
   }
 
   static __device__ __forceinline__ void task_finished(const Globals& g, lcsc::Task t, unsigned long long cycles) {
-    sm_split::task_done(*g.ledger, t.kind == lcsc::TaskKind::Work ? sm_split::Role::Compute : sm_split::Role::Comm,
-                        cycles);
+    adaptive_task_finished(*g.ledger, t, cycles);
   }
 
   // The last block out zeroed the ledger; it then waits, as v0's communicator block 0, until every

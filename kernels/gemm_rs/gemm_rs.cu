@@ -111,9 +111,12 @@ LaunchInfo GemmRS::launch(const Inputs& in, bf16* out, int M, int N, int K, RsVa
   }
   const Layout L = make_layout(M, N, W, default_group_m(K));
   const runtime::PeerPtrs pp = m.c.peers(out, out_elems(M, N, W) * sizeof(bf16));
-  bf16* scr = variant == RsVariant::InterSm ? m.scratch_for(size_t(M) * N * sizeof(bf16), s, cap) : nullptr;
-  // One set per (shape, variant): each launch's expectations are round * per_round of its variant.
-  const std::vector<int> counts = {rs_ready_count(L), W, 1};
+  const bool adaptive = variant == RsVariant::Adaptive;
+  bf16* scr = variant == RsVariant::InterSm || adaptive ? m.scratch_for(size_t(M) * N * sizeof(bf16), s, cap) : nullptr;
+  // One set per (shape, variant): each launch's expectations are round * per_round of its variant;
+  // the adaptive split's ledger is a fourth.
+  std::vector<int> counts = {rs_ready_count(L), W, 1};
+  if (adaptive) counts.push_back(static_cast<int>(sizeof(sm_split::Ledger) / sizeof(unsigned long long)));
   runtime::ShapeSignals& sg = m.sig;
   runtime::SignalSet& rd = sg.get(m.c, {M, N, K, to_int(variant)}, counts, 0, cap);
   runtime::SignalSet& zr = sg.get(m.c, {M, N, K, to_int(variant)}, counts, 1, cap);
@@ -129,7 +132,7 @@ LaunchInfo GemmRS::launch(const Inputs& in, bf16* out, int M, int N, int K, RsVa
     g.M = M, g.N = N, g.K = K;
     g.tiles_m = L.row_tiles(), g.tiles_n = L.tiles_n, g.group_m = L.group_m, g.accumulate = 0;
     g.rank = rank;
-    g.variant = to_int(variant);
+    g.variant = to_int(adaptive ? RsVariant::InterSm : variant);  // v6 runs v2's tile order and stores
     g.own = out;
     g.own_elems = static_cast<long long>(shard(M, W, rank).size) * N;
     if (scr) {
@@ -156,6 +159,15 @@ LaunchInfo GemmRS::launch(const Inputs& in, bf16* out, int M, int N, int K, RsVa
     g.scale_a = in.scale_a, g.scale_b = in.scale_b;
     g.kblocks = gemm_fp8::k_blocks(K);
     p = launch_rs_fp8(g, cfg, s);
+  } else if (adaptive) {
+    RsAdaptiveGlobals g{};
+    fill(g);
+    g.ledger = reinterpret_cast<sm_split::Ledger*>(sg.get(m.c, {M, N, K, to_int(variant)}, counts, 3, cap).view().ptr[rank]);
+    const AdaptivePriors pr = adaptive_priors(K, W - 1);  // reads W - 1 peer partials, writes its own
+    g.compute_prior = pr.compute, g.comm_prior = pr.comm;
+    cfg.balance_waves = false;  // every SM: the blocks beyond the tiles' waves reduce
+    p = in.bl == gemm::BLayout::NK ? lcsc::launch<RsAdaptiveKernelNK>(g, cfg, s)
+                                   : lcsc::launch<RsAdaptiveKernel>(g, cfg, s);
   } else {
     RsGlobals g{};
     fill(g);
@@ -263,18 +275,29 @@ LaunchInfo GemmRS::run(const __nv_fp8_e4m3* A, const __nv_fp8_e4m3* B, const flo
   return run_inputs(in, out, M, N, K, on, s);
 }
 
+AdaptiveStats GemmRS::adaptive_stats(int M, int N, int K) const {
+  const runtime::SignalSet* set = impl_->sig.find({M, N, K, to_int(RsVariant::Adaptive)}, 3);
+  if (set == nullptr) return {};
+  sm_split::Ledger l{};
+  WEAVE_CUDA_CHECK(cudaMemcpy(&l, set->view().ptr[impl_->c.rank()], sizeof l, cudaMemcpyDeviceToHost));
+  return {l.launches, l.early_comm, l.peak_comm};
+}
+
 LaunchInfo GemmRS::run_inputs(const Inputs& in, bf16* out, int M, int N, int K, const Options& o, cudaStream_t s) {
   Impl& m = *impl_;
   const auto ops = {Operand{"A", in.a, in.bytes(M, K)}, Operand{"B", in.b, in.bytes(K, N)},
                     Operand{"out", out, out_elems(M, N, m.c.world()) * sizeof(bf16)}};
   check_tp_call(m.c, "gemm_rs", M, N, K, o, ops, kRsVariants - 1,
-                "0 (owner first), 1 (zero first), 2 (inter-SM), 3 (one GEMM per owner), 4 (copy engine) or 5 "
-                "(chained owners, one kernel)",
+                "0 (owner first), 1 (zero first), 2 (inter-SM), 3 (one GEMM per owner), 4 (copy engine), 5 "
+                "(chained owners, one kernel) or 6 (adaptive split, bf16)",
                 s, [&] {
                   if (in.fp8) check_scales("gemm_rs", in, m.c);
                   WEAVE_CHECK(!in.fp8 || o.variant != to_int(RsVariant::ShardGemms),
                               "gemm_rs: variant 3 (one GEMM per owner) is not offered for fp8 inputs: its GEMMs "
                               "accumulate into the owner's output, which the fp8 GEMM cannot (use 0, 1, 2, 4 or 5)");
+                  WEAVE_CHECK(!in.fp8 || o.variant != to_int(RsVariant::Adaptive),
+                              "gemm_rs: variant 6 (the adaptive split) is built for bf16 inputs only (use 0, 1, 2, 4 "
+                              "or 5)");
                   WEAVE_CHECK(M >= m.c.world(), "gemm_rs: M = ", M, " gives some rank no rows (world ", m.c.world(),
                               ")");
                   WEAVE_CHECK(o.variant != to_int(RsVariant::CopyEngine) || m.recv_fits(M, N),
@@ -292,7 +315,7 @@ LaunchInfo GemmRS::run_inputs(const Inputs& in, bf16* out, int M, int N, int K, 
     const int n = o.num_comm_sms < 0 ? (v == RsVariant::InterSm ? 8 : 0) : o.num_comm_sms;
     WEAVE_CHECK((v == RsVariant::InterSm) == (n > 0), "gemm_rs: variant ", to_int(v), " (", variant_name(v),
                 ") with num_comm_sms = ", n,
-                " (the inter-SM variant 2 needs >= 1, variants 0, 1, 3, 4 and 5 use none)");
+                " (the inter-SM variant 2 needs >= 1, variants 0, 1, 3, 4, 5 and 6 use none)");
     return launch(in, out, M, N, K, v, n, s);
   }
   std::vector<runtime::TuneCandidate> cands;

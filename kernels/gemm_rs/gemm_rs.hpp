@@ -38,6 +38,9 @@ class GemmRS {
   LaunchInfo run(const __nv_fp8_e4m3* A, const __nv_fp8_e4m3* B, const float* scale_a, const float* scale_b,
                  bf16* out, int M, int N, int K, const Options& o = {}, cudaStream_t s = nullptr);
   static size_t out_elems(int M, int N, int W) { return size_t(shard(M, W, 0).size) * N; }
+  // The adaptive split's statistics for M x N x K (zeros before its first v6 call); waits for the
+  // device (a copy from it).
+  AdaptiveStats adaptive_stats(int M, int N, int K) const;
 
  private:
   LaunchInfo run_inputs(const Inputs& in, bf16* out, int M, int N, int K, const Options& o, cudaStream_t s);

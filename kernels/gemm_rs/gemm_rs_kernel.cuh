@@ -10,6 +10,7 @@
 #include "gemm/gemm_kernel.cuh"
 #include "gemm_fp8/gemm_fp8_kernel.cuh"
 #include "tp_common/reduce_tile.cuh"
+#include "tp_common/adaptive_split.cuh"
 #include "tp_common/schedule.hpp"
 #include "tp_common/variants.hpp"
 #include "weave/lcsc.cuh"
@@ -231,9 +232,70 @@ struct RsKernelT : Gemm {
   }
 };
 
+// Adaptive (RsVariant::Adaptive, bf16): v2's tasks without a fixed split, as gemm_ar v2
+// (gemm_ar_kernel.cuh, tp_common/sm_ledger.cuh): every block starts computing the tiles in v2's
+// order (into the local scratch, then ready on the owner); at each task boundary its loader asks
+// the SM split's policy whether it computes the next tile or reduces the next tile this rank owns
+// (claimed once every rank's partial is in place; run by the block's consumer warpgroups). The
+// globals carry variant 2, whose tile order and store this kernel takes.
+struct RsAdaptiveGlobals : RsGlobals {
+  sm_split::Ledger* ledger;
+  float compute_prior, comm_prior;  // cycles per tile and per reduction before one is measured
+};
+
+template <class Gemm>
+struct RsAdaptiveKernelT : RsKernelT<Gemm> {
+  using Base = RsKernelT<Gemm>;
+  using Globals = RsAdaptiveGlobals;
+  static constexpr bool kDynamicTasks = true;  // (the lcsc template ignores the aux and store_done inherited)
+  using TaskState = AdaptiveState;
+
+  // Task j's tile and its ready counter on this rank (the owner).
+  static __device__ __forceinline__ gemm::TileCoord owned(const Globals& g, long long j) {
+    return gemm::grouped_tile(static_cast<int>(j), g.L.tm[g.rank], g.L.tiles_n, g.L.group_m);
+  }
+  static __device__ __forceinline__ int ready_index(const Globals& g, const gemm::TileCoord& t) {
+    return (g.L.off[g.rank] + t.m) * g.L.tiles_n + t.n;
+  }
+
+  static __device__ __forceinline__ lcsc::Task next_task(const Globals& g, TaskState& st, int blocks) {
+    const AdaptiveTasks a{g.ledger,          g.L.work(),
+                          g.L.owner_tiles(g.rank),
+                          g.compute_prior,   g.comm_prior,
+                          g.ready.ptr[g.rank], static_cast<unsigned long long>(g.ready_round),
+                          rs_inter_ready_expected(g.L)};
+    return adaptive_next_task(a, st, blocks, [&](long long j) { return ready_index(g, owned(g, j)); });
+  }
+
+  // Reduction j by the consumer threads t = 0..n-1: v2's communicator loop body.
+  static __device__ __forceinline__ unsigned long long other_task(const Globals& g, int j, int t, int n) {
+    const gemm::TileCoord c = owned(g, j);
+    return adaptive_reduction<RsAdaptiveKernelT>(
+        g.ready, ready_index(g, c), g.ready_round * rs_inter_ready_expected(g.L), g.done, t, [&] {
+          const Range sh = shard(g.M, g.L.W, g.rank);
+          const int c0 = c.n * kBN;
+          const long long rows = static_cast<long long>(c.m) * kBM;
+          reduce_tile(g.scr, g.L.W, (sh.begin + rows) * g.N + c0, &g.own, 1, rows * g.N + c0,
+                      min(kBM, sh.size - c.m * kBM), min(kBN, g.N - c0) / 8, g.N, t, n);
+        });
+  }
+
+  static __device__ __forceinline__ void task_finished(const Globals& g, lcsc::Task t, unsigned long long cycles) {
+    adaptive_task_finished(*g.ledger, t, cycles);
+  }
+
+  // The last block out zeroed the ledger; it then waits, as v2's communicator block 0, until every
+  // owner consumed every tile (this rank's scratch is free again).
+  static __device__ __forceinline__ void block_exit(const Globals& g, int blocks) {
+    if (sm_split::block_exit(*g.ledger, blocks)) wait(g.done, 0, g.done_round * rs_inter_done_expected(g.L));
+  }
+};
+
 using RsKernel = RsKernelT<gemm::GemmKernel<kBN, gemm::BLayout::KN, 3>>;
 using RsKernelNK = RsKernelT<gemm::GemmKernel<kBN, gemm::BLayout::NK, 3>>;
 using RsKernelFp8 = RsKernelT<gemm_fp8::GemmFp8Kernel<tile::fp8e4m3, tile::fp8e4m3, kBN, 3>>;
+using RsAdaptiveKernel = RsAdaptiveKernelT<gemm::GemmKernel<kBN, gemm::BLayout::KN, 3>>;
+using RsAdaptiveKernelNK = RsAdaptiveKernelT<gemm::GemmKernel<kBN, gemm::BLayout::NK, 3>>;
 
 // The fp8 kernel's launch, in its own translation unit (gemm_rs_fp8.cu): the build compiles it
 // beside the bf16 ones.

@@ -111,6 +111,24 @@ inline std::vector<long long> checked_args(int M, int N, int K, const Options& o
 
 inline int default_group_m(int K) { return K <= 2048 ? 16 : 8; }
 
+// The adaptive SM split (gemm_ar v2, gemm_rs v6; sm_split.hpp): its cost priors, cycles per task
+// before the call measured one of each kind: a 128 x 256 x K tile at ~2700 dense bf16 FLOP per SM
+// cycle (H200: ~70 % of 989 TFLOP/s over 132 SMs at 1.98 GHz), and a reduction moving
+// `remote_tiles` 64 KiB tiles over NVLink at ~16 B per cycle per block (one block's share when
+// several reduce). Only the first choices use them.
+struct AdaptivePriors {
+  float compute = 0, comm = 0;
+};
+inline AdaptivePriors adaptive_priors(int K, int remote_tiles) {
+  return {static_cast<float>(2.0 * kBM * kBN * K / 2700.0),
+          static_cast<float>(double(remote_tiles) * kBM * kBN * sizeof(bf16) / 16.0)};
+}
+// What the split did over a shape's calls on this rank (sm_ledger.cuh's statistics): launches
+// ended, reductions handed out while tiles were still unclaimed, and the most blocks reducing then.
+struct AdaptiveStats {
+  unsigned long long launches = 0, early_reductions = 0, peak_comm_blocks = 0;
+};
+
 // One operand of a TP call: its bytes follow from the shape.
 struct Operand {
   const char* name;

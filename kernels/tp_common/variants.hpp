@@ -30,8 +30,9 @@ enum class RsVariant : int {
   ShardGemms = 3,  // one plain GEMM per owner, chained across ranks (host only)
   CopyEngine = 4,  // plain local GEMMs, the copy engine moves the partials, then a sum (host only)
   Chain = 5,       // ShardGemms' chain as one fused kernel
+  Adaptive = 6,    // InterSm's tasks, each block choosing its role at run time (bf16; num_comm_sms = 0; opt-in)
 };
-constexpr int kRsVariants = 6;
+constexpr int kRsVariants = 7;
 
 // gemm_ar (gemm_ar/README.md): who reduces.
 enum class ArVariant : int {
@@ -48,11 +49,12 @@ constexpr int kArVariants = 3;
 // one-thread waits).
 constexpr bool capturable(AgVariant v) { return static_cast<int>(v) <= 6; }
 constexpr bool capturable(RsVariant v) {
-  return v == RsVariant::OwnerFirst || v == RsVariant::ZeroFirst || v == RsVariant::InterSm || v == RsVariant::Chain;
+  return v == RsVariant::OwnerFirst || v == RsVariant::ZeroFirst || v == RsVariant::InterSm || v == RsVariant::Chain ||
+         v == RsVariant::Adaptive;
 }
 constexpr bool capturable(ArVariant) { return true; }
 constexpr const char* capture_rule() {
-  return "under capture: ag_gemm 0..6, gemm_rs 0, 1, 2, 5, gemm_ar 0, 1, 2; pass Options::variant, or make the "
+  return "under capture: ag_gemm 0..6, gemm_rs 0, 1, 2, 5, 6, gemm_ar 0, 1, 2; pass Options::variant, or make the "
          "eager calls of the shape, whose tuned choice the capture reuses, pick one of them";
 }
 
@@ -84,6 +86,7 @@ constexpr const char* variant_name(RsVariant v) {
     case RsVariant::ShardGemms: return "one GEMM per owner";
     case RsVariant::CopyEngine: return "copy engine";
     case RsVariant::Chain: return "chained owners, one kernel";
+    case RsVariant::Adaptive: return "adaptive split";
   }
   return "?";
 }

@@ -223,10 +223,10 @@ TEST(TpGpu, GemmRsMatchesReference) {
     Sym out(out_n);
     const auto sh = shard(s.M, W, r);
     // (variant, num_comm_sms): tuner, owner first, zero first, inter-SM (8 and 1 communicator
-    // SMs), one GEMM per owner, copy engine, the chain kernel, and back to owner first on the
-    // same output
+    // SMs), one GEMM per owner, copy engine, the chain kernel, the adaptive split, and back to
+    // owner first on the same output
     for (auto [variant, ncomm] :
-         {std::pair{-1, -1}, {0, -1}, {1, -1}, {2, 8}, {-1, 1}, {3, -1}, {4, -1}, {5, -1}, {0, -1}}) {
+         {std::pair{-1, -1}, {0, -1}, {1, -1}, {2, 8}, {-1, 1}, {3, -1}, {4, -1}, {5, -1}, {6, -1}, {0, -1}}) {
       weave::tp::Options o;
       o.variant = variant;
       o.num_comm_sms = ncomm;
@@ -243,6 +243,10 @@ TEST(TpGpu, GemmRsMatchesReference) {
       }
     }
   }
+  // The adaptive split (v6) reduced while tiles were still unclaimed on the largest shape.
+  const weave::tp::AdaptiveStats st = rs.adaptive_stats(2048, 4096, 4096);
+  EXPECT_EQ(st.launches, 3u);
+  EXPECT_GT(st.early_reductions, 0u) << "rank " << c.rank() << ": every reduction waited for the last tile";
 }
 
 TEST(TpGpu, AgGemmMatchesReference) {
@@ -454,7 +458,7 @@ TEST(TpGpu, TwoHundredLaunchesChangingInputs) {
     // gemm_rs
     uint64_t call = calls.next();
     weave::tp::Options ors;
-    ors.variant = it % 6;  // every variant, alternating on the same output (2: 8 communicator SMs)
+    ors.variant = it % weave::tp::kRsVariants;  // every variant, alternating on the same output (2: 8 comm SMs)
     variant[size_t(it) * kSlots + 0] = ors.variant;
     fill_inputs(call, A.p, A.n, B.p, B.n);
     partial_sum_ref(call, M, N, K, ref);
@@ -690,7 +694,8 @@ TEST(TpGpu, OneObjectOnTwoStreams) {
   // gemm_rs, owner first, one GEMM per owner, the copy engine (whose steps signal across ranks
   // from the streams) and the chain kernel.
   for (weave::tp::RsVariant rv : {weave::tp::RsVariant::OwnerFirst, weave::tp::RsVariant::ShardGemms,
-                                   weave::tp::RsVariant::CopyEngine, weave::tp::RsVariant::Chain}) {
+                                   weave::tp::RsVariant::CopyEngine, weave::tp::RsVariant::Chain,
+                                   weave::tp::RsVariant::Adaptive}) {
     const int v = weave::tp::to_int(rv);
     weave::tp::Options o;
     o.variant = v;

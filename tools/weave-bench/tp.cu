@@ -518,10 +518,14 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
       settle_check(x, alone, cmp_rows(Ca.p, 0, M, check::gemm_bound()));
     }
     WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
-    if (!rs && fused.variant == tp::to_int(tp::ArVariant::Adaptive)) {
-      const tp::AdaptiveStats a = arop.adaptive_stats(M, N, K);
-      const long long work = (M + tp::kBM - 1) / tp::kBM * ((N + tp::kBN - 1) / tp::kBN);
-      const long long owned = r < work ? (work - r + W - 1) / W : 0;
+    if (fused.variant == (rs ? tp::to_int(tp::RsVariant::Adaptive) : tp::to_int(tp::ArVariant::Adaptive))) {
+      const tp::AdaptiveStats a = rs ? rsop.adaptive_stats(M, N, K) : arop.adaptive_stats(M, N, K);
+      // The reductions this rank runs per call: the tiles it owns (gemm_ar: every W-th; gemm_rs:
+      // those of its row shard).
+      const long long tiles_n = (N + tp::kBN - 1) / tp::kBN;
+      const long long work = (M + tp::kBM - 1) / tp::kBM * tiles_n;
+      const long long owned = rs ? (tp::shard(M, W, r).size + tp::kBM - 1) / tp::kBM * tiles_n
+                                 : r < work ? (work - r + W - 1) / W : 0;
       fused.early_reductions = a.launches && owned ? double(a.early_reductions) / double(a.launches * owned) : 0;
       fused.peak_comm_blocks = static_cast<long long>(a.peak_comm_blocks);
     }
@@ -646,36 +650,41 @@ int run(const bench::Args& a) {
     if (counts.empty()) counts = {0, 4, 8, 16, 32, 64};  // bare --sweep
     const auto ss = a.numbers("sweep-sizes", "4096,16384");
     if (x.rank == 0) std::printf("\nnum_comm_sms sweep\n| kernel | S | local MxNxK | variant | comm SMs | us | TFLOP/s | check |\n|---|---|---|---|---|---|---|---|\n");
-    for (const char* k : {"ag_gemm", "gemm_ar"}) {
-      if (fp8 && std::string(k) == "gemm_ar") {
-        if (x.rank == 0) std::printf("(gemm_ar left out of the sweep: it has no fp8 form)\n");
+    // ag_gemm and gemm_ar at every count; gemm_rs's split variants only: v2 at each count > 0 and the
+    // adaptive split (v6) at 0, beside gemm_ar's v0 splits and v2 (issue 22's comparison).
+    for (const char* k : {"ag_gemm", "gemm_ar", "gemm_rs"}) {
+      const std::string kern = k;
+      const bool ag = kern == "ag_gemm", rs = kern == "gemm_rs";
+      if (fp8 && !ag) {
+        if (x.rank == 0) std::printf("(%s left out of the sweep: %s)\n", k, rs ? "its adaptive split is bf16 only" : "it has no fp8 form");
         continue;
       }
+      const int split_variant = rs ? 2 : 0, adaptive_variant = rs ? 6 : 2;
       for (long long S : ss) {
-        const bool ag = std::string(k) == "ag_gemm";
-        double best_fixed = 0, adaptive = 0;  // gemm_ar: the best v0 split and v2, for issue 22's comparison
+        double best_fixed = 0, adaptive = 0;  // the best fixed split and the adaptive split
         int best_n = 0;
         Row adaptive_row;
         for (long long n : counts) {
           if (n == 0) {  // no communicator SM: ag_gemm's aux-warp pushes 2..6, copy engine 7, 8, all_gather 9;
-                         // gemm_ar's 1 (intra-SM) and 2 (the adaptive split)
-            for (int v = ag ? 2 : 1; v <= (ag ? 9 : 2); ++v) {
+                         // gemm_ar's 1 (intra-SM) and 2; gemm_rs's 6
+            const int v0 = ag ? 2 : rs ? 6 : 1, v1 = ag ? 9 : 2 + 4 * rs;
+            for (int v = v0; v <= v1; ++v) {
               const Row r = run_one(x, k, static_cast<int>(S), 0, true, false, 0, v);
-              if (!ag && v == 2) adaptive = r.us, adaptive_row = r;
+              if (!ag && v == adaptive_variant) adaptive = r.us, adaptive_row = r;
             }
           } else {
-            for (int v = 0; v < (ag ? 2 : 1); ++v) {
+            for (int v = ag ? 0 : split_variant; v < (ag ? 2 : split_variant + 1); ++v) {
               const Row r = run_one(x, k, static_cast<int>(S), static_cast<int>(n), true, false, 0, v);
               if (!ag && (best_fixed == 0 || r.us < best_fixed)) best_fixed = r.us, best_n = static_cast<int>(n);
             }
           }
         }
         if (!ag && adaptive > 0 && best_fixed > 0 && x.rank == 0) {
-          std::printf("| gemm_ar | %lld | adaptive split / best fixed split (%d comm SMs); reductions while tiles were "
-                      "left %.2f, at most %lld blocks | | | %.3f | | |\n", S, best_n, adaptive_row.early_reductions,
+          std::printf("| %s | %lld | adaptive split / best fixed split (%d comm SMs); reductions while tiles were "
+                      "left %.2f, at most %lld blocks | | | %.3f | | |\n", k, S, best_n, adaptive_row.early_reductions,
                       adaptive_row.peak_comm_blocks, adaptive / best_fixed);
           bench::JsonLine j;
-          j.add("kernel", "gemm_ar").add("impl", "adaptive-vs-fixed").add("S", S).add("world", x.W)
+          j.add("kernel", kern).add("impl", "adaptive-vs-fixed").add("S", S).add("world", x.W)
               .add("adaptive_us", adaptive).add("best_fixed_us", best_fixed).add("best_fixed_comm_sms", best_n)
               .add("ratio", adaptive / best_fixed).add("early_reductions", adaptive_row.early_reductions)
               .add("peak_comm_blocks", adaptive_row.peak_comm_blocks);

@@ -1,0 +1,68 @@
+// What the TP kernels with the adaptive SM split (gemm_ar v2, gemm_rs v6) share: a block's next
+// task from the policy over the call's ledger (sm_split.hpp, sm_ledger.cuh), with the readiness of
+// a reduction read from this rank's ready counter, and the accounting of a finished task. Each
+// kernel supplies its tiles (compute tasks: every output tile; communication tasks: the tiles this
+// rank reduces) and the counter index of each of its reductions.
+#pragma once
+#include "tp_common/sm_ledger.cuh"
+#include "weave/lcsc.cuh"
+#include "weave/memory_order.cuh"
+#include "weave/signal.cuh"
+
+namespace weave::tp {
+
+struct AdaptiveState {
+  sm_split::Role role = sm_split::Role::Compute;
+};
+
+// The split's inputs of one launch: the ledger, the task counts and priors, and this rank's ready
+// counters, of which a reduction's reaches `round * per_round` once every rank's partial is in.
+struct AdaptiveTasks {
+  sm_split::Ledger* ledger;
+  long long compute_tasks, comm_tasks;
+  float compute_prior, comm_prior;
+  const unsigned long long* ready;
+  unsigned long long round, per_round;
+};
+
+// ready_index(k): communication task k's counter. A reduction is begun once some rank's partial
+// arrived this round, in place once all did (sm_ledger.cuh claims it only then).
+template <class ReadyIndex>
+__device__ __forceinline__ lcsc::Task adaptive_next_task(const AdaptiveTasks& a, AdaptiveState& st, int blocks,
+                                                         ReadyIndex&& ready_index) {
+  sm_split::LedgerParams p;
+  p.blocks = blocks;
+  p.compute_tasks = a.compute_tasks;
+  p.comm_tasks = a.comm_tasks;
+  p.compute_prior = a.compute_prior;
+  p.comm_prior = a.comm_prior;
+  const unsigned long long all = a.round * a.per_round, before = all - a.per_round;
+  const auto count = [&](long long k) { return ld_relaxed_sys(a.ready + ready_index(k)); };
+  const sm_split::Task t = sm_split::next_task(
+      *a.ledger, p, st.role, [&](long long k) { return count(k) > before; },
+      [&](long long k) { return count(k) >= all; });
+  if (t.role == sm_split::Role::Done) return {};
+  return {t.role == sm_split::Role::Compute ? lcsc::TaskKind::Work : lcsc::TaskKind::Other, static_cast<int>(t.index)};
+}
+
+// A reduction as kernel K's other task, by its consumer threads t = 0..n-1: thread 0 acquires the
+// input (in place when the task was handed out: the wait is the acquire), the group runs
+// reduce(), then thread 0 tells every rank (`done` counter 0). Returns the reduction's cycles.
+template <class K, class Reduce>
+__device__ __forceinline__ unsigned long long adaptive_reduction(const signals& ready, int index,
+                                                                 unsigned long long expected, const signals& done, int t,
+                                                                 Reduce&& reduce) {
+  if (t == 0) wait(ready, index, expected);
+  lcsc::consumers_sync<K>();
+  const long long t0 = clock64();
+  reduce();
+  lcsc::consumers_sync<K>();
+  if (t == 0) signal_all(done, 0);
+  return static_cast<unsigned long long>(clock64() - t0);
+}
+
+__device__ __forceinline__ void adaptive_task_finished(sm_split::Ledger& l, lcsc::Task t, unsigned long long cycles) {
+  sm_split::task_done(l, t.kind == lcsc::TaskKind::Work ? sm_split::Role::Compute : sm_split::Role::Comm, cycles);
+}
+
+}  // namespace weave::tp
