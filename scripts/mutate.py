@@ -289,6 +289,11 @@ def configure(tree, build, args, logf):
             m = re.search(r"^CMAKE_HOME_DIRECTORY:INTERNAL=(.*)$", fh.read(), re.M)
         if m and os.path.realpath(m.group(1)) != os.path.realpath(tree):
             die(f"{build} is configured for {m.group(1)}, not the copy {tree}: pick another --build-dir")
+        # Regenerate: tests added to the tree since the first run must be in the CTest files, which
+        # are read before anything is built (a build would regenerate them only afterwards).
+        log(f"regenerating {build}")
+        if run_logged(["cmake", "-S", tree, "-B", build], logf, env=cuda_env()) != 0:
+            die(f"cmake regenerate failed (log: {logf.name})", 1)
         return
     env = cuda_env()
     cmd = ["cmake", "-S", tree, "-B", build, "-DCMAKE_BUILD_TYPE=Release"]

@@ -108,11 +108,26 @@ FAULTS = [
                 "(the last rank's partial is dropped)",
         "edits": [{
             "file": "kernels/gemm_rs/gemm_rs_kernel.cuh",
-            "find": "reduce_tile(g.scr, g.L.W, (sh.begin + rows) * g.N + c0,",
-            "replace": "reduce_tile(g.scr, j == 1 ? g.L.W - 1 : g.L.W, (sh.begin + rows) * g.N + c0,",
+            "find": "reduce_tile(g.scr, g.L.W, (sh.begin + rows) * g.N + c0, &g.own, 1, rows * g.N + c0,\n"
+                    "                  min(kBM, sh.size - t.m * kBM),",
+            "replace": "reduce_tile(g.scr, j == 1 ? g.L.W - 1 : g.L.W, (sh.begin + rows) * g.N + c0, &g.own, 1, "
+                       "rows * g.N + c0,\n                  min(kBM, sh.size - t.m * kBM),",
         }],
         "tests": ["test_tp_gpu:TpGpu.GemmRs*"],
         "bench": [{"ranks": 2, "args": "tp --sizes 2048 --kernels gemm_rs --variant 2 --num-comm-sms 8"}],
+    },
+    {
+        "name": "gemm_rs_adaptive_drop_rank_one_tile",
+        "what": "variant 6 (adaptive split): the reduction of the rank's tile j == 1 sums W - 1 ranks' scratch",
+        "edits": [{
+            "file": "kernels/gemm_rs/gemm_rs_kernel.cuh",
+            "find": "reduce_tile(g.scr, g.L.W, (sh.begin + rows) * g.N + c0, &g.own, 1, rows * g.N + c0,\n"
+                    "                      min(kBM, sh.size - c.m * kBM),",
+            "replace": "reduce_tile(g.scr, j == 1 ? g.L.W - 1 : g.L.W, (sh.begin + rows) * g.N + c0, &g.own, 1, "
+                       "rows * g.N + c0,\n                      min(kBM, sh.size - c.m * kBM),",
+        }],
+        "tests": ["test_tp_gpu:TpGpu.GemmRs*"],
+        "bench": [{"ranks": 2, "args": "tp --sizes 2048 --kernels gemm_rs --variant 6 --num-comm-sms 0"}],
     },
     # ---- GEMM + all-reduce (kernels/gemm_ar) -----------------------------------------------------
     {
@@ -859,5 +874,28 @@ FAULTS = [
             "replace": "      for (int d = 0; d < node_ranks(g) - 1; ++d)\n        add_bf16x8(acc, __ldcg(",
         }],
         "tests": ["test_net_tp_gpu_hier"],
+    },
+    # ---- the adaptive SM split (kernels/tp_common/sm_ledger.cuh, include/weave/lcsc.cuh) -------------
+    {
+        "name": "sm_ledger_claim_before_input_in_place",
+        "what": "the adaptive split claims a reduction as soon as its input has begun to arrive, not once it is in "
+                "place (the rule the simulation kept; the claim then waits)",
+        "edits": [{
+            "file": "kernels/tp_common/sm_ledger.cuh",
+            "find": "    if (k < p.comm_tasks && !in_place(k)) {",
+            "replace": "    if (false) {",
+        }],
+        "tests": ["test_sm_ledger_cpu"],
+    },
+    {
+        "name": "lcsc_dynamic_loader_does_not_wait_for_other_task",
+        "what": "dynamic tasks: the loader chooses its next task without waiting for the end of an other task "
+                "(a work item it then claims can be queued behind the other task that waits for it)",
+        "edits": [{
+            "file": "include/weave/lcsc.cuh",
+            "find": "    else r.empty[ts.index].wait(ts.phase);  // the consumers finished it (see HasDynamicTasks)",
+            "replace": "    else {}",
+        }],
+        "tests": ["test_lcsc_gpu:Lcsc.DynamicTasks"],
     },
 ]
