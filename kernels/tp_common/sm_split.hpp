@@ -5,14 +5,9 @@
 // R the tasks left to each role, C their mean cost per task from the cycle counts the blocks
 // accumulate (the launch's priors before the first). Pure __host__ __device__ functions of a
 // snapshot of the shared ledger, so that a kernel and the CPU event simulation in
-// tests/tp/test_sm_split_cpu.cu run the same policy. No kernel runs it yet (tp_common/README.md).
-//
-// The ledger a kernel keeps in global memory (one per call): per role the tasks claimed (in order,
-// an atomic counter; a communication task taken with a compare-and-swap once its input is in
-// place, so that no block holds an index another could run), done and their summed cycles; the
-// number of blocks in the communication role. A block reads them (relaxed), calls next_role, and
-// takes the communication role with an atomic increment that it undoes when the count already
-// reached the target (blocks decide concurrently; a snapshot alone would let them overshoot).
+// tests/tp/test_sm_split_cpu.cu run the same policy; gemm_ar v2 and gemm_rs v6 run it over the
+// ledger and claims of sm_ledger.cuh (per role the tasks claimed, done and their summed cycles,
+// the blocks in the communication role; tp_common/README.md).
 #pragma once
 
 namespace weave::tp::sm_split {
