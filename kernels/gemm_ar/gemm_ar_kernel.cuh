@@ -82,9 +82,8 @@ struct ArAdaptiveKernelT : ArKernelT<BL> {
 
   // The tiles this rank owns, in order: w = rank + k W (the ready counter's index is the tile's).
   static __device__ __forceinline__ lcsc::Task next_task(const Globals& g, TaskState& st, int blocks) {
-    const int work = g.L.work();
-    const AdaptiveTasks a{g.ledger,          work,
-                          g.rank < work ? (work - g.rank + g.L.W - 1) / g.L.W : 0,
+    const AdaptiveTasks a{g.ledger,          g.L.work(),
+                          ar_owned_tiles(g.L, g.rank),
                           g.compute_prior,   g.comm_prior,
                           g.ready.ptr[g.rank], static_cast<unsigned long long>(g.ready_round),
                           ar_ready_expected(g.L)};

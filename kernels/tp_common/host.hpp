@@ -113,7 +113,7 @@ inline int default_group_m(int K) { return K <= 2048 ? 16 : 8; }
 
 // The adaptive SM split (gemm_ar v2, gemm_rs v6; sm_split.hpp): its cost priors, cycles per task
 // before the call measured one of each kind: a 128 x 256 x K tile at ~2700 dense bf16 FLOP per SM
-// cycle (H200: ~70 % of 989 TFLOP/s over 132 SMs at 1.98 GHz), and a reduction moving
+// cycle (two thirds of a Hopper SM's 4096-FLOP-per-cycle dense bf16 peak), and a reduction moving
 // `remote_tiles` 64 KiB tiles over NVLink at ~16 B per cycle per block (one block's share when
 // several reduce). Only the first choices use them.
 struct AdaptivePriors {

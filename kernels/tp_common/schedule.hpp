@@ -266,6 +266,10 @@ __host__ __device__ inline int ar_comm_tile(const ArLayout& L, int r, int c, int
 }
 __host__ __device__ inline unsigned long long ar_ready_expected(const ArLayout& L) { return L.W; }
 __host__ __device__ inline unsigned long long ar_done_expected(const ArLayout& L) { return L.work(); }
+// The tiles rank r owns (r, r + W, ...): its reductions per call.
+__host__ __device__ inline int ar_owned_tiles(const ArLayout& L, int r) {
+  return r < L.work() ? (L.work() - r + L.W - 1) / L.W : 0;
+}
 
 // gemm_ar intra-SM (no communicator SM): every rank walks all tiles in the same order. At tile w
 // the storer plain-stores its partial into its own output, then signals ready[w * W + rank] on

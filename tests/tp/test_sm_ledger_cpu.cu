@@ -29,6 +29,15 @@ using Clock = std::chrono::steady_clock;
 // The unit tests' inputs are in place as soon as they have begun.
 const auto in_place_now = [](long long) { return true; };
 
+// The unit tests' launch: B blocks, the task counts, a compute task of 1 cycle and `comm_prior`
+// cycles per reduction until one is measured.
+LedgerParams params(int blocks, long long compute_tasks, long long comm_tasks, double comm_prior) {
+  LedgerParams p;
+  p.blocks = blocks, p.compute_tasks = compute_tasks, p.comm_tasks = comm_tasks;
+  p.compute_prior = 1, p.comm_prior = comm_prior;
+  return p;
+}
+
 struct Config {
   int W, B, tiles;
   int launches;
@@ -214,9 +223,7 @@ TEST(SmLedger, ContendedClaims) {
 // reduces; the sequence of tasks it is handed is exactly that.
 TEST(SmLedger, OneBlockComputesThenCommunicates) {
   Ledger l{};
-  LedgerParams p;
-  p.blocks = 1, p.compute_tasks = 5, p.comm_tasks = 3;
-  p.compute_prior = 1, p.comm_prior = 1e9;  // communication thought dear: it would want every block
+  const LedgerParams p = params(1, 5, 3, 1e9);  // communication thought dear: it would want every block
   Role role = Role::Compute;
   auto always = [](long long) { return true; };
   for (long long i = 0; i < 5; ++i) {
@@ -248,9 +255,7 @@ TEST(SmLedger, OneBlockComputesThenCommunicates) {
 // communication block goes back to compute when the next input has not begun.
 TEST(SmLedger, JoinCappedAndStalledWorkReturnsToCompute) {
   Ledger l{};
-  LedgerParams p;
-  p.blocks = 3, p.compute_tasks = 100, p.comm_tasks = 50;
-  p.compute_prior = 1, p.comm_prior = 1e6;  // target B - 1 = 2
+  const LedgerParams p = params(3, 100, 50, 1e6);  // target B - 1 = 2
   bool arrived = false;
   auto begun = [&](long long) { return arrived; };
   Role r0 = Role::Compute, r1 = Role::Compute, r2 = Role::Compute;
@@ -277,9 +282,7 @@ TEST(SmLedger, JoinCappedAndStalledWorkReturnsToCompute) {
 // computing; accepted once every compute task is claimed.
 TEST(SmLedger, StaleJoinRefusedAtTheCap) {
   Ledger l{};
-  LedgerParams p;
-  p.blocks = 2, p.compute_tasks = 10, p.comm_tasks = 5;
-  p.compute_prior = 1, p.comm_prior = 1e6;
+  const LedgerParams p = params(2, 10, 5, 1e6);
   const View stale = snapshot(l, p);  // no communication block yet
   ASSERT_EQ(target_comm_blocks(stale), 1);
   l.comm_blocks = 1;  // the other block joined after that snapshot
@@ -296,8 +299,7 @@ TEST(SmLedger, StaleJoinRefusedAtTheCap) {
 // decides again, and communicates.
 TEST(SmLedger, LastComputeTaskTakenMeanwhile) {
   Ledger l{};
-  LedgerParams p;
-  p.blocks = 2, p.compute_tasks = 1, p.comm_tasks = 3;
+  const LedgerParams p = params(2, 1, 3, 1);
   Role r0 = Role::Compute, r1 = Role::Compute;
   Task other;
   bool nested = false;
@@ -319,9 +321,7 @@ TEST(SmLedger, LastComputeTaskTakenMeanwhile) {
 // handed the following task, never the same one.
 TEST(SmLedger, ConcurrentCommClaimsAreDistinct) {
   Ledger l{};
-  LedgerParams p;
-  p.blocks = 4, p.compute_tasks = 10, p.comm_tasks = 5;
-  p.compute_prior = 1, p.comm_prior = 1e6;  // target 3
+  const LedgerParams p = params(4, 10, 5, 1e6);  // target 3
   Role r0 = Role::Compute, r1 = Role::Compute;
   auto always = [](long long) { return true; };
   ASSERT_EQ(next_task(l, p, r0, always, in_place_now).role, Role::Comm);  // task 0; r0 now communicates
@@ -346,9 +346,7 @@ TEST(SmLedger, ConcurrentCommClaimsAreDistinct) {
 // block polls, holding no index (another block could take it), and then it is handed the task.
 TEST(SmLedger, InputInPlaceBeforeClaim) {
   Ledger l{};
-  LedgerParams p;
-  p.blocks = 2, p.compute_tasks = 10, p.comm_tasks = 5;
-  p.compute_prior = 1, p.comm_prior = 1e6;  // target B - 1 = 1
+  const LedgerParams p = params(2, 10, 5, 1e6);  // target B - 1 = 1
   Role role = Role::Compute;
   int polls = 0;
   bool held = false;

@@ -522,10 +522,8 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
       const tp::AdaptiveStats a = rs ? rsop.adaptive_stats(M, N, K) : arop.adaptive_stats(M, N, K);
       // The reductions this rank runs per call: the tiles it owns (gemm_ar: every W-th; gemm_rs:
       // those of its row shard).
-      const long long tiles_n = (N + tp::kBN - 1) / tp::kBN;
-      const long long work = (M + tp::kBM - 1) / tp::kBM * tiles_n;
-      const long long owned = rs ? (tp::shard(M, W, r).size + tp::kBM - 1) / tp::kBM * tiles_n
-                                 : r < work ? (work - r + W - 1) / W : 0;
+      const long long owned = rs ? tp::make_layout(M, N, W, tp::default_group_m(K)).owner_tiles(r)
+                                 : tp::ar_owned_tiles(tp::make_ar_layout(M, N, W, tp::default_group_m(K)), r);
       fused.early_reductions = a.launches && owned ? double(a.early_reductions) / double(a.launches * owned) : 0;
       fused.peak_comm_blocks = static_cast<long long>(a.peak_comm_blocks);
     }
@@ -661,16 +659,16 @@ int run(const bench::Args& a) {
       }
       const int split_variant = rs ? 2 : 0, adaptive_variant = rs ? 6 : 2;
       for (long long S : ss) {
-        double best_fixed = 0, adaptive = 0;  // the best fixed split and the adaptive split
+        double best_fixed = 0;  // the best fixed split's time, and the adaptive split's row
         int best_n = 0;
-        Row adaptive_row;
+        Row adaptive;
         for (long long n : counts) {
           if (n == 0) {  // no communicator SM: ag_gemm's aux-warp pushes 2..6, copy engine 7, 8, all_gather 9;
                          // gemm_ar's 1 (intra-SM) and 2; gemm_rs's 6
             const int v0 = ag ? 2 : rs ? 6 : 1, v1 = ag ? 9 : 2 + 4 * rs;
             for (int v = v0; v <= v1; ++v) {
               const Row r = run_one(x, k, static_cast<int>(S), 0, true, false, 0, v);
-              if (!ag && v == adaptive_variant) adaptive = r.us, adaptive_row = r;
+              if (!ag && v == adaptive_variant) adaptive = r;
             }
           } else {
             for (int v = ag ? 0 : split_variant; v < (ag ? 2 : split_variant + 1); ++v) {
@@ -679,15 +677,15 @@ int run(const bench::Args& a) {
             }
           }
         }
-        if (!ag && adaptive > 0 && best_fixed > 0 && x.rank == 0) {
+        if (!ag && adaptive.us > 0 && best_fixed > 0 && x.rank == 0) {
           std::printf("| %s | %lld | adaptive split / best fixed split (%d comm SMs); reductions while tiles were "
-                      "left %.2f, at most %lld blocks | | | %.3f | | |\n", k, S, best_n, adaptive_row.early_reductions,
-                      adaptive_row.peak_comm_blocks, adaptive / best_fixed);
+                      "left %.2f, at most %lld blocks | | | %.3f | | |\n", k, S, best_n, adaptive.early_reductions,
+                      adaptive.peak_comm_blocks, adaptive.us / best_fixed);
           bench::JsonLine j;
           j.add("kernel", kern).add("impl", "adaptive-vs-fixed").add("S", S).add("world", x.W)
-              .add("adaptive_us", adaptive).add("best_fixed_us", best_fixed).add("best_fixed_comm_sms", best_n)
-              .add("ratio", adaptive / best_fixed).add("early_reductions", adaptive_row.early_reductions)
-              .add("peak_comm_blocks", adaptive_row.peak_comm_blocks);
+              .add("adaptive_us", adaptive.us).add("best_fixed_us", best_fixed).add("best_fixed_comm_sms", best_n)
+              .add("ratio", adaptive.us / best_fixed).add("early_reductions", adaptive.early_reductions)
+              .add("peak_comm_blocks", adaptive.peak_comm_blocks);
           json.write(j);
         }
       }
