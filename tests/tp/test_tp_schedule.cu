@@ -448,6 +448,12 @@ TEST(TpSchedule, GemmArOwnersReduceEachTileOnce) {
                 ++reduced[w];
               }
           for (int w = 0; w < L.work(); ++w) EXPECT_EQ(reduced[w], 1) << "tile " << w;
+          // The adaptive split's reductions per rank (gemm_ar v2): the tiles it owns.
+          for (int r = 0; r < W; ++r) {
+            int owned = 0;
+            for (int w = 0; w < L.work(); ++w) owned += ar_owner(L, w) == r;
+            EXPECT_EQ(ar_owned_tiles(L, r), owned) << "rank " << r;
+          }
           // ready[w] on the owner: one signal from each rank's storer (each computes every tile).
           EXPECT_EQ(ar_ready_expected(L), static_cast<unsigned long long>(W));
           // done on each rank: one signal per reduced tile.
