@@ -22,6 +22,7 @@
 #include <memory>
 #include <vector>
 
+#include "net_common/call.hpp"
 #include "weave/net/net_path.hpp"
 #include "weave/runtime/communicator.hpp"
 
@@ -82,7 +83,7 @@ class NetCollectives {
   NetPath& path_;
   NetCollOptions opt_;
   std::unique_ptr<Node> node_;
-  std::vector<long long> agreed_;  // the last call's key every rank agreed on (net_common/call.hpp)
+  AgreedKeys agreed_;  // keys every rank checked together (net_common/call.hpp)
 };
 
 }  // namespace weave::net

@@ -3,6 +3,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <thread>
 
 #include "weave/common/extent.hpp"
 #include "weave/config.hpp"
@@ -74,33 +77,119 @@ const char* op_name(long long op) {
   return "another operator";
 }
 
-void agree(NetPath& path, std::vector<long long>& agreed, const std::vector<long long>& key,
-           const std::string& problem, const char* who, const char* what) {
+namespace {
+
+// "all_gather(count 4096, dtype 1)": the operator and `what`'s fields ("count, dtype") with the
+// key's values after the operator's id.
+std::string render_plan(const std::vector<long long>& key, const char* what) {
+  std::vector<std::string> names;
+  for (std::string rest = what; !rest.empty();) {
+    const size_t comma = rest.find(',');
+    std::string name = rest.substr(0, comma);
+    name.erase(0, name.find_first_not_of(' '));
+    names.push_back(name);
+    rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+  }
+  std::string s = std::string(op_name(key.empty() ? 0 : key[0])) + "(";
+  for (size_t i = 1; i < key.size(); ++i)
+    s += (i > 1 ? ", " : "") + (i - 1 < names.size() ? names[i - 1] + " " : std::string()) + std::to_string(key[i]);
+  return s + ")";
+}
+
+// Polls `done` until it holds; throws the path's diagnostic when the path fails meanwhile (a dead
+// or silent peer, a peer's abort) and a clear error after five minutes.
+template <class Done>
+void wait_for(NetPath& path, int peer, const std::string& stage, Done&& done) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (long spins = 0; !done(); ++spins) {
+    if (spins < 2000) continue;
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    path.check();
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::minutes(5))
+      throw Error(weave::detail::concat("weave: rank ", peer, " did not ", stage, " within 5 minutes"));
+  }
+}
+
+}  // namespace
+
+void agree(NetPath& path, AgreedKeys& agreed, const std::vector<long long>& key, const std::string& problem,
+           const char* who, const char* what) {
+  using weave::detail::concat;
   static const bool debug = env::get_bool("WEAVE_DEBUG");
-  if (key == agreed && !debug) {
-    if (problem.empty()) return;
-    path.abort(problem);  // the peers agreed on this shape before and go on: release them
-    throw Error(problem);
-  }
-  const int nodes = path.world(), rank = path.rank();
-  std::vector<long long> mine = key;
-  mine.push_back(problem.empty() ? 1 : 0);
-  std::vector<long long> all(mine.size() * nodes);
-  path.bootstrap().all_gather(mine.data(), all.data(), mine.size() * sizeof(long long));
-  if (!problem.empty()) throw Error(problem);
-  for (int q = 0; q < nodes; ++q) {
-    const long long* o = all.data() + q * mine.size();
-    WEAVE_CHECK(o[key.size()] == 1, who, ": rank ", q, " rejected its arguments of this call (its error says why)");
-    if (std::equal(key.begin(), key.end(), o)) continue;
-    std::string theirs = op_name(o[0]), ours = op_name(key[0]);
-    for (size_t i = 1; i < key.size(); ++i) {
-      theirs += ", " + std::to_string(o[i]);
-      ours += ", " + std::to_string(key[i]);
+  path.check();  // a failed path says why, not a later wait
+  WEAVE_CHECK(!key.empty() && key.size() <= static_cast<size_t>(kPostValues), who, ": a call's key has 1 to ",
+              kPostValues, " values (", key.size(), ")");
+  Proxy& px = path.proxy();
+  const int world = path.world(), me = path.rank();
+  CallPost mine;
+  mine.call = px.calls_posted() + 1;
+  mine.nvalues = static_cast<int32_t>(key.size());
+  std::copy(key.begin(), key.end(), mine.values);
+  const std::string plan = render_plan(key, what);
+  std::snprintf(mine.text, sizeof(mine.text), "%s", plan.c_str());
+  const uint64_t n = mine.call;
+  const std::string call = concat(who, ": call ", n, " on the network path");
+  auto differ = [&](int r, const CallPost& p) {
+    return concat(call, ": the ranks' calls differ: rank ", me, " called with (operator, ", what, ") = ", plan, ", rank ",
+                  r, " with ", p.text);
+  };
+  if (agreed.count(key) && !debug && problem.empty()) {
+    // An agreed key: compare with the posts already here, without waiting.
+    for (int r = 0; r < world; ++r) {
+      CallPost p;
+      if (r != me && px.read_post(r, n, p) == n && !mine.same_plan(p)) {
+        mine.rejected = 1;
+        px.post_call(mine);
+        const std::string msg = differ(r, p);
+        if (p.launched()) path.abort(msg);
+        throw Error(msg);
+      }
     }
-    WEAVE_CHECK(false, who, ": rank ", q, " called with (operator, ", what, ") = (", theirs, "), rank ", rank, " with (",
-                ours, ")");
+    px.post_call(mine);
+    return;
   }
-  agreed = key;
+  // A new key (or debug, or a problem of this rank's own): every peer's post of call n, then one
+  // verdict everywhere.
+  mine.together = 1;
+  mine.rejected = problem.empty() ? 0 : 1;
+  px.post_call(mine);
+  std::vector<CallPost> all(static_cast<size_t>(world));
+  all[me] = mine;
+  for (int r = 0; r < world; ++r) {
+    if (r == me) continue;
+    wait_for(path, r, concat("post ", call), [&] {
+      const uint64_t got = px.read_post(r, n, all[r]);
+      if (got > n) {
+        // A whole ring of calls past this one without waiting for it: its keys were agreed ones, this
+        // rank's is not, so the ranks' calls differ, and it launched them.
+        const std::string msg = concat(call, ": rank ", r, " is ", got - n, "+ calls past this call without checking it (this rank calls ",
+                                       plan, "): the ranks' calls differ");
+        path.abort(msg);
+        throw Error(msg);
+      }
+      return got == n;
+    });
+  }
+  bool launched = false;
+  for (int r = 0; r < world; ++r) launched |= r != me && all[r].launched();
+  std::string verdict;
+  for (int r = 0; r < world && verdict.empty(); ++r)
+    if (!mine.same_plan(all[r])) verdict = differ(r, all[r]);
+  if (verdict.empty() && !problem.empty()) verdict = problem;
+  for (int r = 0; r < world && verdict.empty(); ++r)
+    if (all[r].rejected)
+      verdict = concat(call, " (", plan, "): rank ", r, " rejected its arguments (its error says why); every rank rejects the call");
+  if (!verdict.empty() && launched) {
+    path.abort(verdict);  // a peer launched regardless: its kernel is released by the path's failure
+    throw Error(verdict);
+  }
+  // Every post of call n is read here; wait until every peer that waited too has read this rank's,
+  // so that the agreed calls after it cannot overwrite it first.
+  px.post_checked(n);
+  for (int r = 0; r < world; ++r)
+    if (r != me && all[r].together) wait_for(path, r, concat("check ", call), [&] { return px.peer_checked(r) >= n; });
+  if (!verdict.empty()) throw Error(verdict);
+  agreed.insert(key);
 }
 
 }  // namespace weave::net

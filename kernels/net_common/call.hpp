@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <initializer_list>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -35,16 +36,19 @@ void check_buffers(const char* who, std::initializer_list<Buffer> bufs);
 // The call's bytes and flags fit the path; `comm_blocks` leave compute SMs.
 void check_room(const NetPath& path, const char* who, long long send_needed, long long recv_needed,
                 long long flags_needed, int comm_blocks, const char* flags_hint);
-// A new `key` (operator, shape, options; `what` names its fields after the operator) is agreed
-// with every rank once: each rank's verdict (`problem` empty: its arguments are fine) and key are
-// exchanged, and any rank's problem or a differing key throws on every rank. On the key agreed
-// last, a problem of this rank alone fails the path (NetPath::abort: the peers' kernels, already
-// launched, are released) and throws. `agreed` holds one key, the last: calls that alternate
-// between keys agree on every call (the host rendezvous a mismatch between agreed keys needs, since
-// the network path has no mailbox to compare them without waiting). With WEAVE_DEBUG=1 every
-// call agrees.
-void agree(NetPath& path, std::vector<long long>& agreed, const std::vector<long long>& key,
-           const std::string& problem, const char* who, const char* what);
+// The keys (operator, shape, options) every rank has checked together on this object.
+using AgreedKeys = std::set<std::vector<long long>>;
+
+// The cross-rank check of one call, through the path's calls' mailbox (Proxy::post_call): every
+// call is numbered and its plan posted to every peer. A key in `agreed` (and no WEAVE_DEBUG=1) is
+// not waited for: the call compares with the peers' posts already there and goes on, and the
+// proxies compare the rest as they come (a difference then fails the path on every rank, naming
+// both calls, and releases the kernels). A new key waits for every peer's post of the call: a
+// differing key (`what` names its fields after the operator), or any rank's `problem` (non-empty:
+// this rank's own arguments are wrong), throws on every rank, and peers that had launched are
+// released by failing the path; else the key joins `agreed`. At most kPostValues entries.
+void agree(NetPath& path, AgreedKeys& agreed, const std::vector<long long>& key, const std::string& problem,
+           const char* who, const char* what);
 
 // Numbers the next call on the path (`commands` queued by this rank), puts its fields into the
 // kernel parameters g (h, call, commands_before, recv_base, flag_base), then `launch()`es. A

@@ -61,7 +61,7 @@ class NetRingAttention {
   NetPath& path_;
   NetRingOptions opt_;
   runtime::Communicator* node_ = nullptr;  // G > 1
-  std::vector<long long> agreed_;
+  AgreedKeys agreed_;  // keys every rank checked together (net_common/call.hpp)
   DeviceCounters ready_;       // G = 1: per (batch, slice)
   sp::bf16* kv_ = nullptr;     // G = 1: the gathered K then V (local device memory), grown on demand
   size_t kv_elems_ = 0;

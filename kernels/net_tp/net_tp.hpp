@@ -68,7 +68,7 @@ class NetAgGemm {
   NetPath& path_;
   NetTpOptions opt_;
   runtime::Communicator* node_ = nullptr;  // G > 1
-  std::vector<long long> agreed_;          // the last shape every rank agreed on
+  AgreedKeys agreed_;  // keys every rank checked together (net_common/call.hpp)
   DeviceCounters ready_;                   // G = 1: units arrived per virtual row tile
   runtime::ShapeSignals sig_{"net.ag_gemm"};  // G > 1: ready and arrive sets on the node
 };
@@ -105,7 +105,7 @@ class NetGemmRs {
   NetPath& path_;
   NetTpOptions opt_;
   runtime::Communicator* node_ = nullptr;  // G > 1
-  std::vector<long long> agreed_;
+  AgreedKeys agreed_;  // keys every rank checked together (net_common/call.hpp)
   DeviceCounters done_;             // G = 1: column tiles stored per virtual row tile
   __nv_bfloat16* scratch_ = nullptr;  // G = 1: device memory; G > 1: the node's heap
   size_t scratch_elems_ = 0;

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -14,6 +15,7 @@
 #include <fstream>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "weave/common/error.hpp"
@@ -55,6 +57,21 @@ uint64_t note_check(const char* text) {
   return h | 1;
 }
 
+// A call's post as it travels: its check word makes a half-landed post unreadable, as a note's.
+static_assert(std::is_trivially_copyable_v<CallPost> && sizeof(CallPost) == 8 + 4 * 4 + 8 * kPostValues + 232,
+              "CallPost must have no padding: its bytes are hashed");
+struct PostSlot {
+  uint64_t check;
+  CallPost body;
+};
+
+uint64_t post_check(const CallPost& b) {
+  const auto* c = reinterpret_cast<const unsigned char*>(&b);
+  uint64_t h = 14695981039346656037ull;
+  for (size_t i = 0; i < sizeof(CallPost); ++i) h = (h ^ c[i]) * 1099511628211ull;
+  return h | 1;
+}
+
 // What ranks exchange through the bootstrap at set-up.
 struct PeerInfo {
   uint8_t addr[224];
@@ -62,7 +79,7 @@ struct PeerInfo {
   int32_t pid;
   char host[64];
   RemoteRegion recv;     // where this rank's peers write data
-  RemoteRegion control;  // flags | heartbeats | abort notes
+  RemoteRegion control;  // flags | heartbeats | abort notes | checked calls | call posts
   uint32_t nflags;
   uint32_t reserved;
 };
@@ -115,6 +132,10 @@ struct Proxy::Impl {
   uint64_t* flag_src = nullptr;      // scratch: ordered-mode flag values, one per in-flight slot
   uint64_t* hb_out = nullptr;        // scratch: heartbeat values, one per peer
   AbortNote* note_out = nullptr;     // scratch: this rank's abort note
+  uint64_t* chk_in = nullptr;        // control: the last call each peer checked together
+  PostSlot* posts_in = nullptr;      // control: peers' call posts, kCallRing per peer
+  uint64_t* chk_out = nullptr;       // scratch: this rank's checked call, one per peer
+  PostSlot* posts_out = nullptr;     // scratch: this rank's call posts, kCallRing
   const Region* send_reg = nullptr;  // nullptr while sources are staged
   const Region* control_reg = nullptr;
   const Region* scratch_reg = nullptr;
@@ -134,6 +155,18 @@ struct Proxy::Impl {
   std::vector<Clock::time_point> hb_changed;
   Clock::time_point last_hb, last_liveness;
   uint64_t hb_counter = 0;
+
+  // The calls' mailbox. The host thread fills posts_out[call % kCallRing] once the slot's earlier
+  // post reached every peer (post_left 0), then publishes post_ready; this thread sends each post
+  // to every peer in order and keeps a copy for its watchdog (own_copy), which compares posts of
+  // one call as they come (cmp_next: the first call not yet compared with every peer).
+  std::atomic<uint64_t> post_ready{0}, chk_want{0};
+  std::atomic<int> post_left[kCallRing] = {};
+  std::vector<uint64_t> post_sent, chk_sent;  // per peer: the last call sent
+  std::vector<OpContext> post_ops, chk_ops;   // post_ops[slot * world + peer]
+  std::vector<uint8_t> chk_busy;
+  CallPost own_copy[kCallRing];
+  uint64_t own_seen = 0, cmp_next = 1;
 
   std::atomic<int> phase{kRunning};
   std::atomic<bool> drained{false}, quiet{false}, has_failed{false};
@@ -159,6 +192,10 @@ struct Proxy::Impl {
   size_t note_offset(int from) const {
     return (opt.flags + static_cast<size_t>(world)) * sizeof(uint64_t) + static_cast<size_t>(from) * sizeof(AbortNote);
   }
+  size_t chk_offset(int from) const { return note_offset(world) + static_cast<size_t>(from) * sizeof(uint64_t); }
+  size_t post_offset(int from, int slot) const {
+    return chk_offset(world) + (static_cast<size_t>(from) * kCallRing + slot) * sizeof(PostSlot);
+  }
   char* bounce(uint32_t slot) const { return bounce_mem.get() + static_cast<size_t>(slot) * opt.bounce_bytes; }
 
   void setup(void* send, size_t sbytes, MemKind send_kind, void* recv, size_t rbytes) {
@@ -180,14 +217,19 @@ struct Proxy::Impl {
     ring_mem = HostBuffer(sizeof(RingControl) + opt.queue_slots * sizeof(Command), opt.mapped_ring);
     ctl = reinterpret_cast<RingControl*>(ring_mem.get());
     slots = reinterpret_cast<Command*>(ring_mem.get() + sizeof(RingControl));
-    control_mem = HostBuffer(note_offset(world), opt.mapped_ring);
+    control_mem = HostBuffer(post_offset(world, 0), opt.mapped_ring);
     flags = reinterpret_cast<uint64_t*>(control_mem.get());
     hb_in = flags + opt.flags;
     notes_in = reinterpret_cast<AbortNote*>(control_mem.get() + note_offset(0));
-    scratch_mem = HostBuffer((max_out + world) * sizeof(uint64_t) + sizeof(AbortNote), false);
+    chk_in = reinterpret_cast<uint64_t*>(control_mem.get() + chk_offset(0));
+    posts_in = reinterpret_cast<PostSlot*>(control_mem.get() + post_offset(0, 0));
+    scratch_mem = HostBuffer((max_out + 2 * world) * sizeof(uint64_t) + sizeof(AbortNote) + kCallRing * sizeof(PostSlot),
+                             false);
     flag_src = reinterpret_cast<uint64_t*>(scratch_mem.get());
     hb_out = flag_src + max_out;
     note_out = reinterpret_cast<AbortNote*>(hb_out + world);
+    chk_out = reinterpret_cast<uint64_t*>(note_out + 1);
+    posts_out = reinterpret_cast<PostSlot*>(chk_out + world);
 
     send_base = static_cast<char*>(send);
     send_bytes = sbytes;
@@ -230,6 +272,21 @@ struct Proxy::Impl {
       hb_ops[p].kind = OpKind::heartbeat;
       note_ops[p].kind = OpKind::abort_note;
     }
+    post_sent.assign(static_cast<size_t>(world), 0);
+    chk_sent.assign(static_cast<size_t>(world), 0);
+    chk_busy.assign(static_cast<size_t>(world), 0);
+    post_ops.resize(static_cast<size_t>(kCallRing) * world);
+    chk_ops.resize(static_cast<size_t>(world));
+    for (int p = 0; p < world; ++p) {
+      chk_ops[p].kind = OpKind::call_checked;
+      chk_ops[p].peer = p;
+      for (int slot = 0; slot < kCallRing; ++slot) {
+        OpContext& op = post_ops[static_cast<size_t>(slot) * world + p];
+        op.kind = OpKind::call_post;
+        op.peer = p;
+        op.owner = static_cast<uint32_t>(slot);
+      }
+    }
     last_hb = last_liveness = Clock::now();
   }
 
@@ -254,8 +311,9 @@ struct Proxy::Impl {
         bool work = reap(c);
         work |= take();
         work |= post_pending();
+        work |= send_posts();
         if (ph >= kDraining && free_slots.size() == max_out && !ring_ready()) drained.store(true);
-        if (ph >= kQuiet && !any(hb_busy)) quiet.store(true);
+        if (ph >= kQuiet && !any(hb_busy) && !any(chk_busy) && posts_in_flight() == 0) quiet.store(true);
         idle = work ? 0 : idle + 1;
         if (!work || (++iteration & 63) == 0) {
           const Clock::time_point now = Clock::now();
@@ -309,6 +367,10 @@ struct Proxy::Impl {
         hb_busy[op->peer] = 0;
       } else if (op->kind == OpKind::abort_note) {
         note_busy[op->peer] = 0;
+      } else if (op->kind == OpKind::call_post) {
+        post_left[op->owner].fetch_sub(1, std::memory_order_acq_rel);
+      } else if (op->kind == OpKind::call_checked) {
+        chk_busy[op->peer] = 0;
       } else {
         InFlight& f = inflight[op->owner];
         if (++f.done == f.nops) complete(op->owner);
@@ -450,7 +512,84 @@ struct Proxy::Impl {
     return true;
   }
 
-  // ---- every millisecond: timeouts, heartbeats, liveness, peers' abort notes -------------
+  // ---- the calls' mailbox ----------------------------------------------------------------
+
+  int posts_in_flight() const {
+    int n = 0;
+    for (const auto& left : post_left) n += left.load(std::memory_order_acquire);
+    return n;
+  }
+
+  // New posts to every peer, in call order; the checked call to peers that lack it.
+  bool send_posts() {
+    const uint64_t ready = post_ready.load(std::memory_order_acquire);
+    bool sent = false;
+    for (; own_seen < ready; ++own_seen) own_copy[(own_seen + 1) % kCallRing] = posts_out[(own_seen + 1) % kCallRing].body;
+    for (int p = 0; p < world; ++p) {
+      if (p == rank) continue;
+      while (post_sent[p] < ready) {
+        const int slot = static_cast<int>((post_sent[p] + 1) % kCallRing);
+        if (!tr.write(p, *scratch_reg, &posts_out[slot], peers[p].control, post_offset(rank, slot), sizeof(PostSlot),
+                      &post_ops[static_cast<size_t>(slot) * world + p], false))
+          break;  // the endpoint is full: after the next reap
+        ++post_sent[p];
+        sent = true;
+      }
+    }
+    const uint64_t checked = chk_want.load(std::memory_order_acquire);
+    for (int p = 0; p < world; ++p) {
+      if (p == rank || chk_busy[p] || chk_sent[p] >= checked) continue;
+      chk_out[p] = checked;
+      if (tr.write(p, *scratch_reg, &chk_out[p], peers[p].control, chk_offset(rank), sizeof(uint64_t), &chk_ops[p],
+                   false)) {
+        chk_busy[p] = 1;
+        chk_sent[p] = checked;
+        sent = true;
+      }
+    }
+    return sent;
+  }
+
+  uint64_t read_post(int p, uint64_t call, CallPost& out) const {
+    const volatile unsigned char* src =
+        reinterpret_cast<const volatile unsigned char*>(&posts_in[static_cast<size_t>(p) * kCallRing + call % kCallRing]);
+    PostSlot copy;
+    auto* dst = reinterpret_cast<unsigned char*>(&copy);
+    for (size_t i = 0; i < sizeof(PostSlot); ++i) dst[i] = src[i];
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (copy.body.call == 0 || copy.check != post_check(copy.body)) return 0;
+    if (copy.body.call == call) out = copy.body;
+    return copy.body.call;
+  }
+
+  // The watchdog: two posts of one call that differ where either rank launched (neither waited
+  // for the other's post) fail the path, so kernels that would wait for each other until the
+  // wait timeout are released with the reason.
+  void compare_posts() {
+    if (own_seen >= cmp_next + kCallRing) cmp_next = own_seen - kCallRing + 1;  // older copies are overwritten
+    for (; cmp_next <= own_seen; ++cmp_next) {
+      const CallPost& own = own_copy[cmp_next % kCallRing];
+      bool all = true;
+      for (int p = 0; p < world; ++p) {
+        if (p == rank) continue;
+        CallPost theirs;
+        const uint64_t got = read_post(p, cmp_next, theirs);
+        if (got < cmp_next) {
+          all = false;  // not here yet
+          continue;
+        }
+        if (got != cmp_next) continue;  // lapped: nothing left to compare
+        if ((own.launched() || theirs.launched()) && !own.same_plan(theirs))
+          throw Error(concat("call ", cmp_next, " on the network path: rank ", rank, " calls ", own.text, ", rank ", p,
+                             " calls ", theirs.text, " (or the same with other arguments); found by rank ", rank,
+                             "'s proxy after ", own.launched() ? concat("rank ", rank) : concat("rank ", p),
+                             " had launched it"));
+      }
+      if (!all) break;
+    }
+  }
+
+  // ---- every millisecond: timeouts, peers' abort notes, the posts' watchdog, heartbeats, liveness
 
   void housekeeping(Clock::time_point now, int ph) {
     for (const InFlight& f : inflight) {
@@ -465,6 +604,7 @@ struct Proxy::Impl {
                          " s of posting it (WEAVE_NET_TIMEOUT_S)", liveness_hint(f.cmd.peer)));
     }
     read_notes();
+    compare_posts();
     if (ph >= kQuiet) return;
     if (seconds(now - last_hb) >= heartbeat_s) {
       last_hb = now;
@@ -645,6 +785,53 @@ void Proxy::abort(const std::string& why) {
     m.has_failed.store(true);
     store_release(&m.ctl->abort, 1);
   }
+}
+
+bool CallPost::same_plan(const CallPost& o) const {
+  return nvalues == o.nvalues && std::equal(values, values + std::clamp(nvalues, 0, kPostValues), o.values);
+}
+
+uint64_t Proxy::calls_posted() const { return impl_->post_ready.load(std::memory_order_acquire); }
+
+void Proxy::post_call(const CallPost& p) {
+  Impl& m = *impl_;
+  check();
+  WEAVE_CHECK(p.call == calls_posted() + 1, "weave::net: call ", p.call, " posted after call ", calls_posted());
+  WEAVE_CHECK(p.nvalues >= 0 && p.nvalues <= kPostValues, "weave::net: a call's plan has at most ", kPostValues,
+              " values (", p.nvalues, ")");
+  const int slot = static_cast<int>(p.call % kCallRing);
+  const Clock::time_point start = Clock::now();
+  for (uint32_t spin = 0; m.post_left[slot].load(std::memory_order_acquire) != 0; ++spin) {
+    check();
+    WEAVE_CHECK(m.phase.load() < kQuiet, "weave::net rank ", m.rank, ": call ", p.call, " posted after shutdown");
+    if ((spin & 255) == 0 && seconds(Clock::now() - start) > m.timeout_s)
+      throw Error(concat("weave::net rank ", m.rank, ": call ", p.call - kCallRing, "'s post did not reach every peer within ",
+                         m.timeout_s, " s (WEAVE_NET_TIMEOUT_S)"));
+    if (spin > 64) sched_yield();
+  }
+  PostSlot& s = m.posts_out[slot];
+  std::memset(&s, 0, sizeof(PostSlot));
+  s.body = p;
+  s.body.text[sizeof(s.body.text) - 1] = 0;
+  s.check = post_check(s.body);
+  m.post_left[slot].store(m.world - 1, std::memory_order_release);
+  m.post_ready.store(p.call, std::memory_order_release);
+}
+
+uint64_t Proxy::read_post(int peer, uint64_t call, CallPost& out) const {
+  WEAVE_CHECK(peer >= 0 && peer < impl_->world && peer != impl_->rank, "weave::net: read_post of peer ", peer);
+  return impl_->read_post(peer, call, out);
+}
+
+void Proxy::post_checked(uint64_t call) {
+  std::atomic<uint64_t>& want = impl_->chk_want;
+  for (uint64_t cur = want.load(); cur < call && !want.compare_exchange_weak(cur, call);) {
+  }
+}
+
+uint64_t Proxy::peer_checked(int peer) const {
+  WEAVE_CHECK(peer >= 0 && peer < impl_->world, "weave::net: peer_checked of peer ", peer);
+  return load_acquire(&impl_->chk_in[peer]);
 }
 
 std::string Proxy::error() const {

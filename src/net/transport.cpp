@@ -31,7 +31,9 @@ void check(int rc, const char* what) {
 
 std::string op_text(const OpContext* op) {
   if (!op) return "an operation without context";
-  if (op->kind == OpKind::heartbeat || op->kind == OpKind::abort_note) return concat(op_name(op->kind), " to peer ", op->peer);
+  if (op->kind == OpKind::call_post) return concat(op_name(op->kind), " of call slot ", op->owner, " to peer ", op->peer);
+  if (op->kind != OpKind::data_write && op->kind != OpKind::flag_write && op->kind != OpKind::data_write_imm)
+    return concat(op_name(op->kind), " to peer ", op->peer);
   return concat(op_name(op->kind), " of chunk ", op->chunk, " to peer ", op->peer);
 }
 
@@ -89,6 +91,8 @@ std::string_view op_name(OpKind k) {
     case OpKind::data_write_imm: return "data write with immediate";
     case OpKind::heartbeat: return "heartbeat write";
     case OpKind::abort_note: return "abort note write";
+    case OpKind::call_post: return "call post write";
+    case OpKind::call_checked: return "call checked write";
   }
   return "?";
 }

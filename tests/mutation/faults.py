@@ -875,6 +875,29 @@ FAULTS = [
         }],
         "tests": ["test_net_tp_gpu_hier"],
     },
+    # ---- the network path's calls' mailbox (src/net/proxy.cpp, kernels/net_common/call.cpp) ----------
+    {
+        "name": "net_call_watchdog_off",
+        "what": "the proxies never compare call posts: agreed keys that differ between ranks both launch and "
+                "wait for each other until the wait timeout",
+        "edits": [{
+            "file": "src/net/proxy.cpp",
+            "find": "    read_notes();\n    compare_posts();\n",
+            "replace": "    read_notes();\n",
+        }],
+        "tests": ["test_net_path:NetPath.CallWatchdog"],
+    },
+    {
+        "name": "net_agreed_call_waits_for_peers",
+        "what": "every call on the network path waits for every peer's post, as a new key does (a host "
+                "rendezvous per call in the steady state)",
+        "edits": [{
+            "file": "kernels/net_common/call.cpp",
+            "find": "  if (agreed.count(key) && !debug && problem.empty()) {",
+            "replace": "  if (false) {",
+        }],
+        "tests": ["test_net_path:NetPath.CallAgreement"],
+    },
     # ---- the adaptive SM split (kernels/tp_common/sm_ledger.cuh, include/weave/lcsc.cuh) -------------
     {
         "name": "sm_ledger_claim_before_input_in_place",

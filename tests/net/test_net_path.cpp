@@ -6,11 +6,14 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "check/free_port.hpp"
@@ -228,22 +231,27 @@ TEST(NetPath, AbortReachesEveryPeer) {
 // rank 1 until the bootstrap's timeout); different operators with equal arguments throw on every
 // rank, naming both; one rank's problem throws its own error there and the verdict on the other;
 // a problem on the key agreed last fails the path (the peer, already launched, learns it).
+// The calls' mailbox (net_common/call.hpp): a new key waits for every rank and fails on every rank
+// alike; an agreed key goes on without waiting (a peer asleep does not hold it up), however the
+// keys alternate; agreed keys that differ between ranks are caught by the proxies' watchdog and
+// fail the path on both ranks, naming both calls, as a launched kernel would see it.
 TEST(NetPath, CallAgreement) {
   const Job job{2, {"n0", "n1"}};
   const auto out = run_processes(2, [&](int r) {
     setenv("WEAVE_DEBUG", "0", 1);  // the once-per-key path (agree reads it at its first call)
     net::NetPath path(job.info(r), job.options(r));
-    std::vector<long long> agreed;
+    net::AgreedKeys agreed;
     const char* what = "count, dtype";
-    net::agree(path, agreed, {net::kOpAllGather, 100, 1}, "", "test", what);
-    if (r == 0) net::agree(path, agreed, {net::kOpAllGather, 100, 1}, "", "test", what);
+    const std::vector<long long> A{net::kOpAllGather, 100, 1}, C{net::kOpReduceScatter, 400, 1};
+    net::agree(path, agreed, A, "", "test", what);
+    net::agree(path, agreed, A, "", "test", what);
     std::string report;
     try {
       net::agree(path, agreed, {r == 0 ? net::kOpAllGather : net::kOpAllReduce, 200, 1}, "", "test", what);
       report += "different operators agreed; ";
     } catch (const weave::Error& e) {
-      report += has(e.what(), "called with (operator, count, dtype)") && has(e.what(), "all_gather, 200, 1") &&
-                        has(e.what(), "all_reduce, 200, 1")
+      report += has(e.what(), "(operator, count, dtype)") && has(e.what(), "all_gather(count 200, dtype 1)") &&
+                        has(e.what(), "all_reduce(count 200, dtype 1)")
                     ? "mismatch ok; "
                     : std::string("mismatch message: ") + e.what() + "; ";
     }
@@ -255,15 +263,23 @@ TEST(NetPath, CallAgreement) {
       const bool ok = r == 1 ? has(e.what(), "rank 1's buffer is short") : has(e.what(), "rank 1 rejected its arguments");
       report += ok ? "problem ok; " : std::string("problem message: ") + e.what() + "; ";
     }
-    net::agree(path, agreed, {net::kOpReduceScatter, 400, 1}, "", "test", what);  // usable after both
+    net::agree(path, agreed, C, "", "test", what);  // usable after both: no rank launched
+    // Steady state, keys alternating: rank 1 sleeps first; rank 0's agreed calls must not wait for it.
+    if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 100; ++i) net::agree(path, agreed, i % 2 ? C : A, "", "test", what);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (r == 0 && s > 1.0) report += "agreed calls waited for the peer (" + std::to_string(s) + " s); ";
+    net::agree(path, agreed, {net::kOpAllReduce, 500, 2}, "", "test", what);  // meet again
     if (r == 0) {
       try {
-        net::agree(path, agreed, {net::kOpReduceScatter, 400, 1}, "rank 0's pointer is bad", "test", what);
+        net::agree(path, agreed, C, "rank 0's pointer is bad", "test", what);
         report += "an agreed key's problem passed; ";
       } catch (const weave::Error& e) {
         report += has(e.what(), "rank 0's pointer is bad") ? "agreed-key problem ok; " : "agreed-key message; ";
       }
     } else {
+      net::agree(path, agreed, C, "", "test", what);
       try {  // as a launched kernel would: wait for rank 0, which fails the path instead
         path.proxy().wait_arrival(0, 1, 20);
         report += "no abort seen; ";
@@ -275,6 +291,65 @@ TEST(NetPath, CallAgreement) {
   });
   for (int r = 0; r < 2; ++r)
     EXPECT_TRUE(out[r].returned && out[r].text == "mismatch ok; problem ok; agreed-key problem ok; ") << describe(out);
+}
+
+// Agreed keys that differ between the ranks at one call: neither waits, both "launch"; the proxies
+// compare the posts and fail the path on both ranks with both calls named. Then an agreed key on
+// one rank against a new key on the other: the waiting rank finds the launched post and fails the
+// path. Each within seconds, not a wait timeout. First the proxies' comparison alone (posts
+// made directly, so neither rank's call compares before launching).
+TEST(NetPath, CallWatchdog) {
+  {  // the watchdog alone: both posts go out without either rank reading the other's first
+    const Job job{2, {"n0", "n1"}};
+    const auto out = run_processes(2, [&](int r) {
+      net::NetPath path(job.info(r), job.options(r));
+      net::CallPost p;
+      p.call = path.proxy().calls_posted() + 1;
+      p.nvalues = 2;
+      p.values[0] = net::kOpAllGather;
+      p.values[1] = 100 + r;
+      std::snprintf(p.text, sizeof(p.text), "plan of rank %d", r);
+      path.proxy().post_call(p);
+      try {
+        path.proxy().wait_arrival(0, 1, 20);
+        return std::string("no failure");
+      } catch (const weave::Error& e) {
+        const std::string msg = e.what();
+        return has(msg, "plan of rank 0") && has(msg, "plan of rank 1") && has(msg, "proxy after") ? std::string("ok")
+                                                                                                  : "message: " + msg;
+      }
+    });
+    for (int r = 0; r < 2; ++r) EXPECT_TRUE(out[r].returned && out[r].text == "ok") << "watchdog: " << describe(out);
+  }
+  for (const bool new_key : {false, true}) {
+    const Job job{2, {"n0", "n1"}};
+    const auto out = run_processes(2, [&](int r) {
+      setenv("WEAVE_DEBUG", "0", 1);
+      net::NetPath path(job.info(r), job.options(r));
+      net::AgreedKeys agreed;
+      const char* what = "count, dtype";
+      const std::vector<long long> A{net::kOpAllGather, 100, 1}, C{net::kOpReduceScatter, 400, 1},
+          D{net::kOpAllReduce, 64, 3};
+      net::agree(path, agreed, A, "", "test", what);
+      net::agree(path, agreed, C, "", "test", what);
+      const auto t0 = std::chrono::steady_clock::now();
+      std::string msg;
+      try {
+        net::agree(path, agreed, r == 0 ? A : (new_key ? D : C), "", "test", what);
+        path.proxy().wait_arrival(0, 1, 20);  // as the launched kernel
+        return std::string("no failure");
+      } catch (const weave::Error& e) {
+        msg = e.what();
+      }
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      path.bootstrap().barrier();  // a rank that threw first must not end its path (a note of its own) early
+      const char* theirs = new_key ? "all_reduce(count 64, dtype 3)" : "reduce_scatter(count 400, dtype 1)";
+      if (!has(msg, "all_gather(count 100, dtype 1)") || !has(msg, theirs)) return "message: " + msg;
+      return s < 5 ? std::string("ok") : "took " + std::to_string(s) + " s: " + msg;
+    });
+    for (int r = 0; r < 2; ++r)
+      EXPECT_TRUE(out[r].returned && out[r].text == "ok") << (new_key ? "new key: " : "agreed keys: ") << describe(out);
+  }
 }
 
 }  // namespace

@@ -7,7 +7,8 @@
 // immediate-data arrival adds one to its chunk's flag) -> take every ready command from the ring,
 // up to the outstanding-request limit, and return the credits (`head`) -> post, per peer, up to
 // `batch` commands as one submission (FI_MORE on all but its last write), without waiting for a
-// batch to fill -> every millisecond: heartbeats, peers' abort notes, timeouts.
+// batch to fill -> send new call posts (below) -> every millisecond: heartbeats, peers' abort
+// notes, the call posts' comparison, timeouts.
 //
 // Failures, each ending the proxy with a message naming this rank, the peer, the chunk and the
 // operation: an error completion (a write the provider failed, a peer whose connection broke);
@@ -66,6 +67,25 @@ struct ProxyOptions {
   std::function<void(uint64_t ticket)> on_taken, on_posted, on_completed;
 };
 
+// One call's plan in the calls' mailbox (net_common's agree): each rank numbers its calls on the
+// path 1, 2, ... and posts every call's plan; the proxy writes it into every peer's control block
+// (a ring of kCallRing posts per peer), where the peer reads it without waiting. The proxy also
+// compares its own posts with the peers' as they come (its watchdog): two posts of one call that
+// differ where either rank launched fail the path on every rank, naming both calls.
+inline constexpr int kCallRing = 16;
+inline constexpr int kPostValues = 16;
+struct CallPost {
+  uint64_t call = 0;      // 1, 2, ...; 0: no post
+  int32_t together = 0;   // the rank waits for every peer's post of this call before launching
+  int32_t rejected = 0;   // the rank launches nothing (its arguments, or a peer's post, differ)
+  int32_t nvalues = 0;    // values[0 .. nvalues): the plan (operator, shape, options)
+  int32_t reserved = 0;
+  long long values[kPostValues] = {};
+  char text[232] = {};    // the plan as messages name it ("all_gather(count 4096, dtype 1)")
+  bool launched() const { return !together && !rejected; }
+  bool same_plan(const CallPost& o) const;
+};
+
 struct ProxyStats {
   uint64_t taken = 0, posted = 0, completed = 0;  // commands
   uint64_t submissions = 0, writes = 0, arrivals = 0, queue_full = 0;
@@ -108,6 +128,17 @@ class Proxy {
   // a bad call, a kernel that timed out): `why` goes into every peer's abort note, producers and
   // kernels waiting on this ring are released. No effect after an earlier failure.
   void abort(const std::string& why);
+
+  // The calls' mailbox. post_call: `p.call` must be calls_posted() + 1; waits (bounded by a
+  // failure and the timeout) until the ring slot's previous post has reached every peer.
+  // read_post: the call number peer's slot for `call` holds (0 when empty or half-written),
+  // `out` filled when it is `call`. post_checked / peer_checked: the handshake after a call that
+  // waited for every post (its posts may be overwritten once every peer has read them).
+  uint64_t calls_posted() const;
+  void post_call(const CallPost& p);
+  uint64_t read_post(int peer, uint64_t call, CallPost& out) const;
+  void post_checked(uint64_t call);
+  uint64_t peer_checked(int peer) const;
 
   bool failed() const;
   std::string error() const;  // "" while healthy

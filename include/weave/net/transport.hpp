@@ -67,7 +67,7 @@ struct Region {
   void* mr;    // struct fid_mr*
 };
 
-enum class OpKind : uint8_t { data_write, flag_write, data_write_imm, heartbeat, abort_note };
+enum class OpKind : uint8_t { data_write, flag_write, data_write_imm, heartbeat, abort_note, call_post, call_checked };
 std::string_view op_name(OpKind k);
 
 // One posted operation, alive until its completion is reaped. Its first bytes are the
