@@ -231,6 +231,19 @@ void bind_plans(py::module_& m) {
     const auto p = plan::matmul_reduce_scatter(A, B, op, dim, rank, world);
     return py::make_tuple(p.out, p.dim);
   });
+  m.def("plan_all_gather_scaled_matmul", [dt](const Spec& A, const std::vector<Spec>& Bs, const Spec& sa,
+                                              const std::vector<Spec>& sbs, int64_t dim, int world,
+                                              const std::optional<std::string>& out_dtype) {
+    const auto p = plan::all_gather_scaled_matmul(A, Bs, sa, sbs, dim, world, dt(out_dtype), out_dtype.value_or(""));
+    return py::make_tuple(p.gathered, p.dim);
+  });
+  m.def("plan_scaled_matmul_reduce_scatter", [dt](const Spec& A, const Spec& B, const Spec& sa, const Spec& sb,
+                                                  const std::string& op, int64_t dim, int rank, int world,
+                                                  const std::optional<std::string>& out_dtype) {
+    const auto p = plan::scaled_matmul_reduce_scatter(A, B, sa, sb, op, dim, rank, world, dt(out_dtype),
+                                                      out_dtype.value_or(""));
+    return py::make_tuple(p.out, p.dim);
+  });
   m.def("plan_matmul_all_reduce", [](const Spec& A, const Spec& B) { return plan::matmul_all_reduce(A, B).out; });
   m.def("plan_matmul", [dt](const Spec& A, const Spec& B, const std::optional<Spec>& bias,
                             const std::optional<std::string>& out_dtype) {

@@ -359,6 +359,25 @@ void Ops::gemm_ar(Ptr A, Ptr B, Ptr out, int M, int N, int K, Ptr stream, int nu
            stream_of(stream));
 }
 
+void Ops::ag_gemm_fp8(Ptr a_shard, Ptr a_gathered, Ptr B, Ptr scale_a, Ptr scale_b, Ptr C, int M, int N, int K,
+                      Ptr stream, int num_comm_sms, int variant) {
+  set_device(impl_->c.device());
+  using fp8 = __nv_fp8_e4m3;
+  lazy(impl_->ag, impl_->c)
+      .run(ptr<const fp8>(a_shard), ptr<fp8>(a_gathered), ptr<const fp8>(B), ptr<const float>(scale_a),
+           ptr<const float>(scale_b), ptr<bf16>(C), M, N, K, tp_options(num_comm_sms, variant, true),
+           stream_of(stream));
+}
+
+void Ops::gemm_rs_fp8(Ptr A, Ptr B, Ptr scale_a, Ptr scale_b, Ptr out, int M, int N, int K, Ptr stream,
+                      int num_comm_sms, int variant) {
+  set_device(impl_->c.device());
+  using fp8 = __nv_fp8_e4m3;
+  lazy(impl_->rs, impl_->c)
+      .run(ptr<const fp8>(A), ptr<const fp8>(B), ptr<const float>(scale_a), ptr<const float>(scale_b), ptr<bf16>(out),
+           M, N, K, tp_options(num_comm_sms, variant, true), stream_of(stream));
+}
+
 long long Ops::gemm_rs_out_elems(int M, int N, int world) {
   return static_cast<long long>(tp::GemmRS::out_elems(M, N, world));
 }

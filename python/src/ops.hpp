@@ -139,6 +139,14 @@ class Ops {
   void gemm_ar(Ptr A, Ptr B, Ptr out, int M, int N, int K, Ptr stream, int num_comm_sms = -1, int variant = -1,
                bool b_nk = false);
   static long long gemm_rs_out_elems(int M, int N, int world);
+  // fp8 (e4m3) with per-tensor scales (device pointers to one float each) and a bf16 output; B N x K
+  // row-major (tp::AgGemm / tp::GemmRS's fp8 run): ag_gemm_fp8's scale_a is the whole gathered A's
+  // (the same on every rank), gemm_rs_fp8's each rank's own. a_gathered (M x K fp8) and out
+  // (gemm_rs_out_elems bf16) symmetric, as above.
+  void ag_gemm_fp8(Ptr a_shard, Ptr a_gathered, Ptr B, Ptr scale_a, Ptr scale_b, Ptr C, int M, int N, int K,
+                   Ptr stream, int num_comm_sms = -1, int variant = -1);
+  void gemm_rs_fp8(Ptr A, Ptr B, Ptr scale_a, Ptr scale_b, Ptr out, int M, int N, int K, Ptr stream,
+                   int num_comm_sms = -1, int variant = -1);
 
   // Sequence parallel (bf16). ring: everything local; ulysses: o symmetric with room for
   // ulysses_out_elems.

@@ -82,6 +82,20 @@ void collapse(const Shape& shape, int64_t dim, ShardPlan& p) {
   p.cdim = before > 1 ? 1 : 0;
 }
 
+// An fp32 scale tensor: one value (shape empty) or exactly `shape`, contiguous.
+void check_scale(const char* op, const std::string& name, const Spec& s, const Shape* shape) {
+  check_dtype(op, name, s, {Dtype::fp32});
+  if (!shape) {
+    if (s.numel() != 1 || s.dim() > 1)
+      fail(op, name + " must be one fp32 value (shape () or (1,)) for per-tensor scaling, got shape " +
+                   shape_str(s.sizes));
+  } else if (s.sizes != *shape) {
+    fail(op, name + " has shape " + shape_str(s.sizes) + "; block scaling needs " + shape_str(*shape) +
+                 " (gemm_fp8.hpp's layout)");
+  }
+  check_contiguous(op, name, s);
+}
+
 }  // namespace
 
 void fail(const std::string& op, const std::string& msg) { throw ArgError("weave." + op + ": " + msg); }
@@ -203,9 +217,13 @@ AllToAllPlan all_to_all(const Spec& x, const std::string& direction, int64_t seq
   return p;
 }
 
-AgGemmPlan all_gather_matmul(const Spec& A, const std::vector<Spec>& Bs, int64_t gather_dim, int world) {
-  const char* op = "all_gather_matmul";
-  check_dtype(op, "A_shard", A, {Dtype::bf16});
+namespace {
+
+// all_gather_matmul's rules on A_shard (dtype checked by the caller) and the B layouts `b_rule`
+// gives (name, B, K -> nk).
+template <class BRule>
+AgGemmPlan ag_rows(const char* op, const Spec& A, const std::vector<Spec>& Bs, int64_t gather_dim, int world,
+                   BRule&& b_rule) {
   if (A.dim() < 2) fail(op, "A_shard must have at least 2 dimensions, got shape " + shape_str(A.sizes));
   if (Bs.empty()) fail(op, "Bs is empty");
   AgGemmPlan p;
@@ -213,16 +231,67 @@ AgGemmPlan all_gather_matmul(const Spec& A, const std::vector<Spec>& Bs, int64_t
   if (p.dim == A.dim() - 1) fail(op, "gathering along the last (K) dimension is not supported; weave gathers rows");
   const Spec m = moved(op, "A_shard", A, p.dim);
   const int64_t K = A.sizes.back();
-  for (size_t i = 0; i < Bs.size(); ++i) p.nks.push_back(b_layout(op, "Bs[" + std::to_string(i) + "]", Bs[i], K));
+  for (size_t i = 0; i < Bs.size(); ++i) p.nks.push_back(b_rule("Bs[" + std::to_string(i) + "]", Bs[i], K));
   p.gathered = m.sizes;
   p.gathered[0] *= world;
   return p;
 }
 
-GemmRsPlan matmul_reduce_scatter(const Spec& A, const Spec& B, const std::string& reduce_op, int64_t scatter_dim,
-                                 int rank, int world) {
-  const char* op = "matmul_reduce_scatter";
-  check_dtype(op, "A", A, {Dtype::bf16});
+// The fp8 TP operators' B: e4m3, the transpose of a contiguous N x K matrix (the only layout the
+// fp8 GEMM reads), N a multiple of 8; K a multiple of 16.
+bool fp8_weight(const char* op, const std::string& name, const Spec& B, int64_t K) {
+  check_dtype(op, name, B, {Dtype::e4m3});
+  check_ndim(op, name, B, 2);
+  if (B.sizes[0] != K) fail(op, name + " has " + str(B.sizes[0]) + " rows but A has K = " + str(K) + " columns");
+  if (K < 16 || K % 16) fail(op, "K = " + str(K) + " must be a positive multiple of 16 (16-byte rows of fp8)");
+  if (B.sizes[1] < 8 || B.sizes[1] % 8)
+    fail(op, name + " has N = " + str(B.sizes[1]) + "; it must be a positive multiple of 8 (16-byte rows of the bf16 output)");
+  if (!B.transposed().contiguous())
+    fail(op, name + " (K x N) must be the transpose of a contiguous N x K matrix (column-major, like "
+                    "torch._scaled_mm's mat2: pass w.t() of an N x K w), got strides " + shape_str(B.strides));
+  return true;
+}
+
+void check_out_bf16(const char* op, std::optional<Dtype> out_dtype, const std::string& name) {
+  if (out_dtype && *out_dtype != Dtype::bf16) fail(op, "out_dtype " + name + ": weave's fp8 GEMM writes torch.bfloat16 only");
+}
+
+}  // namespace
+
+AgGemmPlan all_gather_matmul(const Spec& A, const std::vector<Spec>& Bs, int64_t gather_dim, int world) {
+  const char* op = "all_gather_matmul";
+  check_dtype(op, "A_shard", A, {Dtype::bf16});
+  return ag_rows(op, A, Bs, gather_dim, world,
+                 [&](const std::string& name, const Spec& B, int64_t K) { return b_layout(op, name, B, K); });
+}
+
+AgGemmPlan all_gather_scaled_matmul(const Spec& A, const std::vector<Spec>& Bs, const Spec& A_scale,
+                                    const std::vector<Spec>& B_scales, int64_t gather_dim, int world,
+                                    std::optional<Dtype> out_dtype, const std::string& out_dtype_name) {
+  const char* op = "all_gather_scaled_matmul";
+  check_dtype(op, "A_shard", A, {Dtype::e4m3});
+  AgGemmPlan p = ag_rows(op, A, Bs, gather_dim, world,
+                         [&](const std::string& name, const Spec& B, int64_t K) { return fp8_weight(op, name, B, K); });
+  if (B_scales.size() != Bs.size())
+    fail(op, "B_scales has " + str(int64_t(B_scales.size())) + " scales for " + str(int64_t(Bs.size())) + " Bs");
+  check_scale(op, "A_scale", A_scale, nullptr);
+  check_device(op, A, "A_scale", &A_scale);
+  for (size_t i = 0; i < Bs.size(); ++i) {
+    const std::string n = "B_scales[" + std::to_string(i) + "]";
+    check_scale(op, n, B_scales[i], nullptr);
+    check_device(op, A, "Bs[" + std::to_string(i) + "]", &Bs[i]);
+    check_device(op, A, n, &B_scales[i]);
+  }
+  check_out_bf16(op, out_dtype, out_dtype_name);
+  return p;
+}
+
+namespace {
+
+// matmul_reduce_scatter's rules on A (dtype checked by the caller) and B (`b_rule`: B, K -> nk).
+template <class BRule>
+GemmRsPlan rs_rows(const char* op, const Spec& A, const Spec& B, const std::string& reduce_op, int64_t scatter_dim,
+                   int rank, int world, BRule&& b_rule) {
   if (A.dim() < 2) fail(op, "A must have at least 2 dimensions, got shape " + shape_str(A.sizes));
   if (reduce_op != "sum" && reduce_op != "avg") fail(op, "reduce_op must be 'sum' or 'avg', got '" + reduce_op + "'");
   GemmRsPlan p;
@@ -230,7 +299,7 @@ GemmRsPlan matmul_reduce_scatter(const Spec& A, const Spec& B, const std::string
   if (p.dim == A.dim() - 1) fail(op, "scattering along the last dimension is not supported; weave scatters rows");
   const Spec m = moved(op, "A", A, p.dim);
   const int64_t K = A.sizes.back();
-  p.nk = b_layout(op, "B", B, K);
+  p.nk = b_rule(B, K);
   const int64_t d0 = m.sizes[0];
   const int64_t rest = d0 * K > 0 ? m.numel() / (d0 * K) : m.numel();
   if (rest > 1 && d0 % world)  // weave splits flattened rows: dim 0's split must keep rows whole
@@ -240,6 +309,32 @@ GemmRsPlan matmul_reduce_scatter(const Spec& A, const Spec& B, const std::string
   p.out.push_back(shard_rows(d0, world, rank));
   for (int64_t i = 1; i + 1 < m.dim(); ++i) p.out.push_back(m.sizes[i]);
   p.out.push_back(B.sizes[1]);
+  return p;
+}
+
+}  // namespace
+
+GemmRsPlan matmul_reduce_scatter(const Spec& A, const Spec& B, const std::string& reduce_op, int64_t scatter_dim,
+                                 int rank, int world) {
+  const char* op = "matmul_reduce_scatter";
+  check_dtype(op, "A", A, {Dtype::bf16});
+  return rs_rows(op, A, B, reduce_op, scatter_dim, rank, world,
+                 [&](const Spec& b, int64_t K) { return b_layout(op, "B", b, K); });
+}
+
+GemmRsPlan scaled_matmul_reduce_scatter(const Spec& A, const Spec& B, const Spec& A_scale, const Spec& B_scale,
+                                        const std::string& reduce_op, int64_t scatter_dim, int rank, int world,
+                                        std::optional<Dtype> out_dtype, const std::string& out_dtype_name) {
+  const char* op = "scaled_matmul_reduce_scatter";
+  check_dtype(op, "A", A, {Dtype::e4m3});
+  GemmRsPlan p = rs_rows(op, A, B, reduce_op, scatter_dim, rank, world,
+                         [&](const Spec& b, int64_t K) { return fp8_weight(op, "B", b, K); });
+  check_scale(op, "A_scale", A_scale, nullptr);
+  check_scale(op, "B_scale", B_scale, nullptr);
+  check_device(op, A, "B", &B);
+  check_device(op, A, "A_scale", &A_scale);
+  check_device(op, A, "B_scale", &B_scale);
+  check_out_bf16(op, out_dtype, out_dtype_name);
   return p;
 }
 
@@ -302,21 +397,6 @@ MatmulPlan matmul_out(const Spec& A, const Spec& B, const std::optional<Spec>& b
   return p;
 }
 
-namespace {
-// An fp32 scale tensor: one value (shape empty) or exactly `shape`, contiguous.
-void check_scale(const char* op, const std::string& name, const Spec& s, const Shape* shape) {
-  check_dtype(op, name, s, {Dtype::fp32});
-  if (!shape) {
-    if (s.numel() != 1 || s.dim() > 1)
-      fail(op, name + " must be one fp32 value (shape () or (1,)) for per-tensor scaling, got shape " +
-                   shape_str(s.sizes));
-  } else if (s.sizes != *shape) {
-    fail(op, name + " has shape " + shape_str(s.sizes) + "; block scaling needs " + shape_str(*shape) +
-                 " (gemm_fp8.hpp's layout)");
-  }
-  check_contiguous(op, name, s);
-}
-}  // namespace
 
 ScaledMmPlan scaled_mm(const Spec& A, const Spec& B, const Spec& scale_a, const Spec& scale_b,
                        std::optional<Dtype> out_dtype, const std::string& out_dtype_name) {

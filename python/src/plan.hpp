@@ -55,7 +55,7 @@ struct AllToAllPlan {
 };
 AllToAllPlan all_to_all(const Spec& x, const std::string& direction, int64_t seq_len, int rank, int world);
 
-// Tensor parallel (bf16).
+// Tensor parallel (bf16, and fp8 below).
 struct AgGemmPlan {
   Shape gathered;         // the gathered A, gather_dim moved to the front
   int64_t dim = 0;        // gather_dim, normalized
@@ -69,6 +69,14 @@ struct GemmRsPlan {
 };
 GemmRsPlan matmul_reduce_scatter(const Spec& A, const Spec& B, const std::string& reduce_op, int64_t scatter_dim,
                                  int rank, int world);
+// fp8 (e4m3, per-tensor scales: one fp32 value each, on the device) with a bf16 output: Bs / B the
+// transpose of a contiguous N x K matrix, K % 16 == 0, N % 8 == 0; out_dtype nullopt or bf16.
+AgGemmPlan all_gather_scaled_matmul(const Spec& A, const std::vector<Spec>& Bs, const Spec& A_scale,
+                                    const std::vector<Spec>& B_scales, int64_t gather_dim, int world,
+                                    std::optional<Dtype> out_dtype, const std::string& out_dtype_name = "");
+GemmRsPlan scaled_matmul_reduce_scatter(const Spec& A, const Spec& B, const Spec& A_scale, const Spec& B_scale,
+                                        const std::string& reduce_op, int64_t scatter_dim, int rank, int world,
+                                        std::optional<Dtype> out_dtype, const std::string& out_dtype_name = "");
 struct GemmArPlan {
   Shape out;
   bool nk = false;

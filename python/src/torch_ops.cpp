@@ -172,6 +172,36 @@ at::Tensor collective(Call& call, const at::Tensor& x, at::IntArrayRef out_shape
   return out;
 }
 
+// all_gather_matmul's outputs, one per B (rows gathered along dim 0, N columns of `t`).
+std::vector<at::Tensor> ag_outputs(const plan::AgGemmPlan& p, const at::Tensor& A, at::TensorList Bs,
+                                   at::ScalarType t, cudaStream_t s) {
+  std::vector<at::Tensor> outs;
+  std::vector<int64_t> shape(p.gathered.begin(), p.gathered.end() - 1);
+  for (const at::Tensor& B : Bs) {
+    shape.push_back(B.size(1));
+    outs.push_back(empty(shape, t, A, s));
+    shape.pop_back();
+  }
+  return outs;
+}
+
+// all_gather_matmul's results: the gathered A copied out of the staging buffer (return_A), and
+// every tensor moved back to the gather dimension.
+std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> ag_result(const plan::AgGemmPlan& p,
+                                                                          const at::Tensor& A, Ptr gathered,
+                                                                          std::vector<at::Tensor> outs, bool return_A,
+                                                                          cudaStream_t s) {
+  std::optional<at::Tensor> a;
+  if (return_A) {
+    at::Tensor g = empty(p.gathered, A.scalar_type(), A, s);
+    copy_into(g, gathered, g.nbytes(), s);
+    a = p.dim ? g.movedim(0, p.dim) : g;
+  }
+  if (p.dim)
+    for (at::Tensor& o : outs) o = o.movedim(0, p.dim);
+  return std::make_tuple(std::move(a), std::move(outs));
+}
+
 // The kernels (namespace op: their names are the operators', which weave::py's C++ entry points share).
 namespace op {
 
@@ -231,27 +261,13 @@ std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> all_gather_matmul
     const int64_t K = p.gathered.back();
     const int64_t M = c10::multiply_integers(p.gathered) / K;
     const Ptr gathered = call.staging(Comm::kOut, size_t(M) * K * A.element_size());
-    std::vector<at::Tensor> outs;
-    std::vector<int64_t> shape(p.gathered.begin(), p.gathered.end() - 1);
-    for (const at::Tensor& B : Bs) {
-      shape.push_back(B.size(1));
-      outs.push_back(empty(shape, A.scalar_type(), A, call.s));
-      shape.pop_back();
-    }
+    std::vector<at::Tensor> outs = ag_outputs(p, A, Bs, A.scalar_type(), call.s);
     call.ops().ag_gemm(ptr(A), gathered, ptr(Bs[0]), ptr(outs[0]), int(M), int(Bs[0].size(1)), int(K), Ptr(call.s),
                        -1, -1, p.nks[0]);
     for (size_t i = 1; i < Bs.size(); ++i)  // the gathered A is there: plain GEMMs
       gemm(call.device, gathered, ptr(Bs[i]), ptr(outs[i]), int(M), int(Bs[i].size(1)), int(K), p.nks[i],
            Ptr(call.s));
-    std::optional<at::Tensor> a;
-    if (return_A) {
-      at::Tensor g = empty(p.gathered, A.scalar_type(), A, call.s);
-      copy_into(g, gathered, g.nbytes(), call.s);
-      a = p.dim ? g.movedim(0, p.dim) : g;
-    }
-    if (p.dim)
-      for (at::Tensor& o : outs) o = o.movedim(0, p.dim);
-    return std::make_tuple(std::move(a), std::move(outs));
+    return ag_result(p, A, gathered, std::move(outs), return_A, call.s);
   });
 }
 
@@ -332,6 +348,53 @@ at::Tensor scaled_mm(const at::Tensor& A, const at::Tensor& B, const at::Tensor&
     gemm_fp8(dev, ptr(A), fp8(A), ptr(B), fp8(B), ptr(out), int(p.M), int(p.N), int(p.K), ptr(scale_a), ptr(scale_b),
              p.block, Ptr(s));
     return out;
+  });
+}
+
+// all_gather_matmul with fp8 (e4m3) operands and per-tensor scales, bf16 outputs: the gathered A
+// travels as fp8; Bs[0] by the fused kernel, the others by the fp8 GEMM on the gathered rows.
+std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> all_gather_scaled_matmul(
+    const at::Tensor& A, at::TensorList Bs, const at::Tensor& A_scale, at::TensorList B_scales, int64_t gather_dim,
+    c10::string_view group, std::optional<at::ScalarType> out_dtype, bool return_A) {
+  return guarded([&] {
+    Call call("all_gather_scaled_matmul", group, {&A, &A_scale}, Bs);
+    std::vector<Spec> bs, ss;
+    for (const at::Tensor& B : Bs) bs.push_back(spec_of(B));
+    for (const at::Tensor& S : B_scales) ss.push_back(spec_of(S));
+    const auto p = plan::all_gather_scaled_matmul(spec_of(A), bs, spec_of(A_scale), ss, gather_dim,
+                                                  call.c->comm().world(), dtype_opt(out_dtype),
+                                                  out_dtype ? dtype_name(*out_dtype) : "");
+    const int64_t K = p.gathered.back();
+    const int64_t M = c10::multiply_integers(p.gathered) / K;
+    const Ptr gathered = call.staging(Comm::kOut, size_t(M) * K * A.element_size());
+    std::vector<at::Tensor> outs = ag_outputs(p, A, Bs, at::kBFloat16, call.s);
+    call.ops().ag_gemm_fp8(ptr(A), gathered, ptr(Bs[0]), ptr(A_scale), ptr(B_scales[0]), ptr(outs[0]), int(M),
+                           int(Bs[0].size(1)), int(K), Ptr(call.s));
+    for (size_t i = 1; i < Bs.size(); ++i)
+      if (M)
+        gemm_fp8(call.device, gathered, 0, ptr(Bs[i]), 0, ptr(outs[i]), int(M), int(Bs[i].size(1)), int(K),
+                 ptr(A_scale), ptr(B_scales[i]), false, Ptr(call.s));
+    return ag_result(p, A, gathered, std::move(outs), return_A, call.s);
+  });
+}
+
+// matmul_reduce_scatter with fp8 (e4m3) operands, each rank's own per-tensor scales, bf16 output.
+at::Tensor scaled_matmul_reduce_scatter(const at::Tensor& A, const at::Tensor& B, const at::Tensor& A_scale,
+                                        const at::Tensor& B_scale, c10::string_view reduce_op, int64_t scatter_dim,
+                                        c10::string_view group, std::optional<at::ScalarType> out_dtype) {
+  return guarded([&] {
+    Call call("scaled_matmul_reduce_scatter", group, {&A, &B, &A_scale, &B_scale});
+    const int world = call.c->comm().world();
+    const auto p = plan::scaled_matmul_reduce_scatter(spec_of(A), spec_of(B), spec_of(A_scale), spec_of(B_scale),
+                                                      std::string(reduce_op), scatter_dim, call.c->comm().rank(), world,
+                                                      dtype_opt(out_dtype), out_dtype ? dtype_name(*out_dtype) : "");
+    const int64_t K = A.size(-1), N = B.size(1), M = A.numel() / K;
+    const Ptr stage = call.staging(Comm::kOut, size_t(Ops::gemm_rs_out_elems(int(M), int(N), world)) * sizeof(uint16_t));
+    call.ops().gemm_rs_fp8(ptr(A), ptr(B), ptr(A_scale), ptr(B_scale), stage, int(M), int(N), int(K), Ptr(call.s));
+    at::Tensor out = empty(p.out, at::kBFloat16, A, call.s);
+    copy_into(out, stage, out.nbytes(), call.s);
+    if (reduce_op == "avg") out.div_(world);
+    return p.dim ? out.movedim(0, p.dim) : out;
   });
 }
 
@@ -434,6 +497,20 @@ void bind_eager_ops(pybind11::module_& m) {
                                           int64_t dim, const std::string& g) {
     return op::matmul_reduce_scatter(A, B, op_name, dim, g);
   }, nogil);
+  m.def("eager_all_gather_scaled_matmul",
+        [](const at::Tensor& A, const Ts& Bs, const at::Tensor& sa, const Ts& sbs, int64_t dim, const std::string& g,
+           std::optional<at::ScalarType> out_dtype, bool return_A) {
+          return op::all_gather_scaled_matmul(A, Bs, sa, sbs, dim, g, out_dtype, return_A);
+        },
+        py::arg("A_shard"), py::arg("Bs"), py::arg("A_scale"), py::arg("B_scales"), py::arg("gather_dim"),
+        py::arg("group"), py::arg("out_dtype") = py::none(), py::arg("return_A") = true, nogil);
+  m.def("eager_scaled_matmul_reduce_scatter",
+        [](const at::Tensor& A, const at::Tensor& B, const at::Tensor& sa, const at::Tensor& sb,
+           const std::string& op_name, int64_t dim, const std::string& g, std::optional<at::ScalarType> out_dtype) {
+          return op::scaled_matmul_reduce_scatter(A, B, sa, sb, op_name, dim, g, out_dtype);
+        },
+        py::arg("A"), py::arg("B"), py::arg("A_scale"), py::arg("B_scale"), py::arg("reduce_op"),
+        py::arg("scatter_dim"), py::arg("group"), py::arg("out_dtype") = py::none(), nogil);
   m.def("eager_matmul_all_reduce", [](const at::Tensor& A, const at::Tensor& B, const std::string& g) {
     return op::matmul_all_reduce(A, B, g);
   }, nogil);
@@ -473,6 +550,8 @@ TORCH_LIBRARY_IMPL(weave, CUDA, m) {
   m.impl("matmul", TORCH_FN(op::matmul));
   m.impl("matmul_out", TORCH_FN(op::matmul_out));
   m.impl("scaled_mm", TORCH_FN(op::scaled_mm));
+  m.impl("all_gather_scaled_matmul", TORCH_FN(op::all_gather_scaled_matmul));
+  m.impl("scaled_matmul_reduce_scatter", TORCH_FN(op::scaled_matmul_reduce_scatter));
   m.impl("grouped_mm", TORCH_FN(op::grouped_mm));
   m.impl("attention", TORCH_FN(op::attention));
   m.impl("ring_attention", TORCH_FN(op::ring_attention));

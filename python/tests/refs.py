@@ -57,6 +57,32 @@ def check_gemm(out: torch.Tensor, A: torch.Tensor, B: torch.Tensor, what: str, p
     check_close(out, ref, 2.0 ** -7 * partials * scale + 1e-6, what)
 
 
+def fp8(shape, dtype, seed: int, *tags) -> torch.Tensor:
+    """Random fp8 values (normal, times 2: e4m3's and e5m2's normal range), exactly representable."""
+    return rand(shape, torch.float32, seed, *tags).mul_(2).to(dtype)
+
+
+def check_fp8_partials(out: torch.Tensor, parts, K: int, what: str, roundings: int = 0) -> None:
+    """out (bf16) vs the sum of per-tensor-scaled fp8 GEMMs, parts = [(a_deq, b_deq), ...] (the
+    dequantized, scaled operands of each rank's partial). Each partial within the fp8 GEMM's bound
+    (kernels/gemm_fp8/README.md, "Numerics": rel 2^-8 + 2^-14 K/32 of its |r|, scale 2^-10 +
+    2^-13 K/32 of its s = sqrt(sum_k (a' b')^2)), plus one bf16 rounding of the running sum per
+    addition of the bf16 reduction (len(parts) - 1) and per `roundings` more (an avg's division)."""
+    T = K / 32
+    rel, sc = 2.0 ** -8 + 2.0 ** -14 * T, 2.0 ** -10 + 2.0 ** -13 * T
+    ref = torch.zeros(out.shape, dtype=torch.float32, device=out.device)
+    bound = torch.zeros_like(ref)
+    mag = torch.zeros_like(ref)
+    for a, b in parts:
+        r = a @ b
+        ref += r
+        mag += r.abs()
+        bound += rel * r.abs() + sc * ((a * a) @ (b * b)).sqrt()
+    bound += 2.0 ** -8 * (len(parts) - 1 + roundings) * mag
+    assert out.dtype == torch.bfloat16, f"{what}: dtype {out.dtype}"
+    check_close(out, ref, bound + 1e-30, what)
+
+
 def attention_ref(q, k, v, causal: bool, scale=None):
     """(o, lse) in float32: q (B, S, Hq, D), k and v (B, S, Hkv, D); o (B, S, Hq, D), lse (B, Hq, S)."""
     B, S, Hq, D = q.shape
@@ -83,7 +109,8 @@ def qkv(B, S, Hq, Hkv, D, seed, *tags):
             rand((B, S, Hkv, D), torch.bfloat16, seed, "v", *tags))
 
 
-__all__ = ["rand", "poison", "check_close", "check_gemm", "attention_ref", "check_attention", "qkv", "weave"]
+__all__ = ["rand", "poison", "check_close", "check_gemm", "fp8", "check_fp8_partials", "attention_ref",
+           "check_attention", "qkv", "weave"]
 
 
 def expect_no_gpu_errors(code: str) -> None:

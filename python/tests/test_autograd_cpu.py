@@ -613,7 +613,8 @@ def test_run_takes_the_direct_path_only_for_plain_cuda_calls():
 
     names = {op.name().split("::")[1] for op in _ops._EAGER}
     assert names == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_gather_matmul",
-                     "matmul_reduce_scatter", "matmul_all_reduce", "matmul", "scaled_mm", "grouped_mm",
+                     "matmul_reduce_scatter", "matmul_all_reduce", "all_gather_scaled_matmul",
+                     "scaled_matmul_reduce_scatter", "matmul", "scaled_mm", "grouped_mm",
                      "attention", "ring_attention", "ulysses_attention"}
     assert all(fn is getattr(lib(), "eager_" + op.name().split("::")[1]) for op, fn in _ops._EAGER.items())
     cpu = torch.zeros(8, 8, dtype=BF)

@@ -39,6 +39,9 @@ calls = {
     "empty": lambda: weave.empty((4,), torch.float32),
     "all_reduce": lambda: weave.all_reduce(torch.ones(4)),
     "matmul": lambda: weave.matmul(torch.ones(8, 8, dtype=torch.bfloat16), torch.ones(8, 8, dtype=torch.bfloat16)),
+    "all_gather_scaled_matmul": lambda: weave.all_gather_scaled_matmul(
+        torch.ones(8, 16).to(torch.float8_e4m3fn), [torch.ones(8, 16).to(torch.float8_e4m3fn).t()], torch.ones(()),
+        [torch.ones(())]),
     "scaled_mm": lambda: weave.scaled_mm(torch.ones(8, 16).to(torch.float8_e4m3fn),
                                          torch.ones(8, 16).to(torch.float8_e4m3fn).t(), torch.ones(()),
                                          torch.ones(())),
@@ -138,6 +141,26 @@ def test_tp_shapes(as_rank):
     assert weave.matmul_all_reduce(meta(7, 3, 64), w.t()).shape == (7, 3, 40)
 
 
+def test_fp8_tp_shapes(as_rank):
+    """all_gather_scaled_matmul / scaled_matmul_reduce_scatter: the bf16 operators' shapes, bf16
+    outputs, the gathered A in fp8."""
+    one = meta(dtype=F32)
+    w1, w2 = meta(40, 64, dtype=E4), meta(24, 64, dtype=E4)  # fp8 nn.Linear weights, out x in
+    as_rank(1, 2)
+    A, outs = weave.all_gather_scaled_matmul(meta(5, 3, 64, dtype=E4), [w1.t(), w2.t()], one, [one, meta(1, dtype=F32)])
+    assert A.shape == (10, 3, 64) and A.dtype == E4
+    assert [o.shape for o in outs] == [(10, 3, 40), (10, 3, 24)] and all(o.dtype == BF for o in outs)
+    A, outs = weave.all_gather_scaled_matmul(meta(3, 5, 64, dtype=E4).movedim(0, 1), [w1.t()], one, [one],
+                                             gather_dim=1, return_A=False, out_dtype=BF)
+    assert A is None and outs[0].shape == (5, 6, 40) and outs[0].movedim(1, 0).is_contiguous()
+    as_rank(0, 3)
+    y = weave.scaled_matmul_reduce_scatter(meta(10, 64, dtype=E4), w1.t(), one, one)
+    assert y.shape == (4, 40) and y.dtype == BF
+    assert weave.scaled_matmul_reduce_scatter(meta(6, 5, 64, dtype=E4), w2.t(), one, one, "avg").shape == (2, 5, 24)
+    y = weave.scaled_matmul_reduce_scatter(meta(6, 5, 64, dtype=E4).movedim(0, 1), w2.t(), one, one, scatter_dim=1)
+    assert y.shape == (5, 2, 24)
+
+
 def test_single_gpu_shapes():
     w = meta(40, 64)
     assert weave.matmul(meta(7, 64), w.t()).shape == (7, 40)
@@ -216,6 +239,10 @@ def test_opcheck_on_meta(as_rank):
         (ops.all_gather_matmul.default, (x, [w.t()], 0, g), {"return_A": True}),
         (ops.matmul_reduce_scatter.default, (x, w.t(), "sum", 0, g), {}),
         (ops.matmul_all_reduce.default, (x, w.t(), g), {}),
+        (ops.all_gather_scaled_matmul.default, (meta(6, 32, dtype=E4), [meta(16, 32, dtype=E4).t()], meta(dtype=F32),
+                                                [meta(dtype=F32)], 0, g), {"return_A": True}),
+        (ops.scaled_matmul_reduce_scatter.default, (meta(6, 32, dtype=E4), meta(16, 32, dtype=E4).t(),
+                                                    meta(dtype=F32), meta(dtype=F32), "sum", 0, g), {"out_dtype": BF}),
         (ops.matmul.default, (x, w.t()), {}),
         (ops.matmul.default, (meta(8, 6).t(), w.t(), meta(16, dtype=F32), F32), {}),
         (ops.matmul_out.default, (meta(8, 6).t(), w.t(), None, True), {"out": meta(6, 16, dtype=F32)}),
@@ -333,6 +360,36 @@ def test_compile_fullgraph_on_meta():
         (lambda: weave.all_gather_matmul(meta(4, 64), []), "Bs is empty"),
         (lambda: weave.matmul_reduce_scatter(meta(4, 64), meta(64, 8), "max"), "reduce_op"),
         (lambda: weave.matmul_reduce_scatter(meta(5, 3, 64), meta(64, 8)), "not a multiple of the 2 ranks"),
+        (lambda: weave.all_gather_scaled_matmul(meta(4, 64), [meta(8, 64, dtype=E4).t()], meta(dtype=F32),
+                                                [meta(dtype=F32)]), "A_shard has dtype torch.bfloat16"),
+        (lambda: weave.all_gather_scaled_matmul(meta(4, 64, dtype=E5), [meta(8, 64, dtype=E4).t()], meta(dtype=F32),
+                                                [meta(dtype=F32)]), "A_shard has dtype torch.float8_e5m2"),
+        (lambda: weave.all_gather_scaled_matmul(meta(4, 64, dtype=E4), [meta(64, 8, dtype=E4)], meta(dtype=F32),
+                                                [meta(dtype=F32)]), "transpose of a contiguous N x K"),
+        (lambda: weave.all_gather_scaled_matmul(meta(4, 64, dtype=E4), [meta(8, 64, dtype=BF).t()], meta(dtype=F32),
+                                                [meta(dtype=F32)]), "Bs[0] has dtype torch.bfloat16"),
+        (lambda: weave.all_gather_scaled_matmul(meta(4, 40, dtype=E4), [meta(8, 40, dtype=E4).t()], meta(dtype=F32),
+                                                [meta(dtype=F32)]), "K = 40 must be a positive multiple of 16"),
+        (lambda: weave.all_gather_scaled_matmul(meta(4, 64, dtype=E4), [meta(12, 64, dtype=E4).t()],
+                                                meta(dtype=F32), [meta(dtype=F32)]), "N = 12"),
+        (lambda: weave.all_gather_scaled_matmul(meta(4, 64, dtype=E4), [meta(8, 64, dtype=E4).t()] * 2,
+                                                meta(dtype=F32), [meta(dtype=F32)]), "B_scales has 1 scales for 2 Bs"),
+        (lambda: weave.all_gather_scaled_matmul(meta(4, 64, dtype=E4), [meta(8, 64, dtype=E4).t()], meta(4, dtype=F32),
+                                                [meta(dtype=F32)]), "A_scale must be one fp32 value"),
+        (lambda: weave.all_gather_scaled_matmul(meta(4, 64, dtype=E4), [meta(8, 64, dtype=E4).t()], meta(dtype=F32),
+                                                [torch.ones(())]), "B_scales[0] is on cpu"),
+        (lambda: weave.all_gather_scaled_matmul(meta(4, 64, dtype=E4), [meta(8, 64, dtype=E4).t()], meta(dtype=F32),
+                                                [meta(dtype=F32)], out_dtype=F32), "writes torch.bfloat16 only"),
+        (lambda: weave.all_gather_scaled_matmul(meta(4, 64, dtype=E4), [meta(8, 64, dtype=E4).t()], meta(dtype=F32),
+                                                [meta(dtype=F32)], gather_dim=1), "last (K) dimension"),
+        (lambda: weave.scaled_matmul_reduce_scatter(meta(4, 64, dtype=E4), meta(8, 64, dtype=E4).t(), meta(dtype=F32),
+                                                    meta(dtype=F32), "max"), "reduce_op"),
+        (lambda: weave.scaled_matmul_reduce_scatter(meta(4, 64, dtype=E4), meta(8, 64, dtype=E4).t(), meta(dtype=BF),
+                                                    meta(dtype=F32)), "A_scale has dtype torch.bfloat16"),
+        (lambda: weave.scaled_matmul_reduce_scatter(meta(4, 64, dtype=E4), meta(8, 64, dtype=E4), meta(dtype=F32),
+                                                    meta(dtype=F32)), "B has 8 rows but A has K = 64"),
+        (lambda: weave.scaled_matmul_reduce_scatter(meta(5, 3, 64, dtype=E4), meta(8, 64, dtype=E4).t(),
+                                                    meta(dtype=F32), meta(dtype=F32)), "not a multiple of the 2 ranks"),
         (lambda: weave.attention(meta(1, 8, 2, 96), meta(1, 8, 2, 96), meta(1, 8, 2, 96)), "head dim 96"),
         (lambda: weave.attention(meta(1, 8, 3, 64), meta(1, 8, 2, 64), meta(1, 8, 2, 64)), "not a multiple"),
         (lambda: weave.attention(meta(1, 8, 2, 64), meta(1, 9, 2, 64), meta(1, 9, 2, 64)), "differ"),

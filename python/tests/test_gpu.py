@@ -7,10 +7,11 @@ import pytest
 import torch
 
 import weave
-from refs import attention_ref, check_attention, check_close, check_gemm, poison, qkv, rand
+from refs import attention_ref, check_attention, check_close, check_fp8_partials, check_gemm, fp8, poison, qkv, rand
 
 pytestmark = pytest.mark.gpu
 BF, F16, F32 = torch.bfloat16, torch.float16, torch.float32
+E4 = torch.float8_e4m3fn
 
 
 @pytest.fixture
@@ -115,6 +116,27 @@ def test_matmul_reduce_scatter_and_all_reduce(comm, seed, M, N, K):
     A3 = rand((2, M, K), BF, seed, "A3")
     out = weave.matmul_reduce_scatter(A3, W.t())
     check_gemm(out.flatten(0, 1), A3.flatten(0, 1), W.t(), "gemm_rs 3-D")
+
+
+@pytest.mark.parametrize("M, N, K", [(129, 200, 272), (333, 264, 1008)])
+def test_fp8_tp(comm, seed, M, N, K):
+    """all_gather_scaled_matmul and scaled_matmul_reduce_scatter at a world of 1: fp8 (e4m3) operands,
+    per-tensor scales of different magnitudes, fp8 nn.Linear weights (w.t()), ragged M."""
+    A = fp8((M, K), E4, seed, "A")
+    w1, w2 = fp8((N, K), E4, seed, "w1"), fp8((40, K), E4, seed, "w2")
+    sa, sb1, sb2 = (torch.tensor(v, device="cuda") for v in (0.75, [0.3125], 4.0))
+    Ag, (C1, C2) = weave.all_gather_scaled_matmul(A, [w1.t(), w2.t()], sa, [sb1, sb2])
+    assert Ag.dtype == E4 and torch.equal(Ag.view(torch.uint8), A.view(torch.uint8)), "gathered A"
+    check_fp8_partials(C1, [(A.float() * sa, w1.float().t() * sb1)], K, "ag fp8")
+    check_fp8_partials(C2, [(A.float() * sa, w2.float().t() * sb2)], K, "ag fp8 second B (the fp8 GEMM)")
+    A3 = fp8((M, 3, K), E4, seed, "A3").movedim(0, 1)  # (3, M, K), rows along dim 1
+    Ag, (C,) = weave.all_gather_scaled_matmul(A3, [w1.t()], sa, [sb1], gather_dim=1, return_A=False)
+    assert Ag is None and C.shape == (3, M, N)
+    check_fp8_partials(C.movedim(1, 0).flatten(0, 1), [(A3.movedim(1, 0).flatten(0, 1).float() * sa,
+                                                         w1.float().t() * sb1)], K, "ag fp8 gather_dim 1")
+    parts = [(A.float() * sa, w2.float().t() * sb2)]
+    check_fp8_partials(weave.scaled_matmul_reduce_scatter(A, w2.t(), sa, sb2), parts, K, "rs fp8")
+    check_fp8_partials(weave.scaled_matmul_reduce_scatter(A, w2.t(), sa, sb2, "avg"), parts, K, "rs fp8 avg", 1)
 
 
 @pytest.mark.parametrize("D", [64, 128])

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import weave
-from refs import check_close, check_gemm, poison, rand
+from refs import check_close, check_gemm, fp8, poison, rand
 
 pytestmark = pytest.mark.gpu
 BF, F32, I32 = torch.bfloat16, torch.float32, torch.int32
@@ -111,11 +111,6 @@ def test_matmul_options_errors_on_gpu(gpu):
 
 # ---------------------------------------------------------------------------------------------
 # fp8
-
-
-def fp8(shape, dtype, seed, *tags):
-    """Random fp8 values (normal, times 2: e4m3's and e5m2's normal range), exactly representable."""
-    return rand(shape, F32, seed, *tags).mul_(2).to(dtype)
 
 
 def fp8_check(y, a_deq, b_deq, rel, scale, what):

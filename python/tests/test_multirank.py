@@ -13,13 +13,14 @@ import torch
 import torch.distributed as dist
 
 import weave
-from refs import attention_ref, check_attention, check_close, check_gemm, poison, qkv, rand
+from refs import attention_ref, check_attention, check_close, check_fp8_partials, check_gemm, fp8, poison, qkv, rand
 
 if "WORLD_SIZE" not in os.environ:
     pytest.skip("multi-rank tests run under torchrun (see the module's docstring)", allow_module_level=True)
 
 pytestmark = pytest.mark.gpu
 BF, F16, F32 = torch.bfloat16, torch.float16, torch.float32
+E4 = torch.float8_e4m3fn
 EPS = {BF: 2.0 ** -8, F16: 2.0 ** -11, F32: 2.0 ** -23}
 
 
@@ -111,6 +112,36 @@ def test_matmul_reduce_scatter_and_all_reduce(env, M, N, k):
     out = weave.matmul_reduce_scatter(As[rank], Ws[rank].t(), "avg")
     check_gemm(out * W, A_cat[first:first + rows], B_cat, "gemm_rs avg", partials=2 * W)
     check_gemm(weave.matmul_all_reduce(As[rank], Ws[rank].t()), A_cat, B_cat, "gemm_ar", partials=W)
+
+
+@pytest.mark.parametrize("s, N, K", [(67, 200, 272), (300, 264, 528)])
+def test_fp8_all_gather_scaled_matmul(env, s, N, K):
+    """fp8 AG+GEMM: the gathered A byte for byte, each rank's output with its own fp8 weight shard and scale."""
+    rank, W, seed = env
+    A = fp8((W * s, K), E4, seed, "A")
+    w = fp8((N, K), E4, seed, "w", rank)
+    sa = torch.tensor(0.5, device="cuda")  # the whole gathered A's scale: the same on every rank
+    sb = torch.tensor(0.25 * (rank + 1), device="cuda")
+    Ag, (C,) = weave.all_gather_scaled_matmul(A[rank * s:(rank + 1) * s], [w.t()], sa, [sb])
+    assert torch.equal(Ag.view(torch.uint8), A.view(torch.uint8)), "gathered A"
+    check_fp8_partials(C, [(A.float() * sa, w.float().t() * sb)], K, "ag_gemm fp8")
+
+
+@pytest.mark.parametrize("M, N, k", [(333, 200, 272), (129, 264, 512)])
+def test_fp8_scaled_matmul_reduce_scatter(env, M, N, k):
+    """fp8 GEMM+RS: each rank its own K slice, weight slice and scales (2^-3 .. 2^3 apart)."""
+    rank, W, seed = env
+    As = [fp8((M, k), E4, seed, "A", r) for r in range(W)]
+    Ws = [fp8((N, k), E4, seed, "W", r) for r in range(W)]
+    sas = [2.0 ** (r % 4 - 2) for r in range(W)]
+    sbs = [2.0 ** (1 - r % 3) for r in range(W)]
+    first, rows = weave.shard(M)
+    parts = [(As[r][first:first + rows].float() * sas[r], Ws[r].float().t() * sbs[r]) for r in range(W)]
+    sa, sb = torch.tensor(sas[rank], device="cuda"), torch.tensor(sbs[rank], device="cuda")
+    check_fp8_partials(weave.scaled_matmul_reduce_scatter(As[rank], Ws[rank].t(), sa, sb), parts, k, "gemm_rs fp8")
+    out = weave.scaled_matmul_reduce_scatter(As[rank], Ws[rank].t(), sa, sb, "avg")
+    # avg's division and the product by W here: two more roundings at most (none for W a power of 2).
+    check_fp8_partials((out.float() * W).to(BF), parts, k, "gemm_rs fp8 avg", 2)
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -17,6 +17,7 @@ from ._comm import Communicator, empty, init, is_symmetric
 from .functional import (
     all_gather,
     all_gather_matmul,
+    all_gather_scaled_matmul,
     all_reduce,
     all_to_all,
     attention,
@@ -29,6 +30,7 @@ from .functional import (
     reduce_scatter,
     ring_attention,
     ring_chunks,
+    scaled_matmul_reduce_scatter,
     scaled_mm,
     shard,
     ulysses_attention,
@@ -43,6 +45,7 @@ __all__ = [
     "Communicator", "init", "empty", "is_symmetric",
     "all_reduce", "all_gather", "reduce_scatter", "all_to_all",
     "all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce",
+    "all_gather_scaled_matmul", "scaled_matmul_reduce_scatter",
     "matmul", "scaled_mm", "grouped_mm", "grouped_mm_status", "check_grouped_mm",
     "attention", "ring_attention", "ulysses_attention", "ring_chunks", "shard",
     "MoeLayer", "MoeLowLatency", "moe_capacity", "moe_worst_case_rows",

@@ -159,6 +159,24 @@ def _matmul_reduce_scatter_fake(A, B, reduce_op, scatter_dim, group_name):
     return A.new_empty(out).movedim(0, dim)
 
 
+def _all_gather_scaled_matmul_fake(A_shard, Bs, A_scale, B_scales, gather_dim, group_name, *, out_dtype=None,
+                                   return_A=True):
+    _, world = _comm.group_rank_world(group_name)
+    gathered, dim = lib().plan_all_gather_scaled_matmul(_spec(A_shard), [_spec(B) for B in Bs], _spec(A_scale),
+                                                        [_spec(s) for s in B_scales], gather_dim, world,
+                                                        _opt_dtype(out_dtype))
+    outs = [A_shard.new_empty(gathered[:-1] + [int(B.shape[1])], dtype=torch.bfloat16).movedim(0, dim) for B in Bs]
+    return (A_shard.new_empty(gathered).movedim(0, dim) if return_A else None), outs
+
+
+def _scaled_matmul_reduce_scatter_fake(A, B, A_scale, B_scale, reduce_op, scatter_dim, group_name, *,
+                                       out_dtype=None):
+    out, dim = lib().plan_scaled_matmul_reduce_scatter(_spec(A), _spec(B), _spec(A_scale), _spec(B_scale), reduce_op,
+                                                       scatter_dim, *_comm.group_rank_world(group_name),
+                                                       _opt_dtype(out_dtype))
+    return A.new_empty(out, dtype=torch.bfloat16).movedim(0, dim)
+
+
 def _matmul_all_reduce_fake(A, B, group_name):
     return A.new_empty(lib().plan_matmul_all_reduce(_spec(A), _spec(B)))
 
@@ -211,6 +229,12 @@ _define("all_gather_matmul(Tensor A_shard, Tensor[] Bs, int gather_dim, str grou
 _define("matmul_reduce_scatter(Tensor A, Tensor B, str reduce_op, int scatter_dim, str group_name) -> Tensor",
         _matmul_reduce_scatter_fake, tags=_FIXED_STRIDES)
 _define("matmul_all_reduce(Tensor A, Tensor B, str group_name) -> Tensor", _matmul_all_reduce_fake)
+_define("all_gather_scaled_matmul(Tensor A_shard, Tensor[] Bs, Tensor A_scale, Tensor[] B_scales, int gather_dim, "
+        "str group_name, *, ScalarType? out_dtype=None, bool return_A=True) -> (Tensor?, Tensor[])",
+        _all_gather_scaled_matmul_fake, tags=_FIXED_STRIDES)
+_define("scaled_matmul_reduce_scatter(Tensor A, Tensor B, Tensor A_scale, Tensor B_scale, str reduce_op, "
+        "int scatter_dim, str group_name, *, ScalarType? out_dtype=None) -> Tensor",
+        _scaled_matmul_reduce_scatter_fake, tags=_FIXED_STRIDES)
 _define("matmul(Tensor A, Tensor B, Tensor? bias=None, ScalarType? out_dtype=None) -> Tensor", _matmul_fake)
 _define("matmul_out(Tensor A, Tensor B, Tensor? bias, bool accumulate, *, Tensor(a!) out) -> ()", _matmul_out_fake)
 _define("scaled_mm(Tensor A, Tensor B, Tensor scale_a, Tensor scale_b, ScalarType? out_dtype=None) -> Tensor",
@@ -231,7 +255,8 @@ def _bind_eager() -> None:
     if not lib_available():
         return
     for name in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_gather_matmul",
-                 "matmul_reduce_scatter", "matmul_all_reduce", "matmul", "scaled_mm", "grouped_mm", "attention",
+                 "matmul_reduce_scatter", "matmul_all_reduce", "all_gather_scaled_matmul",
+                 "scaled_matmul_reduce_scatter", "matmul", "scaled_mm", "grouped_mm", "attention",
                  "ring_attention", "ulysses_attention"):
         _EAGER[getattr(torch.ops.weave, name).default] = getattr(lib(), "eager_" + name)
 

@@ -65,6 +65,36 @@ def matmul_all_reduce(A: torch.Tensor, B: torch.Tensor, group: GroupLike = None)
     return _run(_ops_ns.matmul_all_reduce.default, A, B, group_name(group))
 
 
+def all_gather_scaled_matmul(A_shard: torch.Tensor, Bs: Sequence[torch.Tensor], A_scale: torch.Tensor,
+                             B_scales: Sequence[torch.Tensor], gather_dim: int = 0, group: GroupLike = None, *,
+                             out_dtype: Optional[torch.dtype] = None, return_A: bool = True):
+    """all_gather_matmul with fp8 operands: (all_gather(A_shard, gather_dim), [A_scale B_scales[i]
+    (that @ Bs[i])]) in bf16, the gather overlapped with the first GEMM and travelling as fp8 (half
+    of bf16's bytes). The arguments of torch.ops.symm_mem.fused_all_gather_scaled_matmul where weave
+    has them: A_shard and every B torch.float8_e4m3fn, each B (K x N) the transpose of a contiguous
+    N x K matrix (w.t() of an fp8 nn.Linear weight; torch._scaled_mm's mat2), K a multiple of 16, N
+    of 8; per-tensor scales only, fp32 on A's device, one value each, read by the kernel (no host
+    synchronisation): A_scale is the scale of the whole gathered A, so every rank passes the same
+    value. out_dtype None or torch.bfloat16. torch's biases, result_scales and use_fast_accum are
+    not taken (weave's fp8 GEMM accumulates in fp32 with its own promotion). Not differentiable."""
+    Bs, B_scales = list(Bs), list(B_scales)
+    return _run(_ops_ns.all_gather_scaled_matmul.default, A_shard, Bs, A_scale, B_scales, gather_dim,
+                group_name(group), out_dtype=out_dtype, return_A=return_A)
+
+
+def scaled_matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, A_scale: torch.Tensor, B_scale: torch.Tensor,
+                                 reduce_op: str = "sum", scatter_dim: int = 0, group: GroupLike = None, *,
+                                 out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """matmul_reduce_scatter with fp8 operands: reduce_scatter(A_scale B_scale (A @ B), scatter_dim)
+    in bf16, each rank's partial scaled by its own scales before the bf16 reduction overlapped with
+    the GEMM (torch.ops.symm_mem.fused_scaled_matmul_reduce_scatter's operands, with weave's
+    scatter_dim in place of its reshape arguments). A and B torch.float8_e4m3fn, B (K x N) the
+    transpose of a contiguous N x K matrix, K a multiple of 16, N of 8; per-tensor fp32 scales on A's
+    device. reduce_op 'sum' or 'avg'; out_dtype None or torch.bfloat16. Not differentiable."""
+    return _run(_ops_ns.scaled_matmul_reduce_scatter.default, A, B, A_scale, B_scale, reduce_op, scatter_dim,
+                group_name(group), out_dtype=out_dtype)
+
+
 def matmul(A: torch.Tensor, B: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
            out_dtype: Optional[torch.dtype] = None, out: Optional[torch.Tensor] = None,
            accumulate: bool = False) -> torch.Tensor:

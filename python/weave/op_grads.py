@@ -16,7 +16,8 @@ gradients take torch.matmul in float32. The TP operators' backwards are their du
 (the input gradient of AG+GEMM is a GEMM+RS and vice versa) where the shards are equal, else a
 collective and a GEMM. grouped_mm (the MoE grouped GEMM): dx by weave's grouped GEMM on the
 transposed weight stack, dw by torch._grouped_mm (no grouped weight-gradient kernel in weave yet).
-scaled_mm (fp8) and the attention operators have no gradient here (the public attention functions
+scaled_mm and the fp8 TP operators (all_gather_scaled_matmul, scaled_matmul_reduce_scatter) and
+the attention operators have no gradient here (the public attention functions
 are differentiable through autograd.py); asking for one raises torch's "does not have an autograd
 kernel" error."""
 from __future__ import annotations
