@@ -183,7 +183,7 @@ void NetCollectives::launch(int which, void* buf, long long count, NetDtype dtyp
                 " (NetCollOptions::node_scratch_bytes)");
   });
   const long long op = c == Coll::all_gather ? kOpAllGather : c == Coll::reduce_scatter ? kOpReduceScatter : kOpAllReduce;
-  agree(path_, agreed_,
+  const AgreedCall agreed_call = agree(path_, agreed_,
         {op, count, static_cast<long long>(dtype), opt_.chunk_bytes, opt_.send_blocks, opt_.recv_blocks, t.gpus},
         problem, who.c_str(), "count, dtype, chunk, send blocks, receive blocks, ranks per node");
   if (count == 0 || world == 1) return;  // the same on every rank (agreed): nothing to exchange

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <thread>
+#include <utility>
 
 #include "weave/common/extent.hpp"
 #include "weave/config.hpp"
@@ -112,8 +113,21 @@ void wait_for(NetPath& path, int peer, const std::string& stage, Done&& done) {
 
 }  // namespace
 
-void agree(NetPath& path, AgreedKeys& agreed, const std::vector<long long>& key, const std::string& problem,
-           const char* who, const char* what) {
+AgreedCall::AgreedCall(NetPath& path, std::string call)
+    : path_(path), call_(std::move(call)), exceptions_(std::uncaught_exceptions()) {}
+
+AgreedCall::~AgreedCall() {
+  if (std::uncaught_exceptions() <= exceptions_) return;
+  try {
+    path_.abort(weave::detail::concat(call_, ": rank ", path_.rank(),
+                                      " failed after every rank agreed on the call, before launching it (its own error "
+                                      "says why)"));
+  } catch (...) {  // unwinding already: this rank's own error is the one to report
+  }
+}
+
+AgreedCall agree(NetPath& path, AgreedKeys& agreed, const std::vector<long long>& key, const std::string& problem,
+                 const char* who, const char* what) {
   using weave::detail::concat;
   static const bool debug = env::get_bool("WEAVE_DEBUG");
   path.check();  // a failed path says why, not a later wait
@@ -146,7 +160,7 @@ void agree(NetPath& path, AgreedKeys& agreed, const std::vector<long long>& key,
       }
     }
     px.post_call(mine);
-    return;
+    return AgreedCall(path, call);
   }
   // A new key (or debug, or a problem of this rank's own): every peer's post of call n, then one
   // verdict everywhere.
@@ -160,10 +174,13 @@ void agree(NetPath& path, AgreedKeys& agreed, const std::vector<long long>& key,
     wait_for(path, r, concat("post ", call), [&] {
       const uint64_t got = px.read_post(r, n, all[r]);
       if (got > n) {
-        // A whole ring of calls past this one without waiting for it: its keys were agreed ones, this
-        // rank's is not, so the ranks' calls differ, and it launched them.
-        const std::string msg = concat(call, ": rank ", r, " is ", got - n, "+ calls past this call without checking it (this rank calls ",
-                                       plan, "): the ranks' calls differ");
+        // A whole ring of calls past this one without waiting for it: its keys were agreed ones (and
+        // it launched them), this rank's is not or it has a problem of its own.
+        const std::string msg =
+            !problem.empty() ? problem
+                             : concat(call, ": rank ", r, " is ", got - n,
+                                      "+ calls past this call without checking it (this rank calls ", plan,
+                                      "): the ranks' calls differ (or WEAVE_DEBUG differs between the ranks)");
         path.abort(msg);
         throw Error(msg);
       }
@@ -190,6 +207,7 @@ void agree(NetPath& path, AgreedKeys& agreed, const std::vector<long long>& key,
     if (r != me && all[r].together) wait_for(path, r, concat("check ", call), [&] { return px.peer_checked(r) >= n; });
   if (!verdict.empty()) throw Error(verdict);
   agreed.insert(key);
+  return AgreedCall(path, call);
 }
 
 }  // namespace weave::net

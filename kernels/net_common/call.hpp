@@ -1,10 +1,12 @@
 // Host pieces every inter-node kernel's call shares (kernels/net_tp, kernels/net_ring_attention,
 // kernels/net_collectives):
 // the object's checks, this rank's buffer checks, the room a call needs on the path, the
-// once-per-shape agreement over the bootstrap, and device counters zeroed per call.
+// cross-rank agreement of every call through the path's calls' mailbox, and device counters
+// zeroed per call.
 #pragma once
 #include <cuda_runtime.h>
 
+#include <exception>
 #include <initializer_list>
 #include <set>
 #include <string>
@@ -39,6 +41,23 @@ void check_room(const NetPath& path, const char* who, long long send_needed, lon
 // The keys (operator, shape, options) every rank has checked together on this object.
 using AgreedKeys = std::set<std::vector<long long>>;
 
+// What agree() returns, held until the call's kernels are enqueued. Destroyed by an exception
+// after the agreement (an allocation, a node stage, a launch failing on this rank), it fails the
+// path: the peers were told this rank launches the call, and would wait for it until their wait
+// timeout (and, were the path kept, this rank's later calls would be numbered one behind theirs).
+class [[nodiscard]] AgreedCall {
+ public:
+  AgreedCall(NetPath& path, std::string call);
+  ~AgreedCall();
+  AgreedCall(const AgreedCall&) = delete;
+  AgreedCall& operator=(const AgreedCall&) = delete;
+
+ private:
+  NetPath& path_;
+  std::string call_;
+  int exceptions_;
+};
+
 // The cross-rank check of one call, through the path's calls' mailbox (Proxy::post_call): every
 // call is numbered and its plan posted to every peer. A key in `agreed` (and no WEAVE_DEBUG=1) is
 // not waited for: the call compares with the peers' posts already there and goes on, and the
@@ -46,9 +65,10 @@ using AgreedKeys = std::set<std::vector<long long>>;
 // both calls, and releases the kernels). A new key waits for every peer's post of the call: a
 // differing key (`what` names its fields after the operator), or any rank's `problem` (non-empty:
 // this rank's own arguments are wrong), throws on every rank, and peers that had launched are
-// released by failing the path; else the key joins `agreed`. At most kPostValues entries.
-void agree(NetPath& path, AgreedKeys& agreed, const std::vector<long long>& key, const std::string& problem,
-           const char* who, const char* what);
+// released by failing the path; else the key joins `agreed`. At most kPostValues entries. Every
+// rank must run with the same WEAVE_DEBUG.
+AgreedCall agree(NetPath& path, AgreedKeys& agreed, const std::vector<long long>& key, const std::string& problem,
+                 const char* who, const char* what);
 
 // Numbers the next call on the path (`commands` queued by this rank), puts its fields into the
 // kernel parameters g (h, call, commands_before, recv_base, flag_base), then `launch()`es. A

@@ -98,7 +98,7 @@ void NetRingAttention::call(const bf16* q, const bf16* k, const bf16* v, bf16* o
   });
   int scale_bits = 0;
   std::memcpy(&scale_bits, &opt.softmax_scale, sizeof scale_bits);
-  agree(path_, agreed_,
+  const AgreedCall agreed_call = agree(path_, agreed_,
         {kOpRingAttention, s.B, s.S, s.Hq, s.Hkv, s.D, opt.causal ? 1 : 0, zz, scale_bits, opt_.send_blocks,
          opt_.recv_blocks, extra, G},
         problem, who,

@@ -83,7 +83,7 @@ void NetAgGemm::run(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf16* 
     tp_net::check_room(path_, opt_, who, tp_net::ag_send_needed(U), tp_net::recv_needed(U), tp_net::flags_needed(U),
                        extra);
   });
-  agree(path_, agreed_,
+  const AgreedCall agreed_call = agree(path_, agreed_,
         {kOpAgGemm, M, N, K, static_cast<long long>(opt_.b), opt_.chunk_bytes, opt_.send_blocks, opt_.recv_blocks,
          extra, G},
         problem, who, "M, N, K, B layout, chunk, send blocks, receive blocks, push blocks, ranks per node");

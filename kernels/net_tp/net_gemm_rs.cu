@@ -91,7 +91,7 @@ void NetGemmRs::call(const bf16* A, const bf16* B, bf16* out, int M, int N, int 
     else
       tp_net::check_room(path_, opt_, who, tp_net::rs_send_needed(U), tp_net::recv_needed(U), tp_net::flags_needed(U));
   });
-  agree(path_, agreed_,
+  const AgreedCall agreed_call = agree(path_, agreed_,
         {ar ? kOpGemmAr : kOpGemmRs, M, N, K, static_cast<long long>(opt_.b), opt_.chunk_bytes, opt_.send_blocks,
          opt_.recv_blocks, G},
         problem, who, "M, N, K, B layout, chunk, send blocks, receive blocks, ranks per node");

@@ -55,8 +55,8 @@ class NetAgGemm {
   // memory as long as the shape says; K and N multiples of 8; M >= nodes.
   // Errors: a bad argument throws weave::Error before anything is queued; when only this rank's
   // arguments are bad, it also fails the path (NetPath::abort), so that no peer waits for this
-  // rank's rows. A new shape is agreed with every rank over the bootstrap once (a mismatch throws
-  // on every rank). Returns without waiting; finish() reports a failure of the transfer.
+  // rank's rows. A new shape is agreed with every rank once, through the path's calls' mailbox (a
+  // mismatch throws on every rank); later calls of it are compared without waiting. Returns without waiting; finish() reports a failure of the transfer.
   void run(const __nv_bfloat16* a_shard, __nv_bfloat16* a_gathered, const __nv_bfloat16* B, __nv_bfloat16* C, int M,
            int N, int K, cudaStream_t stream);
 

@@ -47,9 +47,9 @@ double seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 // one write) makes a half-landed note unreadable, whatever order the provider delivers in.
 struct AbortNote {
   uint64_t check;
-  char text[248];
+  char text[1016];
 };
-static_assert(sizeof(AbortNote) == 256);
+static_assert(sizeof(AbortNote) == 1024);
 
 uint64_t note_check(const char* text) {
   uint64_t h = 14695981039346656037ull;
@@ -157,10 +157,13 @@ struct Proxy::Impl {
   uint64_t hb_counter = 0;
 
   // The calls' mailbox. The host thread fills posts_out[call % kCallRing] once the slot's earlier
-  // post reached every peer (post_left 0), then publishes post_ready; this thread sends each post
-  // to every peer in order and keeps a copy for its watchdog (own_copy), which compares posts of
-  // one call as they come (cmp_next: the first call not yet compared with every peer).
-  std::atomic<uint64_t> post_ready{0}, chk_want{0};
+  // post reached every peer (post_left 0) and this thread compared call - kCallRing with every
+  // peer's (compared), then publishes post_ready; this thread sends each post to every peer in
+  // order and keeps a copy for its watchdog (own_copy), which compares posts of one call as they
+  // come (cmp_next: the first call not yet compared with every peer). Waiting for `compared`
+  // bounds how far this rank's calls run ahead of the slowest peer's posts to kCallRing, so no
+  // post is overwritten before one of the two ranks compared it.
+  std::atomic<uint64_t> post_ready{0}, chk_want{0}, compared{0};
   std::atomic<int> post_left[kCallRing] = {};
   std::vector<uint64_t> post_sent, chk_sent;  // per peer: the last call sent
   std::vector<OpContext> post_ops, chk_ops;   // post_ops[slot * world + peer]
@@ -210,7 +213,8 @@ struct Proxy::Impl {
     WEAVE_CHECK(opt.batch >= 1 && opt.batch <= kMaxBatch, "weave::net: batch (", opt.batch, ") must be 1 to ", kMaxBatch);
     WEAVE_CHECK(world <= 0xffff, "weave::net: a command names peers in 16 bits");
     WEAVE_CHECK(tr.peers() == 0, "weave::net: the transport already has peers; one proxy per transport");
-    // Two writes per command at most, one heartbeat and one note per peer.
+    // Two writes per command at most, one heartbeat and one note per peer (the call posts and
+    // checked words, up to kCallRing + 1 per peer, are retried when the endpoint is full).
     const size_t room = tr.tx_depth() > 2 * static_cast<size_t>(world) + 2 ? tr.tx_depth() - 2 * world : 2;
     max_out = static_cast<uint32_t>(std::max<size_t>(1, std::min<size_t>(opt.max_outstanding, room / 2)));
 
@@ -312,8 +316,10 @@ struct Proxy::Impl {
         work |= take();
         work |= post_pending();
         work |= send_posts();
+        work |= compare_posts();
         if (ph >= kDraining && free_slots.size() == max_out && !ring_ready()) drained.store(true);
-        if (ph >= kQuiet && !any(hb_busy) && !any(chk_busy) && posts_in_flight() == 0) quiet.store(true);
+        if (ph >= kQuiet && !any(hb_busy) && !any(chk_busy) && posts_in_flight() == 0 && !checked_unsent())
+          quiet.store(true);
         idle = work ? 0 : idle + 1;
         if (!work || (++iteration & 63) == 0) {
           const Clock::time_point now = Clock::now();
@@ -514,6 +520,13 @@ struct Proxy::Impl {
 
   // ---- the calls' mailbox ----------------------------------------------------------------
 
+  bool checked_unsent() const {
+    const uint64_t want = chk_want.load(std::memory_order_acquire);
+    for (int p = 0; p < world; ++p)
+      if (p != rank && chk_sent[p] < want) return true;
+    return false;
+  }
+
   int posts_in_flight() const {
     int n = 0;
     for (const auto& left : post_left) n += left.load(std::memory_order_acquire);
@@ -524,6 +537,7 @@ struct Proxy::Impl {
   bool send_posts() {
     const uint64_t ready = post_ready.load(std::memory_order_acquire);
     bool sent = false;
+    if (world == 1) own_seen = ready;  // no peer to compare with (and the host does not wait for this copy)
     for (; own_seen < ready; ++own_seen) own_copy[(own_seen + 1) % kCallRing] = posts_out[(own_seen + 1) % kCallRing].body;
     for (int p = 0; p < world; ++p) {
       if (p == rank) continue;
@@ -562,11 +576,15 @@ struct Proxy::Impl {
     return copy.body.call;
   }
 
-  // The watchdog: two posts of one call that differ where either rank launched (neither waited
-  // for the other's post) fail the path, so kernels that would wait for each other until the
-  // wait timeout are released with the reason.
-  void compare_posts() {
-    if (own_seen >= cmp_next + kCallRing) cmp_next = own_seen - kCallRing + 1;  // older copies are overwritten
+  // The watchdog, on every turn of the loop with posts to compare: two posts of one call that
+  // differ where either rank launched (neither waited for the other's post) fail the path, so
+  // kernels that would wait for each other until the wait timeout are released with the reason.
+  // A peer's post overwritten before this rank read it (got > call) was compared by that peer:
+  // it overwrote it only after comparing the call with this rank's post (compared, post_call).
+  bool compare_posts() {
+    if (world == 1 || cmp_next > own_seen) return false;
+    const uint64_t first = cmp_next;
+    if (own_seen >= cmp_next + kCallRing) cmp_next = own_seen - kCallRing + 1;  // not reached: post_call waits
     for (; cmp_next <= own_seen; ++cmp_next) {
       const CallPost& own = own_copy[cmp_next % kCallRing];
       bool all = true;
@@ -587,9 +605,11 @@ struct Proxy::Impl {
       }
       if (!all) break;
     }
+    compared.store(cmp_next - 1, std::memory_order_release);
+    return cmp_next != first;
   }
 
-  // ---- every millisecond: timeouts, peers' abort notes, the posts' watchdog, heartbeats, liveness
+  // ---- every millisecond: timeouts, heartbeats, liveness, peers' abort notes ----------------
 
   void housekeeping(Clock::time_point now, int ph) {
     for (const InFlight& f : inflight) {
@@ -604,7 +624,6 @@ struct Proxy::Impl {
                          " s of posting it (WEAVE_NET_TIMEOUT_S)", liveness_hint(f.cmd.peer)));
     }
     read_notes();
-    compare_posts();
     if (ph >= kQuiet) return;
     if (seconds(now - last_hb) >= heartbeat_s) {
       last_hb = now;
@@ -796,17 +815,25 @@ uint64_t Proxy::calls_posted() const { return impl_->post_ready.load(std::memory
 void Proxy::post_call(const CallPost& p) {
   Impl& m = *impl_;
   check();
+  WEAVE_CHECK(m.phase.load() == kRunning, "weave::net rank ", m.rank, ": call ", p.call, " posted after shutdown()");
   WEAVE_CHECK(p.call == calls_posted() + 1, "weave::net: call ", p.call, " posted after call ", calls_posted());
   WEAVE_CHECK(p.nvalues >= 0 && p.nvalues <= kPostValues, "weave::net: a call's plan has at most ", kPostValues,
               " values (", p.nvalues, ")");
   const int slot = static_cast<int>(p.call % kCallRing);
+  const uint64_t behind = p.call > kCallRing && m.world > 1 ? p.call - kCallRing : 0;  // compared first
   const Clock::time_point start = Clock::now();
-  for (uint32_t spin = 0; m.post_left[slot].load(std::memory_order_acquire) != 0; ++spin) {
+  for (uint32_t spin = 0; m.post_left[slot].load(std::memory_order_acquire) != 0 ||
+                          m.compared.load(std::memory_order_acquire) < behind;
+       ++spin) {
     check();
-    WEAVE_CHECK(m.phase.load() < kQuiet, "weave::net rank ", m.rank, ": call ", p.call, " posted after shutdown");
-    if ((spin & 255) == 0 && seconds(Clock::now() - start) > m.timeout_s)
-      throw Error(concat("weave::net rank ", m.rank, ": call ", p.call - kCallRing, "'s post did not reach every peer within ",
-                         m.timeout_s, " s (WEAVE_NET_TIMEOUT_S)"));
+    if ((spin & 255) == 0 && seconds(Clock::now() - start) > m.timeout_s) {
+      // Fail the path: this rank's calls would stop numbering alike with its peers'.
+      const std::string why = concat("call ", p.call, ": call ", behind, " was not posted by every peer (or this post of ",
+                                     "call ", p.call - kCallRing, " did not reach them) within ", m.timeout_s,
+                                     " s (WEAVE_NET_TIMEOUT_S): a rank stopped calling, or calls differently");
+      abort(why);
+      throw Error(concat("weave::net rank ", m.rank, ": ", why));
+    }
     if (spin > 64) sched_yield();
   }
   PostSlot& s = m.posts_out[slot];

@@ -882,8 +882,8 @@ FAULTS = [
                 "wait for each other until the wait timeout",
         "edits": [{
             "file": "src/net/proxy.cpp",
-            "find": "    read_notes();\n    compare_posts();\n",
-            "replace": "    read_notes();\n",
+            "find": "        work |= compare_posts();\n",
+            "replace": "",
         }],
         "tests": ["test_net_path:NetPath.CallWatchdog"],
     },
@@ -897,6 +897,17 @@ FAULTS = [
             "replace": "  if (false) {",
         }],
         "tests": ["test_net_path:NetPath.CallAgreement"],
+    },
+    {
+        "name": "net_agreed_call_unwound_keeps_path",
+        "what": "a rank that fails between the agreement and its launch leaves the path as it is (the peer that "
+                "launched waits for it until the wait timeout)",
+        "edits": [{
+            "file": "kernels/net_common/call.cpp",
+            "find": "  if (std::uncaught_exceptions() <= exceptions_) return;",
+            "replace": "  return;",
+        }],
+        "tests": ["test_net_path:NetPath.FailureAfterAgreementFailsThePath"],
     },
     # ---- the adaptive SM split (kernels/tp_common/sm_ledger.cuh, include/weave/lcsc.cuh) -------------
     {

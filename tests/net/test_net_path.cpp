@@ -231,23 +231,41 @@ TEST(NetPath, AbortReachesEveryPeer) {
 // rank 1 until the bootstrap's timeout); different operators with equal arguments throw on every
 // rank, naming both; one rank's problem throws its own error there and the verdict on the other;
 // a problem on the key agreed last fails the path (the peer, already launched, learns it).
+// One rank of the agreement tests: its path, with WEAVE_DEBUG=0 (the once-per-key path; agree reads
+// it at its first call), and three keys.
+struct Agreeing {
+  net::NetPath path;
+  net::AgreedKeys agreed;
+  const std::vector<long long> A{net::kOpAllGather, 100, 1}, C{net::kOpReduceScatter, 400, 1},
+      D{net::kOpAllReduce, 64, 3};
+  Agreeing(const Job& job, int r) : path((setenv("WEAVE_DEBUG", "0", 1), job.info(r)), job.options(r)) {}
+  net::AgreedCall agree(const std::vector<long long>& key, const std::string& problem = "") {
+    return net::agree(path, agreed, key, problem, "test", "count, dtype");
+  }
+  // As a launched kernel would: wait for a chunk the peers never send, until the path fails.
+  std::string wait_like_a_kernel() {
+    try {
+      path.proxy().wait_arrival(0, 1, 20);
+    } catch (const weave::Error& e) {
+      return e.what();
+    }
+    return "no failure";
+  }
+};
+
 // The calls' mailbox (net_common/call.hpp): a new key waits for every rank and fails on every rank
-// alike; an agreed key goes on without waiting (a peer asleep does not hold it up), however the
-// keys alternate; agreed keys that differ between ranks are caught by the proxies' watchdog and
-// fail the path on both ranks, naming both calls, as a launched kernel would see it.
+// alike; an agreed key goes on without waiting (a peer asleep does not hold it up, up to a ring of
+// calls ahead), however the keys alternate; a problem of one rank on an agreed key fails the path
+// on both, as a launched kernel would see it.
 TEST(NetPath, CallAgreement) {
   const Job job{2, {"n0", "n1"}};
   const auto out = run_processes(2, [&](int r) {
-    setenv("WEAVE_DEBUG", "0", 1);  // the once-per-key path (agree reads it at its first call)
-    net::NetPath path(job.info(r), job.options(r));
-    net::AgreedKeys agreed;
-    const char* what = "count, dtype";
-    const std::vector<long long> A{net::kOpAllGather, 100, 1}, C{net::kOpReduceScatter, 400, 1};
-    net::agree(path, agreed, A, "", "test", what);
-    net::agree(path, agreed, A, "", "test", what);
+    Agreeing x(job, r);
+    (void)x.agree(x.A);
+    (void)x.agree(x.A);
     std::string report;
     try {
-      net::agree(path, agreed, {r == 0 ? net::kOpAllGather : net::kOpAllReduce, 200, 1}, "", "test", what);
+      (void)x.agree({r == 0 ? net::kOpAllGather : net::kOpAllReduce, 200, 1});
       report += "different operators agreed; ";
     } catch (const weave::Error& e) {
       report += has(e.what(), "(operator, count, dtype)") && has(e.what(), "all_gather(count 200, dtype 1)") &&
@@ -256,100 +274,131 @@ TEST(NetPath, CallAgreement) {
                     : std::string("mismatch message: ") + e.what() + "; ";
     }
     try {
-      net::agree(path, agreed, {net::kOpReduceScatter, 300, 1}, r == 1 ? "rank 1's buffer is short" : "", "test",
-                 what);
+      (void)x.agree({net::kOpReduceScatter, 300, 1}, r == 1 ? "rank 1's buffer is short" : "");
       report += "a rank's problem agreed; ";
     } catch (const weave::Error& e) {
       const bool ok = r == 1 ? has(e.what(), "rank 1's buffer is short") : has(e.what(), "rank 1 rejected its arguments");
       report += ok ? "problem ok; " : std::string("problem message: ") + e.what() + "; ";
     }
-    net::agree(path, agreed, C, "", "test", what);  // usable after both: no rank launched
-    // Steady state, keys alternating: rank 1 sleeps first; rank 0's agreed calls must not wait for it.
+    (void)x.agree(x.C);  // usable after both: no rank launched
+    // Steady state, keys alternating: rank 1 sleeps first; rank 0's agreed calls, fewer than the
+    // ring holds, must not wait for it. Then three rings more on both (rank 0 waits where it would
+    // run a ring ahead of rank 1's posts, and both finish).
     if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
     const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < 100; ++i) net::agree(path, agreed, i % 2 ? C : A, "", "test", what);
+    for (int i = 0; i < net::kCallRing - 2; ++i) (void)x.agree(i % 2 ? x.C : x.A);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (r == 0 && s > 1.0) report += "agreed calls waited for the peer (" + std::to_string(s) + " s); ";
-    net::agree(path, agreed, {net::kOpAllReduce, 500, 2}, "", "test", what);  // meet again
+    for (int i = 0; i < 3 * net::kCallRing; ++i) (void)x.agree(i % 2 ? x.A : x.C);
+    (void)x.agree({net::kOpAllReduce, 500, 2});  // meet again
+    std::string msg;
     if (r == 0) {
       try {
-        net::agree(path, agreed, C, "rank 0's pointer is bad", "test", what);
-        report += "an agreed key's problem passed; ";
+        (void)x.agree(x.C, "rank 0's pointer is bad");
+        msg = "an agreed key's problem passed";
       } catch (const weave::Error& e) {
-        report += has(e.what(), "rank 0's pointer is bad") ? "agreed-key problem ok; " : "agreed-key message; ";
+        msg = e.what();
       }
     } else {
-      net::agree(path, agreed, C, "", "test", what);
-      try {  // as a launched kernel would: wait for rank 0, which fails the path instead
-        path.proxy().wait_arrival(0, 1, 20);
-        report += "no abort seen; ";
-      } catch (const weave::Error& e) {
-        report += has(e.what(), "rank 0's pointer is bad") ? "agreed-key problem ok; " : "agreed-key message; ";
-      }
+      (void)x.agree(x.C);
+      msg = x.wait_like_a_kernel();  // rank 0 fails the path instead of launching
     }
+    report += has(msg, "rank 0's pointer is bad") ? "agreed-key problem ok; " : "agreed-key message: " + msg + "; ";
     return report;
   });
   for (int r = 0; r < 2; ++r)
     EXPECT_TRUE(out[r].returned && out[r].text == "mismatch ok; problem ok; agreed-key problem ok; ") << describe(out);
 }
 
-// Agreed keys that differ between the ranks at one call: neither waits, both "launch"; the proxies
-// compare the posts and fail the path on both ranks with both calls named. Then an agreed key on
-// one rank against a new key on the other: the waiting rank finds the launched post and fails the
-// path. Each within seconds, not a wait timeout. First the proxies' comparison alone (posts
-// made directly, so neither rank's call compares before launching).
-TEST(NetPath, CallWatchdog) {
-  {  // the watchdog alone: both posts go out without either rank reading the other's first
-    const Job job{2, {"n0", "n1"}};
-    const auto out = run_processes(2, [&](int r) {
-      net::NetPath path(job.info(r), job.options(r));
-      net::CallPost p;
-      p.call = path.proxy().calls_posted() + 1;
-      p.nvalues = 2;
-      p.values[0] = net::kOpAllGather;
-      p.values[1] = 100 + r;
-      std::snprintf(p.text, sizeof(p.text), "plan of rank %d", r);
-      path.proxy().post_call(p);
+// A rank that fails between the agreement and its launch (an allocation, a node stage) fails the
+// path, so the peer that launched is released instead of waiting for the wait timeout.
+TEST(NetPath, FailureAfterAgreementFailsThePath) {
+  const Job job{2, {"n0", "n1"}};
+  const auto out = run_processes(2, [&](int r) {
+    Agreeing x(job, r);
+    std::string msg;
+    try {
+      const net::AgreedCall call = x.agree(x.A);
+      if (r == 0) throw weave::Error("rank 0: out of memory (simulated)");
+      msg = x.wait_like_a_kernel();  // rank 1 launched: its kernel waits for rank 0
+    } catch (const weave::Error& e) {
+      msg = e.what();
+    }
+    x.path.bootstrap().barrier();
+    if (r == 0) {
+      if (!has(msg, "out of memory")) return "rank 0's own error lost: " + msg;
       try {
-        path.proxy().wait_arrival(0, 1, 20);
-        return std::string("no failure");
-      } catch (const weave::Error& e) {
-        const std::string msg = e.what();
-        return has(msg, "plan of rank 0") && has(msg, "plan of rank 1") && has(msg, "proxy after") ? std::string("ok")
-                                                                                                  : "message: " + msg;
-      }
-    });
-    for (int r = 0; r < 2; ++r) EXPECT_TRUE(out[r].returned && out[r].text == "ok") << "watchdog: " << describe(out);
-  }
-  for (const bool new_key : {false, true}) {
-    const Job job{2, {"n0", "n1"}};
-    const auto out = run_processes(2, [&](int r) {
-      setenv("WEAVE_DEBUG", "0", 1);
-      net::NetPath path(job.info(r), job.options(r));
-      net::AgreedKeys agreed;
-      const char* what = "count, dtype";
-      const std::vector<long long> A{net::kOpAllGather, 100, 1}, C{net::kOpReduceScatter, 400, 1},
-          D{net::kOpAllReduce, 64, 3};
-      net::agree(path, agreed, A, "", "test", what);
-      net::agree(path, agreed, C, "", "test", what);
-      const auto t0 = std::chrono::steady_clock::now();
-      std::string msg;
-      try {
-        net::agree(path, agreed, r == 0 ? A : (new_key ? D : C), "", "test", what);
-        path.proxy().wait_arrival(0, 1, 20);  // as the launched kernel
-        return std::string("no failure");
+        x.path.check();
+        return std::string("path usable after rank 0's failure");
       } catch (const weave::Error& e) {
         msg = e.what();
       }
+    }
+    return has(msg, "failed after every rank agreed on the call") ? std::string("ok") : "message: " + msg;
+  });
+  for (int r = 0; r < 2; ++r) EXPECT_TRUE(out[r].returned && out[r].text == "ok") << describe(out);
+}
+
+// Ranks whose calls differ while neither waits for the other: each within seconds an error on both
+// ranks naming both calls, not a wait timeout. (1) The proxies' comparison alone: posts made
+// directly, so neither rank's call compares before launching. (2) Inside a burst of agreed calls,
+// the third differing, with the ranks in step and with rank 1 a second behind. (3) Agreed keys that
+// differ at one call (caught by whichever rank reads the other's post first, or the proxies). (4)
+// An agreed key on one rank against a new key on the other: the waiting rank finds the launched
+// post and fails the path.
+TEST(NetPath, CallWatchdog) {
+  const auto run = [](const char* what, auto&& body) {
+    const Job job{2, {"n0", "n1"}};
+    const auto out = run_processes(2, [&](int r) {
+      Agreeing x(job, r);
+      const auto t0 = std::chrono::steady_clock::now();
+      const std::string msg = body(x, r);
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      path.bootstrap().barrier();  // a rank that threw first must not end its path (a note of its own) early
-      const char* theirs = new_key ? "all_reduce(count 64, dtype 3)" : "reduce_scatter(count 400, dtype 1)";
-      if (!has(msg, "all_gather(count 100, dtype 1)") || !has(msg, theirs)) return "message: " + msg;
-      return s < 5 ? std::string("ok") : "took " + std::to_string(s) + " s: " + msg;
+      x.path.bootstrap().barrier();  // a rank that threw first must not end its path (a note of its own) early
+      return s < 5 ? msg : "took " + std::to_string(s) + " s: " + msg;
     });
-    for (int r = 0; r < 2; ++r)
-      EXPECT_TRUE(out[r].returned && out[r].text == "ok") << (new_key ? "new key: " : "agreed keys: ") << describe(out);
-  }
+    for (int r = 0; r < 2; ++r) EXPECT_TRUE(out[r].returned && out[r].text == "ok") << what << ": " << describe(out);
+  };
+  const auto names = [](const std::string& msg, const char* a, const char* b) {
+    return has(msg, a) && has(msg, b) ? std::string("ok") : "message: " + msg;
+  };
+  const char* kA = "all_gather(count 100, dtype 1)";
+  const char* kC = "reduce_scatter(count 400, dtype 1)";
+  run("watchdog alone", [&](Agreeing& x, int r) {
+    net::CallPost p;
+    p.call = x.path.proxy().calls_posted() + 1;
+    p.nvalues = 2;
+    p.values[0] = net::kOpAllGather;
+    p.values[1] = 100 + r;
+    std::snprintf(p.text, sizeof(p.text), "plan of rank %d", r);
+    x.path.proxy().post_call(p);
+    const std::string msg = x.wait_like_a_kernel();
+    return has(msg, "proxy after") ? names(msg, "plan of rank 0", "plan of rank 1") : "message: " + msg;
+  });
+  for (const int lag_ms : {0, 1000})
+    run(lag_ms ? "burst, rank 1 a second behind" : "burst", [&](Agreeing& x, int r) {
+      (void)x.agree(x.A);
+      (void)x.agree(x.C);
+      if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(lag_ms));
+      try {
+        for (int i = 0; i < 40; ++i) (void)x.agree(i == 2 && r == 0 ? x.C : x.A);
+        return names(x.wait_like_a_kernel(), kA, kC);
+      } catch (const weave::Error& e) {
+        return names(e.what(), kA, kC);
+      }
+    });
+  for (const bool new_key : {false, true})
+    run(new_key ? "agreed key against a new key" : "agreed keys", [&](Agreeing& x, int r) {
+      (void)x.agree(x.A);
+      (void)x.agree(x.C);
+      const char* theirs = new_key ? "all_reduce(count 64, dtype 3)" : kC;
+      try {
+        (void)x.agree(r == 0 ? x.A : (new_key ? x.D : x.C));
+        return names(x.wait_like_a_kernel(), kA, theirs);
+      } catch (const weave::Error& e) {
+        return names(e.what(), kA, theirs);
+      }
+    });
 }
 
 }  // namespace

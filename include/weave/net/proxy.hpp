@@ -7,8 +7,8 @@
 // immediate-data arrival adds one to its chunk's flag) -> take every ready command from the ring,
 // up to the outstanding-request limit, and return the credits (`head`) -> post, per peer, up to
 // `batch` commands as one submission (FI_MORE on all but its last write), without waiting for a
-// batch to fill -> send new call posts (below) -> every millisecond: heartbeats, peers' abort
-// notes, the call posts' comparison, timeouts.
+// batch to fill -> send new call posts and compare the peers' (below) -> every millisecond:
+// heartbeats, peers' abort notes, timeouts.
 //
 // Failures, each ending the proxy with a message naming this rank, the peer, the chunk and the
 // operation: an error completion (a write the provider failed, a peer whose connection broke);
@@ -70,9 +70,10 @@ struct ProxyOptions {
 // One call's plan in the calls' mailbox (net_common's agree): each rank numbers its calls on the
 // path 1, 2, ... and posts every call's plan; the proxy writes it into every peer's control block
 // (a ring of kCallRing posts per peer), where the peer reads it without waiting. The proxy also
-// compares its own posts with the peers' as they come (its watchdog): two posts of one call that
-// differ where either rank launched fail the path on every rank, naming both calls.
-inline constexpr int kCallRing = 16;
+// compares its own posts with the peers' as they come (its watchdog, every turn of its loop): two
+// posts of one call that differ where either rank launched fail the path on every rank, naming
+// both calls. Every call is compared by at least one rank of each pair (post_call's bound).
+inline constexpr int kCallRing = 64;
 inline constexpr int kPostValues = 16;
 struct CallPost {
   uint64_t call = 0;      // 1, 2, ...; 0: no post
@@ -130,7 +131,9 @@ class Proxy {
   void abort(const std::string& why);
 
   // The calls' mailbox. post_call: `p.call` must be calls_posted() + 1; waits (bounded by a
-  // failure and the timeout) until the ring slot's previous post has reached every peer.
+  // failure and the timeout, which fails the path) until the ring slot's previous post has reached
+  // every peer and call p.call - kCallRing was compared with every peer's post of it (so a rank's
+  // calls run at most kCallRing ahead of the slowest peer's).
   // read_post: the call number peer's slot for `call` holds (0 when empty or half-written),
   // `out` filled when it is `call`. post_checked / peer_checked: the handshake after a call that
   // waited for every post (its posts may be overwritten once every peer has read them).
