@@ -27,6 +27,7 @@
 #include "torch_ops.hpp"
 #include "weave/common/gpus.hpp"
 #include "weave/runtime/communicator.hpp"
+#include "weave/runtime/tuner.hpp"
 
 namespace py = pybind11;
 using weave::py::Comm;
@@ -321,6 +322,11 @@ PYBIND11_MODULE(_C, m) {
       },
       "(visible GPUs, whether CUDA failed with a driver loaded, the CUDA error) in weave's CUDA runtime");
 
+  // weave.tune's handles on the process's tuner (runtime/tuner.hpp).
+  m.def("tuner_budget_s", [] { return weave::runtime::Tuner::global().budget_s(); });
+  m.def("set_tuner_budget_s", [](double s) { weave::runtime::Tuner::global().set_budget_s(s); });
+  m.def("tuner_searches", [] { return weave::runtime::Tuner::global().searches(); });
+  m.def("tuner_path", [] { return weave::runtime::Tuner::global().path(); });
   m.def("shard", [](long long n, int world, int rank) {
     const weave::py::Rows r = weave::py::shard(n, world, rank);
     return py::make_tuple(r.begin, r.size);

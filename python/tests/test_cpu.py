@@ -39,6 +39,7 @@ calls = {
     "empty": lambda: weave.empty((4,), torch.float32),
     "all_reduce": lambda: weave.all_reduce(torch.ones(4)),
     "matmul": lambda: weave.matmul(torch.ones(8, 8, dtype=torch.bfloat16), torch.ones(8, 8, dtype=torch.bfloat16)),
+    "tune": lambda: weave.tune([{"op": "matmul_reduce_scatter", "M": 64, "N": 64, "K": 64}]),
     "all_gather_scaled_matmul": lambda: weave.all_gather_scaled_matmul(
         torch.ones(8, 16).to(torch.float8_e4m3fn), [torch.ones(8, 16).to(torch.float8_e4m3fn).t()], torch.ones(()),
         [torch.ones(())]),
@@ -403,3 +404,66 @@ def test_argument_errors(as_rank, call, message):
     as_rank(0, 2)
     with pytest.raises(ValueError, match=re.escape(message)):
         call()
+
+
+@pytest.mark.parametrize(
+    "calls, message",
+    [
+        ([{"M": 8}], "must be a dict with 'op'"),
+        ([("matmul_reduce_scatter", 8, 8, 8)], "must be a dict with 'op'"),
+        ([{"op": "matmul"}], "op 'matmul' is not tuned"),
+        ([{"op": "matmul_reduce_scatter", "M": 64, "N": 64}], "K is missing"),
+        ([{"op": "matmul_reduce_scatter", "M": 64, "N": 64, "K": 0}], "K must be a positive int"),
+        ([{"op": "matmul_reduce_scatter", "M": 64.0, "N": 64, "K": 64}], "M must be a positive int"),
+        ([{"op": "matmul_reduce_scatter", "M": 64, "N": 64, "K": 64, "bias": True}], "unknown key 'bias'"),
+        ([{"op": "all_gather_matmul", "M": 64, "N": 64, "K": 64, "weight": "mk"}], "weight must be 'nk'"),
+        ([{"op": "all_gather_matmul", "M": 64, "N": 64, "K": 64, "dtype": "fp16"}], "dtype must be 'bf16' or 'fp8'"),
+        ([{"op": "ring_attention", "B": 1, "S": 64, "Hq": 4, "Hkv": 4, "D": 64, "sharding": "striped"}],
+         "sharding must be"),
+        ([{"op": "matmul_all_reduce", "M": 64, "N": 64, "K": 64, "dtype": "fp8"}], "unknown key 'dtype'"),
+    ],
+)
+def test_tune_argument_errors(calls, message):
+    """weave.tune checks its whole list before anything runs (no GPU needed to reach these)."""
+    with pytest.raises(ValueError, match=re.escape(message)):
+        weave.tune(calls)
+
+
+def test_tune_calls_every_kind_on_its_shapes(as_rank, monkeypatch):
+    """weave.tune's calls on meta tensors (the operators' fakes check them): every kind, both weight
+    layouts and fp8, a world of 2, and the budget set for the search and restored after."""
+    import types
+
+    from weave import tuning
+
+    as_rank(1, 2)
+    C = weave._lib.lib()
+    budget = C.tuner_budget_s()
+    seen = []
+    monkeypatch.setattr(tuning._comm, "init", lambda group=None: types.SimpleNamespace(device=0))
+    monkeypatch.setattr(tuning, "_rand", lambda shape, dtype, device: seen.append(tuple(shape)) or meta(*shape, dtype=dtype))
+    monkeypatch.setattr(tuning, "_scale", lambda device: meta(dtype=F32))
+    monkeypatch.setattr(tuning, "_sync", lambda device: seen.append(("budget", C.tuner_budget_s())))
+    out = weave.tune([
+        {"op": "all_gather_matmul", "M": 64, "N": 48, "K": 32},
+        {"op": "all_gather_matmul", "M": 64, "N": 48, "K": 32, "weight": "kn"},
+        {"op": "all_gather_matmul", "M": 64, "N": 48, "K": 32, "dtype": "fp8"},
+        {"op": "matmul_reduce_scatter", "M": 30, "N": 48, "K": 32, "dtype": "fp8"},
+        {"op": "matmul_all_reduce", "M": 30, "N": 48, "K": 32},
+        {"op": "ring_attention", "B": 1, "S": 100, "Hq": 4, "Hkv": 2, "D": 64},
+        {"op": "ulysses_attention", "B": 1, "S": 101, "Hq": 4, "Hkv": 2, "D": 64, "causal": False},
+    ], budget_s=0.25, verbose=False)
+    assert [r["op"] for r in out] == ["all_gather_matmul"] * 3 + ["matmul_reduce_scatter", "matmul_all_reduce",
+                                                                 "ring_attention", "ulysses_attention"]
+    assert not any(r["searched"] for r in out)  # fakes run no search
+    assert C.tuner_budget_s() == budget
+    # B as w.t() (N x K drawn) or K x N; A's shard 32 of 64 rows; rank 1's zigzag chunks of 100 rows
+    # (2 of 4 chunks of 25) and its Ulysses shard of 101 (50; rank 0 holds 51).
+    assert seen[:6] == [(48, 32), (32, 32), ("budget", 0.25), (32, 48), (32, 32), ("budget", 0.25)]
+    assert seen[-8:] == [(1, 50, 4, 64), (1, 50, 2, 64), (1, 50, 2, 64), ("budget", 0.25),
+                         (1, 50, 4, 64), (1, 50, 2, 64), (1, 50, 2, 64), ("budget", 0.25)]
+    with pytest.raises(ValueError, match="fp8 takes the weight as w.t"):
+        weave.tune([{"op": "matmul_reduce_scatter", "M": 30, "N": 48, "K": 32, "dtype": "fp8", "weight": "kn"}],
+                   verbose=False)
+    with pytest.raises(ValueError, match="not a multiple of the 2 ranks"):
+        weave.tune([{"op": "all_gather_matmul", "M": 63, "N": 48, "K": 32}], verbose=False)

@@ -139,6 +139,22 @@ def test_fp8_tp(comm, seed, M, N, K):
     check_fp8_partials(weave.scaled_matmul_reduce_scatter(A, w2.t(), sa, sb2, "avg"), parts, K, "rs fp8 avg", 1)
 
 
+def test_tune(comm, seed):
+    """weave.tune searches a shape once; the operator's call of that shape then runs no search, and a
+    second tune finds it cached."""
+    spec = {"op": "matmul_reduce_scatter", "M": 1096, "N": 520, "K": 264}  # a shape no other test calls
+    C = weave._lib.lib()
+    budget = C.tuner_budget_s()
+    (r,) = weave.tune([spec], budget_s=0.05, verbose=False)
+    assert r["op"] == "matmul_reduce_scatter" and r["spec"]["weight"] == "nk" and r["seconds"] > 0
+    assert C.tuner_budget_s() == budget, "tune left its budget behind"
+    searches = C.tuner_searches()
+    A, W = rand((1096, 264), BF, seed, "A"), rand((520, 264), BF, seed, "W")
+    check_gemm(weave.matmul_reduce_scatter(A, W.t()), A, W.t(), "gemm_rs after tune")
+    assert C.tuner_searches() == searches, "the operator searched a shape weave.tune had tuned"
+    assert not weave.tune([spec], verbose=False)[0]["searched"]
+
+
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_attention(comm, seed, D, causal):

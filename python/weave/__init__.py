@@ -35,6 +35,7 @@ from .functional import (
     shard,
     ulysses_attention,
 )
+from .tuning import tune  # noqa: E402
 from . import autograd, nn  # noqa: E402  (weave.nn.ColumnParallelLinear / RowParallelLinear)
 from . import op_grads  # noqa: E402,F401  (the torch.ops.weave.* operators' own gradients)
 from .moe import MoeLayer, MoeLowLatency, moe_capacity, moe_worst_case_rows  # noqa: E402  (torch.ops.weave.moe_*)
@@ -48,6 +49,6 @@ __all__ = [
     "all_gather_scaled_matmul", "scaled_matmul_reduce_scatter",
     "matmul", "scaled_mm", "grouped_mm", "grouped_mm_status", "check_grouped_mm",
     "attention", "ring_attention", "ulysses_attention", "ring_chunks", "shard",
-    "MoeLayer", "MoeLowLatency", "moe_capacity", "moe_worst_case_rows",
+    "MoeLayer", "MoeLowLatency", "moe_capacity", "moe_worst_case_rows", "tune",
     "nn", "autograd",
 ]

@@ -298,6 +298,8 @@ void Tuner::forget_memory() {
   mem_.clear();
 }
 
+unsigned long long Tuner::searches() const { return searches_.load(std::memory_order_relaxed); }
+
 TuneResult Tuner::choose(Communicator* comm, const std::string& key, const std::vector<TuneCandidate>& cands,
                          const std::function<double(const TuneCandidate&)>& measure_us) {
   WEAVE_CHECK(!cands.empty(), "tuner: no candidates for ", key);
@@ -345,6 +347,7 @@ TuneResult Tuner::choose(Communicator* comm, const std::string& key, const std::
     return r;
   }
   const bool talk = verbose_ && rank == 0;
+  searches_.fetch_add(1, std::memory_order_relaxed);
   if (talk) std::fprintf(stderr, "weave tuner: %s: searching %zu candidates\n", key.c_str(), cands.size());
   // A bounded search (budget_s_ > 0): half the budget for the first round's samples, each sample
   // shortened to fit (time_launches' plan reads the window), more rounds while time is left.

@@ -8,6 +8,7 @@
 // a choice outside the current candidates, or a file of another version, is re-tuned, never
 // trusted. Kernels take an explicit num_comm_sms that bypasses the tuner.
 #pragma once
+#include <atomic>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -76,6 +77,7 @@ class Tuner {
   // Memory, and the file when `write_file` (read-merge-write through a temporary and rename).
   void remember(const std::string& key, const TuneResult& r, bool write_file = true);
   void forget_memory();  // tests: drop the in-memory cache
+  unsigned long long searches() const;  // searches this tuner ran (not answered by a cache)
 
   // The file format (pure; tested on the CPU). parse() returns false and says why for text that
   // is not a tuner cache; `out` then holds nothing.
@@ -89,6 +91,7 @@ class Tuner {
   double budget_s_ = 1;
   std::mutex mu_;
   std::map<std::string, TuneResult> mem_;
+  std::atomic<unsigned long long> searches_{0};
 };
 
 }  // namespace weave::runtime
