@@ -21,6 +21,7 @@
 #include "weave/common/extent.hpp"
 #include "weave/runtime/allocator.hpp"
 #include "weave/runtime/env.hpp"
+#include "call_mail.hpp"
 
 namespace weave::runtime {
 
@@ -60,87 +61,11 @@ struct Registration {
   std::vector<void*> opened;  // peer bases from cudaIpcOpenMemHandle, closed on deregister
 };
 
-// Pages per rank in host shared memory (memfd, shared once over the bootstrap): a rank posts the
-// values of its n-th check_same call and of its n-th operator call there, so comparing arguments
-// across ranks costs a few cache-line transfers instead of a socket round trip; and a peer that
-// rejects a call this rank already launched writes its abort word there, which this rank's
-// kernels poll through a host mapping.
-constexpr int kCheckValues = 16;
-struct MailSlot {
-  std::atomic<unsigned long long> seq;
-  long long values[kCheckValues];
-};
-// An operator call's plan, published like a seqlock: seq is kWriting while the slot is written, then
-// the call number. A reader that is a whole ring behind sees a larger number and knows it.
-constexpr int kCallRing = 16;
-constexpr int kOpWords = 4;  // the operator's name, 32 characters
-constexpr unsigned long long kWriting = ~0ull;
-struct CallSlot {
-  std::atomic<unsigned long long> seq;
-  std::atomic<long long> values[kCheckValues];  // [0]: how many follow (op hash, values, together, problem)
-  std::atomic<unsigned long long> op[kOpWords];
-};
-constexpr size_t kWhyBytes = 512;
-struct Mailbox {
-  MailSlot slot[4];  // a rank is at most one call ahead of any peer that has not checked yet
-  std::atomic<int> abort_from;  // rank + 1 of the peer that rejected a call; abort_why first
-  char abort_why[kWhyBytes];
-  CallSlot calls[kCallRing];
-  // The last call whose peers' posts this rank has read on agree_call's together path. A rank
-  // leaves such a call only once every peer has read its post: the calls after it may be agreed
-  // ones, posted without waiting, and the kCallRing-th of them would overwrite that post while a
-  // slower peer is still to read it (which would then see a later call and report differing calls).
-  std::atomic<unsigned long long> checked;
-};
-constexpr size_t kMailBytes = 8192;
-static_assert(sizeof(Mailbox) <= kMailBytes && std::atomic<unsigned long long>::is_always_lock_free &&
-              std::atomic<int>::is_always_lock_free && sizeof(std::atomic<int>) == sizeof(int));
-
-// A posted call, as read back.
-struct Posted {
-  std::vector<long long> values;
-  std::string op;
-};
-
-unsigned long long fnv1a(const std::string& s) {
-  unsigned long long h = 1469598103934665603ull;
-  for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
-  return h;
-}
-
-void post_call(Mailbox& mb, unsigned long long n, const std::string& op, const std::vector<long long>& v) {
-  CallSlot& s = mb.calls[n % kCallRing];
-  s.seq.store(kWriting, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_release);
-  s.values[0].store(static_cast<long long>(v.size()), std::memory_order_relaxed);
-  for (int i = 1; i < kCheckValues; ++i)
-    s.values[i].store(size_t(i) <= v.size() ? v[i - 1] : 0, std::memory_order_relaxed);
-  for (int w = 0; w < kOpWords; ++w) {
-    unsigned long long x = 0;
-    std::memcpy(&x, op.c_str() + std::min<size_t>(op.size(), 8 * w), std::min<size_t>(8, op.size() - std::min<size_t>(op.size(), 8 * w)));
-    s.op[w].store(x, std::memory_order_relaxed);
-  }
-  s.seq.store(n, std::memory_order_release);
-}
-
-// Reads the post of call n; returns the number the slot held (n when `out` was filled).
-unsigned long long read_call(const Mailbox& mb, unsigned long long n, Posted& out) {
-  const CallSlot& s = mb.calls[n % kCallRing];
-  const unsigned long long a = s.seq.load(std::memory_order_acquire);
-  if (a != n) return a;
-  const long long cnt = std::clamp<long long>(s.values[0].load(std::memory_order_relaxed), 0, kCheckValues - 1);
-  out.values.assign(cnt, 0);
-  for (long long i = 0; i < cnt; ++i) out.values[i] = s.values[i + 1].load(std::memory_order_relaxed);
-  char name[8 * kOpWords + 1] = {};
-  for (int w = 0; w < kOpWords; ++w) {
-    const unsigned long long x = s.op[w].load(std::memory_order_relaxed);
-    std::memcpy(name + 8 * w, &x, 8);
-  }
-  std::atomic_thread_fence(std::memory_order_acquire);
-  const unsigned long long b = s.seq.load(std::memory_order_relaxed);
-  out.op = name;
-  return b;
-}
+using mail::kCheckValues;
+using mail::kMailBytes;
+using mail::kWhyBytes;
+using mail::Mailbox;
+using mail::MailSlot;
 
 struct IpcMsg {
   cudaIpcMemHandle_t handle;
@@ -166,9 +91,8 @@ struct Communicator::Impl {
   std::vector<Mailbox*> mail;
   std::vector<long long> pids;
   unsigned long long check_seq = 0;
-  unsigned long long call_seq = 0;
+  std::unique_ptr<mail::CallMail> calls;  // agree_call's protocol over `mail`
   std::vector<long long> released;  // heap offsets release() handed back, not yet freed
-  std::set<std::vector<long long>> agreed;  // plans (op hash, values) every rank checked together
   bool debug = false;
   bool mail_registered = false;  // this rank's page is mapped for its kernels (abort_dev)
   const volatile int* abort_dev = nullptr;
@@ -184,76 +108,11 @@ struct Communicator::Impl {
     WEAVE_CHECK(!broken, "communicator is unusable after an earlier error: ", broken_why);
   }
   char* base(int r) const { return reinterpret_cast<char*>(va + size_t(r) * heap_size); }
-  // The watchdog: calls posted after a rank checked its peers' posts without waiting (agree_call)
-  // are compared again once every rank posted them, so that two ranks that passed each other's
-  // posts unseen and launched different calls are stopped (abort words) instead of waiting for
-  // each other until the wait timeout.
-  std::atomic<unsigned long long> posted{0};
-  std::thread watchdog;
-  std::mutex watch_mu;
-  std::condition_variable watch_cv;
-  bool watch_stop = false;
-  void watch() noexcept;
-  void write_abort(int r, const std::string& why) noexcept;
   void teardown() noexcept;
 };
 
-void Communicator::Impl::write_abort(int r, const std::string& why) noexcept {
-  Mailbox& mb = *mail[r];
-  int expected = 0;
-  if (!mb.abort_from.compare_exchange_strong(expected, -1, std::memory_order_acq_rel)) return;  // first writer wins
-  std::snprintf(mb.abort_why, kWhyBytes, "%s", why.c_str());
-  mb.abort_from.store(info.rank + 1, std::memory_order_release);
-}
-
-void Communicator::Impl::watch() noexcept {
-  unsigned long long next = 1;  // the first call not yet compared with every peer
-  std::unique_lock<std::mutex> lk(watch_mu);
-  while (!watch_cv.wait_for(lk, std::chrono::milliseconds(50), [&] { return watch_stop; })) {
-    const unsigned long long last = posted.load(std::memory_order_acquire);
-    if (last >= next + kCallRing) next = last - kCallRing + 1;  // older posts are overwritten
-    for (; next <= last; ++next) {
-      Posted own;
-      if (read_call(*mail[info.rank], next, own) != next) break;
-      bool all = true;
-      for (int r = 0; r < info.world; ++r) {
-        Posted p;
-        const unsigned long long got = r == info.rank ? next : read_call(*mail[r], next, p);
-        if (got == kWriting || got < next) {
-          all = false;  // not posted yet: compare on a later round
-          continue;
-        }
-        if (got != next || r == info.rank) continue;  // lapped: nothing left to compare
-        // Posts end in (together, state): only a rank that neither waited nor rejected launched,
-        // and a difference matters only where a rank launched (agree_call rejected the rest).
-        const size_t k = own.values.size() >= 3 ? own.values.size() - 2 : 0;
-        auto launched = [](const Posted& x) {
-          const size_t z = x.values.size();
-          return z >= 2 && x.values[z - 2] == 0 && x.values[z - 1] == 0;
-        };
-        if ((launched(own) || launched(p)) &&
-            (p.values.size() != own.values.size() || !std::equal(own.values.begin(), own.values.begin() + k, p.values.begin()))) {
-          const std::string why = detail::concat("call ", next, ": rank ", info.rank, " called ", own.op, ", rank ", r,
-                                                 " called ", p.op, " (or the same with other arguments); found by rank ",
-                                                 info.rank, "'s watchdog after both had launched");
-          for (int q = 0; q < info.world; ++q) write_abort(q, why);
-          return;
-        }
-      }
-      if (!all) break;
-    }
-  }
-}
-
 void Communicator::Impl::teardown() noexcept {
-  if (watchdog.joinable()) {
-    {
-      std::lock_guard<std::mutex> lk(watch_mu);
-      watch_stop = true;
-    }
-    watch_cv.notify_all();
-    watchdog.join();
-  }
+  calls.reset();  // its watchdog reads the pages
   if (mail_registered) cudaHostUnregister(mail[info.rank]);
   mail_registered = false;
   abort_dev = nullptr;
@@ -385,7 +244,8 @@ Communicator::Communicator(const LaunchInfo& info, CommOptions opt) : impl_(std:
       }
     }
 
-    if (info.world > 1) m.watchdog = std::thread([&m] { m.watch(); });
+    m.calls = std::make_unique<mail::CallMail>(m.mail, m.pids, info.rank, m.debug,
+                                               [this](const std::string& why) { abort_peers(why); });
 
     // The heap: one VMM allocation per rank, exported once as a POSIX fd, mapped by every rank.
     CUmemAllocationProp prop{};
@@ -548,150 +408,26 @@ void Communicator::check_same(const std::string& what, const std::vector<long lo
                                  " has ", render(r)));
 }
 
-namespace {
-std::string render_plan(const Posted& p) {
-  std::string s = p.op + "(";
-  // values: op hash, the operator's values, capturing, together, problem
-  const size_t n = p.values.size();
-  for (size_t i = 1; i + 3 < n; ++i) s += (i > 1 ? ", " : "") + std::to_string(p.values[i]);
-  return s + (n >= 4 && p.values[n - 3] ? ") while capturing a graph" : ")");
-}
-}  // namespace
-
 void Communicator::agree_call(const std::string& op, const std::string& what, const std::vector<long long>& values,
                               const std::string& problem, cudaStream_t stream) {
   Impl& m = *impl_;
   m.check_usable();
-  const int W = m.info.world, me = m.info.rank;
-  if (const int from = m.mail[me]->abort_from.load(std::memory_order_acquire); from > 0) {
-    m.broken = true;
-    m.broken_why = detail::concat("rank ", from - 1, " rejected a call this rank had launched: ",
-                                  std::string(m.mail[me]->abort_why, strnlen(m.mail[me]->abort_why, kWhyBytes)));
-    throw Error("weave: " + m.broken_why);
-  }
-  WEAVE_CHECK(values.size() + 4 < kCheckValues, "agree_call: at most ", kCheckValues - 5, " values");
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) cudaGetLastError();
-  std::vector<long long> key{static_cast<long long>(fnv1a(op))};
-  key.insert(key.end(), values.begin(), values.end());
-  key.push_back(capture != cudaStreamCaptureStatusNone);
-  const bool together = m.debug || !m.agreed.count(key);
-  const unsigned long long n = ++m.call_seq;
-  // A post is the plan, whether this rank waits for the others (together), and its state: 0 it
-  // goes on to launch (or, together, to the verdict), 1 it rejected the call and launches nothing.
-  std::vector<long long> mine;
-  auto post = [&](int state) {
-    mine = key;
-    mine.push_back(together ? 1 : 0);
-    mine.push_back(state);
-    post_call(*m.mail[me], n, op, mine);
-    m.posted.store(n, std::memory_order_release);
-  };
-  auto launches = [&](const Posted& p) {  // a peer that did not wait and had no problem: it launched
-    return p.values.size() == key.size() + 2 && p.values[key.size()] == 0 && p.values[key.size() + 1] == 0;
-  };
-  const std::string call = detail::concat("call ", n, " on this communicator");
-  auto same_plan = [&](const Posted& p) {
-    return p.values.size() == key.size() + 2 && std::equal(key.begin(), key.end(), p.values.begin());
-  };
-  auto differ = [&](int r, const Posted& p) {
-    return detail::concat("weave: ", call, ": ranks call different operators or arguments (", what, "): rank ", me,
-                          " calls ", render_plan(Posted{mine, op}), ", rank ", r, " calls ", render_plan(p));
-  };
-  if (!together && problem.empty()) {
-    // An agreed plan: compare with the posts already there, without waiting (the watchdog compares
-    // the rest once they come).
-    mine = key, mine.push_back(0), mine.push_back(0);  // for differ()'s message
-    for (int r = 0; r < W; ++r) {
-      Posted p;
-      if (r != me && read_call(*m.mail[r], n, p) == n && !same_plan(p)) {
-        post(1);
-        const std::string msg = differ(r, p);
-        if (launches(p)) abort_peers(msg);
-        throw Error(msg);
-      }
-    }
-    post(0);
-    return;
+  try {
+    m.calls->agree(op, what, values, problem, capture != cudaStreamCaptureStatusNone);
+  } catch (const mail::PeerAborted& e) {
+    m.broken = true;
+    m.broken_why = e.what();
+    throw Error("weave: " + m.broken_why);
   }
-  // This plan's first call (or debug), or a problem with this rank's own arguments: every peer's
-  // post of call n (a peer posts before it launches, without waiting for this rank), then one
-  // verdict everywhere; peers that launched regardless are stopped through their abort words.
-  post(problem.empty() ? 0 : 1);
-  // Spins, then sleeps, until done() for peer r. False when this rank's abort word was set (the
-  // caller starts over, where the abort is thrown); throws when r exits or 5 minutes pass.
-  auto wait_for = [&](int r, const char* stage, auto&& done) {
-    const auto t0 = std::chrono::steady_clock::now();
-    for (long spins = 0; !done(); ++spins) {
-      if (spins < 20000) continue;
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-      if (spins % 2000 != 0) continue;
-      if (m.mail[me]->abort_from.load(std::memory_order_acquire) > 0) return false;
-      if (kill(static_cast<pid_t>(m.pids[r]), 0) != 0 && errno == ESRCH)
-        throw Error(detail::concat("weave: rank ", r, " (pid ", m.pids[r], ") exited before checking ", call, " (",
-                                   op, ")"));
-      if (std::chrono::steady_clock::now() - t0 > std::chrono::minutes(5))
-        throw Error(detail::concat("weave: rank ", r, " did not ", stage, " the check of ", call, " (", op,
-                                   ") within 5 minutes"));
-    }
-    return true;
-  };
-  std::vector<Posted> all(W);
-  for (int r = 0; r < W; ++r) {
-    if (r == me) {
-      all[r] = Posted{mine, op};
-      continue;
-    }
-    const bool read = wait_for(r, "reach", [&] {
-      const unsigned long long got = read_call(*m.mail[r], n, all[r]);
-      if (got != kWriting && got > n) {
-        // A whole ring of calls past this one without stopping for it: its plans were agreed
-        // ones (it left this call's check only after reading this rank's post), so the ranks'
-        // calls differ, and it launched them.
-        const std::string msg = detail::concat("weave: ", call, ": rank ", r, " is ", got - n,
-                                               "+ calls past this call without checking it (this rank calls ",
-                                               render_plan(Posted{mine, op}), "): the ranks' calls differ");
-        abort_peers(msg);
-        throw Error(msg);
-      }
-      return got == n;
-    });
-    if (!read) return agree_call(op, what, values, problem, stream);
-  }
-  // Every post of call n is read here; wait until every peer has read this rank's (all ranks then
-  // reach the same verdict from the same posts, whichever it is).
-  m.mail[me]->checked.store(n, std::memory_order_release);
-  for (int r = 0; r < W; ++r)
-    if (r != me && !wait_for(r, "finish", [&] { return m.mail[r]->checked.load(std::memory_order_acquire) >= n; }))
-      return agree_call(op, what, values, problem, stream);
-  bool launched = false;
-  for (int r = 0; r < W; ++r) launched |= r != me && launches(all[r]);
-  for (int r = 0; r < W; ++r)
-    if (!same_plan(all[r])) {
-      const std::string msg = differ(r, all[r]);
-      if (launched) abort_peers(msg);
-      throw Error(msg);
-    }
-  if (!problem.empty()) {
-    if (launched) abort_peers(detail::concat(call, " (", op, "): ", problem));
-    throw Error(problem);
-  }
-  for (int r = 0; r < W; ++r)
-    if (all[r].values.back() != 0) {
-      const std::string msg = detail::concat("weave: ", call, " (", op, "): rank ", r,
-                                             " rejected its arguments (its error says why); every rank rejects the call");
-      if (launched) abort_peers(msg);
-      throw Error(msg);
-    }
-  m.agreed.insert(key);
 }
 
 void Communicator::abort_peers(const std::string& why) noexcept {
   Impl& m = *impl_;
   m.broken = true;
   m.broken_why = "this rank rejected a call its peers may have launched: " + why;
-  for (int r = 0; r < m.info.world; ++r)
-    if (r != m.info.rank && m.mail[r]) m.write_abort(r, why);
+  if (m.calls) m.calls->write_aborts(why);
 }
 
 void Communicator::check_buffer(const char* who, const char* name, const void* p, size_t bytes) const {

@@ -909,6 +909,17 @@ FAULTS = [
         }],
         "tests": ["test_net_path:NetPath.FailureAfterAgreementFailsThePath"],
     },
+    {
+        "name": "call_mail_no_skew_bound",
+        "what": "single-node agree_call: a rank reuses its post slot without first comparing the peers' posts of "
+                "that slot's call (a rank a ring ahead overwrites posts nobody compared)",
+        "edits": [{
+            "file": "src/runtime/call_mail.cpp",
+            "find": "  if (n <= static_cast<unsigned long long>(kCallRing) || world_ == 1) return;",
+            "replace": "  return;",
+        }],
+        "tests": ["test_call_mail_cpu:CallMail.DifferingAgreedPlansEndOnEveryRank"],
+    },
     # ---- the adaptive SM split (kernels/tp_common/sm_ledger.cuh, include/weave/lcsc.cuh) -------------
     {
         "name": "sm_ledger_claim_before_input_in_place",

@@ -1,0 +1,159 @@
+// The single-node communicator's cross-rank check of operator calls (src/runtime/call_mail.hpp,
+// Communicator::agree_call's protocol) with threads as ranks over zeroed mailboxes in one
+// process: a new plan is checked together and rejected alike on every rank, an agreed plan goes on
+// without waiting (up to a ring of calls ahead of a sleeping peer, then it waits: no deadlock),
+// and differing agreed plans end with an error or a set abort word (what a launched kernel polls)
+// on every rank, naming both calls, whether the ranks run in step or one lags.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "call_mail.hpp"
+
+namespace mail = weave::runtime::mail;
+
+namespace {
+
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+struct Node {
+  std::vector<std::unique_ptr<mail::Mailbox>> boxes;
+  std::vector<mail::Mailbox*> ptrs;
+  explicit Node(int world) {
+    for (int r = 0; r < world; ++r) {
+      boxes.push_back(std::make_unique<mail::Mailbox>());
+      std::memset(static_cast<void*>(boxes.back().get()), 0, sizeof(mail::Mailbox));
+      ptrs.push_back(boxes.back().get());
+    }
+  }
+  // Runs body(rank, mail) on a thread per rank; returns each rank's text.
+  std::vector<std::string> run(const std::function<std::string(int, mail::CallMail&)>& body) {
+    const int world = static_cast<int>(ptrs.size());
+    std::vector<std::string> out(world);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < world; ++r)
+      threads.emplace_back([&, r] {
+        mail::CallMail m(ptrs, std::vector<long long>(world, getpid()), r, false);
+        try {
+          out[r] = body(r, m);
+        } catch (const std::exception& e) {
+          out[r] = std::string("threw: ") + e.what();
+        }
+      });
+    for (auto& t : threads) t.join();
+    return out;
+  }
+};
+
+std::string describe(const std::vector<std::string>& out) {
+  std::string s;
+  for (size_t r = 0; r < out.size(); ++r) s += "\n  rank " + std::to_string(r) + ": " + out[r];
+  return s;
+}
+
+// As a launched kernel does: poll this rank's abort word, up to `s` seconds.
+std::string wait_like_a_kernel(mail::CallMail& m, double s = 10) {
+  const auto t0 = std::chrono::steady_clock::now();
+  while (m.aborted_by() == 0) {
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > s) return "no abort";
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  return "aborted: " + m.abort_reason();
+}
+
+const std::vector<long long> kA{100, 1}, kC{400, 1};
+
+TEST(CallMail, NewPlansTogetherAgreedPlansWithoutWaiting) {
+  Node node(2);
+  const auto out = node.run([](int r, mail::CallMail& m) {
+    std::string report;
+    m.agree("all_gather", "count, dtype", kA, "", false);
+    m.agree("reduce_scatter", "count, dtype", kC, "", false);
+    try {  // different operators, new to both: rejected on both, nothing launched
+      m.agree(r == 0 ? "all_gather" : "all_reduce", "count, dtype", {200, 1}, "", false);
+      report += "different operators agreed; ";
+    } catch (const weave::Error& e) {
+      report += has(e.what(), "ranks call different operators") && has(e.what(), "all_gather(200, 1)") &&
+                        has(e.what(), "all_reduce(200, 1)")
+                    ? "mismatch ok; "
+                    : std::string("mismatch message: ") + e.what() + "; ";
+    }
+    try {  // one rank's own problem on a new plan
+      m.agree("reduce_scatter", "count, dtype", {300, 1}, r == 1 ? "rank 1's buffer is short" : "", false);
+      report += "a problem agreed; ";
+    } catch (const weave::Error& e) {
+      const bool ok = r == 1 ? has(e.what(), "rank 1's buffer is short") : has(e.what(), "rank 1 rejected its arguments");
+      report += ok ? "problem ok; " : std::string("problem message: ") + e.what() + "; ";
+    }
+    // Agreed plans alternating: rank 1 sleeps; rank 0's calls within a ring do not wait for it,
+    // then three rings more on both (rank 0 waits where it would run a ring ahead).
+    if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < mail::kCallRing - 2; ++i)
+      m.agree(i % 2 ? "reduce_scatter" : "all_gather", "count, dtype", i % 2 ? kC : kA, "", false);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (r == 0 && s > 0.5) report += "agreed calls waited for the peer (" + std::to_string(s) + " s); ";
+    for (int i = 0; i < 3 * mail::kCallRing; ++i)
+      m.agree(i % 2 ? "all_gather" : "reduce_scatter", "count, dtype", i % 2 ? kA : kC, "", false);
+    if (m.aborted_by()) report += "aborted: " + m.abort_reason();
+    return report;
+  });
+  for (const auto& o : out) EXPECT_EQ(o, "mismatch ok; problem ok; ") << describe(out);
+}
+
+// Agreed plans that differ at the third call of a burst of 40, with the ranks in step, one rank
+// lagging, and 3 ranks: every rank ends with an error or its abort word set, naming both calls.
+TEST(CallMail, DifferingAgreedPlansEndOnEveryRank) {
+  for (const int world : {2, 3})
+    for (const int lag_ms : {0, 300}) {
+      Node node(world);
+      const auto out = node.run([&](int r, mail::CallMail& m) {
+        std::string msg;
+        try {  // a rank still in the first calls may be stopped there (its peers ran on to the third)
+          m.agree("all_gather", "count, dtype", kA, "", false);
+          m.agree("reduce_scatter", "count, dtype", kC, "", false);
+          if (r == world - 1) std::this_thread::sleep_for(std::chrono::milliseconds(lag_ms));
+          for (int i = 0; i < 40; ++i) {
+            const bool odd = i == 2 && r == 0;
+            m.agree(odd ? "reduce_scatter" : "all_gather", "count, dtype", odd ? kC : kA, "", false);
+          }
+          msg = wait_like_a_kernel(m);
+        } catch (const weave::Error& e) {
+          msg = e.what();
+        }
+        return has(msg, "all_gather") && has(msg, "reduce_scatter") ? std::string("ok") : msg;
+      });
+      for (const auto& o : out) EXPECT_EQ(o, "ok") << "world " << world << ", lag " << lag_ms << " ms" << describe(out);
+    }
+}
+
+// A rank at a new plan while its peer runs agreed calls: the waiting rank finds the launched post
+// and stops the peer.
+TEST(CallMail, NewPlanAgainstAgreedPlan) {
+  Node node(2);
+  const auto out = node.run([](int r, mail::CallMail& m) {
+    std::string msg;
+    try {
+      m.agree("all_gather", "count, dtype", kA, "", false);
+      if (r == 0)
+        m.agree("all_gather", "count, dtype", kA, "", false);
+      else
+        m.agree("all_reduce", "count, dtype", {64, 3}, "", false);
+      msg = wait_like_a_kernel(m);
+    } catch (const weave::Error& e) {
+      msg = e.what();
+    }
+    return has(msg, "all_gather(100, 1)") && has(msg, "all_reduce(64, 3)") ? std::string("ok") : msg;
+  });
+  for (const auto& o : out) EXPECT_EQ(o, "ok") << describe(out);
+}
+
+}  // namespace
