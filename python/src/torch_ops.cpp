@@ -370,10 +370,9 @@ std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> all_gather_scaled
     std::vector<at::Tensor> outs = ag_outputs(p, A, Bs, at::kBFloat16, call.s);
     call.ops().ag_gemm_fp8(ptr(A), gathered, ptr(Bs[0]), ptr(A_scale), ptr(B_scales[0]), ptr(outs[0]), int(M),
                            int(Bs[0].size(1)), int(K), Ptr(call.s));
-    for (size_t i = 1; i < Bs.size(); ++i)
-      if (M)
-        gemm_fp8(call.device, gathered, 0, ptr(Bs[i]), 0, ptr(outs[i]), int(M), int(Bs[i].size(1)), int(K),
-                 ptr(A_scale), ptr(B_scales[i]), false, Ptr(call.s));
+    for (size_t i = 1; i < Bs.size(); ++i)  // the gathered A is there: the fp8 GEMM
+      gemm_fp8(call.device, gathered, 0, ptr(Bs[i]), 0, ptr(outs[i]), int(M), int(Bs[i].size(1)), int(K),
+               ptr(A_scale), ptr(B_scales[i]), false, Ptr(call.s));
     return ag_result(p, A, gathered, std::move(outs), return_A, call.s);
   });
 }

@@ -440,7 +440,7 @@ def test_tune_calls_every_kind_on_its_shapes(as_rank, monkeypatch):
     C = weave._lib.lib()
     budget = C.tuner_budget_s()
     seen = []
-    monkeypatch.setattr(tuning._comm, "init", lambda group=None: types.SimpleNamespace(device=0))
+    monkeypatch.setattr(tuning._comm, "communicator", lambda group=None: types.SimpleNamespace(device=0))
     monkeypatch.setattr(tuning, "_rand", lambda shape, dtype, device: seen.append(tuple(shape)) or meta(*shape, dtype=dtype))
     monkeypatch.setattr(tuning, "_scale", lambda device: meta(dtype=F32))
     monkeypatch.setattr(tuning, "_sync", lambda device: seen.append(("budget", C.tuner_budget_s())))
@@ -462,8 +462,14 @@ def test_tune_calls_every_kind_on_its_shapes(as_rank, monkeypatch):
     assert seen[:6] == [(48, 32), (32, 32), ("budget", 0.25), (32, 48), (32, 32), ("budget", 0.25)]
     assert seen[-8:] == [(1, 50, 4, 64), (1, 50, 2, 64), (1, 50, 2, 64), ("budget", 0.25),
                          (1, 50, 4, 64), (1, 50, 2, 64), (1, 50, 2, 64), ("budget", 0.25)]
-    with pytest.raises(ValueError, match="fp8 takes the weight as w.t"):
-        weave.tune([{"op": "matmul_reduce_scatter", "M": 30, "N": 48, "K": 32, "dtype": "fp8", "weight": "kn"}],
-                   verbose=False)
-    with pytest.raises(ValueError, match="not a multiple of the 2 ranks"):
-        weave.tune([{"op": "all_gather_matmul", "M": 63, "N": 48, "K": 32}], verbose=False)
+    # The whole list is checked before any call runs (a bad last call costs no search).
+    seen.clear()
+    good = {"op": "matmul_all_reduce", "M": 30, "N": 48, "K": 32}
+    for bad, message in [
+        ({"op": "matmul_reduce_scatter", "M": 30, "N": 48, "K": 32, "dtype": "fp8", "weight": "kn"}, "fp8 takes"),
+        ({"op": "all_gather_matmul", "M": 30, "N": 48, "K": 40, "dtype": "fp8"}, "K a multiple of 16"),
+        ({"op": "all_gather_matmul", "M": 63, "N": 48, "K": 32}, "not a multiple of the 2 ranks"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            weave.tune([good, bad], verbose=False)
+    assert seen == [], "a call ran before the list was checked"

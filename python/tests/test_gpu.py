@@ -2,6 +2,9 @@
 reference on random data of ragged shapes (not tile multiples), outputs and staging buffers
 poisoned (NaN) first. Skipped without a Hopper GPU. Multi-rank: test_multirank.py (torchrun)."""
 import gc
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -139,20 +142,30 @@ def test_fp8_tp(comm, seed, M, N, K):
     check_fp8_partials(weave.scaled_matmul_reduce_scatter(A, w2.t(), sa, sb2, "avg"), parts, K, "rs fp8 avg", 1)
 
 
-def test_tune(comm, seed):
-    """weave.tune searches a shape once; the operator's call of that shape then runs no search, and a
-    second tune finds it cached."""
-    spec = {"op": "matmul_reduce_scatter", "M": 1096, "N": 520, "K": 264}  # a shape no other test calls
-    C = weave._lib.lib()
-    budget = C.tuner_budget_s()
-    (r,) = weave.tune([spec], budget_s=0.05, verbose=False)
-    assert r["op"] == "matmul_reduce_scatter" and r["spec"]["weight"] == "nk" and r["seconds"] > 0
-    assert C.tuner_budget_s() == budget, "tune left its budget behind"
-    searches = C.tuner_searches()
-    A, W = rand((1096, 264), BF, seed, "A"), rand((520, 264), BF, seed, "W")
-    check_gemm(weave.matmul_reduce_scatter(A, W.t()), A, W.t(), "gemm_rs after tune")
-    assert C.tuner_searches() == searches, "the operator searched a shape weave.tune had tuned"
-    assert not weave.tune([spec], verbose=False)[0]["searched"]
+def test_tune(comm):
+    """weave.tune searches a shape (in a fresh process with the tuner's file off, so the first call
+    must search), the operator's call of that shape then runs no search, a second tune finds it
+    cached, and the budget is restored."""
+    code = """
+import torch, weave
+from refs import check_gemm, rand
+C = weave._lib.lib()
+budget = C.tuner_budget_s()
+spec = {"op": "matmul_reduce_scatter", "M": 1096, "N": 520, "K": 264}
+(r,) = weave.tune([spec], budget_s=0.05, verbose=False)
+assert r["searched"] and r["op"] == "matmul_reduce_scatter" and r["spec"]["weight"] == "nk" and r["seconds"] > 0, r
+assert C.tuner_budget_s() == budget, "tune left its budget behind"
+searches = C.tuner_searches()
+A, W = rand((1096, 264), torch.bfloat16, 7, "A"), rand((520, 264), torch.bfloat16, 7, "W")
+check_gemm(weave.matmul_reduce_scatter(A, W.t()), A, W.t(), "gemm_rs after tune")
+assert C.tuner_searches() == searches, "the operator searched a shape weave.tune had tuned"
+assert not weave.tune([spec], verbose=False)[0]["searched"]
+print("ok")
+"""
+    env = dict(os.environ, WEAVE_TUNER_CACHE="off", PYTHONPATH=os.pathsep.join(sys.path))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
+                       cwd=os.path.dirname(os.path.abspath(__file__)))
+    assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
 
 
 @pytest.mark.parametrize("D", [64, 128])

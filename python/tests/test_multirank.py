@@ -116,25 +116,28 @@ def test_matmul_reduce_scatter_and_all_reduce(env, M, N, k):
 
 @pytest.mark.parametrize("s, N, K", [(67, 200, 272), (300, 264, 528)])
 def test_fp8_all_gather_scaled_matmul(env, s, N, K):
-    """fp8 AG+GEMM: the gathered A byte for byte, each rank's output with its own fp8 weight shard and scale."""
+    """fp8 AG+GEMM: the gathered A byte for byte, each rank's outputs with its own fp8 weight shards and
+    scales; the second weight by the fp8 GEMM on the rows the peers pushed."""
     rank, W, seed = env
     A = fp8((W * s, K), E4, seed, "A")
-    w = fp8((N, K), E4, seed, "w", rank)
+    w, w2 = fp8((N, K), E4, seed, "w", rank), fp8((40, K), E4, seed, "w2", rank)
     sa = torch.tensor(0.5, device="cuda")  # the whole gathered A's scale: the same on every rank
-    sb = torch.tensor(0.25 * (rank + 1), device="cuda")
-    Ag, (C,) = weave.all_gather_scaled_matmul(A[rank * s:(rank + 1) * s], [w.t()], sa, [sb])
+    sb, sb2 = torch.tensor(0.25 * (rank + 1), device="cuda"), torch.tensor(2.0 ** -rank, device="cuda")
+    Ag, (C, C2) = weave.all_gather_scaled_matmul(A[rank * s:(rank + 1) * s], [w.t(), w2.t()], sa, [sb, sb2])
     assert torch.equal(Ag.view(torch.uint8), A.view(torch.uint8)), "gathered A"
     check_fp8_partials(C, [(A.float() * sa, w.float().t() * sb)], K, "ag_gemm fp8")
+    check_fp8_partials(C2, [(A.float() * sa, w2.float().t() * sb2)], K, "ag_gemm fp8 second B")
 
 
 @pytest.mark.parametrize("M, N, k", [(333, 200, 272), (129, 264, 512)])
 def test_fp8_scaled_matmul_reduce_scatter(env, M, N, k):
-    """fp8 GEMM+RS: each rank its own K slice, weight slice and scales (2^-3 .. 2^3 apart)."""
+    """fp8 GEMM+RS: each rank its own K slice, weight slice and scales (their products 1/4, 1, 4, 2 for
+    ranks 0..3: a partial scaled by another rank's scales is off by 2x or more)."""
     rank, W, seed = env
     As = [fp8((M, k), E4, seed, "A", r) for r in range(W)]
     Ws = [fp8((N, k), E4, seed, "W", r) for r in range(W)]
     sas = [2.0 ** (r % 4 - 2) for r in range(W)]
-    sbs = [2.0 ** (1 - r % 3) for r in range(W)]
+    sbs = [2.0 ** (r % 3) for r in range(W)]
     first, rows = weave.shard(M)
     parts = [(As[r][first:first + rows].float() * sas[r], Ws[r].float().t() * sbs[r]) for r in range(W)]
     sa, sb = torch.tensor(sas[rank], device="cuda"), torch.tensor(sbs[rank], device="cuda")

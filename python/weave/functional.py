@@ -76,7 +76,9 @@ def all_gather_scaled_matmul(A_shard: torch.Tensor, Bs: Sequence[torch.Tensor], 
     of 8; per-tensor scales only, fp32 on A's device, one value each, read by the kernel (no host
     synchronisation): A_scale is the scale of the whole gathered A, so every rank passes the same
     value. out_dtype None or torch.bfloat16. torch's biases, result_scales and use_fast_accum are
-    not taken (weave's fp8 GEMM accumulates in fp32 with its own promotion). Not differentiable."""
+    not taken: the per-tensor fp8 GEMM accumulates the whole of K in the tensor core's truncating
+    accumulator, as torch's use_fast_accum=True does (kernels/gemm_fp8/README.md, "Numerics").
+    Not differentiable."""
     Bs, B_scales = list(Bs), list(B_scales)
     return _run(_ops_ns.all_gather_scaled_matmul.default, A_shard, Bs, A_scale, B_scales, gather_dim,
                 group_name(group), out_dtype=out_dtype, return_A=return_A)

@@ -62,6 +62,18 @@ def _spec(i: int, call: Mapping) -> dict:
     return spec
 
 
+def _check_for_world(i: int, s: dict, world: int) -> None:
+    """The rules that need the world size or combine keys, checked for the whole list before any call runs."""
+    op = s["op"]
+    if s.get("dtype") == "fp8":
+        if s["weight"] != "nk":
+            _fail(f"calls[{i}] ({op}): fp8 takes the weight as w.t() only (weight='nk')")
+        if s["K"] % 16 or s["N"] % 8:
+            _fail(f"calls[{i}] ({op}): fp8 needs K a multiple of 16 and N of 8, got K = {s['K']}, N = {s['N']}")
+    if op == "all_gather_matmul" and s["M"] % world:
+        _fail(f"calls[{i}] (all_gather_matmul): M = {s['M']} (the gathered rows) is not a multiple of the {world} ranks")
+
+
 def _rand(shape, dtype, device) -> torch.Tensor:
     # Random values, not zeros: a tensor core fed zeros draws less power and clocks higher, which
     # would time the candidates under other conditions than the run's.
@@ -89,13 +101,9 @@ def _run_one(s: dict, group: GroupLike, rank: int, world: int, device) -> None:
         M, N, K = s["M"], s["N"], s["K"]
         fp8 = s.get("dtype") == "fp8"
         dt = e4m3 if fp8 else bf16
-        if fp8 and s["weight"] != "nk":
-            _fail(f"{op}: fp8 takes the weight as w.t() only (weight='nk')")
         B = _weight(N, K, s["weight"], dt, device)
         one = _scale(device)
         if op == "all_gather_matmul":
-            if M % world:
-                _fail(f"all_gather_matmul: M = {M} (the gathered rows) is not a multiple of the {world} ranks")
             A = _rand((M // world, K), dt, device)
             if fp8:
                 F.all_gather_scaled_matmul(A, [B], one, [one], 0, group, return_A=False)
@@ -138,12 +146,17 @@ def tune(calls: Iterable[Mapping], group: GroupLike = None, *, budget_s: Optiona
     budget_s: seconds one search may take (0, the default: the full search, about 10 s for a large
     TP shape; None: the tuner's current budget, WEAVE_TUNER_BUDGET_S). Progress goes to stderr on
     rank 0. Returns one dict per call: {"op", "spec", "seconds", "searched"} (searched: the tuner
-    ran a search for it; False when the choice was cached, in memory or in the tuner's file)."""
+    ran a search for it; False when the choice was cached, in memory or in the tuner's file).
+    Call it once the run's symmetric buffers (weave.empty, the modules' weights) are allocated: some
+    kernels offer candidates only where the symmetric heap has room for them, and a cached choice
+    answers only the candidate set it was chosen from (a call with less free heap searches again)."""
     from ._lib import lib
 
     specs = [_spec(i, c) for i, c in enumerate(calls)]
-    comm = _comm.init(group) if not isinstance(group, _comm.Communicator) else group
     rank, world = _comm.group_rank_world(group_name(group))
+    for i, s in enumerate(specs):
+        _check_for_world(i, s, world)
+    comm = _comm.communicator(group)
     device = torch.device("cuda", comm.device)
     C = lib()
     before = C.tuner_budget_s()

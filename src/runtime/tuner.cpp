@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cctype>
 #include <cerrno>
@@ -318,7 +319,10 @@ TuneResult Tuner::choose(Communicator* comm, const std::string& key, const std::
     }
   }
   const int rank = comm ? comm->rank() : 0, world = comm ? comm->world() : 1;
-  if (comm) comm->check_same("tuner candidates for " + key, {static_cast<long long>(cands.size())});
+  const double budget_s = budget_s_.load();
+  if (comm)
+    comm->check_same("tuner candidates and search budget (µs) for " + key,
+                     {static_cast<long long>(cands.size()), std::llround(budget_s * 1e6)});
   // Rank 0's cache decides, so every rank takes the same branch.
   struct Hit {
     int found, variant, sms;
@@ -349,13 +353,13 @@ TuneResult Tuner::choose(Communicator* comm, const std::string& key, const std::
   const bool talk = verbose_ && rank == 0;
   searches_.fetch_add(1, std::memory_order_relaxed);
   if (talk) std::fprintf(stderr, "weave tuner: %s: searching %zu candidates\n", key.c_str(), cands.size());
-  // A bounded search (budget_s_ > 0): half the budget for the first round's samples, each sample
+  // A bounded search (budget_s > 0): half the budget for the first round's samples, each sample
   // shortened to fit (time_launches' plan reads the window), more rounds while time is left.
   const auto t0 = std::chrono::steady_clock::now();
   struct Window {
     explicit Window(double us) { sample_window_us = us; }
     ~Window() { sample_window_us = 0; }
-  } window(budget_s_ > 0 ? budget_s_ * 1e6 / (2.0 * static_cast<double>(cands.size())) : 0);
+  } window(budget_s > 0 ? budget_s * 1e6 / (2.0 * static_cast<double>(cands.size())) : 0);
   double spent_s = 0;  // the slowest rank's time in this search so far, the same on every rank
   // The slowest rank's time of one measurement (every rank measures the same candidate).
   auto slowest = [&](const TuneCandidate& c) {
@@ -393,7 +397,7 @@ TuneResult Tuner::choose(Communicator* comm, const std::string& key, const std::
   const double per_round = kept.empty() ? 0 : spent_s / static_cast<double>(cands.size()) * kept.size();
   if (kept.size() >= 2)
     for (int round = 1; round < kRounds; ++round) {
-      if (budget_s_ > 0 && spent_s + per_round > budget_s_) break;
+      if (budget_s > 0 && spent_s + per_round > budget_s) break;
       for (size_t i = 0; i < kept.size(); ++i) {
         const size_t c = kept[(i + round) % kept.size()];
         samples[c].push_back(slowest(cands[c]));

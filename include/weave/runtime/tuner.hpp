@@ -61,8 +61,10 @@ class Tuner {
   // Seconds one search may take ($WEAVE_TUNER_BUDGET_S, default 1; 0: unbounded). Every
   // candidate is measured once whatever the budget; the samples are shortened to fit (through
   // search_sample_window_us), and the rounds after the first run only while time is left.
-  void set_budget_s(double s) { budget_s_ = s; }
-  double budget_s() const { return budget_s_; }
+  // Read once per search and checked to be the same on every rank (a rank running more rounds
+  // than its peers would not meet them).
+  void set_budget_s(double s) { budget_s_.store(s); }
+  double budget_s() const { return budget_s_.load(); }
 
   // The cached choice for `key`, or the search: every candidate is measured by `measure_us`
   // (this rank's time in µs; it runs the kernel) once, those near the best four more times in
@@ -88,7 +90,7 @@ class Tuner {
   std::map<std::string, TuneResult> read_file(bool warn);
   std::string path_;
   bool verbose_ = true;
-  double budget_s_ = 1;
+  std::atomic<double> budget_s_{1};
   std::mutex mu_;
   std::map<std::string, TuneResult> mem_;
   std::atomic<unsigned long long> searches_{0};
