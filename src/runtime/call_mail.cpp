@@ -22,13 +22,15 @@ unsigned long long fnv1a(const std::string& s) {
 }  // namespace
 
 CallMail::CallMail(std::vector<Mailbox*> mail, std::vector<long long> pids, int rank, bool debug,
-                   std::function<void(const std::string&)> abort_peers)
+                   std::function<void(const std::string&)> abort_peers, double skew_wait_s, double check_wait_s)
     : mail_(std::move(mail)),
       pids_(std::move(pids)),
       rank_(rank),
       world_(static_cast<int>(mail_.size())),
       debug_(debug),
-      abort_peers_(std::move(abort_peers)) {
+      abort_peers_(std::move(abort_peers)),
+      skew_wait_s_(skew_wait_s),
+      check_wait_s_(check_wait_s) {
   WEAVE_CHECK(world_ >= 1 && rank_ >= 0 && rank_ < world_ && pids_.size() == mail_.size(), "CallMail: rank ", rank_,
               " of ", world_, " mailboxes, ", pids_.size(), " pids");
   if (world_ > 1) watchdog_ = std::thread([this] { watch(); });
@@ -131,9 +133,10 @@ std::string CallMail::abort_reason() const {
 }
 
 // Spins, then sleeps, until done() for peer r. False when this rank's abort word was set;
-// throws when r exits or 5 minutes pass.
-template <class Done>
-bool CallMail::wait_for(int r, const std::string& stage, Done&& done) {
+// throws when r exits or limit_s pass (0: no limit). stage() says what r is to do (built only
+// for a message).
+template <class Stage, class Done>
+bool CallMail::wait_for(int r, double limit_s, Stage&& stage, Done&& done) {
   const auto t0 = std::chrono::steady_clock::now();
   for (long spins = 0; !done(); ++spins) {
     if (spins < 20000) continue;
@@ -141,9 +144,9 @@ bool CallMail::wait_for(int r, const std::string& stage, Done&& done) {
     if (spins % 2000 != 0) continue;
     if (aborted_by() > 0) return false;
     if (kill(static_cast<pid_t>(pids_[r]), 0) != 0 && errno == ESRCH)
-      throw Error(detail::concat("weave: rank ", r, " (pid ", pids_[r], ") exited before it could ", stage));
-    if (std::chrono::steady_clock::now() - t0 > std::chrono::minutes(5))
-      throw Error(detail::concat("weave: rank ", r, " did not ", stage, " within 5 minutes"));
+      throw Error(detail::concat("weave: rank ", r, " (pid ", pids_[r], ") exited before it could ", stage()));
+    if (limit_s > 0 && std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > limit_s)
+      throw Error(detail::concat("weave: rank ", r, " did not ", stage(), " within ", limit_s, " s"));
   }
   return true;
 }
@@ -160,13 +163,17 @@ void CallMail::bound_skew(unsigned long long n, const std::string& op) {
     if (r == rank_) continue;
     Posted p;
     unsigned long long got = 0;
-    const bool read_it = wait_for(r, detail::concat("post its call ", m, " (rank ", rank_, "'s call ", n, " (", op,
-                                                     ") waits for it: a rank runs at most ", kCallRing,
-                                                     " calls ahead of another)"),
-                                  [&] {
-                                    got = read(*mail_[r], m, p);
-                                    return got != kWriting && got >= m;
-                                  });
+    const bool read_it = wait_for(
+        r, skew_wait_s_,
+        [&] {
+          return detail::concat("post its call ", m, " (rank ", rank_, "'s call ", n, " (", op,
+                                ") waits for it: a rank runs at most ", kCallRing,
+                                " calls ahead of another; the limit is the device wait timeout)");
+        },
+        [&] {
+          got = read(*mail_[r], m, p);
+          return got != kWriting && got >= m;
+        });
     if (!read_it) throw PeerAborted(detail::concat("rank ", aborted_by() - 1, " rejected a call this rank had launched: ",
                                                    abort_reason()));
     if (got != m || !(launched(own) || launched(p)) || !plans_differ(own.values, p.values)) continue;
@@ -221,15 +228,18 @@ void CallMail::agree(const std::string& op, const std::string& what, const std::
   key.insert(key.end(), values.begin(), values.end());
   key.push_back(capturing);
   const bool together = debug_ || !agreed_.count(key);
+  const bool waits = together || !problem.empty();  // the path below that waits for every post
   const unsigned long long n = call_seq_ + 1;
   bound_skew(n, op);  // may throw: then call n was not taken (no rank launches anything more)
   call_seq_ = n;
   // A post is the plan, whether this rank waits for the others (together), and its state: 0 it
   // goes on to launch (or, together, to the verdict), 1 it rejected the call and launches nothing.
   std::vector<long long> mine;
+  // (A rank with a problem of its own waits too: its post says so, so that peers wait for its
+  // handshake before reusing their slots.)
   auto post_mine = [&](int state) {
     mine = key;
-    mine.push_back(together ? 1 : 0);
+    mine.push_back(waits ? 1 : 0);
     mine.push_back(state);
     post(*mail_[me], n, op, mine);
     posted_.store(n, std::memory_order_release);
@@ -242,7 +252,7 @@ void CallMail::agree(const std::string& op, const std::string& what, const std::
     return detail::concat("weave: ", call, ": ranks call different operators or arguments (", what, "): rank ", me,
                           " calls ", render_plan(mine, op), ", rank ", r, " calls ", render_plan(p.values, p.op));
   };
-  if (!together && problem.empty()) {
+  if (!waits) {
     // An agreed plan: compare with the posts already there, without waiting (the watchdog and the
     // later posters compare the rest once they come).
     mine = key, mine.push_back(0), mine.push_back(0);  // for differ()'s message
@@ -272,7 +282,7 @@ void CallMail::agree(const std::string& op, const std::string& what, const std::
       all[r] = Posted{mine, op};
       continue;
     }
-    const bool read_it = wait_for(r, detail::concat("check ", call, " (", op, ")"), [&] {
+    const bool read_it = wait_for(r, check_wait_s_, [&] { return detail::concat("reach the check of ", call, " (", op, ")"); }, [&] {
       const unsigned long long got = read(*mail_[r], n, all[r]);
       if (got != kWriting && got > n) {
         // A whole ring of calls past this one without stopping for it: its plans were agreed
@@ -313,7 +323,7 @@ void CallMail::agree(const std::string& op, const std::string& what, const std::
     const size_t z = all[r].values.size();
     const bool waited = z >= 2 && all[r].values[z - 2] == 1;
     if (r != me && waited &&
-        !wait_for(r, detail::concat("finish the check of ", call, " (", op, ")"),
+        !wait_for(r, check_wait_s_, [&] { return detail::concat("finish the check of ", call, " (", op, ")"); },
                   [&] { return mail_[r]->checked.load(std::memory_order_acquire) >= n; }))
       throw aborted();
   }

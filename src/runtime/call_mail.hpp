@@ -43,9 +43,9 @@ struct Mailbox {
   char abort_why[kWhyBytes];
   CallSlot calls[kCallRing];
   // The last call whose peers' posts this rank has read on agree's together path. A rank leaves
-  // such a call only once every peer has read its post: the calls after it may be agreed ones,
-  // posted without waiting, and a ring of them would overwrite that post while a slower peer is
-  // still to read it (which would then see a later call and report differing calls).
+  // such a call only once every peer that waited too has read its post: the calls after it may
+  // be agreed ones, posted without waiting, and a ring of them would overwrite that post while a
+  // slower peer is still to read it (which would then see a later call and report differing calls).
   std::atomic<unsigned long long> checked;
 };
 constexpr size_t kMailBytes = 8192;
@@ -71,9 +71,12 @@ class CallMail {
  public:
   // pids: every rank's process (for "exited" diagnostics). abort_peers: what rejecting a call a
   // peer may have launched does (the communicator marks itself unusable, then write_aborts);
-  // null: write_aborts alone.
+  // null: write_aborts alone. skew_wait_s: how long a rank a ring ahead waits for a peer's post
+  // (the communicator's device wait timeout: a rank may run minutes behind; 0 = forever);
+  // check_wait_s: how long a plan's first call waits for every rank.
   CallMail(std::vector<Mailbox*> mail, std::vector<long long> pids, int rank, bool debug,
-           std::function<void(const std::string&)> abort_peers = nullptr);
+           std::function<void(const std::string&)> abort_peers = nullptr, double skew_wait_s = 0,
+           double check_wait_s = 300);
   ~CallMail();
   CallMail(const CallMail&) = delete;
   CallMail& operator=(const CallMail&) = delete;
@@ -100,8 +103,8 @@ class CallMail {
   static bool launched(const Posted& p);
   void write_abort(int r, const std::string& why) noexcept;
   void abort_peers(const std::string& why);
-  template <class Done>
-  bool wait_for(int r, const std::string& stage, Done&& done);
+  template <class Stage, class Done>
+  bool wait_for(int r, double limit_s, Stage&& stage, Done&& done);
   void bound_skew(unsigned long long n, const std::string& op);
   void watch() noexcept;
 
@@ -110,6 +113,7 @@ class CallMail {
   int rank_, world_;
   bool debug_;
   std::function<void(const std::string&)> abort_peers_;
+  double skew_wait_s_, check_wait_s_;
   unsigned long long call_seq_ = 0;
   std::set<std::vector<long long>> agreed_;  // plans (op hash, values, capturing) every rank checked together
   std::atomic<unsigned long long> posted_{0};

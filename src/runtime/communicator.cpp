@@ -245,7 +245,8 @@ Communicator::Communicator(const LaunchInfo& info, CommOptions opt) : impl_(std:
     }
 
     m.calls = std::make_unique<mail::CallMail>(m.mail, m.pids, info.rank, m.debug,
-                                               [this](const std::string& why) { abort_peers(why); });
+                                               [this](const std::string& why) { abort_peers(why); },
+                                               static_cast<double>(m.timeout_ns) / 1e9);
 
     // The heap: one VMM allocation per rank, exported once as a POSIX fd, mapped by every rank.
     CUmemAllocationProp prop{};

@@ -41,7 +41,8 @@ struct Node {
     std::vector<std::thread> threads;
     for (int r = 0; r < world; ++r)
       threads.emplace_back([&, r] {
-        mail::CallMail m(ptrs, std::vector<long long>(world, getpid()), r, false);
+        // Waits bounded at 20 s: the threads share one pid, so a stuck peer is never "exited".
+        mail::CallMail m(ptrs, std::vector<long long>(world, getpid()), r, false, nullptr, 20, 20);
         try {
           out[r] = body(r, m);
         } catch (const std::exception& e) {
@@ -103,10 +104,35 @@ TEST(CallMail, NewPlansTogetherAgreedPlansWithoutWaiting) {
     if (r == 0 && s > 0.5) report += "agreed calls waited for the peer (" + std::to_string(s) + " s); ";
     for (int i = 0; i < 3 * mail::kCallRing; ++i)
       m.agree(i % 2 ? "all_gather" : "reduce_scatter", "count, dtype", i % 2 ? kA : kC, "", false);
+    // The bound held: rank 0 could not finish a ring ahead of its sleeping peer's posts.
+    const double all = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (r == 0 && all < 0.8) report += "rank 0 ran a ring ahead of its peer (" + std::to_string(all) + " s); ";
     if (m.aborted_by()) report += "aborted: " + m.abort_reason();
     return report;
   });
   for (const auto& o : out) EXPECT_EQ(o, "mismatch ok; problem ok; ") << describe(out);
+}
+
+// Both ranks have a problem of their own on an agreed plan: nobody launches, nobody is stopped, and
+// the agreed calls after it (a ring and more) run; a rank that waits posts so (the peer waits for
+// its handshake before reusing its slot, instead of lapping it).
+TEST(CallMail, ProblemsOnAnAgreedPlan) {
+  Node node(2);
+  const auto out = node.run([](int r, mail::CallMail& m) {
+    m.agree("all_gather", "count, dtype", kA, "", false);
+    std::string report;
+    try {
+      m.agree("all_gather", "count, dtype", kA, "rank " + std::to_string(r) + "'s pointer is bad", false);
+      report += "a problem agreed; ";
+    } catch (const weave::Error& e) {
+      report += has(e.what(), "pointer is bad") ? "problem ok; " : std::string("problem message: ") + e.what() + "; ";
+    }
+    if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    for (int i = 0; i < 2 * mail::kCallRing; ++i) m.agree("all_gather", "count, dtype", kA, "", false);
+    if (m.aborted_by()) report += "aborted: " + m.abort_reason();
+    return report;
+  });
+  for (const auto& o : out) EXPECT_EQ(o, "problem ok; ") << describe(out);
 }
 
 // Agreed plans that differ at the third call of a burst of 40, with the ranks in step, one rank
