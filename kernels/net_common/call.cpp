@@ -153,20 +153,20 @@ AgreedCall agree(NetPath& path, AgreedKeys& agreed, const std::vector<long long>
       CallPost p;
       if (r != me && px.read_post(r, n, p) == n && !mine.same_plan(p)) {
         mine.rejected = 1;
-        px.post_call(mine);
+        px.post_call(mine, path.wait_timeout_s());
         const std::string msg = differ(r, p);
         if (p.launched()) path.abort(msg);
         throw Error(msg);
       }
     }
-    px.post_call(mine);
+    px.post_call(mine, path.wait_timeout_s());
     return AgreedCall(path, call);
   }
   // A new key (or debug, or a problem of this rank's own): every peer's post of call n, then one
   // verdict everywhere.
   mine.together = 1;
   mine.rejected = problem.empty() ? 0 : 1;
-  px.post_call(mine);
+  px.post_call(mine, path.wait_timeout_s());
   std::vector<CallPost> all(static_cast<size_t>(world));
   all[me] = mine;
   for (int r = 0; r < world; ++r) {

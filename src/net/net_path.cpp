@@ -147,6 +147,10 @@ int NetPath::rank() const { return impl_->info.rank; }
 int NetPath::world() const { return impl_->info.world; }
 NetTopo NetPath::topo() const { return impl_->topo; }
 int NetPath::device() const { return impl_->device; }
+double NetPath::wait_timeout_s() const {
+  const double t = impl_->opt.wait_timeout_s;
+  return t >= 0 ? t : env::get_seconds("WEAVE_WAIT_TIMEOUT_S");
+}
 bool NetPath::gpu() const { return impl_->opt.gpu; }
 Transport& NetPath::transport() { return *impl_->transport; }
 Proxy& NetPath::proxy() { return *impl_->proxy; }
@@ -190,8 +194,7 @@ NetHandle make_handle(const NetPath& path, const Proxy& proxy, const NetPathOpti
   h.nflags = opt.proxy.flags;
   h.rank = path.rank();
   h.world = path.world();
-  const double t = opt.wait_timeout_s >= 0 ? opt.wait_timeout_s : env::get_seconds("WEAVE_WAIT_TIMEOUT_S");
-  h.timeout_ns = static_cast<unsigned long long>(t * 1e9);
+  h.timeout_ns = static_cast<unsigned long long>(path.wait_timeout_s() * 1e9);
   return h;
 }
 

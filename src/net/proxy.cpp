@@ -812,7 +812,7 @@ bool CallPost::same_plan(const CallPost& o) const {
 
 uint64_t Proxy::calls_posted() const { return impl_->post_ready.load(std::memory_order_acquire); }
 
-void Proxy::post_call(const CallPost& p) {
+void Proxy::post_call(const CallPost& p, double wait_s) {
   Impl& m = *impl_;
   check();
   WEAVE_CHECK(m.phase.load() == kRunning, "weave::net rank ", m.rank, ": call ", p.call, " posted after shutdown()");
@@ -821,20 +821,22 @@ void Proxy::post_call(const CallPost& p) {
               " values (", p.nvalues, ")");
   const int slot = static_cast<int>(p.call % kCallRing);
   const uint64_t behind = p.call > kCallRing && m.world > 1 ? p.call - kCallRing : 0;  // compared first
+  const double limit = wait_s < 0 ? m.timeout_s : wait_s;
   const Clock::time_point start = Clock::now();
   for (uint32_t spin = 0; m.post_left[slot].load(std::memory_order_acquire) != 0 ||
                           m.compared.load(std::memory_order_acquire) < behind;
        ++spin) {
     check();
-    if ((spin & 255) == 0 && seconds(Clock::now() - start) > m.timeout_s) {
+    if ((spin & 255) == 0 && limit > 0 && seconds(Clock::now() - start) > limit) {
       // Fail the path: this rank's calls would stop numbering alike with its peers'.
       const std::string why = concat("call ", p.call, ": call ", behind, " was not posted by every peer (or this post of ",
-                                     "call ", p.call - kCallRing, " did not reach them) within ", m.timeout_s,
-                                     " s (WEAVE_NET_TIMEOUT_S): a rank stopped calling, or calls differently");
+                                     "call ", p.call - kCallRing, " did not reach them) within ", limit,
+                                     " s: a rank stopped calling, or calls differently");
       abort(why);
       throw Error(concat("weave::net rank ", m.rank, ": ", why));
     }
-    if (spin > 64) sched_yield();
+    if (spin > 256) std::this_thread::sleep_for(std::chrono::microseconds(20));  // a rank may wait minutes here
+    else if (spin > 64) sched_yield();
   }
   PostSlot& s = m.posts_out[slot];
   std::memset(&s, 0, sizeof(PostSlot));

@@ -74,6 +74,7 @@ class NetPath {
   int world() const;
   NetTopo topo() const;
   int device() const;  // -1 in CPU mode
+  double wait_timeout_s() const;  // the device-side waits' limit (NetPathOptions::wait_timeout_s resolved; 0 = never)
   bool gpu() const;
 
   Transport& transport();

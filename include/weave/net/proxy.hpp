@@ -131,14 +131,14 @@ class Proxy {
   void abort(const std::string& why);
 
   // The calls' mailbox. post_call: `p.call` must be calls_posted() + 1; waits (bounded by a
-  // failure and the timeout, which fails the path) until the ring slot's previous post has reached
-  // every peer and call p.call - kCallRing was compared with every peer's post of it (so a rank's
-  // calls run at most kCallRing ahead of the slowest peer's).
+  // failure and by wait_s, which fails the path; < 0: the proxy's timeout, 0: no limit) until the
+  // ring slot's previous post has reached every peer and call p.call - kCallRing was compared with
+  // every peer's post of it (so a rank's calls run at most kCallRing ahead of the slowest peer's).
   // read_post: the call number peer's slot for `call` holds (0 when empty or half-written),
   // `out` filled when it is `call`. post_checked / peer_checked: the handshake after a call that
   // waited for every post (its posts may be overwritten once every peer has read them).
   uint64_t calls_posted() const;
-  void post_call(const CallPost& p);
+  void post_call(const CallPost& p, double wait_s = -1);
   uint64_t read_post(int peer, uint64_t call, CallPost& out) const;
   void post_checked(uint64_t call);
   uint64_t peer_checked(int peer) const;
