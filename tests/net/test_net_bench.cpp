@@ -14,6 +14,7 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -194,6 +195,26 @@ TEST(WeaveBenchNet, RowsAreWellFormedAndCorrect) {
   EXPECT_EQ(proxy_raw, 2);
   EXPECT_EQ(transfer_weave, 4);
   EXPECT_EQ(transfer_raw, 2);
+  std::remove(json.c_str());
+}
+
+// The calls rows: the agreement's host time per call, agreed keys and new keys through the
+// mailbox, and the bootstrap all-gather per call beside them; every row correct.
+TEST(WeaveBenchNet, CallsRows) {
+  unsetenv("WEAVE_BOOTSTRAP");
+  const std::string json = json_path("calls.json");
+  const Result r = run({WEAVE_RUN_BIN, "--no-gpu", "-n", "2", "--nodes", "2", "--timeout", "120", "--", BENCH_BIN,
+                        "net", "--parts", "calls", "--agree-calls", "100", "--json", json});
+  ASSERT_EQ(r.status, 0) << r.out;
+  std::set<std::string> seen;
+  for (const auto& row : read_rows(json)) {
+    EXPECT_EQ(row.at("kernel"), "calls");
+    EXPECT_EQ(row.at("correct"), "true");
+    EXPECT_GT(num(row, "time_us"), 0);
+    EXPECT_EQ(num(row, "calls"), row.at("what") == "new key" ? 10 : 100);
+    seen.insert(row.at("impl") + "/" + row.at("what"));
+  }
+  EXPECT_EQ(seen, (std::set<std::string>{"weave/agreed", "weave/new key", "bootstrap/agreed"}));
   std::remove(json.c_str());
 }
 

@@ -3,7 +3,7 @@
 // path, each beside the raw libfabric figure of the same provider, which is the floor the path
 // stands on (issue 22, "Benchmarks").
 //
-//   weave-run -n 2 --nodes 2 [--no-gpu] -- weave-bench net [--parts proxy,transfer,nccl]
+//   weave-run -n 2 --nodes 2 [--no-gpu] -- weave-bench net [--parts proxy,transfer,nccl,calls]
 //       [--notify ordered,unordered] [--batches 8,1] [--latency-commands 2000] [--rate-commands 100000]
 //       [--sizes 4K,16K,64K,256K,1M,4M,16M,64M,256M] [--chunks 1M] [--budget 256M] [--repeats 3]
 //       [--provider tcp] [--domain lo] [--idle-us 20] [--json FILE]
@@ -55,6 +55,16 @@
 // and every byte of the first (untimed) message and of the last timed one (the receive buffer is
 // poisoned before each). A wrong row is written correct: false and the command exits 1.
 //
+// calls rows (kernel "calls"; --parts calls; every rank measures, the slowest rank's figure is
+// the row's): the cross-rank agreement every inter-node operator's call starts with
+// (net_common/call.hpp's agree over the path's calls' mailbox), host time per call:
+// - impl "weave", what "agreed": --agree-calls calls alternating between two keys every rank
+//   agreed before (a post, no wait: the steady state of a training step); what "new key":
+//   --agree-calls / 10 calls of keys never seen (each waits for every rank's post and a handshake).
+// - impl "bootstrap": one all-gather of the same key over the bootstrap per call, the host
+//   rendezvous per call the agreement had for any key but the last one.
+// correct: no rank's call raised and the path stayed healthy.
+//
 // --test-corrupt OFFSET (for the CPU test): the receiver flips that byte of every message before
 // checking it, so every transfer row must come out wrong and the command exit 1.
 //
@@ -78,6 +88,7 @@
 
 #include "../../bench/nccl_comm.hpp"
 #include "bench.hpp"
+#include "net_common/call.hpp"
 #include "net_start.hpp"
 #include "weave/net/net_path.hpp"
 #include "weave/net/queue.cuh"
@@ -112,7 +123,8 @@ uint64_t mix64(uint64_t x) {  // splitmix64's finaliser: the pattern and the sta
 
 
 struct Config {
-  bool proxy = true, transfer = true, nccl = true;
+  bool proxy = true, transfer = true, nccl = true, calls = true;
+  int agree_calls = 2000;
   std::vector<net::Notify> notify{net::Notify::ordered, net::Notify::unordered};
   std::vector<uint32_t> batches{net::kMaxBatch, 1};
   uint32_t latency_commands = 2000, rate_commands = 100000;
@@ -128,23 +140,27 @@ struct Config {
 Config parse(const weave::bench::Args& a) {
   static const std::set<std::string> known{"json",          "parts",  "notify",  "batches",     "latency-commands",
                                            "rate-commands", "sizes",  "chunks",  "budget",      "repeats",
-                                           "provider",      "domain", "idle-us", "test-corrupt"};
+                                           "provider",      "domain", "idle-us", "test-corrupt", "agree-calls"};
   for (const auto& [k, v] : a.kv)
     if (!known.count(k)) throw Error(concat("weave-bench net: unknown option --", k, " (see weave-bench net --help)"));
   Config c;
   if (a.has("parts")) {
-    c.proxy = c.transfer = c.nccl = false;
+    c.proxy = c.transfer = c.nccl = c.calls = false;
     for (const std::string& p : a.names("parts", "")) {
       if (p == "proxy")
         c.proxy = true;
+      else if (p == "calls")
+        c.calls = true;
       else if (p == "transfer")
         c.transfer = true;
       else if (p == "nccl")
         c.nccl = true;
       else
-        throw Error(concat("weave-bench net: --parts: '", p, "' is not proxy, transfer or nccl"));
+        throw Error(concat("weave-bench net: --parts: '", p, "' is not proxy, transfer, nccl or calls"));
     }
   }
+  if (a.has("agree-calls"))
+    c.agree_calls = static_cast<int>(weave::bench::parse_count("weave-bench net", "agree-calls", a.get("agree-calls"), 10, 10000000));
   if (a.has("notify")) {
     c.notify.clear();
     for (const std::string& n : a.names("notify", "")) {
@@ -858,6 +874,70 @@ std::vector<TransferRow> transfer_nccl(const Config& c, Ctl& ctl, int device, ui
 
 // ---- the command ---------------------------------------------------------------------------
 
+// ---- calls: the cross-rank agreement's host time per call -----------------------------------
+
+struct CallsRow {
+  std::string impl, what;
+  int calls = 0;
+  double us_per_call = NAN;  // the slowest rank's
+  std::string error;
+};
+
+// Per-call microseconds of `calls` runs of one(i), the slowest rank's; an error on any rank fails the row.
+template <class One>
+CallsRow time_calls(Ctl& ctl, const char* impl, const char* what, int calls, One&& one) {
+  CallsRow r{impl, what, calls};
+  std::string mine;
+  double us = 0;
+  ctl.boot.barrier();
+  try {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < calls; ++i) one(i);
+    us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / calls;
+  } catch (const std::exception& e) {
+    mine = e.what();
+  }
+  r.error = ctl.first_error(mine);
+  std::vector<double> all(static_cast<size_t>(ctl.world));
+  ctl.boot.all_gather(&us, all.data(), sizeof us);
+  r.us_per_call = *std::max_element(all.begin(), all.end());
+  return r;
+}
+
+std::vector<CallsRow> calls_rows(const Config& c, Ctl& ctl) {
+  std::vector<CallsRow> rows;
+  const char* what = "count, dtype";
+  const std::vector<long long> A{net::kOpAllGather, 100, 1}, B{net::kOpReduceScatter, 400, 1};
+  {
+    net::NetPath path(path_options(c, net::Notify::automatic, net::kMaxBatch, 4096, 8192, 64, 20));
+    net::AgreedKeys agreed;
+    for (const auto& k : {A, B}) (void)net::agree(path, agreed, k, "", "weave-bench net", what);
+    rows.push_back(time_calls(ctl, "weave", "agreed", c.agree_calls, [&](int i) {
+      (void)net::agree(path, agreed, i % 2 ? B : A, "", "weave-bench net", what);
+    }));
+    rows.push_back(time_calls(ctl, "weave", "new key", std::max(1, c.agree_calls / 10), [&](int i) {
+      (void)net::agree(path, agreed, {net::kOpAllReduce, 1000 + i, 2}, "", "weave-bench net", what);
+    }));
+    std::string mine;
+    try {
+      path.check();
+      path.shutdown();
+    } catch (const std::exception& e) {
+      mine = e.what();
+    }
+    if (const std::string e = ctl.first_error(mine); !e.empty())
+      for (CallsRow& r : rows)
+        if (r.error.empty()) r.error = e;
+  }
+  rows.push_back(time_calls(ctl, "bootstrap", "agreed", c.agree_calls, [&](int i) {
+    std::vector<long long> key = i % 2 ? B : A;
+    key.resize(net::kPostValues + 1);
+    std::vector<long long> all(key.size() * static_cast<size_t>(ctl.world));
+    ctl.boot.all_gather(key.data(), all.data(), key.size() * sizeof(long long));
+  }));
+  return rows;
+}
+
 int run(const weave::bench::Args& a) {
   const Config c = parse(a);
   const weave::runtime::LaunchInfo info = weave::runtime::detect_launch();
@@ -994,6 +1074,33 @@ int run(const weave::bench::Args& a) {
     }
   }
 
+  if (c.calls) {
+    if (lead) {
+      std::printf("\ncalls: host time of the cross-rank agreement per call (net_common's agree over the calls' "
+                  "mailbox; bootstrap: one all-gather of the key per call), the slowest rank's\n");
+      std::fflush(stdout);
+    }
+    const std::vector<CallsRow> rows = calls_rows(c, ctl);
+    for (const CallsRow& r : rows) all_ok = all_ok && r.error.empty();
+    if (lead) {
+      std::printf("%-10s %-8s %7s %12s\n", "impl", "what", "calls", "us/call");
+      for (const CallsRow& r : rows) {
+        std::printf("%-10s %-8s %7d %12.2f\n", r.impl.c_str(), r.what.c_str(), r.calls, r.us_per_call);
+        if (!r.error.empty()) std::printf("  WRONG: %s\n", r.error.c_str());
+        weave::bench::JsonLine j = base("calls", r.impl);
+        j.add("what", r.what)
+            .add("calls", r.calls)
+            .add("time_us", r.us_per_call)
+            .add("notify", "none")
+            .add("bytes", static_cast<long long>((net::kPostValues + 1) * sizeof(long long)))
+            .add("correct", r.error.empty());
+        if (!r.error.empty()) j.add("error", r.error);
+        sink.write(j);
+      }
+      std::fflush(stdout);
+    }
+  }
+
   if (c.transfer || c.nccl) {
     if (lead) {
       std::printf(
@@ -1077,10 +1184,10 @@ int run(const weave::bench::Args& a) {
 WEAVE_BENCH(net,
             "the network path between 2 nodes on host memory (weave-run -n 2 --nodes 2 --no-gpu): proxy command "
             "latency and rate, transfer rate through the path, raw libfabric floors, NCCL's network transport "
-            "(one GPU per rank) [--parts proxy,transfer,nccl] "
+            "(one GPU per rank), the calls' cross-rank agreement [--parts proxy,transfer,nccl,calls] "
             "[--notify ordered,unordered] [--batches 8,1] [--sizes 4K,...,256M] [--chunks 1M] [--budget 256M] "
             "[--repeats 3] [--latency-commands 2000] [--rate-commands 100000] [--provider tcp] [--domain lo] "
-            "[--idle-us 20]",
+            "[--idle-us 20] [--agree-calls 2000]",
             run);
 
 }  // namespace
