@@ -51,11 +51,15 @@ struct AbortNote {
 };
 static_assert(sizeof(AbortNote) == 1024);
 
-uint64_t note_check(const char* text) {
+// FNV-1a of n bytes, never 0 (0 marks an empty note or post).
+uint64_t check_word(const void* p, size_t n) {
+  const auto* c = static_cast<const unsigned char*>(p);
   uint64_t h = 14695981039346656037ull;
-  for (size_t i = 0; i < sizeof(AbortNote::text) && text[i]; ++i) h = (h ^ static_cast<unsigned char>(text[i])) * 1099511628211ull;
+  for (size_t i = 0; i < n; ++i) h = (h ^ c[i]) * 1099511628211ull;
   return h | 1;
 }
+
+uint64_t note_check(const char* text) { return check_word(text, strnlen(text, sizeof(AbortNote::text))); }
 
 // A call's post as it travels: its check word makes a half-landed post unreadable, as a note's.
 static_assert(std::is_trivially_copyable_v<CallPost> && sizeof(CallPost) == 8 + 4 * 4 + 8 * kPostValues + 232,
@@ -65,12 +69,7 @@ struct PostSlot {
   CallPost body;
 };
 
-uint64_t post_check(const CallPost& b) {
-  const auto* c = reinterpret_cast<const unsigned char*>(&b);
-  uint64_t h = 14695981039346656037ull;
-  for (size_t i = 0; i < sizeof(CallPost); ++i) h = (h ^ c[i]) * 1099511628211ull;
-  return h | 1;
-}
+uint64_t post_check(const CallPost& b) { return check_word(&b, sizeof(CallPost)); }
 
 // What ranks exchange through the bootstrap at set-up.
 struct PeerInfo {
