@@ -40,7 +40,7 @@ struct DispatchGemmGlobals : GroupedGlobals {
   __nv_bfloat16* xrecv[kMaxWorld];    // every rank's grouped buffer (capacity x H)
   RowMeta* meta[kMaxWorld];           // every rank's rows' metadata
   signals sig;                        // counters l < L: arrivals of l; L + l: l ready here
-  unsigned long long arrive_expected, ready_expected;
+  Round arrive_expected, ready_expected;  // running totals (exchange.cu), device cells once captured
   int k, hidden;
 };
 

@@ -46,14 +46,16 @@ struct MoeExchange::Impl {
   runtime::SymmetricTensor<RowMeta> meta;
   std::optional<runtime::SymmetricTensor<bf16>> yout;
   runtime::SignalSet dsig, csig;
-  // The fused dispatch's counters (dispatch_gemm_schedule.hpp): L arrivals, then L ready; running
-  // totals over the fused calls launched (a call's aux warp count may differ from the last's).
+  // The fused dispatch's counters (dispatch_gemm_schedule.hpp): L arrivals, then L ready.
   runtime::SignalSet fsig;
-  unsigned long long arrive_total = 0, ready_total = 0;
-  // dsig counter 1 (push blocks' signals) over the non-fused calls launched.
-  unsigned long long pushed_total = 0;
+  // Expected totals over the calls launched (device cells once a call was captured): dsig counter 1
+  // (push blocks' signals, non-fused calls only), then fsig's arrivals and ready counts (fused calls
+  // only; a call's aux warp count may differ from the last's).
+  enum Total { kPushed, kArrive, kReady, kTotals };
+  runtime::RunningCounts totals;
   runtime::CallOrder order;
-  // Local scratch, one allocation: hist, base, plan, counts, offsets, status, record, send order, slist.
+  // Local scratch, one allocation: hist, base, plan, counts, offsets, status, record, send order,
+  // slist, the totals' cells.
   void* local = nullptr;
   int *hist = nullptr, *base = nullptr, *counts = nullptr, *offsets = nullptr, *status = nullptr, *send_order = nullptr;
   int2 *plan = nullptr, *slist = nullptr;
@@ -84,9 +86,9 @@ struct MoeExchange::Impl {
                  b_plan = round16(std::max<size_t>(static_cast<size_t>(cfg.max_tokens) * cfg.topk, 1) * sizeof(int2)),
                  b_counts = round16(L * sizeof(int)), b_offsets = round16((L + 1) * sizeof(int)),
                  b_status = round16(detail::kStatusWords * sizeof(int)), b_record = round16(sizeof(Verdict)),
-                 b_order = round16((E + 1) * sizeof(int));
-    WEAVE_CUDA_CHECK(
-        cudaMalloc(&local, b_hist + b_base + b_plan + b_counts + b_offsets + b_status + b_record + b_order + b_plan));
+                 b_order = round16((E + 1) * sizeof(int)), b_totals = round16(kTotals * sizeof(unsigned long long));
+    WEAVE_CUDA_CHECK(cudaMalloc(&local, b_hist + b_base + b_plan + b_counts + b_offsets + b_status + b_record + b_order +
+                                            b_plan + b_totals));
     char* p = static_cast<char*>(local);
     hist = reinterpret_cast<int*>(p), p += b_hist;
     base = reinterpret_cast<int*>(p), p += b_base;
@@ -96,10 +98,12 @@ struct MoeExchange::Impl {
     status = reinterpret_cast<int*>(p), p += b_status;
     record = reinterpret_cast<Verdict*>(p), p += b_record;
     send_order = reinterpret_cast<int*>(p), p += b_order;
-    slist = reinterpret_cast<int2*>(p);
+    slist = reinterpret_cast<int2*>(p), p += b_plan;
+    totals = runtime::RunningCounts(reinterpret_cast<unsigned long long*>(p), kTotals);
     const int st[detail::kStatusWords] = {0, 0, INT_MAX, 0};
     const Verdict none{};
     WEAVE_CUDA_CHECK(cudaMemset(local, 0, b_hist + b_base + b_plan + b_counts + b_offsets));
+    WEAVE_CUDA_CHECK(cudaMemset(p, 0, b_totals));
     WEAVE_CUDA_CHECK(cudaMemcpy(status, st, sizeof st, cudaMemcpyHostToDevice));
     WEAVE_CUDA_CHECK(cudaMemcpy(record, &none, sizeof none, cudaMemcpyHostToDevice));
   }
@@ -137,7 +141,6 @@ Dispatched MoeExchange::dispatch(const bf16* x, const int* topk_idx, int T, cuda
   const bool fuse = static_cast<bool>(fused.launch);
   const ExchangeConfig& cf = m.cfg;
   const std::string problem = runtime::local_problem([&] {
-    runtime::check_not_capturing("moe dispatch", s);
     WEAVE_CHECK(T >= 0 && T <= cf.max_tokens, "moe dispatch: T = ", T, " tokens outside 0..max_tokens (",
                 cf.max_tokens, ")");
     if (T == 0) return;
@@ -151,7 +154,8 @@ Dispatched MoeExchange::dispatch(const bf16* x, const int* topk_idx, int T, cuda
   m.c.agree_call(fuse ? fused.op : "moe.dispatch",
                  "E, H, k, max_tokens, capacity" + (fuse ? ", " + fused.what : std::string()), values,
                  problem.empty() ? fused.problem : problem, s);
-  m.order.before(s);
+  const bool cap = runtime::capturing(s);
+  m.order.before(s, cap);
   detail::DispatchArgs a{};
   a.x = x;
   a.idx = topk_idx;
@@ -168,7 +172,14 @@ Dispatched MoeExchange::dispatch(const bf16* x, const int* topk_idx, int T, cuda
     a.meta[r] = static_cast<RowMeta*>(pr[r]);
   }
   a.sig = m.dsig.view();
-  a.round = m.dsig.round() + 1;  // taken only by a launched call (a rejected one leaves no gap)
+  // Taken only by a launched call (a rejected one leaves no gap), on the device once some call was
+  // captured (runtime::RunningCounts).
+  a.round = m.dsig.next_round(s, cap);
+  const unsigned long long pushes = fuse ? 0 : static_cast<unsigned long long>(m.c.world()) * m.blocks;
+  const runtime::RunningCounts::Counts tot = m.totals.advance(
+      {pushes, fuse ? arrivals_per_call(m.c.world(), fused.aux_warps) : 0, fuse ? ready_per_call(fused.aux_warps) : 0},
+      s, cap);
+  a.pushed_expected = tot[Impl::kPushed];
   const int walk_blocks =
       std::max(1, (num_chunks(static_cast<long long>(T) * cf.topk) + detail::kWalkWarps - 1) / detail::kWalkWarps);
   launch_pdl(detail::route_walk<false>, walk_blocks, detail::kWalkWarps * 32, s, a);
@@ -176,23 +187,18 @@ Dispatched MoeExchange::dispatch(const bf16* x, const int* topk_idx, int T, cuda
     a.order = m.send_order;
     a.slist = m.slist;
     a.fsig = m.fsig.view();
-    a.arrive_expected = m.arrive_total + arrivals_per_call(m.c.world(), fused.aux_warps);
-    a.ready_expected = m.ready_total + ready_per_call(fused.aux_warps);
+    a.arrive_expected = tot[Impl::kArrive];
+    a.ready_expected = tot[Impl::kReady];
   }
   launch_pdl(detail::exchange_counts, 1, detail::kCountThreads, s, a);
   launch_pdl(detail::route_walk<true>, walk_blocks, detail::kWalkWarps * 32, s, a);
   if (fuse) {
     fused.launch(a, s);
-    m.arrive_total = a.arrive_expected;
-    m.ready_total = a.ready_expected;
   } else {
-    a.pushed_expected = m.pushed_total + static_cast<unsigned long long>(m.c.world()) * m.blocks;
     launch_pdl(detail::push_rows, m.blocks, detail::kPushThreads, s, a);
     launch_pdl(detail::dup_rows, m.blocks, detail::kPushThreads, s, a);
-    m.pushed_total = a.pushed_expected;
   }
-  m.dsig.next_round();
-  m.order.after(s);
+  m.order.after(s, cap);
   m.last_T = T;
   ++m.calls;
   Dispatched d;
@@ -213,7 +219,6 @@ void MoeExchange::combine(const bf16* y, const float* topk_weights, bf16* out, i
   const ExchangeConfig& cf = m.cfg;
   runtime::PeerPtrs py{};
   const std::string problem = runtime::local_problem([&] {
-    runtime::check_not_capturing("moe combine", s);
     WEAVE_CHECK(m.last_T >= 0, "moe combine: no dispatch on this exchange yet");
     WEAVE_CHECK(T == m.last_T, "moe combine: T = ", T, " but the last dispatch had ", m.last_T, " tokens");
     WEAVE_CHECK(is_aligned(y), "moe combine: y (", static_cast<const void*>(y), ") must be 16-byte aligned");
@@ -231,7 +236,8 @@ void MoeExchange::combine(const bf16* y, const float* topk_weights, bf16* out, i
   });
   m.c.agree_call("moe.combine", "E, H, k, max_tokens, capacity",
                  {cf.experts, cf.hidden, cf.topk, cf.max_tokens, cf.capacity}, problem, s);
-  m.order.before(s);
+  const bool cap = runtime::capturing(s);
+  m.order.before(s, cap);
   detail::CombineArgs a{};
   for (int r = 0; r < m.c.world(); ++r) a.y[r] = static_cast<const bf16*>(py[r]);
   a.w = topk_weights;
@@ -240,17 +246,18 @@ void MoeExchange::combine(const bf16* y, const float* topk_weights, bf16* out, i
   a.status = m.status;
   a.T = T, a.k = cf.topk, a.H = cf.hidden;
   a.sig = m.csig.view();
-  a.round = m.csig.round() + 1;
+  a.round = m.csig.next_round(s, cap);
   a.blocks = m.blocks;
   launch_pdl(detail::combine_arrive, 1, 32, s, a);
   launch_pdl(detail::combine_rows, m.blocks, detail::kPushThreads, s, a);
   launch_pdl(detail::combine_done, 1, 32, s, a);
-  m.csig.next_round();
-  m.order.after(s);
+  m.order.after(s, cap);
 }
 
 void MoeExchange::check(cudaStream_t s) {
   Impl& m = *impl_;
+  WEAVE_CHECK(!runtime::capturing(s), "moe check: the stream is capturing a CUDA graph; check() waits for the GPU, "
+              "call it outside the capture (after a replay)");
   m.c.sync(s);
   Verdict v;
   WEAVE_CUDA_CHECK(cudaMemcpyAsync(&v, m.record, sizeof v, cudaMemcpyDeviceToHost, s));

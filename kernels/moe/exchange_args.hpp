@@ -37,10 +37,10 @@ struct DispatchArgs {
   bf16* xrecv[kMaxWorld];      // grouped buffers, capacity x H
   RowMeta* meta[kMaxWorld];    // capacity
   signals sig;                 // 0: count rows (W per call), 1: pushed (W x push_blocks per non-fused call)
-  unsigned long long round;
+  Round round;
   // Counter 1's running total after this call's pushes: fused calls (dispatch_gemm) push through
   // their own counters and add nothing to it.
-  unsigned long long pushed_expected;
+  Round pushed_expected;
   // The fused dispatch_gemm only (null otherwise): route_walk<true> also lists this rank's
   // (token, slot) entries in send order (dispatch_gemm_schedule.hpp), from exchange_counts' order.
   int* order;   // E + 1: send_offsets of this rank's counts (zeros after a failed verdict)
@@ -48,7 +48,7 @@ struct DispatchArgs {
   // Its aux warps' counters (signal set of the fused call: L arrivals, L ready) and this call's
   // running totals of them.
   signals fsig;
-  unsigned long long arrive_expected, ready_expected;
+  Round arrive_expected, ready_expected;
 };
 
 struct CombineArgs {
@@ -59,7 +59,7 @@ struct CombineArgs {
   const int* status;
   int T, k, H;
   signals sig;  // 0: outputs ready (W per call), 1: done reading (W x blocks per call)
-  unsigned long long round;
+  Round round;
   int blocks;
 };
 

@@ -24,8 +24,9 @@ struct MoeGemmCombine::Impl {
   unsigned long long last_call = 0;  // the dispatch the last run consumed (one run per dispatch)
   // Signals this rank's counter has received over all launched calls: W x compute blocks per call.
   // A running total rather than round x per_round, since a caller's max_compute_blocks may change
-  // the count from one call to the next (every rank agrees on each call's, agree_call).
-  unsigned long long landed_total = 0;
+  // the count from one call to the next (every rank agrees on each call's, agree_call); a device
+  // cell once a call was captured.
+  runtime::RunningCounts landed{1};
 
   static size_t landing_elems(const ExchangeConfig& cf) {
     return std::max<size_t>(static_cast<size_t>(cf.max_tokens) * cf.topk * cf.hidden, 8);
@@ -37,7 +38,9 @@ struct MoeGemmCombine::Impl {
         sig(c.signals("moe.gemm_combine", 1)) {}
 };
 
-MoeGemmCombine::MoeGemmCombine(MoeExchange& ex) : impl_(std::make_unique<Impl>(ex)) {}
+MoeGemmCombine::MoeGemmCombine(MoeExchange& ex) : impl_(std::make_unique<Impl>(ex)) {
+  device_status();  // the GEMM's status words, made here rather than in a graph capture
+}
 MoeGemmCombine::~MoeGemmCombine() = default;
 
 bf16* MoeGemmCombine::landing() const { return impl_->landing.data(); }
@@ -95,7 +98,6 @@ void MoeGemmCombine::run(const Dispatched& d, const bf16* h, const bf16* W_down,
   std::string prob = problem(&d, h, W_down, F, topk_weights, out, T, opt);
   if (prob.empty()) {
     prob = runtime::local_problem([&] {
-      runtime::check_not_capturing("moe gemm_combine", s);
       const int group_m = opt.group_m > 0 ? opt.group_m : gemm::default_group_m(gemm::Tile::M128N256, F);
       static_cast<GroupedGlobals&>(g) =
           grouped_globals(gemm::BLayout::NK, h, W_down, nullptr, d.counts, L, H, F, R, group_m,
@@ -111,7 +113,9 @@ void MoeGemmCombine::run(const Dispatched& d, const bf16* h, const bf16* W_down,
   // The compute block count is part of the plan: every rank's final sum counts W x blocks signals.
   m.c.agree_call("moe.gemm_combine", "E, H, k, F, capacity, max_tokens, compute blocks",
                  {cf.experts, H, k, F, R, cf.max_tokens, blocks}, prob, s);
-  m.order.before(s);
+  const bool cap = runtime::capturing(s);
+  m.order.before(s, cap);
+  const Round expected = m.landed.advance({landed_per_round(W, blocks)}, s, cap)[0];
   const lcsc::Plan p = lcsc::launch<GemmCombineKernel>(g, cfg, s);
   WEAVE_CHECK(p.compute_blocks == blocks && p.comm_blocks == 0, "moe gemm_combine: launched ", p.compute_blocks,
               " compute blocks, planned ", blocks);
@@ -122,15 +126,14 @@ void MoeGemmCombine::run(const Dispatched& d, const bf16* h, const bf16* W_down,
   a.failed = d.failed;
   a.T = T, a.k = k, a.H = H;
   a.landed = m.sig.view();
-  a.expected = m.landed_total + landed_per_round(W, blocks);
+  a.expected = expected;
   // One warp per token, up to four blocks of 512 threads per SM (a full SM: the sum is bound by
   // the loads in flight); at least one block, so that the call ends (in stream order) only once
   // every peer's pushes into this rank are complete, whatever T is.
   const int warps = kSumThreads / 32;
   const int sum_blocks = std::max(1, std::min(4 * m.c.sm_count(), (T + warps - 1) / warps));
   launch_pdl(sum_landed, sum_blocks, kSumThreads, s, a);
-  m.landed_total = a.expected;
-  m.order.after(s);
+  m.order.after(s, cap);
   m.last_call = d.call;
 }
 

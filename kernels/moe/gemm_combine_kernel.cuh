@@ -151,7 +151,7 @@ struct SumArgs {
   const int* failed;             // the dispatch's verdict (nonzero: nothing was sent, write NaN)
   int T, k, H;
   signals landed;
-  unsigned long long expected;   // the running total of landed_per_round(W, compute blocks) over calls
+  Round expected;                // the running total of landed_per_round(W, compute blocks) over calls
 };
 
 // One warp per token, its k landing rows (contiguous: t k .. t k + k - 1) summed with

@@ -39,6 +39,7 @@ void free_on_device(int device, std::initializer_list<void*> ptrs) {
 MoeLayerScratch::MoeLayerScratch(const MoeExchange& ex, int ffn) : F_(ffn), cap_(ex.config().capacity) {
   WEAVE_CHECK(ffn > 0 && ffn % 8 == 0, "moe layer: F = ", ffn, " must be a positive multiple of 8");
   WEAVE_CUDA_CHECK(cudaGetDevice(&device_));
+  device_status();  // the grouped GEMMs' status words, made here rather than in a graph capture
   WEAVE_CUDA_CHECK(cudaMalloc(&G_, static_cast<size_t>(cap_) * 2 * F_ * sizeof(__nv_bfloat16)));
   const cudaError_t e = cudaMalloc(&H_, static_cast<size_t>(cap_) * F_ * sizeof(__nv_bfloat16));
   if (e != cudaSuccess) {
@@ -104,6 +105,7 @@ MoeLowLatencyScratch::MoeLowLatencyScratch(const MoeLowLatency& ll, int ffn)
     : F_(ffn), R_(ll.local_experts() * ll.row_stride()), hidden_(ll.config().hidden) {
   WEAVE_CHECK(ffn > 0 && ffn % 8 == 0, "moe low-latency layer: F = ", ffn, " must be a positive multiple of 8");
   WEAVE_CUDA_CHECK(cudaGetDevice(&device_));
+  device_status();  // as MoeLayerScratch
   const size_t rows = static_cast<size_t>(R_);
   WEAVE_CUDA_CHECK(cudaMalloc(&G_, rows * (3 * static_cast<size_t>(F_) + hidden_) * sizeof(__nv_bfloat16)));
   H_ = G_ + rows * 2 * F_;

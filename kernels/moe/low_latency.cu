@@ -116,9 +116,9 @@ struct MoeLowLatency::Impl {
     a.state = state, a.record = record;
     return a;
   }
-  // What each kernel waits for: every peer's blocks, once per call.
-  unsigned long long expected(const runtime::SignalSet& set) const {
-    return (set.round() + 1) * static_cast<unsigned long long>(g.world - 1) * static_cast<unsigned long long>(blocks);
+  // What each kernel waits for per round: every peer's blocks, once per call.
+  unsigned long long per_round() const {
+    return static_cast<unsigned long long>(g.world - 1) * static_cast<unsigned long long>(blocks);
   }
 };
 
@@ -142,7 +142,6 @@ LowLatencyDispatched MoeLowLatency::dispatch(const bf16* x, const int* topk_idx,
   Impl& m = *impl_;
   const LowLatencyConfig& cf = m.cfg;
   const std::string problem = runtime::local_problem([&] {
-    runtime::check_not_capturing("moe low-latency dispatch", s);
     WEAVE_CHECK(!m.pending, "moe low-latency dispatch: dispatch ", m.calls,
                 " has not been combined yet; dispatch and combine alternate (the combine tells every rank that the "
                 "call's buffers are free)");
@@ -158,14 +157,15 @@ LowLatencyDispatched MoeLowLatency::dispatch(const bf16* x, const int* topk_idx,
   });
   m.c.agree_call("moe.ll.dispatch", "E, H, k, max_tokens", {cf.experts, cf.hidden, cf.topk, cf.max_tokens}, problem,
                  s);
-  m.order.before(s);
+  const bool cap = runtime::capturing(s);
+  m.order.before(s, cap);
   ll::LlArgs a = m.base;
   a.x = x, a.idx = topk_idx, a.T = T;
   a.sig = m.dsig.view();
-  a.expected = m.expected(m.dsig);
+  a.round = m.dsig.next_round(s, cap);  // taken only by a launched call (a rejected one leaves no gap)
+  a.per_round = m.per_round();
   launch_pdl(ll::ll_dispatch, m.blocks, kLlThreads, s, a);
-  m.dsig.next_round();  // taken only by a launched call (a rejected one leaves no gap)
-  m.order.after(s);
+  m.order.after(s, cap);
   m.pending = true;
   m.last_T = T;
   ++m.calls;
@@ -189,7 +189,6 @@ void MoeLowLatency::combine(const bf16* y, const float* topk_weights, bf16* out,
   Impl& m = *impl_;
   const LowLatencyConfig& cf = m.cfg;
   const std::string problem = runtime::local_problem([&] {
-    runtime::check_not_capturing("moe low-latency combine", s);
     WEAVE_CHECK(m.pending, "moe low-latency combine: no dispatch to combine (every dispatch is combined once)");
     WEAVE_CHECK(T == m.last_T, "moe low-latency combine: T = ", T, " but the dispatch had ", m.last_T, " tokens");
     // y is read for the peers' tokens too, whatever this rank's T.
@@ -208,19 +207,22 @@ void MoeLowLatency::combine(const bf16* y, const float* topk_weights, bf16* out,
   });
   m.c.agree_call("moe.ll.combine", "E, H, k, max_tokens", {cf.experts, cf.hidden, cf.topk, cf.max_tokens}, problem,
                  s);
-  m.order.before(s);
+  const bool cap = runtime::capturing(s);
+  m.order.before(s, cap);
   ll::LlArgs a = m.base;
   a.y = y, a.w = topk_weights, a.out = out, a.T = T;
   a.sig = m.csig.view();
-  a.expected = m.expected(m.csig);
+  a.round = m.csig.next_round(s, cap);
+  a.per_round = m.per_round();
   launch_pdl(ll::ll_combine, m.blocks, kLlThreads, s, a);
-  m.csig.next_round();
-  m.order.after(s);
+  m.order.after(s, cap);
   m.pending = false;
 }
 
 void MoeLowLatency::check(cudaStream_t s) {
   Impl& m = *impl_;
+  WEAVE_CHECK(!runtime::capturing(s), "moe low-latency check: the stream is capturing a CUDA graph; check() waits for "
+              "the GPU, call it outside the capture (after a replay)");
   m.c.sync(s);
   LlVerdict v;
   WEAVE_CUDA_CHECK(cudaMemcpyAsync(&v, m.record, sizeof v, cudaMemcpyDeviceToHost, s));

@@ -66,7 +66,8 @@ struct LlArgs {
   int* state;                // kLlStateInts
   LlVerdict* record;         // the first failed call since the host last looked
   signals sig;               // counter 0: the kernel's blocks of every peer ((W - 1) B per call)
-  unsigned long long expected;
+  Round round;               // the set's round (read after pdl_enter: a device cell once captured)
+  unsigned long long per_round;  // (W - 1) B
 };
 
 __device__ __forceinline__ unsigned ll_lanemask_lt() {
@@ -242,7 +243,7 @@ __global__ void __launch_bounds__(kLlThreads, 2) ll_dispatch(const __grid_consta
       pack_token<false>(a, sh, me, t, reinterpret_cast<const int4*>(a.x + static_cast<long long>(t) * a.H));
 
   // 5. Every peer's blocks have sent their rows, codes and headers.
-  if (tid == 0 && W > 1) wait(a.sig, 0, a.expected);
+  if (tid == 0 && W > 1) wait(a.sig, 0, a.round * a.per_round);
   __syncthreads();
   const int* head = a.head[me];
   for (int q = tid; q < L * W; q += kLlThreads) {
@@ -362,7 +363,7 @@ __global__ void __launch_bounds__(kLlThreads, 2) ll_combine(const __grid_constan
   __syncthreads();
   if (tid == 0 && W > 1) {
     signal_peers(a.sig, 0);
-    wait(a.sig, 0, a.expected);
+    wait(a.sig, 0, a.round * a.per_round);
   }
   __syncthreads();
 

@@ -150,3 +150,37 @@ def grouped_rows(d: int, L: int, xs, idxs):
         counts.append(n)
     H = xs[0].shape[1]
     return (torch.cat(rows) if rows else xs[0].new_empty((0, H))), counts
+
+
+def check_captured_replays(layers, make_call, up, down, up_all, down_all, replays: int, what: str) -> None:
+    """`layers` (MoeLayer / MoeLowLatency objects taking the same call) captured in one CUDA graph
+    after an eager call of each, then replayed with make_call(i) -> (x, idx, w) copied into the
+    captured inputs (T is the graph's), the captured outputs poisoned (NaN) before each replay:
+    every replay's outputs against the reference (`up_all`, `down_all`: every expert's weights) and
+    bit for bit equal to each other. Every fourth step is an eager call on the captured tensors
+    instead (their signal rounds then advance on the device), and one eager call follows the last
+    replay."""
+    x, idx, w = (t.clone() for t in make_call(0))
+
+    def check(outs, i, how):
+        for j, out in enumerate(outs):
+            check_moe(out, x, idx, w, up_all, down_all, f"{what} {how} {i}, layer {j}")
+            assert torch.equal(out, outs[0]), f"{what} {how} {i}: layer {j} differs from layer 0"
+
+    check([m(x, idx, w, up, down) for m in layers], 0, "eager call")
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = [m(x, idx, w, up, down) for m in layers]
+    for i in range(1, replays + 2):
+        for dst, src in zip((x, idx, w), make_call(i)):
+            dst.copy_(src)
+        if i % 4 == 0 or i == replays + 1:
+            check([m(x, idx, w, up, down) for m in layers], i, "eager call")
+            continue
+        for out in outs:
+            out.fill_(float("nan"))
+        graph.replay()
+        check(outs, i, "replay")
+    for m in layers:
+        m.check()

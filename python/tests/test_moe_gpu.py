@@ -9,15 +9,16 @@ multiple of 128, 0, 1 and max_tokens; back-to-back calls with changing T and rou
 grouped rows, counts and offsets exactly; dispatch -> weave.grouped_mm -> SwiGLU in torch ->
 weave.grouped_mm -> combine; a capacity overflow and out-of-range ids (NaN out, check() raising on
 the device's verdict, the layer usable after); argument errors on real tensors; torch.compile;
-close() handing the heap back."""
+close() handing the heap back; the layer (fused and not) and the low-latency decode forward captured
+in a CUDA graph and replayed with changing routing."""
 import re
 
 import pytest
 import torch
 
 import weave
-from moe_refs import (BF, F32, I32, check_fused_and_plain, check_moe, expert_weights, grouped_rows, routing,
-                      swiglu_torch, tokens)
+from moe_refs import (BF, F32, I32, check_captured_replays, check_fused_and_plain, check_moe, expert_weights,
+                      grouped_rows, routing, swiglu_torch, tokens)
 
 pytestmark = pytest.mark.gpu
 
@@ -43,6 +44,21 @@ def test_layer_forward(make, seed, k, kind):
         check_fused_and_plain(fused, plain, x, idx, w, up, down, up, down, f"k={k} {kind} T={T} call {i}")
     fused.check()
     plain.check()
+
+
+def test_graph_capture_and_replay(make, seed):
+    """MoeLayer (fused and not) and MoeLowLatency's decode forward in one CUDA graph, replayed with
+    fresh tokens and routing (moe_refs.check_captured_replays)."""
+    k, T = 4, 203
+    up, down = expert_weights(E, H, F, seed)
+    layers = [make(E, H, F, k, 256), make(E, H, F, k, 256, fused=False), weave.MoeLowLatency(E, H, k, 256, ffn=F)]
+    kinds = ("random", "one", "repeat")
+    try:
+        check_captured_replays(layers, lambda i: (tokens(T, H, seed, i), *routing(T, k, E, kinds[i % 3], seed, i,
+                                                                                 hot=5)),
+                               up, down, up, down, 9, "capture")
+    finally:
+        layers[2].close()
 
 
 @pytest.mark.parametrize("T", [0, 1, 128])

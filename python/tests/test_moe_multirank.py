@@ -10,7 +10,8 @@ Rank r holds experts r L .. r L + L - 1 and T0 + 37 r tokens (different per rank
 and 8, random routing and every token's first slot on one expert of rank 0; dispatch's grouped rows
 (every rank's rows in the receiver layout) exactly; dispatch + grouped_mm + combine; a capacity
 overflow and a bad id on one rank reported by check() on every rank, the layer usable after; a
-configuration that differs between ranks refused on every rank."""
+configuration that differs between ranks refused on every rank; the layer (fused and not) and the
+low-latency decode forward captured in one CUDA graph and replayed with changing routing."""
 import os
 import re
 
@@ -19,8 +20,8 @@ import torch
 import torch.distributed as dist
 
 import weave
-from moe_refs import (BF, F32, I32, check_fused_and_plain, check_moe, expert_weights, grouped_rows, routing,
-                      swiglu_torch, tokens)
+from moe_refs import (BF, F32, I32, check_captured_replays, check_fused_and_plain, check_moe, expert_weights,
+                      grouped_rows, routing, swiglu_torch, tokens)
 
 if "WORLD_SIZE" not in os.environ:
     pytest.skip("multi-rank tests run under torchrun (see the module's docstring)", allow_module_level=True)
@@ -61,6 +62,25 @@ def test_layer(world, make, k, kind, zero):
                               f"rank {rank} k={k} {kind} call {i}")
     fused.check()
     plain.check()
+
+
+def test_graph_capture_and_replay(world, make):
+    """MoeLayer (fused and not) and MoeLowLatency's decode forward in one CUDA graph on every rank,
+    replayed with fresh tokens and routing of every rank (moe_refs.check_captured_replays)."""
+    rank, W, seed = world
+    L, H, F, k, T0 = 4, 200, 136, 4, 150
+    E = L * W
+    up, down = expert_weights(E, H, F, seed)
+    mine = slice(rank * L, (rank + 1) * L)
+    max_tokens = T0 + 37 * (W - 1)
+    layers = [make(E, H, F, k, max_tokens), make(E, H, F, k, max_tokens, fused=False),
+              weave.MoeLowLatency(E, H, k, max_tokens, ffn=F)]
+    kinds = ("random", "one", "repeat")
+    try:
+        check_captured_replays(layers, lambda i: every_rank(W, T0, k, E, H, kinds[i % 3], seed, i, hot=1)[rank],
+                               up[mine], down[mine], up, down, 9, f"rank {rank} capture")
+    finally:
+        layers[2].close()
 
 
 def test_dispatch_and_combine(world, make):

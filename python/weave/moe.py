@@ -167,10 +167,11 @@ class _MoeObject:
         for t in tensors:
             if t.device.type != "cuda" or t.device.index != dev:
                 _ops._fail(op, f"a tensor is on {t.device} but the layer's communicator uses cuda:{dev}")
-        if torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(f"weave.{op}: CUDA graph capture of the MoE layers is not supported (their calls "
-                               "fix their signal rounds on the host, like the collectives)")
         s = torch.cuda.current_stream(dev)
+        if torch.cuda.is_current_stream_capturing():
+            # A graph cannot wait for work outside it: its replays are ordered by the stream they run
+            # on, after the eager calls before them (as the other operators' captures).
+            return s
         last = self._stream
         if last is not None and last != s:
             s.wait_stream(last)

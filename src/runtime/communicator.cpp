@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include "weave/common/driver.hpp"
 #include "weave/common/error.hpp"
@@ -599,7 +600,7 @@ SignalSet::SignalSet(Communicator& c, const std::string& name, int count) : c_(&
     throw;
   }
   PeerPtrs pp = c.peers(p, sizeof(unsigned long long) * (count + 1));
-  cell_ = static_cast<unsigned long long*>(p) + count;
+  round_ = RunningCounts(static_cast<unsigned long long*>(p) + count, 1);
   for (int r = 0; r < c.world(); ++r) view_.ptr[r] = static_cast<unsigned long long*>(pp[r]);
   view_.world = c.world();
   view_.rank = c.rank();
@@ -610,23 +611,8 @@ SignalSet::SignalSet(Communicator& c, const std::string& name, int count) : c_(&
   view_.abort = c.abort_word();
 }
 
-SignalSet::SignalSet(SignalSet&& o) noexcept
-    : c_(o.c_), view_(o.view_), round_(o.round_), cell_(o.cell_), device_rounds_(o.device_rounds_) {
+SignalSet::SignalSet(SignalSet&& o) noexcept : c_(o.c_), view_(o.view_), round_(std::move(o.round_)) {
   o.c_ = nullptr;
-}
-
-Round SignalSet::next_round(cudaStream_t s, bool capturing) {
-  // round_ counts eager launches only: a captured launch may run any number of times, none
-  // included. Its floor is the eager count at capture + 1, which no replay can precede.
-  if (capturing) {
-    device_rounds_ = true;
-    advance_round(cell_, round_ + 1, s);
-    return {round_ + 1, cell_};
-  }
-  ++round_;
-  if (!device_rounds_) return {round_, nullptr};
-  advance_round(cell_, round_, s);
-  return {round_, cell_};
 }
 
 SignalSet::~SignalSet() {

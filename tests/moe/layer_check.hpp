@@ -160,6 +160,48 @@ struct DevFree {
 
 // The layer's setup on this rank: exchange (capacity for any routing unless given), scratch, the
 // fused combine, this rank's experts' weights.
+// This rank's L experts' weights on the device (experts rank L .. rank L + L - 1), freed with `mem`.
+struct RankWeights {
+  bf16 *up = nullptr, *down = nullptr;
+  RankWeights(const Weights& wts, int L, DevFree& mem) {
+    const int me = comm().rank();
+    const size_t nu = static_cast<size_t>(L) * 2 * wts.F * wts.H, nd = static_cast<size_t>(L) * wts.H * wts.F;
+    up = mem.add<bf16>(nu);
+    down = mem.add<bf16>(nd);
+    WEAVE_CUDA_CHECK(cudaMemcpy(up, wts.up_of(me * L), nu * sizeof(bf16), cudaMemcpyHostToDevice));
+    WEAVE_CUDA_CHECK(cudaMemcpy(down, wts.down_of(me * L), nd * sizeof(bf16), cudaMemcpyHostToDevice));
+  }
+};
+
+// The CUDA-graph check of the MoE operators: call 0 eager, then `enqueue` captured into a graph;
+// calls 1..replays are replays of it, every fourth an eager call of `enqueue` instead (the signal
+// rounds and expected totals then advance on the device), a second graph is captured halfway and
+// never replayed (it must leave no count behind), and an eager call comes last. prepare(c) puts
+// call c's inputs into the captured buffers and poisons the outputs, once every rank's previous
+// call is over, and returns what check(prepared, what) verifies after the call; label(c) names
+// call c's routing.
+template <class Prepare, class Enqueue, class Check, class Label>
+void captured_replays(cudaStream_t s, int replays, Prepare&& prepare, Enqueue&& enqueue, Check&& check,
+                      Label&& label) {
+  {
+    const auto in = prepare(0);
+    enqueue();
+    check(in, "the eager call before the capture");
+  }
+  wt::Graph graph(s, enqueue);
+  for (int c = 1; c <= replays && !::testing::Test::HasFailure(); ++c) {
+    const auto in = prepare(c);
+    const bool eager = c % 4 == 0;
+    if (eager) enqueue();
+    else graph.launch(s);
+    check(in, std::string(eager ? "eager call " : "replay ") + std::to_string(c) + " (" + label(c) + ")");
+    if (c == replays / 2) wt::Graph never(s, enqueue);
+  }
+  const auto in = prepare(replays + 1);
+  enqueue();
+  check(in, "the eager call after the replays");
+}
+
 struct Layer {
   std::unique_ptr<MoeExchange> ex;
   std::unique_ptr<MoeLayerScratch> sc;
@@ -167,18 +209,15 @@ struct Layer {
   bf16 *up = nullptr, *down = nullptr;
   DevFree mem;
   Layer(const Weights& wts, int k, int max_tokens, int capacity = 0) {
-    const int W = comm().world(), me = comm().rank(), L = wts.E / W;
+    const int W = comm().world(), L = wts.E / W;
     ExchangeConfig cf;
     cf.experts = wts.E, cf.hidden = wts.H, cf.topk = k, cf.max_tokens = std::max(max_tokens, 1);
     cf.capacity = capacity > 0 ? capacity : std::max(1, W * max_tokens * k);
     ex = std::make_unique<MoeExchange>(comm(), cf);
     sc = std::make_unique<MoeLayerScratch>(*ex, wts.F);
     gc = std::make_unique<MoeGemmCombine>(*ex);
-    const size_t nu = static_cast<size_t>(L) * 2 * wts.F * wts.H, nd = static_cast<size_t>(L) * wts.H * wts.F;
-    up = mem.add<bf16>(nu);
-    down = mem.add<bf16>(nd);
-    WEAVE_CUDA_CHECK(cudaMemcpy(up, wts.up_of(me * L), nu * sizeof(bf16), cudaMemcpyHostToDevice));
-    WEAVE_CUDA_CHECK(cudaMemcpy(down, wts.down_of(me * L), nd * sizeof(bf16), cudaMemcpyHostToDevice));
+    const RankWeights rw(wts, L, mem);
+    up = rw.up, down = rw.down;
   }
   // Poisons every buffer the layer writes (scratch, exchange buffers, landing buffer), so that
   // reading stale or unwritten data shows.

@@ -14,7 +14,8 @@
 // before every checked call. Then 200 dispatch + combine calls back to back (no host sync in
 // between) with changing routing and T, every one checked; then an out-of-range id and a
 // capacity overflow, each an error with the same message on every rank (check()), zero counts and
-// NaN outputs, no hang, and a correct call right after.
+// NaN outputs, no hang, and a correct call right after. Then dispatch + combine captured in a CUDA
+// graph and replayed with changing routing, eager calls between, every replay checked.
 #include <cuda_bf16.h>
 #include <gtest/gtest.h>
 
@@ -308,6 +309,79 @@ TEST(MoeExchange, BackToBack200) {
     verify(*call.ref, call.in, snap, false, "call " + std::to_string(c) + " (" + name(kinds[c % 7]) + ")");
     if (HasFatalFailure() || HasNonfatalFailure()) break;
   }
+}
+
+// Dispatch and combine captured in one CUDA graph after an eager call, then replayed with fresh
+// routing, tokens, weights and expert outputs copied into the captured buffers (T is the graph's,
+// fixed per rank), every replay's rows, metadata, counts, offsets and outputs checked on freshly
+// poisoned copies, with eager calls between and after (layer_check.hpp's captured_replays).
+TEST(MoeExchange, CapturedReplays) {
+  const int W = comm().world(), me = comm().rank(), L = 8, k = 4, H = 136, kReplays = 24;
+  const Geometry g{W, L * W};
+  std::vector<int> Ts(W);
+  for (int r = 0; r < W; ++r) Ts[r] = r == 1 ? 0 : 150 + 37 * r;  // rank 1 sends nothing, still receives
+  const int T = Ts[me], maxT = *std::max_element(Ts.begin(), Ts.end());
+  ExchangeConfig cf;
+  cf.experts = g.experts, cf.hidden = H, cf.topk = k, cf.max_tokens = maxT, cf.capacity = W * maxT * k;
+  MoeExchange ex(comm(), cf);
+  cudaStream_t s = stream();
+  DevFree mem;
+  const size_t cap = static_cast<size_t>(cf.capacity);
+  bf16* x = mem.add<bf16>(static_cast<size_t>(T) * H);
+  int* idx = mem.add<int>(static_cast<size_t>(T) * k);
+  float* w = mem.add<float>(static_cast<size_t>(T) * k);
+  bf16* out = mem.add<bf16>(static_cast<size_t>(T) * H);
+  bf16* ybuf = mem.add<bf16>(cap * H);  // the call's expert outputs, uploaded before it
+  bf16* rows = mem.add<bf16>(cap * H);  // copies of what the call left, made in stream order
+  RowMeta* meta = mem.add<RowMeta>(cap);
+  int* counts = mem.add<int>(L);
+  int* offsets = mem.add<int>(L + 1);
+  const uint64_t seed = wt::job_seed();
+  const Routing kinds[] = {Routing::balanced,   Routing::random,    Routing::dirichlet,     Routing::empty_experts,
+                           Routing::all_to_one, Routing::same_rank, Routing::random_repeats};
+  // Call c's inputs on every rank and its reference; this rank's uploaded, its outputs poisoned.
+  auto prepare = [&](int c) {
+    const uint64_t cs = check::derive(seed, 300, c);
+    std::vector<RankInput> in;
+    for (int r = 0; r < W; ++r) in.push_back(make_input(cs, kinds[c % 7], g, Ts[r], k, H, r));
+    auto ref = std::make_unique<Reference>(in, g, k, H, cs);
+    WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
+    if (T) {
+      wt::to_device(x, in[me].x);
+      wt::to_device(idx, in[me].idx);
+      wt::to_device(w, in[me].w);
+      WEAVE_CUDA_CHECK(cudaMemset(out, 0xff, static_cast<size_t>(T) * H * sizeof(bf16)));
+    }
+    if (ref->rows(me)) wt::to_device(ybuf, ref->y[me]);
+    WEAVE_CUDA_CHECK(cudaMemset(rows, 0xff, cap * H * sizeof(bf16)));
+    WEAVE_CUDA_CHECK(cudaMemset(meta, 0xff, cap * sizeof(RowMeta)));
+    WEAVE_CUDA_CHECK(cudaMemset(counts, 0xff, L * sizeof(int)));
+    WEAVE_CUDA_CHECK(cudaMemset(offsets, 0xff, (L + 1) * sizeof(int)));
+    WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
+    comm().barrier();  // every rank's previous call is over and its inputs are in place
+    return std::make_pair(std::move(in), std::move(ref));
+  };
+  auto enqueue = [&] {
+    const Dispatched d = ex.dispatch(x, idx, T, s);
+    WEAVE_CUDA_CHECK(cudaMemcpyAsync(rows, d.rows, cap * H * sizeof(bf16), cudaMemcpyDeviceToDevice, s));
+    WEAVE_CUDA_CHECK(cudaMemcpyAsync(meta, d.meta, cap * sizeof(RowMeta), cudaMemcpyDeviceToDevice, s));
+    WEAVE_CUDA_CHECK(cudaMemcpyAsync(counts, d.counts, L * sizeof(int), cudaMemcpyDeviceToDevice, s));
+    WEAVE_CUDA_CHECK(cudaMemcpyAsync(offsets, d.offsets, (L + 1) * sizeof(int), cudaMemcpyDeviceToDevice, s));
+    WEAVE_CUDA_CHECK(cudaMemcpyAsync(ex.expert_output(), ybuf, cap * H * sizeof(bf16), cudaMemcpyDeviceToDevice, s));
+    ex.combine(ex.expert_output(), w, out, T, s);
+  };
+  auto check_call = [&](const auto& call, const std::string& what) {
+    ex.check(s);
+    Snapshot snap;
+    snap.rows = wt::to_host(rows, cap * H);
+    snap.meta = wt::to_host(meta, cap);
+    snap.counts = wt::to_host(counts, L);
+    snap.offsets = wt::to_host(offsets, L + 1);
+    snap.out = wt::to_host(out, static_cast<size_t>(T) * H);
+    verify(*call.second, call.first, snap, false, what);
+  };
+  test::captured_replays(s, kReplays, prepare, enqueue, check_call,
+                         [&](int c) { return std::string(name(kinds[c % 7])); });
 }
 
 namespace {

@@ -20,8 +20,10 @@
 // k = 1, 2, 4, 8; T different on every rank, not a multiple of 128 (the GEMM tile), 0 on one rank;
 // H and F multiples of 64 and ragged ones (multiples of 8 only). Then back-to-back calls (no host
 // synchronisation in between) with changing routing, T and tokens, each path's calls each checked
-// (6, 8 and 200 calls per path), and a short weight on one rank refused on every rank. gemm_combine's own argument errors and a
-// failed dispatch through the fused layer are test_gemm_combine_gpu's.
+// (6, 8 and 200 calls per path), both paths captured in a CUDA graph and replayed with changing
+// routing (every replay checked), and a short weight on one rank refused on every rank.
+// gemm_combine's own argument errors and a failed dispatch through the fused layer are
+// test_gemm_combine_gpu's.
 #include <cuda_bf16.h>
 #include <gtest/gtest.h>
 
@@ -219,4 +221,56 @@ TEST(MoeLayer, ShortWeightIsAnErrorOnEveryRank) {
   check_status(s);
   verify(wts, in, k, wt::to_host(d.out, static_cast<size_t>(T) * H), "the call after a rejected one");
   comm().barrier();
+}
+
+// Both paths captured in one CUDA graph after an eager call of each, then replayed with fresh
+// routing and tokens copied into the captured inputs (T is the graph's, fixed per rank; not a
+// multiple of the GEMM tile), the outputs poisoned before each replay and checked against the
+// float64 reference, the fused one also bit for bit against the non-fused one; eager calls between
+// and after (layer_check.hpp's captured_replays).
+TEST(MoeLayer, CapturedReplays) {
+  const int W = comm().world(), me = comm().rank(), L = 4, k = 4, H = 200, F = 136, kReplays = 12;
+  const Geometry g{W, L * W};
+  const uint64_t seed = wt::job_seed();
+  const Weights wts(seed, g.experts, H, F);
+  std::vector<int> Ts(W);
+  for (int r = 0; r < W; ++r) Ts[r] = 203 + 61 * r;
+  const int T = Ts[me];
+  const size_t n = static_cast<size_t>(T) * H;
+  Layer layer(wts, k, *std::max_element(Ts.begin(), Ts.end()));
+  DevFree mem;
+  bf16* x = mem.add<bf16>(n);
+  int* idx = mem.add<int>(static_cast<size_t>(T) * k);
+  float* w = mem.add<float>(static_cast<size_t>(T) * k);
+  bf16* plain = mem.add<bf16>(n);
+  bf16* fused = mem.add<bf16>(n);
+  cudaStream_t s = stream();
+  const Routing kinds[] = {Routing::balanced, Routing::dirichlet, Routing::all_to_one, Routing::same_rank,
+                           Routing::random_repeats};
+  auto prepare = [&](int c) {
+    RankInput in = make_input(check::derive(seed, 600, c), kinds[c % 5], g, T, k, H, me);
+    comm().barrier();  // every rank's previous call is over (check() synchronised its stream)
+    wt::to_device(x, in.x);
+    wt::to_device(idx, in.idx);
+    wt::to_device(w, in.w);
+    WEAVE_CUDA_CHECK(cudaMemset(plain, 0xff, n * sizeof(bf16)));
+    WEAVE_CUDA_CHECK(cudaMemset(fused, 0xff, n * sizeof(bf16)));
+    layer.poison();
+    WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
+    comm().barrier();  // nobody pushes into a buffer still being poisoned
+    return in;
+  };
+  auto enqueue = [&] {
+    moe_layer_forward(*layer.ex, *layer.sc, x, idx, w, T, layer.up, layer.down, plain, s);
+    moe_layer_forward_fused(*layer.ex, *layer.gc, *layer.sc, x, idx, w, T, layer.up, layer.down, fused, s);
+  };
+  auto check_call = [&](const RankInput& in, const std::string& what) {
+    layer.ex->check(s);
+    check_status(s);
+    const std::vector<bf16> plain_out = wt::to_host(plain, n), fused_out = wt::to_host(fused, n);
+    verify_layer(wts, in, k, {{&plain_out, what}, {&fused_out, "fused " + what}});
+    expect_identical(fused_out, plain_out, "fused " + what);
+  };
+  captured_replays(s, kReplays, prepare, enqueue, check_call,
+                   [&](int c) { return std::string(name(kinds[c % 5])); });
 }

@@ -17,8 +17,9 @@
 // and T, every one checked; device-found errors (an out-of-range id, too many rows of one rank on
 // one expert) reported by check() with the same message on every rank, zero counts and NaN
 // outputs, then a correct call; host-found errors (T > max_tokens, a misaligned x, a short y, a
-// dispatch twice, a combine without dispatch, bad configs, a capturing stream) thrown on every
-// rank before anything is launched, then a correct call.
+// dispatch twice, a combine without dispatch, bad configs, check() on a capturing stream) thrown on
+// every rank before anything is launched, then a correct call. The decode layer captured in a CUDA
+// graph and replayed with changing routing, eager calls between, every replay checked.
 #include <cuda_bf16.h>
 #include <gtest/gtest.h>
 
@@ -364,12 +365,8 @@ void run_layer(const LayerSpec& b) {
   MoeLowLatency ll(comm(), cf);
   const int S = ll.row_stride(), R = L * S;
   DevFree mem;
-  bf16* up = mem.add<bf16>(static_cast<size_t>(L) * 2 * F * H);
-  bf16* down = mem.add<bf16>(static_cast<size_t>(L) * H * F);
-  WEAVE_CUDA_CHECK(cudaMemcpy(up, wts.up_of(me * L), static_cast<size_t>(L) * 2 * F * H * sizeof(bf16),
-                              cudaMemcpyHostToDevice));
-  WEAVE_CUDA_CHECK(cudaMemcpy(down, wts.down_of(me * L), static_cast<size_t>(L) * H * F * sizeof(bf16),
-                              cudaMemcpyHostToDevice));
+  const test::RankWeights rw(wts, L, mem);
+  bf16 *up = rw.up, *down = rw.down;
   MoeLowLatencyScratch sc(ll, F);
   ASSERT_EQ(sc.rows(), R);
   bf16* G = sc.up_output();
@@ -427,6 +424,51 @@ void run_layer(const LayerSpec& b) {
 }
 
 }  // namespace
+
+// The decode layer captured in a CUDA graph after an eager call, replayed with fresh routing and
+// tokens copied into the captured inputs (T fixed per rank, the graph's), each replay's output
+// poisoned first and checked against the float64 reference; eager calls between and after
+// (layer_check.hpp's captured_replays).
+TEST(MoeLowLatency, CapturedDecodeLayerReplays) {
+  const int W = comm().world(), me = comm().rank(), L = 4, k = 8, H = 200, F = 136, maxT = 40, kReplays = 12;
+  const Geometry g{W, L * W};
+  const uint64_t seed = wt::job_seed();
+  const test::Weights wts(seed, g.experts, H, F);
+  LowLatencyConfig cf;
+  cf.experts = g.experts, cf.hidden = H, cf.topk = k, cf.max_tokens = maxT;
+  MoeLowLatency ll(comm(), cf);
+  MoeLowLatencyScratch sc(ll, F);
+  const int T = maxT - 3 * me;
+  DevFree mem;
+  const test::RankWeights rw(wts, L, mem);
+  const size_t n = static_cast<size_t>(T) * H;
+  bf16* x = mem.add<bf16>(n);
+  int* idx = mem.add<int>(static_cast<size_t>(T) * k);
+  float* w = mem.add<float>(static_cast<size_t>(T) * k);
+  bf16* out = mem.add<bf16>(n);
+  cudaStream_t s = stream();
+  const Routing kinds[] = {Routing::random, Routing::dirichlet, Routing::all_to_one, Routing::same_rank,
+                           Routing::random_repeats};
+  auto prepare = [&](int c) {
+    RankInput in = make_input(check::derive(seed, 700, c), kinds[c % 5], g, T, k, H, me);
+    comm().barrier();  // every rank's previous call is over (check() synchronised its stream)
+    wt::to_device(x, in.x);
+    wt::to_device(idx, in.idx);
+    wt::to_device(w, in.w);
+    WEAVE_CUDA_CHECK(cudaMemset(out, 0xff, n * sizeof(bf16)));
+    WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
+    comm().barrier();
+    return in;
+  };
+  auto enqueue = [&] { moe_low_latency_forward(ll, sc, x, idx, w, T, rw.up, rw.down, out, s); };
+  auto check_call = [&](const RankInput& in, const std::string& what) {
+    ll.check(s);
+    check_status(s);
+    test::verify_layer(wts, in, k, wt::to_host(out, n), what);
+  };
+  test::captured_replays(s, kReplays, prepare, enqueue, check_call,
+                         [&](int c) { return std::string(name(kinds[c % 5])); });
+}
 
 TEST(MoeLowLatency, DecodeLayer) { run_layer({4, 4, 1024, 256, 64, 4, 200}); }
 TEST(MoeLowLatency, DecodeLayerRaggedTop8) { run_layer({4, 8, 200, 136, 40, 3, 300}); }
@@ -537,8 +579,8 @@ TEST(MoeLowLatency, ArgumentErrorsOnEveryRankThenACorrectCall) {
   // A combine before any dispatch.
   msg = error_of([&] { ll.combine(y, in_d.w, in_d.out, T, s); });
   EXPECT_NE(msg.find("no dispatch to combine"), std::string::npos) << msg;
-  // Under stream capture.
-  wt::expect_capture_rejected(s, "moe low-latency dispatch", [&] { ll.dispatch(in_d.x, in_d.idx, T, s); });
+  // check() under stream capture (it waits for the GPU).
+  wt::expect_capture_rejected(s, "moe low-latency check", [&] { ll.check(s); });
   // The dispatch itself, then a second one before its combine, then a short y on the last rank.
   const LowLatencyDispatched d = ll.dispatch(in_d.x, in_d.idx, T, s);
   msg = error_of([&] { ll.dispatch(in_d.x, in_d.idx, T, s); });

@@ -920,6 +920,41 @@ FAULTS = [
         }],
         "tests": ["test_call_mail_cpu:CallMail.DifferingAgreedPlansEndOnEveryRank"],
     },
+    # ---- CUDA-graph capture: counts read on the device (include/weave/runtime/running_counts.hpp) -----
+    {
+        "name": "running_counts_stay_on_host_under_capture",
+        "what": "a launch captured into a CUDA graph keeps the host's round and expected totals (every replay "
+                "waits for the captured call's counts, which earlier calls already met)",
+        "edits": [{
+            "file": "src/runtime/running_counts.cu",
+            "find": "  if (capturing) device_ = true;",
+            "replace": "  if (false) device_ = true;",
+        }],
+        "tests": ["test_moe_layer_gpu:MoeLayer.CapturedReplays", "test_tp_gpu:TpGpu.GraphCaptureAndReplay",
+                  "test_sp_gpu:SpGpu.GraphCaptureAndReplay"],
+    },
+    {
+        "name": "moe_dispatch_round_fixed_at_capture",
+        "what": "moe dispatch: the count exchange takes the round fixed when the call was enqueued (a replay "
+                "reads the count matrix half and waits for the rows of the captured call)",
+        "edits": [{
+            "file": "kernels/moe/exchange.cu",
+            "find": "  a.round = m.dsig.next_round(s, cap);",
+            "replace": "  a.round = Round{m.dsig.next_round(s, cap).host, nullptr};",
+        }],
+        "tests": ["test_moe_exchange_gpu:MoeExchange.CapturedReplays"],
+    },
+    {
+        "name": "moe_gemm_combine_total_fixed_at_capture",
+        "what": "gemm_combine: the final sum waits for the landed-signal total fixed when the call was enqueued "
+                "(a replay sums its landing rows before the peers' rows land)",
+        "edits": [{
+            "file": "kernels/moe/gemm_combine.cu",
+            "find": "  a.expected = expected;",
+            "replace": "  a.expected = Round{expected.host, nullptr};",
+        }],
+        "tests": ["test_moe_layer_gpu:MoeLayer.CapturedReplays"],
+    },
     # ---- the adaptive SM split (kernels/tp_common/sm_ledger.cuh, include/weave/lcsc.cuh) -------------
     {
         "name": "sm_ledger_claim_before_input_in_place",

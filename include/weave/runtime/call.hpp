@@ -36,19 +36,6 @@ inline bool capturing(cudaStream_t s) {
   return st != cudaStreamCaptureStatusNone;
 }
 
-// For the operators whose rounds are still host-only (the MoE exchange): stream capture is
-// rejected, since a replayed graph would wait for rounds already met (reading whatever is in the
-// buffers) or never sent. Part of a call's local checks, so every rank rejects it together. The
-// TP and sequence-parallel kernels take device rounds under capture (SignalSet::next_round), the
-// collectives keep their counts on the device (collectives/state.cuh).
-inline void check_not_capturing(const char* who, cudaStream_t s) {
-  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-  WEAVE_CUDA_CHECK(cudaStreamIsCapturing(s, &st));
-  WEAVE_CHECK(st == cudaStreamCaptureStatusNone, who,
-              ": the stream is capturing a CUDA graph; this operator cannot be captured (its rounds are fixed on "
-              "the host at enqueue, so a replay would reuse them): call it outside the capture");
-}
-
 // What is wrong with this rank's own arguments ("" when nothing): `checks` runs the checks that
 // can fail on one rank alone (weave::Error), for Communicator::agree_call's `problem`.
 template <class F>
@@ -65,8 +52,7 @@ std::string local_problem(F&& checks) {
 // a call on another stream than the previous call's first waits for that call's kernel. Calls
 // enqueued into a CUDA graph (`capturing`, the call's own capturing(s), taken once per call) are
 // left out: a graph cannot wait for an event recorded outside it, so a graph's replays and the
-// object's eager calls must not overlap (the caller's stream order). Operators that reject
-// capture (check_not_capturing) pass the default.
+// object's eager calls must not overlap (the caller's stream order).
 class CallOrder {
  public:
   CallOrder() = default;

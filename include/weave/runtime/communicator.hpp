@@ -13,6 +13,7 @@
 #include "weave/config.hpp"
 #include "weave/runtime/bootstrap.hpp"
 #include "weave/runtime/launch.hpp"
+#include "weave/runtime/running_counts.hpp"
 #include "weave/signal_types.hpp"
 
 namespace weave::runtime {
@@ -157,11 +158,6 @@ class SymmetricTensor {
   T* p_;
 };
 
-// Enqueues on `s` a one-thread kernel that sets *cell = max(*cell + 1, host_round): the device
-// count of a signal set's launches, which the host's count (host_round, this launch's) bounds from
-// below while graphs replay launches the host counted once (SignalSet::next_round).
-void advance_round(unsigned long long* cell, unsigned long long host_round, cudaStream_t s);
-
 // Host side of a signal set: the counters' heap allocation and the round number kernels wait for.
 // Creating and destroying one are collective: the destructor waits until no rank has device work
 // left (Communicator::quiesce) before the counters go back to the heap, so that a late signal
@@ -174,26 +170,22 @@ class SignalSet {
   SignalSet(const SignalSet&) = delete;
   SignalSet& operator=(const SignalSet&) = delete;
   signals view() const { return view_; }
-  // The next round number (1, 2, ...): counters are never reset, a launch waits for multiples.
-  unsigned long long next_round() { return ++round_; }
+  // The next round number (1, 2, ...) of a set whose launches are never captured: counters are
+  // never reset, a launch waits for multiples.
+  unsigned long long next_round() { return round_.add_on_host({1})[0]; }
   // The next round of a launch on `s` (`capturing`: whether `s` is capturing a CUDA graph): the
-  // host's number until the set's first captured launch; from then on (the host can no longer
-  // know how often a graph is replayed) a one-thread kernel on `s` advances the set's round cell
-  // to max(cell + 1, floor), and the launch reads the cell (Round). The floor is the eager
-  // launches' count (with this one; a captured launch: the count at capture + 1), so the cell
-  // equals the launches run, whether a graph is replayed many times or never. Every rank's
-  // launches of a set come in the same order, so the cells agree.
-  Round next_round(cudaStream_t s, bool capturing);
-  bool device_rounds() const { return device_rounds_; }
-  unsigned long long round() const { return round_; }
+  // host's number until the set's first captured launch, then read on the device from the set's
+  // round cell, which a one-thread kernel on `s` advances (RunningCounts with one count of 1 per
+  // launch), so that a graph replayed many times or never leaves it equal to the launches run.
+  Round next_round(cudaStream_t s, bool capturing) { return round_.advance({1}, s, capturing)[0]; }
+  bool device_rounds() const { return round_.on_device(); }
+  unsigned long long round() const { return round_.host(0); }
   int count() const { return view_.count; }
 
  private:
   Communicator* c_;
   signals view_{};
-  unsigned long long round_ = 0;
-  unsigned long long* cell_ = nullptr;  // this rank's round cell, after its counters (local only)
-  bool device_rounds_ = false;
+  RunningCounts round_;  // over this rank's round cell, after its counters (local only)
 };
 
 }  // namespace weave::runtime
