@@ -189,10 +189,11 @@ AgreedCall agree(NetPath& path, AgreedKeys& agreed, const std::vector<long long>
   }
   bool launched = false;
   for (int r = 0; r < world; ++r) launched |= r != me && all[r].launched();
-  std::string verdict;
+  // This rank's own problem first: it names the argument (a peer whose plan differs because of
+  // it, a K that is not a multiple of 8, reads the difference).
+  std::string verdict = problem;
   for (int r = 0; r < world && verdict.empty(); ++r)
     if (!mine.same_plan(all[r])) verdict = differ(r, all[r]);
-  if (verdict.empty() && !problem.empty()) verdict = problem;
   for (int r = 0; r < world && verdict.empty(); ++r)
     if (all[r].rejected)
       verdict = concat(call, " (", plan, "): rank ", r, " rejected its arguments (its error says why); every rank rejects the call");

@@ -210,6 +210,13 @@ TEST(NetGpu, MismatchedCallsRejectedOnEveryRank) {
 
 // ---- failures -------------------------------------------------------------------------------------
 
+// Both ranks run one call of a plan (the key is then agreed: a later call of it launches without
+// waiting for the peers' posts), so that the call after it reaches the device on rank 0 alone.
+void agree_on_all_gather(net::NetPath& path, net::NetCollectives& coll, void* buf, int count, net::NetDtype dt) {
+  coll.all_gather(buf, count, dt, nullptr);
+  path.finish(nullptr);
+}
+
 // Rank 0's kernel waits for rank 1's shard, which never comes: rank 1 aborts its path instead.
 // The abort word releases rank 0's kernel, and finish() throws rank 1's reason on rank 0.
 TEST(NetGpu, AbortReleasesAKernelWaitingOnAFlag) {
@@ -217,6 +224,7 @@ TEST(NetGpu, AbortReleasesAKernelWaitingOnAFlag) {
   net::NetCollectives coll(path);
   void* buf;
   CUDA_OK(cudaMalloc(&buf, 1 << 16));
+  agree_on_all_gather(path, coll, buf, 1 << 14, net::NetDtype::bf16);
   const auto t0 = std::chrono::steady_clock::now();
   std::string error;
   if (path.rank() == 0) {
@@ -253,6 +261,7 @@ TEST(NetGpu, DeviceWaitTimeoutIsADiagnosticOnBothRanks) {
   net::NetCollectives coll(path);
   void* buf;
   CUDA_OK(cudaMalloc(&buf, 1 << 16));
+  agree_on_all_gather(path, coll, buf, 1 << 14, net::NetDtype::fp32);
   std::string error;
   if (path.rank() == 0) {
     coll.all_gather(buf, 1 << 14, net::NetDtype::fp32, nullptr);
