@@ -147,23 +147,29 @@ AgreedCall agree(NetPath& path, AgreedKeys& agreed, const std::vector<long long>
     return concat(call, ": the ranks' calls differ: rank ", me, " called with (operator, ", what, ") = ", plan, ", rank ",
                   r, " with ", p.text);
   };
-  if (agreed.count(key) && !debug && problem.empty()) {
-    // An agreed key: compare with the posts already here, without waiting.
-    for (int r = 0; r < world; ++r) {
-      CallPost p;
-      if (r != me && px.read_post(r, n, p) == n && !mine.same_plan(p)) {
-        mine.rejected = 1;
-        px.post_call(mine, path.wait_timeout_s());
-        const std::string msg = differ(r, p);
-        if (p.launched()) path.abort(msg);
-        throw Error(msg);
-      }
+  // An agreed key: compare with the posts already here, without waiting. A peer's post that waits
+  // for a joint verdict (a problem of its own, or the key new there) is joined instead: every rank
+  // then rejects or launches together and the path stays usable (a rank that launched alone would
+  // have to fail it).
+  bool join = !agreed.count(key) || debug || !problem.empty();
+  for (int r = 0; r < world && !join; ++r) {
+    CallPost p;
+    if (r == me || px.read_post(r, n, p) != n) continue;
+    if (!mine.same_plan(p)) {
+      mine.rejected = 1;
+      px.post_call(mine, path.wait_timeout_s());
+      const std::string msg = differ(r, p);
+      if (p.launched()) path.abort(msg);
+      throw Error(msg);
     }
+    join = p.together != 0;
+  }
+  if (!join) {
     px.post_call(mine, path.wait_timeout_s());
     return AgreedCall(path, call);
   }
-  // A new key (or debug, or a problem of this rank's own): every peer's post of call n, then one
-  // verdict everywhere.
+  // A new key (or debug, a problem of this rank's own, a peer waiting for a verdict): every peer's
+  // post of call n, then one verdict everywhere.
   mine.together = 1;
   mine.rejected = problem.empty() ? 0 : 1;
   px.post_call(mine, path.wait_timeout_s());

@@ -893,8 +893,8 @@ FAULTS = [
                 "rendezvous per call in the steady state)",
         "edits": [{
             "file": "kernels/net_common/call.cpp",
-            "find": "  if (agreed.count(key) && !debug && problem.empty()) {",
-            "replace": "  if (false) {",
+            "find": "  bool join = !agreed.count(key) || debug || !problem.empty();",
+            "replace": "  bool join = true;",
         }],
         "tests": ["test_net_path:NetPath.CallAgreement"],
     },
@@ -908,6 +908,17 @@ FAULTS = [
             "replace": "  return;",
         }],
         "tests": ["test_net_path:NetPath.FailureAfterAgreementFailsThePath"],
+    },
+    {
+        "name": "net_agreed_call_ignores_waiting_peer",
+        "what": "an agreed key launches although a peer's post of the call waits for a joint verdict (the peer "
+                "then rejects alone and fails the path)",
+        "edits": [{
+            "file": "kernels/net_common/call.cpp",
+            "find": "    join = p.together != 0;",
+            "replace": "    join = false;",
+        }],
+        "tests": ["test_net_path:NetPath.AgreedKeyJoinsAPeerWaitingForAVerdict"],
     },
     {
         "name": "call_mail_no_skew_bound",

@@ -310,6 +310,49 @@ TEST(NetPath, CallAgreement) {
     EXPECT_TRUE(out[r].returned && out[r].text == "mismatch ok; problem ok; agreed-key problem ok; ") << describe(out);
 }
 
+// A rank with a problem on an agreed key posts that it waits for a joint verdict; a peer that finds
+// that post before deciding joins it instead of launching, so both reject the call and the path
+// stays usable (a peer that launched first would find the path failed: CallAgreement's last case).
+TEST(NetPath, AgreedKeyJoinsAPeerWaitingForAVerdict) {
+  const Job job{2, {"n0", "n1"}};
+  const auto out = run_processes(2, [&](int r) {
+    Agreeing x(job, r);
+    (void)x.agree(x.A);
+    (void)x.agree(x.C);
+    std::string report;
+    for (int round = 0; round < 3; ++round) {  // the peer with the problem alternates, twice rank 1
+      const int bad = round % 2 == 0 ? 1 : 0;
+      const std::vector<long long>& key = round == 1 ? x.C : x.A;
+      if (r != bad) {
+        // Wait until the peer's post of the next call is here: the call must see it.
+        net::CallPost p;
+        const uint64_t n = x.path.proxy().calls_posted() + 1;
+        const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+        while (x.path.proxy().read_post(bad, n, p) != n && std::chrono::steady_clock::now() < end)
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      try {
+        (void)x.agree(key, r == bad ? "rank " + std::to_string(bad) + "'s buffer is short" : "");
+        report += "launched; ";
+      } catch (const weave::Error& e) {
+        const bool ok = r == bad ? has(e.what(), "buffer is short")
+                                 : has(e.what(), "rank " + std::to_string(bad) + " rejected its arguments");
+        report += ok ? "rejected; " : std::string("message: ") + e.what() + "; ";
+      }
+    }
+    try {
+      x.path.check();
+      (void)x.agree(x.A);  // the path is usable, and the key still agreed
+      report += "usable";
+    } catch (const weave::Error& e) {
+      report += std::string("path failed: ") + e.what();
+    }
+    return report;
+  });
+  for (int r = 0; r < 2; ++r)
+    EXPECT_TRUE(out[r].returned && out[r].text == "rejected; rejected; rejected; usable") << describe(out);
+}
+
 // A rank that fails between the agreement and its launch (an allocation, a node stage) fails the
 // path, so the peer that launched is released instead of waiting for the wait timeout.
 TEST(NetPath, FailureAfterAgreementFailsThePath) {
