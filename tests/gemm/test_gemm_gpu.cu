@@ -2,7 +2,7 @@
 // element by element, reported per 128 x 128 tile (check/tile_check.hpp), on fresh random inputs
 // with outputs poisoned first: ragged shapes, both A and both B layouts, every tile, bf16 and fp32
 // outputs, bf16 and fp32 bias, C += (bf16 and fp32), the 64 x 128 decode tile, communicator SMs
-// withheld, and the rejections. Small cases also check sampled elements against float64 dot
+// withheld, NaN / Inf inputs (propagated as cuBLAS does), and the rejections. Small cases also check sampled elements against float64 dot
 // products computed on the host. Inputs come from WEAVE_TEST_SEED (printed; set it to replay).
 //
 // Why the bound catches a tile that misses one K step (64 of K): with A, B uniform in [-1, 1)
@@ -72,7 +72,21 @@ struct Variant {
   int split_k = 0;  // Options::split_k
   int tile_n = 0;   // Options::tile_n (Tile::M128Nw, SwappedW)
   int tile_cluster = 0;  // Options::tile_cluster (SwappedW)
+  bool nonfinite = false;  // set_nonfinite(): NaN in A's row 5, +Inf / -Inf in B's columns 9 / 10
 };
+
+// NaN at A[5, 17], +Inf at B[40, 9] and -Inf at B[41, 10] (as the layouts store them): C's row 5
+// becomes NaN, its columns 9 and 10 +-Inf (NaN where A's element at k = 40 / 41 is 0), as an IEEE
+// float32 GEMM gives (the cuBLASLt reference computes the same).
+void set_nonfinite(bf16* A, bf16* B, int M, int N, int K, const Variant& v) {
+  auto put = [](bf16* p, size_t i, unsigned short bits) {
+    WEAVE_CUDA_CHECK(cudaMemcpy(p + i, &bits, sizeof bits, cudaMemcpyHostToDevice));
+  };
+  const bool a_km = v.al == gemm::ALayout::KM, b_kn = v.bl == gemm::BLayout::KN;
+  put(A, a_km ? size_t(17) * M + 5 : size_t(5) * K + 17, 0x7fc0);
+  put(B, b_kn ? size_t(40) * N + 9 : size_t(9) * K + 40, 0x7f80);
+  put(B, b_kn ? size_t(41) * N + 10 : size_t(10) * K + 41, 0xff80);
+}
 
 // Uniform in [-scale, scale) with 24 random bits: almost never a bf16 value, so a kernel that
 // rounds an fp32 bias (or reads it as bf16) is caught.
@@ -170,6 +184,7 @@ void run_typed(Case cs, const Variant& v) {
   DevBuf<float> r(nc), s(nc), bias_f(v.bias == gemm::BiasType::F32 ? N : 0);
   gemm::ref::fill_uniform(A.p, A.n, case_seed(1));
   gemm::ref::fill_uniform(B.p, B.n, case_seed(2));
+  if (v.nonfinite) set_nonfinite(A.p, B.p, M, N, K, v);
   const void* bias = nullptr;
   if (v.bias == gemm::BiasType::BF16) gemm::ref::fill_uniform(bias_b.p, N, case_seed(5), 4.f), bias = bias_b.p;
   if (v.bias == gemm::BiasType::F32) fill_f32(bias_f.p, N, case_seed(5), 4.f), bias = bias_f.p;
@@ -207,7 +222,17 @@ void run_typed(Case cs, const Variant& v) {
   const check::Bound bound = f32 ? check::gemm_f32_bound() : bound_for(v.accumulate);
   const check::Report rep = check::compare({C.p, N}, {r.p, N}, {s.p, N}, M, N, bound);
   std::printf("check gemm %s: %s\n", name.c_str(), rep.str().c_str());
-  EXPECT_TRUE(rep.ok) << rep.str();
+  EXPECT_TRUE(rep.ok) << rep.str();  // non-finite kinds (NaN, +Inf, -Inf) must match the reference's
+  if (v.nonfinite) {
+    std::vector<OutT> h(nc);
+    WEAVE_CUDA_CHECK(cudaMemcpy(h.data(), C.p, nc * sizeof(OutT), cudaMemcpyDeviceToHost));
+    int nan_row = 0, inf_cols = 0;
+    for (int j = 0; j < N; ++j) nan_row += std::isnan(host_val(h[size_t(5) * N + j]));
+    for (int i = 0; i < M; ++i)
+      inf_cols += !std::isfinite(host_val(h[size_t(i) * N + 9])) + !std::isfinite(host_val(h[size_t(i) * N + 10]));
+    EXPECT_EQ(nan_row, N) << "a NaN in A's row 5 must make all of C's row 5 NaN";
+    EXPECT_EQ(inf_cols, 2 * M) << "an Inf in B's columns 9 and 10 must make all of C's columns 9 and 10 Inf or NaN";
+  }
   if (v.samples)
     check_samples<OutT>(A.p, B.p, C.p, v.accumulate ? C0.p : nullptr, bias, M, N, K, v, bound, case_seed(4));
 }
@@ -241,6 +266,30 @@ void expect_error(F&& f, const char* what, const char* needle) {
 }
 
 }  // namespace
+
+// NaN and +-Inf inputs propagate as in cuBLAS (an IEEE float32 GEMM): the planner's tile and the
+// main tiles, both A and both B layouts, fp32 output and C +=, split-K, on ragged shapes.
+TEST(Gemm, NonFiniteInputsPropagate) {
+  for (gemm::Tile t : {gemm::Tile::Auto, gemm::Tile::M128N256, gemm::Tile::M128N128, gemm::Tile::M64N128})
+    for (gemm::ALayout al : kALayouts)
+      for (gemm::BLayout bl : kLayouts) {
+        Variant v;
+        v.tile = t, v.al = al, v.bl = bl, v.nonfinite = true;
+        run_case({300, 264, 520}, v);
+      }
+  Variant f32;
+  f32.nonfinite = true, f32.f32_out = true;
+  run_case({129, 136, 1032}, f32);
+  Variant acc;
+  acc.nonfinite = true, acc.accumulate = true, acc.bl = gemm::BLayout::NK;
+  run_case({200, 520, 264}, acc);
+  Variant split;
+  split.nonfinite = true, split.split_k = 4, split.bl = gemm::BLayout::NK;
+  run_case({16, 1032, 4096}, split);
+  Variant decode;
+  decode.nonfinite = true, decode.bl = gemm::BLayout::NK;
+  run_case({8, 4096, 1024}, decode);
+}
 
 TEST(Gemm, RaggedShapesBothLayoutsBothTiles) {
   const Case cases[] = {{1000, 776, 520}, {8, 8, 8}, {1, 8, 64}, {129, 264, 72}, {128, 256, 64},
