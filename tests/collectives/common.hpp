@@ -124,14 +124,8 @@ inline bool gpus_shared() {
   return shared;
 }
 
-// Busy-waits `ns` on the global timer.
-__device__ inline void spin_for_ns(unsigned long long ns) {
-  const unsigned long long t0 = globaltimer();
-  while (globaltimer() - t0 < ns) {
-  }
-}
-// Holds a stream for `ns` (a rank arriving late at the next call).
-__global__ void spin_ns(unsigned long long ns) { spin_for_ns(ns); }
+using wt::spin_for_ns;
+using wt::spin_ns;
 
 // A buffer of `elems` elements plus the guard, poisoned (0xff bytes: NaN in every dtype). In the
 // symmetric heap (every rank must ask for the same size) or, with `heap` false, cudaMalloc'd.

@@ -176,15 +176,21 @@ struct RankWeights {
 // The CUDA-graph check of the MoE operators: call 0 eager, then `enqueue` captured into a graph;
 // calls 1..replays are replays of it, every fourth an eager call of `enqueue` instead (the signal
 // rounds and expected totals then advance on the device), a second graph is captured halfway and
-// never replayed (it must leave no count behind), and an eager call comes last. prepare(c) puts
-// call c's inputs into the captured buffers and poisons the outputs, once every rank's previous
-// call is over, and returns what check(prepared, what) verifies after the call; label(c) names
-// call c's routing.
+// never replayed (it must leave no count behind), and an eager call comes last. Before each call
+// one rank (c mod W) holds its stream for 2 ms, so that the others reach every wait first: a wait
+// for a stale count passes at once and reads what the late rank has not written yet. prepare(c)
+// puts call c's inputs into the captured buffers and poisons the outputs, once every rank's
+// previous call is over, and returns what check(prepared, what) verifies after the call; label(c)
+// names call c's routing.
 template <class Prepare, class Enqueue, class Check, class Label>
 void captured_replays(cudaStream_t s, int replays, Prepare&& prepare, Enqueue&& enqueue, Check&& check,
                       Label&& label) {
+  auto hold = [&](int c) {
+    if (comm().rank() == c % comm().world()) wt::spin_ns<<<1, 1, 0, s>>>(2'000'000ull);
+  };
   {
     const auto in = prepare(0);
+    hold(0);
     enqueue();
     check(in, "the eager call before the capture");
   }
@@ -192,12 +198,14 @@ void captured_replays(cudaStream_t s, int replays, Prepare&& prepare, Enqueue&& 
   for (int c = 1; c <= replays && !::testing::Test::HasFailure(); ++c) {
     const auto in = prepare(c);
     const bool eager = c % 4 == 0;
+    hold(c);
     if (eager) enqueue();
     else graph.launch(s);
     check(in, std::string(eager ? "eager call " : "replay ") + std::to_string(c) + " (" + label(c) + ")");
     if (c == replays / 2) wt::Graph never(s, enqueue);
   }
   const auto in = prepare(replays + 1);
+  hold(replays + 1);
   enqueue();
   check(in, "the eager call after the replays");
 }

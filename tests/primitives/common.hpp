@@ -16,6 +16,7 @@
 #include "check/host_copy.hpp"
 #include "check/seed.hpp"
 #include "weave/common/error.hpp"
+#include "weave/memory_order.cuh"
 #include "weave/runtime/communicator.hpp"
 
 namespace wt {
@@ -138,5 +139,16 @@ inline void settle() {
   comm().sync();
   comm().barrier();
 }
+
+// Busy-waits `ns` on the global timer.
+__device__ inline void spin_for_ns(unsigned long long ns) {
+  const unsigned long long t0 = weave::globaltimer();
+  while (weave::globaltimer() - t0 < ns) {
+  }
+}
+namespace {
+// Holds a stream for `ns` (a rank arriving late at the next call).
+__global__ void spin_ns(unsigned long long ns) { spin_for_ns(ns); }
+}  // namespace
 
 }  // namespace wt
