@@ -242,6 +242,14 @@ struct Agreeing {
   net::AgreedCall agree(const std::vector<long long>& key, const std::string& problem = "") {
     return net::agree(path, agreed, key, problem, "test", "count, dtype");
   }
+  // Waits until `peer`'s post of this rank's next call is here (up to 20 s), so that the call sees it.
+  void await_post(int peer) {
+    net::CallPost p;
+    const uint64_t n = path.proxy().calls_posted() + 1;
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (path.proxy().read_post(peer, n, p) != n && std::chrono::steady_clock::now() < end)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   // As a launched kernel would: wait for a chunk the peers never send, until the path fails.
   std::string wait_like_a_kernel() {
     try {
@@ -293,6 +301,7 @@ TEST(NetPath, CallAgreement) {
     (void)x.agree({net::kOpAllReduce, 500, 2});  // meet again
     std::string msg;
     if (r == 0) {
+      x.await_post(1);  // rank 1 launched first (had it seen rank 0's post, it would have joined it)
       try {
         (void)x.agree(x.C, "rank 0's pointer is bad");
         msg = "an agreed key's problem passed";
@@ -323,14 +332,7 @@ TEST(NetPath, AgreedKeyJoinsAPeerWaitingForAVerdict) {
     for (int round = 0; round < 3; ++round) {  // the peer with the problem alternates, twice rank 1
       const int bad = round % 2 == 0 ? 1 : 0;
       const std::vector<long long>& key = round == 1 ? x.C : x.A;
-      if (r != bad) {
-        // Wait until the peer's post of the next call is here: the call must see it.
-        net::CallPost p;
-        const uint64_t n = x.path.proxy().calls_posted() + 1;
-        const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-        while (x.path.proxy().read_post(bad, n, p) != n && std::chrono::steady_clock::now() < end)
-          std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      }
+      if (r != bad) x.await_post(bad);  // the call must see the peer's post
       try {
         (void)x.agree(key, r == bad ? "rank " + std::to_string(bad) + "'s buffer is short" : "");
         report += "launched; ";
@@ -347,6 +349,7 @@ TEST(NetPath, AgreedKeyJoinsAPeerWaitingForAVerdict) {
     } catch (const weave::Error& e) {
       report += std::string("path failed: ") + e.what();
     }
+    x.path.bootstrap().barrier();  // no rank tears its path down while a peer is still in a call
     return report;
   });
   for (int r = 0; r < 2; ++r)
