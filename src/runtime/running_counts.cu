@@ -28,10 +28,10 @@ RunningCounts::RunningCounts(unsigned long long* cells, int n) : cells_(cells), 
 RunningCounts::RunningCounts(int n) : n_(n), owned_(true) {
   WEAVE_CHECK(n >= 1 && n <= kMax, "RunningCounts: ", n, " counts, want 1..", kMax);
   WEAVE_CUDA_CHECK(cudaMalloc(&cells_, sizeof(unsigned long long) * n));
-  const cudaError_t e = cudaMemset(cells_, 0, sizeof(unsigned long long) * n);
-  if (e == cudaSuccess) WEAVE_CUDA_CHECK(cudaDeviceSynchronize());  // zero before any stream reads them
+  cudaError_t e = cudaMemset(cells_, 0, sizeof(unsigned long long) * n);
+  if (e == cudaSuccess) e = cudaDeviceSynchronize();  // zero before any stream reads them
   if (e != cudaSuccess) {
-    cudaFree(cells_);
+    cudaFree(cells_);  // a throwing constructor runs no destructor
     WEAVE_CUDA_CHECK(e);
   }
 }
@@ -64,8 +64,8 @@ RunningCounts::Counts RunningCounts::advance(const Adds& adds, cudaStream_t s, b
   // host_ sums eager launches only: a captured launch may run any number of times, none included.
   Adds floor = host_;
   for (int i = 0; i < n_; ++i) floor[i] += adds[i];
-  if (!capturing) host_ = floor;
   if (capturing) device_ = true;
+  else host_ = floor;
   Counts out{};
   if (device_) {
     CountStep step{};

@@ -109,20 +109,9 @@ inline int stress_scale() {
   const int k = e && *e ? std::atoi(e) : 1;
   return k > 0 ? k : 1;
 }
-// Whether some ranks share a GPU (weave-run --share-gpus on a machine with fewer GPUs than ranks):
-// their kernels then take turns instead of running side by side, so stress loops that wait on a
-// peer's progress step by step run in small versions only.
-inline bool gpus_shared() {
-  static const bool shared = [] {
-    const cudaDeviceProp& p = comm().props();
-    const long long mine = (static_cast<long long>(p.pciDomainID) << 32) | (p.pciBusID << 8) | p.pciDeviceID;
-    std::vector<long long> all(comm().world());
-    comm().bootstrap().all_gather(&mine, all.data(), sizeof mine);
-    std::sort(all.begin(), all.end());
-    return std::adjacent_find(all.begin(), all.end()) != all.end();
-  }();
-  return shared;
-}
+// Stress loops that wait on a peer's progress step by step run in small versions where ranks take
+// turns on a GPU (wt::gpus_shared).
+inline bool gpus_shared() { return wt::gpus_shared(comm()); }
 
 using wt::spin_for_ns;
 using wt::spin_ns;

@@ -276,17 +276,24 @@ struct DeviceInput {
   bf16 *x, *out;
   int* idx;
   float* w;
-  DeviceInput(const RankInput& in, int H, int k, DevFree& mem) {
-    x = mem.add<bf16>(static_cast<size_t>(in.T) * H);
-    out = mem.add<bf16>(static_cast<size_t>(in.T) * H);
-    idx = mem.add<int>(static_cast<size_t>(in.T) * k);
-    w = mem.add<float>(static_cast<size_t>(in.T) * k);
-    if (in.T) {
+  int T, H;
+  // Buffers for T tokens, filled by load() (a captured call's: every call reuses them).
+  DeviceInput(int T_, int H_, int k, DevFree& mem) : T(T_), H(H_) {
+    x = mem.add<bf16>(static_cast<size_t>(T) * H);
+    out = mem.add<bf16>(static_cast<size_t>(T) * H);
+    idx = mem.add<int>(static_cast<size_t>(T) * k);
+    w = mem.add<float>(static_cast<size_t>(T) * k);
+  }
+  DeviceInput(const RankInput& in, int H_, int k, DevFree& mem) : DeviceInput(in.T, H_, k, mem) { load(in); }
+  // `in`'s tokens, ids and weights uploaded (its T must be the buffers'), the output poisoned.
+  void load(const RankInput& in) {
+    ASSERT_EQ(in.T, T) << "DeviceInput: the buffers hold " << T << " tokens";
+    if (T) {
       wt::to_device(x, in.x);
       wt::to_device(idx, in.idx);
       wt::to_device(w, in.w);
     }
-    WEAVE_CUDA_CHECK(cudaMemset(out, 0xff, std::max<size_t>(static_cast<size_t>(in.T) * H, 1) * sizeof(bf16)));
+    WEAVE_CUDA_CHECK(cudaMemset(out, 0xff, std::max<size_t>(static_cast<size_t>(T) * H, 1) * sizeof(bf16)));
   }
 };
 

@@ -327,10 +327,7 @@ TEST(MoeExchange, CapturedReplays) {
   cudaStream_t s = stream();
   DevFree mem;
   const size_t cap = static_cast<size_t>(cf.capacity);
-  bf16* x = mem.add<bf16>(static_cast<size_t>(T) * H);
-  int* idx = mem.add<int>(static_cast<size_t>(T) * k);
-  float* w = mem.add<float>(static_cast<size_t>(T) * k);
-  bf16* out = mem.add<bf16>(static_cast<size_t>(T) * H);
+  DeviceInput io(T, H, k, mem);
   bf16* ybuf = mem.add<bf16>(cap * H);  // the call's expert outputs, uploaded before it
   bf16* rows = mem.add<bf16>(cap * H);  // copies of what the call left, made in stream order
   RowMeta* meta = mem.add<RowMeta>(cap);
@@ -346,12 +343,7 @@ TEST(MoeExchange, CapturedReplays) {
     for (int r = 0; r < W; ++r) in.push_back(make_input(cs, kinds[c % 7], g, Ts[r], k, H, r));
     auto ref = std::make_unique<Reference>(in, g, k, H, cs);
     WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
-    if (T) {
-      wt::to_device(x, in[me].x);
-      wt::to_device(idx, in[me].idx);
-      wt::to_device(w, in[me].w);
-      WEAVE_CUDA_CHECK(cudaMemset(out, 0xff, static_cast<size_t>(T) * H * sizeof(bf16)));
-    }
+    io.load(in[me]);
     if (ref->rows(me)) wt::to_device(ybuf, ref->y[me]);
     WEAVE_CUDA_CHECK(cudaMemset(rows, 0xff, cap * H * sizeof(bf16)));
     WEAVE_CUDA_CHECK(cudaMemset(meta, 0xff, cap * sizeof(RowMeta)));
@@ -362,13 +354,13 @@ TEST(MoeExchange, CapturedReplays) {
     return std::make_pair(std::move(in), std::move(ref));
   };
   auto enqueue = [&] {
-    const Dispatched d = ex.dispatch(x, idx, T, s);
+    const Dispatched d = ex.dispatch(io.x, io.idx, T, s);
     WEAVE_CUDA_CHECK(cudaMemcpyAsync(rows, d.rows, cap * H * sizeof(bf16), cudaMemcpyDeviceToDevice, s));
     WEAVE_CUDA_CHECK(cudaMemcpyAsync(meta, d.meta, cap * sizeof(RowMeta), cudaMemcpyDeviceToDevice, s));
     WEAVE_CUDA_CHECK(cudaMemcpyAsync(counts, d.counts, L * sizeof(int), cudaMemcpyDeviceToDevice, s));
     WEAVE_CUDA_CHECK(cudaMemcpyAsync(offsets, d.offsets, (L + 1) * sizeof(int), cudaMemcpyDeviceToDevice, s));
     WEAVE_CUDA_CHECK(cudaMemcpyAsync(ex.expert_output(), ybuf, cap * H * sizeof(bf16), cudaMemcpyDeviceToDevice, s));
-    ex.combine(ex.expert_output(), w, out, T, s);
+    ex.combine(ex.expert_output(), io.w, io.out, T, s);
   };
   auto check_call = [&](const auto& call, const std::string& what) {
     ex.check(s);
@@ -377,7 +369,7 @@ TEST(MoeExchange, CapturedReplays) {
     snap.meta = wt::to_host(meta, cap);
     snap.counts = wt::to_host(counts, L);
     snap.offsets = wt::to_host(offsets, L + 1);
-    snap.out = wt::to_host(out, static_cast<size_t>(T) * H);
+    snap.out = wt::to_host(io.out, static_cast<size_t>(T) * H);
     verify(*call.second, call.first, snap, false, what);
   };
   test::captured_replays(s, kReplays, prepare, enqueue, check_call,

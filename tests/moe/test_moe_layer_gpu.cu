@@ -239,10 +239,7 @@ TEST(MoeLayer, CapturedReplays) {
   const size_t n = static_cast<size_t>(T) * H;
   Layer layer(wts, k, *std::max_element(Ts.begin(), Ts.end()));
   DevFree mem;
-  bf16* x = mem.add<bf16>(n);
-  int* idx = mem.add<int>(static_cast<size_t>(T) * k);
-  float* w = mem.add<float>(static_cast<size_t>(T) * k);
-  bf16* plain = mem.add<bf16>(n);
+  DeviceInput d(T, H, k, mem);  // d.out: the non-fused output
   bf16* fused = mem.add<bf16>(n);
   cudaStream_t s = stream();
   const Routing kinds[] = {Routing::balanced, Routing::dirichlet, Routing::all_to_one, Routing::same_rank,
@@ -250,10 +247,7 @@ TEST(MoeLayer, CapturedReplays) {
   auto prepare = [&](int c) {
     RankInput in = make_input(check::derive(seed, 600, c), kinds[c % 5], g, T, k, H, me);
     comm().barrier();  // every rank's previous call is over (check() synchronised its stream)
-    wt::to_device(x, in.x);
-    wt::to_device(idx, in.idx);
-    wt::to_device(w, in.w);
-    WEAVE_CUDA_CHECK(cudaMemset(plain, 0xff, n * sizeof(bf16)));
+    d.load(in);
     WEAVE_CUDA_CHECK(cudaMemset(fused, 0xff, n * sizeof(bf16)));
     layer.poison();
     WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
@@ -261,13 +255,13 @@ TEST(MoeLayer, CapturedReplays) {
     return in;
   };
   auto enqueue = [&] {
-    moe_layer_forward(*layer.ex, *layer.sc, x, idx, w, T, layer.up, layer.down, plain, s);
-    moe_layer_forward_fused(*layer.ex, *layer.gc, *layer.sc, x, idx, w, T, layer.up, layer.down, fused, s);
+    moe_layer_forward(*layer.ex, *layer.sc, d.x, d.idx, d.w, T, layer.up, layer.down, d.out, s);
+    moe_layer_forward_fused(*layer.ex, *layer.gc, *layer.sc, d.x, d.idx, d.w, T, layer.up, layer.down, fused, s);
   };
   auto check_call = [&](const RankInput& in, const std::string& what) {
     layer.ex->check(s);
     check_status(s);
-    const std::vector<bf16> plain_out = wt::to_host(plain, n), fused_out = wt::to_host(fused, n);
+    const std::vector<bf16> plain_out = wt::to_host(d.out, n), fused_out = wt::to_host(fused, n);
     verify_layer(wts, in, k, {{&plain_out, what}, {&fused_out, "fused " + what}});
     expect_identical(fused_out, plain_out, "fused " + what);
   };

@@ -442,30 +442,23 @@ TEST(MoeLowLatency, CapturedDecodeLayerReplays) {
   const int T = 45 - 3 * me;
   DevFree mem;
   const test::RankWeights rw(wts, L, mem);
-  const size_t n = static_cast<size_t>(T) * H;
-  bf16* x = mem.add<bf16>(n);
-  int* idx = mem.add<int>(static_cast<size_t>(T) * k);
-  float* w = mem.add<float>(static_cast<size_t>(T) * k);
-  bf16* out = mem.add<bf16>(n);
+  DeviceInput d(T, H, k, mem);
   cudaStream_t s = stream();
   const Routing kinds[] = {Routing::random, Routing::dirichlet, Routing::all_to_one, Routing::same_rank,
                            Routing::random_repeats};
   auto prepare = [&](int c) {
     RankInput in = make_input(check::derive(seed, 700, c), kinds[c % 5], g, T, k, H, me);
     comm().barrier();  // every rank's previous call is over (check() synchronised its stream)
-    wt::to_device(x, in.x);
-    wt::to_device(idx, in.idx);
-    wt::to_device(w, in.w);
-    WEAVE_CUDA_CHECK(cudaMemset(out, 0xff, n * sizeof(bf16)));
+    d.load(in);
     WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
     comm().barrier();
     return in;
   };
-  auto enqueue = [&] { moe_low_latency_forward(ll, sc, x, idx, w, T, rw.up, rw.down, out, s); };
+  auto enqueue = [&] { moe_low_latency_forward(ll, sc, d.x, d.idx, d.w, T, rw.up, rw.down, d.out, s); };
   auto check_call = [&](const RankInput& in, const std::string& what) {
     ll.check(s);
     check_status(s);
-    test::verify_layer(wts, in, k, wt::to_host(out, n), what);
+    test::verify_layer(wts, in, k, wt::to_host(d.out, static_cast<size_t>(T) * H), what);
   };
   test::captured_replays(s, kReplays, prepare, enqueue, check_call,
                          [&](int c) { return std::string(name(kinds[c % 5])); });

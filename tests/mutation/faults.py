@@ -938,8 +938,8 @@ FAULTS = [
                 "waits for the captured call's counts, which earlier calls already met)",
         "edits": [{
             "file": "src/runtime/running_counts.cu",
-            "find": "  if (capturing) device_ = true;",
-            "replace": "  if (false) device_ = true;",
+            "find": "  if (capturing) device_ = true;\n  else host_ = floor;",
+            "replace": "  if (!capturing) host_ = floor;",
         }],
         "tests": ["test_moe_layer_gpu:MoeLayer.CapturedReplays", "test_tp_gpu:TpGpu.GraphCaptureAndReplay",
                   "test_sp_gpu:SpGpu.GraphCaptureAndReplay"],

@@ -5,6 +5,7 @@
 #include <cuda_fp16.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -138,6 +139,21 @@ inline void expect_capture_rejected(cudaStream_t s, const char* what, F&& call) 
 inline void settle() {
   comm().sync();
   comm().barrier();
+}
+
+// Whether some ranks share a GPU (weave-run --share-gpus on a machine with fewer GPUs than ranks):
+// their kernels then take turns instead of running side by side. Collective on its first call
+// (every rank, `c` of the job's ranks), remembered after it.
+inline bool gpus_shared(weave::runtime::Communicator& c) {
+  static const bool shared = [&c] {
+    const cudaDeviceProp& p = c.props();
+    const long long mine = (static_cast<long long>(p.pciDomainID) << 32) | (p.pciBusID << 8) | p.pciDeviceID;
+    std::vector<long long> all(c.world());
+    c.bootstrap().all_gather(&mine, all.data(), sizeof mine);
+    std::sort(all.begin(), all.end());
+    return std::adjacent_find(all.begin(), all.end()) != all.end();
+  }();
+  return shared;
 }
 
 // Busy-waits `ns` on the global timer.

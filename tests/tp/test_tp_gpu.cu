@@ -62,7 +62,6 @@
 #include "gemm/reference.cuh"
 #include "gemm_ar/gemm_ar.hpp"
 #include "gemm_rs/gemm_rs.hpp"
-#include "weave/runtime/env.hpp"
 
 using weave::tp::bf16;
 using weave::tp::shard;
@@ -247,9 +246,9 @@ TEST(TpGpu, GemmRsMatchesReference) {
   // The adaptive split (v6) reduced while tiles were still unclaimed on the largest shape.
   const weave::tp::AdaptiveStats st = rs.adaptive_stats(2048, 4096, 4096);
   EXPECT_EQ(st.launches, 3u);
-  // Ranks taking turns on one GPU (WEAVE_SHARE_GPUS=1) may run a peer's whole grid before this
-  // rank's: whether a reduction starts early is then up to the time-slicing, not the policy.
-  if (!weave::env::get_bool("WEAVE_SHARE_GPUS"))
+  // Ranks taking turns on one GPU may run a peer's whole grid before this rank's: whether a
+  // reduction starts early is then up to the time-slicing, not the policy.
+  if (!wt::gpus_shared(c))
     EXPECT_GT(st.early_reductions, 0u) << "rank " << c.rank() << ": every reduction waited for the last tile";
 }
 
@@ -328,7 +327,7 @@ TEST(TpGpu, GemmArMatchesReference) {
   // waited for the last tile would pass the output checks above): its ledger's statistics.
   const weave::tp::AdaptiveStats st = ar.adaptive_stats(2048, 4096, 4096);
   EXPECT_EQ(st.launches, 2u);
-  if (!weave::env::get_bool("WEAVE_SHARE_GPUS"))  // as in GemmRsMatchesReference
+  if (!wt::gpus_shared(c))  // as in GemmRsMatchesReference
     EXPECT_GT(st.early_reductions, 0u) << "rank " << c.rank() << ": every reduction waited for the last tile";
   EXPECT_GE(st.peak_comm_blocks, 1u);
 }
