@@ -176,8 +176,8 @@ struct Collectives::Impl {
 
   // `work` (bytes) must be the same on every rank: it sizes the grid, and every rank must know
   // every rank's grid to count the "done" signals it waits for.
-  void launch(const Plan& plan, const void* in, size_t in_bytes, void* out, size_t out_bytes, DType t, ReduceOp op,
-              long long work, cudaStream_t s) {
+  void launch(Kind kind, const Plan& plan, const void* in, size_t in_bytes, void* out, size_t out_bytes, DType t,
+              ReduceOp op, long long work, cudaStream_t s) {
     const int W = comm.world(), elt = static_cast<int>(dtype_size(t));
     const runtime::PeerPtrs pin = comm.peers(in, in_bytes);
     const runtime::PeerPtrs pout = comm.peers(out, out_bytes);
@@ -205,20 +205,20 @@ struct Collectives::Impl {
       d.dst_outer_pitch = x.dst_outer_pitch;
       d.src_pitch = x.src_pitch;
       d.dst_pitch = x.dst_pitch;
+      WEAVE_CHECK(x.nsrc <= direct_sources(kind, W), "collectives: internal error: a transfer of ", x.nsrc,
+                  " sources in a plan of at most ", direct_sources(kind, W));
       total += units;
     }
-    int max_src = 0;
-    for (int j = 0; j < plan.n; ++j) max_src = std::max(max_src, plan.x[j].nsrc);
-    const bool copy = max_src == 1, pair = max_src == 2;
-    const long long per_block = copy   ? block_bytes<CopyShape>()
-                                : pair ? block_bytes<PairShape>()
-                                       : block_bytes<ReduceShape>();
+    const DirectShape shape = direct_shape(kind, W);
+    const long long per_block = shape == DirectShape::copy   ? block_bytes<CopyShape>()
+                                : shape == DirectShape::pair ? block_bytes<PairShape>()
+                                                             : block_bytes<ReduceShape>();
     const int blocks = static_cast<int>(std::clamp<long long>((work + per_block - 1) / per_block, 1, blocks_max));
     L.sig = sig.view();
     L.st = call_state();
-    if (copy) {  // bytes are bytes: one instantiation serves every dtype
+    if (shape == DirectShape::copy) {  // bytes are bytes: one instantiation serves every dtype
       launch_pdl(collective_kernel<__nv_bfloat16, ReduceOp::sum, CopyShape>, blocks, CopyShape::Threads, s, L);
-    } else if (pair) {
+    } else if (shape == DirectShape::pair) {
       dispatch<PairShape>(L, blocks, t, op, s);
     } else {
       dispatch<ReduceShape>(L, blocks, t, op, s);
@@ -247,8 +247,9 @@ struct Collectives::Impl {
     if (B == 0 || S == 0) return;
     const bool cap = runtime::capturing(s);
     order.before(s, cap);
-    launch(plan_ulysses(to_head, B, S, H, D, elt, W, r), in, std::max<long long>(in_bytes, 1), out,
-           std::max<long long>(out_bytes, 1), t, ReduceOp::sum, B * S * H * D * elt / W, s);
+    launch(to_head ? Kind::seq_to_head : Kind::head_to_seq, plan_ulysses(to_head, B, S, H, D, elt, W, r), in,
+           std::max<long long>(in_bytes, 1), out, std::max<long long>(out_bytes, 1), t, ReduceOp::sum,
+           B * S * H * D * elt / W, s);
     order.after(s, cap);
   }
 
@@ -507,7 +508,8 @@ void Collectives::all_reduce(const void* in, void* out, size_t count, DType t, R
   } else {
     const bool two = algo != AllReduceAlgo::one_shot;
     const int W = m.comm.world();
-    m.launch(plan_all_reduce(two, bytes, W, m.comm.rank()), in, bytes, out, bytes, t, op, two ? bytes / W : bytes, s);
+    m.launch(two ? Kind::all_reduce_two_shot : Kind::all_reduce_one_shot, plan_all_reduce(two, bytes, W, m.comm.rank()),
+             in, bytes, out, bytes, t, op, two ? bytes / W : bytes, s);
   }
   m.order.after(s, cap);
 }
@@ -527,8 +529,8 @@ void Collectives::all_gather(const void* in, void* out, const Shape& full, int d
   else if (algo == ShardAlgo::ll128)
     m.ll128_shard(true, plan_ll_all_gather(full, dim, elt, W, r, kLL128Words), in, out, t, ReduceOp::sum, s);
   else
-    m.launch(plan_all_gather(full, dim, elt, W, r), in, std::max<long long>(mine * elt, 1), out, n * elt, t,
-             ReduceOp::sum, n * elt, s);
+    m.launch(Kind::all_gather, plan_all_gather(full, dim, elt, W, r), in, std::max<long long>(mine * elt, 1), out,
+             n * elt, t, ReduceOp::sum, n * elt, s);
   m.order.after(s, cap);
 }
 
@@ -548,8 +550,8 @@ void Collectives::reduce_scatter(const void* in, void* out, const Shape& full, i
   else if (algo == ShardAlgo::ll128)
     m.ll128_shard(false, plan_ll_reduce_scatter(full, dim, elt, W, r, kLL128Words), in, out, t, op, s);
   else
-    m.launch(plan_reduce_scatter(full, dim, elt, W, r), in, n * elt, out, std::max<long long>(mine * elt, 1), t, op,
-             n * elt / W, s);
+    m.launch(Kind::reduce_scatter, plan_reduce_scatter(full, dim, elt, W, r), in, n * elt, out,
+             std::max<long long>(mine * elt, 1), t, op, n * elt / W, s);
   m.order.after(s, cap);
 }
 

@@ -482,6 +482,21 @@ inline Overlap shard_overlap(bool gather, uintptr_t in, uintptr_t out, const Sha
   return v.outer == 1 && part == slice ? Overlap::in_place : Overlap::bad;
 }
 
+// The direct path's kernel shape (kernel.cuh: CopyShape, PairShape, ReduceShape), which sets the
+// bytes per block and so the grid. Every rank counts its peers' "done" signals with its own grid
+// (dones_per_call), so every rank must launch the same grid: the shape comes from the collective
+// and the world, never from this rank's plan, whose transfers vanish where its share is empty (a
+// shard of size 0, a Ulysses rank without sequence rows).
+enum class DirectShape : int { copy, pair, reduce };
+// Sources per transfer of every rank's plan of collective k (the schedule test checks it).
+__host__ __device__ inline int direct_sources(Kind k, int world) {
+  return k == Kind::all_gather || k == Kind::seq_to_head || k == Kind::head_to_seq ? 1 : world;
+}
+__host__ __device__ inline DirectShape direct_shape(Kind k, int world) {
+  const int n = direct_sources(k, world);
+  return n == 1 ? DirectShape::copy : n == 2 ? DirectShape::pair : DirectShape::reduce;
+}
+
 // Per call, every rank's block 0 signals "arrived" to every rank and every block of every rank
 // signals "done" to every rank (after its reads and writes): what each rank waits for.
 __host__ __device__ inline unsigned long long arrivals_per_call(int world) { return world; }

@@ -39,6 +39,11 @@ std::vector<GatherCase> gather_cases() {
   v.push_back({shape({1, 64}), 0});
   for (long long rows : {W * 1024, W * 1024 + 1, W * 2048, W * 2048 + 1}) v.push_back({shape({rows, 256}), 0});
   for (long long rows : {512LL, 513LL}) v.push_back({shape({rows, 2 * W * 256}), 1});
+  // Rank 0 owns everything and the call is many blocks long: ranks with an empty shard must still
+  // launch their peers' grid (every rank counts every block's "done" signal).
+  v.push_back({shape({1, 40001}), 0});
+  v.push_back({shape({3001, 1}), 1});
+  v.push_back({shape({7, 1, 5003}), 1});
   return v;
 }
 // Every all_gather / reduce_scatter case runs with each setting; LL falls back to direct where
@@ -72,7 +77,8 @@ struct UlyssesCase {
 // H is a multiple of the world size (the API requires it); S mostly is not.
 std::vector<UlyssesCase> ulysses_cases() {
   const long long W = comm().world();
-  return {{1, 1001, 2 * W, 37}, {3, 257, W, 64}, {2, 3, 3 * W, 8}, {2, 4 * W, W, 128}};
+  // The last: one sequence row, so ranks other than 0 send nothing seq_to_head (same grid still).
+  return {{1, 1001, 2 * W, 37}, {3, 257, W, 64}, {2, 3, 3 * W, 8}, {2, 4 * W, W, 128}, {1, 1, 4 * W, 2048}};
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -330,6 +330,18 @@ FAULTS = [
         }],
         "tests": ["test_collectives_schedule", "test_collectives"],
     },
+    {
+        "name": "collectives_empty_rank_grid_from_own_plan",
+        "what": "direct path: a rank whose plan is empty (its shard is; a Ulysses rank without sequence rows) "
+                "sizes its grid with the reduction shape's smaller blocks, not its peers' shape, and waits for "
+                "\"done\" signals from blocks its peers never launch (the hang test_collectives_lifetime met)",
+        "edits": [{
+            "file": "kernels/collectives/collectives.cu",
+            "find": "const DirectShape shape = direct_shape(kind, W);",
+            "replace": "const DirectShape shape = plan.n == 0 ? DirectShape::reduce : direct_shape(kind, W);",
+        }],
+        "tests": ["test_collectives:Collectives.AllGather:Collectives.ReduceScatter:Collectives.UlyssesAllToAll"],
+    },
     # ---- single-GPU attention (kernels/attention/attention_kernel.cuh) ---------------------------
     {
         "name": "attention_final_rescale_skipped_one_row_block",

@@ -251,6 +251,46 @@ TEST(Schedule, WaitsExpectExactlyTheSignalsSent) {
   }
 }
 
+// That protocol needs one grid on every rank, and the grid follows the kernel shape: every
+// rank's plan, empty or not, must be run by the shape direct_shape names for the collective, which
+// holds exactly the sources its transfers read. The cases include ranks whose share is empty
+// (their plans have no transfer; the shape once came from the rank's own plan, so such a rank
+// launched a smaller-block grid than its peers and waited for "done" signals never sent).
+TEST(Schedule, EveryRankRunsTheCollectivesKernelShape) {
+  std::mt19937 rng(9);
+  int empty_plans = 0;
+  auto check = [&](Kind k, const Plan& p, int W, const std::string& what) {
+    if (p.n == 0) ++empty_plans;
+    for (int j = 0; j < p.n; ++j) ASSERT_EQ(p.x[j].nsrc, direct_sources(k, W)) << what << " transfer " << j;
+  };
+  for (int W = 1; W <= 8; ++W) {
+    ASSERT_EQ(direct_shape(Kind::all_gather, W), DirectShape::copy);
+    ASSERT_EQ(direct_shape(Kind::reduce_scatter, W),
+              W == 1 ? DirectShape::copy : W == 2 ? DirectShape::pair : DirectShape::reduce);
+    for (long long bytes : {4ll, 8ll, 16ll, 100ll, 4096ll, 4100ll})
+      for (bool two : {false, true})
+        for (int r = 0; r < W; ++r)
+          check(two ? Kind::all_reduce_two_shot : Kind::all_reduce_one_shot, plan_all_reduce(two, bytes, W, r), W,
+                "all_reduce W=" + std::to_string(W) + " bytes=" + std::to_string(bytes));
+    for (int trial = 0; trial < 200; ++trial) {
+      const Shape full = random_shape(rng);
+      const int dim = static_cast<int>(rng() % full.ndim);
+      for (int r = 0; r < W; ++r) {
+        const std::string what = "W=" + std::to_string(W) + " dim " + std::to_string(dim) + " rank " +
+                                 std::to_string(r);
+        check(Kind::all_gather, plan_all_gather(full, dim, 4, W, r), W, "all_gather " + what);
+        check(Kind::reduce_scatter, plan_reduce_scatter(full, dim, 4, W, r), W, "reduce_scatter " + what);
+      }
+    }
+    for (long long S : {1ll, 3ll, 17ll})
+      for (int r = 0; r < W; ++r)
+        for (bool to_head : {true, false})
+          check(to_head ? Kind::seq_to_head : Kind::head_to_seq, plan_ulysses(to_head, 2, S, 2 * W, 8, 4, W, r), W,
+                "ulysses S=" + std::to_string(S));
+  }
+  EXPECT_GT(empty_plans, 100) << "the cases should include ranks with nothing to move";
+}
+
 TEST(Schedule, StaggeredOrderServesEveryRankOnceLocalLast) {
   for (int W = 1; W <= 8; ++W)
     for (int r = 0; r < W; ++r) {
