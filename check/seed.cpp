@@ -14,7 +14,9 @@ namespace {
 struct SeedState {
   uint64_t value = 0;
   bool from_env = false;
+  bool from_job = false;
 };
+
 const SeedState& state() {
   static const SeedState s = [] {
     SeedState st;
@@ -26,12 +28,20 @@ const SeedState& state() {
                   "' is not an unsigned integer (decimal or 0x-hex)");
       st.value = x;
       st.from_env = true;
+    } else if (const char* job = std::getenv("WEAVE_JOB_ID"); job && *job) {
+      // The ranks of one weave-run job (a fresh random id per launch) draw the same seed: the
+      // seed any rank prints after a failure is the one that replays the whole job, as when
+      // WEAVE_TEST_SEED is given (multi-rank tests take rank 0's seed on every rank).
+      st.value = job_seed(job);
+      st.from_job = true;
     } else {
       std::random_device rd;
       st.value = (uint64_t(rd()) << 32) ^ rd();
     }
     std::printf("WEAVE_TEST_SEED=%llu%s\n", static_cast<unsigned long long>(st.value),
-                st.from_env ? " (from the environment)" : " (set it to replay this run)");
+                st.from_env   ? " (from the environment)"
+                : st.from_job ? " (drawn from the job id, the same on every rank; set it to replay this run)"
+                              : " (set it to replay this run)");
     std::fflush(stdout);
     return st;
   }();
@@ -40,6 +50,12 @@ const SeedState& state() {
 }  // namespace
 
 uint64_t test_seed() { return state().value; }
+
+uint64_t job_seed(std::string_view job_id) {
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a over the id's bytes, then derive's mixing
+  for (const char c : job_id) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
+  return derive(h, 0x7E57);
+}
 bool seed_from_env() { return state().from_env; }
 
 uint64_t derive(uint64_t base, uint64_t a, uint64_t b) {

@@ -7,10 +7,15 @@
 
 namespace weave::check {
 
-// The process's seed: WEAVE_TEST_SEED if set, else drawn once from the OS. The first call
+// The process's seed: WEAVE_TEST_SEED if set; else, under weave-run, drawn from the job's id
+// (every rank of the job the same); else drawn once from the OS. The first call
 // prints "WEAVE_TEST_SEED=<seed>" to stdout. A malformed WEAVE_TEST_SEED throws weave::Error
 // naming the variable.
 uint64_t test_seed();
+
+// The seed every rank of the job named `job_id` (weave-run's WEAVE_JOB_ID) draws without
+// WEAVE_TEST_SEED.
+uint64_t job_seed(std::string_view job_id);
 
 // True when WEAVE_TEST_SEED was given (multi-rank code then uses it as is on every rank).
 bool seed_from_env();

@@ -65,6 +65,16 @@ TEST(Seed, DeriveDiffers) {
 
 // A test's case seeds depend on its name and its own count only: replayed alone (a filtered run)
 // it draws what it drew after other tests in the full run.
+// The ranks of one weave-run job share a seed (so any rank's printed seed replays the job); two
+// launches, whose ids differ in their random part, do not.
+TEST(Seed, OneSeedPerJob) {
+  const uint64_t a = job_seed("host-101-00000000deadbeef");
+  EXPECT_EQ(job_seed("host-101-00000000deadbeef"), a);
+  EXPECT_NE(job_seed("host-101-00000000deadbeee"), a);
+  EXPECT_NE(job_seed("host-102-00000000deadbeef"), a);
+  EXPECT_NE(job_seed(""), a);
+}
+
 TEST(Seed, CaseSeedsRestartPerTest) {
   begin_test_cases("Suite.A");
   const uint64_t a0 = case_seed(1), a1 = case_seed(1), a1b = case_seed(2);
