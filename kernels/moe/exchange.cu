@@ -50,8 +50,9 @@ struct MoeExchange::Impl {
   runtime::SignalSet fsig;
   // Expected totals over the calls launched (device cells once a call was captured): dsig counter 1
   // (push blocks' signals, non-fused calls only), then fsig's arrivals and ready counts (fused calls
-  // only; a call's aux warp count may differ from the last's).
-  enum Total { kPushed, kArrive, kReady, kTotals };
+  // only; a call's aux warp count may differ from the last's), and the dispatch's round (dsig's
+  // own round cell is left unused: one advance per call instead of two).
+  enum Total { kPushed, kArrive, kReady, kRound, kTotals };
   runtime::RunningCounts totals;
   runtime::CallOrder order;
   // Local scratch, one allocation: hist, base, plan, counts, offsets, status, record, send order,
@@ -174,11 +175,12 @@ Dispatched MoeExchange::dispatch(const bf16* x, const int* topk_idx, int T, cuda
   a.sig = m.dsig.view();
   // Taken only by a launched call (a rejected one leaves no gap), on the device once some call was
   // captured (runtime::RunningCounts).
-  a.round = m.dsig.next_round(s, cap);
   const unsigned long long pushes = fuse ? 0 : static_cast<unsigned long long>(m.c.world()) * m.blocks;
   const runtime::RunningCounts::Counts tot = m.totals.advance(
-      {pushes, fuse ? arrivals_per_call(m.c.world(), fused.aux_warps) : 0, fuse ? ready_per_call(fused.aux_warps) : 0},
+      {pushes, fuse ? arrivals_per_call(m.c.world(), fused.aux_warps) : 0, fuse ? ready_per_call(fused.aux_warps) : 0,
+       1},
       s, cap);
+  a.round = tot[Impl::kRound];
   a.pushed_expected = tot[Impl::kPushed];
   const int walk_blocks =
       std::max(1, (num_chunks(static_cast<long long>(T) * cf.topk) + detail::kWalkWarps - 1) / detail::kWalkWarps);
