@@ -216,7 +216,7 @@ LaunchInfo tuned_launch(runtime::Communicator& c, const char* kernel, const Opti
     // first capturable candidate the eager calls prepared (the search ran them all) takes its
     // place. Every rank has the same cache entry and the same prepared sets, so all pick alike.
     const runtime::TuneResult r =
-        runtime::captured_choice(key, cands, detail::concat(kernel, " (", M, " x ", N, " x ", K, ")"));
+        runtime::captured_choice(c, key, cands, detail::concat(kernel, " (", M, " x ", N, " x ", K, ")"));
     std::vector<runtime::TuneCandidate> order{r.choice};
     for (const auto& t : cands)
       if (!(t.variant == r.choice.variant && t.num_comm_sms == r.choice.num_comm_sms)) order.push_back(t);

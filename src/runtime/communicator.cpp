@@ -73,6 +73,7 @@ struct IpcMsg {
 struct Communicator::Impl {
   LaunchInfo info;
   CommOptions opt;
+  unsigned long long uid = 0;
   int device = -1;
   cudaDeviceProp props{};
   std::unique_ptr<Bootstrap> boot;
@@ -154,6 +155,8 @@ Communicator::Communicator(const LaunchInfo& info, CommOptions opt) : impl_(std:
   Impl& m = *impl_;
   m.info = info;
   m.opt = opt;
+  static std::atomic<unsigned long long> communicators{0};
+  m.uid = ++communicators;
   WEAVE_CHECK(info.world >= 1 && info.world <= kMaxWorld, "world size ", info.world, " is outside 1..", kMaxWorld,
               " (the compile-time maximum of one NVLink domain)");
   WEAVE_CHECK(info.local_world == info.world, "a communicator spans one node, but this job has ", info.world,
@@ -308,6 +311,7 @@ Communicator::~Communicator() {
 
 int Communicator::rank() const { return impl_->info.rank; }
 int Communicator::world() const { return impl_->info.world; }
+unsigned long long Communicator::uid() const { return impl_->uid; }
 int Communicator::local_rank() const { return impl_->info.local_rank; }
 int Communicator::device() const { return impl_->device; }
 const cudaDeviceProp& Communicator::props() const { return impl_->props; }

@@ -297,11 +297,43 @@ void Tuner::remember(const std::string& key, const TuneResult& r, bool write_fil
 void Tuner::forget_memory() {
   std::lock_guard<std::mutex> g(mu_);
   mem_.clear();
+  agreed_.clear();
+}
+
+TuneGroup tune_group(Communicator& c) {
+  TuneGroup g;
+  g.id = c.uid();
+  g.rank = c.rank();
+  g.world = c.world();
+  g.check_same = [&c](const std::string& what, const std::vector<long long>& v) { c.check_same(what, v); };
+  g.all_gather = [&c](const void* mine, void* all, size_t bytes) { c.bootstrap().all_gather(mine, all, bytes); };
+  return g;
+}
+
+bool Tuner::agreed(unsigned long long group_id, const std::string& key, TuneResult* out) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = agreed_.find({group_id, key});
+  if (it == agreed_.end()) return false;
+  *out = it->second;
+  out->from_cache = true;
+  return true;
+}
+
+TuneResult Tuner::choose(Communicator* comm, const std::string& key, const std::vector<TuneCandidate>& cands,
+                         const std::function<double(const TuneCandidate&)>& measure_us) {
+  if (!comm) return choose_for(nullptr, key, cands, measure_us);
+  const TuneGroup g = tune_group(*comm);
+  return choose_for(&g, key, cands, measure_us);
+}
+
+TuneResult Tuner::choose(const TuneGroup& group, const std::string& key, const std::vector<TuneCandidate>& cands,
+                         const std::function<double(const TuneCandidate&)>& measure_us) {
+  return choose_for(&group, key, cands, measure_us);
 }
 
 unsigned long long Tuner::searches() const { return searches_.load(std::memory_order_relaxed); }
 
-TuneResult Tuner::choose(Communicator* comm, const std::string& key, const std::vector<TuneCandidate>& cands,
+TuneResult Tuner::choose_for(const TuneGroup* group, const std::string& key, const std::vector<TuneCandidate>& cands,
                          const std::function<double(const TuneCandidate&)>& measure_us) {
   WEAVE_CHECK(!cands.empty(), "tuner: no candidates for ", key);
   const std::string set = candidate_set(cands);
@@ -309,20 +341,38 @@ TuneResult Tuner::choose(Communicator* comm, const std::string& key, const std::
   auto usable = [&](const TuneResult& r) {
     return r.candidates == set && std::find(cands.begin(), cands.end(), r.choice) != cands.end();
   };
-  {  // Every rank learns a choice at the same call, so an in-memory hit needs no communication.
+  {  // Every rank of a group learns the group's choice at the same call (below), so that choice
+     // answers later calls without communication. The memory, which every group of this process
+     // fills, answers only calls without a group.
     std::lock_guard<std::mutex> g(mu_);
-    auto it = mem_.find(key);
-    if (it != mem_.end() && usable(it->second)) {
+    if (group) {
+      auto it = agreed_.find({group->id, key});
+      if (it != agreed_.end() && usable(it->second)) {
+        TuneResult r = it->second;
+        r.from_cache = true;
+        return r;
+      }
+    } else if (auto it = mem_.find(key); it != mem_.end() && usable(it->second)) {
       TuneResult r = it->second;
       r.from_cache = true;
       return r;
     }
   }
-  const int rank = comm ? comm->rank() : 0, world = comm ? comm->world() : 1;
+  const int rank = group ? group->rank : 0, world = group ? group->world : 1;
   const double budget_s = budget_s_.load();
-  if (comm)
-    comm->check_same("tuner candidates and search budget (µs) for " + key,
-                     {static_cast<long long>(cands.size()), std::llround(budget_s * 1e6)});
+  if (group) {
+    // The candidates themselves, not only their number: a search picks by index in each rank's list.
+    unsigned long long h = 0xcbf29ce484222325ull;
+    for (const TuneCandidate& c : cands)
+      for (const int v : {c.variant, c.num_comm_sms}) h = (h ^ static_cast<unsigned>(v)) * 0x100000001b3ull;
+    group->check_same("tuner candidates and search budget (µs) for " + key,
+                      {static_cast<long long>(cands.size()), static_cast<long long>(h >> 1), std::llround(budget_s * 1e6)});
+  }
+  auto agree = [&](const TuneResult& r) {
+    if (!group) return;
+    std::lock_guard<std::mutex> g(mu_);
+    agreed_[{group->id, key}] = r;
+  };
   // Rank 0's cache decides, so every rank takes the same branch.
   struct Hit {
     int found, variant, sms;
@@ -340,14 +390,15 @@ TuneResult Tuner::choose(Communicator* comm, const std::string& key, const std::
                    set.c_str());
     }
   }
-  if (comm) {
+  if (group) {
     std::vector<Hit> all(world);
-    comm->bootstrap().all_gather(&mine, all.data(), sizeof(Hit));
+    group->all_gather(&mine, all.data(), sizeof(Hit));
     mine = all[0];
   }
   if (mine.found) {
     TuneResult r{{mine.variant, mine.sms}, mine.t, true, set};
     if (rank != 0) remember(key, r, false);
+    agree(r);
     return r;
   }
   const bool talk = verbose_ && rank == 0;
@@ -364,9 +415,9 @@ TuneResult Tuner::choose(Communicator* comm, const std::string& key, const std::
   // The slowest rank's time of one measurement (every rank measures the same candidate).
   auto slowest = [&](const TuneCandidate& c) {
     double t[2] = {measure_us(c), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
-    if (comm) {
+    if (group) {
       std::vector<double> all(2 * world);
-      comm->bootstrap().all_gather(t, all.data(), sizeof t);
+      group->all_gather(t, all.data(), sizeof t);
       for (int r = 0; r < world; ++r) t[0] = std::max(t[0], all[2 * r]), t[1] = std::max(t[1], all[2 * r + 1]);
     }
     spent_s = t[1];
@@ -415,6 +466,7 @@ TuneResult Tuner::choose(Communicator* comm, const std::string& key, const std::
   for (size_t c : kept)
     if (best.time_us < 0 || times[c] < best.time_us) best = {cands[c], times[c], false, set};
   remember(key, best, rank == 0);
+  agree(best);
   if (talk)
     std::fprintf(stderr, "weave tuner: %s: chose variant %d, num_comm_sms %d (%.1f us); cache %s\n", key.c_str(),
                  best.choice.variant, best.choice.num_comm_sms, best.time_us, path_.c_str());

@@ -331,6 +331,18 @@ FAULTS = [
         "tests": ["test_collectives_schedule", "test_collectives"],
     },
     {
+        "name": "tuner_memory_answers_every_group",
+        "what": "the tuner's in-memory choice answers a communicator's call without communication even when "
+                "another communicator (another torch group of the process) made it: two ranks of a group across "
+                "two TP groups that chose differently launch different variants and wait for each other's signals",
+        "edits": [{
+            "file": "src/runtime/tuner.cpp",
+            "find": "    } else if (auto it = mem_.find(key); it != mem_.end() && usable(it->second)) {",
+            "replace": "    }\n    if (auto it = mem_.find(key); it != mem_.end() && usable(it->second)) {",
+        }],
+        "tests": ["test_tp_schedule:Tuner.*"],
+    },
+    {
         "name": "collectives_empty_rank_grid_from_own_plan",
         "what": "direct path: a rank whose plan is empty (its shard is; a Ulysses rank without sequence rows) "
                 "sizes its grid with the reduction shape's smaller blocks, not its peers' shape, and waits for "

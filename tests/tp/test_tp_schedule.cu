@@ -11,6 +11,9 @@
 #include <chrono>
 #include <map>
 #include <thread>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
 #include <random>
 #include <array>
 #include <set>
@@ -712,6 +715,108 @@ TEST(Tuner, StaleOrForeignEntriesAreReTuned) {
   r = t.choose(nullptr, "k|1|w1|d", {{0, 4}, {0, 8}}, measure);
   EXPECT_FALSE(r.from_cache);
   EXPECT_GT(calls, 0);
+}
+
+// Ranks of one tuner group as threads: all_gather through shared slots between two barriers.
+class ThreadGroup {
+ public:
+  explicit ThreadGroup(int world) : world_(world), slots_(world) {}
+  weave::runtime::TuneGroup member(unsigned long long id, int rank) {
+    weave::runtime::TuneGroup g;
+    g.id = id;
+    g.rank = rank;
+    g.world = world_;
+    g.all_gather = [this, rank](const void* mine, void* all, size_t bytes) {
+      slots_[rank].assign(static_cast<const char*>(mine), static_cast<const char*>(mine) + bytes);
+      wait();
+      for (int r = 0; r < world_; ++r) std::copy(slots_[r].begin(), slots_[r].end(), static_cast<char*>(all) + r * bytes);
+      wait();
+    };
+    g.check_same = [g](const std::string& what, const std::vector<long long>& v) {
+      std::vector<long long> all(v.size() * g.world);
+      g.all_gather(v.data(), all.data(), v.size() * sizeof(long long));
+      for (size_t i = 0; i < all.size(); ++i)
+        if (all[i] != v[i % v.size()]) throw weave::Error("ranks differ: " + what);
+    };
+    return g;
+  }
+
+ private:
+  void wait() {
+    std::unique_lock<std::mutex> l(m_);
+    const unsigned long long gen = gen_;
+    if (++arrived_ == world_) {
+      arrived_ = 0;
+      ++gen_;
+      cv_.notify_all();
+    } else {
+      cv_.wait(l, [&] { return gen_ != gen; });
+    }
+  }
+  int world_;
+  std::vector<std::vector<char>> slots_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  int arrived_ = 0;
+  unsigned long long gen_ = 0;
+};
+
+// Four processes (each its own tuner, as Tuner::global() is per process), two TP groups
+// A = {P0, P1} and C = {P2, P3} that time the same key and choose differently, then a group
+// B = {P0, P2} across them (torch subgroups of one world size). B's members must launch one
+// choice: a choice is taken without communication only by the group that agreed on it, so B asks
+// its rank 0 (P0, which holds A's). Before, P0 and P2 each answered from their own memory (A's
+// variant 0, C's variant 1) and their kernels waited for signals the other's variant never sends.
+TEST(Tuner, AChoiceAnswersOnlyTheGroupThatAgreedOnIt) {
+  std::vector<std::unique_ptr<weave::runtime::Tuner>> proc;
+  for (int p = 0; p < 4; ++p) {
+    proc.push_back(std::make_unique<weave::runtime::Tuner>("off"));
+    proc.back()->set_verbose(false);
+  }
+  const std::string key = "gemm_rs|4096x8192x4096|w2|dev";
+  const std::vector<weave::runtime::TuneCandidate> cands = {{0, 0}, {1, 0}};
+  auto prefer = [](int variant) {
+    return [variant](const weave::runtime::TuneCandidate& c) { return c.variant == variant ? 10.0 : 20.0; };
+  };
+  ThreadGroup a(2), c(2), b(2);
+  std::vector<weave::runtime::TuneResult> first(4), across(2);
+  {
+    std::vector<std::thread> t;
+    for (int p = 0; p < 4; ++p)
+      t.emplace_back([&, p] {
+        ThreadGroup& g = p < 2 ? a : c;  // group ids are per process: each process's first group is 1
+        first[p] = proc[p]->choose(g.member(1, p % 2), key, cands, prefer(p < 2 ? 0 : 1));
+      });
+    for (auto& x : t) x.join();
+  }
+  EXPECT_EQ(first[0].choice.variant, 0);
+  EXPECT_EQ(first[1].choice.variant, 0);
+  EXPECT_EQ(first[2].choice.variant, 1);
+  EXPECT_EQ(first[3].choice.variant, 1);
+  int measured = 0;
+  {
+    std::vector<std::thread> t;
+    for (int i = 0; i < 2; ++i)
+      t.emplace_back([&, i] {
+        const int p = i == 0 ? 0 : 2;
+        across[i] = proc[p]->choose(b.member(2, i), key, cands, [&](const weave::runtime::TuneCandidate&) {
+          ++measured;
+          return 10.0;
+        });
+      });
+    for (auto& x : t) x.join();
+  }
+  EXPECT_EQ(across[0].choice.variant, across[1].choice.variant) << "the two ranks of group B launch different variants";
+  EXPECT_EQ(across[1].choice.variant, 0) << "B's rank 0 holds A's choice, which decides";
+  EXPECT_EQ(measured, 0) << "rank 0's cached choice needs no search";
+  // Agreed now: B's next call takes it on both ranks without communication (no peer is running).
+  EXPECT_TRUE(proc[2]->choose(b.member(2, 1), key, cands, prefer(1)).from_cache);
+  EXPECT_EQ(proc[2]->choose(b.member(2, 1), key, cands, prefer(1)).choice.variant, 0);
+  // C's own agreed choice is unchanged on P2.
+  EXPECT_EQ(proc[2]->choose(c.member(1, 0), key, cands, prefer(1)).choice.variant, 1);
+  weave::runtime::TuneResult r;
+  EXPECT_TRUE(proc[2]->agreed(2, key, &r));
+  EXPECT_FALSE(proc[2]->agreed(3, key, &r));
 }
 
 TEST(Tuner, SampleLengthScalesWithTheLaunch) {

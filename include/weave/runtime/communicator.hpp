@@ -60,6 +60,9 @@ class Communicator {
 
   int rank() const;
   int world() const;
+  // Unique among this process's communicators, never reused (not the same across ranks): names
+  // per-communicator state kept outside it (the tuner's agreed choices).
+  unsigned long long uid() const;
   int local_rank() const;
   int device() const;
   const cudaDeviceProp& props() const;

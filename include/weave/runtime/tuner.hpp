@@ -13,6 +13,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace weave::runtime {
@@ -43,6 +44,20 @@ std::string candidate_set(const std::vector<TuneCandidate>& candidates);
 std::string tune_key(const std::string& kernel, const std::vector<long long>& shape, int world,
                      const std::string& device);
 
+// The ranks a choice is made for: a communicator's (tune_group), or in CPU tests threads. `id`
+// names the group among this process's groups. A process may belong to several groups of one world
+// size (torch subgroups: two TP groups and a group across them), and a choice one group agreed on
+// must answer only that group's later calls without communication: another group's ranks may have
+// learned other choices for the same key in their own groups.
+struct TuneGroup {
+  unsigned long long id = 0;
+  int rank = 0, world = 1;
+  // Communicator::check_same and Bootstrap::all_gather, or the tests' equivalents.
+  std::function<void(const std::string& what, const std::vector<long long>& values)> check_same;
+  std::function<void(const void* mine, void* all, size_t bytes)> all_gather;
+};
+TuneGroup tune_group(Communicator& c);
+
 // The time (µs) one sample of the search running on this thread should take, warm-up included
 // (Tuner::choose sets it from its budget); 0 outside a search or when the search is unbounded: a
 // sample then warms up to the power cap's steady state (event_time.hpp).
@@ -68,11 +83,18 @@ class Tuner {
 
   // The cached choice for `key`, or the search: every candidate is measured by `measure_us`
   // (this rank's time in µs; it runs the kernel) once, those near the best four more times in
-  // interleaved rounds, and the median decides. With a communicator the call is collective:
-  // every rank passes the same key and candidates, rank 0's cache decides hit or miss, times are
-  // combined as the maximum over ranks, so every rank returns the same choice.
+  // interleaved rounds, and the median decides. With a group the call is collective: every rank
+  // passes the same key and candidates, rank 0's cache decides hit or miss, times are combined as
+  // the maximum over ranks, so every rank returns the same choice, which the group then holds as
+  // agreed: its later calls of the key take it without communication. Without a communicator
+  // (nullptr: one GPU), the memory answers.
+  TuneResult choose(const TuneGroup& group, const std::string& key, const std::vector<TuneCandidate>& candidates,
+                    const std::function<double(const TuneCandidate&)>& measure_us);
   TuneResult choose(Communicator* comm, const std::string& key, const std::vector<TuneCandidate>& candidates,
                     const std::function<double(const TuneCandidate&)>& measure_us);
+  // The choice group `group_id` agreed on for `key` (false if none: no collective choose of the
+  // key on that group yet).
+  bool agreed(unsigned long long group_id, const std::string& key, TuneResult* out);
 
   // Memory, then the file.
   bool lookup(const std::string& key, TuneResult* out);
@@ -87,12 +109,15 @@ class Tuner {
   static std::string serialize(const std::map<std::string, TuneResult>& entries);
 
  private:
+  TuneResult choose_for(const TuneGroup* group, const std::string& key, const std::vector<TuneCandidate>& candidates,
+                        const std::function<double(const TuneCandidate&)>& measure_us);
   std::map<std::string, TuneResult> read_file(bool warn);
   std::string path_;
   bool verbose_ = true;
   std::atomic<double> budget_s_{1};
   std::mutex mu_;
   std::map<std::string, TuneResult> mem_;
+  std::map<std::pair<unsigned long long, std::string>, TuneResult> agreed_;  // (group id, key)
   std::atomic<unsigned long long> searches_{0};
 };
 
