@@ -108,6 +108,10 @@ void validate_row_stride(int E, int R_cap, int row_stride) {
 lcsc::Config fused_grouped_config(const GroupedGemmOptions& opt, int min_sms) {
   lcsc::Config cfg = opt.lcsc;
   cfg.balance_waves = false;
+  // The fused kernels have no communicator SM. The grid is sized from this config before the
+  // call's own checks, on every rank alike; a caller's other num_comm_sms (which could make the
+  // plan throw on one rank alone, its peers then waiting for it) is refused by those checks.
+  cfg.num_comm_sms = 0;
   cfg.max_compute_blocks = cfg.max_compute_blocks > 0 ? std::min(cfg.max_compute_blocks, min_sms) : min_sms;
   return cfg;
 }

@@ -62,7 +62,7 @@ int* device_status();
 // The launch config of the fused kernels built on the grouped GEMM's kernel (gemm_combine,
 // dispatch_gemm): no wave balancing (the grid is sized for the bound, as grouped_gemm's), at most
 // `min_sms` compute blocks (the smallest SM count of all ranks: every rank launches as many, which
-// their signal counts assume).
+// their signal counts assume), no communicator SM whatever opt asks (the calls refuse another).
 lcsc::Config fused_grouped_config(const GroupedGemmOptions& opt, int min_sms);
 
 // Pure checks (CPU-tested): everything grouped_gemm refuses before touching the device, bar the

@@ -279,6 +279,15 @@ TEST(DispatchGemm, ArgumentErrorsOnEveryRank) {
     dispatch_gemm(*layer.ex, d.x, d.idx, T, layer.up, N, layer.sc->up_output(), s, o);
   });
   EXPECT_NE(msg.find("num_comm_sms"), std::string::npos) << "rank " << me << ": " << msg;
+  // One rank alone with a num_comm_sms that leaves no compute SM (the launch plan itself would
+  // refuse it): every rank refuses, none waits for it.
+  msg = error_of([&] {
+    GroupedGemmOptions o;
+    if (me == W - 1) o.lcsc.num_comm_sms = comm().sm_count();
+    dispatch_gemm(*layer.ex, d.x, d.idx, T, layer.up, N, layer.sc->up_output(), s, o);
+  });
+  EXPECT_NE(msg.find(me == W - 1 ? "num_comm_sms" : "rejected its arguments"), std::string::npos)
+      << "rank " << me << ": " << msg;
   dispatch_gemm(*layer.ex, d.x, d.idx, T, layer.up, N, layer.sc->up_output(), s);
   layer.ex->check(s);
   check_status(s);

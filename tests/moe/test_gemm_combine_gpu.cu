@@ -260,6 +260,14 @@ TEST(GemmCombine, ArgumentErrorsOnEveryRank) {
   fill_rows(layer, dd, F, 1, s);
   msg = error_of([&] { gemm_combine(*layer.gc, dd, layer.sc->swiglu_output(), down, F, d.w, d.out, T, s); });
   EXPECT_NE(msg.find(want), std::string::npos) << "gemm_combine, rank " << me << ": " << msg;
+  // One rank alone with a num_comm_sms the launch plan itself would refuse: refused everywhere.
+  msg = error_of([&] {
+    GroupedGemmOptions o;
+    if (me == W - 1) o.lcsc.num_comm_sms = -1;
+    gemm_combine(*layer.gc, dd, layer.sc->swiglu_output(), layer.down, F, d.w, d.out, T, s, o);
+  });
+  EXPECT_NE(msg.find(me == W - 1 ? "num_comm_sms" : "rejected its arguments"), std::string::npos)
+      << "gemm_combine, rank " << me << ": " << msg;
   // The same dispatch, correct arguments: accepted (the refused call consumed nothing) ...
   gemm_combine(*layer.gc, dd, layer.sc->swiglu_output(), layer.down, F, d.w, d.out, T, s);
   // ... once: a second gemm_combine on it is refused everywhere.
