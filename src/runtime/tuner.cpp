@@ -334,8 +334,10 @@ TuneResult Tuner::choose(const TuneGroup& group, const std::string& key, const s
 unsigned long long Tuner::searches() const { return searches_.load(std::memory_order_relaxed); }
 
 TuneResult Tuner::choose_for(const TuneGroup* group, const std::string& key, const std::vector<TuneCandidate>& cands,
-                         const std::function<double(const TuneCandidate&)>& measure_us) {
-  WEAVE_CHECK(!cands.empty(), "tuner: no candidates for ", key);
+                             const std::function<double(const TuneCandidate&)>& measure_us) {
+  // With a group, after the ranks compared their candidates: a rank alone without any (fewer SMs
+  // than its peers) would leave them waiting in the comparison.
+  if (!group) WEAVE_CHECK(!cands.empty(), "tuner: no candidates for ", key);
   const std::string set = candidate_set(cands);
   // A cached choice answers only the candidate set it was chosen from, and only with one of them.
   auto usable = [&](const TuneResult& r) {
@@ -367,6 +369,7 @@ TuneResult Tuner::choose_for(const TuneGroup* group, const std::string& key, con
       for (const int v : {c.variant, c.num_comm_sms}) h = (h ^ static_cast<unsigned>(v)) * 0x100000001b3ull;
     group->check_same("tuner candidates and search budget (µs) for " + key,
                       {static_cast<long long>(cands.size()), static_cast<long long>(h >> 1), std::llround(budget_s * 1e6)});
+    WEAVE_CHECK(!cands.empty(), "tuner: no candidates for ", key);
   }
   auto agree = [&](const TuneResult& r) {
     if (!group) return;

@@ -817,6 +817,22 @@ TEST(Tuner, AChoiceAnswersOnlyTheGroupThatAgreedOnIt) {
   weave::runtime::TuneResult r;
   EXPECT_TRUE(proc[2]->agreed(2, key, &r));
   EXPECT_FALSE(proc[2]->agreed(3, key, &r));
+  // Ranks whose candidates differ (one has none: fewer SMs than its peers) fail together.
+  ThreadGroup d(2);
+  std::string err[2];
+  std::vector<std::thread> t;
+  for (int i = 0; i < 2; ++i)
+    t.emplace_back([&, i] {
+      try {
+        const std::vector<weave::runtime::TuneCandidate> none, mine = i == 0 ? cands : none;
+        proc[i]->choose(d.member(3, i), "other|1|w2|dev", mine, prefer(0));
+      } catch (const weave::Error& e) {
+        err[i] = e.what();
+      }
+    });
+  for (auto& x : t) x.join();
+  EXPECT_NE(err[0].find("ranks differ"), std::string::npos) << err[0];
+  EXPECT_NE(err[1].find("ranks differ"), std::string::npos) << err[1];
 }
 
 TEST(Tuner, SampleLengthScalesWithTheLaunch) {
