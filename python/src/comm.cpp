@@ -59,7 +59,7 @@ void Comm::drain_released() {
   for (Ptr p : ps) comm_->release(reinterpret_cast<void*>(p));
 }
 
-Ptr Comm::staging(Which which, size_t bytes, cudaStream_t s, bool capturing) {
+void Comm::reserve(Which which, size_t bytes, bool capturing) {
   set_device(comm_->device());
   captured_ = captured_ || capturing;
   Stage& st = stage_[which];
@@ -87,6 +87,11 @@ Ptr Comm::staging(Which which, size_t bytes, cudaStream_t s, bool capturing) {
     st.p = reinterpret_cast<Ptr>(comm_->alloc(cap));
     st.bytes = cap;
   }
+}
+
+Ptr Comm::staging(Which which, size_t bytes, size_t reserve_bytes, cudaStream_t s, bool capturing) {
+  reserve(which, std::max(bytes, reserve_bytes), capturing);
+  const Stage& st = stage_[which];
   // A graph cannot wait for work outside it: captured calls are ordered by the capture stream
   // alone (a graph's replays and eager calls must not overlap: the caller's stream order).
   if (!capturing) {
@@ -101,9 +106,10 @@ Ptr Comm::staging(Which which, size_t bytes, cudaStream_t s, bool capturing) {
   return st.p;
 }
 
-Ptr Comm::symmetric_input(Ptr p, size_t bytes, cudaStream_t s, bool capturing) {
+Ptr Comm::symmetric_input(Ptr p, size_t bytes, size_t reserve_bytes, cudaStream_t s, bool capturing) {
+  reserve(kIn, std::max(bytes, reserve_bytes), capturing);
   if (bytes && owns(p, bytes)) return p;
-  const Ptr in = staging(kIn, bytes, s, capturing);
+  const Ptr in = staging(kIn, bytes, reserve_bytes, s, capturing);
   if (bytes)
     WEAVE_CUDA_CHECK(cudaMemcpyAsync(reinterpret_cast<void*>(in), reinterpret_cast<const void*>(p), bytes,
                                      cudaMemcpyDeviceToDevice, s));

@@ -47,14 +47,19 @@ class Comm : public std::enable_shared_from_this<Comm> {
 
   // The rest is called with mu() held.
   enum Which { kIn = 0, kOut = 1 };
-  // Staging buffer `which` with room for `bytes`, ordered after its last use on another stream.
-  // Growing allocates (collective: inside an operator call every rank has the same shapes, and a
-  // rank whose shapes differ fails the allocation's cross-rank check with its peers); under
-  // stream capture it cannot, and says to make one eager call of the shapes first. Buffers
-  // outgrown once a graph captured a call are kept: the graph's replays still use them.
-  Ptr staging(Which which, size_t bytes, cudaStream_t s, bool capturing);
-  // `p` itself when [p, p + bytes) is a heap tensor, else its copy in the input staging buffer.
-  Ptr symmetric_input(Ptr p, size_t bytes, cudaStream_t s, bool capturing);
+  // Staging buffer `which` with room for `bytes` of this rank and at least `reserve` (the same on
+  // every rank: ragged shards make `bytes` differ), ordered after its last use on another stream.
+  // Growing allocates, which is collective, so whether and how much a call grows must follow
+  // from `reserve` alone; under stream capture it cannot, and says to make one eager call of the
+  // shapes first. Buffers outgrown once a graph captured a call are kept: the graph's replays
+  // still use them.
+  Ptr staging(Which which, size_t bytes, size_t reserve, cudaStream_t s, bool capturing);
+  Ptr staging(Which which, size_t bytes, cudaStream_t s, bool capturing) {
+    return staging(which, bytes, bytes, s, capturing);
+  }
+  // `p` itself when [p, p + bytes) is a heap tensor, else its copy in the input staging buffer;
+  // the input buffer is made room for `reserve` either way (a peer's input may be staged).
+  Ptr symmetric_input(Ptr p, size_t bytes, size_t reserve, cudaStream_t s, bool capturing);
   // The cached answer of `ask` for a call shape (asked once per key).
   using LocalKey = std::tuple<int, std::vector<long long>, int, int, bool>;
   template <class F>
@@ -66,6 +71,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
 
  private:
   void drain_released();
+  void reserve(Which which, size_t bytes, bool capturing);  // grows staging buffer `which`
 
   std::unique_ptr<runtime::Communicator> comm_;
   Ops ops_;

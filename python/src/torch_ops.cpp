@@ -152,24 +152,40 @@ struct Call {
 // A collective: when the call's algorithm reaches its buffers from this rank only (LL, LL128:
 // `ask`, once per key; key's first element names the operator) x and a new output go to the
 // kernel as they are; else x (itself if symmetric, else staged) in, the output staged, then copied
-// out.
+// out. Every step that may be collective (growing a staging buffer) must be taken alike on every
+// rank: the staging buffers grow to `in_reserve` / `out_reserve` bytes, the largest any rank needs
+// (ragged shards differ by a row), and the local-or-staged choice assumes an aligned x, which a
+// misaligned view is copied to (its alignment is this rank's alone: the LL paths need 4 bytes).
 template <class Ask, class Launch>
-at::Tensor collective(Call& call, const at::Tensor& x, at::IntArrayRef out_shape, Comm::LocalKey key, Ask&& ask,
-                      Launch&& launch) {
-  const bool aligned = ptr(x) % 4 == 0;
+at::Tensor collective(Call& call, const at::Tensor& x_in, at::IntArrayRef out_shape, Comm::LocalKey key,
+                      size_t in_reserve, size_t out_reserve, Ask&& ask, Launch&& launch) {
+  const at::Tensor x = ptr(x_in) % 4 == 0 ? x_in : x_in.clone();
   std::get<3>(key) = int(coll_type(x));
-  std::get<4>(key) = aligned;
-  const bool local = call.c->local(key, [&] { return ask(aligned); });
+  std::get<4>(key) = true;
+  const bool local = call.c->local(key, [&] { return ask(true); });
   at::Tensor out = empty(out_shape, x.scalar_type(), x, call.s);
   if (local) {
     launch(ptr(x), ptr(out));
     return out;
   }
-  const Ptr src = call.c->symmetric_input(ptr(x), x.nbytes(), call.s, call.capturing);
-  const Ptr stage = call.staging(Comm::kOut, out.nbytes());
+  const Ptr src = call.c->symmetric_input(ptr(x), x.nbytes(), in_reserve, call.s, call.capturing);
+  const Ptr stage = call.c->staging(Comm::kOut, out.nbytes(), out_reserve, call.s, call.capturing);
   launch(src, stage);
   copy_into(out, stage, out.nbytes(), call.s);
   return out;
+}
+
+// Bytes of the largest shard of `full` along `cdim` (rank 0's: shards differ by at most one row).
+size_t largest_shard_bytes(const std::vector<long long>& full, int cdim, int world, size_t elt) {
+  long long n = 1;
+  for (long long d : full) n *= d;
+  if (n == 0) return 0;
+  return size_t(n / full[cdim] * shard(full[cdim], world, 0).size) * elt;
+}
+size_t bytes_of(const std::vector<long long>& full, size_t elt) {
+  long long n = 1;
+  for (long long d : full) n *= d;
+  return size_t(n) * elt;
 }
 
 // all_gather_matmul's outputs, one per B (rows gathered along dim 0, N columns of `t`).
@@ -211,7 +227,8 @@ at::Tensor all_reduce(const at::Tensor& x, c10::string_view group) {
     Call call("all_reduce", group, {&x});
     const long long n = x.numel();
     const Dt t = coll_type(x);
-    return collective(call, x, x.sizes(), {0, {n}, 0, 0, false},
+    const size_t bytes = size_t(n) * x.element_size();
+    return collective(call, x, x.sizes(), {0, {n}, 0, 0, false}, bytes, bytes,
                       [&](bool aligned) { return call.ops().all_reduce_local(n, t, aligned); },
                       [&](Ptr i, Ptr o) { call.ops().all_reduce(i, o, n, t, Ptr(call.s)); });
   });
@@ -222,8 +239,10 @@ at::Tensor all_gather(const at::Tensor& x, int64_t dim, int64_t full_size, c10::
     Call call("all_gather", group, {&x});
     const auto p = plan::all_gather(spec_of(x), dim, full_size, call.c->comm().rank(), call.c->comm().world());
     const Dt t = coll_type(x);
-    return collective(call, x, p.out, {1, p.full, p.cdim, 0, false},
-                      [&](bool aligned) { return call.ops().shard_local(true, p.full, p.cdim, t, aligned); },
+    const int W = call.c->comm().world();
+    const size_t e = x.element_size();
+    return collective(call, x, p.out, {1, p.full, p.cdim, 0, false}, largest_shard_bytes(p.full, p.cdim, W, e),
+                      bytes_of(p.full, e), [&](bool aligned) { return call.ops().shard_local(true, p.full, p.cdim, t, aligned); },
                       [&](Ptr i, Ptr o) { call.ops().all_gather(i, o, p.full, p.cdim, t, Ptr(call.s)); });
   });
 }
@@ -233,8 +252,10 @@ at::Tensor reduce_scatter(const at::Tensor& x, int64_t dim, c10::string_view gro
     Call call("reduce_scatter", group, {&x});
     const auto p = plan::reduce_scatter(spec_of(x), dim, call.c->comm().rank(), call.c->comm().world());
     const Dt t = coll_type(x);
-    return collective(call, x, p.out, {2, p.full, p.cdim, 0, false},
-                      [&](bool aligned) { return call.ops().shard_local(false, p.full, p.cdim, t, aligned); },
+    const int W = call.c->comm().world();
+    const size_t e = x.element_size();
+    return collective(call, x, p.out, {2, p.full, p.cdim, 0, false}, bytes_of(p.full, e),
+                      largest_shard_bytes(p.full, p.cdim, W, e), [&](bool aligned) { return call.ops().shard_local(false, p.full, p.cdim, t, aligned); },
                       [&](Ptr i, Ptr o) { call.ops().reduce_scatter(i, o, p.full, p.cdim, t, Ptr(call.s)); });
   });
 }
@@ -246,7 +267,11 @@ at::Tensor all_to_all(const at::Tensor& x, c10::string_view direction, int64_t s
                                     call.c->comm().world());
     const long long B = x.size(0), D = x.size(3);
     const Dt t = coll_type(x);
-    return collective(call, x, p.out, {3, {}, 0, 0, false}, [](bool) { return false; },  // always staged
+    const int W = call.c->comm().world();
+    const size_t e = x.element_size();
+    const size_t seq = largest_shard_bytes({B, p.S, p.H * D}, 1, W, e), head = bytes_of({B, p.S, p.H / W, D}, e);
+    return collective(call, x, p.out, {3, {}, 0, 0, false}, p.seq_to_head ? seq : head, p.seq_to_head ? head : seq,
+                      [](bool) { return false; },  // always staged
                       [&](Ptr i, Ptr o) { call.ops().all_to_all(i, o, B, p.S, p.H, D, t, p.seq_to_head, Ptr(call.s)); });
   });
 }

@@ -189,6 +189,34 @@ def test_two_groups_alternately(env):
         assert torch.equal(weave.all_reduce(x, group=singles[rank]), x)
 
 
+def test_ragged_shards_and_misaligned_views_stage_alike(env):
+    """Staging buffers grow collectively, so every rank must grow them alike: by the largest shard,
+    not its own (rank 0's shard below is just past 2 MiB, the others' exactly 2 MiB, the
+    allocation granule), and whether or not its own view is aligned (a bf16 view one element in,
+    on rank 1 only, of a call the LL path takes without staging)."""
+    rank, W, seed = env
+    g = dist.new_group(list(range(W)))  # a fresh communicator: nothing staged yet
+    weave.init(g)
+    rows = W * 1024 + 1
+    parts = [rand((_share(rows, W, r), 512), F32, seed, "stage-ag", r) for r in range(W)]
+    out = weave.all_gather(parts[rank], 0, full_size=rows, group=g)
+    assert torch.equal(out, torch.cat(parts)), "all_gather"
+    xs = [rand((rows, 512), F32, seed, "stage-rs", r) for r in range(W)]
+    first, size = weave.shard(rows)
+    y = weave.reduce_scatter(xs[rank], 0, group=g)
+    tot = sum(x.float() for x in xs)
+    check_close(y, tot[first:first + size], 2 * W * EPS[F32] * sum(x.abs() for x in xs)[first:first + size] + 1e-30,
+                "reduce_scatter")
+    xs = [rand((1001,), BF, seed, "stage-ar", r) for r in range(W)]
+    buf = torch.empty(1002, dtype=BF, device="cuda")
+    x = buf[1:] if rank == 1 else buf[:1001]
+    x.copy_(xs[rank])
+    y = weave.all_reduce(x, group=g)
+    check_close(y, sum(v.float() for v in xs), 2 * W * EPS[BF] * sum(v.float().abs() for v in xs) + 1e-30,
+                "all_reduce of a misaligned view on rank 1")
+    dist.barrier()
+
+
 def test_mismatched_shapes_raise_on_every_rank(env):
     rank, W, seed = env
     g = dist.new_group(list(range(W)))  # a communicator of its own: a rejected call may leave it unusable
