@@ -175,8 +175,9 @@ LaunchInfo AgGemm::run_inputs(const Inputs& in, void* a_gathered, bf16* C, int M
   Impl& m = *impl_;
   const Range mine = shard(M, m.c.world(), m.c.rank());
   const size_t row = size_t(K) * in.elem();
-  const auto ops = {Operand{"a_shard", in.a, in.bytes(mine.size, K)}, Operand{"a_gathered", a_gathered, in.bytes(M, K)},
-                    Operand{"B", in.b, in.bytes(K, N)}, Operand{"C", C, bf16_bytes(M, N)}};
+  const auto ops = {Operand{"a_shard", in.a, in.bytes(mine.size, K)},
+                    Operand{"a_gathered", a_gathered, in.bytes(M, K), true}, Operand{"B", in.b, in.bytes(K, N)},
+                    Operand{"C", C, bf16_bytes(M, N)}};
   check_tp_call(m.c, "ag_gemm", M, N, K, o, ops, kAgVariants - 1,
                 "0 (TMA push by communicator SMs), 1 (register push by communicator SMs), 2 (TMA push by the compute "
                 "blocks' idle producer warps), 3..6 (register push by those of every 2^(v-3)-th block), 7 (copy "

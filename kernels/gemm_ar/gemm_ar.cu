@@ -87,7 +87,7 @@ AdaptiveStats GemmAR::adaptive_stats(int M, int N, int K) const {
 LaunchInfo GemmAR::run(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, const Options& o,
                        cudaStream_t s) {
   Impl& m = *impl_;
-  check_tp_call(m.c, "gemm_ar", M, N, K, o, {{"A", A, bf16_bytes(M, K)}, {"B", B, bf16_bytes(K, N)}, {"out", out, bf16_bytes(M, N)}}, kArVariants - 1,
+  check_tp_call(m.c, "gemm_ar", M, N, K, o, {{"A", A, bf16_bytes(M, K)}, {"B", B, bf16_bytes(K, N)}, {"out", out, bf16_bytes(M, N), true}}, kArVariants - 1,
                 "0 (inter-SM, communicator SMs reduce), 1 (intra-SM, storers reduce-add) or 2 (adaptive split)", s, [] {});
   if (o.num_comm_sms >= 0) {
     const ArVariant v = o.variant >= 0 ? static_cast<ArVariant>(o.variant)

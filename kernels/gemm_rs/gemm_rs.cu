@@ -286,7 +286,7 @@ AdaptiveStats GemmRS::adaptive_stats(int M, int N, int K) const {
 LaunchInfo GemmRS::run_inputs(const Inputs& in, bf16* out, int M, int N, int K, const Options& o, cudaStream_t s) {
   Impl& m = *impl_;
   const auto ops = {Operand{"A", in.a, in.bytes(M, K)}, Operand{"B", in.b, in.bytes(K, N)},
-                    Operand{"out", out, out_elems(M, N, m.c.world()) * sizeof(bf16)}};
+                    Operand{"out", out, out_elems(M, N, m.c.world()) * sizeof(bf16), true}};
   check_tp_call(m.c, "gemm_rs", M, N, K, o, ops, kRsVariants - 1,
                 "0 (owner first), 1 (zero first), 2 (inter-SM), 3 (one GEMM per owner), 4 (copy engine), 5 "
                 "(chained owners, one kernel) or 6 (adaptive split, bf16)",

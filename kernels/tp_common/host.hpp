@@ -129,18 +129,21 @@ struct AdaptiveStats {
   unsigned long long launches = 0, early_reductions = 0, peak_comm_blocks = 0;
 };
 
-// One operand of a TP call: its bytes follow from the shape.
+// One operand of a TP call: its bytes follow from the shape. `symmetric`: peers reach it (in the
+// symmetric heap or registered on every rank), not only this rank.
 struct Operand {
   const char* name;
   const void* p;
   size_t bytes = 0;
+  bool symmetric = false;
 };
 
 // Every operand is read or written by TMA: non-null, 16-byte aligned, and (with `c`) as long as
 // the shape says: in one heap allocation, registered buffer or device allocation
-// (Communicator::check_buffer). Part of a call's own checks (check_tp_call), so a pointer bad on
-// one rank only is rejected before any launch, not a TMA-map failure or an out-of-bounds access
-// after its peers launched.
+// (Communicator::check_buffer), and a symmetric one where peers find it (Communicator::peers).
+// Part of a call's own checks (check_tp_call), so a pointer bad on one rank only is rejected on
+// every rank before any launch, not a TMA-map failure or an out-of-bounds access after its peers
+// launched, nor an error of peers() on that rank alone after the agreement.
 inline void check_operands(const char* who, std::initializer_list<Operand> ops,
                            const runtime::Communicator* c = nullptr) {
   for (const Operand& o : ops) {
@@ -148,6 +151,7 @@ inline void check_operands(const char* who, std::initializer_list<Operand> ops,
     WEAVE_CHECK(reinterpret_cast<uintptr_t>(o.p) % 16 == 0, who, ": ", o.name,
                 " is not 16-byte aligned (TMA needs it)");
     if (c) c->check_buffer(who, o.name, o.p, o.bytes);
+    if (c && o.symmetric) c->peers(o.p, o.bytes);
   }
 }
 

@@ -547,6 +547,38 @@ TEST(TpGpu, MismatchedShapesAcrossRanksRejected) {
   wt::settle();
 }
 
+// A buffer peers write (ag_gemm's a_gathered, gemm_rs's and gemm_ar's out) outside the symmetric
+// heap on one rank only: that rank's own check finds it, and every rank refuses the call before
+// launching (it was found after the agreement, on that rank alone, its peers launched and waited).
+TEST(TpGpu, NonSymmetricBufferOnOneRankRejectedEverywhere) {
+  auto& c = wt::comm();
+  const int M = 512, K = 256, N = 512, last = c.world() - 1;
+  Dev A(size_t(M) * K), B(size_t(K) * N), plain(size_t(M) * N), C(size_t(M) * N);
+  Sym sym(size_t(M) * N), G(size_t(M) * K);
+  bf16* out = c.rank() == last ? plain.p : sym.p;
+  const auto sh = shard(M, c.world(), c.rank());
+  auto expect_reject = [&](const std::function<void()>& call, const char* what) {
+    try {
+      call();
+      ADD_FAILURE() << what << ": no error on rank " << c.rank();
+    } catch (const weave::Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find(c.rank() == last ? "symmetric heap" : "rejected its arguments"), std::string::npos)
+          << what << ", rank " << c.rank() << ": " << m;
+    }
+  };
+  weave::tp::GemmRS rs(c);
+  weave::tp::AgGemm ag(c);
+  weave::tp::GemmAR ar(c);
+  weave::tp::Options o;
+  o.num_comm_sms = 4;
+  expect_reject([&] { rs.run(A.p, B.p, out, M, N, K, o); }, "gemm_rs");
+  expect_reject([&] { ar.run(A.p, B.p, out, M, N, K, o); }, "gemm_ar");
+  bf16* gathered = c.rank() == last ? reinterpret_cast<bf16*>(plain.p) : G.p;
+  expect_reject([&] { ag.run(gathered + size_t(sh.begin) * K, gathered, B.p, C.p, M, N, K, o); }, "ag_gemm");
+  wt::settle();
+}
+
 // CUDA graphs: a shape's first call cannot be captured (it creates the shape's signal sets, which
 // synchronizes) and neither can a copy-engine variant; both are rejected on every rank with
 // nothing enqueued. After an eager call, the three kernels captured in one graph and replayed
