@@ -105,6 +105,15 @@ void validate_row_stride(int E, int R_cap, int row_stride) {
               row_stride, " = ", static_cast<long long>(E) * row_stride, " rows, more than R_cap = ", R_cap);
 }
 
+void validate_grouped_options(const GroupedGemmOptions& opt, int E, int R_cap, int sm_count) {
+  validate_row_stride(E, R_cap, opt.row_stride);
+  if (opt.status) check_extent("moe grouped_gemm", "status", opt.status, kStatusWords * sizeof(int));
+  WEAVE_CHECK(opt.lcsc.num_comm_sms >= 0 && (sm_count <= 0 || opt.lcsc.num_comm_sms < sm_count),
+              "moe grouped_gemm: num_comm_sms = ", opt.lcsc.num_comm_sms, " (want 0..SM count - 1)");
+  WEAVE_CHECK(opt.lcsc.max_compute_blocks >= 0, "moe grouped_gemm: max_compute_blocks = ",
+              opt.lcsc.max_compute_blocks, ", want >= 0 (0: no limit)");
+}
+
 lcsc::Config fused_grouped_config(const GroupedGemmOptions& opt, int min_sms) {
   lcsc::Config cfg = opt.lcsc;
   cfg.balance_waves = false;
@@ -173,7 +182,7 @@ void check_status(cudaStream_t stream, int* status) {
 lcsc::Plan grouped_gemm(const __nv_bfloat16* X, const __nv_bfloat16* W, __nv_bfloat16* Y, const int* counts, int E,
                         int N, int K, int R_cap, cudaStream_t stream, const GroupedGemmOptions& opt) {
   validate_grouped(X, W, Y, counts, E, N, K, R_cap);
-  validate_row_stride(E, R_cap, opt.row_stride);
+  validate_grouped_options(opt, E, R_cap, 0);
   const size_t b = sizeof(__nv_bfloat16);
   check_extent("moe grouped_gemm", "X", X, size_t(R_cap) * K * b);
   check_extent("moe grouped_gemm", "W", W, size_t(E) * N * K * b);

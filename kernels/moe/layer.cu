@@ -67,6 +67,7 @@ void moe_layer_forward(MoeExchange& ex, MoeLayerScratch& sc, const __nv_bfloat16
     validate_grouped(sc.swiglu_output(), W_down, ex.expert_output(), reinterpret_cast<const int*>(16), L, H, F, R);
     check_extent("moe layer", "W_up", W_up, static_cast<size_t>(L) * 2 * F * H * sizeof(__nv_bfloat16));
     check_extent("moe layer", "W_down", W_down, static_cast<size_t>(L) * H * F * sizeof(__nv_bfloat16));
+    validate_grouped_options(gemm_opt, L, R, ex.communicator().sm_count());
   });
   ex.communicator().agree_call("moe.layer", "E, H, k, F, capacity", {cf.experts, H, cf.topk, F, R}, problem, stream);
   const Dispatched d = ex.dispatch(x, topk_idx, T, stream);
@@ -132,7 +133,7 @@ LowLatencyDispatched moe_low_latency_forward(MoeLowLatency& ll, MoeLowLatencyScr
     const int* counts = reinterpret_cast<const int*>(16);  // any aligned address: the counts' own check
     validate_grouped(ll.receive_buffer(), W_up, sc.up_output(), counts, L, 2 * F, H, R);
     validate_grouped(sc.swiglu_output(), W_down, sc.expert_output(), counts, L, H, F, R);
-    validate_row_stride(L, R, S);
+    validate_grouped_options(o, L, R, ll.communicator().sm_count());
     check_extent("moe low-latency layer", "W_up", W_up, static_cast<size_t>(L) * 2 * F * H * sizeof(__nv_bfloat16));
     check_extent("moe low-latency layer", "W_down", W_down, static_cast<size_t>(L) * H * F * sizeof(__nv_bfloat16));
   });

@@ -257,4 +257,18 @@ TEST(GroupedGemmSchedule, StridedArgumentChecks) {
   expect("E x row_stride = 4 x 257 = 1028 rows, more than R_cap = 1024", [&] { validate_row_stride(4, 1024, 257); });
   validate_row_stride(4, 1024, 256);  // exactly fits
   validate_row_stride(4, 1, 0);       // packed: nothing to check
+  // The options as a whole (what the layers check before their dispatch).
+  GroupedGemmOptions o;
+  validate_grouped_options(o, 4, 1024, 132);
+  o.row_stride = 257;
+  expect("more than R_cap = 1024", [&] { validate_grouped_options(o, 4, 1024, 132); });
+  o = {};
+  o.lcsc.num_comm_sms = -1;
+  expect("num_comm_sms = -1", [&] { validate_grouped_options(o, 4, 1024, 132); });
+  o.lcsc.num_comm_sms = 132;
+  expect("num_comm_sms = 132", [&] { validate_grouped_options(o, 4, 1024, 132); });
+  validate_grouped_options(o, 4, 1024, 0);  // no SM count known: the plan checks the upper bound
+  o = {};
+  o.lcsc.max_compute_blocks = -2;
+  expect("max_compute_blocks = -2", [&] { validate_grouped_options(o, 4, 1024, 132); });
 }

@@ -213,6 +213,20 @@ TEST(MoeLayer, ShortWeightIsAnErrorOnEveryRank) {
   }
   // The short rank names its argument; its peers say that a rank rejected its arguments.
   EXPECT_NE(msg.find(me == W - 1 ? "W_up" : "rejected its arguments"), std::string::npos) << "rank " << me << ": " << msg;
+  // The GEMMs' options, bad on one rank only: refused on every rank before the dispatch (they were
+  // found by the first grouped_gemm, after the dispatch, and the peers waited in their combine).
+  // The plan's first call was refused, so this one is checked together again; on an agreed plan
+  // the refusing rank would stop its launched peers through their abort words instead.
+  msg.clear();
+  try {
+    GroupedGemmOptions o;
+    if (me == W - 1) o.lcsc.num_comm_sms = -1;
+    moe_layer_forward(*layer.ex, *layer.sc, d.x, d.idx, d.w, T, layer.up, layer.down, d.out, s, o);
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find(me == W - 1 ? "num_comm_sms" : "rejected its arguments"), std::string::npos)
+      << "rank " << me << ": " << msg;
   layer.poison();
   WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
   comm().barrier();
