@@ -85,6 +85,9 @@ def test_group_names_without_torch_distributed():
     assert weave.ring_chunks(10) == [(0, 5), (5, 5)]
     with pytest.raises(RuntimeError, match="unknown process group"):
         _comm.group_rank_world("no-such-group")
+    # What torch.distributed.new_group gives a rank outside the group.
+    with pytest.raises(ValueError, match="not a member of the group"):
+        weave.functional.group_name(torch.distributed.GroupMember.NON_GROUP_MEMBER)
 
 
 def test_shard_rule(as_rank):

@@ -113,6 +113,9 @@ def group_name(group: GroupLike = None) -> str:
         return group
     if group is None:
         return dist.group.WORLD.group_name if _dist_on() else SINGLE
+    if isinstance(group, int) and group == dist.GroupMember.NON_GROUP_MEMBER:
+        raise ValueError("weave: this rank is not a member of the group (torch.distributed.new_group gave it "
+                         "GroupMember.NON_GROUP_MEMBER): only the group's ranks call weave on it")
     return group.group_name
 
 
