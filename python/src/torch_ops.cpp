@@ -122,21 +122,28 @@ void copy_into(const at::Tensor& dst, Ptr src, size_t bytes, cudaStream_t s) {
 }
 
 // A collective call: the group's communicator (every tensor on its device), torch's current
-// stream, the communicator's lock, and whether the stream is capturing a graph.
+// stream, the communicator's lock, and whether the stream is capturing a graph. Its argument
+// rules run through rules(): a rule this rank breaks (its shard's rows, a tensor on another
+// device, any plan rule where the ranks' arguments differ) joins the cross-rank agreement as this
+// rank's problem before it is raised, so that the peers, which passed their rules and went on to
+// the operator's own agreement, fail with it instead of waiting for a rank that never comes (an
+// agreed plan's peers have launched: the agreement stops their kernels through their abort words).
 struct Call {
   std::shared_ptr<Comm> c;
   int device = 0;
   cudaStream_t s = nullptr;
   std::unique_lock<std::mutex> lock;
   bool capturing = false;
+  const char* op;
+  std::string device_problem;  // raised by the first rules()
 
-  Call(const char* op, c10::string_view group, std::initializer_list<const at::Tensor*> tensors,
+  Call(const char* op_name, c10::string_view group, std::initializer_list<const at::Tensor*> tensors,
        at::TensorList more = {})
-      : c(comm_for(std::string(group))), device(c->comm().device()) {
+      : c(comm_for(std::string(group))), device(c->comm().device()), op(op_name) {
     auto check = [&](const at::Tensor& t) {
-      if (t.get_device() != device)
-        plan::fail(op, "a tensor is on " + t.device().str() + " but the communicator of group '" + std::string(group) +
-                           "' uses cuda:" + std::to_string(device));
+      if (t.get_device() != device && device_problem.empty())
+        device_problem = "a tensor is on " + t.device().str() + " but the communicator of group '" +
+                         std::string(group) + "' uses cuda:" + std::to_string(device);
     };
     for (const at::Tensor* t : tensors) check(*t);
     for (const at::Tensor& t : more) check(t);
@@ -147,6 +154,20 @@ struct Call {
   }
   Ops& ops() { return c->ops(); }
   Ptr staging(Comm::Which w, size_t bytes) { return c->staging(w, bytes, s, capturing); }
+
+  template <class F>
+  auto rules(F&& f) -> decltype(f()) {
+    try {
+      if (!device_problem.empty()) plan::fail(op, device_problem);
+      return f();
+    } catch (const std::invalid_argument& e) {
+      try {  // always throws (this rank has a problem); its own error is the one to raise
+        c->comm().agree_call(std::string("weave.") + op, "the operator's argument rules", {}, e.what(), s);
+      } catch (const std::exception&) {
+      }
+      throw;
+    }
+  }
 };
 
 // A collective: when the call's algorithm reaches its buffers from this rank only (LL, LL128:
@@ -223,8 +244,8 @@ namespace op {
 
 at::Tensor all_reduce(const at::Tensor& x, c10::string_view group) {
   return guarded([&] {
-    plan::all_reduce(spec_of(x));
     Call call("all_reduce", group, {&x});
+    call.rules([&] { plan::all_reduce(spec_of(x)); });
     const long long n = x.numel();
     const Dt t = coll_type(x);
     const size_t bytes = size_t(n) * x.element_size();
@@ -237,7 +258,8 @@ at::Tensor all_reduce(const at::Tensor& x, c10::string_view group) {
 at::Tensor all_gather(const at::Tensor& x, int64_t dim, int64_t full_size, c10::string_view group) {
   return guarded([&] {
     Call call("all_gather", group, {&x});
-    const auto p = plan::all_gather(spec_of(x), dim, full_size, call.c->comm().rank(), call.c->comm().world());
+    const auto p = call.rules(
+        [&] { return plan::all_gather(spec_of(x), dim, full_size, call.c->comm().rank(), call.c->comm().world()); });
     const Dt t = coll_type(x);
     const int W = call.c->comm().world();
     const size_t e = x.element_size();
@@ -250,7 +272,8 @@ at::Tensor all_gather(const at::Tensor& x, int64_t dim, int64_t full_size, c10::
 at::Tensor reduce_scatter(const at::Tensor& x, int64_t dim, c10::string_view group) {
   return guarded([&] {
     Call call("reduce_scatter", group, {&x});
-    const auto p = plan::reduce_scatter(spec_of(x), dim, call.c->comm().rank(), call.c->comm().world());
+    const auto p =
+        call.rules([&] { return plan::reduce_scatter(spec_of(x), dim, call.c->comm().rank(), call.c->comm().world()); });
     const Dt t = coll_type(x);
     const int W = call.c->comm().world();
     const size_t e = x.element_size();
@@ -263,8 +286,10 @@ at::Tensor reduce_scatter(const at::Tensor& x, int64_t dim, c10::string_view gro
 at::Tensor all_to_all(const at::Tensor& x, c10::string_view direction, int64_t seq_len, c10::string_view group) {
   return guarded([&] {
     Call call("all_to_all", group, {&x});
-    const auto p = plan::all_to_all(spec_of(x), std::string(direction), seq_len, call.c->comm().rank(),
-                                    call.c->comm().world());
+    const auto p = call.rules([&] {
+      return plan::all_to_all(spec_of(x), std::string(direction), seq_len, call.c->comm().rank(),
+                              call.c->comm().world());
+    });
     const long long B = x.size(0), D = x.size(3);
     const Dt t = coll_type(x);
     const int W = call.c->comm().world();
@@ -282,7 +307,7 @@ std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> all_gather_matmul
     Call call("all_gather_matmul", group, {&A}, Bs);
     std::vector<Spec> bs;
     for (const at::Tensor& B : Bs) bs.push_back(spec_of(B));
-    const auto p = plan::all_gather_matmul(spec_of(A), bs, gather_dim, call.c->comm().world());
+    const auto p = call.rules([&] { return plan::all_gather_matmul(spec_of(A), bs, gather_dim, call.c->comm().world()); });
     const int64_t K = p.gathered.back();
     const int64_t M = c10::multiply_integers(p.gathered) / K;
     const Ptr gathered = call.staging(Comm::kOut, size_t(M) * K * A.element_size());
@@ -301,8 +326,10 @@ at::Tensor matmul_reduce_scatter(const at::Tensor& A, const at::Tensor& B, c10::
   return guarded([&] {
     Call call("matmul_reduce_scatter", group, {&A, &B});
     const int world = call.c->comm().world();
-    const auto p = plan::matmul_reduce_scatter(spec_of(A), spec_of(B), std::string(reduce_op), scatter_dim,
-                                               call.c->comm().rank(), world);
+    const auto p = call.rules([&] {
+      return plan::matmul_reduce_scatter(spec_of(A), spec_of(B), std::string(reduce_op), scatter_dim,
+                                         call.c->comm().rank(), world);
+    });
     const int64_t K = A.size(-1), N = B.size(1), M = A.numel() / K;
     const Ptr stage = call.staging(Comm::kOut, size_t(Ops::gemm_rs_out_elems(int(M), int(N), world)) * A.element_size());
     call.ops().gemm_rs(ptr(A), ptr(B), stage, int(M), int(N), int(K), Ptr(call.s), -1, -1, p.nk);
@@ -315,8 +342,8 @@ at::Tensor matmul_reduce_scatter(const at::Tensor& A, const at::Tensor& B, c10::
 
 at::Tensor matmul_all_reduce(const at::Tensor& A, const at::Tensor& B, c10::string_view group) {
   return guarded([&] {
-    const auto p = plan::matmul_all_reduce(spec_of(A), spec_of(B));
     Call call("matmul_all_reduce", group, {&A, &B});
+    const auto p = call.rules([&] { return plan::matmul_all_reduce(spec_of(A), spec_of(B)); });
     const int64_t K = A.size(-1), N = B.size(1);
     at::Tensor out = empty(p.out, A.scalar_type(), A, call.s);
     const Ptr stage = call.staging(Comm::kOut, out.nbytes());
@@ -386,9 +413,10 @@ std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> all_gather_scaled
     std::vector<Spec> bs, ss;
     for (const at::Tensor& B : Bs) bs.push_back(spec_of(B));
     for (const at::Tensor& S : B_scales) ss.push_back(spec_of(S));
-    const auto p = plan::all_gather_scaled_matmul(spec_of(A), bs, spec_of(A_scale), ss, gather_dim,
-                                                  call.c->comm().world(), dtype_opt(out_dtype),
-                                                  out_dtype ? dtype_name(*out_dtype) : "");
+    const auto p = call.rules([&] {
+      return plan::all_gather_scaled_matmul(spec_of(A), bs, spec_of(A_scale), ss, gather_dim, call.c->comm().world(),
+                                            dtype_opt(out_dtype), out_dtype ? dtype_name(*out_dtype) : "");
+    });
     const int64_t K = p.gathered.back();
     const int64_t M = c10::multiply_integers(p.gathered) / K;
     const Ptr gathered = call.staging(Comm::kOut, size_t(M) * K * A.element_size());
@@ -409,9 +437,11 @@ at::Tensor scaled_matmul_reduce_scatter(const at::Tensor& A, const at::Tensor& B
   return guarded([&] {
     Call call("scaled_matmul_reduce_scatter", group, {&A, &B, &A_scale, &B_scale});
     const int world = call.c->comm().world();
-    const auto p = plan::scaled_matmul_reduce_scatter(spec_of(A), spec_of(B), spec_of(A_scale), spec_of(B_scale),
-                                                      std::string(reduce_op), scatter_dim, call.c->comm().rank(), world,
-                                                      dtype_opt(out_dtype), out_dtype ? dtype_name(*out_dtype) : "");
+    const auto p = call.rules([&] {
+      return plan::scaled_matmul_reduce_scatter(spec_of(A), spec_of(B), spec_of(A_scale), spec_of(B_scale),
+                                                std::string(reduce_op), scatter_dim, call.c->comm().rank(), world,
+                                                dtype_opt(out_dtype), out_dtype ? dtype_name(*out_dtype) : "");
+    });
     const int64_t K = A.size(-1), N = B.size(1), M = A.numel() / K;
     const Ptr stage = call.staging(Comm::kOut, size_t(Ops::gemm_rs_out_elems(int(M), int(N), world)) * sizeof(uint16_t));
     call.ops().gemm_rs_fp8(ptr(A), ptr(B), ptr(A_scale), ptr(B_scale), stage, int(M), int(N), int(K), Ptr(call.s));
@@ -456,10 +486,12 @@ std::tuple<at::Tensor, at::Tensor> ring_attention(const at::Tensor& q, const at:
                                                   c10::string_view sharding, int64_t seq_len,
                                                   c10::string_view group) {
   return guarded([&] {
-    const auto p = plan::attention("ring_attention", spec_of(q), spec_of(k), spec_of(v));
     Call call("ring_attention", group, {&q, &k, &v});
-    const int64_t S = plan::ring_seq(spec_of(q), std::string(sharding), seq_len, call.c->comm().rank(),
-                                     call.c->comm().world());
+    const auto [p, S] = call.rules([&] {
+      return std::make_pair(plan::attention("ring_attention", spec_of(q), spec_of(k), spec_of(v)),
+                            plan::ring_seq(spec_of(q), std::string(sharding), seq_len, call.c->comm().rank(),
+                                           call.c->comm().world()));
+    });
     at::Tensor o = empty(q.sizes(), q.scalar_type(), q, call.s);
     at::Tensor lse = empty({p.B, p.Hq, p.L}, at::kFloat, q, call.s);
     call.ops().ring_attention(ptr(q), ptr(k), ptr(v), ptr(o), ptr(lse), int(p.B), S, int(p.Hq), int(p.Hkv), int(p.D),
@@ -471,10 +503,12 @@ std::tuple<at::Tensor, at::Tensor> ring_attention(const at::Tensor& q, const at:
 at::Tensor ulysses_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
                              std::optional<double> scale, int64_t seq_len, c10::string_view group) {
   return guarded([&] {
-    const auto p = plan::attention("ulysses_attention", spec_of(q), spec_of(k), spec_of(v));
     Call call("ulysses_attention", group, {&q, &k, &v});
     const int world = call.c->comm().world();
-    const int64_t S = plan::ulysses_seq(spec_of(q), seq_len, call.c->comm().rank(), world);
+    const auto [p, S] = call.rules([&] {
+      return std::make_pair(plan::attention("ulysses_attention", spec_of(q), spec_of(k), spec_of(v)),
+                            plan::ulysses_seq(spec_of(q), seq_len, call.c->comm().rank(), world));
+    });
     const Ptr stage = call.staging(
         Comm::kOut, size_t(Ops::ulysses_out_elems(int(p.B), S, int(p.Hq), int(p.D), world)) * q.element_size());
     call.ops().ulysses_attention(ptr(q), ptr(k), ptr(v), stage, int(p.B), S, int(p.Hq), int(p.Hkv), int(p.D), causal,

@@ -226,6 +226,19 @@ def test_mismatched_shapes_raise_on_every_rank(env):
     dist.barrier()
 
 
+def test_a_rule_broken_on_one_rank_raises_on_every_rank(env):
+    """The last rank's shard is a row short (its own rule: ValueError there); its peers, whose
+    arguments pass, fail in the operator's cross-rank agreement with it instead of waiting."""
+    rank, W, seed = env
+    g = dist.new_group(list(range(W)))
+    weave.init(g)
+    rows = _share(1001, W, rank) - (1 if rank == W - 1 else 0)
+    with pytest.raises(ValueError if rank == W - 1 else RuntimeError) as e:
+        weave.all_gather(torch.ones((rows, 8), device="cuda"), 0, full_size=1001, group=g)
+    assert ("share" if rank == W - 1 else "different operators") in str(e.value), str(e.value)
+    dist.barrier()
+
+
 def test_collectives_and_sp_graph_capture_and_replay(env):
     """The collectives (LL-, two-shot- and push-sized all_reduce, all_gather, reduce_scatter, the
     Ulysses all_to_all) and ring / Ulysses attention captured in one CUDA graph after an eager
