@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -182,6 +183,16 @@ struct Star {
   std::vector<Fd> peers;
   uint64_t seq = 0;
   std::string broken;  // why the bootstrap became unusable; empty while usable
+  // Polled every kInterruptMs while a collective waits for its peers: a non-empty answer ends the
+  // wait with that error (and the bootstrap, as any failed collective does). A peer that will
+  // never come (it rejected a call its peers had launched, and told them so) then cannot hold a
+  // rank in a barrier without a time limit.
+  std::function<std::string()> interrupt;
+  static constexpr int kInterruptMs = 200;
+  void check_interrupt() const {
+    if (!interrupt) return;
+    if (std::string why = interrupt(); !why.empty()) throw Error(why);
+  }
 
   // `fd`/`fds`: one fd per rank rides along (Unix sockets only); -1/nullptr otherwise.
   void exchange(Op op, const void* mine, void* all, size_t bytes, int fd, std::vector<Fd>* fds);
@@ -243,9 +254,14 @@ inline void Star::exchange_root(Op op, const void* mine, void* all, size_t bytes
   while (!pending.empty()) {
     std::vector<pollfd> pf;
     for (int r : pending) pf.push_back({peers[r].get(), POLLIN, 0});
-    if (::poll(pf.data(), pf.size(), -1) < 0) {
+    const int ready = ::poll(pf.data(), pf.size(), interrupt ? kInterruptMs : -1);
+    if (ready < 0) {
       if (errno == EINTR) continue;
       sys_fail("poll");
+    }
+    if (ready == 0) {
+      check_interrupt();
+      continue;
     }
     for (size_t i = pf.size(); i-- > 0;) {
       if (!pf[i].revents) continue;
@@ -284,6 +300,8 @@ inline void Star::exchange_leaf(Op op, const void* mine, void* all, size_t bytes
   send_with_fds(s, &h, sizeof h, fds ? std::vector<int>{fd} : std::vector<int>{}, "rank 0");
   if (bytes) send_all(s, mine, bytes, "rank 0");
   std::vector<Fd> got;
+  if (interrupt)
+    while (!wait_readable(s, Clock::now() + std::chrono::milliseconds(kInterruptMs))) check_interrupt();
   recv_all(s, &h, sizeof h, "rank 0", {}, &got, fds ? w : 0);
   if (h.op != op || h.seq != seq || h.bytes != bytes * w || got.size() != h.nfds ||
       h.nfds != (fds ? static_cast<uint32_t>(w) : 0u))

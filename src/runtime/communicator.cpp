@@ -104,6 +104,15 @@ struct Communicator::Impl {
   void check_usable() const {
     WEAVE_CHECK(!broken, "communicator is unusable after an earlier error: ", broken_why);
   }
+  // Why a peer stopped this rank's calls (its abort word), or empty.
+  std::string peer_aborted() const {
+    if (mail.size() <= static_cast<size_t>(info.rank)) return {};
+    const Mailbox& mb = *mail[info.rank];
+    const int from = mb.abort_from.load(std::memory_order_acquire);
+    if (from <= 0) return {};
+    return detail::concat("weave: rank ", from - 1, " rejected a call this rank had launched, so it will not come: ",
+                          std::string(mb.abort_why, strnlen(mb.abort_why, kWhyBytes)));
+  }
   char* base(int r) const { return reinterpret_cast<char*>(va + size_t(r) * heap_size); }
   void teardown() noexcept;
 };
@@ -246,6 +255,9 @@ Communicator::Communicator(const LaunchInfo& info, CommOptions opt) : impl_(std:
     m.calls = std::make_unique<mail::CallMail>(m.mail, m.pids, info.rank, m.debug,
                                                [this](const std::string& why) { abort_peers(why); },
                                                static_cast<double>(m.timeout_ns) / 1e9);
+    // A peer that rejected a call this rank had launched never reaches the host steps after it
+    // (a shape's first signal sets, a barrier): this rank's waits there end with its reason.
+    m.boot->set_interrupt([&m] { return m.peer_aborted(); });
 
     // The heap: one VMM allocation per rank, exported once as a POSIX fd, mapped by every rank.
     CUmemAllocationProp prop{};
@@ -392,6 +404,7 @@ void Communicator::check_same(const std::string& what, const std::vector<long lo
       if (spins % 2000 != 0) continue;
       if (kill(static_cast<pid_t>(m.pids[r]), 0) != 0 && errno == ESRCH)
         throw Error(detail::concat("weave: rank ", r, " (pid ", m.pids[r], ") exited before checking ", what));
+      if (const std::string why = m.peer_aborted(); !why.empty()) throw Error(why);
       if (std::chrono::steady_clock::now() - t0 > std::chrono::minutes(5))
         throw Error(detail::concat("weave: rank ", r, " did not reach the check of ", what, " within 5 minutes"));
     }

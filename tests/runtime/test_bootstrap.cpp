@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "weave/common/error.hpp"
@@ -293,6 +294,37 @@ TEST(Bootstrap, SameJobIdTwiceIsAnError) {
   EXPECT_EQ(second[0].status, 1);
   EXPECT_TRUE(contains(second[0].msg, "already in use")) << second[0].msg;
   finish(first);
+}
+
+// A rank waiting in a collective for a peer that will not come (it rejected a call the waiting
+// rank had launched, and said so in its abort word) ends the wait with the interrupt's reason
+// within a poll period, on rank 0 (serving) and on another rank (waiting for rank 0's answer);
+// the peer stays alive past the test's checks, so only the interrupt can end the wait.
+TEST(Bootstrap, InterruptEndsAWaitForAPeerThatWillNotCome) {
+  for (int waiter : {0, 1}) {
+    auto out = run(job(2), [waiter](const LaunchInfo& li) {
+      Bootstrap b(li, 10s);
+      if (li.rank != waiter) {
+        std::this_thread::sleep_for(2500ms);
+        return;
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      b.set_interrupt([t0] {
+        return std::chrono::steady_clock::now() - t0 > 300ms ? std::string("peer said it will not come") : std::string();
+      });
+      try {
+        b.barrier();
+      } catch (const weave::Error& e) {
+        const auto waited = std::chrono::steady_clock::now() - t0;
+        require(contains(e.what(), "peer said it will not come"), e.what());
+        require(waited < 2s, "the interrupt took too long");
+        throw;
+      }
+    });
+    EXPECT_EQ(out[waiter].status, 1) << out[waiter].msg;
+    EXPECT_TRUE(contains(out[waiter].msg, "peer said it will not come")) << "waiter " << waiter << ": " << out[waiter].msg;
+    EXPECT_EQ(out[1 - waiter].status, 0) << out[1 - waiter].msg;
+  }
 }
 
 TEST(Bootstrap, PeerDeathIsAnErrorNotAHang) {

@@ -3,7 +3,9 @@
 #pragma once
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "weave/runtime/launch.hpp"
@@ -29,6 +31,9 @@ class Bootstrap {
   // Every rank contributes one fd; returns world fds, entry r received from rank r (own entry is
   // a dup of `fd`). The caller owns and closes all returned fds.
   std::vector<int> all_gather_fd(int fd);
+  // While a collective waits for peers, `why` is asked every 200 ms; a non-empty answer ends the
+  // wait with weave::Error(answer) (the Communicator passes its abort word's reason).
+  void set_interrupt(std::function<std::string()> why);
 
  private:
   struct Impl;
