@@ -154,3 +154,25 @@ def test_mismatched_config_raises_on_every_rank(world):
     with pytest.raises(RuntimeError):
         weave.MoeLayer(2 * W, 64, 64, 2, 32, capacity=100 + rank, group=g)
     dist.barrier()
+
+
+def test_argument_error_on_one_rank_raises_on_every_rank(world):
+    """The last rank passes more tokens than max_tokens (its own check: ValueError there); its peers,
+    whose calls pass, fail in the dispatch's agreement with it instead of waiting. A fresh group and
+    layer: the dispatch's plan is new, so no peer has launched."""
+    rank, W, seed = world
+    g = dist.new_group(list(range(W)))
+    weave.init(g)
+    L, H, k, maxT = 2, 64, 2, 40
+    E = L * W
+    m = weave.MoeLayer(E, H, 64, k, maxT, group=g)
+    try:
+        T = maxT + 1 if rank == W - 1 else maxT
+        x = tokens(T, H, seed, rank, "refuse")
+        idx, _ = routing(T, k, E, "random", seed, rank, "refuse")
+        with pytest.raises(ValueError if rank == W - 1 else RuntimeError) as e:
+            m.dispatch(x, idx)
+        assert ("max_tokens" if rank == W - 1 else "different operators") in str(e.value), str(e.value)
+    finally:
+        m.close()  # collective; the refused call left the layer usable
+        dist.barrier()

@@ -22,6 +22,7 @@ them. MoeLowLatency follows the same pattern (its decode forward is torch.ops.we
 python/README.md, "Expert-parallel MoE", has the details."""
 from __future__ import annotations
 
+import contextlib
 import itertools
 import weakref
 from typing import Optional
@@ -158,6 +159,20 @@ class _MoeObject:
     def _live(self, op: str) -> None:
         if self.closed:
             raise RuntimeError(f"weave.{op}: the layer was closed")
+
+    @contextlib.contextmanager
+    def _rules(self, op: str):
+        """A call's argument checks (CUDA paths): a ValueError they raise joins the cross-rank
+        agreement as this rank's problem before it propagates, so that the peers, whose arguments
+        passed, fail in their call's agreement instead of waiting for this rank (a new plan's peers
+        in the verdict; an agreed plan's launched peers through their abort words)."""
+        try:
+            yield
+        except ValueError as e:
+            c = getattr(self.comm, "_c", None)  # None: the CPU tests' stand-in communicator
+            if c is not None and not self.closed:
+                c.refuse_call(f"weave.{op}", str(e), torch.cuda.current_stream(self.comm.device).cuda_stream)
+            raise
 
     def _enter(self, op: str, *tensors: torch.Tensor) -> torch.cuda.Stream:
         """Torch's current stream of the object's device, ordered after the previous call's stream
@@ -336,9 +351,10 @@ class MoeLayer(_MoeObject):
         weave.grouped_mm(rows, w, counts) runs an expert projection over them. A failed call (bad
         id, capacity) leaves counts zero; check() says why."""
         op = "MoeLayer.dispatch"
-        T = self._plan_tokens(op, x, topk_idx)
-        s = self._enter(op, x, topk_idx)
-        _aligned(op, x=x)
+        with self._rules(op):
+            T = self._plan_tokens(op, x, topk_idx)
+            s = self._enter(op, x, topk_idx)
+            _aligned(op, x=x)
         _, counts, offsets = self._h.dispatch(_ptr(x), _ptr(topk_idx), T, s.cuda_stream)
         self._last_T = T
         if self._counts is None or self._counts.data_ptr() != counts:
@@ -358,17 +374,19 @@ class MoeLayer(_MoeObject):
         order, once every peer has read it). topk_weights: (T, k) fp32, T the last dispatch's."""
         op = "MoeLayer.combine"
         self._live(op)
-        lib().plan_moe_expert_rows(op, self._sizes, _ops._spec(y))
-        if self._last_T is None:
-            _ops._fail(op, "no dispatch on this layer yet (combine reads the last dispatch's routing)")
-        T = self._last_T
-        self._check_weights(op, topk_weights, T)
-        if y.device.type == "cuda" and not (self._out is not None and y.data_ptr() == self._out.data_ptr()) \
-                and not self.comm.is_symmetric(y):
-            _ops._fail(op, "y is not symmetric memory of the layer's group: write the rows into layer.expert_output "
-                           "(make the layer with output_buffer=True if fused) or a weave.empty((capacity, H)) tensor")
-        s = self._enter(op, y, topk_weights)
-        _aligned(op, y=y)
+        with self._rules(op):
+            lib().plan_moe_expert_rows(op, self._sizes, _ops._spec(y))
+            if self._last_T is None:
+                _ops._fail(op, "no dispatch on this layer yet (combine reads the last dispatch's routing)")
+            T = self._last_T
+            self._check_weights(op, topk_weights, T)
+            if y.device.type == "cuda" and not (self._out is not None and y.data_ptr() == self._out.data_ptr()) \
+                    and not self.comm.is_symmetric(y):
+                _ops._fail(op, "y is not symmetric memory of the layer's group: write the rows into "
+                               "layer.expert_output (make the layer with output_buffer=True if fused) or a "
+                               "weave.empty((capacity, H)) tensor")
+            s = self._enter(op, y, topk_weights)
+            _aligned(op, y=y)
         out = _ops._empty((T, self.hidden), _BF, y.device)
         self._h.combine(_ptr(y), _ptr(topk_weights), _ptr(out), T, s.cuda_stream)
         return out
@@ -513,10 +531,11 @@ class MoeLowLatency(_MoeObject):
         dispatch."""
         op = "MoeLowLatency.dispatch"
         self._live(op)
-        T = lib().plan_moe_tokens(op, self._sizes, _ops._spec(x), _ops._spec(topk_idx))
-        self._ready_to_dispatch(op)
-        s = self._enter(op, x, topk_idx)
-        _aligned(op, x=x)
+        with self._rules(op):
+            T = lib().plan_moe_tokens(op, self._sizes, _ops._spec(x), _ops._spec(topk_idx))
+            self._ready_to_dispatch(op)
+            s = self._enter(op, x, topk_idx)
+            _aligned(op, x=x)
         _, counts, _ = self._h.dispatch(_ptr(x), _ptr(topk_idx), T, s.cuda_stream)
         self._pending = T
         if self._counts is None or self._counts.data_ptr() != counts:
@@ -533,19 +552,21 @@ class MoeLowLatency(_MoeObject):
         topk_weights: (T, k) fp32."""
         op = "MoeLowLatency.combine"
         self._live(op)
-        if self._pending is None:
-            _ops._fail(op, "no dispatch to combine (dispatch and combine alternate: every dispatch is combined once)")
-        T = self._pending
-        want = (self.local_experts, self.row_stride, self.hidden)
-        if y.dtype != _BF:
-            _ops._fail(op, f"y has dtype {y.dtype}, expected torch.bfloat16")
-        if tuple(y.shape) != want:
-            _ops._fail(op, f"y must be (L, row_stride, H) = {want}, got {tuple(y.shape)}")
-        if not y.is_contiguous():
-            _ops._fail(op, "y is not contiguous")
-        lib().plan_moe_weights(op, self._sizes, _ops._spec(topk_weights), T)
-        s = self._enter(op, y, topk_weights)
-        _aligned(op, y=y)
+        with self._rules(op):
+            if self._pending is None:
+                _ops._fail(op, "no dispatch to combine (dispatch and combine alternate: every dispatch is combined "
+                               "once)")
+            T = self._pending
+            want = (self.local_experts, self.row_stride, self.hidden)
+            if y.dtype != _BF:
+                _ops._fail(op, f"y has dtype {y.dtype}, expected torch.bfloat16")
+            if tuple(y.shape) != want:
+                _ops._fail(op, f"y must be (L, row_stride, H) = {want}, got {tuple(y.shape)}")
+            if not y.is_contiguous():
+                _ops._fail(op, "y is not contiguous")
+            lib().plan_moe_weights(op, self._sizes, _ops._spec(topk_weights), T)
+            s = self._enter(op, y, topk_weights)
+            _aligned(op, y=y)
         out = _ops._empty((T, self.hidden), _BF, y.device)
         self._h.combine(_ptr(y), _ptr(topk_weights), _ptr(out), T, s.cuda_stream)
         self._pending = None
@@ -600,10 +621,11 @@ def _forward_cuda(cls):
 
     def run(x, topk_idx, topk_weights, w_up, w_down, layer):
         m = _layer_of(layer, cls)
-        T = m._plan_forward(x, topk_idx, topk_weights, w_up, w_down)
-        m._ready_to_dispatch(op)
-        s = m._enter(op, x, topk_idx, topk_weights, w_up, w_down)
-        _aligned(op, x=x, w_up=w_up, w_down=w_down)
+        with m._rules(op):
+            T = m._plan_forward(x, topk_idx, topk_weights, w_up, w_down)
+            m._ready_to_dispatch(op)
+            s = m._enter(op, x, topk_idx, topk_weights, w_up, w_down)
+            _aligned(op, x=x, w_up=w_up, w_down=w_down)
         out = _ops._empty((T, m.hidden), _BF, x.device)
         m._h.forward(_ptr(x), _ptr(topk_idx), _ptr(topk_weights), T, _ptr(w_up), _ptr(w_down), _ptr(out),
                      s.cuda_stream)
