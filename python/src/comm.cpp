@@ -59,7 +59,7 @@ void Comm::drain_released() {
   for (Ptr p : ps) comm_->release(reinterpret_cast<void*>(p));
 }
 
-void Comm::reserve(Which which, size_t bytes, bool capturing) {
+void Comm::reserve(Which which, size_t bytes, cudaStream_t s, bool capturing) {
   set_device(comm_->device());
   captured_ = captured_ || capturing;
   Stage& st = stage_[which];
@@ -74,6 +74,11 @@ void Comm::reserve(Which which, size_t bytes, bool capturing) {
     const size_t grow = st.p ? st.bytes + st.bytes / 2 : 0;
     const size_t want = std::max({bytes, grow, size_t(1) << 20});
     const size_t cap = (want + kGranule - 1) / kGranule * kGranule;
+    // Agreed before the allocation, which is collective: a peer whose own arguments were refused
+    // joins the call's agreement instead (torch_ops.cpp's Call::rules), and this is the step of
+    // the call at which it meets this rank; both then fail, with nothing allocated.
+    comm_->agree_call("weave.staging", "a staging buffer's new size", {static_cast<long long>(which),
+                      static_cast<long long>(cap)}, "", s);
     // The old buffer goes back first, so that this allocation can reuse its memory; once a graph
     // may hold it, it is kept instead.
     if (st.p) {
@@ -90,7 +95,7 @@ void Comm::reserve(Which which, size_t bytes, bool capturing) {
 }
 
 Ptr Comm::staging(Which which, size_t bytes, size_t reserve_bytes, cudaStream_t s, bool capturing) {
-  reserve(which, std::max(bytes, reserve_bytes), capturing);
+  reserve(which, std::max(bytes, reserve_bytes), s, capturing);
   const Stage& st = stage_[which];
   // A graph cannot wait for work outside it: captured calls are ordered by the capture stream
   // alone (a graph's replays and eager calls must not overlap: the caller's stream order).
@@ -107,7 +112,7 @@ Ptr Comm::staging(Which which, size_t bytes, size_t reserve_bytes, cudaStream_t 
 }
 
 Ptr Comm::symmetric_input(Ptr p, size_t bytes, size_t reserve_bytes, cudaStream_t s, bool capturing) {
-  reserve(kIn, std::max(bytes, reserve_bytes), capturing);
+  reserve(kIn, std::max(bytes, reserve_bytes), s, capturing);
   if (bytes && owns(p, bytes)) return p;
   const Ptr in = staging(kIn, bytes, reserve_bytes, s, capturing);
   if (bytes)

@@ -71,7 +71,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
 
  private:
   void drain_released();
-  void reserve(Which which, size_t bytes, bool capturing);  // grows staging buffer `which`
+  void reserve(Which which, size_t bytes, cudaStream_t s, bool capturing);  // grows staging buffer `which`
 
   std::unique_ptr<runtime::Communicator> comm_;
   Ops ops_;

@@ -115,3 +115,20 @@ def test_ulysses_attention_grads(env, causal, S, Hkv):
     weave.ulysses_attention(lq, lk, lv, causal, seq_len=S).backward(do[:, first:first + n].contiguous())
     check_attention_grads([lq.grad, lk.grad, lv.grad], [r[:, first:first + n] for r in ref[2:]],
                           f"ulysses causal={causal} S={S} Hkv={Hkv}")
+
+
+def test_input_error_on_one_rank_raises_on_every_rank(env):
+    """The last rank's input has the wrong feature count (the module's own check: ValueError there);
+    its peers fail in the forward's cross-rank agreement with it instead of waiting. A fresh group:
+    the forward's plan is new there, so no peer has launched."""
+    import torch.distributed as dist
+
+    rank, W, seed = env
+    g = dist.new_group(list(range(W)))
+    weave.init(g)
+    m = weave.nn.ColumnParallelLinear(64, 16 * W, bias=False, group=g)
+    x = rand((8, 64 - (8 if rank == W - 1 else 0)), BF, seed, "refuse", rank)
+    with pytest.raises(ValueError if rank == W - 1 else RuntimeError) as e:
+        m(x)
+    assert ("expected" if rank == W - 1 else "different operators") in str(e.value), str(e.value)
+    dist.barrier()

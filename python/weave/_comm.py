@@ -206,6 +206,15 @@ def _agree_instance(g: "dist.ProcessGroup", name: str, rank: int, world: int) ->
     return store.get("instance").decode()
 
 
+def refuse_call(name: str, op: str, why: str) -> None:
+    """Joins this rank's argument error `why` to the next call's cross-rank agreement on group
+    `name`'s communicator (if it has one), so that peers whose arguments passed fail with it
+    instead of waiting for this rank; the caller raises its error after."""
+    c = _comms.get(name)
+    if c is not None:
+        c._c.refuse_call(f"weave.{op}", why, torch.cuda.current_stream(c.device).cuda_stream)
+
+
 def _resolve(name: str) -> None:
     """The C++ operator kernels' call for a group without a registered communicator: makes it, as a
     first operator call on a group always has (collective)."""

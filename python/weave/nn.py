@@ -106,8 +106,11 @@ class _ParallelLinear(nn.Module):
 
     def _check_input(self, x: torch.Tensor, features: int) -> torch.Tensor:
         if x.dim() < 2 or x.shape[-1] != features:
-            raise ValueError(f"weave.nn.{type(self).__name__}: input of shape {tuple(x.shape)}; expected (rows, ..., "
-                             f"{features}) with this rank's rows along dim 0")
+            why = (f"weave.nn.{type(self).__name__}: input of shape {tuple(x.shape)}; expected (rows, ..., "
+                   f"{features}) with this rank's rows along dim 0")
+            if x.is_cuda:  # the forward's collective: peers fail with this rank instead of waiting
+                _comm.refuse_call(self.group_name, f"nn.{type(self).__name__}", why)
+            raise ValueError(why)
         return x.contiguous()
 
     def extra_repr(self) -> str:
