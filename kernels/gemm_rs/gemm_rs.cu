@@ -1,6 +1,8 @@
 // Host side of GEMM + reduce-scatter: validation, the cross-rank shape check, maps, signals,
 // the tuner (RsVariant, tp_common/variants.hpp: 0 OwnerFirst, 1 ZeroFirst, 2 InterSm,
 // 3 ShardGemms (one GEMM per owner), 4 CopyEngine, 5 Chain (3's chain as one kernel)).
+#include <utility>
+
 #include "gemm/gemm.hpp"
 #include "gemm_rs/gemm_rs.hpp"
 #include "gemm_rs/gemm_rs_kernel.cuh"
@@ -63,11 +65,14 @@ struct GemmRS::Impl {
     if (need > recv_bytes) {
       WEAVE_CUDA_CHECK(cudaDeviceSynchronize());  // the caller's and the copy engine's streams
       c.barrier();                                // no peer still copies into the old slots
-      if (recv) c.free(recv);
+      // Each pointer is cleared as it is freed, so that an allocation that throws leaves no
+      // freed buffer behind for the next call (or the destructor) to use or free again.
+      if (recv) c.free(std::exchange(recv, nullptr));
+      recv_bytes = 0;
+      if (send) WEAVE_CUDA_CHECK(cudaFree(std::exchange(send, nullptr)));
       recv = static_cast<bf16*>(c.alloc(need));
-      recv_bytes = need;
-      if (send) WEAVE_CUDA_CHECK(cudaFree(send));
       WEAVE_CUDA_CHECK(cudaMalloc(&send, need));
+      recv_bytes = need;
     }
   }
   // Collective (every rank picks v2 for the same shapes in the same order).
