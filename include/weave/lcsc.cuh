@@ -212,10 +212,11 @@ struct Plan {
   int grid() const { return compute_blocks + comm_blocks; }
 };
 
-// `work` counts work items of one cluster of `cluster` CTAs; `max_clusters` (0 = no limit) is
-// how many such clusters the device can hold at once.
-inline Plan make_plan(long long work, int sm_count, const Config& cfg, size_t smem_bytes, size_t smem_limit,
-                      int cluster = 1, int max_clusters = 0) {
+// The clusters of `cluster` CTAs that can compute next to cfg's communicator blocks on a device of
+// `sm_count` SMs holding at most `max_clusters` clusters (0 = no limit), or weave::Error for a
+// config no launch can take. Callers that must refuse a config before any cross-rank step (an
+// operator's own checks) call it up front; make_plan calls it again.
+inline long long compute_room(const Config& cfg, int sm_count, int cluster = 1, int max_clusters = 0) {
   WEAVE_CHECK(cluster >= 1, "lcsc: cluster size must be >= 1");
   WEAVE_CHECK(cfg.num_comm_sms % cluster == 0, "lcsc: num_comm_sms = ", cfg.num_comm_sms,
               " must be a multiple of the kernel's cluster size ", cluster);
@@ -224,18 +225,26 @@ inline Plan make_plan(long long work, int sm_count, const Config& cfg, size_t sm
   WEAVE_CHECK(cfg.num_comm_sms < sm_count, "lcsc: num_comm_sms = ", cfg.num_comm_sms,
               " leaves no compute SM on a device with ", sm_count, " SMs");
   WEAVE_CHECK(cfg.max_compute_blocks >= 0, "lcsc: max_compute_blocks must be >= 0");
-  WEAVE_CHECK(smem_bytes <= smem_limit, "lcsc: kernel needs ", smem_bytes,
-              " bytes of shared memory per block but the device allows at most ", smem_limit,
-              " (reduce the stages or the tile size)");
-  WEAVE_CHECK(work >= 0, "lcsc: negative work count");
-  Plan p;
-  p.comm_blocks = cfg.num_comm_sms;
   long long avail = (sm_count - cfg.num_comm_sms) / cluster;  // in clusters
   if (max_clusters > 0 && max_clusters - cfg.num_comm_sms / cluster < avail)
     avail = max_clusters - cfg.num_comm_sms / cluster;
   if (cfg.max_compute_blocks > 0 && cfg.max_compute_blocks / cluster < avail) avail = cfg.max_compute_blocks / cluster;
   WEAVE_CHECK(avail >= 1, "lcsc: no room for a compute cluster of ", cluster, " CTAs next to ", cfg.num_comm_sms,
               " communicator blocks");
+  return avail;
+}
+
+// `work` counts work items of one cluster of `cluster` CTAs; `max_clusters` (0 = no limit) is
+// how many such clusters the device can hold at once.
+inline Plan make_plan(long long work, int sm_count, const Config& cfg, size_t smem_bytes, size_t smem_limit,
+                      int cluster = 1, int max_clusters = 0) {
+  const long long avail = compute_room(cfg, sm_count, cluster, max_clusters);
+  WEAVE_CHECK(smem_bytes <= smem_limit, "lcsc: kernel needs ", smem_bytes,
+              " bytes of shared memory per block but the device allows at most ", smem_limit,
+              " (reduce the stages or the tile size)");
+  WEAVE_CHECK(work >= 0, "lcsc: negative work count");
+  Plan p;
+  p.comm_blocks = cfg.num_comm_sms;
   long long cc = work < avail ? work : avail;
   if (cfg.balance_waves && cc > 0) {
     const long long waves = (work + cc - 1) / cc;

@@ -1,6 +1,8 @@
 // Host entry of the fused dispatch_gemm (dispatch_gemm.hpp): the GEMM's argument checks joined to
 // the dispatch's agreement, and the kernel (DispatchGemmKernel) in place of the dispatch's push and
 // duplication kernels.
+#include <algorithm>
+
 #include "gemm/gemm.hpp"
 #include "moe/dispatch_gemm.hpp"
 #include "moe/dispatch_gemm_kernel.cuh"
@@ -35,8 +37,10 @@ Dispatched dispatch_gemm(MoeExchange& ex, const bf16* x, const int* topk_idx, in
   const ExchangeConfig& cf = ex.config();
   const int L = cf.experts / ex.communicator().world(), H = cf.hidden, R = cf.capacity;
   const lcsc::Config cfg = fused_grouped_config(opt, ex.min_sm_count());
-  // From the shape alone, so that a rank whose arguments are refused still agrees on it.
-  const int blocks = lcsc::plan_for<DispatchGemmKernel>(max_work(R, L, gemm::ceil_div(N, kGroupedBN)), cfg).compute_blocks;
+  // From the shape alone, so that a rank whose arguments are refused still agrees on it (a
+  // non-positive N, which the checks refuse, must not make the plan throw first, on this rank alone).
+  const int blocks =
+      lcsc::plan_for<DispatchGemmKernel>(max_work(R, L, gemm::ceil_div(std::max(N, 0), kGroupedBN)), cfg).compute_blocks;
   FusedDispatch f;
   f.op = "moe.dispatch_gemm";
   f.what = "N, compute blocks";

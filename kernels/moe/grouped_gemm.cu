@@ -112,6 +112,8 @@ void validate_grouped_options(const GroupedGemmOptions& opt, int E, int R_cap, i
               "moe grouped_gemm: num_comm_sms = ", opt.lcsc.num_comm_sms, " (want 0..SM count - 1)");
   WEAVE_CHECK(opt.lcsc.max_compute_blocks >= 0, "moe grouped_gemm: max_compute_blocks = ",
               opt.lcsc.max_compute_blocks, ", want >= 0 (0: no limit)");
+  // Every other way the launch plan would refuse the config (max_clusters leaving no room).
+  if (sm_count > 0) lcsc::compute_room(opt.lcsc, sm_count, 1, opt.lcsc.max_clusters);
 }
 
 lcsc::Config fused_grouped_config(const GroupedGemmOptions& opt, int min_sms) {

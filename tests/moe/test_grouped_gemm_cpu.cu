@@ -271,4 +271,7 @@ TEST(GroupedGemmSchedule, StridedArgumentChecks) {
   o = {};
   o.lcsc.max_compute_blocks = -2;
   expect("max_compute_blocks = -2", [&] { validate_grouped_options(o, 4, 1024, 132); });
+  o = {};
+  o.lcsc.num_comm_sms = 1, o.lcsc.max_clusters = 1;  // the plan would leave no compute block
+  expect("no room for a compute cluster", [&] { validate_grouped_options(o, 4, 1024, 132); });
 }
