@@ -5,6 +5,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <utility>
 #include <vector>
 
 #include "weave/common/error.hpp"
@@ -17,7 +18,7 @@ class GatherBuffer {
  public:
   explicit GatherBuffer(runtime::Communicator& c) : c_(c) {}
   ~GatherBuffer() {
-    if (!p_) return;
+    if (!p_ && kept_.empty()) return;
     // A causal ring call can end on this rank while peers are still pushing rows it never reads
     // into this buffer: every rank drains before the memory goes back to the heap. Best effort
     // (a destructor must not throw; a broken job has already reported its error).
@@ -26,7 +27,7 @@ class GatherBuffer {
       c_.barrier();
     } catch (...) {
     }
-    c_.free(p_);
+    if (p_) c_.free(p_);
     for (void* p : kept_) c_.free(p);
   }
   GatherBuffer(const GatherBuffer&) = delete;
@@ -39,13 +40,16 @@ class GatherBuffer {
         throw runtime::NotPrepared(detail::concat(
             "the gathered buffer must grow to ", need, " bytes, which a CUDA graph capture cannot do (allocation is "
             "collective and synchronizes); make one eager call of this shape first"));
+      // The old buffer is let go before the allocation, and forgotten with it: an allocation that
+      // throws (the heap is full) leaves no freed buffer for a later call or the destructor.
       if (p_ && captured_) {
-        kept_.push_back(p_);
+        kept_.push_back(std::exchange(p_, nullptr));
       } else if (p_) {
         WEAVE_CUDA_CHECK(cudaDeviceSynchronize());  // no kernel of this rank still reads it
         c_.barrier();                                // nor writes into a peer's (theirs are done too)
-        c_.free(p_);
+        c_.free(std::exchange(p_, nullptr));
       }
+      bytes_ = 0;
       p_ = c_.alloc(need, 1024);
       bytes_ = need;
     }

@@ -82,10 +82,11 @@ struct GemmRS::Impl {
         throw runtime::NotPrepared(detail::concat("gemm_rs: variant 2's scratch must grow to ", bytes,
                                                   " bytes, which a CUDA graph capture cannot do; make one eager call of "
                                                   "this shape first"));
-      if (scratch) {
+      if (scratch) {  // forgotten as it is freed (an allocation that throws leaves no freed buffer)
         WEAVE_CUDA_CHECK(cudaStreamSynchronize(s));
-        c.free(scratch);
+        c.free(std::exchange(scratch, nullptr));
       }
+      scratch_bytes = 0;
       scratch = static_cast<bf16*>(c.alloc(bytes));
       scratch_bytes = bytes;
     }
