@@ -190,6 +190,10 @@ void check_tp_call(runtime::Communicator& c, const char* who, int M, int N, int 
                    std::initializer_list<Operand> ops, int max_variant,
                    const char* variants, cudaStream_t s, F&& more, bool fp8 = false) {
   const std::string problem = runtime::local_problem([&] {
+    int dev = -1;  // the launches go to the current device: found here, not by a launch after the round
+    WEAVE_CUDA_CHECK(cudaGetDevice(&dev));
+    WEAVE_CHECK(dev == c.device(), who, ": the current CUDA device is ", dev, " but the communicator's is ",
+                c.device(), " (cudaSetDevice first)");
     validate(who, M, N, K, fp8);
     check_operands(who, ops, &c);
     WEAVE_CHECK(o.variant >= -1 && o.variant <= max_variant, who, ": variant ", o.variant, " is not ", variants);
