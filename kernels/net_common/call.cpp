@@ -98,16 +98,23 @@ std::string render_plan(const std::vector<long long>& key, const char* what) {
 }
 
 // Polls `done` until it holds; throws the path's diagnostic when the path fails meanwhile (a dead
-// or silent peer, a peer's abort) and a clear error after five minutes.
+// or silent peer, a peer's abort). After the path's wait timeout (its device waits' limit, which a
+// peer may legitimately run behind by; 0 = none) it fails the path, so that the peers, which have
+// posted or checked this call and may be waiting for this rank, fail with it too.
 template <class Done>
 void wait_for(NetPath& path, int peer, const std::string& stage, Done&& done) {
   const auto t0 = std::chrono::steady_clock::now();
+  const double limit_s = path.wait_timeout_s();
   for (long spins = 0; !done(); ++spins) {
     if (spins < 2000) continue;
     std::this_thread::sleep_for(std::chrono::microseconds(50));
     path.check();
-    if (std::chrono::steady_clock::now() - t0 > std::chrono::minutes(5))
-      throw Error(weave::detail::concat("weave: rank ", peer, " did not ", stage, " within 5 minutes"));
+    if (limit_s > 0 && std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > limit_s) {
+      const std::string why =
+          weave::detail::concat("weave: rank ", peer, " did not ", stage, " within ", limit_s, " s (the path's wait timeout)");
+      path.abort(why);
+      throw Error(why);
+    }
   }
 }
 

@@ -106,6 +106,11 @@ NetPath::NetPath(const runtime::LaunchInfo& info, NetPathOptions opts) : impl_(s
   Impl& m = *impl_;
   m.info = info;
   m.opt = std::move(opts);
+  // Each path of a process gets its own job tag (every rank makes its paths in the same order),
+  // so a straggler of an earlier path's rendezvous never joins this one. Taken first: a rank
+  // whose checks below fail must not make its next path's tag differ from its peers'.
+  static std::atomic<int> instances{0};
+  const int instance = instances.fetch_add(1);
   WEAVE_CHECK(m.opt.send_bytes >= 16 && m.opt.recv_bytes >= 32, "weave::net: send_bytes (", m.opt.send_bytes,
               ") and recv_bytes (", m.opt.recv_bytes, ") are too small");
   WEAVE_CHECK(m.opt.proxy.flags >= 2, "weave::net: the path needs at least 2 flags (two slots)");
@@ -117,13 +122,19 @@ NetPath::NetPath(const runtime::LaunchInfo& info, NetPathOptions opts) : impl_(s
     WEAVE_CHECK(m.device < ndev, "weave::net: device ", m.device, " but ", ndev, " GPU(s) are visible");
     WEAVE_CUDA_CHECK(cudaSetDevice(m.device));
   }
-  // Each path of a process gets its own job tag (every rank makes its paths in the same order),
-  // so a straggler of an earlier path's rendezvous never joins this one.
-  static std::atomic<int> instances{0};
-  const int instance = instances.fetch_add(1);
   if (m.opt.boot.tag.empty()) m.opt.boot.tag = concat(info.job_id, "-net", instance);
   m.boot = std::make_unique<runtime::NetBootstrap>(info, m.opt.boot);
   m.topo = topo_of(m.boot->hostnames());
+  {  // A call's chunks land in a peer at offsets this rank computes from its own slot sizes
+     // (begin_call): every rank's must be the same. The gathered table is, so every rank refuses alike.
+    const unsigned long long mine[2] = {m.opt.send_bytes, m.opt.recv_bytes};
+    std::vector<unsigned long long> all(2 * static_cast<size_t>(info.world));
+    m.boot->all_gather(mine, all.data(), sizeof mine);
+    for (int r = 1; r < info.world; ++r)
+      WEAVE_CHECK(all[2 * r] == all[0] && all[2 * r + 1] == all[1], "weave::net: rank 0's path has send_bytes ",
+                  all[0], " and recv_bytes ", all[1], ", rank ", r, "'s ", all[2 * r], " and ", all[2 * r + 1],
+                  ": NetPathOptions must be the same on every rank");
+  }
 
   m.send = HostBuffer(m.opt.send_bytes, m.opt.gpu);
   m.recv = HostBuffer(m.opt.recv_bytes, m.opt.gpu);

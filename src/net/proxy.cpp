@@ -80,7 +80,7 @@ struct PeerInfo {
   RemoteRegion recv;     // where this rank's peers write data
   RemoteRegion control;  // flags | heartbeats | abort notes | checked calls | call posts
   uint32_t nflags;
-  uint32_t reserved;
+  uint32_t notify;  // Notify: how this rank learns of arrivals (its peers must write accordingly)
 };
 
 // A process on this host that has exited (or is a zombie): the peer is gone, not slow.
@@ -255,8 +255,20 @@ struct Proxy::Impl {
     mine.recv = rbytes ? tr.register_memory(recv, rbytes).remote : RemoteRegion{0, 0, 0};
     mine.control = control_reg->remote;
     mine.nflags = opt.flags;
+    mine.notify = static_cast<uint32_t>(tr.notify());
     peers.resize(static_cast<size_t>(world));
     boot.all_gather(&mine, peers.data(), sizeof(PeerInfo));
+    // Every rank writes into its peers' control regions at offsets it computes from its own flag
+    // count, and in its own arrival mode: both must be the same everywhere. The gathered table is,
+    // so every rank refuses a difference alike, naming the ranks.
+    for (int p = 1; p < world; ++p) {
+      const PeerInfo& a = peers[0];
+      const PeerInfo& b = peers[p];
+      WEAVE_CHECK(a.nflags == b.nflags && a.notify == b.notify, "weave::net: the ranks' proxies differ: rank 0 has ",
+                  a.nflags, " arrival flags and ", notify_name(static_cast<Notify>(a.notify)), " arrivals, rank ", p,
+                  " has ", b.nflags, " and ", notify_name(static_cast<Notify>(b.notify)),
+                  " (ProxyOptions::flags and the notification mode, WEAVE_NET_NOTIFY, must be the same on every rank)");
+    }
     for (int p = 0; p < world; ++p) {
       const int index = tr.add_peer(peers[p].addr, peers[p].addr_len);
       WEAVE_CHECK(index == p, "weave::net: peer ", p, " got index ", index);
@@ -897,15 +909,20 @@ void Proxy::shutdown() {
   };
   m.phase.store(kDraining, std::memory_order_release);
   wait_for(m.drained, "draining the queue");
+  // A peer that failed but lives on never comes to these barriers: the proxy's own failure (its
+  // note, or the peer falling silent) ends the wait.
+  auto before = m.boot.set_interrupt([this] { return failed() ? error() : std::string(); });
   try {
     m.boot.barrier();  // every rank drained; the threads keep progressing peers' writes
     m.phase.store(kQuiet, std::memory_order_release);
     wait_for(m.quiet, "the last heartbeats");
     m.boot.barrier();  // nobody writes any more
   } catch (const Error&) {
+    m.boot.set_interrupt(std::move(before));
     check();  // the proxy's diagnostic says more than the bootstrap's
     throw;
   }
+  m.boot.set_interrupt(std::move(before));
   m.phase.store(kStopped, std::memory_order_release);
   m.thread.join();
   check();

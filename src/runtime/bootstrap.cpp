@@ -188,7 +188,9 @@ void Bootstrap::all_gather(const void* mine, void* all, size_t bytes) {
 
 void Bootstrap::barrier() { impl_->exchange(kBarrier, nullptr, nullptr, 0, -1, nullptr); }
 
-void Bootstrap::set_interrupt(std::function<std::string()> why) { impl_->interrupt = std::move(why); }
+std::function<std::string()> Bootstrap::set_interrupt(std::function<std::string()> why) {
+  return std::exchange(impl_->interrupt, std::move(why));
+}
 
 std::vector<int> Bootstrap::all_gather_fd(int fd) {
   WEAVE_CHECK(fd >= 0 && ::fcntl(fd, F_GETFD) >= 0, "bootstrap: all_gather_fd got an invalid fd ", fd);

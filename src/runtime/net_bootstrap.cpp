@@ -320,4 +320,8 @@ void NetBootstrap::all_gather(const void* mine, void* all, size_t bytes) {
 
 void NetBootstrap::barrier() { impl_->exchange(kBarrier, nullptr, nullptr, 0, -1, nullptr); }
 
+std::function<std::string()> NetBootstrap::set_interrupt(std::function<std::string()> why) {
+  return std::exchange(impl_->interrupt, std::move(why));
+}
+
 }  // namespace weave::runtime

@@ -188,7 +188,75 @@ TEST(NetPath, ModeMismatchesAreErrors) {
   EXPECT_TRUE(has(out[0].text, "GPU mode") && has(out[0].text, "after its shutdown")) << out[0].text;
 }
 
-// A peer that exits while the other waits for its chunk: the survivor's wait ends with the
+// Options that must match across ranks (each rank computes where it writes into a peer from its
+// own): a different receive size, or a different flag count, is refused on every rank alike.
+TEST(NetPath, DifferentPathOptionsAreRefusedOnEveryRank) {
+  for (int which = 0; which < 2; ++which) {
+    const Job job{2, {"n0", "n1"}};
+    const auto out = run_processes(2, [&](int r) {
+      net::NetPathOptions o = job.options(r);
+      if (r == 1 && which == 0) o.recv_bytes *= 2;
+      if (r == 1 && which == 1) o.proxy.flags *= 2;
+      net::NetPath path(job.info(r), o);
+      return std::string("accepted");
+    });
+    const char* want = which == 0 ? "recv_bytes" : "arrival flags";
+    for (const auto& o : out) EXPECT_TRUE(!o.returned && has(o.text, want)) << which << ": " << describe(out);
+  }
+}
+
+// A rank that failed (abort) but lives on, not shutting down: its peer's shutdown, waiting for it
+// in the bootstrap's barrier, ends with the failure within the proxy's timeout, not when the
+// failed rank's process ends (it sleeps past the test's checks).
+TEST(NetPath, ShutdownDoesNotWaitForAFailedPeer) {
+  const Job job{2, {"n0", "n1"}};
+  const auto out = run_processes(2, [&](int r) {
+    net::NetPath path(job.info(r), job.options(r));
+    if (r == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(700));
+      path.abort("rank 1 failed and stays");
+      std::this_thread::sleep_for(std::chrono::seconds(6));
+      return std::string("slept");
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string got = "shutdown returned";
+    try {
+      path.shutdown();
+    } catch (const weave::Error& e) {
+      got = e.what();
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return got + (s < 4 ? " [in time]" : " [too late]");
+  }, std::chrono::seconds(20));
+  EXPECT_TRUE(out[0].returned && has(out[0].text, "rank 1 failed and stays") && has(out[0].text, "[in time]"))
+      << describe(out);
+}
+
+// A new key's agreement waits for a peer's post up to the path's wait timeout, then fails the
+// path, so that the peer, when it comes, fails too instead of waiting for this rank's check.
+TEST(NetPath, AgreementWaitEndsAtThePathsTimeoutOnEveryRank) {
+  const Job job{2, {"n0", "n1"}};
+  const auto out = run_processes(2, [&](int r) {
+    setenv("WEAVE_DEBUG", "0", 1);
+    net::NetPathOptions o = job.options(r);
+    o.wait_timeout_s = 1;
+    net::NetPath path(job.info(r), o);
+    net::AgreedKeys agreed;
+    if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+    try {
+      net::agree(path, agreed, {net::kOpAllGather, 100, 1}, "", "test", "count, dtype");
+    } catch (const weave::Error& e) {
+      return std::string(e.what()) + (path.proxy().failed() ? " [path failed]" : " [path healthy]");
+    }
+    return std::string("agreed");
+  }, std::chrono::seconds(20));
+  EXPECT_TRUE(out[0].returned && has(out[0].text, "did not post") && has(out[0].text, "within 1 s") &&
+              has(out[0].text, "[path failed]"))
+      << describe(out);
+  EXPECT_TRUE(out[1].returned && has(out[1].text, "[path failed]")) << describe(out);
+}
+
+// A peer that exits while the other waits for its chunk: the survivor's wait ends with the// A peer that exits while the other waits for its chunk: the survivor's wait ends with the
 // proxy's diagnostic naming the peer, well within the test's deadline.
 TEST(NetPath, PeerThatExitsIsNamed) {
   const Job job{2, {"n0", "n1"}};

@@ -5,6 +5,8 @@
 // but no common base, so this interface wraps whichever one the caller has.
 #pragma once
 #include <cstddef>
+#include <functional>
+#include <string>
 
 namespace weave::net {
 
@@ -15,6 +17,8 @@ class Rendezvous {
   virtual int world() const = 0;
   virtual void all_gather(const void* mine, void* all, size_t bytes) = 0;
   virtual void barrier() = 0;
+  // Asked while a collective waits (a non-empty answer ends the wait with it); returns the previous.
+  virtual std::function<std::string()> set_interrupt(std::function<std::string()> why) = 0;
 };
 
 // A Rendezvous over a bootstrap object the caller owns (it must outlive this).
@@ -26,6 +30,9 @@ class RendezvousOver final : public Rendezvous {
   int world() const override { return b_.world(); }
   void all_gather(const void* mine, void* all, size_t bytes) override { b_.all_gather(mine, all, bytes); }
   void barrier() override { b_.barrier(); }
+  std::function<std::string()> set_interrupt(std::function<std::string()> why) override {
+    return b_.set_interrupt(std::move(why));
+  }
 
  private:
   Boot& b_;

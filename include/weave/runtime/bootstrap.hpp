@@ -32,8 +32,9 @@ class Bootstrap {
   // a dup of `fd`). The caller owns and closes all returned fds.
   std::vector<int> all_gather_fd(int fd);
   // While a collective waits for peers, `why` is asked every 200 ms; a non-empty answer ends the
-  // wait with weave::Error(answer) (the Communicator passes its abort word's reason).
-  void set_interrupt(std::function<std::string()> why);
+  // wait with weave::Error(answer) (the Communicator passes its abort word's reason). Returns the
+  // one it replaces (a caller that sets one for a while puts that back).
+  std::function<std::string()> set_interrupt(std::function<std::string()> why);
 
  private:
   struct Impl;

@@ -4,6 +4,7 @@
 #pragma once
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -47,6 +48,8 @@ class NetBootstrap {
   // makes them throw on every rank; after an error every later call throws.
   void all_gather(const void* mine, void* all, size_t bytes);
   void barrier();
+  // As Bootstrap's: asked while a collective waits; a non-empty answer ends the wait with it.
+  std::function<std::string()> set_interrupt(std::function<std::string()> why);
 
  private:
   struct Impl;
