@@ -338,7 +338,10 @@ unsigned long long Communicator::wait_timeout_ns() const { return impl_->timeout
 void* Communicator::alloc(size_t bytes, size_t align) {
   Impl& m = *impl_;
   m.check_usable();
-  check_same("symmetric alloc (bytes, align)", {static_cast<long long>(bytes), static_cast<long long>(align)});
+  // The heap's use too: every rank's heap must be the same, and a divergence (a buffer freed on one
+  // rank only) shows here, at no extra cost, instead of as peers writing at the wrong offsets.
+  check_same("symmetric alloc (bytes, align, heap bytes in use)",
+             {static_cast<long long>(bytes), static_cast<long long>(align), static_cast<long long>(m.alloc->used())});
   // Released buffers: free the ones every rank has released (the same set everywhere).
   long long n = static_cast<long long>(m.released.size()), most = n;
   std::vector<long long> counts(m.info.world);
@@ -359,7 +362,15 @@ void* Communicator::alloc(size_t bytes, size_t align) {
     // every rank quiesces or none.
     std::sort(common.begin(), common.end());
     if (!common.empty()) {
-      quiesce();
+      // The released buffers go back only once no rank has device work left that may still write
+      // into them; without that (a peer stopped this rank's calls, or a device error), nothing is
+      // freed and the communicator is unusable (the released list stays for the diagnostics).
+      if (!quiesce()) {
+        m.broken = true;
+        if (m.broken_why.empty())
+          m.broken_why = "a symmetric alloc could not wait for every rank's device work before reusing released buffers";
+        throw Error("weave: " + m.broken_why);
+      }
       for (long long off : common) {
         m.alloc->free(size_t(off));
         m.released.erase(std::find(m.released.begin(), m.released.end(), off));
@@ -382,7 +393,13 @@ void Communicator::release(void* ptr) {
   char* p = static_cast<char*>(ptr);
   char* b = m.base(m.info.rank);
   WEAVE_CHECK(p >= b && p < b + m.heap_size, "release of ", ptr, ", which is not in the symmetric heap");
-  m.released.push_back(p - b);
+  const long long off = p - b;
+  // A pointer that is not a live allocation's start, or one released twice, would be freed on this
+  // rank and not on its peers (or never), and the ranks' heaps would go apart.
+  WEAVE_CHECK(m.alloc->is_start(size_t(off)), "release of ", ptr, ", which is not the start of a live heap allocation");
+  WEAVE_CHECK(std::find(m.released.begin(), m.released.end(), off) == m.released.end(), "release of ", ptr,
+              ", which was released already");
+  m.released.push_back(off);
 }
 
 void Communicator::check_same(const std::string& what, const std::vector<long long>& values) {
@@ -591,8 +608,13 @@ bool Communicator::quiesce() noexcept {
   // cudaDeviceSynchronize covers every stream of this device, the non-blocking ones included
   // (a legacy-stream memset does not wait for those). After the barrier every rank has done the
   // same, so no peer's kernel can still write into this rank's heap either: a kernel's stores,
-  // peer stores and reductions included, are performed by the time it is complete.
+  // peer stores and reductions included, are performed by the time it is complete. The
+  // communicator's device, whatever the caller's current one is.
+  int current = -1;
+  const bool switched = cudaGetDevice(&current) == cudaSuccess && current != m.device &&
+                        cudaSetDevice(m.device) == cudaSuccess;
   const bool idle = cudaDeviceSynchronize() == cudaSuccess;
+  if (switched) cudaSetDevice(current);
   try {
     m.boot->barrier();
   } catch (...) {

@@ -75,3 +75,15 @@ TEST(OffsetAllocator, ClearErrors) {
     EXPECT_NE(std::string(e.what()).find("heap exhausted"), std::string::npos) << e.what();
   }
 }
+
+// What Communicator::release checks before it takes a pointer: a live allocation's start.
+TEST(OffsetAllocator, KnowsItsLiveStarts) {
+  OffsetAllocator a(4096);
+  const size_t x = a.alloc(512, 256), y = a.alloc(256, 256);
+  EXPECT_TRUE(a.is_start(x));
+  EXPECT_TRUE(a.is_start(y));
+  EXPECT_FALSE(a.is_start(x + 256));  // inside x
+  EXPECT_FALSE(a.is_start(3000));     // free space
+  a.free(x);
+  EXPECT_FALSE(a.is_start(x));
+}

@@ -17,6 +17,8 @@ class OffsetAllocator {
   size_t largest_free() const;
   // Whether one live allocation covers [offset, offset + bytes).
   bool contains(size_t offset, size_t bytes) const;
+  // Whether a live allocation starts at `offset` (what free() takes).
+  bool is_start(size_t offset) const { return live_.count(offset) != 0; }
 
  private:
   size_t capacity_, used_ = 0;
