@@ -77,8 +77,11 @@ void Comm::reserve(Which which, size_t bytes, cudaStream_t s, bool capturing) {
     // Agreed before the allocation, which is collective: a peer whose own arguments were refused
     // joins the call's agreement instead (torch_ops.cpp's Call::rules), and this is the step of
     // the call at which it meets this rank; both then fail, with nothing allocated.
-    comm_->agree_call("weave.staging", "a staging buffer's new size", {static_cast<long long>(which),
-                      static_cast<long long>(cap)}, "", s);
+    // The growth's number makes each one a new plan, waited for by every rank, even where an
+    // earlier growth of the same size failed.
+    comm_->agree_call("weave.staging", "a staging buffer's growth (buffer, number, new size)",
+                      {static_cast<long long>(which), static_cast<long long>(++growths_),
+                       static_cast<long long>(cap)}, "", s);
     // The old buffer goes back first, so that this allocation can reuse its memory; once a graph
     // may hold it, it is kept instead.
     if (st.p) {

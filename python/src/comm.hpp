@@ -85,6 +85,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
     size_t bytes = 0;
   } stage_[2];
   std::vector<Ptr> kept_;  // outgrown staging buffers a captured graph may still use
+  unsigned long long growths_ = 0;  // staging growths attempted (the same count on every rank)
   bool captured_ = false;
   std::optional<cudaStream_t> last_stream_;  // of the last eager call (nullptr: the legacy stream)
   cudaEvent_t ordered_ = nullptr;  // the last stream's point, waited for by the next one

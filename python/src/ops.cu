@@ -298,6 +298,19 @@ struct Ops::Impl {
 };
 
 Ops::Ops(runtime::Communicator& c) : impl_(std::make_unique<Impl>(c)) {}
+
+void Ops::prepare(Family f) {
+  Impl& m = *impl_;
+  set_device(m.c.device());
+  switch (f) {
+    case Family::collectives: m.collectives(); break;
+    case Family::ag_gemm: lazy(m.ag, m.c); break;
+    case Family::gemm_rs: lazy(m.rs, m.c); break;
+    case Family::gemm_ar: lazy(m.ar, m.c); break;
+    case Family::ring: lazy(m.ring, m.c); break;
+    case Family::ulysses: lazy(m.uly, m.c); break;
+  }
+}
 Ops::~Ops() = default;
 
 bool Ops::all_reduce_local(long long count, Dt t, bool aligned4) {

@@ -119,6 +119,13 @@ class Ops {
   Ops(const Ops&) = delete;
   Ops& operator=(const Ops&) = delete;
 
+  // The kernel objects, made at their family's first call; making one is collective (signal sets,
+  // scratch). prepare() makes it ahead of a call's argument rules, so that every rank has taken
+  // those steps whether or not its own arguments pass (a rank that fails its rules meets its peers
+  // at their next agreement, not in this object's construction).
+  enum class Family { collectives, ag_gemm, gemm_rs, gemm_ar, ring, ulysses };
+  void prepare(Family f);
+
   // Collectives (coll::Collectives): in and out in the symmetric heap, except where *_local says
   // the call's algorithm (out of place) reaches them from this rank only. shape: 1-4 dims.
   bool all_reduce_local(long long count, Dt t, bool aligned4);

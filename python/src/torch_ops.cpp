@@ -155,8 +155,11 @@ struct Call {
   Ops& ops() { return c->ops(); }
   Ptr staging(Comm::Which w, size_t bytes) { return c->staging(w, bytes, s, capturing); }
 
+  // The operator's kernel object first (the same collective steps on every rank, arguments aside),
+  // then its argument rules.
   template <class F>
-  auto rules(F&& f) -> decltype(f()) {
+  auto rules(Ops::Family family, F&& f) -> decltype(f()) {
+    ops().prepare(family);
     try {
       if (!device_problem.empty()) plan::fail(op, device_problem);
       return f();
@@ -245,7 +248,7 @@ namespace op {
 at::Tensor all_reduce(const at::Tensor& x, c10::string_view group) {
   return guarded([&] {
     Call call("all_reduce", group, {&x});
-    call.rules([&] { plan::all_reduce(spec_of(x)); });
+    call.rules(Ops::Family::collectives, [&] { plan::all_reduce(spec_of(x)); });
     const long long n = x.numel();
     const Dt t = coll_type(x);
     const size_t bytes = size_t(n) * x.element_size();
@@ -258,8 +261,9 @@ at::Tensor all_reduce(const at::Tensor& x, c10::string_view group) {
 at::Tensor all_gather(const at::Tensor& x, int64_t dim, int64_t full_size, c10::string_view group) {
   return guarded([&] {
     Call call("all_gather", group, {&x});
-    const auto p = call.rules(
-        [&] { return plan::all_gather(spec_of(x), dim, full_size, call.c->comm().rank(), call.c->comm().world()); });
+    const auto p = call.rules(Ops::Family::collectives, [&] {
+      return plan::all_gather(spec_of(x), dim, full_size, call.c->comm().rank(), call.c->comm().world());
+    });
     const Dt t = coll_type(x);
     const int W = call.c->comm().world();
     const size_t e = x.element_size();
@@ -272,8 +276,9 @@ at::Tensor all_gather(const at::Tensor& x, int64_t dim, int64_t full_size, c10::
 at::Tensor reduce_scatter(const at::Tensor& x, int64_t dim, c10::string_view group) {
   return guarded([&] {
     Call call("reduce_scatter", group, {&x});
-    const auto p =
-        call.rules([&] { return plan::reduce_scatter(spec_of(x), dim, call.c->comm().rank(), call.c->comm().world()); });
+    const auto p = call.rules(Ops::Family::collectives, [&] {
+      return plan::reduce_scatter(spec_of(x), dim, call.c->comm().rank(), call.c->comm().world());
+    });
     const Dt t = coll_type(x);
     const int W = call.c->comm().world();
     const size_t e = x.element_size();
@@ -286,7 +291,7 @@ at::Tensor reduce_scatter(const at::Tensor& x, int64_t dim, c10::string_view gro
 at::Tensor all_to_all(const at::Tensor& x, c10::string_view direction, int64_t seq_len, c10::string_view group) {
   return guarded([&] {
     Call call("all_to_all", group, {&x});
-    const auto p = call.rules([&] {
+    const auto p = call.rules(Ops::Family::collectives, [&] {
       return plan::all_to_all(spec_of(x), std::string(direction), seq_len, call.c->comm().rank(),
                               call.c->comm().world());
     });
@@ -307,7 +312,9 @@ std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> all_gather_matmul
     Call call("all_gather_matmul", group, {&A}, Bs);
     std::vector<Spec> bs;
     for (const at::Tensor& B : Bs) bs.push_back(spec_of(B));
-    const auto p = call.rules([&] { return plan::all_gather_matmul(spec_of(A), bs, gather_dim, call.c->comm().world()); });
+    const auto p = call.rules(Ops::Family::ag_gemm, [&] {
+      return plan::all_gather_matmul(spec_of(A), bs, gather_dim, call.c->comm().world());
+    });
     const int64_t K = p.gathered.back();
     const int64_t M = c10::multiply_integers(p.gathered) / K;
     const Ptr gathered = call.staging(Comm::kOut, size_t(M) * K * A.element_size());
@@ -326,7 +333,7 @@ at::Tensor matmul_reduce_scatter(const at::Tensor& A, const at::Tensor& B, c10::
   return guarded([&] {
     Call call("matmul_reduce_scatter", group, {&A, &B});
     const int world = call.c->comm().world();
-    const auto p = call.rules([&] {
+    const auto p = call.rules(Ops::Family::gemm_rs, [&] {
       return plan::matmul_reduce_scatter(spec_of(A), spec_of(B), std::string(reduce_op), scatter_dim,
                                          call.c->comm().rank(), world);
     });
@@ -343,7 +350,7 @@ at::Tensor matmul_reduce_scatter(const at::Tensor& A, const at::Tensor& B, c10::
 at::Tensor matmul_all_reduce(const at::Tensor& A, const at::Tensor& B, c10::string_view group) {
   return guarded([&] {
     Call call("matmul_all_reduce", group, {&A, &B});
-    const auto p = call.rules([&] { return plan::matmul_all_reduce(spec_of(A), spec_of(B)); });
+    const auto p = call.rules(Ops::Family::gemm_ar, [&] { return plan::matmul_all_reduce(spec_of(A), spec_of(B)); });
     const int64_t K = A.size(-1), N = B.size(1);
     at::Tensor out = empty(p.out, A.scalar_type(), A, call.s);
     const Ptr stage = call.staging(Comm::kOut, out.nbytes());
@@ -413,7 +420,7 @@ std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> all_gather_scaled
     std::vector<Spec> bs, ss;
     for (const at::Tensor& B : Bs) bs.push_back(spec_of(B));
     for (const at::Tensor& S : B_scales) ss.push_back(spec_of(S));
-    const auto p = call.rules([&] {
+    const auto p = call.rules(Ops::Family::ag_gemm, [&] {
       return plan::all_gather_scaled_matmul(spec_of(A), bs, spec_of(A_scale), ss, gather_dim, call.c->comm().world(),
                                             dtype_opt(out_dtype), out_dtype ? dtype_name(*out_dtype) : "");
     });
@@ -437,7 +444,7 @@ at::Tensor scaled_matmul_reduce_scatter(const at::Tensor& A, const at::Tensor& B
   return guarded([&] {
     Call call("scaled_matmul_reduce_scatter", group, {&A, &B, &A_scale, &B_scale});
     const int world = call.c->comm().world();
-    const auto p = call.rules([&] {
+    const auto p = call.rules(Ops::Family::gemm_rs, [&] {
       return plan::scaled_matmul_reduce_scatter(spec_of(A), spec_of(B), spec_of(A_scale), spec_of(B_scale),
                                                 std::string(reduce_op), scatter_dim, call.c->comm().rank(), world,
                                                 dtype_opt(out_dtype), out_dtype ? dtype_name(*out_dtype) : "");
@@ -487,7 +494,7 @@ std::tuple<at::Tensor, at::Tensor> ring_attention(const at::Tensor& q, const at:
                                                   c10::string_view group) {
   return guarded([&] {
     Call call("ring_attention", group, {&q, &k, &v});
-    const auto [p, S] = call.rules([&] {
+    const auto [p, S] = call.rules(Ops::Family::ring, [&] {
       return std::make_pair(plan::attention("ring_attention", spec_of(q), spec_of(k), spec_of(v)),
                             plan::ring_seq(spec_of(q), std::string(sharding), seq_len, call.c->comm().rank(),
                                            call.c->comm().world()));
@@ -505,7 +512,7 @@ at::Tensor ulysses_attention(const at::Tensor& q, const at::Tensor& k, const at:
   return guarded([&] {
     Call call("ulysses_attention", group, {&q, &k, &v});
     const int world = call.c->comm().world();
-    const auto [p, S] = call.rules([&] {
+    const auto [p, S] = call.rules(Ops::Family::ulysses, [&] {
       return std::make_pair(plan::attention("ulysses_attention", spec_of(q), spec_of(k), spec_of(v)),
                             plan::ulysses_seq(spec_of(q), seq_len, call.c->comm().rank(), world));
     });

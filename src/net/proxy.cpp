@@ -911,18 +911,20 @@ void Proxy::shutdown() {
   wait_for(m.drained, "draining the queue");
   // A peer that failed but lives on never comes to these barriers: the proxy's own failure (its
   // note, or the peer falling silent) ends the wait.
-  auto before = m.boot.set_interrupt([this] { return failed() ? error() : std::string(); });
+  struct Interrupt {  // this proxy's, put back on every way out (the bootstrap outlives the proxy)
+    Rendezvous& boot;
+    std::function<std::string()> before;
+    ~Interrupt() { boot.set_interrupt(std::move(before)); }
+  } interrupt{m.boot, m.boot.set_interrupt([this] { return failed() ? error() : std::string(); })};
   try {
     m.boot.barrier();  // every rank drained; the threads keep progressing peers' writes
     m.phase.store(kQuiet, std::memory_order_release);
     wait_for(m.quiet, "the last heartbeats");
     m.boot.barrier();  // nobody writes any more
   } catch (const Error&) {
-    m.boot.set_interrupt(std::move(before));
     check();  // the proxy's diagnostic says more than the bootstrap's
     throw;
   }
-  m.boot.set_interrupt(std::move(before));
   m.phase.store(kStopped, std::memory_order_release);
   m.thread.join();
   check();

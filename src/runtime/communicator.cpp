@@ -421,7 +421,11 @@ void Communicator::check_same(const std::string& what, const std::vector<long lo
       if (spins % 2000 != 0) continue;
       if (kill(static_cast<pid_t>(m.pids[r]), 0) != 0 && errno == ESRCH)
         throw Error(detail::concat("weave: rank ", r, " (pid ", m.pids[r], ") exited before checking ", what));
-      if (const std::string why = m.peer_aborted(); !why.empty()) throw Error(why);
+      if (const std::string why = m.peer_aborted(); !why.empty()) {
+        m.broken = true;  // this check's number is taken: later checks would read misaligned slots
+        m.broken_why = why;
+        throw Error(why);
+      }
       if (std::chrono::steady_clock::now() - t0 > std::chrono::minutes(5))
         throw Error(detail::concat("weave: rank ", r, " did not reach the check of ", what, " within 5 minutes"));
     }

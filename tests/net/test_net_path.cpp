@@ -256,7 +256,7 @@ TEST(NetPath, AgreementWaitEndsAtThePathsTimeoutOnEveryRank) {
   EXPECT_TRUE(out[1].returned && has(out[1].text, "[path failed]")) << describe(out);
 }
 
-// A peer that exits while the other waits for its chunk: the survivor's wait ends with the// A peer that exits while the other waits for its chunk: the survivor's wait ends with the
+// A peer that exits while the other waits for its chunk: the survivor's wait ends with the
 // proxy's diagnostic naming the peer, well within the test's deadline.
 TEST(NetPath, PeerThatExitsIsNamed) {
   const Job job{2, {"n0", "n1"}};
