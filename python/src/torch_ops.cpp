@@ -267,9 +267,10 @@ at::Tensor all_gather(const at::Tensor& x, int64_t dim, int64_t full_size, c10::
     const Dt t = coll_type(x);
     const int W = call.c->comm().world();
     const size_t e = x.element_size();
-    return collective(call, x, p.out, {1, p.full, p.cdim, 0, false}, largest_shard_bytes(p.full, p.cdim, W, e),
-                      bytes_of(p.full, e), [&](bool aligned) { return call.ops().shard_local(true, p.full, p.cdim, t, aligned); },
-                      [&](Ptr i, Ptr o) { call.ops().all_gather(i, o, p.full, p.cdim, t, Ptr(call.s)); });
+    return collective(
+        call, x, p.out, {1, p.full, p.cdim, 0, false}, largest_shard_bytes(p.full, p.cdim, W, e), bytes_of(p.full, e),
+        [&](bool aligned) { return call.ops().shard_local(true, p.full, p.cdim, t, aligned); },
+        [&](Ptr i, Ptr o) { call.ops().all_gather(i, o, p.full, p.cdim, t, Ptr(call.s)); });
   });
 }
 
@@ -282,9 +283,10 @@ at::Tensor reduce_scatter(const at::Tensor& x, int64_t dim, c10::string_view gro
     const Dt t = coll_type(x);
     const int W = call.c->comm().world();
     const size_t e = x.element_size();
-    return collective(call, x, p.out, {2, p.full, p.cdim, 0, false}, bytes_of(p.full, e),
-                      largest_shard_bytes(p.full, p.cdim, W, e), [&](bool aligned) { return call.ops().shard_local(false, p.full, p.cdim, t, aligned); },
-                      [&](Ptr i, Ptr o) { call.ops().reduce_scatter(i, o, p.full, p.cdim, t, Ptr(call.s)); });
+    return collective(
+        call, x, p.out, {2, p.full, p.cdim, 0, false}, bytes_of(p.full, e), largest_shard_bytes(p.full, p.cdim, W, e),
+        [&](bool aligned) { return call.ops().shard_local(false, p.full, p.cdim, t, aligned); },
+        [&](Ptr i, Ptr o) { call.ops().reduce_scatter(i, o, p.full, p.cdim, t, Ptr(call.s)); });
   });
 }
 
