@@ -7,6 +7,7 @@
 #include <random>
 
 #include "weave/common/error.hpp"
+#include "weave/common/hash.hpp"
 
 namespace weave::check {
 
@@ -51,11 +52,7 @@ const SeedState& state() {
 
 uint64_t test_seed() { return state().value; }
 
-uint64_t job_seed(std::string_view job_id) {
-  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a over the id's bytes, then derive's mixing
-  for (const char c : job_id) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
-  return derive(h, 0x7E57);
-}
+uint64_t job_seed(std::string_view job_id) { return derive(fnv1a(job_id), 0x7E57); }
 bool seed_from_env() { return state().from_env; }
 
 uint64_t derive(uint64_t base, uint64_t a, uint64_t b) {
@@ -87,11 +84,9 @@ uint64_t case_seed(uint64_t what) {
 }
 
 void begin_test_cases(std::string_view name) {
-  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
-  for (const char ch : name) h = (h ^ static_cast<unsigned char>(ch)) * 0x100000001b3ull;
   Cases& c = cases();
   std::lock_guard<std::mutex> lock(c.m);
-  c.scope = h;
+  c.scope = fnv1a(name);
   c.n = 0;
 }
 

@@ -9,17 +9,9 @@
 #include <cstring>
 #include <utility>
 
+#include "weave/common/hash.hpp"
+
 namespace weave::runtime::mail {
-
-namespace {
-
-unsigned long long fnv1a(const std::string& s) {
-  unsigned long long h = 1469598103934665603ull;
-  for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
-  return h;
-}
-
-}  // namespace
 
 CallMail::CallMail(std::vector<Mailbox*> mail, std::vector<long long> pids, int rank, bool debug,
                    std::function<void(const std::string&)> abort_peers, double skew_wait_s, double check_wait_s)

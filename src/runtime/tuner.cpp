@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "weave/common/error.hpp"
+#include "weave/common/hash.hpp"
 #include "weave/common/median.hpp"
 #include "weave/runtime/communicator.hpp"
 #include "weave/runtime/env.hpp"
@@ -363,12 +364,13 @@ TuneResult Tuner::choose_for(const TuneGroup* group, const std::string& key, con
   const int rank = group ? group->rank : 0, world = group ? group->world : 1;
   const double budget_s = budget_s_.load();
   if (group) {
-    // The candidates themselves, not only their number: a search picks by index in each rank's list.
-    unsigned long long h = 0xcbf29ce484222325ull;
-    for (const TuneCandidate& c : cands)
-      for (const int v : {c.variant, c.num_comm_sms}) h = (h ^ static_cast<unsigned>(v)) * 0x100000001b3ull;
+    // The candidates themselves, in order, not only their number: a search picks by index in each
+    // rank's list.
+    std::string order;
+    for (const TuneCandidate& c : cands) order += std::to_string(c.variant) + ":" + std::to_string(c.num_comm_sms) + ",";
     group->check_same("tuner candidates and search budget (µs) for " + key,
-                      {static_cast<long long>(cands.size()), static_cast<long long>(h >> 1), std::llround(budget_s * 1e6)});
+                      {static_cast<long long>(cands.size()), static_cast<long long>(fnv1a(order) >> 1),
+                       std::llround(budget_s * 1e6)});
     WEAVE_CHECK(!cands.empty(), "tuner: no candidates for ", key);
   }
   auto agree = [&](const TuneResult& r) {
