@@ -221,10 +221,11 @@ inline long long compute_room(const Config& cfg, int sm_count, int cluster = 1, 
   WEAVE_CHECK(cfg.num_comm_sms % cluster == 0, "lcsc: num_comm_sms = ", cfg.num_comm_sms,
               " must be a multiple of the kernel's cluster size ", cluster);
   WEAVE_CHECK(sm_count >= 1, "lcsc: device reports ", sm_count, " SMs");
-  WEAVE_CHECK(cfg.num_comm_sms >= 0, "lcsc: num_comm_sms must be >= 0, got ", cfg.num_comm_sms);
+  WEAVE_CHECK(cfg.num_comm_sms >= 0, "lcsc: num_comm_sms = ", cfg.num_comm_sms, ", want >= 0");
   WEAVE_CHECK(cfg.num_comm_sms < sm_count, "lcsc: num_comm_sms = ", cfg.num_comm_sms,
               " leaves no compute SM on a device with ", sm_count, " SMs");
-  WEAVE_CHECK(cfg.max_compute_blocks >= 0, "lcsc: max_compute_blocks must be >= 0");
+  WEAVE_CHECK(cfg.max_compute_blocks >= 0, "lcsc: max_compute_blocks = ", cfg.max_compute_blocks,
+              ", want >= 0 (0: no limit)");
   long long avail = (sm_count - cfg.num_comm_sms) / cluster;  // in clusters
   if (max_clusters > 0 && max_clusters - cfg.num_comm_sms / cluster < avail)
     avail = max_clusters - cfg.num_comm_sms / cluster;

@@ -71,9 +71,9 @@ void validate_grouped(const void* X, const void* W, const void* Y, const int* co
 // The fixed-stride layout's own checks (row_stride > 0): E * row_stride <= R_cap; a negative
 // row_stride is refused, 0 (the packed layout) accepted.
 void validate_row_stride(int E, int R_cap, int row_stride);
-// The options' own rules: row_stride (above), the status words' extent when given, and what the
-// launch plan would refuse of opt.lcsc (num_comm_sms below 0; max_compute_blocks below 0; with
-// sm_count > 0 anything lcsc::compute_room refuses, such as max_clusters leaving no room). grouped_gemm checks them, and the layers check them before
+// The options' own rules: row_stride (above), the status words' extent when given, and, with
+// sm_count > 0, whatever the launch plan would refuse of opt.lcsc (lcsc::compute_room: a negative
+// or too large num_comm_sms, a negative max_compute_blocks, max_clusters leaving no room). grouped_gemm checks them, and the layers check them before
 // their dispatch, so that no rank throws alone between its dispatch and its combine.
 void validate_grouped_options(const GroupedGemmOptions& opt, int E, int R_cap, int sm_count);
 
