@@ -106,12 +106,10 @@ struct Communicator::Impl {
   }
   // Why a peer stopped this rank's calls (its abort word), or empty.
   std::string peer_aborted() const {
-    if (mail.size() <= static_cast<size_t>(info.rank)) return {};
-    const Mailbox& mb = *mail[info.rank];
-    const int from = mb.abort_from.load(std::memory_order_acquire);
+    const int from = calls ? calls->aborted_by() : 0;
     if (from <= 0) return {};
     return detail::concat("weave: rank ", from - 1, " rejected a call this rank had launched, so it will not come: ",
-                          std::string(mb.abort_why, strnlen(mb.abort_why, kWhyBytes)));
+                          calls->abort_reason());
   }
   char* base(int r) const { return reinterpret_cast<char*>(va + size_t(r) * heap_size); }
   void teardown() noexcept;
