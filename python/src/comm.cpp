@@ -114,6 +114,13 @@ Ptr Comm::staging(Which which, size_t bytes, size_t reserve_bytes, cudaStream_t 
   return st.p;
 }
 
+void Comm::refuse(const std::string& op, const std::string& why, cudaStream_t s) {
+  try {  // always throws: this rank has a problem
+    comm_->agree_call(op, "the operator's argument rules", {}, why, s);
+  } catch (const std::exception&) {
+  }
+}
+
 Ptr Comm::symmetric_input(Ptr p, size_t bytes, size_t reserve_bytes, cudaStream_t s, bool capturing) {
   reserve(kIn, std::max(bytes, reserve_bytes), s, capturing);
   if (bytes && owns(p, bytes)) return p;

@@ -60,6 +60,10 @@ class Comm : public std::enable_shared_from_this<Comm> {
   // `p` itself when [p, p + bytes) is a heap tensor, else its copy in the input staging buffer;
   // the input buffer is made room for `reserve` either way (a peer's input may be staged).
   Ptr symmetric_input(Ptr p, size_t bytes, size_t reserve, cudaStream_t s, bool capturing);
+  // This rank's argument error `why` in operator `op`, joined to its next cross-rank agreement so
+  // that the peers, whose arguments passed, fail with it instead of waiting for this rank (the
+  // agreement's own error is dropped: the caller raises its own).
+  void refuse(const std::string& op, const std::string& why, cudaStream_t s);
   // The cached answer of `ask` for a call shape (asked once per key).
   using LocalKey = std::tuple<int, std::vector<long long>, int, int, bool>;
   template <class F>

@@ -455,15 +455,7 @@ PYBIND11_MODULE(_C, m) {
            }, py::arg("stream") = 0)
       .def("barrier", [](Comm& c) { locked(c, [&](weave::py::Ops&) { c.comm().barrier(); }); })
       .def("refuse_call", [](Comm& c, const std::string& op, const std::string& why, Ptr stream) {
-             // This rank's argument error, joined to the call's cross-rank agreement so that peers
-             // fail with it (Call::rules in torch_ops.cpp does the same for the C++ operators).
-             locked(c, [&](weave::py::Ops&) {
-               try {
-                 c.comm().agree_call(op, "the operator's argument rules", {}, why,
-                                     reinterpret_cast<cudaStream_t>(stream));
-               } catch (const std::exception&) {
-               }
-             });
+             locked(c, [&](weave::py::Ops&) { c.refuse(op, why, reinterpret_cast<cudaStream_t>(stream)); });
            }, py::arg("op"), py::arg("why"), py::arg("stream"),
            "joins this rank's argument error `why` to the next call's cross-rank agreement (peers fail too)")
       .def("all_reduce_local", [](Comm& c, long long count, int t, bool aligned4) {

@@ -164,10 +164,7 @@ struct Call {
       if (!device_problem.empty()) plan::fail(op, device_problem);
       return f();
     } catch (const std::invalid_argument& e) {
-      try {  // always throws (this rank has a problem); its own error is the one to raise
-        c->comm().agree_call(std::string("weave.") + op, "the operator's argument rules", {}, e.what(), s);
-      } catch (const std::exception&) {
-      }
+      c->refuse(std::string("weave.") + op, e.what(), s);
       throw;
     }
   }
