@@ -196,17 +196,15 @@ at::Tensor collective(Call& call, const at::Tensor& x_in, at::IntArrayRef out_sh
   return out;
 }
 
-// Bytes of the largest shard of `full` along `cdim` (rank 0's: shards differ by at most one row).
-size_t largest_shard_bytes(const std::vector<long long>& full, int cdim, int world, size_t elt) {
-  long long n = 1;
-  for (long long d : full) n *= d;
-  if (n == 0) return 0;
-  return size_t(n / full[cdim] * shard(full[cdim], world, 0).size) * elt;
-}
 size_t bytes_of(const std::vector<long long>& full, size_t elt) {
   long long n = 1;
   for (long long d : full) n *= d;
   return size_t(n) * elt;
+}
+// Bytes of the largest shard of `full` along `cdim` (rank 0's: shards differ by at most one row).
+size_t largest_shard_bytes(const std::vector<long long>& full, int cdim, int world, size_t elt) {
+  const size_t all = bytes_of(full, elt);
+  return all ? all / size_t(full[cdim]) * size_t(shard(full[cdim], world, 0).size) : 0;
 }
 
 // all_gather_matmul's outputs, one per B (rows gathered along dim 0, N columns of `t`).
