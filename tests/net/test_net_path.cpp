@@ -232,30 +232,6 @@ TEST(NetPath, ShutdownDoesNotWaitForAFailedPeer) {
       << describe(out);
 }
 
-// A new key's agreement waits for a peer's post up to the path's wait timeout, then fails the
-// path, so that the peer, when it comes, fails too instead of waiting for this rank's check.
-TEST(NetPath, AgreementWaitEndsAtThePathsTimeoutOnEveryRank) {
-  const Job job{2, {"n0", "n1"}};
-  const auto out = run_processes(2, [&](int r) {
-    setenv("WEAVE_DEBUG", "0", 1);
-    net::NetPathOptions o = job.options(r);
-    o.wait_timeout_s = 1;
-    net::NetPath path(job.info(r), o);
-    net::AgreedKeys agreed;
-    if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(2500));
-    try {
-      net::agree(path, agreed, {net::kOpAllGather, 100, 1}, "", "test", "count, dtype");
-    } catch (const weave::Error& e) {
-      return std::string(e.what()) + (path.proxy().failed() ? " [path failed]" : " [path healthy]");
-    }
-    return std::string("agreed");
-  }, std::chrono::seconds(20));
-  EXPECT_TRUE(out[0].returned && has(out[0].text, "did not post") && has(out[0].text, "within 1 s") &&
-              has(out[0].text, "[path failed]"))
-      << describe(out);
-  EXPECT_TRUE(out[1].returned && has(out[1].text, "[path failed]")) << describe(out);
-}
-
 // A peer that exits while the other waits for its chunk: the survivor's wait ends with the
 // proxy's diagnostic naming the peer, well within the test's deadline.
 TEST(NetPath, PeerThatExitsIsNamed) {
@@ -306,7 +282,9 @@ struct Agreeing {
   net::AgreedKeys agreed;
   const std::vector<long long> A{net::kOpAllGather, 100, 1}, C{net::kOpReduceScatter, 400, 1},
       D{net::kOpAllReduce, 64, 3};
-  Agreeing(const Job& job, int r) : path((setenv("WEAVE_DEBUG", "0", 1), job.info(r)), job.options(r)) {}
+  Agreeing(const Job& job, int r, const net::NetPathOptions& o)
+      : path((setenv("WEAVE_DEBUG", "0", 1), job.info(r)), o) {}
+  Agreeing(const Job& job, int r) : Agreeing(job, r, job.options(r)) {}
   net::AgreedCall agree(const std::vector<long long>& key, const std::string& problem = "") {
     return net::agree(path, agreed, key, problem, "test", "count, dtype");
   }
@@ -451,6 +429,28 @@ TEST(NetPath, FailureAfterAgreementFailsThePath) {
     return has(msg, "failed after every rank agreed on the call") ? std::string("ok") : "message: " + msg;
   });
   for (int r = 0; r < 2; ++r) EXPECT_TRUE(out[r].returned && out[r].text == "ok") << describe(out);
+}
+
+// A new key's agreement waits for a peer's post up to the path's wait timeout, then fails the
+// path, so that the peer, when it comes, fails too instead of waiting for this rank's check.
+TEST(NetPath, AgreementWaitEndsAtThePathsTimeoutOnEveryRank) {
+  const Job job{2, {"n0", "n1"}};
+  const auto out = run_processes(2, [&](int r) {
+    net::NetPathOptions o = job.options(r);
+    o.wait_timeout_s = 1;
+    Agreeing x(job, r, o);
+    if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+    try {
+      (void)x.agree(x.A);
+    } catch (const weave::Error& e) {
+      return std::string(e.what()) + (x.path.proxy().failed() ? " [path failed]" : " [path healthy]");
+    }
+    return std::string("agreed");
+  }, std::chrono::seconds(20));
+  EXPECT_TRUE(out[0].returned && has(out[0].text, "did not post") && has(out[0].text, "within 1 s") &&
+              has(out[0].text, "[path failed]"))
+      << describe(out);
+  EXPECT_TRUE(out[1].returned && has(out[1].text, "[path failed]")) << describe(out);
 }
 
 // Ranks whose calls differ while neither waits for the other: each within seconds an error on both
