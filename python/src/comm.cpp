@@ -122,8 +122,10 @@ void Comm::refuse(const std::string& op, const std::string& why, cudaStream_t s)
 }
 
 Ptr Comm::symmetric_input(Ptr p, size_t bytes, size_t reserve_bytes, cudaStream_t s, bool capturing) {
-  reserve(kIn, std::max(bytes, reserve_bytes), s, capturing);
-  if (bytes && owns(p, bytes)) return p;
+  if (bytes && owns(p, bytes)) {
+    reserve(kIn, std::max(bytes, reserve_bytes), s, capturing);  // as a peer staging its input does
+    return p;
+  }
   const Ptr in = staging(kIn, bytes, reserve_bytes, s, capturing);
   if (bytes)
     WEAVE_CUDA_CHECK(cudaMemcpyAsync(reinterpret_cast<void*>(in), reinterpret_cast<const void*>(p), bytes,
