@@ -51,8 +51,8 @@ struct Ctx {
     nccl_.reset();
     cudaStreamDestroy(s);
   }
-  // Created on first use (collectively: every rank reaches the same first use), so tests that do
-  // not compare with NCCL also run with ranks sharing a GPU, which NCCL refuses.
+  // Created on first use (collectively: every rank reaches the same first use); never where ranks
+  // share a GPU, which NCCL refuses (`reference` then uses none).
   ref::NcclCollectives& nccl() {
     if (!nccl_) nccl_ = std::make_unique<ref::NcclCollectives>(comm_);
     return *nccl_;
@@ -158,6 +158,26 @@ inline ref::Checker::Result verify(const void* got, const void* want, const OutM
   x.check.reset(x.s);
   x.check.check(got, want, m, t, seed, v, op, v == Values::integers ? 0.f : ref::sum_rtol(t, comm().world()), x.s);
   return x.check.result(x.s);
+}
+
+// The reference output a case compares with: NCCL's, run into `want` by `run(nccl)`, or where
+// ranks share a GPU (NCCL refuses them) none, and the case's output is compared with the values the
+// checker recomputes from the inputs' seeds: the reference NCCL's own output is checked against.
+struct Want {
+  const void* p;
+  const char* name;
+};
+template <class F>
+inline Want reference(const Buf& want, F&& run) {
+  if (gpus_shared()) return {nullptr, "the recomputed reference"};
+  run(ctx().nccl());
+  return {want.p, "NCCL"};
+}
+// The NCCL output itself against the recomputed reference (a harness bug if it is off).
+inline void expect_reference_ok(const Want& w, const OutMap& m, DType t, uint64_t seed, ReduceOp op = ReduceOp::sum) {
+  if (!w.p) return;
+  const auto r = verify(w.p, nullptr, m, t, seed, op);
+  EXPECT_TRUE(r.ok()) << "the NCCL reference itself is off (test harness bug): " << r.str();
 }
 
 inline std::string str(const Shape& s) {

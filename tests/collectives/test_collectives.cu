@@ -90,14 +90,13 @@ void all_reduce_case(long long count, DType t, ReduceOp op, bool in_place) {
   void* o = in_place ? in.p : out.p;
   ref::fill(in.p, count, t, seed, me, Values::uniform, x.s);
   settle();
-  x.nccl().all_reduce(in.p, want.p, count, t, op, x.s);
+  const Want w = reference(want, [&](auto& nccl) { nccl.all_reduce(in.p, want.p, count, t, op, x.s); });
   x.coll.all_reduce(in.p, o, count, t, op, x.s);
   settle();
   const OutMap m = ref::map_all_reduce(count, W, me);
-  auto r = verify(o, want.p, m, t, seed, op);
-  EXPECT_TRUE(r.ok()) << "differs from NCCL: " << r.str();
-  r = verify(want.p, nullptr, m, t, seed, op);
-  EXPECT_TRUE(r.ok()) << "the NCCL reference itself is off (test harness bug): " << r.str();
+  auto r = verify(o, w.p, m, t, seed, op);
+  EXPECT_TRUE(r.ok()) << "differs from " << w.name << ": " << r.str();
+  expect_reference_ok(w, m, t, seed, op);
   if (!in_place) {
     r = verify(in.p, nullptr, ref::map_input(count, W, me), t, seed);
     EXPECT_TRUE(r.ok()) << "out-of-place call changed its input: " << r.str();
@@ -157,16 +156,25 @@ TEST(Collectives, AutomaticPushNeedsRoomInTheHeap) {
     ref::fill(in.p, count, t, seed, me, Values::uniform, x.s);
     WEAVE_CUDA_CHECK(cudaMemsetAsync(out.p, 0xff, out.bytes, x.s));
     settle();
-    x.nccl().all_reduce(in.p, want.p, count, t, ReduceOp::sum, x.s);
+    const Want w = reference(want, [&](auto& nccl) { nccl.all_reduce(in.p, want.p, count, t, ReduceOp::sum, x.s); });
     fresh.all_reduce(in.p, out.p, count, t, ReduceOp::sum, x.s);
     settle();
-    auto r = verify(out.p, want.p, ref::map_all_reduce(count, W, me), t, seed);
-    EXPECT_TRUE(r.ok()) << "differs from NCCL: " << r.str();
+    auto r = verify(out.p, w.p, ref::map_all_reduce(count, W, me), t, seed);
+    EXPECT_TRUE(r.ok()) << "differs from " << w.name << ": " << r.str();
     EXPECT_EQ(guard_touched(out.p, count, t), 0u) << "wrote past the end of the output";
   };
   // Fill the heap (allocations are collective and fail alike on every rank): big pieces, then
   // 1 MiB ones, so what is left is below 1 MiB per free range.
-  std::vector<void*> filler;
+  // Freed however the test ends, so that a failed check does not leave the next tests a full heap.
+  struct Filler {
+    std::vector<void*> v;
+    void release() {
+      for (void* f : v) comm().free(f);
+      v.clear();
+    }
+    ~Filler() { release(); }
+  } filler_;
+  std::vector<void*>& filler = filler_.v;
   for (size_t piece : {size_t(64) << 20, size_t(1) << 20})
     for (;;) {
       try {
@@ -177,7 +185,7 @@ TEST(Collectives, AutomaticPushNeedsRoomInTheHeap) {
     }
   ASSERT_LT(comm().heap_bytes() - comm().heap_used(), size_t(32) << 20) << "heap too fragmented to fill";
   check(coll::AllReduceAlgo::two_shot, "heap full");
-  for (void* f : filler) comm().free(f);
+  filler_.release();
   check(W == 2 ? coll::AllReduceAlgo::push : coll::AllReduceAlgo::two_shot, "heap with room");
   settle();
 }
@@ -194,14 +202,13 @@ void all_gather_case(const Shape& full, int dim, DType t, bool in_place) {
   char* i = in_place ? out.p + sp.outer * coll::shard(sp.n, W, me).begin * sp.inner * e : in.p;
   ref::fill(i, mine, t, seed, me, Values::uniform, x.s);
   settle();
-  x.nccl().all_gather(i, want.p, full, dim, t, x.s);
+  const Want w = reference(want, [&](auto& nccl) { nccl.all_gather(i, want.p, full, dim, t, x.s); });
   x.coll.all_gather(i, out.p, full, dim, t, x.s);
   settle();
   const OutMap m = ref::map_all_gather(full, dim, W, me);
-  auto r = verify(out.p, want.p, m, t, seed);
-  EXPECT_TRUE(r.ok()) << "differs from NCCL: " << r.str();
-  r = verify(want.p, nullptr, m, t, seed);
-  EXPECT_TRUE(r.ok()) << "the NCCL reference itself is off (test harness bug): " << r.str();
+  auto r = verify(out.p, w.p, m, t, seed);
+  EXPECT_TRUE(r.ok()) << "differs from " << w.name << ": " << r.str();
+  expect_reference_ok(w, m, t, seed);
   if (!in_place) {
     r = verify(in.p, nullptr, ref::map_input(mine, W, me), t, seed);
     EXPECT_TRUE(r.ok()) << "out-of-place call changed its input: " << r.str();
@@ -231,14 +238,13 @@ void reduce_scatter_case(const Shape& full, int dim, DType t, ReduceOp op, bool 
   char* o = in_place ? in.p + sp.outer * coll::shard(sp.n, W, me).begin * sp.inner * e : out.p;
   ref::fill(in.p, n, t, seed, me, Values::uniform, x.s);
   settle();
-  x.nccl().reduce_scatter(in.p, want.p, full, dim, t, op, x.s);
+  const Want w = reference(want, [&](auto& nccl) { nccl.reduce_scatter(in.p, want.p, full, dim, t, op, x.s); });
   x.coll.reduce_scatter(in.p, o, full, dim, t, op, x.s);
   settle();
   const OutMap m = ref::map_reduce_scatter(full, dim, W, me);
-  auto r = verify(o, want.p, m, t, seed, op);
-  EXPECT_TRUE(r.ok()) << "differs from NCCL: " << r.str();
-  r = verify(want.p, nullptr, m, t, seed, op);
-  EXPECT_TRUE(r.ok()) << "the NCCL reference itself is off (test harness bug): " << r.str();
+  auto r = verify(o, w.p, m, t, seed, op);
+  EXPECT_TRUE(r.ok()) << "differs from " << w.name << ": " << r.str();
+  expect_reference_ok(w, m, t, seed, op);
   if (!in_place) {
     r = verify(in.p, nullptr, ref::map_input(n, W, me), t, seed);
     EXPECT_TRUE(r.ok()) << "out-of-place call changed its input: " << r.str();
@@ -273,19 +279,21 @@ void ulysses_case(const UlyssesCase& u, bool to_head, DType t) {
   Buf in(to_head ? seq_max : head_part, t), out(to_head ? head_part : seq_max, t), want(out_n, t, false);
   ref::fill(in.p, in_n, t, seed, me, Values::uniform, x.s);
   settle();
-  if (to_head) {
-    x.nccl().all_to_all_seq_to_head(in.p, want.p, u.B, u.S, u.H, u.D, t, x.s);
+  const Want w = reference(want, [&](auto& nccl) {
+    if (to_head)
+      nccl.all_to_all_seq_to_head(in.p, want.p, u.B, u.S, u.H, u.D, t, x.s);
+    else
+      nccl.all_to_all_head_to_seq(in.p, want.p, u.B, u.S, u.H, u.D, t, x.s);
+  });
+  if (to_head)
     x.coll.all_to_all_seq_to_head(in.p, out.p, u.B, u.S, u.H, u.D, t, x.s);
-  } else {
-    x.nccl().all_to_all_head_to_seq(in.p, want.p, u.B, u.S, u.H, u.D, t, x.s);
+  else
     x.coll.all_to_all_head_to_seq(in.p, out.p, u.B, u.S, u.H, u.D, t, x.s);
-  }
   settle();
   const OutMap m = ref::map_ulysses(to_head, u.B, u.S, u.H, u.D, W, me);
-  auto r = verify(out.p, want.p, m, t, seed);
-  EXPECT_TRUE(r.ok()) << "differs from NCCL: " << r.str();
-  r = verify(want.p, nullptr, m, t, seed);
-  EXPECT_TRUE(r.ok()) << "the NCCL reference itself is off (test harness bug): " << r.str();
+  auto r = verify(out.p, w.p, m, t, seed);
+  EXPECT_TRUE(r.ok()) << "differs from " << w.name << ": " << r.str();
+  expect_reference_ok(w, m, t, seed);
   r = verify(in.p, nullptr, ref::map_input(in_n, W, me), t, seed);
   EXPECT_TRUE(r.ok()) << "changed its input: " << r.str();
   EXPECT_EQ(guard_touched(out.p, out_n, t), 0u) << "wrote past the end of the output";
@@ -500,31 +508,40 @@ TEST(Collectives, RegisteredBuffers) {
   const Shape full = shape({1000, 777});
   const long long n = full.numel(), shard_max = max_shard_numel(full, 1), mine = ref::shard_numel(full, 1, W, me);
   Buf shard_in(shard_max, t, false), full_buf(n, t, false), shard_out(shard_max, t, false), want(n, t, false);
-  for (Buf* b : {&shard_in, &full_buf, &shard_out}) comm().register_buffer(b->p, b->bytes);
+  // Deregistered however the test ends: a later cudaMalloc at a still-registered address would
+  // pass the next test's "unregistered" cases.
+  struct Registered {
+    std::vector<const Buf*> bufs;
+    explicit Registered(std::initializer_list<const Buf*> b) : bufs(b) {
+      for (const Buf* x : bufs) comm().register_buffer(x->p, x->bytes);
+    }
+    ~Registered() {
+      for (const Buf* x : bufs) comm().deregister_buffer(x->p);
+    }
+  } registered{&shard_in, &full_buf, &shard_out};
   uint64_t seed = case_seed();
   ref::fill(shard_in.p, mine, t, seed, me, Values::uniform, x.s);
   settle();
-  x.nccl().all_gather(shard_in.p, want.p, full, 1, t, x.s);
+  Want w = reference(want, [&](auto& nccl) { nccl.all_gather(shard_in.p, want.p, full, 1, t, x.s); });
   x.coll.all_gather(shard_in.p, full_buf.p, full, 1, t, x.s);
   settle();
-  auto r = verify(full_buf.p, want.p, ref::map_all_gather(full, 1, W, me), t, seed);
-  EXPECT_TRUE(r.ok()) << "all_gather on registered buffers differs from NCCL: " << r.str();
+  auto r = verify(full_buf.p, w.p, ref::map_all_gather(full, 1, W, me), t, seed);
+  EXPECT_TRUE(r.ok()) << "all_gather on registered buffers differs from " << w.name << ": " << r.str();
 
   seed = case_seed();
   ref::fill(full_buf.p, n, t, seed, me, Values::uniform, x.s);
   settle();
-  x.nccl().reduce_scatter(full_buf.p, want.p, full, 1, t, ReduceOp::sum, x.s);
+  w = reference(want, [&](auto& nccl) { nccl.reduce_scatter(full_buf.p, want.p, full, 1, t, ReduceOp::sum, x.s); });
   x.coll.reduce_scatter(full_buf.p, shard_out.p, full, 1, t, ReduceOp::sum, x.s);
   settle();
-  r = verify(shard_out.p, want.p, ref::map_reduce_scatter(full, 1, W, me), t, seed);
-  EXPECT_TRUE(r.ok()) << "reduce_scatter on registered buffers differs from NCCL: " << r.str();
+  r = verify(shard_out.p, w.p, ref::map_reduce_scatter(full, 1, W, me), t, seed);
+  EXPECT_TRUE(r.ok()) << "reduce_scatter on registered buffers differs from " << w.name << ": " << r.str();
 
-  x.nccl().all_reduce(full_buf.p, want.p, n, t, ReduceOp::sum, x.s);
+  w = reference(want, [&](auto& nccl) { nccl.all_reduce(full_buf.p, want.p, n, t, ReduceOp::sum, x.s); });
   x.coll.all_reduce(full_buf.p, full_buf.p, n, t, ReduceOp::sum, x.s);
   settle();
-  r = verify(full_buf.p, want.p, ref::map_all_reduce(n, W, me), t, seed);
-  EXPECT_TRUE(r.ok()) << "in-place all_reduce on a registered buffer differs from NCCL: " << r.str();
-  for (Buf* b : {&shard_in, &full_buf, &shard_out}) comm().deregister_buffer(b->p);
+  r = verify(full_buf.p, w.p, ref::map_all_reduce(n, W, me), t, seed);
+  EXPECT_TRUE(r.ok()) << "in-place all_reduce on a registered buffer differs from " << w.name << ": " << r.str();
   settle();
 }
 

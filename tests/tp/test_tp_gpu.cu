@@ -327,9 +327,12 @@ TEST(TpGpu, GemmArMatchesReference) {
   // waited for the last tile would pass the output checks above): its ledger's statistics.
   const weave::tp::AdaptiveStats st = ar.adaptive_stats(2048, 4096, 4096);
   EXPECT_EQ(st.launches, 2u);
-  if (!wt::gpus_shared(c))  // as in GemmRsMatchesReference
+  // As in GemmRsMatchesReference; the peak is recorded only while tiles are unclaimed, so it is
+  // up to the time-slicing too.
+  if (!wt::gpus_shared(c)) {
     EXPECT_GT(st.early_reductions, 0u) << "rank " << c.rank() << ": every reduction waited for the last tile";
-  EXPECT_GE(st.peak_comm_blocks, 1u);
+    EXPECT_GE(st.peak_comm_blocks, 1u);
+  }
 }
 
 // B given as N x K (an nn.Linear weight: Options::b = NK), read in place by every family and
