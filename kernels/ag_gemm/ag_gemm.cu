@@ -29,7 +29,7 @@ struct AgGemm::Impl {
   // Heap a Collectives object takes at construction, and a margin for its signal sets.
   bool coll_fits() const {
     const size_t need = coll::Collectives::scratch_bytes(c.world()) + (size_t(1) << 20);
-    return coll || c.heap_bytes() - c.heap_used() >= need;
+    return coll || c.heap_fits(need);
   }
 };
 
@@ -185,8 +185,8 @@ LaunchInfo AgGemm::run_inputs(const Inputs& in, void* a_gathered, bf16* C, int M
                 s, [&] {
                   if (in.fp8) check_scales("ag_gemm", in, m.c);
                   WEAVE_CHECK(o.variant != to_int(AgVariant::AllGatherGemm) || m.coll_fits(), "ag_gemm: variant 9 needs ",
-                              "room in the symmetric heap for the all_gather's scratch; ",
-                              m.c.heap_bytes() - m.c.heap_used(), " bytes are free");
+                              "room in the symmetric heap for the all_gather's scratch (one free range); ",
+                              m.c.heap_bytes() - m.c.heap_used(), " bytes are free in all");
                   WEAVE_CHECK((o.variant != to_int(AgVariant::CopyEngine) &&
                                o.variant != to_int(AgVariant::CopyEngineShardGemms)) ||
                                   m.ce_ok,

@@ -358,7 +358,7 @@ struct Collectives::Impl {
     return static_cast<long long>(2 * comm.world() * ll128_slot_words() * sizeof(unsigned long long));
   }
   bool ll128_fits() const {
-    return ll128_scratch || static_cast<long long>(comm.heap_bytes() - comm.heap_used()) >= ll128_heap_bytes();
+    return ll128_scratch || comm.heap_fits(static_cast<size_t>(ll128_heap_bytes()));
   }
   // Makes the LL128 scratch on the first LL128 call (collective; every rank decided alike),
   // zeroed on every rank before any rank writes a line into it.
@@ -405,7 +405,7 @@ struct Collectives::Impl {
            round(2LL * push_pipes() * W * static_cast<long long>(sizeof(unsigned long long)));
   }
   bool push_fits() const {
-    return push_scratch || static_cast<long long>(comm.heap_bytes() - comm.heap_used()) >= push_heap_bytes();
+    return push_scratch || comm.heap_fits(static_cast<size_t>(push_heap_bytes()));
   }
 
   // Makes the scratch and counters on the first push call (collective: every rank calls it at the

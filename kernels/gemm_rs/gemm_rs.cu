@@ -57,7 +57,7 @@ struct GemmRS::Impl {
   static size_t recv_need(int M, int N, int W) { return size_t(W - 1) * shard(M, W, 0).size * N * sizeof(bf16); }
   bool recv_fits(int M, int N) const {
     const size_t need = recv_need(M, N, c.world());
-    return need <= recv_bytes || c.heap_bytes() - c.heap_used() >= need;
+    return need <= recv_bytes || c.heap_fits(need);
   }
   // Collective (every rank takes v4 for the same shapes in the same order).
   void v4_buffers(int M, int N, cudaStream_t s) {
@@ -308,8 +308,8 @@ LaunchInfo GemmRS::run_inputs(const Inputs& in, bf16* out, int M, int N, int K, 
                               ")");
                   WEAVE_CHECK(o.variant != to_int(RsVariant::CopyEngine) || m.recv_fits(M, N),
                               "gemm_rs: variant 4 (copy engine) needs ",
-                              Impl::recv_need(M, N, m.c.world()), " bytes of the symmetric heap for the peers' "
-                              "partials; ", m.c.heap_bytes() - m.c.heap_used(), " are free");
+                              Impl::recv_need(M, N, m.c.world()), " bytes of the symmetric heap (one free range) for "
+                              "the peers' partials; ", m.c.heap_bytes() - m.c.heap_used(), " are free in all");
                   WEAVE_CHECK(o.variant != to_int(RsVariant::CopyEngine) || m.ce_ok,
                               "gemm_rs: variant 4 needs 64-bit stream memory operations");
                 },

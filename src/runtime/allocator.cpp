@@ -8,13 +8,22 @@ OffsetAllocator::OffsetAllocator(size_t capacity) : capacity_(capacity) {
   if (capacity) free_[0] = capacity;
 }
 
-size_t OffsetAllocator::alloc(size_t bytes, size_t align) {
+std::map<size_t, size_t>::const_iterator OffsetAllocator::first_fit(size_t bytes, size_t align) const {
   WEAVE_CHECK(bytes > 0, "symmetric heap: zero-byte allocation");
   WEAVE_CHECK(align > 0 && (align & (align - 1)) == 0, "symmetric heap: alignment ", align, " is not a power of two");
   for (auto it = free_.begin(); it != free_.end(); ++it) {
     const size_t start = (it->first + align - 1) & ~(align - 1);
     const size_t end = it->first + it->second;
-    if (start >= end || end - start < bytes) continue;
+    if (start < end && end - start >= bytes) return it;
+  }
+  return free_.end();
+}
+
+size_t OffsetAllocator::alloc(size_t bytes, size_t align) {
+  auto it = first_fit(bytes, align);
+  if (it != free_.end()) {
+    const size_t start = (it->first + align - 1) & ~(align - 1);
+    const size_t end = it->first + it->second;
     const size_t off = it->first;
     free_.erase(it);
     if (start > off) free_[off] = start - off;
@@ -48,6 +57,8 @@ void OffsetAllocator::free(size_t offset) {
   }
   free_[off] = sz;
 }
+
+bool OffsetAllocator::fits(size_t bytes, size_t align) const { return first_fit(bytes, align) != free_.end(); }
 
 size_t OffsetAllocator::largest_free() const {
   size_t m = 0;

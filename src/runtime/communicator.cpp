@@ -328,6 +328,7 @@ const cudaDeviceProp& Communicator::props() const { return impl_->props; }
 Bootstrap& Communicator::bootstrap() { return *impl_->boot; }
 size_t Communicator::heap_bytes() const { return impl_->heap_size; }
 size_t Communicator::heap_used() const { return impl_->alloc->used(); }
+bool Communicator::heap_fits(size_t bytes, size_t align) const { return impl_->alloc->fits(bytes, align); }
 WaitRecord* Communicator::wait_record() const { return impl_->record_dev; }
 const volatile int* Communicator::abort_word() const { return impl_->abort_dev; }
 bool Communicator::debug_calls() const { return impl_->debug; }

@@ -140,8 +140,9 @@ TEST(Collectives, AllReduce) {
 }
 
 // Automatic takes push only if its scratch (33 MiB on 2 ranks) exists or fits in the heap: with
-// a fresh object and the heap filled up, a 64 MiB all_reduce runs two-shot, correctly; once room
-// is made, push (on 2 ranks). Both checked against NCCL.
+// a fresh object and the heap filled up, or fragmented into ranges too small for it, a 64 MiB
+// all_reduce runs two-shot, correctly; once room is made, push (on 2 ranks). Each checked against
+// NCCL (or the recomputed reference).
 TEST(Collectives, AutomaticPushNeedsRoomInTheHeap) {
   Ctx& x = ctx();
   const int W = comm().world(), me = comm().rank();
@@ -163,28 +164,33 @@ TEST(Collectives, AutomaticPushNeedsRoomInTheHeap) {
     EXPECT_TRUE(r.ok()) << "differs from " << w.name << ": " << r.str();
     EXPECT_EQ(guard_touched(out.p, count, t), 0u) << "wrote past the end of the output";
   };
-  // Fill the heap (allocations are collective and fail alike on every rank): big pieces, then
-  // 1 MiB ones, so what is left is below 1 MiB per free range.
-  // Freed however the test ends, so that a failed check does not leave the next tests a full heap.
+  // Fill the heap with 1 MiB pieces (allocations are collective and fail alike on every rank), so
+  // what is left is below 1 MiB per free range; freed however the test ends, so that a failed check
+  // does not leave the next tests a full heap.
   struct Filler {
     std::vector<void*> v;
     void release() {
-      for (void* f : v) comm().free(f);
+      for (void* f : v)
+        if (f) comm().free(f);
       v.clear();
     }
     ~Filler() { release(); }
   } filler_;
   std::vector<void*>& filler = filler_.v;
-  for (size_t piece : {size_t(64) << 20, size_t(1) << 20})
-    for (;;) {
-      try {
-        filler.push_back(comm().alloc(piece));
-      } catch (const weave::Error&) {
-        break;
-      }
+  for (;;) {
+    try {
+      filler.push_back(comm().alloc(size_t(1) << 20));
+    } catch (const weave::Error&) {
+      break;
     }
+  }
   ASSERT_LT(comm().heap_bytes() - comm().heap_used(), size_t(32) << 20) << "heap too fragmented to fill";
   check(coll::AllReduceAlgo::two_shot, "heap full");
+  // Every other piece freed: hundreds of MiB free in all, but no range above 1 MiB, so push's
+  // scratch (33 MiB on 2 ranks) still does not fit and automatic must not take it.
+  for (size_t i = 0; i < filler.size(); i += 2) comm().free(std::exchange(filler[i], nullptr));
+  ASSERT_GT(comm().heap_bytes() - comm().heap_used(), size_t(64) << 20) << "too few pieces to fragment the heap";
+  check(coll::AllReduceAlgo::two_shot, "heap fragmented");
   filler_.release();
   check(W == 2 ? coll::AllReduceAlgo::push : coll::AllReduceAlgo::two_shot, "heap with room");
   settle();

@@ -87,3 +87,36 @@ TEST(OffsetAllocator, KnowsItsLiveStarts) {
   a.free(x);
   EXPECT_FALSE(a.is_start(x));
 }
+
+// What the automatic choices ask before they take heap (LL128 / push scratch, ag_gemm v9, gemm_rs
+// v4): fits() agrees with alloc() on a fragmented heap, where the free total is no answer.
+TEST(OffsetAllocator, FitsIsWhatAllocDoes) {
+  OffsetAllocator a(8192);
+  std::vector<size_t> pieces;
+  for (int i = 0; i < 8; ++i) pieces.push_back(a.alloc(1024, 256));
+  for (int i = 0; i < 8; i += 2) a.free(pieces[i]);  // 4 KiB free, in four 1 KiB ranges
+  EXPECT_EQ(a.capacity() - a.used(), 4096u);
+  EXPECT_FALSE(a.fits(2048, 256));
+  EXPECT_THROW(a.alloc(2048, 256), weave::Error);
+  EXPECT_TRUE(a.fits(1024, 256));
+  // Random use: fits() answers exactly whether alloc() then succeeds.
+  OffsetAllocator b(1 << 16);
+  std::mt19937 rng(std::random_device{}());
+  std::vector<size_t> live;
+  for (int i = 0; i < 2000; ++i) {
+    const size_t bytes = 1 + rng() % 9000, align = size_t(1) << (rng() % 10);
+    const bool fits = b.fits(bytes, align);
+    bool got = true;
+    try {
+      live.push_back(b.alloc(bytes, align));
+    } catch (const weave::Error&) {
+      got = false;
+    }
+    ASSERT_EQ(fits, got) << "step " << i << ": " << bytes << " bytes at alignment " << align;
+    if (!live.empty() && rng() % 2) {
+      const size_t k = rng() % live.size();
+      b.free(live[k]);
+      live.erase(live.begin() + k);
+    }
+  }
+}

@@ -80,6 +80,10 @@ class Communicator {
   void release(void* ptr);
   size_t heap_bytes() const;
   size_t heap_used() const;
+  // Whether an alloc of `bytes` would succeed now (one free range holds it; the free total does not
+  // tell on a fragmented heap). The same answer on every rank, whose heaps are alike, so a choice
+  // made on it is too. Several allocations fit where their sum does.
+  bool heap_fits(size_t bytes, size_t align = 256) const;
 
   // External device memory (cudaMalloc'd) made addressable by every rank through CUDA IPC.
   // Collective; deregister on every rank before freeing it.
