@@ -570,6 +570,21 @@ TEST(Collectives, RejectsUnregisteredBuffers) {
   auto& c = ctx().coll;
   cudaStream_t s = ctx().s;
   const char* needle = "registered";
+  // The algorithms that reach peers' buffers: the LL family (which automatic takes up to 8 MiB)
+  // copies through its own scratch and rightly accepts buffers only this rank can reach.
+  struct PeerAlgos {
+    coll::Collectives& c;
+    explicit PeerAlgos(coll::Collectives& x) : c(x) {
+      c.set_all_reduce_algo(coll::AllReduceAlgo::two_shot);
+      c.set_all_gather_algo(coll::ShardAlgo::direct);
+      c.set_reduce_scatter_algo(coll::ShardAlgo::direct);
+    }
+    ~PeerAlgos() {
+      c.set_all_reduce_algo(coll::AllReduceAlgo::automatic);
+      c.set_all_gather_algo(coll::ShardAlgo::automatic);
+      c.set_reduce_scatter_algo(coll::ShardAlgo::automatic);
+    }
+  } peer_algos(c);
   expect_rejected("all_reduce, unregistered input", needle,
                   [&] { c.all_reduce(loose_full.p, heap_full.p, n, t, ReduceOp::sum, s); }, {&heap_full});
   expect_rejected("all_reduce, unregistered output", needle,
