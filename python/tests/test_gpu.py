@@ -203,6 +203,21 @@ def test_streams(comm, seed):
     assert torch.equal(y1, x) and torch.equal(y2, x * 2) and torch.equal(y3, x * 3)
 
 
+def test_empty_refused_during_capture(comm):
+    """A symmetric tensor made inside a capture is refused (the graph would outlive its memory);
+    the heap is unchanged and the next eager one works."""
+    used = comm.heap_used
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="during a CUDA graph capture"):
+        with torch.cuda.graph(g, stream=side):
+            weave.empty((64,), BF)
+    assert comm.heap_used == used
+    t = weave.empty((64,), BF)
+    assert weave.is_symmetric(t)
+
+
 def test_collectives_and_sp_graph_capture_and_replay(comm, seed):
     """The collectives and ring / Ulysses attention captured after an eager warm-up, replayed with
     new inputs and poisoned outputs: each replay correct; an eager call after the replays too."""

@@ -66,6 +66,12 @@ class Communicator:
         """A new tensor in the symmetric heap (collective: every rank calls it in the same order with
         the same shape and dtype). Its memory goes back to the heap after the tensor dies (at a later
         allocation, once every rank has dropped it)."""
+        if torch.cuda.is_current_stream_capturing():
+            # A graph's replays would go on writing the memory after the tensor died and the heap
+            # gave it to another tensor (torch keeps its own captured allocations in a private
+            # pool; the heap has none), and the allocation's host collective cannot be captured.
+            raise RuntimeError("weave.empty: called during a CUDA graph capture; make symmetric tensors before "
+                               "capturing and keep them alive while the graph is replayed")
         if isinstance(shape, int):
             shape = (shape,)
         shape = tuple(int(d) for d in shape)

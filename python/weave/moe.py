@@ -162,13 +162,15 @@ class _MoeObject:
 
     @contextlib.contextmanager
     def _rules(self, op: str):
-        """A call's argument checks (CUDA paths): a ValueError they raise joins the cross-rank
-        agreement as this rank's problem before it propagates, so that the peers, whose arguments
-        passed, fail in their call's agreement instead of waiting for this rank (a new plan's peers
-        in the verdict; an agreed plan's launched peers through their abort words)."""
+        """A call's argument checks (CUDA paths): an error they raise (a ValueError for an argument,
+        and any other: this rank will not launch either way) joins the cross-rank agreement as this
+        rank's problem before it propagates, so that the peers, whose arguments passed, fail in
+        their call's agreement instead of waiting for this rank (a new plan's peers in the verdict;
+        an agreed plan's launched peers through their abort words). A layer closed on this rank
+        alone does not refuse: its peers end at the wait timeout."""
         try:
             yield
-        except ValueError as e:
+        except Exception as e:
             if not self.closed:
                 _comm.refuse_call(self.group_name, op, str(e))
             raise
