@@ -169,9 +169,11 @@ struct Collectives::Impl {
 
   // Every call: the arguments agreed across ranks (Communicator::agree_call: together at a plan's
   // first call, then each rank's post compared without waiting), with whether this rank found a
-  // `problem` in its own (shape, alignment, buffers in the heap or registered).
-  void check_args(const char* kind, const std::vector<long long>& a, const std::string& problem, cudaStream_t s) {
-    comm.agree_call(std::string("collectives.") + kind, "dtype, op, shape, dim, algorithm", a, problem, s);
+  // `problem` in its own (shape, alignment, buffers in the heap or registered), and the places of
+  // the buffers that peers reach (`peer_buffers`, from the algorithm: the same list on every rank).
+  void check_args(const char* kind, const std::vector<long long>& a, const std::string& problem, cudaStream_t s,
+                  const std::vector<const void*>& peer_buffers = {}) {
+    comm.agree_call(std::string("collectives.") + kind, "dtype, op, shape, dim, algorithm", a, problem, s, peer_buffers);
   }
 
   // `work` (bytes) must be the same on every rank: it sizes the grid, and every rank must know
@@ -243,7 +245,7 @@ struct Collectives::Impl {
                              " and output ", out, " overlap (the layouts differ: it cannot run in place)");
                  comm.peers(in, std::max<long long>(in_bytes, 1));
                  comm.peers(out, std::max<long long>(out_bytes, 1));
-               }), s);
+               }), s, B == 0 || S == 0 ? std::vector<const void*>{} : std::vector<const void*>{out});
     if (B == 0 || S == 0) return;
     const bool cap = runtime::capturing(s);
     order.before(s, cap);
@@ -281,7 +283,12 @@ struct Collectives::Impl {
         comm.peers(out, gather ? full_bytes : shard_bytes);
       }
     });
-    check_args(gather ? "all_gather" : "reduce_scatter", shape_args(gather ? 1 : 2, t, op, full, dim, algo), problem, s);
+    // Direct: all_gather pushes into every rank's output, reduce_scatter reads every rank's input
+    // (plan_shard_xfer); the other side is this rank's alone (in place, at its own shard).
+    const void* reached = gather ? out : in;
+    check_args(gather ? "all_gather" : "reduce_scatter", shape_args(gather ? 1 : 2, t, op, full, dim, algo), problem, s,
+               local_buffers(algo) || full.numel() == 0 ? std::vector<const void*>{}
+                                                        : std::vector<const void*>{reached});
     return algo;
   }
 
@@ -496,7 +503,13 @@ void Collectives::all_reduce(const void* in, void* out, size_t count, DType t, R
                    m.comm.peers(in, bytes);
                    m.comm.peers(out, bytes);
                  }
-               }), s);
+               }),
+               s,
+               // One-shot reads every rank's input; two-shot also writes every rank's output; push
+               // writes them (and falls back to two-shot when its scratch cannot be made).
+               count == 0 || local_buffers(algo)        ? std::vector<const void*>{}
+               : algo == AllReduceAlgo::one_shot ? std::vector<const void*>{in}
+                                                 : std::vector<const void*>{in, out});
   if (count == 0) return;
   m.order.before(s, cap);
   if (algo == AllReduceAlgo::ll) {

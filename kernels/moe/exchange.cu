@@ -237,7 +237,7 @@ void MoeExchange::combine(const bf16* y, const float* topk_weights, bf16* out, i
     m.c.check_buffer("moe combine", "out", out, static_cast<size_t>(T) * cf.hidden * sizeof(bf16));
   });
   m.c.agree_call("moe.combine", "E, H, k, max_tokens, capacity",
-                 {cf.experts, cf.hidden, cf.topk, cf.max_tokens, cf.capacity}, problem, s);
+                 {cf.experts, cf.hidden, cf.topk, cf.max_tokens, cf.capacity}, problem, s, {y});
   const bool cap = runtime::capturing(s);
   m.order.before(s, cap);
   detail::CombineArgs a{};

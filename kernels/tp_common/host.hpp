@@ -200,8 +200,12 @@ void check_tp_call(runtime::Communicator& c, const char* who, int M, int N, int 
     check_comm_sms(who, o.num_comm_sms, c.sm_count());
     more();
   });
+  // The buffers peers write (symmetric operands): at the same place on every rank.
+  std::vector<const void*> reached;
+  for (const Operand& op : ops)
+    if (op.symmetric) reached.push_back(op.p);
   c.agree_call(who, "M, N, K, num_comm_sms, variant, SM count, B layout, input type",
-               checked_args(M, N, K, o, c.sm_count(), fp8), problem, s);
+               checked_args(M, N, K, o, c.sm_count(), fp8), problem, s, reached);
 }
 
 }  // namespace weave::tp

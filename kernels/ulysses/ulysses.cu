@@ -176,7 +176,7 @@ UlyssesLaunchInfo Ulysses::forward(const bf16* q, const bf16* k, const bf16* v, 
   int scale_bits = 0;
   std::memcpy(&scale_bits, &opt.softmax_scale, sizeof scale_bits);
   m.c.agree_call("ulysses", "B, S, Hq, Hkv, D, causal, scale, num_comm_sms",
-                 {s.B, s.S, s.Hq, s.Hkv, s.D, opt.causal, scale_bits, opt.num_comm_sms}, problem, stream);
+                 {s.B, s.S, s.Hq, s.Hkv, s.D, opt.causal, scale_bits, opt.num_comm_sms}, problem, stream, {o});
   if (opt.num_comm_sms >= 0) return m.launch(q, k, v, o, s, opt, opt.num_comm_sms, stream);
   std::vector<runtime::TuneCandidate> cands;
   for (int n : {4, 8, 16})

@@ -239,6 +239,28 @@ def test_a_rule_broken_on_one_rank_raises_on_every_rank(env):
     dist.barrier()
 
 
+def test_symmetric_input_on_one_rank_only_raises_on_every_rank(env):
+    """Rank 0 passes a weave.empty tensor (used in place), its peers ordinary ones (staged): the
+    kernel would read each peer's input at rank 0's place in the heap. Every rank raises (the plan's
+    first call), and the same call with ordinary tensors everywhere then works."""
+    rank, W, seed = env
+    g = dist.new_group(list(range(W)))
+    weave.init(g)
+    n = 5_000_011  # 10 MB of bf16: two-shot or push, which read or write every rank's buffers
+    x = rand((n,), BF, seed, "mixed", rank)
+    if rank == 0:
+        sym = weave.empty((n,), BF, group=g)
+        sym.copy_(x)
+        x = sym
+    with pytest.raises(RuntimeError, match="different places"):
+        weave.all_reduce(x, group=g)
+    ys = [rand((n,), BF, seed, "mixed", r) for r in range(W)]
+    out = weave.all_reduce(ys[rank].clone(), group=g)
+    check_close(out, sum(y.float() for y in ys), 2 * W * EPS[BF] * sum(y.float().abs() for y in ys) + 1e-30,
+                "all_reduce after the refused call")
+    dist.barrier()
+
+
 def test_collectives_and_sp_graph_capture_and_replay(env):
     """The collectives (LL-, two-shot- and push-sized all_reduce, all_gather, reduce_scatter, the
     Ulysses all_to_all) and ring / Ulysses attention captured in one CUDA graph after an eager

@@ -73,7 +73,8 @@ unsigned long long CallMail::read(const Mailbox& mb, unsigned long long n, Poste
   return b;
 }
 
-// Posts end in (together, state): only a rank that neither waited nor rejected launched.
+// Posts are (op hash, the operator's values, capturing, buffers' digest, together, state): only a
+// rank that neither waited nor rejected launched.
 bool CallMail::launched(const Posted& p) {
   const size_t z = p.values.size();
   return z >= 2 && p.values[z - 2] == 0 && p.values[z - 1] == 0;
@@ -89,10 +90,27 @@ bool plans_differ(const std::vector<long long>& a, const std::vector<long long>&
 
 std::string render_plan(const std::vector<long long>& values, const std::string& op) {
   std::string s = op + "(";
-  // values: op hash, the operator's values, capturing, together, problem
   const size_t n = values.size();
-  for (size_t i = 1; i + 3 < n; ++i) s += (i > 1 ? ", " : "") + std::to_string(values[i]);
-  return s + (n >= 4 && values[n - 3] ? ") while capturing a graph" : ")");
+  for (size_t i = 1; i + 4 < n; ++i) s += (i > 1 ? ", " : "") + std::to_string(values[i]);
+  return s + (n >= 5 && values[n - 4] ? ") while capturing a graph" : ")");
+}
+
+// Rank `me`'s and rank `r`'s differing posts of one call, for a message.
+std::string two_calls(int me, const std::vector<long long>& a, const std::string& a_op, int r,
+                      const std::vector<long long>& b, const std::string& b_op) {
+  const size_t n = a.size();
+  if (a_op == b_op && n == b.size() && n >= 3 && std::equal(a.begin(), a.end() - 3, b.begin()))
+    return detail::concat("ranks ", me, " and ", r, " called ", render_plan(a, a_op),
+                          " on buffers that peers reach at different places (each rank's must be at the same place ",
+                          "of the symmetric heap or registered buffer)");
+  return detail::concat("rank ", me, " called ", render_plan(a, a_op), ", rank ", r, " called ", render_plan(b, b_op));
+}
+
+// The digest of a call's buffers' places (0: none given).
+long long buffers_digest(const std::vector<long long>& ids) {
+  if (ids.empty()) return 0;
+  return static_cast<long long>(
+      fnv1a(std::string_view(reinterpret_cast<const char*>(ids.data()), ids.size() * sizeof(long long))));
 }
 
 }  // namespace
@@ -169,8 +187,7 @@ void CallMail::bound_skew(unsigned long long n, const std::string& op) {
     if (!read_it) throw PeerAborted(detail::concat("rank ", aborted_by() - 1, " rejected a call this rank had launched: ",
                                                    abort_reason()));
     if (got != m || !(launched(own) || launched(p)) || !plans_differ(own.values, p.values)) continue;
-    const std::string why = detail::concat("call ", m, ": rank ", rank_, " called ", render_plan(own.values, own.op),
-                                           ", rank ", r, " called ", render_plan(p.values, p.op),
+    const std::string why = detail::concat("call ", m, ": ", two_calls(rank_, own.values, own.op, r, p.values, p.op),
                                            "; found by rank ", rank_, " before its call ", n, ", after one had launched");
     abort_peers(why);
     throw Error("weave: " + why);
@@ -198,9 +215,8 @@ void CallMail::watch() noexcept {
         if (got != next) continue;  // lapped: that peer compared it before reusing its slot
         // A difference matters only where a rank launched (agree rejected the rest).
         if ((launched(own) || launched(p)) && plans_differ(own.values, p.values)) {
-          const std::string why = detail::concat("call ", next, ": rank ", rank_, " called ", render_plan(own.values, own.op),
-                                                 ", rank ", r, " called ", render_plan(p.values, p.op), "; found by rank ",
-                                                 rank_, "'s watchdog after one had launched");
+          const std::string why = detail::concat("call ", next, ": ", two_calls(rank_, own.values, own.op, r, p.values, p.op),
+                                                 "; found by rank ", rank_, "'s watchdog after one had launched");
           write_aborts(why, true);
           return;
         }
@@ -211,14 +227,15 @@ void CallMail::watch() noexcept {
 }
 
 void CallMail::agree(const std::string& op, const std::string& what, const std::vector<long long>& values,
-                     const std::string& problem, bool capturing) {
+                     const std::string& problem, bool capturing, const std::vector<long long>& buffers) {
   const int W = world_, me = rank_;
   if (const int from = aborted_by(); from > 0)
     throw PeerAborted(detail::concat("rank ", from - 1, " rejected a call this rank had launched: ", abort_reason()));
-  WEAVE_CHECK(values.size() + 4 < kCheckValues, "agree_call: at most ", kCheckValues - 5, " values");
+  WEAVE_CHECK(values.size() + 5 < kCheckValues, "agree_call: at most ", kCheckValues - 6, " values");
   std::vector<long long> key{static_cast<long long>(fnv1a(op))};
   key.insert(key.end(), values.begin(), values.end());
   key.push_back(capturing);
+  const long long digest = buffers_digest(buffers);
   const bool together = debug_ || !agreed_.count(key);
   const bool waits = together || !problem.empty();  // the path below that waits for every post
   const unsigned long long n = call_seq_ + 1;
@@ -231,23 +248,34 @@ void CallMail::agree(const std::string& op, const std::string& what, const std::
   // handshake before reusing their slots.)
   auto post_mine = [&](int state) {
     mine = key;
+    mine.push_back(digest);
     mine.push_back(waits ? 1 : 0);
     mine.push_back(state);
     post(*mail_[me], n, op, mine);
     posted_.store(n, std::memory_order_release);
   };
   const std::string call = detail::concat("call ", n, " on this communicator");
-  auto same_plan = [&](const Posted& p) {
-    return p.values.size() == key.size() + 2 && std::equal(key.begin(), key.end(), p.values.begin());
+  auto same_key = [&](const Posted& p) {
+    return p.values.size() == key.size() + 3 && std::equal(key.begin(), key.end(), p.values.begin());
   };
+  auto same_plan = [&](const Posted& p) { return same_key(p) && p.values[key.size()] == digest; };
   auto differ = [&](int r, const Posted& p) {
+    if (same_key(p)) {  // the same operator and arguments on other buffers
+      std::string places;
+      for (long long b : buffers) places += (places.empty() ? "" : ", ") + std::to_string(b);
+      return detail::concat("weave: ", call, ": ranks pass ", op, " buffers that peers reach at different places ",
+                            "(rank ", me, "'s: ", places.empty() ? "none" : places, "; rank ", r,
+                            "'s differ): a kernel reaches a peer's buffer at this rank's place in the symmetric heap ",
+                            "(or registered buffer), so every rank must pass its own buffer at the same place (a ",
+                            "symmetric tensor on one rank and an ordinary or another one on another cannot work)");
+    }
     return detail::concat("weave: ", call, ": ranks call different operators or arguments (", what, "): rank ", me,
                           " calls ", render_plan(mine, op), ", rank ", r, " calls ", render_plan(p.values, p.op));
   };
   if (!waits) {
     // An agreed plan: compare with the posts already there, without waiting (the watchdog and the
     // later posters compare the rest once they come).
-    mine = key, mine.push_back(0), mine.push_back(0);  // for differ()'s message
+    mine = key, mine.push_back(digest), mine.push_back(0), mine.push_back(0);  // for differ()'s message
     for (int r = 0; r < W; ++r) {
       Posted p;
       if (r != me && read(*mail_[r], n, p) == n && !same_plan(p)) {

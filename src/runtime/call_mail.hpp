@@ -21,7 +21,7 @@
 
 namespace weave::runtime::mail {
 
-constexpr int kCheckValues = 16;
+constexpr int kCheckValues = 17;
 struct MailSlot {
   std::atomic<unsigned long long> seq;
   long long values[kCheckValues];
@@ -33,7 +33,7 @@ constexpr int kOpWords = 4;  // the operator's name, 32 characters
 constexpr unsigned long long kWriting = ~0ull;
 struct CallSlot {
   std::atomic<unsigned long long> seq;
-  std::atomic<long long> values[kCheckValues];  // [0]: how many follow (op hash, values, together, problem)
+  std::atomic<long long> values[kCheckValues];  // [0]: how many follow (op hash, values, capturing, buffers, together, problem)
   std::atomic<unsigned long long> op[kOpWords];
 };
 constexpr size_t kWhyBytes = 512;
@@ -82,10 +82,12 @@ class CallMail {
   CallMail& operator=(const CallMail&) = delete;
 
   // Communicator::agree_call's check (communicator.hpp); capturing: the call's stream captures a
-  // graph (part of the plan). Throws Error on a rejected call, PeerAborted once a peer wrote
-  // this rank's abort word.
+  // graph (part of the plan). `buffers`: where peers reach this call's buffers (heap offsets or
+  // registered places), compared on every call like the plan but not part of it: a new buffer
+  // is no new plan (no wait), and a plan agreed with some buffers still compares the next call's.
+  // Throws Error on a rejected call, PeerAborted once a peer wrote this rank's abort word.
   void agree(const std::string& op, const std::string& what, const std::vector<long long>& values,
-             const std::string& problem, bool capturing);
+             const std::string& problem, bool capturing, const std::vector<long long>& buffers = {});
   // Every peer's abort word (this rank's own too when `self`); the first writer of a word wins.
   void write_aborts(const std::string& why, bool self = false) noexcept;
   // Rank + 1 of the peer that wrote this rank's abort word (0: none), and its reason.

@@ -443,18 +443,32 @@ void Communicator::check_same(const std::string& what, const std::vector<long lo
 }
 
 void Communicator::agree_call(const std::string& op, const std::string& what, const std::vector<long long>& values,
-                              const std::string& problem, cudaStream_t stream) {
+                              const std::string& problem, cudaStream_t stream,
+                              const std::vector<const void*>& peer_buffers) {
   Impl& m = *impl_;
   m.check_usable();
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) cudaGetLastError();
+  std::vector<long long> places;
+  for (const void* p : peer_buffers) places.push_back(buffer_place(p));
   try {
-    m.calls->agree(op, what, values, problem, capture != cudaStreamCaptureStatusNone);
+    m.calls->agree(op, what, values, problem, capture != cudaStreamCaptureStatusNone, places);
   } catch (const mail::PeerAborted& e) {
     m.broken = true;
     m.broken_why = e.what();
     throw Error("weave: " + m.broken_why);
   }
+}
+
+long long Communicator::buffer_place(const void* p) const {
+  const Impl& m = *impl_;
+  const char* c = static_cast<const char*>(p);
+  const char* b = m.base(m.info.rank);
+  if (c >= b && c < b + m.heap_size) return static_cast<long long>(c - b);
+  for (size_t k = 0; k < m.regs.size(); ++k)
+    if (c >= m.regs[k].local && c < m.regs[k].local + m.regs[k].bytes)
+      return (static_cast<long long>(k + 1) << 44) + static_cast<long long>(c - m.regs[k].local);
+  return -1;
 }
 
 void Communicator::abort_peers(const std::string& why) noexcept {

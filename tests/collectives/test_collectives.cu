@@ -557,6 +557,49 @@ void still_works(const char* after) {
   all_gather_case(shape({999, 5}), 0, DType::fp32, false);
 }
 
+// Within a test: the algorithms that reach peers' buffers (two-shot, direct), automatic again after.
+struct PeerAlgos {
+  coll::Collectives& c;
+  explicit PeerAlgos(coll::Collectives& x) : c(x) {
+    c.set_all_reduce_algo(coll::AllReduceAlgo::two_shot);
+    c.set_all_gather_algo(coll::ShardAlgo::direct);
+    c.set_reduce_scatter_algo(coll::ShardAlgo::direct);
+  }
+  ~PeerAlgos() {
+    c.set_all_reduce_algo(coll::AllReduceAlgo::automatic);
+    c.set_all_gather_algo(coll::ShardAlgo::automatic);
+    c.set_reduce_scatter_algo(coll::ShardAlgo::automatic);
+  }
+};
+
+// Buffers that peers reach at this rank's place, at different places on different ranks (rank 0
+// passes one heap buffer, the others another, each valid on its own): every rank rejects the
+// call, nothing is written, and the next call works.
+TEST(Collectives, RejectsBuffersAtDifferentPlaces) {
+  const int me = comm().rank();
+  const DType t = DType::bf16;
+  const Shape full = shape({1003, 779});
+  const long long n = full.numel(), shard = max_shard_numel(full, 1);
+  const UlyssesCase u{1, 257, 2LL * comm().world(), 64};
+  const long long seq = u.B * coll::shard(u.S, comm().world(), 0).size * u.H * u.D, head = u.B * u.S * (u.H / comm().world()) * u.D;
+  Buf a(n, t), b(n, t), part(shard, t), sa(seq, t), ha(head, t), hb(head, t);
+  settle();
+  auto& c = ctx().coll;
+  cudaStream_t s = ctx().s;
+  const PeerAlgos peer_algos(c);
+  const char* needle = "different places";
+  Buf& mine = me == 0 ? a : b;
+  expect_rejected("all_gather, outputs at different places", needle,
+                  [&] { c.all_gather(part.p, mine.p, full, 1, t, s); }, {&a, &b});
+  expect_rejected("reduce_scatter, inputs at different places", needle,
+                  [&] { c.reduce_scatter(mine.p, part.p, full, 1, t, ReduceOp::sum, s); }, {&part});
+  expect_rejected("all_reduce (two-shot), inputs at different places", needle,
+                  [&] { c.all_reduce(mine.p, me == 0 ? b.p : a.p, n, t, ReduceOp::sum, s); }, {me == 0 ? &b : &a});
+  expect_rejected("seq_to_head, outputs at different places", needle,
+                  [&] { c.all_to_all_seq_to_head(sa.p, (me == 0 ? ha : hb).p, u.B, u.S, u.H, u.D, t, s); }, {&ha, &hb});
+  still_works("buffers at different places");
+}
+
 TEST(Collectives, RejectsUnregisteredBuffers) {
   const int W = comm().world();
   const DType t = DType::bf16;
@@ -570,21 +613,9 @@ TEST(Collectives, RejectsUnregisteredBuffers) {
   auto& c = ctx().coll;
   cudaStream_t s = ctx().s;
   const char* needle = "registered";
-  // The algorithms that reach peers' buffers: the LL family (which automatic takes up to 8 MiB)
-  // copies through its own scratch and rightly accepts buffers only this rank can reach.
-  struct PeerAlgos {
-    coll::Collectives& c;
-    explicit PeerAlgos(coll::Collectives& x) : c(x) {
-      c.set_all_reduce_algo(coll::AllReduceAlgo::two_shot);
-      c.set_all_gather_algo(coll::ShardAlgo::direct);
-      c.set_reduce_scatter_algo(coll::ShardAlgo::direct);
-    }
-    ~PeerAlgos() {
-      c.set_all_reduce_algo(coll::AllReduceAlgo::automatic);
-      c.set_all_gather_algo(coll::ShardAlgo::automatic);
-      c.set_reduce_scatter_algo(coll::ShardAlgo::automatic);
-    }
-  } peer_algos(c);
+  // The LL family (which automatic takes up to 8 MiB) copies through its own scratch and rightly
+  // accepts buffers only this rank can reach.
+  const PeerAlgos peer_algos(c);
   expect_rejected("all_reduce, unregistered input", needle,
                   [&] { c.all_reduce(loose_full.p, heap_full.p, n, t, ReduceOp::sum, s); }, {&heap_full});
   expect_rejected("all_reduce, unregistered output", needle,

@@ -955,6 +955,29 @@ FAULTS = [
         }],
         "tests": ["test_call_mail_cpu:CallMail.DifferingAgreedPlansEndOnEveryRank"],
     },
+    {
+        "name": "call_mail_buffers_not_compared",
+        "what": "single-node agree_call: the posts' digest of the places of the buffers peers reach is not compared "
+                "(a symmetric buffer on one rank and another one elsewhere run, reading the wrong memory)",
+        "edits": [{
+            "file": "src/runtime/call_mail.cpp",
+            "find": "  auto same_plan = [&](const Posted& p) { return same_key(p) && p.values[key.size()] == digest; };",
+            "replace": "  auto same_plan = [&](const Posted& p) { return same_key(p); };",
+        }],
+        "tests": ["test_call_mail_cpu:CallMail.BuffersComparedEveryCall",
+                  "test_collectives:Collectives.RejectsBuffersAtDifferentPlaces"],
+    },
+    {
+        "name": "collectives_peer_buffers_not_given",
+        "what": "collectives: a call's agreement gets no places of the buffers peers reach (ranks passing them at "
+                "different places read and write the wrong memory)",
+        "edits": [{
+            "file": "kernels/collectives/collectives.cu",
+            "find": "    comm.agree_call(std::string(\"collectives.\") + kind, \"dtype, op, shape, dim, algorithm\", a, problem, s, peer_buffers);",
+            "replace": "    comm.agree_call(std::string(\"collectives.\") + kind, \"dtype, op, shape, dim, algorithm\", a, problem, s);",
+        }],
+        "tests": ["test_collectives:Collectives.RejectsBuffersAtDifferentPlaces"],
+    },
     # ---- CUDA-graph capture: counts read on the device (include/weave/runtime/running_counts.hpp) -----
     {
         "name": "running_counts_stay_on_host_under_capture",

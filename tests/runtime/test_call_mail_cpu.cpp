@@ -182,4 +182,40 @@ TEST(CallMail, NewPlanAgainstAgreedPlan) {
   for (const auto& o : out) EXPECT_EQ(o, "ok") << describe(out);
 }
 
+// Buffers' places, compared on every call but not part of the plan: on a plan's first call a
+// difference is rejected on every rank, with both still usable; the ranks moving to other buffers
+// together keep the plan agreed (no wait, no error); one rank moving alone on an agreed plan ends
+// with an error or its abort word set on every rank, naming the buffers.
+TEST(CallMail, BuffersComparedEveryCall) {
+  Node node(2);
+  const auto out = node.run([](int r, mail::CallMail& m) {
+    std::string report;
+    try {  // a new plan, rank 1's buffer elsewhere
+      m.agree("all_gather", "count, dtype", kA, "", false, {4096, r == 0 ? 8192 : 12288});
+      report += "different buffers agreed; ";
+    } catch (const weave::Error& e) {
+      report += has(e.what(), "buffers that peers reach at different places") && has(e.what(), "4096, ")
+                    ? "first call ok; "
+                    : std::string("first-call message: ") + e.what() + "; ";
+    }
+    m.agree("all_gather", "count, dtype", kA, "", false, {4096, 8192});  // agreed now
+    // Both ranks on other buffers: the same plan, no wait even with the peer asleep.
+    if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    const auto t0 = std::chrono::steady_clock::now();
+    m.agree("all_gather", "count, dtype", kA, "", false, {65536, 8192});
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (r == 0 && s > 0.4) report += "new buffers waited (" + std::to_string(s) + " s); ";
+    std::string msg;
+    try {  // rank 0 alone on another output
+      m.agree("all_gather", "count, dtype", kA, "", false, {65536, r == 0 ? 1 << 20 : 8192});
+      msg = wait_like_a_kernel(m);
+    } catch (const weave::Error& e) {
+      msg = e.what();
+    }
+    report += has(msg, "different places") ? "moved alone ok" : "moved alone: " + msg;
+    return report;
+  });
+  for (const auto& o : out) EXPECT_EQ(o, "first call ok; moved alone ok") << describe(out);
+}
+
 }  // namespace

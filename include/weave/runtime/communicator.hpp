@@ -111,9 +111,17 @@ class Communicator {
   // naming this rank and why; the communicators are unusable afterwards). With debug (WEAVE_DEBUG)
   // every call is checked with every rank and a rejected call leaves everything usable. Whether
   // `stream` is capturing a graph is part of the plan (ranks capture together, so a call that
-  // cannot be captured is then rejected by every rank together).
+  // cannot be captured is then rejected by every rank together). `peer_buffers`: the buffers
+  // whose peers' copies the call reaches at this rank's place (Communicator::peers); their places
+  // (buffer_place) must be the same on every rank, which every call compares without making a new
+  // plan (a difference on a plan's first call or in debug: rejected on every rank; on an agreed
+  // plan: found by the rank that posts second, which stops the peers that launched).
   void agree_call(const std::string& op, const std::string& what, const std::vector<long long>& values,
-                  const std::string& problem, cudaStream_t stream);
+                  const std::string& problem, cudaStream_t stream, const std::vector<const void*>& peer_buffers = {});
+  // Where peers reach `p`: its offset in the symmetric heap, or (registered buffer k, offset) as
+  // ((k + 1) << 44) + offset; -1 for anything else. The same on every rank for buffers that
+  // peers may reach at this rank's place.
+  long long buffer_place(const void* p) const;
   bool debug_calls() const;
   // Writes `why` to every peer's abort word: their waiting kernels trap and their sync() throws
   // naming this rank. Marks this communicator unusable. Never throws.
