@@ -278,7 +278,8 @@ void CallMail::agree(const std::string& op, const std::string& what, const std::
     mine = key, mine.push_back(digest), mine.push_back(0), mine.push_back(0);  // for differ()'s message
     for (int r = 0; r < W; ++r) {
       Posted p;
-      if (r != me && read(*mail_[r], n, p) == n && !same_plan(p)) {
+      // A peer that waits compares the places itself (after its own problem, if it has one).
+      if (r != me && read(*mail_[r], n, p) == n && !(launched(p) ? same_plan(p) : same_key(p))) {
         post_mine(1);
         const std::string msg = differ(r, p);
         if (launched(p)) abort_peers(msg);
@@ -326,13 +327,17 @@ void CallMail::agree(const std::string& op, const std::string& what, const std::
   bool launched_peer = false;
   for (int r = 0; r < W; ++r) launched_peer |= r != me && launched(all[r]);
   std::string verdict, told;  // the error, and what the peers' abort words say
+  // Differing plans, then a rank's own problem (which may be why its buffers' places differ), then
+  // the places.
   for (int r = 0; r < W && verdict.empty(); ++r)
-    if (!same_plan(all[r])) verdict = told = differ(r, all[r]);
+    if (!same_key(all[r])) verdict = told = differ(r, all[r]);
   if (verdict.empty() && !problem.empty()) verdict = problem, told = detail::concat(call, " (", op, "): ", problem);
   for (int r = 0; r < W && verdict.empty(); ++r)
     if (all[r].values.back() != 0)
       verdict = told = detail::concat("weave: ", call, " (", op, "): rank ", r,
                                       " rejected its arguments (its error says why); every rank rejects the call");
+  for (int r = 0; r < W && verdict.empty(); ++r)
+    if (!same_plan(all[r])) verdict = told = differ(r, all[r]);
   if (!verdict.empty() && launched_peer) {
     abort_peers(told);  // a peer launched regardless: its kernels stop at its abort word (so do the waiting ranks)
     throw Error(verdict);

@@ -216,6 +216,19 @@ TEST(CallMail, BuffersComparedEveryCall) {
     return report;
   });
   for (const auto& o : out) EXPECT_EQ(o, "first call ok; moved alone ok") << describe(out);
+  // A rank whose own problem is a bad buffer (so its place differs too) is told its problem, and
+  // its peer that the rank rejected its arguments, not that the places differ.
+  Node fresh(2);
+  const auto told = fresh.run([](int r, mail::CallMail& m) {
+    try {
+      m.agree("all_gather", "count, dtype", kA, r == 1 ? "rank 1's output is not symmetric" : "", false,
+              {4096, r == 1 ? -1 : 8192});
+      return std::string("agreed");
+    } catch (const weave::Error& e) {
+      return std::string(has(e.what(), r == 1 ? "not symmetric" : "rank 1 rejected its arguments") ? "ok" : e.what());
+    }
+  });
+  for (const auto& o : told) EXPECT_EQ(o, "ok") << describe(told);
 }
 
 }  // namespace
