@@ -506,10 +506,13 @@ void Collectives::all_reduce(const void* in, void* out, size_t count, DType t, R
                }),
                s,
                // One-shot reads every rank's input; two-shot also writes every rank's output; push
-               // writes them (and falls back to two-shot when its scratch cannot be made).
-               count == 0 || local_buffers(algo)        ? std::vector<const void*>{}
+               // writes the outputs only, but an automatic push whose scratch is not made yet may
+               // fall back to two-shot (whether the scratch exists is the same on every rank).
+               count == 0 || local_buffers(algo) ? std::vector<const void*>{}
                : algo == AllReduceAlgo::one_shot ? std::vector<const void*>{in}
-                                                 : std::vector<const void*>{in, out});
+               : algo == AllReduceAlgo::push && (m.algo == AllReduceAlgo::push || m.push_scratch)
+                   ? std::vector<const void*>{out}
+                   : std::vector<const void*>{in, out});
   if (count == 0) return;
   m.order.before(s, cap);
   if (algo == AllReduceAlgo::ll) {

@@ -248,8 +248,8 @@ def test_symmetric_input_on_one_rank_only_raises_on_every_rank(env):
     weave.init(g)
     n = 5_000_011  # 10 MB of bf16: two-shot or push, which read or write every rank's buffers
     x = rand((n,), BF, seed, "mixed", rank)
+    sym = weave.empty((n,), BF, group=g)  # collective: made on every rank, passed by rank 0 only
     if rank == 0:
-        sym = weave.empty((n,), BF, group=g)
         sym.copy_(x)
         x = sym
     with pytest.raises(RuntimeError, match="different places"):

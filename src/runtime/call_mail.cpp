@@ -82,9 +82,11 @@ bool CallMail::launched(const Posted& p) {
 
 namespace {
 
-// Two posts of one call differ in their plans (the values before (together, state)).
-bool plans_differ(const std::vector<long long>& a, const std::vector<long long>& b) {
-  const size_t k = a.size() >= 2 ? a.size() - 2 : 0;
+// Two posts of one call differ in their plans (the values before (buffers, together, state)) or,
+// with `places` (both launched: a rank that waits compares the places itself, after its own
+// problem), in their buffers' places too.
+bool plans_differ(const std::vector<long long>& a, const std::vector<long long>& b, bool places) {
+  const size_t tail = places ? 2 : 3, k = a.size() >= tail ? a.size() - tail : 0;
   return a.size() != b.size() || !std::equal(a.begin(), a.begin() + k, b.begin());
 }
 
@@ -186,7 +188,9 @@ void CallMail::bound_skew(unsigned long long n, const std::string& op) {
         });
     if (!read_it) throw PeerAborted(detail::concat("rank ", aborted_by() - 1, " rejected a call this rank had launched: ",
                                                    abort_reason()));
-    if (got != m || !(launched(own) || launched(p)) || !plans_differ(own.values, p.values)) continue;
+    if (got != m || !(launched(own) || launched(p)) ||
+        !plans_differ(own.values, p.values, launched(own) && launched(p)))
+      continue;
     const std::string why = detail::concat("call ", m, ": ", two_calls(rank_, own.values, own.op, r, p.values, p.op),
                                            "; found by rank ", rank_, " before its call ", n, ", after one had launched");
     abort_peers(why);
@@ -214,7 +218,7 @@ void CallMail::watch() noexcept {
         }
         if (got != next) continue;  // lapped: that peer compared it before reusing its slot
         // A difference matters only where a rank launched (agree rejected the rest).
-        if ((launched(own) || launched(p)) && plans_differ(own.values, p.values)) {
+        if ((launched(own) || launched(p)) && plans_differ(own.values, p.values, launched(own) && launched(p))) {
           const std::string why = detail::concat("call ", next, ": ", two_calls(rank_, own.values, own.op, r, p.values, p.op),
                                                  "; found by rank ", rank_, "'s watchdog after one had launched");
           write_aborts(why, true);

@@ -53,6 +53,7 @@ std::vector<int> share_fd(Bootstrap& boot, int fd) {
 struct Registration {
   char* local;
   size_t bytes;
+  long long serial;  // the registration's number, the same on every rank (register_buffer is collective)
   PeerPtrs ptrs{};
   std::vector<void*> opened;  // peer bases from cudaIpcOpenMemHandle, closed on deregister
 };
@@ -84,6 +85,7 @@ struct Communicator::Impl {
   std::vector<bool> mapped;
   std::unique_ptr<OffsetAllocator> alloc;
   std::vector<Registration> regs;
+  long long registrations = 0;  // made so far (deregistering does not renumber the others)
   // check_same, agree_call, abort_peers
   std::vector<Mailbox*> mail;
   std::vector<long long> pids;
@@ -465,9 +467,8 @@ long long Communicator::buffer_place(const void* p) const {
   const char* c = static_cast<const char*>(p);
   const char* b = m.base(m.info.rank);
   if (c >= b && c < b + m.heap_size) return static_cast<long long>(c - b);
-  for (size_t k = 0; k < m.regs.size(); ++k)
-    if (c >= m.regs[k].local && c < m.regs[k].local + m.regs[k].bytes)
-      return (static_cast<long long>(k + 1) << 44) + static_cast<long long>(c - m.regs[k].local);
+  for (const Registration& g : m.regs)
+    if (c >= g.local && c < g.local + g.bytes) return (g.serial << 44) + static_cast<long long>(c - g.local);
   return -1;
 }
 
@@ -560,6 +561,7 @@ void Communicator::register_buffer(void* ptr, size_t bytes) {
     for (void* p : g.opened) cudaIpcCloseMemHandle(p);
     throw;
   }
+  g.serial = ++m.registrations;
   m.regs.push_back(std::move(g));
 }
 

@@ -174,7 +174,13 @@ TEST(Collectives, AutomaticPushNeedsRoomInTheHeap) {
         if (f) comm().free(f);
       v.clear();
     }
-    ~Filler() { release(); }
+    ~Filler() {
+      try {
+        release();
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "freeing the heap filler: " << e.what();
+      }
+    }
   } filler_;
   std::vector<void*>& filler = filler_.v;
   for (;;) {
@@ -522,7 +528,11 @@ TEST(Collectives, RegisteredBuffers) {
       for (const Buf* x : bufs) comm().register_buffer(x->p, x->bytes);
     }
     ~Registered() {
-      for (const Buf* x : bufs) comm().deregister_buffer(x->p);
+      try {
+        for (const Buf* x : bufs) comm().deregister_buffer(x->p);
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "deregistering: " << e.what();
+      }
     }
   } registered{&shard_in, &full_buf, &shard_out};
   uint64_t seed = case_seed();

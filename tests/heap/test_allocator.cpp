@@ -101,7 +101,9 @@ TEST(OffsetAllocator, FitsIsWhatAllocDoes) {
   EXPECT_TRUE(a.fits(1024, 256));
   // Random use: fits() answers exactly whether alloc() then succeeds.
   OffsetAllocator b(1 << 16);
-  std::mt19937 rng(std::random_device{}());
+  const unsigned seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
   std::vector<size_t> live;
   for (int i = 0; i < 2000; ++i) {
     const size_t bytes = 1 + rng() % 9000, align = size_t(1) << (rng() % 10);

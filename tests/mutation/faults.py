@@ -957,8 +957,9 @@ FAULTS = [
     },
     {
         "name": "call_mail_buffers_not_compared",
-        "what": "single-node agree_call: the posts' digest of the places of the buffers peers reach is not compared "
-                "(a symmetric buffer on one rank and another one elsewhere run, reading the wrong memory)",
+        "what": "single-node agree_call: the call's own comparison of the places of the buffers peers reach is off "
+                "(the watchdog's remains): a plan's first call with a symmetric buffer on one rank and another one "
+                "elsewhere runs, reading the wrong memory",
         "edits": [{
             "file": "src/runtime/call_mail.cpp",
             "find": "  auto same_plan = [&](const Posted& p) { return same_key(p) && p.values[key.size()] == digest; };",

@@ -118,8 +118,8 @@ class Communicator {
   // plan: found by the rank that posts second, which stops the peers that launched).
   void agree_call(const std::string& op, const std::string& what, const std::vector<long long>& values,
                   const std::string& problem, cudaStream_t stream, const std::vector<const void*>& peer_buffers = {});
-  // Where peers reach `p`: its offset in the symmetric heap, or (registered buffer k, offset) as
-  // ((k + 1) << 44) + offset; -1 for anything else. The same on every rank for buffers that
+  // Where peers reach `p`: its offset in the symmetric heap, or (the k-th registration, offset) as
+  // (k << 44) + offset; -1 for anything else. The same on every rank for buffers that
   // peers may reach at this rank's place.
   long long buffer_place(const void* p) const;
   bool debug_calls() const;
