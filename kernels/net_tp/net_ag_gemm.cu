@@ -83,10 +83,13 @@ void NetAgGemm::run(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf16* 
     tp_net::check_room(path_, opt_, who, tp_net::ag_send_needed(U), tp_net::recv_needed(U), tp_net::flags_needed(U),
                        extra);
   });
+  // With node peers, a_gathered's place too: they write into it at this rank's place (a new place is
+  // a new key, agreed once).
   const AgreedCall agreed_call = agree(path_, agreed_,
         {kOpAgGemm, M, N, K, static_cast<long long>(opt_.b), opt_.chunk_bytes, opt_.send_blocks, opt_.recv_blocks,
-         extra, G},
-        problem, who, "M, N, K, B layout, chunk, send blocks, receive blocks, push blocks, ranks per node");
+         extra, G, G > 1 ? node_->buffer_place(a_gathered) : 0},
+        problem, who,
+        "M, N, K, B layout, chunk, send blocks, receive blocks, push blocks, ranks per node, a_gathered's place");
 
   const tp_net::UnitPlan U = tp_net::ag_plan(M, N, K, 2, W, wtp::default_group_m(K), opt_.chunk_bytes, G);
   const long long commands = tp_net::ag_commands(U, rank);

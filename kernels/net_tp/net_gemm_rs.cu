@@ -91,10 +91,12 @@ void NetGemmRs::call(const bf16* A, const bf16* B, bf16* out, int M, int N, int 
     else
       tp_net::check_room(path_, opt_, who, tp_net::rs_send_needed(U), tp_net::recv_needed(U), tp_net::flags_needed(U));
   });
+  // GEMM+AR with node peers: out's place too (they write into it at this rank's place; a new place
+  // is a new key, agreed once).
   const AgreedCall agreed_call = agree(path_, agreed_,
         {ar ? kOpGemmAr : kOpGemmRs, M, N, K, static_cast<long long>(opt_.b), opt_.chunk_bytes, opt_.send_blocks,
-         opt_.recv_blocks, G},
-        problem, who, "M, N, K, B layout, chunk, send blocks, receive blocks, ranks per node");
+         opt_.recv_blocks, G, G > 1 && ar ? node_->buffer_place(out) : 0},
+        problem, who, "M, N, K, B layout, chunk, send blocks, receive blocks, ranks per node, out's place");
 
   bf16* const part = scratch(size_t(M) * N);
   const tp_net::UnitPlan U = tp_net::rs_plan(M, N, W, wtp::default_group_m(K), opt_.chunk_bytes, G);
