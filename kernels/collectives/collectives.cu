@@ -172,7 +172,10 @@ struct Collectives::Impl {
   // `problem` in its own (shape, alignment, buffers in the heap or registered), and the places of
   // the buffers that peers reach (`peer_buffers`, from the algorithm: the same list on every rank).
   void check_args(const char* kind, const std::vector<long long>& a, const std::string& problem, cudaStream_t s,
-                  const std::vector<const void*>& peer_buffers = {}) {
+                  Reached reach = {}, const void* in = nullptr, const void* out = nullptr) {
+    std::vector<const void*> peer_buffers;
+    if (reach.in) peer_buffers.push_back(in);
+    if (reach.out) peer_buffers.push_back(out);
     comm.agree_call(std::string("collectives.") + kind, "dtype, op, shape, dim, algorithm", a, problem, s, peer_buffers);
   }
 
@@ -245,7 +248,7 @@ struct Collectives::Impl {
                              " and output ", out, " overlap (the layouts differ: it cannot run in place)");
                  comm.peers(in, std::max<long long>(in_bytes, 1));
                  comm.peers(out, std::max<long long>(out_bytes, 1));
-               }), s, B == 0 || S == 0 ? std::vector<const void*>{} : std::vector<const void*>{out});
+               }), s, B == 0 || S == 0 ? Reached{} : reached_ulysses(), in, out);
     if (B == 0 || S == 0) return;
     const bool cap = runtime::capturing(s);
     order.before(s, cap);
@@ -283,12 +286,8 @@ struct Collectives::Impl {
         comm.peers(out, gather ? full_bytes : shard_bytes);
       }
     });
-    // Direct: all_gather pushes into every rank's output, reduce_scatter reads every rank's input
-    // (plan_shard_xfer); the other side is this rank's alone (in place, at its own shard).
-    const void* reached = gather ? out : in;
     check_args(gather ? "all_gather" : "reduce_scatter", shape_args(gather ? 1 : 2, t, op, full, dim, algo), problem, s,
-               local_buffers(algo) || full.numel() == 0 ? std::vector<const void*>{}
-                                                        : std::vector<const void*>{reached});
+               full.numel() == 0 ? Reached{} : reached(algo, gather), in, out);
     return algo;
   }
 
@@ -504,15 +503,9 @@ void Collectives::all_reduce(const void* in, void* out, size_t count, DType t, R
                    m.comm.peers(out, bytes);
                  }
                }),
-               s,
-               // One-shot reads every rank's input; two-shot also writes every rank's output; push
-               // writes the outputs only, but an automatic push whose scratch is not made yet may
-               // fall back to two-shot (whether the scratch exists is the same on every rank).
-               count == 0 || local_buffers(algo) ? std::vector<const void*>{}
-               : algo == AllReduceAlgo::one_shot ? std::vector<const void*>{in}
-               : algo == AllReduceAlgo::push && (m.algo == AllReduceAlgo::push || m.push_scratch)
-                   ? std::vector<const void*>{out}
-                   : std::vector<const void*>{in, out});
+               // Whether the push scratch exists is the same on every rank.
+               s, count == 0 ? Reached{} : reached(algo, m.algo == AllReduceAlgo::push || m.push_scratch.has_value()),
+               in, out);
   if (count == 0) return;
   m.order.before(s, cap);
   if (algo == AllReduceAlgo::ll) {

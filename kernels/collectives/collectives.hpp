@@ -52,6 +52,28 @@ enum class ShardAlgo : int { automatic = 0, direct = 1, ll = 2, ll128 = 3 };
 constexpr bool local_buffers(AllReduceAlgo a) { return a == AllReduceAlgo::ll || a == AllReduceAlgo::ll128; }
 constexpr bool local_buffers(ShardAlgo a) { return a == ShardAlgo::ll || a == ShardAlgo::ll128; }
 
+// Which of a call's buffers peers reach at this rank's place (Communicator::peers), from the plans:
+// the ones whose places the call agreement compares. The same answer on every rank.
+struct Reached {
+  bool in = false, out = false;
+};
+// all_reduce: one-shot reads every rank's input; two-shot also writes every rank's output; push
+// writes the outputs only, unless it may still fall back to two-shot (`push_settled` false: an
+// automatic push whose scratch is not made yet).
+constexpr Reached reached(AllReduceAlgo a, bool push_settled) {
+  return local_buffers(a)                     ? Reached{}
+         : a == AllReduceAlgo::one_shot       ? Reached{true, false}
+         : a == AllReduceAlgo::push && push_settled ? Reached{false, true}
+                                              : Reached{true, true};
+}
+// Direct all_gather pushes into every rank's output; direct reduce_scatter reads every rank's
+// input; the other side is this rank's alone (in place, at its own shard).
+constexpr Reached reached(ShardAlgo a, bool gather) {
+  return local_buffers(a) ? Reached{} : Reached{!gather, gather};
+}
+// The Ulysses all_to_all pushes into every rank's output.
+constexpr Reached reached_ulysses() { return Reached{false, true}; }
+
 class Collectives {
  public:
   static constexpr size_t kLLMaxBytes = size_t(1) << 20;

@@ -979,6 +979,19 @@ FAULTS = [
         }],
         "tests": ["test_collectives:Collectives.RejectsBuffersAtDifferentPlaces"],
     },
+    {
+        "name": "collectives_reached_shard_side_swapped",
+        "what": "collectives: the agreement compares the places of the wrong side of an all_gather / reduce_scatter "
+                "(the input of a gather, the output of a scatter), so ranks passing the reached side at different "
+                "places run, and an in-place call, whose other side is at a rank-dependent place, is refused",
+        "edits": [{
+            "file": "kernels/collectives/collectives.hpp",
+            "find": "  return local_buffers(a) ? Reached{} : Reached{!gather, gather};",
+            "replace": "  return local_buffers(a) ? Reached{} : Reached{gather, !gather};",
+        }],
+        "tests": ["test_collectives_schedule:Schedule.ReachedBuffersAreThoseThePlansReachOnPeers",
+                  "test_collectives:Collectives.RejectsBuffersAtDifferentPlaces"],
+    },
     # ---- CUDA-graph capture: counts read on the device (include/weave/runtime/running_counts.hpp) -----
     {
         "name": "running_counts_stay_on_host_under_capture",

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <map>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -228,6 +229,57 @@ TEST(Schedule, UlyssesBothWaysRoundTrip) {
 // The kernel's protocol: per call, block 0 of every rank signals "arrived" to every rank and
 // every block of every rank signals "done" to every rank; each rank waits for the running totals
 // the host computes with arrivals_per_call / dones_per_call. Grids vary from call to call.
+// The buffers whose places the call agreement compares (`reached`) are exactly those some rank's
+// plan reaches on a peer: a source on another rank is its input there, a destination its output.
+// Listing fewer would let ranks pass them at different places (a wrong answer); listing more would
+// refuse calls that work.
+TEST(Schedule, ReachedBuffersAreThoseThePlansReachOnPeers) {
+  std::mt19937 rng(9);
+  for (int W = 2; W <= 8; ++W) {
+    auto expect = [&](const std::string& what, Reached want, auto&& plan_of) {
+      bool in = false, out = false;
+      for (int r = 0; r < W; ++r) {
+        const Plan p = plan_of(r);
+        for (int j = 0; j < p.n; ++j) {
+          for (int i = 0; i < p.x[j].nsrc; ++i) in |= p.x[j].src_rank[i] != r;
+          for (int i = 0; i < p.x[j].ndst; ++i) out |= p.x[j].dst_rank[i] != r;
+        }
+      }
+      EXPECT_EQ(want.in, in) << what << ", W=" << W << ": the input";
+      EXPECT_EQ(want.out, out) << what << ", W=" << W << ": the output";
+    };
+    for (long long bytes : {16ll, 1000ll, 4096ll * W + 12, 1ll << 20}) {
+      const std::string n = " of " + std::to_string(bytes) + " bytes";
+      expect("one-shot all_reduce" + n, reached(AllReduceAlgo::one_shot, true),
+             [&](int r) { return plan_all_reduce(false, bytes, W, r); });
+      for (AllReduceAlgo a : {AllReduceAlgo::two_shot, AllReduceAlgo::push})  // push: before it settles
+        expect("two-shot all_reduce" + n, reached(a, false), [&](int r) { return plan_all_reduce(true, bytes, W, r); });
+    }
+    for (int trial = 0; trial < 40; ++trial) {
+      const Shape full = random_shape(rng);
+      if (full.numel() == 0) continue;  // no call: nothing compared
+      const int dim = rng() % full.ndim;
+      expect("direct all_gather", reached(ShardAlgo::direct, true),
+             [&](int r) { return plan_all_gather(full, dim, 4, W, r); });
+      expect("direct reduce_scatter", reached(ShardAlgo::direct, false),
+             [&](int r) { return plan_reduce_scatter(full, dim, 4, W, r); });
+    }
+    for (long long S : {1ll, 7ll, 33ll})
+      for (bool to_head : {true, false})
+        expect(std::string("ulysses ") + (to_head ? "seq_to_head" : "head_to_seq") + " S=" + std::to_string(S),
+               reached_ulysses(), [&](int r) { return plan_ulysses(to_head, 2, S, 2 * W, 8, 2, W, r); });
+  }
+  // Push once settled writes only the outputs (its pipeline, plan_push_all_reduce, reads this
+  // rank's input), and the LL family reaches neither (peers write only the library's scratch).
+  EXPECT_FALSE(reached(AllReduceAlgo::push, true).in);
+  EXPECT_TRUE(reached(AllReduceAlgo::push, true).out);
+  for (AllReduceAlgo a : {AllReduceAlgo::ll, AllReduceAlgo::ll128}) {
+    EXPECT_FALSE(reached(a, false).in || reached(a, false).out);
+  }
+  for (ShardAlgo a : {ShardAlgo::ll, ShardAlgo::ll128})
+    for (bool gather : {true, false}) EXPECT_FALSE(reached(a, gather).in || reached(a, gather).out);
+}
+
 TEST(Schedule, WaitsExpectExactlyTheSignalsSent) {
   std::mt19937 rng(5);
   for (int W = 2; W <= 8; ++W) {
