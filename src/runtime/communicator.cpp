@@ -114,6 +114,14 @@ struct Communicator::Impl {
                           calls->abort_reason());
   }
   char* base(int r) const { return reinterpret_cast<char*>(va + size_t(r) * heap_size); }
+  // Where a buffer lies: in this rank's heap, or in the first registration that holds all of
+  // [p, p + bytes) (null if none).
+  bool in_heap(const char* p) const { return p >= base(info.rank) && p < base(info.rank) + heap_size; }
+  const Registration* registration_of(const char* p, size_t bytes) const {
+    for (const Registration& g : regs)
+      if (p >= g.local && p + bytes <= g.local + g.bytes) return &g;
+    return nullptr;
+  }
   void teardown() noexcept;
 };
 
@@ -385,7 +393,7 @@ void Communicator::free(void* ptr) {
   Impl& m = *impl_;
   char* p = static_cast<char*>(ptr);
   char* b = m.base(m.info.rank);
-  WEAVE_CHECK(p >= b && p < b + m.heap_size, "free of ", ptr, ", which is not in the symmetric heap");
+  WEAVE_CHECK(m.in_heap(p), "free of ", ptr, ", which is not in the symmetric heap");
   m.alloc->free(size_t(p - b));
 }
 
@@ -393,7 +401,7 @@ void Communicator::release(void* ptr) {
   Impl& m = *impl_;
   char* p = static_cast<char*>(ptr);
   char* b = m.base(m.info.rank);
-  WEAVE_CHECK(p >= b && p < b + m.heap_size, "release of ", ptr, ", which is not in the symmetric heap");
+  WEAVE_CHECK(m.in_heap(p), "release of ", ptr, ", which is not in the symmetric heap");
   const long long off = p - b;
   // A pointer that is not a live allocation's start, or one released twice, would be freed on this
   // rank and not on its peers (or never), and the ranks' heaps would go apart.
@@ -465,11 +473,9 @@ void Communicator::agree_call(const std::string& op, const std::string& what, co
 long long Communicator::buffer_place(const void* p) const {
   const Impl& m = *impl_;
   const char* c = static_cast<const char*>(p);
-  const char* b = m.base(m.info.rank);
-  if (c >= b && c < b + m.heap_size) return static_cast<long long>(c - b);
-  for (const Registration& g : m.regs)
-    if (c >= g.local && c < g.local + g.bytes) return (g.serial << 44) + static_cast<long long>(c - g.local);
-  return -1;
+  if (m.in_heap(c)) return static_cast<long long>(c - m.base(m.info.rank));
+  const Registration* g = m.registration_of(c, 1);
+  return g ? (g->serial << 44) + static_cast<long long>(c - g->local) : -1;
 }
 
 void Communicator::abort_peers(const std::string& why) noexcept {
@@ -484,19 +490,17 @@ void Communicator::check_buffer(const char* who, const char* name, const void* p
   if (bytes == 0) return;
   WEAVE_CHECK(p != nullptr, who, ": ", name, " is a null pointer");
   const char* c = static_cast<const char*>(p);
-  const char* b = m.base(m.info.rank);
-  if (c >= b && c < b + m.heap_size) {
-    WEAVE_CHECK(m.alloc->contains(size_t(c - b), bytes), who, ": ", name, " needs ", bytes, " bytes from ", p,
-                ", which runs past its symmetric heap allocation");
+  if (m.in_heap(c)) {
+    WEAVE_CHECK(m.alloc->contains(size_t(c - m.base(m.info.rank)), bytes), who, ": ", name, " needs ", bytes,
+                " bytes from ", p, ", which runs past its symmetric heap allocation");
     return;
   }
-  for (const Registration& g : m.regs)
-    if (c >= g.local && c < g.local + g.bytes) {
-      WEAVE_CHECK(c + bytes <= g.local + g.bytes, who, ": ", name, " needs ", bytes, " bytes from ", p,
-                  ", which runs past its registered buffer (", g.bytes, " bytes from ", static_cast<void*>(g.local),
-                  ")");
-      return;
-    }
+  if (const Registration* g = m.registration_of(c, 1)) {
+    WEAVE_CHECK(c + bytes <= g->local + g->bytes, who, ": ", name, " needs ", bytes, " bytes from ", p,
+                ", which runs past its registered buffer (", g->bytes, " bytes from ", static_cast<void*>(g->local),
+                ")");
+    return;
+  }
   check_extent(who, name, p, bytes);
 }
 
@@ -505,19 +509,17 @@ PeerPtrs Communicator::peers(const void* ptr, size_t bytes) const {
   m.check_usable();
   PeerPtrs out{};
   const char* p = static_cast<const char*>(ptr);
-  const char* b = m.base(m.info.rank);
-  if (p >= b && p < b + m.heap_size) {
-    size_t off = size_t(p - b);
+  if (m.in_heap(p)) {
+    const size_t off = size_t(p - m.base(m.info.rank));
     WEAVE_CHECK(m.alloc->contains(off, bytes), "buffer ", ptr, " (", bytes,
                 " bytes) is in the symmetric heap but not inside one live allocation");
     for (int r = 0; r < m.info.world; ++r) out[r] = m.base(r) + off;
     return out;
   }
-  for (const Registration& g : m.regs)
-    if (p >= g.local && p + bytes <= g.local + g.bytes) {
-      for (int r = 0; r < m.info.world; ++r) out[r] = static_cast<char*>(g.ptrs[r]) + (p - g.local);
-      return out;
-    }
+  if (const Registration* g = m.registration_of(p, bytes)) {
+    for (int r = 0; r < m.info.world; ++r) out[r] = static_cast<char*>(g->ptrs[r]) + (p - g->local);
+    return out;
+  }
   throw Error(detail::concat("weave: buffer ", ptr, " (", bytes,
                              " bytes) is neither in the symmetric heap nor registered; allocate it with "
                              "Communicator::alloc or call Communicator::register_buffer first"));
@@ -527,9 +529,7 @@ void Communicator::register_buffer(void* ptr, size_t bytes) {
   Impl& m = *impl_;
   m.check_usable();
   WEAVE_CHECK(ptr && bytes, "register_buffer: null pointer or zero bytes");
-  const char* b = m.base(m.info.rank);
-  WEAVE_CHECK(!(static_cast<char*>(ptr) >= b && static_cast<char*>(ptr) < b + m.heap_size),
-              "register_buffer: ", ptr, " is in the symmetric heap already");
+  WEAVE_CHECK(!m.in_heap(static_cast<const char*>(ptr)), "register_buffer: ", ptr, " is in the symmetric heap already");
   CUdeviceptr base = 0;
   size_t size = 0;
   WEAVE_CU_CHECK(drv().memGetAddressRange(&base, &size, reinterpret_cast<CUdeviceptr>(ptr)));
