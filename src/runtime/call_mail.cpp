@@ -97,11 +97,12 @@ std::string render_plan(const std::vector<long long>& values, const std::string&
   return s + (n >= 5 && values[n - 4] ? ") while capturing a graph" : ")");
 }
 
-// Rank `me`'s and rank `r`'s differing posts of one call, for a message.
+// Rank `me`'s and rank `r`'s differing posts of one call, for a message. Equal up to the digest
+// (the operator's hash first: a posted name is cut at 32 characters), they differ in the places.
 std::string two_calls(int me, const std::vector<long long>& a, const std::string& a_op, int r,
                       const std::vector<long long>& b, const std::string& b_op) {
   const size_t n = a.size();
-  if (a_op == b_op && n == b.size() && n >= 3 && std::equal(a.begin(), a.end() - 3, b.begin()))
+  if (n == b.size() && n >= 3 && std::equal(a.begin(), a.end() - 3, b.begin()))
     return detail::concat("ranks ", me, " and ", r, " called ", render_plan(a, a_op),
                           " on buffers that peers reach at different places (each rank's must be at the same place ",
                           "of the symmetric heap or registered buffer)");
@@ -267,11 +268,9 @@ void CallMail::agree(const std::string& op, const std::string& what, const std::
     if (same_key(p)) {  // the same operator and arguments on other buffers
       std::string places;
       for (long long b : buffers) places += (places.empty() ? "" : ", ") + std::to_string(b);
-      return detail::concat("weave: ", call, ": ranks pass ", op, " buffers that peers reach at different places ",
-                            "(rank ", me, "'s: ", places.empty() ? "none" : places, "; rank ", r,
-                            "'s differ): a kernel reaches a peer's buffer at this rank's place in the symmetric heap ",
-                            "(or registered buffer), so every rank must pass its own buffer at the same place (a ",
-                            "symmetric tensor on one rank and an ordinary or another one on another cannot work)");
+      return detail::concat("weave: ", call, ": ", two_calls(me, mine, op, r, p.values, p.op), "; rank ", me,
+                            "'s places: ", places.empty() ? "none" : places,
+                            " (a symmetric tensor on one rank and an ordinary or another one on another cannot work)");
     }
     return detail::concat("weave: ", call, ": ranks call different operators or arguments (", what, "): rank ", me,
                           " calls ", render_plan(mine, op), ", rank ", r, " calls ", render_plan(p.values, p.op));
