@@ -27,9 +27,9 @@ bool default_epilogue(const Options& opt, bool f32_out) {
   return opt.a_layout == ALayout::MK && !f32_out && opt.bias_type == BiasType::None;
 }
 
-// The cluster tiles also need the communicator blocks in whole clusters (of `size` CTAs).
-bool clusters_allowed(const Options& opt, bool f32_out, int size = 2) {
-  return default_epilogue(opt, f32_out) && opt.lcsc.num_comm_sms % size == 0;
+// The 2-CTA cluster tiles also need the communicator blocks in whole clusters.
+bool clusters_allowed(const Options& opt, bool f32_out) {
+  return default_epilogue(opt, f32_out) && opt.lcsc.num_comm_sms % 2 == 0;
 }
 
 bool operands_aligned(int M, int N, int K, BLayout bl, const Options& opt) {
@@ -95,9 +95,6 @@ using Deep = GemmKernel<256, L, 4, 2>;
 // Big in clusters of 2 along M with B multicast.
 template <BLayout L>
 using Pair = GemmKernel<256, L, 3, 1, 2>;
-// Big in 2 x 2 clusters, B multicast along M and A along N.
-template <BLayout L>
-using Quad = GemmKernel<256, L, 3, 1, 2, ALayout::MK, bf16, false, 128, false, 2>;
 
 // The two main tiles with any layout pair and epilogue.
 template <template <BLayout, ALayout, class, bool> class Kern, class OutT, bool Bias>
@@ -151,11 +148,6 @@ Launch launch_choice(int M, int N, int K, BLayout bl, const Options& opt, bool f
                 bl == BLayout::NK ? "" : "B as K x N, ", "tile_cluster = ", opt.tile_cluster, ", split_k = ", opt.split_k);
     return {opt.tile, 1, blocks, opt.tile_n, 1};
   }
-  if (opt.tile == Tile::M128N256C4) {
-    WEAVE_CHECK(clusters_allowed(opt, f32_out, 4), "gemm: the 128x256c4 tile runs in clusters of 4 CTAs: num_comm_sms = ",
-                opt.lcsc.num_comm_sms, " must be a multiple of 4");
-    return {opt.tile, opt.split_k > 1 ? opt.split_k : 1, lcsc::plan_for<Quad<BLayout::NK>>(1LL << 40, wide).compute_blocks / 4};
-  }
   if (opt.tile != Tile::Auto) {
     const bool splittable = plain && (opt.tile == Tile::M128N256 || opt.tile == Tile::M128N256C2 ||
                                       opt.tile == Tile::M64N128 || opt.tile == Tile::M128N192 ||
@@ -194,9 +186,6 @@ lcsc::Plan dispatch(const bf16* A, const bf16* B, OutT* C, int M, int N, int K, 
     if (t == Tile::M128N256C2)
       return nk ? run<Pair<BLayout::NK>>(A, B, C, M, N, K, opt, group_m, stream, l)
                 : run<Pair<BLayout::KN>>(A, B, C, M, N, K, opt, group_m, stream, l);
-    if (t == Tile::M128N256C4)
-      return nk ? run<Quad<BLayout::NK>>(A, B, C, M, N, K, opt, group_m, stream, l)
-                : run<Quad<BLayout::KN>>(A, B, C, M, N, K, opt, group_m, stream, l);
     if (t == Tile::M128N256S4)
       return nk ? run<Deep<BLayout::NK>>(A, B, C, M, N, K, opt, group_m, stream)
                 : run<Deep<BLayout::KN>>(A, B, C, M, N, K, opt, group_m, stream);
@@ -261,7 +250,7 @@ void validate_args(const void* A, const void* B, const void* C, int M, int N, in
 void validate_tile(const Options& opt, bool f32_out) {
   const bool defaults = default_epilogue(opt, f32_out);
   const int tv = static_cast<int>(opt.tile);
-  WEAVE_CHECK(tv >= static_cast<int>(Tile::Auto) && tv <= static_cast<int>(Tile::M128N256C4), "gemm: unknown tile ",
+  WEAVE_CHECK(tv >= static_cast<int>(Tile::Auto) && tv <= static_cast<int>(Tile::SwappedW256), "gemm: unknown tile ",
               tv);
   if (opt.tile == Tile::SwappedW || opt.tile == Tile::SwappedW256) {
     const bool tall = opt.tile == Tile::SwappedW256;
@@ -277,9 +266,7 @@ void validate_tile(const Options& opt, bool f32_out) {
               f32_out ? ", an fp32 output" : "");
   WEAVE_CHECK(opt.tile != Tile::M128N192 || (opt.a_layout == ALayout::MK && !f32_out),
               "gemm: tile 128x192 supports only A as M x K and a bf16 output (use Auto, M128N256, M128N128 or M64N128)");
-  WEAVE_CHECK(defaults || (opt.tile != Tile::M128N256S4 && opt.tile != Tile::M128N256C2 &&
-                           opt.tile != Tile::M128N256C4),
-              "gemm: tile ",
+  WEAVE_CHECK(defaults || (opt.tile != Tile::M128N256S4 && opt.tile != Tile::M128N256C2), "gemm: tile ",
               tile_name(opt.tile), " supports only A as M x K, a bf16 output and no bias (use Auto, M128N256, ",
               "M128N128 or M64N128)");
 }
@@ -290,7 +277,6 @@ const char* tile_name(Tile t) {
     case Tile::M128N128: return "128x128";
     case Tile::M128N256S4: return "128x256s4";
     case Tile::M128N256C2: return "128x256c2";
-    case Tile::M128N256C4: return "128x256c4";
     case Tile::M64N128: return "64x128";
     case Tile::M128N192: return "128x192";
     case Tile::Swapped: return "swapped";

@@ -14,9 +14,6 @@ namespace weave::gemm {
 // M128N256S4: 128x256 with 4 stages and the output staged in two halves (more stages, a short
 // consumer wait between the halves).
 // M128N256C2: 128x256 in 2-CTA clusters along M that share B through TMA multicast.
-// M128N256C4: 128x256 in 2 x 2 clusters of 4 CTAs that share B along M and A along N (TMA
-// multicast of both): a quarter less L2 -> SM traffic per FLOP than M128N256C2, on fewer SMs
-// (clusters of 4 fit a GPC's SMs less well); num_comm_sms a multiple of 4.
 // M64N128: 64x128 for decode shapes (M <= 64): the two consumer warpgroups split N (64 x 64
 // each) over the same 64 rows of A, 8 stages.
 // M128N192: 128x192, 4 stages: a third more tiles than 128x256 on the same output, so that a
@@ -50,8 +47,7 @@ enum class Tile : int {
   Swapped = 7,
   M128Nw = 8,
   SwappedW = 9,
-  SwappedW256 = 10,
-  M128N256C4 = 11
+  SwappedW256 = 10
 };
 
 // Whether w is one of a tile's width list (kWideWidths, kSwappedWidths, kSwapped256Widths).
@@ -121,7 +117,7 @@ struct Options {
 // cannot address (K and N must be multiples of 8, and M too when A is K x M; pointers 16-byte
 // aligned), for an operand whose device allocation is shorter than the shape needs
 // (weave/common/extent.hpp), a bias type without a pointer (or the reverse), or a bad config.
-// The experimental tiles (M128N256S4, M128N256C2, M128N256C4) take only the defaults: A M x K, bf16 output,
+// The experimental tiles (M128N256S4, M128N256C2) take only the defaults: A M x K, bf16 output,
 // no bias; M128N192 takes A M x K and a bf16 output; M128Nw takes A M x K, B N x K, a bf16 output
 // and opt.tile_n in kWideWidths; Swapped takes M <= 16, A M x K, B N x K and no
 // communicator SMs; SwappedW takes A M x K, B N x K, a bf16 output without bias, opt.tile_n in
@@ -138,7 +134,7 @@ lcsc::Plan gemm(const __nv_bfloat16* A, const __nv_bfloat16* B, float* C, int M,
 struct Launch {
   Tile tile = Tile::M128N256;
   int splits = 1;   // K ranges of each item of the last partial round
-  int workers = 0;  // compute blocks (clusters for the cluster tiles) the split was planned for
+  int workers = 0;  // compute blocks (clusters for the cluster tile) the split was planned for
   int width = 0;    // Tile::M128Nw, SwappedW, SwappedW256: its width
   int cluster = 1;  // Tile::SwappedW: 2 = 2-CTA clusters multicasting the token tile
 };

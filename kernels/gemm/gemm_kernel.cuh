@@ -16,11 +16,6 @@
 // Cluster = 2: the two CTAs of a cluster compute vertically adjacent tiles (tile rows 2i and
 // 2i+1, same tile column), so they need the same B panel. Each loads its own A and half of B,
 // multicasting that half into both CTAs: B crosses L2 -> SM once per pair.
-// ClusterN = 2 as well (a 2 x 2 cluster of 4 CTAs, tile rows 2i, 2i+1 x tile columns 2j, 2j+1):
-// each CTA also loads half of its A rows and multicasts them into the CTA of the same tile row,
-// so a CTA pulls 64 A rows + 128 B rows per K step instead of 128 + 128 (a quarter less L2 -> SM
-// traffic per FLOP, what a pitch off the 128-byte grid, whose rows cost two L2 requests each, is
-// bound by).
 //
 // TransOut (the swapped 128 x w tile, Tile::SwappedW): the caller passes the weights W (N x K) as
 // A and the tokens X (M x K) as B, so that 128 weight rows sit on the wgmma's M side and the few
@@ -66,7 +61,7 @@ struct GemmEpilogueGlobals : GemmGlobals {
 };
 
 template <int BN_, BLayout L, int Stages, int OutParts = 1, int Cluster = 1, ALayout LA = ALayout::MK,
-          class OutT = tile::bf16, bool Bias = false, int BM_ = 128, bool TransOut = false, int ClusterN = 1>
+          class OutT = tile::bf16, bool Bias = false, int BM_ = 128, bool TransOut = false>
 struct GemmKernel {
   using bf16 = tile::bf16;
   static constexpr bool kF32Out = std::is_same_v<OutT, float>;
@@ -102,14 +97,9 @@ struct GemmKernel {
   static constexpr int kConsumerRegs = 232;  // (40 + 2 * 232) * 128 = 64,512 of 65,536
   static constexpr int kReleaseLag = 1;
   static constexpr int kOutputParts = OutParts;
-  static constexpr int kClusterSize = Cluster * ClusterN;
-  static constexpr int kClusterN = ClusterN;
-  static constexpr int kBRowsPerCta = BN_ / Cluster;    // NK: B rows each CTA loads (and multicasts)
-  static constexpr int kARowsPerCta = BM_ / ClusterN;  // A rows each CTA loads (and multicasts)
+  static constexpr int kClusterSize = Cluster;
+  static constexpr int kBRowsPerCta = BN_ / Cluster;  // NK: B rows each CTA loads (and multicasts)
   static_assert(Cluster == 1 || Cluster == 2, "clusters of 1 or 2 along M");
-  static_assert(ClusterN == 1 || (ClusterN == 2 && Cluster == 2 && BM_ == 128 && LA == ALayout::MK && !TransOut &&
-                                  OutParts == 1 && !kDenseOut),
-                "2 CTAs along N only in 2 x 2 clusters of the 128-row tile with A as M x K");
   static constexpr int kPartCols = BN_ / OutParts;
   static constexpr int kWPartCols = BM_ == 128 ? kPartCols : BN_ / 2;  // one consumer's columns of a part
   // Output columns per staging row block (TransOut: C's columns, i.e. 64 of the tile's rows).
@@ -140,26 +130,16 @@ struct GemmKernel {
   };
   using ConsumerState = std::conditional_t<kMSub == 2, ConsumerStateTwo, ConsumerStateOne>;
 
-  static __host__ __device__ int num_work(const Globals& g) {
-    return (g.tiles_m + Cluster - 1) / Cluster * ((g.tiles_n + ClusterN - 1) / ClusterN);
-  }
+  static __host__ __device__ int num_work(const Globals& g) { return (g.tiles_m + Cluster - 1) / Cluster * g.tiles_n; }
   static __device__ __forceinline__ int num_iters(const Globals& g, int) { return (g.K + BK - 1) / BK; }
   static __device__ __forceinline__ TileCoord coord(const Globals& g, int w) {
     if constexpr (Cluster == 1) {
       return grouped_tile(w, g.tiles_m, g.tiles_n, g.group_m);
-    } else if constexpr (ClusterN == 1) {
+    } else {
       const int group = g.group_m / Cluster > 0 ? g.group_m / Cluster : 1;
       TileCoord t = grouped_tile(w, (g.tiles_m + Cluster - 1) / Cluster, g.tiles_n, group);
       t.m = t.m * Cluster + static_cast<int>(tile::cluster::ctarank());
       return t;  // t.m may equal tiles_m (odd tile rows): loads zero-fill, the store is skipped
-    } else {
-      // Rank r is tile row r % Cluster, tile column r / Cluster of the cluster's 2 x 2 tiles.
-      const int r = static_cast<int>(tile::cluster::ctarank());
-      const int group = g.group_m / Cluster > 0 ? g.group_m / Cluster : 1;
-      TileCoord t = grouped_tile(w, (g.tiles_m + Cluster - 1) / Cluster, (g.tiles_n + ClusterN - 1) / ClusterN, group);
-      t.m = t.m * Cluster + r % Cluster;
-      t.n = t.n * ClusterN + r / Cluster;
-      return t;  // t.m may equal tiles_m, t.n tiles_n (odd counts): loads zero-fill, nothing is stored
     }
   }
 
@@ -174,16 +154,7 @@ struct GemmKernel {
   static __device__ __forceinline__ void load(const Globals& g, Stage& s, tile::Mbarrier& full, const TileCoord& t,
                                               int it) {
     const int k0 = it * BK;
-    if constexpr (ClusterN > 1) {
-      // Half of A's rows (by tile column) into both CTAs of this tile row: ranks r % Cluster + Cluster j.
-      const int r = static_cast<int>(tile::cluster::ctarank());
-      const int rn = r / Cluster;
-      uint16_t row_peers = 0;
-#pragma unroll
-      for (int j = 0; j < ClusterN; ++j) row_peers |= static_cast<uint16_t>(1u << (r % Cluster + Cluster * j));
-      tile::tma::load_2d_multicast(s.a + rn * kARowsPerCta * BK, &g.a, &full, k0, t.m * BM + rn * kARowsPerCta,
-                                   row_peers);
-    } else if constexpr (LA == ALayout::MK) {
+    if constexpr (LA == ALayout::MK) {
       tile::tma::load_2d(s.a, &g.a, &full, k0, t.m * BM);
     } else {
       // One 64 (M) x 64 (K) box per consumer warpgroup: a box's 128-byte rows hold 64 M of one k.
@@ -193,11 +164,8 @@ struct GemmKernel {
     if constexpr (Cluster == 1) {
       load_b(&g.b, s, full, k0, t.n);
     } else {
-      // Half of B's rows (by tile row) into both CTAs of this tile column: ranks Cluster (r / Cluster) + i.
-      const int rank = static_cast<int>(tile::cluster::ctarank());
-      const int r = ClusterN == 1 ? rank : rank % Cluster;
-      const uint16_t all = ClusterN == 1 ? static_cast<uint16_t>((1u << Cluster) - 1)
-                                         : static_cast<uint16_t>(((1u << Cluster) - 1) << (rank - r));
+      const int r = static_cast<int>(tile::cluster::ctarank());
+      constexpr uint16_t all = (1u << Cluster) - 1;
       if constexpr (L == BLayout::NK) {
         tile::tma::load_2d_multicast(s.b + r * kBRowsPerCta * BK, &g.b, &full, k0, t.n * BN + r * kBRowsPerCta, all);
       } else {

@@ -26,7 +26,7 @@ lcsc::Plan run(const __nv_bfloat16* A, const __nv_bfloat16* B, OutT* C, int M, i
   if constexpr (Kern::kALayout == ALayout::KM)
     g.a = tile::encode(tile::tma_2d(A, K, M, M, 64, 64, Swizzle::B128));  // one 64 x 64 box per consumer
   else
-    g.a = tile::encode(tile::tma_2d(A, M, K, K, Kern::kARowsPerCta, 64, Swizzle::B128));
+    g.a = tile::encode(tile::tma_2d(A, M, K, K, Kern::BM, 64, Swizzle::B128));
   if constexpr (Kern::kBLayout == BLayout::NK)
     g.b = tile::encode(tile::tma_2d(B, N, K, K, Kern::kBRowsPerCta, 64, Swizzle::B128));
   else

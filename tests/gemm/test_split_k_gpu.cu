@@ -109,7 +109,6 @@ TEST(GemmSplitK, WholeDevice) {
     run_calls({200, 4104, 11016, bl, gemm::Tile::M128N256, 0, false, 5}, 2);
     run_calls({1000, 13832, 5128, bl, gemm::Tile::M128N256C2, 0, false, 2}, 2);
     run_calls({2047, 5128, 13832, bl, gemm::Tile::M128N256C2, 0, false, 3}, 1);
-    run_calls({1000, 13832, 5128, bl, gemm::Tile::M128N256C4, 0, false, 3}, 2);
     run_calls({1, 4096, 11008, bl, gemm::Tile::M64N128, 0, false, 4}, 2);
     run_calls({64, 5128, 13832, bl, gemm::Tile::M64N128, 0, false, 3}, 2);
     run_calls({33, 1000, 520, bl, gemm::Tile::M64N128, 5, false, 4}, 2);
@@ -122,7 +121,6 @@ TEST(GemmSplitK, FewWorkersManySplits) {
   run_calls({300, 1000, 2056, gemm::BLayout::NK, gemm::Tile::M128N256, 7, false, 16}, 3);
   run_calls({129, 520, 8200, gemm::BLayout::KN, gemm::Tile::M128N256, 5, false, 7}, 3);
   run_calls({385, 776, 1032, gemm::BLayout::NK, gemm::Tile::M128N256C2, 6, false, 4}, 3);
-  run_calls({385, 776, 1032, gemm::BLayout::NK, gemm::Tile::M128N256C4, 8, false, 4}, 3);  // odd both ways
   run_calls({64, 264, 64, gemm::BLayout::NK, gemm::Tile::M128N256, 3, false, 4}, 2);
 }
 
@@ -131,7 +129,6 @@ TEST(GemmSplitK, Accumulate) {
   run_calls({333, 2056, 4104, gemm::BLayout::NK, gemm::Tile::M128N256, 9, true, 3}, 2);
   run_calls({16, 4096, 14336, gemm::BLayout::KN, gemm::Tile::M128N256, 0, true, 8}, 2);
   run_calls({385, 776, 1032, gemm::BLayout::KN, gemm::Tile::M128N256C2, 6, true, 2}, 2);
-  run_calls({300, 600, 1032, gemm::BLayout::KN, gemm::Tile::M128N256C4, 12, true, 3}, 2);
   run_calls({40, 2056, 4104, gemm::BLayout::NK, gemm::Tile::M64N128, 0, true, 5}, 2);
 }
 

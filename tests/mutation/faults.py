@@ -87,19 +87,6 @@ FAULTS = [
         "tests": ["test_gemm_gpu:Gemm.Swapped256Tiles"],
         "bench": [{"ranks": 1, "args": "gemm --shapes 1000x1000x2048 --tile sw256x144 --target-ms 2"}],
     },
-    {
-        "name": "gemm_quad_cluster_a_halves_swapped",
-        "what": "the 2 x 2 cluster tile (128x256c4) loads each CTA's half of the A rows from the other half's "
-                "rows: every tile's two 64-row halves computed from each other's A rows",
-        "edits": [{
-            "file": "kernels/gemm/gemm_kernel.cuh",
-            "find": "k0, t.m * BM + rn * kARowsPerCta,",
-            "replace": "k0, t.m * BM + (ClusterN - 1 - rn) * kARowsPerCta,",
-        }],
-        "tests": ["test_gemm_gpu:Gemm.RaggedShapesBothLayoutsBothTiles:Gemm.LargeSquare",
-                  "test_split_k_gpu"],
-        "bench": [{"ranks": 1, "args": "gemm --shapes 1000x1032x1032 --tile 256c4 --target-ms 2"}],
-    },
     # ---- GEMM + reduce-scatter (kernels/gemm_rs) -------------------------------------------------
     {
         "name": "gemm_rs_drop_rank_contribution_one_tile",

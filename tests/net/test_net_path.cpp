@@ -334,6 +334,13 @@ TEST(NetPath, CallAgreement) {
       const bool ok = r == 1 ? has(e.what(), "rank 1's buffer is short") : has(e.what(), "rank 1 rejected its arguments");
       report += ok ? "problem ok; " : std::string("problem message: ") + e.what() + "; ";
     }
+    try {  // a rank's problem that also changes its key (a buffer outside the heap has no place)
+      (void)x.agree({net::kOpReduceScatter, 400, r == 1 ? 7 : 1}, r == 1 ? "rank 1's buffer is outside the heap" : "");
+      report += "a rank's problem with its own key agreed; ";
+    } catch (const weave::Error& e) {
+      const bool ok = r == 1 ? has(e.what(), "outside the heap") : has(e.what(), "rank 1 rejected its arguments");
+      report += ok ? "problem key ok; " : std::string("problem key message: ") + e.what() + "; ";
+    }
     (void)x.agree(x.C);  // usable after both: no rank launched
     // Steady state, keys alternating: rank 1 sleeps first; rank 0's agreed calls, fewer than the
     // ring holds, must not wait for it. Then three rings more on both (rank 0 waits where it would
@@ -362,7 +369,8 @@ TEST(NetPath, CallAgreement) {
     return report;
   });
   for (int r = 0; r < 2; ++r)
-    EXPECT_TRUE(out[r].returned && out[r].text == "mismatch ok; problem ok; agreed-key problem ok; ") << describe(out);
+    EXPECT_TRUE(out[r].returned && out[r].text == "mismatch ok; problem ok; problem key ok; agreed-key problem ok; ")
+        << describe(out);
 }
 
 // A rank with a problem on an agreed key posts that it waits for a joint verdict; a peer that finds
