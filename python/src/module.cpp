@@ -214,11 +214,11 @@ void bind_plans(py::module_& m) {
   m.def("plan_all_reduce", &plan::all_reduce);
   m.def("plan_all_gather", [](const Spec& x, int64_t dim, int64_t full, int rank, int world) {
     const auto p = plan::all_gather(x, dim, full, rank, world);
-    return py::make_tuple(p.out, p.dim);
+    return py::make_tuple(p.out, p.dim, p.full, p.cdim);  // the output, and the collective's shape and dim
   });
   m.def("plan_reduce_scatter", [](const Spec& x, int64_t dim, int rank, int world) {
     const auto p = plan::reduce_scatter(x, dim, rank, world);
-    return py::make_tuple(p.out, p.dim);
+    return py::make_tuple(p.out, p.dim, p.full, p.cdim);
   });
   m.def("plan_all_to_all", [](const Spec& x, const std::string& direction, int64_t seq_len, int rank, int world) {
     return plan::all_to_all(x, direction, seq_len, rank, world).out;

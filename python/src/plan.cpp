@@ -70,16 +70,17 @@ void check_collective(const char* op, const Spec& x) {
   check_contiguous(op, "x", x);
 }
 
-// The C++ shape (at most 3 dims: before, along, after `dim`, sizes of 1 dropped) and its dim.
+// The C++ shape (at most 3 dims: before, along, after `dim`, sizes of 1 dropped) and its dim. A
+// size of 0 stays: the tensor is empty, and so must the collective be.
 void collapse(const Shape& shape, int64_t dim, ShardPlan& p) {
   long long before = 1, after = 1;
   for (int64_t i = 0; i < dim; ++i) before *= shape[i];
   for (size_t i = dim + 1; i < shape.size(); ++i) after *= shape[i];
   p.full.clear();
-  if (before > 1) p.full.push_back(before);
+  if (before != 1) p.full.push_back(before);
   p.full.push_back(shape[dim]);
-  if (after > 1) p.full.push_back(after);
-  p.cdim = before > 1 ? 1 : 0;
+  if (after != 1) p.full.push_back(after);
+  p.cdim = before != 1 ? 1 : 0;
 }
 
 // An fp32 scale tensor: one value (shape empty) or exactly `shape`, contiguous.

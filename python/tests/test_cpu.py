@@ -98,6 +98,24 @@ def test_shard_rule(as_rank):
     assert sizes == [(0, 4), (4, 3), (7, 3)]
 
 
+def test_collective_shape_keeps_empty_dimensions():
+    """The shape all_gather / reduce_scatter hand the C++ collective (sizes of 1 dropped, at most
+    three dims): a size of 0 before or after the dimension stays, so an empty tensor is an empty
+    collective, not one of the other dimensions' size."""
+    from weave._ops import _spec
+    lib = weave._lib.lib()
+    out, dim, full, cdim = lib.plan_all_gather(_spec(meta(0, 4, 5)), 1, -1, 1, 3)
+    assert tuple(out) == (0, 12, 5) and (list(full), cdim) == ([0, 12, 5], 1)
+    out, dim, full, cdim = lib.plan_all_gather(_spec(meta(4, 6, 0)), 1, -1, 1, 3)
+    assert tuple(out) == (4, 18, 0) and (list(full), cdim) == ([4, 18, 0], 1)
+    _, _, full, cdim = lib.plan_all_gather(_spec(meta(1, 6, 1)), 1, -1, 1, 3)
+    assert (list(full), cdim) == ([18], 0)
+    _, _, full, cdim = lib.plan_reduce_scatter(_spec(meta(0, 10, 4)), 1, 0, 3)
+    assert (list(full), cdim) == ([0, 10, 4], 1)
+    _, _, full, cdim = lib.plan_reduce_scatter(_spec(meta(2, 10, 4)), 1, 0, 3)
+    assert (list(full), cdim) == ([2, 10, 4], 1)
+
+
 @pytest.mark.parametrize("dtype", [BF, F16, F32])
 def test_collective_shapes(as_rank, dtype):
     as_rank(1, 3)

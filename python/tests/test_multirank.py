@@ -45,6 +45,20 @@ def test_all_reduce(env, dtype, n):
     check_close(y, ref, 2 * W * EPS[dtype] * sum(x.float().abs() for x in xs) + 1e-30, f"all_reduce {dtype} {n}")
 
 
+def test_empty_tensors(env):
+    """Tensors with a dimension of 0 before or after the gathered one: empty results of the right
+    shapes on every rank, and the ops usable after them (the plan once handed the collective the
+    other dimensions' size instead of an empty shape)."""
+    rank, W, seed = env
+    assert weave.all_gather(torch.empty((0, 3, 5), dtype=BF, device="cuda"), 1).shape == (0, 3 * W, 5)
+    assert weave.all_gather(torch.empty((4, 3, 0), dtype=F32, device="cuda"), 1).shape == (4, 3 * W, 0)
+    y = weave.reduce_scatter(torch.empty((0, 2 * W + 1, 4), dtype=BF, device="cuda"), 1)
+    assert y.shape == (0, _share(2 * W + 1, W, rank), 4)
+    assert weave.all_reduce(torch.empty((0, 7), dtype=F32, device="cuda")).shape == (0, 7)
+    xs = [rand((5, 7), F32, seed, "empty-after", r) for r in range(W)]
+    assert torch.equal(weave.all_gather(xs[rank], 0), torch.cat(xs, 0)), "all_gather after the empty calls"
+
+
 @pytest.mark.parametrize("dtype", [BF, F32])
 @pytest.mark.parametrize("shape, dim", [((2 * 64 + 1,), 0), ((5, 77, 3), 1), ((6, 7, 33), -1)])
 def test_all_gather_reduce_scatter(env, dtype, shape, dim):

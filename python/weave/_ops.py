@@ -133,12 +133,12 @@ def _all_reduce_fake(x, group_name):
 
 
 def _all_gather_fake(x, dim, full_size, group_name):
-    out, _ = lib().plan_all_gather(_spec(x), dim, full_size, *_comm.group_rank_world(group_name))
+    out = lib().plan_all_gather(_spec(x), dim, full_size, *_comm.group_rank_world(group_name))[0]
     return x.new_empty(out)
 
 
 def _reduce_scatter_fake(x, dim, group_name):
-    out, _ = lib().plan_reduce_scatter(_spec(x), dim, *_comm.group_rank_world(group_name))
+    out = lib().plan_reduce_scatter(_spec(x), dim, *_comm.group_rank_world(group_name))[0]
     return x.new_empty(out)
 
 
