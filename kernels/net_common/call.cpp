@@ -202,15 +202,20 @@ AgreedCall agree(NetPath& path, AgreedKeys& agreed, const std::vector<long long>
   }
   bool launched = false;
   for (int r = 0; r < world; ++r) launched |= r != me && all[r].launched();
-  // This rank's own problem first: it names the argument. Then a peer's problem, before the plans:
-  // a rank that rejects its arguments may post a plan that differs because of them (a buffer
+  // This rank's own problem first: it names the argument. Then a peer's own problem (a rejecting
+  // post that waits for the verdict; one that does not rejected a differing plan it read), before
+  // the plans: such a rank may post a plan that differs because of its arguments (a buffer
   // outside the heap has no place there to agree on), and its own error says why.
+  const auto rejects = [&](int r) {
+    return concat(call, " (", plan, "): rank ", r, " rejected its arguments (its error says why); every rank rejects the call");
+  };
   std::string verdict = problem;
   for (int r = 0; r < world && verdict.empty(); ++r)
-    if (all[r].rejected)
-      verdict = concat(call, " (", plan, "): rank ", r, " rejected its arguments (its error says why); every rank rejects the call");
+    if (all[r].rejected && all[r].together) verdict = rejects(r);
   for (int r = 0; r < world && verdict.empty(); ++r)
     if (!mine.same_plan(all[r])) verdict = differ(r, all[r]);
+  for (int r = 0; r < world && verdict.empty(); ++r)
+    if (all[r].rejected) verdict = rejects(r);
   if (!verdict.empty() && launched) {
     path.abort(verdict);  // a peer launched regardless: its kernel is released by the path's failure
     throw Error(verdict);
