@@ -272,8 +272,8 @@ struct GemmKernel {
       const uint32_t byte = static_cast<uint32_t>(col % 32) * 4u;
       const uint32_t a0 = base + blk + tile::swizzled_offset(tile::Swizzle::B128, row, byte);
       const uint32_t a1 = base + blk + tile::swizzled_offset(tile::Swizzle::B128, row + 8, byte);
-      asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(a0), "f"(st.d[4 * j + 0]), "f"(st.d[4 * j + 1]) : "memory");
-      asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(a1), "f"(st.d[4 * j + 2]), "f"(st.d[4 * j + 3]) : "memory");
+      tile::st_shared_v2(a0, st.d[4 * j + 0], st.d[4 * j + 1]);
+      tile::st_shared_v2(a1, st.d[4 * j + 2], st.d[4 * j + 3]);
     }
   }
 

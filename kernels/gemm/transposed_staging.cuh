@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "weave/tile/fragment.cuh"
 #include "weave/tile/mbarrier.cuh"
 #include "weave/tile/tma.cuh"
 #include "weave/tile/swizzle.hpp"
@@ -30,7 +31,7 @@ __device__ __forceinline__ void store_accumulator_transposed(tile::bf16* block, 
       const uint32_t row = t + (e & 1), byte = 2 * (r + 8 * (e >> 1));
       const uint32_t a = base + tile::swizzled_offset(tile::Swizzle::B128, row, byte);
       const tile::bf16 v = __float2bfloat16_rn(d[4 * j + e]);
-      asm volatile("st.shared.b16 [%0], %1;" ::"r"(a), "h"(*reinterpret_cast<const unsigned short*>(&v)) : "memory");
+      tile::st_shared_b16(a, __bfloat16_as_ushort(v));
     }
   }
 }

@@ -23,6 +23,7 @@
 #include "moe/exchange_plan.hpp"
 #include "weave/pdl.cuh"
 #include "weave/signal.cuh"
+#include "weave/tile/warpgroup.cuh"
 
 namespace weave::moe::detail {
 
@@ -30,12 +31,6 @@ constexpr int kWalkWarps = 4;
 constexpr int kPushThreads = 512;
 constexpr int kCountThreads = 1024;
 constexpr int kCopyUnroll = 4;
-
-__device__ __forceinline__ unsigned lanemask_lt() {
-  unsigned m;
-  asm("mov.u32 %0, %%lanemask_lt;" : "=r"(m));
-  return m;
-}
 
 // One warp per chunk of kChunkEntries (token * k + slot) entries, walked 32 at a time in order:
 // lanes with the same expert find each other (match), so each entry's cursor is the chunk's
@@ -77,7 +72,7 @@ __global__ void __launch_bounds__(kWalkWarps * 32) route_walk(const __grid_const
       }
     }
     const unsigned same = __match_any_sync(0xffffffffu, e);
-    const int before = __popc(same & lanemask_lt());
+    const int before = __popc(same & tile::lanemask_lt());
     const int pos = e >= 0 ? cur[e] + before : -1;
     __syncwarp();
     if (e >= 0 && before == 0) cur[e] += __popc(same);

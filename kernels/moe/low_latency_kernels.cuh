@@ -34,6 +34,7 @@
 #include "weave/memory_order.cuh"
 #include "weave/pdl.cuh"
 #include "weave/signal.cuh"
+#include "weave/tile/warpgroup.cuh"
 
 namespace weave::moe::ll {
 
@@ -69,12 +70,6 @@ struct LlArgs {
   Round round;               // the set's round (read after pdl_enter: a device cell once captured)
   unsigned long long per_round;  // (W - 1) B
 };
-
-__device__ __forceinline__ unsigned ll_lanemask_lt() {
-  unsigned m;
-  asm("mov.u32 %0, %%lanemask_lt;" : "=r"(m));
-  return m;
-}
 
 // The block's stores, released to every peer (signal_all's release pattern, without this rank).
 __device__ __forceinline__ void signal_peers(const signals& s, int index) {
@@ -138,7 +133,7 @@ __device__ __forceinline__ void pack_token(const LlArgs& a, DispatchShared& sh, 
     const unsigned has = __ballot_sync(0xffffffffu, code != kLlNoSlot);
     if (code != kLlNoSlot) {
       const int row = ll_packed_row(code, sh.off, W, s, a.row_stride);
-      sh.dst[__popc(has & ll_lanemask_lt())] = reinterpret_cast<int4*>(a.recv + static_cast<long long>(row) * a.H);
+      sh.dst[__popc(has & tile::lanemask_lt())] = reinterpret_cast<int4*>(a.recv + static_cast<long long>(row) * a.H);
       a.meta[row] = LlRowMeta{s, t, tid, a.g.expert(me, ll_code_local(code))};
     }
     if (tid == 0) sh.ndst = __popc(has);
@@ -348,7 +343,7 @@ __global__ void __launch_bounds__(kLlThreads, 2) ll_combine(const __grid_constan
           if (tid < k) code = __ldcg(a.route[me] + (static_cast<long long>(s) * a.max_tokens + t) * k + tid);
           const unsigned has = __ballot_sync(0xffffffffu, code != kLlNoSlot);
           if (code != kLlNoSlot) {
-            const int p = __popc(has & ll_lanemask_lt());
+            const int p = __popc(has & tile::lanemask_lt());
             const int row = ll_packed_row(code, sh.off, W, s, a.row_stride);
             sh.src[p] = reinterpret_cast<const int4*>(a.y + static_cast<long long>(row) * a.H);
             sh.dst[p] = reinterpret_cast<int4*>(a.landing[s] + ll_landing_row(t, tid, k) * a.H);

@@ -15,6 +15,14 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t
                : "memory");
 }
 
+// One thread's plain shared stores (an fp32 pair; one 16-bit value), at a shared-window address.
+__device__ __forceinline__ void st_shared_v2(uint32_t addr, float x, float y) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(x), "f"(y) : "memory");
+}
+__device__ __forceinline__ void st_shared_b16(uint32_t addr, unsigned short v) {
+  asm volatile("st.shared.b16 [%0], %1;" ::"r"(addr), "h"(v) : "memory");
+}
+
 // Writes one warpgroup's 64xN fp32 accumulator (wgmma layout) as 16-bit T into a shared tile
 // stored as N/64 column blocks, each `block_rows` rows of 128 bytes with the 128B swizzle (the
 // layout a TMA store with a {64, block_rows} box and SWIZZLE_128B reads). `row0` is the

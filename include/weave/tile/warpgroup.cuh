@@ -10,6 +10,12 @@ constexpr int kWarpgroupThreads = 128;
 __device__ __forceinline__ int warpgroup_index() { return __shfl_sync(0xffffffff, threadIdx.x / kWarpgroupThreads, 0); }
 __device__ __forceinline__ int warp_in_warpgroup() { return __shfl_sync(0xffffffff, (threadIdx.x / 32) % 4, 0); }
 __device__ __forceinline__ int lane_id() { return threadIdx.x & 31; }
+// The lanes below this one (bit i for lane i < lane_id()): a lane's rank among the set bits of a ballot.
+__device__ __forceinline__ unsigned lanemask_lt() {
+  unsigned m;
+  asm("mov.u32 %0, %%lanemask_lt;" : "=r"(m));
+  return m;
+}
 
 // setmaxnreg: every warp of the warpgroup executes it; counts are multiples of 8 in [24, 256].
 // The producer gives registers back so that the consumers' 64xN fp32 accumulators fit.
