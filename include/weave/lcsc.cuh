@@ -306,26 +306,6 @@ __device__ __forceinline__ int work_stride(int compute_blocks) {
 }
 
 template <class K>
-__device__ __forceinline__ void run_loader(const typename K::Globals& g, SharedStorage<K>& s, int compute_blocks) {
-  tile::PipeState<K::kStages> ps;
-  K::prologue(g);
-  const int work = K::num_work(g);
-  for (int w = first_work<K>(); w < work; w += work_stride<K>(compute_blocks)) {
-    const int iters = K::num_iters(g, w);
-    auto t = [&] {
-      if constexpr (HasTileOf<K>::value) return K::tile_of(g, w);
-      else return w;
-    }();
-    for (int it = 0; it < iters; ++it) {
-      s.empty[ps.index].wait(ps.phase ^ 1);
-      s.full[ps.index].arrive_expect_tx(K::kStageTxBytes);
-      K::load(g, s.stage[ps.index], s.full[ps.index], t, it);
-      ps.advance();
-    }
-  }
-}
-
-template <class K>
 __device__ __forceinline__ void release(SharedStorage<K>& s, uint32_t index) {
   __syncwarp();
   if (tile::lane_id() == 0) {
@@ -356,75 +336,6 @@ struct ConsumerPipe {
   }
   __device__ __forceinline__ void release(uint32_t index) { detail::release<K>(s, index); }
 };
-
-template <class K>
-__device__ __forceinline__ void run_consumer(const typename K::Globals& g, SharedStorage<K>& s, int compute_blocks,
-                                             int c) {
-  tile::PipeState<K::kStages> ps;
-  uint32_t out_phase = 0;
-  typename K::ConsumerState st;
-  const int work = K::num_work(g);
-  for (int w = first_work<K>(); w < work; w += work_stride<K>(compute_blocks)) {
-    const int iters = K::num_iters(g, w);
-    if constexpr (OwnsKLoop<K>::value) {
-      ConsumerPipe<K> pipe{s, ps};
-      K::consume_range(g, st, pipe, w, 0, iters, c);
-    } else {
-      uint32_t prev = 0;
-      for (int it = 0; it < iters; ++it) {
-        s.full[ps.index].wait(ps.phase);
-        K::consume(g, st, s.stage[ps.index], w, it, c);
-        if constexpr (K::kReleaseLag == 1) {
-          if (it > 0) release<K>(s, prev);
-          prev = ps.index;
-        } else {
-          release<K>(s, ps.index);
-        }
-        ps.advance();
-      }
-      K::drain(st);
-      if constexpr (K::kReleaseLag == 1)
-        if (iters > 0) release<K>(s, prev);
-    }
-#pragma unroll 1
-    for (int part = 0; part < K::kOutputParts; ++part) {
-      s.out_empty.wait(out_phase ^ 1);
-      K::finish(g, st, s.out, w, c, part);
-      tile::fence_proxy_async_shared();  // the storer's TMA (async proxy) reads what we wrote
-      __syncwarp();
-      if (tile::lane_id() == 0) s.out_full.arrive();
-      out_phase ^= 1;
-    }
-  }
-}
-
-template <class K>
-__device__ __forceinline__ void run_storer(const typename K::Globals& g, SharedStorage<K>& s, int compute_blocks) {
-  uint32_t out_phase = 0;
-  const int work = K::num_work(g);
-  for (int w = first_work<K>(); w < work; w += work_stride<K>(compute_blocks)) {
-    for (int part = 0; part < K::kOutputParts; ++part) {
-      s.out_full.wait(out_phase);
-      K::store(g, s.out, w, part);
-      tile::tma::commit_group();
-      tile::tma::wait_group_read<0>();
-      s.out_empty.arrive();
-      out_phase ^= 1;
-    }
-  }
-  tile::tma::wait_group<0>();
-  if constexpr (HasStoreDone<K>::value) K::store_done(g, compute_blocks);
-}
-
-// ---- Dynamic tasks. The per-item bodies below are the static loops' (run_loader, run_consumer,
-// run_storer) as functions; the static loops keep theirs inline because moving them into these
-// functions changed the GEMM kernels' SASS scheduling (same PTX up to register names), which no
-// GPU has measured yet (docs/perf-notes.md, 2026-12-04 fifth session).
-
-template <class K>
-__device__ __forceinline__ TaskRing& task_ring(SharedStorage<K>& s) {
-  return reinterpret_cast<DynamicStorage<K>&>(s).ring;
-}
 
 template <class K>
 __device__ __forceinline__ void load_work(const typename K::Globals& g, SharedStorage<K>& s,
@@ -489,6 +400,42 @@ __device__ __forceinline__ void store_work(const typename K::Globals& g, SharedS
     s.out_empty.arrive();
     out_phase ^= 1;
   }
+}
+
+template <class K>
+__device__ __forceinline__ void run_loader(const typename K::Globals& g, SharedStorage<K>& s, int compute_blocks) {
+  tile::PipeState<K::kStages> ps;
+  K::prologue(g);
+  const int work = K::num_work(g);
+  for (int w = first_work<K>(); w < work; w += work_stride<K>(compute_blocks)) load_work<K>(g, s, ps, w);
+}
+
+template <class K>
+__device__ __forceinline__ void run_consumer(const typename K::Globals& g, SharedStorage<K>& s, int compute_blocks,
+                                             int c) {
+  tile::PipeState<K::kStages> ps;
+  uint32_t out_phase = 0;
+  typename K::ConsumerState st;
+  const int work = K::num_work(g);
+  for (int w = first_work<K>(); w < work; w += work_stride<K>(compute_blocks))
+    consume_work<K>(g, s, ps, out_phase, st, w, c);
+}
+
+template <class K>
+__device__ __forceinline__ void run_storer(const typename K::Globals& g, SharedStorage<K>& s, int compute_blocks) {
+  uint32_t out_phase = 0;
+  const int work = K::num_work(g);
+  for (int w = first_work<K>(); w < work; w += work_stride<K>(compute_blocks)) store_work<K>(g, s, out_phase, w);
+  tile::tma::wait_group<0>();
+  if constexpr (HasStoreDone<K>::value) K::store_done(g, compute_blocks);
+}
+
+// ---- Dynamic tasks: the same per-item bodies (load_work, consume_work, store_work) as the
+// static loops, with the items chosen at run time.
+
+template <class K>
+__device__ __forceinline__ TaskRing& task_ring(SharedStorage<K>& s) {
+  return reinterpret_cast<DynamicStorage<K>&>(s).ring;
 }
 
 template <class K>
