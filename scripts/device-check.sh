@@ -8,6 +8,10 @@
 #   tests         ctest -L gpu (one GPU) and -L gpu2 (needs two GPUs, else reported skipped)
 #   tests-shared  ctest -L gpu2 with WEAVE_SHARE_GPUS=1: the multi-rank suites with ranks taking
 #                 turns on the GPUs there are (correctness only, for one-GPU machines)
+#                 (tests and tests-shared append $CTEST_ARGS, e.g. CTEST_ARGS="-E
+#                 test_collectives|test_primitives" and then "-R ...": a device call's 600 s
+#                 limit is shorter than every gpu2 suite with ranks sharing one H100, 516 s plus
+#                 the start)
 #   launchers     example_pass_tile under torchrun and mpirun (2 ranks)
 #   python        the Python package's tests: the wheel in .carry/wheels (built here with
 #                 `WEAVE_TORCH_PYTHON=$(command -v python3) python3.12 -m pip wheel
@@ -16,7 +20,8 @@
 #                 libraries from the python3 that has the GPU machine's torch version, for
 #                 the GPU machine's Python) installed into /tmp/site, pytest at world 1, then the
 #                 multi-rank modules (test_*multirank.py, test_op_grads.py) under torchrun on 2 ranks (sharing the GPU where there is one)
-#   bench:SUB,... weave-bench SUB (gemm and attention on one GPU, the others on two ranks) into
+#   bench:SUB,... weave-bench SUB (gemm, gemm_fp8 and attention on one GPU, net* between 2 simulated
+#                 nodes, the others on two ranks) into
 #                 $OUT/SUB.json; $BENCH_ARGS is appended (e.g. BENCH_ARGS="--sweep 0,4,8,16,32,64
 #                 --table3" for tp)
 #   torch:SUB,... the PyTorch baseline of SUB (attention: cuDNN SDPA; tp: symm_mem async TP; sp:
@@ -42,9 +47,12 @@ gpu_info
 for step in "$@"; do
   case $step in
     tests)
-      (cd "$B/build" && timeout 500 ctest -L 'gpu' --output-on-failure 2>&1 | tee "$OUT/ctest.log" | tail -40) ;;
+      # shellcheck disable=SC2086  # CTEST_ARGS is a list of arguments
+      (cd "$B/build" && timeout 500 ctest -L 'gpu' --output-on-failure ${CTEST_ARGS:-} 2>&1 | tee "$OUT/ctest.log" |
+        tail -40) ;;
     tests-shared)
-      (cd "$B/build" && WEAVE_SHARE_GPUS=1 timeout 550 ctest -L 'gpu2' --output-on-failure 2>&1 |
+      # shellcheck disable=SC2086
+      (cd "$B/build" && WEAVE_SHARE_GPUS=1 timeout 550 ctest -L 'gpu2' --output-on-failure ${CTEST_ARGS:-} 2>&1 |
         tee "$OUT/ctest-shared.log" | tail -40) ;;
     python)
       python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/wheels/weave-*.whl &&
@@ -60,9 +68,11 @@ for step in "$@"; do
         echo "mpirun rc=${PIPESTATUS[0]}"; } | tee "$OUT/launchers.log" ;;
     bench:*)
       for sub in $(echo "${step#bench:}" | tr , ' '); do
-        n=2; case $sub in gemm|attention) n=1 ;; esac
+        # The network suites between 2 simulated nodes, sharing the GPU where there is one.
+        run=(-n 2); case $sub in gemm|gemm_fp8|attention) run=(-n 1) ;; net*) run=(-n 2 --nodes 2)
+          [ "$(nvidia-smi -L | wc -l)" -lt 2 ] && run+=(--share-gpus) ;; esac
         # shellcheck disable=SC2086  # BENCH_ARGS is a list of arguments
-        timeout 400 "$bin/weave-run" -n $n -- "$bin/weave-bench" "$sub" --json "$OUT/$sub.json" ${BENCH_ARGS:-} 2>&1 |
+        timeout 400 "$bin/weave-run" "${run[@]}" -- "$bin/weave-bench" "$sub" --json "$OUT/$sub.json" ${BENCH_ARGS:-} 2>&1 |
           tee "$OUT/$sub.log"
         echo "bench $sub rc=${PIPESTATUS[0]}"
       done ;;

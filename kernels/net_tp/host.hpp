@@ -11,8 +11,15 @@
 
 namespace weave::net::tp_net {
 
-inline void check_object(const NetPath& path, const NetTpOptions& o, const char* who, bool any_g = false) {
+// `adaptive_ok`: the kernel has the adaptive split (NetGemmRs / NetGemmAr), at one rank per node.
+inline void check_object(const NetPath& path, const NetTpOptions& o, const char* who, bool any_g = false,
+                         bool adaptive_ok = false) {
   check_path(path, o.send_blocks, o.recv_blocks, who, any_g);
+  WEAVE_CHECK(!o.adaptive || adaptive_ok, who,
+              ": NetTpOptions::adaptive (the adaptive SM split) is built for net gemm_rs and gemm_ar, whose network "
+              "tasks consume the GEMM's tiles; here the network feeds the GEMM (use send_blocks / recv_blocks)");
+  WEAVE_CHECK(!o.adaptive || path.topo().gpus == 1, who, ": NetTpOptions::adaptive is built for one rank per node (",
+              path.topo().gpus, " here; use send_blocks / recv_blocks)");
   WEAVE_CHECK(o.push_blocks >= 1 && o.push_blocks <= 32, who, ": push_blocks (", o.push_blocks, ") must be 1 to 32");
   WEAVE_CHECK(o.chunk_bytes >= 16 && o.chunk_bytes % 16 == 0, who, ": chunk_bytes (", o.chunk_bytes,
               ") must be a positive multiple of 16");
@@ -20,7 +27,8 @@ inline void check_object(const NetPath& path, const NetTpOptions& o, const char*
 
 inline void check_room(const NetPath& path, const NetTpOptions& o, const char* who, long long send_needed,
                        long long recv_needed, long long flags_needed, int extra_blocks = 0) {
-  net::check_room(path, who, send_needed, recv_needed, flags_needed, o.send_blocks + o.recv_blocks + extra_blocks,
+  net::check_room(path, who, send_needed, recv_needed, flags_needed,
+                  o.adaptive ? 0 : o.send_blocks + o.recv_blocks + extra_blocks,
                   "raise NetTpOptions::chunk_bytes or NetPathOptions::proxy.flags");
 }
 
@@ -34,6 +42,20 @@ void launch_call(NetPath& path, G& g, long long commands, const NetTpOptions& o,
   lcsc::Config cfg;
   cfg.num_comm_sms = o.send_blocks + o.recv_blocks + extra_blocks;
   launch_numbered(path, g, commands, who, [&] { lcsc::launch<K>(g, cfg, stream); });
+}
+
+// The adaptive split's call (net_gemm_rs_adaptive.cuh): no communicator blocks, every SM a block
+// of the split (none left out to balance the GEMM's waves: the blocks beyond them communicate).
+template <class KNK, class KKN, class G>
+void launch_adaptive(NetPath& path, G& g, long long commands, const NetTpOptions& o, cudaStream_t stream,
+                     const char* who) {
+  g.send_blocks = 0;
+  lcsc::Config cfg;
+  cfg.balance_waves = false;
+  launch_numbered(path, g, commands, who, [&] {
+    if (o.b == gemm::BLayout::NK) lcsc::launch<KNK>(g, cfg, stream);
+    else lcsc::launch<KKN>(g, cfg, stream);
+  });
 }
 
 // launch_call of the kernel for the options' B layout: KNK (N x K) or KKN (K x N).

@@ -163,4 +163,39 @@ __host__ __device__ inline long long ar_recv_needed(const UnitPlan& a) { return 
 __host__ __device__ inline long long ar_flags_needed(const UnitPlan& a) { return 2 * flags_needed(a); }
 __host__ __device__ inline long long ar_commands(const UnitPlan& a, int r) { return rs_commands(a, r) + ag_commands(a, r); }
 
+// The adaptive SM split's communication tasks of rank r (one rank per node; net_gemm_rs_adaptive.cuh),
+// in the order the ledger hands them out: the sends (RS's send order: step s's units of
+// send_peer(r, s)'s shard), the reductions of the own shard's units, and with `ar` the rail peers'
+// reduced units (AG's receive order). Each kind waits only for the kinds before it (sends for
+// this rank's GEMM, reductions also for the peers' sends, AR's gathers for the peers'
+// reductions), so handing them out in this order never holds back a task whose input is in place
+// behind one whose input needs a later task.
+enum class RsCommKind : int { Send = 0, Reduce = 1, Gather = 2 };
+struct RsCommTask {
+  RsCommKind kind;
+  int s;  // the step (Reduce: 0, every step's arrival is summed)
+  int u;  // the unit of send_peer(r, s)'s, r's or from_peer(r, s)'s shard
+};
+__host__ __device__ inline long long rs_comm_tasks(const UnitPlan& a, int r, bool ar) {
+  return step_units(a, r, false) + units(a, r) + (ar ? step_units(a, r, true) : 0);
+}
+// Task k < rs_comm_tasks(a, r, ar).
+__host__ __device__ inline RsCommTask rs_comm_task(const UnitPlan& a, int r, bool ar, long long k) {
+  RsCommTask t{RsCommKind::Send, 0, 0};
+  const long long sends = step_units(a, r, false);
+  if (k < sends) {
+    nth_unit(a, r, false, k, &t.s, &t.u);
+    return t;
+  }
+  k -= sends;
+  if (k < units(a, r) || !ar) {
+    t.kind = RsCommKind::Reduce;
+    t.u = static_cast<int>(k);
+    return t;
+  }
+  t.kind = RsCommKind::Gather;
+  nth_unit(a, r, true, k - units(a, r), &t.s, &t.u);
+  return t;
+}
+
 }  // namespace weave::net::tp_net

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "net_tp/host.hpp"
+#include "net_tp/net_gemm_rs_adaptive.cuh"
 #include "net_tp/net_gemm_rs_kernel.cuh"
 #include "net_tp/net_tp.hpp"
 #include "tp_common/host.hpp"
@@ -15,13 +16,14 @@ using bf16 = __nv_bfloat16;
 namespace wtp = weave::tp;
 
 NetGemmRs::NetGemmRs(NetPath& path, NetTpOptions opts) : path_(path), opt_(opts) {
-  tp_net::check_object(path_, opt_, "net gemm_rs");
+  tp_net::check_object(path_, opt_, "net gemm_rs", false, true);
 }
 NetGemmRs::NetGemmRs(NetPath& path, runtime::Communicator& node, NetTpOptions opts) : path_(path), opt_(opts) {
-  tp_net::check_object(path_, opt_, "net gemm_rs", true);
+  tp_net::check_object(path_, opt_, "net gemm_rs", true, true);
   node_ = node_of(path_, node, "net gemm_rs");
 }
 NetGemmRs::~NetGemmRs() {
+  if (ledger_) cudaFree(ledger_);  // after the kernels that use it (cudaFree waits for the device)
   if (!scratch_) return;
   if (!node_) {
     cudaFree(scratch_);
@@ -35,6 +37,33 @@ NetGemmRs::~NetGemmRs() {
 }
 
 void NetGemmRs::finish(cudaStream_t stream) { finish_on(path_, node_, stream); }
+
+wtp::AdaptiveStats NetGemmRs::adaptive_stats() const {
+  if (!ledger_) return {};
+  WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
+  wtp::sm_split::Ledger l{};
+  WEAVE_CUDA_CHECK(cudaMemcpy(&l, ledger_, sizeof l, cudaMemcpyDeviceToHost));
+  return {l.launches, l.early_comm, l.peak_comm};
+}
+
+namespace {
+
+// The adaptive split's cycles per communication task before one is measured: a task's bytes over
+// mapped host memory at ~2 B per cycle per block (a block's 16-byte reads and writes across PCIe
+// are latency-bound), over device memory at 16 (tp::adaptive_priors), averaged over the call's
+// tasks (layout.hpp's rs_comm_task). A send writes its unit into the send buffer; a reduction
+// reads every step's arrival and its own partial and writes the output (AR: and the stage); a
+// gather reads an arrival and writes the output.
+float comm_prior(const tp_net::UnitPlan& U, int rank, bool ar) {
+  const double unit = double(U.row_bytes) * wtp::kBM / U.P;
+  const double sends = double(tp_net::step_units(U, rank, false)), own = tp_net::units(U, rank),
+               gathers = ar ? double(tp_net::step_units(U, rank, true)) : 0;
+  const double host = sends + own * (tp_net::steps(U) + (ar ? 1 : 0)) + gathers;
+  const double dev = sends + own * 2 + gathers;
+  return static_cast<float>(unit * (host / 2 + dev / 16) / (sends + own + gathers));
+}
+
+}  // namespace
 
 void NetGemmRs::run(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, cudaStream_t stream) {
   call(A, B, out, M, N, K, false, stream);
@@ -95,8 +124,8 @@ void NetGemmRs::call(const bf16* A, const bf16* B, bf16* out, int M, int N, int 
   // is a new key, agreed once).
   const AgreedCall agreed_call = agree(path_, agreed_,
         {ar ? kOpGemmAr : kOpGemmRs, M, N, K, static_cast<long long>(opt_.b), opt_.chunk_bytes, opt_.send_blocks,
-         opt_.recv_blocks, G, G > 1 && ar ? node_->buffer_place(out) : 0},
-        problem, who, "M, N, K, B layout, chunk, send blocks, receive blocks, ranks per node, out's place");
+         opt_.recv_blocks, opt_.adaptive, G, G > 1 && ar ? node_->buffer_place(out) : 0},
+        problem, who, "M, N, K, B layout, chunk, send blocks, receive blocks, adaptive split, ranks per node, out's place");
 
   bf16* const part = scratch(size_t(M) * N);
   const tp_net::UnitPlan U = tp_net::rs_plan(M, N, W, wtp::default_group_m(K), opt_.chunk_bytes, G);
@@ -116,6 +145,21 @@ void NetGemmRs::call(const bf16* A, const bf16* B, bf16* out, int M, int N, int 
   g.rank = rank;
   g.all_reduce = ar;
   const long long commands = ar ? tp_net::ar_commands(U, rank) : tp_net::rs_commands(U, rank);
+  if (G == 1 && opt_.adaptive) {
+    tp_net::NetRsAdaptiveGlobalsT<gemm::GemmGlobals> ga{};
+    static_cast<tp_net::NetRsGlobalsT<gemm::GemmGlobals>&>(ga) = g;
+    ga.tile_done = done_.zeroed(L.row_tiles(), stream);
+    if (!ledger_) {
+      WEAVE_CUDA_CHECK(cudaMalloc(&ledger_, sizeof(wtp::sm_split::Ledger)));
+      WEAVE_CUDA_CHECK(cudaMemsetAsync(ledger_, 0, sizeof(wtp::sm_split::Ledger), stream));
+    }
+    ga.ledger = static_cast<wtp::sm_split::Ledger*>(ledger_);
+    ga.compute_prior = wtp::adaptive_priors(K, 0).compute;
+    ga.comm_prior = comm_prior(U, rank, ar);
+    tp_net::launch_adaptive<tp_net::NetRsAdaptiveKernelNK, tp_net::NetRsAdaptiveKernelKN>(path_, ga, commands, opt_,
+                                                                                          stream, who);
+    return;
+  }
   if (G == 1) {
     g.tile_done = done_.zeroed(L.row_tiles(), stream);
     tp_net::launch_for_b<tp_net::NetRsKernelNK, tp_net::NetRsKernelKN>(path_, g, commands, opt_, stream, who);

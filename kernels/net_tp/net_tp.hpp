@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "gemm/layout.hpp"
+#include "tp_common/adaptive_stats.hpp"
 #include "net_common/call.hpp"
 #include "weave/net/net_path.hpp"
 #include "weave/runtime/call.hpp"
@@ -34,6 +35,11 @@ struct NetTpOptions {
                                     // NetGemmRs / NetGemmAr take none (their send and receive blocks
                                     // read the node's partials over NVLink themselves)
   gemm::BLayout b = gemm::BLayout::NK;
+  // NetGemmRs / NetGemmAr at one rank per node: the adaptive SM split (issue 22; mKernel section
+  // 3.2) instead of send_blocks + recv_blocks fixed ones: every block computes or runs the
+  // network's send and receive tasks as the split's policy decides at each task boundary
+  // (net_gemm_rs_adaptive.cuh). Refused by NetAgGemm and at G > 1.
+  bool adaptive = false;
 };
 
 class NetAgGemm {
@@ -96,6 +102,9 @@ class NetGemmRs {
            cudaStream_t stream);
   // As NetAgGemm::finish.
   void finish(cudaStream_t stream);
+  // The adaptive split's statistics over this object's adaptive calls (RS and AR) on this rank,
+  // zeros before the first; waits for the device.
+  weave::tp::AdaptiveStats adaptive_stats() const;
 
  private:
   friend class NetGemmAr;
@@ -109,6 +118,7 @@ class NetGemmRs {
   DeviceCounters done_;             // G = 1: column tiles stored per virtual row tile
   __nv_bfloat16* scratch_ = nullptr;  // G = 1: device memory; G > 1: the node's heap
   size_t scratch_elems_ = 0;
+  void* ledger_ = nullptr;  // the adaptive split's (tp_common/sm_ledger.cuh), zeroed once; device memory
   runtime::ShapeSignals sig_{"net.gemm_rs"};  // G > 1: ready, arrive and landed sets on the node
 };
 
@@ -125,6 +135,7 @@ class NetGemmAr {
   void run(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* out, int M, int N, int K,
            cudaStream_t stream);
   void finish(cudaStream_t stream);
+  weave::tp::AdaptiveStats adaptive_stats() const { return rs_.adaptive_stats(); }
 
  private:
   NetGemmRs rs_;

@@ -1,4 +1,5 @@
-// What the TP kernels with the adaptive SM split (gemm_ar v2, gemm_rs v6) share: a block's next
+// What the TP kernels with the adaptive SM split (gemm_ar v2, gemm_rs v6, and the inter-node
+// GEMM + RS / AR's adaptive form, net_tp/net_gemm_rs_adaptive.cuh) share: a block's next
 // task from the policy over the call's ledger (sm_split.hpp, sm_ledger.cuh), with the readiness of
 // a reduction read from this rank's ready counter, and the accounting of a finished task. Each
 // kernel supplies its tiles (compute tasks: every output tile; communication tasks: the tiles this
@@ -25,6 +26,16 @@ struct AdaptiveTasks {
   unsigned long long round, per_round;
 };
 
+// The policy's next task over `l` for any readiness of the communication tasks: begun(k), in_place(k)
+// as sm_ledger.cuh's next_task reads them.
+template <class Begun, class InPlace>
+__device__ __forceinline__ lcsc::Task adaptive_task(sm_split::Ledger& l, const sm_split::LedgerParams& p,
+                                                    AdaptiveState& st, Begun&& begun, InPlace&& in_place) {
+  const sm_split::Task t = sm_split::next_task(l, p, st.role, begun, in_place);
+  if (t.role == sm_split::Role::Done) return {};
+  return {t.role == sm_split::Role::Compute ? lcsc::TaskKind::Work : lcsc::TaskKind::Other, static_cast<int>(t.index)};
+}
+
 // ready_index(k): communication task k's counter. A reduction is begun once some rank's partial
 // arrived this round, in place once all did (sm_ledger.cuh claims it only then).
 template <class ReadyIndex>
@@ -38,11 +49,8 @@ __device__ __forceinline__ lcsc::Task adaptive_next_task(const AdaptiveTasks& a,
   p.comm_prior = a.comm_prior;
   const unsigned long long all = a.round * a.per_round, before = all - a.per_round;
   const auto count = [&](long long k) { return ld_relaxed_sys(a.ready + ready_index(k)); };
-  const sm_split::Task t = sm_split::next_task(
-      *a.ledger, p, st.role, [&](long long k) { return count(k) > before; },
-      [&](long long k) { return count(k) >= all; });
-  if (t.role == sm_split::Role::Done) return {};
-  return {t.role == sm_split::Role::Compute ? lcsc::TaskKind::Work : lcsc::TaskKind::Other, static_cast<int>(t.index)};
+  return adaptive_task(
+      *a.ledger, p, st, [&](long long k) { return count(k) > before; }, [&](long long k) { return count(k) >= all; });
 }
 
 // A reduction as kernel K's other task, by its consumer threads t = 0..n-1: thread 0 acquires the

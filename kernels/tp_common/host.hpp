@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "gemm/layout.hpp"
+#include "tp_common/adaptive_stats.hpp"
 #include "tp_common/schedule.hpp"
 #include "tp_common/variants.hpp"
 #include "weave/common/error.hpp"
@@ -123,11 +124,6 @@ inline AdaptivePriors adaptive_priors(int K, int remote_tiles) {
   return {static_cast<float>(2.0 * kBM * kBN * K / 2700.0),
           static_cast<float>(double(remote_tiles) * kBM * kBN * sizeof(bf16) / 16.0)};
 }
-// What the split did over a shape's calls on this rank (sm_ledger.cuh's statistics): launches
-// ended, reductions handed out while tiles were still unclaimed, and the most blocks reducing then.
-struct AdaptiveStats {
-  unsigned long long launches = 0, early_reductions = 0, peak_comm_blocks = 0;
-};
 
 // One operand of a TP call: its bytes follow from the shape. `symmetric`: peers reach it (in the
 // symmetric heap or registered on every rank), not only this rank.

@@ -856,6 +856,30 @@ FAULTS = [
         "tests": ["test_net_tp_gpu:NetTpGpu.GemmAr*"],
     },
     {
+        "name": "net_adaptive_reduce_misses_last_step_first_unit",
+        "what": "inter-node GEMM+RS/AR with the adaptive split: the reduction of each rank's first unit sums its own "
+                "partial and all arrivals but the last step's (at 2 nodes: the peer's partial of the first rows)",
+        "edits": [{
+            "file": "kernels/net_tp/net_gemm_rs_adaptive.cuh",
+            "find": "        for (int s = 0; s < steps(U); ++s)\n          add_bf16x8(acc, ld_volatile_v4(",
+            "replace": "        for (int s = 0; s < steps(U) - (task.u == 0 ? 1 : 0); ++s)\n          add_bf16x8(acc, ld_volatile_v4(",
+        }],
+        "tests": ["test_net_tp_gpu:NetTpGpu.Adaptive*"],
+    },
+    {
+        "name": "net_adaptive_reductions_handed_out_before_sends",
+        "what": "the adaptive split's task list puts the own shard's reductions before the sends: every rank's "
+                "reduction then waits for a peer's send that the peer hands out only after its own reductions",
+        "edits": [{
+            "file": "kernels/net_tp/layout.hpp",
+            "find": "  const long long sends = step_units(a, r, false);\n  if (k < sends) {",
+            "replace": "  const long long sends = step_units(a, r, false);\n"
+                       "  if (k < sends + units(a, r)) k = k < units(a, r) ? sends + k : k - units(a, r);\n"
+                       "  if (k < sends) {",
+        }],
+        "tests": ["test_net_tp_layout:NetTpLayout.Adaptive*"],
+    },
+    {
         "name": "net_ring_first_slice_v_not_copied",
         "what": "inter-node ring attention: the V rows of batch 0's first slice from each peer are counted in but never "
                 "copied into the gathered V (those keys' values are garbage)",

@@ -6,13 +6,16 @@
 #include <cuda_bf16.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "check/seed.hpp"
 #include "net_collectives/net_collectives.hpp"
+#include "weave/common/error.hpp"
 #include "weave/net/net_path.hpp"
 #include "weave/runtime/env.hpp"
 
@@ -23,6 +26,20 @@ namespace net_coll_test {
 namespace net = weave::net;
 
 inline bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// A rank that made no call of its own learns a peer's failure: waits up to `seconds` for its proxy
+// to fail, then returns what path.check() throws ("" if nothing).
+inline std::string failure_learnt(net::NetPath& path, double seconds = 20) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (!path.proxy().failed() && std::chrono::steady_clock::now() < end)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  try {
+    path.check();
+  } catch (const weave::Error& e) {
+    return e.what();
+  }
+  return "";
+}
 
 // tcp on loopback unless WEAVE_NET_PROVIDER names another provider.
 inline net::NetPathOptions options() {

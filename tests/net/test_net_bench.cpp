@@ -253,7 +253,7 @@ TEST(WeaveBenchNet, SkipsWithoutTwoNodesAndRefusesBadOptions) {
   EXPECT_NE(r.out.find("unknown option --chunk"), std::string::npos) << r.out;
 }
 
-// net_tp's --kernels takes gemm_ar, net_coll its sizes, collectives and impls: accepted options
+// net_tp's --kernels takes gemm_ar, its --impls weave-adaptive and --sweep fixed splits, net_coll its sizes, collectives and impls: accepted options
 // reach the run, which skips with one rank (exit 0); bad ones are refused with a message (exit 1),
 // before anything is started. Without --nodes both skip under weave-run too.
 TEST(WeaveBenchNetGpuSuites, AcceptTheirOptionsAndRefuseBadOnes) {
@@ -261,6 +261,8 @@ TEST(WeaveBenchNetGpuSuites, AcceptTheirOptionsAndRefuseBadOnes) {
   for (const std::vector<std::string>& ok :
        {std::vector<std::string>{BENCH_BIN, "net_tp", "--kernels", "gemm_ar", "--sizes", "1000,2048"},
         std::vector<std::string>{BENCH_BIN, "net_tp", "--kernels", "ag_gemm,gemm_rs,gemm_ar", "--impls", "weave,nccl"},
+        std::vector<std::string>{BENCH_BIN, "net_tp", "--kernels", "gemm_rs", "--impls", "weave-adaptive", "--sweep",
+                                 "1+1,2+6,8+24"},
         std::vector<std::string>{BENCH_BIN, "net_coll"},
         std::vector<std::string>{BENCH_BIN, "net_coll", "--sizes", "1M,4M,16M,64M", "--kernels",
                                  "all_reduce,all_gather,reduce_scatter", "--impls", "weave,nccl", "--chunk", "64K",
@@ -275,6 +277,10 @@ TEST(WeaveBenchNetGpuSuites, AcceptTheirOptionsAndRefuseBadOnes) {
   } bad[] = {
       {{BENCH_BIN, "net_tp", "--kernels", "gemm_ar,gemm_allreduce"},
        "'gemm_allreduce' is not ag_gemm, gemm_rs or gemm_ar"},
+      {{BENCH_BIN, "net_tp", "--impls", "weave,adaptive"},
+       "'adaptive' is not weave, weave-unfused, nccl or weave-adaptive"},
+      {{BENCH_BIN, "net_tp", "--sweep", "2x6"}, "--sweep: '2x6' is not S+R"},
+      {{BENCH_BIN, "net_tp", "--sweep", "2+40"}, "--sweep: '40' is not an integer from 1 to 32"},
       {{BENCH_BIN, "net_coll", "--kernels", "all_to_all"},
        "'all_to_all' is not all_reduce, all_gather or reduce_scatter"},
       {{BENCH_BIN, "net_coll", "--impls", "weave,weave-unfused"}, "'weave-unfused' is not weave or nccl"},

@@ -272,14 +272,7 @@ TEST(NetGpu, DeviceWaitTimeoutIsADiagnosticOnBothRanks) {
     }
     EXPECT_TRUE(has(error, "gave up after") && has(error, "chunk")) << error;
   } else {
-    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-    while (!path.proxy().failed() && std::chrono::steady_clock::now() < end)
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    try {
-      path.check();
-    } catch (const weave::Error& e) {
-      error = e.what();
-    }
+    error = failure_learnt(path);
     EXPECT_TRUE(has(error, "rank 0 failed") && has(error, "gave up after")) << error;
   }
   cudaFree(buf);

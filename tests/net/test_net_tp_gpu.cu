@@ -11,9 +11,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "check/device_buffer.hpp"
@@ -487,6 +489,156 @@ TEST(NetTpGpu, DifferentOperatorsRejectedOnEveryRank) {
   path.shutdown();
 }
 
+// ---- the adaptive SM split (NetTpOptions::adaptive, one rank per node) -------------------------
+
+// One checked adaptive RS or AR call of a new object; returns its statistics.
+weave::tp::AdaptiveStats adaptive_call(net::NetPath& path, Calls& calls, bool ar, int M, int N, int K, BLayout bl,
+                                       long long chunk) {
+  const int W = path.world(), r = path.rank();
+  net::NetTpOptions o;
+  o.b = bl, o.chunk_bytes = chunk, o.adaptive = true;
+  net::NetGemmAr op_ar(path, o);
+  net::NetGemmRs op_rs(path, o);
+  RsCase c(M, N, K, bl, ar ? M : weave::tp::shard(M, W, r).size);
+  const uint64_t call = calls.next();
+  c.inputs(call, r);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  if (ar) op_ar.run(c.A.p, c.B.p, c.out, M, N, K, nullptr);
+  else op_rs.run(c.A.p, c.B.p, c.out, M, N, K, nullptr);
+  op_rs.finish(nullptr);
+  c.reference(call, W);
+  const std::string what = std::string(ar ? "adaptive gemm_ar " : "adaptive gemm_rs ") + std::to_string(M) + "x" +
+                           std::to_string(N) + "x" + std::to_string(K) + (bl == BLayout::NK ? " nk" : " kn") +
+                           " chunk " + std::to_string(chunk);
+  if (ar) expect_ar(path, c, what);
+  else expect_all_ranks(path, c.check_out(r, W), what);
+  return ar ? op_ar.adaptive_stats() : op_rs.adaptive_stats();
+}
+
+// Outputs against the reference on every rank (AR: bit-identical everywhere), ragged shapes, both
+// layouts, two chunks; the ledger counted the launch, and no more blocks communicated while tiles
+// were left than the grid minus one.
+TEST(NetTpGpu, AdaptiveGemmRsArMatchReference) {
+  net::NetPath path(options());
+  ASSERT_EQ(path.topo().gpus, 1) << "run under weave-run -n N --nodes N";
+  const int W = path.world();
+  Calls calls(path);
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  struct Shape {
+    int M, N, K;
+  };
+  const Shape shapes[] = {{3000, 1000, 1000}, {1000, 264, 512}, {257, 8, 64}, {2048, 2048, 2048}, {W + 1, 24, 136}};
+  for (const Shape& sh : shapes)
+    for (BLayout bl : {BLayout::NK, BLayout::KN})
+      for (long long chunk : {1LL << 20, 48LL << 10})
+        for (bool ar : {false, true}) {
+          const weave::tp::AdaptiveStats a = adaptive_call(path, calls, ar, sh.M, sh.N, sh.K, bl, chunk);
+          EXPECT_EQ(a.launches, 1u) << sh.M << "x" << sh.N << "x" << sh.K;
+          EXPECT_LT(a.peak_comm_blocks, static_cast<unsigned long long>(sms));
+        }
+  path.shutdown();
+}
+
+// 200 calls back to back on one path: adaptive RS, adaptive AR and the fixed RS in turn (the
+// adaptive ones share the send gate and the call slots with the fixed kernel's), fresh inputs and
+// a poisoned output per call, each checked; each adaptive object's ledger counted its launches.
+TEST(NetTpGpu, AdaptiveBackToBackBesideTheFixedSplit) {
+  net::NetPath path(options());
+  const int W = path.world(), r = path.rank();
+  Calls calls(path);
+  net::NetTpOptions o;
+  o.chunk_bytes = 32 << 10;
+  net::NetGemmRs fixed(path, o);
+  o.adaptive = true;
+  net::NetGemmRs rs(path, o);
+  net::NetGemmAr ar(path, o);
+  constexpr int kCalls = 200;
+  std::vector<std::unique_ptr<RsCase>> cases;
+  std::vector<uint64_t> seeds;
+  for (int k = 0; k < kCalls; ++k) {
+    const int M = k % 2 ? 515 : 300, N = k % 2 ? 264 : 1024, K = k % 2 ? 320 : 128;
+    cases.push_back(std::make_unique<RsCase>(M, N, K, BLayout::NK, k % 3 == 1 ? M : weave::tp::shard(M, W, r).size));
+    seeds.push_back(calls.next());
+    cases.back()->inputs(seeds.back(), r);
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  for (int k = 0; k < kCalls; ++k) {
+    RsCase& c = *cases[k];
+    if (k % 3 == 0) rs.run(c.A.p, c.B.p, c.out, c.M, c.N, c.K, nullptr);
+    else if (k % 3 == 1) ar.run(c.A.p, c.B.p, c.out, c.M, c.N, c.K, nullptr);
+    else fixed.run(c.A.p, c.B.p, c.out, c.M, c.N, c.K, nullptr);
+  }
+  rs.finish(nullptr);
+  for (int k = 0; k < kCalls; ++k) {
+    RsCase& c = *cases[k];
+    c.reference(seeds[k], W);
+    const std::string what = std::string(k % 3 == 0 ? "adaptive gemm_rs" : k % 3 == 1 ? "adaptive gemm_ar" : "gemm_rs") +
+                             " call " + std::to_string(k);
+    if (k % 3 == 1) expect_all_ranks(path, c.check_all(W), what);
+    else expect_all_ranks(path, c.check_out(r, W), what);
+  }
+  EXPECT_EQ(rs.adaptive_stats().launches, static_cast<unsigned long long>((kCalls + 2) / 3));
+  EXPECT_EQ(ar.adaptive_stats().launches, static_cast<unsigned long long>((kCalls + 1) / 3));
+  EXPECT_EQ(fixed.adaptive_stats().launches, 0u);
+  path.shutdown();
+}
+
+// A failure during an adaptive call ends in a diagnostic, not a hang: rank 0's kernel waits for
+// arrivals that never come, (a) because every other rank aborts its path (the abort releases the
+// blocks polling for the arrivals), (b) because the other ranks stay healthy but do not call (the
+// poll outlasts the path's 1 s timeout, recorded as the late chunk).
+TEST(NetTpGpu, AdaptiveCallEndsInADiagnosticWhenPeersFail) {
+  for (bool abort : {true, false}) {
+    net::NetPathOptions po = options();
+    if (!abort) po.wait_timeout_s = 1;
+    net::NetPath path(po);
+    const int W = path.world(), r = path.rank();
+    Calls calls(path);
+    net::NetTpOptions o;
+    o.adaptive = true;
+    net::NetGemmRs rs(path, o);
+    const int M = 1000, N = 264, K = 512;
+    RsCase c(M, N, K, BLayout::NK, weave::tp::shard(M, W, r).size);
+    c.inputs(calls.next(), r);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    rs.run(c.A.p, c.B.p, c.out, M, N, K, nullptr);  // agrees on the shape
+    rs.finish(nullptr);
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string error;
+    if (r == 0) {
+      rs.run(c.A.p, c.B.p, c.out, M, N, K, nullptr);
+      try {
+        rs.finish(nullptr);
+      } catch (const weave::Error& e) {
+        error = e.what();
+      }
+      if (abort) EXPECT_NE(error.find("the test's peer gives up"), std::string::npos) << error;
+      else EXPECT_TRUE(error.find("gave up after") != std::string::npos && error.find("chunk") != std::string::npos)
+          << error;
+    } else {
+      if (abort) {
+        std::this_thread::sleep_for(std::chrono::seconds(1));
+        path.abort("the test's peer gives up");
+      }
+      error = net_coll_test::failure_learnt(path);
+      EXPECT_FALSE(error.empty()) << "rank " << r << " never learnt of the failure";
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(s, 20) << error;
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the context is still usable
+  }
+}
+
+// NetAgGemm and nodes of G > 1 ranks refuse the adaptive split, naming the fixed blocks.
+TEST(NetTpGpu, AdaptiveRefusedWhereNotBuilt) {
+  net::NetPath path(options());
+  net::NetTpOptions o;
+  o.adaptive = true;
+  expect_error("adaptive ag_gemm", path.rank(), [&] { net::NetAgGemm ag(path, o); }, "network feeds the GEMM");
+  path.shutdown();
+}
+
 // ---- hierarchical AllGather + GEMM (nodes of G > 1 ranks: weave-run -n 4 --nodes 2) -------------
 
 namespace rt = weave::runtime;
@@ -726,6 +878,11 @@ TEST(NetTpGpuHier, GemmRsArRejectBadCallsOnEveryRank) {
   rt::Communicator node = node_comm(path);
   const int W = path.world(), r = path.rank();
   Calls calls(path);
+  {
+    net::NetTpOptions o;
+    o.adaptive = true;
+    expect_error("adaptive at G > 1", r, [&] { net::NetGemmRs bad(path, node, o); }, "one rank per node");
+  }
   net::NetGemmRs rs(path, node);
   net::NetGemmAr ar(path, node);
   const int M = 600, N = 264, K = 320;

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <tuple>
 #include <vector>
 
@@ -279,6 +280,74 @@ TEST(NetTpLayout, AllReduceAreasFollowTheReduceScatters) {
         for (int r = 0; r < W; ++r)
           EXPECT_EQ(tn::ar_commands(a, r), tn::rs_commands(a, r) + tn::nonempty_units(a, r) * tn::steps(a));
       }
+}
+
+// The adaptive split's communication tasks (one rank per node): every send, own-shard reduction
+// and AR gather exactly once, in that order; and handed out in order, each once its input is in
+// place, they all complete while the GEMMs run tile by tile on every rank (no task waits for one
+// behind it), wherever each rank's GEMM is when the others claim.
+TEST(NetTpLayout, AdaptiveCommTasksEachOnceInAnOrderThatCompletes) {
+  for (int nodes = 2; nodes <= weave::kMaxWorld; ++nodes)
+    for (auto [M, N] : {std::pair{1000, 264}, std::pair{nodes + 1, 24}, std::pair{517, 1000}})
+      for (long long chunk : {4096LL, 48LL << 10, 1LL << 20})
+        for (bool ar : {false, true}) {
+          SCOPED_TRACE(testing::Message() << M << "x" << N << " nodes " << nodes << " chunk " << chunk << (ar ? " ar" : " rs"));
+          const tn::UnitPlan a = tn::rs_plan(M, N, nodes, 8, chunk);
+          std::vector<std::vector<tn::RsCommTask>> tasks(nodes);
+          for (int r = 0; r < nodes; ++r) {
+            std::map<std::tuple<int, int, int>, int> seen;
+            int last_kind = 0;
+            for (long long k = 0; k < tn::rs_comm_tasks(a, r, ar); ++k) {
+              const tn::RsCommTask t = tn::rs_comm_task(a, r, ar, k);
+              ASSERT_GE(static_cast<int>(t.kind), last_kind) << "task " << k;
+              last_kind = static_cast<int>(t.kind);
+              ASSERT_TRUE(seen.emplace(std::make_tuple(static_cast<int>(t.kind), t.s, t.u), 1).second) << "task " << k;
+              ASSERT_GE(t.s, 0);
+              ASSERT_LT(t.s, std::max(1, tn::steps(a)));
+              const int owner = t.kind == tn::RsCommKind::Send   ? tn::send_peer(a, r, t.s)
+                                : t.kind == tn::RsCommKind::Reduce ? r
+                                                                   : tn::from_peer(a, r, t.s);
+              ASSERT_LT(t.u, tn::units(a, owner));
+              tasks[r].push_back(t);
+            }
+            ASSERT_EQ(static_cast<long long>(seen.size()),
+                      tn::step_units(a, r, false) + tn::units(a, r) + (ar ? tn::step_units(a, r, true) : 0));
+          }
+          // Simulation: per round, every rank computes its next tile (rs_item order) and then claims
+          // its next tasks while their inputs are in place.
+          std::vector<std::vector<int>> tiles_done(nodes, std::vector<int>(a.L.row_tiles(), 0));
+          std::vector<int> computed(nodes, 0);
+          std::vector<size_t> claimed(nodes, 0);
+          std::set<std::tuple<int, int, int>> sent, reduced;  // (from, s, u) sends; (owner, u) reductions
+          const auto row_done = [&](int r, int q, int u) { return tiles_done[r][a.L.off[q] + u / a.P] == a.L.tiles_n; };
+          for (int round = 0;; ++round) {
+            ASSERT_LT(round, 1 << 20);
+            bool progress = false, left = false;
+            for (int r = 0; r < nodes; ++r) {
+              if (computed[r] < a.L.work()) {
+                ++tiles_done[r][tn::rs_item(a, r, computed[r]++).vrow];
+                progress = true;
+              }
+              for (; claimed[r] < tasks[r].size(); ++claimed[r], progress = true) {
+                const tn::RsCommTask t = tasks[r][claimed[r]];
+                if (t.kind == tn::RsCommKind::Send) {
+                  if (!row_done(r, tn::send_peer(a, r, t.s), t.u)) break;
+                  sent.insert({r, t.s, t.u});
+                } else if (t.kind == tn::RsCommKind::Reduce) {
+                  bool in = row_done(r, r, t.u);
+                  for (int s = 0; in && s < tn::steps(a); ++s) in = sent.count({tn::from_peer(a, r, s), s, t.u}) > 0;
+                  if (!in) break;
+                  reduced.insert({r, 0, t.u});
+                } else if (!reduced.count({tn::from_peer(a, r, t.s), 0, t.u})) {
+                  break;
+                }
+              }
+              left = left || claimed[r] < tasks[r].size() || computed[r] < a.L.work();
+            }
+            if (!left) break;
+            ASSERT_TRUE(progress) << "no rank can go on at round " << round;
+          }
+        }
 }
 
 TEST(NetTpLayout, SlicesFollowTheChunk) {

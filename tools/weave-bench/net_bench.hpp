@@ -49,11 +49,16 @@ struct NetOptions {
 };
 
 // Parses the shared options into `c` (whose chunk and blocks hold the benchmark's defaults).
-inline void parse_net_options(const char* who, const Args& a, NetOptions& c) {
+// `extra_impl`: a benchmark's own implementation beside the three (nullptr: none), in the default
+// list too.
+inline void parse_net_options(const char* who, const Args& a, NetOptions& c, const char* extra_impl = nullptr) {
   using weave::detail::concat;
-  for (const std::string& i : a.names("impls", concat(kImplWeave, ",", kImplUnfused, ",", kImplNccl))) {
-    if (i != kImplWeave && i != kImplUnfused && i != kImplNccl)
-      throw Error(concat(who, ": --impls: '", i, "' is not weave, weave-unfused or nccl"));
+  const std::string extra = extra_impl ? extra_impl : "";
+  for (const std::string& i :
+       a.names("impls", concat(kImplWeave, ",", kImplUnfused, ",", kImplNccl, extra.empty() ? "" : ",", extra))) {
+    if (i != kImplWeave && i != kImplUnfused && i != kImplNccl && (extra.empty() || i != extra))
+      throw Error(concat(who, ": --impls: '", i, "' is not weave, weave-unfused", extra.empty() ? " or" : ",", " nccl",
+                         extra.empty() ? "" : " or ", extra));
     c.impls.push_back(i);
   }
   if (a.has("chunk")) c.chunk = static_cast<long long>(parse_bytes(who, "chunk", a.get("chunk")));

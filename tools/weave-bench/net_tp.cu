@@ -4,9 +4,9 @@
 //
 //   weave-run -n N --nodes N [--share-gpus] -- weave-bench net_tp [--json FILE]
 //       [--sizes 2048,4096,8192] [--n N] [--k K] [--kernels ag_gemm,gemm_rs,gemm_ar]
-//       [--impls weave,weave-unfused,nccl] [--chunk 1M] [--send-blocks 2] [--recv-blocks 6]
-//       [--iters 20] [--warmup 5] [--provider tcp] [--domain lo] [--notify ordered|unordered]
-//       [--max-bounce 4G]
+//       [--impls weave,weave-unfused,nccl,weave-adaptive] [--chunk 1M] [--send-blocks 2]
+//       [--recv-blocks 6] [--sweep 1+1,2+6,...] [--iters 20] [--warmup 5] [--provider tcp]
+//       [--domain lo] [--notify ordered|unordered] [--max-bounce 4G]
 //
 // Problems, per size S of --sizes: M = S rows, N = --n and K = --k columns (default S each), bf16,
 // B stored N x K (an nn.Linear weight, NetTpOptions::b = NK).
@@ -18,6 +18,13 @@
 // Implementations (rows "impl"):
 //   weave          the fused kernel (NetAgGemm::run / NetGemmRs::run / NetGemmAr::run) with --chunk,
 //                  --send-blocks and --recv-blocks (NetTpOptions).
+//   weave-adaptive gemm_rs and gemm_ar with the adaptive SM split (NetTpOptions::adaptive: no fixed
+//                  send and receive blocks; net_tp/net_gemm_rs_adaptive.cuh); its rows also carry
+//                  the split's statistics per call (communication tasks handed out while tiles
+//                  were left, the most blocks communicating then). Not for ag_gemm (not built).
+//   weave-fixed    with --sweep S+R,...: the fused gemm_rs / gemm_ar kernel at each fixed split of
+//                  S send and R receive blocks, then a line (impl "adaptive-vs-fixed") with the
+//                  adaptive row's time over the best fixed one's (issue 22's target: within 5 %).
 //   weave-unfused  the same network path without overlap: NetCollectives::all_gather in place,
 //                  then weave's GEMM (ag); weave's GEMM into M x N, then
 //                  NetCollectives::reduce_scatter (rs) or NetCollectives::all_reduce (ar) in place.
@@ -117,16 +124,20 @@ constexpr const char* kWho = "weave-bench net_tp";
 
 
 // The path's and the timing's options (impls, chunk, blocks, iters, ...) are net_bench.hpp's.
+constexpr const char* kImplAdaptive = "weave-adaptive";
+constexpr const char* kImplFixed = "weave-fixed";
+
 struct Config : weave::bench::netb::NetOptions {
   std::vector<int> sizes;
   int n = 0, k = 0;  // 0: S
   std::vector<std::string> kernels;
+  std::vector<std::pair<int, int>> sweep;  // --sweep: (send, receive) blocks of the weave-fixed rows
 };
 
 Config parse(const weave::bench::Args& a) {
   static const std::set<std::string> known{"json",   "sizes",   "n",      "k",      "kernels",     "impls",
                                            "chunk",  "send-blocks", "recv-blocks", "iters", "warmup", "provider",
-                                           "domain", "notify",  "max-bounce"};
+                                           "domain", "notify",  "max-bounce", "sweep"};
   for (const auto& [k, v] : a.kv)
     if (!known.count(k)) throw Error(concat(kWho, ": unknown option --", k, " (see weave-bench net_tp --help)"));
   Config c;
@@ -148,7 +159,14 @@ Config parse(const weave::bench::Args& a) {
   c.chunk = net::NetTpOptions{}.chunk_bytes;
   c.send_blocks = net::NetTpOptions{}.send_blocks;
   c.recv_blocks = net::NetTpOptions{}.recv_blocks;
-  weave::bench::netb::parse_net_options(kWho, a, c);
+  weave::bench::netb::parse_net_options(kWho, a, c, kImplAdaptive);
+  for (const std::string& x : a.names("sweep", "")) {
+    const size_t plus = x.find('+');
+    if (plus == std::string::npos) throw Error(concat(kWho, ": --sweep: '", x, "' is not S+R (send + receive blocks)"));
+    const int sb = static_cast<int>(weave::bench::parse_count(kWho, "sweep", x.substr(0, plus), 1, 32));
+    const int rb = static_cast<int>(weave::bench::parse_count(kWho, "sweep", x.substr(plus + 1), 1, 32));
+    c.sweep.emplace_back(sb, rb);
+  }
   return c;
 }
 
@@ -168,7 +186,7 @@ const char* row_kernel(const std::string& kernel) {
 // that the path is exactly as large as the largest call needs.
 Room room_of(const std::string& kernel, const std::string& impl, const Shape& s, const Config& c, int nodes) {
   const bool ag = kernel == "ag_gemm", ar = kernel == "gemm_ar";
-  if (impl == kImplWeave) {
+  if (impl == kImplWeave || impl == kImplAdaptive || impl == kImplFixed) {
     namespace tn = net::tp_net;
     const tn::UnitPlan U = ag ? tn::ag_plan(s.M, s.N, s.K, 2, nodes, wtp::default_group_m(s.K), c.chunk)
                               : tn::rs_plan(s.M, s.N, nodes, wtp::default_group_m(s.K), c.chunk);
@@ -265,6 +283,9 @@ struct Row {
   Shape sh{};
   double us = NAN;
   Verdict v;
+  int send = -1, recv = -1;  // the row's send and receive blocks (-1: the options'; 0: adaptive)
+  double early = 0;          // adaptive: communication tasks per call handed out while tiles were left
+  unsigned long long peak = 0;  // adaptive: the most blocks communicating then (over the row's calls)
 };
 
 // Times and checks one implementation; a row for it.
@@ -397,6 +418,8 @@ struct Ops {
   net::NetGemmRs rs;
   net::NetGemmAr ar;
   net::NetCollectives coll;
+  net::NetGemmRs rs_adaptive;
+  net::NetGemmAr ar_adaptive;
 };
 
 // Why the unfused or nccl rows of a problem cannot run ("" if they can). The nccl rows' reason
@@ -444,6 +467,9 @@ std::vector<Row> run_ag(Job& j, Ops& ops, const Shape& sh, Seeds sd) {
                        [&] { WEAVE_CUDA_CHECK(cudaStreamSynchronize(j.st)); }, verify});
     }
   }
+  if (j.c.has_impl(kImplAdaptive))
+    skipped.push_back(concat(kImplAdaptive, ": skipped: the adaptive split is built for gemm_rs and gemm_ar (here the "
+                             "network feeds the GEMM)"));
   if (j.lead())
     for (const std::string& s : skipped) std::printf("  net_ag_gemm %s %s\n", sh.str().c_str(), s.c_str());
   std::vector<Row> rows;
@@ -459,15 +485,18 @@ std::vector<Row> run_rs(Job& j, Ops& ops, const std::string& kernel, const Shape
   RsProblem p(j, sh, sd, ar);
   const auto gemm = [&](int set) { weave::gemm::gemm(p.A[set].p, p.B[set].p, p.C.p, M, N, K, weave::gemm::BLayout::NK, {}, j.st); };
   const auto verify_c = [&] { return p.verify(p.mine_in_c()); };
+  // The fused kernel of objects `rso` / `aro` (RS or AR, by the kernel), as implementation `name`.
+  const auto fused = [&](const char* name, net::NetGemmRs& rso, net::NetGemmAr& aro) {
+    return Impl{name,
+                [&](int set) {
+                  if (ar) aro.run(p.A[set].p, p.B[set].p, p.out.p, M, N, K, j.st);
+                  else rso.run(p.A[set].p, p.B[set].p, p.out.p, M, N, K, j.st);
+                },
+                [&] { ar ? aro.finish(j.st) : rso.finish(j.st); }, [&] { return p.verify(p.out.p); }};
+  };
   std::vector<Impl> impls;
   std::vector<std::string> skipped;
-  if (j.c.has_impl(kImplWeave))
-    impls.push_back({kImplWeave,
-                     [&](int set) {
-                       if (ar) ops.ar.run(p.A[set].p, p.B[set].p, p.out.p, M, N, K, j.st);
-                       else ops.rs.run(p.A[set].p, p.B[set].p, p.out.p, M, N, K, j.st);
-                     },
-                     [&] { ar ? ops.ar.finish(j.st) : ops.rs.finish(j.st); }, [&] { return p.verify(p.out.p); }});
+  if (j.c.has_impl(kImplWeave)) impls.push_back(fused(kImplWeave, ops.rs, ops.ar));
   if (j.c.has_impl(kImplUnfused)) {
     if (const std::string why = ar ? "" : unfused_skip(j, kernel, sh); !why.empty())
       skipped.push_back(concat(kImplUnfused, ": skipped: ", why));
@@ -503,6 +532,26 @@ std::vector<Row> run_rs(Job& j, Ops& ops, const std::string& kernel, const Shape
     for (const std::string& s : skipped) std::printf("  %s %s %s\n", row_kernel(kernel), sh.str().c_str(), s.c_str());
   std::vector<Row> rows;
   for (const Impl& im : impls) rows.push_back(measure(j, kernel, sh, p, im));
+  // The adaptive split, its statistics over the row's calls.
+  const auto stats = [&] { return ar ? ops.ar_adaptive.adaptive_stats() : ops.rs_adaptive.adaptive_stats(); };
+  if (j.c.has_impl(kImplAdaptive)) {
+    const wtp::AdaptiveStats before = stats();
+    rows.push_back(measure(j, kernel, sh, p, fused(kImplAdaptive, ops.rs_adaptive, ops.ar_adaptive)));
+    const wtp::AdaptiveStats after = stats();
+    const unsigned long long calls = after.launches - before.launches;
+    rows.back().send = rows.back().recv = 0;
+    rows.back().early = calls ? double(after.early_reductions - before.early_reductions) / double(calls) : 0;
+    rows.back().peak = after.peak_comm_blocks;
+  }
+  // The fixed splits of --sweep, each on an object of its own options.
+  for (const auto& [sb, rb] : j.c.sweep) {
+    net::NetTpOptions o;
+    o.chunk_bytes = j.c.chunk, o.send_blocks = sb, o.recv_blocks = rb, o.b = weave::gemm::BLayout::NK;
+    net::NetGemmRs frs(j.path, o);
+    net::NetGemmAr far(j.path, o);
+    rows.push_back(measure(j, kernel, sh, p, fused(kImplFixed, frs, far)));
+    rows.back().send = sb, rows.back().recv = rb;
+  }
   return rows;
 }
 
@@ -513,7 +562,8 @@ void emit(Job& j, const std::vector<Row>& rows) {
   for (const Row& r : rows) {
     const Shape& s = r.sh;
     const double tflops = 2.0 * s.M * s.N * s.K / (r.us * 1e-6) / 1e12;
-    const bool weave_row = r.impl == kImplWeave, nccl_row = r.impl == kImplNccl;
+    const bool weave_row = r.impl == kImplWeave || r.impl == kImplAdaptive || r.impl == kImplFixed,
+               nccl_row = r.impl == kImplNccl;
     if (!r.v.ok) j.wrong.push_back(concat(r.kernel, " ", r.impl, " ", s.str()));
     if (!j.lead()) continue;
     auto ratio = [&](double base) {
@@ -521,16 +571,44 @@ void emit(Job& j, const std::vector<Row>& rows) {
       if (weave_row && !std::isnan(base)) std::snprintf(b, sizeof b, "%.3f", base / r.us);
       return std::string(b);
     };
-    std::printf("| %s | %s | %s | %.1f | %.1f | %s | %s | %s %.3g |\n", r.kernel.c_str(), r.impl.c_str(),
+    const std::string label = r.impl == kImplFixed ? concat(r.impl, " ", r.send, "+", r.recv) : r.impl;
+    std::printf("| %s | %s | %s | %.1f | %.1f | %s | %s | %s %.3g |\n", r.kernel.c_str(), label.c_str(),
                 s.str().c_str(), r.us, tflops, ratio(unfused_us).c_str(), ratio(nccl_us).c_str(),
                 r.v.ok ? "ok" : "WRONG", r.v.worst);
     weave::bench::JsonLine jl;
     jl.add("kernel", r.kernel).add("impl", r.impl).add("S", s.S).add("M", s.M).add("N", s.N).add("K", s.K);
     jl.add("layout", "nk").add("nodes", j.nodes).add("world", j.nodes);
     jl.add("time_us", r.us).add("tflops", tflops).add("iters", j.c.iters).add("warmup", j.c.warmup);
-    weave::bench::netb::add_path_fields(jl, j.c, nccl_row, j.provider, j.notify, j.shared_gpu).add("correct", r.v.ok);
+    weave::bench::netb::NetOptions blocks = j.c;  // the row's own blocks where it has them
+    if (r.send >= 0) blocks.send_blocks = r.send, blocks.recv_blocks = r.recv;
+    weave::bench::netb::add_path_fields(jl, blocks, nccl_row, j.provider, j.notify, j.shared_gpu).add("correct", r.v.ok);
     weave::bench::add_check_worst(jl, r.v.worst).add("seed", std::to_string(j.seed));
+    if (r.impl == kImplAdaptive) jl.add("adaptive", true).add("early_comm_tasks", r.early).add("peak_comm_blocks", static_cast<long long>(r.peak));
+    if (weave_row && r.impl != kImplWeave) {  // write_row gives the weave row its ratios
+      if (!std::isnan(unfused_us)) jl.add("ratio_vs_unfused", unfused_us / r.us);
+      if (!std::isnan(nccl_us)) jl.add("ratio_vs_nccl", nccl_us / r.us);
+    }
     weave::bench::netb::write_row(j, jl, r.impl, r.us, base);
+  }
+  // --sweep: the adaptive split against the best fixed split of the same problem.
+  const Row* adaptive = nullptr;
+  const Row* best = nullptr;
+  for (const Row& r : rows) {
+    if (r.impl == kImplAdaptive) adaptive = &r;
+    if (r.impl == kImplFixed && (!best || r.us < best->us)) best = &r;
+  }
+  if (adaptive && best && j.lead()) {
+    std::printf("| %s | adaptive-vs-fixed | %s | adaptive %.1f us / best fixed %.1f us (%d + %d blocks) = %.3f | "
+                "comm tasks while tiles were left %.1f per call, at most %llu blocks | | | |\n",
+                adaptive->kernel.c_str(), adaptive->sh.str().c_str(), adaptive->us, best->us, best->send, best->recv,
+                adaptive->us / best->us, adaptive->early, adaptive->peak);
+    weave::bench::JsonLine jl;
+    jl.add("kernel", adaptive->kernel).add("impl", "adaptive-vs-fixed").add("S", adaptive->sh.S).add("M", adaptive->sh.M)
+        .add("N", adaptive->sh.N).add("K", adaptive->sh.K).add("nodes", j.nodes).add("world", j.nodes)
+        .add("adaptive_us", adaptive->us).add("best_fixed_us", best->us).add("best_send_blocks", best->send)
+        .add("best_recv_blocks", best->recv).add("ratio", adaptive->us / best->us)
+        .add("correct", adaptive->v.ok && best->v.ok).add("shared_gpu", j.shared_gpu);
+    j.sink.write(jl);
   }
   if (j.lead()) std::fflush(stdout);
 }
@@ -563,6 +641,7 @@ int run(const weave::bench::Args& a) {
       }
       Room need;
       for (const std::string& i : c.impls) need.widen(room_of(k, i, sh, c, nodes));
+      if (!c.sweep.empty()) need.widen(room_of(k, kImplFixed, sh, c, nodes));
       if (weave::bench::netb::widen_within(room, need, c.max_bounce, concat(row_kernel(k), " ", sh.str()), "--sizes", lead))
         todo.push_back({k, sh});
     }
@@ -584,8 +663,11 @@ int run(const weave::bench::Args& a) {
   to.send_blocks = c.send_blocks;
   to.recv_blocks = c.recv_blocks;
   to.b = weave::gemm::BLayout::NK;
+  net::NetTpOptions ta = to;
+  ta.adaptive = true;
   Ops ops{net::NetAgGemm(path, to), net::NetGemmRs(path, to), net::NetGemmAr(path, to),
-          net::NetCollectives(path, weave::bench::netb::coll_options(c))};
+          net::NetCollectives(path, weave::bench::netb::coll_options(c)), net::NetGemmRs(path, ta),
+          net::NetGemmAr(path, ta)};
 
   if (lead) {
     cudaDeviceProp prop{};
@@ -616,6 +698,7 @@ WEAVE_BENCH(net_tp,
             "overlap) vs nccl (weave's GEMM + NCCL on its socket transport; one GPU per rank); M = S, B N x K, every "
             "row checked, exit 1 if any is wrong [--sizes 2048,4096,8192] [--n S] [--k S] "
             "[--kernels ag_gemm,gemm_rs,gemm_ar] "
-            "[--impls weave,weave-unfused,nccl] [--chunk 1M] [--send-blocks 2] [--recv-blocks 6] [--iters 20] "
+            "[--impls weave,weave-unfused,nccl,weave-adaptive (gemm_rs, gemm_ar: the adaptive SM split)] [--chunk 1M] "
+            "[--send-blocks 2] [--recv-blocks 6] [--sweep S+R,... (fixed splits beside the adaptive one)] [--iters 20] "
             "[--warmup 5] [--provider tcp] [--domain lo] [--notify ordered|unordered] [--max-bounce 4G]",
             run);

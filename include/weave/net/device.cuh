@@ -119,37 +119,43 @@ __device__ inline bool wait_completed(const NetHandle& h, uint64_t n) {
   }
 }
 
-// Every thread of every sending block, before it writes the send buffer in call `call`: the
-// previous calls' commands still read it until they complete. `leader` (one block) waits for
-// completed >= commands_before, then opens the gate for the call; the others wait for the gate.
-// No command of this call is pushed before the gate opens, so the count cannot be made up by
-// this call's own completions. False (in every thread) when the path stopped. `word`: an int in
-// shared memory (the forms without it declare their own: a kernel whose dynamic shared memory
-// already takes the whole budget passes a word of it instead).
-__device__ inline bool open_send_gate(const NetHandle& h, uint64_t call, uint64_t commands_before, bool leader,
-                                      int* word) {
+// One thread, before its block writes the send buffer in call `call`: the previous calls'
+// commands still read it until they complete. The `leader` (one per call) waits for completed >=
+// commands_before, then opens the gate for the call; the others wait for the gate. No command of
+// this call is pushed before the gate opens, so the count cannot be made up by this call's own
+// completions. False when the path stopped or the wait timed out (recorded).
+__device__ inline bool pass_send_gate(const NetHandle& h, uint64_t call, uint64_t commands_before, bool leader) {
   using namespace device_detail;
-  int& ok = *word;
-  if (threadIdx.x == 0) {
-    unsigned long long* gate = u64(h.words + kWordGate);
-    if (leader) {
-      ok = wait_completed(h, commands_before);
-      if (ok) {
-        fence_acq_rel_sys();  // release pattern: the completions seen here, then the gate
-        st_relaxed_sys(gate, call + 1);
-      }
-    } else {
-      ok = 1;
-      const unsigned long long t0 = globaltimer();
-      for (uint32_t i = 0; ld_acquire_sys(gate) < call + 1; ++i) {
-        __nanosleep(100);
-        if ((i & 63) == 63 && wait_gives_up(h, ~0u, call + 1, ld_acquire_sys(gate), t0)) {
-          ok = 0;
-          break;
-        }
+  bool ok;
+  unsigned long long* gate = u64(h.words + kWordGate);
+  if (leader) {
+    ok = wait_completed(h, commands_before);
+    if (ok) {
+      fence_acq_rel_sys();  // release pattern: the completions seen here, then the gate
+      st_relaxed_sys(gate, call + 1);
+    }
+  } else {
+    ok = true;
+    const unsigned long long t0 = globaltimer();
+    for (uint32_t i = 0; ld_acquire_sys(gate) < call + 1; ++i) {
+      __nanosleep(100);
+      if ((i & 63) == 63 && wait_gives_up(h, ~0u, call + 1, ld_acquire_sys(gate), t0)) {
+        ok = false;
+        break;
       }
     }
   }
+  return ok;
+}
+
+// Every thread of every sending block: pass_send_gate by thread 0, its verdict in every thread
+// (false when the path stopped). `word`: an int in shared memory (the form without it declares its
+// own: a kernel whose dynamic shared memory already takes the whole budget passes a word of it
+// instead).
+__device__ inline bool open_send_gate(const NetHandle& h, uint64_t call, uint64_t commands_before, bool leader,
+                                      int* word) {
+  int& ok = *word;
+  if (threadIdx.x == 0) ok = pass_send_gate(h, call, commands_before, leader);
   __syncthreads();
   const bool r = ok;
   __syncthreads();  // `ok` is reused by the next call of this function
