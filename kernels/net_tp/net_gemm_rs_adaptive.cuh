@@ -42,6 +42,7 @@ struct NetRsAdaptiveKernelT : NetRsKernelT<Gemm, false> {
     weave::tp::AdaptiveState split;
     long long polled = -1;
     unsigned long long since = 0;
+    unsigned polls = 0;
   };
 
   // The flag of step s's arrival of own unit u (Reduce), or of the AR area's unit u from step s.
@@ -118,9 +119,14 @@ struct NetRsAdaptiveKernelT : NetRsKernelT<Gemm, false> {
           if (st.polled != k) {
             st.polled = k;
             st.since = globaltimer();
+            st.polls = 0;
             return false;
           }
-          return wait_gives_up(g.h, awaited(g, k), 1, 0, st.since);
+          // Every loader without a tile polls the same task's flags across PCIe: slower than the
+          // fixed kernel's receive blocks (one each per unit), so that the polls leave the link to
+          // the data; the stop and the timeout every 32nd poll, as the fixed kernel's waits do.
+          __nanosleep(256);
+          return (++st.polls & 31) == 0 && wait_gives_up(g.h, awaited(g, k), 1, 0, st.since);
         });
   }
 
