@@ -285,7 +285,7 @@ struct Row {
   Verdict v;
   int send = -1, recv = -1;  // the row's send and receive blocks (-1: the options'; 0: adaptive)
   double early = 0;          // adaptive: communication tasks per call handed out while tiles were left
-  unsigned long long peak = 0;  // adaptive: the most blocks communicating then (over the row's calls)
+  unsigned long long peak = 0;  // adaptive: the most blocks communicating then, over its object's calls so far
 };
 
 // Times and checks one implementation; a row for it.
