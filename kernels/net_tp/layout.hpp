@@ -111,6 +111,19 @@ __host__ __device__ inline bool nth_unit(const UnitPlan& a, int r, bool from, lo
   }
   return false;
 }
+// nth_unit's j-th item with the rank whose shard it cuts (from_peer(r, s) or send_peer(r, s)) and
+// its bytes [b0, b1) of that shard (none when b1 <= b0).
+struct StepUnit {
+  int s = 0, u = 0, peer = 0;
+  long long b0 = 0, b1 = 0;
+};
+__host__ __device__ inline StepUnit step_unit(const UnitPlan& a, int r, bool from, long long j) {
+  StepUnit x;
+  nth_unit(a, r, from, j, &x.s, &x.u);
+  x.peer = from ? from_peer(a, r, x.s) : send_peer(a, r, x.s);
+  unit(a, x.peer, x.u, &x.b0, &x.b1);
+  return x;
+}
 __host__ __device__ inline long long step_units(const UnitPlan& a, int r, bool from) {
   long long n = 0;
   for (int st = 0; st < steps(a); ++st) n += units(a, from ? from_peer(a, r, st) : send_peer(a, r, st));
@@ -196,6 +209,10 @@ __host__ __device__ inline RsCommTask rs_comm_task(const UnitPlan& a, int r, boo
   t.kind = RsCommKind::Gather;
   nth_unit(a, r, true, k - units(a, r), &t.s, &t.u);
   return t;
+}
+// The rank whose shard task t's unit cuts.
+__host__ __device__ inline int comm_owner(const UnitPlan& a, int r, const RsCommTask& t) {
+  return t.kind == RsCommKind::Send ? send_peer(a, r, t.s) : t.kind == RsCommKind::Reduce ? r : from_peer(a, r, t.s);
 }
 
 }  // namespace weave::net::tp_net

@@ -92,11 +92,7 @@ struct NetAgKernelT : weave::tp::AgKernelT<Gemm> {
     const UnitPlan& A = g.A;
     const long long items = step_units(A, g.rank, true);
     for (long long j = b; j < items; j += nb) {
-      int s = 0, u = 0;
-      nth_unit(A, g.rank, true, j, &s, &u);
-      const int q = from_peer(A, g.rank, s);
-      long long b0, b1;
-      unit(A, q, u, &b0, &b1);
+      const auto [s, u, q, b0, b1] = step_unit(A, g.rank, true, j);
       const uint32_t f = g.flag_base + static_cast<uint32_t>(flag(A, s, u));
       if (b1 > b0) {
         if (!block_agree(threadIdx.x == 0 ? wait_arrival(h, f) : true, word)) return;

@@ -52,18 +52,13 @@ struct NetRsAdaptiveKernelT : NetRsKernelT<Gemm, false> {
   static __device__ __forceinline__ uint32_t ar_flag(const Globals& g, int s, int u) {
     return g.flag_base + static_cast<uint32_t>(flags_needed(g.U) + flag(g.U, s, u));
   }
-  static __device__ __forceinline__ bool arrived(const Globals& g, uint32_t f) {
-    return ld_acquire_sys(reinterpret_cast<const unsigned long long*>(g.h.flags + f)) != 0;
-  }
   // Column tiles of row tile `vrow` stored this call.
   static __device__ __forceinline__ unsigned long long tiles_stored(const Globals& g, int vrow) {
     return ld_relaxed_sys(g.tile_done + vrow);
   }
-  // The owner of task t's unit (whose shard it cuts).
+  static __device__ __forceinline__ bool arrived(const Globals& g, uint32_t f) { return weave::net::arrived(g.h, f); }
   static __device__ __forceinline__ int owner_of(const Globals& g, const RsCommTask& t) {
-    return t.kind == RsCommKind::Send ? send_peer(g.U, g.rank, t.s)
-           : t.kind == RsCommKind::Reduce ? g.rank
-                                          : from_peer(g.U, g.rank, t.s);
+    return comm_owner(g.U, g.rank, t);
   }
 
   // Task k's input has begun to come (Send, Reduce: its row tile's first column tile is stored;

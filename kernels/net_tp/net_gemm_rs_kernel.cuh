@@ -171,11 +171,7 @@ struct NetRsKernelT : Gemm {
     Producer prod{h.queue};
     const long long items = step_units(U, g.rank, false);
     for (long long j = c; j < items; j += nc) {
-      int s = 0, u = 0;
-      nth_unit(U, g.rank, false, j, &s, &u);
-      const int p = send_peer(U, g.rank, s);
-      long long b0, b1;
-      unit(U, p, u, &b0, &b1);
+      const auto [s, u, p, b0, b1] = step_unit(U, g.rank, false, j);
       if (b1 <= b0) continue;  // the receiver counts empty units in without a command
       if (!block_agree(threadIdx.x == 0 ? wait_tile(g, U.L.off[p] + u / U.P) : true, word)) return;
       sum_partials(g, reinterpret_cast<uint4*>(h.send + slot_off(U, s, b0)), shard_byte(U, p) + b0, b1 - b0);
@@ -268,11 +264,7 @@ struct NetRsKernelT : Gemm {
     // block's own units above come first: they never wait for these.
     const long long items = step_units(U, r, true);
     for (long long j = b; j < items; j += nb) {
-      int s = 0, u = 0;
-      nth_unit(U, r, true, j, &s, &u);
-      const int q = from_peer(U, r, s);
-      long long b0, b1;
-      unit(U, q, u, &b0, &b1);
+      const auto [s, u, q, b0, b1] = step_unit(U, r, true, j);
       if (b1 > b0) {
         const uint32_t f = g.flag_base + static_cast<uint32_t>(flags_needed(U) + flag(U, s, u));
         if (!block_agree(threadIdx.x == 0 ? wait_arrival(h, f) : true, word)) return release_node(g);

@@ -33,6 +33,7 @@
 namespace net = weave::net;
 namespace check = weave::check;
 namespace gref = weave::gemm::ref;
+namespace rt = weave::runtime;
 using bf16 = __nv_bfloat16;
 using weave::gemm::BLayout;
 using Dev = check::DeviceBuffer<bf16>;
@@ -117,25 +118,65 @@ void expect_error(const char* what, int rank, Call&& call, const std::string& pa
   EXPECT_NE(msg.find(part), std::string::npos) << what << ": " << msg;
 }
 
+struct Shape {
+  int M, N, K;
+};
+constexpr int kBackToBack = 200;  // calls without a host wait
+
 struct Calls {
   uint64_t base, n = 0;
   explicit Calls(net::NetPath& p) : base(job_seed(p)) {}
   uint64_t next() { return check::derive(base, 0xA6, n++); }
 };
 
-std::string label(int M, int N, int K, BLayout bl, long long chunk, bool in_place) {
-  return "ag_gemm " + std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) +
-         (bl == BLayout::NK ? " nk" : " kn") + " chunk " + std::to_string(chunk) + (in_place ? " in place" : "");
+std::string label(const char* op, int M, int N, int K, BLayout bl, long long chunk) {
+  return std::string(op) + " " + std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) +
+         (bl == BLayout::NK ? " nk" : " kn") + " chunk " + std::to_string(chunk);
 }
+std::string label(int M, int N, int K, BLayout bl, long long chunk, bool in_place) {
+  return label("ag_gemm", M, N, K, bl, chunk) + (in_place ? " in place" : "");
+}
+
+// n AG+GEMM problems for calls without a host wait: call k's shape from `shape(k)`, its gathered
+// A at `gathered(k)` (nullptr: its own), its shard, fresh inputs and poisoned outputs of its own.
+struct AgBatch {
+  std::vector<std::unique_ptr<AgCase>> cases;
+  std::vector<std::unique_ptr<Dev>> shards;
+  std::vector<uint64_t> seeds;
+  template <class Shape, class Gathered>
+  AgBatch(Calls& calls, int W, int r, int n, Shape&& shape, Gathered&& gathered) {
+    for (int k = 0; k < n; ++k) {
+      const auto sh = shape(k);
+      cases.push_back(std::make_unique<AgCase>(sh.M, sh.N, sh.K, BLayout::NK, gathered(k)));
+      shards.push_back(std::make_unique<Dev>(size_t(weave::tp::shard(sh.M, W, r).size) * sh.K));
+      seeds.push_back(calls.next());
+      cases.back()->inputs(seeds.back(), r, shards.back()->p, W);
+    }
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  }
+  void run(net::NetAgGemm& ag) {
+    for (size_t k = 0; k < cases.size(); ++k) {
+      AgCase& c = *cases[k];
+      ag.run(shards[k]->p, c.gathered, c.B.p, c.C.p, c.M, c.N, c.K, nullptr);
+    }
+  }
+  // After the finish: every call's C and gathered A against its reference, on every rank.
+  void check(net::NetPath& path, const std::string& prefix) {
+    for (size_t k = 0; k < cases.size(); ++k) {
+      AgCase& c = *cases[k];
+      c.reference(seeds[k], path.world());
+      const std::string what = prefix + " call " + std::to_string(k);
+      expect_all_ranks(path, c.check_c(), what + ": C");
+      expect_all_ranks(path, c.check_gathered(), what + ": gathered A");
+    }
+  }
+};
 
 TEST(NetTpGpu, AgGemmMatchesReference) {
   net::NetPath path(options());
   ASSERT_EQ(path.topo().gpus, 1) << "run under weave-run -n N --nodes N";
   const int W = path.world(), r = path.rank();
   Calls calls(path);
-  struct Shape {
-    int M, N, K;
-  };
   // Ragged rows (shards not 128-row multiples, a 1-row-per-node one), N off the 256 grid, short K.
   const Shape shapes[] = {{3000, 1000, 1000}, {1000, 264, 512}, {257, 8, 64}, {2048, 2048, 2048}, {W + 1, 24, 136}};
   for (const Shape& sh : shapes)
@@ -173,34 +214,12 @@ TEST(NetTpGpu, AgGemmBackToBack) {
   net::NetTpOptions o;
   o.chunk_bytes = 32 << 10;
   net::NetAgGemm ag(path, o);
-  constexpr int kCalls = 200;
-  struct Shape {
-    int M, N, K;
-  };
-  const Shape shapes[] = {{515, 264, 320}, {300, 128, 1024}};
-  std::vector<std::unique_ptr<AgCase>> cases;
-  std::vector<std::unique_ptr<Dev>> shards;
-  std::vector<uint64_t> seeds;
-  for (int k = 0; k < kCalls; ++k) {
-    const Shape& sh = shapes[k % 2];
-    cases.push_back(std::make_unique<AgCase>(sh.M, sh.N, sh.K, BLayout::NK));
-    shards.push_back(std::make_unique<Dev>(size_t(weave::tp::shard(sh.M, W, r).size) * sh.K));
-    seeds.push_back(calls.next());
-    cases.back()->inputs(seeds.back(), r, shards.back()->p, W);
-  }
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  for (int k = 0; k < kCalls; ++k) {
-    AgCase& c = *cases[k];
-    ag.run(shards[k]->p, c.gathered, c.B.p, c.C.p, c.M, c.N, c.K, nullptr);
-  }
+  AgBatch b(
+      calls, W, r, kBackToBack, [](int k) { return k % 2 ? Shape{300, 128, 1024} : Shape{515, 264, 320}; },
+      [](int) { return nullptr; });
+  b.run(ag);
   ag.finish(nullptr);
-  for (int k = 0; k < kCalls; ++k) {
-    AgCase& c = *cases[k];
-    c.reference(seeds[k], W);
-    const std::string what = "back-to-back call " + std::to_string(k);
-    expect_all_ranks(path, c.check_c(), what + ": C");
-    expect_all_ranks(path, c.check_gathered(), what + ": gathered A");
-  }
+  b.check(path, "back-to-back");
   path.shutdown();
 }
 
@@ -308,14 +327,93 @@ struct RsCase {
   }
 };
 
+// A 64-bit hash of a device bf16 array (host copy): every rank's all-reduce output must match.
+uint64_t hash_of(const bf16* p, size_t n) {
+  std::vector<uint16_t> h(n);
+  EXPECT_EQ(cudaMemcpy(h.data(), p, n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  uint64_t x = 1469598103934665603ull;
+  for (uint16_t v : h) x = (x ^ v) * 1099511628211ull;
+  return x;
+}
+
+// AR: every rank's output against the reference, and bit-identical on every rank.
+void expect_ar(net::NetPath& path, const RsCase& c, const std::string& what) {
+  expect_all_ranks(path, c.check_all(path.world()), what);
+  const uint64_t mine = hash_of(c.out, c.out_n);
+  std::vector<uint64_t> all(path.world());
+  path.bootstrap().all_gather(&mine, all.data(), sizeof mine);
+  for (int q = 0; q < path.world(); ++q) EXPECT_EQ(all[q], mine) << what << ": rank " << q << "'s output differs";
+}
+
+// AR (all rows, bit-identical on every rank) or RS (this rank's rows), on every rank.
+void expect_rs_or_ar(net::NetPath& path, const RsCase& c, bool ar, const std::string& what) {
+  if (ar) expect_ar(path, c, what);
+  else expect_all_ranks(path, c.check_out(path.rank(), path.world()), what);
+}
+
+// One RS or AR call on a fresh problem into a poisoned output (AR's at `ar_out` when given, e.g. a
+// node's heap), checked on every rank. `run(c)` makes the call and its finish; `barrier` (when
+// given) keeps a node peer from writing before every rank's poison is in place, and the next call
+// from writing while a peer still checks.
+template <class Run>
+void rs_call(net::NetPath& path, Calls& calls, bool ar, int M, int N, int K, BLayout bl, const std::string& what,
+             Run&& run, bf16* ar_out = nullptr, rt::Communicator* barrier = nullptr) {
+  const int W = path.world(), r = path.rank();
+  RsCase c(M, N, K, bl, ar ? M : weave::tp::shard(M, W, r).size, ar ? ar_out : nullptr);
+  const uint64_t call = calls.next();
+  c.inputs(call, r);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  if (barrier) barrier->barrier();
+  run(c);
+  c.reference(call, W);
+  expect_rs_or_ar(path, c, ar, what);
+  if (barrier) barrier->barrier();
+}
+
+// n RS / AR problems for calls without a host wait: call k's shape from `shape(k)`, AR where
+// `is_ar(k)` (its output at `ar_out(k)`, nullptr: its own), fresh inputs and a poisoned output of
+// its own each.
+struct RsBatch {
+  std::vector<std::unique_ptr<RsCase>> cases;
+  std::vector<uint64_t> seeds;
+  std::vector<bool> ar;
+  template <class ShapeOf, class IsAr, class ArOut>
+  RsBatch(Calls& calls, int W, int r, int n, ShapeOf&& shape, IsAr&& is_ar, ArOut&& ar_out) {
+    for (int k = 0; k < n; ++k) {
+      const Shape sh = shape(k);
+      ar.push_back(is_ar(k));
+      cases.push_back(std::make_unique<RsCase>(sh.M, sh.N, sh.K, BLayout::NK,
+                                               ar.back() ? sh.M : weave::tp::shard(sh.M, W, r).size,
+                                               ar.back() ? ar_out(k) : nullptr));
+      seeds.push_back(calls.next());
+      cases.back()->inputs(seeds.back(), r);
+    }
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  }
+  // Every call in order: the AR ones on `ar_op`, the others on *rs_of(k).
+  template <class RsOf, class Ar>
+  void run(RsOf&& rs_of, Ar& ar_op) {
+    for (size_t k = 0; k < cases.size(); ++k) {
+      RsCase& c = *cases[k];
+      if (ar[k]) ar_op.run(c.A.p, c.B.p, c.out, c.M, c.N, c.K, nullptr);
+      else rs_of(static_cast<int>(k))->run(c.A.p, c.B.p, c.out, c.M, c.N, c.K, nullptr);
+    }
+  }
+  // After the finish: every call against its reference, on every rank; name(k) labels call k.
+  template <class Name>
+  void check(net::NetPath& path, Name&& name) {
+    for (size_t k = 0; k < cases.size(); ++k) {
+      cases[k]->reference(seeds[k], path.world());
+      expect_rs_or_ar(path, *cases[k], ar[k], name(static_cast<int>(k)));
+    }
+  }
+};
+
 TEST(NetTpGpu, GemmRsMatchesReference) {
   net::NetPath path(options());
   ASSERT_EQ(path.topo().gpus, 1) << "run under weave-run -n N --nodes N";
   const int W = path.world(), r = path.rank();
   Calls calls(path);
-  struct Shape {
-    int M, N, K;
-  };
   const Shape shapes[] = {{3000, 1000, 1000}, {1000, 264, 512}, {257, 8, 64}, {2048, 2048, 2048}, {W + 1, 24, 136}};
   for (const Shape& sh : shapes)
     for (BLayout bl : {BLayout::NK, BLayout::KN})
@@ -324,16 +422,10 @@ TEST(NetTpGpu, GemmRsMatchesReference) {
         net::NetTpOptions o;
         o.b = bl, o.chunk_bytes = chunk;
         net::NetGemmRs rs(path, o);
-        RsCase c(sh.M, sh.N, sh.K, bl, weave::tp::shard(sh.M, W, r).size);
-        const uint64_t call = calls.next();
-        c.inputs(call, r);
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        rs.run(c.A.p, c.B.p, c.out, sh.M, sh.N, sh.K, nullptr);
-        rs.finish(nullptr);
-        c.reference(call, W);
-        expect_all_ranks(path, c.check_out(r, W),
-                         "gemm_rs " + std::to_string(sh.M) + "x" + std::to_string(sh.N) + "x" + std::to_string(sh.K) +
-                             (bl == BLayout::NK ? " nk" : " kn") + " chunk " + std::to_string(chunk));
+        rs_call(path, calls, false, sh.M, sh.N, sh.K, bl, label("gemm_rs", sh.M, sh.N, sh.K, bl, chunk), [&](RsCase& c) {
+          rs.run(c.A.p, c.B.p, c.out, c.M, c.N, c.K, nullptr);
+          rs.finish(nullptr);
+        });
       }
   path.shutdown();
 }
@@ -347,26 +439,12 @@ TEST(NetTpGpu, GemmRsBackToBack) {
   net::NetTpOptions o;
   o.chunk_bytes = 32 << 10;
   net::NetGemmRs rs(path, o);
-  constexpr int kCalls = 200;
-  struct Shape {
-    int M, N, K;
-  };
-  const Shape shapes[] = {{515, 264, 320}, {300, 1024, 128}};
-  std::vector<std::unique_ptr<RsCase>> cases;
-  std::vector<uint64_t> seeds;
-  for (int k = 0; k < kCalls; ++k) {
-    const Shape& sh = shapes[k % 2];
-    cases.push_back(std::make_unique<RsCase>(sh.M, sh.N, sh.K, BLayout::NK, weave::tp::shard(sh.M, W, r).size));
-    seeds.push_back(calls.next());
-    cases.back()->inputs(seeds.back(), r);
-  }
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  for (auto& c : cases) rs.run(c->A.p, c->B.p, c->out, c->M, c->N, c->K, nullptr);
+  RsBatch b(
+      calls, W, r, kBackToBack, [](int k) { return k % 2 ? Shape{300, 1024, 128} : Shape{515, 264, 320}; },
+      [](int) { return false; }, [](int) { return nullptr; });
+  b.run([&](int) { return &rs; }, rs);
   rs.finish(nullptr);
-  for (int k = 0; k < kCalls; ++k) {
-    cases[k]->reference(seeds[k], W);
-    expect_all_ranks(path, cases[k]->check_out(r, W), "gemm_rs back-to-back call " + std::to_string(k));
-  }
+  b.check(path, [](int k) { return "gemm_rs back-to-back call " + std::to_string(k); });
   path.shutdown();
 }
 
@@ -400,31 +478,10 @@ TEST(NetTpGpu, GemmRsRejectsBadCallsOnEveryRank) {
 
 // ---- GEMM + AllReduce -------------------------------------------------------------------------
 
-// A 64-bit hash of a device bf16 array (host copy): every rank's all-reduce output must match.
-uint64_t hash_of(const bf16* p, size_t n) {
-  std::vector<uint16_t> h(n);
-  EXPECT_EQ(cudaMemcpy(h.data(), p, n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
-  uint64_t x = 1469598103934665603ull;
-  for (uint16_t v : h) x = (x ^ v) * 1099511628211ull;
-  return x;
-}
-
-// AR: every rank's output against the reference, and bit-identical on every rank.
-void expect_ar(net::NetPath& path, const RsCase& c, const std::string& what) {
-  expect_all_ranks(path, c.check_all(path.world()), what);
-  const uint64_t mine = hash_of(c.out, c.out_n);
-  std::vector<uint64_t> all(path.world());
-  path.bootstrap().all_gather(&mine, all.data(), sizeof mine);
-  for (int q = 0; q < path.world(); ++q) EXPECT_EQ(all[q], mine) << what << ": rank " << q << "'s output differs";
-}
-
 TEST(NetTpGpu, GemmArMatchesReferenceOnEveryRank) {
   net::NetPath path(options());
   const int W = path.world(), r = path.rank();
   Calls calls(path);
-  struct Shape {
-    int M, N, K;
-  };
   const Shape shapes[] = {{3000, 1000, 1000}, {257, 8, 64}, {1024, 2048, 512}, {W + 1, 24, 136}};
   for (const Shape& sh : shapes)
     for (BLayout bl : {BLayout::NK, BLayout::KN})
@@ -432,17 +489,10 @@ TEST(NetTpGpu, GemmArMatchesReferenceOnEveryRank) {
         net::NetTpOptions o;
         o.b = bl, o.chunk_bytes = chunk;
         net::NetGemmAr ar(path, o);
-        RsCase c(sh.M, sh.N, sh.K, bl, sh.M);
-        const uint64_t call = calls.next();
-        c.inputs(call, r);
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        ar.run(c.A.p, c.B.p, c.out, sh.M, sh.N, sh.K, nullptr);
-        ar.finish(nullptr);
-        c.reference(call, W);
-        const std::string what = "gemm_ar " + std::to_string(sh.M) + "x" + std::to_string(sh.N) + "x" +
-                                 std::to_string(sh.K) + (bl == BLayout::NK ? " nk" : " kn") + " chunk " +
-                                 std::to_string(chunk);
-        expect_ar(path, c, what);
+        rs_call(path, calls, true, sh.M, sh.N, sh.K, bl, label("gemm_ar", sh.M, sh.N, sh.K, bl, chunk), [&](RsCase& c) {
+          ar.run(c.A.p, c.B.p, c.out, c.M, c.N, c.K, nullptr);
+          ar.finish(nullptr);
+        });
       }
   // 200 calls back to back, RS and AR alternating on one path (both operators' areas and call
   // slots), each with fresh inputs and a poisoned output of its own.
@@ -450,29 +500,12 @@ TEST(NetTpGpu, GemmArMatchesReferenceOnEveryRank) {
   o.chunk_bytes = 32 << 10;
   net::NetGemmAr ar(path, o);
   net::NetGemmRs rs(path, o);
-  constexpr int kCalls = 200;
-  std::vector<std::unique_ptr<RsCase>> cases;
-  std::vector<uint64_t> seeds;
-  for (int k = 0; k < kCalls; ++k) {
-    const int M = 515, rows = k % 2 ? weave::tp::shard(M, W, r).size : M;
-    cases.push_back(std::make_unique<RsCase>(M, 264, 320, BLayout::NK, rows));
-    seeds.push_back(calls.next());
-    cases.back()->inputs(seeds.back(), r);
-  }
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  for (int k = 0; k < kCalls; ++k) {
-    RsCase& c = *cases[k];
-    if (k % 2) rs.run(c.A.p, c.B.p, c.out, c.M, c.N, c.K, nullptr);
-    else ar.run(c.A.p, c.B.p, c.out, c.M, c.N, c.K, nullptr);
-  }
+  RsBatch b(
+      calls, W, r, kBackToBack, [](int) { return Shape{515, 264, 320}; }, [](int k) { return k % 2 == 0; },
+      [](int) { return nullptr; });
+  b.run([&](int) { return &rs; }, ar);
   ar.finish(nullptr);
-  for (int k = 0; k < kCalls; ++k) {
-    RsCase& c = *cases[k];
-    c.reference(seeds[k], W);
-    const std::string what = std::string(k % 2 ? "gemm_rs" : "gemm_ar") + " alternating call " + std::to_string(k);
-    if (k % 2) expect_all_ranks(path, c.check_out(r, W), what);
-    else expect_all_ranks(path, c.check_all(W), what);
-  }
+  b.check(path, [](int k) { return std::string(k % 2 ? "gemm_rs" : "gemm_ar") + " alternating call " + std::to_string(k); });
   path.shutdown();
 }
 
@@ -500,25 +533,22 @@ TEST(NetTpGpu, DifferentOperatorsRejectedOnEveryRank) {
 // One checked adaptive RS or AR call of a new object; returns its statistics.
 weave::tp::AdaptiveStats adaptive_call(net::NetPath& path, Calls& calls, bool ar, int M, int N, int K, BLayout bl,
                                        long long chunk) {
-  const int W = path.world(), r = path.rank();
   net::NetTpOptions o;
   o.b = bl, o.chunk_bytes = chunk, o.adaptive = true;
-  net::NetGemmAr op_ar(path, o);
-  net::NetGemmRs op_rs(path, o);
-  RsCase c(M, N, K, bl, ar ? M : weave::tp::shard(M, W, r).size);
-  const uint64_t call = calls.next();
-  c.inputs(call, r);
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  if (ar) op_ar.run(c.A.p, c.B.p, c.out, M, N, K, nullptr);
-  else op_rs.run(c.A.p, c.B.p, c.out, M, N, K, nullptr);
-  op_rs.finish(nullptr);
-  c.reference(call, W);
-  const std::string what = std::string(ar ? "adaptive gemm_ar " : "adaptive gemm_rs ") + std::to_string(M) + "x" +
-                           std::to_string(N) + "x" + std::to_string(K) + (bl == BLayout::NK ? " nk" : " kn") +
-                           " chunk " + std::to_string(chunk);
-  if (ar) expect_ar(path, c, what);
-  else expect_all_ranks(path, c.check_out(r, W), what);
-  return ar ? op_ar.adaptive_stats() : op_rs.adaptive_stats();
+  const std::string what = label(ar ? "adaptive gemm_ar" : "adaptive gemm_rs", M, N, K, bl, chunk);
+  const auto call = [&](auto& op) {
+    rs_call(path, calls, ar, M, N, K, bl, what, [&](RsCase& c) {
+      op.run(c.A.p, c.B.p, c.out, c.M, c.N, c.K, nullptr);
+      op.finish(nullptr);
+    });
+    return op.adaptive_stats();
+  };
+  if (ar) {
+    net::NetGemmAr op(path, o);
+    return call(op);
+  }
+  net::NetGemmRs op(path, o);
+  return call(op);
 }
 
 // Outputs against the reference on every rank (AR: bit-identical everywhere), ragged shapes, both
@@ -531,9 +561,6 @@ TEST(NetTpGpu, AdaptiveGemmRsArMatchReference) {
   Calls calls(path);
   int sms = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
-  struct Shape {
-    int M, N, K;
-  };
   const Shape shapes[] = {{3000, 1000, 1000}, {1000, 264, 512}, {257, 8, 64}, {2048, 2048, 2048}, {W + 1, 24, 136}};
   for (const Shape& sh : shapes)
     for (BLayout bl : {BLayout::NK, BLayout::KN})
@@ -559,33 +586,17 @@ TEST(NetTpGpu, AdaptiveBackToBackBesideTheFixedSplit) {
   o.adaptive = true;
   net::NetGemmRs rs(path, o);
   net::NetGemmAr ar(path, o);
-  constexpr int kCalls = 200;
-  std::vector<std::unique_ptr<RsCase>> cases;
-  std::vector<uint64_t> seeds;
-  for (int k = 0; k < kCalls; ++k) {
-    const int M = k % 2 ? 515 : 300, N = k % 2 ? 264 : 1024, K = k % 2 ? 320 : 128;
-    cases.push_back(std::make_unique<RsCase>(M, N, K, BLayout::NK, k % 3 == 1 ? M : weave::tp::shard(M, W, r).size));
-    seeds.push_back(calls.next());
-    cases.back()->inputs(seeds.back(), r);
-  }
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  for (int k = 0; k < kCalls; ++k) {
-    RsCase& c = *cases[k];
-    if (k % 3 == 0) rs.run(c.A.p, c.B.p, c.out, c.M, c.N, c.K, nullptr);
-    else if (k % 3 == 1) ar.run(c.A.p, c.B.p, c.out, c.M, c.N, c.K, nullptr);
-    else fixed.run(c.A.p, c.B.p, c.out, c.M, c.N, c.K, nullptr);
-  }
+  RsBatch b(
+      calls, W, r, kBackToBack, [](int k) { return k % 2 ? Shape{515, 264, 320} : Shape{300, 1024, 128}; },
+      [](int k) { return k % 3 == 1; }, [](int) { return nullptr; });
+  b.run([&](int k) { return k % 3 == 0 ? &rs : &fixed; }, ar);
   rs.finish(nullptr);
-  for (int k = 0; k < kCalls; ++k) {
-    RsCase& c = *cases[k];
-    c.reference(seeds[k], W);
-    const std::string what = std::string(k % 3 == 0 ? "adaptive gemm_rs" : k % 3 == 1 ? "adaptive gemm_ar" : "gemm_rs") +
-                             " call " + std::to_string(k);
-    if (k % 3 == 1) expect_all_ranks(path, c.check_all(W), what);
-    else expect_all_ranks(path, c.check_out(r, W), what);
-  }
-  EXPECT_EQ(rs.adaptive_stats().launches, static_cast<unsigned long long>((kCalls + 2) / 3));
-  EXPECT_EQ(ar.adaptive_stats().launches, static_cast<unsigned long long>((kCalls + 1) / 3));
+  b.check(path, [](int k) {
+    return std::string(k % 3 == 0 ? "adaptive gemm_rs" : k % 3 == 1 ? "adaptive gemm_ar" : "gemm_rs") + " call " +
+           std::to_string(k);
+  });
+  EXPECT_EQ(rs.adaptive_stats().launches, static_cast<unsigned long long>((kBackToBack + 2) / 3));
+  EXPECT_EQ(ar.adaptive_stats().launches, static_cast<unsigned long long>((kBackToBack + 1) / 3));
   EXPECT_EQ(fixed.adaptive_stats().launches, 0u);
   path.shutdown();
 }
@@ -647,8 +658,6 @@ TEST(NetTpGpu, AdaptiveRefusedWhereNotBuilt) {
 
 // ---- hierarchical AllGather + GEMM (nodes of G > 1 ranks: weave-run -n 4 --nodes 2) -------------
 
-namespace rt = weave::runtime;
-
 rt::Communicator node_comm(net::NetPath& path) {
   rt::CommOptions o;
   o.heap_bytes = size_t(512) << 20;
@@ -664,9 +673,6 @@ TEST(NetTpGpuHier, AgGemmMatchesReference) {
   rt::Communicator node = node_comm(path);
   const int W = path.world(), r = path.rank();
   Calls calls(path);
-  struct Shape {
-    int M, N, K;
-  };
   const Shape shapes[] = {{3000, 1000, 1000}, {1000, 264, 512}, {W + 1, 24, 136}, {2048, 2048, 1024}};
   size_t most = 0;
   for (const Shape& sh : shapes) most = std::max(most, size_t(sh.M) * sh.K);
@@ -698,34 +704,16 @@ TEST(NetTpGpuHier, AgGemmMatchesReference) {
   net::NetTpOptions o;
   o.chunk_bytes = 32 << 10;
   net::NetAgGemm ag(path, node, o);
-  constexpr int kCalls = 200;
-  const Shape bb[] = {{515, 264, 320}, {300, 128, 1024}};
+  const auto shape = [](int k) { return k % 2 ? Shape{300, 128, 1024} : Shape{515, 264, 320}; };
   std::vector<bf16*> gs;
-  std::vector<std::unique_ptr<AgCase>> cases;
-  std::vector<std::unique_ptr<Dev>> shards;
-  std::vector<uint64_t> seeds;
-  for (int k = 0; k < kCalls; ++k) {
-    const Shape& sh = bb[k % 2];
-    gs.push_back(static_cast<bf16*>(node.alloc(size_t(sh.M) * sh.K * sizeof(bf16))));
-    cases.push_back(std::make_unique<AgCase>(sh.M, sh.N, sh.K, BLayout::NK, gs.back()));
-    shards.push_back(std::make_unique<Dev>(size_t(weave::tp::shard(sh.M, W, r).size) * sh.K));
-    seeds.push_back(calls.next());
-    cases.back()->inputs(seeds.back(), r, shards.back()->p, W);
-  }
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  AgBatch b(calls, W, r, kBackToBack, shape, [&](int k) {
+    gs.push_back(static_cast<bf16*>(node.alloc(size_t(shape(k).M) * shape(k).K * sizeof(bf16))));
+    return gs.back();
+  });
   node.barrier();  // every rank's poison is in place before any peer writes
-  for (int k = 0; k < kCalls; ++k) {
-    AgCase& c = *cases[k];
-    ag.run(shards[k]->p, c.gathered, c.B.p, c.C.p, c.M, c.N, c.K, nullptr);
-  }
+  b.run(ag);
   ag.finish(nullptr);
-  for (int k = 0; k < kCalls; ++k) {
-    AgCase& c = *cases[k];
-    c.reference(seeds[k], W);
-    const std::string what = "hier back-to-back call " + std::to_string(k);
-    expect_all_ranks(path, c.check_c(), what + ": C");
-    expect_all_ranks(path, c.check_gathered(), what + ": gathered A");
-  }
+  b.check(path, "hier back-to-back");
   node.barrier();
   for (bf16* p : gs) node.free(p);
   path.shutdown();
@@ -773,30 +761,24 @@ TEST(NetTpGpuHier, AgGemmRejectsAGatheredOutsideTheHeap) {
 // size, inside its 4 W).
 void hier_rs_call(net::NetPath& path, rt::Communicator& node, Calls& calls, bool ar, int M, int N, int K, BLayout bl,
                   long long chunk, bf16* heap_out) {
-  const int W = path.world(), r = path.rank();
   net::NetTpOptions o;
   o.b = bl, o.chunk_bytes = chunk;
-  RsCase c(M, N, K, bl, ar ? M : weave::tp::shard(M, W, r).size, ar ? heap_out : nullptr);
-  const uint64_t call = calls.next();
-  c.inputs(call, r);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  node.barrier();  // every rank's poison is in place before a node peer writes
+  const auto call = [&](auto& op) {
+    rs_call(
+        path, calls, ar, M, N, K, bl, label(ar ? "hier gemm_ar" : "hier gemm_rs", M, N, K, bl, chunk),
+        [&](RsCase& c) {
+          op.run(c.A.p, c.B.p, c.out, c.M, c.N, c.K, nullptr);
+          op.finish(nullptr);
+        },
+        heap_out, &node);
+  };
   if (ar) {
     net::NetGemmAr op(path, node, o);
-    op.run(c.A.p, c.B.p, c.out, M, N, K, nullptr);
-    op.finish(nullptr);
+    call(op);
   } else {
     net::NetGemmRs op(path, node, o);
-    op.run(c.A.p, c.B.p, c.out, M, N, K, nullptr);
-    op.finish(nullptr);
+    call(op);
   }
-  c.reference(call, W);
-  const std::string what = std::string(ar ? "hier gemm_ar " : "hier gemm_rs ") + std::to_string(M) + "x" +
-                           std::to_string(N) + "x" + std::to_string(K) + (bl == BLayout::NK ? " nk" : " kn") +
-                           " chunk " + std::to_string(chunk);
-  if (ar) expect_ar(path, c, what);
-  else expect_all_ranks(path, c.check_out(r, W), what);
-  node.barrier();  // nobody's next call writes heap_out while a node peer still checks it
 }
 
 // Ragged shapes (M not a multiple of 128 nor of W; N off the 256 grid; one row per rank but one),
@@ -807,9 +789,6 @@ TEST(NetTpGpuHier, GemmRsArMatchReference) {
   rt::Communicator node = node_comm(path);
   const int W = path.world();
   Calls calls(path);
-  struct Shape {
-    int M, N, K;
-  };
   const Shape shapes[] = {{1001, 1000, 520}, {3000, 264, 1000}, {W + 1, 24, 136}, {517, 2048, 256}};
   size_t most = 0;
   for (const Shape& sh : shapes) most = std::max(most, size_t(sh.M) * sh.N);
@@ -836,43 +815,22 @@ TEST(NetTpGpuHier, GemmRsArBackToBack) {
   o.chunk_bytes = 32 << 10;
   net::NetGemmRs rs(path, node, o);
   net::NetGemmAr ar(path, node, o);
-  constexpr int kCalls = 200;
-  struct Shape {
-    int M, N, K;
-  };
-  const Shape bb[] = {{515, 264, 320}, {300, 1024, 128}};
+  const auto shape = [](int k) { return k % 2 ? Shape{300, 1024, 128} : Shape{515, 264, 320}; };
+  const auto is_ar = [](int k) { return (k / 2) % 2 == 1; };
   std::vector<bf16*> outs;
-  std::vector<std::unique_ptr<RsCase>> cases;
-  std::vector<uint64_t> seeds;
-  for (int k = 0; k < kCalls; ++k) {
-    const Shape& sh = bb[k % 2];
-    const bool is_ar = (k / 2) % 2;
-    outs.push_back(is_ar ? static_cast<bf16*>(node.alloc(size_t(sh.M) * sh.N * sizeof(bf16))) : nullptr);
-    cases.push_back(std::make_unique<RsCase>(sh.M, sh.N, sh.K, BLayout::NK,
-                                             is_ar ? sh.M : weave::tp::shard(sh.M, W, r).size, outs.back()));
-    seeds.push_back(calls.next());
-    cases.back()->inputs(seeds.back(), r);
-  }
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  node.barrier();
-  for (int k = 0; k < kCalls; ++k) {
-    RsCase& c = *cases[k];
-    if (outs[k]) ar.run(c.A.p, c.B.p, c.out, c.M, c.N, c.K, nullptr);
-    else rs.run(c.A.p, c.B.p, c.out, c.M, c.N, c.K, nullptr);
-  }
+  RsBatch b(calls, W, r, kBackToBack, shape, is_ar, [&](int k) {
+    outs.push_back(static_cast<bf16*>(node.alloc(size_t(shape(k).M) * shape(k).N * sizeof(bf16))));
+    return outs.back();
+  });
+  node.barrier();  // every rank's poison is in place before a node peer writes
+  b.run([&](int) { return &rs; }, ar);
   rs.finish(nullptr);
   ar.finish(nullptr);
-  for (int k = 0; k < kCalls; ++k) {
-    RsCase& c = *cases[k];
-    c.reference(seeds[k], W);
-    const std::string what = std::string(outs[k] ? "hier gemm_ar" : "hier gemm_rs") + " back-to-back call " +
-                             std::to_string(k);
-    if (outs[k]) expect_ar(path, c, what);
-    else expect_all_ranks(path, c.check_out(r, W), what);
-  }
+  b.check(path, [&](int k) {
+    return std::string(is_ar(k) ? "hier gemm_ar" : "hier gemm_rs") + " back-to-back call " + std::to_string(k);
+  });
   node.barrier();
-  for (bf16* p : outs)
-    if (p) node.free(p);
+  for (bf16* p : outs) node.free(p);
   path.shutdown();
 }
 

@@ -80,6 +80,10 @@ void check_plan(bool ag, int M, int N, int K, int nodes, long long chunk, int G 
       EXPECT_EQ(tn::send_peer(a, from, s), r) << "rank " << from << " sends step " << s << " elsewhere";
       long long b0, b1;
       tn::unit(a, ag ? from : r, u, &b0, &b1);
+      if (ag) {  // the receive kernels' walk
+        const tn::StepUnit x = tn::step_unit(a, r, true, j);
+        EXPECT_TRUE(x.s == s && x.u == u && x.peer == from && x.b0 == b0 && x.b1 == b1) << "item " << j;
+      }
       if (b1 == b0) continue;
       const auto it = posted.find({r, tn::flag(a, s, u)});
       ASSERT_NE(it, posted.end()) << "rank " << r << " waits for a flag nobody raises";
@@ -152,6 +156,10 @@ void check_hier_rs(int M, int N, int nodes, int G, long long chunk) {
       ASSERT_TRUE(tn::nth_unit(a, c, false, j, &s, &u));
       const int p = tn::send_peer(a, c, s);
       ASSERT_EQ(p % G, c % G);
+      long long b0, b1;
+      tn::unit(a, p, u, &b0, &b1);
+      const tn::StepUnit x = tn::step_unit(a, c, false, j);  // the send kernel's walk
+      EXPECT_TRUE(x.s == s && x.u == u && x.peer == p && x.b0 == b0 && x.b1 == b1) << "item " << j;
       sum_unit(c, p, u);
     }
     for (int u = 0; u < tn::units(a, c); ++u) sum_unit(c, c, u);
@@ -304,10 +312,7 @@ TEST(NetTpLayout, AdaptiveCommTasksEachOnceInAnOrderThatCompletes) {
               ASSERT_TRUE(seen.emplace(std::make_tuple(static_cast<int>(t.kind), t.s, t.u), 1).second) << "task " << k;
               ASSERT_GE(t.s, 0);
               ASSERT_LT(t.s, std::max(1, tn::steps(a)));
-              const int owner = t.kind == tn::RsCommKind::Send   ? tn::send_peer(a, r, t.s)
-                                : t.kind == tn::RsCommKind::Reduce ? r
-                                                                   : tn::from_peer(a, r, t.s);
-              ASSERT_LT(t.u, tn::units(a, owner));
+              ASSERT_LT(t.u, tn::units(a, tn::comm_owner(a, r, t)));
               tasks[r].push_back(t);
             }
             ASSERT_EQ(static_cast<long long>(seen.size()),

@@ -91,6 +91,11 @@ __device__ inline bool wait_arrival(const NetHandle& h, uint32_t chunk, uint64_t
   }
 }
 
+// Any thread: whether the chunk has arrived, without waiting (acquire, like wait_arrival).
+__device__ __forceinline__ bool arrived(const NetHandle& h, uint32_t chunk, uint64_t value = 1) {
+  return ld_acquire_sys(device_detail::u64(h.flags + chunk)) >= value;
+}
+
 // One thread, after the block read the chunk (__syncthreads before): the flag back to 0.
 __device__ __forceinline__ void consume(const NetHandle& h, uint32_t chunk) {
   st_relaxed_sys(device_detail::u64(h.flags + chunk), 0ull);
