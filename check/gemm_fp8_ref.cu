@@ -63,6 +63,11 @@ __global__ void fill_log_uniform_kernel(float* p, size_t n, uint64_t seed, float
 }
 }  // namespace
 
+Fp8GemmRef& fp8_gemm_ref() {
+  static Fp8GemmRef r;
+  return r;
+}
+
 Fp8GemmRef::Fp8GemmRef() : lt_(std::make_unique<gemm_fp8::ref::Lt>(kWorkspace)) {}
 Fp8GemmRef::~Fp8GemmRef() {
   cudaDeviceSynchronize();

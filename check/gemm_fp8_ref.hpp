@@ -47,6 +47,9 @@ class Fp8GemmRef {
   size_t buf_n_[2] = {0, 0};
 };
 
+// The process's reference, created on first use (as check::gemm_ref()).
+Fp8GemmRef& fp8_gemm_ref();
+
 // Random fp8 values: floats uniform in [-range, range) rounded to the format (saturating to its
 // largest finite value). Tests that need special codes (NaN, Inf) write them with set_fp8.
 void fill_fp8_uniform(void* p, bool e5m2, size_t n, uint64_t seed, float range, cudaStream_t st = nullptr);

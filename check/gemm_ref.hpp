@@ -39,6 +39,10 @@ class GemmRef {
   size_t sq_n_[2] = {0, 0};
 };
 
+// The process's reference, created on first use on the then current device (a test process uses
+// one device; its scratch grows to the largest problem and stays).
+GemmRef& gemm_ref();
+
 // s = sqrt(s2) in place (n elements): the scale argument of check::compare.
 void sqrt_inplace(float* s2, size_t n, cudaStream_t st = nullptr);
 // r[i] += c[i] (the C += epilogue's input, bf16 or fp32).

@@ -40,10 +40,7 @@ using DevBuf = check::DeviceBuffer<T>;
 
 using check::case_seed;
 
-check::GemmRef& gemm_ref() {
-  static check::GemmRef g;
-  return g;
-}
+using check::gemm_ref;
 
 // C = A*B: one bf16 rounding of an fp32 sum. C += A*B: two roundings (of A*B, then of the sum),
 // 2^-8 |r| each, plus 2^-8 |C0| through check::add_abs_bf16's term (k = 4 times the bound's 2^-10).

@@ -30,10 +30,7 @@ using DevBuf = check::DeviceBuffer<T>;
 
 using check::case_seed;
 
-check::GemmRef& gemm_ref() {
-  static check::GemmRef g;
-  return g;
-}
+using check::gemm_ref;
 
 struct SkCase {
   int M, N, K;

@@ -48,10 +48,7 @@ using DevBuf = check::DeviceBuffer<T>;
 
 using check::case_seed;
 
-check::Fp8GemmRef& ref() {
-  static check::Fp8GemmRef r;
-  return r;
-}
+using check::fp8_gemm_ref;
 
 struct Opts {
   Fp8 ta = Fp8::E4M3, tb = Fp8::E4M3;
@@ -144,8 +141,8 @@ struct Fp8Run {
   }
   // The reference of the current A, B and scales (r and s).
   void reference() {
-    if (o.block) ref().run_block(A.p, e5(o.ta), B.p, e5(o.tb), M, N, K, sa.p, sb.p, r.p, s.p);
-    else ref().run(A.p, e5(o.ta), B.p, e5(o.tb), M, N, K, sa.p, sb.p, r.p, s.p);
+    if (o.block) fp8_gemm_ref().run_block(A.p, e5(o.ta), B.p, e5(o.tb), M, N, K, sa.p, sb.p, r.p, s.p);
+    else fp8_gemm_ref().run(A.p, e5(o.ta), B.p, e5(o.tb), M, N, K, sa.p, sb.p, r.p, s.p);
     check::sqrt_inplace(s.p, size_t(M) * N);
   }
   // weave on operand A `a` (A.p unless a test swaps in a faulty copy), C poisoned first.
@@ -730,8 +727,8 @@ void check_dgrad(int M, int Nout, int Kin, bool block) {
     EXPECT_EQ(c.sb.n, sW.size());
     to_device(c.sb.p, host_transpose(sW, ob, ib));  // W^T's: scale_b[i * ob + o]
   }
-  if (block) ref().run_block(c.A.p, true, Wt_ref.p, false, M, Kin, Nout, c.sa.p, c.sb.p, c.r.p, c.s.p);
-  else ref().run(c.A.p, true, Wt_ref.p, false, M, Kin, Nout, c.sa.p, c.sb.p, c.r.p, c.s.p);
+  if (block) fp8_gemm_ref().run_block(c.A.p, true, Wt_ref.p, false, M, Kin, Nout, c.sa.p, c.sb.p, c.r.p, c.s.p);
+  else fp8_gemm_ref().run(c.A.p, true, Wt_ref.p, false, M, Kin, Nout, c.sa.p, c.sb.p, c.r.p, c.s.p);
   check::sqrt_inplace(c.s.p, size_t(M) * Kin);
   device_transpose(W.p, c.B.p, Nout, Kin, wt);
   c.call(c.A.p);
@@ -767,7 +764,7 @@ void check_wgrad(int M, int Nout, int Kin) {
   check::fill_fp8_uniform(X.p, false, X.n, case_seed(7), 4.f);
   const std::vector<uint8_t> dyt = host_transposed_copy(dY.p, M, Nout, dYt_ref.p);
   const std::vector<uint8_t> xt = host_transposed_copy(X.p, M, Kin, Xt_ref.p);
-  ref().run(dYt_ref.p, true, Xt_ref.p, false, Nout, Kin, M, c.sa.p, c.sb.p, c.r.p, c.s.p);
+  fp8_gemm_ref().run(dYt_ref.p, true, Xt_ref.p, false, Nout, Kin, M, c.sa.p, c.sb.p, c.r.p, c.s.p);
   check::sqrt_inplace(c.s.p, size_t(Nout) * Kin);
   device_transpose(dY.p, c.A.p, M, Nout, dyt);
   device_transpose(X.p, c.B.p, M, Kin, xt);

@@ -320,14 +320,8 @@ TEST(Quantize, RepeatedCalls) {
 
 namespace {
 
-check::Fp8GemmRef& fp8_ref() {
-  static check::Fp8GemmRef r;
-  return r;
-}
-check::GemmRef& bf16_ref() {
-  static check::GemmRef r;
-  return r;
-}
+using check::fp8_gemm_ref;
+using check::gemm_ref;
 
 // One quantised operand: the fp8 copy the GEMM reads (Q or Qt) and its scales (one float per
 // tensor, or the copy's block scales).
@@ -377,8 +371,8 @@ void check_gemm(const std::string& name, const uint8_t* A, Fp8 ta, const float* 
   if (block) gemm_fp8::gemm_block_scaled(A, ta, B, tb, C.p, M, N, K, sa, sb);
   else gemm_fp8::gemm(A, ta, B, tb, C.p, M, N, K, sa, sb);
   const bool e5a = ta == Fp8::E5M2, e5b = tb == Fp8::E5M2;
-  if (block) fp8_ref().run_block(A, e5a, B, e5b, M, N, K, sa, sb, r.p, s.p);
-  else fp8_ref().run(A, e5a, B, e5b, M, N, K, sa, sb, r.p, s.p);
+  if (block) fp8_gemm_ref().run_block(A, e5a, B, e5b, M, N, K, sa, sb, r.p, s.p);
+  else fp8_gemm_ref().run(A, e5a, B, e5b, M, N, K, sa, sb, r.p, s.p);
   check::sqrt_inplace(s.p, s.n);
   const check::Bound b = block ? check::fp8_promoted_bound() : check::fp8_tensor_core_bound(K);
   const check::Report rep = check::compare({C.p, N}, {r.p, N}, {s.p, N}, M, N, b);
@@ -424,19 +418,19 @@ TEST(Quantize, GemmEndToEnd) {
       };
       {  // forward Y = X W^T: M x N_out, K = K_in
         DevBuf<float> r(size_t(L.M) * L.Nout);
-        bf16_ref().run(X.p, W.p, L.M, L.Nout, L.Kin, gemm::BLayout::NK, r.p, nullptr);
+        gemm_ref().run(X.p, W.p, L.M, L.Nout, L.Kin, gemm::BLayout::NK, r.p, nullptr);
         check_gemm("forward, " + how, qx->q.p, Fp8::E4M3, sc(*qx, false), qw->q.p, Fp8::E4M3, sc(*qw, false), block,
                    L.M, L.Nout, L.Kin, r.p, 0.1);
       }
       {  // dgrad dX = dY W: M x K_in, K = N_out; B = W's Qt (K_in x N_out)
         DevBuf<float> r(size_t(L.M) * L.Kin);
-        bf16_ref().run(dY.p, W.p, L.M, L.Kin, L.Nout, gemm::BLayout::KN, r.p, nullptr);
+        gemm_ref().run(dY.p, W.p, L.M, L.Kin, L.Nout, gemm::BLayout::KN, r.p, nullptr);
         check_gemm("dgrad, " + how, qdy->q.p, Fp8::E5M2, sc(*qdy, false), qw->qt.p, Fp8::E4M3, sc(*qw, true), block,
                    L.M, L.Kin, L.Nout, r.p, 0.2);
       }
       {  // wgrad dW = dY^T X: N_out x K_in, K = M; A = dY's Qt (N_out x M), B = X's Qt (K_in x M)
         DevBuf<float> r(size_t(L.Nout) * L.Kin);
-        bf16_ref().run(dY.p, X.p, L.Nout, L.Kin, L.M, gemm::ALayout::KM, gemm::BLayout::KN, r.p, nullptr);
+        gemm_ref().run(dY.p, X.p, L.Nout, L.Kin, L.M, gemm::ALayout::KM, gemm::BLayout::KN, r.p, nullptr);
         check_gemm("wgrad, " + how, qdy->qt.p, Fp8::E5M2, sc(*qdy, true), qx->qt.p, Fp8::E4M3, sc(*qx, true), block,
                    L.Nout, L.Kin, L.M, r.p, 0.2);
       }

@@ -41,10 +41,7 @@ using DevBuf = check::DeviceBuffer<T>;
 
 using check::case_seed;
 
-check::GemmRef& gemm_ref() {
-  static check::GemmRef g;
-  return g;
-}
+using check::gemm_ref;
 
 std::mt19937_64& rng() {
   static std::mt19937_64 g(check::derive(check::test_seed(), 0x4d6f45));

@@ -44,10 +44,7 @@ namespace {
 using net_coll_test::job_seed;
 using net_coll_test::options;
 
-check::GemmRef& gemm_ref() {
-  static check::GemmRef g;
-  return g;
-}
+using check::gemm_ref;
 
 enum What : uint64_t { kA = 1, kB = 2 };
 uint64_t input_seed(uint64_t call, int q, What w) { return check::derive(call, uint64_t(q), w); }

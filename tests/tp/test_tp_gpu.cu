@@ -95,10 +95,7 @@ struct SymT {
 };
 using Sym = SymT<bf16>;
 
-check::GemmRef& gemm_ref() {
-  static check::GemmRef g;
-  return g;
-}
+using check::gemm_ref;
 
 // Input `what` of rank q in the call seeded `call`: every rank computes the same value, so any
 // rank can regenerate any rank's inputs.
@@ -432,6 +429,32 @@ void check_on_device(const bf16* x, const float* r, const float* s, size_t n, ch
   WEAVE_CUDA_CHECK(cudaGetLastError());
 }
 
+// After the last launch: the result slots (launch it's check k at it * names.size() + k) read
+// back, and per check the worst ratio and the wrong launches (with their variants), on every rank.
+void expect_launches(const LaunchCheck* slots, int launches, const std::vector<std::string>& names,
+                     const std::vector<int>& variant) {
+  const size_t n = names.size();
+  wt::settle();
+  std::vector<LaunchCheck> h(size_t(launches) * n);
+  WEAVE_CUDA_CHECK(cudaMemcpy(h.data(), slots, h.size() * sizeof(LaunchCheck), cudaMemcpyDeviceToHost));
+  for (size_t k = 0; k < n; ++k) {
+    double worst = 0;
+    int bad = 0;
+    std::string first_bad;
+    for (int it = 0; it < launches; ++it) {
+      const LaunchCheck& x = h[size_t(it) * n + k];
+      double q = 0;
+      std::memcpy(&q, &x.worst_bits, sizeof q);
+      worst = std::max(worst, q);
+      if (x.over > 0 && bad++ < 8)
+        first_bad += " launch " + std::to_string(it) + " (variant " + std::to_string(variant[size_t(it) * n + k]) +
+                     ": " + std::to_string(x.over) + " elements over, worst " + std::to_string(q) + ")";
+    }
+    expect_all_ranks(bad == 0, worst, names[k] + " over " + std::to_string(launches) + " launches",
+                     std::to_string(bad) + " wrong launches:" + first_bad);
+  }
+}
+
 }  // namespace
 
 // 200 launches of each kernel back to back on one stream, every variant in turn, inputs new for
@@ -499,29 +522,7 @@ TEST(TpGpu, TwoHundredLaunchesChangingInputs) {
     ar.run(A.p, B.p, out.p, M, N, K, or_);
     check_on_device(out.p, ref.r.p, ref.s.p, size_t(M) * N, check::partial_sum_bound(W), slot + 3);
   }
-  wt::settle();
-  std::vector<LaunchCheck> h(res.n);
-  WEAVE_CUDA_CHECK(cudaMemcpy(h.data(), res.p, h.size() * sizeof(LaunchCheck), cudaMemcpyDeviceToHost));
-  const char* names[kSlots] = {"gemm_rs", "ag_gemm", "ag_gemm gathered A", "gemm_ar"};
-  for (int k = 0; k < kSlots; ++k) {
-    double worst = 0;
-    int bad = 0;
-    std::string first_bad;
-    for (int it = 0; it < kLaunches; ++it) {
-      const LaunchCheck& x = h[size_t(it) * kSlots + k];
-      double q = 0;
-      std::memcpy(&q, &x.worst_bits, sizeof q);
-      worst = std::max(worst, q);
-      if (x.over > 0) {
-        if (bad++ < 8)
-          first_bad += " launch " + std::to_string(it) + " (variant " +
-                       std::to_string(variant[size_t(it) * kSlots + k]) + ": " + std::to_string(x.over) +
-                       " elements over, worst " + std::to_string(q) + ")";
-      }
-    }
-    expect_all_ranks(bad == 0, worst, std::string(names[k]) + " over " + std::to_string(kLaunches) + " launches",
-                     std::to_string(bad) + " wrong launches:" + first_bad);
-  }
+  expect_launches(res.p, kLaunches, {"gemm_rs", "ag_gemm", "ag_gemm gathered A", "gemm_ar"}, variant);
 }
 
 TEST(TpGpu, MismatchedShapesAcrossRanksRejected) {
@@ -762,10 +763,7 @@ using fp8 = __nv_fp8_e4m3;
 // multiple of 16, not of 128), one large shape, and one tiny (K below one 128-K block).
 const Shape kFp8Shapes[] = {{999, 776, 528}, {2304, 2048, 4096}, {257, 8, 64}};
 
-check::Fp8GemmRef& fp8_ref() {
-  static check::Fp8GemmRef g;
-  return g;
-}
+using check::fp8_gemm_ref;
 
 // Rank q's fp8 inputs of `call` (null pointers are skipped), what the references regenerate: A
 // uniform over the whole e4m3 range, B in [-1, 1), scale_a log-uniform in [2^-8, 2^-7], scale_b
@@ -799,7 +797,7 @@ void fp8_partial_sum_ref(uint64_t call, int M, int N, int K, Fp8Ref& x, cudaStre
   const size_t n = size_t(M) * N;
   for (int q = 0; q < W; ++q) {
     fp8_fill(call, q, x.a8.p, size_t(M) * K, x.b8.p, size_t(N) * K, x.sa.p, x.sb.p, st);
-    fp8_ref().run(x.a8.p, false, x.b8.p, false, M, N, K, x.sa.p, x.sb.p, q ? x.rq.p : x.r.p, q ? x.sq.p : x.s.p, st);
+    fp8_gemm_ref().run(x.a8.p, false, x.b8.p, false, M, N, K, x.sa.p, x.sb.p, q ? x.rq.p : x.r.p, q ? x.sq.p : x.s.p, st);
     if (q) {
       check::add_f32(x.r.p, x.rq.p, n, st);
       check::add_f32(x.s.p, x.sq.p, n, st);
@@ -817,7 +815,7 @@ void fp8_gathered_ref(uint64_t call, int M, int N, int K, const fp8* B, const fl
     const auto sq = shard(M, W, q);
     fp8_fill(call, q, x.a8.p + size_t(sq.begin) * K, size_t(sq.size) * K, nullptr, 0, nullptr, nullptr, st);
   }
-  fp8_ref().run(x.a8.p, false, B, false, M, N, K, sa, sb, x.r.p, x.s.p, st);
+  fp8_gemm_ref().run(x.a8.p, false, B, false, M, N, K, sa, sb, x.r.p, x.s.p, st);
   check::sqrt_inplace(x.s.p, size_t(M) * N, st);
 }
 
@@ -1008,26 +1006,7 @@ TEST(TpGpu, Fp8FiftyLaunchesChangingInputs) {
     check_on_device(out.p, ref.r.p, ref.s.p, size_t(M) * N, check::fp8_tensor_core_bound(K), slot + 1);
     compare_bytes_on_device(G.p, ref.a8.p, size_t(M) * K, slot + 2);
   }
-  wt::settle();
-  std::vector<LaunchCheck> h(res.n);
-  WEAVE_CUDA_CHECK(cudaMemcpy(h.data(), res.p, h.size() * sizeof(LaunchCheck), cudaMemcpyDeviceToHost));
-  const char* names[kSlots] = {"gemm_rs fp8", "ag_gemm fp8", "ag_gemm fp8 gathered A (bytes)"};
-  for (int k = 0; k < kSlots; ++k) {
-    double worst = 0;
-    int bad = 0;
-    std::string first_bad;
-    for (int it = 0; it < kLaunches; ++it) {
-      const LaunchCheck& x = h[size_t(it) * kSlots + k];
-      double q = 0;
-      std::memcpy(&q, &x.worst_bits, sizeof q);
-      worst = std::max(worst, q);
-      if (x.over > 0 && bad++ < 8)
-        first_bad += " launch " + std::to_string(it) + " (variant " + std::to_string(variant[size_t(it) * kSlots + k]) +
-                     ": " + std::to_string(x.over) + " elements over, worst " + std::to_string(q) + ")";
-    }
-    expect_all_ranks(bad == 0, worst, std::string(names[k]) + " over " + std::to_string(kLaunches) + " launches",
-                     std::to_string(bad) + " wrong launches:" + first_bad);
-  }
+  expect_launches(res.p, kLaunches, {"gemm_rs fp8", "ag_gemm fp8", "ag_gemm fp8 gathered A (bytes)"}, variant);
 }
 
 // fp8 arguments every rank rejects with weave::Error before anything is launched: K not a
