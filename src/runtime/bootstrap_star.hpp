@@ -91,12 +91,24 @@ inline bool wait_readable(int fd, const Deadline& deadline) {
   }
 }
 
-inline void send_all(int fd, const void* data, size_t n, const std::string& peer) {
+// Sends all n bytes. With `waiting`, a send that finds the peer's socket full (a peer that is
+// alive but not reading, e.g. not yet in the collective) calls it every `every_ms` until there is
+// room; it ends the wait by throwing.
+inline void send_all(int fd, const void* data, size_t n, const std::string& peer,
+                     const std::function<void()>& waiting = {}, int every_ms = 200) {
   auto* p = static_cast<const char*>(data);
   while (n > 0) {
-    ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);  // a dead peer must be an error, not SIGPIPE
+    // MSG_NOSIGNAL: a dead peer must be an error, not SIGPIPE.
+    ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL | (waiting ? MSG_DONTWAIT : 0));
     if (w < 0) {
       if (errno == EINTR) continue;
+      if (waiting && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        pollfd q{fd, POLLOUT, 0};
+        const int r = ::poll(&q, 1, every_ms);
+        if (r < 0 && errno != EINTR) sys_fail("poll");
+        if (r == 0) waiting();
+        continue;
+      }
       sys_fail(concat("sending to ", peer, " (did it exit?)"));
     }
     p += w;
@@ -192,6 +204,11 @@ struct Star {
   void check_interrupt() const {
     if (!interrupt) return;
     if (std::string why = interrupt(); !why.empty()) throw Error(why);
+  }
+  // For send_all: with an interrupt set, a send that waits for room polls it.
+  std::function<void()> sending_wait() const {
+    if (!interrupt) return {};
+    return [this] { check_interrupt(); };
   }
 
   // `fd`/`fds`: one fd per rank rides along (Unix sockets only); -1/nullptr otherwise.
@@ -289,7 +306,7 @@ inline void Star::exchange_root(Op op, const void* mine, void* all, size_t bytes
     for (auto& f : *fds) raw.push_back(f.get());
   for (int r = 1; r < w; ++r) {
     send_with_fds(peers[r].get(), &h, sizeof h, raw, rank_name(r));
-    if (bytes) send_all(peers[r].get(), all, bytes * w, rank_name(r));
+    if (bytes) send_all(peers[r].get(), all, bytes * w, rank_name(r), sending_wait(), kInterruptMs);
   }
 }
 
@@ -298,7 +315,7 @@ inline void Star::exchange_leaf(Op op, const void* mine, void* all, size_t bytes
   int s = peers[0].get();
   Header h{op, fds ? 1u : 0u, seq, bytes};
   send_with_fds(s, &h, sizeof h, fds ? std::vector<int>{fd} : std::vector<int>{}, "rank 0");
-  if (bytes) send_all(s, mine, bytes, "rank 0");
+  if (bytes) send_all(s, mine, bytes, "rank 0", sending_wait(), kInterruptMs);
   std::vector<Fd> got;
   if (interrupt)
     while (!wait_readable(s, Clock::now() + std::chrono::milliseconds(kInterruptMs))) check_interrupt();

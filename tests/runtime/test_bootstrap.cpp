@@ -327,6 +327,34 @@ TEST(Bootstrap, InterruptEndsAWaitForAPeerThatWillNotCome) {
   }
 }
 
+// The same for a rank whose payload does not fit the socket's buffer: its send to a rank 0 that is
+// alive but not in the collective waits for room, and the interrupt ends that wait too.
+TEST(Bootstrap, InterruptEndsASendToAPeerThatIsNotReading) {
+  auto out = run(job(2), [](const LaunchInfo& li) {
+    Bootstrap b(li, 10s);
+    if (li.rank == 0) {
+      std::this_thread::sleep_for(2500ms);
+      return;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    b.set_interrupt([t0] {
+      return std::chrono::steady_clock::now() - t0 > 300ms ? std::string("peer said it will not come") : std::string();
+    });
+    const size_t bytes = size_t(64) << 20;  // far more than a socket buffer
+    std::vector<char> mine(bytes, 1), all(2 * bytes);
+    try {
+      b.all_gather(mine.data(), all.data(), bytes);
+    } catch (const weave::Error& e) {
+      require(contains(e.what(), "peer said it will not come"), e.what());
+      require(std::chrono::steady_clock::now() - t0 < 2s, "the interrupt took too long");
+      throw;
+    }
+  });
+  EXPECT_EQ(out[1].status, 1) << out[1].msg;
+  EXPECT_TRUE(contains(out[1].msg, "peer said it will not come")) << out[1].msg;
+  EXPECT_EQ(out[0].status, 0) << out[0].msg;
+}
+
 TEST(Bootstrap, PeerDeathIsAnErrorNotAHang) {
   auto out = run(job(4), [](const LaunchInfo& li) {
     Bootstrap b(li, 10s);
