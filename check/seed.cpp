@@ -11,6 +11,24 @@
 
 namespace weave::check {
 
+SeedChoice choose_seed(const char* test_seed_env, const char* job_id, const char* weave_rank) {
+  if (test_seed_env && *test_seed_env) {
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long long x = std::strtoull(test_seed_env, &end, 0);
+    WEAVE_CHECK(errno == 0 && end != test_seed_env && *end == 0, "WEAVE_TEST_SEED='", test_seed_env,
+                "' is not an unsigned integer (decimal or 0x-hex)");
+    return {SeedChoice::Env, x};
+  }
+  // The ranks of one weave-run job (a fresh random id per launch) draw the same seed: the seed
+  // any rank prints after a failure is the one that replays the whole job, as when
+  // WEAVE_TEST_SEED is given (multi-rank tests take rank 0's seed on every rank). Only weave-run's
+  // id (it sets WEAVE_RANK beside it): a WEAVE_JOB_ID a user fixes for another launcher would give
+  // every run the same inputs.
+  if (job_id && *job_id && weave_rank) return {SeedChoice::Job, job_seed(job_id)};
+  return {SeedChoice::Os, 0};
+}
+
 namespace {
 struct SeedState {
   uint64_t value = 0;
@@ -21,21 +39,11 @@ struct SeedState {
 const SeedState& state() {
   static const SeedState s = [] {
     SeedState st;
-    if (const char* v = std::getenv("WEAVE_TEST_SEED"); v && *v) {
-      char* end = nullptr;
-      errno = 0;
-      const unsigned long long x = std::strtoull(v, &end, 0);
-      WEAVE_CHECK(errno == 0 && end != v && *end == 0, "WEAVE_TEST_SEED='", v,
-                  "' is not an unsigned integer (decimal or 0x-hex)");
-      st.value = x;
-      st.from_env = true;
-    } else if (const char* job = std::getenv("WEAVE_JOB_ID"); job && *job) {
-      // The ranks of one weave-run job (a fresh random id per launch) draw the same seed: the
-      // seed any rank prints after a failure is the one that replays the whole job, as when
-      // WEAVE_TEST_SEED is given (multi-rank tests take rank 0's seed on every rank).
-      st.value = job_seed(job);
-      st.from_job = true;
-    } else {
+    const SeedChoice c = choose_seed(std::getenv("WEAVE_TEST_SEED"), std::getenv("WEAVE_JOB_ID"), std::getenv("WEAVE_RANK"));
+    st.value = c.value;
+    st.from_env = c.kind == SeedChoice::Env;
+    st.from_job = c.kind == SeedChoice::Job;
+    if (c.kind == SeedChoice::Os) {
       std::random_device rd;
       st.value = (uint64_t(rd()) << 32) ^ rd();
     }

@@ -7,11 +7,19 @@
 
 namespace weave::check {
 
-// The process's seed: WEAVE_TEST_SEED if set; else, under weave-run, drawn from the job's id
-// (every rank of the job the same); else drawn once from the OS. The first call
-// prints "WEAVE_TEST_SEED=<seed>" to stdout. A malformed WEAVE_TEST_SEED throws weave::Error
-// naming the variable.
+// The process's seed: WEAVE_TEST_SEED if set; else, under weave-run (WEAVE_JOB_ID and WEAVE_RANK
+// set), drawn from the job's id (every rank of the job the same); else drawn once from the OS.
+// The first call prints "WEAVE_TEST_SEED=<seed>" to stdout. A malformed WEAVE_TEST_SEED throws
+// weave::Error naming the variable.
 uint64_t test_seed();
+
+// test_seed's choice from the values of WEAVE_TEST_SEED, WEAVE_JOB_ID and WEAVE_RANK (null:
+// unset); Os: the caller draws the value.
+struct SeedChoice {
+  enum Kind { Env, Job, Os } kind;
+  uint64_t value;
+};
+SeedChoice choose_seed(const char* test_seed_env, const char* job_id, const char* weave_rank);
 
 // The seed every rank of the job named `job_id` (weave-run's WEAVE_JOB_ID) draws without
 // WEAVE_TEST_SEED.

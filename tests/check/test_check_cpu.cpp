@@ -7,6 +7,7 @@
 
 #include "check/seed.hpp"
 #include "check/tile_check.hpp"
+#include "weave/common/error.hpp"
 
 using namespace weave::check;
 
@@ -73,6 +74,20 @@ TEST(Seed, OneSeedPerJob) {
   EXPECT_NE(job_seed("host-101-00000000deadbeee"), a);
   EXPECT_NE(job_seed("host-102-00000000deadbeef"), a);
   EXPECT_NE(job_seed(""), a);
+}
+
+// WEAVE_TEST_SEED first; a job id only with weave-run's WEAVE_RANK beside it (a WEAVE_JOB_ID a user
+// fixes for torchrun or mpirun would repeat one run's inputs forever); otherwise the OS.
+TEST(Seed, JobIdOnlyFromWeaveRun) {
+  EXPECT_EQ(choose_seed("0x10", "job", "0").kind, SeedChoice::Env);
+  EXPECT_EQ(choose_seed("0x10", "job", "0").value, 16u);
+  EXPECT_EQ(choose_seed(nullptr, "job", "1").kind, SeedChoice::Job);
+  EXPECT_EQ(choose_seed(nullptr, "job", "1").value, job_seed("job"));
+  EXPECT_EQ(choose_seed("", "job", "1").kind, SeedChoice::Job);
+  EXPECT_EQ(choose_seed(nullptr, "job", nullptr).kind, SeedChoice::Os);
+  EXPECT_EQ(choose_seed(nullptr, "", "0").kind, SeedChoice::Os);
+  EXPECT_EQ(choose_seed(nullptr, nullptr, nullptr).kind, SeedChoice::Os);
+  EXPECT_THROW(choose_seed("12x", nullptr, nullptr), weave::Error);
 }
 
 TEST(Seed, CaseSeedsRestartPerTest) {
