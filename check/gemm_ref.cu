@@ -45,6 +45,7 @@ GemmRef::GemmRef() {
   WEAVE_CUBLAS_CHECK(cublasLtCreate(&h_));
   WEAVE_CUDA_CHECK(cudaMalloc(&ws_, kWorkspace));
 }
+
 GemmRef& gemm_ref() {
   static GemmRef g;
   return g;

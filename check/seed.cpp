@@ -39,7 +39,8 @@ struct SeedState {
 const SeedState& state() {
   static const SeedState s = [] {
     SeedState st;
-    const SeedChoice c = choose_seed(std::getenv("WEAVE_TEST_SEED"), std::getenv("WEAVE_JOB_ID"), std::getenv("WEAVE_RANK"));
+    const SeedChoice c =
+        choose_seed(std::getenv("WEAVE_TEST_SEED"), std::getenv("WEAVE_JOB_ID"), std::getenv("WEAVE_RANK"));
     st.value = c.value;
     st.from_env = c.kind == SeedChoice::Env;
     st.from_job = c.kind == SeedChoice::Job;

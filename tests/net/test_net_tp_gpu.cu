@@ -419,7 +419,8 @@ TEST(NetTpGpu, GemmRsMatchesReference) {
         net::NetTpOptions o;
         o.b = bl, o.chunk_bytes = chunk;
         net::NetGemmRs rs(path, o);
-        rs_call(path, calls, false, sh.M, sh.N, sh.K, bl, label("gemm_rs", sh.M, sh.N, sh.K, bl, chunk), [&](RsCase& c) {
+        const std::string what = label("gemm_rs", sh.M, sh.N, sh.K, bl, chunk);
+        rs_call(path, calls, false, sh.M, sh.N, sh.K, bl, what, [&](RsCase& c) {
           rs.run(c.A.p, c.B.p, c.out, c.M, c.N, c.K, nullptr);
           rs.finish(nullptr);
         });
@@ -502,7 +503,9 @@ TEST(NetTpGpu, GemmArMatchesReferenceOnEveryRank) {
       [](int) { return nullptr; });
   b.run([&](int) { return &rs; }, ar);
   ar.finish(nullptr);
-  b.check(path, [](int k) { return std::string(k % 2 ? "gemm_rs" : "gemm_ar") + " alternating call " + std::to_string(k); });
+  b.check(path, [](int k) {
+    return std::string(k % 2 ? "gemm_rs" : "gemm_ar") + " alternating call " + std::to_string(k);
+  });
   path.shutdown();
 }
 
