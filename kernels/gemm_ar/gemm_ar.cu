@@ -79,9 +79,7 @@ LaunchInfo GemmAR::launch(const bf16* A, const bf16* B, gemm::BLayout bl, bf16* 
 AdaptiveStats GemmAR::adaptive_stats(int M, int N, int K) const {
   const runtime::SignalSet* set = impl_->sig_adaptive.find({M, N, K}, 2);
   if (set == nullptr) return {};
-  sm_split::Ledger l{};
-  WEAVE_CUDA_CHECK(cudaMemcpy(&l, set->view().ptr[impl_->c.rank()], sizeof l, cudaMemcpyDeviceToHost));
-  return {l.launches, l.early_comm, l.peak_comm};
+  return read_adaptive_stats(set->view().ptr[impl_->c.rank()]);
 }
 
 LaunchInfo GemmAR::run(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, const Options& o,

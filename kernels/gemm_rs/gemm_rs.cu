@@ -284,9 +284,7 @@ LaunchInfo GemmRS::run(const __nv_fp8_e4m3* A, const __nv_fp8_e4m3* B, const flo
 AdaptiveStats GemmRS::adaptive_stats(int M, int N, int K) const {
   const runtime::SignalSet* set = impl_->sig.find({M, N, K, to_int(RsVariant::Adaptive)}, 3);
   if (set == nullptr) return {};
-  sm_split::Ledger l{};
-  WEAVE_CUDA_CHECK(cudaMemcpy(&l, set->view().ptr[impl_->c.rank()], sizeof l, cudaMemcpyDeviceToHost));
-  return {l.launches, l.early_comm, l.peak_comm};
+  return read_adaptive_stats(set->view().ptr[impl_->c.rank()]);
 }
 
 LaunchInfo GemmRS::run_inputs(const Inputs& in, bf16* out, int M, int N, int K, const Options& o, cudaStream_t s) {

@@ -41,9 +41,7 @@ void NetGemmRs::finish(cudaStream_t stream) { finish_on(path_, node_, stream); }
 wtp::AdaptiveStats NetGemmRs::adaptive_stats() const {
   if (!ledger_) return {};
   WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
-  wtp::sm_split::Ledger l{};
-  WEAVE_CUDA_CHECK(cudaMemcpy(&l, ledger_, sizeof l, cudaMemcpyDeviceToHost));
-  return {l.launches, l.early_comm, l.peak_comm};
+  return wtp::read_adaptive_stats(ledger_);
 }
 
 namespace {

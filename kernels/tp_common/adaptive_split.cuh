@@ -5,12 +5,23 @@
 // kernel supplies its tiles (compute tasks: every output tile; communication tasks: the tiles this
 // rank reduces) and the counter index of each of its reductions.
 #pragma once
+#include <cuda_runtime.h>
+
+#include "tp_common/adaptive_stats.hpp"
 #include "tp_common/sm_ledger.cuh"
+#include "weave/common/error.hpp"
 #include "weave/lcsc.cuh"
 #include "weave/memory_order.cuh"
 #include "weave/signal.cuh"
 
 namespace weave::tp {
+
+// Host: the statistics a ledger in device memory kept over its launches (a blocking copy).
+inline AdaptiveStats read_adaptive_stats(const void* ledger) {
+  sm_split::Ledger l{};
+  WEAVE_CUDA_CHECK(cudaMemcpy(&l, ledger, sizeof l, cudaMemcpyDeviceToHost));
+  return {l.launches, l.early_comm, l.peak_comm};
+}
 
 struct AdaptiveState {
   sm_split::Role role = sm_split::Role::Compute;
