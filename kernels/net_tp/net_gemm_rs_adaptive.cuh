@@ -155,48 +155,24 @@ struct NetRsAdaptiveKernelT : NetRsKernelT<Gemm, false> {
     }
     lcsc::consumers_sync<NetRsAdaptiveKernelT>();
     const long long t0 = clock64();
-    const long long n16 = (b1 - b0) / 16;
     if (task.kind == RsCommKind::Send) {
+      // One partial (one rank per node): copied as it is, where the fixed kernel's send blocks sum a node's.
       const uint4* src = reinterpret_cast<const uint4*>(reinterpret_cast<const char*>(g.scratch) + shard_byte(U, q) + b0);
       uint4* dst = reinterpret_cast<uint4*>(h.send + slot_off(U, task.s, b0));
-      for (long long i = t; i < n16; i += n) dst[i] = __ldcg(src + i);
+      for (long long i = t; i < (b1 - b0) / 16; i += n) dst[i] = __ldcg(src + i);
     } else if (task.kind == RsCommKind::Reduce) {
-      const long long own = shard_byte(U, r);
-      const uint4* mine = reinterpret_cast<const uint4*>(reinterpret_cast<const char*>(g.scratch) + own + b0);
-      uint4* out = reinterpret_cast<uint4*>(reinterpret_cast<char*>(g.out) + (g.all_reduce ? own : 0) + b0);
-      uint4* stage = g.all_reduce ? reinterpret_cast<uint4*>(h.send + rs_send_needed(U) + b0) : nullptr;
-      for (long long i = t; i < n16; i += n) {
-        float acc[8] = {};
-        add_bf16x8(acc, __ldcg(mine + i));
-        for (int s = 0; s < steps(U); ++s)
-          add_bf16x8(acc, ld_volatile_v4(reinterpret_cast<const uint4*>(h.recv + g.recv_base + slot_off(U, s, b0)) + i));
-        const uint4 v = pack_bf16x8(acc);
-        out[i] = v;
-        if (stage) stage[i] = v;
-      }
+      Base::reduce_unit(g, b0, b1, t, n);
     } else {
-      const uint4* src =
-          reinterpret_cast<const uint4*>(h.recv + g.recv_base + recv_needed(U) + slot_off(U, task.s, b0));
-      uint4* out = reinterpret_cast<uint4*>(reinterpret_cast<char*>(g.out) + shard_byte(U, q) + b0);
-      for (long long i = t; i < n16; i += n) out[i] = ld_volatile_v4(src + i);
+      Base::gather_unit(g, task.s, q, b0, b1, t, n);
     }
     lcsc::consumers_sync<NetRsAdaptiveKernelT>();  // the group's reads and writes, then the commands
     if (t == 0 && ok && bytes) {
       Producer prod{h.queue};
       if (task.kind == RsCommKind::Send) {
-        (void)push(h, prod,
-                   Command{static_cast<uint64_t>(slot_off(U, task.s, b0)),
-                           g.recv_base + static_cast<uint64_t>(slot_off(U, task.s, b0)), static_cast<uint64_t>(b1 - b0),
-                           1, g.flag_base + static_cast<uint32_t>(flag(U, task.s, task.u)), static_cast<uint16_t>(q),
-                           kNotify, 0});
+        (void)push(h, prod, Base::send_command(g, task.s, task.u, q, b0, b1));
       } else if (task.kind == RsCommKind::Reduce) {
         for (int s = 0; s < steps(U); ++s) consume(h, rs_flag(g, s, task.u));
-        for (int s = 0; ok && g.all_reduce && s < steps(U); ++s)
-          ok = push(h, prod,
-                    Command{static_cast<uint64_t>(rs_send_needed(U) + b0),
-                            g.recv_base + static_cast<uint64_t>(recv_needed(U) + slot_off(U, s, b0)),
-                            static_cast<uint64_t>(b1 - b0), 1, ar_flag(g, s, task.u),
-                            static_cast<uint16_t>(send_peer(U, r, s)), kNotify, 0});
+        for (int s = 0; ok && g.all_reduce && s < steps(U); ++s) ok = push(h, prod, Base::ar_command(g, s, task.u, b0, b1));
       } else {
         consume(h, ar_flag(g, task.s, task.u));
       }

@@ -162,6 +162,60 @@ struct NetRsKernelT : Gemm {
     }
   }
 
+  // The command of step s's unit u of owner p (bytes [b0, b1) of p's shard, staged in the send
+  // buffer's slot s) to p: its receive slot s and arrival flag.
+  static __device__ __forceinline__ Command send_command(const Globals& g, int s, int u, int p, long long b0,
+                                                         long long b1) {
+    const UnitPlan& U = g.U;
+    return Command{static_cast<uint64_t>(slot_off(U, s, b0)), g.recv_base + static_cast<uint64_t>(slot_off(U, s, b0)),
+                   static_cast<uint64_t>(b1 - b0), 1, g.flag_base + static_cast<uint32_t>(flag(U, s, u)),
+                   static_cast<uint16_t>(p), kNotify, 0};
+  }
+  // AR: the command of this rank's reduced unit u (bytes [b0, b1) of its shard, staged after RS's
+  // slots) to its step-s rail peer, into that peer's AR receive area.
+  static __device__ __forceinline__ Command ar_command(const Globals& g, int s, int u, long long b0, long long b1) {
+    const UnitPlan& U = g.U;
+    return Command{static_cast<uint64_t>(rs_send_needed(U) + b0),
+                   g.recv_base + static_cast<uint64_t>(recv_needed(U) + slot_off(U, s, b0)),
+                   static_cast<uint64_t>(b1 - b0), 1, g.flag_base + static_cast<uint32_t>(flags_needed(U) + flag(U, s, u)),
+                   static_cast<uint16_t>(send_peer(U, g.rank, s)), kNotify, 0};
+  }
+  // Threads t, t + n, ... of bytes [b0, b1) of this rank's shard: the node's partials and every
+  // step's arrival summed in fp32 (in that order), rounded once into the output (AR: every node
+  // rank's, and the stage after RS's slots in the send buffer).
+  static __device__ __forceinline__ void reduce_unit(const Globals& g, long long b0, long long b1, int t, int n) {
+    const NetHandle& h = g.h;
+    const UnitPlan& U = g.U;
+    const long long own = shard_byte(U, g.rank);
+    uint4* stage = g.all_reduce ? reinterpret_cast<uint4*>(h.send + rs_send_needed(U) + b0) : nullptr;
+    for (long long i = t; i < (b1 - b0) / 16; i += n) {
+      float acc[8] = {};
+      for (int d = 0; d < node_ranks(g); ++d)
+        add_bf16x8(acc, __ldcg(reinterpret_cast<const uint4*>(part(g, d) + own + b0) + i));
+      for (int s = 0; s < steps(U); ++s)
+        add_bf16x8(acc, ld_volatile_v4(reinterpret_cast<const uint4*>(h.recv + g.recv_base + slot_off(U, s, b0)) + i));
+      const uint4 v = pack_bf16x8(acc);
+      if (!stage) {
+        reinterpret_cast<uint4*>(reinterpret_cast<char*>(g.out) + b0)[i] = v;
+        continue;
+      }
+      for (int d = 0; d < node_ranks(g); ++d) reinterpret_cast<uint4*>(out_of(g, d) + own + b0)[i] = v;
+      stage[i] = v;
+    }
+  }
+  // AR, threads t, t + n, ...: the step-s rail peer q's reduced bytes [b0, b1) of its shard, from
+  // the AR receive area into every node rank's output.
+  static __device__ __forceinline__ void gather_unit(const Globals& g, int s, int q, long long b0, long long b1, int t,
+                                                     int n) {
+    const UnitPlan& U = g.U;
+    const uint4* src = reinterpret_cast<const uint4*>(g.h.recv + g.recv_base + recv_needed(U) + slot_off(U, s, b0));
+    const long long off = shard_byte(U, q) + b0;
+    for (long long i = t; i < (b1 - b0) / 16; i += n) {
+      const uint4 v = ld_volatile_v4(src + i);
+      for (int d = 0; d < node_ranks(g); ++d) reinterpret_cast<uint4*>(out_of(g, d) + off)[i] = v;
+    }
+  }
+
   static __device__ __noinline__ void send_role(const Globals& g, int c, int nc, int* word) {
     const NetHandle& h = g.h;
     const UnitPlan& U = g.U;
@@ -177,11 +231,7 @@ struct NetRsKernelT : Gemm {
       sum_partials(g, reinterpret_cast<uint4*>(h.send + slot_off(U, s, b0)), shard_byte(U, p) + b0, b1 - b0);
       __syncthreads();
       bool ok = true;
-      if (threadIdx.x == 0)
-        ok = push(h, prod,
-                  Command{static_cast<uint64_t>(slot_off(U, s, b0)), g.recv_base + static_cast<uint64_t>(slot_off(U, s, b0)),
-                          static_cast<uint64_t>(b1 - b0), 1, g.flag_base + static_cast<uint32_t>(flag(U, s, u)),
-                          static_cast<uint16_t>(p), kNotify, 0});
+      if (threadIdx.x == 0) ok = push(h, prod, send_command(g, s, u, p, b0, b1));
       if (!block_agree(ok, word)) return;
     }
   }
@@ -228,32 +278,11 @@ struct NetRsKernelT : Gemm {
             ok = wait_arrival(h, g.flag_base + static_cast<uint32_t>(flag(U, s, u)));
         }
         if (!block_agree(ok, word)) return release_node(g);
-        uint4* stage = g.all_reduce ? reinterpret_cast<uint4*>(h.send + rs_send_needed(U) + b0) : nullptr;
-        for (long long i = threadIdx.x; i < (b1 - b0) / 16; i += blockDim.x) {
-          float acc[8] = {};
-          for (int d = 0; d < node_ranks(g); ++d)
-            add_bf16x8(acc, __ldcg(reinterpret_cast<const uint4*>(part(g, d) + own + b0) + i));
-          for (int s = 0; s < steps(U); ++s)
-            add_bf16x8(acc, ld_volatile_v4(reinterpret_cast<const uint4*>(h.recv + g.recv_base + slot_off(U, s, b0)) +
-                                           i));
-          const uint4 v = pack_bf16x8(acc);
-          if (!stage) {
-            reinterpret_cast<uint4*>(reinterpret_cast<char*>(g.out) + b0)[i] = v;
-            continue;
-          }
-          for (int d = 0; d < node_ranks(g); ++d) reinterpret_cast<uint4*>(out_of(g, d) + own + b0)[i] = v;
-          stage[i] = v;
-        }
+        reduce_unit(g, b0, b1, threadIdx.x, blockDim.x);
         __syncthreads();
         if (threadIdx.x == 0) {
           for (int s = 0; s < steps(U); ++s) consume(h, g.flag_base + static_cast<uint32_t>(flag(U, s, u)));
-          for (int s = 0; ok && g.all_reduce && s < steps(U); ++s)
-            ok = push(h, prod,
-                      Command{static_cast<uint64_t>(rs_send_needed(U) + b0),
-                              g.recv_base + static_cast<uint64_t>(recv_needed(U) + slot_off(U, s, b0)),
-                              static_cast<uint64_t>(b1 - b0), 1,
-                              g.flag_base + static_cast<uint32_t>(flags_needed(U) + flag(U, s, u)),
-                              static_cast<uint16_t>(send_peer(U, r, s)), kNotify, 0});
+          for (int s = 0; ok && g.all_reduce && s < steps(U); ++s) ok = push(h, prod, ar_command(g, s, u, b0, b1));
         }
         if (!block_agree(ok, word)) return release_node(g);
       }
@@ -268,12 +297,7 @@ struct NetRsKernelT : Gemm {
       if (b1 > b0) {
         const uint32_t f = g.flag_base + static_cast<uint32_t>(flags_needed(U) + flag(U, s, u));
         if (!block_agree(threadIdx.x == 0 ? wait_arrival(h, f) : true, word)) return release_node(g);
-        const uint4* src = reinterpret_cast<const uint4*>(h.recv + g.recv_base + recv_needed(U) + slot_off(U, s, b0));
-        const long long off = shard_byte(U, q) + b0;
-        for (long long i = threadIdx.x; i < (b1 - b0) / 16; i += blockDim.x) {
-          const uint4 v = ld_volatile_v4(src + i);
-          for (int d = 0; d < node_ranks(g); ++d) reinterpret_cast<uint4*>(out_of(g, d) + off)[i] = v;
-        }
+        gather_unit(g, s, q, b0, b1, threadIdx.x, blockDim.x);
         __syncthreads();
         if (threadIdx.x == 0) consume(h, f);
       }
