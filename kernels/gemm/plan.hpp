@@ -163,9 +163,11 @@ struct SplitChoice {
 // costing `unit`): unsplit, or, where split_ok, with the last partial round split as best_splits
 // prefers when the model says that is kSplitGain faster (decode: M <= 64, more splits and no
 // slowdown). The GEMM planners (plan_gemm, gemm_fp8's block-scaled one) use it per tile.
-// max_splits > 0 overrides the default bound (kMaxSplits at decode, else kMaxSplitsWide).
-inline SplitChoice split_choice(int items, int iters, int workers, bool decode, double unit, bool split_ok,
-                                int max_splits = 0, double slowdown = plan_model::kSplitSlowdown) {
+// max_splits > 0 overrides the default bound (kMaxSplits at decode, else kMaxSplitsWide). Also the
+// MoE grouped GEMM's rule on the device, where its tiles are counted (moe::grouped_split).
+__host__ __device__ inline SplitChoice split_choice(int items, int iters, int workers, bool decode, double unit,
+                                                    bool split_ok, int max_splits = 0,
+                                                    double slowdown = plan_model::kSplitSlowdown) {
   using namespace plan_model;
   SplitChoice c{1, static_cast<double>(split_rounds(items, iters, workers, 1)) * unit};
   if (!split_ok) return c;

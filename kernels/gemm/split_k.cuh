@@ -25,6 +25,52 @@
 
 namespace weave::gemm {
 
+// One consumer warpgroup's part in a split item's exchange (the kernels' shared step: SplitKKernel
+// below, the MoE grouped GEMM's split): writes its Q float4s per thread of fp32 partials `d` to
+// slot_of(split), counts itself in on counter_of(), and, when it completes the count, resets the
+// counter, adds the other splits' slots to `d` and returns true (`finished`, in shared memory,
+// says so to the storer; the caller stores only finished halves). `live`: whether this warp's rows
+// exist (a warp past the rows neither writes nor reads). Uses named barrier 6 + c (the fused
+// kernels use the low ids).
+template <int Q, class SlotOf, class CounterOf>
+__device__ __forceinline__ bool exchange_partials(float* d, SlotOf slot_of, CounterOf counter_of, int splits,
+                                                  int split, bool live, int c, int& finished) {
+  const int i = static_cast<int>(threadIdx.x) % 128;
+  if (live) {
+    float4* dst = reinterpret_cast<float4*>(slot_of(split)) + i;
+#pragma unroll
+    for (int q = 0; q < Q; ++q) __stcg(dst + q * 128, make_float4(d[4 * q], d[4 * q + 1], d[4 * q + 2], d[4 * q + 3]));
+  }
+  __threadfence();
+  const int bar = 6 + c;
+  tile::named_barrier_sync(bar, 128);
+  if (i == 0) {
+    int* counter = counter_of();
+    const int before = atomicAdd(counter, 1);
+    const int last = before == splits - 1;
+    if (last) *counter = 0;  // the next launch starts from zero (kernel boundaries order it)
+    finished = last;
+  }
+  tile::named_barrier_sync(bar, 128);
+  if (!finished) return false;
+  __threadfence();
+  if (live) {
+    for (int j = 0; j < splits; ++j) {
+      if (j == split) continue;
+      const float4* src = reinterpret_cast<const float4*>(slot_of(j)) + i;
+#pragma unroll
+      for (int q = 0; q < Q; ++q) {
+        const float4 v = __ldcg(src + q * 128);
+        d[4 * q] += v.x;
+        d[4 * q + 1] += v.y;
+        d[4 * q + 2] += v.z;
+        d[4 * q + 3] += v.w;
+      }
+    }
+  }
+  return true;
+}
+
 template <class Base>
 struct SplitKGlobals : Base::Globals {
   SplitK sk;
@@ -89,45 +135,11 @@ struct SplitKKernel : Base {
   // Returns whether this warpgroup completes the item's half c (and then holds the full sums).
   static __device__ __forceinline__ bool combine(const Globals& g, ConsumerState& st, Output& o, const Segment& s,
                                                  int c) {
-    const int i = static_cast<int>(threadIdx.x) % 128;
     const int t = s.item - g.sk.dp_items;
-    const bool live = warp_rows_live(g, Base::coord(g, s.item), c);
-    constexpr int Q = Base::kWN / 8;  // float4s per thread
-    if (live) {
-      float4* dst = reinterpret_cast<float4*>(slot(g, t, s.split, c)) + i;
-#pragma unroll
-      for (int q = 0; q < Q; ++q)
-        __stcg(dst + q * 128, make_float4(st.d[4 * q], st.d[4 * q + 1], st.d[4 * q + 2], st.d[4 * q + 3]));
-    }
-    __threadfence();
-    // Named barriers 6 and 7, one per consumer warpgroup: the fused kernels use the low ids.
-    const int bar = 6 + c;
-    tile::named_barrier_sync(bar, 128);
-    int* counter = g.counters + (static_cast<long long>(t) * Base::kClusterSize + cta_rank()) * 2 + c;
-    if (i == 0) {
-      const int before = atomicAdd(counter, 1);
-      const int last = before == g.sk.splits - 1;
-      if (last) *counter = 0;  // the next launch starts from zero (kernel boundaries order it)
-      o.finished[c] = last;
-    }
-    tile::named_barrier_sync(bar, 128);
-    if (!o.finished[c]) return false;
-    __threadfence();
-    if (live) {
-      for (int j = 0; j < g.sk.splits; ++j) {
-        if (j == s.split) continue;
-        const float4* src = reinterpret_cast<const float4*>(slot(g, t, j, c)) + i;
-#pragma unroll
-        for (int q = 0; q < Q; ++q) {
-          const float4 v = __ldcg(src + q * 128);
-          st.d[4 * q] += v.x;
-          st.d[4 * q + 1] += v.y;
-          st.d[4 * q + 2] += v.z;
-          st.d[4 * q + 3] += v.w;
-        }
-      }
-    }
-    return true;
+    return exchange_partials<Base::kWN / 8>(
+        st.d, [&](int j) { return slot(g, t, j, c); },
+        [&] { return g.counters + (static_cast<long long>(t) * Base::kClusterSize + cta_rank()) * 2 + c; },
+        g.sk.splits, s.split, warp_rows_live(g, Base::coord(g, s.item), c), c, o.finished[c]);
   }
 
   static __device__ __forceinline__ void finish(const Globals& g, ConsumerState& st, Output& o, int w, int c,

@@ -48,7 +48,7 @@ __host__ __device__ inline Segment segment(const SplitK& s, int w) {
 
 // Rounds of work (in iterations of one item) for `items` on `workers` with the last partial
 // round split `splits` ways.
-inline long long split_rounds(int items, int iters, int workers, int splits) {
+__host__ __device__ inline long long split_rounds(int items, int iters, int workers, int splits) {
   const int tail = items % workers;
   const long long whole = static_cast<long long>(items / workers) * iters;
   if (tail == 0) return whole;
@@ -56,7 +56,7 @@ inline long long split_rounds(int items, int iters, int workers, int splits) {
   return whole + (static_cast<long long>(tail) * splits + workers - 1) / workers * per;
 }
 
-inline SplitK make_split_k(int items, int iters, int workers, int splits) {
+__host__ __device__ inline SplitK make_split_k(int items, int iters, int workers, int splits) {
   SplitK s;
   s.items = items;
   s.iters = iters;
@@ -71,7 +71,7 @@ inline SplitK make_split_k(int items, int iters, int workers, int splits) {
 // The split count the model prefers for the last partial round: the fewest splits within 2 % of
 // the fewest rounds, at most `max_splits` and at most two rounds of split items (each split adds
 // a partial's write and read, `split_cost` iterations).
-inline int best_splits(int items, int iters, int workers, int max_splits, double split_cost) {
+__host__ __device__ inline int best_splits(int items, int iters, int workers, int max_splits, double split_cost) {
   const int tail = workers > 0 ? items % workers : 0;
   if (tail == 0 || iters <= 1) return 1;
   double best = static_cast<double>(split_rounds(items, iters, workers, 1));

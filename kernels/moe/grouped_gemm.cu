@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "gemm/gemm.hpp"
+#include "gemm/split_k_workspace.hpp"
 #include "moe/grouped_gemm.hpp"
 #include "moe/grouped_gemm_kernel.cuh"
 #include "weave/common/error.hpp"
@@ -60,11 +61,29 @@ GroupedGlobals grouped_globals(gemm::BLayout layout, const __nv_bfloat16* X, con
 
 namespace {
 
+// The packed layout: GroupedSplitKernel with a workspace for its last round's split; the plain
+// kernel when split_k = 1 or no workspace may be had (capture with too small a one).
 template <gemm::BLayout L>
 lcsc::Plan run(const __nv_bfloat16* X, const __nv_bfloat16* W, __nv_bfloat16* Y, const int* counts, int E, int N,
-               int K, int R_cap, int group_m, int* status, const lcsc::Config& cfg, cudaStream_t stream) {
-  return lcsc::launch<GroupedKernel<L>>(grouped_globals(L, X, W, Y, counts, E, N, K, R_cap, group_m, status), cfg,
-                                        stream);
+               int K, int R_cap, int group_m, int split_k, int* status, const lcsc::Config& cfg, cudaStream_t stream) {
+  using Kern = GroupedSplitKernel<L>;
+  GroupedSplitGlobals g{};
+  static_cast<GroupedGlobals&>(g) = grouped_globals(L, X, W, Y, counts, E, N, K, R_cap, group_m, status);
+  if (split_k != 1) {
+    g.split_k = split_k;
+    const lcsc::Plan p = lcsc::plan_for<Kern>(Kern::num_work(g), cfg);  // what launch() will compute
+    gemm::SplitKWorkspace ws;
+    const size_t areas = size_t(p.compute_blocks) * grouped_split_slots(split_k) * 2;
+    if (p.compute_blocks > 0 &&
+        gemm::split_k_workspace(stream, areas * Kern::kSlotFloats * sizeof(float),
+                                size_t(p.compute_blocks) * 2 * sizeof(int), ws)) {
+      g.workers = p.compute_blocks;
+      g.partials = ws.partials;
+      g.counters = ws.counters;
+      return lcsc::launch<Kern>(g, cfg, stream);
+    }
+  }
+  return lcsc::launch<GroupedKernel<L>>(g, cfg, stream);
 }
 
 // The fixed-stride layout (row_stride > 0): its own instantiations.
@@ -107,6 +126,8 @@ void validate_row_stride(int E, int R_cap, int row_stride) {
 
 void validate_grouped_options(const GroupedGemmOptions& opt, int E, int R_cap, int sm_count) {
   validate_row_stride(E, R_cap, opt.row_stride);
+  WEAVE_CHECK(opt.split_k >= 0 && opt.split_k <= kMaxGroupedSplits, "moe grouped_gemm: split_k = ", opt.split_k,
+              ", want 0 (the model), 1 (never) or up to ", kMaxGroupedSplits, " ways");
   if (opt.status) check_extent("moe grouped_gemm", "status", opt.status, kStatusWords * sizeof(int));
   // Whatever the launch plan would refuse of the config (without an SM count, the plan itself).
   if (sm_count > 0) lcsc::compute_room(opt.lcsc, sm_count, 1, opt.lcsc.max_clusters);
@@ -168,6 +189,7 @@ GroupedStatus take_status(cudaStream_t stream, int* status) {
   s.count = w[kStatusCount];
   s.rows = w[kStatusRows];
   s.capacity = w[kStatusCapacity];
+  s.splits = w[kStatusSplits];
   if (!s.any()) s.expert = -1;
   return s;
 }
@@ -199,8 +221,8 @@ lcsc::Plan grouped_gemm(const __nv_bfloat16* X, const __nv_bfloat16* W, __nv_bfl
                : run_strided<gemm::BLayout::KN>(X, W, Y, counts, E, N, K, R_cap, opt.row_stride, group_m, status, cfg,
                                                 stream);
   return opt.layout == gemm::BLayout::NK
-             ? run<gemm::BLayout::NK>(X, W, Y, counts, E, N, K, R_cap, group_m, status, cfg, stream)
-             : run<gemm::BLayout::KN>(X, W, Y, counts, E, N, K, R_cap, group_m, status, cfg, stream);
+             ? run<gemm::BLayout::NK>(X, W, Y, counts, E, N, K, R_cap, group_m, opt.split_k, status, cfg, stream)
+             : run<gemm::BLayout::KN>(X, W, Y, counts, E, N, K, R_cap, group_m, opt.split_k, status, cfg, stream);
 }
 
 }  // namespace weave::moe

@@ -22,7 +22,16 @@ struct GroupedGemmOptions {
   // count must lie in 0..S (a count above S is refused like an overflow, kGroupedStrideOverflow),
   // and E S <= R_cap. Rows between experts are neither read for a kept output nor written.
   int row_stride = 0;
+  // The packed layout's last partial round of tiles (tiles % compute blocks) split along K, decided
+  // on the device once the counts are read (moe::grouped_split): 0, where the dense GEMM's split
+  // model gains >= 5 % (at most 4 ways, at most one split item per compute block); 1: never (the
+  // kernel without the split's work items); S in 2..kMaxGroupedSplits: S ways whenever there is a
+  // partial round. Needs the split-K workspace (cached per stream, 128 KB per compute block and
+  // forced split; under CUDA-graph capture a launch whose workspace does not exist yet runs as 1).
+  // The fixed-stride layout never splits.
+  int split_k = 0;
 };
+inline constexpr int kMaxGroupedSplits = 16;
 
 // Y[rows of e] = X[rows of e] * W[e]^T for e = 0 .. E-1, where expert e's rows are
 // [off_e, off_e + counts[e]) with off_e = counts[0] + ... + counts[e-1] (the receiver layout of
@@ -45,6 +54,9 @@ struct GroupedStatus {
   int expert = -1, count = 0;
   int rows = 0;  // rows of experts 0..expert, i.e. where the bad expert's rows end
   int capacity = 0;
+  // Not an error: the last-round split of the last launch that could split (split_k != 1, workspace
+  // had) since the last read; 1: it did not split; 0: no such launch.
+  int splits = 0;
   bool any() const { return error != 0; }
   std::string message() const;
 };

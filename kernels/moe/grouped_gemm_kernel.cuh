@@ -25,6 +25,7 @@
 #include <cuda_bf16.h>
 
 #include "gemm/gemm_kernel.cuh"
+#include "gemm/split_k.cuh"
 #include "moe/grouped_gemm_schedule.hpp"
 #include "weave/tile/swizzle.hpp"
 #include "weave/tile/tma.cuh"
@@ -38,6 +39,7 @@ enum GroupedStatusWord : int {
   kStatusCount,
   kStatusRows,  // rows of experts 0..expert (the end of the bad expert's rows)
   kStatusCapacity,
+  kStatusSplits,  // the last-round split of the last launch of GroupedSplitKernel (1: none); not an error
   kStatusWords = 8
 };
 
@@ -225,27 +227,130 @@ struct GroupedKernel : gemm::GemmKernel<kGroupedBN, L, 3> {
 
   static __device__ __forceinline__ void store(const Globals& g, Output& o, int w, int) {
     const GroupedTile t = tile_of(g, w);
-    const int whole = t.rows & ~7;
+    store_rows(g, o, t, 0, t.rows);
+  }
+
+  // Rows [r0, r1) of tile t (r0 a multiple of 8): the whole tile by the dense kernel's TMA store,
+  // else whole 8-row groups by 8-row boxes and the last < 8 rows by the storer's own stores.
+  static __device__ __forceinline__ void store_rows(const GroupedGlobals& g, Output& o, const GroupedTile& t, int r0,
+                                                    int r1) {
+    const int whole = r1 & ~7;
 #pragma unroll 1
     for (int j = 0; j < BN / 64; ++j) {
       const int n = t.n * BN + 64 * j;
       if (n >= g.N) break;
       const bf16* blk = o.c + j * BM * 64;  // 128 rows x 128 B, 128B-swizzled
-      if (t.rows == BM) {
+      if (r0 == 0 && r1 == BM) {
         tile::tma::store_2d(&g.c, blk, n, t.row0);
         continue;
       }
 #pragma unroll 1
-      for (int r = 0; r < whole; r += 8) tile::tma::store_2d(&g.c8, blk + r * 64, n, t.row0 + r);
+      for (int r = r0; r < whole; r += 8) tile::tma::store_2d(&g.c8, blk + r * 64, n, t.row0 + r);
       const int chunks = g.N - n < 64 ? (g.N - n) / 8 : 8;  // N % 8 == 0: a chunk is in or out
       const char* base = reinterpret_cast<const char*>(blk);
 #pragma unroll 1
-      for (int r = whole; r < t.rows; ++r) {
+      for (int r = whole > r0 ? whole : r0; r < r1; ++r) {
         uint4* dst = reinterpret_cast<uint4*>(g.y + static_cast<size_t>(t.row0 + r) * g.N + n);
 #pragma unroll 1
         for (int q = 0; q < chunks; ++q)
           dst[q] = *reinterpret_cast<const uint4*>(base + tile::swizzled_offset(tile::Swizzle::B128, r, q * 16));
       }
+    }
+  }
+};
+
+// The packed layout's launch from grouped_gemm(): the kernel above with its last partial round of
+// tiles split along K (grouped_split, decided in setup once the counts give the tile count; the
+// dense GEMM's split-K items and partial exchange, gemm/split_k.cuh). A split tile's consumer
+// halves are stored by the warpgroup that completes each (store_rows over its 64 rows).
+struct GroupedSplitGlobals : GroupedGlobals {
+  float* partials;  // workers * slots * 2 areas of 64 x 256 floats (null: no split)
+  int* counters;    // workers * 2 ints, zero between launches
+  int workers;      // the launch's compute blocks
+  int split_k;      // GroupedGemmOptions::split_k (0: the model, 1: never, S > 1: S ways)
+};
+
+template <gemm::BLayout L>
+struct GroupedSplitKernel : GroupedKernel<L> {
+  using Base = GroupedKernel<L>;
+  using Globals = GroupedSplitGlobals;
+  using typename Base::ConsumerState;
+  using typename Base::Stage;
+  static constexpr int kSlotFloats = 64 * Base::kWN;
+  static_assert(Base::kOutputParts == 1 && Base::kConsumers == 2, "split: one output part, two consumer halves");
+
+  struct alignas(1024) Output : Base::Output {
+    int finished[2];  // per consumer half of a split tile: 1 when its sums are complete here
+  };
+  struct LoadState {
+    GroupedTile t;
+    int k_begin;
+  };
+
+  static __device__ __forceinline__ gemm::SplitK& split() {
+    __shared__ gemm::SplitK s;
+    return s;
+  }
+
+  static __device__ void setup(const Globals& g) {
+    Base::setup(g);
+    if (threadIdx.x >= 32) return;
+    __syncwarp();  // lane 31 wrote the work count
+    if (threadIdx.x == 0) {
+      const gemm::SplitK sk =
+          grouped_split(Base::table().work, (g.K + Base::BK - 1) / Base::BK, g.workers, g.split_k, g.partials != nullptr);
+      split() = sk;
+      if (blockIdx.x == 0 && g.status != nullptr) g.status[kStatusSplits] = sk.splits;
+    }
+  }
+
+  static __host__ __device__ int num_work(const Globals& g) {
+#ifdef __CUDA_ARCH__
+    return gemm::num_work(split());
+#else
+    // The grid's bound: every tile, or room for split items where the tiles are fewer than SMs.
+    const long long tiles = Base::num_work(g), f = g.split_k > 1 ? g.split_k : gemm::plan_model::kMaxSplitsWide;
+    return static_cast<int>(tiles * f < 0x7fffffff ? tiles * f : 0x7fffffff);
+#endif
+  }
+  static __device__ __forceinline__ int num_iters(const Globals& g, int w) { return gemm::segment(split(), w).k_iters; }
+
+  static __device__ __forceinline__ LoadState tile_of(const Globals& g, int w) {
+    const gemm::Segment s = gemm::segment(split(), w);
+    return {Base::tile_of(g, s.item), s.k_begin};
+  }
+  static __device__ __forceinline__ void load(const Globals& g, Stage& st, tile::Mbarrier& full, const LoadState& l,
+                                              int it) {
+    Base::load(g, st, full, l.t, l.k_begin + it);
+  }
+
+  static __device__ __forceinline__ void finish(const Globals& g, ConsumerState& st, Output& o, int w, int c,
+                                                int part) {
+    const gemm::SplitK& sk = split();
+    const gemm::Segment s = gemm::segment(sk, w);
+    if (s.split >= 0) {
+      const long long t = s.item - sk.dp_items;
+      const GroupedTile tile = Base::tile_of(g, s.item);
+      const bool live = 64 * c + 16 * tile::warp_in_warpgroup() < tile.rows;
+      auto slot = [&](int j) { return g.partials + ((t * sk.splits + j) * 2 + c) * kSlotFloats; };
+      auto counter = [&] { return g.counters + t * 2 + c; };
+      if (!gemm::exchange_partials<Base::kWN / 8>(st.d, slot, counter, sk.splits, s.split, live, c, o.finished[c]))
+        return;
+    }
+    Base::finish(g, st, o, s.item, c, part);
+  }
+
+  static __device__ __forceinline__ void store(const Globals& g, Output& o, int w, int part) {
+    const gemm::Segment s = gemm::segment(split(), w);
+    if (s.split < 0) {
+      Base::store(g, o, s.item, part);
+      return;
+    }
+    const GroupedTile t = Base::tile_of(g, s.item);
+#pragma unroll 1
+    for (int h = 0; h < 2; ++h) {
+      const int r1 = 64 * h + 64 < t.rows ? 64 * h + 64 : t.rows;
+      if (o.finished[h] && 64 * h < r1) Base::store_rows(g, o, t, 64 * h, r1);
     }
   }
 };

@@ -9,7 +9,9 @@
 // time share W[e]'s column panels in L2. A tile row never spans two experts: the last tile row of
 // an expert is cut at the expert's end (`rows` < 128), and the storer writes only those rows.
 #pragma once
+#include "gemm/plan.hpp"       // split_choice
 #include "gemm/scheduler.hpp"  // __host__ __device__: include from .cu files only
+#include "gemm/split_k.hpp"
 #include "weave/common/host_device.hpp"
 
 namespace weave::moe {
@@ -89,6 +91,34 @@ WEAVE_HD inline GroupedTile grouped_tile(int w, const int* tile_begin, const int
   const int left = row_begin[e + 1] - row_begin[e] - t.m * kGroupedBM;
   return {e, t.m, t.n, row_begin[e] + t.m * kGroupedBM, left < kGroupedBM ? left : kGroupedBM};
 }
+
+// The split of the last partial round (gemm/split_k.hpp's items: whole rounds first, then each
+// remaining tile cut into `splits` K ranges whose fp32 partials meet in a workspace), chosen on the
+// device once the counts give the tile count, for `workers` compute blocks:
+// - forced > 1: that many ways (at most `iters`);
+// - forced == 0: the dense GEMM's model (gemm::split_choice: split rounds kSplitSlowdown slower than
+//   whole ones, a partial's exchange kSplitCost iterations, >= 5 % gain), with at most
+//   kMaxSplitsWide splits and no more split items than workers, so that one workspace slot pair per
+//   worker holds them (grouped_split_slots);
+// - forced == 1, or no workspace: none.
+WEAVE_HD inline gemm::SplitK grouped_split(int items, int iters, int workers, int forced, bool workspace) {
+  int s = 1;
+  const int tail = workers > 0 && items > 0 ? items % workers : 0;
+  if (workspace && tail > 0) {
+    if (forced > 1) {
+      s = forced;
+    } else if (forced == 0) {
+      const int bound = workers / tail < gemm::plan_model::kMaxSplitsWide ? workers / tail
+                                                                          : gemm::plan_model::kMaxSplitsWide;
+      if (bound >= 2) s = gemm::split_choice(items, iters, workers, false, 1.0, true, bound).splits;
+    }
+  }
+  return gemm::make_split_k(items, iters, workers, s);
+}
+
+// Workspace slots per worker that grouped_split's items may use (two per slot: one per consumer
+// half): the forced split's count, else one.
+inline int grouped_split_slots(int forced) { return forced > 1 ? forced : 1; }
 
 // ---------------------------------------------------------------------------------------------
 // Fixed-stride layout (GroupedGemmOptions::row_stride = S > 0; the low-latency dispatch's

@@ -275,3 +275,43 @@ TEST(GroupedGemmSchedule, StridedArgumentChecks) {
   o.lcsc.num_comm_sms = 1, o.lcsc.max_clusters = 1;  // the plan would leave no compute block
   expect("no room for a compute cluster", [&] { validate_grouped_options(o, 4, 1024, 132); });
 }
+
+// The last-round split the kernel chooses on the device (grouped_split): the dense GEMM's model
+// where it gains, never where no workspace was given or split_k = 1, forced counts capped at the
+// K steps, and never more split items than the workspace holds (grouped_split_slots per worker).
+TEST(GroupedGemmSchedule, LastRoundSplit) {
+  // Mixtral-like down projection, Dirichlet routing: 1088 tiles of 224 K steps on 132 SMs run 8
+  // whole rounds and 32 tiles; split 4 ways those 32 fill one round of 128 items.
+  gemm::SplitK s = grouped_split(1088, 224, 132, 0, true);
+  EXPECT_EQ(s.splits, 4);
+  EXPECT_EQ(s.dp_items, 1056);
+  EXPECT_EQ(gemm::num_work(s), 1056 + 128);
+  EXPECT_EQ(grouped_split(1088, 224, 132, 0, false).splits, 1);  // no workspace
+  EXPECT_EQ(grouped_split(1088, 224, 132, 1, true).splits, 1);   // never
+  EXPECT_EQ(grouped_split(1056, 224, 132, 0, true).splits, 1);   // whole rounds only
+  EXPECT_EQ(grouped_split(1056 + 100, 224, 132, 0, true).splits, 1);  // 100 tail tiles: no room for 2 ways
+  EXPECT_EQ(grouped_split(1056 + 100, 224, 132, 3, true).splits, 3);  // forced
+  EXPECT_EQ(grouped_split(1056 + 100, 2, 132, 3, true).splits, 2);    // capped at the K steps
+  EXPECT_EQ(grouped_split(0, 224, 132, 0, true).splits, 1);
+  EXPECT_EQ(gemm::num_work(grouped_split(0, 224, 132, 4, true)), 0);
+  // Short K: the exchange costs more than the round it saves.
+  EXPECT_EQ(grouped_split(133, 2, 132, 0, true).splits, 1);
+  // Every item covered once, and the workspace bound, over random inputs.
+  for (int trial = 0; trial < 20000; ++trial) {
+    const int workers = 1 + int(rng()() % 200), items = int(rng()() % 2000), iters = 1 + int(rng()() % 300);
+    const int forced = int(rng()() % 9);
+    s = grouped_split(items, iters, workers, forced, true);
+    ASSERT_LE(static_cast<long long>(gemm::tail_items(s)) * s.splits,
+              static_cast<long long>(workers) * grouped_split_slots(forced))
+        << items << " items, " << workers << " workers, forced " << forced;
+    ASSERT_LE(s.splits, std::max(1, std::min(iters, forced > 1 ? forced : 4)));
+    std::vector<int> steps(items, 0);
+    for (int w = 0; w < gemm::num_work(s); ++w) {
+      const gemm::Segment g = gemm::segment(s, w);
+      ASSERT_GE(g.item, 0);
+      ASSERT_LT(g.item, items);
+      steps[g.item] += g.k_iters;
+    }
+    for (int i = 0; i < items; ++i) ASSERT_EQ(steps[i], iters) << "item " << i;
+  }
+}

@@ -152,8 +152,19 @@ std::string describe(const Problem& p, const char* routing, const std::vector<in
          " rows " + std::to_string(total(c)) + " max " + std::to_string(mx) + " empty " + std::to_string(empty);
 }
 
-void run_case(const Problem& p, const char* routing, const std::vector<int>& c) {
-  const std::string name = describe(p, routing, c);
+// The last-round split the device should have chosen for counts c on `workers` compute blocks
+// (the schedule's own functions on the host: the tile count, then grouped_split).
+gemm::SplitK expected_split(const Problem& p, const std::vector<int>& c, int workers, int split_k) {
+  std::vector<int> tb(p.E + 1), rb(p.E + 1);
+  EXPECT_EQ(moe::build_prefix(c.data(), p.E, p.R_cap, tb.data(), rb.data()), -1);
+  const int items = tb[p.E] * ((p.N + moe::kGroupedBN - 1) / moe::kGroupedBN);
+  return moe::grouped_split(items, (p.K + 63) / 64, workers, split_k, split_k != 1);
+}
+
+// Runs one launch into a poisoned Y and checks it; returns the split the launch reported (after
+// checking it is the one the schedule gives).
+int run_case(const Problem& p, const char* routing, const std::vector<int>& c, int split_k = 0) {
+  const std::string name = describe(p, routing, c) + " split_k " + std::to_string(split_k);
   SCOPED_TRACE(name);
   Buffers b(p);
   b.fill();
@@ -161,9 +172,17 @@ void run_case(const Problem& p, const char* routing, const std::vector<int>& c) 
   check::poison(b.Y.p, b.Y.n);
   moe::GroupedGemmOptions o;
   o.layout = p.bl;
-  moe::grouped_gemm(b.X.p, b.W.p, b.Y.p, b.counts.p, p.E, p.N, p.K, p.R_cap, nullptr, o);
-  moe::check_status();  // no refused launch
+  o.split_k = split_k;
+  const lcsc::Plan plan = moe::grouped_gemm(b.X.p, b.W.p, b.Y.p, b.counts.p, p.E, p.N, p.K, p.R_cap, nullptr, o);
+  const moe::GroupedStatus st = moe::take_status();
+  EXPECT_FALSE(st.any()) << st.message();  // no refused launch
+  const gemm::SplitK want = expected_split(p, c, plan.compute_blocks, split_k);
+  // split_k = 1 runs the kernel without split items, which reports nothing (0).
+  EXPECT_EQ(st.splits, split_k == 1 ? 0 : want.splits)
+      << "the device chose another split than grouped_split on " << plan.compute_blocks << " workers, " << want.items
+      << " tiles";
   check_output(b, c, b.Y.p, name);
+  return st.splits;
 }
 
 const gemm::BLayout kLayouts[] = {gemm::BLayout::NK, gemm::BLayout::KN};
@@ -291,6 +310,31 @@ TEST(GroupedGemm, CapacityOverflowIsReportedAndWritesNothing) {
   run_case(p, "after overflow", balanced(1000, 8));
 }
 
+// The last partial round split along K: forced 2-7 ways and the model's own choice, on tile
+// counts one tile past whole rounds (the model splits: one tile would otherwise run alone for a
+// whole round) and with cut tiles of <= 64 rows (a consumer half without rows), ragged N and K.
+TEST(GroupedGemm, LastRoundSplit) {
+  int sms = 0;
+  WEAVE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  int split_runs = 0;
+  for (gemm::BLayout bl : kLayouts) {
+    // One expert whose rows make sms + 1 tiles of one column (N <= 256), the last cut at 78 rows.
+    const int rows = 128 * sms + 78;
+    const Problem one{1, 200, 2056, rows + 100, bl};
+    split_runs += run_case(one, "sms+1 tiles", {rows}) > 1;
+    for (int f : {2, 3, 7}) split_runs += run_case(one, "sms+1 tiles", {rows}, f) > 1;
+    EXPECT_EQ(run_case(one, "sms+1 tiles", {rows}, 1), 0);  // the kernel without split items
+    // Several experts, every one with a cut last tile, 3 column tiles (the last 8 wide).
+    const Problem many{8, 520, 1032, 6000, bl};
+    const std::vector<int> c = {700, 33, 0, 1000, 65, 129, 2000, 64};
+    for (int f : {0, 2, 4}) split_runs += run_case(many, "cut tiles", c, f) > 1;
+    split_runs += run_case(many, "dirichlet", dirichlet(5000, 8, 0.3), 3) > 1;
+  }
+  EXPECT_GE(split_runs, 10) << "too few launches split: the test does not exercise the split";
+  // More splits than K steps: capped at the steps.
+  EXPECT_EQ(run_case({2, 256, 120, 300, gemm::BLayout::NK}, "short K", {150, 100}, 5), 2);
+}
+
 TEST(GroupedGemm, RejectsShortBuffers) {
   const Problem p{8, 264, 128, 1000, gemm::BLayout::NK};
   Buffers b(p);
@@ -305,4 +349,7 @@ TEST(GroupedGemm, RejectsShortBuffers) {
   expect("Y needs", [&] { moe::grouped_gemm(b.X.p, b.W.p, small.p, b.counts.p, p.E, p.N, p.K, p.R_cap); });
   expect("counts needs", [&] { moe::grouped_gemm(b.X.p, b.W.p, b.Y.p, few.p, p.E, p.N, p.K, p.R_cap); });
   expect("K = 100 is not a multiple of 8", [&] { moe::grouped_gemm(b.X.p, b.W.p, b.Y.p, b.counts.p, p.E, p.N, 100, 8); });
+  moe::GroupedGemmOptions o;
+  o.split_k = 17;
+  expect("split_k = 17", [&] { moe::grouped_gemm(b.X.p, b.W.p, b.Y.p, b.counts.p, p.E, p.N, p.K, p.R_cap, nullptr, o); });
 }

@@ -424,14 +424,14 @@ FAULTS = [
     # ---- GEMM split-K, layouts, epilogues, decode tile (kernels/gemm) -------------------------------
     {
         "name": "gemm_split_k_partial_dropped",
-        "what": "split-K: the warpgroup that finishes the first split item adds every other split's partial "
-                "but one (one K range of one tile missing)",
+        "what": "split-K (the dense GEMM's and the grouped GEMM's exchange): the warpgroup that finishes a split "
+                "item adds every other split's partial but one (one K range of every split tile missing)",
         "edits": [{
             "file": "kernels/gemm/split_k.cuh",
-            "find": "        if (j == s.split) continue;",
-            "replace": "        if (j == s.split || (t == 0 && j == (s.split == 0 ? 1 : 0))) continue;",
+            "find": "      if (j == split) continue;",
+            "replace": "      if (j == split || j == (split == 0 ? 1 : 0)) continue;",
         }],
-        "tests": ["test_split_k_gpu"],
+        "tests": ["test_split_k_gpu", "test_grouped_gemm_gpu"],
         "bench": [{"ranks": 1, "args": "gemm --shapes 16x4096x14336,300x1000x2056 --split-k 4 --target-ms 2"}],
     },
     {
@@ -440,10 +440,10 @@ FAULTS = [
                 "that stream nobody finishes the tile (its output is never stored)",
         "edits": [{
             "file": "kernels/gemm/split_k.cuh",
-            "find": "      if (last) *counter = 0;  // the next launch starts from zero (kernel boundaries order it)",
-            "replace": "      (void)counter;",
+            "find": "    if (last) *counter = 0;  // the next launch starts from zero (kernel boundaries order it)",
+            "replace": "    (void)counter;",
         }],
-        "tests": ["test_split_k_gpu"],
+        "tests": ["test_split_k_gpu", "test_grouped_gemm_gpu:GroupedGemm.BackToBackChangingCounts"],
         "bench": [{"ranks": 1, "args": "gemm --shapes 16x4096x14336 --split-k 4 --target-ms 2"}],
     },
     {
@@ -643,8 +643,8 @@ FAULTS = [
                 "and past sum(counts)",
         "edits": [{
             "file": "kernels/moe/grouped_gemm_kernel.cuh",
-            "find": "      if (t.rows == BM) {",
-            "replace": "      if (t.rows > 0) {",
+            "find": "      if (r0 == 0 && r1 == BM) {",
+            "replace": "      if (r0 == 0) {",
         }],
         "tests": ["test_grouped_gemm_gpu"],
         "bench": [{"ranks": 1, "args": "moe --models qwen --tokens 4096 --proj down --routing dirichlet --no-dense"}],
@@ -654,8 +654,8 @@ FAULTS = [
         "what": "grouped GEMM: the last row of an expert whose count is not a multiple of 8 is never stored",
         "edits": [{
             "file": "kernels/moe/grouped_gemm_kernel.cuh",
-            "find": "      for (int r = whole; r < t.rows; ++r) {",
-            "replace": "      for (int r = whole; r + 1 < t.rows; ++r) {",
+            "find": "      for (int r = whole > r0 ? whole : r0; r < r1; ++r) {",
+            "replace": "      for (int r = whole > r0 ? whole : r0; r + 1 < r1; ++r) {",
         }],
         "tests": ["test_grouped_gemm_gpu"],
     },
@@ -835,14 +835,15 @@ FAULTS = [
     },
     {
         "name": "net_rs_first_unit_misses_last_peer",
-        "what": "inter-node GEMM+RS/AR: each rank's first unit sums its own partial and all peers' but the last step's "
-                "(at 2 nodes: the peer's partial of the first rows is missing)",
+        "what": "inter-node GEMM+RS/AR, fixed and adaptive split (one reduce_unit since 2026-12-06): each rank's first "
+                "unit sums its own partial and all peers' but the last step's (at 2 nodes: the peer's partial of the "
+                "first rows is missing)",
         "edits": [{
             "file": "kernels/net_tp/net_gemm_rs_kernel.cuh",
-            "find": "          for (int s = 0; s < steps(U); ++s)\n            add_bf16x8(",
-            "replace": "          for (int s = 0; s < steps(U) - (u == 0 ? 1 : 0); ++s)\n            add_bf16x8(",
+            "find": "      for (int s = 0; s < steps(U); ++s)\n        add_bf16x8(acc, ld_volatile_v4(",
+            "replace": "      for (int s = 0; s < steps(U) - (b0 == 0 ? 1 : 0); ++s)\n        add_bf16x8(acc, ld_volatile_v4(",
         }],
-        "tests": ["test_net_tp_gpu:NetTpGpu.GemmRs*:NetTpGpu.GemmAr*"],
+        "tests": ["test_net_tp_gpu:NetTpGpu.GemmRs*:NetTpGpu.GemmAr*:NetTpGpu.Adaptive*"],
     },
     {
         "name": "net_ar_gather_into_own_rows",
@@ -850,21 +851,10 @@ FAULTS = [
                 "(the output's peer rows stay unwritten, the own rows are overwritten)",
         "edits": [{
             "file": "kernels/net_tp/net_gemm_rs_kernel.cuh",
-            "find": "        const long long off = shard_byte(U, q) + b0;",
-            "replace": "        const long long off = shard_byte(U, r) + b0;",
+            "find": "    const long long off = shard_byte(U, q) + b0;",
+            "replace": "    const long long off = shard_byte(U, g.rank) + b0;",
         }],
         "tests": ["test_net_tp_gpu:NetTpGpu.GemmAr*"],
-    },
-    {
-        "name": "net_adaptive_reduce_misses_last_step_first_unit",
-        "what": "inter-node GEMM+RS/AR with the adaptive split: the reduction of each rank's first unit sums its own "
-                "partial and all arrivals but the last step's (at 2 nodes: the peer's partial of the first rows)",
-        "edits": [{
-            "file": "kernels/net_tp/net_gemm_rs_adaptive.cuh",
-            "find": "        for (int s = 0; s < steps(U); ++s)\n          add_bf16x8(acc, ld_volatile_v4(",
-            "replace": "        for (int s = 0; s < steps(U) - (task.u == 0 ? 1 : 0); ++s)\n          add_bf16x8(acc, ld_volatile_v4(",
-        }],
-        "tests": ["test_net_tp_gpu:NetTpGpu.Adaptive*"],
     },
     {
         "name": "net_adaptive_reductions_handed_out_before_sends",
@@ -918,8 +908,8 @@ FAULTS = [
                 "rows leaves out the last node rank's partial (what crosses the network misses a rank's product)",
         "edits": [{
             "file": "kernels/net_tp/net_gemm_rs_kernel.cuh",
-            "find": "      for (int d = 0; d < node_ranks(g); ++d)\n        add_bf16x8(acc, __ldcg(",
-            "replace": "      for (int d = 0; d < node_ranks(g) - 1; ++d)\n        add_bf16x8(acc, __ldcg(",
+            "find": "      for (int d = 0; d < node_ranks(g); ++d)\n        add_bf16x8(acc, __ldcg(reinterpret_cast<const uint4*>(part(g, d) + off)",
+            "replace": "      for (int d = 0; d < node_ranks(g) - 1; ++d)\n        add_bf16x8(acc, __ldcg(reinterpret_cast<const uint4*>(part(g, d) + off)",
         }],
         "tests": ["test_net_tp_gpu_hier"],
     },

@@ -24,7 +24,7 @@
 //
 //   weave-bench moe [--json FILE] [--models deepseek,qwen,mixtral] [--tokens 4096,16384]
 //                   [--proj up,down] [--routing balanced,dirichlet,one] [--routing-seed S]
-//                   [--target-ms T] [--group G] [--no-dense] [--list]
+//                   [--target-ms T] [--group G] [--split-k S] [--no-dense] [--list]
 //   weave-run -n W -- weave-bench moe [--json FILE] [--models ...] [--tokens ...] [--routing ...]
 //                   [--kernels dispatch,combine,layer,layer_fused,dispatch_gemm] [--routing-seed S]
 //                   [--target-ms T] [--world-rows]
@@ -34,6 +34,8 @@
 //   weave-run -n W -- weave-bench moe --kernels ll --tokens 128 --models deepseek --routing balanced
 //                   the low-latency decode mode (kernels/moe/low_latency.hpp; T <= 256 per rank)
 // --group: tile rows per raster group inside an expert (0: the dense GEMM's default for K).
+// --split-k: GroupedGemmOptions::split_k (0: the device's model, 1: never, S: S ways); each row
+//            records the split the launch chose (`splits`).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -897,6 +899,7 @@ int run_moe_bench(const Args& args) {
   const bool dense = !args.has("no-dense");
   moe::GroupedGemmOptions gopt;
   gopt.group_m = static_cast<int>(args.get_int("group", 0));
+  gopt.split_k = static_cast<int>(args.get_int("split-k", 0));
   const uint64_t seed = check::test_seed();
   cudaDeviceProp prop{};
   int dev = 0;
@@ -1006,16 +1009,16 @@ int run_moe_bench(const Args& args) {
       const double vs_dense = dense ? t_dense / t : 0;
       char vd[16];
       std::snprintf(vd, sizeof vd, dense ? "%.3f" : "-", vs_dense);
-      std::printf("%-9s %6d %-4s %-10s %-11s %6d %6d %10.1f %9.1f %8s %9.3g %4d blocks%s\n", c.m->name, c.T,
-                  c.up ? "up" : "down", routing.c_str(), "weave", N, K, t, tf, vd, rep.worst, plan.compute_blocks,
-                  ok ? "" : "  WRONG");
+      std::printf("%-9s %6d %-4s %-10s %-11s %6d %6d %10.1f %9.1f %8s %9.3g %4d blocks, split %d%s\n", c.m->name,
+                  c.T, c.up ? "up" : "down", routing.c_str(), "weave", N, K, t, tf, vd, rep.worst, plan.compute_blocks,
+                  status.splits, ok ? "" : "  WRONG");
       if (!ok)
         wrong.push_back(std::string("weave ") + label + " " + routing + ": " +
                         (status.any() ? status.message() : rep.str()));
       JsonLine j = base_row(c, "weave", routing);
       j.add("time_us", t).add("tflops", tf).add("correct", ok).add("seed", std::to_string(seed));
       j.add("routing_hash", counts_hash(counts)).add("max_count", *std::max_element(counts.begin(), counts.end()));
-      j.add("compute_blocks", plan.compute_blocks);
+      j.add("compute_blocks", plan.compute_blocks).add("split_k", gopt.split_k).add("splits", status.splits);
       if (dense) j.add("ratio_vs_dense", vs_dense);
       sink.write(add_check_worst(j, rep.worst));
     }
@@ -1031,7 +1034,7 @@ int run_moe_bench(const Args& args) {
 WEAVE_BENCH(moe,
             "MoE grouped GEMM (one GPU) on DeepSeek/Qwen/Mixtral-like shapes, up and down projections, balanced, "
             "Dirichlet and all-to-one routings, beside a dense GEMM of equal flops (--models --tokens --proj "
-            "--routing --routing-seed --target-ms --group G --no-dense; --list prints the rows and routing hashes, no GPU); "
+            "--routing --routing-seed --target-ms --group G --split-k S --no-dense; --list prints the rows and routing hashes, no GPU); "
             "under weave-run -n W >= 2: moe_dispatch / moe_combine (GB/s) and the layer, non-fused and fused "
             "(gemm_combine), dispatch_gemm (--kernels dispatch,combine,layer,layer_fused,dispatch_gemm; --world-rows: at W = 1 too)"
             "; --kernels ll: the low-latency decode mode's dispatch + combine (--tokens <= 256)",
