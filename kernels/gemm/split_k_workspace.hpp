@@ -8,8 +8,9 @@ namespace weave::gemm {
 
 // Kernels on one stream run in order, so they can share one workspace; kernels on two streams
 // cannot, hence one per stream. Returns false where it may not allocate (the stream is being
-// captured into a CUDA graph and what exists is too small: a graph must not capture memory this
-// cache may later free); the caller then runs without split-K.
+// captured into a CUDA graph and what exists is too small: a graph must not capture an allocation
+// of its own); the caller then runs without split-K. Buffers a capture used are never freed (a
+// later growth allocates beside them): the graph's replays still write them.
 struct SplitKWorkspace {
   float* partials = nullptr;
   int* counters = nullptr;

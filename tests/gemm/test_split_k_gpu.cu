@@ -151,3 +151,55 @@ TEST(GemmSplitK, AutoChoice) {
     EXPECT_TRUE(rep.ok) << rep.str();
   }
 }
+
+// A graph captured with a split launch keeps its workspace: an eager launch on the same stream
+// that needs a larger one afterwards must not free the one the graph's replays write (the cache
+// freed it before 2026-12-06; the pool then hands those bytes to the new workspace, whose partials
+// overwrite the graph's counters and leave its tiles unstored or wrong).
+TEST(GemmSplitK, CapturedGraphKeepsItsWorkspace) {
+  const SkCase small{200, 1000, 4104, gemm::BLayout::NK, gemm::Tile::M128N256, 3, false, 2};
+  const SkCase big{2000, 8192, 4104, gemm::BLayout::NK, gemm::Tile::M128N256, 0, false, 4};
+  cudaStream_t st;
+  WEAVE_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  auto options = [](const SkCase& r) {
+    gemm::Options o;
+    o.tile = r.tile;
+    o.split_k = r.splits;
+    o.lcsc.max_compute_blocks = r.workers;
+    return o;
+  };
+  const size_t nc = size_t(small.M) * small.N, nb = size_t(big.M) * big.N;
+  DevBuf<bf16> A(size_t(small.M) * small.K), B(size_t(small.K) * small.N), C(nc);
+  DevBuf<bf16> A2(size_t(big.M) * big.K), B2(size_t(big.K) * big.N), C2(nb);
+  DevBuf<float> ref(nc), s(nc);
+  gemm::ref::fill_uniform(A.p, A.n, case_seed(1));
+  gemm::ref::fill_uniform(B.p, B.n, case_seed(2));
+  gemm::ref::fill_uniform(A2.p, A2.n, case_seed(3));
+  gemm::ref::fill_uniform(B2.p, B2.n, case_seed(4));
+  gemm_ref().run(A.p, B.p, small.M, small.N, small.K, small.bl, ref.p, s.p);
+  check::sqrt_inplace(s.p, nc);
+  WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
+  // Eager first (the workspace exists before the capture), then the capture.
+  gemm::gemm(A.p, B.p, C.p, small.M, small.N, small.K, small.bl, options(small), st);
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  WEAVE_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  gemm::gemm(A.p, B.p, C.p, small.M, small.N, small.K, small.bl, options(small), st);
+  WEAVE_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
+  WEAVE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int round = 0; round < 3; ++round) {
+    // A larger split on the same stream grows the workspace, then scribbles over whatever it got.
+    for (int i = 0; i < 2; ++i)
+      gemm::gemm(A2.p, B2.p, C2.p, big.M, big.N, big.K, big.bl, options(big), st);
+    check::poison(C.p, nc, st);
+    WEAVE_CUDA_CHECK(cudaGraphLaunch(exec, st));
+    WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
+    const check::Report rep =
+        check::compare({C.p, small.N}, {ref.p, small.N}, {s.p, small.N}, small.M, small.N, check::gemm_bound());
+    std::printf("check replay %d after a growth: %s\n", round, rep.str().c_str());
+    EXPECT_TRUE(rep.ok) << "replay " << round << ": " << rep.str();
+  }
+  WEAVE_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  WEAVE_CUDA_CHECK(cudaGraphDestroy(graph));
+  WEAVE_CUDA_CHECK(cudaStreamDestroy(st));
+}

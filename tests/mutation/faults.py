@@ -447,6 +447,17 @@ FAULTS = [
         "bench": [{"ranks": 1, "args": "gemm --shapes 16x4096x14336 --split-k 4 --target-ms 2"}],
     },
     {
+        "name": "gemm_split_k_workspace_freed_under_graph",
+        "what": "split-K workspace: a growth frees the buffers a captured graph's kernels use (its replays then "
+                "write memory the pool gave to the new workspace)",
+        "edits": [{
+            "file": "kernels/gemm/split_k_workspace.cpp",
+            "find": "  if (cap != cudaStreamCaptureStatusNone) b.captured = true;",
+            "replace": "  (void)b.captured;",
+        }],
+        "tests": ["test_split_k_gpu:GemmSplitK.CapturedGraphKeepsItsWorkspace"],
+    },
+    {
         "name": "gemm_decode_tile_consumers_same_columns",
         "what": "64x128 tile: the second consumer warpgroup reads the first one's B columns, so columns 64-127 "
                 "of every tile hold columns 0-63's results",
