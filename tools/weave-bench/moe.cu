@@ -34,8 +34,8 @@
 //   weave-run -n W -- weave-bench moe --kernels ll --tokens 128 --models deepseek --routing balanced
 //                   the low-latency decode mode (kernels/moe/low_latency.hpp; T <= 256 per rank)
 // --group: tile rows per raster group inside an expert (0: the dense GEMM's default for K).
-// --split-k: GroupedGemmOptions::split_k (0: the device's model, 1: never, S: S ways); each row
-//            records the split the launch chose (`splits`).
+// --split-k: GroupedGemmOptions::split_k (0: the device's model, 1: never (the default), S: S ways);
+//            each row records the split the launch chose (`splits`).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -899,7 +899,7 @@ int run_moe_bench(const Args& args) {
   const bool dense = !args.has("no-dense");
   moe::GroupedGemmOptions gopt;
   gopt.group_m = static_cast<int>(args.get_int("group", 0));
-  gopt.split_k = static_cast<int>(args.get_int("split-k", 0));
+  gopt.split_k = static_cast<int>(args.get_int("split-k", gopt.split_k));
   const uint64_t seed = check::test_seed();
   cudaDeviceProp prop{};
   int dev = 0;
