@@ -272,6 +272,13 @@ TEST(GroupedGemmSchedule, StridedArgumentChecks) {
   o.lcsc.max_compute_blocks = -2;
   expect("max_compute_blocks = -2", [&] { validate_grouped_options(o, 4, 1024, 132); });
   o = {};
+  o.split_k = -1;
+  expect("split_k = -1", [&] { validate_grouped_options(o, 4, 1024, 132); });
+  o.split_k = kMaxGroupedSplits + 1;
+  expect("split_k = 17, want 0 (the model), 1 (never) or up to 16 ways", [&] { validate_grouped_options(o, 4, 1024, 132); });
+  o.split_k = kMaxGroupedSplits;
+  validate_grouped_options(o, 4, 1024, 132);
+  o = {};
   o.lcsc.num_comm_sms = 1, o.lcsc.max_clusters = 1;  // the plan would leave no compute block
   expect("no room for a compute cluster", [&] { validate_grouped_options(o, 4, 1024, 132); });
 }
