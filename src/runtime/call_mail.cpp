@@ -138,7 +138,18 @@ void CallMail::abort_peers(const std::string& why) {
     write_aborts(why);
 }
 
-int CallMail::aborted_by() const { return mail_[rank_]->abort_from.load(std::memory_order_acquire); }
+int CallMail::aborted_by() const {
+  const std::atomic<int>& word = mail_[rank_]->abort_from;
+  int from = word.load(std::memory_order_acquire);
+  // Claimed, its reason still being copied: a kernel stops on the claim, but a host reader waits
+  // for the rank and reason (a writer preempted mid-copy on a busy host takes milliseconds).
+  const auto t0 = std::chrono::steady_clock::now();
+  while (from < 0 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2)) {
+    std::this_thread::yield();
+    from = word.load(std::memory_order_acquire);
+  }
+  return from;
+}
 
 std::string CallMail::abort_reason() const {
   const Mailbox& mb = *mail_[rank_];

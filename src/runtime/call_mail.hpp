@@ -90,7 +90,8 @@ class CallMail {
              const std::string& problem, bool capturing, const std::vector<long long>& buffers = {});
   // Every peer's abort word (this rank's own too when `self`); the first writer of a word wins.
   void write_aborts(const std::string& why, bool self = false) noexcept;
-  // Rank + 1 of the peer that wrote this rank's abort word (0: none), and its reason.
+  // Rank + 1 of the peer that wrote this rank's abort word (0: none), and its reason. A word a
+  // writer has claimed but not yet published is waited for (up to 2 s; -1 if it never lands).
   int aborted_by() const;
   std::string abort_reason() const;
   unsigned long long calls() const { return call_seq_; }

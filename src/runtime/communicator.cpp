@@ -60,7 +60,6 @@ struct Registration {
 
 using mail::kCheckValues;
 using mail::kMailBytes;
-using mail::kWhyBytes;
 using mail::Mailbox;
 using mail::MailSlot;
 
@@ -596,12 +595,10 @@ void Communicator::sync(cudaStream_t stream) {
   m.check_usable();
   cudaError_t e = cudaStreamSynchronize(stream);
   const WaitRecord& r = *m.record_host;
-  if (const int from = m.mail[m.info.rank]->abort_from.load(std::memory_order_acquire); from > 0 && e != cudaSuccess) {
+  if (const int from = m.calls ? m.calls->aborted_by() : 0; from > 0 && e != cudaSuccess) {
     m.broken = true;
     m.broken_why = detail::concat("rank ", from - 1, " rejected a call this rank had launched (its kernels stopped: ",
-                                  cudaGetErrorName(e), "): ",
-                                  std::string(m.mail[m.info.rank]->abort_why,
-                                              strnlen(m.mail[m.info.rank]->abort_why, kWhyBytes)));
+                                  cudaGetErrorName(e), "): ", m.calls->abort_reason());
     throw Error("weave: " + m.broken_why);
   }
   if (r.timed_out) {

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -229,6 +230,26 @@ TEST(CallMail, BuffersComparedEveryCall) {
     }
   });
   for (const auto& o : told) EXPECT_EQ(o, "ok") << describe(told);
+}
+
+// A writer claims a rank's abort word, copies its reason, then publishes its rank; a host reader
+// that comes between (the writer preempted mid-copy, as on a busy CI host) gets the rank and the
+// whole reason, not the claim and an empty reason.
+TEST(CallMail, ReaderWaitsForAClaimedAbortWord) {
+  Node node(2);
+  mail::Mailbox& mine = *node.ptrs[0];
+  mine.abort_from.store(-1);  // as write_abort's claim
+  mail::CallMail reader(node.ptrs, std::vector<long long>(2, getpid()), 0, false);
+  std::thread writer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    std::snprintf(mine.abort_why, mail::kWhyBytes, "%s", "call 3: all_gather against reduce_scatter");
+    mine.abort_from.store(2, std::memory_order_release);
+  });
+  const int from = reader.aborted_by();
+  const std::string why = reader.abort_reason();
+  writer.join();
+  EXPECT_EQ(from, 2);
+  EXPECT_EQ(why, "call 3: all_gather against reduce_scatter");
 }
 
 }  // namespace
