@@ -74,7 +74,7 @@ struct GroupedKernel : gemm::GemmKernel<kGroupedBN, L, 3> {
   using Stage = typename Base::Stage;
   using Output = typename Base::Output;
   static constexpr int BM = Base::BM, BN = Base::BN, BK = Base::BK;
-  static_assert(BM == kGroupedBM && BN == kGroupedBN, "the schedule's tile is the kernel's");
+  static_assert(BM == kGroupedBM && BN == kGroupedBN && BK == kGroupedBK, "the schedule's tile is the kernel's");
 
   struct Table {
     int tile_begin[kMaxGroupedExperts + 1];
@@ -298,7 +298,7 @@ struct GroupedSplitKernel : GroupedKernel<L> {
     __syncwarp();  // lane 31 wrote the work count
     if (threadIdx.x == 0) {
       const gemm::SplitK sk =
-          grouped_split(Base::table().work, (g.K + Base::BK - 1) / Base::BK, g.workers, g.split_k, g.partials != nullptr);
+          grouped_split(Base::table().work, (g.K + kGroupedBK - 1) / kGroupedBK, g.workers, g.split_k, g.partials != nullptr);
       split() = sk;
       if (blockIdx.x == 0 && g.status != nullptr) g.status[kStatusSplits] = sk.splits;
     }

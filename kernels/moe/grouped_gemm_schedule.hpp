@@ -16,7 +16,7 @@
 
 namespace weave::moe {
 
-constexpr int kGroupedBM = 128, kGroupedBN = 256;
+constexpr int kGroupedBM = 128, kGroupedBN = 256, kGroupedBK = 64;
 // The per-block prefix table holds E + 1 entries of two arrays (8 KB of shared memory at 1024).
 constexpr int kMaxGroupedExperts = 1024;
 
