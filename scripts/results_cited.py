@@ -58,7 +58,7 @@ def patterns(text):
 def main():
     repo = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), ".."))
     try:
-        files = tracked(repo, *RESULT_DIRS, "kernels/*/results")
+        files = tracked(repo, *RESULT_DIRS, "kernels/*/results/*")
         docs = [d for d in tracked(repo, "*.md") if d not in EXCLUDED_DOCS]
     except (OSError, subprocess.CalledProcessError) as e:
         print(f"results_cited: skipped, cannot list the tracked files of {repo}: {e}", file=sys.stderr)
