@@ -287,8 +287,9 @@ TEST(GroupedGemmSchedule, StridedArgumentChecks) {
 // where it gains, never where no workspace was given or split_k = 1, forced counts capped at the
 // K steps, and never more split items than the workspace holds (grouped_split_slots per worker).
 TEST(GroupedGemmSchedule, LastRoundSplit) {
-  // Mixtral-like down projection, Dirichlet routing: 1088 tiles of 224 K steps on 132 SMs run 8
-  // whole rounds and 32 tiles; split 4 ways those 32 fill one round of 128 items.
+  // A Mixtral-like down projection's K (224 steps) with 1088 tiles on 132 SMs: 8 whole rounds and
+  // 32 tiles; split 4 ways those 32 fill one round of 128 items. (The bench's Dirichlet row has
+  // 1104 tiles, a tail of 48, which the model leaves unsplit.)
   gemm::SplitK s = grouped_split(1088, 224, 132, 0, true);
   EXPECT_EQ(s.splits, 4);
   EXPECT_EQ(s.dp_items, 1056);
