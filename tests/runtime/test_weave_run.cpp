@@ -184,6 +184,9 @@ TEST(WeaveRun, OptionValidation) {
 }
 
 TEST(WeaveRun, GpuCount) {
+  // The refusal is what is tested: with WEAVE_SHARE_GPUS=1 inherited (device scripts set it for a
+  // whole suite on one GPU) weave-run would start the 64 sleeping ranks on the shared GPU instead.
+  unsetenv("WEAVE_SHARE_GPUS");
   Result count = weave_run({"--count-gpus"});
   ASSERT_EQ(count.status, 0) << count.out;
   ASSERT_TRUE(std::regex_match(count.out, std::regex(R"(\d+\n)"))) << count.out;
