@@ -28,10 +28,10 @@ struct GroupedGemmOptions {
   // kernel without the split's work items); S in 2..kMaxGroupedSplits: S ways whenever there is a
   // partial round. Needs the split-K workspace (cached per stream, 128 KB per compute block and
   // forced split; under CUDA-graph capture a launch whose workspace does not exist yet runs as 1).
-  // The fixed-stride layout never splits. The default is 1 until the split's GPU tests have run
-  // (written 2026-12-06 with no GPU lent; test_grouped_gemm_gpu's LastRoundSplit and the
-  // back-to-back test ask for 0).
-  int split_k = 1;
+  // The fixed-stride layout never splits. The model splits 1 of weave-bench moe's 36 rows (Mixtral
+  // T 4096 Dirichlet down, 4.1 % faster) and leaves the others within 0.6 % of split_k = 1
+  // (docs/perf-notes.md, 2026-12-06 third session).
+  int split_k = 0;
 };
 inline constexpr int kMaxGroupedSplits = 16;
 

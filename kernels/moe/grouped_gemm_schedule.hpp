@@ -96,11 +96,17 @@ WEAVE_HD inline GroupedTile grouped_tile(int w, const int* tile_begin, const int
 // remaining tile cut into `splits` K ranges whose fp32 partials meet in a workspace), chosen on the
 // device once the counts give the tile count, for `workers` compute blocks:
 // - forced > 1: that many ways (at most `iters`);
-// - forced == 0: the dense GEMM's model (gemm::split_choice: split rounds kSplitSlowdown slower than
-//   whole ones, a partial's exchange kSplitCost iterations, >= 5 % gain), with at most
-//   kMaxSplitsWide splits and no more split items than workers, so that one workspace slot pair per
-//   worker holds them (grouped_split_slots);
+// - forced == 0: the dense GEMM's model (gemm::split_choice: a partial's exchange kSplitCost
+//   iterations, >= 5 % gain) with split rounds as fast as whole ones (kGroupedSplitSlowdown), at
+//   most kMaxSplitsWide splits and no more split items than workers, so that one workspace slot
+//   pair per worker holds them (grouped_split_slots);
 // - forced == 1, or no workspace: none.
+// The dense GEMM's 1.5 left the Mixtral T 4096 Dirichlet down row (1104 tiles of 224 K steps, 48
+// in the last round of 132) unsplit, and 2 ways ran it 4.1-7.5 % faster on an H100 (two runs),
+// about the 5.6 % that a split round as fast as a whole one predicts (docs/perf-notes.md,
+// 2026-12-06 third session).
+inline constexpr double kGroupedSplitSlowdown = 1.0;
+
 WEAVE_HD inline gemm::SplitK grouped_split(int items, int iters, int workers, int forced, bool workspace) {
   int s = 1;
   const int tail = workers > 0 && items > 0 ? items % workers : 0;
@@ -110,7 +116,8 @@ WEAVE_HD inline gemm::SplitK grouped_split(int items, int iters, int workers, in
     } else if (forced == 0) {
       const int bound = workers / tail < gemm::plan_model::kMaxSplitsWide ? workers / tail
                                                                           : gemm::plan_model::kMaxSplitsWide;
-      if (bound >= 2) s = gemm::split_choice(items, iters, workers, false, 1.0, true, bound).splits;
+      if (bound >= 2)
+        s = gemm::split_choice(items, iters, workers, false, 1.0, true, bound, kGroupedSplitSlowdown).splits;
     }
   }
   return gemm::make_split_k(items, iters, workers, s);

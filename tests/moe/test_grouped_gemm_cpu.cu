@@ -287,13 +287,19 @@ TEST(GroupedGemmSchedule, StridedArgumentChecks) {
 // where it gains, never where no workspace was given or split_k = 1, forced counts capped at the
 // K steps, and never more split items than the workspace holds (grouped_split_slots per worker).
 TEST(GroupedGemmSchedule, LastRoundSplit) {
-  // A Mixtral-like down projection's K (224 steps) with 1088 tiles on 132 SMs: 8 whole rounds and
-  // 32 tiles; split 4 ways those 32 fill one round of 128 items. (The bench's Dirichlet row has
-  // 1104 tiles, a tail of 48, which the model leaves unsplit.)
-  gemm::SplitK s = grouped_split(1088, 224, 132, 0, true);
-  EXPECT_EQ(s.splits, 4);
+  // The bench's Mixtral T 4096 Dirichlet down row: 1104 tiles of 224 K steps on 132 SMs, 8 whole
+  // rounds and 48 tiles, which 2 ways fill as 96 half items (measured 4.1-7.5 % faster than unsplit).
+  gemm::SplitK s = grouped_split(1104, 224, 132, 0, true);
+  EXPECT_EQ(s.splits, 2);
   EXPECT_EQ(s.dp_items, 1056);
-  EXPECT_EQ(gemm::num_work(s), 1056 + 128);
+  EXPECT_EQ(gemm::num_work(s), 1056 + 96);
+  // Its balanced row: 1024 tiles, a tail of 100 (measured 3 % slower split 2 ways): no room for 2.
+  EXPECT_EQ(grouped_split(1024, 224, 132, 0, true).splits, 1);
+  // A tail of 32: 4 ways fill one round of 128 quarter items.
+  EXPECT_EQ(grouped_split(1088, 224, 132, 0, true).splits, 4);
+  // Many whole rounds before the tail: splitting it saves under 5 % (the Mixtral T 16384 balanced
+  // down row, 4096 tiles: 31 rounds and 4).
+  EXPECT_EQ(grouped_split(4096, 224, 132, 0, true).splits, 1);
   EXPECT_EQ(grouped_split(1088, 224, 132, 0, false).splits, 1);  // no workspace
   EXPECT_EQ(grouped_split(1088, 224, 132, 1, true).splits, 1);   // never
   EXPECT_EQ(grouped_split(1056, 224, 132, 0, true).splits, 1);   // whole rounds only
