@@ -30,8 +30,11 @@ struct GroupedGemmOptions {
   // forced split; under CUDA-graph capture a launch whose workspace does not exist yet runs as 1).
   // The fixed-stride layout never splits. The model splits 1 of weave-bench moe's 36 rows (Mixtral
   // T 4096 Dirichlet down, 4.1 % faster) and leaves the others within 0.6 % of split_k = 1
-  // (docs/perf-notes.md, 2026-12-06 third session).
-  int split_k = 0;
+  // (docs/perf-notes.md, 2026-12-06 third session), but the default stays 1: the model also splits
+  // every launch of fewer than 67 tiles 2-4 ways (few tokens), which no run has timed, and the
+  // fused dispatch_gemm / gemm_combine never split, so the non-fused layer would no longer equal
+  // them bit for bit (what test_dispatch_gemm_gpu, test_gemm_combine_gpu, test_moe_layer_gpu check).
+  int split_k = 1;
 };
 inline constexpr int kMaxGroupedSplits = 16;
 
