@@ -298,7 +298,7 @@ struct GroupedSplitKernel : GroupedKernel<L> {
     __syncwarp();  // lane 31 wrote the work count
     if (threadIdx.x == 0) {
       const gemm::SplitK sk =
-          grouped_split(Base::table().work, (g.K + kGroupedBK - 1) / kGroupedBK, g.workers, g.split_k, g.partials != nullptr);
+          grouped_split(Base::table().work, grouped_k_steps(g.K), g.workers, g.split_k, g.partials != nullptr);
       split() = sk;
       if (blockIdx.x == 0 && g.status != nullptr) g.status[kStatusSplits] = sk.splits;
     }

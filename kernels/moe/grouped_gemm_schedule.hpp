@@ -20,6 +20,10 @@ constexpr int kGroupedBM = 128, kGroupedBN = 256, kGroupedBK = 64;
 // The per-block prefix table holds E + 1 entries of two arrays (8 KB of shared memory at 1024).
 constexpr int kMaxGroupedExperts = 1024;
 
+// K steps of a tile: the `iters` grouped_split is given. In int (gemm::ceil_div divides in 64 bits,
+// which moved the split kernel's register allocation).
+WEAVE_HD inline int grouped_k_steps(int K) { return (K + kGroupedBK - 1) / kGroupedBK; }
+
 WEAVE_HD inline int tile_rows_of(int cnt) { return (cnt + kGroupedBM - 1) / kGroupedBM; }
 
 // What the host can know without reading the counts: the most tile rows any counts summing to
@@ -101,8 +105,8 @@ WEAVE_HD inline GroupedTile grouped_tile(int w, const int* tile_begin, const int
 //   most kMaxSplitsWide splits and no more split items than workers, so that one workspace slot
 //   pair per worker holds them (grouped_split_slots);
 // - forced == 1, or no workspace: none.
-// The dense GEMM's 1.5 left the Mixtral T 4096 Dirichlet down row (1104 tiles of 224 K steps, 48
-// in the last round of 132) unsplit, and 2 ways ran it 4.1-7.5 % faster on an H100 (two runs),
+// The dense GEMM's 1.5 left the Mixtral T 4096 Dirichlet down row (1104 tiles of 224 K steps, a
+// last round of 48 on an H100's SMs) unsplit, and 2 ways ran it 4.1-7.5 % faster there (two runs),
 // about the 5.6 % that a split round as fast as a whole one predicts (docs/perf-notes.md,
 // 2026-12-06 third session).
 inline constexpr double kGroupedSplitSlowdown = 1.0;

@@ -595,7 +595,9 @@ void Communicator::sync(cudaStream_t stream) {
   m.check_usable();
   cudaError_t e = cudaStreamSynchronize(stream);
   const WaitRecord& r = *m.record_host;
-  if (const int from = m.calls ? m.calls->aborted_by() : 0; from > 0 && e != cudaSuccess) {
+  // Read only after a failed sync: aborted_by() waits out a peer caught between claiming the word
+  // and publishing it.
+  if (const int from = e != cudaSuccess && m.calls ? m.calls->aborted_by() : 0; from > 0) {
     m.broken = true;
     m.broken_why = detail::concat("rank ", from - 1, " rejected a call this rank had launched (its kernels stopped: ",
                                   cudaGetErrorName(e), "): ", m.calls->abort_reason());

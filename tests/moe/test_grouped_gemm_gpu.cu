@@ -158,7 +158,7 @@ gemm::SplitK expected_split(const Problem& p, const std::vector<int>& c, int wor
   std::vector<int> tb(p.E + 1), rb(p.E + 1);
   EXPECT_EQ(moe::build_prefix(c.data(), p.E, p.R_cap, tb.data(), rb.data()), -1);
   const int items = tb[p.E] * ((p.N + moe::kGroupedBN - 1) / moe::kGroupedBN);
-  return moe::grouped_split(items, (p.K + moe::kGroupedBK - 1) / moe::kGroupedBK, workers, split_k, split_k != 1);
+  return moe::grouped_split(items, moe::grouped_k_steps(p.K), workers, split_k, split_k != 1);
 }
 
 // Runs one launch into a poisoned Y and checks it; returns the split the launch reported (after
