@@ -23,18 +23,18 @@ struct GroupedGemmOptions {
   // and E S <= R_cap. Rows between experts are neither read for a kept output nor written.
   int row_stride = 0;
   // The packed layout's last partial round of tiles (tiles % compute blocks) split along K, decided
-  // on the device once the counts are read (moe::grouped_split): 0, where the dense GEMM's split
-  // model gains >= 5 % (at most 4 ways, at most one split item per compute block); 1: never (the
-  // kernel without the split's work items); S in 2..kMaxGroupedSplits: S ways whenever there is a
-  // partial round. Needs the split-K workspace (cached per stream, 128 KB per compute block and
-  // forced split; under CUDA-graph capture a launch whose workspace does not exist yet runs as 1).
-  // The fixed-stride layout never splits. The model splits 1 of weave-bench moe's 36 rows (Mixtral
-  // T 4096 Dirichlet down, 4.1 % faster) and leaves the others within 0.6 % of split_k = 1
-  // (docs/perf-notes.md, 2026-12-06 third session), but the default stays 1: the model also splits
-  // every launch of fewer than 67 tiles 2-4 ways (few tokens), which no run has timed, and the
-  // fused dispatch_gemm / gemm_combine never split, so the non-fused layer would no longer equal
-  // them bit for bit (what test_dispatch_gemm_gpu, test_gemm_combine_gpu, test_moe_layer_gpu check).
-  int split_k = 1;
+  // on the device once the counts are read (moe::grouped_split): 0 (the default), where the dense
+  // GEMM's split model gains >= 5 % (at most 4 ways, at most one split item per compute block); 1:
+  // never (the kernel without the split's work items); S in 2..kMaxGroupedSplits: S ways whenever
+  // there is a partial round. Needs the split-K workspace (cached per stream, 128 KB per compute
+  // block and forced split; under CUDA-graph capture a launch whose workspace does not exist yet
+  // runs as 1; graphs captured on one stream share it, as the dense GEMM's split does). The
+  // fixed-stride layout never splits, nor do the fused dispatch_gemm / gemm_combine; the layers
+  // (layer.hpp) run their GEMMs with 0 as 1, so that the non-fused, fused and low-latency layers
+  // give the same bits. Measured on one H100 (docs/perf-notes.md, 2026-12-06 fourth session): 0
+  // against 1 over weave-bench moe's rows at T 64, 512 and 4096, geomean 0.99, up to 10 % faster
+  // on the Dirichlet-skewed rows it splits, none slower beyond the 1.5 % run-to-run spread.
+  int split_k = 0;
 };
 inline constexpr int kMaxGroupedSplits = 16;
 

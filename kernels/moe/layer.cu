@@ -70,13 +70,17 @@ void moe_layer_forward(MoeExchange& ex, MoeLayerScratch& sc, const __nv_bfloat16
     validate_grouped_options(gemm_opt, L, R, ex.communicator().sm_count());
   });
   ex.communicator().agree_call("moe.layer", "E, H, k, F, capacity", {cf.experts, H, cf.topk, F, R}, problem, stream);
+  // The fused layer's kernels never split K; unless a split is forced, neither do these GEMMs, so
+  // that both layers round the same bits.
+  GroupedGemmOptions o = gemm_opt;
+  if (o.split_k == 0) o.split_k = 1;
   const Dispatched d = ex.dispatch(x, topk_idx, T, stream);
   // Up: G[rows of l] = X[rows of l] W_up[l]^T (N = 2F: gate, then up), counts on the device.
-  grouped_gemm(d.rows, W_up, sc.up_output(), d.counts, L, 2 * F, H, R, stream, gemm_opt);
+  grouped_gemm(d.rows, W_up, sc.up_output(), d.counts, L, 2 * F, H, R, stream, o);
   // H = silu(gate) * up on the rows the dispatch delivered: offsets[L] is their total.
   swiglu(sc.up_output(), sc.swiglu_output(), d.offsets + L, R, F, stream);
   // Down, into the symmetric output buffer that combine pulls from.
-  grouped_gemm(sc.swiglu_output(), W_down, ex.expert_output(), d.counts, L, H, F, R, stream, gemm_opt);
+  grouped_gemm(sc.swiglu_output(), W_down, ex.expert_output(), d.counts, L, H, F, R, stream, o);
   ex.combine(ex.expert_output(), topk_weights, out, T, stream);
 }
 

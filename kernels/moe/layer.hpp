@@ -46,7 +46,9 @@ class MoeLayerScratch {
 // there and combine reads it from the peers. Errors: the exchange's argument checks (weave::Error
 // at once, on every rank); a failed dispatch (bad expert id, capacity) leaves zero counts, so the
 // GEMMs and SwiGLU do nothing and combine writes NaN, and MoeExchange::check reports it; the
-// grouped GEMMs' own refusals go to `gemm_opt.status` (grouped_gemm.hpp's check_status).
+// grouped GEMMs' own refusals go to `gemm_opt.status` (grouped_gemm.hpp's check_status). The GEMMs
+// split K only when gemm_opt.split_k forces it (2..): its default 0 runs here as 1, so that this
+// layer, the fused one and the low-latency one give the same bits.
 void moe_layer_forward(MoeExchange& ex, MoeLayerScratch& scratch, const __nv_bfloat16* x, const int* topk_idx,
                        const float* topk_weights, int T, const __nv_bfloat16* W_up, const __nv_bfloat16* W_down,
                        __nv_bfloat16* out, cudaStream_t stream, const GroupedGemmOptions& gemm_opt = {});

@@ -1,7 +1,8 @@
 // What the multi-rank MoE tests share (test_moe_exchange_gpu, test_moe_layer_gpu,
-// test_gemm_combine_gpu): the communicator and stream, distinct expert draws, and one rank's inputs
-// of a call (tokens, router ids and weights) regenerated from the job's seed by every rank, so that
-// each can build the whole call's reference (the routings are routing.hpp's).
+// test_gemm_combine_gpu, test_dispatch_gemm_gpu): the communicator and stream, the unsplit options
+// of the fused kernels' references, distinct expert draws, and one rank's inputs of a call
+// (tokens, router ids and weights) regenerated from the job's seed by every rank, so that each can
+// build the whole call's reference (the routings are routing.hpp's).
 #pragma once
 #include <cuda_bf16.h>
 
@@ -12,6 +13,7 @@
 
 #include "../primitives/common.hpp"
 #include "check/seed.hpp"
+#include "moe/grouped_gemm.hpp"
 #include "weave/runtime/communicator.hpp"
 
 namespace weave::moe::test {
@@ -34,6 +36,14 @@ inline cudaStream_t stream() {
   }();
   return s;
 }
+
+// The non-fused references of the fused kernels: those never split K, so their references must
+// not either to match them bit for bit (the grouped GEMM's default, 0, may split).
+inline const GroupedGemmOptions kUnsplit = [] {
+  GroupedGemmOptions o;
+  o.split_k = 1;
+  return o;
+}();
 
 // k distinct experts drawn with probability `p` (uniform when empty) from experts [0, limit).
 inline void draw_distinct(std::mt19937_64& rng, int limit, int k, const std::vector<double>& p, int* out) {

@@ -124,7 +124,7 @@ void run_case(const LayerCase& spec) {
   WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
   comm().barrier();
   const Dispatched dp = layer.ex->dispatch(d.x, d.idx, T, s);
-  grouped_gemm(dp.rows, layer.up, Yplain, dp.counts, L, N, H, R, s);
+  grouped_gemm(dp.rows, layer.up, Yplain, dp.counts, L, N, H, R, s, kUnsplit);
   layer.ex->check(s);
   check_status(s);
   const Result plain = read_back(layer, dp, Yplain, N);
@@ -186,7 +186,7 @@ TEST(DispatchGemm, BackToBack200) {
     const Dispatched df = dispatch_gemm(*layer.ex, d.x, d.idx, mine[c].T, layer.up, N, yf[c], s, o);
     WEAVE_CUDA_CHECK(cudaMemcpyAsync(totals + 2 * c, df.offsets + L, sizeof(int), cudaMemcpyDeviceToDevice, s));
     const Dispatched dp = layer.ex->dispatch(d.x, d.idx, mine[c].T, s);
-    grouped_gemm(dp.rows, layer.up, yp[c], dp.counts, L, N, H, R, s);
+    grouped_gemm(dp.rows, layer.up, yp[c], dp.counts, L, N, H, R, s, kUnsplit);
     WEAVE_CUDA_CHECK(cudaMemcpyAsync(totals + 2 * c + 1, dp.offsets + L, sizeof(int), cudaMemcpyDeviceToDevice, s));
   }
   layer.ex->check(s);
@@ -251,7 +251,7 @@ TEST(DispatchGemm, FailedCallsThenACorrectOne) {
   comm().barrier();
   WEAVE_CUDA_CHECK(cudaMemset(Yplain, 0xff, static_cast<size_t>(R) * N * sizeof(bf16)));
   const Dispatched dp = layer.ex->dispatch(dg.x, dg.idx, good.T, s);
-  grouped_gemm(dp.rows, layer.up, Yplain, dp.counts, L, N, H, R, s);
+  grouped_gemm(dp.rows, layer.up, Yplain, dp.counts, L, N, H, R, s, kUnsplit);
   layer.ex->check(s);
   check_status(s);
   expect_same(fused, read_back(layer, dp, Yplain, N), N, "the call after failed ones");

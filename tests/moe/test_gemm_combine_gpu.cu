@@ -160,7 +160,7 @@ void run_combine_case(const LayerCase& spec) {
   fill_rows(layer, dd, F, hseed, s);
   gemm_combine(*layer.gc, dd, layer.sc->swiglu_output(), layer.down, F, d.w, d.out, T, s);
   grouped_gemm(layer.sc->swiglu_output(), layer.down, layer.ex->expert_output(), dd.counts, L, H, F,
-               layer.ex->config().capacity, s);
+               layer.ex->config().capacity, s, kUnsplit);
   layer.ex->combine(layer.ex->expert_output(), d.w, plain, T, s);
   layer.ex->check(s);
   check_status(s);
@@ -221,7 +221,7 @@ TEST(GemmCombine, BackToBack200) {
     const Dispatched dd = layer.ex->dispatch(d.x, d.idx, mine[c].T, s);
     fill_rows(layer, dd, F, check::derive(seed, 200, c), s);
     gemm_combine(*layer.gc, dd, layer.sc->swiglu_output(), layer.down, F, d.w, d.out, mine[c].T, s);
-    grouped_gemm(layer.sc->swiglu_output(), layer.down, layer.ex->expert_output(), dd.counts, L, H, F, R, s);
+    grouped_gemm(layer.sc->swiglu_output(), layer.down, layer.ex->expert_output(), dd.counts, L, H, F, R, s, kUnsplit);
     layer.ex->combine(layer.ex->expert_output(), d.w, plain[c], mine[c].T, s);
   }
   layer.ex->check(s);

@@ -34,7 +34,7 @@
 //   weave-run -n W -- weave-bench moe --kernels ll --tokens 128 --models deepseek --routing balanced
 //                   the low-latency decode mode (kernels/moe/low_latency.hpp; T <= 256 per rank)
 // --group: tile rows per raster group inside an expert (0: the dense GEMM's default for K).
-// --split-k: GroupedGemmOptions::split_k (0: the device's model, 1: never (the default), S: S ways);
+// --split-k: GroupedGemmOptions::split_k (0: the device's model (the default), 1: never, S: S ways);
 //            each row records the split the launch chose (`splits`).
 #include <cuda_bf16.h>
 
