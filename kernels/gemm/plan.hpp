@@ -134,6 +134,9 @@ inline constexpr int kSwapped256MaxM = 4096;
 // quantisation only pays where there are few rounds.
 inline constexpr int kSwapped256NarrowWidth = 128;
 inline constexpr int kSwapped256NarrowMaxRounds = 2;
+// 9-16 decode tokens take the swapped 128 x 32 tile from sm_count / this many weight panels on
+// (plan_gemm: measured wins from 40 panels of 128 rows on 132 SMs, losses at 32).
+inline constexpr int kSwappedDecodeSmsPerPanel = 3;
 inline constexpr double kMisalignedSwapped = 1.35;  // a pitch off the 128-byte grid (then 2-CTA clusters)
 // The swapped 128 x w tile's mid widths, strictly between these two (104-120, cuBLAS's widths on
 // such rows): over one token tile or three and more, never two, where the upper one runs instead
@@ -196,12 +199,15 @@ inline Choice plan_gemm(const PlanInputs& in) {
   // Decode with W as N x K: the swapped tile (weights on the mma's M side), which streams them at
   // 0.92-1.31 of cuBLAS's rate up to 8 tokens and at 0.89-1.01 up to 16 (docs/perf-notes.md,
   // "the swapped decode tile"), against 0.78-0.94 for the 64x128 tile.
-  // From 9 tokens (two of its token blocks: twice the token loads per weight byte) a weight whose
-  // 128-row panels fill at least half the SMs streams faster through the swapped 128 x 32 tile's 10
-  // stages: 16 x 14336 x 4096 and 16 x 28672 x 8192 ran 0.96-0.97 of cuBLAS against 0.91, while
-  // narrower weights (32-56 panels) ran 0.78-0.86 against 0.92-0.99 (perf-notes, sixth session).
+  // From 9 tokens (two of its token blocks: twice the token loads per weight byte) a weight of at
+  // least a third as many 128-row panels as SMs streams faster through the swapped 128 x 32 tile's
+  // 10 stages, unsplit (its splits lost everywhere). One H200: 56-224 panels 0.93-1.04 of cuBLAS
+  // against 0.91-0.97 on the mma.sync tile (one row of 144 panels 1.02 against 1.04), 32 panels
+  // 0.78-0.86 against 0.91-0.99 (2026-12-03 sixth session); one H100, bf16 and fp8 (2026-12-06
+  // fourth session): 40-64 panels 8-24 % faster than the mma.sync tile, 32 panels -12 to +1 %.
   if (in.swapped && in.M <= swapped::kMaxTokens) {
-    if (in.swapped_wide && in.aligned && in.M > swapped::kMaxTokens / 2 && 2 * ceil_div(in.N, 128) >= in.sm_count)
+    if (in.swapped_wide && in.aligned && in.M > swapped::kMaxTokens / 2 &&
+        kSwappedDecodeSmsPerPanel * ceil_div(in.N, 128) >= in.sm_count)
       return {Tile::SwappedW, 1, in.sm_count, 0.0, swapped_width(in.M)};
     return {Tile::Swapped, 1, in.sm_count, 0.0};
   }

@@ -530,14 +530,14 @@ TEST(GemmPlan, SwappedWideWhereTheABMeasuredIt) {
   no_pair.swapped_wide = true, no_pair.pair_clusters = 0;
   EXPECT_EQ(plan_gemm(no_pair).tile, Tile::SwappedW);
   EXPECT_EQ(plan_gemm(no_pair).cluster, 1);
-  // Decode: the mma.sync swapped tile, except 9-16 tokens of a weight with at least sm_count / 2
-  // panels (aligned), which take the swapped 128 x 32 tile unsplit.
+  // Decode: the mma.sync swapped tile, except 9-16 tokens of a weight with at least sm_count / 3
+  // panels (aligned: 44 of 128 rows on 132 SMs), which take the swapped 128 x 32 tile unsplit.
   for (int M : {1, 8, 9, 16})
-    for (int N : {4096, 8192, 8448, 14336, 28672}) {
+    for (int N : {4096, 5504, 5512, 5632, 8192, 14336, 28672}) {
       PlanInputs in = inputs(M, N, 4096);
       in.swapped = in.swapped_wide = true;
       const Choice c = plan_gemm(in);
-      const bool wide = M > 8 && N >= 8448;
+      const bool wide = M > 8 && N >= 5512;  // 5504 = 43 panels; 5512 starts the 44th
       EXPECT_EQ(c.tile, wide ? Tile::SwappedW : Tile::Swapped) << M << "x" << N;
       EXPECT_EQ(c.splits, 1);
       if (wide) EXPECT_EQ(c.width, 32);
