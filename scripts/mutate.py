@@ -537,6 +537,29 @@ def md_table(rows):
     return "\n".join(out)
 
 
+def check_readme(repo, faults, bad):
+    """The catalogue and its README agree: every fault's edits apply exactly once, every fault has
+    one row in the results table (`| name |`), no row names a fault that is gone, and the
+    "All N faults" count is len(faults). Prints each disagreement; 0 when there is none."""
+    readme = os.path.join(repo, "tests", "mutation", "README.md")
+    with open(readme, encoding="utf-8") as fh:
+        text = fh.read()
+    rows = re.findall(r"^\| ([a-z0-9_]+) \|", text, flags=re.M)
+    names = [f["name"] for f in faults]
+    problems = [f"edit does not apply exactly once: {b}" for b in bad]
+    problems += [f"no row in the README's table: {n}" for n in names if rows.count(n) == 0]
+    problems += [f"{rows.count(n)} rows in the README's table: {n}" for n in names if rows.count(n) > 1]
+    problems += [f"a README row names no fault of faults.py: {r}" for r in sorted(set(rows) - set(names))
+                 if r != "fault"]
+    counts = re.findall(r"All (\d+) faults of `faults.py`", text)
+    if counts != [str(len(names))]:
+        problems.append(f"the README says All {counts or '?'} faults, faults.py has {len(names)}")
+    for p in problems:
+        print(f"mutate: {p}", file=sys.stderr)
+    print(f"mutate: {len(names)} faults, {len(problems)} disagreement(s) with {os.path.relpath(readme, repo)}")
+    return 1 if problems else 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -549,6 +572,9 @@ def main():
     ap.add_argument("--rev", help="copy this git revision (e.g. HEAD) instead of the working tree with its "
                     "uncommitted changes")
     ap.add_argument("--list", action="store_true", help="list the faults and whether each applies, then exit")
+    ap.add_argument("--check-readme", action="store_true",
+                    help="check that every fault applies exactly once and has exactly one row in "
+                         "tests/mutation/README.md's table, whose fault count is right; then exit (CTest)")
     ap.add_argument("--dry-run", action="store_true",
                     help="apply each fault to the copy and compile its targets; run nothing")
     ap.add_argument("--skip-build", action="store_true",
@@ -579,7 +605,7 @@ def main():
         die("--dry-run goes with neither --stash nor --from-stash")
 
     not_run = []
-    if gpus_shared() and not (args.stash or args.dry_run or args.list):
+    if gpus_shared() and not (args.stash or args.dry_run or args.list or args.check_readme):
         faults, not_run = for_shared_gpus(faults)
         for r in not_run:
             log(f"not run with ranks sharing a GPU: {r['fault']} ({r['why']})")
@@ -588,6 +614,8 @@ def main():
     work_rel = os.path.relpath(work, repo)
     src = Source(repo, args.rev, None if work_rel.startswith("..") else work_rel)
     bad = check_faults_apply(src, faults)
+    if args.check_readme:
+        return check_readme(repo, faults, bad)
     if args.list:
         badset = {b.split(":")[0] for b in bad}
         for f in faults:
