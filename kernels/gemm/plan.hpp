@@ -135,7 +135,7 @@ inline constexpr int kSwapped256MaxM = 4096;
 inline constexpr int kSwapped256NarrowWidth = 128;
 inline constexpr int kSwapped256NarrowMaxRounds = 2;
 // 9-16 decode tokens take the swapped 128 x 32 tile from sm_count / this many weight panels on
-// (plan_gemm: measured wins from 40 panels of 128 rows on 132 SMs, losses at 32).
+// (plan_gemm: on H100 and H200 it won from 40 weight panels of 128 rows on and lost at 32).
 inline constexpr int kSwappedDecodeSmsPerPanel = 3;
 inline constexpr double kMisalignedSwapped = 1.35;  // a pitch off the 128-byte grid (then 2-CTA clusters)
 // The swapped 128 x w tile's mid widths, strictly between these two (104-120, cuBLAS's widths on

@@ -573,8 +573,8 @@ TEST(Gemm, SwappedWideTiles) {
                  Case{900, 11008, 4096}, Case{1000, 13832, 5128}, Case{136, 5120, 13824}, Case{300, 4096, 14336},
                  Case{800, 4096, 14336}, Case{300, 5120, 13824}, Case{112, 14336, 4096}, Case{232, 8192, 8192},
                  Case{101, 14344, 4104},
-                 // 9-16 decode tokens on either side of the sm_count / 3 panels rule (132 SMs: 44
-                 // panels take the 128 x 32 tile, 32 keep the mma.sync tile; fewer SMs move the line).
+                 // 9-16 decode tokens on either side of the sm_count / 3 panels rule (on an H100 or
+                 // H200 44 panels take the 128 x 32 tile and 32 keep the mma.sync tile).
                  Case{12, 5632, 4096}, Case{16, 8192, 2048}, Case{9, 7168, 1024}, Case{16, 4096, 2048}}) {
     Variant v;
     v.bl = gemm::BLayout::NK;

@@ -531,7 +531,8 @@ TEST(GemmPlan, SwappedWideWhereTheABMeasuredIt) {
   EXPECT_EQ(plan_gemm(no_pair).tile, Tile::SwappedW);
   EXPECT_EQ(plan_gemm(no_pair).cluster, 1);
   // Decode: the mma.sync swapped tile, except 9-16 tokens of a weight with at least sm_count / 3
-  // panels (aligned: 44 of 128 rows on 132 SMs), which take the swapped 128 x 32 tile unsplit.
+  // panels (aligned; 44 panels of 128 rows at the SM count inputs() gives), which take the swapped
+  // 128 x 32 tile unsplit.
   for (int M : {1, 8, 9, 16})
     for (int N : {4096, 5504, 5512, 5632, 8192, 14336, 28672}) {
       PlanInputs in = inputs(M, N, 4096);
