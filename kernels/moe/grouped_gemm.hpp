@@ -31,9 +31,7 @@ struct GroupedGemmOptions {
   // runs as 1; graphs captured on one stream share it, as the dense GEMM's split does). The
   // fixed-stride layout never splits, nor do the fused dispatch_gemm / gemm_combine; the layers
   // (layer.hpp) run their GEMMs with 0 as 1, so that the non-fused, fused and low-latency layers
-  // give the same bits. Measured on one H100 (docs/perf-notes.md, 2026-12-06 fourth session): 0
-  // against 1 over weave-bench moe's rows at T 64, 512 and 4096, geomean 0.99, up to 10 % faster
-  // on the Dirichlet-skewed rows it splits, none slower beyond the 1.5 % run-to-run spread.
+  // give the same bits. Why 0 is the default: the measurements in kernels/moe/README.md.
   int split_k = 0;
 };
 inline constexpr int kMaxGroupedSplits = 16;
