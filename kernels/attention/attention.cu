@@ -11,6 +11,7 @@
 #include "attention/attention.hpp"
 #include "attention/attention_kernel.cuh"
 #include "attention/host_shared.hpp"
+#include "weave/common/capture.hpp"
 #include "weave/common/error.hpp"
 #include "weave/common/extent.hpp"
 #include "weave/lcsc.cuh"
@@ -82,15 +83,14 @@ int* tile_counter(int dev, cudaStream_t stream) {
   };
   static Pool pools[kDevices];
   check_device(dev);
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  WEAVE_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  const bool capture = capturing(stream);
   unsigned long long id = 0;
-  if (capture == cudaStreamCaptureStatusNone) WEAVE_CUDA_CHECK(cudaStreamGetId(stream, &id));
+  if (!capture) WEAVE_CUDA_CHECK(cudaStreamGetId(stream, &id));
   int* c = nullptr;
   {
     std::lock_guard<std::mutex> lock(scratch_mu);
     Pool& p = pools[dev];
-    if (capture != cudaStreamCaptureStatusNone) {
+    if (capture) {
       c = p.fresh();
     } else {
       int*& b = p.bound[{id, std::this_thread::get_id()}];

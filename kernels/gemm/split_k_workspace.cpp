@@ -1,52 +1,150 @@
-// The split-K workspace cache (split_k_launch.cuh): one per (device, stream), grown on demand.
+// The split-K workspace (split_k_workspace.hpp): the eager cache, one per (device, stream), grown on
+// demand; the buffers of captures, owned by their graphs.
 #include <cuda_runtime.h>
 
 #include <map>
 #include <mutex>
+#include <tuple>
 #include <utility>
+#include <vector>
 
 #include "gemm/split_k_workspace.hpp"
+#include "weave/common/capture.hpp"
 #include "weave/common/error.hpp"
 
 namespace weave::gemm {
 
 namespace {
+
 struct Buffers {
   void* partials = nullptr;
   void* counters = nullptr;
   size_t partial_bytes = 0, counter_bytes = 0;
-  bool captured = false;  // a CUDA graph captured kernels that use these: never freed
 };
+
+size_t at_least_16(size_t bytes) { return bytes > 0 ? bytes : 16; }
+
+// Captures' buffers. A capture's launches on one stream run in graph order, so they share one pair
+// (the largest they asked for so far); a graph that no longer exists gives its pairs back to
+// `spare`, whose counters every completed launch left zero.
+struct Captured {
+  std::mutex mu;
+  std::map<std::tuple<int, unsigned long long, cudaStream_t>, Buffers> current;  // (device, capture id, stream)
+  std::map<int, std::vector<Buffers>> spare;                                       // per device
+  std::map<int, cudaStream_t> zeroing;  // per device: a non-blocking stream outside every capture
+};
+Captured& captured() {
+  static Captured* c = new Captured;  // never destroyed: user-object callbacks may run at exit
+  return *c;
+}
+
+struct Owned {
+  int dev;
+  std::tuple<int, unsigned long long, cudaStream_t> key;
+  Buffers b;
+};
+
+// A CUDA user object's destructor (no CUDA calls allowed here): back to the spare list.
+void give_back(void* p) {
+  Owned* o = static_cast<Owned*>(p);
+  Captured& c = captured();
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    auto it = c.current.find(o->key);
+    if (it != c.current.end() && it->second.partials == o->b.partials) c.current.erase(it);
+    c.spare[o->dev].push_back(o->b);
+  }
+  delete o;
+}
+
+// The thread's capture mode relaxed for a scope: cudaMalloc is otherwise refused while a
+// global-mode capture runs. (New buffers are zeroed on a stream no capture joins.)
+class Relaxed {
+ public:
+  Relaxed() { WEAVE_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode_)); }
+  ~Relaxed() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+  Relaxed(const Relaxed&) = delete;
+  Relaxed& operator=(const Relaxed&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
+
+Buffers allocate_zeroed(Captured& c, int dev, size_t pb, size_t cb) {
+  cudaStream_t& z = c.zeroing[dev];
+  if (!z) WEAVE_CUDA_CHECK(cudaStreamCreateWithFlags(&z, cudaStreamNonBlocking));
+  Buffers b;
+  WEAVE_CUDA_CHECK(cudaMalloc(&b.partials, pb));
+  WEAVE_CUDA_CHECK(cudaMalloc(&b.counters, cb));
+  WEAVE_CUDA_CHECK(cudaMemsetAsync(b.counters, 0, cb, z));
+  WEAVE_CUDA_CHECK(cudaStreamSynchronize(z));
+  b.partial_bytes = pb;
+  b.counter_bytes = cb;
+  return b;
+}
+
+SplitKWorkspace for_capture(cudaStream_t stream, int dev, size_t pb, size_t cb) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  unsigned long long id = 0;
+  cudaGraph_t graph = nullptr;
+  WEAVE_CUDA_CHECK(cudaStreamGetCaptureInfo(stream, &st, &id, &graph));
+  WEAVE_CHECK(st == cudaStreamCaptureStatusActive && graph,
+              "split-K GEMM: the stream's CUDA graph capture has been invalidated (an earlier error in it)");
+  Captured& c = captured();
+  std::lock_guard<std::mutex> lock(c.mu);
+  const auto key = std::make_tuple(dev, id, stream);
+  auto it = c.current.find(key);
+  if (it != c.current.end() && it->second.partial_bytes >= pb && it->second.counter_bytes >= cb)
+    return {static_cast<float*>(it->second.partials), static_cast<int*>(it->second.counters)};
+  // A pair this graph owns: a spare one large enough, or a new one. A smaller one it took for an
+  // earlier launch stays its own (that launch's node uses it).
+  Relaxed relaxed;  // cudaMalloc, and the user object, under a global-mode capture
+  Buffers b;
+  std::vector<Buffers>& spare = c.spare[dev];
+  for (size_t i = 0; i < spare.size(); ++i)
+    if (spare[i].partial_bytes >= pb && spare[i].counter_bytes >= cb) {
+      b = spare[i];
+      spare.erase(spare.begin() + static_cast<long>(i));
+      break;
+    }
+  if (!b.partials) b = allocate_zeroed(c, dev, pb, cb);
+  Owned* o = new Owned{dev, key, b};
+  cudaUserObject_t obj;
+  cudaError_t e = cudaUserObjectCreate(&obj, o, give_back, 1, cudaUserObjectNoDestructorSync);
+  if (e != cudaSuccess) {
+    spare.push_back(b);
+    delete o;
+    WEAVE_CUDA_CHECK(e);
+  }
+  WEAVE_CUDA_CHECK(cudaGraphRetainUserObject(graph, obj, 1, cudaGraphUserObjectMove));
+  c.current[key] = b;
+  return {static_cast<float*>(b.partials), static_cast<int*>(b.counters)};
+}
+
 }  // namespace
 
-bool split_k_workspace(cudaStream_t stream, size_t partial_bytes, size_t counter_bytes, SplitKWorkspace& out) {
-  static std::mutex mu;
-  static std::map<std::pair<int, cudaStream_t>, Buffers> cache;  // kept for the process's life
+SplitKWorkspace split_k_workspace(cudaStream_t stream, size_t partial_bytes, size_t counter_bytes) {
+  const size_t pb = at_least_16(partial_bytes), cb = at_least_16(counter_bytes);
   int dev = 0;
   WEAVE_CUDA_CHECK(cudaGetDevice(&dev));
+  if (capturing(stream)) return for_capture(stream, dev, pb, cb);
+  static std::mutex mu;
+  static std::map<std::pair<int, cudaStream_t>, Buffers> cache;  // kept for the process's life
   std::lock_guard<std::mutex> lock(mu);
   Buffers& b = cache[{dev, stream}];
-  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-  WEAVE_CUDA_CHECK(cudaStreamIsCapturing(stream, &cap));
-  if (b.partial_bytes < partial_bytes || b.counter_bytes < counter_bytes) {
-    if (cap != cudaStreamCaptureStatusNone) return false;
-    // Stream-ordered: the old buffers are freed after the kernels already queued on this stream,
-    // unless a graph captured kernels that use them (its replays would write freed memory): those
-    // stay allocated for the process's life.
-    if (b.partials && !b.captured) WEAVE_CUDA_CHECK(cudaFreeAsync(b.partials, stream));
-    if (b.counters && !b.captured) WEAVE_CUDA_CHECK(cudaFreeAsync(b.counters, stream));
+  if (b.partial_bytes < pb || b.counter_bytes < cb) {
+    // Stream-ordered: the old buffers are freed after the kernels already queued on this stream
+    // (no capture uses them).
+    if (b.partials) WEAVE_CUDA_CHECK(cudaFreeAsync(b.partials, stream));
+    if (b.counters) WEAVE_CUDA_CHECK(cudaFreeAsync(b.counters, stream));
     b = Buffers{};
-    const size_t pb = partial_bytes > 0 ? partial_bytes : 16, cb = counter_bytes > 0 ? counter_bytes : 16;
     WEAVE_CUDA_CHECK(cudaMallocAsync(&b.partials, pb, stream));
     WEAVE_CUDA_CHECK(cudaMallocAsync(&b.counters, cb, stream));
     WEAVE_CUDA_CHECK(cudaMemsetAsync(b.counters, 0, cb, stream));  // the kernels keep them zero
     b.partial_bytes = pb;
     b.counter_bytes = cb;
   }
-  if (cap != cudaStreamCaptureStatusNone) b.captured = true;
-  out.partials = static_cast<float*>(b.partials);
-  out.counters = static_cast<int*>(b.counters);
-  return true;
+  return {static_cast<float*>(b.partials), static_cast<int*>(b.counters)};
 }
 
 }  // namespace weave::gemm

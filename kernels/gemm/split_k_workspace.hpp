@@ -1,4 +1,4 @@
-// The split-K workspace: fp32 partial slots and zeroed counters, cached per (device, stream).
+// The split-K workspace: fp32 partial slots and counters for one split launch.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -6,15 +6,18 @@
 
 namespace weave::gemm {
 
-// Kernels on one stream run in order, so they can share one workspace; kernels on two streams
-// cannot, hence one per stream. Returns false where it may not allocate (the stream is being
-// captured into a CUDA graph and what exists is too small: a graph must not capture an allocation
-// of its own); the caller then runs without split-K. Buffers a capture used are never freed (a
-// later growth allocates beside them): the graph's replays still write them.
 struct SplitKWorkspace {
   float* partials = nullptr;
-  int* counters = nullptr;
+  int* counters = nullptr;  // zero when a launch starts (each launch leaves its counters zero)
 };
-bool split_k_workspace(cudaStream_t stream, size_t partial_bytes, size_t counter_bytes, SplitKWorkspace& out);
+
+// Eager launches take the buffers cached per (device, stream): kernels on one stream run in order,
+// so they can share them; kernels on two streams cannot, hence one per stream. A launch captured
+// into a CUDA graph takes buffers that the graph owns (a CUDA user object returns them to a spare
+// list once the graph and its executables are destroyed and their launches done), shared only
+// with the other launches of that capture on that stream: graphs captured on one stream,
+// replayed on different streams at once and beside eager launches there, share nothing. Two
+// executables instantiated from one graph share its buffers: launch them in order.
+SplitKWorkspace split_k_workspace(cudaStream_t stream, size_t partial_bytes, size_t counter_bytes);
 
 }  // namespace weave::gemm

@@ -62,7 +62,7 @@ GroupedGlobals grouped_globals(gemm::BLayout layout, const __nv_bfloat16* X, con
 namespace {
 
 // The packed layout: GroupedSplitKernel with a workspace for its last round's split; the plain
-// kernel when split_k = 1 or no workspace may be had (capture with too small a one).
+// kernel when split_k = 1.
 template <gemm::BLayout L>
 lcsc::Plan run(const __nv_bfloat16* X, const __nv_bfloat16* W, __nv_bfloat16* Y, const int* counts, int E, int N,
                int K, int R_cap, int group_m, int split_k, int* status, const lcsc::Config& cfg, cudaStream_t stream) {
@@ -72,12 +72,11 @@ lcsc::Plan run(const __nv_bfloat16* X, const __nv_bfloat16* W, __nv_bfloat16* Y,
   if (split_k != 1) {
     g.split_k = split_k;
     const lcsc::Plan p = lcsc::plan_for<Kern>(Kern::num_work(g), cfg);  // what launch() will compute
-    gemm::SplitKWorkspace ws;
-    const size_t areas = size_t(p.compute_blocks) * grouped_split_slots(split_k) * 2;
-    if (p.compute_blocks > 0 &&
-        gemm::split_k_workspace(stream, areas * Kern::kSlotFloats * sizeof(float),
-                                size_t(p.compute_blocks) * 2 * sizeof(int), ws)) {
+    if (p.compute_blocks > 0) {
+      const size_t areas = size_t(p.compute_blocks) * grouped_split_slots(split_k) * 2;
       g.workers = p.compute_blocks;
+      const gemm::SplitKWorkspace ws = gemm::split_k_workspace(
+          stream, areas * Kern::kSlotFloats * sizeof(float), size_t(p.compute_blocks) * 2 * sizeof(int));
       g.partials = ws.partials;
       g.counters = ws.counters;
       return lcsc::launch<Kern>(g, cfg, stream);

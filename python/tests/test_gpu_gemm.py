@@ -99,6 +99,49 @@ def test_matmul_out_and_accumulate(gpu, seed, M, N, K, out_dtype):
         check_close(acc, r + C0.float(), rel * (s + C0.float().abs()) + 1e-6, f"accumulate dY^T X {out_dtype}")
 
 
+def test_matmul_graphs_replayed_on_two_streams_at_once(gpu, seed):
+    """Two graphs captured on one stream, each a matmul whose K the planner splits where the device has
+    about 132 SMs (64 x 4096 x 14336: 64x128 split 4; 128 x 4096 x 4096: split 2), replayed at once on
+    two other streams beside an eager call on the capture stream, 20 rounds of new inputs and NaN
+    outputs. Each graph owns its splits' workspace (kernels/gemm/split_k_workspace.hpp); one shared
+    workspace mixes the calls' partial sums. The eager calls on the capture stream come first, so its
+    cached workspace is large enough for a capture that would take it. Per element within 2^-8 |r| +
+    2^-10 s, s = sqrt(sum_k (a b)^2): check/gemm_ref.hpp's bound, which a lost or doubled K split fails."""
+    shapes = [(64, 4096, 14336), (128, 4096, 4096)]
+    xs = [rand((M, K), BF, seed, "x", i) for i, (M, N, K) in enumerate(shapes)]
+    ws = [rand((N, K), BF, seed, "w", i) for i, (M, N, K) in enumerate(shapes)]
+    x_eager = torch.empty_like(xs[0])
+    cap, s1, s2 = torch.cuda.Stream(), torch.cuda.Stream(), torch.cuda.Stream()
+    cap.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(cap):
+        for x, w in zip(xs, ws):
+            weave.matmul(x, w.t())
+    graphs, outs = [], []
+    for x, w in zip(xs, ws):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=cap):
+            outs.append(weave.matmul(x, w.t()))
+        graphs.append(g)
+    for r in range(20):
+        for i, (M, N, K) in enumerate(shapes):
+            xs[i].copy_(rand((M, K), BF, seed, "x", i, r))
+        x_eager.copy_(rand(tuple(x_eager.shape), BF, seed, "eager", r))
+        torch.cuda.synchronize()
+        for g, st, y in zip(graphs, (s1, s2), outs):
+            with torch.cuda.stream(st):
+                y.fill_(float("nan"))
+                g.replay()
+        with torch.cuda.stream(cap):
+            y_eager = weave.matmul(x_eager, ws[0].t())
+        torch.cuda.synchronize()
+        for what, y, x, w in [("graph 1", outs[0], xs[0], ws[0]), ("graph 2", outs[1], xs[1], ws[1]),
+                              ("eager on the capture stream", y_eager, x_eager, ws[0])]:
+            A, B = x.float(), w.t().float()
+            s = ((A * A) @ (B * B)).sqrt()
+            ref = A @ B
+            check_close(y, ref, 2.0 ** -8 * ref.abs() + 2.0 ** -10 * s, f"{what}, round {r}")
+
+
 def test_matmul_options_errors_on_gpu(gpu):
     A = torch.ones(16, 64, dtype=BF, device="cuda")
     with pytest.raises(ValueError, match="bias is on cpu"):

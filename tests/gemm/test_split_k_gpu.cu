@@ -47,6 +47,15 @@ std::string name_of(const SkCase& r) {
          std::to_string(r.workers) + " splits " + std::to_string(r.splits) + (r.accumulate ? " C+=" : "");
 }
 
+gemm::Options options_of(const SkCase& r) {
+  gemm::Options o;
+  o.tile = r.tile;
+  o.split_k = r.splits;
+  o.accumulate = r.accumulate;
+  o.lcsc.max_compute_blocks = r.workers;
+  return o;
+}
+
 // `calls` back-to-back calls on one stream, each with its own inputs and its own poisoned output,
 // all launched before any is checked.
 void run_calls(const SkCase& r, int calls) {
@@ -77,11 +86,7 @@ void run_calls(const SkCase& r, int calls) {
     }
   }
   WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
-  gemm::Options o;
-  o.tile = r.tile;
-  o.split_k = r.splits;
-  o.accumulate = r.accumulate;
-  o.lcsc.max_compute_blocks = r.workers;
+  const gemm::Options o = options_of(r);
   for (int i = 0; i < calls; ++i) gemm::gemm(A[i]->p, B[i]->p, C[i]->p, r.M, r.N, r.K, r.bl, o, nullptr);
   WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
   check::Bound b = check::gemm_bound();
@@ -152,22 +157,14 @@ TEST(GemmSplitK, AutoChoice) {
   }
 }
 
-// A graph captured with a split launch keeps its workspace: an eager launch on the same stream
-// that needs a larger one afterwards must not free the one the graph's replays write (the cache
-// freed it before 2026-12-06; the pool then hands those bytes to the new workspace, whose partials
-// overwrite the graph's counters and leave its tiles unstored or wrong).
+// A graph captured with a split launch keeps its workspace: eager launches on the capture stream
+// that grow theirs afterwards (the old buffers freed, the new ones scribbled over) must not touch
+// what the graph's replays write.
 TEST(GemmSplitK, CapturedGraphKeepsItsWorkspace) {
   const SkCase small{200, 1000, 4104, gemm::BLayout::NK, gemm::Tile::M128N256, 3, false, 2};
   const SkCase big{2000, 8192, 4104, gemm::BLayout::NK, gemm::Tile::M128N256, 0, false, 4};
   cudaStream_t st;
   WEAVE_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  auto options = [](const SkCase& r) {
-    gemm::Options o;
-    o.tile = r.tile;
-    o.split_k = r.splits;
-    o.lcsc.max_compute_blocks = r.workers;
-    return o;
-  };
   const size_t nc = size_t(small.M) * small.N, nb = size_t(big.M) * big.N;
   DevBuf<bf16> A(size_t(small.M) * small.K), B(size_t(small.K) * small.N), C(nc);
   DevBuf<bf16> A2(size_t(big.M) * big.K), B2(size_t(big.K) * big.N), C2(nb);
@@ -180,17 +177,17 @@ TEST(GemmSplitK, CapturedGraphKeepsItsWorkspace) {
   check::sqrt_inplace(s.p, nc);
   WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
   // Eager first (the workspace exists before the capture), then the capture.
-  gemm::gemm(A.p, B.p, C.p, small.M, small.N, small.K, small.bl, options(small), st);
+  gemm::gemm(A.p, B.p, C.p, small.M, small.N, small.K, small.bl, options_of(small), st);
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   WEAVE_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-  gemm::gemm(A.p, B.p, C.p, small.M, small.N, small.K, small.bl, options(small), st);
+  gemm::gemm(A.p, B.p, C.p, small.M, small.N, small.K, small.bl, options_of(small), st);
   WEAVE_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
   WEAVE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   for (int round = 0; round < 3; ++round) {
     // A larger split on the same stream grows the workspace, then scribbles over whatever it got.
     for (int i = 0; i < 2; ++i)
-      gemm::gemm(A2.p, B2.p, C2.p, big.M, big.N, big.K, big.bl, options(big), st);
+      gemm::gemm(A2.p, B2.p, C2.p, big.M, big.N, big.K, big.bl, options_of(big), st);
     check::poison(C.p, nc, st);
     WEAVE_CUDA_CHECK(cudaGraphLaunch(exec, st));
     WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
@@ -202,4 +199,91 @@ TEST(GemmSplitK, CapturedGraphKeepsItsWorkspace) {
   WEAVE_CUDA_CHECK(cudaGraphExecDestroy(exec));
   WEAVE_CUDA_CHECK(cudaGraphDestroy(graph));
   WEAVE_CUDA_CHECK(cudaStreamDestroy(st));
+}
+
+// Graphs captured on one stream (torch's one capture stream, for one) replayed on two other streams
+// at once, beside an eager split call on the capture stream itself: each capture's launches take
+// buffers that its graph owns, so none of the three shares partials or counters with another.
+// Sharing one workspace makes their last-round items count on each other's counters (tiles stored
+// half-summed, or never). The eager call before the captures makes the capture stream's cached
+// workspace large enough, so a capture that took the cache would use it. The graphs are destroyed
+// and captured again (their buffers go back to a spare list and are taken again, their counters
+// left zero by the completed launches), and they hold no node but the GEMM's kernel: the
+// workspace costs a replay nothing.
+TEST(GemmSplitK, GraphsOnOneCaptureStreamReplayAtOnce) {
+  int dev = 0, sms = 0;
+  WEAVE_CUDA_CHECK(cudaGetDevice(&dev));
+  WEAVE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const int workers = sms / 4 > 0 ? sms / 4 : 1;  // three kernels resident at once, one block per SM each
+  const SkCase c1{1000, 2000, 4104, gemm::BLayout::NK, gemm::Tile::M128N256, workers, false, 4};
+  const SkCase c2{1100, 1800, 3000, gemm::BLayout::NK, gemm::Tile::M128N256, workers, false, 3};
+  struct Problem {
+    SkCase r;
+    DevBuf<bf16> A, B, C;
+    DevBuf<float> ref, s;
+    Problem(const SkCase& c, uint64_t seed)
+        : r(c), A(size_t(c.M) * c.K), B(size_t(c.K) * c.N), C(size_t(c.M) * c.N), ref(size_t(c.M) * c.N),
+          s(size_t(c.M) * c.N) {
+      gemm::ref::fill_uniform(A.p, A.n, case_seed(seed));
+      gemm::ref::fill_uniform(B.p, B.n, case_seed(seed + 1));
+      gemm_ref().run(A.p, B.p, r.M, r.N, r.K, r.bl, ref.p, s.p);
+      check::sqrt_inplace(s.p, s.n);
+    }
+    void check_output(const char* what, int round) {
+      const check::Report rep = check::compare({C.p, r.N}, {ref.p, r.N}, {s.p, r.N}, r.M, r.N, check::gemm_bound());
+      std::printf("check %s round %d (%s): %s\n", what, round, name_of(r).c_str(), rep.str().c_str());
+      EXPECT_TRUE(rep.ok) << what << " round " << round << ": " << rep.str();
+    }
+  };
+  Problem p1(c1, 11), p2(c2, 13), p3(c1, 17);
+  WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
+  cudaStream_t cap, s1, s2;
+  WEAVE_CUDA_CHECK(cudaStreamCreateWithFlags(&cap, cudaStreamNonBlocking));
+  WEAVE_CUDA_CHECK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+  WEAVE_CUDA_CHECK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+  gemm::gemm(p3.A.p, p3.B.p, p3.C.p, c1.M, c1.N, c1.K, c1.bl, options_of(c1), cap);  // the cache, sized
+  Problem* captured[2] = {&p1, &p2};
+  for (int generation = 0; generation < 2; ++generation) {
+    cudaGraph_t graph[2];
+    cudaGraphExec_t exec[2];
+    for (int i = 0; i < 2; ++i) {
+      Problem& p = *captured[i];
+      WEAVE_CUDA_CHECK(cudaStreamBeginCapture(cap, cudaStreamCaptureModeGlobal));
+      gemm::gemm(p.A.p, p.B.p, p.C.p, p.r.M, p.r.N, p.r.K, p.r.bl, options_of(p.r), cap);
+      WEAVE_CUDA_CHECK(cudaStreamEndCapture(cap, &graph[i]));
+      size_t n = 0;
+      WEAVE_CUDA_CHECK(cudaGraphGetNodes(graph[i], nullptr, &n));
+      std::vector<cudaGraphNode_t> nodes(n);
+      WEAVE_CUDA_CHECK(cudaGraphGetNodes(graph[i], nodes.data(), &n));
+      int kernels = 0;
+      for (cudaGraphNode_t node : nodes) {
+        cudaGraphNodeType t;
+        WEAVE_CUDA_CHECK(cudaGraphNodeGetType(node, &t));
+        kernels += t == cudaGraphNodeTypeKernel;
+      }
+      EXPECT_EQ(n, 1u) << "graph " << i << ": the GEMM's kernel and nothing else";
+      EXPECT_EQ(kernels, 1) << "graph " << i;
+      WEAVE_CUDA_CHECK(cudaGraphInstantiate(&exec[i], graph[i], 0));
+    }
+    for (int round = 0; round < 20; ++round) {
+      check::poison(p1.C.p, p1.C.n, s1);
+      check::poison(p2.C.p, p2.C.n, s2);
+      check::poison(p3.C.p, p3.C.n, cap);
+      WEAVE_CUDA_CHECK(cudaGraphLaunch(exec[0], s1));
+      WEAVE_CUDA_CHECK(cudaGraphLaunch(exec[1], s2));
+      gemm::gemm(p3.A.p, p3.B.p, p3.C.p, c1.M, c1.N, c1.K, c1.bl, options_of(c1), cap);
+      WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
+      const int r = generation * 100 + round;
+      p1.check_output("graph 1 on stream 1", r);
+      p2.check_output("graph 2 on stream 2", r);
+      p3.check_output("eager on the capture stream", r);
+      if (::testing::Test::HasFailure()) break;
+    }
+    for (int i = 0; i < 2; ++i) {
+      WEAVE_CUDA_CHECK(cudaGraphExecDestroy(exec[i]));
+      WEAVE_CUDA_CHECK(cudaGraphDestroy(graph[i]));
+    }
+    if (::testing::Test::HasFailure()) break;
+  }
+  for (cudaStream_t st : {cap, s1, s2}) WEAVE_CUDA_CHECK(cudaStreamDestroy(st));
 }

@@ -447,15 +447,17 @@ FAULTS = [
         "bench": [{"ranks": 1, "args": "gemm --shapes 16x4096x14336 --split-k 4 --target-ms 2"}],
     },
     {
-        "name": "gemm_split_k_workspace_freed_under_graph",
-        "what": "split-K workspace: a growth frees the buffers a captured graph's kernels use (its replays then "
-                "write memory the pool gave to the new workspace)",
+        "name": "gemm_split_k_capture_takes_stream_workspace",
+        "what": "split-K workspace: a captured launch takes its capture stream's cached buffers instead of "
+                "the graph's own, so graphs captured on one stream (and eager calls there) share partials and "
+                "counters, and a later eager growth frees what the graph's replays write",
         "edits": [{
             "file": "kernels/gemm/split_k_workspace.cpp",
-            "find": "  if (cap != cudaStreamCaptureStatusNone) b.captured = true;",
-            "replace": "  (void)b.captured;",
+            "find": "  if (capturing(stream)) return for_capture(stream, dev, pb, cb);",
+            "replace": "  if (false && capturing(stream)) return for_capture(stream, dev, pb, cb);",
         }],
-        "tests": ["test_split_k_gpu:GemmSplitK.CapturedGraphKeepsItsWorkspace"],
+        "tests": ["test_split_k_gpu:GemmSplitK.GraphsOnOneCaptureStreamReplayAtOnce",
+                  "test_split_k_gpu:GemmSplitK.CapturedGraphKeepsItsWorkspace"],
     },
     {
         "name": "gemm_decode_tile_consumers_same_columns",

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "weave/common/capture.hpp"
 #include "weave/common/error.hpp"
 #include "weave/runtime/communicator.hpp"
 
@@ -29,12 +30,7 @@ class NotPrepared : public Error {
   using Error::Error;
 };
 
-// Whether `s` is capturing a CUDA graph.
-inline bool capturing(cudaStream_t s) {
-  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-  WEAVE_CUDA_CHECK(cudaStreamIsCapturing(s, &st));
-  return st != cudaStreamCaptureStatusNone;
-}
+using ::weave::capturing;
 
 // What is wrong with this rank's own arguments ("" when nothing): `checks` runs the checks that
 // can fail on one rank alone (weave::Error), for Communicator::agree_call's `problem`.
