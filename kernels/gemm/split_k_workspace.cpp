@@ -31,6 +31,7 @@ struct Captured {
   std::mutex mu;
   std::map<std::tuple<int, unsigned long long, cudaStream_t>, Buffers> current;  // (device, capture id, stream)
   std::map<int, std::vector<Buffers>> spare;                                       // per device
+  std::mutex zeroing_mu;
   std::map<int, cudaStream_t> zeroing;  // per device: a non-blocking stream outside every capture
 };
 Captured& captured() {
@@ -70,12 +71,21 @@ class Relaxed {
   cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
 };
 
-Buffers allocate_zeroed(Captured& c, int dev, size_t pb, size_t cb) {
+cudaStream_t zeroing_stream(Captured& c, int dev) {
+  std::lock_guard<std::mutex> lock(c.zeroing_mu);  // not `mu`: a CUDA call under it
   cudaStream_t& z = c.zeroing[dev];
   if (!z) WEAVE_CUDA_CHECK(cudaStreamCreateWithFlags(&z, cudaStreamNonBlocking));
+  return z;
+}
+
+Buffers allocate_zeroed(Captured& c, int dev, size_t pb, size_t cb) {
+  const cudaStream_t z = zeroing_stream(c, dev);
   Buffers b;
   WEAVE_CUDA_CHECK(cudaMalloc(&b.partials, pb));
-  WEAVE_CUDA_CHECK(cudaMalloc(&b.counters, cb));
+  if (const cudaError_t e = cudaMalloc(&b.counters, cb); e != cudaSuccess) {
+    cudaFree(b.partials);
+    WEAVE_CUDA_CHECK(e);
+  }
   WEAVE_CUDA_CHECK(cudaMemsetAsync(b.counters, 0, cb, z));
   WEAVE_CUDA_CHECK(cudaStreamSynchronize(z));
   b.partial_bytes = pb;
@@ -91,32 +101,39 @@ SplitKWorkspace for_capture(cudaStream_t stream, int dev, size_t pb, size_t cb) 
   WEAVE_CHECK(st == cudaStreamCaptureStatusActive && graph,
               "split-K GEMM: the stream's CUDA graph capture has been invalidated (an earlier error in it)");
   Captured& c = captured();
-  std::lock_guard<std::mutex> lock(c.mu);
   const auto key = std::make_tuple(dev, id, stream);
-  auto it = c.current.find(key);
-  if (it != c.current.end() && it->second.partial_bytes >= pb && it->second.counter_bytes >= cb)
-    return {static_cast<float*>(it->second.partials), static_cast<int*>(it->second.counters)};
-  // A pair this graph owns: a spare one large enough, or a new one. A smaller one it took for an
-  // earlier launch stays its own (that launch's node uses it).
-  Relaxed relaxed;  // cudaMalloc, and the user object, under a global-mode capture
+  // The mutex is never held across a CUDA call: give_back takes it on CUDA's callback thread.
   Buffers b;
-  std::vector<Buffers>& spare = c.spare[dev];
-  for (size_t i = 0; i < spare.size(); ++i)
-    if (spare[i].partial_bytes >= pb && spare[i].counter_bytes >= cb) {
-      b = spare[i];
-      spare.erase(spare.begin() + static_cast<long>(i));
-      break;
-    }
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    auto it = c.current.find(key);
+    if (it != c.current.end() && it->second.partial_bytes >= pb && it->second.counter_bytes >= cb)
+      return {static_cast<float*>(it->second.partials), static_cast<int*>(it->second.counters)};
+    // A pair this graph will own: a spare one large enough, or a new one. A smaller one it took
+    // for an earlier launch stays its own (that launch's node uses it).
+    std::vector<Buffers>& spare = c.spare[dev];
+    for (size_t i = 0; i < spare.size(); ++i)
+      if (spare[i].partial_bytes >= pb && spare[i].counter_bytes >= cb) {
+        b = spare[i];
+        spare.erase(spare.begin() + static_cast<long>(i));
+        break;
+      }
+  }
+  Relaxed relaxed;  // cudaMalloc and the user object under a global-mode capture
   if (!b.partials) b = allocate_zeroed(c, dev, pb, cb);
   Owned* o = new Owned{dev, key, b};
   cudaUserObject_t obj;
-  cudaError_t e = cudaUserObjectCreate(&obj, o, give_back, 1, cudaUserObjectNoDestructorSync);
+  const cudaError_t e = cudaUserObjectCreate(&obj, o, give_back, 1, cudaUserObjectNoDestructorSync);
   if (e != cudaSuccess) {
-    spare.push_back(b);
-    delete o;
+    give_back(o);
     WEAVE_CUDA_CHECK(e);
   }
-  WEAVE_CUDA_CHECK(cudaGraphRetainUserObject(graph, obj, 1, cudaGraphUserObjectMove));
+  const cudaError_t r = cudaGraphRetainUserObject(graph, obj, 1, cudaGraphUserObjectMove);
+  if (r != cudaSuccess) {
+    cudaUserObjectRelease(obj, 1);  // its destructor gives the pair back
+    WEAVE_CUDA_CHECK(r);
+  }
+  std::lock_guard<std::mutex> lock(c.mu);
   c.current[key] = b;
   return {static_cast<float*>(b.partials), static_cast<int*>(b.counters)};
 }
