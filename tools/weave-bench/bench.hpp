@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -23,8 +24,15 @@ namespace weave::bench {
 // Command-line options after the subcommand: `--key value` pairs and bare `--flag`s.
 struct Args {
   std::map<std::string, std::string> kv;
-  bool has(const std::string& k) const { return kv.count(k) != 0; }
+  // Every key a subcommand asked about, given or not (copies share it): main reports given keys
+  // that were never asked about (a misspelling, or an option of another subcommand).
+  std::shared_ptr<std::set<std::string>> asked = std::make_shared<std::set<std::string>>();
+  bool has(const std::string& k) const {
+    asked->insert(k);
+    return kv.count(k) != 0;
+  }
   std::string get(const std::string& k, const std::string& dflt = "") const {
+    asked->insert(k);
     auto it = kv.find(k);
     return it == kv.end() ? dflt : it->second;
   }
@@ -44,6 +52,13 @@ struct Args {
     std::vector<long long> v;
     for (const std::string& x : names(k, dflt)) v.push_back(std::stoll(x));
     return v;
+  }
+  // Given keys no one asked about, as "--a, --b" ("" when none).
+  std::string never_asked() const {
+    std::string out;
+    for (const auto& [k, v] : kv)
+      if (!asked->count(k)) out += (out.empty() ? "--" : ", --") + k;
+    return out;
   }
 };
 

@@ -48,10 +48,20 @@ int main(int argc, char** argv) {
   // this default; the tuner reads a set value itself).
   if (auto b = weave::env::raw("WEAVE_TUNER_BUDGET_S"); !b || b->empty())
     weave::runtime::Tuner::global().set_budget_s(0);
+  int rc = 1;
   try {
-    return it->second.fn(a);
+    rc = it->second.fn(a);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());
-    return 1;
+    return 1;  // options past the failure were never reached, which says nothing about them
   }
+  // Options are read where they are used, so an unknown one shows only at the end of a run; it
+  // fails the run rather than pass as if it had applied. (--list measures nothing: a run's other
+  // options may ride along.)
+  if (const std::string unread = a.never_asked(); !unread.empty() && !a.kv.count("list")) {
+    std::fprintf(stderr, "weave-bench %s: option %s never read: misspelled, or not one of this subcommand's "
+                 "(the run above did without it; --help lists the subcommands)\n", argv[1], unread.c_str());
+    return rc != 0 ? rc : 2;
+  }
+  return rc;
 }
