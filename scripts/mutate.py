@@ -38,6 +38,7 @@ import lzma
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -271,15 +272,34 @@ def cuda_env():
     return env
 
 
+def run_group(cmd, timeout=None, **kw):
+    """subprocess.run in a session of its own: past `timeout` the whole process group (ctest, the
+    test, weave-run's ranks) is ended, not only `cmd`. Returns (returncode or 124, stdout, stderr)."""
+    p = subprocess.Popen(cmd, start_new_session=True, **kw)
+    try:
+        out, err = p.communicate(timeout=timeout)
+        return p.returncode, out, err
+    except subprocess.TimeoutExpired:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(p.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                out, err = p.communicate(timeout=5)
+                break
+            except subprocess.TimeoutExpired:
+                out, err = None, None
+        return 124, out, err
+
+
 def run_logged(cmd, logf, env=None, cwd=None, timeout=None):
     logf.write(f"$ {' '.join(cmd)}\n")
     logf.flush()
-    try:
-        p = subprocess.run(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=cwd, timeout=timeout)
-        return p.returncode
-    except subprocess.TimeoutExpired:
-        logf.write(f"mutate: timed out after {timeout} s\n")
-        return 124
+    rc, _, _ = run_group(cmd, timeout, stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+    if rc == 124 and timeout is not None:
+        logf.write(f"mutate: timed out after {timeout} s (its process group ended)\n")
+    return rc
 
 
 def configure(tree, build, args, logf):
@@ -356,7 +376,7 @@ def targets_of(fault, tests_cmd, build):
 CTEST_LINE = re.compile(r"Test\s+#\d+:\s+(\S+)\s+\.*\s*(\*\*\*)?([A-Za-z][A-Za-z ()]*?)\s+[0-9.]+\s+sec")
 
 
-def run_test(build, spec, logf):
+def run_test(build, spec, logf, timeout=None):
     """passed / failed / skipped / error (not found, not run). `spec` is a CTest name, optionally
     followed by ':' and a GoogleTest filter (GTEST_FILTER) that narrows the run to the tests that
     exercise the fault (a multi-rank suite with ranks sharing one GPU runs minutes otherwise)."""
@@ -367,10 +387,16 @@ def run_test(build, spec, logf):
         env["GTEST_FILTER"] = gfilter
     logf.write(f"$ {'GTEST_FILTER=' + gfilter + ' ' if gfilter else ''}{' '.join(cmd)}\n")
     logf.flush()
-    p = subprocess.run(cmd, capture_output=True, text=True, errors="replace", env=env)
-    logf.write(p.stdout + p.stderr)
+    rc, out, err = run_group(cmd, timeout, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace",
+                             env=env)
+    out, err = out or "", err or ""
+    logf.write(out + err)
+    if rc == 124 and timeout is not None:
+        logf.write(f"mutate: {spec} stopped after {timeout} s (--test-timeout; its process group ended)\n")
+        logf.flush()
+        return "failed"  # a check that hangs under the fault has caught it (unfaulted, the baseline says)
     logf.flush()
-    for m in CTEST_LINE.finditer(p.stdout):
+    for m in CTEST_LINE.finditer(out):
         if m.group(1) != name:
             continue
         s = m.group(3).strip()
@@ -381,9 +407,9 @@ def run_test(build, spec, logf):
         if s.startswith("Not Run"):
             return "error"
         return "failed"  # Failed, Timeout, Exception: ..., SegFault, ...
-    if "No tests were found" in p.stdout + p.stderr:
+    if "No tests were found" in out + err:
         return "error"
-    return "failed" if p.returncode != 0 else "error"
+    return "failed" if rc != 0 else "error"
 
 
 _gpu_count = None
@@ -441,7 +467,7 @@ def bench_key(b):
     return f"bench[{b['ranks']}]: {b['args']}"
 
 
-def run_checks(fault, build, logf, timeout, baseline=None):
+def run_checks(fault, build, logf, timeout, baseline=None, test_timeout=None):
     """{check: status}. With `repeat` > 1 the checks that passed run again, until one fails."""
     res = {}
     checks = [(t, None) for t in fault["tests"]] + [(bench_key(b), b) for b in fault["bench"]]
@@ -453,7 +479,7 @@ def run_checks(fault, build, logf, timeout, baseline=None):
             if b0 not in ("passed", None):
                 res[key] = "skipped" if b0 == "skipped" else "baseline-" + b0
                 continue
-            res[key] = run_test(build, key, logf) if b is None else run_bench(build, b, logf, timeout)[0]
+            res[key] = run_test(build, key, logf, test_timeout) if b is None else run_bench(build, b, logf, timeout)[0]
         if any(v == "failed" for v in res.values()) or not any(v == "passed" for v in res.values()):
             break
         if attempt + 1 < fault["repeat"]:
@@ -584,6 +610,9 @@ def main():
     ap.add_argument("--from-stash", metavar="DIR", help="run the checks with the binaries in DIR; compile nothing")
     ap.add_argument("--json", help="JSON lines output (default WORK/mutate.jsonl)")
     ap.add_argument("--bench-timeout", type=int, default=900, help="seconds per bench command (default 900)")
+    ap.add_argument("--test-timeout", type=int, default=None,
+                    help="seconds per CTest check, its process group ended past it and the check counted "
+                         "failed (default: the tests' own CTest TIMEOUT)")
     ap.add_argument("--cmake-arg", action="append", default=[], help="extra configure argument (repeatable)")
     args = ap.parse_args()
 
@@ -698,7 +727,7 @@ def main():
         baseline = {}
         with open(os.path.join(logdir, "_baseline.log"), "w", encoding="utf-8") as blog:
             for t in sorted({t for f in faults for t in f["tests"]}):
-                baseline[t] = run_test(build, t, blog)
+                baseline[t] = run_test(build, t, blog, args.test_timeout)
                 log(f"  {t}: {baseline[t]}")
             seen = set()
             for f in faults:
@@ -749,7 +778,7 @@ def main():
                     rec["bins"] = sorted(bins)
                 else:
                     t1 = time.time()
-                    rec["checks"] = run_checks(f, build, flog, args.bench_timeout, baseline)
+                    rec["checks"] = run_checks(f, build, flog, args.bench_timeout, baseline, args.test_timeout)
                     rec["run_s"] = round(time.time() - t1, 1)
                     rec["verdict"] = verdict(rec["checks"])
                     rec["log"] = flog.name
