@@ -272,7 +272,7 @@ step_races() {  # NAME FAULTS
     say "$name: no stash at $STASH (build it on the CPU machine, header of this script, and carry it)"; return
   fi
   bounded "$name" 540 "$d/mutate.log" python3 scripts/mutate.py --only "$faults" --from-stash "$STASH" \
-    --build-dir "$B/build" --json "$d/faults.jsonl" --bench-timeout 200
+    --build-dir "$B/build" --json "$d/faults.jsonl" --bench-timeout 200 --test-timeout "${TEST_TIMEOUT:-240}"
   [ "$DRY" = 1 ] && return
   if [ "$last_rc" -ne 125 ]; then
     restore_bins
