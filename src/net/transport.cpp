@@ -64,7 +64,15 @@ fi_info* query(const std::string& provider, const std::string& domain, bool want
   fi_freeinfo(hints);
   if (rc == -FI_ENODATA) return nullptr;
   check(rc, "fi_getinfo");
-  return info;
+  if (domain.empty()) return info;
+  // A layered provider (ofi_rxm over tcp, libfabric 1.17) lists every interface whatever the hint
+  // names: keep the named domain's first entry, or offer nothing.
+  fi_info* named = nullptr;
+  for (fi_info* i = info; i && !named; i = i->next)
+    if (i->domain_attr && i->domain_attr->name && domain == i->domain_attr->name) named = fi_dupinfo(i);
+  fi_freeinfo(info);
+  if (named) named->next = nullptr;
+  return named;
 }
 
 }  // namespace

@@ -142,6 +142,20 @@ TEST(NetTransport, WritesAndImmediateDataToItself) {
   }
 }
 
+// The domain named is the one used: libfabric 1.17's ofi_rxm over tcp lists every interface
+// whatever the hint, so the transport picks the named one from that list, and a name nothing
+// offers is an error naming it (not the first interface in the list).
+TEST(NetTransport, UsesTheNamedDomainOrRefuses) {
+  net::Transport t(loopback(net::Notify::automatic));
+  EXPECT_NE(t.describe().find("domain lo,"), std::string::npos) << t.describe();
+  try {
+    net::Transport bad({"tcp", "no-such-interface", net::Notify::automatic, false});
+    ADD_FAILURE() << "a domain nothing offers was accepted: " << bad.describe();
+  } catch (const weave::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no-such-interface"), std::string::npos) << e.what();
+  }
+}
+
 TEST(NetTransport, RefusesOutOfRangeWritesNamingTheChunk) {
   net::Transport t(loopback(net::Notify::automatic));
   const std::vector<uint8_t> addr = t.address();
