@@ -15,7 +15,9 @@
 // index), whose sums are exact in every dtype: every call's output is checked bit for bit.
 //
 // Seeds are printed; WEAVE_TEST_SEED=<n> replays one. The default size runs in well under a
-// minute; WEAVE_STRESS_SCALE=<k> multiplies the rounds and calls by k (e.g. 50 for a long run).
+// minute; WEAVE_STRESS_SCALE=<k> multiplies the rounds and calls by k. Issue 23's full scale (about
+// 1e10 lines read, 1e6 calls) is reached in chunks by scripts/two-gpu-session.sh's ll128 step, which
+// measures a unit of k on the machine and sums the counts over its runs.
 // Ranks sharing one GPU (weave-run --share-gpus) get a token version: their kernels take turns.
 #include <chrono>
 #include <cmath>
