@@ -941,6 +941,17 @@ FAULTS = [
     },
     # ---- the network path's calls' mailbox (src/net/proxy.cpp, kernels/net_common/call.cpp) ----------
     {
+        "name": "net_transport_domain_hint_trusted",
+        "what": "net transport: the first entry of libfabric's list is used whatever domain was named "
+                "(ofi_rxm over tcp ignores the hint): --domain lo runs on eth0",
+        "edits": [{
+            "file": "src/net/transport.cpp",
+            "find": "  if (domain.empty()) return info;\n",
+            "replace": "  if (!domain.empty() || domain.empty()) return info;\n",
+        }],
+        "tests": ["test_net_local:NetTransport.UsesTheNamedDomainOrRefuses"],
+    },
+    {
         "name": "net_call_watchdog_off",
         "what": "the proxies never compare call posts: agreed keys that differ between ranks both launch and "
                 "wait for each other until the wait timeout",
