@@ -40,8 +40,7 @@ Captured& captured() {
 }
 
 struct Owned {
-  int dev;
-  std::tuple<int, unsigned long long, cudaStream_t> key;
+  std::tuple<int, unsigned long long, cudaStream_t> key;  // (device, capture id, stream)
   Buffers b;
 };
 
@@ -53,7 +52,7 @@ void give_back(void* p) {
     std::lock_guard<std::mutex> lock(c.mu);
     auto it = c.current.find(o->key);
     if (it != c.current.end() && it->second.partials == o->b.partials) c.current.erase(it);
-    c.spare[o->dev].push_back(o->b);
+    c.spare[std::get<0>(o->key)].push_back(o->b);
   }
   delete o;
 }
@@ -121,7 +120,7 @@ SplitKWorkspace for_capture(cudaStream_t stream, int dev, size_t pb, size_t cb) 
   }
   Relaxed relaxed;  // cudaMalloc and the user object under a global-mode capture
   if (!b.partials) b = allocate_zeroed(c, dev, pb, cb);
-  Owned* o = new Owned{dev, key, b};
+  Owned* o = new Owned{key, b};
   cudaUserObject_t obj;
   const cudaError_t e = cudaUserObjectCreate(&obj, o, give_back, 1, cudaUserObjectNoDestructorSync);
   if (e != cudaSuccess) {

@@ -26,12 +26,12 @@ struct GroupedGemmOptions {
   // on the device once the counts are read (moe::grouped_split): 0 (the default), where the dense
   // GEMM's split model gains >= 5 % (at most 4 ways, at most one split item per compute block); 1:
   // never (the kernel without the split's work items); S in 2..kMaxGroupedSplits: S ways whenever
-  // there is a partial round. Needs the split-K workspace (cached per stream, 128 KB per compute
-  // block and forced split; under CUDA-graph capture a launch whose workspace does not exist yet
-  // runs as 1; graphs captured on one stream share it, as the dense GEMM's split does). The
-  // fixed-stride layout never splits, nor do the fused dispatch_gemm / gemm_combine; the layers
-  // (layer.hpp) run their GEMMs with 0 as 1, so that the non-fused, fused and low-latency layers
-  // give the same bits. Why 0 is the default: the measurements in kernels/moe/README.md.
+  // there is a partial round. Needs the split-K workspace (128 KB per compute block and forced
+  // split; the dense GEMM's: cached per stream, or owned by the graph a launch is captured into,
+  // gemm/split_k_workspace.hpp). The fixed-stride layout never splits, nor do the fused
+  // dispatch_gemm / gemm_combine; the layers (layer.hpp) run their GEMMs with 0 as 1, so that the
+  // non-fused, fused and low-latency layers give the same bits. Why 0 is the default: the
+  // measurements in kernels/moe/README.md.
   int split_k = 0;
 };
 inline constexpr int kMaxGroupedSplits = 16;

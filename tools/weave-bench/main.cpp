@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
   // this default; the tuner reads a set value itself).
   if (auto b = weave::env::raw("WEAVE_TUNER_BUDGET_S"); !b || b->empty())
     weave::runtime::Tuner::global().set_budget_s(0);
-  int rc = 1;
+  int rc;
   try {
     rc = it->second.fn(a);
   } catch (const std::exception& e) {
