@@ -27,9 +27,10 @@ bool default_epilogue(const Options& opt, bool f32_out) {
   return opt.a_layout == ALayout::MK && !f32_out && opt.bias_type == BiasType::None;
 }
 
-// The 2-CTA cluster tiles also need the communicator blocks in whole clusters.
+// The 2-CTA cluster tile: a bf16 output without bias, A either layout (each CTA loads its own A
+// rows; the pair shares B), and the communicator blocks in whole clusters.
 bool clusters_allowed(const Options& opt, bool f32_out) {
-  return default_epilogue(opt, f32_out) && opt.lcsc.num_comm_sms % 2 == 0;
+  return !f32_out && opt.bias_type == BiasType::None && opt.lcsc.num_comm_sms % 2 == 0;
 }
 
 bool operands_aligned(int M, int N, int K, BLayout bl, const Options& opt) {
@@ -92,9 +93,9 @@ static_assert(lcsc::shared_bytes<MidE<BLayout::KN, ALayout::MK, bf16, true>>() <
 // 4 x 48 KB + a 32 KB half-tile staging buffer = 224 KB.
 template <BLayout L>
 using Deep = GemmKernel<256, L, 4, 2>;
-// Big in clusters of 2 along M with B multicast.
-template <BLayout L>
-using Pair = GemmKernel<256, L, 3, 1, 2>;
+// Big in clusters of 2 along M with B multicast; A either layout.
+template <BLayout L, ALayout A = ALayout::MK>
+using Pair = GemmKernel<256, L, 3, 1, 2, A>;
 
 // The two main tiles with any layout pair and epilogue.
 template <template <BLayout, ALayout, class, bool> class Kern, class OutT, bool Bias>
@@ -181,11 +182,15 @@ lcsc::Plan dispatch(const bf16* A, const bf16* B, OutT* C, int M, int N, int K, 
     if (t == Tile::M64N128) return run_layouts<DecodeE, float, true>(A, B, C, M, N, K, bl, opt, group_m, stream);
     return run_layouts<SmallE, float, true>(A, B, C, M, N, K, bl, opt, group_m, stream);
   } else {
-    // validate_args let the experimental tiles through only with the defaults.
+    // validate_args let M128N256S4 through only with the defaults, M128N256C2 with a bf16 output without bias.
     const bool nk = bl == BLayout::NK;
-    if (t == Tile::M128N256C2)
+    if (t == Tile::M128N256C2) {
+      if (opt.a_layout == ALayout::KM)
+        return nk ? run<Pair<BLayout::NK, ALayout::KM>>(A, B, C, M, N, K, opt, group_m, stream, l)
+                  : run<Pair<BLayout::KN, ALayout::KM>>(A, B, C, M, N, K, opt, group_m, stream, l);
       return nk ? run<Pair<BLayout::NK>>(A, B, C, M, N, K, opt, group_m, stream, l)
                 : run<Pair<BLayout::KN>>(A, B, C, M, N, K, opt, group_m, stream, l);
+    }
     if (t == Tile::M128N256S4)
       return nk ? run<Deep<BLayout::NK>>(A, B, C, M, N, K, opt, group_m, stream)
                 : run<Deep<BLayout::KN>>(A, B, C, M, N, K, opt, group_m, stream);
@@ -266,9 +271,10 @@ void validate_tile(const Options& opt, bool f32_out) {
               f32_out ? ", an fp32 output" : "");
   WEAVE_CHECK(opt.tile != Tile::M128N192 || (opt.a_layout == ALayout::MK && !f32_out),
               "gemm: tile 128x192 supports only A as M x K and a bf16 output (use Auto, M128N256, M128N128 or M64N128)");
-  WEAVE_CHECK(defaults || (opt.tile != Tile::M128N256S4 && opt.tile != Tile::M128N256C2), "gemm: tile ",
-              tile_name(opt.tile), " supports only A as M x K, a bf16 output and no bias (use Auto, M128N256, ",
-              "M128N128 or M64N128)");
+  WEAVE_CHECK(defaults || opt.tile != Tile::M128N256S4, "gemm: tile ", tile_name(opt.tile),
+              " supports only A as M x K, a bf16 output and no bias (use Auto, M128N256, M128N128 or M64N128)");
+  WEAVE_CHECK(opt.tile != Tile::M128N256C2 || (!f32_out && opt.bias_type == BiasType::None), "gemm: tile ",
+              tile_name(opt.tile), " supports only a bf16 output without bias (use Auto, M128N256, M128N128 or M64N128)");
 }
 
 const char* tile_name(Tile t) {

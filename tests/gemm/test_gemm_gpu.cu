@@ -323,13 +323,15 @@ TEST(Gemm, LargeSquare) {
 }
 
 // A stored K x M (the weight gradient dY^T X): ragged shapes (M a multiple of 8, as it must be),
-// M below one 64-row box, both B layouts, both main tiles and Auto.
+// M below one 64-row box, both B layouts, the main tiles, the 2-CTA cluster tile (odd tile-row
+// counts: 40, 136 + 128, 3000 rows) and Auto.
 TEST(Gemm, TransposedA) {
   const Case cases[] = {{1000, 776, 520}, {8, 8, 8},       {40, 8, 64},      {136, 264, 72},  {128, 256, 64},
-                        {256, 520, 1032}, {776, 1032, 136}, {2048, 2048, 2048}, {3000, 136, 4104}};
+                        {256, 520, 1032}, {776, 1032, 136}, {2048, 2048, 2048}, {3000, 136, 4104}, {264, 776, 1032}};
   for (Case c : cases)
     for (auto bl : kLayouts)
-      for (auto t : {gemm::Tile::M128N256, gemm::Tile::M128N128, gemm::Tile::M64N128, gemm::Tile::Auto}) {
+      for (auto t : {gemm::Tile::M128N256, gemm::Tile::M128N128, gemm::Tile::M64N128, gemm::Tile::M128N256C2,
+                     gemm::Tile::Auto}) {
         Variant v;
         v.al = gemm::ALayout::KM, v.bl = bl, v.tile = t, v.samples = c.M * double(c.N) * c.K < 1e9;
         run_case(c, v);
@@ -352,7 +354,10 @@ TEST(Gemm, TransposedALarge) {
   Variant v;
   v.al = gemm::ALayout::KM;
   run_case({4096, 4096, 8192}, v);
-  run_case({4104, 1032, 8200}, v);  // ragged
+  run_case({4104, 1032, 8200}, v);  // ragged: every pitch off the 128-byte grid (Auto: the cluster tile)
+  v.tile = gemm::Tile::M128N256C2;
+  run_case({4152, 2056, 1032}, v);
+  v.tile = gemm::Tile::Auto;
   v.accumulate = true;
   run_case({2048, 4096, 4096}, v);
   v.f32_out = true;
@@ -700,6 +705,10 @@ TEST(Gemm, RejectsBadInput) {
   ex.tile = gemm::Tile::M128N256C2;
   expect_error<Error>([&] { gemm::gemm(p, p, pf, 128, 128, 128, gemm::BLayout::KN, ex); }, "C2 tile with fp32 C",
                       "supports only");
+  ex.bias_type = gemm::BiasType::BF16, ex.bias = p;
+  expect_error<Error>([&] { gemm::gemm(p, p, p, 128, 128, 128, gemm::BLayout::KN, ex); }, "C2 tile with bias",
+                      "supports only");
+  ex.bias_type = gemm::BiasType::None, ex.bias = nullptr;
   ex.tile = gemm::Tile::M128N256S4;
   ex.a_layout = gemm::ALayout::KM;
   expect_error<Error>([&] { gemm::gemm(p, p, p, 128, 128, 128, gemm::BLayout::KN, ex); }, "S4 tile with A KM",

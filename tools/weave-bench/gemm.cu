@@ -10,7 +10,7 @@
 // uniform in [-1, 1) the step's 64 products have standard deviation s * 8 / sqrt(K), >= 0.0625 s
 // for K <= 16384, 12 bounds.
 //
-//   weave-bench gemm [--json FILE] [--set core|models|tokens] [--list] [--shapes MxNxK,...] [--layout kn|nk]
+//   weave-bench gemm [--json FILE] [--set core|models|tokens|drawn] [--draw-seed S] [--draws N] [--list] [--shapes MxNxK,...] [--layout kn|nk]
 //                    [--a-layout mk|km] [--tile auto|256|192|128|64|swapped|w96..w208|sw32..sw208[c1|c2]|sw256xW] [--group G] [--comm 0,8,16,32]
 //                    [--split-k N] [--target-ms T] [--no-balance]
 // --set core (the default): the eight shapes the GEMM was tuned on, B as --layout says (nk), A as
@@ -18,6 +18,8 @@
 // --set models: shapes of real models' MLP layers in all three layouts of a training step, plus
 // ragged ones (below, and kernels/gemm/README.md); --layout kn|nk keeps only the rows of that
 // B layout. --set tokens: the models' forward rows at 136-1500 tokens, off the 64-token grid.
+// --set drawn: --draws N (48) shapes drawn by issue 20's rule (gemm_drawn.hpp) from --draw-seed S
+// (default a fresh seed; printed, and in every row as draw_seed): shapes no one tuned for.
 // --split-k: 0 = the planner's choice (the default), 1 = never, N = the last partial
 // round's tiles split N ways where the tile allows; the tile column says "/kN" where it split.
 // --shapes replaces the set. --list prints the set as JSON lines and exits (no GPU); with --plan-sms N
@@ -30,6 +32,8 @@
 #include <cstdlib>
 #include <cstdio>
 #include <functional>
+#include <limits>
+#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -205,12 +209,23 @@ int run_gemm_bench(const Args& args) {
   const std::string a_arg = args.get("a-layout", "mk");
   WEAVE_CHECK(a_arg == "mk" || a_arg == "km", "unknown --a-layout '", a_arg, "' (want mk or km)");
   std::vector<Case> cases;
+  uint64_t draw_seed = 0;
   if (const std::vector<Case>* set = named_set(set_name)) {
     for (const Case& c : *set)
       if (!args.has("layout") || c.bl == layout) cases.push_back(c);
+  } else if (set_name == "drawn") {
+    for (const DrawnGemm& d : drawn_shapes(args, draw_seed)) {
+      Case c{{d.M, d.N, d.K}, d.layout == 1 ? gemm::BLayout::NK : gemm::BLayout::KN, d.layout == 2};
+      c.model = d.ragged ? "drawn, ragged" : "drawn";
+      c.pass = d.layout == 1 ? "fwd" : d.layout == 0 ? "dgrad" : "wgrad";
+      c.proj = d.up ? "up" : "down", c.tokens = d.tokens;
+      if (!args.has("layout") || c.bl == layout) cases.push_back(c);
+    }
+    std::printf("weave-bench gemm --set drawn --draw-seed %llu: %zu shapes\n",
+                static_cast<unsigned long long>(draw_seed), cases.size());
   } else {
     WEAVE_CHECK(set_name == "core" || set_name == "custom", "unknown --set '", set_name,
-                "' (want core, models or tokens)");
+                "' (want core, models, tokens or drawn)");
     for (const Shape& s : set_name == "custom" ? parse_shapes(args.get("shapes")) : kCore) {
       Case c{s, layout};
       c.a_km = a_arg == "km";
@@ -227,6 +242,7 @@ int run_gemm_bench(const Args& args) {
     if (c.model || c.a_km) j.add("a_layout", c.a_km ? "km" : "mk");
     if (c.model) j.add("pass", c.pass).add("model", c.model);
     if (c.tokens > 0) j.add("proj", c.proj).add("tokens", c.tokens);
+    if (set_name == "drawn") j.add("draw_seed", std::to_string(draw_seed));
     return j;
   };
   if (args.has("list")) {  // no GPU needed; --plan-sms N adds the planner's launch on a device of N SMs
@@ -461,8 +477,9 @@ int run_gemm_bench(const Args& args) {
 }  // namespace
 
 WEAVE_BENCH(gemm,
-            "bf16 GEMM: weave vs cuBLASLt (--set core|models|tokens: the 8 tuned shapes (default), real models' MLP "
-            "shapes in all three training layouts plus ragged ones, or their forward rows at 136-1500 tokens; --list prints the set, no GPU needed, --plan-sms N with the planner's launch on N SMs; "
+            "bf16 GEMM: weave vs cuBLASLt (--set core|models|tokens|drawn: the 8 tuned shapes (default), real models' MLP "
+            "shapes in all three training layouts plus ragged ones, their forward rows at 136-1500 tokens, or "
+            "--draws N shapes drawn by the same rule from --draw-seed S; --list prints the set, no GPU needed, --plan-sms N with the planner's launch on N SMs; "
             "--shapes MxNxK,... --layout kn|nk --a-layout mk|km --tile auto|256|128|192|256s4|256c2|64|swapped|w96|w112|w144|w160|w176|w208|sw32..sw208[c1|c2]|sw256x96..sw256x176 --split-k N --group G --comm 0,8 --no-balance "
             "--accumulate --trace N)",
             run_gemm_bench);
@@ -481,6 +498,15 @@ std::vector<std::array<int, 3>> parse_gemm_shapes(const std::string& list) {
   return v;
 }
 
+std::vector<DrawnGemm> drawn_shapes(const Args& args, uint64_t& seed) {
+  seed = args.has("draw-seed") ? static_cast<uint64_t>(parse_count("gemm", "draw-seed", args.get("draw-seed"), 0,
+                                                                    std::numeric_limits<long long>::max()))
+                               : std::random_device{}() ^ (static_cast<uint64_t>(std::random_device{}()) << 32);
+  seed &= 0x7fffffffffffffffull;  // replayable through --draw-seed
+  const int n = static_cast<int>(args.has("draws") ? parse_count("gemm", "draws", args.get("draws"), 1, 10000) : 48);
+  return draw_gemm_shapes(seed, n);
+}
+
 std::vector<std::array<int, 4>> gemm_shape_rows(const std::string& set) {
   std::vector<std::array<int, 4>> v;
   if (set == "core") {
@@ -488,7 +514,7 @@ std::vector<std::array<int, 4>> gemm_shape_rows(const std::string& set) {
   } else if (const std::vector<Case>* cases = named_set(set)) {
     for (const Case& c : *cases) v.push_back({c.s.M, c.s.N, c.s.K, c.a_km ? 2 : c.bl == gemm::BLayout::NK ? 1 : 0});
   } else {
-    WEAVE_CHECK(false, "weave-bench gemm: unknown --set '", set, "' (core, models or tokens)");
+    WEAVE_CHECK(false, "weave-bench gemm: unknown --set '", set, "' (core, models, tokens or drawn)");
   }
   return v;
 }

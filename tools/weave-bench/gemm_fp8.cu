@@ -39,11 +39,11 @@
 // incorrect row too). A transposed dimension must be a multiple of 16 (transpose_fp8's 16-byte
 // vectors): the rows where one is not are listed as unsupported.
 //
-//   weave-bench gemm_fp8 [--json FILE] [--shapes MxNxK,...] [--set core|models|tokens] [--list [--plan-sms N]]
+//   weave-bench gemm_fp8 [--json FILE] [--shapes MxNxK,...] [--set core|models|tokens|drawn [--draw-seed S] [--draws N]] [--list [--plan-sms N]]
 //                        [--types e4m3xe4m3|e5m2xe4m3|e4m3xe5m2] [--tile auto|256|128|64|swapped|w96..w208|sw32..sw208] [--block-tile auto|128|192] [--split-k N] [--lane-scales 0|1|2]
 //                        [--impl cublaslt,cublaslt_precise,weave,weave_block] [--target-ms T]
-// --set core|models|tokens: the rows of weave-bench gemm (gemm_sets.hpp): nk (forward) rows as above, and
-// for models the kn and km-kn gradient rows as above. JSON rows carry layout (nk / kn) like weave-bench
+// --set core|models|tokens|drawn: the rows of weave-bench gemm (gemm_sets.hpp): nk (forward) rows as above, and
+// for models and drawn the kn and km-kn gradient rows as above. JSON rows carry layout (nk / kn) like weave-bench
 // gemm's, and for models a_layout (mk / km) and pass (fwd / dgrad / wgrad). Two geomeans of
 // weave/cuBLASLt: over the nk rows (the line printed before the gradient rows existed), and, when
 // gradient rows ran, over all rows (transposes included) with the per-layout ones.
@@ -189,8 +189,13 @@ Fp8 parse_type(const std::string& s) {
 int run_gemm_fp8_bench(const Args& args) {
   const std::string set_name = args.has("shapes") ? "custom" : args.get("set", "core");
   std::vector<Row> rows;
+  uint64_t draw_seed = 0;
   if (set_name == "custom") {
     for (const auto& t : parse_gemm_shapes(args.get("shapes"))) rows.push_back({t[0], t[1], t[2]});
+  } else if (set_name == "drawn") {
+    for (const DrawnGemm& d : drawn_shapes(args, draw_seed)) rows.push_back({d.M, d.N, d.K, d.layout});
+    std::printf("weave-bench gemm_fp8 --set drawn --draw-seed %llu: %zu shapes\n",
+                static_cast<unsigned long long>(draw_seed), rows.size());
   } else {
     for (const auto& r : gemm_shape_rows(set_name)) rows.push_back({r[0], r[1], r[2], r[3]});
   }
@@ -215,7 +220,9 @@ int run_gemm_fp8_bench(const Args& args) {
     j.add("M", r.M).add("N", r.N).add("K", r.K);
     j.add("dtype", std::string(gemm_fp8::type_name(rta)) + "x" + gemm_fp8::type_name(rtb)).add("set", set_name);
     j.add("layout", b_layout_name(r));
-    if (set_name == "models" || r.layout == 2) j.add("a_layout", a_layout_name(r)).add("pass", pass_name(r));
+    if (set_name == "models" || set_name == "drawn" || r.layout == 2)
+      j.add("a_layout", a_layout_name(r)).add("pass", pass_name(r));
+    if (set_name == "drawn") j.add("draw_seed", std::to_string(draw_seed));
     return j;
   };
   if (args.has("list")) {  // no GPU needed; --plan-sms N adds the per-tensor planner's launch on N SMs
@@ -544,7 +551,7 @@ int run_gemm_fp8_bench(const Args& args) {
 // `weave-bench gemm --dtype fp8` reaches this entry through main.cpp's hook.
 WEAVE_BENCH(gemm_fp8,
             "fp8 GEMM (A M x K, B N x K, bf16 out): weave per-tensor and block-scaled vs cuBLASLt fp8 "
-            "(--shapes MxNxK,... or --set core|models|tokens (models adds the dgrad / wgrad rows: transpose_fp8 copies "
+            "(--shapes MxNxK,... or --set core|models|tokens|drawn (drawn: --draws N shapes by the models rule from --draw-seed S; models adds the dgrad / wgrad rows: transpose_fp8 copies "
             "then the GEMM, e5m2 x e4m3, for both sides), --list (--plan-sms N: with the per-tensor planner's launch on N SMs), --types e4m3xe4m3|e5m2xe4m3|e4m3xe5m2, "
             "--tile auto|256|128|64|swapped|w96..w208|sw32..sw208, --block-tile auto|128|192, --split-k N (0 planner, 1 never), --lane-scales 0|1|2 (block scales' B loads: auto, uniform, per lane), --impl cublaslt,cublaslt_precise,weave,weave_block, --target-ms T); "
             "also `weave-bench gemm --dtype fp8`",
