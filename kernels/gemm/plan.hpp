@@ -88,9 +88,17 @@ inline constexpr double kTileGain = 0.97;         // another tile only when >= 3
 // iteration than their constants say).
 inline constexpr double kWideCosts[] = {0.42, 0.48, 0.58, 0.66, 0.72, 0.80};  // kWideWidths' order
 static_assert(std::size(kWideCosts) == std::size(kWideWidths), "one cost per width");
-inline double wide_cost(int w) {
+// The measured costs, for rows of at least kWideManyRounds rounds of the tile: there the rounds model
+// rates every tile right (quantisation is a small share of many rounds), and the fitted discount
+// made the 128 x 208 tile cheaper per FLOP than 128x256 (0.80 for 0.81 of the FLOPs), so it took
+// rows of 4-50 rounds for a 1-3 % rounding gain and ran 0.81-0.92 of cuBLAS there (one H100,
+// perf-notes 2026-12-06 sixth session).
+inline constexpr double kWideMeasuredCosts[] = {0.44, 0.52, 0.62, 0.70, 0.78, 0.84};
+static_assert(std::size(kWideMeasuredCosts) == std::size(kWideWidths), "one cost per width");
+inline constexpr double kWideManyRounds = 6.0;
+inline double wide_cost(int w, double rounds = 0) {
   for (size_t i = 0; i < std::size(kWideWidths); ++i)
-    if (kWideWidths[i] == w) return kWideCosts[i];
+    if (kWideWidths[i] == w) return rounds >= kWideManyRounds ? kWideMeasuredCosts[i] : kWideCosts[i];
   return 2.0;  // not a width the planner knows: never picked
 }
 // The swapped 128 x w tile streams each weight panel once from DRAM, so an iteration waits for its
@@ -281,9 +289,11 @@ inline Choice plan_gemm(const PlanInputs& in) {
   // The 128 x w tiles, unsplit (their splits were not measured), on aligned pitches (on a misaligned
   // one they ran no better than 128x128, 0.65 of cuBLAS on 77x14344x4104).
   if (in.wide && in.aligned)
-    for (int w : kWideWidths)
-      consider(best, best_of(Tile::M128Nw, tm * ceil_div(in.N, w), in.sm_count,
-                             wide_cost(w), false, w));
+    for (int w : kWideWidths) {
+      const int items = tm * ceil_div(in.N, w);
+      consider(best, best_of(Tile::M128Nw, items, in.sm_count,
+                             wide_cost(w, static_cast<double>(items) / in.sm_count), false, w));
+    }
   if (in.narrow && in.M <= kNarrowMaxM)
     consider(best, best_of(Tile::M64N128, ceil_div(in.M, 64) * ceil_div(in.N, 128), in.sm_count,
                            kNarrowCost * (in.aligned ? 1.0 : kMisalignedSmall), true));

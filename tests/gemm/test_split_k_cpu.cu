@@ -470,6 +470,25 @@ TEST(GemmPlan, WideTilesWhereTheSweepMeasuredThemBest) {
   EXPECT_GT(plan_model::wide_cost(100), 1.0);
 }
 
+// From plan_model::kWideManyRounds rounds of a 128 x w tile on, it costs what it was measured to
+// (at 208 columns dearer per FLOP than 128x256, not cheaper), so many-round forward rows keep
+// 128x256 where the rounding of its last round is a small share (one H100, perf-notes 2026-12-06
+// sixth session: 10887 x 7168 x 28672 on 128 x 208 0.85 of cuBLAS, on 128x256 1.00). Few-round
+// rows keep the fitted discount (the rows above).
+TEST(GemmPlan, WideTilesAtTheirMeasuredCostOnManyRounds) {
+  for (size_t i = 0; i < std::size(kWideWidths); ++i) {
+    const int w = kWideWidths[i];
+    EXPECT_GT(plan_model::wide_cost(w, plan_model::kWideManyRounds), plan_model::wide_cost(w, 1.0)) << w;
+    EXPECT_GT(plan_model::wide_cost(w, plan_model::kWideManyRounds) / (w / 256.0), 1.0) << w;  // per FLOP
+  }
+  const int many[][3] = {{10887, 7168, 28672}, {4228, 18432, 7168}, {7486, 14336, 8192}, {16479, 11008, 8192}};
+  for (const auto& s : many) {
+    PlanInputs in = inputs(s[0], s[1], s[2]);
+    in.wide = true;
+    EXPECT_EQ(plan_gemm(in).tile, Tile::M128N256) << s[0] << "x" << s[1] << "x" << s[2];
+  }
+}
+
 // A row pitch off the 128-byte grid moves the large shapes to the cluster tile, never to 128x128.
 TEST(GemmPlan, MisalignedPitchPrefersTheClusterTile) {
   const Choice c = plan_gemm(inputs(8192, 28672, 8200, false));

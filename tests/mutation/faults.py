@@ -510,8 +510,8 @@ FAULTS = [
                 "round as 128x256 and are chosen where they do not fill the machine",
         "edits": [{
             "file": "kernels/gemm/plan.hpp",
-            "find": "      consider(best, best_of(Tile::M128Nw, tm * ceil_div(in.N, w), in.sm_count,",
-            "replace": "      consider(best, best_of(Tile::M128Nw, tm * ceil_div(in.N, 256), in.sm_count,",
+            "find": "      const int items = tm * ceil_div(in.N, w);",
+            "replace": "      const int items = tm * ceil_div(in.N, 256);",
         }],
         "tests": ["test_split_k_cpu"],
     },
