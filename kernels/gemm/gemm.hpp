@@ -118,11 +118,11 @@ struct Options {
 // aligned), for an operand whose device allocation is shorter than the shape needs
 // (weave/common/extent.hpp), a bias type without a pointer (or the reverse), or a bad config.
 // M128N256S4 (experimental) takes only the defaults: A M x K, bf16 output, no bias; M128N256C2 a
-// bf16 output without bias (A either layout); M128N192 takes A M x K and a bf16 output; M128Nw takes A M x K, B N x K, a bf16 output
-// and opt.tile_n in kWideWidths; Swapped takes M <= 16, A M x K, B N x K and no
-// communicator SMs; SwappedW takes A M x K, B N x K, a bf16 output without bias, opt.tile_n in
-// kSwappedWidths and opt.tile_cluster in 0..2; SwappedW256 the same with opt.tile_n in
-// kSwapped256Widths and no cluster. Returns the grid it launched.
+// bf16 output without bias (A either layout); M128N192 takes A M x K and a bf16 output; M128Nw
+// takes A M x K, B N x K, a bf16 output and opt.tile_n in kWideWidths; Swapped takes M <= 16,
+// A M x K, B N x K and no communicator SMs; SwappedW takes A M x K, B N x K, a bf16 output without
+// bias, opt.tile_n in kSwappedWidths and opt.tile_cluster in 0..2; SwappedW256 the same with
+// opt.tile_n in kSwapped256Widths and no cluster. Returns the grid it launched.
 lcsc::Plan gemm(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C, int M, int N, int K, BLayout b,
                 const Options& opt = {}, cudaStream_t stream = nullptr);
 // The same with an fp32 output (C += accumulates in fp32 through TMA reduce-add stores).

@@ -516,6 +516,17 @@ FAULTS = [
         "tests": ["test_split_k_cpu"],
     },
     {
+        "name": "gemm_cluster_tile_a_mk_only",
+        "what": "planner: the 2-CTA cluster tile only with A stored M x K (as before 2026-12-06), so ragged "
+                "weight gradients (A K x M) run on the single-CTA 128x256 tile (0.73 of cuBLAS against 0.88)",
+        "edits": [{
+            "file": "kernels/gemm/gemm.cu",
+            "find": "  return !f32_out && opt.bias_type == BiasType::None && opt.lcsc.num_comm_sms % 2 == 0;",
+            "replace": "  return default_epilogue(opt, f32_out) && opt.lcsc.num_comm_sms % 2 == 0;",
+        }],
+        "tests": ["test_gemm_cpu"],
+    },
+    {
         "name": "gemm_plan_swapped_split_floor_dropped",
         "what": "planner: above 128 tokens the swapped tile splits up to 4 ways whatever K is, so short K "
                 "(4096: 64 iterations) is cut into splits of 16-21 iterations, which measured 4-7 % slower",

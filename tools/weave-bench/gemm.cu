@@ -221,7 +221,7 @@ int run_gemm_bench(const Args& args) {
       c.proj = d.up ? "up" : "down", c.tokens = d.tokens;
       if (!args.has("layout") || c.bl == layout) cases.push_back(c);
     }
-    std::printf("weave-bench gemm --set drawn --draw-seed %llu: %zu shapes\n",
+    std::fprintf(stderr, "weave-bench gemm --set drawn --draw-seed %llu: %zu shapes\n",
                 static_cast<unsigned long long>(draw_seed), cases.size());
   } else {
     WEAVE_CHECK(set_name == "core" || set_name == "custom", "unknown --set '", set_name,

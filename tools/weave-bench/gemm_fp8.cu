@@ -194,7 +194,7 @@ int run_gemm_fp8_bench(const Args& args) {
     for (const auto& t : parse_gemm_shapes(args.get("shapes"))) rows.push_back({t[0], t[1], t[2]});
   } else if (set_name == "drawn") {
     for (const DrawnGemm& d : drawn_shapes(args, draw_seed)) rows.push_back({d.M, d.N, d.K, d.layout});
-    std::printf("weave-bench gemm_fp8 --set drawn --draw-seed %llu: %zu shapes\n",
+    std::fprintf(stderr, "weave-bench gemm_fp8 --set drawn --draw-seed %llu: %zu shapes\n",
                 static_cast<unsigned long long>(draw_seed), rows.size());
   } else {
     for (const auto& r : gemm_shape_rows(set_name)) rows.push_back({r[0], r[1], r[2], r[3]});
