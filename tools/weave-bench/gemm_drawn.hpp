@@ -1,6 +1,6 @@
 // `weave-bench gemm --set drawn` (and gemm_fp8's): GEMM shapes drawn at random by issue 20's rule
 // instead of listed, so that a planner tuned on the listed sets is checked on shapes nobody chose.
-// A pure function of the seed (CPU-tested in tests/gemm/test_gemm_drawn_cpu.cpp); the bench prints
+// A pure function of the seed (CPU-tested in tests/gemm/test_gemm_drawn_cpu.cu); the bench prints
 // the seed, and `--draw-seed S` replays a draw.
 //
 // The rule: an MLP projection of a model, in = hidden and out = FFN (up) or the reverse (down),

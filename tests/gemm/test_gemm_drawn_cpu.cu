@@ -1,11 +1,15 @@
 // `weave-bench gemm --set drawn`'s rule (tools/weave-bench/gemm_drawn.hpp): replayable from its
 // seed, every shape a valid GEMM of the layout it names, and the mix the rule promises (passes,
-// token bands, ragged rows, dimensions from the issue's lists).
+// token bands, ragged rows, dimensions from the issue's lists); and the GEMM planner over drawn
+// shapes.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <set>
+#include <string>
 
+#include "check/error_of.hpp"
+#include "gemm/gemm.hpp"
 #include "gemm_drawn.hpp"
 
 namespace {
@@ -84,6 +88,81 @@ TEST(GemmDrawn, TheMixTheRulePromises) {
   EXPECT_EQ(backward_small, 0);  // backward rows start at 256 tokens; below only when halved by the cap
   EXPECT_EQ(hs.size(), 5u);
   EXPECT_EQ(fs.size(), 5u);
+}
+
+}  // namespace
+
+// The planner never hands gemm() a launch it would refuse: over drawn shapes of every layout and
+// M from 1, with each epilogue (bf16 or fp32 output, bias or none, C +=) and communicator SMs, the
+// launch plan_launch picks, forced back through Options, passes validate_args, and each tile keeps
+// to the layouts and epilogues its kernels are instantiated for (kernels/gemm/README.md, "Tiles").
+namespace {
+
+TEST(GemmDrawn, EveryPlannedLaunchIsOneGemmRuns) {
+  using namespace weave;
+  using gemm::Tile;
+  alignas(16) static char buf[64];
+  const void* p = buf;
+  int planned = 0;
+  std::set<Tile> seen;
+  auto shapes = draw_gemm_shapes(20261206, 600);
+  for (int M : {1, 7, 16, 17, 100, 257}) shapes.push_back({M, 14336, 4096, 1, M, true, false});
+  for (const DrawnGemm& d : shapes)
+    for (int variant = 0; variant < 6; ++variant) {
+      gemm::Options o;
+      const bool f32 = variant == 1 || variant == 4;
+      if (d.layout == 2) o.a_layout = gemm::ALayout::KM;
+      if (variant == 2 || variant == 4) o.bias_type = gemm::BiasType::BF16, o.bias = p;
+      if (variant == 3) o.accumulate = true;
+      if (variant == 5) o.lcsc.num_comm_sms = 8;
+      const gemm::BLayout bl = d.layout == 1 ? gemm::BLayout::NK : gemm::BLayout::KN;
+      const int sms = 132 - o.lcsc.num_comm_sms;
+      const gemm::Launch l = gemm::plan_launch(d.M, d.N, d.K, bl, sms, sms / 2, o, f32);
+      const std::string what = std::to_string(d.M) + "x" + std::to_string(d.N) + "x" + std::to_string(d.K) +
+                               " layout " + std::to_string(d.layout) + " variant " + std::to_string(variant) +
+                               ": " + gemm::launch_name(l);
+      const bool plain = o.a_layout == gemm::ALayout::MK && !f32 && o.bias_type == gemm::BiasType::None;
+      EXPECT_NE(l.tile, Tile::Auto) << what;
+      EXPECT_GE(l.splits, 1) << what;
+      if (l.splits > 1) EXPECT_TRUE(plain) << what;
+      switch (l.tile) {
+        case Tile::Swapped:
+          EXPECT_TRUE(d.M <= 16 && bl == gemm::BLayout::NK && o.a_layout == gemm::ALayout::MK &&
+                      o.lcsc.num_comm_sms == 0) << what;
+          break;
+        case Tile::M128Nw:
+          EXPECT_TRUE(gemm::is_wide_width(l.width) && bl == gemm::BLayout::NK && o.a_layout == gemm::ALayout::MK &&
+                      !f32) << what;
+          break;
+        case Tile::SwappedW:
+          EXPECT_TRUE(gemm::is_swapped_width(l.width) && bl == gemm::BLayout::NK && plain) << what;
+          if (l.cluster == 2) EXPECT_TRUE(gemm::swapped_width_clusters(l.width)) << what;
+          break;
+        case Tile::SwappedW256:
+          EXPECT_TRUE(gemm::is_swapped256_width(l.width) && bl == gemm::BLayout::NK && plain && l.splits == 1) << what;
+          break;
+        case Tile::M128N256C2:
+          EXPECT_TRUE(!f32 && o.bias_type == gemm::BiasType::None && o.lcsc.num_comm_sms % 2 == 0) << what;
+          break;
+        case Tile::M128N192:
+          EXPECT_TRUE(o.a_layout == gemm::ALayout::MK && !f32) << what;
+          break;
+        default:
+          break;
+      }
+      gemm::Options forced = o;
+      forced.tile = l.tile, forced.split_k = l.splits;
+      if (l.tile == Tile::M128Nw || l.tile == Tile::SwappedW || l.tile == Tile::SwappedW256) forced.tile_n = l.width;
+      if (l.tile == Tile::SwappedW) forced.tile_cluster = l.cluster;
+      EXPECT_EQ(weave::check::error_of([&] { gemm::validate_args(p, p, p, d.M, d.N, d.K, forced, f32); }), "") << what;
+      ++planned;
+      seen.insert(l.tile);
+    }
+  EXPECT_EQ(planned, 606 * 6);
+  // The draw reaches every tile the planner picks (else this test checks less than it says).
+  for (Tile t : {Tile::Swapped, Tile::M128Nw, Tile::SwappedW, Tile::SwappedW256, Tile::M128N256C2, Tile::M128N256,
+                 Tile::M128N192, Tile::M64N128, Tile::M128N128})
+    EXPECT_TRUE(seen.count(t)) << gemm::tile_name(t);
 }
 
 }  // namespace
