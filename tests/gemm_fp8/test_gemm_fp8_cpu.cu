@@ -9,6 +9,7 @@
 
 #include "check/error_of.hpp"
 #include "check/gemm_fp8_ref.hpp"
+#include "gemm_drawn.hpp"
 #include "gemm/gemm.hpp"
 #include "gemm_fp8/gemm_fp8.hpp"
 #include "gemm_fp8/gemm_fp8_kernel.cuh"
@@ -117,6 +118,42 @@ TEST(GemmFp8Cpu, PlanLaunchWide) {
   EXPECT_THROW(gemm_fp8::plan_launch(256, 4096, 4096, 132, o, true), Error);
   o.tile_n = 112;
   EXPECT_THROW(gemm_fp8::plan_launch(256, 4096, 4096, 132, o, false), Error);
+}
+
+// Over shapes drawn by issue 20's rule (tools/weave-bench/gemm_drawn.hpp; the gradient layouts run
+// as K-major copies, so every row is an M x N x K of A and B K-major), with and without the e4m3 x
+// e4m3 tiles and with communicator blocks: the planner's launch is one gemm() runs (the tiles the
+// per-tensor kernels have, the widths they are built for, the decode tile only at <= 16 tokens
+// without communicator blocks), and forced back through Options it plans the same launch. From 6
+// rounds on the 128 x w tiles cost what they were measured to (2048 x 11008 x 4096: 128x256, as
+// measured faster, perf-notes 2026-12-06 sixth session).
+TEST(GemmFp8Cpu, PlanLaunchOverDrawnShapes) {
+  int n = 0;
+  for (const weave::bench::DrawnGemm& d : weave::bench::draw_gemm_shapes(20261207, 500))
+    for (const bool wide : {false, true})
+      for (const int comm : {0, 8}) {
+        gemm_fp8::Options o;
+        o.lcsc.num_comm_sms = comm;
+        const gemm_fp8::Launch l = gemm_fp8::plan_launch(d.M, d.N, d.K, 132 - comm, o, wide);
+        const std::string what = std::to_string(d.M) + "x" + std::to_string(d.N) + "x" + std::to_string(d.K) +
+                                 (wide ? " wide" : "") + " comm " + std::to_string(comm) + ": " +
+                                 gemm_fp8::launch_name(l);
+        EXPECT_TRUE(l.tile == Tile::M128N256 || l.tile == Tile::M128N128 || l.tile == Tile::M64N128 ||
+                    l.tile == Tile::Swapped || l.tile == Tile::M128Nw || l.tile == Tile::SwappedW) << what;
+        EXPECT_GE(l.splits, 1) << what;
+        if (l.tile == Tile::Swapped) EXPECT_TRUE(d.M <= 16 && comm == 0) << what;
+        if (l.tile == Tile::M128Nw) EXPECT_TRUE(wide && gemm::is_wide_width(l.width)) << what;
+        if (l.tile == Tile::SwappedW) EXPECT_TRUE(wide && gemm::is_swapped_width(l.width)) << what;
+        gemm_fp8::Options forced = o;
+        forced.tile = l.tile, forced.tile_n = l.width, forced.split_k = l.splits;
+        gemm_fp8::Launch again{};
+        EXPECT_EQ(check::error_of([&] { again = gemm_fp8::plan_launch(d.M, d.N, d.K, 132 - comm, forced, wide); }), "")
+            << what;
+        EXPECT_TRUE(again.tile == l.tile && again.width == l.width) << what;
+        ++n;
+      }
+  EXPECT_EQ(n, 2000);
+  EXPECT_EQ(gemm_fp8::plan_launch(2048, 11008, 4096, 132, {}, true).tile, Tile::M128N256);
 }
 
 // The swapped 128 x w tiles only for e4m3 x e4m3, by the bf16 planner's rule (single CTAs: the fp8
