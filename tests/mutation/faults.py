@@ -527,6 +527,17 @@ FAULTS = [
         "tests": ["test_gemm_cpu"],
     },
     {
+        "name": "gemm_plan_wide_discount_on_many_rounds",
+        "what": "planner: the 128 x w tiles keep their fitted discount on rows of many rounds (as before "
+                "2026-12-06), so 128 x 208 takes rows of 6-50 rounds from 128x256 (0.85 against 1.00 of cuBLAS)",
+        "edits": [{
+            "file": "kernels/gemm/plan.hpp",
+            "find": "    if (kWideWidths[i] == w) return rounds >= kWideManyRounds ? kWideMeasuredCosts[i] : kWideCosts[i];",
+            "replace": "    if (kWideWidths[i] == w) return kWideCosts[i];",
+        }],
+        "tests": ["test_split_k_cpu", "test_gemm_fp8_cpu"],
+    },
+    {
         "name": "gemm_plan_swapped_split_floor_dropped",
         "what": "planner: above 128 tokens the swapped tile splits up to 4 ways whatever K is, so short K "
                 "(4096: 64 iterations) is cut into splits of 16-21 iterations, which measured 4-7 % slower",
