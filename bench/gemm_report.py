@@ -19,33 +19,15 @@ each variant to the first one seen. Exit status 1 when a row was incorrect (it i
 bad input.
 """
 import argparse
-import json
 import math
 import signal
 import statistics
 import sys
 from collections import defaultdict
 
+from rows import read_rows
+
 BASELINES = ("cublas", "cublaslt")
-
-
-def read_rows(paths):
-    rows = []
-    for path in paths:
-        try:
-            with open(path) as f:
-                for n, line in enumerate(f, 1):
-                    line = line.strip()
-                    if not line.startswith("{"):
-                        continue
-                    try:
-                        rows.append(json.loads(line))
-                    except json.JSONDecodeError as e:
-                        raise SystemExit(f"gemm_report.py: {path}:{n}: not JSON ({e})") from None
-        except OSError as e:
-            print(f"gemm_report.py: {e}", file=sys.stderr)
-            sys.exit(2)
-    return rows
 
 
 def shape_key(r):

@@ -12,10 +12,11 @@ same point appears more than once (the bench appends to its --json file), the la
 Weave points whose result did not match NCCL are marked with a red x.
 """
 import argparse
-import json
 import os
 import sys
 from collections import defaultdict
+
+from rows import read_rows
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 TITLES = {
@@ -24,21 +25,6 @@ TITLES = {
     "reduce_scatter": "reduce_scatter (busbw = algbw x (W-1)/W, algbw of the full input)",
     "all_to_all": "Ulysses all_to_all (busbw = algbw x (W-1)/W)",
 }
-
-
-def read_rows(paths):
-    rows = []
-    for path in paths:
-        with open(path) as f:
-            for n, line in enumerate(f, 1):
-                line = line.strip()
-                if not line:
-                    continue
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    sys.exit(f"plot.py: {path}:{n}: not JSON ({e})")
-    return rows
 
 
 def ceiling_of(rows):
