@@ -27,10 +27,13 @@ bool default_epilogue(const Options& opt, bool f32_out) {
   return opt.a_layout == ALayout::MK && !f32_out && opt.bias_type == BiasType::None;
 }
 
-// The 2-CTA cluster tile: a bf16 output without bias, A either layout (each CTA loads its own A
-// rows; the pair shares B), and the communicator blocks in whole clusters.
+// The epilogue the 2-CTA cluster tile is built for: a bf16 output without bias, A either layout
+// (each CTA loads its own A rows; the pair shares B).
+bool pair_epilogue(const Options& opt, bool f32_out) { return !f32_out && opt.bias_type == BiasType::None; }
+
+// The planner's cluster tile: that epilogue, and the communicator blocks in whole clusters.
 bool clusters_allowed(const Options& opt, bool f32_out) {
-  return !f32_out && opt.bias_type == BiasType::None && opt.lcsc.num_comm_sms % 2 == 0;
+  return pair_epilogue(opt, f32_out) && opt.lcsc.num_comm_sms % 2 == 0;
 }
 
 bool operands_aligned(int M, int N, int K, BLayout bl, const Options& opt) {
@@ -273,7 +276,7 @@ void validate_tile(const Options& opt, bool f32_out) {
               "gemm: tile 128x192 supports only A as M x K and a bf16 output (use Auto, M128N256, M128N128 or M64N128)");
   WEAVE_CHECK(defaults || opt.tile != Tile::M128N256S4, "gemm: tile ", tile_name(opt.tile),
               " supports only A as M x K, a bf16 output and no bias (use Auto, M128N256, M128N128 or M64N128)");
-  WEAVE_CHECK(opt.tile != Tile::M128N256C2 || (!f32_out && opt.bias_type == BiasType::None), "gemm: tile ",
+  WEAVE_CHECK(opt.tile != Tile::M128N256C2 || pair_epilogue(opt, f32_out), "gemm: tile ",
               tile_name(opt.tile), " supports only a bf16 output without bias (use Auto, M128N256, M128N128 or M64N128)");
 }
 

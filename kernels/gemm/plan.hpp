@@ -80,21 +80,21 @@ inline constexpr double kMisalignedMid = 1.60;    // 128x192 on the ragged rows:
 inline constexpr double kMisalignedPair = 1.03;   // 128x256 clusters: 0.977
 inline constexpr double kSplitGain = 0.95;        // split-K only when the model says >= 5 % faster
 inline constexpr double kTileGain = 0.97;         // another tile only when >= 3 % faster than the best so far
-// A 128 x w iteration vs 128x256. Measured per tile iteration over 15 rows (docs/perf-notes.md,
-// 2026-12-02g) they cost, on the scale where the same run's 128x128 costs kSmallCost, 0.44, 0.52,
-// 0.62, 0.70, 0.78, 0.84 (about as dear per FLOP as 128x128 and 128x192); the values below are
-// ~8 % lower, fitted so that the planner picks the measured best on the sweep's rows, where the
-// rounds model overrates the tiles it already had (single-round and split rows run slower per
-// iteration than their constants say).
-inline constexpr double kWideCosts[] = {0.42, 0.48, 0.58, 0.66, 0.72, 0.80};  // kWideWidths' order
-static_assert(std::size(kWideCosts) == std::size(kWideWidths), "one cost per width");
-// The measured costs, for rows of at least kWideManyRounds rounds of the tile: there the rounds model
-// rates every tile right (quantisation is a small share of many rounds), and the fitted discount
-// made the 128 x 208 tile cheaper per FLOP than 128x256 (0.80 for 0.81 of the FLOPs), so it took
-// rows of 4-50 rounds for a 1-3 % rounding gain and ran 0.81-0.92 of cuBLAS there (one H100,
-// perf-notes 2026-12-06 sixth session).
-inline constexpr double kWideMeasuredCosts[] = {0.44, 0.52, 0.62, 0.70, 0.78, 0.84};
+// A 128 x w iteration vs 128x256, as measured per tile iteration over 15 rows (docs/perf-notes.md,
+// 2026-12-02g) on the scale where the same run's 128x128 costs kSmallCost: about as dear per FLOP
+// as 128x128 and 128x192.
+inline constexpr double kWideMeasuredCosts[] = {0.44, 0.52, 0.62, 0.70, 0.78, 0.84};  // kWideWidths' order
 static_assert(std::size(kWideMeasuredCosts) == std::size(kWideWidths), "one cost per width");
+// What the planner charges below kWideManyRounds rounds of the tile: ~8 % under the measured costs,
+// fitted so that it picks the measured best on the sweep's rows, where the rounds model overrates
+// the tiles it already had (single-round and split rows run slower per iteration than their
+// constants say).
+inline constexpr double kWideCosts[] = {0.42, 0.48, 0.58, 0.66, 0.72, 0.80};
+static_assert(std::size(kWideCosts) == std::size(kWideWidths), "one cost per width");
+// From kWideManyRounds rounds on, the measured costs: there the rounds model rates every tile right
+// (quantisation is a small share of many rounds), and the discount made the 128 x 208 tile cheaper
+// per FLOP than 128x256 (0.80 for 0.81 of the FLOPs), so it took rows of 4-50 rounds for a 1-3 %
+// rounding gain and ran 0.81-0.92 of cuBLAS there (one H100, perf-notes 2026-12-06 sixth session).
 inline constexpr double kWideManyRounds = 6.0;
 inline double wide_cost(int w, double rounds = 0) {
   for (size_t i = 0; i < std::size(kWideWidths); ++i)

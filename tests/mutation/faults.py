@@ -521,7 +521,7 @@ FAULTS = [
                 "weight gradients (A K x M) run on the single-CTA 128x256 tile (0.73 of cuBLAS against 0.88)",
         "edits": [{
             "file": "kernels/gemm/gemm.cu",
-            "find": "  return !f32_out && opt.bias_type == BiasType::None && opt.lcsc.num_comm_sms % 2 == 0;",
+            "find": "  return pair_epilogue(opt, f32_out) && opt.lcsc.num_comm_sms % 2 == 0;",
             "replace": "  return default_epilogue(opt, f32_out) && opt.lcsc.num_comm_sms % 2 == 0;",
         }],
         "tests": ["test_gemm_cpu"],
