@@ -99,6 +99,10 @@ using Deep = GemmKernel<256, L, 4, 2>;
 // Big in clusters of 2 along M with B multicast; A either layout.
 template <BLayout L, ALayout A = ALayout::MK>
 using Pair = GemmKernel<256, L, 3, 1, 2, A>;
+// 320 columns: 3 x 56 KB + a 48 KB staging part (192 of the 320 columns) = 216 KB.
+template <BLayout L, ALayout A = ALayout::MK>
+using WidePair = GemmKernel<320, L, 3, 2, 2, A>;
+static_assert(lcsc::shared_bytes<WidePair<BLayout::KN, ALayout::KM>>() <= 232448, "227 KB");
 
 // The two main tiles with any layout pair and epilogue.
 template <template <BLayout, ALayout, class, bool> class Kern, class OutT, bool Bias>
@@ -157,7 +161,8 @@ Launch launch_choice(int M, int N, int K, BLayout bl, const Options& opt, bool f
                                       opt.tile == Tile::M64N128 || opt.tile == Tile::M128N192 ||
                                       opt.tile == Tile::M128N128 || opt.tile == Tile::M128Nw);
     return {opt.tile, splittable && opt.split_k > 1 ? opt.split_k : 1,
-            opt.tile == Tile::M128N256C2 ? pairs : blocks, opt.tile == Tile::M128Nw ? opt.tile_n : 0};
+            opt.tile == Tile::M128N256C2 || opt.tile == Tile::M128N320C2 ? pairs : blocks,
+            opt.tile == Tile::M128Nw ? opt.tile_n : 0};
   }
   return plan_launch(M, N, K, bl, blocks, pairs, opt, f32_out);
 }
@@ -185,7 +190,8 @@ lcsc::Plan dispatch(const bf16* A, const bf16* B, OutT* C, int M, int N, int K, 
     if (t == Tile::M64N128) return run_layouts<DecodeE, float, true>(A, B, C, M, N, K, bl, opt, group_m, stream);
     return run_layouts<SmallE, float, true>(A, B, C, M, N, K, bl, opt, group_m, stream);
   } else {
-    // validate_args let M128N256S4 through only with the defaults, M128N256C2 with a bf16 output without bias.
+    // validate_args let M128N256S4 through only with the defaults, the cluster tiles with a bf16 output
+    // without bias.
     const bool nk = bl == BLayout::NK;
     if (t == Tile::M128N256C2) {
       if (opt.a_layout == ALayout::KM)
@@ -193,6 +199,13 @@ lcsc::Plan dispatch(const bf16* A, const bf16* B, OutT* C, int M, int N, int K, 
                   : run<Pair<BLayout::KN, ALayout::KM>>(A, B, C, M, N, K, opt, group_m, stream, l);
       return nk ? run<Pair<BLayout::NK>>(A, B, C, M, N, K, opt, group_m, stream, l)
                 : run<Pair<BLayout::KN>>(A, B, C, M, N, K, opt, group_m, stream, l);
+    }
+    if (t == Tile::M128N320C2) {
+      if (opt.a_layout == ALayout::KM)
+        return nk ? run<WidePair<BLayout::NK, ALayout::KM>>(A, B, C, M, N, K, opt, group_m, stream)
+                  : run<WidePair<BLayout::KN, ALayout::KM>>(A, B, C, M, N, K, opt, group_m, stream);
+      return nk ? run<WidePair<BLayout::NK>>(A, B, C, M, N, K, opt, group_m, stream)
+                : run<WidePair<BLayout::KN>>(A, B, C, M, N, K, opt, group_m, stream);
     }
     if (t == Tile::M128N256S4)
       return nk ? run<Deep<BLayout::NK>>(A, B, C, M, N, K, opt, group_m, stream)
@@ -258,7 +271,7 @@ void validate_args(const void* A, const void* B, const void* C, int M, int N, in
 void validate_tile(const Options& opt, bool f32_out) {
   const bool defaults = default_epilogue(opt, f32_out);
   const int tv = static_cast<int>(opt.tile);
-  WEAVE_CHECK(tv >= static_cast<int>(Tile::Auto) && tv <= static_cast<int>(Tile::SwappedW256), "gemm: unknown tile ",
+  WEAVE_CHECK(tv >= static_cast<int>(Tile::Auto) && tv <= static_cast<int>(Tile::M128N320C2), "gemm: unknown tile ",
               tv);
   if (opt.tile == Tile::SwappedW || opt.tile == Tile::SwappedW256) {
     const bool tall = opt.tile == Tile::SwappedW256;
@@ -276,7 +289,7 @@ void validate_tile(const Options& opt, bool f32_out) {
               "gemm: tile 128x192 supports only A as M x K and a bf16 output (use Auto, M128N256, M128N128 or M64N128)");
   WEAVE_CHECK(defaults || opt.tile != Tile::M128N256S4, "gemm: tile ", tile_name(opt.tile),
               " supports only A as M x K, a bf16 output and no bias (use Auto, M128N256, M128N128 or M64N128)");
-  WEAVE_CHECK(opt.tile != Tile::M128N256C2 || pair_epilogue(opt, f32_out), "gemm: tile ",
+  WEAVE_CHECK((opt.tile != Tile::M128N256C2 && opt.tile != Tile::M128N320C2) || pair_epilogue(opt, f32_out), "gemm: tile ",
               tile_name(opt.tile), " supports only a bf16 output without bias (use Auto, M128N256, M128N128 or M64N128)");
 }
 
@@ -286,6 +299,7 @@ const char* tile_name(Tile t) {
     case Tile::M128N128: return "128x128";
     case Tile::M128N256S4: return "128x256s4";
     case Tile::M128N256C2: return "128x256c2";
+    case Tile::M128N320C2: return "128x320c2";
     case Tile::M64N128: return "64x128";
     case Tile::M128N192: return "128x192";
     case Tile::Swapped: return "swapped";

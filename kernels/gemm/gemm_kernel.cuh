@@ -15,7 +15,10 @@
 //
 // Cluster = 2: the two CTAs of a cluster compute vertically adjacent tiles (tile rows 2i and
 // 2i+1, same tile column), so they need the same B panel. Each loads its own A and half of B,
-// multicasting that half into both CTAs: B crosses L2 -> SM once per pair.
+// multicasting that half into both CTAs: B crosses L2 -> SM once per pair. BN = 320 (clusters
+// only: a wider B panel per A row loaded, so fewer L2 requests per FLOP where a misaligned pitch
+// doubles them): each consumer's 64 x 320 accumulator is two wgmmas of 192 and 128 columns per
+// k16 step (wgmma's N stops at 256), and the output goes out in two parts of 192 and 128 columns.
 //
 // TransOut (the swapped 128 x w tile, Tile::SwappedW): the caller passes the weights W (N x K) as
 // A and the tokens X (M x K) as B, so that 128 weight rows sit on the wgmma's M side and the few
@@ -74,6 +77,12 @@ struct GemmKernel {
   // Each consumer warpgroup's share of the tile: kMSub x 64 rows x kWN columns.
   static constexpr int kWN = BM == 64 ? BN / 2 : BN;
   static constexpr int kMSub = BM == 256 ? 2 : 1;  // m64 accumulators per consumer
+  // BN > 256: the consumer's columns as two wgmmas, the first of whole 64-column blocks (a K x N
+  // B's second one then starts at a box, and the halves' accumulators laid end to end are the
+  // layout one m64nBNk16 would have, which the epilogue's stores read).
+  static constexpr bool kNSplit = BN_ > 256;
+  static constexpr int kMmaN0 = kNSplit ? (BN_ / 2 + 63) / 64 * 64 : kWN;
+  static constexpr int kMmaN1 = kWN - kMmaN0;
   static_assert(BM == 128 || BM == 64 || BM == 256,
                 "BM of 128 (consumers split M), 64 (consumers split N) or 256 (transposed output)");
   static_assert(BM != 64 || (OutParts == 1 && Cluster == 1), "BM = 64: one output part, no cluster");
@@ -100,16 +109,25 @@ struct GemmKernel {
   static constexpr int kClusterSize = Cluster;
   static constexpr int kBRowsPerCta = BN_ / Cluster;  // NK: B rows each CTA loads (and multicasts)
   static_assert(Cluster == 1 || Cluster == 2, "clusters of 1 or 2 along M");
-  static constexpr int kPartCols = BN_ / OutParts;
-  static constexpr int kWPartCols = BM_ == 128 ? kPartCols : BN_ / 2;  // one consumer's columns of a part
   // Output columns per staging row block (TransOut: C's columns, i.e. 64 of the tile's rows).
   static constexpr int kOutBlockCols = TransOut ? 64 : Staging::kBlockCols;
+  // Output columns per part: whole staging blocks (the last part may be narrower: 320 = 192 + 128).
+  static constexpr int kPartCols = TransOut || kDenseOut ? BN_ / OutParts
+                                                         : (BN_ / OutParts + kOutBlockCols - 1) / kOutBlockCols *
+                                                               kOutBlockCols;
+  template <int P>
+  static constexpr int kPartColsOf = P * kPartCols + kPartCols <= BN_ ? kPartCols : BN_ - P * kPartCols;
+  template <int P>
+  static constexpr int kWPartCols = BM_ == 128 ? kPartColsOf<P> : BN_ / 2;  // one consumer's columns of part P
   static constexpr tile::Swizzle kOutSwizzle = TransOut ? tile::Swizzle::B128 : Staging::kSwizzle;
   static constexpr uint32_t kStageTxBytes = (BM + BN) * BK * sizeof(bf16);
   static constexpr int kInBytes = sizeof(bf16);  // bytes per input element (the TP pushes count bytes)
-  static_assert((BN % 64 == 0 || kDenseOut || TransOut) && BN <= 256,
-                "BN in 64..256, a multiple of 64 (or of 16, dense; of 8, transposed)");
-  static_assert((kPartCols % 64 == 0 || kDenseOut || TransOut) && kPartCols * OutParts == BN,
+  static_assert((BN % 64 == 0 || kDenseOut || TransOut) && (BN <= 256 || (BN == 320 && BM == 128 && Cluster == 2 &&
+                                                                            OutParts == 2 && !TransOut)),
+                "BN in 64..256, a multiple of 64 (or of 16, dense; of 8, transposed); 320 in 2-CTA clusters, "
+                "two output parts");
+  static_assert((kPartCols % 64 == 0 || kDenseOut || TransOut) && kPartCols * (OutParts - 1) < BN &&
+                    kPartCols * OutParts >= BN,
                 "output parts of whole 64-column blocks");
 
   struct alignas(1024) Stage {
@@ -119,7 +137,7 @@ struct GemmKernel {
   struct alignas(1024) Output {
     // kPartCols/kOutBlockCols blocks of BM rows x 128 B, swizzled (or dense); TransOut: one block of
     // BN rows x 128 B per consumer.
-    OutT c[TransOut ? 2 * 64 * BN : BM * kPartCols];
+    OutT c[TransOut ? 2 * 64 * BN : BM * kPartCols];  // BN = 320: the larger part (192 columns)
   };
   struct ConsumerStateOne {
     float d[kWN / 2];
@@ -169,10 +187,12 @@ struct GemmKernel {
       if constexpr (L == BLayout::NK) {
         tile::tma::load_2d_multicast(s.b + r * kBRowsPerCta * BK, &g.b, &full, k0, t.n * BN + r * kBRowsPerCta, all);
       } else {
-        constexpr int per = BN / 64 / Cluster;
+        // Each CTA a run of the panel's 64-column boxes (BN = 320: 3 and 2).
+        constexpr int per = (BN / 64 + Cluster - 1) / Cluster;
+        constexpr int last = BN / 64;
 #pragma unroll
         for (int j = r * per; j < (r + 1) * per; ++j)
-          tile::tma::load_2d_multicast(s.b + j * 64 * BK, &g.b, &full, t.n * BN + 64 * j, k0, all);
+          if (last % Cluster == 0 || j < last) tile::tma::load_2d_multicast(s.b + j * 64 * BK, &g.b, &full, t.n * BN + 64 * j, k0, all);
       }
     }
   }
@@ -207,7 +227,19 @@ struct GemmKernel {
         da = tile::wgmma::make_desc(a0 + kk * 16 * 128, BK * 128, 1024, tile::Swizzle::B128);
       }
       constexpr int kTransA = LA == ALayout::KM ? 1 : 0;
-      if constexpr (L == BLayout::NK) {
+      if constexpr (kNSplit) {
+        // The second wgmma's B: kMmaN0 rows on (N x K) or kMmaN0 / 64 boxes of 64 k-rows on (K x N).
+        constexpr int kTransB = L == BLayout::KN ? 1 : 0;
+        const uint32_t bk = L == BLayout::NK ? kk * 32 : kk * 16 * 128;
+        const uint32_t lbo = L == BLayout::NK ? 16 : BK * 128;
+        const uint32_t b1 = L == BLayout::NK ? kMmaN0 * 128 : kMmaN0 / 64 * 64 * BK * 2;
+        const uint64_t db0 = tile::wgmma::make_desc(b0 + bk, lbo, 1024, tile::Swizzle::B128);
+        const uint64_t db1 = tile::wgmma::make_desc(b0 + b1 + bk, lbo, 1024, tile::Swizzle::B128);
+        const int acc = (it > 0 || kk > 0) ? 1 : 0;
+        tile::wgmma::mma_ss<bf16, kMmaN0, kTransB, kTransA>(*reinterpret_cast<float(*)[kMmaN0 / 2]>(st.d), da, db0, acc);
+        tile::wgmma::mma_ss<bf16, kMmaN1, kTransB, kTransA>(*reinterpret_cast<float(*)[kMmaN1 / 2]>(st.d + kMmaN0 / 2),
+                                                            da, db1, acc);
+      } else if constexpr (L == BLayout::NK) {
         const uint64_t db = tile::wgmma::make_desc(b0 + kk * 32, 16, 1024, tile::Swizzle::B128);
         tile::wgmma::mma_ss<bf16, kWN, 0, kTransA>(st.d, da, db, (it > 0 || kk > 0) ? 1 : 0);
         if constexpr (kMSub == 2) {  // the consumer's next 64 weight rows, 8 KB on, the same tokens
@@ -277,7 +309,7 @@ struct GemmKernel {
     }
   }
 
-  // Accumulator columns [P * kPartCols, (P + 1) * kPartCols) go to part P of the staging tile
+  // Accumulator columns [P * kPartCols, P * kPartCols + kPartColsOf<P>) go to part P of the staging tile
   // (BM = 128: every consumer holds every column, at its own rows). BM = 64: one part; consumer
   // c's columns are the tile's c * kWN on, i.e. staging blocks from c * kWN / kOutBlockCols on,
   // c * kWN * BM elements.
@@ -299,17 +331,17 @@ struct GemmKernel {
       if (g.bias != nullptr) {
         const int n0 = coord(g, w).n * BN + (BM == 128 ? 0 : c * kWN);
         if (g.bias_f32)
-          add_bias_cols<float, P * kPartCols, kWPartCols>(static_cast<const float*>(g.bias), n0, g.N, st);
+          add_bias_cols<float, P * kPartCols, kWPartCols<P>>(static_cast<const float*>(g.bias), n0, g.N, st);
         else
-          add_bias_cols<bf16, P * kPartCols, kWPartCols>(static_cast<const bf16*>(g.bias), n0, g.N, st);
+          add_bias_cols<bf16, P * kPartCols, kWPartCols<P>>(static_cast<const bf16*>(g.bias), n0, g.N, st);
       }
     }
     if constexpr (kF32Out)
-      store_f32_swizzled<P * kPartCols, kWPartCols>(dst, row0, st);
+      store_f32_swizzled<P * kPartCols, kWPartCols<P>>(dst, row0, st);
     else if constexpr (kDenseOut)
       tile::store_accumulator_dense<bf16, kWN>(dst, BN, row0, st.d);
     else
-      tile::store_accumulator_swizzled<bf16, kWN, P * kPartCols, kWPartCols>(dst, BM, row0, st.d);
+      tile::store_accumulator_swizzled<bf16, kWN, P * kPartCols, kWPartCols<P>>(dst, BM, row0, st.d);
   }
   static __device__ __forceinline__ void finish(const Globals& g, ConsumerState& st, Output& o, int w, int c,
                                                 int part) {
@@ -338,8 +370,9 @@ struct GemmKernel {
       store_block(g, o, t, 0, part);
       store_block(g, o, t, 1, part);
     } else {
+      const int cols = part == OutParts - 1 ? BN - part * kPartCols : kPartCols;
 #pragma unroll
-      for (int j = 0; j < kPartCols / kOutBlockCols; ++j) {
+      for (int j = 0; j < cols / kOutBlockCols; ++j) {
         const int n = t.n * BN + part * kPartCols + kOutBlockCols * j;
         if (n >= g.N) break;
         if (g.accumulate)  // fp32 or bf16 add at L2, by the tensor map's type

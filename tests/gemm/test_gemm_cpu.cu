@@ -195,9 +195,9 @@ TEST(GemmShape, ArgumentValidation) {
   o.bias = p;
   EXPECT_NE(error_of([&] { gemm::validate_args(p, p, p, 128, 128, 128, o, false); }).find("bias_type None"),
             std::string::npos);
-  // The experimental 4-stage tile takes only the defaults; the cluster tile a bf16 output without
+  // The experimental 4-stage tile takes only the defaults; the cluster tiles a bf16 output without
   // bias, A either layout.
-  for (gemm::Tile t : {gemm::Tile::M128N256S4, gemm::Tile::M128N256C2}) {
+  for (gemm::Tile t : {gemm::Tile::M128N256S4, gemm::Tile::M128N256C2, gemm::Tile::M128N320C2}) {
     o = {};
     o.tile = t;
     EXPECT_EQ(error_of([&] { gemm::validate_args(p, p, p, 128, 128, 128, o, false); }), "");
@@ -205,7 +205,7 @@ TEST(GemmShape, ArgumentValidation) {
               std::string::npos);
     o.a_layout = gemm::ALayout::KM;
     const std::string km = error_of([&] { gemm::validate_args(p, p, p, 128, 128, 128, o, false); });
-    if (t == gemm::Tile::M128N256C2) EXPECT_EQ(km, "");
+    if (t != gemm::Tile::M128N256S4) EXPECT_EQ(km, "");
     else EXPECT_NE(km.find("supports only"), std::string::npos);
     o.a_layout = gemm::ALayout::MK;
     o.bias_type = gemm::BiasType::BF16;
@@ -373,8 +373,9 @@ TEST(GemmShape, TileNames) {
   EXPECT_STREQ(gemm::tile_name(gemm::Tile::SwappedW256), "sw256xw");
   EXPECT_EQ(gemm::launch_name({gemm::Tile::SwappedW256, 1, 132, 144}), "sw256x144");
   EXPECT_EQ(gemm::swapped256_widths_text(), "96, 104, 112, 120, 128, 144, 160, 176");
+  EXPECT_STREQ(gemm::tile_name(gemm::Tile::M128N320C2), "128x320c2");
   gemm::Options o;
-  o.tile = static_cast<gemm::Tile>(11);
+  o.tile = static_cast<gemm::Tile>(12);
   const void* p = reinterpret_cast<const void*>(uintptr_t(0x10000));
   EXPECT_NE(error_of([&] { gemm::validate_args(p, p, p, 128, 128, 128, o, false); }).find("unknown tile"),
             std::string::npos);

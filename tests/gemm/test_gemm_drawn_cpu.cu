@@ -142,6 +142,7 @@ TEST(GemmDrawn, EveryPlannedLaunchIsOneGemmRuns) {
           EXPECT_TRUE(gemm::is_swapped256_width(l.width) && bl == gemm::BLayout::NK && plain && l.splits == 1) << what;
           break;
         case Tile::M128N256C2:
+        case Tile::M128N320C2:
           EXPECT_TRUE(!f32 && o.bias_type == gemm::BiasType::None && o.lcsc.num_comm_sms % 2 == 0) << what;
           break;
         case Tile::M128N192:

@@ -247,7 +247,8 @@ void run_case(Case cs, gemm::BLayout bl, gemm::Tile tile, bool accumulate, int c
 
 const gemm::BLayout kLayouts[] = {gemm::BLayout::KN, gemm::BLayout::NK};
 const gemm::Tile kTiles[] = {gemm::Tile::M128N256, gemm::Tile::M128N128, gemm::Tile::M128N256S4,
-                             gemm::Tile::M128N256C2, gemm::Tile::M64N128, gemm::Tile::M128N192};
+                             gemm::Tile::M128N256C2, gemm::Tile::M64N128, gemm::Tile::M128N192,
+                             gemm::Tile::M128N320C2};
 // The tiles that take every A layout and epilogue.
 const gemm::Tile kMainTiles[] = {gemm::Tile::M128N256, gemm::Tile::M128N128, gemm::Tile::M64N128};
 const gemm::ALayout kALayouts[] = {gemm::ALayout::MK, gemm::ALayout::KM};
@@ -314,11 +315,16 @@ TEST(Gemm, Accumulate) {
 TEST(Gemm, WithCommunicatorSms) {
   for (int comm : {1, 8, 16, 32}) run_case({2048, 3072, 1024}, gemm::BLayout::KN, gemm::Tile::Auto, false, comm, false);
   for (int comm : {2, 16}) run_case({2048, 3072, 1024}, gemm::BLayout::NK, gemm::Tile::M128N256C2, false, comm, false);
+  for (int comm : {2, 16}) run_case({2048, 3072, 1024}, gemm::BLayout::KN, gemm::Tile::M128N320C2, false, comm, false);
 }
 
 TEST(Gemm, LargeSquare) {
   for (auto bl : kLayouts) run_case({8192, 8192, 8192}, bl, gemm::Tile::Auto, false, 0, false);
   for (auto bl : kLayouts) run_case({8192, 8192, 8192}, bl, gemm::Tile::M128N256C2, false, 0, false);
+  // The 320-column pair on misaligned pitches: N = 8200 leaves 200 columns in the last tile (its
+  // second output part 8 of 128), 8184 a last tile of 184 (the second part empty).
+  for (auto bl : kLayouts) run_case({8191, 8200, 8200}, bl, gemm::Tile::M128N320C2, false, 0, false);
+  run_case({10029, 8184, 4104}, gemm::BLayout::NK, gemm::Tile::M128N320C2, false, 0, false);
   run_case({8191, 8200, 8200}, gemm::BLayout::NK, gemm::Tile::Auto, false, 0, false);  // ragged in every dimension
 }
 
@@ -331,7 +337,7 @@ TEST(Gemm, TransposedA) {
   for (Case c : cases)
     for (auto bl : kLayouts)
       for (auto t : {gemm::Tile::M128N256, gemm::Tile::M128N128, gemm::Tile::M64N128, gemm::Tile::M128N256C2,
-                     gemm::Tile::Auto}) {
+                     gemm::Tile::M128N320C2, gemm::Tile::Auto}) {
         Variant v;
         v.al = gemm::ALayout::KM, v.bl = bl, v.tile = t, v.samples = c.M * double(c.N) * c.K < 1e9;
         run_case(c, v);
@@ -357,6 +363,11 @@ TEST(Gemm, TransposedALarge) {
   run_case({4104, 1032, 8200}, v);  // ragged: every pitch off the 128-byte grid (Auto: the cluster tile)
   v.tile = gemm::Tile::M128N256C2;
   run_case({4152, 2056, 1032}, v);
+  v.tile = gemm::Tile::M128N320C2;
+  run_case({4152, 2056, 1032}, v);
+  v.accumulate = true;
+  run_case({4104, 1032, 8200}, v);
+  v.accumulate = false;
   v.tile = gemm::Tile::Auto;
   v.accumulate = true;
   run_case({2048, 4096, 4096}, v);
@@ -709,6 +720,9 @@ TEST(Gemm, RejectsBadInput) {
   expect_error<Error>([&] { gemm::gemm(p, p, p, 128, 128, 128, gemm::BLayout::KN, ex); }, "C2 tile with bias",
                       "supports only");
   ex.bias_type = gemm::BiasType::None, ex.bias = nullptr;
+  ex.tile = gemm::Tile::M128N320C2;
+  expect_error<Error>([&] { gemm::gemm(p, p, pf, 128, 128, 128, gemm::BLayout::KN, ex); }, "320 C2 tile with fp32 C",
+                      "supports only");
   ex.tile = gemm::Tile::M128N256S4;
   ex.a_layout = gemm::ALayout::KM;
   expect_error<Error>([&] { gemm::gemm(p, p, p, 128, 128, 128, gemm::BLayout::KN, ex); }, "S4 tile with A KM",

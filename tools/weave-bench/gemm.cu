@@ -266,6 +266,7 @@ int run_gemm_bench(const Args& args) {
   if (args.get("tile") == "128") tile = gemm::Tile::M128N128;
   if (args.get("tile") == "256s4") tile = gemm::Tile::M128N256S4;
   if (args.get("tile") == "256c2") tile = gemm::Tile::M128N256C2;
+  if (args.get("tile") == "320c2") tile = gemm::Tile::M128N320C2;
   if (args.get("tile") == "64") tile = gemm::Tile::M64N128;
   if (args.get("tile") == "192") tile = gemm::Tile::M128N192;
   if (args.get("tile") == "swapped") tile = gemm::Tile::Swapped;
@@ -480,7 +481,7 @@ WEAVE_BENCH(gemm,
             "bf16 GEMM: weave vs cuBLASLt (--set core|models|tokens|drawn: the 8 tuned shapes (default), real models' MLP "
             "shapes in all three training layouts plus ragged ones, their forward rows at 136-1500 tokens, or "
             "--draws N shapes drawn by the same rule from --draw-seed S; --list prints the set, no GPU needed, --plan-sms N with the planner's launch on N SMs; "
-            "--shapes MxNxK,... --layout kn|nk --a-layout mk|km --tile auto|256|128|192|256s4|256c2|64|swapped|w96|w112|w144|w160|w176|w208|sw32..sw208[c1|c2]|sw256x96..sw256x176 --split-k N --group G --comm 0,8 --no-balance "
+            "--shapes MxNxK,... --layout kn|nk --a-layout mk|km --tile auto|256|128|192|256s4|256c2|320c2|64|swapped|w96|w112|w144|w160|w176|w208|sw32..sw208[c1|c2]|sw256x96..sw256x176 --split-k N --group G --comm 0,8 --no-balance "
             "--accumulate --trace N)",
             run_gemm_bench);
 
