@@ -14,7 +14,8 @@
 // - a row pitch that is not a multiple of 128 bytes makes every 128-byte TMA row read touch five
 //   32-byte sectors instead of four, and the large tiles run near the L2 -> SM bandwidth, so they
 //   slow down; the 2-CTA cluster tile, which multicasts B into both CTAs (a third less L2 traffic
-//   per FLOP), hardly does (kMisaligned*).
+//   per FLOP), hardly does (kMisaligned*), and the 128x320 one, a tenth fewer again, less
+//   (kMisalignedWidePair).
 #pragma once
 
 #include <algorithm>
@@ -78,6 +79,13 @@ inline constexpr double kMisalignedBig = 1.30;    // 8192x28672x8200 nk: 0.766 o
 inline constexpr double kMisalignedSmall = 1.80;  // the same shapes on 128x128: 0.51-0.55
 inline constexpr double kMisalignedMid = 1.60;    // 128x192 on the ragged rows: 0.46-0.67
 inline constexpr double kMisalignedPair = 1.03;   // 128x256 clusters: 0.977
+// The 128x320 cluster tile on a misaligned pitch, per 128x256 iteration's FLOPs: there the tiles are
+// bound by L2 read requests (ncu, 2026-12-06 seventh session: 62-64 per cycle for both weave's
+// 128x256 clusters and cuBLAS's 128x304 ones), and each CTA of the pair requests 288 rows per
+// 128 x 320 x 64 step against 256 per 128 x 256 x 64: 0.9 of the requests per FLOP. Unsplit only. On 28
+// misaligned rows (one H100, both tiles forced unsplit) 0.92 moved 18, 1.078x faster in geomean (0.98-1.18);
+// 0.95 moved 11, leaving out five that gained 2-17 % and two that lost 2 %.
+inline constexpr double kMisalignedWidePair = 0.92;
 inline constexpr double kSplitGain = 0.95;        // split-K only when the model says >= 5 % faster
 inline constexpr double kTileGain = 0.97;         // another tile only when >= 3 % faster than the best so far
 // A 128 x w iteration vs 128x256, as measured per tile iteration over 15 rows (docs/perf-notes.md,
@@ -300,6 +308,9 @@ inline Choice plan_gemm(const PlanInputs& in) {
   if (in.pair_clusters > 0)
     consider(best, best_of(Tile::M128N256C2, ceil_div(tm, 2) * ceil_div(in.N, 256), in.pair_clusters,
                            in.aligned ? 1.0 : kMisalignedPair, true));
+  if (in.pair_clusters > 0 && !in.aligned)
+    consider(best, best_of(Tile::M128N320C2, ceil_div(tm, 2) * ceil_div(in.N, 320), in.pair_clusters,
+                           1.25 * kMisalignedPair * kMisalignedWidePair, false));
   consider_swapped(best);
   consider_swapped256(best);
   return best;

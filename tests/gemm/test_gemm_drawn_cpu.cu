@@ -161,8 +161,8 @@ TEST(GemmDrawn, EveryPlannedLaunchIsOneGemmRuns) {
     }
   EXPECT_EQ(planned, 606 * 6);
   // The draw reaches every tile the planner picks (else this test checks less than it says).
-  for (Tile t : {Tile::Swapped, Tile::M128Nw, Tile::SwappedW, Tile::SwappedW256, Tile::M128N256C2, Tile::M128N256,
-                 Tile::M128N192, Tile::M64N128, Tile::M128N128})
+  for (Tile t : {Tile::Swapped, Tile::M128Nw, Tile::SwappedW, Tile::SwappedW256, Tile::M128N256C2, Tile::M128N320C2,
+                 Tile::M128N256, Tile::M128N192, Tile::M64N128, Tile::M128N128})
     EXPECT_TRUE(seen.count(t)) << gemm::tile_name(t);
 }
 

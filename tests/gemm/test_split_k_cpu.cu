@@ -1,5 +1,6 @@
 // CPU tests of split-K (kernels/gemm/split_k.hpp) and the GEMM's launch choice
 // (kernels/gemm/plan.hpp).
+#include <array>
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -489,14 +490,22 @@ TEST(GemmPlan, WideTilesAtTheirMeasuredCostOnManyRounds) {
   }
 }
 
-// A row pitch off the 128-byte grid moves the large shapes to the cluster tile, never to 128x128.
+// A row pitch off the 128-byte grid moves the large shapes to a cluster tile, never to 128x128:
+// 8192 x 28672 x 8200 to the 128x320 one (32 pair rows of 90 tiles: 44 rounds of 66 pairs against 55
+// of 112, each of 1.25 times the FLOPs at 0.92 of the cost per FLOP); where its rounds are no fewer
+// (4095 x 1000 x 8200: 64 items either way; 2047 x 5128 x 13832: 3 rounds either way) the 128x256
+// one, and never on an aligned pitch.
 TEST(GemmPlan, MisalignedPitchPrefersTheClusterTile) {
   const Choice c = plan_gemm(inputs(8192, 28672, 8200, false));
-  EXPECT_EQ(c.tile, Tile::M128N256C2);
+  EXPECT_EQ(c.tile, Tile::M128N320C2);
   PlanInputs no_pair = inputs(8192, 28672, 8200, false);
   no_pair.pair_clusters = 0;
   EXPECT_EQ(plan_gemm(no_pair).tile, Tile::M128N256);
   EXPECT_NE(plan_gemm(inputs(2047, 5128, 13832, false)).tile, Tile::M128N128);
+  EXPECT_NE(plan_gemm(inputs(2047, 5128, 13832, false)).tile, Tile::M128N320C2);
+  EXPECT_NE(plan_gemm(inputs(4095, 1000, 8200, false)).tile, Tile::M128N320C2);
+  for (const auto& s : {std::array<int, 3>{8192, 28672, 8192}, {10048, 8192, 28672}, {16384, 53248, 8192}})
+    EXPECT_NE(plan_gemm(inputs(s[0], s[1], s[2])).tile, Tile::M128N320C2) << s[0] << "x" << s[1];
   EXPECT_TRUE(pitch_aligned(8192));
   EXPECT_FALSE(pitch_aligned(8200));
   EXPECT_TRUE(pitch_aligned(8256));

@@ -538,6 +538,17 @@ FAULTS = [
         "tests": ["test_split_k_cpu", "test_gemm_fp8_cpu"],
     },
     {
+        "name": "gemm_plan_wide_pair_on_aligned_pitch",
+        "what": "planner: the 128x320 cluster tile is offered on aligned pitches too, at its misaligned-pitch "
+                "cost (cheaper per FLOP than 128x256 there), so compute-bound aligned rows leave 128x256",
+        "edits": [{
+            "file": "kernels/gemm/plan.hpp",
+            "find": "  if (in.pair_clusters > 0 && !in.aligned)\n    consider(best, best_of(Tile::M128N320C2,",
+            "replace": "  if (in.pair_clusters > 0)\n    consider(best, best_of(Tile::M128N320C2,",
+        }],
+        "tests": ["test_split_k_cpu"],
+    },
+    {
         "name": "gemm_plan_swapped_split_floor_dropped",
         "what": "planner: above 128 tokens the swapped tile splits up to 4 ways whatever K is, so short K "
                 "(4096: 64 iterations) is cut into splits of 16-21 iterations, which measured 4-7 % slower",
