@@ -192,7 +192,8 @@ struct GemmKernel {
         constexpr int last = BN / 64;
 #pragma unroll
         for (int j = r * per; j < (r + 1) * per; ++j)
-          if (last % Cluster == 0 || j < last) tile::tma::load_2d_multicast(s.b + j * 64 * BK, &g.b, &full, t.n * BN + 64 * j, k0, all);
+          if (last % Cluster == 0 || j < last)
+            tile::tma::load_2d_multicast(s.b + j * 64 * BK, &g.b, &full, t.n * BN + 64 * j, k0, all);
       }
     }
   }
