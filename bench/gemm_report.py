@@ -35,8 +35,6 @@ def shape_key(r):
             r.get("dtype", "bf16"))
 
 
-
-
 def kind_of(r):
     """(pass, ragged, band) of a weave or baseline row."""
     layout, a_layout = r.get("layout", "nk"), r.get("a_layout", "mk")

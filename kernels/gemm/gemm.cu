@@ -36,6 +36,9 @@ bool clusters_allowed(const Options& opt, bool f32_out) {
   return pair_epilogue(opt, f32_out) && opt.lcsc.num_comm_sms % 2 == 0;
 }
 
+// The 2-CTA cluster tiles (the planner's workers for them are clusters, not blocks).
+bool pair_tile(Tile t) { return t == Tile::M128N256C2 || t == Tile::M128N320C2; }
+
 bool operands_aligned(int M, int N, int K, BLayout bl, const Options& opt) {
   return pitch_aligned(opt.a_layout == ALayout::KM ? M : K) && pitch_aligned(bl == BLayout::NK ? K : N);
 }
@@ -104,6 +107,19 @@ template <BLayout L, ALayout A = ALayout::MK>
 using WidePair = GemmKernel<320, L, 3, 2, 2, A>;
 static_assert(lcsc::shared_bytes<WidePair<BLayout::KN, ALayout::KM>>() <= 232448, "227 KB");
 
+// A cluster tile (Pair or WidePair) in the A and B layouts asked for; the split applies where the
+// kernel has one (run.cuh, kSplittable).
+template <template <BLayout, ALayout> class Kern>
+lcsc::Plan run_pair(const bf16* A, const bf16* B, bf16* C, int M, int N, int K, BLayout bl, const Options& opt,
+                    int group_m, cudaStream_t stream, Launch split) {
+  const bool nk = bl == BLayout::NK;
+  if (opt.a_layout == ALayout::KM)
+    return nk ? run<Kern<BLayout::NK, ALayout::KM>>(A, B, C, M, N, K, opt, group_m, stream, split)
+              : run<Kern<BLayout::KN, ALayout::KM>>(A, B, C, M, N, K, opt, group_m, stream, split);
+  return nk ? run<Kern<BLayout::NK, ALayout::MK>>(A, B, C, M, N, K, opt, group_m, stream, split)
+            : run<Kern<BLayout::KN, ALayout::MK>>(A, B, C, M, N, K, opt, group_m, stream, split);
+}
+
 // The two main tiles with any layout pair and epilogue.
 template <template <BLayout, ALayout, class, bool> class Kern, class OutT, bool Bias>
 lcsc::Plan run_layouts(const bf16* A, const bf16* B, OutT* C, int M, int N, int K, BLayout bl, const Options& opt,
@@ -161,7 +177,7 @@ Launch launch_choice(int M, int N, int K, BLayout bl, const Options& opt, bool f
                                       opt.tile == Tile::M64N128 || opt.tile == Tile::M128N192 ||
                                       opt.tile == Tile::M128N128 || opt.tile == Tile::M128Nw);
     return {opt.tile, splittable && opt.split_k > 1 ? opt.split_k : 1,
-            opt.tile == Tile::M128N256C2 || opt.tile == Tile::M128N320C2 ? pairs : blocks,
+            pair_tile(opt.tile) ? pairs : blocks,
             opt.tile == Tile::M128Nw ? opt.tile_n : 0};
   }
   return plan_launch(M, N, K, bl, blocks, pairs, opt, f32_out);
@@ -193,20 +209,8 @@ lcsc::Plan dispatch(const bf16* A, const bf16* B, OutT* C, int M, int N, int K, 
     // validate_args let M128N256S4 through only with the defaults, the cluster tiles with a bf16 output
     // without bias.
     const bool nk = bl == BLayout::NK;
-    if (t == Tile::M128N256C2) {
-      if (opt.a_layout == ALayout::KM)
-        return nk ? run<Pair<BLayout::NK, ALayout::KM>>(A, B, C, M, N, K, opt, group_m, stream, l)
-                  : run<Pair<BLayout::KN, ALayout::KM>>(A, B, C, M, N, K, opt, group_m, stream, l);
-      return nk ? run<Pair<BLayout::NK>>(A, B, C, M, N, K, opt, group_m, stream, l)
-                : run<Pair<BLayout::KN>>(A, B, C, M, N, K, opt, group_m, stream, l);
-    }
-    if (t == Tile::M128N320C2) {
-      if (opt.a_layout == ALayout::KM)
-        return nk ? run<WidePair<BLayout::NK, ALayout::KM>>(A, B, C, M, N, K, opt, group_m, stream)
-                  : run<WidePair<BLayout::KN, ALayout::KM>>(A, B, C, M, N, K, opt, group_m, stream);
-      return nk ? run<WidePair<BLayout::NK>>(A, B, C, M, N, K, opt, group_m, stream)
-                : run<WidePair<BLayout::KN>>(A, B, C, M, N, K, opt, group_m, stream);
-    }
+    if (t == Tile::M128N256C2) return run_pair<Pair>(A, B, C, M, N, K, bl, opt, group_m, stream, l);
+    if (t == Tile::M128N320C2) return run_pair<WidePair>(A, B, C, M, N, K, bl, opt, group_m, stream, l);
     if (t == Tile::M128N256S4)
       return nk ? run<Deep<BLayout::NK>>(A, B, C, M, N, K, opt, group_m, stream)
                 : run<Deep<BLayout::KN>>(A, B, C, M, N, K, opt, group_m, stream);
@@ -289,7 +293,7 @@ void validate_tile(const Options& opt, bool f32_out) {
               "gemm: tile 128x192 supports only A as M x K and a bf16 output (use Auto, M128N256, M128N128 or M64N128)");
   WEAVE_CHECK(defaults || opt.tile != Tile::M128N256S4, "gemm: tile ", tile_name(opt.tile),
               " supports only A as M x K, a bf16 output and no bias (use Auto, M128N256, M128N128 or M64N128)");
-  WEAVE_CHECK((opt.tile != Tile::M128N256C2 && opt.tile != Tile::M128N320C2) || pair_epilogue(opt, f32_out), "gemm: tile ",
+  WEAVE_CHECK(!pair_tile(opt.tile) || pair_epilogue(opt, f32_out), "gemm: tile ",
               tile_name(opt.tile), " supports only a bf16 output without bias (use Auto, M128N256, M128N128 or M64N128)");
 }
 

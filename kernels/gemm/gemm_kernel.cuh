@@ -115,10 +115,9 @@ struct GemmKernel {
   static constexpr int kPartCols = TransOut || kDenseOut ? BN_ / OutParts
                                                          : (BN_ / OutParts + kOutBlockCols - 1) / kOutBlockCols *
                                                                kOutBlockCols;
+  static __host__ __device__ constexpr int part_cols(int p) { return p == OutParts - 1 ? BN_ - p * kPartCols : kPartCols; }
   template <int P>
-  static constexpr int kPartColsOf = P * kPartCols + kPartCols <= BN_ ? kPartCols : BN_ - P * kPartCols;
-  template <int P>
-  static constexpr int kWPartCols = BM_ == 128 ? kPartColsOf<P> : BN_ / 2;  // one consumer's columns of part P
+  static constexpr int kWPartCols = BM_ == 128 ? part_cols(P) : BN_ / 2;  // one consumer's columns of part P
   static constexpr tile::Swizzle kOutSwizzle = TransOut ? tile::Swizzle::B128 : Staging::kSwizzle;
   static constexpr uint32_t kStageTxBytes = (BM + BN) * BK * sizeof(bf16);
   static constexpr int kInBytes = sizeof(bf16);  // bytes per input element (the TP pushes count bytes)
@@ -310,7 +309,7 @@ struct GemmKernel {
     }
   }
 
-  // Accumulator columns [P * kPartCols, P * kPartCols + kPartColsOf<P>) go to part P of the staging tile
+  // Accumulator columns [P * kPartCols, P * kPartCols + part_cols(P)) go to part P of the staging tile
   // (BM = 128: every consumer holds every column, at its own rows). BM = 64: one part; consumer
   // c's columns are the tile's c * kWN on, i.e. staging blocks from c * kWN / kOutBlockCols on,
   // c * kWN * BM elements.
@@ -371,9 +370,8 @@ struct GemmKernel {
       store_block(g, o, t, 0, part);
       store_block(g, o, t, 1, part);
     } else {
-      const int cols = part == OutParts - 1 ? BN - part * kPartCols : kPartCols;
 #pragma unroll
-      for (int j = 0; j < cols / kOutBlockCols; ++j) {
+      for (int j = 0; j < part_cols(part) / kOutBlockCols; ++j) {
         const int n = t.n * BN + part * kPartCols + kOutBlockCols * j;
         if (n >= g.N) break;
         if (g.accumulate)  // fp32 or bf16 add at L2, by the tensor map's type

@@ -310,7 +310,7 @@ inline Choice plan_gemm(const PlanInputs& in) {
                            in.aligned ? 1.0 : kMisalignedPair, true));
   if (in.pair_clusters > 0 && !in.aligned)
     consider(best, best_of(Tile::M128N320C2, ceil_div(tm, 2) * ceil_div(in.N, 320), in.pair_clusters,
-                           1.25 * kMisalignedPair * kMisalignedWidePair, false));
+                           320.0 / 256 * kMisalignedPair * kMisalignedWidePair, false));
   consider_swapped(best);
   consider_swapped256(best);
   return best;
