@@ -119,6 +119,8 @@ std::string launch_name(const Launch& l) {
   return gemm::launch_label(tile_name(l.tile), l.tile == Tile::M128Nw ? l.width : 0, l.splits);
 }
 const char* type_name(Fp8 t) { return t == Fp8::E5M2 ? "e5m2" : "e4m3"; }
+// The forward pair and the gradients' (dY in e5m2 times e4m3 weights): B e4m3.
+bool wide_pair(Fp8, Fp8 tb) { return tb == Fp8::E4M3; }
 
 Launch plan_launch(int M, int N, int K, int sm_count, const Options& opt, bool wide) {
   const bool split_ok = opt.split_k != 1;
@@ -129,12 +131,13 @@ Launch plan_launch(int M, int N, int K, int sm_count, const Options& opt, bool w
     return {Tile::Swapped, 1, sm_count};
   }
   if (opt.tile == Tile::M128Nw)
-    WEAVE_CHECK(wide && gemm::is_wide_width(opt.tile_n), "gemm_fp8: the 128 x w tile takes e4m3 x e4m3 and tile_n one of ",
-                gemm::wide_widths_text(), "; got tile_n = ", opt.tile_n, wide ? "" : " and an e5m2 operand");
+    WEAVE_CHECK(wide && gemm::is_wide_width(opt.tile_n),
+                "gemm_fp8: the 128 x w tile takes an e4m3 B (A e4m3 or e5m2) and tile_n one of ",
+                gemm::wide_widths_text(), "; got tile_n = ", opt.tile_n, wide ? "" : " and an e5m2 B");
   if (opt.tile == Tile::SwappedW)
     WEAVE_CHECK(wide && gemm::is_swapped_width(opt.tile_n),
-                "gemm_fp8: the swapped 128 x w tile takes e4m3 x e4m3 and tile_n one of ", gemm::swapped_widths_text(),
-                "; got tile_n = ", opt.tile_n, wide ? "" : " and an e5m2 operand");
+                "gemm_fp8: the swapped 128 x w tile takes an e4m3 B (A e4m3 or e5m2) and tile_n one of ",
+                gemm::swapped_widths_text(), "; got tile_n = ", opt.tile_n, wide ? "" : " and an e5m2 B");
   if (opt.tile != Tile::Auto) {
     const bool splits = opt.tile == Tile::M128N256 || opt.tile == Tile::M128Nw || opt.tile == Tile::M64N128 ||
                         opt.tile == Tile::SwappedW;
@@ -170,7 +173,7 @@ Launch launch_for(int M, int N, int K, const Options& opt, Fp8 ta, Fp8 tb) {
   wide.balance_waves = false;
   // The compute blocks of a full machine (the SM count less the communicator blocks).
   const int blocks = lcsc::plan_for<Big<fp8e4m3, fp8e4m3>>(1LL << 40, wide).compute_blocks;
-  return plan_launch(M, N, K, blocks, opt, ta == Fp8::E4M3 && tb == Fp8::E4M3);
+  return plan_launch(M, N, K, blocks, opt, wide_pair(ta, tb));
 }
 }  // namespace
 
@@ -197,9 +200,9 @@ lcsc::Plan gemm(const void* A, Fp8 ta, const void* B, Fp8 tb, __nv_bfloat16* C, 
   const Launch l = launch_for(M, N, K, opt, ta, tb);  // the shape was validated above
   if (l.tile == Tile::Swapped) return launch_swapped(ta, tb, A, B, C, M, N, K, scale_a, scale_b, l.workers, stream);
   const int group_m = opt.group_m > 0 ? opt.group_m : default_group_m(l.tile, K);
-  if (l.tile == Tile::M128Nw) return detail::run_wide(A, B, C, M, N, K, scale_a, scale_b, opt, group_m, stream, l);
+  if (l.tile == Tile::M128Nw) return detail::run_wide(ta, A, B, C, M, N, K, scale_a, scale_b, opt, group_m, stream, l);
   if (l.tile == Tile::SwappedW)
-    return detail::run_swapped_wide(A, B, C, M, N, K, scale_a, scale_b, opt, group_m, stream, l);
+    return detail::run_swapped_wide(ta, A, B, C, M, N, K, scale_a, scale_b, opt, group_m, stream, l);
   if (l.tile == Tile::M64N128)
     return dispatch<Narrow>(ta, tb, A, B, C, M, N, K, scale_a, scale_b, opt, group_m, stream, l);
   if (l.tile == Tile::M128N256)

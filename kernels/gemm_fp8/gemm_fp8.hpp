@@ -38,12 +38,12 @@ enum class Fp8 : int { E4M3 = 0, E5M2 = 1 };
 // Swapped: decode (M <= 16 tokens): the bf16 GEMM's swapped tile with fp8 multiplies (mma.sync
 // m16n8k32; kernels/gemm/swapped_schedule.hpp); per-tensor scales, no communicator SMs.
 // M128Nw: 128 x w, w = Options::tile_n in gemm::kWideWidths (the bf16 GEMM's 128 x w tiles, for
-// wave quantisation); e4m3 x e4m3 only.
+// wave quantisation); B e4m3 (wide_pair).
 // M64N128: 64 x 128, the two consumers splitting N over the same 64 rows of A, 8 stages (the bf16
 // GEMM's decode / narrow tile: M <= 64, and up to M = 256 where its tile count fills the machine).
 // SwappedW: the bf16 GEMM's swapped 128 x w tile (w = Options::tile_n in gemm::kSwappedWidths, one
 // or several token tiles): 128 weight rows on the wgmma's M side, the tokens on its N side, the tile
-// stored transposed; e4m3 x e4m3, single CTAs.
+// stored transposed; B e4m3 (wide_pair), single CTAs.
 enum class Tile : int {
   Auto = 0,
   M128N256 = 1,
@@ -107,7 +107,7 @@ void validate_types(Fp8 a, Fp8 b);
 // The launch for `sm_count` compute blocks: the bf16 GEMM's planner (plan.hpp) with an fp8
 // iteration (128 K bytes) counted as a bf16 one (64 K, the same bytes per stage), the 64x128
 // tile, no 128x192 tile, and a K-byte row pitch off the 128-byte grid as a misaligned one.
-// wide: the 128 x w and swapped 128 x w tiles may be chosen (both operands e4m3).
+// wide: the 128 x w and swapped 128 x w tiles may be chosen (wide_pair of the operand types).
 Launch plan_launch(int M, int N, int K, int sm_count, const Options& opt = {}, bool wide = false);
 // The same on the current device (what gemm() runs).
 Launch choose_launch(int M, int N, int K, const Options& opt = {}, Fp8 a_type = Fp8::E4M3, Fp8 b_type = Fp8::E4M3);
@@ -131,6 +131,9 @@ const char* tile_name(Tile t);
 // "128x256", "128x144" (M128Nw with its width), "sw128x96" (SwappedW), with "/k3" for a split.
 std::string launch_name(const Launch& l);
 const char* type_name(Fp8 t);
+// Whether the 128 x w and swapped 128 x w tiles take the pair: B e4m3 (the forward pass's e4m3 x e4m3
+// and the gradients' e5m2 x e4m3, dY times the weights).
+bool wide_pair(Fp8 a, Fp8 b);
 inline int k_blocks(int K) { return (K + 127) / 128; }
 // Floats each block-scale array holds (what its allocation must cover).
 inline size_t block_scale_a_count(int M, int K) { return static_cast<size_t>(k_blocks(K)) * M; }

@@ -101,7 +101,15 @@ TEST(GemmFp8Cpu, GroupAndNames) {
   EXPECT_EQ(gemm_fp8::launch_name({Tile::M128Nw, 2, 132, 160}), "128x160/k2");
 }
 
-// The 128 x w tiles only for e4m3 x e4m3 (wide = true), by the bf16 planner's rule (fp8 K blocks
+// Which pairs the 128 x w tiles take: B e4m3 (the forward pass and the gradients' e5m2 dY), not an
+// e5m2 B.
+TEST(GemmFp8Cpu, WidePairs) {
+  EXPECT_TRUE(gemm_fp8::wide_pair(Fp8::E4M3, Fp8::E4M3));
+  EXPECT_TRUE(gemm_fp8::wide_pair(Fp8::E5M2, Fp8::E4M3));
+  EXPECT_FALSE(gemm_fp8::wide_pair(Fp8::E4M3, Fp8::E5M2));
+}
+
+// The 128 x w tiles only for wide pairs (wide = true), by the bf16 planner's rule (fp8 K blocks
 // as bf16 iterations): a mid-size forward row takes one; the core shapes keep 128x256.
 TEST(GemmFp8Cpu, PlanLaunchWide) {
   const gemm_fp8::Launch l = gemm_fp8::plan_launch(512, 13824, 5120, 132, {}, true);
@@ -156,11 +164,11 @@ TEST(GemmFp8Cpu, PlanLaunchOverDrawnShapes) {
   EXPECT_EQ(gemm_fp8::plan_launch(2048, 11008, 4096, 132, {}, true).tile, Tile::M128N256);
 }
 
-// The swapped 128 x w tiles only for e4m3 x e4m3, by the bf16 planner's rule (single CTAs: the fp8
+// The swapped 128 x w tiles only for wide pairs, by the bf16 planner's rule (single CTAs: the fp8
 // planner has no clusters): a 144-token row takes the 144-wide one (136-176 tokens on 144 and 176
 // measured faster than on 160 and 192 in fp8 too, 2026-12-04 second session); without `wide`,
 // never; a forced
-// width splits as asked, over any number of token tiles; bad widths and e5m2 are errors.
+// width splits as asked, over any number of token tiles; bad widths and an e5m2 B are errors.
 TEST(GemmFp8Cpu, PlanLaunchSwappedWide) {
   const gemm_fp8::Launch l = gemm_fp8::plan_launch(144, 14336, 4096, 132, {}, true);
   EXPECT_EQ(l.tile, Tile::SwappedW);

@@ -59,7 +59,7 @@ struct Opts {
   bool sub_a = false, sub_b = false;        // operands made of subnormal codes only
   int comm = 0;
   bool samples = false;
-  bool expect_nonfinite = false;  // nonfinite_codes(): NaN in A's row 5, +-Inf in B's rows 9 and 10 (e5m2 B)
+  bool expect_nonfinite = false;  // nonfinite_codes(): NaN in one operand's row 5, +-Inf in the other's rows 9, 10
   int split_k = 0;                // Options::split_k
   int tile_n = 0;                 // Options::tile_n (Tile::M128Nw)
   int lane_scales = 0;            // Options::lane_scales (block scales)
@@ -73,12 +73,18 @@ check::Bound bound_for(const Opts& o, int K) {
 
 // Writes NaN at A[5, 17] (e4m3 0x7f or e5m2 0x7f: both NaN) and, for an e5m2 B, +Inf at B[9, 40]
 // and -Inf at B[10, 41]: row 5 of C becomes NaN, columns 9 and 10 +-Inf (or NaN where A's
-// element is 0), as an IEEE float32 GEMM of the decoded values gives.
-void nonfinite_codes(void* A, void* B, Fp8 tb, int M, int N, int K) {
-  if (M > 5 && K > 17) check::set_fp8(A, size_t(5) * K + 17, 0x7f);
-  if (e5(tb) && N > 10 && K > 41) {
-    check::set_fp8(B, size_t(9) * K + 40, 0x7c);
-    check::set_fp8(B, size_t(10) * K + 41, 0xfc);
+// element is 0), as an IEEE float32 GEMM of the decoded values gives. With an e4m3 B and an e5m2
+// A (the gradients' pair) the operands trade roles: NaN at B[5, 17], +-Inf at A[9, 40] and
+// A[10, 41]; C's column 5 NaN, rows 9 and 10 +-Inf.
+void nonfinite_codes(void* A, void* B, Fp8 ta, Fp8 tb, int M, int N, int K) {
+  const bool inf_in_a = e5(ta) && !e5(tb);
+  void* const nan_op = inf_in_a ? B : A;
+  void* const inf_op = inf_in_a ? A : B;
+  const int nan_rows = inf_in_a ? N : M, inf_rows = inf_in_a ? M : N;
+  if (nan_rows > 5 && K > 17) check::set_fp8(nan_op, size_t(5) * K + 17, 0x7f);
+  if ((e5(tb) || inf_in_a) && inf_rows > 10 && K > 41) {
+    check::set_fp8(inf_op, size_t(9) * K + 40, 0x7c);
+    check::set_fp8(inf_op, size_t(10) * K + 41, 0xfc);
   }
 }
 
@@ -137,7 +143,7 @@ struct Fp8Run {
     else check::fill_fp8_uniform(B.p, e5(o.tb), B.n, case_seed(2), o.range);
     check::fill_log_uniform(sa.p, sa.n, case_seed(3), o.scale_lo, o.scale_hi);
     check::fill_log_uniform(sb.p, sb.n, case_seed(4), o.scale_lo, o.scale_hi);
-    if (o.expect_nonfinite) nonfinite_codes(A.p, B.p, o.tb, M, N, K);
+    if (o.expect_nonfinite) nonfinite_codes(A.p, B.p, o.ta, o.tb, M, N, K);
   }
   // The reference of the current A, B and scales (r and s).
   void reference() {
@@ -211,10 +217,13 @@ const Shape kRagged[] = {{1000, 776, 528}, {16, 16, 16}, {1, 8, 32},     {129, 2
 const Tile kTiles[] = {Tile::M128N256, Tile::M128N128, Tile::M64N128};
 const Tile kBlockTiles[] = {Tile::M128N192, Tile::M128N128};
 
-// NaN in A's row 5 and +-Inf in B's rows 9 and 10 (e5m2 B): the non-finite kinds match the
-// reference's, all of C's row 5 is NaN and all of its column 9 Inf or NaN.
+// NaN in A's row 5 and +-Inf in B's rows 9 and 10 (B made e5m2; with an e5m2 A, o.tb is kept and
+// the operands trade roles, nonfinite_codes): the non-finite kinds match the reference's, all of C's
+// row 5 is NaN and all of its column 9 Inf or NaN (C's column 5 and row 9 when they trade).
 void check_nonfinite(int M, int N, int K, Opts o) {
-  o.tb = Fp8::E5M2, o.expect_nonfinite = true;
+  if (!e5(o.ta)) o.tb = Fp8::E5M2;
+  o.expect_nonfinite = true;
+  const bool traded = e5(o.ta) && !e5(o.tb);
   Fp8Run c(M, N, K, o);
   SCOPED_TRACE(c.name() + " with NaN / Inf inputs");
   c.reference();
@@ -224,11 +233,15 @@ void check_nonfinite(int M, int N, int K, Opts o) {
   EXPECT_TRUE(rep.ok) << rep.str();
   std::vector<bf16> h(c.C.n);
   WEAVE_CUDA_CHECK(cudaMemcpy(h.data(), c.C.p, h.size() * 2, cudaMemcpyDeviceToHost));
-  int nan_row = 0, inf_col = 0;
-  for (int j = 0; j < c.N; ++j) nan_row += std::isnan(__bfloat162float(h[size_t(5) * c.N + j]));
-  for (int i = 0; i < c.M; ++i) inf_col += !std::isfinite(__bfloat162float(h[size_t(i) * c.N + 9]));
-  EXPECT_EQ(nan_row, c.N) << "a NaN in A's row 5 must make all of C's row 5 NaN";
-  EXPECT_EQ(inf_col, c.M) << "an Inf in B's row 9 must make all of C's column 9 Inf or NaN";
+  const auto at = [&](int i, int j) { return __bfloat162float(h[size_t(i) * c.N + j]); };
+  int nan_line = 0, inf_line = 0;
+  const int nan_len = traded ? c.M : c.N, inf_len = traded ? c.N : c.M;
+  for (int x = 0; x < nan_len; ++x) nan_line += std::isnan(traded ? at(x, 5) : at(5, x));
+  for (int x = 0; x < inf_len; ++x) inf_line += !std::isfinite(traded ? at(9, x) : at(x, 9));
+  EXPECT_EQ(nan_line, nan_len) << "a NaN in row 5 of one operand must make all of C's " << (traded ? "column" : "row")
+                               << " 5 NaN";
+  EXPECT_EQ(inf_line, inf_len) << "an Inf in row 9 of the other must make all of C's " << (traded ? "row" : "column")
+                               << " 9 Inf or NaN";
 }
 
 }  // namespace
@@ -268,8 +281,9 @@ TEST(GemmFp8, PerTensorSplitK) {
   }
 }
 
-// The 128 x w tiles (e4m3 x e4m3, per-tensor scales; dense output staging): every width on shapes
-// ragged in M, N and K, N not a multiple of w, scales far from 1, and split-K of the last round.
+// The 128 x w tiles (per-tensor scales; dense output staging): every width on shapes ragged in M, N
+// and K, N not a multiple of w, scales far from 1, and split-K of the last round; e4m3 x e4m3, and
+// the gradients' e5m2 x e4m3 (e5m2's range, NaN / Inf through the partial sums).
 TEST(GemmFp8, WideTiles) {
   for (int w : gemm::kWideWidths)
     for (Shape s : {Shape{200, 1000, 1040}, Shape{129, 392, 528}, Shape{256, 14336, 528}}) {
@@ -279,13 +293,24 @@ TEST(GemmFp8, WideTiles) {
       o.scale_lo = 1e-3f, o.scale_hi = 1e3f, o.range = 448.f, o.split_k = 2;
       run_case(s.M, s.N, s.K, o);
     }
+  for (int w : gemm::kWideWidths) {
+    Opts o;
+    o.ta = Fp8::E5M2, o.tile = Tile::M128Nw, o.tile_n = w, o.samples = true, o.range = 1000.f;
+    run_case(200, 1000, 1040, o);
+    o.split_k = 3;
+    run_case(129, 14336, 4112, o);
+    Opts n;
+    n.ta = Fp8::E5M2, n.tile = Tile::M128Nw, n.tile_n = w, n.split_k = 2;
+    check_nonfinite(100, 264, 1040, n);
+  }
 }
 
 // The swapped 128 x w tiles (e4m3 x e4m3, per-tensor scales; weights on the wgmma's M side, the
 // tile stored transposed): every width on token counts below and at it, N off the 64- and 128-row
 // grids, K ragged (a partial last K block) and whole, scales far from 1, split-K 2 and 3; several
-// token tiles; and the planner's choice on forward rows of 12-900 tokens. (e4m3 x e4m3 only: the NaN / Inf check needs
-// an e5m2 operand for Inf.)
+// token tiles; and the planner's choice on forward rows of 12-900 tokens; then the gradients' e5m2 x
+// e4m3 (e5m2 tokens on the kernel's N side) at every width, forced and split, with NaN / Inf, and the
+// planner's choice on input-gradient rows of 144-917 tokens.
 TEST(GemmFp8, SwappedWideTiles) {
   for (int w : gemm::kSwappedWidths)
     for (Shape s : {Shape{w > 32 ? w - 15 : 17, 14344, 1040}, Shape{w, 392, 512}, Shape{w - 3, 1000, 4112}}) {
@@ -306,6 +331,21 @@ TEST(GemmFp8, SwappedWideTiles) {
                   Shape{288, 14336, 4096}, Shape{520, 11008, 4096}, Shape{900, 11008, 4096}}) {
     Opts o;
     o.samples = true;
+    run_case(s.M, s.N, s.K, o);
+  }
+  for (int w : gemm::kSwappedWidths) {
+    Opts o;
+    o.ta = Fp8::E5M2, o.tile = Tile::SwappedW, o.tile_n = w, o.samples = true, o.range = 1000.f;
+    run_case(w > 32 ? w - 15 : 17, 14344, 1040, o);
+    o.split_k = 3;
+    run_case(w - 3, 1000, 4112, o);
+    Opts n;
+    n.ta = Fp8::E5M2, n.tile = Tile::SwappedW, n.tile_n = w, n.split_k = 2;
+    check_nonfinite(w > 32 ? w - 7 : 20, 264, 1040, n);
+  }
+  for (Shape s : {Shape{144, 8192, 2048}, Shape{283, 28672, 5120}, Shape{566, 8192, 11008}, Shape{917, 18464, 5136}}) {
+    Opts o;
+    o.ta = Fp8::E5M2, o.samples = true, o.range = 1000.f;
     run_case(s.M, s.N, s.K, o);
   }
 }
@@ -542,13 +582,13 @@ TEST(GemmFp8, RejectsBadInput) {
                [&] { gemm_fp8::gemm(p, e4, p, e4, c, 64, 64, 64, f, f, b192); });
   gemm_fp8::Options wt;
   wt.tile = Tile::M128Nw, wt.tile_n = 144;
-  expect_error("128 x w tile, e5m2 B", "e5m2 operand",
+  expect_error("128 x w tile, e5m2 B", "and an e5m2 B",
                [&] { gemm_fp8::gemm(p, e4, p, Fp8::E5M2, c, 64, 64, 64, f, f, wt); });
   wt.tile_n = 128;
   expect_error("128 x 128 as a w tile", "tile_n = 128", [&] { gemm_fp8::gemm(p, e4, p, e4, c, 64, 64, 64, f, f, wt); });
   gemm_fp8::Options swt;
   swt.tile = Tile::SwappedW, swt.tile_n = 96;
-  expect_error("swapped 128 x w tile, e5m2 B", "e5m2 operand",
+  expect_error("swapped 128 x w tile, e5m2 B", "and an e5m2 B",
                [&] { gemm_fp8::gemm(p, e4, p, Fp8::E5M2, c, 64, 64, 64, f, f, swt); });
   swt.tile_n = 100;
   expect_error("swapped 128 x 100", "tile_n = 100", [&] { gemm_fp8::gemm(p, e4, p, e4, c, 64, 64, 64, f, f, swt); });

@@ -235,7 +235,7 @@ int run_gemm_fp8_bench(const Args& args) {
       if (why.empty() && plan_sms > 0) {
         const auto [rta, rtb] = row_types(r);
         const gemm_fp8::Launch l =
-            gemm_fp8::plan_launch(r.M, r.N, r.K, plan_sms, {}, rta == Fp8::E4M3 && rtb == Fp8::E4M3);
+            gemm_fp8::plan_launch(r.M, r.N, r.K, plan_sms, {}, gemm_fp8::wide_pair(rta, rtb));
         j.add("plan", gemm_fp8::launch_name(l));
       }
       std::printf("%s\n", j.str().c_str());
@@ -486,9 +486,10 @@ int run_gemm_fp8_bench(const Args& args) {
       }, 0, "");
       if (fast) t_lt = t;
     }
-    if (wants("weave") && opt.tile == gemm_fp8::Tile::M128Nw && (rta != Fp8::E4M3 || rtb != Fp8::E4M3)) {
-      // The gradient rows' e5m2 x e4m3 (without --types) under --tile wNNN.
-      const char* why_w = "the 128 x w tiles take e4m3 x e4m3 only";
+    if (wants("weave") && (opt.tile == gemm_fp8::Tile::M128Nw || opt.tile == gemm_fp8::Tile::SwappedW) &&
+        !gemm_fp8::wide_pair(rta, rtb)) {
+      // --types e4m3xe5m2 under --tile wNNN / swNNN.
+      const char* why_w = "the 128 x w tiles take an e4m3 B only";
       std::printf("%-20s %-17s unsupported: %s\n", name, "weave", why_w);
       sink.write(base_row(s, "weave").add("supported", false).add("reason", why_w));
     } else if (wants("weave")) {
