@@ -60,7 +60,10 @@ Launch plan_launch(int M, int N, int K, BLayout bl, int sm_count, int pair_clust
   in.wide = mid_ok && bl == BLayout::NK;
   in.split_k = plain && opt.split_k != 1;
   in.swapped = bl == BLayout::NK && opt.a_layout == ALayout::MK && opt.lcsc.num_comm_sms == 0 && opt.split_k <= 1;
-  in.swapped_wide = in.swapped_tiles = in.swapped256 = in.swapped_splits = plain && bl == BLayout::NK;
+  // The swapped 128 x w tiles read the weights either way round (an input gradient's K x N as an
+  // M-major A); the 256 x w one only N x K.
+  in.swapped_wide = in.swapped_tiles = in.swapped_splits = plain;
+  in.swapped256 = plain && bl == BLayout::NK;
   const Choice c = plan_gemm(in);
   int splits = c.splits;
   if (plain && opt.split_k > 1 && c.tile != Tile::M128N128 && c.tile != Tile::SwappedW256) splits = opt.split_k;
@@ -155,7 +158,6 @@ Launch launch_choice(int M, int N, int K, BLayout bl, const Options& opt, bool f
   const bool aligned = operands_aligned(M, N, K, bl, opt);
   if (opt.tile == Tile::SwappedW) {  // clusters on a misaligned pitch, as the planner would run it
     // (its width and epilogue: validate_tile, which every caller ran)
-    WEAVE_CHECK(bl == BLayout::NK, "gemm: the swapped 128 x w tile takes B as N x K");
     WEAVE_CHECK(opt.tile_cluster >= 0 && opt.tile_cluster <= 2 && (opt.tile_cluster != 2 || pairs > 0),
                 "gemm: tile_cluster must be 0, 1 or 2 (2: with an even num_comm_sms on a device with 2-CTA "
                 "clusters); got ", opt.tile_cluster, " (num_comm_sms = ", opt.lcsc.num_comm_sms, ")");
@@ -216,7 +218,7 @@ lcsc::Plan dispatch(const bf16* A, const bf16* B, OutT* C, int M, int N, int K, 
                 : run<Deep<BLayout::KN>>(A, B, C, M, N, K, opt, group_m, stream);
     const bool bias = opt.bias_type != BiasType::None;
     if (t == Tile::M128Nw) return detail::run_wide(A, B, C, M, N, K, opt, group_m, stream, l);
-    if (t == Tile::SwappedW) return detail::run_swapped_wide(A, B, C, M, N, K, opt, group_m, stream, l);
+    if (t == Tile::SwappedW) return detail::run_swapped_wide(A, B, C, M, N, K, bl, opt, group_m, stream, l);
     if (t == Tile::SwappedW256) return detail::run_swapped_wide256(A, B, C, M, N, K, opt, group_m, stream, l);
     if (t == Tile::M128N192) {  // A M x K only (validate_args, launch_choice)
       if (bias)

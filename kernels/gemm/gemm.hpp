@@ -29,12 +29,13 @@ namespace weave::gemm {
 // the power-of-two widths, so that more shapes fill whole rounds of SMs (wave quantisation, as
 // cuBLAS's 112- and 144-wide tiles do); A M x K, B N x K, a bf16 output (bias allowed); the output
 // is staged dense (no swizzle) when w is not a multiple of 64.
-// SwappedW: a forward X W^T with few tokens (W stored N x K, A M x K): the operands swapped onto
+// SwappedW: a forward X W^T or an input gradient dY W with few tokens (A M x K; W stored N x K or
+// K x N, the wgmma reading it M-major): the operands swapped onto
 // the wgmma, 128 weight rows on its M side and w = Options::tile_n (one of kSwappedWidths) tokens
 // on its N side, the tile stored transposed; the stages then hold weights, not the empty rows of a
 // 128-row token tile. Any number of token tiles (the planner: plan.hpp). A bf16 output without
 // bias; split-K.
-// SwappedW256: SwappedW with 256 weight rows per tile (each consumer two m64 accumulators sharing
+// SwappedW256: SwappedW (W stored N x K only) with 256 weight rows per tile (each consumer two m64 accumulators sharing
 // the token operand: a token row loaded feeds twice the FLOPs), w = Options::tile_n in
 // kSwapped256Widths (4 stages up to 128, 3 above), single CTAs, unsplit; for several token tiles of a few hundred
 // to a few thousand tokens.

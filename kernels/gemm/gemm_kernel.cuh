@@ -20,8 +20,8 @@
 // doubles them): each consumer's 64 x 320 accumulator is two wgmmas of 192 and 128 columns per
 // k16 step (wgmma's N stops at 256), and the output goes out in two parts of 192 and 128 columns.
 //
-// TransOut (the swapped 128 x w tile, Tile::SwappedW): the caller passes the weights W (N x K) as
-// A and the tokens X (M x K) as B, so that 128 weight rows sit on the wgmma's M side and the few
+// TransOut (the swapped 128 x w tile, Tile::SwappedW): the caller passes the weights W (N x K, or
+// K x N as an input gradient reads them: then A is M-major, ALayout::KM) as A and the tokens X (M x K) as B, so that 128 weight rows sit on the wgmma's M side and the few
 // tokens on its N side (no rows of a 128-row token tile wasted, and the stages hold weights); the
 // kernel computes D = W X^T (its M is the GEMM's N) and stores D transposed, as C = X W^T: each
 // consumer's 64 weight rows are one staging block of BN token rows x 128 B (swizzled), one TMA box.
@@ -94,9 +94,10 @@ struct GemmKernel {
   using Staging = OutputStaging<BN_, static_cast<int>(sizeof(OutT))>;
   static constexpr bool kTransOut = TransOut;
   static constexpr bool kDenseOut = !TransOut && Staging::kDense;
-  static_assert(!TransOut || (BM_ != 64 && L == BLayout::NK && LA == ALayout::MK && OutParts == BM_ / 128 &&
-                              std::is_same_v<OutT, bf16> && !Bias && BN_ % (8 * Cluster) == 0),
-                "a transposed output: BM = 128 or 256, A and B K-major, a bf16 output without bias, BM / 128 parts");
+  static_assert(!TransOut || (BM_ != 64 && L == BLayout::NK && (LA == ALayout::MK || BM_ == 128) &&
+                              OutParts == BM_ / 128 && std::is_same_v<OutT, bf16> && !Bias && BN_ % (8 * Cluster) == 0),
+                "a transposed output: BM = 128 (A either layout) or 256 (A K-major), B K-major, a bf16 output "
+                "without bias, BM / 128 parts");
   static_assert(!kDenseOut || (BM_ == 128 && L == BLayout::NK && OutParts == 1 && Cluster == 1 &&
                                std::is_same_v<OutT, bf16> && BN_ % 16 == 0),
                 "a width off the 64-column grid: BM = 128, B as N x K, a bf16 output, one part, no cluster");

@@ -248,7 +248,12 @@ inline Choice plan_gemm(const PlanInputs& in) {
     const double compute = (token_tiles > 2 ? kSwappedComputeTiles : kSwappedCompute) * w / 256.0;
     const int items = (pair ? ceil_div(panels, 2) : panels) * token_tiles;
     const double bytes = token_tiles > 2 && items >= workers ? kSwappedTilesBytes * (128 + w) / 384.0 : 0.0;
-    const double unit = std::max({round_trip, compute, bytes}) * (in.aligned ? 1.0 : kMisalignedSwapped);
+    // A misaligned pitch without clusters (fp8's single CTAs) over several token tiles costs the swapped
+    // tile what it costs the other single-CTA tiles of 128 rows (fp8, one H100: 6 rows of 308-969
+    // tokens 13-36 % faster on 128x256 than on it); over one token tile, what it costs in clusters
+    // (109 tokens: 0.89 of cuBLASLt on it, 0.72 on 64x128).
+    const double pitch = in.aligned ? 1.0 : pair || token_tiles == 1 ? kMisalignedSwapped : kMisalignedSmall;
+    const double unit = std::max({round_trip, compute, bytes}) * pitch;
     const bool padded = in.swapped_splits && in.M > 128;
     const int max_splits =
         padded ? std::max(1, std::min(kMaxSplitsSwappedPadded, iters / kMinSplitItersSwapped)) : kMaxSplitsSwapped;

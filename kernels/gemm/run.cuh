@@ -11,12 +11,13 @@
 namespace weave::gemm::detail {
 
 // Split-K is instantiated for the 128x256 tiles (plain and clustered), the 128x192, 128x128, 128 x w
-// and 64x128 tiles, with the default epilogue only: those are the tiles the planner splits
-// (kernels/gemm/plan.hpp).
+// and 64x128 tiles, with the default epilogue only, and for the swapped 128 x w tiles with the
+// weights either way round: those are the tiles the planner splits (kernels/gemm/plan.hpp).
 template <class Kern>
 constexpr bool kSplittable = ((Kern::BN == 256 && Kern::kStages == 3) || Kern::BN == 192 || Kern::BN == 128 ||
                               Kern::kDenseOut || Kern::kTransOut) &&
-                             Kern::kOutputParts == 1 && Kern::kPlainEpilogue && Kern::kALayout == ALayout::MK;
+                             Kern::kOutputParts == 1 && Kern::kPlainEpilogue &&
+                             (Kern::kALayout == ALayout::MK || Kern::kTransOut);
 
 template <class Kern, class OutT>
 lcsc::Plan run(const __nv_bfloat16* A, const __nv_bfloat16* B, OutT* C, int M, int N, int K, const Options& opt, int group_m,

@@ -10,9 +10,9 @@ WEAVE_SWAPPED_WIDTH(96);
 WEAVE_SWAPPED_WIDTH(128);
 
 lcsc::Plan run_swapped_wide(const __nv_bfloat16* X, const __nv_bfloat16* W, __nv_bfloat16* C, int M, int N, int K,
-                            const Options& opt, int group_m, cudaStream_t stream, const Launch& split) {
+                            BLayout wl, const Options& opt, int group_m, cudaStream_t stream, const Launch& split) {
   return with_width<kSwappedWidths>(split.width, "gemm (swapped)", [&](auto w) {
-    return run_swapped_width<decltype(w)::value>(X, W, C, M, N, K, opt, group_m, stream, split);
+    return run_swapped_width<decltype(w)::value>(X, W, C, M, N, K, wl, opt, group_m, stream, split);
   });
 }
 

@@ -8,23 +8,32 @@
 namespace weave::gemm::detail {
 
 // Cluster = 2: two CTAs on adjacent weight panels share the token tile, each loading half of it
-// and multicasting (gemm_kernel.cuh), for pitches off the 128-byte grid.
-template <int Width, int Cluster>
+// and multicasting (gemm_kernel.cuh), for pitches off the 128-byte grid. WL: the weights as the
+// kernel's A, N x K (MK: a forward X W^T) or K x N (KM: an input gradient dY W).
+template <int Width, int Cluster, ALayout WL = ALayout::MK>
 using SwappedWide =
-    GemmKernel<Width, BLayout::NK, swapped_wide_stages(Width), 1, Cluster, ALayout::MK, __nv_bfloat16, false, 128, true>;
+    GemmKernel<Width, BLayout::NK, swapped_wide_stages(Width), 1, Cluster, WL, __nv_bfloat16, false, 128, true>;
 
-template <int Width>
-lcsc::Plan run_swapped_width(const __nv_bfloat16* X, const __nv_bfloat16* W, __nv_bfloat16* C, int M, int N, int K,
-                             const Options& opt, int group_m, cudaStream_t stream, const Launch& split) {
-  static_assert(lcsc::shared_bytes<SplitKKernel<SwappedWide<Width, 1>>>() <= 232448, "227 KB");
+template <int Width, ALayout WL>
+lcsc::Plan run_swapped_layout(const __nv_bfloat16* X, const __nv_bfloat16* W, __nv_bfloat16* C, int M, int N, int K,
+                              const Options& opt, int group_m, cudaStream_t stream, const Launch& split) {
+  static_assert(lcsc::shared_bytes<SplitKKernel<SwappedWide<Width, 1, WL>>>() <= 232448, "227 KB");
   // The kernel's M is the weights' rows (N), its N the tokens (M).
   if constexpr (swapped_width_clusters(Width)) {
-    static_assert(lcsc::shared_bytes<SplitKKernel<SwappedWide<Width, 2>>>() <= 232448, "227 KB");
-    if (split.cluster == 2) return run<SwappedWide<Width, 2>>(W, X, C, N, M, K, opt, group_m, stream, split);
+    static_assert(lcsc::shared_bytes<SplitKKernel<SwappedWide<Width, 2, WL>>>() <= 232448, "227 KB");
+    if (split.cluster == 2) return run<SwappedWide<Width, 2, WL>>(W, X, C, N, M, K, opt, group_m, stream, split);
   } else {
     WEAVE_CHECK(split.cluster != 2, "gemm: the swapped 128 x ", Width, " tile runs in single CTAs only");
   }
-  return run<SwappedWide<Width, 1>>(W, X, C, N, M, K, opt, group_m, stream, split);
+  return run<SwappedWide<Width, 1, WL>>(W, X, C, N, M, K, opt, group_m, stream, split);
+}
+
+template <int Width>
+lcsc::Plan run_swapped_width(const __nv_bfloat16* X, const __nv_bfloat16* W, __nv_bfloat16* C, int M, int N, int K,
+                             BLayout wl, const Options& opt, int group_m, cudaStream_t stream, const Launch& split) {
+  if (wl == BLayout::KN)
+    return run_swapped_layout<Width, ALayout::KM>(X, W, C, M, N, K, opt, group_m, stream, split);
+  return run_swapped_layout<Width, ALayout::MK>(X, W, C, M, N, K, opt, group_m, stream, split);
 }
 
 template <int Width>
@@ -41,7 +50,7 @@ lcsc::Plan run_swapped256_width(const __nv_bfloat16* X, const __nv_bfloat16* W, 
 // One width's explicit instantiation, for the translation units that split the widths between them.
 #define WEAVE_SWAPPED_WIDTH(W)                                                                             \
   template lcsc::Plan run_swapped_width<W>(const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*, int, int, \
-                                           int, const Options&, int, cudaStream_t, const Launch&)
+                                           int, BLayout, const Options&, int, cudaStream_t, const Launch&)
 #define WEAVE_SWAPPED256_WIDTH(W)                                                                          \
   template lcsc::Plan run_swapped256_width<W>(const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*, int, \
                                               int, int, const Options&, int, cudaStream_t)

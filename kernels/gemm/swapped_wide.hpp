@@ -29,15 +29,16 @@ constexpr int swapped_wide_stages(int w) {
 // w = 96-128, 3 at 144-176.
 constexpr int swapped256_stages(int w) { return swapped_stage_budget(w) / ((256 + w) * 128); }
 
-// One width's launch: X (M x K) the tokens, W (N x K) the weights, C (M x N) bf16; split.splits > 1
-// splits the last partial round on split.workers (clusters when split.cluster is 2).
+// One width's launch: X (M x K) the tokens, W the weights (wl NK: N x K, a forward X W^T; KN: K x N,
+// an input gradient dY W), C (M x N) bf16; split.splits > 1 splits the last partial round on
+// split.workers (clusters when split.cluster is 2).
 template <int Width>
 lcsc::Plan run_swapped_width(const __nv_bfloat16* X, const __nv_bfloat16* W, __nv_bfloat16* C, int M, int N, int K,
-                             const Options& opt, int group_m, cudaStream_t stream, const Launch& split);
+                             BLayout wl, const Options& opt, int group_m, cudaStream_t stream, const Launch& split);
 
 // The launch for opt.tile_n / split.width (one of kSwappedWidths, else a weave::Error).
 lcsc::Plan run_swapped_wide(const __nv_bfloat16* X, const __nv_bfloat16* W, __nv_bfloat16* C, int M, int N, int K,
-                            const Options& opt, int group_m, cudaStream_t stream, const Launch& split);
+                            BLayout wl, const Options& opt, int group_m, cudaStream_t stream, const Launch& split);
 
 // One width's swapped 256 x w launch, unsplit, single CTAs.
 template <int Width>

@@ -324,8 +324,8 @@ TEST(GemmShape, Swapped256TileArgs) {
 }
 
 // plan_launch (no device) is the planner on the arguments gemm() passes it: the epilogue decides
-// what may split or cluster, B as K x N takes no swapped tile, communicator SMs no swapped tile,
-// an odd count of them no cluster tile.
+// what may split or cluster, B as K x N the swapped 128 x w tile but not the 256 x w one,
+// communicator SMs no swapped tile, an odd count of them no cluster tile.
 TEST(GemmShape, PlanLaunch) {
   using gemm::BLayout;
   const gemm::Launch a = gemm::plan_launch(300, 5120, 13824, BLayout::NK, 132, 66);
@@ -334,7 +334,9 @@ TEST(GemmShape, PlanLaunch) {
   EXPECT_EQ(m.tile, gemm::Tile::SwappedW);
   EXPECT_EQ(m.cluster, 2);
   EXPECT_EQ(m.width, 112);
-  EXPECT_NE(gemm::plan_launch(300, 5120, 13824, BLayout::KN, 132, 66).tile, gemm::Tile::SwappedW);
+  EXPECT_EQ(gemm::launch_name(gemm::plan_launch(300, 5120, 13824, BLayout::KN, 132, 66)), "sw128x104");
+  EXPECT_EQ(gemm::launch_name(gemm::plan_launch(900, 11008, 4096, BLayout::NK, 132, 66)), "sw256x160");
+  EXPECT_EQ(gemm::launch_name(gemm::plan_launch(900, 11008, 4096, BLayout::KN, 132, 66)), "sw128x160");
   gemm::Options o;
   o.bias_type = gemm::BiasType::F32;
   for (int M : {16, 300, 2047}) {  // with a bias: no split, no cluster, no swapped 128 x w tile (the

@@ -135,7 +135,7 @@ TEST(GemmDrawn, EveryPlannedLaunchIsOneGemmRuns) {
                       !f32) << what;
           break;
         case Tile::SwappedW:
-          EXPECT_TRUE(gemm::is_swapped_width(l.width) && bl == gemm::BLayout::NK && plain) << what;
+          EXPECT_TRUE(gemm::is_swapped_width(l.width) && plain) << what;  // B either layout
           if (l.cluster == 2) EXPECT_TRUE(gemm::swapped_width_clusters(l.width)) << what;
           break;
         case Tile::SwappedW256:

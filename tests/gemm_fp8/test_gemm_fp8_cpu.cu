@@ -186,6 +186,13 @@ TEST(GemmFp8Cpu, PlanLaunchSwappedWide) {
   o.tile_n = 96;
   EXPECT_THROW(gemm_fp8::plan_launch(80, 4096, 4096, 132, o, false), Error);
   EXPECT_EQ(gemm_fp8::plan_launch(1000, 4096, 4096, 132, o, true).tile, Tile::SwappedW);  // several token tiles
+
+  // A K pitch off the 128-byte grid: fp8 has no clusters, so the swapped tile over several token tiles
+  // costs what the other single-CTA tiles of 128 rows cost there (917 tokens: 128x256, 7 token tiles
+  // of 144 on an aligned pitch); over one token tile it stays (109 tokens).
+  EXPECT_EQ(gemm_fp8::plan_launch(917, 18464, 5120, 132, {}, true).tile, Tile::SwappedW);
+  EXPECT_EQ(gemm_fp8::plan_launch(917, 18464, 5136, 132, {}, true).tile, Tile::M128N256);
+  EXPECT_EQ(gemm_fp8::launch_name(gemm_fp8::plan_launch(109, 4040, 14352, 132, {}, true)), "sw128x112/k2");
 }
 
 TEST(GemmFp8Cpu, BlockScaleCounts) {
