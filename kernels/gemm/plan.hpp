@@ -34,12 +34,14 @@ struct PlanInputs {
   bool aligned = true;     // every operand's row pitch is a multiple of 128 bytes
   int sm_count = 0;        // compute SMs (without communicator SMs)
   int pair_clusters = 0;   // 2-CTA clusters the device holds at once (0: the cluster tile is not allowed)
+  bool wide_pair = true;   // with pair_clusters: the 128x320 cluster tile too (fp8 has none)
+  bool swapped_pairs = true;  // with pair_clusters: the swapped 128 x w tiles in clusters (fp8: single CTAs)
   bool split_k = true;     // split-K allowed
   bool mid = false;        // the 128x192 tile allowed (A M x K, bf16 output)
   bool wide = false;       // the 128 x w tiles allowed (A M x K, B N x K, bf16 output)
   bool narrow = true;      // the 64x128 tile allowed
   bool swapped = false;    // the swapped decode tile allowed (A M x K, B N x K, no communicator SMs)
-  bool swapped_wide = false;  // the swapped 128 x w tiles allowed (A M x K, B N x K, bf16 output, no bias)
+  bool swapped_wide = false;  // the swapped 128 x w tiles allowed (A M x K, a bf16 output, no bias)
   bool swapped_tiles = false;  // ... also over several token tiles (up to kSwappedMaxTokenTiles)
   bool swapped256 = false;     // the swapped 256 x w tiles allowed (as swapped_wide, aligned pitches)
   bool swapped_splits = false;  // above 128 tokens the swapped 128 x w tile splits as kMaxSplitsSwappedPadded
@@ -241,7 +243,7 @@ inline Choice plan_gemm(const PlanInputs& in) {
     // 64 and 128 tokens fill the 64- and 128-row tiles exactly (nothing to save) and there the
     // swapped tile measured 0.94-1.0 of them.
     if (in.aligned && (in.M == 64 || in.M == 128)) return;
-    const bool pair = !in.aligned && in.pair_clusters > 0;
+    const bool pair = !in.aligned && in.pair_clusters > 0 && in.swapped_pairs;
     const int workers = pair ? in.pair_clusters : in.sm_count;
     const int panels = ceil_div(in.N, 128);
     const double round_trip = kSwappedLatency / detail::swapped_wide_stages(w);
@@ -263,7 +265,8 @@ inline Choice plan_gemm(const PlanInputs& in) {
   };
   auto consider_swapped = [&](Choice& best) {
     if (!in.swapped_wide) return;
-    const bool pair = !in.aligned && in.pair_clusters > 0;  // then only widths that run in clusters
+    // then only widths that run in clusters
+    const bool pair = !in.aligned && in.pair_clusters > 0 && in.swapped_pairs;
     if (const int w = swapped_width(in.M, pair); w > 0) return consider_swapped_tiles(best, w, 1);
     if (!in.swapped_tiles) return;
     for (int t = 2; t <= kSwappedMaxTokenTiles; ++t) {
@@ -313,7 +316,7 @@ inline Choice plan_gemm(const PlanInputs& in) {
   if (in.pair_clusters > 0)
     consider(best, best_of(Tile::M128N256C2, ceil_div(tm, 2) * ceil_div(in.N, 256), in.pair_clusters,
                            in.aligned ? 1.0 : kMisalignedPair, true));
-  if (in.pair_clusters > 0 && !in.aligned)
+  if (in.pair_clusters > 0 && in.wide_pair && !in.aligned)
     consider(best, best_of(Tile::M128N320C2, ceil_div(tm, 2) * ceil_div(in.N, 320), in.pair_clusters,
                            320.0 / 256 * kMisalignedPair * kMisalignedWidePair, false));
   consider_swapped(best);

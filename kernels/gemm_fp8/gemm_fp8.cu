@@ -40,6 +40,10 @@ using BlockLane = GemmFp8BlockPipeKernel<TA, TB, 5, true>;
 template <class TA, class TB>
 using Block192Lane = GemmFp8BlockKernel<TA, TB, 4, 192, true>;
 static_assert(lcsc::shared_bytes<Block192<fp8e4m3, fp8e4m3>>() <= 232448, "227 KB");
+// The 128x256 tile in 2-CTA clusters (its shared memory is Big's).
+template <class TA, class TB>
+using Pair = GemmFp8PairKernel<TA, TB>;
+static_assert(lcsc::shared_bytes<gemm::SplitKKernel<Pair<fp8e4m3, fp8e4m3>>>() <= 232448, "227 KB");
 // 8 x 24 KB + a 16 KB staging tile = 208 KB, as the bf16 GEMM's 64x128 tile.
 template <class TA, class TB>
 using Narrow = GemmFp8Kernel<TA, TB, 128, 8, 64>;
@@ -110,6 +114,7 @@ const char* tile_name(Tile t) {
     case Tile::M64N128: return "64x128";
     case Tile::M128N192: return "128x192";
     case Tile::SwappedW: return "sw128xw";
+    case Tile::M128N256C2: return "128x256c2";
     default: return "auto";
   }
 }
@@ -122,7 +127,7 @@ const char* type_name(Fp8 t) { return t == Fp8::E5M2 ? "e5m2" : "e4m3"; }
 // The forward pair and the gradients' (dY in e5m2 times e4m3 weights): B e4m3.
 bool wide_pair(Fp8, Fp8 tb) { return tb == Fp8::E4M3; }
 
-Launch plan_launch(int M, int N, int K, int sm_count, const Options& opt, bool wide) {
+Launch plan_launch(int M, int N, int K, int sm_count, const Options& opt, bool wide, int pair_clusters) {
   const bool split_ok = opt.split_k != 1;
   if (opt.tile == Tile::Swapped) {
     WEAVE_CHECK(M <= gemm::swapped::kMaxTokens && opt.lcsc.num_comm_sms == 0, "gemm_fp8: the swapped tile takes M <= ",
@@ -138,17 +143,24 @@ Launch plan_launch(int M, int N, int K, int sm_count, const Options& opt, bool w
     WEAVE_CHECK(wide && gemm::is_swapped_width(opt.tile_n),
                 "gemm_fp8: the swapped 128 x w tile takes an e4m3 B (A e4m3 or e5m2) and tile_n one of ",
                 gemm::swapped_widths_text(), "; got tile_n = ", opt.tile_n, wide ? "" : " and an e5m2 B");
+  if (opt.tile == Tile::M128N256C2)
+    WEAVE_CHECK(pair_clusters > 0, "gemm_fp8: the 128x256 cluster tile needs 2-CTA clusters (an even num_comm_sms "
+                "on a device that holds them); got ", pair_clusters, " clusters, num_comm_sms = ",
+                opt.lcsc.num_comm_sms);
   if (opt.tile != Tile::Auto) {
     const bool splits = opt.tile == Tile::M128N256 || opt.tile == Tile::M128Nw || opt.tile == Tile::M64N128 ||
-                        opt.tile == Tile::SwappedW;
+                        opt.tile == Tile::SwappedW || opt.tile == Tile::M128N256C2;
     const bool has_width = opt.tile == Tile::M128Nw || opt.tile == Tile::SwappedW;
-    return {opt.tile, splits && opt.split_k > 1 ? opt.split_k : 1, sm_count, has_width ? opt.tile_n : 0};
+    return {opt.tile, splits && opt.split_k > 1 ? opt.split_k : 1,
+            opt.tile == Tile::M128N256C2 ? pair_clusters : sm_count, has_width ? opt.tile_n : 0};
   }
   gemm::PlanInputs in;
   in.M = M, in.N = N, in.K = k_blocks(K) * 64;
   in.aligned = K % 128 == 0;  // A's and B's rows are K bytes
   in.sm_count = sm_count;
-  in.pair_clusters = 0;
+  in.pair_clusters = opt.lcsc.num_comm_sms % 2 == 0 ? pair_clusters : 0;
+  in.wide_pair = false;      // no 128x320 cluster tile
+  in.swapped_pairs = false;  // the swapped tiles in single CTAs
   in.mid = false;
   in.wide = wide;
   in.narrow = true;
@@ -162,6 +174,8 @@ Launch plan_launch(int M, int N, int K, int sm_count, const Options& opt, bool w
   if (c.tile == gemm::Tile::SwappedW)
     return {Tile::SwappedW, opt.split_k > 1 ? opt.split_k : c.splits, sm_count, c.width};
   if (c.tile == gemm::Tile::M64N128) return {Tile::M64N128, opt.split_k > 1 ? opt.split_k : c.splits, sm_count};
+  if (c.tile == gemm::Tile::M128N256C2)
+    return {Tile::M128N256C2, opt.split_k > 1 ? opt.split_k : c.splits, in.pair_clusters};
   return {Tile::M128N256, opt.split_k > 1 ? opt.split_k : c.splits, sm_count};
 }
 
@@ -173,7 +187,9 @@ Launch launch_for(int M, int N, int K, const Options& opt, Fp8 ta, Fp8 tb) {
   wide.balance_waves = false;
   // The compute blocks of a full machine (the SM count less the communicator blocks).
   const int blocks = lcsc::plan_for<Big<fp8e4m3, fp8e4m3>>(1LL << 40, wide).compute_blocks;
-  return plan_launch(M, N, K, blocks, opt, wide_pair(ta, tb));
+  const int pairs =
+      opt.lcsc.num_comm_sms % 2 == 0 ? lcsc::plan_for<Pair<fp8e4m3, fp8e4m3>>(1LL << 40, wide).compute_blocks / 2 : 0;
+  return plan_launch(M, N, K, blocks, opt, wide_pair(ta, tb), pairs);
 }
 }  // namespace
 
@@ -195,7 +211,7 @@ lcsc::Plan gemm(const void* A, Fp8 ta, const void* B, Fp8 tb, __nv_bfloat16* C, 
               "auto, 128x256, 128x128, 64x128, 128 x w or swapped");
   WEAVE_CHECK(opt.tile == Tile::Auto || opt.tile == Tile::M128N256 || opt.tile == Tile::M128N128 ||
                   opt.tile == Tile::Swapped || opt.tile == Tile::M128Nw || opt.tile == Tile::M64N128 ||
-                  opt.tile == Tile::SwappedW,
+                  opt.tile == Tile::SwappedW || opt.tile == Tile::M128N256C2,
               "gemm_fp8: unknown tile ", static_cast<int>(opt.tile));
   const Launch l = launch_for(M, N, K, opt, ta, tb);  // the shape was validated above
   if (l.tile == Tile::Swapped) return launch_swapped(ta, tb, A, B, C, M, N, K, scale_a, scale_b, l.workers, stream);
@@ -207,6 +223,8 @@ lcsc::Plan gemm(const void* A, Fp8 ta, const void* B, Fp8 tb, __nv_bfloat16* C, 
     return dispatch<Narrow>(ta, tb, A, B, C, M, N, K, scale_a, scale_b, opt, group_m, stream, l);
   if (l.tile == Tile::M128N256)
     return dispatch<Big>(ta, tb, A, B, C, M, N, K, scale_a, scale_b, opt, group_m, stream, l);
+  if (l.tile == Tile::M128N256C2)
+    return dispatch<Pair>(ta, tb, A, B, C, M, N, K, scale_a, scale_b, opt, group_m, stream, l);
   return dispatch<Small>(ta, tb, A, B, C, M, N, K, scale_a, scale_b, opt, group_m, stream);
 }
 

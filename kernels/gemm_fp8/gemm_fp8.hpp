@@ -44,6 +44,9 @@ enum class Fp8 : int { E4M3 = 0, E5M2 = 1 };
 // SwappedW: the bf16 GEMM's swapped 128 x w tile (w = Options::tile_n in gemm::kSwappedWidths, one
 // or several token tiles): 128 weight rows on the wgmma's M side, the tokens on its N side, the tile
 // stored transposed; B e4m3 (wide_pair), single CTAs.
+// M128N256C2: the 128 x 256 tile in 2-CTA clusters, tile rows 2i and 2i + 1 sharing B (each CTA
+// loads half and multicasts it): a pitch off the 128-byte grid doubles TMA's L2 requests, and the
+// pair halves B's (the bf16 GEMM's cluster tile). Every type pair, split-K; workers are clusters.
 enum class Tile : int {
   Auto = 0,
   M128N256 = 1,
@@ -52,7 +55,8 @@ enum class Tile : int {
   M128Nw = 4,
   M64N128 = 5,
   M128N192 = 6,
-  SwappedW = 7
+  SwappedW = 7,
+  M128N256C2 = 8
 };
 
 struct Options {
@@ -73,7 +77,7 @@ struct Options {
 struct Launch {
   Tile tile = Tile::M128N256;
   int splits = 1;
-  int workers = 0;  // compute blocks the split was planned for
+  int workers = 0;  // compute blocks (clusters for M128N256C2) the split was planned for
   int width = 0;    // Tile::M128Nw, SwappedW: its width
 };
 
@@ -108,7 +112,9 @@ void validate_types(Fp8 a, Fp8 b);
 // iteration (128 K bytes) counted as a bf16 one (64 K, the same bytes per stage), the 64x128
 // tile, no 128x192 tile, and a K-byte row pitch off the 128-byte grid as a misaligned one.
 // wide: the 128 x w and swapped 128 x w tiles may be chosen (wide_pair of the operand types).
-Launch plan_launch(int M, int N, int K, int sm_count, const Options& opt = {}, bool wide = false);
+// pair_clusters: the 2-CTA clusters the device holds (0: no cluster tile), as the bf16 planner's.
+Launch plan_launch(int M, int N, int K, int sm_count, const Options& opt = {}, bool wide = false,
+                   int pair_clusters = 0);
 // The same on the current device (what gemm() runs).
 Launch choose_launch(int M, int N, int K, const Options& opt = {}, Fp8 a_type = Fp8::E4M3, Fp8 b_type = Fp8::E4M3);
 // gemm_block_scaled's launch for `sm_count` compute blocks. Tile: opt.tile when it is M128N128 or

@@ -21,6 +21,7 @@
 #include "gemm/output_staging.hpp"
 #include "gemm/scheduler.hpp"
 #include "gemm/transposed_staging.cuh"
+#include "weave/tile/cluster.cuh"
 #include "weave/tile/fragment.cuh"
 #include "weave/tile/mbarrier.cuh"
 #include "weave/tile/tma.cuh"
@@ -51,7 +52,10 @@ struct Fp8Globals {
 // the same 64 rows of A and split the tile's columns, BN/2 each.
 // TransOut (the swapped 128 x w tile, as the bf16 GEMM's): the caller passes the weights as A and
 // the tokens as B; the tile is stored transposed, one {64, BN} box per consumer (C = X W^T).
-template <int BN_, int Stages, int BM_ = 128, bool TransOut = false>
+// Cluster = 2 (the 128 x 256 tile, for pitches off the 128-byte grid, as the bf16 GEMM's cluster
+// tile): the two CTAs of a cluster compute tile rows 2i and 2i + 1 of one tile column, each loading
+// its own A and half of B and multicasting that half into both, so B crosses L2 -> SM once per pair.
+template <int BN_, int Stages, int BM_ = 128, bool TransOut = false, int Cluster = 1>
 struct Fp8Common {
   using bf16 = tile::bf16;
   using Globals = Fp8Globals;
@@ -64,7 +68,10 @@ struct Fp8Common {
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = 232;  // (40 + 2 * 232) * 128 = 64,512 of 65,536
   static constexpr int kOutputParts = 1;
-  static constexpr int kClusterSize = 1;
+  static constexpr int kClusterSize = Cluster;
+  static constexpr int kBRowsPerCta = BN_ / Cluster;  // B rows each CTA loads (and multicasts)
+  static_assert(Cluster == 1 || (Cluster == 2 && BM_ == 128 && BN_ == 256 && !TransOut),
+                "clusters of 2 along M for the 128 x 256 tile only");
   static constexpr bool kBlockScales = false;
   // A width off the 64-column grid (the 128 x w tiles) stages the bf16 output dense, for one
   // {BN, 128} store box (kernels/gemm/output_staging.hpp).
@@ -87,10 +94,17 @@ struct Fp8Common {
     bf16 c[BM * BN];  // BN/64 blocks of BM rows x 128 B, swizzled (or one dense block)
   };
 
-  static __host__ __device__ int num_work(const Globals& g) { return g.tiles_m * g.tiles_n; }
+  static __host__ __device__ int num_work(const Globals& g) { return (g.tiles_m + Cluster - 1) / Cluster * g.tiles_n; }
   static __device__ __forceinline__ int num_iters(const Globals& g, int) { return g.kblocks; }
   static __device__ __forceinline__ TileCoord coord(const Globals& g, int w) {
-    return gemm::grouped_tile(w, g.tiles_m, g.tiles_n, g.group_m);
+    if constexpr (Cluster == 1) {
+      return gemm::grouped_tile(w, g.tiles_m, g.tiles_n, g.group_m);
+    } else {
+      const int group = g.group_m / Cluster > 0 ? g.group_m / Cluster : 1;
+      TileCoord t = gemm::grouped_tile(w, (g.tiles_m + Cluster - 1) / Cluster, g.tiles_n, group);
+      t.m = t.m * Cluster + static_cast<int>(tile::cluster::ctarank());
+      return t;  // t.m may equal tiles_m (odd tile rows): loads zero-fill, the store is skipped
+    }
   }
 
   static __device__ __forceinline__ void prologue(const Globals& g) {
@@ -104,10 +118,17 @@ struct Fp8Common {
                                               int it) {
     const int k0 = it * BK;
     tile::tma::load_2d(s.a, &g.a, &full, k0, t.m * BM);
-    load_b(&g.b, s, full, k0, t.n);
+    if constexpr (Cluster == 1) {
+      load_b(&g.b, s, full, k0, t.n);
+    } else {
+      const int r = static_cast<int>(tile::cluster::ctarank());
+      tile::tma::load_2d_multicast(s.b + r * kBRowsPerCta * BK, &g.b, &full, k0, t.n * BN + r * kBRowsPerCta,
+                                   (1u << Cluster) - 1);
+    }
   }
   // B's tile column n at k0 into the stage (the TP kernels' loaders too).
   static __device__ __forceinline__ void load_b(const CUtensorMap* b, Stage& s, tile::Mbarrier& full, int k0, int n) {
+    static_assert(Cluster == 1, "load_b: one CTA's B (a cluster multicasts its share)");
     tile::tma::load_2d(s.b, b, &full, k0, n * BN);
   }
 
@@ -136,6 +157,8 @@ struct Fp8Common {
 
   static __device__ __forceinline__ void store(const Globals& g, Output& o, int w, int) {
     const TileCoord t = coord(g, w);
+    if constexpr (Cluster > 1)
+      if (t.m >= g.tiles_m) return;
     if constexpr (TransOut) {
       store_block(g, o, t, 0);
       store_block(g, o, t, 1);
@@ -152,9 +175,11 @@ struct Fp8Common {
   static __device__ __forceinline__ void communicator(const Globals&, void*, int, int) {}
 };
 
-template <class TA, class TB, int BN_, int Stages, int BM_ = 128, bool TransOut = false>
-struct GemmFp8Kernel : Fp8Common<BN_, Stages, BM_, TransOut> {
-  using Base = Fp8Common<BN_, Stages, BM_, TransOut>;
+// The per-tensor kernel's consumer and epilogue on a Common (an Fp8Common): GemmFp8Kernel and, in
+// 2-CTA clusters, GemmFp8PairKernel.
+template <class TA, class TB, class Common>
+struct Fp8TensorScaled : Common {
+  using Base = Common;
   using typename Base::Globals;
   using typename Base::Output;
   using typename Base::Stage;
@@ -191,7 +216,7 @@ struct GemmFp8Kernel : Fp8Common<BN_, Stages, BM_, TransOut> {
   static __device__ __forceinline__ void finish(const Globals&, ConsumerState& st, Output& o, int, int c, int) {
 #pragma unroll
     for (int i = 0; i < kWN / 2; ++i) st.d[i] *= st.scale;
-    if constexpr (TransOut)
+    if constexpr (Base::kTransOut)
       gemm::store_accumulator_transposed<BN>(o.c + c * BN * 64, st.d);
     else if constexpr (Base::kDenseOut)
       tile::store_accumulator_dense<tile::bf16, BN>(o.c, BN, c * 64, st.d);
@@ -201,6 +226,13 @@ struct GemmFp8Kernel : Fp8Common<BN_, Stages, BM_, TransOut> {
       tile::store_accumulator_swizzled<tile::bf16, BN>(o.c, BM, c * 64, st.d);
   }
 };
+
+template <class TA, class TB, int BN_, int Stages, int BM_ = 128, bool TransOut = false>
+struct GemmFp8Kernel : Fp8TensorScaled<TA, TB, Fp8Common<BN_, Stages, BM_, TransOut>> {};
+
+// The 128 x 256 tile in 2-CTA clusters (B multicast), 3 stages: for K pitches off the 128-byte grid.
+template <class TA, class TB>
+struct GemmFp8PairKernel : Fp8TensorScaled<TA, TB, Fp8Common<256, 3, 128, false, 2>> {};
 
 // Block scales' bookkeeping, one consumer thread's share: where its scales are, the next K
 // block's (loaded from global memory one block ahead: a whole stage to arrive), and the

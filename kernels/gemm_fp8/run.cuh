@@ -16,7 +16,7 @@ lcsc::Plan run(const void* A, const void* B, __nv_bfloat16* C, int M, int N, int
   constexpr CUtensorMapDataType u8 = CU_TENSOR_MAP_DATA_TYPE_UINT8;  // TMA has no fp8 type; bytes are exact
   Fp8Globals g{};
   g.a = tile::encode(tile::tma_2d(u8, 1, A, M, K, K, Kern::BM, Kern::BK, Swizzle::B128));
-  g.b = tile::encode(tile::tma_2d(u8, 1, B, N, K, K, Kern::BN, Kern::BK, Swizzle::B128));
+  g.b = tile::encode(tile::tma_2d(u8, 1, B, N, K, K, Kern::kBRowsPerCta, Kern::BK, Swizzle::B128));
   if constexpr (Kern::kTransOut)  // C is N x M here (the caller swapped the operands): BN rows of 64 columns
     g.c = tile::encode(tile::tma_2d(static_cast<const __nv_bfloat16*>(C), N, M, M, Kern::BN, 64, Swizzle::B128));
   else

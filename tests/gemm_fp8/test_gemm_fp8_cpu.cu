@@ -195,6 +195,26 @@ TEST(GemmFp8Cpu, PlanLaunchSwappedWide) {
   EXPECT_EQ(gemm_fp8::launch_name(gemm_fp8::plan_launch(109, 4040, 14352, 132, {}, true)), "sw128x112/k2");
 }
 
+// The 128x256 cluster tile where a K pitch off the 128-byte grid doubles the L2 requests and the
+// device holds 2-CTA clusters (an even num_comm_sms); never on an aligned pitch here; forced, it
+// needs clusters; its workers are clusters.
+TEST(GemmFp8Cpu, PlanLaunchClusterTile) {
+  const gemm_fp8::Launch l = gemm_fp8::plan_launch(2089, 18480, 7152, 132, {}, true, 66);
+  EXPECT_EQ(l.tile, Tile::M128N256C2);
+  EXPECT_EQ(l.workers, 66);
+  EXPECT_EQ(gemm_fp8::plan_launch(2089, 18480, 7168, 132, {}, true, 66).tile, Tile::M128N256);
+  EXPECT_EQ(gemm_fp8::plan_launch(2089, 18480, 7152, 132, {}, true, 0).tile, Tile::M128N256);
+  gemm_fp8::Options odd;
+  odd.lcsc.num_comm_sms = 1;
+  EXPECT_EQ(gemm_fp8::plan_launch(2089, 18480, 7152, 131, odd, true, 65).tile, Tile::M128N256);
+  gemm_fp8::Options f;
+  f.tile = Tile::M128N256C2, f.split_k = 3;
+  const gemm_fp8::Launch forced = gemm_fp8::plan_launch(512, 4096, 4096, 132, f, true, 66);
+  EXPECT_EQ(gemm_fp8::launch_name(forced), "128x256c2/k3");
+  EXPECT_EQ(forced.workers, 66);
+  EXPECT_THROW(gemm_fp8::plan_launch(512, 4096, 4096, 132, f, true, 0), Error);
+}
+
 TEST(GemmFp8Cpu, BlockScaleCounts) {
   EXPECT_EQ(gemm_fp8::k_blocks(16), 1);
   EXPECT_EQ(gemm_fp8::k_blocks(128), 1);

@@ -350,6 +350,45 @@ TEST(GemmFp8, SwappedWideTiles) {
   }
 }
 
+// The 128 x 256 tile in 2-CTA clusters (B multicast): the ragged shapes (odd and even tile-row
+// counts: a cluster's second CTA past M), every type pair, split-K 2 and 3, communicator SMs, NaN /
+// Inf; the planner's choice on rows with a K pitch off the 128-byte grid, and its refusal with an odd
+// num_comm_sms.
+TEST(GemmFp8, ClusterTile) {
+  for (Shape s : kRagged) {
+    Opts o;
+    o.tile = Tile::M128N256C2, o.samples = true;
+    run_case(s.M, s.N, s.K, o);
+  }
+  for (auto [ta, tb] : {std::pair{Fp8::E5M2, Fp8::E4M3}, std::pair{Fp8::E4M3, Fp8::E5M2}}) {
+    Opts o;
+    o.ta = ta, o.tb = tb, o.tile = Tile::M128N256C2, o.samples = true, o.range = 1000.f;
+    run_case(300, 1000, 4112, o);
+  }
+  for (int split : {2, 3}) {
+    Opts o;
+    o.tile = Tile::M128N256C2, o.split_k = split, o.scale_lo = 1e-3f, o.scale_hi = 1e3f, o.samples = true;
+    run_case(777, 1032, 4112, o);
+    run_case(129, 14336, 1040, o);
+  }
+  Opts comm;
+  comm.tile = Tile::M128N256C2, comm.comm = 8, comm.samples = true;
+  run_case(1000, 776, 528, comm);
+  Opts nf;
+  nf.tile = Tile::M128N256C2, nf.split_k = 2;
+  check_nonfinite(300, 264, 1040, nf);
+  for (Shape s : {Shape{2089, 18480, 7152}, Shape{989, 8136, 10992}, Shape{8785, 14360, 4128}}) {
+    Opts o;
+    o.samples = true;
+    EXPECT_EQ(gemm_fp8::choose_launch(s.M, s.N, s.K).tile, Tile::M128N256C2) << s.M << "x" << s.N << "x" << s.K;
+    run_case(s.M, s.N, s.K, o);
+  }
+  Opts odd;
+  odd.tile = Tile::M128N256C2, odd.comm = 7;
+  Fp8Run c(256, 256, 528, odd);
+  EXPECT_THROW(c.call(c.A.p), Error);
+}
+
 TEST(GemmFp8, E5m2Operands) {
   for (auto [ta, tb] : {std::pair{Fp8::E5M2, Fp8::E4M3}, std::pair{Fp8::E4M3, Fp8::E5M2}})
     for (Tile t : kTiles)

@@ -543,8 +543,8 @@ FAULTS = [
                 "cost (cheaper per FLOP than 128x256 there), so compute-bound aligned rows leave 128x256",
         "edits": [{
             "file": "kernels/gemm/plan.hpp",
-            "find": "  if (in.pair_clusters > 0 && !in.aligned)\n    consider(best, best_of(Tile::M128N320C2,",
-            "replace": "  if (in.pair_clusters > 0)\n    consider(best, best_of(Tile::M128N320C2,",
+            "find": "  if (in.pair_clusters > 0 && in.wide_pair && !in.aligned)\n    consider(best, best_of(Tile::M128N320C2,",
+            "replace": "  if (in.pair_clusters > 0 && in.wide_pair)\n    consider(best, best_of(Tile::M128N320C2,",
         }],
         "tests": ["test_split_k_cpu"],
     },

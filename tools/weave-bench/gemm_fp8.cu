@@ -40,7 +40,7 @@
 // vectors): the rows where one is not are listed as unsupported.
 //
 //   weave-bench gemm_fp8 [--json FILE] [--shapes MxNxK,...] [--set core|models|tokens|drawn [--draw-seed S] [--draws N]] [--list [--plan-sms N]]
-//                        [--types e4m3xe4m3|e5m2xe4m3|e4m3xe5m2] [--tile auto|256|128|64|swapped|w96..w208|sw32..sw208] [--block-tile auto|128|192] [--split-k N] [--lane-scales 0|1|2]
+//                        [--types e4m3xe4m3|e5m2xe4m3|e4m3xe5m2] [--tile auto|256|256c2|128|64|swapped|w96..w208|sw32..sw208] [--block-tile auto|128|192] [--split-k N] [--lane-scales 0|1|2]
 //                        [--impl cublaslt,cublaslt_precise,weave,weave_block] [--target-ms T]
 // --set core|models|tokens|drawn: the rows of weave-bench gemm (gemm_sets.hpp): nk (forward) rows as above, and
 // for models and drawn the kn and km-kn gradient rows as above. JSON rows carry layout (nk / kn) like weave-bench
@@ -235,7 +235,7 @@ int run_gemm_fp8_bench(const Args& args) {
       if (why.empty() && plan_sms > 0) {
         const auto [rta, rtb] = row_types(r);
         const gemm_fp8::Launch l =
-            gemm_fp8::plan_launch(r.M, r.N, r.K, plan_sms, {}, gemm_fp8::wide_pair(rta, rtb));
+            gemm_fp8::plan_launch(r.M, r.N, r.K, plan_sms, {}, gemm_fp8::wide_pair(rta, rtb), plan_sms / 2);
         j.add("plan", gemm_fp8::launch_name(l));
       }
       std::printf("%s\n", j.str().c_str());
@@ -250,6 +250,7 @@ int run_gemm_fp8_bench(const Args& args) {
   };
   gemm_fp8::Options opt;
   if (args.get("tile") == "256") opt.tile = gemm_fp8::Tile::M128N256;
+  if (args.get("tile") == "256c2") opt.tile = gemm_fp8::Tile::M128N256C2;
   if (args.get("tile") == "128") opt.tile = gemm_fp8::Tile::M128N128;
   if (args.get("tile") == "swapped") opt.tile = gemm_fp8::Tile::Swapped;
   if (args.get("tile") == "64") opt.tile = gemm_fp8::Tile::M64N128;
