@@ -144,7 +144,8 @@ Launch plan_launch(int M, int N, int K, int sm_count, const Options& opt, bool w
                 "gemm_fp8: the swapped 128 x w tile takes an e4m3 B (A e4m3 or e5m2) and tile_n one of ",
                 gemm::swapped_widths_text(), "; got tile_n = ", opt.tile_n, wide ? "" : " and an e5m2 B");
   if (opt.tile == Tile::M128N256C2)
-    WEAVE_CHECK(pair_clusters > 0, "gemm_fp8: the 128x256 cluster tile needs 2-CTA clusters (an even num_comm_sms "
+    WEAVE_CHECK(pair_clusters > 0 && opt.lcsc.num_comm_sms % 2 == 0,
+                "gemm_fp8: the 128x256 cluster tile needs 2-CTA clusters (an even num_comm_sms "
                 "on a device that holds them); got ", pair_clusters, " clusters, num_comm_sms = ",
                 opt.lcsc.num_comm_sms);
   if (opt.tile != Tile::Auto) {
@@ -208,7 +209,7 @@ lcsc::Plan gemm(const void* A, Fp8 ta, const void* B, Fp8 tb, __nv_bfloat16* C, 
                 const float* scale_a, const float* scale_b, const Options& opt, cudaStream_t stream) {
   validate_call(A, ta, B, tb, C, M, N, K, scale_a, scale_b, sizeof(float), sizeof(float));
   WEAVE_CHECK(opt.tile != Tile::M128N192, "gemm_fp8: the 128x192 tile is gemm_block_scaled's; per-tensor scales take "
-              "auto, 128x256, 128x128, 64x128, 128 x w or swapped");
+              "auto, 128x256, 128x256c2, 128x128, 64x128, 128 x w or swapped");
   WEAVE_CHECK(opt.tile == Tile::Auto || opt.tile == Tile::M128N256 || opt.tile == Tile::M128N128 ||
                   opt.tile == Tile::Swapped || opt.tile == Tile::M128Nw || opt.tile == Tile::M64N128 ||
                   opt.tile == Tile::SwappedW || opt.tile == Tile::M128N256C2,

@@ -213,6 +213,8 @@ TEST(GemmFp8Cpu, PlanLaunchClusterTile) {
   EXPECT_EQ(gemm_fp8::launch_name(forced), "128x256c2/k3");
   EXPECT_EQ(forced.workers, 66);
   EXPECT_THROW(gemm_fp8::plan_launch(512, 4096, 4096, 132, f, true, 0), Error);
+  f.lcsc.num_comm_sms = 1;
+  EXPECT_THROW(gemm_fp8::plan_launch(512, 4096, 4096, 131, f, true, 65), Error);
 }
 
 TEST(GemmFp8Cpu, BlockScaleCounts) {
