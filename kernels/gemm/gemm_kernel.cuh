@@ -21,10 +21,11 @@
 // k16 step (wgmma's N stops at 256), and the output goes out in two parts of 192 and 128 columns.
 //
 // TransOut (the swapped 128 x w tile, Tile::SwappedW): the caller passes the weights W (N x K, or
-// K x N as an input gradient reads them: then A is M-major, ALayout::KM) as A and the tokens X (M x K) as B, so that 128 weight rows sit on the wgmma's M side and the few
-// tokens on its N side (no rows of a 128-row token tile wasted, and the stages hold weights); the
-// kernel computes D = W X^T (its M is the GEMM's N) and stores D transposed, as C = X W^T: each
-// consumer's 64 weight rows are one staging block of BN token rows x 128 B (swizzled), one TMA box.
+// K x N as an input gradient reads them: then A is M-major, ALayout::KM) as A and the tokens X
+// (M x K) as B, so that 128 weight rows sit on the wgmma's M side and the few tokens on its N side
+// (no rows of a 128-row token tile wasted, and the stages hold weights); the kernel computes
+// D = W X^T (its M is the GEMM's N) and stores D transposed, as C = X W^T: each consumer's 64
+// weight rows are one staging block of BN token rows x 128 B (swizzled), one TMA box.
 // BM = 256 (TransOut only): 256 weight rows per tile, each consumer 128 of them as two m64nBNk16
 // accumulators sharing each B (token) operand, so a token row loaded feeds twice the FLOPs; the
 // output goes through the staging tile in two parts (part p: each consumer's rows 64p..), which

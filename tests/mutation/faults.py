@@ -549,6 +549,50 @@ FAULTS = [
         "tests": ["test_split_k_cpu"],
     },
     {
+        "name": "gemm_fp8_wide_pair_any_b",
+        "what": "fp8 planner: the 128 x w and swapped 128 x w tiles offered for an e5m2 B too, which has no "
+                "instantiation (e4m3 x e5m2 would throw at the launch)",
+        "edits": [{
+            "file": "kernels/gemm_fp8/gemm_fp8.cu",
+            "find": "bool wide_pair(Fp8, Fp8 tb) { return tb == Fp8::E4M3; }",
+            "replace": "bool wide_pair(Fp8, Fp8) { return true; }",
+        }],
+        "tests": ["test_gemm_fp8_cpu"],
+    },
+    {
+        "name": "gemm_plan_misaligned_swapped_one_tile_as_small",
+        "what": "planner: the single-CTA swapped tile on a misaligned pitch costed as the 128-row tiles over one "
+                "token tile too, so 109 x 4040 x 14352 fp8 leaves it for 64x128 (0.89 -> 0.72 of cuBLASLt)",
+        "edits": [{
+            "file": "kernels/gemm/plan.hpp",
+            "find": "in.aligned ? 1.0 : pair || token_tiles == 1 ? kMisalignedSwapped : kMisalignedSmall;",
+            "replace": "in.aligned ? 1.0 : pair ? kMisalignedSwapped : kMisalignedSmall;",
+        }],
+        "tests": ["test_gemm_fp8_cpu"],
+    },
+    {
+        "name": "gemm_fp8_cluster_tile_with_odd_comm_sms",
+        "what": "fp8 planner: the 128x256 cluster tile planned beside an odd number of communicator blocks, "
+                "which the cluster launch refuses",
+        "edits": [{
+            "file": "kernels/gemm_fp8/gemm_fp8.cu",
+            "find": "  in.pair_clusters = opt.lcsc.num_comm_sms % 2 == 0 ? pair_clusters : 0;",
+            "replace": "  in.pair_clusters = pair_clusters;",
+        }],
+        "tests": ["test_gemm_fp8_cpu"],
+    },
+    {
+        "name": "gemm_swapped_not_for_input_gradients",
+        "what": "bf16 planner: the swapped 128 x w tile only for B stored N x K again, so input gradients of "
+                "few tokens go back to 128-row tiles (266 x 14336 x 8192: 0.91 -> 0.59 of cuBLAS)",
+        "edits": [{
+            "file": "kernels/gemm/gemm.cu",
+            "find": "  in.swapped_wide = in.swapped_tiles = in.swapped_splits = plain;",
+            "replace": "  in.swapped_wide = in.swapped_tiles = in.swapped_splits = plain && bl == BLayout::NK;",
+        }],
+        "tests": ["test_gemm_cpu"],
+    },
+    {
         "name": "gemm_plan_swapped_split_floor_dropped",
         "what": "planner: above 128 tokens the swapped tile splits up to 4 ways whatever K is, so short K "
                 "(4096: 64 iterations) is cut into splits of 16-21 iterations, which measured 4-7 % slower",
