@@ -76,13 +76,16 @@ check::Bound bound_for(const Opts& o, int K) {
 // element is 0), as an IEEE float32 GEMM of the decoded values gives. With an e4m3 B and an e5m2
 // A (the gradients' pair) the operands trade roles: NaN at B[5, 17], +-Inf at A[9, 40] and
 // A[10, 41]; C's column 5 NaN, rows 9 and 10 +-Inf.
+// Whether the non-finite codes trade roles: only A can hold an Inf (e5m2 A, e4m3 B).
+bool roles_traded(Fp8 ta, Fp8 tb) { return e5(ta) && !e5(tb); }
+
 void nonfinite_codes(void* A, void* B, Fp8 ta, Fp8 tb, int M, int N, int K) {
-  const bool inf_in_a = e5(ta) && !e5(tb);
+  const bool inf_in_a = roles_traded(ta, tb);
   void* const nan_op = inf_in_a ? B : A;
   void* const inf_op = inf_in_a ? A : B;
   const int nan_rows = inf_in_a ? N : M, inf_rows = inf_in_a ? M : N;
   if (nan_rows > 5 && K > 17) check::set_fp8(nan_op, size_t(5) * K + 17, 0x7f);
-  if ((e5(tb) || inf_in_a) && inf_rows > 10 && K > 41) {
+  if (e5(inf_in_a ? ta : tb) && inf_rows > 10 && K > 41) {
     check::set_fp8(inf_op, size_t(9) * K + 40, 0x7c);
     check::set_fp8(inf_op, size_t(10) * K + 41, 0xfc);
   }
@@ -223,7 +226,7 @@ const Tile kBlockTiles[] = {Tile::M128N192, Tile::M128N128};
 void check_nonfinite(int M, int N, int K, Opts o) {
   if (!e5(o.ta)) o.tb = Fp8::E5M2;
   o.expect_nonfinite = true;
-  const bool traded = e5(o.ta) && !e5(o.tb);
+  const bool traded = roles_traded(o.ta, o.tb);
   Fp8Run c(M, N, K, o);
   SCOPED_TRACE(c.name() + " with NaN / Inf inputs");
   c.reference();
