@@ -172,6 +172,18 @@ inline constexpr int kMaxSplitsSwapped = 2;  // up to 128 tokens: 3-4 splits of 
 inline constexpr int kMaxSplitsSwappedPadded = 4;
 inline constexpr double kSplitSlowdownSwapped = 1.25;
 inline constexpr int kMinSplitItersSwapped = 24;
+// Above decode, a split of the only round (fewer items than workers) into items that cost less than
+// this (model units: iterations times the tile's unit) lost. The planner's tile forced at 1-4 splits,
+// alternating twice, bf16 and fp8 (one H100, 2026-12-06 ninth session): two splits of 11-16 units
+// (the 64x128 tile's or the swapped 128 x 96's 32-43 iterations) ran 5-54 % slower than the same tile
+// unsplit on all 8 such rows (128 x 4096 x 5504 bf16 64x128 +12 %, its fp8 twin 128 x 4096 x 11008
+// +11 %, 100 x 5120 x 11008 fp8 +52 %); four splits of 43 iterations lost on every row tried; items of
+// 22-32 units won 2-12 % (74 x 8248 x 11024 fp8 sw128x96/k2 on a misaligned pitch, 2 x 44 iterations;
+// 86-112 iterations on 5 rows; on one H200, 2026-12-02c, the 128x256 tile's two splits of 32 on
+// 128 x 11008 x 4096 and 77 x 14344 x 4104). The model's split costs (kSplitCost, kSplitSlowdown)
+// were fitted on longer items: a short item's pipeline fill and exchange are a larger share of it.
+// fp8 meets the bound at twice bf16's K: an fp8 iteration covers 128 of K.
+inline constexpr double kMinSplitItemCost = 18.0;
 
 }  // namespace plan_model
 
@@ -207,8 +219,16 @@ inline Choice plan_gemm(const PlanInputs& in) {
   const int iters = ceil_div(in.K, 64);
   const int tm = ceil_div(in.M, 128);
   const bool decode = in.M <= 64;
+  // The most splits of an only round (fewer items than workers) above decode: items that cost at
+  // least kMinSplitItemCost (`bound` 0: split_choice's default).
+  auto split_bound = [&](int items, int workers, double unit, int bound) {
+    if (decode || items >= workers) return bound;
+    const int most = static_cast<int>(iters * unit / kMinSplitItemCost);
+    return std::max(1, std::min(bound > 0 ? bound : kMaxSplitsWide, most));
+  };
   auto best_of = [&](Tile t, int items, int workers, double unit, bool split_ok, int width = 0) {
-    const SplitChoice c = split_choice(items, iters, workers, decode, unit, split_ok && in.split_k);
+    const int bound = split_bound(items, workers, unit, 0);
+    const SplitChoice c = split_choice(items, iters, workers, decode, unit, split_ok && in.split_k && bound != 1, bound);
     return Choice{t, c.splits, workers, c.cost, width};
   };
   auto consider = [](Choice& best, const Choice& c) {
@@ -257,10 +277,12 @@ inline Choice plan_gemm(const PlanInputs& in) {
     const double pitch = in.aligned ? 1.0 : pair || token_tiles == 1 ? kMisalignedSwapped : kMisalignedSmall;
     const double unit = std::max({round_trip, compute, bytes}) * pitch;
     const bool padded = in.swapped_splits && in.M > 128;
-    const int max_splits =
-        padded ? std::max(1, std::min(kMaxSplitsSwappedPadded, iters / kMinSplitItersSwapped)) : kMaxSplitsSwapped;
-    const SplitChoice c = split_choice(items, iters, workers, false, unit, in.split_k && (padded || token_tiles == 1),
-                                       max_splits, padded ? kSplitSlowdownSwapped : kSplitSlowdown);
+    const int max_splits = split_bound(
+        items, workers, unit,
+        padded ? std::max(1, std::min(kMaxSplitsSwappedPadded, iters / kMinSplitItersSwapped)) : kMaxSplitsSwapped);
+    const SplitChoice c = split_choice(items, iters, workers, false, unit,
+                                       in.split_k && (padded || token_tiles == 1) && max_splits > 1, max_splits,
+                                       padded ? kSplitSlowdownSwapped : kSplitSlowdown);
     consider(best, Choice{Tile::SwappedW, c.splits, workers, c.cost, w, pair ? 2 : 1});
   };
   auto consider_swapped = [&](Choice& best) {

@@ -432,7 +432,8 @@ TEST(GemmPlan, MidSizeRowsTakeTheMeasuredBest) {
 
 // With the 128 x w tiles (B as N x K), the rows of the width sweep (docs/perf-notes.md,
 // 2026-12-02g) take the width measured fastest (or one within noise of it), the rows where an
-// older tile won keep it, and the eight core shapes keep 128x256 unsplit.
+// older tile won keep it, and the eight core shapes keep 128x256 unsplit. 128 x 4096 x 4096 runs
+// 64x128 unsplit: two splits of its 64 iterations are items below kMinSplitItemCost.
 TEST(GemmPlan, WideTilesWhereTheSweepMeasuredThemBest) {
   struct Row {
     int M, N, K;
@@ -444,7 +445,7 @@ TEST(GemmPlan, WideTilesWhereTheSweepMeasuredThemBest) {
                       {256, 18432, 7168, Tile::M128Nw, 144, 1},  {256, 7168, 18432, Tile::M128Nw, 112, 1},
                       {384, 14336, 4096, Tile::M128Nw, 112, 1},  {512, 28672, 8192, Tile::M128Nw, 176, 1},
                       {1024, 5120, 4096, Tile::M128Nw, 160, 1},  {256, 4096, 14336, Tile::M64N128, 0, 1},
-                      {128, 8192, 28672, Tile::M64N128, 0, 1},   {128, 4096, 4096, Tile::M64N128, 0, 2},
+                      {128, 8192, 28672, Tile::M64N128, 0, 1},   {128, 4096, 4096, Tile::M64N128, 0, 1},
                       {2048, 11008, 4096, Tile::M128N256, 0, 3}, {768, 18432, 7168, Tile::M128N256, 0, 3}};
   for (const Row& r : rows) {
     PlanInputs in = inputs(r.M, r.N, r.K);
@@ -476,6 +477,34 @@ TEST(GemmPlan, WideTilesWhereTheSweepMeasuredThemBest) {
 // 128x256 where the rounding of its last round is a small share (one H100, perf-notes 2026-12-06
 // sixth session: 10887 x 7168 x 28672 on 128 x 208 0.85 of cuBLAS, on 128x256 1.00). Few-round
 // rows keep the fitted discount (the rows above).
+// Above decode the only round splits only into items of at least kMinSplitItemCost: the rows whose
+// two splits of 32-43 iterations measured slower than unsplit (one H100, 2026-12-06 ninth session)
+// run unsplit, those where longer items or dearer iterations won keep their splits, and decode splits
+// as before.
+TEST(GemmPlan, ShortSplitItemsOfTheOnlyRound) {
+  struct Row {
+    int M, N, K;  // K in bf16 elements (an fp8 row: its K / 2)
+    bool aligned;
+    Tile tile;
+    int splits;
+  };
+  const Row rows[] = {{128, 4096, 5504, true, Tile::M64N128, 1},    // bf16, 2 x 43 iterations: +12 %
+                      {128, 4096, 11008, true, Tile::M64N128, 2},   // bf16, 2 x 86: -3 %
+                      {76, 5120, 5504, true, Tile::M64N128, 1},     // sw128x96 2 x 43: +5 % (fp8 76 x 5120 x 11008)
+                      {76, 5120, 11008, true, Tile::SwappedW, 2},   // bf16 sw128x96 2 x 86: -12 %
+                      {74, 8248, 5568, false, Tile::SwappedW, 2}};  // fp8 74 x 8248 x 11024 sw128x96 2 x 44: -3 %
+  for (const Row& r : rows) {
+    PlanInputs in = inputs(r.M, r.N, r.K, r.aligned);
+    in.wide = in.swapped = in.swapped_wide = in.swapped_tiles = true;
+    in.pair_clusters = r.aligned ? in.pair_clusters : 0;  // fp8's rows: single CTAs
+    const Choice c = plan_gemm(in);
+    EXPECT_EQ(c.tile, r.tile) << r.M << "x" << r.N << "x" << r.K;
+    EXPECT_EQ(c.splits, r.splits) << r.M << "x" << r.N << "x" << r.K;
+  }
+  // Decode keeps splitting short items (64 x 4096 x 5504: 64x128 in more than one split).
+  EXPECT_GT(plan_gemm(inputs(64, 4096, 5504)).splits, 1);
+}
+
 TEST(GemmPlan, WideTilesAtTheirMeasuredCostOnManyRounds) {
   for (size_t i = 0; i < std::size(kWideWidths); ++i) {
     const int w = kWideWidths[i];
