@@ -220,7 +220,7 @@ inline Choice plan_gemm(const PlanInputs& in) {
   const int tm = ceil_div(in.M, 128);
   const bool decode = in.M <= 64;
   // The most splits of an only round (fewer items than workers) above decode: items that cost at
-  // least kMinSplitItemCost (`bound` 0: split_choice's default).
+  // least kMinSplitItemCost (`bound` 0: split_choice's default; 1: split_choice keeps the round whole).
   auto split_bound = [&](int items, int workers, double unit, int bound) {
     if (decode || items >= workers) return bound;
     const int most = static_cast<int>(iters * unit / kMinSplitItemCost);
@@ -228,7 +228,7 @@ inline Choice plan_gemm(const PlanInputs& in) {
   };
   auto best_of = [&](Tile t, int items, int workers, double unit, bool split_ok, int width = 0) {
     const int bound = split_bound(items, workers, unit, 0);
-    const SplitChoice c = split_choice(items, iters, workers, decode, unit, split_ok && in.split_k && bound != 1, bound);
+    const SplitChoice c = split_choice(items, iters, workers, decode, unit, split_ok && in.split_k, bound);
     return Choice{t, c.splits, workers, c.cost, width};
   };
   auto consider = [](Choice& best, const Choice& c) {
@@ -280,9 +280,8 @@ inline Choice plan_gemm(const PlanInputs& in) {
     const int max_splits = split_bound(
         items, workers, unit,
         padded ? std::max(1, std::min(kMaxSplitsSwappedPadded, iters / kMinSplitItersSwapped)) : kMaxSplitsSwapped);
-    const SplitChoice c = split_choice(items, iters, workers, false, unit,
-                                       in.split_k && (padded || token_tiles == 1) && max_splits > 1, max_splits,
-                                       padded ? kSplitSlowdownSwapped : kSplitSlowdown);
+    const SplitChoice c = split_choice(items, iters, workers, false, unit, in.split_k && (padded || token_tiles == 1),
+                                       max_splits, padded ? kSplitSlowdownSwapped : kSplitSlowdown);
     consider(best, Choice{Tile::SwappedW, c.splits, workers, c.cost, w, pair ? 2 : 1});
   };
   auto consider_swapped = [&](Choice& best) {
