@@ -163,6 +163,12 @@ inline constexpr double kMisalignedSwapped = 1.35;  // a pitch off the 128-byte 
 inline constexpr int kSwappedMidAbove = 96, kSwappedMidBelow = 128;
 static_assert(is_swapped_width(kSwappedMidAbove) && is_swapped_width(kSwappedMidBelow), "mid widths' bounds");
 inline constexpr int kMaxSplitsSwapped = 2;  // up to 128 tokens: 3-4 splits of a few dozen weight panels lost
+// ... in 2-CTA clusters (a misaligned pitch) up to 4: its items are pairs of panels, so a weight of
+// 32-40 panels fills a third of the clusters unsplit. Forced at 1-4 splits on 15 misaligned rows of
+// 17-114 tokens (one H200, 2026-12-06 tenth session), 3 splits where they fit one round ran 1.04-1.5x
+// faster than 2 (109 x 4040 x 14352 0.83 -> 0.93 of cuBLAS, 93 x 5152 x 28632 0.80 -> 0.88), as
+// cuBLAS's own split 3 there; splits past one round lost.
+inline constexpr int kMaxSplitsSwappedPair = 4;
 // Above 128 tokens (PlanInputs::swapped_splits) it splits over any number of token tiles, up to 4
 // ways of at least 24 iterations each, its split rounds kSplitSlowdownSwapped slower than whole ones.
 // Fitted on the 33 `--set tokens` rows below 0.90 of cuBLAS (136-1300 tokens) forced at every tile
@@ -279,7 +285,9 @@ inline Choice plan_gemm(const PlanInputs& in) {
     const bool padded = in.swapped_splits && in.M > 128;
     const int max_splits = split_bound(
         items, workers, unit,
-        padded ? std::max(1, std::min(kMaxSplitsSwappedPadded, iters / kMinSplitItersSwapped)) : kMaxSplitsSwapped);
+        padded ? std::max(1, std::min(kMaxSplitsSwappedPadded, iters / kMinSplitItersSwapped))
+        : pair && in.M <= 128 ? kMaxSplitsSwappedPair
+                              : kMaxSplitsSwapped);
     const SplitChoice c = split_choice(items, iters, workers, false, unit, in.split_k && (padded || token_tiles == 1),
                                        max_splits, padded ? kSplitSlowdownSwapped : kSplitSlowdown);
     consider(best, Choice{Tile::SwappedW, c.splits, workers, c.cost, w, pair ? 2 : 1});

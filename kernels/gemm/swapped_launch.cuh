@@ -29,8 +29,7 @@ lcsc::Plan launch_config(const Params& p, int sm_count, cudaStream_t stream) {
     else run<Op, 2, 1, 16, 2, OutT>(p, stream);
   } else {
     if (c.warps == 4) run<Op, 2, 2, 4, 2, OutT>(p, stream);
-    else if (c.warps == 8) run<Op, 2, 2, 8, 2, OutT>(p, stream);
-    else run<Op, 2, 2, 16, 2, OutT>(p, stream);
+    else run<Op, 2, 2, 8, 2, OutT>(p, stream);
   }
   WEAVE_CUDA_CHECK(cudaGetLastError());
   return {blocks(p.N, c), 0};

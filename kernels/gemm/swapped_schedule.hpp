@@ -59,6 +59,11 @@ struct Config {
 // on 4). Two token blocks: each X fragment also feeds a second strip (half the X bytes per weight
 // byte) and each warp keeps two chunks in flight, with the fewest warps that give every SM 19
 // such units; one strip per block where strips are very many (8 per SM) or fewer than the SMs.
+// Below kOneStripBelow strips per SM, one strip per block at 8 warps: paired there, the blocks are
+// about as many as the SMs (256 strips: 128 blocks on 132 SMs, one block each, four SMs idle). In
+// three sweeps (2026-12-02d and g, 2026-12-06 tenth session) 256 and 320 strips ran 2-7 % faster so
+// in bf16 and 10-24 % in fp8; 448 ran 26 % slower in bf16.
+inline constexpr int kOneStripBelow = 3;
 __host__ __device__ inline Config config(int M, int N, int sm_count) {
   const long long s = strips(N), sms = sm_count;
   if (token_blocks(M) == 1) {
@@ -69,10 +74,10 @@ __host__ __device__ inline Config config(int M, int N, int sm_count) {
   }
   if (s >= 8 * sms) return {1, 8, 2};
   if (s < sms) return {1, 16, 2};
+  if (s < kOneStripBelow * sms) return {1, 8, 2};
+  // From kOneStripBelow strips per SM on, 8 warps always give the 19 units
   const long long pairs = (s + 1) / 2;
-  for (int w = 4; w < 16; w *= 2)
-    if (pairs * w * 2 >= 19 * sms) return {2, w, 2};
-  return {2, 16, 2};
+  return {2, pairs * 4 * 2 >= 19 * sms ? 4 : 8, 2};
 }
 
 // fp8 (1-byte elements: a row is half the chunks of bf16's at the same K), fitted to

@@ -450,7 +450,7 @@ TEST(Gemm, DecodeTile) {
 // strips per block leaves one wholly past N), K around its 128-wide chunks (8: one vector of one
 // lane; 72; 264 with two chunks in flight and one past K), every launch configuration on a
 // 132-SM H200 (swapped::config: 1 token block at 16, 8, 4 and 8 warps for many strips; 2 token
-// blocks with 1 strip at 16 and 8 warps and 2 strips at 16, 4 and 8), every epilogue; and the
+// blocks with 1 strip at 16 and 8 warps and 2 strips at 4 and 8), every epilogue; and the
 // planner's choice on a decode shape.
 TEST(Gemm, SwappedTile) {
   const Case cases[] = {{1, 4104, 4104},  {3, 8, 72},       {8, 136, 8},      {2, 5000, 136},

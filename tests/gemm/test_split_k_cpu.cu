@@ -346,7 +346,7 @@ TEST(GemmPlan, DecodeTakesTheSwappedTile) {
 // The swapped tile's launch configuration, relative to the SM count: one token block gives every
 // SM at least 16 warps with the fewest per block (8 when the strips are very many); two token
 // blocks run two chunks in flight per warp, two strips per block in the middle range with the
-// fewest warps giving 19 units per SM. Every configuration is one swapped_launch.cuh instantiates.
+// fewest warps giving 19 units per SM (one strip at 8 warps below 3 strips per SM). Every configuration is one swapped_launch.cuh instantiates.
 TEST(SwappedSchedule, Config) {
   using swapped::Config;
   auto eq = [](Config a, Config b) {
@@ -366,9 +366,11 @@ TEST(SwappedSchedule, Config) {
       }
       const Config c2 = swapped::config(16, N, sms);
       EXPECT_EQ(c2.depth, 2);
-      EXPECT_TRUE(eq(c2, {1, 8, 2}) || eq(c2, {1, 16, 2}) || eq(c2, {2, 4, 2}) || eq(c2, {2, 8, 2}) ||
-                  eq(c2, {2, 16, 2}))
+      EXPECT_TRUE(eq(c2, {1, 8, 2}) || eq(c2, {1, 16, 2}) || eq(c2, {2, 4, 2}) || eq(c2, {2, 8, 2}))
           << N << " on " << sms;
+      // one strip per block below swapped::kOneStripBelow strips per SM, two from there to 8
+      if (s >= sms && s < 8LL * sms)
+        EXPECT_EQ(c2.strips_per_block, s < swapped::kOneStripBelow * sms ? 1 : 2) << N << " on " << sms;
       EXPECT_EQ(swapped::blocks(N, c2), ceil_div(N, 16 * c2.strips_per_block));
     }
   }
@@ -379,7 +381,9 @@ TEST(SwappedSchedule, Config) {
   EXPECT_TRUE(eq(swapped::config(16, 28672, 132), {1, 8, 2}));
   EXPECT_TRUE(eq(swapped::config(16, 11008, 132), {2, 4, 2}));
   EXPECT_TRUE(eq(swapped::config(16, 7168, 132), {2, 8, 2}));
-  EXPECT_TRUE(eq(swapped::config(9, 4096, 132), {2, 16, 2}));
+  EXPECT_TRUE(eq(swapped::config(9, 4096, 132), {1, 8, 2}));    // 256 strips
+  EXPECT_TRUE(eq(swapped::config(16, 5120, 132), {1, 8, 2}));   // 320
+  EXPECT_TRUE(eq(swapped::config(16, 6400, 132), {2, 8, 2}));   // 400
   EXPECT_TRUE(eq(swapped::config(16, 1024, 132), {1, 16, 2}));
   // fp8, one token block: at most 8 chunks of a row per warp, and 12 warps per SM (the fp8 sweep's
   // best on these rows); two token blocks as bf16.
@@ -544,7 +548,9 @@ TEST(GemmPlan, MisalignedPitchPrefersTheClusterTile) {
 // (docs/perf-notes.md, 2026-12-03 sixth session: the old choice against the swapped widths on 56
 // rows of 24-176 tokens) take what measured faster: the swapped tile of the narrowest width that
 // holds the tokens (144 and 176 measured 0.96 and 0.92 of cuBLAS on 140 and 176 x 14336 x 4096
-// against 0.94 and 0.88 for 160 and 192, 2026-12-04 second session), split at most twice, in 2-CTA clusters on a misaligned pitch; rows where the
+// against 0.94 and 0.88 for 160 and 192, 2026-12-04 second session), split at most twice (in 2-CTA
+// clusters on a misaligned pitch, where a weight of few panels fills few clusters, up to 4 times:
+// 109-114 tokens of 32-40 panels, 2026-12-06 tenth session); rows where the
 // 128-row or 64-row tiles measured faster keep them (also 64 and 128 aligned tokens, which those
 // tiles fill exactly: the models set's 64 x 53248 x 16384 and 128 x 28672 x 8192 ran 0.97-0.98 on
 // the swapped tile against 1.01-1.02); above kSwappedWideMaxM tokens, or without
@@ -564,7 +570,9 @@ TEST(GemmPlan, SwappedWideWhereTheABMeasuredIt) {
                       {112, 11008, 4096, true, 0, 0, 0},    {80, 4096, 14336, true, 0, 0, 0},
                       {176, 5120, 13824, true, 0, 0, 0},    {144, 5120, 13824, true, 0, 0, 0},
                       {256, 14336, 4096, true, 0, 0, 0},    {200, 4104, 11016, false, 0, 0, 0},
-                      {64, 13824, 5120, true, 0, 0, 0},     {128, 28672, 8192, true, 0, 0, 0}};
+                      {64, 13824, 5120, true, 0, 0, 0},     {128, 28672, 8192, true, 0, 0, 0},
+                      {109, 4040, 14352, false, 112, 4, 2}, {93, 5152, 28632, false, 96, 3, 2},
+                      {114, 5064, 18416, false, 128, 3, 2}};
   for (const Row& r : rows) {
     PlanInputs in = inputs(r.M, r.N, r.K, r.aligned);
     in.wide = in.swapped = in.swapped_wide = true;

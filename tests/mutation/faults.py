@@ -598,8 +598,31 @@ FAULTS = [
                 "(4096: 64 iterations) is cut into splits of 16-21 iterations, which measured 4-7 % slower",
         "edits": [{
             "file": "kernels/gemm/plan.hpp",
-            "find": "padded ? std::max(1, std::min(kMaxSplitsSwappedPadded, iters / kMinSplitItersSwapped)) : kMaxSplitsSwapped);",
-            "replace": "padded ? kMaxSplitsSwappedPadded : kMaxSplitsSwapped);",
+            "find": "padded ? std::max(1, std::min(kMaxSplitsSwappedPadded, iters / kMinSplitItersSwapped))\n",
+            "replace": "padded ? kMaxSplitsSwappedPadded\n",
+        }],
+        "tests": ["test_split_k_cpu"],
+    },
+    {
+        "name": "gemm_plan_swapped_pair_splits_two",
+        "what": "planner: the swapped tile in 2-CTA clusters splits at most twice up to 128 tokens, so "
+                "109 x 4040 x 14352 (16 pairs of panels on 66 clusters) runs the 128x256 cluster tile in "
+                "4 splits at 0.66 of cuBLAS instead of sw128x112c2 in 4 at 0.93",
+        "edits": [{
+            "file": "kernels/gemm/plan.hpp",
+            "find": ": pair && in.M <= 128 ? kMaxSplitsSwappedPair",
+            "replace": ": false ? kMaxSplitsSwappedPair",
+        }],
+        "tests": ["test_split_k_cpu"],
+    },
+    {
+        "name": "gemm_swapped_config_pairs_few_strips",
+        "what": "swapped decode tile: 9-16 tokens of 1-3 strips per SM run two strips per block, so 256 strips "
+                "make 128 blocks on 132 SMs (fp8 16 x 4096 x 14336 10-15 % slower than one strip per block)",
+        "edits": [{
+            "file": "kernels/gemm/swapped_schedule.hpp",
+            "find": "  if (s < kOneStripBelow * sms) return {1, 8, 2};\n",
+            "replace": "",
         }],
         "tests": ["test_split_k_cpu"],
     },
