@@ -61,8 +61,8 @@ struct Config {
 // such units; one strip per block where strips are very many (8 per SM) or fewer than the SMs.
 // Below kOneStripBelow strips per SM, one strip per block at 8 warps: paired there, the blocks are
 // about as many as the SMs (256 strips: 128 blocks on 132 SMs, one block each, four SMs idle). In
-// three sweeps (2026-12-02d and g, 2026-12-06 tenth session) 256 and 320 strips ran 2-7 % faster so
-// in bf16 and 10-24 % in fp8; 448 ran 26 % slower in bf16.
+// three sweeps (2026-12-02d and g, 2026-12-06 tenth session) one strip ran 2-7 % faster at 256 and 320
+// strips in bf16 and 10-24 % in fp8, and 26 % slower at 448 in bf16.
 inline constexpr int kOneStripBelow = 3;
 __host__ __device__ inline Config config(int M, int N, int sm_count) {
   const long long s = strips(N), sms = sm_count;

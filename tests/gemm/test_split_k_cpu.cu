@@ -346,7 +346,8 @@ TEST(GemmPlan, DecodeTakesTheSwappedTile) {
 // The swapped tile's launch configuration, relative to the SM count: one token block gives every
 // SM at least 16 warps with the fewest per block (8 when the strips are very many); two token
 // blocks run two chunks in flight per warp, two strips per block in the middle range with the
-// fewest warps giving 19 units per SM (one strip at 8 warps below 3 strips per SM). Every configuration is one swapped_launch.cuh instantiates.
+// fewest warps giving 19 units per SM (one strip at 8 warps below 3 strips per SM). Every
+// configuration is one swapped_launch.cuh instantiates.
 TEST(SwappedSchedule, Config) {
   using swapped::Config;
   auto eq = [](Config a, Config b) {
