@@ -60,7 +60,7 @@ struct Config {
 // byte) and each warp keeps two chunks in flight, with the fewest warps that give every SM 19
 // such units; one strip per block where strips are very many (8 per SM) or fewer than the SMs.
 // Below kOneStripBelow strips per SM, one strip per block at 8 warps: paired there, the blocks are
-// about as many as the SMs (256 strips: 128 blocks on 132 SMs, one block each, four SMs idle). In
+// about as many as the SMs or fewer (one block per SM, some SMs idle). In
 // three sweeps (2026-12-02d and g, 2026-12-06 tenth session) one strip ran 2-7 % faster at 256 and 320
 // strips in bf16 and 10-24 % in fp8, and 26 % slower at 448 in bf16.
 inline constexpr int kOneStripBelow = 3;
