@@ -158,15 +158,23 @@ Launch launch_choice(int M, int N, int K, BLayout bl, const Options& opt, bool f
   const bool aligned = operands_aligned(M, N, K, bl, opt);
   if (opt.tile == Tile::SwappedW) {  // clusters on a misaligned pitch, as the planner would run it
     // (its width and epilogue: validate_tile, which every caller ran)
-    WEAVE_CHECK(opt.tile_cluster >= 0 && opt.tile_cluster <= 2 && (opt.tile_cluster != 2 || pairs > 0),
-                "gemm: tile_cluster must be 0, 1 or 2 (2: with an even num_comm_sms on a device with 2-CTA "
-                "clusters); got ", opt.tile_cluster, " (num_comm_sms = ", opt.lcsc.num_comm_sms, ")");
+    WEAVE_CHECK(opt.tile_cluster >= 0 && opt.tile_cluster <= 4 && opt.tile_cluster != 3 &&
+                    (opt.tile_cluster < 2 || pairs > 0),
+                "gemm: tile_cluster must be 0, 1, 2 or 4 (2, 4: with num_comm_sms a multiple of it on a device "
+                "with clusters); got ", opt.tile_cluster, " (num_comm_sms = ", opt.lcsc.num_comm_sms, ")");
+    WEAVE_CHECK(opt.tile_cluster != 4 || (swapped_width_quads(opt.tile_n) && bl == BLayout::NK &&
+                                          opt.split_k <= 1 && opt.lcsc.num_comm_sms % 4 == 0),
+                "gemm: the swapped 128 x w tile in 4-CTA clusters needs a width that is a multiple of 32, B as "
+                "N x K, no split-K and num_comm_sms a multiple of 4; got width ", opt.tile_n,
+                bl == BLayout::NK ? "" : ", B as K x N", ", split_k = ", opt.split_k, ", num_comm_sms = ",
+                opt.lcsc.num_comm_sms);
     WEAVE_CHECK(opt.tile_cluster != 2 || swapped_width_clusters(opt.tile_n), "gemm: the swapped 128 x ",
                 opt.tile_n, " tile runs in single CTAs only (2-CTA clusters need a width that is a multiple of 16)");
     const int cluster = opt.tile_cluster > 0                                        ? opt.tile_cluster
                         : !aligned && pairs > 0 && swapped_width_clusters(opt.tile_n) ? 2
                                                                                       : 1;
-    return {opt.tile, plain && opt.split_k > 1 ? opt.split_k : 1, cluster == 2 ? pairs : blocks, opt.tile_n, cluster};
+    return {opt.tile, plain && opt.split_k > 1 ? opt.split_k : 1, cluster == 2 ? pairs : cluster == 4 ? blocks / 4 : blocks,
+            opt.tile_n, cluster};
   }
   if (opt.tile == Tile::SwappedW256) {
     WEAVE_CHECK(bl == BLayout::NK && opt.tile_cluster >= 0 && opt.tile_cluster <= 1 && opt.split_k <= 1,
@@ -332,7 +340,7 @@ std::string launch_label(const char* tile, int width, int splits) {
 
 std::string launch_name(const Launch& l) {
   if (l.tile == Tile::SwappedW)
-    return launch_label(("sw128x" + std::to_string(l.width) + (l.cluster == 2 ? "c2" : "")).c_str(), 0, l.splits);
+    return launch_label(("sw128x" + std::to_string(l.width) + (l.cluster > 1 ? "c" + std::to_string(l.cluster) : std::string())).c_str(), 0, l.splits);
   if (l.tile == Tile::SwappedW256) return launch_label(("sw256x" + std::to_string(l.width)).c_str(), 0, l.splits);
   return launch_label(tile_name(l.tile), l.tile == Tile::M128Nw ? l.width : 0, l.splits);
 }

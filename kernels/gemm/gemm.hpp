@@ -81,6 +81,9 @@ constexpr bool is_swapped_width(int w) { return in_widths(kSwappedWidths, w); }
 // Whether a swapped 128 x w tile runs in 2-CTA clusters: each CTA loads half of the token tile, a
 // whole number of 8-row swizzle atoms (104 and 120 run in single CTAs only).
 constexpr bool swapped_width_clusters(int w) { return w % 16 == 0; }
+// Whether it also runs in 4-CTA clusters (forward weights, N x K): a quarter of the token tile per
+// CTA, again whole swizzle atoms.
+constexpr bool swapped_width_quads(int w) { return w % 32 == 0; }
 // The token widths of Tile::SwappedW256: each consumer holds two w / 2-float accumulators, so w
 // stays below ~184 (232 registers); the narrow ones (96-120, the widths cuBLAS's 256-row swapped
 // tiles take at 300-1500 tokens) fit ceil(M / w) token tiles closer to M.
@@ -109,8 +112,8 @@ struct Options {
   int tile_n = 0;  // the width of Tile::M128Nw (kWideWidths), SwappedW (kSwappedWidths) or SwappedW256
                    // (kSwapped256Widths); unused by the others
   // A forced SwappedW's CTAs per cluster: 1, 2 (the token tile multicast; widths that are multiples of
-  // 16), or 0: 2 on a misaligned pitch where the width allows it, as the planner runs it. Unused by
-  // the other tiles.
+  // 16), 4 (widths that are multiples of 32, B as N x K, unsplit; never the planner's), or 0: 2 on a
+  // misaligned pitch where the width allows it, as the planner runs it. Unused by the other tiles.
   int tile_cluster = 0;
   ALayout a_layout = ALayout::MK;      // KM: A stored K x M (weight gradient dY^T X); M % 8 == 0
   BiasType bias_type = BiasType::None;  // BF16 / F32: bias points to N values of that type
@@ -126,7 +129,7 @@ struct Options {
 // bf16 output without bias (A either layout); M128N192 takes A M x K and a bf16 output; M128Nw
 // takes A M x K, B N x K, a bf16 output and opt.tile_n in kWideWidths; Swapped takes M <= 16,
 // A M x K, B N x K and no communicator SMs; SwappedW takes A M x K, B N x K, a bf16 output without
-// bias, opt.tile_n in kSwappedWidths and opt.tile_cluster in 0..2; SwappedW256 the same with
+// bias, opt.tile_n in kSwappedWidths and opt.tile_cluster in 0, 1, 2, 4; SwappedW256 the same with
 // opt.tile_n in kSwapped256Widths and no cluster. Returns the grid it launched.
 lcsc::Plan gemm(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C, int M, int N, int K, BLayout b,
                 const Options& opt = {}, cudaStream_t stream = nullptr);
@@ -141,7 +144,7 @@ struct Launch {
   int splits = 1;   // K ranges of each item of the last partial round
   int workers = 0;  // compute blocks (clusters for the cluster tile) the split was planned for
   int width = 0;    // Tile::M128Nw, SwappedW, SwappedW256: its width
-  int cluster = 1;  // Tile::SwappedW: 2 = 2-CTA clusters multicasting the token tile
+  int cluster = 1;  // Tile::SwappedW: 2 (4) = 2-CTA (4-CTA) clusters multicasting the token tile
 };
 Launch choose_launch(int M, int N, int K, BLayout b, const Options& opt = {}, bool f32_out = false);
 

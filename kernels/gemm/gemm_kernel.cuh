@@ -19,6 +19,8 @@
 // only: a wider B panel per A row loaded, so fewer L2 requests per FLOP where a misaligned pitch
 // doubles them): each consumer's 64 x 320 accumulator is two wgmmas of 192 and 128 columns per
 // k16 step (wgmma's N stops at 256), and the output goes out in two parts of 192 and 128 columns.
+// Cluster = 4 (the swapped 128 x w tile only): four weight panels share the token tile, each CTA
+// loading a quarter of it, so the token rows cross L2 -> SM once per four weight panels.
 //
 // TransOut (the swapped 128 x w tile, Tile::SwappedW): the caller passes the weights W (N x K, or
 // K x N as an input gradient reads them: then A is M-major, ALayout::KM) as A and the tokens X
@@ -110,7 +112,8 @@ struct GemmKernel {
   static constexpr int kOutputParts = OutParts;
   static constexpr int kClusterSize = Cluster;
   static constexpr int kBRowsPerCta = BN_ / Cluster;  // NK: B rows each CTA loads (and multicasts)
-  static_assert(Cluster == 1 || Cluster == 2, "clusters of 1 or 2 along M");
+  static_assert(Cluster == 1 || Cluster == 2 || (Cluster == 4 && TransOut && BM_ == 128),
+                "clusters of 1 or 2 along M (4: the swapped 128 x w tile)");
   // Output columns per staging row block (TransOut: C's columns, i.e. 64 of the tile's rows).
   static constexpr int kOutBlockCols = TransOut ? 64 : Staging::kBlockCols;
   // Output columns per part: whole staging blocks (the last part may be narrower: 320 = 192 + 128).

@@ -8,7 +8,8 @@
 namespace weave::gemm::detail {
 
 // Cluster = 2: two CTAs on adjacent weight panels share the token tile, each loading half of it
-// and multicasting (gemm_kernel.cuh), for pitches off the 128-byte grid. WL: the weights as the
+// and multicasting (gemm_kernel.cuh), for pitches off the 128-byte grid; Cluster = 4 (forward
+// weights only) four CTAs, a quarter each. WL: the weights as the
 // kernel's A, N x K (MK: a forward X W^T) or K x N (KM: an input gradient dY W).
 template <int Width, int Cluster, ALayout WL = ALayout::MK>
 using SwappedWide =
@@ -19,6 +20,12 @@ lcsc::Plan run_swapped_layout(const __nv_bfloat16* X, const __nv_bfloat16* W, __
                               const Options& opt, int group_m, cudaStream_t stream, const Launch& split) {
   static_assert(lcsc::shared_bytes<SplitKKernel<SwappedWide<Width, 1, WL>>>() <= 232448, "227 KB");
   // The kernel's M is the weights' rows (N), its N the tokens (M).
+  if constexpr (swapped_width_quads(Width) && WL == ALayout::MK) {
+    if (split.cluster == 4) return run<SwappedWide<Width, 4, WL>>(W, X, C, N, M, K, opt, group_m, stream, split);
+  } else {
+    WEAVE_CHECK(split.cluster != 4, "gemm: the swapped 128 x ", Width,
+                " tile runs in 4-CTA clusters only at a width that is a multiple of 32, weights as N x K");
+  }
   if constexpr (swapped_width_clusters(Width)) {
     static_assert(lcsc::shared_bytes<SplitKKernel<SwappedWide<Width, 2, WL>>>() <= 232448, "227 KB");
     if (split.cluster == 2) return run<SwappedWide<Width, 2, WL>>(W, X, C, N, M, K, opt, group_m, stream, split);

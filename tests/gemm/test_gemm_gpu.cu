@@ -552,7 +552,7 @@ TEST(Gemm, SwappedWideTiles) {
   o.tile = gemm::Tile::SwappedW, o.tile_n = 96;
   o.tile_cluster = 3;
   expect_error<Error>([&] { gemm::gemm(p, p, p, 577, 128, 64, gemm::BLayout::NK, o); }, "tile_cluster 3",
-                      "tile_cluster must be 0, 1 or 2");
+                      "tile_cluster must be 0, 1, 2 or 4");
   o.tile_cluster = 0;
   expect_error<Error>([&] { gemm::gemm(p, p, reinterpret_cast<float*>(p), 64, 128, 64, gemm::BLayout::NK, o); },
                       "fp32 output", "an fp32 output");
@@ -601,6 +601,41 @@ TEST(Gemm, SwappedWideTiles) {
     v.bl = gemm::BLayout::NK;
     run_case(c, v);
   }
+}
+
+// The swapped 128 x w tiles in 4-CTA clusters (each CTA loads a quarter of the token tile and
+// multicasts it), forced at every width that has them: token counts that leave the last quarters of
+// the token tile wholly past M, a weight panel count that is not a multiple of 4 (the cluster's last
+// CTAs past the weights), two token tiles, pitches on and off the 128-byte grid; plain, C +=,
+// communicator SMs; and the rejected combinations.
+TEST(Gemm, SwappedWideTilesQuads) {
+  for (int w : gemm::kSwappedWidths) {
+    if (!gemm::swapped_width_quads(w)) continue;
+    const Case cases[] = {{w > 32 ? w - 29 : 3, 14344, 1032}, {w, 392, 4104}, {w + 9, 1000, 2048}, {w - 5, 5128, 1096}};
+    for (Case c : cases) {
+      Variant v;
+      v.bl = gemm::BLayout::NK, v.tile = gemm::Tile::SwappedW, v.tile_n = w, v.tile_cluster = 4, v.samples = true;
+      run_case(c, v);
+      v.accumulate = true;
+      run_case(c, v);
+      v.accumulate = false, v.comm = 8;
+      run_case(c, v);
+    }
+  }
+  bf16* p = nullptr;
+  WEAVE_CUDA_CHECK(cudaMalloc(&p, 1 << 22));
+  gemm::Options o;
+  o.tile = gemm::Tile::SwappedW, o.tile_n = 112, o.tile_cluster = 4;
+  expect_error<Error>([&] { gemm::gemm(p, p, p, 64, 128, 1032, gemm::BLayout::NK, o); }, "quads at 112",
+                      "a width that is a multiple of 32");
+  o.tile_n = 96, o.split_k = 2;
+  expect_error<Error>([&] { gemm::gemm(p, p, p, 64, 128, 1032, gemm::BLayout::NK, o); }, "quads split", "no split-K");
+  o.split_k = 0;
+  expect_error<Error>([&] { gemm::gemm(p, p, p, 64, 128, 1032, gemm::BLayout::KN, o); }, "quads K x N", "B as N x K");
+  o.lcsc.num_comm_sms = 2;
+  expect_error<Error>([&] { gemm::gemm(p, p, p, 64, 128, 1032, gemm::BLayout::NK, o); }, "quads comm 2",
+                      "num_comm_sms a multiple of 4");
+  WEAVE_CUDA_CHECK(cudaFree(p));
 }
 
 // The swapped 128 x w tiles on an input gradient dY W (B = W stored K x N: the kernel reads the

@@ -534,9 +534,9 @@ SwappedTileArg swapped_tile_arg(const std::string& tile, const char* suite) {
   char* end = nullptr;
   const long w = std::strtol(tile.c_str() + 2, &end, 10);
   const std::string rest = end;
-  const int cluster = rest.empty() ? 0 : rest == "c1" ? 1 : rest == "c2" ? 2 : -1;
+  const int cluster = rest.empty() ? 0 : rest == "c1" ? 1 : rest == "c2" ? 2 : rest == "c4" ? 4 : -1;
   if (cluster >= 0 && gemm::is_swapped_width(static_cast<int>(w))) return {static_cast<int>(w), cluster};
-  std::fprintf(stderr, "weave-bench %s: --tile %s: no such width (swapped widths: %s; c1 or c2 after one forces its "
+  std::fprintf(stderr, "weave-bench %s: --tile %s: no such width (swapped widths: %s; c1, c2 or c4 after one forces its "
                "CTAs per cluster)\n", suite, tile.c_str(), gemm::swapped_widths_text().c_str());
   return {-1, 0};
 }
