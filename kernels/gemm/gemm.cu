@@ -163,18 +163,17 @@ Launch launch_choice(int M, int N, int K, BLayout bl, const Options& opt, bool f
                 "gemm: tile_cluster must be 0, 1, 2 or 4 (2, 4: with num_comm_sms a multiple of it on a device "
                 "with clusters); got ", opt.tile_cluster, " (num_comm_sms = ", opt.lcsc.num_comm_sms, ")");
     WEAVE_CHECK(opt.tile_cluster != 4 || (swapped_width_quads(opt.tile_n) && bl == BLayout::NK &&
-                                          opt.split_k <= 1 && opt.lcsc.num_comm_sms % 4 == 0),
+                                          opt.lcsc.num_comm_sms % 4 == 0),
                 "gemm: the swapped 128 x w tile in 4-CTA clusters needs a width that is a multiple of 32, B as "
-                "N x K, no split-K and num_comm_sms a multiple of 4; got width ", opt.tile_n,
-                bl == BLayout::NK ? "" : ", B as K x N", ", split_k = ", opt.split_k, ", num_comm_sms = ",
-                opt.lcsc.num_comm_sms);
+                "N x K and num_comm_sms a multiple of 4; got width ", opt.tile_n,
+                bl == BLayout::NK ? "" : ", B as K x N", ", num_comm_sms = ", opt.lcsc.num_comm_sms);
     WEAVE_CHECK(opt.tile_cluster != 2 || swapped_width_clusters(opt.tile_n), "gemm: the swapped 128 x ",
                 opt.tile_n, " tile runs in single CTAs only (2-CTA clusters need a width that is a multiple of 16)");
     const int cluster = opt.tile_cluster > 0                                        ? opt.tile_cluster
                         : !aligned && pairs > 0 && swapped_width_clusters(opt.tile_n) ? 2
                                                                                       : 1;
-    return {opt.tile, plain && opt.split_k > 1 ? opt.split_k : 1, cluster == 2 ? pairs : cluster == 4 ? blocks / 4 : blocks,
-            opt.tile_n, cluster};
+    const int workers = cluster == 2 ? pairs : cluster == 4 ? detail::swapped_quad_clusters(wide) : blocks;
+    return {opt.tile, plain && opt.split_k > 1 ? opt.split_k : 1, workers, opt.tile_n, cluster};
   }
   if (opt.tile == Tile::SwappedW256) {
     WEAVE_CHECK(bl == BLayout::NK && opt.tile_cluster >= 0 && opt.tile_cluster <= 1 && opt.split_k <= 1,

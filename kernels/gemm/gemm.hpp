@@ -112,7 +112,7 @@ struct Options {
   int tile_n = 0;  // the width of Tile::M128Nw (kWideWidths), SwappedW (kSwappedWidths) or SwappedW256
                    // (kSwapped256Widths); unused by the others
   // A forced SwappedW's CTAs per cluster: 1, 2 (the token tile multicast; widths that are multiples of
-  // 16), 4 (widths that are multiples of 32, B as N x K, unsplit; never the planner's), or 0: 2 on a
+  // 16), 4 (widths that are multiples of 32, B as N x K; never the planner's), or 0: 2 on a
   // misaligned pitch where the width allows it, as the planner runs it. Unused by the other tiles.
   int tile_cluster = 0;
   ALayout a_layout = ALayout::MK;      // KM: A stored K x M (weight gradient dY^T X); M % 8 == 0

@@ -9,6 +9,10 @@ WEAVE_SWAPPED_WIDTH(64);
 WEAVE_SWAPPED_WIDTH(96);
 WEAVE_SWAPPED_WIDTH(128);
 
+int swapped_quad_clusters(const lcsc::Config& cfg) {
+  return lcsc::plan_for<SwappedWide<96, 4>>(1LL << 40, cfg).compute_blocks / 4;
+}
+
 lcsc::Plan run_swapped_wide(const __nv_bfloat16* X, const __nv_bfloat16* W, __nv_bfloat16* C, int M, int N, int K,
                             BLayout wl, const Options& opt, int group_m, cudaStream_t stream, const Launch& split) {
   return with_width<kSwappedWidths>(split.width, "gemm (swapped)", [&](auto w) {

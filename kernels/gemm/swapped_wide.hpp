@@ -31,10 +31,15 @@ constexpr int swapped256_stages(int w) { return swapped_stage_budget(w) / ((256 
 
 // One width's launch: X (M x K) the tokens, W the weights (wl NK: N x K, a forward X W^T; KN: K x N,
 // an input gradient dY W), C (M x N) bf16; split.splits > 1 splits the last partial round on
-// split.workers (clusters when split.cluster is 2).
+// split.workers (clusters when split.cluster is 2 or 4).
 template <int Width>
 lcsc::Plan run_swapped_width(const __nv_bfloat16* X, const __nv_bfloat16* W, __nv_bfloat16* C, int M, int N, int K,
                              BLayout wl, const Options& opt, int group_m, cudaStream_t stream, const Launch& split);
+
+// The 4-CTA clusters of the swapped 128 x w tile the device holds at once next to cfg's communicator
+// blocks (cfg.balance_waves off): one CTA per SM and a cluster within one GPC, so fewer than
+// sm_count / 4 (29-31 on an H100's 132 SMs).
+int swapped_quad_clusters(const lcsc::Config& cfg);
 
 // The launch for opt.tile_n / split.width (one of kSwappedWidths, else a weave::Error).
 lcsc::Plan run_swapped_wide(const __nv_bfloat16* X, const __nv_bfloat16* W, __nv_bfloat16* C, int M, int N, int K,

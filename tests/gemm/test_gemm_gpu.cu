@@ -607,7 +607,7 @@ TEST(Gemm, SwappedWideTiles) {
 // multicasts it), forced at every width that has them: token counts that leave the last quarters of
 // the token tile wholly past M, a weight panel count that is not a multiple of 4 (the cluster's last
 // CTAs past the weights), two token tiles, pitches on and off the 128-byte grid; plain, C +=,
-// communicator SMs; and the rejected combinations.
+// split-K 2 and 3, communicator SMs; and the rejected combinations.
 TEST(Gemm, SwappedWideTilesQuads) {
   for (int w : gemm::kSwappedWidths) {
     if (!gemm::swapped_width_quads(w)) continue;
@@ -618,7 +618,11 @@ TEST(Gemm, SwappedWideTilesQuads) {
       run_case(c, v);
       v.accumulate = true;
       run_case(c, v);
-      v.accumulate = false, v.comm = 8;
+      for (int sp : {2, 3}) {  // split items of clusters of 4 (C += on 3)
+        v.split_k = sp, v.accumulate = sp == 3;
+        run_case(c, v);
+      }
+      v.split_k = 0, v.accumulate = false, v.comm = 8;
       run_case(c, v);
     }
   }
@@ -628,9 +632,7 @@ TEST(Gemm, SwappedWideTilesQuads) {
   o.tile = gemm::Tile::SwappedW, o.tile_n = 112, o.tile_cluster = 4;
   expect_error<Error>([&] { gemm::gemm(p, p, p, 64, 128, 1032, gemm::BLayout::NK, o); }, "quads at 112",
                       "a width that is a multiple of 32");
-  o.tile_n = 96, o.split_k = 2;
-  expect_error<Error>([&] { gemm::gemm(p, p, p, 64, 128, 1032, gemm::BLayout::NK, o); }, "quads split", "no split-K");
-  o.split_k = 0;
+  o.tile_n = 96;
   expect_error<Error>([&] { gemm::gemm(p, p, p, 64, 128, 1032, gemm::BLayout::KN, o); }, "quads K x N", "B as N x K");
   o.lcsc.num_comm_sms = 2;
   expect_error<Error>([&] { gemm::gemm(p, p, p, 64, 128, 1032, gemm::BLayout::NK, o); }, "quads comm 2",
