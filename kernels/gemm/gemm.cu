@@ -338,8 +338,10 @@ std::string launch_label(const char* tile, int width, int splits) {
 }
 
 std::string launch_name(const Launch& l) {
-  if (l.tile == Tile::SwappedW)
-    return launch_label(("sw128x" + std::to_string(l.width) + (l.cluster > 1 ? "c" + std::to_string(l.cluster) : std::string())).c_str(), 0, l.splits);
+  if (l.tile == Tile::SwappedW) {
+    const std::string cluster = l.cluster > 1 ? "c" + std::to_string(l.cluster) : "";
+    return launch_label(("sw128x" + std::to_string(l.width) + cluster).c_str(), 0, l.splits);
+  }
   if (l.tile == Tile::SwappedW256) return launch_label(("sw256x" + std::to_string(l.width)).c_str(), 0, l.splits);
   return launch_label(tile_name(l.tile), l.tile == Tile::M128Nw ? l.width : 0, l.splits);
 }
