@@ -37,8 +37,9 @@ lcsc::Plan run_swapped_width(const __nv_bfloat16* X, const __nv_bfloat16* W, __n
                              BLayout wl, const Options& opt, int group_m, cudaStream_t stream, const Launch& split);
 
 // The 4-CTA clusters of the swapped 128 x w tile the device holds at once next to cfg's communicator
-// blocks (cfg.balance_waves off): one CTA per SM and a cluster within one GPC, so fewer than
-// sm_count / 4 (29-31 on an H100's 132 SMs).
+// blocks (cfg.balance_waves off), as the runtime's occupancy query reports them: one CTA per SM and a
+// cluster within one GPC, so fewer than a quarter of the SMs where GPCs' SM counts are not multiples
+// of 4 (the measured count: perf-notes, 2026-12-07 second session).
 int swapped_quad_clusters(const lcsc::Config& cfg);
 
 // The launch for opt.tile_n / split.width (one of kSwappedWidths, else a weave::Error).
