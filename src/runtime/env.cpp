@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "weave/common/error.hpp"
+#include "weave/tile/tma.hpp"
 
 namespace weave::env {
 
@@ -134,6 +135,12 @@ namespace weave {
 bool pdl_allowed_by_env() {
   static const bool on = env::get_bool("WEAVE_PDL");
   return on;
+}
+
+CUtensorMapL2promotion tma_l2_promotion_by_env() {
+  static const CUtensorMapL2promotion chosen =
+      tile::parse_l2_promotion(env::get_string("WEAVE_TMA_L2_PROMOTION").c_str());
+  return chosen;
 }
 
 }  // namespace weave

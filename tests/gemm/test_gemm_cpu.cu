@@ -133,6 +133,17 @@ TEST(TmaParams, PartialTiles) {
             std::string::npos);
 }
 
+TEST(TmaParams, L2PromotionFromTheEnvironment) {
+  EXPECT_EQ(tile::parse_l2_promotion(nullptr), CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
+  EXPECT_EQ(tile::parse_l2_promotion(""), CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
+  EXPECT_EQ(tile::parse_l2_promotion("256"), CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
+  EXPECT_EQ(tile::parse_l2_promotion("128"), CU_TENSOR_MAP_L2_PROMOTION_L2_128B);
+  EXPECT_EQ(tile::parse_l2_promotion("64"), CU_TENSOR_MAP_L2_PROMOTION_L2_64B);
+  EXPECT_EQ(tile::parse_l2_promotion("none"), CU_TENSOR_MAP_L2_PROMOTION_NONE);
+  EXPECT_NE(error_of([] { tile::parse_l2_promotion("512"); }).find("none, 64, 128 or 256, got '512'"),
+            std::string::npos);
+}
+
 TEST(Swizzle, Bijective128B) {
   // Within a 1024-byte atom the 128B swizzle permutes 16-byte chunks, row by row.
   std::vector<int> hit(64, 0);

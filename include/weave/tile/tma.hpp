@@ -6,6 +6,8 @@
 #include <cuda.h>
 
 #include <cstdint>
+#include <cstring>
+#include <string>
 
 #include "weave/common/driver.hpp"
 #include "weave/common/error.hpp"
@@ -71,6 +73,28 @@ TmaParams tma_2d(const T* base, uint64_t rows, uint64_t cols, uint64_t ld, uint3
   return tma_2d(dtype<T>::tma, dtype<T>::bytes, base, rows, cols, ld, box_rows, box_cols, sw);
 }
 
+// How many bytes around a TMA load's sectors L2 fetches with them: `v` is none, 64, 128 or 256
+// (null or empty: 256). The promotion decides how much of a streamed operand crosses the fabric
+// between the L2's two partitions (docs/perf-notes.md, 2026-12-07 third session), so
+// $WEAVE_TMA_L2_PROMOTION can switch it for A/B runs.
+inline CUtensorMapL2promotion parse_l2_promotion(const char* v) {
+  if (v == nullptr || *v == 0 || std::strcmp(v, "256") == 0) return CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
+  if (std::strcmp(v, "128") == 0) return CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
+  if (std::strcmp(v, "64") == 0) return CU_TENSOR_MAP_L2_PROMOTION_L2_64B;
+  if (std::strcmp(v, "none") == 0) return CU_TENSOR_MAP_L2_PROMOTION_NONE;
+  throw Error(std::string("WEAVE_TMA_L2_PROMOTION must be none, 64, 128 or 256, got '") + v + "'");
+}
+
+}  // namespace weave::tile
+
+namespace weave {
+// $WEAVE_TMA_L2_PROMOTION through parse_l2_promotion, read once (src/runtime/env.cpp: the tile
+// layer reads no environment itself).
+CUtensorMapL2promotion tma_l2_promotion_by_env();
+}  // namespace weave
+
+namespace weave::tile {
+
 inline CUtensorMap encode(const TmaParams& p) {
   CUtensorMap m;
   CUtensorMapSwizzle sw = CU_TENSOR_MAP_SWIZZLE_NONE;
@@ -84,7 +108,7 @@ inline CUtensorMap encode(const TmaParams& p) {
   WEAVE_CU_CHECK(drv().tensorMapEncodeTiled(
       &m, p.type, p.rank, const_cast<void*>(p.base), reinterpret_cast<const cuuint64_t*>(p.dims),
       reinterpret_cast<const cuuint64_t*>(p.strides), reinterpret_cast<const cuuint32_t*>(p.box), elem_strides,
-      CU_TENSOR_MAP_INTERLEAVE_NONE, sw, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
+      CU_TENSOR_MAP_INTERLEAVE_NONE, sw, tma_l2_promotion_by_env(), CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
   return m;
 }
 
