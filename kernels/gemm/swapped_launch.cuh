@@ -19,7 +19,7 @@ template <class Op, class OutT>
 lcsc::Plan launch_config(const Params& p, int sm_count, cudaStream_t stream) {
   WEAVE_CHECK(p.M >= 1 && p.M <= kMaxTokens, "gemm: the swapped decode tile takes 1..", kMaxTokens, " rows, got M = ",
               p.M);
-  const Config c = Op::kBytes == 1 ? config_fp8(p.M, p.N, p.K, sm_count) : config(p.M, p.N, sm_count);
+  const Config c = Op::kBytes == 1 ? config_fp8(p.M, p.N, p.K, sm_count) : config(p.M, p.N, p.K, sm_count);
   if (token_blocks(p.M) == 1) {
     if (c.warps == 4) run<Op, 1, 1, 4, 1, OutT>(p, stream);
     else if (c.warps == 8) run<Op, 1, 1, 8, 1, OutT>(p, stream);

@@ -50,27 +50,34 @@ struct Config {
   int strips_per_block, warps, depth;
 };
 
-// The configuration for M tokens and N weight rows on `sm_count` SMs, fitted to a sweep of every
+// The configuration for M tokens, N weight rows and K (bf16) on `sm_count` SMs, fitted to a sweep of every
 // (strips, warps, depth) in {1, 2} x {4, 8, 16} x {1, 2} on 42 decode shapes at power-capped
 // clocks (docs/perf-notes.md, "swapped"); every count is relative to the SM count.
 // One token block (M <= 8): one strip per block, the fewest warps that give every SM 16 (the
 // weight loads in flight: fewer starve DRAM, more shorten each warp's K run), and 8 where the
 // strips are very many (12 per SM: a row pitch of a power of two, 28672 x 8192, ran 7 % slower
-// on 4). Two token blocks: each X fragment also feeds a second strip (half the X bytes per weight
-// byte) and each warp keeps two chunks in flight, with the fewest warps that give every SM 19
+// on 4); then more warps while a warp's run along K would pass kMaxChunksPerWarp chunks. Two
+// token blocks: each X fragment also feeds a second strip (half the X bytes per weight byte) and
+// each warp keeps two chunks in flight, with the fewest warps that give every SM 19
 // such units; one strip per block where strips are very many (8 per SM) or fewer than the SMs.
 // Below kOneStripBelow strips per SM, one strip per block at 8 warps: paired there, the blocks are
 // about as many as the SMs or fewer (one block per SM, some SMs idle). In
 // three sweeps (2026-12-02d and g, 2026-12-06 tenth session) one strip ran 2-7 % faster at 256 and 320
 // strips in bf16 and 10-24 % in fp8, and 26 % slower at 448 in bf16.
 inline constexpr int kOneStripBelow = 3;
-__host__ __device__ inline Config config(int M, int N, int sm_count) {
-  const long long s = strips(N), sms = sm_count;
+// 64 chunks: 16 KB of a row. 1 x 16384 x 53248 (416 chunks, 1024 strips: 4 warps by the rule
+// above, 104 chunks each) ran 0.92 / 0.97 / 0.98 of cuBLAS on 4 / 8 / 16 warps on an H200
+// (2026-12-02d sweep) and 0.73 / 0.78 / 0.78 on an H100; 1 x 16424 x 53296 0.59 / 0.68 / 0.77 (H100,
+// 2026-12-07d). A lower bound would also move 7144 x 53288 (447 strips, 8 warps, 52 chunks each),
+// which ran 0.86 on 8 warps and 0.76 on 16 (H100).
+inline constexpr int kMaxChunksPerWarp = 64;
+__host__ __device__ inline Config config(int M, int N, int K, int sm_count) {
+  const long long s = strips(N), sms = sm_count, c = chunks(K, 2);
   if (token_blocks(M) == 1) {
-    if (s >= 12 * sms) return {1, 8, 1};
-    for (int w = 4; w < 16; w *= 2)
-      if (s * w >= 16 * sms) return {1, w, 1};
-    return {1, 16, 1};
+    int w = s >= 12 * sms ? 8 : 4;
+    while (w < 16 && s < 12 * sms && s * w < 16 * sms) w *= 2;
+    while (w < 16 && c > kMaxChunksPerWarp * w) w *= 2;
+    return {1, w, 1};
   }
   if (s >= 8 * sms) return {1, 8, 2};
   if (s < sms) return {1, 16, 2};
@@ -87,7 +94,7 @@ __host__ __device__ inline Config config(int M, int N, int sm_count) {
 // of cuBLASLt on 4 warps, 0.99 on 16). Two token blocks: bf16's rule (the sweep's fits for it
 // lost on as many rows as they won).
 __host__ __device__ inline Config config_fp8(int M, int N, int K, int sm_count) {
-  if (token_blocks(M) != 1) return config(M, N, sm_count);
+  if (token_blocks(M) != 1) return config(M, N, K, sm_count);
   const long long s = strips(N), sms = sm_count, c = chunks(K, 1);
   int w = 4;
   while (w < 16 && (s * w < 12 * sms || c > 8LL * w)) w *= 2;

@@ -137,8 +137,8 @@ bool pdl_allowed_by_env() {
   return on;
 }
 
-CUtensorMapL2promotion tma_l2_promotion_by_env() {
-  static const CUtensorMapL2promotion chosen =
+tile::L2Promotion tma_l2_promotion_by_env() {
+  static const tile::L2Promotion chosen =
       tile::parse_l2_promotion(env::get_string("WEAVE_TMA_L2_PROMOTION").c_str());
   return chosen;
 }

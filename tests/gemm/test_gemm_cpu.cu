@@ -134,13 +134,23 @@ TEST(TmaParams, PartialTiles) {
 }
 
 TEST(TmaParams, L2PromotionFromTheEnvironment) {
-  EXPECT_EQ(tile::parse_l2_promotion(nullptr), CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
-  EXPECT_EQ(tile::parse_l2_promotion(""), CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
-  EXPECT_EQ(tile::parse_l2_promotion("256"), CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
-  EXPECT_EQ(tile::parse_l2_promotion("128"), CU_TENSOR_MAP_L2_PROMOTION_L2_128B);
-  EXPECT_EQ(tile::parse_l2_promotion("64"), CU_TENSOR_MAP_L2_PROMOTION_L2_64B);
-  EXPECT_EQ(tile::parse_l2_promotion("none"), CU_TENSOR_MAP_L2_PROMOTION_NONE);
-  EXPECT_NE(error_of([] { tile::parse_l2_promotion("512"); }).find("none, 64, 128 or 256, got '512'"),
+  constexpr auto k256 = CU_TENSOR_MAP_L2_PROMOTION_L2_256B, k128 = CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
+  // auto (unset, empty or named): 128 only where the row pitch is off the 128-byte grid.
+  for (const char* v : {static_cast<const char*>(nullptr), "", "auto"}) {
+    const tile::L2Promotion p = tile::parse_l2_promotion(v);
+    EXPECT_EQ(p.for_pitch(28672), k256);  // 14336 bf16
+    EXPECT_EQ(p.for_pitch(0), k256);      // rank 1
+    EXPECT_EQ(p.for_pitch(27664), k128);  // 13832 bf16: 16 past the grid
+    EXPECT_EQ(p.for_pitch(8264), k128);   // 4132 bf16: 64 past
+  }
+  // A fixed value holds for every pitch.
+  for (uint64_t pitch : {uint64_t{28672}, uint64_t{27664}}) {
+    EXPECT_EQ(tile::parse_l2_promotion("256").for_pitch(pitch), k256);
+    EXPECT_EQ(tile::parse_l2_promotion("128").for_pitch(pitch), k128);
+    EXPECT_EQ(tile::parse_l2_promotion("64").for_pitch(pitch), CU_TENSOR_MAP_L2_PROMOTION_L2_64B);
+    EXPECT_EQ(tile::parse_l2_promotion("none").for_pitch(pitch), CU_TENSOR_MAP_L2_PROMOTION_NONE);
+  }
+  EXPECT_NE(error_of([] { tile::parse_l2_promotion("512"); }).find("auto, none, 64, 128 or 256, got '512'"),
             std::string::npos);
 }
 

@@ -344,7 +344,8 @@ TEST(GemmPlan, DecodeTakesTheSwappedTile) {
 }
 
 // The swapped tile's launch configuration, relative to the SM count: one token block gives every
-// SM at least 16 warps with the fewest per block (8 when the strips are very many); two token
+// SM at least 16 warps with the fewest per block (8 when the strips are very many), and more while
+// a warp would run over more than kMaxChunksPerWarp chunks of a row; two token
 // blocks run two chunks in flight per warp, two strips per block in the middle range with the
 // fewest warps giving 19 units per SM (one strip at 8 warps below 3 strips per SM). Every
 // configuration is one swapped_launch.cuh instantiates.
@@ -356,7 +357,15 @@ TEST(SwappedSchedule, Config) {
   for (int sms : {8, 78, 132, 144}) {
     for (int N : {8, 1024, 4096, 4104, 11008, 16384, 53248}) {
       const long long s = swapped::strips(N);
-      const Config c1 = swapped::config(1, N, sms);
+      for (int K : {4096, 16384, 53296}) {  // 32, 128 and 417 chunks
+        const Config c = swapped::config(1, N, K, sms), short_k = swapped::config(1, N, 4096, sms);
+        EXPECT_EQ(c.strips_per_block, 1);
+        EXPECT_GE(c.warps, short_k.warps);
+        EXPECT_TRUE(c.warps == 16 || swapped::chunks(K, 2) <= swapped::kMaxChunksPerWarp * c.warps) << N << "x" << K;
+        EXPECT_TRUE(c.warps == short_k.warps || swapped::chunks(K, 2) > swapped::kMaxChunksPerWarp * c.warps / 2)
+            << N << "x" << K << " on " << sms << ": not the fewest";
+      }
+      const Config c1 = swapped::config(1, N, 4096, sms);
       EXPECT_EQ(c1.strips_per_block, 1);
       EXPECT_EQ(c1.depth, 1);
       if (s < 12LL * sms) {
@@ -365,7 +374,7 @@ TEST(SwappedSchedule, Config) {
       } else {
         EXPECT_EQ(c1.warps, 8);
       }
-      const Config c2 = swapped::config(16, N, sms);
+      const Config c2 = swapped::config(16, N, 4096, sms);
       EXPECT_EQ(c2.depth, 2);
       EXPECT_TRUE(eq(c2, {1, 8, 2}) || eq(c2, {1, 16, 2}) || eq(c2, {2, 4, 2}) || eq(c2, {2, 8, 2}))
           << N << " on " << sms;
@@ -376,16 +385,23 @@ TEST(SwappedSchedule, Config) {
     }
   }
   // The sweep's choices on 132 SMs (docs/perf-notes.md, "swapped").
-  EXPECT_TRUE(eq(swapped::config(1, 11008, 132), {1, 4, 1}));   // 688 strips
-  EXPECT_TRUE(eq(swapped::config(1, 4096, 132), {1, 16, 1}));   // 256 strips
-  EXPECT_TRUE(eq(swapped::config(1, 28672, 132), {1, 8, 1}));   // 1792 strips
-  EXPECT_TRUE(eq(swapped::config(16, 28672, 132), {1, 8, 2}));
-  EXPECT_TRUE(eq(swapped::config(16, 11008, 132), {2, 4, 2}));
-  EXPECT_TRUE(eq(swapped::config(16, 7168, 132), {2, 8, 2}));
-  EXPECT_TRUE(eq(swapped::config(9, 4096, 132), {1, 8, 2}));    // 256 strips
-  EXPECT_TRUE(eq(swapped::config(16, 5120, 132), {1, 8, 2}));   // 320
-  EXPECT_TRUE(eq(swapped::config(16, 6400, 132), {2, 8, 2}));   // 400
-  EXPECT_TRUE(eq(swapped::config(16, 1024, 132), {1, 16, 2}));
+  EXPECT_TRUE(eq(swapped::config(1, 11008, 4096, 132), {1, 4, 1}));   // 688 strips
+  EXPECT_TRUE(eq(swapped::config(1, 4096, 4096, 132), {1, 16, 1}));   // 256 strips
+  EXPECT_TRUE(eq(swapped::config(1, 28672, 4096, 132), {1, 8, 1}));   // 1792 strips
+  EXPECT_TRUE(eq(swapped::config(16, 28672, 4096, 132), {1, 8, 2}));
+  EXPECT_TRUE(eq(swapped::config(16, 11008, 4096, 132), {2, 4, 2}));
+  EXPECT_TRUE(eq(swapped::config(16, 7168, 4096, 132), {2, 8, 2}));
+  EXPECT_TRUE(eq(swapped::config(9, 4096, 4096, 132), {1, 8, 2}));    // 256 strips
+  EXPECT_TRUE(eq(swapped::config(16, 5120, 4096, 132), {1, 8, 2}));   // 320
+  EXPECT_TRUE(eq(swapped::config(16, 6400, 4096, 132), {2, 8, 2}));   // 400
+  EXPECT_TRUE(eq(swapped::config(16, 1024, 4096, 132), {1, 16, 2}));
+  // Long rows: 416 chunks, 104 per warp on 4 warps (1024 strips), 52 on 8 (447 strips).
+  EXPECT_TRUE(eq(swapped::config(1, 16384, 53248, 132), {1, 8, 1}));
+  EXPECT_TRUE(eq(swapped::config(8, 16424, 53296, 132), {1, 8, 1}));
+  EXPECT_TRUE(eq(swapped::config(1, 16384, 53248 * 2, 132), {1, 16, 1}));
+  EXPECT_TRUE(eq(swapped::config(1, 7144, 53288, 132), {1, 8, 1}));
+  EXPECT_TRUE(eq(swapped::config(1, 53248, 16384, 132), {1, 8, 1}));
+  EXPECT_TRUE(eq(swapped::config(16, 16384, 53248, 132), swapped::config(16, 16384, 4096, 132)));
   // fp8, one token block: at most 8 chunks of a row per warp, and 12 warps per SM (the fp8 sweep's
   // best on these rows); two token blocks as bf16.
   EXPECT_TRUE(eq(swapped::config_fp8(1, 11008, 4096, 132), {1, 4, 1}));
@@ -393,7 +409,7 @@ TEST(SwappedSchedule, Config) {
   EXPECT_TRUE(eq(swapped::config_fp8(1, 8192, 28672, 132), {1, 16, 1}));
   EXPECT_TRUE(eq(swapped::config_fp8(8, 16384, 53248, 132), {1, 16, 1}));
   EXPECT_TRUE(eq(swapped::config_fp8(1, 5120, 13824, 132), {1, 8, 1}));
-  EXPECT_TRUE(eq(swapped::config_fp8(16, 11008, 4096, 132), swapped::config(16, 11008, 132)));
+  EXPECT_TRUE(eq(swapped::config_fp8(16, 11008, 4096, 132), swapped::config(16, 11008, 4096, 132)));
 }
 
 // Decode (M <= 64) splits K across the machine on the 64-row tile.

@@ -187,7 +187,7 @@ int run(const Args& args) {
     }
     emit("weave", used, ta, check_last());
     std::printf("%3dx%6dx%6d %s %7.1f weave(%s) %7.1f |", M, N, K, fp8 ? "cublaslt" : "cublas", tl, used.c_str(), ta);
-    const Config pick = fp8 ? gemm::swapped::config_fp8(M, N, K, sms) : gemm::swapped::config(M, N, sms);
+    const Config pick = fp8 ? gemm::swapped::config_fp8(M, N, K, sms) : gemm::swapped::config(M, N, K, sms);
     for (const Variant& v : kVariants) {
       auto f = gemm::swapped::token_blocks(M) == 1 ? (fp8 ? v.one8 : v.one) : (fp8 ? v.two8 : v.two);
       const double t = timed([&](int i) {

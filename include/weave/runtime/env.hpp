@@ -44,9 +44,9 @@ inline constexpr Var kVars[] = {
    "launches (otherwise only a plan's first call does; `CommOptions::debug` wins when >= 0)"},
   {"WEAVE_PDL", Type::boolean, "1", Who::user,
    "0: kernels launch without programmatic dependent launch (A/B measurements, escape hatch)"},
-  {"WEAVE_TMA_L2_PROMOTION", Type::string, "256", Who::user,
-   "bytes that L2 fetches around each TMA load's sectors: `none`, `64`, `128` or `256` (A/B measurements "
-   "of the traffic between the L2's two partitions, `docs/perf-notes.md`)"},
+  {"WEAVE_TMA_L2_PROMOTION", Type::string, "auto", Who::user,
+   "bytes that L2 fetches around each TMA load's sectors: `auto` (128 for a row pitch off the 128-byte "
+   "grid, else 256), or `none`, `64`, `128`, `256` for every map (A/B measurements, `docs/perf-notes.md`)"},
   {"WEAVE_TUNER_CACHE", Type::path, "", Who::user,
    "the tuner's cache file, `off` = memory only; unset: `$XDG_CACHE_HOME/weave/tuner.json`, else "
    "`$HOME/.cache/weave/tuner.json`, else off"},

@@ -73,16 +73,31 @@ TmaParams tma_2d(const T* base, uint64_t rows, uint64_t cols, uint64_t ld, uint3
   return tma_2d(dtype<T>::tma, dtype<T>::bytes, base, rows, cols, ld, box_rows, box_cols, sw);
 }
 
-// How many bytes around a TMA load's sectors L2 fetches with them: `v` is none, 64, 128 or 256
-// (null or empty: 256). The promotion decides how much of a streamed operand crosses the fabric
-// between the L2's two partitions (docs/perf-notes.md, 2026-12-07 third session), so
-// $WEAVE_TMA_L2_PROMOTION can switch it for A/B runs.
-inline CUtensorMapL2promotion parse_l2_promotion(const char* v) {
-  if (v == nullptr || *v == 0 || std::strcmp(v, "256") == 0) return CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
-  if (std::strcmp(v, "128") == 0) return CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
-  if (std::strcmp(v, "64") == 0) return CU_TENSOR_MAP_L2_PROMOTION_L2_64B;
-  if (std::strcmp(v, "none") == 0) return CU_TENSOR_MAP_L2_PROMOTION_NONE;
-  throw Error(std::string("WEAVE_TMA_L2_PROMOTION must be none, 64, 128 or 256, got '") + v + "'");
+// How many bytes around a TMA load's sectors L2 fetches with them. `auto`: 128 for a map whose row
+// pitch is off the 128-byte grid, 256 for the rest. With such a pitch a 128-byte box row straddles two
+// lines, so 256-byte promotion can pull in two segments per row (not profiled). Measured: 46 misaligned
+// rows of the models and drawn sets ran 0.98 as long at 128 as at 256 in geomean (down to 0.87), 117
+// aligned rows 1.003 (docs/perf-notes.md, 2026-12-07 fourth session). A fixed value (none, 64, 128,
+// 256) applies to every map, for A/B runs ($WEAVE_TMA_L2_PROMOTION).
+struct L2Promotion {
+  bool by_pitch = true;
+  CUtensorMapL2promotion fixed = CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
+
+  // pitch_bytes: the map's row pitch (0 for rank 1).
+  CUtensorMapL2promotion for_pitch(uint64_t pitch_bytes) const {
+    if (!by_pitch) return fixed;
+    return pitch_bytes % 128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B : CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
+  }
+};
+
+// `v`: auto (also null or empty), none, 64, 128 or 256.
+inline L2Promotion parse_l2_promotion(const char* v) {
+  if (v == nullptr || *v == 0 || std::strcmp(v, "auto") == 0) return {};
+  if (std::strcmp(v, "256") == 0) return {false, CU_TENSOR_MAP_L2_PROMOTION_L2_256B};
+  if (std::strcmp(v, "128") == 0) return {false, CU_TENSOR_MAP_L2_PROMOTION_L2_128B};
+  if (std::strcmp(v, "64") == 0) return {false, CU_TENSOR_MAP_L2_PROMOTION_L2_64B};
+  if (std::strcmp(v, "none") == 0) return {false, CU_TENSOR_MAP_L2_PROMOTION_NONE};
+  throw Error(std::string("WEAVE_TMA_L2_PROMOTION must be auto, none, 64, 128 or 256, got '") + v + "'");
 }
 
 }  // namespace weave::tile
@@ -90,7 +105,7 @@ inline CUtensorMapL2promotion parse_l2_promotion(const char* v) {
 namespace weave {
 // $WEAVE_TMA_L2_PROMOTION through parse_l2_promotion, read once (src/runtime/env.cpp: the tile
 // layer reads no environment itself).
-CUtensorMapL2promotion tma_l2_promotion_by_env();
+tile::L2Promotion tma_l2_promotion_by_env();
 }  // namespace weave
 
 namespace weave::tile {
@@ -108,7 +123,8 @@ inline CUtensorMap encode(const TmaParams& p) {
   WEAVE_CU_CHECK(drv().tensorMapEncodeTiled(
       &m, p.type, p.rank, const_cast<void*>(p.base), reinterpret_cast<const cuuint64_t*>(p.dims),
       reinterpret_cast<const cuuint64_t*>(p.strides), reinterpret_cast<const cuuint32_t*>(p.box), elem_strides,
-      CU_TENSOR_MAP_INTERLEAVE_NONE, sw, tma_l2_promotion_by_env(), CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
+      CU_TENSOR_MAP_INTERLEAVE_NONE, sw, tma_l2_promotion_by_env().for_pitch(p.rank > 1 ? p.strides[0] : 0),
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
   return m;
 }
 
