@@ -11,13 +11,17 @@
 # command that would get less than 30 s is not started (the summary says so), and a command that
 # reaches its limit is stopped with its whole process tree (only processes this script started).
 #
-# Carry (device tool's `carry`): .carry/build.tar.xz (scripts/pack-build.sh; unpacked when build/bin
-# is missing), .carry/wheels (the cp312 wheel: steps py, ops, block; see device-check.sh's
-# header for how it is built), build-mutate/stash-2gpu (steps races, races2), built on the CPU
-# machine from the same tree as the build before the session:
+# Carry (device tool's `carry`; at most 64 MiB per call, the repository's tracked files (~23 MB)
+# included, so carry only what the call's steps need):
+#   every step but the races: .carry/build.tar.xz (scripts/pack-build.sh, ~24 MB; unpacked when
+#     build/bin is missing);
+#   py, ops, block: also .carry/wheels (the cp312 wheel, ~4 MB; device-check.sh's header says how it
+#     is built);
+#   races, races2: build-mutate/stash-2gpu (~22 MB) and .carry/build-ctest.tar.xz (scripts/pack-build.sh
+#     --ctest-only), not the build: the stash holds every binary they run, and with the build the call
+#     is over the limit. The stash is built on the CPU machine from the same tree as the build:
 #   python3 scripts/mutate.py --only ag_gemm_signal_before_store_wait,store_wait_only_waits_for_smem_reads,wait_polls_relaxed_without_acquire,ll_scratch_slot_reused_one_call_early --stash build-mutate/stash-2gpu -j "$(nproc)"
-# (about 24 MB estimated from the existing stashes; with the build (22 MB) and the wheel (4 MB) check
-# the three together with `du -shc`: the tool carries at most 64 MiB). Step ab also carries
+#   Step ab also carries
 # .carry/old-4f8b885.tar.xz (weave-bench and weave-run of 4f8b885, stripped, 0.9 MB), built with:
 #   git worktree add /tmp/old-4f8b885 4f8b885 && cmake -S /tmp/old-4f8b885 -B /tmp/old-4f8b885/build \
 #     -DCMAKE_BUILD_TYPE=Release && cmake --build /tmp/old-4f8b885/build -j 2 --target weave-bench weave-run
@@ -67,7 +71,11 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 root=$PWD; B=/work/main
 # CTest files hold the build's absolute paths (device-check.sh does the same).
 [ "$root" = "$B" ] || { mkdir -p "$(dirname "$B")"; [ -e "$B" ] || ln -s "$root" "$B"; }
-[ -d build/bin ] || tar xJf .carry/build.tar.xz
+# The whole build, or (races steps: the stash holds every binary they run) its CTest files alone.
+if [ ! -d build/bin ]; then
+  if [ -f .carry/build.tar.xz ]; then tar xJf .carry/build.tar.xz
+  elif [ -f .carry/build-ctest.tar.xz ]; then tar xJf .carry/build-ctest.tar.xz; fi
+fi
 export WEAVE_BUILD_ROOT=$B
 unset WEAVE_SHARE_GPUS  # two GPUs: no rank shares one
 DRY=${DRY_RUN:-0}
@@ -262,7 +270,10 @@ restore_bins() {  # the carried build's binaries back in place of a stash's (als
   if [ -f .carry/build.tar.xz ] && [ "${#names[@]}" -gt 0 ]; then
     tar xJf .carry/build.tar.xz "${names[@]}" || say "WARNING: could not restore ${names[*]} from .carry/build.tar.xz"
   else
-    say "WARNING: build/bin may hold the stash's binaries (no .carry/build.tar.xz to restore them from)"
+    # Without the build carried, remove the stash's binaries so that a later call on this warm
+    # machine unpacks .carry/build.tar.xz again instead of running them.
+    rm -rf build/bin
+    say "build/bin removed after the stash's run (no .carry/build.tar.xz here to restore it from)"
   fi
 }
 
