@@ -13,18 +13,15 @@ cd "$(dirname "$0")/.."
 ctest_only=0
 [ "${1:-}" = --ctest-only ] && { ctest_only=1; shift; }
 src=${1:-build}
-if [ "$ctest_only" = 1 ]; then
-  rm -rf .carry/build && mkdir -p .carry/build
-  (cd "$src" && find . -name 'CTestTestfile.cmake' -print0 | xargs -0 -I{} cp --parents {} ../.carry/build/)
-  tar -C .carry -cf - build | xz -T0 -6 > .carry/build-ctest.tar.xz
-  rm -rf .carry/build
-  du -sh .carry/build-ctest.tar.xz
-  exit 0
-fi
-rm -rf .carry/build && mkdir -p .carry/build/bin
+out=.carry/build.tar.xz
+[ "$ctest_only" = 1 ] && out=.carry/build-ctest.tar.xz
+rm -rf .carry/build && mkdir -p .carry/build
 (cd "$src" && find . -name 'CTestTestfile.cmake' -print0 | xargs -0 -I{} cp --parents {} ../.carry/build/)
-cp "$src"/bin/* .carry/build/bin/
-strip .carry/build/bin/* 2>/dev/null || true
-tar -C .carry -cf - build | xz -T0 -6 > .carry/build.tar.xz
+if [ "$ctest_only" = 0 ]; then
+  mkdir -p .carry/build/bin
+  cp "$src"/bin/* .carry/build/bin/
+  strip .carry/build/bin/* 2>/dev/null || true
+fi
+tar -C .carry -cf - build | xz -T0 -6 > "$out"
 rm -rf .carry/build
-du -sh .carry/build.tar.xz
+du -sh "$out"

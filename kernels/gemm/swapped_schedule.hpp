@@ -71,14 +71,20 @@ inline constexpr int kOneStripBelow = 3;
 // 2026-12-07d). A lower bound would also move 7144 x 53288 (447 strips, 8 warps, 52 chunks each),
 // which ran 0.86 on 8 warps and 0.76 on 16 (H100).
 inline constexpr int kMaxChunksPerWarp = 64;
+
+// One token block's warps per block, shared by the bf16 and fp8 rules: the fewest from `w` on
+// (4, 8, 16) that give every SM `per_sm` warps over `s` strips and leave each warp at most
+// `max_chunks` of a row's `c` chunks.
+__host__ __device__ inline int fewest_warps(int w, long long s, long long sms, int per_sm, long long c,
+                                            int max_chunks) {
+  while (w < 16 && (s * w < per_sm * sms || c > static_cast<long long>(max_chunks) * w)) w *= 2;
+  return w;
+}
+
 __host__ __device__ inline Config config(int M, int N, int K, int sm_count) {
-  const long long s = strips(N), sms = sm_count, c = chunks(K, 2);
-  if (token_blocks(M) == 1) {
-    int w = s >= 12 * sms ? 8 : 4;
-    while (w < 16 && s < 12 * sms && s * w < 16 * sms) w *= 2;
-    while (w < 16 && c > kMaxChunksPerWarp * w) w *= 2;
-    return {1, w, 1};
-  }
+  const long long s = strips(N), sms = sm_count;
+  if (token_blocks(M) == 1)
+    return {1, fewest_warps(s >= 12 * sms ? 8 : 4, s, sms, 16, chunks(K, 2), kMaxChunksPerWarp), 1};
   if (s >= 8 * sms) return {1, 8, 2};
   if (s < sms) return {1, 16, 2};
   if (s < kOneStripBelow * sms) return {1, 8, 2};
@@ -95,10 +101,7 @@ __host__ __device__ inline Config config(int M, int N, int K, int sm_count) {
 // lost on as many rows as they won).
 __host__ __device__ inline Config config_fp8(int M, int N, int K, int sm_count) {
   if (token_blocks(M) != 1) return config(M, N, K, sm_count);
-  const long long s = strips(N), sms = sm_count, c = chunks(K, 1);
-  int w = 4;
-  while (w < 16 && (s * w < 12 * sms || c > 8LL * w)) w *= 2;
-  return {1, w, 1};
+  return {1, fewest_warps(4, strips(N), sm_count, 12, chunks(K, 1), 8), 1};
 }
 
 __host__ __device__ inline int blocks(int N, const Config& c) { return ceil_div(N, kRows * c.strips_per_block); }
