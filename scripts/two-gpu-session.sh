@@ -267,13 +267,13 @@ step_tests() {  # NAME CTEST-SELECTION: the gpu2 suites through device-check.sh'
 restore_bins() {  # the carried build's binaries back in place of a stash's (also after a stop)
   local -a names
   read -ra names <<< "$(python3 -c 'import json, sys; print(" ".join("build/bin/" + b for b in json.load(open(sys.argv[1]))["baseline"]))' "$STASH/manifest.json")"
-  if [ -f .carry/build.tar.xz ] && [ "${#names[@]}" -gt 0 ]; then
-    tar xJf .carry/build.tar.xz "${names[@]}" || say "WARNING: could not restore ${names[*]} from .carry/build.tar.xz"
-  else
+  if [ ! -f .carry/build.tar.xz ]; then
     # Without the build carried, remove the stash's binaries so that a later call on this warm
     # machine unpacks .carry/build.tar.xz again instead of running them.
     rm -rf build/bin
     say "build/bin removed after the stash's run (no .carry/build.tar.xz here to restore it from)"
+  elif [ "${#names[@]}" -gt 0 ]; then
+    tar xJf .carry/build.tar.xz "${names[@]}" || say "WARNING: could not restore ${names[*]} from .carry/build.tar.xz"
   fi
 }
 
