@@ -152,7 +152,7 @@ inline constexpr int kSwapped256MaxM = 4096;
 // quantisation only pays where there are few rounds.
 inline constexpr int kSwapped256NarrowWidth = 128;
 inline constexpr int kSwapped256NarrowMaxRounds = 2;
-// 9-16 decode tokens take the swapped 128 x 32 tile from sm_count / this many weight panels on
+// Decode tokens (1-16) take the swapped 128 x 32 tile from sm_count / this many weight panels on
 // (plan_gemm: on H100 and H200 it won from 40 weight panels of 128 rows on and lost at 32).
 inline constexpr int kSwappedDecodeSmsPerPanel = 3;
 inline constexpr double kMisalignedSwapped = 1.35;  // a pitch off the 128-byte grid (then 2-CTA clusters)
@@ -243,15 +243,15 @@ inline Choice plan_gemm(const PlanInputs& in) {
   // Decode with W as N x K: the swapped tile (weights on the mma's M side), which streams them at
   // 0.92-1.31 of cuBLAS's rate up to 8 tokens and at 0.89-1.01 up to 16 (docs/perf-notes.md,
   // "the swapped decode tile"), against 0.78-0.94 for the 64x128 tile.
-  // From 9 tokens (two of its token blocks: twice the token loads per weight byte) a weight of at
-  // least a third as many 128-row panels as SMs streams faster through the swapped 128 x 32 tile's
-  // 10 stages, unsplit (its splits lost everywhere). One H200: 56-224 panels 0.93-1.04 of cuBLAS
-  // against 0.91-0.97 on the mma.sync tile (one row of 144 panels 1.02 against 1.04), 32 panels
-  // 0.78-0.86 against 0.91-0.99 (2026-12-03 sixth session); one H100, bf16 and fp8 (2026-12-06
-  // fourth session): 40-64 panels 8-24 % faster than the mma.sync tile, 32 panels -12 to +1 %.
+  // A weight of at least a third as many 128-row panels as SMs streams faster through the swapped
+  // 128 x 32 tile's 10 stages, unsplit (its splits lost everywhere). 9-16 tokens, one H200: 56-224
+  // panels 0.93-1.04 of cuBLAS against 0.91-0.97 on the mma.sync tile (one row of 144 panels 1.02
+  // against 1.04), 32 panels 0.78-0.86 against 0.91-0.99 (2026-12-03 sixth session); one H100, bf16
+  // and fp8 (2026-12-06 fourth session): 40-64 panels 8-24 % faster, 32 panels -12 to +1 %. 1-8
+  // tokens, one H100 (2026-12-07 fifth session): 56-416 panels 0.99-1.07 of cuBLAS against
+  // 0.95-1.04 (the mma.sync tile with 128-byte promotion), 32 panels 0.92-0.96 against 0.97-1.0.
   if (in.swapped && in.M <= swapped::kMaxTokens) {
-    if (in.swapped_wide && in.aligned && in.M > swapped::kMaxTokens / 2 &&
-        kSwappedDecodeSmsPerPanel * ceil_div(in.N, 128) >= in.sm_count)
+    if (in.swapped_wide && in.aligned && kSwappedDecodeSmsPerPanel * ceil_div(in.N, 128) >= in.sm_count)
       return {Tile::SwappedW, 1, in.sm_count, 0.0, swapped_width(in.M)};
     return {Tile::Swapped, 1, in.sm_count, 0.0};
   }

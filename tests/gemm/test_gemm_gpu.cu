@@ -533,7 +533,7 @@ void run_swapped_epilogues(Case c, gemm::BLayout bl, int w) {
 // two to eight token tiles, forced clusters both ways, split 3 and 4 (104 and 120, which run in
 // single CTAs only, on a misaligned pitch too); and the planner's choice on forward rows of 9-1000
 // tokens (300 x 4096 x 14336: two token tiles split twice; 300 x 5120 x 13824: 3 x 104; 101 tokens on
-// a misaligned pitch: 112 in clusters, not 104; 9-16 tokens on 32-64 weight panels).
+// a misaligned pitch: 112 in clusters, not 104; 1-16 tokens on 32-64 weight panels).
 TEST(Gemm, SwappedWideTiles) {
   for (int w : gemm::kSwappedWidths) {
     // K off the 64 grid runs in 2-CTA clusters (the token tile multicast), K on it in single CTAs.
@@ -594,9 +594,10 @@ TEST(Gemm, SwappedWideTiles) {
                  Case{900, 11008, 4096}, Case{1000, 13832, 5128}, Case{136, 5120, 13824}, Case{300, 4096, 14336},
                  Case{800, 4096, 14336}, Case{300, 5120, 13824}, Case{112, 14336, 4096}, Case{232, 8192, 8192},
                  Case{101, 14344, 4104},
-                 // 9-16 decode tokens on either side of the sm_count / 3 panels rule (on an H100 or
+                 // 1-16 decode tokens on either side of the sm_count / 3 panels rule (on an H100 or
                  // H200 44 panels take the 128 x 32 tile and 32 keep the mma.sync tile).
-                 Case{12, 5632, 4096}, Case{16, 8192, 2048}, Case{9, 7168, 1024}, Case{16, 4096, 2048}}) {
+                 Case{12, 5632, 4096}, Case{16, 8192, 2048}, Case{9, 7168, 1024}, Case{16, 4096, 2048},
+                 Case{1, 8192, 2048}, Case{3, 5632, 1032}, Case{8, 7168, 4096}, Case{5, 4096, 2048}}) {
     Variant v;
     v.bl = gemm::BLayout::NK;
     run_case(c, v);

@@ -572,7 +572,7 @@ TEST(GemmPlan, MisalignedPitchPrefersTheClusterTile) {
 // tiles fill exactly: the models set's 64 x 53248 x 16384 and 128 x 28672 x 8192 ran 0.97-0.98 on
 // the swapped tile against 1.01-1.02); above kSwappedWideMaxM tokens, or without
 // the instantiation, the tile is never named; decode (M <= 16) keeps the mma.sync swapped tile
-// but for 9-16 tokens of a wide weight.
+// but for a wide weight.
 TEST(GemmPlan, SwappedWideWhereTheABMeasuredIt) {
   struct Row {
     int M, N, K;
@@ -612,15 +612,15 @@ TEST(GemmPlan, SwappedWideWhereTheABMeasuredIt) {
   no_pair.swapped_wide = true, no_pair.pair_clusters = 0;
   EXPECT_EQ(plan_gemm(no_pair).tile, Tile::SwappedW);
   EXPECT_EQ(plan_gemm(no_pair).cluster, 1);
-  // Decode: the mma.sync swapped tile, except 9-16 tokens of a weight with at least sm_count / 3
-  // panels (aligned; 44 panels of 128 rows at the SM count inputs() gives), which take the swapped
-  // 128 x 32 tile unsplit.
+  // Decode: the mma.sync swapped tile, except for a weight with at least sm_count / 3 panels
+  // (aligned; 44 panels of 128 rows at the SM count inputs() gives), which takes the swapped 128 x 32
+  // tile unsplit.
   for (int M : {1, 8, 9, 16})
     for (int N : {4096, 5504, 5512, 5632, 8192, 14336, 28672}) {
       PlanInputs in = inputs(M, N, 4096);
       in.swapped = in.swapped_wide = true;
       const Choice c = plan_gemm(in);
-      const bool wide = M > 8 && N >= 5512;  // 5504 = 43 panels; 5512 starts the 44th
+      const bool wide = N >= 5512;  // 5504 = 43 panels; 5512 starts the 44th
       EXPECT_EQ(c.tile, wide ? Tile::SwappedW : Tile::Swapped) << M << "x" << N;
       EXPECT_EQ(c.splits, 1);
       if (wide) EXPECT_EQ(c.width, 32);
@@ -631,7 +631,7 @@ TEST(GemmPlan, SwappedWideWhereTheABMeasuredIt) {
     PlanInputs in = inputs(M, 14336, 4096);
     in.swapped = in.swapped_wide = true;
     const Choice c = plan_gemm(in);
-    if (M <= swapped::kMaxTokens / 2) EXPECT_EQ(c.tile, Tile::Swapped) << M;
+    if (M <= swapped::kMaxTokens) EXPECT_EQ(c.tile, Tile::SwappedW) << M;  // 112 panels
     if (M > kSwappedWideMaxM) EXPECT_NE(c.tile, Tile::SwappedW) << M;
     if (c.tile == Tile::SwappedW) EXPECT_EQ(c.width, swapped_width(M)) << M;
   }
