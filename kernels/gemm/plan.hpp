@@ -44,6 +44,7 @@ struct PlanInputs {
   bool swapped_wide = false;  // the swapped 128 x w tiles allowed (A M x K, a bf16 output, no bias)
   bool swapped_tiles = false;  // ... also over several token tiles (up to kSwappedMaxTokenTiles)
   bool swapped256 = false;     // the swapped 256 x w tiles allowed (as swapped_wide, aligned pitches)
+  int swapped_decode_min = 1;  // the fewest decode tokens the swapped 128 x 32 tile takes (fp8: 9)
   bool swapped_splits = false;  // above 128 tokens the swapped 128 x w tile splits as kMaxSplitsSwappedPadded
                                 // says (measured on bf16; fp8 lost with the rule's first form, 0.91 -> 0.88
                                 // of cuBLASLt, and the final form was not measured on it)
@@ -251,7 +252,8 @@ inline Choice plan_gemm(const PlanInputs& in) {
   // tokens, one H100 (2026-12-07 fifth session): 56-416 panels 0.99-1.07 of cuBLAS against
   // 0.95-1.04 (the mma.sync tile with 128-byte promotion), 32 panels 0.92-0.96 against 0.97-1.0.
   if (in.swapped && in.M <= swapped::kMaxTokens) {
-    if (in.swapped_wide && in.aligned && kSwappedDecodeSmsPerPanel * ceil_div(in.N, 128) >= in.sm_count)
+    if (in.swapped_wide && in.aligned && in.M >= in.swapped_decode_min &&
+        kSwappedDecodeSmsPerPanel * ceil_div(in.N, 128) >= in.sm_count)
       return {Tile::SwappedW, 1, in.sm_count, 0.0, swapped_width(in.M)};
     return {Tile::Swapped, 1, in.sm_count, 0.0};
   }

@@ -531,7 +531,7 @@ void run_swapped_epilogues(Case c, gemm::BLayout bl, int w) {
 // odd count of weight panels for the clusters), K ragged and aligned (2-CTA clusters and single
 // CTAs); plain, C +=, split-K 2 and 3 (also with C +=), communicator SMs; the rejected epilogues;
 // two to eight token tiles, forced clusters both ways, split 3 and 4 (104 and 120, which run in
-// single CTAs only, on a misaligned pitch too); and the planner's choice on forward rows of 9-1000
+// single CTAs only, on a misaligned pitch too); and the planner's choice on forward rows of 1-1000
 // tokens (300 x 4096 x 14336: two token tiles split twice; 300 x 5120 x 13824: 3 x 104; 101 tokens on
 // a misaligned pitch: 112 in clusters, not 104; 1-16 tokens on 32-64 weight panels).
 TEST(Gemm, SwappedWideTiles) {

@@ -626,6 +626,8 @@ TEST(GemmPlan, SwappedWideWhereTheABMeasuredIt) {
       if (wide) EXPECT_EQ(c.width, 32);
       in.aligned = false;
       EXPECT_EQ(plan_gemm(in).tile, Tile::Swapped) << M << "x" << N;
+      in.aligned = true, in.swapped_decode_min = 9;  // fp8's floor: 1-8 tokens keep the mma.sync tile
+      EXPECT_EQ(plan_gemm(in).tile, wide && M >= 9 ? Tile::SwappedW : Tile::Swapped) << M << "x" << N;
     }
   for (int M = 1; M <= 512; M += 7) {
     PlanInputs in = inputs(M, 14336, 4096);
