@@ -40,7 +40,7 @@ __device__ __forceinline__ void m16n8k32_fp8(float (&d)[4], const uint32_t (&a)[
 // 16 bytes read once: not kept in L1, and the L2 fetches the 128-byte line around them (the warp's
 // neighbouring loads ask for the rest of it next). Non-coherent path: the data must not change
 // while the kernel runs. 128 bytes, not 256: with 256 the decode tile's back-to-back launches ran
-// 10-33 % slower than one cold launch on an H100 (clocks steady at 1980 MHz), its L2 fabric crossings
+// 12-41 % slower than one cold launch on an H100 (clocks steady at 1980 MHz), its L2 fabric crossings
 // per DRAM sector 1.5x cuBLAS's; 128 brought them level (docs/perf-notes.md, 2026-12-07 fifth session).
 __device__ __forceinline__ uint4 ld_stream_v4(const void* p) {
   uint4 v;
