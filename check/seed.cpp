@@ -4,10 +4,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <random>
+#include <string>
 
 #include "weave/common/error.hpp"
 #include "weave/common/hash.hpp"
+#include "weave/runtime/env.hpp"
 
 namespace weave::check {
 
@@ -39,8 +42,9 @@ struct SeedState {
 const SeedState& state() {
   static const SeedState s = [] {
     SeedState st;
-    const SeedChoice c =
-        choose_seed(std::getenv("WEAVE_TEST_SEED"), std::getenv("WEAVE_JOB_ID"), std::getenv("WEAVE_RANK"));
+    const auto seed = env::raw("WEAVE_TEST_SEED"), job = env::raw("WEAVE_JOB_ID"), rank = env::raw("WEAVE_RANK");
+    const auto c_str = [](const std::optional<std::string>& v) { return v ? v->c_str() : nullptr; };
+    const SeedChoice c = choose_seed(c_str(seed), c_str(job), c_str(rank));
     st.value = c.value;
     st.from_env = c.kind == SeedChoice::Env;
     st.from_job = c.kind == SeedChoice::Job;

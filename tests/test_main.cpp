@@ -9,12 +9,14 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
-#include <cstdlib>
+#include <exception>
 #include <string>
 #include <vector>
 
 #include "check/seed.hpp"
+#include "tests/gpu_gate.hpp"
 #include "weave/common/gpus.hpp"
+#include "weave/runtime/env.hpp"
 
 namespace {
 
@@ -48,18 +50,18 @@ std::vector<std::string> skipped_tests() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (const char* need = std::getenv("WEAVE_TEST_GPUS")) {
-    const int n = std::atoi(need);
-    const weave::GpuCount g = weave::count_gpus();
-    if (g.error) {
-      std::printf("error: this machine has an NVIDIA driver but CUDA cannot count its GPUs (%s); failing, not "
-                  "skipping\n", g.why.c_str());
-      return 1;
+  try {
+    if (const auto need = weave::env::raw("WEAVE_TEST_GPUS"); need && !need->empty()) {
+      const weave::test::GpuGate gate =
+          weave::test::gpu_gate(weave::env::parse_int("WEAVE_TEST_GPUS", *need), weave::count_gpus());
+      if (gate.exit_code >= 0) {
+        std::printf("%s\n", gate.message.c_str());
+        return gate.exit_code;
+      }
     }
-    if (g.count < n) {
-      std::printf("skipped: needs %d GPU(s), %d visible\n", n, g.count);
-      return 77;
-    }
+  } catch (const std::exception& e) {  // a malformed WEAVE_TEST_GPUS: fail, naming it
+    std::printf("error: %s\n", e.what());
+    return 1;
   }
   ::testing::InitGoogleTest(&argc, argv);
   weave::check::test_seed();  // prints the seed before any test output
@@ -71,7 +73,7 @@ int main(int argc, char** argv) {
     std::printf("skipped: %zu test(s) did not run:", skipped.size());
     for (const auto& s : skipped) std::printf(" %s", s.c_str());
     std::printf("\n");
-    return 77;
+    return weave::test::kSkipped;
   }
   return 0;
 }

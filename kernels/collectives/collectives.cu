@@ -274,21 +274,33 @@ struct Collectives::Impl {
       n = full.numel();
       if (n == 0) return;
       mine = n / full.d[dim] * shard(full.d[dim], comm.world(), comm.rank()).size;
-      const long long full_bytes = n * elt, shard_bytes = std::max<long long>(mine * elt, 1);
+      const long long full_bytes = n * elt;
       WEAVE_CHECK(shard_overlap(gather, addr(in), addr(out), full, dim, elt, comm.world(), comm.rank()) !=
                       Overlap::bad,
                   gather ? "all_gather" : "reduce_scatter", ": input ", in, " (", gather ? mine * elt : full_bytes,
                   " bytes) and output ", out, " (", gather ? full_bytes : mine * elt,
                   " bytes) overlap; the only overlap allowed is in place, with the shard being this rank's slice of "
                   "the full tensor, which must then be contiguous (dim 0, or every dimension before dim of size 1)");
-      if (!local_buffers(algo)) {
-        comm.peers(in, gather ? shard_bytes : full_bytes);
-        comm.peers(out, gather ? full_bytes : shard_bytes);
-      }
+      check_buffers(gather ? "all_gather" : "reduce_scatter", algo, in, gather ? mine * elt : full_bytes, out,
+                    gather ? full_bytes : mine * elt);
     });
     check_args(gather ? "all_gather" : "reduce_scatter", shape_args(gather ? 1 : 2, t, op, full, dim, algo), problem, s,
                full.numel() == 0 ? Reached{} : reached(algo, gather), in, out);
     return algo;
+  }
+
+  // A call's own buffers, `in_bytes` and `out_bytes` long (0: none used): every algorithm needs
+  // them that long (Communicator::check_buffer, an error naming the buffer); where peers reach
+  // them (not the LL family's, which only this rank touches) they must also be in the heap or
+  // registered (Communicator::peers, which wants at least one byte).
+  template <class Algo>
+  void check_buffers(const char* who, Algo algo, const void* in, long long in_bytes, const void* out,
+                     long long out_bytes) const {
+    comm.check_buffer(who, "in", in, static_cast<size_t>(in_bytes));
+    comm.check_buffer(who, "out", out, static_cast<size_t>(out_bytes));
+    if (local_buffers(algo)) return;
+    comm.peers(in, static_cast<size_t>(std::max<long long>(in_bytes, 1)));
+    comm.peers(out, static_cast<size_t>(std::max<long long>(out_bytes, 1)));
   }
 
   CallState* call_state() { return reinterpret_cast<CallState*>(state.data()); }
@@ -498,10 +510,7 @@ void Collectives::all_reduce(const void* in, void* out, size_t count, DType t, R
                  WEAVE_CHECK(all_reduce_overlap(addr(in), addr(out), bytes) != Overlap::bad,
                              "all_reduce: input ", in, " and output ", out, " (", bytes,
                              " bytes each) overlap without being the same buffer; in place means in == out");
-                 if (!local_buffers(algo)) {
-                   m.comm.peers(in, bytes);
-                   m.comm.peers(out, bytes);
-                 }
+                 m.check_buffers("all_reduce", algo, in, bytes, out, bytes);
                }),
                // Whether the push scratch exists is the same on every rank.
                s, count == 0 ? Reached{} : reached(algo, m.algo == AllReduceAlgo::push || m.push_scratch.has_value()),

@@ -152,17 +152,10 @@ struct GemmKernel {
   };
   using ConsumerState = std::conditional_t<kMSub == 2, ConsumerStateTwo, ConsumerStateOne>;
 
-  static __host__ __device__ int num_work(const Globals& g) { return (g.tiles_m + Cluster - 1) / Cluster * g.tiles_n; }
+  static __host__ __device__ int num_work(const Globals& g) { return clustered_work<Cluster>(g); }
   static __device__ __forceinline__ int num_iters(const Globals& g, int) { return (g.K + BK - 1) / BK; }
   static __device__ __forceinline__ TileCoord coord(const Globals& g, int w) {
-    if constexpr (Cluster == 1) {
-      return grouped_tile(w, g.tiles_m, g.tiles_n, g.group_m);
-    } else {
-      const int group = g.group_m / Cluster > 0 ? g.group_m / Cluster : 1;
-      TileCoord t = grouped_tile(w, (g.tiles_m + Cluster - 1) / Cluster, g.tiles_n, group);
-      t.m = t.m * Cluster + static_cast<int>(tile::cluster::ctarank());
-      return t;  // t.m may equal tiles_m (odd tile rows): loads zero-fill, the store is skipped
-    }
+    return clustered_tile<Cluster>(g, w, [] { return tile::cluster::ctarank(); });
   }
 
   static __device__ __forceinline__ void prologue(const Globals& g) {

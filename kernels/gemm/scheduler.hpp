@@ -24,4 +24,27 @@ __host__ __device__ inline TileCoord grouped_tile(int t, int tiles_m, int tiles_
   return {first_m + r % rows, r / rows};
 }
 
+// Cluster launches (B multicast): the `Cluster` CTAs of a cluster take consecutive tile rows of
+// one tile column, so a work item is a cluster row, numbered in grouped_tile order over the
+// ceil(tiles_m / Cluster) cluster rows (group_m / Cluster of them to a group). G: anything with
+// int tiles_m, tiles_n and group_m (the kernels' Globals). `rank()` gives the CTA's rank in its
+// cluster, called only where Cluster > 1 (a single-CTA kernel reads no cluster register). With
+// odd tile rows the last cluster row's second CTA gets m == tiles_m: the kernels' loads zero-fill
+// it and skip its store.
+template <int Cluster, class G>
+__host__ __device__ inline int clustered_work(const G& g) {
+  return (g.tiles_m + Cluster - 1) / Cluster * g.tiles_n;
+}
+template <int Cluster, class G, class Rank>
+__host__ __device__ inline TileCoord clustered_tile(const G& g, int w, Rank&& rank) {
+  if constexpr (Cluster == 1) {
+    return grouped_tile(w, g.tiles_m, g.tiles_n, g.group_m);
+  } else {
+    const int group = g.group_m / Cluster > 0 ? g.group_m / Cluster : 1;
+    TileCoord t = grouped_tile(w, (g.tiles_m + Cluster - 1) / Cluster, g.tiles_n, group);
+    t.m = t.m * Cluster + static_cast<int>(rank());
+    return t;
+  }
+}
+
 }  // namespace weave::gemm

@@ -26,7 +26,9 @@ class GemmRS {
   // ranks, each adding into the owner's output), 4 CopyEngine (plain local GEMMs whose partials
   // the copy engine moves to their owners, summed there; needs (W - 1) x shard rows x N of free
   // symmetric heap), 5 Chain (ShardGemms' chain as one kernel: per-tile readiness instead of
-  // GEMM boundaries); -1 with num_comm_sms < 0: the tuner picks (README.md).
+  // GEMM boundaries), 6 Adaptive (InterSm's reductions by blocks that choose their role at run
+  // time; num_comm_sms = 0; bf16 only; never the tuner's own pick); -1 with num_comm_sms < 0: the
+  // tuner picks (README.md).
   LaunchInfo run(const bf16* A, const bf16* B, bf16* out, int M, int N, int K, const Options& o = {},
                  cudaStream_t s = nullptr);
   // fp8 (e4m3) inputs with per-tensor scales: this rank's partial is scale_a * scale_b * A * B^T

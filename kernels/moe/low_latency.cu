@@ -241,10 +241,13 @@ void swiglu_strided(const bf16* G, bf16* Hout, const int* counts, int L, int row
   WEAVE_CHECK(is_aligned(G) && is_aligned(Hout), "moe swiglu_strided: G (", static_cast<const void*>(G), ") and H (",
               static_cast<const void*>(Hout), ") must be 16-byte aligned");
   WEAVE_CHECK(counts != nullptr && is_aligned(counts, 4), "moe swiglu_strided: counts must be 4-byte aligned device memory");
+  const long long rows = static_cast<long long>(L) * row_stride;
+  check_extent("moe swiglu_strided", "G", G, size_t(rows) * 2 * F * sizeof(bf16));
+  check_extent("moe swiglu_strided", "Hout", Hout, size_t(rows) * F * sizeof(bf16));
+  check_extent("moe swiglu_strided", "counts", counts, size_t(L) * sizeof(int));
   int dev = 0, sms = 0;
   WEAVE_CUDA_CHECK(cudaGetDevice(&dev));
   WEAVE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  const long long rows = static_cast<long long>(L) * row_stride;
   constexpr int kWarps = ll::kSwigluThreads / 32;
   const int grid = static_cast<int>(std::max<long long>(1, std::min<long long>((rows + kWarps - 1) / kWarps, 8LL * sms)));
   ll::ll_swiglu<<<grid, ll::kSwigluThreads, 0, stream>>>(reinterpret_cast<const uint4*>(G),

@@ -104,7 +104,8 @@ class MoeLowLatency {
 // math and rounding; the gate is G's first F columns). G: L x S x 2F bf16, Hout: L x S x F bf16,
 // both 16-byte aligned; counts: L ints in device memory (LowLatencyDispatched::counts). Rows
 // outside the counts are not written. Throws weave::Error for F not a positive multiple of 8,
-// L < 1, S < 1 or misaligned buffers.
+// L < 1, S < 1, misaligned buffers, or G, Hout or counts shorter than the above
+// (weave/common/extent.hpp).
 void swiglu_strided(const __nv_bfloat16* G, __nv_bfloat16* Hout, const int* counts, int L, int row_stride, int F,
                     cudaStream_t stream = nullptr);
 

@@ -48,6 +48,10 @@ void swiglu(const __nv_bfloat16* G, __nv_bfloat16* Hout, const int* rows, int R_
   if (R_cap == 0) return;
   WEAVE_CHECK(is_aligned(G) && is_aligned(Hout), "moe swiglu: G (", static_cast<const void*>(G), ") and H (",
               static_cast<const void*>(Hout), ") must be 16-byte aligned");
+  // The kernel may read and write every row up to the capacity (the count is on the device).
+  check_extent("moe swiglu", "G", G, size_t(R_cap) * 2 * F * sizeof(__nv_bfloat16));
+  check_extent("moe swiglu", "Hout", Hout, size_t(R_cap) * F * sizeof(__nv_bfloat16));
+  if (rows) check_extent("moe swiglu", "rows", rows, sizeof(int));
   int dev = 0, sms = 0;
   WEAVE_CUDA_CHECK(cudaGetDevice(&dev));
   WEAVE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));

@@ -16,8 +16,9 @@ namespace weave::moe {
 //      sum of the local experts' counts); read by the kernel, never by the host (no
 //      synchronisation). Null: all R_cap rows. A negative value counts as 0; rows past R_cap are
 //      never touched. Rows of Hout at or past *rows are not written.
-// Throws weave::Error before any launch for F not a positive multiple of 8, R_cap < 0, or G / Hout
-// not 16-byte aligned (rows move as 16-byte vectors).
+// Throws weave::Error before any launch for F not a positive multiple of 8, R_cap < 0, G / Hout
+// not 16-byte aligned (rows move as 16-byte vectors), or G, Hout or rows shorter than the above
+// (weave/common/extent.hpp).
 void swiglu(const __nv_bfloat16* G, __nv_bfloat16* Hout, const int* rows, int R_cap, int F,
             cudaStream_t stream = nullptr);
 

@@ -40,9 +40,11 @@ struct Options {
   // > 0); 2 AuxTmaPush (the default for 0), 3..6 AuxRegisterPush1/2/4/8, 7 CopyEngine,
   // 8 CopyEngineShardGemms, 9 AllGatherGemm (num_comm_sms = 0).
   // gemm_rs (RsVariant): 0 OwnerFirst (the default for 0), 1 ZeroFirst, 2 InterSm (num_comm_sms
-  // > 0, the default for > 0), 3 ShardGemms, 4 CopyEngine, 5 Chain.
+  // > 0, the default for > 0), 3 ShardGemms, 4 CopyEngine, 5 Chain, 6 Adaptive (bf16,
+  // num_comm_sms = 0; opt-in: never the tuner's own pick).
   // gemm_ar (ArVariant): 0 InterSm (num_comm_sms > 0, the default for > 0), 1 IntraSm
-  // (num_comm_sms = 0, the default for 0).
+  // (num_comm_sms = 0, the default for 0), 2 Adaptive (num_comm_sms = 0; opt-in: never the
+  // tuner's own pick).
   int variant = -1;
   // B's layout: K x N row-major (KN), or N x K row-major (NK: an nn.Linear weight, read in place
   // rather than transposed into K x N first).

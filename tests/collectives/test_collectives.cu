@@ -4,8 +4,9 @@
 // poisoned first and followed by guard elements that must stay poisoned; out-of-place inputs must
 // come back unchanged. Then 1000 back-to-back calls with changing inputs, checked without host
 // synchronization; cudaMalloc'd buffers registered with the communicator; and bad input (buffers
-// neither in the heap nor registered, arguments that differ across ranks, impossible shapes)
-// rejected with weave::Error before anything is launched. (A difference that follows an
+// neither in the heap nor registered, arguments that differ across ranks, impossible shapes,
+// buffers shorter than the call on the LL paths) rejected with weave::Error before anything is
+// launched. (A difference that follows an
 // identical call is test_collectives_mismatch.)
 //
 // Every rank runs the same calls in the same order (failures are EXPECTs, never early returns),
@@ -748,6 +749,57 @@ TEST(Collectives, RejectsImpossibleShapes) {
   expect_rejected("all_reduce, output buffer too small", "",
                   [&] { c.all_reduce(a.p, b.p, 1 << 21, t, ReduceOp::sum, s); }, {&b});
   still_works("impossible shapes");
+}
+
+// The LL family reaches a call's buffers from this rank only, so nothing checks them where
+// peers' pointers are made: a buffer shorter than the call must still be rejected on every rank
+// before any launch (heap buffers and, which only LL accepts, cudaMalloc'd ones), naming it.
+TEST(Collectives, RejectsShortLocalBuffers) {
+  const int W = comm().world();
+  const DType t = DType::bf16;
+  const long long n = 65537;  // all_reduce: 128 KiB, which LL and LL128 both take
+  const Shape full = shape({1001, 2LL * W * 65});  // BackToBack's LL-family shape: LL and LL128 take it
+  const long long shard = max_shard_numel(full, 1);
+  // Half of what the call needs (the guard included): short by far more than any rounding.
+  Buf ar_in(n, t), ar_out(n, t), ar_short(n / 2 - kGuard, t), ar_loose(n / 2 - kGuard, t, false);
+  Buf full_ok(full.numel(), t), shard_ok(shard, t), full_short(full.numel() / 2 - kGuard, t),
+      shard_short(shard / 2 - kGuard, t), full_loose(full.numel() / 2 - kGuard, t, false);
+  settle();
+  auto& c = ctx().coll;
+  cudaStream_t s = ctx().s;
+  for (const bool ll128 : {false, true}) {
+    const coll::AllReduceAlgo ar = ll128 ? coll::AllReduceAlgo::ll128 : coll::AllReduceAlgo::ll;
+    const coll::ShardAlgo sh = ll128 ? coll::ShardAlgo::ll128 : coll::ShardAlgo::ll;
+    c.set_all_reduce_algo(ar);
+    c.set_all_gather_algo(sh);
+    c.set_reduce_scatter_algo(sh);
+    SCOPED_TRACE(ll128 ? "LL128" : "LL");
+    EXPECT_EQ(c.all_reduce_algo(size_t(n) * 2, false), ar);
+    EXPECT_EQ(c.all_gather_algo(full, 1, t), sh);
+    EXPECT_EQ(c.reduce_scatter_algo(full, 1, t), sh);
+    expect_rejected("all_reduce, short input", "all_reduce: in needs",
+                    [&] { c.all_reduce(ar_short.p, ar_out.p, n, t, ReduceOp::sum, s); }, {&ar_out});
+    expect_rejected("all_reduce, short output", "all_reduce: out needs",
+                    [&] { c.all_reduce(ar_in.p, ar_short.p, n, t, ReduceOp::sum, s); }, {&ar_short});
+    expect_rejected("all_reduce, short cudaMalloc'd output", "all_reduce: out needs",
+                    [&] { c.all_reduce(ar_in.p, ar_loose.p, n, t, ReduceOp::sum, s); }, {&ar_loose});
+    expect_rejected("all_reduce in place, short", "all_reduce: in needs",
+                    [&] { c.all_reduce(ar_short.p, ar_short.p, n, t, ReduceOp::sum, s); }, {&ar_short});
+    expect_rejected("all_gather, short input", "all_gather: in needs",
+                    [&] { c.all_gather(shard_short.p, full_ok.p, full, 1, t, s); }, {&full_ok});
+    expect_rejected("all_gather, short output", "all_gather: out needs",
+                    [&] { c.all_gather(shard_ok.p, full_short.p, full, 1, t, s); }, {&full_short});
+    expect_rejected("all_gather, short cudaMalloc'd output", "all_gather: out needs",
+                    [&] { c.all_gather(shard_ok.p, full_loose.p, full, 1, t, s); }, {&full_loose});
+    expect_rejected("reduce_scatter, short input", "reduce_scatter: in needs",
+                    [&] { c.reduce_scatter(full_short.p, shard_ok.p, full, 1, t, ReduceOp::sum, s); }, {&shard_ok});
+    expect_rejected("reduce_scatter, short output", "reduce_scatter: out needs",
+                    [&] { c.reduce_scatter(full_ok.p, shard_short.p, full, 1, t, ReduceOp::sum, s); }, {&shard_short});
+  }
+  c.set_all_reduce_algo(coll::AllReduceAlgo::automatic);
+  c.set_all_gather_algo(coll::ShardAlgo::automatic);
+  c.set_reduce_scatter_algo(coll::ShardAlgo::automatic);
+  still_works("short local buffers");
 }
 
 }  // namespace

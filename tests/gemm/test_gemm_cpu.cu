@@ -56,6 +56,46 @@ TEST(TileScheduler, GroupsRows) {
   EXPECT_EQ(gemm::grouped_tile(8 * 32, 64, 32, 8).m, 8);
 }
 
+// Cluster launches: every tile once over the work items and the ranks of each cluster, a
+// cluster's CTAs on consecutive rows of one column (they share B's panel), and past the last row
+// only the odd row count's spare CTA (m == tiles_m). Cluster 1 is grouped_tile itself.
+template <int Cluster>
+void check_clustered(int tm, int tn, int gm) {
+  SCOPED_TRACE(std::to_string(tm) + "x" + std::to_string(tn) + " g" + std::to_string(gm) + " c" +
+               std::to_string(Cluster));
+  const struct {
+    int tiles_m, tiles_n, group_m;
+  } g{tm, tn, gm};
+  std::vector<int> seen(tm * tn, 0);
+  for (int w = 0; w < gemm::clustered_work<Cluster>(g); ++w) {
+    const gemm::TileCoord first = gemm::clustered_tile<Cluster>(g, w, [] { return 0; });
+    if (Cluster == 1) {
+      const gemm::TileCoord t = gemm::grouped_tile(w, tm, tn, gm);
+      ASSERT_TRUE(t.m == first.m && t.n == first.n);
+    }
+    for (int r = 0; r < Cluster; ++r) {
+      const gemm::TileCoord c = gemm::clustered_tile<Cluster>(g, w, [r] { return r; });
+      ASSERT_EQ(c.n, first.n);
+      ASSERT_EQ(c.m, first.m + r);
+      ASSERT_TRUE(c.n >= 0 && c.n < tn && c.m >= 0 && c.m <= tm);
+      if (c.m == tm) {
+        ASSERT_TRUE(tm % Cluster != 0 && r == Cluster - 1);
+        continue;
+      }
+      ++seen[c.m * tn + c.n];
+    }
+  }
+  for (int i = 0; i < tm * tn; ++i) ASSERT_EQ(seen[i], 1) << "tile " << i;
+}
+TEST(TileScheduler, ClusteredCoversEveryTileOnce) {
+  for (int tm : {1, 2, 3, 7, 8, 9, 33})
+    for (int tn : {1, 2, 5, 13})
+      for (int gm : {1, 2, 3, 8, 16}) {
+        check_clustered<1>(tm, tn, gm);
+        check_clustered<2>(tm, tn, gm);
+      }
+}
+
 TEST(LcscPlan, SplitIsExact) {
   for (int sm : {8, 78, 114, 132})
     for (int comm : {0, 1, 8, 16, 32})

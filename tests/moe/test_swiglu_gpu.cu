@@ -26,6 +26,7 @@
 
 #include "check/device_buffer.hpp"
 #include "check/seed.hpp"
+#include "moe/low_latency.hpp"
 #include "moe/swiglu.hpp"
 #include "weave/common/error.hpp"
 
@@ -125,6 +126,35 @@ TEST(Swiglu, ArgumentErrors) {
   EXPECT_THROW(moe::swiglu(a.p, b.p, nullptr, 4, 0, nullptr), Error);
   EXPECT_THROW(moe::swiglu(a.p + 1, b.p, nullptr, 4, 8, nullptr), Error);  // misaligned
   EXPECT_THROW(moe::swiglu(a.p, b.p, nullptr, -1, 8, nullptr), Error);
+}
+// Buffers shorter than the capacity's rows (or the one count, or the L counts) are rejected before
+// any launch, naming the buffer: the kernel may touch every row up to the capacity. `end` is the
+// end of a 1 MiB allocation (the driver reports such an allocation's size exactly).
+TEST(Swiglu, ShortBuffers) {
+  check::DeviceBuffer<bf16> a(1 << 19), b(1 << 19);
+  bf16* const end = a.p + (1 << 19);
+  auto expect_error = [](const char* what, const char* needle, auto&& f) {
+    try {
+      f();
+      ADD_FAILURE() << what << ": accepted, expected weave::Error mentioning '" << needle << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << what << ": " << e.what();
+    }
+  };
+  int* counts = reinterpret_cast<int*>(b.p);
+  const int* last_two_bytes = reinterpret_cast<const int*>(end - 1);
+  // 2 rows x 8 columns: G 64 bytes (32 left), Hout 32 bytes (16 left), rows one int (2 bytes left).
+  expect_error("short G", "G needs", [&] { moe::swiglu(end - 16, b.p, nullptr, 2, 8, nullptr); });
+  expect_error("short Hout", "Hout needs", [&] { moe::swiglu(b.p, end - 8, nullptr, 2, 8, nullptr); });
+  expect_error("short rows", "rows needs", [&] { moe::swiglu(b.p, a.p, last_two_bytes, 2, 8, nullptr); });
+  expect_error("null G", "null pointer", [&] { moe::swiglu(nullptr, b.p, nullptr, 2, 8, nullptr); });
+  // swiglu_strided: L = 2 experts of row_stride 1, the same sizes; counts L ints (8 bytes, 4 left).
+  expect_error("strided, short G", "G needs", [&] { moe::swiglu_strided(end - 16, b.p, counts, 2, 1, 8, nullptr); });
+  expect_error("strided, short Hout", "Hout needs",
+               [&] { moe::swiglu_strided(b.p, end - 8, counts, 2, 1, 8, nullptr); });
+  expect_error("strided, short counts", "counts needs",
+               [&] { moe::swiglu_strided(b.p, a.p, reinterpret_cast<const int*>(end) - 1, 2, 1, 8, nullptr); });
+  WEAVE_CUDA_CHECK(cudaDeviceSynchronize());  // nothing launched, nothing failed
 }
 TEST(SwigluCpu, GridSize) {
   EXPECT_EQ(moe::swiglu_blocks(0, 64, 132), 1);

@@ -90,7 +90,8 @@ TEST(Env, EveryRowParsesItsDefault) {
 TEST(Env, DefaultsAreTheDocumentedOnes) {
   Scoped a("WEAVE_HEAP_BYTES", nullptr), b("WEAVE_WAIT_TIMEOUT_S", nullptr), c("WEAVE_SHARE_GPUS", nullptr),
       d("WEAVE_PDL", nullptr), e("WEAVE_TUNER_CACHE", nullptr), f("WEAVE_STRESS_SCALE", nullptr),
-      g("WEAVE_ATTN_BWD_CHUNK", nullptr), h("WEAVE_TEST_VERBOSE", nullptr);
+      g("WEAVE_ATTN_BWD_CHUNK", nullptr), h("WEAVE_TEST_VERBOSE", nullptr), i("WEAVE_GRAPH_REPLAYS", nullptr),
+      j("WEAVE_SKIP_TORCH", nullptr);
   EXPECT_EQ(env::get_size("WEAVE_HEAP_BYTES"), size_t(1) << 30);
   EXPECT_EQ(env::get_seconds("WEAVE_WAIT_TIMEOUT_S"), weave::runtime::kDefaultWaitTimeoutS);
   EXPECT_EQ(env::get_seconds("WEAVE_WAIT_TIMEOUT_S"), 600.0);
@@ -101,6 +102,8 @@ TEST(Env, DefaultsAreTheDocumentedOnes) {
   EXPECT_EQ(env::get_int("WEAVE_STRESS_SCALE"), 1);
   EXPECT_EQ(env::get_int("WEAVE_ATTN_BWD_CHUNK"), 1 << 26);  // python/weave/autograd.py's default
   EXPECT_FALSE(env::get_bool("WEAVE_TEST_VERBOSE"));
+  EXPECT_EQ(env::get_int("WEAVE_GRAPH_REPLAYS"), 1000);  // python/tests/refs.py's default
+  EXPECT_FALSE(env::get_bool("WEAVE_SKIP_TORCH"));       // scripts/deps.sh installs torch
 }
 
 TEST(Env, SetValuesAreRead) {

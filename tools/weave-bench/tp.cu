@@ -583,9 +583,12 @@ int run(const bench::Args& a) {
       }
     }
     kernels = k8;
-    if (variant == 3 && !a.has("only-extra") && std::find(kernels.begin(), kernels.end(), "gemm_rs") != kernels.end()) {
-      std::fprintf(stderr, "weave-bench tp: gemm_rs has no variant 3 with fp8 inputs (the fp8 GEMM has no "
-                           "accumulating epilogue); leave gemm_rs out or pick another --variant\n");
+    const bool shard_gemms = variant == tp::to_int(tp::RsVariant::ShardGemms);
+    if ((shard_gemms || variant == tp::to_int(tp::RsVariant::Adaptive)) && !a.has("only-extra") &&
+        std::find(kernels.begin(), kernels.end(), "gemm_rs") != kernels.end()) {
+      std::fprintf(stderr, "weave-bench tp: gemm_rs has no variant %d with fp8 inputs (%s); leave gemm_rs out or pick "
+                           "another --variant\n", variant,
+                   shard_gemms ? "the fp8 GEMM has no accumulating epilogue" : "the adaptive split is bf16 only");
       return 2;
     }
     if (a.has("b-layout") && a.get("b-layout") != "nk") {
@@ -657,7 +660,8 @@ int run(const bench::Args& a) {
         if (x.rank == 0) std::printf("(%s left out of the sweep: %s)\n", k, rs ? "its adaptive split is bf16 only" : "it has no fp8 form");
         continue;
       }
-      const int split_variant = rs ? 2 : 0, adaptive_variant = rs ? 6 : 2;
+      const int split_variant = rs ? tp::to_int(tp::RsVariant::InterSm) : tp::to_int(tp::ArVariant::InterSm);
+      const int adaptive_variant = rs ? tp::to_int(tp::RsVariant::Adaptive) : tp::to_int(tp::ArVariant::Adaptive);
       for (long long S : ss) {
         double best_fixed = 0;  // the best fixed split's time, and the adaptive split's row
         int best_n = 0;

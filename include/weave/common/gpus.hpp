@@ -21,17 +21,26 @@ inline bool nvidia_driver_loaded() {
   return ::stat("/proc/driver/nvidia/version", &st) == 0 || ::stat("/dev/nvidiactl", &st) == 0;
 }
 
-inline GpuCount count_gpus() {
+// The count from cudaGetDeviceCount's result `e` and `count`, and whether the driver is loaded
+// (apart from count_gpus so that tests can inject any CUDA error on any machine).
+inline GpuCount gpu_count_from(cudaError_t e, int count, bool driver_loaded) {
   GpuCount g;
-  const cudaError_t e = cudaGetDeviceCount(&g.count);
-  if (e == cudaSuccess) return g;
-  g.count = 0;
+  if (e == cudaSuccess) {
+    g.count = count;
+    return g;
+  }
   const bool no_gpu_error = e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver;
-  if (!no_gpu_error || nvidia_driver_loaded()) {
+  if (!no_gpu_error || driver_loaded) {
     g.error = true;
     g.why = std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
   }
   return g;
+}
+
+inline GpuCount count_gpus() {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  return gpu_count_from(e, count, e != cudaSuccess && nvidia_driver_loaded());
 }
 
 }  // namespace weave

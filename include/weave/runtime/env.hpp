@@ -3,7 +3,8 @@
 // weave::Error that names the variable, the value and the form expected. The README's
 // "Environment variables" table is markdown_table() (test_env checks that they agree).
 // Variables read by tests, checks and scripts only are listed too (who = test or script), so
-// that the table is complete, but those read them on their own.
+// that the table is complete; the C++ tests and checks read them here too, the scripts, CMake and
+// Python on their own.
 #pragma once
 #include <cstddef>
 #include <optional>
@@ -114,8 +115,19 @@ inline constexpr Var kVars[] = {
    "set by CTest: the GPUs a test binary needs; with fewer visible it reports skipped"},
   {"WEAVE_TEST_VERBOSE", Type::boolean, "0", Who::test,
    "1: the MoE layer tests print each check's worst ratio to its bound (rank 0)"},
+  {"WEAVE_GRAPH_REPLAYS", Type::integer, "1000", Who::test,
+   "the replays of each captured CUDA graph in the Python capture tests (`python/tests/test_gpu.py`, "
+   "`test_multirank.py`; read by `refs.graph_replays`)"},
   {"WEAVE_BENCH_SUITE", Type::string, "primitives collectives gemm attention moe tp sp", Who::script,
    "the `weave-bench` subcommands `make bench` runs"},
+  {"WEAVE_BUILD_ROOT", Type::path, "/work/main", Who::script,
+   "where the build carried to a GPU machine was configured (`scripts/device-check.sh` links it to the "
+   "checkout there, so that CTest's absolute paths resolve)"},
+  {"WEAVE_TORCH_PYTHON", Type::path, "", Who::script,
+   "the Python whose torch `weave._C` is built against, read on a build dir's first configure "
+   "(`python/CMakeLists.txt`); unset: the Python the module is built for"},
+  {"WEAVE_SKIP_TORCH", Type::boolean, "0", Who::script,
+   "1: `scripts/deps.sh` installs the Python packages but torch (the Python tests then report skipped)"},
 };
 // clang-format on
 
