@@ -3,7 +3,8 @@
 
 For each fault of tests/mutation/faults.py (a small source edit: file, a snippet that must occur
 exactly once, its replacement, and the CTest tests / weave-bench commands expected to catch it)
-this script, in a copy of the tree (never the repo itself):
+this script, in a copy of the tree
+(never the repo itself):
   applies the fault, rebuilds only the targets the checks need (one shared build dir, built
   incrementally), runs each listed test (ctest -R '^name$') and bench command (build/bin/weave-run
   -n N -- build/bin/weave-bench ARGS --json F), restores the file,
@@ -19,10 +20,14 @@ fault before anything else) or bad usage.
   python3 scripts/mutate.py --list
   python3 scripts/mutate.py --dry-run [--skip-build]   # every fault applies (and compiles)
   python3 scripts/mutate.py [--only a,b] [--jobs 16]    # the real run, on a GPU machine
+  WEAVE_SHARE_GPUS=1 python3 scripts/mutate.py ...      # one GPU: multi-rank checks with ranks sharing it
+                                                        # (races and NCCL-baseline benches left out)
 
 Two-phase use, where GPU time is short: build every faulted binary on any machine with
 --stash DIR (no tests run), then on the GPU machine run the tests from those binaries with
---from-stash DIR (nothing is compiled there; the build dir is only configured). The copy lives
+--from-stash DIR (nothing is compiled there; the build dir is only configured; a check whose
+binaries the stash did not build with the fault is not run). --checks bench|tests keeps one kind
+of check (a stash of weave-bench alone is a fraction of one with the tests). The copy lives
 in --work-dir (default REPO/build-mutate, git-ignored): its sources in WORK/tree (tracked and
 untracked-but-not-ignored files of the repo, or --rev REV's committed tree; re-synced each run),
 its build in --build-dir (default WORK/build). Python 3 standard library only; no network.
@@ -97,10 +102,27 @@ def load_faults(path):
     return faults
 
 
+def select_checks(faults, which):
+    """Only the tests (`tests`) or only the bench rows (`bench`) of each fault: a call that can
+    afford one kind (the bench rows that need two GPUs, from a stash that holds weave-bench alone).
+    Faults left with no check are dropped."""
+    if which == "all":
+        return faults
+    out = []
+    for f in faults:
+        g = dict(f, tests=f["tests"] if which == "tests" else [], bench=f["bench"] if which == "bench" else [])
+        if g["tests"] or g["bench"]:
+            out.append(g)
+        else:
+            log(f"no {which} check: {f['name']} left out")
+    return out
+
+
 # Ranks that share one GPU (WEAVE_SHARE_GPUS=1, weave-run --share-gpus) take turns on it: they
-# never run side by side, so a race between them cannot show, and NCCL refuses to start (the
-# collectives' test compares with NCCL; the tp and collectives benchmarks time NCCL baselines).
-NCCL_TESTS = {"test_collectives", "test_collectives_mismatch"}
+# never run side by side, so a race between them cannot show. NCCL refuses two ranks on one GPU:
+# the tests that compare with NCCL recompute their reference then (tests/collectives/common.hpp,
+# `reference`), so every test runs; the tp and collectives benchmarks time NCCL baselines and
+# cannot. (test_collectives_graph and the sp and moe benchmarks use no NCCL.)
 NCCL_BENCH_SUITES = {"tp", "collectives"}
 
 
@@ -108,24 +130,30 @@ def gpus_shared():
     return os.environ.get("WEAVE_SHARE_GPUS") == "1"
 
 
+def not_run_record(f, why):
+    return {"fault": f["name"], "what": f["what"], "edits": [{"file": e["file"]} for e in f["edits"]],
+            "expected": f["tests"] + [bench_key(b) for b in f["bench"]], "checks": {}, "verdict": "not run",
+            "why": why}
+
+
 def for_shared_gpus(faults):
-    """(faults whose checks can run with ranks sharing a GPU, with the other checks dropped;
-    records for the faults that cannot run there at all)."""
+    """(faults whose checks can run with ranks sharing a GPU, with the other checks dropped and
+    named in "dropped"; records for the faults that cannot run there at all)."""
     runnable, not_run = [], []
     for f in faults:
         why = []
         if f.get("race"):
             why.append("a race: ranks sharing one GPU take turns, so they cannot race")
-        tests = [t for t in f["tests"] if t.partition(":")[0] not in NCCL_TESTS]
         bench = [b for b in f["bench"] if b["args"].split()[0] not in NCCL_BENCH_SUITES]
-        if not why and not tests and not bench:
-            why.append("every check needs NCCL, which refuses two ranks on one GPU")
+        dropped = [f"{bench_key(b)} (NCCL baseline: NCCL refuses two ranks on one GPU)"
+                   for b in f["bench"] if b not in bench]
+        if not why and not f["tests"] and not bench:
+            why.append("every check is a tp or collectives benchmark, whose NCCL baselines cannot run with two "
+                       "ranks on one GPU")
         if why:
-            not_run.append({"fault": f["name"], "what": f["what"], "edits": [{"file": e["file"]} for e in f["edits"]],
-                            "expected": f["tests"] + [bench_key(b) for b in f["bench"]], "checks": {},
-                            "verdict": "not run", "why": "; ".join(why)})
+            not_run.append(not_run_record(f, "; ".join(why)))
         else:
-            runnable.append(dict(f, tests=tests, bench=bench))
+            runnable.append(dict(f, bench=bench, dropped=f.get("dropped", []) + dropped))
     return runnable, not_run
 
 
@@ -428,15 +456,25 @@ def gpu_count(build):
 
 
 def run_bench(build, b, logf, timeout):
-    """passed / failed / skipped / error, and the number of rows with "correct": false."""
+    """passed / failed / skipped / error, and the number of rows with "correct": false. With fewer
+    GPUs than ranks and WEAVE_SHARE_GPUS=1 the ranks share them (the rows' times mean nothing
+    then, their `correct` field does), except for the suites that time NCCL baselines."""
+    share = []
     if gpu_count(build) < b["ranks"]:
-        logf.write(f"mutate: bench '{b['args']}' needs {b['ranks']} GPU(s), {gpu_count(build)} here: skipped\n")
-        return "skipped", 0
+        suite = b["args"].split()[0]
+        why = ("no GPU" if gpu_count(build) < 1
+               else "its NCCL baseline needs a GPU per rank" if suite in NCCL_BENCH_SUITES
+               else "WEAVE_SHARE_GPUS=1 would let its ranks share them" if not gpus_shared() else None)
+        if why:
+            logf.write(f"mutate: bench '{b['args']}' needs {b['ranks']} GPU(s), {gpu_count(build)} here ({why}): "
+                       "skipped\n")
+            return "skipped", 0
+        share = ["--share-gpus"]
     fd, jpath = tempfile.mkstemp(prefix="mutate-bench-", suffix=".json")
     os.close(fd)
     os.remove(jpath)
     try:
-        cmd = [os.path.join(build, "bin", "weave-run"), "-n", str(b["ranks"]), "--",
+        cmd = [os.path.join(build, "bin", "weave-run"), "-n", str(b["ranks"])] + share + ["--",
                os.path.join(build, "bin", "weave-bench")] + b["args"].split() + ["--json", jpath]
         rc = run_logged(cmd, logf, timeout=timeout)
         wrong = 0
@@ -544,6 +582,29 @@ def fault_digest(f):
     return hashlib.sha256(json.dumps(f["edits"], sort_keys=True).encode()).hexdigest()[:16]
 
 
+def stash_checks(f, entry, tests_cmd, build):
+    """The fault with only the checks whose binaries its stash entry was built with ("targets");
+    the others, in "dropped": run on the carried, unfaulted binaries they would pass and read as a
+    miss. A stash from before entries named their targets was built for the checks faults.py had
+    then: its tests are taken as built, its bench rows only where the entry holds a faulted
+    weave-bench (a row added to faults.py since found none built)."""
+    built = entry.get("targets")
+    gone = " (not in the stash: rebuild it with this check)"
+    tests, bench, dropped = [], [], list(f.get("dropped", []))
+    for t in f["tests"]:
+        need = targets_of({"tests": [t], "bench": [], "targets": []}, tests_cmd, build)
+        if built is None or need <= set(built):
+            tests.append(t)
+        else:
+            dropped.append(t + gone)
+    for b in f["bench"]:
+        if ("weave-bench" in entry.get("bins", [])) if built is None else {"weave-run", "weave-bench"} <= set(built):
+            bench.append(b)
+        else:
+            dropped.append(bench_key(b) + gone)
+    return dict(f, tests=tests, bench=bench, dropped=dropped)
+
+
 # ---------------------------------------------------------------------------------------------
 # Reporting
 
@@ -555,6 +616,7 @@ def md_table(rows):
         caught = [k for k, v in res.items() if v == "failed"]
         missed = [k for k, v in res.items() if v == "passed"]
         other = [f"{k} ({v})" for k, v in res.items() if v not in ("failed", "passed")]
+        other += [f"{d}: not run" for d in r.get("not_run", [])]
         if r.get("why"):
             other.append(r["why"])
         files = ", ".join(sorted({e["file"] for e in r["edits"]}))
@@ -607,6 +669,9 @@ def main():
                     help="with --dry-run: only check that every fault applies exactly once (no compile)")
     ap.add_argument("--no-baseline", action="store_true", help="do not run the checks on the unfaulted tree first")
     ap.add_argument("--stash", metavar="DIR", help="build every fault's binaries into DIR; run no check")
+    ap.add_argument("--checks", choices=("all", "tests", "bench"), default="all",
+                    help="run (or, with --stash, build for) only the CTest checks or only the bench rows "
+                         "(default all); faults with none of that kind are left out")
     ap.add_argument("--from-stash", metavar="DIR", help="run the checks with the binaries in DIR; compile nothing")
     ap.add_argument("--json", help="JSON lines output (default WORK/mutate.jsonl)")
     ap.add_argument("--bench-timeout", type=int, default=900, help="seconds per bench command (default 900)")
@@ -633,6 +698,10 @@ def main():
     if args.dry_run and (args.stash or args.from_stash):
         die("--dry-run goes with neither --stash nor --from-stash")
 
+    if not args.check_readme:
+        faults = select_checks(faults, args.checks)
+        if not faults:
+            die(f"no selected fault has a {args.checks} check")
     not_run = []
     if gpus_shared() and not (args.stash or args.dry_run or args.list or args.check_readme):
         faults, not_run = for_shared_gpus(faults)
@@ -701,6 +770,17 @@ def main():
                 die(f"{f['name']} is not in the stash {sdir}")
             if m["digest"] != fault_digest(f):
                 die(f"{f['name']}: the stash was built from a different version of this fault")
+        kept = []
+        for f in faults:
+            g = stash_checks(f, stash_manifest["faults"][f["name"]], tests_cmd, build)
+            if g["tests"] or g["bench"]:
+                kept.append(g)
+            else:
+                not_run.append(not_run_record(f, "none of its checks' binaries is in the stash built with the fault: "
+                                                 + "; ".join(g["dropped"])))
+            for d in g["dropped"][len(f.get("dropped", [])):]:
+                log(f"{f['name']}: not run: {d}")
+        faults = kept
         unstash_bins(os.path.join(sdir, "_baseline"), build, sorted(stash_manifest["baseline"]))
         log(f"baseline binaries from {sdir}")
     elif need_build:
@@ -747,6 +827,8 @@ def main():
             rec = {"fault": name, "what": f["what"], "edits": [{"file": e["file"]} for e in f["edits"]],
                    "expected": f["tests"] + [bench_key(b) for b in f["bench"]], "checks": {},
                    "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+            if f.get("dropped"):
+                rec["not_run"] = f["dropped"]
             flog = open(os.path.join(logdir, f"{name}.log"), "w", encoding="utf-8")
             t0 = time.time()
             originals = {}
@@ -773,7 +855,8 @@ def main():
                 elif args.stash:
                     bins = stash_bins(build, fault_targets[name], os.path.join(os.path.realpath(args.stash), name),
                                       base_hashes)
-                    manifest["faults"][name] = {"digest": fault_digest(f), "bins": sorted(bins)}
+                    manifest["faults"][name] = {"digest": fault_digest(f), "bins": sorted(bins),
+                                                "targets": sorted(fault_targets[name])}
                     rec["verdict"] = "stashed"
                     rec["bins"] = sorted(bins)
                 else:

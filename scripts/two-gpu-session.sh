@@ -13,14 +13,21 @@
 #
 # Carry (device tool's `carry`; at most 64 MiB per call, the repository's tracked files (~23 MB)
 # included, so carry only what the call's steps need):
-#   every step but the races: .carry/build.tar.xz (scripts/pack-build.sh, ~24 MB; unpacked when
-#     build/bin is missing);
+#   every step but races, races2, faults2, faults2b: .carry/build.tar.xz (scripts/pack-build.sh,
+#     ~24 MB; unpacked when build/bin is missing);
 #   py, ops, block: also .carry/wheels (the cp312 wheel, ~4 MB; device-check.sh's header says how it
 #     is built);
-#   races, races2: build-mutate/stash-2gpu (~22 MB) and .carry/build-ctest.tar.xz (scripts/pack-build.sh
+#   races, races2: build-mutate/stash-2gpu (~27 MB) and .carry/build-ctest.tar.xz (scripts/pack-build.sh
 #     --ctest-only), not the build: the stash holds every binary they run, and with the build the call
-#     is over the limit. The stash is built on the CPU machine from the same tree as the build:
+#     is over the limit. The stash is built on the CPU machine from the same tree as the build (a stash
+#     from before store_wait_only_waits_for_smem_reads and wait_polls_relaxed_without_acquire had
+#     bench rows lacks their weave-bench: mutate.py then runs their tests alone and says so):
 #   python3 scripts/mutate.py --only ag_gemm_signal_before_store_wait,store_wait_only_waits_for_smem_reads,wait_polls_relaxed_without_acquire,ll_scratch_slot_reused_one_call_early --stash build-mutate/stash-2gpu -j "$(nproc)"
+#   faults2: build-mutate/stash-2gpu-f2 (~25 MB: weave-bench alone, per fault) and
+#     .carry/build-ctest.tar.xz; faults2b: build-mutate/stash-2gpu-f2b (~15 MB) and the same. Not both
+#     stashes in one call (with the tracked files, ~63 MB). Built on the CPU machine like the races':
+#   python3 scripts/mutate.py --checks bench --only gemm_rs_drop_rank_contribution_one_tile,gemm_rs_inter_sm_drop_rank_one_tile,gemm_rs_adaptive_drop_rank_one_tile,lcsc_dynamic_loader_does_not_wait_for_other_task,gemm_ar_drop_rank_contribution_one_tile,gemm_ar_intra_drop_add_one_tile,gemm_ar_reduce_without_waiting_for_partials,ag_gemm_peer_tile_loaded_without_wait,tp_nk_map_drops_last_k_columns --stash build-mutate/stash-2gpu-f2 -j "$(nproc)"
+#   python3 scripts/mutate.py --checks bench --only ag_gemm_fp8_last_k_block_dropped,gemm_rs_fp8_scale_b_for_scale_a,ring_attention_peer_v_reads_zero,ulysses_o_heads_swapped,collectives_call_counts_not_advanced --stash build-mutate/stash-2gpu-f2b -j "$(nproc)"
 #   Step ab also carries
 # .carry/old-4f8b885.tar.xz (weave-bench and weave-run of 4f8b885, stripped, 0.9 MB), built with:
 #   git worktree add /tmp/old-4f8b885 4f8b885 && cmake -S /tmp/old-4f8b885 -B /tmp/old-4f8b885/build \
@@ -34,13 +41,20 @@
 #   races   issue 23: faults ag_gemm_signal_before_store_wait, store_wait_only_waits_for_smem_reads
 #           (scripts/mutate.py --from-stash; the baseline first)                     ~3-5 min
 #   races2  issue 23: faults wait_polls_relaxed_without_acquire, ll_scratch_slot_reused_one_call_early ~4-8 min
+#   faults2 issue 23: the bench rows of the bf16 TP faults (GEMM+RS, GEMM+AR, AG+GEMM, B as N x K, the
+#           dynamic tasks), which time NCCL baselines and so never ran with ranks sharing one GPU
+#           (mutate.py --checks bench --from-stash; their tests ran that way); 7 baseline + 9
+#           faulted weave-bench tp runs                                             ~4-8 min
+#   faults2b the same for fp8 TP, ring / Ulysses and the collectives' device counts: 5 + 5 runs ~3-5 min
 #   ll128   issue 23: test_ll128_stress at full scale (~1e10 lines read, 1e6 LL128 calls) in chunks
 #           of WEAVE_STRESS_SCALE that fill the call's budget; totals carried over between calls
 #           on the same warm machine ($KEEP)                                         the budget
 #   ab      issue 18 ("no kernel may get slower"): the suites in $AB_SUITES (default tp collectives
 #           sp) with weave-bench and weave-run of 4f8b885 (before "One house") and of this build,
 #           old then new per suite, each run at most AB_CAP s (default 170); new / old per weave row ~3x3 min
-#   tp      issues 18/20: weave-bench tp (bf16; $TP_ARGS appended) + bench/torch_tp.py   ~5-8 min
+#   tp      issues 18/20/22: weave-bench tp (bf16) --sweep $TP_SWEEP (default 0,4,8,16,32,64 at the
+#           sweep sizes 4096, 16384: the fixed splits and the adaptive-vs-fixed rows; TP_SWEEP=off
+#           leaves it out; $TP_ARGS appended) + bench/torch_tp.py                   ~6-10 min
 #   tp8     issue 20: weave-bench tp --dtype fp8                                        ~2-4 min
 #   ops     issue 19: bench/torch_ops.py at world 2 (--cpp-json: the tp step's rows)      ~3-6 min
 #   coll    weave-bench collectives vs NCCL ($COLL_ARGS appended)                         ~1-3 min
@@ -58,9 +72,10 @@
 #   net-tp  issue 22: weave-bench net_tp (fused / unfused / NCCL, adaptive split vs fixed splits)
 #           and net_ring                                                               ~3-6 min
 # Knobs: OUT (default /tmp/out; everything is tarred into $OUT/all.tgz at the end), BUDGET, KEEP
-# (default /tmp/weave-2gpu: files later calls on the same warm machine reuse), STASH, FAULTS (the
-# races steps' faults), LL128_LINES / LL128_CALLS (targets), TP_ARGS, TP8_ARGS, OPS_ARGS, COLL_ARGS,
-# MOE_ARGS, BLOCK_ARGS, NET_TP_ARGS, GRAPH_REPLAYS.
+# (default /tmp/weave-2gpu: files later calls on the same warm machine reuse), STASH, STASH_F2,
+# STASH_F2B, FAULTS (the faults of the one races / faults step a call names), LL128_LINES /
+# LL128_CALLS (targets), TP_SWEEP, TP_ARGS, TP8_ARGS, OPS_ARGS, COLL_ARGS, MOE_ARGS, BLOCK_ARGS,
+# NET_TP_ARGS, GRAPH_REPLAYS.
 # NVLink multicast stays as the machine has it: this script neither sets nor unsets
 # NCCL_NVLS_ENABLE, TORCH_SYMM_MEM_DISABLE_MULTICAST or NVSHMEM_DISABLE_NVLS.
 set -u
@@ -71,7 +86,8 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 root=$PWD; B=/work/main
 # CTest files hold the build's absolute paths (device-check.sh does the same).
 [ "$root" = "$B" ] || { mkdir -p "$(dirname "$B")"; [ -e "$B" ] || ln -s "$root" "$B"; }
-# The whole build, or (races steps: the stash holds every binary they run) its CTest files alone.
+# The whole build, or (races and faults steps: the stash holds every binary they run) its CTest
+# files alone.
 if [ ! -d build/bin ]; then
   if [ -f .carry/build.tar.xz ]; then tar xJf .carry/build.tar.xz
   elif [ -f .carry/build-ctest.tar.xz ]; then tar xJf .carry/build-ctest.tar.xz; fi
@@ -86,6 +102,11 @@ T1_RE='^(test_primitives|test_comm|wait_timeout_diagnostic|two_jobs_at_once|test
 RACES_A=ag_gemm_signal_before_store_wait,store_wait_only_waits_for_smem_reads
 RACES_B=wait_polls_relaxed_without_acquire,ll_scratch_slot_reused_one_call_early
 STASH=${STASH:-build-mutate/stash-2gpu}
+# The TP faults' bench rows: the bf16 ones fill one call, fp8, SP and collectives another.
+F2_A=gemm_rs_drop_rank_contribution_one_tile,gemm_rs_inter_sm_drop_rank_one_tile,gemm_rs_adaptive_drop_rank_one_tile,lcsc_dynamic_loader_does_not_wait_for_other_task,gemm_ar_drop_rank_contribution_one_tile,gemm_ar_intra_drop_add_one_tile,gemm_ar_reduce_without_waiting_for_partials,ag_gemm_peer_tile_loaded_without_wait,tp_nk_map_drops_last_k_columns
+F2_B=ag_gemm_fp8_last_k_block_dropped,gemm_rs_fp8_scale_b_for_scale_a,ring_attention_peer_v_reads_zero,ulysses_o_heads_swapped,collectives_call_counts_not_advanced
+STASH_F2=${STASH_F2:-build-mutate/stash-2gpu-f2}
+STASH_F2B=${STASH_F2B:-build-mutate/stash-2gpu-f2b}
 summary=()
 last_rc=0 last_s=0
 
@@ -264,9 +285,9 @@ step_tests() {  # NAME CTEST-SELECTION: the gpu2 suites through device-check.sh'
   sum_ctest "$OUT/$1/ctest.log"
 }
 
-restore_bins() {  # the carried build's binaries back in place of a stash's (also after a stop)
+restore_bins() {  # STASH-DIR: the carried build's binaries back in place of a stash's (also after a stop)
   local -a names
-  read -ra names <<< "$(python3 -c 'import json, sys; print(" ".join("build/bin/" + b for b in json.load(open(sys.argv[1]))["baseline"]))' "$STASH/manifest.json")"
+  read -ra names <<< "$(python3 -c 'import json, sys; print(" ".join("build/bin/" + b for b in json.load(open(sys.argv[1]))["baseline"]))' "$1/manifest.json")"
   if [ ! -f .carry/build.tar.xz ]; then
     # Without the build carried, remove the stash's binaries so that a later call on this warm
     # machine unpacks .carry/build.tar.xz again instead of running them.
@@ -277,19 +298,20 @@ restore_bins() {  # the carried build's binaries back in place of a stash's (als
   fi
 }
 
-step_races() {  # NAME FAULTS
-  local name=$1 faults=${FAULTS:-$2} d=$OUT/$1
-  if [ "$DRY" != 1 ] && [ ! -f "$STASH/manifest.json" ]; then
-    say "$name: no stash at $STASH (build it on the CPU machine, header of this script, and carry it)"; return
+step_faults() {  # NAME FAULTS STASH-DIR [MUTATE-ARG...]: scripts/mutate.py --from-stash on those faults
+  local name=$1 faults=${FAULTS:-$2} stash=$3 d=$OUT/$1
+  shift 3
+  if [ "$DRY" != 1 ] && [ ! -f "$stash/manifest.json" ]; then
+    say "$name: no stash at $stash (build it on the CPU machine, header of this script, and carry it)"; return
   fi
-  bounded "$name" 540 "$d/mutate.log" python3 scripts/mutate.py --only "$faults" --from-stash "$STASH" \
-    --build-dir "$B/build" --json "$d/faults.jsonl" --bench-timeout 200 --test-timeout "${TEST_TIMEOUT:-240}"
+  bounded "$name" 540 "$d/mutate.log" python3 scripts/mutate.py --only "$faults" --from-stash "$stash" \
+    --build-dir "$B/build" --json "$d/faults.jsonl" "$@"
   [ "$DRY" = 1 ] && return
   if [ "$last_rc" -ne 125 ]; then
-    restore_bins
+    restore_bins "$stash"
     mkdir -p "$d/logs"
     for f in _baseline mutate ${faults//,/ }; do cp build-mutate/logs/"$f".log "$d/logs/" 2>/dev/null; done
-    grep -hE "^mutate:   [^ -]|^checks failing WITHOUT|^summary:" "$d/mutate.log" | sed 's/^/  /'
+    grep -hE "^mutate:   [^ -]|^checks failing WITHOUT|^summary:|: not run: " "$d/mutate.log" | sed 's/^/  /'
   fi
   python3 - "$d/faults.jsonl" "$faults" "$name" << 'EOF'
 import json, os, sys
@@ -407,7 +429,11 @@ EOF
 }
 
 step_tp() {
-  dc tp-bench 400 tp BENCH_ARGS="${TP_ARGS:-}" -- bench:tp
+  # The sweep's rows come after the default rows, each written as it ends: if the bench reaches
+  # its cap, what was measured stays.
+  local sweep="--sweep ${TP_SWEEP:-0,4,8,16,32,64}"
+  [ "${TP_SWEEP:-}" = off ] && sweep=""
+  dc tp-bench 400 tp BENCH_ARGS="$sweep ${TP_ARGS:-}" -- bench:tp
   dc tp-torch 300 tp -- torch:tp
   sum_json "$OUT/tp/tp.json" 24
   [ -s "$OUT/tp/tp.json" ] && cp "$OUT/tp/tp.json" "$KEEP/tp.json"
@@ -498,8 +524,10 @@ for step in "$@"; do
   case $step in
     t1) step_tests t1 "-R $T1_RE" ;;
     t2) step_tests t2 "-E $T1_RE" ;;
-    races) step_races races "$RACES_A" ;;
-    races2) step_races races2 "$RACES_B" ;;
+    races) step_faults races "$RACES_A" "$STASH" --bench-timeout 200 --test-timeout "${TEST_TIMEOUT:-240}" ;;
+    races2) step_faults races2 "$RACES_B" "$STASH" --bench-timeout 200 --test-timeout "${TEST_TIMEOUT:-240}" ;;
+    faults2) step_faults faults2 "$F2_A" "$STASH_F2" --checks bench --bench-timeout 120 ;;
+    faults2b) step_faults faults2b "$F2_B" "$STASH_F2B" --checks bench --bench-timeout 120 ;;
     ll128) step_ll128 ;;
     ab) step_ab ;;
     tp) step_tp ;;

@@ -240,6 +240,9 @@ FAULTS = [
             "replace": "tile::tma_2d(p, N, K - 8, K, kBN, 64, tile::Swizzle::B128)",
         }],
         "tests": ["test_tp_gpu:TpGpu.NkWeights*"],
+        # B as N x K: the fault shortens only that map.
+        "bench": [
+            {"ranks": 2, "args": "tp --sizes 2048 --kernels gemm_rs --b-layout nk --variant 0"}],
     },
     {
         "name": "torch_op_ag_gemm_reads_nk_weight_as_kn",
@@ -266,6 +269,9 @@ FAULTS = [
         }],
         "tests": ["test_primitives:Signal.*:StoreAsync.Bf16:StoreAddAsync.Bf16", "test_tp_gpu:TpGpu.AgGemm*", "test_sp_gpu"],
         "repeat": 3,
+        # Both races are in the primitives ag_gemm signals with (the row of ag_gemm_signal_before_store_wait).
+        "bench": [
+            {"ranks": 2, "args": "tp --sizes 2048,4096 --kernels ag_gemm --variant 0 --num-comm-sms 4"}],
     },
     {
         "name": "wait_polls_relaxed_without_acquire",
@@ -279,6 +285,8 @@ FAULTS = [
         }],
         "tests": ["test_primitives:Signal.*:StoreAsync.Bf16:StoreAddAsync.Bf16", "test_tp_gpu:TpGpu.AgGemm*", "test_sp_gpu", "test_collectives"],
         "repeat": 3,
+        "bench": [
+            {"ranks": 2, "args": "tp --sizes 2048,4096 --kernels ag_gemm --variant 0 --num-comm-sms 4"}],
     },
     # ---- collectives (kernels/collectives) -------------------------------------------------------
     {
@@ -307,6 +315,11 @@ FAULTS = [
             "replace": "  (void)advance;",
         }],
         "tests": ["test_collectives_graph", "test_collectives"],
+        # LL calls back to back on alternating inputs: with the counts never advanced every call after
+        # the first takes the first call's flag, so stale lines pass for new ones.
+        "bench": [
+            {"ranks": 2, "args": "collectives --sizes 64K --kernels all_reduce,all_gather --ar-algo ll --ag-algo ll "
+                                 "--target-ms 5 --repeats 2"}],
     },
     {
         "name": "ll_restart_never_zeroes",
@@ -671,6 +684,8 @@ FAULTS = [
             "replace": "if (it == 0) st.scale = __ldg(g.scale_a);",
         }],
         "tests": ["test_gemm_fp8_gpu"],
+        "bench": [
+            {"ranks": 1, "args": "gemm_fp8 --shapes 1024x1024x1024,200x1000x1040 --impl weave --target-ms 2"}],
     },
     {
         "name": "gemm_fp8_block_scale_b_off_by_one_block",
@@ -681,6 +696,9 @@ FAULTS = [
             "replace": "next_lo = __ldg(sb_lo + (kb > 0 ? kb - 1 : 0));",
         }],
         "tests": ["test_gemm_fp8_gpu:GemmFp8.BlockScaled*"],
+        # --lane-scales 1: B's scales loaded uniform, the branch the edit is in.
+        "bench": [
+            {"ranks": 1, "args": "gemm_fp8 --shapes 1024x1024x1024 --impl weave_block --lane-scales 1 --target-ms 2"}],
     },
     {
         "name": "gemm_fp8_block_192_second_scale_block_at_128",
@@ -692,6 +710,9 @@ FAULTS = [
             "replace": "if (BN == 128 || split == 128 || split == 64)",
         }],
         "tests": ["test_gemm_fp8_gpu:GemmFp8.BlockScaled*"],
+        # N = 1024 on the 128x192 tile: tiles 1, 3 and 5 start mid N block (split 64).
+        "bench": [
+            {"ranks": 1, "args": "gemm_fp8 --shapes 1024x1024x1024 --impl weave_block --block-tile 192 --target-ms 2"}],
     },
     {
         "name": "gemm_fp8_block_lane_scales_swapped",
@@ -703,6 +724,8 @@ FAULTS = [
             "replace": "next_lo = __ldg(((threadIdx.x & 1) ? sb_lo : sb_hi) + kb);",
         }],
         "tests": ["test_gemm_fp8_gpu:GemmFp8.BlockScaled*"],
+        "bench": [
+            {"ranks": 1, "args": "gemm_fp8 --shapes 1024x1024x1024 --impl weave_block --lane-scales 2 --target-ms 2"}],
     },
     {
         "name": "gemm_fp8_transpose_read_unswizzled",
@@ -715,6 +738,10 @@ FAULTS = [
             "replace": "tile + d * 32 + 4 * x",
         }],
         "tests": ["test_gemm_fp8_gpu:GemmFp8.Fp8Transpose"],
+        # --shapes rows are all N x K (no transpose): the drawn set's first row of seed 47 is the dgrad
+        # row 266 x 4096 x 14336 (B transposed by transpose_fp8, its bytes compared too).
+        "bench": [
+            {"ranks": 1, "args": "gemm_fp8 --set drawn --draw-seed 47 --draws 1 --impl weave --target-ms 2"}],
     },
     {
         "name": "gemm_fp8_block_split_scales_from_block_0",
@@ -726,6 +753,9 @@ FAULTS = [
             "replace": "Base::consume_range(g, st, pipe, s.item, k_begin, iters, c);",
         }],
         "tests": ["test_gemm_fp8_gpu:GemmFp8.BlockScaledSplitK"],
+        # One partial round of tiles, so that every tile splits (the second split starts past block 0).
+        "bench": [
+            {"ranks": 1, "args": "gemm_fp8 --shapes 200x392x2064 --impl weave_block --split-k 2 --target-ms 2"}],
     },
     {
         "name": "gemm_fp8_block_pipe_promotes_block_in_flight",
@@ -737,6 +767,9 @@ FAULTS = [
             "replace": "step(g, st, pipe, st.part1, st.part1, prev, prev_index, k_begin + it, c);",
         }],
         "tests": ["test_gemm_fp8_gpu:GemmFp8.BlockScaledRaggedShapes"],
+        "bench": [
+            {"ranks": 1, "args": "gemm_fp8 --shapes 300x392x1040,1024x1024x1024 --impl weave_block --block-tile 128 "
+                                 "--target-ms 2"}],
     },
     {
         "name": "gemm_fp8_block_scale_a_wrong_row",
@@ -747,6 +780,8 @@ FAULTS = [
             "replace": "const int r1 = r0;",
         }],
         "tests": ["test_gemm_fp8_gpu:GemmFp8.BlockScaled*"],
+        "bench": [
+            {"ranks": 1, "args": "gemm_fp8 --shapes 1024x1024x1024,300x392x1040 --impl weave_block --target-ms 2"}],
     },
     {
         "name": "gemm_fp8_quantize_qt_last_partial_row_block_dropped",
@@ -782,6 +817,10 @@ FAULTS = [
             "replace": "      for (int r = whole > r0 ? whole : r0; r + 1 < r1; ++r) {",
         }],
         "tests": ["test_grouped_gemm_gpu"],
+        # The routing of grouped_gemm_cut_tile_writes_all_rows' row (routing seed 1): 54 of the 64
+        # experts' counts are not multiples of 8, and expert 1 has 8 rows.
+        "bench": [
+            {"ranks": 1, "args": "moe --models qwen --tokens 4096 --proj down --routing dirichlet --no-dense"}],
     },
     {
         "name": "grouped_gemm_expert1_reads_expert0_weight",
@@ -792,6 +831,8 @@ FAULTS = [
             "replace": "      tile::tma::load_3d(s.b, &g.b, &full, k0, t.n * BN, t.expert == 1 ? 0 : t.expert);",
         }],
         "tests": ["test_grouped_gemm_gpu"],
+        "bench": [
+            {"ranks": 1, "args": "moe --models qwen --tokens 4096 --proj down --routing dirichlet --no-dense"}],
     },
     {
         "name": "moe_layer_splits_by_default",
@@ -816,6 +857,9 @@ FAULTS = [
             "replace": "      const float w = (j0 + q == 1 && v == 0) ? 0.f : wt[j0 + q];",
         }],
         "tests": ["test_moe_exchange_gpu", "test_gemm_combine_gpu"],
+        # Every token's sum is wrong, so the rows' sampled tokens see it.
+        "bench": [
+            {"ranks": 2, "args": "moe --kernels combine --models qwen --tokens 1024 --routing balanced --target-ms 5"}],
     },
     {
         "name": "gemm_combine_push_skips_last_row",
@@ -836,6 +880,8 @@ FAULTS = [
             "replace": "  return static_cast<long long>(m.token) * k + (m.slot + k - 1) % k;",
         }],
         "tests": ["test_moe_gemm_combine_cpu", "test_gemm_combine_gpu"],
+        "bench": [
+            {"ranks": 2, "args": "moe --kernels layer_fused --models qwen --tokens 1024 --routing balanced --target-ms 5"}],
     },
     # ---- the swapped decode tile (kernels/gemm/swapped_*) ------------------------------------------
     {
@@ -956,6 +1002,8 @@ FAULTS = [
             "replace": "sh.dst, sh.ndst - 1, nv,",
         }],
         "tests": ["test_moe_low_latency_gpu"],
+        "bench": [
+            {"ranks": 2, "args": "moe --kernels ll --models deepseek --tokens 128 --routing balanced --target-ms 5"}],
     },
     # ---- inter-node fused kernels (kernels/net_tp, kernels/net_ring_attention) --------------------
     {
@@ -1234,5 +1282,8 @@ FAULTS = [
             "replace": "    else {}",
         }],
         "tests": ["test_lcsc_gpu:Lcsc.DynamicTasks"],
+        # gemm_rs's adaptive split (v6) runs lcsc.cuh's dynamic tasks (as gemm_ar v2 and the inter-node split do).
+        "bench": [
+            {"ranks": 2, "args": "tp --sizes 2048 --kernels gemm_rs --variant 6 --num-comm-sms 0"}],
     },
 ]
