@@ -11,6 +11,31 @@ import weave
 from weave import _ops
 
 
+def graph_replays() -> int:
+    """How many times the capture-and-replay tests replay each graph: $WEAVE_GRAPH_REPLAYS, default
+    1000 (issue 19's count). One place, so that the one-process and multi-rank tests agree and a
+    quick run can lower it for all of them."""
+    n = int(os.environ.get("WEAVE_GRAPH_REPLAYS", "") or 1000)
+    if n < 1:
+        raise ValueError(f"WEAVE_GRAPH_REPLAYS={n}: at least one replay")
+    return n
+
+
+def cuda_generator(seed: int, *tags) -> torch.Generator:
+    """A device generator seeded from (seed, tags). Replay tests at a world of 1 draw each replay's
+    inputs with it (Tensor.normal_): a host draw and copy per replay would cost more than the
+    replay and its check, and nobody else needs to regenerate them."""
+    g = torch.Generator(device="cuda")
+    g.manual_seed(zlib.crc32(repr((seed,) + tags).encode()))
+    return g
+
+
+def refill(gen: torch.Generator, *tensors: torch.Tensor) -> None:
+    """Fresh normal data into captured input tensors, in place (the graph reads their memory)."""
+    for t in tensors:
+        t.normal_(generator=gen)
+
+
 def rand(shape, dtype, seed: int, *tags, device="cuda") -> torch.Tensor:
     """Random normal data that every rank can regenerate from (seed, tags) alone."""
     g = torch.Generator().manual_seed(zlib.crc32(repr((seed,) + tags).encode()))
@@ -110,8 +135,8 @@ def qkv(B, S, Hq, Hkv, D, seed, *tags):
             rand((B, S, Hkv, D), torch.bfloat16, seed, "v", *tags))
 
 
-__all__ = ["rand", "poison", "check_close", "check_gemm", "fp8", "check_fp8_partials", "attention_ref",
-           "check_attention", "qkv", "weave"]
+__all__ = ["graph_replays", "cuda_generator", "refill", "rand", "poison", "check_close", "check_gemm", "fp8",
+           "check_fp8_partials", "attention_ref", "check_attention", "qkv", "weave"]
 
 
 def expect_no_gpu_errors(code: str) -> None:

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import weave
-from refs import attention_ref, check_attention, check_close, check_fp8_partials, check_gemm, fp8, poison, qkv, rand
+from refs import (attention_ref, check_attention, check_close, check_fp8_partials, check_gemm, cuda_generator, fp8,
+                  graph_replays, poison, qkv, rand, refill)
 
 pytestmark = pytest.mark.gpu
 BF, F16, F32 = torch.bfloat16, torch.float16, torch.float32
@@ -70,7 +71,7 @@ def test_shard_collectives(comm, seed, dtype, shape, dim):
     assert torch.equal(weave.reduce_scatter(x, dim), x)
 
 
-@pytest.mark.parametrize("dtype", [BF, F32])
+@pytest.mark.parametrize("dtype", [BF, F16, F32])
 def test_all_to_all(comm, seed, dtype):
     x = rand((2, 77, 6, 64), dtype, seed)
     assert torch.equal(weave.all_to_all(x, "seq_to_head"), x)
@@ -218,18 +219,37 @@ def test_empty_refused_during_capture(comm):
     assert weave.is_symmetric(t)
 
 
+def _capture_after_warm_up(calls):
+    """calls() run eagerly once on a side stream (what a capture needs first: the shapes' signal sets,
+    scratch, tuner choices and staging sizes), then captured: (graph, the warm-up's outputs, the
+    captured outputs)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        eager = calls()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        outs = calls()
+    return g, eager, outs
+
+
+def _poison_all(outs):
+    for o in outs:
+        if isinstance(o, (tuple, list)):
+            _poison_all(o)
+        elif o is not None:
+            o.fill_(float("nan"))
+
+
 def test_collectives_and_sp_graph_capture_and_replay(comm, seed):
-    """The collectives and ring / Ulysses attention captured after an eager warm-up, replayed with
-    new inputs and poisoned outputs: each replay correct; an eager call after the replays too."""
+    """The collectives and ring / Ulysses attention captured after an eager warm-up, replayed
+    graph_replays() times with new inputs and poisoned outputs: every replay checked; an eager call
+    after the replays too."""
     x = torch.empty((4099,), dtype=BF, device="cuda")
     y = torch.empty((300001,), dtype=F32, device="cuda")
     q, k, v = (torch.empty((1, 333, 4, 128), dtype=BF, device="cuda") for _ in range(3))
-
-    def fill(i):
-        x.copy_(rand(x.shape, BF, seed, "x", i))
-        y.copy_(rand(y.shape, F32, seed, "y", i))
-        for t, name in ((q, "q"), (k, "k"), (v, "v")):
-            t.copy_(rand(t.shape, BF, seed, name, i))
+    gen = cuda_generator(seed, "collectives-sp")
 
     def calls():
         return (weave.all_reduce(x), weave.all_gather(y, 0), weave.reduce_scatter(y, 0),
@@ -242,57 +262,103 @@ def test_collectives_and_sp_graph_capture_and_replay(comm, seed):
         check_attention(o, lse, ref_o, ref_lse, f"{what}: ring")
         check_attention(uo, None, ref_o, None, f"{what}: ulysses")
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fill(0)
-        calls()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        outs = calls()
-    for i in range(1, 101):
-        fill(i)
-        for o in outs:
-            for t in (o if isinstance(o, tuple) else (o,)):
-                t.fill_(float("nan"))
+    refill(gen, x, y, q, k, v)
+    g, eager, outs = _capture_after_warm_up(calls)
+    check(eager, "eager warm-up")
+    for i in range(1, graph_replays() + 1):
+        refill(gen, x, y, q, k, v)
+        _poison_all(outs)
         g.replay()
-        if i % 25 == 0:
-            torch.cuda.synchronize()
-            check(outs, f"replay {i}")
-    fill(101)
+        check(outs, f"replay {i}")
+    refill(gen, x, y, q, k, v)
     check(calls(), "eager after the replays")
 
 
 def test_tp_graph_capture_and_replay(comm, seed):
-    """TP operators captured after an eager warm-up, replayed with new inputs: each replay correct."""
+    """TP operators captured after an eager warm-up, replayed graph_replays() times with new inputs
+    and poisoned outputs: every replay correct."""
     A = torch.empty((333, 136), dtype=BF, device="cuda")
     B = torch.empty((136, 264), dtype=BF, device="cuda")
+    gen = cuda_generator(seed, "tp")
 
     def calls():
         _, (C,) = weave.all_gather_matmul(A, [B], return_A=False)
         return C, weave.matmul_reduce_scatter(A, B), weave.matmul_all_reduce(A, B)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        A.copy_(rand(A.shape, BF, seed, "A", 0))
-        B.copy_(rand(B.shape, BF, seed, "B", 0))
-        calls()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        outs = calls()
-    for i in range(1, 101):
-        A.copy_(rand(A.shape, BF, seed, "A", i))
-        B.copy_(rand(B.shape, BF, seed, "B", i))
-        for o in outs:
-            o.fill_(float("nan"))
+    def check(outs, what):
+        for o, op in zip(outs, ("ag_gemm", "gemm_rs", "gemm_ar")):
+            check_gemm(o, A, B, f"{op} {what}")
+
+    refill(gen, A, B)
+    g, eager, outs = _capture_after_warm_up(calls)
+    check(eager, "eager warm-up")
+    for i in range(1, graph_replays() + 1):
+        refill(gen, A, B)
+        _poison_all(outs)
         g.replay()
-        if i % 25 == 0:
-            torch.cuda.synchronize()
-            for o, what in zip(outs, ("ag_gemm", "gemm_rs", "gemm_ar")):
-                check_gemm(o, A, B, f"{what} replay {i}")
+        check(outs, f"replay {i}")
+
+
+def test_all_gather_matmul_return_A_graph_capture_and_replay(comm, seed):
+    """all_gather_matmul returning the gathered A (its copy out of the staging buffer is captured
+    too), with a second B as an nn.Linear weight's .t() (the plain GEMM on the gathered rows), and
+    along gather_dim 1: replayed graph_replays() times with new inputs and poisoned outputs, the
+    gathered A equal to A and every product checked at every replay."""
+    M, K, N = 333, 136, 264
+    A = torch.empty((M, K), dtype=BF, device="cuda")
+    B = torch.empty((K, N), dtype=BF, device="cuda")
+    W = torch.empty((40, K), dtype=BF, device="cuda")  # nn.Linear layout: passed as W.t()
+    A3_rows = torch.empty((M, 3, K), dtype=BF, device="cuda")
+    A3 = A3_rows.movedim(0, 1)  # (3, M, K), gathered along dim 1
+    gen = cuda_generator(seed, "ag-return-A")
+
+    def calls():
+        Ag, (C1, C2) = weave.all_gather_matmul(A, [B, W.t()])
+        Ag3, (C3,) = weave.all_gather_matmul(A3, [W.t()], gather_dim=1)
+        return Ag, C1, C2, Ag3, C3
+
+    def check(outs, what):
+        Ag, C1, C2, Ag3, C3 = outs
+        assert torch.equal(Ag, A), f"{what}: gathered A"
+        assert Ag3.shape == (3, M, K) and torch.equal(Ag3, A3), f"{what}: gathered A along dim 1"
+        check_gemm(C1, A, B, f"{what}: first B")
+        check_gemm(C2, A, W.t(), f"{what}: second B (nn.Linear weight)")
+        assert C3.shape == (3, M, 40), f"{what}: {tuple(C3.shape)}"
+        check_gemm(C3.movedim(1, 0).flatten(0, 1), A3_rows.flatten(0, 1), W.t(), f"{what}: gather_dim 1")
+
+    refill(gen, A, B, W, A3_rows)
+    g, eager, outs = _capture_after_warm_up(calls)
+    check(eager, "eager warm-up")
+    for i in range(1, graph_replays() + 1):
+        refill(gen, A, B, W, A3_rows)
+        _poison_all(outs)
+        g.replay()
+        check(outs, f"replay {i}")
+
+
+@pytest.mark.parametrize("D, causal, scale", [(64, True, None), (128, False, 0.05)])
+def test_attention_graph_capture_and_replay(comm, seed, D, causal, scale):
+    """weave.attention (GQA: 8 query heads on 2 KV heads, S = 300, not a tile multiple) captured
+    after an eager warm-up, replayed graph_replays() times with new q, k, v and poisoned outputs:
+    o and lse of every replay against the float32 reference."""
+    q = torch.empty((2, 300, 8, D), dtype=BF, device="cuda")
+    k, v = (torch.empty((2, 300, 2, D), dtype=BF, device="cuda") for _ in range(2))
+    gen = cuda_generator(seed, "attention", D)
+
+    def calls():
+        return weave.attention(q, k, v, causal=causal, scale=scale)
+
+    def check(outs, what):
+        check_attention(*outs, *attention_ref(q, k, v, causal, scale), f"attention D={D} causal={causal} {what}")
+
+    refill(gen, q, k, v)
+    g, eager, outs = _capture_after_warm_up(calls)
+    check(eager, "eager warm-up")
+    for i in range(1, graph_replays() + 1):
+        refill(gen, q, k, v)
+        _poison_all(outs)
+        g.replay()
+        check(outs, f"replay {i}")
 
 
 def test_compile_fullgraph(comm, seed):
@@ -324,6 +390,108 @@ def test_compile_reduce_overhead(comm, seed):
         torch.cuda.synchronize()
         assert torch.equal(y, x * 2), f"all_reduce, call {i}"
         check_gemm(c, A, W.t(), f"matmul, call {i}")
+
+
+def _compiled_cases():
+    """Every operator test_gpu.py runs at a world of 1, as name -> (function to compile, inputs of
+    call i from (seed, i), check of its outputs against a torch reference). The functions hold
+    weave's operators and views only, so inductor compiles no kernel of its own around them."""
+    def collective_inputs(dtype, shape):
+        return lambda seed, i: (rand(shape, dtype, seed, "x", i),)
+
+    def equal_to_input(outs, x, what):
+        for o in (outs if isinstance(outs, tuple) else (outs,)):
+            assert torch.equal(o, x), what
+
+    def gemm_inputs(seed, i, M=129, N=200, K=72):
+        return rand((M, K), BF, seed, "A", i), rand((K, N), BF, seed, "B", i), rand((N, K), BF, seed, "W", i)
+
+    def check_matmul(outs, A, B, W, what):
+        check_gemm(outs[0], A, B, what + " K x N")
+        check_gemm(outs[1], A, W.t(), what + " weight.t()")
+
+    def check_ag(outs, A, B, W, what):
+        Ag, C1, C2, C = outs
+        assert torch.equal(Ag, A), what + " gathered A"
+        check_gemm(C1, A, B, what + " first B")
+        check_gemm(C2, A, W.t(), what + " second B")
+        check_gemm(C, A, W.t(), what + " return_A=False")
+
+    def check_rs(outs, A, B, W, what):
+        for o in outs:
+            check_gemm(o, A, W.t(), what)
+
+    def fp8_inputs(seed, i, M=129, N=200, K=272):
+        return (fp8((M, K), E4, seed, "A", i), fp8((N, K), E4, seed, "w", i),
+                torch.tensor(0.75, device="cuda"), torch.tensor([2.0 ** (i % 3 - 1)], device="cuda"))
+
+    def check_fp8(C, A, w, sa, sb, what, roundings=0):
+        check_fp8_partials(C, [(A.float() * sa, w.float().t() * sb)], A.shape[1], what, roundings)
+
+    def check_ag_fp8(outs, A, w, sa, sb, what):
+        Ag, (C,) = outs
+        assert Ag.dtype == E4 and torch.equal(Ag.view(torch.uint8), A.view(torch.uint8)), what + " gathered A"
+        check_fp8(C, A, w, sa, sb, what)
+
+    def check_rs_fp8(outs, A, w, sa, sb, what):
+        check_fp8(outs[0], A, w, sa, sb, what + " sum")
+        check_fp8(outs[1], A, w, sa, sb, what + " avg", 1)
+
+    def attn_inputs(seed, i):
+        return qkv(1, 333, 4, 2, 128, seed, i)
+
+    def check_attn(outs, q, k, v, what):
+        ref_o, ref_lse = attention_ref(q, k, v, True)
+        if isinstance(outs, tuple):
+            check_attention(*outs, ref_o, ref_lse, what)
+        else:
+            check_attention(outs, None, ref_o, None, what)
+
+    def ag_calls(a, b, w):
+        Ag, (C1, C2) = weave.all_gather_matmul(a, [b, w.t()])
+        _, (C,) = weave.all_gather_matmul(a, [w.t()], return_A=False)
+        return Ag, C1, C2, C
+
+    return {
+        "all_reduce": (lambda x: weave.all_reduce(x), collective_inputs(F16, (4099,)), equal_to_input),
+        "all_gather": (lambda x: weave.all_gather(x, 1), collective_inputs(F32, (5, 77, 3)), equal_to_input),
+        "reduce_scatter": (lambda x: weave.reduce_scatter(x, -1), collective_inputs(BF, (5, 77, 3)), equal_to_input),
+        "all_to_all": (lambda x: (weave.all_to_all(x, "seq_to_head"), weave.all_to_all(x, "head_to_seq")),
+                       collective_inputs(BF, (2, 77, 6, 64)), equal_to_input),
+        "matmul": (lambda a, b, w: (weave.matmul(a, b), weave.matmul(a, w.t())), gemm_inputs, check_matmul),
+        "all_gather_matmul": (ag_calls, gemm_inputs, check_ag),
+        "matmul_reduce_scatter": (lambda a, b, w: (weave.matmul_reduce_scatter(a, w.t()),
+                                                   weave.matmul_reduce_scatter(a, w.t(), "avg")), gemm_inputs, check_rs),
+        "matmul_all_reduce": (lambda a, b, w: (weave.matmul_all_reduce(a, w.t()),), gemm_inputs, check_rs),
+        "all_gather_scaled_matmul": (lambda a, w, sa, sb: weave.all_gather_scaled_matmul(a, [w.t()], sa, [sb]),
+                                     fp8_inputs, check_ag_fp8),
+        "scaled_matmul_reduce_scatter": (lambda a, w, sa, sb: (weave.scaled_matmul_reduce_scatter(a, w.t(), sa, sb),
+                                                               weave.scaled_matmul_reduce_scatter(a, w.t(), sa, sb, "avg")),
+                                         fp8_inputs, check_rs_fp8),
+        "attention": (lambda q, k, v: weave.attention(q, k, v, causal=True), attn_inputs, check_attn),
+        "ring_attention": (lambda q, k, v: weave.ring_attention(q, k, v, True), attn_inputs, check_attn),
+        "ulysses_attention": (lambda q, k, v: weave.ulysses_attention(q, k, v, True), attn_inputs, check_attn),
+    }
+
+
+@pytest.mark.parametrize("op", list(_compiled_cases()))
+def test_compile_reduce_overhead_every_op(comm, seed, op):
+    """Each operator under torch.compile(mode="reduce-overhead", fullgraph=True): inductor's CUDA
+    graph trees run the first call eagerly, record the second and replay the rest; every call has
+    fresh inputs and its outputs are checked before the next call (a replay overwrites them). No
+    call may be left out of the CUDA graphs (inductor counts the functions it skips)."""
+    from torch._dynamo.utils import counters
+
+    f, inputs, check = _compiled_cases()[op]
+    skips = counters["inductor"]["cudagraph_skips"]
+    g = torch.compile(f, mode="reduce-overhead", fullgraph=True)
+    for i in range(6):
+        args = inputs(seed, i)
+        torch.compiler.cudagraph_mark_step_begin()
+        outs = g(*args)
+        torch.cuda.synchronize()
+        check(outs, *args, f"{op}, call {i}")
+    assert counters["inductor"]["cudagraph_skips"] == skips, f"{op}: inductor did not capture it in a CUDA graph"
 
 
 def test_errors_on_gpu(comm):

@@ -5,7 +5,10 @@
 (WEAVE_SHARE_GPUS=1 lets two ranks share one GPU; leave it out with a GPU per rank.) torch.distributed
 runs on gloo (NCCL cannot put two ranks on one GPU) and serves only the store and the seed: every
 rank regenerates every rank's inputs from the shared seed and computes the reference locally.
-Ragged shapes (not tile multiples, shards of different sizes), outputs and staging poisoned."""
+Ragged shapes (not tile multiples, shards of different sizes), outputs and staging poisoned.
+test_tp_subgroups_alternate_with_the_whole_group needs a world of 4 (`--nproc_per_node 4`; with
+WEAVE_SHARE_GPUS=1 on fewer GPUs) and skips at any other. WEAVE_GRAPH_REPLAYS sets the replays of
+the capture tests (refs.graph_replays, default 1000)."""
 import os
 
 import pytest
@@ -13,7 +16,8 @@ import torch
 import torch.distributed as dist
 
 import weave
-from refs import attention_ref, check_attention, check_close, check_fp8_partials, check_gemm, fp8, poison, qkv, rand
+from refs import (attention_ref, check_attention, check_close, check_fp8_partials, check_gemm, fp8, graph_replays,
+                  poison, qkv, rand)
 
 if "WORLD_SIZE" not in os.environ:
     pytest.skip("multi-rank tests run under torchrun (see the module's docstring)", allow_module_level=True)
@@ -59,7 +63,7 @@ def test_empty_tensors(env):
     assert torch.equal(weave.all_gather(xs[rank], 0), torch.cat(xs, 0)), "all_gather after the empty calls"
 
 
-@pytest.mark.parametrize("dtype", [BF, F32])
+@pytest.mark.parametrize("dtype", [BF, F16, F32])
 @pytest.mark.parametrize("shape, dim", [((2 * 64 + 1,), 0), ((5, 77, 3), 1), ((6, 7, 33), -1)])
 def test_all_gather_reduce_scatter(env, dtype, shape, dim):
     rank, W, seed = env
@@ -86,7 +90,7 @@ def _share(n, W, r):
     return n // W + (1 if r < n % W else 0)
 
 
-@pytest.mark.parametrize("dtype", [BF, F32])
+@pytest.mark.parametrize("dtype", [BF, F16, F32])
 @pytest.mark.parametrize("S", [77, 1024])
 def test_all_to_all(env, dtype, S):
     rank, W, seed = env
@@ -203,6 +207,62 @@ def test_two_groups_alternately(env):
         assert torch.equal(weave.all_reduce(x, group=singles[rank]), x)
 
 
+def test_tp_subgroups_alternate_with_the_whole_group(env):
+    """A TP x DP layout at a world of 4 (WEAVE_SHARE_GPUS=1 lets ranks share GPUs): the TP pairs
+    (0, 1) and (2, 3) from torch.distributed.new_subgroups(group_size=2), each with its own
+    communicator, used alternately with the whole group's. Both pairs run at once, each on its own
+    data (every rank's inputs are tagged with its global rank, so a pair reading the other pair's
+    buffers, or the whole group's, gets another rank's values): collectives and the TP operators on
+    the pair, collectives on the whole group, every call against its reference."""
+    rank, W, seed = env
+    if W != 4:
+        pytest.skip(f"needs a world of 4 (torchrun --nproc_per_node 4, WEAVE_SHARE_GPUS=1 to share GPUs); "
+                    f"this one has {W}")
+    tp, _ = dist.new_subgroups(group_size=2)  # collective: every rank makes both pairs
+    pair = dist.get_process_group_ranks(tp)
+    assert pair == [rank - rank % 2, rank - rank % 2 + 1], pair
+    whole = weave.init()
+    mine = weave.init(tp)
+    assert mine is not whole and weave.init(tp) is mine and (mine.rank, mine.world) == (rank % 2, 2)
+    r = rank % 2
+    s, K, N = 67, 136, 264  # TP shapes: ragged against the kernels' tiles
+    for i in range(6):
+        # The pair: all_reduce (fp16), then the whole group's all_reduce, so that consecutive calls
+        # switch communicators.
+        xs = {g: rand((4099,), F16, seed, "sub-ar", i, g) for g in pair}
+        check_close(weave.all_reduce(xs[rank], group=tp), sum(x.float() for x in xs.values()),
+                    4 * EPS[F16] * sum(x.float().abs() for x in xs.values()) + 1e-30, f"pair all_reduce {i}")
+        ys = [rand((1001, 3), F32, seed, "whole-ar", i, g) for g in range(W)]
+        check_close(weave.all_reduce(ys[rank]), sum(ys), 2 * W * EPS[F32] * sum(y.abs() for y in ys) + 1e-30,
+                    f"whole all_reduce {i}")
+
+        # The pair's ragged all_gather (bf16), then the whole group's reduce_scatter (bf16).
+        full = 2 * 77 + 1
+        parts = [rand((_share(full, 2, j), 5), BF, seed, "sub-ag", i, g) for j, g in enumerate(pair)]
+        assert torch.equal(weave.all_gather(parts[r], 0, group=tp, full_size=full), torch.cat(parts)), \
+            f"pair all_gather {i}"
+        zs = [rand((4 * 33 + 3, 5), BF, seed, "whole-rs", i, g) for g in range(W)]
+        first, size = weave.shard(zs[0].shape[0])
+        check_close(weave.reduce_scatter(zs[rank], 0), sum(z.float() for z in zs).narrow(0, first, size),
+                    2 * W * EPS[BF] * sum(z.float().abs() for z in zs).narrow(0, first, size) + 1e-30,
+                    f"whole reduce_scatter {i}")
+
+        # The pair's AG+GEMM (gathered A returned) and GEMM+RS: each rank its own weight shard.
+        A = torch.cat([rand((s, K), BF, seed, "sub-A", i, g) for g in pair])
+        Wt = rand((N, K), BF, seed, "sub-W", i, rank)
+        Ag, (C,) = weave.all_gather_matmul(A[r * s:(r + 1) * s], [Wt.t()], group=tp)
+        assert torch.equal(Ag, A), f"pair all_gather_matmul's gathered A {i}"
+        check_gemm(C, A, Wt.t(), f"pair all_gather_matmul {i}")
+        M = 2 * s + 1
+        As = [rand((M, K), BF, seed, "sub-R", i, g) for g in pair]
+        Ws = [rand((N, K), BF, seed, "sub-RW", i, g) for g in pair]
+        f0, n0 = weave.shard(M, group=tp)
+        out = weave.matmul_reduce_scatter(As[r], Ws[r].t(), group=tp)
+        check_gemm(out, torch.cat(As, dim=1)[f0:f0 + n0], torch.cat([w.t() for w in Ws]), f"pair gemm_rs {i}",
+                   partials=2)
+    dist.barrier()
+
+
 def test_ragged_shards_and_misaligned_views_stage_alike(env):
     """Staging buffers grow collectively, so every rank must grow them alike: by the largest shard,
     not its own (rank 0's shard below is just past 2 MiB, the others' exactly 2 MiB, the
@@ -278,9 +338,11 @@ def test_symmetric_input_on_one_rank_only_raises_on_every_rank(env):
 def test_collectives_and_sp_graph_capture_and_replay(env):
     """The collectives (LL-, two-shot- and push-sized all_reduce, all_gather, reduce_scatter, the
     Ulysses all_to_all) and ring / Ulysses attention captured in one CUDA graph after an eager
-    warm-up, replayed with fresh inputs copied into the captured tensors and the outputs poisoned
-    before each replay: every checked replay matches its own reference (the counts are read on the
-    device); eager calls in between and after, and a second graph captured and never replayed."""
+    warm-up, replayed graph_replays() times with fresh inputs copied into the captured tensors and
+    the outputs poisoned before each replay: every replay's small all_reduce, all_gather,
+    reduce_scatter and all_to_all against their references, all outputs at every 50th replay and
+    the last (the counts are read on the device); eager calls in between and after, and a second
+    graph captured and never replayed."""
     rank, W, seed = env
     sizes = (4099, 300001, 1000003)
     full = 2 * 77 * W + 1  # all_gather: ragged shards
@@ -295,18 +357,21 @@ def test_collectives_and_sp_graph_capture_and_replay(env):
         static["ring" + t] = torch.empty((2, sum(n for _, n in chunks), H, 128), dtype=BF, device="cuda")
         static["uly" + t] = torch.empty((2, rows, H, 128), dtype=BF, device="cuda")
 
-    def fill(i, want_ref=True):
-        """Replay i's inputs of this rank, copied into the static tensors, and (want_ref) the
-        references, from every rank's inputs (each rank regenerates them all)."""
+    def fill(i, whole=True):
+        """Replay i's inputs of this rank, copied into the static tensors, and the references from
+        every rank's inputs (each rank regenerates them): of the small outputs always, of the large
+        all_reduces and the attention (their peers' inputs and references cost more than the
+        replay) only where `whole`."""
         ref = {}
-        ranks = range(W) if want_ref else [rank]
         for n in sizes:
+            ranks = range(W) if whole or n == sizes[0] else [rank]
             xs = {r: rand((n,), BF, seed, "gar", n, i, r) for r in ranks}
             static[f"ar{n}"].copy_(xs[rank])
-            ref[f"ar{n}"] = (sum(x.float() for x in xs.values()), sum(x.float().abs() for x in xs.values()))
-        parts = {r: rand((_share(full, W, r), 5), F32, seed, "gag", i, r) for r in ranks}
+            if len(xs) == W:
+                ref[f"ar{n}"] = (sum(x.float() for x in xs.values()), sum(x.float().abs() for x in xs.values()))
+        parts = [rand((_share(full, W, r), 5), F32, seed, "gag", i, r) for r in range(W)]
         static["ag"].copy_(parts[rank])
-        fulls = {r: rand((full, 5), F32, seed, "grs", i, r) for r in ranks}
+        fulls = [rand((full, 5), F32, seed, "grs", i, r) for r in range(W)]
         static["rs"].copy_(fulls[rank])
         X = rand((2, S, H, 64), BF, seed, "ga2a", i)
         static["a2a"].copy_(X[:, first:first + rows])
@@ -314,11 +379,11 @@ def test_collectives_and_sp_graph_capture_and_replay(env):
         for t, x in zip("qkv", (q, k, v)):
             static["ring" + t].copy_(rows_of(chunks, x))
             static["uly" + t].copy_(x[:, first:first + rows])
-        if want_ref:
-            ref["ag"] = torch.cat([parts[r] for r in range(W)])
-            f0, n0 = weave.shard(full)
-            ref["rs"] = sum(f.float() for f in fulls.values())[f0:f0 + n0]
-            ref["a2a"] = X[:, :, rank * H // W:(rank + 1) * H // W]
+        ref["ag"] = torch.cat(parts)
+        f0, n0 = weave.shard(full)
+        ref["rs"] = sum(f.float() for f in fulls)[f0:f0 + n0]
+        ref["a2a"] = X[:, :, rank * H // W:(rank + 1) * H // W]
+        if whole:
             ref["attn"] = attention_ref(q, k, v, True)
         return ref
 
@@ -332,16 +397,19 @@ def test_collectives_and_sp_graph_capture_and_replay(env):
         return out
 
     def check(out, ref, what):
+        """The outputs `ref` has references for (fill's `whole`: all of them)."""
         for n in sizes:
-            want, mag = ref[f"ar{n}"]
-            check_close(out[f"ar{n}"], want, 2 * W * EPS[BF] * mag + 1e-30, f"{what}: all_reduce {n}")
+            if f"ar{n}" in ref:
+                want, mag = ref[f"ar{n}"]
+                check_close(out[f"ar{n}"], want, 2 * W * EPS[BF] * mag + 1e-30, f"{what}: all_reduce {n}")
         assert torch.equal(out["ag"], ref["ag"]), f"{what}: all_gather"
         check_close(out["rs"], ref["rs"], 4 * W * EPS[F32] * ref["rs"].abs() + 1e-30, f"{what}: reduce_scatter")
         assert torch.equal(out["a2a"], ref["a2a"]), f"{what}: all_to_all"
-        ref_o, ref_lse = ref["attn"]
-        o, lse = out["ring"]
-        check_attention(o, lse, rows_of(chunks, ref_o), rows_of(chunks, ref_lse, dim=2), f"{what}: ring")
-        check_attention(out["uly"], None, ref_o[:, first:first + rows], None, f"{what}: ulysses")
+        if "attn" in ref:
+            ref_o, ref_lse = ref["attn"]
+            o, lse = out["ring"]
+            check_attention(o, lse, rows_of(chunks, ref_o), rows_of(chunks, ref_lse, dim=2), f"{what}: ring")
+            check_attention(out["uly"], None, ref_o[:, first:first + rows], None, f"{what}: ulysses")
 
     def poison_outs(out):
         for o in out.values():
@@ -360,15 +428,13 @@ def test_collectives_and_sp_graph_capture_and_replay(env):
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         outs = calls()
-    replays = int(os.environ.get("WEAVE_GRAPH_REPLAYS", "200"))
+    replays = graph_replays()
     for i in range(1, replays + 1):
-        checked = i % 50 == 1 or i == replays
-        ref = fill(i, checked)
+        ref = fill(i, i % 50 == 1 or i == replays)
         poison_outs(outs)
         g.replay()
-        if checked:
-            torch.cuda.synchronize()
-            check(outs, ref, f"replay {i}")
+        torch.cuda.synchronize()
+        check(outs, ref, f"replay {i}")
         if i % 40 == 7:  # eager calls between replays share the graph's counts
             ref = fill(10_000 + i)
             out = calls()
@@ -386,55 +452,70 @@ def test_collectives_and_sp_graph_capture_and_replay(env):
 
 
 def test_tp_graph_capture_and_replay(env):
-    """The TP operators captured in one CUDA graph after an eager warm-up of the same shapes, then
-    replayed with fresh inputs copied into the captured tensors: every replay's outputs match
-    their own reference (device rounds: a replay waits for its own round, not the captured one)."""
+    """The TP operators captured in one CUDA graph after an eager warm-up of the same shapes, among
+    them all_gather_matmul returning the gathered A with a second B given as an nn.Linear weight's
+    .t(), then replayed graph_replays() times with fresh inputs copied into the captured tensors and
+    the outputs poisoned: every replay's outputs match their own reference (device rounds: a replay
+    waits for its own round, not the captured one); eager calls after the replays too."""
     rank, W, seed = env
     s, K, N, M = 67, 136, 264, 333
     first, rows = weave.shard(M)
     static = {
         "ag": torch.empty((s, K), dtype=BF, device="cuda"), "B": torch.empty((K, N), dtype=BF, device="cuda"),
-        "rs": torch.empty((M, K), dtype=BF, device="cuda"),
+        "Wt": torch.empty((40, K), dtype=BF, device="cuda"), "rs": torch.empty((M, K), dtype=BF, device="cuda"),
     }
 
     def fill(i):
+        """Replay i's inputs, this rank's copied into the static tensors, and the references."""
         A = rand((W * s, K), BF, seed, "gA", i)
-        B = rand((K, N), BF, seed, "gB", i, rank)
+        Bs = [rand((K, N), BF, seed, "gB", i, r) for r in range(W)]
+        Wt = rand((40, K), BF, seed, "gW", i, rank)
         As = [rand((M, K), BF, seed, "gR", i, r) for r in range(W)]
         static["ag"].copy_(A[rank * s:(rank + 1) * s])
-        static["B"].copy_(B)
+        static["B"].copy_(Bs[rank])
+        static["Wt"].copy_(Wt)
         static["rs"].copy_(As[rank])
-        return A, B, As
+        return A, Bs, Wt, As
 
     def calls():
         _, (C,) = weave.all_gather_matmul(static["ag"], [static["B"]], return_A=False)
-        return C, weave.matmul_reduce_scatter(static["rs"], static["B"]), weave.matmul_all_reduce(static["rs"], static["B"])
+        Ag, (C1, C2) = weave.all_gather_matmul(static["ag"], [static["B"], static["Wt"].t()])
+        return (C, weave.matmul_reduce_scatter(static["rs"], static["B"]), weave.matmul_all_reduce(static["rs"], static["B"]),
+                Ag, C1, C2)
+
+    def check(outs, inputs, what):
+        A, Bs, Wt, As = inputs
+        C, R, Q, Ag, C1, C2 = outs
+        A_cat, B_cat = torch.cat(As, dim=1), torch.cat(Bs, dim=0)  # sum_r As[r] Bs[r]
+        check_gemm(C, A, Bs[rank], f"ag_gemm {what}")
+        check_gemm(R, A_cat[first:first + rows], B_cat, f"gemm_rs {what}", partials=W)
+        check_gemm(Q, A_cat, B_cat, f"gemm_ar {what}", partials=W)
+        assert torch.equal(Ag, A), f"ag_gemm's gathered A {what}"
+        check_gemm(C1, A, Bs[rank], f"ag_gemm returning A {what}")
+        check_gemm(C2, A, Wt.t(), f"ag_gemm second B (weight.t()) {what}")
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # eager warm-up: the shapes' signal sets, tuner choices, staging sizes
-        fill(0)
+        inputs = fill(0)
         for _ in range(2):
-            calls()
+            out = calls()
     torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    check(out, inputs, "eager warm-up")
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         outs = calls()
-    replays = int(os.environ.get("WEAVE_GRAPH_REPLAYS", "200"))
+    replays = graph_replays()
     for i in range(1, replays + 1):
-        A, B, As = fill(i)
+        inputs = fill(i)
         for o in outs:
             o.fill_(float("nan"))
         g.replay()
-        if i % 50 == 1 or i == replays:  # every replay ran; check a spread of them fully
-            torch.cuda.synchronize()
-            A_cat = torch.cat(As, dim=1)
-            B_cat = torch.cat([rand((K, N), BF, seed, "gB", i, r) for r in range(W)], dim=0)
-            check_gemm(outs[0], A, B, f"ag_gemm replay {i}")
-            check_gemm(outs[1], A_cat[first:first + rows], B_cat, f"gemm_rs replay {i}", partials=W)
-            check_gemm(outs[2], A_cat, B_cat, f"gemm_ar replay {i}", partials=W)
+        torch.cuda.synchronize()
+        check(outs, inputs, f"replay {i}")
     # Eager calls after the replays still agree with the graph's rounds.
-    A, B, As = fill(replays + 1)
-    C, R, Q = calls()
+    inputs = fill(replays + 1)
+    out = calls()
     torch.cuda.synchronize()
-    check_gemm(C, A, B, "ag_gemm eager after replays")
+    check(out, inputs, "eager after the replays")

@@ -134,8 +134,8 @@ class ColumnParallelLinear(_ParallelLinear):
     S x in_features bf16 per layer, no collective in dW); False keeps only the shard and all-gathers
     it again in the backward (one weave.all_gather; Megatron's choice, the lower activation memory).
 
-    The weight is weight.t() for the AG+GEMM kernel, which takes K x N only: it is copied
-    (transposed) at every forward (out/W x in bf16). dtype: bf16 only."""
+    The forward passes weight.t(), which the AG+GEMM kernel reads in place as an N x K B (no copy).
+    dtype: bf16 only."""
 
     _split = 0
 
@@ -177,8 +177,8 @@ class RowParallelLinear(_ParallelLinear):
     backward (weave.all_reduce, float32), so every rank holds the bias's whole gradient (Megatron
     instead all-reduces sequence-parallel parameters' gradients after the backward: do not do both).
 
-    The weight is weight.t() for the GEMM+RS kernel, which takes K x N only: it is copied
-    (transposed) at every forward (out x in/W bf16). dtype: bf16 only."""
+    The forward passes weight.t(), which the GEMM+RS kernel reads in place as an N x K B (no copy).
+    dtype: bf16 only."""
 
     _split = 1
 
