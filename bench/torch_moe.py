@@ -31,6 +31,11 @@ a shape torch refuses is written "supported": false with the error. The seed is 
                                [--proj up,down] [--routing balanced,dirichlet,one] [--routing-seed 1]
     python3 bench/torch_moe.py --report moe.jsonl      # weave / torch and weave / dense table
 
+With world >= 2 rows in the file, --report also prints torch / weave for moe_dispatch, moe_combine,
+moe_layer and moe_layer_fused (both layers against torch_layer), and each weave layer against the
+sum of its grouped GEMMs alone (moe_layer_gemms: moe_up_gemm + moe_down_gemm on the layer's
+dispatched rows), as moe_layer_gemms time / layer time (the issue's target: >= 0.9 at T = 16384).
+
 Under torchrun with world W >= 2 it times the plain-PyTorch expert-parallel layer instead, beside
 `weave-run -n W -- weave-bench moe` (same shapes, T tokens per rank, same routings, same inputs):
   torch_dispatch  sort the T k (token, slot) rows by expert, count exchange and split sizes (one
@@ -525,34 +530,77 @@ def run_world(a, torch):
 
 
 def report_layer(path):
-    """weave / torch for the world >= 2 rows: moe_dispatch, moe_combine, moe_layer."""
+    """The world >= 2 rows: torch / weave for moe_dispatch, moe_combine, moe_layer and moe_layer_fused
+    (both weave layers against the one plain-PyTorch layer, torch_layer), then each weave layer
+    against the sum of its two grouped GEMMs alone (moe_layer_gemms, weave-bench moe --kernels
+    layer_gemms)."""
     rows = [json.loads(l) for l in open(path) if l.strip()]
-    rows = [r for r in rows if r.get("kernel") in ("moe_dispatch", "moe_combine", "moe_layer") and "time_us" in r]
+    rows = [r for r in rows if r.get("kernel") in LAYER_KERNELS + ("moe_layer_gemms",) and "time_us" in r]
     if not rows:
         return
     by = {}
     for r in rows:
         by.setdefault((r["kernel"], r.get("model"), r.get("T"), r.get("routing"), r.get("world")), {})[r["impl"]] = r
-    torch_impl = {"moe_dispatch": "torch_dispatch", "moe_combine": "torch_combine", "moe_layer": "torch_layer"}
-    print(f"\n{'kernel':13} {'model':9} {'T':>6} {'routing':10} {'W':>2} {'weave us':>10} {'torch us':>10} "
+    print(f"\n{'kernel':15} {'model':9} {'T':>6} {'routing':10} {'W':>2} {'weave us':>10} {'torch us':>10} "
           f"{'weave':>8} {'torch':>8} {'torch/weave':>11} {'hash ok':>7}")
     ratios = {}
     for key in sorted(by, key=lambda t: tuple(str(x) for x in t)):
-        d = by[key]
-        w, t = d.get("weave"), d.get(torch_impl[key[0]])
+        if key[0] not in LAYER_KERNELS:
+            continue
+        w = by[key].get("weave")
+        kt, it = TORCH_ROW[key[0]]
+        t = by.get((kt,) + key[1:], {}).get(it)
         if not w:
             continue
-        unit = "tflops" if key[0] == "moe_layer" else "gbs"
+        unit = "gbs" if key[0] in ("moe_dispatch", "moe_combine") else "tflops"
         r_t = t["time_us"] / w["time_us"] if t else float("nan")
         same = "-" if not t else ("yes" if t.get("routing_hash") == w.get("routing_hash") else "NO")
         if t:
             ratios.setdefault(key[0], []).append(r_t)
-        print(f"{key[0]:13} {key[1]:9} {key[2]:>6} {key[3]:10} {key[4]:>2} {w['time_us']:10.1f} "
+        print(f"{key[0]:15} {key[1]:9} {key[2]:>6} {key[3]:10} {key[4]:>2} {w['time_us']:10.1f} "
               f"{(t or {}).get('time_us', float('nan')):10.1f} {w.get(unit, float('nan')):8.1f} "
               f"{(t or {}).get(unit, float('nan')):8.1f} {r_t:11.3f} {same:>7}")
-    for kname, v in ratios.items():
-        print(f"geomean torch / weave, {kname}, over {len(v)} rows: "
-              f"{math.exp(sum(math.log(x) for x in v) / len(v)):.3f}; min {min(v):.3f}")
+    for kname in LAYER_KERNELS:
+        v = ratios.get(kname)
+        if v:
+            print(f"geomean torch / weave, {kname}, over {len(v)} rows: "
+                  f"{math.exp(sum(math.log(x) for x in v) / len(v)):.3f}; min {min(v):.3f}")
+    # The issue's "layer >= 0.9x the sum of its grouped GEMMs alone": as speeds, (up + down alone) /
+    # layer time; both rows come from one weave-bench run (same routing_hash, same ranks).
+    gemms = {key[1:]: d["weave"] for key, d in by.items() if key[0] == "moe_layer_gemms" and "weave" in d}
+    if not gemms:
+        return
+    print(f"\n{'model':9} {'T':>6} {'routing':10} {'W':>2} {'gemms us':>10} {'layer us':>10} {'fused us':>10} "
+          f"{'layer/gemms':>11} {'fused/gemms':>11} {'hash ok':>7}")
+    lg = {}
+    for key in sorted(gemms, key=lambda t: tuple(str(x) for x in t)):
+        g = gemms[key]
+        cells, same = [], True
+        for kname in ("moe_layer", "moe_layer_fused"):
+            lay = by.get((kname,) + key, {}).get("weave")
+            cells.append(lay)
+            if lay:
+                same = same and lay.get("routing_hash") == g.get("routing_hash")
+                lg.setdefault(kname, []).append((key, g["time_us"] / lay["time_us"]))
+        us = [c["time_us"] if c else float("nan") for c in cells]
+        rs = [g["time_us"] / u for u in us]
+        print(f"{key[0]:9} {key[1]:>6} {key[2]:10} {key[3]:>2} {g['time_us']:10.1f} {us[0]:10.1f} {us[1]:10.1f} "
+              f"{rs[0]:11.3f} {rs[1]:11.3f} {'yes' if same else 'NO':>7}")
+    for kname in ("moe_layer", "moe_layer_fused"):
+        v = [r for _, r in lg.get(kname, [])]
+        if not v:
+            continue
+        big = [r for key, r in lg[kname] if key[1] == 16384]
+        tail = f"; at T = 16384: min {min(big):.3f} over {len(big)} rows (target >= 0.9)" if big else ""
+        print(f"geomean {kname} / its grouped GEMMs alone (gemms us / layer us) over {len(v)} rows: "
+              f"{math.exp(sum(math.log(x) for x in v) / len(v)):.3f}; min {min(v):.3f}{tail}")
+
+
+# The world >= 2 rows report_layer compares, and the torch row (kernel, impl) each weave row is set
+# against: both weave layers against the one plain-PyTorch layer.
+LAYER_KERNELS = ("moe_dispatch", "moe_combine", "moe_layer", "moe_layer_fused")
+TORCH_ROW = {"moe_dispatch": ("moe_dispatch", "torch_dispatch"), "moe_combine": ("moe_combine", "torch_combine"),
+             "moe_layer": ("moe_layer", "torch_layer"), "moe_layer_fused": ("moe_layer", "torch_layer")}
 
 
 def main():

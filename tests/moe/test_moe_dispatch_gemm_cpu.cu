@@ -1,5 +1,5 @@
 // The fused dispatch_gemm's send order and readiness (kernels/moe/dispatch_gemm_schedule.hpp),
-// executed as a whole dispatch on host arrays for W in {2, 3, 4, 8}, L in {1, 3, 8}, k in {1, 2, 8},
+// executed as a whole dispatch on host arrays for W in 1..8, L in {1, 3, 8}, k in {1, 2, 8},
 // T per rank different (0, 1, ragged), and every routing of routing.hpp (balanced, Dirichlet, all
 // to one expert, a token's experts on one rank, repeated ids, random, empty experts):
 // - each sender's send list, built as route_walk<true> builds it (entry at send_offsets of its
@@ -136,7 +136,7 @@ TEST(DispatchGemmSchedule, SendOrderAndReadiness) {
   std::mt19937_64 rng(weave::check::derive(weave::check::test_seed(), 0x6467));
   const Routing kinds[] = {Routing::balanced,  Routing::dirichlet,      Routing::all_to_one,   Routing::same_rank,
                            Routing::random_repeats, Routing::random, Routing::empty_experts};
-  for (int W : {2, 3, 4, 8})
+  for (int W = 1; W <= 8; ++W)
     for (int L : {1, 3, 8})
       for (int k : {1, 2, 8})
         for (Routing kind : kinds) {
@@ -154,7 +154,7 @@ TEST(DispatchGemmSchedule, SignalTotals) {
   EXPECT_EQ(arrivals_per_call(2, 264), 528u);
   EXPECT_EQ(ready_per_call(264), 264u);
   // Destinations inside an expert: each rank once, the sender's own last.
-  for (int W : {1, 2, 3, 8})
+  for (int W = 1; W <= 8; ++W)
     for (int s = 0; s < W; ++s) {
       std::vector<int> seen(W, 0);
       for (int i = 0; i < W; ++i) seen[send_dest(s, i, W)]++;

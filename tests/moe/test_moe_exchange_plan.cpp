@@ -2,7 +2,7 @@
 // layout.hpp's host helpers:
 // - the per-expert cursor computed as the kernels do (per-chunk histograms, their exclusive prefix
 //   over chunks, then ranks inside each chunk) gives plan_dispatch's rows for every (token, slot),
-//   for W in {1, 2, 3, 4, 8}, several E, k in {1, 2, 3, 8}, T in {0, 1, 7, 257, 1500} and routings
+//   for W in 1..8, several E, k in {1, 2, 3, 8}, T in {0, 1, 7, 257, 1500} and routings
 //   with repeated ids, empty experts and all tokens on one expert;
 // - judge() names what check_capacity and first_bad_slot name (an out-of-range id first, on the
 //   first rank that has one), on random count matrices and capacities around the rows needed;
@@ -62,7 +62,7 @@ std::vector<int> chunked_rows(const std::vector<int>& idx, int T, int k, const G
 
 TEST(MoeExchangePlan, ChunkedCursorEqualsPlaceToken) {
   std::mt19937 rng(1234);
-  for (int W : {1, 2, 3, 4, 8})
+  for (int W = 1; W <= 8; ++W)
     for (int per : {1, 2, 8})
       for (int k : {1, 2, 3, 8})
         for (int T : {0, 1, 7, 257, 1500})
@@ -93,7 +93,7 @@ TEST(MoeExchangePlan, WalkSkipsOutOfRangeIds) {
 
 TEST(MoeExchangePlan, VerdictMatchesCheckCapacity) {
   std::mt19937 rng(99);
-  for (int W : {1, 2, 3, 4, 8})
+  for (int W = 1; W <= 8; ++W)
     for (int per : {1, 3, 8})
       for (int trial = 0; trial < 200; ++trial) {
         const Geometry g{W, W * per};

@@ -1,5 +1,5 @@
 // The MoE routing layout of kernels/moe/layout.hpp, executed as a full dispatch and combine on host
-// arrays for W in {1, 2, 3, 4, 8}, E in {W, 2W, 8W, 64}, k in {1, 2, 8}, T in {1, 7, 257, 4096}
+// arrays for W in 1..8, E in {W, 2W, 8W, 64}, k in {1, 2, 8}, T in {1, 7, 257, 4096}
 // and six routings (balanced, random, Dirichlet-skewed, all to one expert, a token's experts on
 // one rank, repeated ids in a row):
 // - each rank sends a token to a destination rank at most once, and exactly when one of its
@@ -267,7 +267,7 @@ void simulate(Routing kind, int W, int E, int k, int T, std::mt19937& rng) {
 void sweep(Routing kind) {
   std::mt19937 rng(1234 + static_cast<int>(kind));
   int configs = 0;
-  for (int W : {1, 2, 3, 4, 8}) {
+  for (int W = 1; W <= 8; ++W) {
     std::vector<int> Es = {W, 2 * W, 8 * W};
     if (64 % W == 0 && 64 != 8 * W) Es.push_back(64);
     for (int E : Es)

@@ -1,7 +1,7 @@
 // weave-bench moe: the MoE grouped GEMM (kernels/moe/grouped_gemm.hpp) on the issue-21 shapes, one
 // GPU, beside a dense weave GEMM of equal flops (the issue's reference ratio); under weave-run -n W
-// with W >= 2, moe_dispatch, moe_combine and the layer (non-fused and fused: gemm_combine) instead
-// (namespace world below).
+// with W >= 2, moe_dispatch, moe_combine, the layer (non-fused and fused: gemm_combine) and the
+// layer's two grouped GEMMs alone on its dispatched rows instead (namespace world below).
 //
 // Shapes (H hidden, F expert FFN, E experts, top-k): deepseek (7168, 2048, 64, 8), qwen (4096,
 // 1536, 64, 8), mixtral (4096, 14336, 8, 2); T tokens in --tokens (4096, 16384), rows = T * k;
@@ -26,7 +26,8 @@
 //                   [--proj up,down] [--routing balanced,dirichlet,one] [--routing-seed S]
 //                   [--target-ms T] [--group G] [--split-k S] [--no-dense] [--list]
 //   weave-run -n W -- weave-bench moe [--json FILE] [--models ...] [--tokens ...] [--routing ...]
-//                   [--kernels dispatch,combine,layer,layer_fused,dispatch_gemm] [--routing-seed S]
+//                   [--kernels dispatch,combine,layer_gemms,layer,layer_fused,dispatch_gemm]
+//                   [--routing-seed S]
 //                   [--target-ms T] [--world-rows]
 //   --world-rows: the expert-parallel rows also at W = 1 (every row local: the fused kernels'
 //                 overlap of the local copies with the GEMMs, measurable on one GPU)
@@ -60,6 +61,7 @@
 #include "moe/layer.hpp"
 #include "moe/layout.hpp"
 #include "moe/low_latency.hpp"
+#include "moe/swiglu.hpp"
 #include "recheck.hpp"
 #include "weave/runtime/communicator.hpp"
 #include "weave/runtime/env.hpp"
@@ -184,6 +186,19 @@ std::string counts_hash(const std::vector<int>& c) {
 // refused grouped GEMM launch; layer_fused: the same, and where the layer row ran too, its sampled
 // rows bit for bit equal to the non-fused layer's on the same set (the fused path sums the same
 // bf16 expert rows with the same code). Correctness is combined over ranks; rank 0 writes the JSON.
+//
+// The layer's grouped GEMMs alone (--kernels layer_gemms), for the issue's "the layer >= 0.9x the
+// sum of its grouped GEMMs alone": a communication-free denominator needs the GEMMs on exactly the
+// rows the layer's own GEMMs see, so each input set is dispatched once (the layer's routing, hence
+// its per-expert counts) and its grouped rows copied out, the SwiGLU of their up projection kept
+// as the down projection's input. moe_up_gemm (N = 2F, K = H) and moe_down_gemm (N = H, K = F) then
+// time grouped_gemm alone on them (split_k 1, as the layers run it; no dispatch, SwiGLU or combine
+// in the loop), checked as the one-GPU grouped rows are: every output row of this rank against a
+// float32 cuBLASLt reference per expert slice under check::gemm_bound(), no refused launch, on the
+// last timed call and on a fresh call on the other set. moe_layer_gemms is their sum, the slowest
+// rank's up + down medians (a rank's layer cannot beat its own two GEMMs); tflops of all three use
+// the layer's per-rank flop count (2 T k N K), so their ratios are time ratios. The layer rows then
+// carry ratio_vs_gemms = moe_layer_gemms time / layer time (>= 0.9 is the target).
 
 namespace world {
 
@@ -331,7 +346,7 @@ int run(const Args& args, int W) {
   const auto models = args.names("models", "deepseek,qwen,mixtral");
   const auto tokens = args.numbers("tokens", "4096,16384");
   const auto routings = args.names("routing", "balanced,dirichlet,one");
-  const auto kernels = args.names("kernels", "dispatch,combine,layer,layer_fused,dispatch_gemm");
+  const auto kernels = args.names("kernels", "dispatch,combine,layer_gemms,layer,layer_fused,dispatch_gemm");
   const uint64_t rseed = static_cast<uint64_t>(args.get_int("routing-seed", 1));
   const double target_ms = std::stod(args.get("target-ms", "60"));
   auto want = [&](const char* k) { return std::find(kernels.begin(), kernels.end(), k) != kernels.end(); };
@@ -428,12 +443,12 @@ int run(const Args& args, int W) {
       j.add("routing_hash", counts_hash(s.matrix)).add("seed", std::to_string(seed));
       return j;
     };
-    auto timed = [&](auto&& fn, double est_us) {
+    auto time_here = [&](auto&& fn, double est_us) {  // this rank's median
       const int iters = std::max(3, std::min(200, static_cast<int>(target_ms * 1e3 / std::max(est_us, 1.0))));
       comm.barrier();
-      const double t = time_us(st, fn, 2, iters, 3);
-      return slowest(t);
+      return time_us(st, fn, 2, iters, 3);
     };
+    auto timed = [&](auto&& fn, double est_us) { return slowest(time_here(fn, est_us)); };
     auto print = [&](const char* kernel, double t, double gbs, double tf, double worst, bool ok) {
       if (me != 0) return;
       char b1[32] = "-", b2[32] = "-";
@@ -591,6 +606,104 @@ int run(const Args& args, int W) {
       j.add("time_us", t).add("gbs", bc / t * 1e-3).add("bytes", bc).add("correct", v.ok);
       if (me == 0) sink.write(add_check_worst(j, v.worst));
     }
+    // The layer's two grouped GEMMs alone (--kernels layer_gemms; the header comment says why and
+    // how they are checked). Before the layer rows, so that those can carry ratio_vs_gemms; their
+    // buffers are freed before the layer runs.
+    double t_gemms = 0;  // the slowest rank's up + down medians; 0: not run
+    if (want("layer_gemms")) {
+      const int Rme = moe::rank_rows(s.matrix.data(), g, me);
+      std::vector<int> hc(L + 1);  // the layer's rows per local expert, then their total (SwiGLU's)
+      for (int l = 0; l < L; ++l) hc[l] = moe::expert_rows(s.matrix.data(), g, g.expert(me, l));
+      hc[L] = Rme;
+      int* dc = dmalloc<int>(L + 1);
+      WEAVE_CUDA_CHECK(cudaMemcpy(dc, hc.data(), (L + 1) * sizeof(int), cudaMemcpyHostToDevice));
+      const size_t cap = s.capacity;
+      bf16* gx[2] = {dmalloc<bf16>(cap * H), dmalloc<bf16>(cap * H)};  // the dispatched rows of each set
+      bf16* gh[2] = {dmalloc<bf16>(cap * F), dmalloc<bf16>(cap * F)};  // their SwiGLU(up projection)
+      float* ref_r = dmalloc<float>(cap * std::max(2 * F, H));
+      float* ref_s = dmalloc<float>(cap * std::max(2 * F, H));
+      moe::GroupedGemmOptions o;
+      o.split_k = 1;  // the layers run the default 0 as 1 (layer.hpp): time the kernel they launch
+      bf16* const G = scratch.up_output();
+      bf16* const Y = ex.expert_output();  // where the layer's down GEMM writes
+      // Each set's rows come from a real dispatch (the copy keeps them past the next dispatch); the
+      // rows past Rme only feed discarded outputs, zeroed so that no stale bits reach a tile.
+      Verdict prep;
+      for (int set = 0; set < 2; ++set) {
+        WEAVE_CUDA_CHECK(cudaMemsetAsync(gx[set], 0, cap * H * sizeof(bf16), st));
+        WEAVE_CUDA_CHECK(cudaMemsetAsync(gh[set], 0, cap * F * sizeof(bf16), st));
+        const moe::Dispatched dd = ex.dispatch(xs[set], idx, T, st);
+        WEAVE_CUDA_CHECK(
+            cudaMemcpyAsync(gx[set], dd.rows, size_t(Rme) * H * sizeof(bf16), cudaMemcpyDeviceToDevice, st));
+        moe::grouped_gemm(gx[set], wup, G, dc, L, 2 * F, H, s.capacity, st, o);
+        moe::swiglu(G, gh[set], dc + L, s.capacity, F, st);
+        settle();
+        const Verdict e = errors(true);
+        if (!e.ok && prep.ok) prep = e;
+      }
+      prep.ok = all_ranks_ok(comm, prep.ok);
+      struct GemmResult {
+        double t_here;
+        Verdict v;
+      };
+      auto gemm_row = [&](const char* kernel, const char* proj, bf16* const* in, const bf16* wt, bf16* y, int N,
+                          int K) {
+        const double fl = 2.0 * T * k * double(N) * K;
+        lcsc::Plan plan{};
+        moe::GroupedStatus stat{};
+        auto call = [&](int set) { plan = moe::grouped_gemm(in[set], wt, y, dc, L, N, K, s.capacity, st, o); };
+        auto poison_y = [&] {
+          check::poison(y, cap * N, st);
+          settle();
+        };
+        poison_y();
+        const double th = time_here([&] { call(0); }, fl / 500e6);
+        const double t = slowest(th);
+        auto check_set = [&](int set) {
+          Verdict v = prep;
+          stat = moe::take_status(st);
+          if (stat.any() && v.ok) v.ok = false, v.why = stat.message();
+          check::Report rep;
+          if (Rme > 0) {
+            size_t off = 0;
+            for (int l = 0; l < L; ++l) {
+              if (hc[l] > 0)
+                check::gemm_ref().run(in[set] + off * K, wt + size_t(l) * N * K, hc[l], N, K, gemm::BLayout::NK,
+                                      ref_r + off * N, ref_s + off * N, false, st);
+              off += hc[l];
+            }
+            check::sqrt_inplace(ref_s, size_t(Rme) * N, st);
+            rep = check::compare({y, N}, {ref_r, N}, {ref_s, N}, Rme, N, check::gemm_bound(), 128, 128, st);
+          }
+          if (!rep.ok && v.ok) v.ok = false, v.why = rep.str();
+          v.worst = worst_all(rep.worst);
+          v.ok = all_ranks_ok(comm, v.ok);
+          return v;
+        };
+        const Verdict v = check_last_and_fresh(0, 2, check_set, poison_y, call);
+        print(kernel, t, 0, fl / t * 1e-6, v.worst, v.ok);
+        failed(kernel, v);
+        JsonLine j = row(kernel);
+        j.add("time_us", t).add("tflops", fl / t * 1e-6).add("correct", v.ok);
+        j.add("proj", proj).add("N", N).add("K", K).add("rows", T * k).add("layout", "nk");
+        j.add("compute_blocks", plan.compute_blocks).add("split_k", o.split_k).add("splits", stat.splits);
+        if (me == 0) sink.write(add_check_worst(j, v.worst));
+        return GemmResult{th, v};
+      };
+      const GemmResult up = gemm_row("moe_up_gemm", "up", gx, wup, G, 2 * F, H);
+      const GemmResult down = gemm_row("moe_down_gemm", "down", gh, wdown, Y, H, F);
+      t_gemms = slowest(up.t_here + down.t_here);
+      const bool ok = up.v.ok && down.v.ok;
+      const double worst = std::max(up.v.worst, down.v.worst);
+      print("moe_layer_gemms", t_gemms, 0, flop / t_gemms * 1e-6, worst, ok);
+      JsonLine j = row("moe_layer_gemms");
+      j.add("time_us", t_gemms).add("tflops", flop / t_gemms * 1e-6).add("correct", ok);
+      j.add("sum_of", "moe_up_gemm+moe_down_gemm");
+      if (me == 0) sink.write(add_check_worst(j, worst));
+      settle();
+      cudaFree(dc), cudaFree(gx[0]), cudaFree(gx[1]), cudaFree(gh[0]), cudaFree(gh[1]);
+      cudaFree(ref_r), cudaFree(ref_s);
+    }
     // The layer rows, non-fused (moe_layer) and fused (moe_layer_fused, gemm_combine), one code
     // path given the forward call: 2 sampled tokens per rank against the float64 layer reference,
     // no refused launch, and for the fused row (where the non-fused one ran) its sampled rows bit
@@ -622,9 +735,13 @@ int run(const Args& args, int W) {
       };
       const Verdict v = check_last_and_fresh(0, 2, check_set, poison_out, [&](int set) { forward(xs[set]); });
       print(kernel, t, 0, flop / t * 1e-6, v.worst, v.ok);
+      if (t_gemms > 0 && me == 0)
+        std::printf("%-9s %6d %-10s %-15s %10.3f = moe_layer_gemms time / %s time (target >= 0.9)\n", m.name, T,
+                    s.routing.c_str(), "  vs_gemms", t_gemms / t, kernel);
       failed(kernel, v);
       JsonLine j = row(kernel);
       j.add("time_us", t).add("tflops", flop / t * 1e-6).add("correct", v.ok);
+      if (t_gemms > 0) j.add("ratio_vs_gemms", t_gemms / t);
       if (me == 0) sink.write(add_check_worst(j, v.worst));
     };
     if (want("layer"))
@@ -1036,6 +1153,7 @@ WEAVE_BENCH(moe,
             "Dirichlet and all-to-one routings, beside a dense GEMM of equal flops (--models --tokens --proj "
             "--routing --routing-seed --target-ms --group G --split-k S --no-dense; --list prints the rows and routing hashes, no GPU); "
             "under weave-run -n W >= 2: moe_dispatch / moe_combine (GB/s) and the layer, non-fused and fused "
-            "(gemm_combine), dispatch_gemm (--kernels dispatch,combine,layer,layer_fused,dispatch_gemm; --world-rows: at W = 1 too)"
+            "(gemm_combine), the layer's up and down grouped GEMMs alone on its dispatched rows, dispatch_gemm "
+            "(--kernels dispatch,combine,layer_gemms,layer,layer_fused,dispatch_gemm; --world-rows: at W = 1 too)"
             "; --kernels ll: the low-latency decode mode's dispatch + combine (--tokens <= 256)",
             run_moe_bench);
