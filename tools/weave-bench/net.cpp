@@ -1,16 +1,19 @@
-// weave-bench net: the network path's own figures between two nodes, on host memory (no GPU):
-// the host proxy's command latency and rate, and the transfer rate of one message through the
-// path, each beside the raw libfabric figure of the same provider, which is the floor the path
-// stands on (issue 22, "Benchmarks").
+// weave-bench net: the network path's own figures between two nodes: the host proxy's command
+// latency and rate, and the transfer rate of one message through the path, each beside the raw
+// libfabric figure of the same provider, which is the floor the path stands on, on host memory (no
+// GPU needed); and the transfer from device memory to device memory beside NCCL's network
+// transport (a GPU per rank) (issue 22, "Benchmarks").
 //
-//   weave-run -n 2 --nodes 2 [--no-gpu] -- weave-bench net [--parts proxy,transfer,nccl,calls]
+//   weave-run -n 2 --nodes 2 [--no-gpu] -- weave-bench net [--parts proxy,transfer,device,nccl,calls]
 //       [--notify ordered,unordered] [--batches 8,1] [--latency-commands 2000] [--rate-commands 100000]
 //       [--sizes 4K,16K,64K,256K,1M,4M,16M,64M,256M] [--chunks 1M] [--budget 256M] [--repeats 3]
 //       [--provider tcp] [--domain lo] [--idle-us 20] [--json FILE]
 //
 // The pair: rank 0 (node 0) sends to the first rank of node 1; other ranks only join the paths.
-// Everything runs in the network path's CPU mode (NetPathOptions::gpu = false: ordinary host
-// memory, host threads as producers, no CUDA call), so a GPU is neither needed nor touched.
+// The proxy, transfer and calls rows run in the network path's CPU mode (NetPathOptions::gpu =
+// false: ordinary host memory, host threads as producers, no CUDA call), so a GPU is neither
+// needed nor touched; the device and nccl rows (last) need one per rank and are skipped, saying
+// why, without.
 //
 // proxy rows (kernel "proxy"), per notification mode and batch limit (ProxyOptions::batch):
 // - impl "weave": a host thread is the producer on the command ring (queue.cuh's producer is
@@ -33,12 +36,24 @@
 //   acknowledged before the next one starts): each row is one message, end to end.
 // - impl "libfabric": the same chunks as fi_writedata straight through a Transport (no ring, no
 //   proxy, both sides polling their completion queue in the calling thread), the same ack.
+// - impl "weave", memory "device" (--parts device; every rank needs a GPU, two ranks may share
+//   one: then the times time-slice, shared_gpu says so): the same message and chunks from device
+//   memory on the sender to device memory on the receiver, through the path's GPU mode as the
+//   inter-node kernels use it (net_device_transfer.hpp): per message one call on the path and one
+//   kernel per rank; the sender's blocks (4) pass the call's send gate, copy the chunks into the
+//   mapped send buffer and push one command each from the GPU, then block 0 waits for the ack;
+//   the receiver's blocks (8) poll the chunks' flags, copy them into device memory and consume the
+//   flags, and the last one pushes the ack. So it adds to the host row both PCIe crossings and
+//   the GPU's polls across PCIe: the row NCCL's (device to device) compares with. The sender's
+//   clock runs around `iters` messages launched back to back and the stream's end.
 // - impl "nccl" (the issue's baseline; only with a GPU of its own for each of the pair, else
 //   skipped with a message): NCCL restricted to its network transport (NCCL_P2P_DISABLE=1,
 //   NCCL_SHM_DISABLE=1, NCCL_NET=Socket, NCCL_SOCKET_IFNAME=lo on simulated nodes; each set where
 //   unset, the values used go into the rows), device memory to device memory: the message as one
 //   ncclSend / ncclRecv and an 8-byte ack back on one stream; the first and last timed message
-//   checked byte for byte. Not run on the machine this was written on (no GPU).
+//   checked byte for byte. The device rows carry ratio_vs_nccl (NCCL's time / weave's); the host
+//   rows do not (they leave out what NCCL's row pays for device memory). Neither the nccl nor
+//   the device rows have run on a GPU yet (no GPU on the machine they were written on).
 // time_us: the median over --repeats of the mean time of `iters` messages (iters from --budget
 // bytes per repeat, 2 to 100); gbs = bytes / time_us / 1000.
 //
@@ -53,7 +68,11 @@
 // each chunk's first 8 bytes with (message, chunk) before each message; the receiver checks
 // every chunk's stamp of every message as it arrives (a chunk that did not arrive fresh fails),
 // and every byte of the first (untimed) message and of the last timed one (the receive buffer is
-// poisoned before each). A wrong row is written correct: false and the command exits 1.
+// poisoned before each). The device rows do the same on the GPU: the sender's kernel stamps its
+// device source, the receiver's checks each chunk's stamp in device memory (the first wrong one
+// is reported after the row), and the destination in device memory is poisoned, copied back and
+// checked byte for byte for the first and the last message. A wrong row is written correct:
+// false and the command exits 1.
 //
 // calls rows (kernel "calls"; --parts calls; every rank measures, the slowest rank's figure is
 // the row's): the cross-rank agreement every inter-node operator's call starts with
@@ -66,7 +85,8 @@
 // correct: no rank's call raised and the path stayed healthy.
 //
 // --test-corrupt OFFSET (for the CPU test): the receiver flips that byte of every message before
-// checking it, so every transfer row must come out wrong and the command exit 1.
+// checking it (device rows: of the byte-for-byte checked ones), so every transfer row must come
+// out wrong and the command exit 1.
 //
 // Fewer than 2 ranks, no rendezvous address (not under weave-run --nodes, torchrun or an explicit
 // WEAVE_BOOTSTRAP) or a single node: a message and exit 0 (nothing to measure).
@@ -89,6 +109,7 @@
 #include "../../bench/nccl_comm.hpp"
 #include "bench.hpp"
 #include "net_common/call.hpp"
+#include "net_device_transfer.hpp"
 #include "net_start.hpp"
 #include "weave/net/net_path.hpp"
 #include "weave/net/queue.cuh"
@@ -105,25 +126,22 @@ using weave::detail::concat;
 using weave::runtime::NetBootstrap;
 using Clock = std::chrono::steady_clock;
 
+using weave::bench::netdev::mix64;  // the pattern and the stamps, the same as the device rows' kernels'
+
 constexpr double kTargetP50Us = 2.0, kTargetRate = 5e6;  // issue 22's proxy targets
 constexpr size_t kLatencyPayload = 64;
+// The device rows' blocks per kernel: the network collectives' defaults (NetCollOptions).
+constexpr int kDeviceSendBlocks = 4, kDeviceRecvBlocks = 8;
 
 uint64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
-}
-
-uint64_t mix64(uint64_t x) {  // splitmix64's finaliser: the pattern and the stamps
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
 }
 
 // ---- options ------------------------------------------------------------------------------
 
 
 struct Config {
-  bool proxy = true, transfer = true, nccl = true, calls = true;
+  bool proxy = true, transfer = true, device = true, nccl = true, calls = true;
   int agree_calls = 2000;
   std::vector<net::Notify> notify{net::Notify::ordered, net::Notify::unordered};
   std::vector<uint32_t> batches{net::kMaxBatch, 1};
@@ -145,7 +163,7 @@ Config parse(const weave::bench::Args& a) {
     if (!known.count(k)) throw Error(concat("weave-bench net: unknown option --", k, " (see weave-bench net --help)"));
   Config c;
   if (a.has("parts")) {
-    c.proxy = c.transfer = c.nccl = c.calls = false;
+    c.proxy = c.transfer = c.device = c.nccl = c.calls = false;
     for (const std::string& p : a.names("parts", "")) {
       if (p == "proxy")
         c.proxy = true;
@@ -153,10 +171,12 @@ Config parse(const weave::bench::Args& a) {
         c.calls = true;
       else if (p == "transfer")
         c.transfer = true;
+      else if (p == "device")
+        c.device = true;
       else if (p == "nccl")
         c.nccl = true;
       else
-        throw Error(concat("weave-bench net: --parts: '", p, "' is not proxy, transfer, nccl or calls"));
+        throw Error(concat("weave-bench net: --parts: '", p, "' is not proxy, transfer, device, nccl or calls"));
     }
   }
   if (a.has("agree-calls"))
@@ -305,7 +325,7 @@ struct Msg {
   uint64_t seed;
   size_t chunks() const { return (bytes + chunk - 1) / chunk; }
   size_t len(size_t j) const { return std::min(chunk, bytes - j * chunk); }
-  uint64_t stamp(uint64_t message, size_t j) const { return mix64(seed ^ mix64(message * 0x100000001ull + j)); }
+  uint64_t stamp(uint64_t message, size_t j) const { return weave::bench::netdev::chunk_stamp(seed, message, j); }
   uint64_t word(size_t w) const { return mix64(seed + w); }
 };
 
@@ -652,6 +672,7 @@ struct TransferRow {
   net::Notify notify;
   size_t bytes, chunk;
   RowResult r;
+  bool device = false;  // device memory at both ends (the nccl rows, and weave's device rows)
 };
 
 std::vector<TransferRow> transfer_weave(const Config& c, Ctl& ctl, net::Notify mode, size_t chunk, uint64_t seed) {
@@ -746,37 +767,181 @@ std::vector<TransferRow> transfer_raw(const Config& c, Ctl& ctl, size_t chunk, u
   return rows;
 }
 
-// ---- the NCCL baseline: its network transport only, one GPU per rank -------------------------
+// ---- the ranks' GPUs: the device rows need one per rank, the NCCL rows one of its own each ----
 
-// "" when src and dst each have a GPU of their own (`device`: this rank's); else why not. The
-// same verdict on every rank (from every rank's view).
-std::string nccl_unusable(Ctl& ctl, int local_rank, int& device) {
-  struct View {
-    int32_t count, device;
-    unsigned char uuid[16];
-  } mine{};
+struct GpuView {
+  int32_t count, device;
+  unsigned char uuid[16];
+};
+
+// Every rank's GPU (collective); `device`: this rank's (-1 without).
+std::vector<GpuView> gpu_views(Ctl& ctl, int local_rank, int& device) {
+  GpuView mine{};
   if (cudaGetDeviceCount(&mine.count) != cudaSuccess) {
     (void)cudaGetLastError();  // no driver or no GPU: not an error here, a reason to skip
     mine.count = 0;
   }
-  mine.device = mine.count > 0 ? local_rank % mine.count : -1;
+  mine.device = mine.count > 0 ? local_rank % mine.count : -1;  // NetPath's default choice
   if (mine.count > 0) {
     cudaDeviceProp p{};
     WEAVE_CUDA_CHECK(cudaGetDeviceProperties(&p, mine.device));
     std::memcpy(mine.uuid, p.uuid.bytes, sizeof mine.uuid);
   }
-  std::vector<View> all(static_cast<size_t>(ctl.world));
-  ctl.boot.all_gather(&mine, all.data(), sizeof(View));
+  std::vector<GpuView> all(static_cast<size_t>(ctl.world));
+  ctl.boot.all_gather(&mine, all.data(), sizeof(GpuView));
   device = mine.device;
+  return all;
+}
+
+bool pair_shares_gpu(const Ctl& ctl, const std::vector<GpuView>& all) {
+  return std::memcmp(all[ctl.src].uuid, all[ctl.dst].uuid, sizeof all[ctl.src].uuid) == 0;
+}
+
+// "" when every rank has a GPU (the path's GPU mode is made on every rank), else why not.
+std::string device_unusable(const Ctl& ctl, const std::vector<GpuView>& all) {
+  for (int r = 0; r < ctl.world; ++r)
+    if (all[r].count < 1) return concat("rank ", r, " sees no GPU");
+  return "";
+}
+
+// "" when src and dst each have a GPU of their own, else why not.
+std::string nccl_unusable(const Ctl& ctl, const std::vector<GpuView>& all) {
   for (int r : {ctl.src, ctl.dst})
     if (all[r].count < 1) return concat("rank ", r, " sees no GPU");
-  if (std::memcmp(all[ctl.src].uuid, all[ctl.dst].uuid, sizeof mine.uuid) == 0)
+  if (pair_shares_gpu(ctl, all))
     return concat("ranks ", ctl.src, " and ", ctl.dst,
                   " would share one GPU (run without --no-gpu and --share-gpus, "
                   "with a GPU per rank, so that weave-run gives each node its own)");
   return "";
 }
 
+// ---- device memory to device memory through the path's GPU mode --------------------------------
+
+// One row of the device protocol (net_device_transfer.hpp), as transfer_row runs the host ones:
+// the first message untimed and checked byte for byte on a poisoned destination, then --repeats
+// times `iters` messages launched back to back on the sender's host clock, then the stamps of
+// every message and the last message's bytes.
+RowResult device_row(const Config& c, Ctl& ctl, const Msg& m, net::NetPath& path, cudaStream_t st, char* mem,
+                     unsigned long long* words, std::vector<char>& host, uint32_t ack_flag,
+                     unsigned long long& done_target) {
+  RowResult r;
+  r.iters = static_cast<int>(std::clamp<size_t>(c.budget / m.bytes, 2, 100));
+  const bool pair = ctl.sender() || ctl.receiver();
+  const net::NetHandle h = path.handle();
+  std::string err;
+  uint64_t message = 0;
+  if (ctl.sender()) {
+    fill(m, host.data());
+    WEAVE_CUDA_CHECK(cudaMemcpy(mem, host.data(), m.bytes, cudaMemcpyHostToDevice));
+  }
+  if (ctl.receiver()) {
+    WEAVE_CUDA_CHECK(cudaMemset(mem, 0xA5, m.bytes));
+    WEAVE_CUDA_CHECK(cudaMemset(words + 1, 0, sizeof *words));  // the first wrong stamp
+  }
+  if (pair) WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
+  ctl.boot.barrier();
+  auto one = [&] {
+    if (!pair) return;
+    // One call per message on both ranks (the data, the ack), so their slots agree.
+    const net::NetPath::Call call = path.begin_call(ctl.sender() ? m.chunks() : 1);
+    weave::bench::netdev::Message x{};
+    x.bytes = m.bytes, x.chunk = m.chunk, x.seed = m.seed, x.index = message++;
+    x.call = call.index, x.commands_before = call.commands_before, x.recv_offset = call.recv_offset;
+    x.flag_offset = call.flag_offset, x.ack_flag = ack_flag, x.peer = ctl.sender() ? ctl.dst : ctl.src;
+    if (ctl.sender()) {
+      weave::bench::netdev::launch_send(h, x, mem, kDeviceSendBlocks, st);
+    } else {
+      done_target += static_cast<unsigned long long>(weave::bench::netdev::grid(x, kDeviceRecvBlocks));
+      weave::bench::netdev::launch_receive(h, x, mem, words, done_target, words + 1, kDeviceRecvBlocks, st);
+    }
+  };
+  auto bytes_of_last = [&] {
+    WEAVE_CUDA_CHECK(cudaMemcpy(host.data(), mem, m.bytes, cudaMemcpyDeviceToHost));
+    if (c.corrupt_at >= 0 && static_cast<size_t>(c.corrupt_at) < m.bytes) host[c.corrupt_at] ^= 0x01;
+    return check_all(m, host.data(), message - 1);
+  };
+  one();
+  if (pair) path.finish(st);
+  if (ctl.receiver()) err = bytes_of_last();
+  ctl.boot.barrier();
+  if (ctl.receiver()) {
+    WEAVE_CUDA_CHECK(cudaMemset(mem, 0x5A, m.bytes));
+    WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  ctl.boot.barrier();
+  std::vector<double> t;
+  for (int rep = 0; rep < c.repeats; ++rep) {
+    const auto t0 = Clock::now();
+    for (int i = 0; i < r.iters; ++i) one();
+    if (pair) path.finish(st);
+    t.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / r.iters);
+  }
+  if (ctl.receiver()) {
+    unsigned long long bad = 0;
+    WEAVE_CUDA_CHECK(cudaMemcpy(&bad, words + 1, sizeof bad, cudaMemcpyDeviceToHost));
+    if (err.empty() && bad)
+      err = concat(size_str(m.bytes), " message ", (bad - 1) >> 32, ": chunk ", (bad - 1) & 0xFFFFFFFFull,
+                   " did not arrive (stale or wrong stamp in device memory)");
+    if (err.empty()) err = bytes_of_last();
+  }
+  settle(ctl, r, err, t);
+  return r;
+}
+
+std::vector<TransferRow> transfer_device(const Config& c, Ctl& ctl, net::Notify mode, size_t chunk, uint64_t seed) {
+  const size_t max_bytes = *std::max_element(c.sizes.begin(), c.sizes.end());
+  size_t max_chunks = 0;
+  for (size_t s : c.sizes) max_chunks = std::max(max_chunks, (s + chunk - 1) / chunk);
+  const uint32_t ack_flag = static_cast<uint32_t>(max_chunks);  // after a call's data flags
+  // Whole 16-byte units per receive slot (NetPath rounds a slot down to them).
+  const size_t buf = (std::max<size_t>(max_bytes, 4096) + 15) / 16 * 16;
+  // GPU mode: the ring is the kernels', the bounce buffers pinned and mapped; two receive slots
+  // and two flag halves, since calls alternate between them.
+  net::NetPathOptions o = path_options(c, mode, net::kMaxBatch, buf, 2 * buf, 2 * (ack_flag + 1), c.idle_us);
+  o.gpu = true;
+  net::NetPath path(o);
+  const bool pair = ctl.sender() || ctl.receiver();
+  cudaStream_t st = nullptr;
+  char* mem = nullptr;                 // the sender's source, the receiver's destination
+  unsigned long long* words = nullptr;  // the receiver's: finished blocks, the first wrong stamp
+  std::vector<char> host;
+  if (pair) {
+    WEAVE_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    WEAVE_CUDA_CHECK(cudaMalloc(&mem, max_bytes));
+    WEAVE_CUDA_CHECK(cudaMalloc(&words, 2 * sizeof *words));
+    WEAVE_CUDA_CHECK(cudaMemset(words, 0, 2 * sizeof *words));
+    host.resize(max_bytes);
+  }
+  unsigned long long done_target = 0;  // the receiver's block count over its calls
+  std::vector<TransferRow> rows;
+  for (size_t s : c.sizes) {
+    const Msg m{s, std::min(chunk, s), mix64(seed ^ s ^ 0x646576ull)};
+    if (ctl.lead()) {
+      std::printf("  weave %-9s chunk %-5s %6s device ...",
+                  std::string(net::notify_name(path.transport().notify())).c_str(), size_str(chunk).c_str(),
+                  size_str(s).c_str());
+      std::fflush(stdout);
+    }
+    TransferRow row{"weave", path.transport().notify(), s, chunk,
+                    device_row(c, ctl, m, path, st, mem, words, host, ack_flag, done_target), true};
+    if (ctl.lead()) {
+      std::printf(" %.1f us, %.3f GB/s%s\n", row.r.time_us, s / row.r.time_us * 1e-3, row.r.ok ? "" : ", WRONG");
+      std::fflush(stdout);
+    }
+    rows.push_back(row);
+  }
+  if (pair) WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
+  ctl.boot.barrier();
+  path.shutdown();
+  if (pair) {
+    cudaFree(mem);
+    cudaFree(words);
+    cudaStreamDestroy(st);
+  }
+  return rows;
+}
+
+// ---- the NCCL baseline: its network transport only, one GPU per rank -------------------------
 
 // The same protocol as the other transfer rows, from device memory to device memory: the message
 // as one ncclSend / ncclRecv, then an 8-byte ack back, all on one stream (the sender's next send
@@ -859,7 +1024,7 @@ std::vector<TransferRow> transfer_nccl(const Config& c, Ctl& ctl, int device, ui
       std::printf(" %.1f us, %.3f GB/s%s\n", r.time_us, s / r.time_us * 1e-3, r.ok ? "" : ", WRONG");
       std::fflush(stdout);
     }
-    rows.push_back(TransferRow{"nccl", net::Notify::automatic, s, 0, r});
+    rows.push_back(TransferRow{"nccl", net::Notify::automatic, s, 0, r, true});
   }
   if (pair) {
     sync();
@@ -973,7 +1138,7 @@ int run(const weave::bench::Args& a) {
     net::Transport probe({c.provider, c.domain, net::Notify::automatic, false});
     provider = probe.provider();
     if (lead)
-      std::printf("net: rank %d (node 0) -> rank %d (node 1), %d ranks on %d nodes, host memory; libfabric %s\n",
+      std::printf("net: rank %d (node 0) -> rank %d (node 1), %d ranks on %d nodes; libfabric %s\n",
                   ctl.src, ctl.dst, info.world, nodes, probe.describe().c_str());
   }
   auto base = [&](const char* kernel, const std::string& impl, const char* memory = "host") {
@@ -1101,7 +1266,7 @@ int run(const weave::bench::Args& a) {
     }
   }
 
-  if (c.transfer || c.nccl) {
+  if (c.transfer || c.device || c.nccl) {
     if (lead) {
       std::printf(
           "\ntransfer: one message rank %d -> rank %d at a time, chunked, end to end (until the receiver's "
@@ -1119,11 +1284,31 @@ int run(const weave::bench::Args& a) {
           rows.insert(rows.end(), w.begin(), w.end());
         }
       }
-    // Last: it needs a GPU per rank, and its failure should not cost the rows above their run.
+    // Last: they need a GPU per rank, and their failure should not cost the rows above their run.
     std::string nccl_env;
+    int device = -1;
+    std::vector<GpuView> gpus;
+    if (c.device || c.nccl) gpus = gpu_views(ctl, info.local_rank, device);
+    const bool shared_gpu = !gpus.empty() && gpus[ctl.src].count > 0 && pair_shares_gpu(ctl, gpus);
+    if (c.device) {
+      const std::string why = device_unusable(ctl, gpus);
+      if (!why.empty()) {
+        if (lead)
+          std::printf("  weave device-memory rows skipped: %s; they need a GPU per rank (weave-run without --no-gpu)\n",
+                      why.c_str());
+      } else {
+        if (lead && shared_gpu)
+          std::printf("  NOTE: ranks %d and %d share one GPU: the device rows' times time-slice it, their checks hold\n",
+                      ctl.src, ctl.dst);
+        for (size_t ch : c.chunks)
+          for (net::Notify mode : c.notify) {
+            const std::vector<TransferRow> d = transfer_device(c, ctl, mode, ch, seed);
+            rows.insert(rows.end(), d.begin(), d.end());
+          }
+      }
+    }
     if (c.nccl) {
-      int device = -1;
-      const std::string why = nccl_unusable(ctl, info.local_rank, device);
+      const std::string why = nccl_unusable(ctl, gpus);
       if (!why.empty()) {
         if (lead) std::printf("  nccl rows skipped: %s; they need one GPU per rank\n", why.c_str());
       } else {
@@ -1132,9 +1317,9 @@ int run(const weave::bench::Args& a) {
         rows.insert(rows.end(), n.begin(), n.end());
       }
     }
-    if (lead)
-      std::printf("%-10s %-9s %6s %6s %12s %9s %8s %8s %s\n", "impl", "notify", "chunk", "bytes", "time_us", "GB/s",
-                  "vs_raw", "vs_nccl", "check");
+    if (lead && !rows.empty())
+      std::printf("%-10s %-9s %-6s %6s %6s %12s %9s %8s %8s %s\n", "impl", "notify", "memory", "chunk", "bytes",
+                  "time_us", "GB/s", "vs_raw", "vs_nccl", "check");
     auto time_of = [&](const char* impl, size_t bytes, size_t chunk) {
       for (const TransferRow& q : rows)
         if (q.impl == impl && q.bytes == bytes && q.chunk == chunk) return q.r.time_us;
@@ -1147,15 +1332,17 @@ int run(const weave::bench::Args& a) {
       all_ok = all_ok && r.r.ok;
       const bool weave_row = r.impl == "weave", nccl_row = r.impl == "nccl";
       const double raw_us = weave_row ? time_of("libfabric", r.bytes, r.chunk) : NAN;
-      const double nccl_us = weave_row ? time_of("nccl", r.bytes, 0) : NAN;
+      // Only like for like: NCCL's rows move device memory, so only weave's device rows get its ratio.
+      const double nccl_us = weave_row && r.device ? time_of("nccl", r.bytes, 0) : NAN;
       const double gbs = r.bytes / r.r.time_us * 1e-3;
       if (!lead) continue;
       const std::string notify = weave_row ? std::string(net::notify_name(r.notify)) : nccl_row ? "nccl" : "immediate";
-      std::printf("%-10s %-9s %6s %6s %12.1f %9.3f %8s %8s %s%s\n", r.impl.c_str(), notify.c_str(),
+      const char* memory = r.device ? "device" : "host";
+      std::printf("%-10s %-9s %-6s %6s %6s %12.1f %9.3f %8s %8s %s%s\n", r.impl.c_str(), notify.c_str(), memory,
                   nccl_row ? "-" : size_str(r.chunk).c_str(), size_str(r.bytes).c_str(), r.r.time_us, gbs,
                   ratio(raw_us, r.r.time_us).c_str(), ratio(nccl_us, r.r.time_us).c_str(), r.r.ok ? "ok" : "WRONG",
                   r.r.error.empty() ? "" : (": " + r.r.error).c_str());
-      weave::bench::JsonLine j = base("transfer", r.impl, nccl_row ? "device" : "host");
+      weave::bench::JsonLine j = base("transfer", r.impl, memory);
       j.add("notify", notify).add("bytes", r.bytes);
       if (!nccl_row) j.add("chunk_bytes", r.chunk).add("chunks", (r.bytes + r.chunk - 1) / r.chunk);
       j.add("time_us", r.r.time_us)
@@ -1164,10 +1351,12 @@ int run(const weave::bench::Args& a) {
           .add("repeats", c.repeats)
           .add("correct", r.r.ok);
       if (weave_row) {
-        j.add("ratio_vs_libfabric", raw_us / r.r.time_us)
-            .add("send_idle_sleep_us", c.idle_us)
-            .add("recv_idle_sleep_us", c.idle_us);
+        // The raw rows are host memory: for a device row, the floor under its network part.
+        if (!std::isnan(raw_us)) j.add("ratio_vs_libfabric", raw_us / r.r.time_us);
+        j.add("send_idle_sleep_us", c.idle_us).add("recv_idle_sleep_us", c.idle_us);
         if (!std::isnan(nccl_us)) j.add("ratio_vs_nccl", nccl_us / r.r.time_us);
+        if (r.device)
+          j.add("send_blocks", kDeviceSendBlocks).add("recv_blocks", kDeviceRecvBlocks).add("shared_gpu", shared_gpu);
       }
       if (nccl_row) j.add("nccl_env", nccl_env);
       if (!r.r.error.empty()) j.add("error", r.r.error);
@@ -1182,9 +1371,10 @@ int run(const weave::bench::Args& a) {
 }
 
 WEAVE_BENCH(net,
-            "the network path between 2 nodes on host memory (weave-run -n 2 --nodes 2 --no-gpu): proxy command "
-            "latency and rate, transfer rate through the path, raw libfabric floors, NCCL's network transport "
-            "(one GPU per rank), the calls' cross-rank agreement [--parts proxy,transfer,nccl,calls] "
+            "the network path between 2 nodes (weave-run -n 2 --nodes 2 [--no-gpu]): proxy command latency and rate, "
+            "transfer rate through the path on host memory, raw libfabric floors, device memory to device memory "
+            "through the path's GPU mode beside NCCL's network transport (a GPU per rank), the calls' cross-rank "
+            "agreement [--parts proxy,transfer,device,nccl,calls] "
             "[--notify ordered,unordered] [--batches 8,1] [--sizes 4K,...,256M] [--chunks 1M] [--budget 256M] "
             "[--repeats 3] [--latency-commands 2000] [--rate-commands 100000] [--provider tcp] [--domain lo] "
             "[--idle-us 20] [--agree-calls 2000]",

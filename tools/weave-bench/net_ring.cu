@@ -14,7 +14,8 @@
 // computes O (B, L, Hq, D) and the LSE (B, Hq, L) of its L query rows against the whole sequence.
 // Implementations (rows "impl", kernel "net_ring_attention"):
 //   weave          NetRingAttention::forward: K and V travel over the network path inside the
-//                  attention's persistent kernel (--send-blocks, --recv-blocks; no chunk option).
+//                  attention's persistent kernel (--send-blocks, --recv-blocks; no chunk option: its
+//                  unit is the kernel's 512-row slice of a chunk, docs/bench-net-ring.md says why).
 //   weave-unfused  the same network path without overlap: one NetCollectives::all_gather in place
 //                  of every rank's K and V (rank q's slot of the buffer: its K, then its V), then weave's
 //                  single-GPU attention. That kernel takes one sequence length for Q and K/V and no

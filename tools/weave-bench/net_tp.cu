@@ -1,12 +1,12 @@
 // weave-bench net_tp: the inter-node fused TP kernels (kernels/net_tp: NetAgGemm, NetGemmRs,
 // NetGemmAr) between nodes of one rank each, against the same transfers and GEMM without overlap, and
-// against weave's GEMM + NCCL restricted to its network transport.
+// against cuBLAS + NCCL restricted to its network transport (issue 22's baseline).
 //
 //   weave-run -n N --nodes N [--share-gpus] -- weave-bench net_tp [--json FILE]
 //       [--sizes 2048,4096,8192] [--n N] [--k K] [--kernels ag_gemm,gemm_rs,gemm_ar]
 //       [--impls weave,weave-unfused,nccl,weave-adaptive] [--chunk 1M] [--send-blocks 2]
 //       [--recv-blocks 6] [--sweep 1+1,2+6,...] [--iters 20] [--warmup 5] [--provider tcp]
-//       [--domain lo] [--notify ordered|unordered] [--max-bounce 4G]
+//       [--domain lo] [--notify ordered|unordered] [--max-bounce 4G] [--nccl-gemm cublas|weave]
 //
 // Problems, per size S of --sizes: M = S rows, N = --n and K = --k columns (default S each), bf16,
 // B stored N x K (an nn.Linear weight, NetTpOptions::b = NK).
@@ -31,12 +31,17 @@
 //                  Same chunk and blocks. The collectives shard the buffer in 16-byte units, which
 //                  are the row shards only when every shard is whole rows; where they are not, the
 //                  ag and rs rows are skipped (ar reduces the whole buffer: never skipped).
-//   nccl           weave's GEMM (so that only the transfer differs) + ncclAllGather /
+//   nccl           the issue's baseline: cuBLASLt's GEMM (gemm/reference.cuh's CublasLt, as
+//                  weave-bench gemm and tp time it: bf16 in, fp32 accumulation, bf16 out, the same
+//                  row-major A, B as N x K and C as weave's call) + ncclAllGather /
 //                  ncclReduceScatter / ncclAllReduce in place, NCCL restricted to its network
 //                  transport (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NET=Socket,
-//                  NCCL_SOCKET_IFNAME=lo on simulated nodes; each set where unset). Only with a GPU
-//                  of its own per rank (NCCL refuses two ranks on one GPU), and for ag and rs M a
-//                  multiple of the nodes (NCCL's blocks are equal); otherwise skipped with the reason.
+//                  NCCL_SOCKET_IFNAME=lo on simulated nodes; each set where unset). With
+//                  --nccl-gemm weave the GEMM is weave's instead, so that the row differs from
+//                  weave-unfused only in the transfer. The row's "gemm" says which (every row
+//                  carries it). Only with a GPU of its own per rank (NCCL refuses two ranks on one
+//                  GPU), and for ag and rs M a multiple of the nodes (NCCL's blocks are equal);
+//                  otherwise skipped with the reason.
 //
 // Timing: --warmup calls (one batch, then finish), then --iters calls, each alone: the stream
 // drained, the ranks released together by a barrier on the path's bootstrap, CUDA events around
@@ -132,12 +137,13 @@ struct Config : weave::bench::netb::NetOptions {
   int n = 0, k = 0;  // 0: S
   std::vector<std::string> kernels;
   std::vector<std::pair<int, int>> sweep;  // --sweep: (send, receive) blocks of the weave-fixed rows
+  bool nccl_weave_gemm = false;            // --nccl-gemm weave: the nccl rows compute with weave's GEMM
 };
 
 Config parse(const weave::bench::Args& a) {
   static const std::set<std::string> known{"json",   "sizes",   "n",      "k",      "kernels",     "impls",
                                            "chunk",  "send-blocks", "recv-blocks", "iters", "warmup", "provider",
-                                           "domain", "notify",  "max-bounce", "sweep"};
+                                           "domain", "notify",  "max-bounce", "sweep",   "nccl-gemm"};
   for (const auto& [k, v] : a.kv)
     if (!known.count(k)) throw Error(concat(kWho, ": unknown option --", k, " (see weave-bench net_tp --help)"));
   Config c;
@@ -167,6 +173,9 @@ Config parse(const weave::bench::Args& a) {
     const int rb = static_cast<int>(weave::bench::parse_count(kWho, "sweep", x.substr(plus + 1), 1, 32));
     c.sweep.emplace_back(sb, rb);
   }
+  const std::string g = a.get("nccl-gemm", "cublas");
+  if (g != "cublas" && g != "weave") throw Error(concat(kWho, ": --nccl-gemm: '", g, "' is not cublas or weave"));
+  c.nccl_weave_gemm = g == "weave";
   return c;
 }
 
@@ -225,9 +234,19 @@ std::string element_shards_differ(int M, int cols, int nodes) {
 struct Job : weave::bench::netb::JobBase {
   const Config& c;
   check::GemmRef& ref;
-  Job(weave::bench::netb::Run& r, weave::bench::JsonSink& s, const Config& cfg, check::GemmRef& g)
-      : JobBase(r, s), c(cfg), ref(g) {}
+  gref::CublasLt* blas;  // the nccl rows' GEMM; null: weave's (--nccl-gemm weave, or no nccl rows)
+  Job(weave::bench::netb::Run& r, weave::bench::JsonSink& s, const Config& cfg, check::GemmRef& g, gref::CublasLt* b)
+      : JobBase(r, s), c(cfg), ref(g), blas(b) {}
+  const char* nccl_gemm() const { return blas ? "cublaslt" : "weave"; }
 };
+
+// The nccl rows' GEMM, on the same operands and layout as weave's call (B as N x K).
+void baseline_gemm(Job& j, const bf16* A, const bf16* B, bf16* C, const Shape& sh) {
+  if (j.blas)
+    j.blas->run(A, B, C, sh.M, sh.N, sh.K, weave::gemm::BLayout::NK, false, j.st);
+  else
+    weave::gemm::gemm(A, B, C, sh.M, sh.N, sh.K, weave::gemm::BLayout::NK, {}, j.st);
+}
 
 // ---- timing and checking, shared by every row ---------------------------------------------
 
@@ -462,7 +481,7 @@ std::vector<Row> run_ag(Job& j, Ops& ops, const Shape& sh, Seeds sd) {
                        [&, rows](int set) {
                          WEAVE_NCCL_CHECK(ncclAllGather(p.G.p + size_t(j.rank) * rows * K, p.G.p, rows * K,
                                                         ncclBfloat16, j.nccl->comm, j.st));
-                         gemm(set);
+                         baseline_gemm(j, p.G.p, p.B[set].p, p.C.p, sh);
                        },
                        [&] { WEAVE_CUDA_CHECK(cudaStreamSynchronize(j.st)); }, verify});
     }
@@ -517,7 +536,7 @@ std::vector<Row> run_rs(Job& j, Ops& ops, const std::string& kernel, const Shape
       const size_t rows = size_t(M / j.nodes);
       impls.push_back({kImplNccl,
                        [&, rows](int set) {
-                         gemm(set);
+                         baseline_gemm(j, p.A[set].p, p.B[set].p, p.C.p, sh);
                          if (ar)
                            WEAVE_NCCL_CHECK(
                                ncclAllReduce(p.C.p, p.C.p, size_t(MN), ncclBfloat16, ncclSum, j.nccl->comm, j.st));
@@ -577,7 +596,7 @@ void emit(Job& j, const std::vector<Row>& rows) {
                 r.v.ok ? "ok" : "WRONG", r.v.worst);
     weave::bench::JsonLine jl;
     jl.add("kernel", r.kernel).add("impl", r.impl).add("S", s.S).add("M", s.M).add("N", s.N).add("K", s.K);
-    jl.add("layout", "nk").add("nodes", j.nodes).add("world", j.nodes);
+    jl.add("layout", "nk").add("nodes", j.nodes).add("world", j.nodes).add("gemm", nccl_row ? j.nccl_gemm() : "weave");
     jl.add("time_us", r.us).add("tflops", tflops).add("iters", j.c.iters).add("warmup", j.c.warmup);
     weave::bench::netb::NetOptions blocks = j.c;  // the row's own blocks where it has them
     if (r.send >= 0) blocks.send_blocks = r.send, blocks.recv_blocks = r.recv;
@@ -653,8 +672,11 @@ int run(const weave::bench::Args& a) {
   if (const int status = weave::bench::netb::open_run(run, c, room, kWho, "--sizes", check::test_seed); status >= 0)
     return status;
   check::GemmRef ref;
+  // Made only where it runs: its handle and 64 MiB workspace are per rank.
+  std::unique_ptr<gref::CublasLt> blas;
+  if (run.nccl && !c.nccl_weave_gemm) blas = std::make_unique<gref::CublasLt>();
   weave::bench::JsonSink sink(a);  // every rank checks the file opens; rank 0 writes
-  Job j(run, sink, c, ref);
+  Job j(run, sink, c, ref, blas.get());
   net::NetPath& path = *run.path;
   const net::NetPathOptions& po = run.po;
 
@@ -677,6 +699,7 @@ int run(const weave::bench::Args& a) {
                 kWho, nodes, prop.name, path.transport().describe().c_str(), po.send_bytes >> 20,
                 po.recv_bytes >> 21, po.proxy.flags, c.chunk, c.send_blocks, c.recv_blocks, c.warmup, c.iters);
     weave::bench::netb::print_notes(run, c);
+    if (run.nccl) std::printf("nccl rows' GEMM: %s\n", blas ? "cuBLASLt (bf16, fp32 accumulation)" : "weave's (--nccl-gemm weave)");
     std::printf("| kernel | impl | MxNxK | time_us | TFLOP/s | unfused/weave | nccl/weave | check (worst error / bound) |\n"
                 "|---|---|---|---|---|---|---|---|\n");
     std::fflush(stdout);
@@ -695,10 +718,12 @@ WEAVE_BENCH(net_tp,
             "the inter-node fused TP kernels (kernels/net_tp: rows net_ag_gemm, net_gemm_rs, net_gemm_ar) between "
             "nodes of one rank each, under weave-run -n N --nodes N (with --share-gpus on fewer GPUs: checks only, "
             "the times time-slice): impl weave (fused) vs weave-unfused (weave's GEMM and NetCollectives, no "
-            "overlap) vs nccl (weave's GEMM + NCCL on its socket transport; one GPU per rank); M = S, B N x K, every "
+            "overlap) vs nccl (cuBLASLt's GEMM, or weave's with --nccl-gemm weave, + NCCL on its socket transport; one "
+            "GPU per rank); M = S, B N x K, every "
             "row checked, exit 1 if any is wrong [--sizes 2048,4096,8192] [--n S] [--k S] "
             "[--kernels ag_gemm,gemm_rs,gemm_ar] "
             "[--impls weave,weave-unfused,nccl,weave-adaptive (gemm_rs, gemm_ar: the adaptive SM split)] [--chunk 1M] "
             "[--send-blocks 2] [--recv-blocks 6] [--sweep S+R,... (fixed splits beside the adaptive one)] [--iters 20] "
-            "[--warmup 5] [--provider tcp] [--domain lo] [--notify ordered|unordered] [--max-bounce 4G]",
+            "[--warmup 5] [--provider tcp] [--domain lo] [--notify ordered|unordered] [--max-bounce 4G] "
+            "[--nccl-gemm cublas|weave]",
             run);
