@@ -44,7 +44,6 @@ struct PlanInputs {
   bool swapped_wide = false;  // the swapped 128 x w tiles allowed (A M x K, a bf16 output, no bias)
   bool swapped_tiles = false;  // ... also over several token tiles (up to kSwappedMaxTokenTiles)
   bool swapped256 = false;     // the swapped 256 x w tiles allowed (as swapped_wide, aligned pitches)
-  int swapped_decode_min = 1;  // the fewest decode tokens the swapped 128 x 32 tile takes (fp8: 9)
   bool swapped_splits = false;  // above 128 tokens the swapped 128 x w tile splits as kMaxSplitsSwappedPadded
                                 // says (measured on bf16; fp8 lost with the rule's first form, 0.91 -> 0.88
                                 // of cuBLASLt, and the final form was not measured on it)
@@ -156,6 +155,13 @@ inline constexpr int kSwapped256NarrowMaxRounds = 2;
 // Decode tokens (1-16) take the swapped 128 x 32 tile from sm_count / this many weight panels on
 // (plan_gemm: on H100 and H200 it won from 40 weight panels of 128 rows on and lost at 32).
 inline constexpr int kSwappedDecodeSmsPerPanel = 3;
+// ... and at 1-8 tokens only where a weight row holds at least this many bytes: fp8, one H100
+// (2026-12-07 sixth session), rows of 4 KB ran 1.5-4.4 % slower on it than on the mma.sync tile
+// (11008 and 14336 rows of 4096 bytes), rows of 7 KB and more 0.6-6.4 % faster (7168-53248 rows of
+// 7168-53248 bytes); the bf16 rows measured (8 KB and more, fifth session) all faster. Short rows
+// leave the TMA tile's stages little K to stream after their fill; the mma.sync tile has no fill.
+// PlanInputs::K counts 2-byte elements (fp8 passes its K blocks of 128 bytes as 64 each).
+inline constexpr int kSwappedDecodeRowBytes = 6144;
 inline constexpr double kMisalignedSwapped = 1.35;  // a pitch off the 128-byte grid (then 2-CTA clusters)
 // The swapped 128 x w tile's mid widths, strictly between these two (104-120, cuBLAS's widths on
 // such rows): over one token tile or three and more, never two, where the upper one runs instead
@@ -250,10 +256,12 @@ inline Choice plan_gemm(const PlanInputs& in) {
   // against 1.04), 32 panels 0.78-0.86 against 0.91-0.99 (2026-12-03 sixth session); one H100, bf16
   // and fp8 (2026-12-06 fourth session): 40-64 panels 8-24 % faster, 32 panels -12 to +1 %. 1-8
   // tokens, one H100 (2026-12-07 fifth session): 56-416 panels 0.99-1.07 of cuBLAS against
-  // 0.95-1.04 (the mma.sync tile with 128-byte promotion), 32 panels 0.92-0.96 against 0.97-1.0.
+  // 0.95-1.04 (the mma.sync tile with 128-byte promotion), 32 panels 0.92-0.96 against 0.97-1.0;
+  // fp8 the same way on rows of 7 KB and more (kSwappedDecodeRowBytes: shorter rows lost).
   if (in.swapped && in.M <= swapped::kMaxTokens) {
-    if (in.swapped_wide && in.aligned && in.M >= in.swapped_decode_min &&
-        kSwappedDecodeSmsPerPanel * ceil_div(in.N, 128) >= in.sm_count)
+    const bool long_rows = swapped::token_blocks(in.M) > 1 ||
+                           2LL * in.K >= kSwappedDecodeRowBytes;
+    if (in.swapped_wide && in.aligned && long_rows && kSwappedDecodeSmsPerPanel * ceil_div(in.N, 128) >= in.sm_count)
       return {Tile::SwappedW, 1, in.sm_count, 0.0, swapped_width(in.M)};
     return {Tile::Swapped, 1, in.sm_count, 0.0};
   }

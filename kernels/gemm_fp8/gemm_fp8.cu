@@ -168,7 +168,6 @@ Launch plan_launch(int M, int N, int K, int sm_count, const Options& opt, bool w
   in.split_k = split_ok;
   in.swapped = opt.lcsc.num_comm_sms == 0 && opt.split_k <= 1;
   in.swapped_wide = in.swapped_tiles = wide;  // single CTAs: pair_clusters is 0
-  in.swapped_decode_min = gemm::swapped::kMaxTokens / 2 + 1;  // 1-8 tokens on the fp8 128 x 32 tile: not measured
   const gemm::Choice c = gemm::plan_gemm(in);
   if (c.tile == gemm::Tile::Swapped) return {Tile::Swapped, 1, sm_count};
   if (c.tile == gemm::Tile::M128N128) return {Tile::M128N128, 1, sm_count};

@@ -614,21 +614,23 @@ TEST(GemmPlan, SwappedWideWhereTheABMeasuredIt) {
   EXPECT_EQ(plan_gemm(no_pair).cluster, 1);
   // Decode: the mma.sync swapped tile, except for a weight with at least sm_count / 3 panels
   // (aligned; 44 panels of 128 rows at the SM count inputs() gives), which takes the swapped 128 x 32
-  // tile unsplit.
+  // tile unsplit, at 1-8 tokens only with weight rows of at least kSwappedDecodeRowBytes (6 KB: K of
+  // 3072 2-byte elements, as the planner counts K for fp8 too).
   for (int M : {1, 8, 9, 16})
-    for (int N : {4096, 5504, 5512, 5632, 8192, 14336, 28672}) {
-      PlanInputs in = inputs(M, N, 4096);
-      in.swapped = in.swapped_wide = true;
-      const Choice c = plan_gemm(in);
-      const bool wide = N >= 5512;  // 5504 = 43 panels; 5512 starts the 44th
-      EXPECT_EQ(c.tile, wide ? Tile::SwappedW : Tile::Swapped) << M << "x" << N;
-      EXPECT_EQ(c.splits, 1);
-      if (wide) EXPECT_EQ(c.width, 32);
-      in.aligned = false;
-      EXPECT_EQ(plan_gemm(in).tile, Tile::Swapped) << M << "x" << N;
-      in.aligned = true, in.swapped_decode_min = 9;  // fp8's floor: 1-8 tokens keep the mma.sync tile
-      EXPECT_EQ(plan_gemm(in).tile, wide && M >= 9 ? Tile::SwappedW : Tile::Swapped) << M << "x" << N;
-    }
+    for (int N : {4096, 5504, 5512, 5632, 8192, 14336, 28672})
+      for (int K : {2048, 3008, 3064, 3072, 4096, 8192}) {
+        PlanInputs in = inputs(M, N, K);
+        in.swapped = in.swapped_wide = true, in.aligned = K % 64 == 0;
+        const std::string name = std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K);
+        const Choice c = plan_gemm(in);
+        const bool wide = N >= 5512;  // 5504 = 43 panels; 5512 starts the 44th
+        const bool rows = M > 8 || K >= 3072;
+        EXPECT_EQ(c.tile, wide && rows && in.aligned ? Tile::SwappedW : Tile::Swapped) << name;
+        EXPECT_EQ(c.splits, 1) << name;
+        if (c.tile == Tile::SwappedW) EXPECT_EQ(c.width, 32) << name;
+        in.aligned = false;
+        EXPECT_EQ(plan_gemm(in).tile, Tile::Swapped) << name;
+      }
   for (int M = 1; M <= 512; M += 7) {
     PlanInputs in = inputs(M, 14336, 4096);
     in.swapped = in.swapped_wide = true;

@@ -198,6 +198,14 @@ TEST(GemmFp8Cpu, PlanLaunchSwappedWide) {
   EXPECT_EQ(gemm_fp8::plan_launch(917, 18464, 5120, 132, {}, true).tile, Tile::SwappedW);
   EXPECT_EQ(gemm_fp8::plan_launch(917, 18464, 5136, 132, {}, true).tile, Tile::M128N256);
   EXPECT_EQ(gemm_fp8::launch_name(gemm_fp8::plan_launch(109, 4040, 14352, 132, {}, true)), "sw128x112/k2");
+
+  // 1-8 decode tokens: the 128 x 32 tile on a wide weight whose rows hold at least 6 KB of fp8 (7168
+  // and 4096 bytes here), else the mma.sync tile, as on the one H100 that measured both.
+  EXPECT_EQ(gemm_fp8::launch_name(gemm_fp8::plan_launch(1, 18432, 7168, 132, {}, true)), "sw128x32");
+  EXPECT_EQ(gemm_fp8::plan_launch(4, 28672, 8192, 132, {}, true).tile, Tile::SwappedW);
+  EXPECT_EQ(gemm_fp8::plan_launch(1, 11008, 4096, 132, {}, true).tile, Tile::Swapped);
+  EXPECT_EQ(gemm_fp8::plan_launch(16, 11008, 4096, 132, {}, true).tile, Tile::SwappedW);  // 9-16: any row
+  EXPECT_EQ(gemm_fp8::plan_launch(1, 4096, 28672, 132, {}, true).tile, Tile::Swapped);    // 32 panels
 }
 
 // The 128x256 cluster tile where a K pitch off the 128-byte grid doubles the L2 requests and the
