@@ -15,6 +15,7 @@
 #include "../primitives/common.hpp"
 #include "collectives/collectives.hpp"
 #include "weave/memory_order.cuh"
+#include "weave/runtime/env.hpp"
 
 namespace ct {
 
@@ -104,11 +105,7 @@ inline uint64_t stress_seed() {
   return seed;
 }
 // WEAVE_STRESS_SCALE=k: the stress tests run k times as many rounds and calls (default 1, bounded).
-inline int stress_scale() {
-  const char* e = std::getenv("WEAVE_STRESS_SCALE");
-  const int k = e && *e ? std::atoi(e) : 1;
-  return k > 0 ? k : 1;
-}
+inline int stress_scale() { return std::max(1, weave::env::get_int("WEAVE_STRESS_SCALE")); }
 // Stress loops that wait on a peer's progress step by step run in small versions where ranks take
 // turns on a GPU (wt::gpus_shared).
 inline bool gpus_shared() { return wt::gpus_shared(comm()); }

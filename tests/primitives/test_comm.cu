@@ -2,6 +2,8 @@
 // nor device memory; the heap is really shared (a peer's write lands in my memory).
 #include <dirent.h>
 
+#include <optional>
+
 #include "common.hpp"
 #include "weave/runtime/env.hpp"
 
@@ -74,8 +76,8 @@ TEST(Communicator, WorldLargerThanTheGpusIsRefused) {
   // With kMaxWorld GPUs visible, one more rank is refused by the compile-time maximum instead.
   const bool over_max = ndev + 1 > weave::kMaxWorld;
   // Without GPU sharing, which is what this test is about (restored when the test ends).
-  const char* share = std::getenv("WEAVE_SHARE_GPUS");
-  const std::string saved = share ? share : "";
+  const std::optional<std::string> share = weave::env::raw("WEAVE_SHARE_GPUS");
+  const std::string saved = share.value_or("");
   unsetenv("WEAVE_SHARE_GPUS");
   struct Restore {
     const std::string& v;
@@ -83,7 +85,7 @@ TEST(Communicator, WorldLargerThanTheGpusIsRefused) {
     ~Restore() {
       if (had) setenv("WEAVE_SHARE_GPUS", v.c_str(), 1);
     }
-  } restore{saved, share != nullptr};
+  } restore{saved, share.has_value()};
   weave::runtime::LaunchInfo li;
   li.world = li.local_world = ndev + 1;
   li.rank = li.local_rank = 0;

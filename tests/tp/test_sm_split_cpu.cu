@@ -20,6 +20,7 @@
 
 #include "check/seed.hpp"
 #include "tp_common/sm_split.hpp"
+#include "weave/runtime/env.hpp"
 
 using namespace weave::tp::sm_split;
 
@@ -136,7 +137,7 @@ double simulate(const Scenario& s, int n_comm, unsigned seed) {
     const double te = tile_end[j * s.W];
     return te < 0 ? -1.0 : te + skew[j];
   };
-  static const bool trace = std::getenv("SM_SPLIT_TRACE") != nullptr;
+  static const bool trace = weave::env::get_bool("WEAVE_SM_SPLIT_TRACE");
   double next_trace = 0;
   while (!q.empty() || !link.empty()) {
     // The next event: a block freed, or the first reduction to finish at the link's present share.
@@ -288,7 +289,7 @@ TEST(SmSplit, AdaptiveAgainstTheBestFixedSplit) {
   EXPECT_GE(within, (9 * n + 9) / 10);
 }
 
-// SM_SPLIT_TRACE=1 ... --gtest_also_run_disabled_tests --gtest_filter=*Trace: one scenario's ledger
+// WEAVE_SM_SPLIT_TRACE=1 ... --gtest_also_run_disabled_tests --gtest_filter=*Trace: one scenario's ledger
 // every half tile, adaptive and fixed (simulate checks that every task ran).
 TEST(SmSplit, DISABLED_Trace) {
   const Scenario s{132, 2, 512, 1.0, 1.0, 32};

@@ -111,6 +111,8 @@ inline constexpr Var kVars[] = {
    "replays a test or benchmark run's random inputs (unsigned, decimal or 0x-hex); unset: a fresh seed, "
    "printed"},
   {"WEAVE_STRESS_SCALE", Type::integer, "1", Who::test, "k: the stress tests run k times as many rounds"},
+  {"WEAVE_SM_SPLIT_TRACE", Type::boolean, "0", Who::test,
+   "1: test_sm_split_cpu prints the simulated timeline of the SM-split model"},
   {"WEAVE_TEST_GPUS", Type::integer, "", Who::test,
    "set by CTest: the GPUs a test binary needs; with fewer visible it reports skipped"},
   {"WEAVE_TEST_VERBOSE", Type::boolean, "0", Who::test,
