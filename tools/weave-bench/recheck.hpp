@@ -4,7 +4,7 @@
 // leaves an earlier call's result in place (state carried between launches, e.g. a split-K
 // counter; a store skipped after the first launches): the first check alone passes it whenever
 // the last timed call's input set came round earlier in the loop. Used by weave-bench gemm (its
-// weave rows), gemm_fp8, moe and attention.
+// weave rows), gemm_fp8, moe and attention; sp does the same with its own verdicts.
 #pragma once
 #include "weave/common/error.hpp"
 

@@ -10,8 +10,10 @@
 // timing and the last timed call is checked on every rank against the cuBLAS float32 reference
 // over the whole sequence (check/attention_ref.hpp, no weave code): O per tile (128 rows x D of
 // one head) with a per-element bound, and LSE where the kernel returns it (ring, weave-1gpu; not
-// Ulysses). All of a rank's rows where that is cheap (B*H*L*S <= 2^36), else sampled rows of
-// every chunk (its first and last 64 and two more pieces of 64, all batches and heads). A row is
+// Ulysses); then one more call on the other input set into freshly poisoned outputs, checked the
+// same way (recheck.hpp says why). All of a rank's rows where that is cheap (B*H*L*S <= 2^36), else
+// sampled rows of every chunk (its first and last 64 and two more pieces of 64, all batches and
+// heads). A row is
 // correct only if it is on every rank; any wrong row makes the command exit 1. The seed comes from
 // WEAVE_TEST_SEED (rank 0's, printed; set it to replay).
 // TFLOP/s: useful FLOPs 4*B*S^2*H*D (halved for causal); `tflops` is the total over the W GPUs,
@@ -150,6 +152,10 @@ Verdict verdict(runtime::Communicator& comm, const check::AttnReport& rep, long 
   v.all_rows = everywhere(comm, all_rows);
   return v;
 }
+
+// The verdict of two checks of one row (the last timed call's and a fresh call's, recheck.hpp):
+// the failing one, else the one with the larger O error.
+Verdict worse(const Verdict& a, const Verdict& b) { return !b.ok || (a.ok && b.o_ratio > a.o_ratio) ? b : a; }
 
 // Rows to check of the chunks of a rank's output (o rows local, q rows and positions global).
 std::vector<check::RowRange> rows_to_check(const Chunks& chunks, bool all, uint64_t seed, long long* n) {
@@ -316,9 +322,9 @@ int run_sp(const bench::Args& args) {
           return verdict(comm, rep, nrows, all, name);
         };
         auto add_check = [&](bench::JsonLine& j, const Verdict& v, bool has_lse) {
-          j.add("check", v.all_rows
-                             ? "last timed call, every row vs cuBLAS fp32"
-                             : "last timed call, sampled rows of every chunk (all batches, heads) vs cuBLAS fp32")
+          j.add("check", v.all_rows ? "last timed call and a fresh one, every row vs cuBLAS fp32"
+                                    : "last timed call and a fresh one, sampled rows of every chunk (all batches, "
+                                      "heads) vs cuBLAS fp32")
               .add("checked_rows", v.rows)
               .add("o_err_ratio", v.o_ratio)
               .add("o_bad_tiles", v.o_bad_tiles);
@@ -333,8 +339,19 @@ int run_sp(const bench::Args& args) {
         comm.barrier();  // every rank's output complete (Ulysses: peers write this rank's rows)
         t = slowest(comm, t);
         {
-          const Verdict v = check_call(static_cast<int>((calls - 1) % 2), mine, L, 0x5A, o.data(),
-                                       is_ring ? lse.as<float>() : nullptr, kernel.c_str());
+          Verdict v = check_call(static_cast<int>((calls - 1) % 2), mine, L, 0x5A, o.data(),
+                                 is_ring ? lse.as<float>() : nullptr, kernel.c_str());
+          if (v.ok) {  // one more call, on the other input set into fresh poison (recheck.hpp says why)
+            check::poison(o.data(), nmax, st);
+            check::poison(lse.as<float>(), nl, st);
+            comm.sync(st);
+            comm.barrier();  // every rank's output poisoned before a peer writes into it (Ulysses)
+            fn();
+            comm.sync(st);
+            comm.barrier();
+            v = worse(v, check_call(static_cast<int>((calls - 1) % 2), mine, L, 0x5B, o.data(),
+                                    is_ring ? lse.as<float>() : nullptr, kernel.c_str()));
+          }
           all_ok = all_ok && v.ok;
           if (rank == 0) {
             const double tf = flop / t * 1e-6;
@@ -375,8 +392,17 @@ int run_sp(const bench::Args& args) {
               est1 > 1e5 ? 1 : 2, it1, est1 > 1e6 ? 1 : 3);  // a reference taking seconds per call is timed once
           WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
           t1 = slowest(comm, t1);
-          const Verdict v = check_call(static_cast<int>((calls1 - 1) % 2), Chunks{{0, S}}, S, 0x1C, o1.as<bf16>(),
-                                       lse1.as<float>(), "weave-1gpu");
+          Verdict v = check_call(static_cast<int>((calls1 - 1) % 2), Chunks{{0, S}}, S, 0x1C, o1.as<bf16>(),
+                                 lse1.as<float>(), "weave-1gpu");
+          if (v.ok) {  // one more call, on the other input set into fresh poison
+            check::poison(o1.as<bf16>(), n1, st);
+            check::poison(lse1.as<float>(), nl1, st);
+            const int s = static_cast<int>(calls1++ % 2);
+            attention::forward(set[s]->q.as<bf16>(), set[s]->k.as<bf16>(), set[s]->v.as<bf16>(), o1.as<bf16>(),
+                               lse1.as<float>(), s1, ao, st);
+            WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
+            v = worse(v, check_call(s, Chunks{{0, S}}, S, 0x1D, o1.as<bf16>(), lse1.as<float>(), "weave-1gpu"));
+          }
           all_ok = all_ok && v.ok;
           if (rank == 0) {
             const double tf1 = flop / t1 * 1e-6;
