@@ -1,7 +1,7 @@
 #include <cuda_fp8.h>
 
 #include "check/gemm_fp8_ref.hpp"
-#include "gemm_fp8/reference.cuh"
+#include "check/gemm_fp8_baseline.cuh"
 #include "weave/common/error.hpp"
 
 namespace weave::check {

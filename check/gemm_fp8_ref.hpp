@@ -19,7 +19,7 @@
 #include "check/tile_check.hpp"
 
 namespace weave::gemm_fp8::ref {
-class Lt;  // gemm_fp8/reference.cuh: the cuBLASLt handle and workspace the matmuls run with
+class Lt;  // check/gemm_fp8_baseline.cuh: the cuBLASLt handle and workspace the matmuls run with
 }
 
 namespace weave::check {

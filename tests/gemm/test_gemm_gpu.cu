@@ -28,7 +28,7 @@
 #include "check/seed.hpp"
 #include "check/tile_check.hpp"
 #include "gemm/gemm.hpp"
-#include "gemm/reference.cuh"
+#include "check/gemm_baseline.cuh"
 
 using namespace weave;
 using bf16 = __nv_bfloat16;

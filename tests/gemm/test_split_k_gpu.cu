@@ -18,7 +18,7 @@
 #include "check/tile_check.hpp"
 #include "gemm/gemm.hpp"
 #include "gemm/plan.hpp"
-#include "gemm/reference.cuh"
+#include "check/gemm_baseline.cuh"
 
 using namespace weave;
 using bf16 = __nv_bfloat16;

@@ -27,7 +27,7 @@
 #include "check/gemm_ref.hpp"
 #include "check/seed.hpp"
 #include "check/tile_check.hpp"
-#include "gemm/reference.cuh"
+#include "check/gemm_baseline.cuh"
 #include "moe/grouped_gemm.hpp"
 #include "moe/grouped_gemm_schedule.hpp"
 

@@ -22,7 +22,7 @@
 #include "check/gemm_ref.hpp"
 #include "check/seed.hpp"
 #include "check/tile_check.hpp"
-#include "gemm/reference.cuh"
+#include "check/gemm_baseline.cuh"
 #include "net_coll_check.hpp"
 #include "net_tp/net_tp.hpp"
 #include "tp_common/schedule.hpp"

@@ -59,7 +59,7 @@
 #include "check/gemm_ref.hpp"
 #include "check/seed.hpp"
 #include "check/tile_check.hpp"
-#include "gemm/reference.cuh"
+#include "check/gemm_baseline.cuh"
 #include "gemm_ar/gemm_ar.hpp"
 #include "gemm_rs/gemm_rs.hpp"
 

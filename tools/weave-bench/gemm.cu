@@ -45,7 +45,7 @@
 #include "check/seed.hpp"
 #include "check/tile_check.hpp"
 #include "gemm/gemm.hpp"
-#include "gemm/reference.cuh"
+#include "check/gemm_baseline.cuh"
 #include "gemm_sets.hpp"
 #include "recheck.hpp"
 

@@ -67,7 +67,7 @@
 #include "check/tile_check.hpp"
 #include "gemm/gemm.hpp"
 #include "gemm_fp8/gemm_fp8.hpp"
-#include "gemm_fp8/reference.cuh"
+#include "check/gemm_fp8_baseline.cuh"
 #include "gemm_fp8/transpose.hpp"
 #include "gemm_sets.hpp"
 #include "recheck.hpp"

@@ -54,7 +54,7 @@
 #include "check/seed.hpp"
 #include "check/tile_check.hpp"
 #include "gemm/gemm.hpp"
-#include "gemm/reference.cuh"
+#include "check/gemm_baseline.cuh"
 #include "moe/dispatch_gemm.hpp"
 #include "moe/exchange.hpp"
 #include "moe/grouped_gemm.hpp"

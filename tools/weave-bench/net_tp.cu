@@ -31,7 +31,7 @@
 //                  Same chunk and blocks. The collectives shard the buffer in 16-byte units, which
 //                  are the row shards only when every shard is whole rows; where they are not, the
 //                  ag and rs rows are skipped (ar reduces the whole buffer: never skipped).
-//   nccl           the issue's baseline: cuBLASLt's GEMM (gemm/reference.cuh's CublasLt, as
+//   nccl           the issue's baseline: cuBLASLt's GEMM (check/gemm_baseline.cuh's CublasLt, as
 //                  weave-bench gemm and tp time it: bf16 in, fp32 accumulation, bf16 out, the same
 //                  row-major A, B as N x K and C as weave's call) + ncclAllGather /
 //                  ncclReduceScatter / ncclAllReduce in place, NCCL restricted to its network
@@ -93,7 +93,7 @@
 #include "check/seed.hpp"
 #include "check/tile_check.hpp"
 #include "gemm/gemm.hpp"
-#include "gemm/reference.cuh"
+#include "check/gemm_baseline.cuh"
 #include "net_collectives/layout.hpp"
 #include "net_collectives/net_collectives.hpp"
 #include "net_tp/layout.hpp"

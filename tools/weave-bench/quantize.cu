@@ -39,7 +39,7 @@
 #include "check/device_buffer.hpp"
 #include "check/seed.hpp"
 #include "check/tile_check.hpp"
-#include "gemm/reference.cuh"
+#include "check/gemm_baseline.cuh"
 #include "gemm_fp8/quantize.hpp"
 #include "gemm_fp8/transpose.hpp"
 #include "recheck.hpp"

@@ -26,10 +26,10 @@
 #include "check/seed.hpp"
 #include "check/tile_check.hpp"
 #include "gemm/gemm.hpp"
-#include "gemm/reference.cuh"
+#include "check/gemm_baseline.cuh"
 #include "gemm/swapped_launch.cuh"
 #include "gemm_fp8/gemm_fp8.hpp"
-#include "gemm_fp8/reference.cuh"
+#include "check/gemm_fp8_baseline.cuh"
 
 namespace weave::bench {
 namespace {

@@ -34,11 +34,11 @@
 #include "check/tile_check.hpp"
 #include "gemm/gemm.hpp"
 #include "gemm_fp8/gemm_fp8.hpp"
-#include "gemm_fp8/reference.cuh"
+#include "check/gemm_fp8_baseline.cuh"
 #include "gemm_ar/gemm_ar.hpp"
 #include "gemm_rs/gemm_rs.hpp"
 #include "../../bench/nccl_comm.hpp"
-#include "gemm/reference.cuh"
+#include "check/gemm_baseline.cuh"
 #include "weave/runtime/communicator.hpp"
 
 namespace {

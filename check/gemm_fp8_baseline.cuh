@@ -2,7 +2,7 @@
 // A (M x K) B^T (B N x K), both operands K-major as gemm_fp8 takes them. The float32 reference
 // (check/gemm_fp8_ref.cu: float operands, float out) and the cuBLASLt fp8 baseline of weave-bench
 // gemm_fp8 (fp8 operands with per-tensor scale pointers, bf16 out) both run through it. Include
-// from .cu files that link CUDA::cublasLt; the library itself does not use it (as gemm/reference.cuh).
+// from .cu files that link CUDA::cublasLt; the library itself does not use it (as check/gemm_baseline.cuh).
 #pragma once
 #include <cublasLt.h>
 #include <cuda_runtime.h>
