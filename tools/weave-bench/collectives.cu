@@ -1,10 +1,12 @@
 // weave-bench collectives: weave::coll::Collectives against NCCL in the same run, under weave-run.
 // For each collective, size (bytes per rank) and layout: both are timed (CUDA events, warm-up, median
 // of repeats, the slowest rank's time) on two input sets of small integers that alternate call by
-// call. Every output is poisoned before a loop, and the output of the loop's last call (and of a
-// first, untimed call) is checked element by element, exactly, against the function the inputs
-// were made from, weave's and NCCL's alike, on every rank; a wrong row makes the run exit 1. Where a rank's piece is not contiguous in the final layout, the NCCL
-// column includes the copies a user would need (bench/nccl_ref.cuh). Bus bandwidth follows NCCL's
+// call. Every output is poisoned before a loop; the output of the loop's last call, then of one
+// more call on the other input set into the re-poisoned output (recheck.hpp's rule), and of a
+// first, untimed call, is checked element by element, exactly, against the function the inputs
+// were made from, weave's and NCCL's alike, on every rank; a wrong row makes the run exit 1.
+// Where a rank's piece is not contiguous in the final layout, the NCCL column includes the
+// copies a user would need (bench/nccl_ref.cuh). Bus bandwidth follows NCCL's
 // PERFORMANCE.md: all_reduce algbw x 2(W-1)/W; all_gather, reduce_scatter and all_to_all
 // algbw x (W-1)/W, with algbw from the full (gathered) size, the full reduce_scatter input and
 // the per-rank all_to_all input.
@@ -34,6 +36,7 @@
 #include "../../bench/nccl_ref.cuh"
 #include "bench.hpp"
 #include "collectives/collectives.hpp"
+#include "recheck.hpp"
 #include "weave/memory_order.cuh"
 #include "weave/pdl.cuh"
 #include "weave/runtime/communicator.hpp"
@@ -416,7 +419,8 @@ int run(const bench::Args& a) {
     // Two input sets of small integers (sums exact in every dtype and any order), alternated call
     // by call so that no call repeats the previous one's inputs. After each loop the output of its
     // last call is checked, element by element and exactly, against the function the inputs were
-    // made from (not against the other implementation), on every rank; NCCL's rows the same way.
+    // made from (not against the other implementation), on every rank, then that of one more call
+    // on the other set into the re-poisoned output (verify_fresh); NCCL's rows the same way.
     const uint64_t seed_of[2] = {ref::mix64(seed + 2 * k), ref::mix64(seed + 2 * k + 1)};
     void* const in_of[2] = {in, in_b};
     for (int i = 0; i < 2; ++i) ref::fill(in_of[i], c.in_elems, c.t, seed_of[i], me, ref::Values::integers, st);
@@ -445,6 +449,32 @@ int run(const bench::Args& a) {
       if (!msg.empty()) err += std::string(err.empty() ? "" : "; ") + what + ", rank " + std::to_string(me) + ": " + msg;
       const auto bads = gather_all<unsigned long long>(comm, bad);
       return std::all_of(bads.begin(), bads.end(), [](unsigned long long b) { return b == 0; });
+    };
+    // After a loop of w's calls (nullptr: NCCL's) into dst: its last call's output, then one more call
+    // on the other set into the re-poisoned output (recheck.hpp). The verdicts are over every rank,
+    // so every rank makes the fresh call, or skips it after a failure, alike.
+    auto verify_fresh = [&](coll::Collectives* w, void* dst, const std::string& what) {
+      struct Verdict {
+        bool ok;
+        double worst;
+      };
+      const int last = next ^ 1;
+      return bench::check_last_and_fresh(
+                 last, 2,
+                 [&](int set) {
+                   const bool ok = verify(dst, (set == last ? what : what + ", fresh call after it").c_str());
+                   return Verdict{ok, ok ? 0.0 : 1.0};
+                 },
+                 [&] {
+                   poison(dst);
+                   comm.sync(st);
+                   comm.barrier();  // every rank's output poisoned before any peer's fresh call writes into it
+                 },
+                 [&](int set) {
+                   WEAVE_CHECK(set == next, "collectives: fresh call on set ", set, ", next is ", next);
+                   run(w, dst);
+                 })
+          .ok;
     };
     poison(out);
     poison(ref_out);
@@ -476,9 +506,9 @@ int run(const bench::Args& a) {
       return *std::max_element(all.begin(), all.end());
     };
     const double t_weave = time_weave ? timed(&weave_coll, out) : NAN;
-    if (time_weave) ok_weave = verify(out, "weave, last timed call") && ok_weave;
+    if (time_weave) ok_weave = verify_fresh(&weave_coll, out, "weave, last timed call") && ok_weave;
     const double t_nccl = timed(nullptr, ref_out);
-    ok_nccl = verify(ref_out, "nccl, last timed call") && ok_nccl;
+    ok_nccl = verify_fresh(nullptr, ref_out, "nccl, last timed call") && ok_nccl;
     // --host-us: the host's time to issue one call (the same loop, host clock, no event). When it
     // is as long as the device time per call, the host, not the GPU, sets the pace.
     auto host_us = [&](coll::Collectives* w, void* o) {
@@ -495,9 +525,9 @@ int run(const bench::Args& a) {
     };
     const bool want_host = a.has("host-us") && time_weave;
     const double h_weave = want_host ? host_us(&weave_coll, out) : NAN;
-    if (want_host) ok_weave = verify(out, "weave, --host-us loop") && ok_weave;
+    if (want_host) ok_weave = verify_fresh(&weave_coll, out, "weave, --host-us loop") && ok_weave;
     const double h_nccl = want_host ? host_us(nullptr, ref_out) : NAN;
-    if (want_host) ok_nccl = verify(ref_out, "nccl, --host-us loop") && ok_nccl;
+    if (want_host) ok_nccl = verify_fresh(nullptr, ref_out, "nccl, --host-us loop") && ok_nccl;
     // --gpu-us: the device's time per call with the host out of the way: a hold kernel keeps the
     // stream busy while the host enqueues every timed call, so the events see back-to-back kernels.
     auto gpu_us = [&](coll::Collectives* w, void* o) {
@@ -515,9 +545,9 @@ int run(const bench::Args& a) {
     };
     const bool want_gpu = a.has("gpu-us") && time_weave;
     const double g_weave = want_gpu ? gpu_us(&weave_coll, out) : NAN;
-    if (want_gpu) ok_weave = verify(out, "weave, --gpu-us loop") && ok_weave;
+    if (want_gpu) ok_weave = verify_fresh(&weave_coll, out, "weave, --gpu-us loop") && ok_weave;
     const double g_nccl = want_gpu ? gpu_us(nullptr, ref_out) : NAN;
-    if (want_gpu) ok_nccl = verify(ref_out, "nccl, --gpu-us loop") && ok_nccl;
+    if (want_gpu) ok_nccl = verify_fresh(nullptr, ref_out, "nccl, --gpu-us loop") && ok_nccl;
     all_ok = all_ok && ok_weave && ok_nccl;
 
     auto bw = [&](double us) { return c.alg_bytes / us / 1e3; };  // GB/s

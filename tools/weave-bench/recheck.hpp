@@ -4,7 +4,10 @@
 // leaves an earlier call's result in place (state carried between launches, e.g. a split-K
 // counter; a store skipped after the first launches): the first check alone passes it whenever
 // the last timed call's input set came round earlier in the loop. Used by weave-bench gemm (its
-// weave rows), gemm_fp8, moe and attention; sp does the same with its own verdicts.
+// weave rows), gemm_fp8, moe, attention, quantize, collectives and tp (its GEMM alone rows of
+// gemm_rs and gemm_ar); sp, and tp's rows that share a reference (its recheck()), do the same with
+// their own verdicts. Multi-rank: check() must return the verdict over every rank, so that every
+// rank makes or skips the fresh (collective) call alike.
 #pragma once
 #include "weave/common/error.hpp"
 

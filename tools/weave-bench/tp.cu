@@ -5,10 +5,11 @@
 //   --sizes 2048,...,32768   --kernels ag_gemm,gemm_rs,gemm_ar    --num-comm-sms N (no tuner)
 //   --sweep 0,4,8,16,32,64   (ag_gemm and gemm_ar at --sweep-sizes, default 4096,16384)
 //   --table3                 (gemm_rs M = N = 16384, K_local 512..8192: overlap fraction)
-// Every row, weave's and the baselines', is checked on its last timed call against a float32
-// reference every rank computes without NCCL (run_one says how); a row is correct only when it
-// is on every rank, and any incorrect row makes the command exit 1 after listing them. Inputs
-// derive from rank 0's WEAVE_TEST_SEED (printed; set it to replay a run).
+// Every row, weave's and the baselines', is checked on its last timed call and on one more call on
+// the other input set into re-poisoned outputs (recheck.hpp's rule), against a float32 reference
+// every rank computes without NCCL (run_one says how); a row is correct only when both checks pass
+// on every rank, and any incorrect row makes the command exit 1 after listing them. Inputs derive
+// from rank 0's WEAVE_TEST_SEED (printed; set it to replay a run).
 //   --dtype bf16|fp8         fp8: e4m3 A and B (B N x K) with per-tensor scales, bf16 out, for
 //                            ag_gemm and gemm_rs (gemm_ar has none), against weave's fp8 GEMM alone
 //                            and cuBLASLt fp8 + NCCL; rows carry "dtype": "e4m3xe4m3" (run_one)
@@ -33,6 +34,7 @@
 #include "check/seed.hpp"
 #include "check/tile_check.hpp"
 #include "gemm/gemm.hpp"
+#include "recheck.hpp"
 #include "gemm_fp8/gemm_fp8.hpp"
 #include "check/gemm_fp8_baseline.cuh"
 #include "gemm_ar/gemm_ar.hpp"
@@ -112,7 +114,8 @@ struct Row {
   double us = 0;
   int ncomm = 0;
   bool correct = false;
-  double worst = 0;  // the checker's worst |x - r| / bound over ranks (> 1: wrong)
+  double worst = 0;  // the checker's worst |x - r| / bound over ranks and checks (> 1: wrong)
+  int checks = 0;    // settle_check calls so far (the last timed call's, then the fresh call's)
   int variant = 0;
   double alone_us = 0;  // the fused row of run_one: GEMM alone's time (Table 3)
   // gemm_ar's adaptive split (v2), rank 0 over the row's calls: the share of its reductions handed
@@ -155,15 +158,74 @@ struct DevBuf {
   DevBuf& operator=(const DevBuf&) = delete;
 };
 
-// A row's verdict from this rank's report, the same on every rank (wrong anywhere: wrong
-// everywhere); a wrong report is printed by the rank that saw it.
-void settle_check(Ctx& x, Row& row, const check::Report& rep, bool also_ok = true, const std::string& also = "") {
+// One check's verdict over every rank (what check_last_and_fresh reads).
+struct Settled {
+  bool ok;
+  double worst;
+};
+
+// A check of a row from this rank's report, the same on every rank (wrong anywhere: wrong
+// everywhere), folded into the row's earlier checks (a failure of either fails the row; worst over
+// both); a wrong report is printed by the rank that saw it. Collective: every rank settles the
+// same rows in the same order.
+Settled settle_check(Ctx& x, Row& row, const check::Report& rep, bool also_ok = true, const std::string& also = "") {
   const bool ok = rep.ok && also_ok;
   if (!ok)
-    std::printf("    rank %d: %s %s S=%d: %s%s\n", x.rank, row.kernel.c_str(), row.impl.c_str(), row.S, rep.str().c_str(),
-                also.c_str());
-  row.correct = bench::all_ranks_ok(x.c, ok);
-  row.worst = bench::worst_over_ranks(x.c, also_ok ? rep.worst : INFINITY);
+    std::printf("    rank %d: %s %s S=%d (%s): %s%s\n", x.rank, row.kernel.c_str(), row.impl.c_str(), row.S,
+                row.checks ? "fresh call" : "last timed call", rep.str().c_str(), also.c_str());
+  const Settled now{bench::all_ranks_ok(x.c, ok), bench::worst_over_ranks(x.c, also_ok ? rep.worst : INFINITY)};
+  if (row.checks++ == 0) {
+    row.correct = now.ok, row.worst = now.worst;
+  } else {
+    row.correct = row.correct && now.ok;
+    row.worst = std::isnan(row.worst) || std::isnan(now.worst) ? NAN : std::max(row.worst, now.worst);
+  }
+  return now;
+}
+
+// One implementation of a row in recheck(): the input set of its last call (which its call keeps
+// up to date), its outputs' poison, one more call, and its check against the reference in place.
+struct Recheck {
+  const int* last;
+  std::function<void()> poison, call, check;
+  int done = 0;  // checks made; after the first, its fresh call has been made
+};
+
+// recheck.hpp's rule for the implementations of a row that share a reference (not
+// check_last_and_fresh, which takes one implementation and a reference per check: here a set's
+// reference, the expensive part at S = 32768, serves every check on that set). Each
+// implementation's last timed call is checked against its set's reference, then it makes one call
+// on the other set into re-poisoned outputs, checked against that set's. `reference(i)` puts set
+// i's (rooted) into ref_r and ref_s: 2 references where every implementation's last call used the
+// same set, else 3 (the fresh calls of the first set's implementations are checked beside the
+// other set's last calls). The sequence depends only on the last sets, the same on every rank
+// (one sample plan for all), never on a verdict, so every rank makes the same calls and barriers.
+void recheck(Ctx& x, std::vector<Recheck>& impls, const std::function<void(int)>& reference) {
+  auto pending = [&](int set) {
+    for (const Recheck& m : impls)
+      if (m.done < 2 && *m.last == set) return true;
+    return false;
+  };
+  for (int set = impls.empty() ? 0 : *impls[0].last; pending(set); set ^= 1) {
+    reference(set);
+    std::vector<Recheck*> fresh;
+    for (Recheck& m : impls)
+      if (m.done < 2 && *m.last == set) {
+        m.check();
+        if (++m.done == 1) fresh.push_back(&m);
+      }
+    if (fresh.empty()) continue;
+    for (Recheck* m : fresh) m->poison();
+    x.c.sync(x.st);
+    x.c.barrier();  // every rank's outputs poisoned before any peer's fresh call writes into them
+    for (Recheck* m : fresh) {
+      m->call();
+      // Every rank's call done (peers' writes into this rank's outputs included) before the next
+      // implementation's: as in the timing, no two implementations overlap across ranks.
+      x.c.sync(x.st);
+      x.c.barrier();
+    }
+  }
 }
 
 // One kernel at one size: GEMM alone, fused, cuBLAS + NCCL; returns the fused row.
@@ -178,7 +240,9 @@ void settle_check(Ctx& x, Row& row, const check::Report& rep, bool also_ok = tru
 // implementation's last timed call is compared with the reference of the set it used, per
 // element and per 128 x 128 tile (check/tile_check.hpp): fused and cuBLAS + NCCL against the
 // TP result (gemm_rs, gemm_ar: W bf16 partials, check::partial_sum_bound; ag_gemm: one rounding,
-// check::gemm_bound, and the gathered A bit for bit), GEMM alone against its local product.
+// check::gemm_bound, and the gathered A bit for bit), GEMM alone against its local product. Then
+// its outputs (all that check reads) are poisoned again and it makes one more call on the other
+// set, checked the same way (recheck(), recheck.hpp): a row is correct only when both pass.
 //
 // The bounds fail a 128 x 128 tile that misses one K step (64) or one rank's part at every size
 // here: with inputs uniform in [-1, 1), s ~ sqrt(K_full)/3 and a missing sum of n products has
@@ -236,24 +300,45 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
   if (!x.fp8)
     for (int i = 0; i < 2; ++i) gref::fill_uniform(B[i], size_t(K) * N, seed_of(i, r, kB), 1.f, x.st);
   int nf = 0, nb = 0, na = 0, last_f = -1, last_b = -1, last_a = -1;  // calls made, set of the last one
-  // ag_gemm's checks after the timing, for either input type: for each input set that a checked
-  // call used, reference(i) fills ref_r and ref_s (squared, rooted here); then the fused C with its
-  // gathered A (every element equal to Gfull[i]'s) and the baselines' C, per tile within `bound`.
-  auto check_ag = [&](const auto* G, const auto& Gfull, check::Bound bound, auto&& reference) {
-    for (int i = 0; i < 2; ++i) {
-      if (last_f != i && !(baselines && (last_b == i || last_a == i))) continue;
+  // ag_gemm's checks after the timing, for either input type (recheck(); f, b, a: the fused row's,
+  // cuBLAS + NCCL's and GEMM alone's set, poison and call): reference(i) fills ref_r and ref_s
+  // (squared, rooted here) with set i's product; the fused C with its gathered A (every element
+  // equal to Gfull[i]'s) and the baselines' C, per tile within `bound`.
+  auto check_ag = [&](const auto* G, const auto& Gfull, check::Bound bound, auto&& reference, Recheck f, Recheck b,
+                      Recheck a) {
+    auto cmp = [&](const bf16* C) {
+      return check::compare({C, N}, {ref_r.p, N}, {ref_s.p, N}, M, N, bound, 128, 128, x.st);
+    };
+    f.check = [&] {
+      const unsigned long long bad = mismatches(G, Gfull[last_f], size_t(M) * K, x.st);
+      settle_check(x, fused, cmp(Cf.p), bad == 0, bad ? "; gathered A: " + std::to_string(bad) + " elements differ" : "");
+    };
+    b.check = [&] { settle_check(x, base, cmp(Cb.p)); };
+    a.check = [&] { settle_check(x, alone, cmp(Ca.p)); };
+    std::vector<Recheck> impls{f};
+    if (baselines) impls.push_back(b), impls.push_back(a);
+    recheck(x, impls, [&](int i) {
       reference(i);
       check::sqrt_inplace(ref_s.p, nc, x.st);
-      auto cmp = [&](const bf16* C) {
-        return check::compare({C, N}, {ref_r.p, N}, {ref_s.p, N}, M, N, bound, 128, 128, x.st);
-      };
-      if (last_f == i) {
-        const unsigned long long bad = mismatches(G, Gfull[i], size_t(M) * K, x.st);
-        settle_check(x, fused, cmp(Cf.p), bad == 0, bad ? "; gathered A: " + std::to_string(bad) + " elements differ" : "");
-      }
-      if (baselines && last_b == i) settle_check(x, base, cmp(Cb.p));
-      if (baselines && last_a == i) settle_check(x, alone, cmp(Ca.p));
-    }
+    });
+  };
+  // gemm_rs's and gemm_ar's GEMM alone, against its local product (local_ref(i): set i's into
+  // ref_r, ref_s squared): one implementation, no reference to share, no peer, so recheck.hpp's
+  // helper itself; it reads the verdict over ranks, so every rank skips the fresh call alike.
+  auto check_alone = [&](auto&& local_ref, auto&& poison_a, auto&& alone_fn, check::Bound bound) {
+    weave::bench::check_last_and_fresh(
+        last_a, 2,
+        [&](int i) {
+          local_ref(i);
+          check::sqrt_inplace(ref_s.p, nc, x.st);
+          const check::Mat<bf16> c{Ca.p, N};
+          return settle_check(x, alone, check::compare(c, {ref_r.p, N}, {ref_s.p, N}, M, N, bound, 128, 128, x.st));
+        },
+        poison_a,
+        [&](int i) {
+          alone_fn();
+          WEAVE_CHECK(last_a == i, "weave-bench tp: GEMM alone's fresh call used set ", last_a, ", not ", i);
+        });
   };
   if (x.fp8) {
     // fp8: the same rows and checks as the bf16 ones below, on e4m3 operands (uniform in
@@ -335,11 +420,17 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
         const int i = last_a = na++ & 1;
         gemm_fp8::gemm(Gfull[i], B8[i], Ca.p, M, N, K, sa[i], sb[i], {}, x.st);
       };
-      WEAVE_CUDA_CHECK(cudaMemsetAsync(G, 0xff, size_t(M) * K, x.st));  // e4m3 NaN: the fills never make it
-      weave::check::poison(Cf.p, nc, x.st);
-      if (baselines) weave::check::poison(Cb.p, nc, x.st), weave::check::poison(Ca.p, nc, x.st);
+      auto poison_f = [&] {
+        WEAVE_CUDA_CHECK(cudaMemsetAsync(G, 0xff, size_t(M) * K, x.st));  // e4m3 NaN: the fills never make it
+        weave::check::poison(Cf.p, nc, x.st);
+      };
+      auto poison_b = [&] { weave::check::poison(Cb.p, nc, x.st); };
+      auto poison_a = [&] { weave::check::poison(Ca.p, nc, x.st); };
+      poison_f();
+      if (baselines) poison_b(), poison_a();
       measure(fused_fn, ref, alone_fn, li);
-      check_ag(G, Gfull, one_bound, [&](int i) { reference(Gfull[i], B8[i], sa[i], sb[i], ref_r.p, ref_s.p); });
+      check_ag(G, Gfull, one_bound, [&](int i) { reference(Gfull[i], B8[i], sa[i], sb[i], ref_r.p, ref_s.p); },
+               {&last_f, poison_f, fused_fn, {}}, {&last_b, poison_b, ref, {}}, {&last_a, poison_a, alone_fn, {}});
       WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
       x.c.barrier();
       x.c.free(G);
@@ -368,10 +459,14 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
         const int i = last_a = na++ & 1;
         gemm_fp8::gemm(A8[i], B8[i], Ca.p, M, N, K, sa[i], sb[i], {}, x.st);
       };
-      weave::check::poison(out, out_n, x.st);
-      if (baselines)
-        weave::check::poison(Cb.p, nc, x.st), weave::check::poison(Ca.p, nc, x.st),
-            weave::check::poison(rsout.p, size_t(nccl_rows) * N, x.st);
+      auto poison_f = [&] { weave::check::poison(out, out_n, x.st); };
+      auto poison_b = [&] {
+        weave::check::poison(Cb.p, nc, x.st);
+        weave::check::poison(rsout.p, size_t(nccl_rows) * N, x.st);
+      };
+      auto poison_a = [&] { weave::check::poison(Ca.p, nc, x.st); };
+      poison_f();
+      if (baselines) poison_b(), poison_a();
       measure(fused_fn, ref, alone_fn, li);
       const double T = K / 32.0;  // the tensor core's m64nNk32 steps over one partial's K
       check::Bound sum_bound = check::partial_sum_bound(W);
@@ -381,8 +476,7 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
         return check::compare({C, N}, {ref_r.p + size_t(row0) * N, N}, {ref_s.p + size_t(row0) * N, N}, rows, N, b,
                               128, 128, x.st);
       };
-      for (int i = 0; i < 2; ++i) {
-        if (last_f != i && !(baselines && last_b == i)) continue;
+      auto sum_reference = [&](int i) {
         for (int q = 0; q < W; ++q) {  // sum over ranks of sa_q sb_q A_q B_q^T, each with its own scales
           const f8 *aq = A8[i], *bq = B8[i];
           const float *pa = sa[i], *pb = sb[i];
@@ -402,14 +496,16 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
           }
         }
         check::sqrt_inplace(ref_s.p, nc, x.st);
-        if (last_f == i) settle_check(x, fused, cmp_rows(out, sh.begin, sh.size, sum_bound));
-        if (baselines && last_b == i) settle_check(x, base, cmp_rows(rsout.p, r * nccl_rows, nccl_rows, sum_bound));
-      }
-      if (baselines) {  // GEMM alone: this rank's local product only, with its own scales
-        reference(A8[last_a], B8[last_a], sa[last_a], sb[last_a], ref_r.p, ref_s.p);
-        check::sqrt_inplace(ref_s.p, nc, x.st);
-        settle_check(x, alone, cmp_rows(Ca.p, 0, M, one_bound));
-      }
+      };
+      std::vector<Recheck> impls{
+          {&last_f, poison_f, fused_fn, [&] { settle_check(x, fused, cmp_rows(out, sh.begin, sh.size, sum_bound)); }}};
+      if (baselines)
+        impls.push_back({&last_b, poison_b, ref,
+                         [&] { settle_check(x, base, cmp_rows(rsout.p, r * nccl_rows, nccl_rows, sum_bound)); }});
+      recheck(x, impls, sum_reference);
+      if (baselines)  // GEMM alone: this rank's local product only, with its own scales
+        check_alone([&](int i) { reference(A8[i], B8[i], sa[i], sb[i], ref_r.p, ref_s.p); }, poison_a, alone_fn,
+                    one_bound);
       WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
       x.c.barrier();
       x.c.free(out);
@@ -444,12 +540,18 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
       const int i = last_a = na++ & 1;
       gemm::gemm(Gfull[i], B[i], Ca.p, M, N, K, x.bl, {}, x.st);
     };
-    weave::check::poison(G, size_t(M) * K, x.st);
-    weave::check::poison(Cf.p, nc, x.st);
-    if (baselines) weave::check::poison(Cb.p, nc, x.st), weave::check::poison(Ca.p, nc, x.st);
+    auto poison_f = [&] {
+      weave::check::poison(G, size_t(M) * K, x.st);
+      weave::check::poison(Cf.p, nc, x.st);
+    };
+    auto poison_b = [&] { weave::check::poison(Cb.p, nc, x.st); };
+    auto poison_a = [&] { weave::check::poison(Ca.p, nc, x.st); };
+    poison_f();
+    if (baselines) poison_b(), poison_a();
     measure(fused_fn, ref, alone_fn, li);
     check_ag(G, Gfull, check::gemm_bound(),
-             [&](int i) { x.ref.run(Gfull[i], B[i], M, N, K, x.bl, ref_r.p, ref_s.p, false, x.st); });
+             [&](int i) { x.ref.run(Gfull[i], B[i], M, N, K, x.bl, ref_r.p, ref_s.p, false, x.st); },
+             {&last_f, poison_f, fused_fn, {}}, {&last_b, poison_b, ref, {}}, {&last_a, poison_a, alone_fn, {}});
     WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
     x.c.barrier();
     x.c.free(G);
@@ -484,19 +586,21 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
       const int i = last_a = na++ & 1;
       gemm::gemm(A[i], B[i], Ca.p, M, N, K, x.bl, {}, x.st);
     };
-    weave::check::poison(out, out_n, x.st);
-    if (baselines) {
-      weave::check::poison(Cb.p, nc, x.st), weave::check::poison(Ca.p, nc, x.st);
+    auto poison_f = [&] { weave::check::poison(out, out_n, x.st); };
+    auto poison_b = [&] {
+      weave::check::poison(Cb.p, nc, x.st);
       if (rs) weave::check::poison(rsout.p, size_t(nccl_rows) * N, x.st);
-    }
+    };
+    auto poison_a = [&] { weave::check::poison(Ca.p, nc, x.st); };
+    poison_f();
+    if (baselines) poison_b(), poison_a();
     measure(fused_fn, ref, alone_fn, li);
     const check::Bound sum_bound = check::partial_sum_bound(W);
     auto cmp_rows = [&](const bf16* C, int row0, int rows, check::Bound b) {
       return check::compare({C, N}, {ref_r.p + size_t(row0) * N, N}, {ref_s.p + size_t(row0) * N, N}, rows, N, b, 128,
                             128, x.st);
     };
-    for (int i = 0; i < 2; ++i) {
-      if (last_f != i && !(baselines && last_b == i)) continue;
+    auto sum_reference = [&](int i) {
       for (int q = 0; q < W; ++q) {  // sum over ranks of A_q * B_q: one product over the full K
         const bf16 *aq = A[i], *bq = B[i];
         if (q != r) {
@@ -507,16 +611,20 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
         x.ref.run(aq, bq, M, N, K, x.bl, ref_r.p, ref_s.p, q > 0, x.st);
       }
       check::sqrt_inplace(ref_s.p, nc, x.st);
-      if (last_f == i)
-        settle_check(x, fused, rs ? cmp_rows(out, sh.begin, sh.size, sum_bound) : cmp_rows(out, 0, M, sum_bound));
-      if (baselines && last_b == i)
-        settle_check(x, base, rs ? cmp_rows(rsout.p, r * nccl_rows, nccl_rows, sum_bound) : cmp_rows(Cb.p, 0, M, sum_bound));
-    }
-    if (baselines) {  // GEMM alone: this rank's local product only
-      x.ref.run(A[last_a], B[last_a], M, N, K, x.bl, ref_r.p, ref_s.p, false, x.st);
-      check::sqrt_inplace(ref_s.p, nc, x.st);
-      settle_check(x, alone, cmp_rows(Ca.p, 0, M, check::gemm_bound()));
-    }
+    };
+    std::vector<Recheck> impls{{&last_f, poison_f, fused_fn, [&] {
+                                  settle_check(x, fused, rs ? cmp_rows(out, sh.begin, sh.size, sum_bound)
+                                                            : cmp_rows(out, 0, M, sum_bound));
+                                }}};
+    if (baselines)
+      impls.push_back({&last_b, poison_b, ref, [&] {
+                         settle_check(x, base, rs ? cmp_rows(rsout.p, r * nccl_rows, nccl_rows, sum_bound)
+                                                  : cmp_rows(Cb.p, 0, M, sum_bound));
+                       }});
+    recheck(x, impls, sum_reference);
+    if (baselines)  // GEMM alone: this rank's local product only
+      check_alone([&](int i) { x.ref.run(A[i], B[i], M, N, K, x.bl, ref_r.p, ref_s.p, false, x.st); }, poison_a,
+                  alone_fn, check::gemm_bound());
     WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
     if (fused.variant == (rs ? tp::to_int(tp::RsVariant::Adaptive) : tp::to_int(tp::ArVariant::Adaptive))) {
       const tp::AdaptiveStats a = rs ? rsop.adaptive_stats(M, N, K) : arop.adaptive_stats(M, N, K);
