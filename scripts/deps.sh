@@ -10,6 +10,8 @@ command -v make >/dev/null || need+=(make)
 # libfabric: the network path (src/net, tests/net), found through pkg-config.
 command -v pkg-config >/dev/null || need+=(pkg-config)
 [ -f /usr/include/rdma/fabric.h ] || need+=(libfabric-dev)
+# OpenMPI's mpirun: tests/net's launcher test starts ranks under it (skipped where it is missing).
+command -v ompi_info >/dev/null || need+=(openmpi-bin)
 if [ ${#need[@]} -gt 0 ]; then
   echo "weave: installing ${need[*]}"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo

@@ -127,13 +127,28 @@ NetPath::NetPath(const runtime::LaunchInfo& info, NetPathOptions opts) : impl_(s
   m.topo = topo_of(m.boot->hostnames());
   {  // A call's chunks land in a peer at offsets this rank computes from its own slot sizes
      // (begin_call): every rank's must be the same. The gathered table is, so every rank refuses alike.
-    const unsigned long long mine[2] = {m.opt.send_bytes, m.opt.recv_bytes};
-    std::vector<unsigned long long> all(2 * static_cast<size_t>(info.world));
+    using ull = unsigned long long;
+    const ull mine[4] = {m.opt.send_bytes, m.opt.recv_bytes, static_cast<ull>(info.local_rank),
+                         static_cast<ull>(info.local_world)};
+    std::vector<ull> all(4 * static_cast<size_t>(info.world));
     m.boot->all_gather(mine, all.data(), sizeof mine);
     for (int r = 1; r < info.world; ++r)
-      WEAVE_CHECK(all[2 * r] == all[0] && all[2 * r + 1] == all[1], "weave::net: rank 0's path has send_bytes ",
-                  all[0], " and recv_bytes ", all[1], ", rank ", r, "'s ", all[2 * r], " and ", all[2 * r + 1],
+      WEAVE_CHECK(all[4 * r] == all[0] && all[4 * r + 1] == all[1], "weave::net: rank 0's path has send_bytes ",
+                  all[0], " and recv_bytes ", all[1], ", rank ", r, "'s ", all[4 * r], " and ", all[4 * r + 1],
                   ": NetPathOptions must be the same on every rank");
+    // Nodes of several ranks: the launcher's node (its local rank and size pick the GPU and make
+    // node_launch_info's communicator) must be the path's (ranks by host name), else two ranks
+    // take one GPU and the node communicators never meet (e.g. two torchrun agents on one host).
+    // One rank per node needs no node communicator, and the launcher's local rank is the right GPU
+    // choice on a host that WEAVE_HOSTNAME splits.
+    const auto g = static_cast<ull>(m.topo.gpus);
+    const std::vector<std::string>& hosts = m.boot->hostnames();
+    for (int r = 0; g > 1 && r < info.world; ++r)
+      WEAVE_CHECK(all[4 * r + 2] == r % g && all[4 * r + 3] == g, "weave::net: rank ", r, " (host '", hosts[r],
+                  "') is local rank ", r % g, " of a node of ", g, " ranks by host name, but its launcher (",
+                  info.launcher, ") says local rank ", all[4 * r + 2], " of ", all[4 * r + 3],
+                  ": the network path's nodes must be the launcher's (one launcher agent per host, or "
+                  "WEAVE_HOSTNAME set per launcher node)");
   }
 
   m.send = HostBuffer(m.opt.send_bytes, m.opt.gpu);

@@ -126,11 +126,20 @@ std::string rendezvous_address(const LaunchInfo& info) {
                          " is above 65535; set WEAVE_BOOTSTRAP=host:port"));
     return addr->find(':') != std::string::npos ? concat("[", *addr, "]:", p) : concat(*addr, ":", p);
   }
+  // The launcher's own count says when every rank is on this host (a first run on one machine):
+  // then the network path is likely not what the user wants.
+  const std::string one_host =
+      info.world > 1 && info.local_world == info.world
+          ? concat(" (all ", info.world, " ranks are on this host, one node: it needs no network path, a "
+                   "runtime::Communicator spans it; to run the path anyway, WEAVE_BOOTSTRAP=127.0.0.1:<free port>)")
+          : "";
   if (info.launcher == "mpirun")
-    throw Error("weave: net bootstrap: OpenMPI gives no rendezvous address for a job across hosts; set "
-                "WEAVE_BOOTSTRAP=host:port to a free port on the host of rank 0 (e.g. mpirun -x WEAVE_BOOTSTRAP=...)");
+    throw Error(concat("weave: net bootstrap: OpenMPI gives no rendezvous address for a job across hosts; set "
+                       "WEAVE_BOOTSTRAP=host:port to a free port on the host of rank 0 (e.g. mpirun -x "
+                       "WEAVE_BOOTSTRAP=...)",
+                       one_host));
   throw Error(concat("weave: net bootstrap: no rendezvous address (launcher '", info.launcher,
-                     "'): set WEAVE_BOOTSTRAP=host:port to a free port on the host of rank 0"));
+                     "'): set WEAVE_BOOTSTRAP=host:port to a free port on the host of rank 0", one_host));
 }
 
 std::vector<NodePlace> node_of_ranks(const std::vector<std::string>& hostnames) {

@@ -31,7 +31,8 @@ TEST(WeaveRunNodes, SplitsRanksIntoSimulatedNodes) {
     ASSERT_EQ(r.status, 0) << r.out;
     const int g = n / nodes;
     const std::regex line(
-        R"(rank=(\d+) world=(\d+) local=(\d+)/(\d+) nodes=(\d+) gpus=(\d+) host=(\S+)/node(\d+) received=100)");
+        R"(rank=(\d+) world=(\d+) local=(\d+)/(\d+) nodes=(\d+) gpus=(\d+) host=(\S+)/node(\d+) received=100)"
+        R"( launcher=weave-run)");
     std::set<int> ranks;
     std::istringstream in(r.out);
     for (std::string l; std::getline(in, l);) {

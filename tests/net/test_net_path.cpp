@@ -166,6 +166,35 @@ TEST(NetPath, RefusesInterleavedNodes) {
     EXPECT_TRUE(!o.returned && has(o.text, "contiguous block") && has(o.text, "rank 1")) << describe(out);
 }
 
+// The launcher's local rank and size against the nodes by host name. Two torchrun agents of one
+// rank each on one host (LOCAL_WORLD_SIZE=1, one host name): a node of 2 ranks the launcher does
+// not know, refused on every rank, naming the way out. One host split by WEAVE_HOSTNAME into nodes
+// of one rank (mpirun's local size 2 there): accepted, nodes of one rank need no node communicator.
+TEST(NetPath, LauncherNodesMustBeTheHostNodes) {
+  const Job same_host{2, {"h", "h"}};
+  auto out = run_processes(2, [&](int r) {
+    weave::runtime::LaunchInfo i = same_host.info(r);
+    i.local_rank = 0;
+    i.local_world = 1;
+    net::NetPath path(i, same_host.options(r));
+    return std::string("accepted");
+  });
+  for (const auto& o : out)
+    EXPECT_TRUE(!o.returned && has(o.text, "rank 0 (host 'h') is local rank 0 of a node of 2 ranks by host name") &&
+                has(o.text, "says local rank 0 of 1") && has(o.text, "WEAVE_HOSTNAME"))
+        << describe(out);
+  const Job split{2, {"h/a", "h/b"}};
+  out = run_processes(2, [&](int r) {
+    weave::runtime::LaunchInfo i = split.info(r);
+    i.local_rank = r;
+    i.local_world = 2;
+    net::NetPath path(i, split.options(r));
+    path.shutdown();
+    return std::to_string(path.topo().nodes) + "x" + std::to_string(path.topo().gpus);
+  });
+  for (const auto& o : out) EXPECT_TRUE(o.returned && o.text == "2x1") << describe(out);
+}
+
 TEST(NetPath, ModeMismatchesAreErrors) {
   const Job job{1, {"solo"}};
   const auto out = run_processes(1, [&](int) {

@@ -177,6 +177,15 @@ TEST(NetBootstrap, RendezvousAddress) {
     FAIL() << "an OpenMPI job without WEAVE_BOOTSTRAP got an address";
   } catch (const weave::Error& e) {
     EXPECT_TRUE(contains(e.what(), "OpenMPI") && contains(e.what(), "WEAVE_BOOTSTRAP")) << e.what();
+    EXPECT_FALSE(contains(e.what(), "on this host")) << e.what();
+  }
+  try {  // every rank on this host by OpenMPI's count: says that one node needs no network path
+    rendezvous_address(LaunchInfo{0, 2, 0, 2, "j", "mpirun"});
+    FAIL() << "an OpenMPI job without WEAVE_BOOTSTRAP got an address";
+  } catch (const weave::Error& e) {
+    EXPECT_TRUE(contains(e.what(), "all 2 ranks are on this host") && contains(e.what(), "needs no network path") &&
+                contains(e.what(), "WEAVE_BOOTSTRAP=127.0.0.1:"))
+        << e.what();
   }
   NetBootstrapOptions o;
   o.address = "no-port-here";
