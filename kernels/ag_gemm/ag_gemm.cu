@@ -18,6 +18,7 @@ namespace weave::tp {
 struct AgGemm::Impl {
   runtime::Communicator& c;
   runtime::ShapeSignals sig{"tp.ag_gemm"};
+  runtime::ShapeSignals sig_adaptive{"tp.ag_gemm_adaptive"};  // v10: the SM split's ledger, per shape
   CopyEnginePush ce;
   runtime::CallOrder order;
   std::set<std::string> capture_ready;  // tuned_launch's
@@ -76,7 +77,10 @@ LaunchInfo AgGemm::launch(const Inputs& in, void* a_gathered, bf16* C, int M, in
   }
   const runtime::PeerPtrs pp = m.c.peers(a_gathered, size_t(M) * row);
   const bool ce = variant == AgVariant::CopyEngine || variant == AgVariant::CopyEngineShardGemms;
-  const bool comm = variant == AgVariant::CommTmaPush || variant == AgVariant::CommRegisterPush;
+  const bool adaptive = variant == AgVariant::Adaptive;
+  WEAVE_CHECK(!adaptive || !in.fp8, "ag_gemm: variant 10 (the adaptive split) is built for bf16 inputs only");
+  // v10 pushes v0/v1's units (and shares their counter sets: the same P per row tile).
+  const bool comm = variant == AgVariant::CommTmaPush || variant == AgVariant::CommRegisterPush || adaptive;
   // The globals both input types share (the GEMM's part differs: fp8 adds the scales).
   const Layout L = make_layout(M, N, W, default_group_m(K));
   const int slices = ce ? 1 : comm ? ag_slices(static_cast<long long>(row)) : ag_slices_aux(L, static_cast<long long>(row));
@@ -88,6 +92,17 @@ LaunchInfo AgGemm::launch(const Inputs& in, void* a_gathered, bf16* C, int M, in
   const std::vector<int> counts = {ag_ready_count(L), ce ? W : 1};
   runtime::SignalSet& rd = m.sig.get(m.c, key, counts, 0, cap);
   runtime::SignalSet& ar = m.sig.get(m.c, key, counts, 1, cap);
+  // v10's ledger (its own set per shape: v0/v1's calls may have made the counter sets alone), found
+  // or made before any round is taken: under capture a missing one throws NotPrepared, and a round
+  // taken before that would stay in the graph with no launch feeding it.
+  sm_split::Ledger* const ledger =
+      adaptive ? reinterpret_cast<sm_split::Ledger*>(
+                     m.sig_adaptive
+                         .get(m.c, {M, N, K}, {static_cast<int>(sizeof(sm_split::Ledger) / sizeof(unsigned long long))},
+                              0, cap)
+                         .view()
+                         .ptr[rank])
+               : nullptr;
   const Round ready_round = rd.next_round(s, cap), arrive_round = ar.next_round(s, cap);
   auto fill = [&](auto& g) {
     g.L = L;
@@ -142,6 +157,16 @@ LaunchInfo AgGemm::launch(const Inputs& in, void* a_gathered, bf16* C, int M, in
     g.scale_a = in.scale_a, g.scale_b = in.scale_b;
     g.kblocks = gemm_fp8::k_blocks(K);
     p = launch_ag_fp8(g, cfg, s);
+  } else if (adaptive) {
+    AgAdaptiveGlobals g{};
+    fill(g);
+    g.ledger = ledger;
+    const long long unit = (static_cast<long long>(kBM) * static_cast<long long>(row) + slices - 1) / slices;
+    const AdaptivePriors pr = ag_adaptive_priors(K, unit, W - 1 + (in.a != own ? 1 : 0));
+    g.compute_prior = pr.compute, g.comm_prior = pr.comm;
+    cfg.balance_waves = false;  // every SM: the blocks beyond the tiles' waves push
+    p = in.bl == gemm::BLayout::NK ? lcsc::launch<AgAdaptiveKernelNK>(g, cfg, s)
+                                   : lcsc::launch<AgAdaptiveKernel>(g, cfg, s);
   } else {
     AgGlobals g{};
     fill(g);
@@ -150,6 +175,12 @@ LaunchInfo AgGemm::launch(const Inputs& in, void* a_gathered, bf16* C, int M, in
   if (ce) m.ce.join(s);
   m.order.after(s, cap);
   return {ncomm, p.compute_blocks, false, to_int(variant)};
+}
+
+AdaptiveStats AgGemm::adaptive_stats(int M, int N, int K) const {
+  const runtime::SignalSet* set = impl_->sig_adaptive.find({M, N, K}, 0);
+  if (set == nullptr) return {};
+  return read_adaptive_stats(set->view().ptr[impl_->c.rank()]);
 }
 
 LaunchInfo AgGemm::run(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf16* C, int M, int N, int K,
@@ -181,9 +212,12 @@ LaunchInfo AgGemm::run_inputs(const Inputs& in, void* a_gathered, bf16* C, int M
   check_tp_call(m.c, "ag_gemm", M, N, K, o, ops, kAgVariants - 1,
                 "0 (TMA push by communicator SMs), 1 (register push by communicator SMs), 2 (TMA push by the compute "
                 "blocks' idle producer warps), 3..6 (register push by those of every 2^(v-3)-th block), 7 (copy "
-                "engine), 8 (copy engine, one GEMM per shard) or 9 (all_gather, then one GEMM)",
+                "engine), 8 (copy engine, one GEMM per shard), 9 (all_gather, then one GEMM) or 10 (adaptive "
+                "split, bf16)",
                 s, [&] {
                   if (in.fp8) check_scales("ag_gemm", in, m.c);
+                  WEAVE_CHECK(!in.fp8 || o.variant != to_int(AgVariant::Adaptive),
+                              "ag_gemm: variant 10 (the adaptive split) is built for bf16 inputs only (use 0..9)");
                   WEAVE_CHECK(o.variant != to_int(AgVariant::AllGatherGemm) || m.coll_fits(), "ag_gemm: variant 9 needs ",
                               "room in the symmetric heap for the all_gather's scratch (one free range); ",
                               m.c.heap_bytes() - m.c.heap_used(), " bytes are free in all");
@@ -210,7 +244,7 @@ LaunchInfo AgGemm::run_inputs(const Inputs& in, void* a_gathered, bf16* C, int M
     const bool comm = v == AgVariant::CommTmaPush || v == AgVariant::CommRegisterPush;
     WEAVE_CHECK(!comm == (o.num_comm_sms == 0), "ag_gemm: variant ", to_int(v), " (", variant_name(v),
                 ") with num_comm_sms = ", o.num_comm_sms,
-                " (variants 2..9 use no communicator SMs, variants 0 and 1 need >= 1)");
+                " (variants 2..10 use no communicator SMs, variants 0 and 1 need >= 1)");
     return launch(in, a_gathered, C, M, N, K, o.num_comm_sms, v, s);
   }
   // The copy-engine variants only for shards of at least one copy chunk: below it the copy engine
@@ -220,6 +254,8 @@ LaunchInfo AgGemm::run_inputs(const Inputs& in, void* a_gathered, bf16* C, int M
   const bool ce_worth = size_t(shard(M, m.c.world(), 0).size) * row >= CopyEngine::kChunkBytes;
   std::vector<runtime::TuneCandidate> cands;
   const auto allowed = [&](AgVariant v) { return o.variant < 0 || o.variant == to_int(v); };
+  // The adaptive split only when asked for by name: not measured on two GPUs yet (README).
+  if (o.variant == to_int(AgVariant::Adaptive)) cands.push_back({to_int(AgVariant::Adaptive), 0});
   for (AgVariant v : {AgVariant::AuxTmaPush, AgVariant::AuxRegisterPush1, AgVariant::AuxRegisterPush2,
                       AgVariant::AuxRegisterPush4, AgVariant::AuxRegisterPush8})
     if (allowed(v)) cands.push_back({to_int(v), 0});

@@ -1,12 +1,14 @@
 // AllGather + GEMM: this rank's A shard is pushed into every peer's gathered A (128-row tiles
 // cut into byte slices, a ready signal per slice) by communicator blocks (inter-SM, variants 0
-// and 1) or by the idle producer warps of the compute blocks (variants 2..6, no communicator SM;
-// the aux role of weave/lcsc.cuh); the GEMM's loader waits for a peer row tile's ready before its
-// first load. The communication is the pushes below and the wait in load(); README.md counts the
-// lines.
+// and 1), by the idle producer warps of the compute blocks (variants 2..6, no communicator SM;
+// the aux role of weave/lcsc.cuh), or by whichever blocks the adaptive SM split sends to it
+// (variant 10, AgAdaptiveKernelT below); the GEMM's loader waits for a peer row tile's ready
+// before its first load. The communication is the pushes below and the wait in load(); README.md
+// counts the lines.
 #pragma once
 #include "gemm/gemm_kernel.cuh"
 #include "gemm_fp8/gemm_fp8_kernel.cuh"
+#include "tp_common/adaptive_split.cuh"
 #include "tp_common/schedule.hpp"
 #include "tp_common/variants.hpp"
 #include "weave/lcsc.cuh"
@@ -17,8 +19,8 @@ namespace weave::tp {
 
 // AgVariant::CopyEngine (7): no SM pushes; the host's copy-engine stream (copy_engine.hpp) sets
 // the ready counters, one per row tile (P = 1), and the kernel only waits for them. The kernel
-// receives the variant as AgGlobals::push (a number: 0..7 reach it; CopyEngineShardGemms (8)
-// and AllGatherGemm (9) are host only, ag_gemm.cu).
+// receives the variant as AgGlobals::push (a number: 0..7 and 10 reach it; CopyEngineShardGemms
+// (8) and AllGatherGemm (9) are host only, ag_gemm.cu).
 constexpr int kAgCopyEngine = static_cast<int>(AgVariant::CopyEngine);
 
 // GG: the GEMM's globals (gemm::GemmGlobals for bf16 inputs, gemm_fp8::Fp8Globals for fp8 with
@@ -34,12 +36,13 @@ struct AgGlobalsT : GG {
   Layout L;
   int rank;
   int copy_local;  // the input is not already in place in the gathered buffer
-  int push;        // AgVariant's number (tp_common/variants.hpp), 0..7 (8 and 9 never launch it).
-                   // 0: TMA bulk copies by one thread; 1: 16-byte register copies by all threads;
-                   // 2: TMA bulk copies by one aux thread of every compute block; 3..6: register
-                   // copies by the 64 aux threads of every 2^(push-3)-th compute block; 7: none
-                   // (kAgCopyEngine)
-  int slices;      // P: units per row tile (ag_slices or ag_slices_aux)
+  int push;        // AgVariant's number (tp_common/variants.hpp), 0..7 or 10 (8 and 9 never launch
+                   // it). 0: TMA bulk copies by one thread; 1: 16-byte register copies by all
+                   // threads; 2: TMA bulk copies by one aux thread of every compute block; 3..6:
+                   // register copies by the 64 aux threads of every 2^(push-3)-th compute block; 7:
+                   // none (kAgCopyEngine); 10: register copies by the consumer threads of whichever
+                   // block takes the unit (AgAdaptiveKernelT)
+  int slices;      // P: units per row tile (ag_slices, for v0, v1 and v10, or ag_slices_aux)
   Round ready_round, arrive_round;
 };
 
@@ -106,10 +109,36 @@ struct AgKernelT : Gemm {
     }
   }
 
-  // Register push (variants 1 and 3..6): threads t of nt (the whole communicator block, or the 64
-  // aux threads of a compute block) copy 16-byte vectors of units c, c + nc, ... (local loads,
-  // peer stores); stores need no completion wait per piece, only the barrier `sync` and the
-  // signal's release after each unit.
+  // Register push (variants 1, 3..6 and 10): threads t of nt (the whole communicator block, the 64
+  // aux threads of a compute block, or v10's consumer threads) copy 16-byte vectors of unit u
+  // (local loads, peer stores); stores need no completion wait per piece, only the barrier `sync`
+  // and the signal's release after the unit.
+  template <int U, class Sync>
+  static __device__ __forceinline__ void push_unit(const Globals& g, int u, int t, int nt, Sync&& sync) {
+    const int P = g.slices;
+    const int4* src = reinterpret_cast<const int4*>(g.shard);
+    long long b0, b1;
+    ag_unit_bytes(g.L, g.rank, row_bytes(g), P, u, &b0, &b1);
+    const long long v0 = b0 / 16, v1 = b1 / 16;
+    for (long long v = v0 + t; v < v1; v += U * nt) {
+      int4 x[U];
+#pragma unroll
+      for (int k = 0; k < U; ++k)
+        if (v + k * nt < v1) x[k] = __ldcs(src + v + k * nt);
+      for (int d = 0; d < g.L.W; ++d) {
+        if (d == g.rank && !g.copy_local) continue;
+        int4* dst = reinterpret_cast<int4*>(g.gdst[d]);
+#pragma unroll
+        for (int k = 0; k < U; ++k)
+          if (v + k * nt < v1) dst[v + k * nt] = x[k];
+      }
+    }
+    sync();
+    if (t == 0)
+      for (int d = 0; d < g.L.W; ++d)
+        if (d != g.rank) signal(g.ready, d, g.L.off[g.rank] + u / P);
+  }
+  // Units c, c + nc, ... after the arrival handshake (pusher 0 announces this rank's entry).
   template <int U, class Sync>
   static __device__ __forceinline__ void push_registers(const Globals& g, int c, int nc, int t, int nt, Sync&& sync) {
     if (t == 0) {
@@ -117,30 +146,8 @@ struct AgKernelT : Gemm {
       wait(g.arrive, 0, g.arrive_round * g.L.W);
     }
     sync();
-    const int P = g.slices, units = ag_units(g.L, g.rank, P);
-    const int4* src = reinterpret_cast<const int4*>(g.shard);
-    for (int u = c; u < units; u += nc) {
-      long long b0, b1;
-      ag_unit_bytes(g.L, g.rank, row_bytes(g), P, u, &b0, &b1);
-      const long long v0 = b0 / 16, v1 = b1 / 16;
-      for (long long v = v0 + t; v < v1; v += U * nt) {
-        int4 x[U];
-#pragma unroll
-        for (int k = 0; k < U; ++k)
-          if (v + k * nt < v1) x[k] = __ldcs(src + v + k * nt);
-        for (int d = 0; d < g.L.W; ++d) {
-          if (d == g.rank && !g.copy_local) continue;
-          int4* dst = reinterpret_cast<int4*>(g.gdst[d]);
-#pragma unroll
-          for (int k = 0; k < U; ++k)
-            if (v + k * nt < v1) dst[v + k * nt] = x[k];
-        }
-      }
-      sync();
-      if (t == 0)
-        for (int d = 0; d < g.L.W; ++d)
-          if (d != g.rank) signal(g.ready, d, g.L.off[g.rank] + u / P);
-    }
+    const int units = ag_units(g.L, g.rank, g.slices);
+    for (int u = c; u < units; u += nc) push_unit<U>(g, u, t, nt, sync);
   }
 
   // One thread: units c, c + nc, ... of this rank's shard, each a contiguous byte range (the
@@ -242,9 +249,129 @@ struct AgKernelT : Gemm {
   }
 };
 
+// Adaptive (AgVariant::Adaptive, bf16; issue 22, mKernel section 3.2): v0/v1's tasks without a
+// fixed split, as gemm_rs v6 and gemm_ar v2 (tp_common/adaptive_split.cuh over sm_ledger.cuh's
+// ledger and sm_split.hpp's policy). Every block of the persistent grid (every SM; cooperative)
+// chooses at each task boundary, in its loader, between
+// - a compute task: output tile i in item()'s order (the own shard first, read from a_shard; then
+//   owners rank + 1, rank + 2, ...), through the block's loader, consumers and storer as in v0;
+// - a communication task: v0/v1's push unit u (P = ag_slices(row bytes) units per row tile; unit u
+//   is row tile u / P, slice u % P), copied by the block's 256 consumer threads with v1's 16-byte
+//   register copies into every peer's gathered A (and the own one when the input is not in place),
+//   then ready[off[rank] + u / P] on every peer.
+// The units, counters, expectation (round * P, on signal sets shared with v0/v1 of the same P) and
+// arrival handshake are v0/v1's, so tile_of's wait is unchanged; block 0's loader announces this
+// rank's entry (arrive[0] on every rank) in its prologue, before its first choice, whatever its role.
+//
+// What differs from GEMM + RS / AR: a push has no input but the arrival (the shard is local), while
+// a tile of a peer's rows needs that PEER's pushes. So the ledger claims compute tasks the way it
+// claims communication ones (sm_ledger.cuh's next_task with compute_ready): tile i only once its
+// rows are in place here (ready[vrow] >= round P; own tiles at once), push unit k only once every
+// rank entered the call; until then the block polls and decides again, holding no index. A block
+// whose next tile waits pushes instead, whatever the target (sm_split.hpp's next_role, comm_cap).
+//
+// Deadlock freedom:
+// (1) No block waits inside a task: a tile is handed out with its rows in place (tile_of's wait
+//     returns at once: it is the acquire), a push once every rank entered (its wait is the
+//     acquire), and the push itself loads the local shard, stores and signals. The template's own
+//     waits (stage ring, output staging, task ring) depend on the block's own roles only. So every
+//     block comes back to next_task a task's time after it left it.
+// (2) A block that claims nothing holds nothing: its polls leave every index to the others.
+// (3) The arrival completes: each rank's block 0 signals it before any choice, and every block is
+//     resident, so once every rank launched the call arrive[0] reaches round W on every rank.
+// (4) Every push unit of this rank is claimed: suppose one stays unclaimed for good. After the
+//     arrival every choice sees comm_next_ready. The compute head moves only by claims, so after
+//     finitely many it stops: either every tile is claimed (next_role: communicate) or the head's
+//     rows do not arrive (compute_next_ready false: communicate, and comm_cap admits all B
+//     blocks). Either way the next block at a choice - by (1) blocks keep coming - claims the unit:
+//     a contradiction. A claimed push ends, by (1).
+// (5) So every rank's units all land, every peer row tile's counter reaches round P on every rank,
+//     every compute head becomes ready in turn, every tile is claimed and ends (1), and every block
+//     is handed Done. A block waiting for a peer's rows (polling) never keeps this rank's own
+//     pushes, which that peer may be waiting for, from being claimed, by it or by another block.
+// With blocking claims instead (tiles claimed by fetch-and-add in order and waited for in tile_of,
+// as v0's compute blocks do), every block of a rank could sit on a peer's tile while its own
+// pushes are unclaimed (each past its few own tiles before the arrival showed), and each peer
+// likewise: tests/tp/test_sm_split_cpu.cu's event simulation shows that deadlock
+// (AgModel.BlockingClaimsCanDeadlock) beside this rule's runs for W = 2..8 with slow and late peers,
+// and tests/tp/test_sm_ledger_cpu.cu runs these claims in threads as the blocks of W ranks.
+// A lost signal (a peer that died, or never launched) ends as weave's waits do: a poll that saw no
+// progress for the set's timeout (or after a peer's abort) hands the task out anyway
+// (AdaptivePoll), and the task's own wait reports it.
+struct AgAdaptiveGlobals : AgGlobals {
+  sm_split::Ledger* ledger;
+  float compute_prior, comm_prior;  // cycles per tile and per push unit before one is measured
+};
+
+template <class Gemm>
+struct AgAdaptiveKernelT : AgKernelT<Gemm> {
+  using Base = AgKernelT<Gemm>;
+  using Globals = AgAdaptiveGlobals;
+  static_assert(std::is_same_v<typename Base::Globals, AgGlobals>, "the adaptive split is built for bf16 inputs");
+  static constexpr bool kDynamicTasks = true;  // (the lcsc template ignores the aux and communicator inherited)
+  // The loader's state between choices: its role, and its polls of a tile's rows and of the arrival.
+  struct TaskState {
+    AdaptiveState split;
+    AdaptivePoll rows, arrival;
+  };
+
+  static __device__ __forceinline__ void prologue(const Globals& g) {
+    Base::prologue(g);
+    if (blockIdx.x == 0) signal_all(g.arrive, 0);  // this rank entered the call
+  }
+
+  static __device__ __forceinline__ lcsc::Task next_task(const Globals& g, TaskState& st, int blocks) {
+    sm_split::LedgerParams p;
+    p.blocks = blocks;
+    p.compute_tasks = g.L.work();
+    p.comm_tasks = ag_units(g.L, g.rank, g.slices);
+    p.compute_prior = g.compute_prior;
+    p.comm_prior = g.comm_prior;
+    const unsigned long long* ready = g.ready.ptr[g.rank];
+    const unsigned long long rows_in = g.ready_round * ag_ready_expected(g.slices);
+    const unsigned long long entered = g.arrive_round * static_cast<unsigned long long>(g.L.W);
+    st.rows.key = st.arrival.key = -1;  // the timeouts count one unbroken poll within this choice
+    const auto arrived = [&](long long) {
+      const unsigned long long n = ld_relaxed_sys(g.arrive.ptr[g.rank]);
+      return st.arrival(g.arrive, 0, n, n >= entered);
+    };
+    return adaptive_task(
+        *g.ledger, p, st.split,
+        [&](long long i) {
+          const Item t = item(g.L, g.rank, static_cast<int>(i));
+          if (t.owner == g.rank) return true;
+          const unsigned long long n = ld_relaxed_sys(ready + t.vrow);
+          return st.rows(g.ready, t.vrow, n, n >= rows_in);
+        },
+        arrived, arrived);
+  }
+
+  // Push unit u by the consumer threads t = 0..n-1: thread 0 acquires the arrival (complete when
+  // the unit was handed out), then v1's register copies of the unit and its ready signals.
+  static __device__ __forceinline__ unsigned long long other_task(const Globals& g, int u, int t, int n) {
+    if (t == 0) wait(g.arrive, 0, g.arrive_round * g.L.W);
+    lcsc::consumers_sync<AgAdaptiveKernelT>();
+    const long long t0 = clock64();
+    Base::template push_unit<4>(g, u, t, n, [] { lcsc::consumers_sync<AgAdaptiveKernelT>(); });
+    return static_cast<unsigned long long>(clock64() - t0);
+  }
+
+  static __device__ __forceinline__ void task_finished(const Globals& g, lcsc::Task t, unsigned long long cycles) {
+    adaptive_task_finished(*g.ledger, t, cycles);
+  }
+
+  // The last block out zeroes the ledger for the next launch; nothing else ends the call (as v0:
+  // the next call's pushes wait for every rank's arrival in it).
+  static __device__ __forceinline__ void block_exit(const Globals& g, int blocks) {
+    sm_split::block_exit(*g.ledger, blocks);
+  }
+};
+
 using AgKernel = AgKernelT<gemm::GemmKernel<kBN, gemm::BLayout::KN, 3>>;
 using AgKernelNK = AgKernelT<gemm::GemmKernel<kBN, gemm::BLayout::NK, 3>>;
 using AgKernelFp8 = AgKernelT<gemm_fp8::GemmFp8Kernel<tile::fp8e4m3, tile::fp8e4m3, kBN, 3>>;
+using AgAdaptiveKernel = AgAdaptiveKernelT<gemm::GemmKernel<kBN, gemm::BLayout::KN, 3>>;
+using AgAdaptiveKernelNK = AgAdaptiveKernelT<gemm::GemmKernel<kBN, gemm::BLayout::NK, 3>>;
 // The fp8 kernel's launch, in its own translation unit (ag_gemm_fp8.cu): the build compiles it
 // beside the bf16 ones.
 lcsc::Plan launch_ag_fp8(const AgGlobalsFp8& g, const lcsc::Config& cfg, cudaStream_t s);

@@ -1,9 +1,9 @@
-// What the TP kernels with the adaptive SM split (gemm_ar v2, gemm_rs v6, and the inter-node
-// GEMM + RS / AR's adaptive form, net_tp/net_gemm_rs_adaptive.cuh) share: a block's next
+// What the TP kernels with the adaptive SM split (gemm_ar v2, gemm_rs v6, ag_gemm v10, and the
+// inter-node GEMM + RS / AR's adaptive form, net_tp/net_gemm_rs_adaptive.cuh) share: a block's next
 // task from the policy over the call's ledger (sm_split.hpp, sm_ledger.cuh), with the readiness of
 // a reduction read from this rank's ready counter, and the accounting of a finished task. Each
 // kernel supplies its tiles (compute tasks: every output tile; communication tasks: the tiles this
-// rank reduces) and the counter index of each of its reductions.
+// rank reduces, or ag_gemm's push units) and the counter index of each of its reductions.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -38,14 +38,44 @@ struct AdaptiveTasks {
 };
 
 // The policy's next task over `l` for any readiness of the communication tasks: begun(k), in_place(k)
-// as sm_ledger.cuh's next_task reads them.
-template <class Begun, class InPlace>
+// as sm_ledger.cuh's next_task reads them; with compute_ready(i), compute tasks that have an input
+// too (ag_gemm v10: a peer's rows), claimed only once it is in place.
+template <class ComputeReady, class Begun, class InPlace>
 __device__ __forceinline__ lcsc::Task adaptive_task(sm_split::Ledger& l, const sm_split::LedgerParams& p,
-                                                    AdaptiveState& st, Begun&& begun, InPlace&& in_place) {
-  const sm_split::Task t = sm_split::next_task(l, p, st.role, begun, in_place);
+                                                    AdaptiveState& st, ComputeReady&& compute_ready, Begun&& begun,
+                                                    InPlace&& in_place) {
+  const sm_split::Task t = sm_split::next_task(l, p, st.role, compute_ready, begun, in_place);
   if (t.role == sm_split::Role::Done) return {};
   return {t.role == sm_split::Role::Compute ? lcsc::TaskKind::Work : lcsc::TaskKind::Other, static_cast<int>(t.index)};
 }
+template <class Begun, class InPlace>
+__device__ __forceinline__ lcsc::Task adaptive_task(sm_split::Ledger& l, const sm_split::LedgerParams& p,
+                                                    AdaptiveState& st, Begun&& begun, InPlace&& in_place) {
+  return adaptive_task(l, p, st, sm_split::NoComputeInput{}, begun, in_place);
+}
+
+// A readiness that next_task polls, ended as weave's waits end (signal.cuh's detail::poll): it
+// answers true once `ok`, or once the observed count of the polled task (`key`) has not moved for
+// the signal set's timeout, or for kStallNs after a peer rejected a call this rank launched (the
+// abort word, read every 32nd poll: host memory). The task is then handed out as if in place and
+// its own wait() records the diagnostic or traps: a lost signal ends in weave's diagnostic, not a
+// hang. One per polled readiness, reset (key -1) at each choice: the clock counts one unbroken poll.
+struct AdaptivePoll {
+  long long key = -1;
+  unsigned long long seen = 0, since = 0;
+  unsigned polls = 0;
+  __device__ __forceinline__ bool operator()(const signals& s, long long k, unsigned long long observed, bool ok) {
+    if (ok) return true;
+    const unsigned long long now = globaltimer();
+    if (k != key || observed != seen) {
+      key = k, seen = observed, since = now, polls = 0;
+      return false;
+    }
+    const unsigned long long idle = now - since;
+    if (s.timeout_ns && idle > s.timeout_ns) return true;
+    return idle > weave::detail::kStallNs && (++polls & 31) == 0 && weave::detail::aborted(s);
+  }
+};
 
 // ready_index(k): communication task k's counter. A reduction is begun once some rank's partial
 // arrived this round, in place once all did (sm_ledger.cuh claims it only then).

@@ -38,7 +38,8 @@ struct Options {
   // to_int(RsVariant::ZeroFirst); the numbers are the ones the tuner cache and weave-bench keep).
   // ag_gemm (AgVariant): 0 CommTmaPush, 1 CommRegisterPush (num_comm_sms > 0, 0 the default for
   // > 0); 2 AuxTmaPush (the default for 0), 3..6 AuxRegisterPush1/2/4/8, 7 CopyEngine,
-  // 8 CopyEngineShardGemms, 9 AllGatherGemm (num_comm_sms = 0).
+  // 8 CopyEngineShardGemms, 9 AllGatherGemm, 10 Adaptive (bf16; opt-in: never the tuner's own
+  // pick) (num_comm_sms = 0).
   // gemm_rs (RsVariant): 0 OwnerFirst (the default for 0), 1 ZeroFirst, 2 InterSm (num_comm_sms
   // > 0, the default for > 0), 3 ShardGemms, 4 CopyEngine, 5 Chain, 6 Adaptive (bf16,
   // num_comm_sms = 0; opt-in: never the tuner's own pick).
@@ -114,17 +115,23 @@ inline std::vector<long long> checked_args(int M, int N, int K, const Options& o
 
 inline int default_group_m(int K) { return K <= 2048 ? 16 : 8; }
 
-// The adaptive SM split (gemm_ar v2, gemm_rs v6; sm_split.hpp): its cost priors, cycles per task
-// before the call measured one of each kind: a 128 x 256 x K tile at ~2700 dense bf16 FLOP per SM
-// cycle (two thirds of a Hopper SM's 4096-FLOP-per-cycle dense bf16 peak), and a reduction moving
-// `remote_tiles` 64 KiB tiles over NVLink at ~16 B per cycle per block (one block's share when
-// several reduce). Only the first choices use them.
+// The adaptive SM split (gemm_ar v2, gemm_rs v6, ag_gemm v10; sm_split.hpp): its cost priors,
+// cycles per task before the call measured one of each kind: a 128 x 256 x K tile at ~2700 dense
+// bf16 FLOP per SM cycle (two thirds of a Hopper SM's 4096-FLOP-per-cycle dense bf16 peak), and a
+// reduction moving `remote_tiles` 64 KiB tiles over NVLink at ~16 B per cycle per block (one
+// block's share when several reduce). Only the first choices use them.
 struct AdaptivePriors {
   float compute = 0, comm = 0;
 };
 inline AdaptivePriors adaptive_priors(int K, int remote_tiles) {
   return {static_cast<float>(2.0 * kBM * kBN * K / 2700.0),
           static_cast<float>(double(remote_tiles) * kBM * kBN * sizeof(bf16) / 16.0)};
+}
+// ag_gemm v10: a push unit (`unit_bytes` of the shard: a row tile's bytes over P) stored to
+// `copies` destinations (the W - 1 peers, and the own gathered A when the input is not in place)
+// at the same ~16 B per cycle per block.
+inline AdaptivePriors ag_adaptive_priors(int K, long long unit_bytes, int copies) {
+  return {adaptive_priors(K, 0).compute, static_cast<float>(double(unit_bytes) * (copies > 0 ? copies : 1) / 16.0)};
 }
 
 // One operand of a TP call: its bytes follow from the shape. `symmetric`: peers reach it (in the

@@ -1,7 +1,8 @@
 // The shared ledger of the adaptive SM split (sm_split.hpp) and the claim protocol over it: what one
 // thread of each block of a persistent kernel calls at a task boundary to learn its next task. The
 // same __host__ __device__ code runs in a kernel and in the CPU tests' threads
-// (tests/tp/test_sm_ledger_cpu.cu, which run it as the blocks of several ranks of GEMM + all-reduce).
+// (tests/tp/test_sm_ledger_cpu.cu, which run it as the blocks of several ranks of GEMM + all-reduce
+// and of AG + GEMM).
 //
 // The ledger is one call's, in this GPU's global memory, zero when a launch starts: the last block
 // out zeroes it for the next launch on the stream (so it needs no round number, and a graph replay
@@ -19,7 +20,15 @@
 //   waiting for a communication task's input, produced by compute here or on a peer, cannot stall
 //   the compute: no deadlock;
 // - a block is handed Done only when every task of both kinds is claimed.
+// Compute tasks with an input (the next_task below that takes `compute_ready`; AG + GEMM, whose
+// tiles of a peer's rows wait for that peer's pushes) are claimed like communication tasks instead:
+// by compare-and-swap from the index read, and only once that task's input is in place (until then
+// the block polls and decides again, holding no index). So no block ever waits inside a task of
+// either kind, and a stalled compute role may hand every block to the communication (sm_split.hpp's
+// comm_cap); the argument that this cannot deadlock is ag_gemm_kernel.cuh's (AgAdaptiveKernelT).
 #pragma once
+#include <type_traits>
+
 #include "tp_common/sm_split.hpp"
 
 #ifdef __CUDA_ARCH__
@@ -159,7 +168,7 @@ WEAVE_LEDGER_HD View snapshot(const Ledger& l, const LedgerParams& p) {
 WEAVE_LEDGER_HD bool join_comm(Ledger& l, const View& v) {
   using ledger_detail::fetch_add;
   const long long old = static_cast<long long>(fetch_add(&l.comm_blocks, 1ull));
-  if (v.compute_claimed < v.compute_tasks && old >= target_comm_blocks(v)) {
+  if (v.compute_claimed < v.compute_tasks && old >= comm_cap(v)) {
     fetch_add(&l.comm_blocks, ~0ull);
     return false;
   }
@@ -175,12 +184,23 @@ WEAVE_LEDGER_HD bool join_comm(Ledger& l, const View& v) {
 // reduction never waits (the simulation's kept rule; claiming at `begun` and waiting met the 5 %
 // target in fewer scenarios, perf-notes 2026-12-04 fourth session). A block handed Done has left
 // the communication role; it calls block_exit.
-template <class Begun, class InPlace>
-WEAVE_LEDGER_HD Task next_task(Ledger& l, const LedgerParams& p, Role& role, Begun&& begun, InPlace&& in_place) {
+// `compute_ready(i)`: whether compute task i's input is in place (the overload without it: compute
+// tasks need none, NoComputeInput). With one, compute task i is claimed only once it is (by
+// compare-and-swap from the index read, as a communication task; the block polls until then), and
+// a block whose next compute task waits communicates instead (sm_split.hpp's next_role).
+struct NoComputeInput {
+  WEAVE_LEDGER_HD bool operator()(long long) const { return true; }
+};
+template <class ComputeReady, class Begun, class InPlace>
+WEAVE_LEDGER_HD Task next_task(Ledger& l, const LedgerParams& p, Role& role, ComputeReady&& compute_ready, Begun&& begun,
+                               InPlace&& in_place) {
   using namespace ledger_detail;
+  constexpr bool kComputeInput = !std::is_same_v<std::decay_t<ComputeReady>, NoComputeInput>;
   for (;;) {
     View v = snapshot(l, p);
     v.comm_next_ready = v.comm_claimed < v.comm_tasks && begun(v.comm_claimed);
+    if constexpr (kComputeInput)
+      v.compute_next_ready = v.compute_claimed < v.compute_tasks && compute_ready(v.compute_claimed);
     Role want = next_role(v, role);
     if (want == Role::Comm && role != Role::Comm) {
       if (join_comm(l, v)) role = Role::Comm;
@@ -193,9 +213,21 @@ WEAVE_LEDGER_HD Task next_task(Ledger& l, const LedgerParams& p, Role& role, Beg
     }
     role = want;
     if (want == Role::Compute) {
-      const long long i = static_cast<long long>(fetch_add(&l.compute_claimed, 1ull));
-      if (i < p.compute_tasks) return {Role::Compute, i};
-      continue;  // the last one went to another block: decide again
+      if constexpr (kComputeInput) {
+        const long long i = v.compute_claimed;  // < compute_tasks: next_role saw compute left
+        if (!v.compute_next_ready) {            // its input is not in place: poll, holding nothing
+          poll_pause();
+          continue;
+        }
+        if (compare_exchange(&l.compute_claimed, static_cast<unsigned long long>(i),
+                             static_cast<unsigned long long>(i + 1)))
+          return {Role::Compute, i};
+        continue;  // another block took i: decide again on a fresh snapshot
+      } else {
+        const long long i = static_cast<long long>(fetch_add(&l.compute_claimed, 1ull));
+        if (i < p.compute_tasks) return {Role::Compute, i};
+        continue;  // the last one went to another block: decide again
+      }
     }
     const long long k = v.comm_claimed;
     if (k < p.comm_tasks && !in_place(k)) {
@@ -209,6 +241,11 @@ WEAVE_LEDGER_HD Task next_task(Ledger& l, const LedgerParams& p, Role& role, Beg
     }
     // Another block took k (or it was the last): decide again on a fresh snapshot.
   }
+}
+
+template <class Begun, class InPlace>
+WEAVE_LEDGER_HD Task next_task(Ledger& l, const LedgerParams& p, Role& role, Begun&& begun, InPlace&& in_place) {
+  return next_task(l, p, role, NoComputeInput{}, begun, in_place);
 }
 
 // A task finished after `cycles` (the block's clock): the costs the policy averages.

@@ -7,7 +7,8 @@
 // snapshot of the shared ledger, so that a kernel and the CPU event simulation in
 // tests/tp/test_sm_split_cpu.cu run the same policy; gemm_ar v2 and gemm_rs v6 run it over the
 // ledger and claims of sm_ledger.cuh (per role the tasks claimed, done and their summed cycles,
-// the blocks in the communication role; tp_common/README.md).
+// the blocks in the communication role; tp_common/README.md), and so does ag_gemm v10, whose
+// compute consumes what the peers' communication produces (compute_next_ready below).
 #pragma once
 
 namespace weave::tp::sm_split {
@@ -24,6 +25,9 @@ struct View {
   double comm_cycles = 0;        // summed over the done communication tasks
   bool comm_next_ready = false;  // the next unclaimed communication task's input has begun to
                                  // arrive (its ready count is not zero)
+  bool compute_next_ready = true;  // the next unclaimed compute task's input is in place: always
+                                   // where the compute needs none (GEMM + RS / AR); AG + GEMM: a
+                                   // peer's row tile, which that peer's communication pushes
   double compute_prior = 1.0;    // cycles per task before one is measured (the launch's model)
   double comm_prior = 1.0;
 };
@@ -50,6 +54,14 @@ __host__ __device__ inline int target_comm_blocks(const View& v) {
   return n;
 }
 
+// The most blocks the communication role may hold while compute tasks are unclaimed (sm_ledger.cuh's
+// join_comm undoes a join past it): the target, or all B while the next compute task's input is
+// not in place (the stalled compute role has nothing to run; never where the compute needs no
+// input, so GEMM + RS / AR keep at most B - 1 blocks communicating while a tile is unclaimed).
+__host__ __device__ inline int comm_cap(const View& v) {
+  return v.compute_next_ready ? target_comm_blocks(v) : v.blocks;
+}
+
 // The role a block takes for its next task. Compute: claim the next compute task; Comm: the next
 // communication task once its input is in place on every rank (waiting for it); Done: nothing left
 // to claim. Once every compute task is claimed, every block communicates. Before, a compute block
@@ -57,13 +69,18 @@ __host__ __device__ inline int target_comm_blocks(const View& v) {
 // communication role is below its target; a communication block goes back to
 // compute when the role is above its target, or when the next task's input has not begun to
 // arrive while compute work is left (the paper's stalled-work rule, in the direction GEMM +
-// all-reduce needs: there the communication consumes what the compute produces).
+// all-reduce needs: there the communication consumes what the compute produces). In the other
+// direction (AG + GEMM: the compute consumes rows that the peers' communication pushes), a block
+// whose next compute task's input is not in place communicates, whatever the target, when the
+// next communication task can start: computing, it could only poll (comm_cap lets every block
+// join then).
 __host__ __device__ inline Role next_role(const View& v, Role current) {
   const bool compute_left = v.compute_claimed < v.compute_tasks;
   const bool comm_left = v.comm_claimed < v.comm_tasks;
   if (!compute_left && !comm_left) return Role::Done;
   if (!compute_left) return Role::Comm;
   if (!comm_left) return Role::Compute;
+  if (!v.compute_next_ready && v.comm_next_ready) return Role::Comm;
   const int target = target_comm_blocks(v);
   if (current == Role::Comm) return v.comm_blocks > target || !v.comm_next_ready ? Role::Compute : Role::Comm;
   return v.comm_next_ready && v.comm_blocks < target ? Role::Comm : Role::Compute;

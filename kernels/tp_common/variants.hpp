@@ -19,8 +19,10 @@ enum class AgVariant : int {
   CopyEngine = 7,        // the copy engine pushes, the fused kernel waits for its counters
   CopyEngineShardGemms = 8,  // the copy engine pushes, one plain GEMM per shard (host only)
   AllGatherGemm = 9,     // all_gather, then one plain GEMM (no overlap; host only)
+  Adaptive = 10,         // CommTmaPush / CommRegisterPush's units, each block choosing at run time whether it
+                         // computes or pushes next (bf16; num_comm_sms = 0; opt-in)
 };
-constexpr int kAgVariants = 10;
+constexpr int kAgVariants = 11;
 
 // gemm_rs (gemm_rs/README.md): how the partials reach their owners.
 enum class RsVariant : int {
@@ -43,18 +45,18 @@ enum class ArVariant : int {
 constexpr int kArVariants = 3;
 
 // Variants a CUDA graph can capture: the fused kernels, whose waits read device rounds
-// (SignalSet::next_round). The copy-engine variants wait and write with host-fixed values
-// (cuStreamWaitValue64 / WriteValue64 and one-thread waits on host-computed counts), and ag_gemm
-// v9 and gemm_rs v3 go through calls whose rounds are host-only (the all_gather, the chain's
-// one-thread waits).
-constexpr bool capturable(AgVariant v) { return static_cast<int>(v) <= 6; }
+// (SignalSet::next_round; the adaptive splits' ledgers zero themselves at each launch's end). The
+// copy-engine variants wait and write with host-fixed values (cuStreamWaitValue64 / WriteValue64
+// and one-thread waits on host-computed counts), and ag_gemm v9 and gemm_rs v3 go through calls
+// whose rounds are host-only (the all_gather, the chain's one-thread waits).
+constexpr bool capturable(AgVariant v) { return static_cast<int>(v) <= 6 || v == AgVariant::Adaptive; }
 constexpr bool capturable(RsVariant v) {
   return v == RsVariant::OwnerFirst || v == RsVariant::ZeroFirst || v == RsVariant::InterSm || v == RsVariant::Chain ||
          v == RsVariant::Adaptive;
 }
 constexpr bool capturable(ArVariant) { return true; }
 constexpr const char* capture_rule() {
-  return "under capture: ag_gemm 0..6, gemm_rs 0, 1, 2, 5, 6, gemm_ar 0, 1, 2; pass Options::variant, or make the "
+  return "under capture: ag_gemm 0..6, 10, gemm_rs 0, 1, 2, 5, 6, gemm_ar 0, 1, 2; pass Options::variant, or make the "
          "eager calls of the shape, whose tuned choice the capture reuses, pick one of them";
 }
 
@@ -75,6 +77,7 @@ constexpr const char* variant_name(AgVariant v) {
     case AgVariant::CopyEngine: return "copy engine";
     case AgVariant::CopyEngineShardGemms: return "copy engine, one GEMM per shard";
     case AgVariant::AllGatherGemm: return "all_gather, then GEMM";
+    case AgVariant::Adaptive: return "adaptive split";
   }
   return "?";
 }

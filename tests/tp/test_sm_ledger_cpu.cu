@@ -6,7 +6,8 @@
 // rank's buffer, then signals `done` on every rank). Several launches in a row on the same ledgers
 // and counters, as on a stream. Checked: every task handed out exactly once per launch, every
 // output exact, the ledger zero after every launch (the last block out zeroed it), and no launch
-// stalls (every wait has a deadline; a missed one fails the test instead of hanging it).
+// stalls (every wait has a deadline; a missed one fails the test instead of hanging it). Then the
+// same for AG + GEMM (ag_gemm v10), whose compute tasks have an input: a peer's pushed rows.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "check/seed.hpp"
+#include "tp_common/schedule.hpp"
 #include "tp_common/sm_ledger.cuh"
 
 using namespace weave::tp::sm_split;
@@ -359,6 +361,259 @@ TEST(SmLedger, InputInPlaceBeforeClaim) {
   EXPECT_EQ(polls, 3);
   EXPECT_FALSE(held) << "an index was claimed before its input was in place";
   EXPECT_EQ(l.comm_claimed, 1ull);
+}
+
+// ---- AG + GEMM (ag_gemm v10): compute tasks with an input ------------------------------------
+// The same ledger and claims with compute_ready, run by threads as the blocks of W ranks of
+// AG + GEMM (ag_gemm v10's division of work; tp_common/schedule.hpp's layout and orders): rank r's
+// compute tasks are every output tile in item()'s order (own shard first), those of owner q != r
+// reading q's row tile from r's gathered buffer once ready[r][vrow] reached round * P; its
+// communication tasks are its push units (unit u: row tile u / P, slice u % P), each writing its
+// value into every peer's gathered buffer and adding 1 to the peer's ready[vrow], once every rank
+// arrived (block 0 of each rank announces it first). Ranks start late and run slow or fast. Checked:
+// every task once per launch, every tile handed out only with its rows in place and reading this
+// launch's values, every unit only after the arrival, the ledger zero after each launch, no stall.
+struct AgConfig {
+  int W, B, tm, tn, P, launches;
+  double compute_us, push_us;
+  double push_prior;  // the policy's prior for a unit (a tile: 1e3)
+};
+
+struct AgWorld {
+  AgConfig c;
+  weave::tp::Layout L;
+  std::vector<std::atomic<long long>> gathered;              // [rank][vrow][slice]: the pushed value
+  std::unique_ptr<std::atomic<unsigned long long>[]> ready;  // [rank][vrow]
+  std::unique_ptr<std::atomic<unsigned long long>[]> arrive;  // [rank]
+  std::vector<Ledger> ledger;
+  std::unique_ptr<std::atomic<int>[]> computed, pushed;  // [rank][tile], [rank][unit] this launch
+  std::vector<double> delay_us, speed;                   // per rank, per launch
+  std::atomic<bool> failed{false};
+  std::string why;
+  std::atomic<int> why_set{0};
+  Clock::time_point deadline;
+
+  explicit AgWorld(const AgConfig& cfg)
+      : c(cfg),
+        L(weave::tp::make_layout(cfg.W * cfg.tm * weave::tp::kBM - 37, cfg.tn * weave::tp::kBN, cfg.W, 2)),
+        gathered(static_cast<size_t>(cfg.W) * L.row_tiles() * cfg.P),
+        ready(new std::atomic<unsigned long long>[static_cast<size_t>(cfg.W) * L.row_tiles()]),
+        arrive(new std::atomic<unsigned long long>[cfg.W]),
+        ledger(cfg.W, Ledger{}),
+        computed(new std::atomic<int>[static_cast<size_t>(cfg.W) * L.work()]),
+        pushed(new std::atomic<int>[static_cast<size_t>(cfg.W) * L.row_tiles() * cfg.P]),
+        delay_us(cfg.W, 0),
+        speed(cfg.W, 1) {
+    for (auto& g : gathered) g = -1;
+    for (int i = 0; i < cfg.W * L.row_tiles(); ++i) ready[i] = 0;
+    for (int r = 0; r < cfg.W; ++r) arrive[r] = 0;
+  }
+  static long long value(int launch, int owner, int vrow, int slice) {
+    return 1000003LL * launch + 7919LL * owner + 31LL * vrow + slice;
+  }
+  std::atomic<long long>& slot(int rank, int vrow, int slice) {
+    return gathered[(static_cast<size_t>(rank) * L.row_tiles() + vrow) * c.P + slice];
+  }
+  std::atomic<unsigned long long>& ready_of(int rank, int vrow) { return ready[static_cast<size_t>(rank) * L.row_tiles() + vrow]; }
+  void fail(const std::string& s) {
+    if (why_set.exchange(1) == 0) why = s;
+    failed = true;
+  }
+  // For the claims' polls: past the deadline the run failed (a stall), and the poll gives up.
+  bool stalled(int rank, const char* what, long long index) {
+    if (failed) return true;
+    if (Clock::now() < deadline) return false;
+    fail(std::string("stalled: rank ") + std::to_string(rank) + " polling " + what + " " + std::to_string(index));
+    return true;
+  }
+};
+
+void ag_block(AgWorld& w, int rank, int b, int round, unsigned long long seed) {
+  const AgConfig& c = w.c;
+  const weave::tp::Layout& L = w.L;
+  std::mt19937_64 rng(seed);
+  if (w.delay_us[rank] > 0) busy(w.delay_us[rank], rng);  // a rank that starts late
+  if (b == 0)  // this rank entered the call (the kernel's block 0, in its prologue)
+    for (int d = 0; d < c.W; ++d) w.arrive[d].fetch_add(1, std::memory_order_release);
+  LedgerParams p;
+  p.blocks = c.B;
+  p.compute_tasks = L.work();
+  p.comm_tasks = weave::tp::ag_units(L, rank, c.P);
+  p.compute_prior = 1e3;
+  p.comm_prior = c.push_prior;
+  Ledger& l = w.ledger[rank];
+  const unsigned long long rows_in = static_cast<unsigned long long>(round) * c.P;
+  const unsigned long long entered = static_cast<unsigned long long>(round) * c.W;
+  auto compute_ready = [&](long long i) {
+    const weave::tp::Item t = weave::tp::item(L, rank, static_cast<int>(i));
+    if (t.owner == rank || w.ready_of(rank, t.vrow).load(std::memory_order_relaxed) >= rows_in) return true;
+    return w.stalled(rank, "tile", i);
+  };
+  auto arrived = [&](long long k) {
+    return w.arrive[rank].load(std::memory_order_relaxed) >= entered || w.stalled(rank, "unit", k);
+  };
+  Role role = Role::Compute;
+  while (!w.failed) {
+    const Task task = next_task(l, p, role, compute_ready, arrived, arrived);
+    if (task.role == Role::Done || w.failed) break;
+    const auto t0 = Clock::now();
+    if (task.role == Role::Compute) {
+      const weave::tp::Item t = weave::tp::item(L, rank, static_cast<int>(task.index));
+      if (t.owner != rank) {  // the kernel's tile_of: the wait, satisfied at the claim, is the acquire
+        if (w.ready_of(rank, t.vrow).load(std::memory_order_acquire) < rows_in)
+          return w.fail("rank " + std::to_string(rank) + ": tile " + std::to_string(task.index) +
+                        " handed out before its rows arrived");
+        for (int sl = 0; sl < c.P; ++sl)
+          if (w.slot(rank, t.vrow, sl).load(std::memory_order_relaxed) != AgWorld::value(round, t.owner, t.vrow, sl))
+            return w.fail("rank " + std::to_string(rank) + ": tile " + std::to_string(task.index) + " read a stale row");
+      }
+      busy(c.compute_us * w.speed[rank], rng);
+      w.computed[static_cast<size_t>(rank) * L.work() + task.index]++;
+    } else {
+      if (w.arrive[rank].load(std::memory_order_acquire) < entered)
+        return w.fail("rank " + std::to_string(rank) + ": unit " + std::to_string(task.index) + " before the arrival");
+      const int u = static_cast<int>(task.index), vrow = L.off[rank] + u / c.P;
+      busy(c.push_us * w.speed[rank], rng);
+      for (int d = 0; d < c.W; ++d) {
+        if (d == rank) continue;
+        w.slot(d, vrow, u % c.P).store(AgWorld::value(round, rank, vrow, u % c.P), std::memory_order_relaxed);
+        w.ready_of(d, vrow).fetch_add(1, std::memory_order_release);
+      }
+      w.pushed[static_cast<size_t>(rank) * L.row_tiles() * c.P + u]++;
+    }
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+    task_done(l, task.role, static_cast<unsigned long long>(ns));
+  }
+  if (!w.failed) block_exit(l, c.B);
+}
+
+void run_ag(const AgConfig& c, unsigned long long seed) {
+  AgWorld w(c);
+  const weave::tp::Layout& L = w.L;
+  const std::string where = "AG W " + std::to_string(c.W) + " B " + std::to_string(c.B) + " tiles " +
+                            std::to_string(L.work()) + " P " + std::to_string(c.P) + " push prior " +
+                            std::to_string(c.push_prior);
+  std::mt19937_64 rng(seed);
+  for (int launch = 1; launch <= c.launches; ++launch) {
+    for (int i = 0; i < c.W * L.work(); ++i) w.computed[i] = 0;
+    for (int i = 0; i < c.W * L.row_tiles() * c.P; ++i) w.pushed[i] = 0;
+    // Peers: one rank late (up to 300 us), one slow (2x) or fast (0.5x), changing per launch.
+    for (int r = 0; r < c.W; ++r) w.delay_us[r] = 0, w.speed[r] = 1;
+    w.delay_us[rng() % c.W] = std::uniform_real_distribution<double>(0, 300)(rng);
+    w.speed[rng() % c.W] = launch % 2 ? 2.0 : 0.5;
+    w.deadline = Clock::now() + std::chrono::seconds(60);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < c.W; ++r)
+      for (int b = 0; b < c.B; ++b)
+        threads.emplace_back(ag_block, std::ref(w), r, b, launch, weave::check::derive(seed, launch, r * c.B + b));
+    for (std::thread& t : threads) t.join();
+    ASSERT_FALSE(w.failed) << where << " launch " << launch << ": " << w.why;
+    for (int r = 0; r < c.W; ++r) {
+      for (int i = 0; i < L.work(); ++i)
+        ASSERT_EQ(w.computed[static_cast<size_t>(r) * L.work() + i].load(), 1) << where << ": rank " << r << " tile " << i;
+      for (int u = 0; u < weave::tp::ag_units(L, r, c.P); ++u)
+        ASSERT_EQ(w.pushed[static_cast<size_t>(r) * L.row_tiles() * c.P + u].load(), 1)
+            << where << ": rank " << r << " unit " << u;
+      for (int v = 0; v < L.row_tiles(); ++v)
+        ASSERT_EQ(w.ready_of(r, v).load(), v >= L.off[r] && v < L.off[r + 1] ? 0ull : static_cast<unsigned long long>(launch) * c.P)
+            << where << ": rank " << r << " row tile " << v;
+      const Ledger& l = w.ledger[r];
+      const unsigned long long words[] = {l.compute_claimed, l.compute_done, l.compute_cycles, l.comm_claimed,
+                                          l.comm_done,       l.comm_cycles,  l.comm_blocks,    l.exited};
+      for (unsigned long long x : words) ASSERT_EQ(x, 0ull) << where << ": rank " << r << "'s ledger after the launch";
+      ASSERT_EQ(l.launches, static_cast<unsigned long long>(launch)) << where << ": rank " << r;
+    }
+  }
+}
+
+// W 2..4 (threads are the blocks of every rank), one block to more blocks than tiles, shards of
+// one and three row tiles, P 1 and 3, pushes thought free or dear.
+TEST(SmLedger, AgGemmEveryTaskOnceNoStall) {
+  const unsigned long long seed = weave::check::test_seed();
+  std::mt19937_64 rng(seed);
+  int configs = 0;
+  for (int W : {2, 3, 4})
+    for (int B : {1, 2, 5})
+      for (int tm : {1, 3})
+        for (int P : {1, 3})
+          for (double push_prior : {1.0, 1e6}) {
+            const double compute_us = std::uniform_real_distribution<double>(1, 20)(rng);
+            const double push_us = std::uniform_real_distribution<double>(1, 20)(rng);
+            run_ag({W, B, tm, 2, P, 3, compute_us, push_us, push_prior}, weave::check::derive(seed, ++configs));
+            if (HasFatalFailure()) return;
+          }
+  std::printf("%d AG + GEMM configurations, 3 launches each\n", configs);
+}
+
+// A compute task with an input is claimed only once the input is in place: until then the block
+// polls holding no index; a block whose next tile waits pushes (whatever the target: both blocks
+// may); once every unit is claimed, it computes again.
+TEST(SmLedger, ComputeClaimedOnceItsRowsArrive) {
+  Ledger l{};
+  const LedgerParams p = params(2, 3, 2, 1e-6);  // pushes thought nearly free: the target is 1
+  bool rows[3] = {true, false, false}, arrived = false;
+  int polls = 0, stuck = 0;
+  bool held = false;
+  auto compute_ready = [&](long long i) {
+    if (i == 1 && !rows[1]) {
+      held = held || l.compute_claimed != 1;
+      if (++polls == 3) rows[1] = true;
+    }
+    return rows[i] || ++stuck > 1000;  // (a block left polling tile 2 gives up: a failure below, not a hang)
+  };
+  auto begun = [&](long long) { return arrived; };
+  Role r0 = Role::Compute, r1 = Role::Compute;
+  Task t = next_task(l, p, r0, compute_ready, begun, begun);
+  EXPECT_EQ(t.role, Role::Compute);
+  EXPECT_EQ(t.index, 0);
+  t = next_task(l, p, r1, compute_ready, begun, begun);  // tile 1's rows come after 3 polls
+  EXPECT_EQ(t.role, Role::Compute);
+  EXPECT_EQ(t.index, 1);
+  EXPECT_EQ(polls, 3);
+  EXPECT_FALSE(held) << "an index was claimed before its rows were in place";
+  arrived = true;
+  t = next_task(l, p, r0, compute_ready, begun, begun);  // tile 2 waits: push
+  EXPECT_EQ(t.role, Role::Comm);
+  EXPECT_EQ(t.index, 0);
+  t = next_task(l, p, r1, compute_ready, begun, begun);  // past the target 1: the cap is B
+  EXPECT_EQ(t.role, Role::Comm);
+  EXPECT_EQ(t.index, 1);
+  EXPECT_EQ(l.comm_blocks, 2ull);
+  EXPECT_EQ(l.peak_comm, 2ull);
+  rows[2] = true;
+  t = next_task(l, p, r0, compute_ready, begun, begun);
+  EXPECT_EQ(t.role, Role::Compute);
+  EXPECT_EQ(t.index, 2);
+  EXPECT_EQ(l.comm_blocks, 1ull);
+  EXPECT_EQ(next_task(l, p, r1, compute_ready, begun, begun).role, Role::Done);
+  EXPECT_EQ(next_task(l, p, r0, compute_ready, begun, begun).role, Role::Done);
+  EXPECT_EQ(l.comm_blocks, 0ull);
+  EXPECT_EQ(l.compute_claimed, 3ull);  // compare-and-swap claims never run past the end
+}
+
+// One block: its own tile, then pushes while its next tile's rows are out (the target alone, capped
+// at B - 1 = 0, would keep it computing and polling for ever at W = 2), then that tile.
+TEST(SmLedger, OneBlockPushesWhileItsNextTileWaits) {
+  Ledger l{};
+  const LedgerParams p = params(1, 2, 3, 1.0);
+  int stuck = 0;
+  auto compute_ready = [&](long long i) { return i == 0 || ++stuck > 1000; };  // (gives up: a failure, not a hang)
+  auto arrived = [](long long) { return true; };
+  Role role = Role::Compute;
+  Task t = next_task(l, p, role, compute_ready, arrived, arrived);
+  EXPECT_EQ(t.role, Role::Compute);
+  EXPECT_EQ(t.index, 0);
+  for (long long k = 0; k < 3; ++k) {
+    t = next_task(l, p, role, compute_ready, arrived, arrived);
+    EXPECT_EQ(t.role, Role::Comm);
+    EXPECT_EQ(t.index, k);
+  }
+  int polls = 0;
+  t = next_task(l, p, role, [&](long long i) { return i == 0 || ++polls > 2; }, arrived, arrived);
+  EXPECT_EQ(t.role, Role::Compute);
+  EXPECT_EQ(t.index, 1);
+  EXPECT_EQ(next_task(l, p, role, compute_ready, arrived, arrived).role, Role::Done);
+  EXPECT_TRUE(block_exit(l, 1));
 }
 
 }  // namespace

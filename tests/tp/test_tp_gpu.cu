@@ -258,7 +258,8 @@ TEST(TpGpu, AgGemmMatchesReference) {
     const auto sh = shard(s.M, W, r);
     Dev Ash(size_t(sh.size) * s.K), B(size_t(s.K) * s.N), C(size_t(s.M) * s.N);
     Ref ref(size_t(s.M) * s.K, 0, C.n);
-    for (int cfg = 0; cfg < 15; ++cfg) {  // tuner, then (variant, num_comm_sms) fixed; 7..14: variants 2..9
+    // tuner, then (variant, num_comm_sms) fixed; 7..15: variants 2..10 (10: the adaptive split)
+    for (int cfg = 0; cfg < 16; ++cfg) {
       int ncomm = cfg == 0 ? -1 : std::array<int, 3>{1, 4, 16}[(cfg - 1) % 3], variant = cfg == 0 ? -1 : (cfg - 1) / 3;
       if (cfg >= 7) ncomm = 0, variant = cfg - 5;
       for (int in_place = 0; in_place < 2; ++in_place) {
@@ -285,6 +286,14 @@ TEST(TpGpu, AgGemmMatchesReference) {
         wt::settle();
       }
     }
+  }
+  // The adaptive split (v10) ran both calls of the largest shape and pushed while tiles were still
+  // unclaimed (ranks taking turns on one GPU: up to the time-slicing, as for gemm_rs v6).
+  const weave::tp::AdaptiveStats st = ag.adaptive_stats(2048, 4096, 4096);
+  EXPECT_EQ(st.launches, 2u);
+  if (!wt::gpus_shared(c)) {
+    EXPECT_GT(st.early_reductions, 0u) << "rank " << c.rank() << ": every push waited for the last tile's claim";
+    EXPECT_GE(st.peak_comm_blocks, 1u);
   }
 }
 
@@ -365,7 +374,7 @@ TEST(TpGpu, NkWeightsMatchReference) {
       expect_all_ranks(compare_rows(rs_out.p, ref, sh.begin, sh.size, s.N, check::partial_sum_bound(W)),
                        name("gemm_rs", v, n, li));
     }
-    for (auto [v, n] : {std::pair{-1, -1}, {0, 4}, {1, 4}, {2, 0}, {3, 0}, {7, 0}, {8, 0}, {9, 0}}) {
+    for (auto [v, n] : {std::pair{-1, -1}, {0, 4}, {1, 4}, {2, 0}, {3, 0}, {7, 0}, {8, 0}, {9, 0}, {10, 0}}) {
       weave::tp::Options o;
       o.variant = v, o.num_comm_sms = n, o.b = kNK;
       const uint64_t call = calls.next();
@@ -499,7 +508,8 @@ TEST(TpGpu, TwoHundredLaunchesChangingInputs) {
     // ag_gemm, its C in the same buffer
     call = calls.next();
     weave::tp::Options oa = o4;
-    oa.variant = it % 10;  // every variant (2..9: no communicator SM; 7 and 8 the copy engine, 9 all_gather)
+    oa.variant = it % weave::tp::kAgVariants;  // every variant (2..10: no communicator SM; 7 and 8 the copy
+                                                // engine, 9 all_gather, 10 the adaptive split)
     if (oa.variant >= 2) oa.num_comm_sms = 0;
     variant[size_t(it) * kSlots + 1] = variant[size_t(it) * kSlots + 2] = oa.variant;
     fill_inputs(call, Ash.p, Ash.n, B.p, B.n);
@@ -597,11 +607,13 @@ TEST(TpGpu, GraphCaptureAndReplay) {
   Dev A(size_t(M) * K), B(size_t(K) * N), C(size_t(M) * N);
   Ref ref(A.n, B.n, C.n);
   Sym G(size_t(M) * K), rs_out(size_t(M) * N), ar_out(size_t(M) * N), ar2_out(size_t(M) * N);
+  Dev C2(size_t(M) * N);
   weave::tp::GemmRS rs(c);
   weave::tp::AgGemm ag(c);
   weave::tp::GemmAR ar(c);
-  weave::tp::Options oag, ors, oar, oar2;
+  weave::tp::Options oag, oag2, ors, oar, oar2;
   oag.num_comm_sms = 0, oag.variant = weave::tp::to_int(weave::tp::AgVariant::AuxTmaPush);
+  oag2.num_comm_sms = 0, oag2.variant = weave::tp::to_int(weave::tp::AgVariant::Adaptive);
   ors.num_comm_sms = 0, ors.variant = weave::tp::to_int(weave::tp::RsVariant::OwnerFirst);
   oar.num_comm_sms = 0, oar.variant = weave::tp::to_int(weave::tp::ArVariant::IntraSm);
   oar2.num_comm_sms = 0, oar2.variant = weave::tp::to_int(weave::tp::ArVariant::Adaptive);
@@ -611,6 +623,7 @@ TEST(TpGpu, GraphCaptureAndReplay) {
   bf16* a_shard = G.p + size_t(sh.begin) * K;
   auto enqueue = [&] {
     ag.run(a_shard, G.p, B.p, C.p, M, N, K, oag, st);
+    ag.run(a_shard, G.p, B.p, C2.p, M, N, K, oag2, st);  // the adaptive split, its ledger zeroed by each launch
     rs.run(A.p, B.p, rs_out.p, M, N, K, ors, st);
     ar.run(A.p, B.p, ar_out.p, M, N, K, oar, st);
     ar.run(A.p, B.p, ar2_out.p, M, N, K, oar2, st);  // its ledger zeroes itself: replays find it zero
@@ -629,12 +642,13 @@ TEST(TpGpu, GraphCaptureAndReplay) {
     fill_inputs(call, nullptr, 0, B.p, B.n, st);
     fill_inputs(call, A.p, A.n, nullptr, 0, st);
     gref::fill_uniform(a_shard, size_t(sh.size) * K, input_seed(call, c.rank(), kA), 1.f, st);
-    for (bf16* o : {C.p, rs_out.p, ar_out.p, ar2_out.p}) check::poison(o, size_t(M) * N, st);
+    for (bf16* o : {C.p, C2.p, rs_out.p, ar_out.p, ar2_out.p}) check::poison(o, size_t(M) * N, st);
   };
   auto verify = [&](uint64_t call, const std::string& what) {
     WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
     gathered_ref(call, M, N, K, B.p, ref);
     expect_all_ranks(compare_rows(C.p, ref, 0, M, N, check::gemm_bound()), "ag_gemm " + what);
+    expect_all_ranks(compare_rows(C2.p, ref, 0, M, N, check::gemm_bound()), "ag_gemm adaptive " + what);
     partial_sum_ref(call, M, N, K, ref);
     expect_all_ranks(compare_rows(rs_out.p, ref, sh.begin, sh.size, N, check::partial_sum_bound(W)), "gemm_rs " + what);
     expect_all_ranks(compare_rows(ar_out.p, ref, 0, M, N, check::partial_sum_bound(W)), "gemm_ar " + what);
@@ -701,8 +715,8 @@ TEST(TpGpu, OneObjectOnTwoStreams) {
     for (auto& x : st) WEAVE_CUDA_CHECK(cudaStreamSynchronize(x));
     wt::settle();
   };
-  for (int v : {0, 2, 7, 8, 9}) {  // communicator push, aux-warp push, copy engine, copy engine + GEMM per
-                                    // shard, all_gather + GEMM
+  for (int v : {0, 2, 7, 8, 9, 10}) {  // communicator push, aux-warp push, copy engine, copy engine + GEMM
+                                        // per shard, all_gather + GEMM, the adaptive split
     weave::tp::Options o;
     o.variant = v;
     o.num_comm_sms = v == 0 ? 4 : 0;
@@ -994,7 +1008,7 @@ TEST(TpGpu, Fp8FiftyLaunchesChangingInputs) {
     // ag_gemm, its C in the same buffer
     call = calls.next();
     weave::tp::Options oa;
-    oa.variant = it % 10;  // every variant (0, 1: 4 communicator SMs)
+    oa.variant = it % 10;  // every variant fp8 offers, 0..9 (0, 1: 4 communicator SMs; 10 is bf16 only)
     oa.num_comm_sms = oa.variant < 2 ? 4 : 0;
     variant[size_t(it) * kSlots + 1] = variant[size_t(it) * kSlots + 2] = oa.variant;
     fp8_fill(call, r, Ash.p, Ash.n, B.p, B.n, nullptr, sb.p);
@@ -1011,7 +1025,8 @@ TEST(TpGpu, Fp8FiftyLaunchesChangingInputs) {
 
 // fp8 arguments every rank rejects with weave::Error before anything is launched: K not a
 // multiple of 16 (520: enough for bf16), a null scale_a (on every rank, then on rank 1 only: rank
-// 0 rejects the call because rank 1 did), gemm_rs variant 3, and ranks that call the same shape
+// 0 rejects the call because rank 1 did), gemm_rs variant 3, ag_gemm variant 10 (the adaptive
+// split, bf16 only), and ranks that call the same shape
 // with different input types. Each case on a shape no other call in this process used, so that
 // it is the plan's first call, which every rank checks together. Calls afterwards still work.
 TEST(TpGpu, Fp8BadArgumentsRejected) {
@@ -1053,6 +1068,10 @@ TEST(TpGpu, Fp8BadArgumentsRejected) {
   o3.variant = 3;
   expect_reject("gemm_rs fp8 variant 3", "variant 3 (one GEMM per owner) is not offered for fp8",
                 [&] { rs.run(A.p, B.p, sa.p, sb.p, out.p, M, N, 400, o3); });
+  weave::tp::Options o10;
+  o10.num_comm_sms = 0, o10.variant = weave::tp::to_int(weave::tp::AgVariant::Adaptive);
+  expect_reject("ag_gemm fp8 variant 10", "variant 10 (the adaptive split) is built for bf16 inputs only",
+                [&] { ag.run(Ash.p, G.p, B.p, sa.p, sb.p, C.p, M, N, 464, o10); });
   expect_reject("gemm_rs bf16 on rank 0, fp8 on the others", "ranks call different operators or arguments", [&] {
     if (r == 0) rs.run(A16.p, B16.p, out.p, M, N, 432, o);
     else rs.run(A.p, B.p, sa.p, sb.p, out.p, M, N, 432, o);

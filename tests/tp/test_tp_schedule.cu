@@ -873,6 +873,25 @@ TEST(Tuner, VariantRestrictedCallsHaveTheirOwnKey) {
         << v;
 }
 
+// ag_gemm's adaptive split (v10) is a variant by number and name, capturable (its waits read device
+// rounds, its ledger zeroes itself), and its cost priors are positive and grow with the unit's
+// destinations; the copy-engine variants and v9 stay uncapturable.
+TEST(TpHost, AgAdaptiveVariant) {
+  EXPECT_EQ(kAgVariants, 11);
+  EXPECT_EQ(to_int(AgVariant::Adaptive), 10);
+  EXPECT_STREQ(variant_name("ag_gemm", 10), "adaptive split");
+  EXPECT_STREQ(variant_name("ag_gemm", 11), "?");
+  EXPECT_TRUE(capturable(AgVariant::Adaptive));
+  for (AgVariant v : {AgVariant::CopyEngine, AgVariant::CopyEngineShardGemms, AgVariant::AllGatherGemm})
+    EXPECT_FALSE(capturable(v)) << to_int(v);
+  EXPECT_NE(std::string(capture_rule()).find("ag_gemm 0..6, 10"), std::string::npos);
+  const AdaptivePriors one = ag_adaptive_priors(4096, 256 << 10, 1), two = ag_adaptive_priors(4096, 256 << 10, 2);
+  EXPECT_GT(one.compute, 0);
+  EXPECT_EQ(one.compute, adaptive_priors(4096, 1).compute);
+  EXPECT_GT(one.comm, 0);
+  EXPECT_FLOAT_EQ(two.comm, 2 * one.comm);
+}
+
 // The cross-rank check covers the options and the SM count: ranks with different variants or
 // communicator SM counts would feed different signal sets, and grids are sized from the SM count.
 TEST(TpHost, CheckedArgumentsIncludeTheOptions) {
