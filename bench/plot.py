@@ -154,10 +154,11 @@ def plot_tp_sweep(rows, out_dir):
                     2: "v2 TMA push, idle producer warps", 3: "v3 register push, producer warps of every block",
                     4: "v4 ... of every 2nd block", 5: "v5 ... of every 4th block", 6: "v6 ... of every 8th block",
                     7: "v7 copy-engine push, fused GEMM", 8: "v8 copy-engine push, GEMM per shard",
-                    9: "v9 all_gather, then GEMM"},
-        "gemm_ar": {0: "v0 inter-SM reduce (comm SMs)", 1: "v1 intra-SM reduce-add by the storers"},
+                    9: "v9 all_gather, then GEMM", 10: "v10 adaptive split (pushes)"},
+        "gemm_ar": {0: "v0 inter-SM reduce (comm SMs)", 1: "v1 intra-SM reduce-add by the storers",
+                    2: "v2 adaptive split (reductions)"},
         "gemm_rs": {0: "v0 owner first", 1: "v1 zero first", 2: "v2 inter-SM (comm SMs)", 3: "v3 one GEMM per owner",
-                    4: "v4 copy engine", 5: "v5 chained owners, one kernel"},
+                    4: "v4 copy engine", 5: "v5 chained owners, one kernel", 6: "v6 adaptive split (reductions)"},
     }
     for ax, (kernel, S) in zip(axes.flat, panels):
         for v in sorted({v for k, s, v, _ in sweep if (k, s) == (kernel, S)}):

@@ -1273,6 +1273,29 @@ FAULTS = [
         "tests": ["test_sm_ledger_cpu"],
     },
     {
+        "name": "sm_ledger_compute_claimed_before_rows_in_place",
+        "what": "ag_gemm v10: the adaptive split claims a tile by fetch-and-add in order, whether or not its peer "
+                "rows have arrived (the claim then waits inside the task: every block of two ranks can sit on a "
+                "peer's tile while its own pushes are unclaimed)",
+        "edits": [{
+            "file": "kernels/tp_common/sm_ledger.cuh",
+            "find": "      if constexpr (kComputeInput) {\n        const long long i = v.compute_claimed;",
+            "replace": "      if constexpr (false) {\n        const long long i = v.compute_claimed;",
+        }],
+        "tests": ["test_sm_ledger_cpu"],
+    },
+    {
+        "name": "sm_split_comm_cap_at_target_when_compute_stalls",
+        "what": "ag_gemm v10: while the next tile's rows are not in place the communication role is still capped at "
+                "eq. 2's target, so blocks with nothing to compute poll instead of pushing the units the peers wait for",
+        "edits": [{
+            "file": "kernels/tp_common/sm_split.hpp",
+            "find": "  return v.compute_next_ready ? target_comm_blocks(v) : v.blocks;",
+            "replace": "  return target_comm_blocks(v);",
+        }],
+        "tests": ["test_sm_ledger_cpu", "test_sm_split_cpu"],
+    },
+    {
         "name": "lcsc_dynamic_loader_does_not_wait_for_other_task",
         "what": "dynamic tasks: the loader chooses its next task without waiting for the end of an other task "
                 "(a work item it then claims can be queued behind the other task that waits for it)",

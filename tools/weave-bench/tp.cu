@@ -3,8 +3,24 @@
 // under weave-run. Shapes (world W): AG+GEMM local GEMM S x (S/W) x S after gathering A;
 // GEMM+RS and GEMM+AR local GEMM S x S x (S/W). The slowest rank's time decides.
 //   --sizes 2048,...,32768   --kernels ag_gemm,gemm_rs,gemm_ar    --num-comm-sms N (no tuner)
-//   --sweep 0,4,8,16,32,64   (ag_gemm and gemm_ar at --sweep-sizes, default 4096,16384)
+//   --variant V              every listed kernel restricted to its variant V (tp_common/variants.hpp;
+//                            V must be one of each kernel's); the adaptive splits (ag_gemm 10,
+//                            gemm_rs 6, gemm_ar 2) run only when named, bf16 only
+//   --sweep 0,4,8,16,32,64   at --sweep-sizes (default 4096,16384), for the kernels of an explicit
+//                            --kernels (else all three), the fused call alone, rows with "sweep": 1:
+//                            ag_gemm v0 and v1 at each count > 0, v2..v9 and (bf16) the
+//                            adaptive v10 at 0; gemm_ar v0 at each count > 0, v1 and the adaptive v2
+//                            at 0; gemm_rs (bf16) v2 at each count > 0, the adaptive v6 at 0. Then, in
+//                            bf16 with 0 and a count > 0 in the list, one tuned call per kernel and
+//                            size (the tuner's own pick: "sweep": 0) and the row "impl":
+//                            "adaptive-vs-fixed": adaptive_us, best_fixed_us (the fastest of those
+//                            splits: best_fixed_comm_sms, best_fixed_variant), ratio (adaptive /
+//                            best fixed), tuned_us, tuned_variant, tuned_comm_sms, ratio_tuned
+//                            (adaptive / tuned), early_reductions, peak_comm_blocks (Row says what)
 //   --table3                 (gemm_rs M = N = 16384, K_local 512..8192: overlap fraction)
+//   --only-extra             no default rows, only the sweep and / or --table3; the sweep alone
+//                            (no --table3) starts no NCCL, so it also runs under weave-run
+//                            --share-gpus (ranks sharing a GPU: the checks count, not the times)
 // Every row, weave's and the baselines', is checked on its last timed call and on one more call on
 // the other input set into re-poisoned outputs (recheck.hpp's rule), against a float32 reference
 // every rank computes without NCCL (run_one says how); a row is correct only when both checks pass
@@ -56,7 +72,9 @@ constexpr const char* kFp8Dtype = "e4m3xe4m3";  // the "dtype" of fp8 rows (as w
 
 struct Ctx {
   runtime::Communicator& c;
-  bench::NcclComm& nccl;
+  // The baselines' NCCL; null where no row has baselines (--only-extra without --table3: the
+  // sweep alone, which also runs with ranks sharing a GPU, where NCCL refuses to start).
+  bench::NcclComm* nccl;
   gref::CublasLt& blas;
   bench::JsonSink& json;
   cudaStream_t st;
@@ -118,8 +136,11 @@ struct Row {
   int checks = 0;    // settle_check calls so far (the last timed call's, then the fresh call's)
   int variant = 0;
   double alone_us = 0;  // the fused row of run_one: GEMM alone's time (Table 3)
-  // gemm_ar's adaptive split (v2), rank 0 over the row's calls: the share of its reductions handed
-  // out while tiles were still unclaimed, and the most blocks reducing then (-1: not v2).
+  // The adaptive split's statistics (gemm_rs v6, gemm_ar v2, ag_gemm v10), rank 0 over the row's
+  // calls (the tuner's samples included): the share of its communication tasks handed out while
+  // tiles were still unclaimed, and the most blocks communicating then (-1: not an adaptive row).
+  // The tasks are gemm_rs / gemm_ar's reductions of the tiles the rank owns and, under the same
+  // JSON name, ag_gemm's push units of the rank's shard (its row tiles x ag_slices each).
   double early_reductions = -1;
   long long peak_comm_blocks = -1;
 };
@@ -256,6 +277,7 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
   const int W = x.W, r = x.rank;
   const bool ag = kernel == "ag_gemm";
   const int M = S, N = ag ? S / W : S, K = ag ? S : (K_override ? K_override : S / W);
+  WEAVE_CHECK(!baselines || x.nccl, "weave-bench tp: a row with baselines needs NCCL");
   const uint64_t call = check::derive(x.seed, x.calls++);
   enum What : int { kA = 1, kB = 2, kScaleA = 3, kScaleB = 4 };  // scales: fp8 only
   auto seed_of = [&](int set, int q, What w) { return check::derive(call, uint64_t(set) * 64 + q, w); };
@@ -408,7 +430,7 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
       tp::AgGemm op(x.c);
       auto ref = [&] {
         const int i = last_b = nb++ & 1;
-        WEAVE_NCCL_CHECK(ncclAllGather(Ash[i], Gref.p, size_t(sh.size) * K, ncclUint8, x.nccl.get(), x.st));
+        WEAVE_NCCL_CHECK(ncclAllGather(Ash[i], Gref.p, size_t(sh.size) * K, ncclUint8, x.nccl->get(), x.st));
         lt.run(Gref.p, B8[i], Cb.p, x.st, i);
       };
       tp::LaunchInfo li{};
@@ -453,7 +475,7 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
       auto ref = [&] {
         const int i = last_b = nb++ & 1;
         lt.run(A8[i], B8[i], Cb.p, x.st, i);
-        WEAVE_NCCL_CHECK(ncclReduceScatter(Cb.p, rsout.p, size_t(nccl_rows) * N, ncclBfloat16, ncclSum, x.nccl.get(), x.st));
+        WEAVE_NCCL_CHECK(ncclReduceScatter(Cb.p, rsout.p, size_t(nccl_rows) * N, ncclBfloat16, ncclSum, x.nccl->get(), x.st));
       };
       auto alone_fn = [&] {
         const int i = last_a = na++ & 1;
@@ -528,7 +550,7 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
     tp::AgGemm op(x.c);
     auto ref = [&] {
       const int i = last_b = nb++ & 1;
-      WEAVE_NCCL_CHECK(ncclAllGather(Ash[i], Gref.p, size_t(sh.size) * K, ncclBfloat16, x.nccl.get(), x.st));
+      WEAVE_NCCL_CHECK(ncclAllGather(Ash[i], Gref.p, size_t(sh.size) * K, ncclBfloat16, x.nccl->get(), x.st));
       x.blas.run(Gref.p, B[i], Cb.p, M, N, K, x.bl, false, x.st);
     };
     tp::LaunchInfo li{};
@@ -553,6 +575,16 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
              [&](int i) { x.ref.run(Gfull[i], B[i], M, N, K, x.bl, ref_r.p, ref_s.p, false, x.st); },
              {&last_f, poison_f, fused_fn, {}}, {&last_b, poison_b, ref, {}}, {&last_a, poison_a, alone_fn, {}});
     WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
+    if (fused.variant == tp::to_int(tp::AgVariant::Adaptive)) {
+      const tp::AdaptiveStats a = op.adaptive_stats(M, N, K);
+      // The communication tasks of ag_gemm's split: this rank's push units per call (v0/v1's: its
+      // shard's row tiles x P slices of a bf16 row), so early_reductions is the share of them
+      // handed out while tiles were still unclaimed.
+      const long long units = tp::ag_units(tp::make_layout(M, N, W, tp::default_group_m(K)), r,
+                                           tp::ag_slices(static_cast<long long>(K) * sizeof(bf16)));
+      fused.early_reductions = a.launches && units ? double(a.early_reductions) / double(a.launches * units) : 0;
+      fused.peak_comm_blocks = static_cast<long long>(a.peak_comm_blocks);
+    }
     x.c.barrier();
     x.c.free(G);
   } else {
@@ -579,8 +611,8 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
     auto ref = [&] {
       const int i = last_b = nb++ & 1;
       x.blas.run(A[i], B[i], Cb.p, M, N, K, x.bl, false, x.st);
-      if (rs) WEAVE_NCCL_CHECK(ncclReduceScatter(Cb.p, rsout.p, size_t(nccl_rows) * N, ncclBfloat16, ncclSum, x.nccl.get(), x.st));
-      else WEAVE_NCCL_CHECK(ncclAllReduce(Cb.p, Cb.p, nc, ncclBfloat16, ncclSum, x.nccl.get(), x.st));
+      if (rs) WEAVE_NCCL_CHECK(ncclReduceScatter(Cb.p, rsout.p, size_t(nccl_rows) * N, ncclBfloat16, ncclSum, x.nccl->get(), x.st));
+      else WEAVE_NCCL_CHECK(ncclAllReduce(Cb.p, Cb.p, nc, ncclBfloat16, ncclSum, x.nccl->get(), x.st));
     };
     auto alone_fn = [&] {
       const int i = last_a = na++ & 1;
@@ -642,7 +674,10 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
     emit(x, alone);
     emit(x, base);
   }
-  emit(x, fused, baselines ? nullptr : "sweep", 1);  // sweep rows: a fixed num_comm_sms / variant
+  // Sweep rows: "sweep": 1 for a fixed num_comm_sms / variant, 0 for the tuner's own pick (as the
+  // default rows, which have no "sweep" key: bench/plot.py draws it as the tuner's line).
+  const bool tuned = fixed_comm < 0 && variant < 0;
+  emit(x, fused, baselines ? nullptr : "sweep", tuned ? 0 : 1);
   if (print && x.rank == 0) {
     auto tf = [&](double us) { return 2.0 * M * N * K / (us * 1e-6) / 1e12; };
     auto verdict = [](const Row& w) {
@@ -658,9 +693,9 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
                   fused.us > 0 ? alone.us / fused.us : 0, fused.us > 0 ? base.us / fused.us : 0,
                   verdict(alone).c_str(), verdict(base).c_str(), verdict(fused).c_str());
     else
-      std::printf("| %s | %d | %dx%dx%d | %d (%s) | %d | %.1f | %.0f | %s |\n", kernel.c_str(), S, M, N, K,
-                  fused.variant, weave::tp::variant_name(kernel, fused.variant), fused.ncomm, fused.us, tf(fused.us),
-                  verdict(fused).c_str());
+      std::printf("| %s | %d | %dx%dx%d | %d (%s%s) | %d | %.1f | %.0f | %s |\n", kernel.c_str(), S, M, N, K,
+                  fused.variant, weave::tp::variant_name(kernel, fused.variant), tuned ? "; the tuner's pick" : "",
+                  fused.ncomm, fused.us, tf(fused.us), verdict(fused).c_str());
     std::fflush(stdout);
   }
   fused.alone_us = alone.us;
@@ -699,25 +734,41 @@ int run(const bench::Args& a) {
                    shard_gemms ? "the fp8 GEMM has no accumulating epilogue" : "the adaptive split is bf16 only");
       return 2;
     }
+    if (variant == tp::to_int(tp::AgVariant::Adaptive) && !a.has("only-extra") &&
+        std::find(kernels.begin(), kernels.end(), "ag_gemm") != kernels.end()) {
+      std::fprintf(stderr, "weave-bench tp: ag_gemm has no variant %d with fp8 inputs (the adaptive split is bf16 "
+                           "only); leave ag_gemm out or pick another --variant\n", variant);
+      return 2;
+    }
     if (a.has("b-layout") && a.get("b-layout") != "nk") {
       std::fprintf(stderr, "weave-bench tp: --dtype fp8 takes B as N x K only (--b-layout nk), got %s\n",
                    a.get("b-layout").c_str());
       return 2;
     }
   }
+  // --variant restricts every listed kernel (the library refuses a number that is not one of its
+  // variants, every rank together; refused here before the communicator is set up).
+  if (variant >= 0 && !a.has("only-extra"))
+    for (const auto& k : kernels)
+      if (std::string(tp::variant_name(k, variant)) == "?") {
+        std::fprintf(stderr, "weave-bench tp: %s has no variant %d (tp_common/variants.hpp); leave it out of "
+                             "--kernels or pick another --variant\n", k.c_str(), variant);
+        return 2;
+      }
   long long maxS = 0;
   for (long long s : sizes) maxS = s > maxS ? s : maxS;
   if (a.has("table3") || a.has("sweep")) maxS = maxS > 16384 ? maxS : 16384;
   runtime::CommOptions co;
   co.heap_bytes = 3 * size_t(maxS) * maxS * 2 + (size_t(256) << 20);  // + gemm_rs v2's M x N scratch
   runtime::Communicator c(co);
-  bench::NcclComm nccl(c);
+  std::unique_ptr<bench::NcclComm> nccl;  // every rank alike: the arguments decide
+  if (!a.has("only-extra") || a.has("table3")) nccl = std::make_unique<bench::NcclComm>(c);
   gref::CublasLt blas;
   bench::JsonSink json(a);
   cudaStream_t st;
   WEAVE_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   check::GemmRef ref;
-  Ctx x{c, nccl, blas, json, st, c.world(), c.rank(), ref};
+  Ctx x{c, nccl.get(), blas, json, st, c.world(), c.rank(), ref};
   x.host_us = a.has("host-us");
   const std::string layout = a.get("b-layout", "kn");
   if (layout != "kn" && layout != "nk") {
@@ -758,45 +809,72 @@ int run(const bench::Args& a) {
     auto counts = a.numbers("sweep", "");
     if (counts.empty()) counts = {0, 4, 8, 16, 32, 64};  // bare --sweep
     const auto ss = a.numbers("sweep-sizes", "4096,16384");
+    bool has_zero = false, has_split = false;  // the adaptive split runs at 0, the fixed splits at the others
+    for (long long n : counts) (n == 0 ? has_zero : has_split) = true;
     if (x.rank == 0) std::printf("\nnum_comm_sms sweep\n| kernel | S | local MxNxK | variant | comm SMs | us | TFLOP/s | check |\n|---|---|---|---|---|---|---|---|\n");
-    // ag_gemm and gemm_ar at every count; gemm_rs's split variants only: v2 at each count > 0 and the
-    // adaptive split (v6) at 0, beside gemm_ar's v0 splits and v2 (issue 22's comparison).
+    // Issue 22's comparison, per kernel (those of an explicit --kernels, else all three) and size:
+    // the fixed splits at each count > 0 (ag_gemm's communicator-block pushes v0 and v1, gemm_ar's
+    // and gemm_rs's inter-SM reductions v0 and v2), the variants without communicator SMs at 0
+    // (ag_gemm's aux-warp pushes 2..6, copy engine 7, 8, all_gather 9; gemm_ar's intra-SM 1) and
+    // the adaptive split (ag_gemm 10, gemm_ar 2, gemm_rs 6; bf16 only), then one call of the tuner's
+    // own pick, and the adaptive-vs-fixed row. Every rank makes the same calls: the list depends on
+    // the arguments only, never on a time or a verdict.
     for (const char* k : {"ag_gemm", "gemm_ar", "gemm_rs"}) {
       const std::string kern = k;
       const bool ag = kern == "ag_gemm", rs = kern == "gemm_rs";
+      if (a.has("kernels") && std::find(kernels.begin(), kernels.end(), kern) == kernels.end()) continue;
       if (fp8 && !ag) {
         if (x.rank == 0) std::printf("(%s left out of the sweep: %s)\n", k, rs ? "its adaptive split is bf16 only" : "it has no fp8 form");
         continue;
       }
-      const int split_variant = rs ? tp::to_int(tp::RsVariant::InterSm) : tp::to_int(tp::ArVariant::InterSm);
-      const int adaptive_variant = rs ? tp::to_int(tp::RsVariant::Adaptive) : tp::to_int(tp::ArVariant::Adaptive);
+      const int adaptive_variant = ag ? tp::to_int(tp::AgVariant::Adaptive)
+                                   : rs ? tp::to_int(tp::RsVariant::Adaptive)
+                                        : tp::to_int(tp::ArVariant::Adaptive);
+      // The fixed splits' variants (at each count > 0), and those at 0 (the adaptive split last).
+      const int split0 = ag ? tp::to_int(tp::AgVariant::CommTmaPush)
+                         : rs ? tp::to_int(tp::RsVariant::InterSm)
+                              : tp::to_int(tp::ArVariant::InterSm);
+      const int split1 = ag ? tp::to_int(tp::AgVariant::CommRegisterPush) : split0;
+      const int zero0 = ag ? tp::to_int(tp::AgVariant::AuxTmaPush) : rs ? adaptive_variant : tp::to_int(tp::ArVariant::IntraSm);
+      const int zero1 = ag && fp8 ? tp::to_int(tp::AgVariant::AllGatherGemm) : adaptive_variant;
+      // The adaptive-vs-fixed row (and the tuned call it reads): bf16, with 0 and another count.
+      const bool compare = !fp8 && has_zero && has_split;
+      if (ag && fp8 && x.rank == 0)
+        std::printf("(ag_gemm fp8: no adaptive split (bf16 only), no tuned call, no adaptive-vs-fixed row)\n");
       for (long long S : ss) {
-        double best_fixed = 0;  // the best fixed split's time, and the adaptive split's row
-        int best_n = 0;
+        double best_fixed = 0;  // the best fixed split's time, count and variant, and the adaptive split's row
+        int best_n = 0, best_v = -1;
         Row adaptive;
         for (long long n : counts) {
-          if (n == 0) {  // no communicator SM: ag_gemm's aux-warp pushes 2..6, copy engine 7, 8, all_gather 9;
-                         // gemm_ar's 1 (intra-SM) and 2; gemm_rs's 6
-            const int v0 = ag ? 2 : rs ? 6 : 1, v1 = ag ? 9 : 2 + 4 * rs;
-            for (int v = v0; v <= v1; ++v) {
+          if (n == 0) {
+            for (int v = zero0; v <= zero1; ++v) {
               const Row r = run_one(x, k, static_cast<int>(S), 0, true, false, 0, v);
-              if (!ag && v == adaptive_variant) adaptive = r;
+              if (v == adaptive_variant) adaptive = r;
             }
           } else {
-            for (int v = ag ? 0 : split_variant; v < (ag ? 2 : split_variant + 1); ++v) {
+            for (int v = split0; v <= split1; ++v) {
               const Row r = run_one(x, k, static_cast<int>(S), static_cast<int>(n), true, false, 0, v);
-              if (!ag && (best_fixed == 0 || r.us < best_fixed)) best_fixed = r.us, best_n = static_cast<int>(n);
+              if (best_fixed == 0 || r.us < best_fixed) best_fixed = r.us, best_n = static_cast<int>(n), best_v = v;
             }
           }
         }
-        if (!ag && adaptive.us > 0 && best_fixed > 0 && x.rank == 0) {
-          std::printf("| %s | %lld | adaptive split / best fixed split (%d comm SMs); reductions while tiles were "
-                      "left %.2f, at most %lld blocks | | | %.3f | | |\n", k, S, best_n, adaptive.early_reductions,
+        if (!compare) continue;
+        // The tuner's own pick for the shape ("sweep": 0): its search or cached choice over the
+        // kernel's candidates, which offer the adaptive split only when it is named.
+        const Row tuned = run_one(x, k, static_cast<int>(S), -1, true, false, 0, -1);
+        if (x.rank == 0) {
+          std::printf("| %s | %lld | adaptive split / best fixed split (v%d, %d comm SMs) %.3f, / the tuner's pick (v%d, "
+                      "%d comm SMs, %.1f us) %.3f; %s while tiles were left %.2f, at most %lld blocks | | | %.3f | | |\n",
+                      k, S, best_v, best_n, adaptive.us / best_fixed, tuned.variant, tuned.ncomm, tuned.us,
+                      adaptive.us / tuned.us, ag ? "push units" : "reductions", adaptive.early_reductions,
                       adaptive.peak_comm_blocks, adaptive.us / best_fixed);
+          std::fflush(stdout);
           bench::JsonLine j;
           j.add("kernel", kern).add("impl", "adaptive-vs-fixed").add("S", S).add("world", x.W)
               .add("adaptive_us", adaptive.us).add("best_fixed_us", best_fixed).add("best_fixed_comm_sms", best_n)
-              .add("ratio", adaptive.us / best_fixed).add("early_reductions", adaptive.early_reductions)
+              .add("best_fixed_variant", best_v).add("ratio", adaptive.us / best_fixed)
+              .add("tuned_us", tuned.us).add("tuned_variant", tuned.variant).add("tuned_comm_sms", tuned.ncomm)
+              .add("ratio_tuned", adaptive.us / tuned.us).add("early_reductions", adaptive.early_reductions)
               .add("peak_comm_blocks", adaptive.peak_comm_blocks);
           json.write(j);
         }
