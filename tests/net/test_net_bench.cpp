@@ -237,6 +237,22 @@ TEST(WeaveBenchNet, WrongBytesMakeRowsWrongAndTheCommandFail) {
   std::remove(json.c_str());
 }
 
+// The GPU-producer proxy rows (part proxy_gpu) need a GPU on the sender: in CPU mode the part says
+// it is skipped and writes no row, and the run still succeeds; a bad --gpu-producers is refused.
+TEST(WeaveBenchNet, GpuProducerPartSkipsWithoutAGpu) {
+  unsetenv("WEAVE_BOOTSTRAP");
+  const std::string json = json_path("proxy_gpu.json");
+  const Result r = run({WEAVE_RUN_BIN, "--no-gpu", "-n", "2", "--nodes", "2", "--timeout", "60", "--", BENCH_BIN, "net",
+                        "--parts", "proxy_gpu", "--json", json});
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("proxy_gpu: skipped"), std::string::npos) << r.out;
+  EXPECT_TRUE(read_rows(json).empty()) << r.out;
+  std::remove(json.c_str());
+  const Result bad = run({BENCH_BIN, "net", "--gpu-producers", "3"});
+  EXPECT_NE(bad.status, 0) << bad.out;
+  EXPECT_NE(bad.out.find("--gpu-producers"), std::string::npos) << bad.out;
+}
+
 TEST(WeaveBenchNet, SkipsWithoutTwoNodesAndRefusesBadOptions) {
   unsetenv("WEAVE_BOOTSTRAP");
   Result r = run({BENCH_BIN, "net"});  // one rank
