@@ -41,8 +41,9 @@ class AgGemm {
   // The search space of the tuner for this shape (communicator SM counts).
   static std::vector<int> comm_sms_candidates(int M, int K, int W, int sm_count);
   // The adaptive split's statistics for M x N x K (zeros before its first v10 call): launches,
-  // push units handed out while tiles were unclaimed, the most blocks pushing then; waits for the
-  // device (a copy from it).
+  // push units handed out while tiles were unclaimed, the most blocks pushing then. A blocking copy
+  // on the legacy stream: synchronise the call's stream first (it does not wait for a
+  // non-blocking stream's launches).
   AdaptiveStats adaptive_stats(int M, int N, int K) const;
 
  private:

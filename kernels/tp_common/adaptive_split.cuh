@@ -16,7 +16,8 @@
 
 namespace weave::tp {
 
-// Host: the statistics a ledger in device memory kept over its launches (a blocking copy).
+// Host: the statistics a ledger in device memory kept over its launches (a blocking copy on the
+// legacy stream, which does not wait for a non-blocking stream: the caller synchronises first).
 inline AdaptiveStats read_adaptive_stats(const void* ledger) {
   sm_split::Ledger l{};
   WEAVE_CUDA_CHECK(cudaMemcpy(&l, ledger, sizeof l, cudaMemcpyDeviceToHost));

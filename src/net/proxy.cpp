@@ -401,8 +401,9 @@ struct Proxy::Impl {
     const uint64_t chunk = imm & 0xffffffffu;
     if (chunk >= opt.flags)
       throw Error(concat("a write with immediate data named chunk ", chunk, ", beyond this rank's ", opt.flags, " flags"));
-    store_release(&flags[chunk], flags[chunk] + 1);  // this thread is the flag's only writer
+    // The count first: a reader that acquires the flag's new value then sees the count too.
     bump(st.arrivals);
+    store_release(&flags[chunk], flags[chunk] + 1);  // this thread is the flag's only writer
   }
 
   void complete(uint32_t slot) {

@@ -46,7 +46,8 @@
 //   the proxy's `completed` reach them all; credit_reads_per_command says whether the ring stayed
 //   full (about 1: the proxy was the bottleneck) or not (about producers / 1024: the GPU was).
 //   Correct: the receiver's flags and payload (as the host rows; unordered: its proxy counted one
-//   arrival per command), the sender's ticket counter, its proxy's taken / posted / completed
+//   arrival per command; ordered: a flag shows only the last command naming it, so there exactly
+//   once is the sender's count), the sender's ticket counter, its proxy's taken / posted / completed
 //   counts all equal to the commands pushed, and each ticket posted exactly once (on_posted).
 // transfer rows (kernel "transfer"), per message size and chunk size:
 // - impl "weave": the message cut into chunks of --chunks bytes, one command per chunk with its
@@ -1163,18 +1164,27 @@ GpuProxyRow proxy_gpu(const Config& c, Ctl& ctl, net::Notify mode, uint32_t batc
         np::launch_null_loop(h, n, words.d(AckWords::kPing), words.d(AckWords::kPong), null_stamps.p, bad.p, st);
         wait_quietly(st);
       }
-      path.finish(st);
+      // A GPU wait of this bench that gives up reports as the path's own "send gate or completions"
+      // wait (net_proxy_gpu.cu uses the path's timeout): say which ack it was.
+      auto finish = [&](const char* what) {
+        try {
+          path.finish(st);
+        } catch (const Error& e) {
+          throw Error(concat("weave-bench net proxy_gpu, ", what, ": ", e.what()));
+        }
+      };
+      finish("the null loop (the GPU waited for the host thread's echo)");
       // The proxy: one command at a time, then the rate run.
       np::launch_latency(h, 0, n, flags, ctl.dst, words.d(AckWords::kTaken), words.d(AckWords::kPosted), stamps.p,
                          bad.p + 1, st);
       wait_quietly(st);
-      path.finish(st);
+      finish("the latency run (the GPU waited for the proxy's taken / posted acks)");
       const net::ProxyStats before = path.proxy().stats();
       const np::RateTimes init{~0ull, 0, 0, 0};
       WEAVE_CUDA_CHECK(cudaMemcpyAsync(times.p, &init, sizeof init, cudaMemcpyHostToDevice, st));
       np::launch_rate(h, n, total, flags, ctl.dst, producers, times.p, st);
       wait_quietly(st);
-      path.finish(st);
+      finish("the rate run (the GPU waited for ring credits or the proxy's completions)");
       // Acquires the proxy thread's writes before its last completion (the hooks' stamps and counts).
       const uint64_t completed = net::queue_detail::load_acquire(path.proxy().queue().completed);
       const net::ProxyStats after = path.proxy().stats();
