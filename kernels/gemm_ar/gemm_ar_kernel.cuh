@@ -78,14 +78,15 @@ struct ArAdaptiveKernelT : ArKernelT<BL> {
   using Base = ArKernelT<BL>;
   using Globals = ArAdaptiveGlobals;
   static constexpr bool kDynamicTasks = true;
-  using TaskState = AdaptiveState;
+  using TaskState = AdaptiveReductionState;
 
   // The tiles this rank owns, in order: w = rank + k W (the ready counter's index is the tile's).
   static __device__ __forceinline__ lcsc::Task next_task(const Globals& g, TaskState& st, int blocks) {
     const AdaptiveTasks a{g.ledger,          g.L.work(),
                           ar_owned_tiles(g.L, g.rank),
                           g.compute_prior,   g.comm_prior,
-                          g.ready.ptr[g.rank], static_cast<unsigned long long>(g.ready_round),
+                          &g.ready,          g.ready.ptr[g.rank],
+                          static_cast<unsigned long long>(g.ready_round),
                           ar_ready_expected(g.L)};
     return adaptive_next_task(a, st, blocks, [&](long long k) { return g.rank + k * g.L.W; });
   }

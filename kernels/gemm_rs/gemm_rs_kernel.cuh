@@ -248,7 +248,7 @@ struct RsAdaptiveKernelT : RsKernelT<Gemm> {
   using Base = RsKernelT<Gemm>;
   using Globals = RsAdaptiveGlobals;
   static constexpr bool kDynamicTasks = true;  // (the lcsc template ignores the aux and store_done inherited)
-  using TaskState = AdaptiveState;
+  using TaskState = AdaptiveReductionState;
 
   // Task j's tile and its ready counter on this rank (the owner).
   static __device__ __forceinline__ gemm::TileCoord owned(const Globals& g, long long j) {
@@ -262,7 +262,8 @@ struct RsAdaptiveKernelT : RsKernelT<Gemm> {
     const AdaptiveTasks a{g.ledger,          g.L.work(),
                           g.L.owner_tiles(g.rank),
                           g.compute_prior,   g.comm_prior,
-                          g.ready.ptr[g.rank], static_cast<unsigned long long>(g.ready_round),
+                          &g.ready,          g.ready.ptr[g.rank],
+                          static_cast<unsigned long long>(g.ready_round),
                           rs_inter_ready_expected(g.L)};
     return adaptive_next_task(a, st, blocks, [&](long long j) { return ready_index(g, owned(g, j)); });
   }

@@ -29,11 +29,13 @@ struct AdaptiveState {
 };
 
 // The split's inputs of one launch: the ledger, the task counts and priors, and this rank's ready
-// counters, of which a reduction's reaches `round * per_round` once every rank's partial is in.
+// counters (of `ready_set`, whose timeout and abort word end a poll that sees no progress), of
+// which a reduction's reaches `round * per_round` once every rank's partial is in.
 struct AdaptiveTasks {
   sm_split::Ledger* ledger;
   long long compute_tasks, comm_tasks;
   float compute_prior, comm_prior;
+  const signals* ready_set;
   const unsigned long long* ready;
   unsigned long long round, per_round;
 };
@@ -78,11 +80,19 @@ struct AdaptivePoll {
   }
 };
 
+// The loader's state of gemm_rs v6 and gemm_ar v2: its role, and its poll of a reduction's input.
+struct AdaptiveReductionState {
+  AdaptiveState split;
+  AdaptivePoll in_place;
+};
+
 // ready_index(k): communication task k's counter. A reduction is begun once some rank's partial
-// arrived this round, in place once all did (sm_ledger.cuh claims it only then).
+// arrived this round, in place once all did (sm_ledger.cuh claims it only then). A poll of a
+// reduction's input that sees no progress for the ready set's timeout (a peer that never made this
+// call) hands the task out anyway, and its wait in adaptive_reduction reports it (AdaptivePoll).
 template <class ReadyIndex>
-__device__ __forceinline__ lcsc::Task adaptive_next_task(const AdaptiveTasks& a, AdaptiveState& st, int blocks,
-                                                         ReadyIndex&& ready_index) {
+__device__ __forceinline__ lcsc::Task adaptive_next_task(const AdaptiveTasks& a, AdaptiveReductionState& st,
+                                                         int blocks, ReadyIndex&& ready_index) {
   sm_split::LedgerParams p;
   p.blocks = blocks;
   p.compute_tasks = a.compute_tasks;
@@ -91,8 +101,13 @@ __device__ __forceinline__ lcsc::Task adaptive_next_task(const AdaptiveTasks& a,
   p.comm_prior = a.comm_prior;
   const unsigned long long all = a.round * a.per_round, before = all - a.per_round;
   const auto count = [&](long long k) { return ld_relaxed_sys(a.ready + ready_index(k)); };
+  st.in_place.key = -1;  // the timeout counts one unbroken poll within this choice
   return adaptive_task(
-      *a.ledger, p, st, [&](long long k) { return count(k) > before; }, [&](long long k) { return count(k) >= all; });
+      *a.ledger, p, st.split, [&](long long k) { return count(k) > before; },
+      [&](long long k) {
+        const unsigned long long n = count(k);
+        return st.in_place(*a.ready_set, k, n, n >= all);
+      });
 }
 
 // A reduction as kernel K's other task, by its consumer threads t = 0..n-1: thread 0 acquires the
