@@ -104,6 +104,17 @@ void busy(double us, std::mt19937_64& rng) {
 }
 
 // One block of one rank for one launch (`round` counts launches from 1).
+// One launch: every rank's B blocks as threads (each with its own seed), within a 60 s deadline.
+template <class W, class Block>
+void run_launch(W& w, Block block, int ranks, int B, int launch, unsigned long long seed) {
+  w.deadline = Clock::now() + std::chrono::seconds(60);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r)
+    for (int b = 0; b < B; ++b)
+      threads.emplace_back(block, std::ref(w), r, b, launch, weave::check::derive(seed, launch, r * B + b));
+  for (std::thread& t : threads) t.join();
+}
+
 void block(World& w, int rank, int b, int round, unsigned long long seed) {
   const Config& c = w.c;
   std::mt19937_64 rng(seed);
@@ -167,12 +178,7 @@ void run(const Config& c, unsigned long long seed) {
   for (int launch = 1; launch <= c.launches; ++launch) {
     for (long long& v : w.buf) v = -1;  // poison
     for (int i = 0; i < c.W * c.tiles; ++i) w.computed[i] = 0, w.reduced[i] = 0;
-    w.deadline = Clock::now() + std::chrono::seconds(60);
-    std::vector<std::thread> threads;
-    for (int r = 0; r < c.W; ++r)
-      for (int b = 0; b < c.B; ++b)
-        threads.emplace_back(block, std::ref(w), r, b, launch, weave::check::derive(seed, launch, r * c.B + b));
-    for (std::thread& t : threads) t.join();
+    run_launch(w, block, c.W, c.B, launch, seed);
     ASSERT_FALSE(w.failed) << where << " launch " << launch << ": " << w.why;
     for (int r = 0; r < c.W; ++r) {
       for (int t = 0; t < c.tiles; ++t) {
@@ -501,12 +507,7 @@ void run_ag(const AgConfig& c, unsigned long long seed) {
     for (int r = 0; r < c.W; ++r) w.delay_us[r] = 0, w.speed[r] = 1;
     w.delay_us[rng() % c.W] = std::uniform_real_distribution<double>(0, 300)(rng);
     w.speed[rng() % c.W] = launch % 2 ? 2.0 : 0.5;
-    w.deadline = Clock::now() + std::chrono::seconds(60);
-    std::vector<std::thread> threads;
-    for (int r = 0; r < c.W; ++r)
-      for (int b = 0; b < c.B; ++b)
-        threads.emplace_back(ag_block, std::ref(w), r, b, launch, weave::check::derive(seed, launch, r * c.B + b));
-    for (std::thread& t : threads) t.join();
+    run_launch(w, ag_block, c.W, c.B, launch, seed);
     ASSERT_FALSE(w.failed) << where << " launch " << launch << ": " << w.why;
     for (int r = 0; r < c.W; ++r) {
       for (int i = 0; i < L.work(); ++i)
