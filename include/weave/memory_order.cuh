@@ -123,4 +123,17 @@ __device__ __forceinline__ unsigned long long globaltimer() {
   return t;
 }
 
+// Stamps for timing memory operations: the global timer and the SM's cycle counter with a memory
+// clobber, so that the compiler keeps every memory access on its side of the stamp.
+__device__ __forceinline__ unsigned long long globaltimer_stamp() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
+  return t;
+}
+__device__ __forceinline__ unsigned long long clock64_stamp() {
+  unsigned long long c;
+  asm volatile("mov.u64 %0, %%clock64;" : "=l"(c)::"memory");
+  return c;
+}
+
 }  // namespace weave

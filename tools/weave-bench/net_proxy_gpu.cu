@@ -8,18 +8,6 @@ namespace weave::bench::netproxy {
 
 namespace kernels {
 
-// The clocks, with a memory clobber: the compiler keeps every memory access on its side of a stamp.
-__device__ __forceinline__ unsigned long long gtimer() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
-  return t;
-}
-__device__ __forceinline__ unsigned long long cycles() {
-  unsigned long long c;
-  asm volatile("mov.u64 %0, %%clock64;" : "=l"(c)::"memory");
-  return c;
-}
-
 // Polls the words `a` and `b` (b reaches `want` no earlier than a) until b reaches `want`, and
 // stamps when each was first seen there. Each turn issues both reads (relaxed.sys: nothing is read
 // through them, and two relaxed reads overlap where acquire ones would wait for each other), back
@@ -35,14 +23,14 @@ __device__ bool wait_two(const net::NetHandle& h, const unsigned long long* a, c
   for (uint32_t i = 1;; ++i) {
     const unsigned long long va = ld_relaxed_sys(a), vb = ld_relaxed_sys(b);
     if (vb >= want) {
-      tb = gtimer();
-      cb = cycles();
+      tb = globaltimer_stamp();
+      cb = clock64_stamp();
       if (!have_a) ta = tb, ca = cb;
       return true;
     }
     if (!have_a && va >= want) {
-      ta = gtimer();
-      ca = cycles();
+      ta = globaltimer_stamp();
+      ca = clock64_stamp();
       have_a = true;
     }
     if ((i & 1023) == 0) {
@@ -56,12 +44,12 @@ __global__ void timer_probe(unsigned long long* out) {
   // Bounded: a timer that never moves gives ~0 (the host refuses it) instead of a hang.
   constexpr uint32_t kMaxReads = 1u << 26;
   uint32_t reads = 0;
-  unsigned long long prev = gtimer(), step = ~0ull;
-  while (gtimer() == prev && ++reads < kMaxReads) {
+  unsigned long long prev = globaltimer_stamp(), step = ~0ull;
+  while (globaltimer_stamp() == prev && ++reads < kMaxReads) {
   }
-  prev = gtimer();  // at a change: every later difference is a whole step
+  prev = globaltimer_stamp();  // at a change: every later difference is a whole step
   for (int changes = 0; changes < 32 && ++reads < kMaxReads;) {
-    const unsigned long long t = gtimer();
+    const unsigned long long t = globaltimer_stamp();
     if (t != prev) {
       step = t - prev < step ? t - prev : step;
       prev = t;
@@ -80,11 +68,11 @@ __global__ void __launch_bounds__(1) latency(const net::NetHandle h, uint64_t fi
     const uint64_t g = first + i;
     const net::Command c = command_of(g, flags, peer);
     Stamp s;
-    s.c_start = cycles();
-    s.t_start = gtimer();
+    s.c_start = clock64_stamp();
+    s.t_start = globaltimer_stamp();
     const bool ok = net::push(h, prod, c);
-    s.t_pushed = gtimer();
-    s.c_pushed = cycles();
+    s.t_pushed = globaltimer_stamp();
+    s.c_pushed = clock64_stamp();
     if (!ok || !wait_two(h, taken, posted, g + 1, s.t_taken, s.c_taken, s.t_posted, s.c_posted)) {
       *bad = 1 + i;
       return;
@@ -106,8 +94,8 @@ __global__ void __launch_bounds__(1) null_loop(const net::NetHandle h, uint32_t 
                                                unsigned long long* bad) {
   for (uint32_t i = 0; i < n; ++i) {
     Stamp s{};
-    s.c_start = cycles();
-    s.t_start = gtimer();
+    s.c_start = clock64_stamp();
+    s.t_start = globaltimer_stamp();
     net::queue_detail::store_release(reinterpret_cast<uint64_t*>(ping), i + 1);
     if (!wait_two(h, pong, pong, i + 1, s.t_taken, s.c_taken, s.t_posted, s.c_posted)) {
       *bad = 1 + i;
@@ -120,7 +108,7 @@ __global__ void __launch_bounds__(1) null_loop(const net::NetHandle h, uint32_t 
 
 __global__ void __launch_bounds__(1) rate(const net::NetHandle h, uint64_t first, uint64_t end, uint32_t flags,
                                           int peer, RateTimes* times) {
-  const unsigned long long t0 = gtimer();
+  const unsigned long long t0 = globaltimer_stamp();
   atomicMin(&times->start, t0);
   net::Producer prod{h.queue};
   unsigned long long reads = 0;
@@ -133,7 +121,7 @@ __global__ void __launch_bounds__(1) rate(const net::NetHandle h, uint64_t first
     reads += prod.head_seen != seen;  // the push read `head` (registers only: nothing added to the push)
   }
   atomicAdd(&times->credit_reads, reads);
-  if (blockIdx.x == 0 && net::wait_completed(h, end)) times->done = gtimer();
+  if (blockIdx.x == 0 && net::wait_completed(h, end)) times->done = globaltimer_stamp();
 }
 
 }  // namespace kernels
