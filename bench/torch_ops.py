@@ -37,8 +37,9 @@ mean nothing and they carry "shared": true. Sections (--only picks some):
   also as "weave-no-A" (return_A=False: no copy of the gathered A). With --cpp-json, weave-bench's
   C++ figures of the same shapes are added (cpp_host_us, cpp_time_us).
 - first_call: the first call of a TP shape this process has not seen (tokens drawn from the seed),
-  which includes weave's tuner search (and staging growth if it is the largest shape so far), and
-  the call after it; the same for the torch baselines.
+  which includes weave's tuner choice (the cost model's pick by default; a search under
+  WEAVE_TUNER=search) and staging growth if it is the largest shape so far, and the call after it;
+  the same for the torch baselines.
 
 Timing, as bench/torch_tp.py (whose helpers this imports): 3 untimed calls, then the slowest rank's
 median over 6 samples of back-to-back calls timed with CUDA events (~100 ms warm-up, ~50 ms timed,
@@ -687,8 +688,10 @@ class Bench:
         W = self.W
         T = W * 128 * ((9 + 2 * (self.seed % 8)) if self.quick else (41 + 2 * (self.seed % 25)))  # odd: never a TOKENS
         cache = os.environ.get("WEAVE_TUNER_CACHE") or "default (~/.cache/weave/tuner.json)"
-        self.print(f"\nfirst call of a new shape (T = {T} tokens; WEAVE_TUNER_CACHE {cache}); includes weave's tuner "
-                   "search, and staging growth if the shape is the largest so far")
+        mode = os.environ.get("WEAVE_TUNER") or "model"
+        self.print(f"\nfirst call of a new shape (T = {T} tokens; WEAVE_TUNER_CACHE {cache}, WEAVE_TUNER {mode}); "
+                   "includes weave's tuner choice (the cost model's pick, or a search under WEAVE_TUNER=search), "
+                   "and staging growth if the shape is the largest so far")
         shapes = (("ag_gemm", ("up", T, T, FFN // W, HIDDEN)), ("gemm_rs", ("down", T, T, HIDDEN, FFN // W)))
         for kernel, shape in shapes:
             case = self.tp_case(kernel, *shape)

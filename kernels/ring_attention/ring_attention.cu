@@ -9,6 +9,7 @@
 #include "ring_attention/ring_attention.hpp"
 #include "ring_attention/ring_globals.hpp"
 #include "ring_attention/schedule.hpp"
+#include "ring_attention/tune_model.hpp"
 #include "weave/runtime/call.hpp"
 #include "weave/runtime/tuner.hpp"
 #include "weave/runtime/tuner_launch.hpp"
@@ -275,10 +276,13 @@ RingLaunchInfo RingAttention::forward(const bf16* q, const bf16* k, const bf16* 
   const std::string key =
       runtime::tune_key("ring_attention", {s.B, s.S, s.Hq, s.Hkv, s.D, opt.causal, static_cast<int>(opt.sharding)}, W,
                         runtime::device_key(m.c));
-  const runtime::TuneResult t =
-      runtime::tuned_choice(m.c, key, cands, stream, "ring_attention", [&](const runtime::TuneCandidate& c) {
-        m.launch(q, k, v, o, lse, s, opt, c.num_comm_sms, stream);
-      });
+  const runtime::TuneResult t = runtime::tuned_choice(
+      m.c, key, cands, stream, "ring_attention",
+      [&] {
+        return model::choose({model::Family::ring, s.B, s.S, s.Hq, s.Hkv, s.D, W, opt.causal}, cands,
+                             runtime::device_rates(m.c.sm_count()));
+      },
+      [&](const runtime::TuneCandidate& c) { m.launch(q, k, v, o, lse, s, opt, c.num_comm_sms, stream); });
   RingLaunchInfo li = m.launch(q, k, v, o, lse, s, opt, t.choice.num_comm_sms, stream);
   li.tuned = true;
   return li;

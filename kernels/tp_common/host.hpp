@@ -17,6 +17,7 @@
 #include "gemm/layout.hpp"
 #include "tp_common/adaptive_stats.hpp"
 #include "tp_common/schedule.hpp"
+#include "tp_common/tune_model.hpp"
 #include "tp_common/variants.hpp"
 #include "weave/common/error.hpp"
 #include "weave/runtime/call.hpp"  // local_problem, CallOrder
@@ -217,10 +218,11 @@ void check_tp_call(runtime::Communicator& c, const char* who, int M, int N, int 
 
 namespace weave::tp {
 
-// A TP call's tuner path: the search (or the cached choice) over `cands` under the key (kernel
-// and its variant restriction, M x N x K, world, device), then the chosen launch. `launch(t)`
-// enqueues one call with candidate t and returns its LaunchInfo. `capture_ready`: the object's
-// keys whose capture fallback was prepared (below).
+// A TP call's tuner path: the cached choice over `cands` under the key (kernel and its variant
+// restriction, M x N x K, world, device), else the cost model's pick (tp_common/tune_model.hpp) or
+// in search mode the search, then the chosen launch. `launch(t)` enqueues one call with candidate
+// t and returns its LaunchInfo. `capture_ready`: the object's keys whose capture fallback was
+// prepared (below).
 template <class F, class Capturable>
 LaunchInfo tuned_launch(runtime::Communicator& c, const char* kernel, const Options& o, int M, int N, int K,
                         const std::vector<runtime::TuneCandidate>& cands, cudaStream_t s, Capturable&& capturable,
@@ -228,10 +230,11 @@ LaunchInfo tuned_launch(runtime::Communicator& c, const char* kernel, const Opti
   const std::string key =
       runtime::tune_key(tune_name(kernel, o.variant, o.b, fp8), {M, N, K}, c.world(), runtime::device_key(c));
   if (runtime::capturing(s)) {
-    // A search times launches and synchronizes: under capture only a choice made by an eager
-    // call of this shape can be used. If that choice cannot be captured (the copy engine), the
-    // first capturable candidate the eager calls prepared (the search ran them all) takes its
-    // place. Every rank has the same cache entry and the same prepared sets, so all pick alike.
+    // A choice is agreed with every rank (and a search times launches): under capture only a
+    // choice made by an eager call of this shape can be used. If that choice cannot be captured
+    // (the copy engine), the first capturable candidate the eager calls prepared (below) takes
+    // its place. Every rank has the same agreed choice and the same prepared sets, so all pick
+    // alike.
     const runtime::TuneResult r =
         runtime::captured_choice(c, key, cands, detail::concat(kernel, " (", M, " x ", N, " x ", K, ")"));
     std::vector<runtime::TuneCandidate> order{r.choice};
@@ -251,11 +254,17 @@ LaunchInfo tuned_launch(runtime::Communicator& c, const char* kernel, const Opti
                                ", cannot be captured); make an eager call with a capturable Options::variant first (",
                                capture_rule(), ")"));
   }
-  const runtime::TuneResult r = runtime::tuned_choice(c, key, cands, s, kernel, launch);
+  const runtime::TuneResult r = runtime::tuned_choice(
+      c, key, cands, s, kernel,
+      [&] {
+        return model::choose({model::family_of(kernel), M, N, K, c.world(), fp8}, cands,
+                             runtime::device_rates(c.sm_count()));
+      },
+      launch);
   // A choice a graph cannot capture: the first capturable candidate also runs once, at this
   // object's first eager call of the shape, so that its signal sets exist when a capture of the
-  // shape looks for a fallback (a bounded search, or a choice from the cache file, may not have
-  // run it). It writes the same output, which the chosen launch then overwrites.
+  // shape looks for a fallback (the model's pick, a bounded search or a choice from the cache file
+  // may not have run it). It writes the same output, which the chosen launch then overwrites.
   if (!capturable(r.choice.variant) && capture_ready.insert(key).second)
     for (const auto& t : cands)
       if (capturable(t.variant)) {

@@ -6,6 +6,7 @@
 #include "gathered_attention/gather_buffer.hpp"
 #include "gathered_attention/gathered.hpp"
 #include "gathered_attention/sp_call.hpp"
+#include "ring_attention/tune_model.hpp"
 #include "ulysses/schedule.hpp"
 #include "ulysses/ulysses.hpp"
 #include "weave/runtime/call.hpp"
@@ -183,10 +184,13 @@ UlyssesLaunchInfo Ulysses::forward(const bf16* q, const bf16* k, const bf16* v, 
     if (n <= m.c.sm_count() / 4) cands.push_back({0, n});
   const std::string key =
       runtime::tune_key("ulysses", {s.B, s.S, s.Hq, s.Hkv, s.D, opt.causal}, W, runtime::device_key(m.c));
-  const runtime::TuneResult t =
-      runtime::tuned_choice(m.c, key, cands, stream, "ulysses", [&](const runtime::TuneCandidate& c) {
-        m.launch(q, k, v, o, s, opt, c.num_comm_sms, stream);
-      });
+  const runtime::TuneResult t = runtime::tuned_choice(
+      m.c, key, cands, stream, "ulysses",
+      [&] {
+        return model::choose({model::Family::ulysses, s.B, s.S, s.Hq, s.Hkv, s.D, W, opt.causal}, cands,
+                             runtime::device_rates(m.c.sm_count()));
+      },
+      [&](const runtime::TuneCandidate& c) { m.launch(q, k, v, o, s, opt, c.num_comm_sms, stream); });
   UlyssesLaunchInfo li = m.launch(q, k, v, o, s, opt, t.choice.num_comm_sms, stream);
   li.tuned = true;
   return li;

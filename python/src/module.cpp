@@ -323,6 +323,16 @@ PYBIND11_MODULE(_C, m) {
       "(visible GPUs, whether CUDA failed with a driver loaded, the CUDA error) in weave's CUDA runtime");
 
   // weave.tune's handles on the process's tuner (runtime/tuner.hpp).
+  m.def("tuner_mode", [] { return std::string(weave::runtime::mode_name(weave::runtime::Tuner::global().mode())); });
+  m.def(
+      "set_tuner_mode",
+      [](const std::string& mode) {
+        if (mode != "model" && mode != "search")
+          throw py::value_error("tuner mode must be 'model' or 'search', got '" + mode + "'");
+        weave::runtime::Tuner::global().set_mode(mode == "search" ? weave::runtime::TuneMode::search
+                                                                   : weave::runtime::TuneMode::model);
+      },
+      py::arg("mode"));
   m.def("tuner_budget_s", [] { return weave::runtime::Tuner::global().budget_s(); });
   m.def("set_tuner_budget_s", [](double s) { weave::runtime::Tuner::global().set_budget_s(s); });
   m.def("tuner_searches", [] { return weave::runtime::Tuner::global().searches(); });

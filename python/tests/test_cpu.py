@@ -459,12 +459,13 @@ def test_tune_calls_every_kind_on_its_shapes(as_rank, monkeypatch):
 
     as_rank(1, 2)
     C = weave._lib.lib()
-    budget = C.tuner_budget_s()
+    budget, mode = C.tuner_budget_s(), C.tuner_mode()
     seen = []
     monkeypatch.setattr(tuning._comm, "communicator", lambda group=None: types.SimpleNamespace(device=0))
     monkeypatch.setattr(tuning, "_rand", lambda shape, dtype, device: seen.append(tuple(shape)) or meta(*shape, dtype=dtype))
     monkeypatch.setattr(tuning, "_scale", lambda device: meta(dtype=F32))
-    monkeypatch.setattr(tuning, "_sync", lambda device: seen.append(("budget", C.tuner_budget_s())))
+    monkeypatch.setattr(tuning, "_sync", lambda device: seen.append(("budget", C.tuner_budget_s())) or
+                        seen.append(("mode", C.tuner_mode())))
     out = weave.tune([
         {"op": "all_gather_matmul", "M": 64, "N": 48, "K": 32},
         {"op": "all_gather_matmul", "M": 64, "N": 48, "K": 32, "weight": "kn"},
@@ -477,7 +478,10 @@ def test_tune_calls_every_kind_on_its_shapes(as_rank, monkeypatch):
     assert [r["op"] for r in out] == ["all_gather_matmul"] * 3 + ["matmul_reduce_scatter", "matmul_all_reduce",
                                                                  "ring_attention", "ulysses_attention"]
     assert not any(r["searched"] for r in out)  # fakes run no search
-    assert C.tuner_budget_s() == budget
+    assert C.tuner_budget_s() == budget and C.tuner_mode() == mode
+    # tune() searches whatever WEAVE_TUNER says (the default, the cost model, would time nothing).
+    assert {x for x in seen if x[0] == "mode"} == {("mode", "search")}
+    seen = [x for x in seen if x[0] != "mode"]
     # B as w.t() (N x K drawn) or K x N; A's shard 32 of 64 rows; rank 1's zigzag chunks of 100 rows
     # (2 of 4 chunks of 25) and its Ulysses shard of 101 (50; rank 0 holds 51).
     assert seen[:6] == [(48, 32), (32, 32), ("budget", 0.25), (32, 48), (32, 32), ("budget", 0.25)]

@@ -1,12 +1,13 @@
 """weave.tune: the tuner's search for the shapes a training run will call, ahead of the run.
 
 The TP and sequence-parallel operators pick their kernel variant and communicator SMs per shape
-with weave's tuner (runtime/tuner.hpp): the first call of a new shape searches, bounded by
-WEAVE_TUNER_BUDGET_S (default 1 s, shortened samples), and the choice is cached in memory and in
-the tuner's file (WEAVE_TUNER_CACHE). tune() runs those first calls before training, on random
-inputs of the given shapes, with the search budget of its choice (default: the full search, which
-a bounded first call in a training step cannot afford), so that the steps find every shape cached.
-It is collective: every rank of the group calls it with the same list."""
+with weave's tuner (runtime/tuner.hpp): by default the first call of a new shape takes the cost
+model's pick (no launch timed, kept in memory only); a searched choice, cached in memory and in the
+tuner's file (WEAVE_TUNER_CACHE), wins over it. tune() runs those first calls before training, on
+random inputs of the given shapes, searching (whatever WEAVE_TUNER says) with the budget of its
+choice (default: the full search, which a first call in a training step cannot afford), so that
+the steps find every shape measured and cached. It is collective: every rank of the group calls it
+with the same list."""
 from __future__ import annotations
 
 import sys
@@ -144,9 +145,10 @@ def tune(calls: Iterable[Mapping], group: GroupLike = None, *, budget_s: Optiona
       ring_attention        B, S (the whole sequence), Hq, Hkv, D; causal (True), sharding ("zigzag")
       ulysses_attention     B, S, Hq, Hkv, D; causal (True)
     budget_s: seconds one search may take (0, the default: the full search, about 10 s for a large
-    TP shape; None: the tuner's current budget, WEAVE_TUNER_BUDGET_S). Progress goes to stderr on
-    rank 0. Returns one dict per call: {"op", "spec", "seconds", "searched"} (searched: the tuner
-    ran a search for it; False when the choice was cached, in memory or in the tuner's file).
+    TP shape; None: the tuner's current budget, WEAVE_TUNER_BUDGET_S). A shape the cost model
+    answered earlier in the process is searched too. Progress goes to stderr on rank 0. Returns one
+    dict per call: {"op", "spec", "seconds", "searched"} (searched: the tuner ran a search for it;
+    False when a measured choice was cached, in memory or in the tuner's file).
     Call it once the run's symmetric buffers (weave.empty, the modules' weights) are allocated: some
     kernels offer candidates only where the symmetric heap has room for them, and a cached choice
     answers only the candidate set it was chosen from (a call with less free heap searches again)."""
@@ -159,11 +161,12 @@ def tune(calls: Iterable[Mapping], group: GroupLike = None, *, budget_s: Optiona
     comm = _comm.communicator(group)
     device = torch.device("cuda", comm.device)
     C = lib()
-    before = C.tuner_budget_s()
+    before, mode = C.tuner_budget_s(), C.tuner_mode()
     if budget_s is not None:
         if budget_s < 0:
             _fail(f"budget_s must be >= 0 (0: the full search) or None, got {budget_s}")
         C.set_tuner_budget_s(float(budget_s))
+    C.set_tuner_mode("search")
     out = []
     try:
         with torch.no_grad():
@@ -182,6 +185,7 @@ def tune(calls: Iterable[Mapping], group: GroupLike = None, *, budget_s: Optiona
                           f"{'searched' if searched else 'cached'} in {dt:.2f} s", file=sys.stderr, flush=True)
     finally:
         C.set_tuner_budget_s(before)
+        C.set_tuner_mode(mode)
     if verbose and rank == 0 and specs:
         path = C.tuner_path()
         print(f"weave.tune: choices kept in {path if path != 'off' else 'memory only (WEAVE_TUNER_CACHE=off)'}",

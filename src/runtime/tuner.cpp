@@ -1,4 +1,4 @@
-// The tuner: bounded search, in-memory and JSON-file cache (see tuner.hpp).
+// The tuner: the cost model's pick or a bounded search, in-memory and JSON-file cache (see tuner.hpp).
 #include "weave/runtime/tuner.hpp"
 
 #include <sys/stat.h>
@@ -46,9 +46,20 @@ Tuner& Tuner::global() {
   return t;
 }
 
+TuneMode tune_mode_from_env() {
+  const std::string v = env::get_string("WEAVE_TUNER");
+  if (v == "model") return TuneMode::model;
+  if (v == "search") return TuneMode::search;
+  throw Error("WEAVE_TUNER=" + v + " is neither `model` (the cost model's pick for a new shape, the default) nor "
+              "`search` (time the candidates)");
+}
+
+const char* mode_name(TuneMode m) { return m == TuneMode::search ? "search" : "model"; }
+
 Tuner::Tuner(std::string cache_file)
     : path_(cache_file.empty() ? default_path() : std::move(cache_file)),
-      budget_s_(env::get_seconds("WEAVE_TUNER_BUDGET_S")) {}
+      budget_s_(env::get_seconds("WEAVE_TUNER_BUDGET_S")),
+      mode_(tune_mode_from_env()) {}
 
 namespace {
 thread_local double sample_window_us = 0;  // the search in progress on this thread (0: none)
@@ -251,11 +262,11 @@ std::map<std::string, TuneResult> Tuner::read_file(bool warn) {
 bool Tuner::lookup(const std::string& key, TuneResult* out) {
   std::lock_guard<std::mutex> g(mu_);
   auto it = mem_.find(key);
-  if (it == mem_.end()) {
+  if (it == mem_.end() || it->second.from_model) {  // a measured choice in the file wins over the model
     auto file = read_file(true);
     auto f = file.find(key);
-    if (f == file.end()) return false;
-    it = mem_.emplace(key, f->second).first;
+    if (f != file.end()) it = mem_.insert_or_assign(key, f->second).first;
+    if (it == mem_.end()) return false;
   }
   *out = it->second;
   out->from_cache = true;
@@ -275,7 +286,9 @@ void Tuner::remember(const std::string& key, const TuneResult& r, bool write_fil
   TuneResult v = r;
   v.from_cache = false;
   mem_[key] = v;
-  if (!write_file || path_ == "off") return;
+  // The file holds measured choices only: a model's pick there would read as measured in the next
+  // process, and a later search could not tell it apart.
+  if (!write_file || v.from_model || path_ == "off") return;
   auto file = read_file(false);
   file[key] = v;
   const size_t slash = path_.rfind('/');
@@ -321,28 +334,32 @@ bool Tuner::agreed(unsigned long long group_id, const std::string& key, TuneResu
 }
 
 TuneResult Tuner::choose(Communicator* comm, const std::string& key, const std::vector<TuneCandidate>& cands,
-                         const std::function<double(const TuneCandidate&)>& measure_us) {
-  if (!comm) return choose_for(nullptr, key, cands, measure_us);
+                         const std::function<double(const TuneCandidate&)>& measure_us, const TuneModel& model) {
+  if (!comm) return choose_for(nullptr, key, cands, measure_us, model);
   const TuneGroup g = tune_group(*comm);
-  return choose_for(&g, key, cands, measure_us);
+  return choose_for(&g, key, cands, measure_us, model);
 }
 
 TuneResult Tuner::choose(const TuneGroup& group, const std::string& key, const std::vector<TuneCandidate>& cands,
-                         const std::function<double(const TuneCandidate&)>& measure_us) {
-  return choose_for(&group, key, cands, measure_us);
+                         const std::function<double(const TuneCandidate&)>& measure_us, const TuneModel& model) {
+  return choose_for(&group, key, cands, measure_us, model);
 }
 
 unsigned long long Tuner::searches() const { return searches_.load(std::memory_order_relaxed); }
 
 TuneResult Tuner::choose_for(const TuneGroup* group, const std::string& key, const std::vector<TuneCandidate>& cands,
-                             const std::function<double(const TuneCandidate&)>& measure_us) {
+                             const std::function<double(const TuneCandidate&)>& measure_us, const TuneModel& model) {
   // With a group, after the ranks compared their candidates: a rank alone without any (fewer SMs
   // than its peers) would leave them waiting in the comparison.
   if (!group) WEAVE_CHECK(!cands.empty(), "tuner: no candidates for ", key);
   const std::string set = candidate_set(cands);
-  // A cached choice answers only the candidate set it was chosen from, and only with one of them.
+  // A search is due for what the cache does not hold with a measured choice; otherwise the model.
+  const bool searching = mode_.load() == TuneMode::search || !model;
+  // A cached choice answers only the candidate set it was chosen from, and only with one of them;
+  // a model's pick not when a search is asked for.
   auto usable = [&](const TuneResult& r) {
-    return r.candidates == set && std::find(cands.begin(), cands.end(), r.choice) != cands.end();
+    return r.candidates == set && std::find(cands.begin(), cands.end(), r.choice) != cands.end() &&
+           !(r.from_model && searching);
   };
   {  // Every rank of a group learns the group's choice at the same call (below), so that choice
      // answers later calls without communication. The memory, which every group of this process
@@ -368,9 +385,9 @@ TuneResult Tuner::choose_for(const TuneGroup* group, const std::string& key, con
     // rank's list.
     std::string order;
     for (const TuneCandidate& c : cands) order += std::to_string(c.variant) + ":" + std::to_string(c.num_comm_sms) + ",";
-    group->check_same("tuner candidates and search budget (µs) for " + key,
+    group->check_same("tuner candidates, search budget (µs) and mode (WEAVE_TUNER) for " + key,
                       {static_cast<long long>(cands.size()), static_cast<long long>(fnv1a(order) >> 1),
-                       std::llround(budget_s * 1e6)});
+                       std::llround(budget_s * 1e6), searching ? 1 : 0});
     WEAVE_CHECK(!cands.empty(), "tuner: no candidates for ", key);
   }
   auto agree = [&](const TuneResult& r) {
@@ -378,16 +395,18 @@ TuneResult Tuner::choose_for(const TuneGroup* group, const std::string& key, con
     std::lock_guard<std::mutex> g(mu_);
     agreed_[{group->id, key}] = r;
   };
-  // Rank 0's cache decides, so every rank takes the same branch.
+  // Rank 0's cache, and else its model, decide, so every rank takes the same branch and choice.
+  enum : int { kSearch, kMeasured, kModelKept, kModelNew };
   struct Hit {
     int found, variant, sms;
     double t;
-  } mine{0, 0, 0, 0};
+  } mine{kSearch, 0, 0, 0};
   TuneResult cached;
   if (rank == 0 && lookup(key, &cached)) {
     if (usable(cached)) {
-      mine = {1, cached.choice.variant, cached.choice.num_comm_sms, cached.time_us};
-    } else if (verbose_) {
+      mine = {cached.from_model ? kModelKept : kMeasured, cached.choice.variant, cached.choice.num_comm_sms,
+              cached.time_us};
+    } else if (verbose_ && !cached.from_model) {
       std::fprintf(stderr,
                    "weave tuner: %s: the cached choice (variant %d, num_comm_sms %d) was made from candidates "
                    "{%s}, now {%s}: re-tuning\n",
@@ -395,18 +414,43 @@ TuneResult Tuner::choose_for(const TuneGroup* group, const std::string& key, con
                    set.c_str());
     }
   }
+  if (rank == 0 && mine.found == kSearch && !searching) {
+    const TuneCandidate c = model();
+    // Only an offered candidate; anything else (a model's bug) is searched rather than launched.
+    if (std::find(cands.begin(), cands.end(), c) != cands.end()) mine = {kModelNew, c.variant, c.num_comm_sms, 0};
+  }
   if (group) {
     std::vector<Hit> all(world);
     group->all_gather(&mine, all.data(), sizeof(Hit));
     mine = all[0];
   }
-  if (mine.found) {
-    TuneResult r{{mine.variant, mine.sms}, mine.t, true, set};
-    if (rank != 0) remember(key, r, false);
+  if (mine.found != kSearch) {
+    const bool fresh = mine.found == kModelNew;
+    TuneResult r{{mine.variant, mine.sms}, mine.t, !fresh, set, mine.found != kMeasured};
+    if (rank != 0 || fresh) remember(key, r, false);
     agree(r);
+    if (fresh && verbose_ && rank == 0)
+      std::fprintf(stderr,
+                   "weave tuner: %s: the cost model chose variant %d, num_comm_sms %d among {%s} (no search; "
+                   "weave.tune([...]) or WEAVE_TUNER=search measures the candidates and caches the winner)\n",
+                   key.c_str(), r.choice.variant, r.choice.num_comm_sms, set.c_str());
     return r;
   }
+  TuneResult best = search(group, key, cands, measure_us, budget_s);
+  remember(key, best, rank == 0);
+  agree(best);
+  if (verbose_ && rank == 0)
+    std::fprintf(stderr, "weave tuner: %s: chose variant %d, num_comm_sms %d (%.1f us); cache %s\n", key.c_str(),
+                 best.choice.variant, best.choice.num_comm_sms, best.time_us, path_.c_str());
+  return best;
+}
+
+// The search itself: collective over the group, every rank measuring the same candidate at once.
+TuneResult Tuner::search(const TuneGroup* group, const std::string& key, const std::vector<TuneCandidate>& cands,
+                         const std::function<double(const TuneCandidate&)>& measure_us, double budget_s) {
+  const int rank = group ? group->rank : 0, world = group ? group->world : 1;
   const bool talk = verbose_ && rank == 0;
+  const std::string set = candidate_set(cands);
   searches_.fetch_add(1, std::memory_order_relaxed);
   if (talk) std::fprintf(stderr, "weave tuner: %s: searching %zu candidates\n", key.c_str(), cands.size());
   // A bounded search (budget_s > 0): half the budget for the first round's samples, each sample
@@ -470,11 +514,6 @@ TuneResult Tuner::choose_for(const TuneGroup* group, const std::string& key, con
   best.time_us = -1;
   for (size_t c : kept)
     if (best.time_us < 0 || times[c] < best.time_us) best = {cands[c], times[c], false, set};
-  remember(key, best, rank == 0);
-  agree(best);
-  if (talk)
-    std::fprintf(stderr, "weave tuner: %s: chose variant %d, num_comm_sms %d (%.1f us); cache %s\n", key.c_str(),
-                 best.choice.variant, best.choice.num_comm_sms, best.time_us, path_.c_str());
   return best;
 }
 

@@ -43,9 +43,12 @@ int main(int argc, char** argv) {
     else a.kv[k] = "";
   }
   if (!std::strcmp(argv[1], "gemm") && a.get("dtype") == "fp8") it = registry().find("gemm_fp8");  // gemm_fp8.cu
-  // A benchmark measures steady state, not a first call: the tuner's full search (100 ms of
-  // warm-up per sample, five rounds) unless WEAVE_TUNER_BUDGET_S says otherwise (unset or empty:
-  // this default; the tuner reads a set value itself).
+  // A benchmark measures steady state, not a first call: the tuner searches (not the cost
+  // model's pick) and fully (100 ms of warm-up per sample, five rounds) unless WEAVE_TUNER or
+  // WEAVE_TUNER_BUDGET_S says otherwise (unset or empty: these defaults; the tuner reads a set
+  // value itself).
+  if (auto m = weave::env::raw("WEAVE_TUNER"); !m || m->empty())
+    weave::runtime::Tuner::global().set_mode(weave::runtime::TuneMode::search);
   if (auto b = weave::env::raw("WEAVE_TUNER_BUDGET_S"); !b || b->empty())
     weave::runtime::Tuner::global().set_budget_s(0);
   int rc;

@@ -51,10 +51,15 @@ inline constexpr Var kVars[] = {
   {"WEAVE_TUNER_CACHE", Type::path, "", Who::user,
    "the tuner's cache file, `off` = memory only; unset: `$XDG_CACHE_HOME/weave/tuner.json`, else "
    "`$HOME/.cache/weave/tuner.json`, else off"},
+  {"WEAVE_TUNER", Type::string, "model", Who::user,
+   "how the tuner answers a shape its cache does not hold: `model` = the cost model's pick (no launch "
+   "timed; kept in memory only, never in the cache file), `search` = time the candidates (bounded by "
+   "`WEAVE_TUNER_BUDGET_S`) and cache the winner, which then wins over the model. `weave.tune` always "
+   "searches, `weave-bench` unless this is set. The same on every rank"},
   {"WEAVE_TUNER_BUDGET_S", Type::seconds, "1", Who::user,
-   "the tuner's time for one new shape's search (the first call's stall): samples shortened to fit, "
-   "extra rounds only while time is left; `0` = the full search (100 ms of warm-up per sample, five "
-   "rounds: ~10 s for 18 candidates; weave-bench's default)"},
+   "the time for one new shape's search (`WEAVE_TUNER=search`, `weave.tune(budget_s=None)`): samples "
+   "shortened to fit, extra rounds only while time is left; `0` = the full search (100 ms of warm-up "
+   "per sample, five rounds: ~10 s for 18 candidates; weave-bench's and `weave.tune`'s default)"},
   {"WEAVE_NET_PROVIDER", Type::string, "", Who::user,
    "the libfabric provider of the network path (`tcp`, `verbs`, `efa`, ...); unset: libfabric's first "
    "choice for RDM endpoints with RMA. libfabric's own `FI_PROVIDER` filters what it offers before weave "

@@ -64,29 +64,32 @@ double time_launches(Communicator& c, cudaStream_t s, F&& launch, SamplePlan& pl
 using TunePlans = std::map<std::pair<int, int>, SamplePlan>;
 inline SamplePlan& plan_of(TunePlans& p, const TuneCandidate& t) { return p[{t.variant, t.num_comm_sms}]; }
 
-// Under a CUDA graph capture, which cannot time launches: the choice an eager call on `c` made
-// (searched or taken from rank 0's cache) under `key` for this candidate set, the same on every
-// rank, or an error that says what to do (`what`: the call, for it). Not this rank's own cache:
-// ranks' files may differ, and another communicator's choice may differ from its peers'.
+// Under a CUDA graph capture, which can neither time launches nor agree with the peers: the
+// choice an eager call on `c` made (the model's, searched, or taken from rank 0's cache) under
+// `key` for this candidate set, the same on every rank, or an error that says what to do (`what`:
+// the call, for it). Not this rank's own cache: ranks' files may differ, and another
+// communicator's choice may differ from its peers'.
 inline TuneResult captured_choice(Communicator& c, const std::string& key, const std::vector<TuneCandidate>& cands,
                                   const std::string& what) {
   TuneResult r;
   WEAVE_CHECK(Tuner::global().agreed(c.uid(), key, &r) && r.candidates == candidate_set(cands), what,
-              ": the first call of this shape tunes (timed launches), which a CUDA graph capture cannot do; make one "
-              "eager call of this shape first, or fix the configuration (num_comm_sms, variant)");
+              ": the first call of this shape chooses its configuration with every rank (and may time launches), "
+              "which a CUDA graph capture cannot do; make one eager call of this shape first, or fix the "
+              "configuration (num_comm_sms, variant)");
   return r;
 }
-// The cached choice for `key`, or the search that times `launch(t)` (one call with candidate t,
-// enqueued on `s`) for the candidates; under a CUDA graph capture only the cached choice
+// The cached choice for `key`, else the cost model's pick (`model`, asked only then), or in
+// search mode the search that times `launch(t)` (one call with candidate t, enqueued on `s`) for
+// the candidates; under a CUDA graph capture only the choice an eager call made
 // (captured_choice; `what` names the call in its error).
 template <class F>
 TuneResult tuned_choice(Communicator& c, const std::string& key, const std::vector<TuneCandidate>& cands,
-                        cudaStream_t s, const std::string& what, F&& launch) {
+                        cudaStream_t s, const std::string& what, const TuneModel& model, F&& launch) {
   if (capturing(s)) return captured_choice(c, key, cands, what);
   TunePlans plans;
-  return Tuner::global().choose(&c, key, cands, [&](const TuneCandidate& t) {
-    return time_launches(c, s, [&] { launch(t); }, plan_of(plans, t));
-  });
+  return Tuner::global().choose(
+      &c, key, cands,
+      [&](const TuneCandidate& t) { return time_launches(c, s, [&] { launch(t); }, plan_of(plans, t)); }, model);
 }
 inline std::string device_key(const Communicator& c) {
   std::string n = c.props().name;
