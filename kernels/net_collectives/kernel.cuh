@@ -16,6 +16,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "net_collectives/layout.hpp"
 #include "weave/net/device.cuh"
@@ -87,20 +88,30 @@ __device__ inline bool nth_item(const Layout& L, long long j, CountFn count, int
   return false;
 }
 
-template <class T>
-__device__ void send_role(const KernelArgs& a) {
+// Send blocks b = 0 .. nb - 1 of the grid. `staged(j)` (one thread; false: give up) before
+// command j's source is read: at G = 1 always true, in the fused kernel the wait for the node's
+// partial (net_coll_fused_schedule.hpp's ready counter).
+struct NoWait {
+  __device__ bool operator()(long long) const { return true; }
+};
+template <class W>
+inline constexpr bool is_no_wait = std::is_same_v<W, NoWait>;  // G = 1: no agreement to make
+template <class T, class Staged = NoWait>
+__device__ void send_role(const KernelArgs& a, int b, int nb, Staged staged = {}) {
   const NetHandle& h = a.h;
   const Layout& L = a.L;
   const int r = h.rank;
-  if (!open_send_gate(h, a.call, a.commands_before, blockIdx.x == 0)) return;
+  if (!open_send_gate(h, a.call, a.commands_before, b == 0)) return;
   Producer prod{h.queue};
   const bool ag = L.plan.coll == Coll::all_gather;
   // all_gather: the own shard's pieces, each to every step's peer; reduce_scatter: (step, piece).
   const long long items = ag ? step_pieces(L, r, 0) : commands(L, r);
-  for (long long j = blockIdx.x; j < items; j += a.send_blocks) {
+  for (long long j = b; j < items; j += nb) {
     int s = 0, p = static_cast<int>(j);
     if (!ag) nth_item(L, j, [&](int st) { return step_pieces(L, r, st); }, &s, &p);
     const PieceCmd c0 = piece_cmd(L, r, s, p);
+    if constexpr (!is_no_wait<Staged>)
+      if (!block_agree(threadIdx.x == 0 ? staged(j) : true)) return;
     block_copy_out(h.send + c0.src_off, ag ? a.buf + c0.data_off : a.src + c0.part_off, static_cast<uint64_t>(c0.bytes));
     __syncthreads();
     bool ok = true;
@@ -117,21 +128,23 @@ __device__ void send_role(const KernelArgs& a) {
   }
 }
 
+// reduce_scatter: piece p of this rank's shard, the own (node's) partial plus the N - 1 arrived
+// ones in step order (senders r - 1, r - 2, ...: the same order on every rank), into the buffer.
 template <class T>
 __device__ void reduce_piece(const KernelArgs& a, int p) {
   const NetHandle& h = a.h;
   const Layout& L = a.L;
   const int r = h.rank, N = steps(L) + 1;
-  const PieceRecv v0 = piece_recv(L, r, 0, p);
-  T* out = reinterpret_cast<T*>(a.buf + v0.data_off);
-  const T* own = reinterpret_cast<const T*>(a.src + v0.part_off);  // this node's partial (out at G = 1)
-  const long long n = v0.bytes / static_cast<long long>(sizeof(T));
-  const long long groups = v0.bytes / 16;  // pieces start 16-aligned; a ragged tail is scalar
+  const Bytes sh = shard(L.plan, r), pc = piece_of(L, sh.size, p);
+  T* out = reinterpret_cast<T*>(a.buf + sh.off + pc.off);
+  const T* own = reinterpret_cast<const T*>(a.src + partial_off(L, r, pc.off));  // this node's partial (out at G = 1)
+  const long long n = pc.size / static_cast<long long>(sizeof(T));
+  const long long groups = pc.size / 16;  // pieces start 16-aligned; a ragged tail is scalar
   constexpr int kV = Vec<T>::n;
   for (long long g = threadIdx.x; g < groups; g += blockDim.x) {
     float acc[kV], x[kV];
     Vec<T>::load(reinterpret_cast<const uint4*>(own)[g], acc);
-    for (int s = 0; s < N - 1; ++s) {  // senders r - 1, r - 2, ...: the same order on every rank
+    for (int s = 0; s < N - 1; ++s) {
       const PieceRecv v = piece_recv(L, r, s, p);
       Vec<T>::load(ld_volatile_v4(reinterpret_cast<const uint4*>(h.recv + a.recv_base + v.recv_off) + g), x);
       for (int i = 0; i < kV; ++i) acc[i] += x[i];
@@ -149,12 +162,24 @@ __device__ void reduce_piece(const KernelArgs& a, int p) {
   }
 }
 
-template <class T>
-__device__ void recv_role(const KernelArgs& a) {
+// all_gather at G = 1: an arrived piece into this rank's buffer (the fused kernel's copies it into
+// every node rank's).
+struct CopyIn {
+  char* buf;
+  __device__ void operator()(long long data_off, const char* in, long long bytes) const {
+    block_copy_in(buf + data_off, in, static_cast<uint64_t>(bytes));
+  }
+};
+
+// Receive blocks b = 0 .. nb - 1. all_gather: `deliver(data_off, arrival, bytes)` (all threads) puts
+// each arrived piece in place. reduce_scatter: `own(p)` (one thread; false: give up) before the
+// own partial of piece p is read (as send_role's `staged`). With one node (the fused kernel only)
+// reduce_scatter's pieces are the own partial alone and all_gather has nothing to receive.
+template <class T, class Deliver, class Own = NoWait>
+__device__ void recv_role(const KernelArgs& a, int b, int nb, Deliver deliver, Own own = {}) {
   const NetHandle& h = a.h;
   const Layout& L = a.L;
   const int r = h.rank;
-  const int b = blockIdx.x - a.send_blocks, nb = gridDim.x - a.send_blocks;
   if (L.plan.coll == Coll::all_gather) {
     long long total = 0;
     for (int s = 0; s < steps(L); ++s) total += recv_pieces(L, r, s);
@@ -163,16 +188,18 @@ __device__ void recv_role(const KernelArgs& a) {
       nth_item(L, j, [&](int st) { return recv_pieces(L, r, st); }, &s, &p);
       const PieceRecv v = piece_recv(L, r, s, p);
       if (!block_agree(threadIdx.x == 0 ? wait_arrival(h, a.flag_base + v.chunk) : true)) return;
-      block_copy_in(a.buf + v.data_off, h.recv + a.recv_base + v.recv_off, static_cast<uint64_t>(v.bytes));
+      deliver(v.data_off, h.recv + a.recv_base + v.recv_off, v.bytes);
       __syncthreads();
       if (threadIdx.x == 0) consume(h, a.flag_base + v.chunk);
     }
   } else {
-    const int np = steps(L) > 0 ? recv_pieces(L, r, 0) : 0;  // every sender sends the own shard's pieces
+    const int np = pieces(L, shard(L.plan, r).size);  // every sender sends the own shard's pieces
     for (int p = b; p < np; p += nb) {
       bool ok = true;
-      if (threadIdx.x == 0)
+      if (threadIdx.x == 0) {
         for (int s = 0; ok && s < steps(L); ++s) ok = wait_arrival(h, a.flag_base + piece_recv(L, r, s, p).chunk);
+        ok = ok && own(p);
+      }
       if (!block_agree(ok)) return;
       reduce_piece<T>(a, p);
       __syncthreads();
@@ -207,17 +234,23 @@ __device__ void combine(char* dst, char* dst2, const char* local, const char* in
   }
 }
 
-// all_reduce, every block: the ring of layout.hpp between rail peers, one (sub-chunk, piece) item
-// at a time. Block b takes items b, b + grid, ... on every rank (the same grid everywhere), each
-// to its end: a rank's wait for an item needs only the previous rail peer's work on the same item,
-// which that rank's block b reaches after the same earlier items, so the ring cannot deadlock.
-template <class T>
-__device__ void ring_role(const KernelArgs& a) {
+// all_reduce: the ring of layout.hpp between rail peers, one (sub-chunk, piece) item at a time, on
+// ring blocks b = 0 .. blocks - 1 (at G = 1 the whole grid). Block b takes items b, b + blocks, ...
+// on every rank (the same count everywhere), each to its end: a rank's wait for an item needs only the previous
+// rail peer's work on the same item, which that rank's block b reaches after the same earlier
+// items, so the ring cannot deadlock. Hooks of the fused kernel (no-ops at G = 1): `local(j)` (one
+// thread; false: give up) before item j's local bytes are read (the node's sum in place),
+// `kept(j)` (one thread, after __syncthreads) once its result is in the buffer.
+struct NoSignal {
+  __device__ void operator()(long long) const {}
+};
+template <class T, class Local = NoWait, class Kept = NoSignal>
+__device__ void ring_role(const KernelArgs& a, int b, int blocks, Local local = {}, Kept kept = {}) {
   const NetHandle& h = a.h;
   const Layout& L = a.L;
   const int r = h.rank, N = L.plan.topo.nodes;
   const uint16_t next = static_cast<uint16_t>(L.plan.topo.rail_peer(r, 1));
-  if (!open_send_gate(h, a.call, a.commands_before, blockIdx.x == 0)) return;
+  if (!open_send_gate(h, a.call, a.commands_before, b == 0)) return;
   Producer prod{h.queue};
   const auto cmd = [&](int which, int c, int p, const Bytes& pc) {
     const uint64_t off = static_cast<uint64_t>(ring_slot_off(L, r, which, pc));
@@ -225,7 +258,7 @@ __device__ void ring_role(const KernelArgs& a) {
                    next, kNotify, 0};
   };
   const long long items = ring_items(L, r);
-  for (long long j = blockIdx.x; j < items; j += gridDim.x) {
+  for (long long j = b; j < items; j += blocks) {
     int c = 0, p = 0;
     ring_item(L, r, j, &c, &p);
     const Bytes pc = ring_piece(L, r, c, p);
@@ -236,6 +269,8 @@ __device__ void ring_role(const KernelArgs& a) {
     // Reduce-scatter: start the sum (d = 0), or add to the arrived partial sum and pass it on; the
     // last hop's receiver keeps the result and starts the all-gather with it.
     const uint32_t f_rs = a.flag_base + ring_chunk_id(L, 0, c, p);
+    if constexpr (!is_no_wait<Local>)
+      if (!block_agree(threadIdx.x == 0 ? local(j) : true)) return;
     if (d == 0) {
       block_copy_out(h.send + sums, data, nb);
     } else {
@@ -251,6 +286,7 @@ __device__ void ring_role(const KernelArgs& a) {
     if (threadIdx.x == 0) {
       if (d != 0) consume(h, f_rs);
       ok = push(h, prod, d <= N - 2 ? cmd(0, c, p, pc) : cmd(1, c, p, pc));
+      if (ok && e == 0) kept(j);
     }
     if (!block_agree(ok)) return;
     // All-gather: every rank but the result's owner receives it, keeps it, and passes it on
@@ -264,6 +300,7 @@ __device__ void ring_role(const KernelArgs& a) {
     __syncthreads();
     if (threadIdx.x == 0) {
       consume(h, f_ag);
+      kept(j);
       if (e <= N - 2) ok = push(h, prod, cmd(1, c, p, pc));
     }
     if (!block_agree(ok)) return;
@@ -272,12 +309,13 @@ __device__ void ring_role(const KernelArgs& a) {
 
 template <class T>
 __global__ void __launch_bounds__(256) net_collective_kernel(const __grid_constant__ KernelArgs a) {
+  const int b = static_cast<int>(blockIdx.x), grid = static_cast<int>(gridDim.x);
   if (a.L.plan.coll == Coll::all_reduce)
-    ring_role<T>(a);
-  else if (static_cast<int>(blockIdx.x) < a.send_blocks)
-    send_role<T>(a);
+    ring_role<T>(a, b, grid);
+  else if (b < a.send_blocks)
+    send_role<T>(a, b, a.send_blocks);
   else
-    recv_role<T>(a);
+    recv_role<T>(a, b - a.send_blocks, grid - a.send_blocks, CopyIn{a.buf});
 }
 
 }  // namespace weave::net::coll

@@ -2,9 +2,14 @@
 
 #include <cuda_bf16.h>
 
+#include <algorithm>
+#include <vector>
+
 #include "collectives/collectives.hpp"
 #include "net_collectives/kernel.cuh"
 #include "net_collectives/layout.hpp"
+#include "net_collectives/net_coll_fused_kernel.cuh"  // FusedArgs (instantiated in net_coll_fused_launch.cu)
+#include "net_collectives/net_coll_fused_launch.hpp"
 #include "net_collectives/node_phase.hpp"
 #include "net_common/call.hpp"
 #include "weave/common/error.hpp"
@@ -25,10 +30,15 @@ struct NetCollectives::Node {
   runtime::SymmetricTensor<char> tail;     // G x 16 bytes: every local rank's trailing partial unit
   runtime::SymmetricTensor<char> scratch;  // reduce_scatter's node partials (layout.hpp, staged)
   weave::coll::Collectives coll;
+  // The fused kernel's: the node's arrive / done counters, its per-item counters, and its grid,
+  // the smallest SM count of the job (every rank launches the same grid, each block resident).
+  runtime::SignalSet fused_sig;
+  DeviceCounters items;
+  int grid;
 
-  Node(runtime::Communicator& c, size_t scratch_bytes)
+  Node(runtime::Communicator& c, size_t scratch_bytes, int job_sms)
       : comm(c), tail(c, static_cast<size_t>(c.world()) * 16), scratch(c, scratch_bytes < 16 ? 16 : scratch_bytes),
-        coll(c) {}
+        coll(c), fused_sig(c.signals("net collectives fused (arrive, done)", 2)), grid(job_sms) {}
 
   int local() const { return comm.rank(); }
   int gpus() const { return comm.world(); }
@@ -102,7 +112,15 @@ NetCollectives::NetCollectives(NetPath& path, runtime::Communicator& node, NetCo
               " ranks (make it over runtime::node_launch_info)");
   WEAVE_CHECK(node.device() == path_.device(), "net collectives: the node communicator uses GPU ", node.device(),
               " but the network path GPU ", path_.device());
-  if (t.gpus > 1) node_ = std::make_unique<Node>(node, opt_.node_scratch_bytes);
+  if (t.gpus == 1) return;
+  // The fused kernel's grid: the same on every rank (the ring blocks' item order and the node's
+  // done count depend on it), at most one block per SM of the smallest GPU, so that every block
+  // is resident at once (its blocks wait for each other) even where ranks share a GPU (their
+  // kernels take turns on it).
+  std::vector<int> sms(static_cast<size_t>(path_.world()));
+  const int mine = node.sm_count();
+  path_.bootstrap().all_gather(&mine, sms.data(), sizeof mine);
+  node_ = std::make_unique<Node>(node, opt_.node_scratch_bytes, *std::min_element(sms.begin(), sms.end()));
 }
 
 NetCollectives::~NetCollectives() = default;
@@ -181,17 +199,23 @@ void NetCollectives::launch(int which, void* buf, long long count, NetDtype dtyp
     WEAVE_CHECK(static_cast<unsigned long long>(coll::scratch_needed(L)) <= node_->scratch.size(), who, ": ", bytes,
                 " bytes need ", coll::scratch_needed(L), " bytes of node scratch; there are ", node_->scratch.size(),
                 " (NetCollOptions::node_scratch_bytes)");
+    WEAVE_CHECK(!opt_.fused || coll::roles_fit(c, coll::fused_roles(c, node_->grid, opt_.send_blocks, opt_.recv_blocks)),
+                who, ": the fused kernel's grid of ", node_->grid, " blocks (the smallest SM count) leaves no NVLink "
+                "block beside ", opt_.send_blocks, " send and ", opt_.recv_blocks,
+                " receive blocks (lower NetCollOptions::send_blocks / recv_blocks)");
   });
   const long long op = c == Coll::all_gather ? kOpAllGather : c == Coll::reduce_scatter ? kOpReduceScatter : kOpAllReduce;
   const AgreedCall agreed_call = agree(path_, agreed_,
-        {op, count, static_cast<long long>(dtype), opt_.chunk_bytes, opt_.send_blocks, opt_.recv_blocks, t.gpus},
-        problem, who.c_str(), "count, dtype, chunk, send blocks, receive blocks, ranks per node");
+        {op, count, static_cast<long long>(dtype), opt_.chunk_bytes, opt_.send_blocks, opt_.recv_blocks, t.gpus,
+         t.gpus > 1 && opt_.fused ? node_->grid : 0},
+        problem, who.c_str(), "count, dtype, chunk, send blocks, receive blocks, ranks per node, fused grid");
   if (count == 0 || world == 1) return;  // the same on every rank (agreed): nothing to exchange
   const int rank = path_.rank();
   const coll::Layout L = coll::make_layout(c, Topo{t.nodes, t.gpus}, bytes, opt_.chunk_bytes);
   char* b = static_cast<char*>(buf);
   if (t.gpus == 1) return net_phase(L, b, b, dtype, stream, name);
 
+  if (opt_.fused) return fused_call(L, b, dtype, stream, name);
   Node& n = *node_;
   // One stream, no host wait between stages: each stage's kernels start after the previous
   // stage's kernels of this rank ended; the single-node collectives frame their NVLink accesses
@@ -218,6 +242,30 @@ void NetCollectives::launch(int which, void* buf, long long count, NetDtype dtyp
         break;
     }
   }
+}
+
+void NetCollectives::fused_call(const coll::Layout& L, char* buf, NetDtype dtype, cudaStream_t stream,
+                                const char* name) {
+  Node& n = *node_;
+  coll::FusedArgs f{};
+  coll::KernelArgs& a = f.net;
+  a.buf = buf;
+  a.src = L.plan.coll == Coll::reduce_scatter ? n.scratch.data() : buf;
+  a.L = L;
+  a.send_blocks = opt_.send_blocks;
+  const runtime::PeerPtrs pp = n.comm.peers(buf, static_cast<size_t>(L.plan.bytes));
+  for (int d = 0; d < n.gpus(); ++d) f.node[d] = static_cast<char*>(pp[d]);
+  f.scratch = n.scratch.data();
+  f.sig = n.fused_sig.view();
+  f.round = n.fused_sig.next_round();
+  f.roles = coll::fused_roles(L.plan.coll, n.grid, opt_.send_blocks, opt_.recv_blocks);
+  f.G = n.gpus();
+  f.local = n.local();
+  launch_numbered(path_, a, coll::commands(L, path_.rank()), concat("net ", name).c_str(), [&] {
+    f.counters = n.items.zeroed(coll::fused_counters(L), stream);
+    coll::launch_fused(f, dtype == NetDtype::bf16, stream);
+    WEAVE_CUDA_CHECK(cudaGetLastError());
+  });
 }
 
 void NetCollectives::finish(cudaStream_t stream) {

@@ -42,6 +42,10 @@ struct NetCollOptions {
   // G > 1: reduce_scatter's node partials (N x the largest shard, 16-aligned), allocated in the
   // node communicator's heap by the constructor.
   size_t node_scratch_bytes = 64u << 20;
+  // G > 1: one fused kernel per call (NVLink and network roles in one grid, pipelined per network
+  // piece: net_coll_fused_kernel.cuh) instead of the host-composed phases. Off by default until it
+  // has run on a GPU; every rank must pass the same value (part of the agreed call).
+  bool fused = false;
 };
 
 class NetCollectives {
@@ -80,6 +84,8 @@ class NetCollectives {
   // The network phase (kernel.cuh): reads reduce_scatter's partials from `src`, writes `buf`.
   void net_phase(const coll::Layout& L, char* buf, const char* src, NetDtype dtype, cudaStream_t stream,
                  const char* name);
+  // G > 1 with NetCollOptions::fused: the whole call as one kernel (net_coll_fused_kernel.cuh).
+  void fused_call(const coll::Layout& L, char* buf, NetDtype dtype, cudaStream_t stream, const char* name);
   NetPath& path_;
   NetCollOptions opt_;
   std::unique_ptr<Node> node_;

@@ -10,12 +10,15 @@
 // rank's input exactly once (uint32 elements of random bits, wrapping sums: a missing or doubled
 // partial shows), reduce_scatter leaves the other shards as they were.
 #include "net_collectives/node_phase.hpp"  // first: the headers compile as plain C++
+#include "net_collectives/net_coll_fused_schedule.hpp"
 
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <map>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -429,6 +432,218 @@ TEST(NetCollectivesLayout, EveryRankHearsFromEveryRailPeer) {
             }
             ASSERT_EQ(static_cast<int>(senders.size()), N - 1) << where(c, t, bytes, 64);
           }
+        }
+}
+
+// ---- the fused kernel's schedule (net_coll_fused_schedule.hpp) ----------------------------------
+// Every rank's roles as tasks on host buffers: node_reduce and node_gather per item, the network
+// per piece (all_reduce: the ring's item between the N rail peers as one task; the others: each
+// send and each receive, through receive slots and arrival flags at layout.hpp's offsets). A task
+// runs only once the counter or flags it waits for are raised, in a random order among those that
+// may run; a pass that runs none with tasks left is a deadlock. Every output element of every rank
+// must be written exactly once (node peers' writes included) and hold the reference.
+struct FusedSim {
+  Coll c;
+  Topo t;
+  Layout L;
+  long long count;
+  std::vector<std::vector<Elem>> buf, scratch, slot, in;
+  std::vector<std::vector<int>> counters, written, flags;
+  std::vector<std::pair<std::string, std::function<bool()>>> tasks;  // false: may not run yet
+
+  FusedSim(Coll c_, Topo t_, long long count_, long long chunk) : c(c_), t(t_), count(count_) {
+    L = make_layout(c, t, count * 4, chunk);
+    const int W = t.world();
+    buf.resize(W), scratch.resize(W), slot.resize(W), counters.resize(W), written.resize(W), flags.resize(W);
+    for (int r = 0; r < W; ++r) {
+      const Bytes own = shard(L.plan, r);
+      for (long long i = 0; i < count; ++i) {
+        const bool mine = i * 4 >= own.off && i * 4 < own.off + own.size;
+        buf[r].push_back(c == Coll::all_gather && !mine ? kPoison : input(r, i));
+      }
+      scratch[r].assign(scratch_needed(L) / 4, kPoison);
+      slot[r].assign(recv_needed(L) / 4 + 1, kPoison);
+      counters[r].assign(fused_counters(L), 0);
+      written[r].assign(count, 0);
+      flags[r].assign(flags_needed(L), 0);
+    }
+    in = buf;
+  }
+  Elem* at(int r, long long byte_off) { return buf[r].data() + byte_off / 4; }
+  void write(int r, long long off, const Elem* src, long long bytes) {
+    for (long long i = 0; i < bytes / 4; ++i) at(r, off)[i] = src[i], ++written[r][off / 4 + i];
+  }
+
+  void add_tasks() {
+    const int W = t.world(), N = t.nodes, G = t.gpus;
+    for (int r = 0; r < W; ++r) {
+      const int n = t.node(r), l = t.local(r);
+      for (long long j = 0; j < fused_items(L, r); ++j) {
+        const FusedItem it = fused_item(L, r, j);
+        if (c != Coll::all_gather)
+          tasks.push_back({"node_reduce", [=, this] {
+                             std::vector<Elem> sum(it.src.size / 4, 0);
+                             for (int d = 0; d < G; ++d)
+                               for (size_t i = 0; i < sum.size(); ++i) sum[i] += at(t.rank(n, d), it.src.off)[i];
+                             if (c == Coll::all_reduce) {
+                               EXPECT_EQ(it.dst, it.src.off);
+                               for (size_t i = 0; i < sum.size(); ++i) at(r, it.dst)[i] = sum[i];
+                               if (N == 1) for (size_t i = 0; i < sum.size(); ++i) ++written[r][it.dst / 4 + i];
+                             } else {
+                               EXPECT_LE(it.dst + it.src.size, scratch_needed(L));
+                               std::copy(sum.begin(), sum.end(), scratch[r].begin() + it.dst / 4);
+                             }
+                             counters[r][ready_counter(L, j)] = 1;
+                             return true;
+                           }});
+        if (c != Coll::reduce_scatter)
+          tasks.push_back({"node_gather", [=, this] {
+                             if (c == Coll::all_reduce && !counters[r][N > 1 ? result_counter(L, j) : ready_counter(L, j)])
+                               return false;
+                             const std::vector<Elem> v(at(r, it.src.off), at(r, it.src.off) + it.src.size / 4);
+                             for (int d = 0; d < G; ++d)
+                               if (d != l) write(t.rank(n, d), it.src.off, v.data(), it.src.size);
+                             return true;
+                           }});
+        if (c == Coll::all_reduce && N > 1 && n == 0)  // the ring of item j between the rail peers
+          tasks.push_back({"ring", [=, this] {
+                             for (int m = 0; m < N; ++m)
+                               if (!counters[t.rank(m, l)][ready_counter(L, j)]) return false;
+                             std::vector<Elem> sum(it.src.size / 4, 0);
+                             for (int m = 0; m < N; ++m) {
+                               const FusedItem o = fused_item(L, t.rank(m, l), j);
+                               EXPECT_EQ(o.src.off, it.src.off);
+                               EXPECT_EQ(o.src.size, it.src.size);
+                               for (size_t i = 0; i < sum.size(); ++i) sum[i] += at(t.rank(m, l), it.src.off)[i];
+                             }
+                             for (int m = 0; m < N; ++m) {
+                               write(t.rank(m, l), it.src.off, sum.data(), it.src.size);
+                               counters[t.rank(m, l)][result_counter(L, j)] = 1;
+                             }
+                             return true;
+                           }});
+        if (c == Coll::reduce_scatter && j < commands(L, r)) {  // the send of command j
+          EXPECT_EQ(rs_item_pieces(L, r, it.step), step_pieces(L, r, it.step));
+          tasks.push_back({"send", [=, this] {
+                             if (!counters[r][ready_counter(L, j)]) return false;
+                             const PieceCmd pc = piece_cmd(L, r, it.step, it.piece);
+                             EXPECT_EQ(pc.part_off, it.dst);
+                             std::copy_n(scratch[r].begin() + pc.part_off / 4, pc.bytes / 4,
+                                         slot[pc.peer].begin() + pc.dst_off / 4);
+                             ++flags[pc.peer][pc.chunk];
+                             return true;
+                           }});
+        }
+      }
+      if (c == Coll::reduce_scatter)
+        for (int p = 0; p < pieces(L, shard(L.plan, r).size); ++p)
+          tasks.push_back({"recv", [=, this] {
+                             if (!counters[r][ready_counter(L, own_item(L, r, p))]) return false;
+                             for (int s = 0; s < N - 1; ++s)
+                               if (!flags[r][piece_recv(L, r, s, p).chunk]) return false;
+                             const Bytes sh = shard(L.plan, r), pc = piece_of(L, sh.size, p);
+                             std::vector<Elem> sum(scratch[r].begin() + partial_off(L, r, pc.off) / 4,
+                                                   scratch[r].begin() + (partial_off(L, r, pc.off) + pc.size) / 4);
+                             for (int s = 0; s < N - 1; ++s)
+                               for (size_t i = 0; i < sum.size(); ++i)
+                                 sum[i] += slot[r][piece_recv(L, r, s, p).recv_off / 4 + i];
+                             write(r, sh.off + pc.off, sum.data(), pc.size);
+                             return true;
+                           }});
+      if (c == Coll::all_gather && N > 1)
+        for (int s = 0; s < steps(L); ++s) {
+          for (int p = 0; p < step_pieces(L, r, 0); ++p)
+            tasks.push_back({"send", [=, this] {
+                               const PieceCmd pc = piece_cmd(L, r, s, p);
+                               std::copy_n(at(r, pc.data_off), pc.bytes / 4, slot[pc.peer].begin() + pc.dst_off / 4);
+                               ++flags[pc.peer][pc.chunk];
+                               return true;
+                             }});
+          for (int p = 0; p < recv_pieces(L, r, s); ++p)
+            tasks.push_back({"recv", [=, this] {
+                               const PieceRecv v = piece_recv(L, r, s, p);
+                               if (!flags[r][v.chunk]) return false;
+                               for (int d = 0; d < G; ++d)
+                                 write(t.rank(n, d), v.data_off, slot[r].data() + v.recv_off / 4, v.bytes);
+                               return true;
+                             }});
+        }
+    }
+  }
+
+  void run(uint64_t seed) {
+    add_tasks();
+    std::mt19937_64 rng(seed);
+    while (!tasks.empty()) {
+      std::shuffle(tasks.begin(), tasks.end(), rng);
+      const size_t before = tasks.size();
+      std::vector<std::pair<std::string, std::function<bool()>>> left;
+      for (auto& task : tasks)
+        if (!task.second()) left.push_back(std::move(task));
+      tasks = std::move(left);
+      ASSERT_LT(tasks.size(), before) << "no task may run: " << tasks.front().first << " waits forever";
+    }
+  }
+
+  void check() {
+    const int W = t.world();
+    for (int r = 0; r < W; ++r) {
+      const Bytes own = shard(L.plan, r);
+      for (long long i = 0; i < count; ++i) {
+        const bool mine = i * 4 >= own.off && i * 4 < own.off + own.size;
+        Elem want = 0;
+        int writes = 1;
+        if (c == Coll::all_gather) {
+          int owner = 0;
+          for (int q = 0; q < W; ++q)
+            if (i * 4 >= shard(L.plan, q).off && i * 4 < shard(L.plan, q).off + shard(L.plan, q).size) owner = q;
+          want = in[owner][i];
+          writes = mine ? 0 : 1;
+        } else if (c == Coll::reduce_scatter && !mine) {
+          want = in[r][i];
+          writes = 0;
+        } else {
+          for (int q = 0; q < W; ++q) want += in[q][i];
+        }
+        ASSERT_EQ(written[r][i], writes) << "rank " << r << " element " << i;
+        ASSERT_EQ(buf[r][i], want) << "rank " << r << " element " << i;
+      }
+    }
+  }
+};
+
+TEST(NetCollectivesLayout, FusedScheduleMatchesTheReference) {
+  for (int N = 1; N <= 16; ++N)
+    for (int G : {2, 4, 8})
+      for (long long count : {0LL, 1LL, 3LL, 4LL, 37LL, 1000LL, 4099LL})
+        for (long long chunk : {16LL, 256LL, 4096LL}) {
+          if (count * 4 / chunk > 300 || (N * G > 32 && count * 4 / chunk > 16)) continue;
+          for (Coll c : {Coll::all_gather, Coll::reduce_scatter, Coll::all_reduce}) {
+            SCOPED_TRACE(std::string("fused ") + where(c, Topo{N, G}, count * 4, chunk));
+            FusedSim s(c, Topo{N, G}, count, chunk);
+            s.run(static_cast<uint64_t>(N * 131 + G * 17 + count + chunk));
+            if (HasFailure()) return;
+            s.check();
+            if (HasFailure()) return;
+          }
+        }
+}
+
+// The roles split the grid as the host entry launches it: the network blocks as at G = 1, every
+// block in exactly one role, the NVLink roles a collective needs non-empty wherever roles_fit.
+TEST(NetCollectivesLayout, FusedRolesSplitTheGrid) {
+  for (Coll c : {Coll::all_gather, Coll::reduce_scatter, Coll::all_reduce})
+    for (int grid : {3, 4, 12, 78, 132})
+      for (int sb : {1, 4, 32})
+        for (int rb : {1, 8, 32}) {
+          const FusedRoles f = fused_roles(c, grid, sb, rb);
+          const bool fit = roles_fit(c, f);
+          ASSERT_EQ(fit, grid - sb - rb >= (c == Coll::all_reduce ? 2 : 1)) << name(c) << " grid " << grid;
+          if (!fit) continue;
+          ASSERT_EQ(f.grid(), grid);
+          ASSERT_EQ(f.net(), sb + rb);
+          ASSERT_EQ(c == Coll::all_reduce ? f.ring : f.send + f.recv, sb + rb);
+          ASSERT_EQ(nvlink_blocks(f, c), f.reduce + f.gather + (c == Coll::all_gather ? rb : 0));
         }
 }
 

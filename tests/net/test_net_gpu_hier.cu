@@ -5,7 +5,8 @@
 // ragged sizes and two chunk sizes against the CPU reference, inputs fresh from the job-wide seed,
 // outputs poisoned; 200 back-to-back mixed calls each checked; the refusals (a buffer outside the
 // node's heap, a call larger than the node scratch, the G = 1 constructor, a job-wide
-// communicator) before anything is launched.
+// communicator) before anything is launched. Every test runs twice: through the host-composed
+// phases and through the fused kernel (NetCollOptions::fused), the parameter.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -31,8 +32,12 @@ rt::Communicator node_comm(net::NetPath& path) {
   return rt::Communicator(rt::node_launch_info(rt::detect_launch(), path.bootstrap().hostnames()[path.rank()]), o);
 }
 
-net::NetCollOptions coll_options(long long chunk) {
+// The parameter of every test: the fused kernel (true) or the host-composed phases.
+using NetGpuHier = ::testing::TestWithParam<bool>;
+
+net::NetCollOptions coll_options(long long chunk, bool fused) {
   net::NetCollOptions o;
+  o.fused = fused;
   o.chunk_bytes = chunk;
   o.node_scratch_bytes = 16u << 20;
   return o;
@@ -50,7 +55,7 @@ void upload(rt::Communicator& node, Call& c) {
   CUDA_OK(cudaMemcpy(c.dev, c.host.data(), c.host.size(), cudaMemcpyHostToDevice));
 }
 
-TEST(NetGpuHier, CollectivesMatchTheReference) {
+TEST_P(NetGpuHier, CollectivesMatchTheReference) {
   net::NetPath path(options());
   expect_hierarchy(path);
   rt::Communicator node = node_comm(path);
@@ -58,7 +63,7 @@ TEST(NetGpuHier, CollectivesMatchTheReference) {
   const int r = path.rank(), w = path.world();
   int k = 0;
   for (long long chunk : {4096LL, 256LL << 10}) {
-    net::NetCollectives coll(path, node, coll_options(chunk));
+    net::NetCollectives coll(path, node, coll_options(chunk, GetParam()));
     for (net::NetDtype d : {net::NetDtype::bf16, net::NetDtype::fp32})
       for (Op op : {Op::all_gather, Op::reduce_scatter, Op::all_reduce})
         for (long long count : {1LL, 7LL, 8LL, 9LL, 1000LL, 4099LL, 65536LL + 3, (1LL << 20) + 5}) {
@@ -83,13 +88,13 @@ TEST(NetGpuHier, CollectivesMatchTheReference) {
 // call, so the receive slots, flags, send gate, node scratch and the single-node collectives'
 // signals are reused under load; every call's buffer its own, poisoned outside its inputs, and
 // checked.
-TEST(NetGpuHier, TwoHundredBackToBackCallsEachChecked) {
+TEST_P(NetGpuHier, TwoHundredBackToBackCallsEachChecked) {
   net::NetPath path(options());
   expect_hierarchy(path);
   rt::Communicator node = node_comm(path);
   const uint64_t seed = job_seed(path) ^ 0x5a5a;
   const int r = path.rank(), w = path.world();
-  net::NetCollectives coll(path, node, coll_options(4096));
+  net::NetCollectives coll(path, node, coll_options(4096, GetParam()));
   constexpr int kCalls = 200;
   std::vector<Call> calls;
   for (int k = 0; k < kCalls; ++k) {
@@ -112,7 +117,7 @@ TEST(NetGpuHier, TwoHundredBackToBackCallsEachChecked) {
 
 // Every refusal is an error on every rank alike, before anything is launched: the path stays
 // usable (the last call runs).
-TEST(NetGpuHier, RefusesBadInputsBeforeLaunching) {
+TEST_P(NetGpuHier, RefusesBadInputsBeforeLaunching) {
   net::NetPath path(options());
   expect_hierarchy(path);
   try {
@@ -128,7 +133,7 @@ TEST(NetGpuHier, RefusesBadInputsBeforeLaunching) {
     EXPECT_TRUE(has(e.what(), "node_launch_info") && has(e.what(), "NetPath")) << e.what();
   }
   rt::Communicator node = node_comm(path);
-  net::NetCollOptions o = coll_options(4096);
+  net::NetCollOptions o = coll_options(4096, GetParam());
   o.node_scratch_bytes = 4096;
   net::NetCollectives coll(path, node, o);
   void* outside;
@@ -155,5 +160,8 @@ TEST(NetGpuHier, RefusesBadInputsBeforeLaunching) {
   cudaFree(outside);
   path.shutdown();
 }
+
+INSTANTIATE_TEST_SUITE_P(Paths, NetGpuHier, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& p) { return p.param ? "fused" : "composed"; });
 
 }  // namespace
