@@ -11,13 +11,8 @@
 
 namespace weave::net::tp_net {
 
-// `adaptive_ok`: the kernel has the adaptive split (NetGemmRs / NetGemmAr), at one rank per node.
-inline void check_object(const NetPath& path, const NetTpOptions& o, const char* who, bool any_g = false,
-                         bool adaptive_ok = false) {
+inline void check_object(const NetPath& path, const NetTpOptions& o, const char* who, bool any_g = false) {
   check_path(path, o.send_blocks, o.recv_blocks, who, any_g);
-  WEAVE_CHECK(!o.adaptive || adaptive_ok, who,
-              ": NetTpOptions::adaptive (the adaptive SM split) is built for net gemm_rs and gemm_ar, whose network "
-              "tasks consume the GEMM's tiles; here the network feeds the GEMM (use send_blocks / recv_blocks)");
   WEAVE_CHECK(!o.adaptive || path.topo().gpus == 1, who, ": NetTpOptions::adaptive is built for one rank per node (",
               path.topo().gpus, " here; use send_blocks / recv_blocks)");
   WEAVE_CHECK(o.push_blocks >= 1 && o.push_blocks <= 32, who, ": push_blocks (", o.push_blocks, ") must be 1 to 32");
@@ -44,7 +39,7 @@ void launch_call(NetPath& path, G& g, long long commands, const NetTpOptions& o,
   launch_numbered(path, g, commands, who, [&] { lcsc::launch<K>(g, cfg, stream); });
 }
 
-// The adaptive split's call (net_gemm_rs_adaptive.cuh): no communicator blocks, every SM a block
+// The adaptive split's call (net_gemm_rs_adaptive.cuh, net_ag_adaptive_kernel.cuh): no communicator blocks, every SM a block
 // of the split (none left out to balance the GEMM's waves: the blocks beyond them communicate).
 template <class KNK, class KKN, class G>
 void launch_adaptive(NetPath& path, G& g, long long commands, const NetTpOptions& o, cudaStream_t stream,

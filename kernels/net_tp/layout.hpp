@@ -215,4 +215,27 @@ __host__ __device__ inline int comm_owner(const UnitPlan& a, int r, const RsComm
   return t.kind == RsCommKind::Send ? send_peer(a, r, t.s) : t.kind == RsCommKind::Reduce ? r : from_peer(a, r, t.s);
 }
 
+// AllGather + GEMM's communication tasks for the adaptive SM split (one rank per node;
+// net_ag_adaptive_kernel.cuh), in the order the ledger hands them out: the sends of rank r's own
+// units (unit k: staged once in the send buffer, posted to every rail peer), then the receives in
+// AG's receive order (step s's units of from_peer(r, s)'s shard: the GEMM's order of the peer
+// rows). A send waits for nothing of this call (only for the previous calls' commands, outside the
+// kernel); a receive waits for a peer's send. So no task waits for a later one of its rank.
+enum class AgCommKind : int { Send = 0, Receive = 1 };
+struct AgCommTask {
+  AgCommKind kind;
+  int s;     // Receive: the step (the shard of from_peer(r, s)); Send: 0 (posted at every step)
+  int u;     // the unit of that shard (Send: of rank r's own)
+  int peer;  // the rank whose shard the unit cuts (Send: r)
+};
+__host__ __device__ inline long long ag_comm_tasks(const UnitPlan& a, int r) {
+  return units(a, r) + step_units(a, r, true);
+}
+// Task k < ag_comm_tasks(a, r).
+__host__ __device__ inline AgCommTask ag_comm_task(const UnitPlan& a, int r, long long k) {
+  if (k < units(a, r)) return {AgCommKind::Send, 0, static_cast<int>(k), r};
+  const StepUnit x = step_unit(a, r, true, k - units(a, r));
+  return {AgCommKind::Receive, x.s, x.u, x.peer};
+}
+
 }  // namespace weave::net::tp_net

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "net_tp/host.hpp"
+#include "net_tp/net_ag_adaptive_kernel.cuh"
 #include "net_tp/net_ag_gemm_hier_kernel.cuh"
 #include "net_tp/net_ag_gemm_kernel.cuh"
 #include "net_tp/net_tp.hpp"
@@ -23,9 +24,17 @@ NetAgGemm::NetAgGemm(NetPath& path, runtime::Communicator& node, NetTpOptions op
   node_ = node_of(path_, node, "net ag_gemm");
 }
 
-NetAgGemm::~NetAgGemm() = default;
+NetAgGemm::~NetAgGemm() {
+  if (ledger_) cudaFree(ledger_);  // after the kernels that use it (cudaFree waits for the device)
+}
 
 void NetAgGemm::finish(cudaStream_t stream) { finish_on(path_, node_, stream); }
+
+wtp::AdaptiveStats NetAgGemm::adaptive_stats() const {
+  if (!ledger_) return {};
+  WEAVE_CUDA_CHECK(cudaDeviceSynchronize());
+  return wtp::read_adaptive_stats(ledger_);
+}
 
 namespace {
 
@@ -50,6 +59,19 @@ void fill_common(Gl& g, const tp_net::UnitPlan& U, const bf16* a_shard, bf16* a_
   g.push = wtp::kAgCopyEngine;  // the single-node pushes (the aux role) stay idle
   g.slices = U.P;
   g.A = U;
+}
+
+// The adaptive split's cycles per communication task before one is measured (the figures of
+// net_gemm_rs.cu's prior): a unit's bytes over mapped host memory at ~2 B per cycle per block and
+// over device memory at 16, averaged over the call's tasks (layout.hpp's ag_comm_task). A send
+// reads its unit from device memory and writes it into the send buffer (and into the own rows of
+// the gathered A when the input lies elsewhere); a receive reads the receive buffer and writes the
+// gathered A.
+float ag_comm_prior(const tp_net::UnitPlan& U, int rank, bool copy_local) {
+  const double unit = double(U.row_bytes) * wtp::kBM / U.P;
+  const double sends = tp_net::units(U, rank), recvs = double(tp_net::step_units(U, rank, true));
+  const double host = sends + recvs, dev = sends * (copy_local ? 2 : 1) + recvs;
+  return static_cast<float>(unit * (host / 2 + dev / 16) / (sends + recvs));
 }
 
 }  // namespace
@@ -87,9 +109,10 @@ void NetAgGemm::run(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf16* 
   // a new key, agreed once).
   const AgreedCall agreed_call = agree(path_, agreed_,
         {kOpAgGemm, M, N, K, static_cast<long long>(opt_.b), opt_.chunk_bytes, opt_.send_blocks, opt_.recv_blocks,
-         extra, G, G > 1 ? node_->buffer_place(a_gathered) : 0},
+         extra, opt_.adaptive, G, G > 1 ? node_->buffer_place(a_gathered) : 0},
         problem, who,
-        "M, N, K, B layout, chunk, send blocks, receive blocks, push blocks, ranks per node, a_gathered's place");
+        "M, N, K, B layout, chunk, send blocks, receive blocks, push blocks, adaptive split, ranks per node, "
+        "a_gathered's place");
 
   const tp_net::UnitPlan U = tp_net::ag_plan(M, N, K, 2, W, wtp::default_group_m(K), opt_.chunk_bytes, G);
   const long long commands = tp_net::ag_commands(U, rank);
@@ -98,7 +121,23 @@ void NetAgGemm::run(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf16* 
     fill_common(g, U, a_shard, a_gathered, B, C, M, N, K, rank, opt_.b);
     g.tile_ready = ready_.zeroed(U.L.row_tiles(), stream);
     g.gathered = reinterpret_cast<char*>(a_gathered);
-    tp_net::launch_for_b<tp_net::NetAgKernelNK, tp_net::NetAgKernelKN>(path_, g, commands, opt_, stream, who);
+    if (!opt_.adaptive) {
+      tp_net::launch_for_b<tp_net::NetAgKernelNK, tp_net::NetAgKernelKN>(path_, g, commands, opt_, stream, who);
+      return;
+    }
+    // The adaptive split: the same globals, the ledger (zeroed once; the last block out of each
+    // launch zeroes its call counters) and the priors.
+    tp_net::NetAgAdaptiveGlobalsT<gemm::GemmGlobals> ga{};
+    static_cast<tp_net::NetAgGlobalsT<gemm::GemmGlobals>&>(ga) = g;
+    if (!ledger_) {
+      WEAVE_CUDA_CHECK(cudaMalloc(&ledger_, sizeof(wtp::sm_split::Ledger)));
+      WEAVE_CUDA_CHECK(cudaMemsetAsync(ledger_, 0, sizeof(wtp::sm_split::Ledger), stream));
+    }
+    ga.ledger = static_cast<wtp::sm_split::Ledger*>(ledger_);
+    ga.compute_prior = wtp::adaptive_priors(K, 0).compute;
+    ga.comm_prior = ag_comm_prior(U, rank, g.copy_local != 0);
+    tp_net::launch_adaptive<tp_net::NetAgAdaptiveKernelNK, tp_net::NetAgAdaptiveKernelKN>(path_, ga, commands, opt_,
+                                                                                          stream, who);
     return;
   }
   runtime::Communicator& node = *node_;

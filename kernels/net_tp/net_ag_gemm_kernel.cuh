@@ -33,36 +33,67 @@ struct NetAgGlobalsT : weave::tp::AgGlobalsT<GG> {
   int send_blocks;
 };
 
+// A send's body, shared by the send blocks below and the adaptive split's send task
+// (net_ag_adaptive_kernel.cuh). Threads t, t + n, ...: bytes [b0, b1) of this rank's shard read
+// once from device memory into the mapped send buffer at their shard offset (and into `own`, this
+// rank's rows of its gathered A, unless null). Units are 16-byte aligned and sized.
+template <class Gl>
+__device__ __forceinline__ void stage_unit(const Gl& g, long long b0, long long b1, char* own, int t, int n) {
+  const char* shard = static_cast<const char*>(g.shard);
+  for (long long i = t; i < (b1 - b0) / 16; i += n) {
+    const uint4 v = __ldcs(reinterpret_cast<const uint4*>(shard + b0) + i);
+    reinterpret_cast<uint4*>(g.h.send + b0)[i] = v;
+    if (own) reinterpret_cast<uint4*>(own + b0)[i] = v;
+  }
+}
+// One thread, after a barrier over the unit's staging: its command to every rail peer (step s to
+// send_peer(r, s)). False once the proxy failed (recorded).
+template <class Gl>
+__device__ __forceinline__ bool post_unit(const Gl& g, Producer& prod, int u, long long b0, long long b1) {
+  const UnitPlan& A = g.A;
+  bool ok = true;
+  for (int s = 0; ok && s < steps(A); ++s)
+    ok = push(g.h, prod,
+              Command{static_cast<uint64_t>(b0), g.recv_base + static_cast<uint64_t>(slot_off(A, s, b0)),
+                      static_cast<uint64_t>(b1 - b0), 1, g.flag_base + static_cast<uint32_t>(flag(A, s, u)),
+                      static_cast<uint16_t>(send_peer(A, g.rank, s)), kNotify, 0});
+  return ok;
+}
+
 // Send blocks of both AG kernels (this one and the hierarchical one): after the call's send gate,
-// each non-empty unit of this rank's shard is read once from device memory into the mapped send
-// buffer at its shard offset (and into `own`, this rank's rows of its gathered A, unless null),
-// then one command per rail peer. Units are 16-byte aligned and sized.
+// each non-empty unit of this rank's shard is staged (stage_unit), then one command per rail peer.
 template <class Gl>
 __device__ void send_units(const Gl& g, int c, int nc, int* word, char* own) {
   const NetHandle& h = g.h;
   const UnitPlan& A = g.A;
   if (!open_send_gate(h, g.call, g.commands_before, c == 0, word)) return;
   Producer prod{h.queue};
-  const char* shard = static_cast<const char*>(g.shard);
   for (int u = c; u < units(A, g.rank); u += nc) {
     long long b0, b1;
     unit(A, g.rank, u, &b0, &b1);
     if (b1 <= b0) continue;  // the receivers count empty units in without a command
-    for (long long i = threadIdx.x; i < (b1 - b0) / 16; i += blockDim.x) {
-      const uint4 v = __ldcs(reinterpret_cast<const uint4*>(shard + b0) + i);
-      reinterpret_cast<uint4*>(h.send + b0)[i] = v;
-      if (own) reinterpret_cast<uint4*>(own + b0)[i] = v;
-    }
+    stage_unit(g, b0, b1, own, threadIdx.x, blockDim.x);
     __syncthreads();
-    bool ok = true;
-    if (threadIdx.x == 0)
-      for (int s = 0; ok && s < steps(A); ++s)
-        ok = push(h, prod,
-                  Command{static_cast<uint64_t>(b0), g.recv_base + static_cast<uint64_t>(slot_off(A, s, b0)),
-                          static_cast<uint64_t>(b1 - b0), 1, g.flag_base + static_cast<uint32_t>(flag(A, s, u)),
-                          static_cast<uint16_t>(send_peer(A, g.rank, s)), kNotify, 0});
-    if (!block_agree(ok, word)) return;
+    if (!block_agree(threadIdx.x == 0 ? post_unit(g, prod, u, b0, b1) : true, word)) return;
   }
+}
+
+// A receive's body at G = 1, shared by the receive blocks below and the adaptive split's receive
+// task. Threads t, t + n, ...: step s's arrived bytes [b0, b1) of owner q's shard out of the mapped
+// receive buffer (volatile reads: device.cuh's order) into the gathered A.
+template <class Gl>
+__device__ __forceinline__ void take_unit(const Gl& g, int s, int q, long long b0, long long b1, int t, int n) {
+  const uint4* src = reinterpret_cast<const uint4*>(g.h.recv + g.recv_base + slot_off(g.A, s, b0));
+  uint4* dst = reinterpret_cast<uint4*>(g.gathered + shard_byte(g.A, q) + b0);
+  for (long long i = t; i < (b1 - b0) / 16; i += n) dst[i] = ld_volatile_v4(src + i);
+}
+// One thread, after a barrier over take_unit's copies: the flag consumed (a unit with bytes) and
+// the unit counted in on its row tile (release, cumulative over the group's copies, which the
+// barrier ordered before it) for the loader.
+template <class Gl>
+__device__ __forceinline__ void count_unit(const Gl& g, uint32_t f, int q, int u, bool bytes) {
+  if (bytes) consume(g.h, f);
+  red_add_release_sys(g.tile_ready + g.A.L.off[q] + u / g.A.P, 1ull);
 }
 
 template <class Gemm>
@@ -96,13 +127,10 @@ struct NetAgKernelT : weave::tp::AgKernelT<Gemm> {
       const uint32_t f = g.flag_base + static_cast<uint32_t>(flag(A, s, u));
       if (b1 > b0) {
         if (!block_agree(threadIdx.x == 0 ? wait_arrival(h, f) : true, word)) return;
-        block_copy_in(g.gathered + shard_byte(A, q) + b0, h.recv + g.recv_base + slot_off(A, s, b0),
-                      static_cast<uint64_t>(b1 - b0));
+        take_unit(g, s, q, b0, b1, threadIdx.x, blockDim.x);
         __syncthreads();
-        if (threadIdx.x == 0) consume(h, f);
       }
-      // Release (cumulative over the block's copies, ordered by the barrier above) to the loader.
-      if (threadIdx.x == 0) red_add_release_sys(g.tile_ready + A.L.off[q] + u / A.P, 1ull);
+      if (threadIdx.x == 0) count_unit(g, f, q, u, b1 > b0);
     }
   }
 

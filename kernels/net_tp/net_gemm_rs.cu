@@ -16,10 +16,10 @@ using bf16 = __nv_bfloat16;
 namespace wtp = weave::tp;
 
 NetGemmRs::NetGemmRs(NetPath& path, NetTpOptions opts) : path_(path), opt_(opts) {
-  tp_net::check_object(path_, opt_, "net gemm_rs", false, true);
+  tp_net::check_object(path_, opt_, "net gemm_rs");
 }
 NetGemmRs::NetGemmRs(NetPath& path, runtime::Communicator& node, NetTpOptions opts) : path_(path), opt_(opts) {
-  tp_net::check_object(path_, opt_, "net gemm_rs", true, true);
+  tp_net::check_object(path_, opt_, "net gemm_rs", true);
   node_ = node_of(path_, node, "net gemm_rs");
 }
 NetGemmRs::~NetGemmRs() {

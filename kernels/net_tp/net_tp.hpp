@@ -35,10 +35,10 @@ struct NetTpOptions {
                                     // NetGemmRs / NetGemmAr take none (their send and receive blocks
                                     // read the node's partials over NVLink themselves)
   gemm::BLayout b = gemm::BLayout::NK;
-  // NetGemmRs / NetGemmAr at one rank per node: the adaptive SM split (issue 22; mKernel section
-  // 3.2) instead of send_blocks + recv_blocks fixed ones: every block computes or runs the
-  // network's send and receive tasks as the split's policy decides at each task boundary
-  // (net_gemm_rs_adaptive.cuh). Refused by NetAgGemm and at G > 1.
+  // At one rank per node: the adaptive SM split (issue 22; mKernel section 3.2) instead of
+  // send_blocks + recv_blocks fixed ones: every block computes or runs the network's send and
+  // receive tasks as the split's policy decides at each task boundary (NetGemmRs / NetGemmAr:
+  // net_gemm_rs_adaptive.cuh; NetAgGemm: net_ag_adaptive_kernel.cuh). Refused at G > 1.
   bool adaptive = false;
 };
 
@@ -69,6 +69,9 @@ class NetAgGemm {
   // Waits for `stream`, then throws the first failure: at G > 1 the node communicator's (a
   // timed-out NVLink wait; it also fails the path), then the path's (NetPath::finish).
   void finish(cudaStream_t stream);
+  // The adaptive split's statistics over this object's adaptive calls on this rank (communication
+  // tasks: sends and receives), zeros before the first; waits for the device.
+  weave::tp::AdaptiveStats adaptive_stats() const;
 
  private:
   NetPath& path_;
@@ -76,6 +79,7 @@ class NetAgGemm {
   runtime::Communicator* node_ = nullptr;  // G > 1
   AgreedKeys agreed_;  // keys every rank checked together (net_common/call.hpp)
   DeviceCounters ready_;                   // G = 1: units arrived per virtual row tile
+  void* ledger_ = nullptr;  // the adaptive split's (tp_common/sm_ledger.cuh), zeroed once; device memory
   runtime::ShapeSignals sig_{"net.ag_gemm"};  // G > 1: ready and arrive sets on the node
 };
 

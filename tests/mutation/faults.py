@@ -1012,11 +1012,33 @@ FAULTS = [
                 "A (the loader's wait passes; those rows of C and of the gathered A are wrong)",
         "edits": [{
             "file": "kernels/net_tp/net_ag_gemm_kernel.cuh",
-            "find": "        block_copy_in(g.gathered + shard_byte(A, q) + b0, h.recv + g.recv_base + slot_off(A, s, b0),",
+            "find": "        take_unit(g, s, q, b0, b1, threadIdx.x, blockDim.x);",
             "replace": "        if (s != 0 || u != 1)\n"
-                       "        block_copy_in(g.gathered + shard_byte(A, q) + b0, h.recv + g.recv_base + slot_off(A, s, b0),",
+                       "        take_unit(g, s, q, b0, b1, threadIdx.x, blockDim.x);",
         }],
         "tests": ["test_net_tp_gpu:NetTpGpu.AgGemm*"],
+    },
+    {
+        "name": "net_ag_adaptive_unit_counted_not_copied",
+        "what": "inter-node AG+GEMM, adaptive split: a receive task counts unit 1 of step 0 in without copying it into "
+                "the gathered A (the tile claim passes; those rows of C and of the gathered A are wrong)",
+        "edits": [{
+            "file": "kernels/net_tp/net_ag_adaptive_kernel.cuh",
+            "find": "    else take_unit(g, task.s, task.peer, b0, b1, t, n);",
+            "replace": "    else if (task.s != 0 || task.u != 1) take_unit(g, task.s, task.peer, b0, b1, t, n);",
+        }],
+        "tests": ["test_net_tp_gpu:NetTpGpu.AdaptiveAgGemm*"],
+    },
+    {
+        "name": "net_coll_fused_node_sum_skips_last_local_rank",
+        "what": "fused hierarchical collectives (G > 1): the node's sum leaves out the last local rank's 16-byte groups "
+                "(all_reduce and reduce_scatter outputs miss that rank's contribution)",
+        "edits": [{
+            "file": "kernels/net_collectives/net_coll_fused_kernel.cuh",
+            "find": "    for (int d = 1; d < G; ++d) {\n      Vec<T>::load(__ldcg(",
+            "replace": "    for (int d = 1; d < G - 1; ++d) {\n      Vec<T>::load(__ldcg(",
+        }],
+        "tests": ["test_net_gpu_hier:*/fused"],
     },
     {
         "name": "net_rs_first_unit_misses_last_peer",

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -169,12 +170,17 @@ struct AgBatch {
   }
 };
 
-TEST(NetTpGpu, AgGemmMatchesReference) {
+// Ragged rows (shards not 128-row multiples, a 1-row-per-node one), N off the 256 grid, short K;
+// both layouts, three chunks, a_shard apart and in place; C and the gathered A on every rank. With
+// `adaptive`, the adaptive split (also the ledger's launch count, and fewer blocks communicating
+// while tiles were left than the device has SMs).
+void ag_matches_reference(bool adaptive) {
   net::NetPath path(options());
   ASSERT_EQ(path.topo().gpus, 1) << "run under weave-run -n N --nodes N";
   const int W = path.world(), r = path.rank();
   Calls calls(path);
-  // Ragged rows (shards not 128-row multiples, a 1-row-per-node one), N off the 256 grid, short K.
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
   const Shape shapes[] = {{3000, 1000, 1000}, {1000, 264, 512}, {257, 8, 64}, {2048, 2048, 2048}, {W + 1, 24, 136}};
   for (const Shape& sh : shapes)
     for (BLayout bl : {BLayout::NK, BLayout::KN})
@@ -182,7 +188,7 @@ TEST(NetTpGpu, AgGemmMatchesReference) {
         for (bool in_place : {false, true}) {
           if (chunk == (1LL << 12) && sh.M * static_cast<long long>(sh.K) > 1000000) continue;  // flags per slot
           net::NetTpOptions o;
-          o.b = bl, o.chunk_bytes = chunk;
+          o.b = bl, o.chunk_bytes = chunk, o.adaptive = adaptive;
           net::NetAgGemm ag(path, o);
           AgCase c(sh.M, sh.N, sh.K, bl);
           const auto mine = weave::tp::shard(sh.M, W, r);
@@ -194,12 +200,17 @@ TEST(NetTpGpu, AgGemmMatchesReference) {
           ag.run(a_shard, c.gathered, c.B.p, c.C.p, sh.M, sh.N, sh.K, nullptr);
           ag.finish(nullptr);
           c.reference(call, W);
-          const std::string what = label(sh.M, sh.N, sh.K, bl, chunk, in_place);
+          const std::string what = (adaptive ? "adaptive " : "") + label(sh.M, sh.N, sh.K, bl, chunk, in_place);
           expect_all_ranks(path, c.check_c(), what + ": C");
           expect_all_ranks(path, c.check_gathered(), what + ": gathered A");
+          const weave::tp::AdaptiveStats a = ag.adaptive_stats();
+          EXPECT_EQ(a.launches, adaptive ? 1u : 0u) << what;
+          EXPECT_LT(a.peak_comm_blocks, static_cast<unsigned long long>(sms)) << what;
         }
   path.shutdown();
 }
+
+TEST(NetTpGpu, AgGemmMatchesReference) { ag_matches_reference(false); }
 
 // 200 calls back to back without a host wait: every call's inputs fresh, its outputs in poisoned
 // buffers of their own, all checked after one finish(). Alternating shapes exercise both receive
@@ -604,29 +615,30 @@ TEST(NetTpGpu, AdaptiveBackToBackBesideTheFixedSplit) {
 // A failure during an adaptive call ends in a diagnostic, not a hang: rank 0's kernel waits for
 // arrivals that never come, (a) because every other rank aborts its path (the abort releases the
 // blocks polling for the arrivals), (b) because the other ranks stay healthy but do not call (the
-// poll outlasts the path's 1 s timeout, recorded as the late chunk).
-TEST(NetTpGpu, AdaptiveCallEndsInADiagnosticWhenPeersFail) {
+// poll outlasts the path's 1 s timeout, recorded as the late chunk). `make(path, calls)` returns
+// the call of an adaptive operator on its inputs (without finish) and its finish; the first call
+// agrees the shape on every rank.
+struct FailingCall {
+  std::function<void()> run, finish;
+};
+template <class Make>
+void expect_diagnostic_when_peers_fail(Make&& make) {
   for (bool abort : {true, false}) {
     net::NetPathOptions po = options();
     if (!abort) po.wait_timeout_s = 1;
     net::NetPath path(po);
-    const int W = path.world(), r = path.rank();
+    const int r = path.rank();
     Calls calls(path);
-    net::NetTpOptions o;
-    o.adaptive = true;
-    net::NetGemmRs rs(path, o);
-    const int M = 1000, N = 264, K = 512;
-    RsCase c(M, N, K, BLayout::NK, weave::tp::shard(M, W, r).size);
-    c.inputs(calls.next(), r);
+    const FailingCall op = make(path, calls);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    rs.run(c.A.p, c.B.p, c.out, M, N, K, nullptr);  // agrees on the shape
-    rs.finish(nullptr);
+    op.run();  // agrees on the shape
+    op.finish();
     const auto t0 = std::chrono::steady_clock::now();
     std::string error;
     if (r == 0) {
-      rs.run(c.A.p, c.B.p, c.out, M, N, K, nullptr);
+      op.run();
       try {
-        rs.finish(nullptr);
+        op.finish();
       } catch (const weave::Error& e) {
         error = e.what();
       }
@@ -647,12 +659,60 @@ TEST(NetTpGpu, AdaptiveCallEndsInADiagnosticWhenPeersFail) {
   }
 }
 
-// NetAgGemm and nodes of G > 1 ranks refuse the adaptive split, naming the fixed blocks.
-TEST(NetTpGpu, AdaptiveRefusedWhereNotBuilt) {
+TEST(NetTpGpu, AdaptiveCallEndsInADiagnosticWhenPeersFail) {
+  expect_diagnostic_when_peers_fail([](net::NetPath& path, Calls& calls) {
+    net::NetTpOptions o;
+    o.adaptive = true;
+    const int M = 1000, N = 264, K = 512, W = path.world(), r = path.rank();
+    auto rs = std::make_shared<net::NetGemmRs>(path, o);
+    auto c = std::make_shared<RsCase>(M, N, K, BLayout::NK, weave::tp::shard(M, W, r).size);
+    c->inputs(calls.next(), r);
+    return FailingCall{[=] { rs->run(c->A.p, c->B.p, c->out, M, N, K, nullptr); }, [=] { rs->finish(nullptr); }};
+  });
+}
+
+// The adaptive AG + GEMM: rank 0's tiles of the peers' rows and its receives wait for sends that
+// never come; its polls give up on the abort or past the timeout.
+TEST(NetTpGpu, AdaptiveAgGemmEndsInADiagnosticWhenPeersFail) {
+  expect_diagnostic_when_peers_fail([](net::NetPath& path, Calls& calls) {
+    net::NetTpOptions o;
+    o.adaptive = true;
+    const int M = 1000, N = 264, K = 512, W = path.world(), r = path.rank();
+    auto ag = std::make_shared<net::NetAgGemm>(path, o);
+    auto c = std::make_shared<AgCase>(M, N, K, BLayout::NK);
+    auto a = std::make_shared<Dev>(size_t(weave::tp::shard(M, W, r).size) * K);
+    c->inputs(calls.next(), r, a->p, W);
+    return FailingCall{[=] { ag->run(a->p, c->gathered, c->B.p, c->C.p, M, N, K, nullptr); },
+                       [=] { ag->finish(nullptr); }};
+  });
+}
+
+// The adaptive AG + GEMM against the same reference as the fixed kernel's test, on the same cases.
+TEST(NetTpGpu, AdaptiveAgGemmMatchesReference) { ag_matches_reference(true); }
+
+// 200 calls back to back on one path, the adaptive and the fixed AG + GEMM in turn (they share the
+// send gate and the call slots), alternating shapes, fresh inputs and poisoned outputs of their
+// own, each checked after one finish(); the adaptive object's ledger counted its launches.
+TEST(NetTpGpu, AdaptiveAgGemmBackToBackBesideTheFixedSplit) {
   net::NetPath path(options());
+  const int W = path.world(), r = path.rank();
+  Calls calls(path);
   net::NetTpOptions o;
+  o.chunk_bytes = 32 << 10;
+  net::NetAgGemm fixed(path, o);
   o.adaptive = true;
-  expect_error("adaptive ag_gemm", path.rank(), [&] { net::NetAgGemm ag(path, o); }, "network feeds the GEMM");
+  net::NetAgGemm adaptive(path, o);
+  AgBatch b(
+      calls, W, r, kBackToBack, [](int k) { return k % 4 < 2 ? Shape{300, 128, 1024} : Shape{515, 264, 320}; },
+      [](int) { return nullptr; });
+  for (size_t k = 0; k < b.cases.size(); ++k) {
+    AgCase& c = *b.cases[k];
+    (k % 2 ? fixed : adaptive).run(b.shards[k]->p, c.gathered, c.B.p, c.C.p, c.M, c.N, c.K, nullptr);
+  }
+  adaptive.finish(nullptr);
+  b.check(path, "adaptive / fixed ag_gemm back-to-back");
+  EXPECT_EQ(adaptive.adaptive_stats().launches, static_cast<unsigned long long>(kBackToBack / 2));
+  EXPECT_EQ(fixed.adaptive_stats().launches, 0u);
   path.shutdown();
 }
 
@@ -846,6 +906,7 @@ TEST(NetTpGpuHier, GemmRsArRejectBadCallsOnEveryRank) {
     net::NetTpOptions o;
     o.adaptive = true;
     expect_error("adaptive at G > 1", r, [&] { net::NetGemmRs bad(path, node, o); }, "one rank per node");
+    expect_error("adaptive ag_gemm at G > 1", r, [&] { net::NetAgGemm bad(path, node, o); }, "one rank per node");
   }
   net::NetGemmRs rs(path, node);
   net::NetGemmAr ar(path, node);

@@ -355,6 +355,80 @@ TEST(NetTpLayout, AdaptiveCommTasksEachOnceInAnOrderThatCompletes) {
         }
 }
 
+// The adaptive AG + GEMM's communication tasks (one rank per node; net_ag_adaptive_kernel.cuh):
+// every own unit's send, then every peer unit's receive exactly once, in AG's receive order (the
+// order in which the GEMM, tp::item's, first needs each peer row tile); handed out in order, each
+// once its input is in place (a send: at once; a receive: the peer's send of it done), and the
+// tiles claimed in order once their rows are in, every task and tile of every rank completes.
+TEST(NetTpLayout, AdaptiveAgCommTasksEachOnceInAnOrderThatCompletes) {
+  for (int nodes = 2; nodes <= weave::kMaxWorld; ++nodes)
+    for (auto [M, K] : {std::pair{1000, 264}, std::pair{nodes + 1, 24}, std::pair{517, 1000}})
+      for (long long chunk : {4096LL, 48LL << 10, 1LL << 20}) {
+        SCOPED_TRACE(testing::Message() << M << "x" << K << " nodes " << nodes << " chunk " << chunk);
+        const tn::UnitPlan a = tn::ag_plan(M, 1000, K, 2, nodes, 8, chunk);
+        std::vector<std::vector<tn::AgCommTask>> tasks(nodes);
+        for (int r = 0; r < nodes; ++r) {
+          std::set<std::tuple<int, int, int>> seen;  // (kind, peer, u)
+          int last_kind = 0;
+          int last_first_use = -1;  // the GEMM's first tile of the last receive's row tile
+          const auto first_use = [&](int q, int u) {
+            for (int i = 0; i < a.L.work(); ++i)
+              if (weave::tp::item(a.L, r, i).vrow == a.L.off[q] + u / a.P) return i;
+            return -1;
+          };
+          for (long long k = 0; k < tn::ag_comm_tasks(a, r); ++k) {
+            const tn::AgCommTask t = tn::ag_comm_task(a, r, k);
+            ASSERT_GE(static_cast<int>(t.kind), last_kind) << "task " << k;
+            last_kind = static_cast<int>(t.kind);
+            ASSERT_TRUE(seen.insert({static_cast<int>(t.kind), t.peer, t.u}).second) << "task " << k;
+            ASSERT_LT(t.u, tn::units(a, t.peer));
+            tasks[r].push_back(t);
+            if (t.kind == tn::AgCommKind::Send) {
+              ASSERT_EQ(t.peer, r);
+              continue;
+            }
+            ASSERT_NE(t.peer, r);
+            ASSERT_EQ(t.peer, tn::from_peer(a, r, t.s));
+            const int f = first_use(t.peer, t.u);
+            ASSERT_GE(f, last_first_use) << "task " << k << " comes after a receive the GEMM needs later";
+            last_first_use = f;
+          }
+          ASSERT_EQ(static_cast<long long>(seen.size()), tn::units(a, r) + tn::step_units(a, r, true));
+          for (int q = 0; q < nodes; ++q)
+            for (int u = 0; u < tn::units(a, q); ++u)
+              ASSERT_EQ(seen.count({q == r ? 0 : 1, q, u}), 1u) << "owner " << q << " unit " << u;
+        }
+        // Simulation: per round, every rank claims its next tasks while their inputs are in place,
+        // then computes its next tile if its rows are in.
+        std::vector<std::vector<int>> rows_in(nodes, std::vector<int>(a.L.row_tiles(), 0));
+        std::vector<int> computed(nodes, 0);
+        std::vector<size_t> claimed(nodes, 0);
+        std::set<std::pair<int, int>> posted;  // (sender, unit)
+        for (int round = 0;; ++round) {
+          ASSERT_LT(round, 1 << 20);
+          bool progress = false, left = false;
+          for (int r = 0; r < nodes; ++r) {
+            for (; claimed[r] < tasks[r].size(); ++claimed[r], progress = true) {
+              const tn::AgCommTask t = tasks[r][claimed[r]];
+              if (t.kind == tn::AgCommKind::Send) {
+                posted.insert({r, t.u});
+                continue;
+              }
+              if (!posted.count({t.peer, t.u})) break;
+              ++rows_in[r][a.L.off[t.peer] + t.u / a.P];
+            }
+            if (computed[r] < a.L.work()) {
+              const weave::tp::Item it = weave::tp::item(a.L, r, computed[r]);
+              if (it.owner == r || rows_in[r][it.vrow] == a.P) ++computed[r], progress = true;
+            }
+            left = left || claimed[r] < tasks[r].size() || computed[r] < a.L.work();
+          }
+          if (!left) break;
+          ASSERT_TRUE(progress) << "no rank can go on at round " << round;
+        }
+      }
+}
+
 TEST(NetTpLayout, SlicesFollowTheChunk) {
   EXPECT_EQ(tn::net_slices(8192 * 2, 1 << 20), 2);  // a 2 MiB row tile in 1 MiB chunks
   EXPECT_EQ(tn::net_slices(8192 * 2, 1 << 30), 1);

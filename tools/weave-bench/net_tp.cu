@@ -18,10 +18,10 @@
 // Implementations (rows "impl"):
 //   weave          the fused kernel (NetAgGemm::run / NetGemmRs::run / NetGemmAr::run) with --chunk,
 //                  --send-blocks and --recv-blocks (NetTpOptions).
-//   weave-adaptive gemm_rs and gemm_ar with the adaptive SM split (NetTpOptions::adaptive: no fixed
-//                  send and receive blocks; net_tp/net_gemm_rs_adaptive.cuh); its rows also carry
-//                  the split's statistics per call (communication tasks handed out while tiles
-//                  were left, the most blocks communicating then). Not for ag_gemm (not built).
+//   weave-adaptive the fused kernel with the adaptive SM split (NetTpOptions::adaptive: no fixed
+//                  send and receive blocks; net_tp/net_gemm_rs_adaptive.cuh, net_ag_adaptive_kernel.cuh);
+//                  its rows also carry the split's statistics per call (communication tasks handed
+//                  out while tiles were left, the most blocks communicating then).
 //   weave-fixed    with --sweep S+R,...: the fused gemm_rs / gemm_ar kernel at each fixed split of
 //                  S send and R receive blocks, then a line (impl "adaptive-vs-fixed") with the
 //                  adaptive row's time over the best fixed one's (issue 22's target: within 5 %).
@@ -439,6 +439,7 @@ struct Ops {
   net::NetCollectives coll;
   net::NetGemmRs rs_adaptive;
   net::NetGemmAr ar_adaptive;
+  net::NetAgGemm ag_adaptive;
 };
 
 // Why the unfused or nccl rows of a problem cannot run ("" if they can). The nccl rows' reason
@@ -486,13 +487,23 @@ std::vector<Row> run_ag(Job& j, Ops& ops, const Shape& sh, Seeds sd) {
                        [&] { WEAVE_CUDA_CHECK(cudaStreamSynchronize(j.st)); }, verify});
     }
   }
-  if (j.c.has_impl(kImplAdaptive))
-    skipped.push_back(concat(kImplAdaptive, ": skipped: the adaptive split is built for gemm_rs and gemm_ar (here the "
-                             "network feeds the GEMM)"));
   if (j.lead())
     for (const std::string& s : skipped) std::printf("  net_ag_gemm %s %s\n", sh.str().c_str(), s.c_str());
   std::vector<Row> rows;
   for (const Impl& im : impls) rows.push_back(measure(j, "ag_gemm", sh, p, im));
+  // The adaptive split (net_tp/net_ag_adaptive_kernel.cuh), its statistics over the row's calls.
+  if (j.c.has_impl(kImplAdaptive)) {
+    const wtp::AdaptiveStats before = ops.ag_adaptive.adaptive_stats();
+    rows.push_back(measure(j, "ag_gemm", sh, p,
+                           {kImplAdaptive,
+                            [&](int set) { ops.ag_adaptive.run(p.own(), p.G.p, p.B[set].p, p.C.p, M, N, K, j.st); },
+                            [&] { ops.ag_adaptive.finish(j.st); }, verify}));
+    const wtp::AdaptiveStats after = ops.ag_adaptive.adaptive_stats();
+    const unsigned long long calls = after.launches - before.launches;
+    rows.back().send = rows.back().recv = 0;
+    rows.back().early = calls ? double(after.early_reductions - before.early_reductions) / double(calls) : 0;
+    rows.back().peak = after.peak_comm_blocks;
+  }
   return rows;
 }
 
@@ -689,7 +700,7 @@ int run(const weave::bench::Args& a) {
   ta.adaptive = true;
   Ops ops{net::NetAgGemm(path, to), net::NetGemmRs(path, to), net::NetGemmAr(path, to),
           net::NetCollectives(path, weave::bench::netb::coll_options(c)), net::NetGemmRs(path, ta),
-          net::NetGemmAr(path, ta)};
+          net::NetGemmAr(path, ta), net::NetAgGemm(path, ta)};
 
   if (lead) {
     cudaDeviceProp prop{};
@@ -722,7 +733,7 @@ WEAVE_BENCH(net_tp,
             "GPU per rank); M = S, B N x K, every "
             "row checked, exit 1 if any is wrong [--sizes 2048,4096,8192] [--n S] [--k S] "
             "[--kernels ag_gemm,gemm_rs,gemm_ar] "
-            "[--impls weave,weave-unfused,nccl,weave-adaptive (gemm_rs, gemm_ar: the adaptive SM split)] [--chunk 1M] "
+            "[--impls weave,weave-unfused,nccl,weave-adaptive (the adaptive SM split)] [--chunk 1M] "
             "[--send-blocks 2] [--recv-blocks 6] [--sweep S+R,... (fixed splits beside the adaptive one)] [--iters 20] "
             "[--warmup 5] [--provider tcp] [--domain lo] [--notify ordered|unordered] [--max-bounce 4G] "
             "[--nccl-gemm cublas|weave]",
