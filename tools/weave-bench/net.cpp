@@ -609,18 +609,19 @@ std::string check_arrivals(net::NetPath& path, uint64_t total, uint32_t flags) {
 
 ProxyRow proxy_weave(const Config& c, Ctl& ctl, net::Notify mode, uint32_t batch) {
   const uint32_t flags = 4096, total = c.latency_commands + c.rate_commands;
-  std::vector<uint64_t> taken_ns(total, 0), posted_ns(total, 0);
+  std::vector<uint64_t> taken_ns(c.latency_commands, 0), posted_ns(c.latency_commands, 0);
   // The sender's proxy spins, as a proxy with a core of its own would (the latency
   // target assumes one; the producer sleeps between samples, so it has a core here too); the
   // receiver's naps 20 us per poll once idle, the library's default.
   net::NetPathOptions o = path_options(c, mode, batch, 1u << 20, 1u << 20, flags, ctl.sender() ? -1.0 : 20.0);
   if (ctl.sender()) {
-    // On the proxy thread: a store per command into preallocated memory.
+    // On the proxy thread: a store per latency command into preallocated memory; the rate
+    // commands read no clock, so the rate is the proxy's loop alone.
     o.proxy.on_taken = [&](uint64_t t) {
-      if (t < total) taken_ns[t] = now_ns();
+      if (t < c.latency_commands) taken_ns[t] = now_ns();
     };
     o.proxy.on_posted = [&](uint64_t t) {
-      if (t < total) posted_ns[t] = now_ns();
+      if (t < c.latency_commands) posted_ns[t] = now_ns();
     };
   }
   net::NetPath path(o);
