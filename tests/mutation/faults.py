@@ -356,6 +356,32 @@ FAULTS = [
         "tests": ["test_tp_schedule:Tuner.*"],
     },
     {
+        "name": "tuner_model_pick_written_to_file",
+        "what": "the tuner writes the cost model's pick to its cache file as if measured: the next process "
+                "takes it for a searched choice, and a later search's winner no longer replaces it there",
+        "edits": [{
+            "file": "src/runtime/tuner.cpp",
+            "find": "  if (!write_file || v.from_model || path_ == \"off\") return;",
+            "replace": "  if (!write_file || path_ == \"off\") return;",
+        }, {
+            "file": "src/runtime/tuner.cpp",
+            "find": "    if (rank != 0 || fresh) remember(key, r, false);",
+            "replace": "    if (rank != 0 || fresh) remember(key, r, fresh);",
+        }],
+        "tests": ["test_tuner_model_cpu"],
+    },
+    {
+        "name": "tune_model_comm_sms_cost_nothing",
+        "what": "the TP cost model lets ag_gemm's communicator blocks (v0, v1) cost the GEMM no SM: it then takes "
+                "the most communicators on offer wherever the push is the longer side",
+        "edits": [{
+            "file": "kernels/tp_common/tune_model.hpp",
+            "find": "      return fused_us(waves_us(L.work(), r.sms - c.num_comm_sms, t),",
+            "replace": "      return fused_us(waves_us(L.work(), r.sms, t),",
+        }],
+        "tests": ["test_tune_model_cpu"],
+    },
+    {
         "name": "collectives_empty_rank_grid_from_own_plan",
         "what": "direct path: a rank whose plan is empty (its shard is; a Ulysses rank without sequence rows) "
                 "sizes its grid with the reduction shape's smaller blocks, not its peers' shape, and waits for "
