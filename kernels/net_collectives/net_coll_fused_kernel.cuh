@@ -14,9 +14,9 @@
 // peer, and ring blocks never wait for a node_gather block, so the chain reduce -> ring -> gather
 // has no cycle while every block of the grid is resident (the grid is the smallest SM count).
 // Framing on the node's signal set (one round per call): `arrive` at the start (block 0), waited
-// for before any NVLink access; `done` by each NVLink block at its end, even one that gave up, and
-// the last block waits for every node rank's: a kernel ends only when no node peer still touches
-// its memory. Every wait has the network waits' timeout and stop (device.cuh), recorded in the
+// for before any NVLink access; `done` by every block at its end, even one that gave up, and the
+// last block waits for every node rank's (on the timeout only): a kernel ends only when no node
+// peer still touches its memory. Every wait has the network waits' timeout and stop (device.cuh), recorded in the
 // path's fault record (NetPath::finish throws it): a block that gives up stops this rank's others.
 #pragma once
 #include "net_collectives/kernel.cuh"
@@ -157,23 +157,35 @@ __device__ inline void node_gather(const FusedArgs& f, int b, int blocks) {
   }
 }
 
+// One thread: the node's done count, giving up on the path's timeout only. Not on a stop: a
+// rank that failed must not end its kernel (and let its buffer be reused) while node peers'
+// blocks may still write into it; they give up on the stop too and then signal done.
+__device__ inline void wait_node_done(const FusedArgs& f, unsigned long long want) {
+  const unsigned long long* c = f.sig.ptr[f.sig.rank] + 1;
+  const NetHandle& h = f.net.h;
+  const unsigned long long t0 = globaltimer();
+  for (uint32_t i = 0;; ++i) {
+    const unsigned long long v = ld_acquire_sys(c);
+    if (v >= want) return;
+    if ((i & 63) == 63 && h.timeout_ns && globaltimer() - t0 > h.timeout_ns) {
+      record_fault(h, kFaultTimeout, kWaitNodeDone, want, v, globaltimer() - t0);
+      return;
+    }
+  }
+}
+
 template <class T>
 __global__ void __launch_bounds__(256) net_coll_fused_kernel(const __grid_constant__ FusedArgs f) {
   const FusedRoles& R = f.roles;
-  const Coll c = f.net.L.plan.coll;
   const int b = static_cast<int>(blockIdx.x);
   if (b == 0 && threadIdx.x == 0) signal_all(f.sig, 0);  // arrive: once per rank and call
-  const bool nvlink = b >= R.net() || (c == Coll::all_gather && b >= R.send);
   if (b < R.net()) fused_network<T>(f, b);
   else if (b < R.net() + R.reduce) node_reduce<T>(f, b - R.net(), R.reduce);
   else node_gather(f, b - R.net() - R.reduce, R.gather);
-  if (!nvlink) return;
   __syncthreads();
   if (threadIdx.x != 0) return;
   signal_all(f.sig, 1);  // done, whether the block finished or gave up: no node peer waits forever
-  if (b == static_cast<int>(gridDim.x) - 1)
-    wait_at_least(f.net.h, f.sig.ptr[f.sig.rank] + 1,
-                  f.round * static_cast<unsigned long long>(f.G) * nvlink_blocks(R, c), kWaitNodeDone);
+  if (b == static_cast<int>(gridDim.x) - 1) wait_node_done(f, done_expected(f.round, f.G, static_cast<int>(gridDim.x)));
 }
 
 }  // namespace weave::net::coll

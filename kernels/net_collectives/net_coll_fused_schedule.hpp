@@ -116,11 +116,14 @@ WEAVE_HD inline int result_counter(const Layout& L, long long j) {
 
 // Signals per call on the node's counters (the node communicator's signal set, one round per
 // call): `arrive` once per rank at the kernel's start (its buffer holds this call's input, and
-// no earlier call of it still reads the memory peers write into); `done` once per NVLink block
-// when it ends (it no longer reads or writes a peer's memory). A rank's kernel ends only after
-// every node rank's NVLink blocks signalled done.
-WEAVE_HD inline int nvlink_blocks(const FusedRoles& f, Coll c) {
-  return f.reduce + f.gather + (c == Coll::all_gather ? f.recv : 0);  // all_gather's receivers forward
+// no earlier call of it still reads the memory peers write into); `done` once per block of the
+// grid when it ends (an NVLink block then no longer reads or writes a peer's memory). Every block
+// signals, not only the NVLink ones, so that each call adds G x grid to every node rank's counter
+// whatever the collective: the counter runs over the object's calls, and a count per collective
+// would leave a call after another kind waiting for too many (a hang) or too few (an early end).
+// A rank's kernel ends only after every node rank's blocks signalled done.
+WEAVE_HD inline unsigned long long done_expected(unsigned long long round, int G, int grid) {
+  return round * static_cast<unsigned long long>(G) * static_cast<unsigned long long>(grid);
 }
 
 }  // namespace weave::net::coll

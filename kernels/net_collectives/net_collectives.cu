@@ -261,7 +261,9 @@ void NetCollectives::fused_call(const coll::Layout& L, char* buf, NetDtype dtype
   f.roles = coll::fused_roles(L.plan.coll, n.grid, opt_.send_blocks, opt_.recv_blocks);
   f.G = n.gpus();
   f.local = n.local();
-  launch_numbered(path_, a, coll::commands(L, path_.rank()), concat("net ", name).c_str(), [&] {
+  // One node: the kernel queues nothing (the layout still counts all_reduce's ring pieces there).
+  const long long cmds = L.plan.topo.nodes > 1 ? coll::commands(L, path_.rank()) : 0;
+  launch_numbered(path_, a, cmds, concat("net ", name).c_str(), [&] {
     f.counters = n.items.zeroed(coll::fused_counters(L), stream);
     coll::launch_fused(f, dtype == NetDtype::bf16, stream);
     WEAVE_CUDA_CHECK(cudaGetLastError());

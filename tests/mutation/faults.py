@@ -1067,6 +1067,31 @@ FAULTS = [
         "tests": ["test_net_gpu_hier:*/fused"],
     },
     {
+        "name": "net_coll_fused_own_piece_waits_for_wrong_partial",
+        "what": "fused hierarchical reduce_scatter: the receive of an own-shard piece waits for the node's partial of "
+                "the previous step's item instead of its own (it may add the own partial before the node summed it)",
+        "edits": [{
+            "file": "kernels/net_collectives/net_coll_fused_schedule.hpp",
+            "find": "  for (int s = 0; s < L.plan.topo.nodes - 1; ++s) j += rs_item_pieces(L, r, s);",
+            "replace": "  for (int s = 0; s < L.plan.topo.nodes - 2; ++s) j += rs_item_pieces(L, r, s);",
+        }],
+        "tests": ["test_net_collectives_layout:NetCollectivesLayout.Fused*", "test_net_gpu_hier:*/fused"],
+    },
+    {
+        "name": "net_ag_adaptive_receives_before_sends",
+        "what": "inter-node AG+GEMM's adaptive task list: the receives before the sends (every rank's first "
+                "communication task waits for a peer's send that the peer hands out only after its own receives)",
+        "edits": [{
+            "file": "kernels/net_tp/layout.hpp",
+            "find": "  if (k < units(a, r)) return {AgCommKind::Send, 0, static_cast<int>(k), r};\n"
+                    "  const StepUnit x = step_unit(a, r, true, k - units(a, r));",
+            "replace": "  const long long nr = step_units(a, r, true);\n"
+                       "  if (k >= nr) return {AgCommKind::Send, 0, static_cast<int>(k - nr), r};\n"
+                       "  const StepUnit x = step_unit(a, r, true, k);",
+        }],
+        "tests": ["test_net_tp_layout:NetTpLayout.AdaptiveAg*", "test_net_ag_adaptive_model_cpu"],
+    },
+    {
         "name": "net_rs_first_unit_misses_last_peer",
         "what": "inter-node GEMM+RS/AR, fixed and adaptive split (one reduce_unit since 2026-12-06): each rank's first "
                 "unit sums its own partial and all peers' but the last step's (at 2 nodes: the peer's partial of the "
