@@ -65,21 +65,23 @@ struct NetAgAdaptiveGlobalsT : NetAgGlobalsT<GG> {
 
 // A readiness one choice polls, ended as the network path's waits end: true once `ok`; true also
 // once the path stopped, or once `observed` has not moved for the path's timeout while polling `key`
-// (recorded as the fault with chunk(), ~0u for none; asked only then): the task is then handed out
-// and fails fast. Reset (key -1) at each choice, so that the clock counts one unbroken poll.
+// (recorded as the fault with chunk(), ~0u for none, and the count `want` it waited for; asked
+// only then): the task is then handed out and fails fast. Reset (key -1) at each choice, so that
+// the clock counts one unbroken poll.
 struct NetAdaptivePoll {
   long long key = -1;
   unsigned long long seen = 0, since = 0;
   unsigned polls = 0;
   template <class Chunk>
-  __device__ __forceinline__ bool operator()(const NetHandle& h, long long k, unsigned long long observed, bool ok,
-                                             Chunk&& chunk) {
+  __device__ __forceinline__ bool operator()(const NetHandle& h, long long k, unsigned long long observed,
+                                             unsigned long long want, Chunk&& chunk) {
+    const bool ok = observed >= want;
     if (ok) return true;
     if (k != key || observed != seen) {
       key = k, seen = observed, since = globaltimer(), polls = 0;
       return false;
     }
-    return (++polls & 31) == 0 && wait_gives_up(h, chunk(), seen + 1, seen, since);
+    return (++polls & 31) == 0 && wait_gives_up(h, chunk(), want, seen, since);
   }
 };
 
@@ -145,7 +147,7 @@ struct NetAgAdaptiveKernelT : NetAgKernelT<Gemm> {
           const unsigned long long n = units_in(g, t.vrow);
           // A timeout here reports the oldest arrival not yet taken: the receives before it all
           // arrived (they are claimed in order), so the missing rows are at or after it.
-          return st.rows(g.h, i, n, n >= rows_in, [&] { return awaited(g); });
+          return st.rows(g.h, i, n, rows_in, [&] { return awaited(g); });
         },
         [&](long long k) {
           const Input in = input(g, k);
@@ -155,7 +157,7 @@ struct NetAgAdaptiveKernelT : NetAgKernelT<Gemm> {
           const Input in = input(g, k);
           if (in.seen >= in.want) return true;
           __nanosleep(256);  // the polls read host memory: leave the link to the data
-          return st.comm(g.h, k, in.seen, false, [&] { return in.chunk; });
+          return st.comm(g.h, k, in.seen, in.want, [&] { return in.chunk; });
         });
   }
 
