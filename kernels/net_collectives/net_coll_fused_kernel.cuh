@@ -100,7 +100,7 @@ __device__ inline bool node_arrived(const FusedArgs& f) {
   return block_wait(f.net.h, f.sig.ptr[f.sig.rank], f.round * static_cast<unsigned long long>(f.G), kWaitNodeArrive);
 }
 
-// The network blocks (b < roles.net()). Nothing to send with one node.
+// Network block b of roles.net() (grid blocks from roles.reduce on). Nothing to send with one node.
 template <class T>
 __device__ void fused_network(const FusedArgs& f, int b) {
   const KernelArgs& a = f.net;
@@ -179,9 +179,9 @@ __global__ void __launch_bounds__(256) net_coll_fused_kernel(const __grid_consta
   const FusedRoles& R = f.roles;
   const int b = static_cast<int>(blockIdx.x);
   if (b == 0 && threadIdx.x == 0) signal_all(f.sig, 0);  // arrive: once per rank and call
-  if (b < R.net()) fused_network<T>(f, b);
-  else if (b < R.net() + R.reduce) node_reduce<T>(f, b - R.net(), R.reduce);
-  else node_gather(f, b - R.net() - R.reduce, R.gather);
+  if (b < R.reduce) node_reduce<T>(f, b, R.reduce);  // fused_roles' order: reduce, network, gather
+  else if (b < R.reduce + R.net()) fused_network<T>(f, b - R.reduce);
+  else node_gather(f, b - R.reduce - R.net(), R.gather);
   __syncthreads();
   if (threadIdx.x != 0) return;
   signal_all(f.sig, 1);  // done, whether the block finished or gave up: no node peer waits forever

@@ -30,9 +30,12 @@
 
 namespace weave::net::coll {
 
-// The blocks of one grid, in this order: [send | recv] or [ring] (network), then node_reduce,
-// then node_gather. `grid` is the same on every rank of the job (the smallest SM count, so that
-// every block is resident at once: blocks wait for each other's counters).
+// The blocks of one grid, in this order: node_reduce, then [send | recv] or [ring] (network),
+// then node_gather: each role waits only for roles before it (node_reduce for nothing but the
+// node's arrival), so where the GPU places the grid's blocks in index order and not all at once
+// (another stream's kernel holding SMs) the first ones placed make progress. `grid` is the same on
+// every rank of the job (the smallest SM count, so that every block is resident at once: blocks
+// wait for each other's counters).
 struct FusedRoles {
   int send = 0, recv = 0, ring = 0, reduce = 0, gather = 0;
   WEAVE_HD int net() const { return send + recv + ring; }
