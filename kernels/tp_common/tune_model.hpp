@@ -57,8 +57,8 @@ inline constexpr double kPlainGemmUs = 2;
 inline constexpr double kAuxPusherGBps = 4.3;
 // What those pushes cost the GEMM beside them, as a fraction of its time: 7596 / 6901 / 6559 /
 // 6603 / 6546 us for v2 / v3 / v4 / v5 / v6 against 6318 alone at 16384 (session7-tp.jsonl:64-68,
-// :10). v2's bulk copies go out beside the loader's TMA loads; v3's 132 register pushers run at
-// the link's rate; v4-v6 trickle.
+// :10). v2's bulk copies go out beside the loader's TMA loads; v3's register pushers (one per
+// compute block) run at the link's rate; v4-v6 trickle.
 inline constexpr double kAuxGemmCost[5] = {0.20, 0.09, 0.04, 0.045, 0.035};
 // The copy engine: 348 GB/s in 8 MiB pieces, and 6.97 us for a stream write into the peer
 // answered by a stream wait (docs/perf-notes.md:3081-3083); v7 (the fused kernel waiting on the

@@ -231,7 +231,10 @@ std::vector<std::pair<spm::Problem, Shape>> sp_searches() {
   return v;
 }
 
-const weave::runtime::DeviceRates kH200 = weave::runtime::device_rates(132);
+// The machine the checked-in sweeps ran on: an H200's SM count (/work/shared/HARDWARE.md), the
+// data's, not a default (the kernels read theirs from the runtime).
+constexpr int kMeasuredSms = 132;
+const weave::runtime::DeviceRates kH200 = weave::runtime::device_rates(kMeasuredSms);
 
 TEST(TuneModel, TpPicksAgainstMeasuredSweeps) {
   std::vector<std::pair<Shape, TuneCandidate>> picks;
@@ -265,7 +268,7 @@ TEST(TuneModel, AttentionPicksAgainstMeasuredSearches) {
 // The candidates the TP kernels offer on 2 x H200 with room in the heap and 64-bit stream memory
 // operations (ag_gemm.cu, gemm_rs.cu and gemm_ar.cu, run paths; the READMEs' Variants tables).
 std::vector<TuneCandidate> offered_on_h200(const tpm::Problem& p) {
-  const int W = p.W, sms = 132, rows = weave::tp::shard(p.M, W, 0).size;
+  const int W = p.W, sms = kMeasuredSms, rows = weave::tp::shard(p.M, W, 0).size;
   const int row_tiles = (rows + weave::tp::kBM - 1) / weave::tp::kBM, tiles_n = (p.N + weave::tp::kBN - 1) / weave::tp::kBN;
   std::vector<TuneCandidate> v;
   if (p.family == tpm::Family::ag_gemm) {

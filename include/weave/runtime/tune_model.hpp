@@ -2,9 +2,9 @@
 // (kernels/tp_common/tune_model.hpp, kernels/ring_attention/tune_model.hpp) and the pick among the
 // candidates a call offers. Pure host arithmetic, no CUDA call and no timing: a prediction follows
 // from arguments every rank already agreed on (shape, world, SM count, candidates), so a first
-// call of a shape costs no search. The rates were measured on 2 x H200 (132 SMs); an H100 SXM has
-// the same SMs and NVLink (its HBM differs, which these picks barely see), so only the SM count
-// comes from the device.
+// call of a shape costs no search. The rates were measured on 2 x H200 and are per SM or per link;
+// an H100 SXM has the same SMs and NVLink (its HBM differs, which these picks barely see), so only
+// the SM count comes from the device (device_rates: there is no default machine).
 #pragma once
 #include <vector>
 
@@ -13,7 +13,8 @@
 namespace weave::runtime {
 
 struct DeviceRates {
-  int sms = 132;
+  explicit DeviceRates(int sm_count) : sms(sm_count > 0 ? sm_count : 1) {}
+  int sms;  // the device's, read by the caller from the runtime
   // Dense bf16 TFLOP/s of one SM in the fused kernels' 128 x 256 tiles: a GEMM alone of 2 waves
   // took 101.5 us at 4096 x 2048 x 4096 (5.29 per SM) and one of 32 waves 6318 us at 16384 x 8192
   // x 16384 (5.44; bench/results/2026-11-30-h200x2-session7-tp.jsonl:4, :10).
@@ -29,11 +30,7 @@ struct DeviceRates {
 };
 
 // The rates of a Hopper device with `sm_count` SMs.
-inline DeviceRates device_rates(int sm_count) {
-  DeviceRates r;
-  r.sms = sm_count > 0 ? sm_count : 1;
-  return r;
-}
+inline DeviceRates device_rates(int sm_count) { return DeviceRates(sm_count); }
 
 // The offered candidate of least cost(candidate), the first of equal ones: only ever one of
 // `cands` (a default candidate for an empty list, which the tuner rejects before any use).
