@@ -304,7 +304,7 @@ struct AgAdaptiveGlobals : AgGlobals {
 };
 
 template <class Gemm>
-struct AgAdaptiveKernelT : AgKernelT<Gemm> {
+struct AgAdaptiveKernelT : AgKernelT<Gemm>, LedgerHooks<AgAdaptiveGlobals> {
   using Base = AgKernelT<Gemm>;
   using Globals = AgAdaptiveGlobals;
   static_assert(std::is_same_v<typename Base::Globals, AgGlobals>, "the adaptive split is built for bf16 inputs");
@@ -355,16 +355,8 @@ struct AgAdaptiveKernelT : AgKernelT<Gemm> {
     Base::template push_unit<4>(g, u, t, n, [] { lcsc::consumers_sync<AgAdaptiveKernelT>(); });
     return static_cast<unsigned long long>(clock64() - t0);
   }
-
-  static __device__ __forceinline__ void task_finished(const Globals& g, lcsc::Task t, unsigned long long cycles) {
-    adaptive_task_finished(*g.ledger, t, cycles);
-  }
-
-  // The last block out zeroes the ledger for the next launch; nothing else ends the call (as v0:
-  // the next call's pushes wait for every rank's arrival in it).
-  static __device__ __forceinline__ void block_exit(const Globals& g, int blocks) {
-    sm_split::block_exit(*g.ledger, blocks);
-  }
+  // task_finished, block_exit: LedgerHooks'. Nothing else ends the call (as v0: the next call's
+  // pushes wait for every rank's arrival in it).
 };
 
 using AgKernel = AgKernelT<gemm::GemmKernel<kBN, gemm::BLayout::KN, 3>>;

@@ -86,7 +86,7 @@ struct NetAdaptivePoll {
 };
 
 template <class Gemm>
-struct NetAgAdaptiveKernelT : NetAgKernelT<Gemm> {
+struct NetAgAdaptiveKernelT : NetAgKernelT<Gemm>, weave::tp::LedgerHooks<NetAgAdaptiveGlobalsT<typename Gemm::Globals>> {
   using Base = NetAgKernelT<Gemm>;
   using Globals = NetAgAdaptiveGlobalsT<typename Gemm::Globals>;
   static constexpr bool kDynamicTasks = true;  // (the lcsc template ignores the communicator inherited)
@@ -198,14 +198,8 @@ struct NetAgAdaptiveKernelT : NetAgKernelT<Gemm> {
     }
     return static_cast<unsigned long long>(clock64() - t0);
   }
-
-  static __device__ __forceinline__ void task_finished(const Globals& g, lcsc::Task t, unsigned long long cycles) {
-    weave::tp::adaptive_task_finished(*g.ledger, t, cycles);
-  }
-  // The last block out zeroes the ledger's call counters for the next launch.
-  static __device__ __forceinline__ void block_exit(const Globals& g, int blocks) {
-    (void)weave::tp::sm_split::block_exit(*g.ledger, blocks);
-  }
+  // task_finished, block_exit: weave::tp::LedgerHooks' (the ledger's cycles; the last block out
+  // zeroes its call counters for the next launch).
 };
 
 using NetAgAdaptiveKernelNK = NetAgAdaptiveKernelT<gemm::GemmKernel<weave::tp::kBN, gemm::BLayout::NK, 3>>;

@@ -32,7 +32,7 @@ struct NetRsAdaptiveGlobalsT : NetRsGlobalsT<GG> {
 };
 
 template <class Gemm>
-struct NetRsAdaptiveKernelT : NetRsKernelT<Gemm, false> {
+struct NetRsAdaptiveKernelT : NetRsKernelT<Gemm, false>, weave::tp::LedgerHooks<NetRsAdaptiveGlobalsT<typename Gemm::Globals>> {
   using Base = NetRsKernelT<Gemm, false>;
   using Globals = NetRsAdaptiveGlobalsT<typename Gemm::Globals>;
   static constexpr bool kDynamicTasks = true;  // (the lcsc template ignores the communicator inherited)
@@ -179,14 +179,8 @@ struct NetRsAdaptiveKernelT : NetRsKernelT<Gemm, false> {
     }
     return static_cast<unsigned long long>(clock64() - t0);
   }
-
-  static __device__ __forceinline__ void task_finished(const Globals& g, lcsc::Task t, unsigned long long cycles) {
-    weave::tp::adaptive_task_finished(*g.ledger, t, cycles);
-  }
-  // The last block out zeroes the ledger's call counters for the next launch.
-  static __device__ __forceinline__ void block_exit(const Globals& g, int blocks) {
-    (void)weave::tp::sm_split::block_exit(*g.ledger, blocks);
-  }
+  // task_finished, block_exit: weave::tp::LedgerHooks' (the ledger's cycles; the last block out
+  // zeroes its call counters for the next launch).
 };
 
 using NetRsAdaptiveKernelNK = NetRsAdaptiveKernelT<gemm::GemmKernel<weave::tp::kBN, gemm::BLayout::NK, 3>>;

@@ -130,4 +130,18 @@ __device__ __forceinline__ void adaptive_task_finished(sm_split::Ledger& l, lcsc
   sm_split::task_done(l, t.kind == lcsc::TaskKind::Work ? sm_split::Role::Compute : sm_split::Role::Comm, cycles);
 }
 
+// The lcsc hooks of a split whose call ends with the split itself (ag_gemm v10, the inter-node
+// AG+GEMM and GEMM+RS / AR; a base of their kernels): each task's cycles into the ledger, and the
+// last block out zeroes the ledger's call counters for the next launch. gemm_rs v6 and gemm_ar v2
+// also wait for their done signals there, and write their own.
+template <class Globals>
+struct LedgerHooks {
+  static __device__ __forceinline__ void task_finished(const Globals& g, lcsc::Task t, unsigned long long cycles) {
+    adaptive_task_finished(*g.ledger, t, cycles);
+  }
+  static __device__ __forceinline__ void block_exit(const Globals& g, int blocks) {
+    (void)sm_split::block_exit(*g.ledger, blocks);
+  }
+};
+
 }  // namespace weave::tp
