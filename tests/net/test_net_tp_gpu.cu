@@ -172,8 +172,9 @@ struct AgBatch {
 
 // Ragged rows (shards not 128-row multiples, a 1-row-per-node one), N off the 256 grid, short K;
 // both layouts, three chunks, a_shard apart and in place; C and the gathered A on every rank. With
-// `adaptive`, the adaptive split (also the ledger's launch count, and fewer blocks communicating
-// while tiles were left than the device has SMs).
+// `adaptive`, the adaptive split (also the ledger's launch count, and no more blocks communicating
+// while tiles were left than the grid has: a tile's rows that have not arrived hand every block to
+// the communication, sm_ledger.cuh, which three nodes sharing one GPU reached).
 void ag_matches_reference(bool adaptive) {
   net::NetPath path(options());
   ASSERT_EQ(path.topo().gpus, 1) << "run under weave-run -n N --nodes N";
@@ -205,7 +206,7 @@ void ag_matches_reference(bool adaptive) {
           expect_all_ranks(path, c.check_gathered(), what + ": gathered A");
           const weave::tp::AdaptiveStats a = ag.adaptive_stats();
           EXPECT_EQ(a.launches, adaptive ? 1u : 0u) << what;
-          EXPECT_LT(a.peak_comm_blocks, static_cast<unsigned long long>(sms)) << what;
+          EXPECT_LE(a.peak_comm_blocks, static_cast<unsigned long long>(sms)) << what;
         }
   path.shutdown();
 }

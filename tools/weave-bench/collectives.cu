@@ -10,6 +10,9 @@
 // PERFORMANCE.md: all_reduce algbw x 2(W-1)/W; all_gather, reduce_scatter and all_to_all
 // algbw x (W-1)/W, with algbw from the full (gathered) size, the full reduce_scatter input and
 // the per-rank all_to_all input.
+// Ranks sharing one GPU (weave-run --share-gpus): NCCL refuses two ranks on one device, so its rows
+// are left out (the run says so) and weave's are checked as above; their times mean nothing then
+// (the ranks' kernels time-slice) and their JSON lines carry "shared_gpu": true.
 //
 //   weave-run -n 2 -- weave-bench collectives [--sizes 1M,8M,64M,256M,1G] [--dtypes bf16]
 //       [--kernels all_reduce,all_gather,reduce_scatter,all_to_all] [--ops sum] [--cols 4096]
@@ -25,6 +28,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <optional>
@@ -255,6 +259,23 @@ std::vector<T> gather_all(runtime::Communicator& comm, T mine) {
   return all;
 }
 
+// "" when every rank has a GPU of its own, else which two ranks share one (weave-run --share-gpus).
+std::string shared_gpu(runtime::Communicator& comm) {
+  struct Uuid {
+    unsigned char b[16];
+  };
+  Uuid mine{};
+  cudaDeviceProp p{};
+  WEAVE_CUDA_CHECK(cudaGetDeviceProperties(&p, comm.device()));
+  std::memcpy(mine.b, p.uuid.bytes, sizeof mine.b);
+  const auto all = gather_all<Uuid>(comm, mine);
+  for (size_t r = 0; r < all.size(); ++r)
+    for (size_t q = r + 1; q < all.size(); ++q)
+      if (std::memcmp(all[r].b, all[q].b, sizeof mine.b) == 0)
+        return weave::detail::concat("ranks ", r, " and ", q, " share one GPU");
+  return "";
+}
+
 // --host-breakdown: the host's time (µs, slowest rank) of each piece a small call is made of,
 // each in its own loop, so that cuts to the host path are aimed at what costs.
 void host_breakdown(runtime::Communicator& comm, cudaStream_t st, void* in, bool lead) {
@@ -387,7 +408,10 @@ int run(const bench::Args& a) {
                                                          : coll::AllReduceAlgo::two_shot);
   weave_coll.set_all_gather_algo(ag_algo);
   weave_coll.set_reduce_scatter_algo(rs_algo);
-  ref::NcclCollectives nccl(comm);
+  const std::string shared = shared_gpu(comm);
+  std::optional<ref::NcclCollectives> nccl;
+  if (shared.empty()) nccl.emplace(comm);
+  const bool with_nccl = nccl.has_value();
   ref::Checker checker;
   void* in = comm.alloc(in_bytes);
   void* in_b = comm.alloc(in_bytes);  // the second input set: timed calls alternate the two
@@ -401,6 +425,10 @@ int run(const bench::Args& a) {
         "collectives: weave vs NCCL, %d ranks, %s, %zu cases; bus GB/s per NCCL's definitions, ratio = "
         "weave / NCCL\n",
         W, comm.props().name, cases.size());
+    if (!with_nccl)
+      std::printf("NOTE: %s: the nccl rows are left out (NCCL needs one GPU per rank); weave's rows are checked, "
+                  "their times mean nothing (the ranks time-slice)\n",
+                  shared.c_str());
     std::printf("%-14s %-11s %-5s %-4s %-18s %8s %10s %9s %10s %9s %7s %-5s %s\n", "kernel", "layout", "dtype", "op",
                 "shape", "per-rank", "weave_us", "weave_bw", "nccl_us", "nccl_bw", "ratio", "check", "algo");
     std::fflush(stdout);
@@ -426,7 +454,7 @@ int run(const bench::Args& a) {
     for (int i = 0; i < 2; ++i) ref::fill(in_of[i], c.in_elems, c.t, seed_of[i], me, ref::Values::integers, st);
     int next = 0;  // the input set of the next call
     auto run = [&](coll::Collectives* w, void* o) {
-      call(c, w, w ? nullptr : &nccl, in_of[next], o, st);
+      call(c, w, w ? nullptr : &*nccl, in_of[next], o, st);
       next ^= 1;
     };
     auto poison = [&](void* o) { WEAVE_CUDA_CHECK(cudaMemsetAsync(o, 0xff, c.out_max * dtype_size(c.t), st)); };
@@ -490,8 +518,11 @@ int run(const bench::Args& a) {
     const auto threw_any = gather_all<int>(comm, threw ? 1 : 0);
     const bool time_weave = std::none_of(threw_any.begin(), threw_any.end(), [](int x) { return x; });
     bool ok_weave = time_weave && verify(out, "weave, first call");
-    run(nullptr, ref_out);
-    bool ok_nccl = verify(ref_out, "nccl, first call");
+    bool ok_nccl = true;  // no nccl rows: nothing of NCCL's to be wrong
+    if (with_nccl) {
+      run(nullptr, ref_out);
+      ok_nccl = verify(ref_out, "nccl, first call");
+    }
 
     // Timing: the same number of calls on every rank (derived from the size alone), slowest rank.
     const double guess_us = 15 + c.alg_bytes / 100e3;  // ~100 GB/s: only sizes the loop
@@ -507,8 +538,8 @@ int run(const bench::Args& a) {
     };
     const double t_weave = time_weave ? timed(&weave_coll, out) : NAN;
     if (time_weave) ok_weave = verify_fresh(&weave_coll, out, "weave, last timed call") && ok_weave;
-    const double t_nccl = timed(nullptr, ref_out);
-    ok_nccl = verify_fresh(nullptr, ref_out, "nccl, last timed call") && ok_nccl;
+    const double t_nccl = with_nccl ? timed(nullptr, ref_out) : NAN;
+    if (with_nccl) ok_nccl = verify_fresh(nullptr, ref_out, "nccl, last timed call") && ok_nccl;
     // --host-us: the host's time to issue one call (the same loop, host clock, no event). When it
     // is as long as the device time per call, the host, not the GPU, sets the pace.
     auto host_us = [&](coll::Collectives* w, void* o) {
@@ -526,8 +557,8 @@ int run(const bench::Args& a) {
     const bool want_host = a.has("host-us") && time_weave;
     const double h_weave = want_host ? host_us(&weave_coll, out) : NAN;
     if (want_host) ok_weave = verify_fresh(&weave_coll, out, "weave, --host-us loop") && ok_weave;
-    const double h_nccl = want_host ? host_us(nullptr, ref_out) : NAN;
-    if (want_host) ok_nccl = verify_fresh(nullptr, ref_out, "nccl, --host-us loop") && ok_nccl;
+    const double h_nccl = want_host && with_nccl ? host_us(nullptr, ref_out) : NAN;
+    if (want_host && with_nccl) ok_nccl = verify_fresh(nullptr, ref_out, "nccl, --host-us loop") && ok_nccl;
     // --gpu-us: the device's time per call with the host out of the way: a hold kernel keeps the
     // stream busy while the host enqueues every timed call, so the events see back-to-back kernels.
     auto gpu_us = [&](coll::Collectives* w, void* o) {
@@ -546,8 +577,8 @@ int run(const bench::Args& a) {
     const bool want_gpu = a.has("gpu-us") && time_weave;
     const double g_weave = want_gpu ? gpu_us(&weave_coll, out) : NAN;
     if (want_gpu) ok_weave = verify_fresh(&weave_coll, out, "weave, --gpu-us loop") && ok_weave;
-    const double g_nccl = want_gpu ? gpu_us(nullptr, ref_out) : NAN;
-    if (want_gpu) ok_nccl = verify_fresh(nullptr, ref_out, "nccl, --gpu-us loop") && ok_nccl;
+    const double g_nccl = want_gpu && with_nccl ? gpu_us(nullptr, ref_out) : NAN;
+    if (want_gpu && with_nccl) ok_nccl = verify_fresh(nullptr, ref_out, "nccl, --gpu-us loop") && ok_nccl;
     all_ok = all_ok && ok_weave && ok_nccl;
 
     auto bw = [&](double us) { return c.alg_bytes / us / 1e3; };  // GB/s
@@ -555,8 +586,12 @@ int run(const bench::Args& a) {
     const double ratio = t_nccl / t_weave;
     if (lead) {
       const char* check = !ok_weave ? "WRONG" : !ok_nccl ? "NCCL!" : "ok";
-      std::printf("%10.1f %9.1f %10.1f %9.1f %7.3f %-5s %s\n", t_weave, bw(t_weave) * c.bus_factor, t_nccl,
-                  bw(t_nccl) * c.bus_factor, ratio, check, algo.c_str());
+      if (with_nccl)
+        std::printf("%10.1f %9.1f %10.1f %9.1f %7.3f %-5s %s\n", t_weave, bw(t_weave) * c.bus_factor, t_nccl,
+                    bw(t_nccl) * c.bus_factor, ratio, check, algo.c_str());
+      else
+        std::printf("%10.1f %9.1f %10s %9s %7s %-5s %s\n", t_weave, bw(t_weave) * c.bus_factor, "-", "-", "-", check,
+                    algo.c_str());
       if (want_host) std::printf("    host us per call: weave %.1f, nccl %.1f\n", h_weave, h_nccl);
       if (want_gpu) std::printf("    gpu us per call (host ahead): weave %.1f, nccl %.1f\n", g_weave, g_nccl);
       if (!err.empty()) std::printf("    %s\n", err.c_str());
@@ -565,7 +600,7 @@ int run(const bench::Args& a) {
         auto& lr = log_ratio[c.kernel + " " + c.layout];
         lr.first += std::log(ratio), lr.second += 1;
       }
-      for (int impl = 0; impl < 2; ++impl) {
+      for (int impl = 0; impl < (with_nccl ? 2 : 1); ++impl) {
         // A weave call that threw gets a row with zero time and bandwidth, correct false, and the error.
         const double t = impl == 0 && !time_weave ? 0 : impl == 0 ? t_weave : t_nccl;
         bench::JsonLine j;
@@ -583,7 +618,8 @@ int run(const bench::Args& a) {
             .add("correct", impl == 0 ? ok_weave : ok_nccl)
             .add("iters", iters);
         if (reduction) j.add("op", op_name(c.op));
-        if (impl == 0 && time_weave) j.add("ratio_vs_nccl", ratio);
+        if (impl == 0 && time_weave && with_nccl) j.add("ratio_vs_nccl", ratio);
+        if (!with_nccl) j.add("shared_gpu", true);
         if (impl == 0 && !algo.empty()) j.add("algo", algo);
         if (!err.empty() && !(impl == 0 ? ok_weave : ok_nccl)) j.add("error", err);
         if (impl == 1) j.add("includes_copies", c.nccl_copies);
@@ -597,7 +633,8 @@ int run(const bench::Args& a) {
   if (lead) {
     std::printf("geomean ratio weave/NCCL:");
     for (const auto& [name, lr] : log_ratio) std::printf("  %s %.3f", name.c_str(), std::exp(lr.first / lr.second));
-    std::printf("\n%s\n", all_ok ? "every checked output exact, weave's and NCCL's, on every rank"
+    std::printf("\n%s\n", all_ok ? (with_nccl ? "every checked output exact, weave's and NCCL's, on every rank"
+                                             : "every checked output of weave's exact, on every rank (no nccl rows)")
                                    : "SOME OUTPUTS ARE WRONG (WRONG: weave's, NCCL!: NCCL's; see the rows)");
   }
   comm.sync(st);
