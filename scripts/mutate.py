@@ -121,10 +121,8 @@ def select_checks(faults, which):
 # Ranks that share one GPU (WEAVE_SHARE_GPUS=1, weave-run --share-gpus) take turns on it: they
 # never run side by side, so a race between them cannot show. NCCL refuses two ranks on one GPU:
 # the tests that compare with NCCL recompute their reference then (tests/collectives/common.hpp,
-# `reference`), so every test runs; the tp benchmark times NCCL baselines and cannot. (The
-# collectives benchmark leaves its NCCL rows out there and checks weave's; test_collectives_graph and
-# the sp and moe benchmarks use no NCCL.)
-NCCL_BENCH_SUITES = {"tp"}
+# `reference`), and the tp and collectives benchmarks leave their NCCL rows out and check weave's
+# (tools/weave-bench/shared_gpu.hpp), so every test and bench row runs.
 
 
 def gpus_shared():
@@ -138,22 +136,14 @@ def not_run_record(f, why):
 
 
 def for_shared_gpus(faults):
-    """(faults whose checks can run with ranks sharing a GPU, with the other checks dropped and
-    named in "dropped"; records for the faults that cannot run there at all)."""
+    """(faults whose checks can run with ranks sharing a GPU; records for the faults that cannot:
+    the races)."""
     runnable, not_run = [], []
     for f in faults:
-        why = []
         if f.get("race"):
-            why.append("a race: ranks sharing one GPU take turns, so they cannot race")
-        bench = [b for b in f["bench"] if b["args"].split()[0] not in NCCL_BENCH_SUITES]
-        dropped = [f"{bench_key(b)} (NCCL baseline: NCCL refuses two ranks on one GPU)"
-                   for b in f["bench"] if b not in bench]
-        if not why and not f["tests"] and not bench:
-            why.append("every check is a tp benchmark, whose NCCL baselines cannot run with two ranks on one GPU")
-        if why:
-            not_run.append(not_run_record(f, "; ".join(why)))
+            not_run.append(not_run_record(f, "a race: ranks sharing one GPU take turns, so they cannot race"))
         else:
-            runnable.append(dict(f, bench=bench, dropped=f.get("dropped", []) + dropped))
+            runnable.append(f)
     return runnable, not_run
 
 
@@ -458,12 +448,10 @@ def gpu_count(build):
 def run_bench(build, b, logf, timeout):
     """passed / failed / skipped / error, and the number of rows with "correct": false. With fewer
     GPUs than ranks and WEAVE_SHARE_GPUS=1 the ranks share them (the rows' times mean nothing
-    then, their `correct` field does), except for the suites that time NCCL baselines."""
+    then, their `correct` field does; the tp and collectives suites then leave their NCCL rows out)."""
     share = []
     if gpu_count(build) < b["ranks"]:
-        suite = b["args"].split()[0]
         why = ("no GPU" if gpu_count(build) < 1
-               else "its NCCL baseline needs a GPU per rank" if suite in NCCL_BENCH_SUITES
                else "WEAVE_SHARE_GPUS=1 would let its ranks share them" if not gpus_shared() else None)
         if why:
             logf.write(f"mutate: bench '{b['args']}' needs {b['ranks']} GPU(s), {gpu_count(build)} here ({why}): "

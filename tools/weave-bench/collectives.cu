@@ -28,7 +28,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <functional>
 #include <map>
 #include <optional>
@@ -41,6 +40,7 @@
 #include "bench.hpp"
 #include "collectives/collectives.hpp"
 #include "recheck.hpp"
+#include "shared_gpu.hpp"
 #include "weave/memory_order.cuh"
 #include "weave/pdl.cuh"
 #include "weave/runtime/communicator.hpp"
@@ -259,23 +259,6 @@ std::vector<T> gather_all(runtime::Communicator& comm, T mine) {
   return all;
 }
 
-// "" when every rank has a GPU of its own, else which two ranks share one (weave-run --share-gpus).
-std::string shared_gpu(runtime::Communicator& comm) {
-  struct Uuid {
-    unsigned char b[16];
-  };
-  Uuid mine{};
-  cudaDeviceProp p{};
-  WEAVE_CUDA_CHECK(cudaGetDeviceProperties(&p, comm.device()));
-  std::memcpy(mine.b, p.uuid.bytes, sizeof mine.b);
-  const auto all = gather_all<Uuid>(comm, mine);
-  for (size_t r = 0; r < all.size(); ++r)
-    for (size_t q = r + 1; q < all.size(); ++q)
-      if (std::memcmp(all[r].b, all[q].b, sizeof mine.b) == 0)
-        return weave::detail::concat("ranks ", r, " and ", q, " share one GPU");
-  return "";
-}
-
 // --host-breakdown: the host's time (µs, slowest rank) of each piece a small call is made of,
 // each in its own loop, so that cuts to the host path are aimed at what costs.
 void host_breakdown(runtime::Communicator& comm, cudaStream_t st, void* in, bool lead) {
@@ -408,7 +391,7 @@ int run(const bench::Args& a) {
                                                          : coll::AllReduceAlgo::two_shot);
   weave_coll.set_all_gather_algo(ag_algo);
   weave_coll.set_reduce_scatter_algo(rs_algo);
-  const std::string shared = shared_gpu(comm);
+  const std::string shared = bench::shared_gpu(comm);
   std::optional<ref::NcclCollectives> nccl;
   if (shared.empty()) nccl.emplace(comm);
   const bool with_nccl = nccl.has_value();

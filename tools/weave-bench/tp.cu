@@ -19,8 +19,11 @@
 //                            (adaptive / tuned), early_reductions, peak_comm_blocks (Row says what)
 //   --table3                 (gemm_rs M = N = 16384, K_local 512..8192: overlap fraction)
 //   --only-extra             no default rows, only the sweep and / or --table3; the sweep alone
-//                            (no --table3) starts no NCCL, so it also runs under weave-run
-//                            --share-gpus (ranks sharing a GPU: the checks count, not the times)
+//                            (no --table3) starts no NCCL
+// Under weave-run --share-gpus (ranks sharing a GPU; NCCL refuses them) the default rows are weave's
+// fused calls alone, without the cuBLAS + NCCL and GEMM-alone rows, checked as always (their times
+// mean nothing: the ranks time-slice; their JSON lines carry "shared_gpu": true), and --table3,
+// which times GEMM alone beside the fused call, is refused.
 // Every row, weave's and the baselines', is checked on its last timed call and on one more call on
 // the other input set into re-poisoned outputs (recheck.hpp's rule), against a float32 reference
 // every rank computes without NCCL (run_one says how); a row is correct only when both checks pass
@@ -56,6 +59,7 @@
 #include "gemm_ar/gemm_ar.hpp"
 #include "gemm_rs/gemm_rs.hpp"
 #include "../../bench/nccl_comm.hpp"
+#include "shared_gpu.hpp"
 #include "check/gemm_baseline.cuh"
 #include "weave/runtime/communicator.hpp"
 
@@ -88,6 +92,7 @@ struct Ctx {
   bool fp8 = false;                   // --dtype fp8 (then also fref and lt)
   check::Fp8GemmRef* fref = nullptr;  // the float32 reference of the fp8 checks
   const gemm_fp8::ref::Lt* lt = nullptr;  // the cuBLASLt fp8 baseline's handle and workspace
+  bool shared = false;  // ranks share a GPU: no NCCL, weave's rows only (shared_gpu.hpp)
 };
 
 // Implementations timed in turns, median per implementation, slowest rank (each rank times its
@@ -159,6 +164,7 @@ void emit(Ctx& x, const Row& r, const char* extra_key = nullptr, double extra = 
     bench::add_check_worst(j, r.worst).add("variant", r.variant).add("seed", std::to_string(x.seed));
     if (extra_key) j.add(extra_key, extra);
     if (r.early_reductions >= 0) j.add("early_reductions", r.early_reductions).add("peak_comm_blocks", r.peak_comm_blocks);
+    if (x.shared) j.add("shared_gpu", true);
     x.json.write(j);
   }
 }
@@ -761,8 +767,15 @@ int run(const bench::Args& a) {
   runtime::CommOptions co;
   co.heap_bytes = 3 * size_t(maxS) * maxS * 2 + (size_t(256) << 20);  // + gemm_rs v2's M x N scratch
   runtime::Communicator c(co);
-  std::unique_ptr<bench::NcclComm> nccl;  // every rank alike: the arguments decide
-  if (!a.has("only-extra") || a.has("table3")) nccl = std::make_unique<bench::NcclComm>(c);
+  const std::string shared = bench::shared_gpu(c);  // every rank alike
+  if (!shared.empty() && a.has("table3")) {
+    if (c.rank() == 0)
+      std::fprintf(stderr, "weave-bench tp: %s (--share-gpus): --table3 times GEMM alone beside the fused call, which "
+                           "ranks taking turns on one GPU cannot; run it with a GPU per rank\n", shared.c_str());
+    return 2;
+  }
+  std::unique_ptr<bench::NcclComm> nccl;  // every rank alike: the arguments and the GPUs decide
+  if (shared.empty() && (!a.has("only-extra") || a.has("table3"))) nccl = std::make_unique<bench::NcclComm>(c);
   gref::CublasLt blas;
   bench::JsonSink json(a);
   cudaStream_t st;
@@ -770,6 +783,7 @@ int run(const bench::Args& a) {
   check::GemmRef ref;
   Ctx x{c, nccl.get(), blas, json, st, c.world(), c.rank(), ref};
   x.host_us = a.has("host-us");
+  x.shared = !shared.empty();
   const std::string layout = a.get("b-layout", "kn");
   if (layout != "kn" && layout != "nk") {
     std::fprintf(stderr, "weave-bench tp: --b-layout takes kn (B K x N) or nk (B N x K), got %s\n", layout.c_str());
@@ -796,15 +810,21 @@ int run(const bench::Args& a) {
                 "SMs; times in us (slowest rank) / TFLOP/s of the local GEMM\n",
                 x.W, c.props().name, c.sm_count());
     if (skipped_ar) std::printf("(gemm_ar left out: it has no fp8 form)\n");
-    std::printf("| kernel | S | local MxNxK | fp8 GEMM alone | cuBLASLt fp8+NCCL | weave fused | comm SMs | fused/alone | fused/cuBLASLt+NCCL | check (alone / cuBLASLt+NCCL / fused: worst error / bound) |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    if (!x.shared) std::printf("| kernel | S | local MxNxK | fp8 GEMM alone | cuBLASLt fp8+NCCL | weave fused | comm SMs | fused/alone | fused/cuBLASLt+NCCL | check (alone / cuBLASLt+NCCL / fused: worst error / bound) |\n|---|---|---|---|---|---|---|---|---|---|\n");
   } else if (x.rank == 0) {
     std::printf("weave-bench tp: world %d, %s, %d SMs; times in us (slowest rank) / TFLOP/s of the local GEMM\n", x.W,
                 c.props().name, c.sm_count());
-    std::printf("| kernel | S | local MxNxK | GEMM alone | cuBLAS+NCCL | weave fused | comm SMs | fused/alone | fused/cuBLAS+NCCL | check (alone / cuBLAS+NCCL / fused: worst error / bound) |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    if (!x.shared) std::printf("| kernel | S | local MxNxK | GEMM alone | cuBLAS+NCCL | weave fused | comm SMs | fused/alone | fused/cuBLAS+NCCL | check (alone / cuBLAS+NCCL / fused: worst error / bound) |\n|---|---|---|---|---|---|---|---|---|---|\n");
   }
-  if (!a.has("only-extra"))
+  if (!a.has("only-extra")) {
+    if (x.shared && x.rank == 0)
+      std::printf("NOTE: %s: weave's fused rows only (no cuBLAS+NCCL or GEMM-alone rows: NCCL needs one GPU per "
+                  "rank), checked; their times mean nothing (the ranks time-slice)\n| kernel | S | local MxNxK | "
+                  "variant | comm SMs | us | TFLOP/s | check |\n|---|---|---|---|---|---|---|---|\n",
+                  shared.c_str());
     for (const auto& k : kernels)
-      for (long long S : sizes) run_one(x, k, static_cast<int>(S), fixed, true, true, 0, variant);
+      for (long long S : sizes) run_one(x, k, static_cast<int>(S), fixed, true, !x.shared, 0, variant);
+  }
   if (a.has("sweep")) {
     auto counts = a.numbers("sweep", "");
     if (counts.empty()) counts = {0, 4, 8, 16, 32, 64};  // bare --sweep
