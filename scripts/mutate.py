@@ -35,6 +35,7 @@ Adding faults: tests/mutation/README.md.
 """
 
 import argparse
+import fcntl
 import hashlib
 import importlib.util
 import io
@@ -157,8 +158,8 @@ def apply_edits(root, fault):
             if not os.path.isfile(p):
                 raise ValueError(f"{e['file']}: no such file")
             with open(p, "rb") as fh:
-                originals[p] = fh.read()
-            texts[p] = originals[p].decode("utf-8")
+                originals[p] = (fh.read(), os.stat(p))
+            texts[p] = originals[p][0].decode("utf-8")
         n = texts[p].count(e["find"])
         if n != 1:
             first = e["find"].strip().splitlines()[0][:70]
@@ -170,10 +171,15 @@ def apply_edits(root, fault):
     return originals
 
 
-def restore(originals):
-    for p, data in originals.items():
+def restore(originals, keep_mtime=False):
+    """Writes the faulted files back. keep_mtime (nothing was built from the faulted files) also
+    puts back their times, so that the next build rebuilds nothing for them; after a build it must
+    not: the objects are the fault's, newer than the file."""
+    for p, (data, st) in originals.items():
         with open(p, "wb") as fh:
             fh.write(data)
+        if keep_mtime:
+            os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
 def check_faults_apply(src, faults):
@@ -724,6 +730,13 @@ def main():
     logdir = os.path.join(work, "logs")
     os.makedirs(tree, exist_ok=True)
     os.makedirs(logdir, exist_ok=True)
+    # One run per work dir: a second one would copy the tree over the first one's applied fault
+    # while it builds or runs (held until this process exits).
+    lock = open(os.path.join(work, ".lock"), "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        die(f"another mutate.py is using {work} (its tree and build); wait for it, or pass --work-dir")
     nfiles, changed, removed = sync_tree(src, tree)
     log(f"copy {tree}: {nfiles} files ({changed} updated, {removed} removed)")
     jsonl = args.json or os.path.join(work, "mutate.jsonl")
@@ -854,7 +867,7 @@ def main():
                     rec["verdict"] = verdict(rec["checks"])
                     rec["log"] = flog.name
             finally:
-                restore(originals)
+                restore(originals, keep_mtime=not need_build)
                 if args.from_stash:  # the next fault starts from the baseline binaries
                     unstash_bins(os.path.join(os.path.realpath(args.from_stash), "_baseline"), build,
                                  stash_manifest["faults"][name]["bins"])
