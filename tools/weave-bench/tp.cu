@@ -93,6 +93,7 @@ struct Ctx {
   check::Fp8GemmRef* fref = nullptr;  // the float32 reference of the fp8 checks
   const gemm_fp8::ref::Lt* lt = nullptr;  // the cuBLASLt fp8 baseline's handle and workspace
   bool shared = false;  // ranks share a GPU: no NCCL, weave's rows only (shared_gpu.hpp)
+  bool sweep = false;   // run_one's rows are --sweep's (their JSON lines carry "sweep")
 };
 
 // Implementations timed in turns, median per implementation, slowest rank (each rank times its
@@ -683,7 +684,7 @@ Row run_one(Ctx& x, const std::string& kernel, int S, int fixed_comm, bool print
   // Sweep rows: "sweep": 1 for a fixed num_comm_sms / variant, 0 for the tuner's own pick (as the
   // default rows, which have no "sweep" key: bench/plot.py draws it as the tuner's line).
   const bool tuned = fixed_comm < 0 && variant < 0;
-  emit(x, fused, baselines ? nullptr : "sweep", tuned ? 0 : 1);
+  emit(x, fused, x.sweep ? "sweep" : nullptr, tuned ? 0 : 1);
   if (print && x.rank == 0) {
     auto tf = [&](double us) { return 2.0 * M * N * K / (us * 1e-6) / 1e12; };
     auto verdict = [](const Row& w) {
@@ -826,6 +827,7 @@ int run(const bench::Args& a) {
       for (long long S : sizes) run_one(x, k, static_cast<int>(S), fixed, true, !x.shared, 0, variant);
   }
   if (a.has("sweep")) {
+    x.sweep = true;
     auto counts = a.numbers("sweep", "");
     if (counts.empty()) counts = {0, 4, 8, 16, 32, 64};  // bare --sweep
     const auto ss = a.numbers("sweep-sizes", "4096,16384");
@@ -901,6 +903,7 @@ int run(const bench::Args& a) {
       }
     }
   }
+  x.sweep = false;
   if (a.has("table3")) {
     const double Bw = 370e9;  // usable NVLink bandwidth per direction (shared/HARDWARE.md)
     if (x.rank == 0)
