@@ -21,13 +21,16 @@ fault before anything else) or bad usage.
   python3 scripts/mutate.py --dry-run [--skip-build]   # every fault applies (and compiles)
   python3 scripts/mutate.py [--only a,b] [--jobs 16]    # the real run, on a GPU machine
   WEAVE_SHARE_GPUS=1 python3 scripts/mutate.py ...      # one GPU: multi-rank checks with ranks sharing it
-                                                        # (races and NCCL-baseline benches left out)
+                                                        # (races left out; tp / collectives benches
+                                                        # without their NCCL rows)
 
 Two-phase use, where GPU time is short: build every faulted binary on any machine with
 --stash DIR (no tests run), then on the GPU machine run the tests from those binaries with
 --from-stash DIR (nothing is compiled there; the build dir is only configured; a check whose
 binaries the stash did not build with the fault is not run). --checks bench|tests keeps one kind
-of check (a stash of weave-bench alone is a fraction of one with the tests). The copy lives
+of check (a stash of weave-bench alone is a fraction of one with the tests). --pack-stash DIR packs
+a stash into DIR.tar.xz, its copies of each binary deduplicated (a tenth of the size or less), which
+--from-stash DIR unpacks where DIR is missing. The copy lives
 in --work-dir (default REPO/build-mutate, git-ignored): its sources in WORK/tree (tracked and
 untracked-but-not-ignored files of the repo, or --rev REV's committed tree; re-synced each run),
 its build in --build-dir (default WORK/build). Python 3 standard library only; no network.
@@ -562,14 +565,72 @@ def stash_bins(build, targets, dest, base_hashes=None):
 
 
 def unstash_bins(src, build, names):
+    """The stashed binaries into build/bin: each as stash_bins wrote it (.xz), or as an unpacked
+    packed stash holds it (plain)."""
     for t in names:
         dst = os.path.join(build, "bin", t)
         os.makedirs(os.path.dirname(dst), exist_ok=True)
         tmp = dst + ".mutate-tmp"
-        with lzma.open(os.path.join(src, t + ".xz"), "rb") as fh, open(tmp, "wb") as out:
+        plain = os.path.join(src, t)
+        with (open(plain, "rb") if os.path.isfile(plain) else lzma.open(plain + ".xz", "rb")) as fh, \
+                open(tmp, "wb") as out:
             shutil.copyfileobj(fh, out)
         os.chmod(tmp, 0o755)
         os.replace(tmp, dst)
+
+
+# A packed stash (--pack-stash): one .tar.xz whose binaries are stored uncompressed inside one xz
+# stream with a dictionary larger than a binary. The faults' copies of a binary differ in a few
+# objects, so each copy after the first costs little more than its differences (eleven weave-bench
+# copies: 31 MB as the stash's separate .xz files, 3.2 MB packed): several stashes then fit in what
+# the device tool carries (64 MiB with the repository). Unpacking needs about the dictionary's size
+# of memory.
+PACK_FILTERS = [{"id": lzma.FILTER_LZMA2, "preset": 6, "dict_size": 768 << 20}]
+
+
+def pack_stash(sdir):
+    """DIR -> DIR.tar.xz (members under DIR's name); returns its path."""
+    sdir = os.path.realpath(sdir)
+    if not os.path.isfile(os.path.join(sdir, "manifest.json")):
+        die(f"{sdir} is not a stash (no manifest.json; mutate.py --stash builds one)")
+    name, out = os.path.basename(sdir), sdir + ".tar.xz"
+    tmp = out + ".mutate-tmp"
+    with lzma.open(tmp, "wb", format=lzma.FORMAT_XZ, filters=PACK_FILTERS) as xz, \
+            tarfile.open(fileobj=xz, mode="w|") as tar:
+        for d, dirs, files in os.walk(sdir):
+            dirs.sort()  # _baseline first: every fault's copy follows the copy it differs from least
+            for f in sorted(files):
+                p = os.path.join(d, f)
+                arc = os.path.join(name, os.path.relpath(p, sdir))
+                if not f.endswith(".xz"):
+                    tar.add(p, arc)
+                    continue
+                with lzma.open(p, "rb") as fh:
+                    data = fh.read()
+                info = tarfile.TarInfo(arc[:-len(".xz")])
+                info.size, info.mode, info.mtime = len(data), 0o755, int(os.path.getmtime(p))
+                tar.addfile(info, io.BytesIO(data))
+    os.replace(tmp, out)
+    return out
+
+
+def unpack_stash(arg):
+    """--from-stash's directory: ARG itself, or ARG (or ARG without .tar.xz) unpacked next to
+    ARG.tar.xz when only the packed stash is there."""
+    sdir = os.path.realpath(arg[:-len(".tar.xz")] if arg.endswith(".tar.xz") else arg)
+    packed = sdir + ".tar.xz"
+    if os.path.isfile(os.path.join(sdir, "manifest.json")) or not os.path.isfile(packed):
+        return sdir
+    name, parent = os.path.basename(sdir), os.path.dirname(sdir)
+    with tarfile.open(packed, "r:xz") as tar:
+        members = tar.getmembers()
+        bad = [m.name for m in members if m.name.split("/")[0] != name or ".." in m.name.split("/")
+               or not (m.isfile() or m.isdir())]
+        if bad:
+            die(f"{packed}: members outside {name}/ or not plain files: {', '.join(bad[:3])}")
+        tar.extractall(parent, members)
+    log(f"unpacked {packed}")
+    return sdir
 
 
 def fault_digest(f):
@@ -666,7 +727,10 @@ def main():
     ap.add_argument("--checks", choices=("all", "tests", "bench"), default="all",
                     help="run (or, with --stash, build for) only the CTest checks or only the bench rows "
                          "(default all); faults with none of that kind are left out")
-    ap.add_argument("--from-stash", metavar="DIR", help="run the checks with the binaries in DIR; compile nothing")
+    ap.add_argument("--from-stash", metavar="DIR", help="run the checks with the binaries in DIR (or DIR.tar.xz, "
+                    "unpacked next to it); compile nothing")
+    ap.add_argument("--pack-stash", metavar="DIR", help="pack the stash DIR into DIR.tar.xz (its copies of a binary "
+                    "deduplicated by one large xz dictionary), then exit")
     ap.add_argument("--json", help="JSON lines output (default WORK/mutate.jsonl)")
     ap.add_argument("--bench-timeout", type=int, default=900, help="seconds per bench command (default 900)")
     ap.add_argument("--test-timeout", type=int, default=None,
@@ -674,6 +738,10 @@ def main():
                          "failed (default: the tests' own CTest TIMEOUT)")
     ap.add_argument("--cmake-arg", action="append", default=[], help="extra configure argument (repeatable)")
     args = ap.parse_args()
+    if args.pack_stash:
+        out = pack_stash(args.pack_stash)
+        log(f"packed {out}: {os.path.getsize(out) / 1e6:.1f} MB")
+        return 0
 
     repo = os.path.realpath(args.repo)
     faults_path = args.faults or os.path.join(repo, "tests", "mutation", "faults.py")
@@ -762,7 +830,7 @@ def main():
 
     stash_manifest = None
     if args.from_stash:
-        sdir = os.path.realpath(args.from_stash)
+        args.from_stash = sdir = unpack_stash(args.from_stash)
         with open(os.path.join(sdir, "manifest.json"), encoding="utf-8") as fh:
             stash_manifest = json.load(fh)
         for f in faults:

@@ -25,7 +25,9 @@
 #   python3 scripts/mutate.py --only ag_gemm_signal_before_store_wait,store_wait_only_waits_for_smem_reads,wait_polls_relaxed_without_acquire,ll_scratch_slot_reused_one_call_early --stash build-mutate/stash-2gpu -j "$(nproc)"
 #   faults2: build-mutate/stash-2gpu-f2 (~25 MB: weave-bench alone, per fault) and
 #     .carry/build-ctest.tar.xz; faults2b: build-mutate/stash-2gpu-f2b (~15 MB) and the same. Not both
-#     stashes in one call (with the tracked files, ~63 MB). Built on the CPU machine like the races':
+#     stashes in one call (with the tracked files, ~63 MB), unless packed: `mutate.py --pack-stash DIR`
+#     writes DIR.tar.xz (eleven weave-bench copies: 31 MB -> 3.2 MB); carry that file instead of DIR,
+#     and --from-stash DIR unpacks it there. Built on the CPU machine like the races':
 #   python3 scripts/mutate.py --checks bench --only gemm_rs_drop_rank_contribution_one_tile,gemm_rs_inter_sm_drop_rank_one_tile,gemm_rs_adaptive_drop_rank_one_tile,lcsc_dynamic_loader_does_not_wait_for_other_task,gemm_ar_drop_rank_contribution_one_tile,gemm_ar_intra_drop_add_one_tile,gemm_ar_reduce_without_waiting_for_partials,ag_gemm_peer_tile_loaded_without_wait,tp_nk_map_drops_last_k_columns --stash build-mutate/stash-2gpu-f2 -j "$(nproc)"
 #   python3 scripts/mutate.py --checks bench --only ag_gemm_fp8_last_k_block_dropped,gemm_rs_fp8_scale_b_for_scale_a,ring_attention_peer_v_reads_zero,ulysses_o_heads_swapped,collectives_call_counts_not_advanced --stash build-mutate/stash-2gpu-f2b -j "$(nproc)"
 #   Step ab also carries
@@ -301,8 +303,8 @@ restore_bins() {  # STASH-DIR: the carried build's binaries back in place of a s
 step_faults() {  # NAME FAULTS STASH-DIR [MUTATE-ARG...]: scripts/mutate.py --from-stash on those faults
   local name=$1 faults=${FAULTS:-$2} stash=$3 d=$OUT/$1
   shift 3
-  if [ "$DRY" != 1 ] && [ ! -f "$stash/manifest.json" ]; then
-    say "$name: no stash at $stash (build it on the CPU machine, header of this script, and carry it)"; return
+  if [ "$DRY" != 1 ] && [ ! -f "$stash/manifest.json" ] && [ ! -f "$stash.tar.xz" ]; then
+    say "$name: no stash at $stash or $stash.tar.xz (build it on the CPU machine, header of this script, and carry it)"; return
   fi
   bounded "$name" 540 "$d/mutate.log" python3 scripts/mutate.py --only "$faults" --from-stash "$stash" \
     --build-dir "$B/build" --json "$d/faults.jsonl" "$@"
