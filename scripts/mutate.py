@@ -38,6 +38,7 @@ Adding faults: tests/mutation/README.md.
 """
 
 import argparse
+import atexit
 import fcntl
 import hashlib
 import importlib.util
@@ -579,6 +580,31 @@ def unstash_bins(src, build, names):
         os.replace(tmp, dst)
 
 
+def keep_build_bins(build, names, backup):
+    """Copies build/bin/<name> (those there) into backup and returns a function that puts them back
+    and removes the names that were not there: a --from-stash run leaves the build's binaries as it
+    found them, not the stash's (which a later run of the build's own tests would take for its own)."""
+    shutil.rmtree(backup, ignore_errors=True)
+    os.makedirs(backup)
+    had = []
+    for t in names:
+        p = os.path.join(build, "bin", t)
+        if os.path.isfile(p):
+            shutil.copy2(p, os.path.join(backup, t))
+            had.append(t)
+
+    def put_back():
+        for t in names:
+            p = os.path.join(build, "bin", t)
+            if t in had:
+                shutil.copy2(os.path.join(backup, t), p + ".mutate-tmp")
+                os.replace(p + ".mutate-tmp", p)
+            elif os.path.isfile(p):
+                os.remove(p)
+        shutil.rmtree(backup, ignore_errors=True)
+    return put_back
+
+
 # A packed stash (--pack-stash): one .tar.xz whose binaries are stored uncompressed inside one xz
 # stream with a dictionary larger than a binary. The faults' copies of a binary differ in a few
 # objects, so each copy after the first costs little more than its differences (eleven weave-bench
@@ -850,6 +876,10 @@ def main():
             for d in g["dropped"][len(f.get("dropped", [])):]:
                 log(f"{f['name']}: not run: {d}")
         faults = kept
+        names = sorted(set(stash_manifest["baseline"]).union(*(m["bins"] for m in stash_manifest["faults"].values())))
+        atexit.register(keep_build_bins(build, names, os.path.join(work, "bin-before-stash")))
+        # A run ended by a signal (timeout's TERM) still puts them back, and restores an applied fault.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
         unstash_bins(os.path.join(sdir, "_baseline"), build, sorted(stash_manifest["baseline"]))
         log(f"baseline binaries from {sdir}")
     elif need_build:
