@@ -304,10 +304,9 @@ def run_group(cmd, timeout=None, **kw):
     """subprocess.run in a session of its own: past `timeout` the whole process group (ctest, the
     test, weave-run's ranks) is ended, not only `cmd`. Returns (returncode or 124, stdout, stderr)."""
     p = subprocess.Popen(cmd, start_new_session=True, **kw)
-    try:
-        out, err = p.communicate(timeout=timeout)
-        return p.returncode, out, err
-    except subprocess.TimeoutExpired:
+
+    def end_group():
+        out = err = None
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
                 os.killpg(p.pid, sig)
@@ -317,8 +316,18 @@ def run_group(cmd, timeout=None, **kw):
                 out, err = p.communicate(timeout=5)
                 break
             except subprocess.TimeoutExpired:
-                out, err = None, None
+                pass
+        return out, err
+
+    try:
+        out, err = p.communicate(timeout=timeout)
+        return p.returncode, out, err
+    except subprocess.TimeoutExpired:
+        out, err = end_group()
         return 124, out, err
+    except BaseException:  # this run ended (a TERM, ^C): its session would outlive it, holding the GPU
+        end_group()
+        raise
 
 
 def run_logged(cmd, logf, env=None, cwd=None, timeout=None):
@@ -584,6 +593,13 @@ def keep_build_bins(build, names, backup):
     """Copies build/bin/<name> (those there) into backup and returns a function that puts them back
     and removes the names that were not there: a --from-stash run leaves the build's binaries as it
     found them, not the stash's (which a later run of the build's own tests would take for its own)."""
+    if os.path.isdir(backup) and os.listdir(backup):
+        # A run before this one was killed (KILL) with the stash's binaries in place: these are the
+        # build's own; put them back before saving anything.
+        for t in os.listdir(backup):
+            shutil.copy2(os.path.join(backup, t), os.path.join(build, "bin", t + ".mutate-tmp"))
+            os.replace(os.path.join(build, "bin", t + ".mutate-tmp"), os.path.join(build, "bin", t))
+        log(f"put back the build's binaries that a killed run left in {backup}")
     shutil.rmtree(backup, ignore_errors=True)
     os.makedirs(backup)
     had = []
@@ -641,20 +657,30 @@ def pack_stash(sdir):
 
 
 def unpack_stash(arg):
-    """--from-stash's directory: ARG itself, or ARG (or ARG without .tar.xz) unpacked next to
-    ARG.tar.xz when only the packed stash is there."""
+    """--from-stash's directory: ARG (or ARG without .tar.xz), unpacked from ARG.tar.xz when that
+    is there and newer than the directory's manifest (a stash packed again under the same name on
+    a machine that kept the old one). Unpacked into a temporary directory, then renamed: a killed
+    unpack leaves no stash that looks whole."""
     sdir = os.path.realpath(arg[:-len(".tar.xz")] if arg.endswith(".tar.xz") else arg)
-    packed = sdir + ".tar.xz"
-    if os.path.isfile(os.path.join(sdir, "manifest.json")) or not os.path.isfile(packed):
+    packed, manifest = sdir + ".tar.xz", os.path.join(sdir, "manifest.json")
+    if not os.path.isfile(packed) or (os.path.isfile(manifest)
+                                      and os.path.getmtime(manifest) >= os.path.getmtime(packed)):
         return sdir
     name, parent = os.path.basename(sdir), os.path.dirname(sdir)
+    tmp = os.path.join(parent, f".{name}.unpacking")
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
     with tarfile.open(packed, "r:xz") as tar:
         members = tar.getmembers()
         bad = [m.name for m in members if m.name.split("/")[0] != name or ".." in m.name.split("/")
                or not (m.isfile() or m.isdir())]
         if bad:
             die(f"{packed}: members outside {name}/ or not plain files: {', '.join(bad[:3])}")
-        tar.extractall(parent, members)
+        tar.extractall(tmp, members)
+    os.utime(os.path.join(tmp, name, "manifest.json"))  # newer than the packed file from now on
+    shutil.rmtree(sdir, ignore_errors=True)
+    os.replace(os.path.join(tmp, name), sdir)
+    shutil.rmtree(tmp, ignore_errors=True)
     log(f"unpacked {packed}")
     return sdir
 
@@ -737,7 +763,8 @@ def main():
     ap.add_argument("--work-dir", help="where the copy lives (default REPO/build-mutate)")
     ap.add_argument("--build-dir", help="the copy's build dir (default WORK/build)")
     ap.add_argument("--jobs", "-j", type=int, default=os.cpu_count() or 2)
-    ap.add_argument("--only", help="comma-separated fault names")
+    ap.add_argument("--only", help="comma-separated fault names (default: every fault; with --from-stash, the "
+                    "stash's)")
     ap.add_argument("--rev", help="copy this git revision (e.g. HEAD) instead of the working tree with its "
                     "uncommitted changes")
     ap.add_argument("--list", action="store_true", help="list the faults and whether each applies, then exit")
@@ -779,6 +806,11 @@ def main():
         if unknown:
             die(f"unknown fault(s): {', '.join(unknown)} (--list shows them)")
         faults = [f for f in faults if f["name"] in want]
+    elif args.from_stash:  # the stash's faults, not every fault of the list
+        args.from_stash = unpack_stash(args.from_stash)
+        with open(os.path.join(args.from_stash, "manifest.json"), encoding="utf-8") as fh:
+            stashed = json.load(fh)["faults"]
+        faults = [f for f in faults if f["name"] in stashed]
     if args.skip_build and not args.dry_run:
         die("--skip-build only goes with --dry-run (a real run must build each fault)")
     if args.stash and args.from_stash:

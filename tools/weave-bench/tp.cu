@@ -898,6 +898,7 @@ int run(const bench::Args& a) {
               .add("tuned_us", tuned.us).add("tuned_variant", tuned.variant).add("tuned_comm_sms", tuned.ncomm)
               .add("ratio_tuned", adaptive.us / tuned.us).add("early_reductions", adaptive.early_reductions)
               .add("peak_comm_blocks", adaptive.peak_comm_blocks);
+          if (x.shared) j.add("shared_gpu", true);
           json.write(j);
         }
       }
