@@ -1009,13 +1009,13 @@ def main():
                 + (f": {rec['error']}" if "error" in rec else ""))
     finally:
         out.close()
+        if manifest is not None:  # before the rebuild below: the stash is whole without it
+            with open(os.path.join(os.path.realpath(args.stash), "manifest.json"), "w", encoding="utf-8") as fh:
+                json.dump(manifest, fh, indent=1)
         if need_build and not args.from_stash and all_targets:
             log("rebuilding the restored tree")
             if build_targets(build, all_targets, args.jobs, mainlog) != 0:
                 log(f"WARNING: the restored tree did not rebuild (log: {mainlog.name})")
-        if manifest is not None:
-            with open(os.path.join(os.path.realpath(args.stash), "manifest.json"), "w", encoding="utf-8") as fh:
-                json.dump(manifest, fh, indent=1)
         mainlog.close()
 
     for r in not_run:
