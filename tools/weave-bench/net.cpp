@@ -139,6 +139,7 @@
 #include "net_device_transfer.hpp"
 #include "net_proxy_gpu.hpp"
 #include "net_start.hpp"
+#include "shared_gpu.hpp"
 #include "weave/net/net_path.hpp"
 #include "weave/net/queue.cuh"
 #include "weave/net/transport.hpp"
@@ -823,24 +824,11 @@ std::vector<TransferRow> transfer_raw(const Config& c, Ctl& ctl, size_t chunk, u
 
 // ---- the ranks' GPUs: the device rows need one per rank, the NCCL rows one of its own each ----
 
-struct GpuView {
-  int32_t count, device;
-  unsigned char uuid[16];
-};
+using weave::bench::GpuView;
 
-// Every rank's GPU (collective); `device`: this rank's (-1 without).
+// Every rank's GPU (collective); `device`: this rank's (-1 without: not an error here, a reason to skip).
 std::vector<GpuView> gpu_views(Ctl& ctl, int local_rank, int& device) {
-  GpuView mine{};
-  if (cudaGetDeviceCount(&mine.count) != cudaSuccess) {
-    (void)cudaGetLastError();  // no driver or no GPU: not an error here, a reason to skip
-    mine.count = 0;
-  }
-  mine.device = mine.count > 0 ? local_rank % mine.count : -1;  // NetPath's default choice
-  if (mine.count > 0) {
-    cudaDeviceProp p{};
-    WEAVE_CUDA_CHECK(cudaGetDeviceProperties(&p, mine.device));
-    std::memcpy(mine.uuid, p.uuid.bytes, sizeof mine.uuid);
-  }
+  const GpuView mine = weave::bench::gpu_view(local_rank);
   std::vector<GpuView> all(static_cast<size_t>(ctl.world));
   ctl.boot.all_gather(&mine, all.data(), sizeof(GpuView));
   device = mine.device;
@@ -848,7 +836,7 @@ std::vector<GpuView> gpu_views(Ctl& ctl, int local_rank, int& device) {
 }
 
 bool pair_shares_gpu(const Ctl& ctl, const std::vector<GpuView>& all) {
-  return std::memcmp(all[ctl.src].uuid, all[ctl.dst].uuid, sizeof all[ctl.src].uuid) == 0;
+  return weave::bench::same_gpu(all[ctl.src], all[ctl.dst]);
 }
 
 // "" when every rank has a GPU (the path's GPU mode is made on every rank), else why not.

@@ -23,6 +23,7 @@
 #include "bench.hpp"
 #include "net_collectives/net_collectives.hpp"
 #include "net_start.hpp"
+#include "shared_gpu.hpp"
 #include "weave/config.hpp"
 #include "weave/net/net_path.hpp"
 #include "weave/runtime/env.hpp"
@@ -140,26 +141,6 @@ inline std::unique_ptr<net::NetPath> make_path(const runtime::LaunchInfo& info, 
 
 // ---- the ranks and their GPUs ---------------------------------------------------------------
 
-// What each rank sees of its GPU before anything is made: whether there is one, and which (two
-// ranks on one GPU cannot run NCCL, and their times time-slice).
-struct GpuView {
-  int32_t count, device;
-  unsigned char uuid[16];
-};
-inline GpuView my_gpu(int local_rank) {
-  GpuView v{};
-  if (cudaGetDeviceCount(&v.count) != cudaSuccess) {
-    (void)cudaGetLastError();  // no driver or no GPU: reported below, not thrown
-    v.count = 0;
-  }
-  v.device = v.count > 0 ? local_rank % v.count : -1;  // NetPath's default choice
-  if (v.count > 0) {
-    cudaDeviceProp p{};
-    WEAVE_CUDA_CHECK(cudaGetDeviceProperties(&p, v.device));
-    std::memcpy(v.uuid, p.uuid.bytes, sizeof v.uuid);
-  }
-  return v;
-}
 
 // The checks before the path exists (it needs a GPU and one rank per node, and would fail less
 // clearly without them), collective over `start`'s bootstrap: -1 to go on (`shared` then names
@@ -180,7 +161,7 @@ inline int check_ranks(const runtime::LaunchInfo& info, NetStart& start, const c
   }
   std::vector<GpuView> gpus(static_cast<size_t>(info.world));
   {
-    const GpuView mine = my_gpu(info.local_rank);
+    const GpuView mine = gpu_view(info.local_rank);  // before anything is made (shared_gpu.hpp)
     start.boot->all_gather(&mine, gpus.data(), sizeof mine);
   }
   for (int r = 0; r < info.world; ++r)
@@ -192,11 +173,8 @@ inline int check_ranks(const runtime::LaunchInfo& info, NetStart& start, const c
                      who, r);
       return 1;
     }
-  shared->clear();
-  for (int r = 0; r < info.world && shared->empty(); ++r)
-    for (int q = r + 1; q < info.world && shared->empty(); ++q)
-      if (std::memcmp(gpus[r].uuid, gpus[q].uuid, sizeof gpus[r].uuid) == 0)
-        *shared = concat("ranks ", r, " and ", q, " share one GPU (--share-gpus)");
+  *shared = first_shared(gpus);
+  if (!shared->empty()) *shared += " (--share-gpus)";
   return -1;
 }
 
