@@ -160,10 +160,9 @@ LaunchInfo AgGemm::launch(const Inputs& in, void* a_gathered, bf16* C, int M, in
   } else if (adaptive) {
     AgAdaptiveGlobals g{};
     fill(g);
-    g.ledger = ledger;
     const long long unit = (static_cast<long long>(kBM) * static_cast<long long>(row) + slices - 1) / slices;
     const AdaptivePriors pr = ag_adaptive_priors(K, unit, W - 1 + (in.a != own ? 1 : 0));
-    g.compute_prior = pr.compute, g.comm_prior = pr.comm;
+    g.set_split(ledger, pr.compute, pr.comm);
     cfg.balance_waves = false;  // every SM: the blocks beyond the tiles' waves push
     p = in.bl == gemm::BLayout::NK ? lcsc::launch<AgAdaptiveKernelNK>(g, cfg, s)
                                    : lcsc::launch<AgAdaptiveKernel>(g, cfg, s);

@@ -298,10 +298,7 @@ struct AgKernelT : Gemm {
 // A lost signal (a peer that died, or never launched) ends as weave's waits do: a poll that saw no
 // progress for the set's timeout (or after a peer's abort) hands the task out anyway
 // (AdaptivePoll), and the task's own wait reports it.
-struct AgAdaptiveGlobals : AgGlobals {
-  sm_split::Ledger* ledger;
-  float compute_prior, comm_prior;  // cycles per tile and per push unit before one is measured
-};
+struct AgAdaptiveGlobals : AgGlobals, SplitGlobals {};  // priors: cycles per tile and per push unit
 
 template <class Gemm>
 struct AgAdaptiveKernelT : AgKernelT<Gemm>, LedgerHooks<AgAdaptiveGlobals> {
@@ -321,12 +318,7 @@ struct AgAdaptiveKernelT : AgKernelT<Gemm>, LedgerHooks<AgAdaptiveGlobals> {
   }
 
   static __device__ __forceinline__ lcsc::Task next_task(const Globals& g, TaskState& st, int blocks) {
-    sm_split::LedgerParams p;
-    p.blocks = blocks;
-    p.compute_tasks = g.L.work();
-    p.comm_tasks = ag_units(g.L, g.rank, g.slices);
-    p.compute_prior = g.compute_prior;
-    p.comm_prior = g.comm_prior;
+    const sm_split::LedgerParams p = g.params(blocks, g.L.work(), ag_units(g.L, g.rank, g.slices));
     const unsigned long long* ready = g.ready.ptr[g.rank];
     const unsigned long long rows_in = g.ready_round * ag_ready_expected(g.slices);
     const unsigned long long entered = g.arrive_round * static_cast<unsigned long long>(g.L.W);

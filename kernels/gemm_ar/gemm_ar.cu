@@ -63,9 +63,9 @@ LaunchInfo GemmAR::launch(const bf16* A, const bf16* B, gemm::BLayout bl, bf16* 
   } else if (adaptive) {
     ArAdaptiveGlobals ga{};
     static_cast<ArGlobals&>(ga) = g;
-    ga.ledger = reinterpret_cast<sm_split::Ledger*>(sig.get(m.c, {M, N, K}, counts, 2, cap).view().ptr[rank]);
     const AdaptivePriors pr = adaptive_priors(K, 2 * (W - 1));  // reads W - 1 peer tiles, writes W - 1
-    ga.compute_prior = pr.compute, ga.comm_prior = pr.comm;
+    ga.set_split(reinterpret_cast<sm_split::Ledger*>(sig.get(m.c, {M, N, K}, counts, 2, cap).view().ptr[rank]),
+                 pr.compute, pr.comm);
     cfg.balance_waves = false;  // every SM: the blocks beyond the tiles' waves reduce
     p = bl == gemm::BLayout::NK ? lcsc::launch<ArAdaptiveKernelNK>(ga, cfg, s)
                                 : lcsc::launch<ArAdaptiveKernel>(ga, cfg, s);

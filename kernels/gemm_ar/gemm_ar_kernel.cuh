@@ -68,10 +68,7 @@ struct ArKernelT : gemm::GemmKernel<256, BL, 3> {
 // this rank owns (run by the block's consumer warpgroups, as v0's communicator blocks do with the
 // whole block); the lcsc template's dynamic tasks carry it out. The ledger is a signal set's
 // words on this rank (zero when made; the last block out zeroes it again).
-struct ArAdaptiveGlobals : ArGlobals {
-  tp::sm_split::Ledger* ledger;
-  float compute_prior, comm_prior;  // cycles per tile and per reduction before one is measured
-};
+struct ArAdaptiveGlobals : ArGlobals, tp::SplitGlobals {};  // priors: cycles per tile and per reduction
 
 template <gemm::BLayout BL>
 struct ArAdaptiveKernelT : ArKernelT<BL> {
@@ -82,10 +79,8 @@ struct ArAdaptiveKernelT : ArKernelT<BL> {
 
   // The tiles this rank owns, in order: w = rank + k W (the ready counter's index is the tile's).
   static __device__ __forceinline__ lcsc::Task next_task(const Globals& g, TaskState& st, int blocks) {
-    const AdaptiveTasks a{g.ledger,          g.L.work(),
-                          ar_owned_tiles(g.L, g.rank),
-                          g.compute_prior,   g.comm_prior,
-                          &g.ready,          g.ready.ptr[g.rank],
+    const AdaptiveTasks a{&g, g.L.work(), ar_owned_tiles(g.L, g.rank),
+                          &g.ready, g.ready.ptr[g.rank],
                           static_cast<unsigned long long>(g.ready_round),
                           ar_ready_expected(g.L)};
     return adaptive_next_task(a, st, blocks, [&](long long k) { return g.rank + k * g.L.W; });

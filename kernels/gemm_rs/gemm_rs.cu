@@ -168,9 +168,9 @@ LaunchInfo GemmRS::launch(const Inputs& in, bf16* out, int M, int N, int K, RsVa
   } else if (adaptive) {
     RsAdaptiveGlobals g{};
     fill(g);
-    g.ledger = reinterpret_cast<sm_split::Ledger*>(sg.get(m.c, {M, N, K, to_int(variant)}, counts, 3, cap).view().ptr[rank]);
     const AdaptivePriors pr = adaptive_priors(K, W - 1);  // reads W - 1 peer partials, writes its own
-    g.compute_prior = pr.compute, g.comm_prior = pr.comm;
+    g.set_split(reinterpret_cast<sm_split::Ledger*>(sg.get(m.c, {M, N, K, to_int(variant)}, counts, 3, cap).view().ptr[rank]),
+                pr.compute, pr.comm);
     cfg.balance_waves = false;  // every SM: the blocks beyond the tiles' waves reduce
     p = in.bl == gemm::BLayout::NK ? lcsc::launch<RsAdaptiveKernelNK>(g, cfg, s)
                                    : lcsc::launch<RsAdaptiveKernel>(g, cfg, s);

@@ -238,10 +238,7 @@ struct RsKernelT : Gemm {
 // the SM split's policy whether it computes the next tile or reduces the next tile this rank owns
 // (claimed once every rank's partial is in place; run by the block's consumer warpgroups). The
 // globals carry variant 2, whose tile order and store this kernel takes.
-struct RsAdaptiveGlobals : RsGlobals {
-  sm_split::Ledger* ledger;
-  float compute_prior, comm_prior;  // cycles per tile and per reduction before one is measured
-};
+struct RsAdaptiveGlobals : RsGlobals, SplitGlobals {};  // priors: cycles per tile and per reduction
 
 template <class Gemm>
 struct RsAdaptiveKernelT : RsKernelT<Gemm> {
@@ -259,10 +256,8 @@ struct RsAdaptiveKernelT : RsKernelT<Gemm> {
   }
 
   static __device__ __forceinline__ lcsc::Task next_task(const Globals& g, TaskState& st, int blocks) {
-    const AdaptiveTasks a{g.ledger,          g.L.work(),
-                          g.L.owner_tiles(g.rank),
-                          g.compute_prior,   g.comm_prior,
-                          &g.ready,          g.ready.ptr[g.rank],
+    const AdaptiveTasks a{&g, g.L.work(), g.L.owner_tiles(g.rank),
+                          &g.ready, g.ready.ptr[g.rank],
                           static_cast<unsigned long long>(g.ready_round),
                           rs_inter_ready_expected(g.L)};
     return adaptive_next_task(a, st, blocks, [&](long long j) { return ready_index(g, owned(g, j)); });

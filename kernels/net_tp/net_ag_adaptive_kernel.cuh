@@ -58,10 +58,7 @@
 namespace weave::net::tp_net {
 
 template <class GG>
-struct NetAgAdaptiveGlobalsT : NetAgGlobalsT<GG> {
-  weave::tp::sm_split::Ledger* ledger;
-  float compute_prior, comm_prior;  // cycles per tile and per communication task before one is measured
-};
+struct NetAgAdaptiveGlobalsT : NetAgGlobalsT<GG>, weave::tp::SplitGlobals {};
 
 // A readiness one choice polls, ended as the network path's waits end: true once `ok`; true also
 // once the path stopped, or once `observed` has not moved for the path's timeout while polling `key`
@@ -131,12 +128,7 @@ struct NetAgAdaptiveKernelT : NetAgKernelT<Gemm>, weave::tp::LedgerHooks<NetAgAd
   }
 
   static __device__ __forceinline__ lcsc::Task next_task(const Globals& g, TaskState& st, int blocks) {
-    weave::tp::sm_split::LedgerParams p;
-    p.blocks = blocks;
-    p.compute_tasks = g.L.work();
-    p.comm_tasks = ag_comm_tasks(g.A, g.rank);
-    p.compute_prior = g.compute_prior;
-    p.comm_prior = g.comm_prior;
+    const weave::tp::sm_split::LedgerParams p = g.params(blocks, g.L.work(), ag_comm_tasks(g.A, g.rank));
     st.rows.key = st.comm.key = -1;  // the timeouts count one unbroken poll within this choice
     const unsigned long long rows_in = static_cast<unsigned long long>(g.A.P);
     return weave::tp::adaptive_task(

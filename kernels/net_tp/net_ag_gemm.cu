@@ -133,9 +133,8 @@ void NetAgGemm::run(const bf16* a_shard, bf16* a_gathered, const bf16* B, bf16* 
       WEAVE_CUDA_CHECK(cudaMalloc(&ledger_, sizeof(wtp::sm_split::Ledger)));
       WEAVE_CUDA_CHECK(cudaMemsetAsync(ledger_, 0, sizeof(wtp::sm_split::Ledger), stream));
     }
-    ga.ledger = static_cast<wtp::sm_split::Ledger*>(ledger_);
-    ga.compute_prior = wtp::adaptive_priors(K, 0).compute;
-    ga.comm_prior = ag_comm_prior(U, rank, g.copy_local != 0);
+    ga.set_split(static_cast<wtp::sm_split::Ledger*>(ledger_), wtp::adaptive_priors(K, 0).compute,
+                 ag_comm_prior(U, rank, g.copy_local != 0));
     tp_net::launch_adaptive<tp_net::NetAgAdaptiveKernelNK, tp_net::NetAgAdaptiveKernelKN>(path_, ga, commands, opt_,
                                                                                           stream, who);
     return;

@@ -151,9 +151,8 @@ void NetGemmRs::call(const bf16* A, const bf16* B, bf16* out, int M, int N, int 
       WEAVE_CUDA_CHECK(cudaMalloc(&ledger_, sizeof(wtp::sm_split::Ledger)));
       WEAVE_CUDA_CHECK(cudaMemsetAsync(ledger_, 0, sizeof(wtp::sm_split::Ledger), stream));
     }
-    ga.ledger = static_cast<wtp::sm_split::Ledger*>(ledger_);
-    ga.compute_prior = wtp::adaptive_priors(K, 0).compute;
-    ga.comm_prior = comm_prior(U, rank, ar);
+    ga.set_split(static_cast<wtp::sm_split::Ledger*>(ledger_), wtp::adaptive_priors(K, 0).compute,
+                 comm_prior(U, rank, ar));
     tp_net::launch_adaptive<tp_net::NetRsAdaptiveKernelNK, tp_net::NetRsAdaptiveKernelKN>(path_, ga, commands, opt_,
                                                                                           stream, who);
     return;

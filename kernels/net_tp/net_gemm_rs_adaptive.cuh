@@ -26,10 +26,7 @@
 namespace weave::net::tp_net {
 
 template <class GG>
-struct NetRsAdaptiveGlobalsT : NetRsGlobalsT<GG> {
-  weave::tp::sm_split::Ledger* ledger;
-  float compute_prior, comm_prior;  // cycles per tile and per communication task before one is measured
-};
+struct NetRsAdaptiveGlobalsT : NetRsGlobalsT<GG>, weave::tp::SplitGlobals {};
 
 template <class Gemm>
 struct NetRsAdaptiveKernelT : NetRsKernelT<Gemm, false>, weave::tp::LedgerHooks<NetRsAdaptiveGlobalsT<typename Gemm::Globals>> {
@@ -95,12 +92,8 @@ struct NetRsAdaptiveKernelT : NetRsKernelT<Gemm, false>, weave::tp::LedgerHooks<
   }
 
   static __device__ __forceinline__ lcsc::Task next_task(const Globals& g, TaskState& st, int blocks) {
-    weave::tp::sm_split::LedgerParams p;
-    p.blocks = blocks;
-    p.compute_tasks = g.U.L.work();
-    p.comm_tasks = rs_comm_tasks(g.U, g.rank, g.all_reduce);
-    p.compute_prior = g.compute_prior;
-    p.comm_prior = g.comm_prior;
+    const weave::tp::sm_split::LedgerParams p =
+        g.params(blocks, g.U.L.work(), rs_comm_tasks(g.U, g.rank, g.all_reduce));
     // The timeout counts one unbroken poll within this choice, not the time since the block first
     // saw the task and went back to computing.
     st.polled = -1;

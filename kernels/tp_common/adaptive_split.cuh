@@ -28,13 +28,36 @@ struct AdaptiveState {
   sm_split::Role role = sm_split::Role::Compute;
 };
 
-// The split's inputs of one launch: the ledger, the task counts and priors, and this rank's ready
-// counters (of `ready_set`, whose timeout and abort word end a poll that sees no progress), of
-// which a reduction's reaches `round * per_round` once every rank's partial is in.
-struct AdaptiveTasks {
+// The split's part of an adaptive kernel's globals (a base of each one's Globals): the call's
+// ledger in device memory and the priors of the host's cost model.
+struct SplitGlobals {
   sm_split::Ledger* ledger;
+  float compute_prior, comm_prior;  // cycles per compute / communication task before one is measured
+
+  __host__ void set_split(sm_split::Ledger* l, double compute, double comm) {
+    ledger = l;
+    compute_prior = static_cast<float>(compute);
+    comm_prior = static_cast<float>(comm);
+  }
+  // The policy's constants of a choice by one of `blocks` blocks among these task counts.
+  __device__ __forceinline__ sm_split::LedgerParams params(int blocks, long long compute_tasks,
+                                                           long long comm_tasks) const {
+    sm_split::LedgerParams p;
+    p.blocks = blocks;
+    p.compute_tasks = compute_tasks;
+    p.comm_tasks = comm_tasks;
+    p.compute_prior = compute_prior;
+    p.comm_prior = comm_prior;
+    return p;
+  }
+};
+
+// A reduction split's inputs of one launch: the kernel's split globals, the task counts, and this
+// rank's ready counters (of `ready_set`, whose timeout and abort word end a poll that sees no
+// progress), of which a reduction's reaches `round * per_round` once every rank's partial is in.
+struct AdaptiveTasks {
+  const SplitGlobals* split;
   long long compute_tasks, comm_tasks;
-  float compute_prior, comm_prior;
   const signals* ready_set;
   const unsigned long long* ready;
   unsigned long long round, per_round;
@@ -93,17 +116,12 @@ struct AdaptiveReductionState {
 template <class ReadyIndex>
 __device__ __forceinline__ lcsc::Task adaptive_next_task(const AdaptiveTasks& a, AdaptiveReductionState& st,
                                                          int blocks, ReadyIndex&& ready_index) {
-  sm_split::LedgerParams p;
-  p.blocks = blocks;
-  p.compute_tasks = a.compute_tasks;
-  p.comm_tasks = a.comm_tasks;
-  p.compute_prior = a.compute_prior;
-  p.comm_prior = a.comm_prior;
+  const sm_split::LedgerParams p = a.split->params(blocks, a.compute_tasks, a.comm_tasks);
   const unsigned long long all = a.round * a.per_round, before = all - a.per_round;
   const auto count = [&](long long k) { return ld_relaxed_sys(a.ready + ready_index(k)); };
   st.in_place.key = -1;  // the timeout counts one unbroken poll within this choice
   return adaptive_task(
-      *a.ledger, p, st.split, [&](long long k) { return count(k) > before; },
+      *a.split->ledger, p, st.split, [&](long long k) { return count(k) > before; },
       [&](long long k) {
         const unsigned long long n = count(k);
         return st.in_place(*a.ready_set, k, n, n >= all);
