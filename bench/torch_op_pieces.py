@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Host time per call of weave's operators against their C++ calls, piece by piece, at world 1
 (2048^3 GEMMs, an 8 KiB all_reduce): the C++ entry point through its binding with buffers made
-beforehand, the same with a new output per call, the operator's default overload, the overload
-packet, the public function (K x N and weight.t() B), and a bare torch.empty.
+beforehand, the same with a new output per call, the same followed by a copy of the gathered A made by torch
+(cudaMemcpyAsync, before which weave's next programmatic launch waits), the operator's default
+overload, the overload packet, the public function (K x N and weight.t() B), and a bare torch.empty.
 
 Host time is measured in batches of 50 calls with a synchronize between batches, as
 bench/torch_ops.py's overhead section does: a 2048^3 GEMM runs longer on the GPU (~26 us) than its
@@ -97,6 +98,14 @@ def main() -> int:
     with torch.no_grad():
         t("op all_gather_matmul.default return_A=False, no_grad",
           lambda a, b, bt: ops.all_gather_matmul.default(a, [b], 0, name, return_A=False))
+    t("op all_gather_matmul.default return_A=True",
+      lambda a, b, bt: ops.all_gather_matmul.default(a, [b], 0, name, return_A=True))
+
+    def cpp_then_copy(a, b, bt):  # the gathered A copied out by torch (cudaMemcpyAsync), as ops did
+        c._c.ag_gemm(a.data_ptr(), G.data_ptr(), b.data_ptr(), C.data_ptr(), M, N, K, raw(0))
+        return torch.empty(M, K, device="cuda", dtype=torch.bfloat16).copy_(G)
+
+    t("cpp ag_gemm fixed C, then torch.empty A .copy_(G)", cpp_then_copy)
     t("op all_gather_matmul packet return_A=False",
       lambda a, b, bt: ops.all_gather_matmul(a, [b], 0, name, return_A=False))
     t("weave.all_gather_matmul return_A=False", lambda a, b, bt: weave.all_gather_matmul(a, [b], return_A=False))

@@ -24,9 +24,10 @@ __device__ __forceinline__ void pdl_enter() {
 }
 
 // While one lives, launches from its thread go without the attribute. For a kernel right behind a
-// cudaMemcpyAsync on the stream: there a programmatic launch cost the host ~140 µs per call
+// cudaMemcpyAsync on the stream: there a programmatic launch holds the host until the copy has run
 // (ag_gemm v9's own-rows copy then its all_gather: 139 µs of host time per call with PDL, 23
-// without; perf-notes 22).
+// without; perf-notes 22). weave's own device-to-device copies are kernels for that reason
+// (runtime/device_copy.hpp).
 class PdlOff {
  public:
   PdlOff() { ++depth(); }

@@ -1,8 +1,6 @@
 // Host side of AllGather + GEMM: validation, shape check, per-owner maps, signals, tuner.
 #include "ag_gemm/ag_gemm.hpp"
 
-#include <optional>
-
 #include "ag_gemm/ag_gemm_kernel.cuh"
 #include "ag_gemm/copy_engine.hpp"
 #include "collectives/collectives.hpp"
@@ -10,7 +8,7 @@
 #include "tp_common/plain_gemm.hpp"
 #include "tp_common/signal_wait.cuh"
 #include "weave/lcsc.cuh"
-#include "weave/pdl.cuh"
+#include "weave/runtime/device_copy.hpp"
 #include "weave/runtime/tuner.hpp"
 
 namespace weave::tp {
@@ -64,12 +62,10 @@ LaunchInfo AgGemm::launch(const Inputs& in, void* a_gathered, bf16* C, int M, in
     // symmetric buffers), then the all_gather in place and the GEMM on the gathered A. fp8 rows
     // are gathered as bf16 pairs (K % 16 == 0: whole pairs, the same bytes).
     const bool copy = in.a != own;
-    if (copy) WEAVE_CUDA_CHECK(cudaMemcpyAsync(own, in.a, size_t(mine.size) * row, cudaMemcpyDeviceToDevice, s));
+    if (copy) runtime::device_copy(own, in.a, size_t(mine.size) * row, s);
     if (!m.coll) m.coll = std::make_unique<coll::Collectives>(m.c);
     coll::Shape full;
     full.ndim = 2, full.d[0] = M, full.d[1] = static_cast<long long>(row / sizeof(bf16));
-    std::optional<PdlOff> off;  // no programmatic launch right behind the copy (pdl.cuh)
-    if (copy) off.emplace();
     m.coll->all_gather(own, a_gathered, full, 0, DType::bf16, s);
     plain_gemm(in, a_gathered, C, M, N, K, s);
     m.order.after(s, cap);

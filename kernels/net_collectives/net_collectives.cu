@@ -11,6 +11,7 @@
 #include "net_collectives/net_coll_fused_kernel.cuh"  // FusedArgs (instantiated in net_coll_fused_launch.cu)
 #include "net_collectives/net_coll_fused_launch.hpp"
 #include "net_collectives/node_phase.hpp"
+#include "weave/runtime/device_copy.hpp"
 #include "net_common/call.hpp"
 #include "weave/common/error.hpp"
 #include "weave/common/extent.hpp"
@@ -236,9 +237,7 @@ void NetCollectives::launch(int which, void* buf, long long count, NetDtype dtyp
       case coll::StageOp::tail_sum: n.tail_sum(b, at(st.out), st.tail, dtype, stream); break;
       case coll::StageOp::tail_from_last: n.tail_from_last(b, st.tail, dtype, stream); break;
       case coll::StageOp::copy:
-        if (st.size > 0)
-          WEAVE_CUDA_CHECK(
-              cudaMemcpyAsync(at(st.out), at(st.in), static_cast<size_t>(st.size), cudaMemcpyDeviceToDevice, stream));
+        runtime::device_copy(at(st.out), at(st.in), static_cast<size_t>(st.size), stream);
         break;
     }
   }

@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "weave/common/error.hpp"
+#include "weave/runtime/device_copy.hpp"
 
 namespace weave::py {
 
@@ -127,9 +128,7 @@ Ptr Comm::symmetric_input(Ptr p, size_t bytes, size_t reserve_bytes, cudaStream_
     return p;
   }
   const Ptr in = staging(kIn, bytes, reserve_bytes, s, capturing);
-  if (bytes)
-    WEAVE_CUDA_CHECK(cudaMemcpyAsync(reinterpret_cast<void*>(in), reinterpret_cast<const void*>(p), bytes,
-                                     cudaMemcpyDeviceToDevice, s));
+  runtime::device_copy(reinterpret_cast<void*>(in), reinterpret_cast<const void*>(p), bytes, s);
   return in;
 }
 

@@ -23,6 +23,7 @@
 #include "torch_ops.hpp"
 #include "weave/common/error.hpp"
 #include "weave/runtime/call.hpp"  // capturing
+#include "weave/runtime/device_copy.hpp"
 
 namespace weave::py {
 namespace {
@@ -114,11 +115,10 @@ at::Tensor empty(at::IntArrayRef shape, at::ScalarType t, const at::Tensor& like
   return o;
 }
 
-// `bytes` from device pointer src into the contiguous tensor dst.
+// `bytes` from device pointer src into the contiguous tensor dst (a kernel: device_copy.hpp says
+// why not cudaMemcpyAsync).
 void copy_into(const at::Tensor& dst, Ptr src, size_t bytes, cudaStream_t s) {
-  if (bytes)
-    WEAVE_CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), reinterpret_cast<const void*>(src), bytes,
-                                     cudaMemcpyDeviceToDevice, s));
+  weave::runtime::device_copy(dst.data_ptr(), reinterpret_cast<const void*>(src), bytes, s);
 }
 
 // A collective call: the group's communicator (every tensor on its device), torch's current

@@ -1,0 +1,18 @@
+// Device-to-device copies on a stream as a kernel, not cudaMemcpyAsync: every weave call's first
+// kernel is a programmatic launch (pdl.cuh), and such a launch right behind a memcpy on the stream
+// holds the host until the copy has run, so a memcpy between two calls (a staging buffer filled or
+// emptied) made each call wait for the GPU (docs/perf-notes.md, 2026-12-08).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+namespace weave::runtime {
+
+// `bytes` from src to dst (device memory of the current device, or peer memory it maps; the ranges
+// must not overlap), ordered on `s` like any kernel; a programmatic launch itself (it waits for
+// the kernel before it). Capturable in a CUDA graph. 16-byte vectors where dst and src share their
+// offset within 16 bytes, bytes otherwise.
+void device_copy(void* dst, const void* src, size_t bytes, cudaStream_t s);
+
+}  // namespace weave::runtime

@@ -1,0 +1,163 @@
+// runtime::device_copy against the bytes it was given: fresh random bytes, the destination and a
+// guard of 64 bytes on each side poisoned first, every combination of source and destination
+// offset within 16 bytes (a common 16-byte grid or none), lengths 0..40 and ragged large ones, a
+// VMM-mapped source (as the symmetric heap's), back-to-back copies on one stream, and a copy
+// captured in a CUDA graph and replayed with new source bytes. A byte out of place, a short copy
+// or a write past either end fails.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "check/device_buffer.hpp"
+#include "check/seed.hpp"
+#include "weave/common/driver.hpp"
+#include "weave/common/error.hpp"
+#include "weave/runtime/device_copy.hpp"
+
+using namespace weave;
+
+namespace {
+
+constexpr size_t kGuard = 64;
+constexpr unsigned char kPoison = 0xA5;
+
+std::vector<unsigned char> random_bytes(size_t n, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  std::vector<unsigned char> v(n);
+  for (auto& b : v) b = static_cast<unsigned char>(g() >> 56);
+  return v;
+}
+
+// Copies `bytes` from src + so to dst + kGuard + dof on `s` and checks the whole destination
+// buffer (the copy, and the poisoned guards around it) after a synchronize.
+void check_copy(const char* src_dev, const std::vector<unsigned char>& src, size_t so, char* dst_dev,
+                size_t dst_size, size_t dof, size_t bytes, cudaStream_t s, const std::string& what) {
+  WEAVE_CUDA_CHECK(cudaMemsetAsync(dst_dev, kPoison, dst_size, s));
+  runtime::device_copy(dst_dev + kGuard + dof, src_dev + so, bytes, s);
+  WEAVE_CUDA_CHECK(cudaStreamSynchronize(s));
+  std::vector<unsigned char> out(dst_size);
+  WEAVE_CUDA_CHECK(cudaMemcpy(out.data(), dst_dev, dst_size, cudaMemcpyDeviceToHost));
+  size_t bad = 0, first = SIZE_MAX;
+  for (size_t i = 0; i < dst_size; ++i) {
+    const bool inside = i >= kGuard + dof && i < kGuard + dof + bytes;
+    const unsigned char want = inside ? src[so + (i - kGuard - dof)] : kPoison;
+    if (out[i] != want) {
+      ++bad;
+      if (first == SIZE_MAX) first = i;
+    }
+  }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " bytes wrong, the first at destination byte "
+                     << (first == SIZE_MAX ? 0 : long(first) - long(kGuard + dof)) << " of the copy";
+}
+
+struct Stream {
+  cudaStream_t s{};
+  Stream() { WEAVE_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
+  ~Stream() { cudaStreamDestroy(s); }
+};
+
+TEST(DeviceCopy, EveryOffsetAndShortLength) {
+  const size_t span = 256;
+  const auto src = random_bytes(span, check::case_seed(0));
+  check::DeviceBuffer<char> s(span), d(span + 2 * kGuard);
+  WEAVE_CUDA_CHECK(cudaMemcpy(s.p, src.data(), span, cudaMemcpyHostToDevice));
+  Stream st;
+  for (size_t so = 0; so < 16; ++so)
+    for (size_t dof = 0; dof < 16; ++dof)
+      for (size_t bytes : {size_t(0), size_t(1), size_t(2), size_t(15), size_t(16), size_t(17), size_t(31),
+                           size_t(33), size_t(40), size_t(200)})
+        check_copy(s.p, src, so, d.p, span + 2 * kGuard, dof, bytes, st.s,
+                   "src +" + std::to_string(so) + " dst +" + std::to_string(dof) + " " + std::to_string(bytes) + " B");
+}
+
+TEST(DeviceCopy, LargeRaggedLengths) {
+  const size_t most = (size_t(24) << 20) + 4099;
+  const auto src = random_bytes(most + 16, check::case_seed(0));
+  check::DeviceBuffer<char> s(most + 16), d(most + 16 + 2 * kGuard);
+  WEAVE_CUDA_CHECK(cudaMemcpy(s.p, src.data(), most + 16, cudaMemcpyHostToDevice));
+  Stream st;
+  for (size_t bytes : {size_t(4097), size_t(1) << 20, (size_t(8) << 20) + 48, most})
+    for (auto [so, dof] : {std::pair<size_t, size_t>{0, 0}, {16, 0}, {3, 3}, {5, 11}})
+      check_copy(s.p, src, so, d.p, most + 16 + 2 * kGuard, dof, bytes, st.s,
+                 std::to_string(bytes) + " B, src +" + std::to_string(so) + " dst +" + std::to_string(dof));
+}
+
+// The symmetric heap's memory is a cuMemCreate allocation mapped into a reserved range.
+TEST(DeviceCopy, FromAndIntoVmmMemory) {
+  int dev = 0;
+  WEAVE_CUDA_CHECK(cudaGetDevice(&dev));
+  WEAVE_CUDA_CHECK(cudaFree(nullptr));
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = dev;
+  size_t gran = 0;
+  ASSERT_EQ(drv().memGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM), CUDA_SUCCESS);
+  const size_t bytes = (size_t(3) << 20) + 77, size = (bytes + 2 * kGuard + gran - 1) / gran * gran;
+  CUmemGenericAllocationHandle h{};
+  ASSERT_EQ(drv().memCreate(&h, size, &prop, 0), CUDA_SUCCESS);
+  CUdeviceptr va = 0;
+  ASSERT_EQ(drv().memAddressReserve(&va, size, 0, 0, 0), CUDA_SUCCESS);
+  ASSERT_EQ(drv().memMap(va, size, 0, h, 0), CUDA_SUCCESS);
+  CUmemAccessDesc acc{};
+  acc.location = prop.location;
+  acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  ASSERT_EQ(drv().memSetAccess(va, size, &acc, 1), CUDA_SUCCESS);
+  char* vmm = reinterpret_cast<char*>(va);
+  const auto src = random_bytes(bytes + 16, check::case_seed(0));
+  check::DeviceBuffer<char> s(bytes + 16), d(bytes + 16 + 2 * kGuard);
+  Stream st;
+  WEAVE_CUDA_CHECK(cudaMemcpy(vmm, src.data(), bytes + 16, cudaMemcpyHostToDevice));
+  check_copy(vmm, src, 7, d.p, bytes + 16 + 2 * kGuard, 7, bytes, st.s, "VMM -> cudaMalloc");
+  WEAVE_CUDA_CHECK(cudaMemcpy(s.p, src.data(), bytes + 16, cudaMemcpyHostToDevice));
+  check_copy(s.p, src, 0, vmm, size, 0, bytes, st.s, "cudaMalloc -> VMM");
+  drv().memUnmap(va, size);
+  drv().memAddressFree(va, size);
+  drv().memRelease(h);
+}
+
+// Copies queued back to back (a chain through three buffers, nothing synchronised between) land
+// in stream order.
+TEST(DeviceCopy, BackToBackInStreamOrder) {
+  const size_t bytes = (size_t(5) << 20) + 9;
+  const auto src = random_bytes(bytes, check::case_seed(0));
+  check::DeviceBuffer<char> a(bytes), b(bytes), c(bytes + 2 * kGuard);
+  WEAVE_CUDA_CHECK(cudaMemcpy(a.p, src.data(), bytes, cudaMemcpyHostToDevice));
+  WEAVE_CUDA_CHECK(cudaMemset(c.p, kPoison, bytes + 2 * kGuard));
+  Stream st;
+  for (int i = 0; i < 50; ++i) {
+    runtime::device_copy(b.p, a.p, bytes, st.s);
+    runtime::device_copy(a.p, b.p, bytes, st.s);
+  }
+  check_copy(a.p, src, 0, c.p, bytes + 2 * kGuard, 0, bytes, st.s, "after 100 chained copies");
+}
+
+TEST(DeviceCopy, CapturedAndReplayed) {
+  const size_t bytes = (size_t(2) << 20) + 3;
+  check::DeviceBuffer<char> s(bytes), d(bytes);
+  Stream st;
+  cudaGraph_t g{};
+  WEAVE_CUDA_CHECK(cudaStreamBeginCapture(st.s, cudaStreamCaptureModeThreadLocal));
+  runtime::device_copy(d.p, s.p, bytes, st.s);
+  WEAVE_CUDA_CHECK(cudaStreamEndCapture(st.s, &g));
+  cudaGraphExec_t x{};
+  WEAVE_CUDA_CHECK(cudaGraphInstantiate(&x, g, 0));
+  for (int r = 0; r < 3; ++r) {
+    const auto src = random_bytes(bytes, check::case_seed(r));
+    WEAVE_CUDA_CHECK(cudaMemcpy(s.p, src.data(), bytes, cudaMemcpyHostToDevice));
+    WEAVE_CUDA_CHECK(cudaMemset(d.p, kPoison, bytes));
+    WEAVE_CUDA_CHECK(cudaGraphLaunch(x, st.s));
+    WEAVE_CUDA_CHECK(cudaStreamSynchronize(st.s));
+    std::vector<unsigned char> out(bytes);
+    WEAVE_CUDA_CHECK(cudaMemcpy(out.data(), d.p, bytes, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(std::memcmp(out.data(), src.data(), bytes), 0) << "replay " << r;
+  }
+  cudaGraphExecDestroy(x);
+  cudaGraphDestroy(g);
+}
+
+}  // namespace
