@@ -39,7 +39,10 @@ mean nothing and they carry "shared": true. Sections (--only picks some):
 - first_call: the first call of a TP shape this process has not seen (tokens drawn from the seed),
   which includes weave's tuner choice (the cost model's pick by default; a search under
   WEAVE_TUNER=search) and staging growth if it is the largest shape so far, and the call after it;
-  the same for the torch baselines.
+  the same for the torch baselines. Then the first calls of a smaller and of a larger new shape
+  (`first_of` in the rows): the smaller one's is what any new shape costs once the process has run
+  the kernel (its tuner choice, plan and signal sets), the larger one's adds the staging growth, and
+  the first shape's excess over the smaller one's is the process's (module loads, first buffers).
 
 Timing, as bench/torch_tp.py (whose helpers this imports): 3 untimed calls, then the slowest rank's
 median over 6 samples of back-to-back calls timed with CUDA events (~100 ms warm-up, ~50 ms timed,
@@ -681,49 +684,56 @@ class Bench:
         return {"weave-cpp": (cpp, kn), "weave-no-A": (no_a, plain)}
 
     def first_call(self):
-        """The first call of a TP shape no earlier call had (tokens from the seed), then the next call."""
+        """The first call of a TP shape no earlier call had (tokens from the seed), then the next call;
+        then the first calls of two more new shapes, a smaller one (the kernels loaded, the staging
+        buffers large enough: what every new shape costs) and a larger one (the staging buffers grow
+        too), so that the first call's excess over the next one is taken apart:
+        process (module loads, first staging) = first - smaller's first; growth = larger's - smaller's."""
         from torch_tp import all_ranks
         from tp_common import slowest
 
         W = self.W
-        T = W * 128 * ((9 + 2 * (self.seed % 8)) if self.quick else (41 + 2 * (self.seed % 25)))  # odd: never a TOKENS
+        odd = (9 + 2 * (self.seed % 8)) if self.quick else (41 + 2 * (self.seed % 25))
+        T = W * 128 * odd  # odd: never a TOKENS
         cache = os.environ.get("WEAVE_TUNER_CACHE") or "default (~/.cache/weave/tuner.json)"
         mode = os.environ.get("WEAVE_TUNER") or "model"
-        self.print(f"\nfirst call of a new shape (T = {T} tokens; WEAVE_TUNER_CACHE {cache}, WEAVE_TUNER {mode}); "
-                   "includes weave's tuner choice (the cost model's pick, or a search under WEAVE_TUNER=search), "
-                   "and staging growth if the shape is the largest so far")
-        shapes = (("ag_gemm", ("up", T, T, FFN // W, HIDDEN)), ("gemm_rs", ("down", T, T, HIDDEN, FFN // W)))
-        for kernel, shape in shapes:
-            case = self.tp_case(kernel, *shape)
-            rows = []
-            for impl, spec in case.impls.items():
-                if isinstance(spec, str):
-                    self.print(f"  {kernel} {case.label} {impl}: skipped, {spec}")
-                    continue
-                op, sets = spec
-                times, out, ok, worst = [], None, False, math.inf
-                try:
-                    for _ in range(2):
-                        torch.cuda.synchronize()
-                        dist.barrier()
-                        t0 = time.perf_counter()
-                        out = op(*sets[0])
-                        torch.cuda.synchronize()
-                        times.append(slowest(1e6 * (time.perf_counter() - t0)))
-                    ok, worst, _ = case.check(0, out)
-                except Exception as e:  # noqa: BLE001
-                    times = [0.0, 0.0]
-                    self.print(f"  {kernel} {impl}: {type(e).__name__}: {e}")
-                del out
-                row = dict(self.base_row(case, impl), kernel="first_call", op=kernel, first_call_us=times[0],
-                           next_call_us=times[1], time_us=times[0], tuner_cache=cache)
-                row["correct"], row["check_worst"] = all_ranks(ok, worst)
-                rows.append(row)
-                self.print(f"  {kernel} {case.label} {impl}: first call {times[0] / 1e3:.1f} ms, next call "
-                           f"{times[1] / 1e3:.2f} ms; {'ok' if row['correct'] else 'WRONG'}")
-            self.record(rows, case.label)
-            del case
-            torch.cuda.empty_cache()
+        self.print(f"\nfirst call of a new shape (T = {T} tokens, then {T - 256 * W} and {T + 256 * W}; WEAVE_TUNER_CACHE "
+                   f"{cache}, WEAVE_TUNER {mode}); includes weave's tuner choice (the cost model's pick, or a search "
+                   "under WEAVE_TUNER=search), and staging growth if the shape is the largest so far")
+        for kernel in ("ag_gemm", "gemm_rs"):
+            for first_of, t in (("process", T), ("smaller shape", T - 256 * W), ("larger shape", T + 256 * W)):
+                shape = ("up", t, t, FFN // W, HIDDEN) if kernel == "ag_gemm" else ("down", t, t, HIDDEN, FFN // W)
+                case = self.tp_case(kernel, *shape)
+                rows = []
+                for impl, spec in case.impls.items():
+                    if isinstance(spec, str):
+                        self.print(f"  {kernel} {case.label} {impl}: skipped, {spec}")
+                        continue
+                    op, sets = spec
+                    times, out, ok, worst = [], None, False, math.inf
+                    try:
+                        for _ in range(2):
+                            torch.cuda.synchronize()
+                            dist.barrier()
+                            t0 = time.perf_counter()
+                            out = op(*sets[0])
+                            torch.cuda.synchronize()
+                            times.append(slowest(1e6 * (time.perf_counter() - t0)))
+                        ok, worst, _ = case.check(0, out)
+                    except Exception as e:  # noqa: BLE001
+                        times = [0.0, 0.0]
+                        self.print(f"  {kernel} {impl}: {type(e).__name__}: {e}")
+                    del out
+                    row = dict(self.base_row(case, impl), kernel="first_call", op=kernel, first_of=first_of,
+                               first_call_us=times[0], next_call_us=times[1], time_us=times[0], tuner_cache=cache)
+                    row["correct"], row["check_worst"] = all_ranks(ok, worst)
+                    rows.append(row)
+                    self.print(f"  {kernel} {case.label} {impl}, first of the {first_of}: first call "
+                               f"{times[0] / 1e3:.1f} ms, next call {times[1] / 1e3:.2f} ms; "
+                               f"{'ok' if row['correct'] else 'WRONG'}")
+                self.record(rows, case.label)
+                del case
+                torch.cuda.empty_cache()
 
 
 def cpp_key(r):

@@ -1,8 +1,7 @@
-// device_copy (device_copy.hpp): a grid-stride copy, 16-byte vectors between a byte head and tail.
-#include <cstdint>
-
+// device_copy (device_copy.hpp): a grid-stride copy as copy_split.hpp splits it.
 #include "weave/common/error.hpp"
 #include "weave/pdl.cuh"
+#include "weave/runtime/copy_split.hpp"
 #include "weave/runtime/device_copy.hpp"
 
 namespace weave::runtime {
@@ -15,16 +14,7 @@ constexpr size_t kVectorsPerThread = 4;  // a short copy starts fewer blocks
 
 __global__ void copy_kernel(char* __restrict__ dst, const char* __restrict__ src, size_t bytes) {
   pdl_enter();
-  const size_t t = blockIdx.x * size_t(blockDim.x) + threadIdx.x, stride = size_t(gridDim.x) * blockDim.x;
-  const uintptr_t d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(src);
-  size_t head = (16 - (d & 15)) & 15;
-  if (((d ^ s) & 15) != 0 || head > bytes) head = bytes;  // no common 16-byte grid: bytes only
-  const size_t vectors = (bytes - head) / 16, tail = head + vectors * 16;
-  for (size_t i = t; i < head; i += stride) dst[i] = src[i];
-  uint4* const dv = reinterpret_cast<uint4*>(dst + head);
-  const uint4* const sv = reinterpret_cast<const uint4*>(src + head);
-  for (size_t i = t; i < vectors; i += stride) dv[i] = sv[i];
-  for (size_t i = tail + t; i < bytes; i += stride) dst[i] = src[i];
+  copy_part<uint4>(dst, src, bytes, blockIdx.x * size_t(blockDim.x) + threadIdx.x, size_t(gridDim.x) * blockDim.x);
 }
 
 int sm_count() {
