@@ -117,11 +117,7 @@ void NetRingAttention::call(const bf16* q, const bf16* k, const bf16* v, bf16* o
   }
   rn::NetRingHierGlobals g{};  // its NetRingGlobals part is the G = 1 kernel's parameters
   sp::ring::fill_globals(g, q, k, v, o, lse, s, opt, W, r, gk, gv);
-  if (g.n_own == 0) {
-    cudaDeviceProp props{};
-    WEAVE_CUDA_CHECK(cudaGetDeviceProperties(&props, dev));
-    sp::ring::copy_own_rows(k, v, gk, gv, s, W, r, zz, props.memPitch, stream);
-  }
+  if (g.n_own == 0) sp::ring::copy_own_rows(k, v, gk, gv, s, W, r, zz, stream);
   g.num_comm = ncomm;
   g.n_push = 0;   // no single-node pushes: the network and NVLink roles move the peers' rows
   g.count_o = 0;  // O stays local

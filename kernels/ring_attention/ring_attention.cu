@@ -11,6 +11,7 @@
 #include "ring_attention/schedule.hpp"
 #include "ring_attention/tune_model.hpp"
 #include "weave/runtime/call.hpp"
+#include "weave/runtime/device_copy.hpp"
 #include "weave/runtime/tuner.hpp"
 #include "weave/runtime/tuner_launch.hpp"
 #include "weave/signal.cuh"
@@ -163,30 +164,19 @@ void fill_globals(attention::GatheredGlobals& g, const bf16* q, const bf16* k, c
 }
 
 void copy_own_rows(const bf16* k, const bf16* v, bf16* gk, bf16* gv, const RingShape& s, int W, int r, int zz,
-                   size_t mem_pitch, cudaStream_t stream) {
+                   cudaStream_t stream) {
   const int S = static_cast<int>(s.S), D = s.D, Hkv = s.Hkv;
   const long long L = ring::local_rows(S, W, zz, r);
   const int nmine = ring::chunks_per_rank(zz);
-  // One 2-D copy per chunk and tensor, or one copy per batch where the gathered buffer's batch
-  // pitch exceeds the largest pitch memory copies accept (cudaDeviceProp::memPitch, typically
-  // 2^31 - 1 bytes: S * Hkv * D * 2 reaches it at S = 1M with Hkv * D = 1024).
+  // One 2-D copy per chunk and tensor: a row per batch (the gathered buffer's batch pitch S rows,
+  // the input's L rows).
   const size_t row = size_t(Hkv) * D * sizeof(bf16), dpitch = size_t(S) * row, spitch = size_t(L) * row;
-  const bool per_batch = s.B == 1 || dpitch > mem_pitch;
   for (int i = 0; i < nmine; ++i) {
     const gs::Rows ch = ring::chunk(S, W, zz, r, i);
     const long long off = ring::local_offset(S, W, zz, r, i);
-    for (int t = 0; t < 2; ++t) {
-      char* dst = reinterpret_cast<char*>((t ? gv : gk) + ch.begin * Hkv * D);
-      const char* src = reinterpret_cast<const char*>((t ? v : k) + off * Hkv * D);
-      if (per_batch) {
-        for (int b = 0; b < s.B; ++b)
-          WEAVE_CUDA_CHECK(cudaMemcpyAsync(dst + b * dpitch, src + b * spitch, ch.rows * row,
-                                           cudaMemcpyDeviceToDevice, stream));
-      } else {
-        WEAVE_CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, ch.rows * row, s.B, cudaMemcpyDeviceToDevice,
-                                           stream));
-      }
-    }
+    for (int t = 0; t < 2; ++t)
+      runtime::device_copy_2d((t ? gv : gk) + ch.begin * Hkv * D, dpitch, (t ? v : k) + off * Hkv * D, spitch,
+                              ch.rows * row, static_cast<size_t>(s.B), stream);
   }
 }
 
@@ -229,7 +219,7 @@ RingLaunchInfo RingAttention::Impl::launch(const bf16* q, const bf16* k, const b
     drain_kernel<<<1, 1, 0, stream>>>(m.drain.view(), m.drain.next_round(stream, cap));
     WEAVE_CUDA_CHECK(cudaGetLastError());
   }
-  if (g.n_own == 0) ring::copy_own_rows(k, v, gk, gv, s, W, r, zz, m.c.props().memPitch, stream);
+  if (g.n_own == 0) ring::copy_own_rows(k, v, gk, gv, s, W, r, zz, stream);
   g.n_push = 2;
   for (int t = 0; t < 2; ++t) {
     attention::PushTensor& pt = g.push[t];

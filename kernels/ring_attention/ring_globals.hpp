@@ -19,9 +19,9 @@ namespace weave::sp::ring {
 void fill_globals(attention::GatheredGlobals& g, const bf16* q, const bf16* k, const bf16* v, bf16* o, float* lse,
                   const RingShape& s, const RingOptions& opt, int W, int r, bf16* gk, bf16* gv);
 
-// This rank's K and V rows into their place in gk and gv (stream-ordered copies; one per batch
-// where the gathered batch pitch exceeds `mem_pitch`, cudaDeviceProp::memPitch).
+// This rank's K and V rows into their place in gk and gv (stream-ordered copy kernels, one per chunk
+// and tensor: runtime::device_copy_2d).
 void copy_own_rows(const bf16* k, const bf16* v, bf16* gk, bf16* gv, const RingShape& s, int W, int r, int zz,
-                   size_t mem_pitch, cudaStream_t stream);
+                   cudaStream_t stream);
 
 }  // namespace weave::sp::ring

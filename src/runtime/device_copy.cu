@@ -1,4 +1,5 @@
-// device_copy (device_copy.hpp): a grid-stride copy as copy_split.hpp splits it.
+// device_copy, device_copy_2d (device_copy.hpp): grid-stride copies of rows, each split as
+// copy_split.hpp splits it.
 #include "weave/common/error.hpp"
 #include "weave/pdl.cuh"
 #include "weave/runtime/copy_split.hpp"
@@ -11,10 +12,15 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kBlocksPerSm = 4;          // enough loads in flight to run at the memory's rate
 constexpr size_t kVectorsPerThread = 4;  // a short copy starts fewer blocks
+constexpr size_t kMaxGridY = 65535;      // CUDA's limit on gridDim.y
 
-__global__ void copy_kernel(char* __restrict__ dst, const char* __restrict__ src, size_t bytes) {
+// Block row y of the grid copies rows y, y + gridDim.y, ...; its blocks share each row.
+__global__ void copy_kernel(char* __restrict__ dst, size_t dpitch, const char* __restrict__ src, size_t spitch,
+                            size_t width, size_t rows) {
   pdl_enter();
-  copy_part<uint4>(dst, src, bytes, blockIdx.x * size_t(blockDim.x) + threadIdx.x, size_t(gridDim.x) * blockDim.x);
+  const size_t t = blockIdx.x * size_t(blockDim.x) + threadIdx.x, stride = size_t(gridDim.x) * blockDim.x;
+  for (size_t r = blockIdx.y; r < rows; r += gridDim.y)
+    copy_part<uint4>(dst + r * dpitch, src + r * spitch, width, t, stride);
 }
 
 int sm_count() {
@@ -26,14 +32,20 @@ int sm_count() {
 
 }  // namespace
 
+void device_copy_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows,
+                    cudaStream_t s) {
+  if (!width || !rows) return;
+  const size_t sms = static_cast<size_t>(sm_count());  // the current device's (cached attribute reads, well under 1 µs)
+  const size_t most = sms * kBlocksPerSm, per_block = size_t(kThreads) * kVectorsPerThread;
+  const size_t y = rows < most ? rows : (most < kMaxGridY ? most : kMaxGridY);
+  const size_t want = (width / 16 + 1 + per_block - 1) / per_block, x_most = most / y > 0 ? most / y : 1;
+  const size_t x = want < x_most ? want : x_most;
+  launch_pdl(copy_kernel, dim3(static_cast<unsigned>(x), static_cast<unsigned>(y)), dim3(kThreads), s,
+             static_cast<char*>(dst), dpitch, static_cast<const char*>(src), spitch, width, rows);
+}
+
 void device_copy(void* dst, const void* src, size_t bytes, cudaStream_t s) {
-  if (!bytes) return;
-  const int sms = sm_count();  // the current device's (two cached attribute reads, well under 1 µs)
-  const size_t units = bytes / 16 + 1, per_block = size_t(kThreads) * kVectorsPerThread;
-  const size_t want = (units + per_block - 1) / per_block, most = size_t(sms) * kBlocksPerSm;
-  const unsigned blocks = static_cast<unsigned>(want < most ? want : most);
-  launch_pdl(copy_kernel, dim3(blocks), dim3(kThreads), s, static_cast<char*>(dst), static_cast<const char*>(src),
-             bytes);
+  device_copy_2d(dst, bytes, src, bytes, bytes, 1, s);
 }
 
 }  // namespace weave::runtime

@@ -1,9 +1,9 @@
 // runtime::device_copy against the bytes it was given: fresh random bytes, the destination and a
 // guard of 64 bytes on each side poisoned first, every combination of source and destination
 // offset within 16 bytes (a common 16-byte grid or none), lengths 0..40 and ragged large ones, a
-// VMM-mapped source (as the symmetric heap's), back-to-back copies on one stream, and a copy
-// captured in a CUDA graph and replayed with new source bytes. A byte out of place, a short copy
-// or a write past either end fails.
+// VMM-mapped source (as the symmetric heap's), back-to-back copies on one stream, rows at pitches
+// (device_copy_2d, one pitch past 2^31), and a copy captured in a CUDA graph and replayed with new
+// source bytes. A byte out of place, a short copy or a write past either end fails.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -134,6 +134,54 @@ TEST(DeviceCopy, BackToBackInStreamOrder) {
     runtime::device_copy(a.p, b.p, bytes, st.s);
   }
   check_copy(a.p, src, 0, c.p, bytes + 2 * kGuard, 0, bytes, st.s, "after 100 chained copies");
+}
+
+// device_copy_2d: rows at pitches off the 16-byte grid and wider than a row, more rows than the
+// grid has block rows, and a pitch beyond cudaMemcpy2DAsync's limit (2^31 - 1 bytes), each row
+// checked with the gaps between rows still poisoned.
+void check_2d(size_t width, size_t rows, size_t dpitch, size_t spitch, size_t so, size_t dof, cudaStream_t st) {
+  const size_t sbytes = so + (rows - 1) * spitch + width, dbytes = dof + (rows - 1) * dpitch + width + kGuard;
+  check::DeviceBuffer<char> s(sbytes), d(dbytes);
+  std::vector<unsigned char> src(sbytes);
+  std::mt19937_64 g(check::case_seed(0));
+  // Only the rows' bytes are random (a multi-GB pitch leaves the gaps as they are).
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t i = 0; i < width; ++i) src[so + r * spitch + i] = static_cast<unsigned char>(g() >> 56);
+    WEAVE_CUDA_CHECK(cudaMemcpy(s.p + so + r * spitch, src.data() + so + r * spitch, width, cudaMemcpyHostToDevice));
+  }
+  const bool gaps = dbytes < (size_t(64) << 20);  // small enough to read back whole
+  if (gaps) WEAVE_CUDA_CHECK(cudaMemset(d.p, kPoison, dbytes));
+  runtime::device_copy_2d(d.p + dof, dpitch, s.p + so, spitch, width, rows, st);
+  WEAVE_CUDA_CHECK(cudaStreamSynchronize(st));
+  const std::string what = std::to_string(rows) + " rows of " + std::to_string(width) + " B, pitches " +
+                           std::to_string(dpitch) + " / " + std::to_string(spitch);
+  if (gaps) {
+    std::vector<unsigned char> out(dbytes);
+    WEAVE_CUDA_CHECK(cudaMemcpy(out.data(), d.p, dbytes, cudaMemcpyDeviceToHost));
+    size_t bad = 0;
+    for (size_t i = 0; i < dbytes; ++i) {
+      const bool in_row = i >= dof && (i - dof) % dpitch < width && (i - dof) / dpitch < rows;
+      const size_t r = (i - dof) / dpitch;
+      const unsigned char want = in_row ? src[so + r * spitch + (i - dof) % dpitch] : kPoison;
+      bad += out[i] != want;
+    }
+    EXPECT_EQ(bad, 0u) << what;
+    return;
+  }
+  std::vector<unsigned char> row(width);
+  for (size_t r = 0; r < rows; ++r) {
+    WEAVE_CUDA_CHECK(cudaMemcpy(row.data(), d.p + dof + r * dpitch, width, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(std::memcmp(row.data(), src.data() + so + r * spitch, width), 0) << what << ": row " << r;
+  }
+}
+
+TEST(DeviceCopy, RowsAtPitches) {
+  Stream st;
+  check_2d(4096, 3, 8192, 4096 + 48, 0, 0, st.s);
+  check_2d(1000, 5, 1003, 1017, 3, 1, st.s);                     // pitches off every grid
+  check_2d(40, 70000, 48, 40, 0, 16, st.s);                      // more rows than block rows
+  check_2d((size_t(1) << 20) + 16, 2, (size_t(3) << 20) + 16, (size_t(1) << 20) + 32, 16, 0, st.s);
+  check_2d(4096 + 5, 2, (size_t(1) << 31) + 16, 4096 + 16, 0, 0, st.s);  // a pitch beyond 2^31 - 1
 }
 
 TEST(DeviceCopy, CapturedAndReplayed) {

@@ -87,6 +87,7 @@
 #include "net_start.hpp"
 #include "ring_attention/ring_attention.hpp"
 #include "weave/net/net_path.hpp"
+#include "weave/runtime/device_copy.hpp"
 #include "weave/runtime/launch.hpp"
 
 namespace {
@@ -222,20 +223,6 @@ struct Job : netb::JobBase {
       : JobBase(r, s), c(cfg), ref(a) {}
 };
 
-// `height` rows of `width` bytes between pitched device buffers (a chunk's rows of every batch):
-// one 2-D copy, or one copy per row where a pitch passes the 2-D copy's limit (cudaDeviceProp::
-// memPitch, 2^31 - 1 bytes on Hopper; a batch of a long sequence's full Q can pass it).
-void copy_rows(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height, cudaStream_t st) {
-  constexpr size_t kMaxPitch = (size_t(1) << 31) - 1;
-  if (dpitch <= kMaxPitch && spitch <= kMaxPitch) {
-    WEAVE_CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, cudaMemcpyDeviceToDevice, st));
-    return;
-  }
-  for (size_t i = 0; i < height; ++i)
-    WEAVE_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dst) + i * dpitch, static_cast<const char*>(src) + i * spitch,
-                                     width, cudaMemcpyDeviceToDevice, st));
-}
-
 // The whole sequence's Q, K and V of one input set (identical on every rank, from the seed), and
 // this rank's rows of them (chunks back to back, as the ring takes them).
 struct InputSet {
@@ -257,8 +244,9 @@ struct InputSet {
     const size_t row = size_t(H) * s.D * sizeof(bf16);
     long long off = 0;
     for (const sp::ChunkRange& ch : mine) {  // every batch's rows of one chunk: one 2-D copy
-      copy_rows(reinterpret_cast<char*>(dst) + off * row, L * row, reinterpret_cast<const char*>(full) + ch.begin * row,
-                s.S * row, ch.rows * row, s.B, st);
+      weave::runtime::device_copy_2d(reinterpret_cast<char*>(dst) + off * row, L * row,
+                                     reinterpret_cast<const char*>(full) + ch.begin * row, s.S * row, ch.rows * row,
+                                     s.B, st);
       off += ch.rows;
     }
   }
@@ -337,7 +325,7 @@ struct Problem {
   // Every batch's rows of chunk i of a (B, L, H, D) block into a (B, Lc, H, D) tensor.
   void pack_chunk(bf16* dst, const bf16* block, int i, int H) const {
     const size_t row = row_elems(H) * sizeof(bf16);
-    copy_rows(dst, Lc * row, block + i * Lc * row_elems(H), L * row, Lc * row, sh.B, j.st);
+    weave::runtime::device_copy_2d(dst, Lc * row, block + i * Lc * row_elems(H), L * row, Lc * row, sh.B, j.st);
   }
   // Chunk i of rank q's K (t = 0) or V (t = 1), as a (B, Lc, Hkv, D) tensor.
   const bf16* kv_chunk(int t, int q, int i) const {

@@ -15,4 +15,9 @@ namespace weave::runtime {
 // offset within 16 bytes, bytes otherwise.
 void device_copy(void* dst, const void* src, size_t bytes, cudaStream_t s);
 
+// `rows` rows of `width` bytes, row i from src + i * spitch to dst + i * dpitch (cudaMemcpy2DAsync's
+// arguments, with no limit on the pitches), as device_copy copies one.
+void device_copy_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows,
+                    cudaStream_t s);
+
 }  // namespace weave::runtime
