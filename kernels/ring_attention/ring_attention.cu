@@ -141,7 +141,7 @@ void fill_globals(attention::GatheredGlobals& g, const bf16* q, const bf16* k, c
   g.n_mine = nmine;
   // This rank's own rows are never pushed (the communicators' NVLink pushes carry only
   // peer-bound data). Where every own chunk starts on a key block and ends on one (or at S), the
-  // kernel reads those blocks from the local input in place; otherwise the copy engine puts them
+  // kernel reads those blocks from the local input in place; otherwise a copy kernel puts them
   // into the gathered buffers before the launch (4 % of the 8K call, perf-notes). Either way this
   // rank alone decides: nobody else reads or writes its own rows there.
   g.skip_self = 1;
