@@ -5,9 +5,10 @@
 // kernel setup overlap the previous kernel's tail): the whole fixed cost of a small collective is
 // a few microseconds, and about one of them is that gap (docs/perf-notes.md, session 5).
 //
-// Rule for a PDL kernel: pdl_enter() before its first global memory access. A kernel that never
-// calls it is still correct (the wait is implicit at its exit for the next one), but loses the
-// overlap. $WEAVE_PDL=0 launches without the attribute (A/B measurements, escape hatch).
+// Rule for a kernel launched with launch_pdl: pdl_enter() before its first global memory access;
+// without it nothing guarantees that the kernel before it has finished (its own exit still holds
+// the kernel after it). A kernel launched plainly needs no call: it waits for its predecessor and
+// holds its successor. $WEAVE_PDL=0 launches without the attribute (A/B measurements, escape hatch).
 #pragma once
 #include <cuda_runtime.h>
 

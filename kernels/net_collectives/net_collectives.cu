@@ -79,8 +79,7 @@ struct NetCollectives::Node {
     sh.d[1] = t.size / static_cast<long long>(dtype_bytes(d));
     coll.all_gather(buf + t.off, tail.data(), sh, 0, type(d), s);
     if (local() != gpus() - 1)
-      WEAVE_CUDA_CHECK(cudaMemcpyAsync(buf + t.off, tail.data() + (gpus() - 1) * t.size, static_cast<size_t>(t.size),
-                                       cudaMemcpyDeviceToDevice, s));
+      runtime::device_copy(buf + t.off, tail.data() + (gpus() - 1) * t.size, static_cast<size_t>(t.size), s);
   }
 };
 

@@ -35,6 +35,8 @@ int sm_count() {
 void device_copy_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows,
                     cudaStream_t s) {
   if (!width || !rows) return;
+  WEAVE_CHECK(rows == 1 || (width <= dpitch && width <= spitch), "device_copy_2d: rows of ", width,
+              " bytes at pitches ", dpitch, " (dst) and ", spitch, " (src): a row may not be wider than a pitch");
   const size_t sms = static_cast<size_t>(sm_count());  // the current device's (cached attribute reads, well under 1 µs)
   const size_t most = sms * kBlocksPerSm, per_block = size_t(kThreads) * kVectorsPerThread;
   const size_t y = rows < most ? rows : (most < kMaxGridY ? most : kMaxGridY);

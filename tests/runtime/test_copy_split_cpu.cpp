@@ -1,9 +1,9 @@
 // runtime::device_copy's split of a copy among threads (copy_split.hpp), run on the CPU: every
 // thread of a simulated grid in turn, in reverse order, over host buffers. For every source and
-// destination offset within 32 bytes (a common 16-byte grid or none), lengths 0..80 and ragged
+// destination offset within 32 bytes (common grids of 16 bytes down to 1), lengths 0..80 and ragged
 // large ones, and grids of 1 to 4096 threads: the destination equals the source and nothing outside
-// it is written. The split itself is a partition of the bytes (head, vectors, tail in order, vectors
-// on the common 16-byte grid only), so no byte has two writers.
+// it is written. The split itself is a partition of the bytes (head, units, tail in order, units on
+// the widest grid dst and src share), so no byte has two writers.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -58,26 +58,26 @@ TEST(CopySplit, EveryOffsetLengthAndGrid) {
       for (size_t threads : {size_t(1), size_t(255), size_t(4096)}) check(src, so, dof, bytes, threads);
 }
 
-// Where the split puts its vectors: every vector store is 16-byte aligned and the head and tail are
-// shorter than a vector, whenever the two pointers share their offset within 16 bytes.
-TEST(CopySplit, VectorsOnlyOnTheCommonGrid) {
+// Where the split puts its units: on the widest grid (16, 8, 4, 2 or 1 bytes) that dst and src
+// share, both aligned to it after the head, the head and the tail shorter than a unit.
+TEST(CopySplit, UnitsOnTheWidestCommonGrid) {
   for (uintptr_t d = 0; d < 48; ++d)
     for (uintptr_t s = 0; s < 48; ++s)
       for (size_t bytes = 0; bytes < 100; ++bytes) {
         const auto c = copy_split(d, s, bytes);
+        size_t want = 16;
+        while (want > 1 && (d - s) % want != 0) want /= 2;
+        ASSERT_EQ(c.grain, want) << "dst " << d << " src " << s;
         ASSERT_LE(c.head, bytes);
-        ASSERT_EQ(c.tail, c.head + 16 * c.vectors);
+        ASSERT_EQ(c.tail, c.head + c.grain * c.units);
         ASSERT_LE(c.tail, bytes);
-        if ((d ^ s) & 15) {
-          ASSERT_EQ(c.head, bytes) << "no common grid: bytes only";
-          continue;
-        }
-        if (c.vectors) {
-          ASSERT_EQ((d + c.head) % 16, 0u);
-          ASSERT_LT(c.head, 16u);
-          ASSERT_LT(bytes - c.tail, 16u);
+        if (c.units) {
+          ASSERT_EQ((d + c.head) % c.grain, 0u);
+          ASSERT_EQ((s + c.head) % c.grain, 0u);
+          ASSERT_LT(c.head, c.grain);
+          ASSERT_LT(bytes - c.tail, c.grain);
         } else {
-          ASSERT_LT(bytes, 32u);  // at most a head and a tail short of a vector each
+          ASSERT_LT(bytes, 2 * c.grain);  // at most a head and a tail short of a unit each
         }
       }
 }

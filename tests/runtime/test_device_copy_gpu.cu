@@ -1,9 +1,9 @@
 // runtime::device_copy against the bytes it was given: fresh random bytes, the destination and a
 // guard of 64 bytes on each side poisoned first, every combination of source and destination
-// offset within 16 bytes (a common 16-byte grid or none), lengths 0..40 and ragged large ones, a
+// offset within 16 bytes (common grids of 16 bytes down to 1), lengths 0..40 and ragged large ones, a
 // VMM-mapped source (as the symmetric heap's), back-to-back copies on one stream, rows at pitches
-// (device_copy_2d, one pitch past 2^31), and a copy captured in a CUDA graph and replayed with new
-// source bytes. A byte out of place, a short copy or a write past either end fails.
+// (device_copy_2d, one pitch past 2^31), the copy between two programmatic launches (eager and in a
+// graph), and a copy captured in a CUDA graph and replayed with new source bytes. A byte out of place, a short copy or a write past either end fails.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -16,6 +16,8 @@
 #include "check/seed.hpp"
 #include "weave/common/driver.hpp"
 #include "weave/common/error.hpp"
+#include "weave/memory_order.cuh"
+#include "weave/pdl.cuh"
 #include "weave/runtime/device_copy.hpp"
 
 using namespace weave;
@@ -182,6 +184,67 @@ TEST(DeviceCopy, RowsAtPitches) {
   check_2d(40, 70000, 48, 40, 0, 16, st.s);                      // more rows than block rows
   check_2d((size_t(1) << 20) + 16, 2, (size_t(3) << 20) + 16, (size_t(1) << 20) + 32, 16, 0, st.s);
   check_2d(4096 + 5, 2, (size_t(1) << 31) + 16, 4096 + 16, 0, 0, st.s);  // a pitch beyond 2^31 - 1
+}
+
+// The copy as a programmatic launch between two others: a producer launched with launch_pdl that
+// lets its dependents start at once, then spins ~200 µs before writing the source; the copy; a
+// consumer (launch_pdl) that waits and then compares. A copy that did not wait for the producer
+// copies the old bytes; one the consumer did not wait for leaves bytes unwritten. Eager and
+// captured in a CUDA graph (programmatic edges).
+__global__ void slow_fill(uint32_t* p, size_t n, uint32_t salt) {
+  griddep_launch_dependents();  // dependents may be scheduled now: only their waits order them
+  griddep_wait();
+  const unsigned long long t0 = globaltimer();
+  while (globaltimer() - t0 < 200000ull) {
+  }
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    p[i] = static_cast<uint32_t>(i * 2654435761u) ^ salt;
+}
+__global__ void count_wrong(const uint32_t* p, size_t n, uint32_t salt, unsigned long long* bad) {
+  pdl_enter();
+  unsigned long long k = 0;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    k += p[i] != (static_cast<uint32_t>(i * 2654435761u) ^ salt);
+  if (k) atomicAdd(bad, k);
+}
+
+TEST(DeviceCopy, OrderedBetweenProgrammaticLaunches) {
+  if (!pdl_enabled()) GTEST_SKIP() << "WEAVE_PDL=0: no programmatic launches";
+  const size_t n = (size_t(4) << 20) + 3, bytes = n * sizeof(uint32_t);
+  check::DeviceBuffer<uint32_t> src(n), dst(n);
+  check::DeviceBuffer<unsigned long long> bad(1);
+  Stream st;
+  auto enqueue = [&](uint32_t salt) {
+    launch_pdl(slow_fill, dim3(64), dim3(256), st.s, src.p, n, salt);
+    runtime::device_copy(dst.p, src.p, bytes, st.s);
+    launch_pdl(count_wrong, dim3(64), dim3(256), st.s, static_cast<const uint32_t*>(dst.p), n, salt, bad.p);
+  };
+  for (uint32_t salt : {1u, 2u, 3u}) {
+    WEAVE_CUDA_CHECK(cudaMemsetAsync(bad.p, 0, sizeof(unsigned long long), st.s));
+    enqueue(salt);
+    unsigned long long b = 0;
+    WEAVE_CUDA_CHECK(cudaMemcpyAsync(&b, bad.p, sizeof b, cudaMemcpyDeviceToHost, st.s));
+    WEAVE_CUDA_CHECK(cudaStreamSynchronize(st.s));
+    EXPECT_EQ(b, 0u) << "eager, salt " << salt;
+  }
+  cudaGraph_t g{};
+  WEAVE_CUDA_CHECK(cudaStreamBeginCapture(st.s, cudaStreamCaptureModeThreadLocal));
+  enqueue(7u);
+  WEAVE_CUDA_CHECK(cudaStreamEndCapture(st.s, &g));
+  cudaGraphExec_t x{};
+  WEAVE_CUDA_CHECK(cudaGraphInstantiate(&x, g, 0));
+  for (int r = 0; r < 3; ++r) {
+    WEAVE_CUDA_CHECK(cudaMemsetAsync(dst.p, 0, bytes, st.s));
+    WEAVE_CUDA_CHECK(cudaMemsetAsync(src.p, 0, bytes, st.s));
+    WEAVE_CUDA_CHECK(cudaMemsetAsync(bad.p, 0, sizeof(unsigned long long), st.s));
+    WEAVE_CUDA_CHECK(cudaGraphLaunch(x, st.s));
+    unsigned long long b = 0;
+    WEAVE_CUDA_CHECK(cudaMemcpyAsync(&b, bad.p, sizeof b, cudaMemcpyDeviceToHost, st.s));
+    WEAVE_CUDA_CHECK(cudaStreamSynchronize(st.s));
+    EXPECT_EQ(b, 0u) << "graph replay " << r;
+  }
+  cudaGraphExecDestroy(x);
+  cudaGraphDestroy(g);
 }
 
 TEST(DeviceCopy, CapturedAndReplayed) {
