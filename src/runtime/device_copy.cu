@@ -1,6 +1,7 @@
 // device_copy, device_copy_2d (device_copy.hpp): grid-stride copies of rows, each split as
 // copy_split.hpp splits it.
 #include "weave/common/error.hpp"
+#include "weave/lcsc.cuh"  // device_info
 #include "weave/pdl.cuh"
 #include "weave/runtime/copy_split.hpp"
 #include "weave/runtime/device_copy.hpp"
@@ -23,13 +24,6 @@ __global__ void copy_kernel(char* __restrict__ dst, size_t dpitch, const char* _
     copy_part<uint4>(dst + r * dpitch, src + r * spitch, width, t, stride);
 }
 
-int sm_count() {
-  int dev = 0, sms = 0;
-  WEAVE_CUDA_CHECK(cudaGetDevice(&dev));
-  WEAVE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  return sms > 0 ? sms : 1;
-}
-
 }  // namespace
 
 void device_copy_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows,
@@ -37,7 +31,10 @@ void device_copy_2d(void* dst, size_t dpitch, const void* src, size_t spitch, si
   if (!width || !rows) return;
   WEAVE_CHECK(rows == 1 || (width <= dpitch && width <= spitch), "device_copy_2d: rows of ", width,
               " bytes at pitches ", dpitch, " (dst) and ", spitch, " (src): a row may not be wider than a pitch");
-  const size_t sms = static_cast<size_t>(sm_count());  // the current device's (cached attribute reads, well under 1 µs)
+  int dev = 0;
+  WEAVE_CUDA_CHECK(cudaGetDevice(&dev));
+  const int sm_count = lcsc::device_info(dev).sm_count;  // read once per device
+  const size_t sms = static_cast<size_t>(sm_count > 0 ? sm_count : 1);
   const size_t most = sms * kBlocksPerSm, per_block = size_t(kThreads) * kVectorsPerThread;
   const size_t y = rows < most ? rows : (most < kMaxGridY ? most : kMaxGridY);
   const size_t want = (width / 16 + 1 + per_block - 1) / per_block, x_most = most / y > 0 ? most / y : 1;

@@ -14,7 +14,7 @@
 
 #include "check/device_buffer.hpp"
 #include "check/seed.hpp"
-#include "weave/common/driver.hpp"
+#include "check/vmm_buffer.hpp"
 #include "weave/common/error.hpp"
 #include "weave/memory_order.cuh"
 #include "weave/pdl.cuh"
@@ -90,36 +90,15 @@ TEST(DeviceCopy, LargeRaggedLengths) {
 
 // The symmetric heap's memory is a cuMemCreate allocation mapped into a reserved range.
 TEST(DeviceCopy, FromAndIntoVmmMemory) {
-  int dev = 0;
-  WEAVE_CUDA_CHECK(cudaGetDevice(&dev));
-  WEAVE_CUDA_CHECK(cudaFree(nullptr));
-  CUmemAllocationProp prop{};
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = dev;
-  size_t gran = 0;
-  ASSERT_EQ(drv().memGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM), CUDA_SUCCESS);
-  const size_t bytes = (size_t(3) << 20) + 77, size = (bytes + 2 * kGuard + gran - 1) / gran * gran;
-  CUmemGenericAllocationHandle h{};
-  ASSERT_EQ(drv().memCreate(&h, size, &prop, 0), CUDA_SUCCESS);
-  CUdeviceptr va = 0;
-  ASSERT_EQ(drv().memAddressReserve(&va, size, 0, 0, 0), CUDA_SUCCESS);
-  ASSERT_EQ(drv().memMap(va, size, 0, h, 0), CUDA_SUCCESS);
-  CUmemAccessDesc acc{};
-  acc.location = prop.location;
-  acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  ASSERT_EQ(drv().memSetAccess(va, size, &acc, 1), CUDA_SUCCESS);
-  char* vmm = reinterpret_cast<char*>(va);
+  const size_t bytes = (size_t(3) << 20) + 77;
+  check::VmmBuffer vmm(bytes + 2 * kGuard);
   const auto src = random_bytes(bytes + 16, check::case_seed(0));
   check::DeviceBuffer<char> s(bytes + 16), d(bytes + 16 + 2 * kGuard);
   Stream st;
-  WEAVE_CUDA_CHECK(cudaMemcpy(vmm, src.data(), bytes + 16, cudaMemcpyHostToDevice));
-  check_copy(vmm, src, 7, d.p, bytes + 16 + 2 * kGuard, 7, bytes, st.s, "VMM -> cudaMalloc");
+  WEAVE_CUDA_CHECK(cudaMemcpy(vmm.p(), src.data(), bytes + 16, cudaMemcpyHostToDevice));
+  check_copy(vmm.p(), src, 7, d.p, bytes + 16 + 2 * kGuard, 7, bytes, st.s, "VMM -> cudaMalloc");
   WEAVE_CUDA_CHECK(cudaMemcpy(s.p, src.data(), bytes + 16, cudaMemcpyHostToDevice));
-  check_copy(s.p, src, 0, vmm, size, 0, bytes, st.s, "cudaMalloc -> VMM");
-  drv().memUnmap(va, size);
-  drv().memAddressFree(va, size);
-  drv().memRelease(h);
+  check_copy(s.p, src, 0, vmm.p(), vmm.size, 0, bytes, st.s, "cudaMalloc -> VMM");
 }
 
 // Copies queued back to back (a chain through three buffers, nothing synchronised between) land

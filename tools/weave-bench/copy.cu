@@ -10,7 +10,6 @@
 // host is held, not the GPU's); device_us: per copy (and launch) over 100 back to back, CUDA events.
 // Every row is checked: the destination is poisoned before the row's loops and compared byte for
 // byte with the source (a memset's value) after them.
-#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -22,7 +21,7 @@
 #include <vector>
 
 #include "bench.hpp"
-#include "weave/common/driver.hpp"
+#include "check/vmm_buffer.hpp"
 #include "weave/pdl.cuh"
 #include "weave/runtime/device_copy.hpp"
 
@@ -38,38 +37,6 @@ __global__ void touch(int* p) {
   pdl_enter();
   if (threadIdx.x == 0) atomicAdd(p, 1);
 }
-
-// A VMM range of at least `bytes` on the current device, mapped read-write here.
-struct Vmm {
-  CUdeviceptr va = 0;
-  size_t size = 0;
-  CUmemGenericAllocationHandle h{};
-  explicit Vmm(size_t bytes) {
-    int dev = 0;
-    WEAVE_CUDA_CHECK(cudaGetDevice(&dev));
-    CUmemAllocationProp prop{};
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = dev;
-    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-    size_t gran = 0;
-    WEAVE_CU_CHECK(drv().memGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
-    size = (bytes + gran - 1) / gran * gran;
-    WEAVE_CU_CHECK(drv().memCreate(&h, size, &prop, 0));
-    WEAVE_CU_CHECK(drv().memAddressReserve(&va, size, 0, 0, 0));
-    WEAVE_CU_CHECK(drv().memMap(va, size, 0, h, 0));
-    CUmemAccessDesc acc{};
-    acc.location = prop.location;
-    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    WEAVE_CU_CHECK(drv().memSetAccess(va, size, &acc, 1));
-  }
-  ~Vmm() {
-    drv().memUnmap(va, size);
-    drv().memAddressFree(va, size);
-    drv().memRelease(h);
-  }
-  char* p() const { return reinterpret_cast<char*>(va); }
-};
 
 struct Buf {
   char* p = nullptr;
@@ -89,35 +56,22 @@ double host_us(const std::function<void()>& f, cudaStream_t st) {
   return median(v);
 }
 
-double device_us(const std::function<void()>& f, cudaStream_t st) {
-  cudaEvent_t a, b;
-  WEAVE_CUDA_CHECK(cudaEventCreate(&a));
-  WEAVE_CUDA_CHECK(cudaEventCreate(&b));
-  WEAVE_CUDA_CHECK(cudaEventRecord(a, st));
-  for (int i = 0; i < 100; ++i) f();
-  WEAVE_CUDA_CHECK(cudaEventRecord(b, st));
-  WEAVE_CUDA_CHECK(cudaEventSynchronize(b));
-  float ms = 0;
-  WEAVE_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return ms * 10.0;
-}
-
 int run(const Args& a) {
   std::vector<size_t> sizes;
   for (const std::string& s : a.names("sizes", "4,8K,8M,32M")) sizes.push_back(parse_bytes(kWho, "sizes", s));
   JsonSink sink(a);
   WEAVE_CUDA_CHECK(cudaFree(nullptr));
   const size_t most = *std::max_element(sizes.begin(), sizes.end());
-  Vmm vmm(most);
+  check::VmmBuffer vmm(most);
   Buf src(most), dst(most);
   int* counter = nullptr;
   WEAVE_CUDA_CHECK(cudaMalloc(&counter, sizeof(int)));
   cudaStream_t st;
   WEAVE_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  int dev = 0;
+  WEAVE_CUDA_CHECK(cudaGetDevice(&dev));
   cudaDeviceProp prop{};
-  WEAVE_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  WEAVE_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
   std::vector<unsigned char> pattern(most), back(most);
   for (size_t i = 0; i < most; ++i) pattern[i] = static_cast<unsigned char>((i * 131 + 7) >> 3);
   WEAVE_CUDA_CHECK(cudaMemcpy(src.p, pattern.data(), most, cudaMemcpyHostToDevice));
@@ -146,7 +100,7 @@ int run(const Args& a) {
             }
           };
           WEAVE_CUDA_CHECK(cudaMemsetAsync(dst.p, kPoison, bytes, st));
-          const double h = host_us(issue, st), d = device_us(issue, st);
+          const double h = host_us(issue, st), d = weave::events_us(st, [] {}, issue, 100);
           WEAVE_CUDA_CHECK(cudaMemcpy(back.data(), dst.p, bytes, cudaMemcpyDeviceToHost));
           const bool ok = memset ? std::all_of(back.begin(), back.begin() + static_cast<long>(bytes),
                                                [](unsigned char c) { return c == kFill; })
